@@ -1,0 +1,137 @@
+"""The parametric description of the CGRA NPU: the single source of truth for every stage.
+
+Stage: shared. The compiler sizes tiles from it, the runtime receives it with every kernel
+launch (as JSON embedded in the compiled code), and the simulator times commands with it.
+Loaded from a preset (`presets/<name>.json`) or from a user's JSON file; always passed
+explicitly, never read at import time. Pure Python, no tvm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from importlib import resources
+from typing import Mapping
+
+from .isa import DType
+
+DEFAULT_ARCH = "cgra-8x8"
+
+
+class ArchError(ValueError):
+    """A hardware description is malformed or names something unknown."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HardwareDescription:
+    """One CGRA NPU. All sizes in bytes, all times in cycles of `clock_mhz`."""
+
+    name: str
+    rows: int  # PE array rows
+    cols: int  # PE array columns
+    macs_per_pe: Mapping[str, int]  # MACs per PE per cycle, by input dtype name
+    spad_bytes: int  # scratchpad capacity
+    spad_banks: int  # scratchpad banks (interleaved by `bank_width_bytes`)
+    bank_width_bytes: int  # bytes one bank delivers per cycle
+    dma_bytes_per_cycle: int  # DMA bandwidth between host memory and scratchpad
+    dma_latency: int  # cycles from DMA issue to first byte
+    config_load_cycles: int  # cycles to load a new PE-array configuration
+    vector_lanes: int  # elements per cycle of the vector unit (fill, epilogue)
+    clock_mhz: float
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ArchError("hardware description needs a non-empty 'name'")
+        for field in ("rows", "cols", "spad_bytes", "spad_banks", "bank_width_bytes",
+                      "dma_bytes_per_cycle", "vector_lanes"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ArchError(f"{self.name}: '{field}' must be a positive integer, got {value!r}")
+        for field in ("dma_latency", "config_load_cycles"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ArchError(f"{self.name}: '{field}' must be a non-negative integer, got {value!r}")
+        if not (isinstance(self.clock_mhz, (int, float)) and self.clock_mhz > 0):
+            raise ArchError(f"{self.name}: 'clock_mhz' must be positive, got {self.clock_mhz!r}")
+        if not self.macs_per_pe:
+            raise ArchError(f"{self.name}: 'macs_per_pe' must name at least one dtype")
+        for dtype, macs in self.macs_per_pe.items():
+            DType.from_name(dtype)  # raises for an unknown dtype
+            if not isinstance(macs, int) or macs <= 0:
+                raise ArchError(f"{self.name}: macs_per_pe['{dtype}'] must be a positive integer")
+        if self.spad_bytes % (self.spad_banks * self.bank_width_bytes):
+            raise ArchError(f"{self.name}: spad_bytes ({self.spad_bytes}) must be a multiple of "
+                            f"spad_banks * bank_width_bytes ({self.spad_banks * self.bank_width_bytes})")
+        # A frozen dataclass still holds the caller's dict: keep our own immutable copy.
+        object.__setattr__(self, "macs_per_pe", dict(sorted(self.macs_per_pe.items())))
+
+    # Derived sizes.
+    @property
+    def num_pes(self) -> int:
+        return self.rows * self.cols
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        """Input dtypes the PE array computes on."""
+        return tuple(self.macs_per_pe)
+
+    def peak_macs_per_cycle(self, dtype: str) -> int:
+        return self.num_pes * self.macs_per_pe[str(dtype)]
+
+    # Serialisation.
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys, no spaces): what compiled code embeds."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def fingerprint(self) -> str:
+        """Hash of every parameter; enters every cache key and every compiled artifact."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "HardwareDescription":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        missing = sorted(fields - set(data))
+        if unknown:
+            raise ArchError(f"hardware description has unknown keys {unknown} (known: {sorted(fields)})")
+        if missing:
+            raise ArchError(f"hardware description is missing keys {missing}")
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "HardwareDescription":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ArchError(f"hardware description is not valid JSON: {err}") from None
+        if not isinstance(data, dict):
+            raise ArchError("hardware description must be a JSON object")
+        return cls.from_dict(data)
+
+
+def preset_names() -> list[str]:
+    folder = resources.files(__package__).joinpath("presets")
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_arch(name_or_path: "str | os.PathLike | HardwareDescription | None" = None) -> HardwareDescription:
+    """A preset by name (`cgra-8x8`), a user's JSON file by path, or a description as is."""
+    if isinstance(name_or_path, HardwareDescription):
+        return name_or_path
+    if name_or_path is None:
+        name_or_path = DEFAULT_ARCH
+    text = str(name_or_path)
+    if text in preset_names():
+        source = resources.files(__package__).joinpath("presets", text + ".json").read_text()
+        return HardwareDescription.from_json(source)
+    if os.path.exists(text):
+        with open(text, encoding="utf-8") as handle:
+            return HardwareDescription.from_json(handle.read())
+    raise ArchError(f"unknown CGRA architecture '{text}': not a preset ({', '.join(preset_names())}) "
+                    "and no such file. Pass a preset name or the path of a JSON description.")

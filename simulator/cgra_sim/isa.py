@@ -1,0 +1,167 @@
+"""The CGRA NPU instruction set: the one definition of the command stream.
+
+Stage: shared by every stage. The compiler's codegen emits calls whose arguments follow these
+layouts, the C++ runtime records them as fixed-size records (its header `cgra_isa.h` is generated
+from this module, see `c_header`), and the simulator decodes and executes them.
+
+A command is a record of `RECORD_WORDS` little-endian int64 words. Word 0 is the opcode, word 1
+the flags; the meaning of the other words depends on the opcode and is given by the field tables
+below (`FIELDS`). Unused words are zero. Scratchpad addresses are byte addresses; strides and
+extents count elements.
+
+The format is versioned by `STREAM_VERSION`; any change to a layout, opcode or flag bumps it.
+Pure Python: importing this module never imports tvm.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+
+STREAM_VERSION = 1
+RECORD_WORDS = 32
+#: Number of loop dimensions (and tensor dimensions) a DMA box can have.
+BOX_DIMS = 4
+
+
+@enum.unique
+class Op(enum.IntEnum):
+    """Command opcodes. Each runs on one unit of the NPU (see `UNIT_OF`)."""
+
+    DMA_LOAD = 1  # host tensor box -> scratchpad, zero fill inside the padding halo
+    DMA_STORE = 2  # scratchpad -> host tensor box, halo elements dropped
+    GEMM = 3  # PE array: acc (+)= A @ B on scratchpad tiles
+    FILL = 4  # vector unit: fill a 2-D scratchpad region with a constant
+    EPILOGUE = 5  # vector unit: out = act(acc + bias) (bias and relu optional)
+
+
+@enum.unique
+class DType(enum.IntEnum):
+    """Element types a command can name. The value is the code stored in records."""
+
+    INT8 = 1
+    INT32 = 2
+    FLOAT32 = 3
+
+    @property
+    def itemsize(self) -> int:
+        return {DType.INT8: 1, DType.INT32: 4, DType.FLOAT32: 4}[self]
+
+    @property
+    def numpy_name(self) -> str:
+        return {DType.INT8: "int8", DType.INT32: "int32", DType.FLOAT32: "float32"}[self]
+
+    @classmethod
+    def from_name(cls, name: str) -> "DType":
+        for member in cls:
+            if member.numpy_name == str(name):
+                return member
+        raise ValueError(f"dtype '{name}' is not supported by the CGRA NPU "
+                         f"(supported: {', '.join(m.numpy_name for m in cls)})")
+
+
+@enum.unique
+class Unit(enum.IntEnum):
+    """The NPU's independent queues. Commands on different units may overlap in time."""
+
+    LOAD = 0  # DMA engine, host -> scratchpad
+    COMPUTE = 1  # PE array and its vector unit
+    STORE = 2  # DMA engine, scratchpad -> host
+
+
+UNIT_OF = {
+    Op.DMA_LOAD: Unit.LOAD,
+    Op.DMA_STORE: Unit.STORE,
+    Op.GEMM: Unit.COMPUTE,
+    Op.FILL: Unit.COMPUTE,
+    Op.EPILOGUE: Unit.COMPUTE,
+}
+
+# Flags (word 1).
+GEMM_ACCUMULATE = 1  # acc += A @ B; without it acc = A @ B
+EPILOGUE_BIAS = 1  # add bias[j] (a row vector of n elements, acc dtype)
+EPILOGUE_RELU = 2  # max(x, 0) after the bias
+
+
+def _dma_fields():
+    fields = ["op", "flags", "slot", "spad_addr"]
+    fields += [f"origin{d}" for d in range(BOX_DIMS)]  # tensor coordinates of the box's first element
+    fields += [f"pad_lo{d}" for d in range(BOX_DIMS)]  # halo below 0 per tensor dim (zeros / dropped)
+    fields += [f"pad_hi{d}" for d in range(BOX_DIMS)]  # halo above shape[d] per tensor dim
+    for loop in range(BOX_DIMS):
+        fields += [
+            f"extent{loop}",  # trip count of box loop `loop` (1 for unused loops)
+            f"tdim{loop}",  # tensor dimension the loop walks
+            f"tstep{loop}",  # elements it advances along that dimension per iteration
+            f"sstride{loop}",  # scratchpad elements it advances per iteration
+        ]
+    return tuple(fields)
+
+
+#: Word layout of every opcode. The position in the tuple is the word index.
+FIELDS = {
+    Op.DMA_LOAD: _dma_fields(),
+    Op.DMA_STORE: _dma_fields(),
+    Op.GEMM: ("op", "flags", "dtype", "m", "n", "k", "a_addr", "a_stride", "b_addr",
+              "b_stride", "acc_addr", "acc_stride"),
+    Op.FILL: ("op", "flags", "dtype", "addr", "rows", "cols", "stride", "value_bits"),
+    Op.EPILOGUE: ("op", "flags", "acc_dtype", "out_dtype", "m", "n", "acc_addr", "acc_stride",
+                  "bias_addr", "out_addr", "out_stride"),
+}
+
+for _op, _fields in FIELDS.items():
+    assert len(_fields) <= RECORD_WORDS, f"{_op.name} record is longer than {RECORD_WORDS} words"
+
+#: GEMM accumulator dtype for each input dtype.
+ACC_DTYPE = {DType.INT8: DType.INT32, DType.FLOAT32: DType.FLOAT32}
+
+# Layout of one host tensor slot in a launch's slot table (int64 words).
+SLOT_FIELDS = ("data_addr", "dtype", "ndim") + tuple(f"shape{d}" for d in range(BOX_DIMS))
+SLOT_WORDS = len(SLOT_FIELDS)
+
+
+def word(op: Op, field: str) -> int:
+    """Index of `field` in the record of `op`."""
+    return FIELDS[op].index(field)
+
+
+def encode(op: Op, **values: int) -> list[int]:
+    """Build one record. Unknown fields are an error; missing fields are zero."""
+    record = [0] * RECORD_WORDS
+    record[0] = int(op)
+    for name, value in values.items():
+        if name not in FIELDS[op]:
+            raise KeyError(f"{op.name} has no field '{name}' (fields: {', '.join(FIELDS[op])})")
+        record[FIELDS[op].index(name)] = int(value)
+    return record
+
+
+def c_header() -> str:
+    """The C header the runtime is compiled with, so the two sides never disagree."""
+    lines = [
+        "/* Generated from cgra_sim/isa.py by `python -m cgra_sim.isa OUT`. Do not edit. */",
+        "#ifndef CGRA_ISA_H_",
+        "#define CGRA_ISA_H_",
+        f"#define CGRA_STREAM_VERSION {STREAM_VERSION}",
+        f"#define CGRA_RECORD_WORDS {RECORD_WORDS}",
+        f"#define CGRA_BOX_DIMS {BOX_DIMS}",
+        f"#define CGRA_SLOT_WORDS {SLOT_WORDS}",
+        f"#define CGRA_GEMM_ACCUMULATE {GEMM_ACCUMULATE}",
+        f"#define CGRA_EPILOGUE_BIAS {EPILOGUE_BIAS}",
+        f"#define CGRA_EPILOGUE_RELU {EPILOGUE_RELU}",
+    ]
+    lines += [f"#define CGRA_OP_{op.name} {int(op)}" for op in Op]
+    lines += [f"#define CGRA_DTYPE_{dt.name} {int(dt)}" for dt in DType]
+    lines += [f"#define CGRA_DTYPE_{dt.name}_BYTES {dt.itemsize}" for dt in DType]
+    for op, fields in FIELDS.items():
+        lines += [f"#define CGRA_{op.name}_{name.upper()} {i}" for i, name in enumerate(fields)]
+    lines += [f"#define CGRA_SLOT_{name.upper()} {i}" for i, name in enumerate(SLOT_FIELDS)]
+    lines.append("#endif  /* CGRA_ISA_H_ */")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m cgra_sim.isa OUT.h   (writes the runtime's C header)")
+    with open(sys.argv[1], "w", encoding="utf-8") as out:
+        out.write(c_header())
