@@ -1,0 +1,254 @@
+"""Copies become DMA: host <-> scratchpad loop nests -> `cgra_dma_load` / `cgra_dma_store` calls.
+
+Stage: lowering, between s_tir's LowerOpaqueBlock and tirx's FlattenBuffer (buffers are compacted
+but still multi-dimensional). Input: a PrimFunc whose copies between a host tensor and a
+`global.cgra_spad` buffer are perfect loop nests around one BufferStore, possibly guarded by an
+in-bounds test (the zero padding of ragged tiles and of convolutions). Output: the same PrimFunc
+with each such nest replaced by one DMA call whose box (see `cgra_sim.isa`) moves the same
+elements.
+
+The guard is never taken on trust: every conjunct must be exactly "index >= 0" or
+"index < extent" of the host tensor, and every index that can leave the tensor must be guarded;
+then the DMA engine's halo (zero fill on load, drop on store) is the same computation. Anything
+else raises `UnsupportedCopy`, because a DMA that silently differs from the TIR would be a wrong
+number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import ir, sym, tirx
+
+from cgra_sim.isa import BOX_DIMS
+
+from .errors import UnsupportedCopy
+
+SPAD = "global.cgra_spad"
+_IF_THEN_ELSE = ir.Op.get("prim.if_then_else")
+
+
+@dataclasses.dataclass
+class _Copy:
+    """One recognised copy: the host tensor side and the scratchpad side of a BufferStore."""
+
+    direction: str  # "load" (host -> spad) or "store" (spad -> host)
+    host: object  # the host tensor (a buffer Var)
+    host_indices: list
+    spad: object
+    spad_indices: list
+    guard: object  # the in-bounds condition, or None
+
+
+def lower_copies_to_dma(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Replace every host <-> scratchpad copy nest of `func` with a DMA call."""
+    return func.with_body(_rewrite(func.body, {}))
+
+
+def _rewrite(stmt, domains):
+    """Post-order rebuild; `domains` maps the enclosing loop variables to their ranges."""
+    if isinstance(stmt, tirx.For):
+        nest, body = _perfect_nest(stmt)
+        copy = _as_copy(body)
+        if copy is not None:
+            return _lower_nest(nest, copy, domains)
+        inner = dict(domains)
+        inner[stmt.loop_var] = ir.Range.from_min_extent(stmt.min, stmt.extent)
+        return _with_body(stmt, _rewrite(stmt.body, inner))
+    if isinstance(stmt, tirx.SeqStmt):
+        return tirx.SeqStmt([_rewrite(s, domains) for s in stmt.seq])
+    if isinstance(stmt, tirx.IfThenElse):
+        else_case = _rewrite(stmt.else_case, domains) if stmt.else_case is not None else None
+        return tirx.IfThenElse(stmt.condition, _rewrite(stmt.then_case, domains), else_case)
+    if isinstance(stmt, tirx.BufferStore) and _as_copy(stmt) is not None:
+        return _lower_nest([], _as_copy(stmt), domains)
+    return stmt
+
+
+def _with_body(loop, body):
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body,
+                    loop.thread_binding, loop.annotations)
+
+
+def _perfect_nest(loop):
+    nest = [loop]
+    while isinstance(nest[-1].body, tirx.For):
+        nest.append(nest[-1].body)
+    return nest, nest[-1].body
+
+
+def _is_spad(buffer) -> bool:
+    return buffer.scope() == SPAD
+
+
+def _as_copy(stmt):
+    """The copy `stmt` performs between host memory and the scratchpad, or None."""
+    guard = None
+    if isinstance(stmt, tirx.IfThenElse) and stmt.else_case is None:
+        guard, stmt = stmt.condition, stmt.then_case
+    if not isinstance(stmt, tirx.BufferStore):
+        return None
+    value = stmt.value
+    if _is_spad(stmt.buffer):  # a load: the value is the host tensor, maybe zero outside it
+        if isinstance(value, ir.Call) and value.op.same_as(_IF_THEN_ELSE):
+            cond, load, fallback = value.args
+            if not (isinstance(load, ir.TensorLoad) and _is_zero(fallback)):
+                raise UnsupportedCopy(f"a scratchpad load pads with {fallback}, not zero: the DMA "
+                                      "engine only zero-fills")
+            guard, value = cond if guard is None else tirx.And(guard, cond), load
+        if isinstance(value, ir.TensorLoad) and not _is_spad(value.source):
+            return _Copy("load", value.source, list(value.indices), stmt.buffer, list(stmt.indices), guard)
+        return None
+    if isinstance(value, ir.TensorLoad) and _is_spad(value.source):
+        return _Copy("store", stmt.buffer, list(stmt.indices), value.source, list(value.indices), guard)
+    return None
+
+
+def _is_zero(expr) -> bool:
+    return isinstance(expr, (tirx.IntImm, tirx.FloatImm)) and expr.value == 0
+
+
+def _lower_nest(nest, copy: _Copy, domains):
+    """One DMA call for the innermost BOX_DIMS loops; outer loops of a deeper nest stay loops."""
+    outer, box_loops = nest[:-BOX_DIMS] if len(nest) > BOX_DIMS else [], nest[-BOX_DIMS:]
+    all_domains = dict(domains)
+    for loop in nest:
+        all_domains[loop.loop_var] = ir.Range.from_min_extent(loop.min, loop.extent)
+    call = _dma_call(copy, box_loops, all_domains)
+    stmt = tirx.Evaluate(call)
+    for loop in reversed(outer):
+        stmt = _with_body(loop, stmt)
+    return stmt
+
+
+def _dma_call(copy: _Copy, loops, domains):
+    analyzer = sym.Analyzer()
+    for var, rng in domains.items():
+        analyzer.bind(var, rng)
+    loop_vars = [loop.loop_var for loop in loops]
+    spad_offset = _flat_offset(copy.spad, copy.spad_indices)
+    spad_base, spad_strides = _linear(spad_offset, loop_vars, "scratchpad offset")
+    host_shape = [int(extent) for extent in copy.host.ty.shape]
+    origin, loop_dims = [], [(0, 0)] * len(loops)
+    for dim, index in enumerate(copy.host_indices):
+        base, coeffs = _linear(index, loop_vars, f"index {dim} of '{copy.host.name}'")
+        origin.append(base)
+        for position, coeff in enumerate(coeffs):
+            if coeff != 0:
+                if loop_dims[position] != (0, 0):
+                    raise UnsupportedCopy(f"loop {loops[position].loop_var} walks two dimensions of "
+                                          f"'{copy.host.name}': a DMA box loop walks one")
+                loop_dims[position] = (dim, coeff)
+    pad_lo, pad_hi = _halo(copy, host_shape, analyzer)
+    words = _pad(origin, 0) + _pad(pad_lo, 0) + _pad(pad_hi, 0)
+    for position in range(BOX_DIMS):
+        if position < len(loops):
+            dim, step = loop_dims[position]
+            words += [loops[position].extent, dim, step, spad_strides[position]]
+        else:
+            words += [1, 0, 0, 0]
+    name = "cgra_dma_load" if copy.direction == "load" else "cgra_dma_store"
+    args = [copy.host.data, copy.spad.data, spad_base] + [_as_i64(w) for w in words]
+    return tirx.call_extern("int32", name, *args)
+
+
+def _pad(values, fill):
+    return list(values) + [fill] * (BOX_DIMS - len(values))
+
+
+def _as_i64(value):
+    if isinstance(value, int):
+        return tirx.IntImm("int64", value)
+    return value.astype("int64")
+
+
+def _flat_offset(buffer, indices):
+    """Row-major element offset of `indices` in the (compacted, static) scratchpad buffer."""
+    offset, stride = 0, 1
+    for index, extent in reversed(list(zip(indices, buffer.shape))):
+        offset = offset + index * stride
+        stride = stride * int(extent)
+    return offset
+
+
+def _linear(expr, loop_vars, what):
+    """expr = base + sum(coeffs[l] * loop_vars[l]) with integer coeffs; (base, coeffs)."""
+    result = sym.detect_linear_equation(expr, loop_vars)
+    if len(result) != len(loop_vars) + 1:
+        raise UnsupportedCopy(f"the {what} ({expr}) is not affine in the copy loops {loop_vars}")
+    coeffs = []
+    for coeff in result[:-1]:
+        coeff = sym.Analyzer().simplify(coeff)
+        if not isinstance(coeff, tirx.IntImm):
+            raise UnsupportedCopy(f"the {what} ({expr}) has a non-constant stride {coeff}")
+        coeffs.append(int(coeff.value))
+    return sym.Analyzer().simplify(result[-1]), coeffs
+
+
+def _halo(copy: _Copy, shape, analyzer):
+    """How far the copy reaches outside the host tensor, after checking the guard covers it."""
+    guarded_lo, guarded_hi = _guarded_dims(copy, shape)
+    pad_lo, pad_hi = [], []
+    for dim, index in enumerate(copy.host_indices):
+        bound = analyzer.const_int_bound(index)
+        below, above = max(0, -bound.min_value), max(0, bound.max_value - (shape[dim] - 1))
+        if (below and dim not in guarded_lo) or (above and dim not in guarded_hi):
+            raise UnsupportedCopy(
+                f"the copy {copy.direction} of '{copy.host.name}' reaches outside dimension {dim} "
+                f"(index range [{bound.min_value}, {bound.max_value}], extent {shape[dim]}) without "
+                "an in-bounds guard")
+        pad_lo.append(below)
+        pad_hi.append(above)
+    return pad_lo, pad_hi
+
+
+def _guarded_dims(copy: _Copy, shape):
+    """The dims whose lower / upper tensor bound the guard tests; any other conjunct is an error."""
+    guarded_lo, guarded_hi = set(), set()
+    for conjunct in _conjuncts(copy.guard):
+        side, expr, limit = _normalise(conjunct)
+        for dim, index in enumerate(copy.host_indices):
+            delta = sym.Analyzer().simplify(expr - index)
+            if not isinstance(delta, tirx.IntImm):
+                continue
+            bound = sym.Analyzer().simplify(limit - delta)
+            if side == "lo" and _equals(bound, 0):
+                guarded_lo.add(dim)
+                break
+            if side == "hi" and _equals(bound, shape[dim]):
+                guarded_hi.add(dim)
+                break
+        else:
+            raise UnsupportedCopy(f"the guard '{conjunct}' of a copy of '{copy.host.name}' is not an "
+                                  f"in-bounds test of its indices {copy.host_indices}: the DMA halo "
+                                  "cannot express it")
+    return guarded_lo, guarded_hi
+
+
+def _conjuncts(cond):
+    if cond is None:
+        return []
+    if isinstance(cond, tirx.And):
+        return _conjuncts(cond.a) + _conjuncts(cond.b)
+    return [cond]
+
+
+def _normalise(cond):
+    """('lo', e, limit) for limit <= e, ('hi', e, limit) for e < limit."""
+    if isinstance(cond, tirx.LT):
+        return "hi", cond.a, cond.b
+    if isinstance(cond, tirx.LE):
+        if isinstance(cond.a, tirx.IntImm):
+            return "lo", cond.b, cond.a
+        return "hi", cond.a, cond.b + 1
+    if isinstance(cond, tirx.GE):
+        return "lo", cond.a, cond.b
+    if isinstance(cond, tirx.GT):
+        if isinstance(cond.b, tirx.IntImm):
+            return "lo", cond.a, cond.b + 1
+        return "hi", cond.b, cond.a
+    raise UnsupportedCopy(f"the guard '{cond}' of a copy is not a comparison")
+
+
+def _equals(expr, value: int) -> bool:
+    return isinstance(expr, tirx.IntImm) and expr.value == value

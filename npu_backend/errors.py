@@ -1,0 +1,41 @@
+"""The errors the compiler raises. Each says what went wrong, where, and how to fix it.
+
+Stage context is added as an error propagates (`stage_context`), so a failure deep inside
+scheduling still says which kernel and which stage it came from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+
+class CGRAError(Exception):
+    """Base class of every error raised by the CGRA backend."""
+
+
+class UnsupportedOperator(CGRAError, ValueError):
+    """An operator (or one of its attributes) cannot run on the NPU."""
+
+
+class ScratchpadTooSmall(CGRAError, ValueError):
+    """No tiling of a kernel fits the scratchpad of the chosen architecture."""
+
+
+class ScheduleError(CGRAError, RuntimeError):
+    """A kernel could not be scheduled or tensorized (a compiler bug: please report it)."""
+
+
+class UnsupportedCopy(ScheduleError):
+    """A copy into or out of the scratchpad is not expressible as one DMA box."""
+
+
+@contextlib.contextmanager
+def stage_context(stage: str, kernel: str):
+    """Prefix errors escaping the block with the stage and the kernel they happened in."""
+    try:
+        yield
+    except CGRAError as err:
+        if not getattr(err, "_cgra_context", False):
+            err.args = (f"[{stage}] kernel '{kernel}': {err.args[0] if err.args else ''}",) + err.args[1:]
+            err._cgra_context = True
+        raise

@@ -1,0 +1,189 @@
+"""The CGRA tensor intrinsics: one table, from which TensorIntrins are made on demand.
+
+Stage: schedule and tensorize. Each entry of `INTRINSICS` ties an ISA opcode to a factory that
+returns the TVMScript description (what the hardware computes, in TIR) and implementation (the
+`call_extern` the code generator lowers into a runtime call that records that opcode). Their
+numpy semantics live in the simulator's functional core; `tests/test_intrinsics.py` runs every
+entry through all three.
+
+Intrinsics are sized per kernel (PE-array passes of `rows x cols x depth`, vector ops over a
+whole tile), so they are registered under names that carry their shape and dtypes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from tvm.s_tir import TensorIntrin
+from tvm.script import tirx as T
+
+from cgra_sim.isa import EPILOGUE_BIAS, EPILOGUE_RELU, GEMM_ACCUMULATE, DType, Op
+
+SPAD = "global.cgra_spad"
+
+
+def _relu(value, dtype: str):
+    return T.max(value, T.Cast(dtype, 0))
+
+
+def _code(dtype: str) -> int:
+    return int(DType.from_name(dtype))
+
+
+def gemm_intrin(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str):
+    """One PE-array pass: acc[rows, cols] += A[rows, depth] @ B[depth, cols] on scratchpad tiles."""
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (rows, depth), dtype, offset_factor=1, scope=SPAD)
+        B = T.match_buffer(b, (depth, cols), dtype, offset_factor=1, scope=SPAD)
+        C = T.match_buffer(c, (rows, cols), acc_dtype, offset_factor=1, scope=SPAD)
+        with T.sblock("root"):
+            T.reads(C[0:rows, 0:cols], A[0:rows, 0:depth], B[0:depth, 0:cols])
+            T.writes(C[0:rows, 0:cols])
+            for i, j, k in T.grid(rows, cols, depth):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    C[vi, vj] = C[vi, vj] + T.Cast(acc_dtype, A[vi, vk]) * T.Cast(acc_dtype, B[vk, vj])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa = T.int32()
+        sb = T.int32()
+        sc = T.int32()
+        A = T.match_buffer(a, (rows, depth), dtype, offset_factor=1, scope=SPAD, strides=[sa, 1])
+        B = T.match_buffer(b, (depth, cols), dtype, offset_factor=1, scope=SPAD, strides=[sb, 1])
+        C = T.match_buffer(c, (rows, cols), acc_dtype, offset_factor=1, scope=SPAD, strides=[sc, 1])
+        with T.sblock("root"):
+            T.reads(C[0:rows, 0:cols], A[0:rows, 0:depth], B[0:depth, 0:cols])
+            T.writes(C[0:rows, 0:cols])
+            T.evaluate(T.call_extern(
+                "int32", "cgra_gemm", GEMM_ACCUMULATE, _code(dtype), rows, cols, depth,
+                A.data, A.elem_offset, sa, B.data, B.elem_offset, sb, C.data, C.elem_offset, sc))
+
+    return desc, impl
+
+
+def fill_intrin(rows: int, cols: int, dtype: str):
+    """Vector unit: zero a rows x cols accumulator tile (the reduction's init)."""
+
+    @T.prim_func(s_tir=True)
+    def desc(c: T.handle) -> None:
+        C = T.match_buffer(c, (rows, cols), dtype, offset_factor=1, scope=SPAD)
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:rows, 0:cols])
+            for i, j in T.grid(rows, cols):
+                with T.sblock("init"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    C[vi, vj] = T.Cast(dtype, 0)
+
+    @T.prim_func(s_tir=True)
+    def impl(c: T.handle) -> None:
+        sc = T.int32()
+        C = T.match_buffer(c, (rows, cols), dtype, offset_factor=1, scope=SPAD, strides=[sc, 1])
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:rows, 0:cols])
+            T.evaluate(T.call_extern("int32", "cgra_fill", _code(dtype), C.data, C.elem_offset,
+                                     rows, cols, sc, 0))
+
+    return desc, impl
+
+
+def epilogue_intrin(rows: int, cols: int, dtype: str, bias: bool, relu: bool):
+    """Vector unit: out = relu?(acc + bias?) over a rows x cols tile; bias is a row of cols."""
+    flags = (EPILOGUE_BIAS if bias else 0) | (EPILOGUE_RELU if relu else 0)
+
+    def value(acc, bias_row, vi, vj):
+        result = acc[vi, vj] + bias_row[vj]
+        return _relu(result, dtype) if relu else result
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, o: T.handle) -> None:
+        Acc = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=SPAD)
+        Bias = T.match_buffer(b, (cols,), dtype, offset_factor=1, scope=SPAD)
+        Out = T.match_buffer(o, (rows, cols), dtype, offset_factor=1, scope=SPAD)
+        with T.sblock("root"):
+            T.reads(Acc[0:rows, 0:cols], Bias[0:cols])
+            T.writes(Out[0:rows, 0:cols])
+            for i, j in T.grid(rows, cols):
+                with T.sblock("epi"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    Out[vi, vj] = value(Acc, Bias, vi, vj)
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, o: T.handle) -> None:
+        sa = T.int32()
+        so = T.int32()
+        Acc = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=SPAD, strides=[sa, 1])
+        Bias = T.match_buffer(b, (cols,), dtype, offset_factor=1, scope=SPAD)
+        Out = T.match_buffer(o, (rows, cols), dtype, offset_factor=1, scope=SPAD, strides=[so, 1])
+        with T.sblock("root"):
+            T.reads(Acc[0:rows, 0:cols], Bias[0:cols])
+            T.writes(Out[0:rows, 0:cols])
+            T.evaluate(T.call_extern(
+                "int32", "cgra_epilogue", flags, _code(dtype), _code(dtype), rows, cols,
+                Acc.data, Acc.elem_offset, sa, Bias.data, Bias.elem_offset,
+                Out.data, Out.elem_offset, so))
+
+    return (desc, impl) if bias else _epilogue_without_bias(rows, cols, dtype, relu, flags)
+
+
+def _epilogue_without_bias(rows: int, cols: int, dtype: str, relu: bool, flags: int):
+    """The epilogue of a kernel with no bias: two buffers, the bias operand is address 0."""
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, o: T.handle) -> None:
+        Acc = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=SPAD)
+        Out = T.match_buffer(o, (rows, cols), dtype, offset_factor=1, scope=SPAD)
+        with T.sblock("root"):
+            T.reads(Acc[0:rows, 0:cols])
+            T.writes(Out[0:rows, 0:cols])
+            for i, j in T.grid(rows, cols):
+                with T.sblock("epi"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    Out[vi, vj] = _relu(Acc[vi, vj], dtype) if relu else Acc[vi, vj]
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, o: T.handle) -> None:
+        sa = T.int32()
+        so = T.int32()
+        Acc = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=SPAD, strides=[sa, 1])
+        Out = T.match_buffer(o, (rows, cols), dtype, offset_factor=1, scope=SPAD, strides=[so, 1])
+        with T.sblock("root"):
+            T.reads(Acc[0:rows, 0:cols])
+            T.writes(Out[0:rows, 0:cols])
+            T.evaluate(T.call_extern(
+                "int32", "cgra_epilogue", flags, _code(dtype), _code(dtype), rows, cols,
+                Acc.data, Acc.elem_offset, sa, 0, 0, Out.data, Out.elem_offset, so))
+
+    return desc, impl
+
+
+@dataclasses.dataclass(frozen=True)
+class Intrinsic:
+    op: Op  # the ISA command its implementation records
+    factory: Callable  # (*shape_and_dtypes) -> (desc, impl)
+
+
+INTRINSICS = {
+    "gemm": Intrinsic(Op.GEMM, gemm_intrin),
+    "fill": Intrinsic(Op.FILL, fill_intrin),
+    "epilogue": Intrinsic(Op.EPILOGUE, epilogue_intrin),
+}
+
+
+def intrin_name(kind: str, *params) -> str:
+    return "cgra." + kind + "." + ".".join(str(p) for p in params)
+
+
+def get_intrin(kind: str, *params) -> str:
+    """Register (once) and return the name of the `kind` intrinsic for these parameters."""
+    name = intrin_name(kind, *params)
+    try:
+        TensorIntrin.get(name)
+    except Exception:  # not registered yet: TensorIntrin.get raises when the name is unknown
+        TensorIntrin.register(name, *INTRINSICS[kind].factory(*params))
+    return name

@@ -1,0 +1,193 @@
+"""Kernel definitions: an offloaded composite function -> a GEMM-shaped TensorIR PrimFunc.
+
+Stage: target hook, first half. Input: a `KernelSpec` read off a `cgra.*` composite (op, shapes,
+dtype, conv geometry, epilogue). Output: a schedulable PrimFunc (`te.create_prim_func`) whose
+blocks have fixed names and roles, so that `schedule.py` can tile and tensorize it:
+
+    a_pad   scratchpad tile of the left operand (zero outside the tensor: the DMA halo)
+    b_pad   scratchpad tile of the right operand
+    bias_pad (optional) scratchpad copy of the bias row
+    acc     the reduction, tensorized onto the PE array
+    epi     bias add and relu on the accumulator, tensorized onto the vector unit
+    out     the store of the valid region back to the host tensor
+
+Every kernel is a GEMM over padded extents (rows Mp, columns Np, reduction Kp), padded to whole
+tiles so that every inner tile can be tensorized; the padding never reaches the host because
+the loads read zeros outside the tensor and the store drops what lies outside it. A conv2d is a
+GEMM per output row: rows are output columns (ox), columns are output channels (f), and the
+reduction runs over (ry, rx, c), the left operand being gathered by a strided DMA box.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import te, tirx
+
+from .tiling import Tiling
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """What one offloaded kernel computes, independent of the hardware."""
+
+    op: str  # "matmul" or "conv2d"
+    dtype: str  # input dtype: "int8" or "float32"
+    acc_dtype: str  # "int32" or "float32"
+    lhs_shape: tuple  # matmul: (M, K); conv2d: (N, C, H, W)
+    rhs_shape: tuple  # matmul: (K, N), or (N, K) when rhs_transposed; conv2d: (F, C, KH, KW)
+    bias_shape: tuple | None = None  # broadcastable to the output along its channel / column axis
+    relu: bool = False
+    rhs_transposed: bool = False  # matmul: the right operand is stored (N, K) (PyTorch Linear)
+    strides: tuple = (1, 1)
+    padding: tuple = (0, 0, 0, 0)  # top, left, bottom, right
+    dilation: tuple = (1, 1)
+    source_ops: tuple = ()  # names of the model operators fused into this kernel
+
+    @property
+    def gemm_extents(self) -> tuple[int, int, int]:
+        """(rows, columns, reduction) of the GEMM: the extents the tiles are chosen for."""
+        if self.op == "matmul":
+            m, k = self.lhs_shape
+            n = self.rhs_shape[0] if self.rhs_transposed else self.rhs_shape[1]
+            return m, n, k
+        f, c, _, _ = self.rhs_shape
+        return self.output_shape[3], f, c
+
+    @property
+    def output_shape(self) -> tuple:
+        if self.op == "matmul":
+            m, n, _ = self.gemm_extents
+            return (m, n)
+        n, _, h, w = self.lhs_shape
+        f, _, kh, kw = self.rhs_shape
+        top, left, bottom, right = self.padding
+        (sh, sw), (dh, dw) = self.strides, self.dilation
+        oh = (h + top + bottom - dh * (kh - 1) - 1) // sh + 1
+        ow = (w + left + right - dw * (kw - 1) - 1) // sw + 1
+        return (n, f, oh, ow)
+
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates of the model operator (no padding)."""
+        if self.op == "matmul":
+            m, n, k = self.gemm_extents
+            return m * n * k
+        n, f, oh, ow = self.output_shape
+        _, c, kh, kw = self.rhs_shape
+        return n * f * oh * ow * c * kh * kw
+
+
+def _in_bounds(indices, shape):
+    """The condition under which `indices` lie inside a tensor of `shape` (the DMA halo test)."""
+    cond = None
+    for index, extent in zip(indices, shape):
+        for term in (index >= 0 if not _provably_nonnegative(index) else None, index < extent):
+            if term is not None:
+                cond = term if cond is None else tirx.all(cond, term)
+    return cond if cond is not None else tirx.const(True, "bool")
+
+
+def _provably_nonnegative(index) -> bool:
+    """Loop variables and their non-negative combinations need no lower-bound test."""
+    return isinstance(index, (tirx.Var, int)) or (
+        isinstance(index, tirx.Add) and _provably_nonnegative(index.a) and _provably_nonnegative(index.b)) or (
+        isinstance(index, tirx.Mul) and _provably_nonnegative(index.a) and _provably_nonnegative(index.b)) or (
+        isinstance(index, tirx.IntImm) and index.value >= 0)
+
+
+def _padded(tensor, shape, indices):
+    value = tensor(*indices)
+    return tirx.if_then_else(_in_bounds(indices, shape), value, tirx.const(0, tensor.dtype))
+
+
+def _epilogue(spec, acc, tiling, bias, row_axes):
+    """epi = relu(acc + bias[col]) over the padded tile grid; `row_axes` index acc before the column."""
+    np_ = tiling.np
+
+    bias_pad = None
+    if bias is not None:
+        channel_axis = _bias_channel_axis(spec.bias_shape)
+
+        def bias_index(j):
+            return [j if axis == channel_axis else 0 for axis in range(len(spec.bias_shape))]
+
+        bias_pad = te.compute((np_,), lambda j: _padded(bias, spec.bias_shape, bias_index(j)), name="bias_pad")
+
+    def epi_value(*idx):
+        value = acc(*idx)
+        if bias_pad is not None:
+            value = value + bias_pad(idx[-1])
+        if spec.relu:
+            value = tirx.max(value, tirx.const(0, spec.acc_dtype))
+        return value
+
+    return te.compute(acc.shape, epi_value, name="epi"), bias_pad
+
+
+def _bias_channel_axis(bias_shape) -> int:
+    """The axis of a broadcast bias that carries the channels: the one whose extent is not 1."""
+    axes = [axis for axis, extent in enumerate(bias_shape) if extent != 1]
+    return axes[0] if axes else len(bias_shape) - 1
+
+
+def matmul_compute(spec: KernelSpec, tiling: Tiling):
+    """C[M, N] = act(A[M, K] @ B[K, N] + bias) as padded TE stages. Returns (args, stage names)."""
+    m, n, k = spec.gemm_extents
+    a = te.placeholder(spec.lhs_shape, spec.dtype, name="lhs")
+    b = te.placeholder(spec.rhs_shape, spec.dtype, name="rhs")
+    a_pad = te.compute((tiling.mp, tiling.kp), lambda i, r: _padded(a, spec.lhs_shape, (i, r)), name="a_pad")
+    if spec.rhs_transposed:
+        b_pad = te.compute((tiling.kp, tiling.np), lambda r, j: _padded(b, spec.rhs_shape, (j, r)), name="b_pad")
+    else:
+        b_pad = te.compute((tiling.kp, tiling.np), lambda r, j: _padded(b, spec.rhs_shape, (r, j)), name="b_pad")
+    r = te.reduce_axis((0, tiling.kp), name="r")
+    acc = te.compute(
+        (tiling.mp, tiling.np),
+        lambda i, j: te.sum(a_pad[i, r].astype(spec.acc_dtype) * b_pad[r, j].astype(spec.acc_dtype), axis=r),
+        name="acc")
+    bias = te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None
+    epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=1)
+    out = te.compute((m, n), lambda i, j: epi[i, j], name="out")
+    args = [a, b] + ([bias] if bias is not None else []) + [out]
+    return te.create_prim_func(args)
+
+
+def conv2d_compute(spec: KernelSpec, tiling: Tiling):
+    """NCHW/OIHW conv2d as one GEMM per output row, over padded (ox, f, c) extents."""
+    batch, _, oh, ow = spec.output_shape
+    _, _, kh, kw = spec.rhs_shape
+    top, left, _, _ = spec.padding
+    (sh, sw), (dh, dw) = spec.strides, spec.dilation
+    x = te.placeholder(spec.lhs_shape, spec.dtype, name="data")
+    w = te.placeholder(spec.rhs_shape, spec.dtype, name="weight")
+    # The left operand of the GEMM for one (n, y, ry, rx): rows are output columns, k runs over c.
+    a_pad = te.compute(
+        (batch, oh, kh, kw, tiling.mp, tiling.kp),
+        lambda b_, y, ry, rx, ox, c: _padded(
+            x, spec.lhs_shape, (b_, c, y * sh + ry * dh - top, ox * sw + rx * dw - left)),
+        name="a_pad")
+    b_pad = te.compute(
+        (kh, kw, tiling.kp, tiling.np),
+        lambda ry, rx, c, f: _padded(w, spec.rhs_shape, (f, c, ry, rx)), name="b_pad")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    rc = te.reduce_axis((0, tiling.kp), name="rc")
+    acc = te.compute(
+        (batch, oh, tiling.mp, tiling.np),
+        lambda b_, y, ox, f: te.sum(
+            a_pad[b_, y, ry, rx, ox, rc].astype(spec.acc_dtype) * b_pad[ry, rx, rc, f].astype(spec.acc_dtype),
+            axis=[ry, rx, rc]),
+        name="acc")
+    bias = te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None
+    epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=3)
+    out = te.compute(spec.output_shape, lambda b_, f, y, ox: epi[b_, y, ox, f], name="out")
+    args = [x, w] + ([bias] if bias is not None else []) + [out]
+    return te.create_prim_func(args)
+
+
+COMPUTES = {"matmul": matmul_compute, "conv2d": conv2d_compute}
+
+
+def kernel_prim_func(spec: KernelSpec, tiling: Tiling):
+    return COMPUTES[spec.op](spec, tiling)
