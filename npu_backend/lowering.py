@@ -1,0 +1,47 @@
+"""Lowering: scheduled s_tir -> the plain TIR the code generator walks.
+
+Stage: lowering. Input: a scheduled, tensorized PrimFunc. Output: a flat PrimFunc made of loops,
+scratchpad allocations, `cgra_*` extern calls and address arithmetic (see
+`cgra_codegen`), with the kernel's metadata in its attributes.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir, tirx
+
+from .dma import lower_copies_to_dma
+
+
+def _dma_pass():
+    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="cgra.LowerCopiesToDMA")
+    def lower(func, _mod, _ctx):
+        return lower_copies_to_dma(func)
+    return lower
+
+
+def lowering_passes():
+    """The ordered pass list; each line says why the pass is there."""
+    return [
+        s_tir.transform.LowerInitBlock(),  # reduction inits are already FILLs; lower leftovers
+        s_tir.transform.PlanAndUpdateBufferAllocationLocation(),  # allocate tiles inside their loops
+        s_tir.transform.ConvertBlocksToOpaque(),  # block iter vars -> loop expressions
+        s_tir.transform.CompactBufferAllocation(),  # scratchpad buffers shrink to one tile
+        s_tir.transform.LowerMatchBuffer(),  # intrinsic operands -> base + elem_offset
+        s_tir.transform.StmtSimplify(),  # fold the index arithmetic the DMA pass analyses
+        s_tir.transform.LowerOpaqueBlock(),  # blocks -> loops, predicates -> if
+        _dma_pass(),  # host <-> scratchpad copies -> DMA boxes (needs N-d buffers)
+        tirx.transform.FlattenBuffer(),  # N-d buffers -> 1-d, for the code generator
+        tirx.transform.StmtSimplify(),
+        tirx.transform.RemoveNoOp(),
+    ]
+
+
+def lower_kernel(func: tirx.PrimFunc, symbol: str, attrs: dict) -> tirx.PrimFunc:
+    func = func.with_attr("global_symbol", symbol)
+    for key, value in attrs.items():
+        func = func.with_attr(key, value)
+    mod = tvm.IRModule({symbol: func})
+    for lowering_pass in lowering_passes():
+        mod = lowering_pass(mod)
+    return mod[symbol]

@@ -1,0 +1,103 @@
+"""Schedules: tile a GEMM-shaped kernel for the scratchpad and tensorize it onto the NPU.
+
+Stage: schedule and tensorize. Input: the PrimFunc of `kernels.py` (blocks a_pad, b_pad,
+bias_pad, acc, epi, out), its `KernelSpec` and `Tiling`, and the hardware description. Output:
+the scheduled PrimFunc, in which
+
+- the output is computed tile by tile (tm x tn), anchored on the epilogue's tile loops;
+- operand tiles (a_pad, b_pad) and the bias live in the scratchpad and are loaded per reduction
+  step: these copies become DMA (`dma.py`);
+- the accumulator's init is a FILL per PE-array tile, each PE-array pass is a GEMM intrinsic,
+  and the epilogue (bias, relu) is one vector-unit intrinsic per output tile;
+- the store of the valid region of each tile goes back to the host by DMA.
+
+A user may register their own schedule for a kernel kind with `register_schedule` (the seeds ask
+for exactly this: attach a hand-written schedule to a graph-level operator).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from tvm import s_tir
+
+from cgra_sim.arch import HardwareDescription
+
+from .errors import ScheduleError
+from .intrinsics import SPAD, get_intrin
+from .kernels import KernelSpec
+from .tiling import Tiling
+
+ScheduleFn = Callable[[s_tir.Schedule, KernelSpec, Tiling, HardwareDescription], None]
+
+_SCHEDULES: dict[str, ScheduleFn] = {}
+
+
+def register_schedule(op: str, fn: ScheduleFn | None = None):
+    """Use `fn(sch, spec, tiling, arch)` to schedule every `op` kernel (usable as a decorator)."""
+    def register(fn):
+        _SCHEDULES[op] = fn
+        return fn
+    return register(fn) if fn is not None else register
+
+
+def schedule_kernel(func, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription):
+    sch = s_tir.Schedule(func)
+    try:
+        _SCHEDULES[spec.op](sch, spec, tiling, arch)
+    except s_tir.ScheduleError as err:
+        raise ScheduleError(f"scheduling the {spec.op} kernel failed: {err}") from err
+    return sch.mod["main"]
+
+
+def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
+    """Tile the epilogue's (row, col) loops and pull acc, bias and the store under them."""
+    epi = sch.get_sblock("epi")
+    *batch_loops, row, col = sch.get_loops(epi)
+    row_outer, row_inner = sch.split(row, [None, tiling.tm])
+    col_outer, col_inner = sch.split(col, [None, tiling.tn])
+    sch.reorder(row_outer, col_outer, row_inner, col_inner)
+    acc = sch.get_sblock("acc")
+    sch.compute_at(acc, col_outer)
+    if spec.bias_shape:
+        bias = sch.get_sblock("bias_pad")
+        sch.compute_at(bias, col_outer)
+        sch.set_scope(bias, 0, SPAD)
+    sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
+    sch.set_scope(acc, 0, SPAD)
+    sch.set_scope(epi, 0, SPAD)
+    return acc, epi, row_inner
+
+
+def _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, reduction_loops):
+    """Split the tile onto the PE array, stage operands per reduction step, tensorize all three."""
+    row, col, *_ = sch.get_loops(acc)[-2 - len(reduction_loops):]
+    *outer_reductions, depth = reduction_loops
+    row_outer, row_pe = sch.split(row, [None, arch.rows])
+    col_outer, col_pe = sch.split(col, [None, arch.cols])
+    depth_outer, depth_inner = sch.split(depth, [None, tiling.tk])
+    sch.reorder(*outer_reductions, depth_outer, row_outer, col_outer, row_pe, col_pe, depth_inner)
+    for name in ("a_pad", "b_pad"):
+        block = sch.get_sblock(name)
+        sch.compute_at(block, depth_outer)
+        sch.set_scope(block, 0, SPAD)
+    first_reduction = outer_reductions[0] if outer_reductions else depth_outer
+    init = sch.decompose_reduction(acc, first_reduction)
+    sch.tensorize(row_pe, get_intrin("gemm", arch.rows, arch.cols, tiling.tk, spec.dtype, spec.acc_dtype))
+    sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", arch.rows, arch.cols, spec.acc_dtype))
+    sch.tensorize(epi_row, get_intrin("epilogue", tiling.tm, tiling.tn, spec.acc_dtype,
+                                      bool(spec.bias_shape), spec.relu))
+
+
+@register_schedule("matmul")
+def schedule_matmul(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription):
+    acc, epi, epi_row = _tile_output(sch, spec, tiling)
+    *_, depth = sch.get_loops(acc)
+    _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, [depth])
+
+
+@register_schedule("conv2d")
+def schedule_conv2d(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription):
+    acc, epi, epi_row = _tile_output(sch, spec, tiling)
+    *_, ry, rx, rc = sch.get_loops(acc)
+    _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, [ry, rx, rc])
