@@ -43,6 +43,11 @@ class KernelSpec:
     padding: tuple = (0, 0, 0, 0)  # top, left, bottom, right
     dilation: tuple = (1, 1)
     source_ops: tuple = ()  # names of the model operators fused into this kernel
+    param_roles: tuple = ()  # role ("lhs", "rhs", "bias") of each kernel parameter, in call order
+
+    @property
+    def roles(self) -> tuple:
+        return self.param_roles or (("lhs", "rhs", "bias") if self.bias_shape else ("lhs", "rhs"))
 
     @property
     def gemm_extents(self) -> tuple[int, int, int]:
@@ -149,8 +154,7 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
     bias = te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None
     epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=1)
     out = te.compute((m, n), lambda i, j: epi[i, j], name="out")
-    args = [a, b] + ([bias] if bias is not None else []) + [out]
-    return te.create_prim_func(args)
+    return _prim_func(spec, {"lhs": a, "rhs": b, "bias": bias}, out)
 
 
 def conv2d_compute(spec: KernelSpec, tiling: Tiling):
@@ -182,8 +186,12 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
     bias = te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None
     epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=3)
     out = te.compute(spec.output_shape, lambda b_, f, y, ox: epi[b_, y, ox, f], name="out")
-    args = [x, w] + ([bias] if bias is not None else []) + [out]
-    return te.create_prim_func(args)
+    return _prim_func(spec, {"lhs": x, "rhs": w, "bias": bias}, out)
+
+
+def _prim_func(spec: KernelSpec, inputs: dict, out):
+    """The PrimFunc with parameters in the order the offloaded function is called with."""
+    return te.create_prim_func([inputs[role] for role in spec.roles] + [out])
 
 
 COMPUTES = {"matmul": matmul_compute, "conv2d": conv2d_compute}

@@ -1,0 +1,61 @@
+"""npu_backend: a CGRA NPU backend for Apache TVM.
+
+`import npu_backend` registers everything: the target tags (`cgra`, one per preset), the `cgra.*`
+partition patterns, the `relax.ext.cgra` target hook, the pipeline behind `tvm.compile(mod,
+target="cgra")`, and the simulator as the runtime's device backend (the C++ runtime is built on
+first use and cached). Then:
+
+    ex = tvm.compile(mod, target="cgra")          # or npu_backend.compile(mod, arch="cgra-16x16")
+    vm = tvm.relax.VirtualMachine(ex, tvm.cpu())
+    with npu_backend.profile() as prof:
+        out = vm["main"](*inputs)
+    print(prof.total_cycles, prof.to_json())
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm.relax.backend.pattern_registry import register_patterns
+
+from cgra_sim.arch import DEFAULT_ARCH, HardwareDescription, load_arch, preset_names
+
+from .device import Profile, profile, register_backend
+from .errors import CGRAError, ScheduleError, ScratchpadTooSmall, UnsupportedCopy, UnsupportedOperator
+from .options import CompileOptions
+from .patterns import make_patterns
+from .pipeline import STAGES, cgra_pipeline
+from .runtime_lib import load_runtime
+from .target import install_default_pipeline, register_target_tags
+from .target_hook import register_target_hook
+
+__all__ = [
+    "CGRAError", "CompileOptions", "DEFAULT_ARCH", "HardwareDescription", "Profile", "STAGES",
+    "ScheduleError", "ScratchpadTooSmall", "UnsupportedCopy", "UnsupportedOperator",
+    "compile", "load_arch", "preset_names", "profile",
+]
+
+
+def compile(mod: tvm.IRModule, arch=None, *, dump_dir: str | None = None):  # noqa: A001 (the API's name)
+    """Compile a Relax module for the CGRA NPU described by `arch` (preset name, JSON path or
+    HardwareDescription; default cgra-8x8). Returns an executable for `relax.VirtualMachine`.
+    With `dump_dir`, every stage's output is written there under the stage's name."""
+    arch = load_arch(arch)
+    options = CompileOptions(dump_dir=dump_dir)
+    name = arch.name if arch.name in preset_names() else DEFAULT_ARCH
+    target = tvm.target.Target(name)
+    return tvm.relax.build(mod, target=target, relax_pipeline=cgra_pipeline(arch, options))
+
+
+def _register() -> None:
+    load_runtime()
+    register_backend()
+    register_target_hook()
+    register_target_tags()
+    install_default_pipeline()
+    # Also list the patterns in TVM's registry (with the default chip's limits) so that tools
+    # that look there see them; the pipeline itself builds them for the chosen chip.
+    register_patterns([(p.name, p.pattern, p.annotation_patterns, p.check)
+                       for p in reversed(make_patterns(load_arch(DEFAULT_ARCH)))])
+
+
+_register()

@@ -1,0 +1,222 @@
+"""The partition table: which Relax subgraphs run on the NPU, and why the others do not.
+
+Stage: partition. Input: a Relax IRModule. `make_patterns(arch)` returns the `cgra.*` fusion
+patterns, each with a check function that rejects what the kernels cannot do (the reason is
+kept: `offload_reason` returns it in words a user can act on). `spec_from_composite` reads the
+`KernelSpec` back off an offloaded function for the target hook.
+
+Patterns: matmul (2-D, and the permute_dims + matmul form PyTorch's Linear produces) and conv2d
+(NCHW / OIHW), each optionally followed by a bias `add` and then `relu`, in float32 and in
+int8 x int8 -> int32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import relax
+from tvm.relax.dpl import is_op, wildcard
+from tvm.relax.transform import FusionPattern
+
+from cgra_sim.arch import HardwareDescription
+
+from .errors import CGRAError
+from .kernels import KernelSpec
+from .tiling import choose_tiling
+
+ACC_DTYPE = {"int8": "int32", "float32": "float32"}
+
+
+def _pattern_graphs():
+    """(suffix, pattern, annotations) for every supported op with every epilogue."""
+    lhs, rhs, weight, bias = wildcard(), wildcard(), wildcard(), wildcard()
+    permute = is_op("relax.permute_dims")(weight)
+    roots = {
+        "matmul": (is_op("relax.matmul")(lhs, rhs), {"lhs": lhs, "rhs": rhs}),
+        "linear": (is_op("relax.matmul")(lhs, permute), {"lhs": lhs, "rhs": weight, "permute": permute}),
+        "conv2d": (is_op("relax.nn.conv2d")(lhs, rhs), {"lhs": lhs, "rhs": rhs}),
+    }
+    graphs = []
+    for name, (root, annotations) in roots.items():
+        with_bias = is_op("relax.add")(root, bias)
+        variants = [
+            ("", root, {}),
+            ("_relu", is_op("relax.nn.relu")(root), {}),
+            ("_bias", with_bias, {"bias": bias}),
+            ("_bias_relu", is_op("relax.nn.relu")(with_bias), {"bias": bias}),
+        ]
+        for suffix, pattern, extra in variants:  # the longest last: later patterns win
+            graphs.append((f"cgra.{name}{suffix}", pattern, {"root": root, **annotations, **extra}))
+    return graphs
+
+
+def make_patterns(arch: HardwareDescription) -> list[FusionPattern]:
+    """The fusion patterns for `arch`, most specific last (FuseOpsByPattern tries them in order)."""
+    patterns = []
+    for name, pattern, annotations in _pattern_graphs():
+        def check(context, name=name):
+            return offload_reason(name, context.annotated_expr, arch) is None
+        patterns.append(FusionPattern(name, pattern, annotations, check))
+    return list(reversed(patterns))
+
+
+def offload_reason(name: str, annotated: dict, arch: HardwareDescription) -> str | None:
+    """None if the matched subgraph can run on the NPU, else the reason it stays on the host."""
+    try:
+        spec = spec_from_match(name, annotated)
+    except CGRAError as err:
+        return str(err)
+    if spec.dtype not in arch.dtypes:
+        return f"{arch.name} computes {', '.join(arch.dtypes)}, not {spec.dtype}"
+    try:
+        choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch)
+    except CGRAError as err:
+        return str(err)
+    return None
+
+
+class _Reject(CGRAError, ValueError):
+    pass
+
+
+def _static_shape(expr, role: str) -> tuple:
+    ty = expr.struct_info if hasattr(expr, "struct_info") else expr.ty
+    shape = getattr(ty, "shape", None)
+    if shape is None:
+        raise _Reject(f"the {role} has no known shape")
+    values = []
+    for dim in shape.values if hasattr(shape, "values") else shape:
+        if not hasattr(dim, "value"):
+            raise _Reject(f"the {role} has a symbolic dimension ({dim}); the NPU kernels need static "
+                          "shapes (bind the dimension, e.g. with relax.transform.BindSymbolicVars)")
+        values.append(int(dim.value))
+    return tuple(values)
+
+
+def _dtype(expr) -> str:
+    ty = expr.struct_info if hasattr(expr, "struct_info") else expr.ty
+    return str(ty.dtype)
+
+
+def spec_from_match(name: str, annotated: dict) -> KernelSpec:
+    """The kernel a matched pattern would become; raises `_Reject` with the reason it cannot."""
+    root = annotated["root"]
+    op = "conv2d" if name.startswith("cgra.conv2d") else "matmul"
+    lhs, rhs = annotated["lhs"], annotated["rhs"]
+    dtype, rhs_dtype = _dtype(lhs), _dtype(rhs)
+    if dtype != rhs_dtype:
+        raise _Reject(f"{op} mixes {dtype} and {rhs_dtype}; the PE array multiplies equal dtypes")
+    if dtype not in ACC_DTYPE:
+        raise _Reject(f"{op} on {dtype} is not supported (float32, or int8 with int32 output)")
+    acc_dtype = ACC_DTYPE[dtype]
+    out_dtype = _dtype(root)
+    if out_dtype != acc_dtype:
+        raise _Reject(f"{op} of {dtype} must produce {acc_dtype}, this one produces {out_dtype} "
+                      f"(use out_dtype=\"{acc_dtype}\")")
+    bias_shape = None
+    if "bias" in annotated:
+        bias_shape = _static_shape(annotated["bias"], "bias")
+        if _dtype(annotated["bias"]) != acc_dtype:
+            raise _Reject(f"the bias is {_dtype(annotated['bias'])}, the accumulator {acc_dtype}")
+    common = dict(dtype=dtype, acc_dtype=acc_dtype, bias_shape=bias_shape, relu=name.endswith("relu"))
+    if op == "conv2d":
+        return _conv2d_spec(root, lhs, rhs, common)
+    return _matmul_spec(name, lhs, rhs, annotated.get("permute"), bias_shape, common)
+
+
+def _matmul_spec(name, lhs, rhs, permute, bias_shape, common) -> KernelSpec:
+    lhs_shape, rhs_shape = _static_shape(lhs, "left operand"), _static_shape(rhs, "right operand")
+    if len(lhs_shape) != 2 or len(rhs_shape) != 2:
+        raise _Reject(f"matmul of rank {len(lhs_shape)} x {len(rhs_shape)}: the NPU kernel takes 2-D "
+                      "operands (batched matmul stays on the host)")
+    transposed = name.startswith("cgra.linear")
+    if transposed:
+        axes = permute.attrs.axes
+        if axes is not None and [int(a) for a in axes] != [1, 0]:
+            raise _Reject(f"permute_dims with axes {list(axes)} before matmul is not a transpose")
+    n = rhs_shape[0] if transposed else rhs_shape[1]
+    if bias_shape is not None and (bias_shape[-1] != n or any(d != 1 for d in bias_shape[:-1])):
+        raise _Reject(f"the bias of shape {bias_shape} is not a row of {n} columns")
+    return KernelSpec("matmul", lhs_shape=lhs_shape, rhs_shape=rhs_shape, rhs_transposed=transposed, **common)
+
+
+def _conv2d_spec(call, data, weight, common) -> KernelSpec:
+    attrs = call.attrs
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+    if layouts != ("NCHW", "OIHW", "NCHW"):
+        raise _Reject(f"conv2d layouts {layouts}: the NPU kernel takes NCHW data, OIHW weights")
+    if int(attrs.groups) != 1:
+        raise _Reject(f"grouped conv2d (groups={int(attrs.groups)}) stays on the host")
+    data_shape, weight_shape = _static_shape(data, "data"), _static_shape(weight, "weight")
+    padding = tuple(int(p) for p in attrs.padding)
+    if len(padding) == 2:
+        padding = padding * 2
+    spec = KernelSpec("conv2d", lhs_shape=data_shape, rhs_shape=weight_shape,
+                      strides=tuple(int(s) for s in attrs.strides), padding=padding,
+                      dilation=tuple(int(d) for d in attrs.dilation), **common)
+    bias_shape = common["bias_shape"]
+    if bias_shape is not None:
+        aligned = (1,) * (4 - len(bias_shape)) + tuple(bias_shape)
+        channels = weight_shape[0]
+        if len(bias_shape) > 4 or aligned[1] != channels or {aligned[0], aligned[2], aligned[3]} != {1}:
+            raise _Reject(f"the bias of shape {bias_shape} is not one value per output channel "
+                          f"(expected (1, {channels}, 1, 1) or ({channels}, 1, 1))")
+    return spec
+
+
+def spec_from_composite(func: relax.Function, source_ops=()) -> KernelSpec:
+    """The kernel of an offloaded function, its parameters in the function's order."""
+    composite = _composite_of(func)
+    name = str(composite.attrs["Composite"])
+    bindings = {b.var: b.value for block in composite.body.blocks for b in block.bindings}
+    annotated = _annotate(name, composite, bindings)
+    spec = spec_from_match(name, annotated)
+    roles = {}
+    for role in ("lhs", "rhs", "bias"):
+        if role in annotated:
+            roles.setdefault(annotated[role], []).append(role)
+    param_roles = []
+    for param in composite.params:
+        if len(roles.get(param, [])) != 1:
+            raise _Reject(f"parameter '{param.name}' of '{name}' plays {roles.get(param, [])} "
+                          "roles; each operand must be its own tensor")
+        param_roles.append(roles[param][0])
+    return dataclasses.replace(spec, param_roles=tuple(param_roles), source_ops=tuple(source_ops))
+
+
+def composite_call(func):
+    """(composite function, its call) inside an offloaded wrapper function."""
+    if "Composite" in (func.attrs or {}):
+        return func, None
+    bindings = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    for value in bindings.values():
+        callee = getattr(value, "op", None)
+        callee = bindings.get(callee, callee)
+        if isinstance(callee, relax.Function) and "Composite" in (callee.attrs or {}):
+            return callee, value
+    raise _Reject("the offloaded function holds no cgra composite")
+
+
+def _composite_of(func):
+    return composite_call(func)[0]
+
+
+def _annotate(name, composite, bindings):
+    """Follow the composite's bindings back from its output to the pattern's roles."""
+    def call_of(expr):
+        return bindings.get(expr, expr)
+
+    node = call_of(composite.body.body)
+    annotated = {}
+    if name.endswith("relu"):
+        node = call_of(node.args[0])
+    if "_bias" in name:
+        annotated["bias"] = node.args[1]
+        node = call_of(node.args[0])
+    annotated["root"] = node
+    annotated["lhs"], rhs = node.args
+    if name.startswith("cgra.linear"):
+        annotated["permute"] = call_of(rhs)
+        rhs = annotated["permute"].args[0]
+    annotated["rhs"] = rhs
+    return annotated

@@ -1,0 +1,66 @@
+"""The compile flow: one ordered list of named stages, run by `tvm.compile`, `compile` and the CLI.
+
+Stage: all of them, in order. Each stage is `(mod, arch, options) -> mod`; with
+`CompileOptions.dump_dir` set, each stage's output is written under its name. The per-kernel
+stages (s_tir, schedule, lowering, LLVM IR) run inside `codegen` (see `target_hook.py`); what
+is left on the host goes through TVM's own CPU pipeline afterwards.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from cgra_sim.arch import HardwareDescription
+
+from .options import CompileOptions, dump
+from .patterns import make_patterns
+
+
+def _normalise(mod, arch, options):
+    del arch, options
+    # Fold the constant arithmetic importers leave around weights (e.g. bias reshapes), so the
+    # patterns see plain tensors.
+    return tvm.transform.Sequential([relax.transform.FoldConstant(),
+                                     relax.transform.CanonicalizeBindings()])(mod)
+
+
+def _partition(mod, arch, options):
+    del options
+    # Offload every subgraph a cgra pattern matches and its checks accept; weights stay
+    # arguments so the kernels can DMA them.
+    return relax.transform.FuseOpsByPattern(make_patterns(arch), bind_constants=False,
+                                            annotate_codegen=True)(mod)
+
+
+def _codegen(mod, arch, options):
+    # Compile each offloaded function for the NPU (relax.ext.cgra) and replace it with a call
+    # to the compiled kernel.
+    target_options = {"cgra": {"arch": arch.to_json(), "options": options.to_json()}}
+    return relax.transform.RunCodegen(target_options=target_options)(mod)
+
+
+STAGES = [
+    ("normalise", _normalise),
+    ("partition", _partition),
+    ("codegen", _codegen),
+]
+
+
+def run_stages(mod: tvm.IRModule, arch: HardwareDescription, options: CompileOptions) -> tvm.IRModule:
+    dump(options, "0_input.py", mod)
+    for index, (name, stage) in enumerate(STAGES):
+        mod = stage(mod, arch, options)
+        dump(options, f"{index + 1}_{name}.py", mod)
+    return mod
+
+
+def cgra_pipeline(arch: HardwareDescription, options: CompileOptions = CompileOptions()):
+    """The whole Relax pipeline for the NPU: the CGRA stages, then TVM's CPU pipeline for the host."""
+
+    @tvm.transform.module_pass(opt_level=0, name="cgra.Pipeline")
+    def pipeline(mod, _ctx):
+        mod = run_stages(mod, arch, options)
+        return relax.get_pipeline("default_build")(mod)
+
+    return pipeline
