@@ -28,9 +28,12 @@ def lowering_passes():
         s_tir.transform.ConvertBlocksToOpaque(),  # block iter vars -> loop expressions
         s_tir.transform.CompactBufferAllocation(),  # scratchpad buffers shrink to one tile
         s_tir.transform.LowerMatchBuffer(),  # intrinsic operands -> base + elem_offset
-        s_tir.transform.StmtSimplify(),  # fold the index arithmetic the DMA pass analyses
         s_tir.transform.LowerOpaqueBlock(),  # blocks -> loops, predicates -> if
-        _dma_pass(),  # host <-> scratchpad copies -> DMA boxes (needs N-d buffers)
+        # Host <-> scratchpad copies -> DMA boxes. Before any simplifier: it needs N-d buffers
+        # and the guards as written (a simplifier may rewrite "2*ox + rx < 12" as "ox < 6",
+        # which is equivalent on the loop's range but no longer reads as an in-bounds test).
+        _dma_pass(),
+        s_tir.transform.StmtSimplify(),  # fold the index arithmetic of the remaining calls
         tirx.transform.FlattenBuffer(),  # N-d buffers -> 1-d, for the code generator
         tirx.transform.StmtSimplify(),
         tirx.transform.RemoveNoOp(),

@@ -1,0 +1,115 @@
+"""Small Relax models and their numpy references, shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+ACC = {"int8": "int32", "float32": "float32"}
+
+
+def _random(rng, shape, dtype):
+    if dtype == "int8":
+        return rng.integers(-128, 128, size=shape, dtype=np.int8)
+    if dtype == "int32":
+        return rng.integers(-1000, 1000, size=shape, dtype=np.int32)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _build(name_shapes, body_fn):
+    """A module whose main takes `name_shapes` [(name, shape, dtype)] and returns body_fn(vars)."""
+    builder = relax.BlockBuilder()
+    params = [relax.Var(name, relax.TensorType(shape, dtype)) for name, shape, dtype in name_shapes]
+    with builder.function("main", params):
+        with builder.dataflow():
+            out = builder.emit_output(body_fn(builder, *params))
+        builder.emit_func_output(out)
+    return builder.get()
+
+
+def matmul_model(m, n, k, dtype="float32", bias=True, relu=True, transposed=False, softmax=False):
+    """x @ w (+ b) (relu) (softmax): returns (module, inputs, reference)."""
+    acc = ACC[dtype]
+    w_shape = (n, k) if transposed else (k, n)
+    specs = [("x", (m, k), dtype), ("w", w_shape, dtype)] + ([("b", (n,), acc)] if bias else [])
+
+    def body(bb, x, w, *rest):
+        rhs = bb.emit(relax.op.permute_dims(w, [1, 0])) if transposed else w
+        y = bb.emit(relax.op.matmul(x, rhs, out_dtype=acc if dtype == "int8" else None))
+        if bias:
+            y = bb.emit(relax.op.add(y, rest[0]))
+        if relu:
+            y = bb.emit(relax.op.nn.relu(y))
+        if softmax:
+            y = bb.emit(relax.op.nn.softmax(y))
+        return y
+
+    rng = np.random.default_rng(m * 1000003 + n * 1009 + k)
+    inputs = [_random(rng, shape, dt) for _, shape, dt in specs]
+    x, w = inputs[0].astype(acc), inputs[1].astype(acc)
+    ref = x @ (w.T if transposed else w)
+    if bias:
+        ref = ref + inputs[2]
+    if relu:
+        ref = np.maximum(ref, 0)
+    if softmax:
+        e = np.exp(ref - ref.max(-1, keepdims=True))
+        ref = e / e.sum(-1, keepdims=True)
+    return _build(specs, body), inputs, ref.astype(acc)
+
+
+def conv2d_reference(x, w, stride, pad, dilation=(1, 1)):
+    """NCHW / OIHW conv2d in numpy (accumulating in the inputs' dtype)."""
+    top, left, bottom, right = pad
+    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    n, c, h, wd = xp.shape
+    f, _, kh, kw = w.shape
+    oh = (h - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (wd - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    out = np.zeros((n, f, oh, ow), dtype=x.dtype)
+    for ry in range(kh):
+        for rx in range(kw):
+            y0, x0 = ry * dilation[0], rx * dilation[1]
+            patch = xp[:, :, y0:y0 + stride[0] * (oh - 1) + 1:stride[0], x0:x0 + stride[1] * (ow - 1) + 1:stride[1]]
+            out += np.einsum("nchw,fc->nfhw", patch, w[:, :, ry, rx])
+    return out
+
+
+def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype="float32",
+                 bias=True, relu=True):
+    acc = ACC[dtype]
+    specs = [("data", (n, c, h, w_), dtype), ("weight", (f, c, kh, kw), dtype)]
+    specs += [("bias", (1, f, 1, 1), acc)] if bias else []
+
+    def body(bb, x, w, *rest):
+        y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=pad,
+                                       out_dtype=acc if dtype == "int8" else None))
+        if bias:
+            y = bb.emit(relax.op.add(y, rest[0]))
+        if relu:
+            y = bb.emit(relax.op.nn.relu(y))
+        return y
+
+    rng = np.random.default_rng(n * 7 + c * 11 + h * 13 + f * 17 + kh * 19)
+    inputs = [_random(rng, shape, dt) for _, shape, dt in specs]
+    ref = conv2d_reference(inputs[0].astype(acc), inputs[1].astype(acc), stride, pad)
+    if bias:
+        ref = ref + inputs[2]
+    if relu:
+        ref = np.maximum(ref, 0)
+    return _build(specs, body), inputs, ref.astype(acc)
+
+
+def run(ex, inputs):
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
+
+
+def assert_matches(out, ref, dtype):
+    """float32: relative error at most 1e-5 of the output's scale; int8 kernels: exact."""
+    if dtype == "int8":
+        np.testing.assert_array_equal(out, ref)
+    else:
+        scale = max(1.0, float(np.abs(ref).max()))
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * scale)
