@@ -66,13 +66,23 @@ def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
     sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
     sch.set_scope(acc, 0, SPAD)
     sch.set_scope(epi, 0, SPAD)
-    return acc, epi, row_inner
+    return acc, epi, row_inner, col_outer
 
 
-def _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, reduction_loops):
+def _acc_loops(sch, acc, col_outer):
+    """(row, col, reductions) of acc under the tile loop. compute_at drops unit-extent loops
+    (a 1x1 kernel has no ry/rx loop), so they are found after the tile loop, not by count;
+    the tiling keeps the row, column and depth extents above 1."""
+    loops = sch.get_loops(acc)
+    start = [i for i, loop in enumerate(loops) if sch.get_sref(loop).same_as(sch.get_sref(col_outer))][0]
+    row, col, *reductions = loops[start + 1:]
+    return row, col, reductions
+
+
+def _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, col_tile):
     """Split the tile onto the PE array, stage operands per reduction step, tensorize all three."""
-    row, col, *_ = sch.get_loops(acc)[-2 - len(reduction_loops):]
-    *outer_reductions, depth = reduction_loops
+    row, col, reductions = _acc_loops(sch, acc, col_tile)
+    *outer_reductions, depth = reductions
     row_outer, row_pe = sch.split(row, [None, arch.rows])
     col_outer, col_pe = sch.split(col, [None, arch.cols])
     depth_outer, depth_inner = sch.split(depth, [None, tiling.tk])
@@ -90,14 +100,8 @@ def _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, reduction_loops)
 
 
 @register_schedule("matmul")
-def schedule_matmul(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription):
-    acc, epi, epi_row = _tile_output(sch, spec, tiling)
-    *_, depth = sch.get_loops(acc)
-    _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, [depth])
-
-
 @register_schedule("conv2d")
-def schedule_conv2d(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription):
-    acc, epi, epi_row = _tile_output(sch, spec, tiling)
-    *_, ry, rx, rc = sch.get_loops(acc)
-    _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, [ry, rx, rc])
+def schedule_gemm_like(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription):
+    """Both kernels are GEMMs over (rows, cols, reductions...): one schedule serves both."""
+    acc, epi, epi_row, col_tile = _tile_output(sch, spec, tiling)
+    _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, col_tile)

@@ -52,6 +52,9 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     The output tile is grown in whole PE-array steps up to the padded problem; the reduction
     depth is the whole reduction when it fits, otherwise the largest chunk that does.
     """
+    # A unit reduction extent would be elided by compute_at and leave nothing to tensorize
+    # along; one zero column is cheaper than a special case.
+    depth = max(depth, 2)
     in_bytes = DType.from_name(dtype).itemsize
     acc_bytes = DType.from_name(acc_dtype).itemsize
     max_tm = _round_up(rows, arch.rows)

@@ -1,0 +1,110 @@
+"""End to end: tvm.compile(target=...) -> VM -> C++ runtime -> simulator, against numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given
+from hypothesis import strategies as st
+
+import npu_backend
+from models import assert_matches, conv2d_model, matmul_model, run
+
+PRESETS = npu_backend.preset_names()
+
+
+@pytest.mark.parametrize("arch", PRESETS)
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_matmul_bias_relu(arch, dtype):
+    mod, inputs, ref = matmul_model(100, 50, 70, dtype)  # no extent is a multiple of a tile
+    ex = tvm.compile(mod, target=arch)
+    with npu_backend.profile() as prof:
+        out = run(ex, inputs)
+    assert_matches(out, ref, dtype)
+    assert len(prof.kernels) == 1 and prof.kernels[0].source_ops == ("matmul", "add", "nn.relu")
+    assert prof.total_cycles > 0 and prof.kernels[0].macs >= 100 * 50 * 70
+
+
+@pytest.mark.parametrize("arch", PRESETS)
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_conv2d_bias_relu(arch, dtype):
+    mod, inputs, ref = conv2d_model(1, 3, 30, 30, 8, 3, 3, (2, 2), (1, 1, 1, 1), dtype)
+    ex = tvm.compile(mod, target=arch)
+    with npu_backend.profile() as prof:
+        out = run(ex, inputs)
+    assert_matches(out, ref, dtype)
+    assert [k.source_ops for k in prof.kernels] == [("nn.conv2d", "add", "nn.relu")]
+
+
+def test_default_target_is_cgra_8x8():
+    mod, inputs, ref = matmul_model(20, 12, 9)
+    with npu_backend.profile() as prof:
+        out = run(tvm.compile(mod, target="cgra"), inputs)
+    assert_matches(out, ref, "float32")
+    assert prof.kernels and prof.kernels[0].arch == "cgra-8x8"
+
+
+def test_llvm_target_is_untouched():
+    mod, inputs, ref = matmul_model(20, 12, 9)
+    with npu_backend.profile() as prof:
+        out = run(tvm.compile(mod, target="llvm"), inputs)
+    assert_matches(out, ref, "float32")
+    assert prof.kernels == []  # nothing ran on the NPU
+
+
+def test_linear_form_from_pytorch():
+    mod, inputs, ref = matmul_model(33, 17, 5, "float32", transposed=True)
+    with npu_backend.profile() as prof:
+        out = run(tvm.compile(mod, target="cgra"), inputs)
+    assert_matches(out, ref, "float32")
+    assert prof.kernels[0].source_ops == ("permute_dims", "matmul", "add", "nn.relu")
+
+
+def test_softmax_stays_on_host():
+    mod, inputs, ref = matmul_model(16, 10, 8, softmax=True)
+    with npu_backend.profile() as prof:
+        out = run(tvm.compile(mod, target="cgra"), inputs)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+    assert [k.source_ops for k in prof.kernels] == [("matmul", "add", "nn.relu")]
+
+
+def test_cycles_repeat_across_runs():
+    mod, inputs, _ = matmul_model(40, 24, 30, "int8")
+    ex = tvm.compile(mod, target="cgra")
+    with npu_backend.profile() as prof:
+        run(ex, inputs)  # warm-up
+        run(ex, inputs)
+    assert len(prof.kernels) == 2 and prof.kernels[0].cycles == prof.kernels[1].cycles
+
+
+@pytest.mark.parametrize("bad", ["dtype", "shape"])
+def test_wrong_input_names_the_argument(bad):
+    mod, inputs, _ = matmul_model(16, 10, 8)
+    ex = tvm.compile(mod, target="cgra")
+    if bad == "dtype":
+        inputs[1] = inputs[1].astype("float64")
+    else:
+        inputs[1] = np.zeros((9, 10), "float32")
+    with pytest.raises(Exception, match=r"\bw\b"):
+        run(ex, inputs)
+
+
+@given(m=st.integers(1, 300), n=st.integers(1, 300), k=st.integers(1, 300),
+       dtype=st.sampled_from(["float32", "int8"]), arch=st.sampled_from(PRESETS),
+       bias=st.booleans(), relu=st.booleans())
+def test_matmul_lowering_property(m, n, k, dtype, arch, bias, relu):
+    mod, inputs, ref = matmul_model(m, n, k, dtype, bias=bias, relu=relu)
+    out = run(npu_backend.compile(mod, arch), inputs)
+    assert_matches(out, ref, dtype)
+
+
+@given(batch=st.integers(1, 2), channels=st.integers(1, 20), size=st.integers(3, 20),
+       filters=st.integers(1, 20), kernel=st.integers(1, 3), stride=st.integers(1, 2),
+       pad=st.integers(0, 2), dtype=st.sampled_from(["float32", "int8"]),
+       arch=st.sampled_from(PRESETS))
+def test_conv2d_lowering_property(batch, channels, size, filters, kernel, stride, pad, dtype, arch):
+    mod, inputs, ref = conv2d_model(batch, channels, size, size + 1, filters, kernel, kernel,
+                                    (stride, stride), (pad, pad, pad, pad), dtype)
+    out = run(npu_backend.compile(mod, arch), inputs)
+    assert_matches(out, ref, dtype)
