@@ -1,0 +1,155 @@
+"""Builds and loads the CGRA runtime library (the C++ under runtime/) on first use.
+
+Stage: runtime. In: this repository's runtime sources, its CMakeLists.txt and
+simulator/cgra_sim/isa.py (the runtime's ISA header is generated from it). Out: the path of
+libcgra_runtime.so, built with CMake into `<cache>/runtime-<hash>/`, where the hash covers those
+sources and the tvm-ffi version, and loaded with RTLD_GLOBAL so that code compiled later resolves
+its `cgra_*` calls against it.
+
+The cache directory is ~/.cache/npu_backend unless the CGRA_RUNTIME_CACHE environment variable
+names another. A build happens in a private temporary directory and is published by one atomic
+rename, so processes building at the same time never see a half-written library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from . import env
+from .errors import CGRAError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LIBRARY_NAME = "libcgra_runtime.so"
+BUILD_MESSAGE = "building the CGRA runtime (first use, ~10 s)..."
+
+_load_lock = threading.Lock()
+_loaded_path: str | None = None
+_loaded_library: ctypes.CDLL | None = None  # kept referenced for the life of the process
+
+
+class RuntimeBuildError(CGRAError, RuntimeError):
+    """The CGRA runtime library could not be built: a missing tool or source, or a compile error."""
+
+
+def load_runtime() -> str:
+    """Builds the runtime if needed, loads it process-wide and returns its path.
+
+    Idempotent: after the first call it returns the same path without hashing or building.
+    """
+    global _loaded_path, _loaded_library
+    if _loaded_path is not None:
+        return _loaded_path
+    with _load_lock:
+        if _loaded_path is None:
+            # The runtime links libtvm_ffi.so: load it through tvm_ffi first so that both share
+            # one global function registry (where npu_backend registers the simulator backend).
+            import tvm_ffi  # noqa: F401
+
+            path = str(ensure_built())
+            _loaded_library = ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
+            _loaded_path = path
+    return _loaded_path
+
+
+def ensure_built(root: Path = REPO_ROOT, cache: Path | None = None) -> Path:
+    """The library built from the sources under `root`, building it if the cache lacks it."""
+    cache = default_cache_dir() if cache is None else Path(cache)
+    target_dir = cache / f"runtime-{source_hash(root)}"
+    if not (target_dir / LIBRARY_NAME).is_file():
+        _build(Path(root), target_dir)
+    return target_dir / LIBRARY_NAME
+
+
+def default_cache_dir() -> Path:
+    override = os.environ.get(env.CGRA_RUNTIME_CACHE)
+    return Path(override) if override else Path.home() / ".cache" / "npu_backend"
+
+
+def source_files(root: Path = REPO_ROOT) -> list[Path]:
+    """Every file the library is built from, in a stable order."""
+    root = Path(root)
+    fixed = [root / "CMakeLists.txt", root / "simulator" / "cgra_sim" / "isa.py"]
+    runtime = root / "runtime"
+    for path in fixed + [runtime]:
+        if not path.exists():
+            raise RuntimeBuildError(
+                f"the CGRA runtime sources are incomplete: {path} is missing. npu_backend builds "
+                "its runtime from a source checkout; install it with `pip install -e .` from the "
+                "repository")
+    sources = sorted(p for p in runtime.rglob("*") if p.is_file() and p.suffix in (".h", ".cc"))
+    return fixed + sources
+
+
+def source_hash(root: Path = REPO_ROOT) -> str:
+    """Hash of the sources and the tvm-ffi version: the name of the library's cache folder."""
+    import tvm_ffi
+
+    digest = hashlib.sha256(f"tvm-ffi {tvm_ffi.__version__}\n".encode())
+    for path in source_files(root):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _build(root: Path, target_dir: Path) -> None:
+    """Builds into a temporary directory next to `target_dir`, then renames it into place."""
+    cmake = _find_cmake()
+    target_dir.parent.mkdir(parents=True, exist_ok=True)
+    print(BUILD_MESSAGE, file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix=f".{target_dir.name}-", dir=target_dir.parent) as tmp:
+        library = _compile(cmake, root, Path(tmp) / "build")
+        staged = Path(tmp) / "staged"
+        staged.mkdir()
+        shutil.copy2(library, staged / LIBRARY_NAME)
+        try:
+            os.rename(staged, target_dir)
+        except OSError:
+            if not (target_dir / LIBRARY_NAME).is_file():
+                raise
+            # Another process published the same sources first: use its library.
+
+
+def _compile(cmake: str, root: Path, build_dir: Path) -> Path:
+    """Configures and builds with CMake; returns the built library inside `build_dir`."""
+    from tvm_ffi import libinfo
+
+    configure = [cmake, "-S", str(root), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+                 f"-DPython3_EXECUTABLE={sys.executable}",
+                 f"-Dtvm_ffi_ROOT={libinfo.find_cmake_path()}"]
+    if shutil.which("ninja"):
+        configure += ["-G", "Ninja"]
+    _run(configure, "configuring")
+    _run([cmake, "--build", str(build_dir), "--parallel"], "compiling")
+    return build_dir / LIBRARY_NAME
+
+
+def _run(command: list[str], step: str) -> None:
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if result.returncode == 0:
+        return
+    cause = ""
+    if not any(shutil.which(cxx) for cxx in ("c++", "g++", "clang++")):
+        cause = (": no C++ compiler was found on PATH (looked for c++, g++, clang++). Install "
+                 "one, e.g. `apt-get install g++` (Debian/Ubuntu) or Xcode's command line tools "
+                 "(macOS)")
+    tail = "\n".join(result.stdout.splitlines()[-40:])
+    raise RuntimeBuildError(f"building the CGRA runtime failed while {step}{cause}\n"
+                            f"$ {' '.join(command)}\n{tail}")
+
+
+def _find_cmake() -> str:
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise RuntimeBuildError(
+            "cmake was not found on PATH: the CGRA runtime (C++) is built with it on first use. "
+            "Install it with `pip install cmake` or your system's package manager "
+            "(e.g. `apt-get install cmake`).")
+    return cmake

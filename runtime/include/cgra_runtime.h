@@ -1,0 +1,74 @@
+/*
+ * The CGRA NPU runtime's C API: what compiled kernels call to drive the NPU.
+ *
+ * The contract (checks, error reporting, the hand-off to the device backend) is
+ * docs/runtime-abi.md. Every function is safe to call from code without unwind information:
+ * no C++ exception escapes, errors are reported as -1 (or NULL) with the tvm-ffi error set.
+ */
+#ifndef CGRA_RUNTIME_H_
+#define CGRA_RUNTIME_H_
+
+#include <dlpack/dlpack.h>
+#include <stdint.h>
+
+#define CGRA_RUNTIME_ABI_VERSION 1
+
+#if defined(_WIN32)
+#define CGRA_RUNTIME_API __declspec(dllexport)
+#else
+#define CGRA_RUNTIME_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CGRAKernel CGRAKernel; /* opaque: one kernel launch being recorded */
+
+/* Starts recording one kernel launch with `num_slots` host tensors.
+ * kernel_name: the kernel's symbol; source_ops: comma-separated model ops it came from;
+ * arch_json: the canonical JSON of the hardware description the code was compiled for;
+ * spad_bytes: that description's scratchpad size (used by the bounds checks);
+ * abi_version: CGRA_RUNTIME_ABI_VERSION the code was compiled against (a mismatch is refused).
+ * Returns NULL with the FFI error set on failure. */
+CGRA_RUNTIME_API CGRAKernel* cgra_kernel_begin(const char* kernel_name, const char* source_ops,
+                                               const char* arch_json, int64_t spad_bytes,
+                                               int32_t abi_version, int32_t num_slots);
+
+/* Binds host tensor `slot` (0 <= slot < num_slots): a compact CPU DLTensor of rank <= 4. */
+CGRA_RUNTIME_API int32_t cgra_kernel_bind(CGRAKernel* k, int32_t slot, DLTensor* tensor);
+
+/* DMA between host tensor `slot` and the scratchpad. `box` points to 28 int64 words laid out as
+ * the DMA record's words 4..31 (isa.py: origin[4], pad_lo[4], pad_hi[4], then for each of the
+ * 4 loops: extent, tdim, tstep, sstride). The element type is the tensor's. */
+CGRA_RUNTIME_API int32_t cgra_dma_load(CGRAKernel* k, int32_t slot, int64_t spad_addr,
+                                       const int64_t* box);
+CGRA_RUNTIME_API int32_t cgra_dma_store(CGRAKernel* k, int32_t slot, int64_t spad_addr,
+                                        const int64_t* box);
+
+/* PE array: acc[i,j] (+)= sum_k A[i,k] * B[k,j], i < m, j < n. dtype is the input dtype code;
+ * the accumulator is int32 for int8, float32 for float32. Strides are in elements. */
+CGRA_RUNTIME_API int32_t cgra_gemm(CGRAKernel* k, int32_t flags, int32_t dtype, int64_t m,
+                                   int64_t n, int64_t kdim, int64_t a_addr, int64_t a_stride,
+                                   int64_t b_addr, int64_t b_stride, int64_t acc_addr,
+                                   int64_t acc_stride);
+
+/* Vector unit: region[i,j] = value (value_bits: the int64 value, or the float32 bit pattern). */
+CGRA_RUNTIME_API int32_t cgra_fill(CGRAKernel* k, int32_t dtype, int64_t addr, int64_t rows,
+                                   int64_t cols, int64_t stride, int64_t value_bits);
+
+/* Vector unit: out[i,j] = act(acc[i,j] + bias[j]); flags: CGRA_EPILOGUE_BIAS | CGRA_EPILOGUE_RELU. */
+CGRA_RUNTIME_API int32_t cgra_epilogue(CGRAKernel* k, int32_t flags, int32_t acc_dtype,
+                                       int32_t out_dtype, int64_t m, int64_t n, int64_t acc_addr,
+                                       int64_t acc_stride, int64_t bias_addr, int64_t out_addr,
+                                       int64_t out_stride);
+
+/* Submits the stream, waits for the device, frees k. Returns 0, or -1 with the FFI error set.
+ * If an earlier call on k failed, it returns -1 and keeps that first error. Always frees k. */
+CGRA_RUNTIME_API int32_t cgra_kernel_end(CGRAKernel* k);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* CGRA_RUNTIME_H_ */
