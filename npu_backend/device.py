@@ -18,6 +18,7 @@ import numpy as np
 import tvm_ffi
 
 from cgra_sim import simulate
+from cgra_sim.errors import SimulatorError
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import RECORD_WORDS, SLOT_WORDS, DType
 
@@ -80,6 +81,8 @@ def _arch(arch_json: str) -> HardwareDescription:
 def _host_view(slot) -> np.ndarray:
     """A numpy array over the host tensor's memory (no copy: stores land in the tensor)."""
     address, dtype_code, ndim = int(slot[0]), int(slot[1]), int(slot[2])
+    if dtype_code == 0:  # an unbound slot: no command may touch it (the runtime checks)
+        return np.zeros(0, dtype=np.int8)
     shape = tuple(int(d) for d in slot[3:3 + ndim])
     dtype = np.dtype(DType(dtype_code).numpy_name)
     count = int(np.prod(shape, dtype=np.int64))
@@ -92,7 +95,12 @@ def _submit(kernel_name, source_ops, arch_json, slots, commands):
     stream = np.frombuffer(bytes(commands), dtype=np.int64).reshape(-1, RECORD_WORDS)
     tensors = [_host_view(slot) for slot in slot_table]
     ops = tuple(op for op in str(source_ops).split(",") if op)
-    stats = simulate(_arch(str(arch_json)), stream, tensors, name=str(kernel_name), source_ops=ops)
+    try:
+        stats = simulate(_arch(str(arch_json)), stream, tensors, name=str(kernel_name), source_ops=ops)
+    except SimulatorError as err:
+        # tvm-ffi rebuilds exceptions by class name and knows only its registered ones; a
+        # ValueError with the simulator's message is what reaches the user.
+        raise ValueError(f"cgra kernel '{kernel_name}': {err}") from None
     with _lock:
         for prof in _active_profiles:
             prof.kernels.append(stats)
