@@ -11,13 +11,14 @@ import tvm
 from tvm import s_tir, tirx
 
 from .dma import lower_copies_to_dma
+from .double_buffer import double_buffer
 
 
-def _dma_pass():
-    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="cgra.LowerCopiesToDMA")
-    def lower(func, _mod, _ctx):
-        return lower_copies_to_dma(func)
-    return lower
+def _func_pass(fn, name):
+    @tvm.tirx.transform.prim_func_pass(opt_level=0, name=name)
+    def run(func, _mod, _ctx):
+        return fn(func)
+    return run
 
 
 def lowering_passes():
@@ -32,7 +33,9 @@ def lowering_passes():
         # Host <-> scratchpad copies -> DMA boxes. Before any simplifier: it needs N-d buffers
         # and the guards as written (a simplifier may rewrite "2*ox + rx < 12" as "ox < 6",
         # which is equivalent on the loop's range but no longer reads as an in-bounds test).
-        _dma_pass(),
+        _func_pass(lower_copies_to_dma, "cgra.LowerCopiesToDMA"),
+        # Two copies of each scratchpad tile reused by a loop, so DMA overlaps compute.
+        _func_pass(double_buffer, "cgra.DoubleBuffer"),
         s_tir.transform.StmtSimplify(),  # fold the index arithmetic of the remaining calls
         tirx.transform.FlattenBuffer(),  # N-d buffers -> 1-d, for the code generator
         tirx.transform.StmtSimplify(),

@@ -37,11 +37,12 @@ class Tiling:
     kp: int
 
     def spad_bytes(self, in_bytes: int, acc_bytes: int, has_bias: bool) -> int:
-        """Scratchpad the kernel's buffers take (operand tiles, accumulator, output, bias)."""
-        total = _aligned(self.tm * self.tk * in_bytes) + _aligned(self.tk * self.tn * in_bytes)
-        total += 2 * _aligned(self.tm * self.tn * acc_bytes)
+        """Scratchpad the kernel's buffers take (operand tiles, accumulator, output, bias), each
+        twice: every tile is double-buffered (double_buffer.py)."""
+        total = _aligned(2 * self.tm * self.tk * in_bytes) + _aligned(2 * self.tk * self.tn * in_bytes)
+        total += 2 * _aligned(2 * self.tm * self.tn * acc_bytes)
         if has_bias:
-            total += _aligned(self.tn * acc_bytes)
+            total += _aligned(2 * self.tn * acc_bytes)
         return total
 
 

@@ -1,4 +1,8 @@
-"""Small Relax models and their numpy references, shared by the end-to-end tests."""
+"""Single-kernel workloads: Relax models of matmul and conv2d with their numpy references.
+
+Used by `cgra-sim verify` (one kernel against numpy in one command) and by the tests, so both
+check the compiler the same way.
+"""
 
 from __future__ import annotations
 
@@ -106,10 +110,20 @@ def run(ex, inputs):
     return vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
 
 
-def assert_matches(out, ref, dtype):
-    """float32: relative error at most 1e-5 of the output's scale; int8 kernels: exact."""
+def mismatch(out, ref, dtype) -> str | None:
+    """None when `out` matches: int8 kernels exactly, float32 within 1e-5 of the output's scale.
+    Otherwise a description of the worst element."""
+    if out.shape != ref.shape:
+        return f"shape {out.shape} != reference {ref.shape}"
     if dtype == "int8":
-        np.testing.assert_array_equal(out, ref)
-    else:
-        scale = max(1.0, float(np.abs(ref).max()))
-        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * scale)
+        bad = np.flatnonzero(out != ref)
+        if bad.size:
+            i = np.unravel_index(bad[0], out.shape)
+            return f"{bad.size} elements differ, first at {tuple(int(x) for x in i)}: {out[i]} != {ref[i]}"
+        return None
+    scale = max(1.0, float(np.abs(ref).max()))
+    error = np.abs(out.astype(np.float64) - ref) / scale
+    if not np.all(error <= 1e-5):
+        i = np.unravel_index(int(np.nanargmax(error)), out.shape)
+        return f"relative error {float(error[i]):.2e} at {tuple(int(x) for x in i)}: {out[i]} vs {ref[i]}"
+    return None

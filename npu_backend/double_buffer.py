@@ -1,0 +1,118 @@
+"""Double buffering: two copies of every scratchpad tile allocated inside a loop.
+
+Stage: lowering, after copies became DMA (buffers still N-d). Input: a PrimFunc in which each
+scratchpad buffer is allocated inside the loop nest that reuses it (s_tir's allocation
+planning puts it there). Output: the allocation with a leading dimension of 2, and every use in
+iteration `t` of the enclosing loop nest redirected to copy `t % 2`.
+
+Why: with one copy, the DMA for tile t+1 must wait until the PE array has finished reading tile
+t (a write-after-read on the same scratchpad bytes). With two, the load of t+1 runs while t is
+computed, and the epilogue and store of t while t+1 is computed; the simulator's scoreboard
+sees disjoint byte ranges and overlaps them. The tiling budgets twice each buffer for this.
+
+Uses of a buffer are (data, element offset) argument pairs of `cgra_*` calls (the convention of
+the intrinsics and of the DMA pass) and, rarely, BufferLoad/BufferStore; both are rewritten.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from tvm import ir, tirx
+
+from .dma import SPAD
+
+_BUFFER_DATA = ir.Op.get("tirx.buffer_data")
+COPIES = 2
+
+
+def double_buffer(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    return func.with_body(_rewrite(func.body, []))
+
+
+def _rewrite(stmt, loops):
+    """`loops`: the enclosing For nodes, outermost first."""
+    if isinstance(stmt, tirx.For):
+        body = _rewrite(stmt.body, loops + [stmt])
+        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body,
+                        stmt.thread_binding, stmt.annotations)
+    if isinstance(stmt, tirx.SeqStmt):
+        seq = [_rewrite(s, loops) for s in stmt.seq]
+        return _double_allocations(seq, loops)
+    if isinstance(stmt, tirx.IfThenElse):
+        else_case = _rewrite(stmt.else_case, loops) if stmt.else_case is not None else None
+        return tirx.IfThenElse(stmt.condition, _rewrite(stmt.then_case, loops), else_case)
+    return stmt
+
+
+def _double_allocations(seq, loops):
+    """Give the spad allocations of this sequence two copies indexed by the loops' parity.
+
+    The allocation stays where it is: the code generator places it at a fixed scratchpad
+    address for the whole loop, so copy `t % 2` of iteration t is still there in iteration
+    t + 2, which is all double buffering needs."""
+    if not loops or _trip_count(loops) < 2:
+        return tirx.SeqStmt(seq)
+    remap = {stmt.buffer: tirx.decl_buffer((COPIES,) + tuple(stmt.buffer.shape), stmt.buffer.dtype,
+                                           stmt.buffer.name + "_x2", scope=SPAD)
+             for stmt in seq if isinstance(stmt, tirx.AllocBuffer) and stmt.buffer.scope() == SPAD}
+    if not remap:
+        return tirx.SeqStmt(seq)
+    redirect = _ExprRedirect(remap, tirx.floormod(_iteration(loops), COPIES))
+    return tirx.SeqStmt([tirx.AllocBuffer(remap[stmt.buffer])
+                         if isinstance(stmt, tirx.AllocBuffer) and stmt.buffer in remap
+                         else redirect.stmt(stmt) for stmt in seq])
+
+
+def _trip_count(loops) -> int:
+    return functools.reduce(lambda n, loop: n * int(loop.extent), loops, 1)
+
+
+def _iteration(loops):
+    """The flat iteration number of the loop nest (row-major over the enclosing loops)."""
+    index = 0
+    for loop in loops:
+        index = index * int(loop.extent) + (loop.loop_var - loop.min)
+    return index
+
+
+class _ExprRedirect:
+    """Rewrites uses of the remapped buffers to copy `parity` of their doubled version."""
+
+    def __init__(self, remap, parity):
+        self.remap, self.parity = remap, parity
+
+    def stmt(self, stmt):
+        if isinstance(stmt, tirx.SeqStmt):
+            return tirx.SeqStmt([self.stmt(s) for s in stmt.seq])
+        if isinstance(stmt, tirx.For):
+            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, self.stmt(stmt.body),
+                            stmt.thread_binding, stmt.annotations)
+        if isinstance(stmt, tirx.IfThenElse):
+            else_case = self.stmt(stmt.else_case) if stmt.else_case is not None else None
+            return tirx.IfThenElse(stmt.condition, self.stmt(stmt.then_case), else_case)
+        if isinstance(stmt, tirx.Evaluate):
+            return tirx.Evaluate(self.call(stmt.value))
+        if isinstance(stmt, tirx.BufferStore) and stmt.buffer in self.remap:
+            return tirx.BufferStore(self.remap[stmt.buffer], stmt.value,
+                                    [self.parity] + list(stmt.indices))
+        return stmt
+
+    def call(self, value):
+        if not isinstance(value, ir.Call):
+            return value
+        args = list(value.args)
+        for i, arg in enumerate(args):
+            buf = self._buffer_of(arg)
+            if buf is None:
+                continue
+            size = functools.reduce(lambda n, d: n * int(d), buf.shape, 1)
+            args[i] = self.remap[buf].data
+            args[i + 1] = args[i + 1] + self.parity * size
+        return ir.Call(value.op, args, value.attrs, value.ty_args, value.span, value.ty)
+
+    def _buffer_of(self, arg):
+        if isinstance(arg, ir.Call) and arg.op.same_as(_BUFFER_DATA):
+            buf = arg.args[0]
+            return buf if buf in self.remap else None
+        return None

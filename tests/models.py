@@ -1,0 +1,11 @@
+"""Test-side helpers over npu_backend.workloads: the models, a runner and one assertion."""
+
+from npu_backend.workloads import conv2d_model, conv2d_reference, matmul_model, mismatch, run
+
+__all__ = ["assert_matches", "conv2d_model", "conv2d_reference", "matmul_model", "run"]
+
+
+def assert_matches(out, ref, dtype):
+    """float32: relative error at most 1e-5 of the output's scale; int8 kernels: exact."""
+    problem = mismatch(out, ref, dtype)
+    assert problem is None, problem
