@@ -1,0 +1,142 @@
+"""`cgra-sim`: check one kernel against numpy, or compile and simulate a whole ONNX model.
+
+Stage: entry (command line). It runs the same pipeline as `tvm.compile(target="cgra")`.
+Exit status: 0 on success, 1 when a result does not match its reference, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cgra-sim",
+        description="Compile for the CGRA NPU, run on its cycle-approximate simulator, and check "
+                    "the results. Architectures are presets (cgra-4x4, cgra-8x8, cgra-16x16) or a "
+                    "JSON hardware description file.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    verify = sub.add_parser(
+        "verify", help="compile one kernel, simulate it and compare with numpy (PASS/FAIL)",
+        description="Compile one matmul or conv2d kernel (with bias and relu unless disabled), run it "
+                    "on the simulator with random inputs, and compare with numpy: int8 must match "
+                    "exactly, float32 within 1e-5 relative. Prints PASS or FAIL with cycles.")
+    verify.add_argument("--op", choices=["matmul", "conv2d"], required=True)
+    verify.add_argument("--shape", type=_ints, required=True,
+                        help="matmul: M,N,K (x[M,K] @ w[K,N]); conv2d: N,C,H,W,F,KH,KW (NCHW data, OIHW weight)")
+    verify.add_argument("--dtype", choices=["float32", "int8"], default="float32",
+                        help="input dtype; int8 accumulates and outputs int32 (default float32)")
+    verify.add_argument("--arch", default="cgra-8x8", help="preset name or JSON file (default cgra-8x8)")
+    verify.add_argument("--stride", type=_ints, default=(1, 1), help="conv2d: SH,SW (default 1,1)")
+    verify.add_argument("--padding", type=_ints, default=(0, 0, 0, 0),
+                        help="conv2d: top,left,bottom,right or one value for all (default 0)")
+    verify.add_argument("--no-bias", action="store_true", help="leave out the bias add")
+    verify.add_argument("--no-relu", action="store_true", help="leave out the relu")
+    verify.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+    run = sub.add_parser(
+        "run", help="compile an ONNX model, simulate it and report cycles per kernel",
+        description="Import an ONNX model, compile it for the CGRA NPU (unsupported operators stay "
+                    "on the host), run it on random inputs and print a per-kernel table.")
+    run.add_argument("model", help="path of an .onnx file")
+    run.add_argument("--arch", default="cgra-8x8", help="preset name or JSON file (default cgra-8x8)")
+    run.add_argument("--check", action="store_true",
+                     help="compare the outputs with onnxruntime (float32 within 1e-4 relative)")
+    run.add_argument("--dump-dir", help="write every compiler stage's output under this directory")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    run.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    return parser
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _verify(args) -> int:
+    import npu_backend
+    from npu_backend.workloads import conv2d_model, matmul_model, mismatch, run
+
+    arch = npu_backend.load_arch(args.arch)
+    bias, relu = not args.no_bias, not args.no_relu
+    if args.op == "matmul":
+        if len(args.shape) != 3:
+            raise SystemExit(_usage("verify --op matmul: --shape must be M,N,K"))
+        m, n, k = args.shape
+        mod, inputs, ref = matmul_model(m, n, k, args.dtype, bias=bias, relu=relu)
+        macs = m * n * k
+    else:
+        if len(args.shape) != 7:
+            raise SystemExit(_usage("verify --op conv2d: --shape must be N,C,H,W,F,KH,KW"))
+        padding = args.padding * 4 if len(args.padding) == 1 else args.padding
+        mod, inputs, ref = conv2d_model(*args.shape, stride=args.stride, pad=padding,
+                                        dtype=args.dtype, bias=bias, relu=relu)
+        macs = int(ref.size) * args.shape[1] * args.shape[5] * args.shape[6]
+    ex = npu_backend.compile(mod, arch)
+    with npu_backend.profile() as prof:
+        out = run(ex, inputs)
+    problem = mismatch(out, ref, args.dtype)
+    ideal = -(-macs // arch.peak_macs_per_cycle(args.dtype))
+    report = {"result": "PASS" if problem is None else "FAIL", "op": args.op, "shape": list(args.shape),
+              "dtype": args.dtype, "arch": arch.name, "cycles": prof.total_cycles,
+              "ideal_cycles": ideal, "macs": macs, "mismatch": problem,
+              "kernels": [k.to_dict() for k in prof.kernels]}
+    if args.json:
+        print(json.dumps(report))
+    else:
+        shape = "x".join(str(d) for d in args.shape)
+        print(f"{report['result']} {args.op} {shape} {args.dtype} on {arch.name}: {prof.total_cycles} cycles "
+              f"(ideal {ideal}, {ideal / max(1, prof.total_cycles):.1%} of peak)")
+        if problem:
+            print(f"  mismatch: {problem}")
+    return EXIT_OK if problem is None else EXIT_MISMATCH
+
+
+def _run(args) -> int:
+    from npu_backend.onnx_model import run_onnx_model
+
+    report = run_onnx_model(args.model, args.arch, check=args.check, dump_dir=args.dump_dir,
+                            seed=args.seed, progress=None if args.json else _progress)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(report["table"])
+        if args.check:
+            verdict = "PASS" if report["check"]["passed"] else "FAIL"
+            print(f"{verdict} against onnxruntime: max relative error {report['check']['max_rel_error']:.2e}")
+    return EXIT_OK if not args.check or report["check"]["passed"] else EXIT_MISMATCH
+
+
+def _usage(message: str) -> int:
+    print(f"cgra-sim: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    started = time.time()
+    try:
+        status = {"verify": _verify, "run": _run}[args.command](args)
+    except FileNotFoundError as err:
+        return _usage(f"{args.command}: {err.strerror}: '{err.filename}'")
+    except ValueError as err:  # bad architecture files, unsupported models, ... (CGRAError included)
+        return _usage(f"{args.command}: {err}")
+    if not getattr(args, "json", False):
+        _progress(f"done in {time.time() - started:.1f} s")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Whole ONNX models: import, compile for the NPU, run on random inputs, compare with onnxruntime.
+
+Stage: entry (the `cgra-sim run` job). Input: an .onnx file and an architecture. Output: a report
+dict (per-kernel statistics, a printable table, and with `check` the comparison against
+onnxruntime). Needs the `onnx` extra (`pip install -e ".[onnx]"`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+
+from .device import profile
+from .errors import UnsupportedOperator
+
+_ONNX_DTYPES = {1: "float32", 3: "int8", 6: "int32", 7: "int64", 2: "uint8"}
+
+
+def _require_onnx():
+    try:
+        import onnx
+        import onnxruntime
+    except ImportError as err:
+        raise UnsupportedOperator(f"running ONNX models needs the onnx extra ({err.name} is missing): "
+                                  "pip install -e \".[onnx]\"") from None
+    return onnx, onnxruntime
+
+
+def _random_inputs(model, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    initializers = {init.name for init in model.graph.initializer}
+    inputs = {}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor = value.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        if None in dims:
+            raise UnsupportedOperator(f"input '{value.name}' has a dynamic shape {dims}: give the model "
+                                      "static input shapes (e.g. with onnx.tools.update_model_dims)")
+        dtype = _ONNX_DTYPES.get(tensor.elem_type)
+        if dtype is None:
+            raise UnsupportedOperator(f"input '{value.name}' has ONNX element type {tensor.elem_type}, "
+                                      f"which this runner cannot generate (supported: {sorted(_ONNX_DTYPES.values())})")
+        if dtype.startswith("float"):
+            inputs[value.name] = rng.standard_normal(dims).astype(dtype)
+        else:
+            info = np.iinfo(dtype)
+            inputs[value.name] = rng.integers(max(info.min, -128), min(info.max, 127) + 1, size=dims).astype(dtype)
+    return inputs
+
+
+def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = None, seed: int = 0,
+                   progress=None) -> dict:
+    import npu_backend
+    onnx, onnxruntime = _require_onnx()
+    from tvm.relax.frontend.onnx import from_onnx
+
+    say = progress or (lambda message: None)
+    arch = npu_backend.load_arch(arch)
+    model = onnx.load(path)
+    say(f"importing {path}")
+    mod = from_onnx(model)
+    say(f"compiling for {arch.name}")
+    executable = npu_backend.compile(mod, arch, dump_dir=dump_dir)
+    inputs = _random_inputs(model, seed)
+    say("running on the simulator")
+    vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
+    with profile() as prof:
+        outputs = vm["main"](*[tvm.runtime.tensor(a) for a in inputs.values()])
+    outputs = [outputs] if not isinstance(outputs, (list, tuple, tvm.ir.Array)) else list(outputs)
+    outputs = [o.numpy() for o in outputs]
+    report = {"model": path, "arch": arch.name, "total_cycles": prof.total_cycles,
+              "total_macs": prof.total_macs, "time_us": prof.total_cycles / arch.clock_mhz,
+              "kernels": [k.to_dict() for k in prof.kernels], "table": prof.table()}
+    if check:
+        say("checking against onnxruntime")
+        model.ir_version = min(model.ir_version, 10)  # onnxruntime refuses newer IR versions
+        session = onnxruntime.InferenceSession(model.SerializeToString())
+        expected = session.run(None, inputs)
+        report["check"] = _compare(outputs, expected)
+    return report
+
+
+def _compare(outputs, expected) -> dict:
+    worst = 0.0
+    passed = len(outputs) == len(expected)
+    for out, ref in zip(outputs, expected):
+        if out.shape != ref.shape:
+            passed = False
+            continue
+        if np.issubdtype(ref.dtype, np.integer):
+            passed &= bool(np.array_equal(out, ref))
+            continue
+        scale = max(1e-30, float(np.abs(ref).max()))
+        error = float(np.abs(out.astype(np.float64) - ref).max() / scale)
+        worst = max(worst, error)
+        passed &= error <= 1e-4
+    return {"passed": bool(passed), "max_rel_error": worst}
