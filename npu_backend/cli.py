@@ -14,6 +14,10 @@ import time
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 
 
+class UsageError(ValueError):
+    """The command line asks for something malformed."""
+
+
 def _ints(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(","))
@@ -73,13 +77,13 @@ def _verify(args) -> int:
     bias, relu = not args.no_bias, not args.no_relu
     if args.op == "matmul":
         if len(args.shape) != 3:
-            raise SystemExit(_usage("verify --op matmul: --shape must be M,N,K"))
+            raise UsageError("--shape must be M,N,K")
         m, n, k = args.shape
         mod, inputs, ref = matmul_model(m, n, k, args.dtype, bias=bias, relu=relu)
         macs = m * n * k
     else:
         if len(args.shape) != 7:
-            raise SystemExit(_usage("verify --op conv2d: --shape must be N,C,H,W,F,KH,KW"))
+            raise UsageError("--shape must be N,C,H,W,F,KH,KW")
         padding = args.padding * 4 if len(args.padding) == 1 else args.padding
         mod, inputs, ref = conv2d_model(*args.shape, stride=args.stride, pad=padding,
                                         dtype=args.dtype, bias=bias, relu=relu)
@@ -131,8 +135,9 @@ def main(argv=None) -> int:
         status = {"verify": _verify, "run": _run}[args.command](args)
     except FileNotFoundError as err:
         return _usage(f"{args.command}: {err.strerror}: '{err.filename}'")
-    except ValueError as err:  # bad architecture files, unsupported models, ... (CGRAError included)
-        return _usage(f"{args.command}: {err}")
+    except ValueError as err:  # bad arguments, architecture files, unsupported models (CGRAError too)
+        where = f"{args.command} --op {args.op}" if getattr(args, "op", None) else args.command
+        return _usage(f"{where}: {err}")
     if not getattr(args, "json", False):
         _progress(f"done in {time.time() - started:.1f} s")
     return status

@@ -1,0 +1,62 @@
+"""The cgra-sim command line: exit status, PASS/FAIL lines, JSON, and errors that say the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from npu_backend.cli import main
+
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "tiny_cnn.onnx")
+
+
+def test_verify_matmul_int8_passes(capsys):
+    assert main(["verify", "--op", "matmul", "--shape", "40,24,30", "--dtype", "int8", "--arch", "cgra-4x4"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("PASS matmul 40x24x30 int8 on cgra-4x4:") and "cycles" in out
+
+
+def test_verify_conv2d_json(capsys):
+    status = main(["verify", "--op", "conv2d", "--shape", "1,3,10,9,5,3,3", "--padding", "1",
+                   "--stride", "2,1", "--arch", "cgra-8x8", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 0 and report["result"] == "PASS" and report["cycles"] > 0
+    assert report["cycles"] >= report["ideal_cycles"]
+
+
+def test_verify_user_arch_file(tmp_path, capsys):
+    from cgra_sim.arch import load_arch
+
+    arch = load_arch("cgra-4x4").to_dict()
+    arch.update(name="my-chip", rows=2, cols=6)
+    path = tmp_path / "chip.json"
+    path.write_text(json.dumps(arch))
+    assert main(["verify", "--op", "matmul", "--shape", "13,14,15", "--arch", str(path)]) == 0
+    assert "on my-chip" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["verify", "--op", "matmul", "--shape", "3,4"], "--shape must be M,N,K"),
+    (["verify", "--op", "matmul", "--shape", "3,4,5", "--arch", "nope"], "unknown CGRA architecture 'nope'"),
+    (["run", "missing.onnx"], "No such file"),
+])
+def test_bad_input_exits_2_with_the_reason(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_run_example_model_checks_against_onnxruntime(capsys):
+    assert main(["run", EXAMPLE, "--check", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["check"]["passed"] and report["check"]["max_rel_error"] <= 1e-4
+    assert len(report["kernels"]) == 3 and report["total_cycles"] > 0
+
+
+def test_run_dump_dir_writes_every_stage(tmp_path):
+    assert main(["run", EXAMPLE, "--dump-dir", str(tmp_path), "--json"]) == 0
+    written = {os.path.relpath(os.path.join(d, f), tmp_path) for d, _, fs in os.walk(tmp_path) for f in fs}
+    assert {"0_input.py", "2_partition.py", "3_codegen.py", "llvm/kernels.ll"} <= written
+    kernel_files = {os.path.basename(p) for p in written if p.startswith("kernels/")}
+    assert {"2_s_tir.py", "3_scheduled.py", "4_lowered.py"} <= kernel_files
