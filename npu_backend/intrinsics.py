@@ -7,7 +7,8 @@ numpy semantics live in the simulator's functional core; `tests/test_intrinsics.
 entry through all three.
 
 Intrinsics are sized per kernel (PE-array passes of `rows x cols x depth`, vector ops over a
-whole tile), so they are registered under names that carry their shape and dtypes.
+whole tile), so they are registered under names that carry their shape and dtypes. `scope`
+exists so the tests can build a description for the host and run it as the TIR reference.
 """
 
 from __future__ import annotations
@@ -31,14 +32,14 @@ def _code(dtype: str) -> int:
     return int(DType.from_name(dtype))
 
 
-def gemm_intrin(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str):
+def gemm_intrin(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str, scope: str = SPAD):
     """One PE-array pass: acc[rows, cols] += A[rows, depth] @ B[depth, cols] on scratchpad tiles."""
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (rows, depth), dtype, offset_factor=1, scope=SPAD)
-        B = T.match_buffer(b, (depth, cols), dtype, offset_factor=1, scope=SPAD)
-        C = T.match_buffer(c, (rows, cols), acc_dtype, offset_factor=1, scope=SPAD)
+        A = T.match_buffer(a, (rows, depth), dtype, offset_factor=1, scope=scope)
+        B = T.match_buffer(b, (depth, cols), dtype, offset_factor=1, scope=scope)
+        C = T.match_buffer(c, (rows, cols), acc_dtype, offset_factor=1, scope=scope)
         with T.sblock("root"):
             T.reads(C[0:rows, 0:cols], A[0:rows, 0:depth], B[0:depth, 0:cols])
             T.writes(C[0:rows, 0:cols])
@@ -52,9 +53,9 @@ def gemm_intrin(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str):
         sa = T.int32()
         sb = T.int32()
         sc = T.int32()
-        A = T.match_buffer(a, (rows, depth), dtype, offset_factor=1, scope=SPAD, strides=[sa, 1])
-        B = T.match_buffer(b, (depth, cols), dtype, offset_factor=1, scope=SPAD, strides=[sb, 1])
-        C = T.match_buffer(c, (rows, cols), acc_dtype, offset_factor=1, scope=SPAD, strides=[sc, 1])
+        A = T.match_buffer(a, (rows, depth), dtype, offset_factor=1, scope=scope, strides=[sa, 1])
+        B = T.match_buffer(b, (depth, cols), dtype, offset_factor=1, scope=scope, strides=[sb, 1])
+        C = T.match_buffer(c, (rows, cols), acc_dtype, offset_factor=1, scope=scope, strides=[sc, 1])
         with T.sblock("root"):
             T.reads(C[0:rows, 0:cols], A[0:rows, 0:depth], B[0:depth, 0:cols])
             T.writes(C[0:rows, 0:cols])
@@ -65,12 +66,12 @@ def gemm_intrin(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str):
     return desc, impl
 
 
-def fill_intrin(rows: int, cols: int, dtype: str):
+def fill_intrin(rows: int, cols: int, dtype: str, scope: str = SPAD):
     """Vector unit: zero a rows x cols accumulator tile (the reduction's init)."""
 
     @T.prim_func(s_tir=True)
     def desc(c: T.handle) -> None:
-        C = T.match_buffer(c, (rows, cols), dtype, offset_factor=1, scope=SPAD)
+        C = T.match_buffer(c, (rows, cols), dtype, offset_factor=1, scope=scope)
         with T.sblock("root"):
             T.reads()
             T.writes(C[0:rows, 0:cols])
@@ -82,7 +83,7 @@ def fill_intrin(rows: int, cols: int, dtype: str):
     @T.prim_func(s_tir=True)
     def impl(c: T.handle) -> None:
         sc = T.int32()
-        C = T.match_buffer(c, (rows, cols), dtype, offset_factor=1, scope=SPAD, strides=[sc, 1])
+        C = T.match_buffer(c, (rows, cols), dtype, offset_factor=1, scope=scope, strides=[sc, 1])
         with T.sblock("root"):
             T.reads()
             T.writes(C[0:rows, 0:cols])
@@ -92,7 +93,7 @@ def fill_intrin(rows: int, cols: int, dtype: str):
     return desc, impl
 
 
-def epilogue_intrin(rows: int, cols: int, dtype: str, bias: bool, relu: bool):
+def epilogue_intrin(rows: int, cols: int, dtype: str, bias: bool, relu: bool, scope: str = SPAD):
     """Vector unit: out = relu?(acc + bias?) over a rows x cols tile; bias is a row of cols."""
     flags = (EPILOGUE_BIAS if bias else 0) | (EPILOGUE_RELU if relu else 0)
 
@@ -102,9 +103,9 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, bias: bool, relu: bool):
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, o: T.handle) -> None:
-        Acc = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=SPAD)
-        Bias = T.match_buffer(b, (cols,), dtype, offset_factor=1, scope=SPAD)
-        Out = T.match_buffer(o, (rows, cols), dtype, offset_factor=1, scope=SPAD)
+        Acc = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=scope)
+        Bias = T.match_buffer(b, (cols,), dtype, offset_factor=1, scope=scope)
+        Out = T.match_buffer(o, (rows, cols), dtype, offset_factor=1, scope=scope)
         with T.sblock("root"):
             T.reads(Acc[0:rows, 0:cols], Bias[0:cols])
             T.writes(Out[0:rows, 0:cols])
@@ -117,9 +118,9 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, bias: bool, relu: bool):
     def impl(a: T.handle, b: T.handle, o: T.handle) -> None:
         sa = T.int32()
         so = T.int32()
-        Acc = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=SPAD, strides=[sa, 1])
-        Bias = T.match_buffer(b, (cols,), dtype, offset_factor=1, scope=SPAD)
-        Out = T.match_buffer(o, (rows, cols), dtype, offset_factor=1, scope=SPAD, strides=[so, 1])
+        Acc = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=scope, strides=[sa, 1])
+        Bias = T.match_buffer(b, (cols,), dtype, offset_factor=1, scope=scope)
+        Out = T.match_buffer(o, (rows, cols), dtype, offset_factor=1, scope=scope, strides=[so, 1])
         with T.sblock("root"):
             T.reads(Acc[0:rows, 0:cols], Bias[0:cols])
             T.writes(Out[0:rows, 0:cols])
@@ -128,16 +129,16 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, bias: bool, relu: bool):
                 Acc.data, Acc.elem_offset, sa, Bias.data, Bias.elem_offset,
                 Out.data, Out.elem_offset, so))
 
-    return (desc, impl) if bias else _epilogue_without_bias(rows, cols, dtype, relu, flags)
+    return (desc, impl) if bias else _epilogue_without_bias(rows, cols, dtype, relu, flags, scope)
 
 
-def _epilogue_without_bias(rows: int, cols: int, dtype: str, relu: bool, flags: int):
+def _epilogue_without_bias(rows: int, cols: int, dtype: str, relu: bool, flags: int, scope: str):
     """The epilogue of a kernel with no bias: two buffers, the bias operand is address 0."""
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, o: T.handle) -> None:
-        Acc = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=SPAD)
-        Out = T.match_buffer(o, (rows, cols), dtype, offset_factor=1, scope=SPAD)
+        Acc = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=scope)
+        Out = T.match_buffer(o, (rows, cols), dtype, offset_factor=1, scope=scope)
         with T.sblock("root"):
             T.reads(Acc[0:rows, 0:cols])
             T.writes(Out[0:rows, 0:cols])
@@ -150,8 +151,8 @@ def _epilogue_without_bias(rows: int, cols: int, dtype: str, relu: bool, flags: 
     def impl(a: T.handle, o: T.handle) -> None:
         sa = T.int32()
         so = T.int32()
-        Acc = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=SPAD, strides=[sa, 1])
-        Out = T.match_buffer(o, (rows, cols), dtype, offset_factor=1, scope=SPAD, strides=[so, 1])
+        Acc = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=scope, strides=[sa, 1])
+        Out = T.match_buffer(o, (rows, cols), dtype, offset_factor=1, scope=scope, strides=[so, 1])
         with T.sblock("root"):
             T.reads(Acc[0:rows, 0:cols])
             T.writes(Out[0:rows, 0:cols])

@@ -1,0 +1,141 @@
+"""Every registered intrinsic, checked three ways against each other.
+
+1. Its TVMScript description, built for the host by TVM's llvm backend: the TIR semantics.
+2. Its ISA command, run by the simulator's functional core: the hardware semantics.
+3. Its implementation's extern call, which the code generator lowers to the runtime function
+   that records that ISA opcode.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cgra_codegen import DEVICE_CALLS
+from cgra_sim import load_arch, simulate
+from cgra_sim.isa import DType, Op, encode
+from npu_backend.intrinsics import INTRINSICS, SPAD
+
+ARCH = load_arch("cgra-8x8")
+
+
+def _tir_reference(desc, arrays):
+    """Run the description (host scope) on copies of `arrays`; returns them after the call."""
+    func = desc.with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    tensors = [tvm.runtime.tensor(a.copy()) for a in arrays]
+    lib["main"](*tensors)
+    return [t.numpy() for t in tensors]
+
+
+class _Stream:
+    """Lays 2-D host arrays out in the scratchpad and builds the command stream around one op."""
+
+    def __init__(self, arrays):
+        self.arrays, self.commands, self.addr, self.next = arrays, [], {}, 0
+        for slot, array in enumerate(arrays):
+            self.addr[slot] = self.next
+            self.next += -(-array.nbytes // 64) * 64
+
+    def box(self, slot):
+        array = self.arrays[slot]
+        rows, cols = array.shape if array.ndim == 2 else (1, array.shape[0])
+        last = array.ndim - 1
+        loops = dict(extent0=rows, tdim0=0, tstep0=1 if array.ndim == 2 else 0, sstride0=cols,
+                     extent1=cols, tdim1=last, tstep1=1, sstride1=1, extent2=1, extent3=1)
+        return dict(slot=slot, spad_addr=self.addr[slot], **loops)
+
+    def load(self, *slots):
+        self.commands += [encode(Op.DMA_LOAD, **self.box(slot)) for slot in slots]
+
+    def store(self, *slots):
+        self.commands += [encode(Op.DMA_STORE, **self.box(slot)) for slot in slots]
+
+    def run(self):
+        arrays = [a.copy() for a in self.arrays]
+        simulate(ARCH, np.array(self.commands, dtype=np.int64), arrays)
+        return arrays
+
+
+def _random(rng, shape, dtype):
+    if dtype == "int8":
+        return rng.integers(-128, 128, shape).astype(dtype)
+    if dtype == "int32":
+        return rng.integers(-10000, 10000, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _extern_name(impl) -> str:
+    """The device call the implementation makes (the one DEVICE_CALLS entry its text names)."""
+    text = impl.script()
+    names = [name for name in DEVICE_CALLS if f'"{name}"' in text]
+    assert len(names) == 1, names
+    return names[0]
+
+
+def test_every_intrinsic_is_checked_here():
+    assert set(INTRINSICS) == {"gemm", "fill", "epilogue"}
+
+
+@given(rows=st.integers(1, 8), cols=st.integers(1, 8), depth=st.integers(1, 40),
+       dtype=st.sampled_from(["int8", "float32"]), seed=st.integers(0, 2**16))
+def test_gemm_three_ways(rows, cols, depth, dtype, seed):
+    acc = {"int8": "int32", "float32": "float32"}[dtype]
+    rng = np.random.default_rng(seed)
+    a, b, c = _random(rng, (rows, depth), dtype), _random(rng, (depth, cols), dtype), _random(rng, (rows, cols), acc)
+    desc, impl = INTRINSICS["gemm"].factory(rows, cols, depth, dtype, acc, scope="global")
+    tir_c = _tir_reference(desc, [a, b, c])[2]
+    stream = _Stream([a, b, c])
+    stream.load(0, 1, 2)
+    stream.commands.append(encode(Op.GEMM, flags=1, dtype=int(DType.from_name(dtype)), m=rows, n=cols, k=depth,
+                                  a_addr=stream.addr[0], a_stride=depth, b_addr=stream.addr[1], b_stride=cols,
+                                  acc_addr=stream.addr[2], acc_stride=cols))
+    stream.store(2)
+    sim_c = stream.run()[2]
+    np.testing.assert_allclose(sim_c, tir_c, rtol=1e-5, atol=1e-4) if dtype == "float32" else \
+        np.testing.assert_array_equal(sim_c, tir_c)
+    assert _extern_name(INTRINSICS["gemm"].factory(rows, cols, depth, dtype, acc)[1]) == "cgra_" + Op.GEMM.name.lower()
+
+
+@given(rows=st.integers(1, 16), cols=st.integers(1, 16), dtype=st.sampled_from(["int32", "float32"]),
+       seed=st.integers(0, 2**16))
+def test_fill_three_ways(rows, cols, dtype, seed):
+    c = _random(np.random.default_rng(seed), (rows, cols), dtype)
+    desc, impl = INTRINSICS["fill"].factory(rows, cols, dtype, scope="global")
+    tir_c = _tir_reference(desc, [c])[0]
+    stream = _Stream([c])
+    stream.load(0)
+    stream.commands.append(encode(Op.FILL, dtype=int(DType.from_name(dtype)), addr=0, rows=rows, cols=cols,
+                                  stride=cols, value_bits=0))
+    stream.store(0)
+    np.testing.assert_array_equal(stream.run()[0], tir_c)
+    assert _extern_name(impl) == "cgra_" + Op.FILL.name.lower()
+
+
+@given(rows=st.integers(1, 16), cols=st.integers(1, 16), dtype=st.sampled_from(["int32", "float32"]),
+       bias=st.booleans(), relu=st.booleans(), seed=st.integers(0, 2**16))
+def test_epilogue_three_ways(rows, cols, dtype, bias, relu, seed):
+    rng = np.random.default_rng(seed)
+    acc, row, out = _random(rng, (rows, cols), dtype), _random(rng, (cols,), dtype), np.zeros((rows, cols), dtype)
+    desc, impl = INTRINSICS["epilogue"].factory(rows, cols, dtype, bias, relu, scope="global")
+    operands = [acc, row, out] if bias else [acc, out]
+    tir_out = _tir_reference(desc, operands)[-1]
+    stream = _Stream(operands)
+    stream.load(*range(len(operands) - 1))
+    code = int(DType.from_name(dtype))
+    stream.commands.append(encode(Op.EPILOGUE, flags=(1 if bias else 0) | (2 if relu else 0), acc_dtype=code,
+                                  out_dtype=code, m=rows, n=cols, acc_addr=0, acc_stride=cols,
+                                  bias_addr=stream.addr[1] if bias else 0, out_addr=stream.addr[len(operands) - 1],
+                                  out_stride=cols))
+    stream.store(len(operands) - 1)
+    np.testing.assert_array_equal(stream.run()[-1], tir_out)
+    assert _extern_name(impl) == "cgra_" + Op.EPILOGUE.name.lower()
+
+
+def test_intrinsics_compute_in_the_scratchpad():
+    for kind, params in {"gemm": (8, 8, 4, "int8", "int32"), "fill": (8, 8, "int32"),
+                         "epilogue": (8, 8, "int32", True, True)}.items():
+        desc, impl = INTRINSICS[kind].factory(*params)
+        assert SPAD in desc.script() and SPAD in impl.script()
