@@ -1,0 +1,320 @@
+"""Decoding of a command stream, with every check that needs only one command at a time.
+
+Stage: simulator, step 1 (decode -> dataflow check -> execute -> time). In: the raw records
+(int64 array of shape (n, isa.RECORD_WORDS), or the same little-endian bytes), the host tensors
+bound to the slots and the hardware description. Out: one decoded command per record
+(`DmaCommand`, `GemmCommand`, `FillCommand`, `EpilogueCommand`), each naming the scratchpad
+`Region`s it reads and writes, so later steps never look at record words again.
+
+Checks made here (each failure is a `CommandError` naming the command, its kind and the range):
+known opcode and flags, unused words zero, dtypes known and combined as isa.ACC_DTYPE says, sizes
+>= 1, slots in range, every DMA coordinate inside the tensor plus its halo, every scratchpad byte
+inside [0, spad_bytes), and no command writing one element twice (a load whose scratchpad strides
+alias, a store whose loops revisit a tensor element, a 2-D destination whose rows overlap), since
+the result would then depend on an order the ISA does not define.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .arch import HardwareDescription
+from .box import DmaBox
+from .errors import CommandError, LaunchError
+from .isa import (ACC_DTYPE, BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_RELU, FIELDS, GEMM_ACCUMULATE,
+                  RECORD_WORDS, UNIT_OF, DType, Op)
+from .regions import Region
+
+#: A DMA box may have max(spad_bytes, this) points: far above what a scratchpad-sized box needs
+#: (a load cannot exceed the scratchpad), low enough that checking and moving it stays cheap.
+MIN_BOX_POINT_LIMIT = 1 << 22
+NUMPY_DTYPE = {dtype: np.dtype(dtype.numpy_name) for dtype in DType}
+_DTYPE_OF_NUMPY = {np_dtype: dtype for dtype, np_dtype in NUMPY_DTYPE.items()}
+_OPS = {int(op): op for op in Op}
+_DMA_FLAGS, _DMA_SLOT, _DMA_SPAD_ADDR = (FIELDS[Op.DMA_LOAD].index(name)
+                                         for name in ("flags", "slot", "spad_addr"))
+
+
+class Command:
+    """What every decoded command has: its place in the stream and its scratchpad footprint."""
+
+    __slots__ = ("index", "op", "unit", "reads", "writes")
+
+    def __init__(self, index: int, op: Op):
+        self.index = index
+        self.op = op
+        self.unit = UNIT_OF[op]
+        self.reads: tuple[Region, ...] = ()
+        self.writes: tuple[Region, ...] = ()
+
+
+class DmaCommand(Command):
+    """DMA_LOAD / DMA_STORE between host tensor `slot` and the scratchpad `region` (the box)."""
+
+    __slots__ = ("slot", "tensor", "box", "region", "halo_free", "host_points")
+
+    @property
+    def box_bytes(self) -> int:
+        """Bytes the engine streams: every box element, halo included."""
+        return self.box.num_points * self.region.dtype.itemsize
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes actually moved to or from host memory (halo elements excluded)."""
+        return self.host_points * self.region.dtype.itemsize
+
+    def inbounds_mask(self):
+        """Where the box lies inside the tensor; None when it lies entirely inside."""
+        return None if self.halo_free else self.box.inbounds_mask(self.tensor.shape)
+
+
+class GemmCommand(Command):
+    """acc (+)= A @ B with A (m, k), B (k, n), acc (m, n) in the accumulator dtype."""
+
+    __slots__ = ("dtype", "m", "n", "k", "accumulate", "a", "b", "acc")
+
+    @property
+    def macs(self) -> int:
+        return self.m * self.n * self.k
+
+
+class FillCommand(Command):
+    """region[:, :] = value."""
+
+    __slots__ = ("region", "value")
+
+
+class EpilogueCommand(Command):
+    """out = act(acc + bias); `bias` is None without EPILOGUE_BIAS."""
+
+    __slots__ = ("acc", "bias", "out", "relu")
+
+
+def as_records(commands) -> np.ndarray:
+    """The stream as an int64 array of shape (n, RECORD_WORDS); accepts bytes or an array."""
+    if isinstance(commands, (bytes, bytearray, memoryview)):
+        raw = bytes(commands)
+        if len(raw) % (8 * RECORD_WORDS):
+            raise LaunchError(f"command buffer holds {len(raw)} bytes, not a whole number of "
+                              f"{8 * RECORD_WORDS}-byte records")
+        return np.frombuffer(raw, dtype="<i8").reshape(-1, RECORD_WORDS)
+    records = np.asarray(commands)
+    if records.size == 0:
+        return np.zeros((0, RECORD_WORDS), dtype=np.int64)
+    if records.dtype.kind not in "iu":
+        raise LaunchError(f"commands must be int64 records, got dtype {records.dtype}")
+    if records.ndim != 2 or records.shape[1] != RECORD_WORDS:
+        raise LaunchError(f"commands must have shape (n, {RECORD_WORDS}), got {records.shape}")
+    return records.astype(np.int64, copy=False)
+
+
+def check_tensors(tensors) -> list[np.ndarray]:
+    """The host tensors, checked: numpy arrays of rank 1..4, C-contiguous, of an ISA dtype."""
+    checked = []
+    for slot, tensor in enumerate(tensors):
+        if not isinstance(tensor, np.ndarray):
+            raise LaunchError(f"slot {slot}: expected a numpy array, got {type(tensor).__name__}")
+        if tensor.dtype not in _DTYPE_OF_NUMPY:
+            raise LaunchError(f"slot {slot}: dtype {tensor.dtype} is not one of "
+                              f"{', '.join(d.numpy_name for d in DType)}")
+        if not 1 <= tensor.ndim <= BOX_DIMS:
+            raise LaunchError(f"slot {slot}: rank {tensor.ndim} is outside 1..{BOX_DIMS}")
+        if not tensor.flags.c_contiguous:
+            raise LaunchError(f"slot {slot}: tensor must be C-contiguous (pass np.ascontiguousarray)")
+        checked.append(tensor)
+    return checked
+
+
+class _Checker:
+    """Raises `CommandError`s for the command being decoded and builds checked regions."""
+
+    __slots__ = ("index", "op", "spad_bytes", "arch")
+
+    def __init__(self, arch: HardwareDescription):
+        self.arch = arch
+        self.spad_bytes = arch.spad_bytes
+        self.index = 0
+        self.op = "?"
+
+    def fail(self, problem: str):
+        raise CommandError(self.index, self.op, problem)
+
+    def flags(self, flags: int, known: int):
+        if flags & ~known:
+            self.fail(f"flags {flags:#x} set unknown bits {flags & ~known:#x} (known: {known:#x})")
+
+    def positive(self, **sizes: int):
+        for name, value in sizes.items():
+            if value < 1:
+                self.fail(f"{name} must be >= 1, got {value}")
+
+    def dtype(self, field: str, code: int, allowed) -> DType:
+        if code not in {int(d) for d in allowed}:
+            names = ", ".join(f"{d.name}={int(d)}" for d in allowed)
+            self.fail(f"{field} code {code} is not allowed here (allowed: {names})")
+        return DType(code)
+
+    def region(self, region: Region) -> Region:
+        """`region`, after checking it lies inside the scratchpad."""
+        if region.lo < 0 or region.hi > self.spad_bytes:
+            where = "start below address 0" if region.lo < 0 else \
+                f"exceed the {self.spad_bytes}-byte scratchpad"
+            self.fail(f"scratchpad bytes [{region.lo}, {region.hi}) of {region.name} {where}")
+        return region
+
+    def matrix(self, name: str, addr: int, rows: int, cols: int, stride: int, dtype: DType,
+               written: bool) -> Region:
+        """A checked (rows, cols) region with a row stride in elements."""
+        if stride < 0:
+            self.fail(f"{name} row stride must be >= 0, got {stride}")
+        if written and rows > 1 and stride < cols:
+            self.fail(f"{name} row stride {stride} is smaller than its {cols} columns: "
+                      "the rows it writes would overlap")
+        size = dtype.itemsize
+        return self.region(Region(name, addr, (rows, cols), (stride * size, size), NUMPY_DTYPE[dtype]))
+
+
+def _decode_dma(check: _Checker, index: int, op: Op, record: list[int], tensors) -> DmaCommand:
+    flags, slot, spad_addr = record[_DMA_FLAGS], record[_DMA_SLOT], record[_DMA_SPAD_ADDR]
+    check.flags(flags, 0)
+    if not 0 <= slot < len(tensors):
+        check.fail(f"slot {slot} is out of range: the launch binds {len(tensors)} tensors")
+    tensor = tensors[slot]
+    box = DmaBox(record)
+    if min(box.extents) < 1:
+        check.positive(**{f"extent{loop}": box.extents[loop] for loop in range(BOX_DIMS)})
+    for loop, tdim in enumerate(box.tdims):
+        if not 0 <= tdim < tensor.ndim:
+            check.fail(f"tdim{loop} = {tdim} is not a dimension of slot {slot} (rank {tensor.ndim})")
+    halo_free = _check_coordinates(check, box, slot, tensor.shape)
+    limit = max(check.spad_bytes, MIN_BOX_POINT_LIMIT)
+    if box.num_points > limit:
+        check.fail(f"the box has {box.num_points} points, more than the simulator's limit of {limit}")
+    dtype = tensor.dtype
+    strides = tuple(s * dtype.itemsize for s in box.sstrides)
+    region = check.region(Region("box", spad_addr, box.extents, strides, dtype))
+    if op is Op.DMA_STORE and not box.tensor_injective(tensor.ndim):
+        check.fail(f"the box revisits elements of slot {slot}: a store must write each element once")
+    if op is Op.DMA_STORE and not tensor.flags.writeable:
+        check.fail(f"slot {slot} is read-only and cannot be stored to")
+    if op is Op.DMA_LOAD and not box.spad_injective():
+        check.fail(f"scratchpad strides {box.sstrides} alias: the load would write elements twice")
+    cmd = DmaCommand(index, op)
+    cmd.slot, cmd.tensor, cmd.box, cmd.halo_free, cmd.region = slot, tensor, box, halo_free, region
+    cmd.host_points = box.num_points if halo_free else box.inbounds_points(tensor.shape)
+    if op is Op.DMA_LOAD:
+        cmd.writes = (cmd.region,)
+    else:
+        cmd.reads = (cmd.region,)
+    return cmd
+
+
+def _check_coordinates(check: _Checker, box: DmaBox, slot: int, shape) -> bool:
+    """Checks the box against the tensor plus halo; returns whether it avoids the halo."""
+    halo_free = True
+    for dim in range(BOX_DIMS):
+        if dim >= len(shape):
+            if box.origin[dim] or box.pad_lo[dim] or box.pad_hi[dim]:
+                check.fail(f"origin/pad words of dimension {dim} must be 0: slot {slot} has rank "
+                           f"{len(shape)}")
+            continue
+        lo_pad, hi_pad = box.pad_lo[dim], box.pad_hi[dim]
+        if lo_pad < 0 or hi_pad < 0:
+            check.fail(f"halo of dimension {dim} must be >= 0, got pad_lo {lo_pad}, pad_hi {hi_pad}")
+        low, high = box.coordinate_range(dim)
+        if low < -lo_pad or high >= shape[dim] + hi_pad:
+            check.fail(f"coordinates [{low}, {high + 1}) of dimension {dim} leave slot {slot}'s range "
+                       f"[{-lo_pad}, {shape[dim] + hi_pad}) (size {shape[dim]}, halo {lo_pad} below, "
+                       f"{hi_pad} above)")
+        halo_free = halo_free and low >= 0 and high < shape[dim]
+    return halo_free
+
+
+def _decode_gemm(check: _Checker, index: int, op: Op, record: list[int], tensors) -> GemmCommand:
+    (_, flags, dtype_code, m, n, k, a_addr, a_stride, b_addr, b_stride, acc_addr,
+     acc_stride) = record[:len(FIELDS[op])]
+    check.flags(flags, GEMM_ACCUMULATE)
+    dtype = check.dtype("dtype", dtype_code, tuple(ACC_DTYPE))
+    if dtype.numpy_name not in check.arch.macs_per_pe:
+        check.fail(f"the PE array of '{check.arch.name}' has no {dtype.numpy_name} MACs "
+                   f"(it computes on {', '.join(check.arch.dtypes)})")
+    check.positive(m=m, n=n, k=k)
+    cmd = GemmCommand(index, op)
+    cmd.dtype, cmd.m, cmd.n, cmd.k = dtype, m, n, k
+    cmd.accumulate = bool(flags & GEMM_ACCUMULATE)
+    cmd.a = check.matrix("A", a_addr, m, k, a_stride, dtype, written=False)
+    cmd.b = check.matrix("B", b_addr, k, n, b_stride, dtype, written=False)
+    cmd.acc = check.matrix("acc", acc_addr, m, n, acc_stride, ACC_DTYPE[dtype], written=True)
+    cmd.reads = (cmd.a, cmd.b, cmd.acc) if cmd.accumulate else (cmd.a, cmd.b)
+    cmd.writes = (cmd.acc,)
+    return cmd
+
+
+def _fill_value(check: _Checker, dtype: DType, bits: int):
+    """The constant of a FILL: an integer in range of `dtype`, or a float32 bit pattern."""
+    if dtype is DType.FLOAT32:
+        return np.array([bits & 0xFFFFFFFF], dtype=np.uint32).view(np.float32)[0]
+    info = np.iinfo(NUMPY_DTYPE[dtype])
+    if not info.min <= bits <= info.max:
+        check.fail(f"value {bits} does not fit {dtype.numpy_name} [{info.min}, {info.max}]")
+    return NUMPY_DTYPE[dtype].type(bits)
+
+
+def _decode_fill(check: _Checker, index: int, op: Op, record: list[int], tensors) -> FillCommand:
+    _, flags, dtype_code, addr, rows, cols, stride, bits = record[:len(FIELDS[op])]
+    check.flags(flags, 0)
+    dtype = check.dtype("dtype", dtype_code, tuple(DType))
+    check.positive(rows=rows, cols=cols)
+    cmd = FillCommand(index, op)
+    cmd.region = check.matrix("region", addr, rows, cols, stride, dtype, written=True)
+    cmd.value = _fill_value(check, dtype, bits)
+    cmd.writes = (cmd.region,)
+    return cmd
+
+
+def _decode_epilogue(check: _Checker, index: int, op: Op, record: list[int],
+                     tensors) -> EpilogueCommand:
+    (_, flags, acc_code, out_code, m, n, acc_addr, acc_stride, bias_addr, out_addr,
+     out_stride) = record[:len(FIELDS[op])]
+    check.flags(flags, EPILOGUE_BIAS | EPILOGUE_RELU)
+    acc_dtype = check.dtype("acc_dtype", acc_code, tuple(ACC_DTYPE.values()))
+    out_dtype = check.dtype("out_dtype", out_code, (acc_dtype,))
+    check.positive(m=m, n=n)
+    cmd = EpilogueCommand(index, op)
+    cmd.acc = check.matrix("acc", acc_addr, m, n, acc_stride, acc_dtype, written=False)
+    cmd.bias = None
+    if flags & EPILOGUE_BIAS:
+        cmd.bias = check.matrix("bias", bias_addr, 1, n, n, acc_dtype, written=False)
+    cmd.out = check.matrix("out", out_addr, m, n, out_stride, out_dtype, written=True)
+    cmd.relu = bool(flags & EPILOGUE_RELU)
+    cmd.reads = (cmd.acc,) if cmd.bias is None else (cmd.acc, cmd.bias)
+    cmd.writes = (cmd.out,)
+    return cmd
+
+
+_DECODERS = {
+    Op.DMA_LOAD: _decode_dma,
+    Op.DMA_STORE: _decode_dma,
+    Op.GEMM: _decode_gemm,
+    Op.FILL: _decode_fill,
+    Op.EPILOGUE: _decode_epilogue,
+}
+
+
+def decode_stream(arch: HardwareDescription, records: np.ndarray, tensors) -> list[Command]:
+    """Decodes and checks every record; raises `CommandError` at the first bad one."""
+    check = _Checker(arch)
+    commands = []
+    for index, record in enumerate(records.tolist()):
+        op = _OPS.get(record[0])
+        check.index, check.op = index, op.name if op is not None else f"opcode {record[0]}"
+        if op is None:
+            check.fail(f"unknown opcode {record[0]} (known: "
+                       f"{', '.join(f'{o.name}={int(o)}' for o in Op)})")
+        used = len(FIELDS[op])
+        if any(record[used:]):
+            first = used + next(i for i, w in enumerate(record[used:]) if w)
+            check.fail(f"word {first} is {record[first]} but {op.name} records use only words "
+                       f"0..{used - 1}; unused words must be 0")
+        commands.append(_DECODERS[op](check, index, op, record, tensors))
+    return commands

@@ -1,0 +1,103 @@
+"""The functional core: what each command does to the scratchpad and the host tensors.
+
+Stage: simulator, step 3 (after validation, independent of timing). In: decoded, validated
+commands (decode.py) and the scratchpad, a numpy uint8 array of `arch.spad_bytes`. Out: the
+scratchpad and the host tensors, updated in place (DMA_STORE writes into the caller's arrays).
+Every command is a few vectorised numpy operations on strided views; nothing loops per element.
+
+Semantics (isa.py): DMA_LOAD copies the box from the tensor and writes 0 where it lies in the
+halo; DMA_STORE copies the box to the tensor and drops halo elements. GEMM computes
+acc = (acc if ACCUMULATE else 0) + A @ B; for int8 the products and sums are exact (computed in
+float64, exact while |sum| < 2**53, i.e. for any k < 2**39) and the int32 accumulator wraps
+modulo 2**32 like two's-complement hardware; float32 uses numpy's float32 matmul. FILL writes a
+constant. EPILOGUE computes out = acc (+ bias[j]) then max(., 0) if RELU, wrapping in int32.
+Each command reads all its operands before it writes, so an in-place EPILOGUE is well defined.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .decode import Command, DmaCommand, EpilogueCommand, FillCommand, GemmCommand
+from .isa import DType, Op
+
+
+def execute(commands: list[Command], spad: np.ndarray) -> None:
+    """Runs `commands` in stream order on `spad` and the host tensors they name."""
+    for cmd in commands:
+        _EXECUTORS[cmd.op](cmd, spad)
+
+
+def _tensor_view(cmd: DmaCommand) -> np.ndarray:
+    """The box as a strided view on the host tensor (only for boxes that avoid the halo)."""
+    tensor, box = cmd.tensor, cmd.box
+    offset = sum(origin * stride for origin, stride in zip(box.origin, tensor.strides))
+    strides = tuple(step * tensor.strides[dim] for step, dim in zip(box.tsteps, box.tdims))
+    return np.ndarray(box.extents, tensor.dtype, buffer=tensor, offset=offset, strides=strides)
+
+
+def _halo_coordinates(cmd: DmaCommand) -> tuple[list[np.ndarray], np.ndarray]:
+    """Per tensor dimension, the coordinate of every box point; and where they are in bounds."""
+    box, shape = cmd.box, cmd.tensor.shape
+    coords = [np.broadcast_to(box.coordinates(dim), box.extents) for dim in range(len(shape))]
+    return coords, box.inbounds_mask(shape)
+
+
+def _dma_load(cmd: DmaCommand, spad: np.ndarray) -> None:
+    dst = cmd.region.view(spad)
+    if cmd.halo_free:
+        dst[...] = _tensor_view(cmd)
+        return
+    if cmd.host_points == 0:
+        dst[...] = 0
+        return
+    coords, inside = _halo_coordinates(cmd)
+    clipped = tuple(np.clip(c, 0, size - 1) for c, size in zip(coords, cmd.tensor.shape))
+    dst[...] = np.where(inside, cmd.tensor[clipped], 0)
+
+
+def _dma_store(cmd: DmaCommand, spad: np.ndarray) -> None:
+    src = cmd.region.view(spad)
+    if cmd.halo_free:
+        _tensor_view(cmd)[...] = src
+        return
+    if cmd.host_points == 0:
+        return
+    coords, inside = _halo_coordinates(cmd)
+    cmd.tensor[tuple(c[inside] for c in coords)] = src[inside]
+
+
+def _gemm(cmd: GemmCommand, spad: np.ndarray) -> None:
+    a, b, acc = cmd.a.view(spad), cmd.b.view(spad), cmd.acc.view(spad)
+    if cmd.dtype is DType.INT8:
+        product = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.int64)
+        if cmd.accumulate:
+            product += acc
+        acc[...] = product.astype(np.int32)  # int64 -> int32 keeps the low 32 bits
+    else:
+        product = np.matmul(a, b, dtype=np.float32)
+        if cmd.accumulate:
+            product += acc
+        acc[...] = product
+
+
+def _fill(cmd: FillCommand, spad: np.ndarray) -> None:
+    cmd.region.view(spad)[...] = cmd.value
+
+
+def _epilogue(cmd: EpilogueCommand, spad: np.ndarray) -> None:
+    values = cmd.acc.view(spad)
+    if cmd.bias is not None:
+        values = values + cmd.bias.view(spad)  # (1, n) broadcasts over the rows
+    if cmd.relu:
+        values = np.maximum(values, values.dtype.type(0))
+    cmd.out.view(spad)[...] = values
+
+
+_EXECUTORS = {
+    Op.DMA_LOAD: _dma_load,
+    Op.DMA_STORE: _dma_store,
+    Op.GEMM: _gemm,
+    Op.FILL: _fill,
+    Op.EPILOGUE: _epilogue,
+}

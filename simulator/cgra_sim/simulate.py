@@ -1,0 +1,72 @@
+"""The simulator's entry points: validate, time, execute and measure one kernel launch.
+
+Stage: simulator (the device backend behind the runtime, see docs/runtime-abi.md). In: a hardware
+description, a command stream (int64 records or their bytes, isa.py) and the host tensors bound to
+its slots. Out: `KernelStats`; the host tensors hold what the kernel's DMA_STOREs wrote.
+
+The steps, in order:
+    validate  decode.py + validate.py   every command checked; nothing runs if one is bad
+    time      timing.py                 start/end per command; may raise CycleLimitExceeded
+    execute   functional.py             numpy semantics on a fresh scratchpad, stores in place
+    measure   stats.py                  KernelStats
+Timing runs before execution so that a kernel over the cycle limit leaves the tensors untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .arch import HardwareDescription, load_arch
+from .functional import execute
+from .stats import KernelStats, collect_stats
+from .timing import DEFAULT_MAX_CYCLES, Schedule, schedule_commands
+from .validate import validate_stream
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulationResult:
+    """Statistics plus the per-command schedule (for trace export)."""
+
+    stats: KernelStats
+    schedule: Schedule
+
+
+def _source_ops(source_ops) -> tuple[str, ...]:
+    """Accepts a tuple of names or the runtime's comma-separated string."""
+    if isinstance(source_ops, str):
+        return tuple(op for op in (part.strip() for part in source_ops.split(",")) if op)
+    return tuple(str(op) for op in source_ops)
+
+
+def simulate_detailed(arch: "HardwareDescription | str", commands, tensors, name: str = "kernel",
+                      source_ops=(), max_cycles: int = DEFAULT_MAX_CYCLES) -> SimulationResult:
+    """Runs one kernel launch; returns its statistics and schedule.
+
+    `arch`: a HardwareDescription (or a preset name / JSON path, see load_arch). `commands`: int64
+    array of shape (n, isa.RECORD_WORDS) or its bytes. `tensors`: numpy arrays for slots 0..k-1
+    (C-contiguous, int8/int32/float32, rank 1..4); DMA_STORE writes into them in place.
+    Raises LaunchError / CommandError (invalid input, nothing run) or CycleLimitExceeded.
+    """
+    arch = load_arch(arch)
+    decoded = validate_stream(arch, commands, tensors)
+    schedule = schedule_commands(arch, decoded, max_cycles)
+    execute(decoded, np.zeros(arch.spad_bytes, dtype=np.uint8))
+    stats = collect_stats(arch, decoded, schedule, name, _source_ops(source_ops))
+    return SimulationResult(stats=stats, schedule=schedule)
+
+
+def simulate(arch: "HardwareDescription | str", commands, tensors, name: str = "kernel",
+             source_ops=(), max_cycles: int = DEFAULT_MAX_CYCLES) -> KernelStats:
+    """Runs one kernel launch (see `simulate_detailed`) and returns its `KernelStats`."""
+    return simulate_detailed(arch, commands, tensors, name, source_ops, max_cycles).stats
+
+
+def run_functional(arch: "HardwareDescription | str", commands, tensors) -> np.ndarray:
+    """Validates and executes without timing; returns the final scratchpad (uint8 array)."""
+    arch = load_arch(arch)
+    decoded = validate_stream(arch, commands, tensors)
+    spad = np.zeros(arch.spad_bytes, dtype=np.uint8)
+    execute(decoded, spad)
+    return spad

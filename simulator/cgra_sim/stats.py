@@ -1,0 +1,91 @@
+"""Statistics of one simulated kernel launch.
+
+Stage: simulator, step 5. In: the decoded commands, their `Schedule` and the hardware
+description. Out: a frozen `KernelStats` (cycles, work, traffic, unit occupancy) with `to_dict()`
+and `to_json()`. The per-command schedule stays in the `Schedule` (see simulate.simulate_detailed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections import Counter
+from fractions import Fraction
+
+from .arch import HardwareDescription
+from .decode import Command, DmaCommand, GemmCommand
+from .isa import Op, Unit
+from .timing import Schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelStats:
+    """What one kernel launch cost on the simulated NPU. Times in cycles of `arch`'s clock."""
+
+    name: str
+    source_ops: tuple[str, ...]  # model ops the kernel came from
+    arch: str  # hardware description name
+    cycles: int  # last command's end
+    time_us: float  # cycles at the arch's clock
+    macs: int  # sum of m * n * k over GEMMs
+    ideal_cycles: int  # roofline bound: max(PE array at peak, each DMA engine at full bandwidth)
+    utilisation: float  # PE-array MAC slots used / offered over `cycles` (0 without GEMMs)
+    dma_load_bytes: int  # bytes read from host memory (halo excluded)
+    dma_store_bytes: int  # bytes written to host memory (halo excluded)
+    dma_load_box_bytes: int  # bytes the load engine streamed (halo zeros included)
+    dma_store_box_bytes: int  # bytes the store engine streamed (dropped halo included)
+    busy_cycles: dict  # unit name (load, compute, store) -> cycles spent running commands
+    config_loads: int  # PE-array configuration loads
+    num_commands: int
+    op_counts: dict  # opcode name -> number of commands
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["source_ops"] = list(self.source_ops)
+        return data
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, indent=indent)
+
+
+def ideal_cycles(arch: HardwareDescription, pe_work: Fraction, load_bytes: int, store_bytes: int) -> int:
+    """Roofline lower bound on cycles: the busiest of the PE array at peak and the DMA engines.
+
+    `pe_work` is the sum over GEMMs of macs / macs_per_pe[dtype], in PE-cycles. The two DMA
+    engines have the full bandwidth each (as in timing.py), so each is bounded separately.
+    """
+    return max(math.ceil(pe_work / arch.num_pes),
+               -(-load_bytes // arch.dma_bytes_per_cycle),
+               -(-store_bytes // arch.dma_bytes_per_cycle))
+
+
+def collect_stats(arch: HardwareDescription, commands: list[Command], schedule: Schedule,
+                  name: str, source_ops: tuple[str, ...]) -> KernelStats:
+    """Sums the work, traffic and occupancy of a scheduled stream."""
+    gemms = [c for c in commands if isinstance(c, GemmCommand)]
+    loads = [c for c in commands if isinstance(c, DmaCommand) and c.op is Op.DMA_LOAD]
+    stores = [c for c in commands if isinstance(c, DmaCommand) and c.op is Op.DMA_STORE]
+    pe_work = sum((Fraction(g.macs, arch.macs_per_pe[g.dtype.numpy_name]) for g in gemms), Fraction(0))
+    load_bytes = sum(c.host_bytes for c in loads)
+    store_bytes = sum(c.host_bytes for c in stores)
+    cycles = schedule.cycles
+    counts = Counter(c.op.name for c in commands)
+    return KernelStats(
+        name=name,
+        source_ops=tuple(source_ops),
+        arch=arch.name,
+        cycles=cycles,
+        time_us=cycles / arch.clock_mhz,
+        macs=sum(g.macs for g in gemms),
+        ideal_cycles=ideal_cycles(arch, pe_work, load_bytes, store_bytes),
+        utilisation=float(pe_work / (cycles * arch.num_pes)) if gemms else 0.0,
+        dma_load_bytes=load_bytes,
+        dma_store_bytes=store_bytes,
+        dma_load_box_bytes=sum(c.box_bytes for c in loads),
+        dma_store_box_bytes=sum(c.box_bytes for c in stores),
+        busy_cycles={unit.name.lower(): schedule.busy_cycles(unit) for unit in Unit},
+        config_loads=schedule.config_loads,
+        num_commands=len(commands),
+        op_counts={op.name: counts.get(op.name, 0) for op in Op},
+    )

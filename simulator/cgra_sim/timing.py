@@ -1,0 +1,196 @@
+"""The timing layer: a cycle-approximate schedule of a validated command stream.
+
+Stage: simulator, step 4 (independent of the functional core: it only needs decoded commands).
+In: decoded commands (decode.py) and the hardware description. Out: a `Schedule`, the start and
+end cycle of every command. Nothing here is validated against RTL (there is none); the model is
+the analytical one below, with its assumptions in docs/simulator.md.
+
+Model. Three in-order queues, one per `isa.Unit`: LOAD (DMA_LOAD), COMPUTE (GEMM, FILL,
+EPILOGUE) and STORE (DMA_STORE). `ready` is when a command's scratchpad dependencies are met: a
+scoreboard on byte ranges (scoreboard.py) gives read-after-write, write-after-read and
+write-after-write against earlier commands in stream order. A command starts at
+max(end of the previous command on its queue, ready) and ends:
+    DMA (either direction)  start + dma_latency + ceil(box_bytes / dma_bytes_per_cycle)
+        box_bytes counts every box element, halo included (the engine makes zeros at full rate).
+        The load and the store engine each have the full bandwidth.
+    FILL, EPILOGUE (vector unit)  start + ceil(rows * cols / vector_lanes) + 2
+    GEMM (output-stationary rows x cols PE array)
+        steady = ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe[dtype])  (folds pipelined)
+        fill   = min(m, rows) + min(n, cols) - 2: fill and drain of the sub-array the GEMM uses
+        After anything but a GEMM of the same dtype, operands enter at
+            stream = start (+ config_load_cycles if the PE array held another configuration,
+                            i.e. (GEMM, dtype) differs; vector commands leave it alone)
+        Right after a GEMM of the same dtype, operands enter as soon as they are ready and the
+        previous GEMM's operands are in:  stream = max(ready, previous stream + previous steady)
+        end = max(stream + fill, previous end) + steady   (results leave in order)
+        So back-to-back GEMMs of one shape pay the fill once: the next fill hides under the
+        previous drain. Partial sums stay in the array: a GEMM whose accumulator is exactly the
+        previous GEMM's accumulator sees that GEMM's write as done when its operands are in.
+The kernel takes max(end) cycles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import numpy as np
+
+from .arch import HardwareDescription
+from .decode import Command, DmaCommand, EpilogueCommand, FillCommand, GemmCommand
+from .errors import CycleLimitExceeded
+from .isa import DType, Op, Unit
+from .regions import Region
+from .scoreboard import Scoreboard
+
+DEFAULT_MAX_CYCLES = 10**12
+VECTOR_OVERHEAD_CYCLES = 2  # issue + write-back of a vector-unit command
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """When every command ran: arrays indexed by the command's position in the stream."""
+
+    ops: np.ndarray  # opcode (isa.Op values)
+    units: np.ndarray  # isa.Unit values
+    starts: np.ndarray  # first busy cycle
+    ends: np.ndarray  # first cycle after it (end - start = duration)
+    config_loads: int  # PE-array configuration loads paid
+
+    @property
+    def cycles(self) -> int:
+        """Cycles of the whole kernel: the last end (0 for an empty stream)."""
+        return int(self.ends.max()) if len(self.ends) else 0
+
+    def busy_cycles(self, unit: Unit) -> int:
+        """Cycles `unit` spent running commands."""
+        mask = self.units == int(unit)
+        return int((self.ends[mask] - self.starts[mask]).sum())
+
+    def to_records(self) -> list[dict]:
+        """One dict per command (index, op, unit, start, end), e.g. for a trace viewer."""
+        return [{"index": i, "op": Op(op).name, "unit": Unit(unit).name, "start": int(s), "end": int(e)}
+                for i, (op, unit, s, e) in enumerate(zip(self.ops, self.units, self.starts, self.ends))]
+
+
+class _PreviousGemm(NamedTuple):
+    index: int
+    dtype: DType
+    acc: tuple  # (addr, shape, strides) of its accumulator
+    stream_end: int  # cycle its last operands entered the array
+
+
+class _ComputeQueue:
+    """What the COMPUTE queue remembers between commands: the PE array's state."""
+
+    __slots__ = ("config", "previous_gemm", "config_loads")
+
+    def __init__(self):
+        self.config = None  # (Op.GEMM, dtype) loaded in the PE array; None before the first GEMM
+        self.previous_gemm = None  # the previous COMPUTE command if it was a GEMM
+        self.config_loads = 0
+
+    def forwarding(self, cmd: Command):
+        """(region, (writer, cycle)) when `cmd`'s accumulator stays in the array, else None."""
+        prev = self.previous_gemm
+        if isinstance(cmd, GemmCommand) and prev is not None and prev.dtype is cmd.dtype \
+                and prev.acc == _region_key(cmd.acc):
+            return cmd.acc, (prev.index, prev.stream_end)
+        return None
+
+
+def _region_key(region: Region) -> tuple:
+    return region.addr, region.shape, region.strides
+
+
+def gemm_steady_cycles(arch: HardwareDescription, cmd: GemmCommand) -> int:
+    """Cycles the PE array streams operands: folds of the output times k per MAC rate."""
+    folds = -(-cmd.m // arch.rows) * -(-cmd.n // arch.cols)
+    return folds * -(-cmd.k // arch.macs_per_pe[cmd.dtype.numpy_name])
+
+
+def gemm_fill_cycles(arch: HardwareDescription, cmd: GemmCommand) -> int:
+    """Pipeline fill and drain of the sub-array the GEMM occupies (rows + cols - 2 when full).
+
+    The sub-array rather than the whole array, so that a tile sized for a smaller array does not
+    get slower on a larger one: operands skew only through the PEs that hold outputs.
+    """
+    return min(cmd.m, arch.rows) + min(cmd.n, arch.cols) - 2
+
+
+def _time_dma(arch: HardwareDescription, cmd: DmaCommand, ready: int, free: int,
+              compute: _ComputeQueue) -> tuple[int, int]:
+    start = max(free, ready)
+    return start, start + arch.dma_latency + -(-cmd.box_bytes // arch.dma_bytes_per_cycle)
+
+
+def _time_vector(arch: HardwareDescription, cmd: FillCommand | EpilogueCommand, ready: int,
+                 free: int, compute: _ComputeQueue) -> tuple[int, int]:
+    rows, cols = (cmd.region if isinstance(cmd, FillCommand) else cmd.out).shape
+    compute.previous_gemm = None
+    start = max(free, ready)
+    return start, start + -(-rows * cols // arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
+
+
+def _time_gemm(arch: HardwareDescription, cmd: GemmCommand, ready: int, free: int,
+               compute: _ComputeQueue) -> tuple[int, int]:
+    start = max(free, ready)
+    prev = compute.previous_gemm
+    if prev is not None and prev.dtype is cmd.dtype:
+        stream = max(ready, prev.stream_end)
+    else:
+        stream = start
+        if compute.config != (Op.GEMM, cmd.dtype):
+            stream += arch.config_load_cycles
+            compute.config = (Op.GEMM, cmd.dtype)
+            compute.config_loads += 1
+    steady = gemm_steady_cycles(arch, cmd)
+    end = max(stream + gemm_fill_cycles(arch, cmd), free) + steady
+    compute.previous_gemm = _PreviousGemm(cmd.index, cmd.dtype, _region_key(cmd.acc), stream + steady)
+    return start, end
+
+
+_TIMERS = {
+    Op.DMA_LOAD: _time_dma,
+    Op.DMA_STORE: _time_dma,
+    Op.GEMM: _time_gemm,
+    Op.FILL: _time_vector,
+    Op.EPILOGUE: _time_vector,
+}
+
+
+def _ready(board: Scoreboard, cmd: Command, forwarding) -> int:
+    """When every scratchpad dependency of `cmd` is met."""
+    held, forward = forwarding if forwarding is not None else (None, None)
+    ready = 0
+    for region in cmd.reads:
+        ready = max(ready, board.read_ready(region.lo, region.hi, forward if region is held else None))
+    for region in cmd.writes:
+        ready = max(ready, board.write_ready(region.lo, region.hi, forward if region is held else None))
+    return ready
+
+
+def schedule_commands(arch: HardwareDescription, commands: list[Command],
+                      max_cycles: int = DEFAULT_MAX_CYCLES) -> Schedule:
+    """Times `commands` (decoded and validated); raises `CycleLimitExceeded` past `max_cycles`."""
+    board = Scoreboard(arch.spad_bytes)
+    queue_free = [0] * len(Unit)
+    compute = _ComputeQueue()
+    starts, ends = [], []
+    for cmd in commands:
+        ready = _ready(board, cmd, compute.forwarding(cmd))
+        start, end = _TIMERS[cmd.op](arch, cmd, ready, queue_free[cmd.unit], compute)
+        if end > max_cycles:
+            raise CycleLimitExceeded(cmd.index, cmd.op.name, end, max_cycles)
+        for region in cmd.reads:
+            board.record_read(region.lo, region.hi, end)
+        for region in cmd.writes:
+            board.record_write(region.lo, region.hi, end, cmd.index)
+        queue_free[cmd.unit] = end
+        starts.append(start)
+        ends.append(end)
+    return Schedule(ops=np.array([int(c.op) for c in commands], dtype=np.int8),
+                    units=np.array([int(c.unit) for c in commands], dtype=np.int8),
+                    starts=np.array(starts, dtype=np.int64), ends=np.array(ends, dtype=np.int64),
+                    config_loads=compute.config_loads)
+

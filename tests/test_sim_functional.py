@@ -1,0 +1,361 @@
+"""The simulator's functional core and validation, against numpy formulations written here.
+
+Property tests build small streams record by record (isa.encode), run them through cgra_sim and
+compare bit for bit with a reference computed in this file: DMA boxes point by point, GEMM and
+EPILOGUE with numpy int64 arithmetic wrapped to int32 (float32: np.matmul, rtol 1e-5). The
+validation tests check that every bad command is refused before anything runs, with a message
+naming the command's index and kind.
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cgra_sim import (CommandError, LaunchError, load_arch, preset_names, run_functional, simulate,
+                      streams)
+from cgra_sim.isa import (EPILOGUE_BIAS, EPILOGUE_RELU, GEMM_ACCUMULATE, RECORD_WORDS, DType, Op,
+                          encode)
+
+ARCH = load_arch("cgra-8x8")
+DTYPES = ["int8", "int32", "float32"]
+
+
+# ---------------------------------------------------------------- helpers and references
+
+def dma_record(op, slot, spad_addr, loops, origin=(), pad_lo=(), pad_hi=()):
+    """loops: (extent, tdim, tstep, sstride) each; unused loops are (1, 0, 0, 0)."""
+    fields = {"slot": slot, "spad_addr": spad_addr}
+    for name, values in (("origin", origin), ("pad_lo", pad_lo), ("pad_hi", pad_hi)):
+        fields.update({f"{name}{d}": v for d, v in enumerate(values)})
+    for loop, (extent, tdim, tstep, sstride) in enumerate(list(loops) + [(1, 0, 0, 0)] * (4 - len(loops))):
+        fields.update({f"extent{loop}": extent, f"tdim{loop}": tdim, f"tstep{loop}": tstep,
+                       f"sstride{loop}": sstride})
+    return encode(op, **fields)
+
+
+def box_points(loops, origin, rank):
+    """(coordinate tuple, scratchpad element offset) of every box point, by brute force."""
+    for index in itertools.product(*(range(extent) for extent, *_ in loops)):
+        coord = list(origin[:rank])
+        offset = 0
+        for i, (_, tdim, tstep, sstride) in zip(index, loops):
+            coord[tdim] += tstep * i
+            offset += sstride * i
+        yield tuple(coord), offset
+
+
+def inside(coord, shape):
+    return all(0 <= c < s for c, s in zip(coord, shape))
+
+
+def random_array(rng, shape, dtype):
+    if dtype == "float32":
+        return rng.standard_normal(shape).astype(np.float32)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=dtype)
+
+
+def wrap_int32(values):
+    return ((np.asarray(values, dtype=np.int64) + 2**31) % 2**32 - 2**31).astype(np.int32)
+
+
+@st.composite
+def boxes(draw, for_store):
+    """A random tensor and DMA box; a store's box never visits a tensor element twice."""
+    dtype = draw(st.sampled_from(DTYPES))
+    rank = draw(st.integers(1, 4))
+    shape = tuple(draw(st.integers(1, 6)) for _ in range(rank))
+    loops = [[draw(st.integers(1, 4)), draw(st.integers(0, rank - 1)), draw(st.integers(-2, 3)), 0]
+             for _ in range(4)]
+    if for_store:  # nest the loops that walk one dimension, so coordinates never repeat
+        for dim in range(rank):
+            span = 1
+            for loop in (l for l in loops if l[1] == dim):
+                loop[2] = span * draw(st.sampled_from([1, -1, 2]))
+                span = abs(loop[2]) * loop[0]
+    stride = 1  # scratchpad layout: loops nested in a random order, with gaps and signs
+    for loop in draw(st.permutations(loops)):
+        loop[3] = stride * draw(st.sampled_from([1, -1]))
+        stride *= loop[0] + draw(st.integers(0, 2))
+        if for_store and draw(st.booleans()) and draw(st.booleans()):
+            loop[3] = 0  # a store may read one scratchpad element many times
+    origin = tuple(draw(st.integers(-3, size + 1)) for size in shape)
+    pad_lo, pad_hi = [], []
+    for dim, size in enumerate(shape):
+        coords = [c[dim] for c, _ in box_points(loops, origin, rank)]
+        pad_lo.append(max(0, -min(coords)) + draw(st.integers(0, 1)))
+        pad_hi.append(max(0, max(coords) - size + 1) + draw(st.integers(0, 1)))
+    itemsize = np.dtype(dtype).itemsize
+    lowest = min(offset for _, offset in box_points(loops, origin, rank))
+    spad_addr = -lowest * itemsize + draw(st.integers(0, 9))
+    return dict(dtype=dtype, shape=shape, loops=[tuple(l) for l in loops], origin=origin,
+                pad_lo=tuple(pad_lo), pad_hi=tuple(pad_hi), spad_addr=spad_addr,
+                seed=draw(st.integers(0, 2**32 - 1)))
+
+
+# ---------------------------------------------------------------- DMA
+
+@given(boxes(for_store=False))
+def test_dma_load_matches_pointwise_reference(case):
+    rng = np.random.default_rng(case["seed"])
+    tensor = random_array(rng, case["shape"], case["dtype"])
+    record = dma_record(Op.DMA_LOAD, 0, case["spad_addr"], case["loops"], case["origin"],
+                        case["pad_lo"], case["pad_hi"])
+    spad = run_functional(ARCH, np.array([record]), [tensor])
+
+    expected = np.zeros(ARCH.spad_bytes, dtype=np.uint8)
+    size = tensor.itemsize
+    for coord, offset in box_points(case["loops"], case["origin"], tensor.ndim):
+        value = tensor[coord] if inside(coord, tensor.shape) else tensor.dtype.type(0)
+        addr = case["spad_addr"] + size * offset
+        expected[addr:addr + size] = np.array([value], dtype=tensor.dtype).view(np.uint8)
+    np.testing.assert_array_equal(spad, expected)
+
+
+@given(boxes(for_store=True))
+def test_dma_store_matches_pointwise_reference(case):
+    rng = np.random.default_rng(case["seed"])
+    size = np.dtype(case["dtype"]).itemsize
+    offsets = [offset for _, offset in box_points(case["loops"], case["origin"], len(case["shape"]))]
+    first = case["spad_addr"] + size * min(offsets)
+    count = max(offsets) - min(offsets) + 1
+    source = random_array(rng, (count,), case["dtype"])  # fills the scratchpad under the box
+    target = random_array(rng, case["shape"], case["dtype"])
+    expected = target.copy()
+    records = [dma_record(Op.DMA_LOAD, 0, first, [(count, 0, 1, 1)]),
+               dma_record(Op.DMA_STORE, 1, case["spad_addr"], case["loops"], case["origin"],
+                          case["pad_lo"], case["pad_hi"])]
+    simulate(ARCH, np.array(records), [source, target])
+
+    for coord, offset in box_points(case["loops"], case["origin"], target.ndim):
+        if inside(coord, target.shape):
+            expected[coord] = source[offset - min(offsets)]
+    np.testing.assert_array_equal(target.view(np.uint8), expected.view(np.uint8))
+
+
+def test_commands_may_come_as_bytes():
+    tensor = np.arange(12, dtype=np.int32).reshape(3, 4)
+    out = np.zeros_like(tensor)
+    records = np.array([dma_record(Op.DMA_LOAD, 0, 0, [(3, 0, 1, 4), (4, 1, 1, 1)]),
+                        dma_record(Op.DMA_STORE, 1, 0, [(3, 0, 1, 4), (4, 1, 1, 1)])], dtype="<i8")
+    stats = simulate(ARCH, records.tobytes(), [tensor, out])
+    np.testing.assert_array_equal(out, tensor)
+    assert stats.dma_load_bytes == stats.dma_store_bytes == 48
+
+
+# ---------------------------------------------------------------- GEMM, FILL, EPILOGUE
+
+def matrix_load(slot, addr, rows, cols, stride):
+    return dma_record(Op.DMA_LOAD, slot, addr, [(rows, 0, 1, stride), (cols, 1, 1, 1)])
+
+
+def matrix_store(slot, addr, rows, cols, stride):
+    return dma_record(Op.DMA_STORE, slot, addr, [(rows, 0, 1, stride), (cols, 1, 1, 1)])
+
+
+@given(m=st.integers(1, 64), n=st.integers(1, 64), k=st.integers(1, 64),
+       dtype=st.sampled_from(["int8", "float32"]), accumulate=st.booleans(),
+       gaps=st.tuples(*[st.integers(0, 3)] * 3), seed=st.integers(0, 2**32 - 1))
+def test_gemm_matches_numpy(m, n, k, dtype, accumulate, gaps, seed):
+    rng = np.random.default_rng(seed)
+    acc_dtype = "int32" if dtype == "int8" else "float32"
+    a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
+    acc0, out = random_array(rng, (m, n), acc_dtype), np.zeros((m, n), acc_dtype)
+    a_stride, b_stride, acc_stride = k + gaps[0], n + gaps[1], n + gaps[2]
+    size = np.dtype(dtype).itemsize
+    a_addr, b_addr = 3, 3 + m * a_stride * size  # unaligned on purpose
+    acc_addr = 4096 * 16
+    records = [matrix_load(0, a_addr, m, k, a_stride), matrix_load(1, b_addr, k, n, b_stride)]
+    if accumulate:
+        records.append(matrix_load(2, acc_addr, m, n, acc_stride))
+    records.append(encode(Op.GEMM, flags=GEMM_ACCUMULATE if accumulate else 0,
+                          dtype=DType.from_name(dtype), m=m, n=n, k=k, a_addr=a_addr,
+                          a_stride=a_stride, b_addr=b_addr, b_stride=b_stride, acc_addr=acc_addr,
+                          acc_stride=acc_stride))
+    records.append(matrix_store(3, acc_addr, m, n, acc_stride))
+    stats = simulate(ARCH, np.array(records), [a, b, acc0, out])
+
+    assert stats.macs == m * n * k
+    if dtype == "int8":
+        expected = a.astype(np.int64) @ b.astype(np.int64) + (acc0 if accumulate else 0)
+        np.testing.assert_array_equal(out, wrap_int32(expected))
+    else:
+        expected = np.matmul(a, b, dtype=np.float32) + (acc0 if accumulate else np.float32(0))
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@given(dtype=st.sampled_from(DTYPES), rows=st.integers(1, 20), cols=st.integers(1, 20),
+       gap=st.integers(0, 3), addr=st.integers(0, 100), seed=st.integers(0, 2**32 - 1))
+def test_fill_writes_the_constant_and_nothing_else(dtype, rows, cols, gap, addr, seed):
+    rng = np.random.default_rng(seed)
+    value = random_array(rng, (1,), dtype)
+    bits = int(value.view(np.uint32)[0]) if dtype == "float32" else int(value[0])
+    record = encode(Op.FILL, dtype=DType.from_name(dtype), addr=addr, rows=rows, cols=cols,
+                    stride=cols + gap, value_bits=bits)
+    spad = run_functional(ARCH, np.array([record]), [])
+
+    expected = np.zeros(ARCH.spad_bytes, dtype=np.uint8)
+    size = value.itemsize
+    for r in range(rows):
+        start = addr + r * (cols + gap) * size
+        expected[start:start + cols * size] = np.tile(value.view(np.uint8), cols)
+    np.testing.assert_array_equal(spad, expected)
+
+
+@given(dtype=st.sampled_from(["int32", "float32"]), m=st.integers(1, 24), n=st.integers(1, 24),
+       bias=st.booleans(), relu=st.booleans(), in_place=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_epilogue_matches_numpy(dtype, m, n, bias, relu, in_place, seed):
+    rng = np.random.default_rng(seed)
+    acc, bias_row = random_array(rng, (m, n), dtype), random_array(rng, (n,), dtype)
+    out = np.zeros((m, n), dtype)
+    acc_addr, bias_addr = 0, 4 * m * n
+    out_addr = acc_addr if in_place else bias_addr + 4 * n + 4
+    flags = (EPILOGUE_BIAS if bias else 0) | (EPILOGUE_RELU if relu else 0)
+    code = DType.from_name(dtype)
+    records = [matrix_load(0, acc_addr, m, n, n), dma_record(Op.DMA_LOAD, 1, bias_addr, [(n, 0, 1, 1)]),
+               encode(Op.EPILOGUE, flags=flags, acc_dtype=code, out_dtype=code, m=m, n=n,
+                      acc_addr=acc_addr, acc_stride=n, bias_addr=bias_addr, out_addr=out_addr,
+                      out_stride=n),
+               matrix_store(2, out_addr, m, n, n)]
+    simulate(ARCH, np.array(records), [acc, bias_row, out])
+
+    expected = acc.astype(np.int64 if dtype == "int32" else np.float32)
+    if bias:
+        expected = expected + bias_row
+    expected = wrap_int32(expected) if dtype == "int32" else expected.astype(np.float32)
+    if relu:
+        expected = np.where(expected > 0, expected, 0).astype(dtype)
+    np.testing.assert_array_equal(out, expected)
+
+
+# ---------------------------------------------------------------- whole kernels
+
+@st.composite
+def gemm_tilings(draw):
+    """Sizes up to 100 and tiles that fit every preset, at most 5 tiles along each dimension."""
+    sizes = [draw(st.integers(1, 100)) for _ in range(3)]
+    limits = (32, 32, 64)
+    tile = tuple(draw(st.integers(min(limit, -(-size // 5)), limit)) for size, limit in zip(sizes, limits))
+    return (*sizes, tile)
+
+
+@given(shape=gemm_tilings(), dtype=st.sampled_from(["int8", "float32"]),
+       arch_name=st.sampled_from(preset_names()),
+       flags=st.sampled_from([0, EPILOGUE_BIAS, EPILOGUE_RELU, EPILOGUE_BIAS | EPILOGUE_RELU]),
+       seed=st.integers(0, 2**32 - 1))
+def test_tiled_gemm_stream_matches_numpy(shape, dtype, arch_name, flags, seed):
+    m, n, k, tile = shape
+    rng = np.random.default_rng(seed)
+    arch = load_arch(arch_name)
+    acc_dtype = "int32" if dtype == "int8" else "float32"
+    a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
+    bias = random_array(rng, (n,), acc_dtype) if dtype == "float32" else \
+        rng.integers(-10**6, 10**6, n).astype(np.int32)
+    out = np.zeros((m, n), acc_dtype)
+    records = streams.tiled_gemm(arch, m, n, k, dtype, tile=tile, epilogue_flags=flags)
+    stats = simulate(arch, records, [a, b, out, bias])
+
+    wide = np.int64 if dtype == "int8" else np.float64
+    expected = a.astype(wide) @ b.astype(wide) + (bias if flags & EPILOGUE_BIAS else 0)
+    if flags & EPILOGUE_RELU:
+        expected = np.maximum(expected, 0)
+    if dtype == "int8":
+        np.testing.assert_array_equal(out, expected)
+    else:
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+    assert stats.macs == m * n * k
+    assert stats.dma_store_bytes == out.nbytes
+
+
+def test_conv2d_stream_with_halo_matches_numpy():
+    rng = np.random.default_rng(7)
+    height, width, channels, filters = 6, 9, 5, 11
+    x = random_array(rng, (height, width, channels), "int8")
+    w = random_array(rng, (3, 3, channels, filters), "int8")
+    y = np.zeros((height, width, filters), np.int32)
+    stats = simulate(ARCH, streams.conv2d_3x3(ARCH, height, width, channels, filters), [x, w, y])
+
+    padded = np.pad(x.astype(np.int64), ((1, 1), (1, 1), (0, 0)))
+    expected = sum(padded[r:r + height, s:s + width] @ w[r, s].astype(np.int64)
+                   for r in range(3) for s in range(3))
+    np.testing.assert_array_equal(y, np.maximum(expected, 0))
+    assert stats.dma_load_bytes < stats.dma_load_box_bytes  # halo zeros are not host traffic
+
+
+# ---------------------------------------------------------------- validation
+
+def _two_loads_and_a_bad_one(bad_record):
+    good = dma_record(Op.DMA_LOAD, 0, 0, [(4, 0, 1, 1)])
+    return np.array([good, good, bad_record])
+
+
+@pytest.mark.parametrize("bad_record, op_name, words", [
+    (dma_record(Op.DMA_LOAD, 0, ARCH.spad_bytes - 8, [(4, 0, 1, 1)]), "DMA_LOAD",
+     [f"[{ARCH.spad_bytes - 8}, {ARCH.spad_bytes + 8})", f"{ARCH.spad_bytes}-byte scratchpad"]),
+    (encode(Op.FILL, dtype=DType.INT32, addr=-4, rows=1, cols=2, stride=2), "FILL", ["[-4, 4)", "below"]),
+    (dma_record(Op.DMA_LOAD, 0, 0, [(4, 0, 1, 1)], origin=(-2,), pad_lo=(1,)), "DMA_LOAD",
+     ["coordinates [-2, 2)", "[-1, 4)"]),
+    (dma_record(Op.DMA_LOAD, 0, 0, [(6, 0, 1, 1)], pad_hi=(1,)), "DMA_LOAD", ["[0, 6)", "[0, 5)"]),
+    (dma_record(Op.DMA_LOAD, 5, 0, [(4, 0, 1, 1)]), "DMA_LOAD", ["slot 5", "binds 2 tensors"]),
+    (encode(Op.GEMM, dtype=DType.INT8, m=2, n=2, k=2, a_addr=0, a_stride=2, b_addr=4096, b_stride=2,
+            acc_addr=0, acc_stride=2), "GEMM", ["[4096, 4100)", "never written", "B"]),
+    (encode(Op.EPILOGUE, acc_dtype=DType.INT32, out_dtype=DType.INT32, m=1, n=4, acc_addr=0,
+            acc_stride=4, out_addr=64, out_stride=4, bias_addr=32, flags=EPILOGUE_BIAS),
+     "EPILOGUE", ["bias", "[32, 48)"]),
+    ([9] + [0] * (RECORD_WORDS - 1), "opcode 9", ["unknown opcode 9"]),
+    (encode(Op.GEMM, dtype=DType.INT32, m=1, n=1, k=1), "GEMM", ["dtype code 2"]),
+    (encode(Op.EPILOGUE, acc_dtype=DType.INT32, out_dtype=DType.FLOAT32, m=1, n=1), "EPILOGUE",
+     ["out_dtype code 3"]),
+    (dma_record(Op.DMA_LOAD, 0, 0, [(0, 0, 1, 1)]), "DMA_LOAD", ["extent0 must be >= 1"]),
+    (dma_record(Op.DMA_LOAD, 0, 0, [(4, 1, 1, 1)]), "DMA_LOAD", ["tdim0 = 1", "rank 1"]),
+    (dma_record(Op.DMA_LOAD, 0, 0, [(4, 0, 1, 0)]), "DMA_LOAD", ["alias"]),
+    (dma_record(Op.DMA_STORE, 1, 0, [(2, 0, 0, 1)]), "DMA_STORE", ["revisits"]),
+    (dma_record(Op.DMA_STORE, 1, 0, [(1 << 23, 0, 1, 0)], pad_hi=(1 << 23,)), "DMA_STORE",
+     ["8388608 points", "limit"]),
+    (encode(Op.FILL, dtype=DType.INT8, rows=2, cols=4, stride=2, value_bits=1), "FILL", ["overlap"]),
+    (encode(Op.FILL, dtype=DType.INT8, rows=1, cols=4, stride=4, value_bits=300), "FILL", ["300"]),
+    (encode(Op.GEMM, flags=4, dtype=DType.INT8, m=1, n=1, k=1), "GEMM", ["unknown bits 0x4"]),
+    (encode(Op.FILL, dtype=DType.INT8, rows=1, cols=1) [:-1] + [1], "FILL", ["word 31"]),
+])
+def test_invalid_command_is_refused_before_anything_runs(bad_record, op_name, words):
+    source = np.arange(4, dtype=np.int32)
+    target = np.full(4, -1, dtype=np.int32)
+    records = _two_loads_and_a_bad_one(bad_record)
+    records = np.insert(records, 2, dma_record(Op.DMA_STORE, 1, 0, [(4, 0, 1, 1)]), axis=0)
+    with pytest.raises(CommandError) as info:
+        simulate(ARCH, records, [source, target])
+    message = str(info.value)
+    assert message.startswith(f"command 3 ({op_name}): ")
+    assert info.value.index == 3
+    for word in words:
+        assert word in message
+    np.testing.assert_array_equal(target, -1)  # the store before the bad command did not run
+
+
+def test_store_from_halo_does_not_count_as_reading_unwritten_bytes():
+    target = np.zeros(4, dtype=np.int32)
+    records = [encode(Op.FILL, dtype=DType.INT32, addr=4, rows=1, cols=4, stride=4, value_bits=5),
+               dma_record(Op.DMA_STORE, 0, 0, [(6, 0, 1, 1)], origin=(-1,), pad_lo=(1,), pad_hi=(1,))]
+    simulate(ARCH, np.array(records), [target])
+    np.testing.assert_array_equal(target, 5)
+
+
+@pytest.mark.parametrize("tensors, words", [
+    ([np.zeros(4, np.int16)], "dtype int16"),
+    ([np.zeros((1,) * 5, np.int8)], "rank 5"),
+    ([np.zeros((4, 4), np.int8)[:, ::2]], "C-contiguous"),
+    ([[1, 2, 3]], "numpy array"),
+])
+def test_bad_host_tensor_is_refused(tensors, words):
+    with pytest.raises(LaunchError, match=words):
+        simulate(ARCH, np.zeros((0, RECORD_WORDS), np.int64), tensors)
+
+
+def test_malformed_command_buffer_is_refused():
+    with pytest.raises(LaunchError, match="whole number"):
+        simulate(ARCH, b"\0" * 100, [])
+    with pytest.raises(LaunchError, match="shape"):
+        simulate(ARCH, np.zeros((2, 5), np.int64), [])
