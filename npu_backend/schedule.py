@@ -7,8 +7,8 @@ the scheduled PrimFunc, in which
 - the output is computed tile by tile (tm x tn), anchored on the epilogue's tile loops;
 - operand tiles (a_pad, b_pad) and the bias live in the scratchpad and are loaded per reduction
   step: these copies become DMA (`dma.py`);
-- the accumulator's init is a FILL per PE-array tile, each PE-array pass is a GEMM intrinsic,
-  and the epilogue (bias, relu) is one vector-unit intrinsic per output tile;
+- the accumulator's init is one FILL per tile, each reduction step one GEMM over the tile (the
+  PE array runs its folds), and the epilogue (bias, relu) one vector-unit intrinsic per tile;
 - the store of the valid region of each tile goes back to the host by DMA.
 
 A user may register their own schedule for a kernel kind with `register_schedule` (the seeds ask
@@ -80,21 +80,23 @@ def _acc_loops(sch, acc, col_outer):
 
 
 def _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, col_tile):
-    """Split the tile onto the PE array, stage operands per reduction step, tensorize all three."""
+    """Stage operand tiles per reduction step and tensorize the tile onto the NPU.
+
+    One GEMM command covers a whole tm x tn x tk scratchpad tile: the PE array's sequencer runs
+    its (tm / rows) x (tn / cols) folds back to back (the simulator times folds exactly as it
+    would separate PE-sized passes), so the command stream stays short."""
     row, col, reductions = _acc_loops(sch, acc, col_tile)
     *outer_reductions, depth = reductions
-    row_outer, row_pe = sch.split(row, [None, arch.rows])
-    col_outer, col_pe = sch.split(col, [None, arch.cols])
     depth_outer, depth_inner = sch.split(depth, [None, tiling.tk])
-    sch.reorder(*outer_reductions, depth_outer, row_outer, col_outer, row_pe, col_pe, depth_inner)
+    sch.reorder(*outer_reductions, depth_outer, row, col, depth_inner)
     for name in ("a_pad", "b_pad"):
         block = sch.get_sblock(name)
         sch.compute_at(block, depth_outer)
         sch.set_scope(block, 0, SPAD)
     first_reduction = outer_reductions[0] if outer_reductions else depth_outer
     init = sch.decompose_reduction(acc, first_reduction)
-    sch.tensorize(row_pe, get_intrin("gemm", arch.rows, arch.cols, tiling.tk, spec.dtype, spec.acc_dtype))
-    sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", arch.rows, arch.cols, spec.acc_dtype))
+    sch.tensorize(row, get_intrin("gemm", tiling.tm, tiling.tn, tiling.tk, spec.dtype, spec.acc_dtype))
+    sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", tiling.tm, tiling.tn, spec.acc_dtype))
     sch.tensorize(epi_row, get_intrin("epilogue", tiling.tm, tiling.tn, spec.acc_dtype,
                                       bool(spec.bias_shape), spec.relu))
 

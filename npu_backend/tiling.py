@@ -48,9 +48,9 @@ class Tiling:
 
 def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                   has_bias: bool, arch: HardwareDescription) -> Tiling:
-    """The largest output tile (most reuse) that fits, with the deepest reduction that fits.
+    """The tiling with the fewest estimated cycles among those that fit the scratchpad.
 
-    The output tile is grown in whole PE-array steps up to the padded problem; the reduction
+    Output tiles grow in whole PE-array steps up to the padded problem; for each, the reduction
     depth is the whole reduction when it fits, otherwise the largest chunk that does.
     """
     # A unit reduction extent would be elided by compute_at and leave nothing to tensorize
@@ -58,26 +58,43 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     depth = max(depth, 2)
     in_bytes = DType.from_name(dtype).itemsize
     acc_bytes = DType.from_name(acc_dtype).itemsize
-    max_tm = _round_up(rows, arch.rows)
-    max_tn = _round_up(cols, arch.cols)
     best = None
-    for tm in range(arch.rows, max_tm + 1, arch.rows):
-        for tn in range(arch.cols, max_tn + 1, arch.cols):
+    for tm in range(arch.rows, _round_up(rows, arch.rows) + 1, arch.rows):
+        for tn in range(arch.cols, _round_up(cols, arch.cols) + 1, arch.cols):
             tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch.spad_bytes)
             if tk is None:
                 continue
-            # Fewest tiles first (each tile costs a fill and a drain), then the most reuse.
-            tiles = -(-rows // tm) * -(-cols // tn)
-            padding = _round_up(rows, tm) * _round_up(cols, tn)
-            key = (tiles * -(-depth // tk), padding, -tm * tn)
+            tiling = Tiling(tm, tn, tk, _round_up(rows, tm), _round_up(cols, tn), _round_up(depth, tk))
+            key = (estimate_cycles(tiling, dtype, in_bytes, acc_bytes, arch), -tm * tn)
             if best is None or key < best[0]:
-                best = (key, tm, tn, tk)
+                best = (key, tiling)
     if best is None:
         raise ScratchpadTooSmall(
             f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold even one "
             f"{arch.rows}x{arch.cols} tile of a {dtype} GEMM: describe a larger scratchpad")
-    _, tm, tn, tk = best
-    return Tiling(tm, tn, tk, _round_up(rows, tm), _round_up(cols, tn), _round_up(depth, tk))
+    return best[1]
+
+
+def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription) -> int:
+    """A first-order estimate of a tiled GEMM's cycles under the simulator's timing model.
+
+    With double buffering the busiest unit sets the pace; what cannot overlap is the first
+    tile's loads (nothing to compute yet), the last tile's epilogue and store, and a bubble per
+    tile: the vector unit runs in order, so the next tile's first FILL waits behind this tile's
+    EPILOGUE, which waits for this tile's last GEMM, and the PE array refills after the gap.
+    """
+    tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk
+    passes = tiles * steps * (t.tm // arch.rows) * (t.tn // arch.cols)
+    compute = passes * -(-t.tk // arch.macs_per_pe[dtype]) + arch.rows + arch.cols + arch.config_load_cycles
+    tile_load = (t.tm * t.tk + t.tk * t.tn) * in_bytes
+    load = tiles * steps * tile_load // arch.dma_bytes_per_cycle
+    store = tiles * t.tm * t.tn * acc_bytes // arch.dma_bytes_per_cycle
+    vector = 2 * tiles * t.tm * t.tn // arch.vector_lanes  # fill and epilogue of every tile
+    prologue = arch.dma_latency + tile_load // arch.dma_bytes_per_cycle
+    tail = t.tm * t.tn // arch.vector_lanes + arch.dma_latency + t.tm * t.tn * acc_bytes // arch.dma_bytes_per_cycle
+    vector_tile = t.tm * t.tn // arch.vector_lanes  # one FILL or EPILOGUE of a tile
+    bubble = (tiles - 1) * (2 * vector_tile + arch.rows + arch.cols)
+    return max(compute, load, store, vector) + bubble + prologue + tail
 
 
 def _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, capacity):

@@ -26,7 +26,12 @@ def ceil_div(a, b):
 
 
 def dma_cycles(arch, nbytes):
-    return arch.dma_latency + ceil_div(nbytes, arch.dma_bytes_per_cycle)
+    return arch.dma_latency + transfer_cycles(arch, nbytes)
+
+
+def transfer_cycles(arch, nbytes):
+    """How long a DMA keeps its engine busy: the latency overlaps the next transfer."""
+    return ceil_div(nbytes, arch.dma_bytes_per_cycle)
 
 
 def gemm_cycles(arch, m, n, k, dtype, config=True, fill=True):
@@ -91,12 +96,14 @@ def test_single_gemm_pays_config_fill_and_folds(arch, m, n, k, dtype, macs_per_p
                gemm(dtype, m, n, k, 0, m * k * size, (m * k + k * n) * size)]
     stats, schedule = run(arch, records, [a, b])
 
-    loads_end = dma_cycles(arch, a.nbytes) + dma_cycles(arch, b.nbytes)
+    # The second load starts when the first has streamed; both latencies overlap.
+    transfers = transfer_cycles(arch, a.nbytes) + transfer_cycles(arch, b.nbytes)
+    loads_end = arch.dma_latency + transfers
     assert schedule.starts[2] == loads_end
     assert durations(schedule)[2] == gemm_cycles(arch, m, n, k, dtype)
     assert stats.cycles == loads_end + gemm_cycles(arch, m, n, k, dtype)
-    assert stats.busy_cycles == {"load": loads_end, "compute": gemm_cycles(arch, m, n, k, dtype),
-                                 "store": 0}
+    assert stats.busy_cycles == {"load": transfers, "compute": gemm_cycles(arch, m, n, k, dtype),
+                                 "store": 0, "vector": 0}
     assert stats.config_loads == 1
 
 
@@ -166,18 +173,21 @@ def test_operand_arriving_during_the_previous_drain_hides_part_of_the_fill():
     arch = load_arch("cgra-8x8")
     m, n, k1, k2 = 8, 8, 20, 16
     records, tensors, a, b, acc1, acc2 = _operands("int8", m, n, k1)
-    b2 = 16384
-    records += [gemm("int8", m, n, k1, a, b, acc1), load(2, b2, k2, n),
+    fill = m + n - 2
+    # A filler load on the load queue delays B2 so that it lands in the middle of the drain.
+    filler = (arch.config_load_cycles + k1 + fill // 2 - transfer_cycles(arch, k2 * n)) * arch.dma_bytes_per_cycle
+    b2, spare = 16384, 32768
+    records += [gemm("int8", m, n, k1, a, b, acc1), streams.dma(Op.DMA_LOAD, 3, spare, [(filler, 0, 1, 1)]),
+                load(2, b2, k2, n),
                 encode(Op.GEMM, dtype=DType.INT8, m=m, n=n, k=k2, a_addr=a, a_stride=k1,
                        b_addr=b2, b_stride=n, acc_addr=acc2, acc_stride=n)]
-    _, schedule = run(arch, records, tensors + [np.ones((k2, n), np.int8)])
+    _, schedule = run(arch, records, tensors + [np.ones((k2, n), np.int8), np.ones(filler, np.int8)])
 
-    fill = m + n - 2
     stream_end = schedule.ends[2] - fill  # the first GEMM's operands are all in
-    ready = schedule.ends[3]  # B2 arrives during the first GEMM's drain
+    ready = schedule.ends[4]  # B2 arrives during the first GEMM's drain
     assert stream_end < ready < schedule.ends[2]
-    assert schedule.starts[4] == schedule.ends[2]
-    assert durations(schedule)[4] == k2 + fill - (schedule.ends[2] - ready)
+    assert schedule.starts[5] == schedule.ends[2]
+    assert durations(schedule)[5] == k2 + fill - (schedule.ends[2] - ready)
 
 
 def test_a_faster_gemm_never_delays_the_next_one():
@@ -220,10 +230,11 @@ def test_scoreboard_orders_commands_across_queues():
     _, schedule = run(arch, records, tensors + [out, np.ones(m * n, np.int32)])
     starts, ends = schedule.starts, schedule.ends
 
-    assert starts[3] == ends[1] < ends[2]
+    assert starts[3] == starts[1] + transfer_cycles(arch, k * n) < ends[2]
     assert starts[4] == ends[2]
     assert starts[5] == ends[2]
-    assert starts[6] == max(ends[4], ends[5])
+    # 6 waits for the store to read acc (WAR); the load queue itself frees once 4 has streamed.
+    assert starts[6] == max(starts[4] + transfer_cycles(arch, m * k), ends[5])
     np.testing.assert_array_equal(out, k)
 
 

@@ -65,16 +65,17 @@ class Unit(enum.IntEnum):
     """The NPU's independent queues. Commands on different units may overlap in time."""
 
     LOAD = 0  # DMA engine, host -> scratchpad
-    COMPUTE = 1  # PE array and its vector unit
+    COMPUTE = 1  # PE array
     STORE = 2  # DMA engine, scratchpad -> host
+    VECTOR = 3  # vector unit (fills, epilogues): runs beside the PE array
 
 
 UNIT_OF = {
     Op.DMA_LOAD: Unit.LOAD,
     Op.DMA_STORE: Unit.STORE,
     Op.GEMM: Unit.COMPUTE,
-    Op.FILL: Unit.COMPUTE,
-    Op.EPILOGUE: Unit.COMPUTE,
+    Op.FILL: Unit.VECTOR,
+    Op.EPILOGUE: Unit.VECTOR,
 }
 
 # Flags (word 1).

@@ -12,10 +12,15 @@ from __future__ import annotations
 import numpy as np
 
 
+#: A region splits into at most this many byte intervals for the scoreboard; beyond it the
+#: bounding interval stands in (conservative: it can only add dependencies, never drop one).
+MAX_INTERVALS = 64
+
+
 class Region:
     """A strided block of scratchpad elements of one dtype."""
 
-    __slots__ = ("name", "addr", "shape", "strides", "dtype", "lo", "hi")
+    __slots__ = ("name", "addr", "shape", "strides", "dtype", "lo", "hi", "_intervals")
 
     def __init__(self, name: str, addr: int, shape: tuple[int, ...], strides: tuple[int, ...],
                  dtype: np.dtype):
@@ -33,6 +38,25 @@ class Region:
             else:
                 hi += span
         self.lo, self.hi = lo, hi + dtype.itemsize
+        self._intervals = None
+
+    @property
+    def intervals(self) -> list[tuple[int, int]]:
+        """The byte intervals the elements occupy: one per row of a 2-D tile whose rows are
+        apart (a PE-array sub-tile of a wider accumulator), so neighbouring sub-tiles do not
+        look like they overlap; the bounding interval otherwise."""
+        if self._intervals is None:
+            self._intervals = self._split_rows()
+        return self._intervals
+
+    def _split_rows(self):
+        dims = [(extent, stride) for extent, stride in zip(self.shape, self.strides) if extent > 1]
+        itemsize = self.dtype.itemsize
+        if len(dims) != 2 or dims[1][1] != itemsize or dims[0][1] <= dims[1][0] * itemsize \
+                or dims[0][0] > MAX_INTERVALS:
+            return [(self.lo, self.hi)]
+        (rows, row_stride), (cols, _) = dims
+        return [(self.addr + r * row_stride, self.addr + r * row_stride + cols * itemsize) for r in range(rows)]
 
     def view(self, spad: np.ndarray) -> np.ndarray:
         """The elements, as a writable numpy view on the scratchpad byte array `spad`."""

@@ -5,14 +5,16 @@ In: decoded commands (decode.py) and the hardware description. Out: a `Schedule`
 end cycle of every command. Nothing here is validated against RTL (there is none); the model is
 the analytical one below, with its assumptions in docs/simulator.md.
 
-Model. Three in-order queues, one per `isa.Unit`: LOAD (DMA_LOAD), COMPUTE (GEMM, FILL,
-EPILOGUE) and STORE (DMA_STORE). `ready` is when a command's scratchpad dependencies are met: a
+Model. Four in-order queues, one per `isa.Unit`: LOAD (DMA_LOAD), COMPUTE (GEMM: the PE array),
+VECTOR (FILL, EPILOGUE: the vector unit beside the array) and STORE (DMA_STORE). `ready` is when a command's scratchpad dependencies are met: a
 scoreboard on byte ranges (scoreboard.py) gives read-after-write, write-after-read and
 write-after-write against earlier commands in stream order. A command starts at
 max(end of the previous command on its queue, ready) and ends:
     DMA (either direction)  start + dma_latency + ceil(box_bytes / dma_bytes_per_cycle)
         box_bytes counts every box element, halo included (the engine makes zeros at full rate).
-        The load and the store engine each have the full bandwidth.
+        The load and the store engine each have the full bandwidth. An engine keeps several
+        transfers in flight: it is busy for the transfer (box_bytes / bandwidth) and can start
+        the next one then; the latency delays only the command's completion.
     FILL, EPILOGUE (vector unit)  start + ceil(rows * cols / vector_lanes) + 2
     GEMM (output-stationary rows x cols PE array)
         steady = ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe[dtype])  (folds pipelined)
@@ -55,6 +57,7 @@ class Schedule:
     units: np.ndarray  # isa.Unit values
     starts: np.ndarray  # first busy cycle
     ends: np.ndarray  # first cycle after it (end - start = duration)
+    occupancy: np.ndarray  # cycles the command kept its unit busy (a DMA's latency is not busy)
     config_loads: int  # PE-array configuration loads paid
 
     @property
@@ -64,8 +67,7 @@ class Schedule:
 
     def busy_cycles(self, unit: Unit) -> int:
         """Cycles `unit` spent running commands."""
-        mask = self.units == int(unit)
-        return int((self.ends[mask] - self.starts[mask]).sum())
+        return int(self.occupancy[self.units == int(unit)].sum())
 
     def to_records(self) -> list[dict]:
         """One dict per command (index, op, unit, start, end), e.g. for a trace viewer."""
@@ -119,21 +121,22 @@ def gemm_fill_cycles(arch: HardwareDescription, cmd: GemmCommand) -> int:
 
 
 def _time_dma(arch: HardwareDescription, cmd: DmaCommand, ready: int, free: int,
-              compute: _ComputeQueue) -> tuple[int, int]:
+              compute: _ComputeQueue) -> tuple[int, int, int]:
     start = max(free, ready)
-    return start, start + arch.dma_latency + -(-cmd.box_bytes // arch.dma_bytes_per_cycle)
+    transfer = -(-cmd.box_bytes // arch.dma_bytes_per_cycle)
+    return start, start + arch.dma_latency + transfer, start + transfer
 
 
 def _time_vector(arch: HardwareDescription, cmd: FillCommand | EpilogueCommand, ready: int,
-                 free: int, compute: _ComputeQueue) -> tuple[int, int]:
+                 free: int, compute: _ComputeQueue) -> tuple[int, int, int]:
     rows, cols = (cmd.region if isinstance(cmd, FillCommand) else cmd.out).shape
-    compute.previous_gemm = None
     start = max(free, ready)
-    return start, start + -(-rows * cols // arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
+    end = start + -(-rows * cols // arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
+    return start, end, end
 
 
 def _time_gemm(arch: HardwareDescription, cmd: GemmCommand, ready: int, free: int,
-               compute: _ComputeQueue) -> tuple[int, int]:
+               compute: _ComputeQueue) -> tuple[int, int, int]:
     start = max(free, ready)
     prev = compute.previous_gemm
     if prev is not None and prev.dtype is cmd.dtype:
@@ -147,7 +150,7 @@ def _time_gemm(arch: HardwareDescription, cmd: GemmCommand, ready: int, free: in
     steady = gemm_steady_cycles(arch, cmd)
     end = max(stream + gemm_fill_cycles(arch, cmd), free) + steady
     compute.previous_gemm = _PreviousGemm(cmd.index, cmd.dtype, _region_key(cmd.acc), stream + steady)
-    return start, end
+    return start, end, end
 
 
 _TIMERS = {
@@ -159,14 +162,24 @@ _TIMERS = {
 }
 
 
+def _read_intervals(cmd: Command, region: Region):
+    """Row-exact intervals where the command also writes the region (a GEMM's accumulator, whose
+    neighbouring sub-tiles other GEMMs update); the bounding interval for read-only operands:
+    the only writes into their gaps come from the DMA that loaded them, so it is exact enough,
+    and it keeps the scoreboard small."""
+    return region.intervals if any(region is written for written in cmd.writes) else [(region.lo, region.hi)]
+
+
 def _ready(board: Scoreboard, cmd: Command, forwarding) -> int:
     """When every scratchpad dependency of `cmd` is met."""
     held, forward = forwarding if forwarding is not None else (None, None)
     ready = 0
     for region in cmd.reads:
-        ready = max(ready, board.read_ready(region.lo, region.hi, forward if region is held else None))
+        for lo, hi in _read_intervals(cmd, region):
+            ready = max(ready, board.read_ready(lo, hi, forward if region is held else None))
     for region in cmd.writes:
-        ready = max(ready, board.write_ready(region.lo, region.hi, forward if region is held else None))
+        for lo, hi in region.intervals:
+            ready = max(ready, board.write_ready(lo, hi, forward if region is held else None))
     return ready
 
 
@@ -176,21 +189,24 @@ def schedule_commands(arch: HardwareDescription, commands: list[Command],
     board = Scoreboard(arch.spad_bytes)
     queue_free = [0] * len(Unit)
     compute = _ComputeQueue()
-    starts, ends = [], []
+    starts, ends, busy = [], [], []
     for cmd in commands:
         ready = _ready(board, cmd, compute.forwarding(cmd))
-        start, end = _TIMERS[cmd.op](arch, cmd, ready, queue_free[cmd.unit], compute)
+        start, end, free = _TIMERS[cmd.op](arch, cmd, ready, queue_free[cmd.unit], compute)
         if end > max_cycles:
             raise CycleLimitExceeded(cmd.index, cmd.op.name, end, max_cycles)
         for region in cmd.reads:
-            board.record_read(region.lo, region.hi, end)
+            for lo, hi in _read_intervals(cmd, region):
+                board.record_read(lo, hi, end)
         for region in cmd.writes:
-            board.record_write(region.lo, region.hi, end, cmd.index)
-        queue_free[cmd.unit] = end
+            for lo, hi in region.intervals:
+                board.record_write(lo, hi, end, cmd.index)
+        queue_free[cmd.unit] = free
         starts.append(start)
         ends.append(end)
+        busy.append(free - start)
     return Schedule(ops=np.array([int(c.op) for c in commands], dtype=np.int8),
                     units=np.array([int(c.unit) for c in commands], dtype=np.int8),
                     starts=np.array(starts, dtype=np.int64), ends=np.array(ends, dtype=np.int64),
-                    config_loads=compute.config_loads)
+                    occupancy=np.array(busy, dtype=np.int64), config_loads=compute.config_loads)
 
