@@ -12,6 +12,7 @@ from tvm import s_tir, tirx
 
 from .dma import lower_copies_to_dma
 from .double_buffer import double_buffer
+from .fold_init import fold_accumulator_init
 
 
 def _func_pass(fn, name):
@@ -34,6 +35,8 @@ def lowering_passes():
         # and the guards as written (a simplifier may rewrite "2*ox + rx < 12" as "ox < 6",
         # which is equivalent on the loop's range but no longer reads as an in-bounds test).
         _func_pass(lower_copies_to_dma, "cgra.LowerCopiesToDMA"),
+        # The accumulator's zero-fill becomes the first reduction step's overwriting GEMM.
+        _func_pass(fold_accumulator_init, "cgra.FoldAccumulatorInit"),
         # Two copies of each scratchpad tile reused by a loop, so DMA overlaps compute.
         _func_pass(double_buffer, "cgra.DoubleBuffer"),
         s_tir.transform.StmtSimplify(),  # fold the index arithmetic of the remaining calls

@@ -1,9 +1,8 @@
 """Tests of cgra_codegen: golden LLVM IR, and compiled kernels run against a mock runtime.
 
 The mock runtime is a small C library implementing the C API of docs/runtime-abi.md that logs
-every call; kernels are compiled by `cgra_codegen.build`, wrapped with
-`tvm.runtime.load_static_library` + `export_library` (the route the Relax VM takes for static
-libraries) and called from Python with ffi Tensors.
+every call; kernels are compiled by `cgra_codegen.build`, linked with it into one shared library
+and called from Python with ffi Tensors through `tvm.runtime.load_module`.
 """
 
 from __future__ import annotations
@@ -159,21 +158,14 @@ int32_t cgra_kernel_end(void* k) {
 """
 
 
-@pytest.fixture(scope="module")
-def mock_runtime(tmp_path_factory):
-    """The mock runtime, loaded RTLD_GLOBAL so compiled kernels resolve cgra_* against it."""
-    folder = tmp_path_factory.mktemp("mock_runtime")
-    source = folder / "mock_runtime.c"
-    source.write_text(MOCK_RUNTIME_C)
-    library = folder / "libcgra_mock_runtime.so"
-    ffi_lib = os.path.join(os.path.dirname(tvm_ffi.__file__), "lib")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", str(source), "-o", str(library),
-                    f"-L{ffi_lib}", "-ltvm_ffi", f"-Wl,-rpath,{ffi_lib}"], check=True)
-    runtime = ctypes.CDLL(str(library), mode=os.RTLD_GLOBAL)
-    runtime.mock_log.restype = ctypes.c_char_p
-    runtime.mock_reset.argtypes = [ctypes.c_int]
+_LINKED = {}  # the ctypes handle of the library compile_kernels built last
 
+
+@pytest.fixture
+def mock_runtime():
+    """The mock runtime linked into the last compiled kernels (reset; optionally failing)."""
     def calls(fail_command: int = -1):
+        runtime = _LINKED["runtime"]
         runtime.mock_reset(fail_command)
         return runtime
 
@@ -181,14 +173,25 @@ def mock_runtime(tmp_path_factory):
 
 
 def compile_kernels(funcs, tmp_path, arch=ARCH):
-    """build() -> object -> static library module -> exported .so -> loaded module."""
+    """build() -> object, linked with the mock runtime into one .so -> loaded module.
+
+    -Bsymbolic binds the kernels' cgra_* calls to the mock inside the same library: once an
+    earlier test has imported npu_backend, the real runtime is loaded RTLD_GLOBAL and would
+    otherwise win the symbol lookup. (The VM's own route, load_static_library +
+    export_library, is exercised by test_end_to_end and test_export.)"""
     compiled = cgra_codegen.build(funcs, arch)
-    obj = tmp_path / "kernels.o"
+    obj, source, shared = tmp_path / "kernels.o", tmp_path / "mock_runtime.c", tmp_path / "kernels.so"
     obj.write_bytes(compiled.object_bytes)
-    static = tvm.runtime.load_static_library(str(obj), compiled.symbols)
-    shared = tmp_path / "kernels.so"
-    static.export_library(str(shared))
-    return tvm.runtime.load_module(str(shared))
+    source.write_text(MOCK_RUNTIME_C)
+    ffi_lib = os.path.join(os.path.dirname(tvm_ffi.__file__), "lib")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", str(obj), str(source), "-o", str(shared),
+                    "-Wl,-Bsymbolic", f"-L{ffi_lib}", "-ltvm_ffi", f"-Wl,-rpath,{ffi_lib}"], check=True)
+    module = tvm.runtime.load_module(str(shared))
+    runtime = ctypes.CDLL(str(shared))
+    runtime.mock_log.restype = ctypes.c_char_p
+    runtime.mock_reset.argtypes = [ctypes.c_int]
+    _LINKED["runtime"] = runtime
+    return module
 
 
 def log_lines(runtime) -> list[str]:

@@ -1,0 +1,141 @@
+"""Fold the accumulator's zero-fill into the first GEMM of the reduction.
+
+Stage: lowering, after copies became DMA and before double buffering. Input: a kernel whose
+tile body reads
+    cgra_fill(acc, off, rows, cols, stride, 0)
+    for r0 ...: for r1 ...:            # the reduction steps (any depth, possibly none)
+        <DMA loads>
+        cgra_gemm(ACCUMULATE, ..., acc, off, stride)
+Output: the FILL gone and the GEMM's flags `ACCUMULATE` except on the first reduction step,
+where the GEMM overwrites the accumulator (acc = A @ B, the ISA's non-accumulating GEMM).
+
+Why: the FILL is a vector-unit command the first GEMM of every tile must wait for, and the
+vector unit runs in order behind the previous tile's epilogue; folding it away removes a
+bubble per tile and the FILL's cycles. Applied only when the pattern is exact: the GEMM is the
+first use of the accumulator after the FILL and covers exactly the filled region.
+"""
+
+from __future__ import annotations
+
+from tvm import ir, sym, tirx
+
+from cgra_sim.isa import GEMM_ACCUMULATE
+
+_BUFFER_DATA = ir.Op.get("tirx.buffer_data")
+
+# Positions of the accumulator operands in the TIR calls (see intrinsics.py).
+_FILL_ACC = slice(1, 6)  # data, offset, rows, cols, stride
+_GEMM_ACC = (11, 12, 2, 3, 13)  # data, offset, m, n, stride
+_GEMM_FLAGS = 0
+
+
+def fold_accumulator_init(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    return func.with_body(_rewrite(func.body))
+
+
+def _rewrite(stmt):
+    if isinstance(stmt, tirx.SeqStmt):
+        return _fold_in_sequence([_rewrite(s) for s in stmt.seq])
+    if isinstance(stmt, tirx.For):
+        return _for(stmt, _rewrite(stmt.body))
+    if isinstance(stmt, tirx.IfThenElse):
+        else_case = _rewrite(stmt.else_case) if stmt.else_case is not None else None
+        return tirx.IfThenElse(stmt.condition, _rewrite(stmt.then_case), else_case)
+    return stmt
+
+
+def _for(loop, body):
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, loop.annotations)
+
+
+def _extern(stmt, name):
+    """The call_extern `name` that `stmt` evaluates, or None."""
+    if isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, ir.Call) \
+            and getattr(stmt.value.op, "name", "") == "tirx.call_extern" \
+            and str(stmt.value.args[0].value) == name:
+        return stmt.value
+    return None
+
+
+def _buffer_args(call):
+    return [a.args[0] for a in call.args if isinstance(a, ir.Call) and a.op.same_as(_BUFFER_DATA)]
+
+
+def _fold_in_sequence(seq):
+    for i, stmt in enumerate(seq):
+        fill = _extern(stmt, "cgra_fill")
+        if fill is None or not _is_zero(fill.args[-1]):
+            continue
+        fill_args = list(fill.args[1:])  # drop the callee name
+        acc = fill_args[1].args[0]
+        for j in range(i + 1, len(seq)):
+            folded = _fold_into(seq[j], acc, fill_args[_FILL_ACC], [])
+            if folded is not None:
+                return _fold_in_sequence(seq[:i] + seq[i + 1:j] + [folded] + seq[j + 1:])
+            if _touches(seq[j], acc):
+                break
+    return tirx.SeqStmt(seq) if len(seq) > 1 else seq[0]
+
+
+def _fold_into(stmt, acc, fill_region, loops):
+    """`stmt` with its first accumulator use, a GEMM on exactly `fill_region`, made to overwrite
+    on the first reduction step; None if the first use of `acc` in `stmt` is anything else."""
+    if isinstance(stmt, tirx.For):
+        body = _fold_into(stmt.body, acc, fill_region, loops + [stmt])
+        return None if body is None else _for(stmt, body)
+    if isinstance(stmt, tirx.SeqStmt):
+        items = list(stmt.seq)
+        for k, item in enumerate(items):
+            if _touches(item, acc):
+                folded = _fold_into(item, acc, fill_region, loops)
+                return None if folded is None else tirx.SeqStmt(items[:k] + [folded] + items[k + 1:])
+        return None
+    gemm = _extern(stmt, "cgra_gemm")
+    if gemm is None or not _covers(gemm, acc, fill_region):
+        return None
+    args = list(gemm.args)
+    flags = args[1 + _GEMM_FLAGS]
+    first_step = _all_first(loops)
+    overwrite = flags - GEMM_ACCUMULATE
+    # Without a reduction loop the single GEMM overwrites; otherwise only the first step does.
+    args[1 + _GEMM_FLAGS] = overwrite if first_step is None else tirx.if_then_else(first_step, overwrite, flags)
+    return tirx.Evaluate(ir.Call(gemm.op, args, gemm.attrs, gemm.ty_args, gemm.span, gemm.ty))
+
+
+def _covers(gemm, acc, fill_region) -> bool:
+    args = gemm.args[1:]
+    data, offset, m, n, stride = (args[i] for i in _GEMM_ACC)
+    if not (isinstance(data, ir.Call) and data.args[0].same_as(acc)):
+        return False
+    analyzer = sym.Analyzer()
+    _, fill_offset, rows, cols, fill_stride = fill_region
+    return all(analyzer.can_prove_equal(a, b) for a, b in
+               ((offset, fill_offset), (m, rows), (n, cols), (stride, fill_stride)))
+
+
+def _all_first(loops):
+    """The condition 'every enclosing reduction loop is on its first iteration', or None."""
+    cond = None
+    for loop in loops:
+        term = loop.loop_var == loop.min
+        cond = term if cond is None else tirx.all(cond, term)
+    return cond
+
+
+def _touches(stmt, acc) -> bool:
+    """Whether `stmt` passes `acc` to any device call (or stores to it)."""
+    if isinstance(stmt, tirx.SeqStmt):
+        return any(_touches(s, acc) for s in stmt.seq)
+    if isinstance(stmt, tirx.For):
+        return _touches(stmt.body, acc)
+    if isinstance(stmt, tirx.IfThenElse):
+        return _touches(stmt.then_case, acc) or (stmt.else_case is not None and _touches(stmt.else_case, acc))
+    if isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, ir.Call):
+        return any(b.same_as(acc) for b in _buffer_args(stmt.value))
+    if isinstance(stmt, tirx.BufferStore):
+        return stmt.buffer.same_as(acc)
+    return False
+
+
+def _is_zero(expr) -> bool:
+    return isinstance(expr, (tirx.IntImm, tirx.FloatImm)) and expr.value == 0
