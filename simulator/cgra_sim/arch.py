@@ -31,7 +31,9 @@ class HardwareDescription:
     name: str
     rows: int  # PE array rows
     cols: int  # PE array columns
-    macs_per_pe: Mapping[str, int]  # MACs per PE per cycle, by input dtype name
+    # MACs per PE per cycle, by input dtype name. Left out of the hash (a dict cannot be hashed);
+    # equality still compares it, so equal descriptions hash equal.
+    macs_per_pe: Mapping[str, int] = dataclasses.field(hash=False)
     spad_bytes: int  # scratchpad capacity
     spad_banks: int  # scratchpad banks (interleaved by `bank_width_bytes`)
     bank_width_bytes: int  # bytes one bank delivers per cycle
