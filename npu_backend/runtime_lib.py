@@ -1,10 +1,14 @@
 """Builds and loads the CGRA runtime library (the C++ under runtime/) on first use.
 
-Stage: runtime. In: this repository's runtime sources, its CMakeLists.txt and
-simulator/cgra_sim/isa.py (the runtime's ISA header is generated from it). Out: the path of
+Stage: runtime. In: the runtime's sources (CMakeLists.txt, runtime/include, runtime/src) and
+cgra_sim/isa.py (the runtime's ISA header is generated from it). Out: the path of
 libcgra_runtime.so, built with CMake into `<cache>/runtime-<hash>/`, where the hash covers those
 sources and the tvm-ffi version, and loaded with RTLD_GLOBAL so that code compiled later resolves
 its `cgra_*` calls against it.
+
+The sources are the copy that setup.py packs into a wheel (npu_backend/_runtime_src/), else the
+repository checkout this package lives in: an editable install has no copy, so it builds from
+the live sources and an edit triggers a rebuild.
 
 The cache directory is ~/.cache/npu_backend unless the CGRA_RUNTIME_CACHE environment variable
 names another. A build happens in a private temporary directory and is published by one atomic
@@ -26,7 +30,11 @@ from pathlib import Path
 from . import env
 from .errors import CGRAError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parent
+#: The checkout this package lives in when it is not installed from a wheel.
+REPO_ROOT = PACKAGE_DIR.parent
+#: The copy of the runtime's sources that setup.py puts into a wheel (setup.PACKAGED_SOURCES).
+PACKAGED_SOURCES = PACKAGE_DIR / "_runtime_src"
 LIBRARY_NAME = "libcgra_runtime.so"
 BUILD_MESSAGE = "building the CGRA runtime (first use, ~10 s)..."
 
@@ -59,12 +67,14 @@ def load_runtime() -> str:
     return _loaded_path
 
 
-def ensure_built(root: Path = REPO_ROOT, cache: Path | None = None) -> Path:
-    """The library built from the sources under `root`, building it if the cache lacks it."""
+def ensure_built(root: Path | None = None, cache: Path | None = None) -> Path:
+    """The library built from the sources under `root` (default: `source_root()`), building it if
+    the cache lacks it."""
+    root = source_root() if root is None else Path(root)
     cache = default_cache_dir() if cache is None else Path(cache)
     target_dir = cache / f"runtime-{source_hash(root)}"
     if not (target_dir / LIBRARY_NAME).is_file():
-        _build(Path(root), target_dir)
+        _build(root, target_dir)
     return target_dir / LIBRARY_NAME
 
 
@@ -73,28 +83,47 @@ def default_cache_dir() -> Path:
     return Path(override) if override else Path.home() / ".cache" / "npu_backend"
 
 
-def source_files(root: Path = REPO_ROOT) -> list[Path]:
+def source_root() -> Path:
+    """The directory holding CMakeLists.txt and runtime/: the packaged copy if there is one."""
+    return PACKAGED_SOURCES if (PACKAGED_SOURCES / "CMakeLists.txt").is_file() else REPO_ROOT
+
+
+def isa_source(root: Path) -> Path:
+    """The isa.py that CMake generates the ISA header from when building from `root`: the
+    checkout's simulator/cgra_sim/isa.py if `root` has one, else the installed cgra_sim's (the
+    same choice as CMakeLists.txt makes)."""
+    checkout = Path(root) / "simulator" / "cgra_sim" / "isa.py"
+    if checkout.exists():
+        return checkout
+    from cgra_sim import isa
+
+    return Path(isa.__file__).resolve()
+
+
+def source_files(root: Path | None = None) -> list[Path]:
     """Every file the library is built from, in a stable order."""
-    root = Path(root)
-    fixed = [root / "CMakeLists.txt", root / "simulator" / "cgra_sim" / "isa.py"]
+    root = source_root() if root is None else Path(root)
+    fixed = [root / "CMakeLists.txt", isa_source(root)]
     runtime = root / "runtime"
     for path in fixed + [runtime]:
         if not path.exists():
             raise RuntimeBuildError(
-                f"the CGRA runtime sources are incomplete: {path} is missing. npu_backend builds "
-                "its runtime from a source checkout; install it with `pip install -e .` from the "
-                "repository")
+                f"the CGRA runtime sources are incomplete: {path} is missing. Reinstall "
+                "npu_backend from a wheel built by its setup.py, or with `pip install -e .` from "
+                "the repository")
     sources = sorted(p for p in runtime.rglob("*") if p.is_file() and p.suffix in (".h", ".cc"))
     return fixed + sources
 
 
-def source_hash(root: Path = REPO_ROOT) -> str:
+def source_hash(root: Path | None = None) -> str:
     """Hash of the sources and the tvm-ffi version: the name of the library's cache folder."""
     import tvm_ffi
 
+    root = source_root() if root is None else Path(root)
     digest = hashlib.sha256(f"tvm-ffi {tvm_ffi.__version__}\n".encode())
     for path in source_files(root):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        # Relative names (isa.py may lie outside `root`), so that moving a tree keeps its hash.
+        digest.update(Path(os.path.relpath(path, root)).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
