@@ -21,6 +21,7 @@ from cgra_sim.arch import DEFAULT_ARCH, HardwareDescription, load_arch, preset_n
 
 from .device import Profile, profile, register_backend
 from .errors import CGRAError, ScheduleError, ScratchpadTooSmall, UnsupportedCopy, UnsupportedOperator
+from .explain import Placement, explain, format_placements
 from .options import CompileOptions
 from .patterns import make_patterns
 from .pipeline import STAGES, cgra_pipeline
@@ -29,9 +30,9 @@ from .target import install_default_pipeline, register_target_tags
 from .target_hook import register_target_hook
 
 __all__ = [
-    "CGRAError", "CompileOptions", "DEFAULT_ARCH", "HardwareDescription", "Profile", "STAGES",
-    "ScheduleError", "ScratchpadTooSmall", "UnsupportedCopy", "UnsupportedOperator",
-    "compile", "load_arch", "preset_names", "profile",
+    "CGRAError", "CompileOptions", "DEFAULT_ARCH", "HardwareDescription", "Placement", "Profile",
+    "STAGES", "ScheduleError", "ScratchpadTooSmall", "UnsupportedCopy", "UnsupportedOperator",
+    "compile", "explain", "format_placements", "load_arch", "preset_names", "profile",
 ]
 
 

@@ -1,0 +1,101 @@
+"""Where each operator of a model runs, and why the ones left on the host are not offloaded.
+
+Stage: partition (read-only). Input: a Relax IRModule and an architecture. Output: one
+`Placement` per operator call of the module's Relax functions, in order: "npu" with the kernel it
+becomes, or "host" with a reason a user can act on. It runs the same normalise and partition
+stages as the compiler, so what it says is what `tvm.compile` will do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tvm
+from tvm import relax
+
+from cgra_sim.arch import load_arch
+
+from .options import CompileOptions
+from .patterns import composite_call, offload_reason
+from .pipeline import STAGES
+
+_KERNEL_OPS = {"relax.matmul": "cgra.matmul", "relax.nn.conv2d": "cgra.conv2d"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    op: str  # the Relax operator, e.g. "nn.conv2d"
+    output: str  # its output type, e.g. "(1, 16, 32, 32) float32"
+    where: str  # "npu" or "host"
+    kernel: str  # the NPU kernel it is part of ("" on the host)
+    reason: str  # why it stays on the host ("" on the NPU)
+
+
+def explain(mod: tvm.IRModule, arch=None) -> list[Placement]:
+    arch = load_arch(arch)
+    options = CompileOptions()
+    for name, stage in STAGES:
+        if name == "codegen":
+            break
+        mod = stage(mod, arch, options)
+    placements = []
+    for _, func in mod.functions.items():
+        if isinstance(func, relax.Function) and not _attr(func, "Codegen") and not _attr(func, "Composite"):
+            placements += _placements(mod, func, arch)
+    return placements
+
+
+def format_placements(placements: list[Placement]) -> str:
+    lines = [f"{'op':<16} {'output':<28} {'runs on':<8} detail"]
+    for p in placements:
+        detail = p.kernel if p.where == "npu" else p.reason
+        lines.append(f"{p.op:<16} {p.output:<28} {p.where:<8} {detail}")
+    return "\n".join(lines)
+
+
+def _attr(func, key):
+    return (func.attrs or {}).get(key) if func.attrs is not None else None
+
+
+def _placements(mod, func, arch):
+    placements = []
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            if not isinstance(call, relax.Call):
+                continue
+            if isinstance(call.op, tvm.ir.GlobalVar) and _attr(mod[call.op], "Codegen") == "cgra":
+                placements += _kernel_ops(mod[call.op])
+            elif isinstance(call.op, tvm.ir.Op):
+                placements.append(Placement(_short(call.op.name), _type_of(binding.var), "host", "",
+                                            _host_reason(call, arch)))
+    return placements
+
+
+def _kernel_ops(wrapper) -> list[Placement]:
+    composite, _ = composite_call(wrapper)
+    kernel = f"{composite.attrs['Composite']} ({wrapper.attrs['global_symbol']})"
+    return [Placement(_short(b.value.op.name), _type_of(b.var), "npu", kernel, "")
+            for block in composite.body.blocks for b in block.bindings
+            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
+
+
+def _host_reason(call, arch) -> str:
+    name = call.op.name
+    if name not in _KERNEL_OPS:
+        return f"no NPU kernel for {_short(name)} (the NPU runs matmul and conv2d, with bias add and relu)"
+    annotated = {"root": call, "lhs": call.args[0], "rhs": call.args[1]}
+    reason = offload_reason(_KERNEL_OPS[name], annotated, arch)
+    return reason or "matched no cgra pattern (its operands are produced in a form the patterns do not take)"
+
+
+def _short(op_name: str) -> str:
+    return op_name.replace("relax.", "")
+
+
+def _type_of(var) -> str:
+    ty = getattr(var, "struct_info", None) or getattr(var, "ty", None)
+    shape = getattr(ty, "shape", None)
+    dims = tuple(int(d) if hasattr(d, "value") else str(d) for d in shape.values) if shape is not None \
+        and hasattr(shape, "values") else "?"
+    return f"{dims} {getattr(ty, 'dtype', '')}"
