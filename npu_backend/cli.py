@@ -1,6 +1,8 @@
-"""`cgra-sim`: check one kernel against numpy, or compile and simulate a whole ONNX model.
+"""`cgra-sim`: check one kernel against numpy, compile and simulate a whole ONNX model, or replay
+a recorded kernel launch.
 
-Stage: entry (command line). It runs the same pipeline as `tvm.compile(target="cgra")`.
+Stage: entry (command line). It runs the same pipeline as `tvm.compile(target="cgra")`; `replay`
+is the simulator's own command (cgra_sim.__main__) and needs no tvm.
 Exit status: 0 on success, 1 when a result does not match its reference, 2 on bad input.
 """
 
@@ -10,6 +12,9 @@ import argparse
 import json
 import sys
 import time
+
+from cgra_sim.__main__ import REPLAY_DESCRIPTION, REPLAY_HELP, add_replay_arguments, run_replay
+from cgra_sim.trace import write_chrome_trace
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 
@@ -50,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--no-bias", action="store_true", help="leave out the bias add")
     verify.add_argument("--no-relu", action="store_true", help="leave out the relu")
     verify.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    _add_observation_arguments(verify)
 
     run = sub.add_parser(
         "run", help="compile an ONNX model, simulate it and report cycles per kernel",
@@ -62,7 +68,42 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--dump-dir", help="write every compiler stage's output under this directory")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     run.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    _add_observation_arguments(run)
+
+    add_replay_arguments(sub.add_parser("replay", help=REPLAY_HELP, description=REPLAY_DESCRIPTION))
     return parser
+
+
+def _add_observation_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--record-dir", metavar="DIR",
+                        help="save every kernel launch under DIR as <index>_<kernel>.cgra, with its "
+                             "inputs and outputs, for `cgra-sim replay`")
+    parser.add_argument("--trace", metavar="OUT.json",
+                        help="write the kernels' timeline to OUT.json as a Chrome trace "
+                             "(chrome://tracing, ui.perfetto.dev)")
+
+
+def _observe(args):
+    """The profile that records launches and keeps schedules as --record-dir and --trace ask."""
+    import npu_backend
+
+    return npu_backend.profile(record_dir=args.record_dir, keep_schedules=args.trace is not None)
+
+
+def _publish(args, prof, report: dict) -> list[str]:
+    """Writes the trace, adds what was written to the report; returns lines for the text output."""
+    def launches(count: int) -> str:
+        return f"{count} kernel launch{'' if count == 1 else 'es'}"
+
+    lines = []
+    if args.trace:
+        write_chrome_trace(args.trace, prof.schedules)
+        report["trace"] = args.trace
+        lines.append(f"trace of {launches(len(prof.schedules))}: {args.trace}")
+    if args.record_dir:
+        report["recorded"] = list(prof.recorded)
+        lines.append(f"{launches(len(prof.recorded))} recorded under {args.record_dir} (cgra-sim replay FILE)")
+    return lines
 
 
 def _progress(message: str) -> None:
@@ -89,7 +130,7 @@ def _verify(args) -> int:
                                         dtype=args.dtype, bias=bias, relu=relu)
         macs = int(ref.size) * args.shape[1] * args.shape[5] * args.shape[6]
     ex = npu_backend.compile(mod, arch)
-    with npu_backend.profile() as prof:
+    with _observe(args) as prof:
         out = run(ex, inputs)
     problem = mismatch(out, ref, args.dtype)
     ideal = -(-macs // arch.peak_macs_per_cycle(args.dtype))
@@ -97,6 +138,7 @@ def _verify(args) -> int:
               "dtype": args.dtype, "arch": arch.name, "cycles": prof.total_cycles,
               "ideal_cycles": ideal, "macs": macs, "mismatch": problem,
               "kernels": [k.to_dict() for k in prof.kernels]}
+    written = _publish(args, prof, report)
     if args.json:
         print(json.dumps(report))
     else:
@@ -105,18 +147,22 @@ def _verify(args) -> int:
               f"(ideal {ideal}, {ideal / max(1, prof.total_cycles):.1%} of peak)")
         if problem:
             print(f"  mismatch: {problem}")
+        print("\n".join(f"  {line}" for line in written), end="\n" if written else "")
     return EXIT_OK if problem is None else EXIT_MISMATCH
 
 
 def _run(args) -> int:
     from npu_backend.onnx_model import run_onnx_model
 
-    report = run_onnx_model(args.model, args.arch, check=args.check, dump_dir=args.dump_dir,
-                            seed=args.seed, progress=None if args.json else _progress)
+    with _observe(args) as prof:  # sees the same launches as the model runner's own profile
+        report = run_onnx_model(args.model, args.arch, check=args.check, dump_dir=args.dump_dir,
+                                seed=args.seed, progress=None if args.json else _progress)
+    written = _publish(args, prof, report)
     if args.json:
         print(json.dumps(report))
     else:
         print(report["table"])
+        print("\n".join(written), end="\n" if written else "")
         if args.check:
             verdict = "PASS" if report["check"]["passed"] else "FAIL"
             print(f"{verdict} against onnxruntime: max relative error {report['check']['max_rel_error']:.2e}")
@@ -132,9 +178,10 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     started = time.time()
     try:
-        status = {"verify": _verify, "run": _run}[args.command](args)
-    except FileNotFoundError as err:
-        return _usage(f"{args.command}: {err.strerror}: '{err.filename}'")
+        status = {"verify": _verify, "run": _run, "replay": run_replay}[args.command](args)
+    except OSError as err:  # a missing model, an unwritable --trace or --record-dir
+        where = f": '{err.filename}'" if err.filename else ""
+        return _usage(f"{args.command}: {err.strerror or err}{where}")
     except ValueError as err:  # bad arguments, architecture files, unsupported models (CGRAError too)
         where = f"{args.command} --op {args.op}" if getattr(args, "op", None) else args.command
         return _usage(f"{where}: {err}")

@@ -3,7 +3,8 @@
 Stage: runtime (Python side). The C++ runtime hands every finished kernel launch to the tvm-ffi
 global function `cgra.backend.simulator.submit` (docs/runtime-abi.md); this module registers it:
 the host tensors become zero-copy numpy views, the command stream is executed by `cgra_sim`, and
-each launch's `KernelStats` reaches every active `profile()`.
+each launch's `KernelStats` reaches every active `profile()`. A profile can also keep each
+launch's schedule (for a Chrome trace) and record each launch to a file for `cgra-sim replay`.
 """
 
 from __future__ import annotations
@@ -12,15 +13,19 @@ import contextlib
 import ctypes
 import functools
 import json
+import os
+import re
 import threading
 
 import numpy as np
 import tvm_ffi
 
-from cgra_sim import simulate
-from cgra_sim.errors import SimulatorError
+from cgra_sim import simulate_detailed
 from cgra_sim.arch import HardwareDescription
+from cgra_sim.errors import SimulatorError
 from cgra_sim.isa import RECORD_WORDS, SLOT_WORDS, DType
+from cgra_sim.stream_file import SUFFIX, Launch, save_launch
+from cgra_sim.trace import TracedLaunch, chrome_trace
 
 SUBMIT_FUNCTION = "cgra.backend.simulator.submit"
 
@@ -29,10 +34,19 @@ _lock = threading.Lock()
 
 
 class Profile:
-    """Per-kernel statistics of every NPU launch made inside a `with profile():` block."""
+    """Per-kernel statistics of every NPU launch made inside a `with profile():` block.
 
-    def __init__(self):
+    With `keep_schedules`, `schedules` holds every launch's `TracedLaunch` (schedule, clock,
+    commands) for `chrome_trace()`; with `record_dir`, every launch is saved there as a launch
+    file (inputs before, tensors after) and `recorded` lists the paths, in launch order.
+    """
+
+    def __init__(self, record_dir=None, keep_schedules: bool = False):
         self.kernels = []  # cgra_sim KernelStats, in launch order
+        self.record_dir = None if record_dir is None else os.fspath(record_dir)
+        self.keep_schedules = keep_schedules
+        self.schedules = []  # cgra_sim TracedLaunch per launch, with keep_schedules
+        self.recorded = []  # launch files written, with record_dir
 
     @property
     def total_cycles(self) -> int:
@@ -59,11 +73,39 @@ class Profile:
         lines.append(f"{'total':<48} {'':<34} {self.total_cycles:>10} {self.total_macs:>12}")
         return "\n".join(lines)
 
+    def chrome_trace(self) -> dict:
+        """The launches on one timeline, in the Chrome trace format (see cgra_sim.trace)."""
+        if not self.keep_schedules:
+            raise ValueError("this profile kept no schedules: use npu_backend.profile(keep_schedules=True)")
+        return chrome_trace(self.schedules)
+
+    def _add(self, result, arch: HardwareDescription, commands: np.ndarray, launch: "Launch | None"):
+        self.kernels.append(result.stats)
+        if self.keep_schedules:
+            self.schedules.append(TracedLaunch(result.stats.name, result.schedule, arch.clock_mhz, commands))
+        if self.record_dir is not None and launch is not None:
+            name = re.sub(r"[^A-Za-z0-9_.-]", "_", launch.kernel)[:96]
+            path = os.path.join(self.record_dir, f"{len(self.kernels) - 1:04d}_{name}{SUFFIX}")
+            try:
+                save_launch(path, launch)
+            except OSError as err:
+                raise RuntimeError(f"cgra kernel '{launch.kernel}': cannot record the launch to "
+                                   f"'{path}': {err.strerror or err}") from None
+            self.recorded.append(path)
+
 
 @contextlib.contextmanager
-def profile():
-    """Collect the statistics of every NPU kernel run inside the block."""
-    prof = Profile()
+def profile(record_dir=None, keep_schedules: bool = False):
+    """Collect the statistics of every NPU kernel run inside the block.
+
+    `record_dir`: also save every launch there as `<index>_<kernel>.cgra` (created if missing),
+    with its inputs and outputs, for `cgra-sim replay`. `keep_schedules`: also keep every launch's
+    per-command schedule and commands (`Profile.schedules`, `Profile.chrome_trace()`): about 300
+    bytes per command (the 256-byte record and 26 bytes of schedule), no extra simulation time.
+    """
+    if record_dir is not None:
+        os.makedirs(record_dir, exist_ok=True)
+    prof = Profile(record_dir, keep_schedules)
     with _lock:
         _active_profiles.append(prof)
     try:
@@ -95,15 +137,23 @@ def _submit(kernel_name, source_ops, arch_json, slots, commands):
     stream = np.frombuffer(bytes(commands), dtype=np.int64).reshape(-1, RECORD_WORDS)
     tensors = [_host_view(slot) for slot in slot_table]
     ops = tuple(op for op in str(source_ops).split(",") if op)
+    arch = _arch(str(arch_json))
+    with _lock:
+        recording = any(prof.record_dir is not None for prof in _active_profiles)
+    inputs = [t.copy() for t in tensors] if recording else None  # before the stores land
     try:
-        stats = simulate(_arch(str(arch_json)), stream, tensors, name=str(kernel_name), source_ops=ops)
+        result = simulate_detailed(arch, stream, tensors, name=str(kernel_name), source_ops=ops)
     except SimulatorError as err:
         # tvm-ffi rebuilds exceptions by class name and knows only its registered ones; a
         # ValueError with the simulator's message is what reaches the user.
         raise ValueError(f"cgra kernel '{kernel_name}': {err}") from None
+    launch = None
+    if inputs is not None:
+        launch = Launch.from_tensors(str(kernel_name), ops, str(arch_json), stream, inputs,
+                                     [t.copy() for t in tensors], result.stats.to_dict())
     with _lock:
         for prof in _active_profiles:
-            prof.kernels.append(stats)
+            prof._add(result, arch, stream, launch)
 
 
 def register_backend() -> None:

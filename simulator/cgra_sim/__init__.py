@@ -7,11 +7,15 @@ from .arch import DEFAULT_ARCH, ArchError, HardwareDescription, load_arch, prese
 from .errors import CommandError, CycleLimitExceeded, LaunchError, SimulatorError
 from .simulate import SimulationResult, run_functional, simulate, simulate_detailed
 from .stats import KernelStats
+from .stream_file import Launch, ReplayResult, StreamFileError, TensorSpec, load_launch, replay, save_launch
 from .timing import DEFAULT_MAX_CYCLES, Schedule
+from .trace import TracedLaunch, chrome_trace, write_chrome_trace
 
 __all__ = [
     "DEFAULT_ARCH", "ArchError", "HardwareDescription", "load_arch", "preset_names",
     "SimulatorError", "LaunchError", "CommandError", "CycleLimitExceeded",
     "simulate", "simulate_detailed", "run_functional", "SimulationResult", "Schedule",
     "KernelStats", "DEFAULT_MAX_CYCLES",
+    "Launch", "TensorSpec", "save_launch", "load_launch", "replay", "ReplayResult", "StreamFileError",
+    "TracedLaunch", "chrome_trace", "write_chrome_trace",
 ]
