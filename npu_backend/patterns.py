@@ -37,7 +37,7 @@ def _pattern_graphs():
         "conv2d": (is_op("relax.nn.conv2d")(lhs, rhs), {"lhs": lhs, "rhs": rhs}),
     }
     graphs = []
-    for name, (root, annotations) in roots.items():
+    for name, (root, roles) in roots.items():
         with_bias = is_op("relax.add")(root, bias)
         variants = [
             ("", root, {}),
@@ -46,17 +46,17 @@ def _pattern_graphs():
             ("_bias_relu", is_op("relax.nn.relu")(with_bias), {"bias": bias}),
         ]
         for suffix, pattern, extra in variants:  # the longest last: later patterns win
-            graphs.append((f"cgra.{name}{suffix}", pattern, {"root": root, **annotations, **extra}))
+            graphs.append((f"cgra.{name}{suffix}", pattern, {"root": root, **roles, **extra}))
     return graphs
 
 
 def make_patterns(arch: HardwareDescription) -> list[FusionPattern]:
     """The fusion patterns for `arch`, most specific last (FuseOpsByPattern tries them in order)."""
     patterns = []
-    for name, pattern, annotations in _pattern_graphs():
+    for name, pattern, roles in _pattern_graphs():
         def check(context, name=name):
             return offload_reason(name, context.annotated_expr, arch) is None
-        patterns.append(FusionPattern(name, pattern, annotations, check))
+        patterns.append(FusionPattern(name, pattern, roles, check))
     return list(reversed(patterns))
 
 

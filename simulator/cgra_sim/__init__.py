@@ -7,7 +7,8 @@ from .arch import DEFAULT_ARCH, ArchError, HardwareDescription, load_arch, prese
 from .errors import CommandError, CycleLimitExceeded, LaunchError, SimulatorError
 from .simulate import SimulationResult, run_functional, simulate, simulate_detailed
 from .stats import KernelStats
-from .stream_file import Launch, ReplayResult, StreamFileError, TensorSpec, load_launch, replay, save_launch
+from .replay import ReplayResult, replay
+from .stream_file import Launch, StreamFileError, TensorSpec, load_launch, save_launch
 from .timing import DEFAULT_MAX_CYCLES, Schedule
 from .trace import TracedLaunch, chrome_trace, write_chrome_trace
 

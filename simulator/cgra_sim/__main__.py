@@ -14,7 +14,8 @@ import json
 import sys
 
 from .errors import SimulatorError
-from .stream_file import StreamFileError, load_launch, replay
+from .replay import replay
+from .stream_file import StreamFileError, load_launch
 from .trace import TracedLaunch, write_chrome_trace
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
