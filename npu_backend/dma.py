@@ -126,6 +126,10 @@ def _dma_call(copy: _Copy, loops, domains):
     for var, rng in domains.items():
         analyzer.bind(var, rng)
     loop_vars = [loop.loop_var for loop in loops]
+    # Indices such as p // OW, p % OW (a conv's output pixel split into whole rows) become
+    # affine once simplified on the loops' ranges; the guard itself is never rewritten.
+    copy = dataclasses.replace(copy, host_indices=[analyzer.simplify(i) for i in copy.host_indices],
+                               spad_indices=[analyzer.simplify(i) for i in copy.spad_indices])
     spad_offset = _flat_offset(copy.spad, copy.spad_indices)
     spad_base, spad_strides = _linear(spad_offset, loop_vars, "scratchpad offset")
     host_shape = [int(extent) for extent in copy.host.ty.shape]
@@ -187,7 +191,7 @@ def _linear(expr, loop_vars, what):
 
 def _halo(copy: _Copy, shape, analyzer):
     """How far the copy reaches outside the host tensor, after checking the guard covers it."""
-    guarded_lo, guarded_hi = _guarded_dims(copy, shape)
+    guarded_lo, guarded_hi = _guarded_dims(copy, shape, analyzer)
     pad_lo, pad_hi = [], []
     for dim, index in enumerate(copy.host_indices):
         bound = analyzer.const_int_bound(index)
@@ -202,16 +206,19 @@ def _halo(copy: _Copy, shape, analyzer):
     return pad_lo, pad_hi
 
 
-def _guarded_dims(copy: _Copy, shape):
-    """The dims whose lower / upper tensor bound the guard tests; any other conjunct is an error."""
+def _guarded_dims(copy: _Copy, shape, analyzer):
+    """The dims whose lower / upper tensor bound the guard tests; any other conjunct is an error.
+
+    A conjunct tests dim d when its expression differs from index d by a constant (on the loops'
+    ranges, so p // OW in one and in the other cancel)."""
     guarded_lo, guarded_hi = set(), set()
     for conjunct in _conjuncts(copy.guard):
         side, expr, limit = _normalise(conjunct)
         for dim, index in enumerate(copy.host_indices):
-            delta = sym.Analyzer().simplify(expr - index)
+            delta = analyzer.simplify(expr - index)
             if not isinstance(delta, tirx.IntImm):
                 continue
-            bound = sym.Analyzer().simplify(limit - delta)
+            bound = analyzer.simplify(limit - delta)
             if side == "lo" and _equals(bound, 0):
                 guarded_lo.add(dim)
                 break

@@ -14,7 +14,7 @@ blocks have fixed names and roles, so that `schedule.py` can tile and tensorize 
 Every kernel is a GEMM over padded extents (rows Mp, columns Np, reduction Kp), padded to whole
 tiles so that every inner tile can be tensorized; the padding never reaches the host because
 the loads read zeros outside the tensor and the store drops what lies outside it. A conv2d is a
-GEMM per output row: rows are output columns (ox), columns are output channels (f), and the
+GEMM per image: rows are output pixels (whole output rows per tile), columns are output channels (f), and the
 reduction runs over (ry, rx, c), the left operand being gathered by a strided DMA box.
 """
 
@@ -57,7 +57,13 @@ class KernelSpec:
             n = self.rhs_shape[0] if self.rhs_transposed else self.rhs_shape[1]
             return m, n, k
         f, c, _, _ = self.rhs_shape
-        return self.output_shape[3], f, c
+        _, _, oh, ow = self.output_shape
+        return oh * ow, f, c
+
+    @property
+    def row_step(self) -> int:
+        """Rows of a tile come in multiples of this: a conv2d tile holds whole output rows."""
+        return self.output_shape[3] if self.op == "conv2d" else 1
 
     @property
     def output_shape(self) -> tuple:
@@ -158,18 +164,19 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
 
 
 def conv2d_compute(spec: KernelSpec, tiling: Tiling):
-    """NCHW/OIHW conv2d as one GEMM per output row, over padded (ox, f, c) extents."""
+    """NCHW/OIHW conv2d as one GEMM per image: rows are output pixels p = y * OW + ox (padded to
+    whole tiles of whole output rows), columns output channels, reduction (ry, rx, c)."""
     batch, _, oh, ow = spec.output_shape
     _, _, kh, kw = spec.rhs_shape
     top, left, _, _ = spec.padding
     (sh, sw), (dh, dw) = spec.strides, spec.dilation
     x = te.placeholder(spec.lhs_shape, spec.dtype, name="data")
     w = te.placeholder(spec.rhs_shape, spec.dtype, name="weight")
-    # The left operand of the GEMM for one (n, y, ry, rx): rows are output columns, k runs over c.
+    # The left operand for one (n, ry, rx): row p gathers output pixel (p // OW, p % OW).
     a_pad = te.compute(
-        (batch, oh, kh, kw, tiling.mp, tiling.kp),
-        lambda b_, y, ry, rx, ox, c: _padded(
-            x, spec.lhs_shape, (b_, c, y * sh + ry * dh - top, ox * sw + rx * dw - left)),
+        (batch, kh, kw, tiling.mp, tiling.kp),
+        lambda b_, ry, rx, p, c: _padded(
+            x, spec.lhs_shape, (b_, c, (p // ow) * sh + ry * dh - top, (p % ow) * sw + rx * dw - left)),
         name="a_pad")
     b_pad = te.compute(
         (kh, kw, tiling.kp, tiling.np),
@@ -178,14 +185,14 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
     rx = te.reduce_axis((0, kw), name="rx")
     rc = te.reduce_axis((0, tiling.kp), name="rc")
     acc = te.compute(
-        (batch, oh, tiling.mp, tiling.np),
-        lambda b_, y, ox, f: te.sum(
-            a_pad[b_, y, ry, rx, ox, rc].astype(spec.acc_dtype) * b_pad[ry, rx, rc, f].astype(spec.acc_dtype),
+        (batch, tiling.mp, tiling.np),
+        lambda b_, p, f: te.sum(
+            a_pad[b_, ry, rx, p, rc].astype(spec.acc_dtype) * b_pad[ry, rx, rc, f].astype(spec.acc_dtype),
             axis=[ry, rx, rc]),
         name="acc")
     bias = te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None
-    epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=3)
-    out = te.compute(spec.output_shape, lambda b_, f, y, ox: epi[b_, y, ox, f], name="out")
+    epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=2)
+    out = te.compute(spec.output_shape, lambda b_, f, y, ox: epi[b_, y * ow + ox, f], name="out")
     return _prim_func(spec, {"lhs": x, "rhs": w, "bias": bias}, out)
 
 

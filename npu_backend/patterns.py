@@ -69,7 +69,7 @@ def offload_reason(name: str, annotated: dict, arch: HardwareDescription) -> str
     if spec.dtype not in arch.dtypes:
         return f"{arch.name} computes {', '.join(arch.dtypes)}, not {spec.dtype}"
     try:
-        choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch)
+        choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch, spec.row_step)
     except CGRAError as err:
         return str(err)
     return None

@@ -93,6 +93,11 @@ def _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, col_tile):
         block = sch.get_sblock(name)
         sch.compute_at(block, depth_outer)
         sch.set_scope(block, 0, SPAD)
+    if spec.row_step > 1:
+        # The operand copy walks output pixels p = y * OW + ox; split p into (y, ox) so the
+        # gather is a DMA box (the DMA pass simplifies p // OW, p % OW on these loop bounds).
+        pixel_loop = sch.get_loops(sch.get_sblock("a_pad"))[-2]
+        sch.split(pixel_loop, [None, spec.row_step])
     first_reduction = outer_reductions[0] if outer_reductions else depth_outer
     init = sch.decompose_reduction(acc, first_reduction)
     sch.tensorize(row, get_intrin("gemm", tiling.tm, tiling.tn, tiling.tk, spec.dtype, spec.acc_dtype))

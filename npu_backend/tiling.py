@@ -29,7 +29,7 @@ def _aligned(nbytes: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Tiling:
-    tm: int  # rows of a scratchpad tile (a multiple of the PE array's rows)
+    tm: int  # rows of a scratchpad tile (PE-array folds of it run back to back)
     tn: int  # columns of a scratchpad tile (a multiple of the PE array's columns)
     tk: int  # reduction depth of a scratchpad tile
     mp: int  # padded extents: whole tiles
@@ -47,19 +47,22 @@ class Tiling:
 
 
 def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
-                  has_bias: bool, arch: HardwareDescription) -> Tiling:
+                  has_bias: bool, arch: HardwareDescription, row_step: int = 1) -> Tiling:
     """The tiling with the fewest estimated cycles among those that fit the scratchpad.
 
-    Output tiles grow in whole PE-array steps up to the padded problem; for each, the reduction
-    depth is the whole reduction when it fits, otherwise the largest chunk that does.
+    Output tiles grow in whole PE-array steps (rows: in multiples of `row_step` when the kernel
+    needs whole groups of rows, e.g. whole output rows of a conv2d) up to the padded problem; for
+    each, the reduction depth is the whole reduction when it fits, otherwise the largest chunk
+    that does.
     """
+    row_step = row_step if row_step > 1 else arch.rows
     # A unit reduction extent would be elided by compute_at and leave nothing to tensorize
     # along; one zero column is cheaper than a special case.
     depth = max(depth, 2)
     in_bytes = DType.from_name(dtype).itemsize
     acc_bytes = DType.from_name(acc_dtype).itemsize
     best = None
-    for tm in range(arch.rows, _round_up(rows, arch.rows) + 1, arch.rows):
+    for tm in range(row_step, _round_up(rows, row_step) + 1, row_step):
         for tn in range(arch.cols, _round_up(cols, arch.cols) + 1, arch.cols):
             tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch.spad_bytes)
             if tk is None:
@@ -84,7 +87,7 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     EPILOGUE, which waits for this tile's last GEMM, and the PE array refills after the gap.
     """
     tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk
-    passes = tiles * steps * (t.tm // arch.rows) * (t.tn // arch.cols)
+    passes = tiles * steps * -(-t.tm // arch.rows) * -(-t.tn // arch.cols)
     compute = passes * -(-t.tk // arch.macs_per_pe[dtype]) + arch.rows + arch.cols + arch.config_load_cycles
     tile_load = (t.tm * t.tk + t.tk * t.tn) * in_bytes
     load = tiles * steps * tile_load // arch.dma_bytes_per_cycle
