@@ -23,6 +23,7 @@ from tvm import ir, sym, tirx
 from cgra_sim.isa import BOX_DIMS
 
 from .errors import UnsupportedCopy
+from .guards import guarded_dims
 
 SPAD = "global.cgra_spad"
 _IF_THEN_ELSE = ir.Op.get("prim.if_then_else")
@@ -143,7 +144,7 @@ def _dma_call(copy: _Copy, loops, domains):
                     raise UnsupportedCopy(f"loop {loops[position].loop_var} walks two dimensions of "
                                           f"'{copy.host.name}': a DMA box loop walks one")
                 loop_dims[position] = (dim, coeff)
-    pad_lo, pad_hi = _halo(copy, host_shape, analyzer)
+    pad_lo, pad_hi = _halo(copy, host_shape, analyzer, domains)
     words = _pad(origin, 0) + _pad(pad_lo, 0) + _pad(pad_hi, 0)
     for position in range(BOX_DIMS):
         if position < len(loops):
@@ -189,9 +190,10 @@ def _linear(expr, loop_vars, what):
     return sym.Analyzer().simplify(result[-1]), coeffs
 
 
-def _halo(copy: _Copy, shape, analyzer):
+def _halo(copy: _Copy, shape, analyzer, domains):
     """How far the copy reaches outside the host tensor, after checking the guard covers it."""
-    guarded_lo, guarded_hi = _guarded_dims(copy, shape, analyzer)
+    guarded_lo, guarded_hi = guarded_dims(copy.guard, copy.host_indices, shape, copy.host.name,
+                                          analyzer, domains)
     pad_lo, pad_hi = [], []
     for dim, index in enumerate(copy.host_indices):
         bound = analyzer.const_int_bound(index)
@@ -204,58 +206,3 @@ def _halo(copy: _Copy, shape, analyzer):
         pad_lo.append(below)
         pad_hi.append(above)
     return pad_lo, pad_hi
-
-
-def _guarded_dims(copy: _Copy, shape, analyzer):
-    """The dims whose lower / upper tensor bound the guard tests; any other conjunct is an error.
-
-    A conjunct tests dim d when its expression differs from index d by a constant (on the loops'
-    ranges, so p // OW in one and in the other cancel)."""
-    guarded_lo, guarded_hi = set(), set()
-    for conjunct in _conjuncts(copy.guard):
-        side, expr, limit = _normalise(conjunct)
-        for dim, index in enumerate(copy.host_indices):
-            delta = analyzer.simplify(expr - index)
-            if not isinstance(delta, tirx.IntImm):
-                continue
-            bound = analyzer.simplify(limit - delta)
-            if side == "lo" and _equals(bound, 0):
-                guarded_lo.add(dim)
-                break
-            if side == "hi" and _equals(bound, shape[dim]):
-                guarded_hi.add(dim)
-                break
-        else:
-            raise UnsupportedCopy(f"the guard '{conjunct}' of a copy of '{copy.host.name}' is not an "
-                                  f"in-bounds test of its indices {copy.host_indices}: the DMA halo "
-                                  "cannot express it")
-    return guarded_lo, guarded_hi
-
-
-def _conjuncts(cond):
-    if cond is None:
-        return []
-    if isinstance(cond, tirx.And):
-        return _conjuncts(cond.a) + _conjuncts(cond.b)
-    return [cond]
-
-
-def _normalise(cond):
-    """('lo', e, limit) for limit <= e, ('hi', e, limit) for e < limit."""
-    if isinstance(cond, tirx.LT):
-        return "hi", cond.a, cond.b
-    if isinstance(cond, tirx.LE):
-        if isinstance(cond.a, tirx.IntImm):
-            return "lo", cond.b, cond.a
-        return "hi", cond.a, cond.b + 1
-    if isinstance(cond, tirx.GE):
-        return "lo", cond.a, cond.b
-    if isinstance(cond, tirx.GT):
-        if isinstance(cond.b, tirx.IntImm):
-            return "lo", cond.a, cond.b + 1
-        return "hi", cond.b, cond.a
-    raise UnsupportedCopy(f"the guard '{cond}' of a copy is not a comparison")
-
-
-def _equals(expr, value: int) -> bool:
-    return isinstance(expr, tirx.IntImm) and expr.value == value
