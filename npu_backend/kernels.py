@@ -42,6 +42,7 @@ class KernelSpec:
     strides: tuple = (1, 1)
     padding: tuple = (0, 0, 0, 0)  # top, left, bottom, right
     dilation: tuple = (1, 1)
+    groups: int = 1  # conv2d: channel groups (depthwise: groups == input channels)
     source_ops: tuple = ()  # names of the model operators fused into this kernel
     param_roles: tuple = ()  # role ("lhs", "rhs", "bias") of each kernel parameter, in call order
 
@@ -56,9 +57,9 @@ class KernelSpec:
             m, k = self.lhs_shape
             n = self.rhs_shape[0] if self.rhs_transposed else self.rhs_shape[1]
             return m, n, k
-        f, c, _, _ = self.rhs_shape
+        f, c, _, _ = self.rhs_shape  # c: input channels per group
         _, _, oh, ow = self.output_shape
-        return oh * ow, f, c
+        return oh * ow, f // self.groups, c
 
     @property
     def row_step(self) -> int:
@@ -77,6 +78,15 @@ class KernelSpec:
         oh = (h + top + bottom - dh * (kh - 1) - 1) // sh + 1
         ow = (w + left + right - dw * (kw - 1) - 1) // sw + 1
         return (n, f, oh, ow)
+
+    @property
+    def grouped_shapes(self) -> tuple:
+        """conv2d: (data, output) as the kernel reads them, one image per (n, group):
+        (N * G, C / G, H, W) and (N * G, F / G, OH, OW), views of the compact tensors."""
+        n, c, h, w = self.lhs_shape
+        _, f, oh, ow = self.output_shape
+        g = self.groups
+        return (n * g, c // g, h, w), (n * g, f // g, oh, ow)
 
     @property
     def macs(self) -> int:
@@ -113,22 +123,29 @@ def _padded(tensor, shape, indices):
 
 
 def _epilogue(spec, acc, tiling, bias, row_axes):
-    """epi = relu(acc + bias[col]) over the padded tile grid; `row_axes` index acc before the column."""
+    """epi = relu(acc + bias[col]) over the padded tile grid; `row_axes` index acc before the
+    column. A grouped conv2d's image b holds group b % G, whose channels start at (b % G) * F/G."""
     np_ = tiling.np
 
     bias_pad = None
     if bias is not None:
         channel_axis = _bias_channel_axis(spec.bias_shape)
 
-        def bias_index(j):
-            return [j if axis == channel_axis else 0 for axis in range(len(spec.bias_shape))]
+        def bias_index(channel):
+            return [channel if axis == channel_axis else 0 for axis in range(len(spec.bias_shape))]
 
-        bias_pad = te.compute((np_,), lambda j: _padded(bias, spec.bias_shape, bias_index(j)), name="bias_pad")
+        if spec.groups > 1:
+            per_group = spec.gemm_extents[1]
+            bias_pad = te.compute((acc.shape[0], np_), lambda b_, j: _padded(
+                bias, spec.bias_shape, bias_index(b_ % spec.groups * per_group + j)), name="bias_pad")
+        else:
+            bias_pad = te.compute((np_,), lambda j: _padded(bias, spec.bias_shape, bias_index(j)),
+                                  name="bias_pad")
 
     def epi_value(*idx):
         value = acc(*idx)
         if bias_pad is not None:
-            value = value + bias_pad(idx[-1])
+            value = value + (bias_pad(idx[0], idx[-1]) if spec.groups > 1 else bias_pad(idx[-1]))
         if spec.relu:
             value = tirx.max(value, tirx.const(0, spec.acc_dtype))
         return value
@@ -165,40 +182,65 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
 
 def conv2d_compute(spec: KernelSpec, tiling: Tiling):
     """NCHW/OIHW conv2d as one GEMM per image: rows are output pixels p = y * OW + ox (padded to
-    whole tiles of whole output rows), columns output channels, reduction (ry, rx, c)."""
-    batch, _, oh, ow = spec.output_shape
+    whole tiles of whole output rows), columns output channels, reduction (ry, rx, c).
+
+    A grouped conv2d is the same kernel over N * G images of C / G channels (a view of the
+    data), image b using the weights and bias of group b % G; the padding of the reduction then
+    stays inside its group (it reads the view's zero halo, never the next group's channels)."""
     _, _, kh, kw = spec.rhs_shape
     top, left, _, _ = spec.padding
     (sh, sw), (dh, dw) = spec.strides, spec.dilation
-    x = te.placeholder(spec.lhs_shape, spec.dtype, name="data")
+    data_shape, out_shape = spec.grouped_shapes
+    images, per_group, oh, ow = out_shape
+    x = te.placeholder(data_shape, spec.dtype, name="data")
     w = te.placeholder(spec.rhs_shape, spec.dtype, name="weight")
-    # The left operand for one (n, ry, rx): row p gathers output pixel (p // OW, p % OW).
+    # The left operand for one (image, ry, rx): row p gathers output pixel (p // OW, p % OW).
     a_pad = te.compute(
-        (batch, kh, kw, tiling.mp, tiling.kp),
+        (images, kh, kw, tiling.mp, tiling.kp),
         lambda b_, ry, rx, p, c: _padded(
-            x, spec.lhs_shape, (b_, c, (p // ow) * sh + ry * dh - top, (p % ow) * sw + rx * dw - left)),
+            x, data_shape, (b_, c, (p // ow) * sh + ry * dh - top, (p % ow) * sw + rx * dw - left)),
         name="a_pad")
-    b_pad = te.compute(
-        (kh, kw, tiling.kp, tiling.np),
-        lambda ry, rx, c, f: _padded(w, spec.rhs_shape, (f, c, ry, rx)), name="b_pad")
+    if spec.groups > 1:
+        b_pad = te.compute(
+            (images, kh, kw, tiling.kp, tiling.np),
+            lambda b_, ry, rx, c, f: _padded(
+                w, spec.rhs_shape, (b_ % spec.groups * per_group + f, c, ry, rx)), name="b_pad")
+
+        def weight(b_, ry, rx, rc, f):
+            return b_pad[b_, ry, rx, rc, f]
+    else:
+        b_pad = te.compute(
+            (kh, kw, tiling.kp, tiling.np),
+            lambda ry, rx, c, f: _padded(w, spec.rhs_shape, (f, c, ry, rx)), name="b_pad")
+
+        def weight(b_, ry, rx, rc, f):
+            return b_pad[ry, rx, rc, f]
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
     rc = te.reduce_axis((0, tiling.kp), name="rc")
     acc = te.compute(
-        (batch, tiling.mp, tiling.np),
+        (images, tiling.mp, tiling.np),
         lambda b_, p, f: te.sum(
-            a_pad[b_, ry, rx, p, rc].astype(spec.acc_dtype) * b_pad[ry, rx, rc, f].astype(spec.acc_dtype),
+            a_pad[b_, ry, rx, p, rc].astype(spec.acc_dtype) * weight(b_, ry, rx, rc, f).astype(spec.acc_dtype),
             axis=[ry, rx, rc]),
         name="acc")
     bias = te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None
     epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=2)
-    out = te.compute(spec.output_shape, lambda b_, f, y, ox: epi[b_, y * ow + ox, f], name="out")
-    return _prim_func(spec, {"lhs": x, "rhs": w, "bias": bias}, out)
+    out = te.compute(out_shape, lambda b_, f, y, ox: epi[b_, y * ow + ox, f], name="out")
+    views = {"lhs": spec.lhs_shape, "out": spec.output_shape} if spec.groups > 1 else {}
+    return _prim_func(spec, {"lhs": x, "rhs": w, "bias": bias}, out, views)
 
 
-def _prim_func(spec: KernelSpec, inputs: dict, out):
-    """The PrimFunc with parameters in the order the offloaded function is called with."""
-    return te.create_prim_func([inputs[role] for role in spec.roles] + [out])
+def _prim_func(spec: KernelSpec, inputs: dict, out, views=None):
+    """The PrimFunc with parameters in the order the offloaded function is called with.
+
+    `views` maps a role ("lhs", ..., "out") whose parameter is a view to the shape the caller
+    passes; the code generator checks that shape and binds the view (`cgra.arg_shapes`)."""
+    func = te.create_prim_func([inputs[role] for role in spec.roles] + [out])
+    if views:
+        roles = list(spec.roles) + ["out"]
+        func = func.with_attr("cgra.arg_shapes", [list(views.get(role, ())) for role in roles])
+    return func
 
 
 COMPUTES = {"matmul": matmul_compute, "conv2d": conv2d_compute}

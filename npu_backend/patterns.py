@@ -6,7 +6,7 @@ kept: `offload_reason` returns it in words a user can act on). `spec_from_compos
 `KernelSpec` back off an offloaded function for the target hook.
 
 Patterns: matmul (2-D, and the permute_dims + matmul form PyTorch's Linear produces) and conv2d
-(NCHW / OIHW), each optionally followed by a bias `add` and then `relu`, in float32 and in
+(NCHW / OIHW, any stride, padding, dilation and groups, depthwise included), each optionally followed by a bias `add` and then `relu`, in float32 and in
 int8 x int8 -> int32.
 """
 
@@ -145,15 +145,17 @@ def _conv2d_spec(call, data, weight, common) -> KernelSpec:
     layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
     if layouts != ("NCHW", "OIHW", "NCHW"):
         raise _Reject(f"conv2d layouts {layouts}: the NPU kernel takes NCHW data, OIHW weights")
-    if int(attrs.groups) != 1:
-        raise _Reject(f"grouped conv2d (groups={int(attrs.groups)}) stays on the host")
     data_shape, weight_shape = _static_shape(data, "data"), _static_shape(weight, "weight")
+    groups = int(attrs.groups)
+    if data_shape[1] % groups or weight_shape[0] % groups or weight_shape[1] * groups != data_shape[1]:
+        raise _Reject(f"conv2d with groups={groups} on {data_shape[1]} input channels and weights "
+                      f"{weight_shape}: each group must take C / groups input channels")
     padding = tuple(int(p) for p in attrs.padding)
     if len(padding) == 2:
         padding = padding * 2
     spec = KernelSpec("conv2d", lhs_shape=data_shape, rhs_shape=weight_shape,
                       strides=tuple(int(s) for s in attrs.strides), padding=padding,
-                      dilation=tuple(int(d) for d in attrs.dilation), **common)
+                      dilation=tuple(int(d) for d in attrs.dilation), groups=groups, **common)
     bias_shape = common["bias_shape"]
     if bias_shape is not None:
         aligned = (1,) * (4 - len(bias_shape)) + tuple(bias_shape)

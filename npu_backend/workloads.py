@@ -63,8 +63,12 @@ def matmul_model(m, n, k, dtype="float32", bias=True, relu=True, transposed=Fals
     return _build(specs, body), inputs, ref.astype(acc)
 
 
-def conv2d_reference(x, w, stride, pad, dilation=(1, 1)):
+def conv2d_reference(x, w, stride, pad, dilation=(1, 1), groups=1):
     """NCHW / OIHW conv2d in numpy (accumulating in the inputs' dtype)."""
+    if groups > 1:
+        xs, ws = np.split(x, groups, axis=1), np.split(w, groups, axis=0)
+        return np.concatenate([conv2d_reference(xg, wg, stride, pad, dilation)
+                               for xg, wg in zip(xs, ws)], axis=1)
     top, left, bottom, right = pad
     xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
     n, c, h, wd = xp.shape
@@ -81,14 +85,14 @@ def conv2d_reference(x, w, stride, pad, dilation=(1, 1)):
 
 
 def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype="float32",
-                 bias=True, relu=True):
+                 bias=True, relu=True, dilation=(1, 1), groups=1):
     acc = ACC[dtype]
-    specs = [("data", (n, c, h, w_), dtype), ("weight", (f, c, kh, kw), dtype)]
+    specs = [("data", (n, c, h, w_), dtype), ("weight", (f, c // groups, kh, kw), dtype)]
     specs += [("bias", (1, f, 1, 1), acc)] if bias else []
 
     def body(bb, x, w, *rest):
-        y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=pad,
-                                       out_dtype=acc if dtype == "int8" else None))
+        y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=pad, dilation=dilation,
+                                       groups=groups, out_dtype=acc if dtype == "int8" else None))
         if bias:
             y = bb.emit(relax.op.add(y, rest[0]))
         if relu:
@@ -97,7 +101,7 @@ def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype=
 
     rng = np.random.default_rng(n * 7 + c * 11 + h * 13 + f * 17 + kh * 19)
     inputs = [_random(rng, shape, dt) for _, shape, dt in specs]
-    ref = conv2d_reference(inputs[0].astype(acc), inputs[1].astype(acc), stride, pad)
+    ref = conv2d_reference(inputs[0].astype(acc), inputs[1].astype(acc), stride, pad, dilation, groups)
     if bias:
         ref = ref + inputs[2]
     if relu:

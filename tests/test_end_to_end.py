@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tvm
@@ -99,12 +101,52 @@ def test_matmul_lowering_property(m, n, k, dtype, arch, bias, relu):
     assert_matches(out, ref, dtype)
 
 
-@given(batch=st.integers(1, 2), channels=st.integers(1, 20), size=st.integers(3, 20),
+@given(batch=st.integers(1, 2), channels=st.integers(1, 20), size=st.integers(5, 20),
        filters=st.integers(1, 20), kernel=st.integers(1, 3), stride=st.integers(1, 2),
-       pad=st.integers(0, 2), dtype=st.sampled_from(["float32", "int8"]),
+       pad=st.integers(0, 2), dilation=st.integers(1, 2), dtype=st.sampled_from(["float32", "int8"]),
        arch=st.sampled_from(PRESETS))
-def test_conv2d_lowering_property(batch, channels, size, filters, kernel, stride, pad, dtype, arch):
+def test_conv2d_lowering_property(batch, channels, size, filters, kernel, stride, pad, dilation, dtype, arch):
     mod, inputs, ref = conv2d_model(batch, channels, size, size + 1, filters, kernel, kernel,
-                                    (stride, stride), (pad, pad, pad, pad), dtype)
+                                    (stride, stride), (pad, pad, pad, pad), dtype, dilation=(dilation, dilation))
     out = run(npu_backend.compile(mod, arch), inputs)
     assert_matches(out, ref, dtype)
+
+
+
+@given(batch=st.integers(1, 2), groups=st.integers(2, 6), per_group=st.integers(1, 3),
+       multiplier=st.integers(1, 3), size=st.integers(3, 12), kernel=st.integers(1, 3),
+       stride=st.integers(1, 2), pad=st.integers(0, 1), dtype=st.sampled_from(["float32", "int8"]),
+       arch=st.sampled_from(PRESETS))
+def test_grouped_conv2d_lowering_property(batch, groups, per_group, multiplier, size, kernel, stride,
+                                          pad, dtype, arch):
+    """Grouped and depthwise (per_group == 1) conv2d: each group reads only its own channels."""
+    channels, filters = groups * per_group, groups * per_group * multiplier
+    mod, inputs, ref = conv2d_model(batch, channels, size + kernel, size + 1, filters, kernel, kernel,
+                                    (stride, stride), (pad, 0, pad, 1), dtype, groups=groups)
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(mod, arch), inputs)
+    assert_matches(out, ref, dtype)
+    assert len(prof.kernels) == 1  # on the NPU, not the host
+
+def test_scratchpad_too_small_keeps_the_op_on_the_host(tmp_path):
+    chip = npu_backend.load_arch("cgra-4x4").to_dict()
+    chip.update(name="tiny-spad", spad_bytes=256, spad_banks=4, bank_width_bytes=8)
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(chip))
+    mod, inputs, ref = matmul_model(64, 64, 64)
+    placement = npu_backend.explain(mod, str(path))[0]
+    assert placement.where == "host" and "scratchpad" in placement.reason
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(mod, str(path)), inputs)
+    assert_matches(out, ref, "float32")
+    assert prof.kernels == []
+
+
+def test_damaged_library_is_refused_on_load(tmp_path):
+    mod, _, _ = matmul_model(8, 8, 8)
+    library = tmp_path / "model.so"
+    tvm.compile(mod, target="cgra").export_library(str(library))
+    data = library.read_bytes()
+    library.write_bytes(data[: len(data) // 2])  # truncated: a half-copied artifact
+    with pytest.raises(npu_backend.DamagedArtifact, match="truncated"):
+        tvm.runtime.load_module(str(library))

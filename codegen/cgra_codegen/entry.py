@@ -19,7 +19,7 @@ from tvm import tirx
 from .context import HOST_TENSOR, BufferBinding, KernelState
 from .errors import CodegenError
 from .exprs import ExprLowering
-from .llvm_types import (ANY_SIZE, ANY_VALUE_OFFSET, DL_DEVICE_CPU, DL_DEVICE_TYPE,
+from .llvm_types import (ANY_SIZE, ANY_VALUE_OFFSET, DL_DEVICE_CPU, DL_DEVICE_TYPE, DL_TENSOR_BYTES,
                          DL_DTYPE_BITS, DL_DTYPE_CODE, DL_DTYPE_LANES, DL_NDIM, DL_SHAPE,
                          DL_STRIDES, DL_TYPE_CODE_NAMES, FFI_FUNCTION_TYPE, FFI_SYMBOL_PREFIX, I8,
                          I16, I32, I64, PTR, RUNTIME_ABI_VERSION, TENSOR_DLTENSOR_OFFSET,
@@ -79,19 +79,38 @@ class ArgumentChecks:
         tensor = self.dltensor(index, where)
         self.check_dtype(tensor, param, where)
         ndim = load_field(self.b, tensor, DL_NDIM, I32, "ndim")
-        rank = len(param.ty.shape)
+        expected_shape = caller_shape(self.state.func, index)
+        rank = len(expected_shape)
         self.raise_if(self.b.icmp_signed("!=", ndim, I32(rank)), "ValueError",
                       f"{where}: expected {rank} dimensions, got %d", ndim)
         shape = load_field(self.b, tensor, DL_SHAPE, PTR, "shape")
         dims = [self.b.load(self.b.gep(shape, [I64(d)], source_etype=I64), typ=I64)
                 for d in range(rank)]
-        for d, (extent, actual) in enumerate(zip(param.ty.shape, dims)):
+        for d, (extent, actual) in enumerate(zip(expected_shape, dims)):
             self.check_dim(extent, actual, where, d)
         self.check_strides(tensor, dims, where)
         device = load_field(self.b, tensor, DL_DEVICE_TYPE, I32, "device_type")
         self.raise_if(self.b.icmp_signed("!=", device, I32(DL_DEVICE_CPU)), "ValueError",
                       f"{where}: expected a CPU tensor, got device type %d", device)
+        if is_view(self.state.func, index):
+            return self.reshaped(tensor, param, index)
         return tensor
+
+    def reshaped(self, tensor, param, index: int) -> ir.Value:
+        """A DLTensor on the stack that views the (compact, checked) argument with the
+        parameter's shape: same data, device, dtype and offset; its own shape, no strides."""
+        rank = len(param.ty.shape)
+        view = self.state.alloca(ir.ArrayType(I64, DL_TENSOR_BYTES // 8), f"view{index}")
+        dims = self.state.alloca(ir.ArrayType(I64, rank), f"view{index}.shape")
+        for word in range(DL_TENSOR_BYTES // 8):
+            value = self.b.load(byte_address(self.b, tensor, 8 * word), typ=I64)
+            self.b.store(value, byte_address(self.b, view, 8 * word))
+        for d, extent in enumerate(param.ty.shape):
+            self.b.store(I64(int(extent)), byte_address(self.b, dims, 8 * d))
+        self.b.store(I32(rank), byte_address(self.b, view, DL_NDIM))
+        self.b.store(dims, byte_address(self.b, view, DL_SHAPE))
+        self.b.store(ir.Constant(PTR, None), byte_address(self.b, view, DL_STRIDES))
+        return view
 
     def dltensor(self, index: int, where: str) -> ir.Value:
         """DLTensor* of argument `index`: an ffi Tensor object or a raw DLTensor*."""
@@ -163,6 +182,31 @@ class ArgumentChecks:
             expected = int_arith(self.b, "mul", expected, dims[d])
         self.b.branch(done)
         self.b.position_at_end(done)
+
+
+def is_view(func, index: int) -> bool:
+    views = (func.attrs or {}).get("cgra.arg_shapes")
+    return views is not None and len(views[index]) > 0
+
+
+def caller_shape(func, index: int):
+    """The shape the caller passes for parameter `index`: the parameter's own, unless the
+    kernel reads that argument through a view (attribute `cgra.arg_shapes`, e.g. a grouped
+    conv2d reads its (N, C, H, W) data as (N * G, C / G, H, W); both are compact, one size)."""
+    param = func.params[index]
+    if not is_view(func, index):
+        return param.ty.shape
+    shape = [tirx.IntImm("int64", int(extent)) for extent in func.attrs["cgra.arg_shapes"][index]]
+    own, seen = 1, 1
+    for extent in param.ty.shape:
+        own *= int(extent)
+    for extent in shape:
+        seen *= int(extent)
+    if own != seen:
+        raise CodegenError(str(func.attrs.get("global_symbol", "")), f"parameter '{param.name}' "
+                           f"views a {list(map(int, shape))} argument as {list(param.ty.shape)}: the "
+                           "sizes differ")
+    return shape
 
 
 def _require_plain_layout(kernel: str, param) -> None:

@@ -39,6 +39,7 @@ DL_DTYPE_BITS = 21
 DL_DTYPE_LANES = 22
 DL_SHAPE = 24
 DL_STRIDES = 32
+DL_TENSOR_BYTES = 48  # data, device, ndim, dtype, shape, strides, byte_offset
 DL_DEVICE_CPU = 1
 
 #: Names of DLPack type codes, for error messages.
