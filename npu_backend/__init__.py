@@ -19,9 +19,10 @@ from tvm.relax.backend.pattern_registry import register_patterns
 
 from cgra_sim.arch import DEFAULT_ARCH, HardwareDescription, load_arch, preset_names
 
+from .artifact import DamagedArtifact, install_load_check
 from .device import Profile, profile, register_backend
 from .errors import CGRAError, ScheduleError, ScratchpadTooSmall, UnsupportedCopy, UnsupportedOperator
-from .explain import Placement, explain, format_placements
+from .explain import Placement, explain, format_placements, npu_mac_fraction
 from .options import CompileOptions
 from .patterns import make_patterns
 from .pipeline import STAGES, cgra_pipeline
@@ -30,9 +31,10 @@ from .target import install_default_pipeline, register_target_tags
 from .target_hook import register_target_hook
 
 __all__ = [
-    "CGRAError", "CompileOptions", "DEFAULT_ARCH", "HardwareDescription", "Placement", "Profile",
+    "CGRAError", "CompileOptions", "DEFAULT_ARCH", "DamagedArtifact", "HardwareDescription", "Placement", "Profile",
     "STAGES", "ScheduleError", "ScratchpadTooSmall", "UnsupportedCopy", "UnsupportedOperator",
-    "compile", "explain", "format_placements", "load_arch", "preset_names", "profile",
+    "compile", "explain", "format_placements", "load_arch", "npu_mac_fraction", "preset_names",
+    "profile",
 ]
 
 
@@ -53,6 +55,7 @@ def _register() -> None:
     register_target_hook()
     register_target_tags()
     install_default_pipeline()
+    install_load_check()
     # Also list the patterns in TVM's registry (with the default chip's limits) so that tools
     # that look there see them; the pipeline itself builds them for the chosen chip.
     register_patterns([(p.name, p.pattern, p.annotation_patterns, p.check)
