@@ -162,6 +162,8 @@ def _run(args) -> int:
         print(json.dumps(report))
     else:
         print(report["table"])
+        print(f"{report['npu_mac_fraction']:.2%} of the model's MACs run on the NPU; on the host: "
+              f"{', '.join(report['host_ops']) or 'nothing'}")
         print("\n".join(written), end="\n" if written else "")
         if args.check:
             verdict = "PASS" if report["check"]["passed"] else "FAIL"

@@ -29,6 +29,13 @@ class Placement:
     where: str  # "npu" or "host"
     kernel: str  # the NPU kernel it is part of ("" on the host)
     reason: str  # why it stays on the host ("" on the NPU)
+    macs: int = 0  # multiply-accumulates of the operator (conv2d, matmul; 0 for the others)
+
+
+def npu_mac_fraction(placements: list[Placement]) -> float:
+    """The share of the model's multiply-accumulates that run on the NPU (1.0 without MACs)."""
+    total = sum(p.macs for p in placements)
+    return sum(p.macs for p in placements if p.where == "npu") / total if total else 1.0
 
 
 def explain(mod: tvm.IRModule, arch=None) -> list[Placement]:
@@ -46,10 +53,11 @@ def explain(mod: tvm.IRModule, arch=None) -> list[Placement]:
 
 
 def format_placements(placements: list[Placement]) -> str:
-    lines = [f"{'op':<16} {'output':<28} {'runs on':<8} detail"]
+    lines = [f"{'op':<16} {'output':<28} {'runs on':<8} {'MACs':>10}  detail"]
     for p in placements:
         detail = p.kernel if p.where == "npu" else p.reason
-        lines.append(f"{p.op:<16} {p.output:<28} {p.where:<8} {detail}")
+        lines.append(f"{p.op:<16} {p.output:<28} {p.where:<8} {p.macs:>10}  {detail}")
+    lines.append(f"{npu_mac_fraction(placements):.2%} of {sum(p.macs for p in placements)} MACs run on the NPU")
     return "\n".join(lines)
 
 
@@ -67,15 +75,15 @@ def _placements(mod, func, arch):
             if isinstance(call.op, tvm.ir.GlobalVar) and _attr(mod[call.op], "Codegen") == "cgra":
                 placements += _kernel_ops(mod[call.op])
             elif isinstance(call.op, tvm.ir.Op):
-                placements.append(Placement(_short(call.op.name), _type_of(binding.var), "host", "",
-                                            _host_reason(call, arch)))
+                placements.append(Placement(_op_name(call), _type_of(binding.var), "host", "",
+                                            _host_reason(call, arch), _macs(call, binding.var)))
     return placements
 
 
 def _kernel_ops(wrapper) -> list[Placement]:
     composite, _ = composite_call(wrapper)
     kernel = f"{composite.attrs['Composite']} ({wrapper.attrs['global_symbol']})"
-    return [Placement(_short(b.value.op.name), _type_of(b.var), "npu", kernel, "")
+    return [Placement(_short(b.value.op.name), _type_of(b.var), "npu", kernel, "", _macs(b.value, b.var))
             for block in composite.body.blocks for b in block.bindings
             if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
 
@@ -83,10 +91,43 @@ def _kernel_ops(wrapper) -> list[Placement]:
 def _host_reason(call, arch) -> str:
     name = call.op.name
     if name not in _KERNEL_OPS:
-        return f"no NPU kernel for {_short(name)} (the NPU runs matmul and conv2d, with bias add and relu)"
+        return f"no NPU kernel for {_op_name(call)} (the NPU runs matmul and conv2d, with bias add and relu)"
     annotated = {"root": call, "lhs": call.args[0], "rhs": call.args[1]}
     reason = offload_reason(_KERNEL_OPS[name], annotated, arch)
     return reason or "matched no cgra pattern (its operands are produced in a form the patterns do not take)"
+
+
+def _op_name(call) -> str:
+    """The operator's name; for a call_tir, the TIR function it calls (e.g. "call_tir clip")."""
+    name = _short(call.op.name)
+    if name == "call_tir" and isinstance(call.args[0], tvm.ir.GlobalVar):
+        return f"{name} {call.args[0].name_hint}"
+    return name
+
+
+def _macs(call, out_var) -> int:
+    """Multiply-accumulates of a conv2d (any groups) or matmul with static shapes, else 0."""
+    name = call.op.name
+    if name not in _KERNEL_OPS:
+        return 0
+    out, rhs = _static_dims(out_var), _static_dims(call.args[1])
+    lhs = _static_dims(call.args[0])
+    if out is None or rhs is None or lhs is None:
+        return 0
+    per_output = rhs[1] * rhs[2] * rhs[3] if name == "relax.nn.conv2d" else lhs[-1]
+    count = 1
+    for dim in out:
+        count *= dim
+    return count * per_output
+
+
+def _static_dims(expr):
+    ty = getattr(expr, "struct_info", None) or getattr(expr, "ty", None)
+    shape = getattr(ty, "shape", None)
+    values = getattr(shape, "values", None)
+    if values is None or not all(hasattr(d, "value") for d in values):
+        return None
+    return [int(d.value) for d in values]
 
 
 def _short(op_name: str) -> str:

@@ -61,6 +61,7 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
     model = onnx.load(path)
     say(f"importing {path}")
     mod = from_onnx(model)
+    placements = npu_backend.explain(mod, arch)
     say(f"compiling for {arch.name}")
     executable = npu_backend.compile(mod, arch, dump_dir=dump_dir)
     inputs = _random_inputs(model, seed)
@@ -72,6 +73,8 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
     outputs = [o.numpy() for o in outputs]
     report = {"model": path, "arch": arch.name, "total_cycles": prof.total_cycles,
               "total_macs": prof.total_macs, "time_us": prof.total_cycles / arch.clock_mhz,
+              "npu_mac_fraction": npu_backend.npu_mac_fraction(placements),
+              "host_ops": sorted({p.op for p in placements if p.where == "host"}),
               "kernels": [k.to_dict() for k in prof.kernels], "table": prof.table()}
     if check:
         say("checking against onnxruntime")

@@ -19,10 +19,15 @@ from .patterns import make_patterns
 
 def _normalise(mod, arch, options):
     del arch, options
-    # Fold the constant arithmetic importers leave around weights (e.g. bias reshapes), so the
-    # patterns see plain tensors.
-    return tvm.transform.Sequential([relax.transform.FoldConstant(),
-                                     relax.transform.CanonicalizeBindings()])(mod)
+    return tvm.transform.Sequential([
+        # Inference batch norm after a conv2d with constant weights becomes scaled weights and a
+        # bias add: conv2d + bias + relu is one NPU kernel, and no batch_norm is left on the host.
+        relax.transform.FoldBatchnormToConv2D(),
+        # Fold the constant arithmetic importers leave around weights (bias reshapes, the scaled
+        # weights above), so the patterns see plain tensors.
+        relax.transform.FoldConstant(),
+        relax.transform.CanonicalizeBindings(),
+    ])(mod)
 
 
 def _partition(mod, arch, options):

@@ -1,0 +1,40 @@
+"""Whole networks from ONNX: a ResNet-style and a MobileNetV2-style model on the NPU.
+
+Batch norm is folded into the convolutions, depthwise convolutions run as grouped conv2d kernels,
+the classifier as a matmul; the rest (pooling, residual adds, relu6) stays on the host. The
+results must match onnxruntime and at least 99% of the multiply-accumulates must run on the NPU.
+"""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from tvm.relax.frontend.onnx import from_onnx
+
+import npu_backend
+from npu_backend.onnx_model import run_onnx_model
+from onnx_models import mobilenet_v2, resnet
+
+MODELS = {"resnet": resnet, "mobilenet_v2": mobilenet_v2}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_network_matches_onnxruntime_with_its_macs_on_the_npu(name, tmp_path):
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(MODELS[name](), str(path))
+    report = run_onnx_model(str(path), "cgra-8x8", check=True)
+    assert report["check"]["passed"], report["check"]
+    assert report["check"]["max_rel_error"] <= 1e-4
+    assert report["npu_mac_fraction"] >= 0.99
+    assert not {"nn.conv2d", "matmul", "nn.batch_norm"} & set(report["host_ops"])
+    assert report["total_cycles"] == sum(k["cycles"] for k in report["kernels"]) > 0
+
+
+def test_explain_counts_the_macs_of_each_operator():
+    placements = npu_backend.explain(from_onnx(resnet(size=16, width=8)), "cgra-4x4")
+    convs = [p for p in placements if p.op == "nn.conv2d"]
+    # The stem: 3 -> 8 channels, 3x3, on a 16x16 image.
+    assert convs[0].macs == 8 * 16 * 16 * 3 * 3 * 3 and convs[0].where == "npu"
+    assert all(p.macs == 0 for p in placements if p.op not in ("nn.conv2d", "matmul"))
+    assert npu_backend.npu_mac_fraction(placements) == 1.0
+    assert "MACs run on the NPU" in npu_backend.format_placements(placements)
