@@ -101,7 +101,7 @@ def profile(record_dir=None, keep_schedules: bool = False):
     `record_dir`: also save every launch there as `<index>_<kernel>.cgra` (created if missing),
     with its inputs and outputs, for `cgra-sim replay`. `keep_schedules`: also keep every launch's
     per-command schedule and commands (`Profile.schedules`, `Profile.chrome_trace()`): about 300
-    bytes per command (the 256-byte record and 26 bytes of schedule), no extra simulation time.
+    bytes per command (the 256-byte record and 30 bytes of schedule), no extra simulation time.
     """
     if record_dir is not None:
         os.makedirs(record_dir, exist_ok=True)

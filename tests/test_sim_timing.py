@@ -366,3 +366,114 @@ def test_stats_serialise_to_json():
     assert data["macs"] == 512 and data["dma_store_bytes"] == 256
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.cycles = 0
+
+
+# ---------------------------------------------------------------- busy, stall and idle per unit
+
+UNITS = ("load", "compute", "vector", "store")
+
+
+@pytest.mark.parametrize("arch", PRESETS, ids=lambda a: a.name)
+def test_gemm_stalls_for_its_operands_and_the_store_for_the_gemm(arch):
+    m, n, k = arch.rows, arch.cols, 24
+    operands = m * k + k * n  # A then B, int8, in one load
+    records = [streams.dma(Op.DMA_LOAD, 0, 0, [(operands, 0, 1, 1)]),
+               gemm("int8", m, n, k, 0, m * k, operands),
+               store(1, operands, m, n)]
+    out = np.zeros((m, n), np.int32)
+    stats, schedule = run(arch, records, [np.ones(operands, np.int8), out])
+
+    load_end = dma_cycles(arch, operands)  # the GEMM's operands are all in
+    gemm_end = load_end + gemm_cycles(arch, m, n, k, "int8")
+    total = gemm_end + dma_cycles(arch, out.nbytes)
+    assert stats.cycles == total
+    assert stats.busy_cycles == {"load": transfer_cycles(arch, operands), "vector": 0,
+                                 "compute": gemm_cycles(arch, m, n, k, "int8"),
+                                 "store": transfer_cycles(arch, out.nbytes)}
+    # The PE array waits for the load's transfer and its latency; the store for the GEMM.
+    assert stats.stall_cycles == {"load": 0, "compute": load_end, "vector": 0, "store": gemm_end}
+    # After its last command: the load engine is free once it has streamed (its latency is idle
+    # time), the PE array once the GEMM ends, the store engine during its own latency.
+    assert stats.idle_cycles == {"load": total - transfer_cycles(arch, operands),
+                                 "compute": total - gemm_end, "vector": total,
+                                 "store": arch.dma_latency}
+    assert list(schedule.waits_for) == [-1, 0, 1]
+    np.testing.assert_array_equal(out, k)
+
+
+def test_refilling_a_buffer_stalls_the_load_engine_for_the_previous_fills_latency():
+    # Pipelined DMA: the engine frees after the first transfer, but the second load writes the
+    # same bytes (write after write), so it waits for the first one's completion: dma_latency.
+    arch = load_arch("cgra-8x8")
+    rows, cols = 4, 64
+    out = np.zeros((rows, cols), np.int8)
+    records = [load(0, 0, rows, cols), load(1, 0, rows, cols), store(2, 0, rows, cols)]
+    first, second = np.zeros((rows, cols), np.int8), np.ones((rows, cols), np.int8)
+    stats, schedule = run(arch, records, [first, second, out])
+
+    latency, transfer = arch.dma_latency, transfer_cycles(arch, rows * cols)
+    second_end = 2 * (transfer + latency)  # the second load starts at the first one's end
+    total = second_end + latency + transfer
+    assert list(schedule.starts) == [0, transfer + latency, second_end]
+    assert stats.busy_cycles["load"] == 2 * transfer and stats.stall_cycles["load"] == latency
+    assert stats.idle_cycles["load"] == total - 2 * transfer - latency == 2 * latency + transfer
+    assert stats.busy_cycles["store"] == transfer and stats.stall_cycles["store"] == second_end
+    assert stats.idle_cycles["store"] == latency
+    assert list(schedule.waits_for) == [-1, 0, 1]
+    np.testing.assert_array_equal(out, 1)
+
+
+def test_a_stall_free_queue_reports_no_stall():
+    # Back-to-back accumulating GEMMs whose operands are all loaded first: the PE array stalls
+    # only for those loads, then runs without a gap (partial sums stay in the array).
+    arch = load_arch("cgra-8x8")
+    m, n, k = 8, 8, 16
+    records, tensors, a, b, acc, _ = _operands("int8", m, n, k)
+    records += [gemm("int8", m, n, k, a, b, acc), gemm("int8", m, n, k, a, b, acc, accumulate=True)]
+    stats, schedule = run(arch, records, tensors)
+    loads_end = dma_cycles(arch, m * k) + transfer_cycles(arch, k * n)
+    assert stats.stall_cycles["compute"] == loads_end == schedule.starts[2]
+    assert list(schedule.stalls()) == [0, 0, loads_end, 0]
+    assert stats.idle_cycles["compute"] == 0 and stats.idle_cycles["vector"] == stats.cycles
+
+
+def check_unit_cycles(stats, schedule):
+    """busy + stall + idle == cycles per unit, none negative, and every stall is a wait for a
+    dependency: it ends exactly when an earlier command it depends on ends."""
+    for unit in UNITS:
+        parts = (stats.busy_cycles[unit], stats.stall_cycles[unit], stats.idle_cycles[unit])
+        assert min(parts) >= 0 and sum(parts) == stats.cycles, unit
+    stalls = schedule.stalls()
+    assert (stalls >= 0).all()
+    for index in np.flatnonzero(stalls > 0):
+        blocker = schedule.waits_for[index]
+        assert 0 <= blocker < index and schedule.ends[blocker] == schedule.starts[index]
+    assert (schedule.waits_for[stalls == 0] == -1).all()
+
+
+@given(gemm_streams())
+def test_busy_stall_and_idle_add_up_to_the_kernels_cycles(case):
+    arch, records, tensors = case
+    result = simulate_detailed(arch, records, tensors())
+    check_unit_cycles(result.stats, result.schedule)
+
+
+@pytest.mark.parametrize("arch", PRESETS, ids=lambda a: a.name)
+def test_busy_stall_and_idle_add_up_on_a_conv_with_halo_loads(arch):
+    height, width, channels, filters = 6, 5, 3, 4
+    records = streams.conv2d_3x3(arch, height, width, channels, filters, "int8")
+    result = simulate_detailed(arch, records, [np.ones((height, width, channels), np.int8),
+                                               np.ones((3, 3, channels, filters), np.int8),
+                                               np.zeros((height, width, filters), np.int32)])
+    check_unit_cycles(result.stats, result.schedule)
+    assert result.stats.stall_cycles["compute"] > 0  # the first GEMM waits for its loads
+
+
+def test_stall_and_idle_cycles_serialise_to_json():
+    arch = load_arch("cgra-4x4")
+    records = streams.tiled_gemm(arch, 8, 8, 8, "int8")
+    stats = simulate(arch, records, [np.ones((8, 8), np.int8)] * 2 + [np.zeros((8, 8), np.int32)])
+    data = json.loads(stats.to_json())
+    parts = [data["busy_cycles"], data["stall_cycles"], data["idle_cycles"]]
+    assert all(set(part) == set(UNITS) for part in parts)
+    assert all(sum(part[unit] for part in parts) == data["cycles"] for unit in UNITS)

@@ -1,8 +1,10 @@
 """Chrome traces of simulated schedules: one event per command, per-unit tracks, launches end to
-end; kept by `profile(keep_schedules=True)` and written by `--trace` on run, verify and replay."""
+end, stall events in the gaps a unit waited for a dependency; kept by
+`profile(keep_schedules=True)` and written by `--trace` on run, verify and replay."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections import defaultdict
@@ -31,14 +33,21 @@ def _gemm_launch(m, n, k, dtype="int8", tile=None, flags=EPILOGUE_RELU, name="ge
 
 
 def _complete_events(trace: dict) -> list[dict]:
-    return [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    """The commands' events (not the stalls)."""
+    return [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "stall"]
+
+
+def _stall_events(trace: dict) -> list[dict]:
+    return [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "stall"]
 
 
 def check_trace(trace: dict, launches: list[TracedLaunch]) -> None:
     """What every trace must satisfy: JSON, one event per command with its unit's track and its
-    schedule's times, no overlap on a track, launches laid end to end."""
+    schedule's times, one stall event per stalled command, no overlap on a track, launches laid
+    end to end."""
     trace = json.loads(json.dumps(trace))
     events = _complete_events(trace)
+    check_stalls(_stall_events(trace), launches)
     assert len(events) == sum(len(t.schedule.ops) for t in launches)
     offset = 0.0
     for pid, launch in enumerate(launches, start=1):
@@ -54,11 +63,30 @@ def check_trace(trace: dict, launches: list[TracedLaunch]) -> None:
             assert e["args"]["end_cycle"] == s.ends[i] and e["args"]["start_cycle"] == s.starts[i]
         offset += s.cycles / launch.clock_mhz
     tracks = defaultdict(list)
-    for e in events:
+    for e in events + _stall_events(trace):
         tracks[e["pid"], e["tid"]].append((e["ts"], e["ts"] + e["dur"]))
     for spans in tracks.values():
         spans.sort()
         assert all(end <= next_start + 1e-9 for (_, end), (next_start, _) in zip(spans, spans[1:]))
+
+
+def check_stalls(stalls: list[dict], launches: list[TracedLaunch]) -> None:
+    """Each stall event ends where its command starts, on the command's track, lasts the cycles
+    the unit waited (KernelStats' stall_cycles in total) and names the command waited for."""
+    for pid, launch in enumerate(launches, start=1):
+        s, mine = launch.schedule, [e for e in stalls if e["pid"] == pid]
+        waited = s.stalls()
+        assert sorted(e["args"]["waiting"] for e in mine) == list(np.flatnonzero(waited > 0))
+        for e in mine:
+            i, blocker = e["args"]["waiting"], e["args"]["waits_for"]
+            assert e["tid"] == TID_OF[Unit(int(s.units[i]))]
+            assert e["args"]["stall_cycles"] == waited[i] == s.starts[i] - e["args"]["start_cycle"]
+            assert e["dur"] == pytest.approx(waited[i] / launch.clock_mhz)
+            assert 0 <= blocker < i
+            assert e["name"] == f"stall: waits for {Unit(int(s.units[blocker])).name} cmd #{blocker}"
+        for unit in Unit:
+            spans = sum(e["args"]["stall_cycles"] for e in mine if e["tid"] == TID_OF[unit])
+            assert spans == s.stall_cycles(unit)
 
 
 @st.composite
@@ -114,6 +142,23 @@ def test_times_are_microseconds_at_the_arch_clock(tmp_path):
 
 def test_an_empty_profile_gives_an_empty_timeline():
     assert _complete_events(chrome_trace([])) == []
+
+
+def test_stall_events_name_the_command_waited_for():
+    # 8x8x8 in one tile: LOAD A, LOAD B, GEMM, EPILOGUE, STORE; each later unit waits for the
+    # previous step, so COMPUTE, VECTOR and STORE each stall once, from the kernel's start.
+    launch = _gemm_launch(8, 8, 8, tile=(8, 8, 8))
+    s = launch.schedule
+    stalls = {e["tid"]: e for e in _stall_events(chrome_trace([launch]))}
+    assert set(stalls) == {TID_OF[Unit.COMPUTE], TID_OF[Unit.VECTOR], TID_OF[Unit.STORE]}
+    ops = [Op(int(op)) for op in s.ops]
+    gemm, epilogue, last_load = ops.index(Op.GEMM), ops.index(Op.EPILOGUE), ops.index(Op.GEMM) - 1
+    assert stalls[TID_OF[Unit.COMPUTE]]["name"] == f"stall: waits for LOAD cmd #{last_load}"
+    assert stalls[TID_OF[Unit.VECTOR]]["name"] == f"stall: waits for COMPUTE cmd #{gemm}"
+    assert stalls[TID_OF[Unit.STORE]]["name"] == f"stall: waits for VECTOR cmd #{epilogue}"
+    assert all(e["ts"] == 0 for e in stalls.values())
+    bare = chrome_trace([(launch.name, dataclasses.replace(s, waits_for=None), launch.clock_mhz)])
+    assert {e["name"] for e in _stall_events(bare)} == {"stall"}
 
 
 # Schedules kept by the profile, and --trace on the command line.

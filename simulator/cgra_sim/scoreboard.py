@@ -5,12 +5,14 @@ stream order, with the cycle each command ends. Out: the earliest cycle a new ac
 
 The scratchpad is cut into segments (a sorted list of start addresses, `bisect` to find them);
 each segment keeps the end cycle of its last write, the index of the command that made it, and
-the latest end cycle of the reads since that write. A read waits for the last write
-(read-after-write); a write waits for the last write and for those reads (write-after-write,
-write-after-read). A query may name one writer whose writes count as done earlier (`forward`):
-the timing layer uses it for partial sums that stay inside the PE array. A write replaces the
-segments it covers by one, so the segment count stays near the number of live buffers and every
-access costs O(log s + touched segments) plus a list insertion.
+the latest end cycle of the reads since that write with the index of that reader. A read waits
+for the last write (read-after-write); a write waits for the last write and for those reads
+(write-after-write, write-after-read). A query may name one writer whose writes count as done
+earlier (`forward`): the timing layer uses it for partial sums that stay inside the PE array. A
+write replaces the segments it covers by one, so the segment count stays near the number of live
+buffers and every access costs O(log s + touched segments) plus a list insertion. `blocker`
+names the command an access waits for; the timing layer asks only when a command stalls, so the
+common path stays a `max` over slices.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Scoreboard:
         self._write_end = [0]
         self._writer = [-1]  # index of the command that wrote the segment last (-1: none)
         self._read_end = [0]
+        self._reader = [-1]  # index of the command whose read ends at read_end (-1: none)
 
     def read_ready(self, lo: int, hi: int, forward: tuple[int, int] | None = None) -> int:
         """Earliest start of a read of [lo, hi): when the last write to it has ended.
@@ -45,12 +48,35 @@ class Scoreboard:
         first, stop = self._span(lo, hi)
         return max(self.read_ready(lo, hi, forward), max(self._read_end[first:stop]))
 
-    def record_read(self, lo: int, hi: int, end: int) -> None:
+    def blocker(self, lo: int, hi: int, cycle: int, write: bool,
+                forward: tuple[int, int] | None = None) -> int:
+        """Index of a command whose access to [lo, hi) ends at `cycle` and orders an access
+        (a write if `write`) after it: the command it waits for if `cycle` is its ready cycle.
+        -1 if none (the access is not held back until `cycle` by this range)."""
+        first, stop = self._span(lo, hi)
+        if forward is None:  # the common case: list.index scans at C speed
+            written = self._write_end[first:stop]
+            if cycle in written:  # cycle > 0 (a stall), so a real write, never the initial one
+                return self._writer[first + written.index(cycle)]
+        else:
+            for i in range(first, stop):
+                writer = self._writer[i]
+                end = forward[1] if writer == forward[0] else self._write_end[i]
+                if end == cycle and writer >= 0:
+                    return writer
+        if write:
+            read = self._read_end[first:stop]
+            if cycle in read:
+                return self._reader[first + read.index(cycle)]
+        return -1
+
+    def record_read(self, lo: int, hi: int, end: int, reader: int = -1) -> None:
         first, stop = self._split(lo), self._split(hi)
-        read_end = self._read_end
+        read_end, readers = self._read_end, self._reader
         for i in range(first, stop):
             if read_end[i] < end:
                 read_end[i] = end
+                readers[i] = reader
 
     def record_write(self, lo: int, hi: int, end: int, writer: int) -> None:
         first, stop = self._split(lo), self._split(hi)
@@ -60,6 +86,7 @@ class Scoreboard:
         self._write_end[first:stop] = [end]
         self._writer[first:stop] = [writer]
         self._read_end[first:stop] = [0]
+        self._reader[first:stop] = [-1]
 
     @property
     def num_segments(self) -> int:
@@ -80,4 +107,5 @@ class Scoreboard:
         self._write_end.insert(i + 1, self._write_end[i])
         self._writer.insert(i + 1, self._writer[i])
         self._read_end.insert(i + 1, self._read_end[i])
+        self._reader.insert(i + 1, self._reader[i])
         return i + 1

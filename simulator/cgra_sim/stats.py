@@ -35,10 +35,13 @@ class KernelStats:
     dma_store_bytes: int  # bytes written to host memory (halo excluded)
     dma_load_box_bytes: int  # bytes the load engine streamed (halo zeros included)
     dma_store_box_bytes: int  # bytes the store engine streamed (dropped halo included)
-    busy_cycles: dict  # unit name (load, compute, store) -> cycles spent running commands
+    busy_cycles: dict  # unit name (load, compute, store, vector) -> cycles spent running commands
     config_loads: int  # PE-array configuration loads
     num_commands: int
     op_counts: dict  # opcode name -> number of commands
+    # Per unit, with busy + stall + idle == cycles (definitions in timing.py and docs/simulator.md):
+    stall_cycles: dict = dataclasses.field(default_factory=dict)  # unit free, next command waits
+    idle_cycles: dict = dataclasses.field(default_factory=dict)  # unit's last command has left it
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -71,6 +74,7 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], schedule: 
     store_bytes = sum(c.host_bytes for c in stores)
     cycles = schedule.cycles
     counts = Counter(c.op.name for c in commands)
+    stalls = schedule.stalls()
     return KernelStats(
         name=name,
         source_ops=tuple(source_ops),
@@ -88,4 +92,6 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], schedule: 
         config_loads=schedule.config_loads,
         num_commands=len(commands),
         op_counts={op.name: counts.get(op.name, 0) for op in Op},
+        stall_cycles={unit.name.lower(): schedule.stall_cycles(unit, stalls) for unit in Unit},
+        idle_cycles={unit.name.lower(): schedule.idle_cycles(unit) for unit in Unit},
     )

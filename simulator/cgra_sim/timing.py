@@ -6,10 +6,11 @@ end cycle of every command. Nothing here is validated against RTL (there is none
 the analytical one below, with its assumptions in docs/simulator.md.
 
 Model. Four in-order queues, one per `isa.Unit`: LOAD (DMA_LOAD), COMPUTE (GEMM: the PE array),
-VECTOR (FILL, EPILOGUE: the vector unit beside the array) and STORE (DMA_STORE). `ready` is when a command's scratchpad dependencies are met: a
-scoreboard on byte ranges (scoreboard.py) gives read-after-write, write-after-read and
-write-after-write against earlier commands in stream order. A command starts at
-max(end of the previous command on its queue, ready) and ends:
+VECTOR (FILL, EPILOGUE: the vector unit beside the array) and STORE (DMA_STORE). `ready` is when
+a command's scratchpad dependencies are met: a scoreboard on byte ranges (scoreboard.py) gives
+read-after-write, write-after-read and write-after-write against earlier commands in stream
+order. A command starts at max(free, ready), free being when the previous command on its queue
+left the unit, and ends:
     DMA (either direction)  start + dma_latency + ceil(box_bytes / dma_bytes_per_cycle)
         box_bytes counts every box element, halo included (the engine makes zeros at full rate).
         The load and the store engine each have the full bandwidth. An engine keeps several
@@ -29,6 +30,16 @@ max(end of the previous command on its queue, ready) and ends:
         previous drain. Partial sums stay in the array: a GEMM whose accumulator is exactly the
         previous GEMM's accumulator sees that GEMM's write as done when its operands are in.
 The kernel takes max(end) cycles.
+
+Occupancy. Each unit's cycles [0, kernel cycles) split exactly into busy, stalled and idle:
+    busy     a command occupies the unit: [start, start + occupancy) (a DMA: the transfer only)
+    stalled  the unit is free but the next command on its queue has not started: from the cycle
+             the unit became free (0 for its first command) to that command's start. Since
+             start = max(free, ready), this is always a wait for a scratchpad dependency
+             (`Schedule.waits_for` names the command it waits for). A DMA never waits for its
+             engine beyond the engine's busy time: transfers in flight are unlimited.
+    idle     after the unit's last command left it (a DMA's latency tail included: the engine
+             could take another transfer), or all along for a unit with no commands.
 """
 
 from __future__ import annotations
@@ -59,6 +70,9 @@ class Schedule:
     ends: np.ndarray  # first cycle after it (end - start = duration)
     occupancy: np.ndarray  # cycles the command kept its unit busy (a DMA's latency is not busy)
     config_loads: int  # PE-array configuration loads paid
+    # index of the command whose access this command's start waited for; -1 when it did not stall.
+    # None in schedules built without it (then stalls are known, but not their cause).
+    waits_for: np.ndarray | None = None
 
     @property
     def cycles(self) -> int:
@@ -68,6 +82,26 @@ class Schedule:
     def busy_cycles(self, unit: Unit) -> int:
         """Cycles `unit` spent running commands."""
         return int(self.occupancy[self.units == int(unit)].sum())
+
+    def stalls(self) -> np.ndarray:
+        """Per command: cycles its unit sat free before it started (0: it started right away)."""
+        frees = self.starts + self.occupancy
+        previous_free = np.zeros_like(self.starts)  # the kernel's start, for a unit's first command
+        for unit in Unit:
+            at = np.flatnonzero(self.units == int(unit))
+            previous_free[at[1:]] = frees[at[:-1]]
+        return self.starts - previous_free
+
+    def stall_cycles(self, unit: Unit, stalls: np.ndarray | None = None) -> int:
+        """Cycles `unit` was free while its next command waited for a dependency.
+        `stalls`: `self.stalls()`, if already computed."""
+        stalls = self.stalls() if stalls is None else stalls
+        return int(stalls[self.units == int(unit)].sum())
+
+    def idle_cycles(self, unit: Unit) -> int:
+        """Cycles after `unit`'s last command left it (all of them if it had none)."""
+        at = np.flatnonzero(self.units == int(unit))
+        return self.cycles - (int(self.starts[at[-1]] + self.occupancy[at[-1]]) if len(at) else 0)
 
     def to_records(self) -> list[dict]:
         """One dict per command (index, op, unit, start, end), e.g. for a trace viewer."""
@@ -183,21 +217,42 @@ def _ready(board: Scoreboard, cmd: Command, forwarding) -> int:
     return ready
 
 
+def _blocker(board: Scoreboard, cmd: Command, forwarding, ready: int) -> int:
+    """The command whose access made `cmd` ready at `ready` (mirrors `_ready`; called only
+    for a command that stalls, so the common path does not pay for it)."""
+    held, forward = forwarding if forwarding is not None else (None, None)
+    for region in cmd.reads:
+        for lo, hi in _read_intervals(cmd, region):
+            found = board.blocker(lo, hi, ready, False, forward if region is held else None)
+            if found >= 0:
+                return found
+    for region in cmd.writes:
+        for lo, hi in region.intervals:
+            found = board.blocker(lo, hi, ready, True, forward if region is held else None)
+            if found >= 0:
+                return found
+    return -1
+
+
 def schedule_commands(arch: HardwareDescription, commands: list[Command],
                       max_cycles: int = DEFAULT_MAX_CYCLES) -> Schedule:
     """Times `commands` (decoded and validated); raises `CycleLimitExceeded` past `max_cycles`."""
     board = Scoreboard(arch.spad_bytes)
     queue_free = [0] * len(Unit)
     compute = _ComputeQueue()
-    starts, ends, busy = [], [], []
+    starts, ends, busy, waits_for = [], [], [], []
     for cmd in commands:
-        ready = _ready(board, cmd, compute.forwarding(cmd))
+        forwarding = compute.forwarding(cmd)
+        ready = _ready(board, cmd, forwarding)
         start, end, free = _TIMERS[cmd.op](arch, cmd, ready, queue_free[cmd.unit], compute)
         if end > max_cycles:
             raise CycleLimitExceeded(cmd.index, cmd.op.name, end, max_cycles)
+        # start > free only when ready > free (start = max(free, ready)): a dependency stall.
+        stalled = start > queue_free[cmd.unit]
+        waits_for.append(_blocker(board, cmd, forwarding, start) if stalled else -1)
         for region in cmd.reads:
             for lo, hi in _read_intervals(cmd, region):
-                board.record_read(lo, hi, end)
+                board.record_read(lo, hi, end, cmd.index)
         for region in cmd.writes:
             for lo, hi in region.intervals:
                 board.record_write(lo, hi, end, cmd.index)
@@ -208,5 +263,6 @@ def schedule_commands(arch: HardwareDescription, commands: list[Command],
     return Schedule(ops=np.array([int(c.op) for c in commands], dtype=np.int8),
                     units=np.array([int(c.unit) for c in commands], dtype=np.int8),
                     starts=np.array(starts, dtype=np.int64), ends=np.array(ends, dtype=np.int64),
-                    occupancy=np.array(busy, dtype=np.int64), config_loads=compute.config_loads)
+                    occupancy=np.array(busy, dtype=np.int64), config_loads=compute.config_loads,
+                    waits_for=np.array(waits_for, dtype=np.int32))
 

@@ -9,7 +9,10 @@ where launch i-1 ended: the host work between them is not simulated); one track 
 top to bottom LOAD, COMPUTE, VECTOR, STORE; one complete ("X") event per command. Times are in
 microseconds at the arch's clock (ts = cycle / clock_mhz). An event spans the cycles the command
 kept its unit busy, so events on one track never overlap; a DMA's completion, `dma_latency`
-later, is in its args as `end_cycle`.
+later, is in its args as `end_cycle`. Where a unit sat free waiting for its next command's
+dependency, a "stall" event (category "stall", named after the command waited for, e.g.
+"stall: waits for LOAD cmd #3") fills the gap before that command, so each track shows busy,
+stalled and idle (empty) time as in `KernelStats`.
 """
 
 from __future__ import annotations
@@ -110,6 +113,29 @@ def _command_events(pid: int, launch: TracedLaunch, offset_us: float) -> list[di
     return events
 
 
+def _stall_name(schedule: Schedule, blocker: int) -> str:
+    if blocker < 0:  # a schedule built without its causes
+        return "stall"
+    return f"stall: waits for {Unit(int(schedule.units[blocker])).name} cmd #{blocker}"
+
+
+def _stall_events(pid: int, launch: TracedLaunch, offset_us: float) -> list[dict]:
+    """One event per stalled command, spanning the cycles its unit waited for it."""
+    schedule, clock = launch.schedule, float(launch.clock_mhz)
+    stalls = schedule.stalls()
+    events = []
+    for index in np.flatnonzero(stalls > 0):
+        index, stall, start = int(index), int(stalls[index]), int(schedule.starts[index])
+        blocker = -1 if schedule.waits_for is None else int(schedule.waits_for[index])
+        unit = Unit(int(schedule.units[index]))
+        events.append({"name": _stall_name(schedule, blocker), "cat": "stall", "ph": "X",
+                       "pid": pid, "tid": TID_OF[unit], "ts": offset_us + (start - stall) / clock,
+                       "dur": stall / clock,
+                       "args": {"waiting": index, "waits_for": blocker, "stall_cycles": stall,
+                                "start_cycle": start - stall}})
+    return events
+
+
 def chrome_trace(launches: Iterable["TracedLaunch | tuple"]) -> dict:
     """The trace of `launches` (TracedLaunch or tuples of its fields), in order, end to end."""
     events, offset_us, total_cycles = [], 0.0, 0
@@ -120,6 +146,7 @@ def chrome_trace(launches: Iterable["TracedLaunch | tuple"]) -> dict:
                              f"got {launch.clock_mhz!r}")
         events += _metadata(pid, launch)
         events += _command_events(pid, launch, offset_us)
+        events += _stall_events(pid, launch, offset_us)
         offset_us += launch.schedule.cycles / float(launch.clock_mhz)
         total_cycles += launch.schedule.cycles
     return {"traceEvents": events, "displayTimeUnit": "ns",
