@@ -213,8 +213,13 @@ def _annotate(name, composite, bindings):
     if name.endswith("relu"):
         node = call_of(node.args[0])
     if "_bias" in name:
-        annotated["bias"] = node.args[1]
-        node = call_of(node.args[0])
+        # add is commutative to the matcher: PyTorch's Linear gives add(bias, matmul). The root
+        # is the operand computed inside the composite; the bias is the other one.
+        first, second = node.args
+        if not isinstance(call_of(first), relax.Call):
+            first, second = second, first
+        annotated["bias"] = second
+        node = call_of(first)
     annotated["root"] = node
     annotated["lhs"], rhs = node.args
     if name.startswith("cgra.linear"):

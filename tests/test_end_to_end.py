@@ -150,3 +150,28 @@ def test_damaged_library_is_refused_on_load(tmp_path):
     library.write_bytes(data[: len(data) // 2])  # truncated: a half-copied artifact
     with pytest.raises(npu_backend.DamagedArtifact, match="truncated"):
         tvm.runtime.load_module(str(library))
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_bias_added_first_is_fused(relu):
+    """PyTorch's Linear imports as add(bias, matmul): the operands of add come in either order."""
+    from tvm import relax
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((5, 16), "float32"))
+    w = relax.Var("w", relax.TensorType((16, 8), "float32"))
+    b = relax.Var("b", relax.TensorType((8,), "float32"))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.add(b, relax.op.matmul(x, w)))
+            if relu:
+                y = bb.emit(relax.op.nn.relu(y))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(s).astype("float32") for s in ((5, 16), (16, 8), (8,))]
+    ref = inputs[0] @ inputs[1] + inputs[2]
+    ref = np.maximum(ref, 0) if relu else ref
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(bb.get(), "cgra-4x4"), inputs)
+    assert_matches(out, ref, "float32")
+    assert len(prof.kernels) == 1
