@@ -9,6 +9,7 @@ stages as the compiler, so what it says is what `tvm.compile` will do.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import tvm
 from tvm import relax
@@ -114,11 +115,8 @@ def _macs(call, out_var) -> int:
     lhs = _static_dims(call.args[0])
     if out is None or rhs is None or lhs is None:
         return 0
-    per_output = rhs[1] * rhs[2] * rhs[3] if name == "relax.nn.conv2d" else lhs[-1]
-    count = 1
-    for dim in out:
-        count *= dim
-    return count * per_output
+    per_output = math.prod(rhs[1:]) if name == "relax.nn.conv2d" else lhs[-1]
+    return math.prod(out) * per_output
 
 
 def _static_dims(expr):

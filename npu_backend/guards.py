@@ -31,14 +31,8 @@ def guarded_dims(guard, indices, shape, tensor: str, analyzer, domains):
     for conjunct in _conjuncts(guard):
         if analyzer.can_prove(conjunct):
             continue  # always true on the loops' ranges (e.g. "p % 6 < 6", however it is written)
-        tested = _matched_bound(conjunct, indices, shape, analyzer)
-        for dim, index in enumerate(indices):
-            if tested is not None:
-                break
-            for side, test in (("lo", index >= 0), ("hi", index < shape[dim])):
-                if _equivalent(conjunct, test, analyzer, domains):
-                    tested = side, dim
-                    break
+        tested = _matched_bound(conjunct, indices, shape, analyzer) or \
+            _equivalent_bound(conjunct, indices, shape, analyzer, domains)
         if tested is None:
             raise UnsupportedCopy(f"the guard '{conjunct}' of a copy of '{tensor}' is not an "
                                   f"in-bounds test of its indices {list(indices)}: the DMA halo "
@@ -63,6 +57,15 @@ def _matched_bound(conjunct, indices, shape, analyzer):
             return "lo", dim
         if side == "hi" and _equals(bound, shape[dim]):
             return "hi", dim
+    return None
+
+
+def _equivalent_bound(conjunct, indices, shape, analyzer, domains):
+    """('lo' | 'hi', dim) when the conjunct is equivalent to a bound test of dim, else None."""
+    for dim, index in enumerate(indices):
+        for side, test in (("lo", index >= 0), ("hi", index < shape[dim])):
+            if _equivalent(conjunct, test, analyzer, domains):
+                return side, dim
     return None
 
 

@@ -21,7 +21,7 @@ def _random(rng, shape, dtype):
     return rng.standard_normal(shape).astype(dtype)
 
 
-def _build(name_shapes, body_fn):
+def relax_module(name_shapes, body_fn):
     """A module whose main takes `name_shapes` [(name, shape, dtype)] and returns body_fn(vars)."""
     builder = relax.BlockBuilder()
     params = [relax.Var(name, relax.TensorType(shape, dtype)) for name, shape, dtype in name_shapes]
@@ -60,7 +60,7 @@ def matmul_model(m, n, k, dtype="float32", bias=True, relu=True, transposed=Fals
     if softmax:
         e = np.exp(ref - ref.max(-1, keepdims=True))
         ref = e / e.sum(-1, keepdims=True)
-    return _build(specs, body), inputs, ref.astype(acc)
+    return relax_module(specs, body), inputs, ref.astype(acc)
 
 
 def conv2d_reference(x, w, stride, pad, dilation=(1, 1), groups=1):
@@ -106,7 +106,7 @@ def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype=
         ref = ref + inputs[2]
     if relu:
         ref = np.maximum(ref, 0)
-    return _build(specs, body), inputs, ref.astype(acc)
+    return relax_module(specs, body), inputs, ref.astype(acc)
 
 
 def run(ex, inputs):

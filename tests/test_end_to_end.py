@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import npu_backend
-from models import assert_matches, conv2d_model, matmul_model, run
+from models import assert_matches, conv2d_model, matmul_model, relax_module, run
 
 PRESETS = npu_backend.preset_names()
 
@@ -156,22 +156,16 @@ def test_damaged_library_is_refused_on_load(tmp_path):
 def test_bias_added_first_is_fused(relu):
     """PyTorch's Linear imports as add(bias, matmul): the operands of add come in either order."""
     from tvm import relax
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((5, 16), "float32"))
-    w = relax.Var("w", relax.TensorType((16, 8), "float32"))
-    b = relax.Var("b", relax.TensorType((8,), "float32"))
-    with bb.function("main", [x, w, b]):
-        with bb.dataflow():
-            y = bb.emit(relax.op.add(b, relax.op.matmul(x, w)))
-            if relu:
-                y = bb.emit(relax.op.nn.relu(y))
-            out = bb.emit_output(y)
-        bb.emit_func_output(out)
+
+    def body(bb, x, w, b):
+        y = bb.emit(relax.op.add(b, relax.op.matmul(x, w)))
+        return bb.emit(relax.op.nn.relu(y)) if relu else y
+    mod = relax_module([("x", (5, 16), "float32"), ("w", (16, 8), "float32"), ("b", (8,), "float32")], body)
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal(s).astype("float32") for s in ((5, 16), (16, 8), (8,))]
     ref = inputs[0] @ inputs[1] + inputs[2]
     ref = np.maximum(ref, 0) if relu else ref
     with npu_backend.profile() as prof:
-        out = run(npu_backend.compile(bb.get(), "cgra-4x4"), inputs)
+        out = run(npu_backend.compile(mod, "cgra-4x4"), inputs)
     assert_matches(out, ref, "float32")
     assert len(prof.kernels) == 1

@@ -5,17 +5,7 @@ from __future__ import annotations
 from tvm import relax
 
 import npu_backend
-from models import matmul_model
-
-
-def _module(params, body):
-    builder = relax.BlockBuilder()
-    variables = [relax.Var(name, relax.TensorType(shape, dtype)) for name, shape, dtype in params]
-    with builder.function("main", variables):
-        with builder.dataflow():
-            out = builder.emit_output(body(builder, *variables))
-        builder.emit_func_output(out)
-    return builder.get()
+from models import matmul_model, relax_module
 
 
 def test_fused_ops_on_npu_and_softmax_on_host():
@@ -32,7 +22,7 @@ def test_reasons_name_what_blocks_the_offload():
         return relax.Tuple([bb.emit(relax.op.matmul(x, w)),
                             bb.emit(relax.op.nn.conv2d(y, k, data_layout="NHWC", kernel_layout="HWIO")),
                             bb.emit(relax.op.matmul(a, b, out_dtype="int8"))])
-    mod = _module([("x", (4, 8, 8), "float32"), ("w", (8, 5), "float32"),
+    mod = relax_module([("x", (4, 8, 8), "float32"), ("w", (8, 5), "float32"),
                    ("y", (3, 6, 6, 8), "float32"), ("k", (3, 3, 8, 8), "float32"),
                    ("a", (4, 8), "int8"), ("b", (8, 3), "int8")], body)
     placements = npu_backend.explain(mod, "cgra-4x4")

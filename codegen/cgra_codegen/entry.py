@@ -13,6 +13,8 @@ In: a lowered PrimFunc, its scratchpad plan, the hardware description. Out: the 
 
 from __future__ import annotations
 
+import math
+
 import llvmlite.ir as ir
 from tvm import tirx
 
@@ -197,12 +199,7 @@ def caller_shape(func, index: int):
     if not is_view(func, index):
         return param.ty.shape
     shape = [tirx.IntImm("int64", int(extent)) for extent in func.attrs["cgra.arg_shapes"][index]]
-    own, seen = 1, 1
-    for extent in param.ty.shape:
-        own *= int(extent)
-    for extent in shape:
-        seen *= int(extent)
-    if own != seen:
+    if math.prod(int(e) for e in param.ty.shape) != math.prod(int(e) for e in shape):
         raise CodegenError(str(func.attrs.get("global_symbol", "")), f"parameter '{param.name}' "
                            f"views a {list(map(int, shape))} argument as {list(param.ty.shape)}: the "
                            "sizes differ")
