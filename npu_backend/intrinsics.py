@@ -66,6 +66,69 @@ def gemm_intrin(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str, sc
     return desc, impl
 
 
+def window_sum(load_a, load_b, y, x, c, window, acc_dtype: str):
+    """The depthwise sum at output (y, x, c): taps ry-major, each term cast to `acc_dtype`, added
+    left to right (the order the simulator adds them in). `window` = (kh, kw, sh, sw, dh, dw);
+    `load_a(iy, ix, c)` and `load_b(ry, rx, c)` read the input window and the weights. Shared by
+    the intrinsic's description and the kernel's TE compute, so tensorize sees one expression."""
+    kh, kw, sh, sw, dh, dw = window
+    total = None
+    for ry in range(kh):
+        for rx in range(kw):
+            term = load_a(y * sh + ry * dh, x * sw + rx * dw, c).astype(acc_dtype) * \
+                load_b(ry, rx, c).astype(acc_dtype)
+            total = term if total is None else total + term
+    return total
+
+
+def window_extent(out: int, kernel: int, stride: int, dilation: int) -> int:
+    """Input rows (or columns) a window of `out` outputs reads."""
+    return (out - 1) * stride + (kernel - 1) * dilation + 1
+
+
+def depthwise_intrin(oh: int, ow: int, cols: int, window: tuple, dtype: str, acc_dtype: str,
+                     scope: str = SPAD):
+    """One PE-array pass, a PE per output: acc[oh, ow, cols] = the depthwise window sum over an
+    input tile (in_h, in_w, cols) and weights (kh, kw, cols). `window` = (kh, kw, sh, sw, dh, dw)."""
+    kh, kw, sh, sw, dh, dw = window
+    in_h, in_w = window_extent(oh, kh, sh, dh), window_extent(ow, kw, sw, dw)
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (in_h, in_w, cols), dtype, offset_factor=1, scope=scope)
+        B = T.match_buffer(b, (kh, kw, cols), dtype, offset_factor=1, scope=scope)
+        C = T.match_buffer(c, (oh, ow, cols), acc_dtype, offset_factor=1, scope=scope)
+        with T.sblock("root"):
+            T.reads(A[0:in_h, 0:in_w, 0:cols], B[0:kh, 0:kw, 0:cols])
+            T.writes(C[0:oh, 0:ow, 0:cols])
+            for y, x, ch in T.grid(oh, ow, cols):
+                with T.sblock("acc"):
+                    vy, vx, vc = T.axis.remap("SSS", [y, x, ch])
+                    C[vy, vx, vc] = window_sum(lambda i, j, k: A[i, j, k], lambda i, j, k: B[i, j, k],
+                                               vy, vx, vc, window, acc_dtype)
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa0 = T.int32()
+        sa1 = T.int32()
+        sb0 = T.int32()
+        sb1 = T.int32()
+        sc0 = T.int32()
+        sc1 = T.int32()
+        A = T.match_buffer(a, (in_h, in_w, cols), dtype, offset_factor=1, scope=scope, strides=[sa0, sa1, 1])
+        B = T.match_buffer(b, (kh, kw, cols), dtype, offset_factor=1, scope=scope, strides=[sb0, sb1, 1])
+        C = T.match_buffer(c, (oh, ow, cols), acc_dtype, offset_factor=1, scope=scope, strides=[sc0, sc1, 1])
+        with T.sblock("root"):
+            T.reads(A[0:in_h, 0:in_w, 0:cols], B[0:kh, 0:kw, 0:cols])
+            T.writes(C[0:oh, 0:ow, 0:cols])
+            T.evaluate(T.call_extern(
+                "int32", "cgra_depthwise", 0, _code(dtype), oh, ow, cols, kh, kw,
+                A.data, A.elem_offset, sa0 * sh, sa1 * sw, sa0 * dh, sa1 * dw,
+                B.data, B.elem_offset, sb0, sb1, C.data, C.elem_offset, sc0, sc1))
+
+    return desc, impl
+
+
 def fill_intrin(rows: int, cols: int, dtype: str, scope: str = SPAD):
     """Vector unit: zero a rows x cols accumulator tile (the reduction's init)."""
 
@@ -171,6 +234,7 @@ class Intrinsic:
 
 INTRINSICS = {
     "gemm": Intrinsic(Op.GEMM, gemm_intrin),
+    "depthwise": Intrinsic(Op.DEPTHWISE, depthwise_intrin),
     "fill": Intrinsic(Op.FILL, fill_intrin),
     "epilogue": Intrinsic(Op.EPILOGUE, epilogue_intrin),
 }

@@ -1,4 +1,4 @@
-"""Kernel definitions: an offloaded composite function -> a GEMM-shaped TensorIR PrimFunc.
+"""Kernel definitions: an offloaded composite function -> a tileable TensorIR PrimFunc.
 
 Stage: target hook, first half. Input: a `KernelSpec` read off a `cgra.*` composite (op, shapes,
 dtype, conv geometry, epilogue). Output: a schedulable PrimFunc (`te.create_prim_func`) whose
@@ -14,8 +14,11 @@ blocks have fixed names and roles, so that `schedule.py` can tile and tensorize 
 Every kernel is a GEMM over padded extents (rows Mp, columns Np, reduction Kp), padded to whole
 tiles so that every inner tile can be tensorized; the padding never reaches the host because
 the loads read zeros outside the tensor and the store drops what lies outside it. A conv2d is a
-GEMM per image: rows are output pixels (whole output rows per tile), columns are output channels (f), and the
-reduction runs over (ry, rx, c), the left operand being gathered by a strided DMA box.
+GEMM per image: rows are output pixels (whole output rows per tile), columns are output
+channels (f), and the reduction runs over (ry, rx, c), the left operand being gathered by a
+strided DMA box. A depthwise conv2d is not a GEMM (each output channel reads one input channel):
+its acc is a sliding-window sum over an input window tile, the PE array's DEPTHWISE intrinsic
+(`depthwise_compute`); a_pad is then that window and b_pad the (kh, kw, channels) weights.
 """
 
 from __future__ import annotations
@@ -24,18 +27,19 @@ import dataclasses
 
 from tvm import te, tirx
 
-from .tiling import Tiling
+from .intrinsics import window_extent, window_sum
+from .tiling import Tiling, depthwise_padded_width
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
     """What one offloaded kernel computes, independent of the hardware."""
 
-    op: str  # "matmul" or "conv2d"
+    op: str  # "matmul", "conv2d", or "depthwise" (a conv2d with groups == C == F)
     dtype: str  # input dtype: "int8" or "float32"
     acc_dtype: str  # "int32" or "float32"
-    lhs_shape: tuple  # matmul: (M, K); conv2d: (N, C, H, W)
-    rhs_shape: tuple  # matmul: (K, N), or (N, K) when rhs_transposed; conv2d: (F, C, KH, KW)
+    lhs_shape: tuple  # matmul: (M, K); conv2d, depthwise: (N, C, H, W)
+    rhs_shape: tuple  # matmul: (K, N), or (N, K) when rhs_transposed; conv2d: (F, C / groups, KH, KW)
     bias_shape: tuple | None = None  # broadcastable to the output along its channel / column axis
     relu: bool = False
     rhs_transposed: bool = False  # matmul: the right operand is stored (N, K) (PyTorch Linear)
@@ -60,6 +64,11 @@ class KernelSpec:
         f, c, _, _ = self.rhs_shape  # c: input channels per group
         _, _, oh, ow = self.output_shape
         return oh * ow, f // self.groups, c
+
+    @property
+    def grouped(self) -> bool:
+        """A conv2d run as the GEMM kernel over N * G images, one group each (see grouped_shapes)."""
+        return self.op == "conv2d" and self.groups > 1
 
     @property
     def row_step(self) -> int:
@@ -134,7 +143,7 @@ def _epilogue(spec, acc, tiling, bias, row_axes):
         def bias_index(channel):
             return [channel if axis == channel_axis else 0 for axis in range(len(spec.bias_shape))]
 
-        if spec.groups > 1:
+        if spec.grouped:
             per_group = spec.gemm_extents[1]
             bias_pad = te.compute((acc.shape[0], np_), lambda b_, j: _padded(
                 bias, spec.bias_shape, bias_index(b_ % spec.groups * per_group + j)), name="bias_pad")
@@ -145,7 +154,7 @@ def _epilogue(spec, acc, tiling, bias, row_axes):
     def epi_value(*idx):
         value = acc(*idx)
         if bias_pad is not None:
-            value = value + (bias_pad(idx[0], idx[-1]) if spec.groups > 1 else bias_pad(idx[-1]))
+            value = value + (bias_pad(idx[0], idx[-1]) if spec.grouped else bias_pad(idx[-1]))
         if spec.relu:
             value = tirx.max(value, tirx.const(0, spec.acc_dtype))
         return value
@@ -231,6 +240,35 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
     return _prim_func(spec, {"lhs": x, "rhs": w, "bias": bias}, out, views)
 
 
+def depthwise_compute(spec: KernelSpec, tiling: Tiling):
+    """Depthwise NCHW conv2d (groups == C == F): out[b, c, y, x] = the window sum of channel c.
+
+    The input tile lives in the scratchpad as a window (input rows, input columns, channels),
+    the halo zero-filled by its DMA, so every input element is loaded once per tile rather than
+    once per tap; the DEPTHWISE intrinsic gives each PE one output and slides the taps over the
+    window. Output rows are padded to whole tiles (tiling.tm rows) and columns to at least 2."""
+    n, _, _, _ = spec.lhs_shape
+    _, _, kh, kw = spec.rhs_shape
+    top, left, _, _ = spec.padding
+    window = (kh, kw, *spec.strides, *spec.dilation)
+    rows, cols, width = tiling.mp, tiling.np, depthwise_padded_width(spec)
+    in_h = window_extent(rows, kh, spec.strides[0], spec.dilation[0])
+    in_w = window_extent(width, kw, spec.strides[1], spec.dilation[1])
+    x = te.placeholder(spec.lhs_shape, spec.dtype, name="data")
+    w = te.placeholder(spec.rhs_shape, spec.dtype, name="weight")
+    a_pad = te.compute((n, in_h, in_w, cols), lambda b_, iy, ix, c: _padded(
+        x, spec.lhs_shape, (b_, c, iy - top, ix - left)), name="a_pad")
+    b_pad = te.compute((kh, kw, cols), lambda ry, rx, c: _padded(w, spec.rhs_shape, (c, 0, ry, rx)),
+                       name="b_pad")
+    acc = te.compute((n, rows, width, cols), lambda b_, y, ox, c: window_sum(
+        lambda iy, ix, ch: a_pad[b_, iy, ix, ch], lambda ry, rx, ch: b_pad[ry, rx, ch], y, ox, c,
+        window, spec.acc_dtype), name="acc")
+    bias = te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None
+    epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=3)
+    out = te.compute(spec.output_shape, lambda b_, c, y, ox: epi[b_, y, ox, c], name="out")
+    return _prim_func(spec, {"lhs": x, "rhs": w, "bias": bias}, out)
+
+
 def _prim_func(spec: KernelSpec, inputs: dict, out, views=None):
     """The PrimFunc with parameters in the order the offloaded function is called with.
 
@@ -243,7 +281,7 @@ def _prim_func(spec: KernelSpec, inputs: dict, out, views=None):
     return func
 
 
-COMPUTES = {"matmul": matmul_compute, "conv2d": conv2d_compute}
+COMPUTES = {"matmul": matmul_compute, "conv2d": conv2d_compute, "depthwise": depthwise_compute}
 
 
 def kernel_prim_func(spec: KernelSpec, tiling: Tiling):

@@ -6,7 +6,8 @@ kept: `offload_reason` returns it in words a user can act on). `spec_from_compos
 `KernelSpec` back off an offloaded function for the target hook.
 
 Patterns: matmul (2-D, and the permute_dims + matmul form PyTorch's Linear produces) and conv2d
-(NCHW / OIHW, any stride, padding, dilation and groups, depthwise included), each optionally followed by a bias `add` and then `relu`, in float32 and in
+(NCHW / OIHW, any stride, padding, dilation and groups; depthwise ones become the DEPTHWISE
+kernel), each optionally followed by a bias `add` and then `relu`, in float32 and in
 int8 x int8 -> int32.
 """
 
@@ -22,7 +23,7 @@ from cgra_sim.arch import HardwareDescription
 
 from .errors import CGRAError
 from .kernels import KernelSpec
-from .tiling import choose_tiling
+from .tiling import choose_kernel_tiling
 
 ACC_DTYPE = {"int8": "int32", "float32": "float32"}
 
@@ -69,7 +70,7 @@ def offload_reason(name: str, annotated: dict, arch: HardwareDescription) -> str
     if spec.dtype not in arch.dtypes:
         return f"{arch.name} computes {', '.join(arch.dtypes)}, not {spec.dtype}"
     try:
-        choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch, spec.row_step)
+        choose_kernel_tiling(spec, arch)
     except CGRAError as err:
         return str(err)
     return None
@@ -153,7 +154,10 @@ def _conv2d_spec(call, data, weight, common) -> KernelSpec:
     padding = tuple(int(p) for p in attrs.padding)
     if len(padding) == 2:
         padding = padding * 2
-    spec = KernelSpec("conv2d", lhs_shape=data_shape, rhs_shape=weight_shape,
+    # One input channel per output channel: the sliding-window DEPTHWISE kernel, not a GEMM
+    # one column wide. (A channel multiplier > 1 runs as a grouped GEMM.)
+    op = "depthwise" if 1 < groups == data_shape[1] == weight_shape[0] else "conv2d"
+    spec = KernelSpec(op, lhs_shape=data_shape, rhs_shape=weight_shape,
                       strides=tuple(int(s) for s in attrs.strides), padding=padding,
                       dilation=tuple(int(d) for d in attrs.dilation), groups=groups, **common)
     bias_shape = common["bias_shape"]

@@ -112,3 +112,36 @@ def schedule_gemm_like(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDesc
     """Both kernels are GEMMs over (rows, cols, reductions...): one schedule serves both."""
     acc, epi, epi_row, col_tile = _tile_output(sch, spec, tiling)
     _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, col_tile)
+
+
+@register_schedule("depthwise")
+def schedule_depthwise(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription):
+    """Tiles of `tm` output rows x `tn` channels (whole output rows); per tile the input window
+    and the weights are loaded into the scratchpad, one DEPTHWISE computes the tile on the PE
+    array and one EPILOGUE per output row applies bias and relu on the vector unit."""
+    epi = sch.get_sblock("epi")
+    _, rows, width, channels = sch.get_loops(epi)
+    row_outer, row_inner = sch.split(rows, [None, tiling.tm])
+    col_outer, col_inner = sch.split(channels, [None, tiling.tn])
+    sch.reorder(row_outer, col_outer, row_inner, width, col_inner)
+    for name in ("acc", "a_pad", "b_pad") + (("bias_pad",) if spec.bias_shape else ()):
+        block = sch.get_sblock(name)
+        sch.compute_at(block, col_outer)
+        sch.set_scope(block, 0, SPAD)
+    sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
+    sch.set_scope(epi, 0, SPAD)
+    kh, kw = spec.rhs_shape[2:]
+    window = (kh, kw, *spec.strides, *spec.dilation)
+    tile_rows = _loops_after(sch, sch.get_sblock("acc"), col_outer)[0]
+    out_width = sch.get_loops(epi)[-2]
+    sch.tensorize(tile_rows, get_intrin("depthwise", tiling.tm, sch.get(out_width).extent.value, tiling.tn,
+                                        window, spec.dtype, spec.acc_dtype))
+    sch.tensorize(out_width, get_intrin("epilogue", sch.get(out_width).extent.value, tiling.tn,
+                                        spec.acc_dtype, bool(spec.bias_shape), spec.relu))
+
+
+def _loops_after(sch, block, anchor):
+    """The loops of `block` nested inside the loop `anchor`."""
+    loops = sch.get_loops(block)
+    start = [i for i, loop in enumerate(loops) if sch.get_sref(loop).same_as(sch.get_sref(anchor))][0]
+    return loops[start + 1:]

@@ -26,13 +26,12 @@ from .lowering import lower_kernel
 from .options import CompileOptions, dump
 from .patterns import composite_call, spec_from_composite
 from .schedule import schedule_kernel
-from .tiling import choose_tiling
+from .tiling import choose_kernel_tiling
 
 # Each stage: (name, fn(state) -> output). The output is dumped under the stage's name.
 KERNEL_STAGES = [
     # Read what the offloaded function computes and cut it to the PE array and scratchpad.
-    ("tiling", lambda s: choose_tiling(*s["spec"].gemm_extents, s["spec"].dtype, s["spec"].acc_dtype,
-                                       bool(s["spec"].bias_shape), s["arch"], s["spec"].row_step)),
+    ("tiling", lambda s: choose_kernel_tiling(s["spec"], s["arch"])),
     # The kernel as schedulable TensorIR over padded tile grids (s_tir before scheduling).
     ("s_tir", lambda s: kernel_prim_func(s["spec"], s["tiling"])),
     # Tiles in the scratchpad, tensorized onto the PE array and the vector unit.

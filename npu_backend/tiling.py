@@ -1,9 +1,10 @@
-"""Tile sizes: how a GEMM-shaped kernel is cut to fit the PE array and the scratchpad.
+"""Tile sizes: how a kernel is cut to fit the PE array and the scratchpad.
 
-Stage: target hook (before scheduling). Input: the GEMM extents of a kernel, its dtypes and the
-hardware description. Output: a `Tiling` with scratchpad tile sizes (tm, tn, tk) that are whole
-multiples of the PE array (rows, cols) and whose buffers fit the scratchpad, and the padded
-extents (mp, np, kp) the kernel iterates over.
+Stage: target hook (before scheduling). Input: a kernel's `KernelSpec` (for a GEMM-shaped kernel,
+its GEMM extents and dtypes) and the hardware description. Output: a `Tiling` with scratchpad
+tile sizes (tm, tn, tk) that are whole multiples of the PE array (rows, cols) and whose buffers
+fit the scratchpad, and the padded extents (mp, np, kp) the kernel iterates over. A depthwise
+kernel's tiles are output rows x channels (see `choose_depthwise_tiling`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,14 @@ class Tiling:
         if has_bias:
             total += _aligned(2 * self.tn * acc_bytes)
         return total
+
+
+def choose_kernel_tiling(spec, arch: HardwareDescription) -> Tiling:
+    """The tiling of the kernel `spec` (a kernels.KernelSpec) describes."""
+    if spec.op == "depthwise":
+        return choose_depthwise_tiling(spec, arch)
+    return choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch,
+                         spec.row_step)
 
 
 def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
@@ -120,3 +129,55 @@ def _k_candidates(depth: int):
         if tk == 1:
             break
         tk = -(-tk // 2)
+
+
+def depthwise_padded_width(spec) -> int:
+    """Output columns a depthwise kernel computes: at least 2, so that no loop of the tile has a
+    unit extent (the scheduler's compute_at would drop it and leave nothing to tensorize)."""
+    return max(spec.output_shape[3], 2)
+
+
+def choose_depthwise_tiling(spec, arch: HardwareDescription) -> Tiling:
+    """Tiles of a depthwise conv2d: `tm` whole output rows (>= 2) by `tn` channels (a multiple of
+    the PE array's columns, >= 2), all taps at once (tk = kp = kh * kw); the one with the fewest
+    estimated cycles among those whose double-buffered input window, weights, accumulator,
+    output and bias fit the scratchpad. mp and np: output rows and channels padded to whole tiles."""
+    _, channels, _, _ = spec.lhs_shape
+    _, _, kh, kw = spec.rhs_shape
+    (sh, sw), (dh, dw) = spec.strides, spec.dilation
+    rows, width = max(spec.output_shape[2], 2), depthwise_padded_width(spec)
+    in_bytes, acc_bytes = DType.from_name(spec.dtype).itemsize, DType.from_name(spec.acc_dtype).itemsize
+    in_w = (width - 1) * sw + (kw - 1) * dw + 1
+    first_tn = _round_up(2, arch.cols)
+    best = None
+    for tm in range(2, rows + 1):
+        in_h = (tm - 1) * sh + (kh - 1) * dh + 1
+        for tn in range(first_tn, max(_round_up(channels, arch.cols), first_tn) + 1, arch.cols):
+            footprint = _aligned(2 * in_h * in_w * tn * in_bytes) + _aligned(2 * kh * kw * tn * in_bytes)
+            footprint += 2 * _aligned(2 * tm * width * tn * acc_bytes)
+            footprint += _aligned(2 * tn * acc_bytes) if spec.bias_shape else 0
+            if footprint > arch.spad_bytes:
+                continue
+            tiling = Tiling(tm, tn, kh * kw, _round_up(rows, tm), _round_up(channels, tn), kh * kw)
+            load = -(-(in_h * in_w + kh * kw) * tn * in_bytes // arch.dma_bytes_per_cycle)
+            key = (_depthwise_cycles(tiling, spec, width, load, arch), -tm * tn)
+            if best is None or key < best[0]:
+                best = (key, tiling)
+    if best is None:
+        raise ScratchpadTooSmall(
+            f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold two output rows "
+            f"of a {spec.lhs_shape} depthwise conv2d ({kh}x{kw}): describe a larger scratchpad")
+    return best[1]
+
+
+def _depthwise_cycles(t: Tiling, spec, width: int, load: int, arch: HardwareDescription) -> int:
+    """First-order cycles of a tiled depthwise kernel under the simulator's timing model: with
+    double buffering the busiest unit per tile sets the pace, plus the first load and last store."""
+    images = spec.lhs_shape[0]
+    tiles = images * (t.mp // t.tm) * (t.np // t.tn)
+    pixels = t.tm * width
+    acc_bytes = DType.from_name(spec.acc_dtype).itemsize
+    compute = -(-pixels // arch.rows) * -(-t.tn // arch.cols) * -(-t.tk // arch.macs_per_pe[spec.dtype])
+    store = -(-pixels * t.tn * acc_bytes // arch.dma_bytes_per_cycle)
+    vector = t.tm * (-(-width * t.tn // arch.vector_lanes) + 2)
+    return tiles * max(compute, load, store, vector) + load + store + 2 * arch.dma_latency

@@ -76,7 +76,7 @@ def _extern_name(impl) -> str:
 
 
 def test_every_intrinsic_is_checked_here():
-    assert set(INTRINSICS) == {"gemm", "fill", "epilogue"}
+    assert set(INTRINSICS) == {"gemm", "depthwise", "fill", "epilogue"}
 
 
 @given(rows=st.integers(1, 8), cols=st.integers(1, 8), depth=st.integers(1, 40),
@@ -97,6 +97,34 @@ def test_gemm_three_ways(rows, cols, depth, dtype, seed):
     np.testing.assert_allclose(sim_c, tir_c, rtol=1e-5, atol=1e-4) if dtype == "float32" else \
         np.testing.assert_array_equal(sim_c, tir_c)
     assert _extern_name(INTRINSICS["gemm"].factory(rows, cols, depth, dtype, acc)[1]) == "cgra_" + Op.GEMM.name.lower()
+
+
+@given(oh=st.integers(1, 5), ow=st.integers(1, 6), cols=st.integers(1, 9), kh=st.integers(1, 3),
+       kw=st.integers(1, 3), sh=st.integers(1, 2), sw=st.integers(1, 2), dh=st.integers(1, 2),
+       dw=st.integers(1, 2), dtype=st.sampled_from(["int8", "float32"]), seed=st.integers(0, 2**16))
+def test_depthwise_three_ways(oh, ow, cols, kh, kw, sh, sw, dh, dw, dtype, seed):
+    acc = {"int8": "int32", "float32": "float32"}[dtype]
+    window = (kh, kw, sh, sw, dh, dw)
+    in_h, in_w = (oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1
+    rng = np.random.default_rng(seed)
+    a, b = _random(rng, (in_h, in_w, cols), dtype), _random(rng, (kh, kw, cols), dtype)
+    c = np.zeros((oh, ow, cols), acc)
+    desc, impl = INTRINSICS["depthwise"].factory(oh, ow, cols, window, dtype, acc, scope="global")
+    tir_c = _tir_reference(desc, [a, b, c])[2]
+    # The stream helper lays out 2-D arrays: the same bytes, as (rows, channels).
+    stream = _Stream([a.reshape(-1, cols), b.reshape(-1, cols), c.reshape(-1, cols)])
+    stream.load(0, 1)
+    stream.commands.append(encode(
+        Op.DEPTHWISE, dtype=int(DType.from_name(dtype)), oh=oh, ow=ow, n=cols, kh=kh, kw=kw,
+        a_addr=stream.addr[0], a_y_stride=sh * in_w * cols, a_x_stride=sw * cols,
+        a_ry_stride=dh * in_w * cols, a_rx_stride=dw * cols, b_addr=stream.addr[1],
+        b_ry_stride=kw * cols, b_rx_stride=cols, acc_addr=stream.addr[2], acc_y_stride=ow * cols,
+        acc_x_stride=cols))
+    stream.store(2)
+    sim_c = stream.run()[2].reshape(oh, ow, cols)
+    np.testing.assert_allclose(sim_c, tir_c, rtol=1e-5, atol=1e-5) if dtype == "float32" else \
+        np.testing.assert_array_equal(sim_c, tir_c)
+    assert _extern_name(impl) == "cgra_" + Op.DEPTHWISE.name.lower()
 
 
 @given(rows=st.integers(1, 16), cols=st.integers(1, 16), dtype=st.sampled_from(["int32", "float32"]),
@@ -135,7 +163,8 @@ def test_epilogue_three_ways(rows, cols, dtype, bias, relu, seed):
 
 
 def test_intrinsics_compute_in_the_scratchpad():
-    for kind, params in {"gemm": (8, 8, 4, "int8", "int32"), "fill": (8, 8, "int32"),
+    for kind, params in {"gemm": (8, 8, 4, "int8", "int32"), "depthwise": (2, 8, 8, (3, 3, 1, 1, 1, 1), "int8", "int32"),
+                         "fill": (8, 8, "int32"),
                          "epilogue": (8, 8, "int32", True, True)}.items():
         desc, impl = INTRINSICS[kind].factory(*params)
         assert SPAD in desc.script() and SPAD in impl.script()

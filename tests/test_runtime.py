@@ -69,6 +69,7 @@ SIGNATURES = {
     "cgra_dma_load": (I32C, [P, I32C, I64, ctypes.POINTER(I64)]),
     "cgra_dma_store": (I32C, [P, I32C, I64, ctypes.POINTER(I64)]),
     "cgra_gemm": (I32C, [P, I32C, I32C] + [I64] * 9),
+    "cgra_depthwise": (I32C, [P, I32C, I32C] + [I64] * 16),
     "cgra_fill": (I32C, [P, I32C] + [I64] * 5),
     "cgra_epilogue": (I32C, [P, I32C, I32C, I32C] + [I64] * 7),
     "cgra_kernel_end": (I32C, [P]),
@@ -207,7 +208,7 @@ def test_header_declares_the_documented_api():
     doc = (root / "docs" / "runtime-abi.md").read_text()
     header = (root / "runtime" / "include" / "cgra_runtime.h").read_text()
     assert prototypes(header) == prototypes(doc)
-    assert len(prototypes(doc)) == 8
+    assert len(prototypes(doc)) == 9
     assert "#define CGRA_RUNTIME_ABI_VERSION 1" in header
 
 
@@ -232,6 +233,7 @@ def test_records_match_isa_encode(lib, on_device, submitted):
         ("cgra_dma_store", 3, 2048, rows_box(8, 4, 4)),
         ("cgra_dma_load", 4, 4096, load_q),
         ("cgra_dma_load", 0, 8192, halo),
+        ("cgra_depthwise", 0, I8, 2, 3, 4, 3, 3, 4096, 20, 4, 20, 4, 4200, 12, 4, 4400, 12, 4),
     ]
     on_device(lambda: launch(lib, commands, tensors, name=b"fused_matmul"))
 
@@ -252,6 +254,9 @@ def test_records_match_isa_encode(lib, on_device, submitted):
         dma(Op.DMA_STORE, 3, 2048, rows_box(8, 4, 4)),
         dma(Op.DMA_LOAD, 4, 4096, load_q),
         dma(Op.DMA_LOAD, 0, 8192, halo),
+        isa.encode(Op.DEPTHWISE, dtype=I8, oh=2, ow=3, n=4, kh=3, kw=3, a_addr=4096, a_y_stride=20,
+                   a_x_stride=4, a_ry_stride=20, a_rx_stride=4, b_addr=4200, b_ry_stride=12,
+                   b_rx_stride=4, acc_addr=4400, acc_y_stride=12, acc_x_stride=4),
     ]
     (sent,) = submitted
     assert (sent.name, sent.source_ops, sent.arch_json) == ("fused_matmul", "matmul,add",
@@ -315,6 +320,16 @@ VIOLATIONS = {
         [("cgra_gemm", 0, F32, 8, 8, 8, 0, 8, 256, 8, SPAD - 100, 8)],
         f"command 0 (GEMM): acc: scratchpad bytes [{SPAD - 100}, {SPAD + 156}) exceed the "
         f"{SPAD}-byte scratchpad"),
+    "depthwise window beyond the scratchpad": (
+        [("cgra_depthwise", 0, I8, 4, 4, 8, 3, 3, SPAD - 100, 48, 8, 48, 8, 0, 24, 8, 512, 32, 8)],
+        f"command 0 (DEPTHWISE): A: scratchpad bytes [{SPAD - 100}, {SPAD - 100 + 5 * 48 + 5 * 8 + 8}) "
+        f"exceed the {SPAD}-byte scratchpad"),
+    "depthwise negative stride": (
+        [("cgra_depthwise", 0, I8, 4, 4, 8, 3, 3, 0, 48, 8, -48, 8, 0, 24, 8, 512, 32, 8)],
+        "command 0 (DEPTHWISE): A: stride -48 of dim 2 is negative"),
+    "depthwise accumulator rows overlap": (
+        [("cgra_depthwise", 0, I8, 4, 4, 8, 3, 3, 0, 48, 8, 48, 8, 0, 24, 8, 512, 16, 8)],
+        "command 0 (DEPTHWISE): acc: strides (y 16, x 8) overlap its elements"),
     "fill below address 0": (
         [("cgra_fill", I8, -4, 1, 8, 8, 0)],
         "command 0 (FILL): scratchpad bytes [-4, 4) start below address 0"),

@@ -359,3 +359,49 @@ def test_malformed_command_buffer_is_refused():
         simulate(ARCH, b"\0" * 100, [])
     with pytest.raises(LaunchError, match="shape"):
         simulate(ARCH, np.zeros((2, 5), np.int64), [])
+
+
+@given(oh=st.integers(1, 6), ow=st.integers(1, 7), channels=st.integers(1, 20), kh=st.integers(1, 4),
+       kw=st.integers(1, 4), stride=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+       dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)), dtype=st.sampled_from(["int8", "float32"]),
+       accumulate=st.booleans(), channel_gap=st.integers(0, 3), seed=st.integers(0, 2**32 - 1))
+def test_depthwise_matches_a_pointwise_reference(oh, ow, channels, kh, kw, stride, dilation, dtype, accumulate,
+                                                 channel_gap, seed):
+    """DEPTHWISE over an input window laid out (rows, columns, channels + gap), against loops."""
+    rng = np.random.default_rng(seed)
+    acc_dtype = "int32" if dtype == "int8" else "float32"
+    (sh, sw), (dh, dw) = stride, dilation
+    in_h, in_w = (oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1
+    pitch = channels + channel_gap  # elements between neighbouring pixels of the window
+    window = random_array(rng, (in_h, in_w, pitch), dtype)
+    weights, acc0 = random_array(rng, (kh, kw, channels), dtype), random_array(rng, (oh, ow, channels), acc_dtype)
+    out = np.zeros((oh, ow, channels), acc_dtype)
+    b_addr, acc_addr = window.nbytes + 5, 8192 * 4
+    records = [dma_record(Op.DMA_LOAD, 0, 0, [(in_h, 0, 1, in_w * pitch), (in_w, 1, 1, pitch), (pitch, 2, 1, 1)]),
+               dma_record(Op.DMA_LOAD, 1, b_addr, [(kh, 0, 1, kw * channels), (kw, 1, 1, channels),
+                                                     (channels, 2, 1, 1)])]
+    box = [(oh, 0, 1, ow * channels), (ow, 1, 1, channels), (channels, 2, 1, 1)]
+    if accumulate:
+        records.append(dma_record(Op.DMA_LOAD, 2, acc_addr, box))
+    records.append(encode(
+        Op.DEPTHWISE, flags=GEMM_ACCUMULATE if accumulate else 0, dtype=DType.from_name(dtype), oh=oh, ow=ow,
+        n=channels, kh=kh, kw=kw, a_addr=0, a_y_stride=sh * in_w * pitch, a_x_stride=sw * pitch,
+        a_ry_stride=dh * in_w * pitch, a_rx_stride=dw * pitch, b_addr=b_addr, b_ry_stride=kw * channels,
+        b_rx_stride=channels, acc_addr=acc_addr, acc_y_stride=ow * channels, acc_x_stride=channels))
+    records.append(dma_record(Op.DMA_STORE, 3, acc_addr, box))
+    stats = simulate(ARCH, np.array(records), [window, weights, acc0, out])
+
+    expected = np.zeros((oh, ow, channels), np.float64 if dtype == "float32" else np.int64)
+    for y in range(oh):
+        for x in range(ow):
+            for ry in range(kh):
+                for rx in range(kw):
+                    pixel = window[y * sh + ry * dh, x * sw + rx * dw, :channels]
+                    expected[y, x] += pixel.astype(expected.dtype) * weights[ry, rx]
+    if accumulate:
+        expected += acc0
+    assert stats.macs == oh * ow * channels * kh * kw
+    if dtype == "int8":
+        np.testing.assert_array_equal(out, wrap_int32(expected))
+    else:
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)

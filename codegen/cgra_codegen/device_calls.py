@@ -192,6 +192,11 @@ DEVICE_CALLS = {
         Int("flags", 32), Int("dtype", 32), Int("m", 64), Int("n", 64), Int("k", 64),
         SpadAddress("a"), Int("a_stride", 64), SpadAddress("b"), Int("b_stride", 64),
         SpadAddress("acc"), Int("acc_stride", 64))),
+    "cgra_depthwise": DeviceCall("cgra_depthwise", (
+        Int("flags", 32), Int("dtype", 32), Int("oh", 64), Int("ow", 64), Int("n", 64),
+        Int("kh", 64), Int("kw", 64), SpadAddress("a"), Int("a_y", 64), Int("a_x", 64),
+        Int("a_ry", 64), Int("a_rx", 64), SpadAddress("b"), Int("b_ry", 64), Int("b_rx", 64),
+        SpadAddress("acc"), Int("acc_y", 64), Int("acc_x", 64))),
     "cgra_fill": DeviceCall("cgra_fill", (
         Int("dtype", 32), SpadAddress("region"), Int("rows", 64), Int("cols", 64),
         Int("stride", 64), ValueBits("value_bits"))),

@@ -53,6 +53,15 @@ CGRA_RUNTIME_API int32_t cgra_gemm(CGRAKernel* k, int32_t flags, int32_t dtype, 
                                    int64_t b_addr, int64_t b_stride, int64_t acc_addr,
                                    int64_t acc_stride);
 
+/* PE array, one output element per PE (a depthwise conv2d tile):
+ * acc[y,x,c] (+)= sum_{ry<kh, rx<kw} A[y*a_y + x*a_x + ry*a_ry + rx*a_rx + c] * B[ry*b_ry + rx*b_rx + c]
+ * for y < oh, x < ow, c < n (addresses in elements past a_addr, b_addr; acc's element at
+ * y*acc_y + x*acc_x + c). dtype and flags as for cgra_gemm. */
+CGRA_RUNTIME_API int32_t cgra_depthwise(CGRAKernel* k, int32_t flags, int32_t dtype, int64_t oh, int64_t ow,
+                                        int64_t n, int64_t kh, int64_t kw, int64_t a_addr, int64_t a_y,
+                                        int64_t a_x, int64_t a_ry, int64_t a_rx, int64_t b_addr, int64_t b_ry,
+                                        int64_t b_rx, int64_t acc_addr, int64_t acc_y, int64_t acc_x);
+
 /* Vector unit: region[i,j] = value (value_bits: the int64 value, or the float32 bit pattern). */
 CGRA_RUNTIME_API int32_t cgra_fill(CGRAKernel* k, int32_t dtype, int64_t addr, int64_t rows,
                                    int64_t cols, int64_t stride, int64_t value_bits);

@@ -110,6 +110,16 @@ int32_t cgra_gemm(CGRAKernel* k, int32_t flags, int32_t dtype, int64_t m, int64_
   });
 }
 
+int32_t cgra_depthwise(CGRAKernel* k, int32_t flags, int32_t dtype, int64_t oh, int64_t ow,
+                       int64_t n, int64_t kh, int64_t kw, int64_t a_addr, int64_t a_y,
+                       int64_t a_x, int64_t a_ry, int64_t a_rx, int64_t b_addr, int64_t b_ry,
+                       int64_t b_rx, int64_t acc_addr, int64_t acc_y, int64_t acc_x) {
+  return RecordOn(k, "cgra_depthwise", [&](CGRAKernel& kernel) {
+    kernel.Depthwise(flags, dtype, {oh, ow, n, kh, kw},
+                     {a_addr, a_y, a_x, a_ry, a_rx, b_addr, b_ry, b_rx, acc_addr, acc_y, acc_x});
+  });
+}
+
 int32_t cgra_fill(CGRAKernel* k, int32_t dtype, int64_t addr, int64_t rows, int64_t cols,
                   int64_t stride, int64_t value_bits) {
   return RecordOn(k, "cgra_fill", [&](CGRAKernel& kernel) {

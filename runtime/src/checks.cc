@@ -88,6 +88,7 @@ const char* OpName(int32_t op) {
     case CGRA_OP_GEMM: return "GEMM";
     case CGRA_OP_FILL: return "FILL";
     case CGRA_OP_EPILOGUE: return "EPILOGUE";
+    case CGRA_OP_DEPTHWISE: return "DEPTHWISE";
     default: return "UNKNOWN";
   }
 }
@@ -184,6 +185,18 @@ void CheckRegion(const char* operand, Access access, int64_t addr, int64_t rows,
   }
   int64_t end = Add(addr, Mul(Add(Mul(rows - 1, stride), cols), itemsize));
   CheckSpadBytes(operand, addr, end, spad_bytes);
+}
+
+void CheckWindow(const char* operand, int64_t addr, const std::array<int64_t, 5>& extents,
+                 const std::array<int64_t, 5>& strides, int64_t itemsize, int64_t spad_bytes) {
+  std::string prefix = std::string(operand) + ": ";
+  int64_t last = 0;  // element offset of the window's last element
+  for (size_t d = 0; d < extents.size(); ++d) {
+    if (extents[d] < 1) Fail(prefix, "extent ", extents[d], " of dim ", d, " is not positive");
+    if (strides[d] < 0) Fail(prefix, "stride ", strides[d], " of dim ", d, " is negative");
+    last = Add(last, Mul(extents[d] - 1, strides[d]));
+  }
+  CheckSpadBytes(operand, addr, Add(addr, Mul(Add(last, 1), itemsize)), spad_bytes);
 }
 
 void CheckDma(const Slot& slot, int32_t slot_index, int64_t spad_addr, const int64_t* box,

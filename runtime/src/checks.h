@@ -10,6 +10,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include <array>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -71,6 +72,14 @@ enum class Access { kRead, kWrite };
  */
 void CheckRegion(const char* operand, Access access, int64_t addr, int64_t rows, int64_t cols,
                  int64_t stride, int64_t itemsize, int64_t spad_bytes);
+
+/*!
+ * \brief Checks an N-d scratchpad window (up to 5 dims, unused dims extent 1) whose element i is
+ * at addr + sum(i_d * strides[d]) elements: extents positive, strides non-negative, every byte
+ * in [0, spad_bytes). Windows may overlap themselves (a depthwise input); only reads do that.
+ */
+void CheckWindow(const char* operand, int64_t addr, const std::array<int64_t, 5>& extents,
+                 const std::array<int64_t, 5>& strides, int64_t itemsize, int64_t spad_bytes);
 
 /*!
  * \brief Checks one DMA: `box` is the record's words 4..31 (origin, halo, loops) and `slot` the

@@ -91,6 +91,34 @@ void KernelRecorder::Gemm(int32_t flags, int32_t dtype, int64_t m, int64_t n, in
   });
 }
 
+static_assert(CGRA_DEPTHWISE_KW == CGRA_DEPTHWISE_OH + 4 &&
+                  CGRA_DEPTHWISE_A_ADDR == CGRA_DEPTHWISE_KW + 1 &&
+                  CGRA_DEPTHWISE_ACC_X_STRIDE == CGRA_DEPTHWISE_A_ADDR + 10,
+              "DEPTHWISE words: the five extents, then the eleven layout words, in order");
+
+void KernelRecorder::Depthwise(int32_t flags, int32_t dtype, const std::array<int64_t, 5>& extents,
+                               const std::array<int64_t, 11>& layout) {
+  Record(CGRA_OP_DEPTHWISE, [&](int64_t* w) {
+    CheckFlags(flags, CGRA_GEMM_ACCUMULATE);
+    int32_t acc_dtype = AccumulatorDType(dtype);
+    auto [oh, ow, n, kh, kw] = extents;
+    auto [a_addr, a_y, a_x, a_ry, a_rx, b_addr, b_ry, b_rx, acc_addr, acc_y, acc_x] = layout;
+    CheckWindow("A", a_addr, {oh, ow, kh, kw, n}, {a_y, a_x, a_ry, a_rx, 1}, ItemSize(dtype),
+                spad_bytes_);
+    CheckWindow("B", b_addr, {kh, kw, n, 1, 1}, {b_ry, b_rx, 1, 0, 0}, ItemSize(dtype), spad_bytes_);
+    CheckWindow("acc", acc_addr, {oh, ow, n, 1, 1}, {acc_y, acc_x, 1, 0, 0}, ItemSize(acc_dtype),
+                spad_bytes_);
+    if ((oh > 1 && acc_y < ow * acc_x) || (ow > 1 && acc_x < n)) {
+      throw CheckFailure("acc: strides (y " + std::to_string(acc_y) + ", x " +
+                         std::to_string(acc_x) + ") overlap its elements");
+    }
+    w[CGRA_DEPTHWISE_FLAGS] = flags;
+    w[CGRA_DEPTHWISE_DTYPE] = dtype;
+    std::copy(extents.begin(), extents.end(), w + CGRA_DEPTHWISE_OH);
+    std::copy(layout.begin(), layout.end(), w + CGRA_DEPTHWISE_A_ADDR);
+  });
+}
+
 void KernelRecorder::Fill(int32_t dtype, int64_t addr, int64_t rows, int64_t cols,
                           int64_t stride, int64_t value_bits) {
   Record(CGRA_OP_FILL, [&](int64_t* w) {

@@ -11,6 +11,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -32,6 +33,10 @@ class KernelRecorder {
   void Gemm(int32_t flags, int32_t dtype, int64_t m, int64_t n, int64_t kdim, int64_t a_addr,
             int64_t a_stride, int64_t b_addr, int64_t b_stride, int64_t acc_addr,
             int64_t acc_stride);
+  /*! \brief `extents`: oh, ow, n, kh, kw; `layout`: a_addr and its y, x, ry, rx strides, b_addr
+   * and its ry, rx strides, acc_addr and its y, x strides (isa.py's DEPTHWISE words, in order). */
+  void Depthwise(int32_t flags, int32_t dtype, const std::array<int64_t, 5>& extents,
+                 const std::array<int64_t, 11>& layout);
   void Fill(int32_t dtype, int64_t addr, int64_t rows, int64_t cols, int64_t stride,
             int64_t value_bits);
   void Epilogue(int32_t flags, int32_t acc_dtype, int32_t out_dtype, int64_t m, int64_t n,

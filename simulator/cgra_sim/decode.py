@@ -3,8 +3,8 @@
 Stage: simulator, step 1 (decode -> dataflow check -> execute -> time). In: the raw records
 (int64 array of shape (n, isa.RECORD_WORDS), or the same little-endian bytes), the host tensors
 bound to the slots and the hardware description. Out: one decoded command per record
-(`DmaCommand`, `GemmCommand`, `FillCommand`, `EpilogueCommand`), each naming the scratchpad
-`Region`s it reads and writes, so later steps never look at record words again.
+(`DmaCommand`, `GemmCommand`, `DepthwiseCommand`, `FillCommand`, `EpilogueCommand`), each naming
+the scratchpad `Region`s it reads and writes, so later steps never look at record words again.
 
 Checks made here (each failure is a `CommandError` naming the command, its kind and the range):
 known opcode and flags, unused words zero, dtypes known and combined as isa.ACC_DTYPE says, sizes
@@ -72,6 +72,28 @@ class GemmCommand(Command):
     """acc (+)= A @ B with A (m, k), B (k, n), acc (m, n) in the accumulator dtype."""
 
     __slots__ = ("dtype", "m", "n", "k", "accumulate", "a", "b", "acc")
+
+    @property
+    def macs(self) -> int:
+        return self.m * self.n * self.k
+
+
+class DepthwiseCommand(Command):
+    """acc[y, x, c] (+)= sum over taps (ry, rx) of A[y, x, ry, rx, c] * B[ry, rx, c]: `a` is the
+    5-D window view (oh, ow, kh, kw, n), whose taps overlap; `b` (kh, kw, n); `acc` (oh, ow, n)
+    in the accumulator dtype. Each PE computes one output element over the taps."""
+
+    __slots__ = ("dtype", "oh", "ow", "n", "kh", "kw", "accumulate", "a", "b", "acc")
+
+    @property
+    def m(self) -> int:
+        """Output pixels: the rows of the PE array's work."""
+        return self.oh * self.ow
+
+    @property
+    def k(self) -> int:
+        """Taps: MACs per output element."""
+        return self.kh * self.kw
 
     @property
     def macs(self) -> int:
@@ -154,6 +176,14 @@ class _Checker:
             self.fail(f"{field} code {code} is not allowed here (allowed: {names})")
         return DType(code)
 
+    def pe_dtype(self, code: int) -> DType:
+        """The input dtype of a PE-array command: one the ISA accumulates and the arch computes."""
+        dtype = self.dtype("dtype", code, tuple(ACC_DTYPE))
+        if dtype.numpy_name not in self.arch.macs_per_pe:
+            self.fail(f"the PE array of '{self.arch.name}' has no {dtype.numpy_name} MACs "
+                      f"(it computes on {', '.join(self.arch.dtypes)})")
+        return dtype
+
     def region(self, region: Region) -> Region:
         """`region`, after checking it lies inside the scratchpad."""
         if region.lo < 0 or region.hi > self.spad_bytes:
@@ -234,10 +264,7 @@ def _decode_gemm(check: _Checker, index: int, op: Op, record: list[int], tensors
     (_, flags, dtype_code, m, n, k, a_addr, a_stride, b_addr, b_stride, acc_addr,
      acc_stride) = record[:len(FIELDS[op])]
     check.flags(flags, GEMM_ACCUMULATE)
-    dtype = check.dtype("dtype", dtype_code, tuple(ACC_DTYPE))
-    if dtype.numpy_name not in check.arch.macs_per_pe:
-        check.fail(f"the PE array of '{check.arch.name}' has no {dtype.numpy_name} MACs "
-                   f"(it computes on {', '.join(check.arch.dtypes)})")
+    dtype = check.pe_dtype(dtype_code)
     check.positive(m=m, n=n, k=k)
     cmd = GemmCommand(index, op)
     cmd.dtype, cmd.m, cmd.n, cmd.k = dtype, m, n, k
@@ -245,6 +272,35 @@ def _decode_gemm(check: _Checker, index: int, op: Op, record: list[int], tensors
     cmd.a = check.matrix("A", a_addr, m, k, a_stride, dtype, written=False)
     cmd.b = check.matrix("B", b_addr, k, n, b_stride, dtype, written=False)
     cmd.acc = check.matrix("acc", acc_addr, m, n, acc_stride, ACC_DTYPE[dtype], written=True)
+    cmd.reads = (cmd.a, cmd.b, cmd.acc) if cmd.accumulate else (cmd.a, cmd.b)
+    cmd.writes = (cmd.acc,)
+    return cmd
+
+
+def _decode_depthwise(check: _Checker, index: int, op: Op, record: list[int],
+                      tensors) -> DepthwiseCommand:
+    (_, flags, dtype_code, oh, ow, n, kh, kw, a_addr, a_y, a_x, a_ry, a_rx, b_addr, b_ry, b_rx,
+     acc_addr, acc_y, acc_x) = record[:len(FIELDS[op])]
+    check.flags(flags, GEMM_ACCUMULATE)
+    dtype = check.pe_dtype(dtype_code)
+    check.positive(oh=oh, ow=ow, n=n, kh=kh, kw=kw)
+    strides = dict(a_y_stride=a_y, a_x_stride=a_x, a_ry_stride=a_ry, a_rx_stride=a_rx,
+                   b_ry_stride=b_ry, b_rx_stride=b_rx, acc_y_stride=acc_y, acc_x_stride=acc_x)
+    negative = {name: value for name, value in strides.items() if value < 0}
+    if negative:
+        check.fail(f"strides must be >= 0, got {negative}")
+    if (oh > 1 and acc_y < ow * acc_x) or (ow > 1 and acc_x < n):
+        check.fail(f"acc strides (y {acc_y}, x {acc_x}) overlap its {oh} x {ow} x {n} elements")
+    cmd = DepthwiseCommand(index, op)
+    cmd.dtype, cmd.oh, cmd.ow, cmd.n, cmd.kh, cmd.kw = dtype, oh, ow, n, kh, kw
+    cmd.accumulate = bool(flags & GEMM_ACCUMULATE)
+    size, acc_size = dtype.itemsize, ACC_DTYPE[dtype].itemsize
+    cmd.a = check.region(Region("A", a_addr, (oh, ow, kh, kw, n),
+                                tuple(s * size for s in (a_y, a_x, a_ry, a_rx, 1)), NUMPY_DTYPE[dtype]))
+    cmd.b = check.region(Region("B", b_addr, (kh, kw, n), (b_ry * size, b_rx * size, size),
+                                NUMPY_DTYPE[dtype]))
+    cmd.acc = check.region(Region("acc", acc_addr, (oh, ow, n), (acc_y * acc_size, acc_x * acc_size, acc_size),
+                                  NUMPY_DTYPE[ACC_DTYPE[dtype]]))
     cmd.reads = (cmd.a, cmd.b, cmd.acc) if cmd.accumulate else (cmd.a, cmd.b)
     cmd.writes = (cmd.acc,)
     return cmd
@@ -298,6 +354,7 @@ _DECODERS = {
     Op.GEMM: _decode_gemm,
     Op.FILL: _decode_fill,
     Op.EPILOGUE: _decode_epilogue,
+    Op.DEPTHWISE: _decode_depthwise,
 }
 
 

@@ -9,7 +9,10 @@ Semantics (isa.py): DMA_LOAD copies the box from the tensor and writes 0 where i
 halo; DMA_STORE copies the box to the tensor and drops halo elements. GEMM computes
 acc = (acc if ACCUMULATE else 0) + A @ B; for int8 the products and sums are exact (computed in
 float64, exact while |sum| < 2**53, i.e. for any k < 2**39) and the int32 accumulator wraps
-modulo 2**32 like two's-complement hardware; float32 uses numpy's float32 matmul. FILL writes a
+modulo 2**32 like two's-complement hardware; float32 uses numpy's float32 matmul. DEPTHWISE
+computes acc = (acc if ACCUMULATE else 0) + the sum over taps of window * weight: int8 exactly in
+int64, then wrapped; float32 one tap at a time in float32, ry-major, the order in which the
+intrinsic's TIR description adds them. FILL writes a
 constant. EPILOGUE computes out = acc (+ bias[j]) then max(., 0) if RELU, wrapping in int32.
 Each command reads all its operands before it writes, so an in-place EPILOGUE is well defined.
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .decode import Command, DmaCommand, EpilogueCommand, FillCommand, GemmCommand
+from .decode import Command, DepthwiseCommand, DmaCommand, EpilogueCommand, FillCommand, GemmCommand
 from .isa import DType, Op
 
 
@@ -81,6 +84,21 @@ def _gemm(cmd: GemmCommand, spad: np.ndarray) -> None:
         acc[...] = product
 
 
+def _depthwise(cmd: DepthwiseCommand, spad: np.ndarray) -> None:
+    window, b, acc = cmd.a.view(spad), cmd.b.view(spad), cmd.acc.view(spad)
+    if cmd.dtype is DType.INT8:
+        total = np.einsum("yxuvc,uvc->yxc", window.astype(np.int64), b.astype(np.int64))
+        if cmd.accumulate:
+            total += acc
+        acc[...] = total.astype(np.int32)  # int64 -> int32 keeps the low 32 bits
+        return
+    total = acc.copy() if cmd.accumulate else np.zeros(acc.shape, np.float32)
+    for ry in range(cmd.kh):
+        for rx in range(cmd.kw):
+            total += window[:, :, ry, rx, :] * b[ry, rx]
+    acc[...] = total
+
+
 def _fill(cmd: FillCommand, spad: np.ndarray) -> None:
     cmd.region.view(spad)[...] = cmd.value
 
@@ -100,4 +118,5 @@ _EXECUTORS = {
     Op.GEMM: _gemm,
     Op.FILL: _fill,
     Op.EPILOGUE: _epilogue,
+    Op.DEPTHWISE: _depthwise,
 }

@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import sys
 
-STREAM_VERSION = 1
+STREAM_VERSION = 2
 RECORD_WORDS = 32
 #: Number of loop dimensions (and tensor dimensions) a DMA box can have.
 BOX_DIMS = 4
@@ -33,6 +33,7 @@ class Op(enum.IntEnum):
     GEMM = 3  # PE array: acc (+)= A @ B on scratchpad tiles
     FILL = 4  # vector unit: fill a 2-D scratchpad region with a constant
     EPILOGUE = 5  # vector unit: out = act(acc + bias) (bias and relu optional)
+    DEPTHWISE = 6  # PE array: per-channel sliding-window MACs (a depthwise conv2d tile)
 
 
 @enum.unique
@@ -76,10 +77,11 @@ UNIT_OF = {
     Op.GEMM: Unit.COMPUTE,
     Op.FILL: Unit.VECTOR,
     Op.EPILOGUE: Unit.VECTOR,
+    Op.DEPTHWISE: Unit.COMPUTE,
 }
 
 # Flags (word 1).
-GEMM_ACCUMULATE = 1  # acc += A @ B; without it acc = A @ B
+GEMM_ACCUMULATE = 1  # GEMM and DEPTHWISE: add to the accumulator; without it, overwrite it
 EPILOGUE_BIAS = 1  # add bias[j] (a row vector of n elements, acc dtype)
 EPILOGUE_RELU = 2  # max(x, 0) after the bias
 
@@ -108,12 +110,18 @@ FIELDS = {
     Op.FILL: ("op", "flags", "dtype", "addr", "rows", "cols", "stride", "value_bits"),
     Op.EPILOGUE: ("op", "flags", "acc_dtype", "out_dtype", "m", "n", "acc_addr", "acc_stride",
                   "bias_addr", "out_addr", "out_stride"),
+    # A depthwise window: acc[y, x, c] (+)= sum over taps (ry, rx) of A[y, x, ry, rx, c] * B[ry, rx, c]
+    # (ry-major tap order), A's element at a_addr + y*a_y + x*a_x + ry*a_ry + rx*a_rx + c: the
+    # taps of neighbouring outputs overlap in the scratchpad. Every PE owns one output element.
+    Op.DEPTHWISE: ("op", "flags", "dtype", "oh", "ow", "n", "kh", "kw", "a_addr", "a_y_stride",
+                   "a_x_stride", "a_ry_stride", "a_rx_stride", "b_addr", "b_ry_stride",
+                   "b_rx_stride", "acc_addr", "acc_y_stride", "acc_x_stride"),
 }
 
 for _op, _fields in FIELDS.items():
     assert len(_fields) <= RECORD_WORDS, f"{_op.name} record is longer than {RECORD_WORDS} words"
 
-#: GEMM accumulator dtype for each input dtype.
+#: GEMM / DEPTHWISE accumulator dtype for each input dtype.
 ACC_DTYPE = {DType.INT8: DType.INT32, DType.FLOAT32: DType.FLOAT32}
 
 # Layout of one host tensor slot in a launch's slot table (int64 words).

@@ -14,7 +14,7 @@ from collections import Counter
 from fractions import Fraction
 
 from .arch import HardwareDescription
-from .decode import Command, DmaCommand, GemmCommand
+from .decode import Command, DmaCommand
 from .isa import Op, Unit
 from .timing import Schedule
 
@@ -28,9 +28,9 @@ class KernelStats:
     arch: str  # hardware description name
     cycles: int  # last command's end
     time_us: float  # cycles at the arch's clock
-    macs: int  # sum of m * n * k over GEMMs
+    macs: int  # sum of m * n * k over the PE array's commands (GEMM, DEPTHWISE)
     ideal_cycles: int  # roofline bound: max(PE array at peak, each DMA engine at full bandwidth)
-    utilisation: float  # PE-array MAC slots used / offered over `cycles` (0 without GEMMs)
+    utilisation: float  # PE-array MAC slots used / offered over `cycles` (0 without PE-array commands)
     dma_load_bytes: int  # bytes read from host memory (halo excluded)
     dma_store_bytes: int  # bytes written to host memory (halo excluded)
     dma_load_box_bytes: int  # bytes the load engine streamed (halo zeros included)
@@ -55,7 +55,7 @@ class KernelStats:
 def ideal_cycles(arch: HardwareDescription, pe_work: Fraction, load_bytes: int, store_bytes: int) -> int:
     """Roofline lower bound on cycles: the busiest of the PE array at peak and the DMA engines.
 
-    `pe_work` is the sum over GEMMs of macs / macs_per_pe[dtype], in PE-cycles. The two DMA
+    `pe_work` is the sum over PE-array commands of macs / macs_per_pe[dtype], in PE-cycles. The two DMA
     engines have the full bandwidth each (as in timing.py), so each is bounded separately.
     """
     return max(math.ceil(pe_work / arch.num_pes),
@@ -66,7 +66,7 @@ def ideal_cycles(arch: HardwareDescription, pe_work: Fraction, load_bytes: int, 
 def collect_stats(arch: HardwareDescription, commands: list[Command], schedule: Schedule,
                   name: str, source_ops: tuple[str, ...]) -> KernelStats:
     """Sums the work, traffic and occupancy of a scheduled stream."""
-    gemms = [c for c in commands if isinstance(c, GemmCommand)]
+    gemms = [c for c in commands if c.unit is Unit.COMPUTE]  # GEMM and DEPTHWISE
     loads = [c for c in commands if isinstance(c, DmaCommand) and c.op is Op.DMA_LOAD]
     stores = [c for c in commands if isinstance(c, DmaCommand) and c.op is Op.DMA_STORE]
     pe_work = sum((Fraction(g.macs, arch.macs_per_pe[g.dtype.numpy_name]) for g in gemms), Fraction(0))

@@ -5,8 +5,8 @@ In: decoded commands (decode.py) and the hardware description. Out: a `Schedule`
 end cycle of every command. Nothing here is validated against RTL (there is none); the model is
 the analytical one below, with its assumptions in docs/simulator.md.
 
-Model. Four in-order queues, one per `isa.Unit`: LOAD (DMA_LOAD), COMPUTE (GEMM: the PE array),
-VECTOR (FILL, EPILOGUE: the vector unit beside the array) and STORE (DMA_STORE). `ready` is when
+Model. Four in-order queues, one per `isa.Unit`: LOAD (DMA_LOAD), COMPUTE (GEMM, DEPTHWISE: the
+PE array), VECTOR (FILL, EPILOGUE: the vector unit beside the array) and STORE (DMA_STORE). `ready` is when
 a command's scratchpad dependencies are met: a scoreboard on byte ranges (scoreboard.py) gives
 read-after-write, write-after-read and write-after-write against earlier commands in stream
 order. A command starts at max(free, ready), free being when the previous command on its queue
@@ -29,6 +29,17 @@ left the unit, and ends:
         So back-to-back GEMMs of one shape pay the fill once: the next fill hides under the
         previous drain. Partial sums stay in the array: a GEMM whose accumulator is exactly the
         previous GEMM's accumulator sees that GEMM's write as done when its operands are in.
+    DEPTHWISE (the PE array, each PE owning one output element: no operand reuse between PEs)
+        m = oh * ow output pixels, k = kh * kw taps
+        steady = max(ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe[dtype]),
+                     ceil(scratchpad bytes / (spad_banks * bank_width_bytes)))
+            scratchpad bytes: the span of the input window once (taps shared by neighbouring
+            outputs pass between PEs), the weights once, the accumulator written (and read when
+            accumulating). The window has no reuse across a row of PEs as a GEMM operand has,
+            so the scratchpad's bandwidth, not the PEs, can set the pace.
+        fill = DEPTHWISE_LATENCY (operand read and the MAC: no systolic skew)
+        Configuration, back-to-back streaming and accumulator forwarding as for GEMM, keyed by
+        (DEPTHWISE, dtype): switching between GEMM and DEPTHWISE reloads the configuration.
 The kernel takes max(end) cycles.
 
 Occupancy. Each unit's cycles [0, kernel cycles) split exactly into busy, stalled and idle:
@@ -50,7 +61,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .arch import HardwareDescription
-from .decode import Command, DmaCommand, EpilogueCommand, FillCommand, GemmCommand
+from .decode import Command, DepthwiseCommand, DmaCommand, EpilogueCommand, FillCommand, GemmCommand
 from .errors import CycleLimitExceeded
 from .isa import DType, Op, Unit
 from .regions import Region
@@ -58,6 +69,7 @@ from .scoreboard import Scoreboard
 
 DEFAULT_MAX_CYCLES = 10**12
 VECTOR_OVERHEAD_CYCLES = 2  # issue + write-back of a vector-unit command
+DEPTHWISE_LATENCY = 2  # scratchpad read + MAC before a DEPTHWISE's first result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +123,7 @@ class Schedule:
 
 class _PreviousGemm(NamedTuple):
     index: int
+    op: Op  # GEMM or DEPTHWISE: what the PE array is configured for
     dtype: DType
     acc: tuple  # (addr, shape, strides) of its accumulator
     stream_end: int  # cycle its last operands entered the array
@@ -122,14 +135,14 @@ class _ComputeQueue:
     __slots__ = ("config", "previous_gemm", "config_loads")
 
     def __init__(self):
-        self.config = None  # (Op.GEMM, dtype) loaded in the PE array; None before the first GEMM
-        self.previous_gemm = None  # the previous COMPUTE command if it was a GEMM
+        self.config = None  # (op, dtype) loaded in the PE array; None before the first command
+        self.previous_gemm = None  # the previous COMPUTE command (GEMM or DEPTHWISE)
         self.config_loads = 0
 
     def forwarding(self, cmd: Command):
         """(region, (writer, cycle)) when `cmd`'s accumulator stays in the array, else None."""
         prev = self.previous_gemm
-        if isinstance(cmd, GemmCommand) and prev is not None and prev.dtype is cmd.dtype \
+        if cmd.unit is Unit.COMPUTE and prev is not None and (prev.op, prev.dtype) == (cmd.op, cmd.dtype) \
                 and prev.acc == _region_key(cmd.acc):
             return cmd.acc, (prev.index, prev.stream_end)
         return None
@@ -154,6 +167,19 @@ def gemm_fill_cycles(arch: HardwareDescription, cmd: GemmCommand) -> int:
     return min(cmd.m, arch.rows) + min(cmd.n, arch.cols) - 2
 
 
+def depthwise_steady_cycles(arch: HardwareDescription, cmd: DepthwiseCommand) -> int:
+    """Cycles a DEPTHWISE streams: the PE array's folds, or the scratchpad's bandwidth if slower.
+
+    Each PE owns one output and takes one tap per cycle. The array reads its input window once
+    (the span of A's bytes: neighbouring outputs' taps are passed between PEs, not re-read), the
+    weights once, and writes the accumulator (reading it too when accumulating)."""
+    folds = -(-cmd.m // arch.rows) * -(-cmd.n // arch.cols)
+    compute = folds * -(-cmd.k // arch.macs_per_pe[cmd.dtype.numpy_name])
+    acc_bytes = cmd.m * cmd.n * cmd.acc.dtype.itemsize * (2 if cmd.accumulate else 1)
+    traffic = (cmd.a.hi - cmd.a.lo) + cmd.k * cmd.n * cmd.dtype.itemsize + acc_bytes
+    return max(compute, -(-traffic // (arch.spad_banks * arch.bank_width_bytes)))
+
+
 def _time_dma(arch: HardwareDescription, cmd: DmaCommand, ready: int, free: int,
               compute: _ComputeQueue) -> tuple[int, int, int]:
     start = max(free, ready)
@@ -169,30 +195,39 @@ def _time_vector(arch: HardwareDescription, cmd: FillCommand | EpilogueCommand, 
     return start, end, end
 
 
-def _time_gemm(arch: HardwareDescription, cmd: GemmCommand, ready: int, free: int,
-               compute: _ComputeQueue) -> tuple[int, int, int]:
+def _time_pe_array(arch: HardwareDescription, cmd: GemmCommand | DepthwiseCommand, ready: int,
+                   free: int, compute: _ComputeQueue) -> tuple[int, int, int]:
     start = max(free, ready)
     prev = compute.previous_gemm
-    if prev is not None and prev.dtype is cmd.dtype:
+    if prev is not None and (prev.op, prev.dtype) == (cmd.op, cmd.dtype):
         stream = max(ready, prev.stream_end)
     else:
         stream = start
-        if compute.config != (Op.GEMM, cmd.dtype):
+        if compute.config != (cmd.op, cmd.dtype):
             stream += arch.config_load_cycles
-            compute.config = (Op.GEMM, cmd.dtype)
+            compute.config = (cmd.op, cmd.dtype)
             compute.config_loads += 1
-    steady = gemm_steady_cycles(arch, cmd)
-    end = max(stream + gemm_fill_cycles(arch, cmd), free) + steady
-    compute.previous_gemm = _PreviousGemm(cmd.index, cmd.dtype, _region_key(cmd.acc), stream + steady)
+    steady_cycles, fill_cycles = _PE_ARRAY_CYCLES[cmd.op]
+    steady = steady_cycles(arch, cmd)
+    end = max(stream + fill_cycles(arch, cmd), free) + steady
+    compute.previous_gemm = _PreviousGemm(cmd.index, cmd.op, cmd.dtype, _region_key(cmd.acc), stream + steady)
     return start, end, end
+
+
+#: Per PE-array opcode: (steady cycles, fill and drain cycles).
+_PE_ARRAY_CYCLES = {
+    Op.GEMM: (gemm_steady_cycles, gemm_fill_cycles),
+    Op.DEPTHWISE: (depthwise_steady_cycles, lambda arch, cmd: DEPTHWISE_LATENCY),
+}
 
 
 _TIMERS = {
     Op.DMA_LOAD: _time_dma,
     Op.DMA_STORE: _time_dma,
-    Op.GEMM: _time_gemm,
+    Op.GEMM: _time_pe_array,
     Op.FILL: _time_vector,
     Op.EPILOGUE: _time_vector,
+    Op.DEPTHWISE: _time_pe_array,
 }
 
 

@@ -84,6 +84,7 @@ _KEY_ARGS = {
     Op.GEMM: _gemm_args,
     Op.FILL: _fill_args,
     Op.EPILOGUE: _epilogue_args,
+    Op.DEPTHWISE: _gemm_args,
 }
 
 
