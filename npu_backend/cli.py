@@ -43,9 +43,15 @@ def _parser() -> argparse.ArgumentParser:
         description="Compile one matmul or conv2d kernel (with bias and relu unless disabled), run it "
                     "on the simulator with random inputs, and compare with numpy: int8 must match "
                     "exactly, float32 within 1e-5 relative. Prints PASS or FAIL with cycles.")
-    verify.add_argument("--op", choices=["matmul", "conv2d"], required=True)
+    verify.add_argument("--op", choices=["matmul", "batch_matmul", "conv2d"], required=True)
     verify.add_argument("--shape", type=_ints, required=True,
-                        help="matmul: M,N,K (x[M,K] @ w[K,N]); conv2d: N,C,H,W,F,KH,KW (NCHW data, OIHW weight)")
+                        help="matmul: M,N,K (x[M,K] @ w[K,N]); batch_matmul: B,M,N,K (x[B,M,K] @ "
+                             "w[B,K,N]); conv2d: N,C,H,W,F,KH,KW (in this order whatever --layout)")
+    verify.add_argument("--layout", default="NCHW",
+                        help="conv2d: DATA[,KERNEL] layouts, e.g. NHWC or NHWC,OHWI; the output "
+                             "takes the data's (default NCHW, with OIHW weights; NHWC data: HWIO)")
+    verify.add_argument("--shared-weights", action="store_true",
+                        help="batch_matmul: one w[K,N] for the whole batch (folds into one GEMM)")
     verify.add_argument("--dtype", choices=["float32", "int8"], default="float32",
                         help="input dtype; int8 accumulates and outputs int32 (default float32)")
     verify.add_argument("--arch", default="cgra-8x8", help="preset name or JSON file (default cgra-8x8)")
@@ -122,12 +128,14 @@ def _verify(args) -> int:
         m, n, k = args.shape
         mod, inputs, ref = matmul_model(m, n, k, args.dtype, bias=bias, relu=relu)
         macs = m * n * k
+    elif args.op == "batch_matmul":
+        mod, inputs, ref, macs = _batch_matmul_workload(args, bias, relu)
     else:
         if len(args.shape) != 7:
             raise UsageError("--shape must be N,C,H,W,F,KH,KW")
         padding = args.padding * 4 if len(args.padding) == 1 else args.padding
-        mod, inputs, ref = conv2d_model(*args.shape, stride=args.stride, pad=padding,
-                                        dtype=args.dtype, bias=bias, relu=relu)
+        mod, inputs, ref = conv2d_model(*args.shape, stride=args.stride, pad=padding, dtype=args.dtype,
+                                        bias=bias, relu=relu, layouts=_conv2d_layouts(args.layout))
         macs = int(ref.size) * args.shape[1] * args.shape[5] * args.shape[6]
     ex = npu_backend.compile(mod, arch)
     with _observe(args) as prof:
@@ -149,6 +157,27 @@ def _verify(args) -> int:
             print(f"  mismatch: {problem}")
         print("\n".join(f"  {line}" for line in written), end="\n" if written else "")
     return EXIT_OK if problem is None else EXIT_MISMATCH
+
+
+def _batch_matmul_workload(args, bias: bool, relu: bool):
+    from npu_backend.workloads import batch_matmul_model
+
+    if len(args.shape) != 4:
+        raise UsageError("--shape must be B,M,N,K")
+    b, m, n, k = args.shape
+    rhs = (k, n) if args.shared_weights else (b, k, n)
+    mod, inputs, ref = batch_matmul_model((b, m, k), rhs, args.dtype, bias=bias, relu=relu)
+    return mod, inputs, ref, b * m * n * k
+
+
+def _conv2d_layouts(text: str) -> tuple[str, str, str]:
+    """--layout DATA[,KERNEL] -> (data, kernel, out) layouts; the output takes the data's."""
+    data, _, kernel = text.upper().partition(",")
+    kernel = kernel or ("OIHW" if data == "NCHW" else "HWIO")
+    if sorted(data) != sorted("NCHW") or sorted(kernel) != sorted("OIHW"):
+        raise UsageError(f"--layout {text}: expected an order of NCHW, then optionally one of OIHW "
+                         "(e.g. NHWC or NHWC,OHWI)")
+    return data, kernel, data
 
 
 def _run(args) -> int:

@@ -115,7 +115,10 @@ def _macs(call, out_var) -> int:
     lhs = _static_dims(call.args[0])
     if out is None or rhs is None or lhs is None:
         return 0
-    per_output = math.prod(rhs[1:]) if name == "relax.nn.conv2d" else lhs[-1]
+    if name == "relax.nn.conv2d":  # every output takes the weights of one output channel
+        per_output = math.prod(rhs) // rhs[str(call.attrs.kernel_layout).index("O")]
+    else:
+        per_output = lhs[-1]
     return math.prod(out) * per_output
 
 

@@ -19,16 +19,26 @@ channels (f), and the reduction runs over (ry, rx, c), the left operand being ga
 strided DMA box. A depthwise conv2d is not a GEMM (each output channel reads one input channel):
 its acc is a sliding-window sum over an input window tile, the PE array's DEPTHWISE intrinsic
 (`depthwise_compute`); a_pad is then that window and b_pad the (kh, kw, channels) weights.
+
+Layouts and batches change only the indexing of those copies: a conv2d in any layout (NHWC data,
+HWIO or OHWI weights, ...) gathers its operands from where the layout keeps them and stores its
+output through a layout transform (`conv2d_layout_compute`); a batched matmul runs its batch as
+the outer images loop, as a conv2d does (`batch_matmul_compute`), or, when the weights are shared,
+is a 2-D GEMM over the batch's rows read through a view.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from tvm import te, tirx
+from tvm import s_tir, te, tirx
 
 from .intrinsics import window_extent, window_sum
 from .tiling import Tiling, depthwise_padded_width
+
+
+#: The layouts `conv2d_compute` reads and writes: (data, weight, output).
+CONV2D_LAYOUTS = ("NCHW", "OIHW", "NCHW")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +59,17 @@ class KernelSpec:
     groups: int = 1  # conv2d: channel groups (depthwise: groups == input channels)
     source_ops: tuple = ()  # names of the model operators fused into this kernel
     param_roles: tuple = ()  # role ("lhs", "rhs", "bias") of each kernel parameter, in call order
+    # conv2d: how each tensor is stored. lhs_shape, rhs_shape and output_shape stay logical
+    # (N, C, H, W) / (O, I, H, W); a layout is a permutation of those axes, e.g. "NHWC", "HWIO".
+    data_layout: str = "NCHW"
+    kernel_layout: str = "OIHW"
+    out_layout: str = "NCHW"
+    # matmul: images of a batched matmul, one right operand each (lhs (B, M, K) or a shared
+    # (M, K); rhs (B, K, N) or (B, N, K)). 1 for a 2-D GEMM, shared weights included.
+    batch: int = 1
+    # ((role, shape), ...): arguments the caller passes in another shape than the kernel reads
+    # them (compact views, e.g. a (B, S, K) input read as (B * S, K)); see `_prim_func`.
+    caller_shapes: tuple = ()
 
     @property
     def roles(self) -> tuple:
@@ -58,8 +79,8 @@ class KernelSpec:
     def gemm_extents(self) -> tuple[int, int, int]:
         """(rows, columns, reduction) of the GEMM: the extents the tiles are chosen for."""
         if self.op == "matmul":
-            m, k = self.lhs_shape
-            n = self.rhs_shape[0] if self.rhs_transposed else self.rhs_shape[1]
+            m, k = self.lhs_shape[-2:]
+            n = self.rhs_shape[-2] if self.rhs_transposed else self.rhs_shape[-1]
             return m, n, k
         f, c, _, _ = self.rhs_shape  # c: input channels per group
         _, _, oh, ow = self.output_shape
@@ -79,7 +100,7 @@ class KernelSpec:
     def output_shape(self) -> tuple:
         if self.op == "matmul":
             m, n, _ = self.gemm_extents
-            return (m, n)
+            return (self.batch, m, n) if self.batch > 1 else (m, n)
         n, _, h, w = self.lhs_shape
         f, _, kh, kw = self.rhs_shape
         top, left, bottom, right = self.padding
@@ -98,11 +119,20 @@ class KernelSpec:
         return (n * g, c // g, h, w), (n * g, f // g, oh, ow)
 
     @property
+    def compute_name(self) -> str:
+        """The entry of `COMPUTES` that builds this kernel: the op, or its layout / batched form."""
+        if self.op == "conv2d" and (self.data_layout, self.kernel_layout, self.out_layout) != CONV2D_LAYOUTS:
+            return "conv2d_layout"
+        if self.op == "matmul" and self.batch > 1:
+            return "batch_matmul"
+        return self.op
+
+    @property
     def macs(self) -> int:
         """Multiply-accumulates of the model operator (no padding)."""
         if self.op == "matmul":
             m, n, k = self.gemm_extents
-            return m * n * k
+            return self.batch * m * n * k
         n, f, oh, ow = self.output_shape
         _, c, kh, kw = self.rhs_shape
         return n * f * oh * ow * c * kh * kw
@@ -241,7 +271,8 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
 
 
 def depthwise_compute(spec: KernelSpec, tiling: Tiling):
-    """Depthwise NCHW conv2d (groups == C == F): out[b, c, y, x] = the window sum of channel c.
+    """Depthwise conv2d (groups == C == F): out[b, c, y, x] = the window sum of channel c, the
+    data, weights and output in the spec's layouts (NCHW / OIHW / NCHW, NHWC / HWIO, ...).
 
     The input tile lives in the scratchpad as a window (input rows, input columns, channels),
     the halo zero-filled by its DMA, so every input element is loaded once per tile rather than
@@ -254,18 +285,24 @@ def depthwise_compute(spec: KernelSpec, tiling: Tiling):
     rows, cols, width = tiling.mp, tiling.np, depthwise_padded_width(spec)
     in_h = window_extent(rows, kh, spec.strides[0], spec.dilation[0])
     in_w = window_extent(width, kw, spec.strides[1], spec.dilation[1])
-    x = te.placeholder(spec.lhs_shape, spec.dtype, name="data")
-    w = te.placeholder(spec.rhs_shape, spec.dtype, name="weight")
+    data_shape = _stored(spec.lhs_shape, "NCHW", spec.data_layout)
+    weight_shape = _stored(spec.rhs_shape, "OIHW", spec.kernel_layout)
+    x = te.placeholder(data_shape, spec.dtype, name="data")
+    w = te.placeholder(weight_shape, spec.dtype, name="weight")
     a_pad = te.compute((n, in_h, in_w, cols), lambda b_, iy, ix, c: _padded(
-        x, spec.lhs_shape, (b_, c, iy - top, ix - left)), name="a_pad")
-    b_pad = te.compute((kh, kw, cols), lambda ry, rx, c: _padded(w, spec.rhs_shape, (c, 0, ry, rx)),
-                       name="b_pad")
+        x, data_shape, _stored((b_, c, iy - top, ix - left), "NCHW", spec.data_layout)), name="a_pad")
+    b_pad = te.compute((kh, kw, cols), lambda ry, rx, c: _padded(
+        w, weight_shape, _stored((c, 0, ry, rx), "OIHW", spec.kernel_layout)), name="b_pad")
     acc = te.compute((n, rows, width, cols), lambda b_, y, ox, c: window_sum(
         lambda iy, ix, ch: a_pad[b_, iy, ix, ch], lambda ry, rx, ch: b_pad[ry, rx, ch], y, ox, c,
         window, spec.acc_dtype), name="acc")
     bias = te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None
     epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=3)
-    out = te.compute(spec.output_shape, lambda b_, c, y, ox: epi[b_, y, ox, c], name="out")
+    def stored_out(*index):
+        axis = dict(zip(spec.out_layout, index))
+        return epi[axis["N"], axis["H"], axis["W"], axis["C"]]
+
+    out = te.compute(_stored(spec.output_shape, "NCHW", spec.out_layout), stored_out, name="out")
     return _prim_func(spec, {"lhs": x, "rhs": w, "bias": bias}, out)
 
 
@@ -275,14 +312,102 @@ def _prim_func(spec: KernelSpec, inputs: dict, out, views=None):
     `views` maps a role ("lhs", ..., "out") whose parameter is a view to the shape the caller
     passes; the code generator checks that shape and binds the view (`cgra.arg_shapes`)."""
     func = te.create_prim_func([inputs[role] for role in spec.roles] + [out])
+    views = {**dict(spec.caller_shapes), **(views or {})}
     if views:
         roles = list(spec.roles) + ["out"]
         func = func.with_attr("cgra.arg_shapes", [list(views.get(role, ())) for role in roles])
     return func
 
 
-COMPUTES = {"matmul": matmul_compute, "conv2d": conv2d_compute, "depthwise": depthwise_compute}
+def _stored(logical, logical_axes: str, layout: str) -> tuple:
+    """A logical shape or index, e.g. (N, C, H, W), in the order `layout` (e.g. "NHWC") stores it."""
+    return tuple(logical[logical_axes.index(axis)] for axis in layout)
+
+
+def _group_view(logical, layout: str, groups: int, group=None) -> tuple:
+    """An (N, C, H, W) shape (group None) or index stored in `layout`, each group's channels a
+    tensor of their own: the group joins the axis stored just before C, as a * G + g. The view
+    stays compact, and a bound test of the joined axis is one of a (0 <= a*G + g < A*G iff
+    0 <= a < A), so the DMA halo of a padded axis still zero-fills exactly the padding."""
+    stored = list(_stored(logical, "NCHW", layout))
+    if groups > 1:
+        channel = layout.index("C")
+        if group is None:
+            stored[channel] //= groups
+            stored[channel - 1] *= groups
+        else:
+            stored[channel - 1] = stored[channel - 1] * groups + group
+    return tuple(stored)
+
+
+def conv2d_layout_compute(spec: KernelSpec, tiling: Tiling):
+    """conv2d in any layout: the GEMM of `conv2d_compute`, its operands gathered from where their
+    layouts keep them. The output is computed in conv2d_compute's order and moved to its layout
+    by a layout transform of the output buffer (a store has no bound test to keep in shape)."""
+    _, _, kh, kw = spec.rhs_shape
+    top, left, _, _ = spec.padding
+    (sh, sw), (dh, dw), g = spec.strides, spec.dilation, spec.groups
+    _, (images, per_group, oh, ow) = spec.grouped_shapes
+    data_shape = _group_view(spec.lhs_shape, spec.data_layout, g)
+    weight_shape = _stored(spec.rhs_shape, "OIHW", spec.kernel_layout)
+    x = te.placeholder(data_shape, spec.dtype, name="data")
+    w = te.placeholder(weight_shape, spec.dtype, name="weight")
+
+    def image(b_):  # image b_ is group b_ % G of batch element b_ // G
+        return (b_ // g, b_ % g) if g > 1 else (b_, 0)
+
+    def data(b_, c, y, x_):
+        n, group = image(b_)
+        return _padded(x, data_shape, _group_view((n, c, y, x_), spec.data_layout, g, group))
+
+    def weight(f, c, ry, rx):
+        return _padded(w, weight_shape, _stored((f, c, ry, rx), "OIHW", spec.kernel_layout))
+
+    a_pad = te.compute((images, kh, kw, tiling.mp, tiling.kp), lambda b_, ry, rx, p, c: data(
+        b_, c, (p // ow) * sh + ry * dh - top, (p % ow) * sw + rx * dw - left), name="a_pad")
+    b_pad = te.compute((images if g > 1 else 1, kh, kw, tiling.kp, tiling.np), lambda b_, ry, rx, c, f: weight(
+        image(b_)[1] * per_group + f if g > 1 else f, c, ry, rx), name="b_pad")
+    ry, rx = te.reduce_axis((0, kh), name="ry"), te.reduce_axis((0, kw), name="rx")
+    rc = te.reduce_axis((0, tiling.kp), name="rc")
+    acc = te.compute((images, tiling.mp, tiling.np), lambda b_, p, f: te.sum(
+        a_pad[b_, ry, rx, p, rc].astype(spec.acc_dtype)
+        * b_pad[b_ if g > 1 else 0, ry, rx, rc, f].astype(spec.acc_dtype), axis=[ry, rx, rc]), name="acc")
+    bias = te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None
+    epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=2)
+    out = te.compute((images, per_group, oh, ow), lambda b_, f, y, ox: epi[b_, y * ow + ox, f], name="out")
+    stored_data, stored_out = _stored(spec.lhs_shape, "NCHW", spec.data_layout), \
+        _stored(spec.output_shape, "NCHW", spec.out_layout)
+    func = _prim_func(spec, {"lhs": x, "rhs": w, "bias": bias}, out,
+                      {"lhs": stored_data, "out": stored_out} if g > 1 else {})
+    sch = s_tir.Schedule(func)
+    sch.transform_layout(sch.get_sblock("out"), ("write", 0), lambda b_, f, y, ox: _group_view(
+        (image(b_)[0], f, y, ox), spec.out_layout, g, image(b_)[1]))
+    return sch.mod["main"]
+
+
+def batch_matmul_compute(spec: KernelSpec, tiling: Tiling):
+    """C[b] = act(A[b] @ B[b] + bias) for b < spec.batch: `matmul_compute`'s GEMM under an outer
+    images loop, as a conv2d runs its images; A may be one (M, K) matrix shared by all images."""
+    m, n, _ = spec.gemm_extents
+    a = te.placeholder(spec.lhs_shape, spec.dtype, name="lhs")
+    b = te.placeholder(spec.rhs_shape, spec.dtype, name="rhs")
+    shared_lhs = len(spec.lhs_shape) == 2
+    a_pad = te.compute((spec.batch, tiling.mp, tiling.kp), lambda b_, i, r: _padded(
+        a, spec.lhs_shape, (i, r) if shared_lhs else (b_, i, r)), name="a_pad")
+    b_pad = te.compute((spec.batch, tiling.kp, tiling.np), lambda b_, r, j: _padded(
+        b, spec.rhs_shape, (b_, j, r) if spec.rhs_transposed else (b_, r, j)), name="b_pad")
+    r = te.reduce_axis((0, tiling.kp), name="r")
+    acc = te.compute((spec.batch, tiling.mp, tiling.np), lambda b_, i, j: te.sum(
+        a_pad[b_, i, r].astype(spec.acc_dtype) * b_pad[b_, r, j].astype(spec.acc_dtype), axis=r), name="acc")
+    bias = te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None
+    epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=2)
+    out = te.compute((spec.batch, m, n), lambda b_, i, j: epi[b_, i, j], name="out")
+    return _prim_func(spec, {"lhs": a, "rhs": b, "bias": bias}, out)
+
+
+COMPUTES = {"matmul": matmul_compute, "conv2d": conv2d_compute, "depthwise": depthwise_compute,
+            "conv2d_layout": conv2d_layout_compute, "batch_matmul": batch_matmul_compute}
 
 
 def kernel_prim_func(spec: KernelSpec, tiling: Tiling):
-    return COMPUTES[spec.op](spec, tiling)
+    return COMPUTES[spec.compute_name](spec, tiling)

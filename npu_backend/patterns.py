@@ -5,15 +5,16 @@ patterns, each with a check function that rejects what the kernels cannot do (th
 kept: `offload_reason` returns it in words a user can act on). `spec_from_composite` reads the
 `KernelSpec` back off an offloaded function for the target hook.
 
-Patterns: matmul (2-D, and the permute_dims + matmul form PyTorch's Linear produces) and conv2d
-(NCHW / OIHW, any stride, padding, dilation and groups; depthwise ones become the DEPTHWISE
-kernel), each optionally followed by a bias `add` and then `relu`, in float32 and in
-int8 x int8 -> int32.
+Patterns: matmul (2-D and batched, and the permute_dims + matmul form PyTorch's Linear produces)
+and conv2d (any order of the axes: NCHW or NHWC data, OIHW, HWIO or OHWI weights; any stride,
+padding, dilation and groups; depthwise ones become the DEPTHWISE kernel), each optionally
+followed by a bias `add` and then `relu`, in float32 and in int8 x int8 -> int32.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
@@ -127,9 +128,11 @@ def spec_from_match(name: str, annotated: dict) -> KernelSpec:
 
 def _matmul_spec(name, lhs, rhs, permute, bias_shape, common) -> KernelSpec:
     lhs_shape, rhs_shape = _static_shape(lhs, "left operand"), _static_shape(rhs, "right operand")
+    if min(len(lhs_shape), len(rhs_shape)) < 2:
+        raise _Reject(f"matmul of rank {len(lhs_shape)} x {len(rhs_shape)}: the NPU kernel takes "
+                      "matrices (reshape a vector operand to (1, K) or (K, 1))")
     if len(lhs_shape) != 2 or len(rhs_shape) != 2:
-        raise _Reject(f"matmul of rank {len(lhs_shape)} x {len(rhs_shape)}: the NPU kernel takes 2-D "
-                      "operands (batched matmul stays on the host)")
+        return _batched_matmul_spec(name, lhs_shape, rhs_shape, permute, bias_shape, common)
     transposed = name.startswith("cgra.linear")
     if transposed:
         axes = permute.attrs.axes
@@ -143,10 +146,10 @@ def _matmul_spec(name, lhs, rhs, permute, bias_shape, common) -> KernelSpec:
 
 def _conv2d_spec(call, data, weight, common) -> KernelSpec:
     attrs = call.attrs
-    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
-    if layouts != ("NCHW", "OIHW", "NCHW"):
-        raise _Reject(f"conv2d layouts {layouts}: the NPU kernel takes NCHW data, OIHW weights")
-    data_shape, weight_shape = _static_shape(data, "data"), _static_shape(weight, "weight")
+    layouts = _conv2d_layouts(attrs)
+    data_layout, kernel_layout, out_layout = layouts
+    data_shape = _logical(_static_shape(data, "data"), data_layout, "NCHW")
+    weight_shape = _logical(_static_shape(weight, "weight"), kernel_layout, "OIHW")
     groups = int(attrs.groups)
     if data_shape[1] % groups or weight_shape[0] % groups or weight_shape[1] * groups != data_shape[1]:
         raise _Reject(f"conv2d with groups={groups} on {data_shape[1]} input channels and weights "
@@ -159,15 +162,85 @@ def _conv2d_spec(call, data, weight, common) -> KernelSpec:
     op = "depthwise" if 1 < groups == data_shape[1] == weight_shape[0] else "conv2d"
     spec = KernelSpec(op, lhs_shape=data_shape, rhs_shape=weight_shape,
                       strides=tuple(int(s) for s in attrs.strides), padding=padding,
-                      dilation=tuple(int(d) for d in attrs.dilation), groups=groups, **common)
+                      dilation=tuple(int(d) for d in attrs.dilation), groups=groups,
+                      data_layout=data_layout, kernel_layout=kernel_layout, out_layout=out_layout, **common)
     bias_shape = common["bias_shape"]
     if bias_shape is not None:
         aligned = (1,) * (4 - len(bias_shape)) + tuple(bias_shape)
-        channels = weight_shape[0]
-        if len(bias_shape) > 4 or aligned[1] != channels or {aligned[0], aligned[2], aligned[3]} != {1}:
+        channels, axis = weight_shape[0], out_layout.index("C")
+        expected = tuple(channels if a == axis else 1 for a in range(4))
+        if len(bias_shape) > 4 or aligned != expected:
             raise _Reject(f"the bias of shape {bias_shape} is not one value per output channel "
-                          f"(expected (1, {channels}, 1, 1) or ({channels}, 1, 1))")
+                          f"(expected {expected} or {expected[axis:]} for {out_layout} output)")
     return spec
+
+
+def _conv2d_layouts(attrs) -> tuple[str, str, str]:
+    """(data, kernel, out) layouts of a conv2d, if the NPU kernels can gather and store them:
+    any order of the four axes (NHWC, HWIO, OHWI, ...), not blocked layouts such as NCHW4c."""
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+    for layout, axes, what in zip(layouts, ("NCHW", "OIHW", "NCHW"), ("data", "kernel", "out")):
+        if sorted(layout) != sorted(axes):
+            raise _Reject(f"conv2d {what} layout {layout}: the NPU kernel takes an order of the axes "
+                          f"{axes} (e.g. NCHW or NHWC data, OIHW, HWIO or OHWI weights), not a blocked layout")
+    if int(attrs.groups) > 1 and 0 in (layouts[0].index("C"), layouts[2].index("C")):
+        raise _Reject(f"grouped conv2d with layouts {layouts}: the NPU kernel reads one group's "
+                      "channels as a view and needs an axis stored before C (use NCHW or NHWC)")
+    return layouts
+
+
+def _logical(shape: tuple, layout: str, axes: str) -> tuple:
+    """A shape stored in `layout` in the logical order `axes` (e.g. NHWC -> NCHW)."""
+    return tuple(shape[layout.index(axis)] for axis in axes)
+
+
+def _batched_matmul_spec(name, lhs_shape, rhs_shape, permute, bias_shape, common) -> KernelSpec:
+    """A matmul with batch dimensions: as a 2-D GEMM over all the batch's rows when the right
+    operand is shared (its batch dims all 1), else with one image per batch element, the left
+    operand batched alike or shared. Other broadcasts of the batch dims stay on the host."""
+    transposed = name.startswith("cgra.linear")
+    if transposed:
+        _check_transpose(permute, len(rhs_shape))
+    m, k = lhs_shape[-2:]
+    n = rhs_shape[-2] if transposed else rhs_shape[-1]
+    lhs_batch, rhs_batch = lhs_shape[:-2], rhs_shape[:-2]
+    rank = max(len(lhs_batch), len(rhs_batch))
+    out_shape = _broadcast(lhs_batch, rhs_batch) + (m, n)
+    if bias_shape is not None and (len(bias_shape) > rank + 2 or bias_shape[-1] != n
+                                   or any(d != 1 for d in bias_shape[:-1])):
+        raise _Reject(f"the bias of shape {bias_shape} is not a row of {n} columns")
+    lhs_count, rhs_count = math.prod(lhs_batch), math.prod(rhs_batch)
+    if rhs_count == 1:  # shared weights: one GEMM over lhs_count * m rows
+        kernel_lhs, kernel_rhs, kernel_out, batch = (lhs_count * m, k), rhs_shape[-2:], (lhs_count * m, n), 1
+    elif lhs_count == 1 or _broadcast(lhs_batch, (1,) * rank) == _broadcast(rhs_batch, (1,) * rank):
+        kernel_lhs = (m, k) if lhs_count == 1 else (lhs_count, m, k)
+        kernel_rhs, kernel_out, batch = (rhs_count,) + rhs_shape[-2:], (rhs_count, m, n), rhs_count
+    else:
+        raise _Reject(f"matmul of {lhs_shape} x {rhs_shape} broadcasts the batch dimensions against "
+                      "each other; the NPU kernel takes equal batches or a shared operand")
+    # The kernel reads every operand as a compact view of what the caller passes.
+    caller = tuple((role, stored) for role, stored, kernel in (
+        ("lhs", lhs_shape, kernel_lhs), ("rhs", rhs_shape, kernel_rhs), ("out", out_shape, kernel_out))
+        if tuple(stored) != tuple(kernel))
+    return KernelSpec("matmul", lhs_shape=kernel_lhs, rhs_shape=tuple(kernel_rhs), rhs_transposed=transposed,
+                      batch=batch, caller_shapes=caller, **common)
+
+
+def _check_transpose(permute, rank: int) -> None:
+    """permute_dims before matmul must swap the last two axes and keep the batch axes."""
+    axes = permute.attrs.axes
+    expected = list(range(rank - 2)) + [rank - 1, rank - 2]
+    actual = list(reversed(range(rank))) if axes is None else [int(a) for a in axes]
+    if actual != expected:
+        raise _Reject(f"permute_dims with axes {actual} before matmul is not a transpose of the "
+                      f"last two axes ({expected})")
+
+
+def _broadcast(a: tuple, b: tuple) -> tuple:
+    """numpy's broadcast of two batch shapes (relax has checked they broadcast)."""
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
+    return tuple(max(x, y) for x, y in zip(a, b))
 
 
 def spec_from_composite(func: relax.Function, source_ops=()) -> KernelSpec:

@@ -84,15 +84,25 @@ def conv2d_reference(x, w, stride, pad, dilation=(1, 1), groups=1):
     return out
 
 
+def _stored(logical, axes: str, layout: str) -> tuple:
+    """The permutation of `axes` (e.g. NCHW) that `layout` (e.g. NHWC) stores."""
+    return tuple(logical[axes.index(axis)] for axis in layout)
+
+
 def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype="float32",
-                 bias=True, relu=True, dilation=(1, 1), groups=1):
+                 bias=True, relu=True, dilation=(1, 1), groups=1, layouts=("NCHW", "OIHW", "NCHW")):
+    """conv2d (+ bias) (relu) with data, weight and output stored in `layouts`: (module, inputs,
+    reference). Shapes are given in NCHW / OIHW order whatever the layouts."""
     acc = ACC[dtype]
-    specs = [("data", (n, c, h, w_), dtype), ("weight", (f, c // groups, kh, kw), dtype)]
-    specs += [("bias", (1, f, 1, 1), acc)] if bias else []
+    data_layout, kernel_layout, out_layout = layouts
+    specs = [("data", _stored((n, c, h, w_), "NCHW", data_layout), dtype),
+             ("weight", _stored((f, c // groups, kh, kw), "OIHW", kernel_layout), dtype)]
+    specs += [("bias", tuple(f if axis == "C" else 1 for axis in out_layout), acc)] if bias else []
 
     def body(bb, x, w, *rest):
-        y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=pad, dilation=dilation,
-                                       groups=groups, out_dtype=acc if dtype == "int8" else None))
+        y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=pad, dilation=dilation, groups=groups,
+                                       data_layout=data_layout, kernel_layout=kernel_layout,
+                                       out_layout=out_layout, out_dtype=acc if dtype == "int8" else None))
         if bias:
             y = bb.emit(relax.op.add(y, rest[0]))
         if relu:
@@ -101,7 +111,37 @@ def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype=
 
     rng = np.random.default_rng(n * 7 + c * 11 + h * 13 + f * 17 + kh * 19)
     inputs = [_random(rng, shape, dt) for _, shape, dt in specs]
-    ref = conv2d_reference(inputs[0].astype(acc), inputs[1].astype(acc), stride, pad, dilation, groups)
+    x = inputs[0].transpose([data_layout.index(axis) for axis in "NCHW"]).astype(acc)
+    w = inputs[1].transpose([kernel_layout.index(axis) for axis in "OIHW"]).astype(acc)
+    ref = conv2d_reference(x, w, stride, pad, dilation, groups).transpose(["NCHW".index(a) for a in out_layout])
+    if bias:
+        ref = ref + inputs[2]
+    if relu:
+        ref = np.maximum(ref, 0)
+    return relax_module(specs, body), inputs, ref.astype(acc)
+
+
+def batch_matmul_model(lhs_shape, rhs_shape, dtype="float32", bias=True, relu=True, transposed=False):
+    """matmul(x, w) with batch dims (numpy's broadcast) (+ bias row) (relu); with `transposed`,
+    w is stored (..., N, K) and permute_dims swaps its last two axes first, as PyTorch's Linear
+    and `x @ w.transpose(-1, -2)` import. Returns (module, inputs, reference)."""
+    acc = ACC[dtype]
+    n = rhs_shape[-2] if transposed else rhs_shape[-1]
+    specs = [("x", tuple(lhs_shape), dtype), ("w", tuple(rhs_shape), dtype)] + ([("b", (n,), acc)] if bias else [])
+
+    def body(bb, x, w, *rest):
+        if transposed:
+            rank = len(rhs_shape)
+            w = bb.emit(relax.op.permute_dims(w, list(range(rank - 2)) + [rank - 1, rank - 2]))
+        y = bb.emit(relax.op.matmul(x, w, out_dtype=acc if dtype == "int8" else None))
+        if bias:
+            y = bb.emit(relax.op.add(y, rest[0]))
+        return bb.emit(relax.op.nn.relu(y)) if relu else y
+
+    rng = np.random.default_rng(sum(lhs_shape) * 1009 + sum(rhs_shape))
+    inputs = [_random(rng, shape, dt) for _, shape, dt in specs]
+    x, w = inputs[0].astype(acc), inputs[1].astype(acc)
+    ref = np.matmul(x, np.swapaxes(w, -1, -2) if transposed else w)
     if bias:
         ref = ref + inputs[2]
     if relu:

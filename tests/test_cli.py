@@ -26,6 +26,19 @@ def test_verify_conv2d_json(capsys):
     assert report["cycles"] >= report["ideal_cycles"]
 
 
+@pytest.mark.parametrize("argv", [
+    ["--op", "conv2d", "--shape", "1,6,9,8,10,3,3", "--padding", "1", "--layout", "NHWC"],
+    ["--op", "conv2d", "--shape", "2,5,7,7,4,3,1", "--layout", "nhwc,ohwi", "--dtype", "int8"],
+    ["--op", "batch_matmul", "--shape", "3,20,12,9", "--dtype", "int8"],
+    ["--op", "batch_matmul", "--shape", "3,20,12,9", "--shared-weights"],
+])
+def test_verify_layouts_and_batches(argv, capsys):
+    assert main(["verify", *argv, "--arch", "cgra-4x4", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["result"] == "PASS" and len(report["kernels"]) == 1
+    assert report["cycles"] >= report["ideal_cycles"]
+
+
 def test_verify_user_arch_file(tmp_path, capsys):
     from cgra_sim.arch import load_arch
 
@@ -39,6 +52,8 @@ def test_verify_user_arch_file(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["verify", "--op", "matmul", "--shape", "3,4"], "--shape must be M,N,K"),
+    (["verify", "--op", "batch_matmul", "--shape", "3,4,5"], "--shape must be B,M,N,K"),
+    (["verify", "--op", "conv2d", "--shape", "1,2,5,5,2,3,3", "--layout", "NHWC,HWI"], "--layout NHWC,HWI"),
     (["verify", "--op", "matmul", "--shape", "3,4,5", "--arch", "nope"], "unknown CGRA architecture 'nope'"),
     (["run", "missing.onnx"], "No such file"),
 ])
