@@ -111,6 +111,19 @@ class DmaBox:
                 return ((0, 0),) * BOX_DIMS
         return tuple(ranges)
 
+    def tensor_view(self, tensor: np.ndarray, inner: tuple[slice, ...] | None = None) -> np.ndarray:
+        """The box as a strided numpy view on `tensor` (no copy): the whole box, which must
+        avoid the halo, or with `inner` (per loop, a slice of indices inside the tensor, see
+        `inbounds_ranges`) that sub-box."""
+        origin, extents = list(self.origin), self.extents
+        if inner is not None:
+            for index, dim, step in zip(inner, self.tdims, self.tsteps):
+                origin[dim] += step * index.start
+            extents = tuple(index.stop - index.start for index in inner)
+        offset = sum(o * stride for o, stride in zip(origin, tensor.strides))
+        strides = tuple(step * tensor.strides[dim] for step, dim in zip(self.tsteps, self.tdims))
+        return np.ndarray(extents, tensor.dtype, buffer=tensor, offset=offset, strides=strides)
+
     def tensor_injective(self, rank: int) -> bool:
         """Whether no two loop points visit the same tensor coordinate (stores need this)."""
         for dim in range(rank):

@@ -73,9 +73,10 @@ _SLOTS: dict = {}  # Command subclass -> every slot name along its MRO
 class DmaCommand(Command):
     """DMA_LOAD / DMA_STORE between host tensor `slot` and the scratchpad `region` (the box)."""
 
-    # inner: per loop, the [start, stop) of the box's in-bounds points (box.inbounds_ranges) when
-    # the box reaches into the halo and they form a sub-box; None otherwise.
-    __slots__ = ("slot", "tensor", "box", "region", "halo_free", "host_points", "inner")
+    # inner: per loop, the slice of the box's in-bounds points (box.inbounds_ranges) when the
+    # box reaches into the halo and they form a non-empty sub-box; None otherwise.
+    # host_view: the box (halo-free) or that sub-box as a view on the host tensor, else None.
+    __slots__ = ("slot", "tensor", "box", "region", "halo_free", "host_points", "inner", "host_view")
 
     @property
     def box_bytes(self) -> int:
@@ -225,11 +226,14 @@ def _decode_dma(check: _Checker, index: int, op: Op, record: list[int], tensors)
         check.fail(f"scratchpad strides {box.sstrides} alias: the load would write elements twice")
     cmd = DmaCommand(index, op)
     cmd.slot, cmd.tensor, cmd.box, cmd.halo_free, cmd.region = slot, tensor, box, halo_free, region
-    cmd.inner = None if halo_free else box.inbounds_ranges(tensor.shape)
-    if cmd.inner is not None:
-        cmd.host_points = math.prod(stop - start for start, stop in cmd.inner)
+    ranges = None if halo_free else box.inbounds_ranges(tensor.shape)
+    if ranges is not None:
+        cmd.host_points = math.prod(stop - start for start, stop in ranges)
     else:
         cmd.host_points = box.num_points if halo_free else box.inbounds_points(tensor.shape)
+    cmd.inner = None if ranges is None or cmd.host_points == 0 else \
+        tuple(slice(start, stop) for start, stop in ranges)
+    cmd.host_view = box.tensor_view(tensor, cmd.inner) if halo_free or cmd.inner else None
     if op is Op.DMA_LOAD:
         cmd.writes = (cmd.region,)
     else:

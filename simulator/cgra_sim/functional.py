@@ -28,25 +28,6 @@ def execute(commands: list[Command], spad: np.ndarray) -> None:
         _EXECUTORS[cmd.op](cmd, spad)
 
 
-def _tensor_view(cmd: DmaCommand, ranges=None) -> np.ndarray:
-    """The box as a strided view on the host tensor: the whole box (when it avoids the halo),
-    or the sub-box of loop indices `ranges` ([start, stop) per loop, inside the tensor)."""
-    tensor, box = cmd.tensor, cmd.box
-    origin, extents = list(box.origin), box.extents
-    if ranges is not None:
-        for (start, _), dim, step in zip(ranges, box.tdims, box.tsteps):
-            origin[dim] += step * start
-        extents = tuple(stop - start for start, stop in ranges)
-    offset = sum(o * stride for o, stride in zip(origin, tensor.strides))
-    strides = tuple(step * tensor.strides[dim] for step, dim in zip(box.tsteps, box.tdims))
-    return np.ndarray(extents, tensor.dtype, buffer=tensor, offset=offset, strides=strides)
-
-
-def _inner_slices(cmd: DmaCommand) -> tuple[slice, ...]:
-    """The in-bounds sub-box of the scratchpad side of a box that reaches into the halo."""
-    return tuple(slice(start, stop) for start, stop in cmd.inner)
-
-
 def _halo_coordinates(cmd: DmaCommand) -> tuple[list[np.ndarray], np.ndarray]:
     """Per tensor dimension, the coordinate of every box point; and where they are in bounds."""
     box, shape = cmd.box, cmd.tensor.shape
@@ -57,14 +38,14 @@ def _halo_coordinates(cmd: DmaCommand) -> tuple[list[np.ndarray], np.ndarray]:
 def _dma_load(cmd: DmaCommand, spad: np.ndarray) -> None:
     dst = cmd.region.view(spad)
     if cmd.halo_free:
-        dst[...] = _tensor_view(cmd)
+        dst[...] = cmd.host_view
         return
     if cmd.host_points == 0:
         dst[...] = 0
         return
     if cmd.inner is not None:  # the usual halo: zeros, then the in-bounds sub-box in one copy
         dst[...] = 0
-        dst[_inner_slices(cmd)] = _tensor_view(cmd, cmd.inner)
+        dst[cmd.inner] = cmd.host_view
         return
     coords, inside = _halo_coordinates(cmd)
     clipped = tuple(np.clip(c, 0, size - 1) for c, size in zip(coords, cmd.tensor.shape))
@@ -74,12 +55,12 @@ def _dma_load(cmd: DmaCommand, spad: np.ndarray) -> None:
 def _dma_store(cmd: DmaCommand, spad: np.ndarray) -> None:
     src = cmd.region.view(spad)
     if cmd.halo_free:
-        _tensor_view(cmd)[...] = src
+        cmd.host_view[...] = src
         return
     if cmd.host_points == 0:
         return
     if cmd.inner is not None:
-        _tensor_view(cmd, cmd.inner)[...] = src[_inner_slices(cmd)]
+        cmd.host_view[...] = src[cmd.inner]
         return
     coords, inside = _halo_coordinates(cmd)
     cmd.tensor[tuple(c[inside] for c in coords)] = src[inside]

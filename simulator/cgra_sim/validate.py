@@ -47,9 +47,11 @@ def _check_written(cmd: Command, region: Region, written: np.ndarray) -> None:
     marks = region.byte_view(written)
     offset = (0,) * len(region.shape)
     if isinstance(cmd, DmaCommand) and cmd.op is Op.DMA_STORE and not cmd.halo_free:
+        if cmd.host_points == 0:
+            return
         if cmd.inner is not None:  # only the in-bounds sub-box leaves the scratchpad
-            marks = marks[tuple(slice(start, stop) for start, stop in cmd.inner)]
-            offset = tuple(start for start, _ in cmd.inner)
+            marks = marks[cmd.inner]
+            offset = tuple(index.start for index in cmd.inner)
         else:
             marks = np.where(cmd.inbounds_mask()[..., None], marks, True)
     if marks.all():
