@@ -16,6 +16,8 @@ import time
 from cgra_sim.__main__ import REPLAY_DESCRIPTION, REPLAY_HELP, add_replay_arguments, run_replay
 from cgra_sim.trace import write_chrome_trace
 
+from .progress import StatusLine
+
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 
 
@@ -74,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--dump-dir", help="write every compiler stage's output under this directory")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     run.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="show progress on stderr (each kernel compiled, each kernel launch "
+                          "simulated); default: only when stderr is a terminal and without --json")
     _add_observation_arguments(run)
 
     add_replay_arguments(sub.add_parser("replay", help=REPLAY_HELP, description=REPLAY_DESCRIPTION))
@@ -183,9 +188,15 @@ def _conv2d_layouts(text: str) -> tuple[str, str, str]:
 def _run(args) -> int:
     from npu_backend.onnx_model import run_onnx_model
 
-    with _observe(args) as prof:  # sees the same launches as the model runner's own profile
-        report = run_onnx_model(args.model, args.arch, check=args.check, dump_dir=args.dump_dir,
-                                seed=args.seed, progress=None if args.json else _progress)
+    show = args.progress if args.progress is not None else not args.json and sys.stderr.isatty()
+    status = StatusLine(sys.stderr) if show else None
+    try:
+        with _observe(args) as prof:  # sees the same launches as the model runner's own profile
+            report = run_onnx_model(args.model, args.arch, check=args.check, dump_dir=args.dump_dir,
+                                    seed=args.seed, progress=status.show if status else None)
+    finally:
+        if status is not None:
+            status.close()
     written = _publish(args, prof, report)
     if args.json:
         print(json.dumps(report))

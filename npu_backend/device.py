@@ -16,11 +16,13 @@ import json
 import os
 import re
 import threading
+import time
 
 import numpy as np
 import tvm_ffi
 
 from cgra_sim import simulate_detailed
+from cgra_sim.simulate import STEPS
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.errors import SimulatorError
 from cgra_sim.isa import RECORD_WORDS, SLOT_WORDS, DType
@@ -41,12 +43,16 @@ class Profile:
     file (inputs before, tensors after) and `recorded` lists the paths, in launch order.
     """
 
-    def __init__(self, record_dir=None, keep_schedules: bool = False):
+    def __init__(self, record_dir=None, keep_schedules: bool = False, on_launch=None):
         self.kernels = []  # cgra_sim KernelStats, in launch order
         self.record_dir = None if record_dir is None else os.fspath(record_dir)
         self.keep_schedules = keep_schedules
+        self.on_launch = on_launch  # called with each launch's KernelStats (progress output)
         self.schedules = []  # cgra_sim TracedLaunch per launch, with keep_schedules
         self.recorded = []  # launch files written, with record_dir
+        # Host seconds per simulator step (cgra_sim.STEPS) and in the device glue around it
+        # ("device": host views, stream copies), summed over launches: the simulator's speed.
+        self.host_seconds = dict.fromkeys(STEPS + ("device",), 0.0)
 
     @property
     def total_cycles(self) -> int:
@@ -79,8 +85,12 @@ class Profile:
             raise ValueError("this profile kept no schedules: use npu_backend.profile(keep_schedules=True)")
         return chrome_trace(self.schedules)
 
-    def _add(self, result, arch: HardwareDescription, commands: np.ndarray, launch: "Launch | None"):
+    def _add(self, result, arch: HardwareDescription, commands: np.ndarray, launch: "Launch | None",
+             device_seconds: float = 0.0):
         self.kernels.append(result.stats)
+        for step, seconds in result.host_seconds.items():
+            self.host_seconds[step] = self.host_seconds.get(step, 0.0) + seconds
+        self.host_seconds["device"] += device_seconds
         if self.keep_schedules:
             self.schedules.append(TracedLaunch(result.stats.name, result.schedule, arch.clock_mhz, commands))
         if self.record_dir is not None and launch is not None:
@@ -92,20 +102,23 @@ class Profile:
                 raise RuntimeError(f"cgra kernel '{launch.kernel}': cannot record the launch to "
                                    f"'{path}': {err.strerror or err}") from None
             self.recorded.append(path)
+        if self.on_launch is not None:
+            self.on_launch(result.stats)
 
 
 @contextlib.contextmanager
-def profile(record_dir=None, keep_schedules: bool = False):
+def profile(record_dir=None, keep_schedules: bool = False, on_launch=None):
     """Collect the statistics of every NPU kernel run inside the block.
 
     `record_dir`: also save every launch there as `<index>_<kernel>.cgra` (created if missing),
     with its inputs and outputs, for `cgra-sim replay`. `keep_schedules`: also keep every launch's
     per-command schedule and commands (`Profile.schedules`, `Profile.chrome_trace()`): about 300
     bytes per command (the 256-byte record and 30 bytes of schedule), no extra simulation time.
+    `on_launch`: called with each launch's `KernelStats` once it is simulated (progress output).
     """
     if record_dir is not None:
         os.makedirs(record_dir, exist_ok=True)
-    prof = Profile(record_dir, keep_schedules)
+    prof = Profile(record_dir, keep_schedules, on_launch)
     with _lock:
         _active_profiles.append(prof)
     try:
@@ -133,6 +146,7 @@ def _host_view(slot) -> np.ndarray:
 
 
 def _submit(kernel_name, source_ops, arch_json, slots, commands):
+    started = time.perf_counter()
     slot_table = np.frombuffer(bytes(slots), dtype=np.int64).reshape(-1, SLOT_WORDS)
     stream = np.frombuffer(bytes(commands), dtype=np.int64).reshape(-1, RECORD_WORDS)
     tensors = [_host_view(slot) for slot in slot_table]
@@ -151,9 +165,10 @@ def _submit(kernel_name, source_ops, arch_json, slots, commands):
     if inputs is not None:
         launch = Launch.from_tensors(str(kernel_name), ops, str(arch_json), stream, inputs,
                                      [t.copy() for t in tensors], result.stats.to_dict())
+    device_seconds = time.perf_counter() - started - sum(result.host_seconds.values())
     with _lock:
         for prof in _active_profiles:
-            prof._add(result, arch, stream, launch)
+            prof._add(result, arch, stream, launch, device_seconds)
 
 
 def register_backend() -> None:

@@ -12,6 +12,7 @@ import tvm
 
 from .device import profile
 from .errors import UnsupportedOperator
+from .progress import compile_progress
 
 _ONNX_DTYPES = {1: "float32", 3: "int8", 6: "int32", 7: "int64", 2: "uint8"}
 
@@ -50,8 +51,38 @@ def _random_inputs(model, seed: int) -> dict:
     return inputs
 
 
+class _KernelCount:
+    """Progress messages: kernels compiled (of how many), then kernel launches simulated."""
+
+    def __init__(self):
+        self.total = 0  # kernels compiled: each normally runs once per inference
+        self.launches = 0
+        self.cycles = 0
+
+    def compiling(self, say, arch_name: str):
+        def callback(done: int, total: int, name: str) -> None:
+            self.total = total
+            if done < total:
+                say(f"compiling for {arch_name}: kernel {done + 1}/{total} {name}")
+            else:
+                say(f"compiling for {arch_name}: {total} kernels compiled, building the host code")
+        return callback
+
+    def simulated(self, say):
+        def callback(stats) -> None:
+            self.launches += 1
+            self.cycles += stats.cycles
+            of = f"/{self.total}" if self.launches <= self.total else ""
+            say(f"simulating: kernel launch {self.launches}{of} ({stats.num_commands} commands, "
+                f"{self.cycles:,} cycles so far) {stats.name}")
+        return callback
+
+
 def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = None, seed: int = 0,
                    progress=None) -> dict:
+    """Imports, compiles and simulates the model at `path` on random inputs (seeded); the report
+    as described in the module docstring. `progress(message)`, if given, hears each step, each
+    kernel compiled and each kernel launch simulated."""
     import npu_backend
     onnx, onnxruntime = _require_onnx()
     from tvm.relax.frontend.onnx import from_onnx
@@ -63,11 +94,13 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
     mod = from_onnx(model)
     placements = npu_backend.explain(mod, arch)
     say(f"compiling for {arch.name}")
-    executable = npu_backend.compile(mod, arch, dump_dir=dump_dir)
+    kernels = _KernelCount()
+    with compile_progress(kernels.compiling(say, arch.name)):
+        executable = npu_backend.compile(mod, arch, dump_dir=dump_dir)
     inputs = _random_inputs(model, seed)
     say("running on the simulator")
     vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
-    with profile() as prof:
+    with profile(on_launch=kernels.simulated(say)) as prof:
         outputs = vm["main"](*[tvm.runtime.tensor(a) for a in inputs.values()])
     outputs = [outputs] if not isinstance(outputs, (list, tuple, tvm.ir.Array)) else list(outputs)
     outputs = [o.numpy() for o in outputs]

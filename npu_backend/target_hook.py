@@ -25,6 +25,7 @@ from .kernels import kernel_prim_func
 from .lowering import lower_kernel
 from .options import CompileOptions, dump
 from .patterns import composite_call, spec_from_composite
+from .progress import report_kernel
 from .schedule import schedule_kernel
 from .tiling import choose_kernel_tiling
 
@@ -77,7 +78,11 @@ def relax_ext_cgra(funcs, target_options, constant_names):
     del constant_names  # weights arrive as arguments (bind_constants=False)
     arch = HardwareDescription.from_json(str(target_options["arch"]))
     options = CompileOptions.from_json(str(target_options.get("options", "{}")))
-    lowered = [compile_kernel(func, arch, options) for func in funcs]
+    lowered = []
+    for func in funcs:
+        report_kernel(len(lowered), len(funcs), str(func.attrs["global_symbol"]))
+        lowered.append(compile_kernel(func, arch, options))
+    report_kernel(len(lowered), len(funcs), "")
     compiled = build(lowered, arch)
     dump(options, "llvm/kernels.ll", compiled.llvm_ir)
     return [_static_library(compiled)]

@@ -67,19 +67,36 @@ class _Graph:
         return model
 
 
-def resnet(size: int = 32, width: int = 16, classes: int = 10, seed: int = 0) -> onnx.ModelProto:
-    """Stem conv + max pool, two basic residual blocks (the second strided, with a 1x1
-    projection shortcut), global average pool and a fully connected layer."""
+def resnet(size: int = 32, width: int = 16, classes: int = 10, seed: int = 0, stages=None,
+           blocks: int = 1, stem_kernel: int = 3, stem_stride: int = 1) -> onnx.ModelProto:
+    """Stem conv + max pool, basic residual blocks, global average pool, fully connected.
+
+    `stages`: output channels per stage (default (width, 2 * width)), `blocks` basic blocks per
+    stage; the first block of every stage after the first is strided, with a 1x1 projection
+    shortcut. The default is a small two-block network; `resnet18` is the real one."""
+    stages = (width, 2 * width) if stages is None else tuple(stages)
     g = _Graph(seed)
-    x = g.conv_bn("input", 3, width, kernel=3)
+    x = g.conv_bn("input", 3, stages[0], kernel=stem_kernel, stride=stem_stride)
     x = g.node("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
-    for cin, cout, stride in ((width, width, 1), (width, 2 * width, 2)):
-        y = g.conv_bn(x, cin, cout, stride=stride)
-        y = g.conv_bn(y, cout, cout, act=None)
-        shortcut = x if stride == 1 else g.conv_bn(x, cin, cout, kernel=1, stride=stride, act=None)
-        x = g.node("Relu", [g.node("Add", [y, shortcut])])
-    out = g.classifier(x, 2 * width, classes)
+    cin = stages[0]
+    for stage, cout in enumerate(stages):
+        for block in range(blocks):
+            stride = 2 if stage > 0 and block == 0 else 1
+            y = g.conv_bn(x, cin, cout, stride=stride)
+            y = g.conv_bn(y, cout, cout, act=None)
+            shortcut = x if stride == 1 and cin == cout else \
+                g.conv_bn(x, cin, cout, kernel=1, stride=stride, act=None)
+            x = g.node("Relu", [g.node("Add", [y, shortcut])])
+            cin = cout
+    out = g.classifier(x, cin, classes)
     return g.model("resnet_style", [1, 3, size, size], out, [1, classes])
+
+
+def resnet18(size: int = 224, classes: int = 1000, seed: int = 0) -> onnx.ModelProto:
+    """ResNet-18: 7x7/2 stem, 3x3/2 max pool, stages of 64-128-256-512 channels with two basic
+    blocks each (stride-2 projections), batch norm after every conv, global average pool, FC."""
+    return resnet(size, classes=classes, seed=seed, stages=(64, 128, 256, 512), blocks=2,
+                  stem_kernel=7, stem_stride=2)
 
 
 def mobilenet_v2(size: int = 32, classes: int = 10, seed: int = 0) -> onnx.ModelProto:

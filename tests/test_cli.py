@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
 import pytest
 
 from npu_backend.cli import main
+from npu_backend.progress import StatusLine
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "tiny_cnn.onnx")
 
@@ -64,9 +66,44 @@ def test_bad_input_exits_2_with_the_reason(argv, message, capsys):
 
 def test_run_example_model_checks_against_onnxruntime(capsys):
     assert main(["run", EXAMPLE, "--check", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
     assert report["check"]["passed"] and report["check"]["max_rel_error"] <= 1e-4
     assert len(report["kernels"]) == 3 and report["total_cycles"] > 0
+    assert captured.err == ""  # no progress: stderr is not a terminal and --json was given
+
+
+def test_run_progress_on_request_goes_to_stderr_only(capsys):
+    assert main(["run", EXAMPLE, "--json", "--progress", "--arch", "cgra-4x4"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)  # stdout stays one JSON object
+    lines = captured.err.splitlines()  # not a terminal: one line per message, no \r
+    assert "\r" not in captured.err
+    compiled = [line for line in lines if line.startswith("compiling for cgra-4x4: kernel ")]
+    assert [line.split()[4] for line in compiled] == ["1/3", "2/3", "3/3"]
+    assert "compiling for cgra-4x4: 3 kernels compiled, building the host code" in lines
+    launches = [line for line in lines if line.startswith("simulating: kernel launch ")]
+    assert [line.split()[3] for line in launches] == ["1/3", "2/3", "3/3"]
+    last = report["kernels"][-1]
+    assert launches[-1].endswith(f"({last['num_commands']} commands, {report['total_cycles']:,} "
+                                 f"cycles so far) {last['name']}")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_status_line_rewrites_one_line_on_a_terminal(monkeypatch):
+    monkeypatch.setattr("shutil.get_terminal_size", lambda: os.terminal_size((24, 10)))
+    terminal = _Terminal()
+    status = StatusLine(terminal)
+    status.show("compiling 1/2")
+    status.show("compiling 2/2: a long kernel name")
+    status.show("done")
+    status.close()
+    status.close()  # a second close adds nothing
+    assert terminal.getvalue() == ("\rcompiling 1/2" "\rcompiling 2/2: a lon..." + "\rdone" + " " * 19 + "\n")
 
 
 def test_run_dump_dir_writes_every_stage(tmp_path):

@@ -47,6 +47,21 @@ def test_default_target_is_cgra_8x8():
     assert prof.kernels and prof.kernels[0].arch == "cgra-8x8"
 
 
+def test_profile_reports_each_launch_and_the_host_seconds_of_each_step():
+    from cgra_sim.simulate import STEPS
+
+    mod, inputs, ref = matmul_model(20, 12, 9)
+    ex = tvm.compile(mod, target="cgra")
+    heard = []
+    with npu_backend.profile(on_launch=heard.append) as prof:
+        run(ex, inputs)
+        run(ex, inputs)
+    assert heard == prof.kernels and len(heard) == 2
+    assert set(prof.host_seconds) == set(STEPS) | {"device"}
+    assert all(seconds >= 0 for seconds in prof.host_seconds.values())
+    assert sum(prof.host_seconds[step] for step in STEPS) > 0
+
+
 def test_llvm_target_is_untouched():
     mod, inputs, ref = matmul_model(20, 12, 9)
     with npu_backend.profile() as prof:

@@ -7,13 +7,14 @@ results must match onnxruntime and at least 99% of the multiply-accumulates must
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import pytest
 from tvm.relax.frontend.onnx import from_onnx
 
 import npu_backend
 from npu_backend.onnx_model import run_onnx_model
-from onnx_models import mobilenet_v2, resnet
+from onnx_models import mobilenet_v2, resnet, resnet18
 
 MODELS = {"resnet": resnet, "mobilenet_v2": mobilenet_v2}
 
@@ -38,3 +39,16 @@ def test_explain_counts_the_macs_of_each_operator():
     assert all(p.macs == 0 for p in placements if p.op not in ("nn.conv2d", "matmul"))
     assert npu_backend.npu_mac_fraction(placements) == 1.0
     assert "MACs run on the NPU" in npu_backend.format_placements(placements)
+
+
+def test_resnet18_builder_has_the_published_layers_and_parameters():
+    """The benchmark's ResNet-18 (benchmarks/bench_network.py) is the real one: 20 convs (16 in
+    the blocks, the stem, 3 projections), 8 residual adds, 11.69 M parameters."""
+    model = resnet18()
+    ops = [node.op_type for node in model.graph.node]
+    assert (ops.count("Conv"), ops.count("BatchNormalization"), ops.count("Add")) == (20, 20, 8)
+    assert (ops.count("MaxPool"), ops.count("GlobalAveragePool"), ops.count("Gemm")) == (1, 1, 1)
+    weights = {init.name: init for init in model.graph.initializer}
+    params = sum(int(np.prod(init.dims)) for name, init in weights.items()
+                 if not name.endswith(("_mean", "_var")))
+    assert params == 11_689_512  # torchvision's resnet18: conv and fc weights, BN scale and shift, fc bias

@@ -405,3 +405,48 @@ def test_depthwise_matches_a_pointwise_reference(oh, ow, channels, kh, kw, strid
         np.testing.assert_array_equal(out, wrap_int32(expected))
     else:
         np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+
+
+# ---------------------------------------------------------------- fast paths
+
+@given(boxes(for_store=False))
+def test_inbounds_ranges_are_the_inbounds_mask_when_given(case):
+    """The closed-form sub-box a halo load or store moves in one copy is exactly the in-bounds
+    points (box.inbounds_mask); None only when two loops walk one dimension."""
+    from cgra_sim.box import DmaBox
+
+    box = DmaBox(dma_record(Op.DMA_LOAD, 0, 0, case["loops"], case["origin"]))
+    ranges = box.inbounds_ranges(case["shape"])
+    walked = [tdim for extent, tdim, _, _ in case["loops"] if extent > 1]
+    assert (ranges is None) == (len(walked) != len(set(walked)))
+    if ranges is not None:
+        expected = np.zeros(box.extents, dtype=bool)
+        expected[tuple(slice(start, stop) for start, stop in ranges)] = True
+        np.testing.assert_array_equal(box.inbounds_mask(case["shape"]), expected)
+
+
+def test_store_from_halo_names_the_unwritten_byte_inside_the_tensor():
+    target = np.zeros((3, 3), dtype=np.int8)
+    # 4x4 box at (-1, -1): rows 1..3, cols 1..3 of the box land in the tensor; the fill leaves
+    # box element (3, 3) (scratchpad byte 15) unwritten.
+    records = [encode(Op.FILL, dtype=DType.INT8, addr=0, rows=1, cols=15, stride=15, value_bits=1),
+               dma_record(Op.DMA_STORE, 0, 0, [(4, 0, 1, 4), (4, 1, 1, 1)], origin=(-1, -1),
+                          pad_lo=(1, 1), pad_hi=(0, 0))]
+    with pytest.raises(CommandError, match=r"command 1 \(DMA_STORE\).*byte 15 was never written"):
+        simulate(ARCH, np.array(records), [target])
+
+
+def test_a_repeated_record_is_decoded_once_and_keeps_its_own_index():
+    from cgra_sim.validate import validate_stream
+
+    load = dma_record(Op.DMA_LOAD, 0, 0, [(4, 0, 1, 1)])
+    gemm = encode(Op.GEMM, flags=GEMM_ACCUMULATE, dtype=DType.INT8, m=1, n=1, k=4, a_addr=0,
+                  a_stride=4, b_addr=0, b_stride=1, acc_addr=64, acc_stride=1)
+    fill = encode(Op.FILL, dtype=DType.INT32, addr=64, rows=1, cols=1, stride=1)
+    source = np.arange(4, dtype=np.int8)
+    decoded = validate_stream(ARCH, np.array([load, fill, gemm, load, gemm, gemm]), [source])
+    assert [c.index for c in decoded] == list(range(6))
+    assert [c.repeat_of for c in decoded] == [-1, -1, -1, 0, 2, 2]
+    assert decoded[4].acc is decoded[2].acc  # shared, not decoded again
+    spad = run_functional(ARCH, np.array([load, fill, gemm, load, gemm, gemm]), [source])
+    assert spad[64:68].view(np.int32)[0] == 3 * int(source.astype(np.int32) @ source)

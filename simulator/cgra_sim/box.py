@@ -89,6 +89,41 @@ class DmaBox:
             count *= int(np.count_nonzero((coords >= 0) & (coords < size)))
         return count
 
+    def inbounds_ranges(self, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...] | None:
+        """Per loop, the index range [start, stop) whose points lie inside the tensor, in closed
+        form; None when two loops of extent > 1 walk one dimension (then the in-bounds points
+        are not a product of ranges: use `inbounds_mask`). An empty box has some stop <= start.
+
+        With one loop l on dimension d, c[d] = origin[d] + tstep_l * i is monotone in i, so the
+        in-bounds i form one range; the box is the product of those ranges (the halo-free
+        sub-box), which lets loads and stores move it as one strided copy."""
+        ranges = [(0, extent) for extent in self.extents]
+        walked = set()
+        for loop, (extent, dim, step) in enumerate(zip(self.extents, self.tdims, self.tsteps)):
+            if extent == 1:
+                continue
+            if dim in walked:
+                return None
+            walked.add(dim)
+            ranges[loop] = _inbounds_range(self.origin[dim], step, extent, shape[dim])
+        for dim, size in enumerate(shape):
+            if dim not in walked and not 0 <= self.origin[dim] < size:
+                return ((0, 0),) * BOX_DIMS
+        return tuple(ranges)
+
+    def tensor_view(self, tensor: np.ndarray, inner: tuple[slice, ...] | None = None) -> np.ndarray:
+        """The box as a strided numpy view on `tensor` (no copy): the whole box, which must
+        avoid the halo, or with `inner` (per loop, a slice of indices inside the tensor, see
+        `inbounds_ranges`) that sub-box."""
+        origin, extents = list(self.origin), self.extents
+        if inner is not None:
+            for index, dim, step in zip(inner, self.tdims, self.tsteps):
+                origin[dim] += step * index.start
+            extents = tuple(index.stop - index.start for index in inner)
+        offset = sum(o * stride for o, stride in zip(origin, tensor.strides))
+        strides = tuple(step * tensor.strides[dim] for step, dim in zip(self.tsteps, self.tdims))
+        return np.ndarray(extents, tensor.dtype, buffer=tensor, offset=offset, strides=strides)
+
     def tensor_injective(self, rank: int) -> bool:
         """Whether no two loop points visit the same tensor coordinate (stores need this)."""
         for dim in range(rank):
@@ -100,6 +135,18 @@ class DmaBox:
     def spad_injective(self) -> bool:
         """Whether no two loop points land on the same scratchpad element (loads need this)."""
         return is_injective(self.sstrides, self.extents)
+
+
+def _inbounds_range(origin: int, step: int, extent: int, size: int) -> tuple[int, int]:
+    """The i in [0, extent) with 0 <= origin + step * i < size, as [start, stop) (possibly empty)."""
+    if step == 0:
+        start, stop = (0, extent) if 0 <= origin < size else (0, 0)
+    elif step > 0:
+        start, stop = -(origin // step), (size - 1 - origin) // step + 1
+    else:
+        start, stop = -((size - 1 - origin) // -step), origin // -step + 1
+    start, stop = max(start, 0), min(stop, extent)
+    return (start, stop) if start < stop else (0, 0)
 
 
 def is_injective(steps, extents) -> bool:

@@ -16,6 +16,8 @@ the result would then depend on an order the ISA does not define.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .arch import HardwareDescription
@@ -38,7 +40,10 @@ _DMA_FLAGS, _DMA_SLOT, _DMA_SPAD_ADDR = (FIELDS[Op.DMA_LOAD].index(name)
 class Command:
     """What every decoded command has: its place in the stream and its scratchpad footprint."""
 
-    __slots__ = ("index", "op", "unit", "reads", "writes")
+    # repeat_of: index of the first earlier command with the same record (-1: none). Decoding
+    # depends only on the record, the tensors' shapes and the arch, all fixed within a stream,
+    # so a repeated record shares the first one's decoded fields (its regions included).
+    __slots__ = ("index", "op", "unit", "reads", "writes", "repeat_of")
 
     def __init__(self, index: int, op: Op):
         self.index = index
@@ -46,12 +51,32 @@ class Command:
         self.unit = UNIT_OF[op]
         self.reads: tuple[Region, ...] = ()
         self.writes: tuple[Region, ...] = ()
+        self.repeat_of = -1
+
+    def repeated_at(self, index: int) -> "Command":
+        """A copy of this decoded command at stream position `index` (same record)."""
+        cls = type(self)
+        names = _SLOTS.get(cls)
+        if names is None:
+            names = _SLOTS[cls] = tuple(name for klass in cls.__mro__
+                                        for name in getattr(klass, "__slots__", ()))
+        copy = object.__new__(cls)
+        for name in names:
+            setattr(copy, name, getattr(self, name))
+        copy.index, copy.repeat_of = index, self.index
+        return copy
+
+
+_SLOTS: dict = {}  # Command subclass -> every slot name along its MRO
 
 
 class DmaCommand(Command):
     """DMA_LOAD / DMA_STORE between host tensor `slot` and the scratchpad `region` (the box)."""
 
-    __slots__ = ("slot", "tensor", "box", "region", "halo_free", "host_points")
+    # inner: per loop, the slice of the box's in-bounds points (box.inbounds_ranges) when the
+    # box reaches into the halo and they form a non-empty sub-box; None otherwise.
+    # host_view: the box (halo-free) or that sub-box as a view on the host tensor, else None.
+    __slots__ = ("slot", "tensor", "box", "region", "halo_free", "host_points", "inner", "host_view")
 
     @property
     def box_bytes(self) -> int:
@@ -231,7 +256,14 @@ def _decode_dma(check: _Checker, index: int, op: Op, record: list[int], tensors)
         check.fail(f"scratchpad strides {box.sstrides} alias: the load would write elements twice")
     cmd = DmaCommand(index, op)
     cmd.slot, cmd.tensor, cmd.box, cmd.halo_free, cmd.region = slot, tensor, box, halo_free, region
-    cmd.host_points = box.num_points if halo_free else box.inbounds_points(tensor.shape)
+    ranges = None if halo_free else box.inbounds_ranges(tensor.shape)
+    if ranges is not None:
+        cmd.host_points = math.prod(stop - start for start, stop in ranges)
+    else:
+        cmd.host_points = box.num_points if halo_free else box.inbounds_points(tensor.shape)
+    cmd.inner = None if ranges is None or cmd.host_points == 0 else \
+        tuple(slice(start, stop) for start, stop in ranges)
+    cmd.host_view = box.tensor_view(tensor, cmd.inner) if halo_free or cmd.inner else None
     if op is Op.DMA_LOAD:
         cmd.writes = (cmd.region,)
     else:
@@ -359,10 +391,21 @@ _DECODERS = {
 
 
 def decode_stream(arch: HardwareDescription, records: np.ndarray, tensors) -> list[Command]:
-    """Decodes and checks every record; raises `CommandError` at the first bad one."""
+    """Decodes and checks every record; raises `CommandError` at the first bad one.
+
+    A record equal to an earlier one is not decoded again: it was valid there and is valid
+    here (the checks see only the record, the tensors and the arch), so it gets a copy of the
+    earlier command (`Command.repeated_at`). Compiled loops repeat many records (weight tiles,
+    epilogues), so this saves most of the decoding."""
     check = _Checker(arch)
     commands = []
+    first_of: dict[tuple, Command] = {}
     for index, record in enumerate(records.tolist()):
+        key = tuple(record)
+        earlier = first_of.get(key)
+        if earlier is not None:
+            commands.append(earlier.repeated_at(index))
+            continue
         op = _OPS.get(record[0])
         check.index, check.op = index, op.name if op is not None else f"opcode {record[0]}"
         if op is None:
@@ -373,5 +416,6 @@ def decode_stream(arch: HardwareDescription, records: np.ndarray, tensors) -> li
             first = used + next(i for i, w in enumerate(record[used:]) if w)
             check.fail(f"word {first} is {record[first]} but {op.name} records use only words "
                        f"0..{used - 1}; unused words must be 0")
-        commands.append(_DECODERS[op](check, index, op, record, tensors))
+        first_of[key] = cmd = _DECODERS[op](check, index, op, record, tensors)
+        commands.append(cmd)
     return commands

@@ -31,14 +31,6 @@ def execute(commands: list[Command], spad: np.ndarray) -> None:
         _EXECUTORS[cmd.op](cmd, spad)
 
 
-def _tensor_view(cmd: DmaCommand) -> np.ndarray:
-    """The box as a strided view on the host tensor (only for boxes that avoid the halo)."""
-    tensor, box = cmd.tensor, cmd.box
-    offset = sum(origin * stride for origin, stride in zip(box.origin, tensor.strides))
-    strides = tuple(step * tensor.strides[dim] for step, dim in zip(box.tsteps, box.tdims))
-    return np.ndarray(box.extents, tensor.dtype, buffer=tensor, offset=offset, strides=strides)
-
-
 def _halo_coordinates(cmd: DmaCommand) -> tuple[list[np.ndarray], np.ndarray]:
     """Per tensor dimension, the coordinate of every box point; and where they are in bounds."""
     box, shape = cmd.box, cmd.tensor.shape
@@ -49,10 +41,14 @@ def _halo_coordinates(cmd: DmaCommand) -> tuple[list[np.ndarray], np.ndarray]:
 def _dma_load(cmd: DmaCommand, spad: np.ndarray) -> None:
     dst = cmd.region.view(spad)
     if cmd.halo_free:
-        dst[...] = _tensor_view(cmd)
+        dst[...] = cmd.host_view
         return
     if cmd.host_points == 0:
         dst[...] = 0
+        return
+    if cmd.inner is not None:  # the usual halo: zeros, then the in-bounds sub-box in one copy
+        dst[...] = 0
+        dst[cmd.inner] = cmd.host_view
         return
     coords, inside = _halo_coordinates(cmd)
     clipped = tuple(np.clip(c, 0, size - 1) for c, size in zip(coords, cmd.tensor.shape))
@@ -62,9 +58,12 @@ def _dma_load(cmd: DmaCommand, spad: np.ndarray) -> None:
 def _dma_store(cmd: DmaCommand, spad: np.ndarray) -> None:
     src = cmd.region.view(spad)
     if cmd.halo_free:
-        _tensor_view(cmd)[...] = src
+        cmd.host_view[...] = src
         return
     if cmd.host_points == 0:
+        return
+    if cmd.inner is not None:
+        cmd.host_view[...] = src[cmd.inner]
         return
     coords, inside = _halo_coordinates(cmd)
     cmd.tensor[tuple(c[inside] for c in coords)] = src[inside]

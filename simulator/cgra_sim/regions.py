@@ -20,7 +20,7 @@ MAX_INTERVALS = 64
 class Region:
     """A strided block of scratchpad elements of one dtype."""
 
-    __slots__ = ("name", "addr", "shape", "strides", "dtype", "lo", "hi", "_intervals")
+    __slots__ = ("name", "addr", "shape", "strides", "dtype", "lo", "hi", "_intervals", "_viewed")
 
     def __init__(self, name: str, addr: int, shape: tuple[int, ...], strides: tuple[int, ...],
                  dtype: np.dtype):
@@ -39,6 +39,7 @@ class Region:
                 hi += span
         self.lo, self.hi = lo, hi + dtype.itemsize
         self._intervals = None
+        self._viewed = (None, None)  # (scratchpad, view) of the last `view` call
 
     @property
     def intervals(self) -> list[tuple[int, int]]:
@@ -59,8 +60,15 @@ class Region:
         return [(self.addr + r * row_stride, self.addr + r * row_stride + cols * itemsize) for r in range(rows)]
 
     def view(self, spad: np.ndarray) -> np.ndarray:
-        """The elements, as a writable numpy view on the scratchpad byte array `spad`."""
-        return np.ndarray(self.shape, self.dtype, buffer=spad, offset=self.addr, strides=self.strides)
+        """The elements, as a writable numpy view on the scratchpad byte array `spad`.
+
+        The view is kept for the next call on the same scratchpad: commands repeated in a
+        stream share their regions, so a loop of tiles builds each view once."""
+        viewed_spad, view = self._viewed
+        if viewed_spad is not spad:
+            view = np.ndarray(self.shape, self.dtype, buffer=spad, offset=self.addr, strides=self.strides)
+            self._viewed = (spad, view)
+        return view
 
     def byte_view(self, byte_map: np.ndarray) -> np.ndarray:
         """The bytes of every element on a map the size of the scratchpad: shape + (itemsize,)."""

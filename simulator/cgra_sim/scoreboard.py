@@ -46,6 +46,8 @@ class Scoreboard:
     def write_ready(self, lo: int, hi: int, forward: tuple[int, int] | None = None) -> int:
         """Earliest start of a write to [lo, hi): after the last write and the reads since."""
         first, stop = self._span(lo, hi)
+        if forward is None:
+            return max(max(self._write_end[first:stop]), max(self._read_end[first:stop]))
         return max(self.read_ready(lo, hi, forward), max(self._read_end[first:stop]))
 
     def blocker(self, lo: int, hi: int, cycle: int, write: bool,

@@ -15,6 +15,7 @@ Timing runs before execution so that a kernel over the cycle limit leaves the te
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 
@@ -25,12 +26,18 @@ from .timing import DEFAULT_MAX_CYCLES, Schedule, schedule_commands
 from .validate import validate_stream
 
 
+#: The steps of `simulate_detailed`, in order; `SimulationResult.host_seconds` has one entry each.
+STEPS = ("validate", "time", "execute", "stats")
+
+
 @dataclasses.dataclass(frozen=True)
 class SimulationResult:
-    """Statistics plus the per-command schedule (for trace export)."""
+    """Statistics plus the per-command schedule (for trace export), and the host seconds each
+    step took (the simulator's own speed: not part of the deterministic `KernelStats`)."""
 
     stats: KernelStats
     schedule: Schedule
+    host_seconds: dict = dataclasses.field(default_factory=dict)  # step name (STEPS) -> seconds
 
 
 def _source_ops(source_ops) -> tuple[str, ...]:
@@ -50,11 +57,17 @@ def simulate_detailed(arch: "HardwareDescription | str", commands, tensors, name
     Raises LaunchError / CommandError (invalid input, nothing run) or CycleLimitExceeded.
     """
     arch = load_arch(arch)
+    clock = [time.perf_counter()]
     decoded = validate_stream(arch, commands, tensors)
+    clock.append(time.perf_counter())
     schedule = schedule_commands(arch, decoded, max_cycles)
+    clock.append(time.perf_counter())
     execute(decoded, np.zeros(arch.spad_bytes, dtype=np.uint8))
+    clock.append(time.perf_counter())
     stats = collect_stats(arch, decoded, schedule, name, _source_ops(source_ops))
-    return SimulationResult(stats=stats, schedule=schedule)
+    clock.append(time.perf_counter())
+    seconds = {step: clock[i + 1] - clock[i] for i, step in enumerate(STEPS)}
+    return SimulationResult(stats=stats, schedule=schedule, host_seconds=seconds)
 
 
 def simulate(arch: "HardwareDescription | str", commands, tensors, name: str = "kernel",

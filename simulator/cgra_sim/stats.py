@@ -69,7 +69,11 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], schedule: 
     gemms = [c for c in commands if c.unit is Unit.COMPUTE]  # GEMM and DEPTHWISE
     loads = [c for c in commands if isinstance(c, DmaCommand) and c.op is Op.DMA_LOAD]
     stores = [c for c in commands if isinstance(c, DmaCommand) and c.op is Op.DMA_STORE]
-    pe_work = sum((Fraction(g.macs, arch.macs_per_pe[g.dtype.numpy_name]) for g in gemms), Fraction(0))
+    macs_of = Counter()  # dtype -> MACs: one exact division per dtype, not one per GEMM
+    for gemm in gemms:
+        macs_of[gemm.dtype] += gemm.macs
+    pe_work = sum((Fraction(macs, arch.macs_per_pe[dtype.numpy_name]) for dtype, macs in macs_of.items()),
+                  Fraction(0))
     load_bytes = sum(c.host_bytes for c in loads)
     store_bytes = sum(c.host_bytes for c in stores)
     cycles = schedule.cycles
@@ -81,7 +85,7 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], schedule: 
         arch=arch.name,
         cycles=cycles,
         time_us=cycles / arch.clock_mhz,
-        macs=sum(g.macs for g in gemms),
+        macs=sum(macs_of.values()),
         ideal_cycles=ideal_cycles(arch, pe_work, load_bytes, store_bytes),
         utilisation=float(pe_work / (cycles * arch.num_pes)) if gemms else 0.0,
         dma_load_bytes=load_bytes,

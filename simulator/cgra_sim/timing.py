@@ -239,33 +239,38 @@ def _read_intervals(cmd: Command, region: Region):
     return region.intervals if any(region is written for written in cmd.writes) else [(region.lo, region.hi)]
 
 
-def _ready(board: Scoreboard, cmd: Command, forwarding) -> int:
-    """When every scratchpad dependency of `cmd` is met."""
-    held, forward = forwarding if forwarding is not None else (None, None)
+def _accesses(cmd: Command) -> tuple[tuple[int, int, Region, bool], ...]:
+    """Every scratchpad access of `cmd` as (lo, hi, region, is_write): the reads, then the
+    writes, in the order `_ready`, `_blocker` and the scoreboard updates walk them."""
+    reads = tuple((lo, hi, region, False) for region in cmd.reads for lo, hi in _read_intervals(cmd, region))
+    return reads + tuple((lo, hi, region, True) for region in cmd.writes for lo, hi in region.intervals)
+
+
+def _ready(board: Scoreboard, accesses, forwarding) -> int:
+    """When every scratchpad dependency of a command with these `accesses` is met."""
     ready = 0
-    for region in cmd.reads:
-        for lo, hi in _read_intervals(cmd, region):
-            ready = max(ready, board.read_ready(lo, hi, forward if region is held else None))
-    for region in cmd.writes:
-        for lo, hi in region.intervals:
-            ready = max(ready, board.write_ready(lo, hi, forward if region is held else None))
+    if forwarding is None:  # the common case, without the per-access forwarding test
+        read_ready, write_ready = board.read_ready, board.write_ready
+        for lo, hi, _, write in accesses:
+            cycle = write_ready(lo, hi) if write else read_ready(lo, hi)
+            if cycle > ready:
+                ready = cycle
+        return ready
+    held, forward = forwarding
+    for lo, hi, region, write in accesses:
+        ready_fn = board.write_ready if write else board.read_ready
+        ready = max(ready, ready_fn(lo, hi, forward if region is held else None))
     return ready
 
 
-def _blocker(board: Scoreboard, cmd: Command, forwarding, ready: int) -> int:
-    """The command whose access made `cmd` ready at `ready` (mirrors `_ready`; called only
-    for a command that stalls, so the common path does not pay for it)."""
+def _blocker(board: Scoreboard, accesses, forwarding, ready: int) -> int:
+    """The command whose access made the command ready at `ready` (mirrors `_ready`; called
+    only for a command that stalls, so the common path does not pay for it)."""
     held, forward = forwarding if forwarding is not None else (None, None)
-    for region in cmd.reads:
-        for lo, hi in _read_intervals(cmd, region):
-            found = board.blocker(lo, hi, ready, False, forward if region is held else None)
-            if found >= 0:
-                return found
-    for region in cmd.writes:
-        for lo, hi in region.intervals:
-            found = board.blocker(lo, hi, ready, True, forward if region is held else None)
-            if found >= 0:
-                return found
+    for lo, hi, region, write in accesses:
+        found = board.blocker(lo, hi, ready, write, forward if region is held else None)
+        if found >= 0:
+            return found
     return -1
 
 
@@ -276,21 +281,22 @@ def schedule_commands(arch: HardwareDescription, commands: list[Command],
     queue_free = [0] * len(Unit)
     compute = _ComputeQueue()
     starts, ends, busy, waits_for = [], [], [], []
+    accesses_of = {}  # index of a record's first command -> its accesses (repeats share them)
     for cmd in commands:
+        first = cmd.index if cmd.repeat_of < 0 else cmd.repeat_of
+        accesses = accesses_of.get(first)
+        if accesses is None:
+            accesses = accesses_of[first] = _accesses(cmd)
         forwarding = compute.forwarding(cmd)
-        ready = _ready(board, cmd, forwarding)
+        ready = _ready(board, accesses, forwarding)
         start, end, free = _TIMERS[cmd.op](arch, cmd, ready, queue_free[cmd.unit], compute)
         if end > max_cycles:
             raise CycleLimitExceeded(cmd.index, cmd.op.name, end, max_cycles)
         # start > free only when ready > free (start = max(free, ready)): a dependency stall.
         stalled = start > queue_free[cmd.unit]
-        waits_for.append(_blocker(board, cmd, forwarding, start) if stalled else -1)
-        for region in cmd.reads:
-            for lo, hi in _read_intervals(cmd, region):
-                board.record_read(lo, hi, end, cmd.index)
-        for region in cmd.writes:
-            for lo, hi in region.intervals:
-                board.record_write(lo, hi, end, cmd.index)
+        waits_for.append(_blocker(board, accesses, forwarding, start) if stalled else -1)
+        for lo, hi, _, write in accesses:
+            (board.record_write if write else board.record_read)(lo, hi, end, cmd.index)
         queue_free[cmd.unit] = free
         starts.append(start)
         ends.append(end)
