@@ -77,6 +77,11 @@ _KERNEL_CACHE: collections.OrderedDict = collections.OrderedDict()
 _KERNEL_CACHE_SIZE = 512
 
 
+def clear_kernel_cache() -> None:
+    """Forget every compiled kernel (for measuring compile time from scratch)."""
+    _KERNEL_CACHE.clear()
+
+
 def offloaded_spec(func) -> KernelSpec:
     """The KernelSpec of an offloaded Relax function, as the compiler reads it (explain too)."""
     symbol = str(func.attrs["global_symbol"])
