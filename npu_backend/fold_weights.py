@@ -62,7 +62,7 @@ def fold_weights(mod: tvm.IRModule) -> tvm.IRModule:
         updates[gvar] = _WeightFolder(mod, func).visit_expr(func)
     if not updates:
         return mod
-    mod = mod.clone() if hasattr(mod, "clone") else tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    mod = mod.clone()  # the caller's module stays as it was
     for gvar, func in updates.items():
         mod[gvar] = func
     return mod
