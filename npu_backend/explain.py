@@ -3,7 +3,9 @@
 Stage: partition (read-only). Input: a Relax IRModule and an architecture. Output: one
 `Placement` per operator call of the module's Relax functions, in order: "npu" with the kernel it
 becomes, or "host" with a reason a user can act on. It runs the same normalise and partition
-stages as the compiler, so what it says is what `tvm.compile` will do.
+stages as the compiler and reads every offloaded function back through the target hook's own
+`offloaded_spec`, so what it says is what `tvm.compile` will do: a kernel the compiler would
+refuse raises the same error here.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from cgra_sim.arch import load_arch
 from .options import CompileOptions
 from .patterns import composite_call, offload_reason
 from .pipeline import STAGES
+from .target_hook import offloaded_spec
 
 _KERNEL_OPS = {"relax.matmul": "cgra.matmul", "relax.nn.conv2d": "cgra.conv2d"}
 
@@ -82,6 +85,7 @@ def _placements(mod, func, arch):
 
 
 def _kernel_ops(wrapper) -> list[Placement]:
+    offloaded_spec(wrapper)  # what the compiler reads; raises where the compiler would
     composite, _ = composite_call(wrapper)
     kernel = f"{composite.attrs['Composite']} ({wrapper.attrs['global_symbol']})"
     return [Placement(_short(b.value.op.name), _type_of(b.var), "npu", kernel, "", _macs(b.value, b.var))

@@ -65,6 +65,7 @@ def make_patterns(arch: HardwareDescription) -> list[FusionPattern]:
 def offload_reason(name: str, annotated: dict, arch: HardwareDescription) -> str | None:
     """None if the matched subgraph can run on the NPU, else the reason it stays on the host."""
     try:
+        _check_distinct_operands(name, annotated)
         spec = spec_from_match(name, annotated)
     except CGRAError as err:
         return str(err)
@@ -79,6 +80,17 @@ def offload_reason(name: str, annotated: dict, arch: HardwareDescription) -> str
 
 class _Reject(CGRAError, ValueError):
     pass
+
+
+def _check_distinct_operands(name: str, annotated: dict) -> None:
+    """The kernel DMAs each operand from its own parameter: x @ x would give the offloaded
+    function one parameter in two roles, which `spec_from_composite` refuses."""
+    operands = [(role, annotated[role]) for role in ("lhs", "rhs", "bias") if role in annotated]
+    for index, (role, expr) in enumerate(operands):
+        for other, other_expr in operands[index + 1:]:
+            if expr.same_as(other_expr):
+                raise _Reject(f"{name.removeprefix('cgra.')} takes the same tensor as {role} and {other}; "
+                              "the NPU kernel needs each operand as its own tensor")
 
 
 def _static_shape(expr, role: str) -> tuple:

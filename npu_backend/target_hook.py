@@ -11,6 +11,8 @@ Each kernel goes through `KERNEL_STAGES`, the one ordered list of what happens t
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import os
 import tempfile
 
@@ -21,7 +23,7 @@ from cgra_codegen import build
 from cgra_sim.arch import HardwareDescription
 
 from .errors import UnsupportedCopy, stage_context
-from .kernels import kernel_prim_func
+from .kernels import KernelSpec, kernel_prim_func
 from .lowering import lower_kernel
 from .options import CompileOptions, dump
 from .patterns import composite_call, spec_from_composite
@@ -43,19 +45,66 @@ KERNEL_STAGES = [
 
 
 def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
-    """One offloaded Relax function -> its lowered PrimFunc, through KERNEL_STAGES."""
+    """One offloaded Relax function -> its lowered PrimFunc, through KERNEL_STAGES.
+
+    Identical layers (same KernelSpec, chip and options) go through the stages once per process
+    (`_KERNEL_CACHE`); each still gets its own symbol, source_ops attribute and dump files."""
     symbol = str(func.attrs["global_symbol"])
-    source_ops = _source_ops(func)
-    state = {"arch": arch, "symbol": symbol,
-             "attrs": {"cgra.arch": arch.to_json(), "cgra.source_ops": ",".join(source_ops)}}
+    spec = offloaded_spec(func)
+    attrs = {"cgra.arch": arch.to_json(), "cgra.source_ops": ",".join(spec.source_ops)}
+    key = (dataclasses.replace(spec, source_ops=()), arch.fingerprint,
+           dataclasses.replace(options, dump_dir=None))
+    outputs = _KERNEL_CACHE.get(key)
+    if outputs is None:
+        outputs = _run_kernel_stages(spec, arch, options, symbol, attrs)
+        _KERNEL_CACHE[key] = outputs
+        while len(_KERNEL_CACHE) > _KERNEL_CACHE_SIZE:
+            _KERNEL_CACHE.popitem(last=False)
+        return outputs["lowered"]
+    _KERNEL_CACHE.move_to_end(key)
+    # The lowered body does not depend on the symbol: only the attributes name the kernel.
+    outputs = {**outputs, "lowered": _with_attrs(outputs["lowered"], {"global_symbol": symbol, **attrs})}
+    for index, (name, _) in enumerate(KERNEL_STAGES):
+        dump(options, f"kernels/{symbol}/{index + 1}_{name}.py", outputs[name])
+    return outputs["lowered"]
+
+
+# Every stage's output per (KernelSpec without source_ops, arch fingerprint, options without
+# dump_dir), most recently used last. Partitioning already gives the identical layers of one
+# module one function; this is for the next compile in the same process (another model with
+# the same layer shapes, a recompile, another chip and back).
+_KERNEL_CACHE: collections.OrderedDict = collections.OrderedDict()
+_KERNEL_CACHE_SIZE = 512
+
+
+def clear_kernel_cache() -> None:
+    """Forget every compiled kernel (for measuring compile time from scratch)."""
+    _KERNEL_CACHE.clear()
+
+
+def offloaded_spec(func) -> KernelSpec:
+    """The KernelSpec of an offloaded Relax function, as the compiler reads it (explain too)."""
+    symbol = str(func.attrs["global_symbol"])
     with stage_context("partition", symbol):
         _check_call_order(func)
-        state["spec"] = spec_from_composite(func, source_ops)
+        return spec_from_composite(func, _source_ops(func))
+
+
+def _run_kernel_stages(spec: KernelSpec, arch: HardwareDescription, options: CompileOptions,
+                       symbol: str, attrs: dict) -> dict:
+    state = {"arch": arch, "symbol": symbol, "attrs": attrs, "spec": spec}
     for index, (name, stage) in enumerate(KERNEL_STAGES):
         with stage_context(name, symbol):
             state[name] = stage(state)
+        # Dumped as it goes, so a failing stage leaves the ones before it to read.
         dump(options, f"kernels/{symbol}/{index + 1}_{name}.py", state[name])
-    return state["lowered"]
+    return {name: state[name] for name, _ in KERNEL_STAGES}
+
+
+def _with_attrs(func, attrs: dict):
+    for key, value in attrs.items():
+        func = func.with_attr(key, value)
+    return func
 
 
 def _source_ops(func) -> list[str]:

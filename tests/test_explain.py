@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 from tvm import relax
 
 import npu_backend
-from models import matmul_model, relax_module
+from models import assert_matches, matmul_model, relax_module, run
+from npu_backend import target_hook
 
 
 def test_fused_ops_on_npu_and_softmax_on_host():
@@ -55,3 +58,25 @@ def test_nhwc_conv2d_and_batched_matmul_run_on_the_npu():
         ("nn.conv2d", "npu"), ("nn.conv2d", "npu"), ("matmul", "npu"), ("permute_dims", "npu"), ("matmul", "npu")]
     assert placements[0].macs == 6 * 6 * 16 * 3 * 3 * 8 and placements[1].macs == 4 * 4 * 8 * 3 * 3
     assert placements[4].kernel.startswith("cgra.linear")
+
+
+def test_a_matmul_of_a_tensor_with_itself_stays_on_the_host_and_runs():
+    mod = relax_module([("x", (16, 16), "float32")], lambda bb, x: bb.emit(relax.op.matmul(x, x)))
+    placements = npu_backend.explain(mod, "cgra-4x4")
+    assert [(p.op, p.where) for p in placements] == [("matmul", "host")]
+    assert "same tensor as lhs and rhs" in placements[0].reason
+    x = np.random.default_rng(0).standard_normal((16, 16)).astype("float32")
+    assert_matches(run(npu_backend.compile(mod, "cgra-4x4"), [x]), x @ x, "float32")
+
+
+def test_explain_reads_each_kernel_as_the_compiler_does_and_fails_where_it_fails(monkeypatch):
+    def refuse(func, source_ops=()):
+        raise npu_backend.UnsupportedOperator("this kernel cannot be read")
+
+    monkeypatch.setattr(target_hook, "spec_from_composite", refuse)
+    mod, _, _ = matmul_model(16, 10, 8)
+    with pytest.raises(npu_backend.CGRAError, match="cannot be read") as explained:
+        npu_backend.explain(mod, "cgra-4x4")
+    with pytest.raises(Exception, match="cannot be read") as compiled:
+        npu_backend.compile(mod, "cgra-4x4")
+    assert str(explained.value) in str(compiled.value)  # "[partition] kernel '<symbol>': ..."

@@ -24,10 +24,10 @@ from torch_models import mobilenet_v2, randomize_batch_norm, resnet18  # noqa: E
 ARCH = "cgra-8x8"
 SIZE = 64  # 1x3x64x64 input: every stage of both networks keeps a spatial extent >= 2
 
-# Measured on 2 otherwise idle cores: ResNet-18 about 50 s; MobileNetV2 about 2.5 min, so it is
-# marked slow. Its time goes to folding the batch norms of 52 convolutions into constants (twice:
-# explain and compile, about 30 s each) and to simulating the one-column GEMMs of the depthwise
-# layers (about 65 s); a 32x32 input still takes about 2 min.
+# Measured on 2 cores shared with other jobs: ResNet-18 about 16 s; MobileNetV2 about 100 s, so
+# it is marked slow. Most of MobileNetV2's time goes to simulating the one-column GEMMs of its
+# depthwise layers; folding its 52 batch norms (npu_backend/fold_weights.py) takes about 1 s
+# (FoldConstant took 25-50 s per model, twice with explain).
 MODELS = [
     pytest.param(resnet18, id="resnet18"),
     pytest.param(mobilenet_v2, id="mobilenet_v2", marks=pytest.mark.slow),

@@ -1,0 +1,112 @@
+"""fold_weights (normalise stage): batch norm into conv2d weights and constant arithmetic, in numpy.
+
+Golden: the result is the module TVM's FoldBatchnormToConv2D + FoldConstant give, constants
+bit for bit. Property: the folded conv2d + bias equals conv2d then batch norm (float64 numpy) for
+any channel count, layout and affine flags. And what must stay: training batch norms, batch norms
+whose statistics are used, conv2d outputs used twice, arithmetic numpy would round differently.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from hypothesis import given
+from hypothesis import strategies as st
+from tvm import relax
+from tvm.relax.frontend.onnx import from_onnx
+
+from models import conv2d_reference, relax_module
+from npu_backend.fold_weights import fold_weights
+from onnx_models import _Graph
+
+LAYOUTS = {"NCHW": "OIHW", "NHWC": "HWIO"}
+
+
+def _ops(mod) -> list[str]:
+    return [b.value.op.name.replace("relax.", "") for block in mod["main"].body.blocks for b in block.bindings
+            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
+
+
+def _conv_bn(channels, layout="NCHW", training=False, share_conv=False, use_mean=False, seed=0,
+             center=True, scale=True):
+    """x -> conv2d (3 input channels, 3x3, constant weights) -> batch_norm (constant statistics)."""
+    rng = np.random.default_rng(seed)
+    kernel_layout = LAYOUTS[layout]
+    oihw = rng.standard_normal((channels, 3, 3, 3)).astype("float32")
+    weight = np.transpose(oihw, ["OIHW".index(a) for a in kernel_layout])
+    stats = [rng.uniform(0.5, 1.5, channels), rng.normal(0, 0.5, channels), rng.normal(0, 0.5, channels),
+             rng.uniform(0.5, 1.5, channels)]
+    data_shape = (1, 3, 6, 6) if layout == "NCHW" else (1, 6, 6, 3)
+
+    def body(bb, x):
+        conv = bb.emit(relax.op.nn.conv2d(x, relax.const(weight), data_layout=layout, kernel_layout=kernel_layout))
+        norm = bb.emit(relax.op.nn.batch_norm(conv, *[relax.const(s.astype("float32")) for s in stats],
+                                              axis=layout.index("C"), training=training, center=center,
+                                              scale=scale))
+        out = bb.emit(relax.TupleGetItem(norm, 0))
+        extra = [conv] if share_conv else [bb.emit(relax.TupleGetItem(norm, 1))] if use_mean else []
+        return relax.Tuple([out, *extra]) if extra else out
+
+    return relax_module([("x", data_shape, "float32")], body), oihw, stats
+
+
+def test_matches_tvm_fold_batchnorm_and_fold_constant_bit_for_bit():
+    graph = _Graph(seed=0)  # a batch norm, Clip's bounds, a transposed Gemm weight
+    x = graph.conv_bn("input", 3, 4, act="relu6")
+    mod = from_onnx(graph.model("tiny", [1, 3, 4, 4], graph.classifier(x, 4, 2), [1, 2]))
+    expected = tvm.transform.Sequential([
+        relax.transform.FoldBatchnormToConv2D(), relax.transform.FoldConstant(),
+        relax.transform.CanonicalizeBindings()])(mod)
+    folded = relax.transform.CanonicalizeBindings()(fold_weights(mod))
+    tvm.ir.assert_structural_equal(folded, expected, map_free_vars=True)
+
+
+def _folded_weight_and_bias(mod):
+    calls = {b.value.op.name: b.value for block in mod["main"].body.blocks for b in block.bindings
+             if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)}
+    return calls["relax.nn.conv2d"].args[1].value.numpy(), calls["relax.add"].args[1].value.numpy()
+
+
+@given(channels=st.integers(1, 8), layout=st.sampled_from(sorted(LAYOUTS)), seed=st.integers(0, 2**16),
+       center=st.booleans(), scale=st.booleans())
+def test_folded_conv_plus_bias_equals_conv_then_batch_norm(channels, layout, seed, center, scale):
+    mod, oihw, (gamma, beta, mean, var) = _conv_bn(channels, layout, seed=seed, center=center, scale=scale)
+    folded = fold_weights(mod)
+    assert _ops(folded) == ["nn.conv2d", "add"]
+    weight, bias = _folded_weight_and_bias(folded)
+    kernel_layout = LAYOUTS[layout]
+    weight = np.transpose(weight, [kernel_layout.index(a) for a in "OIHW"]).astype(np.float64)
+    bias = np.transpose(bias, [layout.index(a) for a in "NCHW"]).astype(np.float64)
+    assert bias.shape == (1, channels, 1, 1)
+
+    x = np.random.default_rng(seed + 1).standard_normal((1, 3, 6, 6))
+    conv = conv2d_reference(x, oihw.astype(np.float64), (1, 1), (0, 0, 0, 0))
+    gamma, beta = (gamma if scale else np.ones(channels)), (beta if center else np.zeros(channels))
+    per_channel = (lambda v: np.reshape(v, (-1, 1, 1)))
+    expected = (conv - per_channel(mean)) / np.sqrt(per_channel(var) + 1e-5) * per_channel(gamma) + per_channel(beta)
+    got = conv2d_reference(x, weight, (1, 1), (0, 0, 0, 0)) + bias
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+
+
+def test_leaves_batch_norms_it_cannot_fold_exactly():
+    for kwargs in ({"training": True}, {"share_conv": True}, {"use_mean": True}):
+        mod, _, _ = _conv_bn(4, **kwargs)
+        assert "nn.batch_norm" in _ops(fold_weights(mod)), kwargs
+
+
+def test_folds_constant_arithmetic_numpy_rounds_like_tvm_and_leaves_the_rest():
+    w = np.arange(12, dtype="float32").reshape(3, 4)
+
+    def body(bb, x):
+        weight = bb.emit(relax.op.permute_dims(relax.const(w), [1, 0]))  # a Gemm's transB
+        bound = bb.emit(relax.op.where(relax.op.isnan(relax.const(6.0, "float32")),
+                                       relax.const(np.inf, "float32"), relax.const(6.0, "float32")))
+        halves = bb.emit(relax.op.divide(relax.const(np.array([7, -7], "int32")), relax.const(2, "int32")))
+        return relax.Tuple([bb.emit(relax.op.minimum(bb.emit(relax.op.matmul(x, weight)), bound)), halves])
+
+    folded = fold_weights(relax_module([("x", (2, 4), "float32")], body))
+    calls = {b.value.op.name: b.value for block in folded["main"].body.blocks for b in block.bindings
+             if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)}
+    assert set(calls) == {"relax.matmul", "relax.minimum", "relax.divide"}  # integer divide left alone
+    np.testing.assert_array_equal(calls["relax.matmul"].args[1].value.numpy(), w.T)
+    assert float(calls["relax.minimum"].args[1].value.numpy()) == 6.0
