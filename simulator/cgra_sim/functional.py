@@ -10,7 +10,8 @@ halo; DMA_STORE copies the box to the tensor and drops halo elements. GEMM compu
 acc = (acc if ACCUMULATE else 0) + A @ B; for int8 the products and sums are exact (computed in
 float64, exact while |sum| < 2**53, i.e. for any k < 2**39) and the int32 accumulator wraps
 modulo 2**32 like two's-complement hardware; float32 uses numpy's float32 matmul. FILL writes a
-constant. EPILOGUE computes out = acc (+ bias[j]) then max(., 0) if RELU, wrapping in int32.
+constant. EPILOGUE computes out = acc (+ bias[j]) (+ residual[i, j]), then max(., 0) if RELU,
+then min(max(., lo), hi) if CLIP; int32 sums wrap modulo 2**32, float32 ones round after each add.
 Each command reads all its operands before it writes, so an in-place EPILOGUE is well defined.
 """
 
@@ -89,8 +90,12 @@ def _epilogue(cmd: EpilogueCommand, spad: np.ndarray) -> None:
     values = cmd.acc.view(spad)
     if cmd.bias is not None:
         values = values + cmd.bias.view(spad)  # (1, n) broadcasts over the rows
+    if cmd.residual is not None:
+        values = values + cmd.residual.view(spad)  # numpy int32 adds wrap, like the hardware
     if cmd.relu:
         values = np.maximum(values, values.dtype.type(0))
+    if cmd.clip is not None:
+        values = np.minimum(np.maximum(values, cmd.clip[0]), cmd.clip[1])
     cmd.out.view(spad)[...] = values
 
 
