@@ -13,6 +13,7 @@ from tvm import relax
 
 from cgra_sim.arch import HardwareDescription
 
+from .clip_form import canonicalize_clips_pass
 from .options import CompileOptions, dump
 from .patterns import make_patterns
 
@@ -27,6 +28,9 @@ def _normalise(mod, arch, options):
         # weights above), so the patterns see plain tensors.
         relax.transform.FoldConstant(),
         relax.transform.CanonicalizeBindings(),
+        # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip
+        # with constant bounds, as PyTorch's relu6 already is, so the epilogue can fuse them.
+        canonicalize_clips_pass(),
     ])(mod)
 
 

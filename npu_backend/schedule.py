@@ -6,9 +6,10 @@ the scheduled PrimFunc, in which
 
 - the output is computed tile by tile (tm x tn), anchored on the epilogue's tile loops;
 - operand tiles (a_pad, b_pad) and the bias live in the scratchpad and are loaded per reduction
-  step: these copies become DMA (`dma.py`);
+  step, the residual tile (res_pad) once per output tile: these copies become DMA (`dma.py`);
 - the accumulator's init is one FILL per tile, each reduction step one GEMM over the tile (the
-  PE array runs its folds), and the epilogue (bias, relu) one vector-unit intrinsic per tile;
+  PE array runs its folds), and the epilogue (bias, residual, relu, clip) one vector-unit
+  intrinsic per tile;
 - the store of the valid region of each tile goes back to the host by DMA.
 
 A user may register their own schedule for a kernel kind with `register_schedule` (the seeds ask
@@ -63,10 +64,30 @@ def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
         bias = sch.get_sblock("bias_pad")
         sch.compute_at(bias, col_outer)
         sch.set_scope(bias, 0, SPAD)
+    stage_residual(sch, spec, col_outer)
     sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
     sch.set_scope(acc, 0, SPAD)
     sch.set_scope(epi, 0, SPAD)
     return acc, epi, row_inner, col_outer
+
+
+def stage_residual(sch, spec: KernelSpec, col_outer):
+    """The residual tile (block res_pad, if the kernel has one) in the scratchpad, loaded by one
+    DMA per output tile under `col_outer`. Its pixel loop is split into whole output rows like
+    the operand gather's, so that the copy reads as a box (y, ox, channel) of the NCHW tensor."""
+    if not spec.residual_shape:
+        return
+    res = sch.get_sblock("res_pad")
+    sch.compute_at(res, col_outer)
+    sch.set_scope(res, 0, SPAD)
+    if spec.row_step > 1:
+        sch.split(sch.get_loops(res)[-2], [None, spec.row_step])
+
+
+def epilogue_intrin(spec: KernelSpec, tiling: Tiling) -> str:
+    """The vector-unit intrinsic for a tile of this kernel's epilogue (for `sch.tensorize`)."""
+    return get_intrin("epilogue", tiling.tm, tiling.tn, spec.acc_dtype, bool(spec.bias_shape),
+                      spec.relu, bool(spec.residual_shape), spec.clip)
 
 
 def _acc_loops(sch, acc, col_outer):
@@ -102,8 +123,7 @@ def _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, col_tile):
     init = sch.decompose_reduction(acc, first_reduction)
     sch.tensorize(row, get_intrin("gemm", tiling.tm, tiling.tn, tiling.tk, spec.dtype, spec.acc_dtype))
     sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", tiling.tm, tiling.tn, spec.acc_dtype))
-    sch.tensorize(epi_row, get_intrin("epilogue", tiling.tm, tiling.tn, spec.acc_dtype,
-                                      bool(spec.bias_shape), spec.relu))
+    sch.tensorize(epi_row, epilogue_intrin(spec, tiling))
 
 
 @register_schedule("matmul")

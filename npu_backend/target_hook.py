@@ -32,7 +32,8 @@ from .tiling import choose_tiling
 KERNEL_STAGES = [
     # Read what the offloaded function computes and cut it to the PE array and scratchpad.
     ("tiling", lambda s: choose_tiling(*s["spec"].gemm_extents, s["spec"].dtype, s["spec"].acc_dtype,
-                                       bool(s["spec"].bias_shape), s["arch"], s["spec"].row_step)),
+                                       bool(s["spec"].bias_shape), s["arch"], s["spec"].row_step,
+                                       has_residual=bool(s["spec"].residual_shape))),
     # The kernel as schedulable TensorIR over padded tile grids (s_tir before scheduling).
     ("s_tir", lambda s: kernel_prim_func(s["spec"], s["tiling"])),
     # Tiles in the scratchpad, tensorized onto the PE array and the vector unit.
