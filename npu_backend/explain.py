@@ -96,7 +96,8 @@ def _kernel_ops(wrapper) -> list[Placement]:
 def _host_reason(call, arch) -> str:
     name = call.op.name
     if name not in _KERNEL_OPS:
-        return f"no NPU kernel for {_op_name(call)} (the NPU runs matmul and conv2d, with bias add and relu)"
+        return (f"no NPU kernel for {_op_name(call)} (the NPU runs matmul and conv2d, with bias add, "
+                "residual add, relu and clip)")
     annotated = {"root": call, "lhs": call.args[0], "rhs": call.args[1]}
     reason = offload_reason(_KERNEL_OPS[name], annotated, arch)
     return reason or "matched no cgra pattern (its operands are produced in a form the patterns do not take)"

@@ -16,10 +16,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from tvm import tirx
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
-from cgra_sim.isa import EPILOGUE_BIAS, EPILOGUE_RELU, GEMM_ACCUMULATE, DType, Op
+from cgra_sim.isa import (EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL, GEMM_ACCUMULATE,
+                          DType, Op)
 
 SPAD = "global.cgra_spad"
 
@@ -156,13 +158,38 @@ def fill_intrin(rows: int, cols: int, dtype: str, scope: str = SPAD):
     return desc, impl
 
 
-def epilogue_intrin(rows: int, cols: int, dtype: str, bias: bool, relu: bool, scope: str = SPAD):
-    """Vector unit: out = relu?(acc + bias?) over a rows x cols tile; bias is a row of cols."""
-    flags = (EPILOGUE_BIAS if bias else 0) | (EPILOGUE_RELU if relu else 0)
+def _activation(value, dtype: str, relu: bool, clip):
+    """relu, then clip to (lo, hi): the tail every epilogue variant shares (and kernels.py's)."""
+    if relu:
+        value = _relu(value, dtype)
+    if clip is not None:
+        value = T.min(T.max(value, tirx.const(clip[0], dtype)), tirx.const(clip[1], dtype))
+    return value
+
+
+def _clip_args(clip, dtype: str):
+    """The clip_lo_bits / clip_hi_bits arguments: constants of the acc dtype, or 0 and 0."""
+    if clip is None:
+        return 0, 0
+    return tirx.const(clip[0], dtype), tirx.const(clip[1], dtype)
+
+
+def _epilogue_flags(bias: bool, relu: bool, residual: bool, clip) -> int:
+    return ((EPILOGUE_BIAS if bias else 0) | (EPILOGUE_RELU if relu else 0)
+            | (EPILOGUE_RESIDUAL if residual else 0) | (EPILOGUE_CLIP if clip is not None else 0))
+
+
+def epilogue_intrin(rows: int, cols: int, dtype: str, bias: bool, relu: bool, residual: bool = False,
+                    clip=None, scope: str = SPAD):
+    """Vector unit: out = clip?(relu?(acc + bias? + residual?)) over a rows x cols tile; bias is a
+    row of cols, residual a rows x cols tile, clip None or the (lo, hi) bounds."""
+    flags = _epilogue_flags(bias, relu, residual, clip)
+    if residual:
+        return epilogue_residual_intrin(rows, cols, dtype, bias, relu, clip, flags, scope)
+    lo, hi = _clip_args(clip, dtype)
 
     def value(acc, bias_row, vi, vj):
-        result = acc[vi, vj] + bias_row[vj]
-        return _relu(result, dtype) if relu else result
+        return _activation(acc[vi, vj] + bias_row[vj], dtype, relu, clip)
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, o: T.handle) -> None:
@@ -190,13 +217,14 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, bias: bool, relu: bool, sc
             T.evaluate(T.call_extern(
                 "int32", "cgra_epilogue", flags, _code(dtype), _code(dtype), rows, cols,
                 Acc.data, Acc.elem_offset, sa, Bias.data, Bias.elem_offset,
-                Out.data, Out.elem_offset, so))
+                Out.data, Out.elem_offset, so, 0, 0, 0, lo, hi))
 
-    return (desc, impl) if bias else _epilogue_without_bias(rows, cols, dtype, relu, flags, scope)
+    return (desc, impl) if bias else _epilogue_without_bias(rows, cols, dtype, relu, clip, flags, scope)
 
 
-def _epilogue_without_bias(rows: int, cols: int, dtype: str, relu: bool, flags: int, scope: str):
+def _epilogue_without_bias(rows: int, cols: int, dtype: str, relu: bool, clip, flags: int, scope: str):
     """The epilogue of a kernel with no bias: two buffers, the bias operand is address 0."""
+    lo, hi = _clip_args(clip, dtype)
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, o: T.handle) -> None:
@@ -208,7 +236,7 @@ def _epilogue_without_bias(rows: int, cols: int, dtype: str, relu: bool, flags: 
             for i, j in T.grid(rows, cols):
                 with T.sblock("epi"):
                     vi, vj = T.axis.remap("SS", [i, j])
-                    Out[vi, vj] = _relu(Acc[vi, vj], dtype) if relu else Acc[vi, vj]
+                    Out[vi, vj] = _activation(Acc[vi, vj], dtype, relu, clip)
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, o: T.handle) -> None:
@@ -221,7 +249,84 @@ def _epilogue_without_bias(rows: int, cols: int, dtype: str, relu: bool, flags: 
             T.writes(Out[0:rows, 0:cols])
             T.evaluate(T.call_extern(
                 "int32", "cgra_epilogue", flags, _code(dtype), _code(dtype), rows, cols,
-                Acc.data, Acc.elem_offset, sa, 0, 0, Out.data, Out.elem_offset, so))
+                Acc.data, Acc.elem_offset, sa, 0, 0, Out.data, Out.elem_offset, so, 0, 0, 0, lo, hi))
+
+    return desc, impl
+
+
+def epilogue_residual_intrin(rows: int, cols: int, dtype: str, bias: bool, relu: bool, clip,
+                             flags: int, scope: str):
+    """The epilogue with a residual tile (rows x cols, own row stride), after the bias if any."""
+    lo, hi = _clip_args(clip, dtype)
+    if not bias:
+        return _epilogue_residual_without_bias(rows, cols, dtype, relu, clip, flags, scope)
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, r: T.handle, o: T.handle) -> None:
+        Acc = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=scope)
+        Bias = T.match_buffer(b, (cols,), dtype, offset_factor=1, scope=scope)
+        Res = T.match_buffer(r, (rows, cols), dtype, offset_factor=1, scope=scope)
+        Out = T.match_buffer(o, (rows, cols), dtype, offset_factor=1, scope=scope)
+        with T.sblock("root"):
+            T.reads(Acc[0:rows, 0:cols], Bias[0:cols], Res[0:rows, 0:cols])
+            T.writes(Out[0:rows, 0:cols])
+            for i, j in T.grid(rows, cols):
+                with T.sblock("epi"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    Out[vi, vj] = _activation(Acc[vi, vj] + Bias[vj] + Res[vi, vj], dtype, relu, clip)
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, r: T.handle, o: T.handle) -> None:
+        sa = T.int32()
+        sr = T.int32()
+        so = T.int32()
+        Acc = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=scope, strides=[sa, 1])
+        Bias = T.match_buffer(b, (cols,), dtype, offset_factor=1, scope=scope)
+        Res = T.match_buffer(r, (rows, cols), dtype, offset_factor=1, scope=scope, strides=[sr, 1])
+        Out = T.match_buffer(o, (rows, cols), dtype, offset_factor=1, scope=scope, strides=[so, 1])
+        with T.sblock("root"):
+            T.reads(Acc[0:rows, 0:cols], Bias[0:cols], Res[0:rows, 0:cols])
+            T.writes(Out[0:rows, 0:cols])
+            T.evaluate(T.call_extern(
+                "int32", "cgra_epilogue", flags, _code(dtype), _code(dtype), rows, cols,
+                Acc.data, Acc.elem_offset, sa, Bias.data, Bias.elem_offset,
+                Out.data, Out.elem_offset, so, Res.data, Res.elem_offset, sr, lo, hi))
+
+    return desc, impl
+
+
+def _epilogue_residual_without_bias(rows: int, cols: int, dtype: str, relu: bool, clip, flags: int,
+                                    scope: str):
+    lo, hi = _clip_args(clip, dtype)
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, r: T.handle, o: T.handle) -> None:
+        Acc = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=scope)
+        Res = T.match_buffer(r, (rows, cols), dtype, offset_factor=1, scope=scope)
+        Out = T.match_buffer(o, (rows, cols), dtype, offset_factor=1, scope=scope)
+        with T.sblock("root"):
+            T.reads(Acc[0:rows, 0:cols], Res[0:rows, 0:cols])
+            T.writes(Out[0:rows, 0:cols])
+            for i, j in T.grid(rows, cols):
+                with T.sblock("epi"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    Out[vi, vj] = _activation(Acc[vi, vj] + Res[vi, vj], dtype, relu, clip)
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, r: T.handle, o: T.handle) -> None:
+        sa = T.int32()
+        sr = T.int32()
+        so = T.int32()
+        Acc = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=scope, strides=[sa, 1])
+        Res = T.match_buffer(r, (rows, cols), dtype, offset_factor=1, scope=scope, strides=[sr, 1])
+        Out = T.match_buffer(o, (rows, cols), dtype, offset_factor=1, scope=scope, strides=[so, 1])
+        with T.sblock("root"):
+            T.reads(Acc[0:rows, 0:cols], Res[0:rows, 0:cols])
+            T.writes(Out[0:rows, 0:cols])
+            T.evaluate(T.call_extern(
+                "int32", "cgra_epilogue", flags, _code(dtype), _code(dtype), rows, cols,
+                Acc.data, Acc.elem_offset, sa, 0, 0, Out.data, Out.elem_offset, so,
+                Res.data, Res.elem_offset, sr, lo, hi))
 
     return desc, impl
 
@@ -241,7 +346,14 @@ INTRINSICS = {
 
 
 def intrin_name(kind: str, *params) -> str:
-    return "cgra." + kind + "." + ".".join(str(p) for p in params)
+    return "cgra." + kind + "." + ".".join(_param_name(p) for p in params)
+
+
+def _param_name(param) -> str:
+    """A parameter in an intrinsic's name; a clip's (lo, hi) as "clip_lo_hi"."""
+    if isinstance(param, tuple):
+        return "clip_" + "_".join(repr(float(v)) for v in param)
+    return str(param)
 
 
 def get_intrin(kind: str, *params) -> str:

@@ -7,8 +7,9 @@ blocks have fixed names and roles, so that `schedule.py` can tile and tensorize 
     a_pad   scratchpad tile of the left operand (zero outside the tensor: the DMA halo)
     b_pad   scratchpad tile of the right operand
     bias_pad (optional) scratchpad copy of the bias row
+    res_pad (optional) scratchpad tile of the residual (a tensor of the output's shape)
     acc     the reduction, tensorized onto the PE array
-    epi     bias add and relu on the accumulator, tensorized onto the vector unit
+    epi     bias add, residual add, relu and clip on the accumulator, on the vector unit
     out     the store of the valid region back to the host tensor
 
 Every kernel is a GEMM over padded extents (rows Mp, columns Np, reduction Kp), padded to whole
@@ -58,7 +59,9 @@ class KernelSpec:
     dilation: tuple = (1, 1)
     groups: int = 1  # conv2d: channel groups (depthwise: groups == input channels)
     source_ops: tuple = ()  # names of the model operators fused into this kernel
-    param_roles: tuple = ()  # role ("lhs", "rhs", "bias") of each kernel parameter, in call order
+    param_roles: tuple = ()  # role ("lhs", "rhs", "bias", "residual") of each parameter, in call order
+    residual_shape: tuple | None = None  # the output's shape: a tensor added after the bias
+    clip: tuple | None = None  # (lo, hi) in the acc dtype, applied last (after relu)
     # conv2d: how each tensor is stored. lhs_shape, rhs_shape and output_shape stay logical
     # (N, C, H, W) / (O, I, H, W); a layout is a permutation of those axes, e.g. "NHWC", "HWIO".
     data_layout: str = "NCHW"
@@ -73,7 +76,8 @@ class KernelSpec:
 
     @property
     def roles(self) -> tuple:
-        return self.param_roles or (("lhs", "rhs", "bias") if self.bias_shape else ("lhs", "rhs"))
+        return self.param_roles or (("lhs", "rhs") + (("bias",) if self.bias_shape else ())
+                                    + (("residual",) if self.residual_shape else ()))
 
     @property
     def gemm_extents(self) -> tuple[int, int, int]:
@@ -161,9 +165,12 @@ def _padded(tensor, shape, indices):
     return tirx.if_then_else(_in_bounds(indices, shape), value, tirx.const(0, tensor.dtype))
 
 
-def _epilogue(spec, acc, tiling, bias, row_axes):
-    """epi = relu(acc + bias[col]) over the padded tile grid; `row_axes` index acc before the
-    column. A grouped conv2d's image b holds group b % G, whose channels start at (b % G) * F/G."""
+def _epilogue(spec, acc, tiling, bias, row_axes, residual=None, out_index=None):
+    """epi = clip(relu(acc + bias[col] + residual)) over the padded tile grid; `row_axes` index
+    acc before the column. A grouped conv2d's image b holds group b % G, whose channels start at
+    (b % G) * F/G. `residual` (a placeholder of the output's shape, as the kernel stores it) is
+    read through `out_index(*acc_indices)`, the output element an accumulator element becomes;
+    outside the output (tile padding) it reads zero. Returns (epi, bias_pad)."""
     np_ = tiling.np
 
     bias_pad = None
@@ -181,15 +188,35 @@ def _epilogue(spec, acc, tiling, bias, row_axes):
             bias_pad = te.compute((np_,), lambda j: _padded(bias, spec.bias_shape, bias_index(j)),
                                   name="bias_pad")
 
+    res_pad = None
+    if residual is not None:
+        res_pad = te.compute(acc.shape, lambda *idx: _padded(residual, [int(d) for d in residual.shape], out_index(*idx)),
+                             name="res_pad")
+
     def epi_value(*idx):
         value = acc(*idx)
         if bias_pad is not None:
             value = value + (bias_pad(idx[0], idx[-1]) if spec.grouped else bias_pad(idx[-1]))
-        if spec.relu:
-            value = tirx.max(value, tirx.const(0, spec.acc_dtype))
-        return value
+        if res_pad is not None:
+            value = value + res_pad(*idx)
+        return _activation(value, spec)
 
     return te.compute(acc.shape, epi_value, name="epi"), bias_pad
+
+
+def _activation(value, spec):
+    """relu, then clip: the same expression as the epilogue intrinsic's (tensorize matches them)."""
+    if spec.relu:
+        value = tirx.max(value, tirx.const(0, spec.acc_dtype))
+    if spec.clip is not None:
+        lo, hi = (tirx.const(bound, spec.acc_dtype) for bound in spec.clip)
+        value = tirx.min(tirx.max(value, lo), hi)
+    return value
+
+
+def _residual_placeholder(spec, shape):
+    """The residual parameter as the kernel reads it (`shape`: the output as the kernel stores it)."""
+    return te.placeholder(shape, spec.acc_dtype, name="residual") if spec.residual_shape else None
 
 
 def _bias_channel_axis(bias_shape) -> int:
@@ -214,9 +241,10 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
         lambda i, j: te.sum(a_pad[i, r].astype(spec.acc_dtype) * b_pad[r, j].astype(spec.acc_dtype), axis=r),
         name="acc")
     bias = te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None
-    epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=1)
+    residual = _residual_placeholder(spec, (m, n))
+    epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=1, residual=residual, out_index=lambda i, j: (i, j))
     out = te.compute((m, n), lambda i, j: epi[i, j], name="out")
-    return _prim_func(spec, {"lhs": a, "rhs": b, "bias": bias}, out)
+    return _prim_func(spec, {"lhs": a, "rhs": b, "bias": bias, "residual": residual}, out)
 
 
 def conv2d_compute(spec: KernelSpec, tiling: Tiling):
@@ -264,10 +292,13 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
             axis=[ry, rx, rc]),
         name="acc")
     bias = te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None
-    epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=2)
+    residual = _residual_placeholder(spec, out_shape)
+    epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=2, residual=residual,
+                       out_index=lambda b_, p, f: (b_, f, p // ow, p % ow))
     out = te.compute(out_shape, lambda b_, f, y, ox: epi[b_, y * ow + ox, f], name="out")
-    views = {"lhs": spec.lhs_shape, "out": spec.output_shape} if spec.groups > 1 else {}
-    return _prim_func(spec, {"lhs": x, "rhs": w, "bias": bias}, out, views)
+    views = {"lhs": spec.lhs_shape, "out": spec.output_shape, "residual": spec.output_shape} \
+        if spec.groups > 1 else {}
+    return _prim_func(spec, {"lhs": x, "rhs": w, "bias": bias, "residual": residual}, out, views)
 
 
 def depthwise_compute(spec: KernelSpec, tiling: Tiling):
@@ -297,13 +328,17 @@ def depthwise_compute(spec: KernelSpec, tiling: Tiling):
         lambda iy, ix, ch: a_pad[b_, iy, ix, ch], lambda ry, rx, ch: b_pad[ry, rx, ch], y, ox, c,
         window, spec.acc_dtype), name="acc")
     bias = te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None
-    epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=3)
+    out_shape = _stored(spec.output_shape, "NCHW", spec.out_layout)
+    residual = _residual_placeholder(spec, out_shape)
+    epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=3, residual=residual,
+                       out_index=lambda b_, y, ox, c: _stored((b_, c, y, ox), "NCHW", spec.out_layout))
+
     def stored_out(*index):
         axis = dict(zip(spec.out_layout, index))
         return epi[axis["N"], axis["H"], axis["W"], axis["C"]]
 
-    out = te.compute(_stored(spec.output_shape, "NCHW", spec.out_layout), stored_out, name="out")
-    return _prim_func(spec, {"lhs": x, "rhs": w, "bias": bias}, out)
+    out = te.compute(out_shape, stored_out, name="out")
+    return _prim_func(spec, {"lhs": x, "rhs": w, "bias": bias, "residual": residual}, out)
 
 
 def _prim_func(spec: KernelSpec, inputs: dict, out, views=None):

@@ -7,8 +7,11 @@ kept: `offload_reason` returns it in words a user can act on). `spec_from_compos
 
 Patterns: matmul (2-D and batched, and the permute_dims + matmul form PyTorch's Linear produces)
 and conv2d (any order of the axes: NCHW or NHWC data, OIHW, HWIO or OHWI weights; any stride,
-padding, dilation and groups; depthwise ones become the DEPTHWISE kernel), each optionally
-followed by a bias `add` and then `relu`, in float32 and in int8 x int8 -> int32.
+padding, dilation and groups; depthwise ones become the DEPTHWISE kernel), in float32 and in
+int8 x int8 -> int32, each followed by the epilogue chain [+ bias] [+ residual] [relu | clip]:
+a bias `add` (one value per output channel / column), a residual `add` (a tensor of the output's
+exact shape and the accumulator dtype, e.g. ResNet's shortcut), then `relu` or `clip` with
+constant bounds (relu6; ONNX Clip arrives as R.clip after the normalise stage, see clip_form.py).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from tvm import relax
+import numpy as np
+from tvm import relax, tirx
+from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, wildcard
 from tvm.relax.transform import FusionPattern
 
@@ -29,9 +34,25 @@ from .tiling import choose_kernel_tiling
 ACC_DTYPE = {"int8": "int32", "float32": "float32"}
 
 
+#: Activation suffix -> (pattern around x, annotation name or None). The clip's bounds are
+#: checked to be constants by the check function (a pattern cannot say "a constant PrimExpr").
+_ACTIVATIONS = {
+    "": (lambda x: x, None),
+    "_relu": (lambda x: is_op("relax.nn.relu")(x), None),
+    "_clip": (lambda x: is_op("relax.clip")(x, wildcard(), wildcard()), "clip"),
+}
+
+
 def _pattern_graphs():
-    """(suffix, pattern, annotations) for every supported op with every epilogue."""
-    lhs, rhs, weight, bias = wildcard(), wildcard(), wildcard(), wildcard()
+    """(name, pattern, annotations) for every supported op with every epilogue chain, shortest
+    first; among chains of one length, a residual add before a bias add, so that (reversed in
+    make_patterns) an add that qualifies as a bias is fused as one.
+
+    The matcher tries a commutative add's operands in the pattern's order first and the check
+    cannot send it back for the other order; so each residual add also comes mirrored, under
+    the same name: in `add(a, b)` where both a and b are a conv + bias, but a is used elsewhere
+    (MobileNetV2's `x + block(x)` when x is itself a conv + bias), the mirrored pattern fuses b."""
+    lhs, rhs, weight, bias, residual = wildcard(), wildcard(), wildcard(), wildcard(), wildcard()
     permute = is_op("relax.permute_dims")(weight)
     roots = {
         "matmul": (is_op("relax.matmul")(lhs, rhs), {"lhs": lhs, "rhs": rhs}),
@@ -41,15 +62,21 @@ def _pattern_graphs():
     graphs = []
     for name, (root, roles) in roots.items():
         with_bias = is_op("relax.add")(root, bias)
-        variants = [
-            ("", root, {}),
-            ("_relu", is_op("relax.nn.relu")(root), {}),
-            ("_bias", with_bias, {"bias": bias}),
-            ("_bias_relu", is_op("relax.nn.relu")(with_bias), {"bias": bias}),
+        sums = [  # (suffix, pattern, annotations, ops); mirrored first: tried second
+            ("", root, {}, 1),
+            ("_residual", is_op("relax.add")(residual, root), {"residual": residual}, 2),
+            ("_residual", is_op("relax.add")(root, residual), {"residual": residual}, 2),
+            ("_bias", with_bias, {"bias": bias}, 2),
+            ("_bias_residual", is_op("relax.add")(residual, with_bias), {"bias": bias, "residual": residual}, 3),
+            ("_bias_residual", is_op("relax.add")(with_bias, residual), {"bias": bias, "residual": residual}, 3),
         ]
-        for suffix, pattern, extra in variants:  # the longest last: later patterns win
-            graphs.append((f"cgra.{name}{suffix}", pattern, {"root": root, **roles, **extra}))
-    return graphs
+        for suffix, summed, extra, ops in sums:
+            for act, (wrap, role) in _ACTIVATIONS.items():
+                pattern = wrap(summed)
+                annotations = {"root": root, **roles, **extra, **({role: pattern} if role else {})}
+                graphs.append((ops + (act != ""), f"cgra.{name}{suffix}{act}", pattern, annotations))
+    graphs.sort(key=lambda graph: graph[0])  # stable: keeps the tie order above
+    return [graph[1:] for graph in graphs]
 
 
 def make_patterns(arch: HardwareDescription) -> list[FusionPattern]:
@@ -57,7 +84,9 @@ def make_patterns(arch: HardwareDescription) -> list[FusionPattern]:
     patterns = []
     for name, pattern, roles in _pattern_graphs():
         def check(context, name=name):
-            return offload_reason(name, context.annotated_expr, arch) is None
+            # An intermediate value used outside the match would have to leave the kernel too.
+            return offload_reason(name, context.annotated_expr, arch) is None and \
+                not has_leaking_intermediate_variables(context)
         patterns.append(FusionPattern(name, pattern, roles, check))
     return list(reversed(patterns))
 
@@ -132,10 +161,54 @@ def spec_from_match(name: str, annotated: dict) -> KernelSpec:
         bias_shape = _static_shape(annotated["bias"], "bias")
         if _dtype(annotated["bias"]) != acc_dtype:
             raise _Reject(f"the bias is {_dtype(annotated['bias'])}, the accumulator {acc_dtype}")
-    common = dict(dtype=dtype, acc_dtype=acc_dtype, bias_shape=bias_shape, relu=name.endswith("relu"))
+    clip = _clip_bounds(annotated["clip"], acc_dtype) if "clip" in annotated else None
+    common = dict(dtype=dtype, acc_dtype=acc_dtype, bias_shape=bias_shape, relu=name.endswith("_relu"),
+                  clip=clip)
     if op == "conv2d":
-        return _conv2d_spec(root, lhs, rhs, common)
-    return _matmul_spec(name, lhs, rhs, annotated.get("permute"), bias_shape, common)
+        spec = _conv2d_spec(root, lhs, rhs, common)
+    else:
+        spec = _matmul_spec(name, lhs, rhs, annotated.get("permute"), bias_shape, common)
+    return _with_residual(spec, annotated) if "residual" in annotated else spec
+
+
+def _with_residual(spec: KernelSpec, annotated: dict) -> KernelSpec:
+    """`spec` with the residual add: a tensor of the output's exact shape in the acc dtype."""
+    residual = annotated["residual"]
+    for role in ("lhs", "rhs", "bias"):
+        if role in annotated and annotated[role].same_as(residual):
+            raise _Reject(f"the residual is also the {spec.op}'s {role}: each operand of an NPU kernel "
+                          "must be its own tensor")
+    if spec.compute_name in ("conv2d_layout", "batch_matmul"):
+        form = "batched matmul" if spec.compute_name == "batch_matmul" else \
+            f"{spec.data_layout}/{spec.kernel_layout} conv2d"
+        raise _Reject(f"a residual add is fused after NCHW and depthwise conv2d and 2-D matmul, not "
+                      f"yet after a {form}: the add runs on the host")
+    if _dtype(residual) != spec.acc_dtype:
+        raise _Reject(f"the residual is {_dtype(residual)}, the accumulator {spec.acc_dtype}")
+    shape = _static_shape(residual, "residual")
+    stored = tuple(spec.output_shape) if spec.op == "matmul" else \
+        tuple(spec.output_shape["NCHW".index(axis)] for axis in spec.out_layout)
+    if shape != stored:
+        raise _Reject(f"the added tensor of shape {shape} is neither a bias (one value per output "
+                      f"channel) nor a residual of the output's shape {stored}")
+    return dataclasses.replace(spec, residual_shape=shape)
+
+
+def _clip_bounds(call, acc_dtype: str) -> tuple:
+    """The (lo, hi) of a clip as the epilogue applies them: constants of the accumulator dtype,
+    lo <= hi (the NPU computes min(max(x, lo), hi), the host max(min(x, hi), lo): equal then)."""
+    bounds = call.args[1:3]
+    if not all(isinstance(b, (tirx.IntImm, tirx.FloatImm)) for b in bounds):
+        raise _Reject(f"clip bounds {list(bounds)} are not constants; the epilogue clips to constants")
+    lo, hi = (float(b.value) for b in bounds)
+    if np.isnan(lo) or np.isnan(hi) or lo > hi:
+        raise _Reject(f"clip to [{lo}, {hi}] is not a range (needs lo <= hi)")
+    if acc_dtype == "float32":
+        return float(np.float32(lo)), float(np.float32(hi))
+    info = np.iinfo(acc_dtype)
+    if not all(v.is_integer() and info.min <= v <= info.max for v in (lo, hi)):
+        raise _Reject(f"clip bounds [{lo}, {hi}] of an {acc_dtype} result must be {acc_dtype} integers")
+    return int(lo), int(hi)
 
 
 def _matmul_spec(name, lhs, rhs, permute, bias_shape, common) -> KernelSpec:
@@ -263,7 +336,7 @@ def spec_from_composite(func: relax.Function, source_ops=()) -> KernelSpec:
     annotated = _annotate(name, composite, bindings)
     spec = spec_from_match(name, annotated)
     roles = {}
-    for role in ("lhs", "rhs", "bias"):
+    for role in ("lhs", "rhs", "bias", "residual"):
         if role in annotated:
             roles.setdefault(annotated[role], []).append(role)
     param_roles = []
@@ -299,16 +372,20 @@ def _annotate(name, composite, bindings):
 
     node = call_of(composite.body.body)
     annotated = {}
-    if name.endswith("relu"):
+    if name.endswith("_relu"):
         node = call_of(node.args[0])
-    if "_bias" in name:
-        # add is commutative to the matcher: PyTorch's Linear gives add(bias, matmul). The root
-        # is the operand computed inside the composite; the bias is the other one.
-        first, second = node.args
-        if not isinstance(call_of(first), relax.Call):
-            first, second = second, first
-        annotated["bias"] = second
-        node = call_of(first)
+    if name.endswith("_clip"):
+        annotated["clip"] = node
+        node = call_of(node.args[0])
+    # add is commutative to the matcher: PyTorch's Linear gives add(bias, matmul). The inner sum
+    # is the operand computed inside the composite; the bias (residual) is the other one.
+    for role in ("residual", "bias"):  # outermost first
+        if f"_{role}" in name:
+            first, second = node.args
+            if not isinstance(call_of(first), relax.Call):
+                first, second = second, first
+            annotated[role] = second
+            node = call_of(first)
     annotated["root"] = node
     annotated["lhs"], rhs = node.args
     if name.startswith("cgra.linear"):

@@ -13,6 +13,7 @@ from tvm import relax
 
 from cgra_sim.arch import HardwareDescription
 
+from .clip_form import canonicalize_clips_pass
 from .fold_weights import fold_weights
 from .options import CompileOptions, dump
 from .patterns import make_patterns
@@ -31,6 +32,9 @@ def _normalise(mod, arch, options):
         # the constant subexpressions that remain).
         relax.transform.FoldConstant(),
         relax.transform.CanonicalizeBindings(),
+        # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip
+        # with constant bounds, as PyTorch's relu6 already is, so the epilogue can fuse them.
+        canonicalize_clips_pass(),
         # What folding left unused (PyTorch's max_pool2d returns a tuple with zeros_like
         # indices that FoldConstant turns into a constant nobody reads).
         relax.transform.DeadCodeElimination(),

@@ -6,9 +6,10 @@ the scheduled PrimFunc, in which
 
 - the output is computed tile by tile (tm x tn), anchored on the epilogue's tile loops;
 - operand tiles (a_pad, b_pad) and the bias live in the scratchpad and are loaded per reduction
-  step: these copies become DMA (`dma.py`);
+  step, the residual tile (res_pad) once per output tile: these copies become DMA (`dma.py`);
 - the accumulator's init is one FILL per tile, each reduction step one GEMM over the tile (the
-  PE array runs its folds), and the epilogue (bias, relu) one vector-unit intrinsic per tile;
+  PE array runs its folds), and the epilogue (bias, residual, relu, clip) one vector-unit
+  intrinsic per tile;
 - the store of the valid region of each tile goes back to the host by DMA.
 
 A user may register their own schedule for a kernel kind with `register_schedule` (the seeds ask
@@ -63,10 +64,30 @@ def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
         bias = sch.get_sblock("bias_pad")
         sch.compute_at(bias, col_outer)
         sch.set_scope(bias, 0, SPAD)
+    stage_residual(sch, spec, col_outer)
     sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
     sch.set_scope(acc, 0, SPAD)
     sch.set_scope(epi, 0, SPAD)
     return acc, epi, row_inner, col_outer
+
+
+def stage_residual(sch, spec: KernelSpec, col_outer):
+    """The residual tile (block res_pad, if the kernel has one) in the scratchpad, loaded by one
+    DMA per output tile under `col_outer`. Its pixel loop is split into whole output rows like
+    the operand gather's, so that the copy reads as a box (y, ox, channel) of the NCHW tensor."""
+    if not spec.residual_shape:
+        return
+    res = sch.get_sblock("res_pad")
+    sch.compute_at(res, col_outer)
+    sch.set_scope(res, 0, SPAD)
+    if spec.row_step > 1:
+        sch.split(sch.get_loops(res)[-2], [None, spec.row_step])
+
+
+def epilogue_intrin(spec: KernelSpec, tiling: Tiling) -> str:
+    """The vector-unit intrinsic for a tile of this kernel's epilogue (for `sch.tensorize`)."""
+    return get_intrin("epilogue", tiling.tm, tiling.tn, spec.acc_dtype, bool(spec.bias_shape),
+                      spec.relu, bool(spec.residual_shape), spec.clip)
 
 
 def _acc_loops(sch, acc, col_outer):
@@ -102,8 +123,7 @@ def _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, col_tile):
     init = sch.decompose_reduction(acc, first_reduction)
     sch.tensorize(row, get_intrin("gemm", tiling.tm, tiling.tn, tiling.tk, spec.dtype, spec.acc_dtype))
     sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", tiling.tm, tiling.tn, spec.acc_dtype))
-    sch.tensorize(epi_row, get_intrin("epilogue", tiling.tm, tiling.tn, spec.acc_dtype,
-                                      bool(spec.bias_shape), spec.relu))
+    sch.tensorize(epi_row, epilogue_intrin(spec, tiling))
 
 
 @register_schedule("matmul")
@@ -118,13 +138,15 @@ def schedule_gemm_like(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDesc
 def schedule_depthwise(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription):
     """Tiles of `tm` output rows x `tn` channels (whole output rows); per tile the input window
     and the weights are loaded into the scratchpad, one DEPTHWISE computes the tile on the PE
-    array and one EPILOGUE per output row applies bias and relu on the vector unit."""
+    array and one EPILOGUE per output row applies bias, residual, relu and clip on the vector unit."""
     epi = sch.get_sblock("epi")
     _, rows, width, channels = sch.get_loops(epi)
     row_outer, row_inner = sch.split(rows, [None, tiling.tm])
     col_outer, col_inner = sch.split(channels, [None, tiling.tn])
     sch.reorder(row_outer, col_outer, row_inner, width, col_inner)
-    for name in ("acc", "a_pad", "b_pad") + (("bias_pad",) if spec.bias_shape else ()):
+    staged = ("acc", "a_pad", "b_pad") + (("bias_pad",) if spec.bias_shape else ()) + \
+        (("res_pad",) if spec.residual_shape else ())
+    for name in staged:
         block = sch.get_sblock(name)
         sch.compute_at(block, col_outer)
         sch.set_scope(block, 0, SPAD)
@@ -137,7 +159,8 @@ def schedule_depthwise(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDesc
     sch.tensorize(tile_rows, get_intrin("depthwise", tiling.tm, sch.get(out_width).extent.value, tiling.tn,
                                         window, spec.dtype, spec.acc_dtype))
     sch.tensorize(out_width, get_intrin("epilogue", sch.get(out_width).extent.value, tiling.tn,
-                                        spec.acc_dtype, bool(spec.bias_shape), spec.relu))
+                                        spec.acc_dtype, bool(spec.bias_shape), spec.relu,
+                                        bool(spec.residual_shape), spec.clip))
 
 
 def _loops_after(sch, block, anchor):

@@ -37,11 +37,11 @@ class Tiling:
     np: int
     kp: int
 
-    def spad_bytes(self, in_bytes: int, acc_bytes: int, has_bias: bool) -> int:
-        """Scratchpad the kernel's buffers take (operand tiles, accumulator, output, bias), each
-        twice: every tile is double-buffered (double_buffer.py)."""
+    def spad_bytes(self, in_bytes: int, acc_bytes: int, has_bias: bool, has_residual: bool = False) -> int:
+        """Scratchpad the kernel's buffers take (operand tiles, accumulator, output, bias,
+        residual tile), each twice: every tile is double-buffered (double_buffer.py)."""
         total = _aligned(2 * self.tm * self.tk * in_bytes) + _aligned(2 * self.tk * self.tn * in_bytes)
-        total += 2 * _aligned(2 * self.tm * self.tn * acc_bytes)
+        total += (3 if has_residual else 2) * _aligned(2 * self.tm * self.tn * acc_bytes)
         if has_bias:
             total += _aligned(2 * self.tn * acc_bytes)
         return total
@@ -52,17 +52,19 @@ def choose_kernel_tiling(spec, arch: HardwareDescription) -> Tiling:
     if spec.op == "depthwise":
         return choose_depthwise_tiling(spec, arch)
     return choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch,
-                         spec.row_step)
+                         spec.row_step, has_residual=bool(spec.residual_shape))
 
 
 def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
-                  has_bias: bool, arch: HardwareDescription, row_step: int = 1) -> Tiling:
+                  has_bias: bool, arch: HardwareDescription, row_step: int = 1,
+                  has_residual: bool = False) -> Tiling:
     """The tiling with the fewest estimated cycles among those that fit the scratchpad.
 
     Output tiles grow in whole PE-array steps (rows: in multiples of `row_step` when the kernel
     needs whole groups of rows, e.g. whole output rows of a conv2d) up to the padded problem; for
     each, the reduction depth is the whole reduction when it fits, otherwise the largest chunk
-    that does.
+    that does. A residual (`has_residual`) is one more output-sized tile in the scratchpad,
+    loaded per output tile and read by the epilogue.
     """
     row_step = row_step if row_step > 1 else arch.rows
     # A unit reduction extent would be elided by compute_at and leave nothing to tensorize
@@ -73,11 +75,12 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     best = None
     for tm in range(row_step, _round_up(rows, row_step) + 1, row_step):
         for tn in range(arch.cols, _round_up(cols, arch.cols) + 1, arch.cols):
-            tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch.spad_bytes)
+            tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch.spad_bytes,
+                                    has_residual)
             if tk is None:
                 continue
             tiling = Tiling(tm, tn, tk, _round_up(rows, tm), _round_up(cols, tn), _round_up(depth, tk))
-            key = (estimate_cycles(tiling, dtype, in_bytes, acc_bytes, arch), -tm * tn)
+            key = (estimate_cycles(tiling, dtype, in_bytes, acc_bytes, arch, has_residual), -tm * tn)
             if best is None or key < best[0]:
                 best = (key, tiling)
     if best is None:
@@ -87,21 +90,25 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     return best[1]
 
 
-def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription) -> int:
+def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription,
+                    has_residual: bool = False) -> int:
     """A first-order estimate of a tiled GEMM's cycles under the simulator's timing model.
 
     With double buffering the busiest unit sets the pace; what cannot overlap is the first
     tile's loads (nothing to compute yet), the last tile's epilogue and store, and a bubble per
     tile: the vector unit runs in order, so the next tile's first FILL waits behind this tile's
     EPILOGUE, which waits for this tile's last GEMM, and the PE array refills after the gap.
+    A residual adds its tile to each output tile's loads and to the epilogue's vector cycles.
     """
     tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk
     passes = tiles * steps * -(-t.tm // arch.rows) * -(-t.tn // arch.cols)
     compute = passes * -(-t.tk // arch.macs_per_pe[dtype]) + arch.rows + arch.cols + arch.config_load_cycles
     tile_load = (t.tm * t.tk + t.tk * t.tn) * in_bytes
-    load = tiles * steps * tile_load // arch.dma_bytes_per_cycle
+    residual_load = t.tm * t.tn * acc_bytes if has_residual else 0
+    load = (tiles * steps * tile_load + tiles * residual_load) // arch.dma_bytes_per_cycle
     store = tiles * t.tm * t.tn * acc_bytes // arch.dma_bytes_per_cycle
-    vector = 2 * tiles * t.tm * t.tn // arch.vector_lanes  # fill and epilogue of every tile
+    # fill and epilogue of every tile; the epilogue streams the residual tile too
+    vector = (3 if has_residual else 2) * tiles * t.tm * t.tn // arch.vector_lanes
     prologue = arch.dma_latency + tile_load // arch.dma_bytes_per_cycle
     tail = t.tm * t.tn // arch.vector_lanes + arch.dma_latency + t.tm * t.tn * acc_bytes // arch.dma_bytes_per_cycle
     vector_tile = t.tm * t.tn // arch.vector_lanes  # one FILL or EPILOGUE of a tile
@@ -109,10 +116,10 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     return max(compute, load, store, vector) + bubble + prologue + tail
 
 
-def _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, capacity):
+def _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, capacity, has_residual=False):
     for tk in _k_candidates(depth):
         probe = Tiling(tm, tn, tk, tm, tn, tk)
-        if probe.spad_bytes(in_bytes, acc_bytes, has_bias) <= capacity:
+        if probe.spad_bytes(in_bytes, acc_bytes, has_bias, has_residual) <= capacity:
             return tk
     return None
 
@@ -141,7 +148,9 @@ def choose_depthwise_tiling(spec, arch: HardwareDescription) -> Tiling:
     """Tiles of a depthwise conv2d: `tm` whole output rows (>= 2) by `tn` channels (a multiple of
     the PE array's columns, >= 2), all taps at once (tk = kp = kh * kw); the one with the fewest
     estimated cycles among those whose double-buffered input window, weights, accumulator,
-    output and bias fit the scratchpad. mp and np: output rows and channels padded to whole tiles."""
+    output, bias and residual fit the scratchpad. mp and np: output rows and channels padded to
+    whole tiles."""
+
     _, channels, _, _ = spec.lhs_shape
     _, _, kh, kw = spec.rhs_shape
     (sh, sw), (dh, dw) = spec.strides, spec.dilation
@@ -154,12 +163,15 @@ def choose_depthwise_tiling(spec, arch: HardwareDescription) -> Tiling:
         in_h = (tm - 1) * sh + (kh - 1) * dh + 1
         for tn in range(first_tn, max(_round_up(channels, arch.cols), first_tn) + 1, arch.cols):
             footprint = _aligned(2 * in_h * in_w * tn * in_bytes) + _aligned(2 * kh * kw * tn * in_bytes)
-            footprint += 2 * _aligned(2 * tm * width * tn * acc_bytes)
+            output_tiles = 3 if spec.residual_shape else 2  # accumulator, output (, residual)
+            footprint += output_tiles * _aligned(2 * tm * width * tn * acc_bytes)
             footprint += _aligned(2 * tn * acc_bytes) if spec.bias_shape else 0
             if footprint > arch.spad_bytes:
                 continue
             tiling = Tiling(tm, tn, kh * kw, _round_up(rows, tm), _round_up(channels, tn), kh * kw)
-            load = -(-(in_h * in_w + kh * kw) * tn * in_bytes // arch.dma_bytes_per_cycle)
+            loaded = (in_h * in_w + kh * kw) * tn * in_bytes
+            loaded += tm * width * tn * acc_bytes if spec.residual_shape else 0
+            load = -(-loaded // arch.dma_bytes_per_cycle)
             key = (_depthwise_cycles(tiling, spec, width, load, arch), -tm * tn)
             if best is None or key < best[0]:
                 best = (key, tiling)

@@ -32,19 +32,37 @@ def relax_module(name_shapes, body_fn):
     return builder.get()
 
 
-def matmul_model(m, n, k, dtype="float32", bias=True, relu=True, transposed=False, softmax=False):
-    """x @ w (+ b) (relu) (softmax): returns (module, inputs, reference)."""
+def _epilogue_tail(bb, y, residual, clip):
+    """+ residual (added on the left, as ONNX's MobileNetV2 writes x + block(x)), then clip."""
+    if residual is not None:
+        y = bb.emit(relax.op.add(residual, y))
+    return y if clip is None else bb.emit(relax.op.clip(y, *clip))
+
+
+def _reference_tail(ref, residual, clip):
+    if residual is not None:
+        ref = ref + residual
+    return ref if clip is None else np.clip(ref, *clip)
+
+
+def matmul_model(m, n, k, dtype="float32", bias=True, relu=True, transposed=False, softmax=False,
+                 residual=False, clip=None):
+    """x @ w (+ b) (+ r) (relu) (clip to (lo, hi)) (softmax): returns (module, inputs, reference).
+    With a residual r (m x n) relu comes after it, as in ResNet's relu(conv + b + shortcut)."""
     acc = ACC[dtype]
     w_shape = (n, k) if transposed else (k, n)
     specs = [("x", (m, k), dtype), ("w", w_shape, dtype)] + ([("b", (n,), acc)] if bias else [])
+    specs += [("r", (m, n), acc)] if residual else []
 
     def body(bb, x, w, *rest):
         rhs = bb.emit(relax.op.permute_dims(w, [1, 0])) if transposed else w
         y = bb.emit(relax.op.matmul(x, rhs, out_dtype=acc if dtype == "int8" else None))
         if bias:
             y = bb.emit(relax.op.add(y, rest[0]))
+        y = _epilogue_tail(bb, y, rest[-1] if residual else None, None)
         if relu:
             y = bb.emit(relax.op.nn.relu(y))
+        y = _epilogue_tail(bb, y, None, clip)
         if softmax:
             y = bb.emit(relax.op.nn.softmax(y))
         return y
@@ -55,8 +73,10 @@ def matmul_model(m, n, k, dtype="float32", bias=True, relu=True, transposed=Fals
     ref = x @ (w.T if transposed else w)
     if bias:
         ref = ref + inputs[2]
+    ref = _reference_tail(ref, inputs[-1] if residual else None, None)
     if relu:
         ref = np.maximum(ref, 0)
+    ref = _reference_tail(ref, None, clip)
     if softmax:
         e = np.exp(ref - ref.max(-1, keepdims=True))
         ref = e / e.sum(-1, keepdims=True)
@@ -90,14 +110,21 @@ def _stored(logical, axes: str, layout: str) -> tuple:
 
 
 def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype="float32",
-                 bias=True, relu=True, dilation=(1, 1), groups=1, layouts=("NCHW", "OIHW", "NCHW")):
-    """conv2d (+ bias) (relu) with data, weight and output stored in `layouts`: (module, inputs,
-    reference). Shapes are given in NCHW / OIHW order whatever the layouts."""
+                 bias=True, relu=True, dilation=(1, 1), groups=1, layouts=("NCHW", "OIHW", "NCHW"),
+                 residual=False, clip=None):
+    """conv2d (+ bias) (+ residual of the output's shape) (relu) (clip to (lo, hi)) with data,
+    weight and output stored in `layouts`: (module, inputs, reference). Shapes are given in
+    NCHW / OIHW order whatever the layouts."""
     acc = ACC[dtype]
     data_layout, kernel_layout, out_layout = layouts
     specs = [("data", _stored((n, c, h, w_), "NCHW", data_layout), dtype),
              ("weight", _stored((f, c // groups, kh, kw), "OIHW", kernel_layout), dtype)]
     specs += [("bias", tuple(f if axis == "C" else 1 for axis in out_layout), acc)] if bias else []
+    if residual:
+        top, left, bottom, right = pad
+        oh = (h + top + bottom - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+        ow = (w_ + left + right - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+        specs += [("residual", _stored((n, f, oh, ow), "NCHW", out_layout), acc)]
 
     def body(bb, x, w, *rest):
         y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=pad, dilation=dilation, groups=groups,
@@ -105,9 +132,10 @@ def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype=
                                        out_layout=out_layout, out_dtype=acc if dtype == "int8" else None))
         if bias:
             y = bb.emit(relax.op.add(y, rest[0]))
+        y = _epilogue_tail(bb, y, rest[-1] if residual else None, None)
         if relu:
             y = bb.emit(relax.op.nn.relu(y))
-        return y
+        return _epilogue_tail(bb, y, None, clip)
 
     rng = np.random.default_rng(n * 7 + c * 11 + h * 13 + f * 17 + kh * 19)
     inputs = [_random(rng, shape, dt) for _, shape, dt in specs]
@@ -116,8 +144,10 @@ def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype=
     ref = conv2d_reference(x, w, stride, pad, dilation, groups).transpose(["NCHW".index(a) for a in out_layout])
     if bias:
         ref = ref + inputs[2]
+    ref = _reference_tail(ref, inputs[-1] if residual else None, None)
     if relu:
         ref = np.maximum(ref, 0)
+    ref = _reference_tail(ref, None, clip)
     return relax_module(specs, body), inputs, ref.astype(acc)
 
 

@@ -145,9 +145,11 @@ int32_t cgra_fill(void* k, int32_t dtype, int64_t addr, int64_t rows, int64_t co
   return command();
 }
 int32_t cgra_epilogue(void* k, int32_t flags, int32_t adt, int32_t odt, int64_t m, int64_t n, int64_t acc,
-                      int64_t accs, int64_t bias, int64_t out, int64_t outs) {
-  record("epilogue flags=%d acc_dtype=%d out_dtype=%d m=%lld n=%lld acc=%lld/%lld bias=%lld out=%lld/%lld",
-         flags, adt, odt, (ll)m, (ll)n, (ll)acc, (ll)accs, (ll)bias, (ll)out, (ll)outs);
+                      int64_t accs, int64_t bias, int64_t out, int64_t outs, int64_t res, int64_t ress,
+                      int64_t lo, int64_t hi) {
+  record("epilogue flags=%d acc_dtype=%d out_dtype=%d m=%lld n=%lld acc=%lld/%lld bias=%lld out=%lld/%lld"
+         " residual=%lld/%lld clip=%lld,%lld", flags, adt, odt, (ll)m, (ll)n, (ll)acc, (ll)accs,
+         (ll)bias, (ll)out, (ll)outs, (ll)res, (ll)ress, (ll)lo, (ll)hi);
   return command();
 }
 int32_t cgra_kernel_end(void* k) {
@@ -292,12 +294,27 @@ def epilogue_bias(Bias: T.Buffer((8,), "int32"), O: T.Buffer((8,), "int8")):
             T.reads(Acc[0:8], SB[0:8])
             T.writes(SO[0:8])
             T.evaluate(T.call_extern("int32", "cgra_epilogue", i + 2, 2, 1, 1, 8, Acc.data, 0,
-                                     8, SB.data, 2, SO.data, 0, 8))
+                                     8, SB.data, 2, SO.data, 0, 8, 0, 0, 0, 0, 0))
     with T.sblock("relu_only"):
         T.reads(Acc[0:8])
         T.writes(SO[0:8])
         T.evaluate(T.call_extern("int32", "cgra_epilogue", 2, 2, 1, 1, 8, Acc.data, 0, 8, 0, 0,
-                                 SO.data, 0, 8))
+                                 SO.data, 0, 8, 0, 0, 0, 0, 0))
+
+
+@T.prim_func(s_tir=True)
+def epilogue_residual_clip(O: T.Buffer((8,), "float32")):
+    T.func_attr({"global_symbol": "epilogue_residual_clip"})
+    Acc = T.alloc_buffer((8,), "float32", scope="global.cgra_spad")
+    SR = T.alloc_buffer((8,), "float32", scope="global.cgra_spad")
+    SO = T.alloc_buffer((8,), "float32", scope="global.cgra_spad")
+    for i in range(2):
+        with T.sblock("epilogue"):
+            T.reads(Acc[0:8], SR[0:8])
+            T.writes(SO[0:8])
+            T.evaluate(T.call_extern("int32", "cgra_epilogue", i * 4 + 8, 3, 3, 1, 8, Acc.data, 0,
+                                     8, 0, 0, SO.data, 0, 8, SR.data, 1, 8, T.float32(-1.5),
+                                     T.float32(6)))
 
 
 # Golden IR ----------------------------------------------------------------------------------
@@ -314,7 +331,7 @@ def test_golden_ir_of_a_tiny_kernel():
         "%type_index = load i32, ptr <*>, align 4",
         "<*> = icmp eq i32 %type_index, 70",
         "%dltensor = select i1 <*>, ptr <*>, ptr <*>",
-        "%k = call ptr @cgra_kernel_begin(ptr @<*>, ptr @<*>, ptr @<*>, i64 65536, i32 1, i32 1)",
+        "%k = call ptr @cgra_kernel_begin(ptr @<*>, ptr @<*>, ptr @<*>, i64 65536, i32 2, i32 1)",
         "%bind.status = call i32 @cgra_kernel_bind(ptr %k, i32 0, ptr %dltensor)",
         "launch.failed:<*>",  # the error exit: frees the launch, returns -1
         "<*> = call i32 @cgra_kernel_end(ptr %k)",
@@ -349,7 +366,7 @@ def test_matmul_kernel_drives_the_runtime(mock_runtime, tmp_path):
                                  tensor((4, 8), "int32")) is None
     words = ",".join(map(str, ROWS_BOX))
     assert log_lines(runtime) == [
-        f"begin matmul_rows ops=matmul spad=65536 abi=1 slots=3 arch={ARCH.to_json()}",
+        f"begin matmul_rows ops=matmul spad=65536 abi=2 slots=3 arch={ARCH.to_json()}",
         "bind 0 shape=4,8 dtype=0:8",
         "bind 1 shape=8,8 dtype=0:8",
         "bind 2 shape=4,8 dtype=0:32",
@@ -392,9 +409,20 @@ def test_epilogue_passes_bias_only_with_the_bias_flag(mock_runtime, tmp_path):
     runtime = mock_runtime()
     module["epilogue_bias"](tensor((8,), "int32"), tensor((8,), "int8"))
     assert log_lines(runtime)[3:-1] == [
-        "epilogue flags=2 acc_dtype=2 out_dtype=1 m=1 n=8 acc=0/8 bias=0 out=128/8",
-        "epilogue flags=3 acc_dtype=2 out_dtype=1 m=1 n=8 acc=0/8 bias=72 out=128/8",
-        "epilogue flags=2 acc_dtype=2 out_dtype=1 m=1 n=8 acc=0/8 bias=0 out=128/8",
+        "epilogue flags=2 acc_dtype=2 out_dtype=1 m=1 n=8 acc=0/8 bias=0 out=128/8 residual=0/0 clip=0,0",
+        "epilogue flags=3 acc_dtype=2 out_dtype=1 m=1 n=8 acc=0/8 bias=72 out=128/8 residual=0/0 clip=0,0",
+        "epilogue flags=2 acc_dtype=2 out_dtype=1 m=1 n=8 acc=0/8 bias=0 out=128/8 residual=0/0 clip=0,0",
+    ]
+
+
+def test_epilogue_passes_the_residual_with_its_flag_and_clip_bounds_as_bits(mock_runtime, tmp_path):
+    module = compile_kernels([lower(epilogue_residual_clip, "epilogue_residual_clip")], tmp_path)
+    runtime = mock_runtime()
+    module["epilogue_residual_clip"](tensor((8,), "float32"))
+    bits = "3217031168,1086324736"  # -1.5f and 6.0f as float32 bit patterns
+    assert log_lines(runtime)[2:-1] == [
+        f"epilogue flags=8 acc_dtype=3 out_dtype=3 m=1 n=8 acc=0/8 bias=0 out=128/8 residual=0/8 clip={bits}",
+        f"epilogue flags=12 acc_dtype=3 out_dtype=3 m=1 n=8 acc=0/8 bias=0 out=128/8 residual=68/8 clip={bits}",
     ]
 
 

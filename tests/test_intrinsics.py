@@ -142,21 +142,47 @@ def test_fill_three_ways(rows, cols, dtype, seed):
     assert _extern_name(impl) == "cgra_" + Op.FILL.name.lower()
 
 
-@given(rows=st.integers(1, 16), cols=st.integers(1, 16), dtype=st.sampled_from(["int32", "float32"]),
-       bias=st.booleans(), relu=st.booleans(), seed=st.integers(0, 2**16))
-def test_epilogue_three_ways(rows, cols, dtype, bias, relu, seed):
+def _bits(value, dtype) -> int:
+    """A clip bound as record bits: the integer, or the float32 bit pattern."""
+    return int(np.array([value], dtype).view(np.uint32)[0]) if dtype == "float32" else int(value)
+
+
+@st.composite
+def _clips(draw, dtype):
+    """None, or ordered (lo, hi) bounds inside (or beyond) the range of the random tiles."""
+    if not draw(st.booleans()):
+        return None
+    if dtype == "int32":
+        values = st.integers(-20000, 20000)
+    else:
+        values = st.one_of(st.floats(-3, 3, width=32), st.sampled_from([0.0, 6.0, float("inf")]))
+    lo, hi = sorted(draw(values) for _ in range(2))
+    return lo, hi
+
+
+@given(data=st.data(), rows=st.integers(1, 16), cols=st.integers(1, 16),
+       dtype=st.sampled_from(["int32", "float32"]), bias=st.booleans(), relu=st.booleans(),
+       residual=st.booleans(), seed=st.integers(0, 2**16))
+def test_epilogue_three_ways(data, rows, cols, dtype, bias, relu, residual, seed):
+    clip = data.draw(_clips(dtype))
     rng = np.random.default_rng(seed)
-    acc, row, out = _random(rng, (rows, cols), dtype), _random(rng, (cols,), dtype), np.zeros((rows, cols), dtype)
-    desc, impl = INTRINSICS["epilogue"].factory(rows, cols, dtype, bias, relu, scope="global")
-    operands = [acc, row, out] if bias else [acc, out]
+    acc, row, res = (_random(rng, shape, dtype) for shape in ((rows, cols), (cols,), (rows, cols)))
+    out = np.zeros((rows, cols), dtype)
+    desc, impl = INTRINSICS["epilogue"].factory(rows, cols, dtype, bias, relu, residual, clip,
+                                                scope="global")
+    operands = [acc] + ([row] if bias else []) + ([res] if residual else []) + [out]
     tir_out = _tir_reference(desc, operands)[-1]
     stream = _Stream(operands)
     stream.load(*range(len(operands) - 1))
     code = int(DType.from_name(dtype))
-    stream.commands.append(encode(Op.EPILOGUE, flags=(1 if bias else 0) | (2 if relu else 0), acc_dtype=code,
-                                  out_dtype=code, m=rows, n=cols, acc_addr=0, acc_stride=cols,
-                                  bias_addr=stream.addr[1] if bias else 0, out_addr=stream.addr[len(operands) - 1],
-                                  out_stride=cols))
+    flags = (1 if bias else 0) | (2 if relu else 0) | (4 if residual else 0) | (8 if clip else 0)
+    stream.commands.append(encode(
+        Op.EPILOGUE, flags=flags, acc_dtype=code, out_dtype=code, m=rows, n=cols, acc_addr=0,
+        acc_stride=cols, bias_addr=stream.addr[1] if bias else 0,
+        residual_addr=stream.addr[len(operands) - 2] if residual else 0,
+        residual_stride=cols if residual else 0,
+        clip_lo_bits=_bits(clip[0], dtype) if clip else 0, clip_hi_bits=_bits(clip[1], dtype) if clip else 0,
+        out_addr=stream.addr[len(operands) - 1], out_stride=cols))
     stream.store(len(operands) - 1)
     np.testing.assert_array_equal(stream.run()[-1], tir_out)
     assert _extern_name(impl) == "cgra_" + Op.EPILOGUE.name.lower()

@@ -1,8 +1,9 @@
 """Whole networks from ONNX: a ResNet-style and a MobileNetV2-style model on the NPU.
 
 Batch norm is folded into the convolutions, depthwise convolutions run as grouped conv2d kernels,
-the classifier as a matmul; the rest (pooling, residual adds, relu6) stays on the host. The
-results must match onnxruntime and at least 99% of the multiply-accumulates must run on the NPU.
+the classifier as a matmul; residual adds, relu and relu6 (ONNX Clip) are fused into the kernels'
+epilogues, so only pooling and the classifier's reshape stay on the host. The results must match
+onnxruntime and at least 99% of the multiply-accumulates must run on the NPU.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from npu_backend.onnx_model import run_onnx_model
 from onnx_models import mobilenet_v2, resnet, resnet18
 
 MODELS = {"resnet": resnet, "mobilenet_v2": mobilenet_v2}
+#: What stays on the host, and the NPU kernels' epilogues (residual blocks: 2 in each model).
+HOST_OPS = {"resnet": ["mean", "nn.max_pool2d", "reshape"], "mobilenet_v2": ["mean", "reshape"]}
+RESIDUAL_KERNELS = {"resnet": 2, "mobilenet_v2": 2}
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -28,6 +32,9 @@ def test_network_matches_onnxruntime_with_its_macs_on_the_npu(name, tmp_path):
     assert report["check"]["max_rel_error"] <= 1e-4
     assert report["npu_mac_fraction"] >= 0.99
     assert not {"nn.conv2d", "matmul", "nn.batch_norm"} & set(report["host_ops"])
+    assert report["host_ops"] == HOST_OPS[name]  # residual adds, relu and clip are fused
+    residual_kernels = [k for k in report["kernels"] if k["source_ops"].count("add") == 2]
+    assert len(residual_kernels) == RESIDUAL_KERNELS[name]
     assert report["total_cycles"] == sum(k["cycles"] for k in report["kernels"]) > 0
 
 

@@ -28,6 +28,7 @@ ARCH = load_arch("cgra-8x8")
 SPAD = ARCH.spad_bytes
 BOX_WORDS = isa.RECORD_WORDS - isa.word(Op.DMA_LOAD, "origin0")
 F32, I8, I32 = int(DType.FLOAT32), int(DType.INT8), int(DType.INT32)
+ABI = 2  # CGRA_RUNTIME_ABI_VERSION: v2 gave cgra_epilogue its residual and clip arguments
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,7 +72,7 @@ SIGNATURES = {
     "cgra_gemm": (I32C, [P, I32C, I32C] + [I64] * 9),
     "cgra_depthwise": (I32C, [P, I32C, I32C] + [I64] * 16),
     "cgra_fill": (I32C, [P, I32C] + [I64] * 5),
-    "cgra_epilogue": (I32C, [P, I32C, I32C, I32C] + [I64] * 7),
+    "cgra_epilogue": (I32C, [P, I32C, I32C, I32C] + [I64] * 11),
     "cgra_kernel_end": (I32C, [P]),
 }
 
@@ -171,7 +172,7 @@ def rows_box(rows, cols, row_stride, **halo) -> list[int]:
     return box([(rows, 0, 1, row_stride), (cols, 1, 1, 1)], **halo)
 
 
-def launch(lib, commands, tensors=(), num_slots=None, name=b"k", abi=1, spad=SPAD, record=None):
+def launch(lib, commands, tensors=(), num_slots=None, name=b"k", abi=ABI, spad=SPAD, record=None):
     """One launch as generated code runs it: begin, bind, commands until one fails, end.
 
     commands: (function name, args after the kernel); DMA boxes as lists of 28 ints.
@@ -209,7 +210,10 @@ def test_header_declares_the_documented_api():
     header = (root / "runtime" / "include" / "cgra_runtime.h").read_text()
     assert prototypes(header) == prototypes(doc)
     assert len(prototypes(doc)) == 9
-    assert "#define CGRA_RUNTIME_ABI_VERSION 1" in header
+    assert f"#define CGRA_RUNTIME_ABI_VERSION {ABI}" in header
+
+
+FULL_EPILOGUE = isa.EPILOGUE_BIAS | isa.EPILOGUE_RESIDUAL | isa.EPILOGUE_RELU | isa.EPILOGUE_CLIP
 
 
 def test_records_match_isa_encode(lib, on_device, submitted):
@@ -229,11 +233,13 @@ def test_records_match_isa_encode(lib, on_device, submitted):
         ("cgra_gemm", isa.GEMM_ACCUMULATE, F32, 8, 4, 16, 0, 16, 512, 4, 1024, 4),
         ("cgra_dma_load", 2, 1152, box([(4, 0, 1, 1)])),
         ("cgra_epilogue", isa.EPILOGUE_BIAS | isa.EPILOGUE_RELU, F32, F32, 8, 4, 1024, 4, 1152,
-         2048, 4),
+         2048, 4, 0, 0, 0, 0),
         ("cgra_dma_store", 3, 2048, rows_box(8, 4, 4)),
         ("cgra_dma_load", 4, 4096, load_q),
         ("cgra_dma_load", 0, 8192, halo),
         ("cgra_depthwise", 0, I8, 2, 3, 4, 3, 3, 4096, 20, 4, 20, 4, 4200, 12, 4, 4400, 12, 4),
+        ("cgra_epilogue", FULL_EPILOGUE, F32, F32, 8, 4, 1024, 4, 1152, 3072, 4, 2048, 6, 0,
+         0x40C00000),
     ]
     on_device(lambda: launch(lib, commands, tensors, name=b"fused_matmul"))
 
@@ -257,6 +263,9 @@ def test_records_match_isa_encode(lib, on_device, submitted):
         isa.encode(Op.DEPTHWISE, dtype=I8, oh=2, ow=3, n=4, kh=3, kw=3, a_addr=4096, a_y_stride=20,
                    a_x_stride=4, a_ry_stride=20, a_rx_stride=4, b_addr=4200, b_ry_stride=12,
                    b_rx_stride=4, acc_addr=4400, acc_y_stride=12, acc_x_stride=4),
+        isa.encode(Op.EPILOGUE, flags=FULL_EPILOGUE, acc_dtype=F32, out_dtype=F32, m=8, n=4,
+                   acc_addr=1024, acc_stride=4, bias_addr=1152, out_addr=3072, out_stride=4,
+                   residual_addr=2048, residual_stride=6, clip_lo_bits=0, clip_hi_bits=0x40C00000),
     ]
     (sent,) = submitted
     assert (sent.name, sent.source_ops, sent.arch_json) == ("fused_matmul", "matmul,add",
@@ -281,7 +290,7 @@ def test_stream_runs_on_the_simulator(lib, on_device):
         ("cgra_gemm", 0, F32, 8, 4, 16, 0, 16, 512, 4, 1024, 4),
         ("cgra_dma_load", 2, 1152, box([(4, 0, 1, 1)])),
         ("cgra_epilogue", isa.EPILOGUE_BIAS | isa.EPILOGUE_RELU, F32, F32, 8, 4, 1024, 4, 1152,
-         2048, 4),
+         2048, 4, 0, 0, 0, 0),
         ("cgra_dma_store", 3, 2048, rows_box(8, 4, 4)),
     ]
 
@@ -354,8 +363,24 @@ VIOLATIONS = {
         [("cgra_gemm", 0, I32, 8, 8, 8, 0, 8, 256, 8, 512, 8)],
         "command 0 (GEMM): the PE array has no int32 inputs"),
     "epilogue dtypes disagree": (
-        [("cgra_epilogue", 0, F32, I8, 8, 8, 0, 8, 0, 512, 8)],
+        [("cgra_epilogue", 0, F32, I8, 8, 8, 0, 8, 0, 512, 8, 0, 0, 0, 0)],
         "command 0 (EPILOGUE): a float32 accumulator cannot produce int8"),
+    "epilogue residual beyond the scratchpad": (
+        [("cgra_epilogue", isa.EPILOGUE_RESIDUAL, I32, I32, 2, 4, 0, 4, 0, 64, 4, SPAD - 16, 4, 0, 0)],
+        f"command 0 (EPILOGUE): residual: scratchpad bytes [{SPAD - 16}, {SPAD + 16}) exceed"),
+    "epilogue residual without its flag": (
+        [("cgra_epilogue", 0, I32, I32, 2, 4, 0, 4, 0, 64, 4, 128, 4, 0, 0)],
+        "command 0 (EPILOGUE): residual_addr 128 / residual_stride 4 given without "
+        "CGRA_EPILOGUE_RESIDUAL"),
+    "epilogue clip bounds unordered": (
+        [("cgra_epilogue", isa.EPILOGUE_CLIP, I32, I32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 6, 0)],
+        "command 0 (EPILOGUE): clip bounds [6, 0] are not ordered"),
+    "epilogue clip bound beyond int32": (
+        [("cgra_epilogue", isa.EPILOGUE_CLIP, I32, I32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 2**31)],
+        "command 0 (EPILOGUE): value 2147483648 does not fit int32"),
+    "epilogue clip without its flag": (
+        [("cgra_epilogue", isa.EPILOGUE_RELU, F32, F32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0x40C00000)],
+        "command 0 (EPILOGUE): clip bounds given without CGRA_EPILOGUE_CLIP"),
     "negative scratchpad stride": (
         [("cgra_dma_load", 0, 64, box([(8, 0, 1, -4), (4, 1, 1, 1)]))],
         "command 0 (DMA_LOAD): loop 0 has a negative scratchpad stride -4"),
@@ -423,7 +448,7 @@ def test_bind_refuses_bad_slots(lib, on_device):
     t = dltensor(_x())
 
     def bind_twice():
-        kernel = lib.cgra_kernel_begin(b"k", b"", b"{}", SPAD, 1, 1)
+        kernel = lib.cgra_kernel_begin(b"k", b"", b"{}", SPAD, ABI, 1)
         first = lib.cgra_kernel_bind(kernel, 0, ctypes.byref(t))
         second = lib.cgra_kernel_bind(kernel, 0, ctypes.byref(t))
         end = lib.cgra_kernel_end(kernel)
@@ -452,12 +477,12 @@ def test_wrong_abi_version_is_refused(lib, on_device, submitted):
     kernels = []
 
     def begin_v2():
-        kernel = lib.cgra_kernel_begin(b"old_kernel", b"", b"{}", SPAD, 2, 0)
+        kernel = lib.cgra_kernel_begin(b"old_kernel", b"", b"{}", SPAD, ABI - 1, 0)
         kernels.append(kernel)
         return -1 if lib.cgra_kernel_end(kernel) else 0  # generated code's exit path, on NULL
 
     with pytest.raises(RuntimeError, match=re.escape(
-            "cgra kernel 'old_kernel' was compiled for runtime ABI v2 but this runtime is v1: "
+            f"cgra kernel 'old_kernel' was compiled for runtime ABI v{ABI - 1} but this runtime is v{ABI}: "
             "recompile the model")):
         on_device(begin_v2)
     assert kernels == [None] and submitted == []

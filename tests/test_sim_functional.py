@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from cgra_sim import (CommandError, LaunchError, load_arch, preset_names, run_functional, simulate,
                       streams)
-from cgra_sim.isa import (EPILOGUE_BIAS, EPILOGUE_RELU, GEMM_ACCUMULATE, RECORD_WORDS, DType, Op,
-                          encode)
+from cgra_sim.isa import (EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL,
+                          GEMM_ACCUMULATE, RECORD_WORDS, DType, Op, encode)
 
 ARCH = load_arch("cgra-8x8")
 DTYPES = ["int8", "int32", "float32"]
@@ -231,6 +231,67 @@ def test_epilogue_matches_numpy(dtype, m, n, bias, relu, in_place, seed):
     np.testing.assert_array_equal(out, expected)
 
 
+def value_bits(value, dtype):
+    """A FILL / clip bound as record bits: the integer, or the float32 bit pattern."""
+    if dtype == "float32":
+        return int(np.array([value], np.float32).view(np.uint32)[0])
+    return int(value)
+
+
+@st.composite
+def clip_bounds(draw, dtype):
+    """(lo, hi) with lo <= hi, in the range the random tiles take (and sometimes infinite)."""
+    if dtype == "int32":
+        lo, hi = sorted(draw(st.integers(-2**31, 2**31 - 1)) for _ in range(2))
+        return lo, hi
+    values = st.one_of(st.floats(-3, 3, width=32), st.sampled_from([-np.inf, np.inf, 0.0, 6.0]))
+    lo, hi = sorted(draw(values) for _ in range(2))
+    return lo, hi
+
+
+@given(data=st.data(), dtype=st.sampled_from(["int32", "float32"]), m=st.integers(1, 20),
+       n=st.integers(1, 20), gap=st.integers(0, 3), bias=st.booleans(), relu=st.booleans(),
+       clip=st.booleans(), out_on=st.sampled_from(["own", "acc", "residual"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_epilogue_with_residual_and_clip_matches_numpy(data, dtype, m, n, gap, bias, relu, clip,
+                                                       out_on, seed):
+    """out = clip(relu(acc + bias + residual)), the residual with its own row stride (n + gap);
+    the output may overwrite the accumulator or the residual (operands are read first)."""
+    rng = np.random.default_rng(seed)
+    acc, bias_row = random_array(rng, (m, n), dtype), random_array(rng, (n,), dtype)
+    residual = random_array(rng, (m, n), dtype)
+    lo, hi = data.draw(clip_bounds(dtype)) if clip else (0, 0)
+    stride = n + gap
+    acc_addr, bias_addr = 0, 4 * m * n
+    res_addr = bias_addr + 4 * n
+    out_addr = {"own": res_addr + 4 * m * stride, "acc": acc_addr, "residual": res_addr}[out_on]
+    out_stride = stride if out_on == "residual" else n
+    flags = EPILOGUE_RESIDUAL | (EPILOGUE_BIAS if bias else 0) | (EPILOGUE_RELU if relu else 0) | \
+        (EPILOGUE_CLIP if clip else 0)
+    code = DType.from_name(dtype)
+    out = np.zeros((m, n), dtype)
+    records = [matrix_load(0, acc_addr, m, n, n), dma_record(Op.DMA_LOAD, 1, bias_addr, [(n, 0, 1, 1)]),
+               matrix_load(2, res_addr, m, n, stride),
+               encode(Op.EPILOGUE, flags=flags, acc_dtype=code, out_dtype=code, m=m, n=n,
+                      acc_addr=acc_addr, acc_stride=n, bias_addr=bias_addr, out_addr=out_addr,
+                      out_stride=out_stride, residual_addr=res_addr, residual_stride=stride,
+                      clip_lo_bits=value_bits(lo, dtype) if clip else 0,
+                      clip_hi_bits=value_bits(hi, dtype) if clip else 0),
+               matrix_store(3, out_addr, m, n, out_stride)]
+    simulate(ARCH, np.array(records), [acc, bias_row, residual, out])
+
+    if dtype == "int32":  # exact in int64, then wrapped once: the same as wrapping after each add
+        expected = wrap_int32(acc.astype(np.int64) + (bias_row if bias else 0) + residual)
+    else:  # float32 rounds after each add, in this order
+        expected = acc + bias_row if bias else acc
+        expected = expected + residual
+    if relu:
+        expected = np.where(expected > 0, expected, 0).astype(dtype)
+    if clip:
+        expected = np.clip(expected, np.array(lo, dtype), np.array(hi, dtype))
+    np.testing.assert_array_equal(out, expected)
+
+
 # ---------------------------------------------------------------- whole kernels
 
 @st.composite
@@ -319,6 +380,23 @@ def _two_loads_and_a_bad_one(bad_record):
     (encode(Op.FILL, dtype=DType.INT8, rows=1, cols=4, stride=4, value_bits=300), "FILL", ["300"]),
     (encode(Op.GEMM, flags=4, dtype=DType.INT8, m=1, n=1, k=1), "GEMM", ["unknown bits 0x4"]),
     (encode(Op.FILL, dtype=DType.INT8, rows=1, cols=1) [:-1] + [1], "FILL", ["word 31"]),
+    (encode(Op.EPILOGUE, flags=EPILOGUE_RESIDUAL, acc_dtype=DType.INT32, out_dtype=DType.INT32, m=1,
+            n=4, acc_addr=0, acc_stride=4, out_addr=0, out_stride=4, residual_addr=ARCH.spad_bytes - 8,
+            residual_stride=4), "EPILOGUE", ["residual", f"{ARCH.spad_bytes}-byte scratchpad"]),
+    (encode(Op.EPILOGUE, acc_dtype=DType.INT32, out_dtype=DType.INT32, m=1, n=4, acc_addr=0,
+            acc_stride=4, out_addr=0, out_stride=4, residual_stride=3), "EPILOGUE",
+     ["residual_stride is 3", "flag 0x4 is off"]),
+    (encode(Op.EPILOGUE, flags=EPILOGUE_CLIP, acc_dtype=DType.INT32, out_dtype=DType.INT32, m=1, n=4,
+            acc_addr=0, acc_stride=4, out_addr=0, out_stride=4, clip_lo_bits=5, clip_hi_bits=2),
+     "EPILOGUE", ["clip bounds [5, 2]", "lo <= hi"]),
+    (encode(Op.EPILOGUE, flags=EPILOGUE_CLIP, acc_dtype=DType.FLOAT32, out_dtype=DType.FLOAT32, m=1,
+            n=4, acc_addr=0, acc_stride=4, out_addr=0, out_stride=4, clip_lo_bits=0x7FC00000),
+     "EPILOGUE", ["nan", "NaN"]),
+    (encode(Op.EPILOGUE, flags=EPILOGUE_CLIP, acc_dtype=DType.INT32, out_dtype=DType.INT32, m=1, n=4,
+            acc_addr=0, acc_stride=4, out_addr=0, out_stride=4, clip_hi_bits=2**31), "EPILOGUE",
+     ["2147483648 does not fit int32"]),
+    (encode(Op.EPILOGUE, flags=16, acc_dtype=DType.INT32, out_dtype=DType.INT32, m=1, n=1),
+     "EPILOGUE", ["unknown bits 0x10"]),
 ])
 def test_invalid_command_is_refused_before_anything_runs(bad_record, op_name, words):
     source = np.arange(4, dtype=np.int32)

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cgra_sim import CycleLimitExceeded, load_arch, preset_names, simulate, simulate_detailed, streams
-from cgra_sim.isa import EPILOGUE_RELU, GEMM_ACCUMULATE, DType, Op, encode
+from cgra_sim.isa import EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL, GEMM_ACCUMULATE, DType, Op, encode
 from cgra_sim.scoreboard import Scoreboard
 
 PRESETS = [load_arch(name) for name in preset_names()]
@@ -212,6 +212,18 @@ def test_vector_unit_commands_take_elements_over_lanes_plus_two(arch, rows, cols
     stats, schedule = run(arch, records, [])
     assert durations(schedule) == [ceil_div(rows * cols, arch.vector_lanes) + 2] * len(records)
     assert stats.cycles == sum(durations(schedule))
+
+
+@given(arch=st.sampled_from(PRESETS), rows=st.integers(1, 50), cols=st.integers(1, 50),
+       clip=st.booleans())
+def test_a_residual_epilogue_streams_two_tiles_and_clip_is_free(arch, rows, cols, clip):
+    """The residual tile goes through the vector unit's read port after the accumulator."""
+    fill = encode(Op.FILL, dtype=DType.INT32, rows=rows, cols=cols, stride=cols, value_bits=3)
+    epilogue = encode(Op.EPILOGUE, flags=EPILOGUE_RESIDUAL | (EPILOGUE_CLIP if clip else 0),
+                      acc_dtype=DType.INT32, out_dtype=DType.INT32, m=rows, n=cols, acc_stride=cols,
+                      out_stride=cols, residual_stride=cols, clip_hi_bits=6 if clip else 0)
+    _, schedule = run(arch, [fill, epilogue], [])
+    assert durations(schedule)[1] == ceil_div(2 * rows * cols, arch.vector_lanes) + 2
 
 
 # ---------------------------------------------------------------- hazards

@@ -204,7 +204,8 @@ DEVICE_CALLS = {
         Int("flags", 32), Int("acc_dtype", 32), Int("out_dtype", 32), Int("m", 64),
         Int("n", 64), SpadAddress("acc"), Int("acc_stride", 64),
         SpadAddress("bias", gate=(0, isa.EPILOGUE_BIAS)), SpadAddress("out"),
-        Int("out_stride", 64))),
+        Int("out_stride", 64), SpadAddress("residual", gate=(0, isa.EPILOGUE_RESIDUAL)),
+        Int("residual_stride", 64), ValueBits("clip_lo_bits"), ValueBits("clip_hi_bits"))),
 }
 
 

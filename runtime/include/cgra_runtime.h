@@ -11,7 +11,7 @@
 #include <dlpack/dlpack.h>
 #include <stdint.h>
 
-#define CGRA_RUNTIME_ABI_VERSION 1
+#define CGRA_RUNTIME_ABI_VERSION 2
 
 #if defined(_WIN32)
 #define CGRA_RUNTIME_API __declspec(dllexport)
@@ -66,11 +66,16 @@ CGRA_RUNTIME_API int32_t cgra_depthwise(CGRAKernel* k, int32_t flags, int32_t dt
 CGRA_RUNTIME_API int32_t cgra_fill(CGRAKernel* k, int32_t dtype, int64_t addr, int64_t rows,
                                    int64_t cols, int64_t stride, int64_t value_bits);
 
-/* Vector unit: out[i,j] = act(acc[i,j] + bias[j]); flags: CGRA_EPILOGUE_BIAS | CGRA_EPILOGUE_RELU. */
+/* Vector unit: out[i,j] = clip(relu(acc[i,j] + bias[j] + residual[i,j])), each step enabled by
+ * its flag: CGRA_EPILOGUE_BIAS, _RESIDUAL (an m x n tile, acc dtype, own stride), _RELU, _CLIP
+ * (clip_lo/hi_bits: acc-dtype value bits as for cgra_fill, lo <= hi). A disabled operand's
+ * arguments must be 0. (ABI v2 added the last four arguments.) */
 CGRA_RUNTIME_API int32_t cgra_epilogue(CGRAKernel* k, int32_t flags, int32_t acc_dtype,
                                        int32_t out_dtype, int64_t m, int64_t n, int64_t acc_addr,
                                        int64_t acc_stride, int64_t bias_addr, int64_t out_addr,
-                                       int64_t out_stride);
+                                       int64_t out_stride, int64_t residual_addr,
+                                       int64_t residual_stride, int64_t clip_lo_bits,
+                                       int64_t clip_hi_bits);
 
 /* Submits the stream, waits for the device, frees k. Returns 0, or -1 with the FFI error set.
  * If an earlier call on k failed, it returns -1 and keeps that first error. Always frees k. */

@@ -137,6 +137,26 @@ void CheckFillValue(int32_t dtype, int64_t value_bits) {
   }
 }
 
+void CheckEpilogueExtras(int32_t flags, int32_t acc_dtype, int64_t m, int64_t n,
+                         const EpilogueExtras& extras, int64_t spad_bytes) {
+  if (flags & CGRA_EPILOGUE_RESIDUAL) {
+    CheckRegion("residual", Access::kRead, extras.residual_addr, m, n, extras.residual_stride,
+                ItemSize(acc_dtype), spad_bytes);
+  } else if (extras.residual_addr != 0 || extras.residual_stride != 0) {
+    Fail("residual_addr ", extras.residual_addr, " / residual_stride ", extras.residual_stride,
+         " given without CGRA_EPILOGUE_RESIDUAL: a disabled operand's arguments must be 0");
+  }
+  if (flags & CGRA_EPILOGUE_CLIP) {
+    CheckFillValue(acc_dtype, extras.clip_lo_bits);
+    CheckFillValue(acc_dtype, extras.clip_hi_bits);
+    if (acc_dtype == CGRA_DTYPE_INT32 && extras.clip_lo_bits > extras.clip_hi_bits) {
+      Fail("clip bounds [", extras.clip_lo_bits, ", ", extras.clip_hi_bits, "] are not ordered");
+    }
+  } else if (extras.clip_lo_bits != 0 || extras.clip_hi_bits != 0) {
+    Fail("clip bounds given without CGRA_EPILOGUE_CLIP: a disabled operand's arguments must be 0");
+  }
+}
+
 Slot DescribeTensor(const DLTensor* tensor) {
   if (tensor == nullptr) Fail("tensor is NULL");
   if (tensor->device.device_type != kDLCPU) {

@@ -53,6 +53,22 @@ int32_t AccumulatorDType(int32_t input_dtype);
 /*! \brief Checks an epilogue's dtypes: an accumulator dtype, and the output in that same dtype. */
 void CheckEpilogueDTypes(int32_t acc_dtype, int32_t out_dtype);
 
+/*! \brief The EPILOGUE operands stream version 2 added: a residual tile and clip bounds. */
+struct EpilogueExtras {
+  int64_t residual_addr = 0;
+  int64_t residual_stride = 0;
+  int64_t clip_lo_bits = 0;
+  int64_t clip_hi_bits = 0;
+};
+
+/*!
+ * \brief Checks an epilogue's residual and clip: with CGRA_EPILOGUE_RESIDUAL the m x n residual
+ * region (acc dtype) lies in the scratchpad; with CGRA_EPILOGUE_CLIP both bounds fit the acc
+ * dtype (int32 bounds ordered); a disabled operand's words are 0.
+ */
+void CheckEpilogueExtras(int32_t flags, int32_t acc_dtype, int64_t m, int64_t n,
+                         const EpilogueExtras& extras, int64_t spad_bytes);
+
 /*! \brief Checks that a fill value fits its dtype (for float32: a 32-bit pattern, either sign). */
 void CheckFillValue(int32_t dtype, int64_t value_bits);
 

@@ -135,15 +135,17 @@ void KernelRecorder::Fill(int32_t dtype, int64_t addr, int64_t rows, int64_t col
 
 void KernelRecorder::Epilogue(int32_t flags, int32_t acc_dtype, int32_t out_dtype, int64_t m,
                               int64_t n, int64_t acc_addr, int64_t acc_stride, int64_t bias_addr,
-                              int64_t out_addr, int64_t out_stride) {
+                              int64_t out_addr, int64_t out_stride, const EpilogueExtras& extras) {
   Record(CGRA_OP_EPILOGUE, [&](int64_t* w) {
-    CheckFlags(flags, CGRA_EPILOGUE_BIAS | CGRA_EPILOGUE_RELU);
+    CheckFlags(flags, CGRA_EPILOGUE_BIAS | CGRA_EPILOGUE_RELU | CGRA_EPILOGUE_RESIDUAL |
+                          CGRA_EPILOGUE_CLIP);
     CheckEpilogueDTypes(acc_dtype, out_dtype);
     CheckRegion("acc", Access::kRead, acc_addr, m, n, acc_stride, ItemSize(acc_dtype),
                 spad_bytes_);
     if (flags & CGRA_EPILOGUE_BIAS) {
       CheckRegion("bias", Access::kRead, bias_addr, 1, n, n, ItemSize(acc_dtype), spad_bytes_);
     }
+    CheckEpilogueExtras(flags, acc_dtype, m, n, extras, spad_bytes_);
     CheckRegion("out", Access::kWrite, out_addr, m, n, out_stride, ItemSize(out_dtype),
                 spad_bytes_);
     w[CGRA_EPILOGUE_FLAGS] = flags;
@@ -156,6 +158,10 @@ void KernelRecorder::Epilogue(int32_t flags, int32_t acc_dtype, int32_t out_dtyp
     w[CGRA_EPILOGUE_BIAS_ADDR] = bias_addr;
     w[CGRA_EPILOGUE_OUT_ADDR] = out_addr;
     w[CGRA_EPILOGUE_OUT_STRIDE] = out_stride;
+    w[CGRA_EPILOGUE_RESIDUAL_ADDR] = extras.residual_addr;
+    w[CGRA_EPILOGUE_RESIDUAL_STRIDE] = extras.residual_stride;
+    w[CGRA_EPILOGUE_CLIP_LO_BITS] = extras.clip_lo_bits;
+    w[CGRA_EPILOGUE_CLIP_HI_BITS] = extras.clip_hi_bits;
   });
 }
 

@@ -41,7 +41,7 @@ class KernelRecorder {
             int64_t value_bits);
   void Epilogue(int32_t flags, int32_t acc_dtype, int32_t out_dtype, int64_t m, int64_t n,
                 int64_t acc_addr, int64_t acc_stride, int64_t bias_addr, int64_t out_addr,
-                int64_t out_stride);
+                int64_t out_stride, const EpilogueExtras& extras);
 
   bool failed() const { return failed_; }
   void MarkFailed() { failed_ = true; }

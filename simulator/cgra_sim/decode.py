@@ -23,8 +23,8 @@ import numpy as np
 from .arch import HardwareDescription
 from .box import DmaBox
 from .errors import CommandError, LaunchError
-from .isa import (ACC_DTYPE, BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_RELU, FIELDS, GEMM_ACCUMULATE,
-                  RECORD_WORDS, UNIT_OF, DType, Op)
+from .isa import (ACC_DTYPE, BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL,
+                  FIELDS, GEMM_ACCUMULATE, RECORD_WORDS, UNIT_OF, DType, Op)
 from .regions import Region
 
 #: A DMA box may have max(spad_bytes, this) points: far above what a scratchpad-sized box needs
@@ -132,9 +132,10 @@ class FillCommand(Command):
 
 
 class EpilogueCommand(Command):
-    """out = act(acc + bias); `bias` is None without EPILOGUE_BIAS."""
+    """out = clip(relu(acc + bias + residual)); `bias`, `residual` are None without their flag,
+    `clip` is None or the (lo, hi) bounds as numpy scalars of the accumulator dtype."""
 
-    __slots__ = ("acc", "bias", "out", "relu")
+    __slots__ = ("acc", "bias", "residual", "out", "relu", "clip")
 
 
 def as_records(commands) -> np.ndarray:
@@ -363,8 +364,8 @@ def _decode_fill(check: _Checker, index: int, op: Op, record: list[int], tensors
 def _decode_epilogue(check: _Checker, index: int, op: Op, record: list[int],
                      tensors) -> EpilogueCommand:
     (_, flags, acc_code, out_code, m, n, acc_addr, acc_stride, bias_addr, out_addr,
-     out_stride) = record[:len(FIELDS[op])]
-    check.flags(flags, EPILOGUE_BIAS | EPILOGUE_RELU)
+     out_stride) = record[:11]
+    check.flags(flags, EPILOGUE_BIAS | EPILOGUE_RELU | EPILOGUE_RESIDUAL | EPILOGUE_CLIP)
     acc_dtype = check.dtype("acc_dtype", acc_code, tuple(ACC_DTYPE.values()))
     out_dtype = check.dtype("out_dtype", out_code, (acc_dtype,))
     check.positive(m=m, n=n)
@@ -373,11 +374,46 @@ def _decode_epilogue(check: _Checker, index: int, op: Op, record: list[int],
     cmd.bias = None
     if flags & EPILOGUE_BIAS:
         cmd.bias = check.matrix("bias", bias_addr, 1, n, n, acc_dtype, written=False)
+    cmd.residual = _epilogue_residual(check, flags, record, m, n, acc_dtype)
+    cmd.clip = _epilogue_clip(check, flags, record, acc_dtype)
     cmd.out = check.matrix("out", out_addr, m, n, out_stride, out_dtype, written=True)
     cmd.relu = bool(flags & EPILOGUE_RELU)
-    cmd.reads = (cmd.acc,) if cmd.bias is None else (cmd.acc, cmd.bias)
+    cmd.reads = tuple(r for r in (cmd.acc, cmd.bias, cmd.residual) if r is not None)
     cmd.writes = (cmd.out,)
     return cmd
+
+
+def _unused_when_off(check: _Checker, flags: int, flag: int, record: list[int], names) -> bool:
+    """Whether `flag` is set; without it its words must be 0 (a stale operand is a bug upstream)."""
+    if flags & flag:
+        return True
+    for name in names:
+        value = record[FIELDS[Op.EPILOGUE].index(name)]
+        if value:
+            check.fail(f"{name} is {value} but flag {flag:#x} is off: words of a disabled operand must be 0")
+    return False
+
+
+def _epilogue_residual(check: _Checker, flags: int, record: list[int], m: int, n: int, dtype: DType):
+    """The residual tile (m x n, acc dtype, its own row stride), or None without EPILOGUE_RESIDUAL."""
+    names = ("residual_addr", "residual_stride")
+    if not _unused_when_off(check, flags, EPILOGUE_RESIDUAL, record, names):
+        return None
+    addr, stride = (record[FIELDS[Op.EPILOGUE].index(name)] for name in names)
+    return check.matrix("residual", addr, m, n, stride, dtype, written=False)
+
+
+def _epilogue_clip(check: _Checker, flags: int, record: list[int], dtype: DType):
+    """(lo, hi) in the acc dtype, or None without EPILOGUE_CLIP. Bounds are FILL-style value bits;
+    lo <= hi and neither NaN, so min(max(x, lo), hi) == max(min(x, hi), lo): the order of the two
+    comparisons (which differs between frameworks) cannot change a result."""
+    names = ("clip_lo_bits", "clip_hi_bits")
+    if not _unused_when_off(check, flags, EPILOGUE_CLIP, record, names):
+        return None
+    lo, hi = (_fill_value(check, dtype, record[FIELDS[Op.EPILOGUE].index(name)]) for name in names)
+    if np.isnan(lo) or np.isnan(hi) or not lo <= hi:
+        check.fail(f"clip bounds [{lo}, {hi}] are not an ordered pair of numbers (need lo <= hi, no NaN)")
+    return lo, hi
 
 
 _DECODERS = {

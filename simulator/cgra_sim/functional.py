@@ -12,8 +12,9 @@ float64, exact while |sum| < 2**53, i.e. for any k < 2**39) and the int32 accumu
 modulo 2**32 like two's-complement hardware; float32 uses numpy's float32 matmul. DEPTHWISE
 computes acc = (acc if ACCUMULATE else 0) + the sum over taps of window * weight: int8 exactly in
 int64, then wrapped; float32 one tap at a time in float32, ry-major, the order in which the
-intrinsic's TIR description adds them. FILL writes a
-constant. EPILOGUE computes out = acc (+ bias[j]) then max(., 0) if RELU, wrapping in int32.
+intrinsic's TIR description adds them. FILL writes a constant. EPILOGUE computes
+out = acc (+ bias[j]) (+ residual[i, j]), then max(., 0) if RELU, then min(max(., lo), hi) if
+CLIP; int32 sums wrap modulo 2**32, float32 ones round after each add.
 Each command reads all its operands before it writes, so an in-place EPILOGUE is well defined.
 """
 
@@ -106,8 +107,12 @@ def _epilogue(cmd: EpilogueCommand, spad: np.ndarray) -> None:
     values = cmd.acc.view(spad)
     if cmd.bias is not None:
         values = values + cmd.bias.view(spad)  # (1, n) broadcasts over the rows
+    if cmd.residual is not None:
+        values = values + cmd.residual.view(spad)  # numpy int32 adds wrap, like the hardware
     if cmd.relu:
         values = np.maximum(values, values.dtype.type(0))
+    if cmd.clip is not None:
+        values = np.minimum(np.maximum(values, cmd.clip[0]), cmd.clip[1])
     cmd.out.view(spad)[...] = values
 
 

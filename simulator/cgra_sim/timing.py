@@ -16,7 +16,10 @@ left the unit, and ends:
         The load and the store engine each have the full bandwidth. An engine keeps several
         transfers in flight: it is busy for the transfer (box_bytes / bandwidth) and can start
         the next one then; the latency delays only the command's completion.
-    FILL, EPILOGUE (vector unit)  start + ceil(rows * cols / vector_lanes) + 2
+    FILL, EPILOGUE (vector unit)  start + ceil(operands * rows * cols / vector_lanes) + 2
+        operands: tiles the command streams through the lanes' one scratchpad read port: 1, or
+        2 for an EPILOGUE with a residual (acc and residual). The bias row and the clip bounds
+        are held in registers; relu and clip are more stages of the lanes' pipeline (free).
     GEMM (output-stationary rows x cols PE array)
         steady = ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe[dtype])  (folds pipelined)
         fill   = min(m, rows) + min(n, cols) - 2: fill and drain of the sub-array the GEMM uses
@@ -190,8 +193,9 @@ def _time_dma(arch: HardwareDescription, cmd: DmaCommand, ready: int, free: int,
 def _time_vector(arch: HardwareDescription, cmd: FillCommand | EpilogueCommand, ready: int,
                  free: int, compute: _ComputeQueue) -> tuple[int, int, int]:
     rows, cols = (cmd.region if isinstance(cmd, FillCommand) else cmd.out).shape
+    tiles = 2 if isinstance(cmd, EpilogueCommand) and cmd.residual is not None else 1
     start = max(free, ready)
-    end = start + -(-rows * cols // arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
+    end = start + -(-tiles * rows * cols // arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
     return start, end, end
 
 
