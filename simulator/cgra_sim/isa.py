@@ -34,6 +34,7 @@ class Op(enum.IntEnum):
     FILL = 4  # vector unit: fill a 2-D scratchpad region with a constant
     EPILOGUE = 5  # vector unit: out = clip(relu(acc + bias + residual)) (each step optional)
     DEPTHWISE = 6  # PE array: per-channel sliding-window MACs (a depthwise conv2d tile)
+    POOL = 7  # vector unit: max or average over a sliding window (max_pool2d, avg_pool2d, mean)
 
 
 @enum.unique
@@ -78,6 +79,7 @@ UNIT_OF = {
     Op.FILL: Unit.VECTOR,
     Op.EPILOGUE: Unit.VECTOR,
     Op.DEPTHWISE: Unit.COMPUTE,
+    Op.POOL: Unit.VECTOR,
 }
 
 # Flags (word 1).
@@ -86,6 +88,7 @@ EPILOGUE_BIAS = 1  # add bias[j] (a row vector of n elements, acc dtype)
 EPILOGUE_RELU = 2  # max(x, 0) after the bias and the residual
 EPILOGUE_RESIDUAL = 4  # add residual[i, j] (an m x n tile, acc dtype, own row stride) after the bias
 EPILOGUE_CLIP = 8  # min(max(x, clip_lo), clip_hi) last; bounds are acc-dtype value bits like FILL's
+POOL_AVERAGE = 1  # POOL: sum of the valid taps / the taps inside the count rectangle; without it, max
 
 
 def _dma_fields():
@@ -120,6 +123,17 @@ FIELDS = {
     Op.DEPTHWISE: ("op", "flags", "dtype", "oh", "ow", "n", "kh", "kw", "a_addr", "a_y_stride",
                    "a_x_stride", "a_ry_stride", "a_rx_stride", "b_addr", "b_ry_stride",
                    "b_rx_stride", "acc_addr", "acc_y_stride", "acc_x_stride"),
+    # A pooling window: tap (y, x, ry, rx) sits at window position (py, px) = (y*stride_y +
+    # ry*dilation_y, x*stride_x + rx*dilation_x), its element of channel c at a_addr + py*a_row +
+    # px*a_col + c. Taps whose position lies outside the valid rectangle [valid_y_lo, valid_y_hi)
+    # x [valid_x_lo, valid_x_hi) (the padding) are not taken: out[y, x, c] = max over the valid
+    # taps, or with POOL_AVERAGE their sum (ry-major) / the number of taps inside the count
+    # rectangle (count_* words; all 0 without POOL_AVERAGE). The rectangles are per command, so
+    # the padding never has to be in the scratchpad as a value (-inf for max).
+    Op.POOL: ("op", "flags", "dtype", "oh", "ow", "n", "kh", "kw", "a_addr", "a_row_stride",
+              "a_col_stride", "stride_y", "stride_x", "dilation_y", "dilation_x", "out_addr",
+              "out_y_stride", "out_x_stride", "valid_y_lo", "valid_y_hi", "valid_x_lo",
+              "valid_x_hi", "count_y_lo", "count_y_hi", "count_x_lo", "count_x_hi"),
 }
 
 for _op, _fields in FIELDS.items():
@@ -164,6 +178,7 @@ def c_header() -> str:
         f"#define CGRA_EPILOGUE_RELU {EPILOGUE_RELU}",
         f"#define CGRA_EPILOGUE_RESIDUAL {EPILOGUE_RESIDUAL}",
         f"#define CGRA_EPILOGUE_CLIP {EPILOGUE_CLIP}",
+        f"#define CGRA_POOL_AVERAGE {POOL_AVERAGE}",
     ]
     lines += [f"#define CGRA_OP_{op.name} {int(op)}" for op in Op]
     lines += [f"#define CGRA_DTYPE_{dt.name} {int(dt)}" for dt in DType]

@@ -6,7 +6,7 @@ end cycle of every command. Nothing here is validated against RTL (there is none
 the analytical one below, with its assumptions in docs/simulator.md.
 
 Model. Four in-order queues, one per `isa.Unit`: LOAD (DMA_LOAD), COMPUTE (GEMM, DEPTHWISE: the
-PE array), VECTOR (FILL, EPILOGUE: the vector unit beside the array) and STORE (DMA_STORE). `ready` is when
+PE array), VECTOR (FILL, EPILOGUE, POOL: the vector unit beside the array) and STORE (DMA_STORE). `ready` is when
 a command's scratchpad dependencies are met: a scoreboard on byte ranges (scoreboard.py) gives
 read-after-write, write-after-read and write-after-write against earlier commands in stream
 order. A command starts at max(free, ready), free being when the previous command on its queue
@@ -20,6 +20,10 @@ left the unit, and ends:
         operands: tiles the command streams through the lanes' one scratchpad read port: 1, or
         2 for an EPILOGUE with a residual (acc and residual). The bias row and the clip bounds
         are held in registers; relu and clip are more stages of the lanes' pipeline (free).
+    POOL (vector unit)  start + ceil(oh * ow * n * kh * kw / vector_lanes) + 2
+        Each lane takes one tap of one output per cycle (a compare or an add), every tap of the
+        window whether valid or not (the rectangles only mask lanes); the average's divide is
+        one more pipeline stage per output (free), like relu in an EPILOGUE.
     GEMM (output-stationary rows x cols PE array)
         steady = ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe[dtype])  (folds pipelined)
         fill   = min(m, rows) + min(n, cols) - 2: fill and drain of the sub-array the GEMM uses
@@ -64,7 +68,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .arch import HardwareDescription
-from .decode import Command, DepthwiseCommand, DmaCommand, EpilogueCommand, FillCommand, GemmCommand
+from .decode import (Command, DepthwiseCommand, DmaCommand, EpilogueCommand, FillCommand, GemmCommand,
+                     PoolCommand)
 from .errors import CycleLimitExceeded
 from .isa import DType, Op, Unit
 from .regions import Region
@@ -199,6 +204,13 @@ def _time_vector(arch: HardwareDescription, cmd: FillCommand | EpilogueCommand, 
     return start, end, end
 
 
+def _time_pool(arch: HardwareDescription, cmd: PoolCommand, ready: int, free: int,
+               compute: _ComputeQueue) -> tuple[int, int, int]:
+    start = max(free, ready)
+    end = start + -(-cmd.taps // arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
+    return start, end, end
+
+
 def _time_pe_array(arch: HardwareDescription, cmd: GemmCommand | DepthwiseCommand, ready: int,
                    free: int, compute: _ComputeQueue) -> tuple[int, int, int]:
     start = max(free, ready)
@@ -232,6 +244,7 @@ _TIMERS = {
     Op.FILL: _time_vector,
     Op.EPILOGUE: _time_vector,
     Op.DEPTHWISE: _time_pe_array,
+    Op.POOL: _time_pool,
 }
 
 
