@@ -23,6 +23,8 @@ from tvm.script import tirx as T
 from cgra_sim.isa import (EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL, GEMM_ACCUMULATE,
                           DType, Op)
 
+from .pool_intrinsic import PoolWindow, pool_intrin
+
 SPAD = "global.cgra_spad"
 
 
@@ -342,6 +344,7 @@ INTRINSICS = {
     "depthwise": Intrinsic(Op.DEPTHWISE, depthwise_intrin),
     "fill": Intrinsic(Op.FILL, fill_intrin),
     "epilogue": Intrinsic(Op.EPILOGUE, epilogue_intrin),
+    "pool": Intrinsic(Op.POOL, pool_intrin),
 }
 
 
@@ -350,7 +353,10 @@ def intrin_name(kind: str, *params) -> str:
 
 
 def _param_name(param) -> str:
-    """A parameter in an intrinsic's name; a clip's (lo, hi) as "clip_lo_hi"."""
+    """A parameter in an intrinsic's name; a clip's (lo, hi) as "clip_lo_hi", a pooling window
+    as its fields."""
+    if isinstance(param, PoolWindow):
+        return param.name
     if isinstance(param, tuple):
         return "clip_" + "_".join(repr(float(v)) for v in param)
     return str(param)
