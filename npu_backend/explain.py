@@ -21,9 +21,11 @@ from cgra_sim.arch import load_arch
 from .options import CompileOptions
 from .patterns import composite_call, offload_reason
 from .pipeline import STAGES
+from .pool_patterns import POOL_OPS
 from .target_hook import offloaded_spec
 
 _KERNEL_OPS = {"relax.matmul": "cgra.matmul", "relax.nn.conv2d": "cgra.conv2d"}
+_POOLING_OPS = {op: name for name, op in POOL_OPS.items()}  # one call each, no MACs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +97,12 @@ def _kernel_ops(wrapper) -> list[Placement]:
 
 def _host_reason(call, arch) -> str:
     name = call.op.name
+    if name in _POOLING_OPS:
+        reason = offload_reason(_POOLING_OPS[name], {"root": call, "lhs": call.args[0]}, arch)
+        return reason or "matched no cgra pattern"
     if name not in _KERNEL_OPS:
         return (f"no NPU kernel for {_op_name(call)} (the NPU runs matmul and conv2d, with bias add, "
-                "residual add, relu and clip)")
+                "residual add, relu and clip, and max / average pooling)")
     annotated = {"root": call, "lhs": call.args[0], "rhs": call.args[1]}
     reason = offload_reason(_KERNEL_OPS[name], annotated, arch)
     return reason or "matched no cgra pattern (its operands are produced in a form the patterns do not take)"

@@ -61,6 +61,16 @@ def _inside(window: PoolWindow, rect: tuple, axis: int, extent: int, tap: int, p
     return terms[0] if len(terms) == 1 else tirx.all(*terms)
 
 
+def never_valid_taps(window: PoolWindow, out_shape: tuple) -> list:
+    """(axis, tap) of every tap that lies outside the valid rectangle for all outputs of a tile of
+    `out_shape`: `pool_value` leaves those out, so the tile would read less than its window (and
+    te.create_prim_func folds such taps away where the intrinsic keeps the window), which a
+    kernel cannot tensorize; it happens only for images smaller than the window."""
+    position = tirx.Var("o", "int32")
+    return [(axis, tap) for axis in (0, 1) for tap in range(window.kernel[axis])
+            if _inside(window, window.valid, axis, out_shape[axis], tap, position) is False]
+
+
 def _both(a, b):
     if a is False or b is False:
         return False

@@ -15,6 +15,7 @@ from tvm.relax.dpl import is_op, wildcard
 from . import pooling  # noqa: F401  (registers the "pool" kernel's compute and schedule)
 from .errors import CGRAError
 from .kernels import KernelSpec, PoolAttrs
+from .pool_intrinsic import never_valid_taps
 
 #: Pattern name -> the Relax operator it matches.
 POOL_OPS = {
@@ -53,6 +54,12 @@ def pool_spec(name: str, annotated: dict, static_shape, dtype_of) -> KernelSpec:
     if spec.dtype not in POOL_DTYPES[spec.pool.kind]:
         raise PoolRejected(f"{op} on {spec.dtype}: the NPU's POOL takes "
                            f"{' or '.join(POOL_DTYPES[spec.pool.kind])} for a {spec.pool.kind} pool")
+    outside = never_valid_taps(pooling.pool_window(spec), spec.output_shape[2:])
+    if outside:
+        axis, tap = outside[0]
+        raise PoolRejected(f"{op} of a {shape} image: window {'row' if axis == 0 else 'column'} {tap} lies in "
+                           "the padding for every output (an image smaller than the window); the NPU's "
+                           "POOL kernel takes whole windows")
     return spec
 
 
