@@ -17,6 +17,7 @@ from .clip_form import canonicalize_clips_pass
 from .fold_weights import fold_weights
 from .options import CompileOptions, dump
 from .patterns import make_patterns
+from .source_nodes import record_source_nodes
 
 
 def _normalise(mod, arch, options):
@@ -45,8 +46,11 @@ def _partition(mod, arch, options):
     del options
     # Offload every subgraph a cgra pattern matches and its checks accept; weights stay
     # arguments so the kernels can DMA them.
-    return relax.transform.FuseOpsByPattern(make_patterns(arch), bind_constants=False,
-                                            annotate_codegen=True)(mod)
+    partitioned = relax.transform.FuseOpsByPattern(make_patterns(arch), bind_constants=False,
+                                                   annotate_codegen=True)(mod)
+    # Each offloaded call site keeps the model nodes (ONNX node names) it came from, so every
+    # kernel launch reports its own layer (identical layers get a copy of the kernel each).
+    return record_source_nodes(mod, partitioned)
 
 
 def _codegen(mod, arch, options):
