@@ -58,11 +58,15 @@ def lane_degree(lanes: int, stride: int, addr: int, banks: int, width: int, run:
 
 
 def degree(lanes: int, stride: int, addr: int, banks: int, width: int, run: int = 1) -> int:
-    """`lane_degree` with its arguments reduced, so the cache sees few distinct keys (a stride
-    that is a nonzero multiple of banks * width stays one: it is the fully conflicting stride,
-    not the one-word broadcast of stride 0)."""
-    period = banks * width
-    return lane_degree(lanes, stride % period or (period if stride else 0), addr % width, banks, width, run)
+    """`lane_degree` with its arguments reduced, so the cache sees few distinct keys: the banks
+    depend on the stride modulo banks * width, and the lanes share no word as long as the stride
+    stays >= run + width, so a stride is replaced by the smallest such one of its residue."""
+    period, apart = banks * width, run + width
+    if stride > apart + period:
+        stride %= period
+        if stride < apart:
+            stride += period * -(-(apart - stride) // period)
+    return lane_degree(lanes, stride, addr % width, banks, width, run)
 
 
 def operand_slowdown(lanes: int, stride: int, addr: int, itemsize: int, banks: int,
