@@ -43,6 +43,10 @@ left the unit, and ends:
         fill = DEPTHWISE_LATENCY (operand read and the MAC: no systolic skew)
         Configuration, back-to-back streaming and accumulator forwarding as for GEMM, keyed by
         (DEPTHWISE, dtype): switching between GEMM and DEPTHWISE reloads the configuration.
+Scratchpad banks (banks.py): the streaming part of every command above (a DMA's transfer, a
+vector command's tiles, a GEMM's steady folds, a DEPTHWISE's window traffic) is stretched by its
+bank slowdown, >= 1 and exactly 1 for a conflict-free access pattern; computed once per
+distinct record (`_ComputeQueue.cycles_of`).
 The kernel takes max(end) cycles.
 
 Occupancy. Each unit's cycles [0, kernel cycles) split exactly into busy, stalled and idle:
