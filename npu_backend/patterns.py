@@ -12,6 +12,7 @@ int8 x int8 -> int32, each followed by the epilogue chain [+ bias] [+ residual] 
 a bias `add` (one value per output channel / column), a residual `add` (a tensor of the output's
 exact shape and the accumulator dtype, e.g. ResNet's shortcut), then `relu` or `clip` with
 constant bounds (relu6; ONNX Clip arrives as R.clip after the normalise stage, see clip_form.py).
+Then, last, the standalone elementwise ops (eltwise.py).
 """
 
 from __future__ import annotations
