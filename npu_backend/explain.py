@@ -18,6 +18,8 @@ from tvm import relax
 
 from cgra_sim.arch import load_arch
 
+from .eltwise import ELTWISE_OPS
+from .eltwise import PREFIX as ELTWISE_PREFIX
 from .options import CompileOptions
 from .patterns import composite_call, offload_reason
 from .pipeline import STAGES
@@ -25,6 +27,7 @@ from .provenance import SOURCE_NODES_ATTR, call_nodes
 from .target_hook import offloaded_spec
 
 _KERNEL_OPS = {"relax.matmul": "cgra.matmul", "relax.nn.conv2d": "cgra.conv2d"}
+_ELTWISE_PATTERNS = {op: ELTWISE_PREFIX + func for func, op in ELTWISE_OPS.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,11 +107,14 @@ def _kernel_ops(wrapper, site: int) -> list[Placement]:
 
 def _host_reason(call, arch) -> str:
     name = call.op.name
-    if name not in _KERNEL_OPS:
+    pattern = _KERNEL_OPS.get(name) or _ELTWISE_PATTERNS.get(name)
+    if pattern is None:
         return (f"no NPU kernel for {_op_name(call)} (the NPU runs matmul and conv2d, with bias add, "
-                "residual add, relu and clip)")
+                "residual add, relu and clip, and elementwise add, subtract, multiply, maximum, minimum)")
+    if len(call.args) < 2:
+        return f"{_op_name(call)} does not take two operands"
     annotated = {"root": call, "lhs": call.args[0], "rhs": call.args[1]}
-    reason = offload_reason(_KERNEL_OPS[name], annotated, arch)
+    reason = offload_reason(pattern, annotated, arch)
     return reason or "matched no cgra pattern (its operands are produced in a form the patterns do not take)"
 
 

@@ -23,6 +23,8 @@ from tvm.script import tirx as T
 from cgra_sim.isa import (EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL, GEMM_ACCUMULATE,
                           DType, Op)
 
+from .eltwise_intrin import eltwise_intrin
+
 SPAD = "global.cgra_spad"
 
 
@@ -342,6 +344,7 @@ INTRINSICS = {
     "depthwise": Intrinsic(Op.DEPTHWISE, depthwise_intrin),
     "fill": Intrinsic(Op.FILL, fill_intrin),
     "epilogue": Intrinsic(Op.EPILOGUE, epilogue_intrin),
+    "eltwise": Intrinsic(Op.ELTWISE, eltwise_intrin),
 }
 
 
@@ -350,7 +353,10 @@ def intrin_name(kind: str, *params) -> str:
 
 
 def _param_name(param) -> str:
-    """A parameter in an intrinsic's name; a clip's (lo, hi) as "clip_lo_hi"."""
+    """A parameter in an intrinsic's name; a clip's (lo, hi) as "clip_lo_hi", an ELTWISE
+    operand's (walks rows, walks cols) as "full_True_False"."""
+    if isinstance(param, tuple) and all(isinstance(v, bool) for v in param):
+        return "full_" + "_".join(str(v) for v in param)
     if isinstance(param, tuple):
         return "clip_" + "_".join(repr(float(v)) for v in param)
     return str(param)

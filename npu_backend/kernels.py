@@ -34,6 +34,7 @@ import dataclasses
 
 from tvm import s_tir, te, tirx
 
+from .eltwise_kernel import eltwise_compute
 from .intrinsics import window_extent, window_sum
 from .tiling import Tiling, depthwise_padded_width
 
@@ -441,7 +442,8 @@ def batch_matmul_compute(spec: KernelSpec, tiling: Tiling):
 
 
 COMPUTES = {"matmul": matmul_compute, "conv2d": conv2d_compute, "depthwise": depthwise_compute,
-            "conv2d_layout": conv2d_layout_compute, "batch_matmul": batch_matmul_compute}
+            "conv2d_layout": conv2d_layout_compute, "batch_matmul": batch_matmul_compute,
+            "eltwise": eltwise_compute}
 
 
 def kernel_prim_func(spec: KernelSpec, tiling: Tiling):

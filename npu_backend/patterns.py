@@ -12,6 +12,7 @@ int8 x int8 -> int32, each followed by the epilogue chain [+ bias] [+ residual] 
 a bias `add` (one value per output channel / column), a residual `add` (a tensor of the output's
 exact shape and the accumulator dtype, e.g. ResNet's shortcut), then `relu` or `clip` with
 constant bounds (relu6; ONNX Clip arrives as R.clip after the normalise stage, see clip_form.py).
+Then, last, the standalone elementwise ops (eltwise.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from tvm.relax.transform import FusionPattern
 
 from cgra_sim.arch import HardwareDescription
 
+from .eltwise import PREFIX as ELTWISE_PREFIX
+from .eltwise import eltwise_pattern_graphs, eltwise_reason, eltwise_spec_from_composite
 from .errors import CGRAError
 from .kernels import KernelSpec
 from .tiling import choose_kernel_tiling
@@ -80,7 +83,9 @@ def _pattern_graphs():
 
 
 def make_patterns(arch: HardwareDescription) -> list[FusionPattern]:
-    """The fusion patterns for `arch`, most specific last (FuseOpsByPattern tries them in order)."""
+    """The fusion patterns for `arch`, most specific first (FuseOpsByPattern tries them in order):
+    every conv2d / matmul chain, then the standalone elementwise ops, so that an add a kernel's
+    epilogue can fuse (a bias, a residual) is taken by that kernel, not by ELTWISE."""
     patterns = []
     for name, pattern, roles in _pattern_graphs():
         def check(context, name=name):
@@ -88,11 +93,17 @@ def make_patterns(arch: HardwareDescription) -> list[FusionPattern]:
             return offload_reason(name, context.annotated_expr, arch) is None and \
                 not has_leaking_intermediate_variables(context)
         patterns.append(FusionPattern(name, pattern, roles, check))
-    return list(reversed(patterns))
+    patterns.reverse()
+    for name, pattern, roles in eltwise_pattern_graphs():
+        patterns.append(FusionPattern(name, pattern, roles, lambda context, name=name: eltwise_reason(
+            name, context.annotated_expr, arch) is None))
+    return patterns
 
 
 def offload_reason(name: str, annotated: dict, arch: HardwareDescription) -> str | None:
     """None if the matched subgraph can run on the NPU, else the reason it stays on the host."""
+    if name.startswith(ELTWISE_PREFIX):
+        return eltwise_reason(name, annotated, arch)
     try:
         _check_distinct_operands(name, annotated)
         spec = spec_from_match(name, annotated)
@@ -332,6 +343,8 @@ def spec_from_composite(func: relax.Function, source_ops=()) -> KernelSpec:
     """The kernel of an offloaded function, its parameters in the function's order."""
     composite = _composite_of(func)
     name = str(composite.attrs["Composite"])
+    if name.startswith(ELTWISE_PREFIX):
+        return eltwise_spec_from_composite(name, composite, source_ops)
     bindings = {b.var: b.value for block in composite.body.blocks for b in block.bindings}
     annotated = _annotate(name, composite, bindings)
     spec = spec_from_match(name, annotated)

@@ -24,6 +24,7 @@ from tvm import s_tir
 
 from cgra_sim.arch import HardwareDescription
 
+from .eltwise_kernel import schedule_eltwise
 from .errors import ScheduleError
 from .intrinsics import SPAD, get_intrin
 from .kernels import KernelSpec
@@ -166,3 +167,6 @@ def _loops_after(sch, block, anchor):
     loops = sch.get_loops(block)
     start = [i for i, loop in enumerate(loops) if sch.get_sref(loop).same_as(sch.get_sref(anchor))][0]
     return loops[start + 1:]
+
+
+register_schedule("eltwise", schedule_eltwise)

@@ -51,6 +51,9 @@ def choose_kernel_tiling(spec, arch: HardwareDescription) -> Tiling:
     """The tiling of the kernel `spec` (a kernels.KernelSpec) describes."""
     if spec.op == "depthwise":
         return choose_depthwise_tiling(spec, arch)
+    if spec.op == "eltwise":
+        from .eltwise import choose_eltwise_tiling  # eltwise.py builds on this module's Tiling
+        return choose_eltwise_tiling(spec, arch)
     return choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch,
                          spec.row_step, has_residual=bool(spec.residual_shape))
 

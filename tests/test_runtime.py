@@ -73,6 +73,7 @@ SIGNATURES = {
     "cgra_depthwise": (I32C, [P, I32C, I32C] + [I64] * 16),
     "cgra_fill": (I32C, [P, I32C] + [I64] * 5),
     "cgra_epilogue": (I32C, [P, I32C, I32C, I32C] + [I64] * 11),
+    "cgra_eltwise": (I32C, [P, I32C, I32C] + [I64] * 10),
     "cgra_kernel_end": (I32C, [P]),
 }
 
@@ -209,7 +210,7 @@ def test_header_declares_the_documented_api():
     doc = (root / "docs" / "runtime-abi.md").read_text()
     header = (root / "runtime" / "include" / "cgra_runtime.h").read_text()
     assert prototypes(header) == prototypes(doc)
-    assert len(prototypes(doc)) == 9
+    assert len(prototypes(doc)) == 10
     assert f"#define CGRA_RUNTIME_ABI_VERSION {ABI}" in header
 
 
@@ -240,6 +241,7 @@ def test_records_match_isa_encode(lib, on_device, submitted):
         ("cgra_depthwise", 0, I8, 2, 3, 4, 3, 3, 4096, 20, 4, 20, 4, 4200, 12, 4, 4400, 12, 4),
         ("cgra_epilogue", FULL_EPILOGUE, F32, F32, 8, 4, 1024, 4, 1152, 3072, 4, 2048, 6, 0,
          0x40C00000),
+        ("cgra_eltwise", int(isa.EltwiseFunc.MAXIMUM), F32, 8, 4, 1024, 4, 1, 1152, 0, 1, 3072, 4),
     ]
     on_device(lambda: launch(lib, commands, tensors, name=b"fused_matmul"))
 
@@ -266,6 +268,9 @@ def test_records_match_isa_encode(lib, on_device, submitted):
         isa.encode(Op.EPILOGUE, flags=FULL_EPILOGUE, acc_dtype=F32, out_dtype=F32, m=8, n=4,
                    acc_addr=1024, acc_stride=4, bias_addr=1152, out_addr=3072, out_stride=4,
                    residual_addr=2048, residual_stride=6, clip_lo_bits=0, clip_hi_bits=0x40C00000),
+        isa.encode(Op.ELTWISE, func=isa.EltwiseFunc.MAXIMUM, dtype=F32, rows=8, cols=4, a_addr=1024,
+                   a_row_stride=4, a_col_stride=1, b_addr=1152, b_row_stride=0, b_col_stride=1,
+                   out_addr=3072, out_stride=4),
     ]
     (sent,) = submitted
     assert (sent.name, sent.source_ops, sent.arch_json) == ("fused_matmul", "matmul,add",
@@ -339,6 +344,21 @@ VIOLATIONS = {
     "depthwise accumulator rows overlap": (
         [("cgra_depthwise", 0, I8, 4, 4, 8, 3, 3, 0, 48, 8, 48, 8, 0, 24, 8, 512, 16, 8)],
         "command 0 (DEPTHWISE): acc: strides (y 16, x 8) overlap its elements"),
+    "eltwise unknown func": (
+        [("cgra_eltwise", 9, F32, 2, 4, 0, 4, 1, 64, 4, 1, 128, 4)],
+        "command 0 (ELTWISE): func 9 is not an elementwise function"),
+    "eltwise operand beyond the scratchpad": (
+        [("cgra_eltwise", 1, I32, 2, 4, 0, 4, 1, SPAD - 16, 0, 2, 128, 4)],
+        f"command 0 (ELTWISE): B: scratchpad bytes [{SPAD - 16}, {SPAD + 12}) exceed"),
+    "eltwise negative stride": (
+        [("cgra_eltwise", 1, I32, 2, 4, 0, 4, -1, 64, 0, 1, 128, 4)],
+        "command 0 (ELTWISE): A: stride -1 of dim 1 is negative"),
+    "eltwise output rows overlap": (
+        [("cgra_eltwise", 3, I8, 2, 4, 0, 4, 1, 64, 0, 0, 128, 2)],
+        "command 0 (ELTWISE): out: row stride 2 is smaller than the 4 columns"),
+    "eltwise unknown dtype": (
+        [("cgra_eltwise", 1, 7, 2, 4, 0, 4, 1, 64, 0, 0, 128, 4)],
+        "command 0 (ELTWISE): unknown dtype code 7"),
     "fill below address 0": (
         [("cgra_fill", I8, -4, 1, 8, 8, 0)],
         "command 0 (FILL): scratchpad bytes [-4, 4) start below address 0"),

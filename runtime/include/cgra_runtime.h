@@ -77,6 +77,15 @@ CGRA_RUNTIME_API int32_t cgra_epilogue(CGRAKernel* k, int32_t flags, int32_t acc
                                        int64_t residual_stride, int64_t clip_lo_bits,
                                        int64_t clip_hi_bits);
 
+/* Vector unit: out[i,j] = func(A[i*a_row + j*a_col], B[i*b_row + j*b_col]) for i < rows, j < cols
+ * (addresses in elements past a_addr, b_addr; out's element at i*out_stride + j). func is a
+ * CGRA_ELTWISE_* code (ADD, SUBTRACT, MULTIPLY, MAXIMUM, MINIMUM); a, b and out share `dtype`
+ * (int8, int32 or float32; integers wrap). A stride of 0 broadcasts an operand along that axis. */
+CGRA_RUNTIME_API int32_t cgra_eltwise(CGRAKernel* k, int32_t func, int32_t dtype, int64_t rows,
+                                      int64_t cols, int64_t a_addr, int64_t a_row, int64_t a_col,
+                                      int64_t b_addr, int64_t b_row, int64_t b_col,
+                                      int64_t out_addr, int64_t out_stride);
+
 /* Submits the stream, waits for the device, frees k. Returns 0, or -1 with the FFI error set.
  * If an earlier call on k failed, it returns -1 and keeps that first error. Always frees k. */
 CGRA_RUNTIME_API int32_t cgra_kernel_end(CGRAKernel* k);

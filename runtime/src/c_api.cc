@@ -138,6 +138,15 @@ int32_t cgra_epilogue(CGRAKernel* k, int32_t flags, int32_t acc_dtype, int32_t o
   });
 }
 
+int32_t cgra_eltwise(CGRAKernel* k, int32_t func, int32_t dtype, int64_t rows, int64_t cols,
+                     int64_t a_addr, int64_t a_row, int64_t a_col, int64_t b_addr, int64_t b_row,
+                     int64_t b_col, int64_t out_addr, int64_t out_stride) {
+  return RecordOn(k, "cgra_eltwise", [&](CGRAKernel& kernel) {
+    kernel.Eltwise(func, dtype, rows, cols,
+                   {a_addr, a_row, a_col, b_addr, b_row, b_col, out_addr, out_stride});
+  });
+}
+
 int32_t cgra_kernel_end(CGRAKernel* k) {
   if (k == nullptr) return RaiseNullKernel("cgra_kernel_end");
   std::unique_ptr<CGRAKernel> owner(k);  // freed on every path

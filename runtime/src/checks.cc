@@ -89,6 +89,7 @@ const char* OpName(int32_t op) {
     case CGRA_OP_FILL: return "FILL";
     case CGRA_OP_EPILOGUE: return "EPILOGUE";
     case CGRA_OP_DEPTHWISE: return "DEPTHWISE";
+    case CGRA_OP_ELTWISE: return "ELTWISE";
     default: return "UNKNOWN";
   }
 }
@@ -121,6 +122,21 @@ void CheckEpilogueDTypes(int32_t acc_dtype, int32_t out_dtype) {
   if (out_dtype != acc_dtype) {
     Fail("a ", DTypeName(acc_dtype), " accumulator cannot produce ", DTypeName(out_dtype),
          ": the epilogue writes its accumulator's dtype");
+  }
+}
+
+void CheckEltwiseFunc(int32_t func) {
+  switch (func) {
+    case CGRA_ELTWISE_ADD:
+    case CGRA_ELTWISE_SUBTRACT:
+    case CGRA_ELTWISE_MULTIPLY:
+    case CGRA_ELTWISE_MAXIMUM:
+    case CGRA_ELTWISE_MINIMUM:
+      return;
+    default:
+      Fail("func ", func, " is not an elementwise function (", CGRA_ELTWISE_ADD, " add, ",
+           CGRA_ELTWISE_SUBTRACT, " subtract, ", CGRA_ELTWISE_MULTIPLY, " multiply, ",
+           CGRA_ELTWISE_MAXIMUM, " maximum, ", CGRA_ELTWISE_MINIMUM, " minimum)");
   }
 }
 

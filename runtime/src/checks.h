@@ -69,6 +69,9 @@ struct EpilogueExtras {
 void CheckEpilogueExtras(int32_t flags, int32_t acc_dtype, int64_t m, int64_t n,
                          const EpilogueExtras& extras, int64_t spad_bytes);
 
+/*! \brief Checks an ELTWISE func code (CGRA_ELTWISE_ADD .. CGRA_ELTWISE_MINIMUM). */
+void CheckEltwiseFunc(int32_t func);
+
 /*! \brief Checks that a fill value fits its dtype (for float32: a 32-bit pattern, either sign). */
 void CheckFillValue(int32_t dtype, int64_t value_bits);
 

@@ -165,6 +165,27 @@ void KernelRecorder::Epilogue(int32_t flags, int32_t acc_dtype, int32_t out_dtyp
   });
 }
 
+static_assert(CGRA_ELTWISE_A_ADDR == CGRA_ELTWISE_COLS + 1 &&
+                  CGRA_ELTWISE_OUT_STRIDE == CGRA_ELTWISE_A_ADDR + 7,
+              "ELTWISE words: rows, cols, then the eight layout words, in order");
+
+void KernelRecorder::Eltwise(int32_t func, int32_t dtype, int64_t rows, int64_t cols,
+                             const std::array<int64_t, 8>& layout) {
+  Record(CGRA_OP_ELTWISE, [&](int64_t* w) {
+    CheckEltwiseFunc(func);
+    int64_t itemsize = ItemSize(dtype);
+    auto [a_addr, a_row, a_col, b_addr, b_row, b_col, out_addr, out_stride] = layout;
+    CheckWindow("A", a_addr, {rows, cols, 1, 1, 1}, {a_row, a_col, 0, 0, 0}, itemsize, spad_bytes_);
+    CheckWindow("B", b_addr, {rows, cols, 1, 1, 1}, {b_row, b_col, 0, 0, 0}, itemsize, spad_bytes_);
+    CheckRegion("out", Access::kWrite, out_addr, rows, cols, out_stride, itemsize, spad_bytes_);
+    w[CGRA_ELTWISE_FUNC] = func;
+    w[CGRA_ELTWISE_DTYPE] = dtype;
+    w[CGRA_ELTWISE_ROWS] = rows;
+    w[CGRA_ELTWISE_COLS] = cols;
+    std::copy(layout.begin(), layout.end(), w + CGRA_ELTWISE_A_ADDR);
+  });
+}
+
 KernelLaunch KernelRecorder::Launch() const {
   KernelLaunch launch{kernel_name_, source_ops_, arch_json_, {}, commands_};
   launch.slots.assign(slots_.size() * CGRA_SLOT_WORDS, 0);

@@ -3,7 +3,8 @@
 Stage: simulator, step 1 (decode -> dataflow check -> execute -> time). In: the raw records
 (int64 array of shape (n, isa.RECORD_WORDS), or the same little-endian bytes), the host tensors
 bound to the slots and the hardware description. Out: one decoded command per record
-(`DmaCommand`, `GemmCommand`, `DepthwiseCommand`, `FillCommand`, `EpilogueCommand`), each naming
+(`DmaCommand`, `GemmCommand`, `DepthwiseCommand`, `FillCommand`, `EpilogueCommand`,
+`EltwiseCommand`), each naming
 the scratchpad `Region`s it reads and writes, so later steps never look at record words again.
 
 Checks made here (each failure is a `CommandError` naming the command, its kind and the range):
@@ -24,7 +25,7 @@ from .arch import HardwareDescription
 from .box import DmaBox
 from .errors import CommandError, LaunchError
 from .isa import (ACC_DTYPE, BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL,
-                  FIELDS, GEMM_ACCUMULATE, RECORD_WORDS, UNIT_OF, DType, Op)
+                  FIELDS, GEMM_ACCUMULATE, RECORD_WORDS, UNIT_OF, DType, EltwiseFunc, Op)
 from .regions import Region
 
 #: A DMA box may have max(spad_bytes, this) points: far above what a scratchpad-sized box needs
@@ -136,6 +137,17 @@ class EpilogueCommand(Command):
     `clip` is None or the (lo, hi) bounds as numpy scalars of the accumulator dtype."""
 
     __slots__ = ("acc", "bias", "residual", "out", "relu", "clip")
+
+
+class EltwiseCommand(Command):
+    """out = func(a, b) elementwise over a (rows, cols) tile; `a` and `b` are strided views whose
+    zero strides broadcast them, `out` a (rows, cols) region with adjacent columns."""
+
+    __slots__ = ("func", "dtype", "a", "b", "out")
+
+    @property
+    def elements(self) -> int:
+        return self.out.shape[0] * self.out.shape[1]
 
 
 def as_records(commands) -> np.ndarray:
@@ -416,6 +428,30 @@ def _epilogue_clip(check: _Checker, flags: int, record: list[int], dtype: DType)
     return lo, hi
 
 
+def _decode_eltwise(check: _Checker, index: int, op: Op, record: list[int], tensors) -> EltwiseCommand:
+    (_, flags, func, dtype_code, rows, cols, a_addr, a_row, a_col, b_addr, b_row, b_col, out_addr,
+     out_stride) = record[:len(FIELDS[op])]
+    check.flags(flags, 0)
+    if func not in {int(f) for f in EltwiseFunc}:
+        check.fail(f"func {func} is not an elementwise function (known: "
+                   f"{', '.join(f'{f.name}={int(f)}' for f in EltwiseFunc)})")
+    dtype = check.dtype("dtype", dtype_code, tuple(DType))
+    check.positive(rows=rows, cols=cols)
+    strides = dict(a_row_stride=a_row, a_col_stride=a_col, b_row_stride=b_row, b_col_stride=b_col)
+    negative = {name: value for name, value in strides.items() if value < 0}
+    if negative:
+        check.fail(f"strides must be >= 0, got {negative}")
+    size, np_dtype = dtype.itemsize, NUMPY_DTYPE[dtype]
+    cmd = EltwiseCommand(index, op)
+    cmd.func, cmd.dtype = EltwiseFunc(func), dtype
+    cmd.a = check.region(Region("A", a_addr, (rows, cols), (a_row * size, a_col * size), np_dtype))
+    cmd.b = check.region(Region("B", b_addr, (rows, cols), (b_row * size, b_col * size), np_dtype))
+    cmd.out = check.matrix("out", out_addr, rows, cols, out_stride, dtype, written=True)
+    cmd.reads = (cmd.a, cmd.b)
+    cmd.writes = (cmd.out,)
+    return cmd
+
+
 _DECODERS = {
     Op.DMA_LOAD: _decode_dma,
     Op.DMA_STORE: _decode_dma,
@@ -423,6 +459,7 @@ _DECODERS = {
     Op.FILL: _decode_fill,
     Op.EPILOGUE: _decode_epilogue,
     Op.DEPTHWISE: _decode_depthwise,
+    Op.ELTWISE: _decode_eltwise,
 }
 
 

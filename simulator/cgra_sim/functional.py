@@ -14,7 +14,9 @@ computes acc = (acc if ACCUMULATE else 0) + the sum over taps of window * weight
 int64, then wrapped; float32 one tap at a time in float32, ry-major, the order in which the
 intrinsic's TIR description adds them. FILL writes a constant. EPILOGUE computes
 out = acc (+ bias[j]) (+ residual[i, j]), then max(., 0) if RELU, then min(max(., lo), hi) if
-CLIP; int32 sums wrap modulo 2**32, float32 ones round after each add.
+CLIP; int32 sums wrap modulo 2**32, float32 ones round after each add. ELTWISE computes
+out = func(a, b) with numpy's elementwise function in the operands' dtype: integer results wrap
+(int8 modulo 2**8, int32 modulo 2**32), float32 ones round once; maximum and minimum propagate NaN.
 Each command reads all its operands before it writes, so an in-place EPILOGUE is well defined.
 """
 
@@ -22,8 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .decode import Command, DepthwiseCommand, DmaCommand, EpilogueCommand, FillCommand, GemmCommand
-from .isa import DType, Op
+from .decode import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FillCommand,
+                     GemmCommand)
+from .isa import DType, EltwiseFunc, Op
 
 
 def execute(commands: list[Command], spad: np.ndarray) -> None:
@@ -116,6 +119,21 @@ def _epilogue(cmd: EpilogueCommand, spad: np.ndarray) -> None:
     cmd.out.view(spad)[...] = values
 
 
+#: ELTWISE func -> the numpy function (on arrays of one integer dtype numpy wraps, as the lanes do).
+ELTWISE_FUNCS = {
+    EltwiseFunc.ADD: np.add,
+    EltwiseFunc.SUBTRACT: np.subtract,
+    EltwiseFunc.MULTIPLY: np.multiply,
+    EltwiseFunc.MAXIMUM: np.maximum,
+    EltwiseFunc.MINIMUM: np.minimum,
+}
+
+
+def _eltwise(cmd: EltwiseCommand, spad: np.ndarray) -> None:
+    a, b = cmd.a.view(spad), cmd.b.view(spad)
+    cmd.out.view(spad)[...] = ELTWISE_FUNCS[cmd.func](a, b, dtype=a.dtype)
+
+
 _EXECUTORS = {
     Op.DMA_LOAD: _dma_load,
     Op.DMA_STORE: _dma_store,
@@ -123,4 +141,5 @@ _EXECUTORS = {
     Op.FILL: _fill,
     Op.EPILOGUE: _epilogue,
     Op.DEPTHWISE: _depthwise,
+    Op.ELTWISE: _eltwise,
 }

@@ -34,6 +34,7 @@ class Op(enum.IntEnum):
     FILL = 4  # vector unit: fill a 2-D scratchpad region with a constant
     EPILOGUE = 5  # vector unit: out = clip(relu(acc + bias + residual)) (each step optional)
     DEPTHWISE = 6  # PE array: per-channel sliding-window MACs (a depthwise conv2d tile)
+    ELTWISE = 8  # vector unit: out = func(a, b) over a 2-D tile, operands strided (0 broadcasts)
 
 
 @enum.unique
@@ -62,6 +63,18 @@ class DType(enum.IntEnum):
 
 
 @enum.unique
+class EltwiseFunc(enum.IntEnum):
+    """What an ELTWISE computes from its two operands (word `func`), in the operands' dtype.
+    Integer results wrap like two's-complement hardware; float32 rounds once per operation."""
+
+    ADD = 1  # a + b
+    SUBTRACT = 2  # a - b
+    MULTIPLY = 3  # a * b
+    MAXIMUM = 4  # max(a, b) (NaN propagates, as numpy.maximum)
+    MINIMUM = 5  # min(a, b) (NaN propagates, as numpy.minimum)
+
+
+@enum.unique
 class Unit(enum.IntEnum):
     """The NPU's independent queues. Commands on different units may overlap in time."""
 
@@ -78,6 +91,7 @@ UNIT_OF = {
     Op.FILL: Unit.VECTOR,
     Op.EPILOGUE: Unit.VECTOR,
     Op.DEPTHWISE: Unit.COMPUTE,
+    Op.ELTWISE: Unit.VECTOR,
 }
 
 # Flags (word 1).
@@ -120,6 +134,11 @@ FIELDS = {
     Op.DEPTHWISE: ("op", "flags", "dtype", "oh", "ow", "n", "kh", "kw", "a_addr", "a_y_stride",
                    "a_x_stride", "a_ry_stride", "a_rx_stride", "b_addr", "b_ry_stride",
                    "b_rx_stride", "acc_addr", "acc_y_stride", "acc_x_stride"),
+    # out[i, j] = func(A[i * a_row + j * a_col], B[i * b_row + j * b_col]) for i < rows, j < cols
+    # (strides in elements; a stride of 0 broadcasts the operand along that axis); out's rows
+    # are out_stride apart, its columns adjacent. No flags are defined (word 1 must be 0).
+    Op.ELTWISE: ("op", "flags", "func", "dtype", "rows", "cols", "a_addr", "a_row_stride",
+                 "a_col_stride", "b_addr", "b_row_stride", "b_col_stride", "out_addr", "out_stride"),
 }
 
 for _op, _fields in FIELDS.items():
@@ -167,6 +186,7 @@ def c_header() -> str:
     ]
     lines += [f"#define CGRA_OP_{op.name} {int(op)}" for op in Op]
     lines += [f"#define CGRA_DTYPE_{dt.name} {int(dt)}" for dt in DType]
+    lines += [f"#define CGRA_ELTWISE_{func.name} {int(func)}" for func in EltwiseFunc]
     lines += [f"#define CGRA_DTYPE_{dt.name}_BYTES {dt.itemsize}" for dt in DType]
     for op, fields in FIELDS.items():
         lines += [f"#define CGRA_{op.name}_{name.upper()} {i}" for i, name in enumerate(fields)]

@@ -6,7 +6,7 @@ end cycle of every command. Nothing here is validated against RTL (there is none
 the analytical one below, with its assumptions in docs/simulator.md.
 
 Model. Four in-order queues, one per `isa.Unit`: LOAD (DMA_LOAD), COMPUTE (GEMM, DEPTHWISE: the
-PE array), VECTOR (FILL, EPILOGUE: the vector unit beside the array) and STORE (DMA_STORE). `ready` is when
+PE array), VECTOR (FILL, EPILOGUE, ELTWISE: the vector unit beside the array) and STORE (DMA_STORE). `ready` is when
 a command's scratchpad dependencies are met: a scoreboard on byte ranges (scoreboard.py) gives
 read-after-write, write-after-read and write-after-write against earlier commands in stream
 order. A command starts at max(free, ready), free being when the previous command on its queue
@@ -20,6 +20,14 @@ left the unit, and ends:
         operands: tiles the command streams through the lanes' one scratchpad read port: 1, or
         2 for an EPILOGUE with a residual (acc and residual). The bias row and the clip bounds
         are held in registers; relu and clip are more stages of the lanes' pipeline (free).
+    ELTWISE (vector unit)  start + ceil(max(rows * cols, reads) / vector_lanes) + 2
+        The lanes compute one output each per cycle, and the read port delivers vector_lanes
+        elements per cycle: reads = the elements of A plus those of B the command streams. An
+        operand broadcast along an axis (stride 0) is read once along it and held in registers,
+        as EPILOGUE's bias row is: a full operand is rows * cols reads, a row broadcast to
+        every row (row stride 0) cols, a column broadcast (column stride 0) rows, a scalar 1.
+        So two full operands take 2 * rows * cols / vector_lanes, one full and one broadcast
+        rows * cols / vector_lanes. The output goes out through the write port (not counted).
     GEMM (output-stationary rows x cols PE array)
         steady = ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe[dtype])  (folds pipelined)
         fill   = min(m, rows) + min(n, cols) - 2: fill and drain of the sub-array the GEMM uses
@@ -70,7 +78,8 @@ import numpy as np
 
 from .arch import HardwareDescription
 from .banks import beat_slowdown, operand_slowdown, slowed
-from .decode import Command, DepthwiseCommand, DmaCommand, EpilogueCommand, FillCommand, GemmCommand
+from .decode import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FillCommand,
+                     GemmCommand)
 from .errors import CycleLimitExceeded
 from .isa import DType, Op, Unit
 from .regions import Region
@@ -255,6 +264,23 @@ def _time_vector(arch: HardwareDescription, cmd: FillCommand | EpilogueCommand, 
     return start, end, end
 
 
+def eltwise_reads(cmd: EltwiseCommand) -> int:
+    """Elements an ELTWISE streams from the scratchpad: per operand, the extent of each axis it
+    walks (a zero-stride axis is read once and held in registers)."""
+    reads = 0
+    for operand in (cmd.a, cmd.b):
+        (rows, cols), (row_stride, col_stride) = operand.shape, operand.strides
+        reads += (rows if row_stride else 1) * (cols if col_stride else 1)
+    return reads
+
+
+def _time_eltwise(arch: HardwareDescription, cmd: EltwiseCommand, ready: int, free: int,
+                  compute: _ComputeQueue) -> tuple[int, int, int]:
+    start = max(free, ready)
+    end = start + -(-max(cmd.elements, eltwise_reads(cmd)) // arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
+    return start, end, end
+
+
 def _time_pe_array(arch: HardwareDescription, cmd: GemmCommand | DepthwiseCommand, ready: int,
                    free: int, compute: _ComputeQueue) -> tuple[int, int, int]:
     start = max(free, ready)
@@ -288,6 +314,7 @@ _TIMERS = {
     Op.FILL: _time_vector,
     Op.EPILOGUE: _time_vector,
     Op.DEPTHWISE: _time_pe_array,
+    Op.ELTWISE: _time_eltwise,
 }
 
 

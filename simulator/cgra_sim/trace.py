@@ -24,7 +24,7 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from .isa import (BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL, FIELDS,
-                  GEMM_ACCUMULATE, DType, Op, Unit)
+                  GEMM_ACCUMULATE, DType, EltwiseFunc, Op, Unit)
 from .timing import Schedule
 
 #: Track order, top to bottom, and each unit's thread id (1-based: some viewers treat 0 specially).
@@ -79,6 +79,14 @@ def _epilogue_args(op: Op, record) -> dict:
     return args
 
 
+def _eltwise_args(op: Op, record) -> dict:
+    args = _fields(op, record, "rows", "cols", "a_addr", "b_addr", "out_addr")
+    func = int(record[FIELDS[op].index("func")])
+    args["func"] = EltwiseFunc(func).name.lower() if func in EltwiseFunc._value2member_map_ else str(func)
+    args["dtype"] = _dtype_name(int(record[FIELDS[op].index("dtype")]))
+    return args
+
+
 #: The fields worth seeing in a trace viewer, per opcode.
 _KEY_ARGS = {
     Op.DMA_LOAD: _dma_args,
@@ -87,6 +95,7 @@ _KEY_ARGS = {
     Op.FILL: _fill_args,
     Op.EPILOGUE: _epilogue_args,
     Op.DEPTHWISE: _gemm_args,
+    Op.ELTWISE: _eltwise_args,
 }
 
 
