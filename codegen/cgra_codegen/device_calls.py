@@ -205,7 +205,8 @@ DEVICE_CALLS = {
         Int("n", 64), SpadAddress("acc"), Int("acc_stride", 64),
         SpadAddress("bias", gate=(0, isa.EPILOGUE_BIAS)), SpadAddress("out"),
         Int("out_stride", 64), SpadAddress("residual", gate=(0, isa.EPILOGUE_RESIDUAL)),
-        Int("residual_stride", 64), ValueBits("clip_lo_bits"), ValueBits("clip_hi_bits"))),
+        Int("residual_stride", 64), ValueBits("clip_lo_bits"), ValueBits("clip_hi_bits"),
+        SpadAddress("scale", gate=(0, isa.EPILOGUE_REQUANTISE)), Int("out_zero_point", 64))),
 }
 
 
