@@ -23,6 +23,8 @@ from tvm.script import tirx as T
 from cgra_sim.isa import (EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL, GEMM_ACCUMULATE,
                           DType, Op)
 
+from .requant_intrin import epilogue_requant_intrin
+
 SPAD = "global.cgra_spad"
 
 
@@ -217,7 +219,7 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, bias: bool, relu: bool, re
             T.evaluate(T.call_extern(
                 "int32", "cgra_epilogue", flags, _code(dtype), _code(dtype), rows, cols,
                 Acc.data, Acc.elem_offset, sa, Bias.data, Bias.elem_offset,
-                Out.data, Out.elem_offset, so, 0, 0, 0, lo, hi))
+                Out.data, Out.elem_offset, so, 0, 0, 0, lo, hi, 0, 0, 0))
 
     return (desc, impl) if bias else _epilogue_without_bias(rows, cols, dtype, relu, clip, flags, scope)
 
@@ -249,7 +251,7 @@ def _epilogue_without_bias(rows: int, cols: int, dtype: str, relu: bool, clip, f
             T.writes(Out[0:rows, 0:cols])
             T.evaluate(T.call_extern(
                 "int32", "cgra_epilogue", flags, _code(dtype), _code(dtype), rows, cols,
-                Acc.data, Acc.elem_offset, sa, 0, 0, Out.data, Out.elem_offset, so, 0, 0, 0, lo, hi))
+                Acc.data, Acc.elem_offset, sa, 0, 0, Out.data, Out.elem_offset, so, 0, 0, 0, lo, hi, 0, 0, 0))
 
     return desc, impl
 
@@ -290,7 +292,7 @@ def epilogue_residual_intrin(rows: int, cols: int, dtype: str, bias: bool, relu:
             T.evaluate(T.call_extern(
                 "int32", "cgra_epilogue", flags, _code(dtype), _code(dtype), rows, cols,
                 Acc.data, Acc.elem_offset, sa, Bias.data, Bias.elem_offset,
-                Out.data, Out.elem_offset, so, Res.data, Res.elem_offset, sr, lo, hi))
+                Out.data, Out.elem_offset, so, Res.data, Res.elem_offset, sr, lo, hi, 0, 0, 0))
 
     return desc, impl
 
@@ -326,7 +328,7 @@ def _epilogue_residual_without_bias(rows: int, cols: int, dtype: str, relu: bool
             T.evaluate(T.call_extern(
                 "int32", "cgra_epilogue", flags, _code(dtype), _code(dtype), rows, cols,
                 Acc.data, Acc.elem_offset, sa, 0, 0, Out.data, Out.elem_offset, so,
-                Res.data, Res.elem_offset, sr, lo, hi))
+                Res.data, Res.elem_offset, sr, lo, hi, 0, 0, 0))
 
     return desc, impl
 
@@ -342,6 +344,7 @@ INTRINSICS = {
     "depthwise": Intrinsic(Op.DEPTHWISE, depthwise_intrin),
     "fill": Intrinsic(Op.FILL, fill_intrin),
     "epilogue": Intrinsic(Op.EPILOGUE, epilogue_intrin),
+    "epilogue_requant": Intrinsic(Op.EPILOGUE, epilogue_requant_intrin),
 }
 
 
