@@ -17,6 +17,7 @@ from .clip_form import canonicalize_clips_pass
 from .fold_weights import fold_weights
 from .options import CompileOptions, dump
 from .patterns import make_patterns
+from .scalar_args import bind_scalar_arguments
 
 
 def _normalise(mod, arch, options):
@@ -44,9 +45,11 @@ def _normalise(mod, arch, options):
 def _partition(mod, arch, options):
     del options
     # Offload every subgraph a cgra pattern matches and its checks accept; weights stay
-    # arguments so the kernels can DMA them.
-    return relax.transform.FuseOpsByPattern(make_patterns(arch), bind_constants=False,
-                                            annotate_codegen=True)(mod)
+    # arguments so the kernels can DMA them, scalars (a requantisation's zero point) are bound
+    # inside the kernel that needs them at compile time.
+    mod = relax.transform.FuseOpsByPattern(make_patterns(arch), bind_constants=False,
+                                           annotate_codegen=True)(mod)
+    return bind_scalar_arguments(mod)
 
 
 def _codegen(mod, arch, options):
