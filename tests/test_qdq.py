@@ -172,6 +172,40 @@ def test_requantising_kernels_match_numpy(op, size, channels, depth, relu, zero_
     np.testing.assert_array_equal(got, _reference(op, x, weight, bias, multiplier, zero_point, relu))
 
 
+@pytest.mark.parametrize("groups, cin, cout", [(16, 16, 16), (4, 16, 8)])  # depthwise, grouped
+def test_requantising_grouped_and_depthwise_conv2d_match_numpy(groups, cin, cout):
+    rng = np.random.default_rng(groups)
+    x = rng.integers(-128, 128, (1, cin, 9, 9)).astype(np.int8)
+    weight = rng.integers(-127, 128, (cout, cin // groups, 3, 3)).astype(np.int8)
+    bias, multiplier = rng.integers(-500, 500, cout).astype(np.int32), rng.uniform(1e-3, 1e-2, cout).astype(np.float32)
+    bb = relax.BlockBuilder()
+    data = relax.Var("x", relax.TensorType(x.shape, "int8"))
+    with bb.function("main", [data]):
+        with bb.dataflow():
+            acc = bb.emit(relax.op.nn.conv2d(data, relax.const(weight), padding=[1, 1, 1, 1], groups=groups,
+                                             out_dtype="int32"))
+            acc = bb.emit(relax.op.add(acc, relax.const(bias.reshape(1, -1, 1, 1))))
+            scaled = bb.emit(relax.op.multiply(relax.op.astype(acc, "float32"),
+                                               relax.const(multiplier.reshape(1, -1, 1, 1))))
+            out = bb.emit_output(relax.op.quantize(scaled, relax.const(1.0, "float32"), relax.const(7, "int8"),
+                                                   axis=1, out_dtype="int8"))
+        bb.emit_func_output(out)
+    with npu_backend.profile() as prof:
+        got = relax.VirtualMachine(tvm.compile(bb.get(), target="cgra"), tvm.cpu())["main"](
+            tvm.runtime.tensor(x)).numpy()
+    assert len(prof.kernels) == 1
+    padded, per_group, outs_per_group = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (1, 1), (1, 1))), cin // groups, cout // groups
+    acc = np.zeros((cout, 9, 9), np.int64)
+    for o in range(cout):
+        channels = padded[0, o // outs_per_group * per_group:(o // outs_per_group + 1) * per_group]
+        for i in range(3):
+            for j in range(3):
+                acc[o] += np.einsum("chw,c->hw", channels[:, i:i + 9, j:j + 9], weight[o, :, i, j].astype(np.int64))
+    acc += bias.reshape(-1, 1, 1)
+    expected = reference_requantise(acc.reshape(cout, -1).T.astype(np.int32), multiplier, 7).T
+    np.testing.assert_array_equal(got.reshape(cout, -1), expected)
+
+
 # ---------------------------------------------------------------- a whole QDQ model
 
 def test_qdq_cnn_is_bit_exact_to_onnxruntime_with_its_macs_on_the_npu():
