@@ -66,9 +66,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_observation_arguments(verify)
 
     run = sub.add_parser(
-        "run", help="compile an ONNX model, simulate it and report cycles per kernel",
+        "run", help="compile an ONNX model, simulate it and report cycles per layer (ONNX node names)",
         description="Import an ONNX model, compile it for the CGRA NPU (unsupported operators stay "
-                    "on the host), run it on random inputs and print a per-kernel table.")
+                    "on the host), run it on random inputs and print a per-layer table: each kernel launch and host "
+                    "operator with the ONNX nodes it came from, its ops, output, cycles, utilisation and DMA bytes.")
     run.add_argument("model", help="path of an .onnx file")
     run.add_argument("--arch", default="cgra-8x8", help="preset name or JSON file (default cgra-8x8)")
     run.add_argument("--check", action="store_true",

@@ -21,6 +21,7 @@ from cgra_sim.arch import load_arch
 from .options import CompileOptions
 from .patterns import composite_call, offload_reason
 from .pipeline import STAGES
+from .provenance import SOURCE_NODES_ATTR, call_nodes
 from .target_hook import offloaded_spec
 
 _KERNEL_OPS = {"relax.matmul": "cgra.matmul", "relax.nn.conv2d": "cgra.conv2d"}
@@ -34,6 +35,9 @@ class Placement:
     kernel: str  # the NPU kernel it is part of ("" on the host)
     reason: str  # why it stays on the host ("" on the NPU)
     macs: int = 0  # multiply-accumulates of the operator (conv2d, matmul; 0 for the others)
+    nodes: str = ""  # the model nodes (ONNX node names, "+"-joined) it came from, "" if unknown
+    site: int = -1  # which call of the model it belongs to: the operators of one kernel share it
+    symbol: str = ""  # the kernel's symbol (its launches' name in a profile; "" on the host)
 
 
 def npu_mac_fraction(placements: list[Placement]) -> float:
@@ -52,7 +56,7 @@ def explain(mod: tvm.IRModule, arch=None) -> list[Placement]:
     placements = []
     for _, func in mod.functions.items():
         if isinstance(func, relax.Function) and not _attr(func, "Codegen") and not _attr(func, "Composite"):
-            placements += _placements(mod, func, arch)
+            placements += _placements(mod, func, arch, len(placements))
     return placements
 
 
@@ -69,7 +73,7 @@ def _attr(func, key):
     return (func.attrs or {}).get(key) if func.attrs is not None else None
 
 
-def _placements(mod, func, arch):
+def _placements(mod, func, arch, start: int = 0):
     placements = []
     for block in func.body.blocks:
         for binding in block.bindings:
@@ -77,20 +81,25 @@ def _placements(mod, func, arch):
             if not isinstance(call, relax.Call):
                 continue
             if isinstance(call.op, tvm.ir.GlobalVar) and _attr(mod[call.op], "Codegen") == "cgra":
-                placements += _kernel_ops(mod[call.op])
+                placements += _kernel_ops(mod[call.op], start + len(placements))
             elif isinstance(call.op, tvm.ir.Op):
                 placements.append(Placement(_op_name(call), _type_of(binding.var), "host", "",
-                                            _host_reason(call, arch), _macs(call, binding.var)))
+                                            _host_reason(call, arch), _macs(call, binding.var),
+                                            call_nodes(call), start + len(placements)))
     return placements
 
 
-def _kernel_ops(wrapper) -> list[Placement]:
+def _kernel_ops(wrapper, site: int) -> list[Placement]:
     offloaded_spec(wrapper)  # what the compiler reads; raises where the compiler would
     composite, _ = composite_call(wrapper)
-    kernel = f"{composite.attrs['Composite']} ({wrapper.attrs['global_symbol']})"
-    return [Placement(_short(b.value.op.name), _type_of(b.var), "npu", kernel, "", _macs(b.value, b.var))
-            for block in composite.body.blocks for b in block.bindings
-            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
+    symbol = str(wrapper.attrs["global_symbol"])
+    kernel = f"{composite.attrs['Composite']} ({symbol})"
+    ops = [b for block in composite.body.blocks for b in block.bindings
+           if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
+    nodes = [str(n) for n in (_attr(wrapper, SOURCE_NODES_ATTR) or [])]
+    nodes = nodes if len(nodes) == len(ops) else [""] * len(ops)
+    return [Placement(_short(b.value.op.name), _type_of(b.var), "npu", kernel, "", _macs(b.value, b.var),
+                      node, site, symbol) for b, node in zip(ops, nodes)]
 
 
 def _host_reason(call, arch) -> str:

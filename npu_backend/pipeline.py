@@ -19,6 +19,7 @@ from .options import CompileOptions, dump
 from .patterns import make_patterns
 from .qdq_form import canonicalize_qdq
 from .scalar_args import bind_scalar_arguments
+from .source_nodes import record_source_nodes
 
 
 def _normalise(mod, arch, options):
@@ -50,11 +51,15 @@ def _normalise(mod, arch, options):
 def _partition(mod, arch, options):
     del options
     # Offload every subgraph a cgra pattern matches and its checks accept; weights stay
-    # arguments so the kernels can DMA them, scalars (a requantisation's zero point) are bound
-    # inside the kernel that needs them at compile time.
-    mod = relax.transform.FuseOpsByPattern(make_patterns(arch), bind_constants=False,
-                                           annotate_codegen=True)(mod)
-    return bind_scalar_arguments(mod)
+    # arguments so the kernels can DMA them.
+    partitioned = relax.transform.FuseOpsByPattern(make_patterns(arch), bind_constants=False,
+                                                   annotate_codegen=True)(mod)
+    # Each offloaded call site keeps the model nodes (ONNX node names) it came from, so every
+    # kernel launch reports its own layer (identical layers get a copy of the kernel each).
+    partitioned = record_source_nodes(mod, partitioned)
+    # Scalars (a requantisation's zero point) are bound inside the kernel that needs them at
+    # compile time (scalar_args.py).
+    return bind_scalar_arguments(partitioned)
 
 
 def _codegen(mod, arch, options):

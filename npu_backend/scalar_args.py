@@ -18,28 +18,54 @@ from tvm import relax
 
 
 def bind_scalar_arguments(mod: tvm.IRModule) -> tvm.IRModule:
-    """`mod` with the 0-d constant arguments of its offloaded functions bound inside them."""
+    """`mod` with the 0-d constant arguments of its offloaded functions bound inside them. A
+    function called with different scalars at different sites (partitioning gives structurally
+    equal kernels one function) gets one copy per set of scalars."""
     offloaded = {gvar for gvar, func in mod.functions.items()
                  if isinstance(func, relax.Function) and (func.attrs or {}).get("Codegen") == "cgra"}
-    calls = _calls_of(mod, offloaded)
-    scalars = {gvar: {i: arg for i, arg in enumerate(sites[0].args) if _is_scalar_constant(arg)}
-               for gvar, sites in calls.items() if len(sites) == 1}
-    scalars = {gvar: bound for gvar, bound in scalars.items() if bound}
-    if not scalars:
+    variants = {}  # (global var, scalar key) -> {argument index: constant}
+    for gvar, sites in _calls_of(mod, offloaded).items():
+        for call in sites:
+            bound = {i: arg for i, arg in enumerate(call.args) if _is_scalar_constant(arg)}
+            if bound:
+                variants.setdefault((gvar, _key(bound)), bound)
+    if not variants:
         return mod
     # Bound functions change type: they get new global vars (the builder types them), and the
     # other functions call those without the bound arguments.
-    builder = relax.BlockBuilder(tvm.IRModule({g: f for g, f in mod.functions.items() if g not in scalars},
+    replaced = {gvar for gvar, _ in variants}
+    builder = relax.BlockBuilder(tvm.IRModule({g: f for g, f in mod.functions.items() if g not in replaced},
                                               attrs=mod.attrs))
-    updated = {}  # old global var -> (new global var, bound argument indices)
-    for gvar, bound in scalars.items():
+    updated = {}  # (old global var, scalar key) -> (new global var, bound argument indices)
+    taken = {g.name_hint for g in mod.functions}
+    for (gvar, key), bound in variants.items():
         func = mod[gvar].bind_params({mod[gvar].params[i]: value for i, value in bound.items()})
-        updated[gvar] = (builder.add_func(_InlineScalars().visit_expr(func), gvar.name_hint), bound)
+        name = _variant_name(gvar, [g for g, _ in updated], taken)
+        taken.add(name)
+        if name != gvar.name_hint:
+            func = func.with_attr("global_symbol", name)
+        updated[(gvar, key)] = (builder.add_func(_InlineScalars().visit_expr(func), name), bound)
     mod = builder.get()
     for gvar, func in list(mod.functions.items()):
         if isinstance(func, relax.Function) and (func.attrs or {}).get("Codegen") != "cgra":
             mod[gvar] = _DropArguments(updated).visit_expr(func)
     return mod
+
+
+def _variant_name(gvar, done, taken) -> str:
+    """The first variant keeps the function's name, the k-th is `<name>_s<k>` (kernel symbols
+    come from these names and must differ)."""
+    count = sum(1 for other in done if other.same_as(gvar))
+    if count == 0:
+        return gvar.name_hint
+    while f"{gvar.name_hint}_s{count + 1}" in taken:
+        count += 1
+    return f"{gvar.name_hint}_s{count + 1}"
+
+
+def _key(bound: dict) -> tuple:
+    """What identifies a set of scalar arguments: positions, dtypes and values."""
+    return tuple((i, str(arg.ty.dtype), arg.value.numpy().item()) for i, arg in sorted(bound.items()))
 
 
 def _is_scalar_constant(expr) -> bool:
@@ -94,8 +120,9 @@ class _DropArguments(relax.PyExprMutator):
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
-        if call.op not in self.updated:
+        bound = {i: arg for i, arg in enumerate(call.args) if _is_scalar_constant(arg)}
+        if not bound or (call.op, _key(bound)) not in self.updated:
             return call
-        callee, dropped = self.updated[call.op]
+        callee, dropped = self.updated[(call.op, _key(bound))]
         return relax.Call(callee, [arg for i, arg in enumerate(call.args) if i not in dropped],
                           call.attrs, call.ty_args)

@@ -104,9 +104,7 @@ def _acc_loops(sch, acc, col_outer):
     """(row, col, reductions) of acc under the tile loop. compute_at drops unit-extent loops
     (a 1x1 kernel has no ry/rx loop), so they are found after the tile loop, not by count;
     the tiling keeps the row, column and depth extents above 1."""
-    loops = sch.get_loops(acc)
-    start = [i for i, loop in enumerate(loops) if sch.get_sref(loop).same_as(sch.get_sref(col_outer))][0]
-    row, col, *reductions = loops[start + 1:]
+    row, col, *reductions = _loops_after(sch, acc, col_outer)
     return row, col, reductions
 
 

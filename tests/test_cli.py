@@ -86,7 +86,7 @@ def test_run_progress_on_request_goes_to_stderr_only(capsys):
     assert [line.split()[3] for line in launches] == ["1/3", "2/3", "3/3"]
     last = report["kernels"][-1]
     assert launches[-1].endswith(f"({last['num_commands']} commands, {report['total_cycles']:,} "
-                                 f"cycles so far) {last['name']}")
+                                 f"cycles so far) {last['name']} [fc]")  # with its ONNX node
 
 
 class _Terminal(io.StringIO):

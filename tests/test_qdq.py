@@ -206,6 +206,30 @@ def test_requantising_grouped_and_depthwise_conv2d_match_numpy(groups, cin, cout
     np.testing.assert_array_equal(got.reshape(cout, -1), expected)
 
 
+def test_equal_layers_with_different_zero_points_get_a_kernel_each():
+    """Partitioning gives the two structurally equal layers one function; their zero points
+    (bound at compile time) differ, so each gets its own copy."""
+    rng = np.random.default_rng(0)
+    weight, multiplier = rng.integers(-127, 128, (16, 8)).astype(np.int8), np.full(8, 0.01, np.float32)
+    bb = relax.BlockBuilder()
+    data = relax.Var("x", relax.TensorType((4, 16), "int8"))
+    with bb.function("main", [data]):
+        with bb.dataflow():
+            outs = []
+            for zero_point in (-5, 9):
+                acc = bb.emit(relax.op.matmul(data, relax.const(weight), out_dtype="int32"))
+                scaled = bb.emit(relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(multiplier)))
+                outs.append(bb.emit(relax.op.quantize(scaled, relax.const(1.0, "float32"),
+                                                      relax.const(zero_point, "int8"), axis=-1, out_dtype="int8")))
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    x = rng.integers(-128, 128, (4, 16)).astype(np.int8)
+    got = relax.VirtualMachine(tvm.compile(bb.get(), target="cgra"), tvm.cpu())["main"](tvm.runtime.tensor(x))
+    acc = (x.astype(np.int64) @ weight.astype(np.int64)).astype(np.int32)
+    for result, zero_point in zip(got, (-5, 9)):
+        np.testing.assert_array_equal(result.numpy(), reference_requantise(acc, multiplier, zero_point))
+
+
 # ---------------------------------------------------------------- a whole QDQ model
 
 def test_qdq_cnn_is_bit_exact_to_onnxruntime_with_its_macs_on_the_npu():
