@@ -61,10 +61,10 @@ def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
     sch.reorder(row_outer, col_outer, row_inner, col_inner)
     acc = sch.get_sblock("acc")
     sch.compute_at(acc, col_outer)
-    if spec.bias_shape:
-        bias = sch.get_sblock("bias_pad")
-        sch.compute_at(bias, col_outer)
-        sch.set_scope(bias, 0, SPAD)
+    for name in _channel_rows(spec):
+        row = sch.get_sblock(name)
+        sch.compute_at(row, col_outer)
+        sch.set_scope(row, 0, SPAD)
     stage_residual(sch, spec, col_outer)
     sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
     sch.set_scope(acc, 0, SPAD)
@@ -85,9 +85,19 @@ def stage_residual(sch, spec: KernelSpec, col_outer):
         sch.split(sch.get_loops(res)[-2], [None, spec.row_step])
 
 
-def epilogue_intrin(spec: KernelSpec, tiling: Tiling) -> str:
-    """The vector-unit intrinsic for a tile of this kernel's epilogue (for `sch.tensorize`)."""
-    return get_intrin("epilogue", tiling.tm, tiling.tn, spec.acc_dtype, bool(spec.bias_shape),
+def _channel_rows(spec: KernelSpec) -> tuple:
+    """The blocks of the per-channel rows the epilogue reads (bias, requantisation scale)."""
+    return (("bias_pad",) if spec.bias_shape else ()) + (("scale_pad",) if spec.scale_shape else ())
+
+
+def epilogue_intrin(spec: KernelSpec, tiling: Tiling, rows: int | None = None) -> str:
+    """The vector-unit intrinsic for a tile (`rows` x tiling.tn, rows tiling.tm by default) of
+    this kernel's epilogue (for `sch.tensorize`): the requantising one for an int8 output."""
+    rows = tiling.tm if rows is None else rows
+    if spec.requant_zero_point is not None:
+        return get_intrin("epilogue_requant", rows, tiling.tn, bool(spec.bias_shape), spec.relu,
+                          spec.requant_zero_point)
+    return get_intrin("epilogue", rows, tiling.tn, spec.acc_dtype, bool(spec.bias_shape),
                       spec.relu, bool(spec.residual_shape), spec.clip)
 
 
@@ -143,7 +153,7 @@ def schedule_depthwise(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDesc
     row_outer, row_inner = sch.split(rows, [None, tiling.tm])
     col_outer, col_inner = sch.split(channels, [None, tiling.tn])
     sch.reorder(row_outer, col_outer, row_inner, width, col_inner)
-    staged = ("acc", "a_pad", "b_pad") + (("bias_pad",) if spec.bias_shape else ()) + \
+    staged = ("acc", "a_pad", "b_pad") + _channel_rows(spec) + \
         (("res_pad",) if spec.residual_shape else ())
     for name in staged:
         block = sch.get_sblock(name)
@@ -157,9 +167,7 @@ def schedule_depthwise(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDesc
     out_width = sch.get_loops(epi)[-2]
     sch.tensorize(tile_rows, get_intrin("depthwise", tiling.tm, sch.get(out_width).extent.value, tiling.tn,
                                         window, spec.dtype, spec.acc_dtype))
-    sch.tensorize(out_width, get_intrin("epilogue", sch.get(out_width).extent.value, tiling.tn,
-                                        spec.acc_dtype, bool(spec.bias_shape), spec.relu,
-                                        bool(spec.residual_shape), spec.clip))
+    sch.tensorize(out_width, epilogue_intrin(spec, tiling, rows=sch.get(out_width).extent.value))
 
 
 def _loops_after(sch, block, anchor):

@@ -37,13 +37,17 @@ class Tiling:
     np: int
     kp: int
 
-    def spad_bytes(self, in_bytes: int, acc_bytes: int, has_bias: bool, has_residual: bool = False) -> int:
+    def spad_bytes(self, in_bytes: int, acc_bytes: int, has_bias: bool, has_residual: bool = False,
+                   has_scale: bool = False) -> int:
         """Scratchpad the kernel's buffers take (operand tiles, accumulator, output, bias,
-        residual tile), each twice: every tile is double-buffered (double_buffer.py)."""
+        residual tile, requantisation scale row), each twice: every tile is double-buffered
+        (double_buffer.py). An int8 output is counted at the accumulator's size."""
         total = _aligned(2 * self.tm * self.tk * in_bytes) + _aligned(2 * self.tk * self.tn * in_bytes)
         total += (3 if has_residual else 2) * _aligned(2 * self.tm * self.tn * acc_bytes)
         if has_bias:
             total += _aligned(2 * self.tn * acc_bytes)
+        if has_scale:
+            total += _aligned(2 * self.tn * 4)
         return total
 
 
@@ -55,12 +59,13 @@ def choose_kernel_tiling(spec, arch: HardwareDescription) -> Tiling:
         from .eltwise import choose_eltwise_tiling  # eltwise.py builds on this module's Tiling
         return choose_eltwise_tiling(spec, arch)
     return choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch,
-                         spec.row_step, has_residual=bool(spec.residual_shape))
+                         spec.row_step, has_residual=bool(spec.residual_shape),
+                         has_scale=bool(spec.scale_shape))
 
 
 def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                   has_bias: bool, arch: HardwareDescription, row_step: int = 1,
-                  has_residual: bool = False) -> Tiling:
+                  has_residual: bool = False, has_scale: bool = False) -> Tiling:
     """The tiling with the fewest estimated cycles among those that fit the scratchpad.
 
     Output tiles grow in whole PE-array steps (rows: in multiples of `row_step` when the kernel
@@ -79,7 +84,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     for tm in range(row_step, _round_up(rows, row_step) + 1, row_step):
         for tn in range(arch.cols, _round_up(cols, arch.cols) + 1, arch.cols):
             tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch.spad_bytes,
-                                    has_residual)
+                                    has_residual, has_scale)
             if tk is None:
                 continue
             tiling = Tiling(tm, tn, tk, _round_up(rows, tm), _round_up(cols, tn), _round_up(depth, tk))
@@ -119,10 +124,11 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     return max(compute, load, store, vector) + bubble + prologue + tail
 
 
-def _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, capacity, has_residual=False):
+def _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, capacity, has_residual=False,
+                       has_scale=False):
     for tk in _k_candidates(depth):
         probe = Tiling(tm, tn, tk, tm, tn, tk)
-        if probe.spad_bytes(in_bytes, acc_bytes, has_bias, has_residual) <= capacity:
+        if probe.spad_bytes(in_bytes, acc_bytes, has_bias, has_residual, has_scale) <= capacity:
             return tk
     return None
 
@@ -169,6 +175,7 @@ def choose_depthwise_tiling(spec, arch: HardwareDescription) -> Tiling:
             output_tiles = 3 if spec.residual_shape else 2  # accumulator, output (, residual)
             footprint += output_tiles * _aligned(2 * tm * width * tn * acc_bytes)
             footprint += _aligned(2 * tn * acc_bytes) if spec.bias_shape else 0
+            footprint += _aligned(2 * tn * 4) if spec.scale_shape else 0
             if footprint > arch.spad_bytes:
                 continue
             tiling = Tiling(tm, tn, kh * kw, _round_up(rows, tm), _round_up(channels, tn), kh * kw)

@@ -140,6 +140,29 @@ void CheckEltwiseFunc(int32_t func) {
   }
 }
 
+void CheckEpilogueRequantise(int32_t flags, int32_t acc_dtype, int32_t out_dtype, int64_t n,
+                             const EpilogueExtras& extras, int64_t spad_bytes) {
+  if (!(flags & CGRA_EPILOGUE_REQUANTISE)) {
+    CheckEpilogueDTypes(acc_dtype, out_dtype);
+    if (extras.scale_addr != 0 || extras.out_zero_point != 0) {
+      Fail("scale_addr ", extras.scale_addr, " / out_zero_point ", extras.out_zero_point,
+           " given without CGRA_EPILOGUE_REQUANTISE: a disabled operand's arguments must be 0");
+    }
+    return;
+  }
+  ItemSize(acc_dtype);  // rejects unknown codes first, with the list of known ones
+  ItemSize(out_dtype);
+  if (acc_dtype != CGRA_DTYPE_INT32 || out_dtype != CGRA_DTYPE_INT8) {
+    Fail("requantisation takes an int32 accumulator to int8, not ", DTypeName(acc_dtype), " to ",
+         DTypeName(out_dtype));
+  }
+  if (extras.out_zero_point < -128 || extras.out_zero_point > 127) {
+    Fail("out_zero_point ", extras.out_zero_point, " does not fit int8 [-128, 127]");
+  }
+  CheckRegion("scale", Access::kRead, extras.scale_addr, 1, n, n, CGRA_DTYPE_FLOAT32_BYTES,
+              spad_bytes);
+}
+
 void CheckFillValue(int32_t dtype, int64_t value_bits) {
   int64_t lo = std::numeric_limits<int32_t>::min(), hi = std::numeric_limits<int32_t>::max();
   if (dtype == CGRA_DTYPE_INT8) {

@@ -138,8 +138,8 @@ void KernelRecorder::Epilogue(int32_t flags, int32_t acc_dtype, int32_t out_dtyp
                               int64_t out_addr, int64_t out_stride, const EpilogueExtras& extras) {
   Record(CGRA_OP_EPILOGUE, [&](int64_t* w) {
     CheckFlags(flags, CGRA_EPILOGUE_BIAS | CGRA_EPILOGUE_RELU | CGRA_EPILOGUE_RESIDUAL |
-                          CGRA_EPILOGUE_CLIP);
-    CheckEpilogueDTypes(acc_dtype, out_dtype);
+                          CGRA_EPILOGUE_CLIP | CGRA_EPILOGUE_REQUANTISE);
+    CheckEpilogueRequantise(flags, acc_dtype, out_dtype, n, extras, spad_bytes_);
     CheckRegion("acc", Access::kRead, acc_addr, m, n, acc_stride, ItemSize(acc_dtype),
                 spad_bytes_);
     if (flags & CGRA_EPILOGUE_BIAS) {
@@ -162,6 +162,8 @@ void KernelRecorder::Epilogue(int32_t flags, int32_t acc_dtype, int32_t out_dtyp
     w[CGRA_EPILOGUE_RESIDUAL_STRIDE] = extras.residual_stride;
     w[CGRA_EPILOGUE_CLIP_LO_BITS] = extras.clip_lo_bits;
     w[CGRA_EPILOGUE_CLIP_HI_BITS] = extras.clip_hi_bits;
+    w[CGRA_EPILOGUE_SCALE_ADDR] = extras.scale_addr;
+    w[CGRA_EPILOGUE_OUT_ZERO_POINT] = extras.out_zero_point;
   });
 }
 

@@ -24,8 +24,9 @@ import numpy as np
 from .arch import HardwareDescription
 from .box import DmaBox
 from .errors import CommandError, LaunchError
-from .isa import (ACC_DTYPE, BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL,
-                  FIELDS, GEMM_ACCUMULATE, RECORD_WORDS, UNIT_OF, DType, EltwiseFunc, Op)
+from .isa import (ACC_DTYPE, BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_REQUANTISE,
+                  EPILOGUE_RESIDUAL, FIELDS, GEMM_ACCUMULATE, RECORD_WORDS, UNIT_OF, DType, EltwiseFunc,
+                  Op)
 from .regions import Region
 
 #: A DMA box may have max(spad_bytes, this) points: far above what a scratchpad-sized box needs
@@ -133,10 +134,11 @@ class FillCommand(Command):
 
 
 class EpilogueCommand(Command):
-    """out = clip(relu(acc + bias + residual)); `bias`, `residual` are None without their flag,
-    `clip` is None or the (lo, hi) bounds as numpy scalars of the accumulator dtype."""
+    """out = requantise(clip(relu(acc + bias + residual))); `bias`, `residual` are None without
+    their flag, `clip` is None or the (lo, hi) bounds as numpy scalars of the accumulator dtype,
+    `scale` None or the (1, n) float32 row of a requantisation to int8 around `zero_point`."""
 
-    __slots__ = ("acc", "bias", "residual", "out", "relu", "clip")
+    __slots__ = ("acc", "bias", "residual", "out", "relu", "clip", "scale", "zero_point")
 
 
 class EltwiseCommand(Command):
@@ -377,9 +379,10 @@ def _decode_epilogue(check: _Checker, index: int, op: Op, record: list[int],
                      tensors) -> EpilogueCommand:
     (_, flags, acc_code, out_code, m, n, acc_addr, acc_stride, bias_addr, out_addr,
      out_stride) = record[:11]
-    check.flags(flags, EPILOGUE_BIAS | EPILOGUE_RELU | EPILOGUE_RESIDUAL | EPILOGUE_CLIP)
-    acc_dtype = check.dtype("acc_dtype", acc_code, tuple(ACC_DTYPE.values()))
-    out_dtype = check.dtype("out_dtype", out_code, (acc_dtype,))
+    check.flags(flags, EPILOGUE_BIAS | EPILOGUE_RELU | EPILOGUE_RESIDUAL | EPILOGUE_CLIP | EPILOGUE_REQUANTISE)
+    requantise = bool(flags & EPILOGUE_REQUANTISE)
+    acc_dtype = check.dtype("acc_dtype", acc_code, (DType.INT32,) if requantise else tuple(ACC_DTYPE.values()))
+    out_dtype = check.dtype("out_dtype", out_code, (DType.INT8,) if requantise else (acc_dtype,))
     check.positive(m=m, n=n)
     cmd = EpilogueCommand(index, op)
     cmd.acc = check.matrix("acc", acc_addr, m, n, acc_stride, acc_dtype, written=False)
@@ -388,9 +391,10 @@ def _decode_epilogue(check: _Checker, index: int, op: Op, record: list[int],
         cmd.bias = check.matrix("bias", bias_addr, 1, n, n, acc_dtype, written=False)
     cmd.residual = _epilogue_residual(check, flags, record, m, n, acc_dtype)
     cmd.clip = _epilogue_clip(check, flags, record, acc_dtype)
+    cmd.scale, cmd.zero_point = _epilogue_requantise(check, flags, record, n)
     cmd.out = check.matrix("out", out_addr, m, n, out_stride, out_dtype, written=True)
     cmd.relu = bool(flags & EPILOGUE_RELU)
-    cmd.reads = tuple(r for r in (cmd.acc, cmd.bias, cmd.residual) if r is not None)
+    cmd.reads = tuple(r for r in (cmd.acc, cmd.bias, cmd.residual, cmd.scale) if r is not None)
     cmd.writes = (cmd.out,)
     return cmd
 
@@ -450,6 +454,18 @@ def _decode_eltwise(check: _Checker, index: int, op: Op, record: list[int], tens
     cmd.reads = (cmd.a, cmd.b)
     cmd.writes = (cmd.out,)
     return cmd
+
+
+def _epilogue_requantise(check: _Checker, flags: int, record: list[int], n: int):
+    """(scale row, zero point) of a requantisation to int8, or (None, 0) without
+    EPILOGUE_REQUANTISE: the scale a (1, n) float32 region, the zero point an int8 value."""
+    names = ("scale_addr", "out_zero_point")
+    if not _unused_when_off(check, flags, EPILOGUE_REQUANTISE, record, names):
+        return None, 0
+    addr, zero_point = (record[FIELDS[Op.EPILOGUE].index(name)] for name in names)
+    if not -128 <= zero_point <= 127:
+        check.fail(f"out_zero_point {zero_point} does not fit int8 [-128, 127]")
+    return check.matrix("scale", addr, 1, n, n, DType.FLOAT32, written=False), zero_point
 
 
 _DECODERS = {

@@ -14,9 +14,13 @@ computes acc = (acc if ACCUMULATE else 0) + the sum over taps of window * weight
 int64, then wrapped; float32 one tap at a time in float32, ry-major, the order in which the
 intrinsic's TIR description adds them. FILL writes a constant. EPILOGUE computes
 out = acc (+ bias[j]) (+ residual[i, j]), then max(., 0) if RELU, then min(max(., lo), hi) if
-CLIP; int32 sums wrap modulo 2**32, float32 ones round after each add. ELTWISE computes
-out = func(a, b) with numpy's elementwise function in the operands' dtype: integer results wrap
-(int8 modulo 2**8, int32 modulo 2**32), float32 ones round once; maximum and minimum propagate NaN.
+CLIP; int32 sums wrap modulo 2**32, float32 ones round after each add. With REQUANTISE the int32
+x becomes int8 as onnxruntime's QLinearConv / QGemm requantise (MlasRequantizeOutput): f =
+float32(x) * scale[j] (int32 -> float32 and the product each rounded to nearest even), clamped
+to [-128 - zp, 127 - zp] (a NaN becomes the lower bound, as SSE's max does), rounded half to
+even, + zp. ELTWISE computes out = func(a, b) with numpy's elementwise function in the operands'
+dtype: integer results wrap (int8 modulo 2**8, int32 modulo 2**32), float32 ones round once;
+maximum and minimum propagate NaN.
 Each command reads all its operands before it writes, so an in-place EPILOGUE is well defined.
 """
 
@@ -116,6 +120,8 @@ def _epilogue(cmd: EpilogueCommand, spad: np.ndarray) -> None:
         values = np.maximum(values, values.dtype.type(0))
     if cmd.clip is not None:
         values = np.minimum(np.maximum(values, cmd.clip[0]), cmd.clip[1])
+    if cmd.scale is not None:
+        values = requantise(values, cmd.scale.view(spad), cmd.zero_point)
     cmd.out.view(spad)[...] = values
 
 
@@ -132,6 +138,17 @@ ELTWISE_FUNCS = {
 def _eltwise(cmd: EltwiseCommand, spad: np.ndarray) -> None:
     a, b = cmd.a.view(spad), cmd.b.view(spad)
     cmd.out.view(spad)[...] = ELTWISE_FUNCS[cmd.func](a, b, dtype=a.dtype)
+
+
+def requantise(acc: np.ndarray, scale: np.ndarray, zero_point: int) -> np.ndarray:
+    """int32 `acc` (m, n) -> int8 with float32 `scale` (1, n) or (n,) and an int8 zero point:
+    rne(clamp(float32(acc) * scale, -128 - zp, 127 - zp)) + zp. The clamp comes first so that
+    no value leaves the int32 range before rounding; with integer bounds that order cannot
+    change a result. fmax / fmin send a NaN product to the lower bound."""
+    product = acc.astype(np.float32) * scale.astype(np.float32, copy=False)
+    lo, hi = np.float32(-128 - zero_point), np.float32(127 - zero_point)
+    clamped = np.fmin(np.fmax(product, lo), hi)
+    return (np.rint(clamped) + np.float32(zero_point)).astype(np.int8)
 
 
 _EXECUTORS = {

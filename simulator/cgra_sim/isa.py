@@ -32,7 +32,7 @@ class Op(enum.IntEnum):
     DMA_STORE = 2  # scratchpad -> host tensor box, halo elements dropped
     GEMM = 3  # PE array: acc (+)= A @ B on scratchpad tiles
     FILL = 4  # vector unit: fill a 2-D scratchpad region with a constant
-    EPILOGUE = 5  # vector unit: out = clip(relu(acc + bias + residual)) (each step optional)
+    EPILOGUE = 5  # vector unit: out = requant(clip(relu(acc + bias + residual))) (each step optional)
     DEPTHWISE = 6  # PE array: per-channel sliding-window MACs (a depthwise conv2d tile)
     ELTWISE = 8  # vector unit: out = func(a, b) over a 2-D tile, operands strided (0 broadcasts)
 
@@ -100,6 +100,9 @@ EPILOGUE_BIAS = 1  # add bias[j] (a row vector of n elements, acc dtype)
 EPILOGUE_RELU = 2  # max(x, 0) after the bias and the residual
 EPILOGUE_RESIDUAL = 4  # add residual[i, j] (an m x n tile, acc dtype, own row stride) after the bias
 EPILOGUE_CLIP = 8  # min(max(x, clip_lo), clip_hi) last; bounds are acc-dtype value bits like FILL's
+# After all of the above, int32 -> int8: out = rne(clamp(f32(x) * scale[j], -128 - zp, 127 - zp)) + zp,
+# scale a row of n float32 at scale_addr, zp = out_zero_point (onnxruntime's QLinearConv arithmetic).
+EPILOGUE_REQUANTISE = 16
 
 
 def _dma_fields():
@@ -124,10 +127,11 @@ FIELDS = {
     Op.GEMM: ("op", "flags", "dtype", "m", "n", "k", "a_addr", "a_stride", "b_addr",
               "b_stride", "acc_addr", "acc_stride"),
     Op.FILL: ("op", "flags", "dtype", "addr", "rows", "cols", "stride", "value_bits"),
-    # Words 11.. were added in stream version 2 (residual and clip); earlier words kept their place.
+    # Words 11.. were added in stream version 2 (residual and clip, then requantisation); earlier
+    # words kept their place.
     Op.EPILOGUE: ("op", "flags", "acc_dtype", "out_dtype", "m", "n", "acc_addr", "acc_stride",
                   "bias_addr", "out_addr", "out_stride", "residual_addr", "residual_stride",
-                  "clip_lo_bits", "clip_hi_bits"),
+                  "clip_lo_bits", "clip_hi_bits", "scale_addr", "out_zero_point"),
     # A depthwise window: acc[y, x, c] (+)= sum over taps (ry, rx) of A[y, x, ry, rx, c] * B[ry, rx, c]
     # (ry-major tap order), A's element at a_addr + y*a_y + x*a_x + ry*a_ry + rx*a_rx + c: the
     # taps of neighbouring outputs overlap in the scratchpad. Every PE owns one output element.
@@ -183,6 +187,7 @@ def c_header() -> str:
         f"#define CGRA_EPILOGUE_RELU {EPILOGUE_RELU}",
         f"#define CGRA_EPILOGUE_RESIDUAL {EPILOGUE_RESIDUAL}",
         f"#define CGRA_EPILOGUE_CLIP {EPILOGUE_CLIP}",
+        f"#define CGRA_EPILOGUE_REQUANTISE {EPILOGUE_REQUANTISE}",
     ]
     lines += [f"#define CGRA_OP_{op.name} {int(op)}" for op in Op]
     lines += [f"#define CGRA_DTYPE_{dt.name} {int(dt)}" for dt in DType]

@@ -23,8 +23,8 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
-from .isa import (BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL, FIELDS,
-                  GEMM_ACCUMULATE, DType, EltwiseFunc, Op, Unit)
+from .isa import (BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_REQUANTISE,
+                  EPILOGUE_RESIDUAL, FIELDS, GEMM_ACCUMULATE, DType, EltwiseFunc, Op, Unit)
 from .timing import Schedule
 
 #: Track order, top to bottom, and each unit's thread id (1-based: some viewers treat 0 specially).
@@ -75,7 +75,8 @@ def _fill_args(op: Op, record) -> dict:
 def _epilogue_args(op: Op, record) -> dict:
     args = _fields(op, record, "m", "n", "acc_addr", "out_addr")
     args.update(bias=bool(record[1] & EPILOGUE_BIAS), relu=bool(record[1] & EPILOGUE_RELU),
-                residual=bool(record[1] & EPILOGUE_RESIDUAL), clip=bool(record[1] & EPILOGUE_CLIP))
+                residual=bool(record[1] & EPILOGUE_RESIDUAL), clip=bool(record[1] & EPILOGUE_CLIP),
+                requantise=bool(record[1] & EPILOGUE_REQUANTISE))
     return args
 
 
