@@ -100,6 +100,15 @@ _KEY_ARGS = {
 }
 
 
+def command_args(record) -> dict:
+    """The key fields of one command record, by name (unknown opcodes: just the code)."""
+    code = int(record[0])
+    if code not in Op._value2member_map_:
+        return {"opcode": code}
+    op = Op(code)
+    return _KEY_ARGS[op](op, record)
+
+
 def _metadata(pid: int, launch: TracedLaunch) -> list[dict]:
     events = [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"{pid - 1}: {launch.name}"}},
               {"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}}]
