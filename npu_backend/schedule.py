@@ -23,10 +23,12 @@ from typing import Callable
 from tvm import s_tir
 
 from cgra_sim.arch import HardwareDescription
+from cgra_sim.isa import DType
 
 from .errors import ScheduleError
 from .intrinsics import SPAD, get_intrin
 from .kernels import KernelSpec
+from .spad_layout import a_row_stride, out_row_stride, storage_align_args, store_walks_rows
 from .tiling import Tiling
 
 ScheduleFn = Callable[[s_tir.Schedule, KernelSpec, Tiling, HardwareDescription], None]
@@ -51,7 +53,7 @@ def schedule_kernel(func, spec: KernelSpec, tiling: Tiling, arch: HardwareDescri
     return sch.mod["main"]
 
 
-def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
+def _tile_output(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription):
     """Tile the epilogue's (row, col) loops and pull acc, bias and the store under them."""
     epi = sch.get_sblock("epi")
     *batch_loops, row, col = sch.get_loops(epi)
@@ -69,6 +71,27 @@ def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
     sch.set_scope(acc, 0, SPAD)
     sch.set_scope(epi, 0, SPAD)
     return acc, epi, row_inner, col_outer
+
+
+def align_rows(sch, block, row: int, stride: int, dtype: str, arch: HardwareDescription) -> None:
+    """Pad the rows (the second-to-last axis) of the scratchpad buffer `block` writes from
+    `row` to `stride` elements (spad_layout.py chose the stride), with s_tir's storage_align:
+    the allocation, DMA boxes and intrinsic strides all follow the buffer's strides."""
+    args = storage_align_args(row, stride, DType.from_name(dtype).itemsize, arch)
+    if args is None:
+        return
+    ndim = len(sch.get(block).writes[0].region)
+    sch.storage_align(block, 0, ndim - 2, *args)
+
+
+def align_output_rows(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> None:
+    """Pad the epilogue's output tile when its store reads one element per row (NCHW output):
+    rows a multiple of the banks' period apart would put each DMA beat in one bank. Called
+    after tensorize, which replaces the epilogue's block (and would drop its annotation): the
+    store's producer is the block that writes the tile then."""
+    stride = out_row_stride(tiling.tn, DType.from_name(spec.acc_dtype).itemsize, store_walks_rows(spec), arch)
+    epi = sch.get_sblock("epi_o")  # tensorize blockizes "epi" into "epi_o"
+    align_rows(sch, epi, tiling.tn, stride, spec.acc_dtype, arch)
 
 
 def stage_residual(sch, spec: KernelSpec, col_outer):
@@ -112,6 +135,10 @@ def _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, col_tile):
         block = sch.get_sblock(name)
         sch.compute_at(block, depth_outer)
         sch.set_scope(block, 0, SPAD)
+    # The PE array reads one element of each of A's rows a cycle: rows a multiple of the
+    # banks' period apart would all sit in one bank.
+    align_rows(sch, sch.get_sblock("a_pad"), tiling.tk,
+               a_row_stride(tiling.tm, tiling.tk, DType.from_name(spec.dtype).itemsize, arch), spec.dtype, arch)
     if spec.row_step > 1:
         # The operand copy walks output pixels p = y * OW + ox; split p into (y, ox) so the
         # gather is a DMA box (the DMA pass simplifies p // OW, p % OW on these loop bounds).
@@ -122,13 +149,14 @@ def _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, col_tile):
     sch.tensorize(row, get_intrin("gemm", tiling.tm, tiling.tn, tiling.tk, spec.dtype, spec.acc_dtype))
     sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", tiling.tm, tiling.tn, spec.acc_dtype))
     sch.tensorize(epi_row, epilogue_intrin(spec, tiling))
+    align_output_rows(sch, spec, tiling, arch)
 
 
 @register_schedule("matmul")
 @register_schedule("conv2d")
 def schedule_gemm_like(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription):
     """Both kernels are GEMMs over (rows, cols, reductions...): one schedule serves both."""
-    acc, epi, epi_row, col_tile = _tile_output(sch, spec, tiling)
+    acc, epi, epi_row, col_tile = _tile_output(sch, spec, tiling, arch)
     _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, col_tile)
 
 
@@ -159,6 +187,7 @@ def schedule_depthwise(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDesc
     sch.tensorize(out_width, get_intrin("epilogue", sch.get(out_width).extent.value, tiling.tn,
                                         spec.acc_dtype, bool(spec.bias_shape), spec.relu,
                                         bool(spec.residual_shape), spec.clip))
+    align_output_rows(sch, spec, tiling, arch)
 
 
 def _loops_after(sch, block, anchor):
