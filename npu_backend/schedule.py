@@ -10,7 +10,10 @@ the scheduled PrimFunc, in which
 - the accumulator's init is one FILL per tile, each reduction step one GEMM over the tile (the
   PE array runs its folds), and the epilogue (bias, residual, relu, clip) one vector-unit
   intrinsic per tile;
-- the store of the valid region of each tile goes back to the host by DMA.
+- the store of the valid region of each tile goes back to the host by DMA;
+- A's rows, and the output tile's rows when the store reads one element per row (NCHW), are
+  padded with `storage_align` so that the scratchpad banks serve them without conflicts (the
+  stride comes from `spad_layout.py`; allocation, DMA boxes and intrinsic strides follow it).
 
 A user may register their own schedule for a kernel kind with `register_schedule` (the seeds ask
 for exactly this: attach a hand-written schedule to a graph-level operator).
@@ -53,7 +56,7 @@ def schedule_kernel(func, spec: KernelSpec, tiling: Tiling, arch: HardwareDescri
     return sch.mod["main"]
 
 
-def _tile_output(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription):
+def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
     """Tile the epilogue's (row, col) loops and pull acc, bias and the store under them."""
     epi = sch.get_sblock("epi")
     *batch_loops, row, col = sch.get_loops(epi)
@@ -87,8 +90,8 @@ def align_rows(sch, block, row: int, stride: int, dtype: str, arch: HardwareDesc
 def align_output_rows(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> None:
     """Pad the epilogue's output tile when its store reads one element per row (NCHW output):
     rows a multiple of the banks' period apart would put each DMA beat in one bank. Called
-    after tensorize, which replaces the epilogue's block (and would drop its annotation): the
-    store's producer is the block that writes the tile then."""
+    after tensorize, which blockizes "epi" into "epi_o" and would drop an annotation made
+    before: "epi_o" writes the tile then."""
     stride = out_row_stride(tiling.tn, DType.from_name(spec.acc_dtype).itemsize, store_walks_rows(spec), arch)
     epi = sch.get_sblock("epi_o")  # tensorize blockizes "epi" into "epi_o"
     align_rows(sch, epi, tiling.tn, stride, spec.acc_dtype, arch)
@@ -156,7 +159,7 @@ def _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, col_tile):
 @register_schedule("conv2d")
 def schedule_gemm_like(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription):
     """Both kernels are GEMMs over (rows, cols, reductions...): one schedule serves both."""
-    acc, epi, epi_row, col_tile = _tile_output(sch, spec, tiling, arch)
+    acc, epi, epi_row, col_tile = _tile_output(sch, spec, tiling)
     _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, col_tile)
 
 
