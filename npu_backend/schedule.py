@@ -31,7 +31,8 @@ from cgra_sim.isa import DType
 from .errors import ScheduleError
 from .intrinsics import SPAD, get_intrin
 from .kernels import KernelSpec
-from .spad_layout import a_row_stride, out_row_stride, storage_align_args, store_walks_rows
+from .spad_layout import (a_row_stride, out_row_stride, storage_align_args, store_walks_rows,
+                          window_pixel_stride)
 from .tiling import Tiling
 
 ScheduleFn = Callable[[s_tir.Schedule, KernelSpec, Tiling, HardwareDescription], None]
@@ -185,6 +186,11 @@ def schedule_depthwise(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDesc
     window = (kh, kw, *spec.strides, *spec.dilation)
     tile_rows = _loops_after(sch, sch.get_sblock("acc"), col_outer)[0]
     out_width = sch.get_loops(epi)[-2]
+    # A strided window's output pixels are `sw` input pixels apart: pad its pixels if the
+    # DEPTHWISE's full-width beats would find them in the same banks.
+    align_rows(sch, sch.get_sblock("a_pad"), tiling.tn, window_pixel_stride(
+        tiling.tn, DType.from_name(spec.dtype).itemsize, spec.strides[1], sch.get(out_width).extent.value, arch),
+        spec.dtype, arch)
     sch.tensorize(tile_rows, get_intrin("depthwise", tiling.tm, sch.get(out_width).extent.value, tiling.tn,
                                         window, spec.dtype, spec.acc_dtype))
     sch.tensorize(out_width, get_intrin("epilogue", sch.get(out_width).extent.value, tiling.tn,

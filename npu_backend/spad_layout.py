@@ -96,3 +96,15 @@ def store_walks_rows(spec) -> int:
 def out_row_stride(tn: int, itemsize: int, store_rows: int, arch: HardwareDescription) -> int:
     """Row stride (elements) of the epilogue's output tile of tn-element rows."""
     return store_row_stride(tn, itemsize, store_rows, arch) if store_rows else tn
+
+
+def window_pixel_stride(tn: int, itemsize: int, step: int, ow: int, arch: HardwareDescription) -> int:
+    """Pixel stride (elements) of a depthwise input window of `tn` channels: DEPTHWISE streams
+    the window at the scratchpad's full width, output pixels `step` (the conv's x stride) input
+    pixels apart, so a strided conv can put one beat's pixels in the same banks."""
+    beat, size = arch.spad_banks * arch.bank_width_bytes, itemsize
+
+    def conflict_free(stride):
+        return beat_slowdown(beat, (ow, tn), (step * stride * size, size), size, 0, arch.spad_banks,
+                             arch.bank_width_bytes) == 1
+    return padded_row_stride(tn, itemsize, arch, conflict_free)

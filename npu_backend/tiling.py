@@ -15,7 +15,7 @@ from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
 from .errors import ScratchpadTooSmall
-from .spad_layout import a_row_stride, out_row_stride, store_walks_rows
+from .spad_layout import a_row_stride, out_row_stride, store_walks_rows, window_pixel_stride
 
 #: Scratchpad buffers are placed 64-byte aligned by the code generator.
 ALIGN = 64
@@ -173,7 +173,8 @@ def choose_depthwise_tiling(spec, arch: HardwareDescription) -> Tiling:
     for tm in range(2, rows + 1):
         in_h = (tm - 1) * sh + (kh - 1) * dh + 1
         for tn in range(first_tn, max(_round_up(channels, arch.cols), first_tn) + 1, arch.cols):
-            footprint = _aligned(2 * in_h * in_w * tn * in_bytes) + _aligned(2 * kh * kw * tn * in_bytes)
+            pixel = window_pixel_stride(tn, in_bytes, sw, width, arch)  # padded pixels (spad_layout.py)
+            footprint = _aligned(2 * in_h * in_w * pixel * in_bytes) + _aligned(2 * kh * kw * tn * in_bytes)
             compact_tiles = 2 if spec.residual_shape else 1  # accumulator (, residual)
             footprint += compact_tiles * _aligned(2 * tm * width * tn * acc_bytes)
             # the output tile, its pixels padded against bank conflicts (spad_layout.py)

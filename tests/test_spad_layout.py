@@ -132,6 +132,8 @@ CASES = {
                                                       residual=True),
     "depthwise NCHW f32": lambda: conv2d_model(1, 16, 12, 12, 16, 3, 3, (1, 1), (1, 1, 1, 1), "float32",
                                                groups=16),
+    "depthwise stride 2 f32": lambda: conv2d_model(1, 32, 16, 16, 32, 3, 3, (2, 2), (1, 1, 1, 1), "float32",
+                                                   groups=32),
 }
 
 
