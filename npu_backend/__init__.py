@@ -33,7 +33,7 @@ from .target_hook import register_target_hook
 __all__ = [
     "CGRAError", "CompileOptions", "DEFAULT_ARCH", "DamagedArtifact", "HardwareDescription", "Placement", "Profile",
     "STAGES", "ScheduleError", "ScratchpadTooSmall", "UnsupportedCopy", "UnsupportedOperator",
-    "compile", "explain", "format_placements", "load_arch", "npu_mac_fraction", "preset_names",
+    "compile", "explain", "format_placements", "from_onnx", "load_arch", "npu_mac_fraction", "preset_names",
     "profile",
 ]
 
@@ -47,6 +47,14 @@ def compile(mod: tvm.IRModule, arch=None, *, dump_dir: str | None = None):  # no
     name = arch.name if arch.name in preset_names() else DEFAULT_ARCH
     target = tvm.target.Target(name)
     return tvm.relax.build(mod, target=target, relax_pipeline=cgra_pipeline(arch, options))
+
+
+def from_onnx(model, shape_dict=None, dtype_dict="float32", opset=None) -> tvm.IRModule:
+    """`tvm.relax.frontend.onnx.from_onnx`, keeping each ONNX node's name on the calls made for
+    it, so that profiles and `cgra-sim run` name every kernel's layers (needs the onnx extra)."""
+    from .onnx_import import from_onnx as import_onnx  # the onnx package is an optional extra
+
+    return import_onnx(model, shape_dict, dtype_dict, opset)
 
 
 def _register() -> None:

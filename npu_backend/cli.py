@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -66,14 +67,17 @@ def _parser() -> argparse.ArgumentParser:
     _add_observation_arguments(verify)
 
     run = sub.add_parser(
-        "run", help="compile an ONNX model, simulate it and report cycles per kernel",
+        "run", help="compile an ONNX model, simulate it and report cycles per layer (ONNX node names)",
         description="Import an ONNX model, compile it for the CGRA NPU (unsupported operators stay "
-                    "on the host), run it on random inputs and print a per-kernel table.")
+                    "on the host), run it on random inputs and print a per-layer table: each kernel launch and host "
+                    "operator with the ONNX nodes it came from, its ops, output, cycles, utilisation and DMA bytes.")
     run.add_argument("model", help="path of an .onnx file")
     run.add_argument("--arch", default="cgra-8x8", help="preset name or JSON file (default cgra-8x8)")
     run.add_argument("--check", action="store_true",
                      help="compare the outputs with onnxruntime (float32 within 1e-4 relative)")
-    run.add_argument("--dump-dir", help="write every compiler stage's output under this directory")
+    run.add_argument("--dump-dir", help="write every compiler stage's output under this directory, and "
+                                        "each kernel launch's command stream under DIR/streams (a "
+                                        "launch file for replay and a .txt listing)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     run.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -94,11 +98,32 @@ def _add_observation_arguments(parser: argparse.ArgumentParser) -> None:
                              "(chrome://tracing, ui.perfetto.dev)")
 
 
+def _record_dir(args):
+    """Where launches are recorded: --record-dir, else (for `run`) <--dump-dir>/streams, since the
+    command streams are the last stage of the compile flow a dump should show."""
+    if args.record_dir or not getattr(args, "dump_dir", None):
+        return args.record_dir
+    return os.path.join(args.dump_dir, "streams")
+
+
 def _observe(args):
-    """The profile that records launches and keeps schedules as --record-dir and --trace ask."""
+    """The profile that records launches and keeps schedules as --record-dir / --dump-dir and
+    --trace ask."""
     import npu_backend
 
-    return npu_backend.profile(record_dir=args.record_dir, keep_schedules=args.trace is not None)
+    return npu_backend.profile(record_dir=_record_dir(args), keep_schedules=args.trace is not None)
+
+
+def _write_listings(paths) -> None:
+    """Next to each recorded launch file, its command stream as text (cgra_sim.listing)."""
+    from cgra_sim.listing import format_stream
+    from cgra_sim.stream_file import SUFFIX, load_launch
+
+    for path in paths:
+        launch = load_launch(path)
+        with open(path[:-len(SUFFIX)] + ".txt", "w", encoding="utf-8") as out:
+            out.write(format_stream(launch.commands, f"kernel {launch.kernel} ({len(launch.commands)} "
+                                                     f"commands; source ops {','.join(launch.source_ops)})"))
 
 
 def _publish(args, prof, report: dict) -> list[str]:
@@ -111,9 +136,13 @@ def _publish(args, prof, report: dict) -> list[str]:
         write_chrome_trace(args.trace, prof.schedules)
         report["trace"] = args.trace
         lines.append(f"trace of {launches(len(prof.schedules))}: {args.trace}")
-    if args.record_dir:
+    record_dir = _record_dir(args)
+    if record_dir:
         report["recorded"] = list(prof.recorded)
-        lines.append(f"{launches(len(prof.recorded))} recorded under {args.record_dir} (cgra-sim replay FILE)")
+        lines.append(f"{launches(len(prof.recorded))} recorded under {record_dir} (cgra-sim replay FILE)")
+    if getattr(args, "dump_dir", None):
+        _write_listings(prof.recorded)
+        lines.append(f"compiler stages and command streams (.txt) written under {args.dump_dir}")
     return lines
 
 

@@ -20,6 +20,8 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
+from .provenance import merged_span, with_span
+
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _CLIP = tvm.ir.Op.get("relax.clip")
 _COMPARES = {tirx.Max: "max", tirx.Min: "min"}
@@ -132,7 +134,7 @@ class _ClipRewriter(relax.PyExprMutator):
         dtype = _dtype(args.fields[1])
         lowest, highest = _range(dtype)
         lo, hi = (value, highest) if compare == "max" else (lowest, value)
-        return relax.op.clip(args.fields[0], _bound(lo, dtype), _bound(hi, dtype))
+        return with_span(relax.op.clip(args.fields[0], _bound(lo, dtype), _bound(hi, dtype)), call.span)
 
     def _merged_clip(self, call):
         inner = call.args[0]
@@ -147,7 +149,8 @@ class _ClipRewriter(relax.PyExprMutator):
         if not lo <= hi:  # disjoint ranges: the chain is a constant; leave it as written
             return call
         dtype = _dtype(inner.args[0])
-        return relax.op.clip(inner.args[0], _bound(lo, dtype), _bound(hi, dtype))
+        merged = relax.op.clip(inner.args[0], _bound(lo, dtype), _bound(hi, dtype))
+        return with_span(merged, merged_span(inner.span, call.span))  # both calls' model nodes
 
 
 def canonicalize_clips_pass() -> tvm.transform.Pass:

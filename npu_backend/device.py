@@ -70,13 +70,15 @@ class Profile:
         return json.dumps(self.to_dict(), indent=indent)
 
     def table(self) -> str:
-        """A per-kernel table a person can read."""
-        lines = [f"{'kernel':<48} {'source ops':<34} {'cycles':>10} {'MACs':>12} {'util':>6} {'DMA bytes':>10}"]
+        """A per-kernel table a person can read; the model nodes (ONNX node names) each launch
+        came from, when the model was imported with them (npu_backend.from_onnx)."""
+        lines = [f"{'kernel':<44} {'source ops':<26} {'cycles':>10} {'MACs':>12} {'util':>6} "
+                 f"{'DMA bytes':>10}  model nodes"]
         for k in self.kernels:
             dma = k.dma_load_bytes + k.dma_store_bytes
-            lines.append(f"{k.name[:48]:<48} {','.join(k.source_ops)[:34]:<34} {k.cycles:>10} "
-                         f"{k.macs:>12} {k.utilisation:>6.1%} {dma:>10}")
-        lines.append(f"{'total':<48} {'':<34} {self.total_cycles:>10} {self.total_macs:>12}")
+            lines.append(f"{k.name[:44]:<44} {','.join(k.source_ops)[:26]:<26} {k.cycles:>10} "
+                         f"{k.macs:>12} {k.utilisation:>6.1%} {dma:>10}  {','.join(k.model_nodes)}".rstrip())
+        lines.append(f"{'total':<44} {'':<26} {self.total_cycles:>10} {self.total_macs:>12}")
         return "\n".join(lines)
 
     def chrome_trace(self) -> dict:

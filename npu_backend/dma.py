@@ -168,12 +168,28 @@ def _as_i64(value):
 
 
 def _flat_offset(buffer, indices):
-    """Row-major element offset of `indices` in the (compacted, static) scratchpad buffer."""
-    offset, stride = 0, 1
-    for index, extent in reversed(list(zip(indices, buffer.shape))):
+    """Element offset of `indices` in the (compacted, static) scratchpad buffer, through its
+    strides: a buffer whose rows storage_align padded (spad_layout.py) is not compact."""
+    offset = 0
+    for index, stride in zip(indices, buffer_strides(buffer)):
         offset = offset + index * stride
-        stride = stride * int(extent)
     return offset
+
+
+def buffer_strides(buffer) -> list[int]:
+    """The element strides of a static buffer: its own, else row-major over its shape."""
+    if len(buffer.strides) > 0:
+        return [int(stride) for stride in buffer.strides]
+    strides, stride = [], 1
+    for extent in reversed(buffer.shape):
+        strides.insert(0, stride)
+        stride *= int(extent)
+    return strides
+
+
+def buffer_elements(buffer) -> int:
+    """Elements a static buffer spans in memory, padding included (its flattened size)."""
+    return int(buffer.shape[0]) * buffer_strides(buffer)[0] if len(buffer.shape) > 0 else 1
 
 
 def _linear(expr, loop_vars, what):

@@ -20,7 +20,7 @@ import functools
 
 from tvm import ir, tirx
 
-from .dma import SPAD
+from .dma import SPAD, buffer_elements, buffer_strides
 
 _BUFFER_DATA = ir.Op.get("tirx.buffer_data")
 COPIES = 2
@@ -53,8 +53,7 @@ def _double_allocations(seq, loops):
     t + 2, which is all double buffering needs."""
     if not loops or _trip_count(loops) < 2:
         return tirx.SeqStmt(seq)
-    remap = {stmt.buffer: tirx.decl_buffer((COPIES,) + tuple(stmt.buffer.shape), stmt.buffer.dtype,
-                                           stmt.buffer.name + "_x2", scope=SPAD)
+    remap = {stmt.buffer: _doubled(stmt.buffer)
              for stmt in seq if isinstance(stmt, tirx.AllocBuffer) and stmt.buffer.scope() == SPAD}
     if not remap:
         return tirx.SeqStmt(seq)
@@ -62,6 +61,14 @@ def _double_allocations(seq, loops):
     return tirx.SeqStmt([tirx.AllocBuffer(remap[stmt.buffer])
                          if isinstance(stmt, tirx.AllocBuffer) and stmt.buffer in remap
                          else redirect.stmt(stmt) for stmt in seq])
+
+
+def _doubled(buffer):
+    """`COPIES` copies of `buffer`, each spanning the buffer's padded size: its row strides
+    (storage_align's padding) are kept, so every copy has the layout the intrinsics expect."""
+    strides = buffer_strides(buffer)
+    return tirx.decl_buffer((COPIES,) + tuple(buffer.shape), buffer.dtype, buffer.name + "_x2",
+                            strides=[buffer_elements(buffer)] + strides, scope=SPAD)
 
 
 def _trip_count(loops) -> int:
@@ -106,9 +113,8 @@ class _ExprRedirect:
             buf = self._buffer_of(arg)
             if buf is None:
                 continue
-            size = functools.reduce(lambda n, d: n * int(d), buf.shape, 1)
             args[i] = self.remap[buf].data
-            args[i + 1] = args[i + 1] + self.parity * size
+            args[i + 1] = args[i + 1] + self.parity * buffer_elements(buf)
         return ir.Call(value.op, args, value.attrs, value.ty_args, value.span, value.ty)
 
     def _buffer_of(self, arg):

@@ -18,13 +18,17 @@ from tvm import relax
 
 from cgra_sim.arch import load_arch
 
+from .eltwise import ELTWISE_OPS
+from .eltwise import PREFIX as ELTWISE_PREFIX
 from .options import CompileOptions
 from .patterns import composite_call, offload_reason
 from .pipeline import STAGES
 from .pool_patterns import POOL_OPS
+from .provenance import SOURCE_NODES_ATTR, call_nodes
 from .target_hook import offloaded_spec
 
 _KERNEL_OPS = {"relax.matmul": "cgra.matmul", "relax.nn.conv2d": "cgra.conv2d"}
+_ELTWISE_PATTERNS = {op: ELTWISE_PREFIX + func for func, op in ELTWISE_OPS.items()}
 _POOLING_OPS = {op: name for name, op in POOL_OPS.items()}  # one call each, no MACs
 
 
@@ -36,6 +40,9 @@ class Placement:
     kernel: str  # the NPU kernel it is part of ("" on the host)
     reason: str  # why it stays on the host ("" on the NPU)
     macs: int = 0  # multiply-accumulates of the operator (conv2d, matmul; 0 for the others)
+    nodes: str = ""  # the model nodes (ONNX node names, "+"-joined) it came from, "" if unknown
+    site: int = -1  # which call of the model it belongs to: the operators of one kernel share it
+    symbol: str = ""  # the kernel's symbol (its launches' name in a profile; "" on the host)
 
 
 def npu_mac_fraction(placements: list[Placement]) -> float:
@@ -54,7 +61,7 @@ def explain(mod: tvm.IRModule, arch=None) -> list[Placement]:
     placements = []
     for _, func in mod.functions.items():
         if isinstance(func, relax.Function) and not _attr(func, "Codegen") and not _attr(func, "Composite"):
-            placements += _placements(mod, func, arch)
+            placements += _placements(mod, func, arch, len(placements))
     return placements
 
 
@@ -71,7 +78,7 @@ def _attr(func, key):
     return (func.attrs or {}).get(key) if func.attrs is not None else None
 
 
-def _placements(mod, func, arch):
+def _placements(mod, func, arch, start: int = 0):
     placements = []
     for block in func.body.blocks:
         for binding in block.bindings:
@@ -79,20 +86,25 @@ def _placements(mod, func, arch):
             if not isinstance(call, relax.Call):
                 continue
             if isinstance(call.op, tvm.ir.GlobalVar) and _attr(mod[call.op], "Codegen") == "cgra":
-                placements += _kernel_ops(mod[call.op])
+                placements += _kernel_ops(mod[call.op], start + len(placements))
             elif isinstance(call.op, tvm.ir.Op):
                 placements.append(Placement(_op_name(call), _type_of(binding.var), "host", "",
-                                            _host_reason(call, arch), _macs(call, binding.var)))
+                                            _host_reason(call, arch), _macs(call, binding.var),
+                                            call_nodes(call), start + len(placements)))
     return placements
 
 
-def _kernel_ops(wrapper) -> list[Placement]:
+def _kernel_ops(wrapper, site: int) -> list[Placement]:
     offloaded_spec(wrapper)  # what the compiler reads; raises where the compiler would
     composite, _ = composite_call(wrapper)
-    kernel = f"{composite.attrs['Composite']} ({wrapper.attrs['global_symbol']})"
-    return [Placement(_short(b.value.op.name), _type_of(b.var), "npu", kernel, "", _macs(b.value, b.var))
-            for block in composite.body.blocks for b in block.bindings
-            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
+    symbol = str(wrapper.attrs["global_symbol"])
+    kernel = f"{composite.attrs['Composite']} ({symbol})"
+    ops = [b for block in composite.body.blocks for b in block.bindings
+           if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
+    nodes = [str(n) for n in (_attr(wrapper, SOURCE_NODES_ATTR) or [])]
+    nodes = nodes if len(nodes) == len(ops) else [""] * len(ops)
+    return [Placement(_short(b.value.op.name), _type_of(b.var), "npu", kernel, "", _macs(b.value, b.var),
+                      node, site, symbol) for b, node in zip(ops, nodes)]
 
 
 def _host_reason(call, arch) -> str:
@@ -100,11 +112,15 @@ def _host_reason(call, arch) -> str:
     if name in _POOLING_OPS:
         reason = offload_reason(_POOLING_OPS[name], {"root": call, "lhs": call.args[0]}, arch)
         return reason or "matched no cgra pattern"
-    if name not in _KERNEL_OPS:
+    pattern = _KERNEL_OPS.get(name) or _ELTWISE_PATTERNS.get(name)
+    if pattern is None:
         return (f"no NPU kernel for {_op_name(call)} (the NPU runs matmul and conv2d, with bias add, "
-                "residual add, relu and clip, and max / average pooling)")
+                "residual add, relu and clip, elementwise add, subtract, multiply, maximum, minimum, "
+                "and max / average pooling)")
+    if len(call.args) < 2:
+        return f"{_op_name(call)} does not take two operands"
     annotated = {"root": call, "lhs": call.args[0], "rhs": call.args[1]}
-    reason = offload_reason(_KERNEL_OPS[name], annotated, arch)
+    reason = offload_reason(pattern, annotated, arch)
     return reason or "matched no cgra pattern (its operands are produced in a form the patterns do not take)"
 
 

@@ -22,6 +22,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .provenance import with_span
+
 _FLOAT = ("float16", "float32", "float64")
 
 
@@ -81,7 +83,7 @@ class _WeightFolder(relax.PyExprMutator):
         super().__init__(mod)
         self.constants = {}  # var -> relax constant it was folded to
         self.folded_norms = set()  # batch_norm vars whose conv2d took the scale and shift
-        self.bias_of = {}  # var of batch_norm(...)[0] -> (conv2d var, bias constant)
+        self.bias_of = {}  # var of batch_norm(...)[0] -> (conv2d var, bias constant, norm's span)
         self.values, self.users = {}, {}
         for block in func.body.blocks:
             self.values.update({b.var: b.value for b in block.bindings})
@@ -101,8 +103,9 @@ class _WeightFolder(relax.PyExprMutator):
         if var in self.folded_norms:
             return
         if var in self.bias_of:
-            conv, bias = self.bias_of[var]
-            self._emit(var, relax.op.add(conv, bias))
+            conv, bias, span = self.bias_of[var]
+            # The bias add stands for the batch norm: it carries the norm's model node.
+            self._emit(var, with_span(relax.op.add(conv, bias), span))
             return
         if self._fold_batch_norm_into(var, value):
             return
@@ -148,10 +151,11 @@ class _WeightFolder(relax.PyExprMutator):
         if plan is None:
             return False
         norm_var, outputs, weight, bias = plan
-        self._emit(conv_var, relax.Call(conv.op, [self.visit_expr(conv.args[0]), weight], conv.attrs))
+        self._emit(conv_var, relax.Call(conv.op, [self.visit_expr(conv.args[0]), weight], conv.attrs,
+                                        span=conv.span))
         self.folded_norms.add(norm_var)
         for out in outputs:
-            self.bias_of[out] = (conv_var, bias)
+            self.bias_of[out] = (conv_var, bias, self.values[norm_var].span)
         return True
 
     def _batch_norm_plan(self, conv_var, conv):

@@ -24,6 +24,8 @@ from cgra_sim.isa import (EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_
                           DType, Op)
 
 from .pool_intrinsic import PoolWindow, pool_intrin
+from .eltwise_intrin import eltwise_intrin
+from .requant_intrin import epilogue_requant_intrin
 
 SPAD = "global.cgra_spad"
 
@@ -219,7 +221,7 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, bias: bool, relu: bool, re
             T.evaluate(T.call_extern(
                 "int32", "cgra_epilogue", flags, _code(dtype), _code(dtype), rows, cols,
                 Acc.data, Acc.elem_offset, sa, Bias.data, Bias.elem_offset,
-                Out.data, Out.elem_offset, so, 0, 0, 0, lo, hi))
+                Out.data, Out.elem_offset, so, 0, 0, 0, lo, hi, 0, 0, 0))
 
     return (desc, impl) if bias else _epilogue_without_bias(rows, cols, dtype, relu, clip, flags, scope)
 
@@ -251,7 +253,7 @@ def _epilogue_without_bias(rows: int, cols: int, dtype: str, relu: bool, clip, f
             T.writes(Out[0:rows, 0:cols])
             T.evaluate(T.call_extern(
                 "int32", "cgra_epilogue", flags, _code(dtype), _code(dtype), rows, cols,
-                Acc.data, Acc.elem_offset, sa, 0, 0, Out.data, Out.elem_offset, so, 0, 0, 0, lo, hi))
+                Acc.data, Acc.elem_offset, sa, 0, 0, Out.data, Out.elem_offset, so, 0, 0, 0, lo, hi, 0, 0, 0))
 
     return desc, impl
 
@@ -292,7 +294,7 @@ def epilogue_residual_intrin(rows: int, cols: int, dtype: str, bias: bool, relu:
             T.evaluate(T.call_extern(
                 "int32", "cgra_epilogue", flags, _code(dtype), _code(dtype), rows, cols,
                 Acc.data, Acc.elem_offset, sa, Bias.data, Bias.elem_offset,
-                Out.data, Out.elem_offset, so, Res.data, Res.elem_offset, sr, lo, hi))
+                Out.data, Out.elem_offset, so, Res.data, Res.elem_offset, sr, lo, hi, 0, 0, 0))
 
     return desc, impl
 
@@ -328,7 +330,7 @@ def _epilogue_residual_without_bias(rows: int, cols: int, dtype: str, relu: bool
             T.evaluate(T.call_extern(
                 "int32", "cgra_epilogue", flags, _code(dtype), _code(dtype), rows, cols,
                 Acc.data, Acc.elem_offset, sa, 0, 0, Out.data, Out.elem_offset, so,
-                Res.data, Res.elem_offset, sr, lo, hi))
+                Res.data, Res.elem_offset, sr, lo, hi, 0, 0, 0))
 
     return desc, impl
 
@@ -345,6 +347,8 @@ INTRINSICS = {
     "fill": Intrinsic(Op.FILL, fill_intrin),
     "epilogue": Intrinsic(Op.EPILOGUE, epilogue_intrin),
     "pool": Intrinsic(Op.POOL, pool_intrin),
+    "eltwise": Intrinsic(Op.ELTWISE, eltwise_intrin),
+    "epilogue_requant": Intrinsic(Op.EPILOGUE, epilogue_requant_intrin),
 }
 
 
@@ -353,10 +357,12 @@ def intrin_name(kind: str, *params) -> str:
 
 
 def _param_name(param) -> str:
-    """A parameter in an intrinsic's name; a clip's (lo, hi) as "clip_lo_hi", a pooling window
-    as its fields."""
+    """A parameter in an intrinsic's name; a clip's (lo, hi) as "clip_lo_hi", an ELTWISE
+    operand's (walks rows, walks cols) as "full_True_False", a pooling window as its fields."""
     if isinstance(param, PoolWindow):
         return param.name
+    if isinstance(param, tuple) and all(isinstance(v, bool) for v in param):
+        return "full_" + "_".join(str(v) for v in param)
     if isinstance(param, tuple):
         return "clip_" + "_".join(repr(float(v)) for v in param)
     return str(param)

@@ -9,7 +9,9 @@ blocks have fixed names and roles, so that `schedule.py` can tile and tensorize 
     bias_pad (optional) scratchpad copy of the bias row
     res_pad (optional) scratchpad tile of the residual (a tensor of the output's shape)
     acc     the reduction, tensorized onto the PE array
-    epi     bias add, residual add, relu and clip on the accumulator, on the vector unit
+    scale_pad (optional) scratchpad copy of the requantisation's float32 scale row
+    epi     bias add, residual add, relu and clip on the accumulator (and the requantisation to
+            int8, see requant_intrin.py), on the vector unit
     out     the store of the valid region back to the host tensor
 
 Every kernel is a GEMM over padded extents (rows Mp, columns Np, reduction Kp), padded to whole
@@ -34,7 +36,9 @@ import dataclasses
 
 from tvm import s_tir, te, tirx
 
+from .eltwise_kernel import eltwise_compute
 from .intrinsics import window_extent, window_sum
+from .requant_intrin import requantise
 from .tiling import Tiling, depthwise_padded_width
 
 
@@ -96,11 +100,22 @@ class KernelSpec:
     # them (compact views, e.g. a (B, S, K) input read as (B * S, K)); see `_prim_func`.
     caller_shapes: tuple = ()
     pool: PoolAttrs | None = None  # op "pool": max or average pooling (pooling.py); lhs_shape NCHW
+    # Requantisation to int8 after the epilogue (int8 x int8 -> int32 kernels): the output zero
+    # point, and the shape of the float32 scale parameter (one value per output channel, shaped
+    # like a bias). None: the kernel writes its accumulator dtype.
+    requant_zero_point: int | None = None
+    scale_shape: tuple | None = None
 
     @property
     def roles(self) -> tuple:
         return self.param_roles or (("lhs", "rhs") + (("bias",) if self.bias_shape else ())
-                                    + (("residual",) if self.residual_shape else ()))
+                                    + (("residual",) if self.residual_shape else ())
+                                    + (("scale",) if self.scale_shape else ()))
+
+    @property
+    def out_dtype(self) -> str:
+        """What the kernel stores: int8 when it requantises, else the accumulator dtype."""
+        return "int8" if self.requant_zero_point is not None else self.acc_dtype
 
     @property
     def gemm_extents(self) -> tuple[int, int, int]:
@@ -194,28 +209,15 @@ def _padded(tensor, shape, indices):
     return tirx.if_then_else(_in_bounds(indices, shape), value, tirx.const(0, tensor.dtype))
 
 
-def _epilogue(spec, acc, tiling, bias, row_axes, residual=None, out_index=None):
-    """epi = clip(relu(acc + bias[col] + residual)) over the padded tile grid; `row_axes` index
-    acc before the column. A grouped conv2d's image b holds group b % G, whose channels start at
-    (b % G) * F/G. `residual` (a placeholder of the output's shape, as the kernel stores it) is
-    read through `out_index(*acc_indices)`, the output element an accumulator element becomes;
-    outside the output (tile padding) it reads zero. Returns (epi, bias_pad)."""
-    np_ = tiling.np
-
-    bias_pad = None
-    if bias is not None:
-        channel_axis = _bias_channel_axis(spec.bias_shape)
-
-        def bias_index(channel):
-            return [channel if axis == channel_axis else 0 for axis in range(len(spec.bias_shape))]
-
-        if spec.grouped:
-            per_group = spec.gemm_extents[1]
-            bias_pad = te.compute((acc.shape[0], np_), lambda b_, j: _padded(
-                bias, spec.bias_shape, bias_index(b_ % spec.groups * per_group + j)), name="bias_pad")
-        else:
-            bias_pad = te.compute((np_,), lambda j: _padded(bias, spec.bias_shape, bias_index(j)),
-                                  name="bias_pad")
+def _epilogue(spec, acc, tiling, bias, row_axes, residual=None, out_index=None, scale=None):
+    """epi = requantise(clip(relu(acc + bias[col] + residual)), scale[col]) over the padded tile
+    grid; `row_axes` index acc before the column. A grouped conv2d's image b holds group b % G,
+    whose channels start at (b % G) * F/G. `residual` (a placeholder of the output's shape, as
+    the kernel stores it) is read through `out_index(*acc_indices)`, the output element an
+    accumulator element becomes; outside the output (tile padding) it reads zero. `scale` (the
+    requantisation's float32 row, shaped like a bias) is staged like the bias. Returns (epi, bias_pad)."""
+    bias_pad = _channel_row(spec, acc, tiling, bias, spec.bias_shape, "bias_pad")
+    scale_pad = _channel_row(spec, acc, tiling, scale, spec.scale_shape, "scale_pad")
 
     res_pad = None
     if residual is not None:
@@ -228,9 +230,30 @@ def _epilogue(spec, acc, tiling, bias, row_axes, residual=None, out_index=None):
             value = value + (bias_pad(idx[0], idx[-1]) if spec.grouped else bias_pad(idx[-1]))
         if res_pad is not None:
             value = value + res_pad(*idx)
-        return _activation(value, spec)
+        value = _activation(value, spec)
+        if scale_pad is not None:
+            value = requantise(value, scale_pad(idx[0], idx[-1]) if spec.grouped else scale_pad(idx[-1]),
+                               spec.requant_zero_point)
+        return value
 
     return te.compute(acc.shape, epi_value, name="epi"), bias_pad
+
+
+def _channel_row(spec, acc, tiling, tensor, shape, name):
+    """The padded scratchpad row of a per-output-channel parameter (bias, requantisation scale),
+    one per group for a grouped conv2d; None without the parameter."""
+    if tensor is None:
+        return None
+    channel_axis = _bias_channel_axis(shape)
+
+    def index(channel):
+        return [channel if axis == channel_axis else 0 for axis in range(len(shape))]
+
+    if spec.grouped:
+        per_group = spec.gemm_extents[1]
+        return te.compute((acc.shape[0], tiling.np), lambda b_, j: _padded(
+            tensor, shape, index(b_ % spec.groups * per_group + j)), name=name)
+    return te.compute((tiling.np,), lambda j: _padded(tensor, shape, index(j)), name=name)
 
 
 def _activation(value, spec):
@@ -241,6 +264,11 @@ def _activation(value, spec):
         lo, hi = (tirx.const(bound, spec.acc_dtype) for bound in spec.clip)
         value = tirx.min(tirx.max(value, lo), hi)
     return value
+
+
+def _scale_placeholder(spec):
+    """The requantisation's float32 scale parameter, or None."""
+    return te.placeholder(spec.scale_shape, "float32", name="scale") if spec.scale_shape else None
 
 
 def _residual_placeholder(spec, shape):
@@ -270,10 +298,11 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
         lambda i, j: te.sum(a_pad[i, r].astype(spec.acc_dtype) * b_pad[r, j].astype(spec.acc_dtype), axis=r),
         name="acc")
     bias = te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None
-    residual = _residual_placeholder(spec, (m, n))
-    epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=1, residual=residual, out_index=lambda i, j: (i, j))
+    residual, scale = _residual_placeholder(spec, (m, n)), _scale_placeholder(spec)
+    epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=1, residual=residual, out_index=lambda i, j: (i, j),
+                       scale=scale)
     out = te.compute((m, n), lambda i, j: epi[i, j], name="out")
-    return _prim_func(spec, {"lhs": a, "rhs": b, "bias": bias, "residual": residual}, out)
+    return _prim_func(spec, {"lhs": a, "rhs": b, "bias": bias, "residual": residual, "scale": scale}, out)
 
 
 def conv2d_compute(spec: KernelSpec, tiling: Tiling):
@@ -321,13 +350,14 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
             axis=[ry, rx, rc]),
         name="acc")
     bias = te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None
-    residual = _residual_placeholder(spec, out_shape)
+    residual, scale = _residual_placeholder(spec, out_shape), _scale_placeholder(spec)
     epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=2, residual=residual,
-                       out_index=lambda b_, p, f: (b_, f, p // ow, p % ow))
+                       out_index=lambda b_, p, f: (b_, f, p // ow, p % ow), scale=scale)
     out = te.compute(out_shape, lambda b_, f, y, ox: epi[b_, y * ow + ox, f], name="out")
     views = {"lhs": spec.lhs_shape, "out": spec.output_shape, "residual": spec.output_shape} \
         if spec.groups > 1 else {}
-    return _prim_func(spec, {"lhs": x, "rhs": w, "bias": bias, "residual": residual}, out, views)
+    inputs = {"lhs": x, "rhs": w, "bias": bias, "residual": residual, "scale": scale}
+    return _prim_func(spec, inputs, out, views)
 
 
 def depthwise_compute(spec: KernelSpec, tiling: Tiling):
@@ -358,16 +388,17 @@ def depthwise_compute(spec: KernelSpec, tiling: Tiling):
         window, spec.acc_dtype), name="acc")
     bias = te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None
     out_shape = _stored(spec.output_shape, "NCHW", spec.out_layout)
-    residual = _residual_placeholder(spec, out_shape)
+    residual, scale = _residual_placeholder(spec, out_shape), _scale_placeholder(spec)
     epi, _ = _epilogue(spec, acc, tiling, bias, row_axes=3, residual=residual,
-                       out_index=lambda b_, y, ox, c: _stored((b_, c, y, ox), "NCHW", spec.out_layout))
+                       out_index=lambda b_, y, ox, c: _stored((b_, c, y, ox), "NCHW", spec.out_layout),
+                       scale=scale)
 
     def stored_out(*index):
         axis = dict(zip(spec.out_layout, index))
         return epi[axis["N"], axis["H"], axis["W"], axis["C"]]
 
     out = te.compute(out_shape, stored_out, name="out")
-    return _prim_func(spec, {"lhs": x, "rhs": w, "bias": bias, "residual": residual}, out)
+    return _prim_func(spec, {"lhs": x, "rhs": w, "bias": bias, "residual": residual, "scale": scale}, out)
 
 
 def _prim_func(spec: KernelSpec, inputs: dict, out, views=None):
@@ -470,7 +501,8 @@ def batch_matmul_compute(spec: KernelSpec, tiling: Tiling):
 
 
 COMPUTES = {"matmul": matmul_compute, "conv2d": conv2d_compute, "depthwise": depthwise_compute,
-            "conv2d_layout": conv2d_layout_compute, "batch_matmul": batch_matmul_compute}
+            "conv2d_layout": conv2d_layout_compute, "batch_matmul": batch_matmul_compute,
+            "eltwise": eltwise_compute}
 
 
 def kernel_prim_func(spec: KernelSpec, tiling: Tiling):

@@ -1,8 +1,9 @@
 """Whole ONNX models: import, compile for the NPU, run on random inputs, compare with onnxruntime.
 
 Stage: entry (the `cgra-sim run` job). Input: an .onnx file and an architecture. Output: a report
-dict (per-kernel statistics, a printable table, and with `check` the comparison against
-onnxruntime). Needs the `onnx` extra (`pip install -e ".[onnx]"`).
+dict (per-kernel statistics, the per-layer report with each layer's ONNX node names and its
+printable table, and with `check` the comparison against onnxruntime). Needs the `onnx` extra
+(`pip install -e ".[onnx]"`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import tvm
 
 from .device import profile
 from .errors import UnsupportedOperator
+from .layers import format_layers, model_layers
 from .progress import compile_progress
 
 _ONNX_DTYPES = {1: "float32", 3: "int8", 6: "int32", 7: "int64", 2: "uint8"}
@@ -74,8 +76,12 @@ class _KernelCount:
             self.cycles += stats.cycles
             of = f"/{self.total}" if self.launches <= self.total else ""
             say(f"simulating: kernel launch {self.launches}{of} ({stats.num_commands} commands, "
-                f"{self.cycles:,} cycles so far) {stats.name}")
+                f"{self.cycles:,} cycles so far) {stats.name}{_nodes(stats)}")
         return callback
+
+
+def _nodes(stats) -> str:
+    return f" [{','.join(stats.model_nodes)}]" if stats.model_nodes else ""
 
 
 def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = None, seed: int = 0,
@@ -85,7 +91,7 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
     kernel compiled and each kernel launch simulated."""
     import npu_backend
     onnx, onnxruntime = _require_onnx()
-    from tvm.relax.frontend.onnx import from_onnx
+    from .onnx_import import from_onnx  # TVM's importer, keeping the node names
 
     say = progress or (lambda message: None)
     arch = npu_backend.load_arch(arch)
@@ -108,7 +114,9 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
               "total_macs": prof.total_macs, "time_us": prof.total_cycles / arch.clock_mhz,
               "npu_mac_fraction": npu_backend.npu_mac_fraction(placements),
               "host_ops": sorted({p.op for p in placements if p.where == "host"}),
-              "kernels": [k.to_dict() for k in prof.kernels], "table": prof.table()}
+              "kernels": [k.to_dict() for k in prof.kernels]}
+    report["layers"] = model_layers(placements, prof.kernels)
+    report["table"] = format_layers(report["layers"])
     if check:
         say("checking against onnxruntime")
         model.ir_version = min(model.ir_version, 10)  # onnxruntime refuses newer IR versions

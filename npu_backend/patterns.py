@@ -14,6 +14,9 @@ int8 x int8 -> int32, each followed by the epilogue chain [+ bias] [+ residual] 
 a bias `add` (one value per output channel / column), a residual `add` (a tensor of the output's
 exact shape and the accumulator dtype, e.g. ResNet's shortcut), then `relu` or `clip` with
 constant bounds (relu6; ONNX Clip arrives as R.clip after the normalise stage, see clip_form.py).
+An int8 kernel's chain [+ bias] [relu] may end in a requantisation to int8, in the form the
+normalise stage writes it (qdq_form.py): quantize(multiply(astype(x, "float32"), scale), 1, zp).
+Then, last, the standalone elementwise ops (eltwise.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import dataclasses
 import math
 
 import numpy as np
+import tvm
 from tvm import relax, tirx
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl import is_op, wildcard
@@ -29,6 +33,8 @@ from tvm.relax.transform import FusionPattern
 
 from cgra_sim.arch import HardwareDescription
 
+from .eltwise import PREFIX as ELTWISE_PREFIX
+from .eltwise import eltwise_pattern_graphs, eltwise_reason, eltwise_spec_from_composite
 from .errors import CGRAError
 from .kernels import KernelSpec
 from .pool_patterns import POOL_OPS, pool_pattern_graphs, pool_spec
@@ -78,12 +84,33 @@ def _pattern_graphs():
                 pattern = wrap(summed)
                 annotations = {"root": root, **roles, **extra, **({role: pattern} if role else {})}
                 graphs.append((ops + (act != ""), f"cgra.{name}{suffix}{act}", pattern, annotations))
+    graphs += _requant_graphs(roots, bias)
     graphs.sort(key=lambda graph: graph[0])  # stable: keeps the tie order above
     return [graph[1:] for graph in graphs] + pool_pattern_graphs()
 
 
+def _requant_graphs(roots, bias):
+    """The int8 chains ending in a requantisation: root [+ bias] [relu], then
+    quantize(multiply(astype(., float32), scale), 1.0, zero point), as qdq_form.py writes them."""
+    graphs = []
+    for name, (root, roles) in roots.items():
+        for suffix, summed, extra, ops in (("", root, {}, 1),
+                                           ("_bias", is_op("relax.add")(root, bias), {"bias": bias}, 2)):
+            for act in ("", "_relu"):
+                value = is_op("relax.nn.relu")(summed) if act else summed
+                scale = wildcard()
+                multiply = is_op("relax.multiply")(is_op("relax.astype")(value), scale)
+                tail = is_op("relax.quantize")(multiply, wildcard(), wildcard())
+                annotations = {"root": root, **roles, **extra, "requant": tail,
+                               "requant_multiply": multiply, "scale": scale}
+                graphs.append((ops + (act != "") + 3, f"cgra.{name}{suffix}{act}_requant", tail, annotations))
+    return graphs
+
+
 def make_patterns(arch: HardwareDescription) -> list[FusionPattern]:
-    """The fusion patterns for `arch`, most specific last (FuseOpsByPattern tries them in order)."""
+    """The fusion patterns for `arch`, most specific first (FuseOpsByPattern tries them in order):
+    every conv2d / matmul chain, then the standalone elementwise ops, so that an add a kernel's
+    epilogue can fuse (a bias, a residual) is taken by that kernel, not by ELTWISE."""
     patterns = []
     for name, pattern, roles in _pattern_graphs():
         def check(context, name=name):
@@ -91,11 +118,17 @@ def make_patterns(arch: HardwareDescription) -> list[FusionPattern]:
             return offload_reason(name, context.annotated_expr, arch) is None and \
                 not has_leaking_intermediate_variables(context)
         patterns.append(FusionPattern(name, pattern, roles, check))
-    return list(reversed(patterns))
+    patterns.reverse()
+    for name, pattern, roles in eltwise_pattern_graphs():
+        patterns.append(FusionPattern(name, pattern, roles, lambda context, name=name: eltwise_reason(
+            name, context.annotated_expr, arch) is None))
+    return patterns
 
 
 def offload_reason(name: str, annotated: dict, arch: HardwareDescription) -> str | None:
     """None if the matched subgraph can run on the NPU, else the reason it stays on the host."""
+    if name.startswith(ELTWISE_PREFIX):
+        return eltwise_reason(name, annotated, arch)
     try:
         _check_distinct_operands(name, annotated)
         spec = spec_from_match(name, annotated)
@@ -167,13 +200,55 @@ def spec_from_match(name: str, annotated: dict) -> KernelSpec:
         if _dtype(annotated["bias"]) != acc_dtype:
             raise _Reject(f"the bias is {_dtype(annotated['bias'])}, the accumulator {acc_dtype}")
     clip = _clip_bounds(annotated["clip"], acc_dtype) if "clip" in annotated else None
-    common = dict(dtype=dtype, acc_dtype=acc_dtype, bias_shape=bias_shape, relu=name.endswith("_relu"),
-                  clip=clip)
+    common = dict(dtype=dtype, acc_dtype=acc_dtype, bias_shape=bias_shape,
+                  relu=name.removesuffix("_requant").endswith("_relu"), clip=clip)
     if op == "conv2d":
         spec = _conv2d_spec(root, lhs, rhs, common)
     else:
         spec = _matmul_spec(name, lhs, rhs, annotated.get("permute"), bias_shape, common)
-    return _with_residual(spec, annotated) if "residual" in annotated else spec
+    spec = _with_residual(spec, annotated) if "residual" in annotated else spec
+    return _with_requant(spec, annotated) if "requant" in annotated else spec
+
+
+def _with_requant(spec: KernelSpec, annotated: dict) -> KernelSpec:
+    """`spec` ending in a requantisation to int8: quantize(multiply(astype(x, float32), scale),
+    1.0, zp) with a float32 scale per output channel (shaped like a bias) and an int8 zero point."""
+    quantize, multiply = annotated["requant"], annotated["requant_multiply"]
+    if spec.acc_dtype != "int32":
+        raise _Reject(f"requantisation to int8 follows an int8 x int8 -> int32 {spec.op}, not {spec.dtype}")
+    if spec.compute_name in ("conv2d_layout", "batch_matmul"):
+        raise _Reject("requantisation is fused after NCHW conv2d and 2-D matmul, not yet after a "
+                      f"{spec.compute_name}: it runs on the host")
+    if str(quantize.attrs.out_dtype) != "int8" or _scalar_value(quantize.args[1], "float32") != 1.0:
+        raise _Reject("a requantisation is quantize(x * scale, 1.0, zero point) to int8; this quantize "
+                      "has another scale or output dtype (the normalise stage writes the fused form)")
+    zero_point = _scalar_value(quantize.args[2], "int8")
+    if zero_point is None:
+        raise _Reject("the requantisation's zero point is not an int8 constant")
+    if _dtype(multiply.args[0]) != "float32" or _dtype(annotated["scale"]) != "float32":
+        raise _Reject("the requantisation multiplies float32(acc) by a float32 scale row")
+    shape = _static_shape(annotated["scale"], "requantisation scale")
+    expected = spec.bias_shape or _channel_row_shape(spec)
+    if tuple(shape) != tuple(expected):
+        raise _Reject(f"the requantisation scale of shape {shape} is not one value per output "
+                      f"channel (expected {tuple(expected)})")
+    return dataclasses.replace(spec, requant_zero_point=int(zero_point), scale_shape=tuple(shape))
+
+
+def _channel_row_shape(spec: KernelSpec) -> tuple:
+    """The shape of a per-output-channel row broadcast over the output: (n,) for a matmul,
+    (1, F, 1, 1) (in the output layout) for a conv2d."""
+    if spec.op == "matmul":
+        return (spec.gemm_extents[1],)
+    return tuple(spec.rhs_shape[0] if axis == "C" else 1 for axis in spec.out_layout)
+
+
+def _scalar_value(expr, dtype: str):
+    """The value of a 0-d constant of `dtype`, else None."""
+    if not isinstance(expr, tvm.ir.GenericConst) or _dtype(expr) != dtype:
+        return None
+    value = expr.value.numpy()
+    return value.item() if value.ndim == 0 else None
 
 
 def _with_residual(spec: KernelSpec, annotated: dict) -> KernelSpec:
@@ -337,11 +412,13 @@ def spec_from_composite(func: relax.Function, source_ops=()) -> KernelSpec:
     """The kernel of an offloaded function, its parameters in the function's order."""
     composite = _composite_of(func)
     name = str(composite.attrs["Composite"])
+    if name.startswith(ELTWISE_PREFIX):
+        return eltwise_spec_from_composite(name, composite, source_ops)
     bindings = {b.var: b.value for block in composite.body.blocks for b in block.bindings}
     annotated = _annotate(name, composite, bindings)
     spec = spec_from_match(name, annotated)
     roles = {}
-    for role in ("lhs", "rhs", "bias", "residual"):
+    for role in ("lhs", "rhs", "bias", "residual", "scale"):
         if role in annotated:
             roles.setdefault(annotated[role], []).append(role)
     param_roles = []
@@ -379,6 +456,12 @@ def _annotate(name, composite, bindings):
     if name in POOL_OPS:  # one call, no epilogue
         return {"root": node, "lhs": node.args[0]}
     annotated = {}
+    if name.endswith("_requant"):  # quantize(multiply(astype(x), scale), ...)
+        annotated["requant"] = node
+        multiply = annotated["requant_multiply"] = call_of(node.args[0])
+        annotated["scale"] = multiply.args[1]
+        node = call_of(call_of(multiply.args[0]).args[0])
+        name = name.removesuffix("_requant")
     if name.endswith("_relu"):
         node = call_of(node.args[0])
     if name.endswith("_clip"):

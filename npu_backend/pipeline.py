@@ -17,10 +17,17 @@ from .clip_form import canonicalize_clips_pass
 from .fold_weights import fold_weights
 from .options import CompileOptions, dump
 from .patterns import make_patterns
+from .qdq_form import canonicalize_qdq
+from .scalar_args import bind_scalar_arguments
+from .source_nodes import record_source_nodes
 
 
 def _normalise(mod, arch, options):
     del arch, options
+    # QDQ layers (dequantize -> conv2d / matmul -> quantize) become int8 x int8 -> int32 with
+    # an int32 bias and a requantisation to int8, onnxruntime's arithmetic (qdq_form.py); first,
+    # while the quantized weights are still int8 constants under their dequantize.
+    mod = canonicalize_qdq(mod)
     # Inference batch norm after a conv2d with constant weights becomes scaled weights and a
     # bias add (conv2d + bias + relu is one NPU kernel, no batch_norm is left on the host), and
     # the constant arithmetic importers leave around weights (bias reshapes, transposed Gemm
@@ -45,8 +52,14 @@ def _partition(mod, arch, options):
     del options
     # Offload every subgraph a cgra pattern matches and its checks accept; weights stay
     # arguments so the kernels can DMA them.
-    return relax.transform.FuseOpsByPattern(make_patterns(arch), bind_constants=False,
-                                            annotate_codegen=True)(mod)
+    partitioned = relax.transform.FuseOpsByPattern(make_patterns(arch), bind_constants=False,
+                                                   annotate_codegen=True)(mod)
+    # Each offloaded call site keeps the model nodes (ONNX node names) it came from, so every
+    # kernel launch reports its own layer (identical layers get a copy of the kernel each).
+    partitioned = record_source_nodes(mod, partitioned)
+    # Scalars (a requantisation's zero point) are bound inside the kernel that needs them at
+    # compile time (scalar_args.py).
+    return bind_scalar_arguments(partitioned)
 
 
 def _codegen(mod, arch, options):

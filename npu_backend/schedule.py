@@ -10,7 +10,10 @@ the scheduled PrimFunc, in which
 - the accumulator's init is one FILL per tile, each reduction step one GEMM over the tile (the
   PE array runs its folds), and the epilogue (bias, residual, relu, clip) one vector-unit
   intrinsic per tile;
-- the store of the valid region of each tile goes back to the host by DMA.
+- the store of the valid region of each tile goes back to the host by DMA;
+- A's rows, and the output tile's rows when the store reads one element per row (NCHW), are
+  padded with `storage_align` so that the scratchpad banks serve them without conflicts (the
+  stride comes from `spad_layout.py`; allocation, DMA boxes and intrinsic strides follow it).
 
 A user may register their own schedule for a kernel kind with `register_schedule` (the seeds ask
 for exactly this: attach a hand-written schedule to a graph-level operator).
@@ -23,10 +26,14 @@ from typing import Callable
 from tvm import s_tir
 
 from cgra_sim.arch import HardwareDescription
+from cgra_sim.isa import DType
 
+from .eltwise_kernel import schedule_eltwise
 from .errors import ScheduleError
 from .intrinsics import SPAD, get_intrin
 from .kernels import KernelSpec
+from .spad_layout import (a_row_stride, out_row_stride, storage_align_args, store_walks_rows,
+                          window_pixel_stride)
 from .tiling import Tiling
 
 ScheduleFn = Callable[[s_tir.Schedule, KernelSpec, Tiling, HardwareDescription], None]
@@ -60,15 +67,36 @@ def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
     sch.reorder(row_outer, col_outer, row_inner, col_inner)
     acc = sch.get_sblock("acc")
     sch.compute_at(acc, col_outer)
-    if spec.bias_shape:
-        bias = sch.get_sblock("bias_pad")
-        sch.compute_at(bias, col_outer)
-        sch.set_scope(bias, 0, SPAD)
+    for name in _channel_rows(spec):
+        row = sch.get_sblock(name)
+        sch.compute_at(row, col_outer)
+        sch.set_scope(row, 0, SPAD)
     stage_residual(sch, spec, col_outer)
     sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
     sch.set_scope(acc, 0, SPAD)
     sch.set_scope(epi, 0, SPAD)
     return acc, epi, row_inner, col_outer
+
+
+def align_rows(sch, block, row: int, stride: int, dtype: str, arch: HardwareDescription) -> None:
+    """Pad the rows (the second-to-last axis) of the scratchpad buffer `block` writes from
+    `row` to `stride` elements (spad_layout.py chose the stride), with s_tir's storage_align:
+    the allocation, DMA boxes and intrinsic strides all follow the buffer's strides."""
+    args = storage_align_args(row, stride, DType.from_name(dtype).itemsize, arch)
+    if args is None:
+        return
+    ndim = len(sch.get(block).writes[0].region)
+    sch.storage_align(block, 0, ndim - 2, *args)
+
+
+def align_output_rows(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> None:
+    """Pad the epilogue's output tile when its store reads one element per row (NCHW output):
+    rows a multiple of the banks' period apart would put each DMA beat in one bank. Called
+    after tensorize, which blockizes "epi" into "epi_o" and would drop an annotation made
+    before: "epi_o" writes the tile then."""
+    stride = out_row_stride(tiling.tn, DType.from_name(spec.acc_dtype).itemsize, store_walks_rows(spec), arch)
+    epi = sch.get_sblock("epi_o")  # tensorize blockizes "epi" into "epi_o"
+    align_rows(sch, epi, tiling.tn, stride, spec.acc_dtype, arch)
 
 
 def stage_residual(sch, spec: KernelSpec, col_outer):
@@ -84,9 +112,19 @@ def stage_residual(sch, spec: KernelSpec, col_outer):
         sch.split(sch.get_loops(res)[-2], [None, spec.row_step])
 
 
-def epilogue_intrin(spec: KernelSpec, tiling: Tiling) -> str:
-    """The vector-unit intrinsic for a tile of this kernel's epilogue (for `sch.tensorize`)."""
-    return get_intrin("epilogue", tiling.tm, tiling.tn, spec.acc_dtype, bool(spec.bias_shape),
+def _channel_rows(spec: KernelSpec) -> tuple:
+    """The blocks of the per-channel rows the epilogue reads (bias, requantisation scale)."""
+    return (("bias_pad",) if spec.bias_shape else ()) + (("scale_pad",) if spec.scale_shape else ())
+
+
+def epilogue_intrin(spec: KernelSpec, tiling: Tiling, rows: int | None = None) -> str:
+    """The vector-unit intrinsic for a tile (`rows` x tiling.tn, rows tiling.tm by default) of
+    this kernel's epilogue (for `sch.tensorize`): the requantising one for an int8 output."""
+    rows = tiling.tm if rows is None else rows
+    if spec.requant_zero_point is not None:
+        return get_intrin("epilogue_requant", rows, tiling.tn, bool(spec.bias_shape), spec.relu,
+                          spec.requant_zero_point)
+    return get_intrin("epilogue", rows, tiling.tn, spec.acc_dtype, bool(spec.bias_shape),
                       spec.relu, bool(spec.residual_shape), spec.clip)
 
 
@@ -94,9 +132,7 @@ def _acc_loops(sch, acc, col_outer):
     """(row, col, reductions) of acc under the tile loop. compute_at drops unit-extent loops
     (a 1x1 kernel has no ry/rx loop), so they are found after the tile loop, not by count;
     the tiling keeps the row, column and depth extents above 1."""
-    loops = sch.get_loops(acc)
-    start = [i for i, loop in enumerate(loops) if sch.get_sref(loop).same_as(sch.get_sref(col_outer))][0]
-    row, col, *reductions = loops[start + 1:]
+    row, col, *reductions = _loops_after(sch, acc, col_outer)
     return row, col, reductions
 
 
@@ -114,6 +150,10 @@ def _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, col_tile):
         block = sch.get_sblock(name)
         sch.compute_at(block, depth_outer)
         sch.set_scope(block, 0, SPAD)
+    # The PE array reads one element of each of A's rows a cycle: rows a multiple of the
+    # banks' period apart would all sit in one bank.
+    align_rows(sch, sch.get_sblock("a_pad"), tiling.tk,
+               a_row_stride(tiling.tm, tiling.tk, DType.from_name(spec.dtype).itemsize, arch), spec.dtype, arch)
     if spec.row_step > 1:
         # The operand copy walks output pixels p = y * OW + ox; split p into (y, ox) so the
         # gather is a DMA box (the DMA pass simplifies p // OW, p % OW on these loop bounds).
@@ -124,6 +164,7 @@ def _tensorize_tile(sch, spec, tiling, arch, acc, epi, epi_row, col_tile):
     sch.tensorize(row, get_intrin("gemm", tiling.tm, tiling.tn, tiling.tk, spec.dtype, spec.acc_dtype))
     sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", tiling.tm, tiling.tn, spec.acc_dtype))
     sch.tensorize(epi_row, epilogue_intrin(spec, tiling))
+    align_output_rows(sch, spec, tiling, arch)
 
 
 @register_schedule("matmul")
@@ -144,7 +185,7 @@ def schedule_depthwise(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDesc
     row_outer, row_inner = sch.split(rows, [None, tiling.tm])
     col_outer, col_inner = sch.split(channels, [None, tiling.tn])
     sch.reorder(row_outer, col_outer, row_inner, width, col_inner)
-    staged = ("acc", "a_pad", "b_pad") + (("bias_pad",) if spec.bias_shape else ()) + \
+    staged = ("acc", "a_pad", "b_pad") + _channel_rows(spec) + \
         (("res_pad",) if spec.residual_shape else ())
     for name in staged:
         block = sch.get_sblock(name)
@@ -156,11 +197,15 @@ def schedule_depthwise(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDesc
     window = (kh, kw, *spec.strides, *spec.dilation)
     tile_rows = _loops_after(sch, sch.get_sblock("acc"), col_outer)[0]
     out_width = sch.get_loops(epi)[-2]
+    # A strided window's output pixels are `sw` input pixels apart: pad its pixels if the
+    # DEPTHWISE's full-width beats would find them in the same banks.
+    align_rows(sch, sch.get_sblock("a_pad"), tiling.tn, window_pixel_stride(
+        tiling.tn, DType.from_name(spec.dtype).itemsize, spec.strides[1], sch.get(out_width).extent.value, arch),
+        spec.dtype, arch)
     sch.tensorize(tile_rows, get_intrin("depthwise", tiling.tm, sch.get(out_width).extent.value, tiling.tn,
                                         window, spec.dtype, spec.acc_dtype))
-    sch.tensorize(out_width, get_intrin("epilogue", sch.get(out_width).extent.value, tiling.tn,
-                                        spec.acc_dtype, bool(spec.bias_shape), spec.relu,
-                                        bool(spec.residual_shape), spec.clip))
+    sch.tensorize(out_width, epilogue_intrin(spec, tiling, rows=sch.get(out_width).extent.value))
+    align_output_rows(sch, spec, tiling, arch)
 
 
 def _loops_after(sch, block, anchor):
@@ -168,3 +213,6 @@ def _loops_after(sch, block, anchor):
     loops = sch.get_loops(block)
     start = [i for i, loop in enumerate(loops) if sch.get_sref(loop).same_as(sch.get_sref(anchor))][0]
     return loops[start + 1:]
+
+
+register_schedule("eltwise", schedule_eltwise)

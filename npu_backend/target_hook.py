@@ -28,6 +28,7 @@ from .lowering import lower_kernel
 from .options import CompileOptions, dump
 from .patterns import composite_call, spec_from_composite
 from .progress import report_kernel
+from .provenance import SOURCE_NODES_ATTR
 from .schedule import schedule_kernel
 from .tiling import choose_kernel_tiling
 
@@ -51,7 +52,7 @@ def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
     (`_KERNEL_CACHE`); each still gets its own symbol, source_ops attribute and dump files."""
     symbol = str(func.attrs["global_symbol"])
     spec = offloaded_spec(func)
-    attrs = {"cgra.arch": arch.to_json(), "cgra.source_ops": ",".join(spec.source_ops)}
+    attrs = {"cgra.arch": arch.to_json(), "cgra.source_ops": source_ops_attr(func, spec.source_ops)}
     key = (dataclasses.replace(spec, source_ops=()), arch.fingerprint,
            dataclasses.replace(options, dump_dir=None))
     outputs = _KERNEL_CACHE.get(key)
@@ -113,6 +114,21 @@ def _source_ops(func) -> list[str]:
     return [binding.value.op.name.replace("relax.", "")
             for block in composite.body.blocks for binding in block.bindings
             if isinstance(getattr(binding.value, "op", None), tvm.ir.Op)]
+
+
+def source_ops_attr(func, ops) -> str:
+    """The kernel's `cgra.source_ops`: its Relax operators, each followed by "@" and the model
+    nodes it came from when partitioning recorded them ("nn.conv2d@conv3,add@bn4,nn.relu@relu5").
+    The runtime hands the string to the simulator as it is (docs/runtime-abi.md)."""
+    nodes = list((func.attrs or {}).get(SOURCE_NODES_ATTR, None) or [])
+    if len(nodes) != len(ops):
+        nodes = [""] * len(ops)
+    return ",".join(f"{op}@{_attr_safe(str(node))}" if str(node) else op for op, node in zip(ops, nodes))
+
+
+def _attr_safe(nodes: str) -> str:
+    # "," separates the operators and "@" an operator from its nodes: not in a node's name.
+    return nodes.replace(",", "_").replace("@", "_")
 
 
 def _check_call_order(func) -> None:

@@ -16,6 +16,7 @@ from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
 from .errors import ScratchpadTooSmall
+from .spad_layout import a_row_stride, out_row_stride, store_walks_rows, window_pixel_stride
 
 #: Scratchpad buffers are placed 64-byte aligned by the code generator.
 ALIGN = 64
@@ -38,13 +39,21 @@ class Tiling:
     np: int
     kp: int
 
-    def spad_bytes(self, in_bytes: int, acc_bytes: int, has_bias: bool, has_residual: bool = False) -> int:
+    def spad_bytes(self, in_bytes: int, acc_bytes: int, has_bias: bool, has_residual: bool = False,
+                   has_scale: bool = False, a_row: int | None = None, out_row: int | None = None) -> int:
         """Scratchpad the kernel's buffers take (operand tiles, accumulator, output, bias,
-        residual tile), each twice: every tile is double-buffered (double_buffer.py)."""
-        total = _aligned(2 * self.tm * self.tk * in_bytes) + _aligned(2 * self.tk * self.tn * in_bytes)
-        total += (3 if has_residual else 2) * _aligned(2 * self.tm * self.tn * acc_bytes)
+        residual tile, requantisation scale row), each twice: every tile is double-buffered
+        (double_buffer.py). An int8 output is counted at the accumulator's size. `a_row` and
+        `out_row`: the row strides (elements) of the A tile and the output tile when the
+        schedule pads them against bank conflicts (spad_layout.py); compact by default."""
+        a_row, out_row = a_row or self.tk, out_row or self.tn
+        total = _aligned(2 * self.tm * a_row * in_bytes) + _aligned(2 * self.tk * self.tn * in_bytes)
+        total += (2 if has_residual else 1) * _aligned(2 * self.tm * self.tn * acc_bytes)
+        total += _aligned(2 * self.tm * out_row * acc_bytes)
         if has_bias:
             total += _aligned(2 * self.tn * acc_bytes)
+        if has_scale:
+            total += _aligned(2 * self.tn * 4)
         return total
 
 
@@ -54,20 +63,26 @@ def choose_kernel_tiling(spec, arch: HardwareDescription) -> Tiling:
         return choose_depthwise_tiling(spec, arch)
     if spec.op == "pool":
         return choose_pool_tiling(spec, arch)
+    if spec.op == "eltwise":
+        from .eltwise import choose_eltwise_tiling  # eltwise.py builds on this module's Tiling
+        return choose_eltwise_tiling(spec, arch)
     return choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch,
-                         spec.row_step, has_residual=bool(spec.residual_shape))
+                         spec.row_step, has_residual=bool(spec.residual_shape),
+                         has_scale=bool(spec.scale_shape), store_rows=store_walks_rows(spec))
 
 
 def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                   has_bias: bool, arch: HardwareDescription, row_step: int = 1,
-                  has_residual: bool = False) -> Tiling:
+                  has_residual: bool = False, has_scale: bool = False, store_rows: int = 0) -> Tiling:
     """The tiling with the fewest estimated cycles among those that fit the scratchpad.
 
     Output tiles grow in whole PE-array steps (rows: in multiples of `row_step` when the kernel
     needs whole groups of rows, e.g. whole output rows of a conv2d) up to the padded problem; for
     each, the reduction depth is the whole reduction when it fits, otherwise the largest chunk
     that does. A residual (`has_residual`) is one more output-sized tile in the scratchpad,
-    loaded per output tile and read by the epilogue.
+    loaded per output tile and read by the epilogue. The footprint counts the row padding the
+    schedule adds against bank conflicts (A's rows; the output's when its store walks
+    `store_rows` rows, see spad_layout.py).
     """
     row_step = row_step if row_step > 1 else arch.rows
     # A unit reduction extent would be elided by compute_at and leave nothing to tensorize
@@ -78,8 +93,8 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     best = None
     for tm in range(row_step, _round_up(rows, row_step) + 1, row_step):
         for tn in range(arch.cols, _round_up(cols, arch.cols) + 1, arch.cols):
-            tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch.spad_bytes,
-                                    has_residual)
+            tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual,
+                                    out_row_stride(tn, acc_bytes, store_rows, arch), has_scale)
             if tk is None:
                 continue
             tiling = Tiling(tm, tn, tk, _round_up(rows, tm), _round_up(cols, tn), _round_up(depth, tk))
@@ -119,10 +134,13 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     return max(compute, load, store, vector) + bubble + prologue + tail
 
 
-def _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, capacity, has_residual=False):
+def _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual, out_row,
+                       has_scale=False):
     for tk in _k_candidates(depth):
         probe = Tiling(tm, tn, tk, tm, tn, tk)
-        if probe.spad_bytes(in_bytes, acc_bytes, has_bias, has_residual) <= capacity:
+        a_row = a_row_stride(tm, tk, in_bytes, arch)
+        if probe.spad_bytes(in_bytes, acc_bytes, has_bias, has_residual, has_scale, a_row, out_row) \
+                <= arch.spad_bytes:
             return tk
     return None
 
@@ -161,14 +179,19 @@ def choose_depthwise_tiling(spec, arch: HardwareDescription) -> Tiling:
     in_bytes, acc_bytes = DType.from_name(spec.dtype).itemsize, DType.from_name(spec.acc_dtype).itemsize
     in_w = (width - 1) * sw + (kw - 1) * dw + 1
     first_tn = _round_up(2, arch.cols)
+    store_rows = store_walks_rows(spec)
     best = None
     for tm in range(2, rows + 1):
         in_h = (tm - 1) * sh + (kh - 1) * dh + 1
         for tn in range(first_tn, max(_round_up(channels, arch.cols), first_tn) + 1, arch.cols):
-            footprint = _aligned(2 * in_h * in_w * tn * in_bytes) + _aligned(2 * kh * kw * tn * in_bytes)
-            output_tiles = 3 if spec.residual_shape else 2  # accumulator, output (, residual)
-            footprint += output_tiles * _aligned(2 * tm * width * tn * acc_bytes)
+            pixel = window_pixel_stride(tn, in_bytes, sw, width, arch)  # padded pixels (spad_layout.py)
+            footprint = _aligned(2 * in_h * in_w * pixel * in_bytes) + _aligned(2 * kh * kw * tn * in_bytes)
+            compact_tiles = 2 if spec.residual_shape else 1  # accumulator (, residual)
+            footprint += compact_tiles * _aligned(2 * tm * width * tn * acc_bytes)
+            # the output tile, its pixels padded against bank conflicts (spad_layout.py)
+            footprint += _aligned(2 * tm * width * out_row_stride(tn, acc_bytes, store_rows, arch) * acc_bytes)
             footprint += _aligned(2 * tn * acc_bytes) if spec.bias_shape else 0
+            footprint += _aligned(2 * tn * 4) if spec.scale_shape else 0
             if footprint > arch.spad_bytes:
                 continue
             tiling = Tiling(tm, tn, kh * kw, _round_up(rows, tm), _round_up(channels, tn), kh * kw)

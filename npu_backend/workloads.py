@@ -250,3 +250,14 @@ def mismatch(out, ref, dtype) -> str | None:
         i = np.unravel_index(int(np.nanargmax(error)), out.shape)
         return f"relative error {float(error[i]):.2e} at {tuple(int(x) for x in i)}: {out[i]} vs {ref[i]}"
     return None
+
+
+def eltwise_model(func: str, lhs_shape, rhs_shape, dtype="float32", seed=0):
+    """`func`(lhs, rhs) of two tensors with numpy broadcasting; returns (mod, inputs, numpy result)."""
+    mod = relax_module([("lhs", tuple(lhs_shape), dtype), ("rhs", tuple(rhs_shape), dtype)],
+                       lambda bb, lhs, rhs: getattr(relax.op, func)(lhs, rhs))
+    rng = np.random.default_rng(seed)
+    inputs = [_random(rng, tuple(lhs_shape), dtype), _random(rng, tuple(rhs_shape), dtype)]
+    with np.errstate(over="ignore"):
+        ref = getattr(np, func)(*inputs, dtype=dtype)
+    return mod, inputs, ref

@@ -87,7 +87,7 @@ def test_run_progress_on_request_goes_to_stderr_only(capsys):
     assert [line.split()[3] for line in launches] == ["1/4", "2/4", "3/4", "4/4"]
     last = report["kernels"][-1]
     assert launches[-1].endswith(f"({last['num_commands']} commands, {report['total_cycles']:,} "
-                                 f"cycles so far) {last['name']}")
+                                 f"cycles so far) {last['name']} [fc]")  # with its ONNX node
 
 
 class _Terminal(io.StringIO):
@@ -113,3 +113,10 @@ def test_run_dump_dir_writes_every_stage(tmp_path):
     assert {"0_input.py", "2_partition.py", "3_codegen.py", "llvm/kernels.ll"} <= written
     kernel_files = {os.path.basename(p) for p in written if p.startswith("kernels/")}
     assert {"2_s_tir.py", "3_scheduled.py", "4_lowered.py"} <= kernel_files
+    # The command streams, last stage of the flow: a launch file and a listing per launch.
+    streams = sorted(p for p in written if p.startswith("streams/"))
+    launch_files = [p for p in streams if p.endswith(".cgra")]
+    assert launch_files and len(streams) == 2 * len(launch_files)
+    listing = (tmp_path / launch_files[0].replace(".cgra", ".txt")).read_text().splitlines()
+    assert listing[0].startswith("kernel ") and listing[1].split()[:2] == ["0", "DMA_LOAD"]
+    assert any(line.split()[1] == "GEMM" and "accumulate=" in line for line in listing[1:])

@@ -146,10 +146,10 @@ int32_t cgra_fill(void* k, int32_t dtype, int64_t addr, int64_t rows, int64_t co
 }
 int32_t cgra_epilogue(void* k, int32_t flags, int32_t adt, int32_t odt, int64_t m, int64_t n, int64_t acc,
                       int64_t accs, int64_t bias, int64_t out, int64_t outs, int64_t res, int64_t ress,
-                      int64_t lo, int64_t hi) {
+                      int64_t lo, int64_t hi, int64_t scale, int64_t zp) {
   record("epilogue flags=%d acc_dtype=%d out_dtype=%d m=%lld n=%lld acc=%lld/%lld bias=%lld out=%lld/%lld"
-         " residual=%lld/%lld clip=%lld,%lld", flags, adt, odt, (ll)m, (ll)n, (ll)acc, (ll)accs,
-         (ll)bias, (ll)out, (ll)outs, (ll)res, (ll)ress, (ll)lo, (ll)hi);
+         " residual=%lld/%lld clip=%lld,%lld scale=%lld zp=%lld", flags, adt, odt, (ll)m, (ll)n, (ll)acc,
+         (ll)accs, (ll)bias, (ll)out, (ll)outs, (ll)res, (ll)ress, (ll)lo, (ll)hi, (ll)scale, (ll)zp);
   return command();
 }
 int32_t cgra_kernel_end(void* k) {
@@ -294,12 +294,12 @@ def epilogue_bias(Bias: T.Buffer((8,), "int32"), O: T.Buffer((8,), "int8")):
             T.reads(Acc[0:8], SB[0:8])
             T.writes(SO[0:8])
             T.evaluate(T.call_extern("int32", "cgra_epilogue", i + 2, 2, 1, 1, 8, Acc.data, 0,
-                                     8, SB.data, 2, SO.data, 0, 8, 0, 0, 0, 0, 0))
+                                     8, SB.data, 2, SO.data, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0))
     with T.sblock("relu_only"):
         T.reads(Acc[0:8])
         T.writes(SO[0:8])
         T.evaluate(T.call_extern("int32", "cgra_epilogue", 2, 2, 1, 1, 8, Acc.data, 0, 8, 0, 0,
-                                 SO.data, 0, 8, 0, 0, 0, 0, 0))
+                                 SO.data, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0))
 
 
 @T.prim_func(s_tir=True)
@@ -314,7 +314,23 @@ def epilogue_residual_clip(O: T.Buffer((8,), "float32")):
             T.writes(SO[0:8])
             T.evaluate(T.call_extern("int32", "cgra_epilogue", i * 4 + 8, 3, 3, 1, 8, Acc.data, 0,
                                      8, 0, 0, SO.data, 0, 8, SR.data, 1, 8, T.float32(-1.5),
-                                     T.float32(6)))
+                                     T.float32(6), 0, 0, 0))
+
+
+@T.prim_func(s_tir=True)
+def epilogue_requantise(O: T.Buffer((8,), "int8")):
+    T.func_attr({"global_symbol": "epilogue_requantise"})
+    Acc = T.alloc_buffer((8,), "int32", scope="global.cgra_spad")
+    SB = T.alloc_buffer((8,), "int32", scope="global.cgra_spad")
+    SS = T.alloc_buffer((8,), "float32", scope="global.cgra_spad")
+    SO = T.alloc_buffer((8,), "int8", scope="global.cgra_spad")
+    for i in range(2):
+        with T.sblock("epilogue"):
+            T.reads(Acc[0:8], SB[0:8], SS[0:8])
+            T.writes(SO[0:8])
+            T.evaluate(T.call_extern("int32", "cgra_epilogue", i * 16 + 1, 2, 2 - i, 1, 8, Acc.data,
+                                     0, 8, SB.data, 0, SO.data, 0, 8, 0, 0, 0, 0, 0, SS.data, 2,
+                                     i * -7))
 
 
 # Golden IR ----------------------------------------------------------------------------------
@@ -409,9 +425,9 @@ def test_epilogue_passes_bias_only_with_the_bias_flag(mock_runtime, tmp_path):
     runtime = mock_runtime()
     module["epilogue_bias"](tensor((8,), "int32"), tensor((8,), "int8"))
     assert log_lines(runtime)[3:-1] == [
-        "epilogue flags=2 acc_dtype=2 out_dtype=1 m=1 n=8 acc=0/8 bias=0 out=128/8 residual=0/0 clip=0,0",
-        "epilogue flags=3 acc_dtype=2 out_dtype=1 m=1 n=8 acc=0/8 bias=72 out=128/8 residual=0/0 clip=0,0",
-        "epilogue flags=2 acc_dtype=2 out_dtype=1 m=1 n=8 acc=0/8 bias=0 out=128/8 residual=0/0 clip=0,0",
+        "epilogue flags=2 acc_dtype=2 out_dtype=1 m=1 n=8 acc=0/8 bias=0 out=128/8 residual=0/0 clip=0,0 scale=0 zp=0",
+        "epilogue flags=3 acc_dtype=2 out_dtype=1 m=1 n=8 acc=0/8 bias=72 out=128/8 residual=0/0 clip=0,0 scale=0 zp=0",
+        "epilogue flags=2 acc_dtype=2 out_dtype=1 m=1 n=8 acc=0/8 bias=0 out=128/8 residual=0/0 clip=0,0 scale=0 zp=0",
     ]
 
 
@@ -421,9 +437,21 @@ def test_epilogue_passes_the_residual_with_its_flag_and_clip_bounds_as_bits(mock
     module["epilogue_residual_clip"](tensor((8,), "float32"))
     bits = "3217031168,1086324736"  # -1.5f and 6.0f as float32 bit patterns
     assert log_lines(runtime)[2:-1] == [
-        f"epilogue flags=8 acc_dtype=3 out_dtype=3 m=1 n=8 acc=0/8 bias=0 out=128/8 residual=0/8 clip={bits}",
-        f"epilogue flags=12 acc_dtype=3 out_dtype=3 m=1 n=8 acc=0/8 bias=0 out=128/8 residual=68/8 clip={bits}",
+        f"epilogue flags=8 acc_dtype=3 out_dtype=3 m=1 n=8 acc=0/8 bias=0 out=128/8 residual=0/8 clip={bits} scale=0 zp=0",
+        f"epilogue flags=12 acc_dtype=3 out_dtype=3 m=1 n=8 acc=0/8 bias=0 out=128/8 residual=68/8 clip={bits} scale=0 zp=0",
     ]
+
+
+def test_epilogue_passes_the_scale_row_with_the_requantise_flag(mock_runtime, tmp_path):
+    module = compile_kernels([lower(epilogue_requantise, "epilogue_requantise")], tmp_path)
+    runtime = mock_runtime()
+    module["epilogue_requantise"](tensor((8,), "int8"))
+    lines = log_lines(runtime)[2:-1]
+    assert lines[0].endswith("clip=0,0 scale=0 zp=0") and lines[0].startswith("epilogue flags=1 ")
+    # the scale row's byte address: element 2 of the third 64-byte-aligned scratchpad buffer
+    assert lines[1].startswith("epilogue flags=17 acc_dtype=2 out_dtype=1 ")
+    assert lines[1].endswith(f"clip=0,0 scale={int(lines[1].split('scale=')[1].split()[0])} zp=-7")
+    assert int(lines[1].split("scale=")[1].split()[0]) % 64 == 8
 
 
 def test_symbolic_dimension_takes_the_tensor_extent(mock_runtime, tmp_path):

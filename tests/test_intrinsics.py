@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from cgra_codegen import DEVICE_CALLS
 from cgra_sim import load_arch, simulate
-from cgra_sim.isa import DType, Op, encode
+from cgra_sim.isa import DType, EltwiseFunc, Op, encode
 from npu_backend.intrinsics import INTRINSICS, SPAD
 from npu_backend.pool_intrinsic import PoolWindow
 
@@ -77,7 +77,7 @@ def _extern_name(impl) -> str:
 
 
 def test_every_intrinsic_is_checked_here():
-    assert set(INTRINSICS) == {"gemm", "depthwise", "fill", "epilogue", "pool"}
+    assert set(INTRINSICS) == {"gemm", "depthwise", "fill", "epilogue", "epilogue_requant", "eltwise", "pool"}
 
 
 @given(rows=st.integers(1, 8), cols=st.integers(1, 8), depth=st.integers(1, 40),
@@ -233,12 +233,64 @@ def test_pool_three_ways(case, cols, int8, seed):
     else:
         np.testing.assert_array_equal(sim_out, tir_out)
     assert _extern_name(impl) == "cgra_" + Op.POOL.name.lower()
+@given(rows=st.integers(1, 9), cols=st.integers(1, 9), func=st.sampled_from([f.name.lower() for f in EltwiseFunc]),
+       dtype=st.sampled_from(["int8", "int32", "float32"]), a_full=st.tuples(st.booleans(), st.booleans()),
+       b_full=st.tuples(st.booleans(), st.booleans()), seed=st.integers(0, 2**16))
+def test_eltwise_three_ways(rows, cols, func, dtype, a_full, b_full, seed):
+    """Each operand walks rows and columns or is broadcast along them (tile extent 1, stride 0)."""
+    rng = np.random.default_rng(seed)
+    shapes = [(rows if full[0] else 1, cols if full[1] else 1) for full in (a_full, b_full)]
+    a, b = (_random(rng, shape, dtype) for shape in shapes)
+    out = np.zeros((rows, cols), dtype)
+    desc, impl = INTRINSICS["eltwise"].factory(rows, cols, func, dtype, a_full, b_full, scope="global")
+    tir_out = _tir_reference(desc, [a, b, out])[2]
+    stream = _Stream([a, b, out])
+    stream.load(0, 1)
+    strides = [dict(row=shape[1] if full[0] else 0, col=1 if full[1] else 0)
+               for shape, full in zip(shapes, (a_full, b_full))]
+    stream.commands.append(encode(
+        Op.ELTWISE, func=EltwiseFunc[func.upper()], dtype=int(DType.from_name(dtype)), rows=rows, cols=cols,
+        a_addr=stream.addr[0], a_row_stride=strides[0]["row"], a_col_stride=strides[0]["col"],
+        b_addr=stream.addr[1], b_row_stride=strides[1]["row"], b_col_stride=strides[1]["col"],
+        out_addr=stream.addr[2], out_stride=cols))
+    stream.store(2)
+    np.testing.assert_array_equal(stream.run()[2], tir_out)
+    assert _extern_name(impl) == "cgra_" + Op.ELTWISE.name.lower()
+
+
+@given(rows=st.integers(1, 16), cols=st.integers(1, 16), bias=st.booleans(), relu=st.booleans(),
+       zero_point=st.integers(-128, 127), ties=st.booleans(), seed=st.integers(0, 2**16))
+def test_requantising_epilogue_three_ways(rows, cols, bias, relu, zero_point, ties, seed):
+    """int32 (+ bias) (relu) -> int8: TIR (nearbyint on the host) against the simulator; with
+    `ties` the scales are powers of two, so many products end in .5."""
+    rng = np.random.default_rng(seed)
+    acc, row = _random(rng, (rows, cols), "int32"), _random(rng, (cols,), "int32")
+    if ties:
+        scale = (2.0 ** -rng.integers(1, 8, cols)).astype(np.float32)
+    else:
+        scale = rng.uniform(1e-4, 0.05, cols).astype(np.float32)
+    out = np.zeros((rows, cols), "int8")
+    desc, impl = INTRINSICS["epilogue_requant"].factory(rows, cols, bias, relu, zero_point, scope="global")
+    operands = [acc] + ([row] if bias else []) + [scale, out]
+    tir_out = _tir_reference(desc, operands)[-1]
+    stream = _Stream(operands)
+    stream.load(*range(len(operands) - 1))
+    stream.commands.append(encode(
+        Op.EPILOGUE, flags=16 | (1 if bias else 0) | (2 if relu else 0), acc_dtype=int(DType.INT32),
+        out_dtype=int(DType.INT8), m=rows, n=cols, acc_addr=0, acc_stride=cols,
+        bias_addr=stream.addr[1] if bias else 0, scale_addr=stream.addr[len(operands) - 2],
+        out_zero_point=zero_point, out_addr=stream.addr[len(operands) - 1], out_stride=cols))
+    stream.store(len(operands) - 1)
+    np.testing.assert_array_equal(stream.run()[-1], tir_out)
+    assert _extern_name(impl) == "cgra_" + Op.EPILOGUE.name.lower()
 
 
 def test_intrinsics_compute_in_the_scratchpad():
     for kind, params in {"gemm": (8, 8, 4, "int8", "int32"), "depthwise": (2, 8, 8, (3, 3, 1, 1, 1, 1), "int8", "int32"),
                          "fill": (8, 8, "int32"),
                          "epilogue": (8, 8, "int32", True, True),
+                         "epilogue_requant": (8, 8, True, True, -3),
+                         "eltwise": (8, 8, "add", "float32", (True, True), (False, True)),
                          "pool": (2, 2, 8, PoolWindow("max", (3, 3), valid=(1, 4, 1, 4)), "float32")}.items():
         desc, impl = INTRINSICS[kind].factory(*params)
         assert SPAD in desc.script() and SPAD in impl.script()

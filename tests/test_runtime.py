@@ -72,7 +72,8 @@ SIGNATURES = {
     "cgra_gemm": (I32C, [P, I32C, I32C] + [I64] * 9),
     "cgra_depthwise": (I32C, [P, I32C, I32C] + [I64] * 16),
     "cgra_fill": (I32C, [P, I32C] + [I64] * 5),
-    "cgra_epilogue": (I32C, [P, I32C, I32C, I32C] + [I64] * 11),
+    "cgra_epilogue": (I32C, [P, I32C, I32C, I32C] + [I64] * 13),
+    "cgra_eltwise": (I32C, [P, I32C, I32C] + [I64] * 10),
     "cgra_pool": (I32C, [P, I32C, I32C] + [I64] * 23),
     "cgra_kernel_end": (I32C, [P]),
 }
@@ -210,11 +211,12 @@ def test_header_declares_the_documented_api():
     doc = (root / "docs" / "runtime-abi.md").read_text()
     header = (root / "runtime" / "include" / "cgra_runtime.h").read_text()
     assert prototypes(header) == prototypes(doc)
-    assert len(prototypes(doc)) == 10
+    assert len(prototypes(doc)) == 11
     assert f"#define CGRA_RUNTIME_ABI_VERSION {ABI}" in header
 
 
 FULL_EPILOGUE = isa.EPILOGUE_BIAS | isa.EPILOGUE_RESIDUAL | isa.EPILOGUE_RELU | isa.EPILOGUE_CLIP
+REQUANTISING = isa.EPILOGUE_BIAS | isa.EPILOGUE_RELU | isa.EPILOGUE_REQUANTISE
 
 
 def test_records_match_isa_encode(lib, on_device, submitted):
@@ -234,13 +236,15 @@ def test_records_match_isa_encode(lib, on_device, submitted):
         ("cgra_gemm", isa.GEMM_ACCUMULATE, F32, 8, 4, 16, 0, 16, 512, 4, 1024, 4),
         ("cgra_dma_load", 2, 1152, box([(4, 0, 1, 1)])),
         ("cgra_epilogue", isa.EPILOGUE_BIAS | isa.EPILOGUE_RELU, F32, F32, 8, 4, 1024, 4, 1152,
-         2048, 4, 0, 0, 0, 0),
+         2048, 4, 0, 0, 0, 0, 0, 0),
         ("cgra_dma_store", 3, 2048, rows_box(8, 4, 4)),
         ("cgra_dma_load", 4, 4096, load_q),
         ("cgra_dma_load", 0, 8192, halo),
         ("cgra_depthwise", 0, I8, 2, 3, 4, 3, 3, 4096, 20, 4, 20, 4, 4200, 12, 4, 4400, 12, 4),
         ("cgra_epilogue", FULL_EPILOGUE, F32, F32, 8, 4, 1024, 4, 1152, 3072, 4, 2048, 6, 0,
-         0x40C00000),
+         0x40C00000, 0, 0),
+        ("cgra_epilogue", REQUANTISING, I32, I8, 8, 4, 1024, 4, 1152, 3072, 4, 0, 0, 0, 0, 4096, -3),
+        ("cgra_eltwise", int(isa.EltwiseFunc.MAXIMUM), F32, 8, 4, 1024, 4, 1, 1152, 0, 1, 3072, 4),
         ("cgra_pool", isa.POOL_AVERAGE, F32, 2, 3, 4, 3, 3, 4096, 28, 4, 2, 2, 1, 1, 6000, 12, 4,
          1, 6, 1, 7, 0, 7, 0, 8),
     ]
@@ -269,6 +273,12 @@ def test_records_match_isa_encode(lib, on_device, submitted):
         isa.encode(Op.EPILOGUE, flags=FULL_EPILOGUE, acc_dtype=F32, out_dtype=F32, m=8, n=4,
                    acc_addr=1024, acc_stride=4, bias_addr=1152, out_addr=3072, out_stride=4,
                    residual_addr=2048, residual_stride=6, clip_lo_bits=0, clip_hi_bits=0x40C00000),
+        isa.encode(Op.EPILOGUE, flags=REQUANTISING, acc_dtype=I32, out_dtype=I8, m=8, n=4,
+                   acc_addr=1024, acc_stride=4, bias_addr=1152, out_addr=3072, out_stride=4,
+                   scale_addr=4096, out_zero_point=-3),
+        isa.encode(Op.ELTWISE, func=isa.EltwiseFunc.MAXIMUM, dtype=F32, rows=8, cols=4, a_addr=1024,
+                   a_row_stride=4, a_col_stride=1, b_addr=1152, b_row_stride=0, b_col_stride=1,
+                   out_addr=3072, out_stride=4),
         isa.encode(Op.POOL, flags=isa.POOL_AVERAGE, dtype=F32, oh=2, ow=3, n=4, kh=3, kw=3, a_addr=4096,
                    a_row_stride=28, a_col_stride=4, stride_y=2, stride_x=2, dilation_y=1, dilation_x=1,
                    out_addr=6000, out_y_stride=12, out_x_stride=4, valid_y_lo=1, valid_y_hi=6,
@@ -297,7 +307,7 @@ def test_stream_runs_on_the_simulator(lib, on_device):
         ("cgra_gemm", 0, F32, 8, 4, 16, 0, 16, 512, 4, 1024, 4),
         ("cgra_dma_load", 2, 1152, box([(4, 0, 1, 1)])),
         ("cgra_epilogue", isa.EPILOGUE_BIAS | isa.EPILOGUE_RELU, F32, F32, 8, 4, 1024, 4, 1152,
-         2048, 4, 0, 0, 0, 0),
+         2048, 4, 0, 0, 0, 0, 0, 0),
         ("cgra_dma_store", 3, 2048, rows_box(8, 4, 4)),
     ]
 
@@ -366,6 +376,21 @@ VIOLATIONS = {
     "pool output overlaps": (
         [("cgra_pool", 0, F32, 2, 2, 4, 2, 2, 0, 12, 4, 1, 1, 1, 1, 512, 4, 4, 0, 3, 0, 3, 0, 0, 0, 0)],
         "command 0 (POOL): out: strides (y 4, x 4) overlap its elements"),
+    "eltwise unknown func": (
+        [("cgra_eltwise", 9, F32, 2, 4, 0, 4, 1, 64, 4, 1, 128, 4)],
+        "command 0 (ELTWISE): func 9 is not an elementwise function"),
+    "eltwise operand beyond the scratchpad": (
+        [("cgra_eltwise", 1, I32, 2, 4, 0, 4, 1, SPAD - 16, 0, 2, 128, 4)],
+        f"command 0 (ELTWISE): B: scratchpad bytes [{SPAD - 16}, {SPAD + 12}) exceed"),
+    "eltwise negative stride": (
+        [("cgra_eltwise", 1, I32, 2, 4, 0, 4, -1, 64, 0, 1, 128, 4)],
+        "command 0 (ELTWISE): A: stride -1 of dim 1 is negative"),
+    "eltwise output rows overlap": (
+        [("cgra_eltwise", 3, I8, 2, 4, 0, 4, 1, 64, 0, 0, 128, 2)],
+        "command 0 (ELTWISE): out: row stride 2 is smaller than the 4 columns"),
+    "eltwise unknown dtype": (
+        [("cgra_eltwise", 1, 7, 2, 4, 0, 4, 1, 64, 0, 0, 128, 4)],
+        "command 0 (ELTWISE): unknown dtype code 7"),
     "fill below address 0": (
         [("cgra_fill", I8, -4, 1, 8, 8, 0)],
         "command 0 (FILL): scratchpad bytes [-4, 4) start below address 0"),
@@ -390,24 +415,36 @@ VIOLATIONS = {
         [("cgra_gemm", 0, I32, 8, 8, 8, 0, 8, 256, 8, 512, 8)],
         "command 0 (GEMM): the PE array has no int32 inputs"),
     "epilogue dtypes disagree": (
-        [("cgra_epilogue", 0, F32, I8, 8, 8, 0, 8, 0, 512, 8, 0, 0, 0, 0)],
+        [("cgra_epilogue", 0, F32, I8, 8, 8, 0, 8, 0, 512, 8, 0, 0, 0, 0, 0, 0)],
         "command 0 (EPILOGUE): a float32 accumulator cannot produce int8"),
     "epilogue residual beyond the scratchpad": (
-        [("cgra_epilogue", isa.EPILOGUE_RESIDUAL, I32, I32, 2, 4, 0, 4, 0, 64, 4, SPAD - 16, 4, 0, 0)],
+        [("cgra_epilogue", isa.EPILOGUE_RESIDUAL, I32, I32, 2, 4, 0, 4, 0, 64, 4, SPAD - 16, 4, 0, 0, 0, 0)],
         f"command 0 (EPILOGUE): residual: scratchpad bytes [{SPAD - 16}, {SPAD + 16}) exceed"),
     "epilogue residual without its flag": (
-        [("cgra_epilogue", 0, I32, I32, 2, 4, 0, 4, 0, 64, 4, 128, 4, 0, 0)],
+        [("cgra_epilogue", 0, I32, I32, 2, 4, 0, 4, 0, 64, 4, 128, 4, 0, 0, 0, 0)],
         "command 0 (EPILOGUE): residual_addr 128 / residual_stride 4 given without "
         "CGRA_EPILOGUE_RESIDUAL"),
     "epilogue clip bounds unordered": (
-        [("cgra_epilogue", isa.EPILOGUE_CLIP, I32, I32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 6, 0)],
+        [("cgra_epilogue", isa.EPILOGUE_CLIP, I32, I32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 6, 0, 0, 0)],
         "command 0 (EPILOGUE): clip bounds [6, 0] are not ordered"),
     "epilogue clip bound beyond int32": (
-        [("cgra_epilogue", isa.EPILOGUE_CLIP, I32, I32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 2**31)],
+        [("cgra_epilogue", isa.EPILOGUE_CLIP, I32, I32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 2**31, 0, 0)],
         "command 0 (EPILOGUE): value 2147483648 does not fit int32"),
     "epilogue clip without its flag": (
-        [("cgra_epilogue", isa.EPILOGUE_RELU, F32, F32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0x40C00000)],
+        [("cgra_epilogue", isa.EPILOGUE_RELU, F32, F32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0x40C00000, 0, 0)],
         "command 0 (EPILOGUE): clip bounds given without CGRA_EPILOGUE_CLIP"),
+    "requantisation to int32": (
+        [("cgra_epilogue", isa.EPILOGUE_REQUANTISE, I32, I32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0, 128, 0)],
+        "command 0 (EPILOGUE): requantisation takes an int32 accumulator to int8, not int32 to int32"),
+    "requantisation zero point beyond int8": (
+        [("cgra_epilogue", isa.EPILOGUE_REQUANTISE, I32, I8, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0, 128, -129)],
+        "command 0 (EPILOGUE): out_zero_point -129 does not fit int8 [-128, 127]"),
+    "requantisation scale beyond the scratchpad": (
+        [("cgra_epilogue", isa.EPILOGUE_REQUANTISE, I32, I8, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0, SPAD - 8, 0)],
+        f"command 0 (EPILOGUE): scale: scratchpad bytes [{SPAD - 8}, {SPAD + 8}) exceed"),
+    "scale without the requantise flag": (
+        [("cgra_epilogue", 0, I32, I32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0, 128, 0)],
+        "command 0 (EPILOGUE): scale_addr 128 / out_zero_point 0 given without CGRA_EPILOGUE_REQUANTISE"),
     "negative scratchpad stride": (
         [("cgra_dma_load", 0, 64, box([(8, 0, 1, -4), (4, 1, 1, 1)]))],
         "command 0 (DMA_LOAD): loop 0 has a negative scratchpad stride -4"),

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cgra_sim import load_arch, simulate_detailed, streams
-from cgra_sim.isa import EPILOGUE_BIAS, EPILOGUE_RELU, Op, Unit
+from cgra_sim.isa import EPILOGUE_BIAS, EPILOGUE_RELU, GEMM_ACCUMULATE, DType, Op, Unit, encode
 from cgra_sim.trace import TID_OF, TracedLaunch, chrome_trace, write_chrome_trace
 
 ARCH = load_arch("cgra-4x4")
@@ -225,3 +225,17 @@ def test_an_unwritable_trace_exits_2(tmp_path, capsys):
 
     status = main(["verify", "--op", "matmul", "--shape", "8,8,8", "--trace", str(tmp_path / "no" / "t.json")])
     assert status == 2 and "No such file or directory" in capsys.readouterr().err
+
+
+def test_stream_listing_names_each_command_and_its_key_fields():
+    from cgra_sim.listing import format_stream
+
+    records = np.array([encode(Op.GEMM, flags=GEMM_ACCUMULATE, dtype=int(DType.INT8), m=8, n=16, k=4,
+                               a_addr=64, b_addr=128, acc_addr=256),
+                        encode(Op.FILL, dtype=int(DType.INT32), addr=512, rows=2, cols=3), [99] + [0] * 31])
+    assert format_stream(records, "kernel k").splitlines() == [
+        "kernel k",
+        "     0  GEMM       m=8 n=16 k=4 a_addr=64 b_addr=128 acc_addr=256 dtype=int8 accumulate=True",
+        "     1  FILL       addr=512 rows=2 cols=3 dtype=int32",
+        "     2  opcode 99  opcode=99",
+    ]

@@ -212,7 +212,12 @@ DEVICE_CALLS = {
         Int("n", 64), SpadAddress("acc"), Int("acc_stride", 64),
         SpadAddress("bias", gate=(0, isa.EPILOGUE_BIAS)), SpadAddress("out"),
         Int("out_stride", 64), SpadAddress("residual", gate=(0, isa.EPILOGUE_RESIDUAL)),
-        Int("residual_stride", 64), ValueBits("clip_lo_bits"), ValueBits("clip_hi_bits"))),
+        Int("residual_stride", 64), ValueBits("clip_lo_bits"), ValueBits("clip_hi_bits"),
+        SpadAddress("scale", gate=(0, isa.EPILOGUE_REQUANTISE)), Int("out_zero_point", 64))),
+    "cgra_eltwise": DeviceCall("cgra_eltwise", (
+        Int("func", 32), Int("dtype", 32), Int("rows", 64), Int("cols", 64),
+        SpadAddress("a"), Int("a_row", 64), Int("a_col", 64), SpadAddress("b"), Int("b_row", 64),
+        Int("b_col", 64), SpadAddress("out"), Int("out_stride", 64))),
 }
 
 

@@ -81,16 +81,28 @@ CGRA_RUNTIME_API int32_t cgra_pool(CGRAKernel* k, int32_t flags, int32_t dtype, 
 CGRA_RUNTIME_API int32_t cgra_fill(CGRAKernel* k, int32_t dtype, int64_t addr, int64_t rows,
                                    int64_t cols, int64_t stride, int64_t value_bits);
 
-/* Vector unit: out[i,j] = clip(relu(acc[i,j] + bias[j] + residual[i,j])), each step enabled by
- * its flag: CGRA_EPILOGUE_BIAS, _RESIDUAL (an m x n tile, acc dtype, own stride), _RELU, _CLIP
- * (clip_lo/hi_bits: acc-dtype value bits as for cgra_fill, lo <= hi). A disabled operand's
- * arguments must be 0. (ABI v2 added the last four arguments.) */
+/* Vector unit: out[i,j] = requant(clip(relu(acc[i,j] + bias[j] + residual[i,j]))), each step
+ * enabled by its flag: CGRA_EPILOGUE_BIAS, _RESIDUAL (an m x n tile, acc dtype, own stride), _RELU,
+ * _CLIP (clip_lo/hi_bits: acc-dtype value bits as for cgra_fill, lo <= hi), _REQUANTISE (int32 acc
+ * -> int8 out: rne(clamp(float(x) * scale[j], -128 - zp, 127 - zp)) + zp, scale a row of n float32
+ * at scale_addr, zp = out_zero_point). A disabled operand's arguments must be 0. (ABI v2 added
+ * the last six arguments.) */
 CGRA_RUNTIME_API int32_t cgra_epilogue(CGRAKernel* k, int32_t flags, int32_t acc_dtype,
                                        int32_t out_dtype, int64_t m, int64_t n, int64_t acc_addr,
                                        int64_t acc_stride, int64_t bias_addr, int64_t out_addr,
                                        int64_t out_stride, int64_t residual_addr,
                                        int64_t residual_stride, int64_t clip_lo_bits,
-                                       int64_t clip_hi_bits);
+                                       int64_t clip_hi_bits, int64_t scale_addr,
+                                       int64_t out_zero_point);
+
+/* Vector unit: out[i,j] = func(A[i*a_row + j*a_col], B[i*b_row + j*b_col]) for i < rows, j < cols
+ * (addresses in elements past a_addr, b_addr; out's element at i*out_stride + j). func is a
+ * CGRA_ELTWISE_* code (ADD, SUBTRACT, MULTIPLY, MAXIMUM, MINIMUM); a, b and out share `dtype`
+ * (int8, int32 or float32; integers wrap). A stride of 0 broadcasts an operand along that axis. */
+CGRA_RUNTIME_API int32_t cgra_eltwise(CGRAKernel* k, int32_t func, int32_t dtype, int64_t rows,
+                                      int64_t cols, int64_t a_addr, int64_t a_row, int64_t a_col,
+                                      int64_t b_addr, int64_t b_row, int64_t b_col,
+                                      int64_t out_addr, int64_t out_stride);
 
 /* Submits the stream, waits for the device, frees k. Returns 0, or -1 with the FFI error set.
  * If an earlier call on k failed, it returns -1 and keeps that first error. Always frees k. */

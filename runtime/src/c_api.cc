@@ -145,10 +145,20 @@ int32_t cgra_epilogue(CGRAKernel* k, int32_t flags, int32_t acc_dtype, int32_t o
                       int64_t m, int64_t n, int64_t acc_addr, int64_t acc_stride,
                       int64_t bias_addr, int64_t out_addr, int64_t out_stride,
                       int64_t residual_addr, int64_t residual_stride, int64_t clip_lo_bits,
-                      int64_t clip_hi_bits) {
+                      int64_t clip_hi_bits, int64_t scale_addr, int64_t out_zero_point) {
   return RecordOn(k, "cgra_epilogue", [&](CGRAKernel& kernel) {
     kernel.Epilogue(flags, acc_dtype, out_dtype, m, n, acc_addr, acc_stride, bias_addr, out_addr,
-                    out_stride, {residual_addr, residual_stride, clip_lo_bits, clip_hi_bits});
+                    out_stride, {residual_addr, residual_stride, clip_lo_bits, clip_hi_bits,
+                                 scale_addr, out_zero_point});
+  });
+}
+
+int32_t cgra_eltwise(CGRAKernel* k, int32_t func, int32_t dtype, int64_t rows, int64_t cols,
+                     int64_t a_addr, int64_t a_row, int64_t a_col, int64_t b_addr, int64_t b_row,
+                     int64_t b_col, int64_t out_addr, int64_t out_stride) {
+  return RecordOn(k, "cgra_eltwise", [&](CGRAKernel& kernel) {
+    kernel.Eltwise(func, dtype, rows, cols,
+                   {a_addr, a_row, a_col, b_addr, b_row, b_col, out_addr, out_stride});
   });
 }
 

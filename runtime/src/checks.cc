@@ -90,6 +90,7 @@ const char* OpName(int32_t op) {
     case CGRA_OP_EPILOGUE: return "EPILOGUE";
     case CGRA_OP_DEPTHWISE: return "DEPTHWISE";
     case CGRA_OP_POOL: return "POOL";
+    case CGRA_OP_ELTWISE: return "ELTWISE";
     default: return "UNKNOWN";
   }
 }
@@ -123,6 +124,44 @@ void CheckEpilogueDTypes(int32_t acc_dtype, int32_t out_dtype) {
     Fail("a ", DTypeName(acc_dtype), " accumulator cannot produce ", DTypeName(out_dtype),
          ": the epilogue writes its accumulator's dtype");
   }
+}
+
+void CheckEltwiseFunc(int32_t func) {
+  switch (func) {
+    case CGRA_ELTWISE_ADD:
+    case CGRA_ELTWISE_SUBTRACT:
+    case CGRA_ELTWISE_MULTIPLY:
+    case CGRA_ELTWISE_MAXIMUM:
+    case CGRA_ELTWISE_MINIMUM:
+      return;
+    default:
+      Fail("func ", func, " is not an elementwise function (", CGRA_ELTWISE_ADD, " add, ",
+           CGRA_ELTWISE_SUBTRACT, " subtract, ", CGRA_ELTWISE_MULTIPLY, " multiply, ",
+           CGRA_ELTWISE_MAXIMUM, " maximum, ", CGRA_ELTWISE_MINIMUM, " minimum)");
+  }
+}
+
+void CheckEpilogueRequantise(int32_t flags, int32_t acc_dtype, int32_t out_dtype, int64_t n,
+                             const EpilogueExtras& extras, int64_t spad_bytes) {
+  if (!(flags & CGRA_EPILOGUE_REQUANTISE)) {
+    CheckEpilogueDTypes(acc_dtype, out_dtype);
+    if (extras.scale_addr != 0 || extras.out_zero_point != 0) {
+      Fail("scale_addr ", extras.scale_addr, " / out_zero_point ", extras.out_zero_point,
+           " given without CGRA_EPILOGUE_REQUANTISE: a disabled operand's arguments must be 0");
+    }
+    return;
+  }
+  ItemSize(acc_dtype);  // rejects unknown codes first, with the list of known ones
+  ItemSize(out_dtype);
+  if (acc_dtype != CGRA_DTYPE_INT32 || out_dtype != CGRA_DTYPE_INT8) {
+    Fail("requantisation takes an int32 accumulator to int8, not ", DTypeName(acc_dtype), " to ",
+         DTypeName(out_dtype));
+  }
+  if (extras.out_zero_point < -128 || extras.out_zero_point > 127) {
+    Fail("out_zero_point ", extras.out_zero_point, " does not fit int8 [-128, 127]");
+  }
+  CheckRegion("scale", Access::kRead, extras.scale_addr, 1, n, n, CGRA_DTYPE_FLOAT32_BYTES,
+              spad_bytes);
 }
 
 void CheckFillValue(int32_t dtype, int64_t value_bits) {

@@ -53,13 +53,25 @@ int32_t AccumulatorDType(int32_t input_dtype);
 /*! \brief Checks an epilogue's dtypes: an accumulator dtype, and the output in that same dtype. */
 void CheckEpilogueDTypes(int32_t acc_dtype, int32_t out_dtype);
 
-/*! \brief The EPILOGUE operands stream version 2 added: a residual tile and clip bounds. */
+/*! \brief The EPILOGUE operands stream version 2 added: a residual tile, clip bounds and a
+ * requantisation to int8 (scale row, zero point). */
 struct EpilogueExtras {
   int64_t residual_addr = 0;
   int64_t residual_stride = 0;
   int64_t clip_lo_bits = 0;
   int64_t clip_hi_bits = 0;
+  int64_t scale_addr = 0;
+  int64_t out_zero_point = 0;
 };
+
+/*!
+ * \brief Checks a requantising epilogue (CGRA_EPILOGUE_REQUANTISE): int32 accumulator, int8
+ * output, the row of n float32 scales in the scratchpad, the zero point in [-128, 127]. Without
+ * the flag, checks the dtypes as CheckEpilogueDTypes does and that scale_addr and the zero point
+ * are 0.
+ */
+void CheckEpilogueRequantise(int32_t flags, int32_t acc_dtype, int32_t out_dtype, int64_t n,
+                             const EpilogueExtras& extras, int64_t spad_bytes);
 
 /*!
  * \brief Checks an epilogue's residual and clip: with CGRA_EPILOGUE_RESIDUAL the m x n residual
@@ -68,6 +80,9 @@ struct EpilogueExtras {
  */
 void CheckEpilogueExtras(int32_t flags, int32_t acc_dtype, int64_t m, int64_t n,
                          const EpilogueExtras& extras, int64_t spad_bytes);
+
+/*! \brief Checks an ELTWISE func code (CGRA_ELTWISE_ADD .. CGRA_ELTWISE_MINIMUM). */
+void CheckEltwiseFunc(int32_t func);
 
 /*! \brief Checks that a fill value fits its dtype (for float32: a 32-bit pattern, either sign). */
 void CheckFillValue(int32_t dtype, int64_t value_bits);

@@ -147,8 +147,8 @@ void KernelRecorder::Epilogue(int32_t flags, int32_t acc_dtype, int32_t out_dtyp
                               int64_t out_addr, int64_t out_stride, const EpilogueExtras& extras) {
   Record(CGRA_OP_EPILOGUE, [&](int64_t* w) {
     CheckFlags(flags, CGRA_EPILOGUE_BIAS | CGRA_EPILOGUE_RELU | CGRA_EPILOGUE_RESIDUAL |
-                          CGRA_EPILOGUE_CLIP);
-    CheckEpilogueDTypes(acc_dtype, out_dtype);
+                          CGRA_EPILOGUE_CLIP | CGRA_EPILOGUE_REQUANTISE);
+    CheckEpilogueRequantise(flags, acc_dtype, out_dtype, n, extras, spad_bytes_);
     CheckRegion("acc", Access::kRead, acc_addr, m, n, acc_stride, ItemSize(acc_dtype),
                 spad_bytes_);
     if (flags & CGRA_EPILOGUE_BIAS) {
@@ -171,6 +171,29 @@ void KernelRecorder::Epilogue(int32_t flags, int32_t acc_dtype, int32_t out_dtyp
     w[CGRA_EPILOGUE_RESIDUAL_STRIDE] = extras.residual_stride;
     w[CGRA_EPILOGUE_CLIP_LO_BITS] = extras.clip_lo_bits;
     w[CGRA_EPILOGUE_CLIP_HI_BITS] = extras.clip_hi_bits;
+    w[CGRA_EPILOGUE_SCALE_ADDR] = extras.scale_addr;
+    w[CGRA_EPILOGUE_OUT_ZERO_POINT] = extras.out_zero_point;
+  });
+}
+
+static_assert(CGRA_ELTWISE_A_ADDR == CGRA_ELTWISE_COLS + 1 &&
+                  CGRA_ELTWISE_OUT_STRIDE == CGRA_ELTWISE_A_ADDR + 7,
+              "ELTWISE words: rows, cols, then the eight layout words, in order");
+
+void KernelRecorder::Eltwise(int32_t func, int32_t dtype, int64_t rows, int64_t cols,
+                             const std::array<int64_t, 8>& layout) {
+  Record(CGRA_OP_ELTWISE, [&](int64_t* w) {
+    CheckEltwiseFunc(func);
+    int64_t itemsize = ItemSize(dtype);
+    auto [a_addr, a_row, a_col, b_addr, b_row, b_col, out_addr, out_stride] = layout;
+    CheckWindow("A", a_addr, {rows, cols, 1, 1, 1}, {a_row, a_col, 0, 0, 0}, itemsize, spad_bytes_);
+    CheckWindow("B", b_addr, {rows, cols, 1, 1, 1}, {b_row, b_col, 0, 0, 0}, itemsize, spad_bytes_);
+    CheckRegion("out", Access::kWrite, out_addr, rows, cols, out_stride, itemsize, spad_bytes_);
+    w[CGRA_ELTWISE_FUNC] = func;
+    w[CGRA_ELTWISE_DTYPE] = dtype;
+    w[CGRA_ELTWISE_ROWS] = rows;
+    w[CGRA_ELTWISE_COLS] = cols;
+    std::copy(layout.begin(), layout.end(), w + CGRA_ELTWISE_A_ADDR);
   });
 }
 

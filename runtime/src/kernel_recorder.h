@@ -45,6 +45,11 @@ class KernelRecorder {
                 int64_t acc_addr, int64_t acc_stride, int64_t bias_addr, int64_t out_addr,
                 int64_t out_stride, const EpilogueExtras& extras);
 
+  /*! \brief `layout`: a_addr and its row, column strides, b_addr and its row, column strides,
+   * out_addr and its row stride (isa.py's ELTWISE words, in order). */
+  void Eltwise(int32_t func, int32_t dtype, int64_t rows, int64_t cols,
+               const std::array<int64_t, 8>& layout);
+
   bool failed() const { return failed_; }
   void MarkFailed() { failed_ = true; }
   /*! \brief The launch to submit: the slot table and the command stream. */

@@ -4,7 +4,7 @@ Stage: simulator, step 1 (decode -> dataflow check -> execute -> time). In: the 
 (int64 array of shape (n, isa.RECORD_WORDS), or the same little-endian bytes), the host tensors
 bound to the slots and the hardware description. Out: one decoded command per record
 (`DmaCommand`, `GemmCommand`, `DepthwiseCommand`, `FillCommand`, `EpilogueCommand`,
-`PoolCommand`), each naming
+`PoolCommand`, `EltwiseCommand`), each naming
 the scratchpad `Region`s it reads and writes, so later steps never look at record words again.
 
 Checks made here (each failure is a `CommandError` naming the command, its kind and the range):
@@ -24,8 +24,9 @@ import numpy as np
 from .arch import HardwareDescription
 from .box import DmaBox
 from .errors import CommandError, LaunchError
-from .isa import (ACC_DTYPE, BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL,
-                  FIELDS, GEMM_ACCUMULATE, POOL_AVERAGE, RECORD_WORDS, UNIT_OF, DType, Op)
+from .isa import (ACC_DTYPE, BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_REQUANTISE,
+                  EPILOGUE_RESIDUAL, FIELDS, GEMM_ACCUMULATE, POOL_AVERAGE, RECORD_WORDS, UNIT_OF, DType,
+                  EltwiseFunc, Op)
 from .regions import Region
 
 #: A DMA box may have max(spad_bytes, this) points: far above what a scratchpad-sized box needs
@@ -147,10 +148,22 @@ class FillCommand(Command):
 
 
 class EpilogueCommand(Command):
-    """out = clip(relu(acc + bias + residual)); `bias`, `residual` are None without their flag,
-    `clip` is None or the (lo, hi) bounds as numpy scalars of the accumulator dtype."""
+    """out = requantise(clip(relu(acc + bias + residual))); `bias`, `residual` are None without
+    their flag, `clip` is None or the (lo, hi) bounds as numpy scalars of the accumulator dtype,
+    `scale` None or the (1, n) float32 row of a requantisation to int8 around `zero_point`."""
 
-    __slots__ = ("acc", "bias", "residual", "out", "relu", "clip")
+    __slots__ = ("acc", "bias", "residual", "out", "relu", "clip", "scale", "zero_point")
+
+
+class EltwiseCommand(Command):
+    """out = func(a, b) elementwise over a (rows, cols) tile; `a` and `b` are strided views whose
+    zero strides broadcast them, `out` a (rows, cols) region with adjacent columns."""
+
+    __slots__ = ("func", "dtype", "a", "b", "out")
+
+    @property
+    def elements(self) -> int:
+        return self.out.shape[0] * self.out.shape[1]
 
 
 def as_records(commands) -> np.ndarray:
@@ -431,9 +444,10 @@ def _decode_epilogue(check: _Checker, index: int, op: Op, record: list[int],
                      tensors) -> EpilogueCommand:
     (_, flags, acc_code, out_code, m, n, acc_addr, acc_stride, bias_addr, out_addr,
      out_stride) = record[:11]
-    check.flags(flags, EPILOGUE_BIAS | EPILOGUE_RELU | EPILOGUE_RESIDUAL | EPILOGUE_CLIP)
-    acc_dtype = check.dtype("acc_dtype", acc_code, tuple(ACC_DTYPE.values()))
-    out_dtype = check.dtype("out_dtype", out_code, (acc_dtype,))
+    check.flags(flags, EPILOGUE_BIAS | EPILOGUE_RELU | EPILOGUE_RESIDUAL | EPILOGUE_CLIP | EPILOGUE_REQUANTISE)
+    requantise = bool(flags & EPILOGUE_REQUANTISE)
+    acc_dtype = check.dtype("acc_dtype", acc_code, (DType.INT32,) if requantise else tuple(ACC_DTYPE.values()))
+    out_dtype = check.dtype("out_dtype", out_code, (DType.INT8,) if requantise else (acc_dtype,))
     check.positive(m=m, n=n)
     cmd = EpilogueCommand(index, op)
     cmd.acc = check.matrix("acc", acc_addr, m, n, acc_stride, acc_dtype, written=False)
@@ -442,9 +456,10 @@ def _decode_epilogue(check: _Checker, index: int, op: Op, record: list[int],
         cmd.bias = check.matrix("bias", bias_addr, 1, n, n, acc_dtype, written=False)
     cmd.residual = _epilogue_residual(check, flags, record, m, n, acc_dtype)
     cmd.clip = _epilogue_clip(check, flags, record, acc_dtype)
+    cmd.scale, cmd.zero_point = _epilogue_requantise(check, flags, record, n)
     cmd.out = check.matrix("out", out_addr, m, n, out_stride, out_dtype, written=True)
     cmd.relu = bool(flags & EPILOGUE_RELU)
-    cmd.reads = tuple(r for r in (cmd.acc, cmd.bias, cmd.residual) if r is not None)
+    cmd.reads = tuple(r for r in (cmd.acc, cmd.bias, cmd.residual, cmd.scale) if r is not None)
     cmd.writes = (cmd.out,)
     return cmd
 
@@ -482,6 +497,42 @@ def _epilogue_clip(check: _Checker, flags: int, record: list[int], dtype: DType)
     return lo, hi
 
 
+def _decode_eltwise(check: _Checker, index: int, op: Op, record: list[int], tensors) -> EltwiseCommand:
+    (_, flags, func, dtype_code, rows, cols, a_addr, a_row, a_col, b_addr, b_row, b_col, out_addr,
+     out_stride) = record[:len(FIELDS[op])]
+    check.flags(flags, 0)
+    if func not in {int(f) for f in EltwiseFunc}:
+        check.fail(f"func {func} is not an elementwise function (known: "
+                   f"{', '.join(f'{f.name}={int(f)}' for f in EltwiseFunc)})")
+    dtype = check.dtype("dtype", dtype_code, tuple(DType))
+    check.positive(rows=rows, cols=cols)
+    strides = dict(a_row_stride=a_row, a_col_stride=a_col, b_row_stride=b_row, b_col_stride=b_col)
+    negative = {name: value for name, value in strides.items() if value < 0}
+    if negative:
+        check.fail(f"strides must be >= 0, got {negative}")
+    size, np_dtype = dtype.itemsize, NUMPY_DTYPE[dtype]
+    cmd = EltwiseCommand(index, op)
+    cmd.func, cmd.dtype = EltwiseFunc(func), dtype
+    cmd.a = check.region(Region("A", a_addr, (rows, cols), (a_row * size, a_col * size), np_dtype))
+    cmd.b = check.region(Region("B", b_addr, (rows, cols), (b_row * size, b_col * size), np_dtype))
+    cmd.out = check.matrix("out", out_addr, rows, cols, out_stride, dtype, written=True)
+    cmd.reads = (cmd.a, cmd.b)
+    cmd.writes = (cmd.out,)
+    return cmd
+
+
+def _epilogue_requantise(check: _Checker, flags: int, record: list[int], n: int):
+    """(scale row, zero point) of a requantisation to int8, or (None, 0) without
+    EPILOGUE_REQUANTISE: the scale a (1, n) float32 region, the zero point an int8 value."""
+    names = ("scale_addr", "out_zero_point")
+    if not _unused_when_off(check, flags, EPILOGUE_REQUANTISE, record, names):
+        return None, 0
+    addr, zero_point = (record[FIELDS[Op.EPILOGUE].index(name)] for name in names)
+    if not -128 <= zero_point <= 127:
+        check.fail(f"out_zero_point {zero_point} does not fit int8 [-128, 127]")
+    return check.matrix("scale", addr, 1, n, n, DType.FLOAT32, written=False), zero_point
+
+
 _DECODERS = {
     Op.DMA_LOAD: _decode_dma,
     Op.DMA_STORE: _decode_dma,
@@ -490,6 +541,7 @@ _DECODERS = {
     Op.EPILOGUE: _decode_epilogue,
     Op.DEPTHWISE: _decode_depthwise,
     Op.POOL: _decode_pool,
+    Op.ELTWISE: _decode_eltwise,
 }
 
 

@@ -19,6 +19,13 @@ ry-major order, the window element if the tap is valid, else the lowest value of
 (-inf for float32) for max and 0 for the sum: max is exact in any order; the float32 sum adds
 left to right from the first tap, as the intrinsic's TIR description does, then divides by the
 float32 count.
+CLIP; int32 sums wrap modulo 2**32, float32 ones round after each add. With REQUANTISE the int32
+x becomes int8 as onnxruntime's QLinearConv / QGemm requantise (MlasRequantizeOutput): f =
+float32(x) * scale[j] (int32 -> float32 and the product each rounded to nearest even), clamped
+to [-128 - zp, 127 - zp] (a NaN becomes the lower bound, as SSE's max does), rounded half to
+even, + zp. ELTWISE computes out = func(a, b) with numpy's elementwise function in the operands'
+dtype: integer results wrap (int8 modulo 2**8, int32 modulo 2**32), float32 ones round once;
+maximum and minimum propagate NaN.
 Each command reads all its operands before it writes, so an in-place EPILOGUE is well defined.
 """
 
@@ -26,9 +33,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .decode import (Command, DepthwiseCommand, DmaCommand, EpilogueCommand, FillCommand, GemmCommand,
-                     PoolCommand)
-from .isa import DType, Op
+from .decode import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FillCommand,
+                     GemmCommand, PoolCommand)
+from .isa import DType, EltwiseFunc, Op
 
 
 def execute(commands: list[Command], spad: np.ndarray) -> None:
@@ -133,7 +140,35 @@ def _epilogue(cmd: EpilogueCommand, spad: np.ndarray) -> None:
         values = np.maximum(values, values.dtype.type(0))
     if cmd.clip is not None:
         values = np.minimum(np.maximum(values, cmd.clip[0]), cmd.clip[1])
+    if cmd.scale is not None:
+        values = requantise(values, cmd.scale.view(spad), cmd.zero_point)
     cmd.out.view(spad)[...] = values
+
+
+#: ELTWISE func -> the numpy function (on arrays of one integer dtype numpy wraps, as the lanes do).
+ELTWISE_FUNCS = {
+    EltwiseFunc.ADD: np.add,
+    EltwiseFunc.SUBTRACT: np.subtract,
+    EltwiseFunc.MULTIPLY: np.multiply,
+    EltwiseFunc.MAXIMUM: np.maximum,
+    EltwiseFunc.MINIMUM: np.minimum,
+}
+
+
+def _eltwise(cmd: EltwiseCommand, spad: np.ndarray) -> None:
+    a, b = cmd.a.view(spad), cmd.b.view(spad)
+    cmd.out.view(spad)[...] = ELTWISE_FUNCS[cmd.func](a, b, dtype=a.dtype)
+
+
+def requantise(acc: np.ndarray, scale: np.ndarray, zero_point: int) -> np.ndarray:
+    """int32 `acc` (m, n) -> int8 with float32 `scale` (1, n) or (n,) and an int8 zero point:
+    rne(clamp(float32(acc) * scale, -128 - zp, 127 - zp)) + zp. The clamp comes first so that
+    no value leaves the int32 range before rounding; with integer bounds that order cannot
+    change a result. fmax / fmin send a NaN product to the lower bound."""
+    product = acc.astype(np.float32) * scale.astype(np.float32, copy=False)
+    lo, hi = np.float32(-128 - zero_point), np.float32(127 - zero_point)
+    clamped = np.fmin(np.fmax(product, lo), hi)
+    return (np.rint(clamped) + np.float32(zero_point)).astype(np.int8)
 
 
 _EXECUTORS = {
@@ -144,4 +179,5 @@ _EXECUTORS = {
     Op.EPILOGUE: _epilogue,
     Op.DEPTHWISE: _depthwise,
     Op.POOL: _pool,
+    Op.ELTWISE: _eltwise,
 }

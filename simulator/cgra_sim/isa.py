@@ -32,9 +32,10 @@ class Op(enum.IntEnum):
     DMA_STORE = 2  # scratchpad -> host tensor box, halo elements dropped
     GEMM = 3  # PE array: acc (+)= A @ B on scratchpad tiles
     FILL = 4  # vector unit: fill a 2-D scratchpad region with a constant
-    EPILOGUE = 5  # vector unit: out = clip(relu(acc + bias + residual)) (each step optional)
+    EPILOGUE = 5  # vector unit: out = requant(clip(relu(acc + bias + residual))) (each step optional)
     DEPTHWISE = 6  # PE array: per-channel sliding-window MACs (a depthwise conv2d tile)
     POOL = 7  # vector unit: max or average over a sliding window (max_pool2d, avg_pool2d, mean)
+    ELTWISE = 8  # vector unit: out = func(a, b) over a 2-D tile, operands strided (0 broadcasts)
 
 
 @enum.unique
@@ -63,6 +64,18 @@ class DType(enum.IntEnum):
 
 
 @enum.unique
+class EltwiseFunc(enum.IntEnum):
+    """What an ELTWISE computes from its two operands (word `func`), in the operands' dtype.
+    Integer results wrap like two's-complement hardware; float32 rounds once per operation."""
+
+    ADD = 1  # a + b
+    SUBTRACT = 2  # a - b
+    MULTIPLY = 3  # a * b
+    MAXIMUM = 4  # max(a, b) (NaN propagates, as numpy.maximum)
+    MINIMUM = 5  # min(a, b) (NaN propagates, as numpy.minimum)
+
+
+@enum.unique
 class Unit(enum.IntEnum):
     """The NPU's independent queues. Commands on different units may overlap in time."""
 
@@ -80,6 +93,7 @@ UNIT_OF = {
     Op.EPILOGUE: Unit.VECTOR,
     Op.DEPTHWISE: Unit.COMPUTE,
     Op.POOL: Unit.VECTOR,
+    Op.ELTWISE: Unit.VECTOR,
 }
 
 # Flags (word 1).
@@ -88,6 +102,9 @@ EPILOGUE_BIAS = 1  # add bias[j] (a row vector of n elements, acc dtype)
 EPILOGUE_RELU = 2  # max(x, 0) after the bias and the residual
 EPILOGUE_RESIDUAL = 4  # add residual[i, j] (an m x n tile, acc dtype, own row stride) after the bias
 EPILOGUE_CLIP = 8  # min(max(x, clip_lo), clip_hi) last; bounds are acc-dtype value bits like FILL's
+# After all of the above, int32 -> int8: out = rne(clamp(f32(x) * scale[j], -128 - zp, 127 - zp)) + zp,
+# scale a row of n float32 at scale_addr, zp = out_zero_point (onnxruntime's QLinearConv arithmetic).
+EPILOGUE_REQUANTISE = 16
 POOL_AVERAGE = 1  # POOL: sum of the valid taps / the taps inside the count rectangle; without it, max
 
 
@@ -113,10 +130,11 @@ FIELDS = {
     Op.GEMM: ("op", "flags", "dtype", "m", "n", "k", "a_addr", "a_stride", "b_addr",
               "b_stride", "acc_addr", "acc_stride"),
     Op.FILL: ("op", "flags", "dtype", "addr", "rows", "cols", "stride", "value_bits"),
-    # Words 11.. were added in stream version 2 (residual and clip); earlier words kept their place.
+    # Words 11.. were added in stream version 2 (residual and clip, then requantisation); earlier
+    # words kept their place.
     Op.EPILOGUE: ("op", "flags", "acc_dtype", "out_dtype", "m", "n", "acc_addr", "acc_stride",
                   "bias_addr", "out_addr", "out_stride", "residual_addr", "residual_stride",
-                  "clip_lo_bits", "clip_hi_bits"),
+                  "clip_lo_bits", "clip_hi_bits", "scale_addr", "out_zero_point"),
     # A depthwise window: acc[y, x, c] (+)= sum over taps (ry, rx) of A[y, x, ry, rx, c] * B[ry, rx, c]
     # (ry-major tap order), A's element at a_addr + y*a_y + x*a_x + ry*a_ry + rx*a_rx + c: the
     # taps of neighbouring outputs overlap in the scratchpad. Every PE owns one output element.
@@ -134,6 +152,11 @@ FIELDS = {
               "a_col_stride", "stride_y", "stride_x", "dilation_y", "dilation_x", "out_addr",
               "out_y_stride", "out_x_stride", "valid_y_lo", "valid_y_hi", "valid_x_lo",
               "valid_x_hi", "count_y_lo", "count_y_hi", "count_x_lo", "count_x_hi"),
+    # out[i, j] = func(A[i * a_row + j * a_col], B[i * b_row + j * b_col]) for i < rows, j < cols
+    # (strides in elements; a stride of 0 broadcasts the operand along that axis); out's rows
+    # are out_stride apart, its columns adjacent. No flags are defined (word 1 must be 0).
+    Op.ELTWISE: ("op", "flags", "func", "dtype", "rows", "cols", "a_addr", "a_row_stride",
+                 "a_col_stride", "b_addr", "b_row_stride", "b_col_stride", "out_addr", "out_stride"),
 }
 
 for _op, _fields in FIELDS.items():
@@ -179,9 +202,11 @@ def c_header() -> str:
         f"#define CGRA_EPILOGUE_RESIDUAL {EPILOGUE_RESIDUAL}",
         f"#define CGRA_EPILOGUE_CLIP {EPILOGUE_CLIP}",
         f"#define CGRA_POOL_AVERAGE {POOL_AVERAGE}",
+        f"#define CGRA_EPILOGUE_REQUANTISE {EPILOGUE_REQUANTISE}",
     ]
     lines += [f"#define CGRA_OP_{op.name} {int(op)}" for op in Op]
     lines += [f"#define CGRA_DTYPE_{dt.name} {int(dt)}" for dt in DType]
+    lines += [f"#define CGRA_ELTWISE_{func.name} {int(func)}" for func in EltwiseFunc]
     lines += [f"#define CGRA_DTYPE_{dt.name}_BYTES {dt.itemsize}" for dt in DType]
     for op, fields in FIELDS.items():
         lines += [f"#define CGRA_{op.name}_{name.upper()} {i}" for i, name in enumerate(fields)]

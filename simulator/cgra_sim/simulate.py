@@ -47,6 +47,13 @@ def _source_ops(source_ops) -> tuple[str, ...]:
     return tuple(str(op) for op in source_ops)
 
 
+def split_source_ops(source_ops) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(operators, model nodes) of source ops written "op" or "op@nodes" (the runtime's form,
+    docs/runtime-abi.md): one entry each per operator, nodes "" where none were given."""
+    entries = [entry.partition("@") for entry in _source_ops(source_ops)]
+    return tuple(op for op, _, _ in entries), tuple(nodes for _, _, nodes in entries)
+
+
 def simulate_detailed(arch: "HardwareDescription | str", commands, tensors, name: str = "kernel",
                       source_ops=(), max_cycles: int = DEFAULT_MAX_CYCLES) -> SimulationResult:
     """Runs one kernel launch; returns its statistics and schedule.
@@ -64,7 +71,7 @@ def simulate_detailed(arch: "HardwareDescription | str", commands, tensors, name
     clock.append(time.perf_counter())
     execute(decoded, np.zeros(arch.spad_bytes, dtype=np.uint8))
     clock.append(time.perf_counter())
-    stats = collect_stats(arch, decoded, schedule, name, _source_ops(source_ops))
+    stats = collect_stats(arch, decoded, schedule, name, *split_source_ops(source_ops))
     clock.append(time.perf_counter())
     seconds = {step: clock[i + 1] - clock[i] for i, step in enumerate(STEPS)}
     return SimulationResult(stats=stats, schedule=schedule, host_seconds=seconds)

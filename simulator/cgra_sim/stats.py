@@ -42,10 +42,18 @@ class KernelStats:
     # Per unit, with busy + stall + idle == cycles (definitions in timing.py and docs/simulator.md):
     stall_cycles: dict = dataclasses.field(default_factory=dict)  # unit free, next command waits
     idle_cycles: dict = dataclasses.field(default_factory=dict)  # unit's last command has left it
+    # Per source op: the model nodes (ONNX node names, "+"-joined) it came from, "" if unknown.
+    source_nodes: tuple[str, ...] = ()
+
+    @property
+    def model_nodes(self) -> tuple[str, ...]:
+        """The model nodes the kernel came from, in order, each once."""
+        return tuple(dict.fromkeys(n for nodes in self.source_nodes for n in nodes.split("+") if n))
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data["source_ops"] = list(self.source_ops)
+        data["source_nodes"] = list(self.source_nodes)
         return data
 
     def to_json(self, indent: int | None = None) -> str:
@@ -64,7 +72,7 @@ def ideal_cycles(arch: HardwareDescription, pe_work: Fraction, load_bytes: int, 
 
 
 def collect_stats(arch: HardwareDescription, commands: list[Command], schedule: Schedule,
-                  name: str, source_ops: tuple[str, ...]) -> KernelStats:
+                  name: str, source_ops: tuple[str, ...], source_nodes: tuple[str, ...] = ()) -> KernelStats:
     """Sums the work, traffic and occupancy of a scheduled stream."""
     gemms = [c for c in commands if c.unit is Unit.COMPUTE]  # GEMM and DEPTHWISE
     loads = [c for c in commands if isinstance(c, DmaCommand) and c.op is Op.DMA_LOAD]
@@ -98,4 +106,5 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], schedule: 
         op_counts={op.name: counts.get(op.name, 0) for op in Op},
         stall_cycles={unit.name.lower(): schedule.stall_cycles(unit, stalls) for unit in Unit},
         idle_cycles={unit.name.lower(): schedule.idle_cycles(unit) for unit in Unit},
+        source_nodes=tuple(source_nodes) if any(source_nodes) else (),
     )

@@ -6,7 +6,7 @@ end cycle of every command. Nothing here is validated against RTL (there is none
 the analytical one below, with its assumptions in docs/simulator.md.
 
 Model. Four in-order queues, one per `isa.Unit`: LOAD (DMA_LOAD), COMPUTE (GEMM, DEPTHWISE: the
-PE array), VECTOR (FILL, EPILOGUE, POOL: the vector unit beside the array) and STORE (DMA_STORE). `ready` is when
+PE array), VECTOR (FILL, EPILOGUE, POOL, ELTWISE: the vector unit beside the array) and STORE (DMA_STORE). `ready` is when
 a command's scratchpad dependencies are met: a scoreboard on byte ranges (scoreboard.py) gives
 read-after-write, write-after-read and write-after-write against earlier commands in stream
 order. A command starts at max(free, ready), free being when the previous command on its queue
@@ -23,7 +23,16 @@ left the unit, and ends:
     POOL (vector unit)  start + ceil(oh * ow * n * kh * kw / vector_lanes) + 2
         Each lane takes one tap of one output per cycle (a compare or an add), every tap of the
         window whether valid or not (the rectangles only mask lanes); the average's divide is
-        one more pipeline stage per output (free), like relu in an EPILOGUE.
+        one more pipeline stage per output (free), like relu in an EPILOGUE. Bank conflicts
+        are not modelled for POOL (nor for ELTWISE): no bank slowdown.
+    ELTWISE (vector unit)  start + ceil(max(rows * cols, reads) / vector_lanes) + 2
+        The lanes compute one output each per cycle, and the read port delivers vector_lanes
+        elements per cycle: reads = the elements of A plus those of B the command streams. An
+        operand broadcast along an axis (stride 0) is read once along it and held in registers,
+        as EPILOGUE's bias row is: a full operand is rows * cols reads, a row broadcast to
+        every row (row stride 0) cols, a column broadcast (column stride 0) rows, a scalar 1.
+        So two full operands take 2 * rows * cols / vector_lanes, one full and one broadcast
+        rows * cols / vector_lanes. The output goes out through the write port (not counted).
     GEMM (output-stationary rows x cols PE array)
         steady = ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe[dtype])  (folds pipelined)
         fill   = min(m, rows) + min(n, cols) - 2: fill and drain of the sub-array the GEMM uses
@@ -47,6 +56,10 @@ left the unit, and ends:
         fill = DEPTHWISE_LATENCY (operand read and the MAC: no systolic skew)
         Configuration, back-to-back streaming and accumulator forwarding as for GEMM, keyed by
         (DEPTHWISE, dtype): switching between GEMM and DEPTHWISE reloads the configuration.
+Scratchpad banks (banks.py): the streaming part of every command above (a DMA's transfer, a
+vector command's tiles, a GEMM's steady folds, a DEPTHWISE's window traffic) is stretched by its
+bank slowdown, >= 1 and exactly 1 for a conflict-free access pattern; computed once per
+distinct record (`_ComputeQueue.cycles_of`).
 The kernel takes max(end) cycles.
 
 Occupancy. Each unit's cycles [0, kernel cycles) split exactly into busy, stalled and idle:
@@ -63,13 +76,15 @@ Occupancy. Each unit's cycles [0, kernel cycles) split exactly into busy, stalle
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 from typing import NamedTuple
 
 import numpy as np
 
 from .arch import HardwareDescription
-from .decode import (Command, DepthwiseCommand, DmaCommand, EpilogueCommand, FillCommand, GemmCommand,
-                     PoolCommand)
+from .banks import beat_slowdown, operand_slowdown, slowed
+from .decode import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FillCommand,
+                     GemmCommand, PoolCommand)
 from .errors import CycleLimitExceeded
 from .isa import DType, Op, Unit
 from .regions import Region
@@ -138,14 +153,17 @@ class _PreviousGemm(NamedTuple):
 
 
 class _ComputeQueue:
-    """What the COMPUTE queue remembers between commands: the PE array's state."""
+    """What the COMPUTE queue remembers between commands: the PE array's state. Every timer gets
+    it; `cycles_of` caches, per stream, the cycles a record costs on its unit (its first
+    command's index -> cycles), so a repeated record does not recompute its bank conflicts."""
 
-    __slots__ = ("config", "previous_gemm", "config_loads")
+    __slots__ = ("config", "previous_gemm", "config_loads", "cycles_of")
 
     def __init__(self):
         self.config = None  # (op, dtype) loaded in the PE array; None before the first command
         self.previous_gemm = None  # the previous COMPUTE command (GEMM or DEPTHWISE)
         self.config_loads = 0
+        self.cycles_of = {}
 
     def forwarding(self, cmd: Command):
         """(region, (writer, cycle)) when `cmd`'s accumulator stays in the array, else None."""
@@ -161,9 +179,21 @@ def _region_key(region: Region) -> tuple:
 
 
 def gemm_steady_cycles(arch: HardwareDescription, cmd: GemmCommand) -> int:
-    """Cycles the PE array streams operands: folds of the output times k per MAC rate."""
+    """Cycles the PE array streams operands: folds of the output times k per MAC rate, stretched
+    by the scratchpad banks when they cannot feed it (`gemm_bank_slowdown`)."""
     folds = -(-cmd.m // arch.rows) * -(-cmd.n // arch.cols)
-    return folds * -(-cmd.k // arch.macs_per_pe[cmd.dtype.numpy_name])
+    return slowed(folds * -(-cmd.k // arch.macs_per_pe[cmd.dtype.numpy_name]), gemm_bank_slowdown(arch, cmd))
+
+
+def gemm_bank_slowdown(arch: HardwareDescription, cmd: GemmCommand) -> Fraction:
+    """How much slower than its folds a GEMM streams: its A column (one element of each of
+    min(m, rows) rows a cycle, a_stride apart) conflicting in the banks, or A's column and B's
+    row (min(n, cols) contiguous elements) together exceeding the scratchpad's bandwidth."""
+    size, lanes_a, lanes_b = cmd.dtype.itemsize, min(cmd.m, arch.rows), min(cmd.n, arch.cols)
+    conflict = operand_slowdown(lanes_a, cmd.a.strides[0], cmd.a.addr, size, arch.spad_banks,
+                                arch.bank_width_bytes)
+    bandwidth = Fraction((lanes_a + lanes_b) * size, arch.spad_banks * arch.bank_width_bytes)
+    return max(conflict, bandwidth)
 
 
 def gemm_fill_cycles(arch: HardwareDescription, cmd: GemmCommand) -> int:
@@ -184,23 +214,75 @@ def depthwise_steady_cycles(arch: HardwareDescription, cmd: DepthwiseCommand) ->
     folds = -(-cmd.m // arch.rows) * -(-cmd.n // arch.cols)
     compute = folds * -(-cmd.k // arch.macs_per_pe[cmd.dtype.numpy_name])
     acc_bytes = cmd.m * cmd.n * cmd.acc.dtype.itemsize * (2 if cmd.accumulate else 1)
-    traffic = (cmd.a.hi - cmd.a.lo) + cmd.k * cmd.n * cmd.dtype.itemsize + acc_bytes
-    return max(compute, -(-traffic // (arch.spad_banks * arch.bank_width_bytes)))
+    width = arch.spad_banks * arch.bank_width_bytes
+    # The window streams at the scratchpad's full width, output pixels (x) apart: a pixel stride
+    # that is not the channels' compact size can put one beat's pixels in one bank.
+    size = cmd.dtype.itemsize
+    window = (cmd.a.hi - cmd.a.lo) * beat_slowdown(width, (cmd.ow, cmd.n), (cmd.a.strides[1], size), size,
+                                                    cmd.a.addr, arch.spad_banks, arch.bank_width_bytes)
+    traffic = window + cmd.k * cmd.n * size + acc_bytes
+    return max(compute, -(-traffic.numerator // (traffic.denominator * width)))
+
+
+def dma_transfer_cycles(arch: HardwareDescription, cmd: DmaCommand) -> int:
+    """Cycles a DMA keeps its engine busy: the box at dma_bytes_per_cycle, each beat (that many
+    bytes of the box, in loop order) taking as many cycles as its busiest scratchpad bank."""
+    beats = -(-cmd.box_bytes // arch.dma_bytes_per_cycle)
+    return slowed(beats, _region_slowdown(arch, arch.dma_bytes_per_cycle, cmd.region))
+
+
+def vector_cycles(arch: HardwareDescription, cmd: FillCommand | EpilogueCommand) -> int:
+    """Cycles of a FILL or EPILOGUE: its tiles through the lanes, the banks permitting."""
+    tiles = (cmd.region,) if isinstance(cmd, FillCommand) else \
+        tuple(r for r in (cmd.acc, cmd.residual, cmd.out) if r is not None)
+    rows, cols = tiles[-1].shape
+    streamed = 2 if isinstance(cmd, EpilogueCommand) and cmd.residual is not None else 1
+    slowdown = max(_region_slowdown(arch, arch.vector_lanes * tile.dtype.itemsize, tile) for tile in tiles)
+    return slowed(-(-streamed * rows * cols // arch.vector_lanes), slowdown) + VECTOR_OVERHEAD_CYCLES
+
+
+def _region_slowdown(arch: HardwareDescription, beat: int, region: Region) -> Fraction:
+    return beat_slowdown(beat, region.shape, region.strides, region.dtype.itemsize, region.addr,
+                         arch.spad_banks, arch.bank_width_bytes)
+
+
+def _cycles(arch: HardwareDescription, cmd: Command, compute: _ComputeQueue, cycles_fn) -> int:
+    """`cycles_fn(arch, cmd)`, once per distinct record of the stream."""
+    key = cmd.index if cmd.repeat_of < 0 else cmd.repeat_of
+    cycles = compute.cycles_of.get(key)
+    if cycles is None:
+        cycles = compute.cycles_of[key] = cycles_fn(arch, cmd)
+    return cycles
 
 
 def _time_dma(arch: HardwareDescription, cmd: DmaCommand, ready: int, free: int,
               compute: _ComputeQueue) -> tuple[int, int, int]:
     start = max(free, ready)
-    transfer = -(-cmd.box_bytes // arch.dma_bytes_per_cycle)
+    transfer = _cycles(arch, cmd, compute, dma_transfer_cycles)
     return start, start + arch.dma_latency + transfer, start + transfer
 
 
 def _time_vector(arch: HardwareDescription, cmd: FillCommand | EpilogueCommand, ready: int,
                  free: int, compute: _ComputeQueue) -> tuple[int, int, int]:
-    rows, cols = (cmd.region if isinstance(cmd, FillCommand) else cmd.out).shape
-    tiles = 2 if isinstance(cmd, EpilogueCommand) and cmd.residual is not None else 1
     start = max(free, ready)
-    end = start + -(-tiles * rows * cols // arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
+    end = start + _cycles(arch, cmd, compute, vector_cycles)
+    return start, end, end
+
+
+def eltwise_reads(cmd: EltwiseCommand) -> int:
+    """Elements an ELTWISE streams from the scratchpad: per operand, the extent of each axis it
+    walks (a zero-stride axis is read once and held in registers)."""
+    reads = 0
+    for operand in (cmd.a, cmd.b):
+        (rows, cols), (row_stride, col_stride) = operand.shape, operand.strides
+        reads += (rows if row_stride else 1) * (cols if col_stride else 1)
+    return reads
+
+
+def _time_eltwise(arch: HardwareDescription, cmd: EltwiseCommand, ready: int, free: int,
+                  compute: _ComputeQueue) -> tuple[int, int, int]:
+    start = max(free, ready)
+    end = start + -(-max(cmd.elements, eltwise_reads(cmd)) // arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
     return start, end, end
 
 
@@ -224,7 +306,7 @@ def _time_pe_array(arch: HardwareDescription, cmd: GemmCommand | DepthwiseComman
             compute.config = (cmd.op, cmd.dtype)
             compute.config_loads += 1
     steady_cycles, fill_cycles = _PE_ARRAY_CYCLES[cmd.op]
-    steady = steady_cycles(arch, cmd)
+    steady = _cycles(arch, cmd, compute, steady_cycles)
     end = max(stream + fill_cycles(arch, cmd), free) + steady
     compute.previous_gemm = _PreviousGemm(cmd.index, cmd.op, cmd.dtype, _region_key(cmd.acc), stream + steady)
     return start, end, end
@@ -245,6 +327,7 @@ _TIMERS = {
     Op.EPILOGUE: _time_vector,
     Op.DEPTHWISE: _time_pe_array,
     Op.POOL: _time_pool,
+    Op.ELTWISE: _time_eltwise,
 }
 
 

@@ -23,8 +23,8 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
-from .isa import (BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL, FIELDS,
-                  GEMM_ACCUMULATE, POOL_AVERAGE, DType, Op, Unit)
+from .isa import (BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_REQUANTISE,
+                  EPILOGUE_RESIDUAL, FIELDS, GEMM_ACCUMULATE, POOL_AVERAGE, DType, EltwiseFunc, Op, Unit)
 from .timing import Schedule
 
 #: Track order, top to bottom, and each unit's thread id (1-based: some viewers treat 0 specially).
@@ -75,7 +75,16 @@ def _fill_args(op: Op, record) -> dict:
 def _epilogue_args(op: Op, record) -> dict:
     args = _fields(op, record, "m", "n", "acc_addr", "out_addr")
     args.update(bias=bool(record[1] & EPILOGUE_BIAS), relu=bool(record[1] & EPILOGUE_RELU),
-                residual=bool(record[1] & EPILOGUE_RESIDUAL), clip=bool(record[1] & EPILOGUE_CLIP))
+                residual=bool(record[1] & EPILOGUE_RESIDUAL), clip=bool(record[1] & EPILOGUE_CLIP),
+                requantise=bool(record[1] & EPILOGUE_REQUANTISE))
+    return args
+
+
+def _eltwise_args(op: Op, record) -> dict:
+    args = _fields(op, record, "rows", "cols", "a_addr", "b_addr", "out_addr")
+    func = int(record[FIELDS[op].index("func")])
+    args["func"] = EltwiseFunc(func).name.lower() if func in EltwiseFunc._value2member_map_ else str(func)
+    args["dtype"] = _dtype_name(int(record[FIELDS[op].index("dtype")]))
     return args
 
 
@@ -95,7 +104,17 @@ _KEY_ARGS = {
     Op.EPILOGUE: _epilogue_args,
     Op.DEPTHWISE: _gemm_args,
     Op.POOL: _pool_args,
+    Op.ELTWISE: _eltwise_args,
 }
+
+
+def command_args(record) -> dict:
+    """The key fields of one command record, by name (unknown opcodes: just the code)."""
+    code = int(record[0])
+    if code not in Op._value2member_map_:
+        return {"opcode": code}
+    op = Op(code)
+    return _KEY_ARGS[op](op, record)
 
 
 def _metadata(pid: int, launch: TracedLaunch) -> list[dict]:

@@ -1,0 +1,231 @@
+"""Standalone elementwise ops on the NPU: which ones run there, and how they are cut into tiles.
+
+Stage: partition (patterns and checks) and target hook (spec and tiling). Input: a Relax
+`add`, `subtract`, `multiply`, `maximum` or `minimum` of two tensors of one dtype whose shapes
+broadcast numpy's way (rank <= 4), not fused into a conv2d / matmul epilogue. Output: an
+`EltwiseSpec` and its `Tiling`, which `eltwise_kernel.py` turns into a kernel of ELTWISE commands.
+
+The kernel reads every tensor through a compact view (`cgra.arg_shapes`): the output's axes of
+extent 1 are dropped and neighbouring axes on which each operand is either walked or broadcast
+alike are merged, so (1, 64, 56, 56) + (1, 64, 1, 1) becomes (64, 3136) + (64, 1). The last two
+view axes are an ELTWISE tile's rows and columns; any axes before them are loops around the
+tiles. A broadcast operand has extent 1 on its broadcast axes and is read there with stride 0.
+
+The patterns come after every conv2d / matmul pattern (`patterns.make_patterns`), so an add that
+a kernel's epilogue fuses as a bias or a residual is taken by that kernel first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from tvm.relax.dpl import is_op, wildcard
+
+from cgra_sim.arch import HardwareDescription
+from cgra_sim.isa import DType
+
+from .errors import CGRAError, ScratchpadTooSmall
+from .tiling import ALIGN, Tiling
+
+#: Pattern name suffix -> the Relax operator it offloads.
+ELTWISE_OPS = {"add": "relax.add", "subtract": "relax.subtract", "multiply": "relax.multiply",
+               "maximum": "relax.maximum", "minimum": "relax.minimum"}
+ELTWISE_DTYPES = ("float32", "int32", "int8")
+PREFIX = "cgra.eltwise_"
+MAX_RANK = 4
+
+
+class EltwiseReject(CGRAError, ValueError):
+    """The elementwise op cannot run on the NPU; the message says why and what would."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EltwiseSpec:
+    """One standalone elementwise kernel, independent of the hardware."""
+
+    func: str  # "add", "subtract", "multiply", "maximum" or "minimum"
+    dtype: str  # of both operands and the output
+    lhs_shape: tuple  # as the caller passes them (numpy broadcasting)
+    rhs_shape: tuple
+    output_shape: tuple
+    # The kernel's view: per view axis its extent, and whether lhs / rhs walk it (else broadcast).
+    extents: tuple = ()
+    lhs_full: tuple = ()
+    rhs_full: tuple = ()
+    source_ops: tuple = ()
+    param_roles: tuple = ("lhs", "rhs")
+    op = "eltwise"
+    compute_name = "eltwise"
+    acc_dtype = property(lambda self: self.dtype)  # what target_hook and explain read off a spec
+    macs = 0
+
+    def view(self, role: str) -> tuple:
+        """The shape the kernel reads `role` ("lhs", "rhs", "out") as."""
+        full = {"lhs": self.lhs_full, "rhs": self.rhs_full}.get(role)
+        return self.extents if full is None else tuple(e if f else 1 for e, f in zip(self.extents, full))
+
+
+def eltwise_view(lhs_shape: tuple, rhs_shape: tuple):
+    """(output shape, view extents, lhs walks, rhs walks) of a numpy broadcast of two shapes."""
+    rank = max(len(lhs_shape), len(rhs_shape))
+    lhs, rhs = ((1,) * (rank - len(s)) + tuple(s) for s in (lhs_shape, rhs_shape))
+    out = tuple(max(a, b) for a, b in zip(lhs, rhs))
+    axes = []  # [extent, lhs walks, rhs walks], neighbours with one pattern merged
+    for extent, a, b in zip(out, lhs, rhs):
+        if extent == 1:
+            continue  # both operands have 1 here: the axis carries nothing
+        pattern = (a == extent, b == extent)
+        if axes and tuple(axes[-1][1:]) == pattern:
+            axes[-1][0] *= extent
+        else:
+            axes.append([extent, *pattern])
+    if len(axes) == 1:  # one axis, walked alike everywhere: split it into rows and columns
+        extent, *pattern = axes[0]
+        rows = _smallest_factor(extent)
+        axes = [[rows, *pattern], [extent // rows, *pattern]]
+    while len(axes) < 2:  # an ELTWISE tile has rows and columns
+        axes.insert(0, [1, True, True])
+    extents, lhs_full, rhs_full = (tuple(column) for column in zip(*axes))
+    return out, extents, lhs_full, rhs_full
+
+
+def _smallest_factor(extent: int) -> int:
+    """The smallest factor > 1 of `extent` below it, else 1 (a prime: the view keeps one row,
+    which the tiling pads to two)."""
+    return next((f for f in range(2, math.isqrt(extent) + 1) if extent % f == 0), 1)
+
+
+def _shape(expr, role: str, op: str) -> tuple:
+    ty = expr.struct_info if hasattr(expr, "struct_info") else expr.ty
+    shape = getattr(ty, "shape", None)
+    if shape is None or not hasattr(shape, "values"):
+        raise EltwiseReject(f"{op}: the {role} has no known shape")
+    dims = []
+    for dim in shape.values:
+        if not hasattr(dim, "value"):
+            raise EltwiseReject(f"{op}: the {role} has a symbolic dimension ({dim}); the NPU kernels need "
+                                "static shapes (bind it, e.g. with relax.transform.BindSymbolicVars)")
+        dims.append(int(dim.value))
+    return tuple(dims)
+
+
+def _dtype(expr) -> str:
+    ty = expr.struct_info if hasattr(expr, "struct_info") else expr.ty
+    return str(getattr(ty, "dtype", ""))
+
+
+def eltwise_spec_from_match(name: str, annotated: dict) -> EltwiseSpec:
+    """The kernel a matched elementwise op would become; raises `EltwiseReject` with the reason."""
+    func = name.removeprefix(PREFIX)
+    lhs, rhs = annotated["lhs"], annotated["rhs"]
+    if lhs.same_as(rhs):
+        raise EltwiseReject(f"{func} takes the same tensor as both operands; the NPU kernel loads each "
+                            "operand from its own tensor: the op runs on the host")
+    dtypes = _dtype(lhs), _dtype(rhs)
+    if dtypes[0] != dtypes[1]:
+        raise EltwiseReject(f"{func} mixes {dtypes[0]} and {dtypes[1]}; the vector unit computes on "
+                            "one dtype (cast an operand first)")
+    if dtypes[0] not in ELTWISE_DTYPES:
+        raise EltwiseReject(f"{func} on {dtypes[0] or 'an unknown dtype'} is not supported (the vector "
+                            f"unit computes {', '.join(ELTWISE_DTYPES)})")
+    shapes = _shape(lhs, "left operand", func), _shape(rhs, "right operand", func)
+    for role, shape in zip(("left", "right"), shapes):
+        if not shape:
+            raise EltwiseReject(f"{func} with a scalar {role} operand (shape ()): the NPU's DMA moves "
+                                "tensors of rank 1..4; the op runs on the host (a tensor of shape (1,) "
+                                "would broadcast on the NPU)")
+        if len(shape) > MAX_RANK:
+            raise EltwiseReject(f"{func} of rank {len(shape)}: the NPU's DMA moves tensors of rank "
+                                f"1..{MAX_RANK}")
+    out, extents, lhs_full, rhs_full = eltwise_view(*shapes)
+    return EltwiseSpec(func, dtypes[0], shapes[0], shapes[1], out, extents, lhs_full, rhs_full)
+
+
+def eltwise_spec_from_composite(name: str, composite, source_ops=()) -> EltwiseSpec:
+    """The kernel of an offloaded elementwise composite, its parameters in the function's order."""
+    bindings = [b.value for block in composite.body.blocks for b in block.bindings]
+    call = bindings[-1]
+    spec = eltwise_spec_from_match(name, {"lhs": call.args[0], "rhs": call.args[1]})
+    params = list(composite.params)
+    roles = tuple({0: "lhs", 1: "rhs"}[[arg.same_as(p) for arg in call.args].index(True)]
+                  if any(arg.same_as(p) for arg in call.args) else "?" for p in params)
+    if sorted(roles) != ["lhs", "rhs"]:
+        raise EltwiseReject(f"'{name}' does not take its two operands as its two parameters")
+    return dataclasses.replace(spec, param_roles=roles, source_ops=tuple(source_ops))
+
+
+def eltwise_pattern_graphs():
+    """(name, pattern, annotations) of every standalone elementwise op."""
+    graphs = []
+    for func, op in ELTWISE_OPS.items():
+        lhs, rhs = wildcard(), wildcard()
+        root = is_op(op)(lhs, rhs)
+        graphs.append((PREFIX + func, root, {"root": root, "lhs": lhs, "rhs": rhs}))
+    return graphs
+
+
+def eltwise_reason(name: str, annotated: dict, arch: HardwareDescription) -> str | None:
+    """None if the matched op can run on the NPU, else the reason it stays on the host."""
+    try:
+        choose_eltwise_tiling(eltwise_spec_from_match(name, annotated), arch)
+    except CGRAError as err:
+        return str(err)
+    return None
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def _tile_sizes(extent: int, minimum: int):
+    """The whole extent, then halvings of it down to `minimum`; never below 2, since the
+    scheduler cannot tensorize a tile loop of extent 1 (a one-row view is padded to two rows)."""
+    size, seen = max(extent, 2), set()
+    while size not in seen:
+        seen.add(size)
+        yield size
+        size = max(-(-size // 2), min(minimum, extent), 2)
+
+
+def choose_eltwise_tiling(spec: EltwiseSpec, arch: HardwareDescription) -> Tiling:
+    """Tiles of tm view rows x tn view columns (tk = kp = 1): among tiles whose two operand
+    tiles and output tile, each double-buffered, fit the scratchpad, the one with the fewest
+    estimated cycles (ties: the larger). mp, np: the view's rows and columns padded to whole tiles."""
+    *outer, rows, cols = spec.extents
+    size = DType.from_name(spec.dtype).itemsize
+    best = None
+    for tm in _tile_sizes(rows, 1):
+        for tn in _tile_sizes(cols, arch.vector_lanes):
+            footprint = sum(_aligned(2 * _elements(tm, tn, full[-2:]) * size)
+                            for full in (spec.lhs_full, spec.rhs_full, (True, True)))
+            if footprint > arch.spad_bytes:
+                continue
+            tiling = Tiling(tm, tn, 1, -(-rows // tm) * tm, -(-cols // tn) * tn, 1)
+            key = (_estimate_cycles(spec, tiling, math.prod(outer), arch), -tm * tn)
+            if best is None or key < best[0]:
+                best = (key, tiling)
+    if best is None:
+        raise ScratchpadTooSmall(f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold "
+                                 f"three {spec.dtype} elements twice: describe a larger scratchpad")
+    return best[1]
+
+
+def _elements(tm: int, tn: int, full: tuple) -> int:
+    return (tm if full[0] else 1) * (tn if full[1] else 1)
+
+
+def _estimate_cycles(spec: EltwiseSpec, t: Tiling, outer: int, arch: HardwareDescription) -> int:
+    """First-order cycles under the simulator's timing model. With double buffering the busiest
+    of load, vector unit and store per tile sets the pace, unless the tile is so small that the
+    DMA latency does: a buffer is reloaded only after the store that read it two tiles earlier
+    has completed, so two tiles take at least one tile's load, ELTWISE and store with the latency
+    of both DMAs. Plus the first load and the last ELTWISE and store, which nothing overlaps."""
+    size = DType.from_name(spec.dtype).itemsize
+    tiles = outer * (t.mp // t.tm) * (t.np // t.tn)
+    reads = _elements(t.tm, t.tn, spec.lhs_full[-2:]) + _elements(t.tm, t.tn, spec.rhs_full[-2:])
+    load = -(-reads * size // arch.dma_bytes_per_cycle)
+    vector = -(-max(reads, t.tm * t.tn) // arch.vector_lanes) + 2
+    store = -(-t.tm * t.tn * size // arch.dma_bytes_per_cycle)
+    chain = load + vector + store + 2 * arch.dma_latency
+    return tiles * max(load, vector, store, -(-chain // 2)) + chain

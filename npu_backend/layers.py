@@ -1,0 +1,68 @@
+"""The per-layer report of a model run: every kernel launch and every host operator, in the
+model's order, with the model nodes (ONNX node names) each came from.
+
+Stage: report (after the run). Input: `explain`'s placements of the model (one per operator,
+those of one kernel call sharing a `site`) and the profile's `KernelStats` in launch order.
+Output: one dict per layer (`model_layers`, what `cgra-sim run --json` prints under "layers")
+and a table a person can read (`format_layers`).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+
+
+def model_layers(placements, kernels) -> list[dict]:
+    """One dict per kernel call or host operator: nodes, Relax ops, output, where it ran, and for
+    a kernel its symbol and launch statistics (a launch is matched to its call by symbol, in
+    order; launches no call accounts for are listed at the end with what they report)."""
+    launches = collections.defaultdict(collections.deque)
+    for stats in kernels:
+        launches[stats.name].append(stats)
+    layers = []
+    for _, group in itertools.groupby(placements, key=lambda p: p.site):
+        group = list(group)
+        layer = {"nodes": _unique(n for p in group for n in p.nodes.split("+")),
+                 "ops": [p.op for p in group], "output": group[-1].output, "where": group[0].where,
+                 "kernel": group[0].symbol}
+        queue = launches.get(group[0].symbol) if group[0].where == "npu" else None
+        layers.append({**layer, **_launch(queue.popleft() if queue else None)})
+    for stats in itertools.chain.from_iterable(launches.values()):
+        layers.append({"nodes": list(stats.model_nodes), "ops": list(stats.source_ops), "output": "",
+                       "where": "npu", "kernel": stats.name, **_launch(stats)})
+    return layers
+
+
+def _launch(stats) -> dict:
+    if stats is None:
+        return {"cycles": None, "macs": None, "utilisation": None, "dma_bytes": None}
+    return {"cycles": stats.cycles, "macs": stats.macs, "utilisation": stats.utilisation,
+            "dma_bytes": stats.dma_load_bytes + stats.dma_store_bytes}
+
+
+def _unique(names) -> list[str]:
+    return list(dict.fromkeys(n for n in names if n))
+
+
+_NODES_WIDTH = 48  # longer node lists are cut (the JSON report has them whole)
+
+
+def format_layers(layers: list[dict]) -> str:
+    """The layers as a table: model nodes, ops, output, npu/host, cycles, utilisation, DMA bytes."""
+    nodes = [",".join(layer["nodes"]) or "-" for layer in layers]
+    width = min(_NODES_WIDTH, max([len("model nodes")] + [len(n) for n in nodes]))
+    lines = [f"{'model nodes':<{width}}  {'ops':<26} {'output':<26} {'on':<4} {'cycles':>10} "
+             f"{'util':>6} {'DMA bytes':>10}"]
+    for name, layer in zip(nodes, layers):
+        name = name if len(name) <= width else name[:width - 3] + "..."
+        ops = ",".join(layer["ops"])
+        if layer["cycles"] is None:
+            numbers = f"{'-':>10} {'-':>6} {'-':>10}"
+        else:
+            numbers = f"{layer['cycles']:>10} {layer['utilisation']:>6.1%} {layer['dma_bytes']:>10}"
+        lines.append(f"{name:<{width}}  {ops[:26]:<26} {layer['output'][:26]:<26} {layer['where']:<4} {numbers}")
+    total = sum(layer["cycles"] or 0 for layer in layers)
+    launches = sum(1 for layer in layers if layer["cycles"] is not None)
+    lines.append(f"{'total':<{width}}  {f'{launches} kernel launches':<26} {'':<26} {'':<4} {total:>10}")
+    return "\n".join(lines)

@@ -1,0 +1,128 @@
+"""Scalar constants passed to offloaded functions become constants inside them.
+
+Stage: partition (right after FuseOpsByPattern). In: a module whose offloaded functions
+(attribute Codegen = "cgra") take every constant of their match as a parameter
+(`bind_constants=False` keeps weights as arguments, so the kernels can DMA them). Out: the same
+module in which each 0-d constant argument of an offloaded function's only call is bound inside
+that function and inside the composite it calls, and dropped from the call.
+
+Why: a requantisation's output scale (1.0) and zero point (qdq_form.py) are 0-d constants that
+the kernel needs at compile time (the zero point is a word of the EPILOGUE command), not tensors
+to load at run time; a weight or bias stays an argument.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+
+def bind_scalar_arguments(mod: tvm.IRModule) -> tvm.IRModule:
+    """`mod` with the 0-d constant arguments of its offloaded functions bound inside them. A
+    function called with different scalars at different sites (partitioning gives structurally
+    equal kernels one function) gets one copy per set of scalars."""
+    offloaded = {gvar for gvar, func in mod.functions.items()
+                 if isinstance(func, relax.Function) and (func.attrs or {}).get("Codegen") == "cgra"}
+    variants = {}  # (global var, scalar key) -> {argument index: constant}
+    for gvar, sites in _calls_of(mod, offloaded).items():
+        for call in sites:
+            bound = {i: arg for i, arg in enumerate(call.args) if _is_scalar_constant(arg)}
+            if bound:
+                variants.setdefault((gvar, _key(bound)), bound)
+    if not variants:
+        return mod
+    # Bound functions change type: they get new global vars (the builder types them), and the
+    # other functions call those without the bound arguments.
+    replaced = {gvar for gvar, _ in variants}
+    builder = relax.BlockBuilder(tvm.IRModule({g: f for g, f in mod.functions.items() if g not in replaced},
+                                              attrs=mod.attrs))
+    updated = {}  # (old global var, scalar key) -> (new global var, bound argument indices)
+    taken = {g.name_hint for g in mod.functions}
+    for (gvar, key), bound in variants.items():
+        func = mod[gvar].bind_params({mod[gvar].params[i]: value for i, value in bound.items()})
+        name = _variant_name(gvar, [g for g, _ in updated], taken)
+        taken.add(name)
+        if name != gvar.name_hint:
+            func = func.with_attr("global_symbol", name)
+        updated[(gvar, key)] = (builder.add_func(_InlineScalars().visit_expr(func), name), bound)
+    mod = builder.get()
+    for gvar, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function) and (func.attrs or {}).get("Codegen") != "cgra":
+            mod[gvar] = _DropArguments(updated).visit_expr(func)
+    return mod
+
+
+def _variant_name(gvar, done, taken) -> str:
+    """The first variant keeps the function's name, the k-th is `<name>_s<k>` (kernel symbols
+    come from these names and must differ)."""
+    count = sum(1 for other in done if other.same_as(gvar))
+    if count == 0:
+        return gvar.name_hint
+    while f"{gvar.name_hint}_s{count + 1}" in taken:
+        count += 1
+    return f"{gvar.name_hint}_s{count + 1}"
+
+
+def _key(bound: dict) -> tuple:
+    """What identifies a set of scalar arguments: positions, dtypes and values."""
+    return tuple((i, str(arg.ty.dtype), arg.value.numpy().item()) for i, arg in sorted(bound.items()))
+
+
+def _is_scalar_constant(expr) -> bool:
+    return isinstance(expr, tvm.ir.GenericConst) and getattr(expr.ty, "ndim", None) == 0
+
+
+def _calls_of(mod, targets) -> dict:
+    """Every call of each function in `targets`, over the module's other Relax functions."""
+    calls: dict = {gvar: [] for gvar in targets}
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op in calls:
+            calls[expr.op].append(expr)
+
+    for gvar, func in mod.functions.items():
+        if isinstance(func, relax.Function) and gvar not in targets:
+            relax.analysis.post_order_visit(func, visit)
+    return calls
+
+
+@relax.expr_functor.mutator
+class _InlineScalars(relax.PyExprMutator):
+    """Inside an offloaded function: a call of a local function (the composite) with 0-d
+    constant arguments calls that function with those parameters bound instead."""
+
+    def __init__(self):
+        super().__init__()
+        self.functions = {}
+
+    def visit_var_binding_(self, binding):
+        if isinstance(binding.value, relax.Function):
+            self.functions[binding.var] = binding.value
+        super().visit_var_binding_(binding)
+
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        callee = self.functions.get(call.op, call.op)
+        scalars = {i for i, arg in enumerate(call.args) if _is_scalar_constant(arg)}
+        if not isinstance(callee, relax.Function) or not scalars:
+            return call
+        bound = callee.bind_params({callee.params[i]: call.args[i] for i in scalars})
+        return relax.Call(bound, [arg for i, arg in enumerate(call.args) if i not in scalars])
+
+
+@relax.expr_functor.mutator
+class _DropArguments(relax.PyExprMutator):
+    """At the call sites: the new function, without the arguments that were bound."""
+
+    def __init__(self, updated: dict):
+        super().__init__()
+        self.updated = updated
+
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        bound = {i: arg for i, arg in enumerate(call.args) if _is_scalar_constant(arg)}
+        if not bound or (call.op, _key(bound)) not in self.updated:
+            return call
+        callee, dropped = self.updated[(call.op, _key(bound))]
+        return relax.Call(callee, [arg for i, arg in enumerate(call.args) if i not in dropped],
+                          call.attrs, call.ty_args)
