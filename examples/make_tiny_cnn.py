@@ -1,8 +1,8 @@
 """Writes examples/tiny_cnn.onnx: the bundled example model (a small CNN classifier).
 
 conv3x3+relu -> conv3x3/2+relu -> global average pool -> flatten -> gemm (10 classes), float32,
-random weights from a fixed seed. The convolutions and the classifier run on the NPU; the
-pooling and flatten stay on the host. Regenerate with `python examples/make_tiny_cnn.py`.
+random weights from a fixed seed. The convolutions, the pooling and the classifier run on the
+NPU; the flatten stays on the host. Regenerate with `python examples/make_tiny_cnn.py`.
 """
 
 import os

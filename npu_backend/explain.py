@@ -23,11 +23,13 @@ from .eltwise import PREFIX as ELTWISE_PREFIX
 from .options import CompileOptions
 from .patterns import composite_call, offload_reason
 from .pipeline import STAGES
+from .pool_patterns import POOL_OPS
 from .provenance import SOURCE_NODES_ATTR, call_nodes
 from .target_hook import offloaded_spec
 
 _KERNEL_OPS = {"relax.matmul": "cgra.matmul", "relax.nn.conv2d": "cgra.conv2d"}
 _ELTWISE_PATTERNS = {op: ELTWISE_PREFIX + func for func, op in ELTWISE_OPS.items()}
+_POOLING_OPS = {op: name for name, op in POOL_OPS.items()}  # one call each, no MACs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,10 +109,14 @@ def _kernel_ops(wrapper, site: int) -> list[Placement]:
 
 def _host_reason(call, arch) -> str:
     name = call.op.name
+    if name in _POOLING_OPS:
+        reason = offload_reason(_POOLING_OPS[name], {"root": call, "lhs": call.args[0]}, arch)
+        return reason or "matched no cgra pattern"
     pattern = _KERNEL_OPS.get(name) or _ELTWISE_PATTERNS.get(name)
     if pattern is None:
         return (f"no NPU kernel for {_op_name(call)} (the NPU runs matmul and conv2d, with bias add, "
-                "residual add, relu and clip, and elementwise add, subtract, multiply, maximum, minimum)")
+                "residual add, relu and clip, elementwise add, subtract, multiply, maximum, minimum, "
+                "and max / average pooling)")
     if len(call.args) < 2:
         return f"{_op_name(call)} does not take two operands"
     annotated = {"root": call, "lhs": call.args[0], "rhs": call.args[1]}

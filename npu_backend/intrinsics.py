@@ -23,6 +23,7 @@ from tvm.script import tirx as T
 from cgra_sim.isa import (EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL, GEMM_ACCUMULATE,
                           DType, Op)
 
+from .pool_intrinsic import PoolWindow, pool_intrin
 from .eltwise_intrin import eltwise_intrin
 from .requant_intrin import epilogue_requant_intrin
 
@@ -345,6 +346,7 @@ INTRINSICS = {
     "depthwise": Intrinsic(Op.DEPTHWISE, depthwise_intrin),
     "fill": Intrinsic(Op.FILL, fill_intrin),
     "epilogue": Intrinsic(Op.EPILOGUE, epilogue_intrin),
+    "pool": Intrinsic(Op.POOL, pool_intrin),
     "eltwise": Intrinsic(Op.ELTWISE, eltwise_intrin),
     "epilogue_requant": Intrinsic(Op.EPILOGUE, epilogue_requant_intrin),
 }
@@ -356,7 +358,9 @@ def intrin_name(kind: str, *params) -> str:
 
 def _param_name(param) -> str:
     """A parameter in an intrinsic's name; a clip's (lo, hi) as "clip_lo_hi", an ELTWISE
-    operand's (walks rows, walks cols) as "full_True_False"."""
+    operand's (walks rows, walks cols) as "full_True_False", a pooling window as its fields."""
+    if isinstance(param, PoolWindow):
+        return param.name
     if isinstance(param, tuple) and all(isinstance(v, bool) for v in param):
         return "full_" + "_".join(str(v) for v in param)
     if isinstance(param, tuple):

@@ -47,10 +47,32 @@ CONV2D_LAYOUTS = ("NCHW", "OIHW", "NCHW")
 
 
 @dataclasses.dataclass(frozen=True)
+class PoolAttrs:
+    """A pooling kernel's own attributes (the spec's strides, padding, dilation and layouts hold
+    the rest): "max" or "avg", the window (kh, kw), and how the output size and the average's
+    divisor treat the padding (as relax.nn.avg_pool2d / PyTorch define them)."""
+
+    kind: str
+    size: tuple
+    ceil_mode: bool = False
+    count_include_pad: bool = False
+
+    def output_extent(self, extent: int, axis: int, strides, padding, dilation) -> int:
+        """Outputs along `axis` (0: H, 1: W); in ceil mode the last window must start inside
+        the image or its leading padding."""
+        lo, hi = padding[axis], padding[axis + 2]
+        span = extent + lo + hi - dilation[axis] * (self.size[axis] - 1) - 1
+        out = (-(-span // strides[axis]) if self.ceil_mode else span // strides[axis]) + 1
+        if self.ceil_mode and (out - 1) * strides[axis] >= extent + lo:
+            out -= 1
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
 class KernelSpec:
     """What one offloaded kernel computes, independent of the hardware."""
 
-    op: str  # "matmul", "conv2d", or "depthwise" (a conv2d with groups == C == F)
+    op: str  # "matmul", "conv2d", "depthwise" (a conv2d with groups == C == F) or "pool"
     dtype: str  # input dtype: "int8" or "float32"
     acc_dtype: str  # "int32" or "float32"
     lhs_shape: tuple  # matmul: (M, K); conv2d, depthwise: (N, C, H, W)
@@ -77,6 +99,7 @@ class KernelSpec:
     # ((role, shape), ...): arguments the caller passes in another shape than the kernel reads
     # them (compact views, e.g. a (B, S, K) input read as (B * S, K)); see `_prim_func`.
     caller_shapes: tuple = ()
+    pool: PoolAttrs | None = None  # op "pool": max or average pooling (pooling.py); lhs_shape NCHW
     # Requantisation to int8 after the epilogue (int8 x int8 -> int32 kernels): the output zero
     # point, and the shape of the float32 scale parameter (one value per output channel, shaped
     # like a bias). None: the kernel writes its accumulator dtype.
@@ -117,6 +140,10 @@ class KernelSpec:
 
     @property
     def output_shape(self) -> tuple:
+        if self.op == "pool":
+            n, c, h, w = self.lhs_shape
+            return (n, c) + tuple(self.pool.output_extent(extent, axis, self.strides, self.padding, self.dilation)
+                                  for axis, extent in enumerate((h, w)))
         if self.op == "matmul":
             m, n, _ = self.gemm_extents
             return (self.batch, m, n) if self.batch > 1 else (m, n)
@@ -148,7 +175,9 @@ class KernelSpec:
 
     @property
     def macs(self) -> int:
-        """Multiply-accumulates of the model operator (no padding)."""
+        """Multiply-accumulates of the model operator (no padding; a pool has none)."""
+        if self.op == "pool":
+            return 0
         if self.op == "matmul":
             m, n, k = self.gemm_extents
             return self.batch * m * n * k

@@ -5,6 +5,8 @@ patterns, each with a check function that rejects what the kernels cannot do (th
 kept: `offload_reason` returns it in words a user can act on). `spec_from_composite` reads the
 `KernelSpec` back off an offloaded function for the target hook.
 
+Pooling (max_pool2d, avg_pool2d, global average pool) comes from pool_patterns.py.
+
 Patterns: matmul (2-D and batched, and the permute_dims + matmul form PyTorch's Linear produces)
 and conv2d (any order of the axes: NCHW or NHWC data, OIHW, HWIO or OHWI weights; any stride,
 padding, dilation and groups; depthwise ones become the DEPTHWISE kernel), in float32 and in
@@ -35,6 +37,7 @@ from .eltwise import PREFIX as ELTWISE_PREFIX
 from .eltwise import eltwise_pattern_graphs, eltwise_reason, eltwise_spec_from_composite
 from .errors import CGRAError
 from .kernels import KernelSpec
+from .pool_patterns import POOL_OPS, pool_pattern_graphs, pool_spec
 from .tiling import choose_kernel_tiling
 
 ACC_DTYPE = {"int8": "int32", "float32": "float32"}
@@ -83,7 +86,7 @@ def _pattern_graphs():
                 graphs.append((ops + (act != ""), f"cgra.{name}{suffix}{act}", pattern, annotations))
     graphs += _requant_graphs(roots, bias)
     graphs.sort(key=lambda graph: graph[0])  # stable: keeps the tie order above
-    return [graph[1:] for graph in graphs]
+    return [graph[1:] for graph in graphs] + pool_pattern_graphs()
 
 
 def _requant_graphs(roots, bias):
@@ -176,6 +179,8 @@ def _dtype(expr) -> str:
 
 def spec_from_match(name: str, annotated: dict) -> KernelSpec:
     """The kernel a matched pattern would become; raises `_Reject` with the reason it cannot."""
+    if name in POOL_OPS:
+        return pool_spec(name, annotated, _static_shape, _dtype)
     root = annotated["root"]
     op = "conv2d" if name.startswith("cgra.conv2d") else "matmul"
     lhs, rhs = annotated["lhs"], annotated["rhs"]
@@ -448,6 +453,8 @@ def _annotate(name, composite, bindings):
         return bindings.get(expr, expr)
 
     node = call_of(composite.body.body)
+    if name in POOL_OPS:  # one call, no epilogue
+        return {"root": node, "lhs": node.args[0]}
     annotated = {}
     if name.endswith("_requant"):  # quantize(multiply(astype(x), scale), ...)
         annotated["requant"] = node

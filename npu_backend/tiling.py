@@ -4,7 +4,8 @@ Stage: target hook (before scheduling). Input: a kernel's `KernelSpec` (for a GE
 its GEMM extents and dtypes) and the hardware description. Output: a `Tiling` with scratchpad
 tile sizes (tm, tn, tk) that are whole multiples of the PE array (rows, cols) and whose buffers
 fit the scratchpad, and the padded extents (mp, np, kp) the kernel iterates over. A depthwise
-kernel's tiles are output rows x channels (see `choose_depthwise_tiling`).
+kernel's tiles are output rows x channels (see `choose_depthwise_tiling`), a pooling kernel's
+whole images x channels (`choose_pool_tiling`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def choose_kernel_tiling(spec, arch: HardwareDescription) -> Tiling:
     """The tiling of the kernel `spec` (a kernels.KernelSpec) describes."""
     if spec.op == "depthwise":
         return choose_depthwise_tiling(spec, arch)
+    if spec.op == "pool":
+        return choose_pool_tiling(spec, arch)
     if spec.op == "eltwise":
         from .eltwise import choose_eltwise_tiling  # eltwise.py builds on this module's Tiling
         return choose_eltwise_tiling(spec, arch)
@@ -216,3 +219,51 @@ def _depthwise_cycles(t: Tiling, spec, width: int, load: int, arch: HardwareDesc
     store = -(-pixels * t.tn * acc_bytes // arch.dma_bytes_per_cycle)
     vector = t.tm * (-(-width * t.tn // arch.vector_lanes) + 2)
     return tiles * max(compute, load, store, vector) + load + store + 2 * arch.dma_latency
+
+
+def pool_window_extents(spec) -> tuple[int, int]:
+    """(rows, columns) of the input window a pooling kernel holds: every output's taps."""
+    _, _, oh, ow = spec.output_shape
+    (kh, kw), (sh, sw), (dh, dw) = spec.pool.size, spec.strides, spec.dilation
+    return (oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1
+
+
+def choose_pool_tiling(spec, arch: HardwareDescription) -> Tiling:
+    """Tiles of a pooling kernel: the whole output image (tm = output rows) by `tn` channels
+    (>= 2, any count: the vector unit has no column alignment), kh * kw taps at once; the tn with
+    the fewest estimated cycles among those whose double-buffered window and output fit the
+    scratchpad. A whole image per tile keeps every tap's place in the padding known at compile
+    time (pool_intrinsic.py). np: channels padded to whole tiles."""
+    n, channels, _, _ = spec.lhs_shape
+    _, _, oh, ow = spec.output_shape
+    in_h, in_w = pool_window_extents(spec)
+    taps = spec.pool.size[0] * spec.pool.size[1]
+    size = DType.from_name(spec.dtype).itemsize
+    best = None
+    for tn in range(2, max(channels, 2) + 1):
+        if _aligned(2 * in_h * in_w * tn * size) + _aligned(2 * oh * ow * tn * size) > arch.spad_bytes:
+            break
+        tiles = n * -(-channels // tn)
+        key = (_pool_cycles(tiles, in_h * in_w * tn * size, oh * ow * tn * size, oh * ow * tn * taps, arch), -tn)
+        if best is None or key < best[0]:
+            best = (key, Tiling(oh, tn, taps, oh, _round_up(channels, tn), taps))
+    if best is None:
+        raise ScratchpadTooSmall(
+            f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold the {in_h}x{in_w} input "
+            f"window of two channels that a pooling kernel takes (the whole image at once): describe a "
+            "larger scratchpad")
+    return best[1]
+
+
+def _pool_cycles(tiles: int, load_bytes: int, store_bytes: int, taps: int, arch: HardwareDescription) -> int:
+    """First-order cycles of a tiled pooling kernel under the simulator's timing model: the
+    busiest unit per tile, or, with two copies of each buffer, half of a buffer's round trip
+    (a window is loaded, with the DMA latency, then pooled before the load two tiles later can
+    reuse it; an output is pooled, then stored, with the latency, before it is written again);
+    plus the first load and the last store."""
+    load = -(-load_bytes // arch.dma_bytes_per_cycle)
+    store = -(-store_bytes // arch.dma_bytes_per_cycle)
+    vector = -(-taps // arch.vector_lanes) + 2
+    period = max(load, vector, store, -(-(arch.dma_latency + load + vector) // 2),
+                 -(-(vector + arch.dma_latency + store) // 2))
+    return tiles * period + 2 * arch.dma_latency + load + store

@@ -1,4 +1,4 @@
-"""Single-kernel workloads: Relax models of matmul and conv2d with their numpy references.
+"""Single-kernel workloads: Relax models of matmul, conv2d and pooling with their numpy references.
 
 Used by `cgra-sim verify` (one kernel against numpy in one command) and by the tests, so both
 check the compiler the same way.
@@ -177,6 +177,55 @@ def batch_matmul_model(lhs_shape, rhs_shape, dtype="float32", bias=True, relu=Tr
     if relu:
         ref = np.maximum(ref, 0)
     return relax_module(specs, body), inputs, ref.astype(acc)
+
+
+def _pool_extent(size, kernel, stride, lo, hi, dilation, ceil_mode):
+    span = size + lo + hi - dilation * (kernel - 1) - 1
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    return out - 1 if ceil_mode and (out - 1) * stride >= size + lo else out
+
+
+def pool_reference(x, kind, kernel, stride=(1, 1), pad=(0, 0, 0, 0), dilation=(1, 1), ceil_mode=False,
+                   count_include_pad=False):
+    """NCHW max / average pooling in numpy, as PyTorch (and relax's legalisation) define it: the
+    padding never wins a max; an average divides the sum of the image's taps by the taps inside
+    the image (count_include_pad=False) or inside the padded image (True), so ceil mode's last
+    windows, which reach past the padding, count fewer."""
+    n, c, h, w = x.shape
+    top, left, bottom, right = pad
+    oh = _pool_extent(h, kernel[0], stride[0], top, bottom, dilation[0], ceil_mode)
+    ow = _pool_extent(w, kernel[1], stride[1], left, right, dilation[1], ceil_mode)
+    out = np.zeros((n, c, oh, ow), np.float64)
+    for y in range(oh):
+        for x_ in range(ow):
+            rows = [y * stride[0] - top + r * dilation[0] for r in range(kernel[0])]
+            cols = [x_ * stride[1] - left + r * dilation[1] for r in range(kernel[1])]
+            window = x[:, :, [r for r in rows if 0 <= r < h]][:, :, :, [q for q in cols if 0 <= q < w]]
+            if kind == "max":
+                out[:, :, y, x_] = window.max(axis=(2, 3))
+                continue
+            lo_y, hi_y, lo_x, hi_x = (-top, h + bottom, -left, w + right) if count_include_pad else (0, h, 0, w)
+            count = sum(lo_y <= r < hi_y for r in rows) * sum(lo_x <= q < hi_x for q in cols)
+            out[:, :, y, x_] = window.astype(np.float64).sum(axis=(2, 3)) / count
+    return out.astype(x.dtype)
+
+
+def pool_model(kind, n, c, h, w_, kernel, stride=(1, 1), pad=(0, 0, 0, 0), dilation=(1, 1), ceil_mode=False,
+               count_include_pad=False, dtype="float32", layout="NCHW"):
+    """relax.nn.max_pool2d / avg_pool2d over (n, c, h, w_) data stored in `layout`:
+    (module, inputs, reference)."""
+    op = relax.op.nn.max_pool2d if kind == "max" else relax.op.nn.avg_pool2d
+    specs = [("data", _stored((n, c, h, w_), "NCHW", layout), dtype)]
+
+    def body(bb, x):
+        return bb.emit(op(x, kernel, stride, pad, dilation, ceil_mode=ceil_mode,
+                          count_include_pad=count_include_pad, layout=layout, out_layout=layout))
+
+    rng = np.random.default_rng(n * 7 + c * 11 + h * 13 + w_ * 17 + kernel[0] * 19)
+    inputs = [_random(rng, specs[0][1], dtype)]
+    x = inputs[0].transpose([layout.index(axis) for axis in "NCHW"])
+    ref = pool_reference(x, kind, kernel, stride, pad, dilation, ceil_mode, count_include_pad)
+    return relax_module(specs, body), inputs, ref.transpose(["NCHW".index(a) for a in layout])
 
 
 def run(ex, inputs):

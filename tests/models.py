@@ -1,8 +1,9 @@
 """Test-side helpers over npu_backend.workloads: the models, a runner and one assertion."""
 
-from npu_backend.workloads import conv2d_model, conv2d_reference, matmul_model, mismatch, relax_module, run
+from npu_backend.workloads import (conv2d_model, conv2d_reference, matmul_model, mismatch, pool_model, relax_module,
+                                   run)
 
-__all__ = ["assert_matches", "conv2d_model", "conv2d_reference", "matmul_model", "relax_module", "run"]
+__all__ = ["assert_matches", "conv2d_model", "conv2d_reference", "matmul_model", "pool_model", "relax_module", "run"]
 
 
 def assert_matches(out, ref, dtype):

@@ -69,7 +69,8 @@ def test_run_example_model_checks_against_onnxruntime(capsys):
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     assert report["check"]["passed"] and report["check"]["max_rel_error"] <= 1e-4
-    assert len(report["kernels"]) == 3 and report["total_cycles"] > 0
+    assert len(report["kernels"]) == 4 and report["total_cycles"] > 0  # 2 conv, the pool, the gemm
+    assert report["host_ops"] == ["reshape"]
     assert captured.err == ""  # no progress: stderr is not a terminal and --json was given
 
 
@@ -80,10 +81,10 @@ def test_run_progress_on_request_goes_to_stderr_only(capsys):
     lines = captured.err.splitlines()  # not a terminal: one line per message, no \r
     assert "\r" not in captured.err
     compiled = [line for line in lines if line.startswith("compiling for cgra-4x4: kernel ")]
-    assert [line.split()[4] for line in compiled] == ["1/3", "2/3", "3/3"]
-    assert "compiling for cgra-4x4: 3 kernels compiled, building the host code" in lines
+    assert [line.split()[4] for line in compiled] == ["1/4", "2/4", "3/4", "4/4"]
+    assert "compiling for cgra-4x4: 4 kernels compiled, building the host code" in lines
     launches = [line for line in lines if line.startswith("simulating: kernel launch ")]
-    assert [line.split()[3] for line in launches] == ["1/3", "2/3", "3/3"]
+    assert [line.split()[3] for line in launches] == ["1/4", "2/4", "3/4", "4/4"]
     last = report["kernels"][-1]
     assert launches[-1].endswith(f"({last['num_commands']} commands, {report['total_cycles']:,} "
                                  f"cycles so far) {last['name']} [fc]")  # with its ONNX node

@@ -17,6 +17,7 @@ from cgra_codegen import DEVICE_CALLS
 from cgra_sim import load_arch, simulate
 from cgra_sim.isa import DType, EltwiseFunc, Op, encode
 from npu_backend.intrinsics import INTRINSICS, SPAD
+from npu_backend.pool_intrinsic import PoolWindow
 
 ARCH = load_arch("cgra-8x8")
 
@@ -76,7 +77,7 @@ def _extern_name(impl) -> str:
 
 
 def test_every_intrinsic_is_checked_here():
-    assert set(INTRINSICS) == {"gemm", "depthwise", "fill", "epilogue", "epilogue_requant", "eltwise"}
+    assert set(INTRINSICS) == {"gemm", "depthwise", "fill", "epilogue", "epilogue_requant", "eltwise", "pool"}
 
 
 @given(rows=st.integers(1, 8), cols=st.integers(1, 8), depth=st.integers(1, 40),
@@ -188,6 +189,50 @@ def test_epilogue_three_ways(data, rows, cols, dtype, bias, relu, residual, seed
     assert _extern_name(impl) == "cgra_" + Op.EPILOGUE.name.lower()
 
 
+@st.composite
+def _pool_windows(draw):
+    """(oh, ow, window): any kernel, strides, dilation, and rectangles inside, across or outside
+    the window (the kernel's are the image and the padded image; these test the rule itself)."""
+    oh, ow = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    kernel = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    strides = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    extents = [(o - 1) * s + (k - 1) * d + 1 for o, k, s, d in zip((oh, ow), kernel, strides, dilation)]
+
+    def rectangle():
+        y_lo, x_lo = draw(st.integers(0, extents[0])), draw(st.integers(0, extents[1]))
+        return y_lo, draw(st.integers(y_lo, extents[0] + 1)), x_lo, draw(st.integers(x_lo, extents[1] + 1))
+
+    kind = draw(st.sampled_from(["max", "avg"]))
+    return oh, ow, PoolWindow(kind, kernel, strides, dilation, rectangle(), rectangle() if kind == "avg" else None)
+
+
+@given(case=_pool_windows(), cols=st.integers(1, 6), int8=st.booleans(), seed=st.integers(0, 2**16))
+def test_pool_three_ways(case, cols, int8, seed):
+    oh, ow, window = case
+    dtype = "int8" if int8 and window.kind == "max" else "float32"
+    in_h, in_w = window.extent(oh, 0), window.extent(ow, 1)
+    a = _random(np.random.default_rng(seed), (in_h, in_w, cols), dtype)
+    out = np.zeros((oh, ow, cols), dtype)
+    desc, impl = INTRINSICS["pool"].factory(oh, ow, cols, window, dtype, scope="global")
+    tir_out = _tir_reference(desc, [a, out])[1]
+    stream = _Stream([a.reshape(-1, cols), out.reshape(-1, cols)])
+    stream.load(0)
+    valid, count = window.valid, window.count or (0, 0, 0, 0)
+    stream.commands.append(encode(
+        Op.POOL, flags=1 if window.kind == "avg" else 0, dtype=int(DType.from_name(dtype)), oh=oh, ow=ow, n=cols,
+        kh=window.kernel[0], kw=window.kernel[1], a_addr=0, a_row_stride=in_w * cols, a_col_stride=cols,
+        stride_y=window.strides[0], stride_x=window.strides[1], dilation_y=window.dilation[0],
+        dilation_x=window.dilation[1], out_addr=stream.addr[1], out_y_stride=ow * cols, out_x_stride=cols,
+        **dict(zip(("valid_y_lo", "valid_y_hi", "valid_x_lo", "valid_x_hi"), valid)),
+        **dict(zip(("count_y_lo", "count_y_hi", "count_x_lo", "count_x_hi"), count))))
+    stream.store(1)
+    sim_out = stream.run()[1].reshape(oh, ow, cols)
+    if dtype == "float32":
+        np.testing.assert_allclose(sim_out, tir_out, rtol=1e-6, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(sim_out, tir_out)
+    assert _extern_name(impl) == "cgra_" + Op.POOL.name.lower()
 @given(rows=st.integers(1, 9), cols=st.integers(1, 9), func=st.sampled_from([f.name.lower() for f in EltwiseFunc]),
        dtype=st.sampled_from(["int8", "int32", "float32"]), a_full=st.tuples(st.booleans(), st.booleans()),
        b_full=st.tuples(st.booleans(), st.booleans()), seed=st.integers(0, 2**16))
@@ -245,6 +290,7 @@ def test_intrinsics_compute_in_the_scratchpad():
                          "fill": (8, 8, "int32"),
                          "epilogue": (8, 8, "int32", True, True),
                          "epilogue_requant": (8, 8, True, True, -3),
-                         "eltwise": (8, 8, "add", "float32", (True, True), (False, True))}.items():
+                         "eltwise": (8, 8, "add", "float32", (True, True), (False, True)),
+                         "pool": (2, 2, 8, PoolWindow("max", (3, 3), valid=(1, 4, 1, 4)), "float32")}.items():
         desc, impl = INTRINSICS[kind].factory(*params)
         assert SPAD in desc.script() and SPAD in impl.script()

@@ -1,9 +1,10 @@
 """Whole networks from ONNX: a ResNet-style and a MobileNetV2-style model on the NPU.
 
-Batch norm is folded into the convolutions, depthwise convolutions run as grouped conv2d kernels,
-the classifier as a matmul; residual adds, relu and relu6 (ONNX Clip) are fused into the kernels'
-epilogues, so only pooling and the classifier's reshape stay on the host. The results must match
-onnxruntime and at least 99% of the multiply-accumulates must run on the NPU.
+Batch norm is folded into the convolutions, depthwise convolutions run as DEPTHWISE kernels, the
+classifier as a matmul; residual adds, relu and relu6 (ONNX Clip) are fused into the kernels'
+epilogues, max pooling and the global average pool (a mean over H, W) run as POOL kernels, so only
+the classifier's reshape stays on the host. The results must match onnxruntime and at least 99%
+of the multiply-accumulates must run on the NPU.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from npu_backend.onnx_model import run_onnx_model
 from onnx_models import mobilenet_v2, resnet, resnet18
 
 MODELS = {"resnet": resnet, "mobilenet_v2": mobilenet_v2}
-#: What stays on the host, and the NPU kernels' epilogues (residual blocks: 2 in each model).
-HOST_OPS = {"resnet": ["mean", "nn.max_pool2d", "reshape"], "mobilenet_v2": ["mean", "reshape"]}
+#: What stays on the host, the NPU kernels' epilogues (residual blocks: 2 in each model) and the
+#: pooling kernels (one POOL command per channel tile each).
+HOST_OPS = {"resnet": ["reshape"], "mobilenet_v2": ["reshape"]}
 RESIDUAL_KERNELS = {"resnet": 2, "mobilenet_v2": 2}
+POOL_KERNELS = {"resnet": [("nn.max_pool2d",), ("mean",)], "mobilenet_v2": [("mean",)]}
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -35,6 +38,9 @@ def test_network_matches_onnxruntime_with_its_macs_on_the_npu(name, tmp_path):
     assert report["host_ops"] == HOST_OPS[name]  # residual adds, relu and clip are fused
     residual_kernels = [k for k in report["kernels"] if k["source_ops"].count("add") == 2]
     assert len(residual_kernels) == RESIDUAL_KERNELS[name]
+    pools = [k for k in report["kernels"] if k["op_counts"]["POOL"]]
+    assert [tuple(k["source_ops"]) for k in pools] == POOL_KERNELS[name]
+    assert all(k["op_counts"]["GEMM"] == k["op_counts"]["DEPTHWISE"] == 0 for k in pools)
     assert report["total_cycles"] == sum(k["cycles"] for k in report["kernels"]) > 0
 
 

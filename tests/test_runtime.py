@@ -74,6 +74,7 @@ SIGNATURES = {
     "cgra_fill": (I32C, [P, I32C] + [I64] * 5),
     "cgra_epilogue": (I32C, [P, I32C, I32C, I32C] + [I64] * 13),
     "cgra_eltwise": (I32C, [P, I32C, I32C] + [I64] * 10),
+    "cgra_pool": (I32C, [P, I32C, I32C] + [I64] * 23),
     "cgra_kernel_end": (I32C, [P]),
 }
 
@@ -210,7 +211,7 @@ def test_header_declares_the_documented_api():
     doc = (root / "docs" / "runtime-abi.md").read_text()
     header = (root / "runtime" / "include" / "cgra_runtime.h").read_text()
     assert prototypes(header) == prototypes(doc)
-    assert len(prototypes(doc)) == 10
+    assert len(prototypes(doc)) == 11
     assert f"#define CGRA_RUNTIME_ABI_VERSION {ABI}" in header
 
 
@@ -244,6 +245,8 @@ def test_records_match_isa_encode(lib, on_device, submitted):
          0x40C00000, 0, 0),
         ("cgra_epilogue", REQUANTISING, I32, I8, 8, 4, 1024, 4, 1152, 3072, 4, 0, 0, 0, 0, 4096, -3),
         ("cgra_eltwise", int(isa.EltwiseFunc.MAXIMUM), F32, 8, 4, 1024, 4, 1, 1152, 0, 1, 3072, 4),
+        ("cgra_pool", isa.POOL_AVERAGE, F32, 2, 3, 4, 3, 3, 4096, 28, 4, 2, 2, 1, 1, 6000, 12, 4,
+         1, 6, 1, 7, 0, 7, 0, 8),
     ]
     on_device(lambda: launch(lib, commands, tensors, name=b"fused_matmul"))
 
@@ -276,6 +279,10 @@ def test_records_match_isa_encode(lib, on_device, submitted):
         isa.encode(Op.ELTWISE, func=isa.EltwiseFunc.MAXIMUM, dtype=F32, rows=8, cols=4, a_addr=1024,
                    a_row_stride=4, a_col_stride=1, b_addr=1152, b_row_stride=0, b_col_stride=1,
                    out_addr=3072, out_stride=4),
+        isa.encode(Op.POOL, flags=isa.POOL_AVERAGE, dtype=F32, oh=2, ow=3, n=4, kh=3, kw=3, a_addr=4096,
+                   a_row_stride=28, a_col_stride=4, stride_y=2, stride_x=2, dilation_y=1, dilation_x=1,
+                   out_addr=6000, out_y_stride=12, out_x_stride=4, valid_y_lo=1, valid_y_hi=6,
+                   valid_x_lo=1, valid_x_hi=7, count_y_lo=0, count_y_hi=7, count_x_lo=0, count_x_hi=8),
     ]
     (sent,) = submitted
     assert (sent.name, sent.source_ops, sent.arch_json) == ("fused_matmul", "matmul,add",
@@ -349,6 +356,26 @@ VIOLATIONS = {
     "depthwise accumulator rows overlap": (
         [("cgra_depthwise", 0, I8, 4, 4, 8, 3, 3, 0, 48, 8, 48, 8, 0, 24, 8, 512, 16, 8)],
         "command 0 (DEPTHWISE): acc: strides (y 16, x 8) overlap its elements"),
+    "pool window beyond the scratchpad": (
+        [("cgra_pool", 0, F32, 2, 2, 4, 2, 2, SPAD - 16, 12, 4, 1, 1, 1, 1, 0, 8, 4, 0, 3, 0, 3, 0, 0, 0, 0)],
+        f"command 0 (POOL): A: scratchpad bytes [{SPAD - 16}, {SPAD - 16 + 4 * (2 * 12 + 2 * 4 + 4)}) "
+        f"exceed the {SPAD}-byte scratchpad"),
+    "pool zero stride": (
+        [("cgra_pool", 0, F32, 2, 2, 4, 2, 2, 0, 12, 4, 0, 1, 1, 1, 512, 8, 4, 0, 3, 0, 3, 0, 0, 0, 0)],
+        "command 0 (POOL): stride_y 0 is not positive"),
+    "pool average of int8": (
+        [("cgra_pool", isa.POOL_AVERAGE, I8, 2, 2, 4, 2, 2, 0, 12, 4, 1, 1, 1, 1, 512, 8, 4, 0, 3, 0, 3,
+          0, 3, 0, 3)],
+        "command 0 (POOL): an average pools float32, not int8"),
+    "pool inverted rectangle": (
+        [("cgra_pool", 0, F32, 2, 2, 4, 2, 2, 0, 12, 4, 1, 1, 1, 1, 512, 8, 4, 2, 1, 0, 3, 0, 0, 0, 0)],
+        "command 0 (POOL): valid rectangle y range [2, 1) is not 0 <= lo <= hi"),
+    "pool count words of a max": (
+        [("cgra_pool", 0, F32, 2, 2, 4, 2, 2, 0, 12, 4, 1, 1, 1, 1, 512, 8, 4, 0, 3, 0, 3, 0, 3, 0, 3)],
+        "command 0 (POOL): count words are set but POOL_AVERAGE is off"),
+    "pool output overlaps": (
+        [("cgra_pool", 0, F32, 2, 2, 4, 2, 2, 0, 12, 4, 1, 1, 1, 1, 512, 4, 4, 0, 3, 0, 3, 0, 0, 0, 0)],
+        "command 0 (POOL): out: strides (y 4, x 4) overlap its elements"),
     "eltwise unknown func": (
         [("cgra_eltwise", 9, F32, 2, 4, 0, 4, 1, 64, 4, 1, 128, 4)],
         "command 0 (ELTWISE): func 9 is not an elementwise function"),

@@ -347,7 +347,7 @@ def test_run_records_every_launch_for_replay(tmp_path, capsys):
 
     assert main(["run", EXAMPLE, "--record-dir", str(tmp_path / "rec"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert len(report["recorded"]) == len(report["kernels"]) == 3
+    assert len(report["recorded"]) == len(report["kernels"]) == 4  # the global average pool's too
     assert sorted(os.listdir(tmp_path / "rec")) == sorted(os.path.basename(p) for p in report["recorded"])
     for index, (path, kernel) in enumerate(zip(report["recorded"], report["kernels"])):
         assert os.path.basename(path).startswith(f"{index:04d}_")

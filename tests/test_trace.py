@@ -208,13 +208,15 @@ def test_run_trace_lays_the_kernels_end_to_end(tmp_path, capsys):
     from npu_backend.cli import main
 
     assert main(["run", EXAMPLE, "--trace", str(tmp_path / "model.json")]) == 0
-    assert f"trace of 3 kernel launches: {tmp_path / 'model.json'}" in capsys.readouterr().out
+    assert f"trace of 4 kernel launches: {tmp_path / 'model.json'}" in capsys.readouterr().out
     trace = json.loads((tmp_path / "model.json").read_text())
     events = _complete_events(trace)
-    assert {e["pid"] for e in events} == {1, 2, 3}
-    ends = {pid: max(e["ts"] + e["dur"] for e in events if e["pid"] == pid) for pid in (1, 2, 3)}
-    starts = {pid: min(e["ts"] for e in events if e["pid"] == pid) for pid in (1, 2, 3)}
-    assert starts[1] == 0 and ends[1] <= starts[2] and ends[2] <= starts[3]
+    pids = (1, 2, 3, 4)  # two convs, the global average pool, the classifier
+    assert {e["pid"] for e in events} == set(pids)
+    ends = {pid: max(e["ts"] + e["dur"] for e in events if e["pid"] == pid) for pid in pids}
+    starts = {pid: min(e["ts"] for e in events if e["pid"] == pid) for pid in pids}
+    assert starts[1] == 0 and all(ends[pid] <= starts[pid + 1] for pid in pids[:-1])
+    assert any(e["name"] == "POOL" for e in events if e["pid"] == 3)
     assert trace["otherData"]["total_cycles"] > 0
 
 

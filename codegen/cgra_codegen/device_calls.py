@@ -197,6 +197,13 @@ DEVICE_CALLS = {
         Int("kh", 64), Int("kw", 64), SpadAddress("a"), Int("a_y", 64), Int("a_x", 64),
         Int("a_ry", 64), Int("a_rx", 64), SpadAddress("b"), Int("b_ry", 64), Int("b_rx", 64),
         SpadAddress("acc"), Int("acc_y", 64), Int("acc_x", 64))),
+    "cgra_pool": DeviceCall("cgra_pool", (
+        Int("flags", 32), Int("dtype", 32), Int("oh", 64), Int("ow", 64), Int("n", 64),
+        Int("kh", 64), Int("kw", 64), SpadAddress("a"), Int("a_row", 64), Int("a_col", 64),
+        Int("stride_y", 64), Int("stride_x", 64), Int("dilation_y", 64), Int("dilation_x", 64),
+        SpadAddress("out"), Int("out_y", 64), Int("out_x", 64))
+        + tuple(Int(f"{rect}_{axis}_{end}", 64) for rect in ("valid", "count") for axis in "yx"
+                for end in ("lo", "hi"))),
     "cgra_fill": DeviceCall("cgra_fill", (
         Int("dtype", 32), SpadAddress("region"), Int("rows", 64), Int("cols", 64),
         Int("stride", 64), ValueBits("value_bits"))),

@@ -62,6 +62,21 @@ CGRA_RUNTIME_API int32_t cgra_depthwise(CGRAKernel* k, int32_t flags, int32_t dt
                                         int64_t a_x, int64_t a_ry, int64_t a_rx, int64_t b_addr, int64_t b_ry,
                                         int64_t b_rx, int64_t acc_addr, int64_t acc_y, int64_t acc_x);
 
+/* Vector unit, a pooling window (max_pool2d, avg_pool2d, mean):
+ * out[y,x,c] = max, or with CGRA_POOL_AVERAGE sum / count, over the taps (ry < kh, rx < kw) at
+ * window position (py, px) = (y*stride_y + ry*dilation_y, x*stride_x + rx*dilation_x) that lie in
+ * the valid rectangle [valid_y_lo, valid_y_hi) x [valid_x_lo, valid_x_hi), tap element
+ * A[py*a_row + px*a_col + c] past a_addr; count = taps inside the count rectangle (count_*: all 0
+ * without CGRA_POOL_AVERAGE). y < oh, x < ow, c < n; out's element at y*out_y + x*out_x + c.
+ * dtype: int8, int32 or float32 for max, float32 for an average; out has the input dtype. */
+CGRA_RUNTIME_API int32_t cgra_pool(CGRAKernel* k, int32_t flags, int32_t dtype, int64_t oh, int64_t ow,
+                                   int64_t n, int64_t kh, int64_t kw, int64_t a_addr, int64_t a_row,
+                                   int64_t a_col, int64_t stride_y, int64_t stride_x, int64_t dilation_y,
+                                   int64_t dilation_x, int64_t out_addr, int64_t out_y, int64_t out_x,
+                                   int64_t valid_y_lo, int64_t valid_y_hi, int64_t valid_x_lo,
+                                   int64_t valid_x_hi, int64_t count_y_lo, int64_t count_y_hi,
+                                   int64_t count_x_lo, int64_t count_x_hi);
+
 /* Vector unit: region[i,j] = value (value_bits: the int64 value, or the float32 bit pattern). */
 CGRA_RUNTIME_API int32_t cgra_fill(CGRAKernel* k, int32_t dtype, int64_t addr, int64_t rows,
                                    int64_t cols, int64_t stride, int64_t value_bits);

@@ -120,6 +120,20 @@ int32_t cgra_depthwise(CGRAKernel* k, int32_t flags, int32_t dtype, int64_t oh, 
   });
 }
 
+int32_t cgra_pool(CGRAKernel* k, int32_t flags, int32_t dtype, int64_t oh, int64_t ow, int64_t n,
+                  int64_t kh, int64_t kw, int64_t a_addr, int64_t a_row, int64_t a_col,
+                  int64_t stride_y, int64_t stride_x, int64_t dilation_y, int64_t dilation_x,
+                  int64_t out_addr, int64_t out_y, int64_t out_x, int64_t valid_y_lo,
+                  int64_t valid_y_hi, int64_t valid_x_lo, int64_t valid_x_hi, int64_t count_y_lo,
+                  int64_t count_y_hi, int64_t count_x_lo, int64_t count_x_hi) {
+  return RecordOn(k, "cgra_pool", [&](CGRAKernel& kernel) {
+    kernel.Pool(flags, dtype, {oh, ow, n, kh, kw, a_addr, a_row, a_col, stride_y, stride_x,
+                               dilation_y, dilation_x, out_addr, out_y, out_x, valid_y_lo,
+                               valid_y_hi, valid_x_lo, valid_x_hi, count_y_lo, count_y_hi,
+                               count_x_lo, count_x_hi});
+  });
+}
+
 int32_t cgra_fill(CGRAKernel* k, int32_t dtype, int64_t addr, int64_t rows, int64_t cols,
                   int64_t stride, int64_t value_bits) {
   return RecordOn(k, "cgra_fill", [&](CGRAKernel& kernel) {

@@ -89,6 +89,7 @@ const char* OpName(int32_t op) {
     case CGRA_OP_FILL: return "FILL";
     case CGRA_OP_EPILOGUE: return "EPILOGUE";
     case CGRA_OP_DEPTHWISE: return "DEPTHWISE";
+    case CGRA_OP_POOL: return "POOL";
     case CGRA_OP_ELTWISE: return "ELTWISE";
     default: return "UNKNOWN";
   }
@@ -256,6 +257,41 @@ void CheckWindow(const char* operand, int64_t addr, const std::array<int64_t, 5>
     last = Add(last, Mul(extents[d] - 1, strides[d]));
   }
   CheckSpadBytes(operand, addr, Add(addr, Mul(Add(last, 1), itemsize)), spad_bytes);
+}
+
+void CheckPool(int32_t flags, int32_t dtype, const PoolWords& words, int64_t spad_bytes) {
+  auto word = [&](int field) { return words[field - CGRA_POOL_OH]; };
+  CheckFlags(flags, CGRA_POOL_AVERAGE);
+  int64_t itemsize = ItemSize(dtype);
+  bool average = (flags & CGRA_POOL_AVERAGE) != 0;
+  if (average && dtype != CGRA_DTYPE_FLOAT32) Fail("an average pools float32, not ", DTypeName(dtype));
+  const std::pair<int, const char*> steps[] = {{CGRA_POOL_STRIDE_Y, "stride_y"}, {CGRA_POOL_STRIDE_X, "stride_x"},
+                                               {CGRA_POOL_DILATION_Y, "dilation_y"},
+                                               {CGRA_POOL_DILATION_X, "dilation_x"}};
+  for (const auto& [field, name] : steps) {
+    if (word(field) < 1) Fail(name, " ", word(field), " is not positive");
+  }
+  int64_t oh = word(CGRA_POOL_OH), ow = word(CGRA_POOL_OW), n = word(CGRA_POOL_N);
+  int64_t row = word(CGRA_POOL_A_ROW_STRIDE), col = word(CGRA_POOL_A_COL_STRIDE);
+  CheckWindow("A", word(CGRA_POOL_A_ADDR), {oh, ow, word(CGRA_POOL_KH), word(CGRA_POOL_KW), n},
+              {Mul(word(CGRA_POOL_STRIDE_Y), row), Mul(word(CGRA_POOL_STRIDE_X), col),
+               Mul(word(CGRA_POOL_DILATION_Y), row), Mul(word(CGRA_POOL_DILATION_X), col), 1},
+              itemsize, spad_bytes);
+  int64_t out_y = word(CGRA_POOL_OUT_Y_STRIDE), out_x = word(CGRA_POOL_OUT_X_STRIDE);
+  CheckWindow("out", word(CGRA_POOL_OUT_ADDR), {oh, ow, n, 1, 1}, {out_y, out_x, 1, 0, 0}, itemsize,
+              spad_bytes);
+  if ((oh > 1 && out_y < Mul(ow, out_x)) || (ow > 1 && out_x < n)) {
+    Fail("out: strides (y ", out_y, ", x ", out_x, ") overlap its elements");
+  }
+  for (int first : {CGRA_POOL_VALID_Y_LO, CGRA_POOL_VALID_X_LO, CGRA_POOL_COUNT_Y_LO, CGRA_POOL_COUNT_X_LO}) {
+    int64_t lo = word(first), hi = word(first + 1);
+    const char* name = first < CGRA_POOL_COUNT_Y_LO ? "valid" : "count";
+    const char* axis = (first - CGRA_POOL_VALID_Y_LO) % 4 == 0 ? "y" : "x";
+    if (lo < 0 || lo > hi) Fail(name, " rectangle ", axis, " range [", lo, ", ", hi, ") is not 0 <= lo <= hi");
+    if (!average && first >= CGRA_POOL_COUNT_Y_LO && (lo != 0 || hi != 0)) {
+      Fail("count words are set but POOL_AVERAGE is off: words of a disabled operand must be 0");
+    }
+  }
 }
 
 void CheckDma(const Slot& slot, int32_t slot_index, int64_t spad_addr, const int64_t* box,

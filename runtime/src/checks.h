@@ -112,6 +112,17 @@ void CheckRegion(const char* operand, Access access, int64_t addr, int64_t rows,
 void CheckWindow(const char* operand, int64_t addr, const std::array<int64_t, 5>& extents,
                  const std::array<int64_t, 5>& strides, int64_t itemsize, int64_t spad_bytes);
 
+/*! \brief The POOL words oh .. count_x_hi, in isa.py's order. */
+constexpr int kPoolWords = CGRA_POOL_COUNT_X_HI - CGRA_POOL_OH + 1;
+using PoolWords = std::array<int64_t, kPoolWords>;
+
+/*!
+ * \brief Checks a POOL command: flags, dtype (an average pools float32 only), strides and
+ * dilations >= 1, the window and the output inside the scratchpad, output elements apart, each
+ * rectangle 0 <= lo <= hi, the count words 0 without CGRA_POOL_AVERAGE.
+ */
+void CheckPool(int32_t flags, int32_t dtype, const PoolWords& words, int64_t spad_bytes);
+
 /*!
  * \brief Checks one DMA: `box` is the record's words 4..31 (origin, halo, loops) and `slot` the
  * tensor it moves to or from. Every tensor coordinate must lie in [-pad_lo, shape + pad_hi) and

@@ -119,6 +119,15 @@ void KernelRecorder::Depthwise(int32_t flags, int32_t dtype, const std::array<in
   });
 }
 
+void KernelRecorder::Pool(int32_t flags, int32_t dtype, const PoolWords& words) {
+  Record(CGRA_OP_POOL, [&](int64_t* w) {
+    CheckPool(flags, dtype, words, spad_bytes_);
+    w[CGRA_POOL_FLAGS] = flags;
+    w[CGRA_POOL_DTYPE] = dtype;
+    std::copy(words.begin(), words.end(), w + CGRA_POOL_OH);
+  });
+}
+
 void KernelRecorder::Fill(int32_t dtype, int64_t addr, int64_t rows, int64_t cols,
                           int64_t stride, int64_t value_bits) {
   Record(CGRA_OP_FILL, [&](int64_t* w) {

@@ -37,6 +37,8 @@ class KernelRecorder {
    * and its ry, rx strides, acc_addr and its y, x strides (isa.py's DEPTHWISE words, in order). */
   void Depthwise(int32_t flags, int32_t dtype, const std::array<int64_t, 5>& extents,
                  const std::array<int64_t, 11>& layout);
+  /*! \brief `words`: oh .. count_x_hi, isa.py's POOL words in order. */
+  void Pool(int32_t flags, int32_t dtype, const PoolWords& words);
   void Fill(int32_t dtype, int64_t addr, int64_t rows, int64_t cols, int64_t stride,
             int64_t value_bits);
   void Epilogue(int32_t flags, int32_t acc_dtype, int32_t out_dtype, int64_t m, int64_t n,

@@ -4,7 +4,7 @@ Stage: simulator, step 1 (decode -> dataflow check -> execute -> time). In: the 
 (int64 array of shape (n, isa.RECORD_WORDS), or the same little-endian bytes), the host tensors
 bound to the slots and the hardware description. Out: one decoded command per record
 (`DmaCommand`, `GemmCommand`, `DepthwiseCommand`, `FillCommand`, `EpilogueCommand`,
-`EltwiseCommand`), each naming
+`PoolCommand`, `EltwiseCommand`), each naming
 the scratchpad `Region`s it reads and writes, so later steps never look at record words again.
 
 Checks made here (each failure is a `CommandError` naming the command, its kind and the range):
@@ -25,8 +25,8 @@ from .arch import HardwareDescription
 from .box import DmaBox
 from .errors import CommandError, LaunchError
 from .isa import (ACC_DTYPE, BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_REQUANTISE,
-                  EPILOGUE_RESIDUAL, FIELDS, GEMM_ACCUMULATE, RECORD_WORDS, UNIT_OF, DType, EltwiseFunc,
-                  Op)
+                  EPILOGUE_RESIDUAL, FIELDS, GEMM_ACCUMULATE, POOL_AVERAGE, RECORD_WORDS, UNIT_OF, DType,
+                  EltwiseFunc, Op)
 from .regions import Region
 
 #: A DMA box may have max(spad_bytes, this) points: far above what a scratchpad-sized box needs
@@ -125,6 +125,20 @@ class DepthwiseCommand(Command):
     @property
     def macs(self) -> int:
         return self.m * self.n * self.k
+
+
+class PoolCommand(Command):
+    """out[y, x, c] = max (or, averaging, sum / count) over the window's taps: `a` is the 5-D
+    window view (oh, ow, kh, kw, n), `out` (oh, ow, n) in the input dtype. `valid` holds, per
+    tap, whether it lies inside the valid rectangle, shape (oh, ow, kh, kw, 1); `count` the
+    divisor per output, float32 (oh, ow, 1), or None for max. Both depend only on the record."""
+
+    __slots__ = ("dtype", "average", "oh", "ow", "n", "kh", "kw", "a", "out", "valid", "count")
+
+    @property
+    def taps(self) -> int:
+        """Window elements the lanes step through: every tap of every output, valid or not."""
+        return self.oh * self.ow * self.n * self.kh * self.kw
 
 
 class FillCommand(Command):
@@ -353,6 +367,57 @@ def _decode_depthwise(check: _Checker, index: int, op: Op, record: list[int],
     return cmd
 
 
+def _decode_pool(check: _Checker, index: int, op: Op, record: list[int], tensors) -> PoolCommand:
+    fields = dict(zip(FIELDS[op], record))
+    flags, average = fields["flags"], bool(fields["flags"] & POOL_AVERAGE)
+    check.flags(flags, POOL_AVERAGE)
+    dtype = check.dtype("dtype", fields["dtype"], (DType.FLOAT32,) if average else tuple(DType))
+    oh, ow, n, kh, kw = (fields[name] for name in ("oh", "ow", "n", "kh", "kw"))
+    check.positive(oh=oh, ow=ow, n=n, kh=kh, kw=kw, stride_y=fields["stride_y"], stride_x=fields["stride_x"],
+                   dilation_y=fields["dilation_y"], dilation_x=fields["dilation_x"])
+    strides = {name: fields[name] for name in ("a_row_stride", "a_col_stride", "out_y_stride", "out_x_stride")}
+    negative = {name: value for name, value in strides.items() if value < 0}
+    if negative:
+        check.fail(f"strides must be >= 0, got {negative}")
+    out_y, out_x = strides["out_y_stride"], strides["out_x_stride"]
+    if (oh > 1 and out_y < ow * out_x) or (ow > 1 and out_x < n):
+        check.fail(f"out strides (y {out_y}, x {out_x}) overlap its {oh} x {ow} x {n} elements")
+    cmd = PoolCommand(index, op)
+    cmd.dtype, cmd.average, cmd.oh, cmd.ow, cmd.n, cmd.kh, cmd.kw = dtype, average, oh, ow, n, kh, kw
+    size, row, col = dtype.itemsize, strides["a_row_stride"], strides["a_col_stride"]
+    sy, sx, dy, dx = (fields[name] for name in ("stride_y", "stride_x", "dilation_y", "dilation_x"))
+    cmd.a = check.region(Region("A", fields["a_addr"], (oh, ow, kh, kw, n),
+                                tuple(s * size for s in (sy * row, sx * col, dy * row, dx * col, 1)),
+                                NUMPY_DTYPE[dtype]))
+    cmd.out = check.region(Region("out", fields["out_addr"], (oh, ow, n),
+                                  (out_y * size, out_x * size, size), NUMPY_DTYPE[dtype]))
+    positions = (np.arange(oh)[:, None] * sy + np.arange(kh)[None, :] * dy,
+                 np.arange(ow)[:, None] * sx + np.arange(kw)[None, :] * dx)  # (oh, kh), (ow, kw)
+    rows, cols = _pool_rectangle(check, fields, "valid", positions)
+    cmd.valid = (rows[:, None, :, None] & cols[None, :, None, :])[..., None]
+    cmd.count = None
+    if average:
+        rows, cols = _pool_rectangle(check, fields, "count", positions)
+        counts = rows.sum(axis=1)[:, None] * cols.sum(axis=1)[None, :]
+        cmd.count = np.maximum(counts, 1).astype(np.float32)[..., None]
+    elif any(fields[f"count_{edge}"] for edge in ("y_lo", "y_hi", "x_lo", "x_hi")):
+        check.fail("count_* words are set but POOL_AVERAGE is off: words of a disabled operand must be 0")
+    cmd.reads, cmd.writes = (cmd.a,), (cmd.out,)
+    return cmd
+
+
+def _pool_rectangle(check: _Checker, fields: dict, name: str, positions):
+    """Per (output row, tap row) and (output column, tap column): whether the tap's window
+    position lies inside the `name` rectangle (0 <= lo <= hi on each axis)."""
+    inside = []
+    for axis, position in zip("yx", positions):
+        lo, hi = fields[f"{name}_{axis}_lo"], fields[f"{name}_{axis}_hi"]
+        if not 0 <= lo <= hi:
+            check.fail(f"{name} rectangle {axis} range [{lo}, {hi}) is not 0 <= lo <= hi")
+        inside.append((position >= lo) & (position < hi))
+    return inside
+
+
 def _fill_value(check: _Checker, dtype: DType, bits: int):
     """The constant of a FILL: an integer in range of `dtype`, or a float32 bit pattern."""
     if dtype is DType.FLOAT32:
@@ -475,6 +540,7 @@ _DECODERS = {
     Op.FILL: _decode_fill,
     Op.EPILOGUE: _decode_epilogue,
     Op.DEPTHWISE: _decode_depthwise,
+    Op.POOL: _decode_pool,
     Op.ELTWISE: _decode_eltwise,
 }
 

@@ -14,6 +14,11 @@ computes acc = (acc if ACCUMULATE else 0) + the sum over taps of window * weight
 int64, then wrapped; float32 one tap at a time in float32, ry-major, the order in which the
 intrinsic's TIR description adds them. FILL writes a constant. EPILOGUE computes
 out = acc (+ bias[j]) (+ residual[i, j]), then max(., 0) if RELU, then min(max(., lo), hi) if
+CLIP; int32 sums wrap modulo 2**32, float32 ones round after each add. POOL takes, per tap in
+ry-major order, the window element if the tap is valid, else the lowest value of the dtype
+(-inf for float32) for max and 0 for the sum: max is exact in any order; the float32 sum adds
+left to right from the first tap, as the intrinsic's TIR description does, then divides by the
+float32 count.
 CLIP; int32 sums wrap modulo 2**32, float32 ones round after each add. With REQUANTISE the int32
 x becomes int8 as onnxruntime's QLinearConv / QGemm requantise (MlasRequantizeOutput): f =
 float32(x) * scale[j] (int32 -> float32 and the product each rounded to nearest even), clamped
@@ -29,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from .decode import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FillCommand,
-                     GemmCommand)
+                     GemmCommand, PoolCommand)
 from .isa import DType, EltwiseFunc, Op
 
 
@@ -106,6 +111,21 @@ def _depthwise(cmd: DepthwiseCommand, spad: np.ndarray) -> None:
     acc[...] = total
 
 
+def _pool(cmd: PoolCommand, spad: np.ndarray) -> None:
+    window, out = cmd.a.view(spad), cmd.out.view(spad)
+    if not cmd.average:
+        lowest = -np.inf if cmd.dtype is DType.FLOAT32 else np.iinfo(window.dtype).min
+        out[...] = np.where(cmd.valid, window, window.dtype.type(lowest)).max(axis=(2, 3))
+        return
+    terms = np.where(cmd.valid, window, np.float32(0))
+    total = terms[:, :, 0, 0].copy()
+    for ry in range(cmd.kh):
+        for rx in range(cmd.kw):
+            if ry or rx:
+                total += terms[:, :, ry, rx]
+    out[...] = total / cmd.count
+
+
 def _fill(cmd: FillCommand, spad: np.ndarray) -> None:
     cmd.region.view(spad)[...] = cmd.value
 
@@ -158,5 +178,6 @@ _EXECUTORS = {
     Op.FILL: _fill,
     Op.EPILOGUE: _epilogue,
     Op.DEPTHWISE: _depthwise,
+    Op.POOL: _pool,
     Op.ELTWISE: _eltwise,
 }

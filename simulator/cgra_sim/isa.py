@@ -34,6 +34,7 @@ class Op(enum.IntEnum):
     FILL = 4  # vector unit: fill a 2-D scratchpad region with a constant
     EPILOGUE = 5  # vector unit: out = requant(clip(relu(acc + bias + residual))) (each step optional)
     DEPTHWISE = 6  # PE array: per-channel sliding-window MACs (a depthwise conv2d tile)
+    POOL = 7  # vector unit: max or average over a sliding window (max_pool2d, avg_pool2d, mean)
     ELTWISE = 8  # vector unit: out = func(a, b) over a 2-D tile, operands strided (0 broadcasts)
 
 
@@ -91,6 +92,7 @@ UNIT_OF = {
     Op.FILL: Unit.VECTOR,
     Op.EPILOGUE: Unit.VECTOR,
     Op.DEPTHWISE: Unit.COMPUTE,
+    Op.POOL: Unit.VECTOR,
     Op.ELTWISE: Unit.VECTOR,
 }
 
@@ -103,6 +105,7 @@ EPILOGUE_CLIP = 8  # min(max(x, clip_lo), clip_hi) last; bounds are acc-dtype va
 # After all of the above, int32 -> int8: out = rne(clamp(f32(x) * scale[j], -128 - zp, 127 - zp)) + zp,
 # scale a row of n float32 at scale_addr, zp = out_zero_point (onnxruntime's QLinearConv arithmetic).
 EPILOGUE_REQUANTISE = 16
+POOL_AVERAGE = 1  # POOL: sum of the valid taps / the taps inside the count rectangle; without it, max
 
 
 def _dma_fields():
@@ -138,6 +141,17 @@ FIELDS = {
     Op.DEPTHWISE: ("op", "flags", "dtype", "oh", "ow", "n", "kh", "kw", "a_addr", "a_y_stride",
                    "a_x_stride", "a_ry_stride", "a_rx_stride", "b_addr", "b_ry_stride",
                    "b_rx_stride", "acc_addr", "acc_y_stride", "acc_x_stride"),
+    # A pooling window: tap (y, x, ry, rx) sits at window position (py, px) = (y*stride_y +
+    # ry*dilation_y, x*stride_x + rx*dilation_x), its element of channel c at a_addr + py*a_row +
+    # px*a_col + c. Taps whose position lies outside the valid rectangle [valid_y_lo, valid_y_hi)
+    # x [valid_x_lo, valid_x_hi) (the padding) are not taken: out[y, x, c] = max over the valid
+    # taps, or with POOL_AVERAGE their sum (ry-major) / the number of taps inside the count
+    # rectangle (count_* words; all 0 without POOL_AVERAGE). The rectangles are per command, so
+    # the padding never has to be in the scratchpad as a value (-inf for max).
+    Op.POOL: ("op", "flags", "dtype", "oh", "ow", "n", "kh", "kw", "a_addr", "a_row_stride",
+              "a_col_stride", "stride_y", "stride_x", "dilation_y", "dilation_x", "out_addr",
+              "out_y_stride", "out_x_stride", "valid_y_lo", "valid_y_hi", "valid_x_lo",
+              "valid_x_hi", "count_y_lo", "count_y_hi", "count_x_lo", "count_x_hi"),
     # out[i, j] = func(A[i * a_row + j * a_col], B[i * b_row + j * b_col]) for i < rows, j < cols
     # (strides in elements; a stride of 0 broadcasts the operand along that axis); out's rows
     # are out_stride apart, its columns adjacent. No flags are defined (word 1 must be 0).
@@ -187,6 +201,7 @@ def c_header() -> str:
         f"#define CGRA_EPILOGUE_RELU {EPILOGUE_RELU}",
         f"#define CGRA_EPILOGUE_RESIDUAL {EPILOGUE_RESIDUAL}",
         f"#define CGRA_EPILOGUE_CLIP {EPILOGUE_CLIP}",
+        f"#define CGRA_POOL_AVERAGE {POOL_AVERAGE}",
         f"#define CGRA_EPILOGUE_REQUANTISE {EPILOGUE_REQUANTISE}",
     ]
     lines += [f"#define CGRA_OP_{op.name} {int(op)}" for op in Op]

@@ -6,7 +6,7 @@ end cycle of every command. Nothing here is validated against RTL (there is none
 the analytical one below, with its assumptions in docs/simulator.md.
 
 Model. Four in-order queues, one per `isa.Unit`: LOAD (DMA_LOAD), COMPUTE (GEMM, DEPTHWISE: the
-PE array), VECTOR (FILL, EPILOGUE, ELTWISE: the vector unit beside the array) and STORE (DMA_STORE). `ready` is when
+PE array), VECTOR (FILL, EPILOGUE, POOL, ELTWISE: the vector unit beside the array) and STORE (DMA_STORE). `ready` is when
 a command's scratchpad dependencies are met: a scoreboard on byte ranges (scoreboard.py) gives
 read-after-write, write-after-read and write-after-write against earlier commands in stream
 order. A command starts at max(free, ready), free being when the previous command on its queue
@@ -20,6 +20,11 @@ left the unit, and ends:
         operands: tiles the command streams through the lanes' one scratchpad read port: 1, or
         2 for an EPILOGUE with a residual (acc and residual). The bias row and the clip bounds
         are held in registers; relu and clip are more stages of the lanes' pipeline (free).
+    POOL (vector unit)  start + ceil(oh * ow * n * kh * kw / vector_lanes) + 2
+        Each lane takes one tap of one output per cycle (a compare or an add), every tap of the
+        window whether valid or not (the rectangles only mask lanes); the average's divide is
+        one more pipeline stage per output (free), like relu in an EPILOGUE. Bank conflicts
+        are not modelled for POOL (nor for ELTWISE): no bank slowdown.
     ELTWISE (vector unit)  start + ceil(max(rows * cols, reads) / vector_lanes) + 2
         The lanes compute one output each per cycle, and the read port delivers vector_lanes
         elements per cycle: reads = the elements of A plus those of B the command streams. An
@@ -79,7 +84,7 @@ import numpy as np
 from .arch import HardwareDescription
 from .banks import beat_slowdown, operand_slowdown, slowed
 from .decode import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FillCommand,
-                     GemmCommand)
+                     GemmCommand, PoolCommand)
 from .errors import CycleLimitExceeded
 from .isa import DType, Op, Unit
 from .regions import Region
@@ -281,6 +286,13 @@ def _time_eltwise(arch: HardwareDescription, cmd: EltwiseCommand, ready: int, fr
     return start, end, end
 
 
+def _time_pool(arch: HardwareDescription, cmd: PoolCommand, ready: int, free: int,
+               compute: _ComputeQueue) -> tuple[int, int, int]:
+    start = max(free, ready)
+    end = start + -(-cmd.taps // arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
+    return start, end, end
+
+
 def _time_pe_array(arch: HardwareDescription, cmd: GemmCommand | DepthwiseCommand, ready: int,
                    free: int, compute: _ComputeQueue) -> tuple[int, int, int]:
     start = max(free, ready)
@@ -314,6 +326,7 @@ _TIMERS = {
     Op.FILL: _time_vector,
     Op.EPILOGUE: _time_vector,
     Op.DEPTHWISE: _time_pe_array,
+    Op.POOL: _time_pool,
     Op.ELTWISE: _time_eltwise,
 }
 

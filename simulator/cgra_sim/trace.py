@@ -24,7 +24,7 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from .isa import (BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_REQUANTISE,
-                  EPILOGUE_RESIDUAL, FIELDS, GEMM_ACCUMULATE, DType, EltwiseFunc, Op, Unit)
+                  EPILOGUE_RESIDUAL, FIELDS, GEMM_ACCUMULATE, POOL_AVERAGE, DType, EltwiseFunc, Op, Unit)
 from .timing import Schedule
 
 #: Track order, top to bottom, and each unit's thread id (1-based: some viewers treat 0 specially).
@@ -88,6 +88,13 @@ def _eltwise_args(op: Op, record) -> dict:
     return args
 
 
+def _pool_args(op: Op, record) -> dict:
+    args = _fields(op, record, "oh", "ow", "n", "kh", "kw", "a_addr", "out_addr")
+    args["dtype"] = _dtype_name(int(record[FIELDS[op].index("dtype")]))
+    args["average"] = bool(record[1] & POOL_AVERAGE)
+    return args
+
+
 #: The fields worth seeing in a trace viewer, per opcode.
 _KEY_ARGS = {
     Op.DMA_LOAD: _dma_args,
@@ -96,6 +103,7 @@ _KEY_ARGS = {
     Op.FILL: _fill_args,
     Op.EPILOGUE: _epilogue_args,
     Op.DEPTHWISE: _gemm_args,
+    Op.POOL: _pool_args,
     Op.ELTWISE: _eltwise_args,
 }
 
