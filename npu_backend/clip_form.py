@@ -21,6 +21,7 @@ import tvm
 from tvm import relax, tirx
 
 from .provenance import merged_span, with_span
+from .relax_info import dtype_of
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _CLIP = tvm.ir.Op.get("relax.clip")
@@ -95,8 +96,6 @@ def _bound(value, dtype: str):
     return tirx.IntImm("int64", int(value))
 
 
-def _dtype(expr) -> str:
-    return str(getattr(expr.ty, "dtype", ""))
 
 
 def _bounds_of(call):
@@ -131,7 +130,7 @@ class _ClipRewriter(relax.PyExprMutator):
         compare, value = scalar_compare(self.mod[callee]), _scalar(args.fields[1])
         if compare is None or value is None or value != value:  # value != value: NaN
             return call
-        dtype = _dtype(args.fields[1])
+        dtype = dtype_of(args.fields[1])
         lowest, highest = _range(dtype)
         lo, hi = (value, highest) if compare == "max" else (lowest, value)
         return with_span(relax.op.clip(args.fields[0], _bound(lo, dtype), _bound(hi, dtype)), call.span)
@@ -148,7 +147,7 @@ class _ClipRewriter(relax.PyExprMutator):
         lo, hi = max(outer_bounds[0], inner_bounds[0]), min(outer_bounds[1], inner_bounds[1])
         if not lo <= hi:  # disjoint ranges: the chain is a constant; leave it as written
             return call
-        dtype = _dtype(inner.args[0])
+        dtype = dtype_of(inner.args[0])
         merged = relax.op.clip(inner.args[0], _bound(lo, dtype), _bound(hi, dtype))
         return with_span(merged, merged_span(inner.span, call.span))  # both calls' model nodes
 

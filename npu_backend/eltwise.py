@@ -26,6 +26,7 @@ from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
 from .errors import CGRAError, ScratchpadTooSmall
+from .relax_info import dtype_of, first_symbolic_dim, shape_dims
 from .tiling import ALIGN, Tiling
 
 #: Pattern name suffix -> the Relax operator it offloads.
@@ -97,22 +98,16 @@ def _smallest_factor(extent: int) -> int:
 
 
 def _shape(expr, role: str, op: str) -> tuple:
-    ty = expr.struct_info if hasattr(expr, "struct_info") else expr.ty
-    shape = getattr(ty, "shape", None)
-    if shape is None or not hasattr(shape, "values"):
+    dims = shape_dims(expr)
+    if dims is None:
         raise EltwiseReject(f"{op}: the {role} has no known shape")
-    dims = []
-    for dim in shape.values:
-        if not hasattr(dim, "value"):
-            raise EltwiseReject(f"{op}: the {role} has a symbolic dimension ({dim}); the NPU kernels need "
-                                "static shapes (bind it, e.g. with relax.transform.BindSymbolicVars)")
-        dims.append(int(dim.value))
+    symbolic = first_symbolic_dim(dims)
+    if symbolic is not None:
+        raise EltwiseReject(f"{op}: the {role} has a symbolic dimension ({symbolic}); the NPU kernels need "
+                            "static shapes (bind it, e.g. with relax.transform.BindSymbolicVars)")
     return tuple(dims)
 
 
-def _dtype(expr) -> str:
-    ty = expr.struct_info if hasattr(expr, "struct_info") else expr.ty
-    return str(getattr(ty, "dtype", ""))
 
 
 def eltwise_spec_from_match(name: str, annotated: dict) -> EltwiseSpec:
@@ -122,7 +117,7 @@ def eltwise_spec_from_match(name: str, annotated: dict) -> EltwiseSpec:
     if lhs.same_as(rhs):
         raise EltwiseReject(f"{func} takes the same tensor as both operands; the NPU kernel loads each "
                             "operand from its own tensor: the op runs on the host")
-    dtypes = _dtype(lhs), _dtype(rhs)
+    dtypes = dtype_of(lhs), dtype_of(rhs)
     if dtypes[0] != dtypes[1]:
         raise EltwiseReject(f"{func} mixes {dtypes[0]} and {dtypes[1]}; the vector unit computes on "
                             "one dtype (cast an operand first)")

@@ -25,6 +25,7 @@ from .patterns import composite_call, offload_reason
 from .pipeline import STAGES
 from .pool_patterns import POOL_OPS
 from .provenance import SOURCE_NODES_ATTR, call_nodes
+from .relax_info import static_shape
 from .target_hook import offloaded_spec
 
 _KERNEL_OPS = {"relax.matmul": "cgra.matmul", "relax.nn.conv2d": "cgra.conv2d"}
@@ -137,8 +138,8 @@ def _macs(call, out_var) -> int:
     name = call.op.name
     if name not in _KERNEL_OPS:
         return 0
-    out, rhs = _static_dims(out_var), _static_dims(call.args[1])
-    lhs = _static_dims(call.args[0])
+    out, rhs = static_shape(out_var), static_shape(call.args[1])
+    lhs = static_shape(call.args[0])
     if out is None or rhs is None or lhs is None:
         return 0
     if name == "relax.nn.conv2d":  # every output takes the weights of one output channel
@@ -148,13 +149,6 @@ def _macs(call, out_var) -> int:
     return math.prod(out) * per_output
 
 
-def _static_dims(expr):
-    ty = getattr(expr, "struct_info", None) or getattr(expr, "ty", None)
-    shape = getattr(ty, "shape", None)
-    values = getattr(shape, "values", None)
-    if values is None or not all(hasattr(d, "value") for d in values):
-        return None
-    return [int(d.value) for d in values]
 
 
 def _short(op_name: str) -> str:

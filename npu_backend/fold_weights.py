@@ -23,12 +23,13 @@ import tvm
 from tvm import relax
 
 from .provenance import with_span
+from .relax_info import dtype_of, static_shape
 
 _FLOAT = ("float16", "float32", "float64")
 
 
 def _reshape_to_output(call, data):
-    return data.reshape(_static_shape(call))
+    return data.reshape(static_shape(call))
 
 
 def _float_only(fn):
@@ -132,7 +133,7 @@ class _WeightFolder(relax.PyExprMutator):
         if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
             return None
         entry = _NUMPY_OPS.get(call.op.name)
-        if entry is None or _static_shape(call) is None:
+        if entry is None or static_shape(call) is None:
             return None
         count, fn = entry
         arrays = [self._constant(arg) for arg in call.args[:count]]
@@ -140,9 +141,9 @@ class _WeightFolder(relax.PyExprMutator):
             return None
         result = fn(call, *arrays)
         # Fold only when numpy gives exactly the type Relax inferred: no silent promotion.
-        if result is None or result.dtype.name != _dtype(call) or result.shape != _static_shape(call):
+        if result is None or result.dtype.name != dtype_of(call) or result.shape != static_shape(call):
             return None
-        return relax.const(result, _dtype(call))
+        return relax.const(result, dtype_of(call))
 
     def _fold_batch_norm_into(self, conv_var, conv):
         """At a conv2d binding followed only by an inference batch norm: emit the conv2d with
@@ -175,10 +176,10 @@ class _WeightFolder(relax.PyExprMutator):
         if not outputs or len(outputs) != len(self.users.get(norm_var, [])):
             return None  # the batch norm's statistics are used: keep it
         stats = [self._constant(arg) for arg in norm.args[1:5]]
-        folded = _fold_scale_shift(conv.attrs, norm.attrs, weight, stats, _dtype(conv))
+        folded = _fold_scale_shift(conv.attrs, norm.attrs, weight, stats, dtype_of(conv))
         if folded is None:
             return None
-        return norm_var, outputs, relax.const(folded[0], _dtype(conv)), relax.const(folded[1], _dtype(conv))
+        return norm_var, outputs, relax.const(folded[0], dtype_of(conv)), relax.const(folded[1], dtype_of(conv))
 
 
 def _fold_scale_shift(conv_attrs, norm_attrs, weight, stats, dtype):
@@ -213,17 +214,3 @@ def _is_first_item(value, tuple_var) -> bool:
     return isinstance(value, relax.TupleGetItem) and value.tuple_value.same_as(tuple_var) and value.index == 0
 
 
-def _dtype(expr) -> str:
-    return str(getattr(_type(expr), "dtype", ""))
-
-
-def _type(expr):
-    return getattr(expr, "struct_info", None) or getattr(expr, "ty", None)
-
-
-def _static_shape(expr):
-    shape = getattr(_type(expr), "shape", None)
-    values = getattr(shape, "values", None)
-    if values is None or not all(hasattr(d, "value") for d in values):
-        return None
-    return tuple(int(d.value) for d in values)

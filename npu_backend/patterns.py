@@ -38,6 +38,7 @@ from .eltwise import eltwise_pattern_graphs, eltwise_reason, eltwise_spec_from_c
 from .errors import CGRAError
 from .kernels import KernelSpec
 from .pool_patterns import POOL_OPS, pool_pattern_graphs, pool_spec
+from .relax_info import dtype_of, first_symbolic_dim, shape_dims
 from .tiling import choose_kernel_tiling
 
 ACC_DTYPE = {"int8": "int32", "float32": "float32"}
@@ -159,46 +160,38 @@ def _check_distinct_operands(name: str, annotated: dict) -> None:
 
 
 def _static_shape(expr, role: str) -> tuple:
-    ty = expr.struct_info if hasattr(expr, "struct_info") else expr.ty
-    shape = getattr(ty, "shape", None)
-    if shape is None:
+    dims = shape_dims(expr)
+    if dims is None:
         raise _Reject(f"the {role} has no known shape")
-    values = []
-    for dim in shape.values if hasattr(shape, "values") else shape:
-        if not hasattr(dim, "value"):
-            raise _Reject(f"the {role} has a symbolic dimension ({dim}); the NPU kernels need static "
-                          "shapes (bind the dimension, e.g. with relax.transform.BindSymbolicVars)")
-        values.append(int(dim.value))
-    return tuple(values)
-
-
-def _dtype(expr) -> str:
-    ty = expr.struct_info if hasattr(expr, "struct_info") else expr.ty
-    return str(ty.dtype)
+    symbolic = first_symbolic_dim(dims)
+    if symbolic is not None:
+        raise _Reject(f"the {role} has a symbolic dimension ({symbolic}); the NPU kernels need static "
+                      "shapes (bind the dimension, e.g. with relax.transform.BindSymbolicVars)")
+    return tuple(dims)
 
 
 def spec_from_match(name: str, annotated: dict) -> KernelSpec:
     """The kernel a matched pattern would become; raises `_Reject` with the reason it cannot."""
     if name in POOL_OPS:
-        return pool_spec(name, annotated, _static_shape, _dtype)
+        return pool_spec(name, annotated, _static_shape, dtype_of)
     root = annotated["root"]
     op = "conv2d" if name.startswith("cgra.conv2d") else "matmul"
     lhs, rhs = annotated["lhs"], annotated["rhs"]
-    dtype, rhs_dtype = _dtype(lhs), _dtype(rhs)
+    dtype, rhs_dtype = dtype_of(lhs), dtype_of(rhs)
     if dtype != rhs_dtype:
         raise _Reject(f"{op} mixes {dtype} and {rhs_dtype}; the PE array multiplies equal dtypes")
     if dtype not in ACC_DTYPE:
         raise _Reject(f"{op} on {dtype} is not supported (float32, or int8 with int32 output)")
     acc_dtype = ACC_DTYPE[dtype]
-    out_dtype = _dtype(root)
+    out_dtype = dtype_of(root)
     if out_dtype != acc_dtype:
         raise _Reject(f"{op} of {dtype} must produce {acc_dtype}, this one produces {out_dtype} "
                       f"(use out_dtype=\"{acc_dtype}\")")
     bias_shape = None
     if "bias" in annotated:
         bias_shape = _static_shape(annotated["bias"], "bias")
-        if _dtype(annotated["bias"]) != acc_dtype:
-            raise _Reject(f"the bias is {_dtype(annotated['bias'])}, the accumulator {acc_dtype}")
+        if dtype_of(annotated["bias"]) != acc_dtype:
+            raise _Reject(f"the bias is {dtype_of(annotated['bias'])}, the accumulator {acc_dtype}")
     clip = _clip_bounds(annotated["clip"], acc_dtype) if "clip" in annotated else None
     common = dict(dtype=dtype, acc_dtype=acc_dtype, bias_shape=bias_shape,
                   relu=name.removesuffix("_requant").endswith("_relu"), clip=clip)
@@ -225,7 +218,7 @@ def _with_requant(spec: KernelSpec, annotated: dict) -> KernelSpec:
     zero_point = _scalar_value(quantize.args[2], "int8")
     if zero_point is None:
         raise _Reject("the requantisation's zero point is not an int8 constant")
-    if _dtype(multiply.args[0]) != "float32" or _dtype(annotated["scale"]) != "float32":
+    if dtype_of(multiply.args[0]) != "float32" or dtype_of(annotated["scale"]) != "float32":
         raise _Reject("the requantisation multiplies float32(acc) by a float32 scale row")
     shape = _static_shape(annotated["scale"], "requantisation scale")
     expected = spec.bias_shape or _channel_row_shape(spec)
@@ -245,7 +238,7 @@ def _channel_row_shape(spec: KernelSpec) -> tuple:
 
 def _scalar_value(expr, dtype: str):
     """The value of a 0-d constant of `dtype`, else None."""
-    if not isinstance(expr, tvm.ir.GenericConst) or _dtype(expr) != dtype:
+    if not isinstance(expr, tvm.ir.GenericConst) or dtype_of(expr) != dtype:
         return None
     value = expr.value.numpy()
     return value.item() if value.ndim == 0 else None
@@ -263,8 +256,8 @@ def _with_residual(spec: KernelSpec, annotated: dict) -> KernelSpec:
             f"{spec.data_layout}/{spec.kernel_layout} conv2d"
         raise _Reject(f"a residual add is fused after NCHW and depthwise conv2d and 2-D matmul, not "
                       f"yet after a {form}: the add runs on the host")
-    if _dtype(residual) != spec.acc_dtype:
-        raise _Reject(f"the residual is {_dtype(residual)}, the accumulator {spec.acc_dtype}")
+    if dtype_of(residual) != spec.acc_dtype:
+        raise _Reject(f"the residual is {dtype_of(residual)}, the accumulator {spec.acc_dtype}")
     shape = _static_shape(residual, "residual")
     stored = tuple(spec.output_shape) if spec.op == "matmul" else \
         tuple(spec.output_shape["NCHW".index(axis)] for axis in spec.out_layout)

@@ -1,0 +1,41 @@
+"""What a Relax expression's type says: its dtype and its (static) shape.
+
+Stage: shared by normalise, partition and explain. In: a Relax expression. Out: plain Python
+values (a dtype name, a tuple of ints), so that callers compare and report without poking at
+TVM's type objects. Relax in this TVM keeps the type in `.struct_info` on some nodes and `.ty`
+on others; this module is the one place that knows.
+"""
+
+from __future__ import annotations
+
+
+def type_of(expr):
+    """The expression's Relax type (its struct info), or None."""
+    return getattr(expr, "struct_info", None) or getattr(expr, "ty", None)
+
+
+def dtype_of(expr) -> str:
+    """The tensor dtype's name ("float32"), or "" for a non-tensor or an unknown dtype."""
+    return str(getattr(type_of(expr), "dtype", ""))
+
+
+def shape_dims(expr):
+    """The dimensions of the tensor's shape, each an int when static or the symbolic PrimExpr;
+    None when the shape is unknown."""
+    values = getattr(getattr(type_of(expr), "shape", None), "values", None)
+    if values is None:
+        return None
+    return [int(d.value) if hasattr(d, "value") else d for d in values]
+
+
+def static_shape(expr) -> tuple | None:
+    """The shape as a tuple of ints, or None if it is unknown or has a symbolic dimension."""
+    dims = shape_dims(expr)
+    if dims is None or not all(isinstance(d, int) for d in dims):
+        return None
+    return tuple(dims)
+
+
+def first_symbolic_dim(dims):
+    """The first dimension of `dims` that is not an int, or None."""
+    return next((d for d in dims if not isinstance(d, int)), None)
