@@ -26,7 +26,7 @@ from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
 from .errors import CGRAError, ScratchpadTooSmall
-from .relax_info import dtype_of, first_symbolic_dim, shape_dims
+from .relax_info import dtype_of, require_static_shape
 from .tiling import ALIGN, Tiling
 
 #: Pattern name suffix -> the Relax operator it offloads.
@@ -98,16 +98,7 @@ def _smallest_factor(extent: int) -> int:
 
 
 def _shape(expr, role: str, op: str) -> tuple:
-    dims = shape_dims(expr)
-    if dims is None:
-        raise EltwiseReject(f"{op}: the {role} has no known shape")
-    symbolic = first_symbolic_dim(dims)
-    if symbolic is not None:
-        raise EltwiseReject(f"{op}: the {role} has a symbolic dimension ({symbolic}); the NPU kernels need "
-                            "static shapes (bind it, e.g. with relax.transform.BindSymbolicVars)")
-    return tuple(dims)
-
-
+    return require_static_shape(expr, role, EltwiseReject, prefix=f"{op}: ")
 
 
 def eltwise_spec_from_match(name: str, annotated: dict) -> EltwiseSpec:

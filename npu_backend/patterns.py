@@ -38,7 +38,7 @@ from .eltwise import eltwise_pattern_graphs, eltwise_reason, eltwise_spec_from_c
 from .errors import CGRAError
 from .kernels import KernelSpec
 from .pool_patterns import POOL_OPS, pool_pattern_graphs, pool_spec
-from .relax_info import dtype_of, first_symbolic_dim, shape_dims
+from .relax_info import dtype_of, require_static_shape
 from .tiling import choose_kernel_tiling
 
 ACC_DTYPE = {"int8": "int32", "float32": "float32"}
@@ -160,14 +160,7 @@ def _check_distinct_operands(name: str, annotated: dict) -> None:
 
 
 def _static_shape(expr, role: str) -> tuple:
-    dims = shape_dims(expr)
-    if dims is None:
-        raise _Reject(f"the {role} has no known shape")
-    symbolic = first_symbolic_dim(dims)
-    if symbolic is not None:
-        raise _Reject(f"the {role} has a symbolic dimension ({symbolic}); the NPU kernels need static "
-                      "shapes (bind the dimension, e.g. with relax.transform.BindSymbolicVars)")
-    return tuple(dims)
+    return require_static_shape(expr, role, _Reject)
 
 
 def spec_from_match(name: str, annotated: dict) -> KernelSpec:

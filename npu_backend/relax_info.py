@@ -36,6 +36,15 @@ def static_shape(expr) -> tuple | None:
     return tuple(dims)
 
 
-def first_symbolic_dim(dims):
-    """The first dimension of `dims` that is not an int, or None."""
-    return next((d for d in dims if not isinstance(d, int)), None)
+def require_static_shape(expr, role: str, error, prefix: str = "") -> tuple:
+    """The static shape of `expr`, or `error` (an exception class) saying why it has none: no
+    known shape, or a symbolic dimension (the NPU kernels need static shapes). `role` names the
+    operand in the message ("the bias"), after `prefix` ("add: ")."""
+    dims = shape_dims(expr)
+    if dims is None:
+        raise error(f"{prefix}the {role} has no known shape")
+    symbolic = next((d for d in dims if not isinstance(d, int)), None)
+    if symbolic is not None:
+        raise error(f"{prefix}the {role} has a symbolic dimension ({symbolic}); the NPU kernels need "
+                    "static shapes (bind it, e.g. with relax.transform.BindSymbolicVars)")
+    return tuple(dims)

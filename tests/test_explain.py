@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tvm import relax
+from tvm import relax, tirx
 
 import npu_backend
 from models import assert_matches, matmul_model, relax_module, run
@@ -80,3 +80,12 @@ def test_explain_reads_each_kernel_as_the_compiler_does_and_fails_where_it_fails
     with pytest.raises(Exception, match="cannot be read") as compiled:
         npu_backend.compile(mod, "cgra-4x4")
     assert str(explained.value) in str(compiled.value)  # "[partition] kernel '<symbol>': ..."
+
+
+def test_a_symbolic_dimension_keeps_the_op_on_the_host_and_says_how_to_bind_it():
+    n = tirx.Var("n", "int64")
+    mod = relax_module([("x", (n, 8), "float32"), ("w", (8, 4), "float32")],
+                       lambda bb, x, w: bb.emit(relax.op.matmul(x, w)))
+    (placement,) = npu_backend.explain(mod, "cgra-4x4")
+    assert placement.where == "host"
+    assert "symbolic dimension (n)" in placement.reason and "BindSymbolicVars" in placement.reason
