@@ -26,6 +26,14 @@ def quantize(values, scale, zero_point, axis=None):
 class QdqGraph:
     """Appends QDQ layers; each returns the name of its (dequantized, float) output."""
 
+    #: Weights are quantized to [-WEIGHT_LEVELS, WEIGHT_LEVELS]: 63, onnxruntime quantizer's
+    #: `reduce_range`. On x86 CPUs without VNNI (AVX2 only), MLAS multiplies u8 activations by s8
+    #: weights with vpmaddubsw, which saturates each pair of products to int16: with full-range
+    #: weights onnxruntime's QLinearConv is then not exact (seen on an AMD EPYC: 44 of 50 outputs
+    #: of qdq_cnn off by a step or two), and no exact kernel can match it. With 7-bit weights a
+    #: pair stays below 2**15 and onnxruntime computes the exact integer result on every CPU.
+    WEIGHT_LEVELS = 63
+
     def __init__(self, seed: int):
         self.rng = np.random.default_rng(seed)
         self.nodes, self.initializers, self.count = [], [], 0
@@ -54,11 +62,11 @@ class QdqGraph:
         channels = values.shape[axis]
         other = tuple(d for d in range(values.ndim) if d != axis)
         if per_channel:
-            scale = (np.abs(values).max(axis=other) / 127).astype(np.float32)
+            scale = (np.abs(values).max(axis=other) / self.WEIGHT_LEVELS).astype(np.float32)
             q = quantize(values, scale, np.zeros(channels, np.int8), axis)
             zero = np.zeros(channels, np.int8)
         else:
-            scale = np.float32(np.abs(values).max() / 127)
+            scale = np.float32(np.abs(values).max() / self.WEIGHT_LEVELS)
             q, zero = quantize(values, scale, 0), np.int8(0)
         name = self.node("DequantizeLinear", [self.const(q, np.int8), self.const(scale, np.float32),
                                               self.const(zero, np.int8)], axis=axis)
