@@ -21,8 +21,11 @@ def bind_scalar_arguments(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with the 0-d constant arguments of its offloaded functions bound inside them. A
     function called with different scalars at different sites (partitioning gives structurally
     equal kernels one function) gets one copy per set of scalars."""
-    offloaded = {gvar for gvar, func in mod.functions.items()
-                 if isinstance(func, relax.Function) and (func.attrs or {}).get("Codegen") == "cgra"}
+    # In name order: a set of GlobalVars iterates by address, and the variants are added to the
+    # module in this order, which is the order of the kernels in the compiled object.
+    offloaded = sorted((gvar for gvar, func in mod.functions.items()
+                        if isinstance(func, relax.Function) and (func.attrs or {}).get("Codegen") == "cgra"),
+                       key=lambda gvar: gvar.name_hint)
     variants = {}  # (global var, scalar key) -> {argument index: constant}
     for gvar, sites in _calls_of(mod, offloaded).items():
         for call in sites:
