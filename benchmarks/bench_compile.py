@@ -16,7 +16,7 @@ import time
 import tvm
 
 import npu_backend
-from npu_backend.workloads import conv2d_model, matmul_model, run
+from npu_backend.tools.workloads import conv2d_model, matmul_model, run
 
 
 WORKLOADS = {

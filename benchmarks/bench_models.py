@@ -22,7 +22,7 @@ import tvm
 from tvm.relax.frontend.onnx import from_onnx
 
 import npu_backend
-from npu_backend.target_hook import clear_kernel_cache
+from npu_backend.target.relax_ext import clear_kernel_cache
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from onnx_models import mobilenet_v2, resnet  # noqa: E402  (test-only model builders)

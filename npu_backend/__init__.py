@@ -19,16 +19,17 @@ from tvm.relax.backend.pattern_registry import register_patterns
 
 from cgra_sim.arch import DEFAULT_ARCH, HardwareDescription, load_arch, preset_names
 
-from .artifact import DamagedArtifact, install_load_check
-from .device import Profile, profile, register_backend
+from .device.artifact import DamagedArtifact, install_load_check
+from .device.profile import Profile, profile
+from .device.simulator_backend import register_backend
 from .errors import CGRAError, ScheduleError, ScratchpadTooSmall, UnsupportedCopy, UnsupportedOperator
-from .explain import Placement, explain, format_placements, npu_mac_fraction
+from .tools.explain import Placement, explain, format_placements, npu_mac_fraction
 from .options import CompileOptions
 from .patterns import make_patterns
 from .pipeline import STAGES, cgra_pipeline
-from .runtime_lib import load_runtime
-from .target import install_default_pipeline, register_target_tags
-from .target_hook import register_target_hook
+from .device.runtime_lib import load_runtime
+from .target.tags import install_default_pipeline, register_target_tags
+from .target.relax_ext import register_target_hook
 
 __all__ = [
     "CGRAError", "CompileOptions", "DEFAULT_ARCH", "DamagedArtifact", "HardwareDescription", "Placement", "Profile",
@@ -52,7 +53,7 @@ def compile(mod: tvm.IRModule, arch=None, *, dump_dir: str | None = None):  # no
 def from_onnx(model, shape_dict=None, dtype_dict="float32", opset=None) -> tvm.IRModule:
     """`tvm.relax.frontend.onnx.from_onnx`, keeping each ONNX node's name on the calls made for
     it, so that profiles and `cgra-sim run` name every kernel's layers (needs the onnx extra)."""
-    from .onnx_import import from_onnx as import_onnx  # the onnx package is an optional extra
+    from .frontend.onnx_import import from_onnx as import_onnx  # the onnx package is an optional extra
 
     return import_onnx(model, shape_dict, dtype_dict, opset)
 

@@ -15,7 +15,7 @@ from tvm.script import tirx as T
 
 from cgra_sim.isa import DType, EltwiseFunc
 
-from .dma import SPAD
+from .lower.dma import SPAD
 
 
 def _code(dtype: str) -> int:

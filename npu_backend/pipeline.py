@@ -13,13 +13,13 @@ from tvm import relax
 
 from cgra_sim.arch import HardwareDescription
 
-from .clip_form import canonicalize_clips_pass
-from .fold_weights import fold_weights
+from .normalise.clips import canonicalize_clips_pass
+from .normalise.fold_weights import fold_weights
 from .options import CompileOptions, dump
 from .patterns import make_patterns
-from .qdq_form import canonicalize_qdq
-from .scalar_args import bind_scalar_arguments
-from .source_nodes import record_source_nodes
+from .normalise.qdq import canonicalize_qdq
+from .partition.scalar_args import bind_scalar_arguments
+from .partition.source_nodes import record_source_nodes
 
 
 def _normalise(mod, arch, options):

@@ -1,6 +1,6 @@
-"""Test-side helpers over npu_backend.workloads: the models, a runner and one assertion."""
+"""Test-side helpers over npu_backend.tools.workloads: the models, a runner and one assertion."""
 
-from npu_backend.workloads import (conv2d_model, conv2d_reference, matmul_model, mismatch, pool_model, relax_module,
+from npu_backend.tools.workloads import (conv2d_model, conv2d_reference, matmul_model, mismatch, pool_model, relax_module,
                                    run)
 
 __all__ = ["assert_matches", "conv2d_model", "conv2d_reference", "matmul_model", "pool_model", "relax_module", "run"]

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from npu_backend.cli import main
+from npu_backend.tools.cli import main
 from npu_backend.progress import StatusLine
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "tiny_cnn.onnx")

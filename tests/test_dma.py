@@ -1,4 +1,4 @@
-"""Tests of the copy -> DMA pass (npu_backend.dma): which guarded copies become a DMA box.
+"""Tests of the copy -> DMA pass (npu_backend.lower.dma): which guarded copies become a DMA box.
 
 A guard is accepted only when every conjunct provably equals an in-bounds test of one host index;
 then the DMA halo (zero fill) computes the same thing. Anything else must be refused, because a DMA
@@ -13,7 +13,7 @@ import tvm_ffi
 from tvm import s_tir
 from tvm.script import tirx as T
 
-from npu_backend.dma import lower_copies_to_dma
+from npu_backend.lower.dma import lower_copies_to_dma
 from npu_backend.errors import UnsupportedCopy
 
 HALO = slice(4, 12)  # box words after (host, spad, spad_base, origin[4]): pad_lo[4], pad_hi[4]

@@ -20,7 +20,7 @@ from tvm.relax.frontend.onnx import from_onnx
 import npu_backend
 from models import relax_module, run
 from npu_backend.eltwise import eltwise_view
-from npu_backend.workloads import eltwise_model
+from npu_backend.tools.workloads import eltwise_model
 from onnx_models import mobilenet_v2, resnet
 
 PRESETS = npu_backend.preset_names()

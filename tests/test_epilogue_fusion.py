@@ -16,7 +16,7 @@ from tvm import relax, topi
 
 import npu_backend
 from models import assert_matches, conv2d_model, matmul_model, relax_module, run
-from npu_backend.clip_form import canonicalize_clips
+from npu_backend.normalise.clips import canonicalize_clips
 
 PRESETS = npu_backend.preset_names()
 ACTIVATIONS = {"none": (False, None), "relu": (True, None), "relu6": (False, (0, 6)),

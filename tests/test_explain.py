@@ -1,4 +1,4 @@
-"""npu_backend.explain: every operator, where it runs, and an actionable reason for the host."""
+"""npu_backend.tools.explain: every operator, where it runs, and an actionable reason for the host."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from tvm import relax, tirx
 
 import npu_backend
 from models import assert_matches, matmul_model, relax_module, run
-from npu_backend import target_hook
+from npu_backend.target import relax_ext
 
 
 def test_fused_ops_on_npu_and_softmax_on_host():
@@ -73,7 +73,7 @@ def test_explain_reads_each_kernel_as_the_compiler_does_and_fails_where_it_fails
     def refuse(func, source_ops=()):
         raise npu_backend.UnsupportedOperator("this kernel cannot be read")
 
-    monkeypatch.setattr(target_hook, "spec_from_composite", refuse)
+    monkeypatch.setattr(relax_ext, "spec_from_composite", refuse)
     mod, _, _ = matmul_model(16, 10, 8)
     with pytest.raises(npu_backend.CGRAError, match="cannot be read") as explained:
         npu_backend.explain(mod, "cgra-4x4")

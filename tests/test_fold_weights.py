@@ -16,7 +16,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 from models import conv2d_reference, relax_module
-from npu_backend.fold_weights import fold_weights
+from npu_backend.normalise.fold_weights import fold_weights
 from onnx_models import _Graph
 
 LAYOUTS = {"NCHW": "OIHW", "NHWC": "HWIO"}

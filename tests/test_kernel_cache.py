@@ -11,7 +11,7 @@ from tvm import relax
 import npu_backend
 from models import assert_matches, relax_module, run
 from cgra_codegen import build
-from npu_backend import target_hook
+from npu_backend.target import relax_ext
 
 
 def _two_identical_layers():
@@ -41,9 +41,9 @@ def _offloaded_function(mod, arch):
 
 def _counting_runs(monkeypatch):
     """An empty cache, and the symbols the kernel stages actually ran for."""
-    runs, run_stages = [], target_hook._run_kernel_stages
-    monkeypatch.setattr(target_hook, "_run_kernel_stages", lambda *a: runs.append(a[3]) or run_stages(*a))
-    monkeypatch.setattr(target_hook, "_KERNEL_CACHE", type(target_hook._KERNEL_CACHE)())
+    runs, run_stages = [], relax_ext._run_kernel_stages
+    monkeypatch.setattr(relax_ext, "_run_kernel_stages", lambda *a: runs.append(a[3]) or run_stages(*a))
+    monkeypatch.setattr(relax_ext, "_KERNEL_CACHE", type(relax_ext._KERNEL_CACHE)())
     return runs
 
 
@@ -52,7 +52,7 @@ def test_identical_kernels_compile_once_and_keep_their_own_symbols(monkeypatch, 
     arch, options = npu_backend.load_arch("cgra-4x4"), npu_backend.CompileOptions(dump_dir=str(tmp_path))
     first = _offloaded_function(_two_identical_layers()[0], arch)
     second = first.with_attr("global_symbol", "cgra_same_layer_again")
-    lowered = [target_hook.compile_kernel(f, arch, options) for f in (first, second)]
+    lowered = [relax_ext.compile_kernel(f, arch, options) for f in (first, second)]
 
     assert len(runs) == 1
     symbols = [str(f.attrs["global_symbol"]) for f in lowered]
@@ -63,7 +63,7 @@ def test_identical_kernels_compile_once_and_keep_their_own_symbols(monkeypatch, 
     assert build(lowered, arch).symbols == symbols
     for symbol in symbols:
         stages = sorted(p.name for p in (tmp_path / "kernels" / symbol).iterdir())
-        assert stages == [f"{i + 1}_{name}.py" for i, (name, _) in enumerate(target_hook.KERNEL_STAGES)]
+        assert stages == [f"{i + 1}_{name}.py" for i, (name, _) in enumerate(relax_ext.KERNEL_STAGES)]
         assert symbol in (tmp_path / "kernels" / symbol / stages[-1]).read_text()
 
 
@@ -71,9 +71,9 @@ def test_a_cached_kernel_equals_a_fresh_compile(monkeypatch):
     runs = _counting_runs(monkeypatch)
     arch, options = npu_backend.load_arch("cgra-4x4"), npu_backend.CompileOptions()
     func = _offloaded_function(_two_identical_layers()[0], arch)
-    cached = [target_hook.compile_kernel(func, arch, options) for _ in range(2)]
-    monkeypatch.setattr(target_hook, "_KERNEL_CACHE", type(target_hook._KERNEL_CACHE)())
-    fresh = target_hook.compile_kernel(func, arch, options)
+    cached = [relax_ext.compile_kernel(func, arch, options) for _ in range(2)]
+    monkeypatch.setattr(relax_ext, "_KERNEL_CACHE", type(relax_ext._KERNEL_CACHE)())
+    fresh = relax_ext.compile_kernel(func, arch, options)
     assert len(runs) == 2  # once per empty cache
     tvm.ir.assert_structural_equal(cached[1], fresh)
 

@@ -15,7 +15,7 @@ import pytest
 from tvm.relax.frontend.onnx import from_onnx
 
 import npu_backend
-from npu_backend.onnx_model import run_onnx_model
+from npu_backend.tools.run_model import run_onnx_model
 from onnx_models import mobilenet_v2, resnet, resnet18
 
 MODELS = {"resnet": resnet, "mobilenet_v2": mobilenet_v2}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from npu_backend import runtime_lib
+from npu_backend.device import runtime_lib
 
 REPO_ROOT = runtime_lib.REPO_ROOT
 PACKAGES = {"npu_backend", "cgra_codegen", "cgra_sim"}
@@ -80,7 +80,7 @@ def test_wheel_holds_the_runtime_sources(wheel_files):
 
 INSPECT_INSTALLED = """
 import json, npu_backend, cgra_codegen, cgra_sim
-from npu_backend import runtime_lib
+from npu_backend.device import runtime_lib
 print(json.dumps({
     "modules": [m.__file__ for m in (npu_backend, cgra_codegen, cgra_sim)],
     "source_root": str(runtime_lib.source_root()),

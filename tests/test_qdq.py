@@ -23,7 +23,7 @@ from tvm.relax.frontend.onnx import from_onnx
 
 import npu_backend
 from cgra_sim.functional import requantise
-from npu_backend.qdq_form import canonicalize_qdq
+from npu_backend.normalise.qdq import canonicalize_qdq
 from qdq_models import QdqGraph, qdq_cnn
 from test_requantise_sim import reference_requantise
 

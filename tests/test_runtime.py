@@ -21,7 +21,7 @@ from tvm_ffi import libinfo
 
 from cgra_sim import HardwareDescription, isa, load_arch
 from cgra_sim.isa import DType, Op
-from npu_backend import runtime_lib
+from npu_backend.device import runtime_lib
 
 SUBMIT = "cgra.backend.simulator.submit"
 ARCH = load_arch("cgra-8x8")

@@ -15,9 +15,9 @@ from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
 
 import npu_backend
 from cgra_sim.simulate import split_source_ops
-from npu_backend.cli import main
-from npu_backend.onnx_model import run_onnx_model
-from npu_backend.provenance import span_names
+from npu_backend.tools.cli import main
+from npu_backend.tools.run_model import run_onnx_model
+from npu_backend.frontend.provenance import span_names
 from onnx_models import mobilenet_v2, resnet
 
 MODELS = {"resnet": resnet, "mobilenet_v2": mobilenet_v2}

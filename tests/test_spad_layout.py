@@ -18,12 +18,12 @@ from cgra_sim.banks import beat_slowdown, operand_slowdown
 from cgra_sim.decode import DepthwiseCommand, DmaCommand, EpilogueCommand, FillCommand, GemmCommand, decode_stream
 from cgra_sim.stream_file import load_launch
 from npu_backend.kernels import KernelSpec, kernel_prim_func
-from npu_backend.lowering import lower_kernel
+from npu_backend.lower.lowering import lower_kernel
 from npu_backend.schedule import schedule_kernel
 from npu_backend.spad_layout import (a_row_stride, operand_rows_conflict_free, out_row_stride,
                                      beat_rows_conflict_free, storage_align_args)
 from npu_backend.tiling import choose_kernel_tiling
-from npu_backend.workloads import conv2d_model, matmul_model, mismatch, run
+from npu_backend.tools.workloads import conv2d_model, matmul_model, mismatch, run
 
 ARCHS = {name: npu_backend.load_arch(name) for name in npu_backend.preset_names()}
 ITEMSIZE = {"int8": 1, "float32": 4, "int32": 4}

@@ -219,7 +219,7 @@ def test_the_format_document_names_every_header_key_and_record_layout():
 def recorded(tmp_path_factory):
     """A compiled int8 matmul + bias + relu run once with recording: (profile, output, launch path)."""
     import npu_backend
-    from npu_backend.workloads import matmul_model, run
+    from npu_backend.tools.workloads import matmul_model, run
 
     mod, inputs, _ = matmul_model(40, 24, 30, "int8")
     ex = npu_backend.compile(mod, "cgra-8x8")
@@ -291,7 +291,7 @@ def test_python_m_cgra_sim_replay_text(recorded):
 @pytest.fixture(params=["cgra-sim", "python -m cgra_sim"])
 def replay_main(request):
     if request.param == "cgra-sim":
-        from npu_backend.cli import main
+        from npu_backend.tools.cli import main
         return main
     return sim_cli.main
 
@@ -343,7 +343,7 @@ def test_replay_exit_2_on_bad_input(replay_main, recorded, tmp_path, capsys, arg
 
 
 def test_run_records_every_launch_for_replay(tmp_path, capsys):
-    from npu_backend.cli import main
+    from npu_backend.tools.cli import main
 
     assert main(["run", EXAMPLE, "--record-dir", str(tmp_path / "rec"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -356,7 +356,7 @@ def test_run_records_every_launch_for_replay(tmp_path, capsys):
 
 
 def test_verify_record_dir_then_cgra_sim_replay(tmp_path, capsys):
-    from npu_backend.cli import main
+    from npu_backend.tools.cli import main
 
     assert main(["verify", "--op", "conv2d", "--shape", "1,3,9,8,5,3,3", "--padding", "1",
                  "--arch", "cgra-4x4", "--record-dir", str(tmp_path)]) == 0

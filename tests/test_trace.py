@@ -166,7 +166,7 @@ def test_stall_events_name_the_command_waited_for():
 @pytest.fixture(scope="module")
 def matmul_executable():
     import npu_backend
-    from npu_backend.workloads import matmul_model
+    from npu_backend.tools.workloads import matmul_model
 
     mod, inputs, _ = matmul_model(40, 24, 30, "int8")
     return npu_backend.compile(mod, "cgra-8x8"), inputs
@@ -174,7 +174,7 @@ def matmul_executable():
 
 def test_profile_keeps_schedules_only_when_asked(matmul_executable):
     import npu_backend
-    from npu_backend.workloads import run
+    from npu_backend.tools.workloads import run
 
     ex, inputs = matmul_executable
     with npu_backend.profile(keep_schedules=True) as kept, npu_backend.profile() as plain:
@@ -190,7 +190,7 @@ def test_profile_keeps_schedules_only_when_asked(matmul_executable):
 
 
 def test_verify_and_replay_write_traces(tmp_path, capsys):
-    from npu_backend.cli import main
+    from npu_backend.tools.cli import main
 
     assert main(["verify", "--op", "matmul", "--shape", "40,24,30", "--dtype", "int8",
                  "--trace", str(tmp_path / "verify.json"), "--record-dir", str(tmp_path / "rec"), "--json"]) == 0
@@ -205,7 +205,7 @@ def test_verify_and_replay_write_traces(tmp_path, capsys):
 
 
 def test_run_trace_lays_the_kernels_end_to_end(tmp_path, capsys):
-    from npu_backend.cli import main
+    from npu_backend.tools.cli import main
 
     assert main(["run", EXAMPLE, "--trace", str(tmp_path / "model.json")]) == 0
     assert f"trace of 4 kernel launches: {tmp_path / 'model.json'}" in capsys.readouterr().out
@@ -221,7 +221,7 @@ def test_run_trace_lays_the_kernels_end_to_end(tmp_path, capsys):
 
 
 def test_an_unwritable_trace_exits_2(tmp_path, capsys):
-    from npu_backend.cli import main
+    from npu_backend.tools.cli import main
 
     status = main(["verify", "--op", "matmul", "--shape", "8,8,8", "--trace", str(tmp_path / "no" / "t.json")])
     assert status == 2 and "No such file or directory" in capsys.readouterr().err

@@ -22,8 +22,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .provenance import with_span
-from .relax_info import dtype_of, static_shape
+from ..frontend.provenance import with_span
+from ..relax_info import dtype_of, static_shape
 
 _FLOAT = ("float16", "float32", "float64")
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import tvm
 
-from .device import profile
-from .errors import UnsupportedOperator
+from ..device.profile import profile
+from ..errors import UnsupportedOperator
 from .layers import format_layers, model_layers
-from .progress import compile_progress
+from ..progress import compile_progress
 
 _ONNX_DTYPES = {1: "float32", 3: "int8", 6: "int32", 7: "int64", 2: "uint8"}
 
@@ -91,7 +91,7 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
     kernel compiled and each kernel launch simulated."""
     import npu_backend
     onnx, onnxruntime = _require_onnx()
-    from .onnx_import import from_onnx  # TVM's importer, keeping the node names
+    from ..frontend.onnx_import import from_onnx  # TVM's importer, keeping the node names
 
     say = progress or (lambda message: None)
     arch = npu_backend.load_arch(arch)

@@ -17,7 +17,7 @@ import time
 from cgra_sim.__main__ import REPLAY_DESCRIPTION, REPLAY_HELP, add_replay_arguments, run_replay
 from cgra_sim.trace import write_chrome_trace
 
-from .progress import StatusLine
+from ..progress import StatusLine
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 
@@ -152,7 +152,7 @@ def _progress(message: str) -> None:
 
 def _verify(args) -> int:
     import npu_backend
-    from npu_backend.workloads import conv2d_model, matmul_model, mismatch, run
+    from npu_backend.tools.workloads import conv2d_model, matmul_model, mismatch, run
 
     arch = npu_backend.load_arch(args.arch)
     bias, relu = not args.no_bias, not args.no_relu
@@ -194,7 +194,7 @@ def _verify(args) -> int:
 
 
 def _batch_matmul_workload(args, bias: bool, relu: bool):
-    from npu_backend.workloads import batch_matmul_model
+    from npu_backend.tools.workloads import batch_matmul_model
 
     if len(args.shape) != 4:
         raise UsageError("--shape must be B,M,N,K")
@@ -215,7 +215,7 @@ def _conv2d_layouts(text: str) -> tuple[str, str, str]:
 
 
 def _run(args) -> int:
-    from npu_backend.onnx_model import run_onnx_model
+    from npu_backend.tools.run_model import run_onnx_model
 
     show = args.progress if args.progress is not None else not args.json and sys.stderr.isatty()
     status = StatusLine(sys.stderr) if show else None

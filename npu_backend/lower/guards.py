@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import tirx
 
-from .errors import UnsupportedCopy
+from ..errors import UnsupportedCopy
 
 #: Most points of the loop variables' ranges the exhaustive check evaluates.
 MAX_ENUMERATED_POINTS = 1 << 16

@@ -27,10 +27,11 @@ import tempfile
 import threading
 from pathlib import Path
 
-from . import env
-from .errors import CGRAError
+from .. import env
+from ..errors import CGRAError
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+#: The npu_backend package directory (this module is npu_backend/device/runtime_lib.py).
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
 #: The checkout this package lives in when it is not installed from a wheel.
 REPO_ROOT = PACKAGE_DIR.parent
 #: The copy of the runtime's sources that setup.py puts into a wheel (setup.PACKAGED_SOURCES).

@@ -16,7 +16,7 @@ import struct
 
 import tvm
 
-from .errors import CGRAError
+from ..errors import CGRAError
 
 
 class DamagedArtifact(CGRAError, ValueError):

@@ -20,8 +20,8 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from .provenance import merged_span, with_span
-from .relax_info import dtype_of
+from ..frontend.provenance import merged_span, with_span
+from ..relax_info import dtype_of
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _CLIP = tvm.ir.Op.get("relax.clip")

@@ -18,15 +18,15 @@ from tvm import relax
 
 from cgra_sim.arch import load_arch
 
-from .eltwise import ELTWISE_OPS
-from .eltwise import PREFIX as ELTWISE_PREFIX
-from .options import CompileOptions
-from .patterns import composite_call, offload_reason
-from .pipeline import STAGES
-from .pool_patterns import POOL_OPS
-from .provenance import SOURCE_NODES_ATTR, call_nodes
-from .relax_info import static_shape
-from .target_hook import offloaded_spec
+from ..eltwise import ELTWISE_OPS
+from ..eltwise import PREFIX as ELTWISE_PREFIX
+from ..options import CompileOptions
+from ..patterns import composite_call, offload_reason
+from ..pipeline import STAGES
+from ..pool_patterns import POOL_OPS
+from ..frontend.provenance import SOURCE_NODES_ATTR, call_nodes
+from ..relax_info import static_shape
+from ..target.relax_ext import offloaded_spec
 
 _KERNEL_OPS = {"relax.matmul": "cgra.matmul", "relax.nn.conv2d": "cgra.conv2d"}
 _ELTWISE_PATTERNS = {op: ELTWISE_PREFIX + func for func, op in ELTWISE_OPS.items()}

@@ -13,8 +13,8 @@ from tvm.relax import pipeline as relax_pipeline
 
 from cgra_sim.arch import DEFAULT_ARCH, load_arch, preset_names
 
-from .options import CompileOptions
-from .pipeline import cgra_pipeline
+from ..options import CompileOptions
+from ..pipeline import cgra_pipeline
 
 TARGET_KEY = "cgra"
 

@@ -22,7 +22,7 @@ from tvm import ir, sym, tirx
 
 from cgra_sim.isa import BOX_DIMS
 
-from .errors import UnsupportedCopy
+from ..errors import UnsupportedCopy
 from .guards import guarded_dims
 
 SPAD = "global.cgra_spad"

@@ -22,15 +22,15 @@ import tvm_ffi
 from cgra_codegen import build
 from cgra_sim.arch import HardwareDescription
 
-from .errors import UnsupportedCopy, stage_context
-from .kernels import KernelSpec, kernel_prim_func
-from .lowering import lower_kernel
-from .options import CompileOptions, dump
-from .patterns import composite_call, spec_from_composite
-from .progress import report_kernel
-from .provenance import SOURCE_NODES_ATTR
-from .schedule import schedule_kernel
-from .tiling import choose_kernel_tiling
+from ..errors import UnsupportedCopy, stage_context
+from ..kernels import KernelSpec, kernel_prim_func
+from ..lower.lowering import lower_kernel
+from ..options import CompileOptions, dump
+from ..patterns import composite_call, spec_from_composite
+from ..progress import report_kernel
+from ..frontend.provenance import SOURCE_NODES_ATTR
+from ..schedule import schedule_kernel
+from ..tiling import choose_kernel_tiling
 
 # Each stage: (name, fn(state) -> output). The output is dumped under the stage's name.
 KERNEL_STAGES = [
