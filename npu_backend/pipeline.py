@@ -1,43 +1,51 @@
-"""The compile flow: one ordered list of named stages, run by `tvm.compile`, `compile` and the CLI.
+"""The compile flow, in order: the graph stages, each kernel's stages, the lowering passes.
 
-Stage: all of them, in order. Each stage is `(mod, arch, options) -> mod`; with
-`CompileOptions.dump_dir` set, each stage's output is written under its name. The per-kernel
-stages (s_tir, schedule, lowering, LLVM IR) run inside `codegen` (see `target_hook.py`); what
-is left on the host goes through TVM's own CPU pipeline afterwards.
+Stage: all of them. `tvm.compile(mod, target="cgra")`, `npu_backend.compile`, `explain` and the
+CLI run these same lists. Every stage is `(ir, arch, options) -> ir`: the graph stages take and
+give a Relax IRModule, a kernel's stages a `Kernel` (one offloaded function on its way to plain
+TIR). With `CompileOptions.dump_dir` each stage's output is written under its name: the graph's
+as `<n>_<stage>.py`, a kernel's as `kernels/<symbol>/<n>_<stage>.py` (codegen adds the LLVM IR,
+target/relax_ext.py). What stays on the host goes through TVM's own CPU pipeline afterwards.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import tvm
-from tvm import relax
+from tvm import relax, s_tir, tirx
 
 from cgra_sim.arch import HardwareDescription
 
+from .errors import ScheduleError, stage_context
+from .kernels import family_of, offload_reason, pattern_table
+from .kernels.registry import schedule_of
+from .lower.dma import lower_copies_to_dma
+from .lower.double_buffer import double_buffer
+from .lower.fold_init import fold_accumulator_init
 from .normalise.clips import canonicalize_clips_pass
 from .normalise.fold_weights import fold_weights
-from .options import CompileOptions, dump
-from .patterns import make_patterns
 from .normalise.qdq import canonicalize_qdq
+from .options import CompileOptions, dump
+from .partition.patterns import fusion_patterns
 from .partition.scalar_args import bind_scalar_arguments
 from .partition.source_nodes import record_source_nodes
 
 
-def _normalise(mod, arch, options):
+# ------------------------------------------------------------------ the graph: Relax in, Relax out
+
+def normalise(mod, arch, options):
     del arch, options
     # QDQ layers (dequantize -> conv2d / matmul -> quantize) become int8 x int8 -> int32 with
-    # an int32 bias and a requantisation to int8, onnxruntime's arithmetic (qdq_form.py); first,
-    # while the quantized weights are still int8 constants under their dequantize.
+    # an int32 bias and a requantisation to int8, onnxruntime's arithmetic (normalise/qdq.py);
+    # first, while the quantized weights are still int8 constants under their dequantize.
     mod = canonicalize_qdq(mod)
     # Inference batch norm after a conv2d with constant weights becomes scaled weights and a
-    # bias add (conv2d + bias + relu is one NPU kernel, no batch_norm is left on the host), and
-    # the constant arithmetic importers leave around weights (bias reshapes, transposed Gemm
-    # weights) is folded, so the patterns see plain tensors. numpy does it in milliseconds
-    # where FoldBatchnormToConv2D + FoldConstant took seconds (fold_weights.py).
+    # bias add, and the constant arithmetic importers leave around weights (bias reshapes,
+    # transposed Gemm weights) is folded, with numpy in milliseconds (normalise/fold_weights.py).
     mod = fold_weights(mod)
     return tvm.transform.Sequential([
-        # What fold_weights has no numpy rule for (fast when nothing is left: it builds only
-        # the constant subexpressions that remain).
-        relax.transform.FoldConstant(),
+        relax.transform.FoldConstant(),  # what fold_weights has no numpy rule for
         relax.transform.CanonicalizeBindings(),
         # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip
         # with constant bounds, as PyTorch's relu6 already is, so the epilogue can fuse them.
@@ -48,40 +56,149 @@ def _normalise(mod, arch, options):
     ])(mod)
 
 
-def _partition(mod, arch, options):
+def partition(mod, arch, options):
     del options
-    # Offload every subgraph a cgra pattern matches and its checks accept; weights stay
-    # arguments so the kernels can DMA them.
-    partitioned = relax.transform.FuseOpsByPattern(make_patterns(arch), bind_constants=False,
-                                                   annotate_codegen=True)(mod)
+    # Offload every subgraph an op family's pattern matches and the chip can run (kernels/);
+    # weights stay arguments so the kernels can DMA them.
+    patterns = fusion_patterns(pattern_table(), offload_reason, arch)
+    partitioned = relax.transform.FuseOpsByPattern(patterns, bind_constants=False, annotate_codegen=True)(mod)
     # Each offloaded call site keeps the model nodes (ONNX node names) it came from, so every
     # kernel launch reports its own layer (identical layers get a copy of the kernel each).
     partitioned = record_source_nodes(mod, partitioned)
     # Scalars (a requantisation's zero point) are bound inside the kernel that needs them at
-    # compile time (scalar_args.py).
+    # compile time (partition/scalar_args.py).
     return bind_scalar_arguments(partitioned)
 
 
-def _codegen(mod, arch, options):
-    # Compile each offloaded function for the NPU (relax.ext.cgra) and replace it with a call
-    # to the compiled kernel.
+def codegen(mod, arch, options):
+    # Compile each offloaded function for the NPU (relax.ext.cgra, target/relax_ext.py: every
+    # kernel through KERNEL_STAGES, then LLVM IR) and replace it with a call to the kernel.
     target_options = {"cgra": {"arch": arch.to_json(), "options": options.to_json()}}
     return relax.transform.RunCodegen(target_options=target_options)(mod)
 
 
 STAGES = [
-    ("normalise", _normalise),
-    ("partition", _partition),
-    ("codegen", _codegen),
+    ("normalise", normalise),
+    ("partition", partition),
+    ("codegen", codegen),
 ]
 
 
-def run_stages(mod: tvm.IRModule, arch: HardwareDescription, options: CompileOptions) -> tvm.IRModule:
+# ------------------------------------------------------------------ one kernel: Kernel in, Kernel out
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """One offloaded function on its way to plain TIR: what it computes (`spec`), its exported
+    `symbol` and PrimFunc attributes, and what the stages have made of it so far."""
+
+    symbol: str
+    spec: object  # a family's spec (kernels/spec.py, kernels/eltwise.py)
+    attrs: dict  # PrimFunc attributes of the lowered kernel (cgra.arch, cgra.source_ops)
+    tiling: object = None  # kernels/tiling.Tiling, from the "tiling" stage on
+    func: object = None  # the PrimFunc: s_tir, then scheduled, then lowered
+
+    def script(self) -> str:
+        """What a dump of the latest stage shows: the PrimFunc, or before there is one the tiling."""
+        return self.func.script() if self.func is not None else str(self.tiling)
+
+
+def choose_tiling(kernel: Kernel, arch, options) -> Kernel:
+    del options
+    # Cut the kernel to the PE array and the scratchpad: tile sizes from its family's search.
+    return dataclasses.replace(kernel, tiling=family_of(kernel.spec).choose_tiling(kernel.spec, arch))
+
+
+def define(kernel: Kernel, arch, options) -> Kernel:
+    del arch, options
+    # The kernel as schedulable TensorIR over padded tile grids (its family's compute).
+    return dataclasses.replace(kernel, func=family_of(kernel.spec).compute(kernel.spec, kernel.tiling))
+
+
+def schedule(kernel: Kernel, arch, options) -> Kernel:
+    del options
+    # Tiles in the scratchpad, tensorized onto the PE array and the vector unit.
+    sch = s_tir.Schedule(kernel.func)
+    try:
+        schedule_of(kernel.spec)(sch, kernel.spec, kernel.tiling, arch)
+    except s_tir.ScheduleError as err:
+        raise ScheduleError(f"scheduling the {kernel.spec.op} kernel failed: {err}") from err
+    return dataclasses.replace(kernel, func=sch.mod["main"])
+
+
+def lower(kernel: Kernel, arch, options) -> Kernel:
+    del arch, options
+    # Plain TIR: copies become DMA, buffers are flattened; what the code generator walks.
+    func = kernel.func.with_attr("global_symbol", kernel.symbol)
+    for key, value in kernel.attrs.items():
+        func = func.with_attr(key, value)
+    mod = tvm.IRModule({kernel.symbol: func})
+    for lowering_pass in lowering_passes():
+        mod = lowering_pass(mod)
+    return dataclasses.replace(kernel, func=mod[kernel.symbol])
+
+
+KERNEL_STAGES = [
+    ("tiling", choose_tiling),
+    ("s_tir", define),
+    ("scheduled", schedule),
+    ("lowered", lower),
+]
+
+
+def lowering_passes() -> list:
+    """Scheduled s_tir -> the plain TIR the code generator walks (loops, scratchpad allocations,
+    `cgra_*` device calls, address arithmetic); each line says why the pass is there."""
+    return [
+        s_tir.transform.LowerInitBlock(),  # reduction inits are already FILLs; lower leftovers
+        s_tir.transform.PlanAndUpdateBufferAllocationLocation(),  # allocate tiles inside their loops
+        s_tir.transform.ConvertBlocksToOpaque(),  # block iter vars -> loop expressions
+        s_tir.transform.CompactBufferAllocation(),  # scratchpad buffers shrink to one tile
+        s_tir.transform.LowerMatchBuffer(),  # intrinsic operands -> base + elem_offset
+        s_tir.transform.LowerOpaqueBlock(),  # blocks -> loops, predicates -> if
+        # Host <-> scratchpad copies -> DMA boxes. Before any simplifier: it needs N-d buffers
+        # and the guards as written (a simplifier may rewrite "2*ox + rx < 12" as "ox < 6",
+        # which is equivalent on the loop's range but no longer reads as an in-bounds test).
+        _func_pass(lower_copies_to_dma, "cgra.LowerCopiesToDMA"),
+        # The accumulator's zero-fill becomes the first reduction step's overwriting GEMM.
+        _func_pass(fold_accumulator_init, "cgra.FoldAccumulatorInit"),
+        # Two copies of each scratchpad tile reused by a loop, so DMA overlaps compute.
+        _func_pass(double_buffer, "cgra.DoubleBuffer"),
+        s_tir.transform.StmtSimplify(),  # fold the index arithmetic of the remaining calls
+        tirx.transform.FlattenBuffer(),  # N-d buffers -> 1-d, for the code generator
+        tirx.transform.StmtSimplify(),
+        tirx.transform.RemoveNoOp(),
+    ]
+
+
+def _func_pass(fn, name):
+    @tvm.tirx.transform.prim_func_pass(opt_level=0, name=name)
+    def run(func, _mod, _ctx):
+        return fn(func)
+    return run
+
+
+# ------------------------------------------------------------------ running them
+
+def run_stages(mod: tvm.IRModule, arch: HardwareDescription, options: CompileOptions, stages=None) -> tvm.IRModule:
+    """The graph stages (or the first few of them, `stages`), each output dumped under its name."""
     dump(options, "0_input.py", mod)
-    for index, (name, stage) in enumerate(STAGES):
+    for index, (name, stage) in enumerate(STAGES if stages is None else stages):
         mod = stage(mod, arch, options)
         dump(options, f"{index + 1}_{name}.py", mod)
     return mod
+
+
+def run_kernel_stages(kernel: Kernel, arch: HardwareDescription, options: CompileOptions) -> dict:
+    """Every kernel stage's output Kernel, by stage name; each dumped as it comes, so a failing
+    stage leaves the ones before it to read. Errors name the stage and the kernel."""
+    from .errors import stage_context
+
+    outputs = {}
+    for index, (name, stage) in enumerate(KERNEL_STAGES):
+        with stage_context(name, kernel.symbol):
+            kernel = outputs[name] = stage(kernel, arch, options)
+        dump(options, f"kernels/{kernel.symbol}/{index + 1}_{name}.py", kernel)
+    return outputs
 
 
 def cgra_pipeline(arch: HardwareDescription, options: CompileOptions = CompileOptions()):

@@ -19,7 +19,7 @@ from tvm.relax.frontend.onnx import from_onnx
 
 import npu_backend
 from models import relax_module, run
-from npu_backend.eltwise import eltwise_view
+from npu_backend.kernels.eltwise import eltwise_view
 from npu_backend.tools.workloads import eltwise_model
 from onnx_models import mobilenet_v2, resnet
 
@@ -107,7 +107,7 @@ def test_explain_shows_a_standalone_add_on_the_npu_and_says_why_others_stay():
 
 
 def test_mixed_dtypes_are_refused_with_the_reason():
-    from npu_backend.patterns import offload_reason
+    from npu_backend.kernels import offload_reason
 
     x = relax.Var("x", relax.TensorType((4, 8), "float32"))
     y = relax.Var("y", relax.TensorType((4, 8), "int32"))

@@ -8,7 +8,7 @@ from tvm import relax, tirx
 
 import npu_backend
 from models import assert_matches, matmul_model, relax_module, run
-from npu_backend.target import relax_ext
+from npu_backend.kernels import registry
 
 
 def test_fused_ops_on_npu_and_softmax_on_host():
@@ -70,10 +70,10 @@ def test_a_matmul_of_a_tensor_with_itself_stays_on_the_host_and_runs():
 
 
 def test_explain_reads_each_kernel_as_the_compiler_does_and_fails_where_it_fails(monkeypatch):
-    def refuse(func, source_ops=()):
+    def refuse(func):
         raise npu_backend.UnsupportedOperator("this kernel cannot be read")
 
-    monkeypatch.setattr(relax_ext, "spec_from_composite", refuse)
+    monkeypatch.setattr(registry, "spec_from_composite", refuse)
     mod, _, _ = matmul_model(16, 10, 8)
     with pytest.raises(npu_backend.CGRAError, match="cannot be read") as explained:
         npu_backend.explain(mod, "cgra-4x4")

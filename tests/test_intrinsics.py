@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from cgra_codegen import DEVICE_CALLS
 from cgra_sim import load_arch, simulate
 from cgra_sim.isa import DType, EltwiseFunc, Op, encode
-from npu_backend.intrinsics import INTRINSICS, SPAD
-from npu_backend.pool_intrinsic import PoolWindow
+from npu_backend.kernels.intrinsics import INTRINSICS, SPAD
+from npu_backend.kernels.intrinsics.pool_window import PoolWindow
 
 ARCH = load_arch("cgra-8x8")
 
@@ -77,7 +77,7 @@ def _extern_name(impl) -> str:
 
 
 def test_every_intrinsic_is_checked_here():
-    assert set(INTRINSICS) == {"gemm", "depthwise", "fill", "epilogue", "epilogue_requant", "eltwise", "pool"}
+    assert set(INTRINSICS) == {"gemm", "depthwise", "fill", "epilogue", "eltwise", "pool"}
 
 
 @given(rows=st.integers(1, 8), cols=st.integers(1, 8), depth=st.integers(1, 40),
@@ -258,39 +258,45 @@ def test_eltwise_three_ways(rows, cols, func, dtype, a_full, b_full, seed):
     assert _extern_name(impl) == "cgra_" + Op.ELTWISE.name.lower()
 
 
-@given(rows=st.integers(1, 16), cols=st.integers(1, 16), bias=st.booleans(), relu=st.booleans(),
-       zero_point=st.integers(-128, 127), ties=st.booleans(), seed=st.integers(0, 2**16))
-def test_requantising_epilogue_three_ways(rows, cols, bias, relu, zero_point, ties, seed):
-    """int32 (+ bias) (relu) -> int8: TIR (nearbyint on the host) against the simulator; with
-    `ties` the scales are powers of two, so many products end in .5."""
+@given(data=st.data(), rows=st.integers(1, 16), cols=st.integers(1, 16), bias=st.booleans(), relu=st.booleans(),
+       residual=st.booleans(), zero_point=st.integers(-128, 127), ties=st.booleans(), seed=st.integers(0, 2**16))
+def test_requantising_epilogue_three_ways(data, rows, cols, bias, relu, residual, zero_point, ties, seed):
+    """int32 (+ bias) (+ residual) (relu) (clip) -> int8: TIR (nearbyint on the host) against the
+    simulator; with `ties` the scales are powers of two, so many products end in .5. The
+    kernels fuse bias and relu before a requantisation today; the intrinsic takes every step."""
+    clip = data.draw(_clips("int32"))
     rng = np.random.default_rng(seed)
-    acc, row = _random(rng, (rows, cols), "int32"), _random(rng, (cols,), "int32")
+    acc, row, res = (_random(rng, shape, "int32") for shape in ((rows, cols), (cols,), (rows, cols)))
     if ties:
         scale = (2.0 ** -rng.integers(1, 8, cols)).astype(np.float32)
     else:
         scale = rng.uniform(1e-4, 0.05, cols).astype(np.float32)
     out = np.zeros((rows, cols), "int8")
-    desc, impl = INTRINSICS["epilogue_requant"].factory(rows, cols, bias, relu, zero_point, scope="global")
-    operands = [acc] + ([row] if bias else []) + [scale, out]
+    desc, impl = INTRINSICS["epilogue"].factory(rows, cols, "int32", bias, relu, residual, clip, zero_point,
+                                                scope="global")
+    operands = [acc] + ([row] if bias else []) + ([res] if residual else []) + [scale, out]
     tir_out = _tir_reference(desc, operands)[-1]
     stream = _Stream(operands)
     stream.load(*range(len(operands) - 1))
+    flags = 16 | (1 if bias else 0) | (2 if relu else 0) | (4 if residual else 0) | (8 if clip else 0)
     stream.commands.append(encode(
-        Op.EPILOGUE, flags=16 | (1 if bias else 0) | (2 if relu else 0), acc_dtype=int(DType.INT32),
-        out_dtype=int(DType.INT8), m=rows, n=cols, acc_addr=0, acc_stride=cols,
-        bias_addr=stream.addr[1] if bias else 0, scale_addr=stream.addr[len(operands) - 2],
-        out_zero_point=zero_point, out_addr=stream.addr[len(operands) - 1], out_stride=cols))
+        Op.EPILOGUE, flags=flags, acc_dtype=int(DType.INT32), out_dtype=int(DType.INT8), m=rows, n=cols,
+        acc_addr=0, acc_stride=cols, bias_addr=stream.addr[1] if bias else 0,
+        residual_addr=stream.addr[len(operands) - 3] if residual else 0, residual_stride=cols if residual else 0,
+        clip_lo_bits=_bits(clip[0], "int32") if clip else 0, clip_hi_bits=_bits(clip[1], "int32") if clip else 0,
+        scale_addr=stream.addr[len(operands) - 2], out_zero_point=zero_point,
+        out_addr=stream.addr[len(operands) - 1], out_stride=cols))
     stream.store(len(operands) - 1)
     np.testing.assert_array_equal(stream.run()[-1], tir_out)
     assert _extern_name(impl) == "cgra_" + Op.EPILOGUE.name.lower()
 
 
 def test_intrinsics_compute_in_the_scratchpad():
-    for kind, params in {"gemm": (8, 8, 4, "int8", "int32"), "depthwise": (2, 8, 8, (3, 3, 1, 1, 1, 1), "int8", "int32"),
-                         "fill": (8, 8, "int32"),
-                         "epilogue": (8, 8, "int32", True, True),
-                         "epilogue_requant": (8, 8, True, True, -3),
-                         "eltwise": (8, 8, "add", "float32", (True, True), (False, True)),
-                         "pool": (2, 2, 8, PoolWindow("max", (3, 3), valid=(1, 4, 1, 4)), "float32")}.items():
+    for kind, params in [("gemm", (8, 8, 4, "int8", "int32")), ("depthwise", (2, 8, 8, (3, 3, 1, 1, 1, 1), "int8", "int32")),
+                         ("fill", (8, 8, "int32")),
+                         ("epilogue", (8, 8, "int32", True, True)),
+                         ("epilogue", (8, 8, "int32", True, True, True, (0, 100), -3)),
+                         ("eltwise", (8, 8, "add", "float32", (True, True), (False, True))),
+                         ("pool", (2, 2, 8, PoolWindow("max", (3, 3), valid=(1, 4, 1, 4)), "float32"))]:
         desc, impl = INTRINSICS[kind].factory(*params)
         assert SPAD in desc.script() and SPAD in impl.script()

@@ -14,7 +14,7 @@ from tvm import relax
 
 import npu_backend
 from models import assert_matches, conv2d_model, conv2d_reference, relax_module, run
-from npu_backend.patterns import spec_from_match
+from npu_backend.kernels import spec_from_match
 from npu_backend.tools.workloads import batch_matmul_model
 
 PRESETS = npu_backend.preset_names()

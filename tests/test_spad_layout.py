@@ -17,12 +17,11 @@ import npu_backend
 from cgra_sim.banks import beat_slowdown, operand_slowdown
 from cgra_sim.decode import DepthwiseCommand, DmaCommand, EpilogueCommand, FillCommand, GemmCommand, decode_stream
 from cgra_sim.stream_file import load_launch
-from npu_backend.kernels import KernelSpec, kernel_prim_func
-from npu_backend.lower.lowering import lower_kernel
-from npu_backend.schedule import schedule_kernel
-from npu_backend.spad_layout import (a_row_stride, operand_rows_conflict_free, out_row_stride,
-                                     beat_rows_conflict_free, storage_align_args)
-from npu_backend.tiling import choose_kernel_tiling
+from npu_backend.kernels import KernelSpec
+from npu_backend.kernels.spad_layout import (a_row_stride, beat_rows_conflict_free, operand_rows_conflict_free,
+                                             out_row_stride, storage_align_args)
+from npu_backend.options import CompileOptions
+from npu_backend.pipeline import KERNEL_STAGES, Kernel
 from npu_backend.tools.workloads import conv2d_model, matmul_model, mismatch, run
 
 ARCHS = {name: npu_backend.load_arch(name) for name in npu_backend.preset_names()}
@@ -85,9 +84,11 @@ def test_golden_a_row_stride_of_a_float32_gemm_tile_is_padded():
     allocation holds two padded tiles."""
     arch = ARCHS["cgra-8x8"]
     spec = KernelSpec("matmul", "float32", "float32", (64, 64), (64, 64))
-    tiling = choose_kernel_tiling(spec, arch)
-    assert (tiling.tm, tiling.tn, tiling.tk) == (32, 32, 64)
-    lowered = lower_kernel(schedule_kernel(kernel_prim_func(spec, tiling), spec, tiling, arch), "k", {})
+    kernel = Kernel("k", spec, {})
+    for _, stage in KERNEL_STAGES:
+        kernel = stage(kernel, arch, CompileOptions())
+    assert (kernel.tiling.tm, kernel.tiling.tn, kernel.tiling.tk) == (32, 32, 64)
+    lowered = kernel.func
     gemm, = _extern_calls(lowered, "cgra_gemm")
     assert [int(gemm.args[i]) for i in (3, 4, 5, 8, 11, 14)] == [32, 32, 64, 65, 32, 32]  # m n k sa sb sc
     load_a = _extern_calls(lowered, "cgra_dma_load")[0]

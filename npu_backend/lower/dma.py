@@ -20,12 +20,12 @@ import dataclasses
 
 from tvm import ir, sym, tirx
 
+from cgra_codegen.spad import SPAD_SCOPE as SPAD
 from cgra_sim.isa import BOX_DIMS
 
 from ..errors import UnsupportedCopy
 from .guards import guarded_dims
 
-SPAD = "global.cgra_spad"
 _IF_THEN_ELSE = ir.Op.get("prim.if_then_else")
 
 

@@ -20,7 +20,9 @@ import functools
 
 from tvm import ir, tirx
 
-from .dma import SPAD, buffer_elements, buffer_strides
+from cgra_codegen.spad import SPAD_SCOPE as SPAD
+
+from .dma import buffer_elements, buffer_strides
 
 _BUFFER_DATA = ir.Op.get("tirx.buffer_data")
 COPIES = 2

@@ -20,8 +20,8 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from ..patterns import composite_call
 from ..frontend.provenance import NODE_JOIN, SOURCE_NODES_ATTR, span_names
+from .composite import composite_call
 
 
 def record_source_nodes(before: tvm.IRModule, after: tvm.IRModule) -> tvm.IRModule:

@@ -18,19 +18,16 @@ from tvm import relax
 
 from cgra_sim.arch import load_arch
 
-from ..eltwise import ELTWISE_OPS
-from ..eltwise import PREFIX as ELTWISE_PREFIX
-from ..options import CompileOptions
-from ..patterns import composite_call, offload_reason
-from ..pipeline import STAGES
-from ..pool_patterns import POOL_OPS
 from ..frontend.provenance import SOURCE_NODES_ATTR, call_nodes
+from ..kernels import offload_reason, offloaded_spec
+from ..kernels.registry import host_patterns
+from ..options import CompileOptions
+from ..partition.composite import composite_call, composite_ops
+from ..pipeline import STAGES, run_stages
 from ..relax_info import static_shape
-from ..target.relax_ext import offloaded_spec
 
-_KERNEL_OPS = {"relax.matmul": "cgra.matmul", "relax.nn.conv2d": "cgra.conv2d"}
-_ELTWISE_PATTERNS = {op: ELTWISE_PREFIX + func for func, op in ELTWISE_OPS.items()}
-_POOLING_OPS = {op: name for name, op in POOL_OPS.items()}  # one call each, no MACs
+#: Operators that count multiply-accumulates (`Placement.macs`).
+_MAC_OPS = ("relax.matmul", "relax.nn.conv2d")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +51,7 @@ def npu_mac_fraction(placements: list[Placement]) -> float:
 
 def explain(mod: tvm.IRModule, arch=None) -> list[Placement]:
     arch = load_arch(arch)
-    options = CompileOptions()
-    for name, stage in STAGES:
-        if name == "codegen":
-            break
-        mod = stage(mod, arch, options)
+    mod = run_stages(mod, arch, CompileOptions(), [(name, stage) for name, stage in STAGES if name != "codegen"])
     placements = []
     for _, func in mod.functions.items():
         if isinstance(func, relax.Function) and not _attr(func, "Codegen") and not _attr(func, "Composite"):
@@ -100,27 +93,22 @@ def _kernel_ops(wrapper, site: int) -> list[Placement]:
     composite, _ = composite_call(wrapper)
     symbol = str(wrapper.attrs["global_symbol"])
     kernel = f"{composite.attrs['Composite']} ({symbol})"
-    ops = [b for block in composite.body.blocks for b in block.bindings
-           if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
+    ops = composite_ops(wrapper)
     nodes = [str(n) for n in (_attr(wrapper, SOURCE_NODES_ATTR) or [])]
     nodes = nodes if len(nodes) == len(ops) else [""] * len(ops)
-    return [Placement(_short(b.value.op.name), _type_of(b.var), "npu", kernel, "", _macs(b.value, b.var),
-                      node, site, symbol) for b, node in zip(ops, nodes)]
+    return [Placement(_short(call.op.name), _type_of(var), "npu", kernel, "", _macs(call, var), node, site, symbol)
+            for (var, call), node in zip(ops, nodes)]
 
 
 def _host_reason(call, arch) -> str:
-    name = call.op.name
-    if name in _POOLING_OPS:
-        reason = offload_reason(_POOLING_OPS[name], {"root": call, "lhs": call.args[0]}, arch)
-        return reason or "matched no cgra pattern"
-    pattern = _KERNEL_OPS.get(name) or _ELTWISE_PATTERNS.get(name)
+    """Why a host call was not offloaded: the reason its op family gives for it alone, or why
+    no pattern took it."""
+    pattern = host_patterns().get(call.op.name)
     if pattern is None:
         return (f"no NPU kernel for {_op_name(call)} (the NPU runs matmul and conv2d, with bias add, "
                 "residual add, relu and clip, elementwise add, subtract, multiply, maximum, minimum, "
                 "and max / average pooling)")
-    if len(call.args) < 2:
-        return f"{_op_name(call)} does not take two operands"
-    annotated = {"root": call, "lhs": call.args[0], "rhs": call.args[1]}
+    annotated = {"root": call, "lhs": call.args[0], **({"rhs": call.args[1]} if len(call.args) > 1 else {})}
     reason = offload_reason(pattern, annotated, arch)
     return reason or "matched no cgra pattern (its operands are produced in a form the patterns do not take)"
 
@@ -136,7 +124,7 @@ def _op_name(call) -> str:
 def _macs(call, out_var) -> int:
     """Multiply-accumulates of a conv2d (any groups) or matmul with static shapes, else 0."""
     name = call.op.name
-    if name not in _KERNEL_OPS:
+    if name not in _MAC_OPS:
         return 0
     out, rhs = static_shape(out_var), static_shape(call.args[1])
     lhs = static_shape(call.args[0])

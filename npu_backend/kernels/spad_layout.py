@@ -1,9 +1,9 @@
 """Scratchpad row strides that the banks can serve: how far to pad a tile's rows.
 
-Stage: schedule (schedule.py asks, before tensorize; tiling.py budgets the padding). In: a tile's
-row length in elements, its itemsize, how it is read, and the hardware description. Out: the
-padded row stride (elements) and the `(factor, offset)` of s_tir's `storage_align`
-(stride % factor == offset) that gives it.
+Stage: schedule (the schedules call `align_rows` before tensorize; the tile searches budget the
+padding). In: a tile's row length in elements, its itemsize, how it is read, and the hardware
+description. Out: the padded row stride (elements), and the s_tir `storage_align` that gives it
+((factor, offset) with stride % factor == offset).
 
 Why: the scratchpad is `spad_banks` (N) banks of `bank_width_bytes` (W), word-interleaved
 (docs/simulator.md, "Scratchpad banks"). A compact tile whose row size is a multiple of N * W
@@ -22,6 +22,7 @@ from fractions import Fraction
 
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.banks import beat_slowdown, operand_slowdown
+from cgra_sim.isa import DType
 
 
 def _period(arch: HardwareDescription, itemsize: int) -> int | None:
@@ -108,3 +109,23 @@ def window_pixel_stride(tn: int, itemsize: int, step: int, ow: int, arch: Hardwa
         return beat_slowdown(beat, (ow, tn), (step * stride * size, size), size, 0, arch.spad_banks,
                              arch.bank_width_bytes) == 1
     return padded_row_stride(tn, itemsize, arch, conflict_free)
+
+
+def align_rows(sch, block, row: int, stride: int, dtype: str, arch: HardwareDescription) -> None:
+    """Pad the rows (the second-to-last axis) of the scratchpad buffer `block` writes from `row`
+    to `stride` elements with s_tir's storage_align: the allocation, DMA boxes and intrinsic
+    strides all follow the buffer's strides."""
+    args = storage_align_args(row, stride, DType.from_name(dtype).itemsize, arch)
+    if args is None:
+        return
+    ndim = len(sch.get(block).writes[0].region)
+    sch.storage_align(block, 0, ndim - 2, *args)
+
+
+def align_output_rows(sch, spec, tiling, arch: HardwareDescription) -> None:
+    """Pad the epilogue's output tile when its store reads one element per row (NCHW output):
+    rows a multiple of the banks' period apart would put each DMA beat in one bank. Called
+    after tensorize, which blockizes "epi" into "epi_o" and would drop an annotation made
+    before: "epi_o" writes the tile then."""
+    stride = out_row_stride(tiling.tn, DType.from_name(spec.acc_dtype).itemsize, store_walks_rows(spec), arch)
+    align_rows(sch, sch.get_sblock("epi_o"), tiling.tn, stride, spec.acc_dtype, arch)

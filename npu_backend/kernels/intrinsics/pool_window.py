@@ -1,11 +1,11 @@
-"""The POOL intrinsic: max or average pooling over a scratchpad window, on the vector unit.
+"""What one POOL command computes: its window, and the one expression of a pooled output.
 
-Stage: schedule and tensorize. `pool_value` is the one expression of what a pooled output is; the
-intrinsic's TIR description (`pool_intrin`) and the pooling kernel's TE compute (pooling.py) both
-build it, so tensorize sees one expression, and the simulator's functional core implements the
-same rule (isa.py's POOL). A `PoolWindow` carries everything that expression depends on, all
-known at compile time: the pooling kernel holds the whole image in one tile, so which taps lie in
-the padding is a property of the output's position in the tile, not of the tile's place.
+Stage: schedule and tensorize. `pool_value` is built by both the POOL intrinsic's description
+(vector_unit.py) and the pooling kernel's TE compute (kernels/pool.py), so tensorize sees one
+expression; the simulator's functional core implements the same rule (isa.py's POOL). A
+`PoolWindow` carries everything that expression depends on, all known at compile time: the
+pooling kernel holds the whole image in one tile, so which taps lie in the padding is a property
+of the output's position in the tile, not of the tile's place.
 """
 
 from __future__ import annotations
@@ -13,11 +13,6 @@ from __future__ import annotations
 import dataclasses
 
 from tvm import tirx
-from tvm.script import tirx as T
-
-from cgra_sim.isa import POOL_AVERAGE, DType
-
-SPAD = "global.cgra_spad"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,56 +110,3 @@ def pool_value(load, y, x, c, window: PoolWindow, out_shape: tuple, dtype: str):
     if isinstance(count, int):
         return total / tirx.const(float(max(count, 1)), dtype)
     return total / tirx.Cast(dtype, tirx.max(count, tirx.const(1, "int32")))
-
-
-def pool_intrin(oh: int, ow: int, cols: int, window: PoolWindow, dtype: str, scope: str = SPAD):
-    """Vector unit: out[oh, ow, cols] = `pool_value` over a window (in_h, in_w, cols) of the
-    scratchpad, one POOL command."""
-    in_h, in_w = window.extent(oh, 0), window.extent(ow, 1)
-    flags = POOL_AVERAGE if window.kind == "avg" else 0
-    rect = window.valid + (window.count if window.count is not None else (0, 0, 0, 0))
-
-    def value(buffer, y, x, c):
-        return pool_value(lambda i, j, k: buffer[i, j, k], y, x, c, window, (oh, ow), dtype)
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, o: T.handle) -> None:
-        A = T.match_buffer(a, (in_h, in_w, cols), dtype, offset_factor=1, scope=scope)
-        Out = T.match_buffer(o, (oh, ow, cols), dtype, offset_factor=1, scope=scope)
-        with T.sblock("root"):
-            T.reads(A[0:in_h, 0:in_w, 0:cols])
-            T.writes(Out[0:oh, 0:ow, 0:cols])
-            for y, x, c in T.grid(oh, ow, cols):
-                # Only dimensions of extent > 1 are iterators of the block: tensorize's blockize
-                # moves the others to the outer block, so the kernel's tile has them as 0 too.
-                with T.sblock("acc"):
-                    if oh > 1 and ow > 1:
-                        vy, vx, vc = T.axis.remap("SSS", [y, x, c])
-                        Out[vy, vx, vc] = value(A, vy, vx, vc)
-                    elif oh > 1:
-                        vy, vc = T.axis.remap("SS", [y, c])
-                        Out[vy, 0, vc] = value(A, vy, 0, vc)
-                    elif ow > 1:
-                        vx, vc = T.axis.remap("SS", [x, c])
-                        Out[0, vx, vc] = value(A, 0, vx, vc)
-                    else:
-                        vc = T.axis.spatial(cols, c)
-                        Out[0, 0, vc] = value(A, 0, 0, vc)
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, o: T.handle) -> None:
-        sa0 = T.int32()
-        sa1 = T.int32()
-        so0 = T.int32()
-        so1 = T.int32()
-        A = T.match_buffer(a, (in_h, in_w, cols), dtype, offset_factor=1, scope=scope, strides=[sa0, sa1, 1])
-        Out = T.match_buffer(o, (oh, ow, cols), dtype, offset_factor=1, scope=scope, strides=[so0, so1, 1])
-        with T.sblock("root"):
-            T.reads(A[0:in_h, 0:in_w, 0:cols])
-            T.writes(Out[0:oh, 0:ow, 0:cols])
-            T.evaluate(T.call_extern(
-                "int32", "cgra_pool", flags, int(DType.from_name(dtype)), oh, ow, cols, *window.kernel,
-                A.data, A.elem_offset, sa0, sa1, *window.strides, *window.dilation,
-                Out.data, Out.elem_offset, so0, so1, *rect))
-
-    return desc, impl

@@ -1,18 +1,19 @@
-"""Standalone elementwise ops on the NPU: which ones run there, and how they are cut into tiles.
+"""The elementwise family: standalone add, subtract, multiply, maximum, minimum on ELTWISE.
 
-Stage: partition (patterns and checks) and target hook (spec and tiling). Input: a Relax
+Stage: partition (its patterns and spec), kernel definition, tiling and schedule. Input: a Relax
 `add`, `subtract`, `multiply`, `maximum` or `minimum` of two tensors of one dtype whose shapes
-broadcast numpy's way (rank <= 4), not fused into a conv2d / matmul epilogue. Output: an
-`EltwiseSpec` and its `Tiling`, which `eltwise_kernel.py` turns into a kernel of ELTWISE commands.
+broadcast numpy's way (rank <= 4), not fused into a conv2d / matmul epilogue: the family comes
+last in registry.FAMILIES, so an add that a kernel's epilogue fuses as a bias or a residual is
+taken by that kernel first.
 
 The kernel reads every tensor through a compact view (`cgra.arg_shapes`): the output's axes of
 extent 1 are dropped and neighbouring axes on which each operand is either walked or broadcast
 alike are merged, so (1, 64, 56, 56) + (1, 64, 1, 1) becomes (64, 3136) + (64, 1). The last two
-view axes are an ELTWISE tile's rows and columns; any axes before them are loops around the
-tiles. A broadcast operand has extent 1 on its broadcast axes and is read there with stride 0.
-
-The patterns come after every conv2d / matmul pattern (`patterns.make_patterns`), so an add that
-a kernel's epilogue fuses as a bias or a residual is taken by that kernel first.
+view axes are an ELTWISE tile's rows and columns (tm x tn); any axes before them are loops
+around the tiles. A broadcast operand has extent 1 on its broadcast axes and is read there with
+stride 0. Per tile the operand tiles (blocks a_pad, b_pad) are loaded by DMA, one ELTWISE
+(block elt) computes the tile on the vector unit, and the output tile is stored by DMA; the
+lowering's double buffering overlaps the next tile's loads with this tile's ELTWISE and store.
 """
 
 from __future__ import annotations
@@ -20,14 +21,19 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from tvm import te
 from tvm.relax.dpl import is_op, wildcard
 
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
-from .errors import CGRAError, ScratchpadTooSmall
-from .relax_info import dtype_of, require_static_shape
-from .tiling import ALIGN, Tiling
+from ..errors import ScratchpadTooSmall, UnsupportedOperator
+from ..relax_info import dtype_of, require_static_shape
+from .family import OpFamily
+from .intrinsics import SPAD, get_intrin
+from .intrinsics.vector_unit import eltwise_value
+from .operands import padded, prim_func
+from .tiling import Tiling, aligned
 
 #: Pattern name suffix -> the Relax operator it offloads.
 ELTWISE_OPS = {"add": "relax.add", "subtract": "relax.subtract", "multiply": "relax.multiply",
@@ -35,10 +41,6 @@ ELTWISE_OPS = {"add": "relax.add", "subtract": "relax.subtract", "multiply": "re
 ELTWISE_DTYPES = ("float32", "int32", "int8")
 PREFIX = "cgra.eltwise_"
 MAX_RANK = 4
-
-
-class EltwiseReject(CGRAError, ValueError):
-    """The elementwise op cannot run on the NPU; the message says why and what would."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +60,7 @@ class EltwiseSpec:
     param_roles: tuple = ("lhs", "rhs")
     op = "eltwise"
     compute_name = "eltwise"
-    acc_dtype = property(lambda self: self.dtype)  # what target_hook and explain read off a spec
+    acc_dtype = property(lambda self: self.dtype)  # what the target hook and explain read off a spec
     macs = 0
 
     def view(self, role: str) -> tuple:
@@ -98,50 +100,37 @@ def _smallest_factor(extent: int) -> int:
 
 
 def _shape(expr, role: str, op: str) -> tuple:
-    return require_static_shape(expr, role, EltwiseReject, prefix=f"{op}: ")
+    return require_static_shape(expr, role, UnsupportedOperator, prefix=f"{op}: ")
 
 
 def eltwise_spec_from_match(name: str, annotated: dict) -> EltwiseSpec:
-    """The kernel a matched elementwise op would become; raises `EltwiseReject` with the reason."""
+    """The kernel a matched elementwise op would become; raises `UnsupportedOperator` with the reason."""
     func = name.removeprefix(PREFIX)
     lhs, rhs = annotated["lhs"], annotated["rhs"]
     if lhs.same_as(rhs):
-        raise EltwiseReject(f"{func} takes the same tensor as both operands; the NPU kernel loads each "
+        raise UnsupportedOperator(f"{func} takes the same tensor as both operands; the NPU kernel loads each "
                             "operand from its own tensor: the op runs on the host")
     dtypes = dtype_of(lhs), dtype_of(rhs)
     if dtypes[0] != dtypes[1]:
-        raise EltwiseReject(f"{func} mixes {dtypes[0]} and {dtypes[1]}; the vector unit computes on "
+        raise UnsupportedOperator(f"{func} mixes {dtypes[0]} and {dtypes[1]}; the vector unit computes on "
                             "one dtype (cast an operand first)")
     if dtypes[0] not in ELTWISE_DTYPES:
-        raise EltwiseReject(f"{func} on {dtypes[0] or 'an unknown dtype'} is not supported (the vector "
+        raise UnsupportedOperator(f"{func} on {dtypes[0] or 'an unknown dtype'} is not supported (the vector "
                             f"unit computes {', '.join(ELTWISE_DTYPES)})")
     shapes = _shape(lhs, "left operand", func), _shape(rhs, "right operand", func)
     for role, shape in zip(("left", "right"), shapes):
         if not shape:
-            raise EltwiseReject(f"{func} with a scalar {role} operand (shape ()): the NPU's DMA moves "
+            raise UnsupportedOperator(f"{func} with a scalar {role} operand (shape ()): the NPU's DMA moves "
                                 "tensors of rank 1..4; the op runs on the host (a tensor of shape (1,) "
                                 "would broadcast on the NPU)")
         if len(shape) > MAX_RANK:
-            raise EltwiseReject(f"{func} of rank {len(shape)}: the NPU's DMA moves tensors of rank "
+            raise UnsupportedOperator(f"{func} of rank {len(shape)}: the NPU's DMA moves tensors of rank "
                                 f"1..{MAX_RANK}")
     out, extents, lhs_full, rhs_full = eltwise_view(*shapes)
     return EltwiseSpec(func, dtypes[0], shapes[0], shapes[1], out, extents, lhs_full, rhs_full)
 
 
-def eltwise_spec_from_composite(name: str, composite, source_ops=()) -> EltwiseSpec:
-    """The kernel of an offloaded elementwise composite, its parameters in the function's order."""
-    bindings = [b.value for block in composite.body.blocks for b in block.bindings]
-    call = bindings[-1]
-    spec = eltwise_spec_from_match(name, {"lhs": call.args[0], "rhs": call.args[1]})
-    params = list(composite.params)
-    roles = tuple({0: "lhs", 1: "rhs"}[[arg.same_as(p) for arg in call.args].index(True)]
-                  if any(arg.same_as(p) for arg in call.args) else "?" for p in params)
-    if sorted(roles) != ["lhs", "rhs"]:
-        raise EltwiseReject(f"'{name}' does not take its two operands as its two parameters")
-    return dataclasses.replace(spec, param_roles=roles, source_ops=tuple(source_ops))
-
-
-def eltwise_pattern_graphs():
+def _patterns() -> list:
     """(name, pattern, annotations) of every standalone elementwise op."""
     graphs = []
     for func, op in ELTWISE_OPS.items():
@@ -149,19 +138,6 @@ def eltwise_pattern_graphs():
         root = is_op(op)(lhs, rhs)
         graphs.append((PREFIX + func, root, {"root": root, "lhs": lhs, "rhs": rhs}))
     return graphs
-
-
-def eltwise_reason(name: str, annotated: dict, arch: HardwareDescription) -> str | None:
-    """None if the matched op can run on the NPU, else the reason it stays on the host."""
-    try:
-        choose_eltwise_tiling(eltwise_spec_from_match(name, annotated), arch)
-    except CGRAError as err:
-        return str(err)
-    return None
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // ALIGN) * ALIGN
 
 
 def _tile_sizes(extent: int, minimum: int):
@@ -183,7 +159,7 @@ def choose_eltwise_tiling(spec: EltwiseSpec, arch: HardwareDescription) -> Tilin
     best = None
     for tm in _tile_sizes(rows, 1):
         for tn in _tile_sizes(cols, arch.vector_lanes):
-            footprint = sum(_aligned(2 * _elements(tm, tn, full[-2:]) * size)
+            footprint = sum(aligned(2 * _elements(tm, tn, full[-2:]) * size)
                             for full in (spec.lhs_full, spec.rhs_full, (True, True)))
             if footprint > arch.spad_bytes:
                 continue
@@ -215,3 +191,56 @@ def _estimate_cycles(spec: EltwiseSpec, t: Tiling, outer: int, arch: HardwareDes
     store = -(-t.tm * t.tn * size // arch.dma_bytes_per_cycle)
     chain = load + vector + store + 2 * arch.dma_latency
     return tiles * max(load, vector, store, -(-chain // 2)) + chain
+
+
+def _loader(tensor, view):
+    return lambda *indices: padded(tensor, view, indices)
+
+
+def _walked(indices, full):
+    """The indices of an operand: 0 on the axes it is broadcast along."""
+    return tuple(i if walks else 0 for i, walks in zip(indices, full))
+
+
+def eltwise_compute(spec: EltwiseSpec, tiling: Tiling):
+    """out = func(lhs, rhs) over the view (outer..., rows, cols), rows and columns padded to
+    whole tiles (mp, np). Each operand's tile keeps extent 1 on the axes it is broadcast along."""
+    padded = spec.extents[:-2] + (tiling.mp, tiling.np)
+    operands = {}
+    for role, name, full in (("lhs", "a_pad", spec.lhs_full), ("rhs", "b_pad", spec.rhs_full)):
+        view = spec.view(role)
+        tensor = te.placeholder(view, spec.dtype, name=role)
+        shape = tuple(extent if walks else 1 for extent, walks in zip(padded, full))
+        operands[role] = (tensor, te.compute(shape, _loader(tensor, view), name=name))
+    (lhs, a_pad), (rhs, b_pad) = operands["lhs"], operands["rhs"]
+    elt = te.compute(padded, lambda *i: eltwise_value(
+        spec.func, a_pad(*_walked(i, spec.lhs_full)), b_pad(*_walked(i, spec.rhs_full))), name="elt")
+    out = te.compute(spec.extents, lambda *i: elt(*i), name="out")
+    caller = {"lhs": spec.lhs_shape, "rhs": spec.rhs_shape, "out": spec.output_shape}
+    views = caller if any(tuple(shape) != tuple(spec.view(role)) for role, shape in caller.items()) else None
+    return prim_func(spec.param_roles, {"lhs": lhs, "rhs": rhs}, out, views)
+
+
+def schedule_eltwise(sch, spec: EltwiseSpec, tiling: Tiling, arch: HardwareDescription) -> None:
+    """Tiles of tm x tn under the outer view loops; per tile the operand tiles are loaded into
+    the scratchpad and one ELTWISE computes the tile on the vector unit."""
+    del arch
+    elt = sch.get_sblock("elt")
+    *_, rows, cols = sch.get_loops(elt)
+    row_outer, row_inner = sch.split(rows, [None, tiling.tm])
+    col_outer, col_inner = sch.split(cols, [None, tiling.tn])
+    sch.reorder(row_outer, col_outer, row_inner, col_inner)
+    for name in ("a_pad", "b_pad"):
+        block = sch.get_sblock(name)
+        sch.compute_at(block, col_outer)
+        sch.set_scope(block, 0, SPAD)
+    sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
+    sch.set_scope(elt, 0, SPAD)
+    sch.tensorize(row_inner, get_intrin("eltwise", tiling.tm, tiling.tn, spec.func, spec.dtype,
+                                        spec.lhs_full[-2:], spec.rhs_full[-2:]))
+
+
+ELTWISE = OpFamily(
+    name="eltwise", ops=("eltwise",), patterns=_patterns, spec_from_match=eltwise_spec_from_match,
+    choose_tiling=choose_eltwise_tiling, compute=eltwise_compute, schedule=schedule_eltwise,
+    host_ops={op: PREFIX + func for func, op in ELTWISE_OPS.items()}, checks_pe_dtype=False)

@@ -1,0 +1,198 @@
+"""The conv2d family: conv2d in any order of the axes, any stride, padding, dilation and groups.
+
+Stage: partition (its root and its spec) and kernel definition (its TE computes); tiling and
+schedule are the GEMM's (gemm.py). A conv2d is a GEMM per image: rows are output pixels
+p = y * OW + ox (whole output rows per tile), columns output channels f, and the reduction runs
+over (ry, rx, c), the left operand gathered by a strided DMA box. A grouped conv2d is the same
+kernel over N * G images of C / G channels, a view of the data. NCHW / OIHW / NCHW kernels use
+`conv2d_compute`; other layouts (NHWC data, HWIO or OHWI weights, ...) gather their operands from
+where the layout keeps them and store the output through a layout transform
+(`conv2d_layout_compute`). A depthwise conv2d (groups == C == F) becomes the DEPTHWISE family's
+kernel (depthwise.py): its spec reader is this one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import s_tir, te
+from tvm.relax.dpl import is_op, wildcard
+
+from ..errors import UnsupportedOperator
+from .epilogue import Root, epilogue_compute, epilogue_fields, epilogue_operands, static_shape, with_epilogue_tail
+from .family import OpFamily
+from .gemm import choose_gemm_tiling, schedule_gemm
+from .operands import kernel_prim_func, logical, padded, stored
+from .spec import CONV2D_LAYOUTS, KernelSpec
+from .tiling import Tiling
+
+
+def _roots() -> list[Root]:
+    lhs, rhs = wildcard(), wildcard()
+    return [Root("conv2d", is_op("relax.nn.conv2d")(lhs, rhs), {"lhs": lhs, "rhs": rhs})]
+
+
+def conv2d_spec(name: str, annotated: dict) -> KernelSpec:
+    """The kernel a matched conv2d chain becomes (op "depthwise" for one input channel per
+    output channel); raises UnsupportedOperator with the reason it cannot run on the NPU."""
+    common = epilogue_fields("conv2d", annotated)
+    attrs = annotated["root"].attrs
+    data_layout, kernel_layout, out_layout = _layouts(attrs)
+    data_shape = logical(static_shape(annotated["lhs"], "data"), data_layout, "NCHW")
+    weight_shape = logical(static_shape(annotated["rhs"], "weight"), kernel_layout, "OIHW")
+    groups = int(attrs.groups)
+    if data_shape[1] % groups or weight_shape[0] % groups or weight_shape[1] * groups != data_shape[1]:
+        raise UnsupportedOperator(f"conv2d with groups={groups} on {data_shape[1]} input channels and weights "
+                                  f"{weight_shape}: each group must take C / groups input channels")
+    padding = tuple(int(p) for p in attrs.padding)
+    padding = padding * 2 if len(padding) == 2 else padding
+    # One input channel per output channel: the sliding-window DEPTHWISE kernel, not a GEMM
+    # one column wide. (A channel multiplier > 1 runs as a grouped GEMM.)
+    op = "depthwise" if 1 < groups == data_shape[1] == weight_shape[0] else "conv2d"
+    spec = KernelSpec(op, lhs_shape=data_shape, rhs_shape=weight_shape,
+                      strides=tuple(int(s) for s in attrs.strides), padding=padding,
+                      dilation=tuple(int(d) for d in attrs.dilation), groups=groups,
+                      data_layout=data_layout, kernel_layout=kernel_layout, out_layout=out_layout, **common)
+    _check_bias(common["bias_shape"], weight_shape[0], out_layout)
+    return with_epilogue_tail(spec, annotated)
+
+
+def _check_bias(bias_shape, channels: int, out_layout: str) -> None:
+    """A bias is one value per output channel, broadcast along the output's channel axis."""
+    if bias_shape is None:
+        return
+    aligned = (1,) * (4 - len(bias_shape)) + tuple(bias_shape)
+    axis = out_layout.index("C")
+    expected = tuple(channels if a == axis else 1 for a in range(4))
+    if len(bias_shape) > 4 or aligned != expected:
+        raise UnsupportedOperator(f"the bias of shape {bias_shape} is not one value per output channel "
+                                  f"(expected {expected} or {expected[axis:]} for {out_layout} output)")
+
+
+def _layouts(attrs) -> tuple[str, str, str]:
+    """(data, kernel, out) layouts of a conv2d, if the NPU kernels can gather and store them:
+    any order of the four axes (NHWC, HWIO, OHWI, ...), not blocked layouts such as NCHW4c."""
+    layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+    for layout, axes, what in zip(layouts, ("NCHW", "OIHW", "NCHW"), ("data", "kernel", "out")):
+        if sorted(layout) != sorted(axes):
+            raise UnsupportedOperator(f"conv2d {what} layout {layout}: the NPU kernel takes an order of the axes "
+                                      f"{axes} (e.g. NCHW or NHWC data, OIHW, HWIO or OHWI weights), not a "
+                                      "blocked layout")
+    if int(attrs.groups) > 1 and 0 in (layouts[0].index("C"), layouts[2].index("C")):
+        raise UnsupportedOperator(f"grouped conv2d with layouts {layouts}: the NPU kernel reads one group's "
+                                  "channels as a view and needs an axis stored before C (use NCHW or NHWC)")
+    return layouts
+
+
+def conv2d_compute(spec: KernelSpec, tiling: Tiling):
+    """NCHW/OIHW conv2d as one GEMM per image (`conv2d_layout_compute` for other layouts).
+
+    A grouped conv2d is the same kernel over N * G images of C / G channels (a view of the
+    data), image b using the weights and bias of group b % G; the padding of the reduction then
+    stays inside its group (it reads the view's zero halo, never the next group's channels)."""
+    if (spec.data_layout, spec.kernel_layout, spec.out_layout) != CONV2D_LAYOUTS:
+        return conv2d_layout_compute(spec, tiling)
+    _, _, kh, kw = spec.rhs_shape
+    data_shape, out_shape = spec.grouped_shapes
+    images, per_group, oh, ow = out_shape
+    x = te.placeholder(data_shape, spec.dtype, name="data")
+    w = te.placeholder(spec.rhs_shape, spec.dtype, name="weight")
+    a_pad = _gather(spec, tiling, lambda b_, c, y, x_: padded(x, data_shape, (b_, c, y, x_)), images, ow)
+    if spec.groups > 1:
+        b_pad = te.compute((images, kh, kw, tiling.kp, tiling.np), lambda b_, ry, rx, c, f: padded(
+            w, spec.rhs_shape, (b_ % spec.groups * per_group + f, c, ry, rx)), name="b_pad")
+
+        def weight(b_, ry, rx, rc, f):
+            return b_pad[b_, ry, rx, rc, f]
+    else:
+        b_pad = te.compute((kh, kw, tiling.kp, tiling.np), lambda ry, rx, c, f: padded(
+            w, spec.rhs_shape, (f, c, ry, rx)), name="b_pad")
+
+        def weight(b_, ry, rx, rc, f):
+            return b_pad[ry, rx, rc, f]
+    acc = _accumulate(spec, tiling, a_pad, weight, images)
+    operands = epilogue_operands(spec, out_shape)
+    epi = epilogue_compute(spec, acc, tiling, operands, out_index=lambda b_, p, f: (b_, f, p // ow, p % ow))
+    out = te.compute(out_shape, lambda b_, f, y, ox: epi[b_, y * ow + ox, f], name="out")
+    views = {"lhs": spec.lhs_shape, "out": spec.output_shape, "residual": spec.output_shape} \
+        if spec.groups > 1 else {}
+    return kernel_prim_func(spec, {"lhs": x, "rhs": w, **operands}, out, views)
+
+
+def _gather(spec: KernelSpec, tiling: Tiling, data, images: int, ow: int):
+    """a_pad: the left operand for one (image, ry, rx): row p gathers output pixel (p // OW, p % OW)
+    through `data(image, channel, y, x)` (zero outside the image)."""
+    _, _, kh, kw = spec.rhs_shape
+    top, left, _, _ = spec.padding
+    (sh, sw), (dh, dw) = spec.strides, spec.dilation
+    return te.compute((images, kh, kw, tiling.mp, tiling.kp), lambda b_, ry, rx, p, c: data(
+        b_, c, (p // ow) * sh + ry * dh - top, (p % ow) * sw + rx * dw - left), name="a_pad")
+
+
+def _accumulate(spec: KernelSpec, tiling: Tiling, a_pad, weight, images: int):
+    """acc[b, p, f] = sum over (ry, rx, c) of a_pad * weight, in the accumulator dtype."""
+    _, _, kh, kw = spec.rhs_shape
+    ry, rx = te.reduce_axis((0, kh), name="ry"), te.reduce_axis((0, kw), name="rx")
+    rc = te.reduce_axis((0, tiling.kp), name="rc")
+    return te.compute((images, tiling.mp, tiling.np), lambda b_, p, f: te.sum(
+        a_pad[b_, ry, rx, p, rc].astype(spec.acc_dtype) * weight(b_, ry, rx, rc, f).astype(spec.acc_dtype),
+        axis=[ry, rx, rc]), name="acc")
+
+
+def group_view(logical_values, layout: str, groups: int, group=None) -> tuple:
+    """An (N, C, H, W) shape (group None) or index stored in `layout`, each group's channels a
+    tensor of their own: the group joins the axis stored just before C, as a * G + g. The view
+    stays compact, and a bound test of the joined axis is one of a (0 <= a*G + g < A*G iff
+    0 <= a < A), so the DMA halo of a padded axis still zero-fills exactly the padding."""
+    values = list(stored(logical_values, "NCHW", layout))
+    if groups > 1:
+        channel = layout.index("C")
+        if group is None:
+            values[channel] //= groups
+            values[channel - 1] *= groups
+        else:
+            values[channel - 1] = values[channel - 1] * groups + group
+    return tuple(values)
+
+
+def conv2d_layout_compute(spec: KernelSpec, tiling: Tiling):
+    """conv2d in any layout: the GEMM of `conv2d_compute`, its operands gathered from where their
+    layouts keep them. The output is computed in conv2d_compute's order and moved to its layout
+    by a layout transform of the output buffer (a store has no bound test to keep in shape)."""
+    _, _, kh, kw = spec.rhs_shape
+    g = spec.groups
+    _, (images, per_group, oh, ow) = spec.grouped_shapes
+    data_shape = group_view(spec.lhs_shape, spec.data_layout, g)
+    weight_shape = stored(spec.rhs_shape, "OIHW", spec.kernel_layout)
+    x = te.placeholder(data_shape, spec.dtype, name="data")
+    w = te.placeholder(weight_shape, spec.dtype, name="weight")
+
+    def image(b_):  # image b_ is group b_ % G of batch element b_ // G
+        return (b_ // g, b_ % g) if g > 1 else (b_, 0)
+
+    def data(b_, c, y, x_):
+        n, group = image(b_)
+        return padded(x, data_shape, group_view((n, c, y, x_), spec.data_layout, g, group))
+
+    a_pad = _gather(spec, tiling, data, images, ow)
+    b_pad = te.compute((images if g > 1 else 1, kh, kw, tiling.kp, tiling.np), lambda b_, ry, rx, c, f: padded(
+        w, weight_shape, stored((image(b_)[1] * per_group + f if g > 1 else f, c, ry, rx), "OIHW",
+                                spec.kernel_layout)), name="b_pad")
+    acc = _accumulate(spec, tiling, a_pad, lambda b_, ry, rx, rc, f: b_pad[b_ if g > 1 else 0, ry, rx, rc, f],
+                      images)
+    operands = epilogue_operands(spec, ())
+    epi = epilogue_compute(spec, acc, tiling, operands)
+    out = te.compute((images, per_group, oh, ow), lambda b_, f, y, ox: epi[b_, y * ow + ox, f], name="out")
+    views = {"lhs": stored(spec.lhs_shape, "NCHW", spec.data_layout),
+             "out": stored(spec.output_shape, "NCHW", spec.out_layout)} if g > 1 else {}
+    func = kernel_prim_func(spec, {"lhs": x, "rhs": w, **operands}, out, views)
+    sch = s_tir.Schedule(func)
+    sch.transform_layout(sch.get_sblock("out"), ("write", 0), lambda b_, f, y, ox: group_view(
+        (image(b_)[0], f, y, ox), spec.out_layout, g, image(b_)[1]))
+    return sch.mod["main"]
+
+
+CONV2D = OpFamily(
+    name="conv2d", ops=("conv2d",), roots=_roots, spec_from_match=conv2d_spec,
+    choose_tiling=choose_gemm_tiling, compute=conv2d_compute, schedule=schedule_gemm,
+    host_ops={"relax.nn.conv2d": "cgra.conv2d"})

@@ -1,0 +1,225 @@
+"""What every GEMM-shaped kernel shares (matmul.py, conv2d.py): its tile search and its schedule.
+
+Stage: tiling and schedule. A GEMM-shaped kernel's PrimFunc (blocks a_pad, b_pad, [bias_pad],
+[res_pad], acc, [scale_pad], epi, out; see the families' computes) has rows Mp, columns Np and a
+reduction Kp padded to whole tiles. `choose_gemm_tiling` picks tile sizes (tm, tn, tk): whole
+multiples of the PE array whose double-buffered buffers fit the scratchpad, with the fewest
+estimated cycles. `schedule_gemm` then computes the output tile by tile (tm x tn, anchored on
+the epilogue's tile loops), loads operand tiles (a_pad, b_pad) and the bias into the scratchpad
+per reduction step and the residual tile once per output tile (these copies become DMA, see
+lower/dma.py), runs each reduction step as one GEMM over the tile (the PE array runs its folds),
+the accumulator's init as one FILL and the epilogue as one EPILOGUE per tile, and stores the
+valid region of each tile by DMA. A's rows, and the output tile's rows when the store reads one
+element per row (NCHW), are padded with `storage_align` so the banks serve them without
+conflicts (spad_layout.py).
+"""
+
+from __future__ import annotations
+
+from cgra_sim.arch import HardwareDescription
+from cgra_sim.isa import DType
+
+from ..errors import ScratchpadTooSmall
+from .epilogue import channel_rows, epilogue_intrin
+from .intrinsics import SPAD, get_intrin
+from .spad_layout import a_row_stride, align_output_rows, align_rows, out_row_stride, store_walks_rows
+from .spec import KernelSpec
+from .tiling import Tiling, aligned, round_up
+
+
+# ------------------------------------------------------------------ tile search
+
+def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
+    """The tiling of a GEMM-shaped kernel (its GEMM extents, dtypes and epilogue operands)."""
+    return choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch,
+                         spec.row_step, has_residual=bool(spec.residual_shape),
+                         has_scale=bool(spec.scale_shape), store_rows=store_walks_rows(spec))
+
+
+def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
+                  has_bias: bool, arch: HardwareDescription, row_step: int = 1,
+                  has_residual: bool = False, has_scale: bool = False, store_rows: int = 0) -> Tiling:
+    """The tiling with the fewest estimated cycles among those that fit the scratchpad.
+
+    Output tiles grow in whole PE-array steps (rows: in multiples of `row_step` when the kernel
+    needs whole groups of rows, e.g. whole output rows of a conv2d) up to the padded problem; for
+    each, the reduction depth is the whole reduction when it fits, otherwise the largest chunk
+    that does. A residual (`has_residual`) is one more output-sized tile in the scratchpad,
+    loaded per output tile and read by the epilogue. The footprint counts the row padding the
+    schedule adds against bank conflicts (A's rows; the output's when its store walks
+    `store_rows` rows, see spad_layout.py).
+    """
+    row_step = row_step if row_step > 1 else arch.rows
+    # A unit reduction extent would be elided by compute_at and leave nothing to tensorize
+    # along; one zero column is cheaper than a special case.
+    depth = max(depth, 2)
+    in_bytes = DType.from_name(dtype).itemsize
+    acc_bytes = DType.from_name(acc_dtype).itemsize
+    best = None
+    for tm in range(row_step, round_up(rows, row_step) + 1, row_step):
+        for tn in range(arch.cols, round_up(cols, arch.cols) + 1, arch.cols):
+            tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual,
+                                    out_row_stride(tn, acc_bytes, store_rows, arch), has_scale)
+            if tk is None:
+                continue
+            tiling = Tiling(tm, tn, tk, round_up(rows, tm), round_up(cols, tn), round_up(depth, tk))
+            key = (estimate_cycles(tiling, dtype, in_bytes, acc_bytes, arch, has_residual), -tm * tn)
+            if best is None or key < best[0]:
+                best = (key, tiling)
+    if best is None:
+        raise ScratchpadTooSmall(
+            f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold even one "
+            f"{arch.rows}x{arch.cols} tile of a {dtype} GEMM: describe a larger scratchpad")
+    return best[1]
+
+
+def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription,
+                    has_residual: bool = False) -> int:
+    """A first-order estimate of a tiled GEMM's cycles under the simulator's timing model.
+
+    With double buffering the busiest unit sets the pace; what cannot overlap is the first
+    tile's loads (nothing to compute yet), the last tile's epilogue and store, and a bubble per
+    tile: the vector unit runs in order, so the next tile's first FILL waits behind this tile's
+    EPILOGUE, which waits for this tile's last GEMM, and the PE array refills after the gap.
+    A residual adds its tile to each output tile's loads and to the epilogue's vector cycles.
+    """
+    tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk
+    passes = tiles * steps * -(-t.tm // arch.rows) * -(-t.tn // arch.cols)
+    compute = passes * -(-t.tk // arch.macs_per_pe[dtype]) + arch.rows + arch.cols + arch.config_load_cycles
+    tile_load = (t.tm * t.tk + t.tk * t.tn) * in_bytes
+    residual_load = t.tm * t.tn * acc_bytes if has_residual else 0
+    load = (tiles * steps * tile_load + tiles * residual_load) // arch.dma_bytes_per_cycle
+    store = tiles * t.tm * t.tn * acc_bytes // arch.dma_bytes_per_cycle
+    # fill and epilogue of every tile; the epilogue streams the residual tile too
+    vector = (3 if has_residual else 2) * tiles * t.tm * t.tn // arch.vector_lanes
+    prologue = arch.dma_latency + tile_load // arch.dma_bytes_per_cycle
+    tail = t.tm * t.tn // arch.vector_lanes + arch.dma_latency + t.tm * t.tn * acc_bytes // arch.dma_bytes_per_cycle
+    vector_tile = t.tm * t.tn // arch.vector_lanes  # one FILL or EPILOGUE of a tile
+    bubble = (tiles - 1) * (2 * vector_tile + arch.rows + arch.cols)
+    return max(compute, load, store, vector) + bubble + prologue + tail
+
+
+def _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual, out_row,
+                       has_scale=False):
+    for tk in _k_candidates(depth):
+        a_row = a_row_stride(tm, tk, in_bytes, arch)
+        if gemm_footprint(tm, tn, tk, in_bytes, acc_bytes, has_bias, has_residual, has_scale, a_row, out_row) \
+                <= arch.spad_bytes:
+            return tk
+    return None
+
+
+def gemm_footprint(tm: int, tn: int, tk: int, in_bytes: int, acc_bytes: int, has_bias: bool,
+                   has_residual: bool = False, has_scale: bool = False, a_row: int | None = None,
+                   out_row: int | None = None) -> int:
+    """Scratchpad bytes a GEMM kernel's buffers take (operand tiles, accumulator, output, bias,
+    residual tile, requantisation scale row), each twice: every tile is double-buffered
+    (lower/double_buffer.py). An int8 output is counted at the accumulator's size. `a_row` and
+    `out_row`: the row strides (elements) of the A tile and the output tile when the schedule
+    pads them against bank conflicts (spad_layout.py); compact by default."""
+    a_row, out_row = a_row or tk, out_row or tn
+    total = aligned(2 * tm * a_row * in_bytes) + aligned(2 * tk * tn * in_bytes)
+    total += (2 if has_residual else 1) * aligned(2 * tm * tn * acc_bytes)
+    total += aligned(2 * tm * out_row * acc_bytes)
+    if has_bias:
+        total += aligned(2 * tn * acc_bytes)
+    if has_scale:
+        total += aligned(2 * tn * 4)
+    return total
+
+
+def _k_candidates(depth: int):
+    """The whole reduction, then halvings of it (rounded up to a multiple of 8)."""
+    tk = depth
+    seen = set()
+    while tk >= 1:
+        candidate = tk if tk == depth else round_up(tk, 8)
+        if candidate not in seen:
+            seen.add(candidate)
+            yield candidate
+        if tk == 1:
+            break
+        tk = -(-tk // 2)
+
+
+
+# ------------------------------------------------------------------ schedule
+
+def schedule_gemm(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> None:
+    """Tile, stage and tensorize a GEMM-shaped kernel (matmul, conv2d: rows, cols, reductions...)."""
+    acc, epi_row, col_tile = _tile_output(sch, spec, tiling)
+    _tensorize_tile(sch, spec, tiling, arch, acc, epi_row, col_tile)
+
+
+def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
+    """Tile the epilogue's (row, col) loops and pull acc, the channel rows, the residual and the
+    store under them. Returns (acc, the epilogue's row loop in the tile, the tile loop)."""
+    epi = sch.get_sblock("epi")
+    *_, row, col = sch.get_loops(epi)
+    row_outer, row_inner = sch.split(row, [None, tiling.tm])
+    col_outer, col_inner = sch.split(col, [None, tiling.tn])
+    sch.reorder(row_outer, col_outer, row_inner, col_inner)
+    acc = sch.get_sblock("acc")
+    sch.compute_at(acc, col_outer)
+    for name in channel_rows(spec):
+        block = sch.get_sblock(name)
+        sch.compute_at(block, col_outer)
+        sch.set_scope(block, 0, SPAD)
+    stage_residual(sch, spec, col_outer)
+    sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
+    sch.set_scope(acc, 0, SPAD)
+    sch.set_scope(epi, 0, SPAD)
+    return acc, row_inner, col_outer
+
+
+def stage_residual(sch, spec: KernelSpec, col_outer) -> None:
+    """The residual tile (block res_pad, if the kernel has one) in the scratchpad, loaded by one
+    DMA per output tile under `col_outer`. Its pixel loop is split into whole output rows like
+    the operand gather's, so that the copy reads as a box (y, ox, channel) of the NCHW tensor."""
+    if not spec.residual_shape:
+        return
+    res = sch.get_sblock("res_pad")
+    sch.compute_at(res, col_outer)
+    sch.set_scope(res, 0, SPAD)
+    if spec.row_step > 1:
+        sch.split(sch.get_loops(res)[-2], [None, spec.row_step])
+
+
+def _tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription, acc, epi_row, col_tile):
+    """Stage operand tiles per reduction step and tensorize the tile onto the NPU.
+
+    One GEMM command covers a whole tm x tn x tk scratchpad tile: the PE array's sequencer runs
+    its (tm / rows) x (tn / cols) folds back to back (the simulator times folds exactly as it
+    would separate PE-sized passes), so the command stream stays short. compute_at drops
+    unit-extent loops (a 1x1 kernel has no ry/rx loop), so acc's loops are found after the tile
+    loop, not by count; the tiling keeps the row, column and depth extents above 1."""
+    row, col, *reductions = loops_after(sch, acc, col_tile)
+    *outer_reductions, depth = reductions
+    depth_outer, depth_inner = sch.split(depth, [None, tiling.tk])
+    sch.reorder(*outer_reductions, depth_outer, row, col, depth_inner)
+    for name in ("a_pad", "b_pad"):
+        block = sch.get_sblock(name)
+        sch.compute_at(block, depth_outer)
+        sch.set_scope(block, 0, SPAD)
+    # The PE array reads one element of each of A's rows a cycle: rows a multiple of the
+    # banks' period apart would all sit in one bank.
+    align_rows(sch, sch.get_sblock("a_pad"), tiling.tk,
+               a_row_stride(tiling.tm, tiling.tk, DType.from_name(spec.dtype).itemsize, arch), spec.dtype, arch)
+    if spec.row_step > 1:
+        # The operand copy walks output pixels p = y * OW + ox; split p into (y, ox) so the
+        # gather is a DMA box (the DMA pass simplifies p // OW, p % OW on these loop bounds).
+        pixel_loop = sch.get_loops(sch.get_sblock("a_pad"))[-2]
+        sch.split(pixel_loop, [None, spec.row_step])
+    first_reduction = outer_reductions[0] if outer_reductions else depth_outer
+    init = sch.decompose_reduction(acc, first_reduction)
+    sch.tensorize(row, get_intrin("gemm", tiling.tm, tiling.tn, tiling.tk, spec.dtype, spec.acc_dtype))
+    sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", tiling.tm, tiling.tn, spec.acc_dtype))
+    sch.tensorize(epi_row, epilogue_intrin(spec, tiling))
+    align_output_rows(sch, spec, tiling, arch)
+
+
+def loops_after(sch, block, anchor) -> list:
+    """The loops of `block` nested inside the loop `anchor`."""
+    loops = sch.get_loops(block)
+    start = [i for i, loop in enumerate(loops) if sch.get_sref(loop).same_as(sch.get_sref(anchor))][0]
+    return loops[start + 1:]

@@ -1,0 +1,70 @@
+"""The CGRA tensor intrinsics: one table, from which TensorIntrins are made on demand.
+
+Stage: schedule and tensorize. Each entry of `INTRINSICS` ties an ISA opcode to a factory
+(pe_array.py for the PE array, vector_unit.py for the vector unit) that returns the TVMScript
+description (what the hardware computes, in TIR) and implementation (the `call_extern` the code
+generator lowers into a runtime call that records that opcode), both built by builder.py. Their
+numpy semantics live in the simulator's functional core; `tests/test_intrinsics.py` runs every
+entry through all three.
+
+Intrinsics are sized per kernel (PE-array passes of `rows x cols x depth`, vector ops over a
+whole tile), so they are registered under names that carry their parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from tvm.s_tir import TensorIntrin
+
+from cgra_sim.isa import Op
+
+from .builder import SPAD
+from .pe_array import depthwise_intrin, gemm_intrin
+from .pool_window import PoolWindow
+from .vector_unit import eltwise_intrin, epilogue_intrin, fill_intrin, pool_intrin
+
+__all__ = ["INTRINSICS", "SPAD", "Intrinsic", "get_intrin", "intrin_name"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Intrinsic:
+    op: Op  # the ISA command its implementation records
+    factory: Callable  # (*parameters, scope=SPAD) -> (description, implementation)
+
+
+INTRINSICS = {
+    "gemm": Intrinsic(Op.GEMM, gemm_intrin),
+    "depthwise": Intrinsic(Op.DEPTHWISE, depthwise_intrin),
+    "fill": Intrinsic(Op.FILL, fill_intrin),
+    "epilogue": Intrinsic(Op.EPILOGUE, epilogue_intrin),
+    "pool": Intrinsic(Op.POOL, pool_intrin),
+    "eltwise": Intrinsic(Op.ELTWISE, eltwise_intrin),
+}
+
+
+def intrin_name(kind: str, *params) -> str:
+    return "cgra." + kind + "." + ".".join(_param_name(p) for p in params)
+
+
+def _param_name(param) -> str:
+    """A parameter in an intrinsic's name; a clip's (lo, hi) as "clip_lo_hi", an ELTWISE
+    operand's (walks rows, walks cols) as "full_True_False", a pooling window as its fields."""
+    if isinstance(param, PoolWindow):
+        return param.name
+    if isinstance(param, tuple) and all(isinstance(v, bool) for v in param):
+        return "full_" + "_".join(str(v) for v in param)
+    if isinstance(param, tuple):
+        return "clip_" + "_".join(repr(float(v)) for v in param)
+    return str(param)
+
+
+def get_intrin(kind: str, *params) -> str:
+    """Register (once) and return the name of the `kind` intrinsic for these parameters."""
+    name = intrin_name(kind, *params)
+    try:
+        TensorIntrin.get(name)
+    except Exception:  # not registered yet: TensorIntrin.get raises when the name is unknown
+        TensorIntrin.register(name, *INTRINSICS[kind].factory(*params))
+    return name

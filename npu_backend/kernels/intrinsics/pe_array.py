@@ -1,0 +1,81 @@
+"""The PE array's intrinsics: GEMM over scratchpad tiles, and DEPTHWISE's sliding window.
+
+Stage: schedule and tensorize. Each factory returns the (description, implementation) pair of one
+intrinsic sized for a kernel's tile (builder.py); `window_sum` is the one expression of a
+depthwise output, shared with the depthwise kernel's TE compute so tensorize sees one expression.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+
+from cgra_sim.isa import GEMM_ACCUMULATE, DType
+
+from .builder import SPAD, Tile, intrinsic
+
+
+def dtype_code(dtype: str) -> int:
+    """The ISA's code of a dtype, as the device calls take it."""
+    return int(DType.from_name(dtype))
+
+
+def gemm_intrin(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str, scope: str = SPAD):
+    """One GEMM: acc[rows, cols] += A[rows, depth] @ B[depth, cols] on scratchpad tiles (the PE
+    array runs its folds of a tile larger than itself back to back)."""
+    a, b = Tile("A", (rows, depth), dtype), Tile("B", (depth, cols), dtype)
+    acc = Tile("C", (rows, cols), acc_dtype)
+
+    def value(buffers, i, j, k):
+        return tirx.Cast(acc_dtype, buffers["A"][i, k]) * tirx.Cast(acc_dtype, buffers["B"][k, j])
+
+    def call(buffers, strides):
+        A, B, C = buffers["A"], buffers["B"], buffers["C"]
+        return tirx.call_extern(
+            "int32", "cgra_gemm", GEMM_ACCUMULATE, dtype_code(dtype), rows, cols, depth,
+            A.data, A.elem_offset, strides["A"][0], B.data, B.elem_offset, strides["B"][0],
+            C.data, C.elem_offset, strides["C"][0])
+
+    return intrinsic([a, b], acc, "update", value, call, grid=(rows, cols, depth), kinds="SSR",
+                     accumulate=True, scope=scope)
+
+
+def window_extent(out: int, kernel: int, stride: int, dilation: int) -> int:
+    """Input rows (or columns) a window of `out` outputs reads."""
+    return (out - 1) * stride + (kernel - 1) * dilation + 1
+
+
+def window_sum(load_a, load_b, y, x, c, window, acc_dtype: str):
+    """The depthwise sum at output (y, x, c): taps ry-major, each term cast to `acc_dtype`, added
+    left to right (the order the simulator adds them in). `window` = (kh, kw, sh, sw, dh, dw);
+    `load_a(iy, ix, c)` and `load_b(ry, rx, c)` read the input window and the weights."""
+    kh, kw, sh, sw, dh, dw = window
+    total = None
+    for ry in range(kh):
+        for rx in range(kw):
+            term = load_a(y * sh + ry * dh, x * sw + rx * dw, c).astype(acc_dtype) * \
+                load_b(ry, rx, c).astype(acc_dtype)
+            total = term if total is None else total + term
+    return total
+
+
+def depthwise_intrin(oh: int, ow: int, cols: int, window: tuple, dtype: str, acc_dtype: str,
+                     scope: str = SPAD):
+    """One DEPTHWISE, a PE per output: acc[oh, ow, cols] = the window sum over an input tile
+    (in_h, in_w, cols) and weights (kh, kw, cols). `window` = (kh, kw, sh, sw, dh, dw)."""
+    kh, kw, sh, sw, dh, dw = window
+    a = Tile("A", (window_extent(oh, kh, sh, dh), window_extent(ow, kw, sw, dw), cols), dtype)
+    b, acc = Tile("B", (kh, kw, cols), dtype), Tile("C", (oh, ow, cols), acc_dtype)
+
+    def value(buffers, y, x, c):
+        return window_sum(lambda i, j, k: buffers["A"][i, j, k], lambda i, j, k: buffers["B"][i, j, k],
+                          y, x, c, window, acc_dtype)
+
+    def call(buffers, strides):
+        A, B, C = buffers["A"], buffers["B"], buffers["C"]
+        (sa0, sa1), (sb0, sb1), (sc0, sc1) = strides["A"], strides["B"], strides["C"]
+        return tirx.call_extern(
+            "int32", "cgra_depthwise", 0, dtype_code(dtype), oh, ow, cols, kh, kw,
+            A.data, A.elem_offset, sa0 * sh, sa1 * sw, sa0 * dh, sa1 * dw,
+            B.data, B.elem_offset, sb0, sb1, C.data, C.elem_offset, sc0, sc1)
+
+    return intrinsic([a, b], acc, "acc", value, call, scope=scope)

@@ -1,0 +1,65 @@
+"""How a kernel's TE compute reads its operands and is called: padded tiles, layouts, views.
+
+Stage: kernel definition (every family's compute uses these). A scratchpad tile is read through
+`padded`: the tensor's element inside the tensor, zero outside it. The DMA pass turns exactly
+that guard into the DMA halo (zero fill on load), so tiles may run past a tensor's edge and
+convolutions need no padded copy. `stored` and `logical` move a shape or index between the
+logical axis order (NCHW, OIHW) and a layout. `prim_func` builds the kernel's PrimFunc with its
+parameters in the order the offloaded Relax function passes them, and records the arguments the
+kernel reads through a view of another shape (attribute `cgra.arg_shapes`).
+"""
+
+from __future__ import annotations
+
+from tvm import te, tirx
+
+
+def in_bounds(indices, shape):
+    """The condition under which `indices` lie inside a tensor of `shape` (the DMA halo test)."""
+    cond = None
+    for index, extent in zip(indices, shape):
+        for term in (index >= 0 if not _provably_nonnegative(index) else None, index < extent):
+            if term is not None:
+                cond = term if cond is None else tirx.all(cond, term)
+    return cond if cond is not None else tirx.const(True, "bool")
+
+
+def _provably_nonnegative(index) -> bool:
+    """Loop variables and their non-negative combinations need no lower-bound test."""
+    return isinstance(index, (tirx.Var, int)) or (
+        isinstance(index, tirx.Add) and _provably_nonnegative(index.a) and _provably_nonnegative(index.b)) or (
+        isinstance(index, tirx.Mul) and _provably_nonnegative(index.a) and _provably_nonnegative(index.b)) or (
+        isinstance(index, tirx.IntImm) and index.value >= 0)
+
+
+def padded(tensor, shape, indices):
+    """tensor[indices] inside the tensor, 0 outside: what a DMA load with a halo puts in a tile."""
+    value = tensor(*indices)
+    return tirx.if_then_else(in_bounds(indices, shape), value, tirx.const(0, tensor.dtype))
+
+
+def stored(logical_values, logical_axes: str, layout: str) -> tuple:
+    """A logical shape or index, e.g. (N, C, H, W), in the order `layout` (e.g. "NHWC") stores it."""
+    return tuple(logical_values[logical_axes.index(axis)] for axis in layout)
+
+
+def logical(stored_values, layout: str, logical_axes: str = "NCHW") -> tuple:
+    """A shape stored in `layout` in the logical order `logical_axes` (e.g. NHWC -> NCHW)."""
+    return tuple(stored_values[layout.index(axis)] for axis in logical_axes)
+
+
+def prim_func(roles, inputs: dict, out, views=None):
+    """The PrimFunc over `inputs` (role -> placeholder) and `out`, parameters in `roles` order.
+
+    `views` maps a role ("lhs", ..., "out") whose parameter is a view to the shape the caller
+    passes; the code generator checks that shape and binds the view (`cgra.arg_shapes`)."""
+    func = te.create_prim_func([inputs[role] for role in roles] + [out])
+    if views:
+        func = func.with_attr("cgra.arg_shapes", [list(views.get(role, ())) for role in list(roles) + ["out"]])
+    return func
+
+
+def kernel_prim_func(spec, inputs: dict, out, views=None):
+    """`prim_func` for a KernelSpec: parameters in `spec.roles` order, the views the spec's
+    caller shapes name (a compact (B, S, K) input read as (B * S, K)) plus `views`."""
+    return prim_func(spec.roles, inputs, out, {**dict(spec.caller_shapes), **(views or {})})

@@ -1,0 +1,238 @@
+"""The pooling family: max_pool2d, avg_pool2d and global average pooling on the vector unit's POOL.
+
+Stage: partition (its patterns and spec), kernel definition, tiling and schedule. One Relax call
+each, no epilogue: relax.nn.max_pool2d, relax.nn.avg_pool2d, relax.nn.adaptive_avg_pool2d to a
+1 x 1 output and relax.mean over the two spatial axes (what the ONNX importer makes of
+GlobalAveragePool), on any order of the NCHW axes. The kernel's blocks:
+
+    a_pad   the input window in the scratchpad, (N, rows, columns, channels) with the padding
+            as the DMA's zero halo: window position (py, px) is input pixel (py - top, px - left)
+    acc     the pooled tile, one POOL command per (image, channel tile)
+    out     the store back to the host tensor, in its layout
+
+A tile is a whole image by `tn` channels, so whether a tap lies in the padding depends only on
+the output's place in the image, known at compile time: the valid rectangle is the image, the
+count rectangle the image (count_include_pad=False) or the padded image (True). Ceil mode's last
+windows reach past the padded image into more halo, outside both.
+"""
+
+from __future__ import annotations
+
+from tvm import te
+from tvm.relax.dpl import is_op, wildcard
+
+from cgra_sim.arch import HardwareDescription
+from cgra_sim.isa import DType
+
+from ..errors import ScratchpadTooSmall, UnsupportedOperator
+from ..relax_info import dtype_of, require_static_shape
+from .family import OpFamily
+from .intrinsics import SPAD, get_intrin
+from .intrinsics.pool_window import PoolWindow, never_valid_taps, pool_value
+from .operands import kernel_prim_func, logical, padded, stored
+from .spec import KernelSpec, PoolAttrs
+from .tiling import Tiling, aligned, round_up
+
+#: Pattern name -> the Relax operator it matches.
+POOL_OPS = {
+    "cgra.max_pool2d": "relax.nn.max_pool2d",
+    "cgra.avg_pool2d": "relax.nn.avg_pool2d",
+    "cgra.adaptive_avg_pool2d": "relax.nn.adaptive_avg_pool2d",
+    "cgra.mean": "relax.mean",
+}
+#: Input dtypes per kind: an average of integers would round, which POOL does not do.
+POOL_DTYPES = {"max": ("float32", "int8"), "avg": ("float32",)}
+
+
+def _patterns() -> list:
+    """(name, pattern, annotations) of every pooling pattern."""
+    graphs = []
+    for name, op in reversed(POOL_OPS.items()):
+        data = wildcard()
+        root = is_op(op)(data)
+        graphs.append((name, root, {"root": root, "lhs": data}))
+    return graphs
+
+
+def pool_spec(name: str, annotated: dict) -> KernelSpec:
+    """The pooling kernel of a matched call; raises UnsupportedOperator with the reason it cannot."""
+    call, data = annotated["root"], annotated["lhs"]
+    op = name.removeprefix("cgra.")
+    shape = require_static_shape(data, "data", UnsupportedOperator)
+    if len(shape) != 4:
+        raise UnsupportedOperator(f"{op} of a rank-{len(shape)} tensor: the NPU pools 4-D images")
+    spec = _SPECS[name](op, call, shape, dtype_of(data))
+    if spec.dtype not in POOL_DTYPES[spec.pool.kind]:
+        raise UnsupportedOperator(f"{op} on {spec.dtype}: the NPU's POOL takes "
+                                  f"{' or '.join(POOL_DTYPES[spec.pool.kind])} for a {spec.pool.kind} pool")
+    outside = never_valid_taps(pool_window(spec), spec.output_shape[2:])
+    if outside:
+        axis, tap = outside[0]
+        raise UnsupportedOperator(f"{op} of a {shape} image: window {'row' if axis == 0 else 'column'} {tap} lies "
+                                  "in the padding for every output (an image smaller than the window); the NPU's "
+                                  "POOL kernel takes whole windows")
+    return spec
+
+
+def _layout(op: str, attrs) -> str:
+    layout, out_layout = str(attrs.layout), str(attrs.out_layout)
+    if sorted(layout) != sorted("NCHW") or out_layout != layout:
+        raise UnsupportedOperator(f"{op} with layout {layout} -> {out_layout}: the NPU pools an order of the axes "
+                                  "NCHW (e.g. NCHW or NHWC) into the same layout")
+    return layout
+
+
+def _window_spec(op: str, call, shape, dtype: str) -> KernelSpec:
+    """max_pool2d / avg_pool2d: their attributes as they are."""
+    attrs = call.attrs
+    layout = _layout(op, attrs)
+    kind = "max" if op == "max_pool2d" else "avg"
+    dilation = tuple(int(d) for d in attrs.dilation)
+    if kind == "avg" and dilation != (1, 1):
+        raise UnsupportedOperator(f"avg_pool2d with dilation {dilation}: the NPU averages undilated windows")
+    padding = tuple(int(p) for p in attrs.padding)
+    padding = padding * (4 // len(padding))
+    pool = PoolAttrs(kind, tuple(int(k) for k in attrs.pool_size), bool(attrs.ceil_mode),
+                     bool(attrs.count_include_pad))
+    return KernelSpec("pool", dtype=dtype, acc_dtype=dtype, lhs_shape=logical(shape, layout), rhs_shape=(),
+                      strides=tuple(int(s) for s in attrs.strides), padding=padding, dilation=dilation,
+                      data_layout=layout, out_layout=layout, pool=pool, param_roles=("lhs",))
+
+
+def _global_spec(shape, layout: str, dtype: str, caller_shapes=()) -> KernelSpec:
+    """An average over the whole image: a window of H x W taps."""
+    n, c, h, w = logical(shape, layout)
+    return KernelSpec("pool", dtype=dtype, acc_dtype=dtype, lhs_shape=(n, c, h, w), rhs_shape=(),
+                      data_layout=layout, out_layout=layout, pool=PoolAttrs("avg", (h, w)),
+                      param_roles=("lhs",), caller_shapes=caller_shapes)
+
+
+def _adaptive_spec(op: str, call, shape, dtype: str) -> KernelSpec:
+    layout = _layout(op, call.attrs)
+    size = call.attrs.output_size
+    if size is None or tuple(int(s) for s in size) not in ((1, 1), (1,)):
+        raise UnsupportedOperator(f"adaptive_avg_pool2d to {None if size is None else tuple(int(s) for s in size)}: "
+                                  "the NPU runs the global one (output_size 1)")
+    return _global_spec(shape, layout, dtype)
+
+
+def _mean_spec(op: str, call, shape, dtype: str) -> KernelSpec:
+    """mean over the two spatial axes of NCHW (2, 3) or NHWC (1, 2) data, keepdims or not."""
+    axes = tuple(sorted(int(a) % 4 for a in call.attrs.axis)) if call.attrs.axis is not None else (0, 1, 2, 3)
+    layouts = {(2, 3): "NCHW", (1, 2): "NHWC"}
+    if axes not in layouts:
+        raise UnsupportedOperator(f"mean over axes {axes} is not a global average pool (axes (2, 3) of NCHW or "
+                                  "(1, 2) of NHWC data)")
+    caller = () if call.attrs.keepdims else (("out", tuple(d for i, d in enumerate(shape) if i not in axes)),)
+    return _global_spec(shape, layouts[axes], dtype, caller)
+
+
+_SPECS = {
+    "cgra.max_pool2d": _window_spec,
+    "cgra.avg_pool2d": _window_spec,
+    "cgra.adaptive_avg_pool2d": _adaptive_spec,
+    "cgra.mean": _mean_spec,
+}
+
+
+def pool_window(spec: KernelSpec) -> PoolWindow:
+    """The POOL window of a pooling kernel's tile (a whole image), rectangles in window positions."""
+    _, _, h, w = spec.lhs_shape
+    top, left, bottom, right = spec.padding
+    valid = (top, top + h, left, left + w)
+    count = None
+    if spec.pool.kind == "avg":
+        count = (0, top + h + bottom, 0, left + w + right) if spec.pool.count_include_pad else valid
+    return PoolWindow(spec.pool.kind, tuple(spec.pool.size), tuple(spec.strides), tuple(spec.dilation),
+                      valid, count)
+
+
+def window_extents(spec: KernelSpec) -> tuple[int, int]:
+    """(rows, columns) of the input window a pooling kernel holds: every output's taps."""
+    _, _, oh, ow = spec.output_shape
+    (kh, kw), (sh, sw), (dh, dw) = spec.pool.size, spec.strides, spec.dilation
+    return (oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1
+
+
+def pool_compute(spec: KernelSpec, tiling: Tiling):
+    """out[b, c, y, x] (in the spec's layout) = the pooled window of image b, channel c."""
+    n, _, _, _ = spec.lhs_shape
+    _, _, oh, ow = spec.output_shape
+    top, left, _, _ = spec.padding
+    in_h, in_w = window_extents(spec)
+    window = pool_window(spec)
+    data_shape = stored(spec.lhs_shape, "NCHW", spec.data_layout)
+    x = te.placeholder(data_shape, spec.dtype, name="data")
+    a_pad = te.compute((n, in_h, in_w, tiling.np), lambda b_, py, px, c: padded(
+        x, data_shape, stored((b_, c, py - top, px - left), "NCHW", spec.data_layout)), name="a_pad")
+    acc = te.compute((n, oh, ow, tiling.np), lambda b_, y, ox, c: pool_value(
+        lambda py, px, ch: a_pad[b_, py, px, ch], y, ox, c, window, (oh, ow), spec.dtype), name="acc")
+
+    def stored_out(*index):
+        axis = dict(zip(spec.out_layout, index))
+        return acc[axis["N"], axis["H"], axis["W"], axis["C"]]
+
+    out = te.compute(stored(spec.output_shape, "NCHW", spec.out_layout), stored_out, name="out")
+    return kernel_prim_func(spec, {"lhs": x}, out)
+
+
+def choose_pool_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
+    """The whole output image (tm = output rows) by `tn` channels (>= 2, any count: the vector
+    unit has no column alignment), kh * kw taps at once: the tn with the fewest estimated cycles
+    among those whose double-buffered window and output fit the scratchpad. np: channels padded
+    to whole tiles."""
+    n, channels, _, _ = spec.lhs_shape
+    _, _, oh, ow = spec.output_shape
+    in_h, in_w = window_extents(spec)
+    taps = spec.pool.size[0] * spec.pool.size[1]
+    size = DType.from_name(spec.dtype).itemsize
+    best = None
+    for tn in range(2, max(channels, 2) + 1):
+        if aligned(2 * in_h * in_w * tn * size) + aligned(2 * oh * ow * tn * size) > arch.spad_bytes:
+            break
+        tiles = n * -(-channels // tn)
+        key = (_estimate_cycles(tiles, in_h * in_w * tn * size, oh * ow * tn * size, oh * ow * tn * taps, arch), -tn)
+        if best is None or key < best[0]:
+            best = (key, Tiling(oh, tn, taps, oh, round_up(channels, tn), taps))
+    if best is None:
+        raise ScratchpadTooSmall(
+            f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold the {in_h}x{in_w} input "
+            f"window of two channels that a pooling kernel takes (the whole image at once): describe a "
+            "larger scratchpad")
+    return best[1]
+
+
+def _estimate_cycles(tiles: int, load_bytes: int, store_bytes: int, taps: int, arch: HardwareDescription) -> int:
+    """First-order cycles of a tiled pooling kernel under the simulator's timing model: the
+    busiest unit per tile, or, with two copies of each buffer, half of a buffer's round trip
+    (a window is loaded, with the DMA latency, then pooled before the load two tiles later can
+    reuse it; an output is pooled, then stored, with the latency, before it is written again);
+    plus the first load and the last store."""
+    load = -(-load_bytes // arch.dma_bytes_per_cycle)
+    store = -(-store_bytes // arch.dma_bytes_per_cycle)
+    vector = -(-taps // arch.vector_lanes) + 2
+    period = max(load, vector, store, -(-(arch.dma_latency + load + vector) // 2),
+                 -(-(vector + arch.dma_latency + store) // 2))
+    return tiles * period + 2 * arch.dma_latency + load + store
+
+
+def schedule_pool(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> None:
+    """Per (image, tn channels): one DMA of the input window, one POOL, one DMA store. The tile
+    loops are the accumulator's own (it is the anchor), so its output loops keep their extents
+    even when they are 1 (a global pool's 1 x 1 output) and the tile can always be tensorized."""
+    acc = sch.get_sblock("acc")
+    images, rows, cols, channels = sch.get_loops(acc)
+    channel_tile, channel = sch.split(channels, [None, tiling.tn])
+    sch.reorder(images, channel_tile, rows, cols, channel)
+    sch.set_scope(acc, 0, SPAD)
+    a_pad = sch.get_sblock("a_pad")
+    sch.compute_at(a_pad, channel_tile)
+    sch.set_scope(a_pad, 0, SPAD)
+    sch.reverse_compute_at(sch.get_sblock("out"), channel_tile)
+    _, _, oh, ow = spec.output_shape
+    sch.tensorize(rows, get_intrin("pool", oh, ow, tiling.tn, pool_window(spec), spec.dtype))
+
+
+POOL = OpFamily(
+    name="pool", ops=("pool",), patterns=_patterns, spec_from_match=pool_spec, choose_tiling=choose_pool_tiling,
+    compute=pool_compute, schedule=schedule_pool, host_ops={op: name for name, op in POOL_OPS.items()})

@@ -1,0 +1,145 @@
+"""The one list of op families, and what the stages ask of it.
+
+Stage: shared by partition (the pattern table and the reason a match stays on the host), the
+target hook (an offloaded function's spec, its family's tiling, compute and schedule) and
+explain. FAMILIES is ordered: the fusion patterns are tried in this order after the epilogue
+chains of the families with roots (epilogue.py sorts those among themselves, most specific
+first), so the standalone elementwise ops come last and an add a kernel's epilogue can fuse is
+taken by that kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from ..errors import CGRAError, UnsupportedCopy, UnsupportedOperator, stage_context
+from ..partition.composite import composite_call, composite_name, composite_ops, matched_roles
+from .conv2d import CONV2D
+from .depthwise import DEPTHWISE
+from .eltwise import ELTWISE
+from .epilogue import chain_pattern_graphs
+from .family import OpFamily
+from .matmul import MATMUL
+from .pool import POOL
+
+FAMILIES: tuple[OpFamily, ...] = (MATMUL, CONV2D, DEPTHWISE, POOL, ELTWISE)
+
+
+@dataclasses.dataclass(frozen=True)
+class PatternEntry:
+    """One fusion pattern and the family whose kernels it offloads."""
+
+    name: str  # "cgra.conv2d_bias_relu"
+    pattern: object  # the DFPattern
+    annotations: dict  # role -> DFPattern
+    family: OpFamily
+
+
+@functools.cache
+def pattern_table() -> tuple[PatternEntry, ...]:
+    """Every fusion pattern in the order FuseOpsByPattern must try them (see the module doc)."""
+    roots = [(root, family) for family in FAMILIES for root in family.roots()]
+    owner = {root.name: family for root, family in roots}
+    entries = [PatternEntry(name, pattern, roles, owner[root])
+               for name, pattern, roles, root in chain_pattern_graphs([root for root, _ in roots])]
+    entries += [PatternEntry(name, pattern, roles, family)
+                for family in FAMILIES for name, pattern, roles in family.patterns()]
+    return tuple(entries)
+
+
+def entries_named(name: str) -> list[PatternEntry]:
+    """The patterns registered under `name` (a mirrored residual add shares its name)."""
+    found = [entry for entry in pattern_table() if entry.name == name]
+    if not found:
+        raise UnsupportedOperator(f"'{name}' is not a cgra pattern")
+    return found
+
+
+def family_of(spec) -> OpFamily:
+    """The family that builds the kernel of `spec` (by its op)."""
+    for family in FAMILIES:
+        if spec.op in family.ops:
+            return family
+    raise CGRAError(f"no op family builds '{spec.op}' kernels (known: "
+                    f"{', '.join(op for family in FAMILIES for op in family.ops)})")
+
+
+def spec_from_match(name: str, annotated: dict):
+    """The kernel pattern `name` matching `annotated` (role -> expression) would become."""
+    return entries_named(name)[0].family.spec_from_match(name, annotated)
+
+
+def offload_reason(name: str, annotated: dict, arch) -> str | None:
+    """None if the match can run on the NPU described by `arch`, else the reason it stays on the host."""
+    try:
+        spec = spec_from_match(name, annotated)
+        family = family_of(spec)
+        if family.checks_pe_dtype and spec.dtype not in arch.dtypes:
+            return f"{arch.name} computes {', '.join(arch.dtypes)}, not {spec.dtype}"
+        family.choose_tiling(spec, arch)
+    except CGRAError as err:
+        return str(err)
+    return None
+
+
+def host_patterns() -> dict:
+    """Relax op -> the pattern explain reads a host call of it with."""
+    return {op: pattern for family in FAMILIES for op, pattern in family.host_ops.items()}
+
+
+# ------------------------------------------------------------------ an offloaded function
+
+def offloaded_spec(func):
+    """The spec of an offloaded Relax function (attribute Codegen "cgra"), as the target hook
+    and explain read it: errors name the partition stage and the kernel's symbol."""
+    with stage_context("partition", str(func.attrs["global_symbol"])):
+        _check_call_order(func)
+        return spec_from_composite(func)
+
+
+def spec_from_composite(func):
+    """The spec of the composite inside `func`: its roles from the pattern it was fused with,
+    its parameters in the function's order, its Relax operators as source ops."""
+    name = composite_name(func)
+    entries = entries_named(name)
+    annotated = matched_roles(func, [(entry.pattern, entry.annotations) for entry in entries])
+    spec = entries[0].family.spec_from_match(name, annotated)
+    composite, _ = composite_call(func)
+    roles = {}
+    for role, expr in annotated.items():
+        roles.setdefault(expr, []).append(role)
+    param_roles = []
+    for param in composite.params:
+        if len(roles.get(param, [])) != 1:
+            raise UnsupportedOperator(f"parameter '{param.name}' of '{name}' plays {roles.get(param, [])} "
+                                      "roles; each operand must be its own tensor")
+        param_roles.append(roles[param][0])
+    source_ops = tuple(call.op.name.replace("relax.", "") for _, call in composite_ops(func))
+    return dataclasses.replace(spec, param_roles=tuple(param_roles), source_ops=source_ops)
+
+
+def _check_call_order(func) -> None:
+    """The kernel's parameters are the composite's; the wrapper must pass its own in order."""
+    _, call = composite_call(func)
+    if call is not None and list(call.args) != list(func.params):
+        raise UnsupportedCopy("the offloaded function reorders its parameters before the composite")
+
+
+# ------------------------------------------------------------------ user schedules
+
+_USER_SCHEDULES: dict = {}
+
+
+def register_schedule(op: str, fn=None):
+    """Use `fn(sch, spec, tiling, arch)` instead of the family's schedule for every `op` kernel
+    (usable as a decorator); `fn=None` without decorating restores the family's."""
+    def register(fn):
+        _USER_SCHEDULES[op] = fn
+        return fn
+    return register(fn) if fn is not None else register
+
+
+def schedule_of(spec):
+    """The schedule function for `spec`'s kernel: a user's, else its family's."""
+    return _USER_SCHEDULES.get(spec.op) or family_of(spec).schedule

@@ -1,0 +1,57 @@
+"""Reading an offloaded function: its composite, the composite's operators, and the roles the
+pattern it was fused with gives its expressions.
+
+Stage: partition (read by the target hook, explain and source_nodes). FuseOpsByPattern wraps each
+match in a composite function (attribute `Composite`: the pattern's name), called from an
+offloaded function (attribute `Codegen`, what RunCodegen compiles); `composite_call` finds the
+composite inside. `matched_roles` runs the pattern it was fused with over the composite's body
+and returns what each annotated role (lhs, rhs, bias, ...) matched: the same roles the pattern's
+check function saw during partitioning, taken from the match itself.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from ..errors import UnsupportedOperator
+
+
+def composite_call(func):
+    """(composite function, its call) inside an offloaded wrapper function; (func, None) for a
+    composite itself."""
+    if "Composite" in (func.attrs or {}):
+        return func, None
+    bindings = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    for value in bindings.values():
+        callee = getattr(value, "op", None)
+        callee = bindings.get(callee, callee)
+        if isinstance(callee, relax.Function) and "Composite" in (callee.attrs or {}):
+            return callee, value
+    raise UnsupportedOperator("the offloaded function holds no cgra composite")
+
+
+def composite_name(func) -> str:
+    """The pattern name of the composite inside `func` ("cgra.conv2d_bias_relu")."""
+    return str(composite_call(func)[0].attrs["Composite"])
+
+
+def composite_ops(func) -> list:
+    """The (var, call) bindings of the Relax operators the composite inside `func` computes, in order."""
+    composite, _ = composite_call(func)
+    return [(b.var, b.value) for block in composite.body.blocks for b in block.bindings
+            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
+
+
+def matched_roles(func, candidates) -> dict:
+    """role -> expression of the composite inside `func`, from the first of `candidates`
+    ((pattern, annotations) pairs: the patterns registered under its name) that matches its
+    body. Raises UnsupportedOperator if none does."""
+    composite, _ = composite_call(func)
+    var2val = relax.analysis.get_var2val(composite)
+    output = composite.body.body
+    for pattern, annotations in candidates:
+        matched = pattern.extract_matched_expr(var2val.get(output, output), var2val)
+        if matched is not None:
+            return {role: matched[node] for role, node in annotations.items() if node in matched}
+    raise UnsupportedOperator(f"the composite '{composite.attrs['Composite']}' does not match its own pattern")
