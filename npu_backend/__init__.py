@@ -24,10 +24,8 @@ from .device.profile import Profile, profile
 from .device.runtime_lib import load_runtime
 from .device.simulator_backend import register_backend
 from .errors import CGRAError, ScheduleError, ScratchpadTooSmall, UnsupportedCopy, UnsupportedOperator
-from .kernels import offload_reason, pattern_table
 from .options import CompileOptions
-from .partition.patterns import fusion_patterns
-from .pipeline import STAGES, cgra_pipeline
+from .pipeline import STAGES, cgra_pipeline, fusion_patterns
 from .target.relax_ext import register_target_hook
 from .target.tags import install_default_pipeline, register_target_tags
 from .tools.explain import Placement, explain, format_placements, npu_mac_fraction
@@ -69,7 +67,7 @@ def _register() -> None:
     # Also list the patterns in TVM's registry (with the default chip's limits) so that tools
     # that look there see them; the pipeline itself builds them for the chosen chip.
     # (TVM's registry: later registrations win, so the first pattern to try goes in last.)
-    patterns = fusion_patterns(pattern_table(), offload_reason, load_arch(DEFAULT_ARCH))
+    patterns = fusion_patterns(load_arch(DEFAULT_ARCH))
     register_patterns([(p.name, p.pattern, p.annotation_patterns, p.check) for p in reversed(patterns)])
 
 

@@ -1,7 +1,8 @@
 """Environment variables npu_backend reads, declared in one place.
 
-Nothing reads them at import time; each is read where it is used, through the name declared here.
-(CMake, which builds the runtime, still honours its own standard variables such as CXX.)
+Each is read where it is used, through the name declared here; CGRA_RUNTIME_CACHE when the
+runtime library is loaded, which `import npu_backend` does. (CMake, which builds the runtime,
+still honours its own standard variables such as CXX.)
 """
 
 #: Directory under which the CGRA runtime library is built and cached, one `runtime-<hash>/`

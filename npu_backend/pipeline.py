@@ -14,6 +14,8 @@ import dataclasses
 
 import tvm
 from tvm import relax, s_tir, tirx
+from tvm.relax.backend.utils import has_leaking_intermediate_variables
+from tvm.relax.transform import FusionPattern
 
 from cgra_sim.arch import HardwareDescription
 
@@ -27,7 +29,6 @@ from .normalise.clips import canonicalize_clips_pass
 from .normalise.fold_weights import fold_weights
 from .normalise.qdq import canonicalize_qdq
 from .options import CompileOptions, dump
-from .partition.patterns import fusion_patterns
 from .partition.scalar_args import bind_scalar_arguments
 from .partition.source_nodes import record_source_nodes
 
@@ -60,14 +61,27 @@ def partition(mod, arch, options):
     del options
     # Offload every subgraph an op family's pattern matches and the chip can run (kernels/);
     # weights stay arguments so the kernels can DMA them.
-    patterns = fusion_patterns(pattern_table(), offload_reason, arch)
-    partitioned = relax.transform.FuseOpsByPattern(patterns, bind_constants=False, annotate_codegen=True)(mod)
+    partitioned = relax.transform.FuseOpsByPattern(fusion_patterns(arch), bind_constants=False,
+                                                   annotate_codegen=True)(mod)
     # Each offloaded call site keeps the model nodes (ONNX node names) it came from, so every
     # kernel launch reports its own layer (identical layers get a copy of the kernel each).
     partitioned = record_source_nodes(mod, partitioned)
     # Scalars (a requantisation's zero point) are bound inside the kernel that needs them at
     # compile time (partition/scalar_args.py).
     return bind_scalar_arguments(partitioned)
+
+
+def fusion_patterns(arch: HardwareDescription) -> list[FusionPattern]:
+    """The op families' patterns (kernels.pattern_table, in the order to try them), each accepting
+    a match only when the chip can run it and no value computed inside it is used outside it
+    (that value would have to leave the kernel too)."""
+    patterns = []
+    for entry in pattern_table():
+        def check(context, name=entry.name):
+            return offload_reason(name, context.annotated_expr, arch) is None and \
+                not has_leaking_intermediate_variables(context)
+        patterns.append(FusionPattern(entry.name, entry.pattern, entry.annotations, check))
+    return patterns
 
 
 def codegen(mod, arch, options):
@@ -94,7 +108,7 @@ class Kernel:
     symbol: str
     spec: object  # a family's spec (kernels/spec.py, kernels/eltwise.py)
     attrs: dict  # PrimFunc attributes of the lowered kernel (cgra.arch, cgra.source_ops)
-    tiling: object = None  # kernels/tiling.Tiling, from the "tiling" stage on
+    tiling: object = None  # kernels.Tiling, from the "tiling" stage on
     func: object = None  # the PrimFunc: s_tir, then scheduled, then lowered
 
     def script(self) -> str:

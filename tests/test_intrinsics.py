@@ -17,7 +17,7 @@ from cgra_codegen import DEVICE_CALLS
 from cgra_sim import load_arch, simulate
 from cgra_sim.isa import DType, EltwiseFunc, Op, encode
 from npu_backend.kernels.intrinsics import INTRINSICS, SPAD
-from npu_backend.kernels.intrinsics.pool_window import PoolWindow
+from npu_backend.kernels.intrinsics.vector_unit import PoolWindow
 
 ARCH = load_arch("cgra-8x8")
 

@@ -23,8 +23,7 @@ from .epilogue import Root, epilogue_compute, epilogue_fields, epilogue_operands
 from .family import OpFamily
 from .gemm import choose_gemm_tiling, schedule_gemm
 from .operands import kernel_prim_func, logical, padded, stored
-from .spec import CONV2D_LAYOUTS, KernelSpec
-from .tiling import Tiling
+from .spec import CONV2D_LAYOUTS, KernelSpec, Tiling
 
 
 def _roots() -> list[Root]:

@@ -25,8 +25,7 @@ from .intrinsics import SPAD, get_intrin
 from .intrinsics.pe_array import window_extent, window_sum
 from .operands import kernel_prim_func, padded, stored
 from .spad_layout import align_output_rows, align_rows, out_row_stride, store_walks_rows, window_pixel_stride
-from .spec import KernelSpec
-from .tiling import Tiling, aligned, round_up
+from .spec import KernelSpec, Tiling, aligned, round_up
 
 
 def padded_width(spec: KernelSpec) -> int:

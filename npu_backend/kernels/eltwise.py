@@ -33,7 +33,7 @@ from .family import OpFamily
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.vector_unit import eltwise_value
 from .operands import padded, prim_func
-from .tiling import Tiling, aligned
+from .spec import Tiling, aligned
 
 #: Pattern name suffix -> the Relax operator it offloads.
 ELTWISE_OPS = {"add": "relax.add", "subtract": "relax.subtract", "multiply": "relax.multiply",

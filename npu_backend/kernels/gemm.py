@@ -23,8 +23,7 @@ from ..errors import ScratchpadTooSmall
 from .epilogue import channel_rows, epilogue_intrin
 from .intrinsics import SPAD, get_intrin
 from .spad_layout import a_row_stride, align_output_rows, align_rows, out_row_stride, store_walks_rows
-from .spec import KernelSpec
-from .tiling import Tiling, aligned, round_up
+from .spec import KernelSpec, Tiling, aligned, round_up
 
 
 # ------------------------------------------------------------------ tile search

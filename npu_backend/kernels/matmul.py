@@ -20,8 +20,7 @@ from .epilogue import Root, epilogue_compute, epilogue_fields, epilogue_operands
 from .family import OpFamily
 from .gemm import choose_gemm_tiling, schedule_gemm
 from .operands import kernel_prim_func, padded
-from .spec import KernelSpec
-from .tiling import Tiling
+from .spec import KernelSpec, Tiling
 
 
 def _roots() -> list[Root]:

@@ -28,10 +28,9 @@ from ..errors import ScratchpadTooSmall, UnsupportedOperator
 from ..relax_info import dtype_of, require_static_shape
 from .family import OpFamily
 from .intrinsics import SPAD, get_intrin
-from .intrinsics.pool_window import PoolWindow, never_valid_taps, pool_value
+from .intrinsics.vector_unit import PoolWindow, never_valid_taps, pool_value
 from .operands import kernel_prim_func, logical, padded, stored
-from .spec import KernelSpec, PoolAttrs
-from .tiling import Tiling, aligned, round_up
+from .spec import KernelSpec, PoolAttrs, Tiling, aligned, round_up
 
 #: Pattern name -> the Relax operator it matches.
 POOL_OPS = {

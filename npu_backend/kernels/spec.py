@@ -1,14 +1,17 @@
-"""What one offloaded kernel computes, independent of the hardware: the `KernelSpec`.
+"""What one offloaded kernel computes (`KernelSpec`) and the tiles it is cut into (`Tiling`).
 
-Stage: kernel definition. A family's `spec_from_match` (matmul.py, conv2d.py, pool.py) reads a
-`KernelSpec` off the Relax subgraph a pattern matched; tiling, the TE compute and the schedule
-read only the spec. Shapes are logical (NCHW data, OIHW weights); layouts say how each tensor
-is stored. The standalone elementwise family has its own spec (eltwise.py).
+Stage: kernel definition and tiling. A family's `spec_from_match` (matmul.py, conv2d.py, pool.py)
+reads a `KernelSpec` off the Relax subgraph a pattern matched, independent of the hardware; its
+tile search turns spec and hardware description into a `Tiling`; the TE compute and the schedule
+read only these two. Shapes are logical (NCHW data, OIHW weights); layouts say how each tensor is
+stored. The standalone elementwise family has its own spec (eltwise.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+from cgra_codegen.spad import SPAD_ALIGN as ALIGN  # the code generator's buffer placement
 
 #: The layouts the NCHW conv2d compute reads and writes: (data, weight, output).
 CONV2D_LAYOUTS = ("NCHW", "OIHW", "NCHW")
@@ -152,3 +155,27 @@ class KernelSpec:
         n, f, oh, ow = self.output_shape
         _, c, kh, kw = self.rhs_shape
         return n * f * oh * ow * c * kh * kw
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    """Scratchpad tile sizes and the padded extents a kernel iterates over (whole tiles, so that
+    every inner tile can be tensorized). What they mean per family, and how each searches them
+    against the hardware and the cost model, is in that family's module (gemm.py for matmul and
+    conv2d, depthwise.py, pool.py, eltwise.py)."""
+
+    tm: int  # rows of a scratchpad tile (PE-array folds of it run back to back)
+    tn: int  # columns of a scratchpad tile (a multiple of the PE array's columns)
+    tk: int  # reduction depth of a scratchpad tile
+    mp: int  # padded extents: whole tiles
+    np: int
+    kp: int
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def aligned(nbytes: int) -> int:
+    """Bytes a scratchpad buffer of `nbytes` takes, with the code generator's alignment."""
+    return round_up(nbytes, ALIGN)

@@ -64,12 +64,6 @@ def canonicalize_qdq(mod: tvm.IRModule) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination()(mod)  # the float layers nobody reads now
 
 
-def canonicalize_qdq_pass() -> tvm.transform.Pass:
-    """`canonicalize_qdq` as a module pass, for the normalise stage's pass list."""
-    return tvm.transform.module_pass(lambda mod, _ctx: canonicalize_qdq(mod), opt_level=0,
-                                     name="cgra.CanonicalizeQDQ")
-
-
 def _op_name(expr) -> str:
     return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else ""
 

@@ -10,6 +10,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..kernels.operands import stored
+
 ACC = {"int8": "int32", "float32": "float32"}
 
 
@@ -104,11 +106,6 @@ def conv2d_reference(x, w, stride, pad, dilation=(1, 1), groups=1):
     return out
 
 
-def _stored(logical, axes: str, layout: str) -> tuple:
-    """The permutation of `axes` (e.g. NCHW) that `layout` (e.g. NHWC) stores."""
-    return tuple(logical[axes.index(axis)] for axis in layout)
-
-
 def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype="float32",
                  bias=True, relu=True, dilation=(1, 1), groups=1, layouts=("NCHW", "OIHW", "NCHW"),
                  residual=False, clip=None):
@@ -117,14 +114,14 @@ def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype=
     NCHW / OIHW order whatever the layouts."""
     acc = ACC[dtype]
     data_layout, kernel_layout, out_layout = layouts
-    specs = [("data", _stored((n, c, h, w_), "NCHW", data_layout), dtype),
-             ("weight", _stored((f, c // groups, kh, kw), "OIHW", kernel_layout), dtype)]
+    specs = [("data", stored((n, c, h, w_), "NCHW", data_layout), dtype),
+             ("weight", stored((f, c // groups, kh, kw), "OIHW", kernel_layout), dtype)]
     specs += [("bias", tuple(f if axis == "C" else 1 for axis in out_layout), acc)] if bias else []
     if residual:
         top, left, bottom, right = pad
         oh = (h + top + bottom - dilation[0] * (kh - 1) - 1) // stride[0] + 1
         ow = (w_ + left + right - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-        specs += [("residual", _stored((n, f, oh, ow), "NCHW", out_layout), acc)]
+        specs += [("residual", stored((n, f, oh, ow), "NCHW", out_layout), acc)]
 
     def body(bb, x, w, *rest):
         y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=pad, dilation=dilation, groups=groups,
@@ -215,7 +212,7 @@ def pool_model(kind, n, c, h, w_, kernel, stride=(1, 1), pad=(0, 0, 0, 0), dilat
     """relax.nn.max_pool2d / avg_pool2d over (n, c, h, w_) data stored in `layout`:
     (module, inputs, reference)."""
     op = relax.op.nn.max_pool2d if kind == "max" else relax.op.nn.avg_pool2d
-    specs = [("data", _stored((n, c, h, w_), "NCHW", layout), dtype)]
+    specs = [("data", stored((n, c, h, w_), "NCHW", layout), dtype)]
 
     def body(bb, x):
         return bb.emit(op(x, kernel, stride, pad, dilation, ceil_mode=ceil_mode,

@@ -22,7 +22,7 @@ from cgra_sim.isa import Op
 
 from .builder import SPAD
 from .pe_array import depthwise_intrin, gemm_intrin
-from .pool_window import PoolWindow
+from .vector_unit import PoolWindow
 from .vector_unit import eltwise_intrin, epilogue_intrin, fill_intrin, pool_intrin
 
 __all__ = ["INTRINSICS", "SPAD", "Intrinsic", "get_intrin", "intrin_name"]
