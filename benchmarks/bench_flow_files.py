@@ -4,8 +4,9 @@ Compiles and runs one conv2d + bias + relu layer (`tvm.compile(mod, target="cgra
 VM on the simulator) under a call tracer, and prints the project's source files whose functions
 ran (npu_backend, cgra_codegen, cgra_sim), by package, in the order they are first entered, and
 the distinct calls from one file into another (the hops a reader makes following the flow); a
-call into a file first entered before the caller was goes back against the reading order. The runtime library is loaded and the
-intrinsics registered before tracing starts, so only the layer's own compile and run count.
+call into a file first entered before the caller was goes back against the reading order. The
+runtime library is loaded and the intrinsics registered before tracing starts, so only the
+layer's own compile and run count.
 
     python benchmarks/bench_flow_files.py [--list]
 """

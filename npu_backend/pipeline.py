@@ -205,8 +205,6 @@ def run_stages(mod: tvm.IRModule, arch: HardwareDescription, options: CompileOpt
 def run_kernel_stages(kernel: Kernel, arch: HardwareDescription, options: CompileOptions) -> dict:
     """Every kernel stage's output Kernel, by stage name; each dumped as it comes, so a failing
     stage leaves the ones before it to read. Errors name the stage and the kernel."""
-    from .errors import stage_context
-
     outputs = {}
     for index, (name, stage) in enumerate(KERNEL_STAGES):
         with stage_context(name, kernel.symbol):

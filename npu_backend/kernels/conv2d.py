@@ -13,8 +13,6 @@ kernel (depthwise.py): its spec reader is this one.
 
 from __future__ import annotations
 
-import dataclasses
-
 from tvm import s_tir, te
 from tvm.relax.dpl import is_op, wildcard
 

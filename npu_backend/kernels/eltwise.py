@@ -109,23 +109,23 @@ def eltwise_spec_from_match(name: str, annotated: dict) -> EltwiseSpec:
     lhs, rhs = annotated["lhs"], annotated["rhs"]
     if lhs.same_as(rhs):
         raise UnsupportedOperator(f"{func} takes the same tensor as both operands; the NPU kernel loads each "
-                            "operand from its own tensor: the op runs on the host")
+                                  "operand from its own tensor: the op runs on the host")
     dtypes = dtype_of(lhs), dtype_of(rhs)
     if dtypes[0] != dtypes[1]:
         raise UnsupportedOperator(f"{func} mixes {dtypes[0]} and {dtypes[1]}; the vector unit computes on "
-                            "one dtype (cast an operand first)")
+                                  "one dtype (cast an operand first)")
     if dtypes[0] not in ELTWISE_DTYPES:
         raise UnsupportedOperator(f"{func} on {dtypes[0] or 'an unknown dtype'} is not supported (the vector "
-                            f"unit computes {', '.join(ELTWISE_DTYPES)})")
+                                  f"unit computes {', '.join(ELTWISE_DTYPES)})")
     shapes = _shape(lhs, "left operand", func), _shape(rhs, "right operand", func)
     for role, shape in zip(("left", "right"), shapes):
         if not shape:
             raise UnsupportedOperator(f"{func} with a scalar {role} operand (shape ()): the NPU's DMA moves "
-                                "tensors of rank 1..4; the op runs on the host (a tensor of shape (1,) "
-                                "would broadcast on the NPU)")
+                                      "tensors of rank 1..4; the op runs on the host (a tensor of shape (1,) "
+                                      "would broadcast on the NPU)")
         if len(shape) > MAX_RANK:
             raise UnsupportedOperator(f"{func} of rank {len(shape)}: the NPU's DMA moves tensors of rank "
-                                f"1..{MAX_RANK}")
+                                      f"1..{MAX_RANK}")
     out, extents, lhs_full, rhs_full = eltwise_view(*shapes)
     return EltwiseSpec(func, dtypes[0], shapes[0], shapes[1], out, extents, lhs_full, rhs_full)
 

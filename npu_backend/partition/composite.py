@@ -50,8 +50,8 @@ def matched_roles(func, candidates) -> dict:
     composite, _ = composite_call(func)
     var2val = relax.analysis.get_var2val(composite)
     output = composite.body.body
-    for pattern, annotations in candidates:
+    for pattern, roles in candidates:
         matched = pattern.extract_matched_expr(var2val.get(output, output), var2val)
         if matched is not None:
-            return {role: matched[node] for role, node in annotations.items() if node in matched}
+            return {role: matched[node] for role, node in roles.items() if node in matched}
     raise UnsupportedOperator(f"the composite '{composite.attrs['Composite']}' does not match its own pattern")

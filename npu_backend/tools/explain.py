@@ -2,10 +2,10 @@
 
 Stage: tools (it runs normalise and partition, read-only). Input: a Relax IRModule and an
 architecture. Output: one `Placement` per operator call of the module's Relax functions, in
-order: "npu" with the kernel it becomes, or "host" with a reason a user can act on. It runs the same normalise and partition
-stages as the compiler and reads every offloaded function back through the target hook's own
-`offloaded_spec`, so what it says is what `tvm.compile` will do: a kernel the compiler would
-refuse raises the same error here.
+order: "npu" with the kernel it becomes, or "host" with a reason a user can act on. It runs the
+same normalise and partition stages as the compiler and reads every offloaded function back
+through the compiler's own `kernels.offloaded_spec`, so what it says is what `tvm.compile` will
+do: a kernel the compiler would refuse raises the same error here.
 """
 
 from __future__ import annotations
