@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from tvm import te
 
+from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
@@ -98,8 +99,7 @@ def choose_depthwise_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tili
             tiling = Tiling(tm, tn, kh * kw, round_up(rows, tm), round_up(channels, tn), kh * kw)
             loaded = (in_h * in_w + kh * kw) * tn * in_bytes
             loaded += tm * width * tn * acc_bytes if spec.residual_shape else 0
-            load = -(-loaded // arch.dma_bytes_per_cycle)
-            key = (_estimate_cycles(tiling, spec, width, load, arch), -tm * tn)
+            key = (_estimate_cycles(tiling, spec, width, cost.dma_transfer_cycles(arch, loaded), arch), -tm * tn)
             if best is None or key < best[0]:
                 best = (key, tiling)
     if best is None:
@@ -110,15 +110,16 @@ def choose_depthwise_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tili
 
 
 def _estimate_cycles(t: Tiling, spec: KernelSpec, width: int, load: int, arch: HardwareDescription) -> int:
-    """First-order cycles of a tiled depthwise kernel under the simulator's timing model: with
-    double buffering the busiest unit per tile sets the pace, plus the first load and last store."""
+    """First-order cycles of a tiled depthwise kernel, each command priced by the simulator's
+    cost model (cgra_sim.cost): with double buffering the busiest unit per tile sets the pace
+    (its DEPTHWISE, its loads (`load`), one EPILOGUE per output row, its store), plus the first
+    load and the last store."""
     images = spec.lhs_shape[0]
     tiles = images * (t.mp // t.tm) * (t.np // t.tn)
     pixels = t.tm * width
-    acc_bytes = DType.from_name(spec.acc_dtype).itemsize
-    compute = -(-pixels // arch.rows) * -(-t.tn // arch.cols) * -(-t.tk // arch.macs_per_pe[spec.dtype])
-    store = -(-pixels * t.tn * acc_bytes // arch.dma_bytes_per_cycle)
-    vector = t.tm * (-(-width * t.tn // arch.vector_lanes) + 2)
+    compute = cost.depthwise_compute_cycles(arch, pixels, t.tn, t.tk, spec.dtype)
+    store = cost.dma_transfer_cycles(arch, pixels * t.tn * DType.from_name(spec.acc_dtype).itemsize)
+    vector = t.tm * cost.vector_cycles(arch, width, t.tn)
     return tiles * max(compute, load, store, vector) + load + store + 2 * arch.dma_latency
 
 

@@ -24,6 +24,7 @@ import math
 from tvm import te
 from tvm.relax.dpl import is_op, wildcard
 
+from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
@@ -174,21 +175,23 @@ def choose_eltwise_tiling(spec: EltwiseSpec, arch: HardwareDescription) -> Tilin
 
 
 def _elements(tm: int, tn: int, full: tuple) -> int:
-    return (tm if full[0] else 1) * (tn if full[1] else 1)
+    """Elements of an operand's tile (extent 1 along the axes it is broadcast on)."""
+    return cost.eltwise_operand_reads(tm, tn, *full)
 
 
 def _estimate_cycles(spec: EltwiseSpec, t: Tiling, outer: int, arch: HardwareDescription) -> int:
-    """First-order cycles under the simulator's timing model. With double buffering the busiest
-    of load, vector unit and store per tile sets the pace, unless the tile is so small that the
-    DMA latency does: a buffer is reloaded only after the store that read it two tiles earlier
-    has completed, so two tiles take at least one tile's load, ELTWISE and store with the latency
-    of both DMAs. Plus the first load and the last ELTWISE and store, which nothing overlaps."""
+    """First-order cycles, each command priced by the simulator's cost model (cgra_sim.cost). With
+    double buffering the busiest of load, vector unit and store per tile sets the pace, unless the
+    tile is so small that the DMA latency does: a buffer is reloaded only after the store that
+    read it two tiles earlier has completed, so two tiles take at least one tile's load, ELTWISE
+    and store with the latency of both DMAs. Plus the first load and the last ELTWISE and store,
+    which nothing overlaps."""
     size = DType.from_name(spec.dtype).itemsize
     tiles = outer * (t.mp // t.tm) * (t.np // t.tn)
     reads = _elements(t.tm, t.tn, spec.lhs_full[-2:]) + _elements(t.tm, t.tn, spec.rhs_full[-2:])
-    load = -(-reads * size // arch.dma_bytes_per_cycle)
-    vector = -(-max(reads, t.tm * t.tn) // arch.vector_lanes) + 2
-    store = -(-t.tm * t.tn * size // arch.dma_bytes_per_cycle)
+    load = cost.dma_transfer_cycles(arch, reads * size)
+    vector = cost.eltwise_cycles(arch, t.tm * t.tn, reads)
+    store = cost.dma_transfer_cycles(arch, t.tm * t.tn * size)
     chain = load + vector + store + 2 * arch.dma_latency
     return tiles * max(load, vector, store, -(-chain // 2)) + chain
 

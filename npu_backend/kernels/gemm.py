@@ -16,6 +16,7 @@ conflicts (spad_layout.py).
 
 from __future__ import annotations
 
+from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
@@ -74,27 +75,31 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
 
 def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription,
                     has_residual: bool = False) -> int:
-    """A first-order estimate of a tiled GEMM's cycles under the simulator's timing model.
+    """A first-order estimate of a tiled GEMM's cycles, each unit's work priced by the simulator's
+    cost model (cgra_sim.cost).
 
-    With double buffering the busiest unit sets the pace; what cannot overlap is the first
-    tile's loads (nothing to compute yet), the last tile's epilogue and store, and a bubble per
-    tile: the vector unit runs in order, so the next tile's first FILL waits behind this tile's
-    EPILOGUE, which waits for this tile's last GEMM, and the PE array refills after the gap.
-    A residual adds its tile to each output tile's loads and to the epilogue's vector cycles.
+    With double buffering the busiest unit sets the pace: the PE array's GEMMs (and one fill of
+    the whole array), the load engine's operand tiles, the store engine's output tiles, the vector
+    unit's FILL and EPILOGUE of every tile (the epilogue streams the residual tile too). What
+    cannot overlap is the first tile's loads (nothing to compute yet), the last tile's epilogue
+    and store, and a bubble per tile: the vector unit runs in order, so the next tile's first
+    FILL waits behind this tile's EPILOGUE, which waits for this tile's last GEMM, and the PE
+    array refills after the gap.
     """
     tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk
-    passes = tiles * steps * -(-t.tm // arch.rows) * -(-t.tn // arch.cols)
-    compute = passes * -(-t.tk // arch.macs_per_pe[dtype]) + arch.rows + arch.cols + arch.config_load_cycles
+    array_fill = arch.rows + arch.cols
+    compute = tiles * steps * cost.gemm_steady_cycles(arch, t.tm, t.tn, t.tk, dtype) + array_fill + \
+        arch.config_load_cycles
     tile_load = (t.tm * t.tk + t.tk * t.tn) * in_bytes
     residual_load = t.tm * t.tn * acc_bytes if has_residual else 0
-    load = (tiles * steps * tile_load + tiles * residual_load) // arch.dma_bytes_per_cycle
-    store = tiles * t.tm * t.tn * acc_bytes // arch.dma_bytes_per_cycle
-    # fill and epilogue of every tile; the epilogue streams the residual tile too
-    vector = (3 if has_residual else 2) * tiles * t.tm * t.tn // arch.vector_lanes
-    prologue = arch.dma_latency + tile_load // arch.dma_bytes_per_cycle
-    tail = t.tm * t.tn // arch.vector_lanes + arch.dma_latency + t.tm * t.tn * acc_bytes // arch.dma_bytes_per_cycle
-    vector_tile = t.tm * t.tn // arch.vector_lanes  # one FILL or EPILOGUE of a tile
-    bubble = (tiles - 1) * (2 * vector_tile + arch.rows + arch.cols)
+    out_bytes = t.tm * t.tn * acc_bytes
+    load = cost.dma_transfer_cycles(arch, tiles * steps * tile_load + tiles * residual_load)
+    store = cost.dma_transfer_cycles(arch, tiles * out_bytes)
+    vector = cost.vector_stream_cycles(arch, (3 if has_residual else 2) * tiles * t.tm * t.tn)
+    vector_tile = cost.vector_stream_cycles(arch, t.tm * t.tn)  # one FILL or EPILOGUE of a tile
+    prologue = cost.dma_cycles(arch, tile_load)
+    tail = vector_tile + cost.dma_cycles(arch, out_bytes)
+    bubble = (tiles - 1) * (2 * vector_tile + array_fill)
     return max(compute, load, store, vector) + bubble + prologue + tail
 
 

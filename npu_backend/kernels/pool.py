@@ -21,6 +21,7 @@ from __future__ import annotations
 from tvm import te
 from tvm.relax.dpl import is_op, wildcard
 
+from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
@@ -202,14 +203,14 @@ def choose_pool_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
 
 
 def _estimate_cycles(tiles: int, load_bytes: int, store_bytes: int, taps: int, arch: HardwareDescription) -> int:
-    """First-order cycles of a tiled pooling kernel under the simulator's timing model: the
-    busiest unit per tile, or, with two copies of each buffer, half of a buffer's round trip
+    """First-order cycles of a tiled pooling kernel, each command priced by the simulator's cost
+    model (cgra_sim.cost): the busiest unit per tile, or, with two copies of each buffer, half of a buffer's round trip
     (a window is loaded, with the DMA latency, then pooled before the load two tiles later can
     reuse it; an output is pooled, then stored, with the latency, before it is written again);
     plus the first load and the last store."""
-    load = -(-load_bytes // arch.dma_bytes_per_cycle)
-    store = -(-store_bytes // arch.dma_bytes_per_cycle)
-    vector = -(-taps // arch.vector_lanes) + 2
+    load = cost.dma_transfer_cycles(arch, load_bytes)
+    store = cost.dma_transfer_cycles(arch, store_bytes)
+    vector = cost.pool_cycles(arch, taps)
     period = max(load, vector, store, -(-(arch.dma_latency + load + vector) // 2),
                  -(-(vector + arch.dma_latency + store) // 2))
     return tiles * period + 2 * arch.dma_latency + load + store

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .decode import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FillCommand,
+from .commands import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FillCommand,
                      GemmCommand, PoolCommand)
 from .isa import DType, EltwiseFunc, Op
 

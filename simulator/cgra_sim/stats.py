@@ -14,7 +14,7 @@ from collections import Counter
 from fractions import Fraction
 
 from .arch import HardwareDescription
-from .decode import Command, DmaCommand
+from .commands import Command, DmaCommand
 from .isa import Op, Unit
 from .timing import Schedule
 

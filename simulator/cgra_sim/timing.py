@@ -10,33 +10,10 @@ PE array), VECTOR (FILL, EPILOGUE, POOL, ELTWISE: the vector unit beside the arr
 a command's scratchpad dependencies are met: a scoreboard on byte ranges (scoreboard.py) gives
 read-after-write, write-after-read and write-after-write against earlier commands in stream
 order. A command starts at max(free, ready), free being when the previous command on its queue
-left the unit, and ends:
-    DMA (either direction)  start + dma_latency + ceil(box_bytes / dma_bytes_per_cycle)
-        box_bytes counts every box element, halo included (the engine makes zeros at full rate).
-        The load and the store engine each have the full bandwidth. An engine keeps several
-        transfers in flight: it is busy for the transfer (box_bytes / bandwidth) and can start
-        the next one then; the latency delays only the command's completion.
-    FILL, EPILOGUE (vector unit)  start + ceil(operands * rows * cols / vector_lanes) + 2
-        operands: tiles the command streams through the lanes' one scratchpad read port: 1, or
-        2 for an EPILOGUE with a residual (acc and residual). The bias row and the clip bounds
-        are held in registers; relu and clip are more stages of the lanes' pipeline (free).
-    POOL (vector unit)  start + ceil(oh * ow * n * kh * kw / vector_lanes) + 2
-        Each lane takes one tap of one output per cycle (a compare or an add), every tap of the
-        window whether valid or not (the rectangles only mask lanes); the average's divide is
-        one more pipeline stage per output (free), like relu in an EPILOGUE. Bank conflicts
-        are not modelled for POOL (nor for ELTWISE): no bank slowdown.
-    ELTWISE (vector unit)  start + ceil(max(rows * cols, reads) / vector_lanes) + 2
-        The lanes compute one output each per cycle, and the read port delivers vector_lanes
-        elements per cycle: reads = the elements of A plus those of B the command streams. An
-        operand broadcast along an axis (stride 0) is read once along it and held in registers,
-        as EPILOGUE's bias row is: a full operand is rows * cols reads, a row broadcast to
-        every row (row stride 0) cols, a column broadcast (column stride 0) rows, a scalar 1.
-        So two full operands take 2 * rows * cols / vector_lanes, one full and one broadcast
-        rows * cols / vector_lanes. The output goes out through the write port (not counted).
-    GEMM (output-stationary rows x cols PE array)
-        steady = ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe[dtype])  (folds pipelined)
-        fill   = min(m, rows) + min(n, cols) - 2: fill and drain of the sub-array the GEMM uses
-        After anything but a GEMM of the same dtype, operands enter at
+left the unit, and ends after its cycles, the closed forms of cost.py (the compiler's tile
+searches use the same ones): a DMA's latency and transfer, a vector command's lanes and
+overhead, a GEMM's or DEPTHWISE's steady stream and fill, read off the decoded command here.
+    PE array  After anything but a GEMM of the same dtype, operands enter at
             stream = start (+ config_load_cycles if the PE array held another configuration,
                             i.e. (GEMM, dtype) differs; vector commands leave it alone)
         Right after a GEMM of the same dtype, operands enter as soon as they are ready and the
@@ -45,17 +22,8 @@ left the unit, and ends:
         So back-to-back GEMMs of one shape pay the fill once: the next fill hides under the
         previous drain. Partial sums stay in the array: a GEMM whose accumulator is exactly the
         previous GEMM's accumulator sees that GEMM's write as done when its operands are in.
-    DEPTHWISE (the PE array, each PE owning one output element: no operand reuse between PEs)
-        m = oh * ow output pixels, k = kh * kw taps
-        steady = max(ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe[dtype]),
-                     ceil(scratchpad bytes / (spad_banks * bank_width_bytes)))
-            scratchpad bytes: the span of the input window once (taps shared by neighbouring
-            outputs pass between PEs), the weights once, the accumulator written (and read when
-            accumulating). The window has no reuse across a row of PEs as a GEMM operand has,
-            so the scratchpad's bandwidth, not the PEs, can set the pace.
-        fill = DEPTHWISE_LATENCY (operand read and the MAC: no systolic skew)
-        Configuration, back-to-back streaming and accumulator forwarding as for GEMM, keyed by
-        (DEPTHWISE, dtype): switching between GEMM and DEPTHWISE reloads the configuration.
+        DEPTHWISE likewise, keyed by (DEPTHWISE, dtype): switching between GEMM and DEPTHWISE
+        reloads the configuration.
 Scratchpad banks (banks.py): the streaming part of every command above (a DMA's transfer, a
 vector command's tiles, a GEMM's steady folds, a DEPTHWISE's window traffic) is stretched by its
 bank slowdown, >= 1 and exactly 1 for a conflict-free access pattern; computed once per
@@ -81,9 +49,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import cost
 from .arch import HardwareDescription
-from .banks import beat_slowdown, operand_slowdown, slowed
-from .decode import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FillCommand,
+from .banks import beat_slowdown, operand_slowdown
+from .commands import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FillCommand,
                      GemmCommand, PoolCommand)
 from .errors import CycleLimitExceeded
 from .isa import DType, Op, Unit
@@ -91,8 +60,6 @@ from .regions import Region
 from .scoreboard import Scoreboard
 
 DEFAULT_MAX_CYCLES = 10**12
-VECTOR_OVERHEAD_CYCLES = 2  # issue + write-back of a vector-unit command
-DEPTHWISE_LATENCY = 2  # scratchpad read + MAC before a DEPTHWISE's first result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,10 +146,8 @@ def _region_key(region: Region) -> tuple:
 
 
 def gemm_steady_cycles(arch: HardwareDescription, cmd: GemmCommand) -> int:
-    """Cycles the PE array streams operands: folds of the output times k per MAC rate, stretched
-    by the scratchpad banks when they cannot feed it (`gemm_bank_slowdown`)."""
-    folds = -(-cmd.m // arch.rows) * -(-cmd.n // arch.cols)
-    return slowed(folds * -(-cmd.k // arch.macs_per_pe[cmd.dtype.numpy_name]), gemm_bank_slowdown(arch, cmd))
+    """Cycles the PE array streams a GEMM's operands, its bank slowdown included."""
+    return cost.gemm_steady_cycles(arch, cmd.m, cmd.n, cmd.k, cmd.dtype.numpy_name, gemm_bank_slowdown(arch, cmd))
 
 
 def gemm_bank_slowdown(arch: HardwareDescription, cmd: GemmCommand) -> Fraction:
@@ -197,22 +162,13 @@ def gemm_bank_slowdown(arch: HardwareDescription, cmd: GemmCommand) -> Fraction:
 
 
 def gemm_fill_cycles(arch: HardwareDescription, cmd: GemmCommand) -> int:
-    """Pipeline fill and drain of the sub-array the GEMM occupies (rows + cols - 2 when full).
-
-    The sub-array rather than the whole array, so that a tile sized for a smaller array does not
-    get slower on a larger one: operands skew only through the PEs that hold outputs.
-    """
-    return min(cmd.m, arch.rows) + min(cmd.n, arch.cols) - 2
+    return cost.gemm_fill_cycles(arch, cmd.m, cmd.n)
 
 
 def depthwise_steady_cycles(arch: HardwareDescription, cmd: DepthwiseCommand) -> int:
-    """Cycles a DEPTHWISE streams: the PE array's folds, or the scratchpad's bandwidth if slower.
-
-    Each PE owns one output and takes one tap per cycle. The array reads its input window once
-    (the span of A's bytes: neighbouring outputs' taps are passed between PEs, not re-read), the
-    weights once, and writes the accumulator (reading it too when accumulating)."""
-    folds = -(-cmd.m // arch.rows) * -(-cmd.n // arch.cols)
-    compute = folds * -(-cmd.k // arch.macs_per_pe[cmd.dtype.numpy_name])
+    """Cycles a DEPTHWISE streams, from its scratchpad traffic: the span of its input window once
+    (neighbouring outputs' taps are passed between PEs, not re-read), stretched by its bank
+    slowdown, the weights once, and the accumulator written (read too when accumulating)."""
     acc_bytes = cmd.m * cmd.n * cmd.acc.dtype.itemsize * (2 if cmd.accumulate else 1)
     width = arch.spad_banks * arch.bank_width_bytes
     # The window streams at the scratchpad's full width, output pixels (x) apart: a pixel stride
@@ -220,15 +176,15 @@ def depthwise_steady_cycles(arch: HardwareDescription, cmd: DepthwiseCommand) ->
     size = cmd.dtype.itemsize
     window = (cmd.a.hi - cmd.a.lo) * beat_slowdown(width, (cmd.ow, cmd.n), (cmd.a.strides[1], size), size,
                                                     cmd.a.addr, arch.spad_banks, arch.bank_width_bytes)
-    traffic = window + cmd.k * cmd.n * size + acc_bytes
-    return max(compute, -(-traffic.numerator // (traffic.denominator * width)))
+    return cost.depthwise_steady_cycles(arch, cmd.m, cmd.n, cmd.k, cmd.dtype.numpy_name,
+                                        window + cmd.k * cmd.n * size + acc_bytes)
 
 
 def dma_transfer_cycles(arch: HardwareDescription, cmd: DmaCommand) -> int:
-    """Cycles a DMA keeps its engine busy: the box at dma_bytes_per_cycle, each beat (that many
-    bytes of the box, in loop order) taking as many cycles as its busiest scratchpad bank."""
-    beats = -(-cmd.box_bytes // arch.dma_bytes_per_cycle)
-    return slowed(beats, _region_slowdown(arch, arch.dma_bytes_per_cycle, cmd.region))
+    """Cycles a DMA keeps its engine busy: the box, each beat (that many bytes of the box, in loop
+    order) taking as many cycles as its busiest scratchpad bank."""
+    return cost.dma_transfer_cycles(arch, cmd.box_bytes,
+                                    _region_slowdown(arch, arch.dma_bytes_per_cycle, cmd.region))
 
 
 def vector_cycles(arch: HardwareDescription, cmd: FillCommand | EpilogueCommand) -> int:
@@ -238,7 +194,7 @@ def vector_cycles(arch: HardwareDescription, cmd: FillCommand | EpilogueCommand)
     rows, cols = tiles[-1].shape
     streamed = 2 if isinstance(cmd, EpilogueCommand) and cmd.residual is not None else 1
     slowdown = max(_region_slowdown(arch, arch.vector_lanes * tile.dtype.itemsize, tile) for tile in tiles)
-    return slowed(-(-streamed * rows * cols // arch.vector_lanes), slowdown) + VECTOR_OVERHEAD_CYCLES
+    return cost.vector_cycles(arch, rows, cols, streamed, slowdown)
 
 
 def _region_slowdown(arch: HardwareDescription, beat: int, region: Region) -> Fraction:
@@ -272,24 +228,21 @@ def _time_vector(arch: HardwareDescription, cmd: FillCommand | EpilogueCommand, 
 def eltwise_reads(cmd: EltwiseCommand) -> int:
     """Elements an ELTWISE streams from the scratchpad: per operand, the extent of each axis it
     walks (a zero-stride axis is read once and held in registers)."""
-    reads = 0
-    for operand in (cmd.a, cmd.b):
-        (rows, cols), (row_stride, col_stride) = operand.shape, operand.strides
-        reads += (rows if row_stride else 1) * (cols if col_stride else 1)
-    return reads
+    return sum(cost.eltwise_operand_reads(*operand.shape, bool(operand.strides[0]), bool(operand.strides[1]))
+               for operand in (cmd.a, cmd.b))
 
 
 def _time_eltwise(arch: HardwareDescription, cmd: EltwiseCommand, ready: int, free: int,
                   compute: _ComputeQueue) -> tuple[int, int, int]:
     start = max(free, ready)
-    end = start + -(-max(cmd.elements, eltwise_reads(cmd)) // arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
+    end = start + cost.eltwise_cycles(arch, cmd.elements, eltwise_reads(cmd))
     return start, end, end
 
 
 def _time_pool(arch: HardwareDescription, cmd: PoolCommand, ready: int, free: int,
                compute: _ComputeQueue) -> tuple[int, int, int]:
     start = max(free, ready)
-    end = start + -(-cmd.taps // arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
+    end = start + cost.pool_cycles(arch, cmd.taps)
     return start, end, end
 
 
@@ -315,7 +268,7 @@ def _time_pe_array(arch: HardwareDescription, cmd: GemmCommand | DepthwiseComman
 #: Per PE-array opcode: (steady cycles, fill and drain cycles).
 _PE_ARRAY_CYCLES = {
     Op.GEMM: (gemm_steady_cycles, gemm_fill_cycles),
-    Op.DEPTHWISE: (depthwise_steady_cycles, lambda arch, cmd: DEPTHWISE_LATENCY),
+    Op.DEPTHWISE: (depthwise_steady_cycles, lambda arch, cmd: cost.DEPTHWISE_LATENCY),
 }
 
 

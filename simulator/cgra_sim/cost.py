@@ -1,0 +1,121 @@
+"""The cost model: how many cycles one command of each kind keeps its unit busy, in closed form.
+
+Stage: shared by the simulator's timing layer (timing.py, which reads a decoded command's sizes
+and bank slowdowns and adds the queues, the dependencies and the PE array's state) and the
+compiler's tile searches (npu_backend/kernels: gemm.py, depthwise.py, pool.py, eltwise.py, which
+call these with a candidate tile's sizes). Plain ints in, ints out (slowdowns are exact
+Fractions >= 1 from banks.py); no decoded commands, no tvm. One formula, one place: the compiler's
+estimates cannot drift from what the simulator charges.
+
+    DMA          dma_latency + ceil(box_bytes / dma_bytes_per_cycle) * slowdown
+                 box_bytes counts every box element, halo included (the engine makes zeros at
+                 full rate); the engine is busy for the transfer, the latency only delays the end.
+    FILL,        ceil(operands * rows * cols / vector_lanes) * slowdown + VECTOR_OVERHEAD_CYCLES
+    EPILOGUE     operands: tiles streamed through the lanes' one read port (1, or 2 for an
+                 EPILOGUE with a residual); the bias row and clip bounds sit in registers, relu,
+                 clip and requantisation are more stages of the lanes' pipeline (free).
+    POOL         ceil(oh * ow * n * kh * kw / vector_lanes) + VECTOR_OVERHEAD_CYCLES
+                 every tap of the window, valid or not (the rectangles only mask lanes).
+    ELTWISE      ceil(max(rows * cols, reads) / vector_lanes) + VECTOR_OVERHEAD_CYCLES
+                 reads: the elements of both operands the command streams (a broadcast axis,
+                 stride 0, is read once and held in registers, as EPILOGUE's bias row is).
+    GEMM         steady = ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe) * slowdown
+                 fill   = min(m, rows) + min(n, cols) - 2 (the sub-array the GEMM occupies)
+    DEPTHWISE    steady = max(ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe),
+                              ceil(scratchpad traffic / (spad_banks * bank_width_bytes)))
+                 fill   = DEPTHWISE_LATENCY (operand read and MAC: no systolic skew)
+
+How the PE array overlaps consecutive GEMMs (a fill hidden under the previous drain, partial
+sums kept in the array) and how the four queues overlap is the timing layer's (timing.py); the
+assumptions behind every number are in docs/simulator.md.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from .arch import HardwareDescription
+from .banks import slowed
+
+ONE = Fraction(1)
+VECTOR_OVERHEAD_CYCLES = 2  # issue + write-back of a vector-unit command
+DEPTHWISE_LATENCY = 2  # scratchpad read + MAC before a DEPTHWISE's first result
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def dma_transfer_cycles(arch: HardwareDescription, nbytes: int, slowdown: Fraction = ONE) -> int:
+    """Cycles a DMA keeps its engine busy moving `nbytes` (halo included), stretched by the
+    scratchpad banks' `slowdown` of its beats."""
+    return slowed(_ceil(nbytes, arch.dma_bytes_per_cycle), slowdown)
+
+
+def dma_cycles(arch: HardwareDescription, nbytes: int, slowdown: Fraction = ONE) -> int:
+    """Cycles from a DMA's issue to its end: the latency, then the transfer."""
+    return arch.dma_latency + dma_transfer_cycles(arch, nbytes, slowdown)
+
+
+def vector_stream_cycles(arch: HardwareDescription, elements: int, slowdown: Fraction = ONE) -> int:
+    """Cycles the vector unit's lanes take to stream `elements` through its one read port."""
+    return slowed(_ceil(elements, arch.vector_lanes), slowdown)
+
+
+def vector_cycles(arch: HardwareDescription, rows: int, cols: int, operands: int = 1,
+                  slowdown: Fraction = ONE) -> int:
+    """Cycles of a FILL or EPILOGUE over a rows x cols tile streaming `operands` tiles."""
+    return vector_stream_cycles(arch, operands * rows * cols, slowdown) + VECTOR_OVERHEAD_CYCLES
+
+
+def pool_cycles(arch: HardwareDescription, taps: int) -> int:
+    """Cycles of a POOL stepping through `taps` window elements (oh * ow * n * kh * kw)."""
+    return _ceil(taps, arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
+
+
+def eltwise_cycles(arch: HardwareDescription, elements: int, reads: int) -> int:
+    """Cycles of an ELTWISE writing `elements` outputs and streaming `reads` operand elements."""
+    return _ceil(max(elements, reads), arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
+
+
+def eltwise_operand_reads(rows: int, cols: int, walks_rows: bool, walks_cols: bool) -> int:
+    """Elements an ELTWISE streams of one operand of a rows x cols tile: a broadcast axis
+    (stride 0) is read once."""
+    return (rows if walks_rows else 1) * (cols if walks_cols else 1)
+
+
+def pe_folds(arch: HardwareDescription, m: int, n: int) -> int:
+    """Passes of the rows x cols PE array an m x n output takes."""
+    return _ceil(m, arch.rows) * _ceil(n, arch.cols)
+
+
+def gemm_steady_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype: str,
+                       slowdown: Fraction = ONE) -> int:
+    """Cycles a GEMM streams operands through the array: its folds, k per MAC rate each,
+    stretched by the banks' slowdown when they cannot feed the array."""
+    return slowed(pe_folds(arch, m, n) * _ceil(k, arch.macs_per_pe[dtype]), slowdown)
+
+
+def gemm_fill_cycles(arch: HardwareDescription, m: int, n: int) -> int:
+    """Pipeline fill and drain of the sub-array an m x n GEMM occupies (rows + cols - 2 when full):
+    the sub-array rather than the whole array, so a tile sized for a smaller array does not get
+    slower on a larger one."""
+    return min(m, arch.rows) + min(n, arch.cols) - 2
+
+
+def depthwise_compute_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype: str) -> int:
+    """Cycles the PE array computes a DEPTHWISE of m output pixels, n channels and k taps, a PE
+    per output, one tap (per MAC lane) a cycle."""
+    return pe_folds(arch, m, n) * _ceil(k, arch.macs_per_pe[dtype])
+
+
+def depthwise_steady_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype: str,
+                            traffic_bytes) -> int:
+    """Cycles a DEPTHWISE (m output pixels, n channels, k taps) streams: the PE array's folds, or
+    the scratchpad's bandwidth if slower. `traffic_bytes` (an int or a Fraction, the window's
+    span stretched by its bank slowdown): the window read once, the weights once, the
+    accumulator written (and read when accumulating)."""
+    compute = depthwise_compute_cycles(arch, m, n, k, dtype)
+    traffic = Fraction(traffic_bytes)
+    width = arch.spad_banks * arch.bank_width_bytes
+    return max(compute, -(-traffic.numerator // (traffic.denominator * width)))

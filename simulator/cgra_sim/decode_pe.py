@@ -1,0 +1,58 @@
+"""Decoding the PE array's records: GEMM and DEPTHWISE.
+
+Stage: simulator, step 1 (decode.py's table calls these). Checks: flags, a dtype the PE array
+accumulates and the chip computes, positive sizes, strides, and every region inside the
+scratchpad (an accumulator's rows or pixels must not overlap).
+"""
+
+from __future__ import annotations
+
+from .commands import NUMPY_DTYPE, Checker, DepthwiseCommand, GemmCommand
+from .isa import ACC_DTYPE, FIELDS, GEMM_ACCUMULATE, Op
+from .regions import Region
+
+
+def decode_gemm(check: Checker, index: int, op: Op, record: list[int], tensors) -> GemmCommand:
+    (_, flags, dtype_code, m, n, k, a_addr, a_stride, b_addr, b_stride, acc_addr,
+     acc_stride) = record[:len(FIELDS[op])]
+    check.flags(flags, GEMM_ACCUMULATE)
+    dtype = check.pe_dtype(dtype_code)
+    check.positive(m=m, n=n, k=k)
+    cmd = GemmCommand(index, op)
+    cmd.dtype, cmd.m, cmd.n, cmd.k = dtype, m, n, k
+    cmd.accumulate = bool(flags & GEMM_ACCUMULATE)
+    cmd.a = check.matrix("A", a_addr, m, k, a_stride, dtype, written=False)
+    cmd.b = check.matrix("B", b_addr, k, n, b_stride, dtype, written=False)
+    cmd.acc = check.matrix("acc", acc_addr, m, n, acc_stride, ACC_DTYPE[dtype], written=True)
+    cmd.reads = (cmd.a, cmd.b, cmd.acc) if cmd.accumulate else (cmd.a, cmd.b)
+    cmd.writes = (cmd.acc,)
+    return cmd
+
+
+def decode_depthwise(check: Checker, index: int, op: Op, record: list[int],
+                      tensors) -> DepthwiseCommand:
+    (_, flags, dtype_code, oh, ow, n, kh, kw, a_addr, a_y, a_x, a_ry, a_rx, b_addr, b_ry, b_rx,
+     acc_addr, acc_y, acc_x) = record[:len(FIELDS[op])]
+    check.flags(flags, GEMM_ACCUMULATE)
+    dtype = check.pe_dtype(dtype_code)
+    check.positive(oh=oh, ow=ow, n=n, kh=kh, kw=kw)
+    strides = dict(a_y_stride=a_y, a_x_stride=a_x, a_ry_stride=a_ry, a_rx_stride=a_rx,
+                   b_ry_stride=b_ry, b_rx_stride=b_rx, acc_y_stride=acc_y, acc_x_stride=acc_x)
+    negative = {name: value for name, value in strides.items() if value < 0}
+    if negative:
+        check.fail(f"strides must be >= 0, got {negative}")
+    if (oh > 1 and acc_y < ow * acc_x) or (ow > 1 and acc_x < n):
+        check.fail(f"acc strides (y {acc_y}, x {acc_x}) overlap its {oh} x {ow} x {n} elements")
+    cmd = DepthwiseCommand(index, op)
+    cmd.dtype, cmd.oh, cmd.ow, cmd.n, cmd.kh, cmd.kw = dtype, oh, ow, n, kh, kw
+    cmd.accumulate = bool(flags & GEMM_ACCUMULATE)
+    size, acc_size = dtype.itemsize, ACC_DTYPE[dtype].itemsize
+    cmd.a = check.region(Region("A", a_addr, (oh, ow, kh, kw, n),
+                                tuple(s * size for s in (a_y, a_x, a_ry, a_rx, 1)), NUMPY_DTYPE[dtype]))
+    cmd.b = check.region(Region("B", b_addr, (kh, kw, n), (b_ry * size, b_rx * size, size),
+                                NUMPY_DTYPE[dtype]))
+    cmd.acc = check.region(Region("acc", acc_addr, (oh, ow, n), (acc_y * acc_size, acc_x * acc_size, acc_size),
+                                  NUMPY_DTYPE[ACC_DTYPE[dtype]]))
+    cmd.reads = (cmd.a, cmd.b, cmd.acc) if cmd.accumulate else (cmd.a, cmd.b)
+    cmd.writes = (cmd.acc,)
+    return cmd

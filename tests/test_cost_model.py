@@ -1,0 +1,87 @@
+"""cgra_sim.cost, the closed forms the compiler's tile searches price tiles with, against the
+simulator: a lone command's simulated duration is exactly what cost.py says it costs, so the
+compiler's estimates and the simulator cannot drift apart (one of four estimators once did)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cgra_sim import cost, load_arch, preset_names, simulate_detailed, streams
+from cgra_sim.isa import EPILOGUE_RESIDUAL, POOL_AVERAGE, DType, EltwiseFunc, Op, encode
+
+PRESETS = [load_arch(name) for name in preset_names()]
+
+
+def _durations(arch, records, tensors=()):
+    schedule = simulate_detailed(arch, np.array(records, dtype=np.int64), list(tensors)).schedule
+    return list(schedule.ends - schedule.starts)
+
+
+def _loaded(arch, commands, operands):
+    """The durations of `commands` after DMA loads write their operands: (address, 2-D array)
+    pairs, each array loaded from its own host tensor (the simulator refuses a read of
+    scratchpad bytes nothing wrote)."""
+    loads = [streams.matrix_dma(Op.DMA_LOAD, slot, addr, 0, 0, *array.shape, array.shape[1])
+             for slot, (addr, array) in enumerate(operands)]
+    return _durations(arch, loads + commands, [array for _, array in operands])[len(loads):]
+
+
+@given(arch=st.sampled_from(PRESETS), rows=st.integers(1, 40), cols=st.integers(1, 40),
+       dtype=st.sampled_from(["int8", "int32", "float32"]))
+def test_a_dma_costs_its_latency_and_transfer(arch, rows, cols, dtype):
+    tensor = np.ones((rows, cols), dtype)
+    (duration,) = _durations(arch, [streams.matrix_dma(Op.DMA_LOAD, 0, 0, 0, 0, rows, cols, cols)], [tensor])
+    assert duration == cost.dma_cycles(arch, tensor.nbytes)
+
+
+@given(arch=st.sampled_from(PRESETS), m=st.integers(1, 48), n=st.integers(1, 48), k=st.integers(1, 48),
+       dtype=st.sampled_from(["int8", "float32"]))
+def test_a_lone_gemm_costs_configuration_fill_and_steady_stream(arch, m, n, k, dtype):
+    """Operands laid out one bank word per row start (strides a multiple of the banks' period
+    plus one word), so the bank slowdown is the bandwidth term only."""
+    size = np.dtype(dtype).itemsize
+    gemm = encode(Op.GEMM, dtype=DType.from_name(dtype), m=m, n=n, k=k, a_addr=0, a_stride=k, b_addr=m * k * size,
+                  b_stride=n, acc_addr=-(-(m * k + k * n) * size // 64) * 64, acc_stride=n)
+    (duration,) = _loaded(arch, [gemm], [(0, np.ones((m, k), dtype)), (m * k * size, np.ones((k, n), dtype))])
+    from cgra_sim.timing import gemm_bank_slowdown
+    from cgra_sim.decode import decode_stream
+    (decoded,) = decode_stream(arch, np.array([gemm], dtype=np.int64), [])
+    assert duration == arch.config_load_cycles + cost.gemm_fill_cycles(arch, m, n) + \
+        cost.gemm_steady_cycles(arch, m, n, k, dtype, gemm_bank_slowdown(arch, decoded))
+
+
+@given(arch=st.sampled_from(PRESETS), rows=st.integers(1, 50), cols=st.integers(1, 50), residual=st.booleans())
+def test_fill_and_epilogue_cost_their_tiles_over_the_lanes(arch, rows, cols, residual):
+    fill = encode(Op.FILL, dtype=DType.INT32, rows=rows, cols=cols, stride=cols, value_bits=3)
+    epilogue = encode(Op.EPILOGUE, flags=EPILOGUE_RESIDUAL if residual else 0, acc_dtype=DType.INT32,
+                      out_dtype=DType.INT32, m=rows, n=cols, acc_stride=cols, out_stride=cols,
+                      residual_addr=rows * cols * 4 if residual else 0, residual_stride=cols if residual else 0)
+    res = [(rows * cols * 4, np.ones((rows, cols), "int32"))] if residual else []
+    durations = _loaded(arch, [fill, epilogue], res)
+    assert durations == [cost.vector_cycles(arch, rows, cols), cost.vector_cycles(arch, rows, cols, 1 + residual)]
+
+
+@given(arch=st.sampled_from(PRESETS), oh=st.integers(1, 5), ow=st.integers(1, 5), n=st.integers(1, 16),
+       kh=st.integers(1, 3), kw=st.integers(1, 3), average=st.booleans())
+def test_a_pool_costs_every_tap_over_the_lanes(arch, oh, ow, n, kh, kw, average):
+    in_h, in_w = oh + kh - 1, ow + kw - 1
+    pool = encode(Op.POOL, flags=POOL_AVERAGE if average else 0, dtype=DType.FLOAT32, oh=oh, ow=ow, n=n, kh=kh,
+                  kw=kw, a_addr=0, a_row_stride=in_w * n, a_col_stride=n, stride_y=1, stride_x=1, dilation_y=1,
+                  dilation_x=1, out_addr=-(-in_h * in_w * n * 4 // 64) * 64, out_y_stride=ow * n, out_x_stride=n,
+                  valid_y_hi=in_h, valid_x_hi=in_w, **({"count_y_hi": in_h, "count_x_hi": in_w} if average else {}))
+    window = np.ones((in_h * in_w, n), "float32")
+    assert _loaded(arch, [pool], [(0, window)]) == [cost.pool_cycles(arch, oh * ow * n * kh * kw)]
+
+
+@given(arch=st.sampled_from(PRESETS), rows=st.integers(1, 30), cols=st.integers(1, 30),
+       a_full=st.tuples(st.booleans(), st.booleans()), b_full=st.tuples(st.booleans(), st.booleans()))
+def test_an_eltwise_costs_the_larger_of_its_outputs_and_reads(arch, rows, cols, a_full, b_full):
+    eltwise = encode(Op.ELTWISE, func=EltwiseFunc.ADD, dtype=DType.FLOAT32, rows=rows, cols=cols, a_addr=0,
+                     a_row_stride=cols if a_full[0] else 0, a_col_stride=1 if a_full[1] else 0,
+                     b_addr=rows * cols * 4, b_row_stride=cols if b_full[0] else 0,
+                     b_col_stride=1 if b_full[1] else 0, out_addr=2 * rows * cols * 4, out_stride=cols)
+    reads = cost.eltwise_operand_reads(rows, cols, *a_full) + cost.eltwise_operand_reads(rows, cols, *b_full)
+    operands = [(0, np.ones((rows, cols), "float32")), (rows * cols * 4, np.ones((rows, cols), "float32"))]
+    assert _loaded(arch, [eltwise], operands) == [cost.eltwise_cycles(arch, rows * cols, reads)]
