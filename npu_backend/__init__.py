@@ -23,7 +23,8 @@ from .device.artifact import DamagedArtifact, install_load_check
 from .device.profile import Profile, profile
 from .device.runtime_lib import load_runtime
 from .device.simulator_backend import register_backend
-from .errors import CGRAError, ScheduleError, ScratchpadTooSmall, UnsupportedCopy, UnsupportedOperator
+from .errors import (CGRAError, InvalidModel, ScheduleError, ScratchpadTooSmall, UnsupportedCopy,
+                     UnsupportedOperator)
 from .options import CompileOptions
 from .pipeline import STAGES, cgra_pipeline, fusion_patterns
 from .target.relax_ext import register_target_hook
@@ -31,7 +32,8 @@ from .target.tags import install_default_pipeline, register_target_tags
 from .tools.explain import Placement, explain, format_placements, npu_mac_fraction
 
 __all__ = [
-    "CGRAError", "CompileOptions", "DEFAULT_ARCH", "DamagedArtifact", "HardwareDescription", "Placement", "Profile",
+    "CGRAError", "CompileOptions", "DEFAULT_ARCH", "DamagedArtifact", "HardwareDescription", "InvalidModel",
+    "Placement", "Profile",
     "STAGES", "ScheduleError", "ScratchpadTooSmall", "UnsupportedCopy", "UnsupportedOperator",
     "compile", "explain", "format_placements", "from_onnx", "load_arch", "npu_mac_fraction", "preset_names",
     "profile",
@@ -51,7 +53,9 @@ def compile(mod: tvm.IRModule, arch=None, *, dump_dir: str | None = None):  # no
 
 def from_onnx(model, shape_dict=None, dtype_dict="float32", opset=None) -> tvm.IRModule:
     """`tvm.relax.frontend.onnx.from_onnx`, keeping each ONNX node's name on the calls made for
-    it, so that profiles and `cgra-sim run` name every kernel's layers (needs the onnx extra)."""
+    it, so that profiles and `cgra-sim run` name every kernel's layers (needs the onnx extra).
+    `model`: an onnx.ModelProto, the path of an .onnx file or its bytes; a file that is not a
+    model, or a graph that is not valid, raises InvalidModel saying what is wrong."""
     from .frontend.onnx_import import from_onnx as import_onnx  # the onnx package is an optional extra
 
     return import_onnx(model, shape_dict, dtype_dict, opset)

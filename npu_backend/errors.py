@@ -17,6 +17,10 @@ class UnsupportedOperator(CGRAError, ValueError):
     """An operator (or one of its attributes) cannot run on the NPU."""
 
 
+class InvalidModel(CGRAError, ValueError):
+    """A model cannot be read, or does not describe a valid graph (an ONNX file that is not one)."""
+
+
 class ScratchpadTooSmall(CGRAError, ValueError):
     """No tiling of a kernel fits the scratchpad of the chosen architecture."""
 

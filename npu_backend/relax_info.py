@@ -38,8 +38,9 @@ def static_shape(expr) -> tuple | None:
 
 def require_static_shape(expr, role: str, error, prefix: str = "") -> tuple:
     """The static shape of `expr`, or `error` (an exception class) saying why it has none: no
-    known shape, or a symbolic dimension (the NPU kernels need static shapes). `role` names the
-    operand in the message ("the bias"), after `prefix` ("add: ")."""
+    known shape, a symbolic dimension (the NPU kernels need static shapes), or a zero-size
+    dimension (an empty tensor). `role` names the operand in the message ("the bias"), after
+    `prefix` ("add: ")."""
     dims = shape_dims(expr)
     if dims is None:
         raise error(f"{prefix}the {role} has no known shape")
@@ -47,4 +48,7 @@ def require_static_shape(expr, role: str, error, prefix: str = "") -> tuple:
     if symbolic is not None:
         raise error(f"{prefix}the {role} has a symbolic dimension ({symbolic}); the NPU kernels need "
                     "static shapes (bind it, e.g. with relax.transform.BindSymbolicVars)")
+    if 0 in dims:
+        raise error(f"{prefix}the {role} of shape {tuple(dims)} is empty: nothing for the NPU to compute, "
+                    "it stays on the host")
     return tuple(dims)

@@ -28,8 +28,10 @@ def _ops(mod) -> list[str]:
 
 
 def _conv_bn(channels, layout="NCHW", training=False, share_conv=False, use_mean=False, seed=0,
-             center=True, scale=True):
-    """x -> conv2d (3 input channels, 3x3, constant weights) -> batch_norm (constant statistics)."""
+             center=True, scale=True, conv_bias=None, relu6=False):
+    """x -> conv2d (3 input channels, 3x3, constant weights) [-> + bias] -> batch_norm (constant
+    statistics). conv_bias "right" adds conv + b (PyTorch's Conv2d(bias=True) imports so, the
+    bias reshaped to the output's channel axis), "left" b + conv."""
     rng = np.random.default_rng(seed)
     kernel_layout = LAYOUTS[layout]
     oihw = rng.standard_normal((channels, 3, 3, 3)).astype("float32")
@@ -37,17 +39,22 @@ def _conv_bn(channels, layout="NCHW", training=False, share_conv=False, use_mean
     stats = [rng.uniform(0.5, 1.5, channels), rng.normal(0, 0.5, channels), rng.normal(0, 0.5, channels),
              rng.uniform(0.5, 1.5, channels)]
     data_shape = (1, 3, 6, 6) if layout == "NCHW" else (1, 6, 6, 3)
+    bias = rng.normal(0, 0.5, channels).astype("float32")
 
     def body(bb, x):
         conv = bb.emit(relax.op.nn.conv2d(x, relax.const(weight), data_layout=layout, kernel_layout=kernel_layout))
+        if conv_bias is not None:
+            row = bb.emit(relax.op.reshape(relax.const(bias), [channels if a == "C" else 1 for a in layout]))
+            conv = bb.emit(relax.op.add(conv, row) if conv_bias == "right" else relax.op.add(row, conv))
         norm = bb.emit(relax.op.nn.batch_norm(conv, *[relax.const(s.astype("float32")) for s in stats],
                                               axis=layout.index("C"), training=training, center=center,
                                               scale=scale))
         out = bb.emit(relax.TupleGetItem(norm, 0))
+        out = bb.emit(relax.op.clip(out, 0, 6)) if relu6 else out
         extra = [conv] if share_conv else [bb.emit(relax.TupleGetItem(norm, 1))] if use_mean else []
         return relax.Tuple([out, *extra]) if extra else out
 
-    return relax_module([("x", data_shape, "float32")], body), oihw, stats
+    return relax_module([("x", data_shape, "float32")], body), oihw, stats + ([bias] if conv_bias else [])
 
 
 def test_matches_tvm_fold_batchnorm_and_fold_constant_bit_for_bit():
@@ -68,9 +75,10 @@ def _folded_weight_and_bias(mod):
 
 
 @given(channels=st.integers(1, 8), layout=st.sampled_from(sorted(LAYOUTS)), seed=st.integers(0, 2**16),
-       center=st.booleans(), scale=st.booleans())
-def test_folded_conv_plus_bias_equals_conv_then_batch_norm(channels, layout, seed, center, scale):
-    mod, oihw, (gamma, beta, mean, var) = _conv_bn(channels, layout, seed=seed, center=center, scale=scale)
+       center=st.booleans(), scale=st.booleans(), conv_bias=st.sampled_from([None, "right", "left"]))
+def test_folded_conv_plus_bias_equals_conv_then_batch_norm(channels, layout, seed, center, scale, conv_bias):
+    mod, oihw, stats = _conv_bn(channels, layout, seed=seed, center=center, scale=scale, conv_bias=conv_bias)
+    (gamma, beta, mean, var), conv_b = stats[:4], (stats[4] if conv_bias else np.zeros(channels))
     folded = fold_weights(mod)
     assert _ops(folded) == ["nn.conv2d", "add"]
     weight, bias = _folded_weight_and_bias(folded)
@@ -80,7 +88,7 @@ def test_folded_conv_plus_bias_equals_conv_then_batch_norm(channels, layout, see
     assert bias.shape == (1, channels, 1, 1)
 
     x = np.random.default_rng(seed + 1).standard_normal((1, 3, 6, 6))
-    conv = conv2d_reference(x, oihw.astype(np.float64), (1, 1), (0, 0, 0, 0))
+    conv = conv2d_reference(x, oihw.astype(np.float64), (1, 1), (0, 0, 0, 0)) + np.reshape(conv_b, (-1, 1, 1))
     gamma, beta = (gamma if scale else np.ones(channels)), (beta if center else np.zeros(channels))
     per_channel = (lambda v: np.reshape(v, (-1, 1, 1)))
     expected = (conv - per_channel(mean)) / np.sqrt(per_channel(var) + 1e-5) * per_channel(gamma) + per_channel(beta)
@@ -110,3 +118,26 @@ def test_folds_constant_arithmetic_numpy_rounds_like_tvm_and_leaves_the_rest():
     assert set(calls) == {"relax.matmul", "relax.minimum", "relax.divide"}  # integer divide left alone
     np.testing.assert_array_equal(calls["relax.matmul"].args[1].value.numpy(), w.T)
     assert float(calls["relax.minimum"].args[1].value.numpy()) == 6.0
+
+
+def test_pytorch_conv_with_bias_then_batch_norm_and_relu6_is_one_npu_kernel():
+    """nn.Conv2d (bias=True by default) + nn.BatchNorm2d + nn.ReLU6 as PyTorch imports them: the
+    batch norm folds into the conv's weights and bias, the clip into the kernel's epilogue. Before
+    the fold took a conv's own bias, the batch norm and the clip ran on the host."""
+    import npu_backend
+    from models import assert_matches, run
+
+    mod, _, _ = _conv_bn(6, conv_bias="right", relu6=True)
+    placements = npu_backend.explain(mod, "cgra-8x8")
+    assert [(p.op, p.where) for p in placements] == [("nn.conv2d", "npu"), ("add", "npu"), ("clip", "npu")]
+    x = np.random.default_rng(3).standard_normal((1, 3, 6, 6)).astype("float32")
+    ref = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    assert_matches(run(npu_backend.compile(mod, "cgra-8x8"), [x]), ref, "float32")
+
+
+def test_explain_says_why_a_batch_norm_stays_on_the_host():
+    import npu_backend
+
+    mod, _, _ = _conv_bn(4, training=True)
+    reasons = [p.reason for p in npu_backend.explain(mod, "cgra-8x8") if p.op == "nn.batch_norm"]
+    assert reasons and "folded into the conv2d before it" in reasons[0]

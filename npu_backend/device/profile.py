@@ -1,8 +1,11 @@
 """The profiler: every NPU kernel launch's statistics, collected inside `with profile():`.
 
 Stage: runtime (Python side). The simulator backend (simulator_backend.py) hands each finished
-launch to `deliver`, which adds it to every active `Profile`: its `KernelStats`, optionally its
-schedule (for a Chrome trace) and a launch file for `cgra-sim replay`.
+launch to `deliver`, which adds it to every `Profile` the launching thread has open: its
+`KernelStats`, optionally its schedule (for a Chrome trace) and a launch file for `cgra-sim
+replay`. A profile sees the launches of the thread that opened it (the runtime submits a launch
+in the thread that called the kernel), so two threads, each with its own VM and its own profile,
+count their own kernels only.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from cgra_sim.simulate import STEPS
 from cgra_sim.stream_file import SUFFIX, Launch, save_launch
 from cgra_sim.trace import TracedLaunch, chrome_trace
 
-_active_profiles: list["Profile"] = []
+_active_profiles: list[tuple["Profile", int]] = []  # (profile, the thread that opened it)
 _lock = threading.Lock()
 
 
@@ -99,7 +102,7 @@ class Profile:
 
 @contextlib.contextmanager
 def profile(record_dir=None, keep_schedules: bool = False, on_launch=None):
-    """Collect the statistics of every NPU kernel run inside the block.
+    """Collect the statistics of every NPU kernel this thread runs inside the block.
 
     `record_dir`: also save every launch there as `<index>_<kernel>.cgra` (created if missing),
     with its inputs and outputs, for `cgra-sim replay`. `keep_schedules`: also keep every launch's
@@ -110,24 +113,29 @@ def profile(record_dir=None, keep_schedules: bool = False, on_launch=None):
     if record_dir is not None:
         os.makedirs(record_dir, exist_ok=True)
     prof = Profile(record_dir, keep_schedules, on_launch)
+    entry = (prof, threading.get_ident())
     with _lock:
-        _active_profiles.append(prof)
+        _active_profiles.append(entry)
     try:
         yield prof
     finally:
         with _lock:
-            _active_profiles.remove(prof)
+            _active_profiles.remove(entry)
+
+
+def _profiles_of_this_thread() -> list["Profile"]:
+    thread = threading.get_ident()
+    with _lock:
+        return [prof for prof, owner in _active_profiles if owner == thread]
 
 
 def recording() -> bool:
-    """Whether an active profile records launches to files (the backend then keeps the inputs)."""
-    with _lock:
-        return any(prof.record_dir is not None for prof in _active_profiles)
+    """Whether a profile of this thread records launches to files (the backend then keeps the inputs)."""
+    return any(prof.record_dir is not None for prof in _profiles_of_this_thread())
 
 
 def deliver(result, arch: HardwareDescription, commands: np.ndarray, launch: "Launch | None",
             device_seconds: float) -> None:
-    """Adds one simulated launch to every active profile."""
-    with _lock:
-        for prof in _active_profiles:
-            prof._add(result, arch, commands, launch, device_seconds)
+    """Adds one simulated launch to every profile the launching thread has open."""
+    for prof in _profiles_of_this_thread():
+        prof._add(result, arch, commands, launch, device_seconds)

@@ -14,10 +14,13 @@ emit into (some converters, Clip's for one, emit calls themselves).
 
 from __future__ import annotations
 
+import os
+
 import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
+from ..errors import InvalidModel
 from .provenance import node_span
 
 
@@ -91,11 +94,34 @@ class _NamingImporter(onnx_frontend.ONNXGraphImporter):
             self.bb.node = None
 
 
+def load_model(model):
+    """An onnx.ModelProto from a ModelProto, a path or the file's bytes; InvalidModel (naming the
+    file) for anything onnx cannot read as a model."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if isinstance(model, onnx.ModelProto):
+        return model
+    what = f"'{os.fspath(model)}'" if isinstance(model, (str, os.PathLike)) else "these bytes"
+    try:
+        if isinstance(model, (bytes, bytearray)):
+            return onnx.load_from_string(bytes(model))
+        if isinstance(model, (str, os.PathLike)):
+            return onnx.load(os.fspath(model))
+    except (DecodeError, ValueError, RuntimeError) as err:
+        raise InvalidModel(f"cannot read {what} as an ONNX model ({type(err).__name__}: {err}); "
+                           "is it an .onnx file?") from None
+    raise TypeError(f"from_onnx takes an onnx.ModelProto, a path or bytes, not {type(model).__name__}")
+
+
 def from_onnx(model, shape_dict=None, dtype_dict="float32", opset=None) -> tvm.IRModule:
-    """`tvm.relax.frontend.onnx.from_onnx(model, ...)` with the node names kept as call spans
-    (the body of TVM's function, with this module's importer)."""
+    """`tvm.relax.frontend.onnx.from_onnx(model, ...)` with the node names kept as call spans (the
+    body of TVM's function, with this module's importer). `model`: a ModelProto, a path or bytes.
+    A graph the importer cannot follow (a node reading an input nothing produces) raises
+    InvalidModel with onnx's checker's account of it."""
+    model = load_model(model)
     if model.ir_version < 3:
-        raise ValueError(f"Model IR version {model.ir_version} not supported. Must be at least after 1.1.0.")
+        raise InvalidModel(f"ONNX IR version {model.ir_version} is not supported (the importer needs 3 or later)")
     if opset is None:
         opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     unnamed = [node for node in model.graph.node if not node.name and node.output]
@@ -103,6 +129,28 @@ def from_onnx(model, shape_dict=None, dtype_dict="float32", opset=None) -> tvm.I
         node.name = node.output[0]
     try:
         return _NamingImporter(shape_dict, dtype_dict).from_onnx(model.graph, opset)
+    except (KeyError, IndexError, AttributeError) as err:
+        raise InvalidModel(_why_not_importable(model, err)) from err
     finally:
         for node in unnamed:  # the caller's model stays as it was
             node.name = ""
+
+
+def _why_not_importable(model, err) -> str:
+    """What is wrong with a model the importer tripped over: a node reading a value nothing
+    produces, else onnx's checker's first complaint, else the importer's own error."""
+    import onnx
+
+    known = {value.name for value in model.graph.input} | {init.name for init in model.graph.initializer}
+    for node in model.graph.node:
+        missing = [name for name in node.input if name and name not in known]
+        if missing:
+            return (f"node '{node.name}' ({node.op_type}) reads '{missing[0]}', which no graph input, initializer "
+                    "or earlier node produces: the ONNX model is not valid (onnx.checker.check_model says why)")
+        known |= set(node.output)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as invalid:
+        first = str(invalid).strip().splitlines()[0]
+        return f"the ONNX model is not valid: {first} (onnx.checker.check_model says so too)"
+    return f"TVM's ONNX importer failed on this model ({type(err).__name__}: {err})"

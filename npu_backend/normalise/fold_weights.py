@@ -128,6 +128,24 @@ class _WeightFolder(relax.PyExprMutator):
             return np.array(expr.value, dtype=str(expr.dtype))
         return None
 
+    def _constant_of(self, expr):
+        """The numpy value of `expr` when it is a constant, or a variable bound (anywhere in the
+        function, before or after the current binding) to constant arithmetic fold_weights knows."""
+        value = self._constant(expr)
+        if value is not None or not isinstance(expr, relax.Var):
+            return value
+        bound = self.values.get(expr)
+        if not isinstance(bound, relax.Call) or not isinstance(bound.op, tvm.ir.Op):
+            return None
+        entry = _NUMPY_OPS.get(bound.op.name)
+        if entry is None or static_shape(bound) is None or len(bound.args) < entry[0]:
+            return None
+        arrays = [self._constant_of(arg) for arg in bound.args[:entry[0]]]
+        if any(a is None for a in arrays):
+            return None
+        result = entry[1](bound, *arrays)
+        return result if result is not None and result.dtype.name == dtype_of(bound) else None
+
     def _evaluate(self, call):
         """The constant `call` computes when it is a `_NUMPY_OPS` call of constants, else None."""
         if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
@@ -146,45 +164,64 @@ class _WeightFolder(relax.PyExprMutator):
         return relax.const(result, dtype_of(call))
 
     def _fold_batch_norm_into(self, conv_var, conv):
-        """At a conv2d binding followed only by an inference batch norm: emit the conv2d with
-        scaled weights and plan the bias add for the batch norm's output. True if it did."""
+        """At a conv2d binding followed only by an inference batch norm (with at most a constant
+        bias add between them, PyTorch's Conv2d(bias=True)): emit the conv2d with scaled weights
+        and plan the bias add for the batch norm's output. True if it did."""
         plan = self._batch_norm_plan(conv_var, conv)
         if plan is None:
             return False
-        norm_var, outputs, weight, bias = plan
+        norm_var, outputs, weight, bias, skipped = plan
         self._emit(conv_var, relax.Call(conv.op, [self.visit_expr(conv.args[0]), weight], conv.attrs,
                                         span=conv.span))
-        self.folded_norms.add(norm_var)
+        self.folded_norms |= {norm_var} | skipped
         for out in outputs:
             self.bias_of[out] = (conv_var, bias, self.values[norm_var].span)
         return True
 
     def _batch_norm_plan(self, conv_var, conv):
-        """(batch_norm var, its [0] vars, folded weight, bias) or None when the pattern is not exact."""
+        """(batch_norm var, its [0] vars, folded weight, bias, folded bias-add vars) or None when
+        the pattern is not exact."""
         if not (isinstance(conv, relax.Call) and getattr(conv.op, "name", "") == "relax.nn.conv2d"):
             return None
-        users = self.users.get(conv_var, [])
         weight = self._constant(conv.args[1])
-        if not isinstance(conv_var, relax.DataflowVar) or len(users) != 1 or weight is None:
+        if weight is None or not isinstance(conv_var, relax.DataflowVar):
             return None
-        norm_var = users[0]
+        norm_var, conv_bias, skipped = self._next_user(conv_var), None, set()
+        if norm_var is not None and _op_name(self.values.get(norm_var)) == "relax.add":
+            conv_bias = self._bias_operand(self.values[norm_var], conv_var)
+            if conv_bias is None:
+                return None
+            skipped, norm_var = {norm_var}, self._next_user(norm_var)
         norm = self.values.get(norm_var)
-        if not (isinstance(norm, relax.Call) and getattr(norm.op, "name", "") == "relax.nn.batch_norm"
-                and norm.args[0].same_as(conv_var) and isinstance(norm_var, relax.DataflowVar)):
+        if norm_var is None or _op_name(norm) != "relax.nn.batch_norm" or not isinstance(norm_var, relax.DataflowVar):
             return None
         outputs = [u for u in self.users.get(norm_var, []) if _is_first_item(self.values.get(u), norm_var)]
         if not outputs or len(outputs) != len(self.users.get(norm_var, [])):
             return None  # the batch norm's statistics are used: keep it
         stats = [self._constant(arg) for arg in norm.args[1:5]]
-        folded = _fold_scale_shift(conv.attrs, norm.attrs, weight, stats, dtype_of(conv))
+        folded = _fold_scale_shift(conv.attrs, norm.attrs, weight, stats, dtype_of(conv), conv_bias)
         if folded is None:
             return None
-        return norm_var, outputs, relax.const(folded[0], dtype_of(conv)), relax.const(folded[1], dtype_of(conv))
+        dtype = dtype_of(conv)
+        return norm_var, outputs, relax.const(folded[0], dtype), relax.const(folded[1], dtype), skipped
+
+    def _next_user(self, var):
+        """The one binding that uses `var` (a dataflow var), or None."""
+        users = self.users.get(var, [])
+        return users[0] if len(users) == 1 and isinstance(var, relax.DataflowVar) else None
+
+    def _bias_operand(self, add, conv_var):
+        """The constant other operand of add(conv, b) or add(b, conv), else None."""
+        lhs, rhs = add.args
+        other = rhs if lhs.same_as(conv_var) else lhs if rhs.same_as(conv_var) else None
+        return self._constant_of(other) if other is not None else None
 
 
-def _fold_scale_shift(conv_attrs, norm_attrs, weight, stats, dtype):
+def _fold_scale_shift(conv_attrs, norm_attrs, weight, stats, dtype, conv_bias=None):
     """(weight * s, beta - mean * s) shaped for the layouts, computed in the conv's dtype (the
-    order of FoldBatchnormToConv2D), or None when the batch norm is not a foldable inference one."""
+    order of FoldBatchnormToConv2D), or None when the batch norm is not a foldable inference one.
+    With the conv's own bias b (an array broadcasting along the output's channel axis), the shift
+    is (b - mean) * s + beta."""
     out_layout = str(conv_attrs.out_layout or conv_attrs.data_layout)
     kernel_layout = str(conv_attrs.kernel_layout)
     if (any(s is None for s in stats) or bool(norm_attrs.training) or dtype not in _FLOAT
@@ -201,9 +238,31 @@ def _fold_scale_shift(conv_attrs, norm_attrs, weight, stats, dtype):
     if not bool(norm_attrs.center):
         beta = np.zeros_like(beta)
     scale = gamma / np.sqrt(var + np.array(float(norm_attrs.epsilon), dtype=dtype))
-    shift = beta - mean * scale
+    if conv_bias is None:
+        shift = beta - mean * scale
+    else:
+        bias = _per_channel(conv_bias, out_layout, channels, dtype)
+        if bias is None:
+            return None
+        shift = (bias - mean) * scale + beta
     return (weight * scale.reshape(_channel_shape(kernel_layout, "O", channels)),
             shift.reshape(_channel_shape(out_layout, "C", channels)))
+
+
+def _per_channel(bias, out_layout: str, channels: int, dtype: str):
+    """A bias broadcast along the output's channel axis only, as (channels,), else None."""
+    if bias.dtype.name != dtype or bias.ndim > len(out_layout):
+        return None
+    aligned = bias.reshape((1,) * (len(out_layout) - bias.ndim) + bias.shape)
+    axis = out_layout.index("C")
+    if any(extent != 1 for i, extent in enumerate(aligned.shape) if i != axis) or \
+            aligned.shape[axis] not in (1, channels):
+        return None
+    return np.broadcast_to(aligned.reshape(-1), (channels,)).copy()
+
+
+def _op_name(value) -> str:
+    return value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else ""
 
 
 def _channel_shape(layout: str, axis: str, channels: int) -> tuple:

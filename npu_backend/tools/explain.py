@@ -100,9 +100,17 @@ def _kernel_ops(wrapper, site: int) -> list[Placement]:
             for (var, call), node in zip(ops, nodes)]
 
 
+_BATCH_NORM_REASON = (
+    "an inference batch norm runs on the NPU folded into the conv2d before it (normalise/fold_weights.py): "
+    "that conv2d needs constant weights, at most a constant bias add after it, and no other reader, and the "
+    "batch norm constant statistics; this one is not such a batch norm")
+
+
 def _host_reason(call, arch) -> str:
     """Why a host call was not offloaded: the reason its op family gives for it alone, or why
     no pattern took it."""
+    if call.op.name == "relax.nn.batch_norm":
+        return _BATCH_NORM_REASON
     pattern = host_patterns().get(call.op.name)
     if pattern is None:
         return (f"no NPU kernel for {_op_name(call)} (the NPU runs matmul and conv2d, with bias add, "

@@ -8,6 +8,8 @@ printable table, and with `check` the comparison against onnxruntime). Needs the
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import tvm
 
@@ -17,6 +19,8 @@ from .layers import format_layers, model_layers
 from ..progress import compile_progress
 
 _ONNX_DTYPES = {1: "float32", 3: "int8", 6: "int32", 7: "int64", 2: "uint8"}
+#: The most random input data `run` makes (all inputs together).
+MAX_INPUT_BYTES = 1 << 30
 
 
 def _require_onnx():
@@ -30,9 +34,28 @@ def _require_onnx():
 
 
 def _random_inputs(model, seed: int) -> dict:
+    """Random data for every graph input, checked against MAX_INPUT_BYTES before any is made."""
     rng = np.random.default_rng(seed)
-    initializers = {init.name for init in model.graph.initializer}
+    specs = _input_specs(model)
+    total = sum(int(np.prod(dims, dtype=np.int64)) * np.dtype(dtype).itemsize for dims, dtype in specs.values())
+    if total > MAX_INPUT_BYTES:
+        shapes = ", ".join(f"{name} {tuple(dims)} {dtype}" for name, (dims, dtype) in specs.items())
+        raise ValueError(f"the model's inputs ({shapes}) take {total / 2**30:.1f} GiB; random inputs are made up "
+                         f"to {MAX_INPUT_BYTES >> 30} GiB: give the model smaller input shapes")
     inputs = {}
+    for name, (dims, dtype) in specs.items():
+        if dtype.startswith("float"):
+            inputs[name] = rng.standard_normal(dims).astype(dtype)
+        else:
+            info = np.iinfo(dtype)
+            inputs[name] = rng.integers(max(info.min, -128), min(info.max, 127) + 1, size=dims).astype(dtype)
+    return inputs
+
+
+def _input_specs(model) -> dict:
+    """name -> (dims, dtype) of every graph input that is not an initializer."""
+    initializers = {init.name for init in model.graph.initializer}
+    specs = {}
     for value in model.graph.input:
         if value.name in initializers:
             continue
@@ -45,12 +68,8 @@ def _random_inputs(model, seed: int) -> dict:
         if dtype is None:
             raise UnsupportedOperator(f"input '{value.name}' has ONNX element type {tensor.elem_type}, "
                                       f"which this runner cannot generate (supported: {sorted(_ONNX_DTYPES.values())})")
-        if dtype.startswith("float"):
-            inputs[value.name] = rng.standard_normal(dims).astype(dtype)
-        else:
-            info = np.iinfo(dtype)
-            inputs[value.name] = rng.integers(max(info.min, -128), min(info.max, 127) + 1, size=dims).astype(dtype)
-    return inputs
+        specs[value.name] = (dims, dtype)
+    return specs
 
 
 class _KernelCount:
@@ -90,12 +109,15 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
     as described in the module docstring. `progress(message)`, if given, hears each step, each
     kernel compiled and each kernel launch simulated."""
     import npu_backend
-    onnx, onnxruntime = _require_onnx()
-    from ..frontend.onnx_import import from_onnx  # TVM's importer, keeping the node names
+    _, onnxruntime = _require_onnx()
+    from ..frontend.onnx_import import from_onnx, load_model  # TVM's importer, keeping the node names
 
     say = progress or (lambda message: None)
     arch = npu_backend.load_arch(arch)
-    model = onnx.load(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(2, "No such file", path)
+    model = load_model(path)
+    inputs = _random_inputs(model, seed)  # before compiling: refuse inputs too large to make
     say(f"importing {path}")
     mod = from_onnx(model)
     placements = npu_backend.explain(mod, arch)
@@ -103,7 +125,6 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
     kernels = _KernelCount()
     with compile_progress(kernels.compiling(say, arch.name)):
         executable = npu_backend.compile(mod, arch, dump_dir=dump_dir)
-    inputs = _random_inputs(model, seed)
     say("running on the simulator")
     vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
     with profile(on_launch=kernels.simulated(say)) as prof:

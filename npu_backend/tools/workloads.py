@@ -48,7 +48,7 @@ def _reference_tail(ref, residual, clip):
 
 
 def matmul_model(m, n, k, dtype="float32", bias=True, relu=True, transposed=False, softmax=False,
-                 residual=False, clip=None):
+                 residual=False, clip=None, seed=None):
     """x @ w (+ b) (+ r) (relu) (clip to (lo, hi)) (softmax): returns (module, inputs, reference).
     With a residual r (m x n) relu comes after it, as in ResNet's relu(conv + b + shortcut)."""
     acc = ACC[dtype]
@@ -69,7 +69,7 @@ def matmul_model(m, n, k, dtype="float32", bias=True, relu=True, transposed=Fals
             y = bb.emit(relax.op.nn.softmax(y))
         return y
 
-    rng = np.random.default_rng(m * 1000003 + n * 1009 + k)
+    rng = np.random.default_rng(m * 1000003 + n * 1009 + k if seed is None else seed)
     inputs = [_random(rng, shape, dt) for _, shape, dt in specs]
     x, w = inputs[0].astype(acc), inputs[1].astype(acc)
     ref = x @ (w.T if transposed else w)
@@ -108,7 +108,7 @@ def conv2d_reference(x, w, stride, pad, dilation=(1, 1), groups=1):
 
 def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype="float32",
                  bias=True, relu=True, dilation=(1, 1), groups=1, layouts=("NCHW", "OIHW", "NCHW"),
-                 residual=False, clip=None):
+                 residual=False, clip=None, seed=None):
     """conv2d (+ bias) (+ residual of the output's shape) (relu) (clip to (lo, hi)) with data,
     weight and output stored in `layouts`: (module, inputs, reference). Shapes are given in
     NCHW / OIHW order whatever the layouts."""
@@ -134,7 +134,7 @@ def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype=
             y = bb.emit(relax.op.nn.relu(y))
         return _epilogue_tail(bb, y, None, clip)
 
-    rng = np.random.default_rng(n * 7 + c * 11 + h * 13 + f * 17 + kh * 19)
+    rng = np.random.default_rng(n * 7 + c * 11 + h * 13 + f * 17 + kh * 19 if seed is None else seed)
     inputs = [_random(rng, shape, dt) for _, shape, dt in specs]
     x = inputs[0].transpose([data_layout.index(axis) for axis in "NCHW"]).astype(acc)
     w = inputs[1].transpose([kernel_layout.index(axis) for axis in "OIHW"]).astype(acc)
@@ -148,7 +148,8 @@ def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype=
     return relax_module(specs, body), inputs, ref.astype(acc)
 
 
-def batch_matmul_model(lhs_shape, rhs_shape, dtype="float32", bias=True, relu=True, transposed=False):
+def batch_matmul_model(lhs_shape, rhs_shape, dtype="float32", bias=True, relu=True, transposed=False,
+                       seed=None):
     """matmul(x, w) with batch dims (numpy's broadcast) (+ bias row) (relu); with `transposed`,
     w is stored (..., N, K) and permute_dims swaps its last two axes first, as PyTorch's Linear
     and `x @ w.transpose(-1, -2)` import. Returns (module, inputs, reference)."""
@@ -165,7 +166,7 @@ def batch_matmul_model(lhs_shape, rhs_shape, dtype="float32", bias=True, relu=Tr
             y = bb.emit(relax.op.add(y, rest[0]))
         return bb.emit(relax.op.nn.relu(y)) if relu else y
 
-    rng = np.random.default_rng(sum(lhs_shape) * 1009 + sum(rhs_shape))
+    rng = np.random.default_rng(sum(lhs_shape) * 1009 + sum(rhs_shape) if seed is None else seed)
     inputs = [_random(rng, shape, dt) for _, shape, dt in specs]
     x, w = inputs[0].astype(acc), inputs[1].astype(acc)
     ref = np.matmul(x, np.swapaxes(w, -1, -2) if transposed else w)
@@ -208,7 +209,7 @@ def pool_reference(x, kind, kernel, stride=(1, 1), pad=(0, 0, 0, 0), dilation=(1
 
 
 def pool_model(kind, n, c, h, w_, kernel, stride=(1, 1), pad=(0, 0, 0, 0), dilation=(1, 1), ceil_mode=False,
-               count_include_pad=False, dtype="float32", layout="NCHW"):
+               count_include_pad=False, dtype="float32", layout="NCHW", seed=None):
     """relax.nn.max_pool2d / avg_pool2d over (n, c, h, w_) data stored in `layout`:
     (module, inputs, reference)."""
     op = relax.op.nn.max_pool2d if kind == "max" else relax.op.nn.avg_pool2d
@@ -218,7 +219,7 @@ def pool_model(kind, n, c, h, w_, kernel, stride=(1, 1), pad=(0, 0, 0, 0), dilat
         return bb.emit(op(x, kernel, stride, pad, dilation, ceil_mode=ceil_mode,
                           count_include_pad=count_include_pad, layout=layout, out_layout=layout))
 
-    rng = np.random.default_rng(n * 7 + c * 11 + h * 13 + w_ * 17 + kernel[0] * 19)
+    rng = np.random.default_rng(n * 7 + c * 11 + h * 13 + w_ * 17 + kernel[0] * 19 if seed is None else seed)
     inputs = [_random(rng, specs[0][1], dtype)]
     x = inputs[0].transpose([layout.index(axis) for axis in "NCHW"])
     ref = pool_reference(x, kind, kernel, stride, pad, dilation, ceil_mode, count_include_pad)

@@ -24,6 +24,14 @@ class ArchError(ValueError):
     """A hardware description is malformed or names something unknown."""
 
 
+#: The largest value each field may take. The simulator holds the scratchpad in memory (1 GiB at
+#: most) and every size must stay far inside the runtime's int64 arithmetic; the others are well
+#: beyond any NPU (a 1024 x 1024 PE array, 64 KiB per cycle of DMA).
+MAXIMUM = {"rows": 1 << 10, "cols": 1 << 10, "spad_bytes": 1 << 30, "spad_banks": 1 << 10,
+           "bank_width_bytes": 1 << 10, "dma_bytes_per_cycle": 1 << 16, "vector_lanes": 1 << 16,
+           "dma_latency": 1 << 31, "config_load_cycles": 1 << 31, "macs_per_pe": 1 << 16}
+
+
 @dataclasses.dataclass(frozen=True)
 class HardwareDescription:
     """One CGRA NPU. All sizes in bytes, all times in cycles of `clock_mhz`."""
@@ -55,14 +63,20 @@ class HardwareDescription:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ArchError(f"{self.name}: '{field}' must be a non-negative integer, got {value!r}")
-        if not (isinstance(self.clock_mhz, (int, float)) and self.clock_mhz > 0):
-            raise ArchError(f"{self.name}: 'clock_mhz' must be positive, got {self.clock_mhz!r}")
+        for field, maximum in MAXIMUM.items():
+            if field != "macs_per_pe" and getattr(self, field) > maximum:
+                raise ArchError(f"{self.name}: '{field}' is {getattr(self, field)}, more than the {maximum} "
+                                "this simulator takes (see cgra_sim.arch.MAXIMUM)")
+        if not (isinstance(self.clock_mhz, (int, float)) and not isinstance(self.clock_mhz, bool)
+                and 0 < self.clock_mhz < 1e6):
+            raise ArchError(f"{self.name}: 'clock_mhz' must be a positive number below 1e6, got {self.clock_mhz!r}")
         if not self.macs_per_pe:
             raise ArchError(f"{self.name}: 'macs_per_pe' must name at least one dtype")
         for dtype, macs in self.macs_per_pe.items():
             DType.from_name(dtype)  # raises for an unknown dtype
-            if not isinstance(macs, int) or macs <= 0:
-                raise ArchError(f"{self.name}: macs_per_pe['{dtype}'] must be a positive integer")
+            if not isinstance(macs, int) or isinstance(macs, bool) or not 0 < macs <= MAXIMUM["macs_per_pe"]:
+                raise ArchError(f"{self.name}: macs_per_pe['{dtype}'] must be a positive integer up to "
+                                f"{MAXIMUM['macs_per_pe']}, got {macs!r}")
         if self.spad_bytes % (self.spad_banks * self.bank_width_bytes):
             raise ArchError(f"{self.name}: spad_bytes ({self.spad_bytes}) must be a multiple of "
                             f"spad_banks * bank_width_bytes ({self.spad_banks * self.bank_width_bytes})")

@@ -24,7 +24,11 @@ import numpy as np
 
 from .arch import HardwareDescription
 from .errors import SimulatorError
-from .isa import RECORD_WORDS, STREAM_VERSION, DType
+from .isa import BOX_DIMS, RECORD_WORDS, STREAM_VERSION, DType
+
+#: The largest array a launch file may hold (one tensor slot, or the command stream): what a
+#: file declares is checked against it before anything is allocated.
+MAX_ARRAY_BYTES = 1 << 30
 
 MAGIC = "cgra-sim launch"
 #: Version of the container and header layout; see docs/command-stream.md for what bumps it.
@@ -58,6 +62,16 @@ class TensorSpec:
     def zeros(self) -> np.ndarray:
         return np.zeros(self.shape, dtype=self.dtype)
 
+    def check(self) -> None:
+        """ValueError unless this is a host tensor a launch can bind: an ISA dtype, rank 1 to
+        BOX_DIMS, at most MAX_ARRAY_BYTES."""
+        itemsize = DType.from_name(self.dtype).itemsize  # ValueError for a dtype the ISA does not have
+        if not 1 <= len(self.shape) <= BOX_DIMS or min(self.shape) < 0:
+            raise ValueError(f"tensor shape {self.shape}: a slot has rank 1 to {BOX_DIMS} and no negative extent")
+        if int(np.prod(self.shape, dtype=object)) * itemsize > MAX_ARRAY_BYTES:
+            raise ValueError(f"tensor {self.dtype} {self.shape} is larger than the {MAX_ARRAY_BYTES >> 30} GiB a "
+                             "launch may bind")
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Launch:
@@ -85,7 +99,7 @@ class Launch:
         object.__setattr__(self, "tensors", tuple(TensorSpec(str(t.dtype), tuple(int(d) for d in t.shape))
                                                   for t in self.tensors))
         for spec in self.tensors:
-            DType.from_name(spec.dtype)  # raises ValueError for a dtype the ISA does not have
+            spec.check()
         for name in ("inputs", "outputs"):
             arrays = getattr(self, name)
             if arrays is not None:
@@ -249,12 +263,24 @@ def _check_versions(path, header: dict) -> None:
 
 
 def _read_array(archive: zipfile.ZipFile, name: str) -> np.ndarray:
+    """One .npy member, its declared size checked against the member's and MAX_ARRAY_BYTES first."""
+    with archive.open(name) as member:
+        version = np.lib.format.read_magic(member)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(member)
+        nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if nbytes > min(archive.getinfo(name).file_size, MAX_ARRAY_BYTES):
+            raise ValueError(f"{name} declares {dtype} {shape} ({nbytes} bytes), more than it holds or than the "
+                             f"{MAX_ARRAY_BYTES >> 30} GiB a launch file may")
     with archive.open(name) as member:
         return np.lib.format.read_array(member, allow_pickle=False)
 
 
 def _read_launch(archive: zipfile.ZipFile, header: dict) -> Launch:
     tensors = tuple(TensorSpec(str(t["dtype"]), tuple(int(d) for d in t["shape"])) for t in header["tensors"])
+    for spec in tensors:
+        spec.check()  # before any is allocated (a launch without recorded inputs replays on zeros)
     commands = _read_array(archive, "commands.npy")
     if commands.dtype != np.dtype("<i8") or commands.shape != (header["num_commands"], RECORD_WORDS):
         raise ValueError(f"commands.npy is {commands.dtype} {commands.shape}, the header says "

@@ -1,0 +1,238 @@
+"""`cgra-sim verify`: one kernel compiled for the NPU, simulated, and checked against numpy.
+
+Stage: tools (command line). The kernel is one operator (matmul, batched matmul, conv2d, pooling
+or an elementwise op) on random inputs (`--seed`); its arguments are checked before anything is
+compiled, so a malformed shape, stride or padding is a usage error naming the argument (exit 2).
+If the compiler keeps the operator on the host (a chip that cannot hold its tiles, a dtype it
+does not compute), verify fails with exit 3 and the reason `explain` gives: a PASS always means
+the NPU computed the result. int8 and integer results must match exactly, float32 within 1e-5
+of the output's scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from .arguments import (EXIT_MISMATCH, EXIT_NOT_OFFLOADED, EXIT_OK, UsageError, add_observation_arguments, ints,
+                        observe, publish)
+
+#: --op -> what --shape lists.
+SHAPES = {"matmul": "M,N,K", "batch_matmul": "B,M,N,K", "conv2d": "N,C,H,W,F,KH,KW", "pool": "N,C,H,W",
+          "eltwise": "D0[,D1[,D2[,D3]]]"}
+ELTWISE_FUNCS = ("add", "subtract", "multiply", "maximum", "minimum")
+
+
+def add_verify_arguments(verify) -> None:
+    verify.add_argument("--op", choices=list(SHAPES), required=True)
+    verify.add_argument("--shape", type=ints, required=True,
+                        help="matmul: M,N,K (x[M,K] @ w[K,N]); batch_matmul: B,M,N,K (x[B,M,K] @ w[B,K,N]); "
+                             "conv2d: N,C,H,W,F,KH,KW; pool: N,C,H,W; eltwise: the left operand's shape "
+                             "(in NCHW / OIHW order whatever --layout)")
+    verify.add_argument("--dtype", choices=["float32", "int8", "int32"], default="float32",
+                        help="input dtype; int8 matmul / conv2d accumulate and output int32; int32: "
+                             "eltwise only (default float32)")
+    verify.add_argument("--arch", default="cgra-8x8", help="preset name or JSON file (default cgra-8x8)")
+    verify.add_argument("--seed", type=int, default=None, help="seed of the random inputs (default: from the shape)")
+    verify.add_argument("--layout", default="NCHW",
+                        help="conv2d: DATA[,KERNEL] layouts, e.g. NHWC or NHWC,OHWI; the output takes the data's "
+                             "(default NCHW, with OIHW weights; NHWC data: HWIO). pool: the data layout")
+    verify.add_argument("--stride", type=ints, default=(1,), help="conv2d, pool: S or SH,SW (default 1)")
+    verify.add_argument("--padding", type=ints, default=(0,),
+                        help="conv2d, pool: P, PH,PW or top,left,bottom,right (default 0)")
+    verify.add_argument("--dilation", type=ints, default=(1,), help="conv2d, max pool: D or DH,DW (default 1)")
+    verify.add_argument("--groups", type=int, default=1, help="conv2d: channel groups (C and F divisible; default 1)")
+    verify.add_argument("--window", type=ints, help="pool: KH,KW (required for --op pool)")
+    verify.add_argument("--pool", choices=["max", "avg"], default="max", help="pool: the kind (default max)")
+    verify.add_argument("--ceil-mode", action="store_true", help="pool: output size rounded up")
+    verify.add_argument("--count-include-pad", action="store_true", help="avg pool: divide by the padded window")
+    verify.add_argument("--func", choices=ELTWISE_FUNCS, default="add", help="eltwise: the function (default add)")
+    verify.add_argument("--rhs-shape", type=ints, help="eltwise: the right operand's shape, broadcast numpy's way "
+                                                       "(default: --shape)")
+    verify.add_argument("--shared-weights", action="store_true",
+                        help="batch_matmul: one w[K,N] for the whole batch (folds into one GEMM)")
+    verify.add_argument("--no-bias", action="store_true", help="matmul, conv2d: leave out the bias add")
+    verify.add_argument("--no-relu", action="store_true", help="matmul, conv2d: leave out the relu")
+    verify.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    add_observation_arguments(verify)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """The one-operator model verify compiles, with its inputs and numpy's result."""
+
+    mod: object
+    inputs: list
+    ref: object
+    macs: int  # the operator's own multiply-accumulates (0 for pooling and elementwise ops)
+    relax_op: str  # the operator as explain names it ("nn.conv2d")
+    exact: bool  # integer results must match exactly
+
+
+def run_verify(args) -> int:
+    import npu_backend
+    from .workloads import mismatch, run
+
+    arch = npu_backend.load_arch(args.arch)
+    case = build_case(args, arch)
+    report = {"op": args.op, "shape": list(args.shape), "dtype": args.dtype, "arch": arch.name, "macs": case.macs}
+    refused = [p for p in npu_backend.explain(case.mod, arch) if p.op == case.relax_op and p.where == "host"]
+    if refused:
+        return _not_offloaded(args, report, refused[0].reason)
+    with observe(args) as prof:
+        out = run(npu_backend.compile(case.mod, arch), case.inputs)
+    if not prof.kernels:
+        return _not_offloaded(args, report, "no kernel ran on the NPU")
+    problem = mismatch(out, case.ref, "int8" if case.exact else "float32")
+    bound = -(-case.macs // arch.peak_macs_per_cycle(args.dtype)) if case.macs else 0
+    report.update(result="PASS" if problem is None else "FAIL", cycles=prof.total_cycles, mac_bound_cycles=bound,
+                  mismatch=problem, kernels=[k.to_dict() for k in prof.kernels])
+    written = publish(args, prof, report)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        peak = f" (MAC bound {bound}, {bound / max(1, prof.total_cycles):.1%} of peak)" if bound else ""
+        print(f"{report['result']} {_title(args)} on {arch.name}: {prof.total_cycles} cycles{peak}")
+        if problem:
+            print(f"  mismatch: {problem}")
+        print("\n".join(f"  {line}" for line in written), end="\n" if written else "")
+    return EXIT_OK if problem is None else EXIT_MISMATCH
+
+
+def _title(args) -> str:
+    return f"{args.op} {'x'.join(str(d) for d in args.shape)} {args.dtype}"
+
+
+def _not_offloaded(args, report: dict, reason: str) -> int:
+    report.update(result="NOT OFFLOADED", reason=reason, cycles=0, kernels=[])
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"FAIL {_title(args)} on {report['arch']}: not run on the NPU: {reason}")
+    return EXIT_NOT_OFFLOADED
+
+
+def build_case(args, arch) -> Case:
+    """The model of --op with its inputs and reference; UsageError for malformed arguments."""
+    if len(args.shape) != len(SHAPES[args.op].split(",")) and args.op != "eltwise":
+        raise UsageError(f"--shape must be {SHAPES[args.op]}")
+    if any(d < 1 for d in args.shape):
+        raise UsageError(f"--shape {_text(args.shape)}: every dimension must be at least 1")
+    if args.dtype == "int32" and args.op != "eltwise":
+        raise UsageError("--dtype int32 is for --op eltwise; int8 matmul and conv2d already produce int32")
+    if args.op in ("matmul", "batch_matmul", "conv2d") and args.dtype not in arch.dtypes:
+        raise UsageError(f"--dtype {args.dtype}: architecture '{arch.name}' computes {', '.join(arch.dtypes)} "
+                         "(its macs_per_pe); pick one of those or describe a chip that computes it")
+    return _BUILDERS[args.op](args)
+
+
+def _text(values) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def _pair(values, name: str, minimum: int) -> tuple[int, int]:
+    """One value or two (vertical, horizontal), each at least `minimum`."""
+    if len(values) not in (1, 2) or min(values) < minimum:
+        raise UsageError(f"--{name} {_text(values)}: give one value or two (vertical,horizontal), "
+                         f"each at least {minimum}")
+    return (values[0], values[-1])
+
+
+def _padding(values) -> tuple[int, int, int, int]:
+    """One value, two (vertical, horizontal) or four (top, left, bottom, right), none negative."""
+    if len(values) not in (1, 2, 4) or min(values) < 0:
+        raise UsageError(f"--padding {_text(values)}: give P, PH,PW or top,left,bottom,right, none negative")
+    return tuple(values * 4) if len(values) == 1 else tuple(values * 2) if len(values) == 2 else tuple(values)
+
+
+def _window_fits(h: int, w: int, kernel, stride, pad, dilation) -> None:
+    for extent, k, s, lo, hi, d, axis in zip((h, w), kernel, stride, pad[:2], pad[2:], dilation, ("H", "W")):
+        if extent + lo + hi - d * (k - 1) - 1 < 0:
+            raise UsageError(f"a window of {k} (dilation {d}) does not fit {axis} = {extent} with padding "
+                             f"{lo}+{hi}: there is no output position; use a smaller window or more padding")
+
+
+def _matmul(args) -> Case:
+    from .workloads import matmul_model
+
+    m, n, k = args.shape
+    mod, inputs, ref = matmul_model(m, n, k, args.dtype, bias=not args.no_bias, relu=not args.no_relu, seed=args.seed)
+    return Case(mod, inputs, ref, m * n * k, "matmul", args.dtype == "int8")
+
+
+def _batch_matmul(args) -> Case:
+    from .workloads import batch_matmul_model
+
+    b, m, n, k = args.shape
+    rhs = (k, n) if args.shared_weights else (b, k, n)
+    mod, inputs, ref = batch_matmul_model((b, m, k), rhs, args.dtype, bias=not args.no_bias, relu=not args.no_relu,
+                                          seed=args.seed)
+    return Case(mod, inputs, ref, b * m * n * k, "matmul", args.dtype == "int8")
+
+
+def _conv2d(args) -> Case:
+    from .workloads import conv2d_model
+
+    n, c, h, w, f, kh, kw = args.shape
+    stride, dilation = _pair(args.stride, "stride", 1), _pair(args.dilation, "dilation", 1)
+    pad = _padding(args.padding)
+    if args.groups < 1 or c % args.groups or f % args.groups:
+        raise UsageError(f"--groups {args.groups}: the input channels C={c} and the output channels F={f} must "
+                         "both be multiples of it")
+    _window_fits(h, w, (kh, kw), stride, pad, dilation)
+    mod, inputs, ref = conv2d_model(n, c, h, w, f, kh, kw, stride=stride, pad=pad, dtype=args.dtype,
+                                    bias=not args.no_bias, relu=not args.no_relu, dilation=dilation,
+                                    groups=args.groups, layouts=_conv2d_layouts(args.layout), seed=args.seed)
+    return Case(mod, inputs, ref, int(ref.size) * (c // args.groups) * kh * kw, "nn.conv2d", args.dtype == "int8")
+
+
+def _conv2d_layouts(text: str) -> tuple[str, str, str]:
+    """--layout DATA[,KERNEL] -> (data, kernel, out) layouts; the output takes the data's."""
+    data, _, kernel = text.upper().partition(",")
+    kernel = kernel or ("OIHW" if data == "NCHW" else "HWIO")
+    if sorted(data) != sorted("NCHW") or sorted(kernel) != sorted("OIHW"):
+        raise UsageError(f"--layout {text}: expected an order of NCHW, then optionally one of OIHW "
+                         "(e.g. NHWC or NHWC,OHWI)")
+    return data, kernel, data
+
+
+def _pool(args) -> Case:
+    from .workloads import pool_model
+
+    if args.window is None:
+        raise UsageError("--op pool needs --window KH,KW")
+    window = _pair(args.window, "window", 1)
+    stride, dilation = _pair(args.stride, "stride", 1), _pair(args.dilation, "dilation", 1)
+    pad = _padding(args.padding)
+    layout = args.layout.upper()
+    if sorted(layout) != sorted("NCHW"):
+        raise UsageError(f"--layout {args.layout}: a pool takes an order of NCHW (e.g. NCHW or NHWC)")
+    if args.dtype not in (("float32", "int8") if args.pool == "max" else ("float32",)):
+        raise UsageError(f"--dtype {args.dtype}: a {args.pool} pool takes "
+                         f"{'float32 or int8' if args.pool == 'max' else 'float32'}")
+    n, c, h, w = args.shape
+    _window_fits(h, w, window, stride, pad, dilation)
+    mod, inputs, ref = pool_model(args.pool, n, c, h, w, window, stride, pad, dilation, ceil_mode=args.ceil_mode,
+                                  count_include_pad=args.count_include_pad, dtype=args.dtype, layout=layout,
+                                  seed=args.seed)
+    return Case(mod, inputs, ref, 0, f"nn.{args.pool}_pool2d", args.dtype == "int8")
+
+
+def _eltwise(args) -> Case:
+    from .workloads import eltwise_model
+
+    rhs = args.rhs_shape or args.shape
+    for name, shape in (("--shape", args.shape), ("--rhs-shape", rhs)):
+        if not 1 <= len(shape) <= 4 or min(shape) < 1:
+            raise UsageError(f"{name} {_text(shape)}: an elementwise operand has rank 1 to 4, every dimension "
+                             "at least 1")
+    rank = max(len(args.shape), len(rhs))
+    padded = [(1,) * (rank - len(s)) + tuple(s) for s in (args.shape, rhs)]
+    if any(a != b and 1 not in (a, b) for a, b in zip(*padded)):
+        raise UsageError(f"--shape {_text(args.shape)} and --rhs-shape {_text(rhs)} do not broadcast "
+                         "(numpy's rule: equal, or one of them 1, per trailing dimension)")
+    mod, inputs, ref = eltwise_model(args.func, args.shape, rhs, args.dtype, seed=0 if args.seed is None else args.seed)
+    return Case(mod, inputs, ref, 0, args.func, args.dtype != "float32")
+
+
+_BUILDERS = {"matmul": _matmul, "batch_matmul": _batch_matmul, "conv2d": _conv2d, "pool": _pool, "eltwise": _eltwise}
