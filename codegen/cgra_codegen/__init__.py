@@ -3,21 +3,31 @@
 `build(prim_funcs, arch)` compiles each lowered PrimFunc into an exported tvm-ffi function
 `__tvm_ffi_<global_symbol>` that checks its arguments, records the kernel's device commands through
 the runtime's C API (docs/runtime-abi.md) and submits them.
+
+For the compiler's intrinsics and passes: `device_call(name, **operands)` builds a TIR call of a
+command function by parameter name, `device_call_positions(name)` says where each parameter's
+arguments sit in one, and `SPAD_SCOPE` is the scratchpad's storage scope.
 """
 
 from .device_calls import DEVICE_CALLS
 from .emit import CompiledKernels, build
-from .errors import CodegenError, InvalidDeviceCall, ScratchpadOverflow, UnsupportedNode
-from .spad import ScratchpadPlan, plan_scratchpad
+from .errors import (CodegenError, DeviceCallError, InvalidDeviceCall, ScratchpadOverflow,
+                     UnsupportedNode)
+from .spad import SPAD_SCOPE, ScratchpadPlan, plan_scratchpad
+from .tir_calls import device_call, device_call_positions
 
 __all__ = [
     "DEVICE_CALLS",
+    "SPAD_SCOPE",
     "CodegenError",
     "CompiledKernels",
+    "DeviceCallError",
     "InvalidDeviceCall",
     "ScratchpadOverflow",
     "ScratchpadPlan",
     "UnsupportedNode",
     "build",
+    "device_call",
+    "device_call_positions",
     "plan_scratchpad",
 ]

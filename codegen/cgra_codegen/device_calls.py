@@ -1,18 +1,20 @@
-"""The one table from TIR device calls to the runtime's C functions (stage: codegen).
+"""The runtime's command functions as the code generator calls them (stage: codegen).
 
 In: `T.call_extern("int32", "cgra_*", ...)` with the TIR argument lists of the intrinsics. Out: a
 call of the C function of docs/runtime-abi.md with every argument converted to its C type, its
 status checked (nonzero: leave through the kernel's error exit).
 
-Each table entry lists operands in order; an operand consumes one or more TIR arguments and
-produces one C argument: an integer of a given width, a host tensor slot, a scratchpad byte
-address (buffer data + element offset), the 28 words of a DMA box, or a fill value's bits. The C
-prototypes are derived from the same entries, so the two cannot disagree.
+`DEVICE_CALLS` is derived from the ISA's table of command functions (`isa.COMMAND_FUNCTIONS`),
+which also generates the runtime's C prototypes, so the two cannot disagree. Each parameter
+becomes an operand that consumes one or more TIR arguments and produces one C argument: an
+integer of a given width, a host tensor slot (a parameter's data), a scratchpad byte address
+(buffer data + element offset), the 28 words of a DMA box, or a value's bits.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import struct
 
 import llvmlite.ir as ir
@@ -24,7 +26,10 @@ from .errors import InvalidDeviceCall, UnsupportedNode
 from .exprs import ExprLowering, dtype_of, is_buffer_data
 from .llvm_types import I32, I64, PTR, int_arith, is_float, itemsize
 
-BOX_WORDS = 28  # isa: origin[4], pad_lo[4], pad_hi[4], 4 x (extent, tdim, tstep, sstride)
+BOX_WORDS = isa.BOX_WORDS  # origin[4], pad_lo[4], pad_hi[4], 4 x (extent, tdim, tstep, sstride)
+#: An address is named `<parameter without _addr>.addr` in the IR (`a.addr`, `spad.addr`); FILL's
+#: lone `addr` is its region's.
+_ADDRESS_LABELS = {"addr": "region"}
 
 
 @dataclasses.dataclass
@@ -36,14 +41,14 @@ class CallSite:
     name: str
     args: list
 
-    def fail(self, position: int, role: str, message: str) -> InvalidDeviceCall:
+    def fail(self, position: int, param: str, message: str) -> InvalidDeviceCall:
         return InvalidDeviceCall(self.state.kernel,
-                                 f"{self.name} argument {position} ('{role}'): {message}")
+                                 f"{self.name} argument {position} ('{param}'): {message}")
 
-    def binding_of(self, position: int, role: str):
+    def binding_of(self, position: int, param: str):
         data = self.args[position]
         if not is_buffer_data(data):
-            raise self.fail(position, role, f"expected a buffer's data (X.data), got {data}")
+            raise self.fail(position, param, f"expected a buffer's data (X.data), got {data}")
         return data.args[0], self.state.buffer_of(data.args[0])
 
 
@@ -51,7 +56,7 @@ class CallSite:
 class Int:
     """An integer argument, converted to the C integer type (index dtypes arrive mixed)."""
 
-    role: str
+    name: str  # the parameter's name in isa.COMMAND_FUNCTIONS, for messages
     bits: int
     arity = 1
 
@@ -67,7 +72,7 @@ class Int:
 class ValueBits:
     """A fill value as int64 bits: integers sign-extended, floats as their float32 pattern."""
 
-    role: str
+    name: str  # the parameter's name in isa.COMMAND_FUNCTIONS, for messages
     arity = 1
     c_types = (I64,)
 
@@ -85,14 +90,14 @@ class ValueBits:
 class HostSlot:
     """A host tensor's data -> the runtime slot of the parameter it belongs to."""
 
-    role: str
+    name: str  # the parameter's name in isa.COMMAND_FUNCTIONS, for messages
     arity = 1
     c_types = (I32,)
 
     def lower(self, site: CallSite, position: int):
-        _, binding = site.binding_of(position, self.role)
+        _, binding = site.binding_of(position, self.name)
         if binding.kind != HOST_TENSOR:
-            raise site.fail(position, self.role,
+            raise site.fail(position, self.name,
                             f"expected a kernel parameter's data, got {binding.kind} "
                             f"'{binding.name}'")
         return [I32(binding.slot)]
@@ -105,7 +110,7 @@ class SpadAddress:
     `gate` = (index of a flags argument, bit): the address is passed only when that bit is set,
     else 0 (the operand is then allowed to be a placeholder that is not a buffer)."""
 
-    role: str
+    name: str  # the parameter's name in isa.COMMAND_FUNCTIONS, for messages
     gate: tuple[int, int] | None = None
     arity = 2
     c_types = (I64,)
@@ -134,22 +139,23 @@ class SpadAddress:
         return builder.icmp_unsigned("!=", masked, I32(0))
 
     def _address(self, site: CallSite, position: int):
-        buffer_var, binding = site.binding_of(position, self.role)
+        buffer_var, binding = site.binding_of(position, self.name)
         if binding.kind != SCRATCHPAD:
-            raise site.fail(position, self.role,
+            raise site.fail(position, self.name,
                             f"expected a scratchpad buffer, got {binding.kind} '{binding.name}'")
         site.state.device_uses(binding)
         builder = site.state.builder
         offset = site.exprs.lower_as(site.args[position + 1], "int64")
         scaled = int_arith(builder, "mul", offset, I64(itemsize(buffer_var.ty.dtype)))
-        return int_arith(builder, "add", I64(binding.spad_base), scaled, name=f"{self.role}.addr")
+        label = _ADDRESS_LABELS.get(self.name, self.name.removesuffix("_addr"))
+        return int_arith(builder, "add", I64(binding.spad_base), scaled, name=f"{label}.addr")
 
 
 @dataclasses.dataclass(frozen=True)
 class DmaBox:
     """28 box words -> pointer to an [28 x i64] array (one per kernel, filled before each call)."""
 
-    role: str
+    name: str  # the parameter's name in isa.COMMAND_FUNCTIONS, for messages
     arity = BOX_WORDS
     c_types = (PTR,)
 
@@ -165,6 +171,8 @@ class DmaBox:
 
 @dataclasses.dataclass(frozen=True)
 class DeviceCall:
+    """One command function: its C name and the operands its TIR arguments lower through."""
+
     c_name: str
     operands: tuple
 
@@ -180,45 +188,31 @@ class DeviceCall:
         return ir.FunctionType(I32, params)
 
 
-def _dma(c_name: str) -> DeviceCall:
-    return DeviceCall(c_name, (HostSlot("host"), SpadAddress("spad"), DmaBox("box")))
+_OPERAND_OF_KIND = {
+    isa.ParamKind.INT32: lambda name: Int(name, 32),
+    isa.ParamKind.INT64: lambda name: Int(name, 64),
+    isa.ParamKind.SPAD_ADDR: SpadAddress,
+    isa.ParamKind.SLOT: HostSlot,
+    isa.ParamKind.BOX: DmaBox,
+    isa.ParamKind.VALUE_BITS: ValueBits,
+}
+
+
+def _device_call(command: isa.CommandFunction) -> DeviceCall:
+    """The lowering of one command function. An address that matters only with a flag bit is
+    gated on it: passed as 0 without the bit (the intrinsic may then give a placeholder). Other
+    such parameters are passed as given: the intrinsics give 0 for them."""
+    operands = [_OPERAND_OF_KIND[param.kind](param.name) for param in command.params]
+    starts = dict(zip((p.name for p in command.params),
+                      itertools.accumulate((o.arity for o in operands), initial=0)))
+    for index, param in enumerate(command.params):
+        if param.when and param.kind is isa.ParamKind.SPAD_ADDR:
+            operands[index] = dataclasses.replace(operands[index], gate=(starts["flags"], param.when))
+    return DeviceCall(command.name, tuple(operands))
 
 
 #: TIR call_extern name -> the C function and how each argument converts.
-DEVICE_CALLS = {
-    "cgra_dma_load": _dma("cgra_dma_load"),
-    "cgra_dma_store": _dma("cgra_dma_store"),
-    "cgra_gemm": DeviceCall("cgra_gemm", (
-        Int("flags", 32), Int("dtype", 32), Int("m", 64), Int("n", 64), Int("k", 64),
-        SpadAddress("a"), Int("a_stride", 64), SpadAddress("b"), Int("b_stride", 64),
-        SpadAddress("acc"), Int("acc_stride", 64))),
-    "cgra_depthwise": DeviceCall("cgra_depthwise", (
-        Int("flags", 32), Int("dtype", 32), Int("oh", 64), Int("ow", 64), Int("n", 64),
-        Int("kh", 64), Int("kw", 64), SpadAddress("a"), Int("a_y", 64), Int("a_x", 64),
-        Int("a_ry", 64), Int("a_rx", 64), SpadAddress("b"), Int("b_ry", 64), Int("b_rx", 64),
-        SpadAddress("acc"), Int("acc_y", 64), Int("acc_x", 64))),
-    "cgra_pool": DeviceCall("cgra_pool", (
-        Int("flags", 32), Int("dtype", 32), Int("oh", 64), Int("ow", 64), Int("n", 64),
-        Int("kh", 64), Int("kw", 64), SpadAddress("a"), Int("a_row", 64), Int("a_col", 64),
-        Int("stride_y", 64), Int("stride_x", 64), Int("dilation_y", 64), Int("dilation_x", 64),
-        SpadAddress("out"), Int("out_y", 64), Int("out_x", 64))
-        + tuple(Int(f"{rect}_{axis}_{end}", 64) for rect in ("valid", "count") for axis in "yx"
-                for end in ("lo", "hi"))),
-    "cgra_fill": DeviceCall("cgra_fill", (
-        Int("dtype", 32), SpadAddress("region"), Int("rows", 64), Int("cols", 64),
-        Int("stride", 64), ValueBits("value_bits"))),
-    "cgra_epilogue": DeviceCall("cgra_epilogue", (
-        Int("flags", 32), Int("acc_dtype", 32), Int("out_dtype", 32), Int("m", 64),
-        Int("n", 64), SpadAddress("acc"), Int("acc_stride", 64),
-        SpadAddress("bias", gate=(0, isa.EPILOGUE_BIAS)), SpadAddress("out"),
-        Int("out_stride", 64), SpadAddress("residual", gate=(0, isa.EPILOGUE_RESIDUAL)),
-        Int("residual_stride", 64), ValueBits("clip_lo_bits"), ValueBits("clip_hi_bits"),
-        SpadAddress("scale", gate=(0, isa.EPILOGUE_REQUANTISE)), Int("out_zero_point", 64))),
-    "cgra_eltwise": DeviceCall("cgra_eltwise", (
-        Int("func", 32), Int("dtype", 32), Int("rows", 64), Int("cols", 64),
-        SpadAddress("a"), Int("a_row", 64), Int("a_col", 64), SpadAddress("b"), Int("b_row", 64),
-        Int("b_col", 64), SpadAddress("out"), Int("out_stride", 64))),
-}
+DEVICE_CALLS = {command.name: _device_call(command) for command in isa.COMMAND_FUNCTIONS.values()}
 
 
 def lower_device_call(state: KernelState, exprs: ExprLowering, call) -> None:

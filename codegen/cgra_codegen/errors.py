@@ -1,7 +1,8 @@
 """Typed errors of the code generator (stage: codegen).
 
-Every error names the kernel and says what to change. They all derive from `CodegenError`, so a
-caller can catch the stage as a whole.
+Every error of lowering a kernel names the kernel and says what to change; they all derive from
+`CodegenError`, so a caller can catch the stage as a whole. `DeviceCallError` is raised earlier,
+while TIR device calls are built.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ class UnsupportedNode(CodegenError):
 
 class InvalidDeviceCall(CodegenError):
     """A cgra_* call_extern whose arguments do not fit the runtime ABI."""
+
+
+class DeviceCallError(TypeError):
+    """A device call built (`device_call`) with operands that do not fit its command function's
+    parameters. Raised while an intrinsic or a pass builds TIR, so it names no kernel."""
 
 
 class ScratchpadOverflow(CodegenError):

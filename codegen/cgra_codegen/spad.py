@@ -19,6 +19,8 @@ from tvm import tirx
 from .errors import CodegenError, ScratchpadOverflow, UnsupportedNode
 from .llvm_types import itemsize
 
+#: The storage scope of scratchpad buffers, for the schedules that allocate them and this planner
+#: (TVM wants custom scopes as `<rank>.<tag>`).
 SPAD_SCOPE = "global.cgra_spad"
 SPAD_ALIGN = 64
 

@@ -1,63 +1,33 @@
 /*
- * Recording-time checks: operands in, CheckFailure naming the offending range out.
- * Address arithmetic is overflow-checked: the operands come from generated code and a wrapped
- * product would turn an overflow into an "in range" answer.
+ * Recording-time checks, one per opcode: a command's record in, CheckFailure naming the
+ * offending range out. The operands are read from the record by the generated word indices.
  */
 #include "checks.h"
 
 #include <tvm/ffi/error.h>
 
 #include <algorithm>
-#include <limits>
-#include <sstream>
 #include <string>
+#include <utility>
 
 namespace cgra {
 namespace {
 
-// The DMA box is the record's words 4..31; these give a field's position inside it.
-constexpr int kBoxFirstWord = CGRA_DMA_LOAD_ORIGIN0;
-constexpr int kLoopWords = CGRA_DMA_LOAD_EXTENT1 - CGRA_DMA_LOAD_EXTENT0;
-static_assert(CGRA_DMA_LOAD_SPAD_ADDR + 1 == kBoxFirstWord, "the box follows spad_addr");
-static_assert(CGRA_RECORD_WORDS - kBoxFirstWord == 28, "the C API passes a 28-word box");
-static_assert(CGRA_DMA_STORE_ORIGIN0 == CGRA_DMA_LOAD_ORIGIN0 &&
+// DMA_LOAD and DMA_STORE share one layout: the DMA_LOAD word indices serve both.
+static_assert(CGRA_DMA_STORE_SLOT == CGRA_DMA_LOAD_SLOT &&
+                  CGRA_DMA_STORE_SPAD_ADDR == CGRA_DMA_LOAD_SPAD_ADDR &&
+                  CGRA_DMA_STORE_ORIGIN0 == CGRA_DMA_LOAD_ORIGIN0 &&
                   CGRA_DMA_STORE_SSTRIDE3 == CGRA_DMA_LOAD_SSTRIDE3,
               "DMA_LOAD and DMA_STORE share one layout");
+constexpr int kLoopWords = CGRA_DMA_LOAD_EXTENT1 - CGRA_DMA_LOAD_EXTENT0;
 
-int64_t Origin(const int64_t* box, int d) { return box[CGRA_DMA_LOAD_ORIGIN0 - kBoxFirstWord + d]; }
-int64_t PadLo(const int64_t* box, int d) { return box[CGRA_DMA_LOAD_PAD_LO0 - kBoxFirstWord + d]; }
-int64_t PadHi(const int64_t* box, int d) { return box[CGRA_DMA_LOAD_PAD_HI0 - kBoxFirstWord + d]; }
-int64_t LoopWord(const int64_t* box, int loop, int field0) {
-  return box[field0 - kBoxFirstWord + loop * kLoopWords];
-}
+int64_t Origin(const int64_t* w, int d) { return w[CGRA_DMA_LOAD_ORIGIN0 + d]; }
+int64_t PadLo(const int64_t* w, int d) { return w[CGRA_DMA_LOAD_PAD_LO0 + d]; }
+int64_t PadHi(const int64_t* w, int d) { return w[CGRA_DMA_LOAD_PAD_HI0 + d]; }
+int64_t LoopWord(const int64_t* w, int loop, int field0) { return w[field0 + loop * kLoopWords]; }
 
-template <typename... Parts>
-[[noreturn]] void Fail(const Parts&... parts) {
-  std::ostringstream os;
-  (os << ... << parts);
-  throw CheckFailure(os.str());
-}
-
-int64_t Add(int64_t a, int64_t b) {
-  int64_t out;
-  if (__builtin_add_overflow(a, b, &out)) Fail("address arithmetic overflows int64");
-  return out;
-}
-
-int64_t Mul(int64_t a, int64_t b) {
-  int64_t out;
-  if (__builtin_mul_overflow(a, b, &out)) Fail("address arithmetic overflows int64");
-  return out;
-}
-
-const char* DTypeName(int32_t dtype) {
-  switch (dtype) {
-    case CGRA_DTYPE_INT8: return "int8";
-    case CGRA_DTYPE_INT32: return "int32";
-    case CGRA_DTYPE_FLOAT32: return "float32";
-    default: return "unknown";
-  }
-}
+/*! \brief A code word (flags, dtype, func): the int32_t its command function took. */
+int32_t Code(int64_t word) { return static_cast<int32_t>(word); }
 
 int32_t DTypeFromDL(DLDataType t) {
   if (t.lanes == 1 && t.code == kDLInt && t.bits == 8) return CGRA_DTYPE_INT8;
@@ -67,86 +37,69 @@ int32_t DTypeFromDL(DLDataType t) {
        ") is not supported: the NPU moves int8, int32 and float32 tensors");
 }
 
-void CheckSpadBytes(const char* operand, int64_t begin, int64_t end, int64_t spad_bytes) {
-  if (begin >= 0 && end <= spad_bytes) return;
-  std::string prefix = *operand ? std::string(operand) + ": " : "";
-  if (begin < 0) Fail(prefix, "scratchpad bytes [", begin, ", ", end, ") start below address 0");
-  Fail(prefix, "scratchpad bytes [", begin, ", ", end, ") exceed the ", spad_bytes,
-       "-byte scratchpad");
-}
-
-}  // namespace
-
-void ThrowKernelError(const char* kind, const std::string& message) {
-  throw tvm::ffi::Error(kind, message, "");
-}
-
-const char* OpName(int32_t op) {
-  switch (op) {
-    case CGRA_OP_DMA_LOAD: return "DMA_LOAD";
-    case CGRA_OP_DMA_STORE: return "DMA_STORE";
-    case CGRA_OP_GEMM: return "GEMM";
-    case CGRA_OP_FILL: return "FILL";
-    case CGRA_OP_EPILOGUE: return "EPILOGUE";
-    case CGRA_OP_DEPTHWISE: return "DEPTHWISE";
-    case CGRA_OP_POOL: return "POOL";
-    case CGRA_OP_ELTWISE: return "ELTWISE";
-    default: return "UNKNOWN";
+/*! \brief The box's halo words are non-negative, and dims past the tensor's rank have neither
+ * an origin nor a halo. */
+void CheckDmaHalo(const int64_t* w, const Slot& slot, int32_t slot_index) {
+  for (int d = 0; d < CGRA_BOX_DIMS; ++d) {
+    if (PadLo(w, d) < 0 || PadHi(w, d) < 0) {
+      Fail("dim ", d, " has a negative halo (pad_lo ", PadLo(w, d), ", pad_hi ", PadHi(w, d), ")");
+    }
+    if (d >= slot.ndim && (Origin(w, d) != 0 || PadLo(w, d) != 0 || PadHi(w, d) != 0)) {
+      Fail("dim ", d, " is beyond the rank ", slot.ndim, " of slot ", slot_index,
+           " but has a non-zero origin or halo");
+    }
   }
 }
 
-int64_t ItemSize(int32_t dtype) {
-  switch (dtype) {
-    case CGRA_DTYPE_INT8: return CGRA_DTYPE_INT8_BYTES;
-    case CGRA_DTYPE_INT32: return CGRA_DTYPE_INT32_BYTES;
-    case CGRA_DTYPE_FLOAT32: return CGRA_DTYPE_FLOAT32_BYTES;
-    default:
-      Fail("unknown dtype code ", dtype, " (known: ", CGRA_DTYPE_INT8, " int8, ", CGRA_DTYPE_INT32,
-           " int32, ", CGRA_DTYPE_FLOAT32, " float32)");
+void CheckDma(const int64_t* w, const CheckContext& context) {
+  int32_t slot_index = Code(w[CGRA_DMA_LOAD_SLOT]);
+  if (slot_index < 0 || slot_index >= static_cast<int32_t>(context.slots.size())) {
+    Fail("slot ", slot_index, " out of range [0, ", context.slots.size(), ")");
   }
+  const Slot& slot = context.slots[slot_index];
+  if (!slot.bound) Fail("slot ", slot_index, " is not bound");
+  CheckDmaHalo(w, slot, slot_index);
+  int64_t coord_lo[CGRA_BOX_DIMS], coord_hi[CGRA_BOX_DIMS];  // inclusive, per tensor dim
+  for (int d = 0; d < CGRA_BOX_DIMS; ++d) coord_lo[d] = coord_hi[d] = Origin(w, d);
+  int64_t last_element = 0;  // scratchpad element offset of the box's last element
+  for (int l = 0; l < CGRA_BOX_DIMS; ++l) {
+    int64_t extent = LoopWord(w, l, CGRA_DMA_LOAD_EXTENT0);
+    int64_t tdim = LoopWord(w, l, CGRA_DMA_LOAD_TDIM0);
+    int64_t tstep = LoopWord(w, l, CGRA_DMA_LOAD_TSTEP0);
+    int64_t sstride = LoopWord(w, l, CGRA_DMA_LOAD_SSTRIDE0);
+    if (extent < 1) Fail("loop ", l, " has extent ", extent, " (extents are positive)");
+    if (tdim < 0 || tdim >= slot.ndim) {
+      Fail("loop ", l, " walks tensor dim ", tdim, " but slot ", slot_index, " has rank ",
+           slot.ndim);
+    }
+    if (sstride < 0) Fail("loop ", l, " has a negative scratchpad stride ", sstride);
+    int64_t walk = Mul(extent - 1, tstep);
+    coord_lo[tdim] = Add(coord_lo[tdim], std::min<int64_t>(walk, 0));
+    coord_hi[tdim] = Add(coord_hi[tdim], std::max<int64_t>(walk, 0));
+    last_element = Add(last_element, Mul(extent - 1, sstride));
+  }
+  for (int d = 0; d < slot.ndim; ++d) {
+    int64_t lo = -PadLo(w, d), hi = Add(slot.shape[d], PadHi(w, d));
+    if (coord_lo[d] < lo || coord_hi[d] >= hi) {
+      Fail("slot ", slot_index, " dim ", d, ": coordinates [", coord_lo[d], ", ",
+           Add(coord_hi[d], 1), ") leave [", lo, ", ", hi, ") (extent ", slot.shape[d],
+           " with halo pad_lo ", PadLo(w, d), ", pad_hi ", PadHi(w, d), ")");
+    }
+  }
+  int64_t spad_addr = w[CGRA_DMA_LOAD_SPAD_ADDR];
+  int64_t end = Add(spad_addr, Mul(Add(last_element, 1), ItemSize(slot.dtype)));
+  CheckSpadBytes("", spad_addr, end, context.spad_bytes);
 }
 
-int32_t AccumulatorDType(int32_t input_dtype) {
-  ItemSize(input_dtype);  // rejects unknown codes first, with the list of known ones
-  if (input_dtype == CGRA_DTYPE_INT8) return CGRA_DTYPE_INT32;
-  if (input_dtype == CGRA_DTYPE_FLOAT32) return CGRA_DTYPE_FLOAT32;
-  Fail("the PE array has no ", DTypeName(input_dtype),
-       " inputs (int8 accumulates in int32, float32 in float32)");
-}
-
-void CheckEpilogueDTypes(int32_t acc_dtype, int32_t out_dtype) {
-  ItemSize(acc_dtype);  // rejects unknown codes first, with the list of known ones
-  ItemSize(out_dtype);
-  if (acc_dtype != CGRA_DTYPE_INT32 && acc_dtype != CGRA_DTYPE_FLOAT32) {
-    Fail(DTypeName(acc_dtype), " is not an accumulator dtype (int32, float32)");
-  }
-  if (out_dtype != acc_dtype) {
-    Fail("a ", DTypeName(acc_dtype), " accumulator cannot produce ", DTypeName(out_dtype),
-         ": the epilogue writes its accumulator's dtype");
-  }
-}
-
-void CheckEltwiseFunc(int32_t func) {
-  switch (func) {
-    case CGRA_ELTWISE_ADD:
-    case CGRA_ELTWISE_SUBTRACT:
-    case CGRA_ELTWISE_MULTIPLY:
-    case CGRA_ELTWISE_MAXIMUM:
-    case CGRA_ELTWISE_MINIMUM:
-      return;
-    default:
-      Fail("func ", func, " is not an elementwise function (", CGRA_ELTWISE_ADD, " add, ",
-           CGRA_ELTWISE_SUBTRACT, " subtract, ", CGRA_ELTWISE_MULTIPLY, " multiply, ",
-           CGRA_ELTWISE_MAXIMUM, " maximum, ", CGRA_ELTWISE_MINIMUM, " minimum)");
-  }
-}
-
-void CheckEpilogueRequantise(int32_t flags, int32_t acc_dtype, int32_t out_dtype, int64_t n,
-                             const EpilogueExtras& extras, int64_t spad_bytes) {
-  if (!(flags & CGRA_EPILOGUE_REQUANTISE)) {
+/*! \brief With CGRA_EPILOGUE_REQUANTISE: int32 -> int8, the scale row and the zero point;
+ * without it: the dtypes as CheckEpilogueDTypes says and scale_addr, out_zero_point 0. */
+void CheckEpilogueRequantise(const int64_t* w, int64_t spad_bytes) {
+  int32_t acc_dtype = Code(w[CGRA_EPILOGUE_ACC_DTYPE]), out_dtype = Code(w[CGRA_EPILOGUE_OUT_DTYPE]);
+  int64_t scale_addr = w[CGRA_EPILOGUE_SCALE_ADDR], zero_point = w[CGRA_EPILOGUE_OUT_ZERO_POINT];
+  if (!(w[CGRA_EPILOGUE_FLAGS] & CGRA_EPILOGUE_REQUANTISE)) {
     CheckEpilogueDTypes(acc_dtype, out_dtype);
-    if (extras.scale_addr != 0 || extras.out_zero_point != 0) {
-      Fail("scale_addr ", extras.scale_addr, " / out_zero_point ", extras.out_zero_point,
+    if (scale_addr != 0 || zero_point != 0) {
+      Fail("scale_addr ", scale_addr, " / out_zero_point ", zero_point,
            " given without CGRA_EPILOGUE_REQUANTISE: a disabled operand's arguments must be 0");
     }
     return;
@@ -157,43 +110,51 @@ void CheckEpilogueRequantise(int32_t flags, int32_t acc_dtype, int32_t out_dtype
     Fail("requantisation takes an int32 accumulator to int8, not ", DTypeName(acc_dtype), " to ",
          DTypeName(out_dtype));
   }
-  if (extras.out_zero_point < -128 || extras.out_zero_point > 127) {
-    Fail("out_zero_point ", extras.out_zero_point, " does not fit int8 [-128, 127]");
+  if (zero_point < -128 || zero_point > 127) {
+    Fail("out_zero_point ", zero_point, " does not fit int8 [-128, 127]");
   }
-  CheckRegion("scale", Access::kRead, extras.scale_addr, 1, n, n, CGRA_DTYPE_FLOAT32_BYTES,
-              spad_bytes);
+  int64_t n = w[CGRA_EPILOGUE_N];
+  CheckRegion("scale", Access::kRead, scale_addr, 1, n, n, CGRA_DTYPE_FLOAT32_BYTES, spad_bytes);
 }
 
-void CheckFillValue(int32_t dtype, int64_t value_bits) {
-  int64_t lo = std::numeric_limits<int32_t>::min(), hi = std::numeric_limits<int32_t>::max();
-  if (dtype == CGRA_DTYPE_INT8) {
-    lo = std::numeric_limits<int8_t>::min();
-    hi = std::numeric_limits<int8_t>::max();
-  } else if (dtype == CGRA_DTYPE_FLOAT32) {
-    hi = std::numeric_limits<uint32_t>::max();  // the bit pattern, zero- or sign-extended
-  }
-  if (value_bits < lo || value_bits > hi) {
-    Fail("value ", value_bits, " does not fit ", DTypeName(dtype), " [", lo, ", ", hi, "]");
-  }
-}
-
-void CheckEpilogueExtras(int32_t flags, int32_t acc_dtype, int64_t m, int64_t n,
-                         const EpilogueExtras& extras, int64_t spad_bytes) {
+/*! \brief The residual region (with CGRA_EPILOGUE_RESIDUAL) and the clip bounds (with
+ * CGRA_EPILOGUE_CLIP); a disabled operand's words must be 0. */
+void CheckEpilogueResidualAndClip(const int64_t* w, int64_t spad_bytes) {
+  int64_t flags = w[CGRA_EPILOGUE_FLAGS];
+  int32_t acc_dtype = Code(w[CGRA_EPILOGUE_ACC_DTYPE]);
+  int64_t residual_addr = w[CGRA_EPILOGUE_RESIDUAL_ADDR];
+  int64_t residual_stride = w[CGRA_EPILOGUE_RESIDUAL_STRIDE];
   if (flags & CGRA_EPILOGUE_RESIDUAL) {
-    CheckRegion("residual", Access::kRead, extras.residual_addr, m, n, extras.residual_stride,
-                ItemSize(acc_dtype), spad_bytes);
-  } else if (extras.residual_addr != 0 || extras.residual_stride != 0) {
-    Fail("residual_addr ", extras.residual_addr, " / residual_stride ", extras.residual_stride,
+    CheckRegion("residual", Access::kRead, residual_addr, w[CGRA_EPILOGUE_M], w[CGRA_EPILOGUE_N],
+                residual_stride, ItemSize(acc_dtype), spad_bytes);
+  } else if (residual_addr != 0 || residual_stride != 0) {
+    Fail("residual_addr ", residual_addr, " / residual_stride ", residual_stride,
          " given without CGRA_EPILOGUE_RESIDUAL: a disabled operand's arguments must be 0");
   }
+  int64_t lo = w[CGRA_EPILOGUE_CLIP_LO_BITS], hi = w[CGRA_EPILOGUE_CLIP_HI_BITS];
   if (flags & CGRA_EPILOGUE_CLIP) {
-    CheckFillValue(acc_dtype, extras.clip_lo_bits);
-    CheckFillValue(acc_dtype, extras.clip_hi_bits);
-    if (acc_dtype == CGRA_DTYPE_INT32 && extras.clip_lo_bits > extras.clip_hi_bits) {
-      Fail("clip bounds [", extras.clip_lo_bits, ", ", extras.clip_hi_bits, "] are not ordered");
+    CheckFillValue(acc_dtype, lo);
+    CheckFillValue(acc_dtype, hi);
+    if (acc_dtype == CGRA_DTYPE_INT32 && lo > hi) {
+      Fail("clip bounds [", lo, ", ", hi, "] are not ordered");
     }
-  } else if (extras.clip_lo_bits != 0 || extras.clip_hi_bits != 0) {
+  } else if (lo != 0 || hi != 0) {
     Fail("clip bounds given without CGRA_EPILOGUE_CLIP: a disabled operand's arguments must be 0");
+  }
+}
+
+}  // namespace
+
+void ThrowKernelError(const char* kind, const std::string& message) {
+  throw tvm::ffi::Error(kind, message, "");
+}
+
+const char* OpName(int32_t op) {
+  switch (op) {
+#define CGRA_OP_NAME_CASE(name) case CGRA_OP_##name: return #name;
+    CGRA_OPS(CGRA_OP_NAME_CASE)
+#undef CGRA_OP_NAME_CASE
+    default: return "UNKNOWN";
   }
 }
 
@@ -228,39 +189,71 @@ Slot DescribeTensor(const DLTensor* tensor) {
   return slot;
 }
 
-void CheckFlags(int32_t flags, int32_t allowed) {
-  if ((flags & ~allowed) != 0) {
-    Fail("unknown flag bits 0x", std::hex, (flags & ~allowed), " (allowed: 0x", allowed, ")");
+void CheckDmaLoad(const int64_t* record, const CheckContext& context) { CheckDma(record, context); }
+
+void CheckDmaStore(const int64_t* record, const CheckContext& context) { CheckDma(record, context); }
+
+void CheckGemm(const int64_t* w, const CheckContext& context) {
+  CheckFlags(Code(w[CGRA_GEMM_FLAGS]), CGRA_GEMM_ACCUMULATE);
+  int32_t dtype = Code(w[CGRA_GEMM_DTYPE]);
+  int32_t acc_dtype = AccumulatorDType(dtype);
+  int64_t m = w[CGRA_GEMM_M], n = w[CGRA_GEMM_N], k = w[CGRA_GEMM_K];
+  CheckRegion("A", Access::kRead, w[CGRA_GEMM_A_ADDR], m, k, w[CGRA_GEMM_A_STRIDE],
+              ItemSize(dtype), context.spad_bytes);
+  CheckRegion("B", Access::kRead, w[CGRA_GEMM_B_ADDR], k, n, w[CGRA_GEMM_B_STRIDE],
+              ItemSize(dtype), context.spad_bytes);
+  CheckRegion("acc", Access::kWrite, w[CGRA_GEMM_ACC_ADDR], m, n, w[CGRA_GEMM_ACC_STRIDE],
+              ItemSize(acc_dtype), context.spad_bytes);
+}
+
+void CheckFill(const int64_t* w, const CheckContext& context) {
+  int32_t dtype = Code(w[CGRA_FILL_DTYPE]);
+  CheckRegion("", Access::kWrite, w[CGRA_FILL_ADDR], w[CGRA_FILL_ROWS], w[CGRA_FILL_COLS],
+              w[CGRA_FILL_STRIDE], ItemSize(dtype), context.spad_bytes);
+  CheckFillValue(dtype, w[CGRA_FILL_VALUE_BITS]);
+}
+
+void CheckEpilogue(const int64_t* w, const CheckContext& context) {
+  int32_t flags = Code(w[CGRA_EPILOGUE_FLAGS]);
+  CheckFlags(flags, CGRA_EPILOGUE_BIAS | CGRA_EPILOGUE_RELU | CGRA_EPILOGUE_RESIDUAL |
+                        CGRA_EPILOGUE_CLIP | CGRA_EPILOGUE_REQUANTISE);
+  CheckEpilogueRequantise(w, context.spad_bytes);
+  int64_t acc_size = ItemSize(Code(w[CGRA_EPILOGUE_ACC_DTYPE]));
+  int64_t m = w[CGRA_EPILOGUE_M], n = w[CGRA_EPILOGUE_N];
+  CheckRegion("acc", Access::kRead, w[CGRA_EPILOGUE_ACC_ADDR], m, n, w[CGRA_EPILOGUE_ACC_STRIDE],
+              acc_size, context.spad_bytes);
+  if (flags & CGRA_EPILOGUE_BIAS) {
+    CheckRegion("bias", Access::kRead, w[CGRA_EPILOGUE_BIAS_ADDR], 1, n, n, acc_size,
+                context.spad_bytes);
+  }
+  CheckEpilogueResidualAndClip(w, context.spad_bytes);
+  CheckRegion("out", Access::kWrite, w[CGRA_EPILOGUE_OUT_ADDR], m, n, w[CGRA_EPILOGUE_OUT_STRIDE],
+              ItemSize(Code(w[CGRA_EPILOGUE_OUT_DTYPE])), context.spad_bytes);
+}
+
+void CheckDepthwise(const int64_t* w, const CheckContext& context) {
+  CheckFlags(Code(w[CGRA_DEPTHWISE_FLAGS]), CGRA_GEMM_ACCUMULATE);
+  int32_t dtype = Code(w[CGRA_DEPTHWISE_DTYPE]);
+  int32_t acc_dtype = AccumulatorDType(dtype);
+  int64_t oh = w[CGRA_DEPTHWISE_OH], ow = w[CGRA_DEPTHWISE_OW], n = w[CGRA_DEPTHWISE_N];
+  int64_t kh = w[CGRA_DEPTHWISE_KH], kw = w[CGRA_DEPTHWISE_KW];
+  int64_t acc_y = w[CGRA_DEPTHWISE_ACC_Y_STRIDE], acc_x = w[CGRA_DEPTHWISE_ACC_X_STRIDE];
+  CheckWindow("A", w[CGRA_DEPTHWISE_A_ADDR], {oh, ow, kh, kw, n},
+              {w[CGRA_DEPTHWISE_A_Y_STRIDE], w[CGRA_DEPTHWISE_A_X_STRIDE],
+               w[CGRA_DEPTHWISE_A_RY_STRIDE], w[CGRA_DEPTHWISE_A_RX_STRIDE], 1},
+              ItemSize(dtype), context.spad_bytes);
+  CheckWindow("B", w[CGRA_DEPTHWISE_B_ADDR], {kh, kw, n, 1, 1},
+              {w[CGRA_DEPTHWISE_B_RY_STRIDE], w[CGRA_DEPTHWISE_B_RX_STRIDE], 1, 0, 0},
+              ItemSize(dtype), context.spad_bytes);
+  CheckWindow("acc", w[CGRA_DEPTHWISE_ACC_ADDR], {oh, ow, n, 1, 1}, {acc_y, acc_x, 1, 0, 0},
+              ItemSize(acc_dtype), context.spad_bytes);
+  if ((oh > 1 && acc_y < ow * acc_x) || (ow > 1 && acc_x < n)) {
+    Fail("acc: strides (y ", acc_y, ", x ", acc_x, ") overlap its elements");
   }
 }
 
-void CheckRegion(const char* operand, Access access, int64_t addr, int64_t rows, int64_t cols,
-                 int64_t stride, int64_t itemsize, int64_t spad_bytes) {
-  std::string prefix = *operand ? std::string(operand) + ": " : "";
-  if (rows < 1 || cols < 1) Fail(prefix, rows, " x ", cols, " region is empty");
-  if (stride < 0) Fail(prefix, "row stride ", stride, " is negative");
-  if (access == Access::kWrite && rows > 1 && stride < cols) {
-    Fail(prefix, "row stride ", stride, " is smaller than the ", cols,
-         " columns: the rows it writes would overlap");
-  }
-  int64_t end = Add(addr, Mul(Add(Mul(rows - 1, stride), cols), itemsize));
-  CheckSpadBytes(operand, addr, end, spad_bytes);
-}
-
-void CheckWindow(const char* operand, int64_t addr, const std::array<int64_t, 5>& extents,
-                 const std::array<int64_t, 5>& strides, int64_t itemsize, int64_t spad_bytes) {
-  std::string prefix = std::string(operand) + ": ";
-  int64_t last = 0;  // element offset of the window's last element
-  for (size_t d = 0; d < extents.size(); ++d) {
-    if (extents[d] < 1) Fail(prefix, "extent ", extents[d], " of dim ", d, " is not positive");
-    if (strides[d] < 0) Fail(prefix, "stride ", strides[d], " of dim ", d, " is negative");
-    last = Add(last, Mul(extents[d] - 1, strides[d]));
-  }
-  CheckSpadBytes(operand, addr, Add(addr, Mul(Add(last, 1), itemsize)), spad_bytes);
-}
-
-void CheckPool(int32_t flags, int32_t dtype, const PoolWords& words, int64_t spad_bytes) {
-  auto word = [&](int field) { return words[field - CGRA_POOL_OH]; };
+void CheckPool(const int64_t* w, const CheckContext& context) {
+  int32_t flags = Code(w[CGRA_POOL_FLAGS]), dtype = Code(w[CGRA_POOL_DTYPE]);
   CheckFlags(flags, CGRA_POOL_AVERAGE);
   int64_t itemsize = ItemSize(dtype);
   bool average = (flags & CGRA_POOL_AVERAGE) != 0;
@@ -269,22 +262,22 @@ void CheckPool(int32_t flags, int32_t dtype, const PoolWords& words, int64_t spa
                                                {CGRA_POOL_DILATION_Y, "dilation_y"},
                                                {CGRA_POOL_DILATION_X, "dilation_x"}};
   for (const auto& [field, name] : steps) {
-    if (word(field) < 1) Fail(name, " ", word(field), " is not positive");
+    if (w[field] < 1) Fail(name, " ", w[field], " is not positive");
   }
-  int64_t oh = word(CGRA_POOL_OH), ow = word(CGRA_POOL_OW), n = word(CGRA_POOL_N);
-  int64_t row = word(CGRA_POOL_A_ROW_STRIDE), col = word(CGRA_POOL_A_COL_STRIDE);
-  CheckWindow("A", word(CGRA_POOL_A_ADDR), {oh, ow, word(CGRA_POOL_KH), word(CGRA_POOL_KW), n},
-              {Mul(word(CGRA_POOL_STRIDE_Y), row), Mul(word(CGRA_POOL_STRIDE_X), col),
-               Mul(word(CGRA_POOL_DILATION_Y), row), Mul(word(CGRA_POOL_DILATION_X), col), 1},
-              itemsize, spad_bytes);
-  int64_t out_y = word(CGRA_POOL_OUT_Y_STRIDE), out_x = word(CGRA_POOL_OUT_X_STRIDE);
-  CheckWindow("out", word(CGRA_POOL_OUT_ADDR), {oh, ow, n, 1, 1}, {out_y, out_x, 1, 0, 0}, itemsize,
-              spad_bytes);
+  int64_t oh = w[CGRA_POOL_OH], ow = w[CGRA_POOL_OW], n = w[CGRA_POOL_N];
+  int64_t row = w[CGRA_POOL_A_ROW_STRIDE], col = w[CGRA_POOL_A_COL_STRIDE];
+  CheckWindow("A", w[CGRA_POOL_A_ADDR], {oh, ow, w[CGRA_POOL_KH], w[CGRA_POOL_KW], n},
+              {Mul(w[CGRA_POOL_STRIDE_Y], row), Mul(w[CGRA_POOL_STRIDE_X], col),
+               Mul(w[CGRA_POOL_DILATION_Y], row), Mul(w[CGRA_POOL_DILATION_X], col), 1},
+              itemsize, context.spad_bytes);
+  int64_t out_y = w[CGRA_POOL_OUT_Y_STRIDE], out_x = w[CGRA_POOL_OUT_X_STRIDE];
+  CheckWindow("out", w[CGRA_POOL_OUT_ADDR], {oh, ow, n, 1, 1}, {out_y, out_x, 1, 0, 0}, itemsize,
+              context.spad_bytes);
   if ((oh > 1 && out_y < Mul(ow, out_x)) || (ow > 1 && out_x < n)) {
     Fail("out: strides (y ", out_y, ", x ", out_x, ") overlap its elements");
   }
   for (int first : {CGRA_POOL_VALID_Y_LO, CGRA_POOL_VALID_X_LO, CGRA_POOL_COUNT_Y_LO, CGRA_POOL_COUNT_X_LO}) {
-    int64_t lo = word(first), hi = word(first + 1);
+    int64_t lo = w[first], hi = w[first + 1];
     const char* name = first < CGRA_POOL_COUNT_Y_LO ? "valid" : "count";
     const char* axis = (first - CGRA_POOL_VALID_Y_LO) % 4 == 0 ? "y" : "x";
     if (lo < 0 || lo > hi) Fail(name, " rectangle ", axis, " range [", lo, ", ", hi, ") is not 0 <= lo <= hi");
@@ -294,49 +287,18 @@ void CheckPool(int32_t flags, int32_t dtype, const PoolWords& words, int64_t spa
   }
 }
 
-void CheckDma(const Slot& slot, int32_t slot_index, int64_t spad_addr, const int64_t* box,
-              int64_t spad_bytes) {
-  if (box == nullptr) Fail("box is NULL");
-  if (!slot.bound) Fail("slot ", slot_index, " is not bound");
-  int64_t coord_lo[CGRA_BOX_DIMS], coord_hi[CGRA_BOX_DIMS];  // inclusive, per tensor dim
-  for (int d = 0; d < CGRA_BOX_DIMS; ++d) {
-    coord_lo[d] = coord_hi[d] = Origin(box, d);
-    if (PadLo(box, d) < 0 || PadHi(box, d) < 0) {
-      Fail("dim ", d, " has a negative halo (pad_lo ", PadLo(box, d), ", pad_hi ", PadHi(box, d),
-           ")");
-    }
-    if (d >= slot.ndim && (Origin(box, d) != 0 || PadLo(box, d) != 0 || PadHi(box, d) != 0)) {
-      Fail("dim ", d, " is beyond the rank ", slot.ndim, " of slot ", slot_index,
-           " but has a non-zero origin or halo");
-    }
-  }
-  int64_t last_element = 0;  // scratchpad element offset of the box's last element
-  for (int l = 0; l < CGRA_BOX_DIMS; ++l) {
-    int64_t extent = LoopWord(box, l, CGRA_DMA_LOAD_EXTENT0);
-    int64_t tdim = LoopWord(box, l, CGRA_DMA_LOAD_TDIM0);
-    int64_t tstep = LoopWord(box, l, CGRA_DMA_LOAD_TSTEP0);
-    int64_t sstride = LoopWord(box, l, CGRA_DMA_LOAD_SSTRIDE0);
-    if (extent < 1) Fail("loop ", l, " has extent ", extent, " (extents are positive)");
-    if (tdim < 0 || tdim >= slot.ndim) {
-      Fail("loop ", l, " walks tensor dim ", tdim, " but slot ", slot_index, " has rank ",
-           slot.ndim);
-    }
-    if (sstride < 0) Fail("loop ", l, " has a negative scratchpad stride ", sstride);
-    int64_t walk = Mul(extent - 1, tstep);
-    coord_lo[tdim] = Add(coord_lo[tdim], std::min<int64_t>(walk, 0));
-    coord_hi[tdim] = Add(coord_hi[tdim], std::max<int64_t>(walk, 0));
-    last_element = Add(last_element, Mul(extent - 1, sstride));
-  }
-  for (int d = 0; d < slot.ndim; ++d) {
-    int64_t lo = -PadLo(box, d), hi = Add(slot.shape[d], PadHi(box, d));
-    if (coord_lo[d] < lo || coord_hi[d] >= hi) {
-      Fail("slot ", slot_index, " dim ", d, ": coordinates [", coord_lo[d], ", ",
-           Add(coord_hi[d], 1), ") leave [", lo, ", ", hi, ") (extent ", slot.shape[d],
-           " with halo pad_lo ", PadLo(box, d), ", pad_hi ", PadHi(box, d), ")");
-    }
-  }
-  int64_t end = Add(spad_addr, Mul(Add(last_element, 1), ItemSize(slot.dtype)));
-  CheckSpadBytes("", spad_addr, end, spad_bytes);
+void CheckEltwise(const int64_t* w, const CheckContext& context) {
+  CheckEltwiseFunc(Code(w[CGRA_ELTWISE_FUNC]));
+  int64_t itemsize = ItemSize(Code(w[CGRA_ELTWISE_DTYPE]));
+  int64_t rows = w[CGRA_ELTWISE_ROWS], cols = w[CGRA_ELTWISE_COLS];
+  CheckWindow("A", w[CGRA_ELTWISE_A_ADDR], {rows, cols, 1, 1, 1},
+              {w[CGRA_ELTWISE_A_ROW_STRIDE], w[CGRA_ELTWISE_A_COL_STRIDE], 0, 0, 0}, itemsize,
+              context.spad_bytes);
+  CheckWindow("B", w[CGRA_ELTWISE_B_ADDR], {rows, cols, 1, 1, 1},
+              {w[CGRA_ELTWISE_B_ROW_STRIDE], w[CGRA_ELTWISE_B_COL_STRIDE], 0, 0, 0}, itemsize,
+              context.spad_bytes);
+  CheckRegion("out", Access::kWrite, w[CGRA_ELTWISE_OUT_ADDR], rows, cols,
+              w[CGRA_ELTWISE_OUT_STRIDE], itemsize, context.spad_bytes);
 }
 
 }  // namespace cgra

@@ -1,29 +1,27 @@
 /*
- * Recording-time checks of the CGRA runtime (docs/runtime-abi.md, "Checks made while recording").
+ * Recording-time checks of the CGRA runtime (docs/runtime-abi.md, "Checks made while recording"):
+ * one per opcode, and the check of a tensor given to bind.
  *
- * Each check takes one command's operands and throws CheckFailure with the offending range when
- * they break the contract; the caller (KernelRecorder) adds the kernel and command context.
- * Pure functions: nothing here knows about kernels or the device backend.
+ * In: one command's record (CGRA_RECORD_WORDS words in the layout of simulator/cgra_sim/isa.py;
+ * a check reads its operands by the generated CGRA_<OP>_<FIELD> word indices) and the launch's
+ * slots. Out: nothing, or CheckFailure naming the offending range; the caller (KernelRecorder)
+ * adds the kernel and command context. Each opcode's generated command function passes its
+ * Check<Op> (CheckDmaLoad for DMA_LOAD) to KernelRecorder::Record, so a new opcode needs its check
+ * declared here. Pure functions: nothing here knows about kernels or the device backend.
  */
 #ifndef CGRA_RUNTIME_CHECKS_H_
 #define CGRA_RUNTIME_CHECKS_H_
 
 #include <dlpack/dlpack.h>
 
-#include <array>
 #include <cstdint>
-#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "cgra_isa.h"
+#include "operand_checks.h"
 
 namespace cgra {
-
-/*! \brief A command or tensor breaks the runtime contract. what() names the offending range. */
-class CheckFailure : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 /*!
  * \brief Throws tvm::ffi::Error(kind, message) without a C++ backtrace. Used for errors about the
@@ -41,95 +39,59 @@ struct Slot {
   int64_t shape[CGRA_BOX_DIMS] = {0, 0, 0, 0};  // dims >= ndim stay 0
 };
 
-/*! \brief The isa name of an opcode ("DMA_LOAD"), for messages. */
+/*! \brief The isa name of an opcode ("DMA_LOAD"), for messages; "UNKNOWN" for other codes. */
 const char* OpName(int32_t op);
-
-/*! \brief Bytes per element of an isa dtype code; throws for an unknown code. */
-int64_t ItemSize(int32_t dtype);
-
-/*! \brief The accumulator dtype of a GEMM input dtype; throws if the PE array has none. */
-int32_t AccumulatorDType(int32_t input_dtype);
-
-/*! \brief Checks an epilogue's dtypes: an accumulator dtype, and the output in that same dtype. */
-void CheckEpilogueDTypes(int32_t acc_dtype, int32_t out_dtype);
-
-/*! \brief The EPILOGUE operands stream version 2 added: a residual tile, clip bounds and a
- * requantisation to int8 (scale row, zero point). */
-struct EpilogueExtras {
-  int64_t residual_addr = 0;
-  int64_t residual_stride = 0;
-  int64_t clip_lo_bits = 0;
-  int64_t clip_hi_bits = 0;
-  int64_t scale_addr = 0;
-  int64_t out_zero_point = 0;
-};
-
-/*!
- * \brief Checks a requantising epilogue (CGRA_EPILOGUE_REQUANTISE): int32 accumulator, int8
- * output, the row of n float32 scales in the scratchpad, the zero point in [-128, 127]. Without
- * the flag, checks the dtypes as CheckEpilogueDTypes does and that scale_addr and the zero point
- * are 0.
- */
-void CheckEpilogueRequantise(int32_t flags, int32_t acc_dtype, int32_t out_dtype, int64_t n,
-                             const EpilogueExtras& extras, int64_t spad_bytes);
-
-/*!
- * \brief Checks an epilogue's residual and clip: with CGRA_EPILOGUE_RESIDUAL the m x n residual
- * region (acc dtype) lies in the scratchpad; with CGRA_EPILOGUE_CLIP both bounds fit the acc
- * dtype (int32 bounds ordered); a disabled operand's words are 0.
- */
-void CheckEpilogueExtras(int32_t flags, int32_t acc_dtype, int64_t m, int64_t n,
-                         const EpilogueExtras& extras, int64_t spad_bytes);
-
-/*! \brief Checks an ELTWISE func code (CGRA_ELTWISE_ADD .. CGRA_ELTWISE_MINIMUM). */
-void CheckEltwiseFunc(int32_t func);
-
-/*! \brief Checks that a fill value fits its dtype (for float32: a 32-bit pattern, either sign). */
-void CheckFillValue(int32_t dtype, int64_t value_bits);
 
 /*! \brief Checks a tensor given to bind (CPU, compact, rank 1..4, known dtype); describes it. */
 Slot DescribeTensor(const DLTensor* tensor);
 
-/*! \brief Throws if `flags` has bits outside `allowed`. */
-void CheckFlags(int32_t flags, int32_t allowed);
+/*! \brief What a command's check sees besides its record. */
+struct CheckContext {
+  const std::vector<Slot>& slots;  // the launch's host tensor slots, bound or not
+  int64_t spad_bytes;              // the scratchpad size the kernel was compiled for
+};
 
-/*! \brief Whether a command reads or writes a region (rows it writes must not overlap). */
-enum class Access { kRead, kWrite };
-
-/*!
- * \brief Checks a 2-D scratchpad region of rows x cols elements whose rows are `stride` elements
- * apart. It covers bytes [addr, addr + ((rows - 1) * stride + cols) * itemsize), which must lie in
- * [0, spad_bytes). `operand` names the region in messages ("A", "acc"), or is empty.
- */
-void CheckRegion(const char* operand, Access access, int64_t addr, int64_t rows, int64_t cols,
-                 int64_t stride, int64_t itemsize, int64_t spad_bytes);
+/*! \brief The check of one opcode's record. */
+using CommandCheck = void (*)(const int64_t* record, const CheckContext& context);
 
 /*!
- * \brief Checks an N-d scratchpad window (up to 5 dims, unused dims extent 1) whose element i is
- * at addr + sum(i_d * strides[d]) elements: extents positive, strides non-negative, every byte
- * in [0, spad_bytes). Windows may overlap themselves (a depthwise input); only reads do that.
- */
-void CheckWindow(const char* operand, int64_t addr, const std::array<int64_t, 5>& extents,
-                 const std::array<int64_t, 5>& strides, int64_t itemsize, int64_t spad_bytes);
-
-/*! \brief The POOL words oh .. count_x_hi, in isa.py's order. */
-constexpr int kPoolWords = CGRA_POOL_COUNT_X_HI - CGRA_POOL_OH + 1;
-using PoolWords = std::array<int64_t, kPoolWords>;
-
-/*!
- * \brief Checks a POOL command: flags, dtype (an average pools float32 only), strides and
- * dilations >= 1, the window and the output inside the scratchpad, output elements apart, each
- * rectangle 0 <= lo <= hi, the count words 0 without CGRA_POOL_AVERAGE.
- */
-void CheckPool(int32_t flags, int32_t dtype, const PoolWords& words, int64_t spad_bytes);
-
-/*!
- * \brief Checks one DMA: `box` is the record's words 4..31 (origin, halo, loops) and `slot` the
- * tensor it moves to or from. Every tensor coordinate must lie in [-pad_lo, shape + pad_hi) and
+ * \brief DMA_LOAD / DMA_STORE: the slot is in range and bound; the box (words origin0 ..
+ * sstride3) has every tensor coordinate in [-pad_lo, shape + pad_hi), every loop's tdim below the
+ * tensor's rank, no origin or halo in dimensions past it, positive extents, sstride >= 0, and
  * every scratchpad byte in [0, spad_bytes).
  */
-void CheckDma(const Slot& slot, int32_t slot_index, int64_t spad_addr, const int64_t* box,
-              int64_t spad_bytes);
+void CheckDmaLoad(const int64_t* record, const CheckContext& context);
+void CheckDmaStore(const int64_t* record, const CheckContext& context);
+
+/*! \brief GEMM: flags, an input dtype with an accumulator, A (m x k) and B (k x n) read, acc
+ * (m x n, accumulator dtype) written, all inside the scratchpad. */
+void CheckGemm(const int64_t* record, const CheckContext& context);
+
+/*! \brief FILL: the rows x cols region written inside the scratchpad, the value fits the dtype. */
+void CheckFill(const int64_t* record, const CheckContext& context);
+
+/*!
+ * \brief EPILOGUE: flags; dtypes (the accumulator's, or int32 -> int8 with REQUANTISE: its n
+ * float32 scales in the scratchpad, the zero point in [-128, 127]); acc read, bias (with BIAS)
+ * and residual (with RESIDUAL) read, out written; clip bounds (with CLIP) fit the accumulator
+ * dtype, int32 bounds ordered. A disabled operand's words are 0.
+ */
+void CheckEpilogue(const int64_t* record, const CheckContext& context);
+
+/*! \brief DEPTHWISE: flags and dtype as for GEMM; the A, B and acc windows inside the
+ * scratchpad with non-negative strides; acc's elements apart. */
+void CheckDepthwise(const int64_t* record, const CheckContext& context);
+
+/*!
+ * \brief POOL: flags, dtype (an average pools float32 only), strides and dilations >= 1, the
+ * window and the output inside the scratchpad, output elements apart, each rectangle
+ * 0 <= lo <= hi, the count words 0 without CGRA_POOL_AVERAGE.
+ */
+void CheckPool(const int64_t* record, const CheckContext& context);
+
+/*! \brief ELTWISE: a known func and dtype; A and B windows (strides >= 0, 0 broadcasts) and the
+ * written out region inside the scratchpad. */
+void CheckEltwise(const int64_t* record, const CheckContext& context);
 
 }  // namespace cgra
 

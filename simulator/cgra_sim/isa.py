@@ -1,8 +1,11 @@
-"""The CGRA NPU instruction set: the one definition of the command stream.
+"""The CGRA NPU instruction set: the one definition of the command stream and its C API.
 
-Stage: shared by every stage. The compiler's codegen emits calls whose arguments follow these
-layouts, the C++ runtime records them as fixed-size records (its header `cgra_isa.h` is generated
-from this module, see `c_header`), and the simulator decodes and executes them.
+Stage: shared by every stage. The compiler's codegen emits calls of the runtime's command
+functions (`COMMAND_FUNCTIONS`: one per opcode, its parameters in C order), the C++ runtime
+records each call as a fixed-size record, and the simulator decodes and executes the records.
+In: nothing (pure Python: importing this module never imports tvm). Out: these tables, and at
+build time the runtime's generated C sources (`python -m cgra_sim.isa GEN_DIR`, run by
+CMakeLists.txt: the ISA header, the command functions' prototypes and their definitions).
 
 A command is a record of `RECORD_WORDS` little-endian int64 words. Word 0 is the opcode, word 1
 the flags; the meaning of the other words depends on the opcode and is given by the field tables
@@ -10,13 +13,15 @@ below (`FIELDS`). Unused words are zero. Scratchpad addresses are byte addresses
 extents count elements.
 
 The format is versioned by `STREAM_VERSION`; any change to a layout, opcode or flag bumps it.
-Pure Python: importing this module never imports tvm.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import os
 import sys
+import textwrap
 
 STREAM_VERSION = 2
 RECORD_WORDS = 32
@@ -85,16 +90,9 @@ class Unit(enum.IntEnum):
     VECTOR = 3  # vector unit (fills, epilogues): runs beside the PE array
 
 
-UNIT_OF = {
-    Op.DMA_LOAD: Unit.LOAD,
-    Op.DMA_STORE: Unit.STORE,
-    Op.GEMM: Unit.COMPUTE,
-    Op.FILL: Unit.VECTOR,
-    Op.EPILOGUE: Unit.VECTOR,
-    Op.DEPTHWISE: Unit.COMPUTE,
-    Op.POOL: Unit.VECTOR,
-    Op.ELTWISE: Unit.VECTOR,
-}
+UNIT_OF = {Op.DMA_LOAD: Unit.LOAD, Op.DMA_STORE: Unit.STORE, Op.GEMM: Unit.COMPUTE,
+           Op.FILL: Unit.VECTOR, Op.EPILOGUE: Unit.VECTOR, Op.DEPTHWISE: Unit.COMPUTE,
+           Op.POOL: Unit.VECTOR, Op.ELTWISE: Unit.VECTOR}
 
 # Flags (word 1).
 GEMM_ACCUMULATE = 1  # GEMM and DEPTHWISE: add to the accumulator; without it, overwrite it
@@ -123,7 +121,9 @@ def _dma_fields():
     return tuple(fields)
 
 
-#: Word layout of every opcode. The position in the tuple is the word index.
+#: Word layout of every opcode. The position in the tuple is the word index. What each command
+#: computes from its words is documented once, with the C function that records it
+#: (`COMMAND_FUNCTIONS` below; the runtime's generated header carries the same text).
 FIELDS = {
     Op.DMA_LOAD: _dma_fields(),
     Op.DMA_STORE: _dma_fields(),
@@ -135,32 +135,22 @@ FIELDS = {
     Op.EPILOGUE: ("op", "flags", "acc_dtype", "out_dtype", "m", "n", "acc_addr", "acc_stride",
                   "bias_addr", "out_addr", "out_stride", "residual_addr", "residual_stride",
                   "clip_lo_bits", "clip_hi_bits", "scale_addr", "out_zero_point"),
-    # A depthwise window: acc[y, x, c] (+)= sum over taps (ry, rx) of A[y, x, ry, rx, c] * B[ry, rx, c]
-    # (ry-major tap order), A's element at a_addr + y*a_y + x*a_x + ry*a_ry + rx*a_rx + c: the
-    # taps of neighbouring outputs overlap in the scratchpad. Every PE owns one output element.
     Op.DEPTHWISE: ("op", "flags", "dtype", "oh", "ow", "n", "kh", "kw", "a_addr", "a_y_stride",
                    "a_x_stride", "a_ry_stride", "a_rx_stride", "b_addr", "b_ry_stride",
                    "b_rx_stride", "acc_addr", "acc_y_stride", "acc_x_stride"),
-    # A pooling window: tap (y, x, ry, rx) sits at window position (py, px) = (y*stride_y +
-    # ry*dilation_y, x*stride_x + rx*dilation_x), its element of channel c at a_addr + py*a_row +
-    # px*a_col + c. Taps whose position lies outside the valid rectangle [valid_y_lo, valid_y_hi)
-    # x [valid_x_lo, valid_x_hi) (the padding) are not taken: out[y, x, c] = max over the valid
-    # taps, or with POOL_AVERAGE their sum (ry-major) / the number of taps inside the count
-    # rectangle (count_* words; all 0 without POOL_AVERAGE). The rectangles are per command, so
-    # the padding never has to be in the scratchpad as a value (-inf for max).
     Op.POOL: ("op", "flags", "dtype", "oh", "ow", "n", "kh", "kw", "a_addr", "a_row_stride",
               "a_col_stride", "stride_y", "stride_x", "dilation_y", "dilation_x", "out_addr",
               "out_y_stride", "out_x_stride", "valid_y_lo", "valid_y_hi", "valid_x_lo",
               "valid_x_hi", "count_y_lo", "count_y_hi", "count_x_lo", "count_x_hi"),
-    # out[i, j] = func(A[i * a_row + j * a_col], B[i * b_row + j * b_col]) for i < rows, j < cols
-    # (strides in elements; a stride of 0 broadcasts the operand along that axis); out's rows
-    # are out_stride apart, its columns adjacent. No flags are defined (word 1 must be 0).
     Op.ELTWISE: ("op", "flags", "func", "dtype", "rows", "cols", "a_addr", "a_row_stride",
                  "a_col_stride", "b_addr", "b_row_stride", "b_col_stride", "out_addr", "out_stride"),
 }
 
 for _op, _fields in FIELDS.items():
     assert len(_fields) <= RECORD_WORDS, f"{_op.name} record is longer than {RECORD_WORDS} words"
+
+#: Words of a DMA box: the DMA records' origin0 .. sstride3 (the C API's `const int64_t* box`).
+BOX_WORDS = RECORD_WORDS - FIELDS[Op.DMA_LOAD].index("origin0")
 
 #: GEMM / DEPTHWISE accumulator dtype for each input dtype.
 ACC_DTYPE = {DType.INT8: DType.INT32, DType.FLOAT32: DType.FLOAT32}
@@ -186,15 +176,160 @@ def encode(op: Op, **values: int) -> list[int]:
     return record
 
 
+@enum.unique
+class ParamKind(enum.Enum):
+    """How a command function takes one parameter: its meaning, and so its C type."""
+
+    INT32 = "int32"  # a code: flags, a dtype, an ELTWISE func
+    INT64 = "int64"  # an extent, a stride in elements, a coordinate, an integer value
+    SPAD_ADDR = "spad_addr"  # a scratchpad byte address
+    SLOT = "slot"  # a host tensor slot, bound by cgra_kernel_bind
+    BOX = "box"  # a DMA box: a pointer to BOX_WORDS int64 words, the record's origin0 .. sstride3
+    VALUE_BITS = "value_bits"  # a value of the command's dtype: the integer, or the float32 bits
+
+    @property
+    def c_type(self) -> str:
+        return {ParamKind.INT32: "int32_t", ParamKind.SLOT: "int32_t",
+                ParamKind.BOX: "const int64_t*"}.get(self, "int64_t")
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One parameter of a command function: named after the record field it fills (the box,
+    which fills BOX_WORDS fields, is `box`)."""
+
+    name: str
+    kind: ParamKind
+    when: int = 0  # a flag bit: the parameter matters only when `flags` has it (else it is 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandFunction:
+    """The C function that records one opcode: `int32_t cgra_<op>(CGRAKernel* kernel, ...)`
+    with `params` in order; every record field no parameter fills is listed in `fixed` (0), or is
+    word 0 (the opcode)."""
+
+    op: Op
+    doc: str  # what the command computes, for the generated C header
+    params: tuple[Param, ...]
+    fixed: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"cgra_{self.op.name.lower()}"
+
+    def fields_of(self, param: Param) -> tuple[str, ...]:
+        """The record fields `param` fills, in order."""
+        if param.kind is not ParamKind.BOX:
+            return (param.name,)
+        first = word(self.op, "origin0")
+        return FIELDS[self.op][first:first + BOX_WORDS]
+
+
+def _command(op: Op, doc: str, *params, fixed: tuple[str, ...] = ()) -> CommandFunction:
+    """`params`: (name, kind[, flag bit]) tuples; a bare name is an int64 parameter."""
+    return CommandFunction(op, doc, tuple(Param(*p) if isinstance(p, tuple) else Param(p, _I64)
+                                          for p in params), fixed)
+
+
+_I32, _I64, _ADDR = ParamKind.INT32, ParamKind.INT64, ParamKind.SPAD_ADDR
+_BITS, _SLOT, _BOX = ParamKind.VALUE_BITS, ParamKind.SLOT, ParamKind.BOX
+_DMA_BOX = (
+    "`box` points to 28 int64 words laid out as the DMA record's words 4..31 (origin[4], "
+    "pad_lo[4], pad_hi[4], then for each of the 4 loops: extent, tdim, tstep, sstride). The "
+    "element type is the tensor's.")
+
+#: The runtime's command functions, one per opcode (docs/runtime-abi.md): the opcode, what the
+#: command computes, then its parameters in C order: (name, kind[, flag bit]), or a bare name for
+#: an int64. Their C prototypes and definitions are generated from this table (`c_prototypes`,
+#: `c_definitions`), and so are the code generator's calls to them (cgra_codegen.device_calls).
+COMMAND_FUNCTIONS = {command.op: command for command in (
+    _command(
+        Op.DMA_LOAD,
+        "DMA from host tensor `slot` into the scratchpad at spad_addr: box coordinates in the "
+        "halo load zeros. " + _DMA_BOX,
+        ("slot", _SLOT), ("spad_addr", _ADDR), ("box", _BOX), fixed=("flags",)),
+    _command(
+        Op.DMA_STORE,
+        "DMA from the scratchpad at spad_addr to host tensor `slot`: box coordinates in the halo "
+        "are dropped. " + _DMA_BOX,
+        ("slot", _SLOT), ("spad_addr", _ADDR), ("box", _BOX), fixed=("flags",)),
+    _command(
+        Op.GEMM,
+        "PE array: acc[i,j] (+)= sum_k A[i,k] * B[k,j], i < m, j < n (+= with "
+        "CGRA_GEMM_ACCUMULATE). dtype is the input dtype code; the accumulator is int32 for int8, "
+        "float32 for float32. Strides are in elements.",
+        ("flags", _I32), ("dtype", _I32), "m", "n", "k", ("a_addr", _ADDR), "a_stride",
+        ("b_addr", _ADDR), "b_stride", ("acc_addr", _ADDR), "acc_stride"),
+    _command(
+        Op.FILL,
+        "Vector unit: region[i,j] = value for i < rows, j < cols, rows `stride` elements apart "
+        "from addr (value_bits: the int64 value, or the float32 bit pattern).",
+        ("dtype", _I32), ("addr", _ADDR), "rows", "cols", "stride", ("value_bits", _BITS),
+        fixed=("flags",)),
+    _command(
+        Op.EPILOGUE,
+        "Vector unit: out[i,j] = requant(clip(relu(acc[i,j] + bias[j] + residual[i,j]))), each "
+        "step enabled by its flag: CGRA_EPILOGUE_BIAS (n elements, acc dtype), _RESIDUAL (an m x n "
+        "tile, acc dtype, own stride), _RELU, _CLIP (clip_lo/hi_bits: acc-dtype value bits as for "
+        "cgra_fill, lo <= hi), _REQUANTISE (int32 acc -> int8 out: rne(clamp(float(x) * scale[j], "
+        "-128 - zp, 127 - zp)) + zp, scale a row of n float32 at scale_addr, zp = "
+        "out_zero_point). A disabled operand's arguments must be 0. (ABI v2 added the last six "
+        "arguments.)",
+        ("flags", _I32), ("acc_dtype", _I32), ("out_dtype", _I32), "m", "n", ("acc_addr", _ADDR),
+        "acc_stride", ("bias_addr", _ADDR, EPILOGUE_BIAS), ("out_addr", _ADDR), "out_stride",
+        ("residual_addr", _ADDR, EPILOGUE_RESIDUAL), ("residual_stride", _I64, EPILOGUE_RESIDUAL),
+        ("clip_lo_bits", _BITS, EPILOGUE_CLIP), ("clip_hi_bits", _BITS, EPILOGUE_CLIP),
+        ("scale_addr", _ADDR, EPILOGUE_REQUANTISE), ("out_zero_point", _I64, EPILOGUE_REQUANTISE)),
+    _command(
+        Op.DEPTHWISE,
+        "PE array, one output element per PE (a depthwise conv2d tile): acc[y,x,c] (+)= "
+        "sum_{ry<kh, rx<kw} A[y*a_y_stride + x*a_x_stride + ry*a_ry_stride + rx*a_rx_stride + c] "
+        "* B[ry*b_ry_stride + rx*b_rx_stride + c] for y < oh, x < ow, c < n, taps ry-major "
+        "(elements past a_addr, b_addr: the taps of neighbouring outputs overlap); acc's element "
+        "at y*acc_y_stride + x*acc_x_stride + c. dtype and flags as for cgra_gemm.",
+        ("flags", _I32), ("dtype", _I32), "oh", "ow", "n", "kh", "kw", ("a_addr", _ADDR),
+        "a_y_stride", "a_x_stride", "a_ry_stride", "a_rx_stride", ("b_addr", _ADDR), "b_ry_stride",
+        "b_rx_stride", ("acc_addr", _ADDR), "acc_y_stride", "acc_x_stride"),
+    _command(
+        Op.POOL,
+        "Vector unit, a pooling window (max_pool2d, avg_pool2d, mean): out[y,x,c] = max, or with "
+        "CGRA_POOL_AVERAGE sum (ry-major) / count, over the taps (ry < kh, rx < kw) at window "
+        "position (py, px) = (y*stride_y + ry*dilation_y, x*stride_x + rx*dilation_x) that lie in "
+        "the valid rectangle [valid_y_lo, valid_y_hi) x [valid_x_lo, valid_x_hi), tap element "
+        "A[py*a_row_stride + px*a_col_stride + c] past a_addr; count = taps inside the count "
+        "rectangle (count_*: all 0 without CGRA_POOL_AVERAGE). y < oh, x < ow, c < n; out's "
+        "element at y*out_y_stride + x*out_x_stride + c. dtype: int8, int32 or float32 for max, "
+        "float32 for an average; out has the input dtype. The padding is never in the "
+        "scratchpad: taps outside the valid rectangle are skipped.",
+        ("flags", _I32), ("dtype", _I32), "oh", "ow", "n", "kh", "kw", ("a_addr", _ADDR),
+        "a_row_stride", "a_col_stride", "stride_y", "stride_x", "dilation_y", "dilation_x",
+        ("out_addr", _ADDR), "out_y_stride", "out_x_stride", "valid_y_lo", "valid_y_hi",
+        "valid_x_lo", "valid_x_hi",
+        *((f"count_{axis}_{end}", _I64, POOL_AVERAGE) for axis in "yx" for end in ("lo", "hi"))),
+    _command(
+        Op.ELTWISE,
+        "Vector unit: out[i,j] = func(A[i*a_row_stride + j*a_col_stride], B[i*b_row_stride + "
+        "j*b_col_stride]) for i < rows, j < cols (elements past a_addr, b_addr; out's element at "
+        "i*out_stride + j). func is a CGRA_ELTWISE_* code (ADD, SUBTRACT, MULTIPLY, MAXIMUM, "
+        "MINIMUM); a, b and out share `dtype` (int8, int32 or float32; integers wrap). A stride of "
+        "0 broadcasts an operand along that axis.",
+        ("func", _I32), ("dtype", _I32), "rows", "cols", ("a_addr", _ADDR), "a_row_stride",
+        "a_col_stride", ("b_addr", _ADDR), "b_row_stride", "b_col_stride", ("out_addr", _ADDR),
+        "out_stride", fixed=("flags",)),
+)}
+
+
 def c_header() -> str:
-    """The C header the runtime is compiled with, so the two sides never disagree."""
+    """gen/cgra_isa.h: the stream's constants and every record field's word index."""
     lines = [
-        "/* Generated from cgra_sim/isa.py by `python -m cgra_sim.isa OUT`. Do not edit. */",
+        _GENERATED,
         "#ifndef CGRA_ISA_H_",
         "#define CGRA_ISA_H_",
         f"#define CGRA_STREAM_VERSION {STREAM_VERSION}",
         f"#define CGRA_RECORD_WORDS {RECORD_WORDS}",
         f"#define CGRA_BOX_DIMS {BOX_DIMS}",
+        f"#define CGRA_BOX_WORDS {BOX_WORDS}",
         f"#define CGRA_SLOT_WORDS {SLOT_WORDS}",
         f"#define CGRA_GEMM_ACCUMULATE {GEMM_ACCUMULATE}",
         f"#define CGRA_EPILOGUE_BIAS {EPILOGUE_BIAS}",
@@ -205,6 +340,7 @@ def c_header() -> str:
         f"#define CGRA_EPILOGUE_REQUANTISE {EPILOGUE_REQUANTISE}",
     ]
     lines += [f"#define CGRA_OP_{op.name} {int(op)}" for op in Op]
+    lines.append("#define CGRA_OPS(X) " + " ".join(f"X({op.name})" for op in Op))  # X-macro
     lines += [f"#define CGRA_DTYPE_{dt.name} {int(dt)}" for dt in DType]
     lines += [f"#define CGRA_ELTWISE_{func.name} {int(func)}" for func in EltwiseFunc]
     lines += [f"#define CGRA_DTYPE_{dt.name}_BYTES {dt.itemsize}" for dt in DType]
@@ -215,8 +351,75 @@ def c_header() -> str:
     return "\n".join(lines) + "\n"
 
 
+def c_prototypes() -> str:
+    """gen/cgra_commands.h: the command functions' prototypes, included by cgra_runtime.h."""
+    lines = [_GENERATED, "#ifndef CGRA_COMMANDS_H_", "#define CGRA_COMMANDS_H_",
+             "#ifndef CGRA_RUNTIME_H_", '#error "include cgra_runtime.h, not this file"', "#endif"]
+    for command in COMMAND_FUNCTIONS.values():
+        lines += ["", _c_comment(command.doc), _c_signature(command, "CGRA_RUNTIME_API ") + ";"]
+    lines.append("\n#endif  /* CGRA_COMMANDS_H_ */")
+    return "\n".join(lines) + "\n"
+
+
+def c_definitions() -> str:
+    """gen/cgra_commands.inc: the command functions, included by runtime/src/c_api.cc (which
+    defines RecordOn). Each packs its parameters into a zeroed record, word by word, and hands it
+    to the recorder with the opcode's check (runtime/src/checks.h: Check<Op>)."""
+    lines = [_GENERATED]
+    for command in COMMAND_FUNCTIONS.values():
+        lines += ["", _c_signature(command) + " {"] + _c_body(command) + ["}"]
+    return "\n".join(lines) + "\n"
+
+
+_GENERATED = ("/* Generated from cgra_sim/isa.py by `python -m cgra_sim.isa GEN_DIR`. "
+              "Do not edit. */")
+#: What `python -m cgra_sim.isa GEN_DIR` writes (CMakeLists.txt runs it at build time).
+GENERATED_FILES = {"cgra_isa.h": c_header, "cgra_commands.h": c_prototypes,
+                   "cgra_commands.inc": c_definitions}
+
+
+def _c_comment(text: str) -> str:
+    return "/* " + "\n * ".join(textwrap.wrap(text, 96)) + " */"
+
+
+def _c_signature(command: CommandFunction, prefix: str = "") -> str:
+    """`int32_t cgra_x(CGRAKernel* kernel, ...)`, wrapped at 100 columns under its parenthesis."""
+    head = f"{prefix}int32_t {command.name}("
+    params = ["CGRAKernel* kernel"] + [f"{p.kind.c_type} {p.name}" for p in command.params]
+    lines, line = [], head
+    for index, param in enumerate(params):
+        text = param + (", " if index + 1 < len(params) else ")")
+        if line != head and len(line) + len(text.rstrip()) > 100:
+            lines.append(line.rstrip())
+            line = " " * len(head)
+        line += text
+    return "\n".join(lines + [line])
+
+
+def _c_body(command: CommandFunction) -> list[str]:
+    op = f"CGRA_OP_{command.op.name}"
+    index = f"CGRA_{command.op.name}_"  # + FIELD: the field's word (cgra_isa.h)
+    check = "Check" + "".join(part.title() for part in command.op.name.split("_"))
+    lines = [f'  return RecordOn(kernel, "{command.name}", [&](CGRAKernel& recorder) {{']
+    lines += [f'    if ({p.name} == nullptr) recorder.RaiseCommandError({op}, "{p.name} is NULL");'
+              for p in command.params if p.kind is ParamKind.BOX]
+    lines += ["    int64_t record[CGRA_RECORD_WORDS] = {};", f"    record[{index}OP] = {op};"]
+    lines += [f"    record[{index}{field.upper()}] = 0;" for field in command.fixed]
+    for param in command.params:
+        first = index + command.fields_of(param)[0].upper()
+        if param.kind is ParamKind.BOX:
+            end = f"{param.name} + CGRA_BOX_WORDS"
+            lines.append(f"    std::copy({param.name}, {end}, record + {first});")
+        else:
+            lines.append(f"    record[{first}] = {param.name};")
+    return lines + [f"    recorder.Record(record, cgra::{check});", "  });"]
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m cgra_sim.isa OUT.h   (writes the runtime's C header)")
-    with open(sys.argv[1], "w", encoding="utf-8") as out:
-        out.write(c_header())
+        sys.exit("usage: python -m cgra_sim.isa GEN_DIR   (writes the runtime's generated "
+                 f"sources: {', '.join(GENERATED_FILES)})")
+    os.makedirs(sys.argv[1], exist_ok=True)
+    for _name, _render in GENERATED_FILES.items():
+        with open(os.path.join(sys.argv[1], _name), "w", encoding="utf-8") as _out:
+            _out.write(_render())
