@@ -16,7 +16,7 @@ import tvm
 from tvm import tirx
 
 from cgra_codegen import DEVICE_CALLS, SPAD_SCOPE, DeviceCallError, device_call, device_call_positions
-from cgra_sim import isa
+from cgra_sim import c_api, isa
 from cgra_sim.isa import COMMAND_FUNCTIONS, FIELDS, Op, ParamKind
 
 COMMANDS = list(COMMAND_FUNCTIONS.values())
@@ -25,7 +25,7 @@ C_TO_LLVM = {"CGRAKernel*": "ptr", "int32_t": "i32", "int64_t": "i64", "const in
 
 def generated_prototypes() -> dict[str, list[tuple[str, str]]]:
     """name -> [(C type, parameter name), ...] of every prototype in gen/cgra_commands.h."""
-    found = re.findall(r"CGRA_RUNTIME_API int32_t (cgra_\w+)\(([^)]*)\);", isa.c_prototypes())
+    found = re.findall(r"CGRA_RUNTIME_API int32_t (cgra_\w+)\(([^)]*)\);", c_api.c_prototypes())
     return {name: [tuple(param.strip().rsplit(" ", 1)) for param in params.split(",")]
             for name, params in found}
 
@@ -94,7 +94,7 @@ def test_the_abi_keeps_its_c_signatures():
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.name)
 def test_generated_definition_packs_every_parameter_into_its_word(command):
-    text = isa.c_definitions()
+    text = c_api.c_definitions()
     body = text[text.index(f"int32_t {command.name}("):]
     body = body[:body.index("\n}\n")]
     prefix = f"CGRA_{command.op.name}_"
@@ -109,10 +109,10 @@ def test_generated_definition_packs_every_parameter_into_its_word(command):
 
 def test_the_build_writes_the_generated_sources(tmp_path):
     """The command CMakeLists.txt runs, and the header that includes its output."""
-    subprocess.run([sys.executable, "-m", "cgra_sim.isa", str(tmp_path / "gen")], check=True)
-    for name, render in isa.GENERATED_FILES.items():
+    subprocess.run([sys.executable, "-m", "cgra_sim.c_api", str(tmp_path / "gen")], check=True)
+    for name, render in c_api.GENERATED_FILES.items():
         assert (tmp_path / "gen" / name).read_text() == render()
-    from npu_backend import runtime_lib
+    from npu_backend.device import runtime_lib
 
     header = (runtime_lib.REPO_ROOT / "runtime" / "include" / "cgra_runtime.h").read_text()
     assert '#include "cgra_commands.h"' in header

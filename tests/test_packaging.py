@@ -68,13 +68,15 @@ def test_wheel_holds_the_presets(wheel_files):
 
 
 def test_wheel_holds_the_runtime_sources(wheel_files):
-    """Every file the runtime is built from, as in the checkout; isa.py comes with cgra_sim."""
+    """Every file the runtime is built from, as in the checkout; its generator (isa.py,
+    c_api.py) comes with cgra_sim."""
     checkout = runtime_lib.source_files(REPO_ROOT)
-    isa = REPO_ROOT / "simulator" / "cgra_sim" / "isa.py"
-    assert isa in checkout and len(checkout) > 2
+    simulator = REPO_ROOT / "simulator"
+    generator = runtime_lib.generator_sources(REPO_ROOT)
+    assert all(path in checkout for path in generator) and len(checkout) > 3
     for path in checkout:
-        name = "cgra_sim/isa.py" if path == isa else PACKAGED_SOURCES + path.relative_to(
-            REPO_ROOT).as_posix()
+        name = path.relative_to(simulator if path in generator else REPO_ROOT).as_posix()
+        name = name if path in generator else PACKAGED_SOURCES + name
         assert wheel_files.get(name) == path.read_bytes(), name
 
 
@@ -104,8 +106,9 @@ def test_installed_wheel_builds_its_runtime_from_the_packaged_sources(wheel, tmp
     packaged = target / PACKAGED_SOURCES
     assert Path(report["source_root"]) == packaged
     sources = [Path(p) for p in report["sources"]]
-    assert sources[:2] == [packaged / "CMakeLists.txt", target / "cgra_sim" / "isa.py"]
-    assert all(p.is_relative_to(packaged) for p in sources[2:]) and len(sources) > 2
+    assert sources[:3] == [packaged / "CMakeLists.txt", target / "cgra_sim" / "isa.py",
+                           target / "cgra_sim" / "c_api.py"]
+    assert all(p.is_relative_to(packaged) for p in sources[3:]) and len(sources) > 3
     library = Path(report["library"])
     assert library.is_file() and library.parent.parent == cache
     assert runtime_lib.BUILD_MESSAGE in result.stdout

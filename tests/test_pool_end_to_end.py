@@ -13,7 +13,6 @@ from tvm import relax
 
 import npu_backend
 from models import assert_matches, pool_model, relax_module, run
-from npu_backend.tools.workloads import pool_reference
 
 PRESETS = npu_backend.preset_names()
 

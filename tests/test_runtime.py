@@ -19,7 +19,7 @@ import pytest
 import tvm_ffi
 from tvm_ffi import libinfo
 
-from cgra_sim import HardwareDescription, isa, load_arch
+from cgra_sim import HardwareDescription, c_api, isa, load_arch
 from cgra_sim.isa import DType, Op
 from npu_backend.device import runtime_lib
 
@@ -210,7 +210,7 @@ def test_header_declares_the_documented_api():
     root = runtime_lib.REPO_ROOT
     doc = (root / "docs" / "runtime-abi.md").read_text()
     # The header includes the command functions' prototypes, generated from isa.py at build time.
-    header = (root / "runtime" / "include" / "cgra_runtime.h").read_text() + isa.c_prototypes()
+    header = (root / "runtime" / "include" / "cgra_runtime.h").read_text() + c_api.c_prototypes()
     assert prototypes(header) == prototypes(doc)
     assert len(prototypes(doc)) == 11
     assert f"#define CGRA_RUNTIME_ABI_VERSION {ABI}" in header
@@ -643,7 +643,8 @@ def source_copy(tmp_path):
     copy = tmp_path / "repo"
     shutil.copytree(root / "runtime", copy / "runtime")
     (copy / "simulator" / "cgra_sim").mkdir(parents=True)
-    shutil.copy(root / "simulator" / "cgra_sim" / "isa.py", copy / "simulator" / "cgra_sim")
+    for module in runtime_lib.GENERATOR_MODULES:
+        shutil.copy(root / "simulator" / "cgra_sim" / module, copy / "simulator" / "cgra_sim")
     shutil.copy(root / "CMakeLists.txt", copy)
     return copy
 
@@ -679,12 +680,12 @@ def test_build_is_cached_by_source_hash(source_copy, tmp_path, fake_compile, cap
                                                               second.parent.name])
 
 
-@pytest.mark.parametrize("change", ["isa", "new header", "tvm-ffi version"])
+@pytest.mark.parametrize("change", ["isa.py", "c_api.py", "new header", "tvm-ffi version"])
 def test_source_hash_covers_every_input(source_copy, monkeypatch, change):
     before = runtime_lib.source_hash(source_copy)
-    if change == "isa":
-        with open(source_copy / "simulator" / "cgra_sim" / "isa.py", "a") as isa_py:
-            isa_py.write("# changed\n")
+    if change.endswith(".py"):
+        with open(source_copy / "simulator" / "cgra_sim" / change, "a") as generator:
+            generator.write("# changed\n")
     elif change == "new header":
         (source_copy / "runtime" / "src" / "extra.h").write_text("")
     else:

@@ -519,7 +519,6 @@ def depthwise(dtype, oh, ow, n, kh, kw, a, b, acc, accumulate=False):
 
 def depthwise_case(dtype, oh, ow, n, kh, kw):
     """Records loading the window and the weights, their tensors, and the three addresses."""
-    size = np.dtype(dtype).itemsize
     in_h, in_w = oh + kh - 1, ow + kw - 1
     window, weights = np.ones((in_h * in_w, n), dtype), np.ones((kh * kw, n), dtype)
     b_addr = window.nbytes

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import npu_backend
 from cgra_sim.banks import beat_slowdown, operand_slowdown
-from cgra_sim.decode import DepthwiseCommand, DmaCommand, EpilogueCommand, FillCommand, GemmCommand, decode_stream
+from cgra_sim.decode import DepthwiseCommand, DmaCommand, FillCommand, GemmCommand, decode_stream
 from cgra_sim.stream_file import load_launch
 from npu_backend.kernels import KernelSpec
 from npu_backend.kernels.spad_layout import (a_row_stride, beat_rows_conflict_free, operand_rows_conflict_free,

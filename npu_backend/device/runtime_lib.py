@@ -1,7 +1,7 @@
 """Builds and loads the CGRA runtime library (the C++ under runtime/) on first use.
 
 Stage: runtime. In: the runtime's sources (CMakeLists.txt, runtime/include, runtime/src) and
-cgra_sim/isa.py (the runtime's ISA header is generated from it). Out: the path of
+cgra_sim/isa.py and cgra_sim/c_api.py (the runtime's generated sources come from them). Out: the path of
 libcgra_runtime.so, built with CMake into `<cache>/runtime-<hash>/`, where the hash covers those
 sources and the tvm-ffi version, and loaded with RTLD_GLOBAL so that code compiled later resolves
 its `cgra_*` calls against it.
@@ -89,22 +89,26 @@ def source_root() -> Path:
     return PACKAGED_SOURCES if (PACKAGED_SOURCES / "CMakeLists.txt").is_file() else REPO_ROOT
 
 
-def isa_source(root: Path) -> Path:
-    """The isa.py that CMake generates the ISA header from when building from `root`: the
-    checkout's simulator/cgra_sim/isa.py if `root` has one, else the installed cgra_sim's (the
-    same choice as CMakeLists.txt makes)."""
-    checkout = Path(root) / "simulator" / "cgra_sim" / "isa.py"
-    if checkout.exists():
-        return checkout
-    from cgra_sim import isa
+#: The cgra_sim modules CMake generates the runtime's ISA header and command functions from.
+GENERATOR_MODULES = ("isa.py", "c_api.py")
 
-    return Path(isa.__file__).resolve()
+
+def generator_sources(root: Path) -> list[Path]:
+    """The cgra_sim modules CMake runs when building from `root`: the checkout's
+    simulator/cgra_sim if `root` has one, else the installed cgra_sim's (the same choice as
+    CMakeLists.txt makes)."""
+    package = Path(root) / "simulator" / "cgra_sim"
+    if not (package / "isa.py").exists():
+        import cgra_sim
+
+        package = Path(cgra_sim.__file__).resolve().parent
+    return [package / name for name in GENERATOR_MODULES]
 
 
 def source_files(root: Path | None = None) -> list[Path]:
     """Every file the library is built from, in a stable order."""
     root = source_root() if root is None else Path(root)
-    fixed = [root / "CMakeLists.txt", isa_source(root)]
+    fixed = [root / "CMakeLists.txt", *generator_sources(root)]
     runtime = root / "runtime"
     for path in fixed + [runtime]:
         if not path.exists():
@@ -123,7 +127,7 @@ def source_hash(root: Path | None = None) -> str:
     root = source_root() if root is None else Path(root)
     digest = hashlib.sha256(f"tvm-ffi {tvm_ffi.__version__}\n".encode())
     for path in source_files(root):
-        # Relative names (isa.py may lie outside `root`), so that moving a tree keeps its hash.
+        # Relative names (cgra_sim may lie outside `root`), so that moving a tree keeps its hash.
         digest.update(Path(os.path.relpath(path, root)).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]

@@ -20,7 +20,7 @@ import dataclasses
 
 from tvm import ir, sym, tirx
 
-from cgra_codegen.spad import SPAD_SCOPE as SPAD
+from cgra_codegen import SPAD_SCOPE as SPAD, device_call
 from cgra_sim.isa import BOX_DIMS
 
 from ..errors import UnsupportedCopy
@@ -153,8 +153,8 @@ def _dma_call(copy: _Copy, loops, domains):
         else:
             words += [1, 0, 0, 0]
     name = "cgra_dma_load" if copy.direction == "load" else "cgra_dma_store"
-    args = [copy.host.data, copy.spad.data, spad_base] + [_as_i64(w) for w in words]
-    return tirx.call_extern("int32", name, *args)
+    return device_call(name, slot=copy.host, spad_addr=(copy.spad.data, spad_base),
+                       box=[_as_i64(w) for w in words])
 
 
 def _pad(values, fill):

@@ -20,7 +20,7 @@ import functools
 
 from tvm import ir, tirx
 
-from cgra_codegen.spad import SPAD_SCOPE as SPAD
+from cgra_codegen import SPAD_SCOPE as SPAD
 
 from .dma import buffer_elements, buffer_strides
 

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 from tvm import ir, sym, tirx
 
+from cgra_codegen import device_call_positions
 from cgra_sim.isa import GEMM_ACCUMULATE
 
 _BUFFER_DATA = ir.Op.get("tirx.buffer_data")
 
-# Positions of the accumulator operands in the TIR calls (see intrinsics.py).
-_FILL_ACC = slice(1, 6)  # data, offset, rows, cols, stride
-_GEMM_ACC = (11, 12, 2, 3, 13)  # data, offset, m, n, stride
-_GEMM_FLAGS = 0
+# Where the accumulator's operands sit in the calls' arguments: (data, offset, rows, cols, stride).
+_FILL, _GEMM = device_call_positions("cgra_fill"), device_call_positions("cgra_gemm")
+_FILL_ACC = (*_FILL["addr"], *_FILL["rows"], *_FILL["cols"], *_FILL["stride"])
+_GEMM_ACC = (*_GEMM["acc_addr"], *_GEMM["m"], *_GEMM["n"], *_GEMM["acc_stride"])
+(_GEMM_FLAGS,) = _GEMM["flags"]
+(_FILL_VALUE,) = _FILL["value_bits"]
 
 
 def fold_accumulator_init(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -64,12 +67,12 @@ def _buffer_args(call):
 def _fold_in_sequence(seq):
     for i, stmt in enumerate(seq):
         fill = _extern(stmt, "cgra_fill")
-        if fill is None or not _is_zero(fill.args[-1]):
+        if fill is None or not _is_zero(fill.args[_FILL_VALUE]):
             continue
-        fill_args = list(fill.args[1:])  # drop the callee name
-        acc = fill_args[1].args[0]
+        fill_region = [fill.args[i] for i in _FILL_ACC]
+        acc = fill_region[0].args[0]
         for j in range(i + 1, len(seq)):
-            folded = _fold_into(seq[j], acc, fill_args[_FILL_ACC], [])
+            folded = _fold_into(seq[j], acc, fill_region, [])
             if folded is not None:
                 return _fold_in_sequence(seq[:i] + seq[i + 1:j] + [folded] + seq[j + 1:])
             if _touches(seq[j], acc):
@@ -94,17 +97,16 @@ def _fold_into(stmt, acc, fill_region, loops):
     if gemm is None or not _covers(gemm, acc, fill_region):
         return None
     args = list(gemm.args)
-    flags = args[1 + _GEMM_FLAGS]
+    flags = args[_GEMM_FLAGS]
     first_step = _all_first(loops)
     overwrite = flags - GEMM_ACCUMULATE
     # Without a reduction loop the single GEMM overwrites; otherwise only the first step does.
-    args[1 + _GEMM_FLAGS] = overwrite if first_step is None else tirx.if_then_else(first_step, overwrite, flags)
+    args[_GEMM_FLAGS] = overwrite if first_step is None else tirx.if_then_else(first_step, overwrite, flags)
     return tirx.Evaluate(ir.Call(gemm.op, args, gemm.attrs, gemm.ty_args, gemm.span, gemm.ty))
 
 
 def _covers(gemm, acc, fill_region) -> bool:
-    args = gemm.args[1:]
-    data, offset, m, n, stride = (args[i] for i in _GEMM_ACC)
+    data, offset, m, n, stride = (gemm.args[i] for i in _GEMM_ACC)
     if not (isinstance(data, ir.Call) and data.args[0].same_as(acc)):
         return False
     analyzer = sym.Analyzer()

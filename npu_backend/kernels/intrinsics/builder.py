@@ -19,7 +19,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as IB
 
-from cgra_codegen.spad import SPAD_SCOPE as SPAD
+from cgra_codegen import SPAD_SCOPE as SPAD
 
 
 @dataclasses.dataclass(frozen=True)

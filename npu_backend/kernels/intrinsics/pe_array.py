@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from tvm import tirx
 
+from cgra_codegen import device_call
 from cgra_sim.isa import GEMM_ACCUMULATE, DType
 
 from .builder import SPAD, Tile, intrinsic
@@ -30,10 +31,10 @@ def gemm_intrin(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str, sc
 
     def call(buffers, strides):
         A, B, C = buffers["A"], buffers["B"], buffers["C"]
-        return tirx.call_extern(
-            "int32", "cgra_gemm", GEMM_ACCUMULATE, dtype_code(dtype), rows, cols, depth,
-            A.data, A.elem_offset, strides["A"][0], B.data, B.elem_offset, strides["B"][0],
-            C.data, C.elem_offset, strides["C"][0])
+        return device_call(
+            "cgra_gemm", flags=GEMM_ACCUMULATE, dtype=dtype_code(dtype), m=rows, n=cols, k=depth,
+            a_addr=A, a_stride=strides["A"][0], b_addr=B, b_stride=strides["B"][0],
+            acc_addr=C, acc_stride=strides["C"][0])
 
     return intrinsic([a, b], acc, "update", value, call, grid=(rows, cols, depth), kinds="SSR",
                      accumulate=True, scope=scope)
@@ -73,9 +74,10 @@ def depthwise_intrin(oh: int, ow: int, cols: int, window: tuple, dtype: str, acc
     def call(buffers, strides):
         A, B, C = buffers["A"], buffers["B"], buffers["C"]
         (sa0, sa1), (sb0, sb1), (sc0, sc1) = strides["A"], strides["B"], strides["C"]
-        return tirx.call_extern(
-            "int32", "cgra_depthwise", 0, dtype_code(dtype), oh, ow, cols, kh, kw,
-            A.data, A.elem_offset, sa0 * sh, sa1 * sw, sa0 * dh, sa1 * dw,
-            B.data, B.elem_offset, sb0, sb1, C.data, C.elem_offset, sc0, sc1)
+        return device_call(
+            "cgra_depthwise", flags=0, dtype=dtype_code(dtype), oh=oh, ow=ow, n=cols, kh=kh, kw=kw,
+            a_addr=A, a_y_stride=sa0 * sh, a_x_stride=sa1 * sw, a_ry_stride=sa0 * dh,
+            a_rx_stride=sa1 * dw, b_addr=B, b_ry_stride=sb0, b_rx_stride=sb1,
+            acc_addr=C, acc_y_stride=sc0, acc_x_stride=sc1)
 
     return intrinsic([a, b], acc, "acc", value, call, scope=scope)

@@ -16,6 +16,7 @@ import dataclasses
 
 from tvm import tirx
 
+from cgra_codegen import device_call
 from cgra_sim.isa import (EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_REQUANTISE,
                           EPILOGUE_RESIDUAL, POOL_AVERAGE, EltwiseFunc)
 
@@ -46,8 +47,8 @@ def fill_intrin(rows: int, cols: int, dtype: str, scope: str = SPAD):
     """FILL: zero a rows x cols accumulator tile (a reduction's init)."""
     def call(buffers, strides):
         C = buffers["C"]
-        return tirx.call_extern("int32", "cgra_fill", dtype_code(dtype), C.data, C.elem_offset, rows, cols,
-                                strides["C"][0], 0)
+        return device_call("cgra_fill", dtype=dtype_code(dtype), addr=C, rows=rows, cols=cols,
+                           stride=strides["C"][0], value_bits=0)
 
     return intrinsic([], Tile("C", (rows, cols), dtype), "init", lambda buffers, i, j: tirx.Cast(dtype, 0),
                      call, scope=scope)
@@ -79,14 +80,15 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, bias: bool, relu: bool, re
         return requantise(total, buffers["Scale"][j], zero_point) if requant else total
 
     def call(buffers, strides):
-        def tile(name):  # a disabled operand is address 0
-            return (buffers[name].data, buffers[name].elem_offset) if name in buffers else (0, 0)
         lo, hi = (tirx.const(bound, dtype) for bound in clip) if clip is not None else (0, 0)
-        return tirx.call_extern(
-            "int32", "cgra_epilogue", epilogue_flags(bias, relu, residual, clip, zero_point), dtype_code(dtype),
-            dtype_code(output.dtype), rows, cols, *tile("Acc"), strides["Acc"][0], *tile("Bias"),
-            *tile("Out"), strides["Out"][0], *tile("Res"), strides["Res"][0] if residual else 0, lo, hi,
-            *tile("Scale"), zero_point or 0)
+        return device_call(
+            "cgra_epilogue", flags=epilogue_flags(bias, relu, residual, clip, zero_point),
+            acc_dtype=dtype_code(dtype), out_dtype=dtype_code(output.dtype), m=rows, n=cols,
+            acc_addr=buffers["Acc"], acc_stride=strides["Acc"][0],
+            bias_addr=buffers.get("Bias", 0), out_addr=buffers["Out"], out_stride=strides["Out"][0],
+            residual_addr=buffers.get("Res", 0), residual_stride=strides["Res"][0] if residual else 0,
+            clip_lo_bits=lo, clip_hi_bits=hi, scale_addr=buffers.get("Scale", 0),
+            out_zero_point=zero_point or 0)
 
     return intrinsic(inputs, output, "epi", value, call, scope=scope)
 
@@ -122,11 +124,11 @@ def eltwise_intrin(rows: int, cols: int, func: str, dtype: str, a_full: tuple, b
 
     def call(buffers, strides):
         A, B, Out = buffers["A"], buffers["B"], buffers["Out"]
-        return tirx.call_extern(
-            "int32", "cgra_eltwise", int(ELTWISE_FUNCS[func][0]), dtype_code(dtype), rows, cols,
-            A.data, A.elem_offset, strides["A"][0] if a_full[0] else 0, 1 if a_full[1] else 0,
-            B.data, B.elem_offset, strides["B"][0] if b_full[0] else 0, 1 if b_full[1] else 0,
-            Out.data, Out.elem_offset, strides["Out"][0])
+        return device_call(
+            "cgra_eltwise", func=int(ELTWISE_FUNCS[func][0]), dtype=dtype_code(dtype), rows=rows, cols=cols,
+            a_addr=A, a_row_stride=strides["A"][0] if a_full[0] else 0, a_col_stride=1 if a_full[1] else 0,
+            b_addr=B, b_row_stride=strides["B"][0] if b_full[0] else 0, b_col_stride=1 if b_full[1] else 0,
+            out_addr=Out, out_stride=strides["Out"][0])
 
     return intrinsic([operand("A", a_full), operand("B", b_full)], Tile("Out", (rows, cols), dtype), "elt",
                      value, call, scope=scope)
@@ -232,7 +234,7 @@ def pool_value(load, y, x, c, window: PoolWindow, out_shape: tuple, dtype: str):
 def pool_intrin(oh: int, ow: int, cols: int, window: PoolWindow, dtype: str, scope: str = SPAD):
     """POOL: out[oh, ow, cols] = `pool_value` over a window (in_h, in_w, cols) of the scratchpad."""
     data = Tile("A", (window.extent(oh, 0), window.extent(ow, 1), cols), dtype)
-    rect = window.valid + (window.count if window.count is not None else (0, 0, 0, 0))
+    count = window.count if window.count is not None else (0, 0, 0, 0)
 
     def value(buffers, y, x, c):
         return pool_value(lambda i, j, k: buffers["A"][i, j, k], y, x, c, window, (oh, ow), dtype)
@@ -240,9 +242,14 @@ def pool_intrin(oh: int, ow: int, cols: int, window: PoolWindow, dtype: str, sco
     def call(buffers, strides):
         A, Out = buffers["A"], buffers["Out"]
         (sa0, sa1), (so0, so1) = strides["A"], strides["Out"]
-        return tirx.call_extern(
-            "int32", "cgra_pool", POOL_AVERAGE if window.kind == "avg" else 0, dtype_code(dtype), oh, ow, cols,
-            *window.kernel, A.data, A.elem_offset, sa0, sa1, *window.strides, *window.dilation,
-            Out.data, Out.elem_offset, so0, so1, *rect)
+        rectangles = {f"{name}_{corner}": value
+                      for name, bounds in (("valid", window.valid), ("count", count))
+                      for corner, value in zip(("y_lo", "y_hi", "x_lo", "x_hi"), bounds)}
+        return device_call(
+            "cgra_pool", flags=POOL_AVERAGE if window.kind == "avg" else 0, dtype=dtype_code(dtype),
+            oh=oh, ow=ow, n=cols, kh=window.kernel[0], kw=window.kernel[1], a_addr=A,
+            a_row_stride=sa0, a_col_stride=sa1, stride_y=window.strides[0], stride_x=window.strides[1],
+            dilation_y=window.dilation[0], dilation_x=window.dilation[1], out_addr=Out,
+            out_y_stride=so0, out_x_stride=so1, **rectangles)
 
     return intrinsic([data], Tile("Out", (oh, ow, cols), dtype), "acc", value, call, scope=scope)
