@@ -19,7 +19,7 @@ import numpy as np
 from cgra_sim import load_arch, simulate, streams
 from cgra_sim.functional import execute
 from cgra_sim.isa import EPILOGUE_RELU
-from cgra_sim.timing import schedule_commands
+from cgra_sim.timing import time_commands
 from cgra_sim.validate import validate_stream
 
 
@@ -49,7 +49,7 @@ def stage_times(arch, records, tensors) -> tuple[float, float, float]:
     t0 = time.perf_counter()
     decoded = validate_stream(arch, records, tensors)
     t1 = time.perf_counter()
-    schedule_commands(arch, decoded)
+    time_commands(arch, decoded)
     t2 = time.perf_counter()
     execute(decoded, np.zeros(arch.spad_bytes, dtype=np.uint8))
     return t1 - t0, t2 - t1, time.perf_counter() - t2

@@ -15,8 +15,8 @@ PRESETS = [load_arch(name) for name in preset_names()]
 
 
 def _durations(arch, records, tensors=()):
-    schedule = simulate_detailed(arch, np.array(records, dtype=np.int64), list(tensors)).schedule
-    return list(schedule.ends - schedule.starts)
+    timeline = simulate_detailed(arch, np.array(records, dtype=np.int64), list(tensors)).timeline
+    return list(timeline.ends - timeline.starts)
 
 
 def _loaded(arch, commands, operands):

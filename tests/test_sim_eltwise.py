@@ -125,7 +125,7 @@ def _timed(arch, rows, cols, a_strides, b_strides):
                     b_row_stride=b_strides[0], b_col_stride=b_strides[1], out_addr=32768,
                     out_stride=cols)
     result = simulate_detailed(arch, np.array(fills + [record], dtype=np.int64), [])
-    return int(result.schedule.ends[2] - result.schedule.starts[2])
+    return int(result.timeline.ends[2] - result.timeline.starts[2])
 
 
 @given(arch=st.sampled_from(PRESETS), rows=st.integers(1, 60), cols=st.integers(1, 60),

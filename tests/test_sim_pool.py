@@ -166,9 +166,9 @@ def test_pool_takes_taps_over_lanes_plus_two(arch, case):
     """Lanes-limited, like the vector unit's other commands: one tap of one output per lane per cycle."""
     _, _, result = run_pool(case, arch)
     taps = case["oh"] * case["ow"] * case["n"] * case["kh"] * case["kw"]
-    schedule, stats = result.schedule, result.stats
-    assert int(schedule.ends[1] - schedule.starts[1]) == -(-taps // arch.vector_lanes) + 2
-    assert int(schedule.starts[1]) == int(schedule.ends[0])  # waits for its window, nothing else
+    timeline, stats = result.timeline, result.stats
+    assert int(timeline.ends[1] - timeline.starts[1]) == -(-taps // arch.vector_lanes) + 2
+    assert int(timeline.starts[1]) == int(timeline.ends[0])  # waits for its window, nothing else
     assert stats.busy_cycles["vector"] == -(-taps // arch.vector_lanes) + 2
     assert stats.macs == 0 and stats.op_counts["POOL"] == 1
 

@@ -72,11 +72,11 @@ def gemm(dtype, m, n, k, a, b, acc, accumulate=False, b_stride=None):
 
 def run(arch, records, tensors):
     result = simulate_detailed(arch, np.array(records, dtype=np.int64), tensors)
-    return result.stats, result.schedule
+    return result.stats, result.timeline
 
 
-def durations(schedule):
-    return list(schedule.ends - schedule.starts)
+def durations(timeline):
+    return list(timeline.ends - timeline.starts)
 
 
 # ---------------------------------------------------------------- closed forms
@@ -91,12 +91,12 @@ def test_single_dma_takes_latency_plus_transfer(arch, rows, cols, dtype, halo):
     records = [streams.dma(Op.DMA_LOAD, 0, 0, box, origin=(-pad, -pad), pad_lo=(pad, pad),
                            pad_hi=(pad, pad)),
                streams.matrix_dma(Op.DMA_STORE, 1, interior, 0, 0, rows, cols, cols + 2 * pad)]
-    stats, schedule = run(arch, records, [tensor, out])
+    stats, timeline = run(arch, records, [tensor, out])
 
     box_bytes = (rows + 2 * pad) * (cols + 2 * pad) * tensor.itemsize
     load_end = dma_cycles(arch, box_bytes)
-    assert list(schedule.starts) == [0, load_end]  # the store waits for the data (read after write)
-    assert durations(schedule) == [load_end, dma_cycles(arch, tensor.nbytes)]
+    assert list(timeline.starts) == [0, load_end]  # the store waits for the data (read after write)
+    assert durations(timeline) == [load_end, dma_cycles(arch, tensor.nbytes)]
     assert stats.cycles == load_end + dma_cycles(arch, tensor.nbytes)
     assert (stats.dma_load_bytes, stats.dma_load_box_bytes) == (tensor.nbytes, box_bytes)
     np.testing.assert_array_equal(out, tensor)
@@ -110,13 +110,13 @@ def test_single_gemm_pays_config_fill_and_folds(arch, m, n, k, dtype, macs_per_p
     a, b = np.ones((m, k), dtype), np.ones((k, n), dtype)
     records = [load(0, 0, m, k), load(1, m * k * size, k, n),
                gemm(dtype, m, n, k, 0, m * k * size, (m * k + k * n) * size)]
-    stats, schedule = run(arch, records, [a, b])
+    stats, timeline = run(arch, records, [a, b])
 
     # The second load starts when the first has streamed; both latencies overlap.
     transfers = transfer_cycles(arch, a.nbytes) + transfer_cycles(arch, b.nbytes)
     loads_end = arch.dma_latency + transfers
-    assert schedule.starts[2] == loads_end
-    assert durations(schedule)[2] == gemm_cycles(arch, m, n, k, dtype)
+    assert timeline.starts[2] == loads_end
+    assert durations(timeline)[2] == gemm_cycles(arch, m, n, k, dtype)
     assert stats.cycles == loads_end + gemm_cycles(arch, m, n, k, dtype)
     assert stats.busy_cycles == {"load": transfers, "compute": gemm_cycles(arch, m, n, k, dtype),
                                  "store": 0, "vector": 0}
@@ -140,10 +140,10 @@ def test_back_to_back_gemms_pay_fill_and_config_once(arch, accumulate):
     records, tensors, a, b, acc1, acc2 = _operands("int8", m, n, k)
     second_acc = acc1 if accumulate else acc2
     records += [gemm("int8", m, n, k, a, b, acc1), gemm("int8", m, n, k, a, b, second_acc, accumulate)]
-    stats, schedule = run(arch, records, tensors)
+    stats, timeline = run(arch, records, tensors)
 
-    assert schedule.starts[3] == schedule.ends[2]
-    assert durations(schedule)[2:] == [gemm_cycles(arch, m, n, k, "int8"),
+    assert timeline.starts[3] == timeline.ends[2]
+    assert durations(timeline)[2:] == [gemm_cycles(arch, m, n, k, "int8"),
                                        gemm_cycles(arch, m, n, k, "int8", config=False, fill=False)]
     assert stats.config_loads == 1
 
@@ -162,13 +162,13 @@ def test_compute_queue_reloads_config_only_on_a_dtype_change():
         gemm("float32", m, n, k, a32, b32, acc32),  # new dtype: configuration and fill
         gemm("int8", m, n, k, a8, b8, acc),  # and back
     ]
-    stats, schedule = run(arch, records, int8_tensors + [np.ones(m * k + k * n, np.float32)])
+    stats, timeline = run(arch, records, int8_tensors + [np.ones(m * k + k * n, np.float32)])
 
-    assert durations(schedule)[3:] == [
+    assert durations(timeline)[3:] == [
         gemm_cycles(arch, m, n, k, "int8"), ceil_div(m * n, arch.vector_lanes) + 2,
         gemm_cycles(arch, m, n, k, "int8", config=False), gemm_cycles(arch, m, n, k, "float32"),
         gemm_cycles(arch, m, n, k, "int8")]
-    assert list(schedule.starts[4:]) == list(schedule.ends[3:-1])  # no stalls on the queue
+    assert list(timeline.starts[4:]) == list(timeline.ends[3:-1])  # no stalls on the queue
     assert stats.config_loads == 3
 
 
@@ -179,10 +179,10 @@ def test_gemm_after_a_bubble_pays_fill_again():
     b2 = 16384
     records += [gemm("int8", m, n, k, a, b, acc1), load(2, b2, k, 64 * n),  # long load
                 gemm("int8", m, n, k, a, b2, acc2, b_stride=64 * n)]
-    stats, schedule = run(arch, records, tensors + [np.ones((k, 64 * n), np.int8)])
+    stats, timeline = run(arch, records, tensors + [np.ones((k, 64 * n), np.int8)])
 
-    assert schedule.starts[4] == schedule.ends[3] > schedule.ends[2]
-    assert durations(schedule)[4] == gemm_cycles(arch, m, n, k, "int8", config=False)
+    assert timeline.starts[4] == timeline.ends[3] > timeline.ends[2]
+    assert durations(timeline)[4] == gemm_cycles(arch, m, n, k, "int8", config=False)
 
 
 def test_operand_arriving_during_the_previous_drain_hides_part_of_the_fill():
@@ -197,13 +197,13 @@ def test_operand_arriving_during_the_previous_drain_hides_part_of_the_fill():
                 load(2, b2, k2, n),
                 encode(Op.GEMM, dtype=DType.INT8, m=m, n=n, k=k2, a_addr=a, a_stride=k1,
                        b_addr=b2, b_stride=n, acc_addr=acc2, acc_stride=n)]
-    _, schedule = run(arch, records, tensors + [np.ones((k2, n), np.int8), np.ones(filler, np.int8)])
+    _, timeline = run(arch, records, tensors + [np.ones((k2, n), np.int8), np.ones(filler, np.int8)])
 
-    stream_end = schedule.ends[2] - fill  # the first GEMM's operands are all in
-    ready = schedule.ends[4]  # B2 arrives during the first GEMM's drain
-    assert stream_end < ready < schedule.ends[2]
-    assert schedule.starts[5] == schedule.ends[2]
-    assert durations(schedule)[5] == k2 + fill - (schedule.ends[2] - ready)
+    stream_end = timeline.ends[2] - fill  # the first GEMM's operands are all in
+    ready = timeline.ends[4]  # B2 arrives during the first GEMM's drain
+    assert stream_end < ready < timeline.ends[2]
+    assert timeline.starts[5] == timeline.ends[2]
+    assert durations(timeline)[5] == k2 + fill - (timeline.ends[2] - ready)
 
 
 def test_a_faster_gemm_never_delays_the_next_one():
@@ -225,9 +225,9 @@ def test_vector_unit_commands_take_elements_over_lanes_plus_two(arch, rows, cols
     if op == "epilogue":
         records.append(encode(Op.EPILOGUE, acc_dtype=DType.INT32, out_dtype=DType.INT32, m=rows,
                               n=cols, acc_stride=cols, out_stride=cols))
-    stats, schedule = run(arch, records, [])
-    assert durations(schedule) == [ceil_div(rows * cols, arch.vector_lanes) + 2] * len(records)
-    assert stats.cycles == sum(durations(schedule))
+    stats, timeline = run(arch, records, [])
+    assert durations(timeline) == [ceil_div(rows * cols, arch.vector_lanes) + 2] * len(records)
+    assert stats.cycles == sum(durations(timeline))
 
 
 @given(arch=st.sampled_from(PRESETS), rows=st.integers(1, 50), cols=st.integers(1, 50),
@@ -238,8 +238,8 @@ def test_a_residual_epilogue_streams_two_tiles_and_clip_is_free(arch, rows, cols
     epilogue = encode(Op.EPILOGUE, flags=EPILOGUE_RESIDUAL | (EPILOGUE_CLIP if clip else 0),
                       acc_dtype=DType.INT32, out_dtype=DType.INT32, m=rows, n=cols, acc_stride=cols,
                       out_stride=cols, residual_stride=cols, clip_hi_bits=6 if clip else 0)
-    _, schedule = run(arch, [fill, epilogue], [])
-    assert durations(schedule)[1] == ceil_div(2 * rows * cols, arch.vector_lanes) + 2
+    _, timeline = run(arch, [fill, epilogue], [])
+    assert durations(timeline)[1] == ceil_div(2 * rows * cols, arch.vector_lanes) + 2
 
 
 # ---------------------------------------------------------------- hazards
@@ -255,8 +255,8 @@ def test_scoreboard_orders_commands_across_queues():
                 load(0, a, m, k),  # 4: overwrites A: waits for the GEMM to read it (WAR)
                 store(2, acc, m, n),  # 5: reads the result: waits for the GEMM (RAW)
                 streams.dma(Op.DMA_LOAD, 3, acc, [(m * n, 0, 1, 1)])]  # 6: overwrites acc (WAW, WAR)
-    _, schedule = run(arch, records, tensors + [out, np.ones(m * n, np.int32)])
-    starts, ends = schedule.starts, schedule.ends
+    _, timeline = run(arch, records, tensors + [out, np.ones(m * n, np.int32)])
+    starts, ends = timeline.starts, timeline.ends
 
     assert starts[3] == starts[1] + transfer_cycles(arch, k * n) < ends[2]
     assert starts[4] == ends[2]
@@ -340,13 +340,13 @@ def test_double_buffering_overlaps_loads_with_compute():
     arch = load_arch("cgra-8x8")
     m, n, k = 64, 64, 256
     records = streams.tiled_gemm(arch, m, n, k, "int8", tile=(16, 16, 64))
-    stats, schedule = run(arch, records, [np.ones((m, k), np.int8), np.ones((k, n), np.int8),
+    stats, timeline = run(arch, records, [np.ones((m, k), np.int8), np.ones((k, n), np.int8),
                                           np.zeros((m, n), np.int32)])
-    assert stats.cycles < sum(durations(schedule))
-    gemm_at = np.flatnonzero(schedule.ops == Op.GEMM)
-    load_at = np.flatnonzero(schedule.ops == Op.DMA_LOAD)
+    assert stats.cycles < sum(durations(timeline))
+    gemm_at = np.flatnonzero(timeline.ops == Op.GEMM)
+    load_at = np.flatnonzero(timeline.ops == Op.DMA_LOAD)
     # Some load of a later tile runs while an earlier GEMM computes.
-    assert any(schedule.starts[l] < schedule.ends[g] for g in gemm_at for l in load_at if l > g)
+    assert any(timeline.starts[l] < timeline.ends[g] for g in gemm_at for l in load_at if l > g)
 
 
 @given(gemm_streams(), st.integers(2, 4), st.booleans())
@@ -409,7 +409,7 @@ def test_gemm_stalls_for_its_operands_and_the_store_for_the_gemm(arch):
                gemm("int8", m, n, k, 0, m * k, operands),
                store(1, operands, m, n)]
     out = np.zeros((m, n), np.int32)
-    stats, schedule = run(arch, records, [np.ones(operands, np.int8), out])
+    stats, timeline = run(arch, records, [np.ones(operands, np.int8), out])
 
     load_end = dma_cycles(arch, operands)  # the GEMM's operands are all in
     gemm_end = load_end + gemm_cycles(arch, m, n, k, "int8")
@@ -425,7 +425,7 @@ def test_gemm_stalls_for_its_operands_and_the_store_for_the_gemm(arch):
     assert stats.idle_cycles == {"load": total - transfer_cycles(arch, operands),
                                  "compute": total - gemm_end, "vector": total,
                                  "store": arch.dma_latency}
-    assert list(schedule.waits_for) == [-1, 0, 1]
+    assert list(timeline.waits_for) == [-1, 0, 1]
     np.testing.assert_array_equal(out, k)
 
 
@@ -437,17 +437,17 @@ def test_refilling_a_buffer_stalls_the_load_engine_for_the_previous_fills_latenc
     out = np.zeros((rows, cols), np.int8)
     records = [load(0, 0, rows, cols), load(1, 0, rows, cols), store(2, 0, rows, cols)]
     first, second = np.zeros((rows, cols), np.int8), np.ones((rows, cols), np.int8)
-    stats, schedule = run(arch, records, [first, second, out])
+    stats, timeline = run(arch, records, [first, second, out])
 
     latency, transfer = arch.dma_latency, transfer_cycles(arch, rows * cols)
     second_end = 2 * (transfer + latency)  # the second load starts at the first one's end
     total = second_end + latency + transfer
-    assert list(schedule.starts) == [0, transfer + latency, second_end]
+    assert list(timeline.starts) == [0, transfer + latency, second_end]
     assert stats.busy_cycles["load"] == 2 * transfer and stats.stall_cycles["load"] == latency
     assert stats.idle_cycles["load"] == total - 2 * transfer - latency == 2 * latency + transfer
     assert stats.busy_cycles["store"] == transfer and stats.stall_cycles["store"] == second_end
     assert stats.idle_cycles["store"] == latency
-    assert list(schedule.waits_for) == [-1, 0, 1]
+    assert list(timeline.waits_for) == [-1, 0, 1]
     np.testing.assert_array_equal(out, 1)
 
 
@@ -458,32 +458,32 @@ def test_a_stall_free_queue_reports_no_stall():
     m, n, k = 8, 8, 16
     records, tensors, a, b, acc, _ = _operands("int8", m, n, k)
     records += [gemm("int8", m, n, k, a, b, acc), gemm("int8", m, n, k, a, b, acc, accumulate=True)]
-    stats, schedule = run(arch, records, tensors)
+    stats, timeline = run(arch, records, tensors)
     loads_end = dma_cycles(arch, m * k) + transfer_cycles(arch, k * n)
-    assert stats.stall_cycles["compute"] == loads_end == schedule.starts[2]
-    assert list(schedule.stalls()) == [0, 0, loads_end, 0]
+    assert stats.stall_cycles["compute"] == loads_end == timeline.starts[2]
+    assert list(timeline.stalls()) == [0, 0, loads_end, 0]
     assert stats.idle_cycles["compute"] == 0 and stats.idle_cycles["vector"] == stats.cycles
 
 
-def check_unit_cycles(stats, schedule):
+def check_unit_cycles(stats, timeline):
     """busy + stall + idle == cycles per unit, none negative, and every stall is a wait for a
     dependency: it ends exactly when an earlier command it depends on ends."""
     for unit in UNITS:
         parts = (stats.busy_cycles[unit], stats.stall_cycles[unit], stats.idle_cycles[unit])
         assert min(parts) >= 0 and sum(parts) == stats.cycles, unit
-    stalls = schedule.stalls()
+    stalls = timeline.stalls()
     assert (stalls >= 0).all()
     for index in np.flatnonzero(stalls > 0):
-        blocker = schedule.waits_for[index]
-        assert 0 <= blocker < index and schedule.ends[blocker] == schedule.starts[index]
-    assert (schedule.waits_for[stalls == 0] == -1).all()
+        blocker = timeline.waits_for[index]
+        assert 0 <= blocker < index and timeline.ends[blocker] == timeline.starts[index]
+    assert (timeline.waits_for[stalls == 0] == -1).all()
 
 
 @given(gemm_streams())
 def test_busy_stall_and_idle_add_up_to_the_kernels_cycles(case):
     arch, records, tensors = case
     result = simulate_detailed(arch, records, tensors())
-    check_unit_cycles(result.stats, result.schedule)
+    check_unit_cycles(result.stats, result.timeline)
 
 
 @pytest.mark.parametrize("arch", PRESETS, ids=lambda a: a.name)
@@ -493,7 +493,7 @@ def test_busy_stall_and_idle_add_up_on_a_conv_with_halo_loads(arch):
     result = simulate_detailed(arch, records, [np.ones((height, width, channels), np.int8),
                                                np.ones((3, 3, channels, filters), np.int8),
                                                np.zeros((height, width, filters), np.int32)])
-    check_unit_cycles(result.stats, result.schedule)
+    check_unit_cycles(result.stats, result.timeline)
     assert result.stats.stall_cycles["compute"] > 0  # the first GEMM waits for its loads
 
 
@@ -540,8 +540,8 @@ def depthwise_cycles(arch, dtype, oh, ow, n, kh, kw):
 def test_single_depthwise_pays_config_latency_and_the_slower_of_folds_and_bandwidth(arch, oh, ow, n, kh, kw,
                                                                                       dtype):
     records, tensors, a, b, acc = depthwise_case(dtype, oh, ow, n, kh, kw)
-    stats, schedule = run(arch, records + [depthwise(dtype, oh, ow, n, kh, kw, a, b, acc)], tensors)
-    assert durations(schedule)[2] == depthwise_cycles(arch, dtype, oh, ow, n, kh, kw)
+    stats, timeline = run(arch, records + [depthwise(dtype, oh, ow, n, kh, kw, a, b, acc)], tensors)
+    assert durations(timeline)[2] == depthwise_cycles(arch, dtype, oh, ow, n, kh, kw)
     assert stats.macs == oh * ow * n * kh * kw
     assert stats.cycles >= stats.ideal_cycles
 
@@ -551,11 +551,11 @@ def test_int8_depthwise_is_compute_bound_and_float32_bandwidth_bound_on_the_pres
     bytes through the same scratchpad bandwidth and waits for it."""
     arch = load_arch("cgra-8x8")
     records, tensors, a, b, acc = depthwise_case("int8", 8, 16, 8, 3, 3)
-    _, schedule = run(arch, records + [depthwise("int8", 8, 16, 8, 3, 3, a, b, acc)], tensors)
-    assert durations(schedule)[2] == arch.config_load_cycles + 2 + 16 * 9  # 16 folds x 9 taps
+    _, timeline = run(arch, records + [depthwise("int8", 8, 16, 8, 3, 3, a, b, acc)], tensors)
+    assert durations(timeline)[2] == arch.config_load_cycles + 2 + 16 * 9  # 16 folds x 9 taps
     records, tensors, a, b, acc = depthwise_case("float32", 8, 16, 8, 3, 3)
-    _, schedule = run(arch, records + [depthwise("float32", 8, 16, 8, 3, 3, a, b, acc)], tensors)
-    assert durations(schedule)[2] > arch.config_load_cycles + 2 + 16 * 9
+    _, timeline = run(arch, records + [depthwise("float32", 8, 16, 8, 3, 3, a, b, acc)], tensors)
+    assert durations(timeline)[2] > arch.config_load_cycles + 2 + 16 * 9
 
 
 def test_switching_between_gemm_and_depthwise_reloads_the_configuration():
@@ -563,9 +563,9 @@ def test_switching_between_gemm_and_depthwise_reloads_the_configuration():
     records, tensors, a, b, acc = depthwise_case("int8", 4, 8, 8, 3, 3)
     dw = depthwise("int8", 4, 8, 8, 3, 3, a, b, acc)
     gemm_on_window = gemm("int8", 8, 8, 8, a, a, acc + 4096)
-    stats, schedule = run(arch, records + [dw, dw, gemm_on_window, dw], tensors)
+    stats, timeline = run(arch, records + [dw, dw, gemm_on_window, dw], tensors)
     assert stats.config_loads == 3  # DEPTHWISE, GEMM, DEPTHWISE again; the repeat reuses its own
-    assert durations(schedule)[3] == depthwise_cycles(arch, "int8", 4, 8, 8, 3, 3) - arch.config_load_cycles - 2
+    assert durations(timeline)[3] == depthwise_cycles(arch, "int8", 4, 8, 8, 3, 3) - arch.config_load_cycles - 2
 
 
 @given(arch=st.sampled_from(PRESETS), scale=st.sampled_from([(2, 1), (1, 2), (2, 2)]),
@@ -613,13 +613,13 @@ def test_a_gemm_whose_rows_share_one_bank_slows_by_the_conflict_degree(arch, dty
     fill = m + n - 2
     for a_stride, degree in ((k, arch.rows), (k + width // size, 1)):
         records, tensors = gemm_with_a_stride(arch, dtype, m, n, k, a_stride)
-        _, schedule = run(arch, records, tensors)
+        _, timeline = run(arch, records, tensors)
         steady = ceil_div(k * max(Fraction(1), Fraction(degree * size, width)), 1)
-        assert durations(schedule)[2] == arch.config_load_cycles + fill + steady, a_stride
-        assert durations(schedule)[2] == gemm_cycles(arch, m, n, k, dtype, a_stride=a_stride * size)
+        assert durations(timeline)[2] == arch.config_load_cycles + fill + steady, a_stride
+        assert durations(timeline)[2] == gemm_cycles(arch, m, n, k, dtype, a_stride=a_stride * size)
     # int8: one word feeds a row 8 cycles, so up to 8 rows per bank cost nothing.
     if dtype == "int8" and arch.rows <= width:
-        assert durations(schedule)[2] == gemm_cycles(arch, m, n, k, dtype, a_stride=period(arch) + width)
+        assert durations(timeline)[2] == gemm_cycles(arch, m, n, k, dtype, a_stride=period(arch) + width)
 
 
 @pytest.mark.parametrize("arch", PRESETS, ids=lambda a: a.name)
@@ -629,9 +629,9 @@ def test_a_dma_scattering_one_element_per_bank_period_serialises_its_beats(arch)
     extent, beat = 64, arch.dma_bytes_per_cycle
     for sstride, degree in ((period(arch) // 4, beat // 4), (arch.bank_width_bytes // 4, 1)):
         records = [streams.dma(Op.DMA_LOAD, 0, 0, [(extent, 0, 1, sstride)])]
-        stats, schedule = run(arch, records, [np.ones(extent, np.int32)])
+        stats, timeline = run(arch, records, [np.ones(extent, np.int32)])
         transfer = ceil_div(extent * 4, beat) * degree
-        assert durations(schedule) == [arch.dma_latency + transfer]
+        assert durations(timeline) == [arch.dma_latency + transfer]
         assert stats.busy_cycles["load"] == transfer
 
 
@@ -641,8 +641,8 @@ def test_a_vector_command_on_a_column_waits_for_its_bank(arch):
     # cycle, all in one bank: min(rows, lanes) cycles per beat.
     rows = 3 * arch.vector_lanes + 1
     fill = encode(Op.FILL, dtype=DType.INT32, rows=rows, cols=1, stride=period(arch) // 4, value_bits=7)
-    _, schedule = run(arch, [fill], [])
-    assert durations(schedule) == [ceil_div(rows, arch.vector_lanes) * arch.vector_lanes + 2]
+    _, timeline = run(arch, [fill], [])
+    assert durations(timeline) == [ceil_div(rows, arch.vector_lanes) * arch.vector_lanes + 2]
 
 
 @given(lanes=st.integers(1, 64), words=st.integers(0, 200), addr=st.integers(0, 4096),
@@ -706,6 +706,6 @@ def test_busy_stall_and_idle_add_up_when_banks_conflict(arch):
                                  epilogue_flags=EPILOGUE_RELU)
     tensors = [np.ones((m, k), np.float32), np.ones((k, n), np.float32), np.zeros((m, n), np.float32)]
     result = simulate_detailed(arch, records, tensors)
-    check_unit_cycles(result.stats, result.schedule)
+    check_unit_cycles(result.stats, result.timeline)
     spread = dataclasses.replace(arch, spad_banks=arch.spad_banks * 8)  # the rows' banks differ
     assert simulate(spread, records, tensors).cycles < result.stats.cycles

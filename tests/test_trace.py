@@ -1,6 +1,6 @@
-"""Chrome traces of simulated schedules: one event per command, per-unit tracks, launches end to
+"""Chrome traces of simulated timelines: one event per command, per-unit tracks, launches end to
 end, stall events in the gaps a unit waited for a dependency; kept by
-`profile(keep_schedules=True)` and written by `--trace` on run, verify and replay."""
+`profile(keep_timelines=True)` and written by `--trace` on run, verify and replay."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _gemm_launch(m, n, k, dtype="int8", tile=None, flags=EPILOGUE_RELU, name="ge
     if flags is not None and flags & EPILOGUE_BIAS:
         tensors.append(np.ones(n, acc))
     result = simulate_detailed(ARCH, records, tensors, name=name)
-    return TracedLaunch(name, result.schedule, ARCH.clock_mhz, records)
+    return TracedLaunch(name, result.timeline, ARCH.clock_mhz, records)
 
 
 def _complete_events(trace: dict) -> list[dict]:
@@ -43,16 +43,16 @@ def _stall_events(trace: dict) -> list[dict]:
 
 def check_trace(trace: dict, launches: list[TracedLaunch]) -> None:
     """What every trace must satisfy: JSON, one event per command with its unit's track and its
-    schedule's times, one stall event per stalled command, no overlap on a track, launches laid
+    timeline's times, one stall event per stalled command, no overlap on a track, launches laid
     end to end."""
     trace = json.loads(json.dumps(trace))
     events = _complete_events(trace)
     check_stalls(_stall_events(trace), launches)
-    assert len(events) == sum(len(t.schedule.ops) for t in launches)
+    assert len(events) == sum(len(t.timeline.ops) for t in launches)
     offset = 0.0
     for pid, launch in enumerate(launches, start=1):
         mine = sorted((e for e in events if e["pid"] == pid), key=lambda e: e["args"]["index"])
-        s = launch.schedule
+        s = launch.timeline
         assert [e["args"]["index"] for e in mine] == list(range(len(s.ops)))
         for e in mine:
             i = e["args"]["index"]
@@ -74,7 +74,7 @@ def check_stalls(stalls: list[dict], launches: list[TracedLaunch]) -> None:
     """Each stall event ends where its command starts, on the command's track, lasts the cycles
     the unit waited (KernelStats' stall_cycles in total) and names the command waited for."""
     for pid, launch in enumerate(launches, start=1):
-        s, mine = launch.schedule, [e for e in stalls if e["pid"] == pid]
+        s, mine = launch.timeline, [e for e in stalls if e["pid"] == pid]
         waited = s.stalls()
         assert sorted(e["args"]["waiting"] for e in mine) == list(np.flatnonzero(waited > 0))
         for e in mine:
@@ -124,7 +124,7 @@ def test_events_carry_the_commands_key_fields():
     assert epilogue["bias"] and epilogue["relu"]
     load = next(e for e in events if e["name"] == "DMA_LOAD")["args"]
     assert {"slot", "spad_addr", "origin", "box"} <= set(load)
-    bare = _complete_events(chrome_trace([(launch.name, launch.schedule, launch.clock_mhz)]))
+    bare = _complete_events(chrome_trace([(launch.name, launch.timeline, launch.clock_mhz)]))
     assert set(bare[0]["args"]) == {"index", "op", "start_cycle", "end_cycle", "busy_cycles"}
 
 
@@ -132,7 +132,7 @@ def test_times_are_microseconds_at_the_arch_clock(tmp_path):
     launch = _gemm_launch(16, 16, 16)
     trace = write_chrome_trace(tmp_path / "t.json", [launch, launch._replace(clock_mhz=2 * launch.clock_mhz)])
     assert json.loads((tmp_path / "t.json").read_text()) == trace
-    cycles = launch.schedule.cycles
+    cycles = launch.timeline.cycles
     assert trace["otherData"]["total_us"] == pytest.approx(cycles / ARCH.clock_mhz * 1.5)
     last = max(e["ts"] + e["dur"] for e in _complete_events(trace) if e["pid"] == 1)
     assert last <= cycles / ARCH.clock_mhz + 1e-9
@@ -148,7 +148,7 @@ def test_stall_events_name_the_command_waited_for():
     # 8x8x8 in one tile: LOAD A, LOAD B, GEMM, EPILOGUE, STORE; each later unit waits for the
     # previous step, so COMPUTE, VECTOR and STORE each stall once, from the kernel's start.
     launch = _gemm_launch(8, 8, 8, tile=(8, 8, 8))
-    s = launch.schedule
+    s = launch.timeline
     stalls = {e["tid"]: e for e in _stall_events(chrome_trace([launch]))}
     assert set(stalls) == {TID_OF[Unit.COMPUTE], TID_OF[Unit.VECTOR], TID_OF[Unit.STORE]}
     ops = [Op(int(op)) for op in s.ops]
@@ -161,7 +161,7 @@ def test_stall_events_name_the_command_waited_for():
     assert {e["name"] for e in _stall_events(bare)} == {"stall"}
 
 
-# Schedules kept by the profile, and --trace on the command line.
+# Timelines kept by the profile, and --trace on the command line.
 
 @pytest.fixture(scope="module")
 def matmul_executable():
@@ -172,21 +172,46 @@ def matmul_executable():
     return npu_backend.compile(mod, "cgra-8x8"), inputs
 
 
-def test_profile_keeps_schedules_only_when_asked(matmul_executable):
+def test_profile_keeps_timelines_only_when_asked(matmul_executable):
     import npu_backend
     from npu_backend.tools.workloads import run
 
     ex, inputs = matmul_executable
-    with npu_backend.profile(keep_schedules=True) as kept, npu_backend.profile() as plain:
+    with npu_backend.profile(keep_timelines=True) as kept, npu_backend.profile() as plain:
         run(ex, inputs)
         run(ex, inputs)
     assert [k.to_dict() for k in kept.kernels] == [k.to_dict() for k in plain.kernels]
-    assert [t.schedule.cycles for t in kept.schedules] == [k.cycles for k in kept.kernels]
-    assert all(len(t.commands) == k.num_commands for t, k in zip(kept.schedules, kept.kernels))
-    check_trace(kept.chrome_trace(), kept.schedules)
-    assert plain.schedules == []
-    with pytest.raises(ValueError, match="keep_schedules=True"):
+    assert [t.timeline.cycles for t in kept.timelines] == [k.cycles for k in kept.kernels]
+    assert all(len(t.commands) == k.num_commands for t, k in zip(kept.timelines, kept.kernels))
+    check_trace(kept.chrome_trace(), kept.timelines)
+    assert plain.timelines == []
+    with pytest.raises(ValueError, match="keep_timelines=True"):
         plain.chrome_trace()
+
+
+def test_the_old_schedule_names_still_work_with_a_warning(matmul_executable):
+    """The timing result was a `Schedule` until the s_tir meaning kept the word: the old names
+    warn for one release and give the same objects."""
+    import cgra_sim
+    import npu_backend
+    from npu_backend.tools.workloads import run
+
+    ex, inputs = matmul_executable
+    with pytest.warns(DeprecationWarning, match="keep_timelines"):
+        with npu_backend.profile(keep_schedules=True) as prof:
+            run(ex, inputs)
+    with pytest.warns(DeprecationWarning, match="Profile.timelines"):
+        assert prof.schedules is prof.timelines and len(prof.timelines) == 1
+    launch = prof.timelines[0]
+    with pytest.warns(DeprecationWarning, match="TracedLaunch.timeline"):
+        assert launch.schedule is launch.timeline
+    with pytest.warns(DeprecationWarning, match="cgra_sim.Timeline"):
+        assert cgra_sim.Schedule is cgra_sim.Timeline
+    records = streams.tiled_gemm(ARCH, 8, 8, 8, "float32", epilogue_flags=None)
+    tensors = [np.ones((8, 8), np.float32), np.ones((8, 8), np.float32), np.zeros((8, 8), np.float32)]
+    result = simulate_detailed(ARCH, records, tensors)
+    with pytest.warns(DeprecationWarning, match="SimulationResult.timeline"):
+        assert result.schedule is result.timeline
 
 
 def test_verify_and_replay_write_traces(tmp_path, capsys):

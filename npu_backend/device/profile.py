@@ -2,7 +2,7 @@
 
 Stage: runtime (Python side). The simulator backend (simulator_backend.py) hands each finished
 launch to `deliver`, which adds it to every `Profile` the launching thread has open: its
-`KernelStats`, optionally its schedule (for a Chrome trace) and a launch file for `cgra-sim
+`KernelStats`, optionally its timeline (for a Chrome trace) and a launch file for `cgra-sim
 replay`. A profile sees the launches of the thread that opened it (the runtime submits a launch
 in the thread that called the kernel), so two threads, each with its own VM and its own profile,
 count their own kernels only.
@@ -19,6 +19,7 @@ import threading
 import numpy as np
 
 from cgra_sim.arch import HardwareDescription
+from cgra_sim.renamed import renamed_property, warn_renamed
 from cgra_sim.simulate import STEPS
 from cgra_sim.stream_file import SUFFIX, Launch, save_launch
 from cgra_sim.trace import TracedLaunch, chrome_trace
@@ -30,21 +31,23 @@ _lock = threading.Lock()
 class Profile:
     """Per-kernel statistics of every NPU launch made inside a `with profile():` block.
 
-    With `keep_schedules`, `schedules` holds every launch's `TracedLaunch` (schedule, clock,
+    With `keep_timelines`, `timelines` holds every launch's `TracedLaunch` (timeline, clock,
     commands) for `chrome_trace()`; with `record_dir`, every launch is saved there as a launch
     file (inputs before, tensors after) and `recorded` lists the paths, in launch order.
     """
 
-    def __init__(self, record_dir=None, keep_schedules: bool = False, on_launch=None):
+    def __init__(self, record_dir=None, keep_timelines: bool = False, on_launch=None):
         self.kernels = []  # cgra_sim KernelStats, in launch order
         self.record_dir = None if record_dir is None else os.fspath(record_dir)
-        self.keep_schedules = keep_schedules
+        self.keep_timelines = keep_timelines
         self.on_launch = on_launch  # called with each launch's KernelStats (progress output)
-        self.schedules = []  # cgra_sim TracedLaunch per launch, with keep_schedules
+        self.timelines = []  # cgra_sim TracedLaunch per launch, with keep_timelines
         self.recorded = []  # launch files written, with record_dir
         # Host seconds per simulator step (cgra_sim.STEPS) and in the device glue around it
         # ("device": host views, stream copies), summed over launches: the simulator's speed.
         self.host_seconds = dict.fromkeys(STEPS + ("device",), 0.0)
+
+    schedules = renamed_property("schedules", "timelines")
 
     @property
     def total_cycles(self) -> int:
@@ -75,9 +78,9 @@ class Profile:
 
     def chrome_trace(self) -> dict:
         """The launches on one timeline, in the Chrome trace format (see cgra_sim.trace)."""
-        if not self.keep_schedules:
-            raise ValueError("this profile kept no schedules: use npu_backend.profile(keep_schedules=True)")
-        return chrome_trace(self.schedules)
+        if not self.keep_timelines:
+            raise ValueError("this profile kept no timelines: use npu_backend.profile(keep_timelines=True)")
+        return chrome_trace(self.timelines)
 
     def _add(self, result, arch: HardwareDescription, commands: np.ndarray, launch: "Launch | None",
              device_seconds: float = 0.0):
@@ -85,8 +88,8 @@ class Profile:
         for step, seconds in result.host_seconds.items():
             self.host_seconds[step] = self.host_seconds.get(step, 0.0) + seconds
         self.host_seconds["device"] += device_seconds
-        if self.keep_schedules:
-            self.schedules.append(TracedLaunch(result.stats.name, result.schedule, arch.clock_mhz, commands))
+        if self.keep_timelines:
+            self.timelines.append(TracedLaunch(result.stats.name, result.timeline, arch.clock_mhz, commands))
         if self.record_dir is not None and launch is not None:
             name = re.sub(r"[^A-Za-z0-9_.-]", "_", launch.kernel)[:96]
             path = os.path.join(self.record_dir, f"{len(self.kernels) - 1:04d}_{name}{SUFFIX}")
@@ -101,18 +104,23 @@ class Profile:
 
 
 @contextlib.contextmanager
-def profile(record_dir=None, keep_schedules: bool = False, on_launch=None):
+def profile(record_dir=None, keep_timelines: bool = False, on_launch=None, *,
+            keep_schedules: bool | None = None):
     """Collect the statistics of every NPU kernel this thread runs inside the block.
 
     `record_dir`: also save every launch there as `<index>_<kernel>.cgra` (created if missing),
-    with its inputs and outputs, for `cgra-sim replay`. `keep_schedules`: also keep every launch's
-    per-command schedule and commands (`Profile.schedules`, `Profile.chrome_trace()`): about 300
-    bytes per command (the 256-byte record and 30 bytes of schedule), no extra simulation time.
+    with its inputs and outputs, for `cgra-sim replay`. `keep_timelines`: also keep every launch's
+    per-command timeline and commands (`Profile.timelines`, `Profile.chrome_trace()`): about 300
+    bytes per command (the 256-byte record and 30 bytes of timeline), no extra simulation time.
     `on_launch`: called with each launch's `KernelStats` once it is simulated (progress output).
+    `keep_schedules` is the deprecated name of `keep_timelines`.
     """
+    if keep_schedules is not None:
+        warn_renamed("profile(keep_schedules=...)", "profile(keep_timelines=...)", stacklevel=4)
+        keep_timelines = keep_timelines or keep_schedules
     if record_dir is not None:
         os.makedirs(record_dir, exist_ok=True)
-    prof = Profile(record_dir, keep_schedules, on_launch)
+    prof = Profile(record_dir, keep_timelines, on_launch)
     entry = (prof, threading.get_ident())
     with _lock:
         _active_profiles.append(entry)

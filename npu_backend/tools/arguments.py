@@ -46,11 +46,11 @@ def record_dir(args):
 
 
 def observe(args):
-    """The profile that records launches and keeps schedules as --record-dir / --dump-dir and
+    """The profile that records launches and keeps timelines as --record-dir / --dump-dir and
     --trace ask."""
     import npu_backend
 
-    return npu_backend.profile(record_dir=record_dir(args), keep_schedules=args.trace is not None)
+    return npu_backend.profile(record_dir=record_dir(args), keep_timelines=args.trace is not None)
 
 
 def publish(args, prof, report: dict) -> list[str]:
@@ -61,9 +61,9 @@ def publish(args, prof, report: dict) -> list[str]:
 
     lines = []
     if args.trace:
-        write_chrome_trace(args.trace, prof.schedules)
+        write_chrome_trace(args.trace, prof.timelines)
         report["trace"] = args.trace
-        lines.append(f"trace of {launches(len(prof.schedules))}: {args.trace}")
+        lines.append(f"trace of {launches(len(prof.timelines))}: {args.trace}")
     directory = record_dir(args)
     if directory:
         report["recorded"] = list(prof.recorded)

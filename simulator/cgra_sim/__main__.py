@@ -61,7 +61,7 @@ def run_replay(args: argparse.Namespace) -> int:
         return _error(f"{where}: {err}")
     if args.trace:
         try:
-            write_chrome_trace(args.trace, [TracedLaunch(launch.kernel, result.schedule,
+            write_chrome_trace(args.trace, [TracedLaunch(launch.kernel, result.timeline,
                                                          result.arch.clock_mhz, launch.commands)])
         except OSError as err:
             return _error(f"cannot write the trace: {err.strerror}: '{err.filename}'")

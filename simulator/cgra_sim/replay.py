@@ -1,7 +1,7 @@
 """Replay: rerun a recorded launch on its own or another hardware description.
 
 Stage: simulator (standalone). In: a `Launch` (stream_file.py) and optionally another
-architecture. Out: a `ReplayResult` with the new statistics and schedule and, when the launch
+architecture. Out: a `ReplayResult` with the new statistics and timeline and, when the launch
 holds its inputs, the outputs it computes now, compared bit for bit with the recorded ones
 (timing never changes results, so on any chip they must match). Pure Python, no tvm.
 """
@@ -17,7 +17,8 @@ from .arch import HardwareDescription, load_arch
 from .simulate import simulate_detailed
 from .stats import KernelStats
 from .stream_file import Launch
-from .timing import DEFAULT_MAX_CYCLES, Schedule
+from .renamed import renamed_property
+from .timing import DEFAULT_MAX_CYCLES, Timeline
 
 
 def compare_outputs(expected, actual) -> list[str]:
@@ -42,14 +43,16 @@ def _bits(array: np.ndarray) -> np.dtype:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ReplayResult:
-    """A launch simulated again: its statistics and schedule, and how its results compare."""
+    """A launch simulated again: its statistics and timeline, and how its results compare."""
 
     launch: Launch
     arch: HardwareDescription  # what it was replayed on
     stats: KernelStats
-    schedule: Schedule
+    timeline: Timeline
     outputs: tuple[np.ndarray, ...] | None  # tensors after the replay; None without recorded inputs
     mismatches: tuple[str, ...]  # slots whose results differ from the recorded outputs
+
+    schedule = renamed_property("schedule", "timeline")
 
     @property
     def verdict(self) -> str:
@@ -104,4 +107,4 @@ def replay(launch: Launch, arch=None, max_cycles: int = DEFAULT_MAX_CYCLES) -> R
     mismatches = ()
     if outputs is not None and launch.outputs is not None:
         mismatches = tuple(compare_outputs(launch.outputs, outputs))
-    return ReplayResult(launch, arch, result.stats, result.schedule, outputs, mismatches)
+    return ReplayResult(launch, arch, result.stats, result.timeline, outputs, mismatches)

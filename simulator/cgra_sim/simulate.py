@@ -22,7 +22,8 @@ import numpy as np
 from .arch import HardwareDescription, load_arch
 from .functional import execute
 from .stats import KernelStats, collect_stats
-from .timing import DEFAULT_MAX_CYCLES, Schedule, schedule_commands
+from .renamed import renamed_property
+from .timing import DEFAULT_MAX_CYCLES, Timeline, time_commands
 from .validate import validate_stream
 
 
@@ -32,12 +33,14 @@ STEPS = ("validate", "time", "execute", "stats")
 
 @dataclasses.dataclass(frozen=True)
 class SimulationResult:
-    """Statistics plus the per-command schedule (for trace export), and the host seconds each
+    """Statistics plus the per-command timeline (for trace export), and the host seconds each
     step took (the simulator's own speed: not part of the deterministic `KernelStats`)."""
 
     stats: KernelStats
-    schedule: Schedule
+    timeline: Timeline
     host_seconds: dict = dataclasses.field(default_factory=dict)  # step name (STEPS) -> seconds
+
+    schedule = renamed_property("schedule", "timeline")
 
 
 def _source_ops(source_ops) -> tuple[str, ...]:
@@ -56,7 +59,7 @@ def split_source_ops(source_ops) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def simulate_detailed(arch: "HardwareDescription | str", commands, tensors, name: str = "kernel",
                       source_ops=(), max_cycles: int = DEFAULT_MAX_CYCLES) -> SimulationResult:
-    """Runs one kernel launch; returns its statistics and schedule.
+    """Runs one kernel launch; returns its statistics and timeline.
 
     `arch`: a HardwareDescription (or a preset name / JSON path, see load_arch). `commands`: int64
     array of shape (n, isa.RECORD_WORDS) or its bytes. `tensors`: numpy arrays for slots 0..k-1
@@ -67,14 +70,14 @@ def simulate_detailed(arch: "HardwareDescription | str", commands, tensors, name
     clock = [time.perf_counter()]
     decoded = validate_stream(arch, commands, tensors)
     clock.append(time.perf_counter())
-    schedule = schedule_commands(arch, decoded, max_cycles)
+    timeline = time_commands(arch, decoded, max_cycles)
     clock.append(time.perf_counter())
     execute(decoded, np.zeros(arch.spad_bytes, dtype=np.uint8))
     clock.append(time.perf_counter())
-    stats = collect_stats(arch, decoded, schedule, name, *split_source_ops(source_ops))
+    stats = collect_stats(arch, decoded, timeline, name, *split_source_ops(source_ops))
     clock.append(time.perf_counter())
     seconds = {step: clock[i + 1] - clock[i] for i, step in enumerate(STEPS)}
-    return SimulationResult(stats=stats, schedule=schedule, host_seconds=seconds)
+    return SimulationResult(stats=stats, timeline=timeline, host_seconds=seconds)
 
 
 def simulate(arch: "HardwareDescription | str", commands, tensors, name: str = "kernel",

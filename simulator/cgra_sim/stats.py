@@ -1,8 +1,8 @@
 """Statistics of one simulated kernel launch.
 
-Stage: simulator, step 5. In: the decoded commands, their `Schedule` and the hardware
+Stage: simulator, step 5. In: the decoded commands, their `Timeline` and the hardware
 description. Out: a frozen `KernelStats` (cycles, work, traffic, unit occupancy) with `to_dict()`
-and `to_json()`. The per-command schedule stays in the `Schedule` (see simulate.simulate_detailed).
+and `to_json()`. The per-command timeline stays in the `Timeline` (see simulate.simulate_detailed).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from fractions import Fraction
 from .arch import HardwareDescription
 from .commands import Command, DmaCommand
 from .isa import Op, Unit
-from .timing import Schedule
+from .timing import Timeline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +71,9 @@ def ideal_cycles(arch: HardwareDescription, pe_work: Fraction, load_bytes: int, 
                -(-store_bytes // arch.dma_bytes_per_cycle))
 
 
-def collect_stats(arch: HardwareDescription, commands: list[Command], schedule: Schedule,
+def collect_stats(arch: HardwareDescription, commands: list[Command], timeline: Timeline,
                   name: str, source_ops: tuple[str, ...], source_nodes: tuple[str, ...] = ()) -> KernelStats:
-    """Sums the work, traffic and occupancy of a scheduled stream."""
+    """Sums the work, traffic and occupancy of a timed stream."""
     gemms = [c for c in commands if c.unit is Unit.COMPUTE]  # GEMM and DEPTHWISE
     loads = [c for c in commands if isinstance(c, DmaCommand) and c.op is Op.DMA_LOAD]
     stores = [c for c in commands if isinstance(c, DmaCommand) and c.op is Op.DMA_STORE]
@@ -84,9 +84,9 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], schedule: 
                   Fraction(0))
     load_bytes = sum(c.host_bytes for c in loads)
     store_bytes = sum(c.host_bytes for c in stores)
-    cycles = schedule.cycles
+    cycles = timeline.cycles
     counts = Counter(c.op.name for c in commands)
-    stalls = schedule.stalls()
+    stalls = timeline.stalls()
     return KernelStats(
         name=name,
         source_ops=tuple(source_ops),
@@ -100,11 +100,11 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], schedule: 
         dma_store_bytes=store_bytes,
         dma_load_box_bytes=sum(c.box_bytes for c in loads),
         dma_store_box_bytes=sum(c.box_bytes for c in stores),
-        busy_cycles={unit.name.lower(): schedule.busy_cycles(unit) for unit in Unit},
-        config_loads=schedule.config_loads,
+        busy_cycles={unit.name.lower(): timeline.busy_cycles(unit) for unit in Unit},
+        config_loads=timeline.config_loads,
         num_commands=len(commands),
         op_counts={op.name: counts.get(op.name, 0) for op in Op},
-        stall_cycles={unit.name.lower(): schedule.stall_cycles(unit, stalls) for unit in Unit},
-        idle_cycles={unit.name.lower(): schedule.idle_cycles(unit) for unit in Unit},
+        stall_cycles={unit.name.lower(): timeline.stall_cycles(unit, stalls) for unit in Unit},
+        idle_cycles={unit.name.lower(): timeline.idle_cycles(unit) for unit in Unit},
         source_nodes=tuple(source_nodes) if any(source_nodes) else (),
     )

@@ -1,7 +1,7 @@
-"""The timing layer: a cycle-approximate schedule of a validated command stream.
+"""The timing layer: a cycle-approximate timeline of a validated command stream.
 
 Stage: simulator, step 4 (independent of the functional core: it only needs decoded commands).
-In: decoded commands (decode.py) and the hardware description. Out: a `Schedule`, the start and
+In: decoded commands (decode.py) and the hardware description. Out: a `Timeline`, the start and
 end cycle of every command. Nothing here is validated against RTL (there is none); the model is
 the analytical one below, with its assumptions in docs/simulator.md.
 
@@ -35,7 +35,7 @@ Occupancy. Each unit's cycles [0, kernel cycles) split exactly into busy, stalle
     stalled  the unit is free but the next command on its queue has not started: from the cycle
              the unit became free (0 for its first command) to that command's start. Since
              start = max(free, ready), this is always a wait for a scratchpad dependency
-             (`Schedule.waits_for` names the command it waits for). A DMA never waits for its
+             (`Timeline.waits_for` names the command it waits for). A DMA never waits for its
              engine beyond the engine's busy time: transfers in flight are unlimited.
     idle     after the unit's last command left it (a DMA's latency tail included: the engine
              could take another transfer), or all along for a unit with no commands.
@@ -63,7 +63,7 @@ DEFAULT_MAX_CYCLES = 10**12
 
 
 @dataclasses.dataclass(frozen=True)
-class Schedule:
+class Timeline:
     """When every command ran: arrays indexed by the command's position in the stream."""
 
     ops: np.ndarray  # opcode (isa.Op values)
@@ -73,7 +73,7 @@ class Schedule:
     occupancy: np.ndarray  # cycles the command kept its unit busy (a DMA's latency is not busy)
     config_loads: int  # PE-array configuration loads paid
     # index of the command whose access this command's start waited for; -1 when it did not stall.
-    # None in schedules built without it (then stalls are known, but not their cause).
+    # None in timelines built without it (then stalls are known, but not their cause).
     waits_for: np.ndarray | None = None
 
     @property
@@ -327,8 +327,8 @@ def _blocker(board: Scoreboard, accesses, forwarding, ready: int) -> int:
     return -1
 
 
-def schedule_commands(arch: HardwareDescription, commands: list[Command],
-                      max_cycles: int = DEFAULT_MAX_CYCLES) -> Schedule:
+def time_commands(arch: HardwareDescription, commands: list[Command],
+                  max_cycles: int = DEFAULT_MAX_CYCLES) -> Timeline:
     """Times `commands` (decoded and validated); raises `CycleLimitExceeded` past `max_cycles`."""
     board = Scoreboard(arch.spad_bytes)
     queue_free = [0] * len(Unit)
@@ -354,7 +354,7 @@ def schedule_commands(arch: HardwareDescription, commands: list[Command],
         starts.append(start)
         ends.append(end)
         busy.append(free - start)
-    return Schedule(ops=np.array([int(c.op) for c in commands], dtype=np.int8),
+    return Timeline(ops=np.array([int(c.op) for c in commands], dtype=np.int8),
                     units=np.array([int(c.unit) for c in commands], dtype=np.int8),
                     starts=np.array(starts, dtype=np.int64), ends=np.array(ends, dtype=np.int64),
                     occupancy=np.array(busy, dtype=np.int64), config_loads=compute.config_loads,

@@ -1,6 +1,6 @@
-"""Timeline export: simulated schedules as a Chrome trace (chrome://tracing, ui.perfetto.dev).
+"""Timeline export: simulated timelines as a Chrome trace (chrome://tracing, ui.perfetto.dev).
 
-Stage: simulator tooling. In: per kernel launch its name, `Schedule` (timing.py), the clock of the
+Stage: simulator tooling. In: per kernel launch its name, `Timeline` (timing.py), the clock of the
 hardware description it ran on and optionally its command records (for the key fields of each
 command). Out: a dict in the Trace Event Format's JSON object form, ready for `json.dump`.
 
@@ -25,7 +25,8 @@ import numpy as np
 
 from .isa import (BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_REQUANTISE,
                   EPILOGUE_RESIDUAL, FIELDS, GEMM_ACCUMULATE, POOL_AVERAGE, DType, EltwiseFunc, Op, Unit)
-from .timing import Schedule
+from .renamed import renamed_property
+from .timing import Timeline
 
 #: Track order, top to bottom, and each unit's thread id (1-based: some viewers treat 0 specially).
 UNIT_TRACKS = (Unit.LOAD, Unit.COMPUTE, Unit.VECTOR, Unit.STORE)
@@ -36,9 +37,11 @@ class TracedLaunch(NamedTuple):
     """One kernel launch on the timeline."""
 
     name: str
-    schedule: Schedule
+    timeline: Timeline
     clock_mhz: float
     commands: np.ndarray | None = None  # int64 records (n, RECORD_WORDS): adds key fields to args
+
+    schedule = renamed_property("schedule", "timeline")
 
 
 def _fields(op: Op, record, *names: str) -> dict:
@@ -128,12 +131,12 @@ def _metadata(pid: int, launch: TracedLaunch) -> list[dict]:
 
 
 def _command_events(pid: int, launch: TracedLaunch, offset_us: float) -> list[dict]:
-    schedule, clock = launch.schedule, float(launch.clock_mhz)
+    timeline, clock = launch.timeline, float(launch.clock_mhz)
     events = []
-    for index in range(len(schedule.ops)):
-        op, unit = Op(int(schedule.ops[index])), Unit(int(schedule.units[index]))
-        start, end, busy = (int(schedule.starts[index]), int(schedule.ends[index]),
-                            int(schedule.occupancy[index]))
+    for index in range(len(timeline.ops)):
+        op, unit = Op(int(timeline.ops[index])), Unit(int(timeline.units[index]))
+        start, end, busy = (int(timeline.starts[index]), int(timeline.ends[index]),
+                            int(timeline.occupancy[index]))
         args = {"index": index, "op": op.name, "start_cycle": start, "end_cycle": end, "busy_cycles": busy}
         if launch.commands is not None:
             args.update(_KEY_ARGS[op](op, launch.commands[index]))
@@ -143,22 +146,22 @@ def _command_events(pid: int, launch: TracedLaunch, offset_us: float) -> list[di
     return events
 
 
-def _stall_name(schedule: Schedule, blocker: int) -> str:
-    if blocker < 0:  # a schedule built without its causes
+def _stall_name(timeline: Timeline, blocker: int) -> str:
+    if blocker < 0:  # a timeline built without its causes
         return "stall"
-    return f"stall: waits for {Unit(int(schedule.units[blocker])).name} cmd #{blocker}"
+    return f"stall: waits for {Unit(int(timeline.units[blocker])).name} cmd #{blocker}"
 
 
 def _stall_events(pid: int, launch: TracedLaunch, offset_us: float) -> list[dict]:
     """One event per stalled command, spanning the cycles its unit waited for it."""
-    schedule, clock = launch.schedule, float(launch.clock_mhz)
-    stalls = schedule.stalls()
+    timeline, clock = launch.timeline, float(launch.clock_mhz)
+    stalls = timeline.stalls()
     events = []
     for index in np.flatnonzero(stalls > 0):
-        index, stall, start = int(index), int(stalls[index]), int(schedule.starts[index])
-        blocker = -1 if schedule.waits_for is None else int(schedule.waits_for[index])
-        unit = Unit(int(schedule.units[index]))
-        events.append({"name": _stall_name(schedule, blocker), "cat": "stall", "ph": "X",
+        index, stall, start = int(index), int(stalls[index]), int(timeline.starts[index])
+        blocker = -1 if timeline.waits_for is None else int(timeline.waits_for[index])
+        unit = Unit(int(timeline.units[index]))
+        events.append({"name": _stall_name(timeline, blocker), "cat": "stall", "ph": "X",
                        "pid": pid, "tid": TID_OF[unit], "ts": offset_us + (start - stall) / clock,
                        "dur": stall / clock,
                        "args": {"waiting": index, "waits_for": blocker, "stall_cycles": stall,
@@ -177,8 +180,8 @@ def chrome_trace(launches: Iterable["TracedLaunch | tuple"]) -> dict:
         events += _metadata(pid, launch)
         events += _command_events(pid, launch, offset_us)
         events += _stall_events(pid, launch, offset_us)
-        offset_us += launch.schedule.cycles / float(launch.clock_mhz)
-        total_cycles += launch.schedule.cycles
+        offset_us += launch.timeline.cycles / float(launch.clock_mhz)
+        total_cycles += launch.timeline.cycles
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"generator": "cgra_sim.trace", "time_unit": "us at each launch's clock_mhz",
                           "total_cycles": total_cycles, "total_us": offset_us}}
