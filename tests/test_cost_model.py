@@ -4,6 +4,9 @@ compiler's estimates and the simulator cannot drift apart (one of four estimator
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,6 +15,9 @@ from cgra_sim import cost, load_arch, preset_names, simulate_detailed, streams
 from cgra_sim.isa import EPILOGUE_RESIDUAL, POOL_AVERAGE, DType, EltwiseFunc, Op, encode
 
 PRESETS = [load_arch(name) for name in preset_names()]
+#: A chip whose scratchpad cannot feed its PE array (2 banks of 4 bytes for a 16 x 16 array):
+#: every GEMM wider than 8 lanes is bandwidth-bound.
+NARROW = dataclasses.replace(load_arch("cgra-16x16"), spad_banks=2, bank_width_bytes=4)
 
 
 def _durations(arch, records, tensors=()):
@@ -36,8 +42,8 @@ def test_a_dma_costs_its_latency_and_transfer(arch, rows, cols, dtype):
     assert duration == cost.dma_cycles(arch, tensor.nbytes)
 
 
-@given(arch=st.sampled_from(PRESETS), m=st.integers(1, 48), n=st.integers(1, 48), k=st.integers(1, 48),
-       dtype=st.sampled_from(["int8", "float32"]))
+@given(arch=st.sampled_from(PRESETS + [NARROW]), m=st.integers(1, 48), n=st.integers(1, 48),
+       k=st.integers(1, 48), dtype=st.sampled_from(["int8", "float32"]))
 def test_a_lone_gemm_costs_configuration_fill_and_steady_stream(arch, m, n, k, dtype):
     """Operands laid out one bank word per row start (strides a multiple of the banks' period
     plus one word), so the bank slowdown is the bandwidth term only."""
@@ -50,6 +56,14 @@ def test_a_lone_gemm_costs_configuration_fill_and_steady_stream(arch, m, n, k, d
     (decoded,) = decode_stream(arch, np.array([gemm], dtype=np.int64), [])
     assert duration == arch.config_load_cycles + cost.gemm_fill_cycles(arch, m, n) + \
         cost.gemm_steady_cycles(arch, m, n, k, dtype, gemm_bank_slowdown(arch, decoded))
+
+
+def test_the_tile_search_pays_a_narrow_scratchpads_bandwidth():
+    """cost.gemm_steady_cycles of a tile's sizes alone (what the tile search calls) includes
+    the bandwidth bound: (16 + 16) int8 operands a cycle from 8 bytes a cycle is 4x slower."""
+    folds = math.ceil(64 / NARROW.macs_per_pe["int8"])
+    assert cost.gemm_steady_cycles(NARROW, 16, 16, 64, "int8") == 4 * folds
+    assert cost.gemm_steady_cycles(load_arch("cgra-16x16"), 16, 16, 64, "int8") == folds
 
 
 @given(arch=st.sampled_from(PRESETS), rows=st.integers(1, 50), cols=st.integers(1, 50), residual=st.booleans())

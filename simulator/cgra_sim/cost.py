@@ -19,7 +19,8 @@ estimates cannot drift from what the simulator charges.
     ELTWISE      ceil(max(rows * cols, reads) / vector_lanes) + VECTOR_OVERHEAD_CYCLES
                  reads: the elements of both operands the command streams (a broadcast axis,
                  stride 0, is read once and held in registers, as EPILOGUE's bias row is).
-    GEMM         steady = ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe) * slowdown
+    GEMM         steady = ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe)
+                          * max(A's bank conflict, operand bytes a cycle / scratchpad bytes a cycle)
                  fill   = min(m, rows) + min(n, cols) - 2 (the sub-array the GEMM occupies)
     DEPTHWISE    steady = max(ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe),
                               ceil(scratchpad traffic / (spad_banks * bank_width_bytes)))
@@ -36,10 +37,15 @@ from fractions import Fraction
 
 from .arch import HardwareDescription
 from .banks import slowed
+from .isa import DType
 
 ONE = Fraction(1)
 VECTOR_OVERHEAD_CYCLES = 2  # issue + write-back of a vector-unit command
 DEPTHWISE_LATENCY = 2  # scratchpad read + MAC before a DEPTHWISE's first result
+
+
+def _itemsize(dtype: str) -> int:
+    return DType.from_name(dtype).itemsize
 
 
 def _ceil(a: int, b: int) -> int:
@@ -92,8 +98,20 @@ def pe_folds(arch: HardwareDescription, m: int, n: int) -> int:
 def gemm_steady_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype: str,
                        slowdown: Fraction = ONE) -> int:
     """Cycles a GEMM streams operands through the array: its folds, k per MAC rate each,
-    stretched by the banks' slowdown when they cannot feed the array."""
-    return slowed(pe_folds(arch, m, n) * _ceil(k, arch.macs_per_pe[dtype]), slowdown)
+    stretched when the scratchpad cannot feed the array. `slowdown`: A's rows conflicting in
+    the banks (timing.gemm_bank_slowdown of a command; 1, the default, for a tile search that
+    lays its tiles out conflict-free); the bandwidth bound (`gemm_bandwidth_slowdown`) is applied
+    here, so a tile's sizes alone give its cycles."""
+    stretch = max(slowdown, gemm_bandwidth_slowdown(arch, m, n, dtype))
+    return slowed(pe_folds(arch, m, n) * _ceil(k, arch.macs_per_pe[dtype]), stretch)
+
+
+def gemm_bandwidth_slowdown(arch: HardwareDescription, m: int, n: int, dtype: str) -> Fraction:
+    """A GEMM's operand bytes a cycle over the scratchpad's: each cycle the array takes one
+    element of each of min(m, rows) rows of A and min(n, cols) contiguous elements of B's row.
+    Below 1 (every preset) the banks keep up."""
+    lanes = min(m, arch.rows) + min(n, arch.cols)
+    return Fraction(lanes * _itemsize(dtype), arch.spad_banks * arch.bank_width_bytes)
 
 
 def gemm_fill_cycles(arch: HardwareDescription, m: int, n: int) -> int:

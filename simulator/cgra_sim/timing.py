@@ -151,14 +151,11 @@ def gemm_steady_cycles(arch: HardwareDescription, cmd: GemmCommand) -> int:
 
 
 def gemm_bank_slowdown(arch: HardwareDescription, cmd: GemmCommand) -> Fraction:
-    """How much slower than its folds a GEMM streams: its A column (one element of each of
-    min(m, rows) rows a cycle, a_stride apart) conflicting in the banks, or A's column and B's
-    row (min(n, cols) contiguous elements) together exceeding the scratchpad's bandwidth."""
-    size, lanes_a, lanes_b = cmd.dtype.itemsize, min(cmd.m, arch.rows), min(cmd.n, arch.cols)
-    conflict = operand_slowdown(lanes_a, cmd.a.strides[0], cmd.a.addr, size, arch.spad_banks,
-                                arch.bank_width_bytes)
-    bandwidth = Fraction((lanes_a + lanes_b) * size, arch.spad_banks * arch.bank_width_bytes)
-    return max(conflict, bandwidth)
+    """How much slower than its folds a GEMM's A column streams (one element of each of
+    min(m, rows) rows a cycle, a_stride apart) because its rows share banks; the scratchpad's
+    bandwidth bound is cost.gemm_steady_cycles' own."""
+    return operand_slowdown(min(cmd.m, arch.rows), cmd.a.strides[0], cmd.a.addr, cmd.dtype.itemsize,
+                            arch.spad_banks, arch.bank_width_bytes)
 
 
 def gemm_fill_cycles(arch: HardwareDescription, cmd: GemmCommand) -> int:
