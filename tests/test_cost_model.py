@@ -99,3 +99,49 @@ def test_an_eltwise_costs_the_larger_of_its_outputs_and_reads(arch, rows, cols, 
     reads = cost.eltwise_operand_reads(rows, cols, *a_full) + cost.eltwise_operand_reads(rows, cols, *b_full)
     operands = [(0, np.ones((rows, cols), "float32")), (rows * cols * 4, np.ones((rows, cols), "float32"))]
     assert _loaded(arch, [eltwise], operands) == [cost.eltwise_cycles(arch, rows * cols, reads)]
+
+
+def _time_one(arch, record):
+    """(duration, busy cycles) of a stream of `record` alone, decoded and timed without the
+    dataflow check (a lone command reads bytes nothing wrote; timing never looks at them)."""
+    from cgra_sim.decode import as_records, check_tensors, decode_stream
+    from cgra_sim.timing import time_commands
+
+    timeline = time_commands(arch, decode_stream(arch, as_records([record]), check_tensors([])))
+    return int(timeline.ends[0] - timeline.starts[0]), int(timeline.occupancy[0])
+
+
+@given(arch=st.sampled_from(PRESETS + [NARROW]), dtype=st.sampled_from(["int8", "float32"]),
+       oh=st.integers(1, 8), ow=st.integers(1, 8), n=st.integers(1, 24), kh=st.integers(1, 4),
+       kw=st.integers(1, 4), stride=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+       pixel_pad=st.integers(0, 3), accumulate=st.booleans(), gap=st.integers(0, 63))
+def test_a_depthwise_costs_configuration_latency_and_its_traffic_or_folds(
+        arch, dtype, oh, ow, n, kh, kw, stride, pixel_pad, accumulate, gap):
+    """A window of input pixels `n + pixel_pad` elements apart (a pad can put one beat's pixels
+    in one bank) at any byte alignment: the steady stream is the larger of the PE array's folds
+    and the scratchpad traffic (the window's span once, stretched by its bank slowdown, the
+    weights once, the accumulator written, and read when accumulating)."""
+    from cgra_sim.banks import beat_slowdown
+    from cgra_sim.isa import GEMM_ACCUMULATE
+
+    size, (sy, sx), pixel = np.dtype(dtype).itemsize, stride, n + pixel_pad
+    in_h, in_w = (oh - 1) * sy + kh, (ow - 1) * sx + kw
+    a_y, a_x, a_ry, a_rx = sy * in_w * pixel, sx * pixel, in_w * pixel, pixel
+    a = gap
+    b = a + in_h * in_w * pixel * size
+    acc = b + kh * kw * n * size
+    record = encode(Op.DEPTHWISE, flags=GEMM_ACCUMULATE if accumulate else 0, dtype=DType.from_name(dtype),
+                    oh=oh, ow=ow, n=n, kh=kh, kw=kw, a_addr=a, a_y_stride=a_y, a_x_stride=a_x,
+                    a_ry_stride=a_ry, a_rx_stride=a_rx, b_addr=b, b_ry_stride=kw * n, b_rx_stride=n,
+                    acc_addr=acc, acc_y_stride=ow * n, acc_x_stride=n)
+    width = arch.spad_banks * arch.bank_width_bytes
+    span = ((oh - 1) * a_y + (ow - 1) * a_x + (kh - 1) * a_ry + (kw - 1) * a_rx + n) * size
+    window = span * beat_slowdown(width, (ow, n), (a_x * size, size), size, a, arch.spad_banks,
+                                  arch.bank_width_bytes)
+    acc_bytes = oh * ow * n * 4 * (2 if accumulate else 1)
+    traffic = window + kh * kw * n * size + acc_bytes
+    expected = arch.config_load_cycles + cost.DEPTHWISE_LATENCY + \
+        cost.depthwise_steady_cycles(arch, oh * ow, n, kh * kw, dtype, traffic)
+    assert _time_one(arch, record) == (expected, expected)
+    folds = cost.depthwise_compute_cycles(arch, oh * ow, n, kh * kw, dtype)
+    assert expected - arch.config_load_cycles - cost.DEPTHWISE_LATENCY >= folds
