@@ -13,15 +13,17 @@ from __future__ import annotations
 import dataclasses
 
 import tvm
+import tvm_ffi
 from tvm import relax, s_tir, tirx
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.transform import FusionPattern
 
 from cgra_sim.arch import HardwareDescription
 
-from .errors import ScheduleError, stage_context
+from .errors import CGRAError, ScheduleError, stage_context
 from .kernels import family_of, offload_reason, pattern_table
 from .kernels.registry import schedule_of
+from .kernels.tir import tir_spec
 from .lower.dma import lower_copies_to_dma
 from .lower.double_buffer import double_buffer
 from .lower.fold_init import fold_accumulator_init
@@ -29,6 +31,8 @@ from .normalise.clips import canonicalize_clips_pass
 from .normalise.fold_weights import fold_weights
 from .normalise.qdq import canonicalize_qdq
 from .options import CompileOptions, dump
+from .partition.call_tir import (PREFIX, PRIM_FUNC_ATTR, drop_unused_prim_funcs, offload_call_tir,
+                                 offloaded_prim_funcs, remember_prim_func)
 from .partition.scalar_args import bind_scalar_arguments
 from .partition.source_nodes import record_source_nodes
 
@@ -58,11 +62,15 @@ def normalise(mod, arch, options):
 
 
 def partition(mod, arch, options):
-    del options
     # Offload every subgraph an op family's pattern matches and the chip can run (kernels/);
     # weights stay arguments so the kernels can DMA them.
     partitioned = relax.transform.FuseOpsByPattern(fusion_patterns(arch), bind_constants=False,
                                                    annotate_codegen=True)(mod)
+    # A user's own PrimFuncs called with R.call_tir: offloaded when they compile as NPU
+    # kernels (kernels/tir.py maps their blocks onto the intrinsics), else left to the host.
+    partitioned = offload_call_tir(partitioned, lambda func, name: tir_offload_reason(func, name, arch, options),
+                                   lambda name: {"global_symbol": PREFIX + name,
+                                                 PRIM_FUNC_ATTR: remember_prim_func(name, partitioned[name])})
     # Each offloaded call site keeps the model nodes (ONNX node names) it came from, so every
     # kernel launch reports its own layer (identical layers get a copy of the kernel each).
     partitioned = record_source_nodes(mod, partitioned)
@@ -88,7 +96,10 @@ def codegen(mod, arch, options):
     # Compile each offloaded function for the NPU (relax.ext.cgra, target/relax_ext.py: every
     # kernel through KERNEL_STAGES, then LLVM IR) and replace it with a call to the kernel.
     target_options = {"cgra": {"arch": arch.to_json(), "options": options.to_json()}}
-    return relax.transform.RunCodegen(target_options=target_options)(mod)
+    offloaded = offloaded_prim_funcs(mod)
+    mod = relax.transform.RunCodegen(target_options=target_options)(mod)
+    # A user's PrimFunc that now runs only as an NPU kernel is not built for the host too.
+    return drop_unused_prim_funcs(mod, offloaded)
 
 
 STAGES = [
@@ -200,6 +211,32 @@ def run_stages(mod: tvm.IRModule, arch: HardwareDescription, options: CompileOpt
         mod = stage(mod, arch, options)
         dump(options, f"{index + 1}_{name}.py", mod)
     return mod
+
+
+def tir_offload_reason(func, name: str, arch: HardwareDescription, options: CompileOptions) -> str | None:
+    """Why PrimFunc `name` cannot run on the NPU, or None when it compiles as a kernel: its
+    spec (kernels/tir.py) and every kernel stage, tried once per PrimFunc, chip and options."""
+    key = (tvm_ffi.structural_hash(func), name, arch.fingerprint, dataclasses.replace(options, dump_dir=None))
+    if key not in _TIR_REASONS:
+        try:
+            spec = tir_spec(func, name)
+            run_kernel_stages(Kernel(PREFIX + name, spec, {}), arch, dataclasses.replace(options, dump_dir=None))
+            _TIR_REASONS[key] = None
+        except (CGRAError, s_tir.ScheduleError, RuntimeError, ValueError, TypeError) as err:
+            # Ours, or TVM refusing a step (tensorize found no match, a layout it cannot pad).
+            _TIR_REASONS[key] = _one_line(err)
+    return _TIR_REASONS[key]
+
+
+_TIR_REASONS: dict = {}
+
+
+def _one_line(err: Exception) -> str:
+    """An error as one line: TVM's schedule errors carry the IR and an "Error message:" line."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    detail = next((line for line in lines if line.startswith("Error message:")), None)
+    head = lines[0] if lines else type(err).__name__
+    return f"{head} {detail}" if detail and detail != head else head
 
 
 def run_kernel_stages(kernel: Kernel, arch: HardwareDescription, options: CompileOptions) -> dict:

@@ -34,6 +34,8 @@ def span_names(span) -> tuple[str, ...]:
     parts = list(span.spans) if isinstance(span, tvm.ir.SequentialSpan) else [span]
     names = []
     for part in parts:
+        if part.line != 0:  # a source position (a TVMScript file's line), not a model node
+            continue
         name = str(part.source_name.name) if part.source_name is not None else ""
         if name and name not in names:
             names.append(name)

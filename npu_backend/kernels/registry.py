@@ -14,6 +14,7 @@ import dataclasses
 import functools
 
 from ..errors import CGRAError, UnsupportedCopy, UnsupportedOperator, stage_context
+from ..partition.call_tir import prim_func_of
 from ..partition.composite import composite_call, composite_name, composite_ops, matched_roles
 from .conv2d import CONV2D
 from .depthwise import DEPTHWISE
@@ -22,8 +23,9 @@ from .epilogue import chain_pattern_graphs
 from .family import OpFamily
 from .matmul import MATMUL
 from .pool import POOL
+from .tir import TIR, tir_spec
 
-FAMILIES: tuple[OpFamily, ...] = (MATMUL, CONV2D, DEPTHWISE, POOL, ELTWISE)
+FAMILIES: tuple[OpFamily, ...] = (MATMUL, CONV2D, DEPTHWISE, POOL, ELTWISE, TIR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +96,10 @@ def offloaded_spec(func):
     """The spec of an offloaded Relax function (attribute Codegen "cgra"), as the target hook
     and explain read it: errors name the partition stage and the kernel's symbol."""
     with stage_context("partition", str(func.attrs["global_symbol"])):
+        prim_func = prim_func_of(func)
+        if prim_func is not None:  # a user's PrimFunc (partition/call_tir.py)
+            name, body = prim_func
+            return tir_spec(body, name)
         _check_call_order(func)
         return spec_from_composite(func)
 

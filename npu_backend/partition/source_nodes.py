@@ -21,6 +21,7 @@ import tvm_ffi
 from tvm import relax
 
 from ..frontend.provenance import NODE_JOIN, SOURCE_NODES_ATTR, span_names
+from .call_tir import wrapped_call
 from .composite import composite_call
 
 
@@ -111,8 +112,12 @@ def _kernel_sites(mod, func, original):
 
 def _match_composite(wrapper, args, index):
     """(original var of the composite's output or None, nodes per composite operator)."""
-    composite, call = composite_call(wrapper)
     outer = dict(zip([hash(p) for p in wrapper.params], args))
+    tir_call = wrapped_call(wrapper)
+    if tir_call is not None:  # a user's PrimFunc: one call_tir, one operator
+        var, span = index.get(_key(tir_call, outer), (None, None))
+        return var, [NODE_JOIN.join(span_names(span))]
+    composite, call = composite_call(wrapper)
     inner_args = call.args if call is not None else wrapper.params
     local = {hash(p): outer.get(hash(a), a) for p, a in zip(composite.params, inner_args)}
     nodes = []

@@ -23,7 +23,8 @@ from ..kernels import offload_reason, offloaded_spec
 from ..kernels.registry import host_patterns
 from ..options import CompileOptions
 from ..partition.composite import composite_call, composite_ops
-from ..pipeline import STAGES, run_stages
+from ..partition.call_tir import call_tir_reason, called_prim_func, wrapped_call
+from ..pipeline import STAGES, run_stages, tir_offload_reason
 from ..relax_info import static_shape
 
 #: Operators that count multiply-accumulates (`Placement.macs`).
@@ -83,15 +84,21 @@ def _placements(mod, func, arch, start: int = 0):
                 placements += _kernel_ops(mod[call.op], start + len(placements))
             elif isinstance(call.op, tvm.ir.Op):
                 placements.append(Placement(_op_name(call), _type_of(binding.var), "host", "",
-                                            _host_reason(call, arch), _macs(call, binding.var),
+                                            _host_reason(mod, call, arch), _macs(call, binding.var),
                                             call_nodes(call), start + len(placements)))
     return placements
 
 
 def _kernel_ops(wrapper, site: int) -> list[Placement]:
-    offloaded_spec(wrapper)  # what the compiler reads; raises where the compiler would
-    composite, _ = composite_call(wrapper)
+    spec = offloaded_spec(wrapper)  # what the compiler reads; raises where the compiler would
     symbol = str(wrapper.attrs["global_symbol"])
+    tir_call = wrapped_call(wrapper)
+    if tir_call is not None:  # a user's PrimFunc
+        nodes = [str(n) for n in (_attr(wrapper, SOURCE_NODES_ATTR) or [""])]
+        macs = math.prod(spec.extents) if spec.kind == "gemm" else 0
+        return [Placement(_op_name(tir_call), _type_of(relax.Var("out", tir_call.ty_args[0])), "npu", f"{spec.kind} ({symbol})", "", macs,
+                          nodes[0], site, symbol)]
+    composite, _ = composite_call(wrapper)
     kernel = f"{composite.attrs['Composite']} ({symbol})"
     ops = composite_ops(wrapper)
     nodes = [str(n) for n in (_attr(wrapper, SOURCE_NODES_ATTR) or [])]
@@ -106,11 +113,16 @@ _BATCH_NORM_REASON = (
     "batch norm constant statistics; this one is not such a batch norm")
 
 
-def _host_reason(call, arch) -> str:
+def _host_reason(mod, call, arch) -> str:
     """Why a host call was not offloaded: the reason its op family gives for it alone, or why
-    no pattern took it."""
+    no pattern took it; for a call_tir, why its PrimFunc is not an NPU kernel."""
     if call.op.name == "relax.nn.batch_norm":
         return _BATCH_NORM_REASON
+    called = called_prim_func(mod, call)
+    if called is not None:
+        name, func = called
+        return call_tir_reason(call) or tir_offload_reason(func, name, arch, CompileOptions()) or \
+            "it compiles as an NPU kernel but was not offloaded (please report this)"
     pattern = host_patterns().get(call.op.name)
     if pattern is None:
         return (f"no NPU kernel for {_op_name(call)} (the NPU runs matmul and conv2d, with bias add, "

@@ -7,7 +7,6 @@ depthwise output, shared with the depthwise kernel's TE compute so tensorize see
 
 from __future__ import annotations
 
-from tvm import tirx
 
 from cgra_codegen import device_call
 from cgra_sim.isa import GEMM_ACCUMULATE, DType
@@ -27,7 +26,9 @@ def gemm_intrin(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str, sc
     acc = Tile("C", (rows, cols), acc_dtype)
 
     def value(buffers, i, j, k):
-        return tirx.Cast(acc_dtype, buffers["A"][i, k]) * tirx.Cast(acc_dtype, buffers["B"][k, j])
+        # No cast where the dtypes agree (float32): a same-dtype cast would be a node user
+        # TensorIR does not have, and TVM's tensorize-mapping analysis would not match it.
+        return buffers["A"][i, k].astype(acc_dtype) * buffers["B"][k, j].astype(acc_dtype)
 
     def call(buffers, strides):
         A, B, C = buffers["A"], buffers["B"], buffers["C"]
