@@ -26,7 +26,7 @@ from .device.simulator_backend import register_backend
 from .errors import (CGRAError, InvalidModel, ScheduleError, ScratchpadTooSmall, UnsupportedCopy,
                      UnsupportedOperator)
 from .options import CompileOptions
-from .pipeline import STAGES, cgra_pipeline, fusion_patterns
+from .pipeline import STAGES, cgra_pipeline, fusion_patterns, original_error
 from .target.relax_ext import register_target_hook
 from .target.tags import install_default_pipeline, register_target_tags
 from .tools.explain import Placement, explain, format_placements, npu_mac_fraction
@@ -48,7 +48,13 @@ def compile(mod: tvm.IRModule, arch=None, *, dump_dir: str | None = None):  # no
     options = CompileOptions(dump_dir=dump_dir)
     name = arch.name if arch.name in preset_names() else DEFAULT_ARCH
     target = tvm.target.Target(name)
-    return tvm.relax.build(mod, target=target, relax_pipeline=cgra_pipeline(arch, options))
+    try:
+        return tvm.relax.build(mod, target=target, relax_pipeline=cgra_pipeline(arch, options))
+    except RuntimeError as err:
+        ours = original_error(err)
+        if ours is err:
+            raise
+        raise ours from None
 
 
 def from_onnx(model, shape_dict=None, dtype_dict="float32", opset=None) -> tvm.IRModule:

@@ -11,6 +11,7 @@ target/relax_ext.py). What stays on the host goes through TVM's own CPU pipeline
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import tvm
 import tvm_ffi
@@ -20,10 +21,10 @@ from tvm.relax.transform import FusionPattern
 
 from cgra_sim.arch import HardwareDescription
 
-from .errors import CGRAError, ScheduleError, stage_context
+from .errors import CGRAError, ScheduleError, UnsupportedOperator, stage_context
 from .kernels import family_of, offload_reason, pattern_table
 from .kernels.registry import schedule_of
-from .kernels.tir import tir_spec
+from .kernels.tir import KERNEL_ATTR, tir_spec
 from .lower.dma import lower_copies_to_dma
 from .lower.double_buffer import double_buffer
 from .lower.fold_init import fold_accumulator_init
@@ -68,7 +69,7 @@ def partition(mod, arch, options):
                                                    annotate_codegen=True)(mod)
     # A user's own PrimFuncs called with R.call_tir: offloaded when they compile as NPU
     # kernels (kernels/tir.py maps their blocks onto the intrinsics), else left to the host.
-    partitioned = offload_call_tir(partitioned, lambda func, name: tir_offload_reason(func, name, arch, options),
+    partitioned = offload_call_tir(partitioned, lambda func, name: _offload_or_refuse(func, name, arch, options),
                                    lambda name: {"global_symbol": PREFIX + name,
                                                  PRIM_FUNC_ATTR: remember_prim_func(name, partitioned[name])})
     # Each offloaded call site keeps the model nodes (ONNX node names) it came from, so every
@@ -231,6 +232,16 @@ def tir_offload_reason(func, name: str, arch: HardwareDescription, options: Comp
 _TIR_REASONS: dict = {}
 
 
+def _offload_or_refuse(func, name: str, arch: HardwareDescription, options: CompileOptions) -> str | None:
+    """tir_offload_reason, except that a kernel written for the NPU (cgra.kernel: it calls
+    device functions) that cannot compile for it is an error: it has no host version."""
+    reason = tir_offload_reason(func, name, arch, options)
+    if reason is not None and bool((func.attrs or {}).get(KERNEL_ATTR, False)):
+        raise UnsupportedOperator(f"PrimFunc '{name}' is marked {KERNEL_ATTR} (written for the NPU, it cannot run "
+                                  f"on the host) but does not compile for {arch.name}: {reason}")
+    return reason
+
+
 def _one_line(err: Exception) -> str:
     """An error as one line: TVM's schedule errors carry the IR and an "Error message:" line."""
     lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
@@ -255,7 +266,23 @@ def cgra_pipeline(arch: HardwareDescription, options: CompileOptions = CompileOp
 
     @tvm.transform.module_pass(opt_level=0, name="cgra.Pipeline")
     def pipeline(mod, _ctx):
-        mod = run_stages(mod, arch, options)
+        try:
+            mod = run_stages(mod, arch, options)
+        except CGRAError as err:
+            # TVM hands an error raised inside a pass on as a RuntimeError with the same
+            # message; keep ours so that npu_backend.compile can raise it with its own type.
+            _LAST_ERROR.error = err
+            raise
         return relax.get_pipeline("default_build")(mod)
 
     return pipeline
+
+
+_LAST_ERROR = threading.local()
+
+
+def original_error(err: Exception) -> Exception:
+    """The CGRAError a RuntimeError from a TVM pass stands for (same message), else `err`."""
+    ours = getattr(_LAST_ERROR, "error", None)
+    _LAST_ERROR.error = None
+    return ours if ours is not None and str(ours) in str(err) else err

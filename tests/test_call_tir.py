@@ -225,3 +225,38 @@ def test_what_the_npu_cannot_take_stays_on_the_host_with_its_reason(make, reason
     out, host, prof = run_both(mod, inputs, "cgra-8x8")
     np.testing.assert_array_equal(out, host)
     assert prof.kernels == []
+
+
+def test_the_own_tensorir_example_runs(capsys):
+    import runpy
+
+    example = runpy.run_path(str(__import__("pathlib").Path(__file__).parent.parent / "examples" / "own_tensorir.py"))
+    example["main"](["--arch", "cgra-4x4"])
+    printed = capsys.readouterr().out
+    assert "matches the host build" in printed and "matches numpy" in printed
+
+
+@I.ir_module
+class GatherKernel:
+    @T.prim_func
+    def gather(A: T.Buffer((64,), "float32"), B: T.Buffer((8,), "float32")):
+        T.func_attr({"cgra.kernel": True})
+        A_s = T.alloc_buffer((8,), "float32", scope="global.cgra_spad")
+        for i in range(8):
+            A_s[i] = A[i * i]  # not a box: no DMA moves it
+        for i in range(8):
+            B[i] = A_s[i]
+
+    @R.function
+    def main(a: R.Tensor((64,), "float32")):
+        cls = GatherKernel
+        with R.dataflow():
+            b = R.call_tir(cls.gather, (a,), out_ty=R.Tensor((8,), "float32"))
+            R.output(b)
+        return b
+
+
+def test_a_kernel_written_for_the_npu_that_does_not_compile_is_an_error_not_a_host_call():
+    """It calls device functions (or moves data only DMA can), so it has no host version."""
+    with pytest.raises(npu_backend.UnsupportedOperator, match="PrimFunc .gather. is marked cgra.kernel.*not affine"):
+        npu_backend.compile(GatherKernel, "cgra-8x8")

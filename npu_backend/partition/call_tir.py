@@ -59,30 +59,33 @@ def call_tir_reason(call) -> str | None:
     return None
 
 
-def offload_call_tir(mod: tvm.IRModule, reason_of, attrs: dict) -> tvm.IRModule:
+def offload_call_tir(mod: tvm.IRModule, reason_of, attrs) -> tvm.IRModule:
     """`mod` with the call_tir sites whose PrimFunc `reason_of` accepts calling NPU kernels.
     `attrs(name)`: the attributes of the offloaded function of PrimFunc `name` (the target
-    hook's keys)."""
-    decided = {}  # PrimFunc name -> GlobalVar of its offloaded function, or None
+    hook's keys). Every PrimFunc is decided before the module is rewritten, outside TVM's
+    visitor, so that an error `reason_of` raises reaches the caller as it is."""
+    hosts = [(gvar, func) for gvar, func in mod.functions.items()
+             if isinstance(func, relax.Function) and not (func.attrs and "Codegen" in func.attrs)]
+    sites = {}  # PrimFunc name -> a call_tir of it that can be offloaded
+    for _, func in hosts:
+        relax.analysis.post_order_visit(func, lambda expr: _note_site(mod, expr, sites))
     builder = relax.BlockBuilder(mod)
+    targets = {name: builder.add_func(_wrapper(call, attrs(name)), PREFIX + name)
+               for name, call in sites.items() if reason_of(called_prim_func(mod, call)[1], name) is None}
+    if not targets:
+        return mod
+    rewriter = _Rewriter(builder, targets)
+    for gvar, func in hosts:
+        rewritten = rewriter.visit_expr(func)
+        if not rewritten.same_as(func):
+            builder.update_func(gvar, rewritten)
+    return builder.get()
 
-    def offloaded(call):
-        found = called_prim_func(mod, call)
-        if found is None or call_tir_reason(call) is not None:
-            return None
-        name, func = found
-        if name not in decided:
-            decided[name] = None if reason_of(func, name) is not None else \
-                builder.add_func(_wrapper(call, attrs(name)), PREFIX + name)
-        return decided[name]
 
-    rewriter = _Rewriter(builder, offloaded)
-    for gvar, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function) and not (func.attrs and "Codegen" in func.attrs):
-            rewritten = rewriter.visit_expr(func)
-            if not rewritten.same_as(func):
-                builder.update_func(gvar, rewritten)
-    return builder.get() if decided else mod
+def _note_site(mod, expr, sites: dict) -> None:
+    found = called_prim_func(mod, expr)
+    if found is not None and call_tir_reason(expr) is None:
+        sites.setdefault(found[0], expr)
 
 
 def _wrapper(call, attrs: dict) -> relax.Function:
@@ -97,13 +100,16 @@ def _wrapper(call, attrs: dict) -> relax.Function:
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    def __init__(self, builder, offloaded):
+    """Calls of the PrimFuncs in `targets` (name -> offloaded function) call those functions."""
+
+    def __init__(self, builder, targets):
         super().__init__(builder.get())
-        self.offloaded = offloaded
+        self.targets = targets
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        target = self.offloaded(call)
+        found = called_prim_func(self.builder_.get(), call) if call.op.same_as(_CALL_TIR) else None
+        target = self.targets.get(found[0]) if found is not None and call_tir_reason(call) is None else None
         return relax.Call(target, list(call.args[1].fields)) if target is not None else call
 
 
