@@ -57,14 +57,19 @@ def compile(mod: tvm.IRModule, arch=None, *, dump_dir: str | None = None):  # no
         raise ours from None
 
 
-def from_onnx(model, shape_dict=None, dtype_dict="float32", opset=None) -> tvm.IRModule:
+def from_onnx(model, shape_dict=None, dtype_dict="float32", opset=None, custom_ops=None) -> tvm.IRModule:
     """`tvm.relax.frontend.onnx.from_onnx`, keeping each ONNX node's name on the calls made for
     it, so that profiles and `cgra-sim run` name every kernel's layers (needs the onnx extra).
     `model`: an onnx.ModelProto, the path of an .onnx file or its bytes; a file that is not a
-    model, or a graph that is not valid, raises InvalidModel saying what is wrong."""
+    model, or a graph that is not valid, raises InvalidModel saying what is wrong.
+    `custom_ops`: op type -> builder(node) returning a PrimFunc (inputs, then the output) that
+    the node becomes (called with R.call_tir, so it runs on the NPU when it qualifies), or None
+    for TVM's own conversion: custom-domain ops, or chosen layers replaced by your TensorIR
+    (docs/own-kernels.md). The builder gets a `CustomNode` (name, op_type, attrs, input shapes
+    and dtypes)."""
     from .frontend.onnx_import import from_onnx as import_onnx  # the onnx package is an optional extra
 
-    return import_onnx(model, shape_dict, dtype_dict, opset)
+    return import_onnx(model, shape_dict, dtype_dict, opset, custom_ops)
 
 
 def _register() -> None:

@@ -10,18 +10,43 @@ which Relax operators it fused ("nn.conv2d,add,nn.relu"), not which layers of th
 changes. This subclasses TVM 0.27's `ONNXGraphImporter` at two points: `_convert_operator`
 (where the node's name is in `attrs["tvm_custom"]["name"]`) and the BlockBuilder the converters
 emit into (some converters, Clip's for one, emit calls themselves).
+
+Custom operators (`custom_ops`): a node whose op type has a builder there becomes a call_tir of
+the PrimFunc the builder makes for it (`CustomNode`: the node's name, op type, attributes and
+input types), which then runs on the NPU like any user PrimFunc (partition/call_tir.py). A
+builder may return None to leave a node of a known op type to TVM's converter, so the same hook
+replaces chosen layers of a model with one's own TensorIR.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from typing import Callable
 
 import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
 from ..errors import InvalidModel
+from ..relax_info import dtype_of, shape_dims
 from .provenance import node_span
+
+
+@dataclasses.dataclass(frozen=True)
+class CustomNode:
+    """One node of a custom op, as its builder sees it."""
+
+    name: str  # the node's name (its first output's when the model gives none)
+    op_type: str
+    attrs: dict  # its attributes, parsed as TVM's importer parses them
+    input_shapes: tuple  # per input: its shape (ints; symbolic dims as TIR expressions)
+    input_dtypes: tuple  # per input: its dtype ("float32")
+
+
+#: op type -> builder(CustomNode) -> a PrimFunc (inputs then the output, destination-passing), or
+#: None to convert the node as TVM's importer does.
+CustomOps = dict[str, Callable]
 
 
 class _Spanner:
@@ -74,12 +99,26 @@ class _SpanningBuilder(relax.BlockBuilder):
 
 
 class _NamingImporter(onnx_frontend.ONNXGraphImporter):
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, custom_ops: CustomOps | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.bb = _SpanningBuilder()
+        self.custom_ops = dict(custom_ops or {})
+
+    def _check_for_unsupported_ops(self, graph):
+        """TVM's check, knowing the custom ops, and saying how to supply a missing one."""
+        known = set(onnx_frontend._get_convert_map()) | {"If", "Constant"} | set(self.custom_ops)
+        missing = sorted({node.op_type for node in graph.node if node.op_type not in known})
+        if missing:
+            raise InvalidModel(f"TVM's ONNX importer has no converter for {', '.join(missing)}: give each a "
+                               "builder in from_onnx(..., custom_ops={op_type: builder}) that returns its "
+                               "TensorIR (docs/own-kernels.md)")
 
     def _convert_operator(self, op_name, inputs, attrs, opset):
         name = str(attrs.get("tvm_custom", {}).get("name", "") or "")
+        if op_name in self.custom_ops:
+            call = self._custom(op_name, name, inputs, attrs)
+            if call is not None:
+                return call
         convert_map = onnx_frontend._get_convert_map()
         if not name or op_name not in convert_map:
             return super()._convert_operator(op_name, inputs, attrs, opset)
@@ -92,6 +131,39 @@ class _NamingImporter(onnx_frontend.ONNXGraphImporter):
             return result
         finally:
             self.bb.node = None
+
+
+    def _custom(self, op_type, name, inputs, attrs):
+        """The call_tir of the PrimFunc the builder of `op_type` makes for this node, or None."""
+        args = [arg for arg in inputs if arg is not None]
+        node = CustomNode(name, op_type, {k: v for k, v in attrs.items() if k != "tvm_custom"},
+                          tuple(tuple(shape_dims(arg) or ()) for arg in args), tuple(dtype_of(arg) for arg in args))
+        func = self.custom_ops[op_type](node)
+        if func is None:
+            return None
+        where = f"custom op {op_type} (node '{name}')"
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            raise InvalidModel(f"the builder of {where} returned {type(func).__name__}, not a PrimFunc")
+        if len(func.params) != len(args) + 1:
+            raise InvalidModel(f"the PrimFunc for {where} takes {len(func.params)} parameters; the node has "
+                               f"{len(args)} inputs and one output, so it must take {len(args) + 1} (inputs, "
+                               "then the output)")
+        for index, (param, shape, dtype) in enumerate(zip(func.params, node.input_shapes, node.input_dtypes)):
+            declared = tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in param.shape)
+            if str(param.dtype) != dtype or (all(isinstance(d, int) for d in shape) and declared != shape):
+                raise InvalidModel(f"the PrimFunc for {where}: parameter '{param.name}' is {declared} {param.dtype}, "
+                                   f"but input {index} is {shape} {dtype}")
+        out = func.params[-1]
+        gvar = self.bb.add_func(func.with_attr("global_symbol", _symbol(name or op_type)), _symbol(name or op_type))
+        out_ty = relax.TensorType([int(d) for d in out.shape], str(out.dtype))
+        call = relax.call_tir(gvar, args, out_ty)
+        return self.bb.normalize(relax.Call(call.op, call.args, call.attrs, call.ty_args, node_span(name)))
+
+
+def _symbol(name: str) -> str:
+    """A PrimFunc name from a node name (letters, digits and underscores)."""
+    cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    return cleaned if cleaned and not cleaned[0].isdigit() else "op_" + cleaned
 
 
 def load_model(model):
@@ -114,7 +186,8 @@ def load_model(model):
     raise TypeError(f"from_onnx takes an onnx.ModelProto, a path or bytes, not {type(model).__name__}")
 
 
-def from_onnx(model, shape_dict=None, dtype_dict="float32", opset=None) -> tvm.IRModule:
+def from_onnx(model, shape_dict=None, dtype_dict="float32", opset=None, custom_ops: CustomOps | None = None) \
+        -> tvm.IRModule:
     """`tvm.relax.frontend.onnx.from_onnx(model, ...)` with the node names kept as call spans (the
     body of TVM's function, with this module's importer). `model`: a ModelProto, a path or bytes.
     A graph the importer cannot follow (a node reading an input nothing produces) raises
@@ -128,7 +201,7 @@ def from_onnx(model, shape_dict=None, dtype_dict="float32", opset=None) -> tvm.I
     for node in unnamed:  # ONNX node names are optional: call those after their first output
         node.name = node.output[0]
     try:
-        return _NamingImporter(shape_dict, dtype_dict).from_onnx(model.graph, opset)
+        return _NamingImporter(shape_dict, dtype_dict, custom_ops=custom_ops).from_onnx(model.graph, opset)
     except (KeyError, IndexError, AttributeError) as err:
         raise InvalidModel(_why_not_importable(model, err)) from err
     finally:
