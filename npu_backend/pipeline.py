@@ -28,6 +28,7 @@ from .kernels.tir import KERNEL_ATTR, tir_spec
 from .lower.dma import lower_copies_to_dma
 from .lower.double_buffer import double_buffer
 from .lower.fold_init import fold_accumulator_init
+from .lower.ragged import cut_ragged_tiles
 from .normalise.clips import canonicalize_clips_pass
 from .normalise.fold_weights import fold_weights
 from .normalise.qdq import canonicalize_qdq
@@ -187,6 +188,8 @@ def lowering_passes() -> list:
         _func_pass(lower_copies_to_dma, "cgra.LowerCopiesToDMA"),
         # The accumulator's zero-fill becomes the first reduction step's overwriting GEMM.
         _func_pass(fold_accumulator_init, "cgra.FoldAccumulatorInit"),
+        # The last tile of a symbolic axis moves and computes only the rows that exist.
+        _func_pass(cut_ragged_tiles, "cgra.CutRaggedTiles"),
         # Two copies of each scratchpad tile reused by a loop, so DMA overlaps compute.
         _func_pass(double_buffer, "cgra.DoubleBuffer"),
         s_tir.transform.StmtSimplify(),  # fold the index arithmetic of the remaining calls

@@ -155,6 +155,11 @@ class ArgumentChecks:
         what = f"{where} dimension {d}"
         if isinstance(extent, tirx.Var) and handle_of(extent) not in self.origins:
             self.origins[handle_of(extent)] = what
+            bits = parse_dtype(str(extent.ty)).bits
+            if bits < 64:  # the kernel indexes this dimension with a narrower integer
+                self.raise_if(self.b.icmp_signed(">", actual, I64((1 << (bits - 1)) - 1)), "ValueError",
+                              f"{what}: %lld is more than the kernel's {bits}-bit index of '{_escape(extent)}' "
+                              "takes", actual)
             self.state.bind_value(extent, cast_value(self.b, actual, "int64", str(extent.ty)))
             return
         if isinstance(extent, tirx.IntImm):

@@ -25,6 +25,7 @@ from tvm.relax.dpl import DFPattern, is_op, wildcard
 
 from ..errors import UnsupportedOperator
 from ..relax_info import dtype_of, require_static_shape
+from .dynamic import read_shape
 from .intrinsics import get_intrin
 from .intrinsics.vector_unit import activation, requantise
 from .operands import padded
@@ -161,7 +162,10 @@ def _with_residual(spec: KernelSpec, annotated: dict) -> KernelSpec:
                                   f"not yet after a {form}: the add runs on the host")
     if dtype_of(residual) != spec.acc_dtype:
         raise UnsupportedOperator(f"the residual is {dtype_of(residual)}, the accumulator {spec.acc_dtype}")
-    shape = static_shape(residual, "residual")
+    rows = spec.symbol("rows")
+    shape, names = read_shape(residual, "residual", symbolic_axes=(0,) if rows else ())
+    if names and names != {0: rows}:
+        raise UnsupportedOperator(f"the residual's rows are {names[0]}, the matmul's {rows}: they must be one size")
     out = tuple(spec.output_shape) if spec.op == "matmul" else \
         tuple(spec.output_shape["NCHW".index(axis)] for axis in spec.out_layout)
     if shape != out:
@@ -251,7 +255,7 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
     scale_pad = _channel_row(spec, acc, tiling, operands["scale"], spec.scale_shape, "scale_pad")
     residual, res_pad = operands["residual"], None
     if residual is not None:
-        shape = [int(d) for d in residual.shape]
+        shape = list(residual.shape)  # ints, or a symbolic axis's variable
         res_pad = te.compute(acc.shape, lambda *idx: padded(residual, shape, out_index(*idx)), name="res_pad")
 
     def row(pad, idx):

@@ -30,16 +30,24 @@ from .spec import KernelSpec, Tiling, aligned, round_up
 # ------------------------------------------------------------------ tile search
 
 def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
-    """The tiling of a GEMM-shaped kernel (its GEMM extents, dtypes and epilogue operands)."""
+    """The tiling of a GEMM-shaped kernel (its GEMM extents, dtypes and epilogue operands); with
+    symbolic rows, the one that is never far from the best tiling of the size that runs."""
     return choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch,
                          spec.row_step, has_residual=bool(spec.residual_shape),
-                         has_scale=bool(spec.scale_shape), store_rows=store_walks_rows(spec))
+                         has_scale=bool(spec.scale_shape), store_rows=store_walks_rows(spec),
+                         any_rows=spec.symbol("rows") is not None)
 
 
 def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                   has_bias: bool, arch: HardwareDescription, row_step: int = 1,
-                  has_residual: bool = False, has_scale: bool = False, store_rows: int = 0) -> Tiling:
+                  has_residual: bool = False, has_scale: bool = False, store_rows: int = 0,
+                  any_rows: bool = False) -> Tiling:
     """The tiling with the fewest estimated cycles among those that fit the scratchpad.
+
+    With `any_rows` (symbolic rows, `rows` their bound) one tiling serves every size up to
+    `rows`: the one whose estimate, at sizes from one PE-array step to the bound, exceeds the
+    best tiling of that size by the smallest factor (minimax regret). Its last tile is cut to the
+    rows that exist (lower/ragged.py), so a small size does not pay for a large tile's rows.
 
     Output tiles grow in whole PE-array steps (rows: in multiples of `row_step` when the kernel
     needs whole groups of rows, e.g. whole output rows of a conv2d) up to the padded problem; for
@@ -55,22 +63,33 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     depth = max(depth, 2)
     in_bytes = DType.from_name(dtype).itemsize
     acc_bytes = DType.from_name(acc_dtype).itemsize
-    best = None
+    candidates = []  # (tm, tn, tk) that fit the scratchpad
     for tm in range(row_step, round_up(rows, row_step) + 1, row_step):
         for tn in range(arch.cols, round_up(cols, arch.cols) + 1, arch.cols):
             tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual,
                                     out_row_stride(tn, acc_bytes, store_rows, arch), has_scale)
-            if tk is None:
-                continue
-            tiling = Tiling(tm, tn, tk, round_up(rows, tm), round_up(cols, tn), round_up(depth, tk))
-            key = (estimate_cycles(tiling, dtype, in_bytes, acc_bytes, arch, has_residual), -tm * tn)
-            if best is None or key < best[0]:
-                best = (key, tiling)
-    if best is None:
+            if tk is not None:
+                candidates.append((tm, tn, tk))
+    if not candidates:
         raise ScratchpadTooSmall(
             f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold even one "
             f"{arch.rows}x{arch.cols} tile of a {dtype} GEMM: describe a larger scratchpad")
-    return best[1]
+
+    def tiling_for(candidate, size: int) -> Tiling:
+        tm, tn, tk = candidate
+        tm = min(tm, round_up(size, row_step))  # a tile past the rows is cut to them
+        return Tiling(tm, tn, tk, round_up(size, tm), round_up(cols, tn), round_up(depth, tk))
+
+    def cycles(candidate, size: int) -> int:
+        return estimate_cycles(tiling_for(candidate, size), dtype, in_bytes, acc_bytes, arch, has_residual)
+
+    if not any_rows:
+        best = min(candidates, key=lambda c: (cycles(c, rows), -c[0] * c[1]))
+        return tiling_for(best, rows)
+    sizes = sorted({min(rows, row_step << k) for k in range(rows.bit_length() + 1)} | {rows})
+    fastest = {size: min(cycles(c, size) for c in candidates if c[0] <= round_up(size, row_step)) for size in sizes}
+    best = min(candidates, key=lambda c: (max(cycles(c, s) / fastest[s] for s in sizes), cycles(c, rows)))
+    return Tiling(*best, round_up(rows, best[0]), round_up(cols, best[1]), round_up(depth, best[2]))
 
 
 def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription,

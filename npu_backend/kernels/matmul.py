@@ -17,6 +17,8 @@ from tvm.relax.dpl import is_op, wildcard
 
 from ..errors import UnsupportedOperator
 from .epilogue import Root, epilogue_compute, epilogue_fields, epilogue_operands, static_shape, with_epilogue_tail
+from ..relax_info import shape_dims
+from .dynamic import padded_extent, read_shape, with_vars
 from .family import OpFamily
 from .gemm import choose_gemm_tiling, schedule_gemm
 from .operands import kernel_prim_func, padded
@@ -33,7 +35,9 @@ def _roots() -> list[Root]:
 def matmul_spec(name: str, annotated: dict) -> KernelSpec:
     """The kernel a matched matmul chain becomes; raises UnsupportedOperator with the reason."""
     common = epilogue_fields("matmul", annotated)
-    lhs_shape = static_shape(annotated["lhs"], "left operand")
+    # A 2-D matmul's rows may be symbolic: one kernel for every number of rows (dynamic.py).
+    lhs_shape, lhs_symbols = read_shape(annotated["lhs"], "left operand",
+                                        symbolic_axes=(0,) if _rank(annotated["lhs"]) == 2 else ())
     rhs_shape = static_shape(annotated["rhs"], "right operand")
     if min(len(lhs_shape), len(rhs_shape)) < 2:
         raise UnsupportedOperator(f"matmul of rank {len(lhs_shape)} x {len(rhs_shape)}: the NPU kernel takes "
@@ -49,9 +53,15 @@ def matmul_spec(name: str, annotated: dict) -> KernelSpec:
         n = rhs_shape[0] if permute is not None else rhs_shape[1]
         if bias_shape is not None and (bias_shape[-1] != n or any(d != 1 for d in bias_shape[:-1])):
             raise UnsupportedOperator(f"the bias of shape {bias_shape} is not a row of {n} columns")
+        symbols = (("rows", lhs_symbols[0]),) if lhs_symbols else ()
         spec = KernelSpec("matmul", lhs_shape=lhs_shape, rhs_shape=rhs_shape, rhs_transposed=permute is not None,
-                          **common)
+                          symbols=symbols, **common)
     return with_epilogue_tail(spec, annotated)
+
+
+def _rank(expr) -> int:
+    dims = shape_dims(expr)
+    return len(dims) if dims is not None else 0
 
 
 def _batched_spec(lhs_shape, rhs_shape, permute, bias_shape, common) -> KernelSpec:
@@ -108,16 +118,19 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
     if spec.batch > 1:
         return batch_matmul_compute(spec, tiling)
     m, n, _ = spec.gemm_extents
-    a = te.placeholder(spec.lhs_shape, spec.dtype, name="lhs")
+    rows = spec.symbol("rows")  # the rows' variable when they are symbolic
+    lhs_shape = with_vars(spec.lhs_shape, {0: rows} if rows else {})
+    m, mp = lhs_shape[0], padded_extent(rows, m, tiling.tm, tiling.mp)
+    a = te.placeholder(lhs_shape, spec.dtype, name="lhs")
     b = te.placeholder(spec.rhs_shape, spec.dtype, name="rhs")
-    a_pad = te.compute((tiling.mp, tiling.kp), lambda i, r: padded(a, spec.lhs_shape, (i, r)), name="a_pad")
+    a_pad = te.compute((mp, tiling.kp), lambda i, r: padded(a, lhs_shape, (i, r)), name="a_pad")
     if spec.rhs_transposed:
         b_pad = te.compute((tiling.kp, tiling.np), lambda r, j: padded(b, spec.rhs_shape, (j, r)), name="b_pad")
     else:
         b_pad = te.compute((tiling.kp, tiling.np), lambda r, j: padded(b, spec.rhs_shape, (r, j)), name="b_pad")
     r = te.reduce_axis((0, tiling.kp), name="r")
     acc = te.compute(
-        (tiling.mp, tiling.np),
+        (mp, tiling.np),
         lambda i, j: te.sum(a_pad[i, r].astype(spec.acc_dtype) * b_pad[r, j].astype(spec.acc_dtype), axis=r),
         name="acc")
     operands = epilogue_operands(spec, (m, n))

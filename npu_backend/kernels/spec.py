@@ -76,6 +76,13 @@ class KernelSpec:
     # like a bias). None: the kernel writes its accumulator dtype.
     requant_zero_point: int | None = None
     scale_shape: tuple | None = None
+    # Symbolic axes (kernels/dynamic.py): ((axis key, variable name), ...), the shapes above
+    # holding them at their bound. Keys: "rows" (a matmul's M), "batch" (images).
+    symbols: tuple = ()
+
+    def symbol(self, key: str) -> str | None:
+        """The variable name of symbolic axis `key`, or None when it is static."""
+        return dict(self.symbols).get(key)
 
     @property
     def roles(self) -> tuple:

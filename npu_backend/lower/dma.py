@@ -24,7 +24,7 @@ from cgra_codegen import SPAD_SCOPE as SPAD, device_call
 from cgra_sim.isa import BOX_DIMS
 
 from ..errors import UnsupportedCopy
-from .guards import guarded_dims
+from .guards import guarded_dims, proves
 
 _IF_THEN_ELSE = ir.Op.get("prim.if_then_else")
 
@@ -133,7 +133,8 @@ def _dma_call(copy: _Copy, loops, domains):
                                spad_indices=[analyzer.simplify(i) for i in copy.spad_indices])
     spad_offset = _flat_offset(copy.spad, copy.spad_indices)
     spad_base, spad_strides = _linear(spad_offset, loop_vars, "scratchpad offset")
-    host_shape = [int(extent) for extent in copy.host.ty.shape]
+    # An extent is an int, or a symbolic axis's variable (a batch, a number of rows).
+    host_shape = [int(e) if isinstance(e, tirx.IntImm) else e for e in copy.host.ty.shape]
     origin, loop_dims = [], [(0, 0)] * len(loops)
     for dim, index in enumerate(copy.host_indices):
         base, coeffs = _linear(index, loop_vars, f"index {dim} of '{copy.host.name}'")
@@ -144,7 +145,7 @@ def _dma_call(copy: _Copy, loops, domains):
                     raise UnsupportedCopy(f"loop {loops[position].loop_var} walks two dimensions of "
                                           f"'{copy.host.name}': a DMA box loop walks one")
                 loop_dims[position] = (dim, coeff)
-    pad_lo, pad_hi = _halo(copy, host_shape, analyzer, domains)
+    pad_lo, pad_hi = _halo(copy, host_shape, analyzer, domains, _spans(loops, loop_dims))
     words = _pad(origin, 0) + _pad(pad_lo, 0) + _pad(pad_hi, 0)
     for position in range(BOX_DIMS):
         if position < len(loops):
@@ -206,14 +207,37 @@ def _linear(expr, loop_vars, what):
     return sym.Analyzer().simplify(result[-1]), coeffs
 
 
-def _halo(copy: _Copy, shape, analyzer, domains):
-    """How far the copy reaches outside the host tensor, after checking the guard covers it."""
+def _spans(loops, loop_dims) -> dict:
+    """Per host dim, how many coordinates the box's loops cover along it."""
+    spans = {}
+    for loop, (dim, step) in zip(loops, loop_dims):
+        if step:
+            spans[dim] = spans.get(dim, 1) + (int(loop.extent) - 1) * abs(step)
+    return spans
+
+
+def _halo(copy: _Copy, shape, analyzer, domains, spans):
+    """How far the copy reaches outside the host tensor, after checking the guard covers it.
+
+    Along a symbolic extent (a batch, a number of rows) the reach is not a constant: the last,
+    ragged tile starts inside the tensor, so a guarded copy's box overhangs by less than its
+    span along that dim, which is then its halo (the DMA engine clips against the bound
+    tensor's run-time shape; the halo only bounds how far a coordinate may lie outside)."""
     guarded_lo, guarded_hi = guarded_dims(copy.guard, copy.host_indices, shape, copy.host.name,
                                           analyzer, domains)
     pad_lo, pad_hi = [], []
     for dim, index in enumerate(copy.host_indices):
         bound = analyzer.const_int_bound(index)
-        below, above = max(0, -bound.min_value), max(0, bound.max_value - (shape[dim] - 1))
+        below = max(0, -bound.min_value)
+        if not isinstance(shape[dim], int):
+            inside = proves(analyzer, index < shape[dim])
+            pad_lo.append(below)
+            pad_hi.append(0 if inside else spans.get(dim, 1))
+            if not inside and dim not in guarded_hi:
+                raise UnsupportedCopy(f"the copy {copy.direction} of '{copy.host.name}' may reach past its "
+                                      f"symbolic dimension {dim} ({shape[dim]}) without an in-bounds guard")
+            continue
+        above = max(0, bound.max_value - (shape[dim] - 1))
         if (below and dim not in guarded_lo) or (above and dim not in guarded_hi):
             raise UnsupportedCopy(
                 f"the copy {copy.direction} of '{copy.host.name}' reaches outside dimension {dim} "

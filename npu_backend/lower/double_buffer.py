@@ -74,14 +74,17 @@ def _doubled(buffer):
 
 
 def _trip_count(loops) -> int:
-    return functools.reduce(lambda n, loop: n * int(loop.extent), loops, 1)
+    """Iterations of the loops; a symbolic extent (a number of tiles of a symbolic axis) counts
+    as 2: it may be, and double buffering is right for any count."""
+    return functools.reduce(lambda n, loop: n * (int(loop.extent) if isinstance(loop.extent, tirx.IntImm)
+                                                 else 2), loops, 1)
 
 
 def _iteration(loops):
     """The flat iteration number of the loop nest (row-major over the enclosing loops)."""
     index = 0
     for loop in loops:
-        index = index * int(loop.extent) + (loop.loop_var - loop.min)
+        index = index * loop.extent + (loop.loop_var - loop.min)
     return index
 
 

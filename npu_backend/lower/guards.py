@@ -17,7 +17,7 @@ to enumerate. Nothing is taken on trust.
 from __future__ import annotations
 
 import numpy as np
-from tvm import tirx
+from tvm import sym, tirx
 
 from ..errors import UnsupportedCopy
 
@@ -29,7 +29,7 @@ def guarded_dims(guard, indices, shape, tensor: str, analyzer, domains):
     """(dims with a lower-bound test, dims with an upper-bound test) of `guard`."""
     guarded_lo, guarded_hi = set(), set()
     for conjunct in _conjuncts(guard):
-        if analyzer.can_prove(conjunct):
+        if proves(analyzer, conjunct):
             continue  # always true on the loops' ranges (e.g. "p % 6 < 6", however it is written)
         tested = _matched_bound(conjunct, indices, shape, analyzer) or \
             _equivalent_bound(conjunct, indices, shape, analyzer, domains)
@@ -40,6 +40,14 @@ def guarded_dims(guard, indices, shape, tensor: str, analyzer, domains):
         side, dim = tested
         (guarded_lo if side == "lo" else guarded_hi).add(dim)
     return guarded_lo, guarded_hi
+
+
+def proves(analyzer, cond) -> bool:
+    """Whether `cond` holds on the loops' ranges: by the analyzer, with symbolic loop extents
+    (a tile loop over ceildiv(n, 32) tiles) as bounds too, and a disjunction when one side does."""
+    if isinstance(cond, tirx.Or):
+        return proves(analyzer, cond.a) or proves(analyzer, cond.b)
+    return analyzer.can_prove(cond) or analyzer.can_prove(cond, sym.ProofStrength.SYMBOLIC_BOUND)
 
 
 def _matched_bound(conjunct, indices, shape, analyzer):
@@ -55,7 +63,8 @@ def _matched_bound(conjunct, indices, shape, analyzer):
         bound = analyzer.simplify(limit - delta)
         if side == "lo" and _equals(bound, 0):
             return "lo", dim
-        if side == "hi" and _equals(bound, shape[dim]):
+        if side == "hi" and (_equals(bound, shape[dim]) if isinstance(shape[dim], int)
+                             else analyzer.can_prove_equal(bound, shape[dim])):
             return "hi", dim
     return None
 

@@ -1,0 +1,100 @@
+"""Symbolic dimensions: one kernel for every run-time size of some axes (a batch, a sequence).
+
+Stage: partition (a family's spec reader asks which axes of an operand may be symbolic) and
+kernel definition (the compute writes those axes as TIR variables). A spec keeps every shape as
+integers, a symbolic axis at its bound, so the tile searches and the footprints stay integer
+arithmetic; `KernelSpec.symbols` names the symbolic axes ((axis key, variable name), ...), and
+the compute replaces them with `dim_var(name)`. The axes a family lets be symbolic are those its
+scratchpad footprint does not depend on (rows of a GEMM, images of a batch): their tiles are
+the same whatever the size, the last tile is ragged and the DMA's halo pads and drops what lies
+past the tensor, so the kernel is right for every size. The bound only steers the tile search
+(`DEFAULT_BOUND` without one): `npu_backend.compile(mod, shape_bounds={"n": 64})` or the
+function's `tir_var_upper_bound` attribute give it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+from tvm import tirx
+
+from ..errors import UnsupportedOperator
+from ..relax_info import shape_dims
+
+#: The extent a tile search assumes for a symbolic axis without a bound: large enough that the
+#: tiles it picks are the ones a large size wants (a small size then runs one ragged tile).
+DEFAULT_BOUND = 1024
+
+_BOUNDS: contextvars.ContextVar = contextvars.ContextVar("cgra_shape_bounds", default={})
+_VARS: dict = {}  # name -> the kernel-side TIR variable (one object per name, int32)
+
+
+@contextlib.contextmanager
+def shape_bounds(bounds: dict):
+    """Within the block, symbolic dimension `name` is assumed at most `bounds[name]`."""
+    token = _BOUNDS.set(dict(bounds))
+    try:
+        yield
+    finally:
+        _BOUNDS.reset(token)
+
+
+def bound_of(name: str) -> int:
+    return int(_BOUNDS.get().get(name, DEFAULT_BOUND))
+
+
+def dim_var(name: str) -> tirx.Var:
+    """The TIR variable of symbolic dimension `name` in kernels (int32: the kernels' index type;
+    the code generator binds it from the tensor's shape and checks that it fits)."""
+    var = _VARS.get(name)
+    if var is None:
+        var = _VARS[name] = tirx.Var(name, "int32")
+    return var
+
+
+def read_shape(expr, role: str, symbolic_axes=(), prefix: str = "") -> tuple[tuple, dict]:
+    """(shape with symbolic axes at their bound, {axis: variable name}) of `expr`. Axes listed in
+    `symbolic_axes` (negative from the end allowed) may be a symbolic variable; any other symbolic
+    axis, an expression of variables, an unknown shape or an empty tensor raise
+    UnsupportedOperator saying why."""
+    dims = shape_dims(expr)
+    if dims is None:
+        raise UnsupportedOperator(f"{prefix}the {role} has no known shape")
+    allowed = {axis % len(dims) for axis in symbolic_axes} if dims else set()
+    shape, names = [], {}
+    for axis, dim in enumerate(dims):
+        if isinstance(dim, int):
+            if dim == 0:
+                raise UnsupportedOperator(f"{prefix}the {role} of shape {tuple(dims)} is empty: nothing for the "
+                                          "NPU to compute, it stays on the host")
+            shape.append(dim)
+            continue
+        if axis not in allowed or not isinstance(dim, tirx.Var):
+            where = "this axis" if isinstance(dim, tirx.Var) else f"an expression ({dim}) of variables"
+            raise UnsupportedOperator(
+                f"{prefix}the {role} has a symbolic dimension {dim} on axis {axis}; the NPU kernel takes "
+                f"{_axes_text(allowed, len(dims))} symbolic, not {where} (bind it, e.g. with "
+                "relax.transform.BindSymbolicVars)")
+        names[axis] = dim.name
+        shape.append(bound_of(dim.name))
+    return tuple(shape), names
+
+
+def _axes_text(allowed: set, rank: int) -> str:
+    if not allowed:
+        return "no axis"
+    return "axis " + " and ".join(str(a) for a in sorted(allowed)) + f" (of {rank})"
+
+
+def padded_extent(name: str | None, extent: int, tile: int, padded: int):
+    """The padded extent of an axis tiled by `tile`: `padded` when static, else the symbolic
+    whole number of tiles covering the variable."""
+    if name is None:
+        return padded
+    return tirx.ceildiv(dim_var(name), tile) * tile
+
+
+def with_vars(shape: tuple, names: dict) -> tuple:
+    """`shape` with the symbolic axes (`names`: axis -> variable name) as their variables."""
+    return tuple(dim_var(names[axis]) if axis in names else extent for axis, extent in enumerate(shape))

@@ -1,0 +1,111 @@
+"""The last tile of a symbolic axis, cut to the rows that exist.
+
+Stage: lowering, after the DMA pass and fold_init. Input: a kernel whose tile loop runs over a
+symbolic axis (kernels/dynamic.py): `for t in range(ceildiv(n, T))` around the tile's DMA and
+compute calls, each sized for a whole tile of T rows. Output: the same kernel where every call
+of the tile moves and computes min(T, n - t * T) rows: the GEMM's m, FILL's and ELTWISE's rows,
+EPILOGUE's m, and each DMA box's extent along the symbolic dimension of its host tensor.
+
+Why: the DMA pass lets a tile overhang a tensor (the halo zero-fills loads and drops stores),
+which is right for any size, but the overhang costs DMA beats and PE-array folds for rows that
+do not exist: a kernel compiled for tiles of 32 rows would take a 32-row tile's time at n = 1.
+Cut to the valid rows, the ragged tile costs what a kernel compiled for its size would. The
+scratchpad buffers stay tile-sized; only the commands shrink.
+"""
+
+from __future__ import annotations
+
+from tvm import ir, sym, tirx
+
+from cgra_codegen import device_call_positions
+from cgra_sim.isa import BOX_DIMS
+
+_CALL_EXTERN = "tirx.call_extern"
+#: Device call -> its parameter that counts the tile's rows (the tile loop's axis).
+_ROW_PARAMS = {"cgra_gemm": "m", "cgra_fill": "rows", "cgra_epilogue": "m", "cgra_eltwise": "rows"}
+_DMA = ("cgra_dma_load", "cgra_dma_store")
+
+
+_BUFFER_DATA = ir.Op.get("tirx.buffer_data")
+
+
+def cut_ragged_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    return func.with_body(_Cutter().stmt(func.body, None))
+
+
+def _host_shape(slot):
+    """The shape of the host tensor a DMA's slot argument (`X.data`) names, or None."""
+    if isinstance(slot, ir.Call) and slot.op.same_as(_BUFFER_DATA):
+        return list(slot.args[0].shape)
+    return None
+
+
+def _tile_of(loop):
+    """(variable, tile) when `loop` runs over the tiles of a symbolic axis: its extent is
+    ceildiv(var, tile), which TVM writes floordiv(var + tile - 1, tile); else None."""
+    extent = sym.Analyzer().simplify(loop.extent)
+    if not (isinstance(extent, tirx.FloorDiv) and isinstance(extent.b, tirx.IntImm)):
+        return None
+    tile, numerator = int(extent.b.value), extent.a
+    if isinstance(numerator, tirx.Add) and isinstance(numerator.a, tirx.Var) and \
+            isinstance(numerator.b, tirx.IntImm) and int(numerator.b.value) == tile - 1:
+        return numerator.a, tile
+    return None
+
+
+class _Cutter:
+    def stmt(self, stmt, rows):
+        """`stmt` with its calls cut; `rows` = (tile size, valid rows of this tile) inside a
+        symbolic tile loop, else None."""
+        if isinstance(stmt, tirx.For):
+            tile = _tile_of(stmt)
+            inner = rows
+            if tile is not None:
+                var, size = tile
+                inner = (size, tirx.min(tirx.IntImm(str(var.ty), size), var - stmt.loop_var * size))
+            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, self.stmt(stmt.body, inner),
+                            stmt.thread_binding, stmt.annotations)
+        if isinstance(stmt, tirx.SeqStmt):
+            return tirx.SeqStmt([self.stmt(s, rows) for s in stmt.seq])
+        if isinstance(stmt, tirx.IfThenElse):
+            else_case = self.stmt(stmt.else_case, rows) if stmt.else_case is not None else None
+            return tirx.IfThenElse(stmt.condition, self.stmt(stmt.then_case, rows), else_case)
+        if isinstance(stmt, tirx.Evaluate) and _is_extern(stmt.value):
+            return tirx.Evaluate(self.call(stmt.value, rows))
+        return stmt
+
+    def call(self, call, rows):
+        name = str(call.args[0].value)
+        args = list(call.args)
+        if name in _DMA:
+            self._cut_box(name, args)
+        elif rows is not None and name in _ROW_PARAMS:
+            (position,) = device_call_positions(name)[_ROW_PARAMS[name]]
+            size, valid = rows
+            if isinstance(args[position], tirx.IntImm) and int(args[position].value) == size:
+                args[position] = valid.astype(str(args[position].ty))
+        return ir.Call(call.op, args, call.attrs, call.ty_args, call.span, call.ty)
+
+    def _cut_box(self, name: str, args) -> None:
+        """Each box loop walking a symbolic dimension of the host tensor moves only the
+        coordinates inside it: extent min(extent, size - origin) (one step per coordinate)."""
+        positions = device_call_positions(name)
+        shape = _host_shape(args[positions["slot"][0]])
+        if shape is None:
+            return
+        box = positions["box"]
+        for loop in range(BOX_DIMS):
+            extent_at, dim_at, step_at = (box[3 * BOX_DIMS + 4 * loop + k] for k in range(3))
+            dim, step = args[dim_at], args[step_at]
+            if not (isinstance(dim, tirx.IntImm) and isinstance(step, tirx.IntImm) and int(step.value) == 1):
+                continue
+            extent = shape[int(dim.value)] if int(dim.value) < len(shape) else None
+            if extent is None or isinstance(extent, tirx.IntImm):
+                continue
+            origin = args[box[int(dim.value)]]
+            remaining = extent.astype("int64") - origin
+            args[extent_at] = tirx.max(tirx.min(args[extent_at], remaining), tirx.IntImm("int64", 1))
+
+
+def _is_extern(value) -> bool:
+    return isinstance(value, ir.Call) and getattr(value.op, "name", "") == _CALL_EXTERN
