@@ -40,12 +40,15 @@ __all__ = [
 ]
 
 
-def compile(mod: tvm.IRModule, arch=None, *, dump_dir: str | None = None):  # noqa: A001 (the API's name)
+def compile(mod: tvm.IRModule, arch=None, *, dump_dir: str | None = None,  # noqa: A001 (the API's name)
+            shape_bounds: dict | None = None):
     """Compile a Relax module for the CGRA NPU described by `arch` (preset name, JSON path or
     HardwareDescription; default cgra-8x8). Returns an executable for `relax.VirtualMachine`.
-    With `dump_dir`, every stage's output is written there under the stage's name."""
+    With `dump_dir`, every stage's output is written there under the stage's name.
+    `shape_bounds` ({"n": 64}): the largest value of symbolic dimensions; kernels are compiled
+    once for every size, the bound only steers their tiles (docs/dynamic-shapes.md)."""
     arch = load_arch(arch)
-    options = CompileOptions(dump_dir=dump_dir)
+    options = CompileOptions(dump_dir=dump_dir, shape_bounds=shape_bounds or {})
     name = arch.name if arch.name in preset_names() else DEFAULT_ARCH
     target = tvm.target.Target(name)
     try:

@@ -10,13 +10,25 @@ import os
 @dataclasses.dataclass(frozen=True)
 class CompileOptions:
     dump_dir: str | None = None  # write every stage's output under this directory, by stage name
+    # ((name, bound), ...): the largest value a symbolic dimension takes, for the tile searches
+    # of kernels that are compiled once for every size (kernels/dynamic.py); sorted by name.
+    shape_bounds: tuple = ()
+
+    def __post_init__(self):
+        bounds = dict(self.shape_bounds.items() if isinstance(self.shape_bounds, dict) else self.shape_bounds)
+        for name, bound in bounds.items():
+            if not isinstance(bound, int) or isinstance(bound, bool) or bound < 1:
+                raise ValueError(f"shape_bounds['{name}'] must be a positive int, not {bound!r}")
+        object.__setattr__(self, "shape_bounds", tuple(sorted(bounds.items())))
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "CompileOptions":
-        return cls(**json.loads(text))
+        fields = json.loads(text)
+        fields["shape_bounds"] = tuple(tuple(pair) for pair in fields.get("shape_bounds", ()))
+        return cls(**fields)
 
 
 def dump(options: CompileOptions, name: str, content) -> None:

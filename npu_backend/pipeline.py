@@ -23,6 +23,7 @@ from cgra_sim.arch import HardwareDescription
 
 from .errors import CGRAError, ScheduleError, UnsupportedOperator, stage_context
 from .kernels import family_of, offload_reason, pattern_table
+from .kernels.dynamic import shape_bounds
 from .kernels.registry import schedule_of
 from .kernels.tir import KERNEL_ATTR, tir_spec
 from .lower.dma import lower_copies_to_dma
@@ -65,9 +66,11 @@ def normalise(mod, arch, options):
 
 def partition(mod, arch, options):
     # Offload every subgraph an op family's pattern matches and the chip can run (kernels/);
-    # weights stay arguments so the kernels can DMA them.
-    partitioned = relax.transform.FuseOpsByPattern(fusion_patterns(arch), bind_constants=False,
-                                                   annotate_codegen=True)(mod)
+    # weights stay arguments so the kernels can DMA them. Symbolic dimensions the kernels take
+    # are read at their bound (kernels/dynamic.py).
+    with shape_bounds(bounds_of(mod, options)):
+        partitioned = relax.transform.FuseOpsByPattern(fusion_patterns(arch), bind_constants=False,
+                                                       annotate_codegen=True)(mod)
     # A user's own PrimFuncs called with R.call_tir: offloaded when they compile as NPU
     # kernels (kernels/tir.py maps their blocks onto the intrinsics), else left to the host.
     partitioned = offload_call_tir(partitioned, lambda func, name: _offload_or_refuse(func, name, arch, options),
@@ -97,11 +100,22 @@ def fusion_patterns(arch: HardwareDescription) -> list[FusionPattern]:
 def codegen(mod, arch, options):
     # Compile each offloaded function for the NPU (relax.ext.cgra, target/relax_ext.py: every
     # kernel through KERNEL_STAGES, then LLVM IR) and replace it with a call to the kernel.
+    options = dataclasses.replace(options, shape_bounds=bounds_of(mod, options))
     target_options = {"cgra": {"arch": arch.to_json(), "options": options.to_json()}}
     offloaded = offloaded_prim_funcs(mod)
     mod = relax.transform.RunCodegen(target_options=target_options)(mod)
     # A user's PrimFunc that now runs only as an NPU kernel is not built for the host too.
     return drop_unused_prim_funcs(mod, offloaded)
+
+
+def bounds_of(mod, options: CompileOptions) -> dict:
+    """The bounds of the module's symbolic dimensions: its Relax functions' `tir_var_upper_bound`
+    attributes, overridden by the compile options' `shape_bounds`."""
+    bounds = {}
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function) and func.attrs is not None and "tir_var_upper_bound" in func.attrs:
+            bounds.update({str(name): int(bound) for name, bound in func.attrs["tir_var_upper_bound"].items()})
+    return {**bounds, **dict(options.shape_bounds)}
 
 
 STAGES = [

@@ -13,10 +13,9 @@ In: a lowered PrimFunc, its scratchpad plan, the hardware description. Out: the 
 
 from __future__ import annotations
 
-import math
 
 import llvmlite.ir as ir
-from tvm import tirx
+from tvm import sym, tirx
 
 from .context import HOST_TENSOR, BufferBinding, KernelState
 from .errors import CodegenError
@@ -107,8 +106,9 @@ class ArgumentChecks:
         for word in range(DL_TENSOR_BYTES // 8):
             value = self.b.load(byte_address(self.b, tensor, 8 * word), typ=I64)
             self.b.store(value, byte_address(self.b, view, 8 * word))
-        for d, extent in enumerate(param.ty.shape):
-            self.b.store(I64(int(extent)), byte_address(self.b, dims, 8 * d))
+        for d, extent in enumerate(param.ty.shape):  # symbolic extents: bound by the caller's dims
+            value = I64(int(extent)) if isinstance(extent, tirx.IntImm) else self.exprs.lower_as(extent, "int64")
+            self.b.store(value, byte_address(self.b, dims, 8 * d))
         self.b.store(I32(rank), byte_address(self.b, view, DL_NDIM))
         self.b.store(dims, byte_address(self.b, view, DL_SHAPE))
         self.b.store(ir.Constant(PTR, None), byte_address(self.b, view, DL_STRIDES))
@@ -203,12 +203,25 @@ def caller_shape(func, index: int):
     param = func.params[index]
     if not is_view(func, index):
         return param.ty.shape
-    shape = [tirx.IntImm("int64", int(extent)) for extent in func.attrs["cgra.arg_shapes"][index]]
-    if math.prod(int(e) for e in param.ty.shape) != math.prod(int(e) for e in shape):
+    shape = [tirx.IntImm("int64", int(extent)) if isinstance(extent, (int, tirx.IntImm)) else extent
+             for extent in func.attrs["cgra.arg_shapes"][index]]
+    if not sym.Analyzer().can_prove_equal(_product(param.ty.shape), _product(shape)):
         raise CodegenError(str(func.attrs.get("global_symbol", "")), f"parameter '{param.name}' "
-                           f"views a {list(map(int, shape))} argument as {list(param.ty.shape)}: the "
-                           "sizes differ")
+                           f"views a {list(shape)} argument as {list(param.ty.shape)}: the sizes differ")
     return shape
+
+
+def _product(extents):
+    """The number of elements, in the kernels' int32 index arithmetic (symbolic extents are
+    int32 variables), so that products of the same variables compare equal."""
+    total = tirx.IntImm("int32", 1)
+    for extent in extents:
+        if isinstance(extent, tirx.IntImm):
+            extent = tirx.IntImm("int32", int(extent.value))
+        elif str(extent.ty) != "int32":
+            extent = tirx.Cast("int32", extent)
+        total = total * extent
+    return total
 
 
 def _require_plain_layout(kernel: str, param) -> None:

@@ -3,8 +3,8 @@
 Stage: partition (a family's spec reader asks which axes of an operand may be symbolic) and
 kernel definition (the compute writes those axes as TIR variables). A spec keeps every shape as
 integers, a symbolic axis at its bound, so the tile searches and the footprints stay integer
-arithmetic; `KernelSpec.symbols` names the symbolic axes ((axis key, variable name), ...), and
-the compute replaces them with `dim_var(name)`. The axes a family lets be symbolic are those its
+arithmetic; `KernelSpec.symbols` names the symbolic axes of the shapes the caller passes
+((role, axis, variable name), ...), and the compute replaces them with `dim_var(name)`. The axes a family lets be symbolic are those its
 scratchpad footprint does not depend on (rows of a GEMM, images of a batch): their tiles are
 the same whatever the size, the last tile is ragged and the DMA's halo pads and drops what lies
 past the tensor, so the kernel is right for every size. The bound only steers the tile search
@@ -98,3 +98,15 @@ def padded_extent(name: str | None, extent: int, tile: int, padded: int):
 def with_vars(shape: tuple, names: dict) -> tuple:
     """`shape` with the symbolic axes (`names`: axis -> variable name) as their variables."""
     return tuple(dim_var(names[axis]) if axis in names else extent for axis, extent in enumerate(shape))
+
+
+def caller_dims(spec, role: str, shape: tuple) -> tuple:
+    """The shape the caller passes for `role` (`shape`, the spec's, when it is not read through
+    a view), with the spec's symbolic axes of that role as their variables."""
+    stored = dict(spec.caller_shapes).get(role, shape)
+    return with_vars(tuple(stored), {axis: name for r, axis, name in spec.symbols if r == role})
+
+
+def symbols_of(role: str, names: dict) -> tuple:
+    """KernelSpec.symbols entries for `role`'s symbolic axes (`names`: axis -> variable)."""
+    return tuple((role, axis, name) for axis, name in sorted(names.items()))

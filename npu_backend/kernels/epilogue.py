@@ -25,7 +25,7 @@ from tvm.relax.dpl import DFPattern, is_op, wildcard
 
 from ..errors import UnsupportedOperator
 from ..relax_info import dtype_of, require_static_shape
-from .dynamic import read_shape
+from .dynamic import read_shape, symbols_of
 from .intrinsics import get_intrin
 from .intrinsics.vector_unit import activation, requantise
 from .operands import padded
@@ -162,16 +162,17 @@ def _with_residual(spec: KernelSpec, annotated: dict) -> KernelSpec:
                                   f"not yet after a {form}: the add runs on the host")
     if dtype_of(residual) != spec.acc_dtype:
         raise UnsupportedOperator(f"the residual is {dtype_of(residual)}, the accumulator {spec.acc_dtype}")
-    rows = spec.symbol("rows")
-    shape, names = read_shape(residual, "residual", symbolic_axes=(0,) if rows else ())
-    if names and names != {0: rows}:
-        raise UnsupportedOperator(f"the residual's rows are {names[0]}, the matmul's {rows}: they must be one size")
+    out_symbols = spec.symbolic("out")
+    shape, names = read_shape(residual, "residual", symbolic_axes=tuple(out_symbols))
+    if names != out_symbols:
+        raise UnsupportedOperator(f"the residual's symbolic axes {names} are not the output's {out_symbols}: "
+                                  "they must be one size")
     out = tuple(spec.output_shape) if spec.op == "matmul" else \
         tuple(spec.output_shape["NCHW".index(axis)] for axis in spec.out_layout)
     if shape != out:
         raise UnsupportedOperator(f"the added tensor of shape {shape} is neither a bias (one value per output "
                                   f"channel) nor a residual of the output's shape {out}")
-    return dataclasses.replace(spec, residual_shape=shape)
+    return dataclasses.replace(spec, residual_shape=shape, symbols=spec.symbols + symbols_of("residual", names))
 
 
 def _with_requant(spec: KernelSpec, annotated: dict) -> KernelSpec:

@@ -35,7 +35,7 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     return choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch,
                          spec.row_step, has_residual=bool(spec.residual_shape),
                          has_scale=bool(spec.scale_shape), store_rows=store_walks_rows(spec),
-                         any_rows=spec.symbol("rows") is not None)
+                         any_rows=spec.op == "matmul" and bool(spec.symbolic("lhs")))
 
 
 def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,

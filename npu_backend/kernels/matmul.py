@@ -10,15 +10,16 @@ GEMM read through a view (caller_shapes). Other broadcasts of the batch dims sta
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
-from tvm import te
+from tvm import te, tirx
 from tvm.relax.dpl import is_op, wildcard
 
 from ..errors import UnsupportedOperator
 from .epilogue import Root, epilogue_compute, epilogue_fields, epilogue_operands, static_shape, with_epilogue_tail
 from ..relax_info import shape_dims
-from .dynamic import padded_extent, read_shape, with_vars
+from .dynamic import caller_dims, read_shape, symbols_of
 from .family import OpFamily
 from .gemm import choose_gemm_tiling, schedule_gemm
 from .operands import kernel_prim_func, padded
@@ -35,16 +36,20 @@ def _roots() -> list[Root]:
 def matmul_spec(name: str, annotated: dict) -> KernelSpec:
     """The kernel a matched matmul chain becomes; raises UnsupportedOperator with the reason."""
     common = epilogue_fields("matmul", annotated)
-    # A 2-D matmul's rows may be symbolic: one kernel for every number of rows (dynamic.py).
-    lhs_shape, lhs_symbols = read_shape(annotated["lhs"], "left operand",
-                                        symbolic_axes=(0,) if _rank(annotated["lhs"]) == 2 else ())
+    # The rows may be symbolic (one kernel for every number of rows, dynamic.py): a 2-D
+    # matmul's, and with shared 2-D weights every leading axis of the left operand.
     rhs_shape = static_shape(annotated["rhs"], "right operand")
+    lhs_rank = _rank(annotated["lhs"])
+    lhs_shape, lhs_symbols = read_shape(annotated["lhs"], "left operand",
+                                        symbolic_axes=range(lhs_rank - 1) if len(rhs_shape) == 2 else ())
     if min(len(lhs_shape), len(rhs_shape)) < 2:
         raise UnsupportedOperator(f"matmul of rank {len(lhs_shape)} x {len(rhs_shape)}: the NPU kernel takes "
                                   "matrices (reshape a vector operand to (1, K) or (K, 1))")
     permute, bias_shape = annotated.get("permute"), common["bias_shape"]
+    symbols = symbols_of("lhs", lhs_symbols) + symbols_of("out", lhs_symbols)
     if len(lhs_shape) != 2 or len(rhs_shape) != 2:
-        spec = _batched_spec(lhs_shape, rhs_shape, permute, bias_shape, common)
+        spec = dataclasses.replace(_batched_spec(lhs_shape, rhs_shape, permute, bias_shape, common),
+                                   symbols=symbols)
     else:
         if permute is not None:
             axes = permute.attrs.axes
@@ -53,7 +58,6 @@ def matmul_spec(name: str, annotated: dict) -> KernelSpec:
         n = rhs_shape[0] if permute is not None else rhs_shape[1]
         if bias_shape is not None and (bias_shape[-1] != n or any(d != 1 for d in bias_shape[:-1])):
             raise UnsupportedOperator(f"the bias of shape {bias_shape} is not a row of {n} columns")
-        symbols = (("rows", lhs_symbols[0]),) if lhs_symbols else ()
         spec = KernelSpec("matmul", lhs_shape=lhs_shape, rhs_shape=rhs_shape, rhs_transposed=permute is not None,
                           symbols=symbols, **common)
     return with_epilogue_tail(spec, annotated)
@@ -118,9 +122,14 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
     if spec.batch > 1:
         return batch_matmul_compute(spec, tiling)
     m, n, _ = spec.gemm_extents
-    rows = spec.symbol("rows")  # the rows' variable when they are symbolic
-    lhs_shape = with_vars(spec.lhs_shape, {0: rows} if rows else {})
-    m, mp = lhs_shape[0], padded_extent(rows, m, tiling.tm, tiling.mp)
+    # Symbolic rows: the product of the caller's leading axes of the left operand (one of them
+    # a variable), over whole tiles of them.
+    if spec.symbolic("lhs"):
+        m = math.prod(caller_dims(spec, "lhs", spec.lhs_shape)[:-1])
+        mp = tirx.ceildiv(m, tiling.tm) * tiling.tm
+    else:
+        mp = tiling.mp
+    lhs_shape = (m, spec.lhs_shape[1])
     a = te.placeholder(lhs_shape, spec.dtype, name="lhs")
     b = te.placeholder(spec.rhs_shape, spec.dtype, name="rhs")
     a_pad = te.compute((mp, tiling.kp), lambda i, r: padded(a, lhs_shape, (i, r)), name="a_pad")

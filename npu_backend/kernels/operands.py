@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from tvm import te, tirx
 
+from .dynamic import caller_dims
+
 
 def in_bounds(indices, shape):
     """The condition under which `indices` lie inside a tensor of `shape` (the DMA halo test)."""
@@ -61,5 +63,7 @@ def prim_func(roles, inputs: dict, out, views=None):
 
 def kernel_prim_func(spec, inputs: dict, out, views=None):
     """`prim_func` for a KernelSpec: parameters in `spec.roles` order, the views the spec's
-    caller shapes name (a compact (B, S, K) input read as (B * S, K)) plus `views`."""
-    return prim_func(spec.roles, inputs, out, {**dict(spec.caller_shapes), **(views or {})})
+    caller shapes name (a compact (B, S, K) input read as (B * S, K), symbolic axes as their
+    variables) plus `views`."""
+    callers = {role: caller_dims(spec, role, shape) for role, shape in spec.caller_shapes}
+    return prim_func(spec.roles, inputs, out, {**callers, **(views or {})})

@@ -76,13 +76,13 @@ class KernelSpec:
     # like a bias). None: the kernel writes its accumulator dtype.
     requant_zero_point: int | None = None
     scale_shape: tuple | None = None
-    # Symbolic axes (kernels/dynamic.py): ((axis key, variable name), ...), the shapes above
-    # holding them at their bound. Keys: "rows" (a matmul's M), "batch" (images).
+    # Symbolic axes (kernels/dynamic.py): ((role, axis, variable name), ...) of the shapes the
+    # caller passes (caller_shapes, else the shapes above), which hold them at their bound.
     symbols: tuple = ()
 
-    def symbol(self, key: str) -> str | None:
-        """The variable name of symbolic axis `key`, or None when it is static."""
-        return dict(self.symbols).get(key)
+    def symbolic(self, role: str) -> dict:
+        """{axis: variable name} of `role`'s symbolic axes (role "out": the output's)."""
+        return {axis: name for r, axis, name in self.symbols if r == role}
 
     @property
     def roles(self) -> tuple:

@@ -41,13 +41,14 @@ def _host_shape(slot):
 
 
 def _tile_of(loop):
-    """(variable, tile) when `loop` runs over the tiles of a symbolic axis: its extent is
-    ceildiv(var, tile), which TVM writes floordiv(var + tile - 1, tile); else None."""
+    """(size, tile) when `loop` runs over the tiles of a symbolic axis: its extent is
+    ceildiv(size, tile), which TVM writes floordiv(size + tile - 1, tile), `size` an expression
+    of symbolic dimensions (n, or b * s for rows folded from two axes); else None."""
     extent = sym.Analyzer().simplify(loop.extent)
     if not (isinstance(extent, tirx.FloorDiv) and isinstance(extent.b, tirx.IntImm)):
         return None
     tile, numerator = int(extent.b.value), extent.a
-    if isinstance(numerator, tirx.Add) and isinstance(numerator.a, tirx.Var) and \
+    if isinstance(numerator, tirx.Add) and not isinstance(numerator.a, tirx.IntImm) and \
             isinstance(numerator.b, tirx.IntImm) and int(numerator.b.value) == tile - 1:
         return numerator.a, tile
     return None
@@ -61,8 +62,8 @@ class _Cutter:
             tile = _tile_of(stmt)
             inner = rows
             if tile is not None:
-                var, size = tile
-                inner = (size, tirx.min(tirx.IntImm(str(var.ty), size), var - stmt.loop_var * size))
+                extent, size = tile
+                inner = (size, tirx.min(tirx.IntImm(str(extent.ty), size), extent - stmt.loop_var * size))
             return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, self.stmt(stmt.body, inner),
                             stmt.thread_binding, stmt.annotations)
         if isinstance(stmt, tirx.SeqStmt):

@@ -25,6 +25,7 @@ from cgra_sim.arch import HardwareDescription
 
 from ..frontend.provenance import SOURCE_NODES_ATTR
 from ..kernels import offloaded_spec
+from ..kernels.dynamic import shape_bounds
 from ..options import CompileOptions, dump
 from ..pipeline import KERNEL_STAGES, Kernel, run_kernel_stages
 from ..progress import report_kernel
@@ -36,7 +37,8 @@ def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
     Identical layers (same spec, chip and options) go through the stages once per process
     (`_KERNEL_CACHE`); each still gets its own symbol, source_ops attribute and dump files."""
     symbol = str(func.attrs["global_symbol"])
-    spec = offloaded_spec(func)
+    with shape_bounds(dict(options.shape_bounds)):
+        spec = offloaded_spec(func)
     attrs = {"cgra.arch": arch.to_json(), "cgra.source_ops": source_ops_attr(func, spec.source_ops)}
     key = (dataclasses.replace(spec, source_ops=()), arch.fingerprint,
            dataclasses.replace(options, dump_dir=None))
