@@ -18,6 +18,7 @@ from tvm.relax.dpl import is_op, wildcard
 
 from ..errors import UnsupportedOperator
 from .epilogue import Root, epilogue_compute, epilogue_fields, epilogue_operands, static_shape, with_epilogue_tail
+from .dynamic import batch_extent, read_shape, symbols_of
 from .family import OpFamily
 from .gemm import choose_gemm_tiling, schedule_gemm
 from .operands import kernel_prim_func, logical, padded, stored
@@ -35,7 +36,9 @@ def conv2d_spec(name: str, annotated: dict) -> KernelSpec:
     common = epilogue_fields("conv2d", annotated)
     attrs = annotated["root"].attrs
     data_layout, kernel_layout, out_layout = _layouts(attrs)
-    data_shape = logical(static_shape(annotated["lhs"], "data"), data_layout, "NCHW")
+    # The batch may be symbolic: one kernel for every batch size (kernels/dynamic.py).
+    stored_data, batch_symbol = read_shape(annotated["lhs"], "data", symbolic_axes=(data_layout.index("N"),))
+    data_shape = logical(stored_data, data_layout, "NCHW")
     weight_shape = logical(static_shape(annotated["rhs"], "weight"), kernel_layout, "OIHW")
     groups = int(attrs.groups)
     if data_shape[1] % groups or weight_shape[0] % groups or weight_shape[1] * groups != data_shape[1]:
@@ -49,7 +52,9 @@ def conv2d_spec(name: str, annotated: dict) -> KernelSpec:
     spec = KernelSpec(op, lhs_shape=data_shape, rhs_shape=weight_shape,
                       strides=tuple(int(s) for s in attrs.strides), padding=padding,
                       dilation=tuple(int(d) for d in attrs.dilation), groups=groups,
-                      data_layout=data_layout, kernel_layout=kernel_layout, out_layout=out_layout, **common)
+                      data_layout=data_layout, kernel_layout=kernel_layout, out_layout=out_layout,
+                      symbols=symbols_of("lhs", batch_symbol) + symbols_of(
+                          "out", {out_layout.index("N"): name for name in batch_symbol.values()}), **common)
     _check_bias(common["bias_shape"], weight_shape[0], out_layout)
     return with_epilogue_tail(spec, annotated)
 
@@ -91,6 +96,8 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
         return conv2d_layout_compute(spec, tiling)
     _, _, kh, kw = spec.rhs_shape
     data_shape, out_shape = spec.grouped_shapes
+    batch, g = batch_extent(spec), spec.groups
+    data_shape, out_shape = (batch * g,) + data_shape[1:], (batch * g,) + out_shape[1:]
     images, per_group, oh, ow = out_shape
     x = te.placeholder(data_shape, spec.dtype, name="data")
     w = te.placeholder(spec.rhs_shape, spec.dtype, name="weight")
@@ -111,9 +118,11 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
     operands = epilogue_operands(spec, out_shape)
     epi = epilogue_compute(spec, acc, tiling, operands, out_index=lambda b_, p, f: (b_, f, p // ow, p % ow))
     out = te.compute(out_shape, lambda b_, f, y, ox: epi[b_, y * ow + ox, f], name="out")
-    views = {"lhs": spec.lhs_shape, "out": spec.output_shape, "residual": spec.output_shape} \
+    logical_out = (batch,) + tuple(spec.output_shape[1:])
+    views = {"lhs": (batch,) + tuple(spec.lhs_shape[1:]), "out": logical_out, "residual": logical_out} \
         if spec.groups > 1 else {}
     return kernel_prim_func(spec, {"lhs": x, "rhs": w, **operands}, out, views)
+
 
 
 def _gather(spec: KernelSpec, tiling: Tiling, data, images: int, ow: int):
@@ -157,9 +166,10 @@ def conv2d_layout_compute(spec: KernelSpec, tiling: Tiling):
     layouts keep them. The output is computed in conv2d_compute's order and moved to its layout
     by a layout transform of the output buffer (a store has no bound test to keep in shape)."""
     _, _, kh, kw = spec.rhs_shape
-    g = spec.groups
-    _, (images, per_group, oh, ow) = spec.grouped_shapes
-    data_shape = group_view(spec.lhs_shape, spec.data_layout, g)
+    g, batch = spec.groups, batch_extent(spec)
+    _, (_, per_group, oh, ow) = spec.grouped_shapes
+    images, logical_data = batch * g, (batch,) + tuple(spec.lhs_shape[1:])
+    data_shape = group_view(logical_data, spec.data_layout, g)
     weight_shape = stored(spec.rhs_shape, "OIHW", spec.kernel_layout)
     x = te.placeholder(data_shape, spec.dtype, name="data")
     w = te.placeholder(weight_shape, spec.dtype, name="weight")
@@ -180,8 +190,8 @@ def conv2d_layout_compute(spec: KernelSpec, tiling: Tiling):
     operands = epilogue_operands(spec, ())
     epi = epilogue_compute(spec, acc, tiling, operands)
     out = te.compute((images, per_group, oh, ow), lambda b_, f, y, ox: epi[b_, y * ow + ox, f], name="out")
-    views = {"lhs": stored(spec.lhs_shape, "NCHW", spec.data_layout),
-             "out": stored(spec.output_shape, "NCHW", spec.out_layout)} if g > 1 else {}
+    views = {"lhs": stored(logical_data, "NCHW", spec.data_layout),
+             "out": stored((batch,) + tuple(spec.output_shape[1:]), "NCHW", spec.out_layout)} if g > 1 else {}
     func = kernel_prim_func(spec, {"lhs": x, "rhs": w, **operands}, out, views)
     sch = s_tir.Schedule(func)
     sch.transform_layout(sch.get_sblock("out"), ("write", 0), lambda b_, f, y, ox: group_view(

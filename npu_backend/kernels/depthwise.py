@@ -20,6 +20,7 @@ from cgra_sim.isa import DType
 
 from ..errors import ScratchpadTooSmall
 from .epilogue import channel_rows, epilogue_compute, epilogue_intrin, epilogue_operands
+from .dynamic import batch_extent
 from .family import OpFamily
 from .gemm import loops_after
 from .intrinsics import SPAD, get_intrin
@@ -38,14 +39,14 @@ def padded_width(spec: KernelSpec) -> int:
 def depthwise_compute(spec: KernelSpec, tiling: Tiling):
     """out[b, c, y, x] = the window sum of channel c, in the spec's layouts. Output rows are
     padded to whole tiles (tiling.tm rows) and columns to at least 2."""
-    n, _, _, _ = spec.lhs_shape
+    n = batch_extent(spec)  # an int, or the symbolic batch's variable
     _, _, kh, kw = spec.rhs_shape
     top, left, _, _ = spec.padding
     window = (kh, kw, *spec.strides, *spec.dilation)
     rows, cols, width = tiling.mp, tiling.np, padded_width(spec)
     in_h = window_extent(rows, kh, spec.strides[0], spec.dilation[0])
     in_w = window_extent(width, kw, spec.strides[1], spec.dilation[1])
-    data_shape = stored(spec.lhs_shape, "NCHW", spec.data_layout)
+    data_shape = stored((n,) + tuple(spec.lhs_shape[1:]), "NCHW", spec.data_layout)
     weight_shape = stored(spec.rhs_shape, "OIHW", spec.kernel_layout)
     x = te.placeholder(data_shape, spec.dtype, name="data")
     w = te.placeholder(weight_shape, spec.dtype, name="weight")
@@ -56,7 +57,7 @@ def depthwise_compute(spec: KernelSpec, tiling: Tiling):
     acc = te.compute((n, rows, width, cols), lambda b_, y, ox, c: window_sum(
         lambda iy, ix, ch: a_pad[b_, iy, ix, ch], lambda ry, rx, ch: b_pad[ry, rx, ch], y, ox, c,
         window, spec.acc_dtype), name="acc")
-    out_shape = stored(spec.output_shape, "NCHW", spec.out_layout)
+    out_shape = stored((n,) + tuple(spec.output_shape[1:]), "NCHW", spec.out_layout)
     operands = epilogue_operands(spec, out_shape)
     epi = epilogue_compute(spec, acc, tiling, operands,
                            out_index=lambda b_, y, ox, c: stored((b_, c, y, ox), "NCHW", spec.out_layout))

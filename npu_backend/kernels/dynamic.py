@@ -110,3 +110,10 @@ def caller_dims(spec, role: str, shape: tuple) -> tuple:
 def symbols_of(role: str, names: dict) -> tuple:
     """KernelSpec.symbols entries for `role`'s symbolic axes (`names`: axis -> variable)."""
     return tuple((role, axis, name) for axis, name in sorted(names.items()))
+
+
+def batch_extent(spec):
+    """A conv2d's or pool's batch as the kernel indexes it: an int, or the symbolic batch's
+    variable (the N axis of the data as the caller stores it)."""
+    name = spec.symbolic("lhs").get(spec.data_layout.index("N"))
+    return dim_var(name) if name is not None else spec.lhs_shape[0]
