@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from tvm import te
+from tvm import te, tirx
 from tvm.relax.dpl import is_op, wildcard
 
 from cgra_sim import cost
@@ -29,7 +29,8 @@ from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
 from ..errors import ScratchpadTooSmall, UnsupportedOperator
-from ..relax_info import dtype_of, require_static_shape
+from ..relax_info import dtype_of
+from .dynamic import dim_var, read_shape
 from .family import OpFamily
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.vector_unit import eltwise_value
@@ -59,6 +60,9 @@ class EltwiseSpec:
     rhs_full: tuple = ()
     source_ops: tuple = ()
     param_roles: tuple = ("lhs", "rhs")
+    # The output's axis 0 when it is symbolic (kernels/dynamic.py): its variable's name. It is the
+    # view's axis 0 too, never merged with another, and the shapes above hold it at its bound.
+    symbol: str | None = None
     op = "eltwise"
     compute_name = "eltwise"
     acc_dtype = property(lambda self: self.dtype)  # what the target hook and explain read off a spec
@@ -70,21 +74,22 @@ class EltwiseSpec:
         return self.extents if full is None else tuple(e if f else 1 for e, f in zip(self.extents, full))
 
 
-def eltwise_view(lhs_shape: tuple, rhs_shape: tuple):
-    """(output shape, view extents, lhs walks, rhs walks) of a numpy broadcast of two shapes."""
+def eltwise_view(lhs_shape: tuple, rhs_shape: tuple, keep_first: bool = False):
+    """(output shape, view extents, lhs walks, rhs walks) of a numpy broadcast of two shapes.
+    `keep_first`: the output's axis 0 stays a view axis of its own (a symbolic axis)."""
     rank = max(len(lhs_shape), len(rhs_shape))
     lhs, rhs = ((1,) * (rank - len(s)) + tuple(s) for s in (lhs_shape, rhs_shape))
     out = tuple(max(a, b) for a, b in zip(lhs, rhs))
     axes = []  # [extent, lhs walks, rhs walks], neighbours with one pattern merged
-    for extent, a, b in zip(out, lhs, rhs):
-        if extent == 1:
+    for index, (extent, a, b) in enumerate(zip(out, lhs, rhs)):
+        if extent == 1 and not (keep_first and index == 0):
             continue  # both operands have 1 here: the axis carries nothing
         pattern = (a == extent, b == extent)
-        if axes and tuple(axes[-1][1:]) == pattern:
+        if axes and tuple(axes[-1][1:]) == pattern and not (keep_first and index == 1):
             axes[-1][0] *= extent
         else:
             axes.append([extent, *pattern])
-    if len(axes) == 1:  # one axis, walked alike everywhere: split it into rows and columns
+    if len(axes) == 1 and not keep_first:  # one axis, walked alike: split it into rows and columns
         extent, *pattern = axes[0]
         rows = _smallest_factor(extent)
         axes = [[rows, *pattern], [extent // rows, *pattern]]
@@ -98,10 +103,6 @@ def _smallest_factor(extent: int) -> int:
     """The smallest factor > 1 of `extent` below it, else 1 (a prime: the view keeps one row,
     which the tiling pads to two)."""
     return next((f for f in range(2, math.isqrt(extent) + 1) if extent % f == 0), 1)
-
-
-def _shape(expr, role: str, op: str) -> tuple:
-    return require_static_shape(expr, role, UnsupportedOperator, prefix=f"{op}: ")
 
 
 def eltwise_spec_from_match(name: str, annotated: dict) -> EltwiseSpec:
@@ -118,7 +119,11 @@ def eltwise_spec_from_match(name: str, annotated: dict) -> EltwiseSpec:
     if dtypes[0] not in ELTWISE_DTYPES:
         raise UnsupportedOperator(f"{func} on {dtypes[0] or 'an unknown dtype'} is not supported (the vector "
                                   f"unit computes {', '.join(ELTWISE_DTYPES)})")
-    shapes = _shape(lhs, "left operand", func), _shape(rhs, "right operand", func)
+    (lhs_shape, lhs_names), (rhs_shape, rhs_names) = (
+        read_shape(expr, role, symbolic_axes=(0,), prefix=f"{func}: ")
+        for expr, role in ((lhs, "left operand"), (rhs, "right operand")))
+    shapes = lhs_shape, rhs_shape
+    symbol = _symbolic_axis(func, shapes, lhs_names, rhs_names)
     for role, shape in zip(("left", "right"), shapes):
         if not shape:
             raise UnsupportedOperator(f"{func} with a scalar {role} operand (shape ()): the NPU's DMA moves "
@@ -127,8 +132,26 @@ def eltwise_spec_from_match(name: str, annotated: dict) -> EltwiseSpec:
         if len(shape) > MAX_RANK:
             raise UnsupportedOperator(f"{func} of rank {len(shape)}: the NPU's DMA moves tensors of rank "
                                       f"1..{MAX_RANK}")
-    out, extents, lhs_full, rhs_full = eltwise_view(*shapes)
-    return EltwiseSpec(func, dtypes[0], shapes[0], shapes[1], out, extents, lhs_full, rhs_full)
+    out, extents, lhs_full, rhs_full = eltwise_view(*shapes, keep_first=symbol is not None)
+    return EltwiseSpec(func, dtypes[0], shapes[0], shapes[1], out, extents, lhs_full, rhs_full, symbol=symbol)
+
+
+def _symbolic_axis(func: str, shapes, lhs_names: dict, rhs_names: dict) -> str | None:
+    """The variable of the output's symbolic axis 0, or None. An operand of the output's rank
+    has that variable there (or 1: broadcast); a shorter operand does not reach axis 0."""
+    names = set(lhs_names.values()) | set(rhs_names.values())
+    if not names:
+        return None
+    rank = max(len(s) for s in shapes)
+    for shape, own in zip(shapes, (lhs_names, rhs_names)):
+        if len(shape) == rank and not own and shape[0] != 1:
+            raise UnsupportedOperator(f"{func}: one operand's axis 0 is symbolic, the other's is {shape[0]}: "
+                                      "they must be one size (or 1)")
+        if own and len(shape) != rank:
+            raise UnsupportedOperator(f"{func}: a symbolic axis that is not the output's axis 0 stays on the host")
+    if len(names) > 1:
+        raise UnsupportedOperator(f"{func}: the operands' axis 0 are different symbolic sizes {sorted(names)}")
+    return names.pop()
 
 
 def _patterns() -> list:
@@ -208,20 +231,32 @@ def _walked(indices, full):
 def eltwise_compute(spec: EltwiseSpec, tiling: Tiling):
     """out = func(lhs, rhs) over the view (outer..., rows, cols), rows and columns padded to
     whole tiles (mp, np). Each operand's tile keeps extent 1 on the axes it is broadcast along."""
-    padded = spec.extents[:-2] + (tiling.mp, tiling.np)
+    extents = _symbolic(spec, spec.extents)  # a symbolic axis 0 as its variable
+    padded = extents[:-2] + (tiling.mp, tiling.np)
+    if spec.symbol is not None and len(extents) == 2:  # the symbolic axis is the tiles' rows
+        padded = (tirx.ceildiv(extents[0], tiling.tm) * tiling.tm, tiling.np)
     operands = {}
     for role, name, full in (("lhs", "a_pad", spec.lhs_full), ("rhs", "b_pad", spec.rhs_full)):
-        view = spec.view(role)
+        view = tuple(e if walks else 1 for e, walks in zip(extents, full))
         tensor = te.placeholder(view, spec.dtype, name=role)
         shape = tuple(extent if walks else 1 for extent, walks in zip(padded, full))
         operands[role] = (tensor, te.compute(shape, _loader(tensor, view), name=name))
     (lhs, a_pad), (rhs, b_pad) = operands["lhs"], operands["rhs"]
     elt = te.compute(padded, lambda *i: eltwise_value(
         spec.func, a_pad(*_walked(i, spec.lhs_full)), b_pad(*_walked(i, spec.rhs_full))), name="elt")
-    out = te.compute(spec.extents, lambda *i: elt(*i), name="out")
+    out = te.compute(extents, lambda *i: elt(*i), name="out")
     caller = {"lhs": spec.lhs_shape, "rhs": spec.rhs_shape, "out": spec.output_shape}
-    views = caller if any(tuple(shape) != tuple(spec.view(role)) for role, shape in caller.items()) else None
+    views = {role: _symbolic(spec, shape, rank=len(spec.output_shape)) for role, shape in caller.items()} \
+        if any(tuple(shape) != tuple(spec.view(role)) for role, shape in caller.items()) else None
     return prim_func(spec.param_roles, {"lhs": lhs, "rhs": rhs}, out, views)
+
+
+def _symbolic(spec: EltwiseSpec, shape: tuple, rank: int | None = None) -> tuple:
+    """`shape` with the symbolic axis 0 (when it is the output's, and not a broadcast 1) as its
+    variable; `rank`: the output's, for a caller's shape that may be shorter."""
+    if spec.symbol is None or not shape or (rank is not None and len(shape) != rank) or shape[0] == 1:
+        return tuple(shape)
+    return (dim_var(spec.symbol),) + tuple(shape[1:])
 
 
 def schedule_eltwise(sch, spec: EltwiseSpec, tiling: Tiling, arch: HardwareDescription) -> None:
