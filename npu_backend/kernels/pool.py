@@ -18,6 +18,8 @@ windows reach past the padded image into more halo, outside both.
 
 from __future__ import annotations
 
+import dataclasses
+
 from tvm import te
 from tvm.relax.dpl import is_op, wildcard
 
@@ -26,7 +28,8 @@ from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
 from ..errors import ScratchpadTooSmall, UnsupportedOperator
-from ..relax_info import dtype_of, require_static_shape
+from ..relax_info import dtype_of
+from .dynamic import batch_extent, read_shape
 from .family import OpFamily
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.vector_unit import PoolWindow, never_valid_taps, pool_value
@@ -58,10 +61,14 @@ def pool_spec(name: str, annotated: dict) -> KernelSpec:
     """The pooling kernel of a matched call; raises UnsupportedOperator with the reason it cannot."""
     call, data = annotated["root"], annotated["lhs"]
     op = name.removeprefix("cgra.")
-    shape = require_static_shape(data, "data", UnsupportedOperator)
+    # The batch may be symbolic (one kernel for every batch size, kernels/dynamic.py); which
+    # axis is the batch depends on the layout, checked once the spec knows it.
+    shape, names = read_shape(data, "data", symbolic_axes=range(4))
     if len(shape) != 4:
         raise UnsupportedOperator(f"{op} of a rank-{len(shape)} tensor: the NPU pools 4-D images")
     spec = _SPECS[name](op, call, shape, dtype_of(data))
+    if names:
+        spec = _with_symbolic_batch(op, spec, names)
     if spec.dtype not in POOL_DTYPES[spec.pool.kind]:
         raise UnsupportedOperator(f"{op} on {spec.dtype}: the NPU's POOL takes "
                                   f"{' or '.join(POOL_DTYPES[spec.pool.kind])} for a {spec.pool.kind} pool")
@@ -72,6 +79,17 @@ def pool_spec(name: str, annotated: dict) -> KernelSpec:
                                   "in the padding for every output (an image smaller than the window); the NPU's "
                                   "POOL kernel takes whole windows")
     return spec
+
+
+def _with_symbolic_batch(op: str, spec: KernelSpec, names: dict) -> KernelSpec:
+    """`spec` with its symbolic batch, the only axis a POOL kernel takes symbolic."""
+    batch = spec.data_layout.index("N")
+    if set(names) != {batch}:
+        axes = ", ".join(f"{spec.data_layout[a]} ({n})" for a, n in sorted(names.items()))
+        raise UnsupportedOperator(f"{op} with symbolic {axes}: the NPU's POOL kernel takes a symbolic batch (N), "
+                                  "not a symbolic image size (bind it, e.g. with relax.transform.BindSymbolicVars)")
+    out_axis = 0 if dict(spec.caller_shapes).get("out") is not None else spec.out_layout.index("N")
+    return dataclasses.replace(spec, symbols=(("lhs", batch, names[batch]), ("out", out_axis, names[batch])))
 
 
 def _layout(op: str, attrs) -> str:
@@ -156,12 +174,12 @@ def window_extents(spec: KernelSpec) -> tuple[int, int]:
 
 def pool_compute(spec: KernelSpec, tiling: Tiling):
     """out[b, c, y, x] (in the spec's layout) = the pooled window of image b, channel c."""
-    n, _, _, _ = spec.lhs_shape
+    n = batch_extent(spec)  # an int, or the symbolic batch's variable
     _, _, oh, ow = spec.output_shape
     top, left, _, _ = spec.padding
     in_h, in_w = window_extents(spec)
     window = pool_window(spec)
-    data_shape = stored(spec.lhs_shape, "NCHW", spec.data_layout)
+    data_shape = stored((n,) + tuple(spec.lhs_shape[1:]), "NCHW", spec.data_layout)
     x = te.placeholder(data_shape, spec.dtype, name="data")
     a_pad = te.compute((n, in_h, in_w, tiling.np), lambda b_, py, px, c: padded(
         x, data_shape, stored((b_, c, py - top, px - left), "NCHW", spec.data_layout)), name="a_pad")
@@ -172,7 +190,7 @@ def pool_compute(spec: KernelSpec, tiling: Tiling):
         axis = dict(zip(spec.out_layout, index))
         return acc[axis["N"], axis["H"], axis["W"], axis["C"]]
 
-    out = te.compute(stored(spec.output_shape, "NCHW", spec.out_layout), stored_out, name="out")
+    out = te.compute(stored((n,) + tuple(spec.output_shape[1:]), "NCHW", spec.out_layout), stored_out, name="out")
     return kernel_prim_func(spec, {"lhs": x}, out)
 
 
