@@ -65,15 +65,17 @@ class Profile:
         return json.dumps(self.to_dict(), indent=indent)
 
     def table(self) -> str:
-        """A per-kernel table a person can read; the model nodes (ONNX node names) each launch
-        came from, when the model was imported with them (npu_backend.from_onnx)."""
-        lines = [f"{'kernel':<44} {'source ops':<26} {'cycles':>10} {'MACs':>12} {'util':>6} "
+        """A per-kernel table a person can read: each launch's output shape (its sizes, for a
+        kernel compiled for symbolic ones), and the model nodes (ONNX node names) it came from,
+        when the model was imported with them (npu_backend.from_onnx)."""
+        lines = [f"{'kernel':<44} {'source ops':<26} {'output':>14} {'cycles':>10} {'MACs':>12} {'util':>6} "
                  f"{'DMA bytes':>10}  model nodes"]
         for k in self.kernels:
             dma = k.dma_load_bytes + k.dma_store_bytes
-            lines.append(f"{k.name[:44]:<44} {','.join(k.source_ops)[:26]:<26} {k.cycles:>10} "
+            output = "x".join(str(d) for d in k.tensor_shapes[-1]) if k.tensor_shapes else ""
+            lines.append(f"{k.name[:44]:<44} {','.join(k.source_ops)[:26]:<26} {output[:14]:>14} {k.cycles:>10} "
                          f"{k.macs:>12} {k.utilisation:>6.1%} {dma:>10}  {','.join(k.model_nodes)}".rstrip())
-        lines.append(f"{'total':<44} {'':<26} {self.total_cycles:>10} {self.total_macs:>12}")
+        lines.append(f"{'total':<44} {'':<26} {'':>14} {self.total_cycles:>10} {self.total_macs:>12}")
         return "\n".join(lines)
 
     def chrome_trace(self) -> dict:

@@ -44,6 +44,9 @@ class KernelStats:
     idle_cycles: dict = dataclasses.field(default_factory=dict)  # unit's last command has left it
     # Per source op: the model nodes (ONNX node names, "+"-joined) it came from, "" if unknown.
     source_nodes: tuple[str, ...] = ()
+    # Per slot, the shape of the tensor the launch ran on (inputs, then the output): the sizes
+    # of this launch when the kernel was compiled for symbolic ones.
+    tensor_shapes: tuple[tuple[int, ...], ...] = ()
 
     @property
     def model_nodes(self) -> tuple[str, ...]:
@@ -54,6 +57,7 @@ class KernelStats:
         data = dataclasses.asdict(self)
         data["source_ops"] = list(self.source_ops)
         data["source_nodes"] = list(self.source_nodes)
+        data["tensor_shapes"] = [list(shape) for shape in self.tensor_shapes]
         return data
 
     def to_json(self, indent: int | None = None) -> str:
@@ -72,7 +76,8 @@ def ideal_cycles(arch: HardwareDescription, pe_work: Fraction, load_bytes: int, 
 
 
 def collect_stats(arch: HardwareDescription, commands: list[Command], timeline: Timeline,
-                  name: str, source_ops: tuple[str, ...], source_nodes: tuple[str, ...] = ()) -> KernelStats:
+                  name: str, source_ops: tuple[str, ...], source_nodes: tuple[str, ...] = (),
+                  tensor_shapes: tuple = ()) -> KernelStats:
     """Sums the work, traffic and occupancy of a timed stream."""
     gemms = [c for c in commands if c.unit is Unit.COMPUTE]  # GEMM and DEPTHWISE
     loads = [c for c in commands if isinstance(c, DmaCommand) and c.op is Op.DMA_LOAD]
@@ -107,4 +112,5 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], timeline: 
         stall_cycles={unit.name.lower(): timeline.stall_cycles(unit, stalls) for unit in Unit},
         idle_cycles={unit.name.lower(): timeline.idle_cycles(unit) for unit in Unit},
         source_nodes=tuple(source_nodes) if any(source_nodes) else (),
+        tensor_shapes=tuple(tuple(int(d) for d in shape) for shape in tensor_shapes),
     )
