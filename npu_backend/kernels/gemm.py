@@ -64,12 +64,20 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     in_bytes = DType.from_name(dtype).itemsize
     acc_bytes = DType.from_name(acc_dtype).itemsize
     candidates = []  # (tm, tn, tk) that fit the scratchpad
-    for tm in range(row_step, round_up(rows, row_step) + 1, row_step):
-        for tn in range(arch.cols, round_up(cols, arch.cols) + 1, arch.cols):
+    shallowest = min(_k_candidates(depth))
+    for tn in range(arch.cols, round_up(cols, arch.cols) + 1, arch.cols):
+        for tm in range(row_step, round_up(rows, row_step) + 1, row_step):
+            # The compact footprint only grows with tm: past the first tm whose shallowest tile
+            # cannot fit even unpadded, none fits (this keeps a large bound, e.g. a symbolic
+            # batch x sequence, from enumerating a million row tiles).
+            if gemm_footprint(tm, tn, shallowest, in_bytes, acc_bytes, has_bias, has_residual,
+                              has_scale) > arch.spad_bytes:
+                break
             tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual,
                                     out_row_stride(tn, acc_bytes, store_rows, arch), has_scale)
             if tk is not None:
                 candidates.append((tm, tn, tk))
+    candidates.sort()  # ties go to the smaller row tile, as they always have
     if not candidates:
         raise ScratchpadTooSmall(
             f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold even one "
@@ -81,7 +89,8 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
         return Tiling(tm, tn, tk, round_up(size, tm), round_up(cols, tn), round_up(depth, tk))
 
     def cycles(candidate, size: int) -> int:
-        return estimate_cycles(tiling_for(candidate, size), dtype, in_bytes, acc_bytes, arch, has_residual)
+        return estimate_cycles(tiling_for(candidate, size), dtype, in_bytes, acc_bytes, arch, has_residual,
+                               latency_bound=any_rows)
 
     if not any_rows:
         best = min(candidates, key=lambda c: (cycles(c, rows), -c[0] * c[1]))
@@ -93,7 +102,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
 
 
 def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription,
-                    has_residual: bool = False) -> int:
+                    has_residual: bool = False, latency_bound: bool = False) -> int:
     """A first-order estimate of a tiled GEMM's cycles, each unit's work priced by the simulator's
     cost model (cgra_sim.cost).
 
@@ -119,7 +128,13 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     prologue = cost.dma_cycles(arch, tile_load)
     tail = vector_tile + cost.dma_cycles(arch, out_bytes)
     bubble = (tiles - 1) * (2 * vector_tile + array_fill)
-    return max(compute, load, store, vector) + bubble + prologue + tail
+    busiest = max(compute, load, store, vector)
+    if latency_bound:
+        # With two buffers a step's operands are issued two steps ahead, so short steps wait
+        # for the DMA's latency: a row tile cut to a few rows runs many such steps. (The static
+        # search leaves this out: its figures are pinned by the cost-model tests.)
+        busiest = max(busiest, tiles * steps * -(-(arch.dma_latency + cost.dma_transfer_cycles(arch, tile_load)) // 2))
+    return busiest + bubble + prologue + tail
 
 
 def _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual, out_row,
