@@ -28,6 +28,16 @@ def ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
 
 
+def named(kind):
+    """An argparse type: NAME=VALUE, VALUE parsed by `kind`; gives (name, value)."""
+    def parse(text: str):
+        name, sep, value = text.partition("=")
+        if not sep or not name:
+            raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got '{text}'")
+        return name, kind(value)
+    return parse
+
+
 def add_observation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--record-dir", metavar="DIR",
                         help="save every kernel launch under DIR as <index>_<kernel>.cgra, with its "

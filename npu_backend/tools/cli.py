@@ -17,8 +17,8 @@ import time
 from cgra_sim.__main__ import REPLAY_DESCRIPTION, REPLAY_HELP, add_replay_arguments, run_replay
 
 from ..progress import StatusLine
-from .arguments import (EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, UsageError, add_observation_arguments, observe,
-                        publish)
+from .arguments import (EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, UsageError, add_observation_arguments, ints, named,
+                        observe, publish)
 from .verify import add_verify_arguments, run_verify
 
 __all__ = ["UsageError", "main"]
@@ -56,6 +56,15 @@ def _parser() -> argparse.ArgumentParser:
                                         "each kernel launch's command stream under DIR/streams (a "
                                         "launch file for replay and a .txt listing)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    run.add_argument("--shape", action="append", default=[], type=named(ints), metavar="NAME=D1,D2,...",
+                     help="the size to run input NAME at (repeat for several inputs). An input with "
+                          "dynamic dimensions (an ONNX dim_param such as a batch or a width) needs it: "
+                          "those dimensions stay symbolic, the model is compiled once and runs at this "
+                          "size, e.g. --shape x=1,3,48,320")
+    run.add_argument("--input", action="append", default=[], type=named(str), metavar="NAME=FILE.npy",
+                     help="run input NAME on the array in FILE.npy (numpy.save) instead of random data "
+                          "(repeat for several inputs); its dtype must be the input's, its shape fit the "
+                          "input's declaration")
     run.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="show progress on stderr (each kernel compiled, each kernel launch "
@@ -82,12 +91,17 @@ def _progress(message: str) -> None:
 def _run(args) -> int:
     from npu_backend.tools.run_model import run_onnx_model
 
+    import numpy as np
+
+    shapes = _by_name("--shape", args.shape)
+    inputs = {name: np.load(path, allow_pickle=False) for name, path in _by_name("--input", args.input).items()}
     show = args.progress if args.progress is not None else not args.json and sys.stderr.isatty()
     status = StatusLine(sys.stderr) if show else None
     try:
         with observe(args) as prof:  # sees the same launches as the model runner's own profile
             report = run_onnx_model(args.model, args.arch, check=args.check, dump_dir=args.dump_dir,
-                                    seed=args.seed, progress=status.show if status else None)
+                                    seed=args.seed, progress=status.show if status else None,
+                                    shapes=shapes, inputs=inputs)
     finally:
         if status is not None:
             status.close()
@@ -103,6 +117,16 @@ def _run(args) -> int:
             verdict = "PASS" if report["check"]["passed"] else "FAIL"
             print(f"{verdict} against onnxruntime: max relative error {report['check']['max_rel_error']:.2e}")
     return EXIT_OK if not args.check or report["check"]["passed"] else EXIT_MISMATCH
+
+
+def _by_name(option: str, pairs: list) -> dict:
+    """NAME=VALUE arguments as a dict; a name given twice is a usage error."""
+    result = {}
+    for name, value in pairs:
+        if name in result:
+            raise UsageError(f"{option} gives '{name}' twice")
+        result[name] = value
+    return result
 
 
 def _usage(message: str) -> int:

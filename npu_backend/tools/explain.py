@@ -14,7 +14,7 @@ import dataclasses
 import math
 
 import tvm
-from tvm import relax
+from tvm import relax, sym, tirx
 
 from cgra_sim.arch import load_arch
 
@@ -25,7 +25,7 @@ from ..options import CompileOptions
 from ..partition.composite import composite_call, composite_ops
 from ..partition.call_tir import call_tir_reason, called_prim_func, wrapped_call
 from ..pipeline import STAGES, run_stages, tir_offload_reason
-from ..relax_info import static_shape
+from ..relax_info import shape_dims, static_shape
 
 #: Operators that count multiply-accumulates (`Placement.macs`).
 _MAC_OPS = ("relax.matmul", "relax.nn.conv2d")
@@ -50,13 +50,16 @@ def npu_mac_fraction(placements: list[Placement]) -> float:
     return sum(p.macs for p in placements if p.where == "npu") / total if total else 1.0
 
 
-def explain(mod: tvm.IRModule, arch=None) -> list[Placement]:
+def explain(mod: tvm.IRModule, arch=None, dims: dict | None = None) -> list[Placement]:
+    """Every operator of `mod`, where it runs and why. `dims` (name -> size) gives symbolic
+    dimensions a size for counting MACs (e.g. the sizes a run used); without it an operator with a
+    symbolic dimension counts 0 MACs."""
     arch = load_arch(arch)
     mod = run_stages(mod, arch, CompileOptions(), [(name, stage) for name, stage in STAGES if name != "codegen"])
     placements = []
     for _, func in mod.functions.items():
         if isinstance(func, relax.Function) and not _attr(func, "Codegen") and not _attr(func, "Composite"):
-            placements += _placements(mod, func, arch, len(placements))
+            placements += _placements(mod, func, arch, len(placements), dims or {})
     return placements
 
 
@@ -73,7 +76,7 @@ def _attr(func, key):
     return (func.attrs or {}).get(key) if func.attrs is not None else None
 
 
-def _placements(mod, func, arch, start: int = 0):
+def _placements(mod, func, arch, start: int, dims: dict):
     placements = []
     for block in func.body.blocks:
         for binding in block.bindings:
@@ -81,15 +84,15 @@ def _placements(mod, func, arch, start: int = 0):
             if not isinstance(call, relax.Call):
                 continue
             if isinstance(call.op, tvm.ir.GlobalVar) and _attr(mod[call.op], "Codegen") == "cgra":
-                placements += _kernel_ops(mod[call.op], start + len(placements))
+                placements += _kernel_ops(mod[call.op], start + len(placements), dims)
             elif isinstance(call.op, tvm.ir.Op):
-                placements.append(Placement(_op_name(call), _type_of(binding.var), "host", "",
-                                            _host_reason(mod, call, arch), _macs(call, binding.var),
+                placements.append(Placement(_op_name(call), _type_of(binding.var, dims), "host", "",
+                                            _host_reason(mod, call, arch), _macs(call, binding.var, dims),
                                             call_nodes(call), start + len(placements)))
     return placements
 
 
-def _kernel_ops(wrapper, site: int) -> list[Placement]:
+def _kernel_ops(wrapper, site: int, dims: dict) -> list[Placement]:
     spec = offloaded_spec(wrapper)  # what the compiler reads; raises where the compiler would
     symbol = str(wrapper.attrs["global_symbol"])
     tir_call = wrapped_call(wrapper)
@@ -103,7 +106,7 @@ def _kernel_ops(wrapper, site: int) -> list[Placement]:
     ops = composite_ops(wrapper)
     nodes = [str(n) for n in (_attr(wrapper, SOURCE_NODES_ATTR) or [])]
     nodes = nodes if len(nodes) == len(ops) else [""] * len(ops)
-    return [Placement(_short(call.op.name), _type_of(var), "npu", kernel, "", _macs(call, var), node, site, symbol)
+    return [Placement(_short(call.op.name), _type_of(var, dims), "npu", kernel, "", _macs(call, var, dims), node, site, symbol)
             for (var, call), node in zip(ops, nodes)]
 
 
@@ -141,13 +144,13 @@ def _op_name(call) -> str:
     return name
 
 
-def _macs(call, out_var) -> int:
-    """Multiply-accumulates of a conv2d (any groups) or matmul with static shapes, else 0."""
+def _macs(call, out_var, dims: dict) -> int:
+    """Multiply-accumulates of a conv2d (any groups) or matmul, its symbolic dimensions at their
+    sizes in `dims`; 0 for other ops and for a shape with a dimension `dims` does not give."""
     name = call.op.name
     if name not in _MAC_OPS:
         return 0
-    out, rhs = static_shape(out_var), static_shape(call.args[1])
-    lhs = static_shape(call.args[0])
+    out, lhs, rhs = (_sized(expr, dims) for expr in (out_var, call.args[0], call.args[1]))
     if out is None or rhs is None or lhs is None:
         return 0
     if name == "relax.nn.conv2d":  # every output takes the weights of one output channel
@@ -157,15 +160,43 @@ def _macs(call, out_var) -> int:
     return math.prod(out) * per_output
 
 
+def _sized(expr, dims: dict) -> tuple | None:
+    """The shape with its symbolic dimensions evaluated at `dims`; None if one stays unknown."""
+    shape = static_shape(expr)
+    if shape is not None or not dims:
+        return shape
+    values = shape_dims(expr)
+    if values is None:
+        return None
+    analyzer = sym.Analyzer()
+    sized = []
+    for d in values:
+        if not isinstance(d, int):
+            free = tirx.analysis.undefined_vars(d)
+            if any(v.name not in dims for v in free):
+                return None
+            for v in free:
+                analyzer.bind(v, tirx.IntImm(v.ty.dtype, dims[v.name]))
+            d = analyzer.simplify(d)
+            if not hasattr(d, "value"):
+                return None
+            d = int(d.value)
+        sized.append(d)
+    return tuple(sized)
+
+
 
 
 def _short(op_name: str) -> str:
     return op_name.replace("relax.", "")
 
 
-def _type_of(var) -> str:
+def _type_of(var, sizes: dict | None = None) -> str:
+    """"(shape) dtype", symbolic dimensions at their `sizes` where given, else by name."""
     ty = getattr(var, "struct_info", None) or getattr(var, "ty", None)
     shape = getattr(ty, "shape", None)
     dims = tuple(int(d) if hasattr(d, "value") else str(d) for d in shape.values) if shape is not None \
         and hasattr(shape, "values") else "?"
+    if sizes and dims != "?" and not all(isinstance(d, int) for d in dims):
+        dims = _sized(var, sizes) or dims
     return f"{dims} {getattr(ty, 'dtype', '')}"

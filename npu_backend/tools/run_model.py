@@ -33,18 +33,47 @@ def _require_onnx():
     return onnx, onnxruntime
 
 
-def _random_inputs(model, seed: int) -> dict:
-    """Random data for every graph input, checked against MAX_INPUT_BYTES before any is made."""
-    rng = np.random.default_rng(seed)
+def model_inputs(model, seed: int, shapes: dict | None = None, given: dict | None = None) -> dict:
+    """The data every graph input runs with: `given[name]` (an array, e.g. from --input), else
+    random data (seeded) of the input's static shape or of `shapes[name]` (--shape), which a
+    dynamic input needs. Every shape and dtype is checked against the model's declaration, a
+    dimension named in several inputs must agree, and random data is refused past
+    MAX_INPUT_BYTES before any is made."""
+    shapes, given = dict(shapes or {}), dict(given or {})
     specs = _input_specs(model)
-    total = sum(int(np.prod(dims, dtype=np.int64)) * np.dtype(dtype).itemsize for dims, dtype in specs.values())
-    if total > MAX_INPUT_BYTES:
-        shapes = ", ".join(f"{name} {tuple(dims)} {dtype}" for name, (dims, dtype) in specs.items())
-        raise ValueError(f"the model's inputs ({shapes}) take {total / 2**30:.1f} GiB; random inputs are made up "
-                         f"to {MAX_INPUT_BYTES >> 30} GiB: give the model smaller input shapes")
-    inputs = {}
+    for option, names in (("--shape", shapes), ("--input", given)):
+        unknown = sorted(set(names) - set(specs))
+        if unknown:
+            raise ValueError(f"{option} names {', '.join(repr(n) for n in unknown)}, which is not an input of the "
+                             f"model (its inputs: {', '.join(specs) or 'none'})")
+    resolved, bound = {}, {}
     for name, (dims, dtype) in specs.items():
-        if dtype.startswith("float"):
+        if name in given:
+            given[name] = np.asarray(given[name])
+            if given[name].dtype != np.dtype(dtype):
+                raise ValueError(f"--input {name}: the data is {given[name].dtype}, the model's input is {dtype}")
+            shape = given[name].shape
+        elif name in shapes:
+            shape = tuple(shapes[name])
+        elif all(isinstance(d, int) for d in dims):
+            shape = tuple(dims)
+        else:
+            example = ",".join(str(d) if isinstance(d, int) else "1" for d in dims)
+            raise ValueError(f"input '{name}' has a dynamic shape {_show(dims)}: give the size to run with "
+                             f"--shape {name}={example} (or real data with --input {name}=FILE.npy)")
+        resolved[name] = (_check_shape(name, dims, shape, bound), dtype)
+    total = sum(int(np.prod(dims, dtype=np.int64)) * np.dtype(dtype).itemsize
+                for name, (dims, dtype) in resolved.items() if name not in given)
+    if total > MAX_INPUT_BYTES:
+        listed = ", ".join(f"{name} {dims} {dtype}" for name, (dims, dtype) in resolved.items())
+        raise ValueError(f"the model's inputs ({listed}) take {total / 2**30:.1f} GiB; random inputs are made up "
+                         f"to {MAX_INPUT_BYTES >> 30} GiB: give the model smaller input shapes")
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for name, (dims, dtype) in resolved.items():
+        if name in given:
+            inputs[name] = given[name]
+        elif dtype.startswith("float"):
             inputs[name] = rng.standard_normal(dims).astype(dtype)
         else:
             info = np.iinfo(dtype)
@@ -52,18 +81,44 @@ def _random_inputs(model, seed: int) -> dict:
     return inputs
 
 
+def input_dims(model, inputs: dict) -> dict:
+    """The size of each named dynamic dimension (ONNX dim_param) in `inputs`."""
+    return {want: int(got) for name, (dims, _) in _input_specs(model).items() if name in inputs
+            for want, got in zip(dims, inputs[name].shape) if isinstance(want, str)}
+
+
+def _check_shape(name: str, dims: list, shape: tuple, bound: dict) -> tuple:
+    """`shape` if it fits the declared `dims` (ints, dimension names, None for unnamed); `bound`
+    collects each named dimension's size, which every input naming it must share."""
+    if len(shape) != len(dims) or any(not isinstance(d, (int, np.integer)) or d < 1 for d in shape):
+        raise ValueError(f"input '{name}' is declared {_show(dims)}; {tuple(shape)} does not fit it "
+                         f"(give {len(dims)} positive sizes)")
+    for axis, (want, got) in enumerate(zip(dims, shape)):
+        if isinstance(want, int) and want != got:
+            raise ValueError(f"input '{name}' is declared {_show(dims)}; {tuple(shape)} differs on axis {axis} "
+                             f"({got}, not {want}): only its dynamic dimensions can change")
+        if isinstance(want, str):
+            seen = bound.setdefault(want, (int(got), name))
+            if seen[0] != got:
+                raise ValueError(f"dimension '{want}' is {seen[0]} in input '{seen[1]}' but {got} in input "
+                                 f"'{name}': inputs that share a dimension name must agree on its size")
+    return tuple(int(d) for d in shape)
+
+
+def _show(dims: list) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
 def _input_specs(model) -> dict:
-    """name -> (dims, dtype) of every graph input that is not an initializer."""
+    """name -> (dims, dtype) of every graph input that is not an initializer; a dynamic dimension
+    is its ONNX name (dim_param) or None when it has none."""
     initializers = {init.name for init in model.graph.initializer}
     specs = {}
     for value in model.graph.input:
         if value.name in initializers:
             continue
         tensor = value.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
-        if None in dims:
-            raise UnsupportedOperator(f"input '{value.name}' has a dynamic shape {dims}: give the model "
-                                      "static input shapes (e.g. with onnx.tools.update_model_dims)")
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim]
         dtype = _ONNX_DTYPES.get(tensor.elem_type)
         if dtype is None:
             raise UnsupportedOperator(f"input '{value.name}' has ONNX element type {tensor.elem_type}, "
@@ -104,10 +159,12 @@ def _nodes(stats) -> str:
 
 
 def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = None, seed: int = 0,
-                   progress=None) -> dict:
-    """Imports, compiles and simulates the model at `path` on random inputs (seeded); the report
-    as described in the module docstring. `progress(message)`, if given, hears each step, each
-    kernel compiled and each kernel launch simulated."""
+                   progress=None, shapes: dict | None = None, inputs: dict | None = None) -> dict:
+    """Imports, compiles and simulates the model at `path`; the report as described in the module
+    docstring. It runs on `inputs` (name -> array) where given, else on random data (seeded) of
+    the input's shape, or of `shapes[name]` for an input with dynamic dimensions: those stay
+    symbolic in the compiled model, which runs at any size. `progress(message)`, if given, hears
+    each step, each kernel compiled and each kernel launch simulated."""
     import npu_backend
     _, onnxruntime = _require_onnx()
     from ..frontend.onnx_import import from_onnx, load_model  # TVM's importer, keeping the node names
@@ -117,10 +174,10 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
     if not os.path.exists(path):
         raise FileNotFoundError(2, "No such file", path)
     model = load_model(path)
-    inputs = _random_inputs(model, seed)  # before compiling: refuse inputs too large to make
+    inputs = model_inputs(model, seed, shapes, inputs)  # before compiling: refuse bad or too large inputs
     say(f"importing {path}")
     mod = from_onnx(model)
-    placements = npu_backend.explain(mod, arch)
+    placements = npu_backend.explain(mod, arch, dims=input_dims(model, inputs))  # MACs at the sizes that run
     say(f"compiling for {arch.name}")
     kernels = _KernelCount()
     with compile_progress(kernels.compiling(say, arch.name)):
@@ -131,7 +188,8 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
         outputs = vm["main"](*[tvm.runtime.tensor(a) for a in inputs.values()])
     outputs = [outputs] if not isinstance(outputs, (list, tuple, tvm.ir.Array)) else list(outputs)
     outputs = [o.numpy() for o in outputs]
-    report = {"model": path, "arch": arch.name, "total_cycles": prof.total_cycles,
+    report = {"model": path, "arch": arch.name, "input_shapes": {name: list(a.shape) for name, a in inputs.items()},
+              "total_cycles": prof.total_cycles,
               "total_macs": prof.total_macs, "time_us": prof.total_cycles / arch.clock_mhz,
               "npu_mac_fraction": npu_backend.npu_mac_fraction(placements),
               "host_ops": sorted({p.op for p in placements if p.where == "host"}),
