@@ -1,0 +1,125 @@
+"""Figures for variable shapes: one kernel compiled with a symbolic size against a kernel compiled
+for exactly that size.
+
+For a fully connected layer (rows symbolic: a batch or a sequence), float32 and int8, on every
+preset, the cycles of the symbolic kernel over those of the static one at 1 row, one row tile of
+the symbolic kernel, one tile + 1, a prime (97) and 1000 rows; then a conv2d with a symbolic batch
+at 1, 2, 3 and 7 images; then the compile time of each symbolic model against one static compile
+(best of 3, same process). Goal (issue 11): every ratio within 1.05.
+
+    python benchmarks/bench_dynamic.py
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.transform import BindSymbolicVars
+
+import npu_backend
+from npu_backend.kernels.dynamic import DEFAULT_BOUND
+from npu_backend.kernels.gemm import choose_tiling
+
+RNG = np.random.default_rng(0)
+
+
+def dense(dtype):
+    """relu(x @ w + b) with x (n, 256) symbolic in n; int8 accumulates in int32 and clips."""
+    n = tvm.tirx.Var("n", "int64")
+    acc = "int32" if dtype == "int8" else dtype
+    bb = relax.BlockBuilder()
+    x, w = relax.Var("x", relax.TensorType([n, 256], dtype)), relax.Var("w", relax.TensorType([256, 96], dtype))
+    b = relax.Var("b", relax.TensorType([96], acc))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.add(relax.op.matmul(x, w, out_dtype=acc), b))
+            out = bb.emit_output(relax.op.nn.relu(y) if dtype == "float32" else relax.op.clip(y, -128, 127))
+        bb.emit_func_output(out)
+    return bb.get(), lambda rows: [_data((rows, 256), dtype), _data((256, 96), dtype), _data((96,), acc)]
+
+
+def conv(dtype="float32"):
+    """relu(conv2d(x, w)) 3x3, 32 -> 64 channels on 14x14, NCHW, the batch n symbolic."""
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([n, 32, 14, 14], dtype))
+    w = relax.Var("w", relax.TensorType([64, 32, 3, 3], dtype))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=(1, 1))))
+        bb.emit_func_output(out)
+    return bb.get(), lambda batch: [_data((batch, 32, 14, 14), dtype), _data((64, 32, 3, 3), dtype)]
+
+
+def _data(shape, dtype):
+    if dtype == "float32":
+        return RNG.standard_normal(shape).astype(dtype)
+    return RNG.integers(-8, 8, shape).astype(dtype)
+
+
+def _cycles(executable, inputs) -> int:
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    with npu_backend.profile() as prof:
+        vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
+    return prof.total_cycles
+
+
+def ratios(mod, make_inputs, sizes, arch) -> list[tuple[int, int, int]]:
+    """(size, symbolic cycles, static cycles) per size; the symbolic model is compiled once."""
+    dynamic = npu_backend.compile(mod, arch)
+    rows = []
+    for size in sizes:
+        inputs = make_inputs(size)
+        static = npu_backend.compile(BindSymbolicVars({"n": size})(mod), arch)
+        rows.append((size, _cycles(dynamic, inputs), _cycles(static, inputs)))
+    return rows
+
+
+def print_ratios(title, rows):
+    print(title)
+    print(f"  {'size':>6} {'symbolic':>10} {'static':>10} {'ratio':>7}")
+    for size, dyn, stat in rows:
+        print(f"  {size:>6} {dyn:>10} {stat:>10} {dyn / stat:>7.3f}")
+    print(f"  worst ratio {max(d / s for _, d, s in rows):.3f}")
+
+
+def compile_seconds(mod, static_size, arch) -> tuple[float, float]:
+    def best(build):
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            build()
+            times.append(time.perf_counter() - started)
+        return min(times)
+    static = BindSymbolicVars({"n": static_size})(mod)
+    return best(lambda: npu_backend.compile(mod, arch)), best(lambda: npu_backend.compile(static, arch))
+
+
+def main():
+    worst = 0.0
+    for name in npu_backend.preset_names():
+        arch = npu_backend.load_arch(name)
+        for dtype in ("float32", "int8"):
+            acc = "int32" if dtype == "int8" else dtype
+            tile = choose_tiling(DEFAULT_BOUND, 96, 256, dtype, acc, True, arch, any_rows=True).tm
+            mod, make_inputs = dense(dtype)
+            rows = ratios(mod, make_inputs, sorted({1, tile, tile + 1, 97, 1000}), arch)
+            print_ratios(f"{name} dense 256->96 {dtype} +bias (symbolic rows; its row tile is {tile})", rows)
+            worst = max(worst, max(d / s for _, d, s in rows))
+        mod, make_inputs = conv()
+        rows = ratios(mod, make_inputs, [1, 2, 3, 7], arch)
+        print_ratios(f"{name} conv2d 3x3 32->64 14x14 float32 +relu (symbolic batch)", rows)
+        worst = max(worst, max(d / s for _, d, s in rows))
+    print(f"worst symbolic/static ratio over everything: {worst:.3f} (goal <= 1.05)")
+    print("compile time, symbolic model vs one static compile (best of 3, cgra-8x8):")
+    for title, (mod, _), size in [("dense float32", dense("float32"), 97), ("dense int8", dense("int8"), 97),
+                                  ("conv2d", conv(), 2)]:
+        dyn, stat = compile_seconds(mod, size, "cgra-8x8")
+        print(f"  {title:<14} symbolic {dyn:6.2f} s  static {stat:6.2f} s  ratio {dyn / stat:5.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+"""Symbolic dimensions on the NPU: one compiled kernel runs every size of a batch or of a
+matmul's rows (kernels/dynamic.py), its last tile cut to the rows that exist (lower/ragged.py);
+results against numpy or the host build, cycles against a kernel compiled for the size."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tvm import relax
+from tvm.relax.transform import BindSymbolicVars
+
+import npu_backend
+from npu_backend.options import CompileOptions
+from npu_backend.tools.workloads import mismatch
+
+PRESETS = npu_backend.preset_names()
+RNG = np.random.default_rng(0)
+
+
+def module(params: dict, body):
+    """main(**params) = body(*vars): params name -> (shape with "n"/"b"/"s" symbolic, dtype)."""
+    dims = {}
+
+    def dim(d):
+        return dims.setdefault(d, tvm.tirx.Var(d, "int64")) if isinstance(d, str) else d
+
+    bb = relax.BlockBuilder()
+    args = [relax.Var(name, relax.TensorType([dim(d) for d in shape], dtype)) for name, (shape, dtype) in params.items()]
+    with bb.function("main", args):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(body(*args)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def data(shape, dtype):
+    if dtype == "int8":
+        return RNG.integers(-128, 128, shape).astype("int8")
+    if dtype == "int32":
+        return RNG.integers(-1000, 1000, shape).astype("int32")
+    return RNG.standard_normal(shape).astype("float32")
+
+
+@functools.cache
+def compiled(key, arch):
+    """One executable per model and chip, shared by every size a test runs it at."""
+    mod = MODELS[key]()
+    return relax.VirtualMachine(npu_backend.compile(mod, arch), tvm.cpu()), mod
+
+
+def run(key, arch, inputs):
+    vm, _ = compiled(key, arch)
+    with npu_backend.profile() as prof:
+        out = vm["main"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
+    return out, prof
+
+
+def check(out, ref, dtype):
+    problem = mismatch(out, ref, dtype)
+    assert problem is None, problem
+
+
+MODELS = {
+    "dense_f32": lambda: module({"x": (("n", 64), "float32"), "w": ((64, 40), "float32"), "b": ((40,), "float32")},
+                                lambda x, w, b: relax.op.nn.relu(relax.op.add(relax.op.matmul(x, w), b))),
+    "dense_int8_residual": lambda: module(
+        {"x": (("n", 48), "int8"), "w": ((48, 24), "int8"), "r": (("n", 24), "int32")},
+        lambda x, w, r: relax.op.clip(relax.op.add(relax.op.matmul(x, w, out_dtype="int32"), r), -500, 9000)),
+    "linear_seq": lambda: module(
+        {"x": (("b", "s", 32), "float32"), "w": ((24, 32), "float32")},
+        lambda x, w: relax.op.matmul(x, relax.op.permute_dims(w))),
+}
+
+
+@settings(deadline=None)
+@given(arch=st.sampled_from(PRESETS), n=st.integers(1, 300))
+def test_one_dense_kernel_runs_every_row_count(arch, n):
+    x, w, b = data((n, 64), "float32"), data((64, 40), "float32"), data((40,), "float32")
+    out, prof = run("dense_f32", arch, [x, w, b])
+    check(out, np.maximum(x @ w + b, 0), "float32")
+    (kernel,) = prof.kernels
+    assert kernel.tensor_shapes[-1] == (n, 40)  # the profile shows this launch's sizes
+
+
+@given(arch=st.sampled_from(PRESETS), n=st.integers(1, 200))
+def test_int8_rows_with_a_residual_and_clip_are_exact_at_every_size(arch, n):
+    x, w, r = data((n, 48), "int8"), data((48, 24), "int8"), data((n, 24), "int32")
+    out, _ = run("dense_int8_residual", arch, [x, w, r])
+    check(out, np.clip(x.astype("int32") @ w.astype("int32") + r, -500, 9000), "int8")
+
+
+@given(arch=st.sampled_from(PRESETS), b=st.integers(1, 4), s=st.integers(1, 70))
+def test_a_linear_layer_takes_any_batch_and_sequence_length(arch, b, s):
+    x, w = data((b, s, 32), "float32"), data((24, 32), "float32")
+    out, prof = run("linear_seq", arch, [x, w])
+    check(out, x @ w.T, "float32")
+    assert len(prof.kernels) == 1
+
+
+def _conv(layout, groups, channels, out_channels):
+    data_shape = ("n", channels, 10, 10) if layout == "NCHW" else ("n", 10, 10, channels)
+    kernel_layout = "OIHW" if layout == "NCHW" else "HWIO"
+    weight_shape = (out_channels, channels // groups, 3, 3) if layout == "NCHW" else (3, 3, channels // groups,
+                                                                                       out_channels)
+    mod = module({"x": (data_shape, "float32"), "w": (weight_shape, "float32")},
+                 lambda x, w: relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=(1, 1), groups=groups,
+                                                                  data_layout=layout, kernel_layout=kernel_layout)))
+    return mod, weight_shape
+
+
+@pytest.mark.parametrize("layout, groups, channels, out_channels",
+                         [("NCHW", 1, 8, 16), ("NHWC", 1, 8, 16), ("NCHW", 2, 8, 8), ("NHWC", 8, 8, 8)])
+def test_one_conv2d_kernel_runs_every_batch_size(layout, groups, channels, out_channels):
+    mod, weight_shape = _conv(layout, groups, channels, out_channels)
+    assert {p.where for p in npu_backend.explain(mod, "cgra-8x8") if p.op == "nn.conv2d"} == {"npu"}
+    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+    host = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    w = data(weight_shape, "float32")
+    for n in (1, 2, 5):
+        x = data((n, channels, 10, 10) if layout == "NCHW" else (n, 10, 10, channels), "float32")
+        args = [tvm.runtime.tensor(x), tvm.runtime.tensor(w)]
+        check(vm["main"](*args).numpy(), host["main"](*args).numpy(), "float32")
+
+
+@pytest.mark.parametrize("op", ["max_pool2d", "avg_pool2d", "mean"])
+def test_pools_take_any_batch(op):
+    pools = {"max_pool2d": lambda a: relax.op.nn.max_pool2d(a, (3, 3), (2, 2), padding=(1, 1)),
+             "avg_pool2d": lambda a: relax.op.nn.avg_pool2d(a, (2, 2), (2, 2)),
+             "mean": lambda a: relax.op.mean(a, axis=[2, 3])}
+    mod = module({"a": (("n", 8, 10, 10), "float32")}, pools[op])
+    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+    host = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    for n in (1, 3):
+        a = tvm.runtime.tensor(data((n, 8, 10, 10), "float32"))
+        with npu_backend.profile() as prof:
+            out = vm["main"](a).numpy()
+        check(out, host["main"](a).numpy(), "float32")
+        assert len(prof.kernels) == 1
+
+
+@given(n=st.integers(1, 50), func=st.sampled_from(["add", "subtract", "multiply", "maximum", "minimum"]),
+       dtype=st.sampled_from(["float32", "int32", "int8"]), rhs=st.sampled_from([(64,), (1, 64), ("n", 64)]))
+def test_elementwise_ops_take_a_symbolic_leading_axis(n, func, dtype, rhs):
+    key = ("eltwise", func, dtype, rhs)
+    if key not in MODELS:
+        MODELS[key] = lambda: module({"a": (("n", 64), dtype), "b": (rhs, dtype)}, getattr(relax.op, func))
+    a, b = data((n, 64), dtype), data(tuple(n if d == "n" else d for d in rhs), dtype)
+    out, prof = run(key, "cgra-8x8", [a, b])
+    check(out, getattr(np, func)(a, b).astype(dtype), dtype)
+    assert len(prof.kernels) == 1
+
+
+def test_a_symbolic_kernel_is_never_far_from_one_compiled_for_the_size():
+    """Per size, cycles of the one symbolic kernel over those of a kernel compiled for exactly
+    that size: the ragged last tile and the minimax tile search keep them within 5%."""
+    ratios = {}
+    for n in (1, 8, 9, 33, 97, 500):
+        x, w, b = data((n, 64), "float32"), data((64, 40), "float32"), data((40,), "float32")
+        _, prof = run("dense_f32", "cgra-8x8", [x, w, b])
+        static = BindSymbolicVars({"n": n})(MODELS["dense_f32"]())
+        vm = relax.VirtualMachine(npu_backend.compile(static, "cgra-8x8"), tvm.cpu())
+        with npu_backend.profile() as reference:
+            vm["main"](*[tvm.runtime.tensor(v) for v in (x, w, b)])
+        ratios[n] = prof.total_cycles / reference.total_cycles
+    assert max(ratios.values()) <= 1.05, ratios
+
+
+def test_an_exported_symbolic_library_runs_every_size(tmp_path):
+    vm, mod = compiled("dense_f32", "cgra-4x4")
+    path = str(tmp_path / "dense.so")
+    npu_backend.compile(mod, "cgra-4x4").export_library(path)
+    loaded = relax.VirtualMachine(tvm.runtime.load_module(path), tvm.cpu())
+    w, b = data((64, 40), "float32"), data((40,), "float32")
+    for n in (1, 17, 64):
+        x = data((n, 64), "float32")
+        check(loaded["main"](*[tvm.runtime.tensor(v) for v in (x, w, b)]).numpy(), np.maximum(x @ w + b, 0),
+              "float32")
+
+
+@pytest.mark.parametrize("body, shapes, reason", [
+    (lambda x, w: relax.op.matmul(x, w), {"x": ((8, "k"), "float32"), "w": (("k", 16), "float32")},
+     "symbolic dimension (k)"),
+    (lambda x: relax.op.nn.max_pool2d(x, (2, 2)), {"x": ((1, 4, "h", 8), "float32")},
+     "takes a symbolic batch"),
+])
+def test_a_symbolic_axis_a_kernel_cannot_take_stays_on_the_host_with_the_reason(body, shapes, reason):
+    placements = npu_backend.explain(module(shapes, body), "cgra-8x8")
+    assert placements[0].where == "host" and reason in placements[0].reason, placements[0].reason
+
+
+def test_shape_bounds_come_from_the_options_and_the_functions_attribute():
+    from npu_backend.pipeline import bounds_of
+
+    mod = MODELS["dense_f32"]()
+    mod["main"] = mod["main"].with_attr("tir_var_upper_bound", {"n": 64})
+    assert bounds_of(mod, CompileOptions()) == {"n": 64}
+    assert bounds_of(mod, CompileOptions(shape_bounds={"n": 16})) == {"n": 16}
+    with pytest.raises(ValueError, match="positive int"):
+        CompileOptions(shape_bounds={"n": 0})
+    x, w, b = data((40, 64), "float32"), data((64, 40), "float32"), data((40,), "float32")
+    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8", shape_bounds={"n": 16}), tvm.cpu())
+    check(vm["main"](*[tvm.runtime.tensor(v) for v in (x, w, b)]).numpy(), np.maximum(x @ w + b, 0), "float32")
+
+
+def test_an_onnx_model_with_a_dynamic_batch_compiles_once_and_runs_every_batch():
+    import onnxruntime
+    from onnx_models import resnet
+    from npu_backend.frontend.onnx_import import from_onnx
+
+    model = resnet(size=16, width=8, batch="N")
+    mod = from_onnx(model)
+    placements = npu_backend.explain(mod, "cgra-8x8", dims={"N": 2})
+    assert npu_backend.npu_mac_fraction(placements) == 1.0, [p for p in placements if p.where == "host"]
+    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+    session = onnxruntime.InferenceSession(model.SerializeToString())
+    for n in (1, 3):
+        x = data((n, 3, 16, 16), "float32")
+        with npu_backend.profile() as prof:
+            out = vm["main"](tvm.runtime.tensor(x)).numpy()
+        check(out, session.run(None, {"input": x})[0], "float32")
+        assert prof.kernels[0].tensor_shapes[0][0] == n
+
+
+def test_cgra_sim_run_takes_the_size_of_a_dynamic_input_or_its_data(tmp_path, capsys):
+    from onnx_models import resnet
+    from npu_backend.tools.cli import main
+
+    path = tmp_path / "dynamic.onnx"
+    path.write_bytes(resnet(size=12, width=8, batch="N").SerializeToString())
+    assert main(["run", str(path)]) == 2
+    assert "--shape input=1,3,12,12" in capsys.readouterr().err
+    assert main(["run", str(path), "--shape", "input=2,3,12,12", "--check", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["check"]["passed"] and report["input_shapes"] == {"input": [2, 3, 12, 12]}
+    assert report["npu_mac_fraction"] == 1.0
+    np.save(tmp_path / "x.npy", data((3, 3, 12, 12), "float32"))
+    assert main(["run", str(path), "--input", f"input={tmp_path / 'x.npy'}", "--check"]) == 0
+    assert "PASS against onnxruntime" in capsys.readouterr().out
+    for argv, message in [(["--shape", "input=2,3,13,12"], "differs on axis 2 (13, not 12)"),
+                          (["--shape", "x=2,3,12,12"], "--shape names 'x', which is not an input"),
+                          (["--shape", "input=2,3,12"], "give 4 positive sizes"),
+                          (["--shape", "input=1,3,12,12", "--shape", "input=2,3,12,12"], "gives 'input' twice")]:
+        assert main(["run", str(path), *argv]) == 2
+        assert message in capsys.readouterr().err
+    np.save(tmp_path / "i.npy", np.zeros((1, 3, 12, 12), "int32"))
+    assert main(["run", str(path), "--input", f"input={tmp_path / 'i.npy'}"]) == 2
+    assert "the data is int32, the model's input is float32" in capsys.readouterr().err
