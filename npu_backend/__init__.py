@@ -57,7 +57,7 @@ def compile(mod: tvm.IRModule, arch=None, *, dump_dir: str | None = None,  # noq
         ours = original_error(err)
         if ours is err:
             raise
-        raise ours from None
+        raise ours from ours.__cause__  # e.g. the exception a user's schedule raised, with its traceback
 
 
 def from_onnx(model, shape_dict=None, dtype_dict="float32", opset=None, custom_ops=None) -> tvm.IRModule:

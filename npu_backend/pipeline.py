@@ -25,6 +25,7 @@ from .errors import CGRAError, ScheduleError, UnsupportedOperator, stage_context
 from .kernels import family_of, offload_reason, pattern_table
 from .kernels.dynamic import shape_bounds
 from .kernels.registry import schedule_of
+from .kernels.schedule_check import check_scheduled
 from .kernels.tir import KERNEL_ATTR, tir_spec
 from .lower.dma import lower_copies_to_dma
 from .lower.double_buffer import double_buffer
@@ -137,6 +138,8 @@ class Kernel:
     attrs: dict  # PrimFunc attributes of the lowered kernel (cgra.arch, cgra.source_ops)
     tiling: object = None  # kernels.Tiling, from the "tiling" stage on
     func: object = None  # the PrimFunc: s_tir, then scheduled, then lowered
+    pattern: str = ""  # the cgra pattern that fused it ("" for a user's PrimFunc)
+    layer: str = ""  # the model nodes it computes, for error messages
 
     def script(self) -> str:
         """What a dump of the latest stage shows: the PrimFunc, or before there is one the tiling."""
@@ -157,12 +160,26 @@ def define(kernel: Kernel, arch, options) -> Kernel:
 
 def schedule(kernel: Kernel, arch, options) -> Kernel:
     del options
-    # Tiles in the scratchpad, tensorized onto the PE array and the vector unit.
+    # Tiles in the scratchpad, tensorized onto the PE array and the vector unit: the built-in
+    # schedule, or the one a user registered for the pattern or the op (register_schedule).
     sch = s_tir.Schedule(kernel.func)
+    function = schedule_of(kernel.spec, kernel.pattern)
+    builtin = function is family_of(kernel.spec).schedule
+    layer = f", layer {kernel.layer}" if kernel.layer else ""
+    where = (f"the {'built-in' if builtin else 'user'} schedule of {kernel.pattern or kernel.spec.op} "
+             f"(kernel {kernel.symbol}{layer})")
     try:
-        schedule_of(kernel.spec)(sch, kernel.spec, kernel.tiling, arch)
+        function(sch, kernel.spec, kernel.tiling, arch)
     except s_tir.ScheduleError as err:
-        raise ScheduleError(f"scheduling the {kernel.spec.op} kernel failed: {err}") from err
+        raise ScheduleError(f"{where} failed: {_one_line(err)}") from err
+    except CGRAError:
+        raise
+    except Exception as err:
+        if builtin:
+            raise
+        # The user's traceback stays attached (raise ... from err); this says where it ran.
+        raise ScheduleError(f"{where} raised {type(err).__name__}: {err}") from err
+    check_scheduled(sch, where)
     return dataclasses.replace(kernel, func=sch.mod["main"])
 
 
@@ -286,9 +303,7 @@ def cgra_pipeline(arch: HardwareDescription, options: CompileOptions = CompileOp
         try:
             mod = run_stages(mod, arch, options)
         except CGRAError as err:
-            # TVM hands an error raised inside a pass on as a RuntimeError with the same
-            # message; keep ours so that npu_backend.compile can raise it with its own type.
-            _LAST_ERROR.error = err
+            remember_error(err)
             raise
         return relax.get_pipeline("default_build")(mod)
 
@@ -296,6 +311,12 @@ def cgra_pipeline(arch: HardwareDescription, options: CompileOptions = CompileOp
 
 
 _LAST_ERROR = threading.local()
+
+
+def remember_error(err: CGRAError) -> None:
+    """TVM hands an error raised inside a pass (or the codegen hook) on as a RuntimeError with
+    the same message; keep ours so that npu_backend.compile can raise it with its own type."""
+    _LAST_ERROR.error = err
 
 
 def original_error(err: Exception) -> Exception:

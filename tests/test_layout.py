@@ -44,7 +44,7 @@ LAYERS = [
     ("pipeline", ["pipeline"]),
     ("target", ["target"]),
     ("tools", ["tools"]),
-    ("api", ["__init__"]),
+    ("api", ["__init__", "schedules"]),
 ]
 
 

@@ -186,28 +186,35 @@ def _k_candidates(depth: int):
 def schedule_gemm(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> None:
     """Tile, stage and tensorize a GEMM-shaped kernel (matmul, conv2d: rows, cols, reductions...)."""
     acc, epi_row, col_tile = _tile_output(sch, spec, tiling)
-    _tensorize_tile(sch, spec, tiling, arch, acc, epi_row, col_tile)
+    tensorize_tile(sch, spec, tiling, arch, acc, epi_row, col_tile)
 
 
 def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
-    """Tile the epilogue's (row, col) loops and pull acc, the channel rows, the residual and the
-    store under them. Returns (acc, the epilogue's row loop in the tile, the tile loop)."""
-    epi = sch.get_sblock("epi")
-    *_, row, col = sch.get_loops(epi)
+    """Tile the epilogue's (row, col) loops, output rows outer, and pull acc, the channel rows,
+    the residual and the store under them. Returns (acc, the epilogue's row loop in the tile,
+    the tile loop)."""
+    *_, row, col = sch.get_loops(sch.get_sblock("epi"))
     row_outer, row_inner = sch.split(row, [None, tiling.tm])
     col_outer, col_inner = sch.split(col, [None, tiling.tn])
     sch.reorder(row_outer, col_outer, row_inner, col_inner)
-    acc = sch.get_sblock("acc")
-    sch.compute_at(acc, col_outer)
+    return stage_output_tile(sch, spec, col_outer), row_inner, col_outer
+
+
+def stage_output_tile(sch, spec: KernelSpec, tile_loop):
+    """Everything one output tile needs, under `tile_loop` (the innermost loop over output
+    tiles): the accumulator, the per-channel rows (bias, scale), the residual tile, the store;
+    the accumulator and the epilogue's output in the scratchpad. Returns the acc block."""
+    acc, epi = sch.get_sblock("acc"), sch.get_sblock("epi")
+    sch.compute_at(acc, tile_loop)
     for name in channel_rows(spec):
         block = sch.get_sblock(name)
-        sch.compute_at(block, col_outer)
+        sch.compute_at(block, tile_loop)
         sch.set_scope(block, 0, SPAD)
-    stage_residual(sch, spec, col_outer)
-    sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
+    stage_residual(sch, spec, tile_loop)
+    sch.reverse_compute_at(sch.get_sblock("out"), tile_loop)
     sch.set_scope(acc, 0, SPAD)
     sch.set_scope(epi, 0, SPAD)
-    return acc, row_inner, col_outer
+    return acc
 
 
 def stage_residual(sch, spec: KernelSpec, col_outer) -> None:
@@ -223,7 +230,7 @@ def stage_residual(sch, spec: KernelSpec, col_outer) -> None:
         sch.split(sch.get_loops(res)[-2], [None, spec.row_step])
 
 
-def _tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription, acc, epi_row, col_tile):
+def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription, acc, epi_row, col_tile):
     """Stage operand tiles per reduction step and tensorize the tile onto the NPU.
 
     One GEMM command covers a whole tm x tn x tk scratchpad tile: the PE array's sequencer runs

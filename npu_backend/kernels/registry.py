@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 
 from ..errors import CGRAError, UnsupportedCopy, UnsupportedOperator, stage_context
 from ..partition.call_tir import prim_func_of
@@ -137,15 +138,55 @@ def _check_call_order(func) -> None:
 _USER_SCHEDULES: dict = {}
 
 
-def register_schedule(op: str, fn=None):
-    """Use `fn(sch, spec, tiling, arch)` instead of the family's schedule for every `op` kernel
-    (usable as a decorator); `fn=None` without decorating restores the family's."""
+def register_schedule(name: str, fn=None):
+    """Schedule the kernels of `name` with `fn(sch, spec, tiling, arch)` instead of the built-in
+    schedule (usable as a decorator). `name`: a pattern ("cgra.conv2d_bias_residual_relu": the
+    kernels that pattern fuses, epilogue included) or an op ("conv2d": every kernel of it); a
+    pattern's schedule wins over its op's. `fn=None` without decorating restores the built-in.
+
+    `sch` is an `s_tir.Schedule` of the whole fused kernel (one PrimFunc: compute, copies into
+    the scratchpad, epilogue), `spec` what it computes (KernelSpec), `tiling` the built-in tile
+    search's choice (a schedule may ignore it), `arch` the chip (HardwareDescription). The
+    schedule must leave every block tensorized or a scratchpad copy; everything after it (DMA
+    pass, code generation, runtime, simulator) is the built-in kernels' path. docs/own-kernels.md."""
+    _known_name(name)
+
     def register(fn):
-        _USER_SCHEDULES[op] = fn
+        if not callable(fn):
+            raise TypeError(f"register_schedule('{name}', ...) needs a function fn(sch, spec, tiling, arch), "
+                            f"not {type(fn).__name__}")
+        try:
+            inspect.signature(fn).bind(None, None, None, None)
+        except TypeError:
+            raise TypeError(f"the schedule for '{name}' must take (sch, spec, tiling, arch); "
+                            f"{getattr(fn, '__name__', fn)}{inspect.signature(fn)} does not") from None
+        except ValueError:  # a builtin without a signature: trust it
+            pass
+        _USER_SCHEDULES[name] = fn
         return fn
-    return register(fn) if fn is not None else register
+
+    if fn is None:
+        _USER_SCHEDULES.pop(name, None)
+        return register
+    return register(fn)
 
 
-def schedule_of(spec):
-    """The schedule function for `spec`'s kernel: a user's, else its family's."""
-    return _USER_SCHEDULES.get(spec.op) or family_of(spec).schedule
+def _known_name(name: str) -> None:
+    ops = {op for family in FAMILIES for op in family.ops}
+    patterns = {entry.name for entry in pattern_table()}
+    if name not in ops and name not in patterns:
+        raise UnsupportedOperator(
+            f"register_schedule: '{name}' is neither a cgra pattern nor an op (patterns: "
+            f"{', '.join(sorted(patterns))}; ops: {', '.join(sorted(ops))})")
+
+
+def schedule_of(spec, pattern: str = ""):
+    """The schedule function for `spec`'s kernel (fused by `pattern`): a user's for the pattern,
+    else a user's for the op, else its family's."""
+    return _USER_SCHEDULES.get(pattern) or _USER_SCHEDULES.get(spec.op) or family_of(spec).schedule
+
+
+def builtin_schedule(sch, spec, tiling, arch) -> None:
+    """The built-in schedule of `spec`'s kernel, for a user schedule to call on the parts it
+    does not write (or to wrap)."""
+    family_of(spec).schedule(sch, spec, tiling, arch)

@@ -21,13 +21,18 @@ import tvm
 import tvm_ffi
 
 from cgra_codegen import build
+from cgra_codegen.errors import ScratchpadOverflow
 from cgra_sim.arch import HardwareDescription
 
-from ..frontend.provenance import SOURCE_NODES_ATTR
+from ..errors import CGRAError, ScratchpadTooSmall
+from ..frontend.provenance import NODE_JOIN, SOURCE_NODES_ATTR
 from ..kernels import offloaded_spec
 from ..kernels.dynamic import shape_bounds
+from ..kernels.registry import family_of, schedule_of
+from ..partition.call_tir import wrapped_call
+from ..partition.composite import composite_name
 from ..options import CompileOptions, dump
-from ..pipeline import KERNEL_STAGES, Kernel, run_kernel_stages
+from ..pipeline import KERNEL_STAGES, Kernel, remember_error, run_kernel_stages
 from ..progress import report_kernel
 
 
@@ -40,11 +45,13 @@ def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
     with shape_bounds(dict(options.shape_bounds)):
         spec = offloaded_spec(func)
     attrs = {"cgra.arch": arch.to_json(), "cgra.source_ops": source_ops_attr(func, spec.source_ops)}
+    pattern, nodes = kernel_origin(func)
+    # The schedule function is part of the key: registering one recompiles the kernels it covers.
     key = (dataclasses.replace(spec, source_ops=()), arch.fingerprint,
-           dataclasses.replace(options, dump_dir=None))
+           dataclasses.replace(options, dump_dir=None), schedule_of(spec, pattern))
     outputs = _KERNEL_CACHE.get(key)
     if outputs is None:
-        outputs = run_kernel_stages(Kernel(symbol, spec, attrs), arch, options)
+        outputs = run_kernel_stages(Kernel(symbol, spec, attrs, pattern=pattern, layer=nodes), arch, options)
         _KERNEL_CACHE[key] = outputs
         while len(_KERNEL_CACHE) > _KERNEL_CACHE_SIZE:
             _KERNEL_CACHE.popitem(last=False)
@@ -58,6 +65,14 @@ def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
         shown = outputs[name] if name != "lowered" else dataclasses.replace(outputs[name], func=lowered)
         dump(options, f"kernels/{symbol}/{index + 1}_{name}.py", shown)
     return lowered
+
+
+def kernel_origin(func) -> tuple[str, str]:
+    """(the cgra pattern that fused `func`, "" for a user's PrimFunc; its model nodes, joined)."""
+    pattern = "" if wrapped_call(func) is not None else composite_name(func)
+    nodes = ",".join(dict.fromkeys(n for joined in (func.attrs or {}).get(SOURCE_NODES_ATTR, None) or []
+                                   for n in str(joined).split(NODE_JOIN) if n))
+    return pattern, nodes
 
 
 # Every stage's output per (spec without source_ops, arch fingerprint, options without
@@ -96,9 +111,23 @@ def relax_ext_cgra(funcs, target_options, constant_names):
     lowered = []
     for func in funcs:
         report_kernel(len(lowered), len(funcs), str(func.attrs["global_symbol"]))
-        lowered.append(compile_kernel(func, arch, options))
+        try:
+            lowered.append(compile_kernel(func, arch, options))
+        except CGRAError as err:  # crosses TVM's FFI as a RuntimeError: keep its type
+            remember_error(err)
+            raise
     report_kernel(len(lowered), len(funcs), "")
-    compiled = build(lowered, arch)
+    try:
+        compiled = build(lowered, arch)
+    except ScratchpadOverflow as err:
+        func = next(f for f in funcs if str(f.attrs["global_symbol"]) == err.kernel)
+        pattern, nodes = kernel_origin(func)
+        spec = offloaded_spec(func)
+        who = "a user" if schedule_of(spec, pattern) is not family_of(spec).schedule else "the built-in"
+        error = ScratchpadTooSmall(f"{err} (kernel of pattern {pattern or spec.op}, scheduled by {who} schedule"
+                                   f"{', layer ' + nodes if nodes else ''})")
+        remember_error(error)
+        raise error from err
     dump(options, "llvm/kernels.ll", compiled.llvm_ir)
     return [_static_library(compiled)]
 
