@@ -33,6 +33,7 @@ from .lower.fold_init import fold_accumulator_init
 from .lower.ragged import cut_ragged_tiles
 from .normalise.clips import canonicalize_clips_pass
 from .normalise.fold_weights import fold_weights
+from .normalise.large_pools import split_large_pools_pass
 from .normalise.qdq import canonicalize_qdq
 from .options import CompileOptions, dump
 from .partition.call_tir import (PREFIX, PRIM_FUNC_ATTR, drop_unused_prim_funcs, offload_call_tir,
@@ -59,6 +60,9 @@ def normalise(mod, arch, options):
         # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip
         # with constant bounds, as PyTorch's relu6 already is, so the epilogue can fuse them.
         canonicalize_clips_pass(),
+        # A pooling window of more than 256 taps becomes a row pass and a column pass: the POOL
+        # command's window expression must not grow with the window (normalise/large_pools.py).
+        split_large_pools_pass,
         # What folding left unused (PyTorch's max_pool2d returns a tuple with zeros_like
         # indices that FoldConstant turns into a constant nobody reads).
         relax.transform.DeadCodeElimination(),
