@@ -24,8 +24,8 @@ from cgra_sim.arch import HardwareDescription
 from .errors import CGRAError, ScheduleError, UnsupportedOperator, stage_context
 from .kernels import family_of, offload_reason, pattern_table
 from .kernels.dynamic import shape_bounds
-from .kernels.registry import schedule_of
-from .kernels.schedule_check import check_scheduled
+from .kernels.registry import kernel_builder_of, schedule_of
+from .kernels.schedule_check import check_scheduled, check_signature
 from .kernels.tir import KERNEL_ATTR, tir_spec
 from .lower.dma import lower_copies_to_dma
 from .lower.double_buffer import double_buffer
@@ -96,10 +96,22 @@ def fusion_patterns(arch: HardwareDescription) -> list[FusionPattern]:
     patterns = []
     for entry in pattern_table():
         def check(context, name=entry.name):
-            return offload_reason(name, context.annotated_expr, arch) is None and \
+            return not _reads_what_it_computes(context) and \
+                offload_reason(name, context.annotated_expr, arch) is None and \
                 not has_leaking_intermediate_variables(context)
         patterns.append(FusionPattern(entry.name, entry.pattern, entry.annotations, check))
     return patterns
+
+
+def _reads_what_it_computes(context) -> bool:
+    """Whether an operand of the match is a value computed inside it (`z = y + (y + b)` with
+    y = conv(x): the "residual" is the conv's own output, which a kernel cannot load before it
+    has stored it); the matcher then annotates one call under two roles. A smaller pattern
+    then takes the op, and the add runs on its own."""
+    computed = [expr for role, expr in context.annotated_expr.items() if isinstance(expr, relax.Call)]
+    return any(not isinstance(expr, relax.Call) and any(expr.same_as(var) for var in context.matched_bindings)
+               or isinstance(expr, relax.Call) and sum(expr.same_as(other) for other in computed) > 1
+               for expr in context.annotated_expr.values())
 
 
 def codegen(mod, arch, options):
@@ -157,9 +169,23 @@ def choose_tiling(kernel: Kernel, arch, options) -> Kernel:
 
 
 def define(kernel: Kernel, arch, options) -> Kernel:
-    del arch, options
-    # The kernel as schedulable TensorIR over padded tile grids (its family's compute).
-    return dataclasses.replace(kernel, func=family_of(kernel.spec).compute(kernel.spec, kernel.tiling))
+    del options
+    # The kernel as schedulable TensorIR over padded tile grids (its family's compute), or the
+    # kernel a user wrote for the pattern (register_kernel), checked against it.
+    builtin = family_of(kernel.spec).compute(kernel.spec, kernel.tiling)
+    builder = kernel_builder_of(kernel.spec, kernel.pattern)
+    if builder is None:
+        return dataclasses.replace(kernel, func=builtin)
+    where = f"the user kernel of {kernel.pattern or kernel.spec.op} (kernel {kernel.symbol}" + \
+        (f", layer {kernel.layer})" if kernel.layer else ")")
+    try:
+        func = builder(kernel.spec, arch)
+    except CGRAError:
+        raise
+    except Exception as err:
+        raise ScheduleError(f"{where} raised {type(err).__name__}: {err}") from err
+    check_signature(func, builtin, where)
+    return dataclasses.replace(kernel, func=func.with_attr(KERNEL_ATTR, True))
 
 
 def schedule(kernel: Kernel, arch, options) -> Kernel:
@@ -172,6 +198,8 @@ def schedule(kernel: Kernel, arch, options) -> Kernel:
     layer = f", layer {kernel.layer}" if kernel.layer else ""
     where = (f"the {'built-in' if builtin else 'user'} schedule of {kernel.pattern or kernel.spec.op} "
              f"(kernel {kernel.symbol}{layer})")
+    if bool((kernel.func.attrs or {}).get(KERNEL_ATTR, False)):
+        function = _as_written  # written for the NPU: lowered as it is
     try:
         function(sch, kernel.spec, kernel.tiling, arch)
     except s_tir.ScheduleError as err:
@@ -185,6 +213,10 @@ def schedule(kernel: Kernel, arch, options) -> Kernel:
         raise ScheduleError(f"{where} raised {type(err).__name__}: {err}") from err
     check_scheduled(sch, where)
     return dataclasses.replace(kernel, func=sch.mod["main"])
+
+
+def _as_written(sch, spec, tiling, arch) -> None:
+    del sch, spec, tiling, arch
 
 
 def lower(kernel: Kernel, arch, options) -> Kernel:

@@ -227,6 +227,8 @@ def _clip_bounds(call, acc_dtype: str) -> tuple:
     lo, hi = (float(b.value) for b in bounds)
     if np.isnan(lo) or np.isnan(hi) or lo > hi:
         raise UnsupportedOperator(f"clip to [{lo}, {hi}] is not a range (needs lo <= hi)")
+    if lo == hi:  # TIR folds it to a constant that reads no accumulator: nothing left to tensorize
+        raise UnsupportedOperator(f"clip to [{lo}, {hi}] is the constant {lo}, not an epilogue; it runs on its own")
     if acc_dtype == "float32":
         return float(np.float32(lo)), float(np.float32(hi))
     info = np.iinfo(acc_dtype)

@@ -1,0 +1,161 @@
+"""Differential fuzzing: random graphs of the operators the README lists, compiled for the NPU and
+for `target="llvm"`, run on the same inputs; the results must agree (integers exactly, float32
+within 1e-5 of the output's scale). Anything valid must compile: an op the NPU cannot take
+stays on the host. `HYPOTHESIS_PROFILE=fuzz` runs 2,000 graphs per test; CI runs 25,
+derandomised. Graphs it found failing are kept in tests/test_graph_regressions.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from hypothesis import given, note
+from hypothesis import strategies as st
+from tvm import relax
+
+import npu_backend
+from npu_backend.tools.workloads import mismatch, run
+
+PRESETS = npu_backend.preset_names()
+
+
+class Graph:
+    """Builds main(params...) as a chain; each parameter gets data when it is declared."""
+
+    def __init__(self, rng):
+        self.rng, self.params, self.inputs, self.steps = rng, [], [], []
+
+    def param(self, shape, dtype="float32"):
+        var = relax.Var(f"p{len(self.params)}", relax.TensorType(list(shape), dtype))
+        self.params.append(var)
+        if dtype == "float32":
+            self.inputs.append(self.rng.standard_normal(shape).astype(dtype))
+        else:
+            low, high = (-8, 8) if dtype == "int8" else (-500, 500)
+            self.inputs.append(self.rng.integers(low, high, shape).astype(dtype))
+        return var
+
+    def module(self, build):
+        bb = relax.BlockBuilder()
+        with bb.function("main", self.params):
+            with bb.dataflow():
+                out = bb.emit_output(build(bb))
+            bb.emit_func_output(out)
+        return bb.get()
+
+
+@st.composite
+def image_graphs(draw):
+    """float32 NCHW: conv2d (1x1 or 3x3, stride 1 or 2, depthwise or not) [+ bias] [relu | clip],
+    residual adds, pools, broadcast elementwise ops, and a classifier (mean + matmul) at the end.
+    The chain is planned first (shapes by hand, every parameter declared), then built."""
+    graph = Graph(np.random.default_rng(draw(st.integers(0, 2**16))))
+    n, c = draw(st.integers(1, 2)), draw(st.integers(1, 8))
+    h, w = draw(st.integers(3, 12)), draw(st.integers(3, 12))
+    graph.param((n, c, h, w))
+    shape = (n, c, h, w)
+    steps, shapes = [], [shape]  # steps: (bb, cur, values) -> expr
+    for op in draw(st.lists(st.sampled_from(["conv", "conv", "act", "residual", "pool", "eltwise"]),
+                            min_size=1, max_size=4)):
+        if op == "conv":
+            k, s = draw(st.sampled_from([1, 3])), draw(st.integers(1, 2))
+            groups = shape[1] if draw(st.booleans()) else 1
+            out_c = shape[1] if groups > 1 else draw(st.integers(1, 8))
+            wgt = graph.param((out_c, shape[1] // groups, k, k))
+            bias = graph.param((1, out_c, 1, 1)) if draw(st.booleans()) else None
+
+            def conv(bb, cur, values, wgt=wgt, s=s, k=k, groups=groups, bias=bias):
+                cur = bb.emit(relax.op.nn.conv2d(cur, wgt, strides=s, padding=k // 2, groups=groups))
+                return bb.emit(relax.op.add(cur, bias)) if bias is not None else cur
+            steps.append(conv)
+            shape = (n, out_c, (shape[2] - 1) // s + 1, (shape[3] - 1) // s + 1)  # "same" padding
+            graph.steps.append(f"conv k{k} s{s} g{groups} -> {out_c}" + " + bias" * (bias is not None))
+        elif op == "act":
+            act = draw(st.sampled_from(["relu", "clip"]))
+            steps.append(lambda bb, cur, values, act=act: bb.emit(
+                relax.op.nn.relu(cur) if act == "relu" else relax.op.clip(cur, -0.5, 1.5)))
+            graph.steps.append(act)
+        elif op == "residual":
+            earlier = [i for i, seen in enumerate(shapes[:-1]) if seen == shape]
+            operand = earlier[-1] if earlier and draw(st.booleans()) else graph.param(shape)
+            steps.append(lambda bb, cur, values, operand=operand: bb.emit(relax.op.add(
+                cur, values[operand] if isinstance(operand, int) else operand)))
+            graph.steps.append("residual add" + (" (an earlier value)" if isinstance(operand, int) else ""))
+        elif op == "pool" and shape[2] >= 2 and shape[3] >= 2:
+            kind = draw(st.sampled_from(["max", "avg"]))
+            pool = relax.op.nn.max_pool2d if kind == "max" else relax.op.nn.avg_pool2d
+            steps.append(lambda bb, cur, values, pool=pool: bb.emit(pool(cur, (2, 2), (2, 2))))
+            shape = (n, shape[1], shape[2] // 2, shape[3] // 2)
+            graph.steps.append(f"{kind} pool")
+        elif op == "eltwise":
+            func = draw(st.sampled_from(["add", "subtract", "multiply", "maximum", "minimum"]))
+            operand = graph.param((1, shape[1], 1, 1) if draw(st.booleans()) else shape)
+            steps.append(lambda bb, cur, values, func=func, operand=operand: bb.emit(
+                getattr(relax.op, func)(cur, operand)))
+            graph.steps.append(func)
+        else:
+            continue
+        shapes.append(shape)
+    head = (graph.param((shape[1], 5)), graph.param((5,))) if draw(st.booleans()) else None
+
+    def build(bb):
+        cur = graph.params[0]
+        values = [cur]
+        for step in steps:
+            cur = step(bb, cur, values)
+            values.append(cur)
+        if head is not None:
+            pooled = bb.emit(relax.op.mean(cur, axis=[2, 3]))
+            cur = relax.op.nn.relu(bb.emit(relax.op.add(bb.emit(relax.op.matmul(pooled, head[0])), head[1])))
+        return cur
+
+    graph.steps.insert(0, f"x {n}x{c}x{h}x{w}")
+    if head is not None:
+        graph.steps.append("mean + dense + relu")
+    return graph.module(build), graph.inputs, graph.steps
+
+
+@st.composite
+def int8_dense_graphs(draw):
+    """int8 x int8 -> int32 matmul [+ bias] [+ residual] [relu | clip], a standalone add after."""
+    graph = Graph(np.random.default_rng(draw(st.integers(0, 2**16))))
+    m, k, n = draw(st.integers(1, 40)), draw(st.integers(1, 40)), draw(st.integers(1, 40))
+    bias, residual = draw(st.booleans()), draw(st.booleans())
+    act = draw(st.sampled_from(["relu", "clip", "none"]))
+    tail = draw(st.booleans())
+    x, w = graph.param((m, k), "int8"), graph.param((k, n), "int8")
+    b = graph.param((n,), "int32") if bias else None
+    r = graph.param((m, n), "int32") if residual else None
+    t = graph.param((m, n), "int32") if tail else None
+
+    def build(bb):
+        cur = bb.emit(relax.op.matmul(x, w, out_dtype="int32"))
+        for operand in (b, r):
+            if operand is not None:
+                cur = bb.emit(relax.op.add(cur, operand))
+        if act != "none":
+            cur = bb.emit(relax.op.nn.relu(cur) if act == "relu" else relax.op.clip(cur, -300, 700))
+        return relax.op.subtract(cur, t) if t is not None else cur
+
+    steps = [f"int8 matmul {m}x{k}x{n}", "bias" * bias, "residual" * residual, act, "subtract" * tail]
+    return graph.module(build), graph.inputs, steps
+
+
+def _agree(mod, inputs, arch):
+    expected = run(tvm.compile(mod, target="llvm"), inputs)
+    out = run(npu_backend.compile(mod, arch), inputs)
+    problem = mismatch(out, expected, str(expected.dtype))
+    assert problem is None, problem
+
+
+@given(graph=image_graphs(), arch=st.sampled_from(PRESETS))
+def test_random_image_graphs_agree_with_the_host_build(graph, arch):
+    mod, inputs, steps = graph
+    note(f"{arch}: {' -> '.join(steps)}")
+    _agree(mod, inputs, arch)
+
+
+@given(graph=int8_dense_graphs(), arch=st.sampled_from(PRESETS))
+def test_random_int8_dense_graphs_agree_exactly_with_the_host_build(graph, arch):
+    mod, inputs, steps = graph
+    note(f"{arch}: {' -> '.join(s for s in steps if s)}")
+    _agree(mod, inputs, arch)

@@ -1,0 +1,78 @@
+"""Valid graphs that once failed to compile (issue 12: differential fuzzing against llvm found
+them); each must compile for the NPU and match the host build."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import npu_backend
+from npu_backend.tools.workloads import conv2d_model, mismatch, run
+
+RNG = np.random.default_rng(0)
+
+
+def module(params: dict, body):
+    bb = relax.BlockBuilder()
+    args = [relax.Var(name, relax.TensorType(shape, dtype)) for name, (shape, dtype) in params.items()]
+    with bb.function("main", args):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *args))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def data(shape, dtype):
+    if dtype == "float32":
+        return RNG.standard_normal(shape).astype(dtype)
+    return RNG.integers(-8, 8, shape).astype(dtype)
+
+
+def matches_host(mod, params, arch="cgra-8x8"):
+    inputs = [data(shape, dtype) for shape, dtype in params.values()]
+    expected = run(tvm.compile(mod, target="llvm"), inputs)
+    out = run(npu_backend.compile(mod, arch), inputs)
+    assert mismatch(out, expected, str(expected.dtype)) is None
+
+
+def _self_residual(op):
+    """z = y + (y + b): the "residual" of the bias add is the kernel's own output."""
+    def body(bb, x, w, b):
+        y = bb.emit(op(x, w))
+        return relax.op.add(y, bb.emit(relax.op.add(y, b)))
+    return body
+
+
+@pytest.mark.parametrize("params, op", [
+    ({"x": ((8, 16), "float32"), "w": ((16, 8), "float32"), "b": ((8,), "float32")}, relax.op.matmul),
+    ({"x": ((1, 4, 6, 6), "float32"), "w": ((8, 4, 3, 3), "float32"), "b": ((1, 8, 1, 1), "float32")},
+     lambda x, w: relax.op.nn.conv2d(x, w, padding=1)),
+])
+def test_a_residual_that_is_the_kernels_own_output(params, op):
+    # Was: InternalError "Check failed: (info->IsArg(tensor))" in te.create_prim_func.
+    mod = module(params, _self_residual(op))
+    matches_host(mod, params)
+    assert {p.where for p in npu_backend.explain(mod)} == {"npu"}  # the adds run on their own
+
+
+@pytest.mark.parametrize("dtype", ["int8", "float32"])
+def test_a_clip_to_one_value_after_a_matmul(dtype):
+    # Was: tensorize failed (TIR folds clip(acc, 3, 3) to 3, an epilogue that reads nothing).
+    acc = "int32" if dtype == "int8" else dtype
+    params = {"x": ((8, 16), dtype), "w": ((16, 8), dtype)}
+    mod = module(params, lambda bb, x, w: relax.op.clip(bb.emit(relax.op.matmul(x, w, out_dtype=acc)), 3, 3))
+    matches_host(mod, params)
+    assert [(p.op, p.where) for p in npu_backend.explain(mod)] == [("matmul", "npu"), ("clip", "host")]
+
+
+def test_a_conv2d_on_a_one_pe_array(tmp_path):
+    chip = json.loads(npu_backend.load_arch("cgra-4x4").to_json())
+    chip.update(name="cgra-1x1", rows=1, cols=1)
+    path = tmp_path / "cgra-1x1.json"
+    path.write_text(json.dumps(chip))
+    mod, inputs, reference = conv2d_model(1, 8, 6, 6, 4, 3, 3, (1, 1), (1, 1, 1, 1))
+    assert mismatch(run(npu_backend.compile(mod, str(path)), inputs), reference, "float32") is None
