@@ -22,11 +22,11 @@ from .kernels.gemm import loops_after, stage_output_tile, tensorize_tile
 from .kernels.intrinsics import INTRINSICS, SPAD
 from .kernels.intrinsics import get_intrin as intrinsic
 from .kernels.registry import builtin_schedule as builtin
-from .kernels.registry import register_schedule
+from .kernels.registry import register_kernel, register_schedule
 from .kernels.spec import KernelSpec, Tiling
 
-__all__ = ["INTRINSICS", "SPAD", "KernelSpec", "Tiling", "builtin", "intrinsic", "loops_after", "register_schedule",
-           "stage_output_tile", "tensorize_tile"]
+__all__ = ["INTRINSICS", "SPAD", "KernelSpec", "Tiling", "builtin", "intrinsic", "loops_after", "register_kernel",
+           "register_schedule", "stage_output_tile", "tensorize_tile"]
 
 
 def intrinsics_table() -> str:

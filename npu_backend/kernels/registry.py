@@ -186,6 +186,43 @@ def schedule_of(spec, pattern: str = ""):
     return _USER_SCHEDULES.get(pattern) or _USER_SCHEDULES.get(spec.op) or family_of(spec).schedule
 
 
+_USER_KERNELS: dict = {}
+
+
+def register_kernel(name: str, fn=None):
+    """Build the kernels of `name` (a pattern or an op, as for register_schedule) with
+    `fn(spec, arch)`, which returns a PrimFunc written for the NPU (scratchpad buffers, copies,
+    `cgra_*` device calls: docs/own-kernels.md), lowered as written instead of the built-in
+    compute and schedule. Its parameters must be the built-in kernel's: the pattern's operands in
+    order, then the output, with their shapes and dtypes. `fn=None` without decorating restores
+    the built-in."""
+    _known_name(name)
+
+    def register(fn):
+        if not callable(fn):
+            raise TypeError(f"register_kernel('{name}', ...) needs a function fn(spec, arch) returning a "
+                            f"PrimFunc, not {type(fn).__name__}")
+        try:
+            inspect.signature(fn).bind(None, None)
+        except TypeError:
+            raise TypeError(f"the kernel builder for '{name}' must take (spec, arch); "
+                            f"{getattr(fn, '__name__', fn)}{inspect.signature(fn)} does not") from None
+        except ValueError:
+            pass
+        _USER_KERNELS[name] = fn
+        return fn
+
+    if fn is None:
+        _USER_KERNELS.pop(name, None)
+        return register
+    return register(fn)
+
+
+def kernel_builder_of(spec, pattern: str = ""):
+    """The user's kernel builder for `spec`'s kernel (by pattern, then op), or None."""
+    return _USER_KERNELS.get(pattern) or _USER_KERNELS.get(spec.op)
+
+
 def builtin_schedule(sch, spec, tiling, arch) -> None:
     """The built-in schedule of `spec`'s kernel, for a user schedule to call on the parts it
     does not write (or to wrap)."""

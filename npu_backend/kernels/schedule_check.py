@@ -84,3 +84,22 @@ def _is_spad_copy(stmt) -> bool:
 
 def _scope(buffer) -> str:
     return str(buffer.scope()) if callable(getattr(buffer, "scope", None)) else ""
+
+
+def check_signature(func, builtin, where: str) -> None:
+    """Raise ScheduleError unless `func` (a user's kernel) is a PrimFunc whose parameters have the
+    shapes and dtypes of the built-in kernel's (`builtin`): the pattern's operands, then the output."""
+    if not isinstance(func, tirx.PrimFunc):
+        raise ScheduleError(f"{where} returned {type(func).__name__}, not a PrimFunc (write it with @T.prim_func)")
+    expected, given = [_param(p) for p in builtin.params], [_param(p) for p in func.params]
+    if [e[1:] for e in expected] != [g[1:] for g in given]:
+        def listing(params):
+            return ", ".join(f"{name} {shape} {dtype}" for name, shape, dtype in params)
+        raise ScheduleError(f"{where} takes ({listing(given)}), but the pattern's kernel is called with "
+                            f"({listing(expected)}): the operands in this order, then the output")
+
+
+def _param(var) -> tuple:
+    ty = var.ty
+    shape = tuple(int(d) if hasattr(d, "value") else str(d) for d in getattr(ty, "shape", ()))
+    return str(var.name), shape, str(getattr(ty, "dtype", ""))

@@ -28,7 +28,7 @@ from ..errors import CGRAError, ScratchpadTooSmall
 from ..frontend.provenance import NODE_JOIN, SOURCE_NODES_ATTR
 from ..kernels import offloaded_spec
 from ..kernels.dynamic import shape_bounds
-from ..kernels.registry import family_of, schedule_of
+from ..kernels.registry import family_of, kernel_builder_of, schedule_of
 from ..partition.call_tir import wrapped_call
 from ..partition.composite import composite_name
 from ..options import CompileOptions, dump
@@ -46,9 +46,9 @@ def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
         spec = offloaded_spec(func)
     attrs = {"cgra.arch": arch.to_json(), "cgra.source_ops": source_ops_attr(func, spec.source_ops)}
     pattern, nodes = kernel_origin(func)
-    # The schedule function is part of the key: registering one recompiles the kernels it covers.
+    # The user's schedule or kernel is part of the key: registering one recompiles the kernels it covers.
     key = (dataclasses.replace(spec, source_ops=()), arch.fingerprint,
-           dataclasses.replace(options, dump_dir=None), schedule_of(spec, pattern))
+           dataclasses.replace(options, dump_dir=None), schedule_of(spec, pattern), kernel_builder_of(spec, pattern))
     outputs = _KERNEL_CACHE.get(key)
     if outputs is None:
         outputs = run_kernel_stages(Kernel(symbol, spec, attrs, pattern=pattern, layer=nodes), arch, options)
@@ -123,8 +123,9 @@ def relax_ext_cgra(funcs, target_options, constant_names):
         func = next(f for f in funcs if str(f.attrs["global_symbol"]) == err.kernel)
         pattern, nodes = kernel_origin(func)
         spec = offloaded_spec(func)
-        who = "a user" if schedule_of(spec, pattern) is not family_of(spec).schedule else "the built-in"
-        error = ScratchpadTooSmall(f"{err} (kernel of pattern {pattern or spec.op}, scheduled by {who} schedule"
+        who = "a user's kernel" if kernel_builder_of(spec, pattern) else \
+            "a user schedule" if schedule_of(spec, pattern) is not family_of(spec).schedule else "the built-in schedule"
+        error = ScratchpadTooSmall(f"{err} (kernel of pattern {pattern or spec.op}, scheduled by {who}"
                                    f"{', layer ' + nodes if nodes else ''})")
         remember_error(error)
         raise error from err
