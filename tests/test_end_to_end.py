@@ -175,8 +175,9 @@ def test_scratchpad_too_small_keeps_the_op_on_the_host(tmp_path):
     with npu_backend.profile() as prof:
         out = run(npu_backend.compile(mod, str(path)), inputs)
     assert_matches(out, ref, "float32")
-    # The matmul stays on the host; its bias add, standalone now, fits as ELTWISE tiles.
-    assert [k.source_ops for k in prof.kernels] == [("add",)]
+    # The matmul stays on the host; its bias add and relu, standalone now, fit as ELTWISE and
+    # EPILOGUE tiles.
+    assert [k.source_ops for k in prof.kernels] == [("add",), ("nn.relu",)]
 
 
 def test_damaged_library_is_refused_on_load(tmp_path):

@@ -138,7 +138,7 @@ def epilogue_fields(op: str, annotated: dict) -> dict:
         bias_shape = static_shape(annotated["bias"], "bias")
         if dtype_of(annotated["bias"]) != acc_dtype:
             raise UnsupportedOperator(f"the bias is {dtype_of(annotated['bias'])}, the accumulator {acc_dtype}")
-    clip = _clip_bounds(annotated["clip"], acc_dtype) if "clip" in annotated else None
+    clip = clip_bounds(annotated["clip"], acc_dtype) if "clip" in annotated else None
     return dict(dtype=dtype, acc_dtype=acc_dtype, bias_shape=bias_shape, relu="relu" in annotated, clip=clip)
 
 
@@ -218,7 +218,7 @@ def _scalar_value(expr, dtype: str):
     return value.item() if value.ndim == 0 else None
 
 
-def _clip_bounds(call, acc_dtype: str) -> tuple:
+def clip_bounds(call, acc_dtype: str) -> tuple:
     """The (lo, hi) of a clip as the epilogue applies them: constants of the accumulator dtype,
     lo <= hi (the NPU computes min(max(x, lo), hi), the host max(min(x, hi), lo): equal then)."""
     bounds = call.args[1:3]

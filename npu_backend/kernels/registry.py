@@ -17,6 +17,7 @@ import inspect
 from ..errors import CGRAError, UnsupportedCopy, UnsupportedOperator, stage_context
 from ..partition.call_tir import prim_func_of
 from ..partition.composite import composite_call, composite_name, composite_ops, matched_roles
+from .activation import ACTIVATION
 from .conv2d import CONV2D
 from .depthwise import DEPTHWISE
 from .eltwise import ELTWISE
@@ -26,7 +27,7 @@ from .matmul import MATMUL
 from .pool import POOL
 from .tir import TIR, tir_spec
 
-FAMILIES: tuple[OpFamily, ...] = (MATMUL, CONV2D, DEPTHWISE, POOL, ELTWISE, TIR)
+FAMILIES: tuple[OpFamily, ...] = (MATMUL, CONV2D, DEPTHWISE, POOL, ELTWISE, TIR, ACTIVATION)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Stage: normalise (before partition). In: a Relax IRModule. Out: the same module in which every
 `call_tir` of a PrimFunc computing max(x, c) or min(x, c) elementwise against a scalar constant c
 is `R.clip(x, c, +max)` / `R.clip(x, -max, c)` (max: the dtype's largest value, inf for floats),
-and `clip(clip(x, a, b), c, d)` whose ranges overlap is `clip(x, max(a, c), min(b, d))`.
+`clip(clip(x, a, b), c, d)` whose ranges overlap is `clip(x, max(a, c), min(b, d))`, and
+`clip(relu(x), a, b)` with b >= 0 is `clip(x, max(a, 0), b)`.
 
 Why: ONNX `Clip` (relu6 in MobileNetV2) imports as a topi maximum then a topi minimum
 (`emit_te`), opaque PrimFunc calls that no partition pattern can read; PyTorch's relu6 and
@@ -25,6 +26,7 @@ from ..relax_info import dtype_of
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _CLIP = tvm.ir.Op.get("relax.clip")
+_RELU = tvm.ir.Op.get("relax.nn.relu")
 _COMPARES = {tirx.Max: "max", tirx.Min: "min"}
 
 
@@ -139,6 +141,8 @@ class _ClipRewriter(relax.PyExprMutator):
         inner = call.args[0]
         if isinstance(inner, relax.Var):
             inner = self.lookup_binding(inner)
+        if isinstance(inner, relax.Call) and inner.op.same_as(_RELU):
+            return self._merged_relu(call, inner)
         if not (isinstance(inner, relax.Call) and inner.op.same_as(_CLIP)):
             return call
         outer_bounds, inner_bounds = _bounds_of(call), _bounds_of(inner)
@@ -150,6 +154,17 @@ class _ClipRewriter(relax.PyExprMutator):
         dtype = dtype_of(inner.args[0])
         merged = relax.op.clip(inner.args[0], _bound(lo, dtype), _bound(hi, dtype))
         return with_span(merged, merged_span(inner.span, call.span))  # both calls' model nodes
+
+
+    def _merged_relu(self, call, relu):
+        """clip(relu(x), lo, hi) = clip(x, max(lo, 0), hi) when hi >= 0: one op, which a kernel's
+        epilogue fuses (it takes relu or clip, not both)."""
+        bounds = _bounds_of(call)
+        if bounds is None or not max(bounds[0], 0) <= bounds[1]:
+            return call
+        dtype = dtype_of(relu.args[0])
+        merged = relax.op.clip(relu.args[0], _bound(max(bounds[0], 0), dtype), _bound(bounds[1], dtype))
+        return with_span(merged, merged_span(relu.span, call.span))
 
 
 def canonicalize_clips_pass() -> tvm.transform.Pass:
