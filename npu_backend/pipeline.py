@@ -31,10 +31,12 @@ from .lower.dma import lower_copies_to_dma
 from .lower.double_buffer import double_buffer
 from .lower.fold_init import fold_accumulator_init
 from .lower.ragged import cut_ragged_tiles
+from .normalise.batch_norms import batch_norms_as_scale_shift
 from .normalise.clips import canonicalize_clips_pass
 from .normalise.fold_weights import fold_weights
 from .normalise.large_pools import split_large_pools_pass
 from .normalise.qdq import canonicalize_qdq
+from .normalise.sums import sums_as_adds_pass
 from .options import CompileOptions, dump
 from .partition.call_tir import (PREFIX, PRIM_FUNC_ATTR, drop_unused_prim_funcs, offload_call_tir,
                                  offloaded_prim_funcs, remember_prim_func)
@@ -54,9 +56,15 @@ def normalise(mod, arch, options):
     # bias add, and the constant arithmetic importers leave around weights (bias reshapes,
     # transposed Gemm weights) is folded, with numpy in milliseconds (normalise/fold_weights.py).
     mod = fold_weights(mod)
+    # A batch norm no conv2d took (after a pool or an add) becomes x * scale + shift with numpy
+    # constants: two elementwise kernels instead of a host op (normalise/batch_norms.py).
+    mod = batch_norms_as_scale_shift(mod)
     return tvm.transform.Sequential([
         relax.transform.FoldConstant(),  # what fold_weights has no numpy rule for
         relax.transform.CanonicalizeBindings(),
+        # ONNX Sum imports as a stack and a reduction: as adds, a residual add the conv2d kernel
+        # fuses or elementwise adds (normalise/sums.py).
+        sums_as_adds_pass,
         # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip
         # with constant bounds, as PyTorch's relu6 already is, so the epilogue can fuse them.
         canonicalize_clips_pass(),

@@ -90,3 +90,12 @@ def test_a_symbolic_reduction_keeps_the_op_on_the_host_and_says_how_to_bind_it()
     (placement,) = npu_backend.explain(mod, "cgra-4x4")
     assert placement.where == "host"
     assert "symbolic dimension (n)" in placement.reason and "BindSymbolicVars" in placement.reason
+
+
+def test_a_conv2d_transpose_on_the_host_counts_its_macs():
+    # Every input element meets every (output channel, tap) of its group: 1*8*5*5 x 4*3*3.
+    mod = relax_module([("x", (1, 8, 5, 5), "float32"), ("w", (8, 4, 3, 3), "float32")],
+                       lambda bb, x, w: bb.emit(relax.op.nn.conv2d_transpose(x, w, strides=2)))
+    (placement,) = npu_backend.explain(mod, "cgra-8x8")
+    assert (placement.where, placement.macs) == ("host", 7200)
+    assert npu_backend.npu_mac_fraction([placement]) == 0.0

@@ -28,7 +28,7 @@ from ..pipeline import STAGES, run_stages, tir_offload_reason
 from ..relax_info import shape_dims, static_shape
 
 #: Operators that count multiply-accumulates (`Placement.macs`).
-_MAC_OPS = ("relax.matmul", "relax.nn.conv2d")
+_MAC_OPS = ("relax.matmul", "relax.nn.conv2d", "relax.nn.conv2d_transpose")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +145,7 @@ def _op_name(call) -> str:
 
 
 def _macs(call, out_var, dims: dict) -> int:
-    """Multiply-accumulates of a conv2d (any groups) or matmul, its symbolic dimensions at their
+    """Multiply-accumulates of a conv2d, conv2d_transpose (any groups) or matmul, its symbolic dimensions at their
     sizes in `dims`; 0 for other ops and for a shape with a dimension `dims` does not give."""
     name = call.op.name
     if name not in _MAC_OPS:
@@ -153,6 +153,8 @@ def _macs(call, out_var, dims: dict) -> int:
     out, lhs, rhs = (_sized(expr, dims) for expr in (out_var, call.args[0], call.args[1]))
     if out is None or rhs is None or lhs is None:
         return 0
+    if name == "relax.nn.conv2d_transpose":  # every input meets the weights of one input channel
+        return math.prod(lhs) * (math.prod(rhs) // rhs[str(call.attrs.kernel_layout).index("I")])
     if name == "relax.nn.conv2d":  # every output takes the weights of one output channel
         per_output = math.prod(rhs) // rhs[str(call.attrs.kernel_layout).index("O")]
     else:
