@@ -90,3 +90,14 @@ def _copy_of_first_input():
 def test_a_builders_mistake_is_named(builder, message):
     with pytest.raises(npu_backend.InvalidModel, match=message):
         npu_backend.from_onnx(model(), custom_ops={"MyMatmul": builder})
+
+
+def test_the_own_onnx_op_example_runs_its_custom_op_on_the_npu(capsys):
+    import pathlib
+    import runpy
+
+    example = runpy.run_path(str(pathlib.Path(__file__).parent.parent / "examples" / "own_onnx_op.py"))
+    figures = example["main"](["--arch", "cgra-4x4"])
+    assert any(name.startswith("cgra_tir_scaled_mm") for name in figures["custom"])
+    assert any(name.startswith("cgra_tir_classifier") for name in figures["replaced"])
+    assert "100.00% of" in capsys.readouterr().out

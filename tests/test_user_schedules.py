@@ -10,7 +10,6 @@ import dataclasses
 import pathlib
 import runpy
 
-import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st

@@ -150,34 +150,40 @@ def register_schedule(name: str, fn=None):
     search's choice (a schedule may ignore it), `arch` the chip (HardwareDescription). The
     schedule must leave every block tensorized or a scratchpad copy; everything after it (DMA
     pass, code generation, runtime, simulator) is the built-in kernels' path. docs/own-kernels.md."""
-    _known_name(name)
+    return _register(_USER_SCHEDULES, "register_schedule", name, fn, ("sch", "spec", "tiling", "arch"))
+
+
+def _register(table: dict, api: str, name: str, fn, params: tuple):
+    """Put `fn` in `table` under pattern-or-op `name` once its signature takes `params`;
+    `fn=None` removes the entry and returns a decorator."""
+    _known_name(name, api)
+    wanted = ", ".join(params)
 
     def register(fn):
         if not callable(fn):
-            raise TypeError(f"register_schedule('{name}', ...) needs a function fn(sch, spec, tiling, arch), "
-                            f"not {type(fn).__name__}")
+            raise TypeError(f"{api}('{name}', ...) needs a function fn({wanted}), not {type(fn).__name__}")
         try:
-            inspect.signature(fn).bind(None, None, None, None)
+            inspect.signature(fn).bind(*[None] * len(params))
         except TypeError:
-            raise TypeError(f"the schedule for '{name}' must take (sch, spec, tiling, arch); "
+            raise TypeError(f"the function given to {api}('{name}', ...) must take ({wanted}); "
                             f"{getattr(fn, '__name__', fn)}{inspect.signature(fn)} does not") from None
         except ValueError:  # a builtin without a signature: trust it
             pass
-        _USER_SCHEDULES[name] = fn
+        table[name] = fn
         return fn
 
     if fn is None:
-        _USER_SCHEDULES.pop(name, None)
+        table.pop(name, None)
         return register
     return register(fn)
 
 
-def _known_name(name: str) -> None:
+def _known_name(name: str, api: str) -> None:
     ops = {op for family in FAMILIES for op in family.ops}
     patterns = {entry.name for entry in pattern_table()}
     if name not in ops and name not in patterns:
         raise UnsupportedOperator(
-            f"register_schedule: '{name}' is neither a cgra pattern nor an op (patterns: "
+            f"{api}: '{name}' is neither a cgra pattern nor an op (patterns: "
             f"{', '.join(sorted(patterns))}; ops: {', '.join(sorted(ops))})")
 
 
@@ -197,26 +203,7 @@ def register_kernel(name: str, fn=None):
     compute and schedule. Its parameters must be the built-in kernel's: the pattern's operands in
     order, then the output, with their shapes and dtypes. `fn=None` without decorating restores
     the built-in."""
-    _known_name(name)
-
-    def register(fn):
-        if not callable(fn):
-            raise TypeError(f"register_kernel('{name}', ...) needs a function fn(spec, arch) returning a "
-                            f"PrimFunc, not {type(fn).__name__}")
-        try:
-            inspect.signature(fn).bind(None, None)
-        except TypeError:
-            raise TypeError(f"the kernel builder for '{name}' must take (spec, arch); "
-                            f"{getattr(fn, '__name__', fn)}{inspect.signature(fn)} does not") from None
-        except ValueError:
-            pass
-        _USER_KERNELS[name] = fn
-        return fn
-
-    if fn is None:
-        _USER_KERNELS.pop(name, None)
-        return register
-    return register(fn)
+    return _register(_USER_KERNELS, "register_kernel", name, fn, ("spec", "arch"))
 
 
 def kernel_builder_of(spec, pattern: str = ""):

@@ -19,21 +19,13 @@ from tvm import relax
 
 from ..frontend.provenance import with_span
 from ..relax_info import dtype_of, static_shape
+from .rewrite import rewrite_functions
 
 _BATCH_NORM = tvm.ir.Op.get("relax.nn.batch_norm")
 
 
 def batch_norms_as_scale_shift(mod: tvm.IRModule) -> tvm.IRModule:
-    rewriter = _NormRewriter(mod)
-    for gvar, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
-
-
-@tvm.transform.module_pass(opt_level=0, name="cgra.BatchNormsAsScaleShift")
-def batch_norms_pass(mod, _ctx):
-    return batch_norms_as_scale_shift(mod)
+    return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _NormRewriter))
 
 
 @relax.expr_functor.mutator

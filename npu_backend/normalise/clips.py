@@ -23,6 +23,7 @@ from tvm import relax, tirx
 
 from ..frontend.provenance import merged_span, with_span
 from ..relax_info import dtype_of
+from .rewrite import as_pass, rewrite_functions
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _CLIP = tvm.ir.Op.get("relax.clip")
@@ -32,11 +33,7 @@ _COMPARES = {tirx.Max: "max", tirx.Min: "min"}
 
 def canonicalize_clips(mod: tvm.IRModule) -> tvm.IRModule:
     """The module with its scalar maximum / minimum calls and clip chains as single R.clip calls."""
-    rewriter = _ClipRewriter(mod)
-    for gvar, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+    return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _ClipRewriter))
 
 
 def scalar_compare(func) -> str | None:
@@ -169,5 +166,4 @@ class _ClipRewriter(relax.PyExprMutator):
 
 def canonicalize_clips_pass() -> tvm.transform.Pass:
     """`canonicalize_clips` as a module pass, for the normalise stage's pass list."""
-    return tvm.transform.module_pass(lambda mod, _ctx: canonicalize_clips(mod), opt_level=0,
-                                     name="cgra.CanonicalizeClips")
+    return as_pass(canonicalize_clips, "cgra.CanonicalizeClips")

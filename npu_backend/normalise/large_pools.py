@@ -26,6 +26,7 @@ from tvm import relax
 
 from ..frontend.provenance import with_span
 from ..relax_info import dtype_of, static_shape
+from .rewrite import as_pass, rewrite_functions
 
 #: Windows with more taps than this are split (16 x 16; the crash was at about 4,100).
 MAX_TAPS = 256
@@ -38,16 +39,10 @@ _ADAPTIVE = tvm.ir.Op.get("relax.nn.adaptive_avg_pool2d")
 
 def split_large_pools(mod: tvm.IRModule) -> tvm.IRModule:
     """The module with every pooling window of more than MAX_TAPS taps in two passes."""
-    rewriter = _PoolSplitter(mod)
-    for gvar, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-    return rewriter.builder_.get()
+    return rewrite_functions(mod, _PoolSplitter)
 
 
-@tvm.transform.module_pass(opt_level=0, name="cgra.SplitLargePools")
-def split_large_pools_pass(mod, _ctx):
-    return split_large_pools(mod)
+split_large_pools_pass = as_pass(split_large_pools, "cgra.SplitLargePools")
 
 
 @relax.expr_functor.mutator

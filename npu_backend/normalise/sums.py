@@ -17,6 +17,7 @@ from tvm import relax
 
 from ..frontend.provenance import with_span
 from ..relax_info import static_shape
+from .rewrite import as_pass, rewrite_functions
 
 _SUM = tvm.ir.Op.get("relax.sum")
 _STACK = tvm.ir.Op.get("relax.stack")
@@ -24,16 +25,10 @@ _BROADCAST_TO = tvm.ir.Op.get("relax.broadcast_to")
 
 
 def sums_as_adds(mod: tvm.IRModule) -> tvm.IRModule:
-    rewriter = _SumRewriter(mod)
-    for gvar, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+    return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _SumRewriter))
 
 
-@tvm.transform.module_pass(opt_level=0, name="cgra.SumsAsAdds")
-def sums_as_adds_pass(mod, _ctx):
-    return sums_as_adds(mod)
+sums_as_adds_pass = as_pass(sums_as_adds, "cgra.SumsAsAdds")
 
 
 @relax.expr_functor.mutator
