@@ -190,6 +190,49 @@ def test_damaged_library_is_refused_on_load(tmp_path):
         tvm.runtime.load_module(str(library))
 
 
+def test_a_library_with_any_flipped_bit_is_refused_before_it_is_loaded(tmp_path):
+    # Single bit flips used to crash the loader with SIGSEGV in 3 of 8 tries (issue 12, item 5):
+    # export_library seals the file with its SHA-256, and loading checks it before dlopen.
+    mod, inputs, ref = matmul_model(8, 8, 8)
+    library = tmp_path / "model.so"
+    tvm.compile(mod, target="cgra").export_library(str(library))
+    data = library.read_bytes()
+    vm = tvm.relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu())  # sealed, still loads
+    assert_matches(vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy(), ref, "float32")
+    rng = np.random.default_rng(0)
+    positions = list(rng.integers(0, len(data), 24)) + [len(data) - 40, len(data) - 1]  # the seal too
+    for position in positions:
+        damaged = bytearray(data)
+        damaged[position] ^= 1 << int(rng.integers(0, 8))
+        flipped = tmp_path / f"flipped_{position}.so"
+        flipped.write_bytes(bytes(damaged))
+        with pytest.raises(npu_backend.DamagedArtifact, match="digest"):
+            tvm.runtime.load_module(str(flipped))
+
+
+def test_a_library_run_without_the_runtime_raises_instead_of_killing_the_process(tmp_path):
+    # The kernels' runtime functions are weak symbols: without `import npu_backend` they are NULL
+    # and the kernel raises; the dynamic loader used to kill the process (rc 127, issue 12 item 5).
+    import subprocess
+    import sys
+
+    mod, _, _ = matmul_model(8, 8, 8)
+    library = tmp_path / "model.so"
+    tvm.compile(mod, target="cgra").export_library(str(library))
+    script = (
+        "import numpy as np, tvm\n"
+        "from tvm import relax\n"
+        f"vm = relax.VirtualMachine(tvm.runtime.load_module({str(library)!r}), tvm.cpu())\n"
+        "args = [tvm.runtime.tensor(np.ones(s, 'float32')) for s in ((8, 8), (8, 8), (8,))]\n"
+        "try:\n"
+        "    vm['main'](*args)\n"
+        "except Exception as err:\n"
+        "    print(err)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "needs the CGRA runtime, which is not loaded: `import npu_backend`" in done.stdout
+
+
 @pytest.mark.parametrize("relu", [False, True])
 def test_bias_added_first_is_fused(relu):
     """PyTorch's Linear imports as add(bias, matmul): the operands of add come in either order."""

@@ -258,8 +258,17 @@ def emit_kernel(mb: ModuleBuilder, func, kernel: str, arch, plan: ScratchpadPlan
 def _begin(state: KernelState, arch, num_slots: int) -> None:
     """%k = cgra_kernel_begin(...); NULL returns -1 (the runtime has set the error)."""
     mb, b = state.mb, state.builder
+    begin = mb.runtime("cgra_kernel_begin")
+    missing, present = state.new_block("runtime.missing"), state.new_block("runtime.present")
+    b.cbranch(b.icmp_unsigned("==", b.ptrtoint(begin, I64), I64(0)), missing, present)
+    b.position_at_end(missing)  # a weak symbol left NULL: the library was loaded on its own
+    state.set_error("RuntimeError", mb.cstring(
+        f"kernel '{state.kernel}' needs the CGRA runtime, which is not loaded: `import npu_backend` "
+        "before loading or running this library (it loads the runtime and the simulator)"))
+    b.ret(I32(-1))
+    b.position_at_end(present)
     source_ops = str(state.func.attrs.get("cgra.source_ops") or "")
-    handle = b.call(mb.runtime("cgra_kernel_begin"), [
+    handle = b.call(begin, [
         mb.cstring(state.kernel), mb.cstring(source_ops), mb.cstring(arch.to_json()),
         I64(arch.spad_bytes), I32(RUNTIME_ABI_VERSION), I32(num_slots)], name="k")
     state.kernel_handle = handle

@@ -178,13 +178,19 @@ class ModuleBuilder:
         self._strings: dict[str, ir.GlobalVariable] = {}
 
     def function(self, name: str, fnty: ir.FunctionType) -> ir.Function:
-        """The declaration of external C function `name` (created on first use)."""
+        """The declaration of external C function `name` (created on first use). The CGRA
+        runtime's functions are weak: a library loaded without the runtime (no `import
+        npu_backend`) sees them as NULL, and the kernel raises an error instead of the dynamic
+        loader killing the process (entry.py checks cgra_kernel_begin first)."""
         existing = self.module.globals.get(name)
         if existing is not None:
             if existing.function_type != fnty:
                 raise ValueError(f"'{name}' declared twice with different C types")
             return existing
-        return ir.Function(self.module, fnty, name)
+        function = ir.Function(self.module, fnty, name)
+        if name.startswith("cgra_"):
+            function.linkage = "extern_weak"
+        return function
 
     def runtime(self, name: str) -> ir.Function:
         return self.function(name, RUNTIME_FUNCTIONS[name])

@@ -2,15 +2,19 @@
 
 Stage: runtime (Python side). `tvm.runtime.load_module` dlopens a shared library; a truncated or
 overwritten ELF file makes the dynamic loader touch pages past the end of the file, and the
-process dies of SIGBUS before any Python error can be raised. `import npu_backend` wraps
-`load_module` so that every ELF shared object is first checked against its own headers (the ELF
-header, the program headers and every loaded segment, the section header table all lie inside
-the file); other files go to TVM's loader unchanged.
+process dies of SIGBUS before any Python error can be raised, and a single flipped bit in a
+relocation or a dynamic entry can crash it with SIGSEGV. `import npu_backend` therefore wraps
+`Executable.export_library`, which seals every ELF library it writes with a SHA-256 digest of its
+bytes (a 45-byte trailer after the ELF's last byte, which the dynamic loader never reads), and
+`load_module`, which checks an ELF library against its own headers (the ELF header, the program
+headers and every loaded segment, the section header table all lie inside the file) and, when
+it is sealed, against its digest, before TVM dlopens it; other files go to TVM's loader unchanged.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import struct
 
@@ -27,9 +31,42 @@ _ELF_MAGIC = b"\x7fELF"
 _PT_LOAD = 1
 
 
+#: The seal export_library appends: this marker, then the SHA-256 of every byte before it.
+_SEAL = b"\0CGRA-SHA256\0"
+_SEAL_BYTES = len(_SEAL) + 32
+
+
+def seal_shared_library(path: str) -> None:
+    """Append the digest trailer to the ELF library at `path` (once)."""
+    with open(path, "rb") as file:
+        data = file.read()
+    if data[:4] != _ELF_MAGIC or _sealed(data):
+        return
+    with open(path, "ab") as file:
+        file.write(_SEAL + hashlib.sha256(data).digest())
+
+
+def _sealed(data: bytes) -> bool:
+    """Whether `data` ends with a seal; a marker with a byte or two flipped still counts (so a flip
+    there is a damaged seal, not an unsealed file)."""
+    if len(data) < _SEAL_BYTES:
+        return False
+    marker = data[-_SEAL_BYTES:-32]
+    return sum(a != b for a, b in zip(marker, _SEAL)) <= 2
+
+
 def check_shared_library(path: str) -> None:
-    """Raise `DamagedArtifact` if the ELF file at `path` is cut short or inconsistent."""
+    """Raise `DamagedArtifact` if the ELF file at `path` is cut short or inconsistent, or if it
+    is sealed and its bytes are not the ones export_library wrote."""
     size = os.path.getsize(path)
+    with open(path, "rb") as file:
+        data = file.read()
+    if data[:4] == _ELF_MAGIC and _sealed(data):
+        body, digest = data[:-_SEAL_BYTES], data[-32:]
+        if data[-_SEAL_BYTES:-32] != _SEAL or hashlib.sha256(body).digest() != digest:
+            _refuse(path, "its bytes differ from those export_library wrote (the SHA-256 digest it recorded "
+                    "does not match)")
+    size = size - _SEAL_BYTES if data[:4] == _ELF_MAGIC and _sealed(data) else size
     with open(path, "rb") as file:
         header = file.read(64)
         if header[:4] != _ELF_MAGIC:
@@ -60,7 +97,21 @@ def _refuse(path, reason):
 
 
 def install_load_check() -> None:
-    """Check ELF libraries in `tvm.runtime.load_module` before TVM dlopens them (idempotent)."""
+    """Seal the ELF libraries `Executable.export_library` writes, and check ELF libraries in
+    `tvm.runtime.load_module` before TVM dlopens them (idempotent)."""
+    executable = tvm.runtime.Executable
+    if not getattr(executable.export_library, "_cgra_sealing", False):
+        export = executable.export_library
+
+        @functools.wraps(export)
+        def export_library(self, file_name, *args, **kwargs):
+            result = export(self, file_name, *args, **kwargs)
+            if isinstance(file_name, (str, os.PathLike)) and os.path.isfile(file_name):
+                seal_shared_library(os.fspath(file_name))
+            return result
+
+        export_library._cgra_sealing = True
+        executable.export_library = export_library
     original = tvm.runtime.load_module
     if getattr(original, "_cgra_checked", False):
         return
