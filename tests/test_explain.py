@@ -99,3 +99,10 @@ def test_a_conv2d_transpose_on_the_host_counts_its_macs():
     (placement,) = npu_backend.explain(mod, "cgra-8x8")
     assert (placement.where, placement.macs) == ("host", 7200)
     assert npu_backend.npu_mac_fraction([placement]) == 0.0
+
+
+def test_a_model_without_macs_does_not_claim_a_share_of_them():
+    mod = relax_module([("x", (4, 8), "float32"), ("y", (4, 8), "float32")],
+                       lambda bb, x, y: bb.emit(relax.op.add(x, y)))
+    text = npu_backend.format_placements(npu_backend.explain(mod, "cgra-8x8"))
+    assert "of 0 MACs" not in text and "no multiply-accumulates" in text

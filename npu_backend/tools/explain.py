@@ -68,7 +68,9 @@ def format_placements(placements: list[Placement]) -> str:
     for p in placements:
         detail = p.kernel if p.where == "npu" else p.reason
         lines.append(f"{p.op:<16} {p.output:<28} {p.where:<8} {p.macs:>10}  {detail}")
-    lines.append(f"{npu_mac_fraction(placements):.2%} of {sum(p.macs for p in placements)} MACs run on the NPU")
+    total = sum(p.macs for p in placements)
+    lines.append(f"{npu_mac_fraction(placements):.2%} of {total} MACs run on the NPU" if total else
+                 "no matmul or conv2d: the model has no multiply-accumulates to count")
     return "\n".join(lines)
 
 
