@@ -18,3 +18,14 @@ def test_the_readme_python_example_runs_as_written(tmp_path, monkeypatch, capsys
     runpy.run_path(str(script), run_name="readme")
     assert (tmp_path / "model.so").is_file()
     assert "fused_relax_matmul" in capsys.readouterr().out  # prof.table() printed the kernel
+
+
+def test_the_package_and_the_command_say_their_version(capsys):
+    import pytest
+
+    import npu_backend
+    from npu_backend.tools.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert npu_backend.__version__ in capsys.readouterr().out

@@ -81,7 +81,7 @@ def _version() -> str:
     try:
         return f"cgra-sim (npu-backend) {metadata.version('npu-backend')}"
     except metadata.PackageNotFoundError:
-        return "cgra-sim (npu-backend, not installed)"
+        return "cgra-sim 0+unknown (npu-backend, not installed)"  # npu_backend.__version__ says the same
 
 
 def _progress(message: str) -> None:
