@@ -31,11 +31,22 @@ from .spec import KernelSpec, Tiling, aligned, round_up
 
 def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     """The tiling of a GEMM-shaped kernel (its GEMM extents, dtypes and epilogue operands); with
-    symbolic rows, the one that is never far from the best tiling of the size that runs."""
-    return choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch,
-                         spec.row_step, has_residual=bool(spec.residual_shape),
-                         has_scale=bool(spec.scale_shape), store_rows=store_walks_rows(spec),
-                         any_rows=spec.op == "matmul" and bool(spec.symbolic("lhs")))
+    symbolic rows, the one that is never far from the best tiling of the size that runs. Searched
+    once per problem and chip: partitioning asks (does it fit?) and then the kernel stage."""
+    key = (spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), spec.row_step,
+           bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
+           spec.op == "matmul" and bool(spec.symbolic("lhs")), arch.fingerprint)
+    if key not in _TILINGS:
+        if len(_TILINGS) >= 4096:
+            _TILINGS.clear()
+        _TILINGS[key] = choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch,
+                                      spec.row_step, has_residual=bool(spec.residual_shape),
+                                      has_scale=bool(spec.scale_shape), store_rows=store_walks_rows(spec),
+                                      any_rows=spec.op == "matmul" and bool(spec.symbolic("lhs")))
+    return _TILINGS[key]
+
+
+_TILINGS: dict = {}  # choose_gemm_tiling's results (Tiling is immutable)
 
 
 def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
@@ -66,6 +77,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     candidates = []  # (tm, tn, tk) that fit the scratchpad
     shallowest = min(_k_candidates(depth))
     for tn in range(arch.cols, round_up(cols, arch.cols) + 1, arch.cols):
+        out_row = out_row_stride(tn, acc_bytes, store_rows, arch)  # the same for every tm
         for tm in range(row_step, round_up(rows, row_step) + 1, row_step):
             # The compact footprint only grows with tm: past the first tm whose shallowest tile
             # cannot fit even unpadded, none fits (this keeps a large bound, e.g. a symbolic
@@ -73,8 +85,8 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
             if gemm_footprint(tm, tn, shallowest, in_bytes, acc_bytes, has_bias, has_residual,
                               has_scale) > arch.spad_bytes:
                 break
-            tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual,
-                                    out_row_stride(tn, acc_bytes, store_rows, arch), has_scale)
+            tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual, out_row,
+                                    has_scale)
             if tk is not None:
                 candidates.append((tm, tn, tk))
     candidates.sort()  # ties go to the smaller row tile, as they always have
