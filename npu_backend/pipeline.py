@@ -36,6 +36,7 @@ from .normalise.clips import canonicalize_clips_pass
 from .normalise.fold_weights import fold_weights
 from .normalise.large_pools import split_large_pools_pass
 from .normalise.qdq import canonicalize_qdq
+from .normalise.scalars import scalar_operands_pass
 from .normalise.sums import sums_as_adds_pass
 from .options import CompileOptions, dump
 from .partition.call_tir import (PREFIX, PRIM_FUNC_ATTR, drop_unused_prim_funcs, offload_call_tir,
@@ -65,6 +66,9 @@ def normalise(mod, arch, options):
         # ONNX Sum imports as a stack and a reduction: as adds, a residual add the conv2d kernel
         # fuses or elementwise adds (normalise/sums.py).
         sums_as_adds_pass,
+        # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast
+        # (normalise/scalars.py).
+        scalar_operands_pass,
         # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip
         # with constant bounds, as PyTorch's relu6 already is, so the epilogue can fuse them.
         canonicalize_clips_pass(),

@@ -19,6 +19,7 @@ from tvm.relax.frontend.onnx import from_onnx
 
 import npu_backend
 from models import relax_module, run
+from npu_backend.tools.workloads import mismatch
 from npu_backend.kernels.eltwise import eltwise_view
 from npu_backend.tools.workloads import eltwise_model
 from onnx_models import mobilenet_v2, resnet
@@ -95,7 +96,7 @@ def test_explain_shows_a_standalone_add_on_the_npu_and_says_why_others_stay():
     placements = npu_backend.explain(mod, "cgra-8x8")
     where = [(p.op, p.where, p.kernel.split(" ")[0] if p.where == "npu" else p.reason) for p in placements]
     assert where[0] == ("add", "npu", "cgra.eltwise_add")
-    assert where[1][:2] == ("multiply", "host") and "scalar right operand" in where[1][2]
+    assert where[1] == ("multiply", "npu", "cgra.eltwise_multiply")  # the scalar constant, as (1, 1)
     assert where[2][:2] == ("multiply", "host") and "same tensor as both operands" in where[2][2]
     assert where[3] == ("maximum", "npu", "cgra.eltwise_maximum")
     ex = npu_backend.compile(mod, "cgra-8x8")
@@ -103,7 +104,7 @@ def test_explain_shows_a_standalone_add_on_the_npu_and_says_why_others_stay():
     out, kernels = _kernels(ex, inputs)
     expected = np.maximum(((inputs[0] + inputs[1]) * np.float32(2)) ** 2, inputs[2])
     np.testing.assert_allclose(out, expected, rtol=1e-6)
-    assert [k.source_ops for k in kernels] == [("add",), ("maximum",)]
+    assert [k.source_ops for k in kernels] == [("add",), ("multiply",), ("maximum",)]
 
 
 def test_mixed_dtypes_are_refused_with_the_reason():
@@ -155,3 +156,21 @@ def test_an_add_after_a_host_op_runs_on_the_npu_while_the_fused_bias_stays_fused
     soft = np.exp(logits - logits.max(1, keepdims=True))
     np.testing.assert_allclose(out, soft / soft.sum(1, keepdims=True) - inputs[3], rtol=1e-5, atol=1e-6)
     assert [k.source_ops for k in kernels] == [("matmul", "add"), ("subtract",)]
+
+
+def test_a_scalar_tensor_operand_stays_on_the_host_with_the_reason():
+    # A scalar constant is reshaped to (1, ..., 1) by the normalise stage; a rank-0 input is not.
+    mod = relax_module([("x", (4, 8), "float32"), ("s", (), "float32")],
+                       lambda bb, x, s: bb.emit(relax.op.multiply(x, s)))
+    (placement,) = npu_backend.explain(mod, "cgra-8x8")
+    assert placement.where == "host" and "scalar right operand" in placement.reason
+
+
+@pytest.mark.parametrize("dtype, value", [("float32", 0.25), ("int32", -3), ("int8", 5)])
+def test_a_scalar_constant_operand_runs_as_a_broadcast(dtype, value):
+    mod = relax_module([("x", (2, 3, 5, 7), dtype)],
+                       lambda bb, x: bb.emit(relax.op.subtract(relax.const(value, dtype), x)))
+    assert [p.where for p in npu_backend.explain(mod, "cgra-4x4")] == ["npu"]
+    x = (np.random.default_rng(0).standard_normal((2, 3, 5, 7)) * 20).astype(dtype)
+    out = run(npu_backend.compile(mod, "cgra-4x4"), [x])
+    assert mismatch(out, (np.array(value, dtype) - x).astype(dtype), dtype) is None
