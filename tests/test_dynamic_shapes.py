@@ -251,3 +251,9 @@ def test_cgra_sim_run_takes_the_size_of_a_dynamic_input_or_its_data(tmp_path, ca
     np.save(tmp_path / "i.npy", np.zeros((1, 3, 12, 12), "int32"))
     assert main(["run", str(path), "--input", f"input={tmp_path / 'i.npy'}"]) == 2
     assert "the data is int32, the model's input is float32" in capsys.readouterr().err
+
+
+def test_explain_sizes_a_shape_that_names_one_dimension_twice():
+    mod = module({"a": (("n", "n"), "float32"), "b": (("n", "n"), "float32")}, relax.op.add)
+    (placement,) = npu_backend.explain(mod, "cgra-8x8", dims={"n": 3})
+    assert placement.output == "(3, 3) float32"

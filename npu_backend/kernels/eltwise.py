@@ -178,11 +178,25 @@ def choose_eltwise_tiling(spec: EltwiseSpec, arch: HardwareDescription) -> Tilin
     """Tiles of tm view rows x tn view columns (tk = kp = 1): among tiles whose two operand
     tiles and output tile, each double-buffered, fit the scratchpad, the one with the fewest
     estimated cycles (ties: the larger). mp, np: the view's rows and columns padded to whole tiles."""
+    *_, rows, cols = spec.extents
+    tiling = best_tiling(spec, arch, _tile_sizes(rows, 1), _tile_sizes(cols, arch.vector_lanes))
+    if tiling is None:
+        raise ScratchpadTooSmall(f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold "
+                                 f"three {spec.dtype} elements twice: describe a larger scratchpad")
+    return tiling
+
+
+def best_tiling(spec: EltwiseSpec, arch: HardwareDescription, row_sizes, col_sizes) -> Tiling | None:
+    """Among tm in `row_sizes` x tn in `col_sizes`, the tiling whose operand and output tiles,
+    double-buffered, fit the scratchpad with the fewest estimated cycles (ties: the larger), its
+    extents padded to whole tiles; None when none fits. Also what kernels/tir.py asks for a
+    user's elementwise PrimFunc (its sizes: divisors, so nothing is padded)."""
     *outer, rows, cols = spec.extents
     size = DType.from_name(spec.dtype).itemsize
+    col_sizes = list(col_sizes)
     best = None
-    for tm in _tile_sizes(rows, 1):
-        for tn in _tile_sizes(cols, arch.vector_lanes):
+    for tm in row_sizes:
+        for tn in col_sizes:
             footprint = sum(aligned(2 * _elements(tm, tn, full[-2:]) * size)
                             for full in (spec.lhs_full, spec.rhs_full, (True, True)))
             if footprint > arch.spad_bytes:
@@ -191,10 +205,7 @@ def choose_eltwise_tiling(spec: EltwiseSpec, arch: HardwareDescription) -> Tilin
             key = (_estimate_cycles(spec, tiling, math.prod(outer), arch), -tm * tn)
             if best is None or key < best[0]:
                 best = (key, tiling)
-    if best is None:
-        raise ScratchpadTooSmall(f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold "
-                                 f"three {spec.dtype} elements twice: describe a larger scratchpad")
-    return best[1]
+    return best[1] if best is not None else None
 
 
 def _elements(tm: int, tn: int, full: tuple) -> int:

@@ -42,7 +42,7 @@ from .gemm import loops_after
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.vector_unit import ELTWISE_FUNCS
 from .spad_layout import a_row_stride, align_rows
-from .spec import Tiling, aligned
+from .spec import Tiling
 
 #: The PrimFunc attribute of a kernel written for the NPU by hand (scratchpad buffers, copies,
 #: tensorized blocks or device calls): it is lowered as it is, not tiled.
@@ -350,24 +350,12 @@ def _vector_tiling(spec: TirSpec, arch: HardwareDescription) -> Tiling:
     """tm x tn tiles of the output's last two axes that divide them exactly (the user's blocks
     are not padded), with the fewest estimated cycles (eltwise.py's estimate) among those whose
     tiles, double-buffered, fit the scratchpad."""
-    *outer, rows, cols = spec.extents
-    size = DType.from_name(spec.dtype).itemsize
-    as_eltwise = _eltwise_spec(spec)
-    best = None
-    for tm in _divisors(rows):
-        for tn in _divisors(cols):
-            footprint = sum(aligned(2 * eltwise._elements(tm, tn, full[-2:]) * size)
-                            for full in (as_eltwise.lhs_full, as_eltwise.rhs_full, (True, True)))
-            if footprint > arch.spad_bytes:
-                continue
-            tiling = Tiling(tm, tn, 1, rows, cols, 1)
-            key = (eltwise._estimate_cycles(as_eltwise, tiling, math.prod(outer), arch), -tm * tn)
-            if best is None or key < best[0]:
-                best = (key, tiling)
-    if best is None:
+    *_, rows, cols = spec.extents
+    tiling = eltwise.best_tiling(_eltwise_spec(spec), arch, _divisors(rows), _divisors(cols))
+    if tiling is None:
         raise ScratchpadTooSmall(f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold one "
                                  f"element of each {spec.dtype} operand twice")
-    return best[1]
+    return tiling
 
 
 def _eltwise_spec(spec: TirSpec) -> eltwise.EltwiseSpec:

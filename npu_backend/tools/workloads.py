@@ -41,9 +41,11 @@ def _epilogue_tail(bb, y, residual, clip):
     return y if clip is None else bb.emit(relax.op.clip(y, *clip))
 
 
-def _reference_tail(ref, residual, clip):
-    if residual is not None:
-        ref = ref + residual
+def _epilogue_reference(ref, inputs, bias, residual, relu, clip):
+    """The fused chain in numpy: + bias (inputs[2]), + residual (the last input), relu, clip."""
+    ref = ref + inputs[2] if bias else ref
+    ref = ref + inputs[-1] if residual else ref
+    ref = np.maximum(ref, 0) if relu else ref
     return ref if clip is None else np.clip(ref, *clip)
 
 
@@ -73,12 +75,7 @@ def matmul_model(m, n, k, dtype="float32", bias=True, relu=True, transposed=Fals
     inputs = [_random(rng, shape, dt) for _, shape, dt in specs]
     x, w = inputs[0].astype(acc), inputs[1].astype(acc)
     ref = x @ (w.T if transposed else w)
-    if bias:
-        ref = ref + inputs[2]
-    ref = _reference_tail(ref, inputs[-1] if residual else None, None)
-    if relu:
-        ref = np.maximum(ref, 0)
-    ref = _reference_tail(ref, None, clip)
+    ref = _epilogue_reference(ref, inputs, bias, residual, relu, clip)
     if softmax:
         e = np.exp(ref - ref.max(-1, keepdims=True))
         ref = e / e.sum(-1, keepdims=True)
@@ -139,12 +136,7 @@ def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype=
     x = inputs[0].transpose([data_layout.index(axis) for axis in "NCHW"]).astype(acc)
     w = inputs[1].transpose([kernel_layout.index(axis) for axis in "OIHW"]).astype(acc)
     ref = conv2d_reference(x, w, stride, pad, dilation, groups).transpose(["NCHW".index(a) for a in out_layout])
-    if bias:
-        ref = ref + inputs[2]
-    ref = _reference_tail(ref, inputs[-1] if residual else None, None)
-    if relu:
-        ref = np.maximum(ref, 0)
-    ref = _reference_tail(ref, None, clip)
+    ref = _epilogue_reference(ref, inputs, bias, residual, relu, clip)
     return relax_module(specs, body), inputs, ref.astype(acc)
 
 
