@@ -86,6 +86,7 @@ def test_one_dense_kernel_runs_every_row_count(arch, n):
     check(out, np.maximum(x @ w + b, 0), "float32")
     (kernel,) = prof.kernels
     assert kernel.tensor_shapes[-1] == (n, 40)  # the profile shows this launch's sizes
+    assert kernel.macs == n * 64 * 40  # and this launch's MACs
 
 
 @given(arch=st.sampled_from(PRESETS), n=st.integers(1, 200))

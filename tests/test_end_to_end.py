@@ -25,7 +25,8 @@ def test_matmul_bias_relu(arch, dtype):
         out = run(ex, inputs)
     assert_matches(out, ref, dtype)
     assert len(prof.kernels) == 1 and prof.kernels[0].source_ops == ("matmul", "add", "nn.relu")
-    assert prof.total_cycles > 0 and prof.kernels[0].macs >= 100 * 50 * 70
+    (kernel,) = prof.kernels
+    assert kernel.cycles > 0 and kernel.macs == 100 * 50 * 70 <= kernel.padded_macs  # the model's, then the array's
 
 
 @pytest.mark.parametrize("arch", PRESETS)
@@ -37,6 +38,24 @@ def test_conv2d_bias_relu(arch, dtype):
         out = run(ex, inputs)
     assert_matches(out, ref, dtype)
     assert [k.source_ops for k in prof.kernels] == [("nn.conv2d", "add", "nn.relu")]
+
+
+def test_the_profile_counts_the_models_macs_and_the_padded_ones_apart():
+    """A 1x512 -> 1000 dense layer has 512,000 MACs on every chip; the PE array executes a
+    padded multiple of them, and the utilisation is counted from the model's."""
+    mod, inputs, _ = matmul_model(1, 1000, 512, bias=False, relu=False)
+    seen = {}
+    for arch in PRESETS:
+        with npu_backend.profile() as prof:
+            run(npu_backend.compile(mod, arch), inputs)
+        (kernel,) = prof.kernels
+        hw = npu_backend.load_arch(arch)
+        peak = kernel.cycles * hw.num_pes * hw.macs_per_pe["float32"]
+        assert kernel.utilisation == pytest.approx(kernel.macs / peak)
+        assert kernel.array_utilisation == pytest.approx(kernel.padded_macs / peak)
+        assert prof.to_dict()["total_padded_macs"] == kernel.padded_macs > kernel.macs
+        seen[arch] = kernel.macs
+    assert set(seen.values()) == {512_000}
 
 
 def test_default_target_is_cgra_8x8():
@@ -123,9 +142,10 @@ def test_matmul_lowering_property(m, n, k, dtype, arch, bias, relu):
 def test_conv2d_lowering_property(batch, channels, size, filters, kernel, stride, pad, dilation, dtype, arch):
     mod, inputs, ref = conv2d_model(batch, channels, size, size + 1, filters, kernel, kernel,
                                     (stride, stride), (pad, pad, pad, pad), dtype, dilation=(dilation, dilation))
-    out = run(npu_backend.compile(mod, arch), inputs)
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(mod, arch), inputs)
     assert_matches(out, ref, dtype)
-
+    assert prof.total_macs == ref.size * channels * kernel * kernel <= prof.total_padded_macs
 
 
 @given(batch=st.integers(1, 2), groups=st.integers(2, 6), per_group=st.integers(1, 3),
@@ -161,7 +181,7 @@ def test_depthwise_conv2d_lowering_property(batch, channels, height, width, kh, 
     assert_matches(out, ref, dtype)
     (kernel,) = prof.kernels
     assert kernel.op_counts["DEPTHWISE"] >= 1 and kernel.op_counts["GEMM"] == 0
-    assert kernel.macs >= ref.size * kh * kw  # every output's taps, on the PE array
+    assert kernel.macs == ref.size * kh * kw <= kernel.padded_macs  # every output's taps, on the PE array
 
 
 def test_scratchpad_too_small_keeps_the_op_on_the_host(tmp_path):

@@ -28,7 +28,8 @@ ARCH = load_arch("cgra-8x8")
 SPAD = ARCH.spad_bytes
 BOX_WORDS = isa.RECORD_WORDS - isa.word(Op.DMA_LOAD, "origin0")
 F32, I8, I32 = int(DType.FLOAT32), int(DType.INT8), int(DType.INT32)
-ABI = 2  # CGRA_RUNTIME_ABI_VERSION: v2 gave cgra_epilogue its residual and clip arguments
+ABI = 3  # CGRA_RUNTIME_ABI_VERSION: v2 gave cgra_epilogue its residual and clip arguments,
+# v3 cgra_kernel_begin its macs_per_output
 
 
 # ---------------------------------------------------------------------------------------------
@@ -65,7 +66,7 @@ def dltensor(array: np.ndarray, device_type: int = 1, strides=None) -> DLTensor:
 
 I64, I32C, P = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
 SIGNATURES = {
-    "cgra_kernel_begin": (P, [ctypes.c_char_p] * 3 + [I64, I32C, I32C]),
+    "cgra_kernel_begin": (P, [ctypes.c_char_p] * 3 + [I64, I32C, I32C, I64]),
     "cgra_kernel_bind": (I32C, [P, I32C, ctypes.POINTER(DLTensor)]),
     "cgra_dma_load": (I32C, [P, I32C, I64, ctypes.POINTER(I64)]),
     "cgra_dma_store": (I32C, [P, I32C, I64, ctypes.POINTER(I64)]),
@@ -138,8 +139,9 @@ def on_device(lib):
 
 
 class Launch:
-    def __init__(self, name, source_ops, arch_json, slots: bytes, commands: bytes):
+    def __init__(self, name, source_ops, arch_json, slots: bytes, commands: bytes, macs_per_output: int):
         self.name, self.source_ops, self.arch_json = name, source_ops, arch_json
+        self.macs_per_output = macs_per_output
         self.slots = np.frombuffer(slots, "<i8").reshape(-1, isa.SLOT_WORDS).tolist()
         self.commands = np.frombuffer(commands, "<i8").reshape(-1, isa.RECORD_WORDS).tolist()
 
@@ -174,7 +176,8 @@ def rows_box(rows, cols, row_stride, **halo) -> list[int]:
     return box([(rows, 0, 1, row_stride), (cols, 1, 1, 1)], **halo)
 
 
-def launch(lib, commands, tensors=(), num_slots=None, name=b"k", abi=ABI, spad=SPAD, record=None):
+def launch(lib, commands, tensors=(), num_slots=None, name=b"k", abi=ABI, spad=SPAD, record=None,
+           macs_per_output=7):
     """One launch as generated code runs it: begin, bind, commands until one fails, end.
 
     commands: (function name, args after the kernel); DMA boxes as lists of 28 ints.
@@ -182,7 +185,7 @@ def launch(lib, commands, tensors=(), num_slots=None, name=b"k", abi=ABI, spad=S
     failure, to show that a failed kernel refuses further work.
     """
     kernel = lib.cgra_kernel_begin(name, b"matmul,add", ARCH.to_json().encode(), spad, abi,
-                                   len(tensors) if num_slots is None else num_slots)
+                                   len(tensors) if num_slots is None else num_slots, macs_per_output)
     if not kernel:
         return -1 if lib.cgra_kernel_end(None) else 0
     status = 0
@@ -286,8 +289,8 @@ def test_records_match_isa_encode(lib, on_device, submitted):
                    valid_x_lo=1, valid_x_hi=7, count_y_lo=0, count_y_hi=7, count_x_lo=0, count_x_hi=8),
     ]
     (sent,) = submitted
-    assert (sent.name, sent.source_ops, sent.arch_json) == ("fused_matmul", "matmul,add",
-                                                           ARCH.to_json())
+    assert (sent.name, sent.source_ops, sent.arch_json, sent.macs_per_output) == (
+        "fused_matmul", "matmul,add", ARCH.to_json(), 7)
     assert sent.commands == expected
     assert sent.slots == [
         [x.ctypes.data, int(DType.from_name(x.dtype.name)), x.ndim, *x.shape, *[0] * (4 - x.ndim)]
@@ -312,17 +315,21 @@ def test_stream_runs_on_the_simulator(lib, on_device):
         ("cgra_dma_store", 3, 2048, rows_box(8, 4, 4)),
     ]
 
-    def submit(name, source_ops, arch_json, slots, stream):
+    def submit(name, source_ops, arch_json, slots, stream, macs_per_output):
         table = np.frombuffer(slots, "<i8").reshape(-1, isa.SLOT_WORDS)
         assert table[:, 0].tolist() == [x.ctypes.data for x in arrays]
-        simulate(HardwareDescription.from_json(arch_json), stream, list(arrays), name=name)
+        stats.append(simulate(HardwareDescription.from_json(arch_json), stream, list(arrays), name=name,
+                              macs_per_output=macs_per_output))
 
+    stats = []
     previous = _swap_submit(submit)
     try:
         on_device(lambda: launch(lib, commands, [dltensor(x) for x in arrays]))
     finally:
         _swap_submit(previous)
     np.testing.assert_allclose(out, np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-5)
+    # The model's MACs are the kernel's per output element (7 here) times the output's size.
+    assert (stats[0].macs, stats[0].padded_macs) == (7 * out.size, 8 * 4 * 16)
 
 
 def test_bind_records_byte_offset_and_accepts_size_one_strides(lib, on_device, submitted):
@@ -515,7 +522,7 @@ def test_bind_refuses_bad_slots(lib, on_device):
     t = dltensor(_x())
 
     def bind_twice():
-        kernel = lib.cgra_kernel_begin(b"k", b"", b"{}", SPAD, ABI, 1)
+        kernel = lib.cgra_kernel_begin(b"k", b"", b"{}", SPAD, ABI, 1, -1)
         first = lib.cgra_kernel_bind(kernel, 0, ctypes.byref(t))
         second = lib.cgra_kernel_bind(kernel, 0, ctypes.byref(t))
         end = lib.cgra_kernel_end(kernel)
@@ -526,6 +533,11 @@ def test_bind_refuses_bad_slots(lib, on_device):
         on_device(bind_twice)
     with pytest.raises(ValueError, match=re.escape("bind slot 3: slot out of range [0, 1)")):
         on_device(lambda: launch(lib, [("cgra_kernel_bind", 3, ctypes.byref(t))], [], 1))
+
+
+def test_begin_refuses_a_negative_mac_count(lib, on_device):
+    with pytest.raises(ValueError, match=re.escape("begin: macs_per_output -2 is below -1")):
+        on_device(lambda: launch(lib, [], [], macs_per_output=-2))
 
 
 def test_failed_kernel_records_nothing_more_and_keeps_the_first_error(lib, on_device, submitted):
@@ -544,7 +556,7 @@ def test_wrong_abi_version_is_refused(lib, on_device, submitted):
     kernels = []
 
     def begin_v2():
-        kernel = lib.cgra_kernel_begin(b"old_kernel", b"", b"{}", SPAD, ABI - 1, 0)
+        kernel = lib.cgra_kernel_begin(b"old_kernel", b"", b"{}", SPAD, ABI - 1, 0, -1)
         kernels.append(kernel)
         return -1 if lib.cgra_kernel_end(kernel) else 0  # generated code's exit path, on NULL
 

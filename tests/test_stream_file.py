@@ -236,6 +236,7 @@ def test_recording_saves_each_launch_with_its_contents(recorded):
     launch = load_launch(path)
     assert (launch.kernel, launch.source_ops) == (kernel.name, ("matmul", "add", "nn.relu"))
     assert launch.arch == load_arch("cgra-8x8") and launch.recorded_stats == kernel.to_dict()
+    assert launch.macs_per_output == 30 and kernel.macs == 40 * 24 * 30  # the model's MACs, kept for replay
     assert len(launch.commands) == kernel.num_commands
     for before, given_input in zip(launch.inputs, inputs):  # x, w, b as passed to the model
         assert np.array_equal(before, given_input)
@@ -283,6 +284,7 @@ def test_python_m_cgra_sim_replay_text(recorded):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "on cgra-16x16" in done.stdout and f"recorded {prof.kernels[0].cycles} on cgra-8x8" in done.stdout
+    assert f"{40 * 24 * 30} model MACs" in done.stdout  # the same on another chip; the executed ones differ
     assert "busy cycles" in done.stdout and "match the recording" in done.stdout
 
 

@@ -1,7 +1,7 @@
 """The code generator's entry point: lowered PrimFuncs -> verified LLVM IR -> object file.
 
-Stage: codegen. In: lowered `tvm.tirx.PrimFunc`s (attrs "global_symbol", optionally "cgra.arch"
-and "cgra.source_ops") and the hardware description. Out: `CompiledKernels` holding the LLVM IR
+Stage: codegen. In: lowered `tvm.tirx.PrimFunc`s (attrs "global_symbol", optionally "cgra.arch",
+"cgra.source_ops" and "cgra.macs_per_output") and the hardware description. Out: `CompiledKernels` holding the LLVM IR
 (as generated, in LLVM's own syntax), a position-independent object for the host, and the
 kernel names; each kernel is exported as `__tvm_ffi_<global_symbol>`.
 """

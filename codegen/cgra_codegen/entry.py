@@ -268,9 +268,11 @@ def _begin(state: KernelState, arch, num_slots: int) -> None:
     b.ret(I32(-1))
     b.position_at_end(present)
     source_ops = str(state.func.attrs.get("cgra.source_ops") or "")
+    macs_per_output = state.func.attrs.get("cgra.macs_per_output")
     handle = b.call(begin, [
         mb.cstring(state.kernel), mb.cstring(source_ops), mb.cstring(arch.to_json()),
-        I64(arch.spad_bytes), I32(RUNTIME_ABI_VERSION), I32(num_slots)], name="k")
+        I64(arch.spad_bytes), I32(RUNTIME_ABI_VERSION), I32(num_slots),
+        I64(-1 if macs_per_output is None else int(macs_per_output))], name="k")
     state.kernel_handle = handle
     failed, started = state.new_block("begin.failed"), state.new_block("launch")
     b.cbranch(b.icmp_unsigned("==", handle, ir.Constant(PTR, None)), failed, started)

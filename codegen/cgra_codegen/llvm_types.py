@@ -19,7 +19,7 @@ PTR = ir.PointerType()
 VOID = ir.VoidType()
 
 #: CGRA_RUNTIME_ABI_VERSION of docs/runtime-abi.md that the generated code is compiled against.
-RUNTIME_ABI_VERSION = 2
+RUNTIME_ABI_VERSION = 3
 
 # tvm-ffi: `int f(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result)`.
 FFI_FUNCTION_TYPE = ir.FunctionType(I32, [PTR, PTR, I32, PTR])
@@ -47,7 +47,7 @@ DL_TYPE_CODE_NAMES = {0: "int", 1: "uint", 2: "float", 3: "handle", 4: "bfloat",
 
 #: The runtime's kernel-lifecycle and error functions (device commands: see device_calls.py).
 RUNTIME_FUNCTIONS = {
-    "cgra_kernel_begin": ir.FunctionType(PTR, [PTR, PTR, PTR, I64, I32, I32]),
+    "cgra_kernel_begin": ir.FunctionType(PTR, [PTR, PTR, PTR, I64, I32, I32, I64]),
     "cgra_kernel_bind": ir.FunctionType(I32, [PTR, I32, PTR]),
     "cgra_kernel_end": ir.FunctionType(I32, [PTR]),
     "TVMFFIErrorSetRaisedFromCStr": ir.FunctionType(VOID, [PTR, PTR]),

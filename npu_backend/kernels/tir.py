@@ -74,6 +74,14 @@ class TirSpec:
     def output_shape(self) -> tuple:
         return self.extents[:2] if self.kind == "gemm" else self.extents
 
+    @property
+    def macs(self) -> int | None:
+        """Multiply-accumulates of the PrimFunc (a GEMM: M * N * K; elementwise: 0); None for a
+        kernel the user wrote for the NPU, whose work only its commands tell."""
+        if self.kind == "kernel":
+            return None
+        return math.prod(self.extents) if self.kind == "gemm" else 0
+
 
 def tir_spec(func: tirx.PrimFunc, name: str) -> TirSpec:
     """What `func` computes as an NPU kernel; raises UnsupportedOperator with the reason it

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import os
 import tempfile
 
@@ -44,7 +45,8 @@ def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
     symbol = str(func.attrs["global_symbol"])
     with shape_bounds(dict(options.shape_bounds)):
         spec = offloaded_spec(func)
-    attrs = {"cgra.arch": arch.to_json(), "cgra.source_ops": source_ops_attr(func, spec.source_ops)}
+    attrs = {"cgra.arch": arch.to_json(), "cgra.source_ops": source_ops_attr(func, spec.source_ops),
+             "cgra.macs_per_output": macs_per_output(spec)}
     pattern, nodes = kernel_origin(func)
     # The user's schedule or kernel is part of the key: registering one recompiles the kernels it covers.
     key = (dataclasses.replace(spec, source_ops=()), arch.fingerprint,
@@ -96,6 +98,16 @@ def source_ops_attr(func, ops) -> str:
     if len(nodes) != len(ops):
         nodes = [""] * len(ops)
     return ",".join(f"{op}@{_attr_safe(str(node))}" if str(node) else op for op, node in zip(ops, nodes))
+
+
+def macs_per_output(spec) -> int:
+    """The kernel's `cgra.macs_per_output`: the model operator's multiply-accumulates per output
+    element (the runtime multiplies it by each launch's output size); -1 for a user's own kernel,
+    whose work only its commands tell."""
+    macs = getattr(spec, "macs", None)
+    if not macs:  # None (unknown) or 0 (pools, elementwise)
+        return -1 if macs is None else 0
+    return macs // math.prod(spec.output_shape)
 
 
 def _attr_safe(nodes: str) -> str:

@@ -100,7 +100,7 @@ def _kernel_ops(wrapper, site: int, dims: dict) -> list[Placement]:
     tir_call = wrapped_call(wrapper)
     if tir_call is not None:  # a user's PrimFunc
         nodes = [str(n) for n in (_attr(wrapper, SOURCE_NODES_ATTR) or [""])]
-        macs = math.prod(spec.extents) if spec.kind == "gemm" else 0
+        macs = spec.macs or 0
         return [Placement(_op_name(tir_call), _type_of(relax.Var("out", tir_call.ty_args[0])), "npu", f"{spec.kind} ({symbol})", "", macs,
                           nodes[0], site, symbol)]
     composite, _ = composite_call(wrapper)

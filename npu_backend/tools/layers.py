@@ -36,8 +36,9 @@ def model_layers(placements, kernels) -> list[dict]:
 
 def _launch(stats) -> dict:
     if stats is None:
-        return {"cycles": None, "macs": None, "utilisation": None, "dma_bytes": None}
-    return {"cycles": stats.cycles, "macs": stats.macs, "utilisation": stats.utilisation,
+        return {"cycles": None, "macs": None, "padded_macs": None, "utilisation": None, "dma_bytes": None}
+    return {"cycles": stats.cycles, "macs": stats.macs, "padded_macs": stats.padded_macs,
+            "utilisation": stats.utilisation,
             "dma_bytes": stats.dma_load_bytes + stats.dma_store_bytes}
 
 

@@ -190,7 +190,8 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
     outputs = [o.numpy() for o in outputs]
     report = {"model": path, "arch": arch.name, "input_shapes": {name: list(a.shape) for name, a in inputs.items()},
               "total_cycles": prof.total_cycles,
-              "total_macs": prof.total_macs, "time_us": prof.total_cycles / arch.clock_mhz,
+              "total_macs": prof.total_macs, "total_padded_macs": prof.total_padded_macs,
+              "time_us": prof.total_cycles / arch.clock_mhz,
               "npu_mac_fraction": npu_backend.npu_mac_fraction(placements),
               "host_ops": sorted({p.op for p in placements if p.where == "host"}),
               "kernels": [k.to_dict() for k in prof.kernels]}

@@ -13,7 +13,7 @@
 #include <dlpack/dlpack.h>
 #include <stdint.h>
 
-#define CGRA_RUNTIME_ABI_VERSION 2
+#define CGRA_RUNTIME_ABI_VERSION 3
 
 #if defined(_WIN32)
 #define CGRA_RUNTIME_API __declspec(dllexport)
@@ -31,11 +31,14 @@ typedef struct CGRAKernel CGRAKernel; /* opaque: one kernel launch being recorde
  * kernel_name: the kernel's symbol; source_ops: comma-separated model ops it came from;
  * arch_json: the canonical JSON of the hardware description the code was compiled for;
  * spad_bytes: that description's scratchpad size (used by the bounds checks);
- * abi_version: CGRA_RUNTIME_ABI_VERSION the code was compiled against (a mismatch is refused).
+ * abi_version: CGRA_RUNTIME_ABI_VERSION the code was compiled against (a mismatch is refused);
+ * macs_per_output: the model operator's multiply-accumulates per element of the output (the last
+ * slot), without the padding the PE array computes; -1 when the kernel does not know them.
  * Returns NULL with the FFI error set on failure. */
 CGRA_RUNTIME_API CGRAKernel* cgra_kernel_begin(const char* kernel_name, const char* source_ops,
                                                const char* arch_json, int64_t spad_bytes,
-                                               int32_t abi_version, int32_t num_slots);
+                                               int32_t abi_version, int32_t num_slots,
+                                               int64_t macs_per_output);
 
 /* Binds host tensor `slot` (0 <= slot < num_slots): a compact CPU DLTensor of rank <= 4. */
 CGRA_RUNTIME_API int32_t cgra_kernel_bind(CGRAKernel* k, int32_t slot, DLTensor* tensor);

@@ -72,7 +72,7 @@ extern "C" {
 
 CGRAKernel* cgra_kernel_begin(const char* kernel_name, const char* source_ops,
                               const char* arch_json, int64_t spad_bytes, int32_t abi_version,
-                              int32_t num_slots) {
+                              int32_t num_slots, int64_t macs_per_output) {
   CGRAKernel* kernel = nullptr;
   SafeCall([&] {
     if (abi_version != CGRA_RUNTIME_ABI_VERSION) {
@@ -82,7 +82,8 @@ CGRAKernel* cgra_kernel_begin(const char* kernel_name, const char* source_ops,
                               " but this runtime is v" + std::to_string(CGRA_RUNTIME_ABI_VERSION) +
                               ": recompile the model");
     }
-    kernel = new CGRAKernel(kernel_name, source_ops, arch_json, spad_bytes, num_slots);
+    kernel = new CGRAKernel(kernel_name, source_ops, arch_json, spad_bytes, num_slots,
+                            macs_per_output);
   });
   return kernel;
 }

@@ -1,8 +1,8 @@
 /*
  * The simulator backend: forwards each launch to the tvm-ffi global function
  * `cgra.backend.simulator.submit`, which npu_backend registers in Python (docs/runtime-abi.md).
- * Arguments: (kernel_name, source_ops, arch_json, slots, commands), the last two as Bytes of
- * little-endian int64 words. An exception raised in Python arrives here as tvm::ffi::Error and
+ * Arguments: (kernel_name, source_ops, arch_json, slots, commands, macs_per_output), slots and
+ * commands as Bytes of little-endian int64 words. An exception raised in Python arrives here as tvm::ffi::Error and
  * propagates unchanged to the C entry point, which re-raises it through the C ABI.
  */
 #include <tvm/ffi/error.h>
@@ -39,7 +39,7 @@ class SimulatorBackend final : public DeviceBackend {
     }
     (*submit)(tvm::ffi::String(launch.kernel_name), tvm::ffi::String(launch.source_ops),
               tvm::ffi::String(launch.arch_json), WordsToBytes(launch.slots),
-              WordsToBytes(launch.commands));
+              WordsToBytes(launch.commands), launch.macs_per_output);
   }
 };
 

@@ -86,7 +86,8 @@ class ReplayResult:
         return "\n".join([
             f"{s.name} ({', '.join(s.source_ops) or 'no source ops'}): {s.num_commands} commands on {s.arch}",
             f"  cycles       {cycles}, {s.time_us:.3f} us at {self.arch.clock_mhz:g} MHz",
-            f"  utilisation  {s.utilisation:.1%} of the PE array, {s.macs} MACs",
+            f"  utilisation  {s.utilisation:.1%} of the PE array: {s.macs} model MACs "
+            f"({s.padded_macs} executed, {s.array_utilisation:.1%} with the padding)",
             f"  DMA bytes    load {s.dma_load_bytes} (box {s.dma_load_box_bytes}), "
             f"store {s.dma_store_bytes} (box {s.dma_store_box_bytes})",
             "  busy cycles  " + ", ".join(f"{unit} {cycles}" for unit, cycles in s.busy_cycles.items()),
@@ -102,7 +103,8 @@ def replay(launch: Launch, arch=None, max_cycles: int = DEFAULT_MAX_CYCLES) -> R
     arch = launch.arch if arch is None else load_arch(arch)
     tensors = launch.fresh_tensors()
     result = simulate_detailed(arch, launch.commands, tensors, name=launch.kernel,
-                               source_ops=launch.source_ops, max_cycles=max_cycles)
+                               source_ops=launch.source_ops, max_cycles=max_cycles,
+                               macs_per_output=launch.macs_per_output)
     outputs = tuple(tensors) if launch.inputs is not None else None
     mismatches = ()
     if outputs is not None and launch.outputs is not None:

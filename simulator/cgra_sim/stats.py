@@ -28,9 +28,11 @@ class KernelStats:
     arch: str  # hardware description name
     cycles: int  # last command's end
     time_us: float  # cycles at the arch's clock
-    macs: int  # sum of m * n * k over the PE array's commands (GEMM, DEPTHWISE)
-    ideal_cycles: int  # roofline bound: max(PE array at peak, each DMA engine at full bandwidth)
-    utilisation: float  # PE-array MAC slots used / offered over `cycles` (0 without PE-array commands)
+    # The model operator's multiply-accumulates: the kernel's MACs per output element (from the
+    # launch) times the output's size; without that, the PE array's own (padded_macs).
+    macs: int
+    ideal_cycles: int  # roofline bound: max(`macs` on the PE array at peak, each DMA engine at full bandwidth)
+    utilisation: float  # `macs` / the PE array's MAC slots over `cycles` (0 without PE-array commands)
     dma_load_bytes: int  # bytes read from host memory (halo excluded)
     dma_store_bytes: int  # bytes written to host memory (halo excluded)
     dma_load_box_bytes: int  # bytes the load engine streamed (halo zeros included)
@@ -47,6 +49,10 @@ class KernelStats:
     # Per slot, the shape of the tensor the launch ran on (inputs, then the output): the sizes
     # of this launch when the kernel was compiled for symbolic ones.
     tensor_shapes: tuple[tuple[int, ...], ...] = ()
+    # What the PE array executed: sum of m * n * k over its commands (GEMM, DEPTHWISE), the
+    # padding of partial tiles included, and the MAC slots used / offered over `cycles`.
+    padded_macs: int = 0
+    array_utilisation: float = 0.0
 
     @property
     def model_nodes(self) -> tuple[str, ...]:
@@ -67,7 +73,7 @@ class KernelStats:
 def ideal_cycles(arch: HardwareDescription, pe_work: Fraction, load_bytes: int, store_bytes: int) -> int:
     """Roofline lower bound on cycles: the busiest of the PE array at peak and the DMA engines.
 
-    `pe_work` is the sum over PE-array commands of macs / macs_per_pe[dtype], in PE-cycles. The two DMA
+    `pe_work` is the sum of MACs / macs_per_pe[dtype], in PE-cycles. The two DMA
     engines have the full bandwidth each (as in timing.py), so each is bounded separately.
     """
     return max(math.ceil(pe_work / arch.num_pes),
@@ -77,8 +83,9 @@ def ideal_cycles(arch: HardwareDescription, pe_work: Fraction, load_bytes: int, 
 
 def collect_stats(arch: HardwareDescription, commands: list[Command], timeline: Timeline,
                   name: str, source_ops: tuple[str, ...], source_nodes: tuple[str, ...] = (),
-                  tensor_shapes: tuple = ()) -> KernelStats:
-    """Sums the work, traffic and occupancy of a timed stream."""
+                  tensor_shapes: tuple = (), macs_per_output: int | None = None) -> KernelStats:
+    """Sums the work, traffic and occupancy of a timed stream. `macs_per_output` (the model
+    operator's MACs per element of the last tensor; None or -1: unknown) gives `macs`."""
     gemms = [c for c in commands if c.unit is Unit.COMPUTE]  # GEMM and DEPTHWISE
     loads = [c for c in commands if isinstance(c, DmaCommand) and c.op is Op.DMA_LOAD]
     stores = [c for c in commands if isinstance(c, DmaCommand) and c.op is Op.DMA_STORE]
@@ -87,6 +94,12 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], timeline: 
         macs_of[gemm.dtype] += gemm.macs
     pe_work = sum((Fraction(macs, arch.macs_per_pe[dtype.numpy_name]) for dtype, macs in macs_of.items()),
                   Fraction(0))
+    padded_macs = sum(macs_of.values())
+    macs = padded_macs
+    if macs_per_output is not None and macs_per_output >= 0 and tensor_shapes:
+        macs = macs_per_output * math.prod(int(d) for d in tensor_shapes[-1])
+    # The model's work in PE-cycles: the array's, scaled (a kernel computes one dtype).
+    model_work = pe_work * Fraction(macs, padded_macs) if padded_macs else Fraction(0)
     load_bytes = sum(c.host_bytes for c in loads)
     store_bytes = sum(c.host_bytes for c in stores)
     cycles = timeline.cycles
@@ -98,9 +111,9 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], timeline: 
         arch=arch.name,
         cycles=cycles,
         time_us=cycles / arch.clock_mhz,
-        macs=sum(macs_of.values()),
-        ideal_cycles=ideal_cycles(arch, pe_work, load_bytes, store_bytes),
-        utilisation=float(pe_work / (cycles * arch.num_pes)) if gemms else 0.0,
+        macs=macs,
+        ideal_cycles=ideal_cycles(arch, model_work, load_bytes, store_bytes),
+        utilisation=float(model_work / (cycles * arch.num_pes)) if gemms else 0.0,
         dma_load_bytes=load_bytes,
         dma_store_bytes=store_bytes,
         dma_load_box_bytes=sum(c.box_bytes for c in loads),
@@ -113,4 +126,6 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], timeline: 
         idle_cycles={unit.name.lower(): timeline.idle_cycles(unit) for unit in Unit},
         source_nodes=tuple(source_nodes) if any(source_nodes) else (),
         tensor_shapes=tuple(tuple(int(d) for d in shape) for shape in tensor_shapes),
+        padded_macs=padded_macs,
+        array_utilisation=float(pe_work / (cycles * arch.num_pes)) if gemms else 0.0,
     )

@@ -89,6 +89,7 @@ class Launch:
     inputs: tuple[np.ndarray, ...] | None = None
     outputs: tuple[np.ndarray, ...] | None = None
     recorded_stats: dict | None = None
+    macs_per_output: int | None = None  # the kernel's model MACs per output element (runtime ABI)
 
     def __post_init__(self):
         commands = np.ascontiguousarray(self.commands, dtype=np.int64)
@@ -115,11 +116,12 @@ class Launch:
 
     @classmethod
     def from_tensors(cls, kernel: str, source_ops, arch_json: str, commands, inputs,
-                     outputs=None, recorded_stats: dict | None = None) -> "Launch":
+                     outputs=None, recorded_stats: dict | None = None,
+                     macs_per_output: int | None = None) -> "Launch":
         """A launch whose tensor specs are those of `inputs` (contents before the kernel ran)."""
         return cls(kernel, tuple(source_ops), arch_json, commands,
                    tuple(TensorSpec.of(a) for a in inputs), tuple(inputs),
-                   None if outputs is None else tuple(outputs), recorded_stats)
+                   None if outputs is None else tuple(outputs), recorded_stats, macs_per_output)
 
     @property
     def arch(self) -> HardwareDescription:
@@ -158,6 +160,7 @@ def _header(launch: Launch) -> dict:
         "has_outputs": launch.outputs is not None,
         "outputs_equal_inputs": _unchanged_slots(launch),
         "recorded_stats": launch.recorded_stats,
+        "macs_per_output": launch.macs_per_output,
     }
 
 
@@ -297,9 +300,12 @@ def _read_launch(archive: zipfile.ZipFile, header: dict) -> Launch:
     stats = header.get("recorded_stats")
     if stats is not None and not isinstance(stats, dict):
         raise ValueError(f"recorded_stats is a {type(stats).__name__}, not an object")
+    macs_per_output = header.get("macs_per_output")  # absent in files written before it existed
+    if macs_per_output is not None and (not isinstance(macs_per_output, int) or macs_per_output < -1):
+        raise ValueError(f"macs_per_output is {macs_per_output!r}, not an integer >= -1")
     return Launch(header["kernel"], tuple(header["source_ops"]),
                   json.dumps(header["arch"], sort_keys=True, separators=(",", ":")), commands, tensors,
-                  inputs, outputs, stats)
+                  inputs, outputs, stats, macs_per_output)
 
 
 # Replay.
