@@ -114,3 +114,42 @@ def qdq_cnn(seed: int = 0) -> onnx.ModelProto:
     y = g.qdq(g.node("Flatten", [y]), 0.06, -2)
     out = g.qdq(g.gemm(y, 0.06, 16 * 8 * 8, 10), 0.1, 1)
     return g.model("input", [1, 3, 16, 16], out, [1, 10])
+
+
+def onnxruntime_quantized(model: onnx.ModelProto, path, activation_type: str = "QUInt8",
+                          weight_type: str = "QInt8", per_channel: bool = False) -> onnx.ModelProto:
+    """`model` quantized by onnxruntime's own tools, as a user would: `quant_pre_process` (shape
+    inference, batch norms folded into the convs) and `quantize_static` to QDQ, calibrated on four
+    random inputs. Defaults other than the types: reduce_range, so that the weights have 7 bits (see
+    QdqGraph.WEIGHT_LEVELS: onnxruntime is exact on every x86 CPU then). `path`: a directory."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    source = model.graph.input[0]
+    shape = [d.dim_value for d in source.type.tensor_type.shape.dim]
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(0)
+            self.inputs = iter([{source.name: rng.normal(0, 1, shape).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.inputs, None)
+
+    onnx.save(model, f"{path}/float.onnx")
+    quant_pre_process(f"{path}/float.onnx", f"{path}/pre.onnx")
+    quantize_static(f"{path}/pre.onnx", f"{path}/qdq.onnx", Calibration(), per_channel=per_channel,
+                    reduce_range=True, activation_type=getattr(QuantType, activation_type),
+                    weight_type=getattr(QuantType, weight_type))
+    return onnx.load(f"{path}/qdq.onnx")
+
+
+def with_quantized_outputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """`model` whose every QuantizeLinear output is also a graph output (to compare every layer's
+    integer result), and those outputs' names."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    names = [n.output[0] for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    model.graph.output.extend(types[name] for name in names if name in types)
+    return model, [o.name for o in model.graph.output]

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -24,7 +26,7 @@ from tvm.relax.frontend.onnx import from_onnx
 import npu_backend
 from cgra_sim.functional import requantise
 from npu_backend.normalise.qdq import canonicalize_qdq
-from qdq_models import QdqGraph, qdq_cnn
+from qdq_models import QdqGraph, onnxruntime_quantized, qdq_cnn, with_quantized_outputs
 from test_requantise_sim import reference_requantise
 
 
@@ -34,19 +36,20 @@ def _session(model):
 
 # ---------------------------------------------------------------- onnxruntime's arithmetic
 
-def _one_by_one_conv(bias, w_scale, x_scale, y_scale, x_zero, y_zero):
-    """QDQ 1x1 conv of one int8 input channel with weights 1: acc = x - x_zero + bias[c]."""
+def _one_by_one_conv(bias, w_scale, x_scale, y_scale, x_zero, y_zero, dtype=np.int8):
+    """QDQ 1x1 conv of one `dtype` input channel with weights 1: acc = x - x_zero + bias[c]."""
     g = QdqGraph(0)
     channels = len(bias)
-    x = g.node("DequantizeLinear", ["xq", g.const(x_scale, np.float32), g.const(x_zero, np.int8)])
+    x = g.node("DequantizeLinear", ["xq", g.const(x_scale, np.float32), g.const(x_zero, dtype)])
     w = g.node("DequantizeLinear", [g.const(np.ones((channels, 1, 1, 1)), np.int8), g.const(w_scale, np.float32),
                                     g.const(np.zeros(channels), np.int8)], axis=0)
     b = g.node("DequantizeLinear", [g.const(bias, np.int32), g.const(np.float32(x_scale) * w_scale, np.float32),
                                     g.const(np.zeros(channels), np.int32)], axis=0)
     y = g.node("Conv", [x, w, b])
-    out = g.node("QuantizeLinear", [y, g.const(y_scale, np.float32), g.const(y_zero, np.int8)])
-    graph = helper.make_graph(g.nodes, "adversarial", [helper.make_tensor_value_info("xq", TensorProto.INT8, [1, 1, 16, 16])],
-                              [helper.make_tensor_value_info(out, TensorProto.INT8, [1, len(bias), 16, 16])], g.initializers)
+    out = g.node("QuantizeLinear", [y, g.const(y_scale, np.float32), g.const(y_zero, dtype)])
+    onnx_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = helper.make_graph(g.nodes, "adversarial", [helper.make_tensor_value_info("xq", onnx_type, [1, 1, 16, 16])],
+                              [helper.make_tensor_value_info(out, onnx_type, [1, len(bias), 16, 16])], g.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 10
     return model
@@ -66,6 +69,22 @@ def test_onnxruntime_requantises_as_the_simulator_does(seed):
     got = _session(_one_by_one_conv(bias, w_scale, x_scale, y_scale, x_zero, y_zero)).run(None, {"xq": xq})[0]
     acc = (xq.reshape(1, -1).astype(np.int64) - x_zero + bias.reshape(-1, 1)).astype(np.int32)  # (c, pixels)
     expected = requantise(acc.T, multiplier, y_zero).T.reshape(got.shape)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_a_uint8_model_input_and_output_are_exact_against_onnxruntime():
+    """uint8 in, uint8 out, zero points away from 128: the int8 form (x - 128, zp - 128) reads
+    the model's input and gives its output back as uint8, every value of 0..255 bit-exact."""
+    rng = np.random.default_rng(7)
+    w_scale = rng.uniform(1.0, 5.0, 8).astype(np.float32)  # multipliers 0.4 to 2: both ends saturate
+    bias = rng.integers(-50, 50, 8).astype(np.int32)
+    model = _one_by_one_conv(bias, w_scale, np.float32(0.02), np.float32(0.05), 150, 100, dtype=np.uint8)
+    xq = np.arange(256, dtype=np.uint8).reshape(1, 1, 16, 16)
+    expected = _session(model).run(None, {"xq": xq})[0]
+    mod = npu_backend.from_onnx(model)
+    assert [p.kernel.split()[0] for p in npu_backend.explain(mod) if p.op == "nn.conv2d"] == ["cgra.conv2d_bias_requant"]
+    got = relax.VirtualMachine(tvm.compile(mod, target="cgra"), tvm.cpu())["main"](tvm.runtime.tensor(xq)).numpy()
+    assert got.dtype == np.uint8 and len(np.unique(expected)) > 100 and {0, 255} <= set(expected.flat)
     np.testing.assert_array_equal(got, expected)
 
 
@@ -102,7 +121,8 @@ def _ops(mod):
     ({}, True),
     ({"relu": True, "y_zero": -128}, True),  # onnxruntime drops the relu: saturation does it
     ({"relu": True, "y_zero": -5}, False),  # onnxruntime runs float Conv + Relu
-    ({"w_zero": 1}, False),  # asymmetric weights: not QLinearConv's symmetric form
+    ({"w_zero": 1}, True),  # weights with a zero point: w - 1 fits int8 (QLinearConv takes them too)
+    ({"w_zero": -100}, False),  # w + 100 reaches 227: wider than the PE array's int8 multiplier
     ({"per_channel_axis": 1}, False),  # scales per input channel
 ])
 def test_normalise_rewrites_exactly_the_layers_onnxruntime_fuses(kwargs, integer):
@@ -248,6 +268,59 @@ def test_qdq_cnn_is_bit_exact_to_onnxruntime_with_its_macs_on_the_npu():
         expected = session.run(None, {"input": x})[0]
         got = vm["main"](tvm.runtime.tensor(x)).numpy()
         np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("activation_type, weight_type, per_channel", [
+    ("QUInt8", "QInt8", False),  # onnxruntime's quantize_static defaults before 1.21
+    ("QUInt8", "QInt8", True),
+    ("QUInt8", "QUInt8", False),  # uint8 weights with zero points: centred, they fit int8
+    ("QInt8", "QInt8", False),  # the defaults since
+])
+def test_a_resnet_quantized_by_onnxruntime_is_bit_exact_layer_by_layer(tmp_path, activation_type, weight_type,
+                                                                      per_channel):
+    """A ResNet (shortcuts: onnxruntime's quantizer gives a branch's readers one shared
+    DequantizeLinear) quantized by onnxruntime itself: every conv and the Gemm run as integer NPU
+    kernels named after their ONNX nodes, and each one's integer result (every QuantizeLinear
+    output after a Conv or Gemm, uint8 or int8) equals onnxruntime's whenever its input does. The
+    other quantized ops (the shortcut Add, the pools) run in float as stock TVM runs them, where
+    onnxruntime has integer kernels (QLinearAdd): their results equal the llvm build's."""
+    from onnx_models import resnet
+
+    model = onnxruntime_quantized(resnet(size=16), tmp_path, activation_type, weight_type, per_channel)
+    shared = collections.Counter(i for n in model.graph.node for i in n.input)
+    assert any(shared[n.output[0]] > 1 for n in model.graph.node if n.op_type == "DequantizeLinear")
+    model, names = with_quantized_outputs(model)
+    mod = npu_backend.from_onnx(model)
+    heavy = [p for p in npu_backend.explain(mod) if p.op in ("nn.conv2d", "matmul")]
+    assert len(heavy) == 7 and all(p.kernel.split()[0].endswith("_requant") for p in heavy), \
+        npu_backend.format_placements(heavy)
+    vm = relax.VirtualMachine(tvm.compile(mod, target="cgra"), tvm.cpu())
+    stock = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    session = _session(model)
+    producer = {n.output[0]: n for n in model.graph.node}
+    quantized_inputs = {}  # Q output -> the Q outputs its producer reads (through DequantizeLinear)
+    for name in names:
+        if producer[name].op_type != "QuantizeLinear" or producer[name].input[0] not in producer:
+            continue  # the model's own output, the input's quantization
+        op = producer[producer[name].input[0]]
+        quantized_inputs[name] = (op.op_type, [producer[i].input[0] for i in op.input
+                                               if i in producer and producer[i].op_type == "DequantizeLinear"])
+    rng = np.random.default_rng(3)
+    for scale in (0.5, 1.0, 3.0):
+        x = rng.normal(0, scale, (1, 3, 16, 16)).astype(np.float32)
+        with npu_backend.profile() as prof:
+            got = {name: t.numpy() for name, t in zip(names, vm["main"](tvm.runtime.tensor(x)))}
+        theirs = dict(zip(names, session.run(None, {"input": x})))
+        host = {name: t.numpy() for name, t in zip(names, stock["main"](tvm.runtime.tensor(x)))}
+        same = {name for name in names if got[name].dtype == theirs[name].dtype
+                and np.array_equal(got[name], theirs[name])}
+        for name, (op, inputs) in quantized_inputs.items():
+            if op in ("Conv", "Gemm") and set(inputs) <= same:
+                assert name in same, f"{name} ({op}) differs from onnxruntime's with the same input"
+            elif op not in ("Conv", "Gemm") and name not in same:
+                np.testing.assert_array_equal(got[name], host[name], err_msg=f"{name} ({op})")
+    convs = {n.name for n in model.graph.node if n.op_type in ("Conv", "Gemm")}
+    assert convs <= {node for k in prof.kernels for node in k.model_nodes}  # each layer names its node
 
 
 def test_kernels_come_out_in_the_same_order_on_every_compile(tmp_path):
