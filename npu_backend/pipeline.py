@@ -33,6 +33,7 @@ from .lower.fold_init import fold_accumulator_init
 from .lower.ragged import cut_ragged_tiles
 from .normalise.batch_norms import batch_norms_as_scale_shift
 from .normalise.clips import canonicalize_clips_pass
+from .normalise.conv_transposes import conv_transposes_as_convs_pass
 from .normalise.fold_weights import fold_weights
 from .normalise.large_pools import split_large_pools_pass
 from .normalise.qdq import canonicalize_qdq
@@ -63,6 +64,9 @@ def normalise(mod, arch, options):
     return tvm.transform.Sequential([
         relax.transform.FoldConstant(),  # what fold_weights has no numpy rule for
         relax.transform.CanonicalizeBindings(),
+        # A transposed convolution becomes one conv2d per output phase and an interleave: the
+        # NPU's GEMM kernels, and no multiplications by inserted zeros (normalise/conv_transposes.py).
+        conv_transposes_as_convs_pass,
         # ONNX Sum imports as a stack and a reduction: as adds, a residual add the conv2d kernel
         # fuses or elementwise adds (normalise/sums.py).
         sums_as_adds_pass,
