@@ -58,6 +58,22 @@ def test_the_profile_counts_the_models_macs_and_the_padded_ones_apart():
     assert set(seen.values()) == {512_000}
 
 
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_the_host_codes_optimisation_changes_no_command(level):
+    """LLVM's optimisation level of the host code (0 by default, the fastest build) records the
+    same command streams, so the same cycles and results."""
+    mod, inputs, ref = conv2d_model(2, 5, 13, 11, 7, 3, 3, (2, 1), (1, 0, 1, 2), "int8")
+    streams = []
+    for opt in (0, level):
+        with npu_backend.profile(keep_timelines=True) as prof:
+            out = run(npu_backend.compile(mod, "cgra-4x4", host_opt_level=opt), inputs)
+        assert_matches(out, ref, "int8")
+        streams.append([t.commands.tolist() for t in prof.timelines])
+    assert streams[0] == streams[1] and streams[0]
+    with pytest.raises(ValueError, match="host_opt_level must be 0, 1, 2 or 3"):
+        npu_backend.compile(mod, host_opt_level=4)
+
+
 def test_default_target_is_cgra_8x8():
     mod, inputs, ref = matmul_model(20, 12, 9)
     with npu_backend.profile() as prof:

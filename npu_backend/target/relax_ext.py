@@ -130,7 +130,7 @@ def relax_ext_cgra(funcs, target_options, constant_names):
             raise
     report_kernel(len(lowered), len(funcs), "")
     try:
-        compiled = build(lowered, arch)
+        compiled = build(lowered, arch, opt_level=options.host_opt_level)
     except ScratchpadOverflow as err:
         func = next(f for f in funcs if str(f.attrs["global_symbol"]) == err.kernel)
         pattern, nodes = kernel_origin(func)
