@@ -1,4 +1,4 @@
-"""Tests that a built wheel is self-contained: it holds exactly the three intended top-level
+"""Tests that a built wheel is self-contained: it holds exactly the four intended top-level
 packages, the hardware presets and the C++ runtime's sources, and once installed it builds its
 runtime from those sources, with no checkout around.
 
@@ -21,7 +21,7 @@ import pytest
 from npu_backend.device import runtime_lib
 
 REPO_ROOT = runtime_lib.REPO_ROOT
-PACKAGES = {"npu_backend", "cgra_codegen", "cgra_sim"}
+PACKAGES = {"npu_backend", "cgra_codegen", "cgra_sim", "cgra_cli"}
 PACKAGED_SOURCES = "npu_backend/_runtime_src/"
 
 
@@ -54,7 +54,7 @@ def wheel_files(wheel) -> dict[str, bytes]:
         return {name: archive.read(name) for name in archive.namelist() if not name.endswith("/")}
 
 
-def test_wheel_holds_exactly_the_three_packages(wheel_files):
+def test_wheel_holds_exactly_the_four_packages(wheel_files):
     top_level = {name.split("/")[0] for name in wheel_files}
     packages = {name for name in top_level if not name.endswith((".dist-info", ".data"))}
     assert packages == PACKAGES
@@ -81,10 +81,10 @@ def test_wheel_holds_the_runtime_sources(wheel_files):
 
 
 INSPECT_INSTALLED = """
-import json, npu_backend, cgra_codegen, cgra_sim
+import json, npu_backend, cgra_codegen, cgra_sim, cgra_cli
 from npu_backend.device import runtime_lib
 print(json.dumps({
-    "modules": [m.__file__ for m in (npu_backend, cgra_codegen, cgra_sim)],
+    "modules": [m.__file__ for m in (npu_backend, cgra_codegen, cgra_sim, cgra_cli)],
     "source_root": str(runtime_lib.source_root()),
     "sources": [str(p) for p in runtime_lib.source_files()],
     "library": runtime_lib.load_runtime(),
@@ -101,7 +101,7 @@ def test_installed_wheel_builds_its_runtime_from_the_packaged_sources(wheel, tmp
     result = run([sys.executable, "-c", INSPECT_INSTALLED], cwd=tmp_path, env=env)
     report = json.loads(result.stdout.splitlines()[-1])
 
-    for module, package in zip(report["modules"], ["npu_backend", "cgra_codegen", "cgra_sim"]):
+    for module, package in zip(report["modules"], ["npu_backend", "cgra_codegen", "cgra_sim", "cgra_cli"], strict=True):
         assert Path(module) == target / package / "__init__.py"
     packaged = target / PACKAGED_SOURCES
     assert Path(report["source_root"]) == packaged

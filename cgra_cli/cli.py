@@ -1,0 +1,161 @@
+"""`cgra-sim`: check one kernel against numpy (npu_backend/tools/verify.py), compile and simulate a
+whole ONNX model (npu_backend/tools/run_model.py), or replay a recorded kernel launch.
+
+Stage: tools (command line). `verify` and `run` run the same pipeline as
+`tvm.compile(target="cgra")` and import the compiler when they start; `--help`, `--version` and
+`replay` (the simulator's own command, cgra_sim.__main__) never import tvm, so they answer at
+once. Exit status: 0 on success, 1 when a result does not match its reference, 2 on bad input,
+3 when `verify`'s kernel did not run on the NPU (arguments.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from cgra_sim.__main__ import REPLAY_DESCRIPTION, REPLAY_HELP, add_replay_arguments, run_replay
+
+from .arguments import (EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, UsageError, add_observation_arguments, ints, named,
+                        observe, publish)
+from .verify_arguments import add_verify_arguments
+
+__all__ = ["UsageError", "main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cgra-sim",
+        description="Compile for the CGRA NPU, run on its cycle-approximate simulator, and check "
+                    "the results. Architectures are presets (cgra-4x4, cgra-8x8, cgra-16x16) or a "
+                    "JSON hardware description file. Exit status: 0 success, 1 a result differs from "
+                    "its reference, 2 bad input, 3 (verify) the kernel did not run on the NPU.")
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    add_verify_arguments(sub.add_parser(
+        "verify", help="compile one kernel, simulate it and compare with numpy (PASS/FAIL)",
+        description="Compile one kernel (matmul or conv2d with bias and relu unless disabled, a "
+                    "batched matmul, a pool or an elementwise op), run it on the simulator with "
+                    "random inputs and compare with numpy: integers must match exactly, float32 "
+                    "within 1e-5 relative. Prints PASS or FAIL with cycles; FAIL with exit status 3 "
+                    "and the reason when the compiler keeps the operator on the host."))
+
+    run = sub.add_parser(
+        "run", help="compile an ONNX model, simulate it and report cycles per layer (ONNX node names)",
+        description="Import an ONNX model, compile it for the CGRA NPU (unsupported operators stay "
+                    "on the host), run it on random inputs and print a per-layer table: each kernel launch and "
+                    "host operator with the ONNX nodes it came from, its ops, output, cycles, utilisation and "
+                    "DMA bytes.")
+    run.add_argument("model", help="path of an .onnx file")
+    run.add_argument("--arch", default="cgra-8x8", help="preset name or JSON file (default cgra-8x8)")
+    run.add_argument("--check", action="store_true",
+                     help="compare the outputs with onnxruntime (float32 within 1e-4 relative)")
+    run.add_argument("--dump-dir", help="write every compiler stage's output under this directory, and "
+                                        "each kernel launch's command stream under DIR/streams (a "
+                                        "launch file for replay and a .txt listing)")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    run.add_argument("--shape", action="append", default=[], type=named(ints), metavar="NAME=D1,D2,...",
+                     help="the size to run input NAME at (repeat for several inputs). An input with "
+                          "dynamic dimensions (an ONNX dim_param such as a batch or a width) needs it: "
+                          "those dimensions stay symbolic, the model is compiled once and runs at this "
+                          "size, e.g. --shape x=1,3,48,320")
+    run.add_argument("--input", action="append", default=[], type=named(str), metavar="NAME=FILE.npy",
+                     help="run input NAME on the array in FILE.npy (numpy.save) instead of random data "
+                          "(repeat for several inputs); its dtype must be the input's, its shape fit the "
+                          "input's declaration")
+    run.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="show progress on stderr (each kernel compiled, each kernel launch "
+                          "simulated); default: only when stderr is a terminal and without --json")
+    add_observation_arguments(run)
+
+    add_replay_arguments(sub.add_parser("replay", help=REPLAY_HELP, description=REPLAY_DESCRIPTION))
+    return parser
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return f"cgra-sim (npu-backend) {metadata.version('npu-backend')}"
+    except metadata.PackageNotFoundError:
+        return "cgra-sim 0+unknown (npu-backend, not installed)"  # npu_backend.__version__ says the same
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _verify(args) -> int:
+    from npu_backend.tools.verify import run_verify
+
+    return run_verify(args)
+
+
+def _run(args) -> int:
+    from npu_backend.progress import StatusLine
+    from npu_backend.tools.run_model import run_onnx_model
+
+    import numpy as np
+
+    shapes = _by_name("--shape", args.shape)
+    inputs = {name: np.load(path, allow_pickle=False) for name, path in _by_name("--input", args.input).items()}
+    show = args.progress if args.progress is not None else not args.json and sys.stderr.isatty()
+    status = StatusLine(sys.stderr) if show else None
+    try:
+        with observe(args) as prof:  # sees the same launches as the model runner's own profile
+            report = run_onnx_model(args.model, args.arch, check=args.check, dump_dir=args.dump_dir,
+                                    seed=args.seed, progress=status.show if status else None,
+                                    shapes=shapes, inputs=inputs)
+    finally:
+        if status is not None:
+            status.close()
+    written = publish(args, prof, report)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(report["table"])
+        print(f"{report['npu_mac_fraction']:.2%} of the model's MACs run on the NPU; on the host: "
+              f"{', '.join(report['host_ops']) or 'nothing'}")
+        print("\n".join(written), end="\n" if written else "")
+        if args.check:
+            verdict = "PASS" if report["check"]["passed"] else "FAIL"
+            print(f"{verdict} against onnxruntime: max relative error {report['check']['max_rel_error']:.2e}")
+    return EXIT_OK if not args.check or report["check"]["passed"] else EXIT_MISMATCH
+
+
+def _by_name(option: str, pairs: list) -> dict:
+    """NAME=VALUE arguments as a dict; a name given twice is a usage error."""
+    result = {}
+    for name, value in pairs:
+        if name in result:
+            raise UsageError(f"{option} gives '{name}' twice")
+        result[name] = value
+    return result
+
+
+def _usage(message: str) -> int:
+    print(f"cgra-sim: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    started = time.time()
+    try:
+        status = {"verify": _verify, "run": _run, "replay": run_replay}[args.command](args)
+    except OSError as err:  # a missing model, an unwritable --trace or --record-dir
+        where = f": '{err.filename}'" if err.filename else ""
+        return _usage(f"{args.command}: {err.strerror or err}{where}")
+    except ValueError as err:  # bad arguments, architecture files, unsupported models (CGRAError too)
+        where = f"{args.command} --op {args.op}" if getattr(args, "op", None) else args.command
+        return _usage(f"{where}: {err}")
+    if not getattr(args, "json", False) and status != EXIT_USAGE:  # a usage error is one line
+        _progress(f"done in {time.time() - started:.1f} s")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
