@@ -66,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
                           "(repeat for several inputs); its dtype must be the input's, its shape fit the "
                           "input's declaration")
     run.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    run.add_argument("--csv", metavar="FILE.csv",
+                     help="also write the per-layer table to FILE.csv: layer, nodes, ops, output, where (npu or "
+                          "host), kernel, cycles, macs (the model's), padded_macs (the PE array's), "
+                          "utilisation, dma_bytes")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="show progress on stderr (each kernel compiled, each kernel launch "
                           "simulated); default: only when stderr is a terminal and without --json")
@@ -113,6 +117,12 @@ def _run(args) -> int:
         if status is not None:
             status.close()
     written = publish(args, prof, report)
+    if args.csv:
+        from npu_backend.tools.layers import write_layers_csv
+
+        write_layers_csv(report["layers"], args.csv)
+        report["csv"] = args.csv
+        written.append(f"per-layer table: {args.csv}")
     if args.json:
         print(json.dumps(report))
     else:

@@ -28,7 +28,7 @@ from .errors import (CGRAError, InvalidModel, ScheduleError, ScratchpadTooSmall,
 from .options import CompileOptions
 from .pipeline import STAGES, cgra_pipeline, fusion_patterns, original_error
 from .target.relax_ext import register_target_hook
-from .target.tags import install_default_pipeline, register_target_tags
+from .target.tags import install_default_pipeline, register_arch, register_target_tags
 from .tools.explain import Placement, explain, format_placements, npu_mac_fraction
 
 try:
@@ -44,7 +44,7 @@ __all__ = [
     "Placement", "Profile",
     "STAGES", "ScheduleError", "ScratchpadTooSmall", "UnsupportedCopy", "UnsupportedOperator",
     "compile", "explain", "format_placements", "from_onnx", "load_arch", "npu_mac_fraction", "preset_names",
-    "profile",
+    "profile", "register_arch",
 ]
 
 

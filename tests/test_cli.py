@@ -120,6 +120,23 @@ def test_run_example_model_checks_against_onnxruntime(capsys):
     assert captured.err == ""  # no progress: stderr is not a terminal and --json was given
 
 
+def test_run_writes_the_layer_table_as_csv(tmp_path, capsys):
+    import csv
+
+    path = tmp_path / "layers.csv"
+    assert main(["run", EXAMPLE, "--json", "--csv", str(path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert report["csv"] == str(path) and len(rows) == len(report["layers"])
+    npu = [row for row in rows if row["where"] == "npu"]
+    assert len(npu) == 4 and sum(int(row["cycles"]) for row in npu) == report["total_cycles"]
+    assert sum(int(row["macs"]) for row in npu) == report["total_macs"] <= report["total_padded_macs"]
+    host = [row for row in rows if row["where"] == "host"]
+    assert host and all(row["cycles"] == "" and row["ops"] for row in host)
+    assert all(row["nodes"] for row in rows)  # every layer names its ONNX nodes
+
+
 def test_run_progress_on_request_goes_to_stderr_only(capsys):
     assert main(["run", EXAMPLE, "--json", "--progress", "--arch", "cgra-4x4"]) == 0
     captured = capsys.readouterr()

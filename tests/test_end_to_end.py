@@ -74,6 +74,31 @@ def test_the_host_codes_optimisation_changes_no_command(level):
         npu_backend.compile(mod, host_opt_level=4)
 
 
+def test_a_registered_chip_is_a_target_of_tvm_compile(tmp_path):
+    """A user's chip from a JSON file, registered as a tag, compiles with tvm.compile exactly as
+    npu_backend.compile(arch=file) compiles it; the presets keep their names."""
+    arch = json.loads(npu_backend.load_arch("cgra-8x8").to_json())
+    arch.update(name="wide-dma", dma_bytes_per_cycle=64)
+    path = tmp_path / "wide.json"
+    path.write_text(json.dumps(arch))
+    assert npu_backend.register_arch(str(path)) == "wide-dma"
+    mod, inputs, ref = matmul_model(64, 48, 300)
+    cycles = {}
+    for how, build in (("tag", lambda: tvm.compile(mod, target="wide-dma")),
+                       ("file", lambda: npu_backend.compile(mod, str(path))),
+                       ("preset", lambda: tvm.compile(mod, target="cgra-8x8"))):
+        with npu_backend.profile() as prof:
+            assert_matches(run(build(), inputs), ref, "float32")
+        cycles[how] = (prof.kernels[0].arch, prof.total_cycles)
+    assert cycles["tag"] == cycles["file"] and cycles["tag"][0] == "wide-dma"
+    assert cycles["preset"][0] == "cgra-8x8" and cycles["preset"][1] > cycles["tag"][1]  # a quarter of the DMA bandwidth
+    assert npu_backend.register_arch("cgra-4x4") == "cgra-4x4"
+    arch.update(name="cgra-4x4")
+    path.write_text(json.dumps(arch))
+    with pytest.raises(ValueError, match="has the name of a preset but other parameters"):
+        npu_backend.register_arch(str(path))
+
+
 def test_default_target_is_cgra_8x8():
     mod, inputs, ref = matmul_model(20, 12, 9)
     with npu_backend.profile() as prof:

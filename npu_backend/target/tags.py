@@ -1,4 +1,5 @@
-"""Target tags: `target="cgra"` (the default preset) and one tag per preset (`cgra-16x16`).
+"""Target tags: `target="cgra"` (the default preset), one tag per preset (`cgra-16x16`), and one
+per chip a user registers (`register_arch("my_chip.json")`, then `target="my-chip"`).
 
 Stage: entry. A CGRA target is TVM's llvm target (the host runs the control code) with the key
 `cgra` and a key naming the preset. `tvm.compile` takes its Relax pipeline from
@@ -17,6 +18,7 @@ from ..options import CompileOptions
 from ..pipeline import cgra_pipeline
 
 TARGET_KEY = "cgra"
+_REGISTERED: dict = {}  # chip name -> HardwareDescription, for the tags of chips users register
 
 
 def register_target_tags() -> None:
@@ -25,11 +27,31 @@ def register_target_tags() -> None:
         tvm.target.register_tag(name, {"kind": "llvm", "keys": [TARGET_KEY, name, "cpu"]})
 
 
+def register_arch(arch) -> str:
+    """Make a chip (a JSON description's path, a HardwareDescription or a preset name) a target
+    tag named after it, so that `tvm.compile(mod, target=name)` compiles for it; returns the name.
+    Registering a changed description under a name again replaces it; a preset's name stays the
+    preset's."""
+    arch = load_arch(arch)
+    if arch.name in preset_names() or arch.name == TARGET_KEY:
+        if arch.name != TARGET_KEY and arch == load_arch(arch.name):
+            return arch.name
+        raise ValueError(f"chip '{arch.name}' has the name of a preset but other parameters: give it a name "
+                         f"of its own (the 'name' field of its description)")
+    _REGISTERED[arch.name] = arch
+    tvm.target.register_tag(arch.name, {"kind": "llvm", "keys": [TARGET_KEY, arch.name, "cpu"]}, override=True)
+    return arch.name
+
+
 def arch_of_target(target: tvm.target.Target):
-    """The preset a cgra target names (by its key), or None for a non-cgra target."""
+    """The chip a cgra target names (by its key: a preset or a registered chip), or None for a
+    non-cgra target."""
     keys = list(target.keys)
     if TARGET_KEY not in keys:
         return None
+    for key in keys:
+        if key in _REGISTERED:
+            return _REGISTERED[key]
     names = [key for key in keys if key in preset_names()]
     return load_arch(names[0] if names else DEFAULT_ARCH)
 

@@ -3,13 +3,14 @@ model's order, with the model nodes (ONNX node names) each came from.
 
 Stage: report (after the run). Input: `explain`'s placements of the model (one per operator,
 those of one kernel call sharing a `site`) and the profile's `KernelStats` in launch order.
-Output: one dict per layer (`model_layers`, what `cgra-sim run --json` prints under "layers")
-and a table a person can read (`format_layers`).
+Output: one dict per layer (`model_layers`, what `cgra-sim run --json` prints under "layers"),
+a table a person can read (`format_layers`) and a CSV file for spreadsheets (`write_layers_csv`).
 """
 
 from __future__ import annotations
 
 import collections
+import csv
 import itertools
 
 
@@ -67,3 +68,19 @@ def format_layers(layers: list[dict]) -> str:
     launches = sum(1 for layer in layers if layer["cycles"] is not None)
     lines.append(f"{'total':<{width}}  {f'{launches} kernel launches':<26} {'':<26} {'':<4} {total:>10}")
     return "\n".join(lines)
+
+
+#: The CSV columns, in order: the layer's fields, lists joined (nodes with "+", ops with ",").
+CSV_COLUMNS = ("layer", "nodes", "ops", "output", "where", "kernel", "cycles", "macs", "padded_macs",
+               "utilisation", "dma_bytes")
+
+
+def write_layers_csv(layers: list[dict], path) -> None:
+    """The layers as CSV, one row per layer in model order (`CSV_COLUMNS`; a host layer's
+    numbers are empty), as Vela writes its per-layer report."""
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(CSV_COLUMNS)
+        for index, layer in enumerate(layers):
+            row = {**layer, "layer": index, "nodes": "+".join(layer["nodes"]), "ops": ",".join(layer["ops"])}
+            writer.writerow(["" if row.get(column) is None else row[column] for column in CSV_COLUMNS])
