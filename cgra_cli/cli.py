@@ -69,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--csv", metavar="FILE.csv",
                      help="also write the per-layer table to FILE.csv: layer, nodes, ops, output, where (npu or "
                           "host), kernel, cycles, macs (the model's), padded_macs (the PE array's), "
-                          "utilisation, dma_bytes")
+                          "utilisation, dma_bytes, energy_pj (the kernel's energy in pJ)")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="show progress on stderr (each kernel compiled, each kernel launch "
                           "simulated); default: only when stderr is a terminal and without --json")

@@ -132,6 +132,8 @@ def test_run_writes_the_layer_table_as_csv(tmp_path, capsys):
     npu = [row for row in rows if row["where"] == "npu"]
     assert len(npu) == 4 and sum(int(row["cycles"]) for row in npu) == report["total_cycles"]
     assert sum(int(row["macs"]) for row in npu) == report["total_macs"] <= report["total_padded_macs"]
+    assert report["total_energy_pj"] > 0
+    assert sum(float(row["energy_pj"]) for row in npu) == pytest.approx(report["total_energy_pj"])
     host = [row for row in rows if row["where"] == "host"]
     assert host and all(row["cycles"] == "" and row["ops"] for row in host)
     assert all(row["nodes"] for row in rows)  # every layer names its ONNX nodes

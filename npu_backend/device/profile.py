@@ -63,9 +63,15 @@ class Profile:
         """The multiply-accumulates the PE array executed, padding of partial tiles included."""
         return sum(k.padded_macs for k in self.kernels)
 
+    @property
+    def total_energy_pj(self) -> float:
+        """The kernels' energy in pJ (KernelStats.energy_pj; cgra_sim/energy.py)."""
+        return sum(k.energy_pj for k in self.kernels)
+
     def to_dict(self) -> dict:
         return {"total_cycles": self.total_cycles, "total_macs": self.total_macs,
-                "total_padded_macs": self.total_padded_macs, "kernels": [k.to_dict() for k in self.kernels]}
+                "total_padded_macs": self.total_padded_macs, "total_energy_pj": self.total_energy_pj,
+                "kernels": [k.to_dict() for k in self.kernels]}
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -74,17 +80,18 @@ class Profile:
         """A per-kernel table a person can read: each launch's output shape (its sizes, for a
         kernel compiled for symbolic ones), and the model nodes (ONNX node names) it came from,
         when the model was imported with them (npu_backend.from_onnx). MACs are the model's; PE MACs
-        what the array executed, padding included; util is the model's MACs over the array's peak."""
+        what the array executed, padding included; util is the model's MACs over the array's peak;
+        energy in nJ (cgra_sim/energy.py)."""
         lines = [f"{'kernel':<44} {'source ops':<26} {'output':>14} {'cycles':>10} {'MACs':>12} {'PE MACs':>12} "
-                 f"{'util':>6} {'DMA bytes':>10}  model nodes"]
+                 f"{'util':>6} {'DMA bytes':>10} {'nJ':>9}  model nodes"]
         for k in self.kernels:
             dma = k.dma_load_bytes + k.dma_store_bytes
             output = "x".join(str(d) for d in k.tensor_shapes[-1]) if k.tensor_shapes else ""
             lines.append(f"{k.name[:44]:<44} {','.join(k.source_ops)[:26]:<26} {output[:14]:>14} {k.cycles:>10} "
-                         f"{k.macs:>12} {k.padded_macs:>12} {k.utilisation:>6.1%} {dma:>10}  "
-                         f"{','.join(k.model_nodes)}".rstrip())
+                         f"{k.macs:>12} {k.padded_macs:>12} {k.utilisation:>6.1%} {dma:>10} "
+                         f"{k.energy_pj / 1000:>9.1f}  {','.join(k.model_nodes)}".rstrip())
         lines.append(f"{'total':<44} {'':<26} {'':>14} {self.total_cycles:>10} {self.total_macs:>12} "
-                     f"{self.total_padded_macs:>12}")
+                     f"{self.total_padded_macs:>12} {'':>6} {'':>10} {self.total_energy_pj / 1000:>9.1f}")
         return "\n".join(lines)
 
     def chrome_trace(self) -> dict:

@@ -37,9 +37,10 @@ def model_layers(placements, kernels) -> list[dict]:
 
 def _launch(stats) -> dict:
     if stats is None:
-        return {"cycles": None, "macs": None, "padded_macs": None, "utilisation": None, "dma_bytes": None}
+        return {"cycles": None, "macs": None, "padded_macs": None, "utilisation": None, "dma_bytes": None,
+                "energy_pj": None}
     return {"cycles": stats.cycles, "macs": stats.macs, "padded_macs": stats.padded_macs,
-            "utilisation": stats.utilisation,
+            "utilisation": stats.utilisation, "energy_pj": stats.energy_pj,
             "dma_bytes": stats.dma_load_bytes + stats.dma_store_bytes}
 
 
@@ -51,28 +52,32 @@ _NODES_WIDTH = 48  # longer node lists are cut (the JSON report has them whole)
 
 
 def format_layers(layers: list[dict]) -> str:
-    """The layers as a table: model nodes, ops, output, npu/host, cycles, utilisation, DMA bytes."""
+    """The layers as a table: model nodes, ops, output, npu/host, cycles, utilisation, DMA bytes,
+    energy (nJ)."""
     nodes = [",".join(layer["nodes"]) or "-" for layer in layers]
     width = min(_NODES_WIDTH, max([len("model nodes")] + [len(n) for n in nodes]))
     lines = [f"{'model nodes':<{width}}  {'ops':<26} {'output':<26} {'on':<4} {'cycles':>10} "
-             f"{'util':>6} {'DMA bytes':>10}"]
+             f"{'util':>6} {'DMA bytes':>10} {'nJ':>9}"]
     for name, layer in zip(nodes, layers):
         name = name if len(name) <= width else name[:width - 3] + "..."
         ops = ",".join(layer["ops"])
         if layer["cycles"] is None:
-            numbers = f"{'-':>10} {'-':>6} {'-':>10}"
+            numbers = f"{'-':>10} {'-':>6} {'-':>10} {'-':>9}"
         else:
-            numbers = f"{layer['cycles']:>10} {layer['utilisation']:>6.1%} {layer['dma_bytes']:>10}"
+            numbers = (f"{layer['cycles']:>10} {layer['utilisation']:>6.1%} {layer['dma_bytes']:>10} "
+                       f"{layer['energy_pj'] / 1000:>9.1f}")
         lines.append(f"{name:<{width}}  {ops[:26]:<26} {layer['output'][:26]:<26} {layer['where']:<4} {numbers}")
     total = sum(layer["cycles"] or 0 for layer in layers)
+    energy = sum(layer["energy_pj"] or 0 for layer in layers)
     launches = sum(1 for layer in layers if layer["cycles"] is not None)
-    lines.append(f"{'total':<{width}}  {f'{launches} kernel launches':<26} {'':<26} {'':<4} {total:>10}")
+    lines.append(f"{'total':<{width}}  {f'{launches} kernel launches':<26} {'':<26} {'':<4} {total:>10} "
+                 f"{'':>6} {'':>10} {energy / 1000:>9.1f}")
     return "\n".join(lines)
 
 
 #: The CSV columns, in order: the layer's fields, lists joined (nodes with "+", ops with ",").
 CSV_COLUMNS = ("layer", "nodes", "ops", "output", "where", "kernel", "cycles", "macs", "padded_macs",
-               "utilisation", "dma_bytes")
+               "utilisation", "dma_bytes", "energy_pj")
 
 
 def write_layers_csv(layers: list[dict], path) -> None:

@@ -191,6 +191,7 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
     report = {"model": path, "arch": arch.name, "input_shapes": {name: list(a.shape) for name, a in inputs.items()},
               "total_cycles": prof.total_cycles,
               "total_macs": prof.total_macs, "total_padded_macs": prof.total_padded_macs,
+              "total_energy_pj": prof.total_energy_pj,
               "time_us": prof.total_cycles / arch.clock_mhz,
               "npu_mac_fraction": npu_backend.npu_mac_fraction(placements),
               "host_ops": sorted({p.op for p in placements if p.where == "host"}),

@@ -15,6 +15,7 @@ import os
 from importlib import resources
 from typing import Mapping
 
+from .energy import check_energy, default_energy
 from .isa import DType
 
 DEFAULT_ARCH = "cgra-8x8"
@@ -50,6 +51,9 @@ class HardwareDescription:
     config_load_cycles: int  # cycles to load a new PE-array configuration
     vector_lanes: int  # elements per cycle of the vector unit (fill, epilogue)
     clock_mhz: float
+    # pJ per operation, byte and cycle (energy.py: the keys, what is counted, and the published
+    # figures a description without this table gets). Out of the hash like macs_per_pe.
+    energy: Mapping | None = dataclasses.field(default=None, hash=False)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -82,6 +86,13 @@ class HardwareDescription:
                             f"spad_banks * bank_width_bytes ({self.spad_banks * self.bank_width_bytes})")
         # A frozen dataclass still holds the caller's dict: keep our own immutable copy.
         object.__setattr__(self, "macs_per_pe", dict(sorted(self.macs_per_pe.items())))
+        energy = self.energy if self.energy is not None else default_energy(
+            self.rows, self.cols, self.spad_bytes, self.spad_banks, self.macs_per_pe)
+        problem = check_energy(energy, self.macs_per_pe)
+        if problem:
+            raise ArchError(f"{self.name}: {problem}")
+        object.__setattr__(self, "energy", {key: dict(sorted(value.items())) if isinstance(value, dict) else value
+                                            for key, value in sorted(energy.items())})
 
     # Derived sizes.
     @property
@@ -113,7 +124,7 @@ class HardwareDescription:
     def from_dict(cls, data: Mapping) -> "HardwareDescription":
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - fields)
-        missing = sorted(fields - set(data))
+        missing = sorted(fields - set(data) - {"energy"})  # without one, the published figures (energy.py)
         if unknown:
             raise ArchError(f"hardware description has unknown keys {unknown} (known: {sorted(fields)})")
         if missing:

@@ -88,6 +88,8 @@ class ReplayResult:
             f"  cycles       {cycles}, {s.time_us:.3f} us at {self.arch.clock_mhz:g} MHz",
             f"  utilisation  {s.utilisation:.1%} of the PE array: {s.macs} model MACs "
             f"({s.padded_macs} executed, {s.array_utilisation:.1%} with the padding)",
+            f"  energy       {s.energy_pj / 1e3:.1f} nJ: " + ", ".join(
+                f"{part} {pj / 1e3:.1f}" for part, pj in s.energy_breakdown.items()),
             f"  DMA bytes    load {s.dma_load_bytes} (box {s.dma_load_box_bytes}), "
             f"store {s.dma_store_bytes} (box {s.dma_store_box_bytes})",
             "  busy cycles  " + ", ".join(f"{unit} {cycles}" for unit, cycles in s.busy_cycles.items()),

@@ -15,6 +15,7 @@ from fractions import Fraction
 
 from .arch import HardwareDescription
 from .commands import Command, DmaCommand
+from .energy import launch_energy
 from .isa import Op, Unit
 from .timing import Timeline
 
@@ -53,6 +54,10 @@ class KernelStats:
     # padding of partial tiles included, and the MAC slots used / offered over `cycles`.
     padded_macs: int = 0
     array_utilisation: float = 0.0
+    # Energy in pJ: the total and per component (energy.COMPONENTS: mac, vector, spad, dram,
+    # config, leakage), priced by the description's energy table (energy.py).
+    energy_pj: float = 0.0
+    energy_breakdown: dict = dataclasses.field(default_factory=dict)
 
     @property
     def model_nodes(self) -> tuple[str, ...]:
@@ -105,6 +110,7 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], timeline: 
     cycles = timeline.cycles
     counts = Counter(c.op.name for c in commands)
     stalls = timeline.stalls()
+    energy = launch_energy(arch, commands, cycles, timeline.config_loads)
     return KernelStats(
         name=name,
         source_ops=tuple(source_ops),
@@ -128,4 +134,6 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], timeline: 
         tensor_shapes=tuple(tuple(int(d) for d in shape) for shape in tensor_shapes),
         padded_macs=padded_macs,
         array_utilisation=float(pe_work / (cycles * arch.num_pes)) if gemms else 0.0,
+        energy_pj=sum(energy.values()),
+        energy_breakdown=energy,
     )

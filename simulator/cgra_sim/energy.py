@@ -1,0 +1,142 @@
+"""Energy of a kernel launch: each command's work and scratchpad traffic, the DMA's host bytes,
+configuration loads and leakage, priced by the chip's energy table.
+
+Stage: simulator, beside statistics (stats.py calls `launch_energy`). In: the decoded commands,
+the launch's cycles and configuration loads, and `HardwareDescription.energy`. Out: picojoules
+per component (`COMPONENTS`), which `KernelStats` carries with their sum.
+
+The table (every number in pJ; docs/simulator.md, "Energy"):
+
+    mac[dtype]          one multiply-accumulate on the PE array, by input dtype
+    vector_op[dtype]    one element operation of the vector unit (FILL, EPILOGUE, ELTWISE, a POOL tap)
+    spad_read_byte      one byte read from the scratchpad
+    spad_write_byte     one byte written to the scratchpad
+    dram_byte           one byte moved between host memory and the scratchpad (DMA)
+    config_load         one PE-array configuration load
+    leakage_per_cycle   the whole chip, per cycle of the launch
+
+What is counted: a GEMM's MACs are the PE array's (padding included: the array does that work);
+it reads A once per column fold and B once per row fold (each cycle the array takes an element of
+each of its rows of A and columns of B, as the timing model streams them), and reads (when
+accumulating) and writes the accumulator once. Every other command reads and writes each element
+of its scratchpad operands once (a window's overlapping taps once per tap), a DMA load writes its
+whole box (the halo's zeros too) and a store reads it, while only the in-bounds bytes reach host
+memory.
+
+`default_energy` gives a chip without an `energy` table its figures, from Horowitz, "Computing's
+energy problem (and what we can do about it)", ISSCC 2014 (45 nm, 0.9 V), the table Accelergy's
+and Timeloop's examples start from: an 8-bit multiply 0.2 pJ and a 32-bit add 0.1 pJ (an int8 MAC
+into int32: 0.3 pJ), a float32 multiply 3.7 pJ and add 0.9 pJ (4.6 pJ), an int32 multiply 3.1 pJ;
+a 64-bit SRAM access 10 pJ from 8 KiB and 20 pJ from 32 KiB (so 10 * sqrt(KiB / 8) pJ for one
+bank of the scratchpad, per 8 bytes); DRAM 1.3 nJ per 64 bits. Two figures are this project's
+assumptions, not measurements: a configuration load reads one 64-bit word per PE from the
+scratchpad, and leakage is a tenth of the PE array's peak float32 dynamic power.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .isa import Op
+
+COMPONENTS = ("mac", "vector", "spad", "dram", "config", "leakage")
+
+#: pJ per MAC and per vector-unit element operation, by dtype (Horowitz, ISSCC 2014, 45 nm).
+MAC_PJ = {"int8": 0.3, "float32": 4.6, "int32": 3.2}
+VECTOR_OP_PJ = {"float32": 0.9, "int32": 0.1, "int8": 0.03}
+DRAM_BYTE_PJ = 162.5  # 1.3 nJ per 64-bit access
+SRAM_ACCESS_PJ_8KIB = 10.0  # one 64-bit access from an 8 KiB array
+CONFIG_WORD_BYTES = 8  # per PE per configuration load (this project's assumption)
+LEAKAGE_SHARE = 0.1  # of the PE array's peak float32 dynamic power (this project's assumption)
+
+#: The keys of an energy table: per-dtype tables, then single figures.
+PER_DTYPE = ("mac", "vector_op")
+SCALARS = ("spad_read_byte", "spad_write_byte", "dram_byte", "config_load", "leakage_per_cycle")
+
+
+def default_energy(rows: int, cols: int, spad_bytes: int, spad_banks: int, dtypes) -> dict:
+    """The energy table of a chip whose description gives none (see the module doc)."""
+    bank_kib = spad_bytes / spad_banks / 1024
+    spad_byte = SRAM_ACCESS_PJ_8KIB * math.sqrt(bank_kib / 8) / 8
+    pes = rows * cols
+    return {
+        "mac": {dtype: MAC_PJ[dtype] for dtype in sorted(dtypes)},
+        "vector_op": dict(VECTOR_OP_PJ),
+        "spad_read_byte": round(spad_byte, 4),
+        "spad_write_byte": round(spad_byte, 4),
+        "dram_byte": DRAM_BYTE_PJ,
+        "config_load": round(pes * CONFIG_WORD_BYTES * spad_byte, 4),
+        "leakage_per_cycle": round(LEAKAGE_SHARE * pes * MAC_PJ["float32"], 4),
+    }
+
+
+def check_energy(energy, dtypes) -> str | None:
+    """What is wrong with an energy table (None if nothing): every key, non-negative numbers, a
+    MAC figure for each dtype the PE array computes and a vector figure for each vector dtype."""
+    if not isinstance(energy, dict):
+        return f"'energy' must be an object of pJ figures, got {type(energy).__name__}"
+    expected = set(PER_DTYPE) | set(SCALARS)
+    if set(energy) != expected:
+        missing, unknown = sorted(expected - set(energy)), sorted(set(energy) - expected)
+        return f"'energy' must have the keys {sorted(expected)} (missing {missing}, unknown {unknown})"
+    needs = {"mac": set(dtypes), "vector_op": set(VECTOR_OP_PJ)}
+    for key in PER_DTYPE:
+        table = energy[key]
+        if not isinstance(table, dict) or not needs[key] <= set(table):
+            return f"energy['{key}'] must give pJ for each of {sorted(needs[key])}, got {table!r}"
+        for dtype, value in table.items():
+            if not _non_negative(value):
+                return f"energy['{key}']['{dtype}'] must be a non-negative number of pJ, got {value!r}"
+    for key in SCALARS:
+        if not _non_negative(energy[key]):
+            return f"energy['{key}'] must be a non-negative number of pJ, got {energy[key]!r}"
+    return None
+
+
+def _non_negative(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _elements(region) -> int:
+    return math.prod(region.shape)
+
+
+def _bytes(region) -> int:
+    return _elements(region) * region.dtype.itemsize
+
+
+def launch_energy(arch, commands, cycles: int, config_loads: int) -> dict:
+    """pJ per component (`COMPONENTS`) of one launch's `commands` (decoded), `cycles` long."""
+    table = arch.energy
+    energy = dict.fromkeys(COMPONENTS, 0.0)
+    spad_read = spad_write = 0
+    for cmd in commands:
+        if cmd.op in (Op.DMA_LOAD, Op.DMA_STORE):
+            energy["dram"] += cmd.host_bytes * table["dram_byte"]
+        elif cmd.op is Op.GEMM:
+            energy["mac"] += cmd.macs * table["mac"][cmd.dtype.numpy_name]
+            column_folds, row_folds = -(-cmd.n // arch.cols), -(-cmd.m // arch.rows)
+            spad_read += _bytes(cmd.a) * column_folds + _bytes(cmd.b) * row_folds
+            spad_read += _bytes(cmd.acc) if cmd.accumulate else 0
+            spad_write += _bytes(cmd.acc)
+            continue
+        elif cmd.op is Op.DEPTHWISE:
+            energy["mac"] += cmd.macs * table["mac"][cmd.dtype.numpy_name]
+        elif cmd.op is Op.POOL:
+            energy["vector"] += cmd.taps * table["vector_op"][cmd.dtype.numpy_name]
+        elif cmd.writes:  # FILL, EPILOGUE, ELTWISE: one operation per element written
+            out = cmd.writes[0]
+            energy["vector"] += _elements(out) * table["vector_op"][_vector_dtype(cmd, out)]
+        spad_read += sum(_bytes(r) for r in cmd.reads)
+        spad_write += sum(_bytes(r) for r in cmd.writes)
+    energy["spad"] = spad_read * table["spad_read_byte"] + spad_write * table["spad_write_byte"]
+    energy["config"] = config_loads * table["config_load"]
+    energy["leakage"] = cycles * table["leakage_per_cycle"]
+    return energy
+
+
+def _vector_dtype(cmd, out) -> str:
+    """The dtype a vector command computes in: an EPILOGUE's accumulator, else its output's."""
+    if cmd.op is Op.EPILOGUE:
+        return cmd.acc.dtype.name
+    return out.dtype.name
