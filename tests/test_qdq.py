@@ -19,7 +19,7 @@ import pytest
 import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper
+from onnx import helper
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
