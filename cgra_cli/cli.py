@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -104,6 +105,10 @@ def _run(args) -> int:
 
     import numpy as np
 
+    for option, path in (("--csv", args.csv), ("--trace", args.trace)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else ""
+        if path and not os.path.isdir(folder):  # before the compile, not after it
+            raise UsageError(f"{option} {path}: the folder {folder} does not exist")
     shapes = _by_name("--shape", args.shape)
     inputs = {name: np.load(path, allow_pickle=False) for name, path in _by_name("--input", args.input).items()}
     show = args.progress if args.progress is not None else not args.json and sys.stderr.isatty()

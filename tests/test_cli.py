@@ -139,6 +139,14 @@ def test_run_writes_the_layer_table_as_csv(tmp_path, capsys):
     assert all(row["nodes"] for row in rows)  # every layer names its ONNX nodes
 
 
+@pytest.mark.parametrize("option", ["--csv", "--trace"])
+def test_run_refuses_an_output_in_a_missing_folder_before_compiling(option, tmp_path, capsys):
+    path = tmp_path / "missing" / "out"
+    assert main(["run", EXAMPLE, option, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"run: {option} {path}: the folder {path.parent} does not exist" in err and "done in" not in err
+
+
 def test_run_progress_on_request_goes_to_stderr_only(capsys):
     assert main(["run", EXAMPLE, "--json", "--progress", "--arch", "cgra-4x4"]) == 0
     captured = capsys.readouterr()
