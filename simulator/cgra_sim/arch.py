@@ -16,7 +16,7 @@ from importlib import resources
 from typing import Mapping
 
 from .energy import check_energy, default_energy
-from .isa import DType
+from .isa import ACC_DTYPE
 
 DEFAULT_ARCH = "cgra-8x8"
 
@@ -31,6 +31,37 @@ class ArchError(ValueError):
 MAXIMUM = {"rows": 1 << 10, "cols": 1 << 10, "spad_bytes": 1 << 30, "spad_banks": 1 << 10,
            "bank_width_bytes": 1 << 10, "dma_bytes_per_cycle": 1 << 16, "vector_lanes": 1 << 16,
            "dma_latency": 1 << 31, "config_load_cycles": 1 << 31, "macs_per_pe": 1 << 16}
+#: Integer fields that must be at least 1, and those that may be 0.
+POSITIVE = ("rows", "cols", "spad_bytes", "spad_banks", "bank_width_bytes", "dma_bytes_per_cycle", "vector_lanes")
+NON_NEGATIVE = ("dma_latency", "config_load_cycles")
+CLOCK_MHZ_BELOW = 1e6
+#: Input dtypes the PE array computes on (macs_per_pe's keys).
+PE_DTYPES = tuple(d.numpy_name for d in ACC_DTYPE)
+
+#: What each field means and its unit: the reference docs/hardware-description.md and the JSON
+#: Schema are generated from these (arch_doc.py), so they cannot drift from the class.
+FIELD_DOCS = {
+    "name": ("", "the chip's name: reports, profiles and the target tag `register_arch` makes use it"),
+    "rows": ("PEs", "rows of the PE array: an output tile's rows are computed in folds of this many"),
+    "cols": ("PEs", "columns of the PE array: output columns (channels) per fold"),
+    "macs_per_pe": ("MACs / PE / cycle", "per input dtype the PE array computes (float32, int8; int8 "
+                                         "accumulates in int32): MACs each PE does per cycle. A dtype "
+                                         "left out is one the chip cannot compute: its layers stay on the host"),
+    "spad_bytes": ("bytes", "scratchpad capacity: every kernel's tiles must fit it (the compiler checks)"),
+    "spad_banks": ("banks", "scratchpad banks, interleaved every `bank_width_bytes`"),
+    "bank_width_bytes": ("bytes / cycle", "what one bank delivers per cycle; accesses to one bank serialise "
+                                          "(docs/simulator.md, Scratchpad banks)"),
+    "dma_bytes_per_cycle": ("bytes / cycle", "DMA bandwidth between host memory and the scratchpad, for each "
+                                             "of the load and the store engine"),
+    "dma_latency": ("cycles", "from a DMA's issue to its first byte"),
+    "config_load_cycles": ("cycles", "to load a new PE-array configuration (when a command's kind or shape "
+                                     "changes the array's dataflow)"),
+    "vector_lanes": ("elements / cycle", "the vector unit's width (FILL, EPILOGUE, ELTWISE, POOL)"),
+    "clock_mhz": ("MHz", "the clock all cycles count; turns cycles into time"),
+    "energy": ("pJ", "energy per MAC and vector operation (by dtype), scratchpad byte read and written, "
+                     "DMA byte, configuration load, and leakage per cycle (cgra_sim/energy.py). Optional: "
+                     "without it, published 45 nm figures for this chip's sizes"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,12 +89,11 @@ class HardwareDescription:
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
             raise ArchError("hardware description needs a non-empty 'name'")
-        for field in ("rows", "cols", "spad_bytes", "spad_banks", "bank_width_bytes",
-                      "dma_bytes_per_cycle", "vector_lanes"):
+        for field in POSITIVE:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ArchError(f"{self.name}: '{field}' must be a positive integer, got {value!r}")
-        for field in ("dma_latency", "config_load_cycles"):
+        for field in NON_NEGATIVE:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ArchError(f"{self.name}: '{field}' must be a non-negative integer, got {value!r}")
@@ -72,12 +102,15 @@ class HardwareDescription:
                 raise ArchError(f"{self.name}: '{field}' is {getattr(self, field)}, more than the {maximum} "
                                 "this simulator takes (see cgra_sim.arch.MAXIMUM)")
         if not (isinstance(self.clock_mhz, (int, float)) and not isinstance(self.clock_mhz, bool)
-                and 0 < self.clock_mhz < 1e6):
-            raise ArchError(f"{self.name}: 'clock_mhz' must be a positive number below 1e6, got {self.clock_mhz!r}")
+                and 0 < self.clock_mhz < CLOCK_MHZ_BELOW):
+            raise ArchError(f"{self.name}: 'clock_mhz' must be a positive number below {CLOCK_MHZ_BELOW:.0f}, "
+                            f"got {self.clock_mhz!r}")
         if not self.macs_per_pe:
             raise ArchError(f"{self.name}: 'macs_per_pe' must name at least one dtype")
         for dtype, macs in self.macs_per_pe.items():
-            DType.from_name(dtype)  # raises for an unknown dtype
+            if dtype not in PE_DTYPES:
+                raise ArchError(f"{self.name}: macs_per_pe names '{dtype}': the PE array computes on "
+                                f"{', '.join(PE_DTYPES)} inputs (int8 accumulating in int32)")
             if not isinstance(macs, int) or isinstance(macs, bool) or not 0 < macs <= MAXIMUM["macs_per_pe"]:
                 raise ArchError(f"{self.name}: macs_per_pe['{dtype}'] must be a positive integer up to "
                                 f"{MAXIMUM['macs_per_pe']}, got {macs!r}")
@@ -122,6 +155,8 @@ class HardwareDescription:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "HardwareDescription":
+        """A description from its JSON object; a "$schema" key (for editors) is ignored."""
+        data = {key: value for key, value in data.items() if key != "$schema"}
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - fields)
         missing = sorted(fields - set(data) - {"energy"})  # without one, the published figures (energy.py)
