@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,26 @@ class CompileOptions:
         fields = json.loads(text)
         fields["shape_bounds"] = tuple(tuple(pair) for pair in fields.get("shape_bounds", ()))
         return cls(**fields)
+
+
+#: What a compile writes in a dump folder besides the stage files (`cgra-sim run` adds streams/).
+DUMP_FOLDERS = ("kernels", "llvm", "streams")
+
+
+def clear_dump(options: CompileOptions, stage_files) -> None:
+    """Remove what an earlier compile dumped in `options.dump_dir` (its stage files and
+    DUMP_FOLDERS, nothing else), so that a second model dumped there is not mixed with the first."""
+    if options.dump_dir is None or not os.path.isdir(options.dump_dir):
+        return
+    for name in stage_files:
+        path = os.path.join(options.dump_dir, name)
+        if os.path.isfile(path):
+            os.remove(path)
+    for folder in DUMP_FOLDERS:  # emptied, kept (a profile recording there may have made it already)
+        path = os.path.join(options.dump_dir, folder)
+        for entry in os.listdir(path) if os.path.isdir(path) else ():
+            inside = os.path.join(path, entry)
+            shutil.rmtree(inside) if os.path.isdir(inside) else os.remove(inside)
 
 
 def dump(options: CompileOptions, name: str, content) -> None:

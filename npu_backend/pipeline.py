@@ -39,7 +39,7 @@ from .normalise.large_pools import split_large_pools_pass
 from .normalise.qdq import canonicalize_qdq
 from .normalise.scalars import scalar_operands_pass
 from .normalise.sums import sums_as_adds_pass
-from .options import CompileOptions, dump
+from .options import CompileOptions, clear_dump, dump
 from .partition.call_tir import (PREFIX, PRIM_FUNC_ATTR, drop_unused_prim_funcs, offload_call_tir,
                                  offloaded_prim_funcs, remember_prim_func)
 from .partition.scalar_args import bind_scalar_arguments
@@ -292,7 +292,9 @@ def _func_pass(fn, name):
 # ------------------------------------------------------------------ running them
 
 def run_stages(mod: tvm.IRModule, arch: HardwareDescription, options: CompileOptions, stages=None) -> tvm.IRModule:
-    """The graph stages (or the first few of them, `stages`), each output dumped under its name."""
+    """The graph stages (or the first few of them, `stages`), each output dumped under its name
+    (what an earlier compile dumped in the same folder is removed first)."""
+    clear_dump(options, ["0_input.py"] + [f"{i + 1}_{name}.py" for i, (name, _) in enumerate(STAGES)])
     dump(options, "0_input.py", mod)
     for index, (name, stage) in enumerate(STAGES if stages is None else stages):
         mod = stage(mod, arch, options)

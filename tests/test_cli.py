@@ -195,6 +195,25 @@ def test_run_dump_dir_writes_every_stage(tmp_path):
     assert any(line.split()[1] == "GEMM" and "accumulate=" in line for line in listing[1:])
 
 
+def test_a_second_model_dumped_in_the_same_folder_replaces_the_first(tmp_path, capsys):
+    import onnx
+
+    from onnx_models import resnet
+
+    other = tmp_path / "resnet.onnx"
+    onnx.save(resnet(size=8, stages=(8,)), str(other))
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    (dump / "notes.txt").write_text("mine")  # not the compiler's: stays
+    for model in (EXAMPLE, str(other)):
+        assert main(["run", model, "--dump-dir", str(dump), "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+    dumped = {p.name for p in (dump / "kernels").iterdir()}
+    assert dumped == {k["name"] for k in report["kernels"]}  # the resnet's kernels only
+    assert len(list((dump / "streams").glob("*.cgra"))) == len(report["kernels"])
+    assert (dump / "notes.txt").read_text() == "mine"
+
+
 def test_verify_refuses_a_dtype_the_chip_does_not_compute(tmp_path, capsys):
     from cgra_sim.arch import load_arch
 

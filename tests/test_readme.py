@@ -20,6 +20,19 @@ def test_the_readme_python_example_runs_as_written(tmp_path, monkeypatch, capsys
     assert "fused_relax_matmul" in capsys.readouterr().out  # prof.table() printed the kernel
 
 
+def test_the_readme_pytorch_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    import pytest
+
+    pytest.importorskip("torch")  # the optional extra
+    (example,) = [block for block in re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+                  if "torch.export" in block]
+    script = tmp_path / "readme_torch.py"
+    script.write_text(example)
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(script), run_name="readme")
+    assert "nn.conv2d" in capsys.readouterr().out  # the conv ran on the NPU
+
+
 def test_the_package_and_the_command_say_their_version(capsys):
     import pytest
 
