@@ -103,6 +103,7 @@ class _NamingImporter(onnx_frontend.ONNXGraphImporter):
         super().__init__(*args, **kwargs)
         self.bb = _SpanningBuilder()
         self.custom_ops = dict(custom_ops or {})
+        self.custom_nodes = {}  # name of a custom op's PrimFunc -> its node's name
 
     def _check_for_unsupported_ops(self, graph):
         """TVM's check, knowing the custom ops, and saying how to supply a missing one."""
@@ -155,9 +156,34 @@ class _NamingImporter(onnx_frontend.ONNXGraphImporter):
                                    f"but input {index} is {shape} {dtype}")
         out = func.params[-1]
         gvar = self.bb.add_func(func.with_attr("global_symbol", _symbol(name or op_type)), _symbol(name or op_type))
+        self.custom_nodes[gvar.name_hint] = name
         out_ty = relax.TensorType([int(d) for d in out.shape], str(out.dtype))
         call = relax.call_tir(gvar, args, out_ty)
         return self.bb.normalize(relax.Call(call.op, call.args, call.attrs, call.ty_args, node_span(name)))
+
+
+def _with_custom_spans(mod: tvm.IRModule, nodes: dict) -> tvm.IRModule:
+    """`mod` whose call_tir of each custom op's PrimFunc carries its node's span. The builder can
+    drop the span of such a call (seen when its node's output is the graph's), and with it the
+    node's name in every profile; this puts it back."""
+    if not nodes:
+        return mod
+
+    @relax.expr_functor.mutator
+    class Respan(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = self.visit_expr_post_order(call)
+            callee = call.args[0] if isinstance(call, relax.Call) and call.args else None
+            if isinstance(callee, tvm.ir.GlobalVar) and callee.name_hint in nodes and call.span is None \
+                    and getattr(call.op, "name", "") == "relax.call_tir":
+                return relax.Call(call.op, call.args, call.attrs, call.ty_args, node_span(nodes[callee.name_hint]))
+            return call
+
+    mutator = Respan(mod)
+    for gvar, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+    return mutator.builder_.get()
 
 
 def _symbol(name: str) -> str:
@@ -201,7 +227,8 @@ def from_onnx(model, shape_dict=None, dtype_dict="float32", opset=None, custom_o
     for node in unnamed:  # ONNX node names are optional: call those after their first output
         node.name = node.output[0]
     try:
-        return _NamingImporter(shape_dict, dtype_dict, custom_ops=custom_ops).from_onnx(model.graph, opset)
+        importer = _NamingImporter(shape_dict, dtype_dict, custom_ops=custom_ops)
+        return _with_custom_spans(importer.from_onnx(model.graph, opset), importer.custom_nodes)
     except (KeyError, IndexError, AttributeError) as err:
         raise InvalidModel(_why_not_importable(model, err)) from err
     finally:
