@@ -60,7 +60,8 @@ def observe(args):
     --trace ask."""
     import npu_backend
 
-    return npu_backend.profile(record_dir=record_dir(args), keep_timelines=args.trace is not None)
+    keep = args.trace is not None or getattr(args, "report_dir", None) is not None
+    return npu_backend.profile(record_dir=record_dir(args), keep_timelines=keep)
 
 
 def publish(args, prof, report: dict) -> list[str]:

@@ -71,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="also write the per-layer table to FILE.csv: layer, nodes, ops, output, where (npu or "
                           "host), kernel, cycles, macs (the model's), padded_macs (the PE array's), "
                           "utilisation, dma_bytes, energy_pj (the kernel's energy in pJ)")
+    run.add_argument("--report-dir", metavar="DIR",
+                     help="also write the run's report to DIR: layers.txt, layers.csv, report.json, trace.json, "
+                          "and with matplotlib (the plots extra) roofline.png (each layer against the chip's "
+                          "compute and DMA roofs) and utilisation.png (PE array, vector unit and DMA busy over time)")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="show progress on stderr (each kernel compiled, each kernel launch "
                           "simulated); default: only when stderr is a terminal and without --json")
@@ -105,7 +109,7 @@ def _run(args) -> int:
 
     import numpy as np
 
-    for option, path in (("--csv", args.csv), ("--trace", args.trace)):
+    for option, path in (("--csv", args.csv), ("--trace", args.trace)):  # --report-dir is made
         folder = os.path.dirname(os.path.abspath(path)) if path else ""
         if path and not os.path.isdir(folder):  # before the compile, not after it
             raise UsageError(f"{option} {path}: the folder {folder} does not exist")
@@ -128,6 +132,13 @@ def _run(args) -> int:
         write_layers_csv(report["layers"], args.csv)
         report["csv"] = args.csv
         written.append(f"per-layer table: {args.csv}")
+    if args.report_dir:
+        import npu_backend
+        from npu_backend.tools.report import write_report
+
+        files = write_report(args.report_dir, report, prof.timelines, npu_backend.load_arch(args.arch))
+        report["report_dir"] = args.report_dir
+        written.append(f"report in {args.report_dir}: {', '.join(files)}")
     if args.json:
         print(json.dumps(report))
     else:
