@@ -692,6 +692,28 @@ def test_build_is_cached_by_source_hash(source_copy, tmp_path, fake_compile, cap
                                                               second.parent.name])
 
 
+def test_old_builds_are_removed_keeping_the_most_recently_used(source_copy, tmp_path, fake_compile):
+    """Six edits of the sources: the cache keeps KEEP_BUILDS builds, the ones used last (a use
+    marks its build), and leaves folders that are not builds alone."""
+    import time
+
+    cache = tmp_path / "cache"
+    (cache / "runtime-notes").mkdir(parents=True)  # not a build's name: stays
+    builds = []
+    for edit in range(6):
+        with open(source_copy / "runtime" / "src" / "checks.cc", "a") as source:
+            source.write(f"// edit {edit}\n")
+        builds.append(runtime_lib.ensure_built(source_copy, cache).parent)
+        time.sleep(0.01)
+        os.utime(builds[0], (time.time(), time.time()))  # the first build is used again and again
+        time.sleep(0.01)
+    kept = {p for p in cache.iterdir() if p.name != "runtime-notes"}
+    assert len(kept) == runtime_lib.KEEP_BUILDS and builds[0] in kept and builds[-1] in kept
+    assert (cache / "runtime-notes").is_dir()
+    assert runtime_lib.remove_old_builds(cache, count=1) and {p.name for p in cache.iterdir()} == \
+        {"runtime-notes", builds[0].name}
+
+
 @pytest.mark.parametrize("change", ["isa.py", "c_api.py", "new header", "tvm-ffi version"])
 def test_source_hash_covers_every_input(source_copy, monkeypatch, change):
     before = runtime_lib.source_hash(source_copy)

@@ -12,7 +12,9 @@ the live sources and an edit triggers a rebuild.
 
 The cache directory is ~/.cache/npu_backend unless the CGRA_RUNTIME_CACHE environment variable
 names another. A build happens in a private temporary directory and is published by one atomic
-rename, so processes building at the same time never see a half-written library.
+rename, so processes building at the same time never see a half-written library. Each use marks
+its build as recent; after a build, all but the KEEP_BUILDS most recently used are removed (a
+process that has one loaded keeps its mapping), so edits and upgrades do not pile up builds.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ REPO_ROOT = PACKAGE_DIR.parent
 #: The copy of the runtime's sources that setup.py puts into a wheel (setup.PACKAGED_SOURCES).
 PACKAGED_SOURCES = PACKAGE_DIR / "_runtime_src"
 LIBRARY_NAME = "libcgra_runtime.so"
+KEEP_BUILDS = 4  # runtime builds kept in the cache, most recently used first
 BUILD_MESSAGE = "building the CGRA runtime (first use, ~10 s)..."
 
 _load_lock = threading.Lock()
@@ -76,7 +79,47 @@ def ensure_built(root: Path | None = None, cache: Path | None = None) -> Path:
     target_dir = cache / f"runtime-{source_hash(root)}"
     if not (target_dir / LIBRARY_NAME).is_file():
         _build(root, target_dir)
+        remove_old_builds(cache, keep=target_dir)
+    else:
+        _touch(target_dir)
     return target_dir / LIBRARY_NAME
+
+
+def remove_old_builds(cache: Path, keep: Path | None = None, count: int = KEEP_BUILDS) -> list[Path]:
+    """Removes the cache's runtime builds but the `count` most recently used (and `keep`);
+    returns what it removed. Only `runtime-<16 hex digits>` folders are touched; one another
+    process removes first, or cannot remove, is skipped."""
+    builds = [p for p in Path(cache).glob("runtime-*") if p.is_dir() and _is_build_name(p.name)]
+    builds.sort(key=_last_use, reverse=True)
+    removed = []
+    for build in builds[count:]:
+        if keep is not None and build == keep:
+            continue
+        try:
+            shutil.rmtree(build)
+            removed.append(build)
+        except OSError:
+            pass
+    return removed
+
+
+def _is_build_name(name: str) -> bool:
+    digits = name[len("runtime-"):]
+    return len(digits) == 16 and all(c in "0123456789abcdef" for c in digits)
+
+
+def _last_use(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass  # a read-only cache: nothing to mark
 
 
 def default_cache_dir() -> Path:
