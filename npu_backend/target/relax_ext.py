@@ -104,7 +104,7 @@ def macs_per_output(spec) -> int:
     """The kernel's `cgra.macs_per_output`: the model operator's multiply-accumulates per output
     element (the runtime multiplies it by each launch's output size); -1 for a user's own kernel,
     whose work only its commands tell."""
-    macs = getattr(spec, "macs", None)
+    macs = spec.macs
     if not macs:  # None (unknown) or 0 (pools, elementwise)
         return -1 if macs is None else 0
     return macs // math.prod(spec.output_shape)

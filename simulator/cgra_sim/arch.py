@@ -66,25 +66,24 @@ FIELD_DOCS = {
 
 @dataclasses.dataclass(frozen=True)
 class HardwareDescription:
-    """One CGRA NPU. All sizes in bytes, all times in cycles of `clock_mhz`."""
+    """One CGRA NPU. All sizes in bytes, all times in cycles of `clock_mhz`. What each field means,
+    its unit and limits: FIELD_DOCS above (docs/hardware-description.md is generated from it)."""
 
     name: str
-    rows: int  # PE array rows
-    cols: int  # PE array columns
-    # MACs per PE per cycle, by input dtype name. Left out of the hash (a dict cannot be hashed);
-    # equality still compares it, so equal descriptions hash equal.
+    rows: int
+    cols: int
+    # The dicts are left out of the hash (a dict cannot be hashed); equality still compares them,
+    # so equal descriptions hash equal.
     macs_per_pe: Mapping[str, int] = dataclasses.field(hash=False)
-    spad_bytes: int  # scratchpad capacity
-    spad_banks: int  # scratchpad banks (interleaved by `bank_width_bytes`)
-    bank_width_bytes: int  # bytes one bank delivers per cycle
-    dma_bytes_per_cycle: int  # DMA bandwidth between host memory and scratchpad
-    dma_latency: int  # cycles from DMA issue to first byte
-    config_load_cycles: int  # cycles to load a new PE-array configuration
-    vector_lanes: int  # elements per cycle of the vector unit (fill, epilogue)
+    spad_bytes: int
+    spad_banks: int
+    bank_width_bytes: int
+    dma_bytes_per_cycle: int
+    dma_latency: int
+    config_load_cycles: int
+    vector_lanes: int
     clock_mhz: float
-    # pJ per operation, byte and cycle (energy.py: the keys, what is counted, and the published
-    # figures a description without this table gets). Out of the hash like macs_per_pe.
-    energy: Mapping | None = dataclasses.field(default=None, hash=False)
+    energy: Mapping | None = dataclasses.field(default=None, hash=False)  # None: energy.default_energy
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
