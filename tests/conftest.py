@@ -1,9 +1,12 @@
-"""Shared test configuration: Hypothesis profiles chosen by HYPOTHESIS_PROFILE.
+"""Shared test configuration: Hypothesis profiles chosen by HYPOTHESIS_PROFILE, and a persistent
+kernel cache of the session's own.
 
 `ci` (the default) is derandomised so a CI failure reproduces; `fuzz` runs many more examples.
 """
 
 import os
+import shutil
+import tempfile
 
 from hypothesis import HealthCheck, settings
 
@@ -25,3 +28,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+_SESSION_KERNEL_CACHE = []
+
+
+def pytest_configure(config):
+    """The session starts with an empty persistent kernel cache (target/kernel_cache.py) that its
+    subprocesses share, so a kernel cached by an earlier run (or another checkout) cannot hide
+    what this one compiles."""
+    if "CGRA_KERNEL_CACHE" not in os.environ:
+        _SESSION_KERNEL_CACHE.append(tempfile.mkdtemp(prefix="cgra-kernel-cache-"))
+        os.environ["CGRA_KERNEL_CACHE"] = _SESSION_KERNEL_CACHE[0]
+
+
+def pytest_unconfigure(config):
+    for folder in _SESSION_KERNEL_CACHE:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -31,24 +31,51 @@ class CompiledKernels:
 def build(prim_funcs, arch: HardwareDescription | str, *, opt_level: int = 2) -> CompiledKernels:
     """Compile lowered PrimFuncs (a list, an IRModule, or one PrimFunc) for `arch`."""
     arch = load_arch(arch)
-    machine = _target_machine(opt_level)
-    mb = ModuleBuilder("cgra_kernels", llvm.get_process_triple())
-    mb.module.data_layout = str(machine.target_data)
-    symbols: list[str] = []
-    for func in _as_list(prim_funcs):
-        kernel = _kernel_name(func)
-        if kernel in symbols:
-            raise CodegenError(kernel, "two PrimFuncs share this global_symbol")
-        _check_arch(func, kernel, arch)
-        emit_kernel(mb, func, kernel, arch, plan_scratchpad(func, kernel, arch))
-        symbols.append(kernel)
+    return link_kernels([emit_kernel_bitcode(func, arch) for func in _as_list(prim_funcs)], opt_level=opt_level)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelBitcode:
+    """One kernel compiled on its own: an LLVM module (bitcode, not yet optimised) exporting
+    `__tvm_ffi_<symbol>`. The unit the compiler's persistent kernel cache stores."""
+
+    symbol: str
+    bitcode: bytes
+
+
+def emit_kernel_bitcode(func, arch: HardwareDescription | str) -> KernelBitcode:
+    """One lowered PrimFunc -> its own verified LLVM module (link_kernels joins them)."""
+    arch = load_arch(arch)
+    kernel = _kernel_name(func)
+    _check_arch(func, kernel, arch)
+    mb = ModuleBuilder(kernel, llvm.get_process_triple())
+    mb.module.data_layout = str(_target_machine(0).target_data)
+    emit_kernel(mb, func, kernel, arch, plan_scratchpad(func, kernel, arch))
     parsed = llvm.parse_assembly(str(mb.module))
     parsed.verify()
-    llvm_ir = str(parsed)
+    return KernelBitcode(kernel, parsed.as_bitcode())
+
+
+def link_kernels(kernels, *, opt_level: int = 2) -> CompiledKernels:
+    """Kernels' modules -> one module (the runtime's declarations and each kernel's private
+    strings merged by LLVM's linker), optimised at `opt_level`, as one object."""
+    machine = _target_machine(opt_level)
+    linked = llvm.parse_assembly("")
+    linked.name = "cgra_kernels"
+    linked.triple = llvm.get_process_triple()
+    linked.data_layout = str(machine.target_data)
+    symbols: list[str] = []
+    for kernel in kernels:
+        if kernel.symbol in symbols:
+            raise CodegenError(kernel.symbol, "two PrimFuncs share this global_symbol")
+        linked.link_in(llvm.parse_bitcode(kernel.bitcode))
+        symbols.append(kernel.symbol)
+    linked.verify()
+    llvm_ir = str(linked)
     if opt_level > 0:
-        _optimise(parsed, machine, opt_level)
-        parsed.verify()
-    return CompiledKernels(llvm_ir, bytes(machine.emit_object(parsed)), symbols)
+        _optimise(linked, machine, opt_level)
+        linked.verify()
+    return CompiledKernels(llvm_ir, bytes(machine.emit_object(linked)), symbols)
 
 
 @functools.cache
@@ -57,6 +84,7 @@ def _initialise_llvm() -> None:
     llvm.initialize_native_asmprinter()
 
 
+@functools.cache
 def _target_machine(opt_level: int):
     _initialise_llvm()
     target = llvm.Target.from_triple(llvm.get_process_triple())

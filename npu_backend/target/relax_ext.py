@@ -4,8 +4,10 @@ module of NPU kernels.
 Stage: codegen (the graph's last CGRA stage hands every offloaded function here). Input: the
 functions partitioning marked `Codegen="cgra"`, the target options (`arch`: the hardware
 description's JSON; `options`: the CompileOptions' JSON). Each function's spec is read the way
-explain reads it (kernels.offloaded_spec), taken through pipeline.KERNEL_STAGES to lowered TIR,
-and all of them are compiled by `cgra_codegen` into one object. Output: a static-library runtime
+explain reads it (kernels.offloaded_spec), taken through pipeline.KERNEL_STAGES to lowered TIR and
+compiled by `cgra_codegen` into its own LLVM module, or read back from the persistent kernel cache
+(kernel_cache.py) when the same kernel was compiled before; the modules are linked into one
+object. Output: a static-library runtime
 module holding one exported function per offloaded function, in tvm-ffi's calling convention,
 that the VM links and `export_library` packs.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import math
 import os
 import tempfile
@@ -21,7 +24,7 @@ import tempfile
 import tvm
 import tvm_ffi
 
-from cgra_codegen import build
+from cgra_codegen import KernelBitcode, emit_kernel_bitcode, link_kernels
 from cgra_codegen.errors import ScratchpadOverflow
 from cgra_sim.arch import HardwareDescription
 
@@ -35,6 +38,7 @@ from ..partition.composite import composite_name
 from ..options import CompileOptions, dump
 from ..pipeline import KERNEL_STAGES, Kernel, remember_error, run_kernel_stages
 from ..progress import report_kernel
+from .kernel_cache import default_kernel_cache, kernel_key
 
 
 def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
@@ -45,8 +49,7 @@ def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
     symbol = str(func.attrs["global_symbol"])
     with shape_bounds(dict(options.shape_bounds)):
         spec = offloaded_spec(func)
-    attrs = {"cgra.arch": arch.to_json(), "cgra.source_ops": source_ops_attr(func, spec.source_ops),
-             "cgra.macs_per_output": macs_per_output(spec)}
+    attrs = kernel_attrs(func, spec, arch)
     pattern, nodes = kernel_origin(func)
     # The user's schedule or kernel is part of the key: registering one recompiles the kernels it covers.
     key = (dataclasses.replace(spec, source_ops=()), arch.fingerprint,
@@ -67,6 +70,12 @@ def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
         shown = outputs[name] if name != "lowered" else dataclasses.replace(outputs[name], func=lowered)
         dump(options, f"kernels/{symbol}/{index + 1}_{name}.py", shown)
     return lowered
+
+
+def kernel_attrs(func, spec, arch: HardwareDescription) -> dict:
+    """The attributes the lowered kernel carries into its code (docs/runtime-abi.md)."""
+    return {"cgra.arch": arch.to_json(), "cgra.source_ops": source_ops_attr(func, spec.source_ops),
+            "cgra.macs_per_output": macs_per_output(spec)}
 
 
 def kernel_origin(func) -> tuple[str, str]:
@@ -120,29 +129,52 @@ def relax_ext_cgra(funcs, target_options, constant_names):
     del constant_names  # weights arrive as arguments (bind_constants=False)
     arch = HardwareDescription.from_json(str(target_options["arch"]))
     options = CompileOptions.from_json(str(target_options.get("options", "{}")))
-    lowered = []
+    cache = default_kernel_cache() if options.dump_dir is None else None  # a dump shows every stage
+    kernels = []
     for func in funcs:
-        report_kernel(len(lowered), len(funcs), str(func.attrs["global_symbol"]))
+        report_kernel(len(kernels), len(funcs), str(func.attrs["global_symbol"]))
         try:
-            lowered.append(compile_kernel(func, arch, options))
+            kernels.append(kernel_bitcode(func, arch, options, cache))
         except CGRAError as err:  # crosses TVM's FFI as a RuntimeError: keep its type
             remember_error(err)
             raise
-    report_kernel(len(lowered), len(funcs), "")
-    try:
-        compiled = build(lowered, arch, opt_level=options.host_opt_level)
-    except ScratchpadOverflow as err:
-        func = next(f for f in funcs if str(f.attrs["global_symbol"]) == err.kernel)
-        pattern, nodes = kernel_origin(func)
-        spec = offloaded_spec(func)
-        who = "a user's kernel" if kernel_builder_of(spec, pattern) else \
-            "a user schedule" if schedule_of(spec, pattern) is not family_of(spec).schedule else "the built-in schedule"
-        error = ScratchpadTooSmall(f"{err} (kernel of pattern {pattern or spec.op}, scheduled by {who}"
-                                   f"{', layer ' + nodes if nodes else ''})")
-        remember_error(error)
-        raise error from err
+    report_kernel(len(kernels), len(funcs), "")
+    if cache is not None:
+        cache.evict()
+    compiled = link_kernels(kernels, opt_level=options.host_opt_level)
     dump(options, "llvm/kernels.ll", compiled.llvm_ir)
     return [_static_library(compiled)]
+
+
+def kernel_bitcode(func, arch: HardwareDescription, options: CompileOptions, cache=None) -> KernelBitcode:
+    """One offloaded function -> its LLVM module: from the persistent kernel `cache` when a
+    kernel with the same code was compiled before, else through KERNEL_STAGES and the code
+    generator (and then kept in the cache). A user's schedule or kernel is Python code the key
+    cannot capture: those kernels are always compiled."""
+    symbol = str(func.attrs["global_symbol"])
+    with shape_bounds(dict(options.shape_bounds)):
+        spec = offloaded_spec(func)
+    pattern, _ = kernel_origin(func)
+    key = None
+    if cache is not None and pattern and kernel_builder_of(spec, pattern) is None \
+            and schedule_of(spec, pattern) is family_of(spec).schedule:
+        key = kernel_key(spec=repr(dataclasses.replace(spec, source_ops=())), symbol=symbol,
+                         attrs=json.dumps(kernel_attrs(func, spec, arch), sort_keys=True),
+                         options=dataclasses.replace(options, dump_dir=None).to_json())
+        bitcode = cache.get(key)
+        if bitcode is not None:
+            return KernelBitcode(symbol, bitcode)
+    try:
+        kernel = emit_kernel_bitcode(compile_kernel(func, arch, options), arch)
+    except ScratchpadOverflow as err:
+        who = "a user's kernel" if kernel_builder_of(spec, pattern) else \
+            "a user schedule" if schedule_of(spec, pattern) is not family_of(spec).schedule else "the built-in schedule"
+        nodes = kernel_origin(func)[1]
+        raise ScratchpadTooSmall(f"{err} (kernel of pattern {pattern or spec.op}, scheduled by {who}"
+                                 f"{', layer ' + nodes if nodes else ''})") from err
+    if key is not None:
+        cache.put(key, kernel.bitcode)
+    return kernel
 
 
 def _static_library(compiled):
