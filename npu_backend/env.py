@@ -15,3 +15,7 @@ CGRA_KERNEL_CACHE = "CGRA_KERNEL_CACHE"
 
 #: Size limit of the kernel cache in megabytes (default 1024); least recently used entries go.
 CGRA_KERNEL_CACHE_MB = "CGRA_KERNEL_CACHE_MB"
+
+#: Worker processes that compile a model's kernels side by side (target/parallel.py). Default:
+#: the cores this process may use; 1 compiles every kernel in the compiling process.
+CGRA_COMPILE_JOBS = "CGRA_COMPILE_JOBS"

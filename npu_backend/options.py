@@ -20,6 +20,8 @@ class CompileOptions:
     host_opt_level: int = 0
 
     def __post_init__(self):
+        if self.dump_dir is not None:  # a pathlib.Path too
+            object.__setattr__(self, "dump_dir", os.fspath(self.dump_dir))
         if self.host_opt_level not in (0, 1, 2, 3):
             raise ValueError(f"host_opt_level must be 0, 1, 2 or 3, not {self.host_opt_level!r}")
         bounds = dict(self.shape_bounds.items() if isinstance(self.shape_bounds, dict) else self.shape_bounds)

@@ -39,6 +39,7 @@ from ..options import CompileOptions, dump
 from ..pipeline import KERNEL_STAGES, Kernel, remember_error, run_kernel_stages
 from ..progress import report_kernel
 from .kernel_cache import default_kernel_cache, kernel_key
+from .parallel import compile_all
 
 
 def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
@@ -130,15 +131,12 @@ def relax_ext_cgra(funcs, target_options, constant_names):
     arch = HardwareDescription.from_json(str(target_options["arch"]))
     options = CompileOptions.from_json(str(target_options.get("options", "{}")))
     cache = default_kernel_cache() if options.dump_dir is None else None  # a dump shows every stage
-    kernels = []
-    for func in funcs:
-        report_kernel(len(kernels), len(funcs), str(func.attrs["global_symbol"]))
-        try:
-            kernels.append(kernel_bitcode(func, arch, options, cache))
-        except CGRAError as err:  # crosses TVM's FFI as a RuntimeError: keep its type
-            remember_error(err)
-            raise
-    report_kernel(len(kernels), len(funcs), "")
+    try:
+        kernels = _kernels(funcs, arch, options, cache)
+    except CGRAError as err:  # crosses TVM's FFI as a RuntimeError: keep its type
+        remember_error(err)
+        raise
+    report_kernel(len(funcs), len(funcs), "")
     if cache is not None:
         cache.evict()
     compiled = link_kernels(kernels, opt_level=options.host_opt_level)
@@ -146,35 +144,74 @@ def relax_ext_cgra(funcs, target_options, constant_names):
     return [_static_library(compiled)]
 
 
-def kernel_bitcode(func, arch: HardwareDescription, options: CompileOptions, cache=None) -> KernelBitcode:
-    """One offloaded function -> its LLVM module: from the persistent kernel `cache` when a
-    kernel with the same code was compiled before, else through KERNEL_STAGES and the code
-    generator (and then kept in the cache). A user's schedule or kernel is Python code the key
+def _kernels(funcs, arch: HardwareDescription, options: CompileOptions, cache) -> list[KernelBitcode]:
+    """Every function's kernel: those the cache has; then the built-in ones it lacks, side by
+    side in worker processes (parallel.py); then those of a user's schedule or kernel, here (their
+    Python code may keep state the user reads afterwards)."""
+    looked_up = [look_up_kernel(func, arch, options, cache) for func in funcs]
+    missing = [kernel for kernel in looked_up if isinstance(kernel, PendingKernel)]
+    builtin = [kernel for kernel in missing if kernel.builtin]
+    own = [kernel for kernel in missing if not kernel.builtin]
+    hits = len(funcs) - len(missing)
+
+    def progress(done: int, kernel) -> None:
+        report_kernel(hits + done, len(funcs), "" if kernel is None else kernel.symbol)
+
+    fresh = dict(zip(map(id, builtin), compile_all(builtin, lambda k: compile_pending(k, arch, options, cache), progress)))
+    for index, kernel in enumerate(own):
+        progress(len(builtin) + index, kernel)
+        fresh[id(kernel)] = compile_pending(kernel, arch, options, cache)
+    return [fresh[id(kernel)] if isinstance(kernel, PendingKernel) else kernel for kernel in looked_up]
+
+
+@dataclasses.dataclass(frozen=True)
+class PendingKernel:
+    """An offloaded function whose kernel the persistent cache does not have (yet)."""
+
+    func: object
+    symbol: str
+    spec: object
+    pattern: str
+    key: str | None  # its cache key; None: not to be cached
+    builtin: bool  # built-in schedule and kernel (not a user's)
+
+
+def look_up_kernel(func, arch: HardwareDescription, options: CompileOptions, cache=None):
+    """One offloaded function's kernel from the persistent `cache` (a KernelBitcode), or what it
+    takes to compile it (a PendingKernel). A user's schedule or kernel is Python code the key
     cannot capture: those kernels are always compiled."""
     symbol = str(func.attrs["global_symbol"])
     with shape_bounds(dict(options.shape_bounds)):
         spec = offloaded_spec(func)
     pattern, _ = kernel_origin(func)
+    builtin = bool(pattern) and kernel_builder_of(spec, pattern) is None \
+        and schedule_of(spec, pattern) is family_of(spec).schedule
     key = None
-    if cache is not None and pattern and kernel_builder_of(spec, pattern) is None \
-            and schedule_of(spec, pattern) is family_of(spec).schedule:
+    if cache is not None and builtin:
         key = kernel_key(spec=repr(dataclasses.replace(spec, source_ops=())), symbol=symbol,
                          attrs=json.dumps(kernel_attrs(func, spec, arch), sort_keys=True),
                          options=dataclasses.replace(options, dump_dir=None).to_json())
         bitcode = cache.get(key)
         if bitcode is not None:
             return KernelBitcode(symbol, bitcode)
+    return PendingKernel(func, symbol, spec, pattern, key, builtin)
+
+
+def compile_pending(kernel: PendingKernel, arch: HardwareDescription, options: CompileOptions,
+                    cache=None) -> KernelBitcode:
+    """A kernel through KERNEL_STAGES and the code generator, then kept in the cache."""
     try:
-        kernel = emit_kernel_bitcode(compile_kernel(func, arch, options), arch)
+        compiled = emit_kernel_bitcode(compile_kernel(kernel.func, arch, options), arch)
     except ScratchpadOverflow as err:
+        spec, pattern = kernel.spec, kernel.pattern
         who = "a user's kernel" if kernel_builder_of(spec, pattern) else \
             "a user schedule" if schedule_of(spec, pattern) is not family_of(spec).schedule else "the built-in schedule"
-        nodes = kernel_origin(func)[1]
+        nodes = kernel_origin(kernel.func)[1]
         raise ScratchpadTooSmall(f"{err} (kernel of pattern {pattern or spec.op}, scheduled by {who}"
                                  f"{', layer ' + nodes if nodes else ''})") from err
-    if key is not None:
-        cache.put(key, kernel.bitcode)
-    return kernel
+    if kernel.key is not None and cache is not None:
+        cache.put(kernel.key, compiled.bitcode)
+    return compiled
 
 
 def _static_library(compiled):
