@@ -44,8 +44,9 @@ def compile_jobs() -> int:
 
 def compile_all(items: list, compile_one, on_progress=None) -> list:
     """[compile_one(item) for item in items], in worker processes when that pays.
-    `on_progress(done, item)` hears about it here: before each item compiled in this process, and
-    each time a worker finishes one (then `item` is None: which comes next is not known)."""
+    `on_progress(done, item)` hears about it here: before each item compiled in this process; with
+    workers at their start and each time one finishes an item but the last (`item` None: which
+    comes next is not known)."""
     jobs = min(compile_jobs(), len(items))
     if jobs < 2 or len(items) < MIN_PARALLEL_KERNELS or "fork" not in multiprocessing.get_all_start_methods():
         return [_compile_here(compile_one, item, index, on_progress) for index, item in enumerate(items)]
@@ -54,6 +55,8 @@ def compile_all(items: list, compile_one, on_progress=None) -> list:
     try:
         context = multiprocessing.get_context("fork")
         with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+            if on_progress is not None:
+                on_progress(0, None)
             futures = {pool.submit(_compile_in_worker, index): index for index in range(len(items))}
             for done, future in enumerate(concurrent.futures.as_completed(futures)):
                 results[futures[future]] = future.result()
