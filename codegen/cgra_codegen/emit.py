@@ -24,8 +24,9 @@ from .spad import plan_scratchpad
 @dataclasses.dataclass(frozen=True)
 class CompiledKernels:
     llvm_ir: str  # the module before optimisation, as LLVM prints it
-    object_bytes: bytes  # ELF/Mach-O object for the host, position independent
+    object_bytes: bytes  # ELF/Mach-O object for the host, position independent (b"": not asked for)
     symbols: list[str]  # global_symbol of each kernel; exported as __tvm_ffi_<symbol>
+    host_ir: str = ""  # the module after optimisation, with its module flags (when asked for)
 
 
 def build(prim_funcs, arch: HardwareDescription | str, *, opt_level: int = 2) -> CompiledKernels:
@@ -56,9 +57,11 @@ def emit_kernel_bitcode(func, arch: HardwareDescription | str) -> KernelBitcode:
     return KernelBitcode(kernel, parsed.as_bitcode())
 
 
-def link_kernels(kernels, *, opt_level: int = 2) -> CompiledKernels:
+def link_kernels(kernels, *, opt_level: int = 2, emit_object: bool = True, module_flags=None) -> CompiledKernels:
     """Kernels' modules -> one module (the runtime's declarations and each kernel's private
-    strings merged by LLVM's linker), optimised at `opt_level`, as one object."""
+    strings merged by LLVM's linker), optimised at `opt_level`, as one object; or, with
+    `emit_object` False, as LLVM IR for another code generator to take (`host_ir`), carrying
+    `module_flags` (name -> string, e.g. the target TVM's LLVM module reads from "tvm_target")."""
     machine = _target_machine(opt_level)
     linked = llvm.parse_assembly("")
     linked.name = "cgra_kernels"
@@ -70,12 +73,26 @@ def link_kernels(kernels, *, opt_level: int = 2) -> CompiledKernels:
             raise CodegenError(kernel.symbol, "two PrimFuncs share this global_symbol")
         linked.link_in(llvm.parse_bitcode(kernel.bitcode))
         symbols.append(kernel.symbol)
+    if module_flags:
+        linked.link_in(llvm.parse_assembly(_module_flags(module_flags)))
     linked.verify()
     llvm_ir = str(linked)
     if opt_level > 0:
         _optimise(linked, machine, opt_level)
         linked.verify()
-    return CompiledKernels(llvm_ir, bytes(machine.emit_object(linked)), symbols)
+    if emit_object:
+        return CompiledKernels(llvm_ir, bytes(machine.emit_object(linked)), symbols)
+    return CompiledKernels(llvm_ir, b"", symbols, llvm_ir if opt_level == 0 else str(linked))
+
+
+def _module_flags(flags) -> str:
+    """A module holding only `!llvm.module.flags` (behaviour 2, Warning: equal values merge)."""
+    def quoted(text: str) -> str:
+        return "".join(c if c.isalnum() or c in " -_.:,{}" else f"\\{ord(c):02X}" for c in text)
+
+    entries = [f'!{index} = !{{i32 2, !"{quoted(name)}", !"{quoted(value)}"}}'
+               for index, (name, value) in enumerate(flags.items())]
+    return "!llvm.module.flags = !{" + ", ".join(f"!{i}" for i in range(len(entries))) + "}\n" + "\n".join(entries) + "\n"
 
 
 @functools.cache
