@@ -34,7 +34,7 @@ from .lower.ragged import cut_ragged_tiles
 from .normalise.batch_norms import batch_norms_as_scale_shift
 from .normalise.clips import canonicalize_clips_pass
 from .normalise.conv_transposes import conv_transposes_as_convs_pass
-from .normalise.fold_weights import fold_weights
+from .normalise.fold_weights import fold_weights, restore_kept_transposes
 from .normalise.large_pools import split_large_pools_pass
 from .normalise.qdq import canonicalize_qdq
 from .normalise.scalars import scalar_operands_pass
@@ -63,6 +63,9 @@ def normalise(mod, arch, options):
     mod = batch_norms_as_scale_shift(mod)
     return tvm.transform.Sequential([
         relax.transform.FoldConstant(),  # what fold_weights has no numpy rule for
+        # The weight transposes fold_weights kept from FoldConstant, back (the matmul kernel
+        # reads those weights as stored).
+        tvm.transform.module_pass(lambda m, _ctx: restore_kept_transposes(m), opt_level=0, name="cgra.RestoreTransposes"),
         relax.transform.CanonicalizeBindings(),
         # A transposed convolution becomes one conv2d per output phase and an interleave: the
         # NPU's GEMM kernels, and no multiplications by inserted zeros (normalise/conv_transposes.py).
@@ -359,9 +362,25 @@ def cgra_pipeline(arch: HardwareDescription, options: CompileOptions = CompileOp
         except CGRAError as err:
             remember_error(err)
             raise
-        return relax.get_pipeline("default_build")(mod)
+        return relax.get_pipeline("default_build")(with_host_anchor(mod))
 
     return pipeline
+
+
+#: The no-op host function every NPU executable holds (`with_host_anchor`).
+HOST_ANCHOR = "__cgra_host_anchor"
+
+
+def with_host_anchor(mod: tvm.IRModule) -> tvm.IRModule:
+    """`mod` with a no-op host PrimFunc. TVM links an executable without host code (every
+    operator on the NPU) to an empty C source module, which is not runnable: the VM would then
+    export and reload the whole executable, every weight included, before its first call (and
+    two threads doing that at once crash in TVM's LLVM module export). With it, TVM's host code
+    is always an LLVM module, runnable as it is, like the kernels' (target/relax_ext.py)."""
+    anchor = tvm.tirx.PrimFunc([], tvm.tirx.Evaluate(tvm.tirx.const(0, "int32")))
+    mod = mod.clone()
+    mod[HOST_ANCHOR] = anchor.with_attr("global_symbol", HOST_ANCHOR)
+    return mod
 
 
 _LAST_ERROR = threading.local()

@@ -180,7 +180,7 @@ def compile_kernels(funcs, tmp_path, arch=ARCH):
 
     -Bsymbolic binds the kernels' cgra_* calls to the mock inside the same library: once an
     earlier test has imported npu_backend, the real runtime is loaded RTLD_GLOBAL and would
-    otherwise win the symbol lookup. (The VM's own route, load_static_library +
+    otherwise win the symbol lookup. (The VM's own route, TVM's LLVM module of the linked IR and
     export_library, is exercised by test_end_to_end and test_export.)"""
     compiled = cgra_codegen.build(funcs, arch)
     obj, source, shared = tmp_path / "kernels.o", tmp_path / "mock_runtime.c", tmp_path / "kernels.so"

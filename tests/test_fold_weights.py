@@ -13,10 +13,13 @@ import tvm
 from hypothesis import given
 from hypothesis import strategies as st
 from tvm import relax
+from onnx import numpy_helper
 from tvm.relax.frontend.onnx import from_onnx
 
+import npu_backend
+
 from models import conv2d_reference, relax_module
-from npu_backend.normalise.fold_weights import fold_weights
+from npu_backend.normalise.fold_weights import fold_weights, restore_kept_transposes
 from onnx_models import _Graph
 
 LAYOUTS = {"NCHW": "OIHW", "NHWC": "HWIO"}
@@ -64,8 +67,23 @@ def test_matches_tvm_fold_batchnorm_and_fold_constant_bit_for_bit():
     expected = tvm.transform.Sequential([
         relax.transform.FoldBatchnormToConv2D(), relax.transform.FoldConstant(),
         relax.transform.CanonicalizeBindings()])(mod)
-    folded = relax.transform.CanonicalizeBindings()(fold_weights(mod))
+    # fold_weights keeps the Gemm weight's transpose (the next test): TVM folds it here too.
+    folded = tvm.transform.Sequential([relax.transform.FoldConstant(), relax.transform.CanonicalizeBindings()])(
+        restore_kept_transposes(fold_weights(mod)))
     tvm.ir.assert_structural_equal(folded, expected, map_free_vars=True)
+
+
+def test_a_transposed_gemm_weight_is_read_as_stored_not_copied():
+    graph = _Graph(seed=0)
+    mod = from_onnx(graph.model("fc", [1, 3, 4, 4], graph.classifier("input", 3, 5), [1, 5]))
+    weight = next(i for i in graph.initializers if i.name.startswith("fc_w"))
+    normalised = npu_backend.STAGES[0][1](mod, npu_backend.load_arch("cgra-4x4"), npu_backend.CompileOptions())
+    (permute,) = [b.value for block in normalised["main"].body.blocks for b in block.bindings
+                  if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.permute_dims"]
+    assert isinstance(permute.args[0], tvm.ir.GenericConst)  # the weight as ONNX stores it, (5, 3)
+    assert (permute.args[0].value.numpy() == numpy_helper.to_array(weight)).all()
+    (placement,) = [p for p in npu_backend.explain(mod, "cgra-4x4") if p.op == "matmul"]
+    assert placement.where == "npu"
 
 
 def _folded_weight_and_bias(mod):
@@ -106,16 +124,18 @@ def test_folds_constant_arithmetic_numpy_rounds_like_tvm_and_leaves_the_rest():
     w = np.arange(12, dtype="float32").reshape(3, 4)
 
     def body(bb, x):
-        weight = bb.emit(relax.op.permute_dims(relax.const(w), [1, 0]))  # a Gemm's transB
+        weight = bb.emit(relax.op.permute_dims(relax.const(w), [1, 0]))  # transposed for an add: folded
+        x = bb.emit(relax.op.add(x, relax.op.permute_dims(weight, [1, 0])))
         bound = bb.emit(relax.op.where(relax.op.isnan(relax.const(6.0, "float32")),
                                        relax.const(np.inf, "float32"), relax.const(6.0, "float32")))
         halves = bb.emit(relax.op.divide(relax.const(np.array([7, -7], "int32")), relax.const(2, "int32")))
         return relax.Tuple([bb.emit(relax.op.minimum(bb.emit(relax.op.matmul(x, weight)), bound)), halves])
 
-    folded = fold_weights(relax_module([("x", (2, 4), "float32")], body))
+    folded = fold_weights(relax_module([("x", (3, 4), "float32")], body))
     calls = {b.value.op.name: b.value for block in folded["main"].body.blocks for b in block.bindings
              if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)}
-    assert set(calls) == {"relax.matmul", "relax.minimum", "relax.divide"}  # integer divide left alone
+    assert set(calls) == {"relax.add", "relax.matmul", "relax.minimum", "relax.divide"}  # integer divide left alone
+    np.testing.assert_array_equal(calls["relax.add"].args[1].value.numpy(), w)  # transposed twice
     np.testing.assert_array_equal(calls["relax.matmul"].args[1].value.numpy(), w.T)
     assert float(calls["relax.minimum"].args[1].value.numpy()) == 6.0
 

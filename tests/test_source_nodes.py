@@ -62,7 +62,8 @@ def test_each_kernel_launch_names_its_own_layers(report):
     for kernel in report["kernels"]:
         assert len(kernel["source_nodes"]) == len(kernel["source_ops"])
         first = kernel["source_ops"][0], kinds[kernel["source_nodes"][0]]
-        assert first in {("nn.conv2d", "Conv"), ("matmul", "Gemm"), ("nn.max_pool2d", "MaxPool"),
+        # A Gemm with transB starts at the transpose its kernel reads the weight through.
+        assert first in {("nn.conv2d", "Conv"), ("permute_dims", "Gemm"), ("nn.max_pool2d", "MaxPool"),
                          ("mean", "GlobalAveragePool")}
         if kernel["source_ops"][:2] == ["nn.conv2d", "add"] and "conv" in kernel["source_nodes"][0]:
             assert kinds[kernel["source_nodes"][1]] == "BatchNormalization"  # the folded bias
@@ -89,7 +90,7 @@ def test_run_prints_the_layer_table_and_json(capsys):
     assert rows["conv1,relu1"][1] == "nn.conv2d,add,nn.relu" and rows["conv1,relu1"][-5] == "npu"
     assert rows["pool"][1] == "mean" and rows["pool"][-5] == "npu"
     assert rows["flatten"][1] == "reshape" and rows["flatten"][-5:] == ["host", "-", "-", "-", "-"]
-    assert rows["fc"][1] == "matmul,add"
+    assert rows["fc"][1] == "permute_dims,matmul,add"  # Gemm (transB): its weight read as stored
     assert main(["run", EXAMPLE, "--arch", "cgra-4x4", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [layer["nodes"] for layer in report["layers"]] == [["conv1", "relu1"], ["conv2", "relu2"],
@@ -105,7 +106,7 @@ def test_profile_table_shows_the_nodes():
     with npu_backend.profile() as prof:
         vm["main"](data)
     assert [k.model_nodes for k in prof.kernels] == [("conv1", "relu1"), ("conv2", "relu2"), ("pool",), ("fc",)]
-    assert [k.source_ops for k in prof.kernels][3] == ("matmul", "add")  # Relax ops unchanged
+    assert [k.source_ops for k in prof.kernels][3] == ("permute_dims", "matmul", "add")  # Relax ops unchanged
     assert prof.table().splitlines()[1].endswith("conv1,relu1")
 
 

@@ -74,3 +74,25 @@ def test_a_profile_opened_in_the_main_thread_does_not_see_other_threads():
         vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
         np.testing.assert_allclose(vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy(), ref, rtol=1e-5)
     assert len(outer.kernels) == 1
+
+
+def test_an_executable_runs_as_compiled_and_exports_from_two_threads_at_once(tmp_path):
+    """Nothing in it needs linking first (the kernels are an LLVM module, the host code one even
+    when every operator is on the NPU), so the VM never exports it behind the user's back; two
+    threads exporting it at once both get a whole library."""
+    mod, inputs, ref = matmul_model(32, 24, 40, "int8")
+    executable = npu_backend.compile(mod, "cgra-8x8")
+    kinds = [m.kind for m in executable.mod._collect_from_import_tree(lambda m: True)]
+    assert "static_library" not in kinds and "c" not in kinds and executable.jit() is executable.mod
+    paths = [tmp_path / f"model{index}.so" for index in range(2)]
+
+    def export(index):
+        def job(barrier):
+            barrier.wait()
+            executable.export_library(str(paths[index]))
+        return job
+
+    _run_in_threads([export(0), export(1)])
+    for path in paths:
+        vm = tvm.relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())
+        assert_matches(vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy(), ref, "int8")

@@ -4,8 +4,9 @@ Stage: runtime (Python side). `tvm.runtime.load_module` dlopens a shared library
 overwritten ELF file makes the dynamic loader touch pages past the end of the file, and the
 process dies of SIGBUS before any Python error can be raised, and a single flipped bit in a
 relocation or a dynamic entry can crash it with SIGSEGV. `import npu_backend` therefore wraps
-`Executable.export_library`, which seals every ELF library it writes with a SHA-256 digest of its
-bytes (a 45-byte trailer after the ELF's last byte, which the dynamic loader never reads), and
+`Executable.export_library` (one export at a time: TVM's LLVM modules crash writing themselves
+from two threads), which seals every ELF library it writes with a SHA-256 digest of its bytes (a
+45-byte trailer after the ELF's last byte, which the dynamic loader never reads), and
 `load_module`, which checks an ELF library against its own headers (the ELF header, the program
 headers and every loaded segment, the section header table all lie inside the file) and, when
 it is sealed, against its digest, before TVM dlopens it; other files go to TVM's loader unchanged.
@@ -17,6 +18,7 @@ import functools
 import hashlib
 import os
 import struct
+import threading
 
 import tvm
 
@@ -28,6 +30,7 @@ class DamagedArtifact(CGRAError, ValueError):
 
 
 _ELF_MAGIC = b"\x7fELF"
+_EXPORTING = threading.Lock()
 _PT_LOAD = 1
 
 
@@ -105,7 +108,8 @@ def install_load_check() -> None:
 
         @functools.wraps(export)
         def export_library(self, file_name, *args, **kwargs):
-            result = export(self, file_name, *args, **kwargs)
+            with _EXPORTING:
+                result = export(self, file_name, *args, **kwargs)
             if isinstance(file_name, (str, os.PathLike)) and os.path.isfile(file_name):
                 seal_shared_library(os.fspath(file_name))
             return result

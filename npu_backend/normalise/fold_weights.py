@@ -110,11 +110,32 @@ class _WeightFolder(relax.PyExprMutator):
             return
         if self._fold_batch_norm_into(var, value):
             return
+        if self._transposed_weight(var, value):  # kept, and hidden from FoldConstant
+            weight = self.visit_expr(value.args[0])
+            self._emit(var, with_span(relax.op.call_pure_packed(KEPT_TRANSPOSE, weight, ty_args=value.ty), value.span))
+            return
         folded = self._evaluate(value)
         if folded is not None:
             self.constants[var] = folded
             return
         super().visit_var_binding_(binding)
+
+    def _transposed_weight(self, var, value) -> bool:
+        """A transpose of a 2-D constant that only matmuls read as their right operand (ONNX's
+        Gemm with transB, a Linear layer): left in place, the matmul kernel reads the weight as
+        stored. Folding it would copy the weight transposed: for AlexNet's classifier, 150 MB
+        and a second of strided copying. It is emitted as an opaque call that FoldConstant
+        cannot evaluate, and `restore_kept_transposes` makes it a permute_dims again."""
+        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                and value.op.name == "relax.permute_dims"
+                and isinstance(self.constants.get(value.args[0], value.args[0]), tvm.ir.GenericConst)
+                and len(static_shape(value) or ()) == 2):
+            return False
+        users = self.users.get(var, [])
+        return bool(users) and all(
+            isinstance(self.values.get(user), relax.Call) and getattr(self.values[user].op, "name", "") == "relax.matmul"
+            and self.values[user].args[1].same_as(var) and not self.values[user].args[0].same_as(var)
+            for user in users)
 
     def _emit(self, var, value):
         self.builder_.emit_normalized(relax.VarBinding(var, self.builder_.normalize(value)))
@@ -273,3 +294,28 @@ def _is_first_item(value, tuple_var) -> bool:
     return isinstance(value, relax.TupleGetItem) and value.tuple_value.same_as(tuple_var) and value.index == 0
 
 
+
+
+#: The opaque stand-in for a transpose fold_weights keeps (`_WeightFolder._transposed_weight`)
+#: until FoldConstant has run.
+KEPT_TRANSPOSE = "cgra.kept_transpose"
+
+
+def restore_kept_transposes(mod: tvm.IRModule) -> tvm.IRModule:
+    """Every KEPT_TRANSPOSE call back to the permute_dims it stands for."""
+    updates = {gvar: _TransposeRestorer(mod).visit_expr(func) for gvar, func in mod.functions.items()
+               if isinstance(func, relax.Function)}
+    mod = mod.clone()
+    for gvar, func in updates.items():
+        mod[gvar] = func
+    return mod
+
+
+@relax.expr_functor.mutator
+class _TransposeRestorer(relax.PyExprMutator):
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if getattr(call.op, "name", "") == "relax.call_pure_packed" and isinstance(call.args[0], relax.ExternFunc) \
+                and str(call.args[0].global_symbol) == KEPT_TRANSPOSE:
+            return with_span(relax.op.permute_dims(call.args[1]), call.span)  # the model node it came from
+        return call

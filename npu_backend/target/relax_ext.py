@@ -6,10 +6,10 @@ functions partitioning marked `Codegen="cgra"`, the target options (`arch`: the 
 description's JSON; `options`: the CompileOptions' JSON). Each function's spec is read the way
 explain reads it (kernels.offloaded_spec), taken through pipeline.KERNEL_STAGES to lowered TIR and
 compiled by `cgra_codegen` into its own LLVM module, or read back from the persistent kernel cache
-(kernel_cache.py) when the same kernel was compiled before; the modules are linked into one
-object. Output: a static-library runtime
-module holding one exported function per offloaded function, in tvm-ffi's calling convention,
-that the VM links and `export_library` packs.
+(kernel_cache.py) when the same kernel was compiled before; the modules are linked into one.
+Output: one of TVM's LLVM runtime modules holding one exported function per offloaded function,
+in tvm-ffi's calling convention, that the VM runs as it is (TVM's JIT) and `export_library`
+writes as an object into the exported library.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def _attr_safe(nodes: str) -> str:
 
 
 def relax_ext_cgra(funcs, target_options, constant_names):
-    """tvm's BYOC entry: compile the offloaded functions into one static-library module."""
+    """tvm's BYOC entry: compile the offloaded functions into one LLVM runtime module."""
     del constant_names  # weights arrive as arguments (bind_constants=False)
     arch = HardwareDescription.from_json(str(target_options["arch"]))
     options = CompileOptions.from_json(str(target_options.get("options", "{}")))

@@ -1,0 +1,181 @@
+"""Figures for issue 13 on model-zoo-shaped networks (benchmarks/model_zoo.py): compile time against
+the llvm build, peak memory against the model's weights and activations, cycles against the ideal
+and roofline bounds, and DRAM traffic.
+
+Each model runs in two fresh processes, so that their peak memory is their own:
+- `cgra`: compile with an empty kernel cache (timed), run one inference under the profile (timed;
+  the peak resident memory of compile + run is read here), compile again with the persistent
+  cache warm and the in-process cache empty (another process recompiling the model), then the
+  `llvm` build of the same model (timed, for the ratio: measured in the same process);
+- `llvm`: compile and run with target "llvm" only: the peak memory to report beside ours.
+
+Columns: model; parameters; weights and activations (MB, float32; activations: every tensor the
+graph computes); NPU share of MACs; compile s cgra (cold), the VM's creation from it (the
+executable made runnable), cgra warm, llvm and cgra (cold) / llvm; peak RSS above
+the interpreter after `import npu_backend` (MB) for cgra and llvm and cgra's against weights +
+activations; total cycles, cycles / ideal (model MACs / PEs at peak), cycles / roofline (the sum of
+each kernel's own bound: max(MACs / PEs, each DMA engine's bytes / bandwidth)); DRAM MB moved by
+the NPU's DMA; the largest relative difference to onnxruntime.
+
+    python benchmarks/bench_zoo.py [--arch cgra-8x8] [--size 224] [--models alexnet vgg19 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _peak_rss_mb() -> float:
+    """The process's peak resident memory since the last reset (VmHWM), in MB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def _reset_peak_rss() -> None:
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # Linux: reset VmHWM to the current resident size
+
+
+def _tensor_bytes(model) -> tuple[int, int]:
+    """(weights, activations) in bytes: the initializers, and every value the graph computes."""
+    import numpy as np
+    import onnx
+
+    weights = sum(int(np.prod(t.dims)) * 4 for t in model.graph.initializer)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    activations = sum(int(np.prod([d.dim_value for d in v.type.tensor_type.shape.dim])) * 4
+                      for v in list(inferred.graph.value_info) + list(inferred.graph.output))
+    return weights, activations
+
+
+def child(name: str, arch_name: str, size: int, target: str) -> dict:
+    """One model in this (fresh) process; prints its figures as JSON."""
+    os.environ["CGRA_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="bench-zoo-kernels-")
+    import numpy as np
+    import tvm
+    from tvm.relax.frontend.onnx import from_onnx
+
+    import npu_backend
+    from npu_backend.target.relax_ext import clear_kernel_cache
+
+    sys.path.insert(0, HERE)
+    from model_zoo import ZOO
+
+    model = ZOO[name](size)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    mod = from_onnx(model)
+    _reset_peak_rss()
+    base = _peak_rss_mb()
+    figures = {}
+    started = time.perf_counter()
+    executable = npu_backend.compile(mod, arch_name) if target == "cgra" else tvm.compile(mod, target="llvm")
+    figures["compile_s"] = time.perf_counter() - started
+    started = time.perf_counter()
+    vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
+    figures["vm_s"] = time.perf_counter() - started
+    with npu_backend.profile() as prof:
+        started = time.perf_counter()
+        out = vm["main"](tvm.runtime.tensor(x))
+        figures["run_s"] = time.perf_counter() - started
+    out = (out[0] if not hasattr(out, "numpy") else out).numpy()
+    figures["peak_mb"] = _peak_rss_mb() - base
+    figures["out"] = out.tolist()
+    if target != "cgra":
+        return figures
+    del executable, vm
+    clear_kernel_cache()
+    started = time.perf_counter()
+    npu_backend.compile(mod, arch_name)
+    figures["warm_s"] = time.perf_counter() - started
+    started = time.perf_counter()
+    tvm.compile(mod, target="llvm")
+    figures["llvm_s"] = time.perf_counter() - started
+    arch = npu_backend.load_arch(arch_name)
+    placements = npu_backend.explain(mod, arch)
+    figures.update(
+        macs=sum(p.macs for p in placements), npu_share=npu_backend.npu_mac_fraction(placements),
+        cycles=prof.total_cycles, bound=sum(k.ideal_cycles for k in prof.kernels),
+        ideal=sum(p.macs for p in placements) / (arch.num_pes * arch.macs_per_pe["float32"]),
+        dram=sum(k.dma_load_bytes + k.dma_store_bytes for k in prof.kernels), launches=len(prof.kernels))
+    return figures
+
+
+def _run_child(name, arch, size, target) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--child", name, target, "--arch", arch, "--size", str(size)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"{name} ({target}) failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _reference(name, size, out) -> float:
+    """Largest difference to onnxruntime, relative to the output's largest magnitude."""
+    import numpy as np
+    import onnxruntime
+
+    sys.path.insert(0, HERE)
+    from model_zoo import ZOO
+
+    model = ZOO[name](size)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ref = session.run(None, {model.graph.input[0].name: x})[0]
+    return float(np.abs(np.asarray(out) - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+HEADER = (f"{'model':<14} {'params':>7} {'W MB':>6} {'A MB':>6} {'NPU':>5} {'cgra s':>6} {'VM s':>5} {'warm s':>6} "
+          f"{'llvm s':>6} {'/llvm':>5} {'RSS cg':>6} {'RSS ll':>6} {'/(W+A)':>6} {'cycles':>11} {'/ideal':>6} "
+          f"{'/roof':>5} {'DRAM MB':>8} {'rel err':>8}")
+
+
+def report(name, arch, size) -> str:
+    sys.path.insert(0, HERE)
+    from model_zoo import ZOO
+
+    model = ZOO[name](size)
+    weights, activations = _tensor_bytes(model)
+    params = weights // 4
+    cgra, llvm = _run_child(name, arch, size, "cgra"), _run_child(name, arch, size, "llvm")
+    mb = 1 << 20
+    return (f"{name:<14} {params / 1e6:>6.1f}M {weights / mb:>6.1f} {activations / mb:>6.1f} {cgra['npu_share']:>5.0%} "
+            f"{cgra['compile_s']:>6.2f} {cgra['vm_s']:>5.2f} {cgra['warm_s']:>6.2f} {cgra['llvm_s']:>6.2f} "
+            f"{cgra['compile_s'] / cgra['llvm_s']:>5.2f} {cgra['peak_mb']:>6.0f} {llvm['peak_mb']:>6.0f} "
+            f"{cgra['peak_mb'] * mb / (weights + activations):>6.2f} {cgra['cycles']:>11,} "
+            f"{cgra['cycles'] / cgra['ideal']:>6.2f} {cgra['cycles'] / cgra['bound']:>5.2f} "
+            f"{cgra['dram'] / mb:>8.1f} {_reference(name, size, cgra['out']):>8.1e}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="cgra-8x8")
+    parser.add_argument("--size", type=int, default=224, help="input height and width (default 224)")
+    parser.add_argument("--models", nargs="*", help="default: every model of model_zoo.ZOO")
+    parser.add_argument("--child", nargs=2, metavar=("MODEL", "TARGET"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(*args.child[:1], args.arch, args.size, args.child[1])))
+        return
+    sys.path.insert(0, HERE)
+    from model_zoo import ZOO
+
+    print(f"{args.arch}, {args.size}x{args.size} inputs, float32")
+    print(HEADER, flush=True)
+    for name in args.models or list(ZOO):
+        print(report(name, args.arch, args.size), flush=True)
+
+
+if __name__ == "__main__":
+    main()
