@@ -24,9 +24,8 @@ from .spad import plan_scratchpad
 @dataclasses.dataclass(frozen=True)
 class CompiledKernels:
     llvm_ir: str  # the module before optimisation, as LLVM prints it
-    object_bytes: bytes  # ELF/Mach-O object for the host, position independent (b"": not asked for)
+    object_bytes: bytes  # ELF/Mach-O object for the host, position independent
     symbols: list[str]  # global_symbol of each kernel; exported as __tvm_ffi_<symbol>
-    host_ir: str = ""  # the module after optimisation, with its module flags (when asked for)
 
 
 def build(prim_funcs, arch: HardwareDescription | str, *, opt_level: int = 2) -> CompiledKernels:
@@ -57,11 +56,9 @@ def emit_kernel_bitcode(func, arch: HardwareDescription | str) -> KernelBitcode:
     return KernelBitcode(kernel, parsed.as_bitcode())
 
 
-def link_kernels(kernels, *, opt_level: int = 2, emit_object: bool = True, module_flags=None) -> CompiledKernels:
+def link_kernels(kernels, *, opt_level: int = 2) -> CompiledKernels:
     """Kernels' modules -> one module (the runtime's declarations and each kernel's private
-    strings merged by LLVM's linker), optimised at `opt_level`, as one object; or, with
-    `emit_object` False, as LLVM IR for another code generator to take (`host_ir`), carrying
-    `module_flags` (name -> string, e.g. the target TVM's LLVM module reads from "tvm_target")."""
+    strings merged by LLVM's linker), optimised at `opt_level`, as one object."""
     machine = _target_machine(opt_level)
     linked = llvm.parse_assembly("")
     linked.name = "cgra_kernels"
@@ -73,26 +70,12 @@ def link_kernels(kernels, *, opt_level: int = 2, emit_object: bool = True, modul
             raise CodegenError(kernel.symbol, "two PrimFuncs share this global_symbol")
         linked.link_in(llvm.parse_bitcode(kernel.bitcode))
         symbols.append(kernel.symbol)
-    if module_flags:
-        linked.link_in(llvm.parse_assembly(_module_flags(module_flags)))
     linked.verify()
     llvm_ir = str(linked)
     if opt_level > 0:
         _optimise(linked, machine, opt_level)
         linked.verify()
-    if emit_object:
-        return CompiledKernels(llvm_ir, bytes(machine.emit_object(linked)), symbols)
-    return CompiledKernels(llvm_ir, b"", symbols, llvm_ir if opt_level == 0 else str(linked))
-
-
-def _module_flags(flags) -> str:
-    """A module holding only `!llvm.module.flags` (behaviour 2, Warning: equal values merge)."""
-    def quoted(text: str) -> str:
-        return "".join(c if c.isalnum() or c in " -_.:,{}" else f"\\{ord(c):02X}" for c in text)
-
-    entries = [f'!{index} = !{{i32 2, !"{quoted(name)}", !"{quoted(value)}"}}'
-               for index, (name, value) in enumerate(flags.items())]
-    return "!llvm.module.flags = !{" + ", ".join(f"!{i}" for i in range(len(entries))) + "}\n" + "\n".join(entries) + "\n"
+    return CompiledKernels(llvm_ir, bytes(machine.emit_object(linked)), symbols)
 
 
 @functools.cache

@@ -7,9 +7,9 @@ description's JSON; `options`: the CompileOptions' JSON). Each function's spec i
 explain reads it (kernels.offloaded_spec), taken through pipeline.KERNEL_STAGES to lowered TIR and
 compiled by `cgra_codegen` into its own LLVM module, or read back from the persistent kernel cache
 (kernel_cache.py) when the same kernel was compiled before; the modules are linked into one.
-Output: one of TVM's LLVM runtime modules holding one exported function per offloaded function,
-in tvm-ffi's calling convention, that the VM runs as it is (TVM's JIT) and `export_library`
-writes as an object into the exported library.
+Output: the runtime's `cgra_kernels` module: a shared library holding one exported function per
+offloaded function, in tvm-ffi's calling convention, loaded at once (the VM runs it as it is),
+and its object, which `export_library` links into the exported library.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import dataclasses
 import json
 import math
 import os
+import shutil
+import subprocess
 import tempfile
 
-import llvmlite.binding as llvm
 import tvm
 import tvm_ffi
 
@@ -127,7 +128,7 @@ def _attr_safe(nodes: str) -> str:
 
 
 def relax_ext_cgra(funcs, target_options, constant_names):
-    """tvm's BYOC entry: compile the offloaded functions into one LLVM runtime module."""
+    """tvm's BYOC entry: compile the offloaded functions into one runtime module."""
     del constant_names  # weights arrive as arguments (bind_constants=False)
     arch = HardwareDescription.from_json(str(target_options["arch"]))
     options = CompileOptions.from_json(str(target_options.get("options", "{}")))
@@ -140,11 +141,9 @@ def relax_ext_cgra(funcs, target_options, constant_names):
     report_kernel(len(funcs), len(funcs), "")
     if cache is not None:
         cache.evict()
-    target = json.dumps({"kind": "llvm", "mtriple": llvm.get_process_triple(), "opt-level": options.host_opt_level})
-    compiled = link_kernels(kernels, opt_level=options.host_opt_level, emit_object=False,
-                            module_flags={"tvm_target": target})
+    compiled = link_kernels(kernels, opt_level=options.host_opt_level)
     dump(options, "llvm/kernels.ll", compiled.llvm_ir)
-    return [_llvm_module(compiled.host_ir)]
+    return [kernels_module(compiled.object_bytes)]
 
 
 def _kernels(funcs, arch: HardwareDescription, options: CompileOptions, cache) -> list[KernelBitcode]:
@@ -217,20 +216,35 @@ def compile_pending(kernel: PendingKernel, arch: HardwareDescription, options: C
     return compiled
 
 
-def _llvm_module(host_ir: str):
-    """The kernels as one of TVM's own LLVM modules (kind "llvm"): runnable as it is (TVM compiles
-    it for this host when the VM first looks a kernel up) and written as an object by
-    export_library like the host code TVM builds. A static library (load_static_library) would
-    not run until exported: the VM would first write the whole executable, every weight
-    included, into a temporary shared library and load that (4 s and twice the weights' memory
-    for AlexNet)."""
-    handle, path = tempfile.mkstemp(suffix=".ll", prefix="cgra_kernels_")
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        out.write(host_ir)
-    try:
-        return tvm.runtime.load_module(path)
-    finally:
-        os.unlink(path)
+def kernels_module(object_bytes: bytes):
+    """The kernels' object as a runtime module: linked into a shared library (the host's C
+    compiler, as export_library does) and held by the runtime's `cgra_kernels` module
+    (runtime/src/kernels_module.cc), which loads it at once, so the VM runs the executable as it
+    is, and gives `export_library` the object to link. (A static library would not run until exported:
+    the VM would first write the whole executable, every weight included, into a temporary shared
+    library and load that, 4 s and twice the weights' memory for AlexNet; one of TVM's LLVM
+    modules runs, but TVM's JIT takes 2.5 s on DenseNet-121's kernels.)"""
+    with tempfile.TemporaryDirectory(prefix="cgra_kernels_") as folder:
+        obj, shared = os.path.join(folder, "kernels.o"), os.path.join(folder, "kernels.so")
+        with open(obj, "wb") as out:
+            out.write(object_bytes)
+        linker = _c_compiler()
+        done = subprocess.run([linker, "-shared", "-o", shared, obj], capture_output=True, text=True, check=False)
+        if done.returncode:
+            raise CGRAError(f"linking the NPU kernels into a shared library with {linker} failed: "
+                            f"{done.stderr.strip()[-2000:]}")
+        with open(shared, "rb") as library:
+            data = library.read()
+    return tvm.get_global_func("cgra.KernelsModule")(object_bytes, data)
+
+
+def _c_compiler() -> str:
+    """The C compiler that links the kernels: CC, else cc, gcc or clang on PATH."""
+    for name in (os.environ.get("CC", ""), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    raise CGRAError("linking the NPU kernels needs a C compiler (cc, gcc or clang on PATH, or CC): "
+                    "install one (e.g. apt install gcc); export_library needs it as well")
 
 
 def register_target_hook() -> None:
