@@ -18,6 +18,7 @@ depends only on the stride modulo N * W, `factor` = N * W in elements expresses 
 
 from __future__ import annotations
 
+import functools
 from fractions import Fraction
 
 from cgra_sim.arch import HardwareDescription
@@ -58,12 +59,16 @@ def padded_row_stride(row: int, itemsize: int, arch: HardwareDescription, confli
     return row
 
 
+# The tile searches ask for the same strides thousands of times (DenseNet-121: 0.4 s); each
+# answer depends only on these arguments.
+@functools.lru_cache(maxsize=8192)
 def operand_row_stride(row: int, itemsize: int, lanes: int, arch: HardwareDescription) -> int:
     """Row stride (elements) of a GEMM's A tile of `row`-element rows read `lanes` rows at once."""
     return padded_row_stride(row, itemsize, arch,
                              lambda s: operand_rows_conflict_free(s, itemsize, lanes, arch))
 
 
+@functools.lru_cache(maxsize=8192)
 def store_row_stride(row: int, itemsize: int, rows: int, arch: HardwareDescription) -> int:
     """Row stride (elements) of an output tile whose store reads one element per row."""
     return padded_row_stride(row, itemsize, arch,
