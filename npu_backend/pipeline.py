@@ -34,7 +34,7 @@ from .lower.ragged import cut_ragged_tiles
 from .normalise.batch_norms import batch_norms_as_scale_shift
 from .normalise.clips import canonicalize_clips_pass
 from .normalise.conv_transposes import conv_transposes_as_convs_pass
-from .normalise.fold_weights import fold_weights, restore_kept_transposes
+from .normalise.fold_weights import fold_remaining_constants, fold_weights, restore_kept_transposes
 from .normalise.large_pools import split_large_pools_pass
 from .normalise.qdq import canonicalize_qdq
 from .normalise.scalars import scalar_operands_pass
@@ -62,7 +62,8 @@ def normalise(mod, arch, options):
     # constants: two elementwise kernels instead of a host op (normalise/batch_norms.py).
     mod = batch_norms_as_scale_shift(mod)
     return tvm.transform.Sequential([
-        relax.transform.FoldConstant(),  # what fold_weights has no numpy rule for
+        # TVM's FoldConstant, for what fold_weights has no numpy rule for (and only if there is any).
+        tvm.transform.module_pass(lambda m, _ctx: fold_remaining_constants(m), opt_level=0, name="cgra.FoldConstant"),
         # The weight transposes fold_weights kept from FoldConstant, back (the matmul kernel
         # reads those weights as stored).
         tvm.transform.module_pass(lambda m, _ctx: restore_kept_transposes(m), opt_level=0, name="cgra.RestoreTransposes"),
