@@ -486,7 +486,7 @@ def test_symbolic_dimension_takes_the_tensor_extent(mock_runtime, tmp_path):
     (lambda: (tensor((4, 8, 1), "int8"), tensor((8, 8), "int8"), tensor((4, 8), "int32")),
      ValueError, r"argument 0 \('A'\): expected 2 dimensions, got 3"),
     (lambda: (tensor((4, 8), "int8"), tensor((8, 8), "int8"), tensor((4, 7), "int32")),
-     ValueError, r"argument 2 \('C'\) dimension 1: expected 8, got 7"),
+     ValueError, r"argument 2 \('C'\): expected shape \(4, 8\), got \(4, 7\)"),
     (lambda: (tensor((4, 8), "int8"), 3, tensor((4, 8), "int32")), TypeError,
      r"argument 1 \('W'\): expected a tensor"),
 ])

@@ -13,6 +13,7 @@ In: a lowered PrimFunc, its scratchpad plan, the hardware description. Out: the 
 
 from __future__ import annotations
 
+import functools
 
 import llvmlite.ir as ir
 from tvm import sym, tirx
@@ -87,8 +88,10 @@ class ArgumentChecks:
         shape = load_field(self.b, tensor, DL_SHAPE, PTR, "shape")
         dims = [self.b.load(self.b.gep(shape, [I64(d)], source_etype=I64), typ=I64)
                 for d in range(rank)]
+        self.check_static_dims(expected_shape, dims, where)
         for d, (extent, actual) in enumerate(zip(expected_shape, dims)):
-            self.check_dim(extent, actual, where, d)
+            if not isinstance(extent, tirx.IntImm):
+                self.check_dim(extent, actual, where, d)
         self.check_strides(tensor, dims, where)
         device = load_field(self.b, tensor, DL_DEVICE_TYPE, I32, "device_type")
         self.raise_if(self.b.icmp_signed("!=", device, I32(DL_DEVICE_CPU)), "ValueError",
@@ -151,6 +154,18 @@ class ArgumentChecks:
 
         self.raise_with_format(wrong, "ValueError", message_parts)
 
+    def check_static_dims(self, expected_shape, dims: list, where: str) -> None:
+        """Every static dimension in one check (one error exit per tensor, not one per
+        dimension: the checks are most of a kernel's code), the message with both shapes."""
+        static = [(int(extent.value), actual) for extent, actual in zip(expected_shape, dims)
+                  if isinstance(extent, tirx.IntImm)]
+        if not static:
+            return
+        wrong = functools.reduce(self.b.or_, [self.b.icmp_signed("!=", actual, I64(extent)) for extent, actual in static])
+        shape = ", ".join(str(int(e.value)) if isinstance(e, tirx.IntImm) else _escape(e) for e in expected_shape)
+        got = ", ".join("%lld" for _ in dims)
+        self.raise_if(wrong, "ValueError", f"{where}: expected shape ({shape}), got ({got})", *dims)
+
     def check_dim(self, extent, actual: ir.Value, where: str, d: int) -> None:
         what = f"{where} dimension {d}"
         if isinstance(extent, tirx.Var) and handle_of(extent) not in self.origins:
@@ -161,10 +176,6 @@ class ArgumentChecks:
                               f"{what}: %lld is more than the kernel's {bits}-bit index of '{_escape(extent)}' "
                               "takes", actual)
             self.state.bind_value(extent, cast_value(self.b, actual, "int64", str(extent.ty)))
-            return
-        if isinstance(extent, tirx.IntImm):
-            self.raise_if(self.b.icmp_signed("!=", actual, I64(int(extent.value))), "ValueError",
-                          f"{what}: expected {int(extent.value)}, got %lld", actual)
             return
         expected = self.exprs.lower_as(extent, "int64")
         origin = self.origins.get(handle_of(extent), "the symbolic dimensions bound earlier")
@@ -179,14 +190,15 @@ class ArgumentChecks:
         check, done = self.state.new_block("strides.check"), self.state.new_block("strides.ok")
         self.b.cbranch(has_strides, check, done)
         self.b.position_at_end(check)
-        expected = I64(1)
+        expected, wrong, found = I64(1), ir.Constant(ir.IntType(1), 0), [None] * len(dims)
         for d in reversed(range(len(dims))):
-            stride = self.b.load(self.b.gep(strides, [I64(d)], source_etype=I64), typ=I64)
-            wrong = self.b.and_(self.b.icmp_signed("!=", stride, expected),
-                                self.b.icmp_signed("!=", dims[d], I64(1)))
-            self.raise_if(wrong, "ValueError", f"{where}: expected a compact row-major tensor, "
-                          f"dimension {d} has stride %lld instead of %lld", stride, expected)
+            found[d] = self.b.load(self.b.gep(strides, [I64(d)], source_etype=I64), typ=I64)
+            wrong = self.b.or_(wrong, self.b.and_(self.b.icmp_signed("!=", found[d], expected),
+                                                  self.b.icmp_signed("!=", dims[d], I64(1))))
             expected = int_arith(self.b, "mul", expected, dims[d])
+        if dims:
+            self.raise_if(wrong, "ValueError", f"{where}: expected a compact row-major tensor, got strides "
+                          f"({', '.join('%lld' for _ in dims)})", *found)
         self.b.branch(done)
         self.b.position_at_end(done)
 
