@@ -89,3 +89,20 @@ def test_a_bad_number_of_jobs_is_named(monkeypatch):
     monkeypatch.setenv("CGRA_COMPILE_JOBS", "many")
     with pytest.raises(ValueError, match="CGRA_COMPILE_JOBS='many'"):
         parallel.compile_jobs()
+
+
+def test_a_process_with_other_threads_compiles_in_itself(model, monkeypatch):
+    import threading
+
+    forked = []
+    monkeypatch.setattr(parallel.concurrent.futures, "ProcessPoolExecutor", lambda *a, **k: forked.append(1) or 1 / 0)
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        mod, x = model
+        _compile_and_run(mod, x, monkeypatch, 2)
+    finally:
+        release.set()
+        other.join()
+    assert forked == []

@@ -10,7 +10,8 @@ serialised on the way in; only bitcode comes back). Workers start per compile an
 A kernel that fails in a worker is compiled again here, so that its error is raised in this
 process with its own type, message and traceback. CGRA_COMPILE_JOBS sets the number of
 processes (default: the cores this process may use; 1 compiles everything here). Fewer than
-MIN_PARALLEL_KERNELS kernels are not worth the workers' start.
+MIN_PARALLEL_KERNELS kernels are not worth the workers' start; a process running other threads
+compiles everything itself (see `_may_fork`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
+import threading
 
 from ..env import CGRA_COMPILE_JOBS
 
@@ -48,7 +50,7 @@ def compile_all(items: list, compile_one, on_progress=None) -> list:
     workers at their start and each time one finishes an item but the last (`item` None: which
     comes next is not known)."""
     jobs = min(compile_jobs(), len(items))
-    if jobs < 2 or len(items) < MIN_PARALLEL_KERNELS or "fork" not in multiprocessing.get_all_start_methods():
+    if jobs < 2 or len(items) < MIN_PARALLEL_KERNELS or not _may_fork():
         return [_compile_here(compile_one, item, index, on_progress) for index, item in enumerate(items)]
     _WORK[:] = [compile_one, items]
     results: list = [None] * len(items)
@@ -68,6 +70,12 @@ def compile_all(items: list, compile_one, on_progress=None) -> list:
         _WORK.clear()
     # A worker's failure: compile it here, where its error keeps its type and traceback.
     return [result if result is not None else compile_one(item) for item, result in zip(items, results)]
+
+
+def _may_fork() -> bool:
+    """Fork only a process whose one thread is this one: a child gets a copy of every lock, and
+    one that another thread held when it forked would stay held forever."""
+    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
 
 
 def _compile_here(compile_one, item, index: int, on_progress):
