@@ -1,4 +1,4 @@
-"""Figures for issue 13 on model-zoo-shaped networks (benchmarks/model_zoo.py): compile time against
+"""Figures for issue 13 on model-zoo-shaped networks (tests/zoo_models.py): compile time against
 the llvm build, peak memory against the model's weights and activations, cycles against the ideal
 and roofline bounds, and DRAM traffic.
 
@@ -31,6 +31,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.join(HERE, "..", "tests")  # the model builders (zoo_models.py) are test-side
 
 
 def _peak_rss_mb() -> float:
@@ -69,8 +70,8 @@ def child(name: str, arch_name: str, size: int, target: str) -> dict:
     import npu_backend
     from npu_backend.target.relax_ext import clear_kernel_cache
 
-    sys.path.insert(0, HERE)
-    from model_zoo import ZOO
+    sys.path.insert(0, TESTS)
+    from zoo_models import ZOO
 
     model = ZOO[name](size)
     shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
@@ -125,8 +126,8 @@ def _reference(name, size, out) -> float:
     import numpy as np
     import onnxruntime
 
-    sys.path.insert(0, HERE)
-    from model_zoo import ZOO
+    sys.path.insert(0, TESTS)
+    from zoo_models import ZOO
 
     model = ZOO[name](size)
     shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
@@ -142,8 +143,8 @@ HEADER = (f"{'model':<14} {'params':>7} {'W MB':>6} {'A MB':>6} {'NPU':>5} {'cgr
 
 
 def report(name, arch, size) -> str:
-    sys.path.insert(0, HERE)
-    from model_zoo import ZOO
+    sys.path.insert(0, TESTS)
+    from zoo_models import ZOO
 
     model = ZOO[name](size)
     weights, activations = _tensor_bytes(model)
@@ -162,14 +163,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="cgra-8x8")
     parser.add_argument("--size", type=int, default=224, help="input height and width (default 224)")
-    parser.add_argument("--models", nargs="*", help="default: every model of model_zoo.ZOO")
+    parser.add_argument("--models", nargs="*", help="default: every model of tests/zoo_models.py (ZOO)")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "TARGET"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(*args.child[:1], args.arch, args.size, args.child[1])))
         return
-    sys.path.insert(0, HERE)
-    from model_zoo import ZOO
+    sys.path.insert(0, TESTS)
+    from zoo_models import ZOO
 
     print(f"{args.arch}, {args.size}x{args.size} inputs, float32")
     print(HEADER, flush=True)

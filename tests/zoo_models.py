@@ -1,20 +1,17 @@
-"""Model-zoo-shaped ONNX networks for the benchmarks: the layer shapes of the classics (AlexNet,
-ZFNet, VGG-19, ResNet-50, DenseNet-121, Inception v1, SqueezeNet 1.1, ShuffleNet v2, MobileNet v1)
-with random weights, built with onnx.helper (no downloads). Shapes are what the figures depend on.
+"""Model-zoo-shaped ONNX networks: the layer shapes of the classics (AlexNet, ZFNet, VGG-19,
+ResNet-50, DenseNet-121, Inception v1, SqueezeNet 1.1, ShuffleNet v2, MobileNet v1) with random
+weights, built with onnx.helper (no downloads), for test_model_zoo.py and benchmarks/bench_zoo.py.
+Shapes are what the figures depend on.
 
-Each builder takes the input size (the zoo's 224 by default) so a quick run can use a smaller one.
+Each builder takes the input size (the zoo's 224 by default) so a test can use a smaller one.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 from onnx import helper, numpy_helper
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from onnx_models import _Graph, mobilenet_v2, resnet18  # noqa: E402  (test-only model builders)
+from onnx_models import _Graph, mobilenet_v2, resnet18
 
 
 class ZooGraph(_Graph):
