@@ -105,3 +105,14 @@ def test_zero_size_dimensions_stay_on_the_host_and_compile():
     vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), __import__("tvm").cpu())
     out = vm["main"](*[__import__("tvm").runtime.tensor(np.zeros(s, "float32")) for s in ((0, 4), (4, 3))])
     assert out.numpy().shape == (0, 3)
+
+
+def test_a_machine_without_a_c_compiler_is_told_what_to_install(monkeypatch):
+    """The kernels are linked into a shared library with the host's C compiler (relax_ext.py)."""
+    from npu_backend.target import relax_ext
+
+    monkeypatch.setattr(relax_ext.shutil, "which", lambda name: None)
+    monkeypatch.setenv("CGRA_KERNEL_CACHE", "off")
+    mod, _, _ = matmul_model(8, 8, 8)
+    with pytest.raises(npu_backend.CGRAError, match=r"needs a C compiler \(cc, gcc or clang on PATH, or CC\)"):
+        npu_backend.compile(mod, "cgra-4x4")

@@ -135,15 +135,15 @@ def relax_ext_cgra(funcs, target_options, constant_names):
     cache = default_kernel_cache() if options.dump_dir is None else None  # a dump shows every stage
     try:
         kernels = _kernels(funcs, arch, options, cache)
+        report_kernel(len(funcs), len(funcs), "")
+        if cache is not None:
+            cache.evict()
+        compiled = link_kernels(kernels, opt_level=options.host_opt_level)
+        dump(options, "llvm/kernels.ll", compiled.llvm_ir)
+        return [kernels_module(compiled.object_bytes)]
     except CGRAError as err:  # crosses TVM's FFI as a RuntimeError: keep its type
         remember_error(err)
         raise
-    report_kernel(len(funcs), len(funcs), "")
-    if cache is not None:
-        cache.evict()
-    compiled = link_kernels(kernels, opt_level=options.host_opt_level)
-    dump(options, "llvm/kernels.ll", compiled.llvm_ir)
-    return [kernels_module(compiled.object_bytes)]
 
 
 def _kernels(funcs, arch: HardwareDescription, options: CompileOptions, cache) -> list[KernelBitcode]:
