@@ -1,5 +1,6 @@
 """`cgra-sim`: check one kernel against numpy (npu_backend/tools/verify.py), compile and simulate a
-whole ONNX model (npu_backend/tools/run_model.py), or replay a recorded kernel launch.
+whole ONNX model (npu_backend/tools/run_model.py), replay a recorded kernel launch, or serve
+compiled models over TVM RPC (npu_backend/tools/remote.py).
 
 Stage: tools (command line). `verify` and `run` run the same pipeline as
 `tvm.compile(target="cgra")` and import the compiler when they start; `--help`, `--version` and
@@ -81,6 +82,18 @@ def _parser() -> argparse.ArgumentParser:
     add_observation_arguments(run)
 
     add_replay_arguments(sub.add_parser("replay", help=REPLAY_HELP, description=REPLAY_DESCRIPTION))
+
+    serve = sub.add_parser(
+        "serve", help="serve compiled models over TVM RPC, as a board with the NPU would",
+        description="Start TVM's RPC server with the NPU runtime loaded (the simulator as the device). A "
+                    "host then connects with tvm.rpc.connect(HOST, PORT), uploads an exported library "
+                    "(ex.export_library) and runs it in a VM on the remote device; "
+                    "npu_backend.tools.remote.run_remote does those steps and returns the outputs and the "
+                    "remote profile (cycles per kernel). Anyone who can connect can run code here: use a "
+                    "trusted network. Needs psutil (the remote extra). Ctrl-C stops it.")
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0: all)")
+    serve.add_argument("--port", type=int, default=9091, help="first port to try (default 9091)")
+    serve.add_argument("--port-end", type=int, default=9199, help="last port to try (default 9199)")
     return parser
 
 
@@ -152,6 +165,12 @@ def _run(args) -> int:
     return EXIT_OK if not args.check or report["check"]["passed"] else EXIT_MISMATCH
 
 
+def _serve(args) -> int:
+    from npu_backend.tools.remote import serve
+
+    return serve(args.host, args.port, args.port_end, say=lambda message: print(message, flush=True))
+
+
 def _by_name(option: str, pairs: list) -> dict:
     """NAME=VALUE arguments as a dict; a name given twice is a usage error."""
     result = {}
@@ -171,7 +190,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     started = time.time()
     try:
-        status = {"verify": _verify, "run": _run, "replay": run_replay}[args.command](args)
+        status = {"verify": _verify, "run": _run, "replay": run_replay, "serve": _serve}[args.command](args)
     except OSError as err:  # a missing model, an unwritable --trace or --record-dir
         where = f": '{err.filename}'" if err.filename else ""
         return _usage(f"{args.command}: {err.strerror or err}{where}")
