@@ -1,6 +1,6 @@
 """`cgra-sim`: check one kernel against numpy (npu_backend/tools/verify.py), compile and simulate a
-whole ONNX model (npu_backend/tools/run_model.py), replay a recorded kernel launch, or serve
-compiled models over TVM RPC (npu_backend/tools/remote.py).
+whole ONNX model (npu_backend/tools/run_model.py), sweep chips x models (npu_backend/tools/sweep.py),
+replay a recorded kernel launch, or serve compiled models over TVM RPC (npu_backend/tools/remote.py).
 
 Stage: tools (command line). `verify` and `run` run the same pipeline as
 `tvm.compile(target="cgra")` and import the compiler when they start; `--help`, `--version` and
@@ -21,6 +21,9 @@ from cgra_sim.__main__ import REPLAY_DESCRIPTION, REPLAY_HELP, add_replay_argume
 
 from .arguments import (EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, UsageError, add_observation_arguments, ints, named,
                         observe, publish)
+from .sweep_arguments import DESCRIPTION as SWEEP_DESCRIPTION
+from .sweep_arguments import HELP as SWEEP_HELP
+from .sweep_arguments import add_sweep_arguments, run_sweep_command
 from .verify_arguments import add_verify_arguments
 
 __all__ = ["UsageError", "main"]
@@ -82,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     add_observation_arguments(run)
 
     add_replay_arguments(sub.add_parser("replay", help=REPLAY_HELP, description=REPLAY_DESCRIPTION))
+
+    add_sweep_arguments(sub.add_parser("sweep", help=SWEEP_HELP, description=SWEEP_DESCRIPTION))
 
     serve = sub.add_parser(
         "serve", help="serve compiled models over TVM RPC, as a board with the NPU would",
@@ -190,7 +195,8 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     started = time.time()
     try:
-        status = {"verify": _verify, "run": _run, "replay": run_replay, "serve": _serve}[args.command](args)
+        status = {"verify": _verify, "run": _run, "replay": run_replay, "serve": _serve,
+                  "sweep": run_sweep_command}[args.command](args)
     except OSError as err:  # a missing model, an unwritable --trace or --record-dir
         where = f": '{err.filename}'" if err.filename else ""
         return _usage(f"{args.command}: {err.strerror or err}{where}")

@@ -9,6 +9,7 @@ printable table, and with `check` the comparison against onnxruntime). Needs the
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import tvm
@@ -180,8 +181,10 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
     placements = npu_backend.explain(mod, arch, dims=input_dims(model, inputs))  # MACs at the sizes that run
     say(f"compiling for {arch.name}")
     kernels = _KernelCount()
+    started = time.perf_counter()
     with compile_progress(kernels.compiling(say, arch.name)):
         executable = npu_backend.compile(mod, arch, dump_dir=dump_dir)
+    compile_s = time.perf_counter() - started
     say("running on the simulator")
     vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
     with profile(on_launch=kernels.simulated(say)) as prof:
@@ -192,7 +195,7 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
               "total_cycles": prof.total_cycles,
               "total_macs": prof.total_macs, "total_padded_macs": prof.total_padded_macs,
               "total_energy_pj": prof.total_energy_pj,
-              "time_us": prof.total_cycles / arch.clock_mhz,
+              "time_us": prof.total_cycles / arch.clock_mhz, "area_mm2": arch.area_mm2, "compile_s": compile_s,
               "npu_mac_fraction": npu_backend.npu_mac_fraction(placements),
               "host_ops": sorted({p.op for p in placements if p.where == "host"}),
               "kernels": [k.to_dict() for k in prof.kernels]}

@@ -15,6 +15,7 @@ import os
 from importlib import resources
 from typing import Mapping
 
+from .area import check_area, chip_area, default_area
 from .energy import check_energy, default_energy
 from .isa import ACC_DTYPE
 
@@ -61,6 +62,8 @@ FIELD_DOCS = {
     "energy": ("pJ", "energy per MAC and vector operation (by dtype), scratchpad byte read and written, "
                      "DMA byte, configuration load, and leakage per cycle (cgra_sim/energy.py). Optional: "
                      "without it, published 45 nm figures for this chip's sizes"),
+    "area": ("µm²", "area of a MAC unit (by dtype), of the rest of a PE, of a KiB of scratchpad and of a vector "
+                    "lane (cgra_sim/area.py); `area_mm2` sums them. Optional: without it, published 45 nm figures"),
 }
 
 
@@ -84,6 +87,7 @@ class HardwareDescription:
     vector_lanes: int
     clock_mhz: float
     energy: Mapping | None = dataclasses.field(default=None, hash=False)  # None: energy.default_energy
+    area: Mapping | None = dataclasses.field(default=None, hash=False)  # None: area.default_area
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -123,8 +127,12 @@ class HardwareDescription:
         problem = check_energy(energy, self.macs_per_pe)
         if problem:
             raise ArchError(f"{self.name}: {problem}")
-        object.__setattr__(self, "energy", {key: dict(sorted(value.items())) if isinstance(value, dict) else value
-                                            for key, value in sorted(energy.items())})
+        object.__setattr__(self, "energy", _sorted_table(energy))
+        area = self.area if self.area is not None else default_area(self.macs_per_pe)
+        problem = check_area(area, self.macs_per_pe)
+        if problem:
+            raise ArchError(f"{self.name}: {problem}")
+        object.__setattr__(self, "area", _sorted_table(area))
 
     # Derived sizes.
     @property
@@ -138,6 +146,14 @@ class HardwareDescription:
 
     def peak_macs_per_cycle(self, dtype: str) -> int:
         return self.num_pes * self.macs_per_pe[str(dtype)]
+
+    def area_breakdown(self) -> dict:
+        """mm² of the PE array, the scratchpad and the vector unit (area.py says what is counted)."""
+        return chip_area(self)
+
+    @property
+    def area_mm2(self) -> float:
+        return sum(chip_area(self).values())
 
     # Serialisation.
     def to_dict(self) -> dict:
@@ -158,7 +174,7 @@ class HardwareDescription:
         data = {key: value for key, value in data.items() if key != "$schema"}
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - fields)
-        missing = sorted(fields - set(data) - {"energy"})  # without one, the published figures (energy.py)
+        missing = sorted(fields - set(data) - {"energy", "area"})  # without them, published figures
         if unknown:
             raise ArchError(f"hardware description has unknown keys {unknown} (known: {sorted(fields)})")
         if missing:
@@ -174,6 +190,13 @@ class HardwareDescription:
         if not isinstance(data, dict):
             raise ArchError("hardware description must be a JSON object")
         return cls.from_dict(data)
+
+
+def _sorted_table(table: Mapping) -> dict:
+    """Our own copy of an energy or area table, keys sorted (a frozen dataclass still holds the
+    caller's dict)."""
+    return {key: dict(sorted(value.items())) if isinstance(value, dict) else value
+            for key, value in sorted(table.items())}
 
 
 def preset_names() -> list[str]:

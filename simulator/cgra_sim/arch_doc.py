@@ -2,7 +2,7 @@
 JSON Schema that editors validate chip files against.
 
 Stage: docs. In: `HardwareDescription`'s fields, `arch.FIELD_DOCS`, the limits `arch.py` checks
-(MAXIMUM, POSITIVE, NON_NEGATIVE) and the energy table's keys (energy.py), and the presets. Out:
+(MAXIMUM, POSITIVE, NON_NEGATIVE), the energy and area tables' keys (energy.py, area.py), and the presets. Out:
 docs/hardware-description.md and docs/hardware-description.schema.json; tests check the committed
 files are what this writes, so the docs cannot drift from the code.
 
@@ -18,12 +18,14 @@ import os
 
 from .arch import (CLOCK_MHZ_BELOW, FIELD_DOCS, MAXIMUM, NON_NEGATIVE, PE_DTYPES, POSITIVE, HardwareDescription,
                    load_arch, preset_names)
+from . import area as area_table
 from .energy import PER_DTYPE, SCALARS, VECTOR_OP_PJ
 from .isa import DType
 
 SCHEMA_FILE = "hardware-description.schema.json"
 MARKDOWN_FILE = "hardware-description.md"
 DTYPES = [d.numpy_name for d in DType]
+OPTIONAL = ("energy", "area")  # tables with published defaults
 
 
 def _field_schema(name: str) -> dict:
@@ -46,6 +48,13 @@ def _field_schema(name: str) -> dict:
         properties.update({key: {"type": "number", "minimum": 0} for key in SCALARS})
         return {"type": "object", "additionalProperties": False, "required": sorted(properties),
                 "properties": properties, "description": description}
+    if name == "area":
+        per_dtype = {"type": "object", "additionalProperties": {"type": "number", "minimum": 0},
+                     "propertyNames": {"enum": DTYPES}}
+        properties = {key: dict(per_dtype) for key in area_table.PER_DTYPE}
+        properties.update({key: {"type": "number", "minimum": 0} for key in area_table.SCALARS})
+        return {"type": "object", "additionalProperties": False, "required": sorted(properties),
+                "properties": properties, "description": description}
     minimum = 1 if name in POSITIVE else 0
     assert name in POSITIVE or name in NON_NEGATIVE, name
     return {"type": "integer", "minimum": minimum, "maximum": MAXIMUM[name], "description": description}
@@ -58,11 +67,11 @@ def json_schema() -> dict:
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "CGRA NPU hardware description",
         "description": "A chip for npu_backend and cgra_sim (docs/hardware-description.md). Also: spad_bytes "
-                       "must be a multiple of spad_banks * bank_width_bytes, and energy.mac must price every "
-                       "dtype of macs_per_pe.",
+                       "must be a multiple of spad_banks * bank_width_bytes, and energy.mac and area.mac_unit "
+                       "must price every dtype of macs_per_pe.",
         "type": "object",
         "properties": {"$schema": {"type": "string"}, **{name: _field_schema(name) for name in names}},
-        "required": [name for name in names if name != "energy"],
+        "required": [name for name in names if name not in OPTIONAL],
         "additionalProperties": False,
     }
 
@@ -74,7 +83,7 @@ def _allowed(name: str) -> str:
         return f"0 < value < {CLOCK_MHZ_BELOW:.0f}"
     if name == "macs_per_pe":
         return f"{{dtype: 1..{MAXIMUM['macs_per_pe']}}}, dtypes {', '.join(PE_DTYPES)}"
-    if name == "energy":
+    if name in OPTIONAL:
         return "optional; see below"
     return f"{1 if name in POSITIVE else 0}..{MAXIMUM[name]}"
 
@@ -113,8 +122,8 @@ def markdown() -> str:
     lines += [
         "",
         "Across fields: `spad_bytes` must be a multiple of `spad_banks * bank_width_bytes`; `energy.mac`",
-        "must price every dtype of `macs_per_pe`. Every key is required except `energy`; an unknown key",
-        "is an error naming it.",
+        "and `area.mac_unit` must price every dtype of `macs_per_pe`. Every key is required except",
+        "`energy` and `area`; an unknown key is an error naming it.",
         "",
         "## The energy table",
         "",
@@ -130,6 +139,20 @@ def markdown() -> str:
         "| `config_load` | PE-array configuration load |",
         "| `leakage_per_cycle` | cycle of the launch, the whole chip |",
         "",
+        "## The area table",
+        "",
+        "All in µm², none negative (`simulator/cgra_sim/area.py` has the sources of the defaults). The",
+        "chip's area (`HardwareDescription.area_mm2`, the `area_mm2` of `cgra-sim sweep`) is",
+        "PEs x (sum over dtypes of `macs_per_pe` x `mac_unit` + `pe_overhead`) + scratchpad KiB x",
+        "`spad_kib` + `vector_lanes` x `vector_lane`; DMA engines, control and global wiring are not counted.",
+        "",
+        "| key | per |",
+        "|---|---|",
+        "| `mac_unit` | MAC unit (multiplier and accumulating adder), by input dtype (every dtype of `macs_per_pe`) |",
+        "| `pe_overhead` | PE, besides its MAC units: registers, configuration word, links to its neighbours |",
+        "| `spad_kib` | KiB of scratchpad SRAM |",
+        "| `vector_lane` | lane of the vector unit |",
+        "",
         "## The presets",
         "",
         "| field | " + " | ".join(p.name for p in presets) + " |",
@@ -137,11 +160,12 @@ def markdown() -> str:
     ]
     for name in names[1:]:
         values = [getattr(p, name) for p in presets]
-        if name == "energy":
-            for key in list(PER_DTYPE) + list(SCALARS):
-                lines.append(f"| `energy.{key}` | " + " | ".join(_value(v[key]) for v in values) + " |")
+        if name in OPTIONAL:
+            for key in values[0]:
+                lines.append(f"| `{name}.{key}` | " + " | ".join(_value(v[key]) for v in values) + " |")
         else:
             lines.append(f"| `{name}` | " + " | ".join(_value(v) for v in values) + " |")
+    lines.append("| area (mm²) | " + " | ".join(f"{p.area_mm2:.2f}" for p in presets) + " |")
     return "\n".join(lines) + "\n"
 
 

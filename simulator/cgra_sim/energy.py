@@ -85,15 +85,15 @@ def check_energy(energy, dtypes) -> str | None:
         if not isinstance(table, dict) or not needs[key] <= set(table):
             return f"energy['{key}'] must give pJ for each of {sorted(needs[key])}, got {table!r}"
         for dtype, value in table.items():
-            if not _non_negative(value):
+            if not non_negative_number(value):
                 return f"energy['{key}']['{dtype}'] must be a non-negative number of pJ, got {value!r}"
     for key in SCALARS:
-        if not _non_negative(energy[key]):
+        if not non_negative_number(energy[key]):
             return f"energy['{key}'] must be a non-negative number of pJ, got {energy[key]!r}"
     return None
 
 
-def _non_negative(value) -> bool:
+def non_negative_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 

@@ -1,0 +1,88 @@
+"""Silicon area of a chip: its PE array, scratchpad and vector unit, priced by an area table.
+
+Stage: shared (the hardware description's derived figures; `HardwareDescription.area_mm2` and
+`area_breakdown` call it). In: the chip's sizes and its `area` table; out: mm² per component
+(`COMPONENTS`). Design-space sweeps (cgra-sim sweep) put it beside cycles and energy.
+
+The table (every number in µm²; docs/hardware-description.md, "The area table"):
+
+    mac_unit[dtype]   one MAC unit for input dtype `dtype` (its multiplier and accumulating adder);
+                      a PE has macs_per_pe[dtype] of them for each dtype it computes
+    pe_overhead       the rest of a PE: operand and result registers, its configuration word,
+                      the links to its neighbours
+    spad_kib          one KiB of scratchpad SRAM, banking included
+    vector_lane       one lane of the vector unit (a float32 multiply and add, an int32 add)
+
+Chip area = PEs x (sum over dtypes of macs_per_pe x mac_unit + pe_overhead)
+          + scratchpad KiB x spad_kib + vector_lanes x vector_lane.
+Not counted: the DMA engines, the host interface, control and global wiring.
+
+`default_area` gives a chip without an `area` table its figures, at 45 nm like the energy table:
+Horowitz, "Computing's energy problem (and what we can do about it)", ISSCC 2014, gives an 8-bit
+multiplier 282 µm², a 32-bit adder 137 µm², a 32-bit multiplier 3495 µm², a float32 multiplier
+7700 µm² and a float32 adder 4184 µm² (so an int8 MAC into int32 is 419 µm², a float32 MAC 11884
+µm²). SRAM: Intel's 45 nm 6T cell is 0.346 µm² (Mistry et al., IEDM 2007); at an array efficiency
+of one half (this project's assumption: decoders, sense amplifiers, banking) a KiB is 5669 µm².
+`pe_overhead` (1000 µm²) is this project's assumption, not a measurement: about 200 bits of
+flip-flops and the multiplexers in front of them.
+"""
+
+from __future__ import annotations
+
+from .energy import non_negative_number
+
+COMPONENTS = ("pe_array", "scratchpad", "vector_unit")
+
+#: µm² per MAC unit by input dtype (Horowitz, ISSCC 2014, 45 nm: multiplier + 32-bit accumulator adder).
+MAC_UNIT_UM2 = {"int8": 282 + 137, "float32": 7700 + 4184, "int32": 3495 + 137}
+PE_OVERHEAD_UM2 = 1000.0  # this project's assumption (see the module doc)
+SRAM_CELL_UM2 = 0.346  # Intel 45 nm 6T cell (Mistry et al., IEDM 2007)
+SRAM_ARRAY_EFFICIENCY = 0.5  # this project's assumption
+VECTOR_LANE_UM2 = 7700 + 4184 + 137  # a float32 multiplier and adder, an int32 adder
+
+#: The keys of an area table: per-dtype tables, then single figures.
+PER_DTYPE = ("mac_unit",)
+SCALARS = ("pe_overhead", "spad_kib", "vector_lane")
+
+
+def default_area(dtypes) -> dict:
+    """The area table of a chip whose description gives none (see the module doc)."""
+    return {
+        "mac_unit": {dtype: float(MAC_UNIT_UM2[dtype]) for dtype in sorted(dtypes)},
+        "pe_overhead": PE_OVERHEAD_UM2,
+        "spad_kib": round(1024 * 8 * SRAM_CELL_UM2 / SRAM_ARRAY_EFFICIENCY, 1),
+        "vector_lane": float(VECTOR_LANE_UM2),
+    }
+
+
+def check_area(area, dtypes) -> str | None:
+    """What is wrong with an area table (None if nothing): every key, non-negative numbers, a MAC
+    unit for each dtype the PE array computes."""
+    if not isinstance(area, dict):
+        return f"'area' must be an object of µm² figures, got {type(area).__name__}"
+    expected = set(PER_DTYPE) | set(SCALARS)
+    if set(area) != expected:
+        missing, unknown = sorted(expected - set(area)), sorted(set(area) - expected)
+        return f"'area' must have the keys {sorted(expected)} (missing {missing}, unknown {unknown})"
+    table = area["mac_unit"]
+    if not isinstance(table, dict) or not set(dtypes) <= set(table):
+        return f"area['mac_unit'] must give µm² for each of {sorted(dtypes)}, got {table!r}"
+    for dtype, value in table.items():
+        if not non_negative_number(value):
+            return f"area['mac_unit']['{dtype}'] must be a non-negative number of µm², got {value!r}"
+    for key in SCALARS:
+        if not non_negative_number(area[key]):
+            return f"area['{key}'] must be a non-negative number of µm², got {area[key]!r}"
+    return None
+
+
+def chip_area(arch) -> dict:
+    """mm² per component (`COMPONENTS`) of `arch` (a HardwareDescription)."""
+    table = arch.area
+    pe = sum(macs * table["mac_unit"][dtype] for dtype, macs in arch.macs_per_pe.items()) + table["pe_overhead"]
+    return {
+        "pe_array": arch.rows * arch.cols * pe / 1e6,
+        "scratchpad": arch.spad_bytes / 1024 * table["spad_kib"] / 1e6,
+        "vector_unit": arch.vector_lanes * table["vector_lane"] / 1e6,
+    }
+
