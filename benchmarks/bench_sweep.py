@@ -30,6 +30,7 @@ def _models(folder: str, size: int) -> list[str]:
 
     from zoo_models import ZOO
 
+    os.makedirs(folder, exist_ok=True)
     paths = [os.path.join(HERE, "..", "examples", "tiny_cnn.onnx")]
     for name in ("squeezenet1.1", "mobilenet_v1"):
         paths.append(os.path.join(folder, f"{name}-{size}.onnx"))

@@ -238,6 +238,8 @@ def test_version(capsys):
     (["--version"], "cgra-sim (npu-backend) "),
     (["replay", "--help"], "usage: cgra-sim replay"),
     (["verify", "--help"], "--op {matmul,"),
+    (["sweep", "--help"], "--set FIELD=V1,V2,..."),
+    (["serve", "--help"], "usage: cgra-sim serve"),
 ])
 def test_help_version_and_replay_start_without_the_compiler(argv, expected):
     """The `cgra-sim` entry point (cgra_cli) answers these without importing tvm or npu_backend

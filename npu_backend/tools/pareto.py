@@ -47,6 +47,24 @@ def short_name(chip: str) -> str:
     return chip.partition(",")[2] or chip
 
 
+_ABBREVIATIONS = {"spad_bytes": "spad", "dma_bytes_per_cycle": "dma", "bank_width_bytes": "bank",
+                  "spad_banks": "banks", "vector_lanes": "lanes", "dma_latency": "lat", "config_load_cycles": "cfg",
+                  "clock_mhz": "MHz"}
+
+
+def label(chip: str) -> str:
+    """A few characters for a chip on a picture: rows x cols, then each other changed field."""
+    fields = dict(part.split("=", 1) for part in short_name(chip).split(",") if "=" in part)
+    if not fields:
+        return chip
+    parts = [f"{fields.pop('rows', '-')}x{fields.pop('cols', '-')}"] if {"rows", "cols"} & set(fields) else []
+    for field, value in fields.items():
+        number = int(value) if value.isdigit() else None
+        shown = f"{number >> 10}K" if number and field == "spad_bytes" and number % 1024 == 0 else value
+        parts.append(f"{_ABBREVIATIONS.get(field, field.replace('macs_per_pe.', ''))}={shown}")
+    return " ".join(parts)
+
+
 def plot_pareto(summaries: list[dict], path: str, title: str = "") -> str:
     """pareto.png: every chip's total cycles against its total energy, coloured by area; the
     frontier ringed and labelled."""
@@ -62,12 +80,15 @@ def plot_pareto(summaries: list[dict], path: str, title: str = "") -> str:
     points = axes.scatter([s["cycles"] for s in summaries], [s["energy_pj"] / 1e6 for s in summaries],
                           c=[s["area_mm2"] for s in summaries], cmap="viridis", s=40, zorder=2)
     figure.colorbar(points, ax=axes, label="area (mm²)")
-    for s in summaries:
-        if s["chip"] in best:
-            axes.scatter([s["cycles"]], [s["energy_pj"] / 1e6], s=140, facecolors="none", edgecolors="red",
-                         linewidths=1.5, zorder=3)
-            axes.annotate(short_name(s["chip"]), (s["cycles"], s["energy_pj"] / 1e6), fontsize=6,
-                          xytext=(4, 4), textcoords="offset points")
+    names = []
+    for number, s in enumerate(sorted((s for s in summaries if s["chip"] in best), key=lambda s: s["cycles"]), 1):
+        axes.scatter([s["cycles"]], [s["energy_pj"] / 1e6], s=140, facecolors="none", edgecolors="red",
+                     linewidths=1.5, zorder=3)
+        axes.annotate(str(number), (s["cycles"], s["energy_pj"] / 1e6), fontsize=8, color="red",
+                      xytext=(6, 6), textcoords="offset points")
+        names.append(f"{number}: {label(s['chip'])}")
+    axes.text(0.99, 0.99, "frontier\n" + "\n".join(names), transform=axes.transAxes, fontsize=7, va="top",
+              ha="right", family="monospace", bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "0.7"})
     axes.set_xscale("log")
     axes.set_xlabel("cycles (sum over the models)")
     axes.set_ylabel("energy (µJ, sum over the models)")
