@@ -1,10 +1,11 @@
 """`cgra-sim`: check one kernel against numpy (npu_backend/tools/verify.py), compile and simulate a
 whole ONNX model (npu_backend/tools/run_model.py), sweep chips x models (npu_backend/tools/sweep.py),
-replay a recorded kernel launch, or serve compiled models over TVM RPC (npu_backend/tools/remote.py).
+replay a recorded kernel launch, map an intrinsic onto the PE fabric (cgra_sim/mapping), or serve
+compiled models over TVM RPC (npu_backend/tools/remote.py).
 
 Stage: tools (command line). `verify` and `run` run the same pipeline as
-`tvm.compile(target="cgra")` and import the compiler when they start; `--help`, `--version` and
-`replay` (the simulator's own command, cgra_sim.__main__) never import tvm, so they answer at
+`tvm.compile(target="cgra")` and import the compiler when they start; `--help`, `--version`,
+`replay` and `map` (the simulator's own commands) never import tvm, so they answer at
 once. Exit status: 0 on success, 1 when a result does not match its reference, 2 on bad input,
 3 when `verify`'s kernel did not run on the NPU (arguments.py).
 """
@@ -18,6 +19,9 @@ import sys
 import time
 
 from cgra_sim.__main__ import REPLAY_DESCRIPTION, REPLAY_HELP, add_replay_arguments, run_replay
+from cgra_sim.mapping.command import DESCRIPTION as MAP_DESCRIPTION
+from cgra_sim.mapping.command import HELP as MAP_HELP
+from cgra_sim.mapping.command import add_map_arguments, run_map
 
 from .arguments import (EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, UsageError, add_observation_arguments, ints, named,
                         observe, publish)
@@ -87,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     add_replay_arguments(sub.add_parser("replay", help=REPLAY_HELP, description=REPLAY_DESCRIPTION))
 
     add_sweep_arguments(sub.add_parser("sweep", help=SWEEP_HELP, description=SWEEP_DESCRIPTION))
+    add_map_arguments(sub.add_parser("map", help=MAP_HELP, description=MAP_DESCRIPTION))
 
     serve = sub.add_parser(
         "serve", help="serve compiled models over TVM RPC, as a board with the NPU would",
@@ -196,7 +201,7 @@ def main(argv=None) -> int:
     started = time.time()
     try:
         status = {"verify": _verify, "run": _run, "replay": run_replay, "serve": _serve,
-                  "sweep": run_sweep_command}[args.command](args)
+                  "sweep": run_sweep_command, "map": run_map}[args.command](args)
     except OSError as err:  # a missing model, an unwritable --trace or --record-dir
         where = f": '{err.filename}'" if err.filename else ""
         return _usage(f"{args.command}: {err.strerror or err}{where}")

@@ -17,6 +17,7 @@ from typing import Mapping
 
 from .area import check_area, chip_area, default_area
 from .energy import check_energy, default_energy
+from .fabric import check_fabric, default_fabric
 from .isa import ACC_DTYPE
 
 DEFAULT_ARCH = "cgra-8x8"
@@ -64,6 +65,10 @@ FIELD_DOCS = {
                      "without it, published 45 nm figures for this chip's sizes"),
     "area": ("µm²", "area of a MAC unit (by dtype), of the rest of a PE, of a KiB of scratchpad and of a vector "
                     "lane (cgra_sim/area.py); `area_mm2` sums them. Optional: without it, published 45 nm figures"),
+    "fabric": ("", "the PE array as a CGRA: interconnect topology, registers per PE, which PEs reach the "
+                   "scratchpad and which multiply, operation latencies, context depth (the largest II) and "
+                   "configuration word size (cgra_sim/fabric.py; docs/mapping.md). Optional: without it a mesh "
+                   "with this project's defaults"),
 }
 
 
@@ -88,6 +93,7 @@ class HardwareDescription:
     clock_mhz: float
     energy: Mapping | None = dataclasses.field(default=None, hash=False)  # None: energy.default_energy
     area: Mapping | None = dataclasses.field(default=None, hash=False)  # None: area.default_area
+    fabric: Mapping | None = dataclasses.field(default=None, hash=False)  # None: fabric.default_fabric
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -133,6 +139,11 @@ class HardwareDescription:
         if problem:
             raise ArchError(f"{self.name}: {problem}")
         object.__setattr__(self, "area", _sorted_table(area))
+        fabric = self.fabric if self.fabric is not None else default_fabric()
+        problem = check_fabric(fabric)
+        if problem:
+            raise ArchError(f"{self.name}: {problem}")
+        object.__setattr__(self, "fabric", _sorted_table(fabric))
 
     # Derived sizes.
     @property
@@ -174,7 +185,7 @@ class HardwareDescription:
         data = {key: value for key, value in data.items() if key != "$schema"}
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - fields)
-        missing = sorted(fields - set(data) - {"energy", "area"})  # without them, published figures
+        missing = sorted(fields - set(data) - {"energy", "area", "fabric"})  # without them, the defaults
         if unknown:
             raise ArchError(f"hardware description has unknown keys {unknown} (known: {sorted(fields)})")
         if missing:

@@ -19,13 +19,14 @@ import os
 from .arch import (CLOCK_MHZ_BELOW, FIELD_DOCS, MAXIMUM, NON_NEGATIVE, PE_DTYPES, POSITIVE, HardwareDescription,
                    load_arch, preset_names)
 from . import area as area_table
+from . import fabric as fabric_table
 from .energy import PER_DTYPE, SCALARS, VECTOR_OP_PJ
 from .isa import DType
 
 SCHEMA_FILE = "hardware-description.schema.json"
 MARKDOWN_FILE = "hardware-description.md"
 DTYPES = [d.numpy_name for d in DType]
-OPTIONAL = ("energy", "area")  # tables with published defaults
+OPTIONAL = ("energy", "area", "fabric")  # tables with defaults
 
 
 def _field_schema(name: str) -> dict:
@@ -53,6 +54,19 @@ def _field_schema(name: str) -> dict:
                      "propertyNames": {"enum": DTYPES}}
         properties = {key: dict(per_dtype) for key in area_table.PER_DTYPE}
         properties.update({key: {"type": "number", "minimum": 0} for key in area_table.SCALARS})
+        return {"type": "object", "additionalProperties": False, "required": sorted(properties),
+                "properties": properties, "description": description}
+    if name == "fabric":
+        whole = {"type": "integer", "minimum": 1}
+        properties = {"topology": {"enum": list(fabric_table.TOPOLOGIES)},
+                      "memory_ports": {"enum": list(fabric_table.MEMORY_PORTS)},
+                      "multipliers": {"enum": list(fabric_table.MULTIPLIERS)},
+                      "latency": {"type": "object", "additionalProperties": False,
+                                  "required": list(fabric_table.OP_CLASSES),
+                                  "properties": {op: {**whole, "maximum": fabric_table.MAX_LATENCY}
+                                                 for op in fabric_table.OP_CLASSES}},
+                      **{key: dict(whole) for key in ("hops_per_cycle", "registers", "context_depth",
+                                                      "config_word_bits")}}
         return {"type": "object", "additionalProperties": False, "required": sorted(properties),
                 "properties": properties, "description": description}
     minimum = 1 if name in POSITIVE else 0
@@ -123,7 +137,7 @@ def markdown() -> str:
         "",
         "Across fields: `spad_bytes` must be a multiple of `spad_banks * bank_width_bytes`; `energy.mac`",
         "and `area.mac_unit` must price every dtype of `macs_per_pe`. Every key is required except",
-        "`energy` and `area`; an unknown key is an error naming it.",
+        "`energy`, `area` and `fabric`; an unknown key is an error naming it.",
         "",
         "## The energy table",
         "",
@@ -152,6 +166,24 @@ def markdown() -> str:
         "| `pe_overhead` | PE, besides its MAC units: registers, configuration word, links to its neighbours |",
         "| `spad_kib` | KiB of scratchpad SRAM |",
         "| `vector_lane` | lane of the vector unit |",
+        "",
+        "## The fabric table",
+        "",
+        "The PE array as a CGRA, for the mapper (`cgra-sim map`; `simulator/cgra_sim/fabric.py` and",
+        "[mapping.md](mapping.md) say how each field is used):",
+        "",
+        "| key | what |",
+        "|---|---|",
+        f"| `topology` | {', '.join(fabric_table.TOPOLOGIES)}: links to the 4 neighbours, wrapping around at the "
+        "edges (torus), or passing a value up to `hops_per_cycle` PEs along a row or column in a cycle (hycube) |",
+        "| `hops_per_cycle` | PEs a value travels in one cycle (above 1 only on a hycube) |",
+        "| `registers` | registers in each PE's register file |",
+        f"| `memory_ports` | PEs that load and store: {', '.join(fabric_table.MEMORY_PORTS)} |",
+        f"| `multipliers` | PEs with a multiplier: {', '.join(fabric_table.MULTIPLIERS)} |",
+        f"| `latency` | cycles per operation class ({', '.join(fabric_table.OP_CLASSES)}), 1 to "
+        f"{fabric_table.MAX_LATENCY} |",
+        "| `context_depth` | configurations per PE: the largest initiation interval (II) a mapping may use |",
+        "| `config_word_bits` | bits of one PE's configuration for one time slot |",
         "",
         "## The presets",
         "",
