@@ -25,7 +25,7 @@ import time
 from collections import Counter
 
 from .dfg import OPS, DataflowGraph, res_mii, rec_mii
-from .mrrg import Resources, negotiated_route, route_uses
+from .mrrg import Resources, negotiated_route
 
 
 #: Routing states one scheduling attempt may expand before it gives up at that II (deterministic,
@@ -286,31 +286,27 @@ def _routes_for(graph, fabric, resources, placement, held, name, pe, cycle, inpu
         pending[("reg", pe, (cycle + lat) % resources.ii)] += 1
     if not resources.fits(pending):
         return None
+    # Operands to (pe, cycle + distance x II); this value to placed readers of a later iteration.
+    requests = [(source, name, index, held[source], (pe, cycle + distance * resources.ii))
+                for source, index, distance in inputs]
+    requests += [(name, reader, index, {(pe, cycle + lat): None},
+                  (placement[reader][0] if reader != name else pe,
+                   (placement[reader][1] if reader != name else cycle) + distance * resources.ii))
+                 for reader, index, distance in readers]
     routes = {}
-    for source, index, distance in inputs:  # operands: to (pe, cycle + distance x II)
-        reach = dict(held[source])
-        for (value, _, _), states in routes.items():
-            if value == source:
+    for value, reader, index, start, target in requests:
+        reach = dict(start)
+        for (routed, _, _), states in routes.items():  # a route of this value may branch off another
+            if routed == value:
                 reach.update(dict.fromkeys(states))
-        found = negotiated_route(resources, reach, (pe, cycle + distance * resources.ii), pending)
+        found = negotiated_route(resources, reach, target, pending)
         if found is None:
             return None
-        routes[(source, name, index)] = found[0]
-        pending += found[1]
-    own = {(pe, cycle + lat): None}
-    for reader, index, distance in readers:  # values read in a later iteration by placed nodes
-        target_pe, target_cycle = placement[reader] if reader != name else (pe, cycle)
-        for (value, _, _), states in routes.items():
-            if value == name:
-                own.update(dict.fromkeys(states))
-        found = negotiated_route(resources, own, (target_pe, target_cycle + distance * resources.ii), pending)
-        if found is None:
-            return None
-        routes[(name, reader, index)] = found[0]
+        routes[(value, reader, index)] = found[0]
         pending += found[1]
     if not resources.fits(pending):
         return None
     return routes, pending
 
 
-__all__ = ["Mapping", "MappingError", "map_graph", "route_uses"]
+__all__ = ["Mapping", "MappingError", "map_graph"]
