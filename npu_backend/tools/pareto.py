@@ -9,6 +9,9 @@ against energy, area as colour, the frontier ringed and named. matplotlib is the
 from __future__ import annotations
 
 OBJECTIVES = ("cycles", "energy_pj", "area_mm2")
+#: A row's figures of its model, which a chip's summary sums (or leaves out), not copies.
+_PER_MODEL = ("model", "cycles", "time_us", "energy_pj", "npu_mac_fraction", "macs", "compile_s", "simulate_s",
+              "error")
 
 
 def chip_summaries(rows: list[dict]) -> list[dict]:
@@ -23,15 +26,13 @@ def chip_summaries(rows: list[dict]) -> list[dict]:
         if any(point.get("error") for point in points) or {p.get("model") for p in points} != models:
             continue
         first = points[0]
-        summary = {key: value for key, value in first.items() if key not in ("model",) and key not in _PER_MODEL}
+        summary = {key: value for key, value in first.items() if key not in _PER_MODEL}
         summary["cycles"] = sum(point["cycles"] for point in points)
         summary["energy_pj"] = sum(point["energy_pj"] for point in points)
         summary["npu_mac_fraction"] = sum(point["npu_mac_fraction"] for point in points) / len(points)
         summaries.append(summary)
     return summaries
 
-
-_PER_MODEL = ("cycles", "time_us", "energy_pj", "npu_mac_fraction", "macs", "compile_s", "simulate_s", "error")
 
 
 def frontier(summaries: list[dict]) -> list[dict]:

@@ -93,8 +93,13 @@ def chip(base: HardwareDescription, changes: dict) -> HardwareDescription:
     for table in ("energy", "area"):  # the published figures for the new sizes, unless the base has its own
         if getattr(base, table) == getattr(dataclasses.replace(base, **{table: None}), table):
             data[table] = None
-    data["name"] = base.name + "".join(f",{field}={value}" for field, value in changes.items())
+    data["name"] = chip_name(base, changes)
     return HardwareDescription(**data)
+
+
+def chip_name(base: HardwareDescription, changes: dict) -> str:
+    """The base chip's name and the changed fields: `cgra-8x8,rows=4,spad_bytes=65536`."""
+    return base.name + "".join(f",{field}={value}" for field, value in changes.items())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,8 +160,7 @@ def tasks(base, settings, models, sample=None, seed=0) -> tuple[list[Task], list
         try:
             arch = chip(base, changes)
         except ArchError as err:
-            name = base.name + "".join(f",{field}={value}" for field, value in changes.items())
-            invalid.append({"chip": name, **changes, "error": str(err)})
+            invalid.append({"chip": chip_name(base, changes), **changes, "error": str(err)})
             continue
         todo += [Task(model, digests[model], arch.to_json(), tuple(changes.items()), seed) for model in models]
     return todo, invalid

@@ -29,7 +29,7 @@ flip-flops and the multiplexers in front of them.
 
 from __future__ import annotations
 
-from .energy import non_negative_number
+from .energy import check_table
 
 COMPONENTS = ("pe_array", "scratchpad", "vector_unit")
 
@@ -58,22 +58,7 @@ def default_area(dtypes) -> dict:
 def check_area(area, dtypes) -> str | None:
     """What is wrong with an area table (None if nothing): every key, non-negative numbers, a MAC
     unit for each dtype the PE array computes."""
-    if not isinstance(area, dict):
-        return f"'area' must be an object of µm² figures, got {type(area).__name__}"
-    expected = set(PER_DTYPE) | set(SCALARS)
-    if set(area) != expected:
-        missing, unknown = sorted(expected - set(area)), sorted(set(area) - expected)
-        return f"'area' must have the keys {sorted(expected)} (missing {missing}, unknown {unknown})"
-    table = area["mac_unit"]
-    if not isinstance(table, dict) or not set(dtypes) <= set(table):
-        return f"area['mac_unit'] must give µm² for each of {sorted(dtypes)}, got {table!r}"
-    for dtype, value in table.items():
-        if not non_negative_number(value):
-            return f"area['mac_unit']['{dtype}'] must be a non-negative number of µm², got {value!r}"
-    for key in SCALARS:
-        if not non_negative_number(area[key]):
-            return f"area['{key}'] must be a non-negative number of µm², got {area[key]!r}"
-    return None
+    return check_table("area", area, {"mac_unit": set(dtypes)}, SCALARS, "µm²")
 
 
 def chip_area(arch) -> dict:

@@ -73,23 +73,29 @@ def default_energy(rows: int, cols: int, spad_bytes: int, spad_banks: int, dtype
 def check_energy(energy, dtypes) -> str | None:
     """What is wrong with an energy table (None if nothing): every key, non-negative numbers, a
     MAC figure for each dtype the PE array computes and a vector figure for each vector dtype."""
-    if not isinstance(energy, dict):
-        return f"'energy' must be an object of pJ figures, got {type(energy).__name__}"
-    expected = set(PER_DTYPE) | set(SCALARS)
-    if set(energy) != expected:
-        missing, unknown = sorted(expected - set(energy)), sorted(set(energy) - expected)
-        return f"'energy' must have the keys {sorted(expected)} (missing {missing}, unknown {unknown})"
-    needs = {"mac": set(dtypes), "vector_op": set(VECTOR_OP_PJ)}
-    for key in PER_DTYPE:
-        table = energy[key]
-        if not isinstance(table, dict) or not needs[key] <= set(table):
-            return f"energy['{key}'] must give pJ for each of {sorted(needs[key])}, got {table!r}"
-        for dtype, value in table.items():
+    return check_table("energy", energy, {"mac": set(dtypes), "vector_op": set(VECTOR_OP_PJ)}, SCALARS, "pJ")
+
+
+def check_table(name: str, table, per_dtype: dict, scalars, unit: str) -> str | None:
+    """What is wrong with a price table of the hardware description (energy, area): exactly the
+    keys `per_dtype` and `scalars`; each `per_dtype[key]` a {dtype: figure} giving at least the
+    dtypes it names; every figure a non-negative number of `unit`."""
+    if not isinstance(table, dict):
+        return f"'{name}' must be an object of {unit} figures, got {type(table).__name__}"
+    expected = set(per_dtype) | set(scalars)
+    if set(table) != expected:
+        missing, unknown = sorted(expected - set(table)), sorted(set(table) - expected)
+        return f"'{name}' must have the keys {sorted(expected)} (missing {missing}, unknown {unknown})"
+    for key, needed in per_dtype.items():
+        figures = table[key]
+        if not isinstance(figures, dict) or not needed <= set(figures):
+            return f"{name}['{key}'] must give {unit} for each of {sorted(needed)}, got {figures!r}"
+        for dtype, value in figures.items():
             if not non_negative_number(value):
-                return f"energy['{key}']['{dtype}'] must be a non-negative number of pJ, got {value!r}"
-    for key in SCALARS:
-        if not non_negative_number(energy[key]):
-            return f"energy['{key}'] must be a non-negative number of pJ, got {energy[key]!r}"
+                return f"{name}['{key}']['{dtype}'] must be a non-negative number of {unit}, got {value!r}"
+    for key in scalars:
+        if not non_negative_number(table[key]):
+            return f"{name}['{key}'] must be a non-negative number of {unit}, got {table[key]!r}"
     return None
 
 

@@ -144,10 +144,6 @@ class Fabric:
         """Cycles a value needs to move from `source`'s register file to `dest`'s."""
         return _distances(self.rows, self.cols, self.topology, self.hops_per_cycle)[source][dest]
 
-    def links(self) -> list[tuple[int, int]]:
-        """Every directed link (source PE, destination PE)."""
-        return [(pe, other) for pe in range(self.num_pes) for other in self.neighbours(pe)]
-
     def sub_fabric(self, rows: int, cols: int) -> "Fabric":
         """The top-left `rows` x `cols` corner as a fabric of its own, every link of it a link of
         this one: a mesh's and a hycube's corner is a mesh or hycube; a torus's is a mesh (its
@@ -156,26 +152,21 @@ class Fabric:
         return dataclasses.replace(self, rows=rows, cols=cols, topology=topology)
 
 
-_CACHE: dict = {}
-
-
+@functools.cache
 def _neighbours(rows: int, cols: int, topology: str, hops: int) -> list[tuple[int, ...]]:
-    key = (rows, cols, topology, hops)
-    if key not in _CACHE:
-        table = []
-        for pe in range(rows * cols):
-            row, col = divmod(pe, cols)
-            found = []
-            for d_row, d_col in ((0, 1), (1, 0), (0, -1), (-1, 0)):
-                for step in range(1, hops + 1):
-                    r, c = row + d_row * step, col + d_col * step
-                    if topology == "torus":
-                        r, c = r % rows, c % cols
-                    if 0 <= r < rows and 0 <= c < cols and (r, c) != (row, col):
-                        found.append(r * cols + c)
-            table.append(tuple(dict.fromkeys(found)))
-        _CACHE[key] = table
-    return _CACHE[key]
+    table = []
+    for pe in range(rows * cols):
+        row, col = divmod(pe, cols)
+        found = []
+        for d_row, d_col in ((0, 1), (1, 0), (0, -1), (-1, 0)):
+            for step in range(1, hops + 1):
+                r, c = row + d_row * step, col + d_col * step
+                if topology == "torus":
+                    r, c = r % rows, c % cols
+                if 0 <= r < rows and 0 <= c < cols and (r, c) != (row, col):
+                    found.append(r * cols + c)
+        table.append(tuple(dict.fromkeys(found)))
+    return table
 
 
 @functools.cache
