@@ -8,6 +8,8 @@ on others; this module is the one place that knows.
 
 from __future__ import annotations
 
+import re
+
 
 def type_of(expr):
     """The expression's Relax type (its struct info), or None."""
@@ -28,6 +30,12 @@ def shape_dims(expr):
     return [int(d.value) if hasattr(d, "value") else d for d in values]
 
 
+def expression_name(dim) -> str:
+    """A symbolic extent as it reads in a message, and names a kernel's variable for it:
+    "(w - 1) // 2 + 1", not "(w - T.int64(1)) // T.int64(2) + T.int64(1)"."""
+    return re.sub(r"T\.int(?:32|64)\((-?\d+)\)", r"\1", str(dim))
+
+
 def static_shape(expr) -> tuple | None:
     """The shape as a tuple of ints, or None if it is unknown or has a symbolic dimension."""
     dims = shape_dims(expr)
@@ -46,7 +54,7 @@ def require_static_shape(expr, role: str, error, prefix: str = "") -> tuple:
         raise error(f"{prefix}the {role} has no known shape")
     symbolic = next((d for d in dims if not isinstance(d, int)), None)
     if symbolic is not None:
-        raise error(f"{prefix}the {role} has a symbolic dimension ({symbolic}); the NPU kernels need "
+        raise error(f"{prefix}the {role} has a symbolic dimension ({expression_name(symbolic)}); the NPU kernels need "
                     "static shapes (bind it, e.g. with relax.transform.BindSymbolicVars)")
     if 0 in dims:
         raise error(f"{prefix}the {role} of shape {tuple(dims)} is empty: nothing for the NPU to compute, "

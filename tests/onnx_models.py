@@ -116,3 +116,13 @@ def mobilenet_v2(size: int = 32, classes: int = 10, seed: int = 0) -> onnx.Model
     x = g.conv_bn(x, channels, 128, kernel=1, act="relu6")
     out = g.classifier(x, 128, classes)
     return g.model("mobilenet_v2_style", [1, 3, size, size], out, [1, classes])
+
+
+def text_line_encoder(height: int = 16, channels: int = 16, width="W", seed: int = 0) -> onnx.ModelProto:
+    """The convolutional front of an OCR recogniser (CRNN-like): a grey text line of fixed height
+    and variable `width` (an ONNX dim_param), conv-bn-relu, a stride-2 conv-bn-relu, conv-bn-relu."""
+    g = _Graph(seed)
+    x = g.conv_bn("input", 1, channels // 2)
+    x = g.conv_bn(x, channels // 2, channels, stride=2)
+    x = g.conv_bn(x, channels, channels)
+    return g.model("text_line_encoder", [1, 1, height, width], x, [1, channels, height // 2, None])

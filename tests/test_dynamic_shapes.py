@@ -129,6 +129,71 @@ def test_one_conv2d_kernel_runs_every_batch_size(layout, groups, channels, out_c
         check(vm["main"](*args).numpy(), host["main"](*args).numpy(), "float32")
 
 
+def _conv_image(axis, stride, dtype):
+    """relu(conv2d) 3x3 (padding 1) of an image whose height or width is symbolic."""
+    shape = (1, 5, 7, "w") if axis == "w" else (2, 5, "h", 6)
+    acc = "int32" if dtype == "int8" else dtype
+
+    def body(x, w):
+        return relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=(1, 1), strides=(stride, stride), out_dtype=acc))
+    return module({"x": (shape, dtype), "w": ((12, 5, 3, 3), dtype)}, body), shape
+
+
+@functools.cache
+def _conv_image_vms(arch, axis, stride, dtype):
+    mod, shape = _conv_image(axis, stride, dtype)
+    return (relax.VirtualMachine(npu_backend.compile(mod, arch), tvm.cpu()),
+            relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), shape)
+
+
+@settings(deadline=None, max_examples=30)
+@given(arch=st.sampled_from(PRESETS), axis=st.sampled_from(["w", "h"]), stride=st.sampled_from([1, 2]),
+       dtype=st.sampled_from(["float32", "int8"]), size=st.integers(1, 90))
+def test_one_conv2d_kernel_runs_every_image_height_or_width(arch, axis, stride, dtype, size):
+    """Tiles of whole output rows (symbolic height) or whole output columns (symbolic width),
+    the last tile cut to what exists, padding zero-filled by the gather's halo."""
+    vm, host, shape = _conv_image_vms(arch, axis, stride, dtype)
+    x = data(tuple(size if isinstance(d, str) else d for d in shape), dtype)
+    w = data((12, 5, 3, 3), dtype)
+    args = [tvm.runtime.tensor(x), tvm.runtime.tensor(w)]
+    with npu_backend.profile() as prof:
+        out = vm["main"](*args).numpy()
+    check(out, host["main"](*args).numpy(), "int32" if dtype == "int8" else dtype)
+    assert [k.tensor_shapes[-1] for k in prof.kernels] == [out.shape]
+
+
+def test_a_text_line_model_with_a_dynamic_width_compiles_once_and_matches_onnxruntime():
+    """An OCR front end (tests/onnx_models.py): the stride-2 conv's output width is (W - 1) // 2 + 1,
+    so the next conv receives Relax's tir_vars beside its tensors; all three convs stay on the NPU."""
+    import onnxruntime
+    from onnx_models import text_line_encoder
+    from npu_backend.frontend.onnx_import import from_onnx
+
+    model = text_line_encoder()
+    mod = from_onnx(model)
+    placements = npu_backend.explain(mod, "cgra-8x8", dims={"W": 100})
+    assert npu_backend.npu_mac_fraction(placements) == 1.0, [p for p in placements if p.where == "host"]
+    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+    session = onnxruntime.InferenceSession(model.SerializeToString())
+    for width in (1, 2, 37, 160):
+        x = data((1, 1, 16, width), "float32")
+        with npu_backend.profile() as prof:
+            out = vm["main"](tvm.runtime.tensor(x)).numpy()
+        check(out, session.run(None, {"input": x})[0], "float32")
+        assert len(prof.kernels) == 3 and prof.kernels[-1].tensor_shapes[-1][-1] == (width - 1) // 2 + 1
+
+
+def test_symbolic_image_sizes_a_conv2d_kernel_cannot_take_stay_on_the_host_with_the_reason():
+    both = module({"x": ((1, 4, "h", "w"), "float32"), "w": ((8, 4, 3, 3), "float32")},
+                  lambda x, w: relax.op.nn.conv2d(x, w, padding=(1, 1)))
+    depthwise = module({"x": ((1, 8, 6, "w"), "float32"), "w": ((8, 1, 3, 3), "float32")},
+                       lambda x, w: relax.op.nn.conv2d(x, w, padding=(1, 1), groups=8))
+    for mod, reason in [(both, "takes a symbolic height or width, not both"),
+                        (depthwise, "depthwise conv2d with a symbolic W (w)")]:
+        (placement,) = npu_backend.explain(mod, "cgra-8x8")
+        assert placement.where == "host" and reason in placement.reason, placement.reason
+
+
 @pytest.mark.parametrize("op", ["max_pool2d", "avg_pool2d", "mean"])
 def test_pools_take_any_batch(op):
     pools = {"max_pool2d": lambda a: relax.op.nn.max_pool2d(a, (3, 3), (2, 2), padding=(1, 1)),

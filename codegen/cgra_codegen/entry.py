@@ -70,15 +70,23 @@ class ArgumentChecks:
         self.b.position_at_end(ok)
 
     def emit(self, params) -> list:
+        """Check every argument; returns the parameters' DLTensor pointers. Arguments at the
+        positions of attribute `cgra.shape_args` are shape values the caller passes beside the
+        tensors (Relax's tir_vars): skipped, the kernel binds its sizes from the tensors."""
+        skipped = {int(i) for i in (self.state.func.attrs or {}).get("cgra.shape_args", [])}
+        total = len(params) + len(skipped)
+        positions = [i for i in range(total) if i not in skipped]
         names = ", ".join(f"'{_escape(p.name)}'" for p in params)
-        self.raise_if(self.b.icmp_signed("!=", self.num_args, I32(len(params))), "TypeError",
-                      f"expected {len(params)} arguments ({names}), got %d", self.num_args)
-        return [self.check_tensor(index, param) for index, param in enumerate(params)]
+        self.raise_if(self.b.icmp_signed("!=", self.num_args, I32(total)), "TypeError",
+                      f"expected {total} arguments ({names}"
+                      f"{' and ' + str(len(skipped)) + ' shape values' if skipped else ''}), got %d", self.num_args)
+        return [self.check_tensor(index, param, positions[index]) for index, param in enumerate(params)]
 
-    def check_tensor(self, index: int, param) -> ir.Value:
-        where = f"argument {index} ('{_escape(param.name)}')"
+    def check_tensor(self, index: int, param, position: int | None = None) -> ir.Value:
+        position = index if position is None else position
+        where = f"argument {position} ('{_escape(param.name)}')"
         _require_plain_layout(self.state.kernel, param)
-        tensor = self.dltensor(index, where)
+        tensor = self.dltensor(position, where)
         self.check_dtype(tensor, param, where)
         ndim = load_field(self.b, tensor, DL_NDIM, I32, "ndim")
         expected_shape = caller_shape(self.state.func, index)

@@ -13,12 +13,12 @@ kernel (depthwise.py): its spec reader is this one.
 
 from __future__ import annotations
 
-from tvm import s_tir, te
+from tvm import s_tir, sym, te, tirx
 from tvm.relax.dpl import is_op, wildcard
 
 from ..errors import UnsupportedOperator
 from .epilogue import Root, epilogue_compute, epilogue_fields, epilogue_operands, static_shape, with_epilogue_tail
-from .dynamic import batch_extent, read_shape, symbols_of
+from .dynamic import GATHERS, batch_extent, dim_var, read_shape, symbols_of, with_vars
 from .family import OpFamily
 from .gemm import choose_gemm_tiling, schedule_gemm
 from .operands import kernel_prim_func, logical, padded, stored
@@ -36,8 +36,11 @@ def conv2d_spec(name: str, annotated: dict) -> KernelSpec:
     common = epilogue_fields("conv2d", annotated)
     attrs = annotated["root"].attrs
     data_layout, kernel_layout, out_layout = _layouts(attrs)
-    # The batch may be symbolic: one kernel for every batch size (kernels/dynamic.py).
-    stored_data, batch_symbol = read_shape(annotated["lhs"], "data", symbolic_axes=(data_layout.index("N"),))
+    # The batch, and the height or the width, may be symbolic: one kernel for every size
+    # (kernels/dynamic.py).
+    stored_data, data_symbols = read_shape(annotated["lhs"], "data", expressions=True,
+                                           symbolic_axes=tuple(data_layout.index(a) for a in "NHW"))
+    batch_symbol = {axis: name for axis, name in data_symbols.items() if axis == data_layout.index("N")}
     data_shape = logical(stored_data, data_layout, "NCHW")
     weight_shape = logical(static_shape(annotated["rhs"], "weight"), kernel_layout, "OIHW")
     groups = int(attrs.groups)
@@ -53,10 +56,48 @@ def conv2d_spec(name: str, annotated: dict) -> KernelSpec:
                       strides=tuple(int(s) for s in attrs.strides), padding=padding,
                       dilation=tuple(int(d) for d in attrs.dilation), groups=groups,
                       data_layout=data_layout, kernel_layout=kernel_layout, out_layout=out_layout,
-                      symbols=symbols_of("lhs", batch_symbol) + symbols_of(
+                      symbols=symbols_of("lhs", data_symbols) + symbols_of(
                           "out", {out_layout.index("N"): name for name in batch_symbol.values()}), **common)
+    _check_symbolic_image(spec)
     _check_bias(common["bias_shape"], weight_shape[0], out_layout)
     return with_epilogue_tail(spec, annotated)
+
+
+def _check_symbolic_image(spec: KernelSpec) -> None:
+    """A symbolic height or width: one of them, of an NCHW, ungrouped, non-depthwise conv2d
+    (its tiles are whole output rows, or whole output columns when the width is symbolic, so
+    the scratchpad footprint does not depend on the symbolic extent)."""
+    names = spec.symbolic("lhs")
+    spatial = {axis: names[spec.data_layout.index(axis)] for axis in "HW" if spec.data_layout.index(axis) in names}
+    if not spatial:
+        return
+    what = " and ".join(f"{axis} ({name})" for axis, name in spatial.items())
+    if len(spatial) == 2:
+        raise UnsupportedOperator(f"conv2d with a symbolic {what}: the NPU kernel takes a symbolic height or "
+                                  "width, not both (bind one, e.g. with relax.transform.BindSymbolicVars)")
+    if spec.op != "conv2d" or spec.groups > 1 or spec.compute_name != "conv2d":
+        form = "depthwise" if spec.op == "depthwise" else \
+            f"grouped (groups={spec.groups})" if spec.groups > 1 else f"{spec.data_layout}/{spec.kernel_layout}"
+        raise UnsupportedOperator(f"{form} conv2d with a symbolic {what}: the NPU kernel takes a symbolic "
+                                  "image size on NCHW/OIHW conv2d without groups only (a symbolic batch works "
+                                  "for every conv2d)")
+
+
+def spatial_extents(spec: KernelSpec) -> tuple:
+    """(OH, OW) as the kernel indexes them: ints, or for a symbolic input height or width the
+    output extent as an expression of the input's variable."""
+    names = spec.symbolic("lhs")
+    _, _, oh, ow = spec.output_shape
+    _, _, kh, kw = spec.rhs_shape
+    top, left, bottom, right = spec.padding
+    (sh, sw), (dh, dw) = spec.strides, spec.dilation
+    extents = []
+    for axis, static, pad, kernel, step, dilation in (("H", oh, top + bottom, kh, sh, dh),
+                                                      ("W", ow, left + right, kw, sw, dw)):
+        name = names.get(spec.data_layout.index(axis))
+        extents.append(static if name is None else sym.Analyzer().simplify(
+            tirx.floordiv(dim_var(name) + (pad - dilation * (kernel - 1) - 1), step) + 1))
+    return tuple(extents)
 
 
 def _check_bias(bias_shape, channels: int, out_layout: str) -> None:
@@ -97,11 +138,15 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
     _, _, kh, kw = spec.rhs_shape
     data_shape, out_shape = spec.grouped_shapes
     batch, g = batch_extent(spec), spec.groups
-    data_shape, out_shape = (batch * g,) + data_shape[1:], (batch * g,) + out_shape[1:]
-    images, per_group, oh, ow = out_shape
+    oh, ow = spatial_extents(spec)
+    data_shape = with_vars((batch * g,) + data_shape[1:], {a: n for a, n in spec.symbolic("lhs").items() if a})
+    out_shape = (batch * g, out_shape[1], oh, ow)
+    images, per_group = out_shape[:2]
     x = te.placeholder(data_shape, spec.dtype, name="data")
     w = te.placeholder(spec.rhs_shape, spec.dtype, name="weight")
-    a_pad = _gather(spec, tiling, lambda b_, c, y, x_: padded(x, data_shape, (b_, c, y, x_)), images, ow)
+    pixel, pixel_row = _pixel_order(spec, oh, ow)
+    mp = _padded_rows(oh * ow, tiling) if spec.symbolic_image else tiling.mp
+    a_pad = _gather(spec, tiling, lambda b_, c, y, x_: padded(x, data_shape, (b_, c, y, x_)), images, pixel, mp)
     if spec.groups > 1:
         b_pad = te.compute((images, kh, kw, tiling.kp, tiling.np), lambda b_, ry, rx, c, f: padded(
             w, spec.rhs_shape, (b_ % spec.groups * per_group + f, c, ry, rx)), name="b_pad")
@@ -114,33 +159,53 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
 
         def weight(b_, ry, rx, rc, f):
             return b_pad[ry, rx, rc, f]
-    acc = _accumulate(spec, tiling, a_pad, weight, images)
+    acc = _accumulate(spec, tiling, a_pad, weight, images, mp)
     operands = epilogue_operands(spec, out_shape)
-    epi = epilogue_compute(spec, acc, tiling, operands, out_index=lambda b_, p, f: (b_, f, p // ow, p % ow))
-    out = te.compute(out_shape, lambda b_, f, y, ox: epi[b_, y * ow + ox, f], name="out")
+    epi = epilogue_compute(spec, acc, tiling, operands, out_index=lambda b_, p, f: (b_, f, *pixel(p)))
+    out = te.compute(out_shape, lambda b_, f, y, ox: epi[b_, pixel_row(y, ox), f], name="out")
     logical_out = (batch,) + tuple(spec.output_shape[1:])
     views = {"lhs": (batch,) + tuple(spec.lhs_shape[1:]), "out": logical_out, "residual": logical_out} \
         if spec.groups > 1 else {}
-    return kernel_prim_func(spec, {"lhs": x, "rhs": w, **operands}, out, views)
+    func = kernel_prim_func(spec, {"lhs": x, "rhs": w, **operands}, out, views)
+    return func.with_attr(GATHERS, {"data": spec.row_step}) if spec.symbolic_image else func
 
 
 
-def _gather(spec: KernelSpec, tiling: Tiling, data, images: int, ow: int):
-    """a_pad: the left operand for one (image, ry, rx): row p gathers output pixel (p // OW, p % OW)
+def _padded_rows(rows, tiling: Tiling):
+    """Whole row tiles covering a symbolic number of GEMM rows, at least one tile: max(.., 1)
+    tells TVM's analyzer what it cannot know of a variable (a tensor the kernel runs on is not
+    empty), and the regions of the output store then simplify to whole tiles."""
+    return sym.Analyzer().simplify(tirx.ceildiv(tirx.max(rows, 1), tiling.tm) * tiling.tm)
+
+
+def _pixel_order(spec: KernelSpec, oh, ow):
+    """(pixel(p) -> (y, x), row(y, x) -> p): which output pixel GEMM row p computes. Rows run
+    along output rows (p = y * OW + x), or along output columns (p = x * OH + y) when the width
+    is symbolic, so that a tile of whole columns has the same size whatever the width."""
+    if spec.pixel_order == "xy":
+        return (lambda p: (p % oh, p // oh)), (lambda y, x: x * oh + y)
+    return (lambda p: (p // ow, p % ow)), (lambda y, x: y * ow + x)
+
+
+def _gather(spec: KernelSpec, tiling: Tiling, data, images: int, pixel, mp=None):
+    """a_pad: the left operand for one (image, ry, rx): row p gathers output pixel `pixel(p)`
     through `data(image, channel, y, x)` (zero outside the image)."""
     _, _, kh, kw = spec.rhs_shape
     top, left, _, _ = spec.padding
     (sh, sw), (dh, dw) = spec.strides, spec.dilation
-    return te.compute((images, kh, kw, tiling.mp, tiling.kp), lambda b_, ry, rx, p, c: data(
-        b_, c, (p // ow) * sh + ry * dh - top, (p % ow) * sw + rx * dw - left), name="a_pad")
+
+    def value(b_, ry, rx, p, c):
+        y, x_ = pixel(p)
+        return data(b_, c, y * sh + ry * dh - top, x_ * sw + rx * dw - left)
+    return te.compute((images, kh, kw, tiling.mp if mp is None else mp, tiling.kp), value, name="a_pad")
 
 
-def _accumulate(spec: KernelSpec, tiling: Tiling, a_pad, weight, images: int):
+def _accumulate(spec: KernelSpec, tiling: Tiling, a_pad, weight, images: int, mp=None):
     """acc[b, p, f] = sum over (ry, rx, c) of a_pad * weight, in the accumulator dtype."""
     _, _, kh, kw = spec.rhs_shape
     ry, rx = te.reduce_axis((0, kh), name="ry"), te.reduce_axis((0, kw), name="rx")
     rc = te.reduce_axis((0, tiling.kp), name="rc")
-    return te.compute((images, tiling.mp, tiling.np), lambda b_, p, f: te.sum(
+    return te.compute((images, tiling.mp if mp is None else mp, tiling.np), lambda b_, p, f: te.sum(
         a_pad[b_, ry, rx, p, rc].astype(spec.acc_dtype) * weight(b_, ry, rx, rc, f).astype(spec.acc_dtype),
         axis=[ry, rx, rc]), name="acc")
 
@@ -181,7 +246,7 @@ def conv2d_layout_compute(spec: KernelSpec, tiling: Tiling):
         n, group = image(b_)
         return padded(x, data_shape, group_view((n, c, y, x_), spec.data_layout, g, group))
 
-    a_pad = _gather(spec, tiling, data, images, ow)
+    a_pad = _gather(spec, tiling, data, images, _pixel_order(spec, oh, ow)[0])
     b_pad = te.compute((images if g > 1 else 1, kh, kw, tiling.kp, tiling.np), lambda b_, ry, rx, c, f: padded(
         w, weight_shape, stored((image(b_)[1] * per_group + f if g > 1 else f, c, ry, rx), "OIHW",
                                 spec.kernel_layout)), name="b_pad")

@@ -17,14 +17,22 @@ from __future__ import annotations
 import contextlib
 import contextvars
 
-from tvm import tirx
+from tvm import sym, tirx
 
 from ..errors import UnsupportedOperator
-from ..relax_info import shape_dims
+from ..relax_info import expression_name, shape_dims
 
 #: The extent a tile search assumes for a symbolic axis without a bound: large enough that the
 #: tiles it picks are the ones a large size wants (a small size then runs one ragged tile).
 DEFAULT_BOUND = 1024
+
+#: PrimFunc attribute: {host tensor name: GEMM rows per step of the box loop along its symbolic
+#: dimension} for gathers. A conv2d's gather reads the image through a halo that zero-fills its
+#: padding: cut to the image's extent, the last tile's padding would not be written at all. Its
+#: box loop along the symbolic dimension walks output columns (or rows), `step` GEMM rows each,
+#: so it is cut to the output columns the tile's valid rows hold instead (conv2d.py sets it for
+#: a symbolic image size; lower/ragged.py reads it).
+GATHERS = "cgra.gathers"
 
 _BOUNDS: contextvars.ContextVar = contextvars.ContextVar("cgra_shape_bounds", default={})
 _VARS: dict = {}  # name -> the kernel-side TIR variable (one object per name, int32)
@@ -53,10 +61,12 @@ def dim_var(name: str) -> tirx.Var:
     return var
 
 
-def read_shape(expr, role: str, symbolic_axes=(), prefix: str = "") -> tuple[tuple, dict]:
+def read_shape(expr, role: str, symbolic_axes=(), prefix: str = "", expressions: bool = False) -> tuple[tuple, dict]:
     """(shape with symbolic axes at their bound, {axis: variable name}) of `expr`. Axes listed in
-    `symbolic_axes` (negative from the end allowed) may be a symbolic variable; any other symbolic
-    axis, an expression of variables, an unknown shape or an empty tensor raise
+    `symbolic_axes` (negative from the end allowed) may be a symbolic variable, and with
+    `expressions` an expression of variables too (a strided conv2d's output width, (w - 1) // 2 + 1:
+    the kernel reads it as a variable of its own, named by the expression, bound from the tensor
+    it is given); any other symbolic axis, an unknown shape or an empty tensor raise
     UnsupportedOperator saying why."""
     dims = shape_dims(expr)
     if dims is None:
@@ -70,15 +80,28 @@ def read_shape(expr, role: str, symbolic_axes=(), prefix: str = "") -> tuple[tup
                                           "NPU to compute, it stays on the host")
             shape.append(dim)
             continue
-        if axis not in allowed or not isinstance(dim, tirx.Var):
-            where = "this axis" if isinstance(dim, tirx.Var) else f"an expression ({dim}) of variables"
+        if axis not in allowed or not (isinstance(dim, tirx.Var) or expressions):
+            where = "this axis" if isinstance(dim, tirx.Var) else f"an expression ({expression_name(dim)}) of variables"
             raise UnsupportedOperator(
-                f"{prefix}the {role} has a symbolic dimension {dim} on axis {axis}; the NPU kernel takes "
-                f"{_axes_text(allowed, len(dims))} symbolic, not {where} (bind it, e.g. with "
+                f"{prefix}the {role} has a symbolic dimension {expression_name(dim)} on axis {axis}; the NPU "
+                f"kernel takes {_axes_text(allowed, len(dims))} symbolic, not {where} (bind it, e.g. with "
                 "relax.transform.BindSymbolicVars)")
-        names[axis] = dim.name
-        shape.append(bound_of(dim.name))
+        names[axis] = dim.name if isinstance(dim, tirx.Var) else expression_name(dim)
+        shape.append(bound_of(dim.name) if isinstance(dim, tirx.Var) else _expression_bound(dim, prefix, role))
     return tuple(shape), names
+
+
+def _expression_bound(dim, prefix: str, role: str) -> int:
+    """The largest value of an extent that is an expression of symbolic dimensions, each at its
+    bound (the extents of a model's shapes grow with their variables)."""
+    at_bounds = dim
+    for var in tirx.analysis.undefined_vars(dim):
+        at_bounds = tirx.Let(var, tirx.IntImm(str(var.ty), bound_of(var.name)), at_bounds)
+    value = sym.Analyzer().simplify(at_bounds)
+    if not isinstance(value, tirx.IntImm) or int(value.value) < 1:
+        raise UnsupportedOperator(f"{prefix}the {role}'s symbolic dimension {expression_name(dim)} has no "
+                                  "positive size at its variables' bounds")
+    return int(value.value)
 
 
 def _axes_text(allowed: set, rank: int) -> str:

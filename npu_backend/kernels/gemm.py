@@ -35,15 +35,26 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     once per problem and chip: partitioning asks (does it fit?) and then the kernel stage."""
     key = (spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), spec.row_step,
            bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
-           spec.op == "matmul" and bool(spec.symbolic("lhs")), arch.fingerprint)
+           _any_rows(spec), arch.fingerprint)
     if key not in _TILINGS:
         if len(_TILINGS) >= 4096:
             _TILINGS.clear()
         _TILINGS[key] = choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch,
                                       spec.row_step, has_residual=bool(spec.residual_shape),
                                       has_scale=bool(spec.scale_shape), store_rows=store_walks_rows(spec),
-                                      any_rows=spec.op == "matmul" and bool(spec.symbolic("lhs")))
+                                      any_rows=_any_rows(spec), taps=_taps(spec) if _any_rows(spec) else 1)
     return _TILINGS[key]
+
+
+def _taps(spec: KernelSpec) -> int:
+    """Reduction steps per depth chunk: a conv2d's kernel window (kh * kw), 1 for a matmul."""
+    return spec.rhs_shape[2] * spec.rhs_shape[3] if spec.op == "conv2d" else 1
+
+
+def _any_rows(spec: KernelSpec) -> bool:
+    """One kernel serves every number of GEMM rows: a matmul's rows or a conv2d's image size
+    are symbolic."""
+    return (spec.op == "matmul" and bool(spec.symbolic("lhs"))) or spec.symbolic_image
 
 
 _TILINGS: dict = {}  # choose_gemm_tiling's results (Tiling is immutable)
@@ -52,13 +63,16 @@ _TILINGS: dict = {}  # choose_gemm_tiling's results (Tiling is immutable)
 def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                   has_bias: bool, arch: HardwareDescription, row_step: int = 1,
                   has_residual: bool = False, has_scale: bool = False, store_rows: int = 0,
-                  any_rows: bool = False) -> Tiling:
+                  any_rows: bool = False, taps: int = 1) -> Tiling:
     """The tiling with the fewest estimated cycles among those that fit the scratchpad.
 
     With `any_rows` (symbolic rows, `rows` their bound) one tiling serves every size up to
     `rows`: the one whose estimate, at sizes from one PE-array step to the bound, exceeds the
     best tiling of that size by the smallest factor (minimax regret). Its last tile is cut to the
     rows that exist (lower/ragged.py), so a small size does not pay for a large tile's rows.
+    `taps`: reduction steps per depth chunk (a conv2d's kh * kw), so that the per-tile costs
+    weigh against the steady stream as they do in the kernel. (The static search leaves it at 1:
+    its tilings and figures are pinned by the cost-model tests and the behaviour snapshot.)
 
     Output tiles grow in whole PE-array steps (rows: in multiples of `row_step` when the kernel
     needs whole groups of rows, e.g. whole output rows of a conv2d) up to the padded problem; for
@@ -102,7 +116,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
 
     def cycles(candidate, size: int) -> int:
         return estimate_cycles(tiling_for(candidate, size), dtype, in_bytes, acc_bytes, arch, has_residual,
-                               latency_bound=any_rows)
+                               latency_bound=any_rows, taps=taps)
 
     if not any_rows:
         best = min(candidates, key=lambda c: (cycles(c, rows), -c[0] * c[1]))
@@ -114,7 +128,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
 
 
 def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription,
-                    has_residual: bool = False, latency_bound: bool = False) -> int:
+                    has_residual: bool = False, latency_bound: bool = False, taps: int = 1) -> int:
     """A first-order estimate of a tiled GEMM's cycles, each unit's work priced by the simulator's
     cost model (cgra_sim.cost).
 
@@ -126,7 +140,7 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     FILL waits behind this tile's EPILOGUE, which waits for this tile's last GEMM, and the PE
     array refills after the gap.
     """
-    tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk
+    tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk * taps
     array_fill = arch.rows + arch.cols
     compute = tiles * steps * cost.gemm_steady_cycles(arch, t.tm, t.tn, t.tk, dtype) + array_fill + \
         arch.config_load_cycles
@@ -142,10 +156,15 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     bubble = (tiles - 1) * (2 * vector_tile + array_fill)
     busiest = max(compute, load, store, vector)
     if latency_bound:
-        # With two buffers a step's operands are issued two steps ahead, so short steps wait
-        # for the DMA's latency: a row tile cut to a few rows runs many such steps. (The static
-        # search leaves this out: its figures are pinned by the cost-model tests.)
-        busiest = max(busiest, tiles * steps * -(-(arch.dma_latency + cost.dma_transfer_cycles(arch, tile_load)) // 2))
+        # With two buffers, each buffer in turn is loaded (latency, then transfer) and then
+        # computed on before it can be loaded again: two steps take at least latency + transfer
+        # + compute. Short steps, or steps whose loads take as long as their GEMM, wait for the
+        # DMA: a row tile cut to a few rows, or a thin conv2d tile reloading its weights every
+        # step. (The static search leaves this out: its figures are pinned by the cost-model
+        # tests.)
+        step = arch.dma_latency + cost.dma_transfer_cycles(arch, tile_load) + \
+            cost.gemm_steady_cycles(arch, t.tm, t.tn, t.tk, dtype)
+        busiest = max(busiest, tiles * steps * -(-step // 2))
     return busiest + bubble + prologue + tail
 
 
@@ -209,7 +228,13 @@ def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
     row_outer, row_inner = sch.split(row, [None, tiling.tm])
     col_outer, col_inner = sch.split(col, [None, tiling.tn])
     sch.reorder(row_outer, col_outer, row_inner, col_inner)
-    return stage_output_tile(sch, spec, col_outer), row_inner, col_outer
+    acc = stage_output_tile(sch, spec, col_outer)
+    if spec.pixel_order == "xy":
+        # Tile rows run down output columns: the store walks them (y) innermost, so that a DMA
+        # beat reads consecutive rows of the tile as it does for rows along x (spad_layout.py).
+        *_, y, x = sch.get_loops(sch.get_sblock("out"))
+        sch.reorder(x, y)
+    return acc, row_inner, col_outer
 
 
 def stage_output_tile(sch, spec: KernelSpec, tile_loop):

@@ -66,4 +66,5 @@ def kernel_prim_func(spec, inputs: dict, out, views=None):
     caller shapes name (a compact (B, S, K) input read as (B * S, K), symbolic axes as their
     variables) plus `views`."""
     callers = {role: caller_dims(spec, role, shape) for role, shape in spec.caller_shapes}
-    return prim_func(spec.roles, inputs, out, {**callers, **(views or {})})
+    func = prim_func(spec.roles, inputs, out, {**callers, **(views or {})})
+    return func.with_attr("cgra.shape_args", list(spec.shape_args)) if spec.shape_args else func

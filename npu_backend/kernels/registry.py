@@ -14,6 +14,8 @@ import dataclasses
 import functools
 import inspect
 
+from tvm import relax
+
 from ..errors import CGRAError, UnsupportedCopy, UnsupportedOperator, stage_context
 from ..partition.call_tir import prim_func_of
 from ..partition.composite import composite_call, composite_name, composite_ops, matched_roles
@@ -117,14 +119,25 @@ def spec_from_composite(func):
     roles = {}
     for role, expr in annotated.items():
         roles.setdefault(expr, []).append(role)
-    param_roles = []
-    for param in composite.params:
+    param_roles, shape_args = [], []
+    for position, param in enumerate(composite.params):
+        if isinstance(param.ty, relax.ShapeType):
+            # Symbolic sizes Relax passes beside the tensors (tir_vars: e.g. w when the data's
+            # width is (w - 1) // 2 + 1); the kernel reads its sizes from the tensors instead.
+            shape_args.append(position)
+            continue
         if len(roles.get(param, [])) != 1:
             raise UnsupportedOperator(f"parameter '{param.name}' of '{name}' plays {roles.get(param, [])} "
                                       "roles; each operand must be its own tensor")
         param_roles.append(roles[param][0])
     source_ops = tuple(call.op.name.replace("relax.", "") for _, call in composite_ops(func))
-    return dataclasses.replace(spec, param_roles=tuple(param_roles), source_ops=source_ops)
+    spec = dataclasses.replace(spec, param_roles=tuple(param_roles), source_ops=source_ops)
+    if shape_args:
+        if "shape_args" not in {f.name for f in dataclasses.fields(spec)}:
+            raise UnsupportedOperator(f"'{name}' is passed symbolic sizes beside its tensors (tir_vars); its NPU "
+                                      "kernel reads sizes from its tensors only")
+        spec = dataclasses.replace(spec, shape_args=tuple(shape_args))
+    return spec
 
 
 def _check_call_order(func) -> None:

@@ -79,6 +79,10 @@ class KernelSpec:
     # Symbolic axes (kernels/dynamic.py): ((role, axis, variable name), ...) of the shapes the
     # caller passes (caller_shapes, else the shapes above), which hold them at their bound.
     symbols: tuple = ()
+    # Positions among the call's arguments of shape values Relax passes beside the tensors
+    # (tir_vars, when a tensor's size is an expression of a variable no tensor holds alone); the
+    # kernel skips them (operands.kernel_prim_func, attribute cgra.shape_args).
+    shape_args: tuple = ()
 
     def symbolic(self, role: str) -> dict:
         """{axis: variable name} of `role`'s symbolic axes (role "out": the output's)."""
@@ -113,8 +117,23 @@ class KernelSpec:
 
     @property
     def row_step(self) -> int:
-        """Rows of a tile come in multiples of this: a conv2d tile holds whole output rows."""
-        return self.output_shape[3] if self.op == "conv2d" else 1
+        """Rows of a tile come in multiples of this: a conv2d tile holds whole output rows (whole
+        output columns when its width is symbolic)."""
+        if self.op != "conv2d":
+            return 1
+        return self.output_shape[2] if self.pixel_order == "xy" else self.output_shape[3]
+
+    @property
+    def symbolic_image(self) -> bool:
+        """A conv2d whose input height or width is symbolic (kernels/conv2d.py)."""
+        names = self.symbolic("lhs")
+        return self.op == "conv2d" and any(self.data_layout.index(axis) in names for axis in "HW")
+
+    @property
+    def pixel_order(self) -> str:
+        """The order of a conv2d's output pixels along its GEMM rows: "yx" (p = y * OW + x), or
+        "xy" (p = x * OH + y) when its width is symbolic (kernels/conv2d.py)."""
+        return "xy" if self.op == "conv2d" and self.data_layout.index("W") in self.symbolic("lhs") else "yx"
 
     @property
     def output_shape(self) -> tuple:

@@ -20,6 +20,8 @@ from tvm import ir, sym, tirx
 from cgra_codegen import device_call_positions
 from cgra_sim.isa import BOX_DIMS
 
+from ..kernels.dynamic import GATHERS
+
 _CALL_EXTERN = "tirx.call_extern"
 #: Device call -> its parameter that counts the tile's rows (the tile loop's axis).
 _ROW_PARAMS = {"cgra_gemm": "m", "cgra_fill": "rows", "cgra_epilogue": "m", "cgra_eltwise": "rows"}
@@ -29,14 +31,17 @@ _DMA = ("cgra_dma_load", "cgra_dma_store")
 _BUFFER_DATA = ir.Op.get("tirx.buffer_data")
 
 
+
+
 def cut_ragged_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    return func.with_body(_Cutter().stmt(func.body, None))
+    gathers = {str(name): int(step) for name, step in (func.attrs or {}).get(GATHERS, {}).items()}
+    return func.with_body(_Cutter(gathers).stmt(func.body, None))
 
 
-def _host_shape(slot):
-    """The shape of the host tensor a DMA's slot argument (`X.data`) names, or None."""
+def _host_tensor(slot):
+    """The host tensor (Buffer) a DMA's slot argument (`X.data`) names, or None."""
     if isinstance(slot, ir.Call) and slot.op.same_as(_BUFFER_DATA):
-        return list(slot.args[0].shape)
+        return slot.args[0]
     return None
 
 
@@ -55,6 +60,9 @@ def _tile_of(loop):
 
 
 class _Cutter:
+    def __init__(self, gathers: dict):
+        self.gathers = gathers
+
     def stmt(self, stmt, rows):
         """`stmt` with its calls cut; `rows` = (tile size, valid rows of this tile) inside a
         symbolic tile loop, else None."""
@@ -79,7 +87,7 @@ class _Cutter:
         name = str(call.args[0].value)
         args = list(call.args)
         if name in _DMA:
-            self._cut_box(name, args)
+            self._cut_box(name, args, rows)
         elif rows is not None and name in _ROW_PARAMS:
             (position,) = device_call_positions(name)[_ROW_PARAMS[name]]
             size, valid = rows
@@ -87,17 +95,27 @@ class _Cutter:
                 args[position] = valid.astype(str(args[position].ty))
         return ir.Call(call.op, args, call.attrs, call.ty_args, call.span, call.ty)
 
-    def _cut_box(self, name: str, args) -> None:
+    def _cut_box(self, name: str, args, rows) -> None:
         """Each box loop walking a symbolic dimension of the host tensor moves only the
-        coordinates inside it: extent min(extent, size - origin) (one step per coordinate)."""
+        coordinates inside it: extent min(extent, size - origin) (one step per coordinate); a
+        gather's, only the output columns (or rows) the tile's valid rows hold."""
         positions = device_call_positions(name)
-        shape = _host_shape(args[positions["slot"][0]])
-        if shape is None:
+        tensor = _host_tensor(args[positions["slot"][0]])
+        if tensor is None:
             return
+        shape = list(tensor.shape)
         box = positions["box"]
+        gather = self.gathers.get(str(tensor.name)) if name == "cgra_dma_load" else None
         for loop in range(BOX_DIMS):
             extent_at, dim_at, step_at = (box[3 * BOX_DIMS + 4 * loop + k] for k in range(3))
             dim, step = args[dim_at], args[step_at]
+            if gather is not None:
+                symbolic = isinstance(dim, tirx.IntImm) and int(dim.value) < len(shape) and \
+                    not isinstance(shape[int(dim.value)], tirx.IntImm)
+                if symbolic and rows is not None:
+                    valid = tirx.floordiv(rows[1], gather).astype("int64")
+                    args[extent_at] = tirx.max(tirx.min(args[extent_at], valid), tirx.IntImm("int64", 1))
+                continue
             if not (isinstance(dim, tirx.IntImm) and isinstance(step, tirx.IntImm) and int(step.value) == 1):
                 continue
             extent = shape[int(dim.value)] if int(dim.value) < len(shape) else None
