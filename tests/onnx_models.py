@@ -120,9 +120,11 @@ def mobilenet_v2(size: int = 32, classes: int = 10, seed: int = 0) -> onnx.Model
 
 def text_line_encoder(height: int = 16, channels: int = 16, width="W", seed: int = 0) -> onnx.ModelProto:
     """The convolutional front of an OCR recogniser (CRNN-like): a grey text line of fixed height
-    and variable `width` (an ONNX dim_param), conv-bn-relu, a stride-2 conv-bn-relu, conv-bn-relu."""
+    and variable `width` (an ONNX dim_param), conv-bn-relu, a stride-2 conv-bn-relu, conv-bn-relu,
+    a 2x2 max pool."""
     g = _Graph(seed)
     x = g.conv_bn("input", 1, channels // 2)
     x = g.conv_bn(x, channels // 2, channels, stride=2)
     x = g.conv_bn(x, channels, channels)
-    return g.model("text_line_encoder", [1, 1, height, width], x, [1, channels, height // 2, None])
+    x = g.node("MaxPool", [x], kernel_shape=[2, 2], strides=[2, 2])
+    return g.model("text_line_encoder", [1, 1, height, width], x, [1, channels, height // 4, None])

@@ -33,6 +33,11 @@ DEFAULT_BOUND = 1024
 #: so it is cut to the output columns the tile's valid rows hold instead (conv2d.py sets it for
 #: a symbolic image size; lower/ragged.py reads it).
 GATHERS = "cgra.gathers"
+#: PrimFunc attribute: the POOL parameter ("oh" or "ow") that counts a block's outputs along a
+#: symbolic image axis; the last block's POOL is cut to the outputs that exist (pool.py sets it,
+#: lower/ragged.py reads it). Its window load is cut to the image, which holds every tap of
+#: those outputs (no padding along the axis).
+POOL_BLOCK = "cgra.pool_block"
 
 _BOUNDS: contextvars.ContextVar = contextvars.ContextVar("cgra_shape_bounds", default={})
 _VARS: dict = {}  # name -> the kernel-side TIR variable (one object per name, int32)

@@ -19,17 +19,19 @@ windows reach past the padded image into more halo, outside both.
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 
-from tvm import te
+from tvm import sym, te, tirx
 from tvm.relax.dpl import is_op, wildcard
 
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
+from cgra_sim.banks import beat_slowdown
 from cgra_sim.isa import DType
 
 from ..errors import ScratchpadTooSmall, UnsupportedOperator
 from ..relax_info import dtype_of
-from .dynamic import batch_extent, read_shape
+from .dynamic import POOL_BLOCK, batch_extent, dim_var, read_shape
 from .family import OpFamily
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.vector_unit import PoolWindow, never_valid_taps, pool_value
@@ -63,12 +65,12 @@ def pool_spec(name: str, annotated: dict) -> KernelSpec:
     op = name.removeprefix("cgra.")
     # The batch may be symbolic (one kernel for every batch size, kernels/dynamic.py); which
     # axis is the batch depends on the layout, checked once the spec knows it.
-    shape, names = read_shape(data, "data", symbolic_axes=range(4))
+    shape, names = read_shape(data, "data", symbolic_axes=range(4), expressions=True)
     if len(shape) != 4:
         raise UnsupportedOperator(f"{op} of a rank-{len(shape)} tensor: the NPU pools 4-D images")
     spec = _SPECS[name](op, call, shape, dtype_of(data))
     if names:
-        spec = _with_symbolic_batch(op, spec, names)
+        spec = _with_symbols(op, spec, names)
     if spec.dtype not in POOL_DTYPES[spec.pool.kind]:
         raise UnsupportedOperator(f"{op} on {spec.dtype}: the NPU's POOL takes "
                                   f"{' or '.join(POOL_DTYPES[spec.pool.kind])} for a {spec.pool.kind} pool")
@@ -81,15 +83,49 @@ def pool_spec(name: str, annotated: dict) -> KernelSpec:
     return spec
 
 
-def _with_symbolic_batch(op: str, spec: KernelSpec, names: dict) -> KernelSpec:
-    """`spec` with its symbolic batch, the only axis a POOL kernel takes symbolic."""
+def _with_symbols(op: str, spec: KernelSpec, names: dict) -> KernelSpec:
+    """`spec` with its symbolic axes: the batch, and the image height or width of a windowed
+    pool without padding, ceil mode or a global window along it (its tiles then cut the axis
+    into blocks of outputs whose windows lie inside the image; see `symbolic_axis`)."""
     batch = spec.data_layout.index("N")
-    if set(names) != {batch}:
-        axes = ", ".join(f"{spec.data_layout[a]} ({n})" for a, n in sorted(names.items()))
-        raise UnsupportedOperator(f"{op} with symbolic {axes}: the NPU's POOL kernel takes a symbolic batch (N), "
-                                  "not a symbolic image size (bind it, e.g. with relax.transform.BindSymbolicVars)")
+    spatial = {axis: names[spec.data_layout.index(axis)] for axis in "HW" if spec.data_layout.index(axis) in names}
+    if spatial:
+        reason = _symbolic_image_refusal(op, spec, list(spatial))
+        if reason is not None:
+            what = " and ".join(f"{axis} ({name})" for axis, name in spatial.items())
+            raise UnsupportedOperator(f"{op} with a symbolic {what}: the NPU's POOL kernel takes {reason} (bind it, "
+                                      "e.g. with relax.transform.BindSymbolicVars)")
     out_axis = 0 if dict(spec.caller_shapes).get("out") is not None else spec.out_layout.index("N")
-    return dataclasses.replace(spec, symbols=(("lhs", batch, names[batch]), ("out", out_axis, names[batch])))
+    batch_out = (("out", out_axis, names[batch]),) if batch in names else ()
+    return dataclasses.replace(spec, symbols=tuple(("lhs", a, n) for a, n in sorted(names.items())) + batch_out)
+
+
+def _symbolic_image_refusal(op: str, spec: KernelSpec, axes: list) -> str | None:
+    """Why a pool cannot take these symbolic image axes ("H", "W"), or None if it can."""
+    if len(axes) == 2:
+        return "a symbolic height or width, not both"
+    if op in ("adaptive_avg_pool2d", "mean"):
+        return "no global pool over a symbolic size"
+    index = "HW".index(axes[0])
+    if spec.pool.ceil_mode:
+        return "no ceil mode along a symbolic size"
+    if spec.padding[index] or spec.padding[index + 2]:
+        return "no padding along a symbolic size"
+    return None
+
+
+def symbolic_axis(spec: KernelSpec):
+    """(0 for the height or 1 for the width, its output extent as the kernel indexes it) of a
+    pool's symbolic image axis, or None. Its tiles cut that axis into blocks of `tiling.tm`
+    outputs; without padding every valid output's window lies inside the image, so one POOL
+    window serves every block, and the last block is cut to the outputs that exist (lower/ragged.py)."""
+    names = spec.symbolic("lhs")
+    for index, axis in enumerate("HW"):
+        name = names.get(spec.data_layout.index(axis))
+        if name is not None:
+            k, step, spacing = spec.pool.size[index], spec.strides[index], spec.dilation[index]
+            return index, sym.Analyzer().simplify(tirx.floordiv(dim_var(name) - spacing * (k - 1) - 1, step) + 1)
+    return None
 
 
 def _layout(op: str, attrs) -> str:
@@ -175,30 +211,64 @@ def window_extents(spec: KernelSpec) -> tuple[int, int]:
 def pool_compute(spec: KernelSpec, tiling: Tiling):
     """out[b, c, y, x] (in the spec's layout) = the pooled window of image b, channel c."""
     n = batch_extent(spec)  # an int, or the symbolic batch's variable
+    _, channels, h, w = spec.lhs_shape
     _, _, oh, ow = spec.output_shape
     top, left, _, _ = spec.padding
     in_h, in_w = window_extents(spec)
-    window = pool_window(spec)
-    data_shape = stored((n,) + tuple(spec.lhs_shape[1:]), "NCHW", spec.data_layout)
+    window, tile_out, acc_out = pool_window(spec), (oh, ow), [oh, ow]
+    image = [h, w]
+    symbolic = symbolic_axis(spec)
+    if symbolic is not None:  # blocks of tiling.tm outputs along the symbolic axis
+        index, extent = symbolic
+        image[index] = dim_var(spec.symbolic("lhs")[spec.data_layout.index("HW"[index])])
+        acc_out[index] = sym.Analyzer().simplify(tirx.ceildiv(tirx.max(extent, 1), tiling.tm) * tiling.tm)
+        (oh, ow), window, tile_out = _block(spec, tiling, index, extent)
+        k, step, spacing = spec.pool.size[index], spec.strides[index], spec.dilation[index]
+        in_h, in_w = [(acc_out[0] - 1) * step + (k - 1) * spacing + 1, in_w] if index == 0 else \
+            [in_h, (acc_out[1] - 1) * step + (k - 1) * spacing + 1]
+    data_shape = stored((n, channels, *image), "NCHW", spec.data_layout)
     x = te.placeholder(data_shape, spec.dtype, name="data")
     a_pad = te.compute((n, in_h, in_w, tiling.np), lambda b_, py, px, c: padded(
         x, data_shape, stored((b_, c, py - top, px - left), "NCHW", spec.data_layout)), name="a_pad")
-    acc = te.compute((n, oh, ow, tiling.np), lambda b_, y, ox, c: pool_value(
-        lambda py, px, ch: a_pad[b_, py, px, ch], y, ox, c, window, (oh, ow), spec.dtype), name="acc")
+    acc = te.compute((n, *acc_out, tiling.np), lambda b_, y, ox, c: pool_value(
+        lambda py, px, ch: a_pad[b_, py, px, ch], y, ox, c, window, tile_out, spec.dtype), name="acc")
 
     def stored_out(*index):
         axis = dict(zip(spec.out_layout, index))
         return acc[axis["N"], axis["H"], axis["W"], axis["C"]]
 
-    out = te.compute(stored((n,) + tuple(spec.output_shape[1:]), "NCHW", spec.out_layout), stored_out, name="out")
-    return kernel_prim_func(spec, {"lhs": x}, out)
+    out = te.compute(stored((n, channels, oh, ow), "NCHW", spec.out_layout), stored_out, name="out")
+    func = kernel_prim_func(spec, {"lhs": x}, out)
+    return func.with_attr(POOL_BLOCK, ("oh", "ow")[symbolic[0]]) if symbolic is not None else func
+
+
+def _block(spec: KernelSpec, tiling: Tiling, index: int, extent):
+    """A pool with a symbolic height (index 0) or width (1) of `extent` outputs: (the output's
+    (oh, ow) with that extent, the POOL window of one block of tiling.tm outputs along it, the
+    block's (rows, columns) of outputs). No padding along the axis: every tap of the block's
+    outputs is in its window, valid and counted."""
+    _, _, oh, ow = spec.output_shape
+    out = [oh, ow]
+    out[index] = extent
+    tile_out = [oh, ow]
+    tile_out[index] = tiling.tm
+    window = pool_window(spec)
+    span = window.extent(tiling.tm, index)
+    valid, count = list(window.valid), list(window.count) if window.count is not None else None
+    valid[2 * index:2 * index + 2] = (0, span)
+    if count is not None:
+        count[2 * index:2 * index + 2] = (0, span)
+    window = dataclasses.replace(window, valid=tuple(valid), count=None if count is None else tuple(count))
+    return tuple(out), window, tuple(tile_out)
 
 
 def choose_pool_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     """The whole output image (tm = output rows) by `tn` channels (>= 2, any count: the vector
     unit has no column alignment), kh * kw taps at once: the tn with the fewest estimated cycles
     among those whose double-buffered window and output fit the scratchpad. np: channels padded
-    to whole tiles."""
+    to whole tiles. With a symbolic image axis, `_choose_block_tiling`."""
+    if symbolic_axis(spec) is not None:
+        return _choose_block_tiling(spec, arch)
     n, channels, _, _ = spec.lhs_shape
     _, _, oh, ow = spec.output_shape
     in_h, in_w = window_extents(spec)
@@ -220,14 +290,69 @@ def choose_pool_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     return best[1]
 
 
-def _estimate_cycles(tiles: int, load_bytes: int, store_bytes: int, taps: int, arch: HardwareDescription) -> int:
+def _choose_block_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
+    """A pool with a symbolic height or width: blocks of tm outputs along it (a power of two) by
+    tn channels, the whole other axis; the (tm, tn) whose estimate, at sizes from one output to
+    the bound (`spec.output_shape`), is the closest to the best block of that size (minimax
+    regret; the last block's POOL and window load are cut to the outputs that exist)."""
+    n, channels, _, _ = spec.lhs_shape
+    index, _ = symbolic_axis(spec)
+    bound = spec.output_shape[2 + index]
+    taps = spec.pool.size[0] * spec.pool.size[1]
+    size = DType.from_name(spec.dtype).itemsize
+    window = pool_window(spec)
+    other = spec.output_shape[3 - index]
+    other_in = window.extent(other, 1 - index)
+    candidates = []
+    for tm in (1 << k for k in range(bound.bit_length() + 1)):
+        span = window.extent(tm, index)
+        for tn in range(2, max(channels, 2) + 1):
+            if aligned(2 * span * other_in * tn * size) + aligned(2 * tm * other * tn * size) > arch.spad_bytes:
+                break
+            candidates.append((tm, tn))
+        if tm >= bound:
+            break
+    if not candidates:
+        raise ScratchpadTooSmall(
+            f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold a pooling window of one output "
+            "along the symbolic axis and two channels: describe a larger scratchpad")
+
+    def cycles(candidate, outputs: int) -> int:
+        tm, tn = candidate
+        tiles = n * -(-channels // tn) * -(-outputs // tm)
+        tm = min(tm, outputs)  # one block, cut to the outputs that exist (lower/ragged.py)
+        span = window.extent(tm, index)
+        window_tile, out_tile = ((span, other_in), (tm, other)) if index == 0 else ((other_in, span), (other, tm))
+        return _estimate_cycles(tiles, span * other_in * tn * size, tm * other * tn * size, tm * other * tn * taps,
+                                arch, _banks(spec, arch, *window_tile, tn), _banks(spec, arch, *out_tile, tn))
+
+    sizes = sorted({min(bound, 1 << k) for k in range(bound.bit_length() + 1)})
+    fastest = {s: min(cycles(c, s) for c in candidates) for s in sizes}
+    tm, tn = min(candidates, key=lambda c: (max(cycles(c, s) / fastest[s] for s in sizes), cycles(c, bound)))
+    return Tiling(tm, tn, taps, round_up(bound, tm), round_up(channels, tn), taps)
+
+
+def _banks(spec: KernelSpec, arch: HardwareDescription, rows: int, cols: int, channels: int):
+    """The scratchpad banks' slowdown of a DMA moving a (rows, cols, channels) tile (stored
+    row, column, channel) in the order of the tensor's layout: a narrow block walks the tile
+    with a stride and can put a beat's elements in few banks (cgra_sim.banks, as the simulator
+    charges it)."""
+    size = DType.from_name(spec.dtype).itemsize
+    extents = {"N": 1, "C": channels, "H": rows, "W": cols}
+    strides = {"N": 0, "C": size, "H": cols * channels * size, "W": channels * size}
+    return beat_slowdown(arch.dma_bytes_per_cycle, [extents[a] for a in spec.data_layout],
+                         [strides[a] for a in spec.data_layout], size, 0, arch.spad_banks, arch.bank_width_bytes)
+
+
+def _estimate_cycles(tiles: int, load_bytes: int, store_bytes: int, taps: int, arch: HardwareDescription,
+                     load_slowdown=1, store_slowdown=1) -> int:
     """First-order cycles of a tiled pooling kernel, each command priced by the simulator's cost
     model (cgra_sim.cost): the busiest unit per tile, or, with two copies of each buffer, half of a buffer's round trip
     (a window is loaded, with the DMA latency, then pooled before the load two tiles later can
     reuse it; an output is pooled, then stored, with the latency, before it is written again);
     plus the first load and the last store."""
-    load = cost.dma_transfer_cycles(arch, load_bytes)
-    store = cost.dma_transfer_cycles(arch, store_bytes)
+    load = cost.dma_transfer_cycles(arch, load_bytes, Fraction(load_slowdown))
+    store = cost.dma_transfer_cycles(arch, store_bytes, Fraction(store_slowdown))
     vector = cost.pool_cycles(arch, taps)
     period = max(load, vector, store, -(-(arch.dma_latency + load + vector) // 2),
                  -(-(vector + arch.dma_latency + store) // 2))
@@ -241,14 +366,25 @@ def schedule_pool(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescripti
     acc = sch.get_sblock("acc")
     images, rows, cols, channels = sch.get_loops(acc)
     channel_tile, channel = sch.split(channels, [None, tiling.tn])
-    sch.reorder(images, channel_tile, rows, cols, channel)
+    symbolic = symbolic_axis(spec)
+    if symbolic is None:
+        sch.reorder(images, channel_tile, rows, cols, channel)
+        tile_loop, window, (oh, ow) = channel_tile, pool_window(spec), spec.output_shape[2:]
+    else:  # blocks of tiling.tm outputs along the symbolic axis, inside the channel tiles
+        index, extent = symbolic
+        if index == 0:
+            tile_loop, rows = sch.split(rows, [None, tiling.tm])
+            sch.reorder(images, channel_tile, tile_loop, rows, cols, channel)
+        else:
+            tile_loop, cols = sch.split(cols, [None, tiling.tm])
+            sch.reorder(images, channel_tile, tile_loop, rows, cols, channel)
+        _, window, (oh, ow) = _block(spec, tiling, index, extent)
     sch.set_scope(acc, 0, SPAD)
     a_pad = sch.get_sblock("a_pad")
-    sch.compute_at(a_pad, channel_tile)
+    sch.compute_at(a_pad, tile_loop)
     sch.set_scope(a_pad, 0, SPAD)
-    sch.reverse_compute_at(sch.get_sblock("out"), channel_tile)
-    _, _, oh, ow = spec.output_shape
-    sch.tensorize(rows, get_intrin("pool", oh, ow, tiling.tn, pool_window(spec), spec.dtype))
+    sch.reverse_compute_at(sch.get_sblock("out"), tile_loop)
+    sch.tensorize(rows, get_intrin("pool", oh, ow, tiling.tn, window, spec.dtype))
 
 
 POOL = OpFamily(

@@ -125,9 +125,9 @@ class KernelSpec:
 
     @property
     def symbolic_image(self) -> bool:
-        """A conv2d whose input height or width is symbolic (kernels/conv2d.py)."""
+        """A conv2d or pool whose input height or width is symbolic (kernels/conv2d.py, pool.py)."""
         names = self.symbolic("lhs")
-        return self.op == "conv2d" and any(self.data_layout.index(axis) in names for axis in "HW")
+        return self.op in ("conv2d", "pool") and any(self.data_layout.index(axis) in names for axis in "HW")
 
     @property
     def pixel_order(self) -> str:

@@ -20,7 +20,7 @@ from tvm import ir, sym, tirx
 from cgra_codegen import device_call_positions
 from cgra_sim.isa import BOX_DIMS
 
-from ..kernels.dynamic import GATHERS
+from ..kernels.dynamic import GATHERS, POOL_BLOCK
 
 _CALL_EXTERN = "tirx.call_extern"
 #: Device call -> its parameter that counts the tile's rows (the tile loop's axis).
@@ -34,8 +34,10 @@ _BUFFER_DATA = ir.Op.get("tirx.buffer_data")
 
 
 def cut_ragged_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    gathers = {str(name): int(step) for name, step in (func.attrs or {}).get(GATHERS, {}).items()}
-    return func.with_body(_Cutter(gathers).stmt(func.body, None))
+    attrs = func.attrs or {}
+    gathers = {str(name): int(step) for name, step in attrs.get(GATHERS, {}).items()}
+    pool_block = attrs.get(POOL_BLOCK)
+    return func.with_body(_Cutter(gathers, None if pool_block is None else str(pool_block)).stmt(func.body, None))
 
 
 def _host_tensor(slot):
@@ -60,8 +62,9 @@ def _tile_of(loop):
 
 
 class _Cutter:
-    def __init__(self, gathers: dict):
+    def __init__(self, gathers: dict, pool_block: str | None = None):
         self.gathers = gathers
+        self.row_params = dict(_ROW_PARAMS, **({"cgra_pool": pool_block} if pool_block else {}))
 
     def stmt(self, stmt, rows):
         """`stmt` with its calls cut; `rows` = (tile size, valid rows of this tile) inside a
@@ -88,8 +91,8 @@ class _Cutter:
         args = list(call.args)
         if name in _DMA:
             self._cut_box(name, args, rows)
-        elif rows is not None and name in _ROW_PARAMS:
-            (position,) = device_call_positions(name)[_ROW_PARAMS[name]]
+        elif rows is not None and name in self.row_params:
+            (position,) = device_call_positions(name)[self.row_params[name]]
             size, valid = rows
             if isinstance(args[position], tirx.IntImm) and int(args[position].value) == size:
                 args[position] = valid.astype(str(args[position].ty))
