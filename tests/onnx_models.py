@@ -68,13 +68,15 @@ class _Graph:
 
 
 def resnet(size: int = 32, width: int = 16, classes: int = 10, seed: int = 0, stages=None,
-           blocks: int = 1, stem_kernel: int = 3, stem_stride: int = 1, batch: int | str = 1) -> onnx.ModelProto:
+           blocks: int = 1, stem_kernel: int = 3, stem_stride: int = 1, batch: int | str = 1,
+           columns: int | str | None = None) -> onnx.ModelProto:
     """Stem conv + max pool, basic residual blocks, global average pool, fully connected.
 
     `stages`: output channels per stage (default (width, 2 * width)), `blocks` basic blocks per
     stage; the first block of every stage after the first is strided, with a 1x1 projection
     shortcut. The default is a small two-block network; `resnet18` is the real one. `batch`: an
-    int, or a name for a dynamic batch (an ONNX dim_param)."""
+    int, or a name for a dynamic batch (an ONNX dim_param); `columns`: the image width if not
+    `size`, or a name for a dynamic width."""
     stages = (width, 2 * width) if stages is None else tuple(stages)
     g = _Graph(seed)
     x = g.conv_bn("input", 3, stages[0], kernel=stem_kernel, stride=stem_stride)
@@ -90,7 +92,7 @@ def resnet(size: int = 32, width: int = 16, classes: int = 10, seed: int = 0, st
             x = g.node("Relu", [g.node("Add", [y, shortcut])])
             cin = cout
     out = g.classifier(x, cin, classes)
-    return g.model("resnet_style", [batch, 3, size, size], out, [batch, classes])
+    return g.model("resnet_style", [batch, 3, size, size if columns is None else columns], out, [batch, classes])
 
 
 def resnet18(size: int = 224, classes: int = 1000, seed: int = 0) -> onnx.ModelProto:

@@ -217,6 +217,26 @@ def test_a_text_line_model_with_a_dynamic_width_compiles_once_and_matches_onnxru
         assert len(prof.kernels) == 4 and prof.kernels[-1].tensor_shapes[-1][-1] == ((width - 1) // 2 + 1) // 2
 
 
+def test_a_resnet_with_a_dynamic_width_keeps_every_conv_and_residual_on_the_npu():
+    """Residual adds (and a stride-2 block's projection, (w - 1) // 2 + 1 wide) fuse into the
+    symbolic-width convs; the padded max pool and the global average pool over the symbolic
+    width run on the host (and the flatten, a reshape, as in every model), the classifier on the NPU."""
+    import onnxruntime
+    from onnx_models import resnet
+    from npu_backend.frontend.onnx_import import from_onnx
+
+    model = resnet(size=12, width=8, columns="W")
+    mod = from_onnx(model)
+    placements = npu_backend.explain(mod, "cgra-8x8", dims={"W": 20})
+    assert npu_backend.npu_mac_fraction(placements) == 1.0, [p for p in placements if p.where == "host"]
+    assert {p.op for p in placements if p.where == "host"} == {"nn.max_pool2d", "mean", "reshape"}
+    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+    session = onnxruntime.InferenceSession(model.SerializeToString())
+    for width in (5, 12, 29):
+        x = data((1, 3, 12, width), "float32")
+        check(vm["main"](tvm.runtime.tensor(x)).numpy(), session.run(None, {"input": x})[0], "float32")
+
+
 def test_symbolic_image_sizes_a_conv2d_kernel_cannot_take_stay_on_the_host_with_the_reason():
     both = module({"x": ((1, 4, "h", "w"), "float32"), "w": ((8, 4, 3, 3), "float32")},
                   lambda x, w: relax.op.nn.conv2d(x, w, padding=(1, 1)))

@@ -40,7 +40,9 @@ def conv2d_spec(name: str, annotated: dict) -> KernelSpec:
     # (kernels/dynamic.py).
     stored_data, data_symbols = read_shape(annotated["lhs"], "data", expressions=True,
                                            symbolic_axes=tuple(data_layout.index(a) for a in "NHW"))
-    batch_symbol = {axis: name for axis, name in data_symbols.items() if axis == data_layout.index("N")}
+    # The output's symbolic axes as Relax writes them (a residual added to it has the same).
+    _, out_symbols = read_shape(annotated["root"], "output", expressions=True,
+                                symbolic_axes=tuple(out_layout.index(a) for a in "NHW"))
     data_shape = logical(stored_data, data_layout, "NCHW")
     weight_shape = logical(static_shape(annotated["rhs"], "weight"), kernel_layout, "OIHW")
     groups = int(attrs.groups)
@@ -56,8 +58,7 @@ def conv2d_spec(name: str, annotated: dict) -> KernelSpec:
                       strides=tuple(int(s) for s in attrs.strides), padding=padding,
                       dilation=tuple(int(d) for d in attrs.dilation), groups=groups,
                       data_layout=data_layout, kernel_layout=kernel_layout, out_layout=out_layout,
-                      symbols=symbols_of("lhs", data_symbols) + symbols_of(
-                          "out", {out_layout.index("N"): name for name in batch_symbol.values()}), **common)
+                      symbols=symbols_of("lhs", data_symbols) + symbols_of("out", out_symbols), **common)
     _check_symbolic_image(spec)
     _check_bias(common["bias_shape"], weight_shape[0], out_layout)
     return with_epilogue_tail(spec, annotated)

@@ -163,7 +163,7 @@ def _with_residual(spec: KernelSpec, annotated: dict) -> KernelSpec:
     if dtype_of(residual) != spec.acc_dtype:
         raise UnsupportedOperator(f"the residual is {dtype_of(residual)}, the accumulator {spec.acc_dtype}")
     out_symbols = spec.symbolic("out")
-    shape, names = read_shape(residual, "residual", symbolic_axes=tuple(out_symbols))
+    shape, names = read_shape(residual, "residual", symbolic_axes=tuple(out_symbols), expressions=True)
     if names != out_symbols:
         raise UnsupportedOperator(f"the residual's symbolic axes {names} are not the output's {out_symbols}: "
                                   "they must be one size")
