@@ -67,7 +67,7 @@ class _Graph:
         return model
 
 
-def resnet(size: int = 32, width: int = 16, classes: int = 10, seed: int = 0, stages=None,
+def resnet(size: int | str = 32, width: int = 16, classes: int = 10, seed: int = 0, stages=None,
            blocks: int = 1, stem_kernel: int = 3, stem_stride: int = 1, batch: int | str = 1,
            columns: int | str | None = None) -> onnx.ModelProto:
     """Stem conv + max pool, basic residual blocks, global average pool, fully connected.
@@ -75,8 +75,8 @@ def resnet(size: int = 32, width: int = 16, classes: int = 10, seed: int = 0, st
     `stages`: output channels per stage (default (width, 2 * width)), `blocks` basic blocks per
     stage; the first block of every stage after the first is strided, with a 1x1 projection
     shortcut. The default is a small two-block network; `resnet18` is the real one. `batch`: an
-    int, or a name for a dynamic batch (an ONNX dim_param); `columns`: the image width if not
-    `size`, or a name for a dynamic width."""
+    int, or a name for a dynamic batch (an ONNX dim_param); `size` the image height (and width,
+    unless `columns` gives it), each an int or a name for a dynamic size."""
     stages = (width, 2 * width) if stages is None else tuple(stages)
     g = _Graph(seed)
     x = g.conv_bn("input", 3, stages[0], kernel=stem_kernel, stride=stem_stride)

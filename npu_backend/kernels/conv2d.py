@@ -18,7 +18,7 @@ from tvm.relax.dpl import is_op, wildcard
 
 from ..errors import UnsupportedOperator
 from .epilogue import Root, epilogue_compute, epilogue_fields, epilogue_operands, static_shape, with_epilogue_tail
-from .dynamic import GATHERS, batch_extent, dim_var, read_shape, symbols_of, with_vars
+from .dynamic import GATHERS, BLOCKS, batch_extent, dim_var, read_shape, symbols_of, with_vars
 from .family import OpFamily
 from .gemm import choose_gemm_tiling, schedule_gemm
 from .operands import kernel_prim_func, logical, padded, stored
@@ -65,17 +65,15 @@ def conv2d_spec(name: str, annotated: dict) -> KernelSpec:
 
 
 def _check_symbolic_image(spec: KernelSpec) -> None:
-    """A symbolic height or width: one of them, of an NCHW, ungrouped, non-depthwise conv2d
-    (its tiles are whole output rows, or whole output columns when the width is symbolic, so
-    the scratchpad footprint does not depend on the symbolic extent)."""
+    """A symbolic height and / or width, of an NCHW, ungrouped, non-depthwise conv2d (its tiles
+    are whole output rows, whole output columns when the width is symbolic, or blocks of rows
+    and columns when both are, so the scratchpad footprint does not depend on the symbolic
+    extents)."""
     names = spec.symbolic("lhs")
     spatial = {axis: names[spec.data_layout.index(axis)] for axis in "HW" if spec.data_layout.index(axis) in names}
     if not spatial:
         return
     what = " and ".join(f"{axis} ({name})" for axis, name in spatial.items())
-    if len(spatial) == 2:
-        raise UnsupportedOperator(f"conv2d with a symbolic {what}: the NPU kernel takes a symbolic height or "
-                                  "width, not both (bind one, e.g. with relax.transform.BindSymbolicVars)")
     if spec.op != "conv2d" or spec.groups > 1 or spec.compute_name != "conv2d":
         form = "depthwise" if spec.op == "depthwise" else \
             f"grouped (groups={spec.groups})" if spec.groups > 1 else f"{spec.data_layout}/{spec.kernel_layout}"
@@ -136,6 +134,8 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
     stays inside its group (it reads the view's zero halo, never the next group's channels)."""
     if (spec.data_layout, spec.kernel_layout, spec.out_layout) != CONV2D_LAYOUTS:
         return conv2d_layout_compute(spec, tiling)
+    if spec.pixel_order == "blocks":
+        return _blocks_compute(spec, tiling)
     _, _, kh, kw = spec.rhs_shape
     data_shape, out_shape = spec.grouped_shapes
     batch, g = batch_extent(spec), spec.groups
@@ -170,6 +170,47 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
     func = kernel_prim_func(spec, {"lhs": x, "rhs": w, **operands}, out, views)
     return func.with_attr(GATHERS, {"data": spec.row_step}) if spec.symbolic_image else func
 
+
+
+def _blocks_compute(spec: KernelSpec, tiling: Tiling):
+    """conv2d_compute for a symbolic height and width: the output in blocks of ty x tx pixels
+    (tx = spec.row_step, ty = tm / tx), a GEMM tile per block. acc, epi: (image, block row,
+    block column, pixel of the block, channel), so no index divides by a symbolic extent; the
+    blocks past the image's last row or column are partly outside it: their gather reads the
+    halo's zeros and their store is cut to the image."""
+    _, _, kh, kw = spec.rhs_shape
+    _, channels, _, _ = spec.lhs_shape
+    batch = batch_extent(spec)
+    oh, ow = spatial_extents(spec)
+    tx = spec.row_step
+    ty = tiling.tm // tx
+    blocks = tuple(sym.Analyzer().simplify(tirx.ceildiv(extent, step))
+                   for extent, step in ((oh, ty), (ow, tx)))
+    data_shape = with_vars((batch,) + tuple(spec.lhs_shape[1:]), {a: n for a, n in spec.symbolic("lhs").items() if a})
+    out_shape = (batch, spec.output_shape[1], oh, ow)
+    x = te.placeholder(data_shape, spec.dtype, name="data")
+    w = te.placeholder(spec.rhs_shape, spec.dtype, name="weight")
+    top, left, _, _ = spec.padding
+    (sh, sw), (dh, dw) = spec.strides, spec.dilation
+    a_pad = te.compute((batch, kh, kw, *blocks, tiling.tm, tiling.kp), lambda b_, ry, rx, by, bx, p, c: padded(
+        x, data_shape, (b_, c, (by * ty + p // tx) * sh + ry * dh - top, (bx * tx + p % tx) * sw + rx * dw - left)),
+        name="a_pad")
+    b_pad = te.compute((kh, kw, tiling.kp, tiling.np), lambda ry, rx, c, f: padded(
+        w, spec.rhs_shape, (f, c, ry, rx)), name="b_pad")
+    ry, rx = te.reduce_axis((0, kh), name="ry"), te.reduce_axis((0, kw), name="rx")
+    rc = te.reduce_axis((0, tiling.kp), name="rc")
+    acc = te.compute((batch, *blocks, tiling.tm, tiling.np), lambda b_, by, bx, p, f: te.sum(
+        a_pad[b_, ry, rx, by, bx, p, rc].astype(spec.acc_dtype) * b_pad[ry, rx, rc, f].astype(spec.acc_dtype),
+        axis=[ry, rx, rc]), name="acc")
+    operands = epilogue_operands(spec, out_shape)
+    epi = epilogue_compute(spec, acc, tiling, operands, out_index=lambda b_, by, bx, p, f: (
+        b_, f, by * ty + p // tx, bx * tx + p % tx))
+    out = te.compute(out_shape, lambda b_, f, y, x_: epi[b_, y // ty, x_ // tx, y % ty * tx + x_ % tx, f], name="out")
+    del channels
+    func = kernel_prim_func(spec, {"lhs": x, "rhs": w, **operands}, out)
+    # Loads are never cut: a block's GEMM reads its tile's first rows, which a cut along one axis
+    # would leave partly unwritten (lower/ragged.py cuts the commands' rows to the valid rows).
+    return func.with_attr(GATHERS, {"data": 0, "residual": 0}).with_attr(BLOCKS, tx)
 
 
 def _padded_rows(rows, tiling: Tiling):

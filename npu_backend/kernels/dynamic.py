@@ -31,8 +31,14 @@ DEFAULT_BOUND = 1024
 #: padding: cut to the image's extent, the last tile's padding would not be written at all. Its
 #: box loop along the symbolic dimension walks output columns (or rows), `step` GEMM rows each,
 #: so it is cut to the output columns the tile's valid rows hold instead (conv2d.py sets it for
-#: a symbolic image size; lower/ragged.py reads it).
+#: a symbolic image size; lower/ragged.py reads it). Step 0: never cut (the tile's commands
+#: read all of it).
 GATHERS = "cgra.gathers"
+#: PrimFunc attribute: a conv2d in blocks of rows and this many columns (height and width
+#: symbolic): only its outermost tile loop, over block rows, cuts its commands' rows, to the
+#: block's valid rows times the columns (lower/ragged.py); a block past the image's last column
+#: runs whole.
+BLOCKS = "cgra.block_columns"
 #: PrimFunc attribute: the POOL parameter ("oh" or "ow") that counts a block's outputs along a
 #: symbolic image axis; the last block's POOL is cut to the outputs that exist (pool.py sets it,
 #: lower/ragged.py reads it). Its window load is cut to the image, which holds every tap of

@@ -16,6 +16,8 @@ conflicts (spad_layout.py).
 
 from __future__ import annotations
 
+import math
+
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
@@ -35,14 +37,15 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     once per problem and chip: partitioning asks (does it fit?) and then the kernel stage."""
     key = (spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), spec.row_step,
            bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
-           _any_rows(spec), arch.fingerprint)
+           _any_rows(spec), spec.pixel_order, arch.fingerprint)
     if key not in _TILINGS:
         if len(_TILINGS) >= 4096:
             _TILINGS.clear()
         _TILINGS[key] = choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch,
                                       spec.row_step, has_residual=bool(spec.residual_shape),
                                       has_scale=bool(spec.scale_shape), store_rows=store_walks_rows(spec),
-                                      any_rows=_any_rows(spec), taps=_taps(spec) if _any_rows(spec) else 1)
+                                      any_rows=_any_rows(spec), taps=_taps(spec) if _any_rows(spec) else 1,
+                                      ragged=spec.pixel_order != "blocks")
     return _TILINGS[key]
 
 
@@ -63,14 +66,16 @@ _TILINGS: dict = {}  # choose_gemm_tiling's results (Tiling is immutable)
 def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                   has_bias: bool, arch: HardwareDescription, row_step: int = 1,
                   has_residual: bool = False, has_scale: bool = False, store_rows: int = 0,
-                  any_rows: bool = False, taps: int = 1) -> Tiling:
+                  any_rows: bool = False, taps: int = 1, ragged: bool = True) -> Tiling:
     """The tiling with the fewest estimated cycles among those that fit the scratchpad.
 
     With `any_rows` (symbolic rows, `rows` their bound) one tiling serves every size up to
     `rows`: the one whose estimate, at sizes from one PE-array step to the bound, exceeds the
     best tiling of that size by the smallest factor (minimax regret). Its last tile is cut to the
     rows that exist (lower/ragged.py), so a small size does not pay for a large tile's rows.
-    `taps`: reduction steps per depth chunk (a conv2d's kh * kw), so that the per-tile costs
+    `ragged` False: the rows are an image's pixels in blocks of rows and `row_step` columns, the
+    last blocks run whole (`_block_tiling`). `taps`: reduction steps per depth chunk (a
+    conv2d's kh * kw), so that the per-tile costs
     weigh against the steady stream as they do in the kernel. (The static search leaves it at 1:
     its tilings and figures are pinned by the cost-model tests and the behaviour snapshot.)
 
@@ -118,12 +123,41 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
         return estimate_cycles(tiling_for(candidate, size), dtype, in_bytes, acc_bytes, arch, has_residual,
                                latency_bound=any_rows, taps=taps)
 
+    if not ragged:
+        return _block_tiling(candidates, rows, cols, depth, row_step,
+                             lambda t: estimate_cycles(t, dtype, in_bytes, acc_bytes, arch, has_residual,
+                                                       latency_bound=True, taps=taps))
     if not any_rows:
         best = min(candidates, key=lambda c: (cycles(c, rows), -c[0] * c[1]))
         return tiling_for(best, rows)
     sizes = sorted({min(rows, row_step << k) for k in range(rows.bit_length() + 1)} | {rows})
     fastest = {size: min(cycles(c, size) for c in candidates if c[0] <= round_up(size, row_step)) for size in sizes}
     best = min(candidates, key=lambda c: (max(cycles(c, s) / fastest[s] for s in sizes), cycles(c, rows)))
+    return Tiling(*best, round_up(rows, best[0]), round_up(cols, best[1]), round_up(depth, best[2]))
+
+
+#: The smallest image side the block search of a conv2d with a symbolic height and width
+#: weighs (the inputs of CNNs whose size changes are rarely smaller).
+SMALLEST_IMAGE_SIDE = 32
+
+
+def _block_tiling(candidates, rows: int, cols: int, depth: int, block_columns: int, estimate) -> Tiling:
+    """The tiling of a GEMM whose rows are the pixels of an image in blocks of tm / block_columns
+    rows by block_columns columns, height and width symbolic (conv2d._blocks_compute): the last
+    blocks run whole, so a block's cost is weighed on square images from SMALLEST_IMAGE_SIDE
+    pixels a side to the bound (`rows` pixels), minimax regret as for rows. (Smaller images run
+    correctly, in one block that is partly padding.)"""
+    bound = max(math.isqrt(rows), block_columns)
+    smallest = min(bound, SMALLEST_IMAGE_SIDE)
+    sides = sorted({min(bound, smallest << k) for k in range(bound.bit_length() + 1)} | {bound})
+
+    def cycles(candidate, side: int) -> int:
+        tm, tn, tk = candidate
+        blocks = -(-side // (tm // block_columns)) * -(-side // block_columns)
+        return estimate(Tiling(tm, tn, tk, blocks * tm, round_up(cols, tn), round_up(depth, tk)))
+
+    fastest = {side: min(cycles(c, side) for c in candidates) for side in sides}
+    best = min(candidates, key=lambda c: (max(cycles(c, s) / fastest[s] for s in sides), cycles(c, bound)))
     return Tiling(*best, round_up(rows, best[0]), round_up(cols, best[1]), round_up(depth, best[2]))
 
 
@@ -224,6 +258,8 @@ def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
     """Tile the epilogue's (row, col) loops, output rows outer, and pull acc, the channel rows,
     the residual and the store under them. Returns (acc, the epilogue's row loop in the tile,
     the tile loop)."""
+    if spec.pixel_order == "blocks":
+        return _tile_output_blocks(sch, spec, tiling)
     *_, row, col = sch.get_loops(sch.get_sblock("epi"))
     row_outer, row_inner = sch.split(row, [None, tiling.tm])
     col_outer, col_inner = sch.split(col, [None, tiling.tn])
@@ -237,10 +273,29 @@ def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
     return acc, row_inner, col_outer
 
 
-def stage_output_tile(sch, spec: KernelSpec, tile_loop):
+def _tile_output_blocks(sch, spec: KernelSpec, tiling: Tiling):
+    """`_tile_output` for a conv2d in blocks of rows and columns (height and width symbolic,
+    conv2d._blocks_compute): the store is the anchor, its (y, x) loops split into blocks and
+    its channels into tiles, the epilogue's tile computed under them (TVM cannot infer which
+    pixels of the image a block of GEMM rows holds the other way round)."""
+    out = sch.get_sblock("out")
+    _, f, y, x = sch.get_loops(out)
+    block_y, y_in = sch.split(y, [None, tiling.tm // spec.row_step])
+    block_x, x_in = sch.split(x, [None, spec.row_step])
+    col_outer, col_inner = sch.split(f, [None, tiling.tn])
+    sch.reorder(block_y, block_x, col_outer, col_inner, y_in, x_in)
+    epi = sch.get_sblock("epi")
+    sch.compute_at(epi, col_outer)
+    acc = stage_output_tile(sch, spec, col_outer, store=False)
+    *_, row_inner, _ = sch.get_loops(epi)
+    return acc, row_inner, col_outer
+
+
+def stage_output_tile(sch, spec: KernelSpec, tile_loop, store: bool = True):
     """Everything one output tile needs, under `tile_loop` (the innermost loop over output
-    tiles): the accumulator, the per-channel rows (bias, scale), the residual tile, the store;
-    the accumulator and the epilogue's output in the scratchpad. Returns the acc block."""
+    tiles): the accumulator, the per-channel rows (bias, scale), the residual tile, the store
+    (unless `store` is False: the store is already there); the accumulator and the epilogue's
+    output in the scratchpad. Returns the acc block."""
     acc, epi = sch.get_sblock("acc"), sch.get_sblock("epi")
     sch.compute_at(acc, tile_loop)
     for name in channel_rows(spec):
@@ -248,7 +303,8 @@ def stage_output_tile(sch, spec: KernelSpec, tile_loop):
         sch.compute_at(block, tile_loop)
         sch.set_scope(block, 0, SPAD)
     stage_residual(sch, spec, tile_loop)
-    sch.reverse_compute_at(sch.get_sblock("out"), tile_loop)
+    if store:
+        sch.reverse_compute_at(sch.get_sblock("out"), tile_loop)
     sch.set_scope(acc, 0, SPAD)
     sch.set_scope(epi, 0, SPAD)
     return acc

@@ -13,6 +13,9 @@ import dataclasses
 
 from cgra_codegen.spad import SPAD_ALIGN as ALIGN  # the code generator's buffer placement
 
+#: Output columns of a block of a conv2d whose height and width are both symbolic: its tiles
+#: are blocks of tm / BLOCK_COLUMNS rows by this many columns.
+BLOCK_COLUMNS = 8
 #: The layouts the NCHW conv2d compute reads and writes: (data, weight, output).
 CONV2D_LAYOUTS = ("NCHW", "OIHW", "NCHW")
 
@@ -121,7 +124,8 @@ class KernelSpec:
         output columns when its width is symbolic)."""
         if self.op != "conv2d":
             return 1
-        return self.output_shape[2] if self.pixel_order == "xy" else self.output_shape[3]
+        order = self.pixel_order
+        return BLOCK_COLUMNS if order == "blocks" else self.output_shape[2] if order == "xy" else self.output_shape[3]
 
     @property
     def symbolic_image(self) -> bool:
@@ -131,9 +135,13 @@ class KernelSpec:
 
     @property
     def pixel_order(self) -> str:
-        """The order of a conv2d's output pixels along its GEMM rows: "yx" (p = y * OW + x), or
-        "xy" (p = x * OH + y) when its width is symbolic (kernels/conv2d.py)."""
-        return "xy" if self.op == "conv2d" and self.data_layout.index("W") in self.symbolic("lhs") else "yx"
+        """The order of a conv2d's output pixels along its GEMM rows: "yx" (p = y * OW + x), "xy"
+        (p = x * OH + y) when its width is symbolic, "blocks" (blocks of BLOCK_COLUMNS columns,
+        rows of a block after one another) when its height and width both are (kernels/conv2d.py)."""
+        names = self.symbolic("lhs")
+        if self.op != "conv2d" or self.data_layout.index("W") not in names:
+            return "yx"
+        return "blocks" if self.data_layout.index("H") in names else "xy"
 
     @property
     def output_shape(self) -> tuple:

@@ -20,7 +20,7 @@ from tvm import ir, sym, tirx
 from cgra_codegen import device_call_positions
 from cgra_sim.isa import BOX_DIMS
 
-from ..kernels.dynamic import GATHERS, POOL_BLOCK
+from ..kernels.dynamic import GATHERS, POOL_BLOCK, BLOCKS
 
 _CALL_EXTERN = "tirx.call_extern"
 #: Device call -> its parameter that counts the tile's rows (the tile loop's axis).
@@ -37,7 +37,8 @@ def cut_ragged_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     attrs = func.attrs or {}
     gathers = {str(name): int(step) for name, step in attrs.get(GATHERS, {}).items()}
     pool_block = attrs.get(POOL_BLOCK)
-    return func.with_body(_Cutter(gathers, None if pool_block is None else str(pool_block)).stmt(func.body, None))
+    cutter = _Cutter(gathers, None if pool_block is None else str(pool_block), int(attrs.get(BLOCKS, 0)))
+    return func.with_body(cutter.stmt(func.body, None))
 
 
 def _host_tensor(slot):
@@ -62,9 +63,12 @@ def _tile_of(loop):
 
 
 class _Cutter:
-    def __init__(self, gathers: dict, pool_block: str | None = None):
+    def __init__(self, gathers: dict, pool_block: str | None = None, block_columns: int = 0):
         self.gathers = gathers
         self.row_params = dict(_ROW_PARAMS, **({"cgra_pool": pool_block} if pool_block else {}))
+        # Blocks of rows x block_columns pixels: the outermost symbolic tile loop walks block
+        # rows; a block's first valid-rows x block_columns GEMM rows hold its valid pixels.
+        self.block_columns = block_columns
 
     def stmt(self, stmt, rows):
         """`stmt` with its calls cut; `rows` = (tile size, valid rows of this tile) inside a
@@ -72,9 +76,11 @@ class _Cutter:
         if isinstance(stmt, tirx.For):
             tile = _tile_of(stmt)
             inner = rows
-            if tile is not None:
+            if tile is not None and not (self.block_columns and rows is not None):
                 extent, size = tile
                 inner = (size, tirx.min(tirx.IntImm(str(extent.ty), size), extent - stmt.loop_var * size))
+                if self.block_columns:
+                    inner = (size * self.block_columns, inner[1] * self.block_columns)
             return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, self.stmt(stmt.body, inner),
                             stmt.thread_binding, stmt.annotations)
         if isinstance(stmt, tirx.SeqStmt):
@@ -115,7 +121,7 @@ class _Cutter:
             if gather is not None:
                 symbolic = isinstance(dim, tirx.IntImm) and int(dim.value) < len(shape) and \
                     not isinstance(shape[int(dim.value)], tirx.IntImm)
-                if symbolic and rows is not None:
+                if symbolic and rows is not None and gather > 0:
                     valid = tirx.floordiv(rows[1], gather).astype("int64")
                     args[extent_at] = tirx.max(tirx.min(args[extent_at], valid), tirx.IntImm("int64", 1))
                 continue
