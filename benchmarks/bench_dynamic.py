@@ -6,7 +6,7 @@ preset, the cycles of the symbolic kernel over those of the static one at 1 row,
 the symbolic kernel, one tile + 1, a prime (97) and 1000 rows; then a conv2d with a symbolic batch
 at 1, 2, 3 and 7 images; a conv2d with a symbolic image width (stride 1 and 2) at 1, 2, 7, 8, 9, 97 and
 320 columns; the same conv2d on an n x n image (height and width symbolic) at n = 1, 7, 8, 9, 31,
-56 and 112; a 2x2 max pool with a symbolic width at 2, 3, 16, 17, 97 and 320 columns; then the
+56 and 112, and a 3x3 depthwise conv2d likewise; a 2x2 max pool with a symbolic width at 2, 3, 16, 17, 97 and 320 columns; then the
 compile time of each symbolic model against one static compile
 (best of 3, same process). Goal (issue 11): every ratio within 1.05.
 
@@ -84,6 +84,20 @@ def conv_square(dtype="float32"):
             out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=(1, 1))))
         bb.emit_func_output(out)
     return bb.get(), lambda size: [_data((1, 16, size, size), dtype), _data((32, 16, 3, 3), dtype)]
+
+
+def depthwise_square(dtype="float32"):
+    """relu(depthwise conv2d 3x3) of 32 channels on an n x n image, height and width symbolic (a
+    MobileNet block whose input size changes)."""
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 32, n, n], dtype))
+    w = relax.Var("w", relax.TensorType([32, 1, 3, 3], dtype))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=(1, 1), groups=32)))
+        bb.emit_func_output(out)
+    return bb.get(), lambda size: [_data((1, 32, size, size), dtype), _data((32, 1, 3, 3), dtype)]
 
 
 def pool_width(dtype="float32"):
@@ -170,6 +184,10 @@ def main():
         mod, make_inputs = conv_square()
         rows = ratios(mod, make_inputs, [1, 7, 8, 9, 31, 56, 112], arch)
         print_ratios(f"{name} conv2d 3x3 16->32 NxN float32 +relu (symbolic height and width)", rows)
+        worst = max(worst, _worst(rows))
+        mod, make_inputs = depthwise_square()
+        rows = ratios(mod, make_inputs, [1, 7, 8, 9, 31, 56, 112], arch)
+        print_ratios(f"{name} depthwise 3x3 32 channels NxN float32 +relu (symbolic height and width)", rows)
         worst = max(worst, _worst(rows))
         mod, make_inputs = pool_width()
         rows = ratios(mod, make_inputs, [2, 3, 16, 17, 97, 320], arch)

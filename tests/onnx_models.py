@@ -102,9 +102,10 @@ def resnet18(size: int = 224, classes: int = 1000, seed: int = 0) -> onnx.ModelP
                   stem_kernel=7, stem_stride=2)
 
 
-def mobilenet_v2(size: int = 32, classes: int = 10, seed: int = 0) -> onnx.ModelProto:
+def mobilenet_v2(size: int | str = 32, classes: int = 10, seed: int = 0) -> onnx.ModelProto:
     """Strided stem, inverted residual blocks (1x1 expand, 3x3 depthwise, 1x1 linear project,
-    a residual add where shapes allow), a 1x1 head conv, global average pool, fully connected."""
+    a residual add where shapes allow), a 1x1 head conv, global average pool, fully connected.
+    `size`: the image's height and width, or a name for a dynamic square size."""
     g = _Graph(seed)
     x = g.conv_bn("input", 3, 16, stride=2, act="relu6")
     channels = 16

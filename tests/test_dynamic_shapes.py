@@ -247,6 +247,55 @@ def test_a_resnet_whose_input_size_changes_compiles_once():
         check(vm["main"](tvm.runtime.tensor(x)).numpy(), session.run(None, {"input": x})[0], "float32")
 
 
+def _depthwise_hw(stride, dtype, residual):
+    acc = "int32" if dtype == "int8" else dtype
+
+    def body(x, w):
+        y = relax.op.nn.conv2d(x, w, padding=(1, 1), strides=(stride, stride), groups=16, out_dtype=acc)
+        return relax.op.nn.relu(relax.op.add(y, relax.op.astype(x, acc)) if residual else y)
+    return module({"x": ((1, 16, "h", "w"), dtype), "w": ((16, 1, 3, 3), dtype)}, body)
+
+
+@functools.cache
+def _depthwise_hw_vms(arch, stride, dtype, residual):
+    mod = _depthwise_hw(stride, dtype, residual)
+    return (relax.VirtualMachine(npu_backend.compile(mod, arch), tvm.cpu()),
+            relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()))
+
+
+@settings(deadline=None, max_examples=30)
+@given(arch=st.sampled_from(PRESETS), stride=st.sampled_from([1, 2]), dtype=st.sampled_from(["float32", "int8"]),
+       residual=st.booleans(), h=st.integers(1, 40), w=st.integers(1, 70))
+def test_one_depthwise_kernel_runs_every_image_size(arch, stride, dtype, residual, h, w):
+    """Tiles of rows x columns x channels; the last column tile's DEPTHWISE, EPILOGUEs and window
+    cut to the columns that exist, the last row tile whole, the store cut to the image."""
+    if residual and stride == 2:
+        return  # a residual of the input's shape needs a shape-keeping conv
+    vm, host = _depthwise_hw_vms(arch, stride, dtype, residual)
+    args = [tvm.runtime.tensor(data((1, 16, h, w), dtype)), tvm.runtime.tensor(data((16, 1, 3, 3), dtype))]
+    with npu_backend.profile() as prof:
+        out = vm["main"](*args).numpy()
+    check(out, host["main"](*args).numpy(), "int32" if dtype == "int8" else dtype)
+    assert len(prof.kernels) == 1
+
+
+def test_a_mobilenet_whose_input_size_changes_compiles_once():
+    """Depthwise and pointwise convs, residual adds, every MAC on the NPU at any square size."""
+    import onnxruntime
+    from onnx_models import mobilenet_v2
+    from npu_backend.frontend.onnx_import import from_onnx
+
+    model = mobilenet_v2(size="S")
+    mod = from_onnx(model)
+    placements = npu_backend.explain(mod, "cgra-8x8", dims={"S": 40})
+    assert npu_backend.npu_mac_fraction(placements) == 1.0, [p for p in placements if p.where == "host"]
+    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+    session = onnxruntime.InferenceSession(model.SerializeToString())
+    for size in (32, 45):
+        x = data((1, 3, size, size), "float32")
+        check(vm["main"](tvm.runtime.tensor(x)).numpy(), session.run(None, {"input": x})[0], "float32")
+
+
 def test_a_text_line_model_with_a_dynamic_width_compiles_once_and_matches_onnxruntime():
     """An OCR front end (tests/onnx_models.py): the stride-2 conv's output width is (W - 1) // 2 + 1,
     so the next conv and the pool receive Relax's tir_vars beside their tensors; every op runs on the NPU."""
@@ -292,10 +341,10 @@ def test_a_resnet_with_a_dynamic_width_keeps_every_conv_and_residual_on_the_npu(
 def test_symbolic_image_sizes_a_conv2d_kernel_cannot_take_stay_on_the_host_with_the_reason():
     grouped = module({"x": ((1, 4, "h", "w"), "float32"), "w": ((8, 2, 3, 3), "float32")},
                      lambda x, w: relax.op.nn.conv2d(x, w, padding=(1, 1), groups=2))
-    depthwise = module({"x": ((1, 8, 6, "w"), "float32"), "w": ((8, 1, 3, 3), "float32")},
-                       lambda x, w: relax.op.nn.conv2d(x, w, padding=(1, 1), groups=8))
+    nhwc = module({"x": ((1, 6, "w", 4), "float32"), "w": ((3, 3, 4, 8), "float32")},
+                  lambda x, w: relax.op.nn.conv2d(x, w, padding=(1, 1), data_layout="NHWC", kernel_layout="HWIO"))
     for mod, reason in [(grouped, "grouped (groups=2) conv2d with a symbolic H (h) and W (w)"),
-                        (depthwise, "depthwise conv2d with a symbolic W (w)")]:
+                        (nhwc, "NHWC/HWIO conv2d with a symbolic W (w)")]:
         (placement,) = npu_backend.explain(mod, "cgra-8x8")
         assert placement.where == "host" and reason in placement.reason, placement.reason
 

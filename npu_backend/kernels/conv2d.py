@@ -65,21 +65,22 @@ def conv2d_spec(name: str, annotated: dict) -> KernelSpec:
 
 
 def _check_symbolic_image(spec: KernelSpec) -> None:
-    """A symbolic height and / or width, of an NCHW, ungrouped, non-depthwise conv2d (its tiles
-    are whole output rows, whole output columns when the width is symbolic, or blocks of rows
-    and columns when both are, so the scratchpad footprint does not depend on the symbolic
-    extents)."""
+    """A symbolic height and / or width, of an NCHW, ungrouped conv2d (its tiles are whole output
+    rows, whole output columns when the width is symbolic, or blocks of rows and columns when both
+    are, so the scratchpad footprint does not depend on the symbolic extents) or of a depthwise
+    conv2d (tiles of rows by columns, depthwise.py)."""
     names = spec.symbolic("lhs")
     spatial = {axis: names[spec.data_layout.index(axis)] for axis in "HW" if spec.data_layout.index(axis) in names}
     if not spatial:
         return
     what = " and ".join(f"{axis} ({name})" for axis, name in spatial.items())
-    if spec.op != "conv2d" or spec.groups > 1 or spec.compute_name != "conv2d":
-        form = "depthwise" if spec.op == "depthwise" else \
-            f"grouped (groups={spec.groups})" if spec.groups > 1 else f"{spec.data_layout}/{spec.kernel_layout}"
+    if spec.op == "depthwise":
+        return  # tiles of rows x columns x channels (depthwise.py), any layout
+    if spec.groups > 1 or spec.compute_name != "conv2d":
+        form = f"grouped (groups={spec.groups})" if spec.groups > 1 else f"{spec.data_layout}/{spec.kernel_layout}"
         raise UnsupportedOperator(f"{form} conv2d with a symbolic {what}: the NPU kernel takes a symbolic "
-                                  "image size on NCHW/OIHW conv2d without groups only (a symbolic batch works "
-                                  "for every conv2d)")
+                                  "image size on NCHW/OIHW conv2d without groups and on depthwise conv2d (a "
+                                  "symbolic batch works for every conv2d)")
 
 
 def spatial_extents(spec: KernelSpec) -> tuple:
@@ -168,7 +169,10 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
     views = {"lhs": (batch,) + tuple(spec.lhs_shape[1:]), "out": logical_out, "residual": logical_out} \
         if spec.groups > 1 else {}
     func = kernel_prim_func(spec, {"lhs": x, "rhs": w, **operands}, out, views)
-    return func.with_attr(GATHERS, {"data": spec.row_step}) if spec.symbolic_image else func
+    if not spec.symbolic_image:
+        return func
+    axis = spec.data_layout.index("W" if spec.pixel_order == "xy" else "H")  # the symbolic one
+    return func.with_attr(GATHERS, {"data": [[axis, 1, spec.row_step, 0]]})
 
 
 
@@ -210,7 +214,7 @@ def _blocks_compute(spec: KernelSpec, tiling: Tiling):
     func = kernel_prim_func(spec, {"lhs": x, "rhs": w, **operands}, out)
     # Loads are never cut: a block's GEMM reads its tile's first rows, which a cut along one axis
     # would leave partly unwritten (lower/ragged.py cuts the commands' rows to the valid rows).
-    return func.with_attr(GATHERS, {"data": 0, "residual": 0}).with_attr(BLOCKS, tx)
+    return func.with_attr(GATHERS, {"data": [], "residual": []}).with_attr(BLOCKS, tx)
 
 
 def _padded_rows(rows, tiling: Tiling):

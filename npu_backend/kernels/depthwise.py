@@ -12,7 +12,7 @@ residual, relu and clip. Data, weights and output may be stored in any layout.
 
 from __future__ import annotations
 
-from tvm import te
+from tvm import sym, te, tirx
 
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
@@ -20,7 +20,8 @@ from cgra_sim.isa import DType
 
 from ..errors import ScratchpadTooSmall
 from .epilogue import channel_rows, epilogue_compute, epilogue_intrin, epilogue_operands
-from .dynamic import batch_extent
+from .conv2d import spatial_extents
+from .dynamic import CUT_PARAMS, GATHERS, batch_extent, dim_var
 from .family import OpFamily
 from .gemm import loops_after
 from .intrinsics import SPAD, get_intrin
@@ -40,13 +41,25 @@ def depthwise_compute(spec: KernelSpec, tiling: Tiling):
     """out[b, c, y, x] = the window sum of channel c, in the spec's layouts. Output rows are
     padded to whole tiles (tiling.tm rows) and columns to at least 2."""
     n = batch_extent(spec)  # an int, or the symbolic batch's variable
+    _, channels, h, w = spec.lhs_shape
     _, _, kh, kw = spec.rhs_shape
     top, left, _, _ = spec.padding
     window = (kh, kw, *spec.strides, *spec.dilation)
     rows, cols, width = tiling.mp, tiling.np, padded_width(spec)
+    oh, ow = spec.output_shape[2:]
+    image = [h, w]
+    if spec.symbolic_image:  # output rows and columns as expressions, padded to whole tiles
+        names = spec.symbolic("lhs")
+        oh, ow = spatial_extents(spec)
+        image = [dim_var(names[spec.data_layout.index(a)]) if spec.data_layout.index(a) in names else e
+                 for a, e in zip("HW", (h, w))]
+        if not isinstance(oh, int):
+            rows = _whole(oh, tiling.tm)
+        if not isinstance(ow, int):
+            width = _whole(ow, tiling.tw)
     in_h = window_extent(rows, kh, spec.strides[0], spec.dilation[0])
     in_w = window_extent(width, kw, spec.strides[1], spec.dilation[1])
-    data_shape = stored((n,) + tuple(spec.lhs_shape[1:]), "NCHW", spec.data_layout)
+    data_shape = stored((n, channels, *image), "NCHW", spec.data_layout)
     weight_shape = stored(spec.rhs_shape, "OIHW", spec.kernel_layout)
     x = te.placeholder(data_shape, spec.dtype, name="data")
     w = te.placeholder(weight_shape, spec.dtype, name="weight")
@@ -57,7 +70,7 @@ def depthwise_compute(spec: KernelSpec, tiling: Tiling):
     acc = te.compute((n, rows, width, cols), lambda b_, y, ox, c: window_sum(
         lambda iy, ix, ch: a_pad[b_, iy, ix, ch], lambda ry, rx, ch: b_pad[ry, rx, ch], y, ox, c,
         window, spec.acc_dtype), name="acc")
-    out_shape = stored((n,) + tuple(spec.output_shape[1:]), "NCHW", spec.out_layout)
+    out_shape = stored((n, spec.output_shape[1], oh, ow), "NCHW", spec.out_layout)
     operands = epilogue_operands(spec, out_shape)
     epi = epilogue_compute(spec, acc, tiling, operands,
                            out_index=lambda b_, y, ox, c: stored((b_, c, y, ox), "NCHW", spec.out_layout))
@@ -67,39 +80,45 @@ def depthwise_compute(spec: KernelSpec, tiling: Tiling):
         return epi[axis["N"], axis["H"], axis["W"], axis["C"]]
 
     out = te.compute(out_shape, stored_out, name="out")
-    return kernel_prim_func(spec, {"lhs": x, "rhs": w, **operands}, out)
+    func = kernel_prim_func(spec, {"lhs": x, "rhs": w, **operands}, out)
+    if not spec.symbolic_image:
+        return func
+    # A symbolic image's last tiles: a last row tile runs whole, its window and residual loaded
+    # whole (the halo zero-fills past the image); a last column tile's DEPTHWISE, EPILOGUEs,
+    # window and residual are cut to the columns that exist (lower/ragged.py); stores are cut
+    # to the image.
+    if not tiling.tw:
+        return func.with_attr(GATHERS, {"data": [], "residual": []}).with_attr(CUT_PARAMS, {})
+    step, span = spec.strides[1], (kw - 1) * spec.dilation[1] + 1
+    func = func.with_attr(GATHERS, {"data": [[spec.data_layout.index("W"), step, 1, span - step]],
+                                    "residual": [[spec.out_layout.index("W"), 1, 1, 0]]})
+    return func.with_attr(CUT_PARAMS, {"cgra_depthwise": "ow", "cgra_epilogue": "m"})
+
+
+def _whole(extent, tile: int):
+    """A symbolic extent padded to whole tiles (at least one: max(.., 1) tells TVM's analyzer
+    that a tensor the kernel runs on is not empty)."""
+    return sym.Analyzer().simplify(tirx.ceildiv(tirx.max(extent, 1), tile) * tile)
 
 
 def choose_depthwise_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     """`tm` whole output rows (>= 2) by `tn` channels (a multiple of the PE array's columns,
     >= 2), all taps at once (tk = kp = kh * kw): among the tiles whose double-buffered input
     window, weights, accumulator, output, bias and residual fit the scratchpad, the one with the
-    fewest estimated cycles. mp and np: output rows and channels padded to whole tiles."""
+    fewest estimated cycles. mp and np: output rows and channels padded to whole tiles. A
+    symbolic image: `_choose_symbolic_tiling`."""
+    if spec.symbolic_image:
+        return _choose_symbolic_tiling(spec, arch)
     _, channels, _, _ = spec.lhs_shape
     _, _, kh, kw = spec.rhs_shape
-    (sh, sw), (dh, dw) = spec.strides, spec.dilation
     rows, width = max(spec.output_shape[2], 2), padded_width(spec)
-    in_bytes, acc_bytes = DType.from_name(spec.dtype).itemsize, DType.from_name(spec.acc_dtype).itemsize
-    in_w = (width - 1) * sw + (kw - 1) * dw + 1
-    first_tn = round_up(2, arch.cols)
-    store_rows = store_walks_rows(spec)
     best = None
     for tm in range(2, rows + 1):
-        in_h = (tm - 1) * sh + (kh - 1) * dh + 1
-        for tn in range(first_tn, max(round_up(channels, arch.cols), first_tn) + 1, arch.cols):
-            pixel = window_pixel_stride(tn, in_bytes, sw, width, arch)  # padded pixels (spad_layout.py)
-            footprint = aligned(2 * in_h * in_w * pixel * in_bytes) + aligned(2 * kh * kw * tn * in_bytes)
-            compact_tiles = 2 if spec.residual_shape else 1  # accumulator (, residual)
-            footprint += compact_tiles * aligned(2 * tm * width * tn * acc_bytes)
-            # the output tile, its pixels padded against bank conflicts (spad_layout.py)
-            footprint += aligned(2 * tm * width * out_row_stride(tn, acc_bytes, store_rows, arch) * acc_bytes)
-            footprint += aligned(2 * tn * acc_bytes) if spec.bias_shape else 0
-            footprint += aligned(2 * tn * 4) if spec.scale_shape else 0
-            if footprint > arch.spad_bytes:
+        for tn in _channel_tiles(channels, arch):
+            loaded = _fitting_load(spec, arch, tm, width, tn)
+            if loaded is None:
                 continue
             tiling = Tiling(tm, tn, kh * kw, round_up(rows, tm), round_up(channels, tn), kh * kw)
-            loaded = (in_h * in_w + kh * kw) * tn * in_bytes
-            loaded += tm * width * tn * acc_bytes if spec.residual_shape else 0
             key = (_estimate_cycles(tiling, spec, width, cost.dma_transfer_cycles(arch, loaded), arch), -tm * tn)
             if best is None or key < best[0]:
                 best = (key, tiling)
@@ -110,18 +129,106 @@ def choose_depthwise_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tili
     return best[1]
 
 
-def _estimate_cycles(t: Tiling, spec: KernelSpec, width: int, load: int, arch: HardwareDescription) -> int:
+def _channel_tiles(channels: int, arch: HardwareDescription):
+    first = round_up(2, arch.cols)
+    return range(first, max(round_up(channels, arch.cols), first) + 1, arch.cols)
+
+
+def _fitting_load(spec: KernelSpec, arch: HardwareDescription, tm: int, width: int, tn: int):
+    """Bytes a tile of tm output rows x `width` columns x tn channels loads, or None when its
+    double-buffered input window, weights, accumulator, output, bias and residual do not fit."""
+    _, _, kh, kw = spec.rhs_shape
+    (sh, sw), (dh, dw) = spec.strides, spec.dilation
+    in_bytes, acc_bytes = DType.from_name(spec.dtype).itemsize, DType.from_name(spec.acc_dtype).itemsize
+    in_h, in_w = (tm - 1) * sh + (kh - 1) * dh + 1, (width - 1) * sw + (kw - 1) * dw + 1
+    pixel = window_pixel_stride(tn, in_bytes, sw, width, arch)  # padded pixels (spad_layout.py)
+    footprint = aligned(2 * in_h * in_w * pixel * in_bytes) + aligned(2 * kh * kw * tn * in_bytes)
+    compact_tiles = 2 if spec.residual_shape else 1  # accumulator (, residual)
+    footprint += compact_tiles * aligned(2 * tm * width * tn * acc_bytes)
+    # the output tile, its pixels padded against bank conflicts (spad_layout.py)
+    footprint += aligned(2 * tm * width * out_row_stride(tn, acc_bytes, store_walks_rows(spec), arch) * acc_bytes)
+    footprint += aligned(2 * tn * acc_bytes) if spec.bias_shape else 0
+    footprint += aligned(2 * tn * 4) if spec.scale_shape else 0
+    if footprint > arch.spad_bytes:
+        return None
+    loaded = (in_h * in_w + kh * kw) * tn * in_bytes
+    return loaded + (tm * width * tn * acc_bytes if spec.residual_shape else 0)
+
+
+def _choose_symbolic_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
+    """A symbolic height and / or width: tiles of tm rows x tw columns (powers of two, >= 2; a
+    static width whole, a static height in powers of two or whole) x tn channels. The last row
+    tile runs whole, the last column tile is cut to the columns that exist; the tile is chosen
+    by minimax regret over images from 8 to the bound's extent along the symbolic axes (square
+    when both are), each priced by `_estimate_cycles`."""
+    _, channels, _, _ = spec.lhs_shape
+    _, _, kh, kw = spec.rhs_shape
+    names = spec.symbolic("lhs")
+    symbolic = [spec.data_layout.index(axis) in names for axis in "HW"]
+    static = (max(spec.output_shape[2], 2), padded_width(spec))
+    bound = max(e for e, s in zip(spec.output_shape[2:], symbolic) if s)
+
+    def extents(limit: int):
+        return [1 << k for k in range(1, limit.bit_length() + 1) if 1 << k <= max(limit, 2)]
+
+    candidates = []
+    for tm in extents(bound) if symbolic[0] else sorted(set(extents(static[0])) | {static[0]}):
+        for tw in extents(bound) if symbolic[1] else [static[1]]:
+            for tn in _channel_tiles(channels, arch):
+                loaded = _fitting_load(spec, arch, tm, tw, tn)
+                if loaded is not None:
+                    candidates.append((tm, tw, tn, cost.dma_transfer_cycles(arch, loaded)))
+    if not candidates:
+        raise ScratchpadTooSmall(
+            f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold a 2x2 output tile of a "
+            f"{spec.lhs_shape} depthwise conv2d ({kh}x{kw}): describe a larger scratchpad")
+
+    def cycles(candidate, side: int) -> int:
+        tm, tw, tn, load = candidate
+        in_bytes = DType.from_name(spec.dtype).itemsize
+        window = window_extent(tm, kh, spec.strides[0], spec.dilation[0]) * \
+            window_extent(tw, kw, spec.strides[1], spec.dilation[1]) * in_bytes * \
+            window_pixel_stride(tn, in_bytes, spec.strides[1], tw, arch)  # its span, even when cut
+        rows = round_up(side, tm) if symbolic[0] else round_up(static[0], tm)
+        if symbolic[1] and tw > side:  # the last column tile is cut to the columns that exist
+            tw = side
+            load = cost.dma_transfer_cycles(arch, _fitting_load(spec, arch, tm, tw, tn))
+        width = round_up(side, tw) if symbolic[1] else static[1]
+        tiling = Tiling(tm, tn, kh * kw, rows, round_up(channels, tn), kh * kw, tw=tw)
+        return _estimate_cycles(tiling, spec, width, load, arch, latency_bound=True, window_bytes=window)
+
+    sides = sorted({min(bound, 8 << k) for k in range(bound.bit_length())} | {bound})
+    fastest = {side: min(cycles(c, side) for c in candidates) for side in sides}
+    tm, tw, tn, _ = min(candidates, key=lambda c: (max(cycles(c, s) / fastest[s] for s in sides), cycles(c, bound)))
+    rows = round_up(bound if symbolic[0] else static[0], tm)
+    return Tiling(tm, tn, kh * kw, rows, round_up(channels, tn), kh * kw, tw=tw if symbolic[1] else 0)
+
+
+def _estimate_cycles(t: Tiling, spec: KernelSpec, width: int, load: int, arch: HardwareDescription,
+                     latency_bound: bool = False, window_bytes: int = 0) -> int:
     """First-order cycles of a tiled depthwise kernel, each command priced by the simulator's
     cost model (cgra_sim.cost): with double buffering the busiest unit per tile sets the pace
     (its DEPTHWISE, its loads (`load`), one EPILOGUE per output row, its store), plus the first
     load and the last store."""
     images = spec.lhs_shape[0]
-    tiles = images * (t.mp // t.tm) * (t.np // t.tn)
+    tiles = images * (t.mp // t.tm) * (t.np // t.tn) * (width // t.tw if t.tw else 1)
+    width = t.tw or width  # a tile's columns
     pixels = t.tm * width
     compute = cost.depthwise_compute_cycles(arch, pixels, t.tn, t.tk, spec.dtype)
+    if window_bytes:  # the DEPTHWISE streams its window's span (a cut tile's too), the timing model's bound
+        acc_bytes = DType.from_name(spec.acc_dtype).itemsize
+        compute = cost.depthwise_steady_cycles(arch, pixels, t.tn, t.tk, spec.dtype, window_bytes + t.tk * t.tn *
+                                               DType.from_name(spec.dtype).itemsize + pixels * t.tn * acc_bytes)
     store = cost.dma_transfer_cycles(arch, pixels * t.tn * DType.from_name(spec.acc_dtype).itemsize)
     vector = t.tm * cost.vector_cycles(arch, width, t.tn)
-    return tiles * max(compute, load, store, vector) + load + store + 2 * arch.dma_latency
+    period = max(compute, load, store, vector)
+    if latency_bound:
+        # With two buffers a window is loaded (latency, transfer) and computed on before it is
+        # loaded again, and an output is made and stored before it is written again: small
+        # tiles wait for the DMA. (The static search leaves this out: its figures are pinned.)
+        period = max(period, -(-(arch.dma_latency + load + compute) // 2),
+                     -(-(compute + vector + arch.dma_latency + store) // 2))
+    return tiles * period + load + store + 2 * arch.dma_latency
 
 
 def schedule_depthwise(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> None:
@@ -132,7 +239,11 @@ def schedule_depthwise(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDesc
     _, rows, width, channels = sch.get_loops(epi)
     row_outer, row_inner = sch.split(rows, [None, tiling.tm])
     col_outer, col_inner = sch.split(channels, [None, tiling.tn])
-    sch.reorder(row_outer, col_outer, row_inner, width, col_inner)
+    if tiling.tw:  # a symbolic width: tiles of tw columns too
+        width_outer, width = sch.split(width, [None, tiling.tw])
+        sch.reorder(row_outer, width_outer, col_outer, row_inner, width, col_inner)
+    else:
+        sch.reorder(row_outer, col_outer, row_inner, width, col_inner)
     staged = ("acc", "a_pad", "b_pad") + channel_rows(spec) + (("res_pad",) if spec.residual_shape else ())
     for name in staged:
         block = sch.get_sblock(name)

@@ -26,24 +26,27 @@ from ..relax_info import expression_name, shape_dims
 #: tiles it picks are the ones a large size wants (a small size then runs one ragged tile).
 DEFAULT_BOUND = 1024
 
-#: PrimFunc attribute: {host tensor name: GEMM rows per step of the box loop along its symbolic
-#: dimension} for gathers. A conv2d's gather reads the image through a halo that zero-fills its
-#: padding: cut to the image's extent, the last tile's padding would not be written at all. Its
-#: box loop along the symbolic dimension walks output columns (or rows), `step` GEMM rows each,
-#: so it is cut to the output columns the tile's valid rows hold instead (conv2d.py sets it for
-#: a symbolic image size; lower/ragged.py reads it). Step 0: never cut (the tile's commands
-#: read all of it).
+#: PrimFunc attribute: {host tensor name: [[dim, scale, per, offset], ...]} for gathers. A
+#: conv2d's gather reads the image through a halo that zero-fills its padding: cut to the
+#: image's extent, the last tile's padding would not be written at all. So a gather's box loops
+#: are cut only along the host dims listed, to valid * scale // per + offset coordinates, `valid`
+#: counting what the innermost symbolic tile loop's last tile holds (a conv2d's GEMM rows: output
+#: columns = valid // rows per column; a depthwise conv2d's output columns: input columns =
+#: (valid - 1) * stride + span); an empty list: never cut. conv2d.py and depthwise.py set it for
+#: a symbolic image size; lower/ragged.py reads it.
 GATHERS = "cgra.gathers"
 #: PrimFunc attribute: a conv2d in blocks of rows and this many columns (height and width
 #: symbolic): only its outermost tile loop, over block rows, cuts its commands' rows, to the
 #: block's valid rows times the columns (lower/ragged.py); a block past the image's last column
 #: runs whole.
 BLOCKS = "cgra.block_columns"
-#: PrimFunc attribute: the POOL parameter ("oh" or "ow") that counts a block's outputs along a
-#: symbolic image axis; the last block's POOL is cut to the outputs that exist (pool.py sets it,
-#: lower/ragged.py reads it). Its window load is cut to the image, which holds every tap of
-#: those outputs (no padding along the axis).
-POOL_BLOCK = "cgra.pool_block"
+#: PrimFunc attribute: {device call: its parameter that counts the tile's extent along the
+#: innermost symbolic tile loop}, replacing lower/ragged.py's defaults (the GEMM-shaped kernels'
+#: rows) for kernels tiled otherwise: a pool's POOL "oh" or "ow", a depthwise conv2d's DEPTHWISE
+#: "ow" and EPILOGUE "m" along a symbolic width. The last tile's commands are cut to what exists;
+#: its window loads are cut to the image, which holds every tap of those outputs (pool.py) or
+#: loaded whole (depthwise.py, GATHERS).
+CUT_PARAMS = "cgra.cut_params"
 
 _BOUNDS: contextvars.ContextVar = contextvars.ContextVar("cgra_shape_bounds", default={})
 _VARS: dict = {}  # name -> the kernel-side TIR variable (one object per name, int32)

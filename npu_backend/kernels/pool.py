@@ -31,7 +31,7 @@ from cgra_sim.isa import DType
 
 from ..errors import ScratchpadTooSmall, UnsupportedOperator
 from ..relax_info import dtype_of
-from .dynamic import POOL_BLOCK, batch_extent, dim_var, read_shape
+from .dynamic import CUT_PARAMS, batch_extent, dim_var, read_shape
 from .family import OpFamily
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.vector_unit import PoolWindow, never_valid_taps, pool_value
@@ -239,7 +239,7 @@ def pool_compute(spec: KernelSpec, tiling: Tiling):
 
     out = te.compute(stored((n, channels, oh, ow), "NCHW", spec.out_layout), stored_out, name="out")
     func = kernel_prim_func(spec, {"lhs": x}, out)
-    return func.with_attr(POOL_BLOCK, ("oh", "ow")[symbolic[0]]) if symbolic is not None else func
+    return func.with_attr(CUT_PARAMS, {"cgra_pool": ("oh", "ow")[symbolic[0]]}) if symbolic is not None else func
 
 
 def _block(spec: KernelSpec, tiling: Tiling, index: int, extent):

@@ -129,9 +129,11 @@ class KernelSpec:
 
     @property
     def symbolic_image(self) -> bool:
-        """A conv2d or pool whose input height or width is symbolic (kernels/conv2d.py, pool.py)."""
+        """A conv2d, depthwise conv2d or pool whose input height or width is symbolic
+        (kernels/conv2d.py, depthwise.py, pool.py)."""
         names = self.symbolic("lhs")
-        return self.op in ("conv2d", "pool") and any(self.data_layout.index(axis) in names for axis in "HW")
+        return self.op in ("conv2d", "depthwise", "pool") and \
+            any(self.data_layout.index(axis) in names for axis in "HW")
 
     @property
     def pixel_order(self) -> str:
@@ -204,6 +206,7 @@ class Tiling:
     mp: int  # padded extents: whole tiles
     np: int
     kp: int
+    tw: int = 0  # depthwise with a symbolic width: output columns of a tile (0: the whole width)
 
 
 def round_up(value: int, multiple: int) -> int:

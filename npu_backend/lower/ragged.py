@@ -20,7 +20,7 @@ from tvm import ir, sym, tirx
 from cgra_codegen import device_call_positions
 from cgra_sim.isa import BOX_DIMS
 
-from ..kernels.dynamic import GATHERS, POOL_BLOCK, BLOCKS
+from ..kernels.dynamic import BLOCKS, CUT_PARAMS, GATHERS
 
 _CALL_EXTERN = "tirx.call_extern"
 #: Device call -> its parameter that counts the tile's rows (the tile loop's axis).
@@ -35,9 +35,11 @@ _BUFFER_DATA = ir.Op.get("tirx.buffer_data")
 
 def cut_ragged_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     attrs = func.attrs or {}
-    gathers = {str(name): int(step) for name, step in attrs.get(GATHERS, {}).items()}
-    pool_block = attrs.get(POOL_BLOCK)
-    cutter = _Cutter(gathers, None if pool_block is None else str(pool_block), int(attrs.get(BLOCKS, 0)))
+    gathers = {str(name): {int(dim): (int(scale), int(per), int(offset)) for dim, scale, per, offset in cuts}
+               for name, cuts in attrs.get(GATHERS, {}).items()}
+    cut_params = attrs.get(CUT_PARAMS)
+    cutter = _Cutter(gathers, None if cut_params is None else {str(k): str(v) for k, v in cut_params.items()},
+                     int(attrs.get(BLOCKS, 0)))
     return func.with_body(cutter.stmt(func.body, None))
 
 
@@ -63,9 +65,9 @@ def _tile_of(loop):
 
 
 class _Cutter:
-    def __init__(self, gathers: dict, pool_block: str | None = None, block_columns: int = 0):
+    def __init__(self, gathers: dict, row_params: dict | None = None, block_columns: int = 0):
         self.gathers = gathers
-        self.row_params = dict(_ROW_PARAMS, **({"cgra_pool": pool_block} if pool_block else {}))
+        self.row_params = _ROW_PARAMS if row_params is None else row_params
         # Blocks of rows x block_columns pixels: the outermost symbolic tile loop walks block
         # rows; a block's first valid-rows x block_columns GEMM rows hold its valid pixels.
         self.block_columns = block_columns
@@ -107,7 +109,7 @@ class _Cutter:
     def _cut_box(self, name: str, args, rows) -> None:
         """Each box loop walking a symbolic dimension of the host tensor moves only the
         coordinates inside it: extent min(extent, size - origin) (one step per coordinate); a
-        gather's, only the output columns (or rows) the tile's valid rows hold."""
+        gather's (GATHERS) only along the dims it names, to what the tile's valid outputs read."""
         positions = device_call_positions(name)
         tensor = _host_tensor(args[positions["slot"][0]])
         if tensor is None:
@@ -119,10 +121,10 @@ class _Cutter:
             extent_at, dim_at, step_at = (box[3 * BOX_DIMS + 4 * loop + k] for k in range(3))
             dim, step = args[dim_at], args[step_at]
             if gather is not None:
-                symbolic = isinstance(dim, tirx.IntImm) and int(dim.value) < len(shape) and \
-                    not isinstance(shape[int(dim.value)], tirx.IntImm)
-                if symbolic and rows is not None and gather > 0:
-                    valid = tirx.floordiv(rows[1], gather).astype("int64")
+                cut = gather.get(int(dim.value)) if isinstance(dim, tirx.IntImm) else None
+                if cut is not None and rows is not None:
+                    scale, per, offset = cut
+                    valid = (tirx.floordiv(rows[1] * scale, per) + offset).astype("int64")
                     args[extent_at] = tirx.max(tirx.min(args[extent_at], valid), tirx.IntImm("int64", 1))
                 continue
             if not (isinstance(dim, tirx.IntImm) and isinstance(step, tirx.IntImm) and int(step.value) == 1):
