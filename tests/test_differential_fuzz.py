@@ -1,6 +1,6 @@
 """Differential fuzzing: random graphs of the operators the README lists, compiled for the NPU and
 for `target="llvm"`, run on the same inputs; the results must agree (integers exactly, float32
-within 1e-5 of the output's scale). Anything valid must compile: an op the NPU cannot take
+within 1e-5 of the output's scale), also with symbolic batch / height / width. Anything valid must compile: an op the NPU cannot take
 stays on the host. `HYPOTHESIS_PROFILE=fuzz` runs 2,000 graphs per test; CI runs 25,
 derandomised. Graphs it found failing are kept in tests/test_graph_regressions.py."""
 
@@ -44,14 +44,21 @@ class Graph:
 
 
 @st.composite
-def image_graphs(draw):
+def image_graphs(draw, symbolic=False):
     """float32 NCHW: conv2d (1x1 or 3x3, stride 1 or 2, depthwise or not) [+ bias] [relu | clip],
     residual adds, pools, broadcast elementwise ops, and a classifier (mean + matmul) at the end.
-    The chain is planned first (shapes by hand, every parameter declared), then built."""
+    The chain is planned first (shapes by hand, every parameter declared), then built. With
+    `symbolic`, some of the input's batch, height and width are symbolic (one compiled graph for
+    every size, run at the drawn one): residuals then add earlier values, elementwise operands
+    are per-channel rows (a parameter of a symbolic shape needs its variables bound elsewhere)."""
     graph = Graph(np.random.default_rng(draw(st.integers(0, 2**16))))
     n, c = draw(st.integers(1, 2)), draw(st.integers(1, 8))
     h, w = draw(st.integers(3, 12)), draw(st.integers(3, 12))
     graph.param((n, c, h, w))
+    if symbolic:
+        axes = draw(st.sets(st.sampled_from("NHW"), min_size=1))
+        dims = [tvm.tirx.Var(a.lower(), "int64") if a in axes else d for a, d in zip("NCHW", (n, c, h, w))]
+        graph.params[0] = relax.Var("p0", relax.TensorType(dims, "float32"))
     shape = (n, c, h, w)
     steps, shapes = [], [shape]  # steps: (bb, cur, values) -> expr
     for op in draw(st.lists(st.sampled_from(["conv", "conv", "act", "residual", "pool", "eltwise"]),
@@ -76,7 +83,9 @@ def image_graphs(draw):
             graph.steps.append(act)
         elif op == "residual":
             earlier = [i for i, seen in enumerate(shapes[:-1]) if seen == shape]
-            operand = earlier[-1] if earlier and draw(st.booleans()) else graph.param(shape)
+            if symbolic and not earlier:
+                continue
+            operand = earlier[-1] if earlier and (symbolic or draw(st.booleans())) else graph.param(shape)
             steps.append(lambda bb, cur, values, operand=operand: bb.emit(relax.op.add(
                 cur, values[operand] if isinstance(operand, int) else operand)))
             graph.steps.append("residual add" + (" (an earlier value)" if isinstance(operand, int) else ""))
@@ -88,7 +97,7 @@ def image_graphs(draw):
             graph.steps.append(f"{kind} pool")
         elif op == "eltwise":
             func = draw(st.sampled_from(["add", "subtract", "multiply", "maximum", "minimum"]))
-            operand = graph.param((1, shape[1], 1, 1) if draw(st.booleans()) else shape)
+            operand = graph.param((1, shape[1], 1, 1) if symbolic or draw(st.booleans()) else shape)
             steps.append(lambda bb, cur, values, func=func, operand=operand: bb.emit(
                 getattr(relax.op, func)(cur, operand)))
             graph.steps.append(func)
@@ -108,7 +117,7 @@ def image_graphs(draw):
             cur = relax.op.nn.relu(bb.emit(relax.op.add(bb.emit(relax.op.matmul(pooled, head[0])), head[1])))
         return cur
 
-    graph.steps.insert(0, f"x {n}x{c}x{h}x{w}")
+    graph.steps.insert(0, f"x {n}x{c}x{h}x{w}" + (f" ({graph.params[0].ty.shape} symbolic)" if symbolic else ""))
     if head is not None:
         graph.steps.append("mean + dense + relu")
     return graph.module(build), graph.inputs, graph.steps
@@ -149,6 +158,14 @@ def _agree(mod, inputs, arch):
 
 @given(graph=image_graphs(), arch=st.sampled_from(PRESETS))
 def test_random_image_graphs_agree_with_the_host_build(graph, arch):
+    mod, inputs, steps = graph
+    note(f"{arch}: {' -> '.join(steps)}")
+    _agree(mod, inputs, arch)
+
+
+@given(graph=image_graphs(symbolic=True), arch=st.sampled_from(PRESETS))
+def test_random_image_graphs_with_symbolic_sizes_agree_with_the_host_build(graph, arch):
+    """The same graphs with a symbolic batch, height and / or width (docs/dynamic-shapes.md)."""
     mod, inputs, steps = graph
     note(f"{arch}: {' -> '.join(steps)}")
     _agree(mod, inputs, arch)
