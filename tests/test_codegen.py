@@ -132,7 +132,9 @@ static void dma(const char* kind, int32_t slot, int64_t addr, const int64_t* box
   for (int i = 0; i < 28; ++i) n += snprintf(words + n, sizeof words - n, i ? ",%lld" : "%lld", (ll)box[i]);
   record("%s slot=%d addr=%lld box=%s", kind, slot, (ll)addr, words);
 }
-int32_t cgra_dma_load(void* k, int32_t slot, int64_t addr, const int64_t* box) { dma("dma_load", slot, addr, box); return command(); }
+int32_t cgra_dma_load(void* k, int32_t flags, int32_t slot, int64_t addr, const int64_t* box) {
+  dma(flags ? "dma_load_fill_lowest" : "dma_load", slot, addr, box); return command();
+}
 int32_t cgra_dma_store(void* k, int32_t slot, int64_t addr, const int64_t* box) { dma("dma_store", slot, addr, box); return command(); }
 int32_t cgra_gemm(void* k, int32_t flags, int32_t dtype, int64_t m, int64_t n, int64_t kd, int64_t a,
                   int64_t as, int64_t b, int64_t bs, int64_t acc, int64_t accs) {
@@ -217,8 +219,8 @@ def matmul_rows(A: T.Buffer((4, 8), "int8"), W: T.Buffer((8, 8), "int8"),
     with T.sblock("load"):
         T.reads(A[0:4, 0:8], W[0:8, 0:8])
         T.writes(SA[0:32], SW[0:64])
-        T.evaluate(T.call_extern("int32", "cgra_dma_load", A.data, SA.data, 0, *ROWS_BOX))
-        T.evaluate(T.call_extern("int32", "cgra_dma_load", W.data, SW.data, T.int64(0),
+        T.evaluate(T.call_extern("int32", "cgra_dma_load", 0, A.data, SA.data, 0, *ROWS_BOX))
+        T.evaluate(T.call_extern("int32", "cgra_dma_load", 0, W.data, SW.data, T.int64(0),
                                  *box((8, 0, 1, 8), (8, 1, 1, 1))))
     for i in range(4):
         with T.sblock("gemm"):
@@ -262,7 +264,7 @@ def rows_dynamic(a: T.handle, c: T.handle):
             T.reads(A[0:n, 0:8], SA[0:32])
             T.writes(C[0:n, 0:8], Acc[0:32])
             rows: T.int64 = T.min(n - t * T.int64(4), T.int64(4))
-            T.evaluate(T.call_extern("int32", "cgra_dma_load", A.data, SA.data, 0,
+            T.evaluate(T.call_extern("int32", "cgra_dma_load", 0, A.data, SA.data, 0,
                                      t * 4, 0, 0, 0, *ZERO_BOX[4:],  # origin, halo
                                      rows, 0, 1, 8, 8, 1, 1, 1, 1, 2, 0, 0, 1, 3, 0, 0))
             T.evaluate(T.call_extern("int32", "cgra_gemm", 0, 1, rows, 8, 8, SA.data, 0, 8,
@@ -352,7 +354,7 @@ def test_golden_ir_of_a_tiny_kernel():
         "runtime.missing:<*>",
         "call void @TVMFFIErrorSetRaisedFromCStr(ptr @<*>, ptr @<*>)",
         "ret i32 -1",
-        "%k = call ptr @cgra_kernel_begin(ptr @<*>, ptr @<*>, ptr @<*>, i64 65536, i32 3, i32 1, i64 -1)",
+        "%k = call ptr @cgra_kernel_begin(ptr @<*>, ptr @<*>, ptr @<*>, i64 65536, i32 4, i32 1, i64 -1)",
         "%bind.status = call i32 @cgra_kernel_bind(ptr %k, i32 0, ptr %dltensor)",
         "launch.failed:<*>",  # the error exit: frees the launch, returns -1
         "<*> = call i32 @cgra_kernel_end(ptr %k)",
@@ -387,7 +389,7 @@ def test_matmul_kernel_drives_the_runtime(mock_runtime, tmp_path):
                                  tensor((4, 8), "int32")) is None
     words = ",".join(map(str, ROWS_BOX))
     assert log_lines(runtime) == [
-        f"begin matmul_rows ops=matmul spad=65536 abi=3 slots=3 macs=-1 arch={ARCH.to_json()}",
+        f"begin matmul_rows ops=matmul spad=65536 abi=4 slots=3 macs=-1 arch={ARCH.to_json()}",
         "bind 0 shape=4,8 dtype=0:8",
         "bind 1 shape=8,8 dtype=0:8",
         "bind 2 shape=4,8 dtype=0:32",

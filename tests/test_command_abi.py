@@ -81,7 +81,7 @@ def test_the_abi_keeps_its_c_signatures():
                   for name, params in generated_prototypes().items()}
     i32, i64, kernel = "int32_t", "int64_t", "CGRAKernel*"
     assert signatures == {
-        "cgra_dma_load": [kernel, i32, i64, "const int64_t*"],
+        "cgra_dma_load": [kernel, i32, i32, i64, "const int64_t*"],
         "cgra_dma_store": [kernel, i32, i64, "const int64_t*"],
         "cgra_gemm": [kernel, i32, i32] + [i64] * 9,
         "cgra_fill": [kernel, i32] + [i64] * 5,
@@ -138,8 +138,8 @@ def test_device_call_orders_operands_and_expands_buffers():
 def test_device_call_takes_a_slot_an_address_pair_and_a_box():
     host, spad = tirx.decl_buffer((4, 8), "float32", name="X"), _buffer("S")
     box = list(range(100, 128))
-    call = device_call("cgra_dma_load", slot=host, spad_addr=(spad.data, 16), box=box)
-    expected = tirx.call_extern("int32", "cgra_dma_load", host.data, spad.data, 16, *box)
+    call = device_call("cgra_dma_load", flags=0, slot=host, spad_addr=(spad.data, 16), box=box)
+    expected = tirx.call_extern("int32", "cgra_dma_load", 0, host.data, spad.data, 16, *box)
     tvm.ir.assert_structural_equal(call, expected)
 
 

@@ -1,7 +1,8 @@
 """Tests of the copy -> DMA pass (npu_backend.lower.dma): which guarded copies become a DMA box.
 
 A guard is accepted only when every conjunct provably equals an in-bounds test of one host index;
-then the DMA halo (zero fill) computes the same thing. Anything else must be refused, because a DMA
+then the DMA halo (zero fill, or the dtype's lowest value for a max pool's padding) computes the
+same thing. Anything else must be refused, because a DMA
 that silently differs from the TIR would give a wrong number.
 """
 
@@ -13,14 +14,17 @@ import tvm_ffi
 from tvm import s_tir
 from tvm.script import tirx as T
 
+from cgra_codegen import device_call_positions
+from cgra_sim.isa import DMA_FILL_LOWEST
 from npu_backend.lower.dma import lower_copies_to_dma
 from npu_backend.errors import UnsupportedCopy
 
-HALO = slice(4, 12)  # box words after (host, spad, spad_base, origin[4]): pad_lo[4], pad_hi[4]
+HALO = slice(4, 12)  # box words after origin[4]: pad_lo[4], pad_hi[4]
 
 
-def dma_boxes(func):
-    """The (name, box words) of every DMA call the pass makes of `func`."""
+def dma_boxes(func, flags=None):
+    """The (name, box words) of every DMA call the pass makes of `func`; `flags`, a list, receives
+    each load's flags."""
     mod = tvm.IRModule({"main": func})
     for apply in (s_tir.transform.ConvertBlocksToOpaque(),
                   s_tir.transform.CompactBufferAllocation(), s_tir.transform.LowerOpaqueBlock()):
@@ -29,7 +33,11 @@ def dma_boxes(func):
 
     def visit(call):
         if getattr(call.op, "name", "") == "tirx.call_extern" and str(call.args[0].value).startswith("cgra_dma"):
-            calls.append((call.args[0].value, [int(word) for word in call.args[4:]]))
+            name = str(call.args[0].value)
+            positions = device_call_positions(name)
+            calls.append((name, [int(call.args[i]) for i in positions["box"]]))
+            if flags is not None and "flags" in positions:
+                flags.append(int(call.args[positions["flags"][0]]))
     tvm_ffi.structural_walk(lower_copies_to_dma(mod["main"]).body, [(tvm.ir.Call, visit)])
     return calls
 
@@ -100,10 +108,39 @@ def test_guard_checked_point_by_point_becomes_the_dma_halo():
     assert words[12:20] == [4, 0, 1, 3, 3, 0, 2, 1]  # i: step 1 in A, 3 in S; j: step 2 in A
 
 
+@T.prim_func(s_tir=True)
+def lowest_fill(A: T.Buffer((8,), "int8")):
+    # A max pool's padding: the halo holds int8's lowest value.
+    S = T.alloc_buffer((12,), "int8", scope="global.cgra_spad")
+    for i in range(12):
+        with T.sblock("load"):
+            v = T.axis.spatial(12, i)
+            S[v] = T.if_then_else(2 <= v and v - 2 < 8, A[v - 2], T.int8(-128))
+
+
+@T.prim_func(s_tir=True)
+def other_fill(A: T.Buffer((8,), "float32")):
+    S = T.alloc_buffer((12,), "float32", scope="global.cgra_spad")
+    for i in range(12):
+        with T.sblock("load"):
+            v = T.axis.spatial(12, i)
+            S[v] = T.if_then_else(2 <= v and v - 2 < 8, A[v - 2], T.float32(1))
+
+
+def test_a_halo_of_the_lowest_value_sets_the_loads_fill_flag():
+    flags = []
+    [(_, words)] = dma_boxes(lowest_fill, flags)
+    assert flags == [DMA_FILL_LOWEST] and words[HALO] == [2, 0, 0, 0, 2, 0, 0, 0]
+    flags.clear()
+    dma_boxes(plain_guard, flags)
+    assert flags == [0]
+
+
 @pytest.mark.parametrize("func, message", [
+    (other_fill, "pads with 1.0: the DMA engine fills its halo with zero or the element type's lowest value"),
     (wrong_guard, "is not an in-bounds test"),
     (unguarded, "reaches outside dimension 0"),
-], ids=["wrong", "unguarded"])
+], ids=["other fill", "wrong", "unguarded"])
 def test_guard_that_is_not_the_halo_is_refused(func, message):
     with pytest.raises(UnsupportedCopy, match=message):
         dma_boxes(func)

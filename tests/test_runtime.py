@@ -28,8 +28,8 @@ ARCH = load_arch("cgra-8x8")
 SPAD = ARCH.spad_bytes
 BOX_WORDS = isa.RECORD_WORDS - isa.word(Op.DMA_LOAD, "origin0")
 F32, I8, I32 = int(DType.FLOAT32), int(DType.INT8), int(DType.INT32)
-ABI = 3  # CGRA_RUNTIME_ABI_VERSION: v2 gave cgra_epilogue its residual and clip arguments,
-# v3 cgra_kernel_begin its macs_per_output
+ABI = 4  # CGRA_RUNTIME_ABI_VERSION: v2 gave cgra_epilogue its residual and clip arguments,
+# v3 cgra_kernel_begin its macs_per_output, v4 cgra_dma_load its flags
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,7 +68,7 @@ I64, I32C, P = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
 SIGNATURES = {
     "cgra_kernel_begin": (P, [ctypes.c_char_p] * 3 + [I64, I32C, I32C, I64]),
     "cgra_kernel_bind": (I32C, [P, I32C, ctypes.POINTER(DLTensor)]),
-    "cgra_dma_load": (I32C, [P, I32C, I64, ctypes.POINTER(I64)]),
+    "cgra_dma_load": (I32C, [P, I32C, I32C, I64, ctypes.POINTER(I64)]),
     "cgra_dma_store": (I32C, [P, I32C, I64, ctypes.POINTER(I64)]),
     "cgra_gemm": (I32C, [P, I32C, I32C] + [I64] * 9),
     "cgra_depthwise": (I32C, [P, I32C, I32C] + [I64] * 16),
@@ -234,16 +234,16 @@ def test_records_match_isa_encode(lib, on_device, submitted):
     load_q = box([(3, 1, 1, 20), (4, 2, 1, 5), (5, 3, 1, 1)], origin=(1, 0, 0, 0))
     halo = rows_box(9, 16, 16, origin=(-1, 0, 0, 0), pad_lo=(1, 0, 0, 0))
     commands = [
-        ("cgra_dma_load", 0, 0, load_a),
-        ("cgra_dma_load", 1, 512, rows_box(16, 4, 4)),
+        ("cgra_dma_load", 0, 0, 0, load_a),
+        ("cgra_dma_load", 0, 1, 512, rows_box(16, 4, 4)),
         ("cgra_fill", F32, 1024, 8, 4, 4, 0x3F800000),
         ("cgra_gemm", isa.GEMM_ACCUMULATE, F32, 8, 4, 16, 0, 16, 512, 4, 1024, 4),
-        ("cgra_dma_load", 2, 1152, box([(4, 0, 1, 1)])),
+        ("cgra_dma_load", 0, 2, 1152, box([(4, 0, 1, 1)])),
         ("cgra_epilogue", isa.EPILOGUE_BIAS | isa.EPILOGUE_RELU, F32, F32, 8, 4, 1024, 4, 1152,
          2048, 4, 0, 0, 0, 0, 0, 0),
         ("cgra_dma_store", 3, 2048, rows_box(8, 4, 4)),
-        ("cgra_dma_load", 4, 4096, load_q),
-        ("cgra_dma_load", 0, 8192, halo),
+        ("cgra_dma_load", 0, 4, 4096, load_q),
+        ("cgra_dma_load", isa.DMA_FILL_LOWEST, 0, 8192, halo),
         ("cgra_depthwise", 0, I8, 2, 3, 4, 3, 3, 4096, 20, 4, 20, 4, 4200, 12, 4, 4400, 12, 4),
         ("cgra_epilogue", FULL_EPILOGUE, F32, F32, 8, 4, 1024, 4, 1152, 3072, 4, 2048, 6, 0,
          0x40C00000, 0, 0),
@@ -254,8 +254,8 @@ def test_records_match_isa_encode(lib, on_device, submitted):
     ]
     on_device(lambda: launch(lib, commands, tensors, name=b"fused_matmul"))
 
-    def dma(op, slot, spad_addr, words):
-        return isa.encode(op, slot=slot, spad_addr=spad_addr,
+    def dma(op, slot, spad_addr, words, flags=0):
+        return isa.encode(op, flags=flags, slot=slot, spad_addr=spad_addr,
                           **dict(zip(isa.FIELDS[op][isa.word(op, "origin0"):], words)))
 
     expected = [
@@ -270,7 +270,7 @@ def test_records_match_isa_encode(lib, on_device, submitted):
                    out_addr=2048, out_stride=4),
         dma(Op.DMA_STORE, 3, 2048, rows_box(8, 4, 4)),
         dma(Op.DMA_LOAD, 4, 4096, load_q),
-        dma(Op.DMA_LOAD, 0, 8192, halo),
+        dma(Op.DMA_LOAD, 0, 8192, halo, flags=isa.DMA_FILL_LOWEST),
         isa.encode(Op.DEPTHWISE, dtype=I8, oh=2, ow=3, n=4, kh=3, kw=3, a_addr=4096, a_y_stride=20,
                    a_x_stride=4, a_ry_stride=20, a_rx_stride=4, b_addr=4200, b_ry_stride=12,
                    b_rx_stride=4, acc_addr=4400, acc_y_stride=12, acc_x_stride=4),
@@ -306,10 +306,10 @@ def test_stream_runs_on_the_simulator(lib, on_device):
     bias, out = rng.standard_normal(4, np.float32), np.zeros((8, 4), np.float32)
     arrays = (a, b, bias, out)
     commands = [
-        ("cgra_dma_load", 0, 0, rows_box(8, 16, 16)),
-        ("cgra_dma_load", 1, 512, rows_box(16, 4, 4)),
+        ("cgra_dma_load", 0, 0, 0, rows_box(8, 16, 16)),
+        ("cgra_dma_load", 0, 1, 512, rows_box(16, 4, 4)),
         ("cgra_gemm", 0, F32, 8, 4, 16, 0, 16, 512, 4, 1024, 4),
-        ("cgra_dma_load", 2, 1152, box([(4, 0, 1, 1)])),
+        ("cgra_dma_load", 0, 2, 1152, box([(4, 0, 1, 1)])),
         ("cgra_epilogue", isa.EPILOGUE_BIAS | isa.EPILOGUE_RELU, F32, F32, 8, 4, 1024, 4, 1152,
          2048, 4, 0, 0, 0, 0, 0, 0),
         ("cgra_dma_store", 3, 2048, rows_box(8, 4, 4)),
@@ -403,18 +403,20 @@ VIOLATIONS = {
         [("cgra_fill", I8, -4, 1, 8, 8, 0)],
         "command 0 (FILL): scratchpad bytes [-4, 4) start below address 0"),
     "dma beyond the halo": (
-        [("cgra_dma_load", 0, 0, rows_box(8, 4, 4, origin=(-2, 0, 0, 0), pad_lo=(1, 0, 0, 0)))],
+        [("cgra_dma_load", 0, 0, 0, rows_box(8, 4, 4, origin=(-2, 0, 0, 0), pad_lo=(1, 0, 0, 0)))],
         r"command 0 (DMA_LOAD): slot 0 dim 0: coordinates [-2, 6) leave [-1, 8)"),
     "dma store beyond the tensor": (
         [("cgra_fill", F32, 0, 9, 4, 4, 0), ("cgra_dma_store", 0, 0, rows_box(9, 4, 4))],
         "command 1 (DMA_STORE): slot 0 dim 0: coordinates [0, 9) leave [0, 8)"),
     "negative tstep walks below the tensor": (
-        [("cgra_dma_load", 0, 0, box([(8, 0, -1, 4), (4, 1, 1, 1)], origin=(3, 0, 0, 0)))],
+        [("cgra_dma_load", 0, 0, 0, box([(8, 0, -1, 4), (4, 1, 1, 1)], origin=(3, 0, 0, 0)))],
         "command 0 (DMA_LOAD): slot 0 dim 0: coordinates [-4, 4) leave [0, 8)"),
     "null box": (
-        [("cgra_dma_load", 0, 0, None)], "command 0 (DMA_LOAD): box is NULL"),
+        [("cgra_dma_load", 0, 0, 0, None)], "command 0 (DMA_LOAD): box is NULL"),
+    "unknown dma flag": (
+        [("cgra_dma_load", 2, 0, 0, rows_box(8, 4, 4))], "command 0 (DMA_LOAD): unknown flag bits 0x2"),
     "unbound slot": (
-        [("cgra_dma_load", 1, 0, rows_box(8, 4, 4))], "command 0 (DMA_LOAD): slot 1 is not bound"),
+        [("cgra_dma_load", 0, 1, 0, rows_box(8, 4, 4))], "command 0 (DMA_LOAD): slot 1 is not bound"),
     "slot out of range": (
         [("cgra_dma_store", 5, 0, rows_box(8, 4, 4))],
         "command 0 (DMA_STORE): slot 5 out of range [0, 2)"),
@@ -456,13 +458,13 @@ VIOLATIONS = {
         [("cgra_epilogue", 0, I32, I32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0, 128, 0)],
         "command 0 (EPILOGUE): scale_addr 128 / out_zero_point 0 given without CGRA_EPILOGUE_REQUANTISE"),
     "negative scratchpad stride": (
-        [("cgra_dma_load", 0, 64, box([(8, 0, 1, -4), (4, 1, 1, 1)]))],
+        [("cgra_dma_load", 0, 0, 64, box([(8, 0, 1, -4), (4, 1, 1, 1)]))],
         "command 0 (DMA_LOAD): loop 0 has a negative scratchpad stride -4"),
     "zero extent": (
-        [("cgra_dma_load", 0, 0, box([(0, 0, 1, 4)]))],
+        [("cgra_dma_load", 0, 0, 0, box([(0, 0, 1, 4)]))],
         "command 0 (DMA_LOAD): loop 0 has extent 0"),
     "loop on a dimension the tensor lacks": (
-        [("cgra_dma_load", 0, 0, box([(2, 2, 1, 4)]))],
+        [("cgra_dma_load", 0, 0, 0, box([(2, 2, 1, 4)]))],
         "command 0 (DMA_LOAD): loop 0 walks tensor dim 2 but slot 0 has rank 2"),
     "fill value beyond int8": (
         [("cgra_fill", I8, 0, 1, 4, 4, 300)],
@@ -491,7 +493,7 @@ def test_violation_is_a_value_error_naming_command_and_range(lib, on_device, sub
 def test_message_of_the_documented_example(lib, on_device, submitted):
     x = np.zeros((64, 64), np.float32)
     commands = [("cgra_fill", F32, 0, 1, 8, 8, 0)] * 12
-    commands.append(("cgra_dma_load", 0, 260096, rows_box(24, 64, 64)))
+    commands.append(("cgra_dma_load", 0, 0, 260096, rows_box(24, 64, 64)))
     with pytest.raises(ValueError) as info:
         on_device(lambda: launch(lib, commands, [dltensor(x)], name=b"fused_matmul"))
     assert str(info.value) == ("cgra kernel 'fused_matmul': command 12 (DMA_LOAD): scratchpad "

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from cgra_sim import (CommandError, LaunchError, load_arch, preset_names, run_functional, simulate,
                       streams)
-from cgra_sim.isa import (EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL,
+from cgra_sim.isa import (DMA_FILL_LOWEST, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL,
                           GEMM_ACCUMULATE, RECORD_WORDS, DType, Op, encode)
 
 ARCH = load_arch("cgra-8x8")
@@ -25,9 +25,9 @@ DTYPES = ["int8", "int32", "float32"]
 
 # ---------------------------------------------------------------- helpers and references
 
-def dma_record(op, slot, spad_addr, loops, origin=(), pad_lo=(), pad_hi=()):
+def dma_record(op, slot, spad_addr, loops, origin=(), pad_lo=(), pad_hi=(), flags=0):
     """loops: (extent, tdim, tstep, sstride) each; unused loops are (1, 0, 0, 0)."""
-    fields = {"slot": slot, "spad_addr": spad_addr}
+    fields = {"flags": flags, "slot": slot, "spad_addr": spad_addr}
     for name, values in (("origin", origin), ("pad_lo", pad_lo), ("pad_hi", pad_hi)):
         fields.update({f"{name}{d}": v for d, v in enumerate(values)})
     for loop, (extent, tdim, tstep, sstride) in enumerate(list(loops) + [(1, 0, 0, 0)] * (4 - len(loops))):
@@ -98,18 +98,20 @@ def boxes(draw, for_store):
 
 # ---------------------------------------------------------------- DMA
 
-@given(boxes(for_store=False))
-def test_dma_load_matches_pointwise_reference(case):
+@given(boxes(for_store=False), st.booleans())
+def test_dma_load_matches_pointwise_reference(case, lowest):
+    """The halo holds 0, or with DMA_FILL_LOWEST the dtype's lowest value (-inf, -128, INT32_MIN)."""
     rng = np.random.default_rng(case["seed"])
     tensor = random_array(rng, case["shape"], case["dtype"])
     record = dma_record(Op.DMA_LOAD, 0, case["spad_addr"], case["loops"], case["origin"],
-                        case["pad_lo"], case["pad_hi"])
+                        case["pad_lo"], case["pad_hi"], flags=DMA_FILL_LOWEST if lowest else 0)
     spad = run_functional(ARCH, np.array([record]), [tensor])
 
     expected = np.zeros(ARCH.spad_bytes, dtype=np.uint8)
     size = tensor.itemsize
+    fill = (-np.inf if tensor.dtype == np.float32 else np.iinfo(tensor.dtype).min) if lowest else 0
     for coord, offset in box_points(case["loops"], case["origin"], tensor.ndim):
-        value = tensor[coord] if inside(coord, tensor.shape) else tensor.dtype.type(0)
+        value = tensor[coord] if inside(coord, tensor.shape) else tensor.dtype.type(fill)
         addr = case["spad_addr"] + size * offset
         expected[addr:addr + size] = np.array([value], dtype=tensor.dtype).view(np.uint8)
     np.testing.assert_array_equal(spad, expected)

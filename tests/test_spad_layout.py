@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import npu_backend
+from cgra_codegen import device_call_positions
 from cgra_sim.banks import beat_slowdown, operand_slowdown
 from cgra_sim.decode import DepthwiseCommand, DmaCommand, FillCommand, GemmCommand, decode_stream
 from cgra_sim.stream_file import load_launch
@@ -92,7 +93,8 @@ def test_golden_a_row_stride_of_a_float32_gemm_tile_is_padded():
     gemm, = _extern_calls(lowered, "cgra_gemm")
     assert [int(gemm.args[i]) for i in (3, 4, 5, 8, 11, 14)] == [32, 32, 64, 65, 32, 32]  # m n k sa sb sc
     load_a = _extern_calls(lowered, "cgra_dma_load")[0]
-    loops = [int(w) for w in load_a.args[16:24]]  # (extent, dim, step, spad stride) of the box's loops 0, 1
+    box = device_call_positions("cgra_dma_load")["box"]
+    loops = [int(load_a.args[i]) for i in box[12:20]]  # (extent, dim, step, spad stride) of the box's loops 0, 1
     assert loops == [32, 0, 1, 65, 64, 1, 1, 1]
     sizes = {}
 

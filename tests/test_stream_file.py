@@ -141,8 +141,9 @@ def test_launch_refuses_contents_that_do_not_fit_the_slots():
      f"reads versions up to {stream_file.FORMAT_VERSION}"),
     ({"stream_version": STREAM_VERSION + 1},
      f"command stream of version {STREAM_VERSION + 1} ({RECORD_WORDS}-word records), but this simulator "
-     f"runs stream version {STREAM_VERSION}"),
-    ({"record_words": 16}, f"this simulator runs stream version {STREAM_VERSION} ({RECORD_WORDS}-word records)"),
+     f"runs stream versions 2 to {STREAM_VERSION}"),
+    ({"stream_version": 1}, f"command stream of version 1 ({RECORD_WORDS}-word records)"),
+    ({"record_words": 16}, f"this simulator runs stream versions 2 to {STREAM_VERSION} ({RECORD_WORDS}-word records)"),
     ({"tensors": "x"}, "damaged launch file (header.json: 'tensors' is missing or not a JSON array)"),
     ({"num_commands": 3}, "damaged launch file (ValueError: commands.npy is int64"),
     ({"tensors": [{"dtype": "int8", "shape": [6, 7]}] * 3}, "damaged launch file (ValueError: inputs[1]"),

@@ -34,10 +34,12 @@ def _provably_nonnegative(index) -> bool:
         isinstance(index, tirx.IntImm) and index.value >= 0)
 
 
-def padded(tensor, shape, indices):
-    """tensor[indices] inside the tensor, 0 outside: what a DMA load with a halo puts in a tile."""
+def padded(tensor, shape, indices, fill=0):
+    """tensor[indices] inside the tensor, `fill` outside: what a DMA load with a halo puts in a
+    tile (0, or the dtype's lowest value with DMA_FILL_LOWEST: lower/dma.py)."""
     value = tensor(*indices)
-    return tirx.if_then_else(in_bounds(indices, shape), value, tirx.const(0, tensor.dtype))
+    return tirx.if_then_else(in_bounds(indices, shape), value, tirx.const(fill, tensor.dtype) if isinstance(fill, int)
+                             else fill)
 
 
 def stored(logical_values, logical_axes: str, layout: str) -> tuple:

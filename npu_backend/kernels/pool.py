@@ -14,6 +14,11 @@ A tile is a whole image by `tn` channels, so whether a tap lies in the padding d
 the output's place in the image, known at compile time: the valid rectangle is the image, the
 count rectangle the image (count_include_pad=False) or the padded image (True). Ceil mode's last
 windows reach past the padded image into more halo, outside both.
+
+With a symbolic image height or width (`symbolic_axis`), a tile is a block of outputs along it:
+where the padding lies is then known only at run time, so it is loaded with the window (the DMA
+halo: the dtype's lowest value for a max pool, zero for an average that counts the padding) and
+every tap along the axis is valid.
 """
 
 from __future__ import annotations
@@ -31,10 +36,10 @@ from cgra_sim.isa import DType
 
 from ..errors import ScratchpadTooSmall, UnsupportedOperator
 from ..relax_info import dtype_of
-from .dynamic import CUT_PARAMS, batch_extent, dim_var, read_shape
+from .dynamic import CUT_PARAMS, GATHERS, batch_extent, dim_var, read_shape
 from .family import OpFamily
 from .intrinsics import SPAD, get_intrin
-from .intrinsics.vector_unit import PoolWindow, never_valid_taps, pool_value
+from .intrinsics.vector_unit import PoolWindow, lowest_value, never_valid_taps, pool_value
 from .operands import kernel_prim_func, logical, padded, stored
 from .spec import KernelSpec, PoolAttrs, Tiling, aligned, round_up
 
@@ -85,8 +90,8 @@ def pool_spec(name: str, annotated: dict) -> KernelSpec:
 
 def _with_symbols(op: str, spec: KernelSpec, names: dict) -> KernelSpec:
     """`spec` with its symbolic axes: the batch, and the image height or width of a windowed
-    pool without padding, ceil mode or a global window along it (its tiles then cut the axis
-    into blocks of outputs whose windows lie inside the image; see `symbolic_axis`)."""
+    pool without ceil mode or a global window along it (its tiles then cut the axis into blocks
+    of outputs; see `symbolic_axis`)."""
     batch = spec.data_layout.index("N")
     spatial = {axis: names[spec.data_layout.index(axis)] for axis in "HW" if spec.data_layout.index(axis) in names}
     if spatial:
@@ -109,22 +114,28 @@ def _symbolic_image_refusal(op: str, spec: KernelSpec, axes: list) -> str | None
     index = "HW".index(axes[0])
     if spec.pool.ceil_mode:
         return "no ceil mode along a symbolic size"
-    if spec.padding[index] or spec.padding[index + 2]:
-        return "no padding along a symbolic size"
+    if (spec.padding[index] or spec.padding[index + 2]) and spec.pool.kind == "avg" and \
+            not spec.pool.count_include_pad:
+        return ("no padding along a symbolic size for an average that counts only the image's taps "
+                "(count_include_pad=False)")
     return None
 
 
 def symbolic_axis(spec: KernelSpec):
     """(0 for the height or 1 for the width, its output extent as the kernel indexes it) of a
     pool's symbolic image axis, or None. Its tiles cut that axis into blocks of `tiling.tm`
-    outputs; without padding every valid output's window lies inside the image, so one POOL
-    window serves every block, and the last block is cut to the outputs that exist (lower/ragged.py)."""
+    outputs, and one POOL window serves every block: every tap along the axis is valid and
+    counted, because the padding along it is in the scratchpad, loaded with the window as the
+    DMA's halo: the dtype's lowest value for a max pool (DMA_FILL_LOWEST), zeros for an average
+    that counts the padding. The last block is cut to the outputs that exist, its window load to
+    the rows (or columns) they read (lower/ragged.py)."""
     names = spec.symbolic("lhs")
     for index, axis in enumerate("HW"):
         name = names.get(spec.data_layout.index(axis))
         if name is not None:
             k, step, spacing = spec.pool.size[index], spec.strides[index], spec.dilation[index]
-            return index, sym.Analyzer().simplify(tirx.floordiv(dim_var(name) - spacing * (k - 1) - 1, step) + 1)
+            padded_extent = dim_var(name) + spec.padding[index] + spec.padding[index + 2]
+            return index, sym.Analyzer().simplify(tirx.floordiv(padded_extent - spacing * (k - 1) - 1, step) + 1)
     return None
 
 
@@ -228,8 +239,10 @@ def pool_compute(spec: KernelSpec, tiling: Tiling):
             [in_h, (acc_out[1] - 1) * step + (k - 1) * spacing + 1]
     data_shape = stored((n, channels, *image), "NCHW", spec.data_layout)
     x = te.placeholder(data_shape, spec.dtype, name="data")
+    # A max pool's blocks along a symbolic axis take its padding as taps: they hold the lowest value.
+    fill = lowest_value(spec.dtype) if symbolic is not None and spec.pool.kind == "max" else 0
     a_pad = te.compute((n, in_h, in_w, tiling.np), lambda b_, py, px, c: padded(
-        x, data_shape, stored((b_, c, py - top, px - left), "NCHW", spec.data_layout)), name="a_pad")
+        x, data_shape, stored((b_, c, py - top, px - left), "NCHW", spec.data_layout), fill), name="a_pad")
     acc = te.compute((n, *acc_out, tiling.np), lambda b_, y, ox, c: pool_value(
         lambda py, px, ch: a_pad[b_, py, px, ch], y, ox, c, window, tile_out, spec.dtype), name="acc")
 
@@ -239,14 +252,22 @@ def pool_compute(spec: KernelSpec, tiling: Tiling):
 
     out = te.compute(stored((n, channels, oh, ow), "NCHW", spec.out_layout), stored_out, name="out")
     func = kernel_prim_func(spec, {"lhs": x}, out)
-    return func.with_attr(CUT_PARAMS, {"cgra_pool": ("oh", "ow")[symbolic[0]]}) if symbolic is not None else func
+    if symbolic is None:
+        return func
+    # The last block's POOL is cut to its outputs, its window load to what they read: v outputs
+    # read (v - 1) * stride + (k - 1) * dilation + 1 window rows, the padding past the image
+    # among them.
+    index = symbolic[0]
+    k, step, spacing = spec.pool.size[index], spec.strides[index], spec.dilation[index]
+    gather = [[spec.data_layout.index("HW"[index]), step, 1, (k - 1) * spacing + 1 - step]]
+    return func.with_attr(CUT_PARAMS, {"cgra_pool": ("oh", "ow")[index]}).with_attr(GATHERS, {"data": gather})
 
 
 def _block(spec: KernelSpec, tiling: Tiling, index: int, extent):
     """A pool with a symbolic height (index 0) or width (1) of `extent` outputs: (the output's
     (oh, ow) with that extent, the POOL window of one block of tiling.tm outputs along it, the
-    block's (rows, columns) of outputs). No padding along the axis: every tap of the block's
-    outputs is in its window, valid and counted."""
+    block's (rows, columns) of outputs). Every tap of the block's outputs is in its window, valid
+    and counted (the padding along the axis is loaded: `symbolic_axis`)."""
     _, _, oh, ow = spec.output_shape
     out = [oh, ow]
     out[index] = extent
@@ -293,8 +314,9 @@ def choose_pool_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
 def _choose_block_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     """A pool with a symbolic height or width: blocks of tm outputs along it (a power of two) by
     tn channels, the whole other axis; the (tm, tn) whose estimate, at sizes from one output to
-    the bound (`spec.output_shape`), is the closest to the best block of that size (minimax
-    regret; the last block's POOL and window load are cut to the outputs that exist)."""
+    the bound (`spec.output_shape`), is the closest to a kernel compiled for that size (minimax
+    regret; the whole blocks run first, then the ragged last one, its POOL and window load cut to
+    the outputs that exist)."""
     n, channels, _, _ = spec.lhs_shape
     index, _ = symbolic_axis(spec)
     bound = spec.output_shape[2 + index]
@@ -303,13 +325,17 @@ def _choose_block_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     window = pool_window(spec)
     other = spec.output_shape[3 - index]
     other_in = window.extent(other, 1 - index)
-    candidates = []
-    for tm in (1 << k for k in range(bound.bit_length() + 1)):
+    def channel_counts(tm: int):
+        """The tn that fit the scratchpad beside a double-buffered block of tm outputs."""
         span = window.extent(tm, index)
         for tn in range(2, max(channels, 2) + 1):
             if aligned(2 * span * other_in * tn * size) + aligned(2 * tm * other * tn * size) > arch.spad_bytes:
                 break
-            candidates.append((tm, tn))
+            yield tn
+
+    candidates = []
+    for tm in (1 << k for k in range(bound.bit_length() + 1)):
+        candidates += [(tm, tn) for tn in channel_counts(tm)]
         if tm >= bound:
             break
     if not candidates:
@@ -317,17 +343,32 @@ def _choose_block_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
             f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold a pooling window of one output "
             "along the symbolic axis and two channels: describe a larger scratchpad")
 
-    def cycles(candidate, outputs: int) -> int:
-        tm, tn = candidate
-        tiles = n * -(-channels // tn) * -(-outputs // tm)
-        tm = min(tm, outputs)  # one block, cut to the outputs that exist (lower/ragged.py)
+    def block(tm: int, tn: int):
+        """(load, pool, store) cycles of one block of tm outputs (the last one cut to what exists)."""
         span = window.extent(tm, index)
         window_tile, out_tile = ((span, other_in), (tm, other)) if index == 0 else ((other_in, span), (other, tm))
-        return _estimate_cycles(tiles, span * other_in * tn * size, tm * other * tn * size, tm * other * tn * taps,
-                                arch, _banks(spec, arch, *window_tile, tn), _banks(spec, arch, *out_tile, tn))
+        return _commands(span * other_in * tn * size, tm * other * tn * size, tm * other * tn * taps, arch,
+                         _banks(spec, arch, *window_tile, tn), _banks(spec, arch, *out_tile, tn))
 
+    def cycles(candidate, outputs: int) -> int:
+        """The whole blocks, then the ragged last one, per channel tile (`_estimate_cycles`)."""
+        tm, tn = candidate
+        channel_tiles = n * -(-channels // tn)
+        whole, rest = divmod(outputs, tm)
+        total = 0
+        for count, extent in ((whole, tm), (1 if rest else 0, rest)):
+            if count:
+                load, pool, store = block(extent, tn)
+                total += channel_tiles * count * _period(load, pool, store, arch)
+        load, _, store = block(min(tm, outputs), tn)
+        return total + 2 * arch.dma_latency + load + store
+
+    # Powers of two from one output to the bound. (Adding the sizes halfway between them made the
+    # choice worse on cgra-8x8: the estimate is not that exact.)
     sizes = sorted({min(bound, 1 << k) for k in range(bound.bit_length() + 1)})
-    fastest = {s: min(cycles(c, s) for c in candidates) for s in sizes}
+    # The reference at a size: a kernel compiled for it (one block of every output, if it fits).
+    fastest = {s: min([cycles(c, s) for c in candidates] + [cycles((s, tn), s) for tn in channel_counts(s)])
+               for s in sizes}
     tm, tn = min(candidates, key=lambda c: (max(cycles(c, s) / fastest[s] for s in sizes), cycles(c, bound)))
     return Tiling(tm, tn, taps, round_up(bound, tm), round_up(channels, tn), taps)
 
@@ -351,12 +392,21 @@ def _estimate_cycles(tiles: int, load_bytes: int, store_bytes: int, taps: int, a
     (a window is loaded, with the DMA latency, then pooled before the load two tiles later can
     reuse it; an output is pooled, then stored, with the latency, before it is written again);
     plus the first load and the last store."""
-    load = cost.dma_transfer_cycles(arch, load_bytes, Fraction(load_slowdown))
-    store = cost.dma_transfer_cycles(arch, store_bytes, Fraction(store_slowdown))
-    vector = cost.pool_cycles(arch, taps)
-    period = max(load, vector, store, -(-(arch.dma_latency + load + vector) // 2),
-                 -(-(vector + arch.dma_latency + store) // 2))
-    return tiles * period + 2 * arch.dma_latency + load + store
+    load, vector, store = _commands(load_bytes, store_bytes, taps, arch, load_slowdown, store_slowdown)
+    return tiles * _period(load, vector, store, arch) + 2 * arch.dma_latency + load + store
+
+
+def _commands(load_bytes: int, store_bytes: int, taps: int, arch: HardwareDescription, load_slowdown=1,
+              store_slowdown=1) -> tuple[int, int, int]:
+    """Cycles of a tile's window load, POOL and store (cgra_sim.cost)."""
+    return (cost.dma_transfer_cycles(arch, load_bytes, Fraction(load_slowdown)), cost.pool_cycles(arch, taps),
+            cost.dma_transfer_cycles(arch, store_bytes, Fraction(store_slowdown)))
+
+
+def _period(load: int, vector: int, store: int, arch: HardwareDescription) -> int:
+    """Cycles between tiles in steady state: the busiest unit, or half a double-buffered round trip."""
+    return max(load, vector, store, -(-(arch.dma_latency + load + vector) // 2),
+               -(-(vector + arch.dma_latency + store) // 2))
 
 
 def schedule_pool(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> None:
@@ -370,14 +420,16 @@ def schedule_pool(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescripti
     if symbolic is None:
         sch.reorder(images, channel_tile, rows, cols, channel)
         tile_loop, window, (oh, ow) = channel_tile, pool_window(spec), spec.output_shape[2:]
-    else:  # blocks of tiling.tm outputs along the symbolic axis, inside the channel tiles
+    else:  # blocks of tiling.tm outputs along the symbolic axis, the channel tiles inside each:
+        # the ragged last block's tiles come one after another, not between whole ones, whose
+        # loads they could not hide behind their shorter POOLs
         index, extent = symbolic
         if index == 0:
-            tile_loop, rows = sch.split(rows, [None, tiling.tm])
-            sch.reorder(images, channel_tile, tile_loop, rows, cols, channel)
+            block_loop, rows = sch.split(rows, [None, tiling.tm])
         else:
-            tile_loop, cols = sch.split(cols, [None, tiling.tm])
-            sch.reorder(images, channel_tile, tile_loop, rows, cols, channel)
+            block_loop, cols = sch.split(cols, [None, tiling.tm])
+        sch.reorder(images, block_loop, channel_tile, rows, cols, channel)
+        tile_loop = channel_tile
         _, window, (oh, ow) = _block(spec, tiling, index, extent)
     sch.set_scope(acc, 0, SPAD)
     a_pad = sch.get_sblock("a_pad")

@@ -3,13 +3,15 @@
 Stage: lowering, between s_tir's LowerOpaqueBlock and tirx's FlattenBuffer (buffers are compacted
 but still multi-dimensional). Input: a PrimFunc whose copies between a host tensor and a
 `global.cgra_spad` buffer are perfect loop nests around one BufferStore, possibly guarded by an
-in-bounds test (the zero padding of ragged tiles and of convolutions). Output: the same PrimFunc
+in-bounds test (the zero padding of ragged tiles and of convolutions, or a max pool's padding
+of the dtype's lowest value). Output: the same PrimFunc
 with each such nest replaced by one DMA call whose box (see `cgra_sim.isa`) moves the same
 elements.
 
 The guard is never taken on trust: every conjunct must be exactly "index >= 0" or
 "index < extent" of the host tensor, and every index that can leave the tensor must be guarded;
-then the DMA engine's halo (zero fill on load, drop on store) is the same computation. Anything
+then the DMA engine's halo (zero or lowest-value fill on load, drop on store) is the same
+computation. Anything
 else raises `UnsupportedCopy`, because a DMA that silently differs from the TIR would be a wrong
 number.
 """
@@ -21,7 +23,7 @@ import dataclasses
 from tvm import ir, sym, tirx
 
 from cgra_codegen import SPAD_SCOPE as SPAD, device_call
-from cgra_sim.isa import BOX_DIMS
+from cgra_sim.isa import BOX_DIMS, DMA_FILL_LOWEST, DType
 
 from ..errors import UnsupportedCopy
 from .guards import guarded_dims, proves
@@ -39,6 +41,7 @@ class _Copy:
     spad: object
     spad_indices: list
     guard: object  # the in-bounds condition, or None
+    fill: int = 0  # a load's DMA_LOAD flags: what its halo holds (_fill_flags)
 
 
 def lower_copies_to_dma(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -89,24 +92,32 @@ def _as_copy(stmt):
         guard, stmt = stmt.condition, stmt.then_case
     if not isinstance(stmt, tirx.BufferStore):
         return None
-    value = stmt.value
+    value, fill = stmt.value, 0
     if _is_spad(stmt.buffer):  # a load: the value is the host tensor, maybe zero outside it
         if isinstance(value, ir.Call) and value.op.same_as(_IF_THEN_ELSE):
             cond, load, fallback = value.args
-            if not (isinstance(load, ir.TensorLoad) and _is_zero(fallback)):
-                raise UnsupportedCopy(f"a scratchpad load pads with {fallback}, not zero: the DMA "
-                                      "engine only zero-fills")
+            fill = _fill_flags(fallback)
+            if not isinstance(load, ir.TensorLoad) or fill is None:
+                raise UnsupportedCopy(f"a scratchpad load pads with {getattr(fallback, 'value', fallback)}: the DMA engine fills "
+                                      "its halo with zero or the element type's lowest value")
             guard, value = cond if guard is None else tirx.And(guard, cond), load
         if isinstance(value, ir.TensorLoad) and not _is_spad(value.source):
-            return _Copy("load", value.source, list(value.indices), stmt.buffer, list(stmt.indices), guard)
+            return _Copy("load", value.source, list(value.indices), stmt.buffer, list(stmt.indices), guard, fill)
         return None
     if isinstance(value, ir.TensorLoad) and _is_spad(value.source):
         return _Copy("store", stmt.buffer, list(stmt.indices), value.source, list(value.indices), guard)
     return None
 
 
-def _is_zero(expr) -> bool:
-    return isinstance(expr, (tirx.IntImm, tirx.FloatImm)) and expr.value == 0
+def _fill_flags(expr) -> int | None:
+    """The DMA_LOAD flags of a halo that holds `expr`: 0 for zero, DMA_FILL_LOWEST for the
+    dtype's lowest value (a max pool's padding), None for any other value."""
+    if not isinstance(expr, (tirx.IntImm, tirx.FloatImm)):
+        return None
+    if expr.value == 0:
+        return 0
+    lowest = DType.from_name(str(expr.ty)).lowest if str(expr.ty) in ("int8", "int32", "float32") else None
+    return DMA_FILL_LOWEST if lowest is not None and expr.value == lowest else None
 
 
 def _lower_nest(nest, copy: _Copy, domains):
@@ -153,9 +164,10 @@ def _dma_call(copy: _Copy, loops, domains):
             words += [loops[position].extent, dim, step, spad_strides[position]]
         else:
             words += [1, 0, 0, 0]
-    name = "cgra_dma_load" if copy.direction == "load" else "cgra_dma_store"
-    return device_call(name, slot=copy.host, spad_addr=(copy.spad.data, spad_base),
-                       box=[_as_i64(w) for w in words])
+    operands = dict(slot=copy.host, spad_addr=(copy.spad.data, spad_base), box=[_as_i64(w) for w in words])
+    if copy.direction == "load":
+        return device_call("cgra_dma_load", flags=copy.fill, **operands)
+    return device_call("cgra_dma_store", **operands)
 
 
 def _pad(values, fill):

@@ -28,11 +28,14 @@ MAX_ENUMERATED_POINTS = 1 << 16
 def guarded_dims(guard, indices, shape, tensor: str, analyzer, domains):
     """(dims with a lower-bound test, dims with an upper-bound test) of `guard`."""
     guarded_lo, guarded_hi = set(), set()
-    for conjunct in _conjuncts(guard):
+    conjuncts = _conjuncts(guard)
+    for conjunct in conjuncts:
         if proves(analyzer, conjunct):
             continue  # always true on the loops' ranges (e.g. "p % 6 < 6", however it is written)
         tested = _matched_bound(conjunct, indices, shape, analyzer) or \
             _equivalent_bound(conjunct, indices, shape, analyzer, domains)
+        if tested is None and _implied(conjunct, conjuncts, analyzer):
+            continue  # a looser bound beside a tighter one (a tile buffer's extent beside the tensor's)
         if tested is None:
             raise UnsupportedCopy(f"the guard '{conjunct}' of a copy of '{tensor}' is not an "
                                   f"in-bounds test of its indices {list(indices)}: the DMA halo "
@@ -156,6 +159,27 @@ def _conjuncts(cond):
     if isinstance(cond, tirx.And):
         return _conjuncts(cond.a) + _conjuncts(cond.b)
     return [cond]
+
+
+def _implied(conjunct, conjuncts, analyzer) -> bool:
+    """Whether another of `conjuncts` bounds the same expression at least as tightly, so that
+    `conjunct` adds nothing: e < a beside e < b with b <= a (or a <= e beside b <= e, a <= b)."""
+    mine = _normalise(conjunct)
+    if mine is None:
+        return False
+    side, expr, limit = mine
+    for other in conjuncts:
+        theirs = _normalise(other) if other is not conjunct else None
+        if theirs is None or theirs[0] != side or not _same(theirs[1], expr, analyzer):
+            continue
+        tighter = theirs[2] <= limit if side == "hi" else limit <= theirs[2]
+        if proves(analyzer, tighter):
+            return True
+    return False
+
+
+def _same(a, b, analyzer) -> bool:
+    return _equals(analyzer.simplify(a - b), 0)
 
 
 def _normalise(cond):

@@ -189,7 +189,10 @@ Slot DescribeTensor(const DLTensor* tensor) {
   return slot;
 }
 
-void CheckDmaLoad(const int64_t* record, const CheckContext& context) { CheckDma(record, context); }
+void CheckDmaLoad(const int64_t* record, const CheckContext& context) {
+  CheckFlags(Code(record[CGRA_DMA_LOAD_FLAGS]), CGRA_DMA_FILL_LOWEST);
+  CheckDma(record, context);
+}
 
 void CheckDmaStore(const int64_t* record, const CheckContext& context) { CheckDma(record, context); }
 

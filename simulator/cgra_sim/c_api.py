@@ -14,7 +14,7 @@ import os
 import sys
 import textwrap
 
-from .isa import (BOX_DIMS, BOX_WORDS, COMMAND_FUNCTIONS, EPILOGUE_BIAS, EPILOGUE_CLIP,
+from .isa import (BOX_DIMS, BOX_WORDS, COMMAND_FUNCTIONS, DMA_FILL_LOWEST, EPILOGUE_BIAS, EPILOGUE_CLIP,
                   EPILOGUE_RELU, EPILOGUE_REQUANTISE, EPILOGUE_RESIDUAL, FIELDS, GEMM_ACCUMULATE,
                   POOL_AVERAGE, RECORD_WORDS, SLOT_FIELDS, SLOT_WORDS, STREAM_VERSION,
                   CommandFunction, DType, EltwiseFunc, Op, ParamKind)
@@ -31,6 +31,7 @@ def c_header() -> str:
         f"#define CGRA_BOX_DIMS {BOX_DIMS}",
         f"#define CGRA_BOX_WORDS {BOX_WORDS}",
         f"#define CGRA_SLOT_WORDS {SLOT_WORDS}",
+        f"#define CGRA_DMA_FILL_LOWEST {DMA_FILL_LOWEST}",
         f"#define CGRA_GEMM_ACCUMULATE {GEMM_ACCUMULATE}",
         f"#define CGRA_EPILOGUE_BIAS {EPILOGUE_BIAS}",
         f"#define CGRA_EPILOGUE_RELU {EPILOGUE_RELU}",

@@ -57,7 +57,8 @@ class DmaCommand(Command):
     # inner: per loop, the slice of the box's in-bounds points (box.inbounds_ranges) when the
     # box reaches into the halo and they form a non-empty sub-box; None otherwise.
     # host_view: the box (halo-free) or that sub-box as a view on the host tensor, else None.
-    __slots__ = ("slot", "tensor", "box", "region", "halo_free", "host_points", "inner", "host_view")
+    # fill: the value a load writes in the halo (0, or the dtype's lowest with DMA_FILL_LOWEST).
+    __slots__ = ("slot", "tensor", "box", "region", "halo_free", "host_points", "inner", "host_view", "fill")
 
     @property
     def box_bytes(self) -> int:

@@ -12,7 +12,7 @@ import math
 
 from .box import DmaBox
 from .commands import Checker, DmaCommand
-from .isa import BOX_DIMS, FIELDS, Op
+from .isa import BOX_DIMS, DMA_FILL_LOWEST, FIELDS, DType, Op
 from .regions import Region
 
 #: A DMA box may have max(spad_bytes, this) points: far above what a scratchpad-sized box needs
@@ -23,7 +23,7 @@ _DMA_FLAGS, _DMA_SLOT, _DMA_SPAD_ADDR = (FIELDS[Op.DMA_LOAD].index(name) for nam
 
 def decode_dma(check: Checker, index: int, op: Op, record: list[int], tensors) -> DmaCommand:
     flags, slot, spad_addr = record[_DMA_FLAGS], record[_DMA_SLOT], record[_DMA_SPAD_ADDR]
-    check.flags(flags, 0)
+    check.flags(flags, DMA_FILL_LOWEST if op is Op.DMA_LOAD else 0)
     if not 0 <= slot < len(tensors):
         check.fail(f"slot {slot} is out of range: the launch binds {len(tensors)} tensors")
     tensor = tensors[slot]
@@ -48,6 +48,7 @@ def decode_dma(check: Checker, index: int, op: Op, record: list[int], tensors) -
         check.fail(f"scratchpad strides {box.sstrides} alias: the load would write elements twice")
     cmd = DmaCommand(index, op)
     cmd.slot, cmd.tensor, cmd.box, cmd.halo_free, cmd.region = slot, tensor, box, halo_free, region
+    cmd.fill = DType.from_name(str(dtype)).lowest if flags & DMA_FILL_LOWEST else 0
     ranges = None if halo_free else box.inbounds_ranges(tensor.shape)
     if ranges is not None:
         cmd.host_points = math.prod(stop - start for start, stop in ranges)

@@ -6,7 +6,7 @@ scratchpad and the host tensors, updated in place (DMA_STORE writes into the cal
 Every command is a few vectorised numpy operations on strided views; nothing loops per element.
 
 Semantics (isa.py): DMA_LOAD copies the box from the tensor and writes 0 where it lies in the
-halo; DMA_STORE copies the box to the tensor and drops halo elements. GEMM computes
+halo (with DMA_FILL_LOWEST the dtype's lowest value, -inf for float32); DMA_STORE copies the box to the tensor and drops halo elements. GEMM computes
 acc = (acc if ACCUMULATE else 0) + A @ B; for int8 the products and sums are exact (computed in
 float64, exact while |sum| < 2**53, i.e. for any k < 2**39) and the int32 accumulator wraps
 modulo 2**32 like two's-complement hardware; float32 uses numpy's float32 matmul. DEPTHWISE
@@ -57,15 +57,15 @@ def _dma_load(cmd: DmaCommand, spad: np.ndarray) -> None:
         dst[...] = cmd.host_view
         return
     if cmd.host_points == 0:
-        dst[...] = 0
+        dst[...] = cmd.fill
         return
-    if cmd.inner is not None:  # the usual halo: zeros, then the in-bounds sub-box in one copy
-        dst[...] = 0
+    if cmd.inner is not None:  # the usual halo: the fill, then the in-bounds sub-box in one copy
+        dst[...] = cmd.fill
         dst[cmd.inner] = cmd.host_view
         return
     coords, inside = _halo_coordinates(cmd)
     clipped = tuple(np.clip(c, 0, size - 1) for c, size in zip(coords, cmd.tensor.shape))
-    dst[...] = np.where(inside, cmd.tensor[clipped], 0)
+    dst[...] = np.where(inside, cmd.tensor[clipped], cmd.fill)
 
 
 def _dma_store(cmd: DmaCommand, spad: np.ndarray) -> None:

@@ -19,7 +19,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-STREAM_VERSION = 2
+STREAM_VERSION = 3
+#: The oldest stream version this simulator still runs: v3 only added a flag (DMA_FILL_LOWEST)
+#: that v2 streams never set.
+OLDEST_STREAM_VERSION = 2
 RECORD_WORDS = 32
 #: Number of loop dimensions (and tensor dimensions) a DMA box can have.
 BOX_DIMS = 4
@@ -29,7 +32,7 @@ BOX_DIMS = 4
 class Op(enum.IntEnum):
     """Command opcodes. Each runs on one unit of the NPU (see `UNIT_OF`)."""
 
-    DMA_LOAD = 1  # host tensor box -> scratchpad, zero fill inside the padding halo
+    DMA_LOAD = 1  # host tensor box -> scratchpad, zero (or lowest-value) fill inside the padding halo
     DMA_STORE = 2  # scratchpad -> host tensor box, halo elements dropped
     GEMM = 3  # PE array: acc (+)= A @ B on scratchpad tiles
     FILL = 4  # vector unit: fill a 2-D scratchpad region with a constant
@@ -54,6 +57,11 @@ class DType(enum.IntEnum):
     @property
     def numpy_name(self) -> str:
         return {DType.INT8: "int8", DType.INT32: "int32", DType.FLOAT32: "float32"}[self]
+
+    @property
+    def lowest(self) -> float | int:
+        """The lowest value of the type: what a max pool's padding holds (-inf for float32)."""
+        return {DType.INT8: -128, DType.INT32: -(1 << 31), DType.FLOAT32: float("-inf")}[self]
 
     @classmethod
     def from_name(cls, name: str) -> "DType":
@@ -100,6 +108,9 @@ EPILOGUE_CLIP = 8  # min(max(x, clip_lo), clip_hi) last; bounds are acc-dtype va
 # scale a row of n float32 at scale_addr, zp = out_zero_point (onnxruntime's QLinearConv arithmetic).
 EPILOGUE_REQUANTISE = 16
 POOL_AVERAGE = 1  # POOL: sum of the valid taps / the taps inside the count rectangle; without it, max
+# DMA_LOAD: the halo holds the dtype's lowest value (-inf, -128, INT32_MIN) instead of 0: a max pool's
+# padding, loaded with the window when where the padding lies depends on a run-time size.
+DMA_FILL_LOWEST = 1
 
 
 def _dma_fields():
@@ -242,8 +253,9 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
     _command(
         Op.DMA_LOAD,
         "DMA from host tensor `slot` into the scratchpad at spad_addr: box coordinates in the "
-        "halo load zeros. " + _DMA_BOX,
-        ("slot", _SLOT), ("spad_addr", _ADDR), ("box", _BOX), fixed=("flags",)),
+        "halo load zeros, or with CGRA_DMA_FILL_LOWEST the element type's lowest value (-inf "
+        "for float32; a max pool's padding). " + _DMA_BOX,
+        ("flags", _I32), ("slot", _SLOT), ("spad_addr", _ADDR), ("box", _BOX)),
     _command(
         Op.DMA_STORE,
         "DMA from the scratchpad at spad_addr to host tensor `slot`: box coordinates in the halo "

@@ -24,7 +24,7 @@ import numpy as np
 
 from .arch import HardwareDescription
 from .errors import SimulatorError
-from .isa import BOX_DIMS, RECORD_WORDS, STREAM_VERSION, DType
+from .isa import BOX_DIMS, OLDEST_STREAM_VERSION, RECORD_WORDS, STREAM_VERSION, DType
 
 #: The largest array a launch file may hold (one tensor slot, or the command stream): what a
 #: file declares is checked against it before anything is allocated.
@@ -258,10 +258,11 @@ def _check_versions(path, header: dict) -> None:
     if version > FORMAT_VERSION:
         raise StreamFileError(path, f"written by a newer cgra-sim: file format version {version}, this "
                                     f"cgra-sim reads versions up to {FORMAT_VERSION}; upgrade to replay it")
-    if stream != STREAM_VERSION or header.get("record_words") != RECORD_WORDS:
+    known = isinstance(stream, int) and OLDEST_STREAM_VERSION <= stream <= STREAM_VERSION
+    if not known or header.get("record_words") != RECORD_WORDS:
         raise StreamFileError(path, f"holds a command stream of version {stream!r} ({header.get('record_words')!r}"
-                                    f"-word records), but this simulator runs stream version "
-                                    f"{STREAM_VERSION} ({RECORD_WORDS}-word records); replay it with the "
+                                    f"-word records), but this simulator runs stream versions "
+                                    f"{OLDEST_STREAM_VERSION} to {STREAM_VERSION} ({RECORD_WORDS}-word records); replay it with the "
                                     "cgra-sim that recorded it, or record it again")
 
 

@@ -207,14 +207,18 @@ def _count(window: PoolWindow, axis: int, extent: int, position):
     return total
 
 
+def lowest_value(dtype: str):
+    """The dtype's lowest value as a TIR constant: -inf for float32, the minimum of an integer."""
+    return tirx.const(float("-inf"), dtype) if dtype == "float32" else tirx.min_value(dtype)
+
+
 def pool_value(load, y, x, c, window: PoolWindow, out_shape: tuple, dtype: str):
     """The pooled value of output (y, x, c) over a tile of `out_shape` = (oh, ow) outputs: taps
     ry-major; a tap outside the valid rectangle gives the dtype's lowest value (-inf) to a max and
     0 to a sum; an average divides the sum by the taps inside the count rectangle (at least 1).
     `load(py, px, c)` reads the window at a window position."""
     oh, ow = out_shape
-    lowest = tirx.const(float("-inf"), dtype) if dtype == "float32" else tirx.min_value(dtype)
-    fallback = lowest if window.kind == "max" else tirx.const(0, dtype)
+    fallback = lowest_value(dtype) if window.kind == "max" else tirx.const(0, dtype)
     total = None
     for ry in range(window.kernel[0]):
         for rx in range(window.kernel[1]):
