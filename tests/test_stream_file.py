@@ -157,6 +157,13 @@ def test_refuses_a_bad_header_naming_file_and_versions(tmp_path, changes, messag
     assert str(info.value).startswith(f"{path}: ") and message in str(info.value)
 
 
+def test_reads_a_version_2_stream_which_never_sets_version_3s_flag(tmp_path):
+    path = tmp_path / "k.cgra"
+    save_launch(path, _small_launch())
+    _rewrite(path, stream_version=2)
+    np.testing.assert_array_equal(load_launch(path).commands, _small_launch().commands)
+
+
 @pytest.mark.parametrize("header_text, drop, message", [
     ("{not json", (), "damaged launch file (header.json is not valid JSON"),
     ("[1, 2]", (), "not a cgra-sim launch file (magic None"),
