@@ -15,7 +15,7 @@ the output's place in the image, known at compile time: the valid rectangle is t
 count rectangle the image (count_include_pad=False) or the padded image (True). Ceil mode's last
 windows reach past the padded image into more halo, outside both.
 
-With a symbolic image height or width (`symbolic_axis`), a tile is a block of outputs along it:
+With a symbolic image height or width (`symbolic_axes`), a tile is a block of outputs along it:
 where the padding lies is then known only at run time, so it is loaded with the window (the DMA
 halo: the dtype's lowest value for a max pool, zero for an average that counts the padding) and
 every tap along the axis is valid.
@@ -24,6 +24,7 @@ every tap along the axis is valid.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from fractions import Fraction
 
 from tvm import sym, te, tirx
@@ -91,7 +92,7 @@ def pool_spec(name: str, annotated: dict) -> KernelSpec:
 def _with_symbols(op: str, spec: KernelSpec, names: dict) -> KernelSpec:
     """`spec` with its symbolic axes: the batch, and the image height or width of a windowed
     pool without ceil mode or a global window along it (its tiles then cut the axis into blocks
-    of outputs; see `symbolic_axis`)."""
+    of outputs; see `symbolic_axes`)."""
     batch = spec.data_layout.index("N")
     spatial = {axis: names[spec.data_layout.index(axis)] for axis in "HW" if spec.data_layout.index(axis) in names}
     if spatial:
@@ -107,36 +108,46 @@ def _with_symbols(op: str, spec: KernelSpec, names: dict) -> KernelSpec:
 
 def _symbolic_image_refusal(op: str, spec: KernelSpec, axes: list) -> str | None:
     """Why a pool cannot take these symbolic image axes ("H", "W"), or None if it can."""
-    if len(axes) == 2:
-        return "a symbolic height or width, not both"
     if op in ("adaptive_avg_pool2d", "mean"):
         return "no global pool over a symbolic size"
-    index = "HW".index(axes[0])
     if spec.pool.ceil_mode:
         return "no ceil mode along a symbolic size"
-    if (spec.padding[index] or spec.padding[index + 2]) and spec.pool.kind == "avg" and \
-            not spec.pool.count_include_pad:
-        return ("no padding along a symbolic size for an average that counts only the image's taps "
-                "(count_include_pad=False)")
+    for axis in axes:
+        index = "HW".index(axis)
+        if (spec.padding[index] or spec.padding[index + 2]) and spec.pool.kind == "avg" and \
+                not spec.pool.count_include_pad:
+            return ("no padding along a symbolic size for an average that counts only the image's taps "
+                    "(count_include_pad=False)")
     return None
 
 
-def symbolic_axis(spec: KernelSpec):
-    """(0 for the height or 1 for the width, its output extent as the kernel indexes it) of a
-    pool's symbolic image axis, or None. Its tiles cut that axis into blocks of `tiling.tm`
-    outputs, and one POOL window serves every block: every tap along the axis is valid and
+def symbolic_axes(spec: KernelSpec) -> list:
+    """(0 for the height or 1 for the width, its output extent as the kernel indexes it) of each
+    of a pool's symbolic image axes. Its tiles cut each into blocks of outputs (`block_sizes`),
+    and one POOL window serves every block: every tap along the axis is valid and
     counted, because the padding along it is in the scratchpad, loaded with the window as the
     DMA's halo: the dtype's lowest value for a max pool (DMA_FILL_LOWEST), zeros for an average
     that counts the padding. The last block is cut to the outputs that exist, its window load to
     the rows (or columns) they read (lower/ragged.py)."""
-    names = spec.symbolic("lhs")
+    names, axes = spec.symbolic("lhs"), []
     for index, axis in enumerate("HW"):
         name = names.get(spec.data_layout.index(axis))
         if name is not None:
             k, step, spacing = spec.pool.size[index], spec.strides[index], spec.dilation[index]
             padded_extent = dim_var(name) + spec.padding[index] + spec.padding[index + 2]
-            return index, sym.Analyzer().simplify(tirx.floordiv(padded_extent - spacing * (k - 1) - 1, step) + 1)
-    return None
+            axes.append((index, sym.Analyzer().simplify(tirx.floordiv(padded_extent - spacing * (k - 1) - 1, step)
+                                                        + 1)))
+    return axes
+
+
+def block_sizes(axes: list, tiling: Tiling) -> dict:
+    """{axis index: outputs per block} of a pool's symbolic axes: tiling.tm along the only one,
+    or tm rows by tw columns when both are symbolic. The innermost block loop (the columns, or
+    the only axis) cuts its last block to what exists; with both symbolic, the last block row
+    runs whole (its rows past the image are padding, its outputs past it dropped by the store)."""
+    if len(axes) == 2:
+        return {0: tiling.tm, 1: tiling.tw}
+    return {index: tiling.tm for index, _ in axes}
 
 
 def _layout(op: str, attrs) -> str:
@@ -227,16 +238,18 @@ def pool_compute(spec: KernelSpec, tiling: Tiling):
     top, left, _, _ = spec.padding
     in_h, in_w = window_extents(spec)
     window, tile_out, acc_out = pool_window(spec), (oh, ow), [oh, ow]
-    image = [h, w]
-    symbolic = symbolic_axis(spec)
-    if symbolic is not None:  # blocks of tiling.tm outputs along the symbolic axis
-        index, extent = symbolic
+    image, window_in = [h, w], [in_h, in_w]
+    axes = symbolic_axes(spec)
+    blocks = block_sizes(axes, tiling)
+    for index, extent in axes:  # blocks of outputs along each symbolic axis
         image[index] = dim_var(spec.symbolic("lhs")[spec.data_layout.index("HW"[index])])
-        acc_out[index] = sym.Analyzer().simplify(tirx.ceildiv(tirx.max(extent, 1), tiling.tm) * tiling.tm)
-        (oh, ow), window, tile_out = _block(spec, tiling, index, extent)
+        acc_out[index] = sym.Analyzer().simplify(tirx.ceildiv(tirx.max(extent, 1), blocks[index]) * blocks[index])
         k, step, spacing = spec.pool.size[index], spec.strides[index], spec.dilation[index]
-        in_h, in_w = [(acc_out[0] - 1) * step + (k - 1) * spacing + 1, in_w] if index == 0 else \
-            [in_h, (acc_out[1] - 1) * step + (k - 1) * spacing + 1]
+        window_in[index] = (acc_out[index] - 1) * step + (k - 1) * spacing + 1
+    if axes:
+        (oh, ow), window, tile_out = _block(spec, axes, blocks)
+    in_h, in_w = window_in
+    symbolic = axes or None
     data_shape = stored((n, channels, *image), "NCHW", spec.data_layout)
     x = te.placeholder(data_shape, spec.dtype, name="data")
     # A max pool's blocks along a symbolic axis take its padding as taps: they hold the lowest value.
@@ -252,33 +265,33 @@ def pool_compute(spec: KernelSpec, tiling: Tiling):
 
     out = te.compute(stored((n, channels, oh, ow), "NCHW", spec.out_layout), stored_out, name="out")
     func = kernel_prim_func(spec, {"lhs": x}, out)
-    if symbolic is None:
+    if not axes:
         return func
     # The last block's POOL is cut to its outputs, its window load to what they read: v outputs
     # read (v - 1) * stride + (k - 1) * dilation + 1 window rows, the padding past the image
-    # among them.
-    index = symbolic[0]
+    # among them (along the innermost block loop's axis; see `block_sizes`).
+    index = axes[-1][0]
     k, step, spacing = spec.pool.size[index], spec.strides[index], spec.dilation[index]
     gather = [[spec.data_layout.index("HW"[index]), step, 1, (k - 1) * spacing + 1 - step]]
     return func.with_attr(CUT_PARAMS, {"cgra_pool": ("oh", "ow")[index]}).with_attr(GATHERS, {"data": gather})
 
 
-def _block(spec: KernelSpec, tiling: Tiling, index: int, extent):
-    """A pool with a symbolic height (index 0) or width (1) of `extent` outputs: (the output's
-    (oh, ow) with that extent, the POOL window of one block of tiling.tm outputs along it, the
-    block's (rows, columns) of outputs). Every tap of the block's outputs is in its window, valid
-    and counted (the padding along the axis is loaded: `symbolic_axis`)."""
+def _block(spec: KernelSpec, axes: list, blocks: dict):
+    """A pool with symbolic axes (`symbolic_axes`: index 0 the height, 1 the width, and its
+    extent in outputs) in blocks of `blocks[index]` outputs: (the output's (oh, ow) with those
+    extents, the POOL window of one block, the block's (rows, columns) of outputs). Every tap of
+    the block's outputs along a symbolic axis is in its window, valid and counted (the padding
+    along it is loaded: `symbolic_axes`)."""
     _, _, oh, ow = spec.output_shape
-    out = [oh, ow]
-    out[index] = extent
-    tile_out = [oh, ow]
-    tile_out[index] = tiling.tm
+    out, tile_out = [oh, ow], [oh, ow]
     window = pool_window(spec)
-    span = window.extent(tiling.tm, index)
     valid, count = list(window.valid), list(window.count) if window.count is not None else None
-    valid[2 * index:2 * index + 2] = (0, span)
-    if count is not None:
-        count[2 * index:2 * index + 2] = (0, span)
+    for index, extent in axes:
+        out[index], tile_out[index] = extent, blocks[index]
+        span = window.extent(blocks[index], index)
+        valid[2 * index:2 * index + 2] = (0, span)
+        if count is not None:
+            count[2 * index:2 * index + 2] = (0, span)
     window = dataclasses.replace(window, valid=tuple(valid), count=None if count is None else tuple(count))
     return tuple(out), window, tuple(tile_out)
 
@@ -288,7 +301,10 @@ def choose_pool_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     unit has no column alignment), kh * kw taps at once: the tn with the fewest estimated cycles
     among those whose double-buffered window and output fit the scratchpad. np: channels padded
     to whole tiles. With a symbolic image axis, `_choose_block_tiling`."""
-    if symbolic_axis(spec) is not None:
+    axes = symbolic_axes(spec)
+    if len(axes) == 2:
+        return _choose_square_tiling(spec, arch)
+    if axes:
         return _choose_block_tiling(spec, arch)
     n, channels, _, _ = spec.lhs_shape
     _, _, oh, ow = spec.output_shape
@@ -318,7 +334,7 @@ def _choose_block_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     regret; the whole blocks run first, then the ragged last one, its POOL and window load cut to
     the outputs that exist)."""
     n, channels, _, _ = spec.lhs_shape
-    index, _ = symbolic_axis(spec)
+    [(index, _)] = symbolic_axes(spec)
     bound = spec.output_shape[2 + index]
     taps = spec.pool.size[0] * spec.pool.size[1]
     size = DType.from_name(spec.dtype).itemsize
@@ -373,6 +389,60 @@ def _choose_block_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     return Tiling(tm, tn, taps, round_up(bound, tm), round_up(channels, tn), taps)
 
 
+def _choose_square_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
+    """A pool with a symbolic height and width: blocks of tm x tw outputs (powers of two) by tn
+    channels; the (tm, tw, tn) whose estimate on square outputs from SMALLEST_OUTPUT_SIDE to the
+    bound is the closest to a kernel compiled for that size (minimax regret). The last block
+    column is cut to the columns that exist, the last block row runs whole (`block_sizes`)."""
+    n, channels, _, _ = spec.lhs_shape
+    bound = min(spec.output_shape[2:])
+    taps = spec.pool.size[0] * spec.pool.size[1]
+    size = DType.from_name(spec.dtype).itemsize
+    window = pool_window(spec)
+
+    def channel_counts(tm: int, tw: int):
+        span_h, span_w = window.extent(tm, 0), window.extent(tw, 1)
+        for tn in range(2, max(channels, 2) + 1):
+            if aligned(2 * span_h * span_w * tn * size) + aligned(2 * tm * tw * tn * size) > arch.spad_bytes:
+                break
+            yield tn
+
+    @functools.cache
+    def block(tm: int, tw: int, tn: int):
+        span_h, span_w = window.extent(tm, 0), window.extent(tw, 1)
+        return _commands(span_h * span_w * tn * size, tm * tw * tn * size, tm * tw * tn * taps, arch,
+                         _banks(spec, arch, span_h, span_w, tn), _banks(spec, arch, tm, tw, tn))
+
+    def cycles(candidate, side: int) -> int:
+        tm, tw, tn = candidate
+        tiles = n * -(-channels // tn) * -(-side // tm)  # per block column, every block row whole
+        whole, rest = divmod(side, tw)
+        total = 0
+        for count, columns in ((whole, tw), (1 if rest else 0, rest)):
+            if count:
+                total += tiles * count * _period(*block(tm, columns, tn), arch)
+        load, _, store = block(tm, min(tw, side), tn)
+        return total + 2 * arch.dma_latency + load + store
+
+    powers = [1 << k for k in range(bound.bit_length() + 1) if 1 << k <= max(bound, 1)]
+    candidates = [(tm, tw, tn) for tm in powers for tw in powers for tn in channel_counts(tm, tw)]
+    if not candidates:
+        raise ScratchpadTooSmall(
+            f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold a pooling window of one output "
+            "and two channels: describe a larger scratchpad")
+    sizes = sorted({min(bound, 1 << k) for k in range(bound.bit_length() + 1)} -
+                   set(range(min(bound, SMALLEST_OUTPUT_SIDE))))
+    fastest = {s: min([cycles(c, s) for c in candidates] +
+                      [cycles((s, s, tn), s) for tn in channel_counts(s, s)]) for s in sizes}
+    tm, tw, tn = min(candidates, key=lambda c: (max(cycles(c, s) / fastest[s] for s in sizes), cycles(c, bound)))
+    return Tiling(tm, tn, taps, round_up(spec.output_shape[2], tm), round_up(channels, tn), taps, tw=tw)
+
+
+#: The smallest square output (a side, in outputs) a pool's tiles for a symbolic height and width
+#: are weighed on: smaller images run few blocks, whatever their size.
+SMALLEST_OUTPUT_SIDE = 8
+
+
 def _banks(spec: KernelSpec, arch: HardwareDescription, rows: int, cols: int, channels: int):
     """The scratchpad banks' slowdown of a DMA moving a (rows, cols, channels) tile (stored
     row, column, channel) in the order of the tensor's layout: a narrow block walks the tile
@@ -416,21 +486,24 @@ def schedule_pool(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescripti
     acc = sch.get_sblock("acc")
     images, rows, cols, channels = sch.get_loops(acc)
     channel_tile, channel = sch.split(channels, [None, tiling.tn])
-    symbolic = symbolic_axis(spec)
-    if symbolic is None:
+    axes = symbolic_axes(spec)
+    if not axes:
         sch.reorder(images, channel_tile, rows, cols, channel)
-        tile_loop, window, (oh, ow) = channel_tile, pool_window(spec), spec.output_shape[2:]
-    else:  # blocks of tiling.tm outputs along the symbolic axis, the channel tiles inside each:
-        # the ragged last block's tiles come one after another, not between whole ones, whose
-        # loads they could not hide behind their shorter POOLs
-        index, extent = symbolic
-        if index == 0:
-            block_loop, rows = sch.split(rows, [None, tiling.tm])
-        else:
-            block_loop, cols = sch.split(cols, [None, tiling.tm])
-        sch.reorder(images, block_loop, channel_tile, rows, cols, channel)
-        tile_loop = channel_tile
-        _, window, (oh, ow) = _block(spec, tiling, index, extent)
+        window, (oh, ow) = pool_window(spec), spec.output_shape[2:]
+    else:  # blocks of outputs along the symbolic axes, the channel tiles inside each: the
+        # ragged last block's tiles come one after another, not between whole ones, whose loads
+        # they could not hide behind their shorter POOLs
+        blocks = block_sizes(axes, tiling)
+        block_loops = []
+        if 0 in blocks:
+            block_loop, rows = sch.split(rows, [None, blocks[0]])
+            block_loops.append(block_loop)
+        if 1 in blocks:
+            block_loop, cols = sch.split(cols, [None, blocks[1]])
+            block_loops.append(block_loop)
+        sch.reorder(images, *block_loops, channel_tile, rows, cols, channel)
+        _, window, (oh, ow) = _block(spec, axes, blocks)
+    tile_loop = channel_tile
     sch.set_scope(acc, 0, SPAD)
     a_pad = sch.get_sblock("a_pad")
     sch.compute_at(a_pad, tile_loop)

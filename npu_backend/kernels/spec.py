@@ -206,7 +206,7 @@ class Tiling:
     mp: int  # padded extents: whole tiles
     np: int
     kp: int
-    tw: int = 0  # depthwise with a symbolic width: output columns of a tile (0: the whole width)
+    tw: int = 0  # depthwise with a symbolic width, pool with a symbolic height and width: output columns of a tile (0: the whole width)
 
 
 def round_up(value: int, multiple: int) -> int:
