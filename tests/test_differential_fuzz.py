@@ -7,8 +7,9 @@ derandomised. Graphs it found failing are kept in tests/test_graph_regressions.p
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tvm
-from hypothesis import given, note
+from hypothesis import given, note, reject
 from hypothesis import strategies as st
 from tvm import relax
 
@@ -60,7 +61,11 @@ def image_graphs(draw, symbolic=False):
         dims = [tvm.tirx.Var(a.lower(), "int64") if a in axes else d for a, d in zip("NCHW", (n, c, h, w))]
         graph.params[0] = relax.Var("p0", relax.TensorType(dims, "float32"))
     shape = (n, c, h, w)
-    steps, shapes = [], [shape]  # steps: (bb, cur, values) -> expr
+    # How the height and width derive from the input's: a residual adds an earlier value of the
+    # same derivation only, since two sizes equal at the drawn size may differ at another (an
+    # add of (h - 2) // 4 + 1 and h // 2 rows is no valid model).
+    derived = ("h", "w")
+    steps, shapes = [], [(shape, derived)]  # steps: (bb, cur, values) -> expr
     for op in draw(st.lists(st.sampled_from(["conv", "conv", "act", "residual", "pool", "eltwise"]),
                             min_size=1, max_size=4)):
         if op == "conv":
@@ -75,6 +80,7 @@ def image_graphs(draw, symbolic=False):
                 return bb.emit(relax.op.add(cur, bias)) if bias is not None else cur
             steps.append(conv)
             shape = (n, out_c, (shape[2] - 1) // s + 1, (shape[3] - 1) // s + 1)  # "same" padding
+            derived = derived if s == 1 else tuple(f"conv/{s}({d})" for d in derived)
             graph.steps.append(f"conv k{k} s{s} g{groups} -> {out_c}" + " + bias" * (bias is not None))
         elif op == "act":
             act = draw(st.sampled_from(["relu", "clip"]))
@@ -82,19 +88,30 @@ def image_graphs(draw, symbolic=False):
                 relax.op.nn.relu(cur) if act == "relu" else relax.op.clip(cur, -0.5, 1.5)))
             graph.steps.append(act)
         elif op == "residual":
-            earlier = [i for i, seen in enumerate(shapes[:-1]) if seen == shape]
+            earlier = [i for i, (seen, how) in enumerate(shapes[:-1])
+                       if seen == shape and (how == derived or not symbolic)]
             if symbolic and not earlier:
                 continue
             operand = earlier[-1] if earlier and (symbolic or draw(st.booleans())) else graph.param(shape)
             steps.append(lambda bb, cur, values, operand=operand: bb.emit(relax.op.add(
                 cur, values[operand] if isinstance(operand, int) else operand)))
             graph.steps.append("residual add" + (" (an earlier value)" if isinstance(operand, int) else ""))
-        elif op == "pool" and shape[2] >= 2 and shape[3] >= 2:
+        elif op == "pool" and shape[2] >= 3 and shape[3] >= 3:
             kind = draw(st.sampled_from(["max", "avg"]))
-            pool = relax.op.nn.max_pool2d if kind == "max" else relax.op.nn.avg_pool2d
-            steps.append(lambda bb, cur, values, pool=pool: bb.emit(pool(cur, (2, 2), (2, 2))))
-            shape = (n, shape[1], shape[2] // 2, shape[3] // 2)
-            graph.steps.append(f"{kind} pool")
+            # 2x2/2, a ResNet stem's 3x3/2 padded 1, a 3x3/1 padded 1 (the padding lies along
+            # symbolic axes too: a max pool's is loaded as -inf, an average's as zeros)
+            k, s, pad = draw(st.sampled_from([(2, 2, 0), (3, 2, 1), (3, 1, 1)]))
+            include_pad = draw(st.booleans())
+
+            def pool(bb, cur, values, kind=kind, k=k, s=s, pad=pad, include_pad=include_pad):
+                if kind == "max":
+                    return bb.emit(relax.op.nn.max_pool2d(cur, (k, k), (s, s), (pad, pad)))
+                return bb.emit(relax.op.nn.avg_pool2d(cur, (k, k), (s, s), (pad, pad), count_include_pad=include_pad))
+            steps.append(pool)
+            shape = (n, shape[1], (shape[2] + 2 * pad - k) // s + 1, (shape[3] + 2 * pad - k) // s + 1)
+            derived = derived if (k, s, pad) == (3, 1, 1) else tuple(f"pool{k}/{s}p{pad}({d})" for d in derived)
+            graph.steps.append(f"{kind} pool {k}x{k}/{s} pad {pad}" +
+                               (f" count_include_pad={include_pad}" if kind == "avg" and pad else ""))
         elif op == "eltwise":
             func = draw(st.sampled_from(["add", "subtract", "multiply", "maximum", "minimum"]))
             operand = graph.param((1, shape[1], 1, 1) if symbolic or draw(st.booleans()) else shape)
@@ -103,7 +120,7 @@ def image_graphs(draw, symbolic=False):
             graph.steps.append(func)
         else:
             continue
-        shapes.append(shape)
+        shapes.append((shape, derived))
     head = (graph.param((shape[1], 5)), graph.param((5,))) if draw(st.booleans()) else None
 
     def build(bb):
@@ -150,10 +167,45 @@ def int8_dense_graphs(draw):
 
 
 def _agree(mod, inputs, arch):
-    expected = run(tvm.compile(mod, target="llvm"), inputs)
+    try:
+        reference = tvm.compile(mod, target="llvm")
+    except tvm.error.InternalError as error:
+        # TVM 0.27's own LLVM build fails on some graphs (test_tvms_llvm_build_of_an_avg_pool_
+        # is_broken): nothing to compare against. Our compile of it is tested there.
+        if "LLVM module verification failed" not in str(error):
+            raise
+        reject()
+    expected = run(reference, inputs)
     out = run(npu_backend.compile(mod, arch), inputs)
     problem = mismatch(out, expected, str(expected.dtype))
     assert problem is None, problem
+
+
+def _avg_pool_after_relu():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 4, 4, 10], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.avg_pool2d(bb.emit(relax.op.nn.relu(x)), (2, 2), (2, 2))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.xfail(raises=tvm.error.InternalError, strict=True,
+                   reason="TVM 0.27's target='llvm' emits invalid LLVM IR for a 2x2/2 avg_pool2d of a (1, 4, 4, 10) "
+                          "tensor (shufflevector: instruction does not dominate all uses); found by the fuzzer. "
+                          "When this passes, TVM fixed it: drop the reject() in _agree")
+def test_tvms_llvm_build_of_an_avg_pool_is_broken():
+    tvm.compile(_avg_pool_after_relu(), target="llvm")
+
+
+def test_the_graph_tvms_llvm_build_breaks_on_runs_on_the_npu():
+    x = np.random.default_rng(0).standard_normal((1, 4, 4, 10)).astype("float32")
+    for arch in PRESETS:
+        out = run(npu_backend.compile(_avg_pool_after_relu(), arch), [x])
+        relu = np.maximum(x, 0)
+        expected = relu.reshape(1, 4, 2, 2, 5, 2).mean(axis=(3, 5))
+        assert mismatch(out, expected, "float32") is None
 
 
 @given(graph=image_graphs(), arch=st.sampled_from(PRESETS))

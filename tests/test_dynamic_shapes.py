@@ -390,6 +390,38 @@ def test_elementwise_ops_take_a_symbolic_leading_axis(n, func, dtype, rhs):
     assert len(prof.kernels) == 1
 
 
+@pytest.mark.parametrize("lhs, rhs", [
+    # Found by the differential fuzzer: axes past a unit axis were merged into the symbolic axis 0,
+    # so the kernel viewed an (n, 1, 3, 3) tensor as (1, 9n) at the bound and refused every size.
+    (("n", 1, 3, 3), ("n", 1, 3, 3)),
+    (("n", 1, 1, 5), (1, 1, 1, 5)),
+    (("n", 2, 1, 4), (1, 2, 1, 1)),
+])
+def test_a_symbolic_axis_0_before_unit_axes_stays_an_axis_of_its_own(lhs, rhs):
+    mod = module({"a": (lhs, "float32"), "b": (rhs, "float32")}, relax.op.add)
+    (placement,) = npu_backend.explain(mod, "cgra-8x8")
+    assert placement.where == "npu", placement.reason
+    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+    for n in (1, 3):
+        a, b = data(tuple(n if d == "n" else d for d in lhs), "float32"), data(tuple(n if d == "n" else d for d in rhs),
+                                                                              "float32")
+        check(vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy(), a + b, "float32")
+
+
+@pytest.mark.parametrize("channels, kernel", [(1, 1), (1, 3), (4, 3)])
+def test_a_conv2d_on_one_row_of_symbolic_width(channels, kernel):
+    """Found by the differential fuzzer (a 2x2 pool of a 3-row image, then a 1x1 conv): one output
+    row and one input channel made the schedule's store reorder fail."""
+    mod = module({"x": ((1, channels, 1, "w"), "float32"), "w": ((2, channels, kernel, kernel), "float32")},
+                 lambda x, w: relax.op.nn.conv2d(x, w, padding=kernel // 2))
+    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-16x16"), tvm.cpu())
+    host = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    weight = tvm.runtime.tensor(data((2, channels, kernel, kernel), "float32"))
+    for width in (1, 5, 70):
+        x = tvm.runtime.tensor(data((1, channels, 1, width), "float32"))
+        check(vm["main"](x, weight).numpy(), host["main"](x, weight).numpy(), "float32")
+
+
 def test_a_symbolic_kernel_is_never_far_from_one_compiled_for_the_size():
     """Per size, cycles of the one symbolic kernel over those of a kernel compiled for exactly
     that size: the ragged last tile and the minimax tile search keep them within 5%."""

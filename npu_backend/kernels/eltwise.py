@@ -85,7 +85,9 @@ def eltwise_view(lhs_shape: tuple, rhs_shape: tuple, keep_first: bool = False):
         if extent == 1 and not (keep_first and index == 0):
             continue  # both operands have 1 here: the axis carries nothing
         pattern = (a == extent, b == extent)
-        if axes and tuple(axes[-1][1:]) == pattern and not (keep_first and index == 1):
+        # With keep_first, axes[0] is the output's axis 0 (never skipped): nothing merges into it,
+        # not even past unit axes ((n, 1, 3, 3) is viewed (n, 9), not (9n,)).
+        if axes and tuple(axes[-1][1:]) == pattern and not (keep_first and len(axes) == 1):
             axes[-1][0] *= extent
         else:
             axes.append([extent, *pattern])

@@ -265,9 +265,10 @@ def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
     col_outer, col_inner = sch.split(col, [None, tiling.tn])
     sch.reorder(row_outer, col_outer, row_inner, col_inner)
     acc = stage_output_tile(sch, spec, col_outer)
-    if spec.pixel_order == "xy":
+    if spec.pixel_order == "xy" and spec.output_shape[2] > 1:
         # Tile rows run down output columns: the store walks them (y) innermost, so that a DMA
         # beat reads consecutive rows of the tile as it does for rows along x (spad_layout.py).
+        # (One output row: nothing to walk, and its unit loop may not be where reorder wants it.)
         *_, y, x = sch.get_loops(sch.get_sblock("out"))
         sch.reorder(x, y)
     return acc, row_inner, col_outer
