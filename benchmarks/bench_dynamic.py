@@ -32,101 +32,69 @@ from npu_backend.target.relax_ext import clear_kernel_cache
 RNG = np.random.default_rng(0)
 
 
+def _model(params: list, body):
+    """(module main(*params) = body(*params), inputs(size)): params are (shape, dtype), "n" in
+    a shape the symbolic size; inputs(size) draws data with n = size."""
+    n = tvm.tirx.Var("n", "int64")
+    args = [relax.Var(f"p{i}", relax.TensorType([n if d == "n" else d for d in shape], dtype))
+            for i, (shape, dtype) in enumerate(params)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", args):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *args))
+        bb.emit_func_output(out)
+    return bb.get(), lambda size: [_data(tuple(size if d == "n" else d for d in shape), dtype)
+                                   for shape, dtype in params]
+
+
 def dense(dtype):
     """relu(x @ w + b) with x (n, 256) symbolic in n; int8 accumulates in int32 and clips."""
-    n = tvm.tirx.Var("n", "int64")
     acc = "int32" if dtype == "int8" else dtype
-    bb = relax.BlockBuilder()
-    x, w = relax.Var("x", relax.TensorType([n, 256], dtype)), relax.Var("w", relax.TensorType([256, 96], dtype))
-    b = relax.Var("b", relax.TensorType([96], acc))
-    with bb.function("main", [x, w, b]):
-        with bb.dataflow():
-            y = bb.emit(relax.op.add(relax.op.matmul(x, w, out_dtype=acc), b))
-            out = bb.emit_output(relax.op.nn.relu(y) if dtype == "float32" else relax.op.clip(y, -128, 127))
-        bb.emit_func_output(out)
-    return bb.get(), lambda rows: [_data((rows, 256), dtype), _data((256, 96), dtype), _data((96,), acc)]
+
+    def body(bb, x, w, b):
+        y = bb.emit(relax.op.add(relax.op.matmul(x, w, out_dtype=acc), b))
+        return relax.op.nn.relu(y) if dtype == "float32" else relax.op.clip(y, -128, 127)
+    return _model([(("n", 256), dtype), ((256, 96), dtype), ((96,), acc)], body)
 
 
 def conv(dtype="float32"):
     """relu(conv2d(x, w)) 3x3, 32 -> 64 channels on 14x14, NCHW, the batch n symbolic."""
-    n = tvm.tirx.Var("n", "int64")
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([n, 32, 14, 14], dtype))
-    w = relax.Var("w", relax.TensorType([64, 32, 3, 3], dtype))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=(1, 1))))
-        bb.emit_func_output(out)
-    return bb.get(), lambda batch: [_data((batch, 32, 14, 14), dtype), _data((64, 32, 3, 3), dtype)]
+    return _model([(("n", 32, 14, 14), dtype), ((64, 32, 3, 3), dtype)],
+                  lambda bb, x, w: relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=(1, 1))))
 
 
 def conv_width(dtype="float32", stride=1):
     """relu(conv2d(x, w)) 3x3, 16 -> 32 channels on a 32-row image of symbolic width n, NCHW (an
     OCR recogniser's first layers: the text line's length varies)."""
-    n = tvm.tirx.Var("n", "int64")
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([1, 16, 32, n], dtype))
-    w = relax.Var("w", relax.TensorType([32, 16, 3, 3], dtype))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            conv2d = relax.op.nn.conv2d(x, w, padding=(1, 1), strides=(stride, stride))
-            out = bb.emit_output(relax.op.nn.relu(conv2d))
-        bb.emit_func_output(out)
-    return bb.get(), lambda width: [_data((1, 16, 32, width), dtype), _data((32, 16, 3, 3), dtype)]
+    return _model([((1, 16, 32, "n"), dtype), ((32, 16, 3, 3), dtype)], lambda bb, x, w: relax.op.nn.relu(
+        relax.op.nn.conv2d(x, w, padding=(1, 1), strides=(stride, stride))))
 
 
 def conv_square(dtype="float32"):
     """relu(conv2d(x, w)) 3x3, 16 -> 32 channels on an n x n image, height and width symbolic (a
     CNN whose input size changes)."""
-    n = tvm.tirx.Var("n", "int64")
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([1, 16, n, n], dtype))
-    w = relax.Var("w", relax.TensorType([32, 16, 3, 3], dtype))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=(1, 1))))
-        bb.emit_func_output(out)
-    return bb.get(), lambda size: [_data((1, 16, size, size), dtype), _data((32, 16, 3, 3), dtype)]
+    return _model([((1, 16, "n", "n"), dtype), ((32, 16, 3, 3), dtype)],
+                  lambda bb, x, w: relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=(1, 1))))
 
 
 def depthwise_square(dtype="float32"):
     """relu(depthwise conv2d 3x3) of 32 channels on an n x n image, height and width symbolic (a
     MobileNet block whose input size changes)."""
-    n = tvm.tirx.Var("n", "int64")
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([1, 32, n, n], dtype))
-    w = relax.Var("w", relax.TensorType([32, 1, 3, 3], dtype))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=(1, 1), groups=32)))
-        bb.emit_func_output(out)
-    return bb.get(), lambda size: [_data((1, 32, size, size), dtype), _data((32, 1, 3, 3), dtype)]
+    return _model([((1, 32, "n", "n"), dtype), ((32, 1, 3, 3), dtype)],
+                  lambda bb, x, w: relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=(1, 1), groups=32)))
 
 
 def pool_width(dtype="float32", size=2, padding=0):
     """max_pool2d size x size, stride 2, `padding` on every side, of 32 channels, 16 rows, symbolic
     width n (2x2: an OCR front end's pool; 3x3 padded 1: a ResNet stem's)."""
-    n = tvm.tirx.Var("n", "int64")
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([1, 32, 16, n], dtype))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.nn.max_pool2d(x, (size, size), (2, 2), padding=(padding, padding)))
-        bb.emit_func_output(out)
-    return bb.get(), lambda width: [_data((1, 32, 16, width), dtype)]
+    return _model([((1, 32, 16, "n"), dtype)],
+                  lambda bb, x: relax.op.nn.max_pool2d(x, (size, size), (2, 2), padding=(padding, padding)))
 
 
 def pool_square(dtype="float32"):
     """max_pool2d 3x3 stride 2 padding 1 of 64 channels (a ResNet stem's) on an n x n image,
     height and width symbolic."""
-    n = tvm.tirx.Var("n", "int64")
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([1, 64, n, n], dtype))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.nn.max_pool2d(x, (3, 3), (2, 2), padding=(1, 1)))
-        bb.emit_func_output(out)
-    return bb.get(), lambda size: [_data((1, 64, size, size), dtype)]
+    return _model([((1, 64, "n", "n"), dtype)], lambda bb, x: relax.op.nn.max_pool2d(x, (3, 3), (2, 2), padding=(1, 1)))
 
 
 def _data(shape, dtype):

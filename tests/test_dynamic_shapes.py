@@ -240,20 +240,27 @@ def test_one_conv2d_kernel_runs_every_image_size(arch, stride, dtype, residual, 
     assert prof.kernels[-1].tensor_shapes[-1] == out.shape
 
 
+def _onnx_model(model, dims: dict):
+    """(placements explain gives at `dims`, the model compiled once for cgra-8x8 as a VM, an
+    onnxruntime session of it): the ONNX tests' common start."""
+    import onnxruntime
+    from npu_backend.frontend.onnx_import import from_onnx
+
+    mod = from_onnx(model)
+    placements = npu_backend.explain(mod, "cgra-8x8", dims=dims)
+    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+    return placements, vm, onnxruntime.InferenceSession(model.SerializeToString())
+
+
 def test_a_resnet_whose_input_size_changes_compiles_once():
     """Seed 003's question: one compiled ResNet for every image height and width; every conv,
     residual add and the stem's max pool on the NPU (the global average pool on the host)."""
-    import onnxruntime
     from onnx_models import resnet
-    from npu_backend.frontend.onnx_import import from_onnx
 
     model = resnet(size="H", width=8, columns="W")
-    mod = from_onnx(model)
-    placements = npu_backend.explain(mod, "cgra-8x8", dims={"H": 24, "W": 20})
+    placements, vm, session = _onnx_model(model, {"H": 24, "W": 20})
     assert npu_backend.npu_mac_fraction(placements) == 1.0, [p for p in placements if p.where == "host"]
     assert {p.op for p in placements if p.where == "host"} == {"mean", "reshape"}
-    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
-    session = onnxruntime.InferenceSession(model.SerializeToString())
     for height, width in ((12, 20), (17, 9), (32, 32)):
         x = data((1, 3, height, width), "float32")
         check(vm["main"](tvm.runtime.tensor(x)).numpy(), session.run(None, {"input": x})[0], "float32")
@@ -293,16 +300,11 @@ def test_one_depthwise_kernel_runs_every_image_size(arch, stride, dtype, residua
 
 def test_a_mobilenet_whose_input_size_changes_compiles_once():
     """Depthwise and pointwise convs, residual adds, every MAC on the NPU at any square size."""
-    import onnxruntime
     from onnx_models import mobilenet_v2
-    from npu_backend.frontend.onnx_import import from_onnx
 
     model = mobilenet_v2(size="S")
-    mod = from_onnx(model)
-    placements = npu_backend.explain(mod, "cgra-8x8", dims={"S": 40})
+    placements, vm, session = _onnx_model(model, {"S": 40})
     assert npu_backend.npu_mac_fraction(placements) == 1.0, [p for p in placements if p.where == "host"]
-    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
-    session = onnxruntime.InferenceSession(model.SerializeToString())
     for size in (32, 45):
         x = data((1, 3, size, size), "float32")
         check(vm["main"](tvm.runtime.tensor(x)).numpy(), session.run(None, {"input": x})[0], "float32")
@@ -311,17 +313,12 @@ def test_a_mobilenet_whose_input_size_changes_compiles_once():
 def test_a_text_line_model_with_a_dynamic_width_compiles_once_and_matches_onnxruntime():
     """An OCR front end (tests/onnx_models.py): the stride-2 conv's output width is (W - 1) // 2 + 1,
     so the next conv and the pool receive Relax's tir_vars beside their tensors; every op runs on the NPU."""
-    import onnxruntime
     from onnx_models import text_line_encoder
-    from npu_backend.frontend.onnx_import import from_onnx
 
     model = text_line_encoder()
-    mod = from_onnx(model)
-    placements = npu_backend.explain(mod, "cgra-8x8", dims={"W": 100})
+    placements, vm, session = _onnx_model(model, {"W": 100})
     assert {p.where for p in placements} == {"npu"}, [p for p in placements if p.where == "host"]
     assert placements[-1].output == "(1, 16, 4, 25) float32"  # explain sizes the run's shapes
-    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
-    session = onnxruntime.InferenceSession(model.SerializeToString())
     for width in (3, 4, 37, 160):
         x = data((1, 1, 16, width), "float32")
         with npu_backend.profile() as prof:
@@ -335,17 +332,12 @@ def test_a_resnet_with_a_dynamic_width_keeps_every_conv_and_residual_on_the_npu(
     symbolic-width convs, the padded max pool runs in blocks of columns; the global average pool
     over the symbolic width runs on the host (and the flatten, a reshape, as in every model), the
     classifier on the NPU."""
-    import onnxruntime
     from onnx_models import resnet
-    from npu_backend.frontend.onnx_import import from_onnx
 
     model = resnet(size=12, width=8, columns="W")
-    mod = from_onnx(model)
-    placements = npu_backend.explain(mod, "cgra-8x8", dims={"W": 20})
+    placements, vm, session = _onnx_model(model, {"W": 20})
     assert npu_backend.npu_mac_fraction(placements) == 1.0, [p for p in placements if p.where == "host"]
     assert {p.op for p in placements if p.where == "host"} == {"mean", "reshape"}
-    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
-    session = onnxruntime.InferenceSession(model.SerializeToString())
     for width in (5, 12, 29):
         x = data((1, 3, 12, width), "float32")
         check(vm["main"](tvm.runtime.tensor(x)).numpy(), session.run(None, {"input": x})[0], "float32")
@@ -480,16 +472,11 @@ def test_shape_bounds_come_from_the_options_and_the_functions_attribute():
 
 
 def test_an_onnx_model_with_a_dynamic_batch_compiles_once_and_runs_every_batch():
-    import onnxruntime
     from onnx_models import resnet
-    from npu_backend.frontend.onnx_import import from_onnx
 
     model = resnet(size=16, width=8, batch="N")
-    mod = from_onnx(model)
-    placements = npu_backend.explain(mod, "cgra-8x8", dims={"N": 2})
+    placements, vm, session = _onnx_model(model, {"N": 2})
     assert npu_backend.npu_mac_fraction(placements) == 1.0, [p for p in placements if p.where == "host"]
-    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
-    session = onnxruntime.InferenceSession(model.SerializeToString())
     for n in (1, 3):
         x = data((n, 3, 16, 16), "float32")
         with npu_backend.profile() as prof:

@@ -1,7 +1,7 @@
 """The pooling family: max_pool2d, avg_pool2d and global average pooling on the vector unit's POOL.
 
-Stage: partition (its patterns and spec), kernel definition, tiling and schedule. One Relax call
-each, no epilogue: relax.nn.max_pool2d, relax.nn.avg_pool2d, relax.nn.adaptive_avg_pool2d to a
+Stage: partition (its patterns and spec), kernel definition and schedule (its tiles and their
+search: pool_tiles.py). One Relax call each, no epilogue: relax.nn.max_pool2d, relax.nn.avg_pool2d, relax.nn.adaptive_avg_pool2d to a
 1 x 1 output and relax.mean over the two spatial axes (what the ONNX importer makes of
 GlobalAveragePool), on any order of the NCHW axes. The kernel's blocks:
 
@@ -24,25 +24,21 @@ every tap along the axis is valid.
 from __future__ import annotations
 
 import dataclasses
-import functools
-from fractions import Fraction
 
 from tvm import sym, te, tirx
 from tvm.relax.dpl import is_op, wildcard
 
-from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
-from cgra_sim.banks import beat_slowdown
-from cgra_sim.isa import DType
 
-from ..errors import ScratchpadTooSmall, UnsupportedOperator
+from ..errors import UnsupportedOperator
 from ..relax_info import dtype_of
 from .dynamic import CUT_PARAMS, GATHERS, batch_extent, dim_var, read_shape
 from .family import OpFamily
 from .intrinsics import SPAD, get_intrin
-from .intrinsics.vector_unit import PoolWindow, lowest_value, never_valid_taps, pool_value
+from .intrinsics.vector_unit import lowest_value, never_valid_taps, pool_value
 from .operands import kernel_prim_func, logical, padded, stored
-from .spec import KernelSpec, PoolAttrs, Tiling, aligned, round_up
+from .pool_tiles import block_sizes, choose_pool_tiling, pool_window, symbolic_axes, window_extents
+from .spec import KernelSpec, PoolAttrs, Tiling
 
 #: Pattern name -> the Relax operator it matches.
 POOL_OPS = {
@@ -121,35 +117,6 @@ def _symbolic_image_refusal(op: str, spec: KernelSpec, axes: list) -> str | None
     return None
 
 
-def symbolic_axes(spec: KernelSpec) -> list:
-    """(0 for the height or 1 for the width, its output extent as the kernel indexes it) of each
-    of a pool's symbolic image axes. Its tiles cut each into blocks of outputs (`block_sizes`),
-    and one POOL window serves every block: every tap along the axis is valid and
-    counted, because the padding along it is in the scratchpad, loaded with the window as the
-    DMA's halo: the dtype's lowest value for a max pool (DMA_FILL_LOWEST), zeros for an average
-    that counts the padding. The last block is cut to the outputs that exist, its window load to
-    the rows (or columns) they read (lower/ragged.py)."""
-    names, axes = spec.symbolic("lhs"), []
-    for index, axis in enumerate("HW"):
-        name = names.get(spec.data_layout.index(axis))
-        if name is not None:
-            k, step, spacing = spec.pool.size[index], spec.strides[index], spec.dilation[index]
-            padded_extent = dim_var(name) + spec.padding[index] + spec.padding[index + 2]
-            axes.append((index, sym.Analyzer().simplify(tirx.floordiv(padded_extent - spacing * (k - 1) - 1, step)
-                                                        + 1)))
-    return axes
-
-
-def block_sizes(axes: list, tiling: Tiling) -> dict:
-    """{axis index: outputs per block} of a pool's symbolic axes: tiling.tm along the only one,
-    or tm rows by tw columns when both are symbolic. The innermost block loop (the columns, or
-    the only axis) cuts its last block to what exists; with both symbolic, the last block row
-    runs whole (its rows past the image are padding, its outputs past it dropped by the store)."""
-    if len(axes) == 2:
-        return {0: tiling.tm, 1: tiling.tw}
-    return {index: tiling.tm for index, _ in axes}
-
-
 def _layout(op: str, attrs) -> str:
     layout, out_layout = str(attrs.layout), str(attrs.out_layout)
     if sorted(layout) != sorted("NCHW") or out_layout != layout:
@@ -211,25 +178,6 @@ _SPECS = {
 }
 
 
-def pool_window(spec: KernelSpec) -> PoolWindow:
-    """The POOL window of a pooling kernel's tile (a whole image), rectangles in window positions."""
-    _, _, h, w = spec.lhs_shape
-    top, left, bottom, right = spec.padding
-    valid = (top, top + h, left, left + w)
-    count = None
-    if spec.pool.kind == "avg":
-        count = (0, top + h + bottom, 0, left + w + right) if spec.pool.count_include_pad else valid
-    return PoolWindow(spec.pool.kind, tuple(spec.pool.size), tuple(spec.strides), tuple(spec.dilation),
-                      valid, count)
-
-
-def window_extents(spec: KernelSpec) -> tuple[int, int]:
-    """(rows, columns) of the input window a pooling kernel holds: every output's taps."""
-    _, _, oh, ow = spec.output_shape
-    (kh, kw), (sh, sw), (dh, dw) = spec.pool.size, spec.strides, spec.dilation
-    return (oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1
-
-
 def pool_compute(spec: KernelSpec, tiling: Tiling):
     """out[b, c, y, x] (in the spec's layout) = the pooled window of image b, channel c."""
     n = batch_extent(spec)  # an int, or the symbolic batch's variable
@@ -249,11 +197,10 @@ def pool_compute(spec: KernelSpec, tiling: Tiling):
     if axes:
         (oh, ow), window, tile_out = _block(spec, axes, blocks)
     in_h, in_w = window_in
-    symbolic = axes or None
     data_shape = stored((n, channels, *image), "NCHW", spec.data_layout)
     x = te.placeholder(data_shape, spec.dtype, name="data")
     # A max pool's blocks along a symbolic axis take its padding as taps: they hold the lowest value.
-    fill = lowest_value(spec.dtype) if symbolic is not None and spec.pool.kind == "max" else 0
+    fill = lowest_value(spec.dtype) if axes and spec.pool.kind == "max" else 0
     a_pad = te.compute((n, in_h, in_w, tiling.np), lambda b_, py, px, c: padded(
         x, data_shape, stored((b_, c, py - top, px - left), "NCHW", spec.data_layout), fill), name="a_pad")
     acc = te.compute((n, *acc_out, tiling.np), lambda b_, y, ox, c: pool_value(
@@ -294,189 +241,6 @@ def _block(spec: KernelSpec, axes: list, blocks: dict):
             count[2 * index:2 * index + 2] = (0, span)
     window = dataclasses.replace(window, valid=tuple(valid), count=None if count is None else tuple(count))
     return tuple(out), window, tuple(tile_out)
-
-
-def choose_pool_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
-    """The whole output image (tm = output rows) by `tn` channels (>= 2, any count: the vector
-    unit has no column alignment), kh * kw taps at once: the tn with the fewest estimated cycles
-    among those whose double-buffered window and output fit the scratchpad. np: channels padded
-    to whole tiles. With a symbolic image axis, `_choose_block_tiling`."""
-    axes = symbolic_axes(spec)
-    if len(axes) == 2:
-        return _choose_square_tiling(spec, arch)
-    if axes:
-        return _choose_block_tiling(spec, arch)
-    n, channels, _, _ = spec.lhs_shape
-    _, _, oh, ow = spec.output_shape
-    in_h, in_w = window_extents(spec)
-    taps = spec.pool.size[0] * spec.pool.size[1]
-    size = DType.from_name(spec.dtype).itemsize
-    best = None
-    for tn in range(2, max(channels, 2) + 1):
-        if aligned(2 * in_h * in_w * tn * size) + aligned(2 * oh * ow * tn * size) > arch.spad_bytes:
-            break
-        tiles = n * -(-channels // tn)
-        key = (_estimate_cycles(tiles, in_h * in_w * tn * size, oh * ow * tn * size, oh * ow * tn * taps, arch), -tn)
-        if best is None or key < best[0]:
-            best = (key, Tiling(oh, tn, taps, oh, round_up(channels, tn), taps))
-    if best is None:
-        raise ScratchpadTooSmall(
-            f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold the {in_h}x{in_w} input "
-            f"window of two channels that a pooling kernel takes (the whole image at once): describe a "
-            "larger scratchpad")
-    return best[1]
-
-
-def _choose_block_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
-    """A pool with a symbolic height or width: blocks of tm outputs along it (a power of two) by
-    tn channels, the whole other axis; the (tm, tn) whose estimate, at sizes from one output to
-    the bound (`spec.output_shape`), is the closest to a kernel compiled for that size (minimax
-    regret; the whole blocks run first, then the ragged last one, its POOL and window load cut to
-    the outputs that exist)."""
-    n, channels, _, _ = spec.lhs_shape
-    [(index, _)] = symbolic_axes(spec)
-    bound = spec.output_shape[2 + index]
-    taps = spec.pool.size[0] * spec.pool.size[1]
-    size = DType.from_name(spec.dtype).itemsize
-    window = pool_window(spec)
-    other = spec.output_shape[3 - index]
-    other_in = window.extent(other, 1 - index)
-    def channel_counts(tm: int):
-        """The tn that fit the scratchpad beside a double-buffered block of tm outputs."""
-        span = window.extent(tm, index)
-        for tn in range(2, max(channels, 2) + 1):
-            if aligned(2 * span * other_in * tn * size) + aligned(2 * tm * other * tn * size) > arch.spad_bytes:
-                break
-            yield tn
-
-    candidates = []
-    for tm in (1 << k for k in range(bound.bit_length() + 1)):
-        candidates += [(tm, tn) for tn in channel_counts(tm)]
-        if tm >= bound:
-            break
-    if not candidates:
-        raise ScratchpadTooSmall(
-            f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold a pooling window of one output "
-            "along the symbolic axis and two channels: describe a larger scratchpad")
-
-    def block(tm: int, tn: int):
-        """(load, pool, store) cycles of one block of tm outputs (the last one cut to what exists)."""
-        span = window.extent(tm, index)
-        window_tile, out_tile = ((span, other_in), (tm, other)) if index == 0 else ((other_in, span), (other, tm))
-        return _commands(span * other_in * tn * size, tm * other * tn * size, tm * other * tn * taps, arch,
-                         _banks(spec, arch, *window_tile, tn), _banks(spec, arch, *out_tile, tn))
-
-    def cycles(candidate, outputs: int) -> int:
-        """The whole blocks, then the ragged last one, per channel tile (`_estimate_cycles`)."""
-        tm, tn = candidate
-        channel_tiles = n * -(-channels // tn)
-        whole, rest = divmod(outputs, tm)
-        total = 0
-        for count, extent in ((whole, tm), (1 if rest else 0, rest)):
-            if count:
-                load, pool, store = block(extent, tn)
-                total += channel_tiles * count * _period(load, pool, store, arch)
-        load, _, store = block(min(tm, outputs), tn)
-        return total + 2 * arch.dma_latency + load + store
-
-    # Powers of two from one output to the bound. (Adding the sizes halfway between them made the
-    # choice worse on cgra-8x8: the estimate is not that exact.)
-    sizes = sorted({min(bound, 1 << k) for k in range(bound.bit_length() + 1)})
-    # The reference at a size: a kernel compiled for it (one block of every output, if it fits).
-    fastest = {s: min([cycles(c, s) for c in candidates] + [cycles((s, tn), s) for tn in channel_counts(s)])
-               for s in sizes}
-    tm, tn = min(candidates, key=lambda c: (max(cycles(c, s) / fastest[s] for s in sizes), cycles(c, bound)))
-    return Tiling(tm, tn, taps, round_up(bound, tm), round_up(channels, tn), taps)
-
-
-def _choose_square_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
-    """A pool with a symbolic height and width: blocks of tm x tw outputs (powers of two) by tn
-    channels; the (tm, tw, tn) whose estimate on square outputs from SMALLEST_OUTPUT_SIDE to the
-    bound is the closest to a kernel compiled for that size (minimax regret). The last block
-    column is cut to the columns that exist, the last block row runs whole (`block_sizes`)."""
-    n, channels, _, _ = spec.lhs_shape
-    bound = min(spec.output_shape[2:])
-    taps = spec.pool.size[0] * spec.pool.size[1]
-    size = DType.from_name(spec.dtype).itemsize
-    window = pool_window(spec)
-
-    def channel_counts(tm: int, tw: int):
-        span_h, span_w = window.extent(tm, 0), window.extent(tw, 1)
-        for tn in range(2, max(channels, 2) + 1):
-            if aligned(2 * span_h * span_w * tn * size) + aligned(2 * tm * tw * tn * size) > arch.spad_bytes:
-                break
-            yield tn
-
-    @functools.cache
-    def block(tm: int, tw: int, tn: int):
-        span_h, span_w = window.extent(tm, 0), window.extent(tw, 1)
-        return _commands(span_h * span_w * tn * size, tm * tw * tn * size, tm * tw * tn * taps, arch,
-                         _banks(spec, arch, span_h, span_w, tn), _banks(spec, arch, tm, tw, tn))
-
-    def cycles(candidate, side: int) -> int:
-        tm, tw, tn = candidate
-        tiles = n * -(-channels // tn) * -(-side // tm)  # per block column, every block row whole
-        whole, rest = divmod(side, tw)
-        total = 0
-        for count, columns in ((whole, tw), (1 if rest else 0, rest)):
-            if count:
-                total += tiles * count * _period(*block(tm, columns, tn), arch)
-        load, _, store = block(tm, min(tw, side), tn)
-        return total + 2 * arch.dma_latency + load + store
-
-    powers = [1 << k for k in range(bound.bit_length() + 1) if 1 << k <= max(bound, 1)]
-    candidates = [(tm, tw, tn) for tm in powers for tw in powers for tn in channel_counts(tm, tw)]
-    if not candidates:
-        raise ScratchpadTooSmall(
-            f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold a pooling window of one output "
-            "and two channels: describe a larger scratchpad")
-    sizes = sorted({min(bound, 1 << k) for k in range(bound.bit_length() + 1)} -
-                   set(range(min(bound, SMALLEST_OUTPUT_SIDE))))
-    fastest = {s: min([cycles(c, s) for c in candidates] +
-                      [cycles((s, s, tn), s) for tn in channel_counts(s, s)]) for s in sizes}
-    tm, tw, tn = min(candidates, key=lambda c: (max(cycles(c, s) / fastest[s] for s in sizes), cycles(c, bound)))
-    return Tiling(tm, tn, taps, round_up(spec.output_shape[2], tm), round_up(channels, tn), taps, tw=tw)
-
-
-#: The smallest square output (a side, in outputs) a pool's tiles for a symbolic height and width
-#: are weighed on: smaller images run few blocks, whatever their size.
-SMALLEST_OUTPUT_SIDE = 8
-
-
-def _banks(spec: KernelSpec, arch: HardwareDescription, rows: int, cols: int, channels: int):
-    """The scratchpad banks' slowdown of a DMA moving a (rows, cols, channels) tile (stored
-    row, column, channel) in the order of the tensor's layout: a narrow block walks the tile
-    with a stride and can put a beat's elements in few banks (cgra_sim.banks, as the simulator
-    charges it)."""
-    size = DType.from_name(spec.dtype).itemsize
-    extents = {"N": 1, "C": channels, "H": rows, "W": cols}
-    strides = {"N": 0, "C": size, "H": cols * channels * size, "W": channels * size}
-    return beat_slowdown(arch.dma_bytes_per_cycle, [extents[a] for a in spec.data_layout],
-                         [strides[a] for a in spec.data_layout], size, 0, arch.spad_banks, arch.bank_width_bytes)
-
-
-def _estimate_cycles(tiles: int, load_bytes: int, store_bytes: int, taps: int, arch: HardwareDescription,
-                     load_slowdown=1, store_slowdown=1) -> int:
-    """First-order cycles of a tiled pooling kernel, each command priced by the simulator's cost
-    model (cgra_sim.cost): the busiest unit per tile, or, with two copies of each buffer, half of a buffer's round trip
-    (a window is loaded, with the DMA latency, then pooled before the load two tiles later can
-    reuse it; an output is pooled, then stored, with the latency, before it is written again);
-    plus the first load and the last store."""
-    load, vector, store = _commands(load_bytes, store_bytes, taps, arch, load_slowdown, store_slowdown)
-    return tiles * _period(load, vector, store, arch) + 2 * arch.dma_latency + load + store
-
-
-def _commands(load_bytes: int, store_bytes: int, taps: int, arch: HardwareDescription, load_slowdown=1,
-              store_slowdown=1) -> tuple[int, int, int]:
-    """Cycles of a tile's window load, POOL and store (cgra_sim.cost)."""
-    return (cost.dma_transfer_cycles(arch, load_bytes, Fraction(load_slowdown)), cost.pool_cycles(arch, taps),
-            cost.dma_transfer_cycles(arch, store_bytes, Fraction(store_slowdown)))
-
-
-def _period(load: int, vector: int, store: int, arch: HardwareDescription) -> int:
-    """Cycles between tiles in steady state: the busiest unit, or half a double-buffered round trip."""
-    return max(load, vector, store, -(-(arch.dma_latency + load + vector) // 2),
-               -(-(vector + arch.dma_latency + store) // 2))
 
 
 def schedule_pool(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> None:
