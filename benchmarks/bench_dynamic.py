@@ -7,7 +7,8 @@ the symbolic kernel, one tile + 1, a prime (97) and 1000 rows; then a conv2d wit
 at 1, 2, 3 and 7 images; a conv2d with a symbolic image width (stride 1 and 2) at 1, 2, 7, 8, 9, 97 and
 320 columns; the same conv2d on an n x n image (height and width symbolic) at n = 1, 7, 8, 9, 31,
 56 and 112, and a 3x3 depthwise conv2d likewise; a 2x2 max pool and a 3x3 one padded 1 with a symbolic width at 2, 3, 16, 17, 97 and 320 columns, and the
-3x3 one on an n x n image (both symbolic) at n = 2, 7, 8, 9, 31, 56 and 112; then the
+3x3 one on an n x n image (both symbolic) at n = 2, 7, 8, 9, 31, 56 and 112; a global average pool
+of 64 and 512 channels on an n x n image at n = 1, 7, 9, 14, 28 and 56; then the
 compile time of each symbolic model against one static compile
 (best of 3 first compiles, same process; run with CGRA_KERNEL_CACHE=off). Goal (issue 11): every ratio
 within 1.05.
@@ -95,6 +96,12 @@ def pool_square(dtype="float32"):
     """max_pool2d 3x3 stride 2 padding 1 of 64 channels (a ResNet stem's) on an n x n image,
     height and width symbolic."""
     return _model([((1, 64, "n", "n"), dtype)], lambda bb, x: relax.op.nn.max_pool2d(x, (3, 3), (2, 2), padding=(1, 1)))
+
+
+def global_square(channels=512):
+    """A global average pool (ONNX GlobalAveragePool: mean over H and W) of `channels` on an
+    n x n image, height and width symbolic (a classifier's head at any input size)."""
+    return _model([((1, channels, "n", "n"), "float32")], lambda bb, x: relax.op.mean(x, axis=[2, 3]))
 
 
 def _data(shape, dtype):
@@ -187,12 +194,19 @@ def main():
         rows = ratios(mod, make_inputs, [2, 7, 8, 9, 31, 56, 112], arch)
         print_ratios(f"{name} max_pool2d 3x3/2 padding 1 64 channels NxN float32 (symbolic height and width)", rows)
         worst = max(worst, _worst(rows))
+        for channels in (64, 512):
+            mod, make_inputs = global_square(channels)
+            rows = ratios(mod, make_inputs, [1, 7, 9, 14, 28, 56], arch)
+            print_ratios(f"{name} global average pool {channels} channels NxN float32 (symbolic height and width)",
+                         rows)
+            worst = max(worst, _worst(rows))
     print(f"worst symbolic/static ratio over everything: {worst:.3f} (goal <= 1.05)")
     print("compile time, symbolic model vs one static compile (best of 3, cgra-8x8):")
     for title, (mod, _), size in [("dense float32", dense("float32"), 97), ("dense int8", dense("int8"), 97),
                                   ("conv2d", conv(), 2), ("conv2d symbolic width", conv_width(), 97),
                                   ("conv2d symbolic size", conv_square(), 56),
-                                  ("max pool symbolic size", pool_square(), 56)]:
+                                  ("max pool symbolic size", pool_square(), 56),
+                                  ("global pool symbolic size", global_square(), 7)]:
         dyn, stat = compile_seconds(mod, size, "cgra-8x8")
         print(f"  {title:<24} symbolic {dyn:6.2f} s  static {stat:6.2f} s  ratio {dyn / stat:5.2f}")
 

@@ -23,7 +23,7 @@ from cgra_sim.arch import HardwareDescription
 
 from .errors import CGRAError, ScheduleError, UnsupportedOperator, stage_context
 from .kernels import family_of, offload_reason, pattern_table
-from .kernels.dynamic import shape_bounds
+from .kernels.dynamic import rebind_dimensions, shape_bounds
 from .kernels.registry import kernel_builder_of, schedule_of
 from .kernels.schedule_check import check_scheduled, check_signature
 from .kernels.tir import KERNEL_ATTR, tir_spec
@@ -288,6 +288,8 @@ def lowering_passes() -> list:
         tirx.transform.FlattenBuffer(),  # N-d buffers -> 1-d, for the code generator
         tirx.transform.StmtSimplify(),
         tirx.transform.RemoveNoOp(),
+        # An intrinsic's copy of a symbolic dimension (tensorize copies implementations): bound.
+        _func_pass(rebind_dimensions, "cgra.RebindDimensions"),
     ]
 
 

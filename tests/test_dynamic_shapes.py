@@ -254,13 +254,14 @@ def _onnx_model(model, dims: dict):
 
 def test_a_resnet_whose_input_size_changes_compiles_once():
     """Seed 003's question: one compiled ResNet for every image height and width; every conv,
-    residual add and the stem's max pool on the NPU (the global average pool on the host)."""
+    residual add, the stem's max pool and the global average pool on the NPU (the flatten, a
+    reshape, on the host as in every model)."""
     from onnx_models import resnet
 
     model = resnet(size="H", width=8, columns="W")
     placements, vm, session = _onnx_model(model, {"H": 24, "W": 20})
     assert npu_backend.npu_mac_fraction(placements) == 1.0, [p for p in placements if p.where == "host"]
-    assert {p.op for p in placements if p.where == "host"} == {"mean", "reshape"}
+    assert {p.op for p in placements if p.where == "host"} == {"reshape"}
     for height, width in ((12, 20), (17, 9), (32, 32)):
         x = data((1, 3, height, width), "float32")
         check(vm["main"](tvm.runtime.tensor(x)).numpy(), session.run(None, {"input": x})[0], "float32")
@@ -329,15 +330,15 @@ def test_a_text_line_model_with_a_dynamic_width_compiles_once_and_matches_onnxru
 
 def test_a_resnet_with_a_dynamic_width_keeps_every_conv_and_residual_on_the_npu():
     """Residual adds (and a stride-2 block's projection, (w - 1) // 2 + 1 wide) fuse into the
-    symbolic-width convs, the padded max pool runs in blocks of columns; the global average pool
-    over the symbolic width runs on the host (and the flatten, a reshape, as in every model), the
-    classifier on the NPU."""
+    symbolic-width convs, the padded max pool runs in blocks of columns, the global average pool
+    over the symbolic width in blocks divided by the run-time width (the flatten, a reshape, on
+    the host as in every model), the classifier on the NPU."""
     from onnx_models import resnet
 
     model = resnet(size=12, width=8, columns="W")
     placements, vm, session = _onnx_model(model, {"W": 20})
     assert npu_backend.npu_mac_fraction(placements) == 1.0, [p for p in placements if p.where == "host"]
-    assert {p.op for p in placements if p.where == "host"} == {"mean", "reshape"}
+    assert {p.op for p in placements if p.where == "host"} == {"reshape"}
     for width in (5, 12, 29):
         x = data((1, 3, 12, width), "float32")
         check(vm["main"](tvm.runtime.tensor(x)).numpy(), session.run(None, {"input": x})[0], "float32")
@@ -449,8 +450,6 @@ def test_an_exported_symbolic_library_runs_every_size(tmp_path):
      "(count_include_pad=False)"),
     (lambda x: relax.op.nn.max_pool2d(x, (2, 2), ceil_mode=True), {"x": ((1, 4, "h", "w"), "float32")},
      "takes no ceil mode along a symbolic size"),
-    (lambda x: relax.op.mean(x, axis=[2, 3]), {"x": ((1, 4, 6, "w"), "float32")},
-     "takes no global pool over a symbolic size"),
 ])
 def test_a_symbolic_axis_a_kernel_cannot_take_stays_on_the_host_with_the_reason(body, shapes, reason):
     placements = npu_backend.explain(module(shapes, body), "cgra-8x8")

@@ -77,7 +77,7 @@ def _extern_name(impl) -> str:
 
 
 def test_every_intrinsic_is_checked_here():
-    assert set(INTRINSICS) == {"gemm", "depthwise", "fill", "epilogue", "eltwise", "pool"}
+    assert set(INTRINSICS) == {"gemm", "depthwise", "fill", "epilogue", "eltwise", "pool", "accumulate"}
 
 
 @given(rows=st.integers(1, 8), cols=st.integers(1, 8), depth=st.integers(1, 40),
@@ -129,18 +129,40 @@ def test_depthwise_three_ways(oh, ow, cols, kh, kw, sh, sw, dh, dw, dtype, seed)
 
 
 @given(rows=st.integers(1, 16), cols=st.integers(1, 16), dtype=st.sampled_from(["int32", "float32"]),
-       seed=st.integers(0, 2**16))
-def test_fill_three_ways(rows, cols, dtype, seed):
+       value=st.one_of(st.none(), st.integers(-1000, 1000)), seed=st.integers(0, 2**16))
+def test_fill_three_ways(rows, cols, dtype, value, seed):
+    """Zero (a reduction's init) or a value; the value's bits go in the record as cgra_fill's."""
     c = _random(np.random.default_rng(seed), (rows, cols), dtype)
-    desc, impl = INTRINSICS["fill"].factory(rows, cols, dtype, scope="global")
+    constant = None if value is None else tvm.tirx.const(value / 8 if dtype == "float32" else value, dtype)
+    desc, impl = INTRINSICS["fill"].factory(rows, cols, dtype, constant, scope="global")
     tir_c = _tir_reference(desc, [c])[0]
     stream = _Stream([c])
     stream.load(0)
+    bits = 0 if value is None else _bits(value / 8 if dtype == "float32" else value, dtype)
     stream.commands.append(encode(Op.FILL, dtype=int(DType.from_name(dtype)), addr=0, rows=rows, cols=cols,
-                                  stride=cols, value_bits=0))
+                                  stride=cols, value_bits=bits))
     stream.store(0)
     np.testing.assert_array_equal(stream.run()[0], tir_c)
     assert _extern_name(impl) == "cgra_" + Op.FILL.name.lower()
+
+
+@given(rows=st.integers(1, 9), cols=st.integers(1, 9), dtype=st.sampled_from(["int8", "int32", "float32"]),
+       seed=st.integers(0, 2**16))
+def test_accumulate_three_ways(rows, cols, dtype, seed):
+    """Out += B: an ELTWISE add whose first operand is its output (a global pool's block sums)."""
+    rng = np.random.default_rng(seed)
+    b, out = _random(rng, (rows, cols), dtype), _random(rng, (rows, cols), dtype)
+    desc, impl = INTRINSICS["accumulate"].factory(rows, cols, dtype, scope="global")
+    tir_out = _tir_reference(desc, [b, out])[1]
+    stream = _Stream([b, out])
+    stream.load(0, 1)
+    stream.commands.append(encode(
+        Op.ELTWISE, func=EltwiseFunc.ADD, dtype=int(DType.from_name(dtype)), rows=rows, cols=cols,
+        a_addr=stream.addr[1], a_row_stride=cols, a_col_stride=1, b_addr=stream.addr[0], b_row_stride=cols,
+        b_col_stride=1, out_addr=stream.addr[1], out_stride=cols))
+    stream.store(1)
+    np.testing.assert_array_equal(stream.run()[1], tir_out)
+    assert _extern_name(impl) == "cgra_" + Op.ELTWISE.name.lower()
 
 
 def _bits(value, dtype) -> int:
@@ -293,7 +315,7 @@ def test_requantising_epilogue_three_ways(data, rows, cols, bias, relu, residual
 
 def test_intrinsics_compute_in_the_scratchpad():
     for kind, params in [("gemm", (8, 8, 4, "int8", "int32")), ("depthwise", (2, 8, 8, (3, 3, 1, 1, 1, 1), "int8", "int32")),
-                         ("fill", (8, 8, "int32")),
+                         ("fill", (8, 8, "int32")), ("accumulate", (1, 8, "float32")),
                          ("epilogue", (8, 8, "int32", True, True)),
                          ("epilogue", (8, 8, "int32", True, True, True, (0, 100), -3)),
                          ("eltwise", (8, 8, "add", "float32", (True, True), (False, True))),

@@ -114,7 +114,7 @@ def _reason(mod, arch="cgra-8x8"):
 
 REFUSED = {
     "average of int8": (lambda: pool_model("avg", 1, 4, 8, 8, (2, 2), (2, 2), dtype="int8")[0],
-                        "avg_pool2d on int8: the NPU's POOL takes float32 for a avg pool"),
+                        "avg_pool2d on int8: the NPU's POOL takes float32 for an average"),
     "dilated average": (lambda: pool_model("avg", 1, 4, 8, 8, (2, 2), dilation=(2, 2))[0],
                         "avg_pool2d with dilation (2, 2)"),
     "adaptive to 2 x 2": (lambda: relax_module([("x", (1, 4, 8, 8), "float32")], lambda bb, x: bb.emit(

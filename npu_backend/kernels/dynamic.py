@@ -41,9 +41,10 @@ GATHERS = "cgra.gathers"
 #: runs whole.
 BLOCKS = "cgra.block_columns"
 #: PrimFunc attribute: {device call: its parameter that counts the tile's extent along the
-#: innermost symbolic tile loop}, replacing lower/ragged.py's defaults (the GEMM-shaped kernels'
-#: rows) for kernels tiled otherwise: a pool's POOL "oh" or "ow", a depthwise conv2d's DEPTHWISE
-#: "ow" and EPILOGUE "m" along a symbolic width. The last tile's commands are cut to what exists;
+#: innermost symbolic tile loop, or a list of them, one per symbolic tile loop from the outermost},
+#: replacing lower/ragged.py's defaults (the GEMM-shaped kernels' rows) for kernels tiled
+#: otherwise: a pool's POOL "oh" or "ow", a depthwise conv2d's DEPTHWISE "ow" and EPILOGUE "m"
+#: along a symbolic width, a global pool's POOL ["kh", "kw"] (global_pool.py). The last tile's commands are cut to what exists;
 #: its window loads are cut to the image, which holds every tap of those outputs (pool.py) or
 #: loaded whole (depthwise.py, GATHERS).
 CUT_PARAMS = "cgra.cut_params"
@@ -73,6 +74,20 @@ def dim_var(name: str) -> tirx.Var:
     if var is None:
         var = _VARS[name] = tirx.Var(name, "int32")
     return var
+
+
+def rebind_dimensions(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """`func` whose free variables named like one of its parameters' symbolic dimensions are
+    bound to that dimension (a Bind each, first). A kernel names a symbolic dimension by one
+    variable (`dim_var`), and an intrinsic may read it (global_pool.py's FILL of 1 / (H * W));
+    tensorize matches the description against the kernel by that very variable, but inlines a
+    deep copy of the implementation, whose variables are new objects of the same names."""
+    dims = {extent.name: extent for param in func.params if isinstance(param.ty, tirx.BufferType)
+            for extent in param.shape if isinstance(extent, tirx.Var)}
+    defined = list(func.params) + list(dims.values())
+    binds = [tirx.Bind(var, dims[var.name]) for var in tirx.analysis.undefined_vars(func.body, defined)
+             if var.name in dims]
+    return func.with_body(tirx.SeqStmt([*binds, func.body])) if binds else func
 
 
 def read_shape(expr, role: str, symbolic_axes=(), prefix: str = "", expressions: bool = False) -> tuple[tuple, dict]:

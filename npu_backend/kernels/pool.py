@@ -34,6 +34,7 @@ from ..errors import UnsupportedOperator
 from ..relax_info import dtype_of
 from .dynamic import CUT_PARAMS, GATHERS, batch_extent, dim_var, read_shape
 from .family import OpFamily
+from .global_pool import choose_global_tiling, global_pool_compute, is_symbolic_global, schedule_global_pool
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.vector_unit import lowest_value, never_valid_taps, pool_value
 from .operands import kernel_prim_func, logical, padded, stored
@@ -49,6 +50,7 @@ POOL_OPS = {
 }
 #: Input dtypes per kind: an average of integers would round, which POOL does not do.
 POOL_DTYPES = {"max": ("float32", "int8"), "avg": ("float32",)}
+_KIND_NAMES = {"max": "a max pool", "avg": "an average"}
 
 
 def _patterns() -> list:
@@ -75,7 +77,7 @@ def pool_spec(name: str, annotated: dict) -> KernelSpec:
         spec = _with_symbols(op, spec, names)
     if spec.dtype not in POOL_DTYPES[spec.pool.kind]:
         raise UnsupportedOperator(f"{op} on {spec.dtype}: the NPU's POOL takes "
-                                  f"{' or '.join(POOL_DTYPES[spec.pool.kind])} for a {spec.pool.kind} pool")
+                                  f"{' or '.join(POOL_DTYPES[spec.pool.kind])} for {_KIND_NAMES[spec.pool.kind]}")
     outside = never_valid_taps(pool_window(spec), spec.output_shape[2:])
     if outside:
         axis, tap = outside[0]
@@ -104,8 +106,8 @@ def _with_symbols(op: str, spec: KernelSpec, names: dict) -> KernelSpec:
 
 def _symbolic_image_refusal(op: str, spec: KernelSpec, axes: list) -> str | None:
     """Why a pool cannot take these symbolic image axes ("H", "W"), or None if it can."""
-    if op in ("adaptive_avg_pool2d", "mean"):
-        return "no global pool over a symbolic size"
+    if spec.pool.whole:
+        return None  # in blocks, divided by the run-time area (global_pool.py)
     if spec.pool.ceil_mode:
         return "no ceil mode along a symbolic size"
     for axis in axes:
@@ -146,7 +148,7 @@ def _global_spec(shape, layout: str, dtype: str, caller_shapes=()) -> KernelSpec
     """An average over the whole image: a window of H x W taps."""
     n, c, h, w = logical(shape, layout)
     return KernelSpec("pool", dtype=dtype, acc_dtype=dtype, lhs_shape=(n, c, h, w), rhs_shape=(),
-                      data_layout=layout, out_layout=layout, pool=PoolAttrs("avg", (h, w)),
+                      data_layout=layout, out_layout=layout, pool=PoolAttrs("avg", (h, w), whole=True),
                       param_roles=("lhs",), caller_shapes=caller_shapes)
 
 
@@ -180,6 +182,8 @@ _SPECS = {
 
 def pool_compute(spec: KernelSpec, tiling: Tiling):
     """out[b, c, y, x] (in the spec's layout) = the pooled window of image b, channel c."""
+    if is_symbolic_global(spec):
+        return global_pool_compute(spec, tiling)
     n = batch_extent(spec)  # an int, or the symbolic batch's variable
     _, channels, h, w = spec.lhs_shape
     _, _, oh, ow = spec.output_shape
@@ -247,6 +251,8 @@ def schedule_pool(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescripti
     """Per (image, tn channels): one DMA of the input window, one POOL, one DMA store. The tile
     loops are the accumulator's own (it is the anchor), so its output loops keep their extents
     even when they are 1 (a global pool's 1 x 1 output) and the tile can always be tensorized."""
+    if is_symbolic_global(spec):
+        return schedule_global_pool(sch, spec, tiling, arch)
     acc = sch.get_sblock("acc")
     images, rows, cols, channels = sch.get_loops(acc)
     channel_tile, channel = sch.split(channels, [None, tiling.tn])
@@ -276,6 +282,10 @@ def schedule_pool(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescripti
     sch.tensorize(rows, get_intrin("pool", oh, ow, tiling.tn, window, spec.dtype))
 
 
+def choose_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
+    return choose_global_tiling(spec, arch) if is_symbolic_global(spec) else choose_pool_tiling(spec, arch)
+
+
 POOL = OpFamily(
-    name="pool", ops=("pool",), patterns=_patterns, spec_from_match=pool_spec, choose_tiling=choose_pool_tiling,
+    name="pool", ops=("pool",), patterns=_patterns, spec_from_match=pool_spec, choose_tiling=choose_tiling,
     compute=pool_compute, schedule=schedule_pool, host_ops={op: name for name, op in POOL_OPS.items()})

@@ -149,7 +149,7 @@ def _choose_block_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
         total = 0
         for count, outputs in ((whole, block[cut]), (1 if rest else 0, rest)):
             if count:
-                total += tiles * count * _period(*commands(_with(block, cut, outputs), tn), arch)
+                total += tiles * count * period(*commands(_with(block, cut, outputs), tn), arch)
         load, _, store = commands(_with(block, cut, min(block[cut], extent)), tn)
         return total + 2 * arch.dma_latency + load + store
 
@@ -206,7 +206,7 @@ def _estimate_cycles(tiles: int, load_bytes: int, store_bytes: int, taps: int, a
     reuse it; an output is pooled, then stored, with the latency, before it is written again);
     plus the first load and the last store."""
     load, vector, store = _commands(load_bytes, store_bytes, taps, arch, load_slowdown, store_slowdown)
-    return tiles * _period(load, vector, store, arch) + 2 * arch.dma_latency + load + store
+    return tiles * period(load, vector, store, arch) + 2 * arch.dma_latency + load + store
 
 
 def _commands(load_bytes: int, store_bytes: int, taps: int, arch: HardwareDescription, load_slowdown=1,
@@ -216,7 +216,7 @@ def _commands(load_bytes: int, store_bytes: int, taps: int, arch: HardwareDescri
             cost.dma_transfer_cycles(arch, store_bytes, Fraction(store_slowdown)))
 
 
-def _period(load: int, vector: int, store: int, arch: HardwareDescription) -> int:
+def period(load: int, vector: int, store: int, arch: HardwareDescription) -> int:
     """Cycles between tiles in steady state: the busiest unit, or half a double-buffered round trip."""
     return max(load, vector, store, -(-(arch.dma_latency + load + vector) // 2),
                -(-(vector + arch.dma_latency + store) // 2))

@@ -30,6 +30,7 @@ class PoolAttrs:
     size: tuple
     ceil_mode: bool = False
     count_include_pad: bool = False
+    whole: bool = False  # a global average: the window is the image, whatever its size
 
     def output_extent(self, extent: int, axis: int, strides, padding, dilation) -> int:
         """Outputs along `axis` (0: H, 1: W); in ceil mode the last window must start inside

@@ -4,7 +4,9 @@ Stage: lowering, after the DMA pass and fold_init. Input: a kernel whose tile lo
 symbolic axis (kernels/dynamic.py): `for t in range(ceildiv(n, T))` around the tile's DMA and
 compute calls, each sized for a whole tile of T rows. Output: the same kernel where every call
 of the tile moves and computes min(T, n - t * T) rows: the GEMM's m, FILL's and ELTWISE's rows,
-EPILOGUE's m, and each DMA box's extent along the symbolic dimension of its host tensor.
+EPILOGUE's m, and each DMA box's extent along the symbolic dimension of its host tensor. A
+kernel may name other parameters to cut (kernels/dynamic.py CUT_PARAMS), also one per nested
+symbolic tile loop (a global pool's blocks: POOL kh by block rows, kw by block columns).
 
 Why: the DMA pass lets a tile overhang a tensor (the halo zero-fills loads and drops stores),
 which is right for any size, but the overhang costs DMA beats and PE-array folds for rows that
@@ -20,6 +22,7 @@ from tvm import ir, sym, tirx
 from cgra_codegen import device_call_positions
 from cgra_sim.isa import BOX_DIMS
 
+from ..errors import ScheduleError
 from ..kernels.dynamic import BLOCKS, CUT_PARAMS, GATHERS
 
 _CALL_EXTERN = "tirx.call_extern"
@@ -38,9 +41,14 @@ def cut_ragged_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     gathers = {str(name): {int(dim): (int(scale), int(per), int(offset)) for dim, scale, per, offset in cuts}
                for name, cuts in attrs.get(GATHERS, {}).items()}
     cut_params = attrs.get(CUT_PARAMS)
-    cutter = _Cutter(gathers, None if cut_params is None else {str(k): str(v) for k, v in cut_params.items()},
+    cutter = _Cutter(gathers, None if cut_params is None else {str(k): _names(v) for k, v in cut_params.items()},
                      int(attrs.get(BLOCKS, 0)))
     return func.with_body(cutter.stmt(func.body, None))
+
+
+def _names(value):
+    """A CUT_PARAMS value: one parameter's name, or a list of them (one per tile loop level)."""
+    return str(value) if isinstance(value, str) or not hasattr(value, "__len__") else [str(v) for v in value]
 
 
 def _host_tensor(slot):
@@ -72,38 +80,51 @@ class _Cutter:
         # rows; a block's first valid-rows x block_columns GEMM rows hold its valid pixels.
         self.block_columns = block_columns
 
-    def stmt(self, stmt, rows):
+    def stmt(self, stmt, rows, levels=()):
         """`stmt` with its calls cut; `rows` = (tile size, valid rows of this tile) inside a
-        symbolic tile loop, else None."""
+        symbolic tile loop, else None; `levels` the same of every enclosing symbolic tile loop,
+        the outermost first."""
         if isinstance(stmt, tirx.For):
             tile = _tile_of(stmt)
             inner = rows
-            if tile is not None and not (self.block_columns and rows is not None):
+            if tile is not None:
                 extent, size = tile
-                inner = (size, tirx.min(tirx.IntImm(str(extent.ty), size), extent - stmt.loop_var * size))
-                if self.block_columns:
-                    inner = (size * self.block_columns, inner[1] * self.block_columns)
-            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, self.stmt(stmt.body, inner),
+                valid = (size, tirx.min(tirx.IntImm(str(extent.ty), size), extent - stmt.loop_var * size))
+                levels = (*levels, valid)
+                if not (self.block_columns and rows is not None):
+                    inner = valid
+                    if self.block_columns:
+                        inner = (size * self.block_columns, inner[1] * self.block_columns)
+            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, self.stmt(stmt.body, inner, levels),
                             stmt.thread_binding, stmt.annotations)
         if isinstance(stmt, tirx.SeqStmt):
-            return tirx.SeqStmt([self.stmt(s, rows) for s in stmt.seq])
+            return tirx.SeqStmt([self.stmt(s, rows, levels) for s in stmt.seq])
         if isinstance(stmt, tirx.IfThenElse):
-            else_case = self.stmt(stmt.else_case, rows) if stmt.else_case is not None else None
-            return tirx.IfThenElse(stmt.condition, self.stmt(stmt.then_case, rows), else_case)
+            else_case = self.stmt(stmt.else_case, rows, levels) if stmt.else_case is not None else None
+            return tirx.IfThenElse(stmt.condition, self.stmt(stmt.then_case, rows, levels), else_case)
         if isinstance(stmt, tirx.Evaluate) and _is_extern(stmt.value):
-            return tirx.Evaluate(self.call(stmt.value, rows))
+            return tirx.Evaluate(self.call(stmt.value, rows, levels))
         return stmt
 
-    def call(self, call, rows):
+    def call(self, call, rows, levels=()):
         name = str(call.args[0].value)
         args = list(call.args)
         if name in _DMA:
             self._cut_box(name, args, rows)
-        elif rows is not None and name in self.row_params:
-            (position,) = device_call_positions(name)[self.row_params[name]]
-            size, valid = rows
-            if isinstance(args[position], tirx.IntImm) and int(args[position].value) == size:
-                args[position] = valid.astype(str(args[position].ty))
+        elif name in self.row_params:
+            params = self.row_params[name]
+            # One parameter: cut by the innermost tile loop; a list: one per tile loop level.
+            if not isinstance(params, str) and len(params) != len(levels):
+                raise ScheduleError(f"{name} cuts {list(params)} by tile loop, but runs inside "
+                                    f"{len(levels)} symbolic tile loops")
+            cuts = [(params, rows)] if isinstance(params, str) else list(zip(params, levels))
+            for param, level in cuts:
+                if level is None:
+                    continue
+                (position,) = device_call_positions(name)[param]
+                size, valid = level
+                if isinstance(args[position], tirx.IntImm) and int(args[position].value) == size:
+                    args[position] = valid.astype(str(args[position].ty))
         return ir.Call(call.op, args, call.attrs, call.ty_args, call.span, call.ty)
 
     def _cut_box(self, name: str, args, rows) -> None:

@@ -14,8 +14,10 @@ whole tile), so they are registered under names that carry their parameters.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Callable
 
+import tvm
 from tvm.s_tir import TensorIntrin
 
 from cgra_sim.isa import Op
@@ -23,7 +25,7 @@ from cgra_sim.isa import Op
 from .builder import SPAD
 from .pe_array import depthwise_intrin, gemm_intrin
 from .vector_unit import PoolWindow
-from .vector_unit import eltwise_intrin, epilogue_intrin, fill_intrin, pool_intrin
+from .vector_unit import accumulate_intrin, eltwise_intrin, epilogue_intrin, fill_intrin, pool_intrin
 
 __all__ = ["INTRINSICS", "SPAD", "Intrinsic", "get_intrin", "intrin_name"]
 
@@ -41,6 +43,7 @@ INTRINSICS = {
     "epilogue": Intrinsic(Op.EPILOGUE, epilogue_intrin),
     "pool": Intrinsic(Op.POOL, pool_intrin),
     "eltwise": Intrinsic(Op.ELTWISE, eltwise_intrin),
+    "accumulate": Intrinsic(Op.ELTWISE, accumulate_intrin),
 }
 
 
@@ -50,9 +53,12 @@ def intrin_name(kind: str, *params) -> str:
 
 def _param_name(param) -> str:
     """A parameter in an intrinsic's name; a clip's (lo, hi) as "clip_lo_hi", an ELTWISE
-    operand's (walks rows, walks cols) as "full_True_False", a pooling window as its fields."""
+    operand's (walks rows, walks cols) as "full_True_False", a pooling window as its fields, a
+    FILL's run-time value as its expression (punctuation squeezed)."""
     if isinstance(param, PoolWindow):
         return param.name
+    if isinstance(param, tvm.ir.expr.Expr):
+        return "value_" + re.sub(r"\W+", "_", str(param)).strip("_")
     if isinstance(param, tuple) and all(isinstance(v, bool) for v in param):
         return "full_" + "_".join(str(v) for v in param)
     if isinstance(param, tuple):

@@ -43,15 +43,33 @@ def requantise(value, scale, zero_point: int):
     return tirx.Cast("int8", tirx.nearbyint(clamped) + tirx.const(float(zero_point), "float32"))
 
 
-def fill_intrin(rows: int, cols: int, dtype: str, scope: str = SPAD):
-    """FILL: zero a rows x cols accumulator tile (a reduction's init)."""
+def fill_intrin(rows: int, cols: int, dtype: str, value=None, scope: str = SPAD):
+    """FILL: set a rows x cols tile to `value`, a constant or an expression of the kernel's
+    symbolic dimensions that the kernel computes at run time (global_pool.py's 1 / (H * W));
+    zero without one (a reduction's init)."""
     def call(buffers, strides):
-        C = buffers["C"]
+        C = buffers["C"]  # a zero fill's bits are 0, as lower/fold_init.py looks for
         return device_call("cgra_fill", dtype=dtype_code(dtype), addr=C, rows=rows, cols=cols,
-                           stride=strides["C"][0], value_bits=0)
+                           stride=strides["C"][0], value_bits=0 if value is None else value)
 
-    return intrinsic([], Tile("C", (rows, cols), dtype), "init", lambda buffers, i, j: tirx.Cast(dtype, 0),
-                     call, scope=scope)
+    description = tirx.Cast(dtype, 0) if value is None else value
+
+    return intrinsic([], Tile("C", (rows, cols), dtype), "init", lambda buffers, i, j: description, call,
+                     scope=scope)
+
+
+def accumulate_intrin(rows: int, cols: int, dtype: str, scope: str = SPAD):
+    """ELTWISE add in place: Out[rows, cols] += B, a reduction's update over tiles
+    (global_pool.py sums its blocks)."""
+    def call(buffers, strides):
+        B, Out = buffers["B"], buffers["Out"]
+        return device_call(
+            "cgra_eltwise", func=int(EltwiseFunc.ADD), dtype=dtype_code(dtype), rows=rows, cols=cols,
+            a_addr=Out, a_row_stride=strides["Out"][0], a_col_stride=1, b_addr=B, b_row_stride=strides["B"][0],
+            b_col_stride=1, out_addr=Out, out_stride=strides["Out"][0])
+
+    return intrinsic([Tile("B", (rows, cols), dtype)], Tile("Out", (rows, cols), dtype), "acc",
+                     lambda buffers, i, j: buffers["B"][i, j], call, accumulate=True, scope=scope)
 
 
 def epilogue_flags(bias: bool, relu: bool, residual: bool, clip, zero_point) -> int:
@@ -230,8 +248,8 @@ def pool_value(load, y, x, c, window: PoolWindow, out_shape: tuple, dtype: str):
     if window.kind == "max":
         return total
     count = _count(window, 0, oh, y) * _count(window, 1, ow, x)
-    if isinstance(count, int):
-        return total / tirx.const(float(max(count, 1)), dtype)
+    if isinstance(count, int):  # a sum over a one-tap count rectangle is the sum (TE drops "/ 1")
+        return total if count <= 1 else total / tirx.const(float(count), dtype)
     return total / tirx.Cast(dtype, tirx.max(count, tirx.const(1, "int32")))
 
 
