@@ -218,13 +218,18 @@ def pool_compute(spec: KernelSpec, tiling: Tiling):
     func = kernel_prim_func(spec, {"lhs": x}, out)
     if not axes:
         return func
-    # The last block's POOL is cut to its outputs, its window load to what they read: v outputs
+    # A last block's POOL is cut to its outputs, its window load to what they read: v outputs
     # read (v - 1) * stride + (k - 1) * dilation + 1 window rows, the padding past the image
-    # among them (along the innermost block loop's axis; see `block_sizes`).
-    index = axes[-1][0]
-    k, step, spacing = spec.pool.size[index], spec.strides[index], spec.dilation[index]
-    gather = [[spec.data_layout.index("HW"[index]), step, 1, (k - 1) * spacing + 1 - step]]
-    return func.with_attr(CUT_PARAMS, {"cgra_pool": ("oh", "ow")[index]}).with_attr(GATHERS, {"data": gather})
+    # among them; along each symbolic axis in blocks of more than one output (each such block
+    # loop is a symbolic tile loop, lower/ragged.py, outermost first: rows, then columns).
+    # With one symbolic axis, its block loop is the innermost symbolic tile loop.
+    cut = [index for index, _ in axes if blocks[index] > 1] if len(axes) == 2 else [axes[0][0]]
+    gathers = [[spec.data_layout.index("HW"[index]), spec.strides[index], 1,
+                (spec.pool.size[index] - 1) * spec.dilation[index] + 1 - spec.strides[index]]
+               + ([level] if len(axes) == 2 else []) for level, index in enumerate(cut)]
+    params = [("oh", "ow")[index] for index in cut]
+    return func.with_attr(CUT_PARAMS, {"cgra_pool": params if len(axes) == 2 else params[0]}) \
+        .with_attr(GATHERS, {"data": gathers})
 
 
 def _block(spec: KernelSpec, axes: list, blocks: dict):

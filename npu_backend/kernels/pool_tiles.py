@@ -9,6 +9,8 @@ the window and the blocks from here.
 from __future__ import annotations
 
 import functools
+import itertools
+import math
 from fractions import Fraction
 
 from tvm import sym, tirx
@@ -64,9 +66,8 @@ def symbolic_axes(spec: KernelSpec) -> list:
 
 def block_sizes(axes: list, tiling: Tiling) -> dict:
     """{axis index: outputs per block} of a pool's symbolic axes: tiling.tm along the only one,
-    or tm rows by tw columns when both are symbolic. The innermost block loop (the columns, or
-    the only axis) cuts its last block to what exists; with both symbolic, the last block row
-    runs whole (its rows past the image are padding, its outputs past it dropped by the store)."""
+    or tm rows by tw columns when both are symbolic. Each block loop cuts its last block to
+    the outputs that exist (lower/ragged.py, one cut per block loop of more than one output)."""
     if len(axes) == 2:
         return {0: tiling.tm, 1: tiling.tw}
     return {index: tiling.tm for index, _ in axes}
@@ -105,9 +106,8 @@ def _choose_block_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     two along each symbolic axis and the whole of a static one, by tn channels; the block whose
     estimate, at sizes up to the bound (`spec.output_shape`; square images from
     SMALLEST_OUTPUT_SIDE when both axes are symbolic), is the closest to a kernel compiled for
-    that size (minimax regret). Along the innermost block axis the whole blocks run first, then
-    the ragged last one, its POOL and window load cut to the outputs that exist; with both axes
-    symbolic, the last block row runs whole."""
+    that size (minimax regret). Along each block axis the whole blocks run first, then the
+    ragged last one, its POOL and window load cut to the outputs that exist."""
     n, channels, _, _ = spec.lhs_shape
     axes = [index for index, _ in symbolic_axes(spec)]
     static = spec.output_shape[2:]
@@ -139,18 +139,26 @@ def _choose_block_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
         return _commands(rows * cols * tn * size, outputs * size, outputs * taps, arch,
                          _banks(spec, arch, rows, cols, tn), _banks(spec, arch, *block, tn))
 
-    cut = axes[-1]  # the innermost block loop's axis
-
     def cycles(candidate, extent: int) -> int:
-        """The whole blocks, then the ragged last one, per channel tile and block row."""
+        """Per channel tile: the whole blocks, and along each symbolic axis the ragged last one,
+        cut to the outputs that exist."""
         block, tn = candidate
-        tiles = n * -(-channels // tn) * (-(-extent // block[0]) if len(axes) == 2 else 1)
-        whole, rest = divmod(extent, block[cut])
+        tiles = n * -(-channels // tn)
+        kinds = []  # per symbolic axis: (blocks, outputs of each)
+        for axis in axes:
+            whole, rest = divmod(extent, block[axis])
+            kinds.append([(count, outputs) for count, outputs in ((whole, block[axis]), (1 if rest else 0, rest))
+                          if count])
         total = 0
-        for count, outputs in ((whole, block[cut]), (1 if rest else 0, rest)):
-            if count:
-                total += tiles * count * period(*commands(_with(block, cut, outputs), tn), arch)
-        load, _, store = commands(_with(block, cut, min(block[cut], extent)), tn)
+        for combination in itertools.product(*kinds):
+            shape = block
+            for axis, (_, outputs) in zip(axes, combination):
+                shape = _with(shape, axis, outputs)
+            total += tiles * math.prod(count for count, _ in combination) * period(*commands(shape, tn), arch)
+        first = block
+        for axis in axes:
+            first = _with(first, axis, min(block[axis], extent))
+        load, _, store = commands(first, tn)
         return total + 2 * arch.dma_latency + load + store
 
     # Powers of two: up to the first at or past the bound along one axis, up to the bound when
@@ -182,8 +190,9 @@ def _with(block: tuple, axis: int, extent: int) -> tuple:
 
 
 #: The smallest square output (a side, in outputs) a pool's tiles for a symbolic height and width
-#: are weighed on: smaller images run few blocks, whatever their size.
-SMALLEST_OUTPUT_SIDE = 8
+#: are weighed on: smaller images run few blocks, whatever their size. (8 left a 7 x 7 ResNet
+#: stem pool at 1.31x static on cgra-16x16; 2 gave up 9% at large sizes; 4: at most 1.08.)
+SMALLEST_OUTPUT_SIDE = 4
 
 
 def _banks(spec: KernelSpec, arch: HardwareDescription, rows: int, cols: int, channels: int):

@@ -38,7 +38,10 @@ _BUFFER_DATA = ir.Op.get("tirx.buffer_data")
 
 def cut_ragged_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     attrs = func.attrs or {}
-    gathers = {str(name): {int(dim): (int(scale), int(per), int(offset)) for dim, scale, per, offset in cuts}
+    # [dim, scale, per, offset] cut by the innermost symbolic tile loop, or with a fifth entry,
+    # by that tile loop level (0: the outermost).
+    gathers = {str(name): {int(cut[0]): (int(cut[1]), int(cut[2]), int(cut[3]),
+                                         int(cut[4]) if len(cut) > 4 else None) for cut in cuts}
                for name, cuts in attrs.get(GATHERS, {}).items()}
     cut_params = attrs.get(CUT_PARAMS)
     cutter = _Cutter(gathers, None if cut_params is None else {str(k): _names(v) for k, v in cut_params.items()},
@@ -60,16 +63,20 @@ def _host_tensor(slot):
 
 def _tile_of(loop):
     """(size, tile) when `loop` runs over the tiles of a symbolic axis: its extent is
-    ceildiv(size, tile), which TVM writes floordiv(size + tile - 1, tile), `size` an expression
-    of symbolic dimensions (n, or b * s for rows folded from two axes); else None."""
+    floordiv(a, tile) for an expression `a` of symbolic dimensions, which is ceildiv(size, tile)
+    for size = a - (tile - 1). TVM writes ceildiv(size, tile) as floordiv(size + tile - 1, tile)
+    (`size` n, or b * s for rows folded from two axes), or simplified further (ceildiv(max(w - 1,
+    1), 2) reads floordiv(max(w, 2), 2)); else None."""
     extent = sym.Analyzer().simplify(loop.extent)
     if not (isinstance(extent, tirx.FloorDiv) and isinstance(extent.b, tirx.IntImm)):
         return None
     tile, numerator = int(extent.b.value), extent.a
+    if isinstance(numerator, tirx.IntImm):
+        return None
     if isinstance(numerator, tirx.Add) and not isinstance(numerator.a, tirx.IntImm) and \
             isinstance(numerator.b, tirx.IntImm) and int(numerator.b.value) == tile - 1:
         return numerator.a, tile
-    return None
+    return sym.Analyzer().simplify(numerator - (tile - 1)), tile
 
 
 class _Cutter:
@@ -110,7 +117,7 @@ class _Cutter:
         name = str(call.args[0].value)
         args = list(call.args)
         if name in _DMA:
-            self._cut_box(name, args, rows)
+            self._cut_box(name, args, rows, levels)
         elif name in self.row_params:
             params = self.row_params[name]
             # One parameter: cut by the innermost tile loop; a list: one per tile loop level.
@@ -127,7 +134,7 @@ class _Cutter:
                     args[position] = valid.astype(str(args[position].ty))
         return ir.Call(call.op, args, call.attrs, call.ty_args, call.span, call.ty)
 
-    def _cut_box(self, name: str, args, rows) -> None:
+    def _cut_box(self, name: str, args, rows, levels=()) -> None:
         """Each box loop walking a symbolic dimension of the host tensor moves only the
         coordinates inside it: extent min(extent, size - origin) (one step per coordinate); a
         gather's (GATHERS) only along the dims it names, to what the tile's valid outputs read."""
@@ -143,9 +150,11 @@ class _Cutter:
             dim, step = args[dim_at], args[step_at]
             if gather is not None:
                 cut = gather.get(int(dim.value)) if isinstance(dim, tirx.IntImm) else None
-                if cut is not None and rows is not None:
-                    scale, per, offset = cut
-                    valid = (tirx.floordiv(rows[1] * scale, per) + offset).astype("int64")
+                level = None if cut is None else rows if cut[3] is None else \
+                    levels[cut[3]] if cut[3] < len(levels) else None
+                if level is not None:
+                    scale, per, offset, _ = cut
+                    valid = (tirx.floordiv(level[1] * scale, per) + offset).astype("int64")
                     args[extent_at] = tirx.max(tirx.min(args[extent_at], valid), tirx.IntImm("int64", 1))
                 continue
             if not (isinstance(dim, tirx.IntImm) and isinstance(step, tirx.IntImm) and int(step.value) == 1):
