@@ -166,7 +166,11 @@ def int8_dense_graphs(draw):
     return graph.module(build), graph.inputs, steps
 
 
-def _agree(mod, inputs, arch):
+def _agree(mod, inputs, arch, reductions: int = 1):
+    """The NPU's result against TVM's llvm build of the same graph: int8 exactly, float32 within
+    1e-5 of the output's scale per chained reduction (conv2d, dense): two float32 builds that sum
+    in different orders drift apart with depth, each about 1e-5 from the exact result
+    (test_chained_convs_differ_from_the_host_build_by_rounding_only)."""
     try:
         reference = tvm.compile(mod, target="llvm")
     except tvm.error.InternalError as error:
@@ -177,8 +181,13 @@ def _agree(mod, inputs, arch):
         reject()
     expected = run(reference, inputs)
     out = run(npu_backend.compile(mod, arch), inputs)
-    problem = mismatch(out, expected, str(expected.dtype))
+    problem = mismatch(out, expected, str(expected.dtype), 1e-5 * max(reductions, 1))
     assert problem is None, problem
+
+
+def _reductions(steps) -> int:
+    """The float32 reductions a fuzzed graph chains: its convs and its classifier's dense layer."""
+    return sum(step.startswith("conv") or step.startswith("mean + dense") for step in steps)
 
 
 def _avg_pool_after_relu():
@@ -212,7 +221,7 @@ def test_the_graph_tvms_llvm_build_breaks_on_runs_on_the_npu():
 def test_random_image_graphs_agree_with_the_host_build(graph, arch):
     mod, inputs, steps = graph
     note(f"{arch}: {' -> '.join(steps)}")
-    _agree(mod, inputs, arch)
+    _agree(mod, inputs, arch, _reductions(steps))
 
 
 @given(graph=image_graphs(symbolic=True), arch=st.sampled_from(PRESETS))
@@ -220,7 +229,7 @@ def test_random_image_graphs_with_symbolic_sizes_agree_with_the_host_build(graph
     """The same graphs with a symbolic batch, height and / or width (docs/dynamic-shapes.md)."""
     mod, inputs, steps = graph
     note(f"{arch}: {' -> '.join(steps)}")
-    _agree(mod, inputs, arch)
+    _agree(mod, inputs, arch, _reductions(steps))
 
 
 @given(graph=int8_dense_graphs(), arch=st.sampled_from(PRESETS))
@@ -228,3 +237,45 @@ def test_random_int8_dense_graphs_agree_exactly_with_the_host_build(graph, arch)
     mod, inputs, steps = graph
     note(f"{arch}: {' -> '.join(s for s in steps if s)}")
     _agree(mod, inputs, arch)
+
+
+def _conv64(x, w, pad: int, groups: int = 1):
+    """conv2d in float64, stride 1, NCHW / OIHW: the exact result's stand-in."""
+    n, _, h, width = x.shape
+    filters, per_group, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    out = np.zeros((n, filters, h + 2 * pad - kh + 1, width + 2 * pad - kw + 1))
+    for o in range(filters):
+        first = o // (filters // groups) * per_group
+        for i in range(per_group):
+            for a in range(kh):
+                for b in range(kw):
+                    out[:, o] += xp[:, first + i, a:a + out.shape[2], b:b + out.shape[3]] * w[o, i, a, b]
+    return out
+
+
+def test_chained_convs_differ_from_the_host_build_by_rounding_only():
+    """Found by the fuzzer (symbolic batch): three chained convs, 1.6e-5 of the output's scale
+    from TVM's llvm build. Against the exact (float64) result both are within 1e-5, the NPU's
+    error of the size of llvm's own, so the fuzzer allows 1e-5 per chained reduction."""
+    n = tvm.tirx.Var("n", "int64")
+    shapes = [(n, 5, 7, 3), (5, 1, 1, 1), (1, 5, 1, 1), (5, 5, 3, 3), (3, 5, 3, 3)]
+    params = [relax.Var(f"p{i}", relax.TensorType(list(s), "float32")) for i, s in enumerate(shapes)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            x = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(params[0], params[1], groups=5)), params[2]))
+            x = bb.emit(relax.op.nn.conv2d(bb.emit(relax.op.nn.conv2d(x, params[3], padding=1)), params[4], padding=1))
+            out = bb.emit_output(bb.emit(relax.op.clip(x, -0.5, 1.5)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    npu, host = npu_backend.compile(mod, "cgra-8x8"), tvm.compile(mod, target="llvm")
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        inputs = [rng.standard_normal([2 if d is n else d for d in s]).astype("float32") for s in shapes]
+        x = [a.astype(np.float64) for a in inputs]
+        exact = np.clip(_conv64(_conv64(_conv64(x[0], x[1], 0, 5) + x[2], x[3], 1), x[4], 1), -0.5, 1.5)
+        ours, theirs = run(npu, inputs), run(host, inputs)
+        scale = max(1.0, float(np.abs(exact).max()))
+        assert mismatch(ours, exact, "float32") is None and mismatch(theirs, exact, "float32") is None
+        assert np.abs(ours - exact).max() <= 2 * np.abs(theirs - exact).max() + 1e-6 * scale

@@ -21,7 +21,7 @@ from cgra_sim.isa import DType
 from ..errors import ScratchpadTooSmall
 from .epilogue import channel_rows, epilogue_compute, epilogue_intrin, epilogue_operands
 from .conv2d import spatial_extents
-from .dynamic import CUT_PARAMS, GATHERS, batch_extent, dim_var
+from .dynamic import CUT_LOOP, CUT_PARAMS, GATHERS, batch_extent, dim_var
 from .family import OpFamily
 from .gemm import loops_after
 from .intrinsics import SPAD, get_intrin
@@ -83,16 +83,28 @@ def depthwise_compute(spec: KernelSpec, tiling: Tiling):
     func = kernel_prim_func(spec, {"lhs": x, "rhs": w, **operands}, out)
     if not spec.symbolic_image:
         return func
-    # A symbolic image's last tiles: a last row tile runs whole, its window and residual loaded
-    # whole (the halo zero-fills past the image); a last column tile's DEPTHWISE, EPILOGUEs,
-    # window and residual are cut to the columns that exist (lower/ragged.py); stores are cut
-    # to the image.
-    if not tiling.tw:
-        return func.with_attr(GATHERS, {"data": [], "residual": []}).with_attr(CUT_PARAMS, {})
-    step, span = spec.strides[1], (kw - 1) * spec.dilation[1] + 1
-    func = func.with_attr(GATHERS, {"data": [[spec.data_layout.index("W"), step, 1, span - step]],
-                                    "residual": [[spec.out_layout.index("W"), 1, 1, 0]]})
-    return func.with_attr(CUT_PARAMS, {"cgra_depthwise": "ow", "cgra_epilogue": "m"})
+    # A symbolic image's last tiles, cut to what exists by their tile loops (lower/ragged.py;
+    # `cut_levels`): a last row tile's DEPTHWISE rows, EPILOGUEs (one per row, schedule_depthwise)
+    # and window and residual rows; a last column tile's DEPTHWISE columns, EPILOGUEs' m and
+    # window and residual columns. Stores are cut to the image.
+    cuts = {"data": [], "residual": []}
+    params = {"cgra_depthwise": [], "cgra_epilogue": []}
+    for level, axis in enumerate(cut_levels(spec, tiling)):
+        index = "HW".index(axis)
+        step, span = spec.strides[index], (spec.rhs_shape[2 + index] - 1) * spec.dilation[index] + 1
+        cuts["data"].append([spec.data_layout.index(axis), step, 1, span - step, level])
+        cuts["residual"].append([spec.out_layout.index(axis), 1, 1, 0, level])
+        params["cgra_depthwise"].append("oh" if axis == "H" else "ow")
+        params["cgra_epilogue"].append("" if axis == "H" else "m")
+    return func.with_attr(GATHERS, cuts).with_attr(CUT_PARAMS, params)
+
+
+def cut_levels(spec: KernelSpec, tiling: Tiling) -> list:
+    """The image axes ("H", "W") a symbolic-image kernel's tile loops run over in tiles of a
+    symbolic extent, outermost first: its symbolic tile loop levels (lower/ragged.py)."""
+    names = spec.symbolic("lhs")
+    return [axis for axis, tiled in (("H", True), ("W", bool(tiling.tw))) if spec.data_layout.index(axis) in names
+            and tiled]
 
 
 def _whole(extent, tile: int):
@@ -158,7 +170,7 @@ def _fitting_load(spec: KernelSpec, arch: HardwareDescription, tm: int, width: i
 def _choose_symbolic_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     """A symbolic height and / or width: tiles of tm rows x tw columns (powers of two, >= 2; a
     static width whole, a static height in powers of two or whole) x tn channels. The last row
-    tile runs whole, the last column tile is cut to the columns that exist; the tile is chosen
+    and column tiles are cut to the rows and columns that exist; the tile is chosen
     by minimax regret over images from 8 to the bound's extent along the symbolic axes (square
     when both are), each priced by `_estimate_cycles`."""
     _, channels, _, _ = spec.lhs_shape
@@ -189,6 +201,9 @@ def _choose_symbolic_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tili
         window = window_extent(tm, kh, spec.strides[0], spec.dilation[0]) * \
             window_extent(tw, kw, spec.strides[1], spec.dilation[1]) * in_bytes * \
             window_pixel_stride(tn, in_bytes, spec.strides[1], tw, arch)  # its span, even when cut
+        if symbolic[0] and tm > side:  # one row tile, cut to the rows that exist
+            tm = side
+            load = cost.dma_transfer_cycles(arch, _fitting_load(spec, arch, tm, tw, tn))
         rows = round_up(side, tm) if symbolic[0] else round_up(static[0], tm)
         if symbolic[1] and tw > side:  # the last column tile is cut to the columns that exist
             tw = side
@@ -263,6 +278,8 @@ def schedule_depthwise(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDesc
     sch.tensorize(tile_rows, get_intrin("depthwise", tiling.tm, out_width, tiling.tn, window, spec.dtype,
                                         spec.acc_dtype))
     sch.tensorize(width_loop, epilogue_intrin(spec, tiling, rows=out_width))
+    if "H" in cut_levels(spec, tiling):  # a last row tile's EPILOGUEs: one per row that exists
+        sch.annotate(row_inner, CUT_LOOP, cut_levels(spec, tiling).index("H"))
     align_output_rows(sch, spec, tiling, arch)
 
 

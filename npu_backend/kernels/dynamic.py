@@ -49,6 +49,11 @@ BLOCKS = "cgra.block_columns"
 #: loaded whole (depthwise.py, GATHERS).
 CUT_PARAMS = "cgra.cut_params"
 
+#: For-loop annotation: {CUT_LOOP: level}: the loop runs over a tile's rows (a depthwise conv2d's
+#: EPILOGUE per output row) and is cut to the rows the symbolic tile loop at that level (0: the
+#: outermost) holds in its last tile (lower/ragged.py).
+CUT_LOOP = "cgra.cut_level"
+
 _BOUNDS: contextvars.ContextVar = contextvars.ContextVar("cgra_shape_bounds", default={})
 _VARS: dict = {}  # name -> the kernel-side TIR variable (one object per name, int32)
 

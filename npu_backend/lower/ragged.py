@@ -6,7 +6,8 @@ compute calls, each sized for a whole tile of T rows. Output: the same kernel wh
 of the tile moves and computes min(T, n - t * T) rows: the GEMM's m, FILL's and ELTWISE's rows,
 EPILOGUE's m, and each DMA box's extent along the symbolic dimension of its host tensor. A
 kernel may name other parameters to cut (kernels/dynamic.py CUT_PARAMS), also one per nested
-symbolic tile loop (a global pool's blocks: POOL kh by block rows, kw by block columns).
+symbolic tile loop (a global pool's blocks: POOL kh by block rows, kw by block columns), and
+loops over a tile's rows to cut (CUT_LOOP: a depthwise conv2d's EPILOGUE per output row).
 
 Why: the DMA pass lets a tile overhang a tensor (the halo zero-fills loads and drops stores),
 which is right for any size, but the overhang costs DMA beats and PE-array folds for rows that
@@ -23,7 +24,7 @@ from cgra_codegen import device_call_positions
 from cgra_sim.isa import BOX_DIMS
 
 from ..errors import ScheduleError
-from ..kernels.dynamic import BLOCKS, CUT_PARAMS, GATHERS
+from ..kernels.dynamic import BLOCKS, CUT_LOOP, CUT_PARAMS, GATHERS
 
 _CALL_EXTERN = "tirx.call_extern"
 #: Device call -> its parameter that counts the tile's rows (the tile loop's axis).
@@ -102,7 +103,11 @@ class _Cutter:
                     inner = valid
                     if self.block_columns:
                         inner = (size * self.block_columns, inner[1] * self.block_columns)
-            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, self.stmt(stmt.body, inner, levels),
+            extent = stmt.extent
+            level = (stmt.annotations or {}).get(CUT_LOOP)
+            if level is not None and int(level) < len(levels):  # a loop over the tile's rows
+                extent = tirx.min(extent, levels[int(level)][1].astype(str(extent.ty)))
+            return tirx.For(stmt.loop_var, stmt.min, extent, stmt.kind, self.stmt(stmt.body, inner, levels),
                             stmt.thread_binding, stmt.annotations)
         if isinstance(stmt, tirx.SeqStmt):
             return tirx.SeqStmt([self.stmt(s, rows, levels) for s in stmt.seq])
@@ -126,7 +131,7 @@ class _Cutter:
                                     f"{len(levels)} symbolic tile loops")
             cuts = [(params, rows)] if isinstance(params, str) else list(zip(params, levels))
             for param, level in cuts:
-                if level is None:
+                if level is None or not param:  # "": not cut by that tile loop
                     continue
                 (position,) = device_call_positions(name)[param]
                 size, valid = level

@@ -223,9 +223,9 @@ def run(ex, inputs):
     return vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
 
 
-def mismatch(out, ref, dtype) -> str | None:
-    """None when `out` matches: int8 kernels exactly, float32 within 1e-5 of the output's scale.
-    Otherwise a description of the worst element."""
+def mismatch(out, ref, dtype, tolerance: float = 1e-5) -> str | None:
+    """None when `out` matches: int8 kernels exactly, float32 within `tolerance` of the output's
+    scale. Otherwise a description of the worst element."""
     if out.shape != ref.shape:
         return f"shape {out.shape} != reference {ref.shape}"
     if dtype == "int8":
@@ -236,7 +236,7 @@ def mismatch(out, ref, dtype) -> str | None:
         return None
     scale = max(1.0, float(np.abs(ref).max()))
     error = np.abs(out.astype(np.float64) - ref) / scale
-    if not np.all(error <= 1e-5):
+    if not np.all(error <= tolerance):
         i = np.unravel_index(int(np.nanargmax(error)), out.shape)
         return f"relative error {float(error[i]):.2e} at {tuple(int(x) for x in i)}: {out[i]} vs {ref[i]}"
     return None
