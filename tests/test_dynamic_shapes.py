@@ -174,6 +174,9 @@ POOLS = {
                                                                           padding=(0, 0, 3, 3)),
     "avg 3x3/1 padded 1 counting the padding": lambda a: relax.op.nn.avg_pool2d(a, (3, 3), padding=(1, 1),
                                                                                 count_include_pad=True),
+    # Ceil mode (SqueezeNet's and GoogLeNet's pools): the last windows reach into more halo.
+    "max 3x3/2 ceil mode": lambda a: relax.op.nn.max_pool2d(a, (3, 3), (2, 2), ceil_mode=True),
+    "max 2x2/2 ceil mode": lambda a: relax.op.nn.max_pool2d(a, (2, 2), (2, 2), ceil_mode=True),
 }
 
 
@@ -448,8 +451,11 @@ def test_an_exported_symbolic_library_runs_every_size(tmp_path):
     (lambda x: relax.op.nn.avg_pool2d(x, (3, 3), padding=(1, 1)), {"x": ((1, 4, "h", 8), "float32")},
      "takes no padding along a symbolic size for an average that counts only the image's taps "
      "(count_include_pad=False)"),
-    (lambda x: relax.op.nn.max_pool2d(x, (2, 2), ceil_mode=True), {"x": ((1, 4, "h", "w"), "float32")},
-     "takes no ceil mode along a symbolic size"),
+    (lambda x: relax.op.nn.avg_pool2d(x, (2, 2), ceil_mode=True), {"x": ((1, 4, "h", "w"), "float32")},
+     "takes no ceil mode along a symbolic size for an average"),
+    # Relax writes the last-window rule of ceil mode as a condition in the output's shape
+    (lambda x: relax.op.nn.max_pool2d(x, (2, 2), (2, 2), padding=(1, 1), ceil_mode=True),
+     {"x": ((1, 4, "h", 6), "float32")}, "the model's output size holds a condition"),
 ])
 def test_a_symbolic_axis_a_kernel_cannot_take_stays_on_the_host_with_the_reason(body, shapes, reason):
     placements = npu_backend.explain(module(shapes, body), "cgra-8x8")

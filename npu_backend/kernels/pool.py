@@ -31,7 +31,7 @@ from tvm.relax.dpl import is_op, wildcard
 from cgra_sim.arch import HardwareDescription
 
 from ..errors import UnsupportedOperator
-from ..relax_info import dtype_of
+from ..relax_info import dtype_of, shape_dims
 from .dynamic import CUT_PARAMS, GATHERS, batch_extent, dim_var, read_shape
 from .family import OpFamily
 from .global_pool import choose_global_tiling, global_pool_compute, is_symbolic_global, schedule_global_pool
@@ -74,7 +74,7 @@ def pool_spec(name: str, annotated: dict) -> KernelSpec:
         raise UnsupportedOperator(f"{op} of a rank-{len(shape)} tensor: the NPU pools 4-D images")
     spec = _SPECS[name](op, call, shape, dtype_of(data))
     if names:
-        spec = _with_symbols(op, spec, names)
+        spec = _with_symbols(op, spec, names, call)
     if spec.dtype not in POOL_DTYPES[spec.pool.kind]:
         raise UnsupportedOperator(f"{op} on {spec.dtype}: the NPU's POOL takes "
                                   f"{' or '.join(POOL_DTYPES[spec.pool.kind])} for {_KIND_NAMES[spec.pool.kind]}")
@@ -87,10 +87,10 @@ def pool_spec(name: str, annotated: dict) -> KernelSpec:
     return spec
 
 
-def _with_symbols(op: str, spec: KernelSpec, names: dict) -> KernelSpec:
+def _with_symbols(op: str, spec: KernelSpec, names: dict, call) -> KernelSpec:
     """`spec` with its symbolic axes: the batch, and the image height or width of a windowed
-    pool without ceil mode or a global window along it (its tiles then cut the axis into blocks
-    of outputs; see `symbolic_axes`)."""
+    pool (not an average in ceil mode) or a global average along it (its tiles then cut the axis
+    into blocks of outputs; see `symbolic_axes`; global_pool.py)."""
     batch = spec.data_layout.index("N")
     spatial = {axis: names[spec.data_layout.index(axis)] for axis in "HW" if spec.data_layout.index(axis) in names}
     if spatial:
@@ -101,15 +101,48 @@ def _with_symbols(op: str, spec: KernelSpec, names: dict) -> KernelSpec:
                                       "e.g. with relax.transform.BindSymbolicVars)")
     out_axis = 0 if dict(spec.caller_shapes).get("out") is not None else spec.out_layout.index("N")
     batch_out = (("out", out_axis, names[batch]),) if batch in names else ()
-    return dataclasses.replace(spec, symbols=tuple(("lhs", a, n) for a, n in sorted(names.items())) + batch_out)
+    spec = dataclasses.replace(spec, symbols=tuple(("lhs", a, n) for a, n in sorted(names.items())) + batch_out)
+    if spatial and spec.pool.ceil_mode:
+        _check_ceil_extents(op, spec, call)
+    return spec
+
+
+def _check_ceil_extents(op: str, spec: KernelSpec, call) -> None:
+    """A ceil-mode pool's output height / width as the kernel computes them (`symbolic_axes`)
+    must be Relax's (its struct info) at every size: Relax and PyTorch differ on whether a last
+    window that starts in the trailing padding counts. Compared at sizes 1 to 64."""
+    dims = shape_dims(call)
+    for index, extent in symbolic_axes(spec):
+        theirs = dims[spec.out_layout.index("HW"[index])] if dims is not None else None
+        if "if_then_else" in str(theirs):  # the last-window rule, where it may apply
+            raise UnsupportedOperator(
+                f"{op} in ceil mode with a symbolic {'HW'[index]}: the model's output size holds a condition "
+                f"({theirs}), which TVM 0.27 cannot carry into an offloaded function (FuseOpsByPattern has no "
+                "type rule for if_then_else); a window and stride for which no last window starts in the padding "
+                "(e.g. 3x3 stride 2, no padding) run on the NPU")
+        if theirs is None or any(_at(extent, size) != _at(theirs, size) for size in range(1, 65)):
+            raise UnsupportedOperator(f"{op} in ceil mode with a symbolic {'HW'[index]}: the NPU kernel's output "
+                                      f"{'height' if index == 0 else 'width'} ({extent}) is not the model's "
+                                      f"({theirs}) at every size")
+
+
+def _at(extent, size: int) -> int:
+    """An extent of symbolic dimensions with every one of them at `size`."""
+    if isinstance(extent, int):
+        return extent
+    for var in tirx.analysis.undefined_vars(extent):
+        extent = tirx.Let(var, tirx.IntImm(str(var.ty), size), extent)
+    return int(sym.Analyzer().simplify(extent))
 
 
 def _symbolic_image_refusal(op: str, spec: KernelSpec, axes: list) -> str | None:
     """Why a pool cannot take these symbolic image axes ("H", "W"), or None if it can."""
     if spec.pool.whole:
         return None  # in blocks, divided by the run-time area (global_pool.py)
-    if spec.pool.ceil_mode:
-        return "no ceil mode along a symbolic size"
+    if spec.pool.ceil_mode and spec.pool.kind == "avg":
+        # (a max pool's last windows take the halo's lowest values past the padded image)
+        return ("no ceil mode along a symbolic size for an average (its last windows' counts depend on where "
+                "the image ends)")
     for axis in axes:
         index = "HW".index(axis)
         if (spec.padding[index] or spec.padding[index + 2]) and spec.pool.kind == "avg" and \

@@ -51,16 +51,23 @@ def symbolic_axes(spec: KernelSpec) -> list:
     and one POOL window serves every block: every tap along the axis is valid and
     counted, because the padding along it is in the scratchpad, loaded with the window as the
     DMA's halo: the dtype's lowest value for a max pool (DMA_FILL_LOWEST), zeros for an average
-    that counts the padding. The last block is cut to the outputs that exist, its window load to
-    the rows (or columns) they read (lower/ragged.py)."""
+    that counts the padding. In ceil mode (a max pool) the last windows reach past the padded
+    image into more halo, lowest values that their max skips as the static kernel's does. The
+    last block is cut to the outputs that exist, its window load to the rows (or columns) they
+    read (lower/ragged.py)."""
     names, axes = spec.symbolic("lhs"), []
     for index, axis in enumerate("HW"):
         name = names.get(spec.data_layout.index(axis))
         if name is not None:
             k, step, spacing = spec.pool.size[index], spec.strides[index], spec.dilation[index]
-            padded_extent = dim_var(name) + spec.padding[index] + spec.padding[index + 2]
-            axes.append((index, sym.Analyzer().simplify(tirx.floordiv(padded_extent - spacing * (k - 1) - 1, step)
-                                                        + 1)))
+            lo, span = spec.padding[index], dim_var(name) + spec.padding[index] + spec.padding[index + 2] - \
+                spacing * (k - 1) - 1
+            if spec.pool.ceil_mode:  # a last window must start inside the image or its leading padding
+                outputs = tirx.ceildiv(span, step) + 1
+                outputs = outputs - tirx.Select((outputs - 1) * step >= dim_var(name) + lo, 1, 0)
+            else:
+                outputs = tirx.floordiv(span, step) + 1
+            axes.append((index, sym.Analyzer().simplify(outputs)))
     return axes
 
 
