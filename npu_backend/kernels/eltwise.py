@@ -30,7 +30,7 @@ from cgra_sim.isa import DType
 
 from ..errors import ScratchpadTooSmall, UnsupportedOperator
 from ..relax_info import dtype_of
-from .dynamic import dim_var, read_shape
+from .dynamic import CUT_PARAMS, dim_var, read_shape
 from .family import OpFamily
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.vector_unit import eltwise_value
@@ -63,7 +63,16 @@ class EltwiseSpec:
     # The output's axis 0 when it is symbolic (kernels/dynamic.py): its variable's name. It is the
     # view's axis 0 too, never merged with another, and the shapes above hold it at its bound.
     symbol: str | None = None
+    # The output's trailing symbolic axes other than axis 0 (an NCHW map's height and width):
+    # their variables' names. They are the view's last axis, merged into one: their product
+    # times `tail_factor`, the static axes before them walked alike.
+    tail: tuple = ()
+    tail_factor: int = 1
     op = "eltwise"
+    # A static factor times a variable as a tile's extent: TVM's region-cover check cannot prove
+    # whole tiles cover it (as for a conv2d's symbolic image), the schedule runs unchecked
+    # (pipeline.schedule) and the tests check the kernel at many sizes.
+    symbolic_image = property(lambda self: bool(self.tail) and self.tail_factor > 1)
     compute_name = "eltwise"
     acc_dtype = property(lambda self: self.dtype)  # what the target hook and explain read off a spec
     macs = 0
@@ -74,24 +83,30 @@ class EltwiseSpec:
         return self.extents if full is None else tuple(e if f else 1 for e, f in zip(self.extents, full))
 
 
-def eltwise_view(lhs_shape: tuple, rhs_shape: tuple, keep_first: bool = False):
+def eltwise_view(lhs_shape: tuple, rhs_shape: tuple, keep_first: bool = False, tail: int = 0):
     """(output shape, view extents, lhs walks, rhs walks) of a numpy broadcast of two shapes.
-    `keep_first`: the output's axis 0 stays a view axis of its own (a symbolic axis)."""
+    `keep_first`: the output's axis 0 stays a view axis of its own (a symbolic axis); `tail`:
+    the output's last `tail` axes (symbolic) are the view's last axis, merged with nothing else."""
     rank = max(len(lhs_shape), len(rhs_shape))
     lhs, rhs = ((1,) * (rank - len(s)) + tuple(s) for s in (lhs_shape, rhs_shape))
     out = tuple(max(a, b) for a, b in zip(lhs, rhs))
     axes = []  # [extent, lhs walks, rhs walks], neighbours with one pattern merged
+    first_tail = rank - tail if tail else rank
     for index, (extent, a, b) in enumerate(zip(out, lhs, rhs)):
-        if extent == 1 and not (keep_first and index == 0):
+        kept = (keep_first and index == 0) or index >= first_tail
+        if extent == 1 and not kept:
             continue  # both operands have 1 here: the axis carries nothing
         pattern = (a == extent, b == extent)
         # With keep_first, axes[0] is the output's axis 0 (never skipped): nothing merges into it,
-        # not even past unit axes ((n, 1, 3, 3) is viewed (n, 9), not (9n,)).
-        if axes and tuple(axes[-1][1:]) == pattern and not (keep_first and len(axes) == 1):
+        # not even past unit axes ((n, 1, 3, 3) is viewed (n, 9), not (9n,)); the tail's axes
+        # merge only with one another.
+        # (a static axis before them joins them if walked alike: (16, 7, w) is viewed (16, 7w))
+        joins = index > first_tail or index < first_tail or not (keep_first and len(axes) == 1)
+        if axes and tuple(axes[-1][1:]) == pattern and not (keep_first and len(axes) == 1) and joins:
             axes[-1][0] *= extent
         else:
             axes.append([extent, *pattern])
-    if len(axes) == 1 and not keep_first:  # one axis, walked alike: split it into rows and columns
+    if len(axes) == 1 and not keep_first and not tail:  # one axis, walked alike: split it into rows and columns
         extent, *pattern = axes[0]
         rows = _smallest_factor(extent)
         axes = [[rows, *pattern], [extent // rows, *pattern]]
@@ -122,10 +137,10 @@ def eltwise_spec_from_match(name: str, annotated: dict) -> EltwiseSpec:
         raise UnsupportedOperator(f"{func} on {dtypes[0] or 'an unknown dtype'} is not supported (the vector "
                                   f"unit computes {', '.join(ELTWISE_DTYPES)})")
     (lhs_shape, lhs_names), (rhs_shape, rhs_names) = (
-        read_shape(expr, role, symbolic_axes=(0,), prefix=f"{func}: ")
+        read_shape(expr, role, symbolic_axes=range(-MAX_RANK, 0), prefix=f"{func}: ")
         for expr, role in ((lhs, "left operand"), (rhs, "right operand")))
     shapes = lhs_shape, rhs_shape
-    symbol = _symbolic_axis(func, shapes, lhs_names, rhs_names)
+    symbol, tail = _symbolic_axes(func, shapes, lhs_names, rhs_names)
     for role, shape in zip(("left", "right"), shapes):
         if not shape:
             raise UnsupportedOperator(f"{func} with a scalar {role} operand (shape ()): the NPU's DMA moves "
@@ -134,26 +149,50 @@ def eltwise_spec_from_match(name: str, annotated: dict) -> EltwiseSpec:
         if len(shape) > MAX_RANK:
             raise UnsupportedOperator(f"{func} of rank {len(shape)}: the NPU's DMA moves tensors of rank "
                                       f"1..{MAX_RANK}")
-    out, extents, lhs_full, rhs_full = eltwise_view(*shapes, keep_first=symbol is not None)
-    return EltwiseSpec(func, dtypes[0], shapes[0], shapes[1], out, extents, lhs_full, rhs_full, symbol=symbol)
+    out, extents, lhs_full, rhs_full = eltwise_view(*shapes, keep_first=symbol is not None, tail=len(tail))
+    factor = extents[-1] // math.prod(out[len(out) - len(tail):]) if tail else 1
+    return EltwiseSpec(func, dtypes[0], shapes[0], shapes[1], out, extents, lhs_full, rhs_full, symbol=symbol,
+                       tail=tail, tail_factor=factor)
 
 
-def _symbolic_axis(func: str, shapes, lhs_names: dict, rhs_names: dict) -> str | None:
-    """The variable of the output's symbolic axis 0, or None. An operand of the output's rank
-    has that variable there (or 1: broadcast); a shorter operand does not reach axis 0."""
-    names = set(lhs_names.values()) | set(rhs_names.values())
-    if not names:
-        return None
+def _symbolic_axes(func: str, shapes, lhs_names: dict, rhs_names: dict) -> tuple:
+    """(the variable of the output's symbolic axis 0 or None, the variables of its trailing
+    symbolic axes after axis 0). Per output axis each operand has the axis's variable or 1
+    (broadcast; shapes align right as numpy's do); the symbolic axes after axis 0 are the last
+    ones, each walked or broadcast alike by an operand (so they are one view axis: an NCHW
+    map's height and width, against a per-channel operand)."""
+    if not lhs_names and not rhs_names:
+        return None, ()
     rank = max(len(s) for s in shapes)
+    names = [None] * rank  # the output axis's variable
+    walks = []  # per operand, per output axis: its variable there (walks) or not
     for shape, own in zip(shapes, (lhs_names, rhs_names)):
-        if len(shape) == rank and not own and shape[0] != 1:
-            raise UnsupportedOperator(f"{func}: one operand's axis 0 is symbolic, the other's is {shape[0]}: "
-                                      "they must be one size (or 1)")
-        if own and len(shape) != rank:
-            raise UnsupportedOperator(f"{func}: a symbolic axis that is not the output's axis 0 stays on the host")
-    if len(names) > 1:
-        raise UnsupportedOperator(f"{func}: the operands' axis 0 are different symbolic sizes {sorted(names)}")
-    return names.pop()
+        offset = rank - len(shape)
+        walked = [False] * rank
+        for axis, extent in enumerate(shape):
+            out_axis, name = axis + offset, own.get(axis)
+            if name is None:
+                continue
+            if names[out_axis] not in (None, name):
+                raise UnsupportedOperator(f"{func}: the operands' axis {out_axis} are different symbolic sizes "
+                                          f"{sorted((names[out_axis], name))}")
+            names[out_axis], walked[out_axis] = name, True
+        walks.append((shape, offset, walked))
+    for shape, offset, walked in walks:  # a static extent against a variable must be 1
+        for out_axis, name in enumerate(names):
+            axis = out_axis - offset
+            if name is not None and not walked[out_axis] and axis >= 0 and shape[axis] != 1:
+                raise UnsupportedOperator(f"{func}: one operand's axis {out_axis} is symbolic ({name}), the other's "
+                                          f"is {shape[axis]}: they must be one size (or 1)")
+    tail = [axis for axis in range(1, rank) if names[axis] is not None]
+    if tail and tail != list(range(rank - len(tail), rank)):
+        raise UnsupportedOperator(f"{func}: a symbolic axis after axis 0 that is not among the last axes (a static "
+                                  "axis follows it) stays on the host")
+    for _, _, walked in walks:
+        if len({walked[axis] for axis in tail}) > 1:
+            raise UnsupportedOperator(f"{func}: an operand walks some of the symbolic axes {[names[a] for a in tail]} "
+                                      "and broadcasts others: the NPU kernel reads them as one axis")
+    return names[0], tuple(names[axis] for axis in tail)
 
 
 def _patterns() -> list:
@@ -181,11 +220,48 @@ def choose_eltwise_tiling(spec: EltwiseSpec, arch: HardwareDescription) -> Tilin
     tiles and output tile, each double-buffered, fit the scratchpad, the one with the fewest
     estimated cycles (ties: the larger). mp, np: the view's rows and columns padded to whole tiles."""
     *_, rows, cols = spec.extents
-    tiling = best_tiling(spec, arch, _tile_sizes(rows, 1), _tile_sizes(cols, arch.vector_lanes))
+    tiling = _choose_symbolic_columns(spec, arch) if spec.tail else \
+        best_tiling(spec, arch, _tile_sizes(rows, 1), _tile_sizes(cols, arch.vector_lanes))
     if tiling is None:
         raise ScratchpadTooSmall(f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold "
                                  f"three {spec.dtype} elements twice: describe a larger scratchpad")
     return tiling
+
+
+def _choose_symbolic_columns(spec: EltwiseSpec, arch: HardwareDescription) -> Tiling | None:
+    """Columns of a symbolic extent (the trailing symbolic axes), and rows too when they are the
+    symbolic axis 0: the tm x tn whose estimate, at 1, 4, 16, ... columns (and rows) up to the
+    bound, is the closest to the tiling chosen for that size (minimax regret); a last tile is
+    cut to what exists."""
+    *outer, rows, cols = spec.extents
+    size = DType.from_name(spec.dtype).itemsize
+    candidates = [(tm, tn) for tm in _tile_sizes(rows, 1) for tn in _tile_sizes(cols, arch.vector_lanes)
+                  if sum(aligned(2 * _elements(tm, tn, full[-2:]) * size)
+                         for full in (spec.lhs_full, spec.rhs_full, (True, True))) <= arch.spad_bytes]
+    if not candidates:
+        return None
+
+    def powers(extent: int) -> list:
+        return sorted({min(extent, 4 ** k) for k in range(extent.bit_length())})
+
+    row_counts = powers(rows) if spec.symbol is not None and not outer else [rows]
+    sizes = [(r, c) for r in row_counts for c in powers(cols)]
+
+    def at(r: int, c: int) -> EltwiseSpec:
+        return dataclasses.replace(spec, extents=(*outer, r, c))
+
+    def cycles(tm: int, tn: int, r: int, c: int) -> int:
+        """One cut tile along an axis with fewer elements than the tile."""
+        m, n = min(tm, r), min(tn, c)
+        return _estimate_cycles(at(r, c), Tiling(m, n, 1, -(-r // tm) * m, -(-c // tn) * n, 1), math.prod(outer), arch)
+
+    reference = {}
+    for r, c in sizes:
+        best = best_tiling(at(r, c), arch, _tile_sizes(r, 1), _tile_sizes(c, arch.vector_lanes))
+        reference[r, c] = _estimate_cycles(at(r, c), best, math.prod(outer), arch)
+    tm, tn = min(candidates, key=lambda t: (max(cycles(*t, *rc) / reference[rc] for rc in sizes),
+                                            cycles(*t, rows, cols)))
+    return Tiling(tm, tn, 1, -(-rows // tm) * tm, -(-cols // tn) * tn, 1)
 
 
 def best_tiling(spec: EltwiseSpec, arch: HardwareDescription, row_sizes, col_sizes) -> Tiling | None:
@@ -245,9 +321,13 @@ def eltwise_compute(spec: EltwiseSpec, tiling: Tiling):
     """out = func(lhs, rhs) over the view (outer..., rows, cols), rows and columns padded to
     whole tiles (mp, np). Each operand's tile keeps extent 1 on the axes it is broadcast along."""
     extents = _symbolic(spec, spec.extents)  # a symbolic axis 0 as its variable
+    if spec.tail:  # the trailing symbolic axes: the view's last axis, their product
+        extents = extents[:-1] + (math.prod((dim_var(name) for name in spec.tail), start=spec.tail_factor),)
     padded = extents[:-2] + (tiling.mp, tiling.np)
     if spec.symbol is not None and len(extents) == 2:  # the symbolic axis is the tiles' rows
         padded = (tirx.ceildiv(extents[0], tiling.tm) * tiling.tm, tiling.np)
+    if spec.tail:  # ... and the tiles' columns
+        padded = padded[:-1] + (tirx.ceildiv(extents[-1], tiling.tn) * tiling.tn,)
     operands = {}
     for role, name, full in (("lhs", "a_pad", spec.lhs_full), ("rhs", "b_pad", spec.rhs_full)):
         view = tuple(e if walks else 1 for e, walks in zip(extents, full))
@@ -260,16 +340,31 @@ def eltwise_compute(spec: EltwiseSpec, tiling: Tiling):
     out = te.compute(extents, lambda *i: elt(*i), name="out")
     caller = {"lhs": spec.lhs_shape, "rhs": spec.rhs_shape, "out": spec.output_shape}
     views = {role: _symbolic(spec, shape, rank=len(spec.output_shape)) for role, shape in caller.items()} \
-        if any(tuple(shape) != tuple(spec.view(role)) for role, shape in caller.items()) else None
-    return prim_func(spec.param_roles, {"lhs": lhs, "rhs": rhs}, out, views)
+        if any(tuple(shape) != tuple(spec.view(role)) for role, shape in caller.items()) or spec.tail else None
+    func = prim_func(spec.param_roles, {"lhs": lhs, "rhs": rhs}, out, views)
+    # The last tile of each symbolic tile loop (rows of a symbolic axis 0 viewed as the rows, the
+    # columns of the trailing symbolic axes) is cut to what exists (lower/ragged.py).
+    if not spec.tail:
+        return func
+    # (a tile of one row needs no cut, and its loop is no tile loop; nor do column tiles that
+    # divide the static factor of the columns: every one is whole)
+    levels = (["rows"] if spec.symbol is not None and len(extents) == 2 and tiling.tm > 1 else []) + \
+        (["cols"] if spec.tail_factor % tiling.tn else [])
+    return func.with_attr(CUT_PARAMS, {"cgra_eltwise": levels})
 
 
 def _symbolic(spec: EltwiseSpec, shape: tuple, rank: int | None = None) -> tuple:
     """`shape` with the symbolic axis 0 (when it is the output's, and not a broadcast 1) as its
-    variable; `rank`: the output's, for a caller's shape that may be shorter."""
+    variable; `rank`: the output's, for a caller's shape that may be shorter (aligned right),
+    whose trailing symbolic axes (`spec.tail`, not a broadcast 1) become their variables too."""
+    shape = tuple(shape)
+    if rank is not None and spec.tail:
+        first = len(shape) - len(spec.tail)
+        shape = tuple(dim_var(spec.tail[axis - first]) if axis >= max(first, 1 if len(shape) == rank else 0)
+                      and extent != 1 else extent for axis, extent in enumerate(shape))
     if spec.symbol is None or not shape or (rank is not None and len(shape) != rank) or shape[0] == 1:
-        return tuple(shape)
-    return (dim_var(spec.symbol),) + tuple(shape[1:])
+        return shape
+    return (dim_var(spec.symbol),) + shape[1:]
 
 
 def schedule_eltwise(sch, spec: EltwiseSpec, tiling: Tiling, arch: HardwareDescription) -> None:
