@@ -99,18 +99,23 @@ def image_graphs(draw, symbolic=False):
         elif op == "pool" and shape[2] >= 3 and shape[3] >= 3:
             kind = draw(st.sampled_from(["max", "avg"]))
             # 2x2/2, a ResNet stem's 3x3/2 padded 1, a 3x3/1 padded 1 (the padding lies along
-            # symbolic axes too: a max pool's is loaded as -inf, an average's as zeros)
-            k, s, pad = draw(st.sampled_from([(2, 2, 0), (3, 2, 1), (3, 1, 1)]))
+            # symbolic axes too: a max pool's is loaded as -inf, an average's as zeros), and a
+            # max pool 3x3/2 in ceil mode (SqueezeNet's, GoogLeNet's)
+            k, s, pad, ceil = draw(st.sampled_from([(2, 2, 0, False), (3, 2, 1, False), (3, 1, 1, False)] +
+                                                   ([(3, 2, 0, True)] if kind == "max" else [])))
             include_pad = draw(st.booleans())
 
-            def pool(bb, cur, values, kind=kind, k=k, s=s, pad=pad, include_pad=include_pad):
+            def pool(bb, cur, values, kind=kind, k=k, s=s, pad=pad, include_pad=include_pad, ceil=ceil):
                 if kind == "max":
-                    return bb.emit(relax.op.nn.max_pool2d(cur, (k, k), (s, s), (pad, pad)))
+                    return bb.emit(relax.op.nn.max_pool2d(cur, (k, k), (s, s), (pad, pad), ceil_mode=ceil))
                 return bb.emit(relax.op.nn.avg_pool2d(cur, (k, k), (s, s), (pad, pad), count_include_pad=include_pad))
             steps.append(pool)
-            shape = (n, shape[1], (shape[2] + 2 * pad - k) // s + 1, (shape[3] + 2 * pad - k) // s + 1)
-            derived = derived if (k, s, pad) == (3, 1, 1) else tuple(f"pool{k}/{s}p{pad}({d})" for d in derived)
-            graph.steps.append(f"{kind} pool {k}x{k}/{s} pad {pad}" +
+            # (ceil mode's last window always starts inside the image here: no window is dropped)
+            shape = (n, shape[1], *(-(-(e + 2 * pad - k) // s) + 1 if ceil else (e + 2 * pad - k) // s + 1
+                                    for e in shape[2:]))
+            derived = derived if (k, s, pad) == (3, 1, 1) else \
+                tuple(f"pool{k}/{s}p{pad}{'c' * ceil}({d})" for d in derived)
+            graph.steps.append(f"{kind} pool {k}x{k}/{s} pad {pad}" + " ceil mode" * ceil +
                                (f" count_include_pad={include_pad}" if kind == "avg" and pad else ""))
         elif op == "eltwise":
             func = draw(st.sampled_from(["add", "subtract", "multiply", "maximum", "minimum"]))
