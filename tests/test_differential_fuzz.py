@@ -284,3 +284,29 @@ def test_chained_convs_differ_from_the_host_build_by_rounding_only():
         scale = max(1.0, float(np.abs(exact).max()))
         assert mismatch(ours, exact, "float32") is None and mismatch(theirs, exact, "float32") is None
         assert np.abs(ours - exact).max() <= 2 * np.abs(theirs - exact).max() + 1e-6 * scale
+
+
+def test_an_op_after_a_ceil_mode_pool_whose_size_holds_a_condition_runs_on_the_host():
+    """Found by the fuzzer: a 3x3/2 ceil-mode max pool of a width (w - 1) // 2 + 1 has an output
+    width Relax writes with if_then_else; the conv2d after it crashed TVM's FuseOpsByPattern
+    ("Cannot find the FInferType attribute registered to op: prim.if_then_else"). Both now stay on
+    the host with the reason, the rest on the NPU."""
+    w = tvm.tirx.Var("w", "int64")
+    shapes = [(1, 1, 5, w), (1, 1, 1, 1), (2, 1, 1, 1), (2, 1, 1, 1)]
+    params = [relax.Var(f"p{i}", relax.TensorType(list(s), "float32")) for i, s in enumerate(shapes)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            x = bb.emit(relax.op.nn.conv2d(bb.emit(relax.op.nn.conv2d(params[0], params[1])), params[2], strides=2))
+            x = bb.emit(relax.op.nn.max_pool2d(x, (3, 3), (2, 2), ceil_mode=True))
+            out = bb.emit_output(bb.emit(relax.op.nn.conv2d(x, params[3], groups=2)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    placements = npu_backend.explain(mod, "cgra-8x8", dims={"w": 9})
+    assert [p.where for p in placements] == ["npu", "npu", "host", "host"]
+    assert "holds a condition" in placements[3].reason, placements[3].reason
+    rng = np.random.default_rng(0)
+    for width in (5, 9, 23):
+        inputs = [rng.standard_normal([width if d is w else d for d in s]).astype("float32") for s in shapes]
+        expected = run(tvm.compile(mod, target="llvm"), inputs)
+        assert mismatch(run(npu_backend.compile(mod, "cgra-8x8"), inputs), expected, "float32") is None

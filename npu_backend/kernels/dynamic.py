@@ -114,6 +114,11 @@ def read_shape(expr, role: str, symbolic_axes=(), prefix: str = "", expressions:
                                           "NPU to compute, it stays on the host")
             shape.append(dim)
             continue
+        if "if_then_else" in str(dim):  # Relax's shape of a ceil-mode pool's output (pool.py)
+            raise UnsupportedOperator(
+                f"{prefix}the {role}'s size {expression_name(dim)} on axis {axis} holds a condition, which TVM "
+                "0.27 cannot carry into an offloaded function (FuseOpsByPattern has no type rule for "
+                "if_then_else): the op runs on the host")
         if axis not in allowed or not (isinstance(dim, tirx.Var) or expressions):
             where = "this axis" if isinstance(dim, tirx.Var) else f"an expression ({expression_name(dim)}) of variables"
             raise UnsupportedOperator(
