@@ -36,6 +36,13 @@ def expression_name(dim) -> str:
     return re.sub(r"T\.int(?:32|64)\((-?\d+)\)", r"\1", str(dim))
 
 
+def holds_condition(dim) -> bool:
+    """Whether a symbolic extent holds a condition (Relax's output size of a ceil-mode pool whose
+    last window may start in the padding): TVM 0.27 cannot carry such a shape into an offloaded
+    function (FuseOpsByPattern has no type rule for if_then_else), so no kernel takes it."""
+    return "if_then_else" in str(dim)
+
+
 def static_shape(expr) -> tuple | None:
     """The shape as a tuple of ints, or None if it is unknown or has a symbolic dimension."""
     dims = shape_dims(expr)

@@ -278,8 +278,9 @@ def schedule_depthwise(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDesc
     sch.tensorize(tile_rows, get_intrin("depthwise", tiling.tm, out_width, tiling.tn, window, spec.dtype,
                                         spec.acc_dtype))
     sch.tensorize(width_loop, epilogue_intrin(spec, tiling, rows=out_width))
-    if "H" in cut_levels(spec, tiling):  # a last row tile's EPILOGUEs: one per row that exists
-        sch.annotate(row_inner, CUT_LOOP, cut_levels(spec, tiling).index("H"))
+    levels = cut_levels(spec, tiling)
+    if "H" in levels:  # a last row tile's EPILOGUEs: one per row that exists
+        sch.annotate(row_inner, CUT_LOOP, levels.index("H"))
     align_output_rows(sch, spec, tiling, arch)
 
 

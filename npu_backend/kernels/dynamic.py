@@ -20,7 +20,7 @@ import contextvars
 from tvm import sym, tirx
 
 from ..errors import UnsupportedOperator
-from ..relax_info import expression_name, shape_dims
+from ..relax_info import expression_name, holds_condition, shape_dims
 
 #: The extent a tile search assumes for a symbolic axis without a bound: large enough that the
 #: tiles it picks are the ones a large size wants (a small size then runs one ragged tile).
@@ -114,7 +114,7 @@ def read_shape(expr, role: str, symbolic_axes=(), prefix: str = "", expressions:
                                           "NPU to compute, it stays on the host")
             shape.append(dim)
             continue
-        if "if_then_else" in str(dim):  # Relax's shape of a ceil-mode pool's output (pool.py)
+        if holds_condition(dim):
             raise UnsupportedOperator(
                 f"{prefix}the {role}'s size {expression_name(dim)} on axis {axis} holds a condition, which TVM "
                 "0.27 cannot carry into an offloaded function (FuseOpsByPattern has no type rule for "

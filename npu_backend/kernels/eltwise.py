@@ -86,7 +86,8 @@ class EltwiseSpec:
 def eltwise_view(lhs_shape: tuple, rhs_shape: tuple, keep_first: bool = False, tail: int = 0):
     """(output shape, view extents, lhs walks, rhs walks) of a numpy broadcast of two shapes.
     `keep_first`: the output's axis 0 stays a view axis of its own (a symbolic axis); `tail`:
-    the output's last `tail` axes (symbolic) are the view's last axis, merged with nothing else."""
+    the output's last `tail` axes (symbolic, walked alike) are kept, whatever their extent, in
+    the view's last axis."""
     rank = max(len(lhs_shape), len(rhs_shape))
     lhs, rhs = ((1,) * (rank - len(s)) + tuple(s) for s in (lhs_shape, rhs_shape))
     out = tuple(max(a, b) for a, b in zip(lhs, rhs))
@@ -98,11 +99,10 @@ def eltwise_view(lhs_shape: tuple, rhs_shape: tuple, keep_first: bool = False, t
             continue  # both operands have 1 here: the axis carries nothing
         pattern = (a == extent, b == extent)
         # With keep_first, axes[0] is the output's axis 0 (never skipped): nothing merges into it,
-        # not even past unit axes ((n, 1, 3, 3) is viewed (n, 9), not (9n,)); the tail's axes
-        # merge only with one another.
-        # (a static axis before them joins them if walked alike: (16, 7, w) is viewed (16, 7w))
-        joins = index > first_tail or index < first_tail or not (keep_first and len(axes) == 1)
-        if axes and tuple(axes[-1][1:]) == pattern and not (keep_first and len(axes) == 1) and joins:
+        # not even past unit axes ((n, 1, 3, 3) is viewed (n, 9), not (9n,)). The tail's axes are
+        # never skipped either; they merge with one another and with a static axis before them
+        # walked alike ((16, 7, w) is viewed (16, 7w)).
+        if axes and tuple(axes[-1][1:]) == pattern and not (keep_first and len(axes) == 1):
             axes[-1][0] *= extent
         else:
             axes.append([extent, *pattern])

@@ -34,7 +34,7 @@ from .dynamic import CUT_PARAMS, batch_extent, dim_var
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.vector_unit import PoolWindow, pool_value
 from .operands import kernel_prim_func, padded, stored
-from .pool_tiles import period
+from .pool_tiles import channel_candidates, period
 from .spec import KernelSpec, Tiling, aligned, round_up
 
 #: Block sides tried along each axis (a static axis smaller than a side is taken whole). The
@@ -141,6 +141,7 @@ def schedule_global_pool(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDe
     multiply = get_intrin("eltwise", 1, tiling.tn, "multiply", spec.dtype, (True, True), (False, False))
     sch.tensorize(sch.add_unit_loop(channel), multiply)
 
+
 def choose_global_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     """Blocks of bh x bw pixels (BLOCK_SIDES; a static axis smaller than the side taken whole) by
     tn channels whose double-buffered window fits the scratchpad: the candidate whose estimate,
@@ -203,10 +204,7 @@ def choose_global_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     def side_of(extent: int, sym: bool, side: int) -> int:
         return side if sym else min(extent, side)
 
-    # Channel tiles: powers of two and even splits of the channels (the estimate favours few,
-    # large tiles; every count would make the search quadratic in the channels).
-    counts = {1 << k for k in range(1, channels.bit_length() + 1)} | {-(-channels // k) for k in range(1, 9)}
-    counts = sorted(tn for tn in counts if 2 <= tn <= max(channels, 2))
+    counts = channel_candidates(channels)
     candidates = sorted({(side_of(h, symbolic[0], bh), side_of(w, symbolic[1], bw), tn)
                          for bh in BLOCK_SIDES for bw in BLOCK_SIDES for tn in counts
                          if fits(side_of(h, symbolic[0], bh) * side_of(w, symbolic[1], bw) * size, tn)})

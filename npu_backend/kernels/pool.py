@@ -31,7 +31,7 @@ from tvm.relax.dpl import is_op, wildcard
 from cgra_sim.arch import HardwareDescription
 
 from ..errors import UnsupportedOperator
-from ..relax_info import dtype_of, shape_dims
+from ..relax_info import dtype_of, holds_condition, shape_dims
 from .dynamic import CUT_PARAMS, GATHERS, batch_extent, dim_var, read_shape
 from .family import OpFamily
 from .global_pool import choose_global_tiling, global_pool_compute, is_symbolic_global, schedule_global_pool
@@ -114,7 +114,7 @@ def _check_ceil_extents(op: str, spec: KernelSpec, call) -> None:
     dims = shape_dims(call)
     for index, extent in symbolic_axes(spec):
         theirs = dims[spec.out_layout.index("HW"[index])] if dims is not None else None
-        if "if_then_else" in str(theirs):  # the last-window rule, where it may apply
+        if holds_condition(theirs):  # the last-window rule, where it may apply
             raise UnsupportedOperator(
                 f"{op} in ceil mode with a symbolic {'HW'[index]}: the model's output size holds a condition "
                 f"({theirs}), which TVM 0.27 cannot carry into an offloaded function (FuseOpsByPattern has no "

@@ -134,9 +134,7 @@ def _choose_block_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     # columns, 0.6 s of search for a 64-channel pool that way) powers of two and even splits of
     # the channels. (Pruned along one axis too, a 2x2/2 pool of 32 channels took 1.28x static at
     # 2 and 3 columns on cgra-16x16.)
-    counts = range(2, max(channels, 2) + 1) if len(axes) == 1 else \
-        sorted(tn for tn in {1 << k for k in range(1, channels.bit_length() + 1)} |
-               {-(-channels // k) for k in range(1, 9)} if 2 <= tn <= max(channels, 2))
+    counts = range(2, max(channels, 2) + 1) if len(axes) == 1 else channel_candidates(channels)
 
     def channel_counts(block):
         """The tn that fit the scratchpad beside a double-buffered block (window and output)."""
@@ -198,6 +196,14 @@ def _choose_block_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     tm = block[axes[0]]
     return Tiling(tm, tn, taps, round_up(static[axes[0]], tm), round_up(channels, tn), taps,
                   tw=block[1] if len(axes) == 2 else 0)
+
+
+def channel_candidates(channels: int) -> list:
+    """Channel tile sizes a search that weighs many blocks tries: powers of two and even splits
+    of the channels, from 2 (the estimates favour few, large tiles; every count would make the
+    search quadratic in the channels)."""
+    counts = {1 << k for k in range(1, channels.bit_length() + 1)} | {-(-channels // k) for k in range(1, 9)}
+    return sorted(tn for tn in counts if 2 <= tn <= max(channels, 2))
 
 
 def _with(block: tuple, axis: int, extent: int) -> tuple:
