@@ -18,7 +18,7 @@ from tvm.relax.dpl import is_op, wildcard
 
 from ..errors import UnsupportedOperator
 from .epilogue import Root, epilogue_compute, epilogue_fields, epilogue_operands, static_shape, with_epilogue_tail
-from .dynamic import GATHERS, BLOCKS, batch_extent, dim_var, read_shape, symbols_of, with_vars
+from .dynamic import GATHERS, BLOCKS, batch_extent, read_shape, spatial_extents, symbols_of, with_vars
 from .family import OpFamily
 from .gemm import choose_gemm_tiling, schedule_gemm
 from .operands import kernel_prim_func, logical, padded, stored
@@ -81,23 +81,6 @@ def _check_symbolic_image(spec: KernelSpec) -> None:
         raise UnsupportedOperator(f"{form} conv2d with a symbolic {what}: the NPU kernel takes a symbolic "
                                   "image size on NCHW/OIHW conv2d without groups and on depthwise conv2d (a "
                                   "symbolic batch works for every conv2d)")
-
-
-def spatial_extents(spec: KernelSpec) -> tuple:
-    """(OH, OW) as the kernel indexes them: ints, or for a symbolic input height or width the
-    output extent as an expression of the input's variable."""
-    names = spec.symbolic("lhs")
-    _, _, oh, ow = spec.output_shape
-    _, _, kh, kw = spec.rhs_shape
-    top, left, bottom, right = spec.padding
-    (sh, sw), (dh, dw) = spec.strides, spec.dilation
-    extents = []
-    for axis, static, pad, kernel, step, dilation in (("H", oh, top + bottom, kh, sh, dh),
-                                                      ("W", ow, left + right, kw, sw, dw)):
-        name = names.get(spec.data_layout.index(axis))
-        extents.append(static if name is None else sym.Analyzer().simplify(
-            tirx.floordiv(dim_var(name) + (pad - dilation * (kernel - 1) - 1), step) + 1))
-    return tuple(extents)
 
 
 def _check_bias(bias_shape, channels: int, out_layout: str) -> None:
@@ -180,8 +163,8 @@ def _blocks_compute(spec: KernelSpec, tiling: Tiling):
     """conv2d_compute for a symbolic height and width: the output in blocks of ty x tx pixels
     (tx = spec.row_step, ty = tm / tx), a GEMM tile per block. acc, epi: (image, block row,
     block column, pixel of the block, channel), so no index divides by a symbolic extent; the
-    blocks past the image's last row or column are partly outside it: their gather reads the
-    halo's zeros and their store is cut to the image."""
+    blocks past the image's last row or column are partly outside it: lowering cuts their
+    commands and boxes to the pixels inside (lower/ragged.py)."""
     _, _, kh, kw = spec.rhs_shape
     _, channels, _, _ = spec.lhs_shape
     batch = batch_extent(spec)
@@ -212,9 +195,12 @@ def _blocks_compute(spec: KernelSpec, tiling: Tiling):
     out = te.compute(out_shape, lambda b_, f, y, x_: epi[b_, y // ty, x_ // tx, y % ty * tx + x_ % tx, f], name="out")
     del channels
     func = kernel_prim_func(spec, {"lhs": x, "rhs": w, **operands}, out)
-    # Loads are never cut: a block's GEMM reads its tile's first rows, which a cut along one axis
-    # would leave partly unwritten (lower/ragged.py cuts the commands' rows to the valid rows).
-    return func.with_attr(GATHERS, {"data": [], "residual": []}).with_attr(BLOCKS, tx)
+    # The blocks past the image's last row or column are cut to the pixels that exist: the
+    # boxes moving the image (its height by the block-row loop, level 0, its width by the
+    # block-column loop, level 1) and the commands' rows; lower/ragged.py packs a cut block's
+    # pixels row by row, so they stay a prefix of the tile.
+    cuts = [[2, 1, 1, 0, 0], [3, 1, 1, 0, 1]]
+    return func.with_attr(GATHERS, {"data": cuts, "residual": cuts, "out": cuts}).with_attr(BLOCKS, tx)
 
 
 def _padded_rows(rows, tiling: Tiling):

@@ -20,8 +20,7 @@ from cgra_sim.isa import DType
 
 from ..errors import ScratchpadTooSmall
 from .epilogue import channel_rows, epilogue_compute, epilogue_intrin, epilogue_operands
-from .conv2d import spatial_extents
-from .dynamic import CUT_LOOP, CUT_PARAMS, GATHERS, batch_extent, dim_var
+from .dynamic import CUT_LOOP, CUT_PARAMS, GATHERS, batch_extent, dim_var, spatial_extents
 from .family import OpFamily
 from .gemm import loops_after
 from .intrinsics import SPAD, get_intrin

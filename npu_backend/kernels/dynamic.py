@@ -54,6 +54,12 @@ CUT_PARAMS = "cgra.cut_params"
 #: outermost) holds in its last tile (lower/ragged.py).
 CUT_LOOP = "cgra.cut_level"
 
+#: For-loop annotation: [tensor, dim, tile]: the loop walks dimension `dim` of the kernel's
+#: parameter `tensor` in tiles of `tile`, for lower/ragged.py to cut its last tile where TVM has
+#: folded that extent's own division into the loop's (a conv2d of stride 2 in blocks of 8
+#: rows: ceildiv((h - 1) // 2 + 1, 8) reads (h - 1) // 16 + 1, the tile no longer visible).
+TILE_OF = "cgra.tile_of"
+
 _BOUNDS: contextvars.ContextVar = contextvars.ContextVar("cgra_shape_bounds", default={})
 _VARS: dict = {}  # name -> the kernel-side TIR variable (one object per name, int32)
 
@@ -179,3 +185,20 @@ def batch_extent(spec):
     variable (the N axis of the data as the caller stores it)."""
     name = spec.symbolic("lhs").get(spec.data_layout.index("N"))
     return dim_var(name) if name is not None else spec.lhs_shape[0]
+
+
+def spatial_extents(spec) -> tuple:
+    """(OH, OW) of a conv2d's KernelSpec as the kernel indexes them: ints, or for a symbolic
+    input height or width the output extent as an expression of the input's variable."""
+    names = spec.symbolic("lhs")
+    _, _, oh, ow = spec.output_shape
+    _, _, kh, kw = spec.rhs_shape
+    top, left, bottom, right = spec.padding
+    (sh, sw), (dh, dw) = spec.strides, spec.dilation
+    extents = []
+    for axis, static, pad, kernel, step, dilation in (("H", oh, top + bottom, kh, sh, dh),
+                                                      ("W", ow, left + right, kw, sw, dw)):
+        name = names.get(spec.data_layout.index(axis))
+        extents.append(static if name is None else sym.Analyzer().simplify(
+            tirx.floordiv(dim_var(name) + (pad - dilation * (kernel - 1) - 1), step) + 1))
+    return tuple(extents)

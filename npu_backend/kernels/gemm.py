@@ -16,6 +16,7 @@ conflicts (spad_layout.py).
 
 from __future__ import annotations
 
+import functools
 import math
 
 from cgra_sim import cost
@@ -23,6 +24,7 @@ from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
 from ..errors import ScratchpadTooSmall
+from .dynamic import TILE_OF
 from .epilogue import channel_rows, epilogue_intrin
 from .intrinsics import SPAD, get_intrin
 from .spad_layout import a_row_stride, align_output_rows, align_rows, out_row_stride, store_walks_rows
@@ -136,29 +138,45 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     return Tiling(*best, round_up(rows, best[0]), round_up(cols, best[1]), round_up(depth, best[2]))
 
 
-#: The smallest image side the block search of a conv2d with a symbolic height and width
-#: weighs (the inputs of CNNs whose size changes are rarely smaller).
-SMALLEST_IMAGE_SIDE = 32
-
-
 def _block_tiling(candidates, rows: int, cols: int, depth: int, block_columns: int, estimate) -> Tiling:
     """The tiling of a GEMM whose rows are the pixels of an image in blocks of tm / block_columns
-    rows by block_columns columns, height and width symbolic (conv2d._blocks_compute): the last
-    blocks run whole, so a block's cost is weighed on square images from SMALLEST_IMAGE_SIDE
-    pixels a side to the bound (`rows` pixels), minimax regret as for rows. (Smaller images run
-    correctly, in one block that is partly padding.)"""
-    bound = max(math.isqrt(rows), block_columns)
-    smallest = min(bound, SMALLEST_IMAGE_SIDE)
-    sides = sorted({min(bound, smallest << k) for k in range(bound.bit_length() + 1)} | {bound})
+    rows by block_columns columns, height and width symbolic (conv2d._blocks_compute): minimax
+    regret, as for rows, over square images of a power of two pixels a side and one more, from 1
+    to the bound (`rows` pixels). The blocks past the image's last row or column compute only
+    the pixels inside it (lower/ragged.py), so an image is priced as its whole blocks plus its
+    cut ones."""
+    # Block heights on a ladder of eight per octave (1-8 rows, then 8, 9, .., 15, 16, 18, ..): the
+    # search is as fine as the images it weighs, at a fraction of the estimates.
+    candidates = [c for c in candidates if _on_ladder(c[0] // block_columns)]
+    largest = max(math.isqrt(rows), block_columns)
+    sides = sorted({min(largest, (1 << k) + extra) for k in range(largest.bit_length()) for extra in (0, 1)}
+                   | {largest})
 
     def cycles(candidate, side: int) -> int:
         tm, tn, tk = candidate
-        blocks = -(-side // (tm // block_columns)) * -(-side // block_columns)
-        return estimate(Tiling(tm, tn, tk, blocks * tm, round_up(cols, tn), round_up(depth, tk)))
+        total = 0
+        for block_rows, row_count in _blocks_along(side, tm // block_columns):
+            for columns, column_count in _blocks_along(side, block_columns):
+                m, count = block_rows * columns, row_count * column_count
+                total += estimate(Tiling(m, tn, tk, count * m, round_up(cols, tn), round_up(depth, tk)))
+        return total
 
-    fastest = {side: min(cycles(c, side) for c in candidates) for side in sides}
-    best = min(candidates, key=lambda c: (max(cycles(c, s) / fastest[s] for s in sides), cycles(c, bound)))
+    table = {c: [cycles(c, side) for side in sides] for c in candidates}
+    fastest = [min(column) for column in zip(*table.values())]
+    best = min(candidates, key=lambda c: (max(a / b for a, b in zip(table[c], fastest)), table[c][-1]))
     return Tiling(*best, round_up(rows, best[0]), round_up(cols, best[1]), round_up(depth, best[2]))
+
+
+def _on_ladder(value: int) -> bool:
+    """Whether `value` is one of 1, 2, .., 8, 9, .., 15, 16, 18, .., 30, 32, 36, ..: eight values
+    per octave."""
+    return value % (1 << max(value.bit_length() - 4, 0)) == 0
+
+
+def _blocks_along(side: int, block: int) -> list[tuple[int, int]]:
+    """(pixels, how many blocks) along an image side of `side` pixels in blocks of `block`: the
+    whole blocks, and the last one cut to what is left."""
+    return [(size, count) for size, count in ((block, side // block), (side % block, 1)) if size and count]
 
 
 def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription,
@@ -176,8 +194,8 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     """
     tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk * taps
     array_fill = arch.rows + arch.cols
-    compute = tiles * steps * cost.gemm_steady_cycles(arch, t.tm, t.tn, t.tk, dtype) + array_fill + \
-        arch.config_load_cycles
+    gemm = _gemm_step_cycles(arch, t.tm, t.tn, t.tk, dtype)  # one tile's reduction step
+    compute = tiles * steps * gemm + array_fill + arch.config_load_cycles
     tile_load = (t.tm * t.tk + t.tk * t.tn) * in_bytes
     residual_load = t.tm * t.tn * acc_bytes if has_residual else 0
     out_bytes = t.tm * t.tn * acc_bytes
@@ -196,10 +214,15 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
         # DMA: a row tile cut to a few rows, or a thin conv2d tile reloading its weights every
         # step. (The static search leaves this out: its figures are pinned by the cost-model
         # tests.)
-        step = arch.dma_latency + cost.dma_transfer_cycles(arch, tile_load) + \
-            cost.gemm_steady_cycles(arch, t.tm, t.tn, t.tk, dtype)
+        step = arch.dma_latency + cost.dma_transfer_cycles(arch, tile_load) + gemm
         busiest = max(busiest, tiles * steps * -(-step // 2))
     return busiest + bubble + prologue + tail
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _gemm_step_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype: str) -> int:
+    """cost.gemm_steady_cycles, remembered: the tile searches ask for the same tiles often."""
+    return cost.gemm_steady_cycles(arch, m, n, k, dtype)
 
 
 def _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual, out_row,
@@ -285,6 +308,11 @@ def _tile_output_blocks(sch, spec: KernelSpec, tiling: Tiling):
     block_x, x_in = sch.split(x, [None, spec.row_step])
     col_outer, col_inner = sch.split(f, [None, tiling.tn])
     sch.reorder(block_y, block_x, col_outer, col_inner, y_in, x_in)
+    # The tile loops say what they tile (TVM may fold an output extent's division into the
+    # loop's: ceildiv((h - 1) // 2 + 1, 8) reads (h - 1) // 16 + 1), so that lowering can cut
+    # their last tiles (lower/ragged.py).
+    sch.annotate(block_y, TILE_OF, ["out", 2, tiling.tm // spec.row_step])
+    sch.annotate(block_x, TILE_OF, ["out", 3, spec.row_step])
     epi = sch.get_sblock("epi")
     sch.compute_at(epi, col_outer)
     acc = stage_output_tile(sch, spec, col_outer, store=False)

@@ -7,7 +7,9 @@ of the tile moves and computes min(T, n - t * T) rows: the GEMM's m, FILL's and 
 EPILOGUE's m, and each DMA box's extent along the symbolic dimension of its host tensor. A
 kernel may name other parameters to cut (kernels/dynamic.py CUT_PARAMS), also one per nested
 symbolic tile loop (a global pool's blocks: POOL kh by block rows, kw by block columns), and
-loops over a tile's rows to cut (CUT_LOOP: a depthwise conv2d's EPILOGUE per output row).
+loops over a tile's rows to cut (CUT_LOOP: a depthwise conv2d's EPILOGUE per output row). A
+conv2d in blocks of rows and columns (BLOCKS) cuts its blocks both ways and packs a cut block's
+pixels row by row, so that they are a prefix of its GEMM rows (`_Cutter._pack_block`).
 
 Why: the DMA pass lets a tile overhang a tensor (the halo zero-fills loads and drops stores),
 which is right for any size, but the overhang costs DMA beats and PE-array folds for rows that
@@ -24,7 +26,7 @@ from cgra_codegen import device_call_positions
 from cgra_sim.isa import BOX_DIMS
 
 from ..errors import ScheduleError
-from ..kernels.dynamic import BLOCKS, CUT_LOOP, CUT_PARAMS, GATHERS
+from ..kernels.dynamic import BLOCKS, CUT_LOOP, CUT_PARAMS, GATHERS, TILE_OF
 
 _CALL_EXTERN = "tirx.call_extern"
 #: Device call -> its parameter that counts the tile's rows (the tile loop's axis).
@@ -46,7 +48,8 @@ def cut_ragged_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
                for name, cuts in attrs.get(GATHERS, {}).items()}
     cut_params = attrs.get(CUT_PARAMS)
     cutter = _Cutter(gathers, None if cut_params is None else {str(k): _names(v) for k, v in cut_params.items()},
-                     int(attrs.get(BLOCKS, 0)))
+                     int(attrs.get(BLOCKS, 0)),
+                     {str(param.name): list(param.ty.shape) for param in func.params if hasattr(param.ty, "shape")})
     return func.with_body(cutter.stmt(func.body, None))
 
 
@@ -62,12 +65,17 @@ def _host_tensor(slot):
     return None
 
 
-def _tile_of(loop):
-    """(size, tile) when `loop` runs over the tiles of a symbolic axis: its extent is
+def _tile_of(loop, shapes: dict):
+    """(size, tile) when `loop` runs over the tiles of a symbolic axis: its TILE_OF annotation
+    says so (`shapes`: the kernel's parameters' shapes by name), or its extent is
     floordiv(a, tile) for an expression `a` of symbolic dimensions, which is ceildiv(size, tile)
     for size = a - (tile - 1). TVM writes ceildiv(size, tile) as floordiv(size + tile - 1, tile)
     (`size` n, or b * s for rows folded from two axes), or simplified further (ceildiv(max(w - 1,
     1), 2) reads floordiv(max(w, 2), 2)); else None."""
+    annotated = (loop.annotations or {}).get(TILE_OF)
+    if annotated is not None:
+        tensor, dim, tile = annotated
+        return shapes[str(tensor)][int(dim)], int(tile)
     extent = sym.Analyzer().simplify(loop.extent)
     if not (isinstance(extent, tirx.FloorDiv) and isinstance(extent.b, tirx.IntImm)):
         return None
@@ -81,11 +89,14 @@ def _tile_of(loop):
 
 
 class _Cutter:
-    def __init__(self, gathers: dict, row_params: dict | None = None, block_columns: int = 0):
+    def __init__(self, gathers: dict, row_params: dict | None = None, block_columns: int = 0,
+                 shapes: dict | None = None):
         self.gathers = gathers
+        self.shapes = shapes or {}
         self.row_params = _ROW_PARAMS if row_params is None else row_params
-        # Blocks of rows x block_columns pixels: the outermost symbolic tile loop walks block
-        # rows; a block's first valid-rows x block_columns GEMM rows hold its valid pixels.
+        # Blocks of rows x block_columns pixels: the two outermost symbolic tile loops walk
+        # block rows and block columns; a cut block's commands compute valid rows x valid
+        # columns GEMM rows, its pixels packed row by row (_pack_block).
         self.block_columns = block_columns
 
     def stmt(self, stmt, rows, levels=()):
@@ -93,16 +104,18 @@ class _Cutter:
         symbolic tile loop, else None; `levels` the same of every enclosing symbolic tile loop,
         the outermost first."""
         if isinstance(stmt, tirx.For):
-            tile = _tile_of(stmt)
+            tile = _tile_of(stmt, self.shapes)
             inner = rows
             if tile is not None:
                 extent, size = tile
                 valid = (size, tirx.min(tirx.IntImm(str(extent.ty), size), extent - stmt.loop_var * size))
                 levels = (*levels, valid)
-                if not (self.block_columns and rows is not None):
+                if not self.block_columns:
                     inner = valid
-                    if self.block_columns:
-                        inner = (size * self.block_columns, inner[1] * self.block_columns)
+                elif len(levels) == 1:  # block rows: valid rows x whole blocks' columns
+                    inner = (size * self.block_columns, valid[1] * self.block_columns)
+                elif len(levels) == 2:  # block columns: the block's pixels, packed
+                    inner = (levels[0][0] * size, levels[0][1] * valid[1])
             extent = stmt.extent
             level = (stmt.annotations or {}).get(CUT_LOOP)
             if level is not None and int(level) < len(levels):  # a loop over the tile's rows
@@ -142,25 +155,29 @@ class _Cutter:
     def _cut_box(self, name: str, args, rows, levels=()) -> None:
         """Each box loop walking a symbolic dimension of the host tensor moves only the
         coordinates inside it: extent min(extent, size - origin) (one step per coordinate); a
-        gather's (GATHERS) only along the dims it names, to what the tile's valid outputs read."""
+        gather's (GATHERS) only along the dims it names, to what the tile's valid outputs read.
+        In a conv2d in blocks (BLOCKS) the GATHERS entries cut stores too, and a box cut along
+        both block levels is packed (`_pack_block`)."""
         positions = device_call_positions(name)
         tensor = _host_tensor(args[positions["slot"][0]])
         if tensor is None:
             return
         shape = list(tensor.shape)
         box = positions["box"]
-        gather = self.gathers.get(str(tensor.name)) if name == "cgra_dma_load" else None
+        gather = self.gathers.get(str(tensor.name)) if name == "cgra_dma_load" or self.block_columns else None
+        by_level = {}  # tile loop level -> the sstride position of the box loop it cut
         for loop in range(BOX_DIMS):
-            extent_at, dim_at, step_at = (box[3 * BOX_DIMS + 4 * loop + k] for k in range(3))
+            extent_at, dim_at, step_at, stride_at = (box[3 * BOX_DIMS + 4 * loop + k] for k in range(4))
             dim, step = args[dim_at], args[step_at]
             if gather is not None:
                 cut = gather.get(int(dim.value)) if isinstance(dim, tirx.IntImm) else None
                 level = None if cut is None else rows if cut[3] is None else \
                     levels[cut[3]] if cut[3] < len(levels) else None
                 if level is not None:
-                    scale, per, offset, _ = cut
+                    scale, per, offset, at = cut
                     valid = (tirx.floordiv(level[1] * scale, per) + offset).astype("int64")
                     args[extent_at] = tirx.max(tirx.min(args[extent_at], valid), tirx.IntImm("int64", 1))
+                    by_level[at] = stride_at
                 continue
             if not (isinstance(dim, tirx.IntImm) and isinstance(step, tirx.IntImm) and int(step.value) == 1):
                 continue
@@ -170,6 +187,23 @@ class _Cutter:
             origin = args[box[int(dim.value)]]
             remaining = extent.astype("int64") - origin
             args[extent_at] = tirx.max(tirx.min(args[extent_at], remaining), tirx.IntImm("int64", 1))
+        if self.block_columns and len(levels) == 2 and set(by_level) >= {0, 1}:
+            self._pack_block(name, args, by_level[0], by_level[1], levels[1][1])
+
+    def _pack_block(self, name: str, args, rows_at: int, columns_at: int, columns) -> None:
+        """A block of a conv2d in blocks holds its pixels row by row, block_columns to a row;
+        its last block column has fewer valid columns (`columns`). Its commands then compute
+        valid rows x `columns` GEMM rows (`stmt`), so its boxes put pixel (y, x) at row
+        y * columns + x: the box loop over the block's rows steps `columns` pixels in the
+        scratchpad instead of block_columns. Every block's valid pixels are then a prefix of
+        the tile, and none of the PE array's rows computes a pixel past the image's edge."""
+        stride, step = args[rows_at], args[columns_at]
+        if not (isinstance(stride, tirx.IntImm) and isinstance(step, tirx.IntImm)
+                and int(stride.value) == self.block_columns * int(step.value)):
+            raise ScheduleError(f"{name} of a conv2d in blocks of {self.block_columns} columns walks its "
+                                f"rows {stride} scratchpad elements apart, not {self.block_columns} pixels of "
+                                f"{step}: the block's pixels are not stored row by row")
+        args[rows_at] = columns.astype("int64") * step
 
 
 def _is_extern(value) -> bool:
