@@ -98,7 +98,7 @@ def test_a_random_legal_user_schedule_matches_numpy_and_reports_cycles(op, dtype
 def test_the_example_runs_and_its_schedule_is_as_fast_as_the_built_in(capsys):
     example = runpy.run_path(str(ROOT / "examples" / "own_schedule.py"))
     figures = example["main"](["--arch", "cgra-8x8"])
-    assert figures["own"] != figures["built_in"]  # the user's schedule ran
+    assert figures["scheduled"] == 1  # the user's schedule ran, on the one kernel
     assert figures["own"] <= 1.05 * figures["built_in"]
     assert "matches numpy with both schedules" in capsys.readouterr().out
 

@@ -39,14 +39,14 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     once per problem and chip: partitioning asks (does it fit?) and then the kernel stage."""
     key = (spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), spec.row_step,
            bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
-           _any_rows(spec), spec.pixel_order, arch.fingerprint)
+           _any_rows(spec), spec.pixel_order, _taps(spec), arch.fingerprint)
     if key not in _TILINGS:
         if len(_TILINGS) >= 4096:
             _TILINGS.clear()
         _TILINGS[key] = choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch,
                                       spec.row_step, has_residual=bool(spec.residual_shape),
                                       has_scale=bool(spec.scale_shape), store_rows=store_walks_rows(spec),
-                                      any_rows=_any_rows(spec), taps=_taps(spec) if _any_rows(spec) else 1,
+                                      any_rows=_any_rows(spec), taps=_taps(spec),
                                       ragged=spec.pixel_order != "blocks")
     return _TILINGS[key]
 
@@ -78,8 +78,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     `ragged` False: the rows are an image's pixels in blocks of rows and `row_step` columns, the
     last blocks run whole (`_block_tiling`). `taps`: reduction steps per depth chunk (a
     conv2d's kh * kw), so that the per-tile costs
-    weigh against the steady stream as they do in the kernel. (The static search leaves it at 1:
-    its tilings and figures are pinned by the cost-model tests and the behaviour snapshot.)
+    weigh against the steady stream as they do in the kernel.
 
     Output tiles grow in whole PE-array steps (rows: in multiples of `row_step` when the kernel
     needs whole groups of rows, e.g. whole output rows of a conv2d) up to the padded problem; for
@@ -122,13 +121,11 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
         return Tiling(tm, tn, tk, round_up(size, tm), round_up(cols, tn), round_up(depth, tk))
 
     def cycles(candidate, size: int) -> int:
-        return estimate_cycles(tiling_for(candidate, size), dtype, in_bytes, acc_bytes, arch, has_residual,
-                               latency_bound=any_rows, taps=taps)
+        return estimate_cycles(tiling_for(candidate, size), dtype, in_bytes, acc_bytes, arch, has_residual, taps=taps)
 
     if not ragged:
         return _block_tiling(candidates, rows, cols, depth, row_step,
-                             lambda t: estimate_cycles(t, dtype, in_bytes, acc_bytes, arch, has_residual,
-                                                       latency_bound=True, taps=taps))
+                             lambda t: estimate_cycles(t, dtype, in_bytes, acc_bytes, arch, has_residual, taps=taps))
     if not any_rows:
         best = min(candidates, key=lambda c: (cycles(c, rows), -c[0] * c[1]))
         return tiling_for(best, rows)
@@ -180,7 +177,7 @@ def _blocks_along(side: int, block: int) -> list[tuple[int, int]]:
 
 
 def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription,
-                    has_residual: bool = False, latency_bound: bool = False, taps: int = 1) -> int:
+                    has_residual: bool = False, taps: int = 1) -> int:
     """A first-order estimate of a tiled GEMM's cycles, each unit's work priced by the simulator's
     cost model (cgra_sim.cost).
 
@@ -206,16 +203,12 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     prologue = cost.dma_cycles(arch, tile_load)
     tail = vector_tile + cost.dma_cycles(arch, out_bytes)
     bubble = (tiles - 1) * (2 * vector_tile + array_fill)
-    busiest = max(compute, load, store, vector)
-    if latency_bound:
-        # With two buffers, each buffer in turn is loaded (latency, then transfer) and then
-        # computed on before it can be loaded again: two steps take at least latency + transfer
-        # + compute. Short steps, or steps whose loads take as long as their GEMM, wait for the
-        # DMA: a row tile cut to a few rows, or a thin conv2d tile reloading its weights every
-        # step. (The static search leaves this out: its figures are pinned by the cost-model
-        # tests.)
-        step = arch.dma_latency + cost.dma_transfer_cycles(arch, tile_load) + gemm
-        busiest = max(busiest, tiles * steps * -(-step // 2))
+    # With two buffers, each buffer in turn is loaded (latency, then transfer) and then computed
+    # on before it can be loaded again: two steps take at least latency + transfer + compute.
+    # Short steps, or steps whose loads take as long as their GEMM, wait for the DMA: a row tile
+    # cut to a few rows, or a thin conv2d tile reloading its weights every step.
+    step = arch.dma_latency + cost.dma_transfer_cycles(arch, tile_load) + gemm
+    busiest = max(compute, load, store, vector, tiles * steps * -(-step // 2))
     return busiest + bubble + prologue + tail
 
 
