@@ -76,3 +76,25 @@ def test_a_conv2d_on_a_one_pe_array(tmp_path):
     path.write_text(json.dumps(chip))
     mod, inputs, reference = conv2d_model(1, 8, 6, 6, 4, 3, 3, (1, 1), (1, 1, 1, 1))
     assert mismatch(run(npu_backend.compile(mod, str(path)), inputs), reference, "float32") is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_a_text_line_conv2d_on_a_small_scratchpad(dtype):
+    """A 3x3 conv2d on a 32 x 640 text line stayed on the host of cgra-4x4 ("cannot hold even one
+    4x4 tile": its tiles held whole output rows, 640 pixels each). A static image wider than tall
+    is tiled by whole columns (32 pixels a step) and runs on the NPU."""
+    acc = "int32" if dtype == "int8" else dtype
+    params = {"x": ((1, 16, 32, 640), dtype), "w": ((32, 16, 3, 3), dtype)}
+    mod = module(params, lambda bb, x, w: relax.op.nn.relu(relax.op.nn.conv2d(x, w, padding=(1, 1), out_dtype=acc)))
+    placements = npu_backend.explain(mod, "cgra-4x4")
+    assert npu_backend.npu_mac_fraction(placements) == 1.0, npu_backend.format_placements(placements)
+    matches_host(mod, params, "cgra-4x4")
+
+
+def test_a_conv2d_whose_output_row_cannot_fit_says_so():
+    """A tile holds whole output rows or columns: when even one does not fit the scratchpad, the
+    reason names that, not a PE-array tile."""
+    params = {"x": ((1, 16, 700, 700), "float32"), "w": ((32, 16, 3, 3), "float32")}
+    mod = module(params, lambda bb, x, w: relax.op.nn.conv2d(x, w, padding=(1, 1)))
+    (conv,) = [p for p in npu_backend.explain(mod, "cgra-4x4") if p.op == "nn.conv2d"]
+    assert conv.where == "host" and "700 output pixels (a whole output row or column" in conv.reason, conv.reason

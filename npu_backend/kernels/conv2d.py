@@ -2,7 +2,8 @@
 
 Stage: partition (its root and its spec) and kernel definition (its TE computes); tiling and
 schedule are the GEMM's (gemm.py). A conv2d is a GEMM per image: rows are output pixels
-p = y * OW + ox (whole output rows per tile), columns output channels f, and the reduction runs
+p = y * OW + ox (whole output rows per tile; whole columns, p = x * OH + y, for an NCHW image
+wider than tall or of symbolic width: KernelSpec.pixel_order), columns output channels f, and the reduction runs
 over (ry, rx, c), the left operand gathered by a strided DMA box. A grouped conv2d is the same
 kernel over N * G images of C / G channels, a view of the data. NCHW / OIHW / NCHW kernels use
 `conv2d_compute`; other layouts (NHWC data, HWIO or OHWI weights, ...) gather their operands from
@@ -213,7 +214,8 @@ def _padded_rows(rows, tiling: Tiling):
 def _pixel_order(spec: KernelSpec, oh, ow):
     """(pixel(p) -> (y, x), row(y, x) -> p): which output pixel GEMM row p computes. Rows run
     along output rows (p = y * OW + x), or along output columns (p = x * OH + y) when the width
-    is symbolic, so that a tile of whole columns has the same size whatever the width."""
+    is symbolic (a tile of whole columns has the same size whatever the width) or larger than
+    the height (a tile steps by the shorter side)."""
     if spec.pixel_order == "xy":
         return (lambda p: (p % oh, p // oh)), (lambda y, x: x * oh + y)
     return (lambda p: (p // ow, p % ow)), (lambda y, x: y * ow + x)

@@ -111,6 +111,11 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                 candidates.append((tm, tn, tk))
     candidates.sort()  # ties go to the smaller row tile, as they always have
     if not candidates:
+        if row_step > arch.rows:  # a conv2d's tile holds whole output rows or columns
+            raise ScratchpadTooSmall(
+                f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold one tile of {row_step} "
+                f"output pixels (a whole output row or column of the conv2d) by {arch.cols} channels in "
+                f"{dtype}: describe a larger scratchpad, or split the image")
         raise ScratchpadTooSmall(
             f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold even one "
             f"{arch.rows}x{arch.cols} tile of a {dtype} GEMM: describe a larger scratchpad")

@@ -122,7 +122,7 @@ class KernelSpec:
     @property
     def row_step(self) -> int:
         """Rows of a tile come in multiples of this: a conv2d tile holds whole output rows (whole
-        output columns when its width is symbolic)."""
+        output columns in the "xy" pixel order)."""
         if self.op != "conv2d":
             return 1
         order = self.pixel_order
@@ -139,12 +139,18 @@ class KernelSpec:
     @property
     def pixel_order(self) -> str:
         """The order of a conv2d's output pixels along its GEMM rows: "yx" (p = y * OW + x), "xy"
-        (p = x * OH + y) when its width is symbolic, "blocks" (blocks of BLOCK_COLUMNS columns,
+        (p = x * OH + y) when its width is symbolic, or static and larger than its height (NCHW:
+        a tile is whole columns then, the shorter side: a 32 x 640 text line's tiles are 32-pixel
+        steps, not 640, and fit a small scratchpad), "blocks" (blocks of BLOCK_COLUMNS columns,
         rows of a block after one another) when its height and width both are (kernels/conv2d.py)."""
         names = self.symbolic("lhs")
-        if self.op != "conv2d" or self.data_layout.index("W") not in names:
+        if self.op != "conv2d":
             return "yx"
-        return "blocks" if self.data_layout.index("H") in names else "xy"
+        if self.data_layout.index("W") in names:
+            return "blocks" if self.data_layout.index("H") in names else "xy"
+        _, _, oh, ow = self.output_shape
+        nchw = (self.data_layout, self.kernel_layout, self.out_layout) == CONV2D_LAYOUTS
+        return "xy" if nchw and self.data_layout.index("H") not in names and ow > oh else "yx"
 
     @property
     def output_shape(self) -> tuple:
