@@ -14,6 +14,7 @@ simulator; the result is checked against numpy and the cycles are printed side b
 from __future__ import annotations
 
 import argparse
+
 import numpy as np
 
 import npu_backend
@@ -21,8 +22,6 @@ from npu_backend import schedules
 from npu_backend.tools.workloads import conv2d_model, run
 
 PATTERN = "cgra.conv2d_bias_residual_relu"
-
-
 SCHEDULED = []  # the kernels channels_outer scheduled (so that a caller can see it ran)
 
 
