@@ -101,8 +101,11 @@ def eltwise_view(lhs_shape: tuple, rhs_shape: tuple, keep_first: bool = False, t
         # With keep_first, axes[0] is the output's axis 0 (never skipped): nothing merges into it,
         # not even past unit axes ((n, 1, 3, 3) is viewed (n, 9), not (9n,)). The tail's axes are
         # never skipped either; they merge with one another and with a static axis before them
-        # walked alike ((16, 7, w) is viewed (16, 7w)).
-        if axes and tuple(axes[-1][1:]) == pattern and not (keep_first and len(axes) == 1):
+        # walked alike ((16, 7, w) against (16, 1, 1) is viewed (16, 7w)).
+        # Nor does the first tail axis merge into a lone static axis: (1, 64, h, w) + (1, 64, h, w)
+        # is viewed (64, hw), not (1, 64hw), whose one row an ELTWISE tile would pad to two.
+        lone = len(axes) == 1 and (keep_first or index == first_tail)
+        if axes and tuple(axes[-1][1:]) == pattern and not lone:
             axes[-1][0] *= extent
         else:
             axes.append([extent, *pattern])
