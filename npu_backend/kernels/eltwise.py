@@ -233,7 +233,7 @@ def choose_eltwise_tiling(spec: EltwiseSpec, arch: HardwareDescription) -> Tilin
 
 def _choose_symbolic_columns(spec: EltwiseSpec, arch: HardwareDescription) -> Tiling | None:
     """Columns of a symbolic extent (the trailing symbolic axes), and rows too when they are the
-    symbolic axis 0: the tm x tn whose estimate, at 1, 4, 16, ... columns (and rows) up to the
+    symbolic axis 0: the tm x tn whose estimate, at 1, 2, 4, 8, ... columns (and rows) up to the
     bound, is the closest to the tiling chosen for that size (minimax regret); a last tile is
     cut to what exists."""
     *outer, rows, cols = spec.extents
@@ -245,7 +245,7 @@ def _choose_symbolic_columns(spec: EltwiseSpec, arch: HardwareDescription) -> Ti
         return None
 
     def powers(extent: int) -> list:
-        return sorted({min(extent, 4 ** k) for k in range(extent.bit_length())})
+        return sorted({min(extent, 2 ** k) for k in range(extent.bit_length() + 1)})
 
     row_counts = powers(rows) if spec.symbol is not None and not outer else [rows]
     sizes = [(r, c) for r in row_counts for c in powers(cols)]
