@@ -181,8 +181,13 @@ def choose_global_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
                      for rows_count, block_rows in ((rows[0], bh), (1 if rows[1] else 0, rows[1]))
                      for columns_count, block_columns in ((columns[0], bw), (1 if columns[1] else 0, columns[1]))
                      if rows_count and columns_count)
+        # A cut block between whole ones: the next row's first whole block reuses the buffer of
+        # this row's last whole block (buffers alternate whole, cut, whole), so its load waits
+        # for that block's POOL and add once per block row.
+        stalls = rows[0] + (1 if rows[1] else 0) if columns[0] and columns[1] else 0
+        whole = cost.pool_cycles(arch, bh * bw * tn) + cost.eltwise_cycles(arch, tn, tn)
         finish = cost.vector_cycles(arch, 1, tn) + cost.eltwise_cycles(arch, tn, tn) + \
-            cost.dma_transfer_cycles(arch, tn * size)
+            cost.dma_transfer_cycles(arch, tn * size) + stalls * whole
         first = cost.dma_transfer_cycles(arch, min(bh, ih) * min(bw, iw) * tn * size)
         return n * -(-channels // tn) * (blocks + finish) + 2 * arch.dma_latency + first
 
