@@ -76,9 +76,9 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     best tiling of that size by the smallest factor (minimax regret). Its last tile is cut to the
     rows that exist (lower/ragged.py), so a small size does not pay for a large tile's rows.
     `ragged` False: the rows are an image's pixels in blocks of rows and `row_step` columns, the
-    last blocks run whole (`_block_tiling`). `taps`: reduction steps per depth chunk (a
-    conv2d's kh * kw), so that the per-tile costs
-    weigh against the steady stream as they do in the kernel.
+    blocks past its last row or column cut to the pixels inside (`_block_tiling`). `taps`:
+    reduction steps per depth chunk (a conv2d's kh * kw), so that the per-tile costs weigh
+    against the steady stream as they do in the kernel.
 
     Output tiles grow in whole PE-array steps (rows: in multiples of `row_step` when the kernel
     needs whole groups of rows, e.g. whole output rows of a conv2d) up to the padded problem; for

@@ -159,12 +159,15 @@ def choose_global_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     def fits(block_bytes: int, tn: int) -> bool:
         return aligned(2 * block_bytes * tn) + 4 * aligned(tn * size) + aligned(size) <= arch.spad_bytes
 
+    def pool_and_add(bh: int, bw: int, tn: int) -> int:
+        """The vector unit's work on one block: its POOL and the ELTWISE add into the sum."""
+        return cost.pool_cycles(arch, bh * bw * tn) + cost.eltwise_cycles(arch, tn, tn)
+
     @functools.cache
     def block(bh: int, bw: int, tn: int) -> int:
         """Cycles between blocks of bh x bw pixels: its load, or half the round trip of its
         buffer (load with the DMA latency, POOL, ELTWISE add) when that is longer."""
-        load = cost.dma_transfer_cycles(arch, bh * bw * tn * size)
-        return period(load, cost.pool_cycles(arch, bh * bw * tn) + cost.eltwise_cycles(arch, tn, tn), 0, arch)
+        return period(cost.dma_transfer_cycles(arch, bh * bw * tn * size), pool_and_add(bh, bw, tn), 0, arch)
 
     def split(extent: int, side: int, sym: bool) -> tuple:
         """(whole blocks, pixels of the cut last one) along an axis; a static axis's last block
@@ -185,9 +188,8 @@ def choose_global_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
         # this row's last whole block (buffers alternate whole, cut, whole), so its load waits
         # for that block's POOL and add once per block row.
         stalls = rows[0] + (1 if rows[1] else 0) if columns[0] and columns[1] else 0
-        whole = cost.pool_cycles(arch, bh * bw * tn) + cost.eltwise_cycles(arch, tn, tn)
         finish = cost.vector_cycles(arch, 1, tn) + cost.eltwise_cycles(arch, tn, tn) + \
-            cost.dma_transfer_cycles(arch, tn * size) + stalls * whole
+            cost.dma_transfer_cycles(arch, tn * size) + stalls * pool_and_add(bh, bw, tn)
         first = cost.dma_transfer_cycles(arch, min(bh, ih) * min(bw, iw) * tn * size)
         return n * -(-channels // tn) * (blocks + finish) + 2 * arch.dma_latency + first
 

@@ -177,7 +177,8 @@ class _Cutter:
                     scale, per, offset, at = cut
                     valid = (tirx.floordiv(level[1] * scale, per) + offset).astype("int64")
                     args[extent_at] = tirx.max(tirx.min(args[extent_at], valid), tirx.IntImm("int64", 1))
-                    by_level[at] = stride_at
+                    if at is not None:
+                        by_level[at] = stride_at
                 continue
             if not (isinstance(dim, tirx.IntImm) and isinstance(step, tirx.IntImm) and int(step.value) == 1):
                 continue
@@ -187,7 +188,10 @@ class _Cutter:
             origin = args[box[int(dim.value)]]
             remaining = extent.astype("int64") - origin
             args[extent_at] = tirx.max(tirx.min(args[extent_at], remaining), tirx.IntImm("int64", 1))
-        if self.block_columns and len(levels) == 2 and set(by_level) >= {0, 1}:
+        if self.block_columns and len(levels) == 2 and 0 in by_level:
+            if 1 not in by_level:  # its commands compute packed rows: a box that is not would differ
+                raise ScheduleError(f"{name} of {tensor.name} in a conv2d in blocks walks the block's rows but "
+                                    "not its columns: its pixels cannot be packed like its commands' rows")
             self._pack_block(name, args, by_level[0], by_level[1], levels[1][1])
 
     def _pack_block(self, name: str, args, rows_at: int, columns_at: int, columns) -> None:
