@@ -71,6 +71,8 @@ def run_case(make, arch) -> dict:
         out = vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
     outs = [out] if hasattr(out, "numpy") else list(out)
     launches = [{k: v for k, v in stats.to_dict().items() if "seconds" not in k} for stats in prof.kernels]
+    for launch in launches:  # an opcode the ISA gained since the other snapshot counts 0: not a change
+        launch["op_counts"] = {op: count for op, count in launch["op_counts"].items() if count}
     return {"launches": launches,
             "outputs": [hashlib.sha256(np.ascontiguousarray(o.numpy()).tobytes()).hexdigest() for o in outs]}
 

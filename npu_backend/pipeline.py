@@ -24,6 +24,7 @@ from cgra_sim.arch import HardwareDescription
 from .errors import CGRAError, ScheduleError, UnsupportedOperator, stage_context
 from .kernels import family_of, offload_reason, pattern_table
 from .kernels.dynamic import rebind_dimensions, shape_bounds
+from .kernels.fabric import PREFIX as FABRIC_PREFIX
 from .kernels.registry import kernel_builder_of, schedule_of
 from .kernels.schedule_check import check_scheduled, check_signature
 from .kernels.tir import KERNEL_ATTR, tir_spec
@@ -104,9 +105,9 @@ def partition(mod, arch, options):
     # Each offloaded call site keeps the model nodes (ONNX node names) it came from, so every
     # kernel launch reports its own layer (identical layers get a copy of the kernel each).
     partitioned = record_source_nodes(mod, partitioned)
-    # Scalars (a requantisation's zero point) are bound inside the kernel that needs them at
-    # compile time (partition/scalar_args.py).
-    return bind_scalar_arguments(partitioned)
+    # Scalars (a requantisation's zero point, a fabric body's immediates) are bound inside the
+    # kernel that needs them at compile time (partition/scalar_args.py).
+    return bind_scalar_arguments(partitioned, takes_immediates=lambda name: name.startswith(FABRIC_PREFIX))
 
 
 def fusion_patterns(arch: HardwareDescription) -> list[FusionPattern]:

@@ -33,7 +33,7 @@ class _Graph:
         return name
 
     def conv_bn(self, x, cin, cout, kernel=3, stride=1, groups=1, act="relu"):
-        """Conv (no bias) + BatchNormalization + relu / relu6 (Clip) / nothing."""
+        """Conv (no bias) + BatchNormalization + relu / relu6 (Clip) / hardswish / leaky (0.1) / nothing."""
         fan_in = cin // groups * kernel * kernel
         w = self.rng.standard_normal((cout, cin // groups, kernel, kernel)) * np.sqrt(2.0 / fan_in)
         name = self._name("w")
@@ -48,6 +48,10 @@ class _Graph:
             return self.node("Relu", [y])
         if act == "relu6":
             return self.node("Clip", [y, self._const(self._name("lo"), 0.0), self._const(self._name("hi"), 6.0)])
+        if act == "hardswish":
+            return self.node("HardSwish", [y])
+        if act == "leaky":  # darknet's
+            return self.node("LeakyRelu", [y], alpha=0.1)
         return y
 
     def classifier(self, x, channels, classes):

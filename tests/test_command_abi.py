@@ -59,6 +59,7 @@ def test_flag_dependent_parameters_name_a_bit_of_the_flags_parameter():
         (Op.EPILOGUE, "bias_addr"): isa.EPILOGUE_BIAS,
         (Op.EPILOGUE, "residual_addr"): isa.EPILOGUE_RESIDUAL,
         (Op.EPILOGUE, "scale_addr"): isa.EPILOGUE_REQUANTISE,
+        (Op.FABRIC, "b_addr"): isa.FABRIC_INPUT_B,
     }
 
 
@@ -89,6 +90,7 @@ def test_the_abi_keeps_its_c_signatures():
         "cgra_depthwise": [kernel, i32, i32] + [i64] * 16,
         "cgra_pool": [kernel, i32, i32] + [i64] * 23,
         "cgra_eltwise": [kernel, i32, i32] + [i64] * 10,
+        "cgra_fabric": [kernel, i32, i32] + [i64] * 27,  # ABI v5
     }
 
 

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from hypothesis import given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from cgra_codegen import DEVICE_CALLS
 from cgra_sim import load_arch, simulate
 from cgra_sim.isa import DType, EltwiseFunc, Op, encode
+from cgra_sim.mapping import body as bodies
+from npu_backend.kernels.fabric import folded
 from npu_backend.kernels.intrinsics import INTRINSICS, SPAD
+from npu_backend.kernels.intrinsics.fabric import FabricBody
 from npu_backend.kernels.intrinsics.vector_unit import PoolWindow
+from test_sim_fabric import random_bodies
 
 ARCH = load_arch("cgra-8x8")
 
@@ -77,7 +81,7 @@ def _extern_name(impl) -> str:
 
 
 def test_every_intrinsic_is_checked_here():
-    assert set(INTRINSICS) == {"gemm", "depthwise", "fill", "epilogue", "eltwise", "pool", "accumulate"}
+    assert set(INTRINSICS) == {"gemm", "depthwise", "fill", "epilogue", "eltwise", "pool", "accumulate", "fabric"}
 
 
 @given(rows=st.integers(1, 8), cols=st.integers(1, 8), depth=st.integers(1, 40),
@@ -278,6 +282,34 @@ def test_eltwise_three_ways(rows, cols, func, dtype, a_full, b_full, seed):
     stream.store(2)
     np.testing.assert_array_equal(stream.run()[2], tir_out)
     assert _extern_name(impl) == "cgra_" + Op.ELTWISE.name.lower()
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=random_bodies(two_inputs=False, max_nodes=5), rows=st.integers(1, 9), cols=st.integers(1, 9), seed=st.integers(0, 2**16))
+def test_fabric_three_ways(case, rows, cols, seed):
+    """A random one-input body (every op, immediates, any earlier node): the TIR description on the
+    host, the FABRIC command on the simulator, and the body's numpy meaning agree (float32 within
+    rounding: LLVM may contract a multiply and an add on the host)."""
+    dtype, nodes = case
+    assume(not folded(nodes, dtype))  # the compiler keeps such chains off the fabric
+    rng = np.random.default_rng(seed)
+    a, out = _random(rng, (rows, cols), dtype), np.zeros((rows, cols), dtype)
+    desc, impl = INTRINSICS["fabric"].factory(rows, cols, FabricBody(nodes, dtype), scope="global")
+    tir_out = _tir_reference(desc, [a, out])[1]
+    stream = _Stream([a, out])
+    stream.load(0)
+    words = bodies.encode(nodes, dtype)
+    stream.commands.append(encode(Op.FABRIC, dtype=int(DType.from_name(dtype)), rows=rows, cols=cols,
+                                  a_addr=stream.addr[0], a_row_stride=cols, a_col_stride=1, out_addr=stream.addr[1],
+                                  out_stride=cols, nodes=len(words), **{f"node{i}": w for i, w in enumerate(words)}))
+    stream.store(1)
+    sim_out = stream.run()[1]
+    np.testing.assert_array_equal(sim_out, bodies.evaluate(nodes, dtype, a))
+    if dtype == "int32":
+        np.testing.assert_array_equal(sim_out, tir_out)
+    else:
+        np.testing.assert_allclose(sim_out, tir_out, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(tir_out).max())))
+    assert _extern_name(impl) == "cgra_" + Op.FABRIC.name.lower()
 
 
 @given(data=st.data(), rows=st.integers(1, 16), cols=st.integers(1, 16), bias=st.booleans(), relu=st.booleans(),

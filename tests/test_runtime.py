@@ -28,8 +28,8 @@ ARCH = load_arch("cgra-8x8")
 SPAD = ARCH.spad_bytes
 BOX_WORDS = isa.RECORD_WORDS - isa.word(Op.DMA_LOAD, "origin0")
 F32, I8, I32 = int(DType.FLOAT32), int(DType.INT8), int(DType.INT32)
-ABI = 4  # CGRA_RUNTIME_ABI_VERSION: v2 gave cgra_epilogue its residual and clip arguments,
-# v3 cgra_kernel_begin its macs_per_output, v4 cgra_dma_load its flags
+ABI = 5  # CGRA_RUNTIME_ABI_VERSION: v2 gave cgra_epilogue its residual and clip arguments,
+# v3 cgra_kernel_begin its macs_per_output, v4 cgra_dma_load its flags, v5 added cgra_fabric
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,7 +215,7 @@ def test_header_declares_the_documented_api():
     # The header includes the command functions' prototypes, generated from isa.py at build time.
     header = (root / "runtime" / "include" / "cgra_runtime.h").read_text() + c_api.c_prototypes()
     assert prototypes(header) == prototypes(doc)
-    assert len(prototypes(doc)) == 11
+    assert len(prototypes(doc)) == 12
     assert f"#define CGRA_RUNTIME_ABI_VERSION {ABI}" in header
 
 

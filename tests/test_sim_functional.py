@@ -368,7 +368,7 @@ def _two_loads_and_a_bad_one(bad_record):
     (encode(Op.EPILOGUE, acc_dtype=DType.INT32, out_dtype=DType.INT32, m=1, n=4, acc_addr=0,
             acc_stride=4, out_addr=64, out_stride=4, bias_addr=32, flags=EPILOGUE_BIAS),
      "EPILOGUE", ["bias", "[32, 48)"]),
-    ([9] + [0] * (RECORD_WORDS - 1), "opcode 9", ["unknown opcode 9"]),
+    ([99] + [0] * (RECORD_WORDS - 1), "opcode 99", ["unknown opcode 99"]),
     (encode(Op.GEMM, dtype=DType.INT32, m=1, n=1, k=1), "GEMM", ["dtype code 2"]),
     (encode(Op.EPILOGUE, acc_dtype=DType.INT32, out_dtype=DType.FLOAT32, m=1, n=1), "EPILOGUE",
      ["out_dtype code 3"]),

@@ -1,5 +1,6 @@
 """Model-zoo-shaped ONNX networks: the layer shapes of the classics (AlexNet, ZFNet, VGG-19,
-ResNet-50, DenseNet-121, Inception v1, SqueezeNet 1.1, ShuffleNet v2, MobileNet v1) with random
+ResNet-50, DenseNet-121, Inception v1, SqueezeNet 1.1, ShuffleNet v2, MobileNet v1, MobileNetV3-Small
+with its hard-swish and hard-sigmoid, Tiny YOLOv3's leaky-relu backbone) with random
 weights, built with onnx.helper (no downloads), for test_model_zoo.py and benchmarks/bench_zoo.py.
 Shapes are what the figures depend on.
 
@@ -201,10 +202,56 @@ def mobilenet_v1(size=224, classes=1000, seed=0):
     return g.model("mobilenet_v1", [1, 3, size, size], g.classifier(x, cin, classes), [1, classes])
 
 
+def _make_divisible(value: float, divisor: int = 8) -> int:
+    rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
+    return rounded + divisor if rounded < 0.9 * value else rounded
+
+
+def mobilenet_v3_small(size=224, classes=1000, seed=0):
+    """MobileNetV3-Small (Howard et al. 2019; torchvision's configuration): hard-swish and relu
+    inverted residuals with 3x3 / 5x5 depthwise convs, squeeze-and-excitation gated by a
+    hard-sigmoid, a hard-swish classifier."""
+    g = ZooGraph(seed)
+    x, cin = g.conv_bn("input", 3, 16, 3, 2, act="hardswish"), 16
+    for kernel, expand, cout, se, act, stride in (
+            (3, 16, 16, True, "relu", 2), (3, 72, 24, False, "relu", 2), (3, 88, 24, False, "relu", 1),
+            (5, 96, 40, True, "hardswish", 2), (5, 240, 40, True, "hardswish", 1), (5, 240, 40, True, "hardswish", 1),
+            (5, 120, 48, True, "hardswish", 1), (5, 144, 48, True, "hardswish", 1), (5, 288, 96, True, "hardswish", 2),
+            (5, 576, 96, True, "hardswish", 1), (5, 576, 96, True, "hardswish", 1)):
+        y = x if expand == cin else g.conv_bn(x, cin, expand, 1, act=act)
+        y = g.conv_bn(y, expand, expand, kernel, stride, groups=expand, act=act)
+        if se:
+            squeeze = _make_divisible(expand // 4)
+            s = g.conv(g.node("GlobalAveragePool", [y]), expand, squeeze, 1)
+            s = g.node("HardSigmoid", [g.conv(s, squeeze, expand, 1, relu=False)], alpha=1 / 6, beta=0.5)
+            y = g.node("Mul", [y, s])
+        y = g.conv_bn(y, expand, cout, 1, act=None)
+        x = g.node("Add", [x, y]) if stride == 1 and cin == cout else y
+        cin = cout
+    x = g.node("Flatten", [g.node("GlobalAveragePool", [g.conv_bn(x, cin, 576, 1, act="hardswish")])])
+    x = g.node("HardSwish", [g.dense(x, 576, 1024, relu=False)])
+    return g.model("mobilenet_v3_small", [1, 3, size, size], g.dense(x, 1024, classes, relu=False), [1, classes])
+
+
+def tiny_yolo_v3(size=416, seed=0):
+    """Tiny YOLOv3's darknet backbone and its first detection head (Redmon and Farhadi 2018):
+    3x3 convs with batch norm and leaky relu (0.1) between 2x2 max pools, then 1x1 / 3x3 convs and
+    the 255-channel 1x1 output conv (3 anchors x (80 classes + 5)), linear."""
+    g = ZooGraph(seed)
+    x, cin = "input", 3
+    for cout in (16, 32, 64, 128, 256):
+        x, cin = g.max_pool(g.conv_bn(x, cin, cout, act="leaky"), 2, 2), cout
+    x = g.conv_bn(g.conv_bn(x, cin, 512, act="leaky"), 512, 1024, act="leaky")
+    x = g.conv_bn(g.conv_bn(x, 1024, 256, 1, act="leaky"), 256, 512, act="leaky")
+    out = g.conv(x, 512, 255, 1, relu=False)
+    return g.model("tiny_yolo_v3", [1, 3, size, size], out, [1, 255, size // 32, size // 32])
+
+
 #: name -> builder(size) of every network the benchmarks measure.
 ZOO = {
     "alexnet": alexnet, "zfnet": zfnet, "vgg19": vgg19, "resnet18": lambda size=224: resnet18(size),
     "resnet50": resnet50, "densenet121": densenet121, "inception_v1": inception_v1,
     "squeezenet1.1": squeezenet11, "shufflenet_v2": shufflenet_v2, "mobilenet_v1": mobilenet_v1,
     "mobilenet_v2": lambda size=224: mobilenet_v2(size, classes=1000),
+    "mobilenet_v3_small": mobilenet_v3_small, "tiny_yolo_v3": tiny_yolo_v3,
 }

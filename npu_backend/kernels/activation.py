@@ -70,15 +70,15 @@ def choose_activation_tiling(spec: ActivationSpec, arch: HardwareDescription) ->
     """The largest tm x tn tile (halving from the whole view, >= 2 each) whose input and output
     tiles, double-buffered, fit the scratchpad."""
     size = DType.from_name(spec.dtype).itemsize
-    for tm in _halvings(spec.rows):
-        for tn in _halvings(spec.cols):
+    for tm in halvings(spec.rows):
+        for tn in halvings(spec.cols):
             if 2 * aligned(2 * tm * tn * size) <= arch.spad_bytes:
                 return Tiling(tm, tn, 1, round_up(spec.rows, tm), round_up(spec.cols, tn), 1)
     raise ScratchpadTooSmall(f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold two "
                              f"2x2 {spec.dtype} tiles twice: describe a larger scratchpad")
 
 
-def _halvings(extent: int):
+def halvings(extent: int):
     size = max(extent, 2)
     while True:
         yield size

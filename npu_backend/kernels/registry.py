@@ -5,7 +5,8 @@ target hook (an offloaded function's spec, its family's tiling, compute and sche
 explain. FAMILIES is ordered: the fusion patterns are tried in this order after the epilogue
 chains of the families with roots (epilogue.py sorts those among themselves, most specific
 first), so the standalone elementwise ops come last and an add a kernel's epilogue can fuse is
-taken by that kernel.
+taken by that kernel; a chain of elementwise ops on one tensor goes to the fabric before its
+ops could go to the vector unit one kernel each.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from .conv2d import CONV2D
 from .depthwise import DEPTHWISE
 from .eltwise import ELTWISE
 from .epilogue import chain_pattern_graphs
+from .fabric import FABRIC
 from .family import OpFamily
 from .matmul import MATMUL
 from .pool import POOL
 from .tir import TIR, tir_spec
 
-FAMILIES: tuple[OpFamily, ...] = (MATMUL, CONV2D, DEPTHWISE, POOL, ELTWISE, TIR, ACTIVATION)
+FAMILIES: tuple[OpFamily, ...] = (MATMUL, CONV2D, DEPTHWISE, POOL, FABRIC, ELTWISE, TIR, ACTIVATION)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,20 +16,26 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ..errors import UnsupportedOperator
+from .composite import composite_name
 
-def bind_scalar_arguments(mod: tvm.IRModule) -> tvm.IRModule:
-    """`mod` with the 0-d constant arguments of its offloaded functions bound inside them. A
-    function called with different scalars at different sites (partitioning gives structurally
-    equal kernels one function) gets one copy per set of scalars."""
+
+def bind_scalar_arguments(mod: tvm.IRModule, takes_immediates=lambda composite: False) -> tvm.IRModule:
+    """`mod` with the 0-d constant arguments of its offloaded functions bound inside them, and
+    every one-element constant (any shape) where `takes_immediates(composite name)` says the
+    kernel reads its constants at compile time (a fabric body's immediates). A function called
+    with different scalars at different sites (partitioning gives structurally equal kernels one
+    function) gets one copy per set of scalars."""
     # In name order: a set of GlobalVars iterates by address, and the variants are added to the
     # module in this order, which is the order of the kernels in the compiled object.
     offloaded = sorted((gvar for gvar, func in mod.functions.items()
                         if isinstance(func, relax.Function) and (func.attrs or {}).get("Codegen") == "cgra"),
                        key=lambda gvar: gvar.name_hint)
     variants = {}  # (global var, scalar key) -> {argument index: constant}
+    immediates = {gvar for gvar in offloaded if takes_immediates(_composite_of(mod[gvar]))}
     for gvar, sites in _calls_of(mod, offloaded).items():
         for call in sites:
-            bound = {i: arg for i, arg in enumerate(call.args) if _is_scalar_constant(arg)}
+            bound = _bound(call, gvar in immediates)
             if bound:
                 variants.setdefault((gvar, _key(bound)), bound)
     if not variants:
@@ -47,11 +53,11 @@ def bind_scalar_arguments(mod: tvm.IRModule) -> tvm.IRModule:
         taken.add(name)
         if name != gvar.name_hint:
             func = func.with_attr("global_symbol", name)
-        updated[(gvar, key)] = (builder.add_func(_InlineScalars().visit_expr(func), name), bound)
+        updated[(gvar, key)] = (builder.add_func(_InlineScalars(gvar in immediates).visit_expr(func), name), bound)
     mod = builder.get()
     for gvar, func in list(mod.functions.items()):
         if isinstance(func, relax.Function) and (func.attrs or {}).get("Codegen") != "cgra":
-            mod[gvar] = _DropArguments(updated).visit_expr(func)
+            mod[gvar] = _DropArguments(updated, immediates).visit_expr(func)
     return mod
 
 
@@ -75,6 +81,24 @@ def _is_scalar_constant(expr) -> bool:
     return isinstance(expr, tvm.ir.GenericConst) and getattr(expr.ty, "ndim", None) == 0
 
 
+def _composite_of(func) -> str:
+    """The composite's name, "" for an offloaded user's PrimFunc (partition/call_tir.py)."""
+    try:
+        return composite_name(func)
+    except UnsupportedOperator:
+        return ""
+
+
+def _bound(call, every_one: bool) -> dict:
+    """Argument index -> constant, of the arguments of `call` to bind inside its callee."""
+    return {i: arg for i, arg in enumerate(call.args)
+            if _is_scalar_constant(arg) or every_one and _is_one_element_constant(arg)}
+
+
+def _is_one_element_constant(expr) -> bool:
+    return isinstance(expr, tvm.ir.GenericConst) and expr.value.numpy().size == 1
+
+
 def _calls_of(mod, targets) -> dict:
     """Every call of each function in `targets`, over the module's other Relax functions."""
     calls: dict = {gvar: [] for gvar in targets}
@@ -92,11 +116,13 @@ def _calls_of(mod, targets) -> dict:
 @relax.expr_functor.mutator
 class _InlineScalars(relax.PyExprMutator):
     """Inside an offloaded function: a call of a local function (the composite) with 0-d
-    constant arguments calls that function with those parameters bound instead."""
+    constant arguments (any one-element ones with `every_one`) calls that function with those
+    parameters bound instead."""
 
-    def __init__(self):
+    def __init__(self, every_one: bool = False):
         super().__init__()
         self.functions = {}
+        self.every_one = every_one
 
     def visit_var_binding_(self, binding):
         if isinstance(binding.value, relax.Function):
@@ -106,7 +132,7 @@ class _InlineScalars(relax.PyExprMutator):
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
         callee = self.functions.get(call.op, call.op)
-        scalars = {i for i, arg in enumerate(call.args) if _is_scalar_constant(arg)}
+        scalars = set(_bound(call, self.every_one))
         if not isinstance(callee, relax.Function) or not scalars:
             return call
         bound = callee.bind_params({callee.params[i]: call.args[i] for i in scalars})
@@ -117,13 +143,14 @@ class _InlineScalars(relax.PyExprMutator):
 class _DropArguments(relax.PyExprMutator):
     """At the call sites: the new function, without the arguments that were bound."""
 
-    def __init__(self, updated: dict):
+    def __init__(self, updated: dict, immediates: set):
         super().__init__()
         self.updated = updated
+        self.immediates = immediates
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
-        bound = {i: arg for i, arg in enumerate(call.args) if _is_scalar_constant(arg)}
+        bound = _bound(call, call.op in self.immediates)
         if not bound or (call.op, _key(bound)) not in self.updated:
             return call
         callee, dropped = self.updated[(call.op, _key(bound))]

@@ -13,7 +13,7 @@
 #include <dlpack/dlpack.h>
 #include <stdint.h>
 
-#define CGRA_RUNTIME_ABI_VERSION 4
+#define CGRA_RUNTIME_ABI_VERSION 5
 
 #if defined(_WIN32)
 #define CGRA_RUNTIME_API __declspec(dllexport)

@@ -304,4 +304,79 @@ void CheckEltwise(const int64_t* w, const CheckContext& context) {
               w[CGRA_ELTWISE_OUT_STRIDE], itemsize, context.spad_bytes);
 }
 
+namespace {
+
+/*! \brief One FABRIC body node's word: a known op; operands A, B (only with FABRIC_INPUT_B), an
+ * earlier node, or (second only) the immediate; immediate bits only where read; shifts int32 by
+ * 0..31. Returns whether the node reads B. */
+bool CheckBodyNode(int64_t word, int index, int32_t dtype, bool input_b) {
+  uint64_t bits = static_cast<uint64_t>(word);
+  int op = static_cast<int>(bits & 0xFF);
+  int refs[2] = {static_cast<int>((bits >> 8) & 0xFF), static_cast<int>((bits >> 16) & 0xFF)};
+  uint32_t imm = static_cast<uint32_t>(bits >> 32);
+  if (op < CGRA_BODY_ADD || op > CGRA_BODY_SHL) {
+    Fail("body node ", index, ": op code ", op, " is not one of ", CGRA_BODY_ADD, " add .. ", CGRA_BODY_SHL,
+         " shl");
+  }
+  if (bits & 0xFF000000ULL) Fail("body node ", index, ": bits 24..31 are reserved and must be 0");
+  bool reads_b = false;
+  for (int k = 0; k < 2; ++k) {
+    int ref = refs[k];
+    if (ref == CGRA_BODY_IMMEDIATE && k == 1) continue;
+    if (ref == CGRA_BODY_INPUT_B && input_b) {
+      reads_b = true;
+      continue;
+    }
+    if (ref == CGRA_BODY_INPUT_A || (ref >= CGRA_BODY_FIRST_NODE && ref < CGRA_BODY_FIRST_NODE + index)) continue;
+    Fail("body node ", index, ": operand ", k, " reference ", ref, " is not input A (", CGRA_BODY_INPUT_A, ")",
+         input_b ? ", input B (" + std::to_string(CGRA_BODY_INPUT_B) + ")" : std::string(),
+         k == 1 ? ", the immediate (" + std::to_string(CGRA_BODY_IMMEDIATE) + ")" : std::string(),
+         " or an earlier node (", CGRA_BODY_FIRST_NODE, " + node index)");
+  }
+  if (imm != 0 && refs[1] != CGRA_BODY_IMMEDIATE) {
+    Fail("body node ", index, ": immediate bits are set but no operand reads the immediate");
+  }
+  if ((op == CGRA_BODY_SHR || op == CGRA_BODY_SHL) &&
+      (dtype != CGRA_DTYPE_INT32 || refs[1] != CGRA_BODY_IMMEDIATE || imm > 31)) {
+    Fail("body node ", index, ": shifts take an int32 and an immediate 0..31");
+  }
+  return reads_b;
+}
+
+}  // namespace
+
+void CheckFabric(const int64_t* w, const CheckContext& context) {
+  int32_t flags = Code(w[CGRA_FABRIC_FLAGS]), dtype = Code(w[CGRA_FABRIC_DTYPE]);
+  CheckFlags(flags, CGRA_FABRIC_INPUT_B);
+  if (dtype != CGRA_DTYPE_INT32 && dtype != CGRA_DTYPE_FLOAT32) {
+    Fail("dtype code ", dtype, " is not one the fabric computes (", CGRA_DTYPE_INT32, " int32, ",
+         CGRA_DTYPE_FLOAT32, " float32)");
+  }
+  bool input_b = flags & CGRA_FABRIC_INPUT_B;
+  int64_t nodes = w[CGRA_FABRIC_NODES];
+  if (nodes < 1 || nodes > CGRA_BODY_MAX_NODES) Fail("nodes ", nodes, " is not 1..", CGRA_BODY_MAX_NODES);
+  bool reads_b = false;
+  for (int i = 0; i < CGRA_BODY_MAX_NODES; ++i) {
+    int64_t word = w[CGRA_FABRIC_NODE0 + i];
+    if (i >= nodes) {
+      if (word != 0) Fail("node words past nodes = ", nodes, " must be 0");
+      continue;
+    }
+    reads_b |= CheckBodyNode(word, i, dtype, input_b);
+  }
+  if (input_b && !reads_b) Fail("the command streams B (FABRIC_INPUT_B) but the body never reads it");
+  int64_t itemsize = ItemSize(dtype);
+  int64_t rows = w[CGRA_FABRIC_ROWS], cols = w[CGRA_FABRIC_COLS];
+  CheckWindow("A", w[CGRA_FABRIC_A_ADDR], {rows, cols, 1, 1, 1},
+              {w[CGRA_FABRIC_A_ROW_STRIDE], w[CGRA_FABRIC_A_COL_STRIDE], 0, 0, 0}, itemsize, context.spad_bytes);
+  if (input_b) {
+    CheckWindow("B", w[CGRA_FABRIC_B_ADDR], {rows, cols, 1, 1, 1},
+                {w[CGRA_FABRIC_B_ROW_STRIDE], w[CGRA_FABRIC_B_COL_STRIDE], 0, 0, 0}, itemsize, context.spad_bytes);
+  } else if (w[CGRA_FABRIC_B_ADDR] || w[CGRA_FABRIC_B_ROW_STRIDE] || w[CGRA_FABRIC_B_COL_STRIDE]) {
+    Fail("B's words are set but FABRIC_INPUT_B is off: words of a disabled operand must be 0");
+  }
+  CheckRegion("out", Access::kWrite, w[CGRA_FABRIC_OUT_ADDR], rows, cols, w[CGRA_FABRIC_OUT_STRIDE], itemsize,
+              context.spad_bytes);
+}
+
 }  // namespace cgra

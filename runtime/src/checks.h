@@ -93,6 +93,13 @@ void CheckPool(const int64_t* record, const CheckContext& context);
  * written out region inside the scratchpad. */
 void CheckEltwise(const int64_t* record, const CheckContext& context);
 
+/*! \brief FABRIC: flags, an int32 or float32 dtype, 1..CGRA_BODY_MAX_NODES well-formed body nodes
+ * (known ops, operands reading inputs, earlier nodes or the immediate, B only with
+ * CGRA_FABRIC_INPUT_B and then read), node words past `nodes` 0; the A (and B) windows and the
+ * written out region inside the scratchpad. Whether the body maps onto the fabric is the
+ * device's check (the simulator's decoder). */
+void CheckFabric(const int64_t* record, const CheckContext& context);
+
 }  // namespace cgra
 
 #endif  // CGRA_RUNTIME_CHECKS_H_

@@ -14,10 +14,11 @@ import os
 import sys
 import textwrap
 
-from .isa import (BOX_DIMS, BOX_WORDS, COMMAND_FUNCTIONS, DMA_FILL_LOWEST, EPILOGUE_BIAS, EPILOGUE_CLIP,
-                  EPILOGUE_RELU, EPILOGUE_REQUANTISE, EPILOGUE_RESIDUAL, FIELDS, GEMM_ACCUMULATE,
-                  POOL_AVERAGE, RECORD_WORDS, SLOT_FIELDS, SLOT_WORDS, STREAM_VERSION,
-                  CommandFunction, DType, EltwiseFunc, Op, ParamKind)
+from .isa import (BODY_FIRST_NODE, BODY_IMMEDIATE, BODY_INPUT_A, BODY_INPUT_B, BODY_MAX_NODES, BOX_DIMS,
+                  BOX_WORDS, COMMAND_FUNCTIONS, DMA_FILL_LOWEST, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU,
+                  EPILOGUE_REQUANTISE, EPILOGUE_RESIDUAL, FABRIC_INPUT_B, FIELDS, GEMM_ACCUMULATE, POOL_AVERAGE,
+                  RECORD_WORDS, SLOT_FIELDS, SLOT_WORDS, STREAM_VERSION, BodyOp, CommandFunction, DType,
+                  EltwiseFunc, Op, ParamKind)
 
 
 def c_header() -> str:
@@ -39,11 +40,18 @@ def c_header() -> str:
         f"#define CGRA_EPILOGUE_CLIP {EPILOGUE_CLIP}",
         f"#define CGRA_POOL_AVERAGE {POOL_AVERAGE}",
         f"#define CGRA_EPILOGUE_REQUANTISE {EPILOGUE_REQUANTISE}",
+        f"#define CGRA_FABRIC_INPUT_B {FABRIC_INPUT_B}",
+        f"#define CGRA_BODY_INPUT_A {BODY_INPUT_A}",
+        f"#define CGRA_BODY_INPUT_B {BODY_INPUT_B}",
+        f"#define CGRA_BODY_FIRST_NODE {BODY_FIRST_NODE}",
+        f"#define CGRA_BODY_IMMEDIATE {BODY_IMMEDIATE}",
+        f"#define CGRA_BODY_MAX_NODES {BODY_MAX_NODES}",
     ]
     lines += [f"#define CGRA_OP_{op.name} {int(op)}" for op in Op]
     lines.append("#define CGRA_OPS(X) " + " ".join(f"X({op.name})" for op in Op))  # X-macro
     lines += [f"#define CGRA_DTYPE_{dt.name} {int(dt)}" for dt in DType]
     lines += [f"#define CGRA_ELTWISE_{func.name} {int(func)}" for func in EltwiseFunc]
+    lines += [f"#define CGRA_BODY_{op.name} {int(op)}" for op in BodyOp]
     lines += [f"#define CGRA_DTYPE_{dt.name}_BYTES {dt.itemsize}" for dt in DType]
     for op, fields in FIELDS.items():
         lines += [f"#define CGRA_{op.name}_{name.upper()} {i}" for i, name in enumerate(fields)]

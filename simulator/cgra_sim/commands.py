@@ -146,6 +146,17 @@ class EltwiseCommand(Command):
         return self.out.shape[0] * self.out.shape[1]
 
 
+class FabricCommand(Command):
+    """out = body(a[, b]) elementwise over a (rows, cols) tile on the PE fabric; `body` the nodes
+    of mapping/body.py, `b` None without FABRIC_INPUT_B; strides as ELTWISE's."""
+
+    __slots__ = ("body", "dtype", "a", "b", "out")
+
+    @property
+    def elements(self) -> int:
+        return self.out.shape[0] * self.out.shape[1]
+
+
 class Checker:
     """Raises `CommandError`s for the command being decoded and builds checked regions."""
 

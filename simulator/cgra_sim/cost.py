@@ -25,6 +25,11 @@ estimates cannot drift from what the simulator charges.
     DEPTHWISE    steady = max(ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe),
                               ceil(scratchpad traffic / (spad_banks * bank_width_bytes)))
                  fill   = DEPTHWISE_LATENCY (operand read and MAC: no systolic skew)
+    FABRIC       steady = max((ceil(elements / lanes) - 1) * II, ceil(scratchpad traffic / bank bandwidth))
+                 fill   = the mapping's latency (one iteration's first load to its last store)
+                 lanes, II and latency are the body's mapping's (mapping/body.py); loading its
+                 configuration takes config_bytes at the bandwidth that loads a one-slot
+                 configuration of every PE in config_load_cycles (fabric_config_cycles)
 
 How the PE array overlaps consecutive GEMMs (a fill hidden under the previous drain, partial
 sums kept in the array) and how the four queues overlap is the timing layer's (timing.py); the
@@ -137,3 +142,18 @@ def depthwise_steady_cycles(arch: HardwareDescription, m: int, n: int, k: int, d
     traffic = Fraction(traffic_bytes)
     width = arch.spad_banks * arch.bank_width_bytes
     return max(compute, -(-traffic.numerator // (traffic.denominator * width)))
+
+
+def fabric_steady_cycles(arch: HardwareDescription, elements: int, lanes: int, ii: int, traffic_bytes: int) -> int:
+    """Cycles after the first iteration of a FABRIC body mapped `lanes` elements per iteration
+    at `ii` over `elements` elements, or the scratchpad's bandwidth for its `traffic_bytes` if
+    slower."""
+    iterations = _ceil(elements, lanes)
+    return max((iterations - 1) * ii, _ceil(traffic_bytes, arch.spad_banks * arch.bank_width_bytes))
+
+
+def fabric_config_cycles(arch: HardwareDescription, config_bytes: int) -> int:
+    """Cycles to load a mapped body's configuration of `config_bytes`: `config_load_cycles` loads
+    one configuration word (`fabric.config_word_bits`) into every PE, the GEMM's configuration."""
+    whole_array = arch.rows * arch.cols * arch.fabric["config_word_bits"]  # bits
+    return _ceil(config_bytes * 8 * arch.config_load_cycles, whole_array)

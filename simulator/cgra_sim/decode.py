@@ -4,9 +4,9 @@ Stage: simulator, step 1 (decode -> dataflow check -> execute -> time). In: the 
 (int64 array of shape (n, isa.RECORD_WORDS), or the same little-endian bytes), the host tensors
 bound to the slots and the hardware description. Out: one decoded command per record
 (`DmaCommand`, `GemmCommand`, `DepthwiseCommand`, `FillCommand`, `EpilogueCommand`,
-`PoolCommand`, `EltwiseCommand`: commands.py), each naming the scratchpad `Region`s it reads and
+`PoolCommand`, `EltwiseCommand`, `FabricCommand`: commands.py), each naming the scratchpad `Region`s it reads and
 writes, so later steps never look at record words again. This module is the driver; the
-decoders are per unit: decode_dma.py, decode_pe.py (GEMM, DEPTHWISE), decode_vector.py.
+decoders are per unit: decode_dma.py, decode_pe.py (GEMM, DEPTHWISE, FABRIC), decode_vector.py.
 
 Checks made here (each failure is a `CommandError` naming the command, its kind and the range):
 known opcode and flags, unused words zero, dtypes known and combined as isa.ACC_DTYPE says, sizes
@@ -23,15 +23,15 @@ import numpy as np
 
 from .arch import HardwareDescription
 from .commands import (NUMPY_DTYPE, Checker, Command, DepthwiseCommand, DmaCommand, EltwiseCommand,
-                       EpilogueCommand, FillCommand, GemmCommand, PoolCommand)
+                       EpilogueCommand, FabricCommand, FillCommand, GemmCommand, PoolCommand)
 from .decode_dma import decode_dma
-from .decode_pe import decode_depthwise, decode_gemm
+from .decode_pe import decode_depthwise, decode_fabric, decode_gemm
 from .decode_vector import decode_eltwise, decode_epilogue, decode_fill, decode_pool
 from .errors import LaunchError
 from .isa import BOX_DIMS, FIELDS, RECORD_WORDS, DType, Op
 
-__all__ = ["Command", "DepthwiseCommand", "DmaCommand", "EltwiseCommand", "EpilogueCommand", "FillCommand",
-           "GemmCommand", "PoolCommand", "as_records", "check_tensors", "decode_stream"]
+__all__ = ["Command", "DepthwiseCommand", "DmaCommand", "EltwiseCommand", "EpilogueCommand", "FabricCommand",
+           "FillCommand", "GemmCommand", "PoolCommand", "as_records", "check_tensors", "decode_stream"]
 
 _DTYPE_OF_NUMPY = {np_dtype: dtype for dtype, np_dtype in NUMPY_DTYPE.items()}
 _OPS = {int(op): op for op in Op}
@@ -82,6 +82,7 @@ _DECODERS = {
     Op.DEPTHWISE: decode_depthwise,
     Op.POOL: decode_pool,
     Op.ELTWISE: decode_eltwise,
+    Op.FABRIC: decode_fabric,
 }
 
 

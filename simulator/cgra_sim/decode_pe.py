@@ -1,14 +1,18 @@
-"""Decoding the PE array's records: GEMM and DEPTHWISE.
+"""Decoding the PE array's records: GEMM, DEPTHWISE and FABRIC.
 
 Stage: simulator, step 1 (decode.py's table calls these). Checks: flags, a dtype the PE array
 accumulates and the chip computes, positive sizes, strides, and every region inside the
-scratchpad (an accumulator's rows or pixels must not overlap).
+scratchpad (an accumulator's rows or pixels must not overlap), a FABRIC body well formed and
+mappable onto the chip's fabric.
 """
 
 from __future__ import annotations
 
-from .commands import NUMPY_DTYPE, Checker, DepthwiseCommand, GemmCommand
-from .isa import ACC_DTYPE, FIELDS, GEMM_ACCUMULATE, Op
+from .commands import NUMPY_DTYPE, Checker, DepthwiseCommand, FabricCommand, GemmCommand
+from .fabric import Fabric
+from .isa import ACC_DTYPE, FABRIC_INPUT_B, FIELDS, GEMM_ACCUMULATE, DType, Op
+from .mapping import body as bodies
+from .mapping.mapper import MappingError
 from .regions import Region
 
 
@@ -55,4 +59,43 @@ def decode_depthwise(check: Checker, index: int, op: Op, record: list[int],
                                   NUMPY_DTYPE[ACC_DTYPE[dtype]]))
     cmd.reads = (cmd.a, cmd.b, cmd.acc) if cmd.accumulate else (cmd.a, cmd.b)
     cmd.writes = (cmd.acc,)
+    return cmd
+
+
+def decode_fabric(check: Checker, index: int, op: Op, record: list[int], tensors) -> FabricCommand:
+    fields = dict(zip(FIELDS[op], record))
+    flags = fields["flags"]
+    check.flags(flags, FABRIC_INPUT_B)
+    dtype = check.dtype("dtype", fields["dtype"], (DType.INT32, DType.FLOAT32))
+    rows, cols, nodes = fields["rows"], fields["cols"], fields["nodes"]
+    check.positive(rows=rows, cols=cols, nodes=nodes)
+    if nodes > bodies.BODY_MAX_NODES:
+        check.fail(f"nodes {nodes} exceeds the {bodies.BODY_MAX_NODES} node words of a record")
+    words = [fields[f"node{i}"] for i in range(bodies.BODY_MAX_NODES)]
+    if any(words[nodes:]):
+        check.fail(f"node words past nodes = {nodes} must be 0")
+    two_inputs = bool(flags & FABRIC_INPUT_B)
+    names = ("b_addr", "b_row_stride", "b_col_stride")
+    if not two_inputs and any(fields[name] for name in names):
+        check.fail("B's words are set but FABRIC_INPUT_B is off: words of a disabled operand must be 0")
+    strides = {name: fields[name] for name in ("a_row_stride", "a_col_stride", "b_row_stride", "b_col_stride")}
+    negative = {name: value for name, value in strides.items() if value < 0}
+    if negative:
+        check.fail(f"strides must be >= 0, got {negative}")
+    try:
+        body = bodies.decode(words[:nodes], dtype.numpy_name, two_inputs)
+        bodies.program(body, dtype.numpy_name, Fabric.of(check.arch))
+    except (bodies.BodyError, MappingError) as error:
+        check.fail(f"body: {error}")
+    size, np_dtype = dtype.itemsize, NUMPY_DTYPE[dtype]
+    cmd = FabricCommand(index, op)
+    cmd.body, cmd.dtype = body, dtype
+    cmd.a = check.region(Region("A", fields["a_addr"], (rows, cols),
+                                (strides["a_row_stride"] * size, strides["a_col_stride"] * size), np_dtype))
+    cmd.b = check.region(Region("B", fields["b_addr"], (rows, cols), (strides["b_row_stride"] * size,
+                                                                       strides["b_col_stride"] * size), np_dtype)) \
+        if two_inputs else None
+    cmd.out = check.matrix("out", fields["out_addr"], rows, cols, fields["out_stride"], dtype, written=True)
+    cmd.reads = (cmd.a, cmd.b) if two_inputs else (cmd.a,)
+    cmd.writes = (cmd.out,)
     return cmd

@@ -8,7 +8,8 @@ per component (`COMPONENTS`), which `KernelStats` carries with their sum.
 The table (every number in pJ; docs/simulator.md, "Energy"):
 
     mac[dtype]          one multiply-accumulate on the PE array, by input dtype
-    vector_op[dtype]    one element operation of the vector unit (FILL, EPILOGUE, ELTWISE, a POOL tap)
+    vector_op[dtype]    one element operation of the vector unit (FILL, EPILOGUE, ELTWISE, a POOL tap),
+                        and of a PE running a FABRIC body (per node per element)
     spad_read_byte      one byte read from the scratchpad
     spad_write_byte     one byte written to the scratchpad
     dram_byte           one byte moved between host memory and the scratchpad (DMA)
@@ -130,6 +131,8 @@ def launch_energy(arch, commands, cycles: int, config_loads: int) -> dict:
             energy["mac"] += cmd.macs * table["mac"][cmd.dtype.numpy_name]
         elif cmd.op is Op.POOL:
             energy["vector"] += cmd.taps * table["vector_op"][cmd.dtype.numpy_name]
+        elif cmd.op is Op.FABRIC:  # a PE's ALU operation costs what a vector lane's does
+            energy["vector"] += cmd.elements * len(cmd.body) * table["vector_op"][cmd.dtype.numpy_name]
         elif cmd.writes:  # FILL, EPILOGUE, ELTWISE: one operation per element written
             out = cmd.writes[0]
             energy["vector"] += _elements(out) * table["vector_op"][_vector_dtype(cmd, out)]

@@ -25,7 +25,8 @@ float32(x) * scale[j] (int32 -> float32 and the product each rounded to nearest 
 to [-128 - zp, 127 - zp] (a NaN becomes the lower bound, as SSE's max does), rounded half to
 even, + zp. ELTWISE computes out = func(a, b) with numpy's elementwise function in the operands'
 dtype: integer results wrap (int8 modulo 2**8, int32 modulo 2**32), float32 ones round once;
-maximum and minimum propagate NaN.
+maximum and minimum propagate NaN. FABRIC evaluates its body node by node over the whole tile
+(mapping/body.evaluate) with the same arithmetic.
 Each command reads all its operands before it writes, so an in-place EPILOGUE is well defined.
 """
 
@@ -33,9 +34,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .commands import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FillCommand,
-                     GemmCommand, PoolCommand)
+from .commands import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FabricCommand,
+                       FillCommand, GemmCommand, PoolCommand)
 from .isa import DType, EltwiseFunc, Op
+from .mapping import body
 
 
 def execute(commands: list[Command], spad: np.ndarray) -> None:
@@ -160,6 +162,11 @@ def _eltwise(cmd: EltwiseCommand, spad: np.ndarray) -> None:
     cmd.out.view(spad)[...] = ELTWISE_FUNCS[cmd.func](a, b, dtype=a.dtype)
 
 
+def _fabric(cmd: FabricCommand, spad: np.ndarray) -> None:
+    b = cmd.b.view(spad) if cmd.b is not None else None
+    cmd.out.view(spad)[...] = body.evaluate(cmd.body, cmd.dtype.numpy_name, cmd.a.view(spad), b)
+
+
 def requantise(acc: np.ndarray, scale: np.ndarray, zero_point: int) -> np.ndarray:
     """int32 `acc` (m, n) -> int8 with float32 `scale` (1, n) or (n,) and an int8 zero point:
     rne(clamp(float32(acc) * scale, -128 - zp, 127 - zp)) + zp. The clamp comes first so that
@@ -180,4 +187,5 @@ _EXECUTORS = {
     Op.DEPTHWISE: _depthwise,
     Op.POOL: _pool,
     Op.ELTWISE: _eltwise,
+    Op.FABRIC: _fabric,
 }

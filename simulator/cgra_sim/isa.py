@@ -19,9 +19,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-STREAM_VERSION = 3
+STREAM_VERSION = 4
 #: The oldest stream version this simulator still runs: v3 only added a flag (DMA_FILL_LOWEST)
-#: that v2 streams never set.
+#: that v2 streams never set, v4 an opcode (FABRIC) that earlier streams never use.
 OLDEST_STREAM_VERSION = 2
 RECORD_WORDS = 32
 #: Number of loop dimensions (and tensor dimensions) a DMA box can have.
@@ -40,6 +40,7 @@ class Op(enum.IntEnum):
     DEPTHWISE = 6  # PE array: per-channel sliding-window MACs (a depthwise conv2d tile)
     POOL = 7  # vector unit: max or average over a sliding window (max_pool2d, avg_pool2d, mean)
     ELTWISE = 8  # vector unit: out = func(a, b) over a 2-D tile, operands strided (0 broadcasts)
+    FABRIC = 9  # PE fabric: out = body(a[, b]) over a 2-D tile, the body a dataflow graph mapped onto the PEs
 
 
 @enum.unique
@@ -85,6 +86,45 @@ class EltwiseFunc(enum.IntEnum):
 
 
 @enum.unique
+class BodyOp(enum.IntEnum):
+    """The operation of one node of a FABRIC body (bits 0..7 of its word): a PE's ALU operation,
+    in the command's dtype (int32 wraps, float32 rounds once per operation; max and min propagate
+    NaN). Shifts are int32 only, by an immediate."""
+
+    ADD = 1
+    SUB = 2
+    MUL = 3
+    MAX = 4
+    MIN = 5
+    SHR = 6  # arithmetic
+    SHL = 7
+
+
+# A FABRIC body node's word: op (bits 0..7), operand references (bits 8..15, 16..23) and an
+# immediate (bits 32..63: the int32 value or the float32 bits). A reference names input A
+# (BODY_INPUT_A), input B (BODY_INPUT_B), the immediate (BODY_IMMEDIATE) or node i < this one's
+# index (BODY_FIRST_NODE + i); the last node's value is the output.
+BODY_INPUT_A = 0
+BODY_INPUT_B = 1
+BODY_FIRST_NODE = 2
+BODY_IMMEDIATE = 255
+#: Nodes a FABRIC record carries (words node0 ..).
+BODY_MAX_NODES = 16
+
+
+def body_word(op: "BodyOp", first: int, second: int, imm_bits: int = 0) -> int:
+    """One FABRIC body node's word (an int64, as the record holds it)."""
+    word = int(op) | (first << 8) | (second << 16) | ((imm_bits & 0xFFFFFFFF) << 32)
+    return word - (1 << 64) if word >= 1 << 63 else word
+
+
+def body_fields(word: int) -> tuple[int, int, int, int]:
+    """(op code, first reference, second reference, immediate bits) of a body node's word."""
+    word &= (1 << 64) - 1
+    return word & 0xFF, (word >> 8) & 0xFF, (word >> 16) & 0xFF, word >> 32
+
+
+@enum.unique
 class Unit(enum.IntEnum):
     """The NPU's independent queues. Commands on different units may overlap in time."""
 
@@ -96,7 +136,7 @@ class Unit(enum.IntEnum):
 
 UNIT_OF = {Op.DMA_LOAD: Unit.LOAD, Op.DMA_STORE: Unit.STORE, Op.GEMM: Unit.COMPUTE,
            Op.FILL: Unit.VECTOR, Op.EPILOGUE: Unit.VECTOR, Op.DEPTHWISE: Unit.COMPUTE,
-           Op.POOL: Unit.VECTOR, Op.ELTWISE: Unit.VECTOR}
+           Op.POOL: Unit.VECTOR, Op.ELTWISE: Unit.VECTOR, Op.FABRIC: Unit.COMPUTE}
 
 # Flags (word 1).
 GEMM_ACCUMULATE = 1  # GEMM and DEPTHWISE: add to the accumulator; without it, overwrite it
@@ -111,6 +151,7 @@ POOL_AVERAGE = 1  # POOL: sum of the valid taps / the taps inside the count rect
 # DMA_LOAD: the halo holds the dtype's lowest value (-inf, -128, INT32_MIN) instead of 0: a max pool's
 # padding, loaded with the window when where the padding lies depends on a run-time size.
 DMA_FILL_LOWEST = 1
+FABRIC_INPUT_B = 1  # FABRIC: the body reads a second input, B (its words are 0 without it)
 
 
 def _dma_fields():
@@ -151,6 +192,9 @@ FIELDS = {
               "valid_x_hi", "count_y_lo", "count_y_hi", "count_x_lo", "count_x_hi"),
     Op.ELTWISE: ("op", "flags", "func", "dtype", "rows", "cols", "a_addr", "a_row_stride",
                  "a_col_stride", "b_addr", "b_row_stride", "b_col_stride", "out_addr", "out_stride"),
+    Op.FABRIC: ("op", "flags", "dtype", "rows", "cols", "a_addr", "a_row_stride", "a_col_stride", "b_addr",
+                "b_row_stride", "b_col_stride", "out_addr", "out_stride", "nodes")
+               + tuple(f"node{i}" for i in range(BODY_MAX_NODES)),
 }
 
 for _op, _fields in FIELDS.items():
@@ -324,4 +368,19 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         ("func", _I32), ("dtype", _I32), "rows", "cols", ("a_addr", _ADDR), "a_row_stride",
         "a_col_stride", ("b_addr", _ADDR), "b_row_stride", "b_col_stride", ("out_addr", _ADDR),
         "out_stride", fixed=("flags",)),
+    _command(
+        Op.FABRIC,
+        "PE fabric: out[i,j] = body(A[i*a_row_stride + j*a_col_stride], B[i*b_row_stride + "
+        "j*b_col_stride]) for i < rows, j < cols (out's element at i*out_stride + j), the body a "
+        "dataflow graph of `nodes` (1..16) operations node0.., each word: op (CGRA_BODY_ADD .. "
+        "CGRA_BODY_SHL) in bits 0-7, two operand references in bits 8-15 and 16-23 "
+        "(CGRA_BODY_INPUT_A, CGRA_BODY_INPUT_B, CGRA_BODY_IMMEDIATE, or CGRA_BODY_FIRST_NODE + i "
+        "for an earlier node i), an immediate (int32, or float32 bits) in bits 32-63; the last "
+        "node is the output. The chip maps the body onto its PEs as a modulo schedule and streams "
+        "the tile through it. dtype int32 or float32 (integers wrap). B is read only with "
+        "CGRA_FABRIC_INPUT_B (its words 0 without); a stride of 0 broadcasts an operand.",
+        ("flags", _I32), ("dtype", _I32), "rows", "cols", ("a_addr", _ADDR), "a_row_stride",
+        "a_col_stride", ("b_addr", _ADDR, FABRIC_INPUT_B), ("b_row_stride", _I64, FABRIC_INPUT_B),
+        ("b_col_stride", _I64, FABRIC_INPUT_B), ("out_addr", _ADDR), "out_stride", "nodes",
+        *(f"node{i}" for i in range(BODY_MAX_NODES))),
 )}

@@ -91,7 +91,7 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], timeline: 
                   tensor_shapes: tuple = (), macs_per_output: int | None = None) -> KernelStats:
     """Sums the work, traffic and occupancy of a timed stream. `macs_per_output` (the model
     operator's MACs per element of the last tensor; None or -1: unknown) gives `macs`."""
-    gemms = [c for c in commands if c.unit is Unit.COMPUTE]  # GEMM and DEPTHWISE
+    gemms = [c for c in commands if c.op in (Op.GEMM, Op.DEPTHWISE)]  # the MACs (not a FABRIC body)
     loads = [c for c in commands if isinstance(c, DmaCommand) and c.op is Op.DMA_LOAD]
     stores = [c for c in commands if isinstance(c, DmaCommand) and c.op is Op.DMA_STORE]
     macs_of = Counter()  # dtype -> MACs: one exact division per dtype, not one per GEMM

@@ -24,6 +24,9 @@ overhead, a GEMM's or DEPTHWISE's steady stream and fill, read off the decoded c
         previous GEMM's accumulator sees that GEMM's write as done when its operands are in.
         DEPTHWISE likewise, keyed by (DEPTHWISE, dtype): switching between GEMM and DEPTHWISE
         reloads the configuration.
+    FABRIC  end = start (+ the body's configuration load, cost.fabric_config_cycles, if the PE
+            array held another configuration: another body, dtype or a GEMM) + its mapping's
+            latency + cost.fabric_steady_cycles (lanes, II: mapping/body.py).
 Scratchpad banks (banks.py): the streaming part of every command above (a DMA's transfer, a
 vector command's tiles, a GEMM's steady folds, a DEPTHWISE's window traffic) is stretched by its
 bank slowdown, >= 1 and exactly 1 for a conflict-free access pattern; computed once per
@@ -52,10 +55,12 @@ import numpy as np
 from . import cost
 from .arch import HardwareDescription
 from .banks import beat_slowdown, operand_slowdown
-from .commands import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FillCommand,
-                     GemmCommand, PoolCommand)
+from .commands import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FabricCommand,
+                       FillCommand, GemmCommand, PoolCommand)
+from .fabric import Fabric
 from .errors import CycleLimitExceeded
 from .isa import DType, Op, Unit
+from .mapping import body as bodies
 from .regions import Region
 from .scoreboard import Scoreboard
 
@@ -262,6 +267,32 @@ def _time_pe_array(arch: HardwareDescription, cmd: GemmCommand | DepthwiseComman
     return start, end, end
 
 
+def fabric_cycles(arch: HardwareDescription, cmd: FabricCommand) -> tuple[int, int]:
+    """(configuration load, run) cycles of a FABRIC: its body's program on the chip's fabric."""
+    program = bodies.program(cmd.body, cmd.dtype.numpy_name, Fabric.of(arch))
+    rows, cols = cmd.out.shape
+    traffic = (rows * cols + sum(cost.eltwise_operand_reads(rows, cols, bool(r.strides[0]), bool(r.strides[1]))
+                                 for r in cmd.reads)) * cmd.dtype.itemsize
+    run = program.latency + cost.fabric_steady_cycles(arch, cmd.elements, program.lanes, program.ii, traffic)
+    return cost.fabric_config_cycles(arch, program.config_bytes), run
+
+
+def _time_fabric(arch: HardwareDescription, cmd: FabricCommand, ready: int, free: int,
+                 compute: _ComputeQueue) -> tuple[int, int, int]:
+    start = max(free, ready)
+    config, run = _cycles(arch, cmd, compute, fabric_cycles)
+    key = (Op.FABRIC, cmd.dtype, cmd.body)
+    if compute.config != key:
+        start_run = start + config
+        compute.config = key
+        compute.config_loads += 1
+    else:
+        start_run = start
+    compute.previous_gemm = None  # the array no longer holds a GEMM's partial sums
+    end = start_run + run
+    return start, end, end
+
+
 #: Per PE-array opcode: (steady cycles, fill and drain cycles).
 _PE_ARRAY_CYCLES = {
     Op.GEMM: (gemm_steady_cycles, gemm_fill_cycles),
@@ -278,6 +309,7 @@ _TIMERS = {
     Op.DEPTHWISE: _time_pe_array,
     Op.POOL: _time_pool,
     Op.ELTWISE: _time_eltwise,
+    Op.FABRIC: _time_fabric,
 }
 
 

@@ -91,6 +91,12 @@ def _eltwise_args(op: Op, record) -> dict:
     return args
 
 
+def _fabric_args(op: Op, record) -> dict:
+    args = _fields(op, record, "rows", "cols", "a_addr", "b_addr", "out_addr", "nodes")
+    args["dtype"] = _dtype_name(int(record[FIELDS[op].index("dtype")]))
+    return args
+
+
 def _pool_args(op: Op, record) -> dict:
     args = _fields(op, record, "oh", "ow", "n", "kh", "kw", "a_addr", "out_addr")
     args["dtype"] = _dtype_name(int(record[FIELDS[op].index("dtype")]))
@@ -108,6 +114,7 @@ _KEY_ARGS = {
     Op.DEPTHWISE: _gemm_args,
     Op.POOL: _pool_args,
     Op.ELTWISE: _eltwise_args,
+    Op.FABRIC: _fabric_args,
 }
 
 

@@ -1,7 +1,8 @@
 """The CGRA tensor intrinsics: one table, from which TensorIntrins are made on demand.
 
 Stage: schedule and tensorize. Each entry of `INTRINSICS` ties an ISA opcode to a factory
-(pe_array.py for the PE array, vector_unit.py for the vector unit) that returns the TVMScript
+(pe_array.py for the PE array, vector_unit.py for the vector unit, fabric.py for a dataflow
+body on the PE fabric) that returns the TVMScript
 description (what the hardware computes, in TIR) and implementation (the `call_extern` the code
 generator lowers into a runtime call that records that opcode), both built by builder.py. Their
 numpy semantics live in the simulator's functional core; `tests/test_intrinsics.py` runs every
@@ -23,6 +24,7 @@ from tvm.s_tir import TensorIntrin
 from cgra_sim.isa import Op
 
 from .builder import SPAD
+from .fabric import FabricBody, fabric_intrin
 from .pe_array import depthwise_intrin, gemm_intrin
 from .vector_unit import PoolWindow
 from .vector_unit import accumulate_intrin, eltwise_intrin, epilogue_intrin, fill_intrin, pool_intrin
@@ -44,6 +46,7 @@ INTRINSICS = {
     "pool": Intrinsic(Op.POOL, pool_intrin),
     "eltwise": Intrinsic(Op.ELTWISE, eltwise_intrin),
     "accumulate": Intrinsic(Op.ELTWISE, accumulate_intrin),
+    "fabric": Intrinsic(Op.FABRIC, fabric_intrin),
 }
 
 
@@ -54,8 +57,9 @@ def intrin_name(kind: str, *params) -> str:
 def _param_name(param) -> str:
     """A parameter in an intrinsic's name; a clip's (lo, hi) as "clip_lo_hi", an ELTWISE
     operand's (walks rows, walks cols) as "full_True_False", a pooling window as its fields, a
-    FILL's run-time value as its expression (punctuation squeezed)."""
-    if isinstance(param, PoolWindow):
+    FILL's run-time value as its expression (punctuation squeezed), a FABRIC body as its
+    dtype and a digest of its nodes."""
+    if isinstance(param, (PoolWindow, FabricBody)):
         return param.name
     if isinstance(param, tvm.ir.expr.Expr):
         return "value_" + re.sub(r"\W+", "_", str(param)).strip("_")

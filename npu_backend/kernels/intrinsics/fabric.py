@@ -1,0 +1,65 @@
+"""The PE fabric's intrinsic: FABRIC, a dataflow body run over a scratchpad tile.
+
+Stage: schedule and tensorize. `fabric_intrin` returns the (description, implementation) pair
+of one FABRIC sized for a kernel's tile; `body_value` is the TIR expression of one output
+element that the kernel's TE compute builds identically (kernels/fabric.py), so tensorize
+matches. The body itself (nodes of add, sub, mul, max, min, shifts, with input A and
+immediates) and its record words are the simulator's (cgra_sim/mapping/body.py), which maps it
+onto the chip's PEs and charges its cycles from that mapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import tirx
+
+from cgra_codegen import device_call
+from cgra_sim.isa import BODY_MAX_NODES
+from cgra_sim.mapping import body as bodies
+
+from .builder import SPAD, Tile, intrinsic
+from .pe_array import dtype_code
+
+_TIR = {"add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
+        "max": tirx.max, "min": tirx.min, "shr": lambda x, y: x >> y, "shl": lambda x, y: x << y}
+
+
+@dataclasses.dataclass(frozen=True)
+class FabricBody:
+    """A body (cgra_sim.mapping.body's nodes) in one dtype: an intrinsic's parameter."""
+
+    nodes: tuple
+    dtype: str
+
+    @property
+    def name(self) -> str:
+        """A piece of an intrinsic's name: the dtype and a digest of the nodes."""
+        return f"body_{self.dtype}_{bodies.graph(self.nodes, self.dtype).fingerprint}"
+
+
+def body_value(body: FabricBody, a):
+    """The body's output for input element `a`, in TIR (immediates as `dtype` constants)."""
+    values = {"a": a}
+    for index, (op, first, second) in enumerate(body.nodes):
+        other = values[second] if isinstance(second, str) else tirx.const(second, body.dtype)
+        values[f"n{index}"] = _TIR[op](values[first], other)
+    return values[f"n{len(body.nodes) - 1}"]
+
+
+def fabric_intrin(rows: int, cols: int, body: FabricBody, scope: str = SPAD):
+    """FABRIC: Out[rows, cols] = body(A) over a tile (one input; strides: A's and Out's rows)."""
+    words = bodies.encode(body.nodes, body.dtype)
+
+    def value(buffers, i, j):
+        return body_value(body, buffers["A"][i, j])
+
+    def call(buffers, strides):
+        return device_call(
+            "cgra_fabric", flags=0, dtype=dtype_code(body.dtype), rows=rows, cols=cols, a_addr=buffers["A"],
+            a_row_stride=strides["A"][0], a_col_stride=1, b_addr=0, b_row_stride=0, b_col_stride=0,
+            out_addr=buffers["Out"], out_stride=strides["Out"][0], nodes=len(words),
+            **{f"node{i}": words[i] if i < len(words) else 0 for i in range(BODY_MAX_NODES)})
+
+    return intrinsic([Tile("A", (rows, cols), body.dtype)], Tile("Out", (rows, cols), body.dtype), "fab",
+                     value, call, scope=scope)
