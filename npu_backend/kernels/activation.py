@@ -87,18 +87,22 @@ def halvings(extent: int):
         size = max(-(-size // 2), 2)
 
 
-def activation_compute(spec: ActivationSpec, tiling: Tiling):
+def unary_compute(spec, tiling: Tiling, block: str, value):
+    """The TensorIR of a one-input elementwise kernel over the (rows, cols) view: `block`
+    computes `value(element)` of the padded input (this family's and fabric.py's)."""
     x = te.placeholder((spec.rows, spec.cols), spec.dtype, name="lhs")
     a_pad = te.compute((tiling.mp, tiling.np), lambda i, j: padded(x, (spec.rows, spec.cols), (i, j)), name="a_pad")
-    epi = te.compute(a_pad.shape, lambda i, j: activation(a_pad[i, j], spec.dtype, spec.relu, spec.clip), name="epi")
-    out = te.compute((spec.rows, spec.cols), lambda i, j: epi[i, j], name="out")
+    result = te.compute(a_pad.shape, lambda i, j: value(a_pad[i, j]), name=block)
+    out = te.compute((spec.rows, spec.cols), lambda i, j: result[i, j], name="out")
     views = {"lhs": spec.shape, "out": spec.shape} if spec.shape != (spec.rows, spec.cols) else None
     return prim_func(spec.param_roles, {"lhs": x}, out, views)
 
 
-def schedule_activation(sch, spec: ActivationSpec, tiling: Tiling, arch: HardwareDescription) -> None:
-    epi = sch.get_sblock("epi")
-    rows, cols = sch.get_loops(epi)
+def schedule_unary(sch, tiling: Tiling, block: str, intrin: str) -> None:
+    """Tiles of `unary_compute`'s kernel: the input tile staged in the scratchpad per tile, the
+    tile tensorized onto `intrin`, the output stored."""
+    result = sch.get_sblock(block)
+    rows, cols = sch.get_loops(result)
     row_outer, row_inner = sch.split(rows, [None, tiling.tm])
     col_outer, col_inner = sch.split(cols, [None, tiling.tn])
     sch.reorder(row_outer, col_outer, row_inner, col_inner)
@@ -106,9 +110,17 @@ def schedule_activation(sch, spec: ActivationSpec, tiling: Tiling, arch: Hardwar
     sch.compute_at(a_pad, col_outer)
     sch.set_scope(a_pad, 0, SPAD)
     sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
-    sch.set_scope(epi, 0, SPAD)
-    sch.tensorize(row_inner, get_intrin("epilogue", tiling.tm, tiling.tn, spec.dtype, False, spec.relu, False,
-                                        spec.clip, None))
+    sch.set_scope(result, 0, SPAD)
+    sch.tensorize(row_inner, intrin)
+
+
+def activation_compute(spec: ActivationSpec, tiling: Tiling):
+    return unary_compute(spec, tiling, "epi", lambda value: activation(value, spec.dtype, spec.relu, spec.clip))
+
+
+def schedule_activation(sch, spec: ActivationSpec, tiling: Tiling, arch: HardwareDescription) -> None:
+    schedule_unary(sch, tiling, "epi", get_intrin("epilogue", tiling.tm, tiling.tn, spec.dtype, False, spec.relu,
+                                                  False, spec.clip, None))
 
 
 ACTIVATION = OpFamily(

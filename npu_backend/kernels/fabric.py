@@ -31,7 +31,7 @@ import math
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import sym, te, tirx
+from tvm import sym, tirx
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from cgra_sim import cost
@@ -43,12 +43,11 @@ from cgra_sim.mapping.mapper import MappingError
 
 from ..errors import ScratchpadTooSmall, UnsupportedOperator
 from ..relax_info import dtype_of, require_static_shape
-from .activation import halvings
+from .activation import halvings, schedule_unary, unary_compute
 from .epilogue import clip_bounds
 from .family import OpFamily
-from .intrinsics import SPAD, get_intrin
+from .intrinsics import get_intrin
 from .intrinsics.fabric import FabricBody, body_value
-from .operands import padded, prim_func
 from .spec import Tiling, aligned, round_up
 
 PREFIX = "cgra.fabric_chain"
@@ -253,27 +252,12 @@ def choose_fabric_tiling(spec: FabricSpec, arch: HardwareDescription) -> Tiling:
 
 
 def fabric_compute(spec: FabricSpec, tiling):
-    x = te.placeholder((spec.rows, spec.cols), spec.dtype, name="lhs")
-    a_pad = te.compute((tiling.mp, tiling.np), lambda i, j: padded(x, (spec.rows, spec.cols), (i, j)), name="a_pad")
     body = FabricBody(spec.body, spec.dtype)
-    fab = te.compute(a_pad.shape, lambda i, j: body_value(body, a_pad[i, j]), name="fab")
-    out = te.compute((spec.rows, spec.cols), lambda i, j: fab[i, j], name="out")
-    views = {"lhs": spec.shape, "out": spec.shape} if spec.shape != (spec.rows, spec.cols) else None
-    return prim_func(spec.param_roles, {"lhs": x}, out, views)
+    return unary_compute(spec, tiling, "fab", lambda value: body_value(body, value))
 
 
 def schedule_fabric(sch, spec: FabricSpec, tiling, arch: HardwareDescription) -> None:
-    fab = sch.get_sblock("fab")
-    rows, cols = sch.get_loops(fab)
-    row_outer, row_inner = sch.split(rows, [None, tiling.tm])
-    col_outer, col_inner = sch.split(cols, [None, tiling.tn])
-    sch.reorder(row_outer, col_outer, row_inner, col_inner)
-    a_pad = sch.get_sblock("a_pad")
-    sch.compute_at(a_pad, col_outer)
-    sch.set_scope(a_pad, 0, SPAD)
-    sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
-    sch.set_scope(fab, 0, SPAD)
-    sch.tensorize(row_inner, get_intrin("fabric", tiling.tm, tiling.tn, FabricBody(spec.body, spec.dtype)))
+    schedule_unary(sch, tiling, "fab", get_intrin("fabric", tiling.tm, tiling.tn, FabricBody(spec.body, spec.dtype)))
 
 
 FABRIC = OpFamily(
