@@ -174,6 +174,39 @@ def test_a_users_relu_or_clip_runs_on_the_epilogue(dtype, clip):
     assert prof.kernels[0].op_counts.get("EPILOGUE", 0) >= 1
 
 
+_FABRIC_BODIES = {
+    # a user's leaky relu, hard-swish and affine clamp, as anyone writes them in TE or TVMScript
+    "leaky": lambda x, c: tvm.tirx.max(x, c(0.1) * x),
+    "hard-swish": lambda x, c: x * tvm.tirx.min(tvm.tirx.max(x + c(3.0), c(0.0)), c(6.0)) * c(1 / 6),
+    "affine-clamp": lambda x, c: tvm.tirx.min(tvm.tirx.max(c(2.0) * x - c(0.5), c(-1.0)), c(1.0)),
+}
+
+
+@pytest.mark.parametrize("arch", ["cgra-4x4", "cgra-16x16"])
+@pytest.mark.parametrize("name", sorted(_FABRIC_BODIES))
+def test_a_users_elementwise_expression_runs_on_the_fabric(name, arch):
+    """An expression of one input the vector unit has no command for becomes one FABRIC body
+    (the constant first in `0.1 * x` is kept as written for tensorize, and run as x * 0.1)."""
+    a = te.placeholder((10, 24), "float32", "A")
+    out = te.compute((10, 24), lambda i, j: _FABRIC_BODIES[name](a[i, j], lambda v: tvm.tirx.const(v, "float32")),
+                     "Out")
+    x = (np.random.default_rng(0).standard_normal((10, 24)) * 4).astype("float32")
+    mod = module_of(te.create_prim_func([a, out]), [x], (10, 24), "float32")
+    placement, = npu_backend.explain(mod, arch)
+    assert placement.where == "npu", placement.reason
+    out_np, host, prof = run_both(mod, [x], arch)
+    check(out_np, host, host, "float32")
+    assert prof.kernels[0].op_counts.get("FABRIC", 0) >= 1
+
+
+def test_a_constant_minus_x_stays_on_the_host_with_the_reason():
+    a = te.placeholder((4, 8), "float32", "A")
+    out = te.compute((4, 8), lambda i, j: tvm.tirx.const(1.0, "float32") - a[i, j] * a[i, j], "Out")
+    mod = module_of(te.create_prim_func([a, out]), [np.ones((4, 8), "float32")], (4, 8), "float32")
+    placement, = npu_backend.explain(mod, "cgra-8x8")
+    assert placement.where == "host" and "a constant minus x excepted" in placement.reason
+
+
 def _conv_prim_func():
     x = te.placeholder((1, 4, 10, 10), "float32", "X")
     w = te.placeholder((8, 4, 3, 3), "float32", "W")

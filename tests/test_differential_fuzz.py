@@ -19,6 +19,24 @@ from npu_backend.tools.workloads import mismatch, run
 PRESETS = npu_backend.preset_names()
 
 
+def _activation(bb, x, act: str):
+    """An activation as the importers write it: one op, or a chain of elementwise ops with
+    scalar constants (the fabric family's bodies; op by op on the vector unit where not)."""
+    const = lambda value: relax.const(value, "float32")  # noqa: E731
+    if act == "relu":
+        return bb.emit(relax.op.nn.relu(x))
+    if act == "clip":
+        return bb.emit(relax.op.clip(x, -0.5, 1.5))
+    if act == "leakyrelu":
+        return bb.emit(relax.op.nn.leakyrelu(x, 0.1))
+    if act == "hardswish":  # ONNX's HardSwish
+        gate = bb.emit(relax.op.divide(bb.emit(relax.op.clip(bb.emit(relax.op.add(x, const(3.0))), 0, 6)), const(6.0)))
+        return bb.emit(relax.op.multiply(x, gate))
+    if act == "hardsigmoid":  # ONNX's HardSigmoid
+        return bb.emit(relax.op.clip(bb.emit(relax.op.add(bb.emit(relax.op.multiply(const(0.2), x)), const(0.5))), 0, 1))
+    return bb.emit(relax.op.subtract(bb.emit(relax.op.multiply(x, const(1.5))), const(0.25)))  # affine
+
+
 class Graph:
     """Builds main(params...) as a chain; each parameter gets data when it is declared."""
 
@@ -83,9 +101,8 @@ def image_graphs(draw, symbolic=False):
             derived = derived if s == 1 else tuple(f"conv/{s}({d})" for d in derived)
             graph.steps.append(f"conv k{k} s{s} g{groups} -> {out_c}" + " + bias" * (bias is not None))
         elif op == "act":
-            act = draw(st.sampled_from(["relu", "clip"]))
-            steps.append(lambda bb, cur, values, act=act: bb.emit(
-                relax.op.nn.relu(cur) if act == "relu" else relax.op.clip(cur, -0.5, 1.5)))
+            act = draw(st.sampled_from(["relu", "clip", "leakyrelu", "hardswish", "hardsigmoid", "affine"]))
+            steps.append(lambda bb, cur, values, act=act: _activation(bb, cur, act))
             graph.steps.append(act)
         elif op == "residual":
             earlier = [i for i, (seen, how) in enumerate(shapes[:-1])

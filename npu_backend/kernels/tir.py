@@ -9,7 +9,10 @@ NPU), tiling, kernel definition and schedule. A PrimFunc qualifies when its one 
   any loop order and with either operand stored transposed; or
 - elementwise: out = f(a, b) with f one of ELTWISE's add, subtract, multiply, maximum, minimum
   (operands of the output's rank, each walking or broadcasting every axis), or out = relu(a) or
-  clip(a, lo, hi) on the vector unit's EPILOGUE (int32 or float32);
+  clip(a, lo, hi) on the vector unit's EPILOGUE (int32 or float32), or any other expression of
+  one input of the output's shape and constants with + - * max min (int32 or float32, up to 16
+  operations: a leaky relu, a hard-swish written with multiplies) as a FABRIC body on the PE
+  fabric;
 
 or when it is a kernel already written for the NPU (`T.func_attr({"cgra.kernel": True})`: its
 own scratchpad buffers, copies and tensorized blocks or device calls), which goes to lowering as
@@ -32,7 +35,10 @@ from tvm.s_tir.schedule.analysis import get_auto_tensorize_mapping_info
 from tvm.s_tir.schedule.transform import tile_with_tensor_intrin
 
 from cgra_sim.arch import HardwareDescription
+from cgra_sim.fabric import Fabric
 from cgra_sim.isa import ACC_DTYPE, DType
+from cgra_sim.mapping import body as bodies
+from cgra_sim.mapping.mapper import MappingError
 
 from ..errors import ScratchpadTooSmall, UnsupportedOperator
 from . import eltwise
@@ -40,6 +46,7 @@ from .family import OpFamily
 from .gemm import choose_tiling as choose_gemm_tiling
 from .gemm import loops_after
 from .intrinsics import SPAD, get_intrin
+from .intrinsics.fabric import FabricBody
 from .intrinsics.vector_unit import ELTWISE_FUNCS
 from .spad_layout import a_row_stride, align_rows
 from .spec import Tiling
@@ -65,7 +72,8 @@ class TirSpec:
     dtype: str = ""  # the inputs' dtype
     acc_dtype: str = ""  # GEMM: the accumulator's (the output's) dtype
     extents: tuple = ()  # GEMM: (M, N, K); elementwise: the output's shape
-    vector_op: tuple = ()  # elementwise: ("eltwise", func, lhs_full, rhs_full) or ("epilogue", relu, clip)
+    # elementwise: ("eltwise", func, lhs_full, rhs_full), ("epilogue", relu, clip) or ("fabric", nodes, flipped)
+    vector_op: tuple = ()
     source_ops: tuple = ()
     param_roles: tuple = ()
     op: str = "tir"
@@ -294,12 +302,14 @@ def _vector_spec(stmt, where: str, common: dict) -> TirSpec:
         raise UnsupportedOperator(f"{where}: block '{stmt.name_hint}' must write every element of a "
                                   "buffer of rank 2 or more, indexed by its iterators in order")
     dtype = str(out.dtype)
-    op = _vector_op(store.value, iterators, out, dtype)
+    op = _vector_op(store.value, iterators, out, dtype) or _fabric_op(store.value, iterators, dtype)
     if op is None:
         raise UnsupportedOperator(
             f"{where}: block '{stmt.name_hint}' computes {store.value}; the vector unit runs a op b with op "
             f"one of {', '.join(ELTWISE_FUNCS)} (operands of the output's rank and dtype), relu and clip "
-            f"({', '.join(EPILOGUE_DTYPES)})")
+            f"({', '.join(EPILOGUE_DTYPES)}), and the PE fabric any expression of one input of the output's "
+            f"shape, constants, + - * max min ({' or '.join(bodies.BODY_DTYPES)}, up to "
+            f"{bodies.BODY_MAX_NODES} operations, a constant minus x excepted)")
     if dtype not in VECTOR_DTYPES:
         raise UnsupportedOperator(f"{where}: the vector unit computes {', '.join(VECTOR_DTYPES)}, not {dtype}")
     return TirSpec(kind="vector", block=stmt.name_hint, dtype=dtype, extents=tuple(int(d) for d in out.shape),
@@ -354,6 +364,46 @@ def _vector_op(value, iterators, out, dtype):
     return None
 
 
+_BODY_OPS = {tirx.Add: "add", tirx.Sub: "sub", tirx.Mul: "mul", tirx.Max: "max", tirx.Min: "min"}
+
+
+def _fabric_op(value, iterators, dtype: str):
+    """("fabric", nodes, flipped) when `value` is an expression of one input read at the
+    iterators (every axis), constants and + - * max min: a FABRIC body; else None."""
+    if dtype not in bodies.BODY_DTYPES:
+        return None
+    nodes, flipped, inputs = [], [], []
+
+    def ref(expr):
+        if isinstance(expr, (tirx.IntImm, tirx.FloatImm)):
+            return expr.value
+        if isinstance(expr, tvm.ir.TensorLoad):
+            if str(expr.source.dtype) != dtype or _indexes_by(expr.indices, iterators, expr.source) != \
+                    (True,) * len(iterators) or any(not expr.source.same_as(s) for s in inputs):
+                raise ValueError("not one input read at the iterators")
+            inputs.append(expr.source)
+            return "a"
+        op = _BODY_OPS.get(type(expr))
+        if op is None:
+            raise ValueError(f"{type(expr).__name__} is not a fabric operation")
+        first, second = ref(expr.a), ref(expr.b)
+        if not isinstance(first, str):
+            if op == "sub" or not isinstance(second, str):
+                raise ValueError("a constant first, in a subtraction or of two constants")
+            first, second = second, first
+            flipped.append(len(nodes))
+        nodes.append((op, first, second))
+        return f"n{len(nodes) - 1}"
+
+    try:
+        ref(value)
+    except ValueError:
+        return None
+    if not nodes or not inputs or len(nodes) > bodies.BODY_MAX_NODES:
+        return None
+    return ("fabric", tuple(nodes), tuple(flipped))
+
+
 def _vector_tiling(spec: TirSpec, arch: HardwareDescription) -> Tiling:
     """tm x tn tiles of the output's last two axes that divide them exactly (the user's blocks
     are not padded), with the fewest estimated cycles (eltwise.py's estimate) among those whose
@@ -370,7 +420,7 @@ def _eltwise_spec(spec: TirSpec) -> eltwise.EltwiseSpec:
     """The standalone elementwise family's spec of the same work, for its cost estimate."""
     if spec.vector_op[0] == "eltwise":
         _, func, lhs_full, rhs_full = spec.vector_op
-    else:  # EPILOGUE streams one operand: count the second as a broadcast scalar
+    else:  # EPILOGUE and FABRIC stream one operand: count the second as a broadcast scalar
         func, lhs_full, rhs_full = "add", (True,) * len(spec.extents), (False,) * len(spec.extents)
     return eltwise.EltwiseSpec(func, spec.dtype, spec.extents, spec.extents, spec.extents,
                                extents=spec.extents, lhs_full=lhs_full, rhs_full=rhs_full)
@@ -382,6 +432,9 @@ def _divisors(extent: int) -> list:
 
 
 def _vector_intrin(spec: TirSpec, tiling: Tiling) -> str:
+    if spec.vector_op[0] == "fabric":
+        _, nodes, flipped = spec.vector_op
+        return get_intrin("fabric", tiling.tm, tiling.tn, FabricBody(nodes, spec.dtype, flipped))
     if spec.vector_op[0] == "eltwise":
         _, func, lhs_full, rhs_full = spec.vector_op
         return get_intrin("eltwise", tiling.tm, tiling.tn, func, spec.dtype, lhs_full[-2:], rhs_full[-2:])
@@ -415,6 +468,11 @@ def choose_tir_tiling(spec: TirSpec, arch: HardwareDescription):
             raise UnsupportedOperator(f"{arch.name} computes {', '.join(arch.dtypes)}, not {spec.dtype}")
         return choose_gemm_tiling(*spec.extents, spec.dtype, spec.acc_dtype, False, arch)
     if spec.kind == "vector":
+        if spec.vector_op[0] == "fabric":
+            try:
+                bodies.program(spec.vector_op[1], spec.dtype, Fabric.of(arch))
+            except MappingError as error:
+                raise UnsupportedOperator(f"PrimFunc '{spec.name}': {error}") from None
         return _vector_tiling(spec, arch)
     return None  # a kernel written for the NPU brings its own tiles
 

@@ -31,11 +31,16 @@ class FabricBody:
 
     nodes: tuple
     dtype: str
+    # Nodes (commutative ops) whose TIR expression has the immediate first, as a user's PrimFunc
+    # writes `0.1 * x`: the description must be the expression tensorize sees; the command
+    # computes the same with its operands in the ISA's order.
+    flipped: tuple = ()
 
     @property
     def name(self) -> str:
         """A piece of an intrinsic's name: the dtype and a digest of the nodes."""
-        return f"body_{self.dtype}_{bodies.graph(self.nodes, self.dtype).fingerprint}"
+        flipped = "_f" + "-".join(map(str, self.flipped)) if self.flipped else ""
+        return f"body_{self.dtype}_{bodies.graph(self.nodes, self.dtype).fingerprint}{flipped}"
 
 
 def body_value(body: FabricBody, a):
@@ -43,7 +48,8 @@ def body_value(body: FabricBody, a):
     values = {"a": a}
     for index, (op, first, second) in enumerate(body.nodes):
         other = values[second] if isinstance(second, str) else tirx.const(second, body.dtype)
-        values[f"n{index}"] = _TIR[op](values[first], other)
+        operands = (other, values[first]) if index in body.flipped else (values[first], other)
+        values[f"n{index}"] = _TIR[op](*operands)
     return values[f"n{len(body.nodes) - 1}"]
 
 
