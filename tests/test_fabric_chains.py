@@ -165,3 +165,40 @@ def test_why_a_chain_stays_on_the_host():
     mod = _module((4, 9), "float16", lambda bb, x: relax.op.nn.leakyrelu(x, 0.1))
     (placement,) = npu_backend.explain(mod, "cgra-8x8")
     assert placement.where == "host" and "the PE fabric computes float32 or int32" in placement.reason
+
+
+@pytest.mark.parametrize("slope_shape", [(8, 1, 1), (1,)], ids=["per-channel", "shared"])
+def test_onnx_prelu_runs_on_the_fabric(slope_shape):
+    """PRelu's slope is FABRIC's input B, read per row (a channel) with stride 0 along the pixels."""
+    slope = numpy_helper.from_array((RNG.random(slope_shape) * 0.5 - 0.1).astype(np.float32), "s")
+    w = numpy_helper.from_array((RNG.random((8, 8, 3, 3)) - 0.5).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("PRelu", ["c", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, SHAPE)], initializer=[w, slope])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    mod = from_onnx(model)
+    assert [p.kernel.split()[0] for p in npu_backend.explain(mod, "cgra-8x8")] == ["cgra.conv2d", "cgra.eltwise_prelu"]
+    x = RNG.standard_normal(SHAPE).astype(np.float32)
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(mod, "cgra-8x8"), [x])
+    assert mismatch(out, ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0], "float32") is None
+    assert prof.kernels[1].op_counts["FABRIC"] >= 1
+
+
+@settings(max_examples=20, deadline=None)
+@given(shape=st.lists(st.integers(1, 12), min_size=1, max_size=4).map(tuple), data=st.data(),
+       arch=st.sampled_from(["cgra-4x4", "cgra-16x16"]))
+def test_prelu_over_any_axis_matches_the_llvm_build(shape, data, arch):
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    slope_shape = data.draw(st.sampled_from([(shape[axis],), (1,)]))
+    bb = relax.BlockBuilder()
+    x, s = relax.Var("x", relax.TensorType(shape, "float32")), relax.Var("s", relax.TensorType(slope_shape, "float32"))
+    with bb.function("main", [x, s]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.prelu(x, s, axis=axis)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    inputs = [RNG.standard_normal(shape).astype(np.float32), (RNG.random(slope_shape) - 0.5).astype(np.float32)]
+    placement, = npu_backend.explain(mod, arch)
+    assert placement.where == "npu", placement.reason
+    assert mismatch(run(npu_backend.compile(mod, arch), inputs), _llvm(mod, inputs), "float32") is None

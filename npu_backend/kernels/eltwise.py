@@ -1,4 +1,5 @@
-"""The elementwise family: standalone add, subtract, multiply, maximum, minimum on ELTWISE.
+"""The elementwise family: standalone add, subtract, multiply, maximum, minimum on ELTWISE, and
+prelu as a two-input FABRIC body on the PE fabric.
 
 Stage: partition (its patterns and spec), kernel definition, tiling and schedule. Input: a Relax
 `add`, `subtract`, `multiply`, `maximum` or `minimum` of two tensors of one dtype whose shapes
@@ -26,20 +27,27 @@ from tvm.relax.dpl import is_op, wildcard
 
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
+from cgra_sim.fabric import Fabric
 from cgra_sim.isa import DType
+from cgra_sim.mapping import body as bodies
+from cgra_sim.mapping.mapper import MappingError
 
 from ..errors import ScratchpadTooSmall, UnsupportedOperator
-from ..relax_info import dtype_of
+from ..relax_info import dtype_of, require_static_shape
 from .dynamic import CUT_PARAMS, dim_var, read_shape
 from .family import OpFamily
 from .intrinsics import SPAD, get_intrin
+from .intrinsics.fabric import FabricBody, body_value
 from .intrinsics.vector_unit import eltwise_value
 from .operands import padded, prim_func
 from .spec import Tiling, aligned
 
 #: Pattern name suffix -> the Relax operator it offloads.
 ELTWISE_OPS = {"add": "relax.add", "subtract": "relax.subtract", "multiply": "relax.multiply",
-               "maximum": "relax.maximum", "minimum": "relax.minimum"}
+               "maximum": "relax.maximum", "minimum": "relax.minimum", "prelu": "relax.nn.prelu"}
+#: prelu(x, slope) = max(x, 0) + slope min(x, 0), exactly select(x > 0, x, slope x): a FABRIC body
+#: (the vector unit has no command for it), its slope streamed as input B.
+PRELU_BODY = (("max", "a", 0.0), ("min", "a", 0.0), ("mul", "n1", "b"), ("add", "n0", "n2"))
 ELTWISE_DTYPES = ("float32", "int32", "int8")
 PREFIX = "cgra.eltwise_"
 MAX_RANK = 4
@@ -68,6 +76,8 @@ class EltwiseSpec:
     # times `tail_factor`, the static axes before them walked alike.
     tail: tuple = ()
     tail_factor: int = 1
+    # prelu: the slope's shape as it broadcasts against lhs (its axis), rhs_shape the caller's (C,)
+    rhs_broadcast: tuple = ()
     op = "eltwise"
     # A static factor times a variable as a tile's extent: TVM's region-cover check cannot prove
     # whole tiles cover it (as for a conv2d's symbolic image), the schedule runs unchecked
@@ -128,6 +138,8 @@ def _smallest_factor(extent: int) -> int:
 def eltwise_spec_from_match(name: str, annotated: dict) -> EltwiseSpec:
     """The kernel a matched elementwise op would become; raises `UnsupportedOperator` with the reason."""
     func = name.removeprefix(PREFIX)
+    if func == "prelu":
+        return _prelu_spec(annotated)
     lhs, rhs = annotated["lhs"], annotated["rhs"]
     if lhs.same_as(rhs):
         raise UnsupportedOperator(f"{func} takes the same tensor as both operands; the NPU kernel loads each "
@@ -156,6 +168,26 @@ def eltwise_spec_from_match(name: str, annotated: dict) -> EltwiseSpec:
     factor = extents[-1] // math.prod(out[len(out) - len(tail):]) if tail else 1
     return EltwiseSpec(func, dtypes[0], shapes[0], shapes[1], out, extents, lhs_full, rhs_full, symbol=symbol,
                        tail=tail, tail_factor=factor)
+
+
+def _prelu_spec(annotated: dict) -> EltwiseSpec:
+    """prelu(x, slope) over x's axis `axis`, on the PE fabric (PRELU_BODY): float32, static shapes,
+    one slope per channel of that axis or one for all."""
+    lhs, rhs = annotated["lhs"], annotated["rhs"]
+    if dtype_of(lhs) != "float32" or dtype_of(rhs) != "float32":
+        raise UnsupportedOperator(f"prelu of {dtype_of(lhs)} by a {dtype_of(rhs)} slope: the NPU's prelu is float32")
+    shape = require_static_shape(lhs, "input", UnsupportedOperator, prefix="prelu: ")
+    slope = require_static_shape(rhs, "slope", UnsupportedOperator, prefix="prelu: ")
+    if not 1 <= len(shape) <= MAX_RANK:
+        raise UnsupportedOperator(f"prelu of rank {len(shape)}: the NPU's DMA moves tensors of rank 1..{MAX_RANK}")
+    axis = int(annotated["root"].attrs.axis) % len(shape)
+    if tuple(slope) not in ((shape[axis],), (1,)):
+        raise UnsupportedOperator(f"prelu with a slope of shape {tuple(slope)} over axis {axis} of {tuple(shape)}: "
+                                  f"the NPU takes one slope per channel ({shape[axis]},) or one for all (1,)")
+    broadcast = tuple(slope[0] if index == axis else 1 for index in range(len(shape)))
+    out, extents, lhs_full, rhs_full = eltwise_view(tuple(shape), broadcast)
+    return EltwiseSpec("prelu", "float32", tuple(shape), tuple(slope), out, extents, lhs_full, rhs_full,
+                       rhs_broadcast=broadcast)
 
 
 def _symbolic_axes(func: str, shapes, lhs_names: dict, rhs_names: dict) -> tuple:
@@ -223,6 +255,11 @@ def choose_eltwise_tiling(spec: EltwiseSpec, arch: HardwareDescription) -> Tilin
     tiles and output tile, each double-buffered, fit the scratchpad, the one with the fewest
     estimated cycles (ties: the larger). mp, np: the view's rows and columns padded to whole tiles."""
     *_, rows, cols = spec.extents
+    if spec.func == "prelu":
+        try:
+            bodies.program(PRELU_BODY, spec.dtype, Fabric.of(arch))
+        except MappingError as error:
+            raise UnsupportedOperator(f"prelu: {error}") from None
     tiling = _choose_symbolic_columns(spec, arch) if spec.tail else \
         best_tiling(spec, arch, _tile_sizes(rows, 1), _tile_sizes(cols, arch.vector_lanes))
     if tiling is None:
@@ -338,8 +375,10 @@ def eltwise_compute(spec: EltwiseSpec, tiling: Tiling):
         shape = tuple(extent if walks else 1 for extent, walks in zip(padded, full))
         operands[role] = (tensor, te.compute(shape, _loader(tensor, view), name=name))
     (lhs, a_pad), (rhs, b_pad) = operands["lhs"], operands["rhs"]
-    elt = te.compute(padded, lambda *i: eltwise_value(
-        spec.func, a_pad(*_walked(i, spec.lhs_full)), b_pad(*_walked(i, spec.rhs_full))), name="elt")
+    value = (lambda a, b: body_value(FabricBody(PRELU_BODY, spec.dtype), a, b)) if spec.func == "prelu" else \
+        (lambda a, b: eltwise_value(spec.func, a, b))
+    elt = te.compute(padded, lambda *i: value(a_pad(*_walked(i, spec.lhs_full)), b_pad(*_walked(i, spec.rhs_full))),
+                     name="elt")
     out = te.compute(extents, lambda *i: elt(*i), name="out")
     caller = {"lhs": spec.lhs_shape, "rhs": spec.rhs_shape, "out": spec.output_shape}
     views = {role: _symbolic(spec, shape, rank=len(spec.output_shape)) for role, shape in caller.items()} \
@@ -385,6 +424,10 @@ def schedule_eltwise(sch, spec: EltwiseSpec, tiling: Tiling, arch: HardwareDescr
         sch.set_scope(block, 0, SPAD)
     sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
     sch.set_scope(elt, 0, SPAD)
+    if spec.func == "prelu":  # x is walked everywhere; the slope per row or per column
+        sch.tensorize(row_inner, get_intrin("fabric", tiling.tm, tiling.tn, FabricBody(PRELU_BODY, spec.dtype),
+                                            spec.rhs_full[-2:]))
+        return
     sch.tensorize(row_inner, get_intrin("eltwise", tiling.tm, tiling.tn, spec.func, spec.dtype,
                                         spec.lhs_full[-2:], spec.rhs_full[-2:]))
 

@@ -132,7 +132,7 @@ def _host_reason(mod, call, arch) -> str:
     if pattern is None:
         return (f"no NPU kernel for {_op_name(call)} (the NPU runs matmul and conv2d, with bias add, "
                 "residual add, relu and clip, elementwise add, subtract, multiply, maximum, minimum, "
-                "chains of them with divide by a constant and leaky relu on the PE fabric, "
+                "chains of them with divide by a constant and leaky relu, and prelu, on the PE fabric, "
                 "and max / average pooling)")
     annotated = {"root": call, "lhs": call.args[0], **({"rhs": call.args[1]} if len(call.args) > 1 else {})}
     reason = offload_reason(pattern, annotated, arch)

@@ -15,7 +15,7 @@ import dataclasses
 from tvm import tirx
 
 from cgra_codegen import device_call
-from cgra_sim.isa import BODY_MAX_NODES
+from cgra_sim.isa import BODY_MAX_NODES, FABRIC_INPUT_B
 from cgra_sim.mapping import body as bodies
 
 from .builder import SPAD, Tile, intrinsic
@@ -43,9 +43,9 @@ class FabricBody:
         return f"body_{self.dtype}_{bodies.graph(self.nodes, self.dtype).fingerprint}{flipped}"
 
 
-def body_value(body: FabricBody, a):
-    """The body's output for input element `a`, in TIR (immediates as `dtype` constants)."""
-    values = {"a": a}
+def body_value(body: FabricBody, a, b=None):
+    """The body's output for input elements `a` (and `b`), in TIR (immediates as `dtype` constants)."""
+    values = {"a": a, "b": b}
     for index, (op, first, second) in enumerate(body.nodes):
         other = values[second] if isinstance(second, str) else tirx.const(second, body.dtype)
         operands = (other, values[first]) if index in body.flipped else (values[first], other)
@@ -53,19 +53,26 @@ def body_value(body: FabricBody, a):
     return values[f"n{len(body.nodes) - 1}"]
 
 
-def fabric_intrin(rows: int, cols: int, body: FabricBody, scope: str = SPAD):
-    """FABRIC: Out[rows, cols] = body(A) over a tile (one input; strides: A's and Out's rows)."""
+def fabric_intrin(rows: int, cols: int, body: FabricBody, b_full: tuple | None = None, scope: str = SPAD):
+    """FABRIC: Out[rows, cols] = body(A[, B]) over a tile. `b_full`: None for a one-input body,
+    else (walks rows, walks cols) of input B, which is read with stride 0 along an axis it does
+    not walk (a per-row or per-column operand, loaded once per tile)."""
     words = bodies.encode(body.nodes, body.dtype)
+    inputs = [Tile("A", (rows, cols), body.dtype)]
+    if b_full is not None:
+        inputs.append(Tile("B", (rows if b_full[0] else 1, cols if b_full[1] else 1), body.dtype))
 
     def value(buffers, i, j):
-        return body_value(body, buffers["A"][i, j])
+        b = None if b_full is None else buffers["B"][i if b_full[0] else 0, j if b_full[1] else 0]
+        return body_value(body, buffers["A"][i, j], b)
 
     def call(buffers, strides):
+        two = b_full is not None
         return device_call(
-            "cgra_fabric", flags=0, dtype=dtype_code(body.dtype), rows=rows, cols=cols, a_addr=buffers["A"],
-            a_row_stride=strides["A"][0], a_col_stride=1, b_addr=0, b_row_stride=0, b_col_stride=0,
+            "cgra_fabric", flags=FABRIC_INPUT_B if two else 0, dtype=dtype_code(body.dtype), rows=rows, cols=cols,
+            a_addr=buffers["A"], a_row_stride=strides["A"][0], a_col_stride=1, b_addr=buffers["B"] if two else 0,
+            b_row_stride=strides["B"][0] if two and b_full[0] else 0, b_col_stride=1 if two and b_full[1] else 0,
             out_addr=buffers["Out"], out_stride=strides["Out"][0], nodes=len(words),
             **{f"node{i}": words[i] if i < len(words) else 0 for i in range(BODY_MAX_NODES)})
 
-    return intrinsic([Tile("A", (rows, cols), body.dtype)], Tile("Out", (rows, cols), body.dtype), "fab",
-                     value, call, scope=scope)
+    return intrinsic(inputs, Tile("Out", (rows, cols), body.dtype), "fab", value, call, scope=scope)
