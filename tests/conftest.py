@@ -34,12 +34,15 @@ _SESSION_KERNEL_CACHE = []
 
 
 def pytest_configure(config):
-    """The session starts with an empty persistent kernel cache (target/kernel_cache.py) that its
-    subprocesses share, so a kernel cached by an earlier run (or another checkout) cannot hide
-    what this one compiles."""
+    """The session starts with an empty persistent kernel cache (target/kernel_cache.py) and
+    mapping cache that its subprocesses share, so a kernel or mapping cached by an earlier run
+    (or another checkout) cannot hide what this one compiles."""
     if "CGRA_KERNEL_CACHE" not in os.environ:
         _SESSION_KERNEL_CACHE.append(tempfile.mkdtemp(prefix="cgra-kernel-cache-"))
-        os.environ["CGRA_KERNEL_CACHE"] = _SESSION_KERNEL_CACHE[0]
+        os.environ["CGRA_KERNEL_CACHE"] = _SESSION_KERNEL_CACHE[-1]
+    if "CGRA_MAPPING_CACHE" not in os.environ:  # the fabric mapper's (cgra_sim/mapping/mapper.py), likewise
+        _SESSION_KERNEL_CACHE.append(tempfile.mkdtemp(prefix="cgra-mapping-cache-"))
+        os.environ["CGRA_MAPPING_CACHE"] = _SESSION_KERNEL_CACHE[-1]
 
 
 def pytest_unconfigure(config):

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from cgra_sim import load_arch
 from cgra_sim.arch import ArchError
 from cgra_sim.fabric import Fabric
-from cgra_sim.mapping import INTRINSICS, DataflowGraph, GraphError, Node, Operand, map_graph, rec_mii, res_mii
+from cgra_sim.mapping import (INTRINSICS, DataflowGraph, GraphError, MappingError, Node, Operand, map_graph, rec_mii,
+                              res_mii)
 from cgra_sim.mapping import mapper
 from cgra_sim.mapping.array_sim import ArrayError, run_array
 
@@ -179,3 +180,32 @@ def test_cgra_sim_map_reports_ii_and_mii_and_draws(tmp_path, capsys):
     assert (tmp_path / "mac.png").read_bytes()[:4] == b"\x89PNG"
     assert main(["map", "--intrinsic", "all", "--png", str(tmp_path / "all.png")]) == 2
     assert "--png draws one intrinsic's mapping" in capsys.readouterr().err
+
+
+def test_mappings_persist_on_disk_and_a_damaged_file_is_mapped_again(tmp_path, monkeypatch):
+    """A mapping (or the absence of one) found by one process is read back by the next one as it
+    was; a file that does not read back is mapped again."""
+    monkeypatch.setenv("CGRA_MAPPING_CACHE", str(tmp_path))
+    graph, fabric = INTRINSICS["hard-swish"](), Fabric.of(load_arch("cgra-4x4"))
+    monkeypatch.setattr(mapper, "_CACHE", {})
+    first = mapper.map_graph(graph, fabric)
+    (stored,) = tmp_path.glob("*.json")
+    monkeypatch.setattr(mapper, "_CACHE", {})
+    monkeypatch.setattr(mapper, "_map", lambda *args: pytest.fail("mapped again instead of reading the file"))
+    again = mapper.map_graph(graph, fabric)
+    assert (again.ii, again.placement, again.routes, again.fabric) == (first.ii, first.placement, first.routes,
+                                                                      first.fabric)
+    stored.write_text("{not json")
+    monkeypatch.setattr(mapper, "_CACHE", {})
+    monkeypatch.setattr(mapper, "_map", lambda *args: first)
+    assert mapper.map_graph(graph, fabric) is first
+    # no mapping: remembered too (a failing search is the slowest)
+    tiny = dataclasses.replace(fabric, context_depth=1)
+    monkeypatch.setattr(mapper, "_CACHE", {})
+    monkeypatch.setattr(mapper, "_map", lambda *args: (_ for _ in ()).throw(MappingError("none here")))
+    with pytest.raises(MappingError, match="none here"):
+        mapper.map_graph(graph, tiny)
+    monkeypatch.setattr(mapper, "_CACHE", {})
+    monkeypatch.setattr(mapper, "_map", lambda *args: pytest.fail("searched again"))
+    with pytest.raises(MappingError, match="none here"):
+        mapper.map_graph(graph, tiny)

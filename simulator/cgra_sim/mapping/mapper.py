@@ -15,14 +15,21 @@ scratchpad corner come first, so small graphs stay compact. When the II found is
 fabric one row and one column smaller are searched too (their corners are links of this fabric)
 and the best kept, so a bigger array rarely does worse than a smaller one; the benchmark and a
 property test check that across sizes. Deterministic: no randomness, ties
-broken by PE number. Mappings are cached by (graph, fabric) fingerprints.
+broken by PE number. Mappings (and the absence of one) are cached by (graph, fabric)
+fingerprints, in the process and on disk ($CGRA_MAPPING_CACHE, "off" for none; the mapper's
+source is part of the key).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import os
+import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 
 from .dfg import OPS, DataflowGraph, res_mii, rec_mii
 from .mrrg import Resources, negotiated_route
@@ -76,15 +83,79 @@ class Mapping:
         return -(-self.fabric.num_pes * self.ii * self.fabric.config_word_bits // 8)
 
 
-_CACHE: dict = {}
+_CACHE: dict = {}  # (graph, fabric) fingerprints -> Mapping or MappingError, this process
 
 
 def map_graph(graph: DataflowGraph, fabric) -> Mapping:
-    """The mapping of `graph` on `fabric` at the smallest II this mapper finds (cached)."""
+    """The mapping of `graph` on `fabric` at the smallest II this mapper finds (cached in the
+    process and on disk); raises MappingError when there is none."""
     key = (graph.fingerprint, fabric.fingerprint)
     if key not in _CACHE:
-        _CACHE[key] = _map(graph, fabric)
+        path = _cache_file(graph, fabric)
+        result = _load(path, graph, fabric) if path is not None else None
+        if result is None:
+            try:
+                result = _map(graph, fabric)
+            except MappingError as error:
+                result = error
+            _store(path, result)
+        _CACHE[key] = result
+    if isinstance(_CACHE[key], MappingError):
+        raise _CACHE[key]
     return _CACHE[key]
+
+
+#: Where mappings persist between processes (a mapping of a large body takes seconds on 16x16):
+#: $CGRA_MAPPING_CACHE, "off" for none, else ~/.cache/cgra_sim/mappings. One small JSON file per
+#: (graph, fabric, mapper source), written atomically; a file that does not read back is mapped again.
+_SOURCES = ("mapper.py", "mrrg.py", "dfg.py")
+_VERSION = hashlib.sha256(b"".join((Path(__file__).parent / name).read_bytes() for name in _SOURCES)).hexdigest()[:12]
+
+
+def _cache_file(graph: DataflowGraph, fabric) -> Path | None:
+    where = os.environ.get("CGRA_MAPPING_CACHE", "")
+    if where.lower() == "off":
+        return None
+    root = Path(where) if where else Path.home() / ".cache" / "cgra_sim" / "mappings"
+    return root / f"{_VERSION}-{graph.fingerprint}-{fabric.fingerprint}.json"
+
+
+def _load(path: Path | None, graph: DataflowGraph, fabric):
+    """The mapping (or the MappingError) stored at `path`, or None."""
+    try:
+        data = json.loads(path.read_text())
+        if "error" in data:
+            return MappingError(data["error"])
+        rows, cols, topology = data["region"]
+        region = fabric if (rows, cols) == (fabric.rows, fabric.cols) else \
+            dataclasses.replace(fabric, rows=rows, cols=cols, topology=topology)
+        return Mapping(graph, region, data["ii"], data["res_mii"], data["rec_mii"],
+                       {name: tuple(at) for name, at in data["placement"].items()},
+                       {(reader, index): [tuple(step) for step in chain] for reader, index, chain in data["routes"]},
+                       data["seconds"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _store(path: Path | None, result) -> None:
+    if path is None:
+        return
+    if isinstance(result, MappingError):
+        data = {"error": str(result)}
+    else:
+        region = result.fabric
+        data = {"ii": result.ii, "res_mii": result.res_mii, "rec_mii": result.rec_mii, "seconds": result.seconds,
+                "region": [region.rows, region.cols, region.topology],
+                "placement": {name: list(at) for name, at in result.placement.items()},
+                "routes": [[reader, index, [list(step) for step in chain]]
+                           for (reader, index), chain in result.routes.items()]}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as out:
+            json.dump(data, out)
+        os.replace(out.name, path)
+    except OSError:
+        pass  # a read-only or full disk: the mapping is still cached in this process
 
 
 def _map(graph: DataflowGraph, fabric) -> Mapping:
