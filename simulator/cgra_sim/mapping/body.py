@@ -15,7 +15,8 @@ loads and its store) and mapped onto the fabric as a modulo schedule (mapper.py)
 2 x (memory-port PEs / memory operations per element), or fewer if the copies would not fit two
 slots of every PE: at II = 2 that keeps every memory port busy (the fabric's bound for a
 streaming body) and leaves the mapper two slots per PE to route in; when that does not map, half
-as many, down to one. A tile of E elements then takes
+as many, down to one; when it maps above MII, twice as many are tried too (graphs of up to 128
+nodes) and the one with more elements per cycle kept. A tile of E elements then takes
 (ceil(E / lanes) - 1) x II + latency cycles (cost.fabric_steady_cycles), after loading the
 mapping's configuration when the PE array held another one.
 """
@@ -211,6 +212,9 @@ def program(body, dtype: str, fabric) -> Program:
     return _program(tuple(body), dtype, fabric)
 
 
+_WIDER_NODES = 128  # the largest graph tried with twice the lanes (its mapping takes ~0.1 s)
+
+
 @functools.lru_cache(maxsize=256)
 def _program(body: tuple, dtype: str, fabric) -> Program:
     check_body(body, dtype)
@@ -220,9 +224,19 @@ def _program(body: tuple, dtype: str, fabric) -> Program:
     problem = None
     while lanes >= 1:
         try:
-            return Program(lanes, map_graph(graph(body, dtype, lanes), fabric))
+            found = Program(lanes, map_graph(graph(body, dtype, lanes), fabric))
         except MappingError as error:
             problem = error
             lanes //= 2
+            continue
+        # Above MII the mapper left slots unused: twice the copies may fill them (a small graph only)
+        if found.ii > found.mapping.mii and 2 * lanes * (len(body) + memory) <= _WIDER_NODES:
+            try:
+                wider = Program(2 * lanes, map_graph(graph(body, dtype, 2 * lanes), fabric))
+                if wider.lanes * found.ii > found.lanes * wider.ii:
+                    return wider
+            except MappingError:
+                pass
+        return found
     raise MappingError(f"a {len(body)}-node body does not map onto the {fabric.rows}x{fabric.cols} fabric even "
                        f"one element at a time: {problem}")
