@@ -180,3 +180,28 @@ def test_body_words_round_trip():
         assert bodies.decode(words, dtype, bodies.reads_b(body)) == tuple(
             (op, first, float(np.float32(second)) if dtype == "float32" and not isinstance(second, str) else second)
             for op, first, second in body)
+
+
+@settings(max_examples=15, deadline=None)
+@given(case=random_bodies(dtype="float32", two_inputs=False, max_nodes=5), rows=st.integers(1, 6),
+       cols=st.integers(1, 12), seed=st.integers(0, 2**32 - 1))
+def test_a_fabric_command_costs_what_its_mapping_takes_on_the_cycle_level_array(case, rows, cols, seed):
+    """Issue 14's check that the fast model is honest, for FABRIC: the command's run cycles in the
+    timeline (its configuration load aside) are the cycles the cycle-level array simulator takes to
+    run the same elements through the mapping PE by PE, and both compute the same values."""
+    dtype, body = case
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal(rows * cols) * 4).astype(dtype)
+    out = np.zeros((rows, cols), dtype)
+    result = simulate_detailed(SMALL, _stream(body, dtype, rows, cols, (a, cols, 1), None, cols), [a, out])
+    program = bodies.program(body, dtype, Fabric.of(SMALL))
+    config = cost.fabric_config_cycles(SMALL, program.config_bytes)
+    run = int(result.timeline.ends[1] - result.timeline.starts[1]) - config
+    lanes, iterations = program.lanes, -(-rows * cols // program.lanes)
+    padded = np.concatenate([a, np.zeros(iterations * lanes - a.size, dtype)])
+    streams = {f"a{lane}": padded[lane::lanes] for lane in range(lanes)}
+    outputs, cycles = run_array(program.mapping, streams, iterations)
+    traffic_bound = -(-2 * rows * cols * 4 // (SMALL.spad_banks * SMALL.bank_width_bytes))
+    assert run == max(cycles, program.latency + traffic_bound)  # the array's cycles, unless the banks are slower
+    array_out = np.stack([outputs[f"out{lane}"] for lane in range(lanes)], axis=1).reshape(-1)[:rows * cols]
+    np.testing.assert_array_equal(array_out.reshape(rows, cols), out)
