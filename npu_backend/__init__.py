@@ -49,16 +49,20 @@ __all__ = [
 
 
 def compile(mod: tvm.IRModule, arch=None, *, dump_dir: str | None = None,  # noqa: A001 (the API's name)
-            shape_bounds: dict | None = None, host_opt_level: int = 0):
+            shape_bounds: dict | None = None, host_opt_level: int = 0, fuse_chains: bool = False):
     """Compile a Relax module for the CGRA NPU described by `arch` (preset name, JSON path or
     HardwareDescription; default cgra-8x8). Returns an executable for `relax.VirtualMachine`.
     With `dump_dir`, every stage's output is written there under the stage's name.
     `shape_bounds` ({"n": 64}): the largest value of symbolic dimensions; kernels are compiled
     once for every size, the bound only steers their tiles (docs/dynamic-shapes.md).
     `host_opt_level`: LLVM's optimisation level (0-3) for the host code that records the command
-    streams; the commands, cycles and results are the same at every level, 0 builds fastest."""
+    streams; the commands, cycles and results are the same at every level, 0 builds fastest.
+    `fuse_chains`: run an elementwise chain after a conv2d / matmul (a leaky relu, a hard-swish)
+    inside that kernel, on each output tile: less DRAM traffic and energy, more cycles
+    (CompileOptions.fuse_chains)."""
     arch = load_arch(arch)
-    options = CompileOptions(dump_dir=dump_dir, shape_bounds=shape_bounds or {}, host_opt_level=host_opt_level)
+    options = CompileOptions(dump_dir=dump_dir, shape_bounds=shape_bounds or {}, host_opt_level=host_opt_level,
+                             fuse_chains=fuse_chains)
     name = arch.name if arch.name in preset_names() else DEFAULT_ARCH
     target = tvm.target.Target(name)
     try:

@@ -24,7 +24,8 @@ from cgra_sim.arch import HardwareDescription
 from .errors import CGRAError, ScheduleError, UnsupportedOperator, stage_context
 from .kernels import family_of, offload_reason, pattern_table
 from .kernels.dynamic import rebind_dimensions, shape_bounds
-from .kernels.fabric import PREFIX as FABRIC_PREFIX
+from .kernels.chains import reads_immediates
+from .kernels.epilogue import is_epilogue_chain
 from .kernels.registry import kernel_builder_of, schedule_of
 from .kernels.schedule_check import check_scheduled, check_signature
 from .kernels.tir import KERNEL_ATTR, tir_spec
@@ -95,7 +96,7 @@ def partition(mod, arch, options):
     # weights stay arguments so the kernels can DMA them. Symbolic dimensions the kernels take
     # are read at their bound (kernels/dynamic.py).
     with shape_bounds(bounds_of(mod, options)):
-        partitioned = relax.transform.FuseOpsByPattern(fusion_patterns(arch), bind_constants=False,
+        partitioned = relax.transform.FuseOpsByPattern(fusion_patterns(arch, options), bind_constants=False,
                                                        annotate_codegen=True)(mod)
     # A user's own PrimFuncs called with R.call_tir: offloaded when they compile as NPU
     # kernels (kernels/tir.py maps their blocks onto the intrinsics), else left to the host.
@@ -107,15 +108,18 @@ def partition(mod, arch, options):
     partitioned = record_source_nodes(mod, partitioned)
     # Scalars (a requantisation's zero point, a fabric body's immediates) are bound inside the
     # kernel that needs them at compile time (partition/scalar_args.py).
-    return bind_scalar_arguments(partitioned, takes_immediates=lambda name: name.startswith(FABRIC_PREFIX))
+    return bind_scalar_arguments(partitioned, takes_immediates=reads_immediates)
 
 
-def fusion_patterns(arch: HardwareDescription) -> list[FusionPattern]:
+def fusion_patterns(arch: HardwareDescription, options: CompileOptions = CompileOptions()) -> list[FusionPattern]:
     """The op families' patterns (kernels.pattern_table, in the order to try them), each accepting
     a match only when the chip can run it and no value computed inside it is used outside it
-    (that value would have to leave the kernel too)."""
+    (that value would have to leave the kernel too); a chain after a GEMM-shaped kernel's
+    epilogue only with `options.fuse_chains`."""
     patterns = []
     for entry in pattern_table():
+        if is_epilogue_chain(entry.name) and not options.fuse_chains:
+            continue
         def check(context, name=entry.name):
             return not _reads_what_it_computes(context) and \
                 offload_reason(name, context.annotated_expr, arch) is None and \

@@ -17,7 +17,7 @@ from cgra_codegen import DEVICE_CALLS
 from cgra_sim import load_arch, simulate
 from cgra_sim.isa import DType, EltwiseFunc, Op, encode
 from cgra_sim.mapping import body as bodies
-from npu_backend.kernels.fabric import folded
+from npu_backend.kernels.chains import folded
 from npu_backend.kernels.intrinsics import INTRINSICS, SPAD
 from npu_backend.kernels.intrinsics.fabric import FabricBody
 from npu_backend.kernels.intrinsics.vector_unit import PoolWindow

@@ -20,7 +20,7 @@ from cgra_sim.isa import DType
 
 from ..errors import ScratchpadTooSmall, UnsupportedOperator
 from ..relax_info import dtype_of, require_static_shape
-from .epilogue import clip_bounds
+from .chains import clip_bounds
 from .family import OpFamily
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.vector_unit import activation

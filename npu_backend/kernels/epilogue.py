@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import tvm
-from tvm import te, tirx
+from tvm import te
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
 from ..errors import UnsupportedOperator
 from ..relax_info import dtype_of, require_static_shape
+from .chains import CHAIN_MARK, chain_body, clip_bounds, level_pattern
 from .dynamic import read_shape, symbols_of
 from .intrinsics import get_intrin
+from .intrinsics.fabric import FabricBody, body_value
 from .intrinsics.vector_unit import activation, requantise
 from .operands import padded
 from .spec import KernelSpec
@@ -80,6 +81,7 @@ def chain_pattern_graphs(roots: list[Root]) -> list[tuple]:
                 graphs.append((ops + (act != ""), f"cgra.{root.name}{suffix}{act}", pattern, annotations,
                                root.name))
     graphs += _requant_graphs(roots, bias)
+    graphs += _tail_graphs(roots, bias)
     graphs.sort(key=lambda graph: graph[0])  # stable: keeps the tie order above
     return [graph[1:] for graph in reversed(graphs)]
 
@@ -100,6 +102,34 @@ def _requant_graphs(roots: list[Root], bias) -> list[tuple]:
                 graphs.append((ops + (act != "") + 3, f"cgra.{root.name}{suffix}{act}_requant", tail, annotations,
                                root.name))
     return graphs
+
+
+#: Links of an elementwise chain a kernel's epilogue takes on as a FABRIC body (chains.py).
+TAIL_DEPTH = 5
+
+
+def _tail_graphs(roots: list[Root], bias) -> list[tuple]:
+    """(ops, name, pattern, annotations, root name) of root [+ bias] followed by 1..TAIL_DEPTH
+    links of an elementwise chain (roles n1.., the chain's input the root's value): a leaky relu
+    or a hard-swish after a convolution runs on each output tile in place. Ranked by their calls,
+    like the other chains, after an equally long chain of the epilogue's own (a relu stays the
+    EPILOGUE's)."""
+    graphs = []
+    for root in roots:
+        for suffix, summed, extra, ops in (("", root.pattern, {}, 1),
+                                           ("_bias", is_op("relax.add")(root.pattern, bias), {"bias": bias}, 2)):
+            inner, links = summed, {}
+            for depth in range(1, TAIL_DEPTH + 1):
+                inner = links[f"n{depth}"] = level_pattern(inner, summed)
+                annotations = {"root": root.pattern, **root.roles, **extra, **links}
+                graphs.append((ops + depth - 0.5, f"cgra.{root.name}{suffix}{CHAIN_MARK}{depth}", inner, annotations,
+                               root.name))
+    return graphs
+
+
+def is_epilogue_chain(pattern: str) -> bool:
+    """Whether `pattern` is a root's epilogue followed by an elementwise chain (_tail_graphs)."""
+    return CHAIN_MARK in pattern and not pattern.startswith("cgra.fabric")
 
 
 # ------------------------------------------------------------------ reading a matched chain
@@ -143,9 +173,27 @@ def epilogue_fields(op: str, annotated: dict) -> dict:
 
 
 def with_epilogue_tail(spec: KernelSpec, annotated: dict) -> KernelSpec:
-    """`spec` with the residual add and the requantisation the chain ends in, if any."""
+    """`spec` with the residual add, the requantisation or the elementwise chain the chain
+    ends in, if any."""
     spec = _with_residual(spec, annotated) if "residual" in annotated else spec
+    spec = _with_fabric_tail(spec, annotated) if "n1" in annotated else spec
     return _with_requant(spec, annotated) if "requant" in annotated else spec
+
+
+def _with_fabric_tail(spec: KernelSpec, annotated: dict) -> KernelSpec:
+    """`spec` with the chain after its epilogue as a FABRIC body, run on each output tile."""
+    calls = [annotated[f"n{depth}"] for depth in range(1, TAIL_DEPTH + 1) if f"n{depth}" in annotated]
+    ops = [str(call.op.name) for call in calls]
+    what = f"{spec.op} -> " + " -> ".join(op.removeprefix("relax.") for op in ops)
+    if spec.acc_dtype not in ("float32", "int32"):
+        raise UnsupportedOperator(f"{what}: the PE fabric computes float32 or int32")
+    if len(calls) == 1 and ops[0] in ("relax.nn.relu", "relax.clip"):
+        raise UnsupportedOperator(f"{what}: the EPILOGUE's own relu or clip")
+    shape = static_shape(calls[-1], "result")
+    if dtype_of(calls[-1]) != spec.acc_dtype or tuple(shape) != tuple(static_shape(calls[0], "result")):
+        raise UnsupportedOperator(f"{what}: a constant broadcasts its result to {tuple(shape)}")
+    return dataclasses.replace(spec, fabric_body=chain_body(calls, spec.acc_dtype, what),
+                               source_ops=spec.source_ops + tuple(op.removeprefix("relax.") for op in ops))
 
 
 def _with_residual(spec: KernelSpec, annotated: dict) -> KernelSpec:
@@ -218,25 +266,6 @@ def _scalar_value(expr, dtype: str):
     return value.item() if value.ndim == 0 else None
 
 
-def clip_bounds(call, acc_dtype: str) -> tuple:
-    """The (lo, hi) of a clip as the epilogue applies them: constants of the accumulator dtype,
-    lo <= hi (the NPU computes min(max(x, lo), hi), the host max(min(x, hi), lo): equal then)."""
-    bounds = call.args[1:3]
-    if not all(isinstance(b, (tirx.IntImm, tirx.FloatImm)) for b in bounds):
-        raise UnsupportedOperator(f"clip bounds {list(bounds)} are not constants; the epilogue clips to constants")
-    lo, hi = (float(b.value) for b in bounds)
-    if np.isnan(lo) or np.isnan(hi) or lo > hi:
-        raise UnsupportedOperator(f"clip to [{lo}, {hi}] is not a range (needs lo <= hi)")
-    if lo == hi:  # TIR folds it to a constant that reads no accumulator: nothing left to tensorize
-        raise UnsupportedOperator(f"clip to [{lo}, {hi}] is the constant {lo}, not an epilogue; it runs on its own")
-    if acc_dtype == "float32":
-        return float(np.float32(lo)), float(np.float32(hi))
-    info = np.iinfo(acc_dtype)
-    if not all(v.is_integer() and info.min <= v <= info.max for v in (lo, hi)):
-        raise UnsupportedOperator(f"clip bounds [{lo}, {hi}] of an {acc_dtype} result must be {acc_dtype} integers")
-    return int(lo), int(hi)
-
-
 # ------------------------------------------------------------------ the epilogue in the kernel
 
 def epilogue_operands(spec: KernelSpec, out_shape) -> dict:
@@ -269,6 +298,8 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
         value = value + row(bias_pad, idx) if bias_pad is not None else value
         value = value + res_pad(*idx) if res_pad is not None else value
         value = activation(value, spec.acc_dtype, spec.relu, spec.clip)
+        if spec.fabric_body:
+            value = body_value(FabricBody(spec.fabric_body, spec.acc_dtype), value)
         return requantise(value, row(scale_pad, idx), spec.requant_zero_point) if scale_pad is not None else value
 
     return te.compute(acc.shape, epi_value, name="epi")
@@ -305,5 +336,6 @@ def channel_rows(spec: KernelSpec) -> tuple:
 def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
     """The EPILOGUE intrinsic for a tile of `rows` (tiling.tm by default) x tiling.tn."""
     rows = tiling.tm if rows is None else rows
+    body = FabricBody(spec.fabric_body, spec.acc_dtype) if spec.fabric_body else None
     return get_intrin("epilogue", rows, tiling.tn, spec.acc_dtype, bool(spec.bias_shape), spec.relu,
-                      bool(spec.residual_shape), spec.clip, spec.requant_zero_point)
+                      bool(spec.residual_shape), spec.clip, spec.requant_zero_point, body)

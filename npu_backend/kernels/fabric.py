@@ -25,36 +25,29 @@ unit's kernels would make one pass per operation.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
-import numpy as np
-import tvm
-import tvm_ffi
-from tvm import sym, tirx
-from tvm.relax.dpl import is_const, is_op, wildcard
+from tvm.relax.dpl import wildcard
 
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.fabric import Fabric
-from cgra_sim.isa import BODY_MAX_NODES, DType
+from cgra_sim.isa import DType
 from cgra_sim.mapping import body as bodies
 from cgra_sim.mapping.mapper import MappingError
 
 from ..errors import ScratchpadTooSmall, UnsupportedOperator
 from ..relax_info import dtype_of, require_static_shape
 from .activation import halvings, schedule_unary, unary_compute
-from .epilogue import clip_bounds
+from .chains import CHAIN_MARK, VECTOR_UNIT_OPS, chain_body, constant_first_subtract, level_pattern
 from .family import OpFamily
 from .intrinsics import get_intrin
 from .intrinsics.fabric import FabricBody, body_value
 from .spec import Tiling, aligned, round_up
 
-PREFIX = "cgra.fabric_chain"
+PREFIX = "cgra.fabric" + CHAIN_MARK
 MAX_DEPTH = 8  # calls in a chain (a body has at most BODY_MAX_NODES nodes)
 DTYPES = ("float32", "int32")
-_COMMUTATIVE = {"relax.add": "add", "relax.multiply": "mul", "relax.maximum": "max", "relax.minimum": "min"}
-#: What the vector unit runs as one command (eltwise.py, activation.py) when it is a chain alone.
 _VECTOR_UNIT = ("relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum",
                 "relax.clip", "relax.nn.relu")
 
@@ -81,20 +74,9 @@ def _patterns() -> list:
         x = wildcard()
         roles, inner = {"lhs": x}, x
         for level in range(1, depth + 1):
-            inner = roles[f"n{level}"] = _level(inner, x)  # the last level is the root (no role twice)
+            inner = roles[f"n{level}"] = level_pattern(inner, x)  # the last level is the root (no role twice)
         graphs.append((f"{PREFIX}{depth}", inner, roles))
     return graphs
-
-
-def _level(inner, x):
-    other = is_const() | x
-    alternatives = []
-    for op in _COMMUTATIVE:
-        alternatives += [is_op(op)(inner, other), is_op(op)(other, inner)]
-    alternatives += [is_op("relax.subtract")(inner, other), is_op("relax.subtract")(other, inner),
-                     is_op("relax.divide")(inner, is_const()), is_op("relax.clip")(inner, wildcard(), wildcard()),
-                     is_op("relax.nn.relu")(inner), is_op("relax.nn.leakyrelu")(inner)]
-    return functools.reduce(lambda a, b: a | b, alternatives)
 
 
 def fabric_spec(name: str, annotated: dict) -> FabricSpec:
@@ -115,110 +97,12 @@ def fabric_spec(name: str, annotated: dict) -> FabricSpec:
     if tuple(out_shape) != tuple(shape) or dtype_of(calls[-1]) != dtype:
         raise UnsupportedOperator(f"{what}: its result {tuple(out_shape)} {dtype_of(calls[-1])} is not shaped as "
                                   f"its input {tuple(shape)} {dtype} (a constant broadcasts it)")
-    if depth == 1 and ops[0] in _VECTOR_UNIT and not _constant_first_subtract(calls[0]):
+    if depth == 1 and ops[0] in VECTOR_UNIT_OPS and not constant_first_subtract(calls[0]):
         raise UnsupportedOperator(f"{what} alone is one vector-unit command (the eltwise and activation kernels)")
-    # x as the calls name it: the first call's non-constant operand (the matcher annotates "lhs"
-    # with what a variable is bound to; the calls read the variable)
-    x = next(arg for arg in calls[0].args if not isinstance(arg, tvm.ir.GenericConst))
-    body, current = [], "a"
-    for call in calls:
-        nodes = _nodes(call, x, current, dtype, len(body))
-        if nodes:
-            body += nodes
-            current = f"n{len(body) - 1}"
-    if not body:
-        raise UnsupportedOperator(f"{what} computes its input unchanged")
-    if folded(tuple(body), dtype):
-        raise UnsupportedOperator(f"{what} holds an operation TVM's arithmetic folds away (x + 0, x * 1, x * 0, "
-                                  f"x - x): the kernel's TensorIR would not be the body; it runs op by op")
-    if len(body) > BODY_MAX_NODES:
-        raise UnsupportedOperator(f"{what} is {len(body)} fabric operations; a FABRIC body holds {BODY_MAX_NODES}")
+    body = chain_body(calls, dtype, what)
     cols = shape[-1]
-    return FabricSpec(dtype, tuple(shape), max(math.prod(shape) // cols, 1), cols, tuple(body),
+    return FabricSpec(dtype, tuple(shape), max(math.prod(shape) // cols, 1), cols, body,
                       source_ops=tuple(op.removeprefix("relax.") for op in ops))
-
-
-def folded(body: tuple, dtype: str) -> bool:
-    """Whether TVM's expression builder or simplifier changes the body's TIR expression (then
-    the kernel's compute and the intrinsic's description, both built from it, need not match
-    what tensorize sees, and the hardware would compute what TVM dropped)."""
-    a = tirx.Var("a", dtype)
-    expr = body_value(FabricBody(body, dtype), a)
-    if not tvm_ffi.structural_equal(expr, sym.Analyzer().simplify(expr)):
-        return True
-    sizes = {"a": 0}
-    for index, (_, first, second) in enumerate(body):
-        sizes[f"n{index}"] = 1 + sum(sizes.get(o, 0) for o in (first, second) if isinstance(o, str))
-    return _operations(expr) != sizes[f"n{len(body) - 1}"]
-
-
-def _operations(expr) -> int:
-    if isinstance(expr, (tirx.Var, tirx.IntImm, tirx.FloatImm)):
-        return 0
-    return 1 + sum(_operations(operand) for operand in (expr.a, expr.b))
-
-
-def _constant_first_subtract(call) -> bool:
-    return str(call.op.name) == "relax.subtract" and isinstance(call.args[0], tvm.ir.GenericConst)
-
-
-def _nodes(call, x, inner: str, dtype: str, first: int) -> list:
-    """The body nodes of one chain call whose chain operand is `inner` ("a" or "n<i>"), the
-    nodes numbered from `first`."""
-    op = str(call.op.name)
-    name = op.removeprefix("relax.")
-    if op in ("relax.nn.relu", "relax.clip", "relax.nn.leakyrelu"):
-        return _activation_nodes(call, inner, dtype, first)
-    left, right = (_operand(arg, x, inner, dtype, name) for arg in call.args[:2])
-    if not isinstance(left, str) and not isinstance(right, str):
-        raise UnsupportedOperator(f"{name} of two constants is not folded; fold constants first")
-    if op in ("relax.maximum", "relax.minimum") and left == right:
-        return []  # max(e, e) is e (TVM's simplifier drops it, so must the body)
-    if op in _COMMUTATIVE:
-        return [(_COMMUTATIVE[op], *((right, left) if not isinstance(left, str) else (left, right)))]
-    if op == "relax.subtract":
-        if isinstance(left, str):
-            return [("sub", left, right)]
-        return [("mul", right, _value(-1, dtype)), ("add", f"n{first}", left)]  # c - e = (-e) + c, exactly
-    if dtype != "float32" or isinstance(right, str):
-        raise UnsupportedOperator(f"divide on {dtype}: the fabric divides float32 by a constant only "
-                                  f"(as a multiply by its reciprocal)")
-    if right == 0:
-        raise UnsupportedOperator("divide by the constant 0")
-    return [("mul", left, float(np.float32(1) / np.float32(right)))]
-
-
-def _operand(arg, x, inner: str, dtype: str, name: str):
-    if isinstance(arg, tvm.ir.GenericConst):
-        value = arg.value.numpy()
-        if value.size != 1:
-            raise UnsupportedOperator(f"{name} by a constant of shape {value.shape}: a fabric body takes one-element "
-                                      f"constants (immediates); a per-channel constant is the eltwise kernel's")
-        return _value(value.item(), dtype)
-    return "a" if arg.same_as(x) else inner
-
-
-def _value(value, dtype: str):
-    return float(np.float32(value)) if dtype == "float32" else int(value)
-
-
-def _activation_nodes(call, inner: str, dtype: str, first: int) -> list:
-    op = str(call.op.name)
-    if op == "relax.nn.relu":
-        return [("max", inner, _value(0, dtype))]
-    if op == "relax.clip":
-        lo, hi = clip_bounds(call, dtype)
-        nodes = [("max", inner, lo)] if lo > -math.inf else []
-        return nodes + ([("min", f"n{first + len(nodes) - 1}" if nodes else inner, hi)] if hi < math.inf else [])
-    if dtype != "float32":
-        raise UnsupportedOperator(f"leakyrelu on {dtype}: the fabric's leaky relu is float32")
-    alpha = float(np.float32(call.attrs.alpha))
-    if 0 <= alpha <= 1:  # x >= alpha x exactly where x >= 0
-        return [("mul", inner, alpha), ("max", inner, f"n{first}")]
-    if alpha > 1:
-        return [("mul", inner, alpha), ("min", inner, f"n{first}")]
-    return [("max", inner, 0.0), ("min", inner, 0.0), ("mul", f"n{first + 1}", alpha),
-            ("add", f"n{first}", f"n{first + 2}")]
 
 
 def choose_fabric_tiling(spec: FabricSpec, arch: HardwareDescription) -> Tiling:

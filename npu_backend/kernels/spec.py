@@ -63,6 +63,9 @@ class KernelSpec:
     param_roles: tuple = ()  # role ("lhs", "rhs", "bias", "residual") of each parameter, in call order
     residual_shape: tuple | None = None  # the output's shape: a tensor added after the bias
     clip: tuple | None = None  # (lo, hi) in the acc dtype, applied last (after relu)
+    # A chain of elementwise ops after the epilogue (a leaky relu, a hard-swish): the nodes of a
+    # FABRIC body (cgra_sim/mapping/body.py) each output tile runs through in place (chains.py).
+    fabric_body: tuple = ()
     # conv2d: how each tensor is stored. lhs_shape, rhs_shape and output_shape stay logical
     # (N, C, H, W) / (O, I, H, W); a layout is a permutation of those axes, e.g. "NHWC", "HWIO".
     data_layout: str = "NCHW"

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule.analysis import get_auto_tensorize_mapping_info
@@ -47,6 +46,7 @@ from .gemm import choose_tiling as choose_gemm_tiling
 from .gemm import loops_after
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.fabric import FabricBody
+from .tir_exprs import EPILOGUE_DTYPES, fabric_op, indexes_by, vector_op
 from .intrinsics.vector_unit import ELTWISE_FUNCS
 from .spad_layout import a_row_stride, align_rows
 from .spec import Tiling
@@ -56,7 +56,6 @@ from .spec import Tiling
 KERNEL_ATTR = "cgra.kernel"
 GEMM_DTYPES = tuple(DType(int(d)).numpy_name for d in ACC_DTYPE)
 VECTOR_DTYPES = ("float32", "int32", "int8")
-EPILOGUE_DTYPES = ("float32", "int32")  # the accumulator dtypes EPILOGUE reads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,11 +297,11 @@ def _vector_spec(stmt, where: str, common: dict) -> TirSpec:
                                   "value")
     out = store.buffer
     iterators = [iv.var for iv in stmt.iter_vars]
-    if len(out.shape) < 2 or not _indexes_by(store.indices, iterators, out, full_only=True):
+    if len(out.shape) < 2 or not indexes_by(store.indices, iterators, out, full_only=True):
         raise UnsupportedOperator(f"{where}: block '{stmt.name_hint}' must write every element of a "
                                   "buffer of rank 2 or more, indexed by its iterators in order")
     dtype = str(out.dtype)
-    op = _vector_op(store.value, iterators, out, dtype) or _fabric_op(store.value, iterators, dtype)
+    op = vector_op(store.value, iterators, out, dtype) or fabric_op(store.value, iterators, dtype)
     if op is None:
         raise UnsupportedOperator(
             f"{where}: block '{stmt.name_hint}' computes {store.value}; the vector unit runs a op b with op "
@@ -318,90 +317,6 @@ def _vector_spec(stmt, where: str, common: dict) -> TirSpec:
 
 def _is_zero(expr) -> bool:
     return isinstance(expr, tirx.IntImm) and expr.value == 0
-
-
-def _indexes_by(indices, iterators, buffer, full_only=False):
-    """(walks axis?) per axis if `indices` read `buffer` at the iterators, each axis either at
-    its own iterator or (broadcast, an axis of extent 1) at 0; None otherwise."""
-    if len(indices) != len(iterators):
-        return None
-    full = []
-    for index, var, extent in zip(indices, iterators, buffer.shape):
-        if isinstance(index, tirx.Var) and index.same_as(var):
-            full.append(True)
-        elif not full_only and isinstance(index, tirx.IntImm) and index.value == 0 and int(extent) == 1:
-            full.append(False)
-        else:
-            return None
-    return tuple(full)
-
-
-def _vector_op(value, iterators, out, dtype):
-    """("eltwise", func, lhs_full, rhs_full) or ("epilogue", relu, clip) for `value`, else None."""
-    def operand(expr):
-        if isinstance(expr, tvm.ir.TensorLoad) and str(expr.source.dtype) == dtype:
-            return _indexes_by(expr.indices, iterators, expr.source)
-        return None
-
-    def constant(expr):
-        return expr.value if isinstance(expr, (tirx.IntImm, tirx.FloatImm)) else None
-
-    kinds = {tirx.Add: "add", tirx.Sub: "subtract", tirx.Mul: "multiply", tirx.Max: "maximum",
-             tirx.Min: "minimum"}
-    func = kinds.get(type(value))
-    if func is None:
-        return None
-    a, b = value.a, value.b
-    if operand(a) is not None and operand(b) is not None:
-        return ("eltwise", func, operand(a), operand(b))
-    if dtype not in EPILOGUE_DTYPES:
-        return None
-    if func == "maximum" and operand(a) == (True,) * len(iterators) and constant(b) == 0:
-        return ("epilogue", True, None)
-    if func == "minimum" and isinstance(a, tirx.Max) and operand(a.a) == (True,) * len(iterators) \
-            and constant(a.b) is not None and constant(b) is not None and constant(a.b) <= constant(b):
-        return ("epilogue", False, (constant(a.b), constant(b)))
-    return None
-
-
-_BODY_OPS = {tirx.Add: "add", tirx.Sub: "sub", tirx.Mul: "mul", tirx.Max: "max", tirx.Min: "min"}
-
-
-def _fabric_op(value, iterators, dtype: str):
-    """("fabric", nodes, flipped) when `value` is an expression of one input read at the
-    iterators (every axis), constants and + - * max min: a FABRIC body; else None."""
-    if dtype not in bodies.BODY_DTYPES:
-        return None
-    nodes, flipped, inputs = [], [], []
-
-    def ref(expr):
-        if isinstance(expr, (tirx.IntImm, tirx.FloatImm)):
-            return expr.value
-        if isinstance(expr, tvm.ir.TensorLoad):
-            if str(expr.source.dtype) != dtype or _indexes_by(expr.indices, iterators, expr.source) != \
-                    (True,) * len(iterators) or any(not expr.source.same_as(s) for s in inputs):
-                raise ValueError("not one input read at the iterators")
-            inputs.append(expr.source)
-            return "a"
-        op = _BODY_OPS.get(type(expr))
-        if op is None:
-            raise ValueError(f"{type(expr).__name__} is not a fabric operation")
-        first, second = ref(expr.a), ref(expr.b)
-        if not isinstance(first, str):
-            if op == "sub" or not isinstance(second, str):
-                raise ValueError("a constant first, in a subtraction or of two constants")
-            first, second = second, first
-            flipped.append(len(nodes))
-        nodes.append((op, first, second))
-        return f"n{len(nodes) - 1}"
-
-    try:
-        ref(value)
-    except ValueError:
-        return None
-    if not nodes or not inputs or len(nodes) > bodies.BODY_MAX_NODES:
-        return None
-    return ("fabric", tuple(nodes), tuple(flipped))
 
 
 def _vector_tiling(spec: TirSpec, arch: HardwareDescription) -> Tiling:

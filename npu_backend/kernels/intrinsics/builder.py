@@ -40,7 +40,7 @@ class Tile:
 ValueFn = Callable[..., object]
 #: `call(buffers, strides) -> PrimExpr`: the device call; strides by tile name, one symbolic
 #: stride per axis but the last (elements; the last axis is contiguous).
-CallFn = Callable[[dict, dict], object]
+CallFn = Callable[[dict, dict], object]  # the device call (or a list of them) of the implementation
 
 
 def intrinsic(inputs: list[Tile], output: Tile, block: str, value: ValueFn, call: CallFn, *,
@@ -78,7 +78,9 @@ def intrinsic(inputs: list[Tile], output: Tile, block: str, value: ValueFn, call
             buffers, strides = _match_buffers(tiles, scope, strided=True)
             with IB.sblock("root"):
                 _declare_access(buffers, reads, output)
-                IB.evaluate(call(buffers, strides))
+                calls = call(buffers, strides)  # one device call, or a list of them run in order
+                for device_call in calls if isinstance(calls, list) else [calls]:
+                    IB.evaluate(device_call)
     return desc.get(), impl.get()
 
 

@@ -57,7 +57,6 @@ def fabric_intrin(rows: int, cols: int, body: FabricBody, b_full: tuple | None =
     """FABRIC: Out[rows, cols] = body(A[, B]) over a tile. `b_full`: None for a one-input body,
     else (walks rows, walks cols) of input B, which is read with stride 0 along an axis it does
     not walk (a per-row or per-column operand, loaded once per tile)."""
-    words = bodies.encode(body.nodes, body.dtype)
     inputs = [Tile("A", (rows, cols), body.dtype)]
     if b_full is not None:
         inputs.append(Tile("B", (rows if b_full[0] else 1, cols if b_full[1] else 1), body.dtype))
@@ -67,12 +66,19 @@ def fabric_intrin(rows: int, cols: int, body: FabricBody, b_full: tuple | None =
         return body_value(body, buffers["A"][i, j], b)
 
     def call(buffers, strides):
-        two = b_full is not None
-        return device_call(
-            "cgra_fabric", flags=FABRIC_INPUT_B if two else 0, dtype=dtype_code(body.dtype), rows=rows, cols=cols,
-            a_addr=buffers["A"], a_row_stride=strides["A"][0], a_col_stride=1, b_addr=buffers["B"] if two else 0,
-            b_row_stride=strides["B"][0] if two and b_full[0] else 0, b_col_stride=1 if two and b_full[1] else 0,
-            out_addr=buffers["Out"], out_stride=strides["Out"][0], nodes=len(words),
-            **{f"node{i}": words[i] if i < len(words) else 0 for i in range(BODY_MAX_NODES)})
+        b = None if b_full is None else (buffers["B"], strides["B"][0] if b_full[0] else 0, 1 if b_full[1] else 0)
+        return fabric_call(body, rows, cols, buffers["A"], strides["A"][0], buffers["Out"], strides["Out"][0], b)
 
     return intrinsic(inputs, Tile("Out", (rows, cols), body.dtype), "fab", value, call, scope=scope)
+
+
+def fabric_call(body: FabricBody, rows: int, cols: int, a, a_row_stride, out, out_stride, b=None):
+    """The device call of one FABRIC over a rows x cols tile (`b`: None, or (B, its row stride,
+    its column stride) for input B)."""
+    words = bodies.encode(body.nodes, body.dtype)
+    b_addr, b_row_stride, b_col_stride = b if b is not None else (0, 0, 0)
+    return device_call(
+        "cgra_fabric", flags=FABRIC_INPUT_B if b is not None else 0, dtype=dtype_code(body.dtype), rows=rows,
+        cols=cols, a_addr=a, a_row_stride=a_row_stride, a_col_stride=1, b_addr=b_addr, b_row_stride=b_row_stride,
+        b_col_stride=b_col_stride, out_addr=out, out_stride=out_stride, nodes=len(words),
+        **{f"node{i}": words[i] if i < len(words) else 0 for i in range(BODY_MAX_NODES)})

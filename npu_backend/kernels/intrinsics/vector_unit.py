@@ -21,6 +21,7 @@ from cgra_sim.isa import (EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_
                           EPILOGUE_RESIDUAL, POOL_AVERAGE, EltwiseFunc)
 
 from .builder import SPAD, Tile, intrinsic
+from .fabric import body_value, fabric_call
 from .pe_array import dtype_code
 
 
@@ -79,9 +80,10 @@ def epilogue_flags(bias: bool, relu: bool, residual: bool, clip, zero_point) -> 
 
 
 def epilogue_intrin(rows: int, cols: int, dtype: str, bias: bool, relu: bool, residual: bool = False,
-                    clip=None, zero_point: int | None = None, scope: str = SPAD):
+                    clip=None, zero_point: int | None = None, body=None, scope: str = SPAD):
     """EPILOGUE over a rows x cols tile of the accumulator (`dtype`):
-    out = requantise?(clip?(relu?(acc + bias? + residual?)), scale, zero_point). bias: a row of
+    out = requantise?(clip?(relu?(acc + bias? + residual?)), scale, zero_point), then with `body`
+    (a FabricBody) a FABRIC runs it over the output tile in place. bias: a row of
     cols; residual: a rows x cols tile; clip: None or (lo, hi); zero_point: None, or an int8
     output requantised with a float32 scale row (int32 accumulators only)."""
     requant = zero_point is not None
@@ -95,6 +97,8 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, bias: bool, relu: bool, re
         total = total + buffers["Bias"][j] if bias else total
         total = total + buffers["Res"][i, j] if residual else total
         total = activation(total, dtype, relu, clip)
+        if body is not None:
+            total = body_value(body, total)
         return requantise(total, buffers["Scale"][j], zero_point) if requant else total
 
     def call(buffers, strides):
@@ -108,7 +112,11 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, bias: bool, relu: bool, re
             clip_lo_bits=lo, clip_hi_bits=hi, scale_addr=buffers.get("Scale", 0),
             out_zero_point=zero_point or 0)
 
-    return intrinsic(inputs, output, "epi", value, call, scope=scope)
+    def call_with_body(buffers, strides):  # then the body over the output tile, in place
+        return [call(buffers, strides), fabric_call(body, rows, cols, buffers["Out"], strides["Out"][0],
+                                                    buffers["Out"], strides["Out"][0])]
+
+    return intrinsic(inputs, output, "epi", value, call if body is None else call_with_body, scope=scope)
 
 
 #: ELTWISE function name -> (ISA func, the TIR expression of one output element).
