@@ -205,3 +205,24 @@ def test_a_fabric_command_costs_what_its_mapping_takes_on_the_cycle_level_array(
     assert run == max(cycles, program.latency + traffic_bound)  # the array's cycles, unless the banks are slower
     array_out = np.stack([outputs[f"out{lane}"] for lane in range(lanes)], axis=1).reshape(-1)[:rows * cols]
     np.testing.assert_array_equal(array_out.reshape(rows, cols), out)
+
+
+@pytest.mark.parametrize("depth, loads", [(32, 2), (2, 4)])
+def test_configurations_resident_in_the_context_memory_switch_for_free(depth, loads):
+    """GEMM, FABRIC, GEMM, FABRIC: with 32 contexts per PE both configurations stay resident
+    (GEMM 1 slot, the body II) and each loads once; with 2 the body evicts the GEMM's and back."""
+    import dataclasses
+
+    arch = dataclasses.replace(ARCH, fabric={**ARCH.fabric, "context_depth": depth})
+    fills = [encode(Op.FILL, dtype=DType.FLOAT32, addr=addr, rows=8, cols=8, stride=8) for addr in (0, 4096)]
+    gemm = encode(Op.GEMM, dtype=DType.FLOAT32, m=8, n=8, k=8, a_addr=0, a_stride=8, b_addr=4096, b_stride=8,
+                  acc_addr=8192, acc_stride=8)
+    words = bodies.encode(LEAKY, "float32")
+    fabric = encode(Op.FABRIC, dtype=DType.FLOAT32, rows=8, cols=8, a_addr=8192, a_row_stride=8, a_col_stride=1,
+                    out_addr=12288, out_stride=8, nodes=len(words), **{f"node{i}": w for i, w in enumerate(words)})
+    result = simulate_detailed(arch, np.array(fills + [gemm, fabric, gemm, fabric], dtype=np.int64), [])
+    assert result.timeline.config_loads == loads
+    durations = result.timeline.ends - result.timeline.starts
+    program = bodies.program(LEAKY, "float32", Fabric.of(arch))
+    config = cost.fabric_config_cycles(arch, program.config_bytes)
+    assert (durations[5] == durations[3] - config) == (depth == 32)  # the second FABRIC loads nothing

@@ -14,8 +14,8 @@ left the unit, and ends after its cycles, the closed forms of cost.py (the compi
 searches use the same ones): a DMA's latency and transfer, a vector command's lanes and
 overhead, a GEMM's or DEPTHWISE's steady stream and fill, read off the decoded command here.
     PE array  After anything but a GEMM of the same dtype, operands enter at
-            stream = start (+ config_load_cycles if the PE array held another configuration,
-                            i.e. (GEMM, dtype) differs; vector commands leave it alone)
+            stream = start (+ config_load_cycles if (GEMM, dtype) is not in the PE array's
+                            context memory; vector commands leave it alone)
         Right after a GEMM of the same dtype, operands enter as soon as they are ready and the
         previous GEMM's operands are in:  stream = max(ready, previous stream + previous steady)
         end = max(stream + fill, previous end) + steady   (results leave in order)
@@ -24,9 +24,13 @@ overhead, a GEMM's or DEPTHWISE's steady stream and fill, read off the decoded c
         previous GEMM's accumulator sees that GEMM's write as done when its operands are in.
         DEPTHWISE likewise, keyed by (DEPTHWISE, dtype): switching between GEMM and DEPTHWISE
         reloads the configuration.
-    FABRIC  end = start (+ the body's configuration load, cost.fabric_config_cycles, if the PE
-            array held another configuration: another body, dtype or a GEMM) + its mapping's
-            latency + cost.fabric_steady_cycles (lanes, II: mapping/body.py).
+    FABRIC  end = start (+ the body's configuration load, cost.fabric_config_cycles, if it is not
+            in the context memory) + its mapping's latency + cost.fabric_steady_cycles (lanes,
+            II: mapping/body.py).
+    Context memory: a PE holds `fabric.context_depth` configuration slots; GEMM and DEPTHWISE
+        take 1, a FABRIC body II. Switching to a resident configuration is free (a multi-context
+        CGRA changes its context pointer); loading one evicts the least recently used until the
+        resident ones fit.
 Scratchpad banks (banks.py): the streaming part of every command above (a DMA's transfer, a
 vector command's tiles, a GEMM's steady folds, a DEPTHWISE's window traffic) is stretched by its
 bank slowdown, >= 1 and exactly 1 for a conflict-free access pattern; computed once per
@@ -129,13 +133,27 @@ class _ComputeQueue:
     it; `cycles_of` caches, per stream, the cycles a record costs on its unit (its first
     command's index -> cycles), so a repeated record does not recompute its bank conflicts."""
 
-    __slots__ = ("config", "previous_gemm", "config_loads", "cycles_of")
+    __slots__ = ("resident", "previous_gemm", "config_loads", "cycles_of")
 
     def __init__(self):
-        self.config = None  # (op, dtype) loaded in the PE array; None before the first command
+        # The configurations in the PE array's context memory, least recently used first:
+        # key -> context slots per PE ((GEMM or DEPTHWISE, dtype): 1; (FABRIC, dtype, body): II).
+        self.resident = {}
         self.previous_gemm = None  # the previous COMPUTE command (GEMM or DEPTHWISE)
         self.config_loads = 0
         self.cycles_of = {}
+
+    def switch(self, key, slots: int, depth: int) -> bool:
+        """Make configuration `key` (`slots` contexts per PE) the active one; whether it had to be
+        loaded (it was not resident). Loading evicts the least recently used configurations until
+        the resident ones fit the `depth` contexts of a PE."""
+        loaded = key not in self.resident
+        self.resident.pop(key, None)
+        while self.resident and sum(self.resident.values()) + slots > depth:
+            self.resident.pop(next(iter(self.resident)))
+        self.resident[key] = slots
+        self.config_loads += loaded
+        return loaded
 
     def forwarding(self, cmd: Command):
         """(region, (writer, cycle)) when `cmd`'s accumulator stays in the array, else None."""
@@ -256,10 +274,8 @@ def _time_pe_array(arch: HardwareDescription, cmd: GemmCommand | DepthwiseComman
         stream = max(ready, prev.stream_end)
     else:
         stream = start
-        if compute.config != (cmd.op, cmd.dtype):
+        if compute.switch((cmd.op, cmd.dtype), 1, arch.fabric["context_depth"]):
             stream += arch.config_load_cycles
-            compute.config = (cmd.op, cmd.dtype)
-            compute.config_loads += 1
     steady_cycles, fill_cycles = _PE_ARRAY_CYCLES[cmd.op]
     steady = _cycles(arch, cmd, compute, steady_cycles)
     end = max(stream + fill_cycles(arch, cmd), free) + steady
@@ -267,27 +283,23 @@ def _time_pe_array(arch: HardwareDescription, cmd: GemmCommand | DepthwiseComman
     return start, end, end
 
 
-def fabric_cycles(arch: HardwareDescription, cmd: FabricCommand) -> tuple[int, int]:
-    """(configuration load, run) cycles of a FABRIC: its body's program on the chip's fabric."""
+def fabric_cycles(arch: HardwareDescription, cmd: FabricCommand) -> tuple[int, int, int]:
+    """(configuration load, run) cycles of a FABRIC, its body's program on the chip's fabric, and
+    the context slots that program takes in each PE (its II)."""
     program = bodies.program(cmd.body, cmd.dtype.numpy_name, Fabric.of(arch))
     rows, cols = cmd.out.shape
     traffic = (rows * cols + sum(cost.eltwise_operand_reads(rows, cols, bool(r.strides[0]), bool(r.strides[1]))
                                  for r in cmd.reads)) * cmd.dtype.itemsize
     run = program.latency + cost.fabric_steady_cycles(arch, cmd.elements, program.lanes, program.ii, traffic)
-    return cost.fabric_config_cycles(arch, program.config_bytes), run
+    return cost.fabric_config_cycles(arch, program.config_bytes), run, program.ii
 
 
 def _time_fabric(arch: HardwareDescription, cmd: FabricCommand, ready: int, free: int,
                  compute: _ComputeQueue) -> tuple[int, int, int]:
     start = max(free, ready)
-    config, run = _cycles(arch, cmd, compute, fabric_cycles)
-    key = (Op.FABRIC, cmd.dtype, cmd.body)
-    if compute.config != key:
-        start_run = start + config
-        compute.config = key
-        compute.config_loads += 1
-    else:
-        start_run = start
+    config, run, slots = _cycles(arch, cmd, compute, fabric_cycles)
+    loaded = compute.switch((Op.FABRIC, cmd.dtype, cmd.body), slots, arch.fabric["context_depth"])
+    start_run = start + config if loaded else start
     compute.previous_gemm = None  # the array no longer holds a GEMM's partial sums
     end = start_run + run
     return start, end, end
