@@ -22,7 +22,7 @@ class CompileOptions:
     # that kernel, as a FABRIC over each output tile in place (kernels/epilogue.py), instead of as
     # a kernel of its own: less DRAM traffic and energy, more cycles, since the FABRIC takes the
     # PE array between two tiles' GEMMs (MobileNetV3-Small at 224, cgra-8x8: DMA -18%, energy
-    # -16%, cycles +2.7%). Off: the chain is the fabric family's kernel (kernels/fabric.py).
+    # -16%, cycles +2.8%). Off: the chain is the fabric family's kernel (kernels/fabric.py).
     fuse_chains: bool = False
 
     def __post_init__(self):

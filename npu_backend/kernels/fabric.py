@@ -107,8 +107,9 @@ def fabric_spec(name: str, annotated: dict) -> FabricSpec:
 
 def choose_fabric_tiling(spec: FabricSpec, arch: HardwareDescription) -> Tiling:
     """tm x tn tiles (an input and an output tile, each double-buffered, in the scratchpad) with
-    the fewest estimated cycles: the first tile's load, body and store, then one step of the
-    slowest of the three per further tile (they overlap). So a tile is small enough for the
+    the fewest estimated cycles: the first tile's load, body and store, then one step per further
+    tile: the slowest of the three (they overlap), or half of a load's latency, its transfer and a
+    body, which two buffers cannot overlap. So a tile is small enough for the
     DMA engines and the fabric to work side by side, and large enough to amortise each DMA's
     latency and the body's pipeline fill. The body must map onto the chip's fabric."""
     try:
@@ -125,7 +126,10 @@ def choose_fabric_tiling(spec: FabricSpec, arch: HardwareDescription) -> Tiling:
             transfer = cost.dma_transfer_cycles(arch, tm * tn * size)
             body = program.latency + cost.fabric_steady_cycles(arch, tm * tn, program.lanes, program.ii,
                                                                2 * tm * tn * size)
-            estimate = 2 * (arch.dma_latency + transfer) + body + (tiles - 1) * max(transfer, body)
+            # With two buffers a tile's load waits for the body of the tile two back, and the body
+            # of a tile for its load's latency: two tiles take at least latency + transfer + body.
+            step = max(transfer, body, (arch.dma_latency + transfer + body) / 2)
+            estimate = 2 * (arch.dma_latency + transfer) + body + (tiles - 1) * step
             if best is None or estimate < best[0]:
                 best = (estimate, tm, tn)
     if best is None:
