@@ -255,3 +255,24 @@ def test_help_version_and_replay_start_without_the_compiler(argv, expected):
     *text, check = done.stdout.strip().splitlines()
     assert json.loads(check) == {"status": 0, "leaked": []}, done.stderr
     assert expected in "\n".join(text)
+
+
+def test_run_fuse_chains_runs_an_activation_inside_the_conv(tmp_path, capsys):
+    """`cgra-sim run --fuse-chains`: the hard-swish after a conv runs in the conv's kernel, one
+    launch fewer and fewer DMA bytes, the same numbers as onnxruntime."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 4, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("HardSwish", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 12, 12])], initializer=[w])
+    path = tmp_path / "conv_hardswish.onnx"
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    reports = {}
+    for flags in ([], ["--fuse-chains"]):
+        assert main(["run", str(path), "--check", "--json", *flags]) == 0
+        reports[bool(flags)] = json.loads(capsys.readouterr().out)
+    assert reports[True]["fuse_chains"] and not reports[False]["fuse_chains"]
+    assert len(reports[True]["kernels"]) == len(reports[False]["kernels"]) - 1
+    assert all(report["check"]["passed"] for report in reports.values())

@@ -50,12 +50,13 @@ def npu_mac_fraction(placements: list[Placement]) -> float:
     return sum(p.macs for p in placements if p.where == "npu") / total if total else 1.0
 
 
-def explain(mod: tvm.IRModule, arch=None, dims: dict | None = None) -> list[Placement]:
+def explain(mod: tvm.IRModule, arch=None, dims: dict | None = None, fuse_chains: bool = False) -> list[Placement]:
     """Every operator of `mod`, where it runs and why. `dims` (name -> size) gives symbolic
     dimensions a size for counting MACs (e.g. the sizes a run used); without it an operator with a
-    symbolic dimension counts 0 MACs."""
+    symbolic dimension counts 0 MACs. `fuse_chains`: as `npu_backend.compile`'s."""
     arch = load_arch(arch)
-    mod = run_stages(mod, arch, CompileOptions(), [(name, stage) for name, stage in STAGES if name != "codegen"])
+    mod = run_stages(mod, arch, CompileOptions(fuse_chains=fuse_chains),
+                     [(name, stage) for name, stage in STAGES if name != "codegen"])
     placements = []
     for _, func in mod.functions.items():
         if isinstance(func, relax.Function) and not _attr(func, "Codegen") and not _attr(func, "Composite"):

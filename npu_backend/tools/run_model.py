@@ -160,7 +160,8 @@ def _nodes(stats) -> str:
 
 
 def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = None, seed: int = 0,
-                   progress=None, shapes: dict | None = None, inputs: dict | None = None) -> dict:
+                   progress=None, shapes: dict | None = None, inputs: dict | None = None,
+                   fuse_chains: bool = False) -> dict:
     """Imports, compiles and simulates the model at `path`; the report as described in the module
     docstring. It runs on `inputs` (name -> array) where given, else on random data (seeded) of
     the input's shape, or of `shapes[name]` for an input with dynamic dimensions: those stay
@@ -178,12 +179,13 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
     inputs = model_inputs(model, seed, shapes, inputs)  # before compiling: refuse bad or too large inputs
     say(f"importing {path}")
     mod = from_onnx(model)
-    placements = npu_backend.explain(mod, arch, dims=input_dims(model, inputs))  # MACs at the sizes that run
+    placements = npu_backend.explain(mod, arch, dims=input_dims(model, inputs),  # MACs at the sizes that run
+                                     fuse_chains=fuse_chains)
     say(f"compiling for {arch.name}")
     kernels = _KernelCount()
     started = time.perf_counter()
     with compile_progress(kernels.compiling(say, arch.name)):
-        executable = npu_backend.compile(mod, arch, dump_dir=dump_dir)
+        executable = npu_backend.compile(mod, arch, dump_dir=dump_dir, fuse_chains=fuse_chains)
     compile_s = time.perf_counter() - started
     say("running on the simulator")
     vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
@@ -191,7 +193,8 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
         outputs = vm["main"](*[tvm.runtime.tensor(a) for a in inputs.values()])
     outputs = [outputs] if not isinstance(outputs, (list, tuple, tvm.ir.Array)) else list(outputs)
     outputs = [o.numpy() for o in outputs]
-    report = {"model": path, "arch": arch.name, "input_shapes": {name: list(a.shape) for name, a in inputs.items()},
+    report = {"model": path, "arch": arch.name, "fuse_chains": fuse_chains,
+              "input_shapes": {name: list(a.shape) for name, a in inputs.items()},
               "total_cycles": prof.total_cycles,
               "total_macs": prof.total_macs, "total_padded_macs": prof.total_padded_macs,
               "total_energy_pj": prof.total_energy_pj,
