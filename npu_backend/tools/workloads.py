@@ -225,7 +225,8 @@ def run(ex, inputs):
 
 def mismatch(out, ref, dtype, tolerance: float = 1e-5) -> str | None:
     """None when `out` matches: int8 kernels exactly, float32 within `tolerance` of the output's
-    scale. Otherwise a description of the worst element."""
+    scale (its largest finite magnitude, at least 1), infinities and NaNs where the reference has
+    them. Otherwise a description of the worst element."""
     if out.shape != ref.shape:
         return f"shape {out.shape} != reference {ref.shape}"
     if dtype == "int8":
@@ -234,8 +235,16 @@ def mismatch(out, ref, dtype, tolerance: float = 1e-5) -> str | None:
             i = np.unravel_index(bad[0], out.shape)
             return f"{bad.size} elements differ, first at {tuple(int(x) for x in i)}: {out[i]} != {ref[i]}"
         return None
-    scale = max(1.0, float(np.abs(ref).max()))
-    error = np.abs(out.astype(np.float64) - ref) / scale
+    # An infinity or a NaN must be matched exactly (the same infinity, a NaN for a NaN); the
+    # finite elements within `tolerance` of the largest finite reference.
+    same = (out == ref) | (np.isnan(out) & np.isnan(ref))
+    finite = np.isfinite(ref) & np.isfinite(out)
+    if not np.all(same | finite):
+        i = np.unravel_index(int(np.flatnonzero(~(same | finite))[0]), out.shape)
+        return f"non-finite element differs at {tuple(int(x) for x in i)}: {out[i]} vs {ref[i]}"
+    scale = max(1.0, float(np.abs(np.where(np.isfinite(ref), ref, 0)).max(initial=0)))
+    with np.errstate(invalid="ignore"):  # inf - inf where both are the same infinity: not used
+        error = np.where(same, 0.0, np.abs(out.astype(np.float64) - ref) / scale)
     if not np.all(error <= tolerance):
         i = np.unravel_index(int(np.nanargmax(error)), out.shape)
         return f"relative error {float(error[i]):.2e} at {tuple(int(x) for x in i)}: {out[i]} vs {ref[i]}"
