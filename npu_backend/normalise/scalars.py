@@ -7,10 +7,17 @@ that constant reshaped to (1, ..., 1) of the tensor's rank: the same value by br
 
 Why: the NPU's DMA moves tensors of rank 1..4, so a rank-0 operand kept the op on the host; a
 (1, ..., 1) operand is an ELTWISE broadcast, loaded once per tile and read with stride 0.
+
+Also: a float32 division by a constant (a `/ 255` or a per-channel `/ std` preprocessing step,
+hard-swish's `/ 6`) becomes a multiplication by the constant's float32 reciprocal, which the
+ELTWISE kernel and the fabric's bodies compute (the NPU has no divider); within 1.5 ulp of the
+division, exact for a power of two. A divisor with a zero, an infinity or a subnormal
+reciprocal stays a division (on the host).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -19,6 +26,23 @@ from ..relax_info import static_shape
 from .rewrite import as_pass, rewrite_functions
 
 _ELTWISE = {tvm.ir.Op.get(f"relax.{name}") for name in ("add", "subtract", "multiply", "maximum", "minimum")}
+_DIVIDE = tvm.ir.Op.get("relax.divide")
+
+
+def _as_multiply(call):
+    """x / c -> x * (1 / c) for a float32 constant c whose reciprocals are finite numbers (the
+    NPU has no divider): the float32 reciprocal, so within 1.5 ulp of the division (exact for a
+    power of two); else the call unchanged."""
+    divisor = call.args[1]
+    if not isinstance(divisor, tvm.ir.GenericConst) or str(divisor.ty.dtype) != "float32":
+        return call
+    value = divisor.value.numpy()
+    with np.errstate(divide="ignore", over="ignore"):
+        reciprocal = np.float32(1) / value
+    if not np.all(np.isfinite(reciprocal)) or not np.all(reciprocal != 0):
+        return call
+    return with_span(relax.Call(tvm.ir.Op.get("relax.multiply"), [call.args[0], relax.const(reciprocal, "float32")]),
+                     call.span)
 
 
 def scalar_operands_as_tensors(mod: tvm.IRModule) -> tvm.IRModule:
@@ -32,6 +56,8 @@ scalar_operands_pass = as_pass(scalar_operands_as_tensors, "cgra.ScalarOperandsA
 class _ScalarRewriter(relax.PyExprMutator):
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
+        if isinstance(call, relax.Call) and call.op.same_as(_DIVIDE):
+            call = _as_multiply(call)
         if not (isinstance(call, relax.Call) and any(call.op.same_as(op) for op in _ELTWISE)):
             return call
         args = list(call.args)
