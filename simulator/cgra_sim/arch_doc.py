@@ -182,7 +182,8 @@ def markdown() -> str:
         f"| `multipliers` | PEs with a multiplier: {', '.join(fabric_table.MULTIPLIERS)} |",
         f"| `latency` | cycles per operation class ({', '.join(fabric_table.OP_CLASSES)}), 1 to "
         f"{fabric_table.MAX_LATENCY} |",
-        "| `context_depth` | configurations per PE: the largest initiation interval (II) a mapping may use |",
+        "| `context_depth` | configuration slots per PE: the largest initiation interval (II) a mapping may use; "
+        "the configurations that fit stay resident and switch for free (a GEMM's takes 1, a FABRIC body's II) |",
         "| `config_word_bits` | bits of one PE's configuration for one time slot |",
         "",
         "## The presets",

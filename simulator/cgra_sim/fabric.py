@@ -15,7 +15,8 @@ The table (docs/mapping.md says how the mapper uses each field):
     multipliers       which PEs have a multiplier: "all", or "checkerboard" (half of them)
     latency           cycles per operation class: alu (add, sub, max, min, shifts, compare),
                       mul (multiply), mem (load, store)
-    context_depth     configurations a PE's context memory holds: the largest II a mapping may use
+    context_depth     configuration slots a PE's context memory holds: the largest II a mapping may
+                      use, and what the timing keeps resident (GEMM 1 slot, a FABRIC body II)
     config_word_bits  bits of one PE's configuration for one time slot
 
 A PE runs one operation per cycle (pipelined: a new one every cycle whatever its latency); its
