@@ -263,3 +263,23 @@ def test_random_chains_after_a_conv_or_matmul_match_the_llvm_build_with_fuse_cha
     # the product's float32 tolerance: the conv's sums (another order than llvm's, ~1e-6) pass
     # through the chain, whose subtractions can leave a small result of large operands
     assert mismatch(out, _llvm(mod, [x]), "float32", tolerance=1e-4) is None
+
+
+def test_with_fuse_chains_a_chain_that_does_not_map_stays_out_of_the_conv():
+    """On a fabric with one context per PE the whole hard-swish does not map: the conv2d kernel
+    runs without it (a shorter chain that maps is a kernel of its own), the numbers unchanged,
+    rather than a kernel whose FABRIC the device would refuse."""
+    import dataclasses
+
+    from cgra_sim import load_arch
+
+    arch = load_arch("cgra-4x4")
+    arch = dataclasses.replace(arch, fabric={**arch.fabric, "context_depth": 1})
+    model = _onnx_between_convs("HardSwish")
+    x = RNG.standard_normal(SHAPE).astype(np.float32)
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(from_onnx(model), arch, fuse_chains=True), [x])
+    conv = prof.kernels[0]
+    assert conv.op_counts["GEMM"] >= 1 and conv.op_counts.get("FABRIC", 0) == 0
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    assert mismatch(out, expected, "float32") is None

@@ -22,9 +22,13 @@ import tvm_ffi
 from tvm import sym, tirx
 from tvm.relax.dpl import is_const, is_op, wildcard
 
+from cgra_sim.fabric import Fabric
 from cgra_sim.isa import BODY_MAX_NODES
+from cgra_sim.mapping import body as bodies
+from cgra_sim.mapping.mapper import MappingError
 
 from ..errors import UnsupportedOperator
+from ..normalise.scalars import float32_reciprocal
 from .intrinsics.fabric import FabricBody, body_value
 
 #: The piece of a pattern's name that marks a chain (fabric.py's, an epilogue's tail: "_chain<k>").
@@ -77,6 +81,15 @@ def chain_body(calls: list, dtype: str, what: str) -> tuple:
     return tuple(body)
 
 
+def require_program(body: tuple, dtype: str, arch, what: str):
+    """The program the chip runs `body` with (cgra_sim/mapping/body.py), or UnsupportedOperator
+    naming `what` when the body does not map onto the chip's fabric."""
+    try:
+        return bodies.program(body, dtype, Fabric.of(arch))
+    except MappingError as error:
+        raise UnsupportedOperator(f"{what}: {error}") from None
+
+
 def folded(body: tuple, dtype: str) -> bool:
     """Whether TVM's expression builder or simplifier changes the body's TIR expression (then
     the kernel's compute and the intrinsic's description, both built from it, need not match
@@ -122,9 +135,10 @@ def _nodes(call, x, inner: str, dtype: str, first: int) -> list:
     if dtype != "float32" or isinstance(right, str):
         raise UnsupportedOperator(f"divide on {dtype}: the fabric divides float32 by a constant only "
                                   f"(as a multiply by its reciprocal)")
-    if right == 0:
-        raise UnsupportedOperator("divide by the constant 0")
-    return [("mul", left, float(np.float32(1) / np.float32(right)))]
+    reciprocal = float32_reciprocal(right)
+    if reciprocal is None:
+        raise UnsupportedOperator(f"divide by the constant {right}: its reciprocal is not a normal float32")
+    return [("mul", left, float(reciprocal))]
 
 
 def _operand(arg, x, inner: str, dtype: str, name: str):

@@ -27,13 +27,11 @@ from tvm.relax.dpl import is_op, wildcard
 
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
-from cgra_sim.fabric import Fabric
 from cgra_sim.isa import DType
-from cgra_sim.mapping import body as bodies
-from cgra_sim.mapping.mapper import MappingError
 
 from ..errors import ScratchpadTooSmall, UnsupportedOperator
 from ..relax_info import dtype_of, require_static_shape
+from .chains import require_program
 from .dynamic import CUT_PARAMS, dim_var, read_shape
 from .family import OpFamily
 from .intrinsics import SPAD, get_intrin
@@ -256,10 +254,7 @@ def choose_eltwise_tiling(spec: EltwiseSpec, arch: HardwareDescription) -> Tilin
     estimated cycles (ties: the larger). mp, np: the view's rows and columns padded to whole tiles."""
     *_, rows, cols = spec.extents
     if spec.func == "prelu":
-        try:
-            bodies.program(PRELU_BODY, spec.dtype, Fabric.of(arch))
-        except MappingError as error:
-            raise UnsupportedOperator(f"prelu: {error}") from None
+        require_program(PRELU_BODY, spec.dtype, arch, "prelu")
     tiling = _choose_symbolic_columns(spec, arch) if spec.tail else \
         best_tiling(spec, arch, _tile_sizes(rows, 1), _tile_sizes(cols, arch.vector_lanes))
     if tiling is None:

@@ -3,7 +3,7 @@ on the PE fabric (the FABRIC command).
 
 Stage: partition (its patterns and spec), kernel definition, tiling and schedule. Input: a chain
 of up to MAX_DEPTH Relax calls, each taking the previous one's result (the first: the chain's
-input x) and a 0-d constant or x itself: add, subtract, multiply, divide by a constant, maximum,
+input x) and a one-element constant or x itself: add, subtract, multiply, divide by a constant, maximum,
 minimum, clip, relu and leaky relu. That covers the activations the vector unit has no command
 for, as the ONNX and PyTorch importers write them: LeakyRelu, HardSwish (x * clip(x + 3, 0, 6) / 6),
 HardSigmoid (clip(alpha x + beta, 0, 1)), and any affine chain between layers. The chain becomes a
@@ -31,15 +31,12 @@ from tvm.relax.dpl import wildcard
 
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
-from cgra_sim.fabric import Fabric
 from cgra_sim.isa import DType
-from cgra_sim.mapping import body as bodies
-from cgra_sim.mapping.mapper import MappingError
 
 from ..errors import ScratchpadTooSmall, UnsupportedOperator
 from ..relax_info import dtype_of, require_static_shape
 from .activation import halvings, schedule_unary, unary_compute
-from .chains import CHAIN_MARK, VECTOR_UNIT_OPS, chain_body, constant_first_subtract, level_pattern
+from .chains import CHAIN_MARK, VECTOR_UNIT_OPS, chain_body, constant_first_subtract, level_pattern, require_program
 from .family import OpFamily
 from .intrinsics import get_intrin
 from .intrinsics.fabric import FabricBody, body_value
@@ -48,8 +45,6 @@ from .spec import Tiling, aligned, round_up
 PREFIX = "cgra.fabric" + CHAIN_MARK
 MAX_DEPTH = 8  # calls in a chain (a body has at most BODY_MAX_NODES nodes)
 DTYPES = ("float32", "int32")
-_VECTOR_UNIT = ("relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum",
-                "relax.clip", "relax.nn.relu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,10 +107,7 @@ def choose_fabric_tiling(spec: FabricSpec, arch: HardwareDescription) -> Tiling:
     body, which two buffers cannot overlap. So a tile is small enough for the
     DMA engines and the fabric to work side by side, and large enough to amortise each DMA's
     latency and the body's pipeline fill. The body must map onto the chip's fabric."""
-    try:
-        program = bodies.program(spec.body, spec.dtype, Fabric.of(arch))
-    except MappingError as error:
-        raise UnsupportedOperator(f"{' -> '.join(spec.source_ops)}: {error}") from None
+    program = require_program(spec.body, spec.dtype, arch, " -> ".join(spec.source_ops))
     size = DType.from_name(spec.dtype).itemsize
     best = None
     for tm in halvings(spec.rows):

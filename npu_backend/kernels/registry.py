@@ -21,6 +21,7 @@ from ..errors import CGRAError, UnsupportedCopy, UnsupportedOperator, stage_cont
 from ..partition.call_tir import prim_func_of
 from ..partition.composite import composite_call, composite_name, composite_ops, matched_roles
 from .activation import ACTIVATION
+from .chains import require_program
 from .conv2d import CONV2D
 from .depthwise import DEPTHWISE
 from .eltwise import ELTWISE
@@ -86,6 +87,8 @@ def offload_reason(name: str, annotated: dict, arch) -> str | None:
         if family.checks_pe_dtype and spec.dtype not in arch.dtypes:
             return f"{arch.name} computes {', '.join(arch.dtypes)}, not {spec.dtype}"
         family.choose_tiling(spec, arch)
+        if getattr(spec, "fabric_body", ()):  # a chain after the epilogue (fuse_chains)
+            require_program(spec.fabric_body, spec.acc_dtype, arch, " -> ".join(spec.source_ops))
     except CGRAError as err:
         return str(err)
     return None

@@ -34,13 +34,12 @@ from tvm.s_tir.schedule.analysis import get_auto_tensorize_mapping_info
 from tvm.s_tir.schedule.transform import tile_with_tensor_intrin
 
 from cgra_sim.arch import HardwareDescription
-from cgra_sim.fabric import Fabric
 from cgra_sim.isa import ACC_DTYPE, DType
 from cgra_sim.mapping import body as bodies
-from cgra_sim.mapping.mapper import MappingError
 
 from ..errors import ScratchpadTooSmall, UnsupportedOperator
 from . import eltwise
+from .chains import require_program
 from .family import OpFamily
 from .gemm import choose_tiling as choose_gemm_tiling
 from .gemm import loops_after
@@ -384,10 +383,7 @@ def choose_tir_tiling(spec: TirSpec, arch: HardwareDescription):
         return choose_gemm_tiling(*spec.extents, spec.dtype, spec.acc_dtype, False, arch)
     if spec.kind == "vector":
         if spec.vector_op[0] == "fabric":
-            try:
-                bodies.program(spec.vector_op[1], spec.dtype, Fabric.of(arch))
-            except MappingError as error:
-                raise UnsupportedOperator(f"PrimFunc '{spec.name}': {error}") from None
+            require_program(spec.vector_op[1], spec.dtype, arch, f"PrimFunc '{spec.name}'")
         return _vector_tiling(spec, arch)
     return None  # a kernel written for the NPU brings its own tiles
 

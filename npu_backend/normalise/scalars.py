@@ -29,17 +29,26 @@ _ELTWISE = {tvm.ir.Op.get(f"relax.{name}") for name in ("add", "subtract", "mult
 _DIVIDE = tvm.ir.Op.get("relax.divide")
 
 
+def float32_reciprocal(value):
+    """1 / value in float32 (within 1.5 ulp of a division by value, exact for a power of two)
+    when every reciprocal is a finite normal number; None otherwise (a zero, an infinity, or a
+    divisor so large its reciprocal is subnormal and would lose precision)."""
+    value = np.asarray(value, np.float32)
+    with np.errstate(divide="ignore", over="ignore"):
+        reciprocal = np.float32(1) / value
+    if not np.all(np.isfinite(reciprocal)) or not np.all(np.abs(reciprocal) >= np.finfo(np.float32).tiny):
+        return None
+    return reciprocal
+
+
 def _as_multiply(call):
-    """x / c -> x * (1 / c) for a float32 constant c whose reciprocals are finite numbers (the
-    NPU has no divider): the float32 reciprocal, so within 1.5 ulp of the division (exact for a
-    power of two); else the call unchanged."""
+    """x / c -> x * (1 / c) for a float32 constant c with a float32_reciprocal (the NPU has no
+    divider); else the call unchanged."""
     divisor = call.args[1]
     if not isinstance(divisor, tvm.ir.GenericConst) or str(divisor.ty.dtype) != "float32":
         return call
-    value = divisor.value.numpy()
-    with np.errstate(divide="ignore", over="ignore"):
-        reciprocal = np.float32(1) / value
-    if not np.all(np.isfinite(reciprocal)) or not np.all(reciprocal != 0):
+    reciprocal = float32_reciprocal(divisor.value.numpy())
+    if reciprocal is None:
         return call
     return with_span(relax.Call(tvm.ir.Op.get("relax.multiply"), [call.args[0], relax.const(reciprocal, "float32")]),
                      call.span)

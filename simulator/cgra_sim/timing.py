@@ -23,7 +23,7 @@ overhead, a GEMM's or DEPTHWISE's steady stream and fill, read off the decoded c
         previous drain. Partial sums stay in the array: a GEMM whose accumulator is exactly the
         previous GEMM's accumulator sees that GEMM's write as done when its operands are in.
         DEPTHWISE likewise, keyed by (DEPTHWISE, dtype): switching between GEMM and DEPTHWISE
-        reloads the configuration.
+        loads a configuration only if it is not resident (context memory, below).
     FABRIC  end = start (+ the body's configuration load, cost.fabric_config_cycles, if it is not
             in the context memory) + its mapping's latency + cost.fabric_steady_cycles (lanes,
             II: mapping/body.py).

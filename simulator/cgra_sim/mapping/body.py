@@ -18,7 +18,7 @@ streaming body) and leaves the mapper two slots per PE to route in; when that do
 as many, down to one; when it maps above MII, twice as many are tried too (graphs of up to 128
 nodes) and the one with more elements per cycle kept. A tile of E elements then takes
 (ceil(E / lanes) - 1) x II + latency cycles (cost.fabric_steady_cycles), after loading the
-mapping's configuration when the PE array held another one.
+mapping's configuration when it is not in the PEs' context memory (timing.py).
 """
 
 from __future__ import annotations
