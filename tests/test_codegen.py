@@ -11,6 +11,7 @@ import ctypes
 import os
 import re
 import subprocess
+from pathlib import Path
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -25,6 +26,7 @@ from cgra_codegen import CodegenError, ScratchpadOverflow, UnsupportedNode
 from cgra_sim import load_arch
 
 ARCH = load_arch("cgra-4x4")
+RUNTIME = Path(__file__).resolve().parent.parent / "runtime"
 ZERO_BOX = [0] * 12  # origin, pad_lo, pad_hi
 
 
@@ -188,9 +190,14 @@ def compile_kernels(funcs, tmp_path, arch=ARCH):
     obj, source, shared = tmp_path / "kernels.o", tmp_path / "mock_runtime.c", tmp_path / "kernels.so"
     obj.write_bytes(compiled.object_bytes)
     source.write_text(MOCK_RUNTIME_C)
-    ffi_lib = os.path.join(os.path.dirname(tvm_ffi.__file__), "lib")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", str(obj), str(source), "-o", str(shared),
-                    "-Wl,-Bsymbolic", f"-L{ffi_lib}", "-ltvm_ffi", f"-Wl,-rpath,{ffi_lib}"], check=True)
+    ffi = os.path.dirname(tvm_ffi.__file__)
+    # The argument checks are the real runtime's (runtime/src/arg_checks.cc), not the mock's.
+    checks = tmp_path / "arg_checks.o"
+    subprocess.run(["g++", "-c", "-fPIC", "-O1", str(RUNTIME / "src" / "arg_checks.cc"), "-o", str(checks),
+                    f"-I{RUNTIME / 'include'}", f"-I{os.path.join(ffi, 'include')}"], check=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", str(obj), str(source), str(checks), "-o", str(shared),
+                    "-Wl,-Bsymbolic", f"-L{os.path.join(ffi, 'lib')}", "-ltvm_ffi", "-lstdc++",
+                    f"-Wl,-rpath,{os.path.join(ffi, 'lib')}"], check=True)
     module = tvm.runtime.load_module(str(shared))
     runtime = ctypes.CDLL(str(shared))
     runtime.mock_log.restype = ctypes.c_char_p
@@ -345,16 +352,17 @@ def test_golden_ir_of_a_tiny_kernel():
     assert_lines_in_order(compiled.llvm_ir, [
         "define i32 @__tvm_ffi_tiny(ptr %self, ptr %args, i32 %num_args, ptr %result) {",
         "%error.message = alloca [512 x i8], align 1",
-        "%dma.box = alloca [28 x i64], align 8",
-        "<*> = icmp ne i32 %num_args, 1",
-        "%type_index = load i32, ptr <*>, align 4",
-        "<*> = icmp eq i32 %type_index, 70",
-        "%dltensor = select i1 <*>, ptr <*>, ptr <*>",
         "br i1 <*>, label %runtime.missing, label %runtime.present",  # a weak symbol left NULL
         "runtime.missing:<*>",
         "call void @TVMFFIErrorSetRaisedFromCStr(ptr @<*>, ptr @<*>)",
         "ret i32 -1",
-        "%k = call ptr @cgra_kernel_begin(ptr @<*>, ptr @<*>, ptr @<*>, i64 65536, i32 5, i32 1, i64 -1)",
+        "<*> = icmp ne i32 %num_args, 1",
+        # the runtime checks the tensor: argument 0, float32 (code 2, 32 bits, 1 lane), rank 1
+        "%dltensor = call ptr @cgra_check_tensor_arg(ptr %args, i32 0, ptr @<*>, ptr @<*>, ptr @<*>, "
+        "i32 2, i32 32, i32 1, i32 1, ptr @<*>, ptr @<*>)",
+        "<*> = icmp eq ptr %dltensor, null",
+        "ret i32 -1",
+        "%k = call ptr @cgra_kernel_begin(ptr @<*>, ptr @<*>, ptr @<*>, i64 65536, i32 6, i32 1, i64 -1)",
         "%bind.status = call i32 @cgra_kernel_bind(ptr %k, i32 0, ptr %dltensor)",
         "launch.failed:<*>",  # the error exit: frees the launch, returns -1
         "<*> = call i32 @cgra_kernel_end(ptr %k)",
@@ -369,14 +377,16 @@ def test_golden_ir_of_a_tiny_kernel():
         "%loop.next = add i64 %i, 1",
         "br label %for.header",
         "for.end:<*>",
-        "store i64 8, ptr <*>, align 8",  # box word 12: extent 8
-        "%cgra_dma_store.status = call i32 @cgra_dma_store(ptr %k, i32 0, i64 0, ptr %dma.box)",
+        # a box whose words are all constants is a module constant (word 12: extent 8)
+        "%cgra_dma_store.status = call i32 @cgra_dma_store(ptr %k, i32 0, i64 0, ptr @.i64s.1)",
         "%end.status = call i32 @cgra_kernel_end(ptr %k)",
         "store i32 0, ptr %result, align 4",
         "ret i32 0",
         "declare extern_weak i32 @cgra_fill(ptr, i32, i64, i64, i64, i64, i64)",
         "declare extern_weak i32 @cgra_dma_store(ptr, i32, i64, ptr)",
     ])
+    assert "@.i64s.1 = private unnamed_addr constant [28 x i64] [" + ", ".join(
+        f"i64 {word}" for word in [0] * 12 + [8, 0, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0]) + "]" in compiled.llvm_ir
     llvm.parse_assembly(compiled.llvm_ir).verify()
 
 
@@ -389,7 +399,7 @@ def test_matmul_kernel_drives_the_runtime(mock_runtime, tmp_path):
                                  tensor((4, 8), "int32")) is None
     words = ",".join(map(str, ROWS_BOX))
     assert log_lines(runtime) == [
-        f"begin matmul_rows ops=matmul spad=65536 abi=5 slots=3 macs=-1 arch={ARCH.to_json()}",
+        f"begin matmul_rows ops=matmul spad=65536 abi=6 slots=3 macs=-1 arch={ARCH.to_json()}",
         "bind 0 shape=4,8 dtype=0:8",
         "bind 1 shape=8,8 dtype=0:8",
         "bind 2 shape=4,8 dtype=0:32",

@@ -28,8 +28,9 @@ ARCH = load_arch("cgra-8x8")
 SPAD = ARCH.spad_bytes
 BOX_WORDS = isa.RECORD_WORDS - isa.word(Op.DMA_LOAD, "origin0")
 F32, I8, I32 = int(DType.FLOAT32), int(DType.INT8), int(DType.INT32)
-ABI = 5  # CGRA_RUNTIME_ABI_VERSION: v2 gave cgra_epilogue its residual and clip arguments,
-# v3 cgra_kernel_begin its macs_per_output, v4 cgra_dma_load its flags, v5 added cgra_fabric
+ABI = 6  # CGRA_RUNTIME_ABI_VERSION: v2 gave cgra_epilogue its residual and clip arguments,
+# v3 cgra_kernel_begin its macs_per_output, v4 cgra_dma_load its flags, v5 added cgra_fabric,
+# v6 cgra_check_tensor_arg (the kernels' argument checks)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,9 +214,10 @@ def test_header_declares_the_documented_api():
     root = runtime_lib.REPO_ROOT
     doc = (root / "docs" / "runtime-abi.md").read_text()
     # The header includes the command functions' prototypes, generated from isa.py at build time.
-    header = (root / "runtime" / "include" / "cgra_runtime.h").read_text() + c_api.c_prototypes()
+    header = "".join((root / "runtime" / "include" / name).read_text()
+                     for name in ("cgra_runtime.h", "cgra_arg_checks.h")) + c_api.c_prototypes()
     assert prototypes(header) == prototypes(doc)
-    assert len(prototypes(doc)) == 12
+    assert len(prototypes(doc)) == 13
     assert f"#define CGRA_RUNTIME_ABI_VERSION {ABI}" in header
 
 

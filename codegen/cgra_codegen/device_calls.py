@@ -153,20 +153,33 @@ class SpadAddress:
 
 @dataclasses.dataclass(frozen=True)
 class DmaBox:
-    """28 box words -> pointer to an [28 x i64] array (one per kernel, filled before each call)."""
+    """28 box words -> pointer to an [28 x i64] array: a module constant when every word is known
+    at compile time, else the kernel's one box alloca, filled from a constant template of the known
+    words (one memcpy) and a store per computed word (most words are extents and strides: storing
+    all 28 was half of a kernel's instructions)."""
 
     name: str  # the parameter's name in isa.COMMAND_FUNCTIONS, for messages
     arity = BOX_WORDS
     c_types = (PTR,)
 
     def lower(self, site: CallSite, position: int):
+        values = [site.exprs.lower_as(arg, "int64") for arg in site.args[position:position + BOX_WORDS]]
+        computed = [(index, value) for index, value in enumerate(values) if not _is_int_constant(value)]
+        template = site.state.mb.constant_i64s([v.constant if _is_int_constant(v) else 0 for v in values])
+        if not computed:
+            return [template]
         words = ir.ArrayType(I64, BOX_WORDS)
         box = site.state.shared_alloca("dma.box", words)
         builder = site.state.builder
-        for index in range(BOX_WORDS):
-            value = site.exprs.lower_as(site.args[position + index], "int64")
+        memcpy = site.state.mb.module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
+        builder.call(memcpy, [box, template, I64(8 * BOX_WORDS), ir.Constant(ir.IntType(1), 0)])
+        for index, value in computed:
             builder.store(value, builder.gep(box, [I64(0), I64(index)], source_etype=words))
         return [box]
+
+
+def _is_int_constant(value) -> bool:
+    return isinstance(value, ir.Constant) and isinstance(value.constant, int)
 
 
 @dataclasses.dataclass(frozen=True)

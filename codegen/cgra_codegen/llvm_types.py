@@ -19,37 +19,27 @@ PTR = ir.PointerType()
 VOID = ir.VoidType()
 
 #: CGRA_RUNTIME_ABI_VERSION of docs/runtime-abi.md that the generated code is compiled against.
-RUNTIME_ABI_VERSION = 5
+RUNTIME_ABI_VERSION = 6
 
 # tvm-ffi: `int f(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result)`.
 FFI_FUNCTION_TYPE = ir.FunctionType(I32, [PTR, PTR, I32, PTR])
 FFI_SYMBOL_PREFIX = "__tvm_ffi_"
-ANY_SIZE = 16  # TVMFFIAny: {int32 type_index; uint32 padding; union value (8 bytes)}
 ANY_VALUE_OFFSET = 8
 TYPE_INDEX_NONE = 0
-TYPE_INDEX_DLTENSOR_PTR = 7  # value is a raw DLTensor*
-TYPE_INDEX_TENSOR = 70  # value is an ffi Tensor object; its DLTensor follows the object header
-TENSOR_DLTENSOR_OFFSET = 24
 
 # DLTensor field offsets (bytes).
-DL_DEVICE_TYPE = 8
 DL_NDIM = 16
-DL_DTYPE_CODE = 20
-DL_DTYPE_BITS = 21
-DL_DTYPE_LANES = 22
 DL_SHAPE = 24
 DL_STRIDES = 32
 DL_TENSOR_BYTES = 48  # data, device, ndim, dtype, shape, strides, byte_offset
-DL_DEVICE_CPU = 1
-
-#: Names of DLPack type codes, for error messages.
-DL_TYPE_CODE_NAMES = {0: "int", 1: "uint", 2: "float", 3: "handle", 4: "bfloat", 6: "bool"}
 
 #: The runtime's kernel-lifecycle and error functions (device commands: see device_calls.py).
 RUNTIME_FUNCTIONS = {
     "cgra_kernel_begin": ir.FunctionType(PTR, [PTR, PTR, PTR, I64, I32, I32, I64]),
     "cgra_kernel_bind": ir.FunctionType(I32, [PTR, I32, PTR]),
     "cgra_kernel_end": ir.FunctionType(I32, [PTR]),
+    # (args, position, kernel, parameter, dtype name, code, bits, lanes, ndim, shape, shape text)
+    "cgra_check_tensor_arg": ir.FunctionType(PTR, [PTR, I32, PTR, PTR, PTR, I32, I32, I32, I32, PTR, PTR]),
     "TVMFFIErrorSetRaisedFromCStr": ir.FunctionType(VOID, [PTR, PTR]),
     "snprintf": ir.FunctionType(I32, [PTR, I64, PTR], var_arg=True),
 }
@@ -176,6 +166,7 @@ class ModuleBuilder:
         self.module = ir.Module(name)
         self.module.triple = triple
         self._strings: dict[str, ir.GlobalVariable] = {}
+        self._arrays: dict[tuple, ir.GlobalVariable] = {}
 
     def function(self, name: str, fnty: ir.FunctionType) -> ir.Function:
         """The declaration of external C function `name` (created on first use). The CGRA
@@ -194,6 +185,20 @@ class ModuleBuilder:
 
     def runtime(self, name: str) -> ir.Function:
         return self.function(name, RUNTIME_FUNCTIONS[name])
+
+    def constant_i64s(self, values: list[int]) -> ir.GlobalVariable:
+        """A private constant array of int64 `values` (one global per distinct list)."""
+        key = tuple(values)
+        if key not in self._arrays:
+            ty = ir.ArrayType(I64, len(values))
+            var = ir.GlobalVariable(self.module, ty, self.module.get_unique_name(".i64s"))
+            var.linkage = "private"
+            var.global_constant = True
+            var.unnamed_addr = True
+            var.initializer = ir.Constant(ty, list(values))
+            var.type = PTR
+            self._arrays[key] = var
+        return self._arrays[key]
 
     def cstring(self, text: str) -> ir.GlobalVariable:
         """A NUL-terminated private constant holding `text` (one global per distinct text)."""

@@ -13,13 +13,9 @@
 #include <dlpack/dlpack.h>
 #include <stdint.h>
 
-#define CGRA_RUNTIME_ABI_VERSION 5
+#include "cgra_arg_checks.h" /* cgra_check_tensor_arg, and CGRA_RUNTIME_API */
 
-#if defined(_WIN32)
-#define CGRA_RUNTIME_API __declspec(dllexport)
-#else
-#define CGRA_RUNTIME_API __attribute__((visibility("default")))
-#endif
+#define CGRA_RUNTIME_ABI_VERSION 6
 
 #ifdef __cplusplus
 extern "C" {
