@@ -11,7 +11,8 @@ Each model runs in two fresh processes, so that their peak memory is their own:
 
 Columns: model; parameters; weights and activations (MB, float32; activations: every tensor the
 graph computes); NPU share of MACs; compile s cgra (cold), the VM's creation from it (the
-executable made runnable), cgra warm, llvm and cgra (cold) / llvm; peak RSS above
+executable made runnable), cgra warm, llvm (in the cgra process, after it) and cgra (cold) / llvm,
+llvm cold (its own fresh process: a first compile, like cgra's) and cgra cold / llvm cold; peak RSS above
 the interpreter after `import npu_backend` (MB) for cgra and llvm and cgra's against weights +
 activations; total cycles, cycles / ideal (model MACs / PEs at peak), cycles / roofline (the sum of
 each kernel's own bound: max(MACs / PEs, each DMA engine's bytes / bandwidth)); DRAM MB moved by
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -138,11 +140,12 @@ def _reference(name, size, out) -> float:
 
 
 HEADER = (f"{'model':<14} {'params':>7} {'W MB':>6} {'A MB':>6} {'NPU':>5} {'cgra s':>6} {'VM s':>5} {'warm s':>6} "
-          f"{'llvm s':>6} {'/llvm':>5} {'RSS cg':>6} {'RSS ll':>6} {'/(W+A)':>6} {'cycles':>11} {'/ideal':>6} "
+          f"{'llvm s':>6} {'/llvm':>5} {'cold s':>6} {'/cold':>5} {'RSS cg':>6} {'RSS ll':>6} {'/(W+A)':>6} {'cycles':>11} {'/ideal':>6} "
           f"{'/roof':>5} {'DRAM MB':>8} {'rel err':>8}")
 
 
-def report(name, arch, size) -> str:
+def report(name, arch, size) -> tuple[str, dict]:
+    """The model's row, and its compile ratios for the summary."""
     sys.path.insert(0, TESTS)
     from zoo_models import ZOO
 
@@ -153,10 +156,24 @@ def report(name, arch, size) -> str:
     mb = 1 << 20
     return (f"{name:<14} {params / 1e6:>6.1f}M {weights / mb:>6.1f} {activations / mb:>6.1f} {cgra['npu_share']:>5.0%} "
             f"{cgra['compile_s']:>6.2f} {cgra['vm_s']:>5.2f} {cgra['warm_s']:>6.2f} {cgra['llvm_s']:>6.2f} "
-            f"{cgra['compile_s'] / cgra['llvm_s']:>5.2f} {cgra['peak_mb']:>6.0f} {llvm['peak_mb']:>6.0f} "
+            f"{cgra['compile_s'] / cgra['llvm_s']:>5.2f} {llvm['compile_s']:>6.2f} "
+            f"{cgra['compile_s'] / llvm['compile_s']:>5.2f} {cgra['peak_mb']:>6.0f} {llvm['peak_mb']:>6.0f} "
             f"{cgra['peak_mb'] * mb / (weights + activations):>6.2f} {cgra['cycles']:>11,} "
             f"{cgra['cycles'] / cgra['ideal']:>6.2f} {cgra['cycles'] / cgra['bound']:>5.2f} "
-            f"{cgra['dram'] / mb:>8.1f} {_reference(name, size, cgra['out']):>8.1e}")
+            f"{cgra['dram'] / mb:>8.1f} {_reference(name, size, cgra['out']):>8.1e}"), {
+        "/llvm": cgra["compile_s"] / cgra["llvm_s"], "/cold": cgra["compile_s"] / llvm["compile_s"],
+        "warm/llvm": cgra["warm_s"] / cgra["llvm_s"]}
+
+
+def summary(ratios: dict) -> list[str]:
+    """Geometric mean and worst case of each compile ratio over the models (issue 13, goal 1)."""
+    lines = []
+    for key in ("/llvm", "/cold", "warm/llvm"):
+        values = {name: figures[key] for name, figures in ratios.items()}
+        worst = max(values, key=values.get)
+        geomean = math.exp(sum(math.log(v) for v in values.values()) / len(values))
+        lines.append(f"compile {key:<9}: geometric mean {geomean:.2f}, worst {values[worst]:.2f} ({worst})")
+    return lines
 
 
 def main():
@@ -174,8 +191,11 @@ def main():
 
     print(f"{args.arch}, {args.size}x{args.size} inputs, float32")
     print(HEADER, flush=True)
+    ratios = {}
     for name in args.models or list(ZOO):
-        print(report(name, args.arch, args.size), flush=True)
+        line, ratios[name] = report(name, args.arch, args.size)
+        print(line, flush=True)
+    print("\n".join(summary(ratios)))
 
 
 if __name__ == "__main__":
