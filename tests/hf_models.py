@@ -1,0 +1,81 @@
+"""Public model architectures nobody here wrote: Hugging Face transformers' own PyTorch modules
+(vision CNNs, vision transformers, hybrids, a text encoder), built from small configs with random
+weights, so no download is needed.
+
+`build(name)` returns (model in eval mode, example inputs). Every parameter is drawn from a normal
+distribution scaled by its fan-in, and batch norms get random statistics: with transformers' own
+initialisation several of these networks (EfficientNet, MobileViT) output exactly zero, and a
+comparison with zero proves nothing.
+
+Needs torch and transformers (optional: `pip install -e ".[hf]"`).
+"""
+
+from __future__ import annotations
+
+import torch
+import transformers as hf
+
+SIZE = 64  # 1 x 3 x 64 x 64 images; 16 tokens of text
+
+#: name -> (config class, model class, config arguments, input kind)
+ARCHITECTURES = {
+    "resnet": (hf.ResNetConfig, hf.ResNetModel, dict(embedding_size=16, hidden_sizes=[16, 32, 64, 128],
+                                                     depths=[1, 1, 1, 1]), "image"),
+    "resnet-bottleneck": (hf.ResNetConfig, hf.ResNetModel, dict(
+        embedding_size=16, hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1], layer_type="bottleneck"), "image"),
+    "convnext": (hf.ConvNextConfig, hf.ConvNextModel, dict(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1]),
+                 "image"),
+    "convnextv2": (hf.ConvNextV2Config, hf.ConvNextV2Model, dict(hidden_sizes=[16, 32, 64, 128],
+                                                                 depths=[1, 1, 1, 1]), "image"),
+    "efficientnet": (hf.EfficientNetConfig, hf.EfficientNetModel, dict(image_size=SIZE), "image"),
+    "mobilenet_v1": (hf.MobileNetV1Config, hf.MobileNetV1Model, dict(image_size=SIZE, depth_multiplier=0.25),
+                     "image"),
+    "mobilenet_v2": (hf.MobileNetV2Config, hf.MobileNetV2Model, dict(image_size=SIZE, depth_multiplier=0.35),
+                     "image"),
+    "regnet": (hf.RegNetConfig, hf.RegNetModel, dict(embedding_size=16, hidden_sizes=[16, 32, 64, 128],
+                                                     depths=[1, 1, 1, 1], groups_width=8), "image"),
+    "bit": (hf.BitConfig, hf.BitModel, dict(embedding_size=32, hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1],
+                                            num_groups=8), "image"),
+    "poolformer": (hf.PoolFormerConfig, hf.PoolFormerModel, dict(hidden_sizes=[16, 32, 64, 128],
+                                                                 depths=[1, 1, 1, 1]), "image"),
+    "mobilevit": (hf.MobileViTConfig, hf.MobileViTModel, dict(
+        image_size=SIZE, hidden_sizes=[32, 48, 64], neck_hidden_sizes=[8, 16, 24, 24, 32, 40, 64]), "image"),
+    "vit": (hf.ViTConfig, hf.ViTModel, dict(image_size=SIZE, patch_size=16, hidden_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, intermediate_size=128), "image"),
+    "swin": (hf.SwinConfig, hf.SwinModel, dict(image_size=SIZE, patch_size=4, embed_dim=16, depths=[1, 1],
+                                               num_heads=[2, 4], window_size=4), "image"),
+    "segformer": (hf.SegformerConfig, hf.SegformerModel, dict(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
+                                                              decoder_hidden_size=64), "image"),
+    "levit": (hf.LevitConfig, hf.LevitModel, dict(image_size=SIZE, hidden_sizes=[32, 64, 96],
+                                                  num_attention_heads=[2, 2, 2], depths=[1, 1, 1],
+                                                  key_dim=[8, 8, 8]), "image"),
+    "bert": (hf.BertConfig, hf.BertModel, dict(vocab_size=100, hidden_size=64, num_hidden_layers=2,
+                                               num_attention_heads=4, intermediate_size=128), "text"),
+}
+
+
+def build(name: str, seed: int = 0):
+    """(model, inputs): the architecture with random weights in eval mode, and example inputs."""
+    config_class, model_class, arguments, kind = ARCHITECTURES[name]
+    torch.manual_seed(seed)
+    model = model_class(config_class(**arguments)).eval()
+    with torch.no_grad():
+        for param in model.parameters():  # scaled by fan-in (a weight's row), so activations stay O(1)
+            param.normal_(0, 1 / param[0].numel() ** 0.5 if param.dim() > 1 else 0.5)
+        for buffer_name, buffer in model.named_buffers():
+            if buffer_name.endswith("running_var"):
+                buffer.uniform_(0.5, 1.5)
+            elif buffer_name.endswith("running_mean"):
+                buffer.normal_(0, 0.1)
+    inputs = (torch.randn(1, 3, SIZE, SIZE),) if kind == "image" else (torch.randint(0, 100, (1, 16)),)
+    return model, inputs
+
+
+def first_output(output):
+    """The model's main output tensor (last_hidden_state), from a ModelOutput, a tuple or a tensor
+    (PyTorch's side) or a TVM tuple / tensor (the VM's side)."""
+    if hasattr(output, "last_hidden_state"):
+        return output.last_hidden_state
+    while isinstance(output, (tuple, list)) or (not hasattr(output, "numpy") and hasattr(output, "__getitem__")):
+        output = output[0]
+    return output
