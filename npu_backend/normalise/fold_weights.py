@@ -52,7 +52,82 @@ _NUMPY_OPS = {
         a, None if call.attrs.axes is None else [int(x) for x in call.attrs.axes])),
     "relax.isnan": (1, lambda call, a: np.isnan(a)),
     "relax.where": (3, lambda call, c, a, b: np.where(c, a, b)),
+    # What PyTorch's exports leave constant (a transformer's position ids, a Swin window's
+    # relative position index): each left for FoldConstant cost a TVM build, ~30 ms apiece.
+    "relax.broadcast_to": (1, lambda call, a: np.broadcast_to(a, static_shape(call)).copy()),
+    "relax.arange": (3, lambda call, start, end, step: _arange(call, start, end, step)),
+    "relax.strided_slice": (1, lambda call, a: _strided_slice(call, a)),
+    "relax.take": (2, lambda call, a, indices: _take(call, a, indices)),
+    "relax.gather_elements": (2, lambda call, a, indices: _gather_elements(call, a, indices)),
+    "relax.astype": (1, lambda call, a: _astype(a, dtype_of(call))),
+    **{f"relax.{name}": (2, lambda call, a, b, fn=fn: fn(a, b)) for name, fn in (
+        ("equal", np.equal), ("not_equal", np.not_equal), ("less", np.less), ("less_equal", np.less_equal),
+        ("greater", np.greater), ("greater_equal", np.greater_equal))},
 }
+
+
+def _astype(a, dtype: str):
+    """Conversions numpy and LLVM agree on: any to float (both round to nearest even) or bool,
+    integer to integer (both wrap), float to integer within the integer's range (both truncate)."""
+    target = np.dtype(dtype)
+    if a.dtype.kind == "f" and target.kind in "iu":
+        limits = np.iinfo(target)
+        if not (np.isfinite(a).all() and (a > limits.min - 1).all() and (a < limits.max + 1).all()):
+            return None
+    if target.kind == "b":
+        return a != 0
+    return a.astype(target)
+
+
+def _gather_elements(call, a, indices):
+    """Indices inside the axis only."""
+    axis = int(call.attrs.axis)
+    if not np.issubdtype(indices.dtype, np.integer) or \
+            (indices.size and (indices.min() < 0 or indices.max() >= a.shape[axis])):
+        return None
+    return np.take_along_axis(a, indices, axis=axis)
+
+
+def _arange(call, start, end, step):
+    """Integer ranges only (a float range's values depend on how each side rounds)."""
+    if not all(np.issubdtype(v.dtype, np.integer) for v in (start, end, step)) or int(step) == 0:
+        return None
+    return np.arange(int(start), int(end), int(step)).astype(dtype_of(call))
+
+
+def _ints(expr) -> list[int] | None:
+    """The integers of a tuple of IntImms (a strided_slice's axes, begin, end)."""
+    if not isinstance(expr, relax.Tuple):
+        return None
+    values = []
+    for field in expr.fields:
+        if not isinstance(field, tvm.tirx.IntImm):
+            return None
+        values.append(int(field.value))
+    return values
+
+
+def _strided_slice(call, a):
+    """Positive strides, Python's slice semantics (the caller checks the shape Relax inferred)."""
+    axes, begin, end = (_ints(arg) for arg in call.args[1:4])
+    strides = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes or ())
+    if None in (axes, begin, end, strides) or any(step <= 0 for step in strides):
+        return None
+    index = [slice(None)] * a.ndim
+    for axis, lo, hi, step in zip(axes, begin, end, strides):
+        index[axis] = slice(lo, hi, step)
+    return a[tuple(index)].copy()
+
+
+def _take(call, a, indices):
+    """Indices inside the axis only (TVM's modes differ on the others)."""
+    axis = call.attrs.axis
+    if axis is None or not np.issubdtype(indices.dtype, np.integer):
+        return None
+    axis = int(axis)
+    if indices.size and (indices.min() < 0 or indices.max() >= a.shape[axis]):
+        return None
+    return np.take(a, indices, axis=axis)
 
 
 def fold_weights(mod: tvm.IRModule) -> tvm.IRModule:
@@ -143,10 +218,12 @@ class _WeightFolder(relax.PyExprMutator):
     def _constant(self, expr):
         """The numpy value of a constant argument (or of a variable folded to one), else None."""
         expr = self.constants.get(expr, expr)
+        if isinstance(expr, relax.Var) and isinstance(self.values.get(expr), tvm.ir.GenericConst):
+            expr = self.values[expr]  # a variable bound to a constant (PyTorch's exports bind scalars)
         if isinstance(expr, tvm.ir.GenericConst):
             return expr.value.numpy()
         if isinstance(expr, (tvm.tirx.FloatImm, tvm.tirx.IntImm)):
-            return np.array(expr.value, dtype=str(expr.dtype))
+            return np.array(expr.value, dtype=str(expr.ty))
         return None
 
     def _constant_of(self, expr):
