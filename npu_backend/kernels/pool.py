@@ -18,7 +18,10 @@ windows reach past the padded image into more halo, outside both.
 With a symbolic image height or width (`symbolic_axes`), a tile is a block of outputs along it:
 where the padding lies is then known only at run time, so it is loaded with the window (the DMA
 halo: the dtype's lowest value for a max pool, zero for an average that counts the padding) and
-every tap along the axis is valid.
+every tap along the axis is valid. A static image whose whole window of two channels does not
+fit the scratchpad (Tiny YOLOv3's first max pool, 16 x 416 x 416) is cut the same way into blocks
+of output rows (`blocked_axes`); its last block computes the rows past the image and does not store
+them.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from .global_pool import choose_global_tiling, global_pool_compute, is_symbolic_
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.vector_unit import lowest_value, never_valid_taps, pool_value
 from .operands import kernel_prim_func, logical, padded, stored
-from .pool_tiles import block_sizes, choose_pool_tiling, pool_window, symbolic_axes, window_extents
+from .pool_tiles import block_sizes, blocked_axes, choose_pool_tiling, pool_window, symbolic_axes, window_extents
 from .spec import KernelSpec, PoolAttrs, Tiling
 
 #: Pattern name -> the Relax operator it matches.
@@ -224,10 +227,11 @@ def pool_compute(spec: KernelSpec, tiling: Tiling):
     in_h, in_w = window_extents(spec)
     window, tile_out, acc_out = pool_window(spec), (oh, ow), [oh, ow]
     image, window_in = [h, w], [in_h, in_w]
-    axes = symbolic_axes(spec)
+    axes, symbolic = blocked_axes(spec, tiling), symbolic_axes(spec)
     blocks = block_sizes(axes, tiling)
-    for index, extent in axes:  # blocks of outputs along each symbolic axis
-        image[index] = dim_var(spec.symbolic("lhs")[spec.data_layout.index("HW"[index])])
+    for index, extent in axes:  # blocks of outputs along each symbolic axis (or a static height)
+        if symbolic:
+            image[index] = dim_var(spec.symbolic("lhs")[spec.data_layout.index("HW"[index])])
         acc_out[index] = sym.Analyzer().simplify(tirx.ceildiv(tirx.max(extent, 1), blocks[index]) * blocks[index])
         k, step, spacing = spec.pool.size[index], spec.strides[index], spec.dilation[index]
         window_in[index] = (acc_out[index] - 1) * step + (k - 1) * spacing + 1
@@ -249,7 +253,7 @@ def pool_compute(spec: KernelSpec, tiling: Tiling):
 
     out = te.compute(stored((n, channels, oh, ow), "NCHW", spec.out_layout), stored_out, name="out")
     func = kernel_prim_func(spec, {"lhs": x}, out)
-    if not axes:
+    if not symbolic:  # a static height's last block computes its rows past the image, unstored
         return func
     # A last block's POOL is cut to its outputs, its window load to what they read: v outputs
     # read (v - 1) * stride + (k - 1) * dilation + 1 window rows, the padding past the image
@@ -294,7 +298,7 @@ def schedule_pool(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescripti
     acc = sch.get_sblock("acc")
     images, rows, cols, channels = sch.get_loops(acc)
     channel_tile, channel = sch.split(channels, [None, tiling.tn])
-    axes = symbolic_axes(spec)
+    axes = blocked_axes(spec, tiling)
     if not axes:
         sch.reorder(images, channel_tile, rows, cols, channel)
         window, (oh, ow) = pool_window(spec), spec.output_shape[2:]

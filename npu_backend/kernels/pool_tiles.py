@@ -71,6 +71,17 @@ def symbolic_axes(spec: KernelSpec) -> list:
     return axes
 
 
+def blocked_axes(spec: KernelSpec, tiling: Tiling) -> list:
+    """`symbolic_axes`, or for a static image too large for the scratchpad, its height in blocks
+    of `tiling.tm` output rows [(0, output rows)]: the same kind of blocks, every tap along the
+    height in the block's window (its padding loaded with the window), the last block's outputs
+    past the image computed and not stored."""
+    axes = symbolic_axes(spec)
+    if not axes and tiling.tm < spec.output_shape[2]:
+        return [(0, spec.output_shape[2])]
+    return axes
+
+
 def block_sizes(axes: list, tiling: Tiling) -> dict:
     """{axis index: outputs per block} of a pool's symbolic axes: tiling.tm along the only one,
     or tm rows by tw columns when both are symbolic. Each block loop cuts its last block to
@@ -101,10 +112,43 @@ def choose_pool_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
         if best is None or key < best[0]:
             best = (key, Tiling(oh, tn, taps, oh, round_up(channels, tn), taps))
     if best is None:
+        return _choose_row_blocks(spec, arch)
+    return best[1]
+
+
+def _choose_row_blocks(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
+    """A static image whose whole window of two channels does not fit the scratchpad: blocks of
+    `tm` output rows (`blocked_axes`) by `tn` channels, the fewest estimated cycles among those
+    whose double-buffered block window and output fit (the last block computes the rows past the
+    image too). An average in ceil mode or leaving its padding out of the count cannot be blocked
+    this way: the block's window counts every tap along the height."""
+    n, channels, _, _ = spec.lhs_shape
+    _, _, oh, ow = spec.output_shape
+    if spec.pool.kind == "avg" and (spec.pool.ceil_mode or (spec.padding[0] or spec.padding[2])
+                                    and not spec.pool.count_include_pad):
         raise ScratchpadTooSmall(
-            f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold the {in_h}x{in_w} input "
-            f"window of two channels that a pooling kernel takes (the whole image at once): describe a "
+            f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold the whole image that an average "
+            "pool in ceil mode or leaving its padding out of the count (count_include_pad=False) takes: describe a "
             "larger scratchpad")
+    k, step, spacing = spec.pool.size[0], spec.strides[0], spec.dilation[0]
+    cols = window_extents(spec)[1]
+    taps = spec.pool.size[0] * spec.pool.size[1]
+    size = DType.from_name(spec.dtype).itemsize
+    best = None
+    for tm in range(1, oh):
+        rows = (tm - 1) * step + (k - 1) * spacing + 1
+        for tn in channel_candidates(channels):
+            if aligned(2 * rows * cols * tn * size) + aligned(2 * tm * ow * tn * size) > arch.spad_bytes:
+                break
+            tiles = n * -(-channels // tn) * -(-oh // tm)
+            key = (_estimate_cycles(tiles, rows * cols * tn * size, tm * ow * tn * size, tm * ow * tn * taps, arch,
+                                    _banks(spec, arch, rows, cols, tn), _banks(spec, arch, tm, ow, tn)), -tm, -tn)
+            if best is None or key < best[0]:
+                best = (key, Tiling(tm, tn, taps, round_up(oh, tm), round_up(channels, tn), taps))
+    if best is None:
+        raise ScratchpadTooSmall(
+            f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold the input window of one output "
+            f"row ({cols} columns) of two channels that a pooling kernel takes: describe a larger scratchpad")
     return best[1]
 
 
