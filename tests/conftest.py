@@ -1,5 +1,5 @@
-"""Shared test configuration: Hypothesis profiles chosen by HYPOTHESIS_PROFILE, and a persistent
-kernel cache of the session's own.
+"""Shared test configuration: Hypothesis profiles chosen by HYPOTHESIS_PROFILE, a persistent
+kernel cache of the session's own, and the heuristic mapper unless CGRA_MAPPER says otherwise.
 
 `ci` (the default) is derandomised so a CI failure reproduces; `fuzz` runs many more examples.
 """
@@ -43,6 +43,9 @@ def pytest_configure(config):
     if "CGRA_MAPPING_CACHE" not in os.environ:  # the fabric mapper's (cgra_sim/mapping/mapper.py), likewise
         _SESSION_KERNEL_CACHE.append(tempfile.mkdtemp(prefix="cgra-mapping-cache-"))
         os.environ["CGRA_MAPPING_CACHE"] = _SESSION_KERNEL_CACHE[-1]
+    # The figures tests assert are the heuristic mapper's, whether or not ortools (the solver
+    # fallback) is installed; tests of the solver set CGRA_MAPPER themselves.
+    os.environ.setdefault("CGRA_MAPPER", "heuristic")
 
 
 def pytest_unconfigure(config):

@@ -15,9 +15,16 @@ scratchpad corner come first, so small graphs stay compact. When the II found is
 fabric one row and one column smaller are searched too (their corners are links of this fabric)
 and the best kept, so a bigger array rarely does worse than a smaller one; the benchmark and a
 property test check that across sizes. Deterministic: no randomness, ties
-broken by PE number. Mappings (and the absence of one) are cached by (graph, fabric)
-fingerprints, in the process and on disk ($CGRA_MAPPING_CACHE, "off" for none; the mapper's
-source is part of the key).
+broken by PE number.
+
+Where the heuristic's II is above MII (or it finds none), the exact fallback (solver.py, OR-Tools
+CP-SAT, the `solver` extra) tries II = MII, MII + 1, ... below it, each within a deterministic
+budget, and the lower II is kept (the heuristic's on a tie); an II the solver proves infeasible is
+recorded in the mapping. $CGRA_MAPPER chooses: `auto` (the default: the fallback when ortools is
+installed), `heuristic` (never the solver), `solver` (the fallback, and an error without ortools).
+Mappings (and the absence of one) are cached by (graph, fabric) fingerprints and that choice
+(with ortools' version), in the process and on disk ($CGRA_MAPPING_CACHE, "off" for none; the
+mapper's source is part of the key).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from . import solver
 from .dfg import OPS, DataflowGraph, res_mii, rec_mii
 from .mrrg import Resources, negotiated_route
 
@@ -39,6 +47,8 @@ from .mrrg import Resources, negotiated_route
 #: unlike a time limit): the suite's mappings expand at most ~2,000 on 16x16; a large
 #: fabric failing at a too-small II would spend minutes.
 ROUTE_BUDGET = 50_000
+#: IIs the solver may try per mapping without settling them (IIs it proves infeasible are free).
+SOLVER_TRIES = 3
 
 
 class MappingError(ValueError):
@@ -55,6 +65,8 @@ class Mapping:
     placement: dict  # node -> (pe, cycle of iteration 0)
     routes: dict  # (node, operand index) -> [(pe, cycle), ...] from the producer's landing state
     seconds: float
+    mapper: str = "heuristic"  # which found it: "heuristic" or "cp-sat"
+    infeasible: tuple = ()  # IIs below `ii` the solver proved have no mapping
 
     @property
     def mii(self) -> int:
@@ -83,19 +95,21 @@ class Mapping:
         return -(-self.fabric.num_pes * self.ii * self.fabric.config_word_bits // 8)
 
 
-_CACHE: dict = {}  # (graph, fabric) fingerprints -> Mapping or MappingError, this process
+_CACHE: dict = {}  # (graph, fabric fingerprints, mapper) -> Mapping or MappingError, this process
 
 
 def map_graph(graph: DataflowGraph, fabric) -> Mapping:
     """The mapping of `graph` on `fabric` at the smallest II this mapper finds (cached in the
     process and on disk); raises MappingError when there is none."""
-    key = (graph.fingerprint, fabric.fingerprint)
+    mode = solver.mode()
+    tag = solver.cache_tag(mode)
+    key = (graph.fingerprint, fabric.fingerprint, tag)
     if key not in _CACHE:
-        path = _cache_file(graph, fabric)
+        path = _cache_file(graph, fabric, tag)
         result = _load(path, graph, fabric) if path is not None else None
         if result is None:
             try:
-                result = _map(graph, fabric)
+                result = _map(graph, fabric, mode != "heuristic" and solver.version() is not None)
             except MappingError as error:
                 result = error
             _store(path, result)
@@ -107,17 +121,18 @@ def map_graph(graph: DataflowGraph, fabric) -> Mapping:
 
 #: Where mappings persist between processes (a mapping of a large body takes seconds on 16x16):
 #: $CGRA_MAPPING_CACHE, "off" for none, else ~/.cache/cgra_sim/mappings. One small JSON file per
-#: (graph, fabric, mapper source), written atomically; a file that does not read back is mapped again.
-_SOURCES = ("mapper.py", "mrrg.py", "dfg.py")
+#: (graph, fabric, mapper source, mapper mode), written atomically; a file that does not read back is
+#: mapped again.
+_SOURCES = ("mapper.py", "mrrg.py", "dfg.py", "solver.py", "solver_model.py", "solver_tiles.py")
 _VERSION = hashlib.sha256(b"".join((Path(__file__).parent / name).read_bytes() for name in _SOURCES)).hexdigest()[:12]
 
 
-def _cache_file(graph: DataflowGraph, fabric) -> Path | None:
+def _cache_file(graph: DataflowGraph, fabric, tag: str) -> Path | None:
     where = os.environ.get("CGRA_MAPPING_CACHE", "")
     if where.lower() == "off":
         return None
     root = Path(where) if where else Path.home() / ".cache" / "cgra_sim" / "mappings"
-    return root / f"{_VERSION}-{graph.fingerprint}-{fabric.fingerprint}.json"
+    return root / f"{_VERSION}-{tag}-{graph.fingerprint}-{fabric.fingerprint}.json"
 
 
 def _load(path: Path | None, graph: DataflowGraph, fabric):
@@ -132,7 +147,7 @@ def _load(path: Path | None, graph: DataflowGraph, fabric):
         return Mapping(graph, region, data["ii"], data["res_mii"], data["rec_mii"],
                        {name: tuple(at) for name, at in data["placement"].items()},
                        {(reader, index): [tuple(step) for step in chain] for reader, index, chain in data["routes"]},
-                       data["seconds"])
+                       data["seconds"], data["mapper"], tuple(data["infeasible"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -145,6 +160,7 @@ def _store(path: Path | None, result) -> None:
     else:
         region = result.fabric
         data = {"ii": result.ii, "res_mii": result.res_mii, "rec_mii": result.rec_mii, "seconds": result.seconds,
+                "mapper": result.mapper, "infeasible": list(result.infeasible),
                 "region": [region.rows, region.cols, region.topology],
                 "placement": {name: list(at) for name, at in result.placement.items()},
                 "routes": [[reader, index, [list(step) for step in chain]]
@@ -158,7 +174,7 @@ def _store(path: Path | None, result) -> None:
         pass  # a read-only or full disk: the mapping is still cached in this process
 
 
-def _map(graph: DataflowGraph, fabric) -> Mapping:
+def _map(graph: DataflowGraph, fabric, use_solver: bool = False) -> Mapping:
     started = time.perf_counter()
     res, rec = res_mii(graph, fabric), rec_mii(graph, fabric)
     # Past MII + one slot per operation, a larger II only lengthens lifetimes: give up there.
@@ -173,11 +189,31 @@ def _map(graph: DataflowGraph, fabric) -> Mapping:
                 found = _search(graph, corner, max(res_mii(graph, corner), rec), (best.ii - 1) if best else limit)
                 if found is not None and (best is None or found.ii < best.ii):
                     best = found
+    if use_solver and (best is None or best.ii > max(res, rec)):
+        best = _solver_fallback(graph, fabric, max(res, rec), best.ii - 1 if best else limit, best)
     if best is None:
         raise MappingError(f"{graph.name}: no mapping on the {fabric.rows}x{fabric.cols} {fabric.topology} with "
                            f"{fabric.registers} registers per PE up to II {limit} (MII {max(res, rec)}; the context "
                            f"depth is {fabric.context_depth}): give the fabric more registers, memory ports or contexts")
     return dataclasses.replace(best, res_mii=res, rec_mii=rec, seconds=time.perf_counter() - started)
+
+
+def _solver_fallback(graph: DataflowGraph, fabric, first: int, last: int, best: Mapping | None) -> Mapping | None:
+    """The solver's mapping at the first II from `first` to `last` it finds one, else `best`;
+    either with the IIs below it the solver proved infeasible."""
+    proved, tries = [], 0
+    for ii in range(first, last + 1):
+        if tries == SOLVER_TRIES:
+            break
+        outcome = solver.attempt(graph, fabric, ii)
+        if outcome.status == "mapped":
+            return Mapping(graph, outcome.fabric, ii, 0, 0, outcome.placement, outcome.routes, 0.0, "cp-sat",
+                           tuple(proved))
+        if outcome.status == "infeasible":
+            proved.append(ii)
+        else:
+            tries += 1
+    return dataclasses.replace(best, infeasible=tuple(proved)) if best is not None else None
 
 
 def _search(graph: DataflowGraph, fabric, first: int, last: int) -> Mapping | None:
