@@ -2,15 +2,18 @@
 
 Stage: entry (the mapper's command line; no tvm). In: an intrinsic name (intrinsics.py) or
 `all`, and a chip. Out: II against MII (ResMII, RecMII), latency, PE utilisation, configuration
-size and mapping time; for one intrinsic the mapping as a grid per time slot (the operation each
-PE issues, the values that move); the cycle-level array simulator's check (bit-exact, and its
-cycles equal to (n - 1) x II + latency); `--json`; `--png` draws the grids (matplotlib).
+size, mapping time and which mapper found it (the heuristic, or the CP-SAT solver where the
+heuristic missed MII; `--mapper` chooses, as $CGRA_MAPPER does), with the IIs the solver proved
+infeasible; for one intrinsic the mapping as a grid per time slot (the operation each PE issues,
+the values that move); the cycle-level array simulator's check (bit-exact, and its cycles equal
+to (n - 1) x II + latency); `--json`; `--png` draws the grids (matplotlib).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import numpy as np
 
@@ -19,6 +22,7 @@ from ..fabric import Fabric
 from .array_sim import run_array
 from .intrinsics import INTRINSICS
 from .mapper import map_graph
+from .solver import MODES, SolverMissing, mode
 
 HELP = "map an intrinsic's loop body onto the chip's PE fabric (modulo schedule): II vs MII, the grid"
 DESCRIPTION = (
@@ -26,8 +30,9 @@ DESCRIPTION = (
     "elementwise ops, the max pool's compare tree, requantisation, fixed-point activations) onto the "
     "chip's fabric (its 'fabric' table: topology, registers, memory ports, latencies) as a modulo "
     "schedule, run the mapping on the cycle-level array simulator against numpy, and print II against "
-    "MII = max(ResMII, RecMII), the schedule's latency, PE utilisation, the configuration size and the "
-    "mapping time, with the grid of each time slot for one intrinsic. Intrinsics: "
+    "MII = max(ResMII, RecMII), the schedule's latency, PE utilisation, the configuration size, the "
+    "mapping time and which mapper found the mapping (the heuristic, or the CP-SAT solver where the "
+    "heuristic missed MII), with the grid of each time slot for one intrinsic. Intrinsics: "
     + ", ".join(sorted(INTRINSICS)) + ", or all.")
 
 
@@ -39,11 +44,33 @@ def add_map_arguments(parser: argparse.ArgumentParser) -> None:
                         help="iterations the cycle-level check runs on random inputs (default 16)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (a list with --intrinsic all)")
     parser.add_argument("--png", metavar="FILE.png", help="draw the mapping's time slots (the plots extra: matplotlib)")
+    parser.add_argument("--mapper", choices=list(MODES),
+                        help="which mapper (default: $CGRA_MAPPER, else auto): "
+                             + "; ".join(f"{mode}: {what}" for mode, what in MODES.items())
+                             + ' (the solver is the solver extra: pip install -e ".[solver]")')
 
 
 def run_map(args) -> int:
     if args.iterations < 1:
         raise ValueError("--iterations must be at least 1")
+    if args.mapper is None:
+        return _run_map(args)
+    before = os.environ.get("CGRA_MAPPER")
+    os.environ["CGRA_MAPPER"] = args.mapper  # for this run only
+    try:
+        return _run_map(args)
+    finally:
+        if before is None:
+            del os.environ["CGRA_MAPPER"]
+        else:
+            os.environ["CGRA_MAPPER"] = before
+
+
+def _run_map(args) -> int:
+    try:
+        mode()  # a bad $CGRA_MAPPER, or the solver asked for without ortools: a usage error, not a traceback
+    except SolverMissing as error:
+        raise ValueError(str(error)) from None
     arch = load_arch(args.arch)
     fabric = Fabric.of(arch)
     names = sorted(INTRINSICS) if args.intrinsic == "all" else [args.intrinsic]
@@ -63,7 +90,10 @@ def run_map(args) -> int:
         print(grids(map_graph(INTRINSICS[names[0]](), fabric)))
     else:
         at_mii = sum(r["II"] == r["MII"] for r in reports)
-        print(f"{at_mii} of {len(reports)} at II = MII")
+        proved = sum(r["MII"] in r["proved_infeasible"] for r in reports)
+        solved = sum(r["mapper"] == "cp-sat" for r in reports)
+        print(f"{at_mii} of {len(reports)} at II = MII" + (f"; MII proved infeasible for {proved}" if proved else "")
+              + (f"; {solved} mapped by the CP-SAT solver" if solved else ""))
     return 0 if all(r["check"]["bit_exact"] for r in reports) else 1
 
 
@@ -81,7 +111,8 @@ def _report(name: str, arch_name: str, fabric: Fabric, iterations: int) -> dict:
             "region": [where.rows, where.cols], "operations": len(graph.nodes), "II": mapping.ii, "MII": mapping.mii,
             "ResMII": mapping.res_mii, "RecMII": mapping.rec_mii, "latency": mapping.length,
             "utilisation": len(graph.nodes) / (fabric.num_pes * mapping.ii),
-            "config_bytes": mapping.config_bytes, "seconds": mapping.seconds,
+            "config_bytes": mapping.config_bytes, "seconds": mapping.seconds, "mapper": mapping.mapper,
+            "proved_infeasible": list(mapping.infeasible),
             "placement": {n: {"pe": list(where.position(pe)), "cycle": t} for n, (pe, t) in mapping.placement.items()},
             "routes": [{"reader": reader, "operand": index,
                         "path": [[*where.position(pe), t] for pe, t in chain]}
@@ -97,9 +128,15 @@ def _summary(r: dict) -> str:
     return (f"{r['intrinsic']} on {r['arch']} ({f['rows']}x{f['cols']} {f['topology']}, {f['registers']} registers "
             f"per PE, memory ports: {f['memory_ports']}): II {r['II']}, MII {r['MII']} (ResMII {r['ResMII']}, "
             f"RecMII {r['RecMII']}); {r['operations']} operations, latency {r['latency']} cycles, PE utilisation "
-            f"{r['utilisation']:.1%}, configuration {r['config_bytes']} bytes, mapped in {r['seconds']:.3f} s; "
-            f"array check: {check['iterations']} iterations {verdict} in {check['cycles']} cycles "
+            f"{r['utilisation']:.1%}, configuration {r['config_bytes']} bytes, mapped in {r['seconds']:.3f} s by "
+            f"{_found_by(r)}; array check: {check['iterations']} iterations {verdict} in {check['cycles']} cycles "
             f"(expected {check['expected_cycles']})")
+
+
+def _found_by(r: dict) -> str:
+    who = "the CP-SAT solver (the heuristic missed this II)" if r["mapper"] == "cp-sat" else "the heuristic"
+    proved = r["proved_infeasible"]
+    return who + (f"; II {', '.join(map(str, proved))} proved infeasible by the solver" if proved else "")
 
 
 def grids(mapping) -> str:

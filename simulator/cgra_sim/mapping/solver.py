@@ -172,7 +172,7 @@ def _slots_feasible(graph, fabric, ii: int, clock: _Clock) -> bool | None:
                 here = model.new_bool_var("")
                 choices.append(here)
                 by_slot[(pe, slot)].append(here)
-                for source in {o.source for o in node.operands}:  # read in its own slot (distance x II later)
+                for source in dict.fromkeys(o.source for o in node.operands):  # in its slot (+ distance x II)
                     model.add_implication(here, occupies(source, pe, slot))
                 if node.op != "store":
                     model.add_implication(here, occupies(node.name, pe, (slot + fabric.latency[kind]) % ii))
