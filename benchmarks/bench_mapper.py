@@ -1,24 +1,31 @@
 """Figures for the CGRA mapper (issue 14): II against MII over the intrinsic suite on every preset
-and on random fabrics, mapping time per array size, II as the array grows, and the cycle-level
-array simulator against the mapping's own cycle count.
+and on random fabrics, with the heuristic alone and with the CP-SAT fallback (how many MII the
+solver proved infeasible, how many it reached where the heuristic missed), mapping time per array
+size, II as the array grows, and the cycle-level array simulator against the mapping's own count.
 
-    python benchmarks/bench_mapper.py [--random 20] [--seed 0]
+    python benchmarks/bench_mapper.py [--random 20] [--seed 0] [--mapper both|heuristic|auto|solver]
 
-Every mapping is computed afresh (the mapper's cache is cleared before each), one process.
+`--mapper both` (the default when ortools is installed) measures the heuristic alone and then the
+heuristic with the solver fallback (CGRA_MAPPER=auto); one mode measures that one. Every mapping
+is computed afresh: the in-process cache is cleared before each, and the disk cache is a new
+temporary directory per mode (so a second run does not read the first one's mappings).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import shutil
 import statistics
+import tempfile
 import time
 
 import numpy as np
 
 from cgra_sim import load_arch, preset_names
 from cgra_sim.fabric import Fabric
-from cgra_sim.mapping import INTRINSICS, MappingError, map_graph
+from cgra_sim.mapping import INTRINSICS, MappingError, map_graph, solver
 from cgra_sim.mapping import mapper
 from cgra_sim.mapping.array_sim import run_array
 
@@ -39,19 +46,75 @@ def _random_fabric(rng: random.Random) -> Fabric:
                   latency={"alu": rng.randint(1, 2), "mul": rng.randint(1, 3), "mem": rng.randint(1, 2)})
 
 
-def _suite(fabric: Fabric):
-    """(at MII, mapped, failures, seconds per intrinsic)."""
-    at, mapped, failed, seconds = 0, 0, [], []
+def _suite(fabric: Fabric) -> list[dict]:
+    """One record per intrinsic: at MII, MII proved infeasible, found by the solver, seconds."""
+    records = []
     for name, build in INTRINSICS.items():
         try:
             mapping, took = _timed(build(), fabric)
         except MappingError:
-            failed.append(name)
+            records.append({"name": name, "mapped": False, "at": False, "proved": False, "solver": False,
+                            "optimal": False})
             continue
-        mapped += 1
-        at += mapping.ii == mapping.mii
-        seconds.append(took)
-    return at, mapped, failed, seconds
+        records.append({"name": name, "mapped": True, "at": mapping.ii == mapping.mii, "seconds": took,
+                        "proved": mapping.mii in mapping.infeasible, "solver": mapping.mapper == "cp-sat",
+                        # no lower II: MII, or every II below it proved infeasible
+                        "optimal": set(range(mapping.mii, mapping.ii)) <= set(mapping.infeasible)})
+    return records
+
+
+def _count(records: list[dict]) -> str:
+    at, proved = sum(r["at"] for r in records), sum(r["proved"] for r in records)
+    solved, failed = sum(r["solver"] for r in records), [r["name"] for r in records if not r["mapped"]]
+    return (f"II = MII {at:2}/{len(records)}" + (f", MII proved infeasible {proved:2}" if proved else "")
+            + (f", by the solver {solved}" if solved else "") + (f"; not mapped: {failed}" if failed else ""))
+
+
+def _describe(index: int, fabric: Fabric) -> str:
+    return (f"random {index:2} {fabric.rows}x{fabric.cols} {fabric.topology:6} regs {fabric.registers} "
+            f"mem {fabric.memory_ports:6} mul {fabric.multipliers:12}")
+
+
+def _measure(fabrics: list[tuple[str, Fabric]], mode: str) -> dict:
+    """Every fabric's suite records with CGRA_MAPPER=mode and a fresh disk cache."""
+    os.environ["CGRA_MAPPER"] = mode
+    cache = tempfile.mkdtemp(prefix="bench-mapper-")
+    os.environ["CGRA_MAPPING_CACHE"] = cache
+    try:
+        return {label: _suite(fabric) for label, fabric in fabrics}
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _percentiles(values: list[float]) -> str:
+    values = sorted(values)
+    p90 = values[min(len(values) - 1, int(0.9 * len(values)))]
+    return f"{statistics.median(values):.3f} / {p90:.3f} / {values[-1]:.3f}"
+
+
+def _report(fabrics: list[tuple[str, Fabric]], results: dict) -> None:
+    modes = list(results)
+    for label, _ in fabrics:
+        print(f"  {label:58} " + " | ".join(f"{mode}: {_count(results[mode][label])}" for mode in modes))
+    for part, labels in (("presets", [lb for lb, _ in fabrics if not lb.startswith("random")]),
+                         ("random fabrics", [lb for lb, _ in fabrics if lb.startswith("random")])):
+        for mode in modes:
+            records = [r for label in labels for r in results[mode][label]]
+            at, proved = sum(r["at"] for r in records), sum(r["proved"] for r in records)
+            missed, optimal = len(records) - at - proved, sum(r["optimal"] for r in records)
+            print(f"{part} ({mode}): II = MII on {at}/{len(records)} ({at / len(records):.1%}); MII infeasible "
+                  f"(proved) {proved}; heuristic missed, not proved {missed}; found by the solver "
+                  f"{sum(r['solver'] for r in records)}; II proved the least possible {optimal}/{len(records)}")
+    print("mapping time (s) by array size: p50 / p90 / max" + "".join(f"  [{mode}]" for mode in modes))
+    sizes = {f"{fabric.rows}x{fabric.cols}": [] for _, fabric in fabrics}
+    for label, fabric in fabrics:
+        sizes[f"{fabric.rows}x{fabric.cols}"].append(label)
+    for size in sorted(sizes, key=lambda s: tuple(int(x) for x in s.split("x"))):
+        cells = []
+        for mode in modes:
+            seconds = [r["seconds"] for label in sizes[size] for r in results[mode][label] if r["mapped"]]
+            cells.append(_percentiles(seconds) if seconds else "-")
+        print(f"  {size:6} " + "   ".join(cells) + f"  ({len(sizes[size]) * len(INTRINSICS)} mappings)")
 
 
 def _check_cycles(fabric: Fabric, iterations: int = 32) -> list[str]:
@@ -73,37 +136,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--random", type=int, default=20, help="random fabrics (default 20)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mapper", choices=["both", *solver.MODES], default=None,
+                        help="both (the default with ortools: heuristic, then auto), or one CGRA_MAPPER mode")
     args = parser.parse_args()
-    print(f"intrinsic suite: {len(INTRINSICS)} bodies ({', '.join(INTRINSICS)})")
-    times: dict[str, list[float]] = {}
-    for preset in preset_names():
-        fabric = Fabric.of(load_arch(preset))
-        at, mapped, failed, seconds = _suite(fabric)
-        times.setdefault(f"{fabric.rows}x{fabric.cols}", []).extend(seconds)
-        print(f"{preset:12} II = MII on {at}/{len(INTRINSICS)}; not mapped: {failed or 'none'}; "
-              f"slowest {max(seconds):.3f} s")
+    choice = args.mapper or ("both" if solver.version() else "heuristic")
+    modes = ["heuristic", "auto"] if choice == "both" else [choice]
+    print(f"intrinsic suite: {len(INTRINSICS)} bodies ({', '.join(INTRINSICS)}); mappers: {', '.join(modes)}"
+          f" (ortools {solver.version() or 'not installed'})")
     rng = random.Random(args.seed)
-    total_at = total = 0
-    for _ in range(args.random):
-        fabric = _random_fabric(rng)
-        at, mapped, failed, seconds = _suite(fabric)
-        total_at, total = total_at + at, total + len(INTRINSICS)
-        times.setdefault(f"{fabric.rows}x{fabric.cols}", []).extend(seconds)
-        print(f"  random {fabric.rows}x{fabric.cols} {fabric.topology:6} regs {fabric.registers} "
-              f"mem {fabric.memory_ports:6} mul {fabric.multipliers:12}: II = MII on {at}/{len(INTRINSICS)}"
-              + (f"; not mapped: {failed}" if failed else ""))
-    print(f"random fabrics: II = MII on {total_at}/{total} ({total_at / total:.1%})")
-    print("mapping time (s) by array size: p50 / p90 / max")
-    for size in sorted(times, key=lambda s: tuple(int(x) for x in s.split("x"))):
-        values = sorted(times[size])
-        p90 = values[min(len(values) - 1, int(0.9 * len(values)))]
-        print(f"  {size:6} {statistics.median(values):.3f} / {p90:.3f} / {values[-1]:.3f}  ({len(values)} mappings)")
-    print("II as the array grows (mesh, 2x2 .. 16x16):")
+    fabrics = [(preset, Fabric.of(load_arch(preset))) for preset in preset_names()]
+    randoms = [_random_fabric(rng) for _ in range(args.random)]
+    fabrics += [(_describe(index, fabric), fabric) for index, fabric in enumerate(randoms)]
+    _report(fabrics, {mode: _measure(fabrics, mode) for mode in modes})
+    os.environ["CGRA_MAPPER"], os.environ["CGRA_MAPPING_CACHE"] = modes[-1], "off"
+    print(f"II as the array grows (mesh, 2x2 .. 16x16; {modes[-1]}):")
     for name, build in INTRINSICS.items():
         iis = [map_graph(build(), Fabric(side, side)).ii for side in (2, 3, 4, 6, 8, 12, 16)]
         monotone = all(a >= b for a, b in zip(iis, iis[1:]))
         print(f"  {name:16} {iis}  {'never worse' if monotone else 'WORSE ON A BIGGER ARRAY'}")
-    print("cycle-level array simulator vs the mapping (cgra-8x8, 32 iterations):")
+    print(f"cycle-level array simulator vs the mapping (cgra-8x8, 32 iterations; {modes[-1]}):")
     print("\n".join(_check_cycles(Fabric.of(load_arch("cgra-8x8")))))
 
 

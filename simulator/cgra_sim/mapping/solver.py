@@ -13,11 +13,10 @@ finds it infeasible no mapping at this II exists, whatever the schedule's length
 cannot hold a binary operation's two operands and its own result at II = 1). Then the
 time-expanded model of solver_model.py, with the schedule's slack over the critical path growing
 (1, 2, 3, 4, 6, ... cycles: a model too tight is refuted quickly, a loose one is large) until one
-solves or the budget is spent. A large fabric is tried on its corners first (the smallest with
-enough PEs and units, then twice as large, then the whole); a large graph of independent parts
-(a FABRIC body's lanes) is solved part by part, each on the registers, links and slots the ones
-before left. A solution is decoded into one route per operand, traced back over held states to
-where its value lands (routes of one value share states, as the heuristic's branch). A model
+solves or the budget is spent. A large fabric is tried on its corners first, and a graph of
+identical independent parts (a FABRIC body's lanes) on a tile copied across the fabric
+(solver_tiles.py). A solution is decoded into one route per operand, traced back over held states
+to where its value lands (routes of one value share states, as the heuristic's branch). A model
 infeasible within its slack is not a proof (a longer schedule might fit): that is "none found".
 
 Deterministic: one worker, a fixed seed and a deterministic time budget (CP-SAT's own work units,
@@ -28,6 +27,8 @@ is part of the mapper's cache key). ortools is the `solver` extra, imported only
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
+import importlib.util
 import os
 from collections import defaultdict
 
@@ -64,13 +65,14 @@ class Outcome:
 
 
 def version() -> str | None:
-    """The installed OR-Tools version, or None when it is not installed."""
+    """The installed OR-Tools version, or None when it is not installed (found without importing
+    it: that takes 0.2 s, paid only when the solver runs)."""
     try:
-        import ortools
-        from ortools.sat.python import cp_model  # noqa: F401  (a broken install counts as none)
-    except ImportError:
+        if importlib.util.find_spec("ortools") is None:
+            return None
+        return importlib.metadata.version("ortools")
+    except (ImportError, ValueError):  # PackageNotFoundError is an ImportError
         return None
-    return ortools.__version__
 
 
 def mode() -> str:

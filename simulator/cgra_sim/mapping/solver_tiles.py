@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .dfg import OPS, DataflowGraph, res_mii
+from ..fabric import OP_CLASSES
+from .dfg import DataflowGraph, res_mii
 
 #: A tile's slots (PEs x II) per operation it must map, at least (below that routing rarely fits).
 ROOM = 1.5
@@ -89,11 +90,10 @@ def _tiling(graph, parts, fabric, rows: int, cols: int, ii: int) -> Tiling | Non
     """`parts` spread over the rows x cols tiles that look like the corner one, as few per tile
     as fit; None when they do not fit (units, slots) or there is no such tile."""
     tile = fabric.sub_fabric(rows, cols)
-    kinds = {OPS[node.op][0] for node in graph.nodes}
     offsets = [(row, col) for row in range(0, fabric.rows - rows + 1, rows)
-               for col in range(0, fabric.cols - cols + 1, cols)
-               if all(fabric.can_run((row + r) * fabric.cols + col + c, kind) == tile.can_run(r * cols + c, kind)
-                      for r in range(rows) for c in range(cols) for kind in kinds)]
+               for col in range(0, fabric.cols - cols + 1, cols) if _agrees(tile, fabric, row, col)]
+    if not offsets:  # (a corner of a fabric with memory ports on its border has ports of its own)
+        return None
     per_tile = -(-len(parts) // len(offsets))
     nodes = [node for part in parts[:per_tile] for node in part]
     if rows * cols * ii < ROOM * len(nodes):
@@ -108,8 +108,16 @@ def _tiling(graph, parts, fabric, rows: int, cols: int, ii: int) -> Tiling | Non
               for i in range(-(-len(parts) // per_tile))]
     height = max(row for (row, _), _ in copies) + rows
     width = max(col for (_, col), _ in copies) + cols
-    region = fabric if (height, width) == (fabric.rows, fabric.cols) else fabric.sub_fabric(height, width)
+    corner = fabric.sub_fabric(height, width)
+    # The mapping's fabric: the corner the tiles cover, when its PEs are the fabric's (else the fabric).
+    region = corner if (height, width) != (fabric.rows, fabric.cols) and _agrees(corner, fabric, 0, 0) else fabric
     return Tiling(tile, sub, tuple(copies), region)
+
+
+def _agrees(part, fabric, row: int, col: int) -> bool:
+    """Whether every PE of `part` placed at (row, col) runs what the fabric's PE there runs."""
+    return all(part.can_run(r * part.cols + c, kind) == fabric.can_run((row + r) * fabric.cols + col + c, kind)
+               for r in range(part.rows) for c in range(part.cols) for kind in OP_CLASSES)
 
 
 def _parts(graph: DataflowGraph) -> list[list]:
