@@ -106,19 +106,22 @@ def test_the_fallback_reaches_mii_where_the_heuristic_misses(tmp_path, monkeypat
     assert map_graph(mac, TWO_REGISTERS).infeasible == (1,)
 
 
-def test_a_fabric_body_maps_at_mii_on_cgra_16x16_by_tiling_its_lanes(monkeypatch):
-    """Hard-swish over 16 lanes: the heuristic's II is 3; one lane solved on a row with its memory
-    port, copied to the 15 others."""
+def test_a_fabric_body_maps_at_mii_on_cgra_16x16_by_tiling_its_lanes(tmp_path, monkeypatch):
+    """Hard-swish over 16 lanes: the heuristic's II is 3; the solver maps one lane on a row with
+    its memory port and copies it to the 15 others. The body's program cache keys by mapper too."""
     from cgra_sim.mapping import body
 
+    monkeypatch.setenv("CGRA_MAPPING_CACHE", str(tmp_path))
     hard_swish = (("add", "a", 3.0), ("max", "n0", 0.0), ("min", "n1", 6.0), ("mul", "n2", 1 / 6), ("mul", "a", "n3"))
-    graph, fabric = body.graph(hard_swish, "float32", 16), Fabric.of(load_arch("cgra-16x16"))
-    assert (res_mii(graph, fabric), rec_mii(graph, fabric)) == (2, 1)
-    outcome = solver.attempt(graph, fabric, 2)
-    assert outcome.status == "mapped"
-    mapping = Mapping(graph, outcome.fabric, 2, 2, 1, outcome.placement, outcome.routes, 0.0, "cp-sat")
-    _within_capacities(mapping)
-    _runs_right(mapping, 5)
+    fabric = Fabric.of(load_arch("cgra-16x16"))
+    monkeypatch.setenv("CGRA_MAPPER", "heuristic")
+    alone = body.program(hard_swish, "float32", fabric)
+    assert (alone.lanes, alone.ii, alone.mapping.mii, alone.mapping.mapper) == (16, 3, 2, "heuristic")
+    monkeypatch.setenv("CGRA_MAPPER", "auto")
+    helped = body.program(hard_swish, "float32", fabric)
+    assert (helped.lanes, helped.ii, helped.mapping.mapper) == (16, 2, "cp-sat")
+    _within_capacities(helped.mapping)
+    _runs_right(helped.mapping, 5)
 
 
 def test_the_solver_is_deterministic_across_processes():

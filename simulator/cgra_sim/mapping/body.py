@@ -34,6 +34,7 @@ from ..isa import (BODY_FIRST_NODE, BODY_IMMEDIATE, BODY_INPUT_A, BODY_INPUT_B, 
                    body_fields, body_word)
 from .dfg import DataflowGraph, Node, Operand
 from .mapper import Mapping, MappingError, map_graph
+from .solver import cache_tag, mode
 
 BODY_OPS = tuple(op.name.lower() for op in BodyOp)
 BODY_DTYPES = ("int32", "float32")
@@ -209,14 +210,15 @@ class Program:
 def program(body, dtype: str, fabric) -> Program:
     """The mapping the chip runs `body` with (cached per body and fabric); raises `MappingError`
     when not even one lane maps."""
-    return _program(tuple(body), dtype, fabric)
+    # The mapper ($CGRA_MAPPER, ortools' version) is part of the key, as it is of map_graph's caches.
+    return _program(tuple(body), dtype, fabric, cache_tag(mode()))
 
 
 _WIDER_NODES = 128  # the largest graph tried with twice the lanes (its mapping takes ~0.1 s)
 
 
 @functools.lru_cache(maxsize=256)
-def _program(body: tuple, dtype: str, fabric) -> Program:
+def _program(body: tuple, dtype: str, fabric, mapper: str) -> Program:
     check_body(body, dtype)
     memory = 2 + reads_b(body)  # loads and the store of one element
     # Two slots of every memory port, and of every PE, at II = 2.
