@@ -97,8 +97,33 @@ def test_random_graphs_on_random_fabrics_run_as_their_meaning(graph, fabric, ite
 def test_a_bigger_array_never_gets_a_worse_ii(graph, small, more_rows, more_cols):
     if small.topology == "torus":  # a torus's corners are meshes: compare meshes with meshes
         small = dataclasses.replace(small, topology="mesh")
+    if small.memory_ports == "border":  # ports on a bigger border are elsewhere: not a superset
+        small = dataclasses.replace(small, memory_ports="left")
     big = dataclasses.replace(small, rows=small.rows + more_rows, cols=small.cols + more_cols)
     assert map_graph(graph, big).ii <= map_graph(graph, small).ii
+
+
+@given(graphs(), fabrics())
+def test_a_mapping_uses_only_the_units_the_fabric_has(graph, fabric):
+    """Also when it was found on a corner of the fabric: a corner's PE (r, c) is the fabric's PE
+    (r, c), and on a fabric with its memory ports on the border the corner's own last row and
+    column have none (they had, until a corner kept its parent's border: loads landed on PEs
+    without a port)."""
+    try:
+        mapping = map_graph(graph, fabric)
+    except MappingError:
+        return
+    corner = mapping.fabric
+    for node in graph.nodes:
+        pe, _ = mapping.placement[node.name]
+        row, col = corner.position(pe)
+        assert fabric.can_run(row * fabric.cols + col, graph.op_class(node.name)), (node.name, row, col)
+
+
+def test_a_corner_of_a_border_fabric_keeps_its_ports_on_the_fabric_border():
+    corner = Fabric(4, 4, memory_ports="border").sub_fabric(3, 4)
+    assert [corner.can_run(pe, "mem") for pe in range(12)] == [True] * 4 + [True, False, False, True] * 2
+    assert corner.fingerprint != Fabric(3, 4, memory_ports="border").fingerprint
 
 
 def test_the_bounds_are_the_textbook_ones():

@@ -92,6 +92,10 @@ class Fabric:
                                                    hash=False)
     context_depth: int = 32
     config_word_bits: int = 64
+    # A corner of a larger fabric (sub_fabric): that fabric's (rows, cols), whose border holds the
+    # memory ports when they are on the border (the corner's own last row and column have none);
+    # () for a whole fabric.
+    within: tuple = ()
 
     def __post_init__(self):
         problem = check_fabric(self.table())
@@ -115,7 +119,8 @@ class Fabric:
 
     @property
     def fingerprint(self) -> str:
-        text = json.dumps({"rows": self.rows, "cols": self.cols, **self.table()}, sort_keys=True)
+        within = {"within": list(self.within)} if self.within else {}
+        text = json.dumps({"rows": self.rows, "cols": self.cols, **self.table(), **within}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def position(self, pe: int) -> tuple[int, int]:
@@ -128,7 +133,8 @@ class Fabric:
                 return True
             if self.memory_ports == "left":
                 return col == 0
-            return row in (0, self.rows - 1) or col in (0, self.cols - 1)
+            rows, cols = self.within or (self.rows, self.cols)
+            return row in (0, rows - 1) or col in (0, cols - 1)
         if op_class == "mul" and self.multipliers == "checkerboard":
             return (row + col) % 2 == 0
         return True
@@ -146,11 +152,15 @@ class Fabric:
         return _distances(self.rows, self.cols, self.topology, self.hops_per_cycle)[source][dest]
 
     def sub_fabric(self, rows: int, cols: int) -> "Fabric":
-        """The top-left `rows` x `cols` corner as a fabric of its own, every link of it a link of
-        this one: a mesh's and a hycube's corner is a mesh or hycube; a torus's is a mesh (its
-        wrap-around links are not there)."""
-        topology = "mesh" if self.topology == "torus" and (rows, cols) != (self.rows, self.cols) else self.topology
-        return dataclasses.replace(self, rows=rows, cols=cols, topology=topology)
+        """The top-left `rows` x `cols` corner as a fabric of its own, every link and unit of it
+        one of this fabric's: a mesh's and a hycube's corner is a mesh or hycube; a torus's is a
+        mesh (its wrap-around links are not there); memory ports on the border stay where this
+        fabric's border is (`within`)."""
+        if (rows, cols) == (self.rows, self.cols):
+            return self
+        topology = "mesh" if self.topology == "torus" else self.topology
+        return dataclasses.replace(self, rows=rows, cols=cols, topology=topology,
+                                   within=self.within or (self.rows, self.cols))
 
 
 @functools.cache

@@ -123,7 +123,7 @@ def map_graph(graph: DataflowGraph, fabric) -> Mapping:
 #: $CGRA_MAPPING_CACHE, "off" for none, else ~/.cache/cgra_sim/mappings. One small JSON file per
 #: (graph, fabric, mapper source, mapper mode), written atomically; a file that does not read back is
 #: mapped again.
-_SOURCES = ("mapper.py", "mrrg.py", "dfg.py", "solver.py", "solver_model.py", "solver_tiles.py")
+_SOURCES = ("mapper.py", "mrrg.py", "dfg.py", "solver.py", "solver_model.py", "solver_tiles.py", "../fabric.py")
 _VERSION = hashlib.sha256(b"".join((Path(__file__).parent / name).read_bytes() for name in _SOURCES)).hexdigest()[:12]
 
 
@@ -142,8 +142,9 @@ def _load(path: Path | None, graph: DataflowGraph, fabric):
         if "error" in data:
             return MappingError(data["error"])
         rows, cols, topology = data["region"]
-        region = fabric if (rows, cols) == (fabric.rows, fabric.cols) else \
-            dataclasses.replace(fabric, rows=rows, cols=cols, topology=topology)
+        region = fabric.sub_fabric(rows, cols)
+        if region.topology != topology:
+            return None
         return Mapping(graph, region, data["ii"], data["res_mii"], data["rec_mii"],
                        {name: tuple(at) for name, at in data["placement"].items()},
                        {(reader, index): [tuple(step) for step in chain] for reader, index, chain in data["routes"]},
