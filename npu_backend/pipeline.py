@@ -26,7 +26,7 @@ from .kernels import family_of, offload_reason, pattern_table
 from .kernels.dynamic import rebind_dimensions, shape_bounds
 from .kernels.chains import reads_immediates
 from .kernels.epilogue import is_epilogue_chain
-from .kernels.registry import kernel_builder_of, schedule_of
+from .kernels.registry import kernel_builder_of, schedule_of, tiling_of
 from .kernels.schedule_check import check_scheduled, check_signature
 from .kernels.tir import KERNEL_ATTR, tir_spec
 from .lower.dma import lower_copies_to_dma
@@ -190,7 +190,7 @@ class Kernel:
 def choose_tiling(kernel: Kernel, arch, options) -> Kernel:
     del options
     # Cut the kernel to the PE array and the scratchpad: tile sizes from its family's search.
-    return dataclasses.replace(kernel, tiling=family_of(kernel.spec).choose_tiling(kernel.spec, arch))
+    return dataclasses.replace(kernel, tiling=tiling_of(kernel.spec, arch))
 
 
 def define(kernel: Kernel, arch, options) -> Kernel:

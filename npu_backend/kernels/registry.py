@@ -79,6 +79,25 @@ def spec_from_match(name: str, annotated: dict):
     return entries_named(name)[0].family.spec_from_match(name, annotated)
 
 
+_TILINGS: dict = {}  # (spec, chip fingerprint) -> Tiling: tiling_of's results (both immutable)
+
+
+def tiling_of(spec, arch):
+    """family_of(spec).choose_tiling(spec, arch), searched once per (spec, chip) in a process:
+    partitioning asks whether each call fits, the kernel stage asks again for its tiles, and a
+    model's repeated blocks ask for the same spec (EfficientNet: 552 calls, 103 kernels)."""
+    try:
+        key = (spec, arch.fingerprint)
+        hash(key)
+    except TypeError:  # a spec holding something unhashable: searched every time
+        return family_of(spec).choose_tiling(spec, arch)
+    if key not in _TILINGS:
+        if len(_TILINGS) >= 4096:
+            _TILINGS.clear()
+        _TILINGS[key] = family_of(spec).choose_tiling(spec, arch)  # a refusal raises, uncached
+    return _TILINGS[key]
+
+
 def offload_reason(name: str, annotated: dict, arch) -> str | None:
     """None if the match can run on the NPU described by `arch`, else the reason it stays on the host."""
     try:
@@ -86,7 +105,7 @@ def offload_reason(name: str, annotated: dict, arch) -> str | None:
         family = family_of(spec)
         if family.checks_pe_dtype and spec.dtype not in arch.dtypes:
             return f"{arch.name} computes {', '.join(arch.dtypes)}, not {spec.dtype}"
-        family.choose_tiling(spec, arch)
+        tiling_of(spec, arch)
         if getattr(spec, "fabric_body", ()):  # a chain after the epilogue (fuse_chains)
             require_program(spec.fabric_body, spec.acc_dtype, arch, " -> ".join(spec.source_ops))
     except CGRAError as err:
