@@ -89,6 +89,36 @@ def test_sweep_rows_are_the_run_reports_and_every_way_gives_the_same_table(tmp_p
     assert _sweep(tmp_path, "cached", "--jobs", "2") == serial  # times included: nothing computed again
 
 
+def test_fuse_chains_is_a_dimension_of_the_sweep(tmp_path, capsys):
+    """`--set fuse_chains=off,on`: each chip twice, named after the option, each row what `cgra-sim
+    run` (with --fuse-chains for "on") reports; the fused leaky relu saves energy (fewer DRAM
+    bytes)."""
+    import onnx
+
+    from onnx_models import _Graph
+
+    graph = _Graph(seed=0)
+    out = graph.conv_bn(graph.conv_bn("input", 3, 16, act="leaky"), 16, 16, act="leaky")
+    model = tmp_path / "leaky.onnx"
+    onnx.save(graph.model("leaky", [1, 3, 16, 16], out, [1, 16, 16, 16]), str(model))
+    folder = tmp_path / "out"
+    assert main(["sweep", str(model), "--set", "rows=8", "--set", "fuse_chains=off,on", "--out", str(folder),
+                 "--json", "--no-cache", "--jobs", "1"]) == 0
+    with open(folder / "results.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(row["chip"], row["fuse_chains"]) for row in rows] == [
+        ("cgra-8x8,rows=8,fuse_chains=off", "off"), ("cgra-8x8,rows=8,fuse_chains=on", "on")]
+    capsys.readouterr()
+    for row, flag in zip(rows, ([], ["--fuse-chains"])):
+        assert main(["run", str(model), "--json", *flag]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert int(row["cycles"]) == report["total_cycles"], flag
+        assert float(row["energy_pj"]) == pytest.approx(report["total_energy_pj"], rel=1e-12)
+    assert float(rows[1]["energy_pj"]) < float(rows[0]["energy_pj"])
+    with pytest.raises(sweep.SweepError, match="'fuse_chains' takes off or on, not maybe"):
+        sweep.parse_setting("fuse_chains=on,maybe")
+
+
 def test_the_ray_table_is_the_local_table(tmp_path):
     pytest.importorskip("ray")  # the ray extra
     local = _sweep(tmp_path, "local", "--jobs", "1", "--no-cache")

@@ -1,8 +1,8 @@
 """Design-space exploration: many chips x many models, each compiled and simulated, in one table.
 
 Stage: tools (the `cgra-sim sweep` job). In: a base chip, the values to try for some of its fields
-(`rows=4,8,16`, `spad_bytes=128K,256K`, `macs_per_pe.int8=1,2`: every combination, or a seeded
-random sample of them) and ONNX models. Out: one row per (chip, model): every field of the chip,
+(`rows=4,8,16`, `spad_bytes=128K,256K`, `macs_per_pe.int8=1,2`) and of the compiler's options
+(`fuse_chains=off,on`): every combination, or a seeded random sample of them; and ONNX models. Out: one row per (chip, model): every field of the chip,
 its area, the model's cycles, time, energy, the share of its MACs on the NPU, the compile and
 simulation times, or the error that stopped it (results.csv and results.jsonl; pareto.py draws
 and names the chips on the frontier).
@@ -35,6 +35,8 @@ from ..env import CGRA_COMPILE_JOBS
 #: The chip fields a sweep varies, with their parser; `macs_per_pe.<dtype>` is one too.
 SCALAR_FIELDS = ("rows", "cols", "spad_bytes", "spad_banks", "bank_width_bytes", "dma_bytes_per_cycle",
                  "dma_latency", "config_load_cycles", "vector_lanes", "clock_mhz")
+#: Compiler options a sweep varies beside the chip (npu_backend.compile's keyword, its values).
+OPTION_FIELDS = {"fuse_chains": {"off": False, "on": True, "0": False, "1": True, "false": False, "true": True}}
 _SUFFIX = {"K": 1 << 10, "M": 1 << 20}
 CACHE_LIMIT_BYTES = 64 << 20
 RESULT_COLUMNS = ("area_mm2", "cycles", "time_us", "energy_pj", "npu_mac_fraction", "macs", "compile_s",
@@ -51,9 +53,15 @@ def parse_setting(text: str) -> tuple[str, list]:
     dtype = field.partition(".")[2]
     if not sep or not values:
         raise SweepError(f"--set {text}: expected FIELD=V1,V2,... (e.g. rows=4,8)")
+    if field in OPTION_FIELDS:
+        choices = OPTION_FIELDS[field]
+        wrong = [value for value in values.split(",") if value.strip().lower() not in choices]
+        if wrong:
+            raise SweepError(f"--set {text}: '{field}' takes off or on, not {', '.join(wrong)}")
+        return field, list(dict.fromkeys(choices[value.strip().lower()] for value in values.split(",")))
     if field not in SCALAR_FIELDS and not (field.startswith("macs_per_pe.") and dtype):
         raise SweepError(f"--set {text}: '{field}' is not a field a sweep can vary; these are: "
-                         f"{', '.join(SCALAR_FIELDS)}, macs_per_pe.<dtype>")
+                         f"{', '.join(SCALAR_FIELDS)}, macs_per_pe.<dtype> and the compiler's {', '.join(OPTION_FIELDS)}")
     try:
         parsed = [_number(field, value.strip()) for value in values.split(",")]
     except ValueError:
@@ -111,12 +119,14 @@ class Task:
     chip_json: str
     changes: tuple
     seed: int
+    options: tuple = ()  # ((OPTION_FIELDS name, value), ...): npu_backend.compile's keywords
 
     @property
     def key(self) -> str:
         from ..target.kernel_cache import kernel_key
 
-        return kernel_key(sweep_model=self.model_digest, chip=self.chip_json, seed=str(self.seed))
+        return kernel_key(sweep_model=self.model_digest, chip=self.chip_json, seed=str(self.seed),
+                          options=json.dumps(self.options))
 
 
 def evaluate(task: Task) -> dict:
@@ -124,10 +134,14 @@ def evaluate(task: Task) -> dict:
     from .run_model import run_onnx_model
 
     arch = HardwareDescription.from_json(task.chip_json)
-    row = {"model": os.path.basename(task.model), "chip": arch.name, **_fields(arch)}
+    options = dict(task.options)
+    # A point is the chip and the compiler's options: pareto.py sums and names points by "chip".
+    name = arch.name + "".join(f",{field}={'on' if value else 'off'}" for field, value in task.options)
+    row = {"model": os.path.basename(task.model), "chip": name, **_fields(arch),
+           **{field: "on" if value else "off" for field, value in task.options}}
     started = time.perf_counter()
     try:
-        report = run_onnx_model(task.model, arch, seed=task.seed)
+        report = run_onnx_model(task.model, arch, seed=task.seed, **options)
     except Exception as err:  # a point that fails is a row that says why; the sweep goes on
         return {**row, "area_mm2": arch.area_mm2, "error": f"{type(err).__name__}: {err}".splitlines()[0]}
     elapsed = time.perf_counter() - started
@@ -156,13 +170,17 @@ def tasks(base, settings, models, sample=None, seed=0) -> tuple[list[Task], list
     base = load_arch(base)
     digests = {model: _digest(model) for model in models}
     todo, invalid = [], []
-    for changes in grid(settings, sample, seed):
+    for point in grid(settings, sample, seed):
+        changes = {field: value for field, value in point.items() if field not in OPTION_FIELDS}
+        options = tuple((field, value) for field, value in point.items() if field in OPTION_FIELDS)
         try:
             arch = chip(base, changes)
         except ArchError as err:
-            invalid.append({"chip": chip_name(base, changes), **changes, "error": str(err)})
+            if all(row["chip"] != chip_name(base, changes) for row in invalid):  # once per chip, whatever the options
+                invalid.append({"chip": chip_name(base, changes), **changes, "error": str(err)})
             continue
-        todo += [Task(model, digests[model], arch.to_json(), tuple(changes.items()), seed) for model in models]
+        todo += [Task(model, digests[model], arch.to_json(), tuple(changes.items()), seed, options)
+                 for model in models]
     return todo, invalid
 
 
