@@ -35,7 +35,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
                              "spad_banks, bank_width_bytes, dma_bytes_per_cycle, dma_latency, config_load_cycles, "
                              "vector_lanes, clock_mhz, macs_per_pe.<dtype>; sizes take K and M (spad_bytes=128K); and the "
                              "compiler's fuse_chains=off,on (elementwise chains inside the conv / matmul kernels: "
-                             "fewer DRAM bytes and less energy for a few % more cycles; a point is then named "
+                             "fewer DRAM bytes and less energy for a few percent more cycles; a point is then named "
                              "'<chip>,fuse_chains=on'). A combination that is not a valid chip is reported and skipped")
     parser.add_argument("--sample", type=int, metavar="N", help="run N combinations drawn at random (--seed) "
                                                                 "instead of all of them")
