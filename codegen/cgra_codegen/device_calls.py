@@ -24,7 +24,7 @@ from tvm import tirx
 from .context import HOST_TENSOR, SCRATCHPAD, KernelState
 from .errors import InvalidDeviceCall, UnsupportedNode
 from .exprs import ExprLowering, dtype_of, is_buffer_data
-from .llvm_types import I32, I64, PTR, int_arith, is_float, itemsize
+from .llvm_types import I32, I64, PTR, int_arith, is_float, is_int_constant, itemsize
 
 BOX_WORDS = isa.BOX_WORDS  # origin[4], pad_lo[4], pad_hi[4], 4 x (extent, tdim, tstep, sstride)
 #: An address is named `<parameter without _addr>.addr` in the IR (`a.addr`, `spad.addr`); FILL's
@@ -164,8 +164,8 @@ class DmaBox:
 
     def lower(self, site: CallSite, position: int):
         values = [site.exprs.lower_as(arg, "int64") for arg in site.args[position:position + BOX_WORDS]]
-        computed = [(index, value) for index, value in enumerate(values) if not _is_int_constant(value)]
-        template = site.state.mb.constant_i64s([v.constant if _is_int_constant(v) else 0 for v in values])
+        computed = [(index, value) for index, value in enumerate(values) if not is_int_constant(value)]
+        template = site.state.mb.constant_i64s([v.constant if is_int_constant(v) else 0 for v in values])
         if not computed:
             return [template]
         words = ir.ArrayType(I64, BOX_WORDS)
@@ -176,10 +176,6 @@ class DmaBox:
         for index, value in computed:
             builder.store(value, builder.gep(box, [I64(0), I64(index)], source_etype=words))
         return [box]
-
-
-def _is_int_constant(value) -> bool:
-    return isinstance(value, ir.Constant) and isinstance(value.constant, int)
 
 
 @dataclasses.dataclass(frozen=True)

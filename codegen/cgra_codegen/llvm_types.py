@@ -129,18 +129,18 @@ _FOLDABLE = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda
 def int_arith(builder: ir.IRBuilder, op: str, a: ir.Value, b: ir.Value, name: str = ""):
     """Integer add/sub/mul, folded when both sides are constants (keeps the IR readable:
     most addresses and box words are compile-time constants)."""
-    if _is_int_constant(a) and _is_int_constant(b):
+    if is_int_constant(a) and is_int_constant(b):
         width = a.type.width
         return ir.Constant(a.type, wrap_int(_FOLDABLE[op](a.constant, b.constant), width, True,
                                             width))
-    if op == "mul" and _is_int_constant(b, 1) or op in ("add", "sub") and _is_int_constant(b, 0):
+    if op == "mul" and is_int_constant(b, 1) or op in ("add", "sub") and is_int_constant(b, 0):
         return a
-    if op == "mul" and _is_int_constant(a, 1) or op == "add" and _is_int_constant(a, 0):
+    if op == "mul" and is_int_constant(a, 1) or op == "add" and is_int_constant(a, 0):
         return b
     return getattr(builder, op)(a, b, name=name)
 
 
-def _is_int_constant(value, equal_to=None) -> bool:
+def is_int_constant(value, equal_to=None) -> bool:
     if not (isinstance(value, ir.Constant) and isinstance(value.constant, int)):
         return False
     return equal_to is None or value.constant == equal_to
@@ -165,8 +165,7 @@ class ModuleBuilder:
     def __init__(self, name: str, triple: str):
         self.module = ir.Module(name)
         self.module.triple = triple
-        self._strings: dict[str, ir.GlobalVariable] = {}
-        self._arrays: dict[tuple, ir.GlobalVariable] = {}
+        self._constants: dict[tuple, ir.GlobalVariable] = {}  # (kind, value) -> its private global
 
     def function(self, name: str, fnty: ir.FunctionType) -> ir.Function:
         """The declaration of external C function `name` (created on first use). The CGRA
@@ -188,28 +187,20 @@ class ModuleBuilder:
 
     def constant_i64s(self, values: list[int]) -> ir.GlobalVariable:
         """A private constant array of int64 `values` (one global per distinct list)."""
-        key = tuple(values)
-        if key not in self._arrays:
-            ty = ir.ArrayType(I64, len(values))
-            var = ir.GlobalVariable(self.module, ty, self.module.get_unique_name(".i64s"))
-            var.linkage = "private"
-            var.global_constant = True
-            var.unnamed_addr = True
-            var.initializer = ir.Constant(ty, list(values))
-            var.type = PTR
-            self._arrays[key] = var
-        return self._arrays[key]
+        return self._constant(("i64s", tuple(values)), ir.ArrayType(I64, len(values)), list(values), ".i64s")
 
     def cstring(self, text: str) -> ir.GlobalVariable:
         """A NUL-terminated private constant holding `text` (one global per distinct text)."""
-        if text not in self._strings:
-            data = bytearray(text.encode("utf-8")) + b"\0"
-            ty = ir.ArrayType(I8, len(data))
-            var = ir.GlobalVariable(self.module, ty, self.module.get_unique_name(".str"))
+        data = bytearray(text.encode("utf-8")) + b"\0"
+        return self._constant(("str", text), ir.ArrayType(I8, len(data)), data, ".str")
+
+    def _constant(self, key, ty: ir.Type, value, prefix: str) -> ir.GlobalVariable:
+        if key not in self._constants:
+            var = ir.GlobalVariable(self.module, ty, self.module.get_unique_name(prefix))
             var.linkage = "private"
             var.global_constant = True
             var.unnamed_addr = True
-            var.initializer = ir.Constant(ty, data)
+            var.initializer = ir.Constant(ty, value)
             var.type = PTR  # opaque, whatever llvmlite's typed-pointer setting
-            self._strings[text] = var
-        return self._strings[text]
+            self._constants[key] = var
+        return self._constants[key]

@@ -79,13 +79,15 @@ def _astype(a, dtype: str):
     return a.astype(target)
 
 
+def _inside(indices, extent: int) -> bool:
+    """Integer indices, each inside [0, extent): TVM's take / gather modes differ on the others."""
+    return np.issubdtype(indices.dtype, np.integer) and \
+        not (indices.size and (indices.min() < 0 or indices.max() >= extent))
+
+
 def _gather_elements(call, a, indices):
-    """Indices inside the axis only."""
     axis = int(call.attrs.axis)
-    if not np.issubdtype(indices.dtype, np.integer) or \
-            (indices.size and (indices.min() < 0 or indices.max() >= a.shape[axis])):
-        return None
-    return np.take_along_axis(a, indices, axis=axis)
+    return np.take_along_axis(a, indices, axis=axis) if _inside(indices, a.shape[axis]) else None
 
 
 def _arange(call, start, end, step):
@@ -120,14 +122,10 @@ def _strided_slice(call, a):
 
 
 def _take(call, a, indices):
-    """Indices inside the axis only (TVM's modes differ on the others)."""
-    axis = call.attrs.axis
-    if axis is None or not np.issubdtype(indices.dtype, np.integer):
+    """Along an axis (None flattens: not folded)."""
+    if call.attrs.axis is None or not _inside(indices, a.shape[int(call.attrs.axis)]):
         return None
-    axis = int(axis)
-    if indices.size and (indices.min() < 0 or indices.max() >= a.shape[axis]):
-        return None
-    return np.take(a, indices, axis=axis)
+    return np.take(a, indices, axis=int(call.attrs.axis))
 
 
 def fold_weights(mod: tvm.IRModule) -> tvm.IRModule:
