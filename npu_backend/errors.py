@@ -25,6 +25,11 @@ class ScratchpadTooSmall(CGRAError, ValueError):
     """No tiling of a kernel fits the scratchpad of the chosen architecture."""
 
 
+class UnsupportedChip(CGRAError, ValueError):
+    """The chip's description cannot run the NPU's commands (a fabric that cannot map the PE
+    array's systolic cell)."""
+
+
 class ScheduleError(CGRAError, RuntimeError):
     """A kernel could not be scheduled or tensorized (a compiler bug: please report it)."""
 

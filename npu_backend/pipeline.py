@@ -20,8 +20,9 @@ from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.transform import FusionPattern
 
 from cgra_sim.arch import HardwareDescription
+from cgra_sim.mapping import pe_array
 
-from .errors import CGRAError, ScheduleError, UnsupportedOperator, stage_context
+from .errors import CGRAError, ScheduleError, UnsupportedChip, UnsupportedOperator, stage_context
 from .kernels import family_of, offload_reason, pattern_table
 from .kernels.dynamic import rebind_dimensions, shape_bounds
 from .kernels.chains import reads_immediates
@@ -310,12 +311,23 @@ def _func_pass(fn, name):
 def run_stages(mod: tvm.IRModule, arch: HardwareDescription, options: CompileOptions, stages=None) -> tvm.IRModule:
     """The graph stages (or the first few of them, `stages`), each output dumped under its name
     (what an earlier compile dumped in the same folder is removed first)."""
+    require_pe_array(arch)
     clear_dump(options, ["0_input.py"] + [f"{i + 1}_{name}.py" for i, (name, _) in enumerate(STAGES)])
     dump(options, "0_input.py", mod)
     for index, (name, stage) in enumerate(STAGES if stages is None else stages):
         mod = stage(mod, arch, options)
         dump(options, f"{index + 1}_{name}.py", mod)
     return mod
+
+
+def require_pe_array(arch: HardwareDescription) -> None:
+    """Refuse, before any stage, a chip whose fabric cannot run the PE array's systolic cell
+    (every GEMM and DEPTHWISE cost comes from its mapping: cgra_sim/mapping/pe_array.py)."""
+    for dtype in arch.dtypes:
+        try:
+            pe_array.program(arch, dtype)
+        except pe_array.PeArrayError as err:
+            raise UnsupportedChip(f"chip '{arch.name}': {err}") from None
 
 
 def tir_offload_reason(func, name: str, arch: HardwareDescription, options: CompileOptions) -> str | None:

@@ -140,8 +140,8 @@ def test_a_depthwise_costs_configuration_latency_and_its_traffic_or_folds(
                                   arch.bank_width_bytes)
     acc_bytes = oh * ow * n * 4 * (2 if accumulate else 1)
     traffic = window + kh * kw * n * size + acc_bytes
-    expected = arch.config_load_cycles + cost.DEPTHWISE_LATENCY + \
+    expected = arch.config_load_cycles + cost.depthwise_fill_cycles(arch, dtype) + \
         cost.depthwise_steady_cycles(arch, oh * ow, n, kh * kw, dtype, traffic)
     assert _time_one(arch, record) == (expected, expected)
     folds = cost.depthwise_compute_cycles(arch, oh * ow, n, kh * kw, dtype)
-    assert expected - arch.config_load_cycles - cost.DEPTHWISE_LATENCY >= folds
+    assert expected - arch.config_load_cycles - cost.depthwise_fill_cycles(arch, dtype) >= folds

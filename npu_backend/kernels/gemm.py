@@ -197,7 +197,7 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk * taps
     array_fill = arch.rows + arch.cols
     gemm = _gemm_step_cycles(arch, t.tm, t.tn, t.tk, dtype)  # one tile's reduction step
-    compute = tiles * steps * gemm + array_fill + arch.config_load_cycles
+    compute = tiles * steps * gemm + array_fill + cost.pe_array_config_cycles(arch, dtype)
     tile_load = (t.tm * t.tk + t.tk * t.tn) * in_bytes
     residual_load = t.tm * t.tn * acc_bytes if has_residual else 0
     out_bytes = t.tm * t.tn * acc_bytes

@@ -56,8 +56,9 @@ FIELD_DOCS = {
     "dma_bytes_per_cycle": ("bytes / cycle", "DMA bandwidth between host memory and the scratchpad, for each "
                                              "of the load and the store engine"),
     "dma_latency": ("cycles", "from a DMA's issue to its first byte"),
-    "config_load_cycles": ("cycles", "to load a new PE-array configuration (when a command's kind or shape "
-                                     "changes the array's dataflow)"),
+    "config_load_cycles": ("cycles", "to load a PE-array configuration of one context slot in every PE (the "
+                                     "systolic cell of GEMM and DEPTHWISE takes one on the presets, a FABRIC "
+                                     "body its II)"),
     "vector_lanes": ("elements / cycle", "the vector unit's width (FILL, EPILOGUE, ELTWISE, POOL)"),
     "clock_mhz": ("MHz", "the clock all cycles count; turns cycles into time"),
     "energy": ("pJ", "energy per MAC and vector operation (by dtype), scratchpad byte read and written, "

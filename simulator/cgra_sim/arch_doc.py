@@ -170,7 +170,11 @@ def markdown() -> str:
         "## The fabric table",
         "",
         "The PE array as a CGRA, for the mapper (`cgra-sim map`; `simulator/cgra_sim/fabric.py` and",
-        "[mapping.md](mapping.md) say how each field is used):",
+        "[mapping.md](mapping.md) say how each field is used). Every field reaches the cycles through a",
+        "mapping: a FABRIC body's, and the systolic cell's that GEMM and DEPTHWISE run as",
+        "(`cgra-sim map --intrinsic mac` prints a MAC every how many cycles a cell; simulator.md): an",
+        "`alu` latency of 2, two `registers` or a `checkerboard` of multipliers make every GEMM slower,",
+        "and a fabric that cannot map the cell at all (one register) is refused before compiling.",
         "",
         "| key | what |",
         "|---|---|",
@@ -183,7 +187,8 @@ def markdown() -> str:
         f"| `latency` | cycles per operation class ({', '.join(fabric_table.OP_CLASSES)}), 1 to "
         f"{fabric_table.MAX_LATENCY} |",
         "| `context_depth` | configuration slots per PE: the largest initiation interval (II) a mapping may use; "
-        "the configurations that fit stay resident and switch for free (a GEMM's takes 1, a FABRIC body's II) |",
+        "the configurations that fit stay resident and switch for free (the systolic cell's takes its step, 1 on the "
+        "presets; a FABRIC body's its II) |",
         "| `config_word_bits` | bits of one PE's configuration for one time slot |",
         "",
         "## The presets",

@@ -20,11 +20,14 @@ estimates cannot drift from what the simulator charges.
                  reads: the elements of both operands the command streams (a broadcast axis,
                  stride 0, is read once and held in registers, as EPILOGUE's bias row is).
     GEMM         steady = ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe)
-                          * max(A's bank conflict, operand bytes a cycle / scratchpad bytes a cycle)
+                          * max(step, A's bank conflict, operand bytes a cycle / scratchpad bytes a cycle)
                  fill   = min(m, rows) + min(n, cols) - 2 (the sub-array the GEMM occupies)
-    DEPTHWISE    steady = max(ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe),
+    DEPTHWISE    steady = max(ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe) * step,
                               ceil(scratchpad traffic / (spad_banks * bank_width_bytes)))
-                 fill   = DEPTHWISE_LATENCY (operand read and MAC: no systolic skew)
+                 fill   = latency[mem] + latency[alu] (operand read and accumulate: no systolic skew)
+                 step (cycles between a cell's MACs), the fill's latencies and the configuration
+                 (config_load_cycles a context slot) come from the systolic cell's mapping on the
+                 chip's fabric (mapping/pe_array.py); every preset: step 1, one slot
     FABRIC       steady = max((ceil(elements / lanes) - 1) * II, ceil(scratchpad traffic / bank bandwidth))
                  fill   = the mapping's latency (one iteration's first load to its last store)
                  lanes, II and latency are the body's mapping's (mapping/body.py); loading its
@@ -43,10 +46,10 @@ from fractions import Fraction
 from .arch import HardwareDescription
 from .banks import slowed
 from .isa import DType
+from .mapping import pe_array
 
 ONE = Fraction(1)
 VECTOR_OVERHEAD_CYCLES = 2  # issue + write-back of a vector-unit command
-DEPTHWISE_LATENCY = 2  # scratchpad read + MAC before a DEPTHWISE's first result
 
 
 def _itemsize(dtype: str) -> int:
@@ -102,12 +105,13 @@ def pe_folds(arch: HardwareDescription, m: int, n: int) -> int:
 
 def gemm_steady_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype: str,
                        slowdown: Fraction = ONE) -> int:
-    """Cycles a GEMM streams operands through the array: its folds, k per MAC rate each,
-    stretched when the scratchpad cannot feed the array. `slowdown`: A's rows conflicting in
+    """Cycles a GEMM streams operands through the array: its folds, k per MAC rate each, a MAC
+    step (pe_array's `step`, 1 on the presets) apart, stretched when the scratchpad cannot feed the array. `slowdown`: A's rows conflicting in
     the banks (timing.gemm_bank_slowdown of a command; 1, the default, for a tile search that
     lays its tiles out conflict-free); the bandwidth bound (`gemm_bandwidth_slowdown`) is applied
     here, so a tile's sizes alone give its cycles."""
-    stretch = max(slowdown, gemm_bandwidth_slowdown(arch, m, n, dtype))
+    step = pe_array.program(arch, dtype).step
+    stretch = max(Fraction(step), slowdown, gemm_bandwidth_slowdown(arch, m, n, dtype))
     return slowed(pe_folds(arch, m, n) * _ceil(k, arch.macs_per_pe[dtype]), stretch)
 
 
@@ -128,8 +132,24 @@ def gemm_fill_cycles(arch: HardwareDescription, m: int, n: int) -> int:
 
 def depthwise_compute_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype: str) -> int:
     """Cycles the PE array computes a DEPTHWISE of m output pixels, n channels and k taps, a PE
-    per output, one tap (per MAC lane) a cycle."""
-    return pe_folds(arch, m, n) * _ceil(k, arch.macs_per_pe[dtype])
+    per output, one tap (per MAC lane) a MAC step."""
+    return pe_folds(arch, m, n) * _ceil(k, arch.macs_per_pe[dtype]) * pe_array.program(arch, dtype).step
+
+
+def depthwise_fill_cycles(arch: HardwareDescription, dtype: str) -> int:
+    """Cycles before a DEPTHWISE's first result: the operand's read and the accumulate."""
+    return pe_array.program(arch, dtype).depthwise_fill
+
+
+def pe_array_config_cycles(arch: HardwareDescription, dtype: str) -> int:
+    """Cycles to load the PE array's GEMM or DEPTHWISE configuration: its context slots in every
+    PE, config_load_cycles a slot (cost.fabric_config_cycles of its bytes)."""
+    return arch.config_load_cycles * pe_array.program(arch, dtype).slots
+
+
+def pe_array_slots(arch: HardwareDescription, dtype: str) -> int:
+    """Context slots the PE array's configuration takes in every PE."""
+    return pe_array.program(arch, dtype).slots
 
 
 def depthwise_steady_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype: str,

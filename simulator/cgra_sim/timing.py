@@ -14,8 +14,9 @@ left the unit, and ends after its cycles, the closed forms of cost.py (the compi
 searches use the same ones): a DMA's latency and transfer, a vector command's lanes and
 overhead, a GEMM's or DEPTHWISE's steady stream and fill, read off the decoded command here.
     PE array  After anything but a GEMM of the same dtype, operands enter at
-            stream = start (+ config_load_cycles if (GEMM, dtype) is not in the PE array's
-                            context memory; vector commands leave it alone)
+            stream = start (+ the systolic cell's configuration, config_load_cycles a context
+                            slot (cost.pe_array_config_cycles), if (GEMM, dtype) is not in the
+                            PE array's context memory; vector commands leave it alone)
         Right after a GEMM of the same dtype, operands enter as soon as they are ready and the
         previous GEMM's operands are in:  stream = max(ready, previous stream + previous steady)
         end = max(stream + fill, previous end) + steady   (results leave in order)
@@ -28,7 +29,7 @@ overhead, a GEMM's or DEPTHWISE's steady stream and fill, read off the decoded c
             in the context memory) + its mapping's latency + cost.fabric_steady_cycles (lanes,
             II: mapping/body.py).
     Context memory: a PE holds `fabric.context_depth` configuration slots; GEMM and DEPTHWISE
-        take 1, a FABRIC body II. Switching to a resident configuration is free (a multi-context
+        take the cell's (mapping/pe_array.py: 1 on the presets), a FABRIC body its II. Switching to a resident configuration is free (a multi-context
         CGRA changes its context pointer); loading one evicts the least recently used until the
         resident ones fit.
 Scratchpad banks (banks.py): the streaming part of every command above (a DMA's transfer, a
@@ -274,8 +275,9 @@ def _time_pe_array(arch: HardwareDescription, cmd: GemmCommand | DepthwiseComman
         stream = max(ready, prev.stream_end)
     else:
         stream = start
-        if compute.switch((cmd.op, cmd.dtype), 1, arch.fabric["context_depth"]):
-            stream += arch.config_load_cycles
+        dtype = cmd.dtype.numpy_name
+        if compute.switch((cmd.op, cmd.dtype), cost.pe_array_slots(arch, dtype), arch.fabric["context_depth"]):
+            stream += cost.pe_array_config_cycles(arch, dtype)
     steady_cycles, fill_cycles = _PE_ARRAY_CYCLES[cmd.op]
     steady = _cycles(arch, cmd, compute, steady_cycles)
     end = max(stream + fill_cycles(arch, cmd), free) + steady
@@ -308,7 +310,7 @@ def _time_fabric(arch: HardwareDescription, cmd: FabricCommand, ready: int, free
 #: Per PE-array opcode: (steady cycles, fill and drain cycles).
 _PE_ARRAY_CYCLES = {
     Op.GEMM: (gemm_steady_cycles, gemm_fill_cycles),
-    Op.DEPTHWISE: (depthwise_steady_cycles, lambda arch, cmd: cost.DEPTHWISE_LATENCY),
+    Op.DEPTHWISE: (depthwise_steady_cycles, lambda arch, cmd: cost.depthwise_fill_cycles(arch, cmd.dtype.numpy_name)),
 }
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from ..arch import load_arch
 from ..fabric import Fabric
 from .array_sim import run_array
+from . import pe_array
 from .intrinsics import INTRINSICS
 from .mapper import map_graph
 from .solver import MODES, SolverMissing, mode
@@ -75,6 +76,11 @@ def _run_map(args) -> int:
     fabric = Fabric.of(arch)
     names = sorted(INTRINSICS) if args.intrinsic == "all" else [args.intrinsic]
     reports = [_report(name, arch.name, fabric, args.iterations) for name in names]
+    for report in reports:
+        if report["intrinsic"] == "mac":  # the systolic cell: what every GEMM and DEPTHWISE costs
+            program = pe_array.program(arch, "int8")
+            report["pe_array"] = {"mac_every_cycles": program.step, "cells_per_multiplier": program.share,
+                                  "context_slots": program.slots, "depthwise_fill": program.depthwise_fill}
     if args.png:
         if len(names) != 1:
             raise ValueError("--png draws one intrinsic's mapping: name one with --intrinsic")
@@ -86,6 +92,11 @@ def _run_map(args) -> int:
         return 0
     for report in reports:
         print(_summary(report))
+        if "pe_array" in report:
+            p = report["pe_array"]
+            print(f"  as the PE array's systolic cell (GEMM, DEPTHWISE; mapping/pe_array.py): a MAC every "
+                  f"{p['mac_every_cycles']} cycle(s) a cell (II {report['II']} x {p['cells_per_multiplier']} "
+                  f"cell(s) a multiplier), {p['context_slots']} context slot(s), DEPTHWISE fill {p['depthwise_fill']}")
     if len(names) == 1:
         print(grids(map_graph(INTRINSICS[names[0]](), fabric)))
     else:
