@@ -32,6 +32,10 @@ def _activation(bb, x, act: str):
     if act == "hardswish":  # ONNX's HardSwish
         gate = bb.emit(relax.op.divide(bb.emit(relax.op.clip(bb.emit(relax.op.add(x, const(3.0))), 0, 6)), const(6.0)))
         return bb.emit(relax.op.multiply(x, gate))
+    if act == "sigmoid":
+        return bb.emit(relax.op.sigmoid(x))
+    if act == "silu":  # ONNX's SiLU: Mul(x, Sigmoid(x))
+        return bb.emit(relax.op.multiply(x, bb.emit(relax.op.sigmoid(x))))
     if act == "hardsigmoid":  # ONNX's HardSigmoid
         return bb.emit(relax.op.clip(bb.emit(relax.op.add(bb.emit(relax.op.multiply(const(0.2), x)), const(0.5))), 0, 1))
     return bb.emit(relax.op.subtract(bb.emit(relax.op.multiply(x, const(1.5))), const(0.25)))  # affine
@@ -101,7 +105,8 @@ def image_graphs(draw, symbolic=False):
             derived = derived if s == 1 else tuple(f"conv/{s}({d})" for d in derived)
             graph.steps.append(f"conv k{k} s{s} g{groups} -> {out_c}" + " + bias" * (bias is not None))
         elif op == "act":
-            act = draw(st.sampled_from(["relu", "clip", "leakyrelu", "hardswish", "hardsigmoid", "affine"]))
+            act = draw(st.sampled_from(["relu", "clip", "leakyrelu", "hardswish", "hardsigmoid", "affine", "sigmoid",
+                                         "silu"]))
             steps.append(lambda bb, cur, values, act=act: _activation(bb, cur, act))
             graph.steps.append(act)
         elif op == "residual":

@@ -17,10 +17,12 @@ from cgra_codegen import DEVICE_CALLS
 from cgra_sim import load_arch, simulate
 from cgra_sim.isa import DType, EltwiseFunc, Op, encode
 from cgra_sim.mapping import body as bodies
+from cgra_sim.mapping import sigmoid as smooth
 from npu_backend.kernels.chains import folded
 from npu_backend.kernels.intrinsics import INTRINSICS, SPAD
 from npu_backend.kernels.intrinsics.fabric import FabricBody
 from npu_backend.kernels.intrinsics.vector_unit import PoolWindow
+from npu_backend.kernels.sigmoid import bodies as smooth_bodies
 from test_sim_fabric import random_bodies
 
 ARCH = load_arch("cgra-8x8")
@@ -81,7 +83,8 @@ def _extern_name(impl) -> str:
 
 
 def test_every_intrinsic_is_checked_here():
-    assert set(INTRINSICS) == {"gemm", "depthwise", "fill", "epilogue", "eltwise", "pool", "accumulate", "fabric"}
+    assert set(INTRINSICS) == {"gemm", "depthwise", "fill", "epilogue", "eltwise", "pool", "accumulate", "fabric",
+                               "smooth"}
 
 
 @given(rows=st.integers(1, 8), cols=st.integers(1, 8), depth=st.integers(1, 40),
@@ -312,6 +315,44 @@ def test_fabric_three_ways(case, rows, cols, seed):
     assert _extern_name(impl) == "cgra_" + Op.FABRIC.name.lower()
 
 
+@settings(max_examples=12, deadline=None)
+@given(kind=st.sampled_from(["sigmoid", "silu", "gelu_tanh"]), rows=st.integers(1, 9), cols=st.integers(1, 9),
+       scale=st.sampled_from([1.0, 8.0, 60.0]), seed=st.integers(0, 2**16))
+def test_smooth_three_ways(kind, rows, cols, scale, seed):
+    """Sigmoid, SiLU and GELU's tanh form: the description's TIR on the host (LLVM's exp), the
+    FABRIC passes (and ELTWISE multiply) the implementation records, on the simulator, and the numpy
+    model of the fabric's arithmetic: the simulator bit-exact to the model, within 3e-5 relative
+    of the host's sigmoid."""
+    rng = np.random.default_rng(seed)
+    a, out = (rng.standard_normal((rows, cols)) * scale).astype("float32"), np.zeros((rows, cols), "float32")
+    desc, impl = INTRINSICS["smooth"].factory(rows, cols, kind, scope="global")
+    tir_out = _tir_reference(desc, [a, out])[1]
+    stream = _Stream([a, out])
+    stream.load(0)
+    x, tile = stream.addr[0], stream.addr[1]
+    for index, nodes in enumerate(smooth_bodies(kind)):
+        logistic = index == len(smooth_bodies(kind)) - 1
+        source = x if index == 0 or logistic else tile
+        words = bodies.encode(nodes, "float32")
+        stream.commands.append(encode(
+            Op.FABRIC, flags=1 if logistic else 0, dtype=int(DType.FLOAT32), rows=rows, cols=cols, a_addr=source,
+            a_row_stride=cols, a_col_stride=1, b_addr=tile if logistic else 0, b_row_stride=cols if logistic else 0,
+            b_col_stride=1 if logistic else 0, out_addr=tile, out_stride=cols, nodes=len(words),
+            **{f"node{i}": w for i, w in enumerate(words)}))
+    if kind != "sigmoid":
+        stream.commands.append(encode(
+            Op.ELTWISE, func=EltwiseFunc.MULTIPLY, dtype=int(DType.FLOAT32), rows=rows, cols=cols, a_addr=x,
+            a_row_stride=cols, a_col_stride=1, b_addr=tile, b_row_stride=cols, b_col_stride=1, out_addr=tile,
+            out_stride=cols))
+    stream.store(1)
+    sim_out = stream.run()[1]
+    np.testing.assert_array_equal(sim_out, {"sigmoid": smooth.sigmoid, "silu": smooth.silu,
+                                            "gelu_tanh": smooth.gelu_tanh}[kind](a))
+    np.testing.assert_allclose(sim_out, tir_out, rtol=3e-5, atol=1e-30)
+    text = impl.script()
+    assert '"cgra_fabric"' in text and ('"cgra_eltwise"' in text) == (kind != "sigmoid")
+
+
 @given(data=st.data(), rows=st.integers(1, 16), cols=st.integers(1, 16), bias=st.booleans(), relu=st.booleans(),
        residual=st.booleans(), zero_point=st.integers(-128, 127), ties=st.booleans(), seed=st.integers(0, 2**16))
 def test_requantising_epilogue_three_ways(data, rows, cols, bias, relu, residual, zero_point, ties, seed):
@@ -351,6 +392,7 @@ def test_intrinsics_compute_in_the_scratchpad():
                          ("epilogue", (8, 8, "int32", True, True)),
                          ("epilogue", (8, 8, "int32", True, True, True, (0, 100), -3)),
                          ("eltwise", (8, 8, "add", "float32", (True, True), (False, True))),
-                         ("pool", (2, 2, 8, PoolWindow("max", (3, 3), valid=(1, 4, 1, 4)), "float32"))]:
+                         ("pool", (2, 2, 8, PoolWindow("max", (3, 3), valid=(1, 4, 1, 4)), "float32")),
+                         ("fabric", (4, 8, FabricBody((("max", "a", 0.0),), "float32"))), ("smooth", (4, 8, "silu"))]:
         desc, impl = INTRINSICS[kind].factory(*params)
         assert SPAD in desc.script() and SPAD in impl.script()

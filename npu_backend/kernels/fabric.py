@@ -101,13 +101,21 @@ def fabric_spec(name: str, annotated: dict) -> FabricSpec:
 
 
 def choose_fabric_tiling(spec: FabricSpec, arch: HardwareDescription) -> Tiling:
-    """tm x tn tiles (an input and an output tile, each double-buffered, in the scratchpad) with
-    the fewest estimated cycles: the first tile's load, body and store, then one step per further
-    tile: the slowest of the three (they overlap), or half of a load's latency, its transfer and a
-    body, which two buffers cannot overlap. So a tile is small enough for the
-    DMA engines and the fabric to work side by side, and large enough to amortise each DMA's
-    latency and the body's pipeline fill. The body must map onto the chip's fabric."""
+    """The tiles of `fastest_tiling`, the body's cycles on a tile from its mapping. The body must
+    map onto the chip's fabric."""
     program = require_program(spec.body, spec.dtype, arch, " -> ".join(spec.source_ops))
+    size = DType.from_name(spec.dtype).itemsize
+    return fastest_tiling(spec, arch, lambda elements: program.latency + cost.fabric_steady_cycles(
+        arch, elements, program.lanes, program.ii, 2 * elements * size))
+
+
+def fastest_tiling(spec, arch: HardwareDescription, tile_cycles) -> Tiling:
+    """tm x tn tiles (an input and an output tile, each double-buffered, in the scratchpad) with
+    the fewest estimated cycles, `tile_cycles(elements)` the fabric's work on one tile: the first
+    tile's load, work and store, then one step per further tile: the slowest of the three (they
+    overlap), or half of a load's latency, its transfer and the work, which two buffers cannot
+    overlap. So a tile is small enough for the DMA engines and the fabric to work side by side,
+    and large enough to amortise each DMA's latency and the body's pipeline fill."""
     size = DType.from_name(spec.dtype).itemsize
     best = None
     for tm in halvings(spec.rows):
@@ -116,8 +124,7 @@ def choose_fabric_tiling(spec: FabricSpec, arch: HardwareDescription) -> Tiling:
                 continue
             tiles = -(-spec.rows // tm) * -(-spec.cols // tn)
             transfer = cost.dma_transfer_cycles(arch, tm * tn * size)
-            body = program.latency + cost.fabric_steady_cycles(arch, tm * tn, program.lanes, program.ii,
-                                                               2 * tm * tn * size)
+            body = tile_cycles(tm * tn)
             # With two buffers a tile's load waits for the body of the tile two back, and the body
             # of a tile for its load's latency: two tiles take at least latency + transfer + body.
             step = max(transfer, body, (arch.dma_latency + transfer + body) / 2)

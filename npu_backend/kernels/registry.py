@@ -5,8 +5,9 @@ target hook (an offloaded function's spec, its family's tiling, compute and sche
 explain. FAMILIES is ordered: the fusion patterns are tried in this order after the epilogue
 chains of the families with roots (epilogue.py sorts those among themselves, most specific
 first), so the standalone elementwise ops come last and an add a kernel's epilogue can fuse is
-taken by that kernel; a chain of elementwise ops on one tensor goes to the fabric before its
-ops could go to the vector unit one kernel each.
+taken by that kernel; SiLU's multiply(x, sigmoid(x)) is one smooth-activation kernel before
+its multiply could be an ELTWISE; a chain of elementwise ops on one tensor goes to the fabric
+before its ops could go to the vector unit one kernel each.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from .fabric import FABRIC
 from .family import OpFamily
 from .matmul import MATMUL
 from .pool import POOL
+from .sigmoid import SMOOTH
 from .tir import TIR, tir_spec
 
-FAMILIES: tuple[OpFamily, ...] = (MATMUL, CONV2D, DEPTHWISE, POOL, FABRIC, ELTWISE, TIR, ACTIVATION)
+FAMILIES: tuple[OpFamily, ...] = (MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, FABRIC, ELTWISE, TIR, ACTIVATION)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -82,3 +82,4 @@ def fabric_call(body: FabricBody, rows: int, cols: int, a, a_row_stride, out, ou
         cols=cols, a_addr=a, a_row_stride=a_row_stride, a_col_stride=1, b_addr=b_addr, b_row_stride=b_row_stride,
         b_col_stride=b_col_stride, out_addr=out, out_stride=out_stride, nodes=len(words),
         **{f"node{i}": words[i] if i < len(words) else 0 for i in range(BODY_MAX_NODES)})
+

@@ -1,0 +1,66 @@
+"""The smooth activations' intrinsic: sigmoid, SiLU and GELU's tanh form as FABRIC bodies in turn.
+
+Stage: schedule and tensorize. The fabric has no exp, divider or lookup, and a FABRIC record holds
+16 nodes: sigmoid is three bodies of adds, multiplies, max and min (cgra_sim/mapping/sigmoid.py
+says how and how close), each run over the whole tile before the next, Out holding each pass's
+result; SiLU and GELU multiply by x on the vector unit. `smooth_value` is the TIR of one element
+that the kernel's TE compute (kernels/sigmoid.py) builds identically, so tensorize matches.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+
+from cgra_codegen import device_call
+from cgra_sim.mapping import sigmoid as smooth
+
+from .builder import SPAD, Tile, intrinsic
+from .fabric import FabricBody, fabric_call
+from .pe_array import dtype_code
+from .vector_unit import ELTWISE_FUNCS
+
+
+#: GELU's tanh form as x * sigmoid(x * (G1 + G3 x^2)): 2 sqrt(2 / pi) and 2 sqrt(2 / pi) 0.044715,
+#: as float32 (cgra_sim/mapping/sigmoid.py's gelu_argument).
+GELU_LINEAR, GELU_CUBIC = 1.5957691, 0.0713548
+SMOOTH_KINDS = ("sigmoid", "silu", "gelu_tanh")
+
+
+def smooth_value(kind: str, x):
+    """The TIR of one element of sigmoid(x), x sigmoid(x) or GELU's tanh form, as the kernel's
+    TE compute (kernels/sigmoid.py) writes it, so tensorize matches."""
+    if kind == "sigmoid":
+        return tirx.sigmoid(x)
+    if kind == "silu":
+        return x * tirx.sigmoid(x)
+    argument = x * (tirx.const(GELU_LINEAR, "float32") + tirx.const(GELU_CUBIC, "float32") * (x * x))
+    return x * tirx.sigmoid(argument)
+
+
+def smooth_intrin(rows: int, cols: int, kind: str, scope: str = SPAD):
+    """FABRIC bodies in turn (then, for SiLU and GELU, an ELTWISE multiply by A): Out[rows, cols] =
+    sigmoid(A), A sigmoid(A) or GELU's tanh form over a float32 tile, Out holding each pass's result
+    (cgra_sim/mapping/sigmoid.py: exp from a polynomial and squarings, the reciprocal by Newton
+    steps; within 2.1e-5 relative of float32's sigmoid).
+
+    The description is TIR's own sigmoid: tensorize matches the kernel's block, and a user's
+    schedule gets the fabric's arithmetic for it."""
+
+    def value(buffers, i, j):
+        return smooth_value(kind, buffers["A"][i, j])
+
+    def call(buffers, strides):
+        a, out = (buffers["A"], strides["A"][0]), (buffers["Out"], strides["Out"][0])
+        passes = [(smooth.gelu_argument(), a)] if kind == "gelu_tanh" else []
+        passes += [(smooth.exp_base(), out if passes else a), (smooth.square(), out)]
+        calls = [fabric_call(FabricBody(nodes, "float32"), rows, cols, *source, *out) for nodes, source in passes]
+        calls.append(fabric_call(FabricBody(smooth.logistic(), "float32"), rows, cols, *a, *out, b=(*out, 1)))
+        if kind != "sigmoid":
+            calls.append(device_call(
+                "cgra_eltwise", func=int(ELTWISE_FUNCS["multiply"][0]), dtype=dtype_code("float32"), rows=rows,
+                cols=cols, a_addr=a[0], a_row_stride=a[1], a_col_stride=1, b_addr=out[0], b_row_stride=out[1],
+                b_col_stride=1, out_addr=out[0], out_stride=out[1]))
+        return calls
+
+    return intrinsic([Tile("A", (rows, cols), "float32")], Tile("Out", (rows, cols), "float32"), "smooth", value,
+                     call, scope=scope)

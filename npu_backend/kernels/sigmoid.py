@@ -1,0 +1,118 @@
+"""The smooth-activation family: sigmoid, SiLU and GELU's tanh form on the PE fabric.
+
+Stage: partition (its patterns and spec), kernel definition, tiling and schedule. Input: a Relax
+`sigmoid`, `nn.silu`, `multiply(x, sigmoid(x))` (SiLU as ONNX writes it, either order) or
+`nn.gelu_tanh` of a float32 tensor of rank 1..4. The vector unit has none of them and the fabric
+has no exp or divider: each runs as three FABRIC bodies of adds, multiplies, max and min over the
+tile (exp by a polynomial and squarings, the reciprocal by Newton steps:
+cgra_sim/mapping/sigmoid.py), GELU with one more before them, SiLU and GELU with an ELTWISE
+multiply after (intrinsics/smooth.py). The result is within 2.1e-5 relative of float32's sigmoid
+(1e-5 for |x| < 10), bit-exact to the numpy model of the same arithmetic. GELU's erf form (PyTorch's
+default `nn.gelu`) stays on the host: erf needs more than these bodies, and the tanh form differs
+from it by up to 5e-4, more than the 1e-4 the results promise.
+
+The kernel reads x as a compact (rows, cols) view, loads tm x tn tiles by DMA, runs the passes per
+tile in the output tile and stores it: one pass over DRAM for the whole activation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from tvm.relax.dpl import is_op, wildcard
+
+from cgra_sim import cost
+from cgra_sim.arch import HardwareDescription
+from cgra_sim.mapping import sigmoid as smooth
+
+from ..errors import UnsupportedOperator
+from ..relax_info import dtype_of, require_static_shape
+from .activation import schedule_unary, unary_compute
+from .chains import require_program
+from .fabric import fastest_tiling
+from .family import OpFamily
+from .intrinsics import get_intrin
+from .intrinsics.smooth import smooth_value
+
+PREFIX = "cgra.smooth."
+
+
+@dataclasses.dataclass(frozen=True)
+class SmoothSpec:
+    kind: str  # "sigmoid", "silu", "gelu_tanh"
+    shape: tuple  # x's, and the output's
+    rows: int  # the kernel's (rows, cols) view of it
+    cols: int
+    param_roles: tuple = ("lhs",)
+    source_ops: tuple = ()
+    dtype = "float32"
+    op = "smooth"
+    macs = 0
+    acc_dtype = "float32"
+
+
+def bodies(kind: str) -> tuple:
+    """The FABRIC bodies a `kind` kernel runs on each tile, in order."""
+    first = (smooth.gelu_argument(),) if kind == "gelu_tanh" else ()
+    return first + (smooth.exp_base(), smooth.square(), smooth.logistic())
+
+
+def _patterns() -> list:
+    patterns = []
+    for order in ("x_first", "sigmoid_first"):
+        x = wildcard()
+        sig = is_op("relax.sigmoid")(x)
+        root = is_op("relax.multiply")(x, sig) if order == "x_first" else is_op("relax.multiply")(sig, x)
+        patterns.append((f"{PREFIX}silu", root, {"root": root, "lhs": x}))
+    for kind, op in (("silu", "relax.nn.silu"), ("gelu_tanh", "relax.nn.gelu_tanh"), ("sigmoid", "relax.sigmoid")):
+        x = wildcard()
+        root = is_op(op)(x)
+        patterns.append((f"{PREFIX}{kind}", root, {"root": root, "lhs": x}))
+    return patterns
+
+
+def smooth_spec(name: str, annotated: dict) -> SmoothSpec:
+    kind = name.removeprefix(PREFIX)
+    x = annotated["lhs"]
+    dtype = dtype_of(x)
+    if dtype != "float32":
+        raise UnsupportedOperator(f"{kind} on {dtype or 'an unknown dtype'}: the fabric computes it in float32 "
+                                  "(a quantised model's sigmoid runs on the host)")
+    shape = require_static_shape(x, "operand", UnsupportedOperator, prefix=f"{kind}: ")
+    if not 1 <= len(shape) <= 4:
+        raise UnsupportedOperator(f"{kind} of rank {len(shape)}: the NPU's DMA moves tensors of rank 1..4")
+    cols = shape[-1]
+    op = str(annotated["root"].op.name).removeprefix("relax.")
+    ops = ("sigmoid", "multiply") if op == "multiply" else (op,)
+    return SmoothSpec(kind, tuple(shape), max(math.prod(shape) // cols, 1), cols, source_ops=ops)
+
+
+def choose_smooth_tiling(spec: SmoothSpec, arch: HardwareDescription):
+    """fabric.fastest_tiling, a tile's work being every body's mapped run in turn (and the
+    vector unit's multiply): each body must map onto the chip's fabric."""
+    programs = [require_program(nodes, "float32", arch, spec.kind) for nodes in bodies(spec.kind)]
+    multiplies = spec.kind != "sigmoid"
+
+    def tile_cycles(elements: int) -> int:
+        work = sum(p.latency + cost.fabric_steady_cycles(arch, elements, p.lanes, p.ii, 12 * elements)
+                   for p in programs)
+        return work + (cost.eltwise_cycles(arch, elements, 2 * elements) if multiplies else 0)
+
+    return fastest_tiling(spec, arch, tile_cycles)
+
+
+def smooth_compute(spec: SmoothSpec, tiling):
+    return unary_compute(spec, tiling, "smooth", lambda value: smooth_value(spec.kind, value))
+
+
+def schedule_smooth(sch, spec: SmoothSpec, tiling, arch: HardwareDescription) -> None:
+    schedule_unary(sch, tiling, "smooth", get_intrin("smooth", tiling.tm, tiling.tn, spec.kind))
+
+
+SMOOTH = OpFamily(
+    name="smooth", ops=("smooth",), patterns=_patterns, spec_from_match=smooth_spec,
+    choose_tiling=choose_smooth_tiling, compute=smooth_compute, schedule=schedule_smooth,
+    host_ops={"relax.sigmoid": f"{PREFIX}sigmoid", "relax.nn.silu": f"{PREFIX}silu",
+              "relax.nn.gelu_tanh": f"{PREFIX}gelu_tanh"},
+    checks_pe_dtype=False)
