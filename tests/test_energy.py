@@ -54,6 +54,20 @@ def test_a_one_tile_gemm_costs_the_closed_form():
     assert stats.config_loads >= 1
 
 
+def test_a_configuration_costs_its_slots_and_its_word_size():
+    """A 128-bit configuration word loads two 64-bit words a PE; a systolic cell mapped at II 2
+    (an adder of latency 2) takes two slots: four times the preset's configuration energy."""
+    m, n, k = 12, 20, 30
+    stream = streams.tiled_gemm(ARCH, m, n, k, "float32", tile=(m, n, k))
+    inputs = _inputs(m, n, k, "float32", np.random.default_rng(0))
+    base = simulate(ARCH, stream, [a.copy() for a in inputs])
+    wide = dataclasses.replace(ARCH, name="wide-slow", fabric={**ARCH.fabric, "config_word_bits": 128,
+                                                                "latency": {"alu": 2, "mul": 2, "mem": 1}})
+    changed = simulate(wide, stream, [a.copy() for a in inputs])
+    assert changed.config_loads == base.config_loads
+    assert changed.energy_breakdown["config"] == pytest.approx(4 * base.energy_breakdown["config"])
+
+
 #: The energy-table entry each component is priced by (the MAC's per dtype, the spad's by reads).
 PRICES = {"spad": ("spad_read_byte",), "dram": ("dram_byte",), "config": ("config_load",),
           "leakage": ("leakage_per_cycle",)}

@@ -139,6 +139,10 @@ def test_fabric_cycles_come_from_the_mapping(arch):
     # The GEMM's one-slot configuration of every PE takes config_load_cycles; II slots take II times that.
     assert config == math.ceil(program.config_bytes * 8 * arch.config_load_cycles
                                / (arch.rows * arch.cols * arch.fabric["config_word_bits"]))
+    # Its energy: II slots of every PE loaded once, each priced like the GEMM's one-slot load.
+    assert result.timeline.config_slots == program.ii
+    stats = simulate(arch, twice, [a, out.copy()])
+    assert stats.energy_breakdown["config"] == pytest.approx(program.ii * arch.energy["config_load"])
 
 
 def _record(**change):

@@ -150,7 +150,7 @@ def markdown() -> str:
         f"| `vector_op` | element operation of the vector unit, by dtype ({', '.join(sorted(VECTOR_OP_PJ))} required) |",
         "| `spad_read_byte`, `spad_write_byte` | byte read from / written to the scratchpad |",
         "| `dram_byte` | byte moved between host memory and the scratchpad by DMA |",
-        "| `config_load` | PE-array configuration load |",
+        "| `config_load` | configuration slot loaded into every PE (per 64 bits of `config_word_bits`) |",
         "| `leakage_per_cycle` | cycle of the launch, the whole chip |",
         "",
         "## The area table",

@@ -13,7 +13,8 @@ The table (every number in pJ; docs/simulator.md, "Energy"):
     spad_read_byte      one byte read from the scratchpad
     spad_write_byte     one byte written to the scratchpad
     dram_byte           one byte moved between host memory and the scratchpad (DMA)
-    config_load         one PE-array configuration load
+    config_load         one configuration slot loaded into every PE (a 64-bit word each; a
+                        fabric's config_word_bits scale it)
     leakage_per_cycle   the whole chip, per cycle of the launch
 
 What is counted: a GEMM's MACs are the PE array's (padding included: the array does that work);
@@ -30,8 +31,8 @@ and Timeloop's examples start from: an 8-bit multiply 0.2 pJ and a 32-bit add 0.
 into int32: 0.3 pJ), a float32 multiply 3.7 pJ and add 0.9 pJ (4.6 pJ), an int32 multiply 3.1 pJ;
 a 64-bit SRAM access 10 pJ from 8 KiB and 20 pJ from 32 KiB (so 10 * sqrt(KiB / 8) pJ for one
 bank of the scratchpad, per 8 bytes); DRAM 1.3 nJ per 64 bits. Two figures are this project's
-assumptions, not measurements: a configuration load reads one 64-bit word per PE from the
-scratchpad, and leakage is a tenth of the PE array's peak float32 dynamic power.
+assumptions, not measurements: a configuration slot loads one 64-bit word per PE from the
+scratchpad (a FABRIC body's configuration is II slots), and leakage is a tenth of the PE array's peak float32 dynamic power.
 """
 
 from __future__ import annotations
@@ -112,8 +113,9 @@ def _bytes(region) -> int:
     return _elements(region) * region.dtype.itemsize
 
 
-def launch_energy(arch, commands, cycles: int, config_loads: int) -> dict:
-    """pJ per component (`COMPONENTS`) of one launch's `commands` (decoded), `cycles` long."""
+def launch_energy(arch, commands, cycles: int, config_slots: int) -> dict:
+    """pJ per component (`COMPONENTS`) of one launch's `commands` (decoded), `cycles` long, having
+    loaded `config_slots` configuration slots into every PE (timing.Timeline.config_slots)."""
     table = arch.energy
     energy = dict.fromkeys(COMPONENTS, 0.0)
     spad_read = spad_write = 0
@@ -139,7 +141,8 @@ def launch_energy(arch, commands, cycles: int, config_loads: int) -> dict:
         spad_read += sum(_bytes(r) for r in cmd.reads)
         spad_write += sum(_bytes(r) for r in cmd.writes)
     energy["spad"] = spad_read * table["spad_read_byte"] + spad_write * table["spad_write_byte"]
-    energy["config"] = config_loads * table["config_load"]
+    words = arch.fabric["config_word_bits"] / (8 * CONFIG_WORD_BYTES)  # per PE and slot, in 64-bit words
+    energy["config"] = config_slots * words * table["config_load"]
     energy["leakage"] = cycles * table["leakage_per_cycle"]
     return energy
 

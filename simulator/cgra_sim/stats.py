@@ -110,7 +110,7 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], timeline: 
     cycles = timeline.cycles
     counts = Counter(c.op.name for c in commands)
     stalls = timeline.stalls()
-    energy = launch_energy(arch, commands, cycles, timeline.config_loads)
+    energy = launch_energy(arch, commands, cycles, timeline.config_slots)
     return KernelStats(
         name=name,
         source_ops=tuple(source_ops),

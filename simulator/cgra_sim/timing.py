@@ -85,6 +85,9 @@ class Timeline:
     # index of the command whose access this command's start waited for; -1 when it did not stall.
     # None in timelines built without it (then stalls are known, but not their cause).
     waits_for: np.ndarray | None = None
+    # Context slots those loads wrote into every PE (a GEMM's cell 1 on the presets, a FABRIC
+    # body its II): what the configuration energy counts.
+    config_slots: int = 0
 
     @property
     def cycles(self) -> int:
@@ -134,7 +137,7 @@ class _ComputeQueue:
     it; `cycles_of` caches, per stream, the cycles a record costs on its unit (its first
     command's index -> cycles), so a repeated record does not recompute its bank conflicts."""
 
-    __slots__ = ("resident", "previous_gemm", "config_loads", "cycles_of")
+    __slots__ = ("resident", "previous_gemm", "config_loads", "config_slots", "cycles_of")
 
     def __init__(self):
         # The configurations in the PE array's context memory, least recently used first:
@@ -142,6 +145,7 @@ class _ComputeQueue:
         self.resident = {}
         self.previous_gemm = None  # the previous COMPUTE command (GEMM or DEPTHWISE)
         self.config_loads = 0
+        self.config_slots = 0
         self.cycles_of = {}
 
     def switch(self, key, slots: int, depth: int) -> bool:
@@ -154,6 +158,7 @@ class _ComputeQueue:
             self.resident.pop(next(iter(self.resident)))
         self.resident[key] = slots
         self.config_loads += loaded
+        self.config_slots += loaded * slots
         return loaded
 
     def forwarding(self, cmd: Command):
@@ -401,5 +406,5 @@ def time_commands(arch: HardwareDescription, commands: list[Command],
                     units=np.array([int(c.unit) for c in commands], dtype=np.int8),
                     starts=np.array(starts, dtype=np.int64), ends=np.array(ends, dtype=np.int64),
                     occupancy=np.array(busy, dtype=np.int64), config_loads=compute.config_loads,
-                    waits_for=np.array(waits_for, dtype=np.int32))
+                    waits_for=np.array(waits_for, dtype=np.int32), config_slots=compute.config_slots)
 
