@@ -26,14 +26,14 @@ def _exact_sigmoid(x):
     return 1 / (1 + np.exp(-np.asarray(x, np.float64)))
 
 
-def test_the_fabric_sigmoid_is_within_2e_5_of_float64_everywhere_float32_is_normal():
-    x = np.concatenate([np.linspace(-110, 110, 200_001), np.random.default_rng(0).standard_normal(50_000) * 8])
+def test_the_fabric_sigmoid_is_within_3e_5_of_float64_everywhere_float32_is_normal():
+    x = np.concatenate([np.linspace(-110, 110, 2_000_001), np.random.default_rng(0).standard_normal(50_000) * 8])
     x = x.astype("float32")
     exact = _exact_sigmoid(x)
     normal = exact > np.finfo(np.float32).tiny
     relative = np.abs(smooth.sigmoid(x) - exact) / np.where(normal, exact, 1)
-    assert relative[normal].max() < 3e-5
-    assert relative[np.abs(x) < 10].max() < 1.2e-5
+    assert relative[normal].max() < 3.1e-5
+    assert relative[np.abs(x) < 10].max() < 1.1e-5 and relative[x > 0].max() < 3.5e-6
 
 
 def test_special_values_keep_their_meaning():

@@ -41,7 +41,7 @@ def smooth_intrin(rows: int, cols: int, kind: str, scope: str = SPAD):
     """FABRIC bodies in turn (then, for SiLU and GELU, an ELTWISE multiply by A): Out[rows, cols] =
     sigmoid(A), A sigmoid(A) or GELU's tanh form over a float32 tile, Out holding each pass's result
     (cgra_sim/mapping/sigmoid.py: exp from a polynomial and squarings, the reciprocal by Newton
-    steps; within 2.1e-5 relative of float32's sigmoid).
+    steps; within 3.1e-5 relative of float32's sigmoid).
 
     The description is TIR's own sigmoid: tensorize matches the kernel's block, and a user's
     schedule gets the fabric's arithmetic for it."""
