@@ -310,10 +310,10 @@ def _channel_row(spec: KernelSpec, acc, tiling, tensor, shape, name: str):
     one per group for a grouped conv2d; None without the parameter."""
     if tensor is None:
         return None
-    channel_axis = _channel_axis(shape)
+    carrier = channel_axis(shape)
 
     def index(channel):
-        return [channel if axis == channel_axis else 0 for axis in range(len(shape))]
+        return [channel if axis == carrier else 0 for axis in range(len(shape))]
 
     if spec.grouped:
         per_group = spec.gemm_extents[1]
@@ -322,7 +322,7 @@ def _channel_row(spec: KernelSpec, acc, tiling, tensor, shape, name: str):
     return te.compute((tiling.np,), lambda j: padded(tensor, shape, index(j)), name=name)
 
 
-def _channel_axis(shape) -> int:
+def channel_axis(shape) -> int:
     """The axis of a broadcast channel row that carries the channels: the one whose extent is not 1."""
     axes = [axis for axis, extent in enumerate(shape) if extent != 1]
     return axes[0] if axes else len(shape) - 1
