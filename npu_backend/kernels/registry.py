@@ -2,12 +2,13 @@
 
 Stage: shared by partition (the pattern table and the reason a match stays on the host), the
 target hook (an offloaded function's spec, its family's tiling, compute and schedule) and
-explain. FAMILIES is ordered: the fusion patterns are tried in this order after the epilogue
-chains of the families with roots (epilogue.py sorts those among themselves, most specific
-first), so the standalone elementwise ops come last and an add a kernel's epilogue can fuse is
-taken by that kernel; SiLU's multiply(x, sigmoid(x)) is one smooth-activation kernel before
-its multiply could be an ELTWISE; a chain of elementwise ops on one tensor goes to the fabric
-before its ops could go to the vector unit one kernel each.
+explain. FAMILIES is ordered: first the pairs of roots one kernel fuses (separable.py: a
+depthwise conv2d and the 1x1 conv2d after it), then the epilogue chains of the families with
+roots (epilogue.py sorts those among themselves, most specific first), then the standalone
+patterns in this order, so the standalone elementwise ops come last and an add a kernel's
+epilogue can fuse is taken by that kernel; SiLU's multiply(x, sigmoid(x)) is one
+smooth-activation kernel before its multiply could be an ELTWISE; a chain of elementwise ops on
+one tensor goes to the fabric before its ops could go to the vector unit one kernel each.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from .fabric import FABRIC
 from .family import OpFamily
 from .matmul import MATMUL
 from .pool import POOL
+from .separable import SEPARABLE
 from .sigmoid import SMOOTH
 from .tir import TIR, tir_spec
 
-FAMILIES: tuple[OpFamily, ...] = (MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, FABRIC, ELTWISE, TIR, ACTIVATION)
+FAMILIES: tuple[OpFamily, ...] = (SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, FABRIC, ELTWISE, TIR, ACTIVATION)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +51,14 @@ class PatternEntry:
 
 @functools.cache
 def pattern_table() -> tuple[PatternEntry, ...]:
-    """Every fusion pattern in the order FuseOpsByPattern must try them (see the module doc)."""
+    """Every fusion pattern in the order FuseOpsByPattern must try them (see the module doc):
+    pairs of roots first, whose roots' own chains would otherwise take them apart."""
+    entries = [PatternEntry(name, pattern, roles, family)
+               for family in FAMILIES for name, pattern, roles in family.pairs()]
     roots = [(root, family) for family in FAMILIES for root in family.roots()]
     owner = {root.name: family for root, family in roots}
-    entries = [PatternEntry(name, pattern, roles, owner[root])
-               for name, pattern, roles, root in chain_pattern_graphs([root for root, _ in roots])]
+    entries += [PatternEntry(name, pattern, roles, owner[root])
+                for name, pattern, roles, root in chain_pattern_graphs([root for root, _ in roots])]
     entries += [PatternEntry(name, pattern, roles, family)
                 for family in FAMILIES for name, pattern, roles in family.patterns()]
     return tuple(entries)
