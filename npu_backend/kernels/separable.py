@@ -29,8 +29,8 @@ from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
 from ..errors import UnsupportedOperator
+from ..relax_info import dtype_of
 from .conv2d import conv2d_spec
-from .depthwise import padded_width
 from .epilogue import Root, chain_pattern_graphs, channel_axis, epilogue_compute, epilogue_intrin, epilogue_operands
 from .family import OpFamily
 from .gemm import loops_after
@@ -38,7 +38,8 @@ from .intrinsics import SPAD, get_intrin
 from .intrinsics.pe_array import window_extent, window_sum
 from .intrinsics.vector_unit import activation
 from .operands import padded, prim_func
-from .separable_tiles import choose_separable_tiling, dw_row_stride, out_pixel_stride, window_stride
+from .separable_tiles import (choose_separable_tiling, dw_row_stride, out_pixel_stride, padded_columns,
+                              window_stride)
 from .spad_layout import align_rows
 from .spec import CONV2D_LAYOUTS, KernelSpec, Tiling
 
@@ -109,6 +110,11 @@ def separable_spec(name: str, annotated: dict) -> SeparableSpec:
     """The kernel a matched depthwise -> 1x1 conv2d pair becomes; raises UnsupportedOperator
     with the reason the pair stays two kernels."""
     del name
+    dtype = dtype_of(annotated["lhs"])
+    if dtype != "float32":
+        raise UnsupportedOperator(f"a {dtype} depthwise conv2d and the conv2d after it stay two kernels (the "
+                                  "depthwise's accumulator would need requantising before the GEMM); float32 "
+                                  "pairs fuse")
     renamed = {"dw_root": "root", "lhs": "lhs", "dw_rhs": "rhs", "dw_bias": "bias", "dw_relu": "relu",
                "dw_clip": "clip"}
     depthwise = conv2d_spec("cgra.depthwise", {ours: annotated[role] for role, ours in renamed.items()
@@ -133,10 +139,6 @@ def _check_pair(depthwise: KernelSpec, pointwise: KernelSpec) -> None:
             any(pointwise.padding) or pointwise.op != "conv2d":
         raise UnsupportedOperator(f"{what}: the second conv2d is not pointwise (1x1, stride 1, no padding, "
                                   "no groups); the two stay separate kernels")
-    if depthwise.dtype != "float32":
-        raise UnsupportedOperator(f"{what}: {depthwise.dtype} pairs stay two kernels (the depthwise's "
-                                  f"{depthwise.acc_dtype} output would need requantising before the GEMM); "
-                                  "float32 pairs fuse")
     for spec in (depthwise, pointwise):
         if (spec.data_layout, spec.kernel_layout, spec.out_layout) != CONV2D_LAYOUTS:
             raise UnsupportedOperator(f"{what}: layouts {spec.data_layout}/{spec.kernel_layout}/"
@@ -155,13 +157,14 @@ def _check_pair(depthwise: KernelSpec, pointwise: KernelSpec) -> None:
 def separable_compute(spec: SeparableSpec, tiling: Tiling):
     """out[b, f, y, x] = epilogue(sum over c of dw_epi[b, y, x, c] * w[f, c]), dw_epi being the
     depthwise's epilogued window sum, over whole tiles: tiling.mp output rows, the output width
-    (at least 2), tiling.kp input channels and tiling.np output channels (zero beyond C and F)."""
+    in whole tiles of tiling.tw columns, tiling.kp input channels and tiling.np output channels
+    (zero beyond C and F)."""
     dw, pw = spec.depthwise, spec.pointwise
     n, _, _, _ = dw.lhs_shape
     _, _, kh, kw = dw.rhs_shape
     top, left, _, _ = dw.padding
     window = (kh, kw, *dw.strides, *dw.dilation)
-    rows, width = tiling.mp, padded_width(dw)
+    rows, width = tiling.mp, padded_columns(dw, tiling)
     in_h = window_extent(rows, kh, dw.strides[0], dw.dilation[0])
     in_w = window_extent(width, kw, dw.strides[1], dw.dilation[1])
     x = te.placeholder(dw.lhs_shape, dw.dtype, name="data")
@@ -209,21 +212,24 @@ def _depthwise_epilogue(dw: KernelSpec, dw_acc, bias, channels: int):
 # ------------------------------------------------------------------ schedule
 
 def schedule_separable(sch, spec: SeparableSpec, tiling: Tiling, arch: HardwareDescription) -> None:
-    """Tiles of `tm` output rows x every output channel. Per tile: the bias row, the residual
-    tile, one FILL per row of the accumulator; per block of `tk` input channels the window, the
+    """Tiles of `tm` output rows x `tw` columns x every output channel. Per tile: the bias row,
+    the residual tile, one FILL per row of the accumulator; per block of `tk` input channels the window, the
     depthwise weights and bias and the pointwise weights loaded, one DEPTHWISE and one EPILOGUE
     per row into dw_epi, one GEMM per row; then one EPILOGUE per row and the store."""
     dw, pw = spec.depthwise, spec.pointwise
     epi, acc = sch.get_sblock("epi"), sch.get_sblock("acc")
-    _, rows, _, _ = sch.get_loops(epi)
-    row_outer, _ = sch.split(rows, [None, tiling.tm])
-    sch.compute_at(acc, row_outer)
+    _, rows, columns, _ = sch.get_loops(epi)
+    row_outer, row_inner = sch.split(rows, [None, tiling.tm])
+    column_outer, column_inner = sch.split(columns, [None, tiling.tw])
+    sch.reorder(row_outer, column_outer, row_inner, column_inner)
+    tile = column_outer
+    sch.compute_at(acc, tile)
     for name in (("bias_pad",) if pw.bias_shape else ()) + (("res_pad",) if pw.residual_shape else ()):
         block = sch.get_sblock(name)
-        sch.compute_at(block, row_outer)
+        sch.compute_at(block, tile)
         sch.set_scope(block, 0, SPAD)
-    sch.reverse_compute_at(sch.get_sblock("out"), row_outer)
-    row, pixel, channel, depth = loops_after(sch, acc, row_outer)
+    sch.reverse_compute_at(sch.get_sblock("out"), tile)
+    row, pixel, channel, depth = loops_after(sch, acc, tile)
     block_outer, block_inner = sch.split(depth, [None, tiling.tk])
     sch.reorder(block_outer, row, pixel, channel, block_inner)
     staged = ("dw_epi", "dw_acc", "dw_a_pad", "dw_b_pad", "b_pad") + (("dw_bias_pad",) if dw.bias_shape else ())
@@ -242,9 +248,10 @@ def _tensorize(sch, spec: SeparableSpec, tiling: Tiling, arch: HardwareDescripti
     GEMM's rows are one output row's pixels), and the buffers' pixels padded against bank
     conflicts (spad_layout.py)."""
     dw, pw = spec.depthwise, spec.pointwise
-    width = padded_width(dw)
+    width = tiling.tw
     window = (*dw.rhs_shape[2:], *dw.strides, *dw.dilation)
-    align_rows(sch, sch.get_sblock("dw_a_pad"), tiling.tk, window_stride(dw, tiling.tk, arch), dw.dtype, arch)
+    align_rows(sch, sch.get_sblock("dw_a_pad"), tiling.tk, window_stride(dw, tiling.tk, width, arch), dw.dtype,
+               arch)
     sch.tensorize(sch.get_loops(sch.get_sblock("dw_acc"))[-3],
                   get_intrin("depthwise", tiling.tm, width, tiling.tk, window, dw.dtype, dw.acc_dtype))
     sch.tensorize(sch.get_loops(sch.get_sblock("dw_epi"))[-2],

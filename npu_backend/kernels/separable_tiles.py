@@ -1,13 +1,16 @@
-"""The separable kernel's tile search: output rows per tile and input channels per block.
+"""The separable kernel's tile search: output rows and columns per tile, input channels per block.
 
 Stage: tiling (also asked by partitioning: a pair whose smallest tile does not fit is not fused).
 In: a SeparableSpec (separable.py) and the hardware description. Out: a Tiling whose `tm` is the
-output rows of a tile (>= 2, whole rows), `tk` the input channels of a block (a multiple of the
+output rows of a tile (>= 2), `tw` its output columns (the whole row, or a multiple of the PE
+array's rows: a GEMM's rows are one output row of the tile), `tk` the input channels of a block (a multiple of the
 PE array's columns: the DEPTHWISE's channels and the GEMM's depth), `tn` = `np` every output
 channel of the pointwise conv2d padded to the array's columns (one GEMM per row covers them, so
 the depthwise output is computed once, never once per output-channel tile), `mp` / `kp` rows and
 channels padded to whole tiles. Among the tiles whose buffers, each twice (double buffering),
 fit the scratchpad, the one with the fewest cycles estimated with the simulator's cost model.
+Tiles narrower than the image let a wide image have taller tiles: each tile loads its window's
+halo (kh - 1 rows, kw - 1 columns) again, and a squarer tile of the same size loads less of it.
 """
 
 from __future__ import annotations
@@ -24,30 +27,45 @@ from .spec import KernelSpec, Tiling, aligned, round_up
 
 
 def choose_separable_tiling(spec, arch: HardwareDescription) -> Tiling:
-    """The fitting (tm, tk) with the fewest estimated cycles (ties: the larger tile); raises
+    """The fitting (tm, tw, tk) with the fewest estimated cycles (ties: the larger tile); raises
     ScratchpadTooSmall, which partitioning reports as the reason the pair stays two kernels."""
     dw, pw = spec.depthwise, spec.pointwise
     channels, filters = dw.lhs_shape[1], pw.rhs_shape[0]
-    rows = max(dw.output_shape[2], 2)
+    rows, width = max(dw.output_shape[2], 2), padded_width(dw)
     tn = round_up(max(filters, 2), arch.cols)
     best = None
-    for tm in range(2, rows + 1):
-        fitting = [tk for tk in _channel_blocks(channels, arch) if footprint(spec, arch, tm, tk, tn) <= arch.spad_bytes]
-        if not fitting:
-            break  # the footprint grows with tm
-        for tk in fitting:
-            tiling = Tiling(tm, tn, tk, round_up(rows, tm), tn, round_up(channels, tk))
-            key = (estimate_cycles(spec, tiling, arch), -tm * tk)
-            if best is None or key < best[0]:
-                best = (key, tiling)
+    for tw in _column_tiles(width, arch):
+        for tm in range(2, rows + 1):
+            fitting = [tk for tk in _channel_blocks(channels, arch)
+                       if footprint(spec, arch, tm, tw, tk, tn) <= arch.spad_bytes]
+            if not fitting:
+                break  # the footprint grows with tm
+            for tk in fitting:
+                tiling = Tiling(tm, tn, tk, round_up(rows, tm), tn, round_up(channels, tk), tw=tw)
+                key = (estimate_cycles(spec, tiling, arch), -tm * tw * tk)
+                if best is None or key < best[0]:
+                    best = (key, tiling)
     if best is None:
-        smallest = footprint(spec, arch, 2, round_up(2, arch.cols), tn)
+        tw = min(width, arch.rows) if width > 2 else width
+        smallest = footprint(spec, arch, 2, tw, round_up(2, arch.cols), tn)
         raise ScratchpadTooSmall(
             f"depthwise conv2d {dw.lhs_shape} -> 1x1 conv2d to {filters} channels: its smallest fused tile "
-            f"(2 output rows of {padded_width(dw)} pixels, {round_up(2, arch.cols)} input and {tn} output "
-            f"channels, double-buffered) needs {smallest} bytes, more than the {arch.spad_bytes}-byte "
-            f"scratchpad of '{arch.name}'; the two convs run as separate kernels")
+            f"(2 x {tw} output pixels, {round_up(2, arch.cols)} input and {tn} output channels, "
+            f"double-buffered) needs {smallest} bytes, more than the {arch.spad_bytes}-byte scratchpad of "
+            f"'{arch.name}'; the two convs run as separate kernels")
     return best[1]
+
+
+def padded_columns(dw: KernelSpec, tiling: Tiling) -> int:
+    """Output columns the kernel computes: the output width (at least 2) in whole tiles."""
+    return round_up(padded_width(dw), tiling.tw)
+
+
+def _column_tiles(width: int, arch: HardwareDescription) -> list:
+    """The whole (padded) output row, and narrower tiles of whole PE-array folds (a GEMM's rows
+    are a tile's row of pixels) whose padding past the row stays under one fold."""
+    narrower = range(arch.rows, width, arch.rows) if arch.rows >= 2 else ()
+    return [width] + [tw for tw in narrower if round_up(width, tw) - width < arch.rows]
 
 
 def _channel_blocks(channels: int, arch: HardwareDescription):
@@ -55,9 +73,10 @@ def _channel_blocks(channels: int, arch: HardwareDescription):
     return range(first, max(round_up(channels, arch.cols), first) + 1, arch.cols)
 
 
-def window_stride(dw: KernelSpec, tk: int, arch: HardwareDescription) -> int:
-    """Pixel stride (elements) of the depthwise's input window (depthwise.py's, spad_layout.py)."""
-    return window_pixel_stride(tk, DType.from_name(dw.dtype).itemsize, dw.strides[1], padded_width(dw), arch)
+def window_stride(dw: KernelSpec, tk: int, tw: int, arch: HardwareDescription) -> int:
+    """Pixel stride (elements) of the depthwise's input window of a tile of `tw` output columns
+    (depthwise.py's, spad_layout.py)."""
+    return window_pixel_stride(tk, DType.from_name(dw.dtype).itemsize, dw.strides[1], tw, arch)
 
 
 def dw_row_stride(width: int, tk: int, itemsize: int, arch: HardwareDescription) -> int:
@@ -71,17 +90,17 @@ def out_pixel_stride(pw: KernelSpec, tn: int, arch: HardwareDescription) -> int:
     return out_row_stride(tn, DType.from_name(pw.acc_dtype).itemsize, pw.output_shape[3], arch)
 
 
-def footprint(spec, arch: HardwareDescription, tm: int, tk: int, tn: int) -> int:
+def footprint(spec, arch: HardwareDescription, tm: int, tw: int, tk: int, tn: int) -> int:
     """Scratchpad bytes of a tile's buffers, each twice: the window, the depthwise weights and
     bias row, its accumulator and epilogued output (pixels padded), the pointwise weights and
     bias row, the accumulator, the residual tile and the output tile (pixels padded)."""
     dw, pw = spec.depthwise, spec.pointwise
     in_bytes, acc_bytes = DType.from_name(dw.dtype).itemsize, DType.from_name(dw.acc_dtype).itemsize
-    width, (kh, kw) = padded_width(dw), dw.rhs_shape[2:]
+    width, (kh, kw) = tw, dw.rhs_shape[2:]
     in_h = window_extent(tm, kh, dw.strides[0], dw.dilation[0])
     in_w = window_extent(width, kw, dw.strides[1], dw.dilation[1])
     pixels = tm * width
-    buffers = [in_h * in_w * window_stride(dw, tk, arch) * in_bytes, kh * kw * tk * in_bytes,
+    buffers = [in_h * in_w * window_stride(dw, tk, tw, arch) * in_bytes, kh * kw * tk * in_bytes,
                pixels * tk * acc_bytes, pixels * dw_row_stride(width, tk, acc_bytes, arch) * acc_bytes,
                tk * tn * in_bytes, pixels * tn * acc_bytes, pixels * out_pixel_stride(pw, tn, arch) * acc_bytes]
     buffers += [tk * acc_bytes] if dw.bias_shape else []
@@ -99,12 +118,12 @@ def estimate_cycles(spec, t: Tiling, arch: HardwareDescription) -> int:
     pointwise's EPILOGUEs) or the store engine; plus the first loads and the last store."""
     dw, pw = spec.depthwise, spec.pointwise
     in_bytes, acc_bytes = DType.from_name(dw.dtype).itemsize, DType.from_name(dw.acc_dtype).itemsize
-    width, (kh, kw) = padded_width(dw), dw.rhs_shape[2:]
+    width, (kh, kw) = t.tw, dw.rhs_shape[2:]
     in_h = window_extent(t.tm, kh, dw.strides[0], dw.dilation[0])
     in_w = window_extent(width, kw, dw.strides[1], dw.dilation[1])
     pixels, taps, blocks = t.tm * width, kh * kw, t.kp // t.tk
-    tiles = dw.lhs_shape[0] * (t.mp // t.tm)
-    window = in_h * in_w * window_stride(dw, t.tk, arch) * in_bytes
+    tiles = dw.lhs_shape[0] * (t.mp // t.tm) * (padded_columns(dw, t) // t.tw)
+    window = in_h * in_w * window_stride(dw, t.tk, t.tw, arch) * in_bytes
     depthwise = cost.depthwise_steady_cycles(arch, pixels, t.tk, taps, dw.dtype,
                                              window + taps * t.tk * in_bytes + pixels * t.tk * acc_bytes) + 2
     gemm = t.tm * cost.gemm_steady_cycles(arch, width, t.tn, t.tk, pw.dtype) + cost.gemm_fill_cycles(arch, width, t.tn)
