@@ -7,7 +7,10 @@ partitioner's check says why); a MobileNetV2 block partitioned into the fused ke
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -19,6 +22,7 @@ import npu_backend
 from cgra_sim.arch import load_arch
 from models import assert_matches, conv2d_reference, relax_module, run
 from npu_backend.kernels import offload_reason
+from npu_backend.kernels import registry, separable_tiles
 from npu_backend.kernels.registry import pattern_table
 from npu_backend.kernels.separable import SEPARABLE
 from npu_backend.options import CompileOptions
@@ -81,16 +85,29 @@ def _ops(dw_bias, dw_act, pw_bias, residual, pw_act):
        residual=st.sampled_from([None, "shortcut", "tensor"]), arch=st.sampled_from(npu_backend.preset_names()))
 def test_separable_pair_is_one_kernel_and_matches_numpy(n, c, h, w, f, kernel, stride, pad, dw_bias, dw_act,
                                                         pw_bias, pw_act, residual, arch):
+    """Every pair that fits, fused even where the tile search would estimate two kernels faster
+    (tiny images), so that the kernel's numbers are checked over every shape."""
     if min(h, w) + 2 * pad < kernel:
         pad = kernel // 2
     oh, ow = (h + 2 * pad - kernel) // stride + 1, (w + 2 * pad - kernel) // stride + 1
     if residual == "shortcut" and (f, oh, ow) != (c, h, w):
         residual = "tensor"
     mod, inputs, ref = separable_model(n, c, h, w, f, kernel, stride, pad, dw_bias, dw_act, pw_bias, pw_act, residual)
-    with npu_backend.profile() as prof:
+    with _always_fused(), npu_backend.profile() as prof:
         out = run(npu_backend.compile(mod, arch), inputs)
     assert_matches(out, ref, "float32")
     assert [k.source_ops for k in prof.kernels] == [_ops(dw_bias, dw_act, pw_bias, residual, pw_act)]
+
+
+@contextlib.contextmanager
+def _always_fused():
+    """The partitioner fuses a pair that fits whatever the two kernels' estimates; the tilings it
+    searched meanwhile are forgotten after."""
+    try:
+        with mock.patch.object(separable_tiles, "_separate_cycles", lambda spec, arch: math.inf):
+            yield
+    finally:
+        registry._TILINGS.clear()
 
 
 def test_mobilenet_v2_block_is_partitioned_into_the_fused_kernel():
@@ -148,6 +165,16 @@ def test_pair_that_does_not_fit_stays_two_kernels_with_a_reason():
         out = run(npu_backend.compile(mod, SMALL_SPAD), inputs)
     assert_matches(out, ref, "float32")
     assert [k.source_ops for k in prof.kernels] == [("nn.conv2d", "add", "clip"), ("nn.conv2d", "add")]
+
+
+def test_pair_faster_as_two_kernels_stays_two_kernels_with_a_reason():
+    """MobileNetV1's deep pairs (512 channels on a 14 x 14 map): a fused tile holds all 512 output
+    channels, so it is a few pixels, and it reloads the 512 x 512 pointwise weights for each."""
+    mod, inputs, ref = separable_model(1, 512, 14, 14, 512, dw_act="relu", pw_act="relu")
+    reason = _pair_reason(mod, load_arch("cgra-8x8"))
+    assert reason is not None and "as two kernels" in reason and "pointwise weights" in reason
+    kernels = [p.kernel.split(" ")[0] for p in npu_backend.explain(mod, "cgra-8x8") if p.op == "nn.conv2d"]
+    assert kernels == ["cgra.conv2d_bias_relu", "cgra.conv2d_bias_relu"]
 
 
 def test_int8_pair_stays_two_kernels_with_a_reason():

@@ -218,6 +218,14 @@ def _choose_symbolic_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tili
     return Tiling(tm, tn, kh * kw, rows, round_up(channels, tn), kh * kw, tw=tw if symbolic[1] else 0)
 
 
+def estimate_depthwise_cycles(spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> int:
+    """The tile search's estimate of a static-shape depthwise kernel on `tiling` (separable.py
+    weighs a fused pair against it)."""
+    width = padded_width(spec)
+    load = cost.dma_transfer_cycles(arch, _fitting_load(spec, arch, tiling.tm, width, tiling.tn) or 0)
+    return _estimate_cycles(tiling, spec, width, load, arch)
+
+
 def _estimate_cycles(t: Tiling, spec: KernelSpec, width: int, load: int, arch: HardwareDescription,
                      latency_bound: bool = False, window_bytes: int = 0) -> int:
     """First-order cycles of a tiled depthwise kernel, each command priced by the simulator's

@@ -8,19 +8,24 @@ PE array's columns: the DEPTHWISE's channels and the GEMM's depth), `tn` = `np` 
 channel of the pointwise conv2d padded to the array's columns (one GEMM per row covers them, so
 the depthwise output is computed once, never once per output-channel tile), `mp` / `kp` rows and
 channels padded to whole tiles. Among the tiles whose buffers, each twice (double buffering),
-fit the scratchpad, the one with the fewest cycles estimated with the simulator's cost model.
-Tiles narrower than the image let a wide image have taller tiles: each tile loads its window's
+fit the scratchpad, the one with the fewest cycles estimated with the simulator's cost model;
+and only if that estimate is no more than the two convs' own kernels' estimates (many output
+channels make a fused tile small, and it reloads all the pointwise weights for every tile of
+pixels): else the pair stays two kernels, and the search says why. Tiles narrower than the image let a wide image have taller tiles: each tile loads its window's
 halo (kh - 1 rows, kw - 1 columns) again, and a squarer tile of the same size loads less of it.
 """
 
 from __future__ import annotations
 
+import functools
+
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
-from ..errors import ScratchpadTooSmall
-from .depthwise import padded_width
+from ..errors import ScratchpadTooSmall, UnsupportedOperator
+from .depthwise import choose_depthwise_tiling, estimate_depthwise_cycles, padded_width
+from .gemm import choose_gemm_tiling, estimate_cycles as gemm_estimate_cycles
 from .intrinsics.pe_array import window_extent
 from .spad_layout import operand_row_stride, out_row_stride, window_pixel_stride
 from .spec import KernelSpec, Tiling, aligned, round_up
@@ -35,7 +40,7 @@ def choose_separable_tiling(spec, arch: HardwareDescription) -> Tiling:
     tn = round_up(max(filters, 2), arch.cols)
     best = None
     for tw in _column_tiles(width, arch):
-        for tm in range(2, rows + 1):
+        for tm in _row_tiles(rows):
             fitting = [tk for tk in _channel_blocks(channels, arch)
                        if footprint(spec, arch, tm, tw, tk, tn) <= arch.spad_bytes]
             if not fitting:
@@ -53,7 +58,34 @@ def choose_separable_tiling(spec, arch: HardwareDescription) -> Tiling:
             f"(2 x {tw} output pixels, {round_up(2, arch.cols)} input and {tn} output channels, "
             f"double-buffered) needs {smallest} bytes, more than the {arch.spad_bytes}-byte scratchpad of "
             f"'{arch.name}'; the two convs run as separate kernels")
+    separate = _separate_cycles(spec, arch)
+    if best[0][0] > separate:
+        raise UnsupportedOperator(
+            f"depthwise conv2d {dw.lhs_shape} -> 1x1 conv2d to {filters} channels: fused, an estimated "
+            f"{best[0][0]} cycles on '{arch.name}' (best tile {best[1].tm} x {best[1].tw} pixels, which reloads "
+            f"the {channels} x {filters} pointwise weights for each), against {separate} as two kernels; the two "
+            "convs run as separate kernels")
     return best[1]
+
+
+def _separate_cycles(spec, arch: HardwareDescription) -> float:
+    """The estimates of the depthwise's and the pointwise's own kernels (their tile searches'),
+    infinite if either does not fit alone."""
+    try:
+        dw_tiling = choose_depthwise_tiling(spec.depthwise, arch)
+        pw_tiling = choose_gemm_tiling(spec.pointwise, arch)
+    except ScratchpadTooSmall:
+        return float("inf")
+    pw = spec.pointwise
+    return estimate_depthwise_cycles(spec.depthwise, dw_tiling, arch) + gemm_estimate_cycles(
+        pw_tiling, pw.dtype, DType.from_name(pw.dtype).itemsize, DType.from_name(pw.acc_dtype).itemsize, arch,
+        bool(pw.residual_shape))
+
+
+def _row_tiles(rows: int) -> list:
+    """Output rows per tile: for each count of row tiles the smallest tile covering the rows
+    (>= 2), so that no two candidates pad the rows to the same number of tiles."""
+    return sorted({max(-(-rows // count), 2) for count in range(1, rows + 1)})
 
 
 def padded_columns(dw: KernelSpec, tiling: Tiling) -> int:
@@ -68,11 +100,14 @@ def _column_tiles(width: int, arch: HardwareDescription) -> list:
     return [width] + [tw for tw in narrower if round_up(width, tw) - width < arch.rows]
 
 
-def _channel_blocks(channels: int, arch: HardwareDescription):
-    first = round_up(2, arch.cols)
-    return range(first, max(round_up(channels, arch.cols), first) + 1, arch.cols)
+def _channel_blocks(channels: int, arch: HardwareDescription) -> list:
+    """Input channels per block: multiples of the PE array's columns whose blocks pad the
+    channels by less than one more multiple (a GEMM's depth, a DEPTHWISE's channels)."""
+    first, whole = round_up(2, arch.cols), max(round_up(channels, arch.cols), round_up(2, arch.cols))
+    return [tk for tk in range(first, whole + 1, arch.cols) if round_up(channels, tk) - channels < arch.cols]
 
 
+@functools.lru_cache(maxsize=4096)
 def window_stride(dw: KernelSpec, tk: int, tw: int, arch: HardwareDescription) -> int:
     """Pixel stride (elements) of the depthwise's input window of a tile of `tw` output columns
     (depthwise.py's, spad_layout.py)."""
