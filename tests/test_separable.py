@@ -101,13 +101,15 @@ def test_separable_pair_is_one_kernel_and_matches_numpy(n, c, h, w, f, kernel, s
 
 @contextlib.contextmanager
 def _always_fused():
-    """The partitioner fuses a pair that fits whatever the two kernels' estimates; the tilings it
-    searched meanwhile are forgotten after."""
+    """The partitioner fuses a pair that fits whatever the two kernels' estimates; the searches
+    remembered before and meanwhile are forgotten."""
+    separable_tiles._search.cache_clear()
     try:
         with mock.patch.object(separable_tiles, "_separate_cycles", lambda spec, arch: math.inf):
             yield
     finally:
         registry._TILINGS.clear()
+        separable_tiles._search.cache_clear()
 
 
 def test_mobilenet_v2_block_is_partitioned_into_the_fused_kernel():

@@ -33,7 +33,18 @@ from .spec import KernelSpec, Tiling, aligned, round_up
 
 def choose_separable_tiling(spec, arch: HardwareDescription) -> Tiling:
     """The fitting (tm, tw, tk) with the fewest estimated cycles (ties: the larger tile); raises
-    ScratchpadTooSmall, which partitioning reports as the reason the pair stays two kernels."""
+    ScratchpadTooSmall or UnsupportedOperator, which partitioning reports as the reason the pair
+    stays two kernels. Refusals are remembered too: a model asks again at every such pair."""
+    tiling, refusal = _search(spec, arch)
+    if refusal is not None:
+        error, message = refusal
+        raise error(message)
+    return tiling
+
+
+@functools.lru_cache(maxsize=1024)
+def _search(spec, arch: HardwareDescription):
+    """(tiling, None), or (None, (error class, message))."""
     dw, pw = spec.depthwise, spec.pointwise
     channels, filters = dw.lhs_shape[1], pw.rhs_shape[0]
     rows, width = max(dw.output_shape[2], 2), padded_width(dw)
@@ -50,22 +61,21 @@ def choose_separable_tiling(spec, arch: HardwareDescription) -> Tiling:
                 key = (estimate_cycles(spec, tiling, arch), -tm * tw * tk)
                 if best is None or key < best[0]:
                     best = (key, tiling)
+    what = f"depthwise conv2d {dw.lhs_shape} -> 1x1 conv2d to {filters} channels"
     if best is None:
         tw = min(width, arch.rows) if width > 2 else width
         smallest = footprint(spec, arch, 2, tw, round_up(2, arch.cols), tn)
-        raise ScratchpadTooSmall(
-            f"depthwise conv2d {dw.lhs_shape} -> 1x1 conv2d to {filters} channels: its smallest fused tile "
-            f"(2 x {tw} output pixels, {round_up(2, arch.cols)} input and {tn} output channels, "
-            f"double-buffered) needs {smallest} bytes, more than the {arch.spad_bytes}-byte scratchpad of "
-            f"'{arch.name}'; the two convs run as separate kernels")
+        return None, (ScratchpadTooSmall, (
+            f"{what}: its smallest fused tile (2 x {tw} output pixels, {round_up(2, arch.cols)} input and {tn} "
+            f"output channels, double-buffered) needs {smallest} bytes, more than the {arch.spad_bytes}-byte "
+            f"scratchpad of '{arch.name}'; the two convs run as separate kernels"))
     separate = _separate_cycles(spec, arch)
     if best[0][0] > separate:
-        raise UnsupportedOperator(
-            f"depthwise conv2d {dw.lhs_shape} -> 1x1 conv2d to {filters} channels: fused, an estimated "
-            f"{best[0][0]} cycles on '{arch.name}' (best tile {best[1].tm} x {best[1].tw} pixels, which reloads "
-            f"the {channels} x {filters} pointwise weights for each), against {separate} as two kernels; the two "
-            "convs run as separate kernels")
-    return best[1]
+        return None, (UnsupportedOperator, (
+            f"{what}: fused, an estimated {best[0][0]} cycles on '{arch.name}' (best tile {best[1].tm} x "
+            f"{best[1].tw} pixels, which reloads the {channels} x {filters} pointwise weights for each), against "
+            f"{separate} as two kernels; the two convs run as separate kernels"))
+    return best[1], None
 
 
 def _separate_cycles(spec, arch: HardwareDescription) -> float:
