@@ -1,18 +1,21 @@
 """The separable kernel's tile search: output rows and columns per tile, input channels per block.
 
-Stage: tiling (also asked by partitioning: a pair whose smallest tile does not fit is not fused).
+Stage: tiling (also asked by partitioning: a pair whose search refuses it is not fused).
 In: a SeparableSpec (separable.py) and the hardware description. Out: a Tiling whose `tm` is the
 output rows of a tile (>= 2), `tw` its output columns (the whole row, or a multiple of the PE
-array's rows: a GEMM's rows are one output row of the tile), `tk` the input channels of a block (a multiple of the
-PE array's columns: the DEPTHWISE's channels and the GEMM's depth), `tn` = `np` every output
-channel of the pointwise conv2d padded to the array's columns (one GEMM per row covers them, so
-the depthwise output is computed once, never once per output-channel tile), `mp` / `kp` rows and
-channels padded to whole tiles. Among the tiles whose buffers, each twice (double buffering),
-fit the scratchpad, the one with the fewest cycles estimated with the simulator's cost model;
-and only if that estimate is no more than the two convs' own kernels' estimates (many output
-channels make a fused tile small, and it reloads all the pointwise weights for every tile of
-pixels): else the pair stays two kernels, and the search says why. Tiles narrower than the image let a wide image have taller tiles: each tile loads its window's
-halo (kh - 1 rows, kw - 1 columns) again, and a squarer tile of the same size loads less of it.
+array's rows: a GEMM's rows are one output row of the tile), `tk` the input channels of a block
+(a multiple of the PE array's columns: the DEPTHWISE's channels and the GEMM's depth), `tn` =
+`np` every output channel of the pointwise conv2d padded to the array's columns (one GEMM per row
+covers them, so the depthwise output is computed once, never once per output-channel tile),
+`mp` / `kp` rows and channels padded to whole tiles.
+
+Among the tiles whose buffers, each twice (double buffering), fit the scratchpad, the one with
+the fewest cycles estimated with the simulator's cost model; and only if that estimate is no more
+than the two convs' own kernels' estimates (many output channels make a fused tile small, and it
+reloads all the pointwise weights for every tile of pixels): else the pair stays two kernels,
+and the search says why. Tiles narrower than the image let a wide image have taller tiles: each
+tile loads its window's halo (kh - 1 rows, kw - 1 columns) again, and a squarer tile of the same
+size loads less of it.
 """
 
 from __future__ import annotations
