@@ -112,22 +112,7 @@ def _whole(extent, tile: int):
     return sym.Analyzer().simplify(tirx.ceildiv(tirx.max(extent, 1), tile) * tile)
 
 
-_TILINGS: dict = {}  # (spec, chip fingerprint) -> Tiling: choose_depthwise_tiling's results
-
-
 def choose_depthwise_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
-    """`_choose_tiling`, searched once per spec and chip in a process: the separable family
-    weighs each depthwise -> 1x1 pair against this kernel, and partitioning asks again when the
-    pair stays two kernels."""
-    key = (spec, arch.fingerprint)
-    if key not in _TILINGS:
-        if len(_TILINGS) >= 4096:
-            _TILINGS.clear()
-        _TILINGS[key] = _choose_tiling(spec, arch)  # a refusal raises, uncached
-    return _TILINGS[key]
-
-
-def _choose_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     """`tm` whole output rows (>= 2) by `tn` channels (a multiple of the PE array's columns,
     >= 2), all taps at once (tk = kp = kh * kw): among the tiles whose double-buffered input
     window, weights, accumulator, output, bias and residual fit the scratchpad, the one with the

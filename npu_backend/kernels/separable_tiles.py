@@ -84,7 +84,7 @@ def _search(spec, arch: HardwareDescription):
 def _separate_cycles(spec, arch: HardwareDescription) -> float:
     """The estimates of the depthwise's and the pointwise's own kernels (their tile searches'),
     infinite if either does not fit alone."""
-    try:
+    try:  # once per pair: _search's cache holds the decision
         dw_tiling = choose_depthwise_tiling(spec.depthwise, arch)
         pw_tiling = choose_gemm_tiling(spec.pointwise, arch)
     except ScratchpadTooSmall:
