@@ -2,7 +2,8 @@
 
 For each model (tests/zoo_models.py, random weights) and each chip (a preset, then the preset with
 one fabric field changed), compile, run one inference under the profile and print the total
-cycles, the cycles the PE array was busy (its GEMM, DEPTHWISE and FABRIC commands), the ratio to the preset's cycles, and the cell's mapping that explains it: a MAC every
+cycles, the cycles the PE array was busy (its GEMM, DEPTHWISE and FABRIC commands), the ratio
+to the preset's cycles, and the cell's mapping that explains it: a MAC every
 `step` cycles a cell (the `mac` body's II x the cells sharing a multiplier). On the preset the
 figures are the systolic closed forms the model had before (the snapshot is identical); each
 change moves them for the reason its `step` names. The compiler re-tiles for each chip (its tile

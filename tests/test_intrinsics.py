@@ -22,7 +22,7 @@ from npu_backend.kernels.chains import folded
 from npu_backend.kernels.intrinsics import INTRINSICS, SPAD
 from npu_backend.kernels.intrinsics.fabric import FabricBody
 from npu_backend.kernels.intrinsics.vector_unit import PoolWindow
-from npu_backend.kernels.sigmoid import bodies as smooth_bodies
+from cgra_sim.mapping.sigmoid import passes as smooth_bodies
 from test_sim_fabric import random_bodies
 
 ARCH = load_arch("cgra-8x8")

@@ -19,7 +19,7 @@ from cgra_sim import load_arch, preset_names
 from cgra_sim.fabric import Fabric
 from cgra_sim.mapping import body as bodies
 from cgra_sim.mapping import sigmoid as smooth
-from npu_backend.kernels.sigmoid import bodies as kernel_bodies
+from cgra_sim.mapping.sigmoid import passes as kernel_bodies
 
 
 def _exact_sigmoid(x):

@@ -24,7 +24,7 @@ from tvm.relax.dpl import is_op, wildcard
 
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
-from cgra_sim.mapping import sigmoid as smooth
+from cgra_sim.mapping.sigmoid import passes
 
 from ..errors import UnsupportedOperator
 from ..relax_info import dtype_of, require_static_shape
@@ -50,12 +50,6 @@ class SmoothSpec:
     op = "smooth"
     macs = 0
     acc_dtype = "float32"
-
-
-def bodies(kind: str) -> tuple:
-    """The FABRIC bodies a `kind` kernel runs on each tile, in order."""
-    first = (smooth.gelu_argument(),) if kind == "gelu_tanh" else ()
-    return first + (smooth.exp_base(), smooth.square(), smooth.logistic())
 
 
 def _patterns() -> list:
@@ -91,10 +85,10 @@ def smooth_spec(name: str, annotated: dict) -> SmoothSpec:
 def choose_smooth_tiling(spec: SmoothSpec, arch: HardwareDescription):
     """fabric.fastest_tiling, a tile's work being every body's mapped run in turn (and the
     vector unit's multiply): each body must map onto the chip's fabric."""
-    programs = [require_program(nodes, "float32", arch, spec.kind) for nodes in bodies(spec.kind)]
+    programs = [require_program(nodes, "float32", arch, spec.kind) for nodes in passes(spec.kind)]
     multiplies = spec.kind != "sigmoid"
 
-    def tile_cycles(elements: int) -> int:
+    def tile_cycles(elements: int) -> int:  # 12 scratchpad bytes an element: the logistic's (the others 8)
         work = sum(p.latency + cost.fabric_steady_cycles(arch, elements, p.lanes, p.ii, 12 * elements)
                    for p in programs)
         return work + (cost.eltwise_cycles(arch, elements, 2 * elements) if multiplies else 0)

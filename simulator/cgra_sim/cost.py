@@ -106,10 +106,11 @@ def pe_folds(arch: HardwareDescription, m: int, n: int) -> int:
 def gemm_steady_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype: str,
                        slowdown: Fraction = ONE) -> int:
     """Cycles a GEMM streams operands through the array: its folds, k per MAC rate each, a MAC
-    step (pe_array's `step`, 1 on the presets) apart, stretched when the scratchpad cannot feed the array. `slowdown`: A's rows conflicting in
-    the banks (timing.gemm_bank_slowdown of a command; 1, the default, for a tile search that
-    lays its tiles out conflict-free); the bandwidth bound (`gemm_bandwidth_slowdown`) is applied
-    here, so a tile's sizes alone give its cycles."""
+    step (pe_array's `step`, 1 on the presets) apart, stretched when the scratchpad cannot feed
+    the array. `slowdown`: A's rows conflicting in the banks (timing.gemm_bank_slowdown of a
+    command; 1, the default, for a tile search that lays its tiles out conflict-free); the
+    bandwidth bound (`gemm_bandwidth_slowdown`) is applied here, so a tile's sizes alone give its
+    cycles."""
     step = pe_array.program(arch, dtype).step
     stretch = max(Fraction(step), slowdown, gemm_bandwidth_slowdown(arch, m, n, dtype))
     return slowed(pe_folds(arch, m, n) * _ceil(k, arch.macs_per_pe[dtype]), stretch)

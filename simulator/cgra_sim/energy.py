@@ -32,7 +32,8 @@ into int32: 0.3 pJ), a float32 multiply 3.7 pJ and add 0.9 pJ (4.6 pJ), an int32
 a 64-bit SRAM access 10 pJ from 8 KiB and 20 pJ from 32 KiB (so 10 * sqrt(KiB / 8) pJ for one
 bank of the scratchpad, per 8 bytes); DRAM 1.3 nJ per 64 bits. Two figures are this project's
 assumptions, not measurements: a configuration slot loads one 64-bit word per PE from the
-scratchpad (a FABRIC body's configuration is II slots), and leakage is a tenth of the PE array's peak float32 dynamic power.
+scratchpad (a FABRIC body's configuration is II slots), and leakage is a tenth of the PE array's
+peak float32 dynamic power.
 """
 
 from __future__ import annotations

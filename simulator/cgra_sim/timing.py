@@ -29,9 +29,9 @@ overhead, a GEMM's or DEPTHWISE's steady stream and fill, read off the decoded c
             in the context memory) + its mapping's latency + cost.fabric_steady_cycles (lanes,
             II: mapping/body.py).
     Context memory: a PE holds `fabric.context_depth` configuration slots; GEMM and DEPTHWISE
-        take the cell's (mapping/pe_array.py: 1 on the presets), a FABRIC body its II. Switching to a resident configuration is free (a multi-context
-        CGRA changes its context pointer); loading one evicts the least recently used until the
-        resident ones fit.
+        take the cell's (mapping/pe_array.py: 1 on the presets), a FABRIC body its II. Switching
+        to a resident configuration is free (a multi-context CGRA changes its context pointer);
+        loading one evicts the least recently used until the resident ones fit.
 Scratchpad banks (banks.py): the streaming part of every command above (a DMA's transfer, a
 vector command's tiles, a GEMM's steady folds, a DEPTHWISE's window traffic) is stretched by its
 bank slowdown, >= 1 and exactly 1 for a conflict-free access pattern; computed once per

@@ -20,11 +20,6 @@ from .pe_array import dtype_code
 from .vector_unit import ELTWISE_FUNCS
 
 
-#: GELU's tanh form as x * sigmoid(x * (G1 + G3 x^2)): 2 sqrt(2 / pi) and 2 sqrt(2 / pi) 0.044715,
-#: as float32 (cgra_sim/mapping/sigmoid.py's gelu_argument).
-GELU_LINEAR, GELU_CUBIC = 1.5957691, 0.0713548
-SMOOTH_KINDS = ("sigmoid", "silu", "gelu_tanh")
-
 
 def smooth_value(kind: str, x):
     """The TIR of one element of sigmoid(x), x sigmoid(x) or GELU's tanh form, as the kernel's
@@ -33,7 +28,7 @@ def smooth_value(kind: str, x):
         return tirx.sigmoid(x)
     if kind == "silu":
         return x * tirx.sigmoid(x)
-    argument = x * (tirx.const(GELU_LINEAR, "float32") + tirx.const(GELU_CUBIC, "float32") * (x * x))
+    argument = x * (tirx.const(smooth.GELU_LINEAR, "float32") + tirx.const(smooth.GELU_CUBIC, "float32") * (x * x))
     return x * tirx.sigmoid(argument)
 
 
@@ -51,10 +46,10 @@ def smooth_intrin(rows: int, cols: int, kind: str, scope: str = SPAD):
 
     def call(buffers, strides):
         a, out = (buffers["A"], strides["A"][0]), (buffers["Out"], strides["Out"][0])
-        passes = [(smooth.gelu_argument(), a)] if kind == "gelu_tanh" else []
-        passes += [(smooth.exp_base(), out if passes else a), (smooth.square(), out)]
-        calls = [fabric_call(FabricBody(nodes, "float32"), rows, cols, *source, *out) for nodes, source in passes]
-        calls.append(fabric_call(FabricBody(smooth.logistic(), "float32"), rows, cols, *a, *out, b=(*out, 1)))
+        *passes, logistic = smooth.passes(kind)
+        calls = [fabric_call(FabricBody(nodes, "float32"), rows, cols, *(out if index else a), *out)
+                 for index, nodes in enumerate(passes)]
+        calls.append(fabric_call(FabricBody(logistic, "float32"), rows, cols, *a, *out, b=(*out, 1)))
         if kind != "sigmoid":
             calls.append(device_call(
                 "cgra_eltwise", func=int(ELTWISE_FUNCS["multiply"][0]), dtype=dtype_code("float32"), rows=rows,

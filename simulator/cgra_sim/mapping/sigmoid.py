@@ -18,8 +18,9 @@ three passes over the tile, each a body the mapper maps like any other (float32)
 
 The squarings multiply P's rounding by 128: against float64, the result is within 3.1e-5
 relative wherever it is a normal float32 (the worst near x = -85), 1.3e-5 for |x| < 30, 1e-5 for
-|x| < 10 and 3.2e-6 for x > 0 (float32's own sigmoid: 2e-7). `sigmoid` below is the numpy model of this arithmetic (each body's meaning, body.evaluate,
-which the functional core computes); the kernels' results are bit-exact to it.
+|x| < 10 and 3.2e-6 for x > 0 (float32's own sigmoid: 2e-7). `sigmoid` below is the numpy model
+of this arithmetic (each body's meaning, body.evaluate, which the functional core computes); the
+kernels' results are bit-exact to it.
 
 SiLU is x * sigmoid(x) (the vector unit's ELTWISE multiplies); GELU's tanh form is
 x * sigmoid(z), z = x (1.5957691 + 0.0713548 x^2) = 2 sqrt(2 / pi) (x + 0.044715 x^3), one more
@@ -44,6 +45,8 @@ RECIPROCAL_GUESS = (0.9881728291511536, -0.7976753115653992, 0.3136836290359497)
 CLAMP = 104.0  # exp(-104) is below float32's smallest denormal
 SQUARINGS = 7  # e = q^(2^7)
 SIGN_SCALE = 2.0 ** 100  # x * 2^100 is >= 1 for x > 2^-100
+#: GELU's tanh form as x * sigmoid(x (GELU_LINEAR + GELU_CUBIC x^2)): 2 sqrt(2 / pi), times 0.044715
+GELU_LINEAR, GELU_CUBIC = 1.5957691, 0.0713548
 
 
 def _horner(coefficients, variable: str, first: int) -> list[tuple]:
@@ -81,8 +84,16 @@ def logistic() -> tuple:
 
 
 def gelu_argument() -> tuple:
-    """x -> z = x (1.5957691 + 0.0713548 x^2): GELU's tanh form is x * sigmoid(z)."""
-    return (("mul", "a", "a"), ("mul", "n0", 0.0713548), ("add", "n1", 1.5957691), ("mul", "n2", "a"))
+    """x -> z = x (GELU_LINEAR + GELU_CUBIC x^2): GELU's tanh form is x * sigmoid(z)."""
+    return (("mul", "a", "a"), ("mul", "n0", GELU_CUBIC), ("add", "n1", GELU_LINEAR), ("mul", "n2", "a"))
+
+
+def passes(kind: str) -> tuple:
+    """The bodies a `kind` ("sigmoid", "silu", "gelu_tanh") runs in turn over a tile: the first
+    reads x, the next ones the previous result, the last (LOGISTIC) x and e. SiLU and GELU then
+    multiply by x (an ELTWISE)."""
+    first = (gelu_argument(),) if kind == "gelu_tanh" else ()
+    return first + (exp_base(), square(), logistic())
 
 
 def sigmoid(x: np.ndarray, argument: np.ndarray | None = None) -> np.ndarray:
