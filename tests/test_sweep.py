@@ -34,6 +34,31 @@ def test_settings_parse_and_refuse_what_is_not_a_field():
         sweep.parse_setting("rows")
 
 
+def test_the_fabric_is_a_dimension_of_the_sweep(tmp_path, capsys):
+    """`--set fabric.latency.alu=1,2 --set fabric.multipliers=...`: each point's chip has that fabric,
+    its row carries the fabric's fields, and its cycles are what `cgra-sim run` reports on that chip
+    (an adder of latency 2 makes every GEMM longer: the systolic cell's mapping, pe_array.py)."""
+    assert sweep.parse_setting("fabric.latency.alu=1,2") == ("fabric.latency.alu", [1, 2])
+    assert sweep.parse_setting("fabric.topology=mesh,torus") == ("fabric.topology", ["mesh", "torus"])
+    with pytest.raises(sweep.SweepError, match="'fabric.multipliers' is one of all, checkerboard, not some"):
+        sweep.parse_setting("fabric.multipliers=all,some")
+    slow = sweep.chip(load_arch("cgra-8x8"), {"fabric.latency.alu": 2, "fabric.registers": 6})
+    assert slow.fabric["latency"]["alu"] == 2 and slow.fabric["registers"] == 6
+    assert load_arch("cgra-8x8").fabric["latency"]["alu"] == 1  # the base is untouched
+    folder = tmp_path / "out"
+    assert main(["sweep", MODEL, "--set", "fabric.latency.alu=1,2", "--out", str(folder), "--json", "--no-cache",
+                 "--jobs", "1"]) == 0
+    with open(folder / "results.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["fabric.latency.alu"] for row in rows] == ["1", "2"] and rows[1]["fabric.topology"] == "mesh"
+    assert int(rows[1]["cycles"]) > 1.3 * int(rows[0]["cycles"])
+    chip_file = tmp_path / "slow.json"
+    chip_file.write_text(sweep.chip(load_arch("cgra-8x8"), {"fabric.latency.alu": 2}).to_json())
+    capsys.readouterr()
+    assert main(["run", MODEL, "--arch", str(chip_file), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total_cycles"] == int(rows[1]["cycles"])
+
+
 def test_grid_is_every_combination_or_a_seeded_sample():
     settings = [("rows", [4, 8, 16]), ("cols", [4, 8])]
     points = sweep.grid(settings)

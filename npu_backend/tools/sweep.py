@@ -1,9 +1,11 @@
 """Design-space exploration: many chips x many models, each compiled and simulated, in one table.
 
 Stage: tools (the `cgra-sim sweep` job). In: a base chip, the values to try for some of its fields
-(`rows=4,8,16`, `spad_bytes=128K,256K`, `macs_per_pe.int8=1,2`) and of the compiler's options
-(`fuse_chains=off,on`): every combination, or a seeded random sample of them; and ONNX models. Out: one row per (chip, model): every field of the chip,
-its area, the model's cycles, time, energy, the share of its MACs on the NPU, the compile and
+(`rows=4,8,16`, `spad_bytes=128K,256K`, `macs_per_pe.int8=1,2`, the fabric's `fabric.registers=2,4`,
+`fabric.latency.alu=1,2`, `fabric.multipliers=all,checkerboard`) and of the compiler's options
+(`fuse_chains=off,on`): every combination, or a seeded random sample of them; and ONNX models.
+Out: one row per (chip, model): every field of the chip, its area (which does not price the
+fabric's registers or multipliers: area.py's PE overhead is one figure),  the model's cycles, time, energy, the share of its MACs on the NPU, the compile and
 simulation times, or the error that stopped it (results.csv and results.jsonl; pareto.py draws
 and names the chips on the frontier).
 
@@ -29,12 +31,21 @@ import random
 import time
 
 from cgra_sim.arch import ArchError, HardwareDescription, load_arch
+from cgra_sim.fabric import KEYS as FABRIC_KEYS
+from cgra_sim.fabric import MEMORY_PORTS, MULTIPLIERS, OP_CLASSES, TOPOLOGIES
 
 from ..env import CGRA_COMPILE_JOBS
 
 #: The chip fields a sweep varies, with their parser; `macs_per_pe.<dtype>` is one too.
 SCALAR_FIELDS = ("rows", "cols", "spad_bytes", "spad_banks", "bank_width_bytes", "dma_bytes_per_cycle",
                  "dma_latency", "config_load_cycles", "vector_lanes", "clock_mhz")
+#: The PE fabric's fields (docs/mapping.md): `fabric.<key>`, and `fabric.latency.<op class>`; every
+#: one reaches the cycles through a mapping (a FABRIC body's, the systolic cell's of every GEMM).
+FABRIC_FIELDS = tuple(f"fabric.{key}" for key in FABRIC_KEYS if key != "latency") + \
+    tuple(f"fabric.latency.{kind}" for kind in OP_CLASSES)
+#: The fabric fields whose values are names, and their choices (the others are integers).
+FABRIC_CHOICES = {"fabric.topology": TOPOLOGIES, "fabric.memory_ports": MEMORY_PORTS,
+                  "fabric.multipliers": MULTIPLIERS}
 #: Compiler options a sweep varies beside the chip (npu_backend.compile's keyword, its values).
 OPTION_FIELDS = {"fuse_chains": {"off": False, "on": True, "0": False, "1": True, "false": False, "true": True}}
 _SUFFIX = {"K": 1 << 10, "M": 1 << 20}
@@ -59,9 +70,16 @@ def parse_setting(text: str) -> tuple[str, list]:
         if wrong:
             raise SweepError(f"--set {text}: '{field}' takes off or on, not {', '.join(wrong)}")
         return field, list(dict.fromkeys(choices[value.strip().lower()] for value in values.split(",")))
-    if field not in SCALAR_FIELDS and not (field.startswith("macs_per_pe.") and dtype):
+    if field in FABRIC_CHOICES:
+        wrong = [value for value in values.split(",") if value.strip() not in FABRIC_CHOICES[field]]
+        if wrong:
+            raise SweepError(f"--set {text}: '{field}' is one of {', '.join(FABRIC_CHOICES[field])}, not "
+                             f"{', '.join(wrong)}")
+        return field, list(dict.fromkeys(value.strip() for value in values.split(",")))
+    if field not in SCALAR_FIELDS + FABRIC_FIELDS and not (field.startswith("macs_per_pe.") and dtype):
         raise SweepError(f"--set {text}: '{field}' is not a field a sweep can vary; these are: "
-                         f"{', '.join(SCALAR_FIELDS)}, macs_per_pe.<dtype> and the compiler's {', '.join(OPTION_FIELDS)}")
+                         f"{', '.join(SCALAR_FIELDS)}, macs_per_pe.<dtype>, {', '.join(FABRIC_FIELDS)} and the "
+                         f"compiler's {', '.join(OPTION_FIELDS)}")
     try:
         parsed = [_number(field, value.strip()) for value in values.split(",")]
     except ValueError:
@@ -93,9 +111,14 @@ def chip(base: HardwareDescription, changes: dict) -> HardwareDescription:
     """`base` with `changes` (field -> value), named after them; ArchError if the chip is not valid."""
     data = base.to_dict()
     data["macs_per_pe"] = dict(data["macs_per_pe"])
+    data["fabric"] = {key: dict(value) if isinstance(value, dict) else value for key, value in data["fabric"].items()}
     for field, value in changes.items():
         if field.startswith("macs_per_pe."):
             data["macs_per_pe"][field.partition(".")[2]] = value
+        elif field.startswith("fabric.latency."):
+            data["fabric"]["latency"][field.rpartition(".")[2]] = value
+        elif field.startswith("fabric."):
+            data["fabric"][field.partition(".")[2]] = value
         else:
             data[field] = value
     for table in ("energy", "area"):  # the published figures for the new sizes, unless the base has its own
@@ -154,6 +177,8 @@ def evaluate(task: Task) -> dict:
 def _fields(arch: HardwareDescription) -> dict:
     fields = {field: getattr(arch, field) for field in SCALAR_FIELDS}
     fields.update({f"macs_per_pe.{dtype}": macs for dtype, macs in arch.macs_per_pe.items()})
+    fields.update({f"fabric.{key}": value for key, value in arch.fabric.items() if key != "latency"})
+    fields.update({f"fabric.latency.{kind}": cycles for kind, cycles in arch.fabric["latency"].items()})
     return fields
 
 
