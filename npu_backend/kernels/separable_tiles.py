@@ -172,8 +172,8 @@ def estimate_cycles(spec, t: Tiling, arch: HardwareDescription) -> int:
     pixels, taps, blocks = t.tm * width, kh * kw, t.kp // t.tk
     tiles = dw.lhs_shape[0] * (t.mp // t.tm) * (padded_columns(dw, t) // t.tw)
     window = in_h * in_w * window_stride(dw, t.tk, t.tw, arch) * in_bytes
-    depthwise = cost.depthwise_steady_cycles(arch, pixels, t.tk, taps, dw.dtype,
-                                             window + taps * t.tk * in_bytes + pixels * t.tk * acc_bytes) + 2
+    depthwise = cost.depthwise_steady_cycles(arch, pixels, t.tk, taps, dw.dtype, window + taps * t.tk * in_bytes
+                                             + pixels * t.tk * acc_bytes) + cost.depthwise_fill_cycles(arch, dw.dtype)
     gemm = t.tm * cost.gemm_steady_cycles(arch, width, t.tn, t.tk, pw.dtype) + cost.gemm_fill_cycles(arch, width, t.tn)
     bubble = cost.vector_cycles(arch, width, t.tk)
     compute = blocks * (depthwise + bubble + gemm)
