@@ -24,6 +24,7 @@ from tvm.relax.dpl import is_op, wildcard
 
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
+from cgra_sim.mapping.body import reads_b
 from cgra_sim.mapping.sigmoid import passes
 
 from ..errors import UnsupportedOperator
@@ -88,9 +89,10 @@ def choose_smooth_tiling(spec: SmoothSpec, arch: HardwareDescription):
     programs = [require_program(nodes, "float32", arch, spec.kind) for nodes in passes(spec.kind)]
     multiplies = spec.kind != "sigmoid"
 
-    def tile_cycles(elements: int) -> int:  # 12 scratchpad bytes an element: the logistic's (the others 8)
-        work = sum(p.latency + cost.fabric_steady_cycles(arch, elements, p.lanes, p.ii, 12 * elements)
-                   for p in programs)
+    def tile_cycles(elements: int) -> int:  # scratchpad bytes: each input read and the output written
+        work = sum(p.latency + cost.fabric_steady_cycles(arch, elements, p.lanes, p.ii,
+                                                         (12 if reads_b(nodes) else 8) * elements)
+                   for p, nodes in zip(programs, passes(spec.kind)))
         return work + (cost.eltwise_cycles(arch, elements, 2 * elements) if multiplies else 0)
 
     return fastest_tiling(spec, arch, tile_cycles)

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from tvm import tirx
 
-from cgra_codegen import device_call
 from cgra_sim.mapping import sigmoid as smooth
 
 from .builder import SPAD, Tile, intrinsic
 from .fabric import FabricBody, fabric_call
-from .pe_array import dtype_code
-from .vector_unit import ELTWISE_FUNCS
+from .vector_unit import eltwise_call
 
 
 
@@ -50,11 +48,8 @@ def smooth_intrin(rows: int, cols: int, kind: str, scope: str = SPAD):
         calls = [fabric_call(FabricBody(nodes, "float32"), rows, cols, *(out if index else a), *out)
                  for index, nodes in enumerate(passes)]
         calls.append(fabric_call(FabricBody(logistic, "float32"), rows, cols, *a, *out, b=(*out, 1)))
-        if kind != "sigmoid":
-            calls.append(device_call(
-                "cgra_eltwise", func=int(ELTWISE_FUNCS["multiply"][0]), dtype=dtype_code("float32"), rows=rows,
-                cols=cols, a_addr=a[0], a_row_stride=a[1], a_col_stride=1, b_addr=out[0], b_row_stride=out[1],
-                b_col_stride=1, out_addr=out[0], out_stride=out[1]))
+        if kind != "sigmoid":  # x times the sigmoid, in place
+            calls.append(eltwise_call("multiply", "float32", rows, cols, (*a, 1), (*out, 1), out))
         return calls
 
     return intrinsic([Tile("A", (rows, cols), "float32")], Tile("Out", (rows, cols), "float32"), "smooth", value,

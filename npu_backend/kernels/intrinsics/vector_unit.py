@@ -63,11 +63,8 @@ def accumulate_intrin(rows: int, cols: int, dtype: str, scope: str = SPAD):
     """ELTWISE add in place: Out[rows, cols] += B, a reduction's update over tiles
     (global_pool.py sums its blocks)."""
     def call(buffers, strides):
-        B, Out = buffers["B"], buffers["Out"]
-        return device_call(
-            "cgra_eltwise", func=int(EltwiseFunc.ADD), dtype=dtype_code(dtype), rows=rows, cols=cols,
-            a_addr=Out, a_row_stride=strides["Out"][0], a_col_stride=1, b_addr=B, b_row_stride=strides["B"][0],
-            b_col_stride=1, out_addr=Out, out_stride=strides["Out"][0])
+        out = (buffers["Out"], strides["Out"][0])
+        return eltwise_call("add", dtype, rows, cols, (*out, 1), (buffers["B"], strides["B"][0], 1), out)
 
     return intrinsic([Tile("B", (rows, cols), dtype)], Tile("Out", (rows, cols), dtype), "acc",
                      lambda buffers, i, j: buffers["B"][i, j], call, accumulate=True, scope=scope)
@@ -129,6 +126,15 @@ ELTWISE_FUNCS = {
 }
 
 
+def eltwise_call(func: str, dtype: str, rows: int, cols: int, a, b, out):
+    """The device call of one ELTWISE: `a` and `b` (tile, row stride, column stride; 0 along a
+    broadcast axis), `out` (tile, row stride)."""
+    return device_call(
+        "cgra_eltwise", func=int(ELTWISE_FUNCS[func][0]), dtype=dtype_code(dtype), rows=rows, cols=cols,
+        a_addr=a[0], a_row_stride=a[1], a_col_stride=a[2], b_addr=b[0], b_row_stride=b[1], b_col_stride=b[2],
+        out_addr=out[0], out_stride=out[1])
+
+
 def eltwise_value(func: str, a, b):
     """One output element of ELTWISE `func`."""
     return ELTWISE_FUNCS[func][1](a, b)
@@ -149,12 +155,9 @@ def eltwise_intrin(rows: int, cols: int, func: str, dtype: str, a_full: tuple, b
         return eltwise_value(func, read(buffers["A"], a_full, i, j), read(buffers["B"], b_full, i, j))
 
     def call(buffers, strides):
-        A, B, Out = buffers["A"], buffers["B"], buffers["Out"]
-        return device_call(
-            "cgra_eltwise", func=int(ELTWISE_FUNCS[func][0]), dtype=dtype_code(dtype), rows=rows, cols=cols,
-            a_addr=A, a_row_stride=strides["A"][0] if a_full[0] else 0, a_col_stride=1 if a_full[1] else 0,
-            b_addr=B, b_row_stride=strides["B"][0] if b_full[0] else 0, b_col_stride=1 if b_full[1] else 0,
-            out_addr=Out, out_stride=strides["Out"][0])
+        a = (buffers["A"], strides["A"][0] if a_full[0] else 0, 1 if a_full[1] else 0)
+        b = (buffers["B"], strides["B"][0] if b_full[0] else 0, 1 if b_full[1] else 0)
+        return eltwise_call(func, dtype, rows, cols, a, b, (buffers["Out"], strides["Out"][0]))
 
     return intrinsic([operand("A", a_full), operand("B", b_full)], Tile("Out", (rows, cols), dtype), "elt",
                      value, call, scope=scope)
