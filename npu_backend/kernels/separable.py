@@ -115,6 +115,9 @@ def separable_spec(name: str, annotated: dict) -> SeparableSpec:
         raise UnsupportedOperator(f"a {dtype} depthwise conv2d and the conv2d after it stay two kernels (the "
                                   "depthwise's accumulator would need requantising before the GEMM); float32 "
                                   "pairs fuse")
+    if int(annotated["dw_root"].attrs.groups) == 1:  # before building two specs: most matches are plain convs
+        raise UnsupportedOperator("the first conv2d is not depthwise (groups == 1); only a depthwise conv2d fuses "
+                                  "with the 1x1 conv2d after it")
     renamed = {"dw_root": "root", "lhs": "lhs", "dw_rhs": "rhs", "dw_bias": "bias", "dw_relu": "relu",
                "dw_clip": "clip"}
     depthwise = conv2d_spec("cgra.depthwise", {ours: annotated[role] for role, ours in renamed.items()
