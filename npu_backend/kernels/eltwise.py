@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from tvm import te, tirx
+from tvm import te
 from tvm.relax.dpl import is_op, wildcard
 
 from cgra_sim import cost
@@ -32,13 +32,14 @@ from cgra_sim.isa import DType
 from ..errors import ScratchpadTooSmall, UnsupportedOperator
 from ..relax_info import dtype_of, require_static_shape
 from .chains import require_program
-from .dynamic import CUT_PARAMS, dim_var, read_shape
+from .dynamic import CUT_PARAMS, read_shape
 from .family import OpFamily
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.fabric import FabricBody, body_value
 from .intrinsics.vector_unit import eltwise_value
 from .operands import padded, prim_func
 from .spec import Tiling, aligned
+from .views import cut_levels, eltwise_view, symbolic_axes, symbolic_shape, view_extents
 
 #: Pattern name suffix -> the Relax operator it offloads.
 ELTWISE_OPS = {"add": "relax.add", "subtract": "relax.subtract", "multiply": "relax.multiply",
@@ -91,48 +92,6 @@ class EltwiseSpec:
         return self.extents if full is None else tuple(e if f else 1 for e, f in zip(self.extents, full))
 
 
-def eltwise_view(lhs_shape: tuple, rhs_shape: tuple, keep_first: bool = False, tail: int = 0):
-    """(output shape, view extents, lhs walks, rhs walks) of a numpy broadcast of two shapes.
-    `keep_first`: the output's axis 0 stays a view axis of its own (a symbolic axis); `tail`:
-    the output's last `tail` axes (symbolic, walked alike) are kept, whatever their extent, in
-    the view's last axis."""
-    rank = max(len(lhs_shape), len(rhs_shape))
-    lhs, rhs = ((1,) * (rank - len(s)) + tuple(s) for s in (lhs_shape, rhs_shape))
-    out = tuple(max(a, b) for a, b in zip(lhs, rhs))
-    axes = []  # [extent, lhs walks, rhs walks], neighbours with one pattern merged
-    first_tail = rank - tail if tail else rank
-    for index, (extent, a, b) in enumerate(zip(out, lhs, rhs)):
-        kept = (keep_first and index == 0) or index >= first_tail
-        if extent == 1 and not kept:
-            continue  # both operands have 1 here: the axis carries nothing
-        pattern = (a == extent, b == extent)
-        # With keep_first, axes[0] is the output's axis 0 (never skipped): nothing merges into it,
-        # not even past unit axes ((n, 1, 3, 3) is viewed (n, 9), not (9n,)). The tail's axes are
-        # never skipped either; they merge with one another and with a static axis before them
-        # walked alike ((16, 7, w) against (16, 1, 1) is viewed (16, 7w)).
-        # Nor does the first tail axis merge into a lone static axis: (1, 64, h, w) + (1, 64, h, w)
-        # is viewed (64, hw), not (1, 64hw), whose one row an ELTWISE tile would pad to two.
-        lone = len(axes) == 1 and (keep_first or index == first_tail)
-        if axes and tuple(axes[-1][1:]) == pattern and not lone:
-            axes[-1][0] *= extent
-        else:
-            axes.append([extent, *pattern])
-    if len(axes) == 1 and not keep_first and not tail:  # one axis, walked alike: split it into rows and columns
-        extent, *pattern = axes[0]
-        rows = _smallest_factor(extent)
-        axes = [[rows, *pattern], [extent // rows, *pattern]]
-    while len(axes) < 2:  # an ELTWISE tile has rows and columns
-        axes.insert(0, [1, True, True])
-    extents, lhs_full, rhs_full = (tuple(column) for column in zip(*axes))
-    return out, extents, lhs_full, rhs_full
-
-
-def _smallest_factor(extent: int) -> int:
-    """The smallest factor > 1 of `extent` below it, else 1 (a prime: the view keeps one row,
-    which the tiling pads to two)."""
-    return next((f for f in range(2, math.isqrt(extent) + 1) if extent % f == 0), 1)
-
-
 def eltwise_spec_from_match(name: str, annotated: dict) -> EltwiseSpec:
     """The kernel a matched elementwise op would become; raises `UnsupportedOperator` with the reason."""
     func = name.removeprefix(PREFIX)
@@ -153,7 +112,7 @@ def eltwise_spec_from_match(name: str, annotated: dict) -> EltwiseSpec:
         read_shape(expr, role, symbolic_axes=range(-MAX_RANK, 0), prefix=f"{func}: ")
         for expr, role in ((lhs, "left operand"), (rhs, "right operand")))
     shapes = lhs_shape, rhs_shape
-    symbol, tail = _symbolic_axes(func, shapes, lhs_names, rhs_names)
+    symbol, tail = symbolic_axes(func, shapes, lhs_names, rhs_names)
     for role, shape in zip(("left", "right"), shapes):
         if not shape:
             raise UnsupportedOperator(f"{func} with a scalar {role} operand (shape ()): the NPU's DMA moves "
@@ -186,46 +145,6 @@ def _prelu_spec(annotated: dict) -> EltwiseSpec:
     out, extents, lhs_full, rhs_full = eltwise_view(tuple(shape), broadcast)
     return EltwiseSpec("prelu", "float32", tuple(shape), tuple(slope), out, extents, lhs_full, rhs_full,
                        rhs_broadcast=broadcast)
-
-
-def _symbolic_axes(func: str, shapes, lhs_names: dict, rhs_names: dict) -> tuple:
-    """(the variable of the output's symbolic axis 0 or None, the variables of its trailing
-    symbolic axes after axis 0). Per output axis each operand has the axis's variable or 1
-    (broadcast; shapes align right as numpy's do); the symbolic axes after axis 0 are the last
-    ones, each walked or broadcast alike by an operand (so they are one view axis: an NCHW
-    map's height and width, against a per-channel operand)."""
-    if not lhs_names and not rhs_names:
-        return None, ()
-    rank = max(len(s) for s in shapes)
-    names = [None] * rank  # the output axis's variable
-    walks = []  # per operand, per output axis: its variable there (walks) or not
-    for shape, own in zip(shapes, (lhs_names, rhs_names)):
-        offset = rank - len(shape)
-        walked = [False] * rank
-        for axis, extent in enumerate(shape):
-            out_axis, name = axis + offset, own.get(axis)
-            if name is None:
-                continue
-            if names[out_axis] not in (None, name):
-                raise UnsupportedOperator(f"{func}: the operands' axis {out_axis} are different symbolic sizes "
-                                          f"{sorted((names[out_axis], name))}")
-            names[out_axis], walked[out_axis] = name, True
-        walks.append((shape, offset, walked))
-    for shape, offset, walked in walks:  # a static extent against a variable must be 1
-        for out_axis, name in enumerate(names):
-            axis = out_axis - offset
-            if name is not None and not walked[out_axis] and axis >= 0 and shape[axis] != 1:
-                raise UnsupportedOperator(f"{func}: one operand's axis {out_axis} is symbolic ({name}), the other's "
-                                          f"is {shape[axis]}: they must be one size (or 1)")
-    tail = [axis for axis in range(1, rank) if names[axis] is not None]
-    if tail and tail != list(range(rank - len(tail), rank)):
-        raise UnsupportedOperator(f"{func}: a symbolic axis after axis 0 that is not among the last axes (a static "
-                                  "axis follows it) stays on the host")
-    for _, _, walked in walks:
-        if len({walked[axis] for axis in tail}) > 1:
-            raise UnsupportedOperator(f"{func}: an operand walks some of the symbolic axes {[names[a] for a in tail]} "
-                                      "and broadcasts others: the NPU kernel reads them as one axis")
-    return names[0], tuple(names[axis] for axis in tail)
 
 
 def _patterns() -> list:
@@ -355,14 +274,7 @@ def _walked(indices, full):
 def eltwise_compute(spec: EltwiseSpec, tiling: Tiling):
     """out = func(lhs, rhs) over the view (outer..., rows, cols), rows and columns padded to
     whole tiles (mp, np). Each operand's tile keeps extent 1 on the axes it is broadcast along."""
-    extents = _symbolic(spec, spec.extents)  # a symbolic axis 0 as its variable
-    if spec.tail:  # the trailing symbolic axes: the view's last axis, their product
-        extents = extents[:-1] + (math.prod((dim_var(name) for name in spec.tail), start=spec.tail_factor),)
-    padded = extents[:-2] + (tiling.mp, tiling.np)
-    if spec.symbol is not None and len(extents) == 2:  # the symbolic axis is the tiles' rows
-        padded = (tirx.ceildiv(extents[0], tiling.tm) * tiling.tm, tiling.np)
-    if spec.tail:  # ... and the tiles' columns
-        padded = padded[:-1] + (tirx.ceildiv(extents[-1], tiling.tn) * tiling.tn,)
+    extents, padded = view_extents(spec, tiling)
     operands = {}
     for role, name, full in (("lhs", "a_pad", spec.lhs_full), ("rhs", "b_pad", spec.rhs_full)):
         view = tuple(e if walks else 1 for e, walks in zip(extents, full))
@@ -376,32 +288,11 @@ def eltwise_compute(spec: EltwiseSpec, tiling: Tiling):
                      name="elt")
     out = te.compute(extents, lambda *i: elt(*i), name="out")
     caller = {"lhs": spec.lhs_shape, "rhs": spec.rhs_shape, "out": spec.output_shape}
-    views = {role: _symbolic(spec, shape, rank=len(spec.output_shape)) for role, shape in caller.items()} \
+    views = {role: symbolic_shape(spec, shape, rank=len(spec.output_shape)) for role, shape in caller.items()} \
         if any(tuple(shape) != tuple(spec.view(role)) for role, shape in caller.items()) or spec.tail else None
     func = prim_func(spec.param_roles, {"lhs": lhs, "rhs": rhs}, out, views)
-    # The last tile of each symbolic tile loop (rows of a symbolic axis 0 viewed as the rows, the
-    # columns of the trailing symbolic axes) is cut to what exists (lower/ragged.py).
-    if not spec.tail:
-        return func
-    # (a tile of one row needs no cut, and its loop is no tile loop; nor do column tiles that
-    # divide the static factor of the columns: every one is whole)
-    levels = (["rows"] if spec.symbol is not None and len(extents) == 2 and tiling.tm > 1 else []) + \
-        (["cols"] if spec.tail_factor % tiling.tn else [])
-    return func.with_attr(CUT_PARAMS, {"cgra_eltwise": levels})
-
-
-def _symbolic(spec: EltwiseSpec, shape: tuple, rank: int | None = None) -> tuple:
-    """`shape` with the symbolic axis 0 (when it is the output's, and not a broadcast 1) as its
-    variable; `rank`: the output's, for a caller's shape that may be shorter (aligned right),
-    whose trailing symbolic axes (`spec.tail`, not a broadcast 1) become their variables too."""
-    shape = tuple(shape)
-    if rank is not None and spec.tail:
-        first = len(shape) - len(spec.tail)
-        shape = tuple(dim_var(spec.tail[axis - first]) if axis >= max(first, 1 if len(shape) == rank else 0)
-                      and extent != 1 else extent for axis, extent in enumerate(shape))
-    if spec.symbol is None or not shape or (rank is not None and len(shape) != rank) or shape[0] == 1:
-        return shape
-    return (dim_var(spec.symbol),) + shape[1:]
+    # The last tile of each symbolic tile loop is cut to what exists (lower/ragged.py).
+    return func.with_attr(CUT_PARAMS, {"cgra_eltwise": cut_levels(spec, tiling, extents)}) if spec.tail else func
 
 
 def schedule_eltwise(sch, spec: EltwiseSpec, tiling: Tiling, arch: HardwareDescription) -> None:

@@ -17,7 +17,7 @@ Taken only where the vector unit cannot do the same in one command: two or more 
 one it lacks (leaky relu, a division, c - x). A lone add, multiply, maximum, minimum, relu or
 clip stays with the eltwise and activation families. The patterns are one per depth, tried
 deepest first (FuseOpsByPattern runs each over the whole module before the next), so a chain is
-taken whole. The kernel reads x as a compact (rows, cols) view, loads tm x tn tiles by DMA, runs
+taken whole. The kernel reads x as a compact view (unary.py: static or symbolic sizes), loads tm x tn tiles by DMA, runs
 one FABRIC per tile and stores it: one pass over the data for the whole chain, where the vector
 unit's kernels would make one pass per operation.
 """
@@ -25,7 +25,6 @@ unit's kernels would make one pass per operation.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from tvm.relax.dpl import wildcard
 
@@ -33,14 +32,15 @@ from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
-from ..errors import ScratchpadTooSmall, UnsupportedOperator
-from ..relax_info import dtype_of, require_static_shape
-from .activation import halvings, schedule_unary, unary_compute
+from ..errors import UnsupportedOperator
+from ..relax_info import dtype_of
 from .chains import CHAIN_MARK, VECTOR_UNIT_OPS, chain_body, constant_first_subtract, level_pattern, require_program
 from .family import OpFamily
 from .intrinsics import get_intrin
 from .intrinsics.fabric import FabricBody, body_value
-from .spec import Tiling, aligned, round_up
+from .spec import Tiling
+from .unary import (ReadsOperand, UnaryOperand, fastest_tiling, read_operand, same_operand, schedule_unary,
+                    unary_compute)
 
 PREFIX = "cgra.fabric" + CHAIN_MARK
 MAX_DEPTH = 8  # calls in a chain (a body has at most BODY_MAX_NODES nodes)
@@ -48,11 +48,9 @@ DTYPES = ("float32", "int32")
 
 
 @dataclasses.dataclass(frozen=True)
-class FabricSpec:
+class FabricSpec(ReadsOperand):
     dtype: str
-    shape: tuple  # x's, and the output's
-    rows: int  # the kernel's (rows, cols) view of it
-    cols: int
+    operand: UnaryOperand  # x (and the output), as the kernel reads it (unary.py)
     body: tuple  # cgra_sim.mapping.body nodes
     param_roles: tuple = ("lhs",)
     source_ops: tuple = ()
@@ -85,23 +83,16 @@ def fabric_spec(name: str, annotated: dict) -> FabricSpec:
     if dtype not in DTYPES:
         raise UnsupportedOperator(f"{what} on {dtype or 'an unknown dtype'}: the PE fabric computes "
                                   f"{' or '.join(DTYPES)}")
-    shape = require_static_shape(x, "operand", UnsupportedOperator, prefix=f"{what}: ")
-    if not 1 <= len(shape) <= 4:
-        raise UnsupportedOperator(f"{what} of rank {len(shape)}: the NPU's DMA moves tensors of rank 1..4")
-    out_shape = require_static_shape(calls[-1], "result", UnsupportedOperator, prefix=f"{what}: ")
-    if tuple(out_shape) != tuple(shape) or dtype_of(calls[-1]) != dtype:
-        raise UnsupportedOperator(f"{what}: its result {tuple(out_shape)} {dtype_of(calls[-1])} is not shaped as "
-                                  f"its input {tuple(shape)} {dtype} (a constant broadcasts it)")
+    operand = read_operand(x, what)
+    same_operand(x, calls[-1], what)
     if depth == 1 and ops[0] in VECTOR_UNIT_OPS and not constant_first_subtract(calls[0]):
         raise UnsupportedOperator(f"{what} alone is one vector-unit command (the eltwise and activation kernels)")
     body = chain_body(calls, dtype, what)
-    cols = shape[-1]
-    return FabricSpec(dtype, tuple(shape), max(math.prod(shape) // cols, 1), cols, body,
-                      source_ops=tuple(op.removeprefix("relax.") for op in ops))
+    return FabricSpec(dtype, operand, body, source_ops=tuple(op.removeprefix("relax.") for op in ops))
 
 
 def choose_fabric_tiling(spec: FabricSpec, arch: HardwareDescription) -> Tiling:
-    """The tiles of `fastest_tiling`, the body's cycles on a tile from its mapping. The body must
+    """The tiles of unary.fastest_tiling, the body's cycles on a tile from its mapping. The body must
     map onto the chip's fabric."""
     program = require_program(spec.body, spec.dtype, arch, " -> ".join(spec.source_ops))
     size = DType.from_name(spec.dtype).itemsize
@@ -109,38 +100,9 @@ def choose_fabric_tiling(spec: FabricSpec, arch: HardwareDescription) -> Tiling:
         arch, elements, program.lanes, program.ii, 2 * elements * size))
 
 
-def fastest_tiling(spec, arch: HardwareDescription, tile_cycles) -> Tiling:
-    """tm x tn tiles (an input and an output tile, each double-buffered, in the scratchpad) with
-    the fewest estimated cycles, `tile_cycles(elements)` the fabric's work on one tile: the first
-    tile's load, work and store, then one step per further tile: the slowest of the three (they
-    overlap), or half of a load's latency, its transfer and the work, which two buffers cannot
-    overlap. So a tile is small enough for the DMA engines and the fabric to work side by side,
-    and large enough to amortise each DMA's latency and the body's pipeline fill."""
-    size = DType.from_name(spec.dtype).itemsize
-    best = None
-    for tm in halvings(spec.rows):
-        for tn in halvings(spec.cols):
-            if 2 * aligned(2 * tm * tn * size) > arch.spad_bytes:
-                continue
-            tiles = -(-spec.rows // tm) * -(-spec.cols // tn)
-            transfer = cost.dma_transfer_cycles(arch, tm * tn * size)
-            body = tile_cycles(tm * tn)
-            # With two buffers a tile's load waits for the body of the tile two back, and the body
-            # of a tile for its load's latency: two tiles take at least latency + transfer + body.
-            step = max(transfer, body, (arch.dma_latency + transfer + body) / 2)
-            estimate = 2 * (arch.dma_latency + transfer) + body + (tiles - 1) * step
-            if best is None or estimate < best[0]:
-                best = (estimate, tm, tn)
-    if best is None:
-        raise ScratchpadTooSmall(f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold two "
-                                 f"2x2 {spec.dtype} tiles twice: describe a larger scratchpad")
-    _, tm, tn = best
-    return Tiling(tm, tn, 1, round_up(spec.rows, tm), round_up(spec.cols, tn), 1)
-
-
 def fabric_compute(spec: FabricSpec, tiling):
     body = FabricBody(spec.body, spec.dtype)
-    return unary_compute(spec, tiling, "fab", lambda value: body_value(body, value))
+    return unary_compute(spec, tiling, "fab", lambda value: body_value(body, value), {"cgra_fabric": ("rows", "cols")})
 
 
 def schedule_fabric(sch, spec: FabricSpec, tiling, arch: HardwareDescription) -> None:

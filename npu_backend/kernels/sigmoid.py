@@ -2,23 +2,22 @@
 
 Stage: partition (its patterns and spec), kernel definition, tiling and schedule. Input: a Relax
 `sigmoid`, `nn.silu`, `multiply(x, sigmoid(x))` (SiLU as ONNX writes it, either order) or
-`nn.gelu_tanh` of a float32 tensor of rank 1..4. The vector unit has none of them and the fabric
-has no exp or divider: each runs as three FABRIC bodies of adds, multiplies, max and min over the
-tile (exp by a polynomial and squarings, the reciprocal by Newton steps:
+`nn.gelu_tanh` of a float32 tensor of rank 1..4, static or symbolic (unary.py). The vector unit
+has none of them and the fabric has no exp or divider: each runs as three FABRIC bodies of adds,
+multiplies, max and min over the tile (exp by a polynomial and squarings, the reciprocal by Newton steps:
 cgra_sim/mapping/sigmoid.py), GELU with one more before them, SiLU and GELU with an ELTWISE
 multiply after (intrinsics/smooth.py). The result is within 3.1e-5 relative of float32's sigmoid
 (1e-5 for |x| < 10), bit-exact to the numpy model of the same arithmetic. GELU's erf form (PyTorch's
 default `nn.gelu`) stays on the host: erf needs more than these bodies, and the tanh form differs
 from it by up to 5e-4, more than the 1e-4 the results promise.
 
-The kernel reads x as a compact (rows, cols) view, loads tm x tn tiles by DMA, runs the passes per
+The kernel reads x as a compact view (unary.py), loads tm x tn tiles by DMA, runs the passes per
 tile in the output tile and stores it: one pass over DRAM for the whole activation.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from tvm.relax.dpl import is_op, wildcard
 
@@ -28,23 +27,20 @@ from cgra_sim.mapping.body import reads_b
 from cgra_sim.mapping.sigmoid import passes
 
 from ..errors import UnsupportedOperator
-from ..relax_info import dtype_of, require_static_shape
-from .activation import schedule_unary, unary_compute
+from ..relax_info import dtype_of
 from .chains import require_program
-from .fabric import fastest_tiling
 from .family import OpFamily
 from .intrinsics import get_intrin
 from .intrinsics.smooth import smooth_value
+from .unary import ReadsOperand, UnaryOperand, fastest_tiling, read_operand, schedule_unary, unary_compute
 
 PREFIX = "cgra.smooth."
 
 
 @dataclasses.dataclass(frozen=True)
-class SmoothSpec:
+class SmoothSpec(ReadsOperand):
     kind: str  # "sigmoid", "silu", "gelu_tanh"
-    shape: tuple  # x's, and the output's
-    rows: int  # the kernel's (rows, cols) view of it
-    cols: int
+    operand: UnaryOperand  # x (and the output), as the kernel reads it (unary.py)
     param_roles: tuple = ("lhs",)
     source_ops: tuple = ()
     dtype = "float32"
@@ -74,17 +70,14 @@ def smooth_spec(name: str, annotated: dict) -> SmoothSpec:
     if dtype != "float32":
         raise UnsupportedOperator(f"{kind} on {dtype or 'an unknown dtype'}: the fabric computes it in float32 "
                                   "(a quantised model's sigmoid runs on the host)")
-    shape = require_static_shape(x, "operand", UnsupportedOperator, prefix=f"{kind}: ")
-    if not 1 <= len(shape) <= 4:
-        raise UnsupportedOperator(f"{kind} of rank {len(shape)}: the NPU's DMA moves tensors of rank 1..4")
-    cols = shape[-1]
+    operand = read_operand(x, kind)
     op = str(annotated["root"].op.name).removeprefix("relax.")
     ops = ("sigmoid", "multiply") if op == "multiply" else (op,)
-    return SmoothSpec(kind, tuple(shape), max(math.prod(shape) // cols, 1), cols, source_ops=ops)
+    return SmoothSpec(kind, operand, source_ops=ops)
 
 
 def choose_smooth_tiling(spec: SmoothSpec, arch: HardwareDescription):
-    """fabric.fastest_tiling, a tile's work being every body's mapped run in turn (and the
+    """unary.fastest_tiling, a tile's work being every body's mapped run in turn (and the
     vector unit's multiply): each body must map onto the chip's fabric."""
     programs = [require_program(nodes, "float32", arch, spec.kind) for nodes in passes(spec.kind)]
     multiplies = spec.kind != "sigmoid"
@@ -99,7 +92,8 @@ def choose_smooth_tiling(spec: SmoothSpec, arch: HardwareDescription):
 
 
 def smooth_compute(spec: SmoothSpec, tiling):
-    return unary_compute(spec, tiling, "smooth", lambda value: smooth_value(spec.kind, value))
+    return unary_compute(spec, tiling, "smooth", lambda value: smooth_value(spec.kind, value),
+                         {"cgra_fabric": ("rows", "cols"), "cgra_eltwise": ("rows", "cols")})
 
 
 def schedule_smooth(sch, spec: SmoothSpec, tiling, arch: HardwareDescription) -> None:
