@@ -16,16 +16,15 @@ from tvm.relax.dpl import is_op, wildcard
 
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
-from cgra_sim.isa import DType
 
-from ..errors import ScratchpadTooSmall, UnsupportedOperator
+from ..errors import UnsupportedOperator
 from ..relax_info import dtype_of
 from .chains import clip_bounds
 from .family import OpFamily
 from .intrinsics import get_intrin
 from .intrinsics.vector_unit import activation
-from .spec import Tiling, aligned, round_up
-from .unary import (ReadsOperand, UnaryOperand, fastest_tiling, halvings, read_operand, schedule_unary,
+from .spec import Tiling
+from .unary import (ReadsOperand, UnaryOperand, fastest_tiling, read_operand, schedule_unary,
                     unary_compute)
 
 DTYPES = ("float32", "int32")  # the EPILOGUE's accumulator dtypes
@@ -62,18 +61,8 @@ def activation_spec(name: str, annotated: dict) -> ActivationSpec:
 
 
 def choose_activation_tiling(spec: ActivationSpec, arch: HardwareDescription) -> Tiling:
-    """The largest tm x tn tile (halving from the whole view, >= 2 each) whose input and output
-    tiles, double-buffered, fit the scratchpad; for a symbolic operand the tile that is never far
-    from the fastest at any size (unary.fastest_tiling, a tile's work its EPILOGUE)."""
-    if spec.operand.extents:
-        return fastest_tiling(spec, arch, lambda elements: cost.vector_cycles(arch, 1, elements))
-    size = DType.from_name(spec.dtype).itemsize
-    for tm in halvings(spec.rows):
-        for tn in halvings(spec.cols):
-            if 2 * aligned(2 * tm * tn * size) <= arch.spad_bytes:
-                return Tiling(tm, tn, 1, round_up(spec.rows, tm), round_up(spec.cols, tn), 1)
-    raise ScratchpadTooSmall(f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold two "
-                             f"2x2 {spec.dtype} tiles twice: describe a larger scratchpad")
+    """unary.fastest_tiling, a tile's work its EPILOGUE."""
+    return fastest_tiling(spec, arch, lambda elements: cost.vector_cycles(arch, 1, elements))
 
 
 def activation_compute(spec: ActivationSpec, tiling: Tiling):
