@@ -33,7 +33,8 @@ class _Graph:
         return name
 
     def conv_bn(self, x, cin, cout, kernel=3, stride=1, groups=1, act="relu"):
-        """Conv (no bias) + BatchNormalization + relu / relu6 (Clip) / hardswish / leaky (0.1) / nothing."""
+        """Conv (no bias) + BatchNormalization + relu / relu6 (Clip) / hardswish / leaky (0.1) / silu /
+        nothing."""
         fan_in = cin // groups * kernel * kernel
         w = self.rng.standard_normal((cout, cin // groups, kernel, kernel)) * np.sqrt(2.0 / fan_in)
         name = self._name("w")
@@ -52,6 +53,8 @@ class _Graph:
             return self.node("HardSwish", [y])
         if act == "leaky":  # darknet's
             return self.node("LeakyRelu", [y], alpha=0.1)
+        if act == "silu":  # YOLOv5-v8's, as the exporters write it
+            return self.node("Mul", [y, self.node("Sigmoid", [y])])
         return y
 
     def classifier(self, x, channels, classes):
@@ -123,6 +126,17 @@ def mobilenet_v2(size: int | str = 32, classes: int = 10, seed: int = 0) -> onnx
     x = g.conv_bn(x, channels, 128, kernel=1, act="relu6")
     out = g.classifier(x, 128, classes)
     return g.model("mobilenet_v2_style", [1, 3, size, size], out, [1, classes])
+
+
+def yolo_silu_backbone(size: int | str = "S", seed: int = 0) -> onnx.ModelProto:
+    """A YOLOv5-style stem and backbone at a dynamic image size (an ONNX dim_param): conv-bn-SiLU
+    layers of stride 2, 1, 2 and 1, SiLU written as x * Sigmoid(x), the exporters' form."""
+    g = _Graph(seed)
+    x = g.conv_bn("input", 3, 8, stride=2, act="silu")
+    x = g.conv_bn(x, 8, 8, act="silu")
+    x = g.conv_bn(x, 8, 16, stride=2, act="silu")
+    x = g.conv_bn(x, 16, 16, kernel=1, act="silu")
+    return g.model("yolo_silu_backbone", [1, 3, size, size], x, [1, 16, None, None])
 
 
 def text_line_encoder(height: int = 16, channels: int = 16, width="W", seed: int = 0) -> onnx.ModelProto:

@@ -103,6 +103,29 @@ def test_a_vector_of_symbolic_length_runs_on_the_npu():
         np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(y)).numpy(), x + y)
 
 
+def test_a_yolo_backbone_of_any_image_size_runs_its_silus_on_the_npu_and_matches_onnxruntime():
+    """conv-bn-SiLU layers exported with a dim_param image size: every conv and every SiLU (x *
+    Sigmoid(x)) is offloaded, one executable serves every size."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from onnx_models import yolo_silu_backbone
+
+    model = yolo_silu_backbone()
+    mod = from_onnx(model, keep_params_in_input=False)
+    placements = npu_backend.explain(mod, "cgra-8x8")
+    assert all(p.where == "npu" for p in placements), [(p.where, p.reason) for p in placements if p.where != "npu"]
+    assert sum(p.op == "sigmoid" for p in placements) == 4
+    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for size in (17, 32, 45):
+        x = data((1, 3, size, size), "float32")
+        out = vm["main"](tvm.runtime.tensor(x)).numpy()
+        expected = session.run(None, {"input": x})[0]
+        assert out.shape == expected.shape
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
 def test_a_symbolic_axis_the_view_cannot_take_stays_on_the_host_with_the_reason():
     (placement,) = npu_backend.explain(module({"x": ((1, "h", "w", 8), "float32")}, relax.op.sigmoid), "cgra-8x8")
     assert placement.where == "host" and "not among the last axes" in placement.reason, placement.reason

@@ -38,6 +38,7 @@ class ActivationSpec(ReadsOperand):
     clip: tuple | None = None
     param_roles: tuple = ("lhs",)
     source_ops: tuple = ()
+    shape_args: tuple = ()  # positions of symbolic sizes passed beside the tensors (KernelSpec's)
     op = "activation"
     macs = 0
     acc_dtype = property(lambda self: self.dtype)

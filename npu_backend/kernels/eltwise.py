@@ -66,6 +66,7 @@ class EltwiseSpec:
     lhs_full: tuple = ()
     rhs_full: tuple = ()
     source_ops: tuple = ()
+    shape_args: tuple = ()  # positions of symbolic sizes passed beside the tensors (KernelSpec's)
     param_roles: tuple = ("lhs", "rhs")
     # The output's axis 0 when it is symbolic (kernels/dynamic.py): its variable's name. It is the
     # view's axis 0 too, never merged with another, and the shapes above hold it at its bound.
@@ -109,7 +110,7 @@ def eltwise_spec_from_match(name: str, annotated: dict) -> EltwiseSpec:
         raise UnsupportedOperator(f"{func} on {dtypes[0] or 'an unknown dtype'} is not supported (the vector "
                                   f"unit computes {', '.join(ELTWISE_DTYPES)})")
     (lhs_shape, lhs_names), (rhs_shape, rhs_names) = (
-        read_shape(expr, role, symbolic_axes=range(-MAX_RANK, 0), prefix=f"{func}: ")
+        read_shape(expr, role, symbolic_axes=range(-MAX_RANK, 0), prefix=f"{func}: ", expressions=True)
         for expr, role in ((lhs, "left operand"), (rhs, "right operand")))
     shapes = lhs_shape, rhs_shape
     symbol, tail = symbolic_axes(func, shapes, lhs_names, rhs_names)
@@ -290,7 +291,7 @@ def eltwise_compute(spec: EltwiseSpec, tiling: Tiling):
     caller = {"lhs": spec.lhs_shape, "rhs": spec.rhs_shape, "out": spec.output_shape}
     views = {role: symbolic_shape(spec, shape, rank=len(spec.output_shape)) for role, shape in caller.items()} \
         if any(tuple(shape) != tuple(spec.view(role)) for role, shape in caller.items()) or spec.tail else None
-    func = prim_func(spec.param_roles, {"lhs": lhs, "rhs": rhs}, out, views)
+    func = prim_func(spec.param_roles, {"lhs": lhs, "rhs": rhs}, out, views, spec.shape_args)
     # The last tile of each symbolic tile loop is cut to what exists (lower/ragged.py).
     return func.with_attr(CUT_PARAMS, {"cgra_eltwise": cut_levels(spec, tiling, extents)}) if spec.tail else func
 

@@ -54,6 +54,7 @@ class FabricSpec(ReadsOperand):
     body: tuple  # cgra_sim.mapping.body nodes
     param_roles: tuple = ("lhs",)
     source_ops: tuple = ()
+    shape_args: tuple = ()  # positions of symbolic sizes passed beside the tensors (KernelSpec's)
     op = "fabric"
     macs = 0
     acc_dtype = property(lambda self: self.dtype)

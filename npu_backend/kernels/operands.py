@@ -52,15 +52,18 @@ def logical(stored_values, layout: str, logical_axes: str = "NCHW") -> tuple:
     return tuple(stored_values[layout.index(axis)] for axis in logical_axes)
 
 
-def prim_func(roles, inputs: dict, out, views=None):
+def prim_func(roles, inputs: dict, out, views=None, shape_args=()):
     """The PrimFunc over `inputs` (role -> placeholder) and `out`, parameters in `roles` order.
 
     `views` maps a role ("lhs", ..., "out") whose parameter is a view to the shape the caller
-    passes; the code generator checks that shape and binds the view (`cgra.arg_shapes`)."""
+    passes; the code generator checks that shape and binds the view (`cgra.arg_shapes`).
+    `shape_args`: the positions of the symbolic sizes Relax passes beside the tensors (tir_vars,
+    e.g. w when a tensor's width is (w - 1) // 2 + 1), which the kernel skips (`cgra.shape_args`):
+    it reads its sizes from its tensors."""
     func = te.create_prim_func([inputs[role] for role in roles] + [out])
     if views:
         func = func.with_attr("cgra.arg_shapes", [list(views.get(role, ())) for role in list(roles) + ["out"]])
-    return func
+    return func.with_attr("cgra.shape_args", list(shape_args)) if shape_args else func
 
 
 def kernel_prim_func(spec, inputs: dict, out, views=None):
@@ -68,5 +71,4 @@ def kernel_prim_func(spec, inputs: dict, out, views=None):
     caller shapes name (a compact (B, S, K) input read as (B * S, K), symbolic axes as their
     variables) plus `views`."""
     callers = {role: caller_dims(spec, role, shape) for role, shape in spec.caller_shapes}
-    func = prim_func(spec.roles, inputs, out, {**callers, **(views or {})})
-    return func.with_attr("cgra.shape_args", list(spec.shape_args)) if spec.shape_args else func
+    return prim_func(spec.roles, inputs, out, {**callers, **(views or {})}, spec.shape_args)

@@ -43,6 +43,7 @@ class SmoothSpec(ReadsOperand):
     operand: UnaryOperand  # x (and the output), as the kernel reads it (unary.py)
     param_roles: tuple = ("lhs",)
     source_ops: tuple = ()
+    shape_args: tuple = ()  # positions of symbolic sizes passed beside the tensors (KernelSpec's)
     dtype = "float32"
     op = "smooth"
     macs = 0

@@ -65,7 +65,7 @@ class ReadsOperand:
 def read_operand(x, what: str) -> UnaryOperand:
     """The view of a one-input kernel's operand `x`; raises UnsupportedOperator saying why the op
     stays on the host (`what`: the op, for the message)."""
-    shape, names = read_shape(x, "operand", symbolic_axes=range(-MAX_RANK, 0), prefix=f"{what}: ")
+    shape, names = read_shape(x, "operand", symbolic_axes=range(-MAX_RANK, 0), prefix=f"{what}: ", expressions=True)
     if not 1 <= len(shape) <= MAX_RANK:
         raise UnsupportedOperator(f"{what} of rank {len(shape)}: the NPU's DMA moves tensors of rank 1..{MAX_RANK}")
     if not names:
@@ -79,7 +79,7 @@ def read_operand(x, what: str) -> UnaryOperand:
 
 def same_operand(x, result, what: str) -> None:
     """Refuse a chain whose result is not shaped and typed as its input (a constant broadcasts it)."""
-    (shape, names), (out_shape, out_names) = (read_shape(value, role, range(-MAX_RANK, 0), prefix=f"{what}: ")
+    (shape, names), (out_shape, out_names) = (read_shape(value, role, range(-MAX_RANK, 0), f"{what}: ", True)
                                               for value, role in ((x, "operand"), (result, "result")))
     if (shape, names, dtype_of(x)) != (out_shape, out_names, dtype_of(result)):
         raise UnsupportedOperator(f"{what}: its result {out_shape} {dtype_of(result)} is not shaped as its input "
@@ -154,14 +154,14 @@ def unary_compute(spec, tiling: Tiling, block: str, value, cut_calls: dict):
         result = te.compute(a_pad.shape, lambda i, j: value(a_pad[i, j]), name=block)
         out = te.compute((operand.rows, operand.cols), lambda i, j: result[i, j], name="out")
         views = {"lhs": operand.shape, "out": operand.shape} if operand.shape != (operand.rows, operand.cols) else None
-        return prim_func(spec.param_roles, {"lhs": x}, out, views)
+        return prim_func(spec.param_roles, {"lhs": x}, out, views, spec.shape_args)
     extents, whole = view_extents(operand, tiling)
     x = te.placeholder(extents, spec.dtype, name="lhs")
     a_pad = te.compute(whole, lambda *i: padded(x, extents, i), name="a_pad")
     result = te.compute(whole, lambda *i: value(a_pad(*i)), name=block)
     out = te.compute(extents, lambda *i: result(*i), name="out")
     caller = symbolic_shape(operand, operand.shape, rank=len(operand.shape))
-    func = prim_func(spec.param_roles, {"lhs": x}, out, {"lhs": caller, "out": caller})
+    func = prim_func(spec.param_roles, {"lhs": x}, out, {"lhs": caller, "out": caller}, spec.shape_args)
     levels = cut_levels(operand, tiling, extents)
     return func.with_attr(CUT_PARAMS, {call: [params[["rows", "cols"].index(level)] for level in levels]
                                        for call, params in cut_calls.items()})

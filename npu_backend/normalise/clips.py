@@ -2,7 +2,7 @@
 
 Stage: normalise (before partition). In: a Relax IRModule. Out: the same module in which every
 `call_tir` of a PrimFunc computing max(x, c) or min(x, c) elementwise against a scalar constant c
-is `R.clip(x, c, +max)` / `R.clip(x, -max, c)` (max: the dtype's largest value, inf for floats),
+(of a static or a symbolic shape) is `R.clip(x, c, +max)` / `R.clip(x, -max, c)` (max: the dtype's largest value, inf for floats),
 `clip(clip(x, a, b), c, d)` whose ranges overlap is `clip(x, max(a, c), min(b, d))`, and
 `clip(relu(x), a, b)` with b >= 0 is `clip(x, max(a, 0), b)`.
 
@@ -37,13 +37,16 @@ def canonicalize_clips(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def scalar_compare(func) -> str | None:
-    """"max" or "min" if `func` is out[i...] = max|min(x[i...], c[()]) over x's whole shape, else None."""
-    if not isinstance(func, tirx.PrimFunc) or len(func.params) != 3:
+    """"max" or "min" if `func` is out[i...] = max|min(x[i...], c[()]) over x's whole shape, else None.
+    Its parameters are x, c, out, with the symbolic sizes of a dynamic shape before out (the
+    importer's `emit_te` passes them: (x, c, S, out) for an image of size S)."""
+    if not isinstance(func, tirx.PrimFunc) or len(func.params) < 3 or \
+            any(isinstance(size.ty, tirx.BufferType) for size in func.params[2:-1]):
         return None
     store = _single_store(func.body)
     if store is None or type(store.value) not in _COMPARES:
         return None
-    x, c, out = func.params
+    x, c, out = func.params[0], func.params[1], func.params[-1]
     a, b = store.value.a, store.value.b
     loads = all(isinstance(v, tvm.ir.TensorLoad) for v in (a, b))
     if not (loads and a.source.same_as(x) and b.source.same_as(c) and store.buffer.same_as(out)
@@ -124,7 +127,8 @@ class _ClipRewriter(relax.PyExprMutator):
     def _clip_from_call_tir(self, call):
         callee, args = call.args[0], call.args[1]
         if not (isinstance(callee, tvm.ir.GlobalVar) and isinstance(args, relax.Tuple)
-                and len(args.fields) == 2 and callee in self.mod.functions):
+                and len(args.fields) >= 2 and callee in self.mod.functions
+                and len(args.fields) == len(self.mod[callee].params) - 1):  # the sizes after x and c
             return call
         compare, value = scalar_compare(self.mod[callee]), _scalar(args.fields[1])
         if compare is None or value is None or value != value:  # value != value: NaN
