@@ -118,9 +118,9 @@ static int32_t command(void) {
 }
 typedef long long ll;
 void* cgra_kernel_begin(const char* name, const char* ops, const char* arch, int64_t spad,
-                        int32_t abi, int32_t slots, int64_t macs_per_output) {
-  record("begin %s ops=%s spad=%lld abi=%d slots=%d macs=%lld arch=%s", name, ops, (ll)spad, abi, slots,
-         (ll)macs_per_output, arch);
+                        int32_t abi, int32_t slots, int64_t macs_per_output, int64_t macs_divisor) {
+  record("begin %s ops=%s spad=%lld abi=%d slots=%d macs=%lld/%lld arch=%s", name, ops, (ll)spad, abi, slots,
+         (ll)macs_per_output, (ll)macs_divisor, arch);
   return malloc(1);
 }
 int32_t cgra_kernel_bind(void* k, int32_t slot, Tensor* t) {
@@ -362,7 +362,7 @@ def test_golden_ir_of_a_tiny_kernel():
         "i32 2, i32 32, i32 1, i32 1, ptr @<*>, ptr @<*>)",
         "<*> = icmp eq ptr %dltensor, null",
         "ret i32 -1",
-        "%k = call ptr @cgra_kernel_begin(ptr @<*>, ptr @<*>, ptr @<*>, i64 65536, i32 6, i32 1, i64 -1)",
+        "%k = call ptr @cgra_kernel_begin(ptr @<*>, ptr @<*>, ptr @<*>, i64 65536, i32 7, i32 1, i64 -1, i64 1)",
         "%bind.status = call i32 @cgra_kernel_bind(ptr %k, i32 0, ptr %dltensor)",
         "launch.failed:<*>",  # the error exit: frees the launch, returns -1
         "<*> = call i32 @cgra_kernel_end(ptr %k)",
@@ -399,7 +399,7 @@ def test_matmul_kernel_drives_the_runtime(mock_runtime, tmp_path):
                                  tensor((4, 8), "int32")) is None
     words = ",".join(map(str, ROWS_BOX))
     assert log_lines(runtime) == [
-        f"begin matmul_rows ops=matmul spad=65536 abi=6 slots=3 macs=-1 arch={ARCH.to_json()}",
+        f"begin matmul_rows ops=matmul spad=65536 abi=7 slots=3 macs=-1/1 arch={ARCH.to_json()}",
         "bind 0 shape=4,8 dtype=0:8",
         "bind 1 shape=8,8 dtype=0:8",
         "bind 2 shape=4,8 dtype=0:32",

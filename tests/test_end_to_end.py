@@ -311,3 +311,24 @@ def test_bias_added_first_is_fused(relu):
         out = run(npu_backend.compile(mod, "cgra-4x4"), inputs)
     assert_matches(out, ref, "float32")
     assert len(prof.kernels) == 1
+
+
+def test_fused_kernels_report_the_models_macs_exactly():
+    """A depthwise conv2d fused with the 1x1 conv2d after it does C (9 + F) / F MACs per output
+    element: a fraction, which the runtime ABI carried as an integer (v6) and so dropped up to an
+    output's worth of MACs per kernel (PyTorch's MobileNetV2: 1,280 of 24.5 M). ABI v7 gives the
+    fraction's divisor."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from onnx_models import _Graph
+
+    g = _Graph(0)
+    x = g.conv_bn("input", 10, 10, groups=10, act="relu6")
+    x = g.conv_bn(x, 10, 7, kernel=1, act=None)  # 10 (9 + 7) / 7 MACs per output element
+    mod = from_onnx(g.model("separable", [1, 10, 12, 12], x, [1, 7, 12, 12]), keep_params_in_input=False)
+    placements = npu_backend.explain(mod, "cgra-8x8")
+    vm = tvm.relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+    with npu_backend.profile() as prof:
+        vm["main"](tvm.runtime.tensor(np.zeros((1, 10, 12, 12), "float32")))
+    assert [list(k.source_ops).count("nn.conv2d") for k in prof.kernels] == [2]  # one fused kernel
+    assert prof.total_macs == sum(p.macs for p in placements if p.where == "npu") == 144 * 10 * (9 + 7)

@@ -28,9 +28,9 @@ ARCH = load_arch("cgra-8x8")
 SPAD = ARCH.spad_bytes
 BOX_WORDS = isa.RECORD_WORDS - isa.word(Op.DMA_LOAD, "origin0")
 F32, I8, I32 = int(DType.FLOAT32), int(DType.INT8), int(DType.INT32)
-ABI = 6  # CGRA_RUNTIME_ABI_VERSION: v2 gave cgra_epilogue its residual and clip arguments,
+ABI = 7  # CGRA_RUNTIME_ABI_VERSION: v2 gave cgra_epilogue its residual and clip arguments,
 # v3 cgra_kernel_begin its macs_per_output, v4 cgra_dma_load its flags, v5 added cgra_fabric,
-# v6 cgra_check_tensor_arg (the kernels' argument checks)
+# v6 cgra_check_tensor_arg (the kernels' argument checks), v7 cgra_kernel_begin its macs_divisor
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,7 +67,7 @@ def dltensor(array: np.ndarray, device_type: int = 1, strides=None) -> DLTensor:
 
 I64, I32C, P = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
 SIGNATURES = {
-    "cgra_kernel_begin": (P, [ctypes.c_char_p] * 3 + [I64, I32C, I32C, I64]),
+    "cgra_kernel_begin": (P, [ctypes.c_char_p] * 3 + [I64, I32C, I32C, I64, I64]),
     "cgra_kernel_bind": (I32C, [P, I32C, ctypes.POINTER(DLTensor)]),
     "cgra_dma_load": (I32C, [P, I32C, I32C, I64, ctypes.POINTER(I64)]),
     "cgra_dma_store": (I32C, [P, I32C, I64, ctypes.POINTER(I64)]),
@@ -140,9 +140,10 @@ def on_device(lib):
 
 
 class Launch:
-    def __init__(self, name, source_ops, arch_json, slots: bytes, commands: bytes, macs_per_output: int):
+    def __init__(self, name, source_ops, arch_json, slots: bytes, commands: bytes, macs_per_output: int,
+                 macs_divisor: int):
         self.name, self.source_ops, self.arch_json = name, source_ops, arch_json
-        self.macs_per_output = macs_per_output
+        self.macs_per_output, self.macs_divisor = macs_per_output, macs_divisor
         self.slots = np.frombuffer(slots, "<i8").reshape(-1, isa.SLOT_WORDS).tolist()
         self.commands = np.frombuffer(commands, "<i8").reshape(-1, isa.RECORD_WORDS).tolist()
 
@@ -178,7 +179,7 @@ def rows_box(rows, cols, row_stride, **halo) -> list[int]:
 
 
 def launch(lib, commands, tensors=(), num_slots=None, name=b"k", abi=ABI, spad=SPAD, record=None,
-           macs_per_output=7):
+           macs_per_output=7, macs_divisor=3):
     """One launch as generated code runs it: begin, bind, commands until one fails, end.
 
     commands: (function name, args after the kernel); DMA boxes as lists of 28 ints.
@@ -186,7 +187,8 @@ def launch(lib, commands, tensors=(), num_slots=None, name=b"k", abi=ABI, spad=S
     failure, to show that a failed kernel refuses further work.
     """
     kernel = lib.cgra_kernel_begin(name, b"matmul,add", ARCH.to_json().encode(), spad, abi,
-                                   len(tensors) if num_slots is None else num_slots, macs_per_output)
+                                   len(tensors) if num_slots is None else num_slots, macs_per_output,
+                                   macs_divisor)
     if not kernel:
         return -1 if lib.cgra_kernel_end(None) else 0
     status = 0
@@ -291,8 +293,8 @@ def test_records_match_isa_encode(lib, on_device, submitted):
                    valid_x_lo=1, valid_x_hi=7, count_y_lo=0, count_y_hi=7, count_x_lo=0, count_x_hi=8),
     ]
     (sent,) = submitted
-    assert (sent.name, sent.source_ops, sent.arch_json, sent.macs_per_output) == (
-        "fused_matmul", "matmul,add", ARCH.to_json(), 7)
+    assert (sent.name, sent.source_ops, sent.arch_json, sent.macs_per_output, sent.macs_divisor) == (
+        "fused_matmul", "matmul,add", ARCH.to_json(), 7, 3)
     assert sent.commands == expected
     assert sent.slots == [
         [x.ctypes.data, int(DType.from_name(x.dtype.name)), x.ndim, *x.shape, *[0] * (4 - x.ndim)]
@@ -317,11 +319,11 @@ def test_stream_runs_on_the_simulator(lib, on_device):
         ("cgra_dma_store", 3, 2048, rows_box(8, 4, 4)),
     ]
 
-    def submit(name, source_ops, arch_json, slots, stream, macs_per_output):
+    def submit(name, source_ops, arch_json, slots, stream, macs_per_output, macs_divisor):
         table = np.frombuffer(slots, "<i8").reshape(-1, isa.SLOT_WORDS)
         assert table[:, 0].tolist() == [x.ctypes.data for x in arrays]
         stats.append(simulate(HardwareDescription.from_json(arch_json), stream, list(arrays), name=name,
-                              macs_per_output=macs_per_output))
+                              macs_per_output=macs_per_output, macs_divisor=macs_divisor))
 
     stats = []
     previous = _swap_submit(submit)
@@ -330,8 +332,8 @@ def test_stream_runs_on_the_simulator(lib, on_device):
     finally:
         _swap_submit(previous)
     np.testing.assert_allclose(out, np.maximum(a @ b + bias, 0), rtol=1e-5, atol=1e-5)
-    # The model's MACs are the kernel's per output element (7 here) times the output's size.
-    assert (stats[0].macs, stats[0].padded_macs) == (7 * out.size, 8 * 4 * 16)
+    # The model's MACs are the kernel's per output element (7 / 3 here) times the output's size.
+    assert (stats[0].macs, stats[0].padded_macs) == (7 * out.size // 3, 8 * 4 * 16)
 
 
 def test_bind_records_byte_offset_and_accepts_size_one_strides(lib, on_device, submitted):
@@ -526,7 +528,7 @@ def test_bind_refuses_bad_slots(lib, on_device):
     t = dltensor(_x())
 
     def bind_twice():
-        kernel = lib.cgra_kernel_begin(b"k", b"", b"{}", SPAD, ABI, 1, -1)
+        kernel = lib.cgra_kernel_begin(b"k", b"", b"{}", SPAD, ABI, 1, -1, 1)
         first = lib.cgra_kernel_bind(kernel, 0, ctypes.byref(t))
         second = lib.cgra_kernel_bind(kernel, 0, ctypes.byref(t))
         end = lib.cgra_kernel_end(kernel)
@@ -542,6 +544,8 @@ def test_bind_refuses_bad_slots(lib, on_device):
 def test_begin_refuses_a_negative_mac_count(lib, on_device):
     with pytest.raises(ValueError, match=re.escape("begin: macs_per_output -2 is below -1")):
         on_device(lambda: launch(lib, [], [], macs_per_output=-2))
+    with pytest.raises(ValueError, match=re.escape("begin: macs_divisor 0 is not positive")):
+        on_device(lambda: launch(lib, [], [], macs_divisor=0))
 
 
 def test_failed_kernel_records_nothing_more_and_keeps_the_first_error(lib, on_device, submitted):
@@ -560,7 +564,7 @@ def test_wrong_abi_version_is_refused(lib, on_device, submitted):
     kernels = []
 
     def begin_v2():
-        kernel = lib.cgra_kernel_begin(b"old_kernel", b"", b"{}", SPAD, ABI - 1, 0, -1)
+        kernel = lib.cgra_kernel_begin(b"old_kernel", b"", b"{}", SPAD, ABI - 1, 0, -1, 1)
         kernels.append(kernel)
         return -1 if lib.cgra_kernel_end(kernel) else 0  # generated code's exit path, on NULL
 

@@ -237,7 +237,8 @@ def _begin(state: KernelState, arch, num_slots: int) -> None:
     handle = b.call(begin, [
         mb.cstring(state.kernel), mb.cstring(source_ops), mb.cstring(arch.to_json()),
         I64(arch.spad_bytes), I32(RUNTIME_ABI_VERSION), I32(num_slots),
-        I64(-1 if macs_per_output is None else int(macs_per_output))], name="k")
+        I64(-1 if macs_per_output is None else int(macs_per_output)),
+        I64(int(state.func.attrs.get("cgra.macs_divisor", 1)))], name="k")
     state.kernel_handle = handle
     failed, started = state.new_block("begin.failed"), state.new_block("launch")
     b.cbranch(b.icmp_unsigned("==", handle, ir.Constant(PTR, None)), failed, started)

@@ -19,7 +19,7 @@ PTR = ir.PointerType()
 VOID = ir.VoidType()
 
 #: CGRA_RUNTIME_ABI_VERSION of docs/runtime-abi.md that the generated code is compiled against.
-RUNTIME_ABI_VERSION = 6
+RUNTIME_ABI_VERSION = 7
 
 # tvm-ffi: `int f(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result)`.
 FFI_FUNCTION_TYPE = ir.FunctionType(I32, [PTR, PTR, I32, PTR])
@@ -35,7 +35,7 @@ DL_TENSOR_BYTES = 48  # data, device, ndim, dtype, shape, strides, byte_offset
 
 #: The runtime's kernel-lifecycle and error functions (device commands: see device_calls.py).
 RUNTIME_FUNCTIONS = {
-    "cgra_kernel_begin": ir.FunctionType(PTR, [PTR, PTR, PTR, I64, I32, I32, I64]),
+    "cgra_kernel_begin": ir.FunctionType(PTR, [PTR, PTR, PTR, I64, I32, I32, I64, I64]),
     "cgra_kernel_bind": ir.FunctionType(I32, [PTR, I32, PTR]),
     "cgra_kernel_end": ir.FunctionType(I32, [PTR]),
     # (args, position, kernel, parameter, dtype name, code, bits, lanes, ndim, shape, shape text)

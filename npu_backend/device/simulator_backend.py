@@ -43,7 +43,7 @@ def _host_view(slot) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
 
 
-def _submit(kernel_name, source_ops, arch_json, slots, commands, macs_per_output):
+def _submit(kernel_name, source_ops, arch_json, slots, commands, macs_per_output, macs_divisor):
     started = time.perf_counter()
     slot_table = np.frombuffer(bytes(slots), dtype=np.int64).reshape(-1, SLOT_WORDS)
     stream = np.frombuffer(bytes(commands), dtype=np.int64).reshape(-1, RECORD_WORDS)
@@ -53,7 +53,7 @@ def _submit(kernel_name, source_ops, arch_json, slots, commands, macs_per_output
     inputs = [t.copy() for t in tensors] if recording() else None  # before the stores land
     try:
         result = simulate_detailed(arch, stream, tensors, name=str(kernel_name), source_ops=ops,
-                                   macs_per_output=int(macs_per_output))
+                                   macs_per_output=int(macs_per_output), macs_divisor=int(macs_divisor))
     except SimulatorError as err:
         # tvm-ffi rebuilds exceptions by class name and knows only its registered ones; a
         # ValueError with the simulator's message is what reaches the user.
@@ -61,7 +61,8 @@ def _submit(kernel_name, source_ops, arch_json, slots, commands, macs_per_output
     launch = None
     if inputs is not None:
         launch = Launch.from_tensors(str(kernel_name), ops, str(arch_json), stream, inputs,
-                                     [t.copy() for t in tensors], result.stats.to_dict(), int(macs_per_output))
+                                     [t.copy() for t in tensors], result.stats.to_dict(), int(macs_per_output),
+                                     int(macs_divisor))
     device_seconds = time.perf_counter() - started - sum(result.host_seconds.values())
     deliver(result, arch, stream, launch, device_seconds)
 

@@ -78,7 +78,7 @@ def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
 def kernel_attrs(func, spec, arch: HardwareDescription) -> dict:
     """The attributes the lowered kernel carries into its code (docs/runtime-abi.md)."""
     return {"cgra.arch": arch.to_json(), "cgra.source_ops": source_ops_attr(func, spec.source_ops),
-            "cgra.macs_per_output": macs_per_output(spec)}
+            **dict(zip(("cgra.macs_per_output", "cgra.macs_divisor"), macs_per_output(spec)))}
 
 
 def kernel_origin(func) -> tuple[str, str]:
@@ -112,14 +112,18 @@ def source_ops_attr(func, ops) -> str:
     return ",".join(f"{op}@{_attr_safe(str(node))}" if str(node) else op for op, node in zip(ops, nodes))
 
 
-def macs_per_output(spec) -> int:
-    """The kernel's `cgra.macs_per_output`: the model operator's multiply-accumulates per output
-    element (the runtime multiplies it by each launch's output size); -1 for a user's own kernel,
-    whose work only its commands tell."""
+def macs_per_output(spec) -> tuple[int, int]:
+    """The kernel's `cgra.macs_per_output` and `cgra.macs_divisor`: the model operator's
+    multiply-accumulates per output element as a fraction in lowest terms (the runtime multiplies
+    it by each launch's output size): an integer for one operator, a fraction for a fused kernel
+    (a depthwise conv2d + 1x1 conv2d: C (9 + F) / F); -1 for a user's own kernel, whose work only
+    its commands tell."""
     macs = spec.macs
     if not macs:  # None (unknown) or 0 (pools, elementwise)
-        return -1 if macs is None else 0
-    return macs // math.prod(spec.output_shape)
+        return (-1 if macs is None else 0), 1
+    outputs = math.prod(spec.output_shape)
+    common = math.gcd(macs, outputs)
+    return macs // common, outputs // common
 
 
 def _attr_safe(nodes: str) -> str:

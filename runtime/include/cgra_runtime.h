@@ -15,7 +15,7 @@
 
 #include "cgra_arg_checks.h" /* cgra_check_tensor_arg, and CGRA_RUNTIME_API */
 
-#define CGRA_RUNTIME_ABI_VERSION 6
+#define CGRA_RUNTIME_ABI_VERSION 7
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,13 +28,15 @@ typedef struct CGRAKernel CGRAKernel; /* opaque: one kernel launch being recorde
  * arch_json: the canonical JSON of the hardware description the code was compiled for;
  * spad_bytes: that description's scratchpad size (used by the bounds checks);
  * abi_version: CGRA_RUNTIME_ABI_VERSION the code was compiled against (a mismatch is refused);
- * macs_per_output: the model operator's multiply-accumulates per element of the output (the last
- * slot), without the padding the PE array computes; -1 when the kernel does not know them.
+ * macs_per_output, macs_divisor: the model operator's multiply-accumulates per element of the
+ * output (the last slot), without the padding the PE array computes, as the fraction
+ * macs_per_output / macs_divisor (a fused depthwise + 1x1 conv2d: C (9 + F) / F); -1 when the
+ * kernel does not know them. (ABI v7 added the divisor.)
  * Returns NULL with the FFI error set on failure. */
 CGRA_RUNTIME_API CGRAKernel* cgra_kernel_begin(const char* kernel_name, const char* source_ops,
                                                const char* arch_json, int64_t spad_bytes,
                                                int32_t abi_version, int32_t num_slots,
-                                               int64_t macs_per_output);
+                                               int64_t macs_per_output, int64_t macs_divisor);
 
 /* Binds host tensor `slot` (0 <= slot < num_slots): a compact CPU DLTensor of rank <= 4. */
 CGRA_RUNTIME_API int32_t cgra_kernel_bind(CGRAKernel* k, int32_t slot, DLTensor* tensor);

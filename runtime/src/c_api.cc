@@ -72,7 +72,8 @@ extern "C" {
 
 CGRAKernel* cgra_kernel_begin(const char* kernel_name, const char* source_ops,
                               const char* arch_json, int64_t spad_bytes, int32_t abi_version,
-                              int32_t num_slots, int64_t macs_per_output) {
+                              int32_t num_slots, int64_t macs_per_output,
+                              int64_t macs_divisor) {
   CGRAKernel* kernel = nullptr;
   SafeCall([&] {
     if (abi_version != CGRA_RUNTIME_ABI_VERSION) {
@@ -83,7 +84,7 @@ CGRAKernel* cgra_kernel_begin(const char* kernel_name, const char* source_ops,
                               ": recompile the model");
     }
     kernel = new CGRAKernel(kernel_name, source_ops, arch_json, spad_bytes, num_slots,
-                            macs_per_output);
+                            macs_per_output, macs_divisor);
   });
   return kernel;
 }

@@ -19,7 +19,8 @@ struct KernelLaunch {
   std::string kernel_name;
   std::string source_ops;  // comma-separated model ops the kernel came from
   std::string arch_json;   // canonical JSON of the hardware description it was compiled for
-  int64_t macs_per_output;  // the model's MACs per output element, -1 if the kernel did not say
+  int64_t macs_per_output;  // the model's MACs per output element, -1 if the kernel did not say,
+  int64_t macs_divisor;     // ... over this divisor (a fused kernel's are a fraction)
   std::vector<int64_t> slots;     // CGRA_SLOT_WORDS per slot, all zero for an unbound slot
   std::vector<int64_t> commands;  // CGRA_RECORD_WORDS per command
 };

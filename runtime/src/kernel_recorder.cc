@@ -11,12 +11,13 @@ namespace cgra {
 
 KernelRecorder::KernelRecorder(const char* kernel_name, const char* source_ops,
                                const char* arch_json, int64_t spad_bytes, int32_t num_slots,
-                               int64_t macs_per_output)
+                               int64_t macs_per_output, int64_t macs_divisor)
     : kernel_name_(kernel_name ? kernel_name : "<null>"),
       source_ops_(source_ops ? source_ops : ""),
       arch_json_(arch_json ? arch_json : ""),
       spad_bytes_(spad_bytes),
-      macs_per_output_(macs_per_output) {
+      macs_per_output_(macs_per_output),
+      macs_divisor_(macs_divisor) {
   if (kernel_name == nullptr || source_ops == nullptr || arch_json == nullptr) {
     Raise("begin", "kernel_name, source_ops and arch_json must not be NULL");
   }
@@ -26,6 +27,9 @@ KernelRecorder::KernelRecorder(const char* kernel_name, const char* source_ops,
   if (num_slots < 0) Raise("begin", "num_slots " + std::to_string(num_slots) + " is negative");
   if (macs_per_output < -1) {
     Raise("begin", "macs_per_output " + std::to_string(macs_per_output) + " is below -1");
+  }
+  if (macs_divisor < 1) {
+    Raise("begin", "macs_divisor " + std::to_string(macs_divisor) + " is not positive");
   }
   slots_.resize(num_slots);
   commands_.reserve(64 * CGRA_RECORD_WORDS);
@@ -62,7 +66,8 @@ void KernelRecorder::Bind(int32_t slot, const DLTensor* tensor) {
 }
 
 KernelLaunch KernelRecorder::Launch() const {
-  KernelLaunch launch{kernel_name_, source_ops_, arch_json_, macs_per_output_, {}, commands_};
+  KernelLaunch launch{kernel_name_, source_ops_, arch_json_, macs_per_output_, macs_divisor_, {},
+                      commands_};
   launch.slots.assign(slots_.size() * CGRA_SLOT_WORDS, 0);
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& slot = slots_[i];

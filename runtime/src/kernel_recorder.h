@@ -25,9 +25,10 @@ namespace cgra {
 class KernelRecorder {
  public:
   /*! \brief Throws ValueError for NULL names, spad_bytes <= 0, num_slots < 0 or
-   * macs_per_output < -1. */
+   * macs_per_output < -1 or macs_divisor < 1. */
   KernelRecorder(const char* kernel_name, const char* source_ops, const char* arch_json,
-                 int64_t spad_bytes, int32_t num_slots, int64_t macs_per_output);
+                 int64_t spad_bytes, int32_t num_slots, int64_t macs_per_output,
+                 int64_t macs_divisor);
 
   void Bind(int32_t slot, const DLTensor* tensor);
   /*!
@@ -53,6 +54,7 @@ class KernelRecorder {
   std::string arch_json_;
   int64_t spad_bytes_;
   int64_t macs_per_output_;
+  int64_t macs_divisor_;
   std::vector<Slot> slots_;
   std::vector<int64_t> commands_;
   bool failed_ = false;

@@ -1,7 +1,8 @@
 /*
  * The simulator backend: forwards each launch to the tvm-ffi global function
  * `cgra.backend.simulator.submit`, which npu_backend registers in Python (docs/runtime-abi.md).
- * Arguments: (kernel_name, source_ops, arch_json, slots, commands, macs_per_output), slots and
+ * Arguments: (kernel_name, source_ops, arch_json, slots, commands, macs_per_output, macs_divisor),
+ * slots and
  * commands as Bytes of little-endian int64 words. An exception raised in Python arrives here as tvm::ffi::Error and
  * propagates unchanged to the C entry point, which re-raises it through the C ABI.
  */
@@ -39,7 +40,7 @@ class SimulatorBackend final : public DeviceBackend {
     }
     (*submit)(tvm::ffi::String(launch.kernel_name), tvm::ffi::String(launch.source_ops),
               tvm::ffi::String(launch.arch_json), WordsToBytes(launch.slots),
-              WordsToBytes(launch.commands), launch.macs_per_output);
+              WordsToBytes(launch.commands), launch.macs_per_output, launch.macs_divisor);
   }
 };
 

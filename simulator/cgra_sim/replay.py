@@ -106,7 +106,7 @@ def replay(launch: Launch, arch=None, max_cycles: int = DEFAULT_MAX_CYCLES) -> R
     tensors = launch.fresh_tensors()
     result = simulate_detailed(arch, launch.commands, tensors, name=launch.kernel,
                                source_ops=launch.source_ops, max_cycles=max_cycles,
-                               macs_per_output=launch.macs_per_output)
+                               macs_per_output=launch.macs_per_output, macs_divisor=launch.macs_divisor)
     outputs = tuple(tensors) if launch.inputs is not None else None
     mismatches = ()
     if outputs is not None and launch.outputs is not None:

@@ -59,14 +59,15 @@ def split_source_ops(source_ops) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def simulate_detailed(arch: "HardwareDescription | str", commands, tensors, name: str = "kernel",
                       source_ops=(), max_cycles: int = DEFAULT_MAX_CYCLES,
-                      macs_per_output: int | None = None) -> SimulationResult:
+                      macs_per_output: int | None = None, macs_divisor: int = 1) -> SimulationResult:
     """Runs one kernel launch; returns its statistics and timeline.
 
     `arch`: a HardwareDescription (or a preset name / JSON path, see load_arch). `commands`: int64
     array of shape (n, isa.RECORD_WORDS) or its bytes. `tensors`: numpy arrays for slots 0..k-1
     (C-contiguous, int8/int32/float32, rank 1..4); DMA_STORE writes into them in place.
-    `macs_per_output`: the model operator's MACs per element of the last tensor (the kernel's
-    `cgra.macs_per_output`), which `KernelStats.macs` counts; None or -1: the PE array's own.
+    `macs_per_output` / `macs_divisor`: the model operator's MACs per element of the last tensor
+    (the kernel's `cgra.macs_per_output` and `cgra.macs_divisor`), which `KernelStats.macs`
+    counts; None or -1: the PE array's own.
     Raises LaunchError / CommandError (invalid input, nothing run) or CycleLimitExceeded.
     """
     arch = load_arch(arch)
@@ -79,7 +80,7 @@ def simulate_detailed(arch: "HardwareDescription | str", commands, tensors, name
     clock.append(time.perf_counter())
     stats = collect_stats(arch, decoded, timeline, name, *split_source_ops(source_ops),
                           tensor_shapes=tuple(np.shape(tensor) for tensor in tensors),
-                          macs_per_output=macs_per_output)
+                          macs_per_output=macs_per_output, macs_divisor=macs_divisor)
     clock.append(time.perf_counter())
     seconds = {step: clock[i + 1] - clock[i] for i, step in enumerate(STEPS)}
     return SimulationResult(stats=stats, timeline=timeline, host_seconds=seconds)
@@ -87,9 +88,10 @@ def simulate_detailed(arch: "HardwareDescription | str", commands, tensors, name
 
 def simulate(arch: "HardwareDescription | str", commands, tensors, name: str = "kernel",
              source_ops=(), max_cycles: int = DEFAULT_MAX_CYCLES,
-             macs_per_output: int | None = None) -> KernelStats:
+             macs_per_output: int | None = None, macs_divisor: int = 1) -> KernelStats:
     """Runs one kernel launch (see `simulate_detailed`) and returns its `KernelStats`."""
-    return simulate_detailed(arch, commands, tensors, name, source_ops, max_cycles, macs_per_output).stats
+    return simulate_detailed(arch, commands, tensors, name, source_ops, max_cycles, macs_per_output,
+                             macs_divisor).stats
 
 
 def run_functional(arch: "HardwareDescription | str", commands, tensors) -> np.ndarray:

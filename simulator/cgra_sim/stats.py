@@ -88,9 +88,11 @@ def ideal_cycles(arch: HardwareDescription, pe_work: Fraction, load_bytes: int, 
 
 def collect_stats(arch: HardwareDescription, commands: list[Command], timeline: Timeline,
                   name: str, source_ops: tuple[str, ...], source_nodes: tuple[str, ...] = (),
-                  tensor_shapes: tuple = (), macs_per_output: int | None = None) -> KernelStats:
-    """Sums the work, traffic and occupancy of a timed stream. `macs_per_output` (the model
-    operator's MACs per element of the last tensor; None or -1: unknown) gives `macs`."""
+                  tensor_shapes: tuple = (), macs_per_output: int | None = None,
+                  macs_divisor: int = 1) -> KernelStats:
+    """Sums the work, traffic and occupancy of a timed stream. `macs_per_output` / `macs_divisor`
+    (the model operator's MACs per element of the last tensor; None or -1: unknown) gives `macs`,
+    rounded down where the fraction times the size is not whole (a size the compiler did not see)."""
     gemms = [c for c in commands if c.op in (Op.GEMM, Op.DEPTHWISE)]  # the MACs (not a FABRIC body)
     loads = [c for c in commands if isinstance(c, DmaCommand) and c.op is Op.DMA_LOAD]
     stores = [c for c in commands if isinstance(c, DmaCommand) and c.op is Op.DMA_STORE]
@@ -102,7 +104,7 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], timeline: 
     padded_macs = sum(macs_of.values())
     macs = padded_macs
     if macs_per_output is not None and macs_per_output >= 0 and tensor_shapes:
-        macs = macs_per_output * math.prod(int(d) for d in tensor_shapes[-1])
+        macs = macs_per_output * math.prod(int(d) for d in tensor_shapes[-1]) // macs_divisor
     # The model's work in PE-cycles: the array's, scaled (a kernel computes one dtype).
     model_work = pe_work * Fraction(macs, padded_macs) if padded_macs else Fraction(0)
     load_bytes = sum(c.host_bytes for c in loads)

@@ -90,6 +90,7 @@ class Launch:
     outputs: tuple[np.ndarray, ...] | None = None
     recorded_stats: dict | None = None
     macs_per_output: int | None = None  # the kernel's model MACs per output element (runtime ABI)
+    macs_divisor: int = 1  # ... over this divisor
 
     def __post_init__(self):
         commands = np.ascontiguousarray(self.commands, dtype=np.int64)
@@ -117,11 +118,11 @@ class Launch:
     @classmethod
     def from_tensors(cls, kernel: str, source_ops, arch_json: str, commands, inputs,
                      outputs=None, recorded_stats: dict | None = None,
-                     macs_per_output: int | None = None) -> "Launch":
+                     macs_per_output: int | None = None, macs_divisor: int = 1) -> "Launch":
         """A launch whose tensor specs are those of `inputs` (contents before the kernel ran)."""
         return cls(kernel, tuple(source_ops), arch_json, commands,
                    tuple(TensorSpec.of(a) for a in inputs), tuple(inputs),
-                   None if outputs is None else tuple(outputs), recorded_stats, macs_per_output)
+                   None if outputs is None else tuple(outputs), recorded_stats, macs_per_output, macs_divisor)
 
     @property
     def arch(self) -> HardwareDescription:
@@ -161,6 +162,7 @@ def _header(launch: Launch) -> dict:
         "outputs_equal_inputs": _unchanged_slots(launch),
         "recorded_stats": launch.recorded_stats,
         "macs_per_output": launch.macs_per_output,
+        "macs_divisor": launch.macs_divisor,
     }
 
 
@@ -304,9 +306,12 @@ def _read_launch(archive: zipfile.ZipFile, header: dict) -> Launch:
     macs_per_output = header.get("macs_per_output")  # absent in files written before it existed
     if macs_per_output is not None and (not isinstance(macs_per_output, int) or macs_per_output < -1):
         raise ValueError(f"macs_per_output is {macs_per_output!r}, not an integer >= -1")
+    macs_divisor = header.get("macs_divisor", 1)  # absent in files written before it existed
+    if not isinstance(macs_divisor, int) or macs_divisor < 1:
+        raise ValueError(f"macs_divisor is {macs_divisor!r}, not a positive integer")
     return Launch(header["kernel"], tuple(header["source_ops"]),
                   json.dumps(header["arch"], sort_keys=True, separators=(",", ":")), commands, tensors,
-                  inputs, outputs, stats, macs_per_output)
+                  inputs, outputs, stats, macs_per_output, macs_divisor)
 
 
 # Replay.
