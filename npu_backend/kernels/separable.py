@@ -71,37 +71,46 @@ class SeparableSpec:
 # ------------------------------------------------------------------ partition
 
 def _pairs() -> list:
-    """(name, pattern, roles): conv2d(x, dw_w) [+ dw_bias] [relu | clip] feeding conv2d(., w)
+    """The pair's patterns (`pair_patterns`) over any data tensor: the depthwise's input is the
+    block's input, the shortcut's x."""
+    data = wildcard()
+    return pair_patterns("separable", data, data, {"lhs": data})
+
+
+def pair_patterns(name: str, lhs, data, roles: dict) -> list:
+    """(name, pattern, roles): conv2d(data, dw_w) [+ dw_bias] [relu | clip] feeding conv2d(., w)
     with every float32 epilogue chain of epilogue.py after it (no requantisation, no
-    elementwise tail), and first the chains whose residual is x itself (`shortcut`: a block
-    without an expansion, x + pointwise(depthwise(x))). The depthwise's optional ops are
-    alternatives inside one pattern, so a chain of the pointwise conv2d is one pattern, not six."""
-    data, dw_weights, dw_bias, weights = wildcard(), wildcard(), wildcard(), wildcard()
+    elementwise tail), and first the chains whose residual is `lhs`, the block's input
+    (`shortcut`: x + pointwise(depthwise(x)), or with an expansion before the depthwise,
+    inverted_residual.py). The depthwise's optional ops are alternatives inside one pattern, so
+    a chain of the pointwise conv2d is one pattern, not six. `roles`: those of `lhs` and `data`'s
+    own pattern."""
+    dw_weights, dw_bias, weights = wildcard(), wildcard(), wildcard()
     conv = is_op("relax.nn.conv2d")(data, dw_weights)
     value = conv | is_op("relax.add")(conv, dw_bias)
     relu = is_op("relax.nn.relu")(value)
     clip = is_op("relax.clip")(value, wildcard(), wildcard())
     pointwise = is_op("relax.nn.conv2d")(relu | clip | value, weights)
-    roles = {"lhs": data, "dw_rhs": dw_weights, "dw_bias": dw_bias, "dw_root": conv, "dw_relu": relu,
+    roles = {**roles, "dw_rhs": dw_weights, "dw_bias": dw_bias, "dw_root": conv, "dw_relu": relu,
              "dw_clip": clip, "rhs": weights}
-    chains = [(name, pattern, annotations)
-              for name, pattern, annotations, _ in chain_pattern_graphs([Root("separable", pointwise, roles)])
+    chains = [(pattern_name, pattern, annotations)
+              for pattern_name, pattern, annotations, _ in chain_pattern_graphs([Root(name, pointwise, roles)])
               if "requant" not in annotations and not any(role.startswith("n") for role in annotations)]
-    return _shortcut_pairs(pointwise, roles) + chains
+    return _shortcut_pairs(name, pointwise, lhs, roles) + chains
 
 
-def _shortcut_pairs(pointwise, roles: dict) -> list:
-    """The chains pointwise [+ bias] + x [relu | clip], x the depthwise's input (role
-    "shortcut": the add), the add's operands in either order under one name."""
+def _shortcut_pairs(name: str, pointwise, lhs, roles: dict) -> list:
+    """The chains pointwise [+ bias] + x [relu | clip], x = `lhs` (role "shortcut": the add),
+    the add's operands in either order under one name."""
     bias = wildcard()
     pairs = []
     for suffix, summed, extra in (("_bias", is_op("relax.add")(pointwise, bias), {"bias": bias}),
                                   ("", pointwise, {})):
-        for add in (is_op("relax.add")(roles["lhs"], summed), is_op("relax.add")(summed, roles["lhs"])):
+        for add in (is_op("relax.add")(lhs, summed), is_op("relax.add")(summed, lhs)):
             for act, pattern in (("_relu", is_op("relax.nn.relu")(add)),
                                  ("_clip", is_op("relax.clip")(add, wildcard(), wildcard())), ("", add)):
                 activation_role = {act[1:]: pattern} if act else {}
-                pairs.append((f"cgra.separable{suffix}_shortcut{act}", pattern,
+                pairs.append((f"cgra.{name}{suffix}_shortcut{act}", pattern,
                               {"root": pointwise, **roles, **extra, "shortcut": add, **activation_role}))
     return pairs
 
@@ -115,20 +124,27 @@ def separable_spec(name: str, annotated: dict) -> SeparableSpec:
         raise UnsupportedOperator(f"a {dtype} depthwise conv2d and the conv2d after it stay two kernels (the "
                                   "depthwise's accumulator would need requantising before the GEMM); float32 "
                                   "pairs fuse")
+    depthwise, pointwise = read_pair(annotated, annotated["lhs"])
+    return SeparableSpec(depthwise, pointwise, shortcut="shortcut" in annotated)
+
+
+def read_pair(annotated: dict, data) -> tuple:
+    """(depthwise, pointwise) KernelSpecs of a matched pair whose depthwise reads `data`; the
+    pointwise's residual is the block's input (role "lhs") when the match has a shortcut.
+    Raises UnsupportedOperator for what the fused kernel does not compute."""
     if int(annotated["dw_root"].attrs.groups) == 1:  # before building two specs: most matches are plain convs
         raise UnsupportedOperator("the first conv2d is not depthwise (groups == 1); only a depthwise conv2d fuses "
                                   "with the 1x1 conv2d after it")
-    renamed = {"dw_root": "root", "lhs": "lhs", "dw_rhs": "rhs", "dw_bias": "bias", "dw_relu": "relu",
-               "dw_clip": "clip"}
-    depthwise = conv2d_spec("cgra.depthwise", {ours: annotated[role] for role, ours in renamed.items()
-                                               if role in annotated})
+    renamed = {"dw_root": "root", "dw_rhs": "rhs", "dw_bias": "bias", "dw_relu": "relu", "dw_clip": "clip"}
+    depthwise = conv2d_spec("cgra.depthwise", {"lhs": data, **{ours: annotated[role] for role, ours in
+                                                              renamed.items() if role in annotated}})
     pointwise_roles = {role: annotated[role] for role in ("root", "rhs", "bias", "residual", "relu", "clip")
                        if role in annotated}
-    if "shortcut" in annotated:  # the residual is the depthwise's input
+    if "shortcut" in annotated:  # the residual is the block's input
         pointwise_roles["residual"] = annotated["lhs"]
     pointwise = conv2d_spec("cgra.conv2d", {**pointwise_roles, "lhs": annotated["root"].args[0]})
     _check_pair(depthwise, pointwise)
-    return SeparableSpec(depthwise, pointwise, shortcut="shortcut" in annotated)
+    return depthwise, pointwise
 
 
 def _check_pair(depthwise: KernelSpec, pointwise: KernelSpec) -> None:
@@ -162,54 +178,72 @@ def separable_compute(spec: SeparableSpec, tiling: Tiling):
     depthwise's epilogued window sum, over whole tiles: tiling.mp output rows, the output width
     in whole tiles of tiling.tw columns, tiling.kp input channels and tiling.np output channels
     (zero beyond C and F)."""
-    dw, pw = spec.depthwise, spec.pointwise
-    n, _, _, _ = dw.lhs_shape
-    _, _, kh, kw = dw.rhs_shape
+    dw = spec.depthwise
     top, left, _, _ = dw.padding
-    window = (kh, kw, *dw.strides, *dw.dilation)
-    rows, width = tiling.mp, padded_columns(dw, tiling)
-    in_h = window_extent(rows, kh, dw.strides[0], dw.dilation[0])
-    in_w = window_extent(width, kw, dw.strides[1], dw.dilation[1])
     x = te.placeholder(dw.lhs_shape, dw.dtype, name="data")
+    in_h, in_w = window_shape(dw, tiling)
+    a_pad = te.compute((dw.lhs_shape[0], in_h, in_w, tiling.kp), lambda b_, iy, ix, c: padded(
+        x, dw.lhs_shape, (b_, c, iy - top, ix - left)), name="dw_a_pad")
+    out, inputs = depthwise_pointwise(spec, tiling, lambda b_, y, iy, ix, c: a_pad[b_, iy, ix, c],
+                                      x if spec.shortcut else None)
+    return prim_func(spec.roles, {"lhs": x, **inputs}, out)
+
+
+def window_shape(dw: KernelSpec, tiling: Tiling) -> tuple:
+    """(rows, columns) of the depthwise's input window over every tile: the padded output rows
+    and columns with the window's halo."""
+    kh, kw = dw.rhs_shape[2:]
+    return (window_extent(tiling.mp, kh, dw.strides[0], dw.dilation[0]),
+            window_extent(padded_columns(dw, tiling), kw, dw.strides[1], dw.dilation[1]))
+
+
+def depthwise_pointwise(spec: SeparableSpec, tiling: Tiling, window, shortcut=None):
+    """(out, {role: placeholder}) of the depthwise over its input window, its epilogue, the 1x1
+    conv2d and its epilogue, whose residual is `shortcut` when given (the block's input).
+    `window(b, y, iy, ix, c)`: the input at padded row iy and column ix (zero in the padding),
+    channel c (tiling.kp of them), as output row y reads it."""
+    dw, pw = spec.depthwise, spec.pointwise
+    n = dw.lhs_shape[0]
+    kh, kw = dw.rhs_shape[2:]
+    sum_window = (kh, kw, *dw.strides, *dw.dilation)
+    rows, width = tiling.mp, padded_columns(dw, tiling)
     dw_w = te.placeholder(dw.rhs_shape, dw.dtype, name="dw_weight")
     w = te.placeholder(pw.rhs_shape, pw.dtype, name="weight")
-    a_pad = te.compute((n, in_h, in_w, tiling.kp), lambda b_, iy, ix, c: padded(
-        x, dw.lhs_shape, (b_, c, iy - top, ix - left)), name="dw_a_pad")
     b_pad = te.compute((kh, kw, tiling.kp), lambda ry, rx, c: padded(dw_w, dw.rhs_shape, (c, 0, ry, rx)),
                        name="dw_b_pad")
     dw_acc = te.compute((n, rows, width, tiling.kp), lambda b_, y, ox, c: window_sum(
-        lambda iy, ix, ch: a_pad[b_, iy, ix, ch], lambda ry, rx, ch: b_pad[ry, rx, ch], y, ox, c,
-        window, dw.acc_dtype), name="dw_acc")
+        lambda iy, ix, ch: window(b_, y, iy, ix, ch), lambda ry, rx, ch: b_pad[ry, rx, ch], y, ox, c,
+        sum_window, dw.acc_dtype), name="dw_acc")
     dw_bias = te.placeholder(dw.bias_shape, dw.acc_dtype, name="dw_bias") if dw.bias_shape else None
-    dw_epi = _depthwise_epilogue(dw, dw_acc, dw_bias, tiling.kp)
+    bias_pad = channel_bias_row(dw, dw_bias, tiling.kp, "dw_bias_pad")
+    dw_epi = te.compute(dw_acc.shape, lambda b_, y, ox, c: channel_epilogue(dw, dw_acc[b_, y, ox, c], bias_pad, c),
+                        name="dw_epi")
     pw_b = te.compute((tiling.kp, tiling.np), lambda c, f: padded(w, pw.rhs_shape, (f, c, 0, 0)), name="b_pad")
     rc = te.reduce_axis((0, tiling.kp), name="rc")
     acc = te.compute((n, rows, width, tiling.np), lambda b_, y, ox, f: te.sum(
         dw_epi[b_, y, ox, rc] * pw_b[rc, f], axis=[rc]), name="acc")
     operands = epilogue_operands(pw, pw.output_shape)
-    if spec.shortcut:
-        operands["residual"] = x
+    if shortcut is not None:
+        operands["residual"] = shortcut
     epi = epilogue_compute(pw, acc, tiling, operands, out_index=lambda b_, y, ox, f: (b_, f, y, ox))
     out = te.compute(pw.output_shape, lambda b_, f, y, ox: epi[b_, y, ox, f], name="out")
-    inputs = {"lhs": x, "dw_rhs": dw_w, "dw_bias": dw_bias, "rhs": w, **operands}
-    return prim_func(spec.roles, inputs, out)
+    return out, {"dw_rhs": dw_w, "dw_bias": dw_bias, "rhs": w, **operands}
 
 
-def _depthwise_epilogue(dw: KernelSpec, dw_acc, bias, channels: int):
-    """dw_epi = clip(relu(dw_acc + bias[c])): the EPILOGUE intrinsic's expression, its bias staged
-    as a scratchpad row of `channels` (block dw_bias_pad)."""
-    bias_pad = None
-    if bias is not None:
-        carrier = channel_axis(dw.bias_shape)
-        bias_pad = te.compute((channels,), lambda c: padded(bias, dw.bias_shape, [
-            c if axis == carrier else 0 for axis in range(len(dw.bias_shape))]), name="dw_bias_pad")
+def channel_bias_row(spec: KernelSpec, bias, channels: int, name: str):
+    """The scratchpad row of `channels` a per-channel bias is staged as (block `name`), or None
+    without a bias."""
+    if bias is None:
+        return None
+    carrier = channel_axis(spec.bias_shape)
+    return te.compute((channels,), lambda c: padded(bias, spec.bias_shape, [
+        c if axis == carrier else 0 for axis in range(len(spec.bias_shape))]), name=name)
 
-    def value(b_, y, ox, c):
-        total = dw_acc[b_, y, ox, c]
-        total = total + bias_pad[c] if bias_pad is not None else total
-        return activation(total, dw.acc_dtype, dw.relu, dw.clip)
 
-    return te.compute(dw_acc.shape, value, name="dw_epi")
+def channel_epilogue(spec: KernelSpec, total, bias_pad, c):
+    """clip(relu(total + bias[c])): the EPILOGUE intrinsic's expression for channel c."""
+    total = total + bias_pad[c] if bias_pad is not None else total
+    return activation(total, spec.acc_dtype, spec.relu, spec.clip)
 
 
 # ------------------------------------------------------------------ schedule
@@ -219,6 +253,20 @@ def schedule_separable(sch, spec: SeparableSpec, tiling: Tiling, arch: HardwareD
     the residual tile, one FILL per row of the accumulator; per block of `tk` input channels the window, the
     depthwise weights and bias and the pointwise weights loaded, one DEPTHWISE and one EPILOGUE
     per row into dw_epi, one GEMM per row; then one EPILOGUE per row and the store."""
+    dw = spec.depthwise
+    _, block_outer, acc = stage_pair(sch, spec, tiling, ("dw_a_pad",))
+    init = sch.decompose_reduction(acc, block_outer)
+    align_rows(sch, sch.get_sblock("dw_a_pad"), tiling.tk, window_stride(dw, tiling.tk, tiling.tw, arch), dw.dtype,
+               arch)
+    tensorize_pair(sch, spec, tiling, arch, acc, init)
+
+
+def stage_pair(sch, spec: SeparableSpec, tiling: Tiling, window: tuple) -> tuple:
+    """Split the output into tiles and the channels into blocks, and stage the pair's buffers in
+    the scratchpad: per tile the accumulator, bias row and residual tile (and the store after
+    them), per block the `window` blocks (the depthwise's input, in the order to compute_at
+    them), the depthwise's weights, bias, accumulator and output, and the pointwise weights.
+    Returns (the tile loop, the block loop, the accumulator block)."""
     dw, pw = spec.depthwise, spec.pointwise
     epi, acc = sch.get_sblock("epi"), sch.get_sblock("acc")
     _, rows, columns, _ = sch.get_loops(epi)
@@ -235,26 +283,23 @@ def schedule_separable(sch, spec: SeparableSpec, tiling: Tiling, arch: HardwareD
     row, pixel, channel, depth = loops_after(sch, acc, tile)
     block_outer, block_inner = sch.split(depth, [None, tiling.tk])
     sch.reorder(block_outer, row, pixel, channel, block_inner)
-    staged = ("dw_epi", "dw_acc", "dw_a_pad", "dw_b_pad", "b_pad") + (("dw_bias_pad",) if dw.bias_shape else ())
+    staged = ("dw_epi", "dw_acc") + window + ("dw_b_pad", "b_pad") + (("dw_bias_pad",) if dw.bias_shape else ())
     for name in staged:
         block = sch.get_sblock(name)
         sch.compute_at(block, block_outer)
         sch.set_scope(block, 0, SPAD)
     for block in (acc, epi):
         sch.set_scope(block, 0, SPAD)
-    init = sch.decompose_reduction(acc, block_outer)
-    _tensorize(sch, spec, tiling, arch, acc, init)
+    return tile, block_outer, acc
 
 
-def _tensorize(sch, spec: SeparableSpec, tiling: Tiling, arch: HardwareDescription, acc, init) -> None:
-    """Each block onto its command, row by row where a tile's rows are not one matrix (the
-    GEMM's rows are one output row's pixels), and the buffers' pixels padded against bank
-    conflicts (spad_layout.py)."""
+def tensorize_pair(sch, spec: SeparableSpec, tiling: Tiling, arch: HardwareDescription, acc, init) -> None:
+    """Each block of the pair onto its command, row by row where a tile's rows are not one
+    matrix (the GEMM's rows are one output row's pixels), and the buffers' pixels padded against
+    bank conflicts (spad_layout.py)."""
     dw, pw = spec.depthwise, spec.pointwise
     width = tiling.tw
     window = (*dw.rhs_shape[2:], *dw.strides, *dw.dilation)
-    align_rows(sch, sch.get_sblock("dw_a_pad"), tiling.tk, window_stride(dw, tiling.tk, width, arch), dw.dtype,
-               arch)
     sch.tensorize(sch.get_loops(sch.get_sblock("dw_acc"))[-3],
                   get_intrin("depthwise", tiling.tm, width, tiling.tk, window, dw.dtype, dw.acc_dtype))
     sch.tensorize(sch.get_loops(sch.get_sblock("dw_epi"))[-2],

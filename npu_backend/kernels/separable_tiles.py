@@ -20,6 +20,7 @@ size loads less of it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from cgra_sim import cost
@@ -54,8 +55,8 @@ def _search(spec, arch: HardwareDescription):
     tn = round_up(max(filters, 2), arch.cols)
     best = None
     for tw in _column_tiles(width, arch):
-        for tm in _row_tiles(rows):
-            fitting = [tk for tk in _channel_blocks(channels, arch)
+        for tm in row_tiles(rows):
+            fitting = [tk for tk in channel_blocks(channels, arch)
                        if footprint(spec, arch, tm, tw, tk, tn) <= arch.spad_bytes]
             if not fitting:
                 break  # the footprint grows with tm
@@ -81,6 +82,12 @@ def _search(spec, arch: HardwareDescription):
     return best[1], None
 
 
+def pair_cycles(spec, arch: HardwareDescription) -> float:
+    """The estimate of what the pair runs as: its fused kernel's, else its two convs' kernels'."""
+    tiling, refusal = _search(spec, arch)
+    return _separate_cycles(spec, arch) if refusal is not None else estimate_cycles(spec, tiling, arch)
+
+
 def _separate_cycles(spec, arch: HardwareDescription) -> float:
     """The estimates of the depthwise's and the pointwise's own kernels (their tile searches'),
     infinite if either does not fit alone."""
@@ -95,7 +102,7 @@ def _separate_cycles(spec, arch: HardwareDescription) -> float:
         bool(pw.residual_shape))
 
 
-def _row_tiles(rows: int) -> list:
+def row_tiles(rows: int) -> list:
     """Output rows per tile: for each count of row tiles the smallest tile covering the rows
     (>= 2), so that no two candidates pad the rows to the same number of tiles."""
     return sorted({max(-(-rows // count), 2) for count in range(1, rows + 1)})
@@ -113,7 +120,7 @@ def _column_tiles(width: int, arch: HardwareDescription) -> list:
     return [width] + [tw for tw in narrower if round_up(width, tw) - width < arch.rows]
 
 
-def _channel_blocks(channels: int, arch: HardwareDescription) -> list:
+def channel_blocks(channels: int, arch: HardwareDescription) -> list:
     """Input channels per block: multiples of the PE array's columns whose blocks pad the
     channels by less than one more multiple (a GEMM's depth, a DEPTHWISE's channels)."""
     first, whole = round_up(2, arch.cols), max(round_up(channels, arch.cols), round_up(2, arch.cols))
@@ -159,29 +166,52 @@ def footprint(spec, arch: HardwareDescription, tm: int, tw: int, tk: int, tn: in
 
 def estimate_cycles(spec, t: Tiling, arch: HardwareDescription) -> int:
     """First-order cycles, each command priced by the simulator's cost model (cgra_sim.cost).
-    With double buffering the busiest unit per tile sets the pace: the PE array (per block one
-    DEPTHWISE, its window streamed at the scratchpad's width, and a GEMM per row; a GEMM waits
-    for its row's depthwise EPILOGUE, so one row's EPILOGUE per block is a bubble), the load
-    engine (windows, weights, residual), the vector unit (FILLs, the depthwise's and the
-    pointwise's EPILOGUEs) or the store engine; plus the first loads and the last store."""
+    With double buffering the busiest unit per tile sets the pace (`tile_costs`); plus the
+    first loads and the last store."""
+    dw = spec.depthwise
+    costs = tile_costs(spec, t, arch)
+    tiles = dw.lhs_shape[0] * (t.mp // t.tm) * (padded_columns(dw, t) // t.tw)
+    return tiles * costs.period(arch) + cost.dma_cycles(arch, costs.first_load) + cost.dma_cycles(arch, costs.store)
+
+
+@dataclasses.dataclass(frozen=True)
+class TileCosts:
+    """One tile's work on each unit: PE-array and vector-unit cycles, bytes loaded and stored,
+    and the bytes of its first block's loads (which nothing overlaps on the first tile)."""
+
+    compute: int
+    vector: int
+    load: int
+    store: int
+    first_load: int
+
+    def period(self, arch: HardwareDescription) -> int:
+        """Cycles a tile takes in the steady state: its busiest unit's (double buffering)."""
+        return max(self.compute, cost.dma_transfer_cycles(arch, self.load), self.vector,
+                   cost.dma_transfer_cycles(arch, self.store))
+
+
+def tile_costs(spec, t: Tiling, arch: HardwareDescription, window_loaded: bool = True) -> TileCosts:
+    """A tile's work: the PE array (per block one DEPTHWISE, its window streamed at the
+    scratchpad's width, and a GEMM per row; a GEMM waits for its row's depthwise EPILOGUE, so
+    one row's EPILOGUE per block is a bubble), the load engine (per block the window, unless the
+    kernel computes it (`window_loaded` False), and the weights; the residual), the vector unit
+    (FILLs, the depthwise's and the pointwise's EPILOGUEs) and the store engine."""
     dw, pw = spec.depthwise, spec.pointwise
     in_bytes, acc_bytes = DType.from_name(dw.dtype).itemsize, DType.from_name(dw.acc_dtype).itemsize
     width, (kh, kw) = t.tw, dw.rhs_shape[2:]
     in_h = window_extent(t.tm, kh, dw.strides[0], dw.dilation[0])
     in_w = window_extent(width, kw, dw.strides[1], dw.dilation[1])
     pixels, taps, blocks = t.tm * width, kh * kw, t.kp // t.tk
-    tiles = dw.lhs_shape[0] * (t.mp // t.tm) * (padded_columns(dw, t) // t.tw)
     window = in_h * in_w * window_stride(dw, t.tk, t.tw, arch) * in_bytes
     depthwise = cost.depthwise_steady_cycles(arch, pixels, t.tk, taps, dw.dtype, window + taps * t.tk * in_bytes
                                              + pixels * t.tk * acc_bytes) + cost.depthwise_fill_cycles(arch, dw.dtype)
     gemm = t.tm * cost.gemm_steady_cycles(arch, width, t.tn, t.tk, pw.dtype) + cost.gemm_fill_cycles(arch, width, t.tn)
     bubble = cost.vector_cycles(arch, width, t.tk)
     compute = blocks * (depthwise + bubble + gemm)
-    block_load = (in_h * in_w + taps + t.tn) * t.tk * in_bytes + (t.tk * acc_bytes if dw.bias_shape else 0)
+    block_load = ((in_h * in_w if window_loaded else 0) + taps + t.tn) * t.tk * in_bytes + \
+        (t.tk * acc_bytes if dw.bias_shape else 0)
     residual = pixels * t.tn * acc_bytes if pw.residual_shape else 0
-    load = cost.dma_transfer_cycles(arch, blocks * block_load + residual)
     vector = blocks * t.tm * cost.vector_cycles(arch, width, t.tk) + t.tm * (
         cost.vector_cycles(arch, width, t.tn) + cost.vector_cycles(arch, width, t.tn, 2 if residual else 1))
-    store = cost.dma_transfer_cycles(arch, pixels * t.tn * acc_bytes)
-    period = max(compute, load, vector, store)
-    return tiles * period + cost.dma_cycles(arch, block_load) + cost.dma_cycles(arch, pixels * t.tn * acc_bytes)
+    return TileCosts(compute, vector, blocks * block_load + residual, pixels * t.tn * acc_bytes, block_load)
