@@ -22,7 +22,7 @@ from tvm import ir, sym, tirx
 from cgra_codegen import device_call_positions
 from cgra_sim.isa import GEMM_ACCUMULATE
 
-_BUFFER_DATA = ir.Op.get("tirx.buffer_data")
+from .calls import extern_call, map_sequences, touches, with_body
 
 # Where the accumulator's operands sit in the calls' arguments: (data, offset, rows, cols, stride).
 _FILL, _GEMM = device_call_positions("cgra_fill"), device_call_positions("cgra_gemm")
@@ -33,40 +33,12 @@ _GEMM_ACC = (*_GEMM["acc_addr"], *_GEMM["m"], *_GEMM["n"], *_GEMM["acc_stride"])
 
 
 def fold_accumulator_init(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    return func.with_body(_rewrite(func.body))
-
-
-def _rewrite(stmt):
-    if isinstance(stmt, tirx.SeqStmt):
-        return _fold_in_sequence([_rewrite(s) for s in stmt.seq])
-    if isinstance(stmt, tirx.For):
-        return _for(stmt, _rewrite(stmt.body))
-    if isinstance(stmt, tirx.IfThenElse):
-        else_case = _rewrite(stmt.else_case) if stmt.else_case is not None else None
-        return tirx.IfThenElse(stmt.condition, _rewrite(stmt.then_case), else_case)
-    return stmt
-
-
-def _for(loop, body):
-    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, loop.annotations)
-
-
-def _extern(stmt, name):
-    """The call_extern `name` that `stmt` evaluates, or None."""
-    if isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, ir.Call) \
-            and getattr(stmt.value.op, "name", "") == "tirx.call_extern" \
-            and str(stmt.value.args[0].value) == name:
-        return stmt.value
-    return None
-
-
-def _buffer_args(call):
-    return [a.args[0] for a in call.args if isinstance(a, ir.Call) and a.op.same_as(_BUFFER_DATA)]
+    return func.with_body(map_sequences(func.body, _fold_in_sequence))
 
 
 def _fold_in_sequence(seq):
     for i, stmt in enumerate(seq):
-        fill = _extern(stmt, "cgra_fill")
+        fill = extern_call(stmt, "cgra_fill")
         if fill is None or not _is_zero(fill.args[_FILL_VALUE]):
             continue
         fill_region = [fill.args[i] for i in _FILL_ACC]
@@ -75,7 +47,7 @@ def _fold_in_sequence(seq):
             folded = _fold_into(seq[j], acc, fill_region, [])
             if folded is not None:
                 return _fold_in_sequence(seq[:i] + seq[i + 1:j] + [folded] + seq[j + 1:])
-            if _touches(seq[j], acc):
+            if touches(seq[j], acc):
                 break
     return tirx.SeqStmt(seq) if len(seq) > 1 else seq[0]
 
@@ -85,15 +57,15 @@ def _fold_into(stmt, acc, fill_region, loops):
     on the first reduction step; None if the first use of `acc` in `stmt` is anything else."""
     if isinstance(stmt, tirx.For):
         body = _fold_into(stmt.body, acc, fill_region, loops + [stmt])
-        return None if body is None else _for(stmt, body)
+        return None if body is None else with_body(stmt, body)
     if isinstance(stmt, tirx.SeqStmt):
         items = list(stmt.seq)
         for k, item in enumerate(items):
-            if _touches(item, acc):
+            if touches(item, acc):
                 folded = _fold_into(item, acc, fill_region, loops)
                 return None if folded is None else tirx.SeqStmt(items[:k] + [folded] + items[k + 1:])
         return None
-    gemm = _extern(stmt, "cgra_gemm")
+    gemm = extern_call(stmt, "cgra_gemm")
     if gemm is None or not _covers(gemm, acc, fill_region):
         return None
     args = list(gemm.args)
@@ -122,21 +94,6 @@ def _all_first(loops):
         term = loop.loop_var == loop.min
         cond = term if cond is None else tirx.all(cond, term)
     return cond
-
-
-def _touches(stmt, acc) -> bool:
-    """Whether `stmt` passes `acc` to any device call (or stores to it)."""
-    if isinstance(stmt, tirx.SeqStmt):
-        return any(_touches(s, acc) for s in stmt.seq)
-    if isinstance(stmt, tirx.For):
-        return _touches(stmt.body, acc)
-    if isinstance(stmt, tirx.IfThenElse):
-        return _touches(stmt.then_case, acc) or (stmt.else_case is not None and _touches(stmt.else_case, acc))
-    if isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, ir.Call):
-        return any(b.same_as(acc) for b in _buffer_args(stmt.value))
-    if isinstance(stmt, tirx.BufferStore):
-        return stmt.buffer.same_as(acc)
-    return False
 
 
 def _is_zero(expr) -> bool:
