@@ -34,6 +34,7 @@ from .lower.dma import lower_copies_to_dma
 from .lower.double_buffer import double_buffer
 from .lower.fold_init import fold_accumulator_init
 from .lower.ragged import cut_ragged_tiles
+from .lower.trim_fills import trim_overwritten_fills
 from .normalise.batch_norms import batch_norms_as_scale_shift
 from .normalise.clips import canonicalize_clips_pass
 from .normalise.conv_transposes import conv_transposes_as_convs_pass
@@ -286,6 +287,8 @@ def lowering_passes() -> list:
         _func_pass(lower_copies_to_dma, "cgra.LowerCopiesToDMA"),
         # The accumulator's zero-fill becomes the first reduction step's overwriting GEMM.
         _func_pass(fold_accumulator_init, "cgra.FoldAccumulatorInit"),
+        # A FILL the EPILOGUE after it partly overwrites (a window's padding) fills only the rest.
+        _func_pass(trim_overwritten_fills, "cgra.TrimOverwrittenFills"),
         # The last tile of a symbolic axis moves and computes only the rows that exist.
         _func_pass(cut_ragged_tiles, "cgra.CutRaggedTiles"),
         # Two copies of each scratchpad tile reused by a loop, so DMA overlaps compute.

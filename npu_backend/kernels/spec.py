@@ -18,6 +18,10 @@ from cgra_codegen.spad import SPAD_ALIGN as ALIGN  # the code generator's buffer
 BLOCK_COLUMNS = 8
 #: The layouts the NCHW conv2d compute reads and writes: (data, weight, output).
 CONV2D_LAYOUTS = ("NCHW", "OIHW", "NCHW")
+#: PrimFunc attribute: the blocks whose scratchpad buffers lowering keeps one copy of
+#: (lower/double_buffer.py), because the kernel's own order of commands already keeps their
+#: writes and reads apart (inverted_residual.py); the tile search counts them once.
+SINGLE_BUFFERED = "cgra.single_buffered"
 
 
 @dataclasses.dataclass(frozen=True)

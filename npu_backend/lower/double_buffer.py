@@ -8,7 +8,8 @@ iteration `t` of the enclosing loop nest redirected to copy `t % 2`.
 Why: with one copy, the DMA for tile t+1 must wait until the PE array has finished reading tile
 t (a write-after-read on the same scratchpad bytes). With two, the load of t+1 runs while t is
 computed, and the epilogue and store of t while t+1 is computed; the simulator's scoreboard
-sees disjoint byte ranges and overlaps them. The tiling budgets twice each buffer for this.
+sees disjoint byte ranges and overlaps them. The tiling budgets twice each buffer for this,
+except the buffers of the blocks a kernel names in its SINGLE_BUFFERED attribute (one copy).
 
 Uses of a buffer are (data, element offset) argument pairs of `cgra_*` calls (the convention of
 the intrinsics and of the DMA pass) and, rarely, BufferLoad/BufferStore; both are rewritten.
@@ -22,32 +23,37 @@ from tvm import ir, tirx
 
 from cgra_codegen import SPAD_SCOPE as SPAD
 
+from ..kernels.spec import SINGLE_BUFFERED
 from .dma import buffer_elements, buffer_strides
 
 _BUFFER_DATA = ir.Op.get("tirx.buffer_data")
 COPIES = 2
 
 
+_SUFFIX = "_" + SPAD  # set_scope names a block's buffer <block>_global.cgra_spad
+
+
 def double_buffer(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    return func.with_body(_rewrite(func.body, []))
+    single = {str(name) for name in (func.attrs or {}).get(SINGLE_BUFFERED, [])}
+    return func.with_body(_rewrite(func.body, [], single))
 
 
-def _rewrite(stmt, loops):
-    """`loops`: the enclosing For nodes, outermost first."""
+def _rewrite(stmt, loops, single):
+    """`loops`: the enclosing For nodes, outermost first; `single`: blocks kept one copy of."""
     if isinstance(stmt, tirx.For):
-        body = _rewrite(stmt.body, loops + [stmt])
+        body = _rewrite(stmt.body, loops + [stmt], single)
         return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body,
                         stmt.thread_binding, stmt.annotations)
     if isinstance(stmt, tirx.SeqStmt):
-        seq = [_rewrite(s, loops) for s in stmt.seq]
-        return _double_allocations(seq, loops)
+        seq = [_rewrite(s, loops, single) for s in stmt.seq]
+        return _double_allocations(seq, loops, single)
     if isinstance(stmt, tirx.IfThenElse):
-        else_case = _rewrite(stmt.else_case, loops) if stmt.else_case is not None else None
-        return tirx.IfThenElse(stmt.condition, _rewrite(stmt.then_case, loops), else_case)
+        else_case = _rewrite(stmt.else_case, loops, single) if stmt.else_case is not None else None
+        return tirx.IfThenElse(stmt.condition, _rewrite(stmt.then_case, loops, single), else_case)
     return stmt
 
 
-def _double_allocations(seq, loops):
+def _double_allocations(seq, loops, single):
     """Give the spad allocations of this sequence two copies indexed by the loops' parity.
 
     The allocation stays where it is: the code generator places it at a fixed scratchpad
@@ -56,7 +62,8 @@ def _double_allocations(seq, loops):
     if not loops or _trip_count(loops) < 2:
         return tirx.SeqStmt(seq)
     remap = {stmt.buffer: _doubled(stmt.buffer)
-             for stmt in seq if isinstance(stmt, tirx.AllocBuffer) and stmt.buffer.scope() == SPAD}
+             for stmt in seq if isinstance(stmt, tirx.AllocBuffer) and stmt.buffer.scope() == SPAD
+             and str(stmt.buffer.name).removesuffix(_SUFFIX) not in single}
     if not remap:
         return tirx.SeqStmt(seq)
     redirect = _ExprRedirect(remap, tirx.floormod(_iteration(loops), COPIES))
