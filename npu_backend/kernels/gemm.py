@@ -182,7 +182,7 @@ def _blocks_along(side: int, block: int) -> list[tuple[int, int]]:
 
 
 def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription,
-                    has_residual: bool = False, taps: int = 1) -> int:
+                    has_residual: bool = False, taps: int = 1, init_folded: bool = False) -> int:
     """A first-order estimate of a tiled GEMM's cycles, each unit's work priced by the simulator's
     cost model (cgra_sim.cost).
 
@@ -192,7 +192,9 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     cannot overlap is the first tile's loads (nothing to compute yet), the last tile's epilogue
     and store, and a bubble per tile: the vector unit runs in order, so the next tile's first
     FILL waits behind this tile's EPILOGUE, which waits for this tile's last GEMM, and the PE
-    array refills after the gap.
+    array refills after the gap. `init_folded`: lowering folds that FILL into the tile's first
+    GEMM (lower/fold_init.py), so neither the FILL nor the bubble is there (what the kernel
+    runs; the tile search itself still prices the FILL, and its choices stay what they were).
     """
     tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk * taps
     array_fill = arch.rows + arch.cols
@@ -203,11 +205,12 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     out_bytes = t.tm * t.tn * acc_bytes
     load = cost.dma_transfer_cycles(arch, tiles * steps * tile_load + tiles * residual_load)
     store = cost.dma_transfer_cycles(arch, tiles * out_bytes)
-    vector = cost.vector_stream_cycles(arch, (3 if has_residual else 2) * tiles * t.tm * t.tn)
+    fills = 0 if init_folded else 1
+    vector = cost.vector_stream_cycles(arch, (fills + (2 if has_residual else 1)) * tiles * t.tm * t.tn)
     vector_tile = cost.vector_stream_cycles(arch, t.tm * t.tn)  # one FILL or EPILOGUE of a tile
     prologue = cost.dma_cycles(arch, tile_load)
     tail = vector_tile + cost.dma_cycles(arch, out_bytes)
-    bubble = (tiles - 1) * (2 * vector_tile + array_fill)
+    bubble = 0 if init_folded else (tiles - 1) * (2 * vector_tile + array_fill)
     # With two buffers, each buffer in turn is loaded (latency, then transfer) and then computed
     # on before it can be loaded again: two steps take at least latency + transfer + compute.
     # Short steps, or steps whose loads take as long as their GEMM, wait for the DMA: a row tile
