@@ -39,19 +39,27 @@ def _activate(bb, y, activation):
 
 
 def separable_model(n, c, h, w, f, kernel=3, stride=1, pad=1, dw_bias=True, dw_act="relu6", pw_bias=True,
-                    pw_act="none", residual=None, seed=0):
-    """conv2d(x, dw, groups=c) [+ b1] [act] -> conv2d(., pw) [+ b2] [+ x or + r] [act]:
-    (module, inputs, numpy reference). residual: None, "shortcut" (x itself) or "tensor"."""
+                    pw_act="none", residual=None, seed=0, expansion=None, ex_bias=True, ex_act="relu6"):
+    """[conv2d(x, ew) [+ b0] [act] to `expansion` channels ->] conv2d(., dw, groups) [+ b1] [act] ->
+    conv2d(., pw) [+ b2] [+ x or + r] [act]: (module, inputs, numpy reference). residual: None,
+    "shortcut" (x itself, the block's input) or "tensor"."""
     rng = np.random.default_rng(seed)
+    e = expansion or c
     oh, ow = (h + 2 * pad - kernel) // stride + 1, (w + 2 * pad - kernel) // stride + 1
-    shapes = [("x", (n, c, h, w)), ("dw", (c, 1, kernel, kernel))] + ([("b1", (1, c, 1, 1))] if dw_bias else []) + \
-        [("pw", (f, c, 1, 1))] + ([("b2", (1, f, 1, 1))] if pw_bias else []) + \
+    shapes = [("x", (n, c, h, w))] + ([("ew", (e, c, 1, 1))] + ([("b0", (1, e, 1, 1))] if ex_bias else [])
+                                      if expansion else []) + \
+        [("dw", (e, 1, kernel, kernel))] + ([("b1", (1, e, 1, 1))] if dw_bias else []) + \
+        [("pw", (f, e, 1, 1))] + ([("b2", (1, f, 1, 1))] if pw_bias else []) + \
         ([("r", (n, f, oh, ow))] if residual == "tensor" else [])
     inputs = {name: rng.standard_normal(shape).astype("float32") for name, shape in shapes}
 
     def body(bb, *params):
         p = dict(zip(inputs, params))
-        y = bb.emit(relax.op.nn.conv2d(p["x"], p["dw"], strides=stride, padding=pad, groups=c))
+        y = p["x"]
+        if expansion:
+            y = bb.emit(relax.op.nn.conv2d(y, p["ew"]))
+            y = _activate(bb, bb.emit(relax.op.add(y, p["b0"])) if ex_bias else y, ex_act)
+        y = bb.emit(relax.op.nn.conv2d(y, p["dw"], strides=stride, padding=pad, groups=e))
         y = _activate(bb, bb.emit(relax.op.add(y, p["b1"])) if dw_bias else y, dw_act)
         y = bb.emit(relax.op.nn.conv2d(y, p["pw"]))
         y = bb.emit(relax.op.add(y, p["b2"])) if pw_bias else y
@@ -60,7 +68,11 @@ def separable_model(n, c, h, w, f, kernel=3, stride=1, pad=1, dw_bias=True, dw_a
         return _activate(bb, y, pw_act)
 
     mod = relax_module([(name, shape, "float32") for name, shape in shapes], body)
-    ref = conv2d_reference(inputs["x"], inputs["dw"], (stride, stride), (pad,) * 4, groups=c)
+    ref = inputs["x"]
+    if expansion:
+        ref = np.einsum("nchw,ec->nehw", ref, inputs["ew"][:, :, 0, 0])
+        ref = _reference_tail(ref + inputs["b0"] if ex_bias else ref, ex_act)
+    ref = conv2d_reference(ref, inputs["dw"], (stride, stride), (pad,) * 4, groups=e)
     ref = _reference_tail(ref + inputs["b1"] if dw_bias else ref, dw_act)
     ref = np.einsum("nchw,fc->nfhw", ref, inputs["pw"][:, :, 0, 0])
     ref = ref + inputs["b2"] if pw_bias else ref
@@ -100,16 +112,17 @@ def test_separable_pair_is_one_kernel_and_matches_numpy(n, c, h, w, f, kernel, s
 
 
 @contextlib.contextmanager
-def _always_fused():
-    """The partitioner fuses a pair that fits whatever the two kernels' estimates; the searches
+def _always_fused(tiles=separable_tiles, alternative="_separate_cycles"):
+    """The partitioner fuses a pair that fits whatever the two kernels' estimates (or, for
+    another tile search module `tiles`, whatever its `alternative` estimates); the searches
     remembered before and meanwhile are forgotten."""
-    separable_tiles._search.cache_clear()
+    tiles._search.cache_clear()
     try:
-        with mock.patch.object(separable_tiles, "_separate_cycles", lambda spec, arch: math.inf):
+        with mock.patch.object(tiles, alternative, lambda spec, arch: math.inf):
             yield
     finally:
         registry._TILINGS.clear()
-        separable_tiles._search.cache_clear()
+        tiles._search.cache_clear()
 
 
 def test_mobilenet_v2_block_is_partitioned_into_the_fused_kernel():
@@ -128,31 +141,42 @@ def test_mobilenet_v2_block_is_partitioned_into_the_fused_kernel():
 
 def test_onnx_mobilenet_v2_blocks_fuse_and_move_fewer_bytes():
     """The ONNX MobileNetV2-style model: each block's depthwise and projection are one kernel,
-    the expanded map between them never stored, and the result is onnxruntime's."""
+    the expanded map between them never stored, and the result is onnxruntime's. (The blocks
+    with an expansion before the depthwise are one inverted-residual kernel each, expansion
+    included: tests/test_inverted_residual.py.)"""
     import onnx_models
+    prof = onnx_profile(onnx_models.mobilenet_v2(32), (1, 3, 32, 32))
+    fused = [k for k in prof.kernels if k.source_ops.count("nn.conv2d") >= 2]
+    assert [k.source_ops.count("nn.conv2d") for k in fused] == [2, 3, 3, 3]
+    assert all(k.source_ops[:3] == ("nn.conv2d", "add", "clip") for k in fused)
+
+
+def onnx_profile(model, shape):
+    """The profile of `model` run on cgra-8x8 once its result was checked against onnxruntime's."""
     onnxruntime = pytest.importorskip("onnxruntime")
-    model = onnx_models.mobilenet_v2(32)
-    x = np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype("float32")
+    x = np.random.default_rng(1).standard_normal(shape).astype("float32")
     with npu_backend.profile() as prof:
         out = run(npu_backend.compile(npu_backend.from_onnx(model), "cgra-8x8"), [x])
     session = onnxruntime.InferenceSession(model.SerializeToString())
     assert_matches(out, session.run(None, {session.get_inputs()[0].name: x})[0], "float32")
-    fused = [k for k in prof.kernels if k.source_ops.count("nn.conv2d") == 2]
-    assert len(fused) == 4
-    assert all(k.source_ops[:3] == ("nn.conv2d", "add", "clip") for k in fused)
+    return prof
 
 
-def _pair_reason(mod, arch) -> str | None:
-    """The partitioner's check on the first depthwise -> 1x1 pair of `mod`: None if it fuses."""
+def _pair_reason(mod, arch, family=SEPARABLE) -> str | None:
+    """The partitioner's check on the matches of `family`'s patterns in `mod` (a depthwise -> 1x1
+    pair by default): None if one of them fuses, else the first one's reason."""
     mod = run_stages(mod, arch, CompileOptions(), [stage for stage in STAGES if stage[0] == "normalise"])
     var2val = relax.analysis.get_var2val(mod["main"])
-    for entry in (entry for entry in pattern_table() if entry.family is SEPARABLE):
+    reasons = []
+    for entry in (entry for entry in pattern_table() if entry.family is family):
         for value in var2val.values():
             matched = entry.pattern.extract_matched_expr(value, var2val)
             if matched is not None:
                 roles = {role: matched[node] for role, node in entry.annotations.items() if node in matched}
-                return offload_reason(entry.name, roles, arch)
-    raise AssertionError("no depthwise -> 1x1 pair in the module")
+                reasons.append(offload_reason(entry.name, roles, arch))
+    if not reasons:
+        raise AssertionError(f"no match of the {family.name} patterns in the module")
+    return None if None in reasons else reasons[0]
 
 
 def test_pair_that_does_not_fit_stays_two_kernels_with_a_reason():

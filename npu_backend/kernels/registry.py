@@ -29,6 +29,7 @@ from .depthwise import DEPTHWISE
 from .eltwise import ELTWISE
 from .epilogue import chain_pattern_graphs
 from .fabric import FABRIC
+from .inverted_residual import INVERTED_RESIDUAL
 from .family import OpFamily
 from .matmul import MATMUL
 from .pool import POOL
@@ -36,7 +37,7 @@ from .separable import SEPARABLE
 from .sigmoid import SMOOTH
 from .tir import TIR, tir_spec
 
-FAMILIES: tuple[OpFamily, ...] = (SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, FABRIC, ELTWISE, TIR, ACTIVATION)
+FAMILIES: tuple[OpFamily, ...] = (INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, FABRIC, ELTWISE, TIR, ACTIVATION)
 
 
 @dataclasses.dataclass(frozen=True)

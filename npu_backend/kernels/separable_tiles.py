@@ -39,7 +39,12 @@ def choose_separable_tiling(spec, arch: HardwareDescription) -> Tiling:
     """The fitting (tm, tw, tk) with the fewest estimated cycles (ties: the larger tile); raises
     ScratchpadTooSmall or UnsupportedOperator, which partitioning reports as the reason the pair
     stays two kernels. Refusals are remembered too: a model asks again at every such pair."""
-    tiling, refusal = _search(spec, arch)
+    return searched(_search, spec, arch)
+
+
+def searched(search, spec, arch: HardwareDescription) -> Tiling:
+    """The tiling `search(spec, arch)` found, or its refusal (error class, message) raised."""
+    tiling, refusal = search(spec, arch)
     if refusal is not None:
         error, message = refusal
         raise error(message)
@@ -146,22 +151,29 @@ def out_pixel_stride(pw: KernelSpec, tn: int, arch: HardwareDescription) -> int:
 
 
 def footprint(spec, arch: HardwareDescription, tm: int, tw: int, tk: int, tn: int) -> int:
-    """Scratchpad bytes of a tile's buffers, each twice: the window, the depthwise weights and
-    bias row, its accumulator and epilogued output (pixels padded), the pointwise weights and
-    bias row, the accumulator, the residual tile and the output tile (pixels padded)."""
+    """Scratchpad bytes of a tile's buffers (`pair_buffers`), each twice."""
+    return sum(aligned(2 * size) for size in pair_buffers(spec, arch, tm, tw, tk, tn).values())
+
+
+def pair_buffers(spec, arch: HardwareDescription, tm: int, tw: int, tk: int, tn: int) -> dict:
+    """{block name: bytes} of a tile's buffers: the window, the depthwise weights and bias row,
+    its accumulator and epilogued output (pixels padded), the pointwise weights and bias row, the
+    accumulator, the residual tile and the output tile (pixels padded)."""
     dw, pw = spec.depthwise, spec.pointwise
     in_bytes, acc_bytes = DType.from_name(dw.dtype).itemsize, DType.from_name(dw.acc_dtype).itemsize
     width, (kh, kw) = tw, dw.rhs_shape[2:]
     in_h = window_extent(tm, kh, dw.strides[0], dw.dilation[0])
     in_w = window_extent(width, kw, dw.strides[1], dw.dilation[1])
     pixels = tm * width
-    buffers = [in_h * in_w * window_stride(dw, tk, tw, arch) * in_bytes, kh * kw * tk * in_bytes,
-               pixels * tk * acc_bytes, pixels * dw_row_stride(width, tk, acc_bytes, arch) * acc_bytes,
-               tk * tn * in_bytes, pixels * tn * acc_bytes, pixels * out_pixel_stride(pw, tn, arch) * acc_bytes]
-    buffers += [tk * acc_bytes] if dw.bias_shape else []
-    buffers += [tn * acc_bytes] if pw.bias_shape else []
-    buffers += [pixels * tn * acc_bytes] if pw.residual_shape else []
-    return sum(aligned(2 * size) for size in buffers)
+    buffers = {"dw_a_pad": in_h * in_w * window_stride(dw, tk, tw, arch) * in_bytes, "dw_b_pad": kh * kw * tk * in_bytes,
+               "dw_acc": pixels * tk * acc_bytes,
+               "dw_epi": pixels * dw_row_stride(width, tk, acc_bytes, arch) * acc_bytes,
+               "b_pad": tk * tn * in_bytes, "acc": pixels * tn * acc_bytes,
+               "epi": pixels * out_pixel_stride(pw, tn, arch) * acc_bytes}
+    buffers.update({"dw_bias_pad": tk * acc_bytes} if dw.bias_shape else {})
+    buffers.update({"bias_pad": tn * acc_bytes} if pw.bias_shape else {})
+    buffers.update({"res_pad": pixels * tn * acc_bytes} if pw.residual_shape else {})
+    return buffers
 
 
 def estimate_cycles(spec, t: Tiling, arch: HardwareDescription) -> int:
