@@ -126,8 +126,9 @@ def _always_fused(tiles=separable_tiles, alternative="_separate_cycles"):
 
 
 def test_mobilenet_v2_block_is_partitioned_into_the_fused_kernel():
-    """An inverted residual block: expand 1x1 + relu6, depthwise 3x3 + relu6, project 1x1, + x.
-    The expansion stays its own kernel; the depthwise, the projection and the shortcut are one."""
+    """An inverted residual block without an expansion (MobileNetV2's first): depthwise 3x3 +
+    relu6, project 1x1, + x, as one kernel. Its 24 channels are one block, so the residual is read
+    from the depthwise's window, not loaded again."""
     mod, inputs, ref = separable_model(1, 24, 14, 14, 24, dw_act="relu6", residual="shortcut")
     kernels = {p.kernel.split(" ")[0] for p in npu_backend.explain(mod, "cgra-8x8")}
     assert kernels == {"cgra.separable_bias_shortcut"}
@@ -137,6 +138,8 @@ def test_mobilenet_v2_block_is_partitioned_into_the_fused_kernel():
     (kernel,) = prof.kernels
     assert kernel.source_ops == ("nn.conv2d", "add", "clip", "nn.conv2d", "add", "add")
     assert kernel.macs == 24 * 14 * 14 * (9 + 24)
+    weights = sum(array.nbytes for array in inputs[1:])  # the windows load each input pixel once or
+    assert kernel.dma_load_bytes < 2 * inputs[0].nbytes + weights  # twice (halo), a residual tile once more
 
 
 def test_onnx_mobilenet_v2_blocks_fuse_and_move_fewer_bytes():

@@ -276,17 +276,18 @@ def epilogue_operands(spec: KernelSpec, out_shape) -> dict:
             "scale": te.placeholder(spec.scale_shape, "float32", name="scale") if spec.scale_shape else None}
 
 
-def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=None):
+def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=None, residual_tile=None):
     """epi = requantise(clip(relu(acc + bias[col] + residual)), scale[col]) over the padded tile
     grid (the expression of the EPILOGUE intrinsic, so tensorize matches it). A grouped conv2d's
     image b holds group b % G, whose channels start at (b % G) * F/G. The residual is read
     through `out_index(*acc_indices)`, the output element an accumulator element becomes;
     outside the output (tile padding) it reads zero. The bias and the scale are staged in the
-    scratchpad as rows (blocks bias_pad, scale_pad), the residual as a tile (res_pad)."""
+    scratchpad as rows (blocks bias_pad, scale_pad), the residual as a tile (res_pad), or
+    `residual_tile`, a tile of acc's shape the kernel computes from what it already holds."""
     bias_pad = _channel_row(spec, acc, tiling, operands["bias"], spec.bias_shape, "bias_pad")
     scale_pad = _channel_row(spec, acc, tiling, operands["scale"], spec.scale_shape, "scale_pad")
-    residual, res_pad = operands["residual"], None
-    if residual is not None:
+    residual, res_pad = operands["residual"], residual_tile
+    if residual is not None and res_pad is None:
         shape = list(residual.shape)  # ints, or a symbolic axis's variable
         res_pad = te.compute(acc.shape, lambda *idx: padded(residual, shape, out_index(*idx)), name="res_pad")
 

@@ -39,7 +39,7 @@ from .intrinsics.pe_array import window_extent, window_sum
 from .intrinsics.vector_unit import activation
 from .operands import padded, prim_func
 from .separable_tiles import (choose_separable_tiling, dw_row_stride, out_pixel_stride, padded_columns,
-                              window_stride)
+                              window_shortcut, window_stride)
 from .spad_layout import align_rows
 from .spec import CONV2D_LAYOUTS, KernelSpec, Tiling
 
@@ -184,8 +184,9 @@ def separable_compute(spec: SeparableSpec, tiling: Tiling):
     in_h, in_w = window_shape(dw, tiling)
     a_pad = te.compute((dw.lhs_shape[0], in_h, in_w, tiling.kp), lambda b_, iy, ix, c: padded(
         x, dw.lhs_shape, (b_, c, iy - top, ix - left)), name="dw_a_pad")
-    out, inputs = depthwise_pointwise(spec, tiling, lambda b_, y, iy, ix, c: a_pad[b_, iy, ix, c],
-                                      x if spec.shortcut else None)
+    shortcut = (lambda b_, y, ox, f: a_pad[b_, y + top, ox + left, f]) if window_shortcut(spec, tiling) else \
+        x if spec.shortcut else None
+    out, inputs = depthwise_pointwise(spec, tiling, lambda b_, y, iy, ix, c: a_pad[b_, iy, ix, c], shortcut)
     return prim_func(spec.roles, {"lhs": x, **inputs}, out)
 
 
@@ -199,9 +200,10 @@ def window_shape(dw: KernelSpec, tiling: Tiling) -> tuple:
 
 def depthwise_pointwise(spec: SeparableSpec, tiling: Tiling, window, shortcut=None):
     """(out, {role: placeholder}) of the depthwise over its input window, its epilogue, the 1x1
-    conv2d and its epilogue, whose residual is `shortcut` when given (the block's input).
-    `window(b, y, iy, ix, c)`: the input at padded row iy and column ix (zero in the padding),
-    channel c (tiling.kp of them), as output row y reads it."""
+    conv2d and its epilogue, whose residual is `shortcut` when given (the block's input): its
+    tensor, or `shortcut(b, y, x, f)` reading it from a scratchpad tile the kernel holds (block
+    res_pad, which the schedule inlines). `window(b, y, iy, ix, c)`: the input at padded row iy
+    and column ix (zero in the padding), channel c (tiling.kp of them), as output row y reads it."""
     dw, pw = spec.depthwise, spec.pointwise
     n = dw.lhs_shape[0]
     kh, kw = dw.rhs_shape[2:]
@@ -223,9 +225,11 @@ def depthwise_pointwise(spec: SeparableSpec, tiling: Tiling, window, shortcut=No
     acc = te.compute((n, rows, width, tiling.np), lambda b_, y, ox, f: te.sum(
         dw_epi[b_, y, ox, rc] * pw_b[rc, f], axis=[rc]), name="acc")
     operands = epilogue_operands(pw, pw.output_shape)
-    if shortcut is not None:
+    in_place = callable(shortcut) and not isinstance(shortcut, te.Tensor)
+    if shortcut is not None and not in_place:
         operands["residual"] = shortcut
-    epi = epilogue_compute(pw, acc, tiling, operands, out_index=lambda b_, y, ox, f: (b_, f, y, ox))
+    epi = epilogue_compute(pw, acc, tiling, operands, out_index=lambda b_, y, ox, f: (b_, f, y, ox),
+                           residual_tile=te.compute(acc.shape, shortcut, name="res_pad") if in_place else None)
     out = te.compute(pw.output_shape, lambda b_, f, y, ox: epi[b_, y, ox, f], name="out")
     return out, {"dw_rhs": dw_w, "dw_bias": dw_bias, "rhs": w, **operands}
 
@@ -254,19 +258,26 @@ def schedule_separable(sch, spec: SeparableSpec, tiling: Tiling, arch: HardwareD
     depthwise weights and bias and the pointwise weights loaded, one DEPTHWISE and one EPILOGUE
     per row into dw_epi, one GEMM per row; then one EPILOGUE per row and the store."""
     dw = spec.depthwise
-    _, block_outer, acc = stage_pair(sch, spec, tiling, ("dw_a_pad",))
-    init = sch.decompose_reduction(acc, block_outer)
+    in_window = window_shortcut(spec, tiling)
+    if in_window:  # the EPILOGUE reads the residual from the window: once per tile, beside the one block
+        sch.compute_inline(sch.get_sblock("res_pad"))
+    tile, block_outer, acc = stage_pair(sch, spec, tiling, ("dw_a_pad",), one_block=in_window)
+    # One block: the accumulator's FILL per output row, beside its GEMM, which fold_init makes
+    # overwrite it (else a FILL per row before the block loop).
+    init = sch.decompose_reduction(acc, loops_after(sch, acc, tile)[1] if in_window else block_outer)
     align_rows(sch, sch.get_sblock("dw_a_pad"), tiling.tk, window_stride(dw, tiling.tk, tiling.tw, arch), dw.dtype,
                arch)
     tensorize_pair(sch, spec, tiling, arch, acc, init)
 
 
-def stage_pair(sch, spec: SeparableSpec, tiling: Tiling, window: tuple) -> tuple:
+def stage_pair(sch, spec: SeparableSpec, tiling: Tiling, window: tuple, one_block: bool = False) -> tuple:
     """Split the output into tiles and the channels into blocks, and stage the pair's buffers in
     the scratchpad: per tile the accumulator, bias row and residual tile (and the store after
     them), per block the `window` blocks (the depthwise's input, in the order to compute_at
     them), the depthwise's weights, bias, accumulator and output, and the pointwise weights.
-    Returns (the tile loop, the block loop, the accumulator block)."""
+    `one_block`: the channels are one block (tiling.tk == tiling.kp), not split; everything is
+    per tile. Returns (the tile loop, the block loop (the tile's with one block), the
+    accumulator block)."""
     dw, pw = spec.depthwise, spec.pointwise
     epi, acc = sch.get_sblock("epi"), sch.get_sblock("acc")
     _, rows, columns, _ = sch.get_loops(epi)
@@ -275,14 +286,17 @@ def stage_pair(sch, spec: SeparableSpec, tiling: Tiling, window: tuple) -> tuple
     sch.reorder(row_outer, column_outer, row_inner, column_inner)
     tile = column_outer
     sch.compute_at(acc, tile)
-    for name in (("bias_pad",) if pw.bias_shape else ()) + (("res_pad",) if pw.residual_shape else ()):
+    staged = (("bias_pad",) if pw.bias_shape else ()) + (("res_pad",) if _has_block(sch, "res_pad") else ())
+    for name in staged:
         block = sch.get_sblock(name)
         sch.compute_at(block, tile)
         sch.set_scope(block, 0, SPAD)
     sch.reverse_compute_at(sch.get_sblock("out"), tile)
-    row, pixel, channel, depth = loops_after(sch, acc, tile)
-    block_outer, block_inner = sch.split(depth, [None, tiling.tk])
-    sch.reorder(block_outer, row, pixel, channel, block_inner)
+    block_outer = tile
+    if not one_block:
+        row, pixel, channel, depth = loops_after(sch, acc, tile)
+        block_outer, block_inner = sch.split(depth, [None, tiling.tk])
+        sch.reorder(block_outer, row, pixel, channel, block_inner)
     staged = ("dw_epi", "dw_acc") + window + ("dw_b_pad", "b_pad") + (("dw_bias_pad",) if dw.bias_shape else ())
     for name in staged:
         block = sch.get_sblock(name)
@@ -291,6 +305,14 @@ def stage_pair(sch, spec: SeparableSpec, tiling: Tiling, window: tuple) -> tuple
     for block in (acc, epi):
         sch.set_scope(block, 0, SPAD)
     return tile, block_outer, acc
+
+
+def _has_block(sch, name: str) -> bool:
+    try:
+        sch.get_sblock(name)
+    except Exception:  # noqa: BLE001 (TVM's ScheduleError): inlined, or never there
+        return False
+    return True
 
 
 def tensorize_pair(sch, spec: SeparableSpec, tiling: Tiling, arch: HardwareDescription, acc, init) -> None:

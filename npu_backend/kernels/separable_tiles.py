@@ -172,8 +172,17 @@ def pair_buffers(spec, arch: HardwareDescription, tm: int, tw: int, tk: int, tn:
                "epi": pixels * out_pixel_stride(pw, tn, arch) * acc_bytes}
     buffers.update({"dw_bias_pad": tk * acc_bytes} if dw.bias_shape else {})
     buffers.update({"bias_pad": tn * acc_bytes} if pw.bias_shape else {})
-    buffers.update({"res_pad": pixels * tn * acc_bytes} if pw.residual_shape else {})
+    one_block = Tiling(tm, tn, tk, tm, tn, round_up(dw.lhs_shape[1], tk), tw=tw)
+    buffers.update({"res_pad": pixels * tn * acc_bytes} if pw.residual_shape and not window_shortcut(spec, one_block)
+                   else {})
     return buffers
+
+
+def window_shortcut(spec, tiling: Tiling) -> bool:
+    """Whether the pointwise's residual, the depthwise's own input (a shortcut), is read from the
+    depthwise's window (its padded coordinates hold the input's pixels): when one block holds
+    every channel, the window is there for the whole tile, and the residual needs no load."""
+    return bool(getattr(spec, "shortcut", False)) and tiling.kp == tiling.tk and tiling.tn <= tiling.kp
 
 
 def estimate_cycles(spec, t: Tiling, arch: HardwareDescription) -> int:
@@ -226,4 +235,5 @@ def tile_costs(spec, t: Tiling, arch: HardwareDescription, window_loaded: bool =
     residual = pixels * t.tn * acc_bytes if pw.residual_shape else 0
     vector = blocks * t.tm * cost.vector_cycles(arch, width, t.tk) + t.tm * (
         cost.vector_cycles(arch, width, t.tn) + cost.vector_cycles(arch, width, t.tn, 2 if residual else 1))
+    residual = 0 if window_shortcut(spec, t) else residual  # streamed by the EPILOGUE, not loaded
     return TileCosts(compute, vector, blocks * block_load + residual, pixels * t.tn * acc_bytes, block_load)
