@@ -17,7 +17,6 @@ block runs as without this kernel: the expansion's own conv2d kernel plus the se
 
 from __future__ import annotations
 
-import collections
 import functools
 
 from cgra_sim import cost
@@ -150,10 +149,10 @@ def footprint(spec, arch: HardwareDescription, tm: int, tw: int, tk: int, tn: in
 def estimate_cycles(spec, t: Tiling, arch: HardwareDescription) -> int:
     """First-order cycles, each command priced by the simulator's cost model: per tile the
     pair's work (separable_tiles.tile_costs, its window not loaded) and per block the
-    expansion's: a GEMM and an EPILOGUE per window row inside the image, FILLs of the window's
-    padding (a row outside the image whole, the columns outside it), and a bubble (the DEPTHWISE
-    waits for the last row's EPILOGUE); the input window once per tile, the expansion weights
-    per block. Tiles at the image's top and bottom have fewer rows to expand."""
+    expansion's: a GEMM and an EPILOGUE per window row (rows above or below the image too: their
+    EPILOGUE makes them 0), FILLs of the window's columns outside the image, and a bubble (the
+    DEPTHWISE waits for the last row's EPILOGUE); the input window once per tile, the expansion
+    weights per block."""
     ex, dw = spec.expand, spec.pair.depthwise
     in_bytes, acc_bytes = DType.from_name(ex.dtype).itemsize, DType.from_name(ex.acc_dtype).itemsize
     pair = tile_costs(spec.pair, t, arch, window_loaded=False)
@@ -161,30 +160,13 @@ def estimate_cycles(spec, t: Tiling, arch: HardwareDescription) -> int:
     in_h = window_rows(spec, t.tm)
     in_w = window_extent(t.tw, dw.rhs_shape[3], dw.strides[1], dw.dilation[1])
     border = [width for width in (dw.padding[1], in_w - dw.padding[1] - columns) if width > 0]
-    row_gemm = cost.gemm_steady_cycles(arch, columns, t.tk, depth, ex.dtype)
     row_vector = cost.vector_cycles(arch, columns, t.tk) + sum(cost.vector_cycles(arch, b, t.tk) for b in border)
+    compute = blocks * (in_h * cost.gemm_steady_cycles(arch, columns, t.tk, depth, ex.dtype) +
+                        cost.gemm_fill_cycles(arch, columns, t.tk) + cost.vector_cycles(arch, columns, t.tk))
     weights = depth * t.tk * in_bytes + (t.tk * acc_bytes if ex.bias_shape else 0)
     window = in_h * columns * depth * in_bytes
-    total = 0
-    for inside, count in _rows_inside(spec, t).items():
-        compute = blocks * (inside * row_gemm + cost.gemm_fill_cycles(arch, columns, t.tk) +
-                            cost.vector_cycles(arch, columns, t.tk))
-        vector = blocks * (inside * row_vector + (in_h - inside) * cost.vector_cycles(arch, in_w, t.tk))
-        costs = TileCosts(pair.compute + compute, pair.vector + vector, pair.load + window + blocks * weights,
-                          pair.store, 0)
-        total += count * costs.period(arch)
+    costs = TileCosts(pair.compute + compute, pair.vector + blocks * in_h * row_vector,
+                      pair.load + window + blocks * weights, pair.store, 0)
+    tiles = dw.lhs_shape[0] * t.mp // t.tm
     first = pair.first_load + window + weights
-    return total + cost.dma_cycles(arch, first) + cost.dma_cycles(arch, pair.store)
-
-
-def _rows_inside(spec, t: Tiling) -> collections.Counter:
-    """{window rows inside the image: how many tiles}, over the images and row tiles."""
-    dw = spec.pair.depthwise
-    n, _, h, _ = dw.lhs_shape
-    in_h, top, step = window_rows(spec, t.tm), dw.padding[0], t.tm * dw.strides[0]
-    counts = collections.Counter()
-    for tile in range(t.mp // t.tm):
-        first = tile * step - top
-        counts[max(0, min(h, first + in_h) - max(0, first))] += n
-    return counts
-
+    return tiles * costs.period(arch) + cost.dma_cycles(arch, first) + cost.dma_cycles(arch, pair.store)
