@@ -34,8 +34,9 @@ class OpFamily:
     spec_from_match: Callable | None = None  # (pattern name, {role: expr}) -> spec
     roots: PatternsFn = _none  # () -> [epilogue.Root]: ops followed by an epilogue chain
     patterns: PatternsFn = _none  # () -> [(name, pattern, roles)]: standalone patterns
-    # () -> [(name, pattern, roles)]: two roots fused into one kernel (separable.py), tried
-    # before any root's epilogue chain, which would otherwise take either root alone.
+    # () -> [(name, pattern, roles)]: two or three roots fused into one kernel (separable.py,
+    # inverted_residual.py), tried before any root's epilogue chain, which would otherwise take
+    # each root alone.
     pairs: PatternsFn = _none
     # Relax op -> the pattern `explain` reads a host call of it with, to say why it stayed there.
     host_ops: dict = dataclasses.field(default_factory=dict)

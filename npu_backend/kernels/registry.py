@@ -2,8 +2,9 @@
 
 Stage: shared by partition (the pattern table and the reason a match stays on the host), the
 target hook (an offloaded function's spec, its family's tiling, compute and schedule) and
-explain. FAMILIES is ordered: first the pairs of roots one kernel fuses (separable.py: a
-depthwise conv2d and the 1x1 conv2d after it), then the epilogue chains of the families with
+explain. FAMILIES is ordered: first the roots one kernel fuses (inverted_residual.py: a 1x1
+expansion, a depthwise conv2d and the 1x1 conv2d after it, before separable.py's pair of the
+last two, which would take them apart), then the epilogue chains of the families with
 roots (epilogue.py sorts those among themselves, most specific first), then the standalone
 patterns in this order, so the standalone elementwise ops come last and an add a kernel's
 epilogue can fuse is taken by that kernel; SiLU's multiply(x, sigmoid(x)) is one
