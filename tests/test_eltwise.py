@@ -130,10 +130,12 @@ def _kernel_ops(placements):
 @pytest.mark.parametrize("name, builder, expected", [
     ("resnet", resnet, [("mean", 1), ("nn.conv2d,add", 1), ("nn.conv2d,add,add,nn.relu", 2),
                         ("nn.conv2d,add,nn.relu", 3), ("nn.max_pool2d", 1), ("permute_dims,matmul,add", 1)]),
-    # Each block's depthwise conv2d and projection are one kernel (kernels/separable.py).
-    ("mobilenet_v2", mobilenet_v2, [("mean", 1), ("nn.conv2d,add,clip", 3), ("nn.conv2d,add,clip,nn.conv2d,add", 2),
-                                    ("nn.conv2d,add,clip,nn.conv2d,add,add", 2),
-                                    ("nn.conv2d,add,clip,nn.conv2d,add,clip", 1), ("permute_dims,matmul,add", 1)]),
+    # Each block is one kernel: its expansion, depthwise conv2d and projection (kernels/
+    # inverted_residual.py), or without an expansion its depthwise and projection (separable.py).
+    ("mobilenet_v2", mobilenet_v2, [("mean", 1), ("nn.conv2d,add,clip", 2), ("nn.conv2d,add,clip,nn.conv2d,add,add", 1),
+                                    ("nn.conv2d,add,clip,nn.conv2d,add,clip,nn.conv2d,add", 2),
+                                    ("nn.conv2d,add,clip,nn.conv2d,add,clip,nn.conv2d,add,add", 1),
+                                    ("permute_dims,matmul,add", 1)]),
 ])
 def test_fused_bias_and_residual_adds_are_not_taken_by_eltwise(name, builder, expected):
     """The kernels and epilogues of the models as before ELTWISE existed: every add is still a

@@ -111,9 +111,9 @@ def test_profile_table_shows_the_nodes():
 
 
 def test_without_names_the_kernels_stay_shared_and_unnamed():
-    """TVM's own importer gives no spans: kernels report no nodes and identical layers keep
-    sharing one function, as before."""
-    mod = tvm_from_onnx(mobilenet_v2())
+    """TVM's own importer gives no spans: kernels report no nodes and identical layers (a
+    ResNet's blocks) keep sharing one function, as before."""
+    mod = tvm_from_onnx(resnet(blocks=2))
     placements = npu_backend.explain(mod, "cgra-8x8")
     kernels = [p for p in placements if p.where == "npu"]
     assert all(p.nodes == "" for p in placements)

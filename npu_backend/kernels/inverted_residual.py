@@ -136,7 +136,8 @@ def _check_expand(expand: KernelSpec, depthwise: KernelSpec) -> None:
                                   "expansion")
     border = _activate(float("-inf") if expand.bias_shape else 0.0, expand)
     if border != 0.0 and pads_rows(depthwise):
-        reason = "a bias, and no relu or clip at 0 after it" if expand.bias_shape else "an activation of 0 that is not 0"
+        reason = "a bias, and no relu or clip at 0 after it" if expand.bias_shape else \
+            "an activation of 0 that is not 0"
         raise UnsupportedOperator(f"{what}: the expansion's epilogue has {reason}, so in the depthwise's padding "
                                   f"rows it would give {border}, not 0 (the kernel zeroes them through the "
                                   "epilogue's activation, with a bias of the dtype's lowest value there); the "
@@ -193,7 +194,9 @@ def inverted_residual_compute(spec: InvertedResidualSpec, tiling: Tiling):
         elif bias_pad is not None:
             total = total + bias_pad[e]
         value = activation(total, ex.acc_dtype, ex.relu, ex.clip)
-        return tirx.if_then_else(in_bounds((ix - left,), (w,)), value, tirx.const(0, ex.acc_dtype)) if guarded else value
+        if not guarded:
+            return value
+        return tirx.if_then_else(in_bounds((ix - left,), (w,)), value, tirx.const(0, ex.acc_dtype))
 
     window = te.compute((n, tiles, rows, window_shape(dw, tiling)[1], tiling.kp), window_value, name="ex_epi")
 

@@ -165,8 +165,8 @@ def pair_buffers(spec, arch: HardwareDescription, tm: int, tw: int, tk: int, tn:
     in_h = window_extent(tm, kh, dw.strides[0], dw.dilation[0])
     in_w = window_extent(width, kw, dw.strides[1], dw.dilation[1])
     pixels = tm * width
-    buffers = {"dw_a_pad": in_h * in_w * window_stride(dw, tk, tw, arch) * in_bytes, "dw_b_pad": kh * kw * tk * in_bytes,
-               "dw_acc": pixels * tk * acc_bytes,
+    buffers = {"dw_a_pad": in_h * in_w * window_stride(dw, tk, tw, arch) * in_bytes,
+               "dw_b_pad": kh * kw * tk * in_bytes, "dw_acc": pixels * tk * acc_bytes,
                "dw_epi": pixels * dw_row_stride(width, tk, acc_bytes, arch) * acc_bytes,
                "b_pad": tk * tn * in_bytes, "acc": pixels * tn * acc_bytes,
                "epi": pixels * out_pixel_stride(pw, tn, arch) * acc_bytes}
