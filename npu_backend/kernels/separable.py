@@ -135,6 +135,9 @@ def read_pair(annotated: dict, data) -> tuple:
     if int(annotated["dw_root"].attrs.groups) == 1:  # before building two specs: most matches are plain convs
         raise UnsupportedOperator("the first conv2d is not depthwise (groups == 1); only a depthwise conv2d fuses "
                                   "with the 1x1 conv2d after it")
+    if "residual" in annotated and annotated["residual"].same_as(annotated["lhs"]):
+        raise UnsupportedOperator("the residual is the block's input, which the kernel takes as its data: one "
+                                  "parameter in two roles (the shortcut patterns fuse that add)")
     renamed = {"dw_root": "root", "dw_rhs": "rhs", "dw_bias": "bias", "dw_relu": "relu", "dw_clip": "clip"}
     depthwise = conv2d_spec("cgra.depthwise", {"lhs": data, **{ours: annotated[role] for role, ours in
                                                               renamed.items() if role in annotated}})
