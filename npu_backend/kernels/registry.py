@@ -66,6 +66,13 @@ def pattern_table() -> tuple[PatternEntry, ...]:
     return tuple(entries)
 
 
+@functools.cache
+def pair_pattern_names() -> frozenset:
+    """The names of the patterns that fuse several roots (OpFamily.pairs: separable.py,
+    inverted_residual.py). Each holds a depthwise conv2d, which their checks require."""
+    return frozenset(name for family in FAMILIES for name, _, _ in family.pairs())
+
+
 def entries_named(name: str) -> list[PatternEntry]:
     """The patterns registered under `name` (a mirrored residual add shares its name)."""
     found = [entry for entry in pattern_table() if entry.name == name]
