@@ -65,7 +65,8 @@ class ReadsOperand:
 def read_operand(x, what: str) -> UnaryOperand:
     """The view of a one-input kernel's operand `x`; raises UnsupportedOperator saying why the op
     stays on the host (`what`: the op, for the message)."""
-    shape, names = read_shape(x, "operand", symbolic_axes=range(-MAX_RANK, 0), prefix=f"{what}: ", expressions=True)
+    shape, names = read_shape(x, "operand", symbolic_axes=range(-MAX_RANK, 0), prefix=f"{what}: ",
+                              expressions=True)
     if not 1 <= len(shape) <= MAX_RANK:
         raise UnsupportedOperator(f"{what} of rank {len(shape)}: the NPU's DMA moves tensors of rank 1..{MAX_RANK}")
     if not names:

@@ -2,9 +2,9 @@
 
 Stage: normalise (before partition). In: a Relax IRModule. Out: the same module in which every
 `call_tir` of a PrimFunc computing max(x, c) or min(x, c) elementwise against a scalar constant c
-(of a static or a symbolic shape) is `R.clip(x, c, +max)` / `R.clip(x, -max, c)` (max: the dtype's largest value, inf for floats),
-`clip(clip(x, a, b), c, d)` whose ranges overlap is `clip(x, max(a, c), min(b, d))`, and
-`clip(relu(x), a, b)` with b >= 0 is `clip(x, max(a, 0), b)`.
+(of a static or a symbolic shape) is `R.clip(x, c, +max)` / `R.clip(x, -max, c)` (max: the
+dtype's largest value, inf for floats), `clip(clip(x, a, b), c, d)` whose ranges overlap is
+`clip(x, max(a, c), min(b, d))`, and `clip(relu(x), a, b)` with b >= 0 is `clip(x, max(a, 0), b)`.
 
 Why: ONNX `Clip` (relu6 in MobileNetV2) imports as a topi maximum then a topi minimum
 (`emit_te`), opaque PrimFunc calls that no partition pattern can read; PyTorch's relu6 and
