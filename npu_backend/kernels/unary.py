@@ -148,21 +148,19 @@ def unary_compute(spec, tiling: Tiling, block: str, value, cut_calls: dict):
     `value(element)` of the padded input. `cut_calls`: {device call: (its rows parameter, its
     columns parameter)} of the family's intrinsic, cut in the last tile of a symbolic axis."""
     operand = spec.operand
-    if not operand.extents:
-        x = te.placeholder((operand.rows, operand.cols), spec.dtype, name="lhs")
-        a_pad = te.compute((tiling.mp, tiling.np), lambda i, j: padded(x, (operand.rows, operand.cols), (i, j)),
-                           name="a_pad")
-        result = te.compute(a_pad.shape, lambda i, j: value(a_pad[i, j]), name=block)
-        out = te.compute((operand.rows, operand.cols), lambda i, j: result[i, j], name="out")
-        views = {"lhs": operand.shape, "out": operand.shape} if operand.shape != (operand.rows, operand.cols) else None
-        return prim_func(spec.param_roles, {"lhs": x}, out, views, spec.shape_args)
-    extents, whole = view_extents(operand, tiling)
+    if operand.extents:  # symbolic: the views.py view, the caller's shape with its variables
+        extents, whole = view_extents(operand, tiling)
+        caller = symbolic_shape(operand, operand.shape, rank=len(operand.shape))
+    else:
+        extents, whole = (operand.rows, operand.cols), (tiling.mp, tiling.np)
+        caller = operand.shape if operand.shape != extents else None
     x = te.placeholder(extents, spec.dtype, name="lhs")
     a_pad = te.compute(whole, lambda *i: padded(x, extents, i), name="a_pad")
     result = te.compute(whole, lambda *i: value(a_pad(*i)), name=block)
     out = te.compute(extents, lambda *i: result(*i), name="out")
-    caller = symbolic_shape(operand, operand.shape, rank=len(operand.shape))
-    func = prim_func(spec.param_roles, {"lhs": x}, out, {"lhs": caller, "out": caller}, spec.shape_args)
+    func = prim_func(spec.param_roles, {"lhs": x}, out, caller and {"lhs": caller, "out": caller}, spec.shape_args)
+    if not operand.extents:
+        return func
     levels = cut_levels(operand, tiling, extents)
     return func.with_attr(CUT_PARAMS, {call: [params[["rows", "cols"].index(level)] for level in levels]
                                        for call, params in cut_calls.items()})

@@ -77,8 +77,9 @@ def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
 
 def kernel_attrs(func, spec, arch: HardwareDescription) -> dict:
     """The attributes the lowered kernel carries into its code (docs/runtime-abi.md)."""
+    per_output, divisor = macs_per_output(spec)
     return {"cgra.arch": arch.to_json(), "cgra.source_ops": source_ops_attr(func, spec.source_ops),
-            **dict(zip(("cgra.macs_per_output", "cgra.macs_divisor"), macs_per_output(spec)))}
+            "cgra.macs_per_output": per_output, "cgra.macs_divisor": divisor}
 
 
 def kernel_origin(func) -> tuple[str, str]:
