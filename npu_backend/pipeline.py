@@ -48,6 +48,7 @@ from .partition.call_tir import (PREFIX, PRIM_FUNC_ATTR, drop_unused_prim_funcs,
                                  offloaded_prim_funcs, remember_prim_func)
 from .partition.scalar_args import bind_scalar_arguments
 from .partition.source_nodes import record_source_nodes
+from .device.weights import hold_weights
 
 
 # ------------------------------------------------------------------ the graph: Relax in, Relax out
@@ -167,6 +168,9 @@ def codegen(mod, arch, options):
     target_options = {"cgra": {"arch": arch.to_json(), "options": options.to_json()}}
     offloaded = offloaded_prim_funcs(mod)
     mod = relax.transform.RunCodegen(target_options=target_options)(mod)
+    # The kernels' weights go to the runtime's weights module, out of the VM executable, whose
+    # code generation would hash every byte of them (device/weights.py).
+    mod = hold_weights(mod)
     # A user's PrimFunc that now runs only as an NPU kernel is not built for the host too.
     return drop_unused_prim_funcs(mod, offloaded)
 
