@@ -106,6 +106,13 @@ def test_eviction_removes_the_least_recently_used_down_to_three_quarters(tmp_pat
     assert removed == sorted(f"k{i}.kernel" for i in range(1, 8))  # 14 -> 7 entries (<= 1500 bytes)
     assert store.get("k0") is not None and store.get("k1") is None
     assert not (tmp_path / ".tmp-dead.kernel").exists()
+    # Another process's entries push the folder over the limit: a compile that only read the
+    # cache does not walk it; the next one that stores a kernel does.
+    for index in range(20, 30):
+        (tmp_path / f"k{index}.kernel").write_bytes(bytes(200))
+    assert store.evict() == []
+    store.put("k99", b"x")
+    assert len(store.evict()) > 0
 
 
 _SCRIPT = textwrap.dedent("""

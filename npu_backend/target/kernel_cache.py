@@ -44,6 +44,7 @@ class KernelCache:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
         self.hits = self.misses = 0
+        self.written = 0  # entries this object stored since its last eviction walk
 
     def _path(self, key: str) -> Path:
         return self.directory / f"{key}{SUFFIX}"
@@ -73,33 +74,46 @@ class KernelCache:
             with os.fdopen(handle, "wb") as out:
                 out.write(MAGIC + hashlib.sha256(payload).digest() + payload)
             os.replace(temporary, self._path(key))
+            self.written += 1
         except OSError:
             if temporary is not None:
                 _remove(Path(temporary))
 
     def evict(self) -> list[Path]:
         """Remove the least recently used entries while the folder holds more than `max_bytes`
-        (down to three quarters of it), and temporary files a dead process left."""
+        (down to three quarters of it), and temporary files a dead process left. Only after this
+        object stored an entry: the walk stats every entry (50,000 of them at the default limit),
+        and a compile that only read the cache did not make the folder grow (a process that
+        wrote to it walks it)."""
+        if not self.written:
+            return []
+        self.written = 0
         entries, total, now = [], 0, time.time()
-        for path in self.directory.glob(f"*{SUFFIX}") if self.directory.is_dir() else ():
+        try:
+            listing = list(os.scandir(self.directory))
+        except OSError:
+            return []
+        for entry in listing:
+            if not entry.name.endswith(SUFFIX):
+                continue
             try:
-                stat = path.stat()
+                stat = entry.stat()
             except OSError:
                 continue
-            if path.name.startswith(".tmp-"):
+            if entry.name.startswith(".tmp-"):
                 if now - stat.st_mtime > STALE_TEMPORARY_S:
-                    _remove(path)
+                    _remove(Path(entry.path))
                 continue
-            entries.append((stat.st_mtime, stat.st_size, path))
+            entries.append((stat.st_mtime, stat.st_size, entry.path))
             total += stat.st_size
         removed = []
         if total > self.max_bytes:
             for _, size, path in sorted(entries):
                 if total <= self.max_bytes * 3 // 4:
                     break
-                _remove(path)
+                _remove(Path(path))
                 total -= size
-                removed.append(path)
+                removed.append(Path(path))
         return removed
 
     def clear(self) -> None:
