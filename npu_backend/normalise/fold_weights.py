@@ -24,6 +24,7 @@ from tvm import relax
 
 from ..frontend.provenance import with_span
 from ..relax_info import dtype_of, static_shape
+from .arrays import aligned_empty, read_only_view, shared_const
 
 _FLOAT = ("float16", "float32", "float64")
 
@@ -219,7 +220,7 @@ class _WeightFolder(relax.PyExprMutator):
         if isinstance(expr, relax.Var) and isinstance(self.values.get(expr), tvm.ir.GenericConst):
             expr = self.values[expr]  # a variable bound to a constant (PyTorch's exports bind scalars)
         if isinstance(expr, tvm.ir.GenericConst):
-            return expr.value.numpy()
+            return read_only_view(expr.value)
         if isinstance(expr, (tvm.tirx.FloatImm, tvm.tirx.IntImm)):
             return np.array(expr.value, dtype=str(expr.ty))
         return None
@@ -257,7 +258,7 @@ class _WeightFolder(relax.PyExprMutator):
         # Fold only when numpy gives exactly the type Relax inferred: no silent promotion.
         if result is None or result.dtype.name != dtype_of(call) or result.shape != static_shape(call):
             return None
-        return relax.const(result, dtype_of(call))
+        return shared_const(result, dtype_of(call))
 
     def _fold_batch_norm_into(self, conv_var, conv):
         """At a conv2d binding followed only by an inference batch norm (with at most a constant
@@ -299,7 +300,7 @@ class _WeightFolder(relax.PyExprMutator):
         if folded is None:
             return None
         dtype = dtype_of(conv)
-        return norm_var, outputs, relax.const(folded[0], dtype), relax.const(folded[1], dtype), skipped
+        return norm_var, outputs, shared_const(folded[0], dtype), shared_const(folded[1], dtype), skipped
 
     def _next_user(self, var):
         """The one binding that uses `var` (a dataflow var), or None."""
@@ -341,8 +342,9 @@ def _fold_scale_shift(conv_attrs, norm_attrs, weight, stats, dtype, conv_bias=No
         if bias is None:
             return None
         shift = (bias - mean) * scale + beta
-    return (weight * scale.reshape(_channel_shape(kernel_layout, "O", channels)),
-            shift.reshape(_channel_shape(out_layout, "C", channels)))
+    scaled = np.multiply(weight, scale.reshape(_channel_shape(kernel_layout, "O", channels)),
+                         out=aligned_empty(weight.shape, weight.dtype))
+    return scaled, shift.reshape(_channel_shape(out_layout, "C", channels))
 
 
 def _per_channel(bias, out_layout: str, channels: int, dtype: str):
