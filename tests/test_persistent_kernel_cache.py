@@ -46,10 +46,17 @@ def test_a_second_compile_reads_every_kernel_from_disk_with_the_same_results_and
     mod, inputs, ref = _model()
     first, first_cycles = _compile_and_run(mod, inputs)
     assert len(cache.runs) == 1 and len(list(cache.dir.glob("*.kernel"))) == 1
+    assert len(list(cache.dir.glob("*.linked"))) == 1  # the module's kernels, linked
     second, second_cycles = _compile_and_run(mod, inputs)
     assert len(cache.runs) == 1  # nothing scheduled, lowered or emitted the second time
     assert_matches(second, ref, "int8")
     assert (first == second).all() and first_cycles == second_cycles
+    # The linked entry alone gives the module: no kernel is read, linked or compiled.
+    for entry in cache.dir.glob("*.kernel"):
+        entry.unlink()
+    third, third_cycles = _compile_and_run(mod, inputs)
+    assert len(cache.runs) == 1 and (third == first).all() and third_cycles == first_cycles
+    assert not list(cache.dir.glob("*.kernel"))
 
 
 def test_the_chip_the_options_and_the_compiler_are_in_the_key(cache, monkeypatch):
@@ -62,15 +69,25 @@ def test_the_chip_the_options_and_the_compiler_are_in_the_key(cache, monkeypatch
     assert len(cache.runs) == 4
 
 
-def test_a_damaged_entry_is_compiled_again_and_replaced(cache):
-    mod, inputs, ref = _model()
-    _compile_and_run(mod, inputs)
-    (entry,) = cache.dir.glob("*.kernel")
+def _damage(entry) -> bytes:
     data = bytearray(entry.read_bytes())
     data[-10] ^= 0xFF
     entry.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def test_a_damaged_entry_is_compiled_again_and_replaced(cache):
+    mod, inputs, ref = _model()
+    _compile_and_run(mod, inputs)
+    (linked,) = cache.dir.glob("*.linked")
+    damaged = _damage(linked)  # linked again from the kernel's entry
     assert_matches(_compile_and_run(mod, inputs)[0], ref, "int8")
-    assert len(cache.runs) == 2 and entry.read_bytes() != bytes(data)
+    assert len(cache.runs) == 1 and linked.read_bytes() != damaged
+    linked.unlink()
+    (entry,) = cache.dir.glob("*.kernel")
+    damaged = _damage(entry)  # compiled again
+    assert_matches(_compile_and_run(mod, inputs)[0], ref, "int8")
+    assert len(cache.runs) == 2 and entry.read_bytes() != damaged
 
 
 def test_a_dump_shows_every_stage_even_when_the_kernel_is_cached(cache, tmp_path):
@@ -135,7 +152,7 @@ def test_two_processes_fill_one_folder_at_once(tmp_path):
                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
     results = [worker.communicate(timeout=300) for worker in workers]
     assert [w.returncode for w in workers] == [0, 0], results
-    entries = list((tmp_path / "kernels").iterdir())
-    assert len(entries) == 1 and entries[0].suffix == ".kernel"  # no temporary file left
+    entries = sorted((tmp_path / "kernels").iterdir(), key=lambda path: path.suffix)
+    assert [entry.suffix for entry in entries] == [".kernel", ".linked"]  # no temporary file left
     store = kernel_cache.KernelCache(tmp_path / "kernels", 1 << 20)
-    assert store.get(entries[0].stem) is not None  # whole, checksum intact
+    assert all(store.get(entry.stem, entry.suffix) is not None for entry in entries)  # whole, checksums intact

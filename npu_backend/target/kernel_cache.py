@@ -9,8 +9,9 @@ compile options, and the kernel's exported name and attributes (they are inside 
 the bitcode, or None.
 
 Entries live in `<cache>/kernels/` (CGRA_KERNEL_CACHE, else the runtime's cache folder,
-`~/.cache/npu_backend`), one file per kernel: a magic line, the payload's SHA-256 and the
-payload. Two processes may use the folder at once: a file is written under a temporary name and
+`~/.cache/npu_backend`), one file per kernel (`.kernel`) and one per set of kernels a module
+linked (`.linked`: the object and the shared library, keyed by the kernels' keys): a magic line,
+the payload's SHA-256 and the payload. Two processes may use the folder at once: a file is written under a temporary name and
 renamed into place (atomic), a file that disappears or fails its checksum is a miss (and a
 damaged one is removed). When the folder grows past CGRA_KERNEL_CACHE_MB (default 1024), the
 least recently used entries go until it is under three quarters of that.
@@ -33,6 +34,8 @@ MAGIC = b"cgra-kernel-cache 1\n"
 DIGEST_BYTES = 32
 DEFAULT_LIMIT_MB = 1024
 SUFFIX = ".kernel"
+#: A set of kernels linked into one object and shared library (relax_ext.linked_key).
+LINKED_SUFFIX = ".linked"
 #: A temporary file older than this was left by a process that died while writing it.
 STALE_TEMPORARY_S = 3600.0
 
@@ -46,11 +49,11 @@ class KernelCache:
         self.hits = self.misses = 0
         self.written = 0  # entries this object stored since its last eviction walk
 
-    def _path(self, key: str) -> Path:
-        return self.directory / f"{key}{SUFFIX}"
+    def _path(self, key: str, suffix: str = SUFFIX) -> Path:
+        return self.directory / f"{key}{suffix}"
 
-    def get(self, key: str) -> bytes | None:
-        path = self._path(key)
+    def get(self, key: str, suffix: str = SUFFIX) -> bytes | None:
+        path = self._path(key, suffix)
         try:
             data = path.read_bytes()
         except OSError:  # absent, or evicted by another process in between
@@ -65,7 +68,7 @@ class KernelCache:
         self.hits += 1
         return payload
 
-    def put(self, key: str, payload: bytes) -> None:
+    def put(self, key: str, payload: bytes, suffix: str = SUFFIX) -> None:
         """Store `payload` under `key` (atomically; a full disk only costs the next compile)."""
         temporary = None
         try:
@@ -73,7 +76,7 @@ class KernelCache:
             handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=SUFFIX)
             with os.fdopen(handle, "wb") as out:
                 out.write(MAGIC + hashlib.sha256(payload).digest() + payload)
-            os.replace(temporary, self._path(key))
+            os.replace(temporary, self._path(key, suffix))
             self.written += 1
         except OSError:
             if temporary is not None:
@@ -94,7 +97,7 @@ class KernelCache:
         except OSError:
             return []
         for entry in listing:
-            if not entry.name.endswith(SUFFIX):
+            if not entry.name.endswith((SUFFIX, LINKED_SUFFIX)):
                 continue
             try:
                 stat = entry.stat()
@@ -117,8 +120,9 @@ class KernelCache:
         return removed
 
     def clear(self) -> None:
-        for path in self.directory.glob(f"*{SUFFIX}") if self.directory.is_dir() else ():
-            _remove(path)
+        for suffix in (SUFFIX, LINKED_SUFFIX):
+            for path in self.directory.glob(f"*{suffix}") if self.directory.is_dir() else ():
+                _remove(path)
 
 
 def _remove(path: Path) -> None:
