@@ -46,6 +46,7 @@ from .normalise.sums import sums_as_adds_pass
 from .options import CompileOptions, clear_dump, dump
 from .partition.call_tir import (PREFIX, PRIM_FUNC_ATTR, drop_unused_prim_funcs, offload_call_tir,
                                  offloaded_prim_funcs, remember_prim_func)
+from .partition.pattern_ops import has_grouped_conv2d, ops_in, required_ops
 from .partition.scalar_args import bind_scalar_arguments
 from .partition.source_nodes import record_source_nodes
 from .device.host_ops import concats_to_runtime
@@ -99,8 +100,12 @@ def partition(mod, arch, options):
     # Offload every subgraph an op family's pattern matches and the chip can run (kernels/);
     # weights stay arguments so the kernels can DMA them. Symbolic dimensions the kernels take
     # are read at their bound (kernels/dynamic.py).
-    patterns = fusion_patterns(arch, options)
-    if not _has_grouped_conv2d(mod):  # no fused pair or block to find: 60 patterns fewer to match
+    # Only the patterns whose operators the module calls (partition/pattern_ops.py), and the fused
+    # pairs' and blocks' only with a depthwise conv2d to find: the others cannot match, but
+    # FuseOpsByPattern would walk the module for each (half its time on ShuffleNetV2).
+    present = ops_in(mod)
+    patterns = [pattern for pattern in fusion_patterns(arch, options) if required_ops(pattern.pattern) <= present]
+    if not has_grouped_conv2d(mod):
         patterns = [pattern for pattern in patterns if pattern.name not in pair_pattern_names()]
     with shape_bounds(bounds_of(mod, options)):
         partitioned = relax.transform.FuseOpsByPattern(patterns, bind_constants=False, annotate_codegen=True)(mod)
@@ -115,23 +120,6 @@ def partition(mod, arch, options):
     # Scalars (a requantisation's zero point, a fabric body's immediates) are bound inside the
     # kernel that needs them at compile time (partition/scalar_args.py).
     return bind_scalar_arguments(partitioned, takes_immediates=reads_immediates)
-
-
-def _has_grouped_conv2d(mod) -> bool:
-    """Whether a function of `mod` calls a conv2d with groups > 1 (a depthwise one, which every
-    fused pair and block holds). Matching their patterns costs VGG-19's partition 28 of 66 ms,
-    ResNet-50's 82 of 189 ms, though neither has one."""
-    found = []
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.nn.conv2d" and \
-                int(expr.attrs.groups) > 1:
-            found.append(expr)
-
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function) and not found:
-            relax.analysis.post_order_visit(func, visit)
-    return bool(found)
 
 
 def fusion_patterns(arch: HardwareDescription, options: CompileOptions = CompileOptions()) -> list[FusionPattern]:
