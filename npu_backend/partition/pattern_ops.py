@@ -33,8 +33,18 @@ def required_ops(pattern) -> frozenset:
     """The operators every match of `pattern` (a dataflow pattern) calls: an alternative needs what
     both sides need, a call its operator and what its arguments need; anything else (a wildcard,
     a constant, a negation) nothing. Sub-patterns are shared (a fabric chain's eight links each
-    take the alternatives below them): each is read once."""
-    return _required(pattern, {})
+    take the alternatives below them): each is read once. The patterns are built once a process
+    (kernels.pattern_table), so the answer is kept with the pattern it is for (8 ms a compile)."""
+    key = pattern.__chandle__()
+    known = _REQUIRED.get(key)
+    if known is None or not known[0].same_as(pattern):
+        if len(_REQUIRED) >= 4096:
+            _REQUIRED.clear()
+        known = _REQUIRED[key] = (pattern, _required(pattern, {}))  # the pattern held: its address stays its
+    return known[1]
+
+
+_REQUIRED: dict = {}  # pattern's address -> (the pattern, its required_ops)
 
 
 def _required(pattern, seen: dict) -> frozenset:
