@@ -49,7 +49,7 @@ from .partition.call_tir import (PREFIX, PRIM_FUNC_ATTR, drop_unused_prim_funcs,
 from .partition.pattern_ops import has_grouped_conv2d, ops_in, required_ops
 from .partition.scalar_args import bind_scalar_arguments
 from .partition.source_nodes import record_source_nodes
-from .device.host_ops import concats_to_runtime
+from .device.host_ops import host_ops_to_runtime
 from .device.weights import hold_weights
 
 
@@ -160,9 +160,9 @@ def codegen(mod, arch, options):
     # The kernels' weights go to the runtime's weights module, out of the VM executable, whose
     # code generation would hash every byte of them (device/weights.py).
     mod = hold_weights(mod)
-    # Concatenations left on the host run as the runtime's copy, not host code TVM compiles for
-    # each model (device/host_ops.py).
-    mod = concats_to_runtime(mod)
+    # Concatenations, splits and transposes left on the host run as the runtime's copies, not
+    # host code TVM compiles for each model (device/host_ops.py).
+    mod = host_ops_to_runtime(mod)
     # A user's PrimFunc that now runs only as an NPU kernel is not built for the host too.
     return drop_unused_prim_funcs(mod, offloaded)
 

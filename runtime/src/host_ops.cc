@@ -1,5 +1,9 @@
 /*
  * Host operators the runtime carries out itself, so that TVM does not compile them per model.
+ * `cgra.host.split(axis, in, out0, ..., outK-1)` is concat's inverse (each output's extent along
+ * `axis` is its slice), `cgra.host.permute_dims(in, axis0, ..., axisN-1, out)` transposes
+ * (out's axis d is in's axis axis_d; elements of 1, 2, 4 or 8 bytes), both in tvm-ffi's
+ * destination-passing style too.
  *
  * `cgra.host.concat(axis, in0, ..., inK-1, out)`: out = concatenate(in0, ..., inK-1) along
  * `axis`, in tvm-ffi's destination-passing style (the VM allocates `out`). The compiler calls it
@@ -83,10 +87,129 @@ void Concat(ffi::PackedArgs args, ffi::Any* result) {
   *result = nullptr;
 }
 
+void Split(ffi::PackedArgs args, ffi::Any* result) {
+  if (args.size() < 3) {
+    TVM_FFI_THROW(ValueError) << "cgra.host.split takes (axis, input, outputs...): got " << args.size()
+                              << " arguments";
+  }
+  int64_t axis = args[0].cast<int64_t>();
+  ffi::TensorView in = args[1].cast<ffi::TensorView>();
+  CheckHostContiguous(in, "input", 0);
+  if (axis < 0 || axis >= in.ndim()) {
+    TVM_FFI_THROW(ValueError) << "cgra.host.split: axis " << axis << " of a rank-" << in.ndim() << " input";
+  }
+  size_t item = (in.dtype().bits * in.dtype().lanes + 7) / 8;
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < axis; ++i) outer *= in.shape()[i];
+  for (int i = axis + 1; i < in.ndim(); ++i) inner *= in.shape()[i];
+  std::vector<ffi::TensorView> outputs;
+  int64_t along = 0;
+  for (int k = 2; k < args.size(); ++k) {
+    ffi::TensorView out = args[k].cast<ffi::TensorView>();
+    CheckHostContiguous(out, "output", k - 2);
+    bool fits = out.ndim() == in.ndim() && out.dtype().code == in.dtype().code &&
+                out.dtype().bits == in.dtype().bits && out.dtype().lanes == in.dtype().lanes;
+    for (int i = 0; fits && i < in.ndim(); ++i) fits = i == axis || out.shape()[i] == in.shape()[i];
+    if (!fits) {
+      TVM_FFI_THROW(ValueError) << "cgra.host.split: output " << k - 2 << " of shape " << ShapeText(out)
+                                << " does not fit the input " << ShapeText(in) << " along axis " << axis;
+    }
+    along += out.shape()[axis];
+    outputs.push_back(out);
+  }
+  if (along != in.shape()[axis]) {
+    TVM_FFI_THROW(ValueError) << "cgra.host.split: the outputs take " << along << " along axis " << axis
+                              << ", the input " << ShapeText(in) << " has " << in.shape()[axis];
+  }
+  const char* base = static_cast<const char*>(in.data_ptr()) + in.byte_offset();
+  size_t in_row = static_cast<size_t>(in.shape()[axis] * inner) * item;
+  size_t offset = 0;
+  for (const ffi::TensorView& out : outputs) {
+    char* target = static_cast<char*>(out.data_ptr()) + out.byte_offset();
+    size_t run = static_cast<size_t>(out.shape()[axis] * inner) * item;
+    for (int64_t o = 0; o < outer; ++o) std::memcpy(target + o * run, base + o * in_row + offset, run);
+    offset += run;
+  }
+  *result = nullptr;
+}
+
+/*! \brief out[i] = in[j] where out's axis d is in's axis perm[d], for elements of `Item`. */
+template <typename Item>
+void PermuteItems(const Item* in, Item* out, const std::vector<int64_t>& out_shape,
+                  const std::vector<int64_t>& in_strides_by_out_axis) {
+  int rank = static_cast<int>(out_shape.size());
+  int64_t total = 1;
+  for (int64_t extent : out_shape) total *= extent;
+  if (total == 0) return;
+  std::vector<int64_t> index(rank, 0);
+  int64_t last = out_shape[rank - 1], step = in_strides_by_out_axis[rank - 1];
+  int64_t source = 0;  // in's element offset of out's current index (its last axis at 0)
+  for (int64_t done = 0; done < total; done += last) {
+    for (int64_t i = 0; i < last; ++i) *out++ = in[source + i * step];
+    for (int d = rank - 2; d >= 0; --d) {  // the next row: carry through the outer axes
+      source += in_strides_by_out_axis[d];
+      if (++index[d] < out_shape[d]) break;
+      source -= index[d] * in_strides_by_out_axis[d];
+      index[d] = 0;
+    }
+  }
+}
+
+void PermuteDims(ffi::PackedArgs args, ffi::Any* result) {
+  if (args.size() < 2) {
+    TVM_FFI_THROW(ValueError) << "cgra.host.permute_dims takes (input, axes..., output): got " << args.size()
+                              << " arguments";
+  }
+  ffi::TensorView in = args[0].cast<ffi::TensorView>();
+  ffi::TensorView out = args[args.size() - 1].cast<ffi::TensorView>();
+  CheckHostContiguous(in, "input", 0);
+  CheckHostContiguous(out, "output", 0);
+  int rank = in.ndim();
+  bool fits = args.size() == rank + 2 && out.ndim() == rank && out.dtype().code == in.dtype().code &&
+              out.dtype().bits == in.dtype().bits && out.dtype().lanes == in.dtype().lanes;
+  std::vector<int64_t> perm(rank), in_strides(rank, 1), out_shape(rank), strides_by_out(rank);
+  std::vector<bool> taken(rank, false);
+  for (int d = 0; fits && d < rank; ++d) {
+    perm[d] = args[d + 1].cast<int64_t>();
+    fits = perm[d] >= 0 && perm[d] < rank && !taken[perm[d]] && out.shape()[d] == in.shape()[perm[d]];
+    if (fits) taken[perm[d]] = true;
+  }
+  if (!fits) {
+    TVM_FFI_THROW(ValueError) << "cgra.host.permute_dims: axes that are not a permutation of the input "
+                              << ShapeText(in) << " giving the output " << ShapeText(out);
+  }
+  if (rank == 0) {
+    std::memcpy(static_cast<char*>(out.data_ptr()) + out.byte_offset(),
+                static_cast<const char*>(in.data_ptr()) + in.byte_offset(), (in.dtype().bits + 7) / 8);
+    *result = nullptr;
+    return;
+  }
+  for (int d = rank - 2; d >= 0; --d) in_strides[d] = in_strides[d + 1] * in.shape()[d + 1];
+  for (int d = 0; d < rank; ++d) {
+    out_shape[d] = out.shape()[d];
+    strides_by_out[d] = in_strides[perm[d]];
+  }
+  const char* source = static_cast<const char*>(in.data_ptr()) + in.byte_offset();
+  char* target = static_cast<char*>(out.data_ptr()) + out.byte_offset();
+  switch ((in.dtype().bits * in.dtype().lanes + 7) / 8) {
+    case 1: PermuteItems(reinterpret_cast<const uint8_t*>(source), reinterpret_cast<uint8_t*>(target), out_shape, strides_by_out); break;
+    case 2: PermuteItems(reinterpret_cast<const uint16_t*>(source), reinterpret_cast<uint16_t*>(target), out_shape, strides_by_out); break;
+    case 4: PermuteItems(reinterpret_cast<const uint32_t*>(source), reinterpret_cast<uint32_t*>(target), out_shape, strides_by_out); break;
+    case 8: PermuteItems(reinterpret_cast<const uint64_t*>(source), reinterpret_cast<uint64_t*>(target), out_shape, strides_by_out); break;
+    default:
+      TVM_FFI_THROW(ValueError) << "cgra.host.permute_dims: elements of " << in.dtype().bits * in.dtype().lanes
+                                << " bits (1, 2, 4 or 8 bytes are taken)";
+  }
+  *result = nullptr;
+}
+
 }  // namespace
 }  // namespace cgra
 
 TVM_FFI_STATIC_INIT_BLOCK() {
   namespace refl = tvm::ffi::reflection;
-  refl::GlobalDef().def_packed("cgra.host.concat", cgra::Concat);
+  refl::GlobalDef()
+      .def_packed("cgra.host.concat", cgra::Concat)
+      .def_packed("cgra.host.split", cgra::Split)
+      .def_packed("cgra.host.permute_dims", cgra::PermuteDims);
 }
