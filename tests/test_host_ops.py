@@ -141,7 +141,7 @@ def test_channel_shuffle_on_the_runtime_at_a_symbolic_batch():
 def test_host_split_and_permute_dims_refuse_a_mismatch():
     split, permute = tvm.get_global_func("cgra.host.split"), tvm.get_global_func("cgra.host.permute_dims")
     a = tvm.runtime.tensor(np.zeros((2, 3), "float32"))
-    with pytest.raises(ValueError, match=r"cgra.host.split: the outputs take 2 along axis 1"):
+    with pytest.raises(ValueError, match=r"cgra.host.split: the outputs give 2 along axis 1"):
         split(1, a, tvm.runtime.tensor(np.zeros((2, 2), "float32")))
     with pytest.raises(ValueError, match=r"cgra.host.permute_dims: axes that are not a permutation"):
         permute(a, 0, 0, tvm.runtime.tensor(np.zeros((2, 2), "float32")))

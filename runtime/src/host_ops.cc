@@ -34,11 +34,40 @@ std::string ShapeText(const ffi::TensorView& tensor) {
   return text + (tensor.ndim() == 1 ? ",)" : ")");
 }
 
-void CheckHostContiguous(const ffi::TensorView& tensor, const char* what, int index) {
+void CheckHostContiguous(const ffi::TensorView& tensor, const char* op, const char* what, int index) {
   if (tensor.device().device_type != kDLCPU || !tensor.IsContiguous()) {
-    TVM_FFI_THROW(ValueError) << "cgra.host.concat: " << what << " " << index
-                              << " is not a contiguous host tensor";
+    TVM_FFI_THROW(ValueError) << op << ": " << what << " " << index << " is not a contiguous host tensor";
   }
+}
+
+/*!
+ * \brief args[first, last) as the parts of `whole` along `axis` (concat's inputs, split's outputs):
+ * each of the whole's rank and dtype, with its extents off the axis, and their extents along it
+ * adding up to the whole's; otherwise a ValueError naming `op`, the part and the shapes.
+ */
+std::vector<ffi::TensorView> Parts(ffi::PackedArgs args, int first, int last, const ffi::TensorView& whole,
+                                   int64_t axis, const char* op, const char* part, const char* whole_name) {
+  std::vector<ffi::TensorView> parts;
+  int64_t along = 0;
+  for (int k = first; k < last; ++k) {
+    ffi::TensorView tensor = args[k].cast<ffi::TensorView>();
+    CheckHostContiguous(tensor, op, part, k - first);
+    bool fits = tensor.ndim() == whole.ndim() && tensor.dtype().code == whole.dtype().code &&
+                tensor.dtype().bits == whole.dtype().bits && tensor.dtype().lanes == whole.dtype().lanes;
+    for (int i = 0; fits && i < whole.ndim(); ++i) fits = i == axis || tensor.shape()[i] == whole.shape()[i];
+    if (!fits) {
+      TVM_FFI_THROW(ValueError) << op << ": " << part << " " << k - first << " of shape " << ShapeText(tensor)
+                                << " does not fit the " << whole_name << " " << ShapeText(whole) << " along axis "
+                                << axis;
+    }
+    along += tensor.shape()[axis];
+    parts.push_back(tensor);
+  }
+  if (along != whole.shape()[axis]) {
+    TVM_FFI_THROW(ValueError) << op << ": the " << part << "s give " << along << " along axis " << axis << ", the "
+                              << whole_name << " " << ShapeText(whole) << " has " << whole.shape()[axis];
+  }
+  return parts;
 }
 
 void Concat(ffi::PackedArgs args, ffi::Any* result) {
@@ -48,7 +77,7 @@ void Concat(ffi::PackedArgs args, ffi::Any* result) {
   }
   int64_t axis = args[0].cast<int64_t>();
   ffi::TensorView out = args[args.size() - 1].cast<ffi::TensorView>();
-  CheckHostContiguous(out, "output", 0);
+  CheckHostContiguous(out, "cgra.host.concat", "output", 0);
   if (axis < 0 || axis >= out.ndim()) {
     TVM_FFI_THROW(ValueError) << "cgra.host.concat: axis " << axis << " of a rank-" << out.ndim() << " output";
   }
@@ -56,25 +85,8 @@ void Concat(ffi::PackedArgs args, ffi::Any* result) {
   int64_t outer = 1, inner = 1;  // elements before the axis, and per index of the axis after it
   for (int i = 0; i < axis; ++i) outer *= out.shape()[i];
   for (int i = axis + 1; i < out.ndim(); ++i) inner *= out.shape()[i];
-  std::vector<ffi::TensorView> inputs;
-  int64_t along = 0;
-  for (int k = 1; k + 1 < args.size(); ++k) {
-    ffi::TensorView in = args[k].cast<ffi::TensorView>();
-    CheckHostContiguous(in, "input", k - 1);
-    bool fits = in.ndim() == out.ndim() && in.dtype().code == out.dtype().code &&
-                in.dtype().bits == out.dtype().bits && in.dtype().lanes == out.dtype().lanes;
-    for (int i = 0; fits && i < out.ndim(); ++i) fits = i == axis || in.shape()[i] == out.shape()[i];
-    if (!fits) {
-      TVM_FFI_THROW(ValueError) << "cgra.host.concat: input " << k - 1 << " of shape " << ShapeText(in)
-                                << " does not fit the output " << ShapeText(out) << " along axis " << axis;
-    }
-    along += in.shape()[axis];
-    inputs.push_back(in);
-  }
-  if (along != out.shape()[axis]) {
-    TVM_FFI_THROW(ValueError) << "cgra.host.concat: the inputs give " << along << " along axis " << axis
-                              << ", the output " << ShapeText(out) << " has " << out.shape()[axis];
-  }
+  std::vector<ffi::TensorView> inputs =
+      Parts(args, 1, args.size() - 1, out, axis, "cgra.host.concat", "input", "output");
   char* base = static_cast<char*>(out.data_ptr()) + out.byte_offset();
   size_t out_row = static_cast<size_t>(out.shape()[axis] * inner) * item;  // bytes per outer index
   size_t offset = 0;
@@ -94,7 +106,7 @@ void Split(ffi::PackedArgs args, ffi::Any* result) {
   }
   int64_t axis = args[0].cast<int64_t>();
   ffi::TensorView in = args[1].cast<ffi::TensorView>();
-  CheckHostContiguous(in, "input", 0);
+  CheckHostContiguous(in, "cgra.host.split", "input", 0);
   if (axis < 0 || axis >= in.ndim()) {
     TVM_FFI_THROW(ValueError) << "cgra.host.split: axis " << axis << " of a rank-" << in.ndim() << " input";
   }
@@ -102,25 +114,7 @@ void Split(ffi::PackedArgs args, ffi::Any* result) {
   int64_t outer = 1, inner = 1;
   for (int i = 0; i < axis; ++i) outer *= in.shape()[i];
   for (int i = axis + 1; i < in.ndim(); ++i) inner *= in.shape()[i];
-  std::vector<ffi::TensorView> outputs;
-  int64_t along = 0;
-  for (int k = 2; k < args.size(); ++k) {
-    ffi::TensorView out = args[k].cast<ffi::TensorView>();
-    CheckHostContiguous(out, "output", k - 2);
-    bool fits = out.ndim() == in.ndim() && out.dtype().code == in.dtype().code &&
-                out.dtype().bits == in.dtype().bits && out.dtype().lanes == in.dtype().lanes;
-    for (int i = 0; fits && i < in.ndim(); ++i) fits = i == axis || out.shape()[i] == in.shape()[i];
-    if (!fits) {
-      TVM_FFI_THROW(ValueError) << "cgra.host.split: output " << k - 2 << " of shape " << ShapeText(out)
-                                << " does not fit the input " << ShapeText(in) << " along axis " << axis;
-    }
-    along += out.shape()[axis];
-    outputs.push_back(out);
-  }
-  if (along != in.shape()[axis]) {
-    TVM_FFI_THROW(ValueError) << "cgra.host.split: the outputs take " << along << " along axis " << axis
-                              << ", the input " << ShapeText(in) << " has " << in.shape()[axis];
-  }
+  std::vector<ffi::TensorView> outputs = Parts(args, 2, args.size(), in, axis, "cgra.host.split", "output", "input");
   const char* base = static_cast<const char*>(in.data_ptr()) + in.byte_offset();
   size_t in_row = static_cast<size_t>(in.shape()[axis] * inner) * item;
   size_t offset = 0;
@@ -162,8 +156,8 @@ void PermuteDims(ffi::PackedArgs args, ffi::Any* result) {
   }
   ffi::TensorView in = args[0].cast<ffi::TensorView>();
   ffi::TensorView out = args[args.size() - 1].cast<ffi::TensorView>();
-  CheckHostContiguous(in, "input", 0);
-  CheckHostContiguous(out, "output", 0);
+  CheckHostContiguous(in, "cgra.host.permute_dims", "input", 0);
+  CheckHostContiguous(out, "cgra.host.permute_dims", "output", 0);
   int rank = in.ndim();
   bool fits = args.size() == rank + 2 && out.ndim() == rank && out.dtype().code == in.dtype().code &&
               out.dtype().bits == in.dtype().bits && out.dtype().lanes == in.dtype().lanes;
