@@ -1,6 +1,6 @@
 """Numpy arrays for the weights normalise folds, without copies of the model's largest arrays.
 
-Stage: normalise (fold_weights.py, batch_norms.py). The folds read a constant's tensor as a
+Stage: normalise (fold_weights.py). The folds read a constant's tensor as a
 read-only numpy view of its memory (`read_only_view`) and give their results to TVM sharing the
 result's memory (`shared_const`, which needs it 64-byte aligned: `aligned_empty`). Copying
 instead cost ResNet-50's warm compile 30 ms and a second copy of its 100 MB of weights.

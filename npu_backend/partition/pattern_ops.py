@@ -40,7 +40,7 @@ def required_ops(pattern) -> frozenset:
     if known is None or not known[0].same_as(pattern):
         if len(_REQUIRED) >= 4096:
             _REQUIRED.clear()
-        known = _REQUIRED[key] = (pattern, _required(pattern, {}))  # the pattern held: its address stays its
+        known = _REQUIRED[key] = (pattern, _required(pattern, {}))  # held, so no other pattern gets its address
     return known[1]
 
 

@@ -11,8 +11,8 @@ the bitcode, or None.
 Entries live in `<cache>/kernels/` (CGRA_KERNEL_CACHE, else the runtime's cache folder,
 `~/.cache/npu_backend`), one file per kernel (`.kernel`) and one per set of kernels a module
 linked (`.linked`: the object and the shared library, keyed by the kernels' keys): a magic line,
-the payload's SHA-256 and the payload. Two processes may use the folder at once: a file is written under a temporary name and
-renamed into place (atomic), a file that disappears or fails its checksum is a miss (and a
+the payload's SHA-256 and the payload. Two processes may use the folder at once: a file is
+written under a temporary name and renamed into place (atomic), a file that disappears or fails its checksum is a miss (and a
 damaged one is removed). When the folder grows past CGRA_KERNEL_CACHE_MB (default 1024), the
 least recently used entries go until it is under three quarters of that.
 """

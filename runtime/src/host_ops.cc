@@ -129,8 +129,10 @@ void Split(ffi::PackedArgs args, ffi::Any* result) {
 
 /*! \brief out[i] = in[j] where out's axis d is in's axis perm[d], for elements of `Item`. */
 template <typename Item>
-void PermuteItems(const Item* in, Item* out, const std::vector<int64_t>& out_shape,
+void PermuteItems(const void* input, void* output, const std::vector<int64_t>& out_shape,
                   const std::vector<int64_t>& in_strides_by_out_axis) {
+  const Item* in = static_cast<const Item*>(input);
+  Item* out = static_cast<Item*>(output);
   int rank = static_cast<int>(out_shape.size());
   int64_t total = 1;
   for (int64_t extent : out_shape) total *= extent;
@@ -172,9 +174,11 @@ void PermuteDims(ffi::PackedArgs args, ffi::Any* result) {
     TVM_FFI_THROW(ValueError) << "cgra.host.permute_dims: axes that are not a permutation of the input "
                               << ShapeText(in) << " giving the output " << ShapeText(out);
   }
+  size_t item = (in.dtype().bits * in.dtype().lanes + 7) / 8;
+  const char* source = static_cast<const char*>(in.data_ptr()) + in.byte_offset();
+  char* target = static_cast<char*>(out.data_ptr()) + out.byte_offset();
   if (rank == 0) {
-    std::memcpy(static_cast<char*>(out.data_ptr()) + out.byte_offset(),
-                static_cast<const char*>(in.data_ptr()) + in.byte_offset(), (in.dtype().bits + 7) / 8);
+    std::memcpy(target, source, item);
     *result = nullptr;
     return;
   }
@@ -183,13 +187,11 @@ void PermuteDims(ffi::PackedArgs args, ffi::Any* result) {
     out_shape[d] = out.shape()[d];
     strides_by_out[d] = in_strides[perm[d]];
   }
-  const char* source = static_cast<const char*>(in.data_ptr()) + in.byte_offset();
-  char* target = static_cast<char*>(out.data_ptr()) + out.byte_offset();
-  switch ((in.dtype().bits * in.dtype().lanes + 7) / 8) {
-    case 1: PermuteItems(reinterpret_cast<const uint8_t*>(source), reinterpret_cast<uint8_t*>(target), out_shape, strides_by_out); break;
-    case 2: PermuteItems(reinterpret_cast<const uint16_t*>(source), reinterpret_cast<uint16_t*>(target), out_shape, strides_by_out); break;
-    case 4: PermuteItems(reinterpret_cast<const uint32_t*>(source), reinterpret_cast<uint32_t*>(target), out_shape, strides_by_out); break;
-    case 8: PermuteItems(reinterpret_cast<const uint64_t*>(source), reinterpret_cast<uint64_t*>(target), out_shape, strides_by_out); break;
+  switch (item) {
+    case 1: PermuteItems<uint8_t>(source, target, out_shape, strides_by_out); break;
+    case 2: PermuteItems<uint16_t>(source, target, out_shape, strides_by_out); break;
+    case 4: PermuteItems<uint32_t>(source, target, out_shape, strides_by_out); break;
+    case 8: PermuteItems<uint64_t>(source, target, out_shape, strides_by_out); break;
     default:
       TVM_FFI_THROW(ValueError) << "cgra.host.permute_dims: elements of " << in.dtype().bits * in.dtype().lanes
                                 << " bits (1, 2, 4 or 8 bytes are taken)";
