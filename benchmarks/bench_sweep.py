@@ -41,10 +41,11 @@ def _models(folder: str, size: int) -> list[str]:
 def _timed(todo, **how) -> tuple[list[dict], float]:
     from npu_backend.tools import sweep
 
-    os.environ["CGRA_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="bench-sweep-kernels-")
-    started = time.perf_counter()
-    rows = sweep.run_sweep(todo, **how)
-    return rows, time.perf_counter() - started
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-kernels-") as cache:
+        os.environ["CGRA_KERNEL_CACHE"] = cache
+        started = time.perf_counter()
+        rows = sweep.run_sweep(todo, **how)
+        return rows, time.perf_counter() - started
 
 
 def _without_times(rows):

@@ -63,8 +63,14 @@ def _tensor_bytes(model) -> tuple[int, int]:
 
 
 def child(name: str, arch_name: str, size: int, target: str) -> dict:
-    """One model in this (fresh) process; prints its figures as JSON."""
-    os.environ["CGRA_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="bench-zoo-kernels-")
+    """One model in this (fresh) process, with a kernel cache of its own that it removes; returns
+    its figures."""
+    with tempfile.TemporaryDirectory(prefix="bench-zoo-kernels-") as cache:
+        os.environ["CGRA_KERNEL_CACHE"] = cache
+        return _measure(name, arch_name, size, target)
+
+
+def _measure(name: str, arch_name: str, size: int, target: str) -> dict:
     import numpy as np
     import tvm
     from tvm.relax.frontend.onnx import from_onnx
