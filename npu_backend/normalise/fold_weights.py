@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
+from tvm.relax.expr import _update_type
 
 from ..frontend.provenance import with_span
 from ..relax_info import dtype_of, static_shape
@@ -268,8 +269,11 @@ class _WeightFolder(relax.PyExprMutator):
         if plan is None:
             return False
         norm_var, outputs, weight, bias, skipped = plan
-        self._emit(conv_var, relax.Call(conv.op, [self.visit_expr(conv.args[0]), weight], conv.attrs,
-                                        span=conv.span))
+        folded = relax.Call(conv.op, [self.visit_expr(conv.args[0]), weight], conv.attrs, span=conv.span)
+        # Same shapes as the conv2d it replaces: its type, given, spares the builder inferring
+        # it again (TVM's conv2d type inference, about 0.5 ms a call: 64 ms on DenseNet-121).
+        _update_type(folded, conv.ty)
+        self._emit(conv_var, folded)
         self.folded_norms |= {norm_var} | skipped
         for out in outputs:
             self.bias_of[out] = (conv_var, bias, self.values[norm_var].span)
