@@ -46,7 +46,7 @@ from .normalise.sums import sums_as_adds_pass
 from .options import CompileOptions, clear_dump, dump
 from .partition.call_tir import (PREFIX, PRIM_FUNC_ATTR, drop_unused_prim_funcs, offload_call_tir,
                                  offloaded_prim_funcs, remember_prim_func)
-from .partition.pattern_ops import has_grouped_conv2d, ops_in, required_ops
+from .partition.pattern_ops import ModuleCalls, can_match
 from .partition.scalar_args import bind_scalar_arguments
 from .partition.source_nodes import record_source_nodes
 from .device.host_ops import host_ops_to_runtime
@@ -100,12 +100,12 @@ def partition(mod, arch, options):
     # Offload every subgraph an op family's pattern matches and the chip can run (kernels/);
     # weights stay arguments so the kernels can DMA them. Symbolic dimensions the kernels take
     # are read at their bound (kernels/dynamic.py).
-    # Only the patterns whose operators the module calls (partition/pattern_ops.py), and the fused
-    # pairs' and blocks' only with a depthwise conv2d to find: the others cannot match, but
-    # FuseOpsByPattern would walk the module for each (half its time on ShuffleNetV2).
-    present = ops_in(mod)
-    patterns = [pattern for pattern in fusion_patterns(arch, options) if required_ops(pattern.pattern) <= present]
-    if not has_grouped_conv2d(mod):
+    # Only the patterns that can match (their operators called, as deeply nested: partition/
+    # pattern_ops.py), and the fused pairs' and blocks' only with a depthwise conv2d to find:
+    # FuseOpsByPattern would walk the module for each of the others (half its time on ShuffleNetV2).
+    calls = ModuleCalls(mod)
+    patterns = [pattern for pattern in fusion_patterns(arch, options) if can_match(pattern.pattern, calls)]
+    if not calls.grouped_conv2d:
         patterns = [pattern for pattern in patterns if pattern.name not in pair_pattern_names()]
     with shape_bounds(bounds_of(mod, options)):
         partitioned = relax.transform.FuseOpsByPattern(patterns, bind_constants=False, annotate_codegen=True)(mod)
