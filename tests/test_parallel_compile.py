@@ -106,3 +106,31 @@ def test_a_process_with_other_threads_compiles_in_itself(model, monkeypatch):
         release.set()
         other.join()
     assert forked == []
+
+
+def test_the_garbage_collector_pauses_for_the_compile_and_comes_back_as_it_was(model, monkeypatch):
+    """pipeline.gc_paused: off while the stages run (in this process and its forked workers),
+    restored after, a failed compile included; a collector the caller turned off stays off."""
+    import gc
+
+    from npu_backend import pipeline
+
+    mod, _ = model
+    seen = []
+    stages = [("seen", lambda m, arch, options: seen.append(gc.isenabled()) or m)] + list(pipeline.STAGES)
+    monkeypatch.setattr(pipeline, "STAGES", stages)
+    monkeypatch.setenv("CGRA_KERNEL_CACHE", "off")
+    relax_ext.clear_kernel_cache()
+    npu_backend.compile(mod, "cgra-4x4")
+    assert seen == [False] and gc.isenabled()
+    monkeypatch.setattr(pipeline, "STAGES", [("fails", lambda m, arch, options: 1 / 0)])
+    with pytest.raises(Exception, match="division by zero"):
+        npu_backend.compile(mod, "cgra-4x4")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        monkeypatch.setattr(pipeline, "STAGES", stages)
+        npu_backend.compile(mod, "cgra-4x4")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
