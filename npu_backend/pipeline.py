@@ -106,9 +106,10 @@ def partition(mod, arch, options):
     # pattern_ops.py), and the fused pairs' and blocks' only with a depthwise conv2d to find:
     # FuseOpsByPattern would walk the module for each of the others (half its time on ShuffleNetV2).
     calls = ModuleCalls(mod)
-    patterns = [pattern for pattern in fusion_patterns(arch, options) if can_match(pattern.pattern, calls)]
+    patterns = fusion_patterns(arch, options)
     if not calls.grouped_conv2d:
         patterns = [pattern for pattern in patterns if pattern.name not in pair_pattern_names()]
+    patterns = [pattern for pattern in patterns if can_match(pattern.pattern, calls)]
     with shape_bounds(bounds_of(mod, options)):
         partitioned = relax.transform.FuseOpsByPattern(patterns, bind_constants=False, annotate_codegen=True)(mod)
     # A user's own PrimFuncs called with R.call_tir: offloaded when they compile as NPU

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_const, is_op, wildcard
+from tvm.relax.dpl import is_const, is_op, is_var, wildcard
 from tvm.script import relax as R
 
 import npu_backend
@@ -46,9 +46,9 @@ def _chain(x: R.Tensor((4, 4), "float32"), w: R.Tensor((4, 4), "float32")):
         a = R.matmul(x, w)
         b = R.add(a, R.const(1.0))
         c = R.nn.relu(b)
-        t = (c, a)
-        d = R.multiply(t[0], R.const(2.0))  # through a tuple and its item
-        e = R.matmul(d, w)
+        d = R.multiply(c, R.const(2.0))
+        t = (d, a)
+        e = R.matmul(t[0], w)  # through a tuple and its item
         f = R.add(e, e)
         R.output(f)
     return f
@@ -65,6 +65,12 @@ def test_longest_run_of_calls():
         is_op("relax.multiply")(inner, wildcard())
     assert can_match(link(link(link(wildcard()))), calls)
     assert not can_match(link(link(link(link(wildcard())))), calls)  # four links: the run is three
+    # deep enough, and its operators called, but no relu reads a multiply
+    assert not can_match(is_op("relax.nn.relu")(is_op("relax.multiply")(wildcard(), wildcard())), calls)
+    assert can_match(is_op("relax.multiply")(is_op("relax.nn.relu")(wildcard()), is_const()), calls)
+    # a kind of pattern the test does not read is kept
+    assert not pattern_shape(is_op("relax.nn.relu")(is_var())).plain
+    assert can_match(is_op("relax.nn.relu")(is_var()), calls)
 
 
 def test_a_module_the_walk_cannot_read_keeps_every_pattern():

@@ -1,15 +1,21 @@
 """Which fusion patterns can match a module at all.
 
 Stage: partition (before FuseOpsByPattern). In: the op families' patterns and a Relax module.
-Out: the patterns that can match it (`can_match`). FuseOpsByPattern walks the whole module for
-every pattern, one that cannot match included. Two tests leave such a pattern out:
+Out: the patterns that can match it (`can_match`). FuseOpsByPattern walks the whole module and
+rebuilds it for every pattern, one that cannot match included: about 1 ms a pattern on a
+250-binding module before any matching. Three tests, cheapest first, leave such a pattern out:
 - its operators: a match calls every operator of `required_ops(pattern)`, so those must be among
   the module's (`ModuleCalls.ops`). ShuffleNetV2's 151 patterns took 0.33 s, the 88 its
   operators allow 0.17 s, with the same result;
-- its depth: a match is a nest of `call_depth(pattern)` calls, each an operand of the one above,
-  all to the pattern's operators, so the module must hold such a run of calls
+- its depth: a match is a nest of `pattern_shape(pattern).depth` calls, each an operand of the
+  one above, all to the pattern's operators, so the module must hold such a run of calls
   (`ModuleCalls.longest_run`). An elementwise chain of eight ops (the fabric's deepest pattern)
-  cannot match a ResNet, whose longest run of elementwise calls is an add and a relu.
+  cannot match a SqueezeNet, whose longest run of elementwise calls is a bias add and a relu;
+- a match: the pattern matched at each call to its root's operator, as FuseOpsByPattern matches
+  it, but once for all patterns and without rebuilding anything (`ModuleCalls.has_match`; 2.5 us
+  a try). Earlier patterns' fusions only take matches away from later ones, so a pattern that
+  matches nowhere here matches nowhere there. Skipped for patterns whose alternatives multiply
+  past MATCH_BRANCHES (the fabric's deeper chains: milliseconds a pattern to try).
 The fused pairs' and blocks' patterns need a depthwise conv2d besides (`ModuleCalls.grouped_conv2d`).
 """
 
@@ -36,9 +42,12 @@ class ModuleCalls:
         self._index = {}  # binding var -> position in _nodes
         self._nodes = []  # (operator name, or None for what passes its operands through; operand positions)
         self._exact = True  # False when a binding holds what the walk does not read (an If): no depth test
+        self._calls = {}  # operator name -> [(call, its function's position in _functions)]
+        self._functions = []  # [(function, its var -> value map, made on first use)]
         for func in mod.functions.values():
             if not isinstance(func, relax.Function):
                 continue
+            self._functions.append([func, None])
             for block in func.body.blocks if isinstance(func.body, relax.SeqExpr) else ():
                 for binding in block.bindings:
                     self._add(binding.var, binding.value, ops)
@@ -68,6 +77,7 @@ class ModuleCalls:
             name = value.op.name if isinstance(value.op, tvm.ir.Op) else ""
             if name:
                 ops.add(name)
+                self._calls.setdefault(name, []).append((value, len(self._functions) - 1))
             if name == "relax.nn.conv2d" and int(value.attrs.groups) > 1:
                 self.grouped_conv2d = True
             node = (name, self._operands(value.args))
@@ -108,25 +118,52 @@ class ModuleCalls:
         return self._runs[ops]
 
 
-def ops_in(mod: tvm.IRModule) -> frozenset:
-    """The names of the operators the module's Relax functions call."""
-    return ModuleCalls(mod).ops
+    def has_match(self, pattern, roots: frozenset) -> bool:
+        """Whether `pattern` matches at a call to one of `roots`, operands looked up through
+        their bindings as FuseOpsByPattern does."""
+        if not self._exact:
+            return True
+        for root in roots:
+            for call, position in self._calls.get(root, ()):
+                function = self._functions[position]
+                if function[1] is None:
+                    function[1] = relax.analysis.get_var2val(function[0])
+                if pattern.extract_matched_expr(call, function[1]) is not None:
+                    return True
+        return False
+
+
+#: Most alternative-free patterns a pattern may stand for (its alternatives multiplied out) for
+#: `can_match` to try it: a fabric chain of two links stands for about 900, and trying it at
+#: each of ResNet-50's 119 adds and relus takes 3 ms, more than the walk it would save.
+MATCH_BRANCHES = 64
 
 
 def can_match(pattern, calls: ModuleCalls) -> bool:
     """False when no match of `pattern` can be in the module `calls` reads."""
     shape = pattern_shape(pattern)
-    return shape.required <= calls.ops and shape.depth <= calls.longest_run(shape.ops)
+    if not shape.required <= calls.ops or shape.depth > calls.longest_run(shape.ops):
+        return False
+    if shape.roots is None or not shape.plain or shape.branches > MATCH_BRANCHES:
+        return True
+    return calls.has_match(pattern, shape.roots)
 
 
 class PatternShape(typing.NamedTuple):
     """What every match of a pattern holds: `required`, the operators each match calls; `depth`,
     the calls nested each in the next's operands (a conv2d, its bias add and a relu: 3); `ops`,
-    the operators any of its calls may be (None: a call to anything)."""
+    the operators any of its calls may be (None: a call to anything); `roots`, those its root
+    call may be (None: not known); `branches`, the alternative-free patterns it stands for;
+    `plain`, whether it is made only of the kinds of pattern read here (calls, operators,
+    alternatives, wildcards, constants, tuples, items and attribute / type tests), for which a
+    match in a module holds in that module with some calls fused too."""
 
     required: frozenset
     depth: int
     ops: frozenset | None
+    roots: frozenset | None = None
+    branches: int = 1
+    plain: bool = True
 
 
 def required_ops(pattern) -> frozenset:
@@ -152,6 +189,8 @@ def pattern_shape(pattern) -> PatternShape:
 
 _SHAPES: dict = {}  # pattern's address -> (the pattern, its PatternShape)
 _NOTHING = PatternShape(frozenset(), 0, frozenset())
+_LEAVES = (dpl.WildcardPattern, dpl.ConstantPattern)
+_WRAPPERS = (dpl.AttrPattern, dpl.TypePattern, dpl.DataTypePattern, dpl.ShapePattern)
 
 
 def _shape(pattern, seen: dict) -> PatternShape:
@@ -162,32 +201,39 @@ def _shape(pattern, seen: dict) -> PatternShape:
 
 
 def _shape_here(pattern, seen: dict) -> PatternShape:
-    if isinstance(pattern, dpl.OrPattern):
+    if isinstance(pattern, (dpl.OrPattern, dpl.AndPattern)):
         left, right = _shape(pattern.left, seen), _shape(pattern.right, seen)
-        return PatternShape(left.required & right.required, min(left.depth, right.depth), _union(left.ops, right.ops))
-    if isinstance(pattern, dpl.AndPattern):
-        left, right = _shape(pattern.left, seen), _shape(pattern.right, seen)
-        return PatternShape(left.required | right.required, max(left.depth, right.depth), _union(left.ops, right.ops))
+        either = isinstance(pattern, dpl.OrPattern)
+        return PatternShape(
+            left.required & right.required if either else left.required | right.required,
+            min(left.depth, right.depth) if either else max(left.depth, right.depth),
+            _union(left.ops, right.ops),
+            roots=_union(left.roots, right.roots) if either else None,
+            branches=left.branches + right.branches if either else left.branches * right.branches,
+            plain=left.plain and right.plain)
     if isinstance(pattern, dpl.CallPattern):
         op = pattern.op
         called = frozenset([op.expr.name]) if isinstance(op, dpl.ExprPattern) and isinstance(op.expr, tvm.ir.Op) else None
         args = _combined([_shape(arg, seen) for arg in pattern.args or []])
-        return PatternShape(args.required | (called or frozenset()), args.depth + 1, _union(args.ops, called))
-    if isinstance(pattern, (dpl.AttrPattern, dpl.TypePattern, dpl.DataTypePattern, dpl.ShapePattern)):
+        return PatternShape(args.required | (called or frozenset()), args.depth + 1, _union(args.ops, called),
+                            roots=called, branches=args.branches, plain=args.plain and called is not None)
+    if isinstance(pattern, _WRAPPERS):
         return _shape(pattern.pattern, seen)
     if isinstance(pattern, dpl.TupleGetItemPattern):
-        return _shape(pattern.tuple, seen)
+        return _shape(pattern.tuple, seen)._replace(roots=None)
     if isinstance(pattern, (dpl.TuplePattern, dpl.UnorderedTuplePattern)):
-        return _combined([_shape(field, seen) for field in pattern.fields or []])
-    return _NOTHING
+        return _combined([_shape(field, seen) for field in pattern.fields or []])._replace(
+            plain=isinstance(pattern, dpl.TuplePattern))
+    return _NOTHING._replace(plain=isinstance(pattern, _LEAVES))
 
 
 def _combined(shapes: list) -> PatternShape:
     """Operands matched together: what each needs, the deepest of them."""
-    ops = frozenset()
+    ops, branches = frozenset(), 1
     for shape in shapes:
-        ops = _union(ops, shape.ops)
-    return PatternShape(frozenset().union(*(s.required for s in shapes)), max((s.depth for s in shapes), default=0), ops)
+        ops, branches = _union(ops, shape.ops), branches * shape.branches
+    return PatternShape(frozenset().union(*(s.required for s in shapes)), max((s.depth for s in shapes), default=0),
+                        ops, branches=branches, plain=all(s.plain for s in shapes))
 
 
 def _union(a, b):
