@@ -101,6 +101,22 @@ def test_a_conv2d_transpose_on_the_host_counts_its_macs():
     assert npu_backend.npu_mac_fraction([placement]) == 0.0
 
 
+@pytest.mark.parametrize("op, shapes, macs", [
+    (lambda x, w: relax.op.nn.conv1d(x, w, padding=1), [(1, 8, 100), (16, 8, 3)], 100 * 16 * 8 * 3),
+    (lambda x, w: relax.op.nn.conv1d(x, w, groups=8), [(1, 8, 100), (8, 1, 5)], 96 * 8 * 5),
+    (lambda x, w: relax.op.nn.conv3d(x, w), [(1, 4, 6, 6, 6), (8, 4, 3, 3, 3)], 4 * 4 * 4 * 8 * 4 * 27),
+    (lambda x, w: relax.op.nn.conv1d_transpose(x, w, strides=2), [(1, 8, 100), (8, 4, 3)], 100 * 8 * 4 * 3),
+], ids=["conv1d", "depthwise-conv1d", "conv3d", "conv1d_transpose"])
+def test_every_convolution_counts_its_macs(op, shapes, macs):
+    """A conv1d or conv3d counts toward the share of MACs wherever it runs: counted as 0, a
+    model whose convolutions all stay on the host claimed every MAC on the NPU."""
+    mod = relax_module([("x", shapes[0], "float32"), ("w", shapes[1], "float32")],
+                       lambda bb, x, w: bb.emit(op(x, w)))
+    (placement,) = npu_backend.explain(mod, "cgra-8x8")
+    assert placement.macs == macs
+    assert npu_backend.npu_mac_fraction([placement]) == (1.0 if placement.where == "npu" else 0.0)
+
+
 def test_a_model_without_macs_does_not_claim_a_share_of_them():
     mod = relax_module([("x", (4, 8), "float32"), ("y", (4, 8), "float32")],
                        lambda bb, x, y: bb.emit(relax.op.add(x, y)))

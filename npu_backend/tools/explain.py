@@ -27,8 +27,11 @@ from ..partition.call_tir import call_tir_reason, called_prim_func, wrapped_call
 from ..pipeline import STAGES, run_stages, tir_offload_reason
 from ..relax_info import shape_dims, static_shape
 
-#: Operators that count multiply-accumulates (`Placement.macs`).
-_MAC_OPS = ("relax.matmul", "relax.nn.conv2d", "relax.nn.conv2d_transpose")
+#: Operators that count multiply-accumulates (`Placement.macs`): every convolution, NPU or not
+#: (a conv1d or conv3d on the host is work the NPU share must count).
+_CONVS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
+_TRANSPOSED_CONVS = ("relax.nn.conv1d_transpose", "relax.nn.conv2d_transpose", "relax.nn.conv3d_transpose")
+_MAC_OPS = ("relax.matmul",) + _CONVS + _TRANSPOSED_CONVS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,17 +152,18 @@ def _op_name(call) -> str:
 
 
 def _macs(call, out_var, dims: dict) -> int:
-    """Multiply-accumulates of a conv2d, conv2d_transpose (any groups) or matmul, its symbolic dimensions at their
-    sizes in `dims`; 0 for other ops and for a shape with a dimension `dims` does not give."""
+    """Multiply-accumulates of a convolution (1-D, 2-D or 3-D, transposed or not, any groups) or
+    a matmul, its symbolic dimensions at their sizes in `dims`; 0 for other ops and for a shape
+    with a dimension `dims` does not give."""
     name = call.op.name
     if name not in _MAC_OPS:
         return 0
     out, lhs, rhs = (_sized(expr, dims) for expr in (out_var, call.args[0], call.args[1]))
     if out is None or rhs is None or lhs is None:
         return 0
-    if name == "relax.nn.conv2d_transpose":  # every input meets the weights of one input channel
+    if name in _TRANSPOSED_CONVS:  # every input meets the weights of one input channel
         return math.prod(lhs) * (math.prod(rhs) // rhs[str(call.attrs.kernel_layout).index("I")])
-    if name == "relax.nn.conv2d":  # every output takes the weights of one output channel
+    if name in _CONVS:  # every output takes the weights of one output channel
         per_output = math.prod(rhs) // rhs[str(call.attrs.kernel_layout).index("O")]
     else:
         per_output = lhs[-1]
