@@ -10,9 +10,7 @@ target/relax_ext.py). What stays on the host goes through TVM's own CPU pipeline
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import threading
 
 import tvm
@@ -24,6 +22,7 @@ from tvm.relax.transform import FusionPattern
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.mapping import pe_array
 
+from .collector import gc_paused
 from .errors import CGRAError, ScheduleError, UnsupportedChip, UnsupportedOperator, stage_context
 from .kernels import family_of, offload_reason, pattern_table
 from .kernels.dynamic import rebind_dimensions, shape_bounds
@@ -39,6 +38,7 @@ from .lower.ragged import cut_ragged_tiles
 from .lower.trim_fills import trim_overwritten_fills
 from .normalise.batch_norms import batch_norms_as_scale_shift
 from .normalise.clips import canonicalize_clips_pass
+from .normalise.conv1ds import conv1ds_as_conv2ds_pass
 from .normalise.conv_transposes import conv_transposes_as_convs_pass
 from .normalise.fold_weights import fold_remaining_constants, fold_weights, restore_kept_transposes
 from .normalise.large_pools import split_large_pools_pass
@@ -80,6 +80,9 @@ def normalise(mod, arch, options):
         # A transposed convolution becomes one conv2d per output phase and an interleave: the
         # NPU's GEMM kernels, and no multiplications by inserted zeros (normalise/conv_transposes.py).
         conv_transposes_as_convs_pass,
+        # A conv1d becomes a conv2d one pixel high, with the bias add, relu or clip after it
+        # (normalise/conv1ds.py): the NPU's conv2d kernels run it.
+        conv1ds_as_conv2ds_pass,
         # ONNX Sum imports as a stack and a reduction: as adds, a residual add the conv2d kernel
         # fuses or elementwise adds (normalise/sums.py).
         sums_as_adds_pass,
@@ -412,23 +415,6 @@ def cgra_pipeline(arch: HardwareDescription, options: CompileOptions = CompileOp
             return relax.get_pipeline("default_build")(with_host_anchor(mod))
 
     return pipeline
-
-
-@contextlib.contextmanager
-def gc_paused():
-    """Python's cyclic garbage collector off for the block. A compile allocates objects by the
-    million, and every so many the collector walks every object of the process (250,000 after
-    importing TVM): 0.13 s of ShuffleNetV2's one-second compile. The compile makes little cyclic
-    garbage; what it makes waits for the next collection after it. Kernel workers forked inside
-    (target/parallel.py) inherit the pause, so they do not write to every page they share with
-    this process either."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 #: The no-op host function every NPU executable holds (`with_host_anchor`).

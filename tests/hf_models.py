@@ -1,5 +1,5 @@
 """Public model architectures nobody here wrote: Hugging Face transformers' own PyTorch modules
-(vision CNNs, vision transformers, hybrids, a text encoder), built from small configs
+(vision CNNs, vision transformers, hybrids, text encoders, a speech encoder), built from small configs
 (EfficientNet from its default one: 64M parameters, 550 kernel calls) with random weights, so no
 download is needed.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import transformers as hf
 
-SIZE = 64  # 1 x 3 x 64 x 64 images; 16 tokens of text
+SIZE = 64  # 1 x 3 x 64 x 64 images; 16 tokens of text; 4000 audio samples
 
 #: name -> (config class, model class, config arguments, input kind)
 ARCHITECTURES = {
@@ -52,6 +52,18 @@ ARCHITECTURES = {
                                                   key_dim=[8, 8, 8]), "image"),
     "bert": (hf.BertConfig, hf.BertModel, dict(vocab_size=100, hidden_size=64, num_hidden_layers=2,
                                                num_attention_heads=4, intermediate_size=128), "text"),
+    # conv1d: SqueezeBERT's dense layers (grouped 1x1), Wav2Vec2's strided feature extractor and
+    # grouped positional conv, Mamba's depthwise causal conv (normalise/conv1ds.py)
+    "squeezebert": (hf.SqueezeBertConfig, hf.SqueezeBertModel, dict(
+        vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        embedding_size=64, q_groups=2, k_groups=2, v_groups=2, post_attention_groups=2, intermediate_groups=4,
+        output_groups=4), "text"),
+    "wav2vec2": (hf.Wav2Vec2Config, hf.Wav2Vec2Model, dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(32, 32, 32),
+        conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4),
+                 "audio"),
+    "mamba": (hf.MambaConfig, hf.MambaModel, dict(vocab_size=100, hidden_size=64, state_size=8, num_hidden_layers=2,
+                                                  expand=2, conv_kernel=4, use_cache=False), "text"),
 }
 
 
@@ -68,7 +80,8 @@ def build(name: str, seed: int = 0):
                 buffer.uniform_(0.5, 1.5)
             elif buffer_name.endswith("running_mean"):
                 buffer.normal_(0, 0.1)
-    inputs = (torch.randn(1, 3, SIZE, SIZE),) if kind == "image" else (torch.randint(0, 100, (1, 16)),)
+    inputs = {"image": lambda: (torch.randn(1, 3, SIZE, SIZE),), "text": lambda: (torch.randint(0, 100, (1, 16)),),
+              "audio": lambda: (torch.randn(1, 4000),)}[kind]()
     return model, inputs
 
 

@@ -1,6 +1,7 @@
 """Hugging Face transformers' own architectures (tests/hf_models.py: CNNs, vision transformers,
-hybrids, BERT) through torch.export -> from_exported_program -> npu_backend.compile, run on the
-simulator against PyTorch: every multiply-accumulate on the NPU, within float32 tolerance.
+hybrids, text and speech encoders) through torch.export -> from_exported_program ->
+npu_backend.compile, run on the simulator against PyTorch: every multiply-accumulate on the NPU,
+within float32 tolerance.
 
 Optional: skipped without torch and transformers (`pip install -e ".[hf]"`). The first few run by
 default, the rest with CGRA_SLOW_TESTS=1 (`python benchmarks/bench_hf.py` prints the figures).
@@ -21,7 +22,7 @@ import npu_backend  # noqa: E402
 from hf_models import ARCHITECTURES, build, first_output  # noqa: E402
 
 ARCH = "cgra-8x8"
-QUICK = ("resnet", "vit", "convnext", "bert")
+QUICK = ("resnet", "vit", "convnext", "bert", "squeezebert")
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=() if name in QUICK else pytest.mark.slow)

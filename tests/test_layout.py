@@ -34,7 +34,7 @@ PACKAGE = Path(npu_backend.__file__).parent
 #: The plugin's layers in the order the data flows; a module may import from its own layer and
 #: the ones before it, never from a later one. "base" is what every stage shares.
 LAYERS = [
-    ("base", ["errors", "options", "env", "progress", "relax_info"]),
+    ("base", ["errors", "options", "env", "progress", "relax_info", "collector"]),
     ("frontend", ["frontend"]),
     ("normalise", ["normalise"]),
     ("partition", ["partition"]),

@@ -109,7 +109,7 @@ def test_a_process_with_other_threads_compiles_in_itself(model, monkeypatch):
 
 
 def test_the_garbage_collector_pauses_for_the_compile_and_comes_back_as_it_was(model, monkeypatch):
-    """pipeline.gc_paused: off while the stages run (in this process and its forked workers),
+    """collector.gc_paused: off while the stages run (in this process and its forked workers),
     restored after, a failed compile included; a collector the caller turned off stays off."""
     import gc
 
