@@ -119,7 +119,11 @@ def test_a_conv1d_with_weights_given_at_run_time_runs_on_the_npu():
             out = bb.emit_output(bb.emit(relax.op.nn.conv1d(xv, wv, padding=1)))
         bb.emit_func_output(out)
     mod = bb.get()
-    assert npu_backend.npu_mac_fraction(npu_backend.explain(mod, "cgra-8x8")) == 1.0
+    placements = npu_backend.explain(mod, "cgra-8x8")
+    assert npu_backend.npu_mac_fraction(placements) == 1.0
+    host = [p for p in placements if p.where == "host"]
+    assert {p.op for p in host} == {"expand_dims", "squeeze"}
+    assert all(p.reason.startswith("changes only the shape") for p in host)
     vm = tvm.relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
     out = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy()
     assert_matches(out, conv1d_reference(x, w, 1, (1, 1), 1, 1), "float32")

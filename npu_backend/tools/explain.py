@@ -116,6 +116,9 @@ def _kernel_ops(wrapper, site: int, dims: dict) -> list[Placement]:
             for (var, call), node in zip(ops, nodes)]
 
 
+#: Operators that only give the data a new shape (a conv1d's expand_dims and squeeze, a flatten).
+_SHAPE_OPS = ("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.flatten")
+
 _BATCH_NORM_REASON = (
     "an inference batch norm runs on the NPU folded into the conv2d before it (normalise/fold_weights.py): "
     "that conv2d needs constant weights, at most a constant bias add after it, and no other reader, and the "
@@ -132,12 +135,14 @@ def _host_reason(mod, call, arch) -> str:
         name, func = called
         return call_tir_reason(call) or tir_offload_reason(func, name, arch, CompileOptions()) or \
             "it compiles as an NPU kernel but was not offloaded (please report this)"
+    if call.op.name in _SHAPE_OPS:
+        return "changes only the shape: no arithmetic to offload (the same memory seen anew, or one copy)"
     pattern = host_patterns().get(call.op.name)
     if pattern is None:
-        return (f"no NPU kernel for {_op_name(call)} (the NPU runs matmul and conv2d, with bias add, "
+        return (f"no NPU kernel for {_op_name(call)} (the NPU runs matmul, conv1d and conv2d, with bias add, "
                 "residual add, relu and clip, elementwise add, subtract, multiply, maximum, minimum, "
-                "chains of them with divide by a constant and leaky relu, and prelu, on the PE fabric, "
-                "and max / average pooling)")
+                "chains of them with divide by a constant and leaky relu, prelu, sigmoid, SiLU and GELU's "
+                "tanh form, on the PE fabric, and max / average pooling)")
     annotated = {"root": call, "lhs": call.args[0], **({"rhs": call.args[1]} if len(call.args) > 1 else {})}
     reason = offload_reason(pattern, annotated, arch)
     return reason or "matched no cgra pattern (its operands are produced in a form the patterns do not take)"
