@@ -37,6 +37,7 @@ from .lower.fold_init import fold_accumulator_init
 from .lower.ragged import cut_ragged_tiles
 from .lower.trim_fills import trim_overwritten_fills
 from .normalise.batch_norms import batch_norms_as_scale_shift
+from .normalise.bool_scans import bool_scans_as_counts_pass
 from .normalise.clips import canonicalize_clips_pass
 from .normalise.conv1ds import conv1ds_as_conv2ds_pass
 from .normalise.conv_transposes import conv_transposes_as_convs_pass
@@ -80,14 +81,14 @@ def normalise(mod, arch, options):
         # A transposed convolution becomes one conv2d per output phase and an interleave: the
         # NPU's GEMM kernels, and no multiplications by inserted zeros (normalise/conv_transposes.py).
         conv_transposes_as_convs_pass,
-        # A conv1d becomes a conv2d one pixel high, with the bias add, relu or clip after it
-        # (normalise/conv1ds.py): the NPU's conv2d kernels run it.
+        # A conv1d is a conv2d one pixel high, its bias add, relu or clip too (normalise/conv1ds.py).
         conv1ds_as_conv2ds_pass,
+        # A bool cumsum counts, as PyTorch's does (normalise/bool_scans.py): as bool no target builds it.
+        bool_scans_as_counts_pass,
         # ONNX Sum imports as a stack and a reduction: as adds, a residual add the conv2d kernel
         # fuses or elementwise adds (normalise/sums.py).
         sums_as_adds_pass,
-        # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast
-        # (normalise/scalars.py).
+        # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast (normalise/scalars.py).
         scalar_operands_pass,
         # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip
         # with constant bounds, as PyTorch's relu6 already is, so the epilogue can fuse them.

@@ -64,6 +64,12 @@ ARCHITECTURES = {
                  "audio"),
     "mamba": (hf.MambaConfig, hf.MambaModel, dict(vocab_size=100, hidden_size=64, state_size=8, num_hidden_layers=2,
                                                   expand=2, conv_kernel=4, use_cache=False), "text"),
+    # decoders: their causal-mask code's bool cumsum (normalise/bool_scans.py) built for no target before
+    "gpt2": (hf.GPT2Config, hf.GPT2Model, dict(vocab_size=100, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                               use_cache=False), "text"),
+    "llama": (hf.LlamaConfig, hf.LlamaModel, dict(vocab_size=100, hidden_size=64, num_hidden_layers=2,
+                                                  num_attention_heads=4, intermediate_size=128, num_key_value_heads=2,
+                                                  use_cache=False), "text"),
 }
 
 

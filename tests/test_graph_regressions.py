@@ -98,3 +98,19 @@ def test_a_conv2d_whose_output_row_cannot_fit_says_so():
     mod = module(params, lambda bb, x, w: relax.op.nn.conv2d(x, w, padding=(1, 1)))
     (conv,) = [p for p in npu_backend.explain(mod, "cgra-4x4") if p.op == "nn.conv2d"]
     assert conv.where == "host" and "700 output pixels (a whole output row or column" in conv.reason, conv.reason
+
+
+def test_a_cumsum_of_booleans_counts_them_where_no_target_built_it():
+    """Hugging Face's causal-mask code (GPT-2, Llama) numbers packed sequences with
+    `(diff != 1).cumsum(-1)`; TVM's PyTorch importer types that cumsum bool, and TVM's LLVM
+    code generator then refuses the add of two booleans, for every target. normalise/
+    bool_scans.py makes it PyTorch's int64 count."""
+    mod = module({"x": ((2, 9), "int64")}, lambda bb, x: bb.emit(relax.op.cumsum(
+        bb.emit(relax.op.not_equal(x, relax.const(1, "int64"))), axis=-1)))
+    assert str(mod["main"].body.body.ty.dtype) == "bool"  # as the importer writes it
+    with pytest.raises(Exception, match="MatchesCode"):
+        tvm.compile(mod, target="llvm")
+    x = np.array([[1, 1, 0, 1, 3, 1, 1, 2, 1], [0, 0, 1, 1, 1, 0, 1, 1, 1]], "int64")
+    out = run(npu_backend.compile(mod, "cgra-8x8"), [x])
+    np.testing.assert_array_equal(out, np.cumsum(x != 1, axis=-1))
+    assert out.dtype == np.int64
