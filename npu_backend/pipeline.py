@@ -40,6 +40,7 @@ from .normalise.batch_norms import batch_norms_as_scale_shift
 from .normalise.bool_scans import bool_scans_as_counts_pass
 from .normalise.clips import canonicalize_clips_pass
 from .normalise.conv1ds import conv1ds_as_conv2ds_pass
+from .normalise.conv3ds import conv3ds_as_conv2ds_pass
 from .normalise.conv_transposes import conv_transposes_as_convs_pass
 from .normalise.fold_weights import fold_remaining_constants, fold_weights, restore_kept_transposes
 from .normalise.large_pools import split_large_pools_pass
@@ -74,15 +75,14 @@ def normalise(mod, arch, options):
     return tvm.transform.Sequential([
         # TVM's FoldConstant, for what fold_weights has no numpy rule for (and only if there is any).
         tvm.transform.module_pass(lambda m, _ctx: fold_remaining_constants(m), opt_level=0, name="cgra.FoldConstant"),
-        # The weight transposes fold_weights kept from FoldConstant, back (the matmul kernel
-        # reads those weights as stored).
+        # The weight transposes fold_weights kept from FoldConstant, back (the matmul kernel reads them as stored).
         tvm.transform.module_pass(lambda m, _ctx: restore_kept_transposes(m), opt_level=0, name="cgra.RestoreTransposes"),
         relax.transform.CanonicalizeBindings(),
         # A transposed convolution becomes one conv2d per output phase and an interleave: the
         # NPU's GEMM kernels, and no multiplications by inserted zeros (normalise/conv_transposes.py).
         conv_transposes_as_convs_pass,
-        # A conv1d is a conv2d one pixel high, its bias add, relu or clip too (normalise/conv1ds.py).
-        conv1ds_as_conv2ds_pass,
+        # A conv1d as a conv2d one pixel high, a conv3d as conv2d's over frames (normalise/conv1ds.py, conv3ds.py).
+        conv1ds_as_conv2ds_pass, conv3ds_as_conv2ds_pass,
         # A bool cumsum counts, as PyTorch's does (normalise/bool_scans.py): as bool no target builds it.
         bool_scans_as_counts_pass,
         # ONNX Sum imports as a stack and a reduction: as adds, a residual add the conv2d kernel

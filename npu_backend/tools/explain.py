@@ -139,7 +139,7 @@ def _host_reason(mod, call, arch) -> str:
         return "changes only the shape: no arithmetic to offload (the same memory seen anew, or one copy)"
     pattern = host_patterns().get(call.op.name)
     if pattern is None:
-        return (f"no NPU kernel for {_op_name(call)} (the NPU runs matmul, conv1d and conv2d, with bias add, "
+        return (f"no NPU kernel for {_op_name(call)} (the NPU runs matmul, conv1d, conv2d and conv3d, with bias add, "
                 "residual add, relu and clip, elementwise add, subtract, multiply, maximum, minimum, "
                 "chains of them with divide by a constant and leaky relu, prelu, sigmoid, SiLU and GELU's "
                 "tanh form, on the PE fabric, and max / average pooling)")
