@@ -117,3 +117,21 @@ def test_a_conv3d_with_weights_given_at_run_time_stays_on_the_host_with_its_macs
     placements = npu_backend.explain(bb.get(), "cgra-8x8")
     (conv,) = placements
     assert (conv.op, conv.where, conv.macs) == ("nn.conv3d", "host", 3 * 4 * 4 * 3 * 2 * 8)
+
+
+def test_an_int8_conv3d_is_exact():
+    """Each tap's int8 x int8 -> int32 conv2d adds the taps before it as an int32 residual."""
+    rng = np.random.default_rng(3)
+    x = rng.integers(-128, 128, (1, 4, 5, 6, 6)).astype("int8")
+    w = rng.integers(-128, 128, (8, 4, 3, 3, 3)).astype("int8")
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(x.shape, "int8"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.conv3d(xv, relax.const(w), padding=1, out_dtype="int32")))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert npu_backend.npu_mac_fraction(npu_backend.explain(mod, "cgra-8x8")) == 1.0
+    out = tvm.relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())["main"](tvm.runtime.tensor(x))
+    expected = conv3d_reference(x.astype("float32"), w.astype("float32"), (1, 1, 1), [(1, 1)] * 3, (1, 1, 1), 1)
+    np.testing.assert_array_equal(out.numpy(), expected.astype("int32"))  # sums below 2**24: exact in float32
