@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import npu_backend
-from models import assert_matches
+from models import assert_matches, conv_stack
 from npu_backend.normalise.conv1ds import conv1ds_as_conv2ds
 
 
@@ -30,22 +30,6 @@ def conv1d_reference(x, w, stride, pad, dilation, groups):
     return out.astype(np.float32)
 
 
-def _module(x_shape, w, bias, relu, stride, pad, dilation, groups):
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y = bb.emit(relax.op.nn.conv1d(x, relax.const(w), strides=stride, padding=pad, dilation=dilation,
-                                           groups=groups))
-            if bias is not None:
-                y = bb.emit(relax.op.add(y, relax.const(bias)))
-            if relu:
-                y = bb.emit(relax.op.nn.relu(y))
-            out = bb.emit_output(y)
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 @settings(deadline=None, max_examples=12)
 @given(data=st.data(), groups=st.sampled_from(["one", "some", "depthwise"]), k=st.integers(1, 7),
        stride=st.integers(1, 3), dilation=st.integers(1, 2), bias=st.booleans(), relu=st.booleans(),
@@ -62,7 +46,8 @@ def test_a_conv1d_on_the_npu_matches_numpy(data, groups, k, stride, dilation, bi
     x = rng.standard_normal((1, cin, width)).astype("float32")
     w = rng.standard_normal((cout, cin // count, k)).astype("float32")
     b = rng.standard_normal((1, cout, 1)).astype("float32") if bias else None
-    mod = _module(x.shape, w, b, relu, stride, pad, dilation, count)
+    how = dict(strides=stride, padding=pad, dilation=dilation, groups=count)
+    mod = conv_stack(x.shape, relax.op.nn.conv1d, [(w, b, relu, how)])
 
     placements = npu_backend.explain(mod, arch)
     assert npu_backend.npu_mac_fraction(placements) == 1.0, npu_backend.format_placements(placements)

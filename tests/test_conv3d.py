@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import npu_backend
-from models import assert_matches
+from models import assert_matches, conv_stack
 
 
 def conv3d_reference(x, w, strides, pads, dilation, groups):
@@ -35,24 +35,6 @@ def conv3d_reference(x, w, strides, pads, dilation, groups):
     return out.astype(np.float32)
 
 
-def _module(x_shape, layers):
-    """conv3d [+ bias] [relu] per layer: (weights, bias or None, relu, conv3d keyword arguments)."""
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y = x
-            for w, b, relu, how in layers:
-                y = bb.emit(relax.op.nn.conv3d(y, relax.const(w), **how))
-                if b is not None:
-                    y = bb.emit(relax.op.add(y, relax.const(b)))
-                if relu:
-                    y = bb.emit(relax.op.nn.relu(y))
-            out = bb.emit_output(y)
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 @settings(deadline=None, max_examples=10)
 @given(data=st.data(), groups=st.sampled_from([1, 2]), bias=st.booleans(), relu=st.booleans())
 def test_a_conv3d_on_the_npu_matches_numpy(data, groups, bias, relu):
@@ -69,7 +51,7 @@ def test_a_conv3d_on_the_npu_matches_numpy(data, groups, bias, relu):
     b = rng.standard_normal((1, cout, 1, 1, 1)).astype("float32") if bias else None
     how = dict(strides=strides, dilation=dilation, groups=groups,
                padding=[p for p, _ in pads] + [p for _, p in pads])
-    mod = _module(x.shape, [(w, b, relu, how)])
+    mod = conv_stack(x.shape, relax.op.nn.conv3d, [(w, b, relu, how)])
 
     placements = npu_backend.explain(mod, "cgra-8x8")
     assert npu_backend.npu_mac_fraction(placements) == 1.0, npu_backend.format_placements(placements)
@@ -94,7 +76,7 @@ def test_a_stack_of_conv3ds_moves_its_frames_once_each_way():
         layers.append((w, rng.standard_normal((1, cout, 1, 1, 1)).astype("float32"), True,
                        dict(strides=stride, padding=[k // 2 for k in kernel] * 2)))
     x = rng.standard_normal((1, 3, 8, 16, 16)).astype("float32")
-    mod = _module(x.shape, layers)
+    mod = conv_stack(x.shape, relax.op.nn.conv3d, layers)
     placements = npu_backend.explain(mod, "cgra-8x8")
     assert npu_backend.npu_mac_fraction(placements) == 1.0
     assert [p.op for p in placements if p.where == "host"].count("permute_dims") == 2
