@@ -8,7 +8,7 @@ symbolic width included) is a `conv2d` of the data with a unit height axis inser
 Why: the NPU's kernels are conv2d's (GEMM, depthwise); a conv1d had none and ran on the host.
 Audio front ends (Wav2Vec2, HuBERT, Whisper: strided conv1d over the waveform or the mel
 frames), SqueezeBERT (grouped 1x1 conv1d for every dense layer) and Mamba's depthwise conv1d
-left 15-30% of their MACs on the host (85% for SqueezeBERT).
+left 2-30% of their MACs on the host (85% for SqueezeBERT).
 
 The elementwise ops the conv2d kernels fuse into their epilogue (a bias or residual add, relu,
 clip) are widened with it when they read the conv's result: add(conv1d(x, w), b) becomes

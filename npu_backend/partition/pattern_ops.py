@@ -134,8 +134,9 @@ class ModuleCalls:
 
 
 #: Most alternative-free patterns a pattern may stand for (its alternatives multiplied out) for
-#: `can_match` to try it: a fabric chain of two links stands for about 900, and trying it at
-#: each of ResNet-50's 119 adds and relus takes 3 ms, more than the walk it would save.
+#: `can_match` to try it. A fabric chain of one link stands for 24, of two 576, of three 13,824;
+#: trying the three-link one at each of ResNet-50's 119 adds and relus took 2.9 ms (the deeper
+#: ones up to 7 ms), more than the walk it would save. The fused blocks stand for at most 36.
 MATCH_BRANCHES = 64
 
 
