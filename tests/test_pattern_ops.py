@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_const, is_op, is_var, wildcard
+from tvm.relax.dpl import is_const, is_op, is_tuple, is_var, wildcard
 from tvm.script import relax as R
 
 import npu_backend
@@ -38,6 +38,8 @@ def test_pattern_depth_and_operators():
     assert pattern_shape(act).ops == {"relax.nn.conv2d", "relax.add", "relax.nn.relu", "relax.clip"}
     anything = wildcard()(wildcard())  # a call to any callee: no operator set to test
     assert pattern_shape(is_op("relax.add")(anything, wildcard())).ops is None
+    assert not pattern_shape(is_tuple([is_var(), wildcard()])).plain  # a field the match test does not read
+    assert pattern_shape(is_tuple([is_const(), wildcard()])).plain
 
 
 @R.function

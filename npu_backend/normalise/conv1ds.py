@@ -68,7 +68,7 @@ class _Conv1dRewriter(relax.PyExprMutator):
             return None
         args = []
         for i, arg in enumerate(value.args):
-            args.append(self._operand(arg, 3) if i in positions else self.visit_expr(arg))
+            args.append(self._operand(arg) if i in positions else self.visit_expr(arg))
             if args[-1] is None:
                 return None
         return relax.Call(value.op, args, value.attrs, value.ty_args)
@@ -77,8 +77,7 @@ class _Conv1dRewriter(relax.PyExprMutator):
         attrs = call.attrs
         if (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout)) != ("NCW", "OIW", "NCW"):
             return None
-        data = self._operand(call.args[0], 3)
-        weight = self._operand(call.args[1], 3)
+        data, weight = self._operand(call.args[0]), self._operand(call.args[1])
         if data is None or weight is None:
             return None
         return relax.op.nn.conv2d(data, weight, strides=(1, int(attrs.strides[0])),
@@ -86,7 +85,7 @@ class _Conv1dRewriter(relax.PyExprMutator):
                                   dilation=(1, int(attrs.dilation[0])), groups=int(attrs.groups),
                                   out_dtype=str(call.ty.dtype))
 
-    def _operand(self, expr, rank: int = 3):
+    def _operand(self, expr):
         """Operand `expr` of a rank-3 op, with the unit axis: the widened form of a widened
         value, a constant's tensor viewed so (a bias broadcasting from fewer axes gets its
         leading ones first), or the value through expand_dims; None when it has another rank."""
@@ -94,12 +93,12 @@ class _Conv1dRewriter(relax.PyExprMutator):
             return self.wide[expr]
         if isinstance(expr, tvm.ir.GenericConst):
             shape = tuple(int(d) for d in expr.value.shape)
-            if len(shape) > rank:
+            if len(shape) > 3:
                 return None
-            shape = (1,) * (rank - len(shape)) + shape
+            shape = (1,) * (3 - len(shape)) + shape
             return relax.const(expr.value._create_view(shape[:_HEIGHT] + (1,) + shape[_HEIGHT:]))
         dims = shape_dims(expr)
-        if dims is None or len(dims) != rank:
+        if dims is None or len(dims) != 3:
             return None
         return self.builder_.emit(relax.op.expand_dims(self.visit_expr(expr), axis=_HEIGHT))
 

@@ -31,6 +31,10 @@ from tvm.relax import dpl
 _HOLDS_CALLS = (relax.Call, relax.If, relax.SeqExpr, relax.Function)
 
 
+def _grouped_conv2d(call) -> bool:
+    return getattr(call.op, "name", "") == "relax.nn.conv2d" and int(call.attrs.groups) > 1
+
+
 class ModuleCalls:
     """What the checks read of a module, from one walk of its Relax functions: the operators
     they call, whether a conv2d among them has groups > 1, and each binding's operands (a
@@ -64,7 +68,7 @@ class ModuleCalls:
         def visit(expr):
             if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
                 ops.add(expr.op.name)
-                if expr.op.name == "relax.nn.conv2d" and int(expr.attrs.groups) > 1:
+                if _grouped_conv2d(expr):
                     grouped.append(expr)
 
         for func in mod.functions.values():
@@ -78,8 +82,7 @@ class ModuleCalls:
             if name:
                 ops.add(name)
                 self._calls.setdefault(name, []).append((value, len(self._functions) - 1))
-            if name == "relax.nn.conv2d" and int(value.attrs.groups) > 1:
-                self.grouped_conv2d = True
+            self.grouped_conv2d |= _grouped_conv2d(value)
             node = (name, self._operands(value.args))
         elif isinstance(value, relax.Tuple):
             node = (None, self._operands(value.fields))
@@ -223,8 +226,8 @@ def _shape_here(pattern, seen: dict) -> PatternShape:
     if isinstance(pattern, dpl.TupleGetItemPattern):
         return _shape(pattern.tuple, seen)._replace(roots=None)
     if isinstance(pattern, (dpl.TuplePattern, dpl.UnorderedTuplePattern)):
-        return _combined([_shape(field, seen) for field in pattern.fields or []])._replace(
-            plain=isinstance(pattern, dpl.TuplePattern))
+        fields = _combined([_shape(field, seen) for field in pattern.fields or []])
+        return fields._replace(plain=fields.plain and isinstance(pattern, dpl.TuplePattern))
     return _NOTHING._replace(plain=isinstance(pattern, _LEAVES))
 
 
