@@ -24,9 +24,9 @@ from .device.profile import Profile, profile
 from .device.runtime_lib import load_runtime
 from .device.simulator_backend import register_backend
 from .errors import (CGRAError, InvalidModel, ScheduleError, ScratchpadTooSmall, UnsupportedCopy,
-                     UnsupportedOperator)
+                     UnsupportedOperator, original_error)
 from .options import CompileOptions
-from .pipeline import STAGES, cgra_pipeline, fusion_patterns, original_error
+from .pipeline import STAGES, cgra_pipeline, fusion_patterns
 from .target.relax_ext import register_target_hook
 from .target.tags import install_default_pipeline, register_arch, register_target_tags
 from .tools.explain import Placement, explain, format_placements, npu_mac_fraction

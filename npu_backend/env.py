@@ -9,7 +9,7 @@ is compiled. (CMake, which builds the runtime, still honours its own standard va
 #: folder per version of its sources. Default: ~/.cache/npu_backend.
 CGRA_RUNTIME_CACHE = "CGRA_RUNTIME_CACHE"
 
-#: Folder of the persistent kernel cache (target/kernel_cache.py), or "off" to compile every
+#: Folder of the persistent kernel cache (device/kernel_cache.py), or "off" to compile every
 #: kernel. Default: `kernels/` in the runtime's cache folder.
 CGRA_KERNEL_CACHE = "CGRA_KERNEL_CACHE"
 

@@ -7,6 +7,7 @@ scheduling still says which kernel and which stage it came from.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 
 class CGRAError(Exception):
@@ -38,6 +39,14 @@ class UnsupportedCopy(ScheduleError):
     """A copy into or out of the scratchpad is not expressible as one DMA box."""
 
 
+def one_line(err: Exception) -> str:
+    """An error as one line: TVM's schedule errors carry the IR and an "Error message:" line."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    detail = next((line for line in lines if line.startswith("Error message:")), None)
+    head = lines[0] if lines else type(err).__name__
+    return f"{head} {detail}" if detail and detail != head else head
+
+
 @contextlib.contextmanager
 def stage_context(stage: str, kernel: str):
     """Prefix errors escaping the block with the stage and the kernel they happened in."""
@@ -48,3 +57,19 @@ def stage_context(stage: str, kernel: str):
             err.args = (f"[{stage}] kernel '{kernel}': {err.args[0] if err.args else ''}",) + err.args[1:]
             err._cgra_context = True
         raise
+
+
+_LAST_ERROR = threading.local()
+
+
+def remember_error(err: CGRAError) -> None:
+    """TVM hands an error raised inside a pass (or the codegen hook) on as a RuntimeError with
+    the same message; keep ours so that npu_backend.compile can raise it with its own type."""
+    _LAST_ERROR.error = err
+
+
+def original_error(err: Exception) -> Exception:
+    """The CGRAError a RuntimeError from a TVM pass stands for (same message), else `err`."""
+    ours = getattr(_LAST_ERROR, "error", None)
+    _LAST_ERROR.error = None
+    return ours if ours is not None and str(ours) in str(err) else err

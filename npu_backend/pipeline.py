@@ -11,7 +11,6 @@ target/relax_ext.py). What stays on the host goes through TVM's own CPU pipeline
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 import tvm
 import tvm_ffi
@@ -21,9 +20,11 @@ from tvm.relax.transform import FusionPattern
 
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.mapping import pe_array
+from cgra_sim.mapping.solver import cache_tag, mode
 
 from .collector import gc_paused
-from .errors import CGRAError, ScheduleError, UnsupportedChip, UnsupportedOperator, stage_context
+from .errors import (CGRAError, ScheduleError, UnsupportedChip, UnsupportedOperator, one_line, remember_error,
+                     stage_context)
 from .kernels import family_of, offload_reason, pattern_table
 from .kernels.dynamic import rebind_dimensions, shape_bounds
 from .kernels.chains import reads_immediates
@@ -45,15 +46,19 @@ from .normalise.conv_transposes import conv_transposes_as_convs_pass
 from .normalise.fold_weights import fold_remaining_constants, fold_weights, restore_kept_transposes
 from .normalise.large_pools import split_large_pools_pass
 from .normalise.qdq import canonicalize_qdq
+from .normalise.rewrite import scans_shared
 from .normalise.scalars import scalar_operands_pass
 from .normalise.sums import sums_as_adds_pass
 from .options import CompileOptions, clear_dump, dump
 from .partition.call_tir import (PREFIX, PRIM_FUNC_ATTR, drop_unused_prim_funcs, offload_call_tir,
                                  offloaded_prim_funcs, remember_prim_func)
+from .partition.composite import reads_what_it_computes
 from .partition.pattern_ops import ModuleCalls, can_match
+from .partition.plans import fingerprint, grouped_patterns, plan_payload, read_plan
 from .partition.scalar_args import bind_scalar_arguments
 from .partition.source_nodes import record_source_nodes
 from .device.host_ops import host_ops_to_runtime
+from .device.kernel_cache import PLAN_SUFFIX, default_kernel_cache, kernel_key
 from .device.weights import hold_weights
 
 
@@ -72,34 +77,41 @@ def normalise(mod, arch, options):
     # A batch norm no conv2d took (after a pool or an add) becomes x * scale + shift with numpy
     # constants: two elementwise kernels instead of a host op (normalise/batch_norms.py).
     mod = batch_norms_as_scale_shift(mod)
-    return tvm.transform.Sequential([
-        # TVM's FoldConstant, for what fold_weights has no numpy rule for (and only if there is any).
-        tvm.transform.module_pass(lambda m, _ctx: fold_remaining_constants(m), opt_level=0, name="cgra.FoldConstant"),
-        # The weight transposes fold_weights kept from FoldConstant, back (the matmul kernel reads them as stored).
-        tvm.transform.module_pass(lambda m, _ctx: restore_kept_transposes(m), opt_level=0, name="cgra.RestoreTransposes"),
-        relax.transform.CanonicalizeBindings(),
-        # A transposed convolution becomes one conv2d per output phase and an interleave: the
-        # NPU's GEMM kernels, and no multiplications by inserted zeros (normalise/conv_transposes.py).
-        conv_transposes_as_convs_pass,
-        # A conv1d as a conv2d one pixel high, a conv3d as conv2d's over frames (normalise/conv1ds.py, conv3ds.py).
-        conv1ds_as_conv2ds_pass, conv3ds_as_conv2ds_pass,
-        # A bool cumsum counts, as PyTorch's does (normalise/bool_scans.py): as bool no target builds it.
-        bool_scans_as_counts_pass,
-        # ONNX Sum imports as a stack and a reduction: as adds, a residual add the conv2d kernel
-        # fuses or elementwise adds (normalise/sums.py).
-        sums_as_adds_pass,
-        # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast (normalise/scalars.py).
-        scalar_operands_pass,
-        # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip
-        # with constant bounds, as PyTorch's relu6 already is, so the epilogue can fuse them.
-        canonicalize_clips_pass(),
-        # A pooling window of more than 256 taps becomes a row pass and a column pass: the POOL
-        # command's window expression must not grow with the window (normalise/large_pools.py).
-        split_large_pools_pass,
-        # What folding left unused (PyTorch's max_pool2d returns a tuple with zeros_like
-        # indices that FoldConstant turns into a constant nobody reads).
-        relax.transform.DeadCodeElimination(),
-    ])(mod)
+    # The rewrites below run on a module that calls their operators (normalise/rewrite.py).
+    with scans_shared():
+        return tvm.transform.Sequential([
+            # TVM's FoldConstant, for what fold_weights has no numpy rule for (and only if there is any).
+            tvm.transform.module_pass(lambda m, _ctx: fold_remaining_constants(m), opt_level=0,
+                                      name="cgra.FoldConstant"),
+            # The weight transposes fold_weights kept from FoldConstant, back (the matmul kernel
+            # reads them as stored).
+            tvm.transform.module_pass(lambda m, _ctx: restore_kept_transposes(m), opt_level=0,
+                                      name="cgra.RestoreTransposes"),
+            relax.transform.CanonicalizeBindings(),
+            # A transposed convolution becomes one conv2d per output phase and an interleave: the
+            # NPU's GEMM kernels, and no multiplications by inserted zeros (normalise/conv_transposes.py).
+            conv_transposes_as_convs_pass,
+            # A conv1d as a conv2d one pixel high, a conv3d as conv2d's over frames
+            # (normalise/conv1ds.py, conv3ds.py).
+            conv1ds_as_conv2ds_pass, conv3ds_as_conv2ds_pass,
+            # A bool cumsum counts, as PyTorch's does (normalise/bool_scans.py): as bool no target builds it.
+            bool_scans_as_counts_pass,
+            # ONNX Sum imports as a stack and a reduction: as adds, a residual add the conv2d kernel
+            # fuses or elementwise adds (normalise/sums.py).
+            sums_as_adds_pass,
+            # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast
+            # (normalise/scalars.py).
+            scalar_operands_pass,
+            # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip
+            # with constant bounds, as PyTorch's relu6 already is, so the epilogue can fuse them.
+            canonicalize_clips_pass(),
+            # A pooling window of more than 256 taps becomes a row pass and a column pass: the POOL
+            # command's window expression must not grow with the window (normalise/large_pools.py).
+            split_large_pools_pass,
+            # What folding left unused (PyTorch's max_pool2d returns a tuple with zeros_like
+            # indices that FoldConstant turns into a constant nobody reads).
+            relax.transform.DeadCodeElimination(),
+        ])(mod)
 
 
 def partition(mod, arch, options):
@@ -114,8 +126,16 @@ def partition(mod, arch, options):
     if not calls.grouped_conv2d:
         patterns = [pattern for pattern in patterns if pattern.name not in pair_pattern_names()]
     patterns = [pattern for pattern in patterns if can_match(pattern.pattern, calls)]
+    # A module partitioned before tries only the patterns that made its groups (partition/plans.py).
+    cache = default_kernel_cache()
+    key = _plan_key(mod, calls, patterns, arch, options) if cache is not None else None
+    plan = read_plan(cache.get(key, PLAN_SUFFIX)) if key is not None else None
+    if plan is not None:
+        patterns = [pattern for pattern in patterns if pattern.name in plan]
     with shape_bounds(bounds_of(mod, options)):
         partitioned = relax.transform.FuseOpsByPattern(patterns, bind_constants=False, annotate_codegen=True)(mod)
+    if key is not None and plan is None:
+        cache.put(key, plan_payload(grouped_patterns(partitioned)), PLAN_SUFFIX)
     # A user's own PrimFuncs called with R.call_tir: offloaded when they compile as NPU
     # kernels (kernels/tir.py maps their blocks onto the intrinsics), else left to the host.
     partitioned = offload_call_tir(partitioned, lambda func, name: _offload_or_refuse(func, name, arch, options),
@@ -129,6 +149,19 @@ def partition(mod, arch, options):
     return bind_scalar_arguments(partitioned, takes_immediates=reads_immediates)
 
 
+def _plan_key(mod, calls: ModuleCalls, patterns, arch: HardwareDescription, options: CompileOptions) -> str | None:
+    """The key of `mod`'s partition plan: the module, the patterns to try, and what their checks
+    depend on besides."""
+    module = fingerprint(mod, calls)
+    try:
+        mapper = cache_tag(mode())  # a fabric chain's check maps it
+    except (ValueError, ImportError):  # a bad $CGRA_MAPPER: the mapper says so if it runs
+        return None
+    return None if module is None else kernel_key(
+        plan=module, patterns=[pattern.name for pattern in patterns], arch=arch.to_json(), mapper=mapper,
+        options=dataclasses.replace(options, dump_dir=None).to_json())
+
+
 def fusion_patterns(arch: HardwareDescription, options: CompileOptions = CompileOptions()) -> list[FusionPattern]:
     """The op families' patterns (kernels.pattern_table, in the order to try them), each accepting
     a match only when the chip can run it and no value computed inside it is used outside it
@@ -139,22 +172,11 @@ def fusion_patterns(arch: HardwareDescription, options: CompileOptions = Compile
         if is_epilogue_chain(entry.name) and not options.fuse_chains:
             continue
         def check(context, name=entry.name):
-            return not _reads_what_it_computes(context) and \
+            return not reads_what_it_computes(context) and \
                 offload_reason(name, context.annotated_expr, arch) is None and \
                 not has_leaking_intermediate_variables(context)
         patterns.append(FusionPattern(entry.name, entry.pattern, entry.annotations, check))
     return patterns
-
-
-def _reads_what_it_computes(context) -> bool:
-    """Whether an operand of the match is a value computed inside it (`z = y + (y + b)` with
-    y = conv(x): the "residual" is the conv's own output, which a kernel cannot load before it
-    has stored it); the matcher then annotates one call under two roles. A smaller pattern
-    then takes the op, and the add runs on its own."""
-    computed = [expr for role, expr in context.annotated_expr.items() if isinstance(expr, relax.Call)]
-    return any(not isinstance(expr, relax.Call) and any(expr.same_as(var) for var in context.matched_bindings)
-               or isinstance(expr, relax.Call) and sum(expr.same_as(other) for other in computed) > 1
-               for expr in context.annotated_expr.values())
 
 
 def codegen(mod, arch, options):
@@ -257,7 +279,7 @@ def schedule(kernel: Kernel, arch, options) -> Kernel:
     try:
         function(sch, kernel.spec, kernel.tiling, arch)
     except s_tir.ScheduleError as err:
-        raise ScheduleError(f"{where} failed: {_one_line(err)}") from err
+        raise ScheduleError(f"{where} failed: {one_line(err)}") from err
     except CGRAError:
         raise
     except Exception as err:
@@ -366,7 +388,7 @@ def tir_offload_reason(func, name: str, arch: HardwareDescription, options: Comp
             _TIR_REASONS[key] = None
         except (CGRAError, s_tir.ScheduleError, RuntimeError, ValueError, TypeError) as err:
             # Ours, or TVM refusing a step (tensorize found no match, a layout it cannot pad).
-            _TIR_REASONS[key] = _one_line(err)
+            _TIR_REASONS[key] = one_line(err)
     return _TIR_REASONS[key]
 
 
@@ -381,14 +403,6 @@ def _offload_or_refuse(func, name: str, arch: HardwareDescription, options: Comp
         raise UnsupportedOperator(f"PrimFunc '{name}' is marked {KERNEL_ATTR} (written for the NPU, it cannot run "
                                   f"on the host) but does not compile for {arch.name}: {reason}")
     return reason
-
-
-def _one_line(err: Exception) -> str:
-    """An error as one line: TVM's schedule errors carry the IR and an "Error message:" line."""
-    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
-    detail = next((line for line in lines if line.startswith("Error message:")), None)
-    head = lines[0] if lines else type(err).__name__
-    return f"{head} {detail}" if detail and detail != head else head
 
 
 def run_kernel_stages(kernel: Kernel, arch: HardwareDescription, options: CompileOptions) -> dict:
@@ -432,19 +446,3 @@ def with_host_anchor(mod: tvm.IRModule) -> tvm.IRModule:
     mod = mod.clone()
     mod[HOST_ANCHOR] = anchor.with_attr("global_symbol", HOST_ANCHOR)
     return mod
-
-
-_LAST_ERROR = threading.local()
-
-
-def remember_error(err: CGRAError) -> None:
-    """TVM hands an error raised inside a pass (or the codegen hook) on as a RuntimeError with
-    the same message; keep ours so that npu_backend.compile can raise it with its own type."""
-    _LAST_ERROR.error = err
-
-
-def original_error(err: Exception) -> Exception:
-    """The CGRAError a RuntimeError from a TVM pass stands for (same message), else `err`."""
-    ours = getattr(_LAST_ERROR, "error", None)
-    _LAST_ERROR.error = None
-    return ours if ours is not None and str(ours) in str(err) else err

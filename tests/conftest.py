@@ -34,7 +34,7 @@ _SESSION_KERNEL_CACHE = []
 
 
 def pytest_configure(config):
-    """The session starts with an empty persistent kernel cache (target/kernel_cache.py) and
+    """The session starts with an empty persistent kernel cache (device/kernel_cache.py) and
     mapping cache that its subprocesses share, so a kernel or mapping cached by an earlier run
     (or another checkout) cannot hide what this one compiles."""
     if "CGRA_KERNEL_CACHE" not in os.environ:

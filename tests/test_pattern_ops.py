@@ -1,5 +1,7 @@
 """Partition tries only the patterns that can match (npu_backend/partition/pattern_ops.py: their
-operators called, nested as deeply as they are): what it leaves out could not have matched."""
+operators called, nested as deeply as they are): what it leaves out could not have matched. A
+module partitioned before tries only the patterns that made its groups (partition/plans.py),
+with the same result."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import zoo_models
 from npu_backend.kernels.dynamic import shape_bounds
 from npu_backend.options import CompileOptions
 from npu_backend.partition.pattern_ops import ModuleCalls, can_match, pattern_shape, required_ops
+from npu_backend.partition.plans import grouped_patterns
 from npu_backend.pipeline import bounds_of, fusion_patterns, normalise
 
 
@@ -93,7 +96,7 @@ def test_a_module_the_walk_cannot_read_keeps_every_pattern():
     lambda: onnx_models.mobilenet_v2(32), lambda: onnx_models.resnet(32), lambda: zoo_models.shufflenet_v2(64),
     lambda: zoo_models.squeezenet11(64), lambda: zoo_models.mobilenet_v3_small(64),
 ], ids=["mobilenet_v2", "resnet", "shufflenet_v2", "squeezenet", "mobilenet_v3_small"])
-def test_the_patterns_left_out_match_nothing(model):
+def test_the_patterns_left_out_or_not_in_the_plan_change_nothing(model):
     arch = npu_backend.load_arch("cgra-8x8")
     mod = normalise(npu_backend.from_onnx(model()), arch, CompileOptions())
     patterns = fusion_patterns(arch)
@@ -103,4 +106,9 @@ def test_the_patterns_left_out_match_nothing(model):
     with shape_bounds(bounds_of(mod, CompileOptions())):
         every = relax.transform.FuseOpsByPattern(patterns, bind_constants=False, annotate_codegen=True)(mod)
         fewer = relax.transform.FuseOpsByPattern(kept, bind_constants=False, annotate_codegen=True)(mod)
+        grouped = grouped_patterns(every)
+        planned = relax.transform.FuseOpsByPattern([pattern for pattern in kept if pattern.name in grouped],
+                                                   bind_constants=False, annotate_codegen=True)(mod)
     tvm.ir.assert_structural_equal(every, fewer)
+    tvm.ir.assert_structural_equal(every, planned)
+    assert 0 < len(grouped) < len(kept)

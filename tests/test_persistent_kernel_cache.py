@@ -1,4 +1,4 @@
-"""The persistent kernel cache (npu_backend/target/kernel_cache.py): a kernel compiled once is read
+"""The persistent kernel cache (npu_backend/device/kernel_cache.py): a kernel compiled once is read
 back from disk by the next compile, in this process or another, with the same code, results and
 cycles; what its code depends on is in the key; a damaged entry is compiled again; the folder
 stays under its size limit; two processes can fill one folder at the same time."""
@@ -15,7 +15,8 @@ import pytest
 
 import npu_backend
 from models import assert_matches, conv2d_model, run
-from npu_backend.target import kernel_cache, relax_ext
+from npu_backend.device import kernel_cache
+from npu_backend.target import relax_ext
 
 
 @pytest.fixture
@@ -153,6 +154,6 @@ def test_two_processes_fill_one_folder_at_once(tmp_path):
     results = [worker.communicate(timeout=300) for worker in workers]
     assert [w.returncode for w in workers] == [0, 0], results
     entries = sorted((tmp_path / "kernels").iterdir(), key=lambda path: path.suffix)
-    assert [entry.suffix for entry in entries] == [".kernel", ".linked"]  # no temporary file left
+    assert [entry.suffix for entry in entries] == [".kernel", ".linked", ".plan"]  # no temporary file left
     store = kernel_cache.KernelCache(tmp_path / "kernels", 1 << 20)
     assert all(store.get(entry.stem, entry.suffix) is not None for entry in entries)  # whole, checksums intact

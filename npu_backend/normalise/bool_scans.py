@@ -27,7 +27,7 @@ def bool_scans_as_counts(mod: tvm.IRModule) -> tvm.IRModule:
     return rewrite_functions(mod, _BoolScanRewriter)
 
 
-bool_scans_as_counts_pass = as_pass(bool_scans_as_counts, "cgra.BoolScansAsCounts")
+bool_scans_as_counts_pass = as_pass(bool_scans_as_counts, "cgra.BoolScansAsCounts", ops=("relax.cumsum",))
 
 
 @relax.expr_functor.mutator

@@ -170,4 +170,4 @@ class _ClipRewriter(relax.PyExprMutator):
 
 def canonicalize_clips_pass() -> tvm.transform.Pass:
     """`canonicalize_clips` as a module pass, for the normalise stage's pass list."""
-    return as_pass(canonicalize_clips, "cgra.CanonicalizeClips")
+    return as_pass(canonicalize_clips, "cgra.CanonicalizeClips", ops=("relax.call_tir", "relax.clip"))

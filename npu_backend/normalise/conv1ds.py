@@ -37,7 +37,7 @@ def conv1ds_as_conv2ds(mod: tvm.IRModule) -> tvm.IRModule:
     return rewrite_functions(mod, _Conv1dRewriter)
 
 
-conv1ds_as_conv2ds_pass = as_pass(conv1ds_as_conv2ds, "cgra.Conv1dsAsConv2ds")
+conv1ds_as_conv2ds_pass = as_pass(conv1ds_as_conv2ds, "cgra.Conv1dsAsConv2ds", ops=("relax.nn.conv1d",))
 
 
 @relax.expr_functor.mutator

@@ -34,7 +34,7 @@ def conv3ds_as_conv2ds(mod: tvm.IRModule) -> tvm.IRModule:
     return rewrite_functions(mod, _Conv3dRewriter)
 
 
-conv3ds_as_conv2ds_pass = as_pass(conv3ds_as_conv2ds, "cgra.Conv3dsAsConv2ds")
+conv3ds_as_conv2ds_pass = as_pass(conv3ds_as_conv2ds, "cgra.Conv3dsAsConv2ds", ops=("relax.nn.conv3d",))
 
 
 #: Elementwise ops that follow a conv3d into its frames-as-batch form (a bias add, a batch

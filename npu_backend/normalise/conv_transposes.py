@@ -37,7 +37,8 @@ def conv_transposes_as_convs(mod: tvm.IRModule) -> tvm.IRModule:
     return rewrite_functions(mod, _ConvTransposeRewriter)
 
 
-conv_transposes_as_convs_pass = as_pass(conv_transposes_as_convs, "cgra.ConvTransposesAsConvs")
+conv_transposes_as_convs_pass = as_pass(conv_transposes_as_convs, "cgra.ConvTransposesAsConvs",
+                                        ops=("relax.nn.conv2d_transpose",))
 
 
 def _phase(a: int, stride: int, pad_before: int, kernel: int, extent: int, out_extent: int):

@@ -42,7 +42,9 @@ def split_large_pools(mod: tvm.IRModule) -> tvm.IRModule:
     return rewrite_functions(mod, _PoolSplitter)
 
 
-split_large_pools_pass = as_pass(split_large_pools, "cgra.SplitLargePools")
+split_large_pools_pass = as_pass(split_large_pools, "cgra.SplitLargePools",
+                                 ops=("relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.mean",
+                                      "relax.nn.adaptive_avg_pool2d"))
 
 
 @relax.expr_functor.mutator

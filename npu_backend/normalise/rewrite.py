@@ -1,7 +1,13 @@
 """What the normalise rewrites share: run a Relax mutator over every function of a module, and
-wrap a module-to-module function as a pass for the normalise stage's pass list."""
+wrap a module-to-module function as a pass for the normalise stage's pass list, run only on a
+module that calls the operators it rewrites (a Python mutator visits every call: 1.6 ms for
+nothing on the unnormalised ShuffleNetV2, where reading its operators takes 0.7 ms, once for all
+the passes that find theirs absent)."""
 
 from __future__ import annotations
+
+import contextlib
+import threading
 
 import tvm
 from tvm import relax
@@ -16,6 +22,49 @@ def rewrite_functions(mod: tvm.IRModule, mutator_class) -> tvm.IRModule:
     return mutator.builder_.get()
 
 
-def as_pass(rewrite, name: str) -> tvm.transform.Pass:
-    """`rewrite(mod) -> mod` as a module pass."""
-    return tvm.transform.module_pass(lambda mod, _ctx: rewrite(mod), opt_level=0, name=name)
+def as_pass(rewrite, name: str, ops: tuple[str, ...] | None = None) -> tvm.transform.Pass:
+    """`rewrite(mod) -> mod` as a module pass; with `ops`, one that returns a module calling none
+    of those operators as it is."""
+    def run(mod, _ctx):
+        called = called_ops(mod) if ops is not None else None
+        return mod if called is not None and called.isdisjoint(ops) else rewrite(mod)
+
+    return tvm.transform.module_pass(run, opt_level=0, name=name)
+
+
+_SCANS = threading.local()
+
+
+@contextlib.contextmanager
+def scans_shared():
+    """Inside, `called_ops` keeps the last module it read (this thread's): a pass that finds its
+    operators absent returns its input, so one read serves all such passes in a row. The module
+    is let go on the way out (it holds the weights)."""
+    _SCANS.last = (None, None)
+    try:
+        yield
+    finally:
+        _SCANS.last = None
+
+
+def called_ops(mod: tvm.IRModule) -> frozenset | None:
+    """The operators `mod`'s Relax functions call at their bindings (normalised Relax binds every
+    call: its arguments are leaves); None when a binding holds a branch or a function."""
+    last = getattr(_SCANS, "last", None)
+    if last is not None and last[0] is not None and last[0].same_as(mod):
+        return last[1]
+    ops = set()
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        body = func.body
+        values = [binding.value for block in body.blocks for binding in block.bindings] + [body.body] \
+            if isinstance(body, relax.SeqExpr) else [body]
+        if any(isinstance(value, (relax.If, relax.SeqExpr, relax.Function)) for value in values):
+            ops = None
+            break
+        ops |= {value.op.name for value in values if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)}
+    found = None if ops is None else frozenset(ops)
+    if last is not None:
+        _SCANS.last = (mod, found)
+    return found

@@ -28,7 +28,7 @@ def sums_as_adds(mod: tvm.IRModule) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _SumRewriter))
 
 
-sums_as_adds_pass = as_pass(sums_as_adds, "cgra.SumsAsAdds")
+sums_as_adds_pass = as_pass(sums_as_adds, "cgra.SumsAsAdds", ops=("relax.stack",))
 
 
 @relax.expr_functor.mutator

@@ -6,7 +6,8 @@ match in a composite function (attribute `Composite`: the pattern's name), calle
 offloaded function (attribute `Codegen`, what RunCodegen compiles); `composite_call` finds the
 composite inside. `matched_roles` runs the pattern it was fused with over the composite's body
 and returns what each annotated role (lhs, rhs, bias, ...) matched: the same roles the pattern's
-check function saw during partitioning, taken from the match itself.
+check function saw during partitioning, taken from the match itself. `reads_what_it_computes`
+is one of those checks, on a match before it is fused.
 """
 
 from __future__ import annotations
@@ -55,3 +56,14 @@ def matched_roles(func, candidates) -> dict:
         if matched is not None:
             return {role: matched[node] for role, node in roles.items() if node in matched}
     raise UnsupportedOperator(f"the composite '{composite.attrs['Composite']}' does not match its own pattern")
+
+
+def reads_what_it_computes(context) -> bool:
+    """Whether an operand of the match is a value computed inside it (`z = y + (y + b)` with
+    y = conv(x): the "residual" is the conv's own output, which a kernel cannot load before it
+    has stored it); the matcher then annotates one call under two roles. A smaller pattern
+    then takes the op, and the add runs on its own."""
+    computed = [expr for role, expr in context.annotated_expr.items() if isinstance(expr, relax.Call)]
+    return any(not isinstance(expr, relax.Call) and any(expr.same_as(var) for var in context.matched_bindings)
+               or isinstance(expr, relax.Call) and sum(expr.same_as(other) for other in computed) > 1
+               for expr in context.annotated_expr.values())

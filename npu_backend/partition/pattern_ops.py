@@ -21,6 +21,7 @@ The fused pairs' and blocks' patterns need a depthwise conv2d besides (`ModuleCa
 
 from __future__ import annotations
 
+import math
 import typing
 
 import tvm
@@ -39,10 +40,12 @@ class ModuleCalls:
     """What the checks read of a module, from one walk of its Relax functions: the operators
     they call, whether a conv2d among them has groups > 1, and each binding's operands (a
     call's; a tuple's fields and an item's tuple pass through, as the matcher looks through
-    them) for the longest run of calls to some operators."""
+    them) for the longest run of calls to some operators; and the contents of its constants of
+    at most `small` elements (`small_constants`, for the partition's plan: partition/plans.py)."""
 
-    def __init__(self, mod: tvm.IRModule):
+    def __init__(self, mod: tvm.IRModule, small: int = 64):
         ops, self.grouped_conv2d = set(), False
+        self._small, self._constants = small, []
         self._index = {}  # binding var -> position in _nodes
         self._nodes = []  # (operator name, or None for what passes its operands through; operand positions)
         self._exact = True  # False when a binding holds what the walk does not read (an If): no depth test
@@ -60,6 +63,17 @@ class ModuleCalls:
             ops, self.grouped_conv2d = self._every_call(mod)
         self.ops = frozenset(ops)
         self._runs = {}
+
+    @property
+    def small_constants(self) -> list[bytes] | None:
+        """The small constants' dtypes, shapes and bytes, in the order of the walk; None when
+        the walk did not reach every expression (an If, a call nested in a call)."""
+        return self._constants if self._exact else None
+
+    def _constant(self, const) -> None:
+        tensor = const.value
+        if math.prod(tensor.shape) <= self._small:
+            self._constants.append(f"{tensor.dtype}{tensor.shape}".encode() + tensor.numpy().tobytes())
 
     @staticmethod
     def _every_call(mod) -> tuple:
@@ -91,6 +105,8 @@ class ModuleCalls:
         elif isinstance(value, relax.Var):
             node = (None, self._operands([value]))
         else:
+            if isinstance(value, tvm.ir.GenericConst):
+                self._constant(value)
             node = ("", ())  # a constant, a shape: no call
             self._exact &= not isinstance(value, _HOLDS_CALLS)
         self._index[var] = len(self._nodes)
@@ -104,6 +120,8 @@ class ModuleCalls:
                     found.append(self._index[expr])  # else a parameter: no call
             elif isinstance(expr, relax.Tuple):
                 found += self._operands(expr.fields)
+            elif isinstance(expr, tvm.ir.GenericConst):
+                self._constant(expr)
             elif isinstance(expr, relax.Call):
                 self._exact = False  # a call nested in a call: not in normal form, not read
         return tuple(found)

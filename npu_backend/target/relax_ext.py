@@ -6,7 +6,7 @@ functions partitioning marked `Codegen="cgra"`, the target options (`arch`: the 
 description's JSON; `options`: the CompileOptions' JSON). Each function's spec is read the way
 explain reads it (kernels.offloaded_spec), taken through pipeline.KERNEL_STAGES to lowered TIR and
 compiled by `cgra_codegen` into its own LLVM module, or read back from the persistent kernel cache
-(kernel_cache.py) when the same kernel was compiled before; the modules are linked into one
+(device/kernel_cache.py) when the same kernel was compiled before; the modules are linked into one
 (and the same set of kernels linked before is read back linked: `linked_key`).
 Output: the runtime's `cgra_kernels` module: a shared library holding one exported function per
 offloaded function, in tvm-ffi's calling convention, loaded at once (the VM runs it as it is),
@@ -31,7 +31,7 @@ from cgra_codegen import KernelBitcode, emit_kernel_bitcode, link_kernels
 from cgra_codegen.errors import ScratchpadOverflow
 from cgra_sim.arch import HardwareDescription
 
-from ..errors import CGRAError, ScratchpadTooSmall
+from ..errors import CGRAError, ScratchpadTooSmall, remember_error
 from ..frontend.provenance import NODE_JOIN, SOURCE_NODES_ATTR
 from ..kernels import offloaded_spec
 from ..kernels.dynamic import shape_bounds
@@ -39,9 +39,9 @@ from ..kernels.registry import family_of, kernel_builder_of, schedule_of
 from ..partition.call_tir import wrapped_call
 from ..partition.composite import composite_name
 from ..options import CompileOptions, dump
-from ..pipeline import KERNEL_STAGES, Kernel, remember_error, run_kernel_stages
+from ..pipeline import KERNEL_STAGES, Kernel, run_kernel_stages
 from ..progress import report_kernel
-from .kernel_cache import LINKED_SUFFIX, default_kernel_cache, kernel_key
+from ..device.kernel_cache import LINKED_SUFFIX, default_kernel_cache, kernel_key
 from .parallel import compile_all
 
 

@@ -146,7 +146,7 @@ class Task:
 
     @property
     def key(self) -> str:
-        from ..target.kernel_cache import kernel_key
+        from ..device.kernel_cache import kernel_key
 
         return kernel_key(sweep_model=self.model_digest, chip=self.chip_json, seed=str(self.seed),
                           options=json.dumps(self.options))
@@ -301,7 +301,7 @@ def point_cache(directory: str | None):
     from pathlib import Path
 
     from ..device.runtime_lib import default_cache_dir
-    from ..target.kernel_cache import KernelCache
+    from ..device.kernel_cache import KernelCache
 
     return KernelCache(Path(directory) if directory else default_cache_dir() / "sweep", CACHE_LIMIT_BYTES)
 

@@ -1,20 +1,22 @@
 """The persistent kernel cache: each compiled kernel's LLVM module on disk, shared by every process.
 
-Stage: codegen (the target hook, relax_ext.py). A kernel compiled once (by this process or any
-other, with the same compiler) is not scheduled, lowered or emitted again: its LLVM bitcode is
-read back and linked with the others. In: a key made by `kernel_key` from everything the
-kernel's code depends on: the compiler's version (`compiler_version`: a hash of its own sources
-and of the tvm, tvm-ffi and llvmlite versions), the kernel's spec, the hardware description, the
-compile options, and the kernel's exported name and attributes (they are inside its code). Out:
-the bitcode, or None.
+Stage: codegen (the target hook, target/relax_ext.py), and partition for its plans. A kernel
+compiled once (by this process or any other, with the same compiler) is not scheduled, lowered
+or emitted again: its LLVM bitcode is read back and linked with the others. In: a key made by
+`kernel_key` from everything the kernel's code depends on: the compiler's version
+(`compiler_version`: a hash of its own sources and of the tvm, tvm-ffi and llvmlite versions),
+the kernel's spec, the hardware description, the compile options, and the kernel's exported
+name and attributes (they are inside its code). Out: the bitcode, or None.
 
 Entries live in `<cache>/kernels/` (CGRA_KERNEL_CACHE, else the runtime's cache folder,
 `~/.cache/npu_backend`), one file per kernel (`.kernel`) and one per set of kernels a module
-linked (`.linked`: the object and the shared library, keyed by the kernels' keys): a magic line,
+linked (`.linked`: the object and the shared library, keyed by the kernels' keys), one per module
+partitioned (`.plan`: the patterns that made its groups, partition/plans.py): a magic line,
 the payload's SHA-256 and the payload. Two processes may use the folder at once: a file is
-written under a temporary name and renamed into place (atomic), a file that disappears or fails its checksum is a miss (and a
-damaged one is removed). When the folder grows past CGRA_KERNEL_CACHE_MB (default 1024), the
-least recently used entries go until it is under three quarters of that.
+written under a temporary name and renamed into place (atomic), a file that disappears or fails
+its checksum is a miss (and a damaged one is removed). When the folder grows past
+CGRA_KERNEL_CACHE_MB (default 1024), the least recently used entries go until it is under three
+quarters of that.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ DEFAULT_LIMIT_MB = 1024
 SUFFIX = ".kernel"
 #: A set of kernels linked into one object and shared library (relax_ext.linked_key).
 LINKED_SUFFIX = ".linked"
+#: The patterns that made a module's groups (partition/plans.py).
+PLAN_SUFFIX = ".plan"
+SUFFIXES = (SUFFIX, LINKED_SUFFIX, PLAN_SUFFIX)
 #: A temporary file older than this was left by a process that died while writing it.
 STALE_TEMPORARY_S = 3600.0
 
@@ -97,7 +102,7 @@ class KernelCache:
         except OSError:
             return []
         for entry in listing:
-            if not entry.name.endswith((SUFFIX, LINKED_SUFFIX)):
+            if not entry.name.endswith(SUFFIXES):
                 continue
             try:
                 stat = entry.stat()
@@ -120,7 +125,7 @@ class KernelCache:
         return removed
 
     def clear(self) -> None:
-        for suffix in (SUFFIX, LINKED_SUFFIX):
+        for suffix in SUFFIXES:
             for path in self.directory.glob(f"*{suffix}") if self.directory.is_dir() else ():
                 _remove(path)
 
