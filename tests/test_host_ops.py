@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 from tvm import relax
 
 import npu_backend
-from npu_backend.pipeline import run_stages
+from npu_backend.device.host_ops import HOST_ANCHOR
+from npu_backend.pipeline import cgra_pipeline, run_stages
 
 DTYPES = ["float32", "int8", "int32", "float16"]
 
@@ -145,3 +146,40 @@ def test_host_split_and_permute_dims_refuse_a_mismatch():
         split(1, a, tvm.runtime.tensor(np.zeros((2, 2), "float32")))
     with pytest.raises(ValueError, match=r"cgra.host.permute_dims: axes that are not a permutation"):
         permute(a, 0, 0, tvm.runtime.tensor(np.zeros((2, 2), "float32")))
+
+
+def test_reshapes_that_became_views_are_not_built_for_the_host():
+    # ShuffleNet's shuffle as ONNX writes it: reshape, transpose, reshape, split. LegalizeOps
+    # makes both reshapes PrimFuncs, RewriteDataflowReshape turns their calls back into views;
+    # the PrimFuncs, called by nothing, are left out of the host build (the anchor remains).
+    def body(params):
+        grouped = relax.op.reshape(params[0], (1, 2, 4, 3, 3))
+        shuffled = relax.op.reshape(relax.op.permute_dims(grouped, [0, 2, 1, 3, 4]), (1, 8, 3, 3))
+        return relax.op.split(shuffled, 2, axis=1)
+
+    mod = relax.transform.Normalize()(_module([(1, 8, 3, 3)], "float32", body))
+    built = cgra_pipeline(npu_backend.load_arch(None))(mod)
+    assert [gvar.name_hint for gvar, func in built.functions.items() if isinstance(func, tvm.tirx.PrimFunc)] \
+        == [HOST_ANCHOR]
+    array = np.arange(72, dtype="float32").reshape(1, 8, 3, 3)
+    expected = np.split(array.reshape(1, 2, 4, 3, 3).transpose(0, 2, 1, 3, 4).reshape(1, 8, 3, 3), 2, axis=1)
+    for part, want in zip(_run(mod, [array]), expected, strict=True):
+        np.testing.assert_array_equal(part, want)
+
+
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic-batch"])
+def test_a_returned_reshape_is_a_view_and_the_runtimes_copy(symbolic):
+    # SqueezeNet's last op, a flatten the function returns: TVM keeps a returned reshape as a
+    # PrimFunc it compiles for the host; here it is a view and the runtime's copy of it.
+    def body(params):
+        shape = (params[0].ty.shape[0], 72) if symbolic else (1, 72)
+        return relax.op.reshape(relax.op.nn.relu(params[0]), shape)
+
+    mod = relax.transform.Normalize()(_module([(1, 8, 3, 3)], "float32", body, symbolic=symbolic))
+    _on_runtime(mod, "concat")
+    built = cgra_pipeline(npu_backend.load_arch(None))(mod)
+    assert not [gvar.name_hint for gvar, func in built.functions.items()
+                if isinstance(func, tvm.tirx.PrimFunc) and "reshape" in gvar.name_hint]
+    for batch in (1, 3) if symbolic else (1,):
+        array = np.arange(batch * 72, dtype="float32").reshape(batch, 8, 3, 3) - 30
+        np.testing.assert_array_equal(_run(mod, [array]), np.maximum(array, 0).reshape(batch, 72))

@@ -133,12 +133,10 @@ def offloaded_prim_funcs(mod: tvm.IRModule) -> set:
 
 def drop_unused_prim_funcs(mod: tvm.IRModule, names) -> tvm.IRModule:
     """`mod` without the PrimFuncs `names` that no Relax function calls any more (after
-    RunCodegen replaced their offloaded calls): the host build would compile them for nothing."""
-    called = set()
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, lambda expr: called.add(expr.name_hint)
-                                            if isinstance(expr, tvm.ir.GlobalVar) else None)
+    RunCodegen replaced their offloaded calls, or TVM's RewriteDataflowReshape the calls of the
+    reshapes LegalizeOps made): the host build would compile them for nothing."""
+    called = {gvar.name_hint for func in mod.functions.values() if isinstance(func, relax.Function)
+              for gvar in relax.analysis.all_global_vars(func)}
     unused = [gvar for gvar in mod.functions if gvar.name_hint in names and gvar.name_hint not in called]
     if not unused:
         return mod
