@@ -28,7 +28,7 @@ from .errors import (CGRAError, InvalidModel, ScheduleError, ScratchpadTooSmall,
 from .options import CompileOptions
 from .pipeline import STAGES, cgra_pipeline, fusion_patterns
 from .target.relax_ext import register_target_hook
-from .target.tags import install_default_pipeline, register_arch, register_target_tags
+from .target.tags import cgra_target, install_default_pipeline, register_arch, register_target_tags
 from .tools.explain import Placement, explain, format_placements, npu_mac_fraction
 
 try:
@@ -57,14 +57,15 @@ def compile(mod: tvm.IRModule, arch=None, *, dump_dir: str | None = None,  # noq
     once for every size, the bound only steers their tiles (docs/dynamic-shapes.md).
     `host_opt_level`: LLVM's optimisation level (0-3) for the host code that records the command
     streams; the commands, cycles and results are the same at every level, 0 builds fastest.
+    The operators left on the host build at -O1 (as fast as -O3 on softmax, layer norm, GELU),
+    or at `host_opt_level` when higher.
     `fuse_chains`: run an elementwise chain after a conv2d / matmul (a leaky relu, a hard-swish)
     inside that kernel, on each output tile: less DRAM traffic and energy, more cycles
     (CompileOptions.fuse_chains)."""
     arch = load_arch(arch)
     options = CompileOptions(dump_dir=dump_dir, shape_bounds=shape_bounds or {}, host_opt_level=host_opt_level,
                              fuse_chains=fuse_chains)
-    name = arch.name if arch.name in preset_names() else DEFAULT_ARCH
-    target = tvm.target.Target(name)
+    target = cgra_target(arch.name if arch.name in preset_names() else DEFAULT_ARCH, host_opt_level)
     try:
         return tvm.relax.build(mod, target=target, relax_pipeline=cgra_pipeline(arch, options))
     except RuntimeError as err:

@@ -11,6 +11,7 @@ from tvm import relax
 
 import npu_backend
 from npu_backend.device.host_ops import HOST_ANCHOR
+from npu_backend.target.tags import HOST_OPT_LEVEL
 from npu_backend.pipeline import cgra_pipeline, run_stages
 
 DTYPES = ["float32", "int8", "int32", "float16"]
@@ -183,3 +184,17 @@ def test_a_returned_reshape_is_a_view_and_the_runtimes_copy(symbolic):
     for batch in (1, 3) if symbolic else (1,):
         array = np.arange(batch * 72, dtype="float32").reshape(batch, 8, 3, 3) - 30
         np.testing.assert_array_equal(_run(mod, [array]), np.maximum(array, 0).reshape(batch, 72))
+
+
+@pytest.mark.parametrize("host_opt_level, expected", [(0, 1), (1, 1), (3, 3)])
+def test_the_host_operators_build_at_O1_unless_asked_for_more(monkeypatch, host_opt_level, expected):
+    # -O1 runs softmax and layer norm as fast as -O3 and builds in half the time (target/tags.py).
+    assert tvm.target.Target("cgra").attrs["opt-level"] == HOST_OPT_LEVEL == 1
+    targets, build = [], tvm.relax.build
+    monkeypatch.setattr(tvm.relax, "build", lambda mod, target, **kw: targets.append(target) or build(mod, target, **kw))
+    mod = _module([(1, 4, 3, 3)], "float32", lambda params: relax.op.nn.softmax(params[0], axis=1))
+    array = np.arange(36, dtype="float32").reshape(1, 4, 3, 3) / 10
+    ex = npu_backend.compile(mod, host_opt_level=host_opt_level)
+    out = tvm.relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(array)).numpy()
+    assert int(targets[0].attrs["opt-level"]) == expected and list(targets[0].keys)[:1] == ["cgra"]
+    np.testing.assert_allclose(out, np.exp(array) / np.exp(array).sum(axis=1, keepdims=True), rtol=1e-6)
