@@ -6,7 +6,7 @@ Stage: normalise. Input: a Relax IRModule as the importers leave it. Output: the
  -> y = add(conv2d(x, W * s), beta - mean * s),  s = gamma / sqrt(var + eps)
 
 (`s` reshaped to the weight's output-channel axis, the bias to the output's channel axis: (1, C, 1, 1)
-for NCHW), and every call of a `_NUMPY_OPS` operator whose tensor arguments are all constants
+for NCHW), and every call of a `NUMPY_OPS` operator (numpy_ops.py) whose tensor arguments are all constants
 replaced by its value (bias reshapes, transposed Gemm weights, the isnan/where ONNX's Clip
 leaves around its bounds).
 
@@ -26,109 +26,7 @@ from tvm.relax.expr import _update_type
 from ..frontend.provenance import with_span
 from ..relax_info import dtype_of, static_shape
 from .arrays import aligned_empty, read_only_view, shared_const
-
-_FLOAT = ("float16", "float32", "float64")
-
-
-def _reshape_to_output(call, data):
-    return data.reshape(static_shape(call))
-
-
-def _float_only(fn):
-    return lambda call, *arrays: fn(*arrays) if all(a.dtype.name in _FLOAT for a in arrays) else None
-
-
-# op -> (number of leading tensor arguments that must be constant, numpy evaluation). The other
-# arguments (a reshape's target shape) are read off the call's output type.
-_NUMPY_OPS = {
-    "relax.add": (2, lambda call, a, b: np.add(a, b)),
-    "relax.subtract": (2, lambda call, a, b: np.subtract(a, b)),
-    "relax.multiply": (2, lambda call, a, b: np.multiply(a, b)),
-    "relax.divide": (2, _float_only(np.divide)),  # integer division rounds differently
-    "relax.sqrt": (1, _float_only(np.sqrt)),
-    "relax.negative": (1, lambda call, a: np.negative(a)),
-    "relax.reshape": (1, _reshape_to_output),
-    "relax.expand_dims": (1, _reshape_to_output),
-    "relax.squeeze": (1, _reshape_to_output),
-    "relax.permute_dims": (1, lambda call, a: np.transpose(
-        a, None if call.attrs.axes is None else [int(x) for x in call.attrs.axes])),
-    "relax.isnan": (1, lambda call, a: np.isnan(a)),
-    "relax.where": (3, lambda call, c, a, b: np.where(c, a, b)),
-    # What PyTorch's exports leave constant (a transformer's position ids, a Swin window's
-    # relative position index): each left for FoldConstant cost a TVM build, ~30 ms apiece.
-    "relax.broadcast_to": (1, lambda call, a: np.broadcast_to(a, static_shape(call)).copy()),
-    "relax.arange": (3, lambda call, start, end, step: _arange(call, start, end, step)),
-    "relax.strided_slice": (1, lambda call, a: _strided_slice(call, a)),
-    "relax.take": (2, lambda call, a, indices: _take(call, a, indices)),
-    "relax.gather_elements": (2, lambda call, a, indices: _gather_elements(call, a, indices)),
-    "relax.astype": (1, lambda call, a: _astype(a, dtype_of(call))),
-    **{f"relax.{name}": (2, lambda call, a, b, fn=fn: fn(a, b)) for name, fn in (
-        ("equal", np.equal), ("not_equal", np.not_equal), ("less", np.less), ("less_equal", np.less_equal),
-        ("greater", np.greater), ("greater_equal", np.greater_equal))},
-}
-
-
-def _astype(a, dtype: str):
-    """Conversions numpy and LLVM agree on: any to float (both round to nearest even) or bool,
-    integer to integer (both wrap), float to integer within the integer's range (both truncate)."""
-    target = np.dtype(dtype)
-    if a.dtype.kind == "f" and target.kind in "iu":
-        limits = np.iinfo(target)
-        if not (np.isfinite(a).all() and (a > limits.min - 1).all() and (a < limits.max + 1).all()):
-            return None
-    if target.kind == "b":
-        return a != 0
-    return a.astype(target)
-
-
-def _inside(indices, extent: int) -> bool:
-    """Integer indices, each inside [0, extent): TVM's take / gather modes differ on the others."""
-    return np.issubdtype(indices.dtype, np.integer) and \
-        not (indices.size and (indices.min() < 0 or indices.max() >= extent))
-
-
-def _gather_elements(call, a, indices):
-    axis = int(call.attrs.axis)
-    return np.take_along_axis(a, indices, axis=axis) if _inside(indices, a.shape[axis]) else None
-
-
-def _arange(call, start, end, step):
-    """Integer ranges only (a float range's values depend on how each side rounds)."""
-    if not all(np.issubdtype(v.dtype, np.integer) for v in (start, end, step)) or int(step) == 0:
-        return None
-    return np.arange(int(start), int(end), int(step)).astype(dtype_of(call))
-
-
-def _ints(expr) -> list[int] | None:
-    """The integers of a tuple of IntImms (a strided_slice's axes, begin, end)."""
-    if not isinstance(expr, relax.Tuple):
-        return None
-    values = []
-    for field in expr.fields:
-        if not isinstance(field, tvm.tirx.IntImm):
-            return None
-        values.append(int(field.value))
-    return values
-
-
-def _strided_slice(call, a):
-    """Positive strides, Python's slice semantics (the caller checks the shape Relax inferred)."""
-    axes, begin, end = (_ints(arg) for arg in call.args[1:4])
-    strides = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes or ())
-    if None in (axes, begin, end, strides) or any(step <= 0 for step in strides):
-        return None
-    index = [slice(None)] * a.ndim
-    for axis, lo, hi, step in zip(axes, begin, end, strides):
-        index[axis] = slice(lo, hi, step)
-    return a[tuple(index)].copy()
-
-
-def _take(call, a, indices):
-    """Along an axis (None flattens: not folded)."""
-    if call.attrs.axis is None or not _inside(indices, a.shape[int(call.attrs.axis)]):
-        return None
-    return np.take(a, indices, axis=int(call.attrs.axis))
-
+from .numpy_ops import FLOAT, NUMPY_OPS
 
 def fold_weights(mod: tvm.IRModule) -> tvm.IRModule:
     """Every Relax function of `mod` (not composites or primitives) with its constants folded."""
@@ -235,24 +133,32 @@ class _WeightFolder(relax.PyExprMutator):
         bound = self.values.get(expr)
         if not isinstance(bound, relax.Call) or not isinstance(bound.op, tvm.ir.Op):
             return None
-        entry = _NUMPY_OPS.get(bound.op.name)
+        entry = NUMPY_OPS.get(bound.op.name)
         if entry is None or static_shape(bound) is None or len(bound.args) < entry[0]:
             return None
-        arrays = [self._constant_of(arg) for arg in bound.args[:entry[0]]]
+        arrays = [self._argument(arg, self._constant_of) for arg in bound.args[:entry[0]]]
         if any(a is None for a in arrays):
             return None
         result = entry[1](bound, *arrays)
         return result if result is not None and result.dtype.name == dtype_of(bound) else None
 
+    @staticmethod
+    def _argument(expr, constant):
+        """`constant(expr)`, or for a tuple (concat's operand) the tuple of its fields' values."""
+        if isinstance(expr, relax.Tuple):
+            fields = tuple(constant(field) for field in expr.fields)
+            return None if any(field is None for field in fields) else fields
+        return constant(expr)
+
     def _evaluate(self, call):
-        """The constant `call` computes when it is a `_NUMPY_OPS` call of constants, else None."""
+        """The constant `call` computes when it is a `NUMPY_OPS` call of constants, else None."""
         if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
             return None
-        entry = _NUMPY_OPS.get(call.op.name)
+        entry = NUMPY_OPS.get(call.op.name)
         if entry is None or static_shape(call) is None:
             return None
         count, fn = entry
-        arrays = [self._constant(arg) for arg in call.args[:count]]
+        arrays = [self._argument(arg, self._constant) for arg in call.args[:count]]
         if len(call.args) < count or any(a is None for a in arrays):
             return None
         result = fn(call, *arrays)
@@ -325,7 +231,7 @@ def _fold_scale_shift(conv_attrs, norm_attrs, weight, stats, dtype, conv_bias=No
     is (b - mean) * s + beta."""
     out_layout = str(conv_attrs.out_layout or conv_attrs.data_layout)
     kernel_layout = str(conv_attrs.kernel_layout)
-    if (any(s is None for s in stats) or bool(norm_attrs.training) or dtype not in _FLOAT
+    if (any(s is None for s in stats) or bool(norm_attrs.training) or dtype not in FLOAT
             or weight.dtype.name != dtype or sorted(out_layout) != sorted("NCHW")
             or sorted(kernel_layout) != sorted("OIHW")
             or int(norm_attrs.axis) % len(out_layout) != out_layout.index("C")):
