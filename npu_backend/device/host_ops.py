@@ -57,7 +57,7 @@ class _HostOps(relax.PyExprMutator):
                 or not (isinstance(value, relax.Call) and value.op.same_as(_RESHAPE)) \
                 or not _known(value.ty) or value.ty.ndim < 1 or not _known(value.args[0].ty):
             return super().visit_var_binding_(binding)
-        view = self.builder_.emit(relax.op.reshape(self.visit_expr(value.args[0]), value.args[1]))
+        view = self.builder_.emit(relax.op.reshape(self.visit_expr(value.args[0]), self.visit_expr(value.args[1])))
         copy = relax.op.call_dps_packed(HOST_CONCAT, relax.Tuple([_int(0), view]), value.ty)
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(copy)))
         self.count += 1
