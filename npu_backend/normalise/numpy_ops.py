@@ -134,7 +134,7 @@ def _clip(call, a):
         return None
     if a.dtype.kind in "iu":
         limits = np.iinfo(a.dtype)
-        if not (lo.is_integer() and hi.is_integer() and limits.min <= lo and hi <= limits.max):
+        if not all(float(bound).is_integer() for bound in (lo, hi)) or not limits.min <= lo <= hi <= limits.max:
             return None
         lo, hi = int(lo), int(hi)
     elif a.dtype.name not in FLOAT or np.isnan(a).any():
@@ -142,11 +142,11 @@ def _clip(call, a):
     return np.minimum(np.maximum(a, np.array(lo, a.dtype)), np.array(hi, a.dtype))
 
 
-def _number(expr) -> float | None:
-    """The value of a FloatImm / IntImm (or of a PrimValue holding one)."""
+def _number(expr) -> int | float | None:
+    """The value of a FloatImm / IntImm (or of a PrimValue holding one), an IntImm's exactly."""
     value = getattr(expr, "value", None)
     value = getattr(value, "value", value)
-    return float(value) if isinstance(value, (int, float)) else None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _concat(call, parts):
