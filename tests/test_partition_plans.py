@@ -62,7 +62,7 @@ def test_a_module_partitioned_again_tries_only_the_patterns_that_made_its_groups
     first = _partition(mod)
     again = _partition(mod)
     tvm.ir.assert_structural_equal(first, again)
-    assert 0 < len(tried[1]) < len(tried[0]) / 3  # ShuffleNetV2: 35 patterns, 5 made groups
+    assert 0 < len(tried[1]) < len(tried[0]) / 3  # ShuffleNetV2 at 64: 7 of them made groups (at 224: 5 of 35)
     assert [name for name in tried[0] if name in tried[1]] == tried[1]  # in the same order
     # Another chip, or other options, is another plan.
     _partition(mod, "cgra-4x4")
