@@ -36,9 +36,15 @@ from .matmul import MATMUL
 from .pool import POOL
 from .separable import SEPARABLE
 from .sigmoid import SMOOTH
+from .softmax import SOFTMAX
+from .norms import NORMS
+from .row_reduce import ROW_REDUCE
+from .special import SPECIAL
 from .tir import TIR, tir_spec
 
-FAMILIES: tuple[OpFamily, ...] = (INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, FABRIC, ELTWISE, TIR, ACTIVATION)
+FAMILIES: tuple[OpFamily, ...] = (INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, SOFTMAX, NORMS, SPECIAL,
+                                  ROW_REDUCE, FABRIC,
+                                  ELTWISE, TIR, ACTIVATION)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -345,6 +345,49 @@ bool CheckBodyNode(int64_t word, int index, int32_t dtype, bool input_b) {
 
 }  // namespace
 
+void CheckReduce(const int64_t* w, const CheckContext& context) {
+  CheckFlags(Code(w[CGRA_REDUCE_FLAGS]), 0);
+  int32_t func = Code(w[CGRA_REDUCE_FUNC]);
+  if (func != CGRA_REDUCE_SUM && func != CGRA_REDUCE_MAX && func != CGRA_REDUCE_SUM_SQUARES) {
+    Fail("func ", func, " is not a reduction (", CGRA_REDUCE_SUM, " sum, ", CGRA_REDUCE_MAX, " max, ",
+         CGRA_REDUCE_SUM_SQUARES, " sum of squares)");
+  }
+  if (Code(w[CGRA_REDUCE_DTYPE]) != CGRA_DTYPE_FLOAT32) {
+    Fail("dtype code ", w[CGRA_REDUCE_DTYPE], " is not float32 (", CGRA_DTYPE_FLOAT32, "): REDUCE folds float32");
+  }
+  int64_t rows = w[CGRA_REDUCE_ROWS], cols = w[CGRA_REDUCE_COLS];
+  CheckWindow("A", w[CGRA_REDUCE_A_ADDR], {rows, cols, 1, 1, 1},
+              {w[CGRA_REDUCE_A_ROW_STRIDE], w[CGRA_REDUCE_A_COL_STRIDE], 0, 0, 0}, CGRA_DTYPE_FLOAT32_BYTES,
+              context.spad_bytes);
+  CheckRegion("out", Access::kWrite, w[CGRA_REDUCE_OUT_ADDR], rows, 1, w[CGRA_REDUCE_OUT_STRIDE],
+              CGRA_DTYPE_FLOAT32_BYTES, context.spad_bytes);
+}
+
+void CheckVfunc(const int64_t* w, const CheckContext& context) {
+  int32_t flags = Code(w[CGRA_VFUNC_FLAGS]);
+  CheckFlags(flags, CGRA_VFUNC_SCALE | CGRA_VFUNC_OFFSET);
+  int32_t func = Code(w[CGRA_VFUNC_FUNC]);
+  if (func < CGRA_VFUNC_IDENTITY || func > CGRA_VFUNC_RECIPROCAL) {
+    Fail("func ", func, " is not a special function (", CGRA_VFUNC_IDENTITY, " identity .. ", CGRA_VFUNC_RECIPROCAL,
+         " reciprocal)");
+  }
+  if (Code(w[CGRA_VFUNC_DTYPE]) != CGRA_DTYPE_FLOAT32) {
+    Fail("dtype code ", w[CGRA_VFUNC_DTYPE], " is not float32 (", CGRA_DTYPE_FLOAT32, "): VFUNC computes float32");
+  }
+  if (!(flags & CGRA_VFUNC_SCALE) && w[CGRA_VFUNC_SCALE_BITS] != 0) {
+    Fail("scale_bits are set but CGRA_VFUNC_SCALE is off: a disabled operand's arguments must be 0");
+  }
+  if (!(flags & CGRA_VFUNC_OFFSET) && w[CGRA_VFUNC_OFFSET_BITS] != 0) {
+    Fail("offset_bits are set but CGRA_VFUNC_OFFSET is off: a disabled operand's arguments must be 0");
+  }
+  int64_t rows = w[CGRA_VFUNC_ROWS], cols = w[CGRA_VFUNC_COLS];
+  CheckWindow("A", w[CGRA_VFUNC_A_ADDR], {rows, cols, 1, 1, 1},
+              {w[CGRA_VFUNC_A_ROW_STRIDE], w[CGRA_VFUNC_A_COL_STRIDE], 0, 0, 0}, CGRA_DTYPE_FLOAT32_BYTES,
+              context.spad_bytes);
+  CheckRegion("out", Access::kWrite, w[CGRA_VFUNC_OUT_ADDR], rows, cols, w[CGRA_VFUNC_OUT_STRIDE],
+              CGRA_DTYPE_FLOAT32_BYTES, context.spad_bytes);
+}
+
 void CheckFabric(const int64_t* w, const CheckContext& context) {
   int32_t flags = Code(w[CGRA_FABRIC_FLAGS]), dtype = Code(w[CGRA_FABRIC_DTYPE]);
   CheckFlags(flags, CGRA_FABRIC_INPUT_B);

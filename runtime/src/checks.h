@@ -100,6 +100,15 @@ void CheckEltwise(const int64_t* record, const CheckContext& context);
  * device's check (the simulator's decoder). */
 void CheckFabric(const int64_t* record, const CheckContext& context);
 
+/*! \brief REDUCE: no flags, a known func, float32; the A window (strides >= 0) and the written
+ * out column (rows x 1) inside the scratchpad. (ABI v8.) */
+void CheckReduce(const int64_t* record, const CheckContext& context);
+
+/*! \brief VFUNC: flags CGRA_VFUNC_SCALE / _OFFSET (their value words 0 without them), a known
+ * func, float32; the A window (strides >= 0) and the written out region inside the scratchpad.
+ * (ABI v8.) */
+void CheckVfunc(const int64_t* record, const CheckContext& context);
+
 }  // namespace cgra
 
 #endif  // CGRA_RUNTIME_CHECKS_H_

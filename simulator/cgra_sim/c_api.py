@@ -18,7 +18,7 @@ from .isa import (BODY_FIRST_NODE, BODY_IMMEDIATE, BODY_INPUT_A, BODY_INPUT_B, B
                   BOX_WORDS, COMMAND_FUNCTIONS, DMA_FILL_LOWEST, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU,
                   EPILOGUE_REQUANTISE, EPILOGUE_RESIDUAL, FABRIC_INPUT_B, FIELDS, GEMM_ACCUMULATE, POOL_AVERAGE,
                   RECORD_WORDS, SLOT_FIELDS, SLOT_WORDS, STREAM_VERSION, BodyOp, CommandFunction, DType,
-                  EltwiseFunc, Op, ParamKind)
+                  EltwiseFunc, Op, ParamKind, ReduceFunc, VFunc, VFUNC_OFFSET, VFUNC_SCALE)
 
 
 def c_header() -> str:
@@ -41,6 +41,8 @@ def c_header() -> str:
         f"#define CGRA_POOL_AVERAGE {POOL_AVERAGE}",
         f"#define CGRA_EPILOGUE_REQUANTISE {EPILOGUE_REQUANTISE}",
         f"#define CGRA_FABRIC_INPUT_B {FABRIC_INPUT_B}",
+        f"#define CGRA_VFUNC_SCALE {VFUNC_SCALE}",
+        f"#define CGRA_VFUNC_OFFSET {VFUNC_OFFSET}",
         f"#define CGRA_BODY_INPUT_A {BODY_INPUT_A}",
         f"#define CGRA_BODY_INPUT_B {BODY_INPUT_B}",
         f"#define CGRA_BODY_FIRST_NODE {BODY_FIRST_NODE}",
@@ -51,6 +53,8 @@ def c_header() -> str:
     lines.append("#define CGRA_OPS(X) " + " ".join(f"X({op.name})" for op in Op))  # X-macro
     lines += [f"#define CGRA_DTYPE_{dt.name} {int(dt)}" for dt in DType]
     lines += [f"#define CGRA_ELTWISE_{func.name} {int(func)}" for func in EltwiseFunc]
+    lines += [f"#define CGRA_REDUCE_{func.name} {int(func)}" for func in ReduceFunc]
+    lines += [f"#define CGRA_VFUNC_{func.name} {int(func)}" for func in VFunc]
     lines += [f"#define CGRA_BODY_{op.name} {int(op)}" for op in BodyOp]
     lines += [f"#define CGRA_DTYPE_{dt.name}_BYTES {dt.itemsize}" for dt in DType]
     for op, fields in FIELDS.items():

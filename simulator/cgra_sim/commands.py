@@ -146,6 +146,28 @@ class EltwiseCommand(Command):
         return self.out.shape[0] * self.out.shape[1]
 
 
+class ReduceCommand(Command):
+    """out[i] = fold(out[i], a[i, j]) for j left to right per row; `a` a strided (rows, cols)
+    view, `out` a (rows, 1) column (its row stride the record's)."""
+
+    __slots__ = ("func", "a", "out")
+
+    @property
+    def elements(self) -> int:
+        return self.a.shape[0] * self.a.shape[1]
+
+
+class VfuncCommand(Command):
+    """out = f(a * scale + offset) elementwise over a (rows, cols) tile, float32; `scale` and
+    `offset` numpy float32 scalars or None without their flag."""
+
+    __slots__ = ("func", "a", "out", "scale", "offset")
+
+    @property
+    def elements(self) -> int:
+        return self.out.shape[0] * self.out.shape[1]
+
+
 class FabricCommand(Command):
     """out = body(a[, b]) elementwise over a (rows, cols) tile on the PE fabric; `body` the nodes
     of mapping/body.py, `b` None without FABRIC_INPUT_B; strides as ELTWISE's."""

@@ -19,6 +19,11 @@ estimates cannot drift from what the simulator charges.
     ELTWISE      ceil(max(rows * cols, reads) / vector_lanes) + VECTOR_OVERHEAD_CYCLES
                  reads: the elements of both operands the command streams (a broadcast axis,
                  stride 0, is read once and held in registers, as EPILOGUE's bias row is).
+    REDUCE       ceil(rows / vector_lanes) * cols + VECTOR_OVERHEAD_CYCLES
+                 a lane folds one row, a column a cycle (the order the ISA specifies)
+    VFUNC        ceil(rows * cols * (ops + scale + offset) / vector_lanes) + VECTOR_OVERHEAD_CYCLES
+                 ops: the lane operations of the function's specified sequence (special.OPS,
+                 a divide or square root counting 4), + 1 for each of the scale and offset
     GEMM         steady = ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe)
                           * max(step, A's bank conflict, operand bytes a cycle / scratchpad bytes a cycle)
                  fill   = min(m, rows) + min(n, cols) - 2 (the sub-array the GEMM occupies)
@@ -47,6 +52,7 @@ from .arch import HardwareDescription
 from .banks import slowed
 from .isa import DType
 from .mapping import pe_array
+from .special import OPS as VFUNC_OPS
 
 ONE = Fraction(1)
 VECTOR_OVERHEAD_CYCLES = 2  # issue + write-back of a vector-unit command
@@ -96,6 +102,17 @@ def eltwise_operand_reads(rows: int, cols: int, walks_rows: bool, walks_cols: bo
     """Elements an ELTWISE streams of one operand of a rows x cols tile: a broadcast axis
     (stride 0) is read once."""
     return (rows if walks_rows else 1) * (cols if walks_cols else 1)
+
+
+def reduce_cycles(arch: HardwareDescription, rows: int, cols: int) -> int:
+    """Cycles of a REDUCE over a rows x cols tile: a lane a row, a column a cycle."""
+    return _ceil(rows, arch.vector_lanes) * cols + VECTOR_OVERHEAD_CYCLES
+
+
+def vfunc_cycles(arch: HardwareDescription, elements: int, func: str, scale: bool = False,
+                 offset: bool = False) -> int:
+    """Cycles of a VFUNC computing `func` ("exp", ...: special.OPS) over `elements` elements."""
+    return _ceil(elements * (VFUNC_OPS[func] + scale + offset), arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
 
 
 def pe_folds(arch: HardwareDescription, m: int, n: int) -> int:

@@ -26,7 +26,7 @@ from .commands import (NUMPY_DTYPE, Checker, Command, DepthwiseCommand, DmaComma
                        EpilogueCommand, FabricCommand, FillCommand, GemmCommand, PoolCommand)
 from .decode_dma import decode_dma
 from .decode_pe import decode_depthwise, decode_fabric, decode_gemm
-from .decode_vector import decode_eltwise, decode_epilogue, decode_fill, decode_pool
+from .decode_vector import decode_eltwise, decode_epilogue, decode_fill, decode_pool, decode_reduce, decode_vfunc
 from .errors import LaunchError
 from .isa import BOX_DIMS, FIELDS, RECORD_WORDS, DType, Op
 
@@ -83,6 +83,8 @@ _DECODERS = {
     Op.POOL: decode_pool,
     Op.ELTWISE: decode_eltwise,
     Op.FABRIC: decode_fabric,
+    Op.REDUCE: decode_reduce,
+    Op.VFUNC: decode_vfunc,
 }
 
 

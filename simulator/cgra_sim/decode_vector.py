@@ -1,4 +1,4 @@
-"""Decoding the vector unit's records: FILL, EPILOGUE, POOL and ELTWISE.
+"""Decoding the vector unit's records: FILL, EPILOGUE, POOL, ELTWISE, REDUCE and VFUNC.
 
 Stage: simulator, step 1 (decode.py's table calls these). Checks: flags and the words of an
 operand a flag turns off (they must be 0), dtypes, positive sizes, strides, every region inside
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .commands import NUMPY_DTYPE, Checker, EltwiseCommand, EpilogueCommand, FillCommand, PoolCommand
+from .commands import (NUMPY_DTYPE, Checker, EltwiseCommand, EpilogueCommand, FillCommand, PoolCommand,
+                       ReduceCommand, VfuncCommand)
 from .isa import (ACC_DTYPE, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_REQUANTISE, EPILOGUE_RESIDUAL,
-                  FIELDS, POOL_AVERAGE, DType, EltwiseFunc, Op)
+                  FIELDS, POOL_AVERAGE, VFUNC_OFFSET, VFUNC_SCALE, DType, EltwiseFunc, Op, ReduceFunc, VFunc)
 from .regions import Region
 
 
@@ -179,3 +180,56 @@ def _epilogue_requantise(check: Checker, flags: int, record: list[int], n: int):
     if not -128 <= zero_point <= 127:
         check.fail(f"out_zero_point {zero_point} does not fit int8 [-128, 127]")
     return check.matrix("scale", addr, 1, n, n, DType.FLOAT32, written=False), zero_point
+
+
+def _strided_input(check: Checker, fields: dict, rows: int, cols: int) -> Region:
+    """The (rows, cols) float32 window A of a REDUCE or VFUNC (strides >= 0, 0 broadcasts)."""
+    a_row, a_col = fields["a_row_stride"], fields["a_col_stride"]
+    if a_row < 0 or a_col < 0:
+        check.fail(f"A's strides must be >= 0, got ({a_row}, {a_col})")
+    size = DType.FLOAT32.itemsize
+    return check.region(Region("A", fields["a_addr"], (rows, cols), (a_row * size, a_col * size), np.dtype(np.float32)))
+
+
+def _func(check: Checker, code: int, enum) -> object:
+    if code not in {int(f) for f in enum}:
+        check.fail(f"func {code} is not one of {', '.join(f'{f.name}={int(f)}' for f in enum)}")
+    return enum(code)
+
+
+def decode_reduce(check: Checker, index: int, op: Op, record: list[int], tensors) -> ReduceCommand:
+    fields = dict(zip(FIELDS[op], record))
+    check.flags(fields["flags"], 0)
+    cmd = ReduceCommand(index, op)
+    cmd.func = _func(check, fields["func"], ReduceFunc)
+    check.dtype("dtype", fields["dtype"], (DType.FLOAT32,))
+    rows, cols = fields["rows"], fields["cols"]
+    check.positive(rows=rows, cols=cols)
+    cmd.a = _strided_input(check, fields, rows, cols)
+    cmd.out = check.matrix("out", fields["out_addr"], rows, 1, fields["out_stride"], DType.FLOAT32, written=True)
+    cmd.reads, cmd.writes = (cmd.a, cmd.out), (cmd.out,)
+    return cmd
+
+
+def decode_vfunc(check: Checker, index: int, op: Op, record: list[int], tensors) -> VfuncCommand:
+    fields = dict(zip(FIELDS[op], record))
+    flags = fields["flags"]
+    check.flags(flags, VFUNC_SCALE | VFUNC_OFFSET)
+    cmd = VfuncCommand(index, op)
+    cmd.func = _func(check, fields["func"], VFunc)
+    check.dtype("dtype", fields["dtype"], (DType.FLOAT32,))
+    rows, cols = fields["rows"], fields["cols"]
+    check.positive(rows=rows, cols=cols)
+    cmd.a = _strided_input(check, fields, rows, cols)
+    cmd.out = check.matrix("out", fields["out_addr"], rows, cols, fields["out_stride"], DType.FLOAT32, written=True)
+    values = []
+    for flag, name in ((VFUNC_SCALE, "scale_bits"), (VFUNC_OFFSET, "offset_bits")):
+        if flags & flag:
+            values.append(_fill_value(check, DType.FLOAT32, fields[name]))
+        elif fields[name]:
+            check.fail(f"{name} is {fields[name]} but flag {flag:#x} is off: words of a disabled operand must be 0")
+        else:
+            values.append(None)
+    cmd.scale, cmd.offset = values
+    cmd.reads, cmd.writes = (cmd.a,), (cmd.out,)
+    return cmd

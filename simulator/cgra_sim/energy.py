@@ -8,7 +8,8 @@ per component (`COMPONENTS`), which `KernelStats` carries with their sum.
 The table (every number in pJ; docs/simulator.md, "Energy"):
 
     mac[dtype]          one multiply-accumulate on the PE array, by input dtype
-    vector_op[dtype]    one element operation of the vector unit (FILL, EPILOGUE, ELTWISE, a POOL tap),
+    vector_op[dtype]    one element operation of the vector unit (FILL, EPILOGUE, ELTWISE, a POOL tap, a
+                        REDUCE step, each lane operation of a VFUNC: special.OPS),
                         and of a PE running a FABRIC body (per node per element)
     spad_read_byte      one byte read from the scratchpad
     spad_write_byte     one byte written to the scratchpad
@@ -41,6 +42,7 @@ from __future__ import annotations
 import math
 
 from .isa import Op
+from .special import OPS as VFUNC_OPS
 
 COMPONENTS = ("mac", "vector", "spad", "dram", "config", "leakage")
 
@@ -134,6 +136,11 @@ def launch_energy(arch, commands, cycles: int, config_slots: int) -> dict:
             energy["mac"] += cmd.macs * table["mac"][cmd.dtype.numpy_name]
         elif cmd.op is Op.POOL:
             energy["vector"] += cmd.taps * table["vector_op"][cmd.dtype.numpy_name]
+        elif cmd.op is Op.REDUCE:  # one lane operation per element folded (two for a sum of squares)
+            energy["vector"] += cmd.elements * (1 + (cmd.func.name == "SUM_SQUARES")) * table["vector_op"]["float32"]
+        elif cmd.op is Op.VFUNC:  # the lane operations of the function's sequence per element
+            ops = VFUNC_OPS[cmd.func.name.lower()] + (cmd.scale is not None) + (cmd.offset is not None)
+            energy["vector"] += cmd.elements * ops * table["vector_op"]["float32"]
         elif cmd.op is Op.FABRIC:  # a PE's ALU operation costs what a vector lane's does
             energy["vector"] += cmd.elements * len(cmd.body) * table["vector_op"][cmd.dtype.numpy_name]
         elif cmd.writes:  # FILL, EPILOGUE, ELTWISE: one operation per element written

@@ -25,7 +25,10 @@ float32(x) * scale[j] (int32 -> float32 and the product each rounded to nearest 
 to [-128 - zp, 127 - zp] (a NaN becomes the lower bound, as SSE's max does), rounded half to
 even, + zp. ELTWISE computes out = func(a, b) with numpy's elementwise function in the operands'
 dtype: integer results wrap (int8 modulo 2**8, int32 modulo 2**32), float32 ones round once;
-maximum and minimum propagate NaN. FABRIC evaluates its body node by node over the whole tile
+maximum and minimum propagate NaN. REDUCE folds each row into its output element column by
+column, left to right, rounding every step to float32 (SUM_SQUARES rounds the square, then the
+sum); MAX propagates NaN. VFUNC computes t = a (* scale) (+ offset), each rounded, then the
+function's specified float32 sequence (special.py). FABRIC evaluates its body node by node over the whole tile
 (mapping/body.evaluate) with the same arithmetic.
 Each command reads all its operands before it writes, so an in-place EPILOGUE is well defined.
 """
@@ -35,9 +38,10 @@ from __future__ import annotations
 import numpy as np
 
 from .commands import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FabricCommand,
-                       FillCommand, GemmCommand, PoolCommand)
-from .isa import DType, EltwiseFunc, Op
+                       FillCommand, GemmCommand, PoolCommand, ReduceCommand, VfuncCommand)
+from .isa import DType, EltwiseFunc, Op, ReduceFunc, VFunc
 from .mapping import body
+from . import special
 
 
 def execute(commands: list[Command], spad: np.ndarray) -> None:
@@ -162,6 +166,29 @@ def _eltwise(cmd: EltwiseCommand, spad: np.ndarray) -> None:
     cmd.out.view(spad)[...] = ELTWISE_FUNCS[cmd.func](a, b, dtype=a.dtype)
 
 
+def _reduce(cmd: ReduceCommand, spad: np.ndarray) -> None:
+    a, out = cmd.a.view(spad), cmd.out.view(spad)
+    total = out[:, 0].copy()
+    with np.errstate(invalid="ignore", over="ignore"):
+        for j in range(a.shape[1]):  # one column a step: every row's fold rounds as the lanes do
+            column = a[:, j]
+            if cmd.func is ReduceFunc.MAX:
+                total = np.maximum(total, column)
+            else:
+                total = total + (column * column if cmd.func is ReduceFunc.SUM_SQUARES else column)
+    out[:, 0] = total
+
+
+def _vfunc(cmd: VfuncCommand, spad: np.ndarray) -> None:
+    t = cmd.a.view(spad)
+    with np.errstate(all="ignore"):
+        if cmd.scale is not None:
+            t = t * cmd.scale
+        if cmd.offset is not None:
+            t = t + cmd.offset
+    cmd.out.view(spad)[...] = special.FUNCTIONS[cmd.func.name.lower()](t)
+
+
 def _fabric(cmd: FabricCommand, spad: np.ndarray) -> None:
     b = cmd.b.view(spad) if cmd.b is not None else None
     cmd.out.view(spad)[...] = body.evaluate(cmd.body, cmd.dtype.numpy_name, cmd.a.view(spad), b)
@@ -188,4 +215,6 @@ _EXECUTORS = {
     Op.POOL: _pool,
     Op.ELTWISE: _eltwise,
     Op.FABRIC: _fabric,
+    Op.REDUCE: _reduce,
+    Op.VFUNC: _vfunc,
 }

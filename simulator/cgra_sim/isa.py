@@ -19,9 +19,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-STREAM_VERSION = 4
+STREAM_VERSION = 5
 #: The oldest stream version this simulator still runs: v3 only added a flag (DMA_FILL_LOWEST)
-#: that v2 streams never set, v4 an opcode (FABRIC) that earlier streams never use.
+#: that v2 streams never set, v4 an opcode (FABRIC) and v5 two (REDUCE, VFUNC) that earlier
+#: streams never use.
 OLDEST_STREAM_VERSION = 2
 RECORD_WORDS = 32
 #: Number of loop dimensions (and tensor dimensions) a DMA box can have.
@@ -41,6 +42,8 @@ class Op(enum.IntEnum):
     POOL = 7  # vector unit: max or average over a sliding window (max_pool2d, avg_pool2d, mean)
     ELTWISE = 8  # vector unit: out = func(a, b) over a 2-D tile, operands strided (0 broadcasts)
     FABRIC = 9  # PE fabric: out = body(a[, b]) over a 2-D tile, the body a dataflow graph mapped onto the PEs
+    REDUCE = 10  # vector unit: per row of a 2-D tile, out[i] = sum / max / sum of squares, accumulated into out
+    VFUNC = 11  # vector unit: out = f(a * scale + offset) over a 2-D tile, f exp, tanh, erf, GELU, rsqrt, 1/x
 
 
 @enum.unique
@@ -83,6 +86,30 @@ class EltwiseFunc(enum.IntEnum):
     MULTIPLY = 3  # a * b
     MAXIMUM = 4  # max(a, b) (NaN propagates, as numpy.maximum)
     MINIMUM = 5  # min(a, b) (NaN propagates, as numpy.minimum)
+
+
+@enum.unique
+class ReduceFunc(enum.IntEnum):
+    """What a REDUCE folds each row into (word `func`), float32, columns left to right, every
+    step rounded: out[i] = out[i] + a, max(out[i], a) (NaN propagates) or out[i] + a * a."""
+
+    SUM = 1
+    MAX = 2
+    SUM_SQUARES = 3
+
+
+@enum.unique
+class VFunc(enum.IntEnum):
+    """The function of a VFUNC (word `func`), float32, each a specified sequence of rounded
+    float32 operations (cgra_sim/special.py, with its error bounds against float64)."""
+
+    IDENTITY = 1  # t (the scale and offset only)
+    EXP = 2
+    TANH = 3
+    ERF = 4
+    GELU = 5  # t Phi(t) = t (1 + erf(t / sqrt 2)) / 2, the erf form
+    RSQRT = 6  # 1 / sqrt(t), correctly rounded square root and divide
+    RECIPROCAL = 7  # 1 / t, correctly rounded
 
 
 @enum.unique
@@ -136,7 +163,8 @@ class Unit(enum.IntEnum):
 
 UNIT_OF = {Op.DMA_LOAD: Unit.LOAD, Op.DMA_STORE: Unit.STORE, Op.GEMM: Unit.COMPUTE,
            Op.FILL: Unit.VECTOR, Op.EPILOGUE: Unit.VECTOR, Op.DEPTHWISE: Unit.COMPUTE,
-           Op.POOL: Unit.VECTOR, Op.ELTWISE: Unit.VECTOR, Op.FABRIC: Unit.COMPUTE}
+           Op.POOL: Unit.VECTOR, Op.ELTWISE: Unit.VECTOR, Op.FABRIC: Unit.COMPUTE, Op.REDUCE: Unit.VECTOR,
+           Op.VFUNC: Unit.VECTOR}
 
 # Flags (word 1).
 GEMM_ACCUMULATE = 1  # GEMM and DEPTHWISE: add to the accumulator; without it, overwrite it
@@ -152,6 +180,8 @@ POOL_AVERAGE = 1  # POOL: sum of the valid taps / the taps inside the count rect
 # padding, loaded with the window when where the padding lies depends on a run-time size.
 DMA_FILL_LOWEST = 1
 FABRIC_INPUT_B = 1  # FABRIC: the body reads a second input, B (its words are 0 without it)
+VFUNC_SCALE = 1  # VFUNC: t = a * scale (scale_bits: float32 bits) before the function
+VFUNC_OFFSET = 2  # VFUNC: t = t + offset (offset_bits) after the scale, before the function
 
 
 def _dma_fields():
@@ -195,6 +225,10 @@ FIELDS = {
     Op.FABRIC: ("op", "flags", "dtype", "rows", "cols", "a_addr", "a_row_stride", "a_col_stride", "b_addr",
                 "b_row_stride", "b_col_stride", "out_addr", "out_stride", "nodes")
                + tuple(f"node{i}" for i in range(BODY_MAX_NODES)),
+    Op.REDUCE: ("op", "flags", "func", "dtype", "rows", "cols", "a_addr", "a_row_stride", "a_col_stride",
+                "out_addr", "out_stride"),
+    Op.VFUNC: ("op", "flags", "func", "dtype", "rows", "cols", "a_addr", "a_row_stride", "a_col_stride",
+               "out_addr", "out_stride", "scale_bits", "offset_bits"),
 }
 
 for _op, _fields in FIELDS.items():
@@ -383,4 +417,24 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         "a_col_stride", ("b_addr", _ADDR, FABRIC_INPUT_B), ("b_row_stride", _I64, FABRIC_INPUT_B),
         ("b_col_stride", _I64, FABRIC_INPUT_B), ("out_addr", _ADDR), "out_stride", "nodes",
         *(f"node{i}" for i in range(BODY_MAX_NODES))),
+    _command(
+        Op.REDUCE,
+        "Vector unit, a row reduction: for i < rows, out[i*out_stride] = fold(out[i*out_stride], "
+        "A[i*a_row_stride + j*a_col_stride]) for j = 0 .. cols-1 in order, fold a CGRA_REDUCE_* "
+        "code: SUM (o + a), MAX (max(o, a), NaN propagates) or SUM_SQUARES (o + a*a), each step "
+        "rounded to float32. It accumulates into out: a FILL sets the start (0, or -inf for a "
+        "max). dtype float32. The lanes take one row each.",
+        ("func", _I32), ("dtype", _I32), "rows", "cols", ("a_addr", _ADDR), "a_row_stride",
+        "a_col_stride", ("out_addr", _ADDR), "out_stride", fixed=("flags",)),
+    _command(
+        Op.VFUNC,
+        "Vector unit, a special function: out[i,j] = f(t), t = A[i*a_row_stride + j*a_col_stride], "
+        "then t = t * scale with CGRA_VFUNC_SCALE and t = t + offset with CGRA_VFUNC_OFFSET "
+        "(scale_bits, offset_bits: float32 bits, 0 without their flag), for i < rows, j < cols "
+        "(out's element at i*out_stride + j). f a CGRA_VFUNC_* code: IDENTITY, EXP, TANH, ERF, "
+        "GELU (erf form), RSQRT, RECIPROCAL, each a specified sequence of rounded float32 "
+        "operations (docs/transformer-ops.md). dtype float32.",
+        ("flags", _I32), ("func", _I32), ("dtype", _I32), "rows", "cols", ("a_addr", _ADDR),
+        "a_row_stride", "a_col_stride", ("out_addr", _ADDR), "out_stride",
+        ("scale_bits", _BITS, VFUNC_SCALE), ("offset_bits", _BITS, VFUNC_OFFSET)),
 )}

@@ -61,7 +61,7 @@ from . import cost
 from .arch import HardwareDescription
 from .banks import beat_slowdown, operand_slowdown
 from .commands import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FabricCommand,
-                       FillCommand, GemmCommand, PoolCommand)
+                       FillCommand, GemmCommand, PoolCommand, ReduceCommand, VfuncCommand)
 from .fabric import Fabric
 from .errors import CycleLimitExceeded
 from .isa import DType, Op, Unit
@@ -265,6 +265,21 @@ def _time_eltwise(arch: HardwareDescription, cmd: EltwiseCommand, ready: int, fr
     return start, end, end
 
 
+def _time_reduce(arch: HardwareDescription, cmd: ReduceCommand, ready: int, free: int,
+                 compute: _ComputeQueue) -> tuple[int, int, int]:
+    start = max(free, ready)
+    end = start + cost.reduce_cycles(arch, *cmd.a.shape)
+    return start, end, end
+
+
+def _time_vfunc(arch: HardwareDescription, cmd: VfuncCommand, ready: int, free: int,
+                compute: _ComputeQueue) -> tuple[int, int, int]:
+    start = max(free, ready)
+    end = start + cost.vfunc_cycles(arch, cmd.elements, cmd.func.name.lower(), cmd.scale is not None,
+                                    cmd.offset is not None)
+    return start, end, end
+
+
 def _time_pool(arch: HardwareDescription, cmd: PoolCommand, ready: int, free: int,
                compute: _ComputeQueue) -> tuple[int, int, int]:
     start = max(free, ready)
@@ -329,6 +344,8 @@ _TIMERS = {
     Op.POOL: _time_pool,
     Op.ELTWISE: _time_eltwise,
     Op.FABRIC: _time_fabric,
+    Op.REDUCE: _time_reduce,
+    Op.VFUNC: _time_vfunc,
 }
 
 

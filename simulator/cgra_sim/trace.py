@@ -24,7 +24,7 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from .isa import (BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_REQUANTISE,
-                  EPILOGUE_RESIDUAL, FIELDS, GEMM_ACCUMULATE, POOL_AVERAGE, DType, EltwiseFunc, Op, Unit)
+                  EPILOGUE_RESIDUAL, FIELDS, GEMM_ACCUMULATE, POOL_AVERAGE, DType, EltwiseFunc, Op, ReduceFunc, Unit, VFunc)
 from .renamed import renamed_property
 from .timing import Timeline
 
@@ -91,6 +91,15 @@ def _eltwise_args(op: Op, record) -> dict:
     return args
 
 
+def _func_args(enum):
+    def args_of(op: Op, record) -> dict:
+        args = _fields(op, record, "rows", "cols", "a_addr", "out_addr")
+        func = int(record[FIELDS[op].index("func")])
+        args["func"] = enum(func).name.lower() if func in enum._value2member_map_ else str(func)
+        return args
+    return args_of
+
+
 def _fabric_args(op: Op, record) -> dict:
     args = _fields(op, record, "rows", "cols", "a_addr", "b_addr", "out_addr", "nodes")
     args["dtype"] = _dtype_name(int(record[FIELDS[op].index("dtype")]))
@@ -115,6 +124,8 @@ _KEY_ARGS = {
     Op.POOL: _pool_args,
     Op.ELTWISE: _eltwise_args,
     Op.FABRIC: _fabric_args,
+    Op.REDUCE: _func_args(ReduceFunc),
+    Op.VFUNC: _func_args(VFunc),
 }
 
 

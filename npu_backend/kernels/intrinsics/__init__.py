@@ -1,7 +1,7 @@
 """The CGRA tensor intrinsics: one table, from which TensorIntrins are made on demand.
 
 Stage: schedule and tensorize. Each entry of `INTRINSICS` ties an ISA opcode to a factory
-(pe_array.py for the PE array, vector_unit.py for the vector unit, fabric.py for a dataflow
+(pe_array.py for the PE array, vector_unit.py and row_ops.py for the vector unit, fabric.py for a dataflow
 body on the PE fabric, smooth.py for sigmoid and its kin as several bodies) that returns the TVMScript
 description (what the hardware computes, in TIR) and implementation (the `call_extern` the code
 generator lowers into a runtime call that records that opcode), both built by builder.py. Their
@@ -26,6 +26,7 @@ from cgra_sim.isa import Op
 from .builder import SPAD
 from .fabric import FabricBody, fabric_intrin
 from .pe_array import depthwise_intrin, gemm_intrin
+from .row_ops import reduce_intrin, vfunc_intrin
 from .smooth import smooth_intrin
 from .vector_unit import PoolWindow
 from .vector_unit import accumulate_intrin, eltwise_intrin, epilogue_intrin, fill_intrin, pool_intrin
@@ -49,6 +50,8 @@ INTRINSICS = {
     "accumulate": Intrinsic(Op.ELTWISE, accumulate_intrin),
     "fabric": Intrinsic(Op.FABRIC, fabric_intrin),
     "smooth": Intrinsic(Op.FABRIC, smooth_intrin),  # FABRIC bodies in turn (and an ELTWISE)
+    "reduce": Intrinsic(Op.REDUCE, reduce_intrin),
+    "vfunc": Intrinsic(Op.VFUNC, vfunc_intrin),
 }
 
 

@@ -45,12 +45,13 @@ CallFn = Callable[[dict, dict], object]  # the device call (or a list of them) o
 
 def intrinsic(inputs: list[Tile], output: Tile, block: str, value: ValueFn, call: CallFn, *,
               grid: tuple | None = None, kinds: str | None = None, accumulate: bool = False,
-              scope: str = SPAD):
+              combine: Callable | None = None, scope: str = SPAD):
     """(description, implementation) of an intrinsic reading `inputs` and writing `output`.
 
     The description's block `block` runs over `grid` (default: the output's shape; `kinds` the
     block iterators' kinds, default all spatial) and stores `value(buffers, *iterators)` into
-    the output at the first len(output.shape) iterators, added to it with `accumulate`. Axes of
+    the output at the first len(output.shape) iterators, added to it with `accumulate` (or
+    folded into it with `combine(old, value)`, e.g. a max: a reduction's update). Axes of
     extent 1 are not block iterators (index 0): tensorize's blockize moves such axes out of a
     kernel's tile, so the tile it matches has them as 0 too. `scope` exists so tests can build
     a description for the host and run it as the TIR reference."""
@@ -70,7 +71,8 @@ def intrinsic(inputs: list[Tile], output: Tile, block: str, value: ValueFn, call
                         index = iterators[:len(output.shape)]
                         result = value(buffers, *iterators)
                         if accumulate:
-                            result = buffers[output.name][tuple(index)] + result
+                            old = buffers[output.name][tuple(index)]
+                            result = old + result if combine is None else combine(old, result)
                         IB.buffer_store(buffers[output.name], result, list(index))
     with IRBuilder() as impl:
         with IB.prim_func(s_tir=True):

@@ -1,0 +1,104 @@
+"""The vector unit's row intrinsics: REDUCE (a row's sum, max or sum of squares) and VFUNC (a
+special function of a scaled and offset element).
+
+Stage: schedule and tensorize. `reduce_intrin` is the update of a reduction over a tile's rows
+into a column (its start a FILL: 0, or -inf for a max); `vfunc_intrin` an elementwise special
+function over a tile (or a column). `reduce_value` / `vfunc_value` are the TIR a kernel's TE
+compute builds identically (kernels/rows.py), so tensorize matches. The float32 arithmetic the
+hardware performs for each function is specified in the simulator (cgra_sim/special.py);
+the TIR here names the function (tirx.exp, ...), which a host build of the description computes
+with the C library: the three-way test compares them within special.ERROR_BOUNDS.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+
+from cgra_codegen import device_call
+from cgra_sim.isa import VFUNC_OFFSET, VFUNC_SCALE, ReduceFunc, VFunc
+
+from .builder import SPAD, Tile, intrinsic
+
+F32 = "float32"
+SQRT1_2 = 0.7071067811865476
+
+#: REDUCE func name -> (ISA func, the start value a FILL writes, the TIR fold of (old, element)).
+REDUCE_FUNCS = {
+    "sum": (ReduceFunc.SUM, 0.0, lambda old, a: old + a),
+    "max": (ReduceFunc.MAX, float("-inf"), tirx.max),
+    "sum_squares": (ReduceFunc.SUM_SQUARES, 0.0, lambda old, a: old + a * a),
+}
+
+
+def _gelu(t):
+    half = tirx.const(0.5, F32)
+    return t * half * (tirx.const(1.0, F32) + tirx.erf(t * tirx.const(SQRT1_2, F32)))
+
+
+#: VFUNC func name -> (ISA func, the TIR of f(t)).
+VFUNCS = {
+    "identity": (VFunc.IDENTITY, lambda t: t),
+    "exp": (VFunc.EXP, tirx.exp),
+    "tanh": (VFunc.TANH, tirx.tanh),
+    "erf": (VFunc.ERF, tirx.erf),
+    "gelu": (VFunc.GELU, _gelu),
+    "rsqrt": (VFunc.RSQRT, tirx.rsqrt),
+    "reciprocal": (VFunc.RECIPROCAL, lambda t: tirx.const(1.0, F32) / t),
+}
+
+
+def reduce_start(func: str) -> float:
+    """The value a reduction's FILL starts its column with."""
+    return REDUCE_FUNCS[func][1]
+
+
+def reduce_fold(func: str, old, element):
+    """The TIR of one step of the reduction: old folded with one element."""
+    return REDUCE_FUNCS[func][2](old, element)
+
+
+def vfunc_value(func: str, a, scale: float | None = None, offset: float | None = None):
+    """f(a * scale + offset) in TIR, each step only when given."""
+    t = a
+    if scale is not None:
+        t = t * tirx.const(scale, F32)
+    if offset is not None:
+        t = t + tirx.const(offset, F32)
+    return VFUNCS[func][1](t)
+
+
+def reduce_intrin(rows: int, cols: int, func: str, scope: str = SPAD):
+    """REDUCE: Out[rows, 1] = fold(Out, A[rows, cols]) along the columns, in order."""
+    def value(buffers, i, _, k):
+        element = buffers["A"][i, k]
+        return element * element if func == "sum_squares" else element
+
+    def combine(old, element):
+        return old + element if func != "max" else tirx.max(old, element)
+
+    def call(buffers, strides):
+        return device_call("cgra_reduce", func=int(REDUCE_FUNCS[func][0]), dtype=3, rows=rows, cols=cols,
+                           a_addr=buffers["A"], a_row_stride=strides["A"][0], a_col_stride=1,
+                           out_addr=buffers["Out"], out_stride=strides["Out"][0])
+
+    return intrinsic([Tile("A", (rows, cols), F32)], Tile("Out", (rows, 1), F32), "red", value, call,
+                     grid=(rows, 1, cols), kinds="SSR", accumulate=True, combine=combine, scope=scope)
+
+
+def vfunc_intrin(rows: int, cols: int, func: str, scale: float | None = None, offset: float | None = None,
+                 scope: str = SPAD):
+    """VFUNC: Out[rows, cols] = f(A * scale + offset) over a float32 tile (a column: cols 1)."""
+    def value(buffers, i, j):
+        return vfunc_value(func, buffers["A"][i, j], scale, offset)
+
+    def call(buffers, strides):
+        flags = (VFUNC_SCALE if scale is not None else 0) | (VFUNC_OFFSET if offset is not None else 0)
+        return device_call(
+            "cgra_vfunc", flags=flags, func=int(VFUNCS[func][0]), dtype=3, rows=rows, cols=cols,
+            a_addr=buffers["A"], a_row_stride=strides["A"][0] if cols > 1 or rows > 1 else 0, a_col_stride=1,
+            out_addr=buffers["Out"], out_stride=strides["Out"][0] if cols > 1 or rows > 1 else 0,
+            scale_bits=tirx.const(scale if scale is not None else 0.0, F32) if scale is not None else 0,
+            offset_bits=tirx.const(offset, F32) if offset is not None else 0)
+
+    return intrinsic([Tile("A", (rows, cols), F32)], Tile("Out", (rows, cols), F32), "vfn", value, call,
+                     scope=scope)

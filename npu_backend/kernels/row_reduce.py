@@ -1,0 +1,60 @@
+"""The row-reduction family: sum, mean and max along the last axis on the vector unit.
+
+Stage: partition (its patterns and spec), kernel definition, tiling and schedule. Input: a Relax
+`sum`, `mean` or `max` of a float32 tensor of rank 1..4, static shape, over its last axis
+(keepdims or not). Per tile of whole rows (rows.py) one REDUCE folds each row left to right
+into a column (after a FILL of 0 or -inf), a mean then one VFUNC multiply by 1 / n. The sum is
+sequential float32: within (n - 1) * 2^-24 relative of the exact sum of |x| (the usual bound of
+recursive summation); max is exact.
+"""
+
+from __future__ import annotations
+
+from tvm.relax.dpl import is_op, wildcard
+
+from ..errors import UnsupportedOperator
+from ..relax_info import shape_dims
+from .family import OpFamily
+from .rows import RowSpec, Step, choose_row_tiling, last_axis, read_rows, row_compute, schedule_rows
+
+OPS = {"relax.sum": "sum", "relax.mean": "mean", "relax.max": "max"}
+
+
+def steps_of(spec: RowSpec) -> tuple:
+    fold = Step("folded", "reduce", "max" if spec.kind == "max" else "sum", ("x",))
+    return (fold, Step("reduced", "vfunc", "identity", ("folded",), 1.0 / spec.cols)) if spec.kind == "mean" \
+        else (fold,)
+
+
+def _patterns() -> list:
+    patterns = []
+    for op, kind in OPS.items():
+        x = wildcard()
+        root = is_op(op)(x)
+        patterns.append((f"cgra.row_{kind}", root, {"root": root, "lhs": x}))
+    return patterns
+
+
+def reduce_spec(name: str, annotated: dict) -> RowSpec:
+    kind = name.removeprefix("cgra.row_")
+    x, root = annotated["lhs"], annotated["root"]
+    shape, rows, cols = read_rows(x, kind)
+    if root.attrs.axis is None:
+        if len(shape) != 1:
+            raise UnsupportedOperator(f"{kind} over all axes: the NPU's row kernels reduce the last axis only")
+    else:
+        last_axis([int(a) for a in root.attrs.axis], len(shape), kind)
+    out_shape = tuple(int(d) for d in shape_dims(root))
+    return RowSpec("row_reduce", kind, shape, out_shape, rows, cols, source_ops=(kind,))
+
+
+def reduce_compute(spec: RowSpec, tiling):
+    return row_compute(spec, tiling, steps_of(spec), spec.out_shape)
+
+
+ROW_REDUCE = OpFamily(
+    name="row_reduce", ops=("row_reduce",), patterns=_patterns, spec_from_match=reduce_spec,
+    choose_tiling=lambda spec, arch: choose_row_tiling(spec, arch, steps_of(spec)), compute=reduce_compute,
+    schedule=lambda sch, spec, tiling, arch: schedule_rows(sch, spec, tiling, steps_of(spec)),
+    # A mean's host call is explained by pool.py's pattern (a spatial mean), which comes first.
+    host_ops={op: f"cgra.row_{kind}" for op, kind in OPS.items() if kind != "mean"}, checks_pe_dtype=False)

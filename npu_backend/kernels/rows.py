@@ -1,0 +1,243 @@
+"""Row kernels: a program of vector-unit steps over tiles of whole rows (softmax, norms, reductions).
+
+Stage: partition (`read_rows`: the operand's view, or the reason it stays on the host), kernel
+definition (`row_compute`), tiling (`choose_row_tiling`) and schedule (`schedule_rows`). A
+family describes its op as `Step`s over the last axis of a float32 tensor read as (rows, cols):
+REDUCE a row into a column (its start a FILL), VFUNC a tile or column, ELTWISE two of them (a
+column broadcast along the row, a gamma / beta row along the rows). Per tile of tm whole rows the
+kernel loads x (and the row vectors) by DMA, runs the steps in order, every intermediate in the
+scratchpad, and stores the result: one pass over DRAM. A row must fit the scratchpad with the
+steps' intermediates (a longer row stays on the host, saying so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from tvm import te, tirx
+
+from cgra_sim import cost
+from cgra_sim.arch import HardwareDescription
+
+from ..errors import ScratchpadTooSmall, UnsupportedOperator
+from ..relax_info import dtype_of
+from .dynamic import read_shape
+from .intrinsics import SPAD, get_intrin
+from .intrinsics.row_ops import reduce_fold, reduce_start, vfunc_value
+from .intrinsics.vector_unit import eltwise_value
+from .operands import padded, prim_func
+from .spec import Tiling, aligned, round_up
+from .unary import MAX_RANK, halvings
+
+F32 = "float32"
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One vector-unit command per tile: `kind` "reduce" (func sum / max / sum_squares of one
+    input into a column), "vfunc" (func of one input, `scale` and `offset` optional) or
+    "eltwise" (func of two inputs). Inputs name earlier steps, "x" (the tile) or a row role."""
+
+    name: str
+    kind: str
+    func: str
+    inputs: tuple
+    scale: float | None = None
+    offset: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RowSpec:
+    """A row kernel's spec: `kind` (softmax, layer_norm, rms_norm, sum, mean, max) over x of
+    `shape` read as (rows, cols); `out_shape` the caller's output; `eps` a norm's epsilon;
+    `row_roles` the (cols,) operands (gamma, beta) beside x ("lhs")."""
+
+    op: str
+    kind: str
+    shape: tuple
+    out_shape: tuple
+    rows: int
+    cols: int
+    eps: float = 0.0
+    row_roles: tuple = ()
+    param_roles: tuple = ("lhs",)
+    source_ops: tuple = ()
+    shape_args: tuple = ()
+    dtype = F32
+    acc_dtype = F32
+    macs = 0
+
+
+def read_rows(x, what: str) -> tuple:
+    """(shape, rows, cols) of a float32 operand reduced or normalised along its last axis;
+    raises UnsupportedOperator saying why it stays on the host."""
+    if dtype_of(x) != F32:
+        raise UnsupportedOperator(f"{what} on {dtype_of(x) or 'an unknown dtype'}: the vector unit's REDUCE "
+                                  "and VFUNC compute float32")
+    shape, names = read_shape(x, "operand", prefix=f"{what}: ")
+    if names:
+        raise UnsupportedOperator(f"{what} of a symbolic shape: its row kernel needs static sizes")
+    if not 1 <= len(shape) <= MAX_RANK:
+        raise UnsupportedOperator(f"{what} of rank {len(shape)}: the NPU's DMA moves tensors of rank 1..{MAX_RANK}")
+    cols = shape[-1]
+    return tuple(shape), max(math.prod(shape) // max(cols, 1), 1), cols
+
+
+def last_axis(axes, rank: int, what: str) -> None:
+    """Refuse a reduction or normalisation over anything but the last axis."""
+    axes = [int(a) % rank for a in (axes if isinstance(axes, (list, tuple)) else [axes])]
+    if axes != [rank - 1]:
+        raise UnsupportedOperator(f"{what} over axes {axes} of a rank-{rank} tensor: the NPU's row kernels "
+                                  "reduce the last axis only")
+
+
+def _shapes(steps, rows_roles) -> dict:
+    """Each step's and input's shape kind: "full" (rows x cols), "column" or "row"."""
+    kinds = {"x": "full", **{role: "row" for role in rows_roles}}
+    for step in steps:
+        if step.kind == "reduce":
+            kinds[step.name] = "column"
+        elif step.kind == "vfunc":
+            kinds[step.name] = kinds[step.inputs[0]]
+        else:
+            kinds[step.name] = "full" if "full" in (kinds[i] for i in step.inputs) else "column"
+    return kinds
+
+
+def _read(tensor, kind: str, i, j):
+    return tensor[i, j] if kind == "full" else tensor[i, 0] if kind == "column" else tensor[0, j]
+
+
+def row_compute(spec, tiling: Tiling, steps, out_shape: tuple):
+    """The TensorIR of a row program: x viewed as (rows, cols), row roles (gamma, beta) as
+    (cols,), the last step's tile (or column) stored into the output viewed as (rows, cols) or
+    (rows, 1); parameters in spec.param_roles order."""
+    rows, cols, mp = spec.rows, spec.cols, tiling.mp
+    x = te.placeholder((rows, cols), F32, name="lhs")
+    inputs, tensors = {"lhs": x}, {"x": te.compute((mp, cols), lambda i, j: padded(x, (rows, cols), (i, j)),
+                                                   name="a_pad")}
+    for role in spec.row_roles:
+        inputs[role] = te.placeholder((cols,), F32, name=role)
+        tensors[role] = _row_load(inputs[role], cols, role)
+    kinds = _shapes(steps, spec.row_roles)
+    for step in steps:
+        tensors[step.name] = _stage(step, tensors, kinds, mp, cols)
+    last = tensors[steps[-1].name]
+    width = cols if kinds[steps[-1].name] == "full" else 1
+    out = te.compute((rows, width), lambda i, j: last[i, j], name="out")
+    views = {role: spec.shape for role in ("lhs",) if spec.shape != (rows, cols)}
+    if out_shape != (rows, width):
+        views["out"] = out_shape
+    return prim_func(spec.param_roles, inputs, out, views or None, spec.shape_args)
+
+
+def _row_load(vector, cols: int, role: str):
+    """A (cols,) operand as the (1, cols) row its ELTWISE broadcasts along the rows."""
+    return te.compute((1, cols), lambda z, j: vector[j], name=f"{role}_pad")
+
+
+def _stage(step: Step, tensors: dict, kinds: dict, mp: int, cols: int):
+    """One step's TE stage."""
+    if step.kind == "reduce":
+        src, k = tensors[step.inputs[0]], te.reduce_axis((0, cols), name="k")
+        start = reduce_start(step.func)
+        reducer = te.comm_reducer(lambda old, a: reduce_fold("max" if step.func == "max" else "sum", old, a),
+                                  lambda dtype: tirx.const(start, dtype), name=step.func)
+
+        def element(i):
+            value = src[i, k]
+            return value * value if step.func == "sum_squares" else value
+        return te.compute((mp, 1), lambda i, z: reducer(element(i), axis=k), name=step.name)
+    if step.kind == "vfunc":
+        src = tensors[step.inputs[0]]
+        kind = kinds[step.inputs[0]]
+        return te.compute((mp, cols if kind == "full" else 1), lambda i, j: vfunc_value(
+            step.func, _read(src, kind, i, j), step.scale, step.offset), name=step.name)
+    a, b = (tensors[name] for name in step.inputs)
+    ka, kb = (kinds[name] for name in step.inputs)
+    width = cols if kinds[step.name] == "full" else 1
+    return te.compute((mp, width), lambda i, j: eltwise_value(step.func, _read(a, ka, i, j), _read(b, kb, i, j)),
+                      name=step.name)
+
+
+def footprint(spec, steps, tm: int) -> int:
+    """Scratchpad bytes of a tile of tm rows: x and the output twice (double-buffered), every
+    full intermediate, the columns, the row vectors."""
+    kinds = _shapes(steps, spec.row_roles)
+    full = sum(kinds[s.name] == "full" for s in steps) + 2
+    columns = sum(kinds[s.name] == "column" for s in steps) + 1
+    tile, column, row = (aligned(tm * spec.cols * 4), aligned(tm * 4), aligned(spec.cols * 4))
+    return (full + 1) * tile + columns * column + 2 * len(spec.row_roles) * row
+
+
+def step_cycles(arch: HardwareDescription, steps, kinds: dict, tm: int, cols: int) -> int:
+    """The vector unit's cycles for one tile's steps (cost.py's closed forms)."""
+    total = 0
+    for step in steps:
+        width = cols if kinds[step.name] == "full" else 1
+        if step.kind == "reduce":
+            total += cost.reduce_cycles(arch, tm, cols) + cost.vector_cycles(arch, tm, 1)  # and its FILL
+        elif step.kind == "vfunc":
+            total += cost.vfunc_cycles(arch, tm * width, step.func, step.scale is not None, step.offset is not None)
+        else:
+            reads = sum(tm * width if kinds[i] == "full" else tm if kinds[i] == "column" else cols
+                        for i in step.inputs)
+            total += cost.eltwise_cycles(arch, tm * width, reads)
+    return total
+
+
+def choose_row_tiling(spec, arch: HardwareDescription, steps) -> Tiling:
+    """tm whole rows a tile: the fitting tm with the fewest estimated cycles (the first tile's
+    load, steps and store, then per further tile the slowest of the DMA and the vector unit)."""
+    fitting = [tm for tm in halvings(spec.rows) if footprint(spec, steps, tm) <= arch.spad_bytes]
+    if not fitting:
+        raise ScratchpadTooSmall(f"{spec.kind}: a row of {spec.cols} float32 and its intermediates do not fit the "
+                                 f"{arch.spad_bytes}-byte scratchpad of '{arch.name}' twice: the row stays on "
+                                 "the host (a longer row needs a two-pass kernel, not built yet)")
+    kinds = _shapes(steps, spec.row_roles)
+
+    def estimate(tm: int) -> float:
+        tiles = -(-spec.rows // tm)
+        transfer = cost.dma_transfer_cycles(arch, tm * spec.cols * 4)
+        work = step_cycles(arch, steps, kinds, tm, spec.cols)
+        return 2 * (arch.dma_latency + transfer) + work + (tiles - 1) * max(transfer, work)
+
+    tm = min(fitting, key=estimate)
+    return Tiling(tm, spec.cols, 1, round_up(spec.rows, tm), spec.cols, 1)
+
+
+def schedule_rows(sch, spec, tiling: Tiling, steps) -> None:
+    """Per tile of tm rows: the loads, every step tensorized onto its command, the store."""
+    kinds = _shapes(steps, spec.row_roles)
+    out = sch.get_sblock("out")
+    rows, _ = sch.get_loops(out)
+    outer, _ = sch.split(rows, [None, tiling.tm])
+    names = ["a_pad", *(f"{role}_pad" for role in spec.row_roles), *(s.name for s in steps)]
+    for name in reversed(names):
+        block = sch.get_sblock(name)
+        sch.compute_at(block, outer)
+        sch.set_scope(block, 0, SPAD)
+    tm, cols = tiling.tm, spec.cols
+    # A column's tile has a column loop of extent 1, which compute_at dropped: a unit loop
+    # above the block (or above the reduction's column loop) gives each nest the intrinsic's.
+    for step in steps:
+        block = sch.get_sblock(step.name)
+        width = cols if kinds[step.name] == "full" else 1
+        if step.kind == "reduce":
+            init = sch.decompose_reduction(block, sch.get_loops(block)[1])
+            sch.add_unit_loop(init)
+            sch.tensorize(sch.get_loops(init)[1], get_intrin("fill", tm, 1, F32,
+                                                             tirx.const(reduce_start(step.func), F32)))
+            sch.add_unit_loop(sch.get_loops(block)[2])
+            sch.tensorize(sch.get_loops(block)[1], get_intrin("reduce", tm, cols, step.func))
+            continue
+        if width == 1:
+            sch.add_unit_loop(block)
+        first = sch.get_loops(block)[1]
+        if step.kind == "vfunc":
+            sch.tensorize(first, get_intrin("vfunc", tm, width, step.func, step.scale, step.offset))
+        else:
+            full = {"full": (True, True), "column": (True, False), "row": (False, True)}
+            operands = tuple(full[kinds[i]] for i in step.inputs)
+            sch.tensorize(first, get_intrin("eltwise", tm, width, step.func, F32, *operands))

@@ -1,0 +1,55 @@
+"""The softmax family: softmax over the last axis on the vector unit, rows in the scratchpad.
+
+Stage: partition (its pattern and spec), kernel definition, tiling and schedule. Input: a Relax
+`nn.softmax` of a float32 tensor of rank 1..4, static shape, over its last axis (the
+normalise rewrites turn torch SDPA's safe-softmax plumbing into it). Per tile of whole rows
+(rows.py): REDUCE max, ELTWISE x - max (the column broadcast), VFUNC exp, REDUCE sum, VFUNC
+reciprocal of the column, ELTWISE multiply: max-subtracted, so no exp overflows; a masked -inf
+entry gives exp(-inf) = 0 exactly; a row that is all -inf gives NaN, as PyTorch's softmax does.
+Error: within 4 float32 ulps plus the exp's and the sum's rounding, measured within 3e-6
+relative of float64 (tests/test_row_kernels.py). A row that does not fit the scratchpad stays
+on the host with the reason.
+"""
+
+from __future__ import annotations
+
+from tvm.relax.dpl import is_op, wildcard
+
+from ..errors import UnsupportedOperator
+from .family import OpFamily
+from .rows import RowSpec, Step, choose_row_tiling, last_axis, read_rows, row_compute, schedule_rows
+
+STEPS = (
+    Step("row_max", "reduce", "max", ("x",)),
+    Step("shifted", "eltwise", "subtract", ("x", "row_max")),
+    Step("exps", "vfunc", "exp", ("shifted",)),
+    Step("row_sum", "reduce", "sum", ("exps",)),
+    Step("inverse", "vfunc", "reciprocal", ("row_sum",)),
+    Step("softmax", "eltwise", "multiply", ("exps", "inverse")),
+)
+
+
+def _patterns() -> list:
+    x = wildcard()
+    root = is_op("relax.nn.softmax")(x)
+    return [("cgra.softmax", root, {"root": root, "lhs": x})]
+
+
+def softmax_spec(name: str, annotated: dict) -> RowSpec:
+    x, root = annotated["lhs"], annotated["root"]
+    shape, rows, cols = read_rows(x, "softmax")
+    last_axis(int(root.attrs.axis), len(shape), "softmax")
+    if cols < 1:
+        raise UnsupportedOperator("softmax of an empty row")
+    return RowSpec("softmax", "softmax", shape, shape, rows, cols, source_ops=("nn.softmax",))
+
+
+def softmax_compute(spec: RowSpec, tiling):
+    return row_compute(spec, tiling, STEPS, spec.out_shape)
+
+
+SOFTMAX = OpFamily(
+    name="softmax", ops=("softmax",), patterns=_patterns, spec_from_match=softmax_spec,
+    choose_tiling=lambda spec, arch: choose_row_tiling(spec, arch, STEPS), compute=softmax_compute,
+    schedule=lambda sch, spec, tiling, arch: schedule_rows(sch, spec, tiling, STEPS),
+    host_ops={"relax.nn.softmax": "cgra.softmax"}, checks_pe_dtype=False)

@@ -1,0 +1,154 @@
+"""The vector unit's special functions: VFUNC's float32 arithmetic, specified step by step.
+
+Stage: simulator (functional.py runs VFUNC with these); the compiler's tests measure against
+them. In: float32 numpy arrays. Out: float32 arrays, bit-exact on every machine.
+
+Each function is a fixed sequence of IEEE float32 operations (add, subtract, multiply, divide,
+square root, each rounded to nearest even, no fused multiply-add), float32 <-> int32
+conversions of integral values and bit operations: numpy performs exactly these on every CPU,
+so the results do not depend on numpy's or the C library's exp (whose SIMD paths differ). The
+hardware's function unit runs the same sequence, one operation a lane and cycle (`OPS`).
+
+    exp         n = rint(x log2 e); r = x - n C1 - n C2 (Cody-Waite, C1 exact in 9 bits);
+                p = 1 + r + r^2 P(r) (degree 5, Cephes' expf); p 2^(n//2) 2^(n - n//2)
+    tanh        |x| < 0.625: x + x^3 Q(x^2) (Cephes' tanhf: accurate near 0, no cancellation);
+                else sign(x) (1 - 2 / (exp(2|x|) + 1))
+    erf         |x| < 0.875: x S(x^2) (degree 6, fitted); else sign(x) (1 - erfc(|x|))
+    erfc(z)     z >= 0.875: exp(-z^2) t T(t), t = 1 / (1 + z/2) (degree 9 in t, fitted to
+                erfc(z) e^(z^2) on [0.875, 10.1]); exp(-z^2) = exp(-h^2) exp(-(z - h)(z + h)),
+                h = z with its 12 low mantissa bits cleared (h^2 exact), so z^2's rounding
+                does not multiply the relative error by 2 z^2
+    gelu        x Phi(x), Phi(x) = erfc(-x / sqrt 2) / 2 (x < 0: no cancellation) or
+                1 - erfc(x / sqrt 2) / 2, the exponent -x^2 / 2 split as above
+    rsqrt       1 / sqrt(x)         reciprocal  1 / x          identity    x
+
+Measured maximum errors against float64 (tests/test_special.py holds the bounds):
+ERROR_BOUNDS.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+F = np.float32
+LOG2E, C1, C2 = F(1.4426950408889634), F(0.693359375), F(-2.12194440e-4)
+EXP_P = tuple(map(F, (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+                      1.6666665459e-1, 5.0000001201e-1)))
+TANH_Q = tuple(map(F, (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
+                       -3.33332819422e-1)))
+ERF_S = tuple(map(F, (8.71393785928376e-05, -0.0008220490417443216, 0.005207619164139032,
+                      -0.026861967518925667, 0.11283741146326065, -0.37612637877464294,
+                      1.128379225730896)))
+ERFC_T = tuple(map(F, (-0.06509256362915039, 0.20231617987155914, -0.1659511774778366,
+                       -0.05224306136369705, 0.020615605637431145, 0.06947027891874313,
+                       0.18029633164405823, 0.2462022304534912, 0.2821488082408905,
+                       0.2820928394794464)))
+SQRT1_2 = F(0.7071067811865476)
+ERF_SPLIT = F(0.875)
+
+#: Lane operations per element (a divide or square root counted as 4): the cycles a lane spends
+#: on one element (cost.vfunc_cycles).
+OPS = {"identity": 1, "exp": 28, "tanh": 52, "erf": 107, "gelu": 112, "rsqrt": 8, "reciprocal": 4}
+
+#: Max error against float64, in units in the last place of the float32 result, over the
+#: inputs tests/test_special.py samples (random bit patterns, uniform and small values) whose
+#: results are at least 2^-100 in magnitude (measured: exp 0.94, tanh 1.25, erf 2.36, gelu 5.71,
+#: rsqrt 1.48, reciprocal 0.50).
+ERROR_BOUNDS = {"exp": 1.0, "tanh": 1.5, "erf": 2.5, "gelu": 6.0, "rsqrt": 1.5, "reciprocal": 0.5, "identity": 0.0}
+
+
+def _horner(coefficients, x):
+    result = coefficients[0]
+    for c in coefficients[1:]:
+        result = result * x + c
+    return result
+
+
+def _pow2(n: np.ndarray) -> np.ndarray:
+    """2^n as float32 for int32 n in [-126, 127], built from its bits."""
+    return ((n + 127).astype(np.int32) << 23).view(np.float32)
+
+
+def exp(x: np.ndarray) -> np.ndarray:
+    """e^x: inf above ~88.72, 0 below ~-103.97 (subnormals in between rounded twice at most)."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(all="ignore"):
+        xc = np.where(np.isnan(x), F(0), np.clip(x, F(-104), F(89)))
+        n = np.rint(xc * LOG2E)
+        r = (xc - n * C1) - n * C2
+        p = (_horner(EXP_P, r) * (r * r) + r) + F(1)
+        ni = n.astype(np.int32)
+        half = ni >> 1
+        y = (p * _pow2(half)) * _pow2(ni - half)
+    return np.where(np.isnan(x), x, y).astype(np.float32)
+
+
+def tanh(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    with np.errstate(all="ignore"):
+        a = np.abs(x)
+        z = x * x
+        small = _horner(TANH_Q, z) * z * x + x
+        s = exp(F(2) * np.minimum(a, F(44)))
+        large = F(1) - F(2) / (s + F(1))
+        y = np.where(a < F(0.625), small, np.copysign(large, x))
+    return np.where(np.isnan(x), x, y).astype(np.float32)
+
+
+def _exp_neg_square(a: np.ndarray, halve: bool) -> np.ndarray:
+    """exp(-a^2) (or exp(-a^2 / 2)) for a >= 0 with a's square split so that its rounding does
+    not grow the relative error: h = a rounded down to 12 bits, a^2 = h^2 + (a - h)(a + h)."""
+    h = (a.view(np.int32) & np.int32(-4096)).view(np.float32)
+    big, small = h * h, (a - h) * (a + h)
+    if halve:
+        big, small = big * F(0.5), small * F(0.5)
+    return exp(-big) * exp(-small)
+
+
+def _erfc_large(z: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """erfc(z) for z >= 0.875 given e = exp(-z^2)."""
+    t = F(1) / (F(1) + z * F(0.5))
+    return e * (_horner(ERFC_T, t) * t)
+
+
+def _erf_small(z: np.ndarray) -> np.ndarray:
+    return _horner(ERF_S, z * z) * z
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    with np.errstate(all="ignore"):
+        a = np.minimum(np.abs(x), F(10))
+        large = F(1) - _erfc_large(a, _exp_neg_square(a, False))
+        y = np.where(a < ERF_SPLIT, _erf_small(x), np.copysign(large, x))
+    return np.where(np.isnan(x), x, y).astype(np.float32)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """x Phi(x), PyTorch's default (erf) GELU: x (1 + erf(x / sqrt 2)) / 2."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(all="ignore"):
+        a = np.minimum(np.abs(x), F(15))
+        z = a * SQRT1_2
+        tail = np.where(z < ERF_SPLIT, F(1) - _erf_small(z), _erfc_large(z, _exp_neg_square(a, True)))
+        half = tail * F(0.5)  # Phi(-|x|)
+        y = x * np.where(x < 0, half, F(1) - half)
+    return y.astype(np.float32)
+
+
+def rsqrt(x: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return (F(1) / np.sqrt(np.asarray(x, np.float32))).astype(np.float32)
+
+
+def reciprocal(x: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return (F(1) / np.asarray(x, np.float32)).astype(np.float32)
+
+
+def identity(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, np.float32).copy()
+
+
+FUNCTIONS = {"identity": identity, "exp": exp, "tanh": tanh, "erf": erf, "gelu": gelu, "rsqrt": rsqrt,
+             "reciprocal": reciprocal}
