@@ -91,6 +91,8 @@ def test_the_abi_keeps_its_c_signatures():
         "cgra_pool": [kernel, i32, i32] + [i64] * 23,
         "cgra_eltwise": [kernel, i32, i32] + [i64] * 10,
         "cgra_fabric": [kernel, i32, i32] + [i64] * 27,  # ABI v5
+        "cgra_reduce": [kernel, i32, i32] + [i64] * 7,  # ABI v8
+        "cgra_vfunc": [kernel, i32, i32, i32] + [i64] * 9,  # ABI v8
     }
 
 

@@ -148,7 +148,7 @@ def test_fused_bias_and_residual_adds_are_not_taken_by_eltwise(name, builder, ex
 def test_an_add_after_a_host_op_runs_on_the_npu_while_the_fused_bias_stays_fused():
     def body(bb, x, w, b, r):
         y = bb.emit(relax.op.add(relax.op.matmul(x, w), b))  # fused: matmul + bias
-        y = bb.emit(relax.op.nn.softmax(y))  # host
+        y = bb.emit(relax.op.nn.softmax(y, axis=0))  # host: the NPU's softmax takes the last axis
         return relax.op.subtract(y, r)  # standalone: ELTWISE
 
     mod = relax_module([("x", (16, 8), "float32"), ("w", (8, 12), "float32"), ("b", (12,), "float32"),
@@ -157,8 +157,8 @@ def test_an_add_after_a_host_op_runs_on_the_npu_while_the_fused_bias_stays_fused
     inputs = [rng.standard_normal(s).astype("float32") for s in ((16, 8), (8, 12), (12,), (16, 1))]
     out, kernels = _kernels(npu_backend.compile(mod, "cgra-8x8"), inputs)
     logits = inputs[0] @ inputs[1] + inputs[2]
-    soft = np.exp(logits - logits.max(1, keepdims=True))
-    np.testing.assert_allclose(out, soft / soft.sum(1, keepdims=True) - inputs[3], rtol=1e-5, atol=1e-6)
+    soft = np.exp(logits - logits.max(0, keepdims=True))
+    np.testing.assert_allclose(out, soft / soft.sum(0, keepdims=True) - inputs[3], rtol=1e-5, atol=1e-6)
     assert [k.source_ops for k in kernels] == [("matmul", "add"), ("subtract",)]
 
 

@@ -138,12 +138,12 @@ def test_linear_form_from_pytorch():
     assert prof.kernels[0].source_ops == ("permute_dims", "matmul", "add", "nn.relu")
 
 
-def test_softmax_stays_on_host():
+def test_softmax_runs_on_the_npu_after_the_fused_matmul():
     mod, inputs, ref = matmul_model(16, 10, 8, softmax=True)
     with npu_backend.profile() as prof:
         out = run(tvm.compile(mod, target="cgra"), inputs)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
-    assert [k.source_ops for k in prof.kernels] == [("matmul", "add", "nn.relu")]
+    assert [k.source_ops for k in prof.kernels] == [("matmul", "add", "nn.relu"), ("nn.softmax",)]
 
 
 def test_cycles_repeat_across_runs():

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from cgra_codegen import DEVICE_CALLS
 from cgra_sim import load_arch, simulate
-from cgra_sim.isa import DType, EltwiseFunc, Op, encode
+from cgra_sim import special
+from cgra_sim.isa import VFUNC_OFFSET, VFUNC_SCALE, DType, EltwiseFunc, Op, ReduceFunc, VFunc, encode
 from cgra_sim.mapping import body as bodies
 from cgra_sim.mapping import sigmoid as smooth
 from npu_backend.kernels.chains import folded
@@ -84,7 +85,7 @@ def _extern_name(impl) -> str:
 
 def test_every_intrinsic_is_checked_here():
     assert set(INTRINSICS) == {"gemm", "depthwise", "fill", "epilogue", "eltwise", "pool", "accumulate", "fabric",
-                               "smooth"}
+                               "smooth", "reduce", "vfunc"}
 
 
 @given(rows=st.integers(1, 8), cols=st.integers(1, 8), depth=st.integers(1, 40),
@@ -393,6 +394,62 @@ def test_intrinsics_compute_in_the_scratchpad():
                          ("epilogue", (8, 8, "int32", True, True, True, (0, 100), -3)),
                          ("eltwise", (8, 8, "add", "float32", (True, True), (False, True))),
                          ("pool", (2, 2, 8, PoolWindow("max", (3, 3), valid=(1, 4, 1, 4)), "float32")),
-                         ("fabric", (4, 8, FabricBody((("max", "a", 0.0),), "float32"))), ("smooth", (4, 8, "silu"))]:
+                         ("fabric", (4, 8, FabricBody((("max", "a", 0.0),), "float32"))), ("smooth", (4, 8, "silu")),
+                         ("reduce", (4, 8, "max")), ("vfunc", (4, 8, "exp", 0.5, 1.0))]:
         desc, impl = INTRINSICS[kind].factory(*params)
         assert SPAD in desc.script() and SPAD in impl.script()
+
+
+@given(rows=st.integers(1, 9), cols=st.integers(1, 40), func=st.sampled_from(["sum", "max", "sum_squares"]),
+       seed=st.integers(0, 2**16))
+def test_reduce_three_ways(rows, cols, func, seed):
+    """REDUCE folds each row into its column element, left to right: the TIR description's
+    sequential update on the host and the simulator agree bit for bit (a sum of squares within
+    rounding: LLVM may contract its multiply and add)."""
+    rng = np.random.default_rng(seed)
+    a, out = _random(rng, (rows, cols), "float32"), _random(rng, (rows, 1), "float32")
+    desc, impl = INTRINSICS["reduce"].factory(rows, cols, func, scope="global")
+    tir_out = _tir_reference(desc, [a, out])[1]
+    stream = _Stream([a, out])
+    stream.load(0, 1)
+    stream.commands.append(encode(Op.REDUCE, func=ReduceFunc[func.upper()], dtype=int(DType.FLOAT32), rows=rows,
+                                  cols=cols, a_addr=stream.addr[0], a_row_stride=cols, a_col_stride=1,
+                                  out_addr=stream.addr[1], out_stride=1))
+    stream.store(1)
+    sim_out = stream.run()[1]
+    if func == "sum_squares":
+        np.testing.assert_allclose(sim_out, tir_out, rtol=1e-6)
+    else:
+        np.testing.assert_array_equal(sim_out, tir_out)
+    assert _extern_name(impl) == "cgra_" + Op.REDUCE.name.lower()
+
+
+@given(rows=st.integers(1, 9), cols=st.integers(1, 9), func=st.sampled_from([f.name.lower() for f in VFunc]),
+       scale=st.sampled_from([None, 0.5, -1.75]), offset=st.sampled_from([None, 0.25, 3.0]), seed=st.integers(0, 2**16))
+def test_vfunc_three_ways(rows, cols, func, scale, offset, seed):
+    """VFUNC: the simulator computes special.py's specified float32 sequence bit for bit; the TIR
+    description (the C library's exp, tanh, erf on the host) agrees within the functions' error
+    bounds (a few ulps)."""
+    rng = np.random.default_rng(seed)
+    a = _random(rng, (rows, cols), "float32") * 2
+    if func in ("rsqrt",):
+        a = np.abs(a) + np.float32(0.5)
+    out = np.zeros((rows, cols), np.float32)
+    desc, impl = INTRINSICS["vfunc"].factory(rows, cols, func, scale, offset, scope="global")
+    tir_out = _tir_reference(desc, [a, out])[1]
+    stream = _Stream([a, out])
+    stream.load(0)
+    flags = (VFUNC_SCALE if scale is not None else 0) | (VFUNC_OFFSET if offset is not None else 0)
+    stream.commands.append(encode(
+        Op.VFUNC, flags=flags, func=VFunc[func.upper()], dtype=int(DType.FLOAT32), rows=rows, cols=cols,
+        a_addr=stream.addr[0], a_row_stride=cols, a_col_stride=1, out_addr=stream.addr[1], out_stride=cols,
+        scale_bits=_bits(scale, "float32") if scale is not None else 0,
+        offset_bits=_bits(offset, "float32") if offset is not None else 0))
+    stream.store(1)
+    sim_out = stream.run()[1]
+    t = a * np.float32(scale) if scale is not None else a
+    t = t + np.float32(offset) if offset is not None else t
+    np.testing.assert_array_equal(sim_out, special.FUNCTIONS[func](t))
+    # GELU's TIR form, x (1 + erf(x / sqrt 2)) / 2, cancels for x << 0: compared absolutely there.
+    np.testing.assert_allclose(sim_out, tir_out, rtol=2e-6, atol=1e-6 if func == "gelu" else 1e-37)
+    assert _extern_name(impl) == "cgra_" + Op.VFUNC.name.lower()

@@ -45,6 +45,9 @@ def reduce_spec(name: str, annotated: dict) -> RowSpec:
     else:
         last_axis([int(a) for a in root.attrs.axis], len(shape), kind)
     out_shape = tuple(int(d) for d in shape_dims(root))
+    if not out_shape:
+        raise UnsupportedOperator(f"{kind} of a vector to a scalar: the NPU's DMA stores tensors of rank 1..4 "
+                                  "(keepdims=True keeps it on the NPU)")
     return RowSpec("row_reduce", kind, shape, out_shape, rows, cols, source_ops=(kind,))
 
 

@@ -162,13 +162,13 @@ def _stage(step: Step, tensors: dict, kinds: dict, mp: int, cols: int):
 
 
 def footprint(spec, steps, tm: int) -> int:
-    """Scratchpad bytes of a tile of tm rows: x and the output twice (double-buffered), every
-    full intermediate, the columns, the row vectors."""
+    """Scratchpad bytes of a tile of tm rows: x, every step's tile or column and the row vectors,
+    each twice (lower/double_buffer.py doubles every buffer of the tile loop)."""
     kinds = _shapes(steps, spec.row_roles)
-    full = sum(kinds[s.name] == "full" for s in steps) + 2
-    columns = sum(kinds[s.name] == "column" for s in steps) + 1
+    full = sum(kinds[s.name] == "full" for s in steps) + 1
+    columns = sum(kinds[s.name] == "column" for s in steps)
     tile, column, row = (aligned(tm * spec.cols * 4), aligned(tm * 4), aligned(spec.cols * 4))
-    return (full + 1) * tile + columns * column + 2 * len(spec.row_roles) * row
+    return 2 * (full * tile + columns * column + len(spec.row_roles) * row)
 
 
 def step_cycles(arch: HardwareDescription, steps, kinds: dict, tm: int, cols: int) -> int:
@@ -229,7 +229,9 @@ def schedule_rows(sch, spec, tiling: Tiling, steps) -> None:
             sch.add_unit_loop(init)
             sch.tensorize(sch.get_loops(init)[1], get_intrin("fill", tm, 1, F32,
                                                              tirx.const(reduce_start(step.func), F32)))
-            sch.add_unit_loop(sch.get_loops(block)[2])
+            loops = sch.get_loops(block)
+            for _ in range(1 if len(loops) > 2 else 2):  # a row of one column lost that loop too
+                sch.add_unit_loop(loops[2] if len(loops) > 2 else block)
             sch.tensorize(sch.get_loops(block)[1], get_intrin("reduce", tm, cols, step.func))
             continue
         if width == 1:

@@ -8,8 +8,8 @@ multiplies, max and min over the tile (exp by a polynomial and squarings, the re
 cgra_sim/mapping/sigmoid.py), GELU with one more before them, SiLU and GELU with an ELTWISE
 multiply after (intrinsics/smooth.py). The result is within 3.1e-5 relative of float32's sigmoid
 (1e-5 for |x| < 10), bit-exact to the numpy model of the same arithmetic. GELU's erf form (PyTorch's
-default `nn.gelu`) stays on the host: erf needs more than these bodies, and the tanh form differs
-from it by up to 5e-4, more than the 1e-4 the results promise.
+default `nn.gelu`) is the vector unit's VFUNC (special.py): erf needs more than these bodies, and
+the tanh form differs from it by up to 5e-4, more than the 1e-4 the results promise.
 
 The kernel reads x as a compact view (unary.py), loads tm x tn tiles by DMA, runs the passes per
 tile in the output tile and stores it: one pass over DRAM for the whole activation.

@@ -4,7 +4,7 @@ Stage: partition (its patterns and spec), kernel definition, tiling and schedule
 `exp`, `tanh`, `erf`, `rsqrt` or `nn.gelu` (the erf form, PyTorch's default) of a float32
 tensor of rank 1..4, static or symbolic as the other one-input families (unary.py). One VFUNC
 per tile computes the function by the float32 sequence cgra_sim/special.py specifies, within
-special.ERROR_BOUNDS ulps of float64 (exp 1, tanh 1.5 and accurate near 0, erf 2.5, GELU 6,
+special.ERROR_BOUNDS ulps of float64 (exp 1, tanh 1.5 and accurate near 0, erf 2.5, GELU 7,
 rsqrt 1.5). GELU's tanh form stays with the fabric's smooth family (sigmoid.py).
 """
 

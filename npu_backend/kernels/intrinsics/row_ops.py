@@ -95,9 +95,8 @@ def vfunc_intrin(rows: int, cols: int, func: str, scale: float | None = None, of
         flags = (VFUNC_SCALE if scale is not None else 0) | (VFUNC_OFFSET if offset is not None else 0)
         return device_call(
             "cgra_vfunc", flags=flags, func=int(VFUNCS[func][0]), dtype=3, rows=rows, cols=cols,
-            a_addr=buffers["A"], a_row_stride=strides["A"][0] if cols > 1 or rows > 1 else 0, a_col_stride=1,
-            out_addr=buffers["Out"], out_stride=strides["Out"][0] if cols > 1 or rows > 1 else 0,
-            scale_bits=tirx.const(scale if scale is not None else 0.0, F32) if scale is not None else 0,
+            a_addr=buffers["A"], a_row_stride=strides["A"][0], a_col_stride=1, out_addr=buffers["Out"],
+            out_stride=strides["Out"][0], scale_bits=tirx.const(scale, F32) if scale is not None else 0,
             offset_bits=tirx.const(offset, F32) if offset is not None else 0)
 
     return intrinsic([Tile("A", (rows, cols), F32)], Tile("Out", (rows, cols), F32), "vfn", value, call,
