@@ -153,6 +153,36 @@ def test_a_special_function_of_a_symbolic_batch_runs_on_the_npu():
     np.testing.assert_array_equal(_run(mod, [x]), special.exp(x))
 
 
+@settings(max_examples=4, deadline=None)
+@given(kind=st.sampled_from(["softmax", "layer_norm", "rms_norm", "sum", "max"]), rows=st.integers(1, 5),
+       cols=st.sampled_from([1500, 2048, 3000]))
+def test_rows_longer_than_the_scratchpad_run_in_passes_over_column_tiles(kind, rows, cols):
+    """On cgra-4x4 (64 KiB) a softmax row of more than 1,360 float32 does not fit whole: the
+    kernel makes passes over column tiles (rows_long.py: max, then exp and its sum, then the
+    output), within the bounds of the one-tile form."""
+    rng = np.random.default_rng(cols + rows)
+    x = (rng.standard_normal((rows, cols)) * 3).astype(np.float32)
+    gamma, beta = rng.standard_normal(cols).astype(np.float32), rng.standard_normal(cols).astype(np.float32)
+    d = x.astype(np.float64)
+    if kind == "softmax":
+        mod, args, ref = _module([("x", (rows, cols))], lambda bb, x: relax.op.nn.softmax(x)), [x], _softmax64(x)
+    elif kind == "layer_norm":
+        mod = _module([("x", (rows, cols)), ("g", (cols,)), ("b", (cols,))],
+                      lambda bb, x, g, b: relax.op.nn.layer_norm(x, g, b, axes=[-1], epsilon=1e-5))
+        centred = d - d.mean(-1, keepdims=True)
+        args, ref = [x, gamma, beta], centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + 1e-5) * gamma + beta
+    elif kind == "rms_norm":
+        mod = _module([("x", (rows, cols)), ("w", (cols,))], lambda bb, x, w: relax.op.nn.rms_norm(x, w, axes=[-1]))
+        args, ref = [x, gamma], d / np.sqrt((d ** 2).mean(-1, keepdims=True) + 1e-5) * gamma
+    else:
+        mod = _module([("x", (rows, cols))], lambda bb, x: getattr(relax.op, kind)(x, axis=[-1], keepdims=True))
+        args, ref = [x], getattr(np, kind)(d, axis=-1, keepdims=True)
+    _on_npu(mod, "cgra-4x4")
+    got = _run(mod, args, "cgra-4x4")
+    bound = cols * 2.0**-24 * np.abs(d).sum(-1, keepdims=True) if kind == "sum" else 4e-6 * np.abs(ref).max()
+    assert np.all(np.abs(got - ref) <= bound)
+
+
 def test_what_stays_on_the_host_says_why():
     def body(bb, x, y):
         return relax.Tuple([bb.emit(relax.op.nn.softmax(x, axis=0)), bb.emit(relax.op.sum(x, axis=[0])),

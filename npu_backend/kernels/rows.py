@@ -6,7 +6,8 @@ family describes its op as `Step`s over the last axis of a float32 tensor read a
 REDUCE a row into a column (its start a FILL), VFUNC a tile or column, ELTWISE two of them (a
 column broadcast along the row, a gamma / beta row along the rows). Per tile of tm whole rows the
 kernel loads x (and the row vectors) by DMA, runs the steps in order, every intermediate in the
-scratchpad, and stores the result: one pass over DRAM. A row must fit the scratchpad with the
+scratchpad (one copy each: only the loads and the result are double-buffered), and stores the
+result: one pass over DRAM. A row must fit the scratchpad with the
 steps' intermediates (a longer row stays on the host, saying so).
 """
 
@@ -27,7 +28,8 @@ from .intrinsics import SPAD, get_intrin
 from .intrinsics.row_ops import reduce_fold, reduce_start, vfunc_value
 from .intrinsics.vector_unit import eltwise_value
 from .operands import padded, prim_func
-from .spec import Tiling, aligned, round_up
+from .rows_long import long_compute, long_cycles, long_footprint, schedule_long
+from .spec import SINGLE_BUFFERED, Tiling, aligned, round_up
 from .unary import MAX_RANK, halvings
 
 F32 = "float32"
@@ -113,13 +115,15 @@ def row_compute(spec, tiling: Tiling, steps, out_shape: tuple):
     """The TensorIR of a row program: x viewed as (rows, cols), row roles (gamma, beta) as
     (cols,), the last step's tile (or column) stored into the output viewed as (rows, cols) or
     (rows, 1); parameters in spec.param_roles order."""
+    if tiling.tn < spec.cols:
+        return long_compute(spec, tiling, steps, _shapes(steps, spec.row_roles), out_shape, _stage, _row_load)
     rows, cols, mp = spec.rows, spec.cols, tiling.mp
     x = te.placeholder((rows, cols), F32, name="lhs")
     inputs, tensors = {"lhs": x}, {"x": te.compute((mp, cols), lambda i, j: padded(x, (rows, cols), (i, j)),
                                                    name="a_pad")}
     for role in spec.row_roles:
         inputs[role] = te.placeholder((cols,), F32, name=role)
-        tensors[role] = _row_load(inputs[role], cols, role)
+        tensors[role] = _row_load(inputs[role], cols, f"{role}_pad")
     kinds = _shapes(steps, spec.row_roles)
     for step in steps:
         tensors[step.name] = _stage(step, tensors, kinds, mp, cols)
@@ -129,16 +133,18 @@ def row_compute(spec, tiling: Tiling, steps, out_shape: tuple):
     views = {role: spec.shape for role in ("lhs",) if spec.shape != (rows, cols)}
     if out_shape != (rows, width):
         views["out"] = out_shape
-    return prim_func(spec.param_roles, inputs, out, views or None, spec.shape_args)
+    func = prim_func(spec.param_roles, inputs, out, views or None, spec.shape_args)
+    return func.with_attr(SINGLE_BUFFERED, [step.name for step in steps[:-1]])
 
 
-def _row_load(vector, cols: int, role: str):
+def _row_load(vector, cols: int, name: str):
     """A (cols,) operand as the (1, cols) row its ELTWISE broadcasts along the rows."""
-    return te.compute((1, cols), lambda z, j: vector[j], name=f"{role}_pad")
+    return te.compute((1, cols), lambda z, j: vector[j], name=name)
 
 
-def _stage(step: Step, tensors: dict, kinds: dict, mp: int, cols: int):
-    """One step's TE stage."""
+def _stage(step: Step, tensors: dict, kinds: dict, mp: int, cols: int, name: str = ""):
+    """One step's TE stage (block `name`, default the step's), reading `tensors` by input name."""
+    name = name or step.name
     if step.kind == "reduce":
         src, k = tensors[step.inputs[0]], te.reduce_axis((0, cols), name="k")
         start = reduce_start(step.func)
@@ -148,27 +154,27 @@ def _stage(step: Step, tensors: dict, kinds: dict, mp: int, cols: int):
         def element(i):
             value = src[i, k]
             return value * value if step.func == "sum_squares" else value
-        return te.compute((mp, 1), lambda i, z: reducer(element(i), axis=k), name=step.name)
+        return te.compute((mp, 1), lambda i, z: reducer(element(i), axis=k), name=name)
     if step.kind == "vfunc":
         src = tensors[step.inputs[0]]
         kind = kinds[step.inputs[0]]
         return te.compute((mp, cols if kind == "full" else 1), lambda i, j: vfunc_value(
-            step.func, _read(src, kind, i, j), step.scale, step.offset), name=step.name)
+            step.func, _read(src, kind, i, j), step.scale, step.offset), name=name)
     a, b = (tensors[name] for name in step.inputs)
     ka, kb = (kinds[name] for name in step.inputs)
     width = cols if kinds[step.name] == "full" else 1
     return te.compute((mp, width), lambda i, j: eltwise_value(step.func, _read(a, ka, i, j), _read(b, kb, i, j)),
-                      name=step.name)
+                      name=name)
 
 
 def footprint(spec, steps, tm: int) -> int:
-    """Scratchpad bytes of a tile of tm rows: x, every step's tile or column and the row vectors,
-    each twice (lower/double_buffer.py doubles every buffer of the tile loop)."""
+    """Scratchpad bytes of a tile of tm rows: x, the result and the row vectors twice (double
+    buffering: the DMA of the next tile overlaps this one's steps), every other step's tile or
+    column once (SINGLE_BUFFERED: the vector unit runs the steps in order anyway)."""
     kinds = _shapes(steps, spec.row_roles)
-    full = sum(kinds[s.name] == "full" for s in steps) + 1
-    columns = sum(kinds[s.name] == "column" for s in steps)
-    tile, column, row = (aligned(tm * spec.cols * 4), aligned(tm * 4), aligned(spec.cols * 4))
-    return 2 * (full * tile + columns * column + len(spec.row_roles) * row)
+    size = {"full": aligned(tm * spec.cols * 4), "column": aligned(tm * 4)}
+    inner = sum(size[kinds[s.name]] for s in steps[:-1])
+    return 2 * (size["full"] + size[kinds[steps[-1].name]] + len(spec.row_roles) * aligned(spec.cols * 4)) + inner
 
 
 def step_cycles(arch: HardwareDescription, steps, kinds: dict, tm: int, cols: int) -> int:
@@ -189,13 +195,13 @@ def step_cycles(arch: HardwareDescription, steps, kinds: dict, tm: int, cols: in
 
 def choose_row_tiling(spec, arch: HardwareDescription, steps) -> Tiling:
     """tm whole rows a tile: the fitting tm with the fewest estimated cycles (the first tile's
-    load, steps and store, then per further tile the slowest of the DMA and the vector unit)."""
+    load, steps and store, then per further tile the slowest of the DMA and the vector unit).
+    Rows too long for that: passes over tm x tn tiles (rows_long.py), tn the largest divisor of
+    the row that fits."""
     fitting = [tm for tm in halvings(spec.rows) if footprint(spec, steps, tm) <= arch.spad_bytes]
-    if not fitting:
-        raise ScratchpadTooSmall(f"{spec.kind}: a row of {spec.cols} float32 and its intermediates do not fit the "
-                                 f"{arch.spad_bytes}-byte scratchpad of '{arch.name}' twice: the row stays on "
-                                 "the host (a longer row needs a two-pass kernel, not built yet)")
     kinds = _shapes(steps, spec.row_roles)
+    if not fitting:
+        return _long_tiling(spec, arch, steps, kinds)
 
     def estimate(tm: int) -> float:
         tiles = -(-spec.rows // tm)
@@ -207,9 +213,24 @@ def choose_row_tiling(spec, arch: HardwareDescription, steps) -> Tiling:
     return Tiling(tm, spec.cols, 1, round_up(spec.rows, tm), spec.cols, 1)
 
 
+def _long_tiling(spec, arch: HardwareDescription, steps, kinds: dict) -> Tiling:
+    divisors = [tn for tn in range(spec.cols // 2, 1, -1) if spec.cols % tn == 0]
+    for tn in divisors:
+        fitting = [tm for tm in halvings(spec.rows) if long_footprint(spec, steps, kinds, tm, tn) <= arch.spad_bytes]
+        if fitting:
+            tm = min(fitting, key=lambda tm: long_cycles(arch, spec, steps, kinds, tm, tn, step_cycles))
+            return Tiling(tm, tn, 1, round_up(spec.rows, tm), spec.cols, 1)
+    raise ScratchpadTooSmall(f"{spec.kind}: a row of {spec.cols} float32 does not fit the {arch.spad_bytes}-byte "
+                             f"scratchpad of '{arch.name}' with its intermediates, and no column tile (a divisor "
+                             "of the row) does either: the op stays on the host")
+
+
 def schedule_rows(sch, spec, tiling: Tiling, steps) -> None:
     """Per tile of tm rows: the loads, every step tensorized onto its command, the store."""
     kinds = _shapes(steps, spec.row_roles)
+    if tiling.tn < spec.cols:
+        schedule_long(sch, spec, tiling, steps, kinds)
+        return
     out = sch.get_sblock("out")
     rows, _ = sch.get_loops(out)
     outer, _ = sch.split(rows, [None, tiling.tm])
