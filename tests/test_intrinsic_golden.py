@@ -89,3 +89,36 @@ def test_requantising_epilogue_with_bias_and_relu_is_the_golden_one():
     desc, impl = INTRINSICS["epilogue"].factory(4, 8, "int32", True, True, False, None, -3)
     _same(desc, requant_desc)
     _same(impl, requant_impl)
+
+
+@T.prim_func(s_tir=True)
+def row_max_desc(a: T.handle, o: T.handle) -> None:
+    A = T.match_buffer(a, (4, 8), "float32", offset_factor=1, scope=SPAD)
+    Out = T.match_buffer(o, (4, 1), "float32", offset_factor=1, scope=SPAD)
+    with T.sblock("root"):
+        T.reads(Out[0:4, 0], A[0:4, 0:8])
+        T.writes(Out[0:4, 0])
+        for i, z, k in T.grid(4, 1, 8):
+            with T.sblock("red"):
+                vi, vk = T.axis.remap("SR", [i, k])
+                Out[vi, 0] = T.max(Out[vi, 0], A[vi, vk])
+
+
+@T.prim_func(s_tir=True)
+def row_max_impl(a: T.handle, o: T.handle) -> None:
+    sa = T.int32()
+    so = T.int32()
+    A = T.match_buffer(a, (4, 8), "float32", offset_factor=1, scope=SPAD, strides=[sa, 1])
+    Out = T.match_buffer(o, (4, 1), "float32", offset_factor=1, scope=SPAD, strides=[so, 1])
+    with T.sblock("root"):
+        T.reads(Out[0:4, 0], A[0:4, 0:8])
+        T.writes(Out[0:4, 0])
+        T.evaluate(T.call_extern("int32", "cgra_reduce", 2, 3, 4, 8, A.data, A.elem_offset, sa, 1, Out.data,
+                                 Out.elem_offset, so))
+
+
+def test_a_row_max_folds_into_its_column_with_the_combine_it_names():
+    """REDUCE's update: the builder's `combine` (here max) folds each element into the column."""
+    desc, impl = INTRINSICS["reduce"].factory(4, 8, "max")
+    _same(desc, row_max_desc)
+    _same(impl, row_max_impl)

@@ -183,6 +183,47 @@ def test_rows_longer_than_the_scratchpad_run_in_passes_over_column_tiles(kind, r
     assert np.all(np.abs(got - ref) <= bound)
 
 
+@pytest.mark.parametrize("kind", ["softmax", "layer_norm", "max"])
+def test_a_symbolic_sequence_length_is_one_kernel_for_every_size(kind):
+    """(1, s, C) with s symbolic: tiles of rows up to s, the last one cut to what exists
+    (lower/ragged.py), so one row costs less than 37."""
+    s, cols = tvm.tirx.Var("s", "int64"), 24
+    rng = np.random.default_rng(1)
+    gamma, beta = rng.standard_normal(cols).astype(np.float32), rng.standard_normal(cols).astype(np.float32)
+    if kind == "layer_norm":
+        mod = _module([("x", (1, s, cols)), ("g", (cols,)), ("b", (cols,))],
+                      lambda bb, x, g, b: relax.op.nn.layer_norm(x, g, b, axes=[-1], epsilon=1e-5))
+    else:
+        mod = _module([("x", (1, s, cols))], lambda bb, x: relax.op.nn.softmax(x) if kind == "softmax"
+                      else relax.op.max(x, axis=[-1]))
+    _on_npu(mod)
+    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+    cycles = []
+    for length in (1, 5, 37):
+        x = rng.standard_normal((1, length, cols)).astype(np.float32)
+        args = [x, gamma, beta] if kind == "layer_norm" else [x]
+        with npu_backend.profile() as prof:
+            got = vm["main"](*(tvm.runtime.tensor(a) for a in args)).numpy()
+        cycles.append(sum(k.cycles for k in prof.kernels))
+        d = x.astype(np.float64)
+        if kind == "softmax":
+            ref = _softmax64(x)
+        elif kind == "layer_norm":
+            centred = d - d.mean(-1, keepdims=True)
+            ref = centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + 1e-5) * gamma + beta
+        else:
+            ref = d.max(-1)
+        assert np.abs(got - ref).max() <= 3e-6 * np.abs(ref).max()
+    assert cycles[0] < cycles[1] < cycles[2]
+
+
+def test_a_symbolic_axis_beside_other_rows_stays_on_the_host_with_the_reason():
+    s = tvm.tirx.Var("s", "int64")
+    mod = _module([("x", (2, s, 8))], lambda bb, x: relax.op.nn.softmax(x))
+    (placement,) = npu_backend.explain(mod, "cgra-8x8", dims={"s": 4})
+    assert placement.where == "host" and "one symbolic axis" in placement.reason
+
+
 def test_what_stays_on_the_host_says_why():
     def body(bb, x, y):
         return relax.Tuple([bb.emit(relax.op.nn.softmax(x, axis=0)), bb.emit(relax.op.sum(x, axis=[0])),

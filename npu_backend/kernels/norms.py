@@ -1,8 +1,8 @@
 """The norm family: layer norm and RMSNorm over the last axis on the vector unit.
 
 Stage: partition (its patterns and spec), kernel definition, tiling and schedule. Input: a Relax
-`nn.layer_norm(x, gamma, beta)` or `nn.rms_norm(x, weight)` of a float32 tensor of rank 1..4,
-static shape, normalised over its last axis (the normalise rewrites turn HF / torch RMSNorm
+`nn.layer_norm(x, gamma, beta)` or `nn.rms_norm(x, weight)` of a float32 tensor of rank 1..4
+(static, or one symbolic leading axis as the rows), normalised over its last axis (the normalise rewrites turn HF / torch RMSNorm
 chains into `nn.rms_norm`). Per tile of whole rows (rows.py):
     layer norm  REDUCE sum, VFUNC mean = sum / n, ELTWISE d = x - mean, then the mean's own
                 rounding corrected: REDUCE sum of d, VFUNC / n, ELTWISE d - that; REDUCE sum
@@ -59,18 +59,18 @@ def _patterns() -> list:
 def norm_spec(name: str, annotated: dict) -> RowSpec:
     kind = name.removeprefix("cgra.")
     x, root = annotated["lhs"], annotated["root"]
-    shape, rows, cols = read_rows(x, kind)
+    shape, rows, cols, symbols = read_rows(x, kind)
     last_axis(list(root.attrs.axes), len(shape), kind)
     roles = ("gamma", "beta") if kind == "layer_norm" else ("weight",)
     for role in roles:
-        vector_shape, _, _ = read_rows(annotated[role], f"{kind}'s {role}")
+        vector_shape, *_ = read_rows(annotated[role], f"{kind}'s {role}")
         if vector_shape != (cols,):
             raise UnsupportedOperator(f"{kind}: its {role} of shape {vector_shape} is not one value per column "
                                       f"({cols},)")
     if kind == "layer_norm" and not (bool(root.attrs.center) and bool(root.attrs.scale)):
         raise UnsupportedOperator("layer_norm without its center or scale: the NPU kernel applies both")
     spec = RowSpec(kind, kind, shape, shape, rows, cols, float(root.attrs.epsilon), roles,
-                   param_roles=("lhs", *roles), source_ops=(f"nn.{kind}",))
+                   param_roles=("lhs", *roles), source_ops=(f"nn.{kind}",), symbols=symbols)
     return dataclasses.replace(spec)
 
 

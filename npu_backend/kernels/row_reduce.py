@@ -1,7 +1,8 @@
 """The row-reduction family: sum, mean and max along the last axis on the vector unit.
 
 Stage: partition (its patterns and spec), kernel definition, tiling and schedule. Input: a Relax
-`sum`, `mean` or `max` of a float32 tensor of rank 1..4, static shape, over its last axis
+`sum`, `mean` or `max` of a float32 tensor of rank 1..4 (static, or one symbolic leading axis
+as the rows), over its last axis
 (keepdims or not). Per tile of whole rows (rows.py) one REDUCE folds each row left to right
 into a column (after a FILL of 0 or -inf), a mean then one VFUNC multiply by 1 / n. The sum is
 sequential float32: within (n - 1) * 2^-24 relative of the exact sum of |x| (the usual bound of
@@ -38,17 +39,17 @@ def _patterns() -> list:
 def reduce_spec(name: str, annotated: dict) -> RowSpec:
     kind = name.removeprefix("cgra.row_")
     x, root = annotated["lhs"], annotated["root"]
-    shape, rows, cols = read_rows(x, kind)
+    shape, rows, cols, symbols = read_rows(x, kind)
     if root.attrs.axis is None:
         if len(shape) != 1:
             raise UnsupportedOperator(f"{kind} over all axes: the NPU's row kernels reduce the last axis only")
     else:
         last_axis([int(a) for a in root.attrs.axis], len(shape), kind)
-    out_shape = tuple(int(d) for d in shape_dims(root))
+    out_shape = shape[:-1] + (1,) if len(shape_dims(root)) == len(shape) else shape[:-1]
     if not out_shape:
         raise UnsupportedOperator(f"{kind} of a vector to a scalar: the NPU's DMA stores tensors of rank 1..4 "
                                   "(keepdims=True keeps it on the NPU)")
-    return RowSpec("row_reduce", kind, shape, out_shape, rows, cols, source_ops=(kind,))
+    return RowSpec("row_reduce", kind, shape, out_shape, rows, cols, source_ops=(kind,), symbols=symbols)
 
 
 def reduce_compute(spec: RowSpec, tiling):

@@ -22,8 +22,8 @@ from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 
 from ..errors import ScratchpadTooSmall, UnsupportedOperator
-from ..relax_info import dtype_of
-from .dynamic import read_shape
+from ..relax_info import dtype_of, shape_dims
+from .dynamic import CUT_PARAMS, dim_var, read_shape, with_vars
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.row_ops import reduce_fold, reduce_start, vfunc_value
 from .intrinsics.vector_unit import eltwise_value
@@ -66,24 +66,28 @@ class RowSpec:
     param_roles: tuple = ("lhs",)
     source_ops: tuple = ()
     shape_args: tuple = ()
+    symbols: tuple = ()  # ((axis, variable name), ...): x's symbolic leading axes (kernels/dynamic.py)
     dtype = F32
     acc_dtype = F32
     macs = 0
 
 
 def read_rows(x, what: str) -> tuple:
-    """(shape, rows, cols) of a float32 operand reduced or normalised along its last axis;
+    """(shape, rows, cols, symbols) of a float32 operand reduced or normalised along its last
+    axis, symbolic leading axes at their bounds and named in `symbols` ((axis, variable), ...);
     raises UnsupportedOperator saying why it stays on the host."""
     if dtype_of(x) != F32:
         raise UnsupportedOperator(f"{what} on {dtype_of(x) or 'an unknown dtype'}: the vector unit's REDUCE "
                                   "and VFUNC compute float32")
-    shape, names = read_shape(x, "operand", prefix=f"{what}: ")
-    if names:
-        raise UnsupportedOperator(f"{what} of a symbolic shape: its row kernel needs static sizes")
+    dims = shape_dims(x) or ()
+    shape, names = read_shape(x, "operand", symbolic_axes=range(len(dims) - 1), prefix=f"{what}: ")
     if not 1 <= len(shape) <= MAX_RANK:
         raise UnsupportedOperator(f"{what} of rank {len(shape)}: the NPU's DMA moves tensors of rank 1..{MAX_RANK}")
+    if len(names) > 1 or (names and math.prod(shape[:-1]) != shape[min(names)]):
+        raise UnsupportedOperator(f"{what} of shape {tuple(dims)}: its row kernel takes one symbolic axis as its "
+                                  "rows, the other leading axes 1 (bind the other sizes)")
     cols = shape[-1]
-    return tuple(shape), max(math.prod(shape) // max(cols, 1), 1), cols
+    return tuple(shape), max(math.prod(shape) // max(cols, 1), 1), cols, tuple(sorted(names.items()))
 
 
 def last_axis(axes, rank: int, what: str) -> None:
@@ -118,6 +122,11 @@ def row_compute(spec, tiling: Tiling, steps, out_shape: tuple):
     if tiling.tn < spec.cols:
         return long_compute(spec, tiling, steps, _shapes(steps, spec.row_roles), out_shape, _stage, _row_load)
     rows, cols, mp = spec.rows, spec.cols, tiling.mp
+    names = dict(spec.symbols)
+    if names:  # a symbolic row count: tiles of tm rows up to it, the last one cut (lower/ragged.py)
+        rows = math.prod(dim_var(names[axis]) if axis in names else extent
+                         for axis, extent in enumerate(spec.shape[:-1]))
+        mp = tirx.ceildiv(rows, tiling.tm) * tiling.tm
     x = te.placeholder((rows, cols), F32, name="lhs")
     inputs, tensors = {"lhs": x}, {"x": te.compute((mp, cols), lambda i, j: padded(x, (rows, cols), (i, j)),
                                                    name="a_pad")}
@@ -130,11 +139,13 @@ def row_compute(spec, tiling: Tiling, steps, out_shape: tuple):
     last = tensors[steps[-1].name]
     width = cols if kinds[steps[-1].name] == "full" else 1
     out = te.compute((rows, width), lambda i, j: last[i, j], name="out")
-    views = {role: spec.shape for role in ("lhs",) if spec.shape != (rows, cols)}
-    if out_shape != (rows, width):
-        views["out"] = out_shape
+    views = {"lhs": with_vars(spec.shape, names)} if spec.shape != (spec.rows, cols) or names else {}
+    if out_shape != (spec.rows, width) or names:
+        views["out"] = with_vars(out_shape, names)
     func = prim_func(spec.param_roles, inputs, out, views or None, spec.shape_args)
-    return func.with_attr(SINGLE_BUFFERED, [step.name for step in steps[:-1]])
+    func = func.with_attr(SINGLE_BUFFERED, [step.name for step in steps[:-1]])
+    return func.with_attr(CUT_PARAMS, {call: "rows" for call in ("cgra_fill", "cgra_eltwise", "cgra_reduce",
+                                                                  "cgra_vfunc")}) if names else func
 
 
 def _row_load(vector, cols: int, name: str):
@@ -200,6 +211,10 @@ def choose_row_tiling(spec, arch: HardwareDescription, steps) -> Tiling:
     the row that fits."""
     fitting = [tm for tm in halvings(spec.rows) if footprint(spec, steps, tm) <= arch.spad_bytes]
     kinds = _shapes(steps, spec.row_roles)
+    if not fitting and spec.symbols:
+        raise ScratchpadTooSmall(f"{spec.kind}: a row of {spec.cols} float32 does not fit the {arch.spad_bytes}-byte "
+                                 f"scratchpad of '{arch.name}' with its intermediates; the passes over column "
+                                 "tiles take static shapes only (bind the symbolic sizes)")
     if not fitting:
         return _long_tiling(spec, arch, steps, kinds)
 

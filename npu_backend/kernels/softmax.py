@@ -1,14 +1,14 @@
 """The softmax family: softmax over the last axis on the vector unit, rows in the scratchpad.
 
 Stage: partition (its pattern and spec), kernel definition, tiling and schedule. Input: a Relax
-`nn.softmax` of a float32 tensor of rank 1..4, static shape, over its last axis (the
-normalise rewrites turn torch SDPA's safe-softmax plumbing into it). Per tile of whole rows
-(rows.py): REDUCE max, ELTWISE x - max (the column broadcast), VFUNC exp, REDUCE sum, VFUNC
-reciprocal of the column, ELTWISE multiply: max-subtracted, so no exp overflows; a masked -inf
-entry gives exp(-inf) = 0 exactly; a row that is all -inf gives NaN, as PyTorch's softmax does.
-Error: within 4 float32 ulps plus the exp's and the sum's rounding, measured within 3e-6
-relative of float64 (tests/test_row_kernels.py). A row that does not fit the scratchpad stays
-on the host with the reason.
+`nn.softmax` of a float32 tensor of rank 1..4 over its last axis, static or with one symbolic
+leading axis as the rows (rows.py; the normalise rewrites turn torch SDPA's safe-softmax
+plumbing into it). Per tile of whole rows (rows.py): REDUCE max, ELTWISE x - max (the column
+broadcast), VFUNC exp, REDUCE sum, VFUNC reciprocal of the column, ELTWISE multiply:
+max-subtracted, so no exp overflows; a masked -inf entry gives exp(-inf) = 0 exactly; a row
+that is all -inf gives NaN, as PyTorch's softmax does. Measured within 2e-6 relative of float64
+(tests/test_row_kernels.py asserts 4e-6). A row too long for the scratchpad runs in three passes
+over column tiles (rows_long.py: max, exp and its sum, the output).
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ def _patterns() -> list:
 
 def softmax_spec(name: str, annotated: dict) -> RowSpec:
     x, root = annotated["lhs"], annotated["root"]
-    shape, rows, cols = read_rows(x, "softmax")
+    shape, rows, cols, symbols = read_rows(x, "softmax")
     last_axis(int(root.attrs.axis), len(shape), "softmax")
     if cols < 1:
         raise UnsupportedOperator("softmax of an empty row")
-    return RowSpec("softmax", "softmax", shape, shape, rows, cols, source_ops=("nn.softmax",))
+    return RowSpec("softmax", "softmax", shape, shape, rows, cols, source_ops=("nn.softmax",), symbols=symbols)
 
 
 def softmax_compute(spec: RowSpec, tiling):
