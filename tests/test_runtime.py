@@ -28,9 +28,10 @@ ARCH = load_arch("cgra-8x8")
 SPAD = ARCH.spad_bytes
 BOX_WORDS = isa.RECORD_WORDS - isa.word(Op.DMA_LOAD, "origin0")
 F32, I8, I32 = int(DType.FLOAT32), int(DType.INT8), int(DType.INT32)
-ABI = 7  # CGRA_RUNTIME_ABI_VERSION: v2 gave cgra_epilogue its residual and clip arguments,
+ABI = 8  # CGRA_RUNTIME_ABI_VERSION: v2 gave cgra_epilogue its residual and clip arguments,
 # v3 cgra_kernel_begin its macs_per_output, v4 cgra_dma_load its flags, v5 added cgra_fabric,
-# v6 cgra_check_tensor_arg (the kernels' argument checks), v7 cgra_kernel_begin its macs_divisor
+# v6 cgra_check_tensor_arg (the kernels' argument checks), v7 cgra_kernel_begin its macs_divisor,
+# v8 cgra_reduce and cgra_vfunc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -77,6 +78,8 @@ SIGNATURES = {
     "cgra_epilogue": (I32C, [P, I32C, I32C, I32C] + [I64] * 13),
     "cgra_eltwise": (I32C, [P, I32C, I32C] + [I64] * 10),
     "cgra_pool": (I32C, [P, I32C, I32C] + [I64] * 23),
+    "cgra_reduce": (I32C, [P, I32C, I32C] + [I64] * 7),
+    "cgra_vfunc": (I32C, [P, I32C, I32C, I32C] + [I64] * 9),
     "cgra_kernel_end": (I32C, [P]),
 }
 
@@ -219,7 +222,7 @@ def test_header_declares_the_documented_api():
     header = "".join((root / "runtime" / "include" / name).read_text()
                      for name in ("cgra_runtime.h", "cgra_arg_checks.h")) + c_api.c_prototypes()
     assert prototypes(header) == prototypes(doc)
-    assert len(prototypes(doc)) == 13
+    assert len(prototypes(doc)) == 15
     assert f"#define CGRA_RUNTIME_ABI_VERSION {ABI}" in header
 
 
@@ -482,6 +485,21 @@ VIOLATIONS = {
     "address arithmetic overflow": (
         [("cgra_fill", F32, 0, 2, 1, 2**62, 0)],
         "command 0 (FILL): address arithmetic overflows int64"),
+    "reduce unknown func": (
+        [("cgra_reduce", 4, F32, 2, 4, 0, 4, 1, 64, 1)],
+        "command 0 (REDUCE): func 4 is not a reduction"),
+    "reduce on int32": (
+        [("cgra_reduce", int(isa.ReduceFunc.SUM), I32, 2, 4, 0, 4, 1, 64, 1)],
+        "command 0 (REDUCE): dtype code 2 is not float32"),
+    "reduce column beyond the scratchpad": (
+        [("cgra_reduce", int(isa.ReduceFunc.MAX), F32, 2, 4, 0, 4, 1, SPAD - 4, 1)],
+        f"command 0 (REDUCE): out: scratchpad bytes [{SPAD - 4}, {SPAD + 4}) exceed"),
+    "vfunc unknown func": (
+        [("cgra_vfunc", 0, 9, F32, 2, 4, 0, 4, 1, 64, 4, 0, 0)],
+        "command 0 (VFUNC): func 9 is not a special function"),
+    "vfunc offset without its flag": (
+        [("cgra_vfunc", 0, int(isa.VFunc.EXP), F32, 2, 4, 0, 4, 1, 64, 4, 0, 0x3F800000)],
+        "command 0 (VFUNC): offset_bits are set but CGRA_VFUNC_OFFSET is off"),
 }
 
 
