@@ -224,6 +224,16 @@ def test_a_symbolic_axis_beside_other_rows_stays_on_the_host_with_the_reason():
     assert placement.where == "host" and "one symbolic axis" in placement.reason
 
 
+def test_a_vocabulary_sized_softmax_keeps_its_sum_accurate_by_blocks():
+    """16,000 columns on cgra-4x4: each column tile's sum in a column of its own, then their sum,
+    so the rounding grows with the tile and the tile count, not the row (one running sum left a
+    32,000-column softmax 4.7e-5 from float64)."""
+    x = (np.random.default_rng(3).standard_normal((2, 16000)) * 2).astype(np.float32)
+    mod = _module([("x", (2, 16000))], lambda bb, x: relax.op.nn.softmax(x))
+    got = _run(mod, [x], "cgra-4x4")
+    np.testing.assert_allclose(got, _softmax64(x), rtol=2e-6, atol=0)
+
+
 def test_what_stays_on_the_host_says_why():
     def body(bb, x, y):
         return relax.Tuple([bb.emit(relax.op.nn.softmax(x, axis=0)), bb.emit(relax.op.sum(x, axis=[0])),

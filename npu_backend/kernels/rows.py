@@ -25,7 +25,7 @@ from ..errors import ScratchpadTooSmall, UnsupportedOperator
 from ..relax_info import dtype_of, shape_dims
 from .dynamic import CUT_PARAMS, dim_var, read_shape, with_vars
 from .intrinsics import SPAD, get_intrin
-from .intrinsics.row_ops import reduce_fold, reduce_start, vfunc_value
+from .intrinsics.row_ops import reducer, reduce_start, vfunc_value
 from .intrinsics.vector_unit import eltwise_value
 from .operands import padded, prim_func
 from .rows_long import long_compute, long_cycles, long_footprint, schedule_long
@@ -148,6 +148,11 @@ def row_compute(spec, tiling: Tiling, steps, out_shape: tuple):
                                                                   "cgra_vfunc")}) if names else func
 
 
+def _element(func: str, value):
+    """What a REDUCE folds of one element: the element, or its square."""
+    return value * value if func == "sum_squares" else value
+
+
 def _row_load(vector, cols: int, name: str):
     """A (cols,) operand as the (1, cols) row its ELTWISE broadcasts along the rows."""
     return te.compute((1, cols), lambda z, j: vector[j], name=name)
@@ -158,14 +163,8 @@ def _stage(step: Step, tensors: dict, kinds: dict, mp: int, cols: int, name: str
     name = name or step.name
     if step.kind == "reduce":
         src, k = tensors[step.inputs[0]], te.reduce_axis((0, cols), name="k")
-        start = reduce_start(step.func)
-        reducer = te.comm_reducer(lambda old, a: reduce_fold("max" if step.func == "max" else "sum", old, a),
-                                  lambda dtype: tirx.const(start, dtype), name=step.func)
-
-        def element(i):
-            value = src[i, k]
-            return value * value if step.func == "sum_squares" else value
-        return te.compute((mp, 1), lambda i, z: reducer(element(i), axis=k), name=name)
+        fold = reducer(step.func)
+        return te.compute((mp, 1), lambda i, z: fold(_element(step.func, src[i, k]), axis=k), name=name)
     if step.kind == "vfunc":
         src = tensors[step.inputs[0]]
         kind = kinds[step.inputs[0]]

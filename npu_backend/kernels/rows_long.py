@@ -7,8 +7,9 @@ tile of the row, so the program is cut into passes: pass q holds the reduction w
 only columns complete before q, and the full-tile steps it reads, recomputed from x (reloaded by
 DMA each pass: nothing of a tile outlives its pass); the column steps run between passes; the
 last pass computes the output tile by tile and stores it. Softmax: max, then exp and its sum,
-then the output (three loads of x, one store); layer norm four loads. The column tile tn divides
-the row, so no padded column enters a reduction.
+then the output (three loads of x, one store); layer norm four loads. A reduction is blocked: a
+column per tile, then one REDUCE of those (its rounding grows with tn + cols / tn, not cols). The
+column tile tn divides the row, so no padded column enters a reduction.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from cgra_sim import cost
 
 from ..errors import UnsupportedOperator
 from .intrinsics import SPAD, get_intrin
-from .intrinsics.row_ops import reduce_start
+from .intrinsics.row_ops import reduce_start, reducer
 from .operands import padded, prim_func
 from .spec import SINGLE_BUFFERED, Tiling, aligned
 
@@ -88,10 +89,12 @@ def long_compute(spec, tiling: Tiling, steps, kinds: dict, out_shape: tuple, sta
             if role in names:
                 copies[(role, q)] = row_load(inputs[role], cols, copy_name(role, q, spec.row_roles))
     for step in steps:
-        if step.kind == "reduce" or kinds[step.name] == "column":
-            q = reduce_pass.get(step.name)
-            view = {**columns, **{name: copies[(name, q)] for name, qq in copies if qq == q}}
-            columns[step.name] = stage(step, view, kinds, mp, cols, step.name)
+        if step.kind == "reduce":  # blocked: a column per column tile, then their fold
+            source = copies[(step.inputs[0], reduce_pass[step.name])]
+            columns[step.name] = _blocked_reduce(step.func, source, mp, cols, tiling.tn, step.name)
+            continue
+        if kinds[step.name] == "column":
+            columns[step.name] = stage(step, columns, kinds, mp, cols, step.name)
             continue
         for q, names in needs.items():
             if step.name in names:
@@ -106,11 +109,29 @@ def long_compute(spec, tiling: Tiling, steps, kinds: dict, out_shape: tuple, sta
         views["out"] = out_shape
     func = prim_func(spec.param_roles, inputs, out, views or None, spec.shape_args)
     single = [copy_name(name, q) for name, q in copies if name not in ("x", *spec.row_roles)
-              and (name, q) != (last.name, last_pass)] + [name for name in columns if name != last.name]
+              and (name, q) != (last.name, last_pass)] + [name for name in columns if name != last.name] \
+        + [f"{step.name}_part" for step in steps if step.kind == "reduce"]
     return func.with_attr(SINGLE_BUFFERED, single)
 
 
 F32 = "float32"
+
+
+def _blocked_reduce(func: str, source, mp, cols: int, tn: int, name: str):
+    """A row's reduction over its column tiles, blocked: each tile's REDUCE into a column of
+    `{name}_part` (mp, cols / tn), then one REDUCE of those (a sum's error grows with tn + cols / tn,
+    not cols; a sum of squares adds its tiles' sums)."""
+    k, tiles = te.reduce_axis((0, tn), name="k"), cols // tn
+    fold = reducer(func)
+    part = te.compute((mp, tiles), lambda i, t: fold(_square(func, source[i, t * tn + k]), axis=k),
+                      name=f"{name}_part")
+    kt = te.reduce_axis((0, tiles), name="kt")
+    total = reducer("max" if func == "max" else "sum")
+    return te.compute((mp, 1), lambda i, z: total(part[i, kt], axis=kt), name=name)
+
+
+def _square(func: str, value):
+    return value * value if func == "sum_squares" else value
 
 
 def long_footprint(spec, steps, kinds: dict, tm: int, tn: int) -> int:
@@ -153,16 +174,14 @@ def schedule_long(sch, spec, tiling: Tiling, steps, kinds: dict) -> None:
         sch.reorder(row_outer, col_outer, row_inner, col_inner)
     order = _creation_order(steps, needs, reduce_pass, kinds, spec.row_roles)
     pass_loop = {}
-    for name, q, _ in reversed(order):
+    for name, q, step_name in reversed(order):
         block = sch.get_sblock(name)
-        if q is None:  # a column step or a reduction: per row tile
+        if q is None:  # a column step, a reduction or its columns per tile: per row tile
             sch.compute_at(block, row_outer)
-            step = steps_by_name(steps).get(name)
-            if step is not None and step.kind == "reduce":
-                rows_loop, k = sch.get_loops(block)[1:]
-                k_outer, k_inner = sch.split(k, [None, tn])
-                sch.reorder(k_outer, rows_loop, k_inner)
-                pass_loop[reduce_pass[name]] = k_outer
+            if name.endswith("_part"):  # over the tiles, each tile's rows and columns: the pass
+                rows_loop, tile_loop, k = sch.get_loops(block)[1:]
+                sch.reorder(tile_loop, rows_loop, k)
+                pass_loop[reduce_pass[step_name]] = tile_loop
         else:
             sch.compute_at(block, col_outer if q == last_pass else pass_loop[q])
         sch.set_scope(block, 0, SPAD)
@@ -176,7 +195,9 @@ def _creation_order(steps, needs, reduce_pass, kinds, row_roles) -> list:
     order = [(copy_name(name, q, row_roles), q, name) for q, names in needs.items() for name in ("x", *row_roles)
              if name in names]
     for step in steps:
-        if step.kind == "reduce" or kinds[step.name] == "column":
+        if step.kind == "reduce":
+            order += [(f"{step.name}_part", None, step.name), (step.name, None, step.name)]
+        elif kinds[step.name] == "column":
             order.append((step.name, None, step.name))
         else:
             order += [(copy_name(step.name, q), q, step.name) for q, names in needs.items() if step.name in names]
@@ -187,12 +208,16 @@ def _tensorize(sch, step, name: str, q, kinds: dict, tm: int, tn: int) -> None:
     if step is None:  # a load: the DMA pass's
         return
     block = sch.get_sblock(name)
-    if step.kind == "reduce":
-        init = sch.decompose_reduction(block, sch.get_loops(block)[1])
+    if step.kind == "reduce":  # `{step}_part`: per tile under its pass loop; the step: the parts' fold
+        part = name.endswith("_part")
+        depth = 2 if part else 1
+        func = step.func if part else "max" if step.func == "max" else "sum"
+        init = sch.decompose_reduction(block, sch.get_loops(block)[depth])
         sch.add_unit_loop(init)
-        sch.tensorize(sch.get_loops(init)[1], get_intrin("fill", tm, 1, F32, tirx.const(reduce_start(step.func), F32)))
-        sch.add_unit_loop(sch.get_loops(block)[3])
-        sch.tensorize(sch.get_loops(block)[2], get_intrin("reduce", tm, tn, step.func))
+        sch.tensorize(sch.get_loops(init)[depth], get_intrin("fill", tm, 1, F32, tirx.const(reduce_start(func), F32)))
+        sch.add_unit_loop(sch.get_loops(block)[depth + 1])
+        cols = tn if part else int(sch.get(sch.get_loops(block)[-1]).extent)  # the parts: a column a tile
+        sch.tensorize(sch.get_loops(block)[depth], get_intrin("reduce", tm, cols, func))
         return
     full = kinds[step.name] == "full"
     if not full:

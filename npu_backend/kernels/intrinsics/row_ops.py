@@ -12,12 +12,13 @@ with the C library: the three-way test compares them within special.ERROR_BOUNDS
 
 from __future__ import annotations
 
-from tvm import tirx
+from tvm import te, tirx
 
 from cgra_codegen import device_call
 from cgra_sim.isa import VFUNC_OFFSET, VFUNC_SCALE, ReduceFunc, VFunc
 
 from .builder import SPAD, Tile, intrinsic
+from .pe_array import dtype_code
 
 F32 = "float32"
 SQRT1_2 = 0.7071067811865476
@@ -57,6 +58,14 @@ def reduce_fold(func: str, old, element):
     return REDUCE_FUNCS[func][2](old, element)
 
 
+def reducer(func: str):
+    """The TE comm_reducer of a REDUCE `func`: its fold (a sum of squares adds: the square is the
+    element's) from its FILL's start."""
+    start = reduce_start(func)
+    return te.comm_reducer(lambda old, a: reduce_fold("max" if func == "max" else "sum", old, a),
+                           lambda dtype: tirx.const(start, dtype), name=func)
+
+
 def vfunc_value(func: str, a, scale: float | None = None, offset: float | None = None):
     """f(a * scale + offset) in TIR, each step only when given."""
     t = a
@@ -77,7 +86,7 @@ def reduce_intrin(rows: int, cols: int, func: str, scope: str = SPAD):
         return old + element if func != "max" else tirx.max(old, element)
 
     def call(buffers, strides):
-        return device_call("cgra_reduce", func=int(REDUCE_FUNCS[func][0]), dtype=3, rows=rows, cols=cols,
+        return device_call("cgra_reduce", func=int(REDUCE_FUNCS[func][0]), dtype=dtype_code(F32), rows=rows, cols=cols,
                            a_addr=buffers["A"], a_row_stride=strides["A"][0], a_col_stride=1,
                            out_addr=buffers["Out"], out_stride=strides["Out"][0])
 
@@ -94,7 +103,7 @@ def vfunc_intrin(rows: int, cols: int, func: str, scale: float | None = None, of
     def call(buffers, strides):
         flags = (VFUNC_SCALE if scale is not None else 0) | (VFUNC_OFFSET if offset is not None else 0)
         return device_call(
-            "cgra_vfunc", flags=flags, func=int(VFUNCS[func][0]), dtype=3, rows=rows, cols=cols,
+            "cgra_vfunc", flags=flags, func=int(VFUNCS[func][0]), dtype=dtype_code(F32), rows=rows, cols=cols,
             a_addr=buffers["A"], a_row_stride=strides["A"][0], a_col_stride=1, out_addr=buffers["Out"],
             out_stride=strides["Out"][0], scale_bits=tirx.const(scale, F32) if scale is not None else 0,
             offset_bits=tirx.const(offset, F32) if offset is not None else 0)
