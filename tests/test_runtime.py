@@ -258,6 +258,9 @@ def test_records_match_isa_encode(lib, on_device, submitted):
         ("cgra_eltwise", int(isa.EltwiseFunc.MAXIMUM), F32, 8, 4, 1024, 4, 1, 1152, 0, 1, 3072, 4),
         ("cgra_pool", isa.POOL_AVERAGE, F32, 2, 3, 4, 3, 3, 4096, 28, 4, 2, 2, 1, 1, 6000, 12, 4,
          1, 6, 1, 7, 0, 7, 0, 8),
+        ("cgra_reduce", int(isa.ReduceFunc.SUM_SQUARES), F32, 8, 4, 1024, 4, 1, 3072, 1),
+        ("cgra_vfunc", isa.VFUNC_SCALE | isa.VFUNC_OFFSET, int(isa.VFunc.RSQRT), F32, 8, 1, 3072, 1, 0, 3072, 1,
+         0x3E800000, 0x3727C5AC),
     ]
     on_device(lambda: launch(lib, commands, tensors, name=b"fused_matmul"))
 
@@ -294,6 +297,11 @@ def test_records_match_isa_encode(lib, on_device, submitted):
                    a_row_stride=28, a_col_stride=4, stride_y=2, stride_x=2, dilation_y=1, dilation_x=1,
                    out_addr=6000, out_y_stride=12, out_x_stride=4, valid_y_lo=1, valid_y_hi=6,
                    valid_x_lo=1, valid_x_hi=7, count_y_lo=0, count_y_hi=7, count_x_lo=0, count_x_hi=8),
+        isa.encode(Op.REDUCE, func=isa.ReduceFunc.SUM_SQUARES, dtype=F32, rows=8, cols=4, a_addr=1024,
+                   a_row_stride=4, a_col_stride=1, out_addr=3072, out_stride=1),
+        isa.encode(Op.VFUNC, flags=isa.VFUNC_SCALE | isa.VFUNC_OFFSET, func=isa.VFunc.RSQRT, dtype=F32, rows=8,
+                   cols=1, a_addr=3072, a_row_stride=1, a_col_stride=0, out_addr=3072, out_stride=1,
+                   scale_bits=0x3E800000, offset_bits=0x3727C5AC),
     ]
     (sent,) = submitted
     assert (sent.name, sent.source_ops, sent.arch_json, sent.macs_per_output, sent.macs_divisor) == (
