@@ -62,6 +62,7 @@ def _module(shape, build):
 
 
 def main() -> None:
+    """Compile, run and time each op alone; print one line per op."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="cgra-8x8")
     parser.add_argument("--shape", type=int, nargs=2, default=(128, 768))

@@ -57,6 +57,7 @@ def _patterns() -> list:
 
 
 def norm_spec(name: str, annotated: dict) -> RowSpec:
+    """The RowSpec of a layer norm or RMSNorm over the last axis, its row operands one value a column."""
     kind = name.removeprefix("cgra.")
     x, root = annotated["lhs"], annotated["root"]
     shape, rows, cols, symbols = read_rows(x, kind)
@@ -75,6 +76,7 @@ def norm_spec(name: str, annotated: dict) -> RowSpec:
 
 
 def norm_compute(spec: RowSpec, tiling):
+    """rows.row_compute of the norm's steps."""
     return row_compute(spec, tiling, steps_of(spec), spec.out_shape)
 
 

@@ -22,6 +22,7 @@ OPS = {"relax.sum": "sum", "relax.mean": "mean", "relax.max": "max"}
 
 
 def steps_of(spec: RowSpec) -> tuple:
+    """One REDUCE (a max or a sum), and for a mean a VFUNC multiply of the column by 1 / n."""
     fold = Step("folded", "reduce", "max" if spec.kind == "max" else "sum", ("x",))
     return (fold, Step("reduced", "vfunc", "identity", ("folded",), 1.0 / spec.cols)) if spec.kind == "mean" \
         else (fold,)
@@ -37,6 +38,7 @@ def _patterns() -> list:
 
 
 def reduce_spec(name: str, annotated: dict) -> RowSpec:
+    """The RowSpec of a sum, mean or max over the last axis (axis None: of a vector)."""
     kind = name.removeprefix("cgra.row_")
     x, root = annotated["lhs"], annotated["root"]
     shape, rows, cols, symbols = read_rows(x, kind)
@@ -53,6 +55,7 @@ def reduce_spec(name: str, annotated: dict) -> RowSpec:
 
 
 def reduce_compute(spec: RowSpec, tiling):
+    """rows.row_compute of the reduction's steps, the output a column."""
     return row_compute(spec, tiling, steps_of(spec), spec.out_shape)
 
 

@@ -51,6 +51,7 @@ def plan(steps, kinds: dict) -> tuple:
 
 
 def steps_by_name(steps) -> dict:
+    """{step name: step} of a row program."""
     return {step.name: step for step in steps}
 
 

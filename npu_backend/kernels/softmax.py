@@ -36,6 +36,7 @@ def _patterns() -> list:
 
 
 def softmax_spec(name: str, annotated: dict) -> RowSpec:
+    """The RowSpec of a softmax over the last axis; raises UnsupportedOperator saying why not."""
     x, root = annotated["lhs"], annotated["root"]
     shape, rows, cols, symbols = read_rows(x, "softmax")
     last_axis(int(root.attrs.axis), len(shape), "softmax")
@@ -45,6 +46,7 @@ def softmax_spec(name: str, annotated: dict) -> RowSpec:
 
 
 def softmax_compute(spec: RowSpec, tiling):
+    """rows.row_compute of the softmax's steps."""
     return row_compute(spec, tiling, STEPS, spec.out_shape)
 
 

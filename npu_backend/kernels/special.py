@@ -51,6 +51,7 @@ def _patterns() -> list:
 
 
 def special_spec(name: str, annotated: dict) -> SpecialSpec:
+    """The spec of one special function of a float32 tensor (unary.py's view of it)."""
     func = name.removeprefix("cgra.")
     x = annotated["lhs"]
     if dtype_of(x) != "float32":
@@ -66,11 +67,13 @@ def choose_special_tiling(spec: SpecialSpec, arch: HardwareDescription):
 
 
 def special_compute(spec: SpecialSpec, tiling):
+    """unary.unary_compute with the function's VFUNC expression; a symbolic last tile cuts its rows and columns."""
     return unary_compute(spec, tiling, "vfn", lambda value: vfunc_value(spec.func, value),
                          {"cgra_vfunc": ("rows", "cols")})
 
 
 def schedule_special(sch, spec: SpecialSpec, tiling, arch: HardwareDescription) -> None:
+    """unary.schedule_unary onto one VFUNC a tile."""
     schedule_unary(sch, tiling, "vfn", get_intrin("vfunc", tiling.tm, tiling.tn, spec.func, None, None))
 
 

@@ -198,6 +198,7 @@ def _func(check: Checker, code: int, enum) -> object:
 
 
 def decode_reduce(check: Checker, index: int, op: Op, record: list[int], tensors) -> ReduceCommand:
+    """REDUCE: a known func, float32, the strided A window and the written out column inside the scratchpad."""
     fields = dict(zip(FIELDS[op], record))
     check.flags(fields["flags"], 0)
     cmd = ReduceCommand(index, op)
@@ -212,6 +213,7 @@ def decode_reduce(check: Checker, index: int, op: Op, record: list[int], tensors
 
 
 def decode_vfunc(check: Checker, index: int, op: Op, record: list[int], tensors) -> VfuncCommand:
+    """VFUNC: its flags (scale and offset words 0 without them), a known func, float32, A and out inside the scratchpad."""
     fields = dict(zip(FIELDS[op], record))
     flags = fields["flags"]
     check.flags(flags, VFUNC_SCALE | VFUNC_OFFSET)

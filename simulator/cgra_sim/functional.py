@@ -163,7 +163,8 @@ ELTWISE_FUNCS = {
 
 def _eltwise(cmd: EltwiseCommand, spad: np.ndarray) -> None:
     a, b = cmd.a.view(spad), cmd.b.view(spad)
-    cmd.out.view(spad)[...] = ELTWISE_FUNCS[cmd.func](a, b, dtype=a.dtype)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN on the lanes too, silently
+        cmd.out.view(spad)[...] = ELTWISE_FUNCS[cmd.func](a, b, dtype=a.dtype)
 
 
 def _reduce(cmd: ReduceCommand, spad: np.ndarray) -> None:
