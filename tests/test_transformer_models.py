@@ -21,11 +21,14 @@ import npu_backend  # noqa: E402
 from transformer_models import ARCHITECTURES, build, first_output, host_op_counts  # noqa: E402
 
 #: The most compute ops each architecture may leave on the host (cgra-8x8, 16 tokens), as measured
-#: on 2026-11-27 before the transformer ops ran on the NPU. Lower a number when a change moves ops.
+#: on 2026-11-27 after softmax, the norms, GELU, tanh, exp, rsqrt and last-axis reductions ran on the
+#: NPU (before: llama 41, gpt2 31, bert 27, t5 36, vit 26, whisper 27, ...; convnext 13 -> 0). What
+#: stays is SDPA's mask plumbing, RMSNorm's and NewGELU's power, RoPE's negative, Bloom's ALiBi.
+#: Lower a number when a change moves ops.
 HOST_COMPUTE_AT_MOST = {
-    "llama": 41, "qwen2": 41, "mistral": 41, "gemma": 41, "phi3": 41, "gpt2": 31, "gptj": 33, "gpt_neox": 33,
-    "bloom": 19, "falcon": 31, "bert": 27, "roberta": 36, "albert": 29, "distilbert": 26, "t5": 36, "vit": 26,
-    "deit": 26, "dinov2": 25, "clip": 24, "swin": 29, "convnext": 13, "whisper": 27,
+    "llama": 29, "qwen2": 29, "mistral": 29, "gemma": 29, "phi3": 29, "gpt2": 22, "gptj": 26, "gpt_neox": 24,
+    "bloom": 9, "falcon": 24, "bert": 17, "roberta": 26, "albert": 19, "distilbert": 17, "t5": 22, "vit": 16,
+    "deit": 16, "dinov2": 16, "clip": 16, "swin": 18, "convnext": 0, "whisper": 16,
 }
 #: One of each kind runs by default; the rest with CGRA_SLOW_TESTS=1.
 DEFAULT = {"llama", "gpt2", "bloom", "falcon", "bert", "t5", "vit", "whisper"}
