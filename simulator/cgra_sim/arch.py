@@ -60,7 +60,8 @@ FIELD_DOCS = {
     "config_load_cycles": ("cycles", "to load a PE-array configuration of one context slot in every PE (the "
                                      "systolic cell of GEMM and DEPTHWISE takes one on the presets, a FABRIC "
                                      "body its II)"),
-    "vector_lanes": ("elements / cycle", "the vector unit's width (FILL, EPILOGUE, ELTWISE, POOL)"),
+    "vector_lanes": ("elements / cycle", "the vector unit's width (FILL, EPILOGUE, ELTWISE, POOL, REDUCE: a lane a row, "
+                                         "VFUNC: a lane runs a function's sequence one operation a cycle)"),
     "clock_mhz": ("MHz", "the clock all cycles count; turns cycles into time"),
     "energy": ("pJ", "energy per MAC and vector operation (by dtype), scratchpad byte read and written, "
                      "DMA byte, configuration load, and leakage per cycle (cgra_sim/energy.py). Optional: "
