@@ -243,14 +243,12 @@ def _estimate_cycles(t: Tiling, spec: KernelSpec, width: int, load: int, arch: H
                                                DType.from_name(spec.dtype).itemsize + pixels * t.tn * acc_bytes)
     store = cost.dma_transfer_cycles(arch, pixels * t.tn * DType.from_name(spec.acc_dtype).itemsize)
     vector = t.tm * cost.vector_cycles(arch, width, t.tn)
-    period = max(compute, load, store, vector)
-    if latency_bound:
-        # With two buffers a window is loaded (latency, transfer) and computed on before it is
-        # loaded again, and an output is made and stored before it is written again: small
-        # tiles wait for the DMA. (The static search leaves this out: its figures are pinned.)
-        period = max(period, -(-(arch.dma_latency + load + compute) // 2),
-                     -(-(compute + vector + arch.dma_latency + store) // 2))
-    return tiles * period + load + store + 2 * arch.dma_latency
+    # With two buffers a window is loaded (latency, transfer) and computed on before it is
+    # loaded again, and an output is made and stored before it is written again: small tiles
+    # wait for the DMA. (The static search leaves these round trips out: its figures are pinned.)
+    trips = ("load", "store") if latency_bound else ()
+    return cost.double_buffered_cycles(arch, cost.BufferedLoop(tiles, load, (compute, vector), store, last_work=0,
+                                                               round_trips=trips, whole_last_step=True)).total
 
 
 def schedule_depthwise(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> None:

@@ -208,16 +208,15 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     fills = 0 if init_folded else 1
     vector = cost.vector_stream_cycles(arch, (fills + (2 if has_residual else 1)) * tiles * t.tm * t.tn)
     vector_tile = cost.vector_stream_cycles(arch, t.tm * t.tn)  # one FILL or EPILOGUE of a tile
-    prologue = cost.dma_cycles(arch, tile_load)
-    tail = vector_tile + cost.dma_cycles(arch, out_bytes)
     bubble = 0 if init_folded else (tiles - 1) * (2 * vector_tile + array_fill)
     # With two buffers, each buffer in turn is loaded (latency, then transfer) and then computed
-    # on before it can be loaded again: two steps take at least latency + transfer + compute.
-    # Short steps, or steps whose loads take as long as their GEMM, wait for the DMA: a row tile
-    # cut to a few rows, or a thin conv2d tile reloading its weights every step.
-    step = arch.dma_latency + cost.dma_transfer_cycles(arch, tile_load) + gemm
-    busiest = max(compute, load, store, vector, tiles * steps * -(-step // 2))
-    return busiest + bubble + prologue + tail
+    # on before it can be loaded again: two steps take at least latency + transfer + compute (the
+    # "load" round trip). Short steps, or steps whose loads take as long as their GEMM, wait for
+    # the DMA: a row tile cut to a few rows, or a thin conv2d tile reloading its weights every step.
+    return cost.double_buffered_cycles(arch, cost.BufferedLoop(
+        tiles * steps, cost.dma_transfer_cycles(arch, tile_load), (gemm,), 0,
+        last_store=cost.dma_transfer_cycles(arch, out_bytes), last_work=vector_tile,
+        others=max(compute, load, store, vector), stalls=bubble, round_trips=("load",), whole_last_step=True)).total
 
 
 @functools.lru_cache(maxsize=1 << 16)

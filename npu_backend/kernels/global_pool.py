@@ -34,7 +34,7 @@ from .dynamic import CUT_PARAMS, batch_extent, dim_var
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.vector_unit import PoolWindow, pool_value
 from .operands import kernel_prim_func, padded, stored
-from .pool_tiles import channel_candidates, period
+from .pool_tiles import channel_candidates
 from .spec import KernelSpec, Tiling, aligned, round_up
 
 #: Block sides tried along each axis (a static axis smaller than a side is taken whole). The
@@ -167,7 +167,8 @@ def choose_global_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     def block(bh: int, bw: int, tn: int) -> int:
         """Cycles between blocks of bh x bw pixels: its load, or half the round trip of its
         buffer (load with the DMA latency, POOL, ELTWISE add) when that is longer."""
-        return period(cost.dma_transfer_cycles(arch, bh * bw * tn * size), pool_and_add(bh, bw, tn), 0, arch)
+        return cost.buffered_step_cycles(arch, cost.BufferedLoop(
+            1, cost.dma_transfer_cycles(arch, bh * bw * tn * size), (pool_and_add(bh, bw, tn),)))
 
     def split(extent: int, side: int, sym: bool) -> tuple:
         """(whole blocks, pixels of the cut last one) along an axis; a static axis's last block
@@ -191,7 +192,9 @@ def choose_global_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
         finish = cost.vector_cycles(arch, 1, tn) + cost.eltwise_cycles(arch, tn, tn) + \
             cost.dma_transfer_cycles(arch, tn * size) + stalls * pool_and_add(bh, bw, tn)
         first = cost.dma_transfer_cycles(arch, min(bh, ih) * min(bw, iw) * tn * size)
-        return n * -(-channels // tn) * (blocks + finish) + 2 * arch.dma_latency + first
+        # the loop's tail (the last block's work, its multiply and store) is in `finish`
+        return cost.double_buffered_cycles(arch, cost.BufferedLoop(
+            n * -(-channels // tn), first, steady=n * -(-channels // tn) * (blocks + finish), last_work=0)).total
 
     @functools.cache
     def static(side: int) -> int:
@@ -203,8 +206,9 @@ def choose_global_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
                 break
             load = cost.dma_transfer_cycles(arch, ih * iw * tn * size)
             store = cost.dma_transfer_cycles(arch, tn * size)
-            each = period(load, cost.pool_cycles(arch, ih * iw * tn), store, arch)
-            total = n * -(-channels // tn) * each + 2 * arch.dma_latency + load + store
+            total = cost.double_buffered_cycles(arch, cost.BufferedLoop(
+                n * -(-channels // tn), load, (cost.pool_cycles(arch, ih * iw * tn),), store, last_work=0,
+                whole_last_step=True)).total
             best = total if best is None else min(best, total)
         return best
 

@@ -211,12 +211,12 @@ def _choose_block_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
             shape = block
             for axis, (_, outputs) in zip(axes, combination):
                 shape = _with(shape, axis, outputs)
-            total += tiles * math.prod(count for count, _ in combination) * period(*commands(shape, tn), arch)
+            total += tiles * math.prod(count for count, _ in combination) * \
+                cost.buffered_step_cycles(arch, _loop(1, *commands(shape, tn)))
         first = block
         for axis in axes:
             first = _with(first, axis, min(block[axis], extent))
-        load, _, store = commands(first, tn)
-        return total + 2 * arch.dma_latency + load + store
+        return cost.double_buffered_cycles(arch, _loop(tiles, *commands(first, tn), steady=total)).total
 
     # Powers of two: up to the first at or past the bound along one axis, up to the bound when
     # both are symbolic.
@@ -275,12 +275,16 @@ def _banks(spec: KernelSpec, arch: HardwareDescription, rows: int, cols: int, ch
 def _estimate_cycles(tiles: int, load_bytes: int, store_bytes: int, taps: int, arch: HardwareDescription,
                      load_slowdown=1, store_slowdown=1) -> int:
     """First-order cycles of a tiled pooling kernel, each command priced by the simulator's cost
-    model (cgra_sim.cost): the busiest unit per tile, or, with two copies of each buffer, half of a buffer's round trip
-    (a window is loaded, with the DMA latency, then pooled before the load two tiles later can
-    reuse it; an output is pooled, then stored, with the latency, before it is written again);
-    plus the first load and the last store."""
-    load, vector, store = _commands(load_bytes, store_bytes, taps, arch, load_slowdown, store_slowdown)
-    return tiles * period(load, vector, store, arch) + 2 * arch.dma_latency + load + store
+    model (cgra_sim.cost), the tiles a double-buffered loop of window load, POOL and store
+    (`_loop`)."""
+    commands = _commands(load_bytes, store_bytes, taps, arch, load_slowdown, store_slowdown)
+    return cost.double_buffered_cycles(arch, _loop(tiles, *commands)).total
+
+
+def _loop(tiles: int, load: int, vector: int, store: int, steady: int | None = None) -> cost.BufferedLoop:
+    """The pool's loop of tiles: each a window load, a POOL and a store; the last tile priced as a
+    whole step, its POOL not again (the form the searches were tuned with)."""
+    return cost.BufferedLoop(tiles, load, (vector,), store, last_work=0, steady=steady, whole_last_step=True)
 
 
 def _commands(load_bytes: int, store_bytes: int, taps: int, arch: HardwareDescription, load_slowdown=1,
@@ -288,9 +292,3 @@ def _commands(load_bytes: int, store_bytes: int, taps: int, arch: HardwareDescri
     """Cycles of a tile's window load, POOL and store (cgra_sim.cost)."""
     return (cost.dma_transfer_cycles(arch, load_bytes, Fraction(load_slowdown)), cost.pool_cycles(arch, taps),
             cost.dma_transfer_cycles(arch, store_bytes, Fraction(store_slowdown)))
-
-
-def period(load: int, vector: int, store: int, arch: HardwareDescription) -> int:
-    """Cycles between tiles in steady state: the busiest unit, or half a double-buffered round trip."""
-    return max(load, vector, store, -(-(arch.dma_latency + load + vector) // 2),
-               -(-(vector + arch.dma_latency + store) // 2))

@@ -84,8 +84,7 @@ def choose_smooth_tiling(spec: SmoothSpec, arch: HardwareDescription):
     multiplies = spec.kind != "sigmoid"
 
     def tile_cycles(elements: int) -> int:  # scratchpad bytes: each input read and the output written
-        work = sum(p.latency + cost.fabric_steady_cycles(arch, elements, p.lanes, p.ii,
-                                                         (12 if reads_b(nodes) else 8) * elements)
+        work = sum(cost.fabric_run_cycles(arch, p, elements, (12 if reads_b(nodes) else 8) * elements)
                    for p, nodes in zip(programs, passes(spec.kind)))
         return work + (cost.eltwise_cycles(arch, elements, 2 * elements) if multiplies else 0)
 

@@ -120,11 +120,10 @@ def fastest_tiling(spec, arch: HardwareDescription, tile_cycles) -> Tiling:
         m, n = (min(tm, rows), min(tn, cols)) if cut else (tm, tn)
         tiles = -(-rows // tm) * -(-cols // tn)
         transfer = cost.dma_transfer_cycles(arch, m * n * size)
-        body = work(m * n)
         # With two buffers a tile's load waits for the body of the tile two back, and the body
         # of a tile for its load's latency: two tiles take at least latency + transfer + body.
-        step = max(transfer, body, (arch.dma_latency + transfer + body) / 2)
-        return 2 * (arch.dma_latency + transfer) + body + (tiles - 1) * step
+        return cost.double_buffered_cycles(arch, cost.BufferedLoop(
+            tiles, transfer, (work(m * n),), transfer, round_trips=("load",))).total
 
     operand = spec.operand
     if not operand.extents:
