@@ -221,8 +221,9 @@ class BufferedLoop:
         extent's cut last block: the caller sums each kind's `step`), replacing steps * step.
     round_trips: the buffer round trips (ROUND_TRIPS) that bound a step beside the busiest unit.
     whole_last_step: price the last step as a whole steady step (then last_work follows it)
-        rather than as its work: the coarser form the pool, depthwise and separable searches
-        were tuned with (an estimate one step longer; their tiles stay what they were).
+        rather than as its work: the coarser form the GEMM, pool, symbolic depthwise and
+        separable searches were tuned with (the plain tail picks slower tiles for some of them;
+        each says which).
     """
 
     steps: int
