@@ -64,8 +64,10 @@ CASES = {
     "depthwise": [lambda: conv2d_model(1, 32, 16, 16, 32, 3, 3, pad=(1, 1, 1, 1), groups=32)[:2],
                   lambda: conv2d_model(1, 64, 8, 8, 64, 3, 3, stride=(2, 2), pad=(1, 1, 1, 1), groups=64)[:2]],
     "pool": [lambda: pool_model("max", 1, 32, 16, 16, (3, 3), (2, 2), (1, 1, 1, 1))[:2],
-             lambda: pool_model("avg", 1, 64, 8, 8, (2, 2), (2, 2))[:2]],
-    "global_pool": [lambda: _symbolic(lambda: bench_dynamic.global_square(64), 12)],
+             lambda: pool_model("avg", 1, 64, 8, 8, (2, 2), (2, 2))[:2],
+             lambda: _one_op(lambda x: relax.op.mean(x, axis=[2, 3]), (1, 96, 7, 7))],
+    "global_pool": [lambda: _symbolic(lambda: bench_dynamic.global_square(64), 12),
+                    lambda: _symbolic(lambda: bench_dynamic.global_square(32), 9)],
     "eltwise": [lambda: eltwise_model("add", (1, 32, 16, 16), (1, 32, 16, 16))[:2],
                 lambda: eltwise_model("multiply", (64, 100), (1, 100))[:2]],
     "unary": [lambda: _one_op(relax.op.nn.relu, (1, 16, 32, 32)),
@@ -135,10 +137,12 @@ BOUNDS = {
     # The static search leaves the buffers' round trips out and prices the last tile as a whole
     # step (each of the other forms picks a slower tile somewhere: kernels/depthwise.py).
     "depthwise": 0.04,
-    # The last tile is priced as a whole step (its POOL not again): up to 4% over (what the
-    # searches were tuned with; the canonical tail picks slower tiles for SqueezeNet's pools).
-    "pool": 0.04,
-    "global_pool": 0.04,
+    # The last tile is priced as a whole step (its POOL not again): over by up to a step, most
+    # with few tiles (a 7 x 7 global mean of 96 channels on cgra-8x8: 6%; the symbolic global
+    # pool's 9 x 9 image on cgra-8x8: 7.5%). The form the searches were tuned with: the plain
+    # tail picks slower tiles for SqueezeNet's pools (kernels/pool_tiles.py).
+    "pool": 0.06,
+    "global_pool": 0.08,
     "eltwise": 0.01,
     # The FABRIC bodies' configuration loads (once per kernel, the same for every tiling) are not
     # in the estimate: a sigmoid's three bodies on cgra-8x8 are exactly those 576 cycles (5%) under.
@@ -184,8 +188,11 @@ def test_a_short_step_waits_for_its_buffers_round_trip():
     assert step(arch, cost.BufferedLoop(4, 3, (2,), 1)) == -(-(latency + 3 + 2) // 2)
     assert step(arch, cost.BufferedLoop(4, 1, (2,), 3, round_trips=("store",))) == -(-(2 + latency + 3) // 2)
     assert step(arch, cost.BufferedLoop(4, 3, (2,), 1, round_trips=())) == 3
-    assert step(arch, cost.BufferedLoop(4, 3, (2, 4), 1, round_trips=("chain",))) == \
-        max(4, -(-(2 * latency + 3 + 6 + 1) // 2))
+    # two work stages (a DEPTHWISE, then its EPILOGUEs): the input buffer is free after the first
+    assert step(arch, cost.BufferedLoop(4, 30, (2, 40), 1, round_trips=("load",))) == \
+        max(40, -(-(latency + 30 + 2) // 2))
+    assert step(arch, cost.BufferedLoop(4, 1, (2, 40), 30, round_trips=("store",))) == \
+        max(40, -(-(2 + 40 + latency + 30) // 2))
 
 
 def test_the_coarser_forms_and_work_outside_the_steps():

@@ -194,14 +194,12 @@ def fabric_config_cycles(arch: HardwareDescription, config_bytes: int) -> int:
 # ------------------------------------------------------------------ double-buffered loops
 
 #: The buffer round trips that can bound a double-buffered step (two copies of a buffer: the
-#: step two later reuses it only after this step is done with it):
+#: step two later reuses it only after this step is done with it; timing.py's scoreboard):
 #:   "load"   the input buffer: its load (DMA latency + transfer), then the first work stage
 #:            reading it          -> (dma_latency + load + work[0]) / 2 a step
 #:   "store"  the output buffer: the work stages writing it, then its store (latency +
 #:            transfer) reading it -> (sum(work) + dma_latency + store) / 2
-#:   "chain"  one buffer for the whole step (load, work, store) -> (2 dma_latency + load +
-#:            sum(work) + store) / 2
-ROUND_TRIPS = ("load", "store", "chain")
+ROUND_TRIPS = ("load", "store")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,9 +219,10 @@ class BufferedLoop:
         extent's cut last block: the caller sums each kind's `step`), replacing steps * step.
     round_trips: the buffer round trips (ROUND_TRIPS) that bound a step beside the busiest unit.
     whole_last_step: price the last step as a whole steady step (then last_work follows it)
-        rather than as its work: the coarser form the GEMM, pool, symbolic depthwise and
-        separable searches were tuned with (the plain tail picks slower tiles for some of them;
-        each says which).
+        rather than as its work: the coarser form the GEMM, pool, global pool, depthwise,
+        separable and inverted residual searches were tuned with (the plain tail picks slower
+        tiles for some of them; each says which). The eltwise and unary searches use the plain
+        loop, the defaults.
     """
 
     steps: int
@@ -261,8 +260,7 @@ def buffered_step_cycles(arch: HardwareDescription, loop: BufferedLoop) -> int:
     """Cycles between steps in the steady state: the busiest unit, or half a buffer's round trip
     (ROUND_TRIPS) when that is longer."""
     work, latency = sum(loop.work), arch.dma_latency
-    trips = {"load": latency + loop.load + loop.work[0], "store": work + latency + loop.store,
-             "chain": 2 * latency + loop.load + work + loop.store}
+    trips = {"load": latency + loop.load + loop.work[0], "store": work + latency + loop.store}
     return max(loop.load, *loop.work, loop.store, *(_ceil(trips[name], 2) for name in loop.round_trips))
 
 
