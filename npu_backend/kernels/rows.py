@@ -217,14 +217,22 @@ def choose_row_tiling(spec, arch: HardwareDescription, steps) -> Tiling:
     if not fitting:
         return _long_tiling(spec, arch, steps, kinds)
 
-    def estimate(tm: int) -> float:
-        tiles = -(-spec.rows // tm)
-        transfer = cost.dma_transfer_cycles(arch, tm * spec.cols * 4)
-        work = step_cycles(arch, steps, kinds, tm, spec.cols)
-        return 2 * (arch.dma_latency + transfer) + work + (tiles - 1) * max(transfer, work)
-
-    tm = min(fitting, key=estimate)
+    tm = min(fitting, key=lambda tm: estimate_row_cycles(spec, arch, steps, tm, spec.cols))
     return Tiling(tm, spec.cols, 1, round_up(spec.rows, tm), spec.cols, 1)
+
+
+def estimate_row_cycles(spec, arch: HardwareDescription, steps, tm: int, tn: int) -> int:
+    """The tile search's estimate of tiles of tm rows (tn: the row, or a column tile of the
+    passes, rows_long.py): the double-buffered loop over the row tiles (cost.double_buffered_cycles),
+    loading x and the row vectors, running the steps and storing the result (a tile, or a column)."""
+    kinds = _shapes(steps, spec.row_roles)
+    if tn < spec.cols:
+        return long_cycles(arch, spec, steps, kinds, tm, tn, step_cycles)
+    load = cost.dma_transfer_cycles(arch, tm * spec.cols * 4) + \
+        len(spec.row_roles) * cost.dma_transfer_cycles(arch, spec.cols * 4)
+    store = cost.dma_transfer_cycles(arch, tm * (spec.cols if kinds[steps[-1].name] == "full" else 1) * 4)
+    work = step_cycles(arch, steps, kinds, tm, spec.cols)
+    return cost.double_buffered_cycles(arch, cost.BufferedLoop(-(-spec.rows // tm), load, (work,), store)).total
 
 
 def _long_tiling(spec, arch: HardwareDescription, steps, kinds: dict) -> Tiling:

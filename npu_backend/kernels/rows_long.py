@@ -146,18 +146,23 @@ def long_footprint(spec, steps, kinds: dict, tm: int, tn: int) -> int:
     return total + (tile if last_pass is not None else column)  # the result's second copy
 
 
-def long_cycles(arch, spec, steps, kinds: dict, tm: int, tn: int, step_cycles) -> float:
-    """Estimated cycles of the passes: per tile of tm rows, each pass's loads and steps over
-    the row's column tiles (the DMA and the vector unit overlapping), the column steps, the
-    store."""
+def long_cycles(arch, spec, steps, kinds: dict, tm: int, tn: int, step_cycles) -> int:
+    """Estimated cycles of the passes: per tile of tm rows, each pass a double-buffered loop
+    over the row's column tiles (cost.double_buffered_cycles: its loads, its steps, the last
+    pass's stores), then the reductions' folds and the column steps."""
     needs, reduce_pass, last_pass = plan(steps, kinds)
     by_name, per_row = steps_by_name(steps), 0
+    tile = cost.dma_transfer_cycles(arch, tm * tn * 4)
     for q, names in needs.items():
         in_pass = [by_name[n] for n in names if n in by_name] + [s for s in steps if reduce_pass.get(s.name) == q]
-        work = step_cycles(arch, in_pass, kinds, tm, tn)
-        per_row += (spec.cols // tn) * max(work, cost.dma_transfer_cycles(arch, tm * tn * 4)) + arch.dma_latency
+        load = tile + sum(cost.dma_transfer_cycles(arch, tn * 4) for name in spec.row_roles if name in names)
+        loop = cost.BufferedLoop(spec.cols // tn, load, (step_cycles(arch, in_pass, kinds, tm, tn),),
+                                 tile if q == last_pass else 0)
+        per_row += cost.double_buffered_cycles(arch, loop).total
+    folds = [s for s in steps if s.kind == "reduce"]
     columns = [s for s in steps if kinds[s.name] == "column" and s.kind != "reduce"]
-    per_row += step_cycles(arch, columns, kinds, tm, 1)
+    per_row += step_cycles(arch, columns, kinds, tm, 1) + sum(cost.reduce_cycles(arch, tm, spec.cols // tn)
+                                                                 for _ in folds)
     return -(-spec.rows // tm) * per_row
 
 

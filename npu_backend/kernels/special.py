@@ -61,9 +61,14 @@ def special_spec(name: str, annotated: dict) -> SpecialSpec:
     return SpecialSpec(func, read_operand(x, func), source_ops=(op,))
 
 
+def special_tile_cycles(spec: SpecialSpec, arch: HardwareDescription):
+    """cycles(elements) of a tile's VFUNC."""
+    return lambda elements: cost.vfunc_cycles(arch, elements, spec.func)
+
+
 def choose_special_tiling(spec: SpecialSpec, arch: HardwareDescription):
     """unary.fastest_tiling, a tile's work its VFUNC."""
-    return fastest_tiling(spec, arch, lambda elements: cost.vfunc_cycles(arch, elements, spec.func))
+    return fastest_tiling(spec, arch, special_tile_cycles(spec, arch))
 
 
 def special_compute(spec: SpecialSpec, tiling):
