@@ -70,6 +70,9 @@ def normalise(mod, arch, options):
     # an int32 bias and a requantisation to int8, onnxruntime's arithmetic (normalise/qdq.py);
     # first, while the quantized weights are still int8 constants under their dequantize.
     mod = canonicalize_qdq(mod)
+    # A bool cumsum counts, as PyTorch's does (normalise/bool_scans.py): as bool no target builds
+    # it, and HF's causal mask, built from constants through one, would not fold.
+    mod = bool_scans_as_counts_pass(mod)
     # Inference batch norm after a conv2d with constant weights becomes scaled weights and a
     # bias add, and the constant arithmetic importers leave around weights (bias reshapes,
     # transposed Gemm weights) is folded, with numpy in milliseconds (normalise/fold_weights.py).
@@ -94,8 +97,6 @@ def normalise(mod, arch, options):
             # A conv1d as a conv2d one pixel high, a conv3d as conv2d's over frames
             # (normalise/conv1ds.py, conv3ds.py).
             conv1ds_as_conv2ds_pass, conv3ds_as_conv2ds_pass,
-            # A bool cumsum counts, as PyTorch's does (normalise/bool_scans.py): as bool no target builds it.
-            bool_scans_as_counts_pass,
             # ONNX Sum imports as a stack and a reduction: as adds, a residual add the conv2d kernel
             # fuses or elementwise adds (normalise/sums.py).
             sums_as_adds_pass,
