@@ -44,10 +44,13 @@ from .normalise.conv1ds import conv1ds_as_conv2ds_pass
 from .normalise.conv3ds import conv3ds_as_conv2ds_pass
 from .normalise.conv_transposes import conv_transposes_as_convs_pass
 from .normalise.fold_weights import fold_remaining_constants, fold_weights, restore_kept_transposes
+from .normalise.gelus import gelus_pass
 from .normalise.large_pools import split_large_pools_pass
 from .normalise.qdq import canonicalize_qdq
 from .normalise.rewrite import scans_shared
+from .normalise.rms_norms import rms_norms_pass
 from .normalise.scalars import scalar_operands_pass
+from .normalise.softmaxes import safe_softmaxes_pass
 from .normalise.sums import sums_as_adds_pass
 from .options import CompileOptions, clear_dump, dump
 from .partition.call_tir import (PREFIX, PRIM_FUNC_ATTR, drop_unused_prim_funcs, offload_call_tir,
@@ -100,6 +103,9 @@ def normalise(mod, arch, options):
             # ONNX Sum imports as a stack and a reduction: as adds, a residual add the conv2d kernel
             # fuses or elementwise adds (normalise/sums.py).
             sums_as_adds_pass,
+            # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
+            # (normalise/rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
+            rms_norms_pass, gelus_pass, safe_softmaxes_pass,
             # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast
             # (normalise/scalars.py).
             scalar_operands_pass,
