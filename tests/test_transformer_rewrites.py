@@ -1,6 +1,6 @@
 """The normalise rewrites of transformer graphs, at the Relax level: hand-written RMSNorm as
 nn.rms_norm, hand-written tanh (and erf) GELU as nn.gelu_tanh (nn.gelu), PyTorch's safe softmax
-as nn.softmax; each checked for its structure after the
+as nn.softmax, constant negative indices counted from the end; each checked for its structure after the
 rewrite and for the same numbers as before it on target "llvm". Forms that compute something
 else are left alone.
 """
@@ -15,7 +15,9 @@ import pytest
 import tvm
 from tvm import relax
 
+from npu_backend.errors import UnsupportedOperator
 from npu_backend.normalise.gelus import gelus_as_ops
+from npu_backend.normalise.negative_indices import wrap_negative_indices
 from npu_backend.normalise.rms_norms import rms_norms_as_ops
 from npu_backend.normalise.softmaxes import safe_softmaxes_as_softmax
 
@@ -230,4 +232,33 @@ def test_a_softmax_selected_by_another_condition_is_left_alone():
         return op.where(bb.emit(op.logical_not(any_kept)), bb.emit(op.full_like(soft, _f32(0))), soft)
     after = safe_softmaxes_as_softmax(_module(build, shapes=((2, 5, 5), (2, 5, 5))))
     assert _ops(after)["logical_not"] == 2 and _ops(after)["equal"] == 1
+
+
+# -------------------------------------------------------------------------- negative indices
+
+@pytest.mark.parametrize("mode", ["fast"])
+def test_a_constant_negative_take_index_counts_from_the_end(mode):
+    # Falcon's qkv[..., [-2], :]: take(x, [-2], axis=2, mode="fast") read before the tensor
+    before = _module(lambda bb, x: op.take(x, relax.const(np.array([-2], np.int64)), axis=1, mode=mode))
+    after = wrap_negative_indices(before)
+    (take,) = [b.value for b in after["main"].body.blocks[0].bindings]
+    assert take.args[1].value.numpy().tolist() == [3]
+    np.testing.assert_array_equal(_run(after, X), X[:, [-2], :])
+
+
+def test_negative_indices_of_index_tensor_and_gather_elements_count_from_the_end():
+    rows, cols = np.array([[-1], [0]], np.int64), np.array([[-3, 2]], np.int64)
+    indexed = wrap_negative_indices(_module(lambda bb, x: op.index_tensor(
+        x, relax.Tuple([relax.const(rows), relax.const(cols)]))))
+    np.testing.assert_array_equal(_run(indexed, X), X[rows, cols])
+    picks = np.full((2, 5, 4), -1, np.int64)
+    gathered = wrap_negative_indices(_module(lambda bb, x: op.gather_elements(x, relax.const(picks), axis=2)))
+    np.testing.assert_array_equal(_run(gathered, X), np.take_along_axis(X, picks, axis=2))
+
+
+@pytest.mark.parametrize("index", [-6, 5])
+def test_a_constant_index_out_of_range_is_refused(index):
+    mod = _module(lambda bb, x: op.take(x, relax.const(np.array([0, index], np.int64)), axis=1))
+    with pytest.raises(UnsupportedOperator, match=rf"take: constant index {index} .* outside axis 1"):
+        wrap_negative_indices(mod)
 
