@@ -47,6 +47,7 @@ from .normalise.fold_weights import fold_remaining_constants, fold_weights, rest
 from .normalise.gelus import gelus_pass
 from .normalise.large_pools import split_large_pools_pass
 from .normalise.negative_indices import negative_indices_pass
+from .normalise.no_op_broadcasts import no_op_broadcasts_pass
 from .normalise.qdq import canonicalize_qdq
 from .normalise.rewrite import scans_shared
 from .normalise.rms_norms import rms_norms_pass
@@ -110,6 +111,9 @@ def normalise(mod, arch, options):
             # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
             # (normalise/rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
             rms_norms_pass, gelus_pass, safe_softmaxes_pass,
+            # A broadcast_to the shape its operand has (torch.export's expand before a batched
+            # matmul) is its operand, not a host copy (normalise/no_op_broadcasts.py).
+            no_op_broadcasts_pass,
             # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast
             # (normalise/scalars.py).
             scalar_operands_pass,

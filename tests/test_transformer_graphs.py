@@ -77,3 +77,29 @@ def _calls(mod, op_name: str) -> list:
     return [binding.value for func in mod.functions.values() if isinstance(func, relax.Function)
             for block in func.body.blocks for binding in block.bindings
             if isinstance(binding.value, relax.Call) and getattr(binding.value.op, "name", "") == op_name]
+
+
+class _WithMask(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def test_a_padding_mask_from_the_inputs_keeps_the_safe_softmax_guard_and_matches_pytorch():
+    """With an attention_mask input the mask is known only at run time: each safe softmax becomes
+    softmax plus the five-op guard (normalise/softmaxes.py), and left padding gives PyTorch's
+    numbers, no NaN, on the NPU."""
+    model, (ids,) = hf_models.build("gpt2")
+    mask = torch.ones(1, ids.shape[1], dtype=torch.int64)
+    mask[0, :5] = 0  # five padded positions on the left
+    wrapped = _WithMask(model).eval()
+    with torch.no_grad():
+        expected = wrapped(ids, mask).numpy()
+        mod = from_exported_program(torch.export.export(wrapped, (ids, mask)))
+    ops = _ops(normalise(mod, npu_backend.load_arch(ARCH), CompileOptions()))
+    assert {op: ops[op] for op in ("nn.softmax", "greater", "equal", "logical_not", "full_like", "cumsum")} == \
+        {"nn.softmax": 2, "greater": 2, "equal": 0, "logical_not": 0, "full_like": 0, "cumsum": 0}, ops
+    assert _relative_error(npu_backend.compile(mod, ARCH), (ids, mask), expected) <= 1e-5

@@ -18,6 +18,7 @@ from tvm import relax
 from npu_backend.errors import UnsupportedOperator
 from npu_backend.normalise.gelus import gelus_as_ops
 from npu_backend.normalise.negative_indices import wrap_negative_indices
+from npu_backend.normalise.no_op_broadcasts import no_op_broadcasts_removed
 from npu_backend.normalise.rms_norms import rms_norms_as_ops
 from npu_backend.normalise.softmaxes import safe_softmaxes_as_softmax
 
@@ -262,3 +263,13 @@ def test_a_constant_index_out_of_range_is_refused(index):
     with pytest.raises(UnsupportedOperator, match=rf"take: constant index {index} .* outside axis 1"):
         wrap_negative_indices(mod)
 
+
+
+# ------------------------------------------------------------------------ no-op broadcasts
+
+def test_a_broadcast_to_the_operands_own_shape_is_the_operand_and_a_real_one_stays():
+    before = _module(lambda bb, x: op.add(bb.emit(op.broadcast_to(x, SHAPE)),
+                                          bb.emit(op.broadcast_to(bb.emit(op.expand_dims(x, 0)), (3, 2, 5, 16)))))
+    after = no_op_broadcasts_removed(before)
+    assert _ops(after) == {"expand_dims": 1, "broadcast_to": 1, "add": 1}
+    _same_numbers(before, after, X)
