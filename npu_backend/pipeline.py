@@ -46,7 +46,7 @@ from .normalise.conv_transposes import conv_transposes_as_convs_pass
 from .normalise.fold_weights import fold_remaining_constants, fold_weights, restore_kept_transposes
 from .normalise.gelus import gelus_pass
 from .normalise.large_pools import split_large_pools_pass
-from .normalise.negative_indices import negative_indices_pass
+from .normalise.negative_indices import wrap_negative_indices
 from .normalise.no_op_broadcasts import no_op_broadcasts_pass
 from .normalise.qdq import canonicalize_qdq
 from .normalise.rewrite import scans_shared
@@ -85,12 +85,13 @@ def normalise(mod, arch, options):
     # A batch norm no conv2d took (after a pool or an add) becomes x * scale + shift with numpy
     # constants: two elementwise kernels instead of a host op (normalise/batch_norms.py).
     mod = batch_norms_as_scale_shift(mod)
+    # Constant negative indices count from the end (TVM reads before the tensor), before
+    # FoldConstant evaluates any such read; outside the pass list, so that an index out of range
+    # is refused as UnsupportedOperator, not a RuntimeError (normalise/negative_indices.py).
+    mod = wrap_negative_indices(mod)
     # The rewrites below run on a module that calls their operators (normalise/rewrite.py).
     with scans_shared():
         return tvm.transform.Sequential([
-            # Constant negative indices count from the end (TVM reads before the tensor), before
-            # FoldConstant evaluates any such read (normalise/negative_indices.py).
-            negative_indices_pass,
             # TVM's FoldConstant, for what fold_weights has no numpy rule for (and only if there is any).
             tvm.transform.module_pass(lambda m, _ctx: fold_remaining_constants(m), opt_level=0,
                                       name="cgra.FoldConstant"),

@@ -15,6 +15,7 @@ import pytest
 import tvm
 from tvm import relax
 
+import npu_backend
 from npu_backend.errors import UnsupportedOperator
 from npu_backend.normalise.gelus import gelus_as_ops
 from npu_backend.normalise.negative_indices import wrap_negative_indices
@@ -273,3 +274,9 @@ def test_a_broadcast_to_the_operands_own_shape_is_the_operand_and_a_real_one_sta
     after = no_op_broadcasts_removed(before)
     assert _ops(after) == {"expand_dims": 1, "broadcast_to": 1, "add": 1}
     _same_numbers(before, after, X)
+
+
+def test_compile_refuses_an_index_out_of_range_with_the_typed_error():
+    mod = _module(lambda bb, x: op.take(x, relax.const(np.array([0, 7], np.int64)), axis=1))
+    with pytest.raises(UnsupportedOperator, match="constant index 7"):
+        npu_backend.compile(mod, "cgra-8x8")

@@ -1,7 +1,7 @@
 """Constant negative indices count from the end, as in PyTorch and numpy.
 
 Stage: normalise (after fold_weights: indices computed from constants arrive as constants; before
-FoldConstant, which would evaluate the reads below at compile time). In: a Relax IRModule. Out:
+FoldConstant, which would evaluate the reads below at compile time; outside the pass list). In: a Relax IRModule. Out:
 the same module in which every constant index array of
 
     take(x, indices, axis, mode="fast")    gather_elements(x, indices, axis)
@@ -27,21 +27,23 @@ from ..errors import UnsupportedOperator
 from ..frontend.provenance import with_span
 from ..relax_info import static_shape
 from .chain_match import Chain
-from .rewrite import as_pass, rewrite_functions
+from .rewrite import called_ops, rewrite_functions
 
 _OPS = ("relax.take", "relax.gather_elements", "relax.index_tensor", "relax.gather_nd")
 
 
 def wrap_negative_indices(mod: tvm.IRModule) -> tvm.IRModule:
-    """Every constant negative index of `mod`'s index-taking ops wrapped (module docstring)."""
+    """Every constant negative index of `mod`'s index-taking ops wrapped (module docstring); an
+    out-of-range one raises UnsupportedOperator (call it outside a TVM pass, which would hand
+    the error on as a RuntimeError)."""
+    called = called_ops(mod)
+    if called is not None and called.isdisjoint(_OPS):
+        return mod
     refused = []
     rewritten = rewrite_functions(mod, lambda m: _IndexRewriter(m, refused))
     if refused:  # raised here: raised inside the mutator, TVM's FFI would make it a RuntimeError
         raise refused[0]
     return rewritten
-
-
-negative_indices_pass = as_pass(wrap_negative_indices, "cgra.WrapNegativeIndices", ops=_OPS)
 
 
 @relax.expr_functor.mutator
