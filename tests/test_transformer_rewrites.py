@@ -215,6 +215,27 @@ def test_safe_softmax_of_a_run_time_mask_keeps_zeros_for_a_row_that_is_all_minus
     assert not np.isnan(got).any() and np.all(got[0, 2] == 0)
 
 
+def test_a_boolean_run_time_mask_gets_one_guard_for_every_layer():
+    # Hugging Face's padding mask: where(b, 0, -inf) added to each layer's scores, b from the inputs
+    def build(bb, q, keep):
+        additive = bb.emit(op.where(keep, _f32(0), _f32(-np.inf)))
+        out = q
+        for _ in range(2):  # two layers, one mask
+            scores = bb.emit(op.matmul(out, bb.emit(op.permute_dims(out, [0, 2, 1]))))
+            out = bb.emit(op.matmul(bb.emit(_safe_softmax(bb, bb.emit(op.add(scores, additive)))), out))
+        return out
+    before = _module(build, shapes=((2, 5, 16), (2, 5, 5)), dtypes=["float32", "bool"])
+    after = safe_softmaxes_as_softmax(before)
+    ops = _ops(after)
+    assert {name: ops[name] for name in ("astype", "max", "greater", "where", "nn.softmax", "not_equal", "equal")} == \
+        {"astype": 1, "max": 1, "greater": 1, "where": 3, "nn.softmax": 2, "not_equal": 0, "equal": 0}, ops
+    keep = np.ones((2, 5, 5), bool)
+    keep[0, 1, :] = False  # a query that may attend to nothing
+    keep[1, :, :2] = False
+    got = _same_numbers(before, after, X[:, :, :] / 4, keep)
+    assert not np.isnan(got).any() and np.all(got[0, 1] == 0)
+
+
 def test_a_constant_mask_with_a_row_all_minus_infinity_keeps_the_guard():
     mask = CAUSAL.copy()
     mask[3] = -np.inf

@@ -14,15 +14,21 @@ torch.export writes for scaled_dot_product_attention (every layer, with or witho
   and reshapes ("finite" below), alone or plus a constant mask whose every row along the last
   axis holds a finite entry (a causal mask, ALiBi, a relative position bias). The results are
   identical: the where picks softmax's in every row.
-- otherwise (a mask computed at run time, a padding mask from the model's inputs)
+- for x = finite + where(b, c, -inf), a boolean mask b known only at run time (Hugging Face's
+  padding mask from the model's inputs) made additive: `where(kept, softmax(x, -1), 0)` with
+  kept = greater(max(astype(b, float32), -1, keepdims), 0), b's rows "some entry kept", computed
+  once for every layer that adds the same mask: one select per layer beside the softmax.
+- otherwise the same with kept computed from x itself,
 
       where(greater(max(astype(not_equal(x, -inf), float32), -1, keepdims), 0), softmax(x, -1), 0)
 
-  the same result in every row, an all -inf row's zeros included, with five operators beside
-  the softmax instead of eight, all float32 but the comparison's: the form the NPU's softmax
-  family is to take as a softmax that gives 0 for a fully masked row. (A row test on max(x)
-  alone cannot tell: TVM's max starts from the lowest finite float32, not -inf, so an all -inf
-  row's maximum is finite on the host; and Hugging Face masks with that lowest float too.)
+  five operators beside the softmax instead of eight.
+
+Each form gives PyTorch's result in every row, an all -inf row's zeros included; all float32 but
+the comparisons. It is the form the NPU's softmax family is to take as a softmax that gives 0
+for a fully masked row. (A row test on max(x) alone cannot tell: TVM's max starts from the
+lowest finite float32, not -inf, so an all -inf row's maximum is finite on the host; and
+Hugging Face masks with that lowest float too.)
 
 A matmul's result is taken to be never -inf: only an overflow of float32 can make it so, and then
 a whole row of it would have to overflow for the two forms to differ.
@@ -58,6 +64,14 @@ safe_softmaxes_pass = as_pass(safe_softmaxes_as_softmax, "cgra.SafeSoftmaxes", o
 
 @relax.expr_functor.mutator
 class _SafeSoftmaxRewriter(relax.PyExprMutator):
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.guards = {}  # a mask's bool condition -> its rows' "some entry kept", in this block
+
+    def visit_dataflow_block_(self, block):
+        self.guards = {}  # a guard emitted in one dataflow block is not visible in the next
+        return super().visit_dataflow_block_(block)
+
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
         if not (isinstance(call, relax.Call) and call.op.same_as(_WHERE)):
@@ -69,12 +83,39 @@ class _SafeSoftmaxRewriter(relax.PyExprMutator):
         x = softmax.args[0]
         if _never_all_masked(chain, x):
             return with_span(softmax, call.span)
-        entries = self.builder_.emit(relax.op.not_equal(x, relax.const(-np.inf, "float32")))
-        counted = self.builder_.emit(relax.op.astype(entries, "float32"))
-        row_max = self.builder_.emit(relax.op.max(counted, axis=[-1], keepdims=True))
-        some_entry = self.builder_.emit(relax.op.greater(row_max, relax.const(0.0, "float32")))
+        kept = _kept_condition(chain, x)
+        if kept is not None:  # one guard for every layer that adds this mask
+            if kept not in self.guards:
+                self.guards[kept] = self._some_entry(kept, lambda c: relax.op.astype(c, "float32"))
+            some_entry = self.guards[kept]
+        else:
+            some_entry = self._some_entry(x, lambda v: relax.op.astype(
+                self.builder_.emit(relax.op.not_equal(v, relax.const(-np.inf, "float32"))), "float32"))
         probabilities = self.builder_.emit(with_span(softmax, call.span))
         return with_span(relax.op.where(some_entry, probabilities, relax.const(0.0, "float32")), call.span)
+
+    def _some_entry(self, value, as_ones):
+        """greater(max(as_ones(value), -1, keepdims), 0): per row, whether any entry counts."""
+        ones = self.builder_.emit(as_ones(value))
+        row_max = self.builder_.emit(relax.op.max(ones, axis=[-1], keepdims=True))
+        return self.builder_.emit(relax.op.greater(row_max, relax.const(0.0, "float32")))
+
+
+def _kept_condition(chain: Chain, x):
+    """b when x = finite + where(b, c, -inf) with a finite scalar c (a boolean mask made additive:
+    Hugging Face's padding mask), either operand order; else None. A row of x is all -inf exactly
+    when b's row is all false."""
+    add = chain.call(x, "relax.add")
+    if add is None:
+        return None
+    for value, mask_expr in (add.args, reversed(add.args)):
+        where = chain.call(mask_expr, "relax.where")
+        if where is None or str(where.args[0].ty.dtype) != "bool" or not _finite(chain, value, _DEPTH):
+            continue
+        kept, masked = chain.scalar(where.args[1]), chain.scalar(where.args[2])
+        if kept is not None and np.isfinite(kept) and masked == -np.inf:
+            return where.args[0]
+    return None
 
 
 def _safe_softmax(chain: Chain, where):
