@@ -51,8 +51,10 @@ def _ops(mod) -> collections.Counter:
 
 
 def _run(mod, *inputs):
+    """The module's output on llvm (a tuple's as TVM returns it)."""
     vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-    return vm["main"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
+    out = vm["main"](*[tvm.runtime.tensor(x) for x in inputs])
+    return out.numpy() if hasattr(out, "numpy") else out
 
 
 def _same_numbers(before, after, *inputs, rtol=1e-6):
@@ -301,3 +303,30 @@ def test_compile_refuses_an_index_out_of_range_with_the_typed_error():
     mod = _module(lambda bb, x: op.take(x, relax.const(np.array([0, 7], np.int64)), axis=1))
     with pytest.raises(UnsupportedOperator, match="constant index 7"):
         npu_backend.compile(mod, "cgra-8x8")
+
+
+# ------------------------------------------------------------------------ symbolic lengths
+
+def test_the_rewrites_take_a_symbolic_sequence_length():
+    """A sequence length torch.export leaves symbolic (s58): only the last axis (the norm's, the
+    softmax's) and an axis a constant index reads need a static size."""
+    seq = tvm.tirx.Var("s58", "int64")
+
+    def build(bb, x, qkv):
+        normed = bb.emit(_rms(bb, x))
+        gelu = bb.emit(_new_gelu(bb, normed))
+        soft = bb.emit(_safe_softmax(bb, bb.emit(op.matmul(gelu, bb.emit(op.permute_dims(gelu, [1, 0]))))))
+        picked = bb.emit(op.take(qkv, relax.const(np.array([-2], np.int64)), axis=1, mode="fast"))
+        return relax.Tuple([soft, picked])
+    before = _module(build, shapes=((seq, 16), (seq, 3, 4)))
+    after = wrap_negative_indices(safe_softmaxes_as_softmax(gelus_as_ops(rms_norms_as_ops(before))))
+    ops = _ops(after)
+    assert {name: ops[name] for name in ("nn.rms_norm", "nn.gelu_tanh", "nn.softmax", "where", "tanh", "rsqrt")} == \
+        {"nn.rms_norm": 1, "nn.gelu_tanh": 1, "nn.softmax": 1, "where": 0, "tanh": 0, "rsqrt": 0}, ops
+    take = [b.value for b in after["main"].body.blocks[0].bindings if getattr(b.value, "op", None) is not None
+            and getattr(b.value.op, "name", "") == "relax.take"][0]
+    assert take.args[1].value.numpy().tolist() == [1]
+    x, qkv = (RNG.standard_normal(shape).astype(np.float32) for shape in ((7, 16), (7, 3, 4)))
+    expected, got = _run(before, x, qkv), _run(after, x, qkv)
+    np.testing.assert_allclose(got[0].numpy(), expected[0].numpy(), rtol=2e-6, atol=2e-6)
+    np.testing.assert_array_equal(got[1].numpy(), qkv[:, [-2], :])

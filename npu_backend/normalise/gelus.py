@@ -26,10 +26,11 @@ from __future__ import annotations
 import math
 
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from ..frontend.provenance import with_span
-from ..relax_info import dtype_of, static_shape
+from ..relax_info import dtype_of, shape_dims
 from .chain_match import Chain
 from .rewrite import as_pass, rewrite_functions
 
@@ -73,7 +74,7 @@ def _as_gelu(chain: Chain, call):
     if not any(chain.call(var, *_FORMS) is not None for var in candidates):
         return None  # no tanh or erf in reach: nothing to expand
     for leaf in candidates:
-        if static_shape(leaf) != static_shape(call) or dtype_of(leaf) != dtype_of(call):
+        if not _same_shape(leaf, call) or dtype_of(leaf) != dtype_of(call):
             continue
         expansion = _Expansion(chain, leaf)
         whole = expansion.poly(call)
@@ -83,6 +84,14 @@ def _as_gelu(chain: Chain, call):
         if _close(whole, _GELU) and _close(expansion.argument, {(power, 0): c for power, c in argument.items()}):
             return op(leaf)
     return None
+
+
+def _same_shape(a, b) -> bool:
+    """Whether `a` and `b` have one shape (symbolic dimensions the same expression)."""
+    dims_a, dims_b = shape_dims(a), shape_dims(b)
+    return dims_a is not None and dims_b is not None and len(dims_a) == len(dims_b) and \
+        all(x == y if isinstance(x, int) or isinstance(y, int) else tvm_ffi.structural_equal(x, y)
+            for x, y in zip(dims_a, dims_b))
 
 
 def _candidates(chain: Chain, call) -> list:

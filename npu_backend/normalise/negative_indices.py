@@ -25,7 +25,7 @@ from tvm import relax
 
 from ..errors import UnsupportedOperator
 from ..frontend.provenance import with_span
-from ..relax_info import static_shape
+from ..relax_info import shape_dims
 from .chain_match import Chain
 from .rewrite import called_ops, rewrite_functions
 
@@ -56,7 +56,7 @@ class _IndexRewriter(relax.PyExprMutator):
         call = self.visit_expr_post_order(call)
         if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name in _OPS):
             return call
-        shape = static_shape(call.args[0])
+        shape = shape_dims(call.args[0])  # an axis a constant index reads must be static
         if shape is None:
             return call
         try:
@@ -95,12 +95,16 @@ def _take(chain, call, shape):
     if call.attrs.axis is None or str(call.attrs.mode) != "fast":
         return None
     axis = int(call.attrs.axis) % len(shape)
+    if not isinstance(shape[axis], int):
+        return None
     indices = _wrapped(chain, call, call.args[1], shape[axis], f"axis {axis}")
     return None if indices is None else [call.args[0], indices]
 
 
 def _gather_elements(chain, call, shape):
     axis = int(call.attrs.axis) % len(shape)
+    if not isinstance(shape[axis], int):
+        return None
     indices = _wrapped(chain, call, call.args[1], shape[axis], f"axis {axis}")
     return None if indices is None else [call.args[0], indices]
 
@@ -109,7 +113,8 @@ def _index_tensor(chain, call, shape):
     fields = chain.value(call.args[1])
     if not isinstance(fields, relax.Tuple):
         return None
-    wrapped = [_wrapped(chain, call, field, shape[axis], f"axis {axis}") if axis < len(shape) else None
+    wrapped = [_wrapped(chain, call, field, shape[axis], f"axis {axis}")
+               if axis < len(shape) and isinstance(shape[axis], int) else None
                for axis, field in enumerate(fields.fields)]
     if all(w is None for w in wrapped):
         return None
@@ -122,6 +127,8 @@ def _gather_nd(chain, call, shape):
     if indices is None or indices.ndim == 0:
         return None
     depth = indices.shape[-1]
+    if not all(isinstance(extent, int) for extent in shape[batch:batch + depth]):
+        return None
     wrapped = _wrapped(chain, call, call.args[1], list(shape[batch:batch + depth]),
                        f"axes {batch}..{batch + depth - 1}")
     return None if wrapped is None else [call.args[0], wrapped]

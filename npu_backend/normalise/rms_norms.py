@@ -22,7 +22,7 @@ import tvm
 from tvm import relax
 
 from ..frontend.provenance import with_span
-from ..relax_info import dtype_of, static_shape
+from ..relax_info import dtype_of, shape_dims
 from .chain_match import Chain, last_axis_only
 from .rewrite import as_pass, rewrite_functions
 
@@ -55,11 +55,17 @@ def _core(chain: Chain, call):
     """rms_norm(x, ones) for `x * rsqrt(mean(x ** 2, -1, keepdims) + eps)`, else None."""
     for x, scale in (call.args, reversed(call.args)):
         eps = _rsqrt_of_mean_square(chain, scale, x)
-        shape = static_shape(x)
-        if eps is not None and shape is not None and static_shape(call) == shape:
-            ones = relax.const(np.ones(shape[-1:], dtype_of(x)))
+        width = _width(x)
+        if eps is not None and width is not None and len(shape_dims(call) or ()) == len(shape_dims(x)):
+            ones = relax.const(np.ones((width,), dtype_of(x)))
             return relax.op.nn.rms_norm(chain.uncast(x), ones, axes=[-1], epsilon=eps)
     return None
+
+
+def _width(expr) -> int | None:
+    """The static size of the last axis (the others may be symbolic: a sequence length), else None."""
+    dims = shape_dims(expr)
+    return dims[-1] if dims and isinstance(dims[-1], int) else None
 
 
 def _rsqrt_of_mean_square(chain: Chain, expr, x) -> float | None:
@@ -71,7 +77,7 @@ def _rsqrt_of_mean_square(chain: Chain, expr, x) -> float | None:
     for mean_expr, eps_expr in (add.args, reversed(add.args)):
         mean, eps = chain.call(mean_expr, "relax.mean"), chain.scalar(eps_expr)
         if mean is None or eps is None or not eps >= 0 or \
-                not last_axis_only(mean.attrs.axis, len(static_shape(mean) or ()), bool(mean.attrs.keepdims)):
+                not last_axis_only(mean.attrs.axis, len(shape_dims(mean) or ()), bool(mean.attrs.keepdims)):
             continue
         if _is_square_of(chain, mean.args[0], x):
             return eps
@@ -93,12 +99,11 @@ def _weighted(chain: Chain, call):
     for norm_expr, weight_expr in (call.args, reversed(call.args)):
         norm = chain.call(chain.uncast(norm_expr), "relax.nn.rms_norm")
         weight = chain.array(weight_expr)
-        if norm is None or weight is None or static_shape(call) != static_shape(norm) or \
+        if norm is None or weight is None or len(shape_dims(call) or ()) != len(shape_dims(norm) or ()) or \
                 dtype_of(norm) != dtype_of(call) or weight.dtype.name != dtype_of(call):
             continue
-        current = chain.array(norm.args[1])
-        width = static_shape(norm)[-1]
-        if current is None or not np.all(current == 1) or weight.ndim > len(static_shape(norm)) or \
+        current, width = chain.array(norm.args[1]), _width(norm)
+        if current is None or width is None or not np.all(current == 1) or weight.ndim > len(shape_dims(norm)) or \
                 weight.size != width or (weight.ndim and weight.shape[-1] != width):
             continue
         return relax.op.nn.rms_norm(norm.args[0], relax.const(weight.reshape(width)), axes=[-1],

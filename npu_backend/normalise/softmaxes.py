@@ -44,7 +44,7 @@ import tvm
 from tvm import relax
 
 from ..frontend.provenance import with_span
-from ..relax_info import static_shape
+from ..relax_info import shape_dims
 from .chain_match import Chain, last_axis_only
 from .rewrite import as_pass, rewrite_functions
 
@@ -123,8 +123,9 @@ def _safe_softmax(chain: Chain, where):
     cond, first, second = where.args
     for zeros, softmax_expr, picks_zeros_when in ((first, second, True), (second, first, False)):
         softmax = chain.call(softmax_expr, "relax.nn.softmax")
-        if softmax is None or static_shape(softmax) is None or str(softmax.ty.dtype) != "float32" or \
-                int(softmax.attrs.axis) % len(static_shape(softmax)) != len(static_shape(softmax)) - 1:
+        rank = len(shape_dims(softmax) or ()) if softmax is not None else 0
+        if softmax is None or not rank or str(softmax.ty.dtype) != "float32" or \
+                int(softmax.attrs.axis) % rank != rank - 1:
             continue
         if _is_zeros(chain, zeros) and _all_masked_test(chain, cond, softmax.args[0], picks_zeros_when):
             return relax.op.nn.softmax(softmax.args[0], axis=-1)
@@ -152,7 +153,7 @@ def _all_masked_test(chain: Chain, cond, x, all_masked: bool) -> bool:
     if all_masked:  # cond must be "some entry is not -inf", i.e. max(not(x == -inf))
         return False
     row_max = chain.call(expr, "relax.max")
-    if row_max is None or not last_axis_only(row_max.attrs.axis, len(static_shape(row_max) or ()),
+    if row_max is None or not last_axis_only(row_max.attrs.axis, len(shape_dims(row_max) or ()),
                                              bool(row_max.attrs.keepdims)):
         return False
     unmasked = chain.call(_uncast(chain, row_max.args[0]), "relax.logical_not")
