@@ -23,8 +23,8 @@ from tvm import relax  # noqa: E402
 from tvm.relax.frontend.torch import from_exported_program  # noqa: E402
 
 import npu_backend  # noqa: E402
+from npu_backend.normalise.stage import normalise  # noqa: E402
 from npu_backend.options import CompileOptions  # noqa: E402
-from npu_backend.pipeline import normalise  # noqa: E402
 
 hf_models = pytest.importorskip("hf_models", reason="transformers cannot build its models here")
 
