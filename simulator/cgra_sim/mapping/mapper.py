@@ -238,7 +238,7 @@ def _priority(graph: DataflowGraph, fabric) -> list[str]:
     """Dependence order; among ready nodes, the longest chain to a store first."""
     height: dict[str, int] = {}
     for name in reversed(graph.order()):
-        readers = [d for s, d, _, dist in graph.edges() if s == name and dist == 0]
+        readers = [d for d, _, dist in graph.readers[name] if dist == 0]
         lat = fabric.latency[graph.op_class(name)]
         height[name] = lat + max((height[r] for r in readers), default=0)
     order, placed = [], set()
@@ -325,18 +325,20 @@ def _place(graph, fabric, resources, placement, held, name, pes, horizon, ii):
     lat = fabric.latency[kind]
     inputs = [(o.source, index, o.distance) for index, o in enumerate(node.operands) if o.source in placement]
     # Placed nodes that read this value in a later iteration, and the node itself if it does.
-    readers = [(d, index, dist) for s, d, index, dist in graph.edges() if s == name and (d in placement or d == name)]
+    readers = [(d, index, dist) for d, index, dist in graph.readers[name] if d in placement or d == name]
     spare_needed = {scarce: _unplaced(graph, placement, scarce) - _free_slots(fabric, resources, scarce) + 1
                     for scarce in ("mem", "mul")}
     earliest = max((_landing(graph, fabric, placement, s)[1] - dist * ii for s, _, dist in inputs), default=0)
     latest = min((placement[d][1] + dist * ii - lat for d, _, dist in readers if d != name), default=horizon)
+    # The PEs that may take it at any cycle: the last slots of a scarce unit are kept for the
+    # operations that need it.
+    candidates = [pe for pe in pes if fabric.can_run(pe, kind) and not any(
+        need > 0 and fabric.can_run(pe, scarce) for scarce, need in spare_needed.items() if scarce != kind)]
     for cycle in range(max(earliest, 0), min(latest, earliest + ii + fabric.rows + fabric.cols) + 1):
         best, best_cost = None, None
-        for pe in pes:
-            if not fabric.can_run(pe, kind) or not resources.free("fu", pe, cycle):
+        for pe in candidates:
+            if not resources.free("fu", pe, cycle):
                 continue
-            if any(need > 0 and fabric.can_run(pe, scarce) for scarce, need in spare_needed.items() if scarce != kind):
-                continue  # the last slots of a scarce unit are kept for the operations that need it
             if not _reachable(graph, fabric, placement, held, inputs, readers, name, pe, cycle, ii):
                 continue
             if resources.work > ROUTE_BUDGET:  # a hopeless II on a large fabric: try the next
@@ -373,7 +375,8 @@ def _unplaced(graph, placement, kind: str) -> int:
 
 def _free_slots(fabric, resources, kind: str) -> int:
     """Free issue slots (per II) on the PEs that can run `kind`."""
-    return sum(resources.free("fu", pe, slot) for pe in range(fabric.num_pes) if fabric.can_run(pe, kind)
+    used = resources.used.get
+    return sum(used(("fu", pe, slot), 0) < 1 for pe in range(fabric.num_pes) if fabric.can_run(pe, kind)
                for slot in range(resources.ii))
 
 
