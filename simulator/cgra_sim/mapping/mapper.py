@@ -24,21 +24,16 @@ recorded in the mapping. $CGRA_MAPPER chooses: `auto` (the default: the fallback
 installed), `heuristic` (never the solver), `solver` (the fallback, and an error without ortools).
 Mappings (and the absence of one) are cached by (graph, fabric) fingerprints and that choice
 (with ortools' version), in the process and on disk ($CGRA_MAPPING_CACHE, "off" for none; the
-mapper's source is part of the key).
+mapper's source is part of the key); the presets' mappings ship with the package (store.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
-import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 
-from . import solver
+from . import solver, store
 from .dfg import OPS, DataflowGraph, res_mii, rec_mii
 from .mrrg import Resources, negotiated_route
 
@@ -100,45 +95,33 @@ _CACHE: dict = {}  # (graph, fabric fingerprints, mapper) -> Mapping or MappingE
 
 def map_graph(graph: DataflowGraph, fabric) -> Mapping:
     """The mapping of `graph` on `fabric` at the smallest II this mapper finds (cached in the
-    process and on disk); raises MappingError when there is none."""
+    process and on disk; a preset's read from the package, store.py); raises MappingError when
+    there is none."""
     mode = solver.mode()
     tag = solver.cache_tag(mode)
     key = (graph.fingerprint, fabric.fingerprint, tag)
     if key not in _CACHE:
-        path = _cache_file(graph, fabric, tag)
-        result = _load(path, graph, fabric) if path is not None else None
+        result = _from_data(store.shipped(graph.fingerprint, fabric.fingerprint, tag), graph, fabric)
         if result is None:
-            try:
-                result = _map(graph, fabric, mode != "heuristic" and solver.version() is not None)
-            except MappingError as error:
-                result = error
-            _store(path, result)
+            path = store.cache_file(graph.fingerprint, fabric.fingerprint, tag)
+            result = _from_data(store.read(path), graph, fabric)
+            if result is None:
+                try:
+                    result = _map(graph, fabric, mode != "heuristic" and solver.version() is not None)
+                except MappingError as error:
+                    result = error
+                store.write(path, to_data(result))
         _CACHE[key] = result
     if isinstance(_CACHE[key], MappingError):
         raise _CACHE[key]
     return _CACHE[key]
 
 
-#: Where mappings persist between processes (a mapping of a large body takes seconds on 16x16):
-#: $CGRA_MAPPING_CACHE, "off" for none, else ~/.cache/cgra_sim/mappings. One small JSON file per
-#: (graph, fabric, mapper source, mapper mode), written atomically; a file that does not read back is
-#: mapped again.
-_SOURCES = ("mapper.py", "mrrg.py", "dfg.py", "solver.py", "solver_model.py", "solver_tiles.py", "../fabric.py")
-_VERSION = hashlib.sha256(b"".join((Path(__file__).parent / name).read_bytes() for name in _SOURCES)).hexdigest()[:12]
-
-
-def _cache_file(graph: DataflowGraph, fabric, tag: str) -> Path | None:
-    where = os.environ.get("CGRA_MAPPING_CACHE", "")
-    if where.lower() == "off":
+def _from_data(data: dict | None, graph: DataflowGraph, fabric):
+    """The mapping (or the MappingError) `data` stores (to_data's), or None."""
+    if data is None:
         return None
-    root = Path(where) if where else Path.home() / ".cache" / "cgra_sim" / "mappings"
-    return root / f"{_VERSION}-{tag}-{graph.fingerprint}-{fabric.fingerprint}.json"
-
-
-def _load(path: Path | None, graph: DataflowGraph, fabric):
-    """The mapping (or the MappingError) stored at `path`, or None."""
     try:
-        data = json.loads(path.read_text())
         if "error" in data:
             return MappingError(data["error"])
         rows, cols, topology = data["region"]
@@ -149,30 +132,21 @@ def _load(path: Path | None, graph: DataflowGraph, fabric):
                        {name: tuple(at) for name, at in data["placement"].items()},
                        {(reader, index): [tuple(step) for step in chain] for reader, index, chain in data["routes"]},
                        data["seconds"], data["mapper"], tuple(data["infeasible"]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def _store(path: Path | None, result) -> None:
-    if path is None:
-        return
+def to_data(result) -> dict:
+    """A mapping (or a MappingError) as JSON data."""
     if isinstance(result, MappingError):
-        data = {"error": str(result)}
-    else:
-        region = result.fabric
-        data = {"ii": result.ii, "res_mii": result.res_mii, "rec_mii": result.rec_mii, "seconds": result.seconds,
-                "mapper": result.mapper, "infeasible": list(result.infeasible),
-                "region": [region.rows, region.cols, region.topology],
-                "placement": {name: list(at) for name, at in result.placement.items()},
-                "routes": [[reader, index, [list(step) for step in chain]]
-                           for (reader, index), chain in result.routes.items()]}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as out:
-            json.dump(data, out)
-        os.replace(out.name, path)
-    except OSError:
-        pass  # a read-only or full disk: the mapping is still cached in this process
+        return {"error": str(result)}
+    region = result.fabric
+    return {"ii": result.ii, "res_mii": result.res_mii, "rec_mii": result.rec_mii, "seconds": result.seconds,
+            "mapper": result.mapper, "infeasible": list(result.infeasible),
+            "region": [region.rows, region.cols, region.topology],
+            "placement": {name: list(at) for name, at in result.placement.items()},
+            "routes": [[reader, index, [list(step) for step in chain]]
+                       for (reader, index), chain in result.routes.items()]}
 
 
 def _map(graph: DataflowGraph, fabric, use_solver: bool = False) -> Mapping:

@@ -1,0 +1,79 @@
+"""The presets' mappings ship in the package (cgra_sim/mapping/ship.py, store.py): they are
+current, they are what the mapper computes, and the first compile of a model on a preset maps
+nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from cgra_sim import load_arch, preset_names
+from cgra_sim.fabric import Fabric
+from cgra_sim.mapping import body as bodies
+from cgra_sim.mapping import mapper, pe_array, ship, solver, store
+from cgra_sim.mapping.intrinsics import mac
+from cgra_sim.mapping.sigmoid import square
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """No disk cache, empty in-process caches (before and after)."""
+    monkeypatch.setenv("CGRA_MAPPING_CACHE", "off")
+    monkeypatch.setattr(mapper, "_CACHE", {})
+    ship._clear_caches()
+    yield
+    ship._clear_caches()
+
+
+@pytest.fixture
+def no_mapper(fresh, monkeypatch):
+    """Mapping anything fails the test."""
+    monkeypatch.setattr(mapper, "_map", lambda graph, fabric, *_: pytest.fail(f"mapped {graph.fingerprint} on "
+                                                                             f"{fabric.rows}x{fabric.cols}"))
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_the_shipped_mappings_are_current(preset):
+    """A change to the mapper, the bodies or a preset needs `python -m cgra_sim.mapping.ship` (a
+    stale file is never read: store.VERSION)."""
+    assert ship.stale(preset) is None, f"{ship.stale(preset)}: run python -m cgra_sim.mapping.ship"
+
+
+@pytest.mark.parametrize("mode", ["auto", "heuristic"])
+def test_every_shipped_body_and_cell_maps_nothing_on_a_preset(no_mapper, monkeypatch, mode):
+    monkeypatch.setenv("CGRA_MAPPER", mode)
+    for preset in preset_names():
+        arch = load_arch(preset)
+        for _, nodes, dtype in ship.BODIES:
+            try:
+                bodies.program(nodes, dtype, Fabric.of(arch))
+            except mapper.MappingError:
+                pass
+        for dtype in ship.CELL_DTYPES:
+            pe_array.program(arch, dtype)
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_a_shipped_mapping_is_what_the_mapper_computes(fresh, preset):
+    """The cells and the sigmoid's squarings (at the lanes the chip runs): read against mapped anew."""
+    fabric = Fabric.of(load_arch(preset))
+    lanes = bodies.program(square(), "float32", fabric).lanes
+    for graph in (mac("float32"), mac("int32"), bodies.graph(square(), "float32", lanes)):
+        mapper._CACHE.clear()
+        shipped = mapper.map_graph(graph, fabric)
+        assert shipped.seconds == 0.0  # read from the package, not mapped
+        computed = mapper._map(graph, fabric, solver.mode() != "heuristic" and solver.version() is not None)
+        assert (shipped.ii, shipped.length, shipped.config_bytes, shipped.placement, shipped.routes, shipped.fabric,
+                shipped.mapper, shipped.infeasible, shipped.mii) == (
+            computed.ii, computed.length, computed.config_bytes, computed.placement, computed.routes,
+            computed.fabric, computed.mapper, computed.infeasible, computed.mii)
+
+
+def test_a_stale_shipped_file_is_not_read(fresh, monkeypatch):
+    """Another mapper's file (another VERSION) would give another mapping: it is mapped instead."""
+    monkeypatch.setattr(store, "VERSION", "another")
+    store._shipped_files.cache_clear()
+    try:
+        assert store.shipped(mac("float32").fingerprint, Fabric.of(load_arch("cgra-8x8")).fingerprint, "auto") is None
+    finally:
+        monkeypatch.undo()
+        store._shipped_files.cache_clear()
