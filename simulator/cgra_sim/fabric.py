@@ -157,10 +157,11 @@ class Fabric:
 
     def hops(self, source: int, dest: int) -> int:
         """Cycles a value needs to move from `source`'s register file to `dest`'s."""
-        return self._distances[source][dest]
+        return self._hop_table[source][dest]
 
     @functools.cached_property
-    def _distances(self) -> tuple[tuple[int, ...], ...]:
+    def _hop_table(self) -> tuple[tuple[int, ...], ...]:
+        """hops(source, dest) for every pair (the mapper asks millions of times)."""
         return _distances(self.rows, self.cols, self.topology, self.hops_per_cycle)
 
     def sub_fabric(self, rows: int, cols: int) -> "Fabric":

@@ -79,7 +79,10 @@ def _mode(chosen: str, cache: Path):
             yield
     finally:
         for key, value in saved.items():
-            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+            if value is None:
+                os.environ.pop(key)
+            else:
+                os.environ[key] = value
         _clear_caches()
 
 
