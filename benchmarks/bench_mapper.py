@@ -4,6 +4,12 @@ solver proved infeasible, how many it reached where the heuristic missed), mappi
 size, II as the array grows, and the cycle-level array simulator against the mapping's own count.
 
     python benchmarks/bench_mapper.py [--random 20] [--seed 0] [--mapper both|heuristic|auto|solver]
+    python benchmarks/bench_mapper.py --bodies [--mapper heuristic] [CHIP ...]
+
+`--bodies` times what a first compile of a model with a smooth activation maps on each chip
+(default: the presets and examples/my_chip.json): GELU's four bodies (SiLU's and sigmoid's three
+among them) through body.program, every lane count it tries, with a fresh disk cache and the
+shipped mappings left unread; CPU seconds, as the machine may be shared.
 
 `--mapper both` (the default when ortools is installed) measures the heuristic alone and then the
 heuristic with the solver fallback (CGRA_MAPPER=auto); one mode measures that one. Every mapping
@@ -14,6 +20,7 @@ temporary directory per mode (so a second run does not read the first one's mapp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import shutil
@@ -132,13 +139,47 @@ def _check_cycles(fabric: Fabric, iterations: int = 32) -> list[str]:
     return lines
 
 
+def _time_bodies(chips: list[str], mode: str) -> None:
+    """CPU seconds body.program takes for the smooth activations' bodies on each chip, mapped afresh."""
+    from cgra_sim.mapping import body, sigmoid
+    try:
+        from cgra_sim.mapping.store import without_shipped
+    except ImportError:  # a mapper without shipped mappings
+        without_shipped = contextlib.nullcontext
+    os.environ["CGRA_MAPPER"] = mode
+    print(f"the smooth activations' bodies mapped afresh ({mode}): lanes / II / latency, CPU s")
+    total = 0.0
+    for chip in chips:
+        fabric = Fabric.of(load_arch(chip))
+        cells = []
+        for nodes in sigmoid.passes("gelu_tanh"):
+            with tempfile.TemporaryDirectory(prefix="bench-mapper-") as cache, without_shipped():
+                os.environ["CGRA_MAPPING_CACHE"] = cache
+                mapper._CACHE.clear()
+                body._program.cache_clear()
+                started = time.process_time()
+                program = body.program(nodes, "float32", fabric)
+                took = time.process_time() - started
+            total += took
+            cells.append(f"{program.lanes:2}/{program.ii:2}/{program.latency:3} {took:6.2f}")
+        print(f"  {os.path.basename(chip):18} " + "   ".join(cells))
+    print(f"  total {total:.1f} CPU s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--random", type=int, default=20, help="random fabrics (default 20)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mapper", choices=["both", *solver.MODES], default=None,
                         help="both (the default with ortools: heuristic, then auto), or one CGRA_MAPPER mode")
+    parser.add_argument("--bodies", nargs="*", metavar="CHIP",
+                        help="time the smooth activations' bodies on these chips (default: presets, my_chip)")
     args = parser.parse_args()
+    if args.bodies is not None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        _time_bodies(args.bodies or [*preset_names(), os.path.join(here, "..", "examples", "my_chip.json")],
+                     args.mapper if args.mapper in solver.MODES else "auto")
+        return
     choice = args.mapper or ("both" if solver.version() else "heuristic")
     modes = ["heuristic", "auto"] if choice == "both" else [choice]
     print(f"intrinsic suite: {len(INTRINSICS)} bodies ({', '.join(INTRINSICS)}); mappers: {', '.join(modes)}"
