@@ -77,3 +77,16 @@ def test_a_stale_shipped_file_is_not_read(fresh, monkeypatch):
     finally:
         monkeypatch.undo()
         store._shipped_files.cache_clear()
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_the_zoo_models_fabric_bodies_are_shipped(no_mapper, preset):
+    """Partitioning the zoo's networks with fabric bodies (hard-swish and hard-sigmoid, leaky
+    relu, SiLU) and the PE array's cell maps nothing on a preset: their bodies are ship.BODIES'."""
+    import npu_backend
+    import zoo_models
+
+    for build in (zoo_models.mobilenet_v3_small, zoo_models.tiny_yolo_v3, zoo_models.yolo_v8n):
+        placements = npu_backend.explain(npu_backend.from_onnx(build(32)), preset)
+        activations = [p for p in placements if p.op in ("sigmoid", "multiply", "nn.leakyrelu", "clip", "add")]
+        assert activations and all(p.where == "npu" for p in activations)
