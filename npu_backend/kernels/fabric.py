@@ -97,7 +97,8 @@ def choose_fabric_tiling(spec: FabricSpec, arch: HardwareDescription) -> Tiling:
     map onto the chip's fabric."""
     program = require_program(spec.body, spec.dtype, arch, " -> ".join(spec.source_ops))
     size = DType.from_name(spec.dtype).itemsize
-    return fastest_tiling(spec, arch, lambda elements: program.latency + cost.fabric_steady_cycles(
+    latency = program.latency  # read once: the search asks for hundreds of tile sizes
+    return fastest_tiling(spec, arch, lambda elements: latency + cost.fabric_steady_cycles(
         arch, elements, program.lanes, program.ii, 2 * elements * size))
 
 
