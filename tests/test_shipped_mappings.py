@@ -4,6 +4,8 @@ nothing."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from cgra_sim import load_arch, preset_names
@@ -24,6 +26,12 @@ def fresh(monkeypatch):
     ship._clear_caches()
 
 
+def served(mode: str) -> str:
+    """`mode` if the shipped files serve it here, else "heuristic" (whose mappings they always
+    hold): the fallback's mappings are for the OR-Tools version they were made with."""
+    return mode if solver.version() in (None, store.shipped_ortools()) else "heuristic"
+
+
 @pytest.fixture
 def no_mapper(fresh, monkeypatch):
     """Mapping anything fails the test."""
@@ -38,9 +46,12 @@ def test_the_shipped_mappings_are_current(preset):
     assert ship.stale(preset) is None, f"{ship.stale(preset)}: run python -m cgra_sim.mapping.ship"
 
 
-@pytest.mark.parametrize("mode", ["auto", "heuristic"])
+@pytest.mark.parametrize("mode", ["auto", "heuristic", "auto without ortools"])
 def test_every_shipped_body_and_cell_maps_nothing_on_a_preset(no_mapper, monkeypatch, mode):
-    monkeypatch.setenv("CGRA_MAPPER", mode)
+    if mode == "auto without ortools":  # the solver extra not installed: the heuristic's mappings serve
+        monkeypatch.setitem(sys.modules, "ortools", None)
+        assert solver.version() is None
+    monkeypatch.setenv("CGRA_MAPPER", served(mode.split()[0]))
     for preset in preset_names():
         arch = load_arch(preset)
         for _, nodes, dtype in ship.BODIES:
@@ -53,8 +64,10 @@ def test_every_shipped_body_and_cell_maps_nothing_on_a_preset(no_mapper, monkeyp
 
 
 @pytest.mark.parametrize("preset", preset_names())
-def test_a_shipped_mapping_is_what_the_mapper_computes(fresh, preset):
+@pytest.mark.parametrize("mode", ["auto", "heuristic"])
+def test_a_shipped_mapping_is_what_the_mapper_computes(fresh, monkeypatch, preset, mode):
     """The cells and the sigmoid's squarings (at the lanes the chip runs): read against mapped anew."""
+    monkeypatch.setenv("CGRA_MAPPER", served(mode))
     fabric = Fabric.of(load_arch(preset))
     lanes = bodies.program(square(), "float32", fabric).lanes
     for graph in (mac("float32"), mac("int32"), bodies.graph(square(), "float32", lanes)):
@@ -70,19 +83,38 @@ def test_a_shipped_mapping_is_what_the_mapper_computes(fresh, preset):
 
 def test_a_stale_shipped_file_is_not_read(fresh, monkeypatch):
     """Another mapper's file (another VERSION) would give another mapping: it is mapped instead."""
+    assert store.shipped(mac("float32").fingerprint, Fabric.of(load_arch("cgra-8x8")).fingerprint, "heuristic")
     monkeypatch.setattr(store, "VERSION", "another")
     store._shipped_files.cache_clear()
     try:
-        assert store.shipped(mac("float32").fingerprint, Fabric.of(load_arch("cgra-8x8")).fingerprint, "auto") is None
+        assert store.shipped(mac("float32").fingerprint, Fabric.of(load_arch("cgra-8x8")).fingerprint, "heuristic") is None
     finally:
         monkeypatch.undo()
         store._shipped_files.cache_clear()
 
 
+def test_the_fallbacks_mappings_serve_only_their_ortools_version():
+    """Where the heuristic misses MII, CP-SAT's mapping depends on OR-Tools' version: another
+    version maps the graph itself; the heuristic's serves CGRA_MAPPER=heuristic (and auto without
+    OR-Tools) whatever the version."""
+    for fabric, data in store._shipped_files().items():
+        version = f"ortools{data['ortools']}"
+        for graph, entries in data["mappings"].items():
+            if "any" not in entries and version in entries and "heuristic" in entries:
+                assert store.shipped(graph, fabric, f"auto-{version}") is entries[version]
+                assert store.shipped(graph, fabric, f"solver-{version}") is entries[version]
+                assert store.shipped(graph, fabric, "auto-ortools0.0") is None
+                assert store.shipped(graph, fabric, "heuristic") is entries["heuristic"]
+                assert store.shipped(graph, fabric, "auto") is entries["heuristic"]
+                return
+    pytest.skip("every shipped mapping is the heuristic's at MII: no fallback mapping to check")
+
+
 @pytest.mark.parametrize("preset", preset_names())
-def test_the_zoo_models_fabric_bodies_are_shipped(no_mapper, preset):
+def test_the_zoo_models_fabric_bodies_are_shipped(no_mapper, monkeypatch, preset):
     """Partitioning the zoo's networks with fabric bodies (hard-swish and hard-sigmoid, leaky
     relu, SiLU) and the PE array's cell maps nothing on a preset: their bodies are ship.BODIES'."""
+    monkeypatch.setenv("CGRA_MAPPER", served("auto"))
     import npu_backend
     import zoo_models
 

@@ -9,7 +9,8 @@ pe_array.program map on the way, at each lane count they try, with what the mapp
 it: the heuristic's (every mode's, where it reaches MII) and the fallback's with this OR-Tools.
 
 `--check` writes nothing: exit 1 when a file is missing or was made from other inputs (the
-mapper's sources, body.py, the bodies, the preset, OR-Tools' version).
+mapper's sources, body.py, the bodies, the preset). Another OR-Tools version needs no new files:
+theirs are the fallback's mappings for the version they name, and another maps those graphs itself.
 """
 
 from __future__ import annotations
@@ -55,10 +56,11 @@ HERE = Path(__file__).parent
 
 def inputs_hash(preset: str) -> str:
     """What a preset's file is made from: the mapper's sources, the lane choice (body.py), the
-    cell (pe_array.py, intrinsics.py), the bodies, the preset's fabric, OR-Tools' version."""
+    cell (pe_array.py, intrinsics.py), the bodies, the preset's fabric. (Not OR-Tools' version:
+    the file names the one its fallback mappings are for, and serves no other.)"""
     sources = b"".join((HERE / name).read_bytes() for name in ("body.py", "pe_array.py", "intrinsics.py"))
     text = json.dumps([store.VERSION, hashlib.sha256(sources).hexdigest(), [list(b) for b in BODIES],
-                       list(CELL_DTYPES), Fabric.of(load_arch(preset)).fingerprint, solver.version()])
+                       list(CELL_DTYPES), Fabric.of(load_arch(preset)).fingerprint])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -135,7 +137,7 @@ def make(preset: str) -> dict:
                  (("heuristic", "heuristic"), (f"ortools{version}", "auto")) if graph_fingerprint in results[chosen]}
         everyone = next((data for data in found.values() if _at_mii(data)), None)
         mappings[graph_fingerprint] = {"any": everyone} if everyone is not None else found
-    return {"version": store.VERSION, "inputs": inputs_hash(preset), "preset": preset,
+    return {"version": store.VERSION, "inputs": inputs_hash(preset), "preset": preset, "ortools": version,
             "fabric": Fabric.of(load_arch(preset)).fingerprint, "mappings": mappings}
 
 
@@ -147,8 +149,7 @@ def stale(preset: str) -> str | None:
     except (OSError, ValueError):
         return f"{path} is missing or does not read"
     if data.get("inputs") != inputs_hash(preset):
-        return (f"{path} was made from other inputs (the mapper's sources, body.py, the bodies, the preset or "
-                f"OR-Tools' version changed)")
+        return f"{path} was made from other inputs (the mapper's sources, body.py, the bodies or the preset changed)"
     return None
 
 

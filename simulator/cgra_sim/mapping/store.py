@@ -53,11 +53,16 @@ def variants(tag: str) -> tuple[str, ...]:
     return ("any", f"ortools{ortools}") if ortools else ("any", "heuristic")
 
 
+def shipped_ortools() -> str | None:
+    """The OR-Tools version the shipped fallback mappings are for (None without shipped files)."""
+    return next((data.get("ortools") for data in _shipped_files().values()), None)
+
+
 def shipped(graph_fingerprint: str, fabric_fingerprint: str, tag: str) -> dict | None:
     """The shipped data of the graph's mapping on the fabric for a mapper with `tag`, or None."""
     if not _shipping["on"]:
         return None
-    entries = _shipped_files().get(fabric_fingerprint, {}).get(graph_fingerprint)
+    entries = _shipped_files().get(fabric_fingerprint, {}).get("mappings", {}).get(graph_fingerprint)
     if entries is None:
         return None
     return next((entries[key] for key in variants(tag) if key in entries), None)
@@ -65,7 +70,8 @@ def shipped(graph_fingerprint: str, fabric_fingerprint: str, tag: str) -> dict |
 
 @functools.cache
 def _shipped_files() -> dict[str, dict]:
-    """fabric fingerprint -> {graph fingerprint: {variant: data}}, from the files this mapper wrote."""
+    """fabric fingerprint -> its file's data ({"mappings": {graph fingerprint: {variant: data}},
+    "ortools": ...}), from the files this mapper wrote."""
     found = {}
     for path in sorted(SHIPPED.glob("*.json")):
         try:
@@ -73,7 +79,7 @@ def _shipped_files() -> dict[str, dict]:
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and data.get("version") == VERSION:
-            found[data["fabric"]] = data["mappings"]
+            found[data["fabric"]] = data
     return found
 
 
