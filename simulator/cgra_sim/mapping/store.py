@@ -4,10 +4,11 @@ Stage: mapping (mapper.map_graph's caches). In: a (graph, fabric) fingerprint pa
 mapper's cache tag (solver.cache_tag). Out: the JSON data of a mapping (or of its absence:
 {"error": ...}), which mapper.py turns back into a `Mapping`; no tvm, no mapping of its own.
 
-Shipped mappings: cgra_sim/presets/mappings/<preset>.json holds, for every graph the compiler
-can ask for on that preset (the bodies ship.py lists, at every lane count body.program tries, and
-the PE array's systolic cell), what the mapper computes for it, so the first compile of a model
-on a preset maps nothing. `python -m cgra_sim.mapping.ship` writes them; a file is used only when
+Shipped mappings: cgra_sim/presets/mappings/<preset>.json holds, for the graphs the compiler asks
+for on that preset for the activations models use (the bodies ship.py lists, at every lane count
+body.program tries) and for every GEMM (the PE array's systolic cell), what the mapper computes
+for each, so the first compile of such a model on a preset maps nothing (another chain maps once
+and goes to the disk cache). `python -m cgra_sim.mapping.ship` writes them; a file is used only when
 it was written by this mapper's sources (VERSION), so a stale file costs time, never a different
 mapping; tests/test_shipped_mappings.py checks they are current. A mapping the heuristic found at
 MII is the same whatever $CGRA_MAPPER says (`any`); else the file holds the heuristic's (for
