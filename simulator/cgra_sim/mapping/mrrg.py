@@ -157,7 +157,6 @@ def _advance(resources, best, layer, there, moves, to_dest, cycle, left, pending
                 layer[nxt] = (step, came_from)
 
 
-
 def _moves(fabric, dest: int):
     """Per PE, where a value in its register file may be a cycle later: ((pe, ()), (neighbour,
     the links the move uses), ...), staying first, a link as (its number, (source, dest)); and
