@@ -110,7 +110,7 @@ def map_graph(graph: DataflowGraph, fabric) -> Mapping:
                     result = _map(graph, fabric, mode != "heuristic" and solver.version() is not None)
                 except MappingError as error:
                     result = error
-                store.write(path, to_data(result))
+                store.write(path, _to_data(result))
         _CACHE[key] = result
     if isinstance(_CACHE[key], MappingError):
         raise _CACHE[key]
@@ -118,7 +118,7 @@ def map_graph(graph: DataflowGraph, fabric) -> Mapping:
 
 
 def _from_data(data: dict | None, graph: DataflowGraph, fabric):
-    """The mapping (or the MappingError) `data` stores (to_data's), or None."""
+    """The mapping (or the MappingError) `data` stores (_to_data's), or None."""
     if data is None:
         return None
     try:
@@ -136,7 +136,7 @@ def _from_data(data: dict | None, graph: DataflowGraph, fabric):
         return None
 
 
-def to_data(result) -> dict:
+def _to_data(result) -> dict:
     """A mapping (or a MappingError) as JSON data."""
     if isinstance(result, MappingError):
         return {"error": str(result)}
