@@ -57,6 +57,7 @@ from .partition.pattern_ops import ModuleCalls, can_match
 from .partition.plans import fingerprint, grouped_patterns, plan_payload, read_plan
 from .partition.scalar_args import bind_scalar_arguments
 from .partition.source_nodes import record_source_nodes
+from .device.host_costs import with_host_costs
 from .device.host_ops import host_ops_to_runtime, with_host_anchor
 from .device.kernel_cache import PLAN_SUFFIX, default_kernel_cache, kernel_key
 from .device.weights import hold_weights
@@ -432,6 +433,7 @@ def cgra_pipeline(arch: HardwareDescription, options: CompileOptions = CompileOp
             # LegalizeOps' reshapes that RewriteDataflowReshape made views again are called by
             # nothing: LLVM compiled them for nothing (ShuffleNetV2's seven, 30 ms).
             made = {gvar.name_hint for gvar in built.functions} - {gvar.name_hint for gvar in mod.functions}
-            return drop_unused_prim_funcs(built, made)
+            # What each host operator costs, for profiles to model the host's time (device/host_costs.py).
+            return with_host_costs(drop_unused_prim_funcs(built, made), arch)
 
     return pipeline

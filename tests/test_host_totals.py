@@ -1,0 +1,149 @@
+"""The host's side of a profile (npu_backend/device/host_calls.py, host_costs.py): host calls with
+modelled cycles and measured time, host/NPU crossings with their bytes, the NPU's share of the run;
+the same from a library exported and loaded in a fresh process."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import relax as R
+
+import npu_backend
+from cgra_sim.host import default_host, host_call_cycles
+from npu_backend.device.host_costs import TRANSCENDENTAL_OPS, host_ops_per_element
+from npu_backend.tools.workloads import relax_module
+
+SHAPES = [(16, 32), (32, 16), (32, 8)]
+
+
+def _bounce(bb, x, w1, w2):
+    """matmul (NPU) -> softmax (host) -> reshape (a view) -> concat (the runtime's host copy) ->
+    matmul (NPU). By hand: the first matmul's 16x16 float32 output crosses to the host (1024
+    bytes), the concat's 32x32 output crosses back (2048 bytes); the reshape is the softmax's
+    memory seen anew, on the host already. 2 crossings, 3072 bytes."""
+    y = bb.emit(relax.op.matmul(x, w1))
+    s = bb.emit(relax.op.nn.softmax(y))
+    r = bb.emit(relax.op.reshape(s, (8, 32)))
+    c = bb.emit(relax.op.concat([r, r], axis=0))
+    return bb.emit(relax.op.matmul(c, w2))
+
+
+def _inputs():
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(shape).astype("float32") for shape in SHAPES]
+
+
+def _bounce_module():
+    return relax_module([(name, shape, "float32") for name, shape in zip(("x", "w1", "w2"), SHAPES)], _bounce)
+
+
+def _profiled(ex, inputs):
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    with npu_backend.profile() as prof:
+        vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
+    return prof
+
+
+@pytest.fixture(scope="module")
+def bounce():
+    return npu_backend.compile(_bounce_module())
+
+
+def test_host_calls_crossings_and_share_counted_by_hand(bounce):
+    prof = _profiled(bounce, _inputs())
+    assert [call.name for call in prof.host_calls] == ["softmax", "cgra.host.concat"]
+    softmax, concat = prof.host_calls
+    # softmax: max, subtract, exp, add, divide per element; reads and writes 16x16 float32.
+    assert softmax.ops == 16 * 16 * (4 + TRANSCENDENTAL_OPS) and softmax.bytes == 2 * 1024
+    # concat: the runtime's copy, no arithmetic; reads the view once, writes 32x32.
+    assert concat.ops == 0 and concat.bytes == 1024 + 2048
+    host, arch = default_host(), npu_backend.load_arch("cgra-8x8")
+    for call in prof.host_calls:
+        modelled = host_call_cycles(host, call.ops, call.bytes)
+        assert call.host_clock_cycles == round(modelled)
+        assert call.cycles == round(modelled * arch.clock_mhz / host["clock_mhz"]) and call.seconds > 0
+    assert prof.host_cycles == softmax.cycles + concat.cycles > 0
+    assert prof.host_op_seconds == pytest.approx(softmax.seconds + concat.seconds)
+    assert [(c.source, c.destination, c.reader, c.bytes) for c in prof.crossing_records] == [
+        ("npu", "host", "softmax", 1024), ("host", "npu", prof.kernels[1].name, 2048)]
+    assert prof.crossings == 2 and prof.crossing_bytes == 3072
+    assert prof.npu_share == pytest.approx(prof.total_cycles / (prof.total_cycles + prof.host_cycles))
+    report = json.loads(prof.to_json())
+    assert {key: report[key] for key in ("host_cycles", "crossings", "crossing_bytes")} == \
+        {"host_cycles": prof.host_cycles, "crossings": 2, "crossing_bytes": 3072}
+    assert report["total_cycles"] == prof.total_cycles and len(report["host_calls"]) == 2
+    assert "2 host/NPU crossings, 3072 bytes" in prof.table().splitlines()[-1]
+
+
+def test_a_second_run_counts_the_same_and_a_run_outside_a_profile_nothing(bounce):
+    vm = relax.VirtualMachine(bounce, tvm.cpu())
+    inputs = [tvm.runtime.tensor(a) for a in _inputs()]
+    vm["main"](*inputs)  # no profile open: the instrument returns at once
+    with npu_backend.profile() as prof:
+        vm["main"](*inputs)
+        vm["main"](*inputs)
+    assert prof.crossings == 4 and prof.crossing_bytes == 6144 and len(prof.host_calls) == 4
+
+
+def test_an_all_npu_model_has_no_host_cycles_and_no_crossings():
+    mod = relax_module([("x", (16, 32), "float32"), ("w", (32, 16), "float32")],
+                       lambda bb, x, w: bb.emit(relax.op.nn.relu(bb.emit(relax.op.matmul(x, w)))))
+    rng = np.random.default_rng(1)
+    prof = _profiled(npu_backend.compile(mod), [rng.standard_normal(s).astype("float32") for s in ((16, 32), (32, 16))])
+    assert prof.total_cycles > 0 and prof.host_calls == [] and prof.host_cycles == 0
+    assert prof.crossings == 0 and prof.npu_share == 1.0
+
+
+def test_the_chip_files_host_table_sets_the_modelled_cycles():
+    arch = npu_backend.load_arch("cgra-8x8")
+    slow = dict(default_host(), clock_mhz=750.0, call_overhead_cycles=0.0)
+    slow_arch = dataclasses.replace(arch, name="slow-host", host=slow)
+    ex = npu_backend.compile(_bounce_module(), slow_arch)
+    prof = _profiled(ex, _inputs())
+    softmax = prof.host_calls[0]
+    modelled = host_call_cycles(slow, softmax.ops, softmax.bytes)
+    assert softmax.host_clock_cycles == round(modelled) and softmax.cycles == round(modelled * 800 / 750)
+
+
+@tvm.script.ir_module
+class _Softmax:
+    @R.function
+    def main(x: R.Tensor(("n", 4), "float32")):
+        return R.nn.softmax(x)
+
+
+def test_operations_per_element_are_counted_from_the_tir():
+    """A symbolic extent counts at a representative size; the ratio does not depend on it."""
+    built = relax.get_pipeline("default_build")(_Softmax)
+    assert host_ops_per_element(built) == {"softmax": 4 + TRANSCENDENTAL_OPS}
+
+
+FRESH_PROCESS = """
+import json, sys
+import numpy as np, tvm, npu_backend
+vm = tvm.relax.VirtualMachine(tvm.runtime.load_module(sys.argv[1]), tvm.cpu())
+data = np.load(sys.argv[2])
+with npu_backend.profile() as prof:
+    vm["main"](*[tvm.runtime.tensor(data[f"arr_{i}"]) for i in range(len(data.files))])
+print(json.dumps([prof.total_cycles, [(c.name, c.cycles, c.ops, c.bytes) for c in prof.host_calls],
+                  prof.crossings, prof.crossing_bytes]))
+"""
+
+
+def test_an_exported_library_reports_the_same_in_a_fresh_process(bounce, tmp_path):
+    prof = _profiled(bounce, _inputs())
+    bounce.export_library(str(tmp_path / "model.so"))
+    np.savez(tmp_path / "inputs.npz", *_inputs())
+    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(tmp_path / "model.so"),
+                           str(tmp_path / "inputs.npz")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    total, calls, crossings, crossing_bytes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert total == prof.total_cycles and crossings == 2 and crossing_bytes == 3072
+    assert [tuple(call) for call in calls] == [(c.name, c.cycles, c.ops, c.bytes) for c in prof.host_calls]
