@@ -18,6 +18,7 @@ from tvm.script import relax as R
 import npu_backend
 from cgra_sim.host import default_host, host_call_cycles
 from npu_backend.device.host_costs import TRANSCENDENTAL_OPS, host_ops_per_element
+from npu_backend.tools.layers import format_layers, model_layers
 from npu_backend.tools.workloads import relax_module
 
 SHAPES = [(16, 32), (32, 16), (32, 8)]
@@ -80,6 +81,23 @@ def test_host_calls_crossings_and_share_counted_by_hand(bounce):
         {"host_cycles": prof.host_cycles, "crossings": 2, "crossing_bytes": 3072}
     assert report["total_cycles"] == prof.total_cycles and len(report["host_calls"]) == 2
     assert "2 host/NPU crossings, 3072 bytes" in prof.table().splitlines()[-1]
+
+
+def test_the_layer_table_gives_host_layers_their_modelled_cycles(bounce):
+    prof = _profiled(bounce, _inputs())
+    layers = model_layers(npu_backend.explain(_bounce_module()), prof.kernels, prof.host_calls)
+    softmax, concat = prof.host_calls
+    assert [(layer["ops"], layer["where"], layer["kernel"], layer["cycles"]) for layer in layers] == [
+        (["matmul"], "npu", prof.kernels[0].name, prof.kernels[0].cycles),
+        (["nn.softmax"], "host", "softmax", softmax.cycles),
+        (["reshape"], "host", "", 0),  # a view: no call
+        (["concat"], "host", "cgra.host.concat", concat.cycles),
+        (["matmul"], "npu", prof.kernels[1].name, prof.kernels[1].cycles)]
+    assert layers[1]["seconds"] == softmax.seconds
+    table = format_layers(layers).splitlines()
+    assert table[-3].split()[-2] == str(prof.total_cycles)  # the NPU's total, as before
+    assert table[-2].split()[-1] == str(prof.host_cycles)
+    assert table[-1].split() == ["whole", "run", str(prof.total_cycles + prof.host_cycles)]
 
 
 def test_a_second_run_counts_the_same_and_a_run_outside_a_profile_nothing(bounce):
@@ -147,3 +165,48 @@ def test_an_exported_library_reports_the_same_in_a_fresh_process(bounce, tmp_pat
     total, calls, crossings, crossing_bytes = json.loads(done.stdout.strip().splitlines()[-1])
     assert total == prof.total_cycles and crossings == 2 and crossing_bytes == 3072
     assert [tuple(call) for call in calls] == [(c.name, c.cycles, c.ops, c.bytes) for c in prof.host_calls]
+
+
+def test_host_calls_match_the_operators_they_ran_fused_ones_on_the_first():
+    from npu_backend.device.host_calls import HostCall
+    from npu_backend.tools.layers import HostMatcher
+
+    calls = [HostCall(name, cycles, cycles, 1e-6, 64, 0) for name, cycles in
+             (("fused_layer_norm_add", 30), ("softmax", 10), ("softmax1", 11), ("cast", 5), ("mystery", 7))]
+    matcher = HostMatcher(calls)
+    got = [(layer["kernel"], layer["cycles"]) for layer in
+           map(matcher.layer, ["nn.layer_norm", "add", "nn.softmax", "reshape", "nn.softmax", "astype", "tanh"])]
+    assert got == [("fused_layer_norm_add", 30), ("fused_layer_norm_add", 0), ("softmax", 10), ("", 0),
+                   ("softmax1", 11), ("cast", 5), ("", None)]
+    assert [call.name for call in matcher.unmatched()] == ["mystery"]
+
+
+def test_cgra_sim_run_json_and_table_carry_the_host_side(tmp_path, capsys):
+    """An ONNX MatMul -> Softmax -> MatMul: the softmax on the host, two crossings (16x16 and 16x16
+    float32, 1024 bytes each), its layer with its modelled cycles."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from cgra_cli.cli import main
+
+    rng = np.random.default_rng(2)
+    weights = [numpy_helper.from_array(rng.standard_normal((32, 16)).astype("float32"), "w1"),
+               numpy_helper.from_array(rng.standard_normal((16, 8)).astype("float32"), "w2")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["y"], name="mm1"),
+             helper.make_node("Softmax", ["y"], ["s"], name="sm", axis=-1),
+             helper.make_node("MatMul", ["s", "w2"], ["out"], name="mm2")]
+    graph = helper.make_graph(nodes, "bounce", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 32])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [16, 8])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    path = tmp_path / "bounce.onnx"
+    onnx.save(model, str(path))
+    assert main(["run", str(path), "--json", "--check"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["check"]["passed"] and report["crossings"] == 2 and report["crossing_bytes"] == 2048
+    (call,) = report["host_calls"]
+    assert report["host_cycles"] == call["cycles"] > 0 and report["host_op_seconds"] > 0
+    assert report["npu_share"] == pytest.approx(report["total_cycles"] / (report["total_cycles"] + call["cycles"]))
+    softmax = next(layer for layer in report["layers"] if layer["nodes"] == ["sm"])
+    assert softmax["where"] == "host" and softmax["cycles"] == call["cycles"]
+    assert "2 host/NPU crossings, 2048 bytes" in report["table"]

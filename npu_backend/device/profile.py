@@ -85,7 +85,7 @@ class Profile:
     @property
     def host_op_seconds(self) -> float:
         """The host operator calls' wall time, measured on this machine (beside `host_cycles`)."""
-        return sum(call.seconds for call in self.host_calls)
+        return sum((call.seconds for call in self.host_calls), 0.0)
 
     @property
     def crossings(self) -> int:
