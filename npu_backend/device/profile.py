@@ -140,7 +140,8 @@ class Profile:
     def host_footer(self) -> str:
         """The host's side in a line: calls, modelled cycles (at the NPU clock) and measured time,
         crossings and their bytes, the NPU's share of the whole run's cycles."""
-        return (f"host: {len(self.host_calls)} calls, {self.host_cycles} cycles modelled at the NPU clock "
+        calls = len(self.host_calls)
+        return (f"host: {calls} call{'' if calls == 1 else 's'}, {self.host_cycles} cycles modelled at the NPU clock "
                 f"({self.host_op_seconds * 1e3:.3f} ms measured here); {self.crossings} host/NPU crossings, "
                 f"{self.crossing_bytes} bytes; NPU share of the run's cycles {self.npu_share:.1%}")
 

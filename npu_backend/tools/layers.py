@@ -131,7 +131,8 @@ def format_layers(layers: list[dict]) -> str:
                  f"{'':>6} {'':>10} {energy / 1000:>9.1f}")
     host = sum(layer["cycles"] or 0 for layer in layers if layer["where"] == "host")
     calls = sum(1 for layer in layers if layer["where"] == "host" and layer["cycles"])
-    lines.append(f"{'host':<{width}}  {f'{calls} host calls, modelled':<26} {'':<26} {'':<4} {host:>10}")
+    said = f"{calls} host call{'' if calls == 1 else 's'}, modelled"
+    lines.append(f"{'host':<{width}}  {said:<26} {'':<26} {'':<4} {host:>10}")
     lines.append(f"{'whole run':<{width}}  {'':<26} {'':<26} {'':<4} {total + host:>10}")
     return "\n".join(lines)
 
