@@ -210,3 +210,27 @@ def test_cgra_sim_run_json_and_table_carry_the_host_side(tmp_path, capsys):
     softmax = next(layer for layer in report["layers"] if layer["nodes"] == ["sm"])
     assert softmax["where"] == "host" and softmax["cycles"] == call["cycles"]
     assert "2 host/NPU crossings, 2048 bytes" in report["table"]
+
+
+def test_threads_each_count_their_own_host_side(bounce):
+    import threading
+
+    results, errors = {}, []
+
+    def work(index):
+        try:
+            vm = relax.VirtualMachine(bounce, tvm.cpu())
+            inputs = [tvm.runtime.tensor(a) for a in _inputs()]
+            with npu_backend.profile() as prof:
+                for _ in range(index + 1):
+                    vm["main"](*inputs)
+            results[index] = (len(prof.host_calls), prof.crossings, prof.crossing_bytes)
+        except Exception as err:  # noqa: BLE001  (reported below, in the test's thread)
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(index,)) for index in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and results == {0: (2, 2, 3072), 1: (4, 4, 6144)}
