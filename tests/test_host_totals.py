@@ -130,6 +130,30 @@ def test_the_chip_files_host_table_sets_the_modelled_cycles():
     assert softmax.host_clock_cycles == round(modelled) and softmax.cycles == round(modelled * 800 / 750)
 
 
+def test_a_symbolic_size_counts_at_the_size_that_ran_and_shape_functions_are_not_host_calls():
+    """matmul (NPU), softmax (host), split (the runtime's), add (NPU), concat (the runtime's),
+    matmul (NPU), with n rows: crossings of n x 16 float32 to the softmax, two n x 8 halves to the
+    add, its n x 8 output to the concat and the concat's n x 16 to the last matmul."""
+    n = tvm.tirx.Var("n", "int64")
+    params = [relax.Var(name, relax.TensorType(shape, "float32"))
+              for name, shape in (("x", (n, 32)), ("w1", (32, 16)), ("w2", (16, 8)))]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            s = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.matmul(params[0], params[1]))))
+            parts = bb.emit(relax.op.split(s, 2, axis=1))
+            c = bb.emit(relax.op.add(bb.emit(relax.TupleGetItem(parts, 0)), bb.emit(relax.TupleGetItem(parts, 1))))
+            out = bb.emit_output(bb.emit(relax.op.matmul(bb.emit(relax.op.concat([c, c], axis=1)), params[2])))
+        bb.emit_func_output(out)
+    ex = npu_backend.compile(bb.get())
+    rng = np.random.default_rng(3)
+    for rows in (16, 40):
+        prof = _profiled(ex, [rng.standard_normal(shape).astype("float32") for shape in ((rows, 32), (32, 16), (16, 8))])
+        assert [call.name for call in prof.host_calls] == ["softmax", "cgra.host.split", "cgra.host.concat"]
+        assert [c.bytes // (rows * 4) for c in prof.crossing_records] == [16, 8, 8, 8, 16]
+        assert prof.host_calls[0].ops == rows * 16 * (4 + TRANSCENDENTAL_OPS)
+
+
 @tvm.script.ir_module
 class _Softmax:
     @R.function

@@ -9,7 +9,8 @@ a profile open, it
   the wall time it took here (measured), and its cycles from the chip's host table (modelled:
   `cgra_sim.host.host_call_cycles` of its arithmetic operations, per element written times the
   elements it wrote, and of the bytes of every tensor it was given), converted to the NPU's clock;
-- tells an NPU call (one during which the simulator received a kernel launch) from a host call,
+- tells an NPU call (one during which the simulator received a kernel launch) from a host call
+  (the VM's builtins and the shape functions TVM made for symbolic shapes are neither),
   and follows each tensor from the call that wrote it to the calls that read it: a tensor written
   on one side and read on the other is a crossing, counted once per side it reaches, with its
   bytes. The model's inputs and weights, written by neither, and its outputs, read by neither,
@@ -87,6 +88,7 @@ class HostObserver:
     def __init__(self, costs: dict):
         self.host = costs["host"]
         self.ops_per_element = costs["ops_per_element"]
+        self.bookkeeping = frozenset(costs["shape_functions"])
         self.to_npu_cycles = costs["npu_clock_mhz"] / self.host["clock_mhz"]
         self.run = _Run()
 
@@ -95,6 +97,8 @@ class HostObserver:
                 not profile_module.profiles_of_this_thread():
             return 0  # no profile, or a call of another Relax function (its calls are seen one by one)
         symbol = str(symbol)
+        if symbol in self.bookkeeping:
+            return 0
         if symbol.startswith(_BUILTIN):
             self._builtin(symbol, before_run, ret_value, args)
         elif before_run:

@@ -4,7 +4,8 @@ carried in the executable for profiles to model host time with (host_calls.py).
 Stage: codegen (the end of the Relax pipeline, after TVM's default build made the host PrimFuncs).
 In: the built module and the chip. Out: the module with one more Relax function,
 `__cgra_host_costs`, returning a JSON text: the chip's host table and NPU clock, and for each host
-PrimFunc the arithmetic operations it does per element it writes (counted from its TIR: every
+PrimFunc the arithmetic operations it does per element it writes, and the names of the shape
+functions TVM made (which are not the model's operators) (counted from its TIR: every
 add, multiply, max, comparison, select in a stored value one, a transcendental function such as
 exp, erf or tanh `TRANSCENDENTAL_OPS`, times the trip counts of the loops around it; index
 arithmetic is not counted). A function of the executable survives
@@ -49,12 +50,19 @@ _LOADS = (tvm.ir.TensorLoad,)  # a buffer load (its indices are not counted)
 def with_host_costs(mod: tvm.IRModule, arch: HardwareDescription) -> tvm.IRModule:
     """`mod` with `__cgra_host_costs` (see the module docstring)."""
     costs = {"version": COSTS_VERSION, "host": arch.host_cpu, "npu_clock_mhz": arch.clock_mhz,
-             "ops_per_element": host_ops_per_element(mod)}
+             "ops_per_element": host_ops_per_element(mod), "shape_functions": shape_functions(mod)}
     body = relax.SeqExpr([], relax.expr.String(json.dumps(costs, sort_keys=True)))
     func = relax.Function([], body, relax.ObjectType()).with_attr("global_symbol", HOST_COSTS)
     mod = mod.clone()
     mod[HOST_COSTS] = func
     return mod
+
+
+def shape_functions(mod: tvm.IRModule) -> list[str]:
+    """The PrimFuncs TVM made to compute symbolic shapes (VMShapeLower's): bookkeeping, like the
+    VM's builtins, not an operator of the model."""
+    return sorted(str(func.attrs.get("global_symbol", gvar.name_hint)) for gvar, func in mod.functions.items()
+                  if isinstance(func, tirx.PrimFunc) and func.attrs is not None and func.attrs.get("tirx.is_host_func"))
 
 
 def host_ops_per_element(mod: tvm.IRModule) -> dict[str, float]:
