@@ -155,12 +155,13 @@ def _nbytes(tensor) -> int:
     return math.prod(tensor.shape) * tensor.dtype.itemsize
 
 
-def host_costs_of(vm) -> dict | None:
-    """The costs `__cgra_host_costs` of the VM's executable holds (None for another executable)."""
+def host_costs_of(vm_module) -> dict | None:
+    """The costs `__cgra_host_costs` of a VM's executable holds (`vm_module`: the VM's module,
+    `VirtualMachine.module`; None for another executable)."""
     try:
-        if not vm.module.implements_function(HOST_COSTS):
+        if not vm_module.implements_function(HOST_COSTS):
             return None
-        costs = json.loads(str(vm.module[HOST_COSTS]()))
+        costs = json.loads(str(vm_module[HOST_COSTS]()))
     except (RuntimeError, AttributeError, ValueError, TypeError):
         return None
     return costs if costs.get("version") == COSTS_VERSION else None
@@ -179,7 +180,7 @@ def install_vm_instrument() -> None:
         devices = device if isinstance(device, (list, tuple)) else [device]
         if any(d.dlpack_device_type() >= RPC_SESS_MASK for d in devices):
             return  # a remote VM: its instrument would run there, where no profile is open
-        costs = host_costs_of(self)
+        costs = host_costs_of(self.module)
         if costs is not None:
             self.set_instrument(HostObserver(costs))
 
