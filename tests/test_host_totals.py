@@ -150,7 +150,8 @@ def test_a_symbolic_size_counts_at_the_size_that_ran_and_shape_functions_are_not
     ex = npu_backend.compile(bb.get())
     rng = np.random.default_rng(3)
     for rows in (16, 40):
-        prof = _profiled(ex, [rng.standard_normal(shape).astype("float32") for shape in ((rows, 32), (32, 16), (16, 8))])
+        shapes = ((rows, 32), (32, 16), (16, 8))
+        prof = _profiled(ex, [rng.standard_normal(shape).astype("float32") for shape in shapes])
         assert [call.name for call in prof.host_calls] == ["softmax", "cgra.host.split", "cgra.host.concat"]
         assert [c.bytes // (rows * 4) for c in prof.crossing_records] == [16, 8, 8, 8, 16]
         assert prof.host_calls[0].ops == rows * 16 * (4 + TRANSCENDENTAL_OPS)

@@ -40,6 +40,8 @@ class Profile:
     With `keep_timelines`, `timelines` holds every launch's `TracedLaunch` (timeline, clock,
     commands) for `chrome_trace()`; with `record_dir`, every launch is saved there as a launch
     file (inputs before, tensors after) and `recorded` lists the paths, in launch order.
+    `host_calls` and `crossing_records` hold the host's side (host_calls.py): `host_cycles`,
+    `host_op_seconds`, `crossings`, `crossing_bytes` and `npu_share` sum them up.
     """
 
     def __init__(self, record_dir=None, keep_timelines: bool = False, on_launch=None):
