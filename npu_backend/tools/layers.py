@@ -46,14 +46,15 @@ def model_layers(placements, kernels, host_calls=()) -> list[dict]:
 #: Host operators whose host function has other names (LegalizeOps' or the runtime's copies').
 _HOST_NAMES = {"astype": ("cast",), "full_like": ("full",), "zeros_like": ("zeros",), "ones_like": ("ones",),
                "permute_dims": ("permute_dims", "transpose")}
-_VIEWS = ("reshape", "expand_dims", "squeeze", "flatten")
 
 
 class HostMatcher:
     """Host calls to the host operators they ran, in order: an operator takes the next call whose
     function names it (TVM names a host function after its operators, `fused_` and their names
     for several), or the call it already matched when that one's name goes on to name it too (one
-    fused function, counted on its first operator). A view (a reshape) that no call names costs 0."""
+    fused function, counted on its first operator). An operator no call names (a view such as a
+    reshape, or one TVM folded into another's function) has no host call of its own: 0 cycles. The
+    host layers' cycles add up to the profile's `host_cycles`, the calls left over listed apart."""
 
     def __init__(self, calls):
         self.calls = list(calls)
@@ -75,7 +76,7 @@ class HostMatcher:
                 self.matched.add(index)
                 self.next, self.rest = index + 1, name[name.index(key) + len(key):]
                 return _host(self.calls[index])
-        return {**_host(None), "cycles": 0 if base in _VIEWS else None}
+        return {**_host(None), "cycles": 0}
 
     def unmatched(self) -> list:
         """The calls no operator took, in call order."""
