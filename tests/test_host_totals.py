@@ -25,12 +25,13 @@ SHAPES = [(16, 32), (32, 16), (32, 8)]
 
 
 def _bounce(bb, x, w1, w2):
-    """matmul (NPU) -> softmax (host) -> reshape (a view) -> concat (the runtime's host copy) ->
+    """matmul (NPU) -> softmax over axis 0 (host: the NPU's takes the last axis) -> reshape (a
+    view) -> concat (the runtime's host copy) ->
     matmul (NPU). By hand: the first matmul's 16x16 float32 output crosses to the host (1024
     bytes), the concat's 32x32 output crosses back (2048 bytes); the reshape is the softmax's
     memory seen anew, on the host already. 2 crossings, 3072 bytes."""
     y = bb.emit(relax.op.matmul(x, w1))
-    s = bb.emit(relax.op.nn.softmax(y))
+    s = bb.emit(relax.op.nn.softmax(y, axis=0))
     r = bb.emit(relax.op.reshape(s, (8, 32)))
     c = bb.emit(relax.op.concat([r, r], axis=0))
     return bb.emit(relax.op.matmul(c, w2))
@@ -142,7 +143,7 @@ def test_a_symbolic_size_counts_at_the_size_that_ran_and_shape_functions_are_not
     bb = relax.BlockBuilder()
     with bb.function("main", params):
         with bb.dataflow():
-            s = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.matmul(params[0], params[1]))))
+            s = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.matmul(params[0], params[1])), axis=0))  # host
             parts = bb.emit(relax.op.split(s, 2, axis=1))
             c = bb.emit(relax.op.add(bb.emit(relax.TupleGetItem(parts, 0)), bb.emit(relax.TupleGetItem(parts, 1))))
             out = bb.emit_output(bb.emit(relax.op.matmul(bb.emit(relax.op.concat([c, c], axis=1)), params[2])))
@@ -220,7 +221,7 @@ def test_cgra_sim_run_json_and_table_carry_the_host_side(tmp_path, capsys):
     weights = [numpy_helper.from_array(rng.standard_normal((32, 16)).astype("float32"), "w1"),
                numpy_helper.from_array(rng.standard_normal((16, 8)).astype("float32"), "w2")]
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["y"], name="mm1"),
-             helper.make_node("Softmax", ["y"], ["s"], name="sm", axis=-1),
+             helper.make_node("Softmax", ["y"], ["s"], name="sm", axis=0),  # host: the NPU's takes the last axis
              helper.make_node("MatMul", ["s", "w2"], ["out"], name="mm2")]
     graph = helper.make_graph(nodes, "bounce", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 32])],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, [16, 8])], weights)
