@@ -12,10 +12,10 @@ import sys
 import numpy as np
 import pytest
 import tvm
-from tvm import rpc
+from tvm import relax, rpc
 
 import npu_backend
-from models import conv2d_model, matmul_model, run
+from models import conv2d_model, matmul_model, relax_module, run
 from npu_backend.tools import remote
 
 pytest.importorskip("psutil")  # tvm.rpc.Server.terminate needs it (the remote extra)
@@ -55,9 +55,13 @@ def test_remote_run_matches_local(tmp_path):
 
 
 def test_a_remote_profile_counts_the_host_side(tmp_path):
-    """A matmul then a softmax on the host: the remote profile has the softmax's call, with the
-    local modelled cycles, and the matmul's output crossing to it."""
-    mod, inputs, _ = matmul_model(16, 24, 32, "float32", softmax=True)
+    """A matmul then a softmax on the host (over axis 0: the NPU's takes the last axis): the remote
+    profile has the softmax's call, with the local modelled cycles, and the matmul's output
+    crossing to it."""
+    mod = relax_module([("x", (16, 32), "float32"), ("w", (32, 24), "float32")],
+                       lambda bb, x, w: bb.emit(relax.op.nn.softmax(bb.emit(relax.op.matmul(x, w)), axis=0)))
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(shape).astype("float32") for shape in ((16, 32), (32, 24))]
     ex = npu_backend.compile(mod)
     with npu_backend.profile() as prof:
         run(ex, inputs)
