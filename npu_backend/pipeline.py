@@ -57,6 +57,7 @@ from .partition.pattern_ops import ModuleCalls, can_match
 from .partition.plans import fingerprint, grouped_patterns, plan_payload, read_plan
 from .partition.scalar_args import bind_scalar_arguments
 from .partition.source_nodes import record_source_nodes
+from .device.host_averages import host_averages_as_typed
 from .device.host_ops import host_ops_to_runtime, with_host_anchor
 from .device.kernel_cache import PLAN_SUFFIX, default_kernel_cache, kernel_key
 from .device.weights import hold_weights
@@ -171,8 +172,8 @@ def fusion_patterns(arch: HardwareDescription, options: CompileOptions = Compile
     for entry in pattern_table():
         if is_epilogue_chain(entry.name) and not options.fuse_chains:
             continue
-        def check(context, name=entry.name):
-            return not reads_what_it_computes(context) and \
+        def check(context, name=entry.name, annotations=entry.annotations):
+            return not reads_what_it_computes(context, annotations) and \
                 offload_reason(name, context.annotated_expr, arch) is None and \
                 not has_leaking_intermediate_variables(context)
         patterns.append(FusionPattern(entry.name, entry.pattern, entry.annotations, check))
@@ -192,6 +193,9 @@ def codegen(mod, arch, options):
     # Concatenations, splits and transposes left on the host run as the runtime's copies, not
     # host code TVM compiles for each model (device/host_ops.py).
     mod = host_ops_to_runtime(mod)
+    # An integer average left on the host returns the dtype Relax gives it, which the NPU
+    # kernels reading it were compiled for, not TOPI's int64 (device/host_averages.py).
+    mod = host_averages_as_typed(mod)
     # A user's PrimFunc that now runs only as an NPU kernel is not built for the host too.
     return drop_unused_prim_funcs(mod, offloaded)
 
