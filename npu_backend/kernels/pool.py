@@ -34,6 +34,7 @@ from tvm.relax.dpl import is_op, wildcard
 from cgra_sim.arch import HardwareDescription
 
 from ..errors import UnsupportedOperator
+from ..normalise.large_pools import MAX_TAPS
 from ..relax_info import dtype_of, holds_condition, shape_dims
 from .dynamic import CUT_PARAMS, GATHERS, batch_extent, dim_var, read_shape
 from .family import OpFamily
@@ -81,6 +82,11 @@ def pool_spec(name: str, annotated: dict) -> KernelSpec:
     if spec.dtype not in POOL_DTYPES[spec.pool.kind]:
         raise UnsupportedOperator(f"{op} on {spec.dtype}: the NPU's POOL takes "
                                   f"{' or '.join(POOL_DTYPES[spec.pool.kind])} for {_KIND_NAMES[spec.pool.kind]}")
+    taps = spec.pool.size[0] * spec.pool.size[1]  # (a symbolic image's global average sums it in blocks)
+    if not is_symbolic_global(spec) and taps > MAX_TAPS:
+        raise UnsupportedOperator(f"{op} with a window of {taps} taps: the NPU's POOL kernel takes at most {MAX_TAPS} "
+                                  "(its window is one expression; normalise/large_pools.py splits the larger windows "
+                                  "it can into passes, this one it cannot)")
     outside = never_valid_taps(pool_window(spec), spec.output_shape[2:])
     if outside:
         axis, tap = outside[0]
