@@ -166,6 +166,9 @@ def epilogue_fields(op: str, annotated: dict) -> dict:
     bias_shape = None
     if "bias" in annotated:
         bias_shape = static_shape(annotated["bias"], "bias")
+        if len(bias_shape) == 0:  # a scalar input (a constant one is reshaped: normalise/scalars.py)
+            raise UnsupportedOperator(f"the bias of {op} is a scalar (shape ()): the NPU's DMA moves tensors of rank "
+                                      "1..4; the add runs on its own")
         if dtype_of(annotated["bias"]) != acc_dtype:
             raise UnsupportedOperator(f"the bias is {dtype_of(annotated['bias'])}, the accumulator {acc_dtype}")
     clip = clip_bounds(annotated["clip"], acc_dtype) if "clip" in annotated else None
