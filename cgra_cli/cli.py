@@ -179,6 +179,17 @@ def _run(args) -> int:
     return EXIT_OK if not args.check or report["check"]["passed"] else EXIT_MISMATCH
 
 
+def _map(args) -> int:
+    """`run_map`; without matplotlib, `--png` prints the mapping first, then says what is missing."""
+    if args.png:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            run_map(argparse.Namespace(**{**vars(args), "png": None}))
+            return _usage("map --png needs matplotlib (the plots extra): pip install 'npu-backend[plots]'")
+    return run_map(args)
+
+
 def _serve(args) -> int:
     from npu_backend.tools.remote import serve
 
@@ -200,16 +211,30 @@ def _usage(message: str) -> int:
     return EXIT_USAGE
 
 
+def _runtime_build_error() -> type:
+    """RuntimeBuildError once npu_backend is imported (a command that needs the runtime imports
+    it), else a class nothing raises: replay and map never import tvm."""
+    module = sys.modules.get("npu_backend.device.runtime_lib")
+    return module.RuntimeBuildError if module is not None else _NeverRaised
+
+
+class _NeverRaised(Exception):
+    pass
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     started = time.time()
     try:
         status = {"verify": _verify, "run": _run, "replay": run_replay, "serve": _serve,
-                  "sweep": run_sweep_command, "map": run_map}[args.command](args)
+                  "sweep": run_sweep_command, "map": _map}[args.command](args)
+    except ImportError as err:  # an optional extra that is not installed (onnx, matplotlib, ...)
+        return _usage(f"{args.command}: {err}")
     except OSError as err:  # a missing model, an unwritable --trace or --record-dir
         where = f": '{err.filename}'" if err.filename else ""
         return _usage(f"{args.command}: {err.strerror or err}{where}")
-    except ValueError as err:  # bad arguments, architecture files, unsupported models (CGRAError too)
+    except (ValueError, _runtime_build_error()) as err:  # bad arguments, chip files, unsupported models
+        # (CGRAError too), no cmake to build the runtime with
         where = f"{args.command} --op {args.op}" if getattr(args, "op", None) else args.command
         return _usage(f"{where}: {err}")
     if not getattr(args, "json", False) and status != EXIT_USAGE:  # a usage error is one line
