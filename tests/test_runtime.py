@@ -1,6 +1,6 @@
 """Tests of the C++ runtime (runtime/) through its C API, and of how npu_backend builds it.
 
-Stage: runtime. The library is built once per version of its sources (about 10 s the first time,
+Stage: runtime. The library is built once per version of its sources (about 15 s the first time,
 cached afterwards). The tests call the C API with ctypes the way compiled kernels do, inside a
 tvm-ffi function, so that a -1 surfaces as the Python exception a user would see. A Python stand-in
 for the simulator backend records what the runtime submits.
