@@ -240,16 +240,20 @@ def int_pool_graphs(draw):
     graph.param(_layout_shape(layout, n, c, h, w), dtype)
     graph.inputs[0] = np.clip(graph.inputs[0], -8, 7).astype(dtype)
     steps, dims = [], "x".join(map(str, _layout_shape(layout, n, c, h, w)))
-    for op in draw(st.lists(st.sampled_from(["avg", "avg", "max", "twice", "eltwise", "relu"]), min_size=1, max_size=4)):
+    ops = st.sampled_from(["avg", "avg", "max", "twice", "eltwise", "relu"])
+    for op in draw(st.lists(ops, min_size=1, max_size=4)):
         if op in ("avg", "max"):
-            k, s, pad, ceil = draw(st.sampled_from([(2, 2, 0, False), (3, 2, 0, True), (3, 2, 1, False), (3, 1, 1, False)]))
+            windows = [(2, 2, 0, False), (3, 2, 0, True), (3, 2, 1, False), (3, 1, 1, False)]  # (k, stride, pad, ceil)
+            k, s, pad, ceil = draw(st.sampled_from(windows))
             if min(h, w) + 2 * pad < k:
                 continue
             include_pad = draw(st.booleans())
             pool = relax.op.nn.avg_pool2d if op == "avg" else relax.op.nn.max_pool2d
             extra = {"count_include_pad": include_pad} if op == "avg" else {}
-            steps.append(lambda bb, cur, typed, pool=pool, k=k, s=s, pad=pad, ceil=ceil, extra=extra: _typed(bb, bb.emit(
-                pool(cur, (k, k), (s, s), (pad, pad), ceil_mode=ceil, layout=layout, **extra)), typed and extra))
+            def step(bb, cur, typed, pool=pool, k=k, s=s, pad=pad, ceil=ceil, extra=extra, average=op == "avg"):
+                out = bb.emit(pool(cur, (k, k), (s, s), (pad, pad), ceil_mode=ceil, layout=layout, **extra))
+                return _typed(bb, out, typed and average)
+            steps.append(step)
             h, w = (-(-(e + 2 * pad - k) // s) + 1 if ceil else (e + 2 * pad - k) // s + 1 for e in (h, w))
             graph.steps.append(f"{dtype} {op} pool {k}x{k}/{s} pad {pad}" + " ceil mode" * ceil)
         elif op == "twice":

@@ -23,8 +23,8 @@ def _skip_reason(snippet: str) -> str | None:
     import importlib.util
 
     if "rpc.connect(" in snippet:
-        return ("needs a network peer (a board serving on port 9091); the snippet runs against a local server after the "
-                "first example (_the_remote_example_runs)")
+        return ("needs a network peer (a board serving on port 9091); the snippet runs against a local server "
+                "after the first example (_the_remote_example_runs)")
     if re.search(r"^import torch", snippet, re.M) and importlib.util.find_spec("torch") is None:
         return "needs the torch extra (pip install -e '.[torch]'), not installed"
     return None
