@@ -9,8 +9,8 @@ tests/test_graph_regressions.py.
 
 CI runs 25 graphs per test (10 of the integer pools and the thin maps), derandomised: about 2.5
 min. `HYPOTHESIS_PROFILE=fuzz` runs 2,000 per test, `CGRA_FUZZ_EXAMPLES=N` N per test. An hour
-on a new seed: the five `random` tests at about 1.2 s a graph (measured: 300 graphs in 352 s on 2
-busy cores; an idle machine runs more), N=600:
+on a new seed: the five `random` tests at 0.7 to 1.2 s a graph (measured on 2 shared cores: 300
+graphs in 352 s, 500 in 345 s), N=600:
 
     HYPOTHESIS_PROFILE=fuzz CGRA_FUZZ_EXAMPLES=600 python -m pytest -q tests/test_differential_fuzz.py \
         -k random --hypothesis-seed=$RANDOM -p no:cacheprovider --hypothesis-show-statistics
