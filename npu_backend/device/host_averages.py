@@ -54,9 +54,6 @@ def _is_integer_average(call) -> bool:
 
 @relax.expr_functor.mutator
 class _TypedAverages(relax.PyExprMutator):
-    def __init__(self, mod):
-        super().__init__(mod)
-
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
         if not (isinstance(call, relax.Call) and _is_integer_average(call)):

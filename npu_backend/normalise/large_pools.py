@@ -138,8 +138,7 @@ class _PoolSplitter(relax.PyExprMutator):
             pad = -extents[axis] % window
             size, pads = ((1, window), (0, 0, 0, pad)) if axis == "W" else ((window, 1), (0, 0, pad, 0))
             extra = {"count_include_pad": True} if pad and average else {}  # the zeros past the end count
-            value = with_span(pool(value, size, size, pads, layout=layout, out_layout=layout,
-                                                     **extra), call.span)
+            value = with_span(pool(value, size, size, pads, layout=layout, out_layout=layout, **extra), call.span)
             if index + 1 < len(passes) or average and covered * window != h * w:
                 value = self.builder_.emit(value)
             extents[axis], covered = (extents[axis] + pad) // window, covered * window
@@ -152,8 +151,8 @@ class _PoolSplitter(relax.PyExprMutator):
 def axis_windows(extent: int) -> list[int]:
     """Windows, each of at most MAX_TAPS, that average an axis of `extent` in as few passes as
     can: each pass's window divides what is left where a divisor near the even split exists
-    (e.g. 6,400 -> 80, 80; 3,200 -> 50, 64), else it is that split rounded up, the last window
-    padded with zeros (5,209, a prime -> 73, 72: 73 x 72 = 5,256 taps). A side of 1 is none."""
+    (e.g. 6,400 -> 80, 80; 3,200 -> 50, 64), else it is that split rounded up, the axis padded
+    past its end with zeros (5,209, a prime -> 73, 72: 73 x 72 = 5,256 taps). A side of 1 is none."""
     windows = []
     while extent > MAX_TAPS:
         passes = 1
