@@ -72,8 +72,9 @@ def activation_compute(spec: ActivationSpec, tiling: Tiling):
 
 
 def schedule_activation(sch, spec: ActivationSpec, tiling: Tiling, arch: HardwareDescription) -> None:
-    schedule_unary(sch, tiling, "epi", get_intrin("epilogue", tiling.tm, tiling.tn, spec.dtype, False, spec.relu,
-                                                  False, spec.clip, None))
+    schedule_unary(sch, tiling, "epi", get_intrin("epilogue", tiling.tm, tiling.tn, spec.dtype, bias=False,
+                                                  relu=spec.relu, residual=False, clip=spec.clip,
+                                                  zero_point=None))
 
 
 ACTIVATION = OpFamily(

@@ -313,10 +313,10 @@ def schedule_eltwise(sch, spec: EltwiseSpec, tiling: Tiling, arch: HardwareDescr
     sch.set_scope(elt, 0, SPAD)
     if spec.func == "prelu":  # x is walked everywhere; the slope per row or per column
         sch.tensorize(row_inner, get_intrin("fabric", tiling.tm, tiling.tn, FabricBody(PRELU_BODY, spec.dtype),
-                                            spec.rhs_full[-2:]))
+                                            b_full=spec.rhs_full[-2:]))
         return
     sch.tensorize(row_inner, get_intrin("eltwise", tiling.tm, tiling.tn, spec.func, spec.dtype,
-                                        spec.lhs_full[-2:], spec.rhs_full[-2:]))
+                                        a_full=spec.lhs_full[-2:], b_full=spec.rhs_full[-2:]))
 
 
 ELTWISE = OpFamily(

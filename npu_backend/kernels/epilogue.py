@@ -338,5 +338,6 @@ def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
     """The EPILOGUE intrinsic for a tile of `rows` (tiling.tm by default) x tiling.tn."""
     rows = tiling.tm if rows is None else rows
     body = FabricBody(spec.fabric_body, spec.acc_dtype) if spec.fabric_body else None
-    return get_intrin("epilogue", rows, tiling.tn, spec.acc_dtype, bool(spec.bias_shape), spec.relu,
-                      bool(spec.residual_shape), spec.clip, spec.requant_zero_point, body)
+    return get_intrin("epilogue", rows, tiling.tn, spec.acc_dtype, bias=bool(spec.bias_shape), relu=spec.relu,
+                      residual=bool(spec.residual_shape), clip=spec.clip, zero_point=spec.requant_zero_point,
+                      body=body)

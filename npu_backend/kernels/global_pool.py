@@ -137,8 +137,8 @@ def schedule_global_pool(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDe
     sch.tensorize(sch.add_unit_loop(acc_channel), get_intrin("accumulate", 1, tiling.tn, spec.dtype))
     pool_loop = sch.add_unit_loop(sch.add_unit_loop(sch.get_loops(part)[-1]))
     sch.tensorize(pool_loop, get_intrin("pool", 1, 1, tiling.tn, _block_window(tiling.tm, tiling.tw), spec.dtype))
-    sch.tensorize(sch.get_loops(scale)[0], get_intrin("fill", 1, 1, spec.dtype, area_reciprocal(_image(spec))))
-    multiply = get_intrin("eltwise", 1, tiling.tn, "multiply", spec.dtype, (True, True), (False, False))
+    sch.tensorize(sch.get_loops(scale)[0], get_intrin("fill", 1, 1, spec.dtype, value=area_reciprocal(_image(spec))))
+    multiply = get_intrin("eltwise", 1, tiling.tn, "multiply", spec.dtype, a_full=(True, True), b_full=(False, False))
     sch.tensorize(sch.add_unit_loop(channel), multiply)
 
 

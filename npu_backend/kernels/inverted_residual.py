@@ -262,7 +262,8 @@ def schedule_inverted_residual(sch, spec: InvertedResidualSpec, tiling: Tiling, 
     sch.tensorize(sch.get_loops(ex_init)[-2], get_intrin("fill", columns, tiling.tk, ex.acc_dtype))
     sch.tensorize(sch.get_loops(ex_acc)[-3], get_intrin("gemm", columns, tiling.tk, depth, ex.dtype, ex.acc_dtype))
     sch.tensorize(sch.get_loops(window)[-2], get_intrin("epilogue", columns, tiling.tk, ex.acc_dtype,
-                                                        bool(ex.bias_shape), ex.relu, False, ex.clip, None, None))
+                                                        bias=bool(ex.bias_shape), relu=ex.relu, residual=False,
+                                                        clip=ex.clip, zero_point=None, body=None))
     # After tensorize (it blockizes X into X_o, dropping an earlier annotation): the window's
     # pixels padded as the DEPTHWISE streams them.
     align_rows(sch, sch.get_sblock("ex_epi_pad_const_o" if fill is not None else "ex_epi_o"), tiling.tk,

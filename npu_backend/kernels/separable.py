@@ -328,8 +328,8 @@ def tensorize_pair(sch, spec: SeparableSpec, tiling: Tiling, arch: HardwareDescr
     sch.tensorize(sch.get_loops(sch.get_sblock("dw_acc"))[-3],
                   get_intrin("depthwise", tiling.tm, width, tiling.tk, window, dw.dtype, dw.acc_dtype))
     sch.tensorize(sch.get_loops(sch.get_sblock("dw_epi"))[-2],
-                  get_intrin("epilogue", width, tiling.tk, dw.acc_dtype, bool(dw.bias_shape), dw.relu, False,
-                             dw.clip, None, None))
+                  get_intrin("epilogue", width, tiling.tk, dw.acc_dtype, bias=bool(dw.bias_shape), relu=dw.relu,
+                             residual=False, clip=dw.clip, zero_point=None, body=None))
     sch.tensorize(sch.get_loops(acc)[-3],
                   get_intrin("gemm", width, tiling.np, tiling.tk, pw.dtype, pw.acc_dtype))
     sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", width, tiling.np, pw.acc_dtype))

@@ -351,9 +351,9 @@ def _vector_intrin(spec: TirSpec, tiling: Tiling) -> str:
         return get_intrin("fabric", tiling.tm, tiling.tn, FabricBody(nodes, spec.dtype, flipped))
     if spec.vector_op[0] == "eltwise":
         _, func, lhs_full, rhs_full = spec.vector_op
-        return get_intrin("eltwise", tiling.tm, tiling.tn, func, spec.dtype, lhs_full[-2:], rhs_full[-2:])
+        return get_intrin("eltwise", tiling.tm, tiling.tn, func, spec.dtype, a_full=lhs_full[-2:], b_full=rhs_full[-2:])
     _, relu, clip = spec.vector_op
-    return get_intrin("epilogue", tiling.tm, tiling.tn, spec.dtype, False, relu, False, clip)
+    return get_intrin("epilogue", tiling.tm, tiling.tn, spec.dtype, bias=False, relu=relu, residual=False, clip=clip)
 
 
 def _schedule_vector(sch, spec: TirSpec, tiling: Tiling, arch: HardwareDescription) -> None:

@@ -53,7 +53,7 @@ def body_value(body: FabricBody, a, b=None):
     return values[f"n{len(body.nodes) - 1}"]
 
 
-def fabric_intrin(rows: int, cols: int, body: FabricBody, b_full: tuple | None = None, scope: str = SPAD):
+def fabric_intrin(rows: int, cols: int, body: FabricBody, *, b_full: tuple | None = None, scope: str = SPAD):
     """FABRIC: Out[rows, cols] = body(A[, B]) over a tile. `b_full`: None for a one-input body,
     else (walks rows, walks cols) of input B, which is read with stride 0 along an axis it does
     not walk (a per-row or per-column operand, loaded once per tile)."""

@@ -30,7 +30,7 @@ def smooth_value(kind: str, x):
     return x * tirx.sigmoid(argument)
 
 
-def smooth_intrin(rows: int, cols: int, kind: str, scope: str = SPAD):
+def smooth_intrin(rows: int, cols: int, kind: str, *, scope: str = SPAD):
     """FABRIC bodies in turn (then, for SiLU and GELU, an ELTWISE multiply by A): Out[rows, cols] =
     sigmoid(A), A sigmoid(A) or GELU's tanh form over a float32 tile, Out holding each pass's result
     (cgra_sim/mapping/sigmoid.py: exp from a polynomial and squarings, the reciprocal by Newton
