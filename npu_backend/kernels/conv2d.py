@@ -301,4 +301,4 @@ def conv2d_layout_compute(spec: KernelSpec, tiling: Tiling):
 CONV2D = OpFamily(
     name="conv2d", ops=("conv2d",), roots=_roots, spec_from_match=conv2d_spec,
     choose_tiling=choose_gemm_tiling, compute=conv2d_compute, schedule=schedule_gemm,
-    host_ops={"relax.nn.conv2d": "cgra.conv2d"})
+    host_ops={"relax.nn.conv2d": "cgra.conv2d"}, checks_pe_dtype=True)

@@ -293,4 +293,4 @@ def schedule_depthwise(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDesc
 
 DEPTHWISE = OpFamily(
     name="depthwise", ops=("depthwise",), choose_tiling=choose_depthwise_tiling, compute=depthwise_compute,
-    schedule=schedule_depthwise)
+    schedule=schedule_depthwise, checks_pe_dtype=True)

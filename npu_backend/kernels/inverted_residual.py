@@ -274,4 +274,4 @@ def schedule_inverted_residual(sch, spec: InvertedResidualSpec, tiling: Tiling, 
 INVERTED_RESIDUAL = OpFamily(
     name="inverted_residual", ops=("inverted_residual",), pairs=_triples, spec_from_match=inverted_residual_spec,
     choose_tiling=choose_inverted_residual_tiling, compute=inverted_residual_compute,
-    schedule=schedule_inverted_residual)
+    schedule=schedule_inverted_residual, checks_pe_dtype=True)

@@ -171,4 +171,4 @@ def batch_matmul_compute(spec: KernelSpec, tiling: Tiling):
 MATMUL = OpFamily(
     name="matmul", ops=("matmul",), roots=_roots, spec_from_match=matmul_spec,
     choose_tiling=choose_gemm_tiling, compute=matmul_compute, schedule=schedule_gemm,
-    host_ops={"relax.matmul": "cgra.matmul"})
+    host_ops={"relax.matmul": "cgra.matmul"}, checks_pe_dtype=True)

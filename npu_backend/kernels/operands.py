@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from tvm import te, tirx
 
+from ..errors import FamilyError
 from .dynamic import caller_dims
 
 
@@ -72,3 +73,38 @@ def kernel_prim_func(spec, inputs: dict, out, views=None):
     variables) plus `views`."""
     callers = {role: caller_dims(spec, role, shape) for role, shape in spec.caller_shapes}
     return prim_func(spec.roles, inputs, out, {**callers, **(views or {})}, spec.shape_args)
+
+
+def check_views(func, caller_shapes: list, family: str, where: str) -> None:
+    """Refuse a kernel PrimFunc `func` whose parameters the caller cannot pass: `caller_shapes`
+    are the offloaded function's tensors then its result (dims: int, or symbolic), each of which
+    must be the parameter's own shape or the view `prim_func(..., views=...)` recorded for it.
+    Without it a family reading a rank-3 tensor as (rows, cols) compiles, and the kernel's
+    argument check fails at run time; this fails at compile time and names the fix."""
+    views = (func.attrs or {}).get("cgra.arg_shapes")
+    if len(func.params) != len(caller_shapes):
+        return  # not one tensor a parameter (a tuple result): the code generator checks those
+    for index, (param, caller) in enumerate(zip(func.params, caller_shapes)):
+        if caller is None:
+            continue
+        declared = views[index] if views is not None and len(views[index]) else param.ty.shape
+        if not _same_dims(declared, caller):
+            role = "the output" if index == len(func.params) - 1 else f"parameter '{param.name}'"
+            raise FamilyError(
+                f"{where}: {role} of the {family} kernel is {_dims(param.ty.shape)} but the caller passes "
+                f"{_dims(caller)}: build the PrimFunc with operands.prim_func(..., views={{role: caller shape}}) "
+                "for every operand (and 'out') the kernel reads through a view of another shape")
+
+
+def _same_dims(declared, caller) -> bool:
+    if len(declared) != len(caller):
+        return False
+    for a, b in zip(declared, caller):
+        a, b = (int(x.value) if hasattr(x, "value") else x for x in (a, b))
+        if isinstance(a, int) and isinstance(b, int) and a != b:
+            return False
+    return True
+
+
+def _dims(shape) -> str:
+    return "(" + ", ".join(str(int(d.value)) if hasattr(d, "value") else str(d) for d in shape) + ")"

@@ -330,4 +330,5 @@ def choose_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
 
 POOL = OpFamily(
     name="pool", ops=("pool",), patterns=_patterns, spec_from_match=pool_spec, choose_tiling=choose_tiling,
-    compute=pool_compute, schedule=schedule_pool, host_ops={op: name for name, op in POOL_OPS.items()})
+    compute=pool_compute, schedule=schedule_pool, host_ops={op: name for name, op in POOL_OPS.items()},
+    checks_pe_dtype=True)

@@ -14,13 +14,14 @@ one tensor goes to the fabric before its ops could go to the vector unit one ker
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
 
 from tvm import relax
 
-from ..errors import CGRAError, UnsupportedCopy, UnsupportedOperator, stage_context
+from ..errors import CGRAError, FamilyError, UnsupportedCopy, UnsupportedOperator, stage_context
 from ..partition.call_tir import prim_func_of
 from ..partition.composite import composite_call, composite_name, composite_ops, matched_roles
 from .activation import ACTIVATION
@@ -39,6 +40,49 @@ from .sigmoid import SMOOTH
 from .tir import TIR, tir_spec
 
 FAMILIES: tuple[OpFamily, ...] = (INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, FABRIC, ELTWISE, TIR, ACTIVATION)
+
+
+def _check_entry(family: OpFamily, families: tuple) -> None:
+    """A family joins `families` only with its own name, ops and pattern names: a second family
+    building the same op, or a pattern name taken, would shadow one of them silently."""
+    if not isinstance(family, OpFamily):
+        raise FamilyError(f"only an OpFamily can be registered, not {type(family).__name__}")
+    names = {other.name for other in families}
+    ops = {op: other.name for other in families for op in other.ops}
+    if family.name in names:
+        raise FamilyError(f"OpFamily '{family.name}': name taken by a registered family")
+    for op in family.ops:
+        if op in ops:
+            raise FamilyError(f"OpFamily '{family.name}': ops: '{op}' is built by the '{ops[op]}' family already")
+    taken = {entry.name for entry in pattern_table()}
+    for name, _, _ in [*family.patterns(), *family.pairs()]:
+        if name in taken:
+            raise FamilyError(f"OpFamily '{family.name}': pattern '{name}' is another family's")
+
+
+@contextlib.contextmanager
+def registered(family: OpFamily, before: OpFamily | None = None):
+    """`family` among FAMILIES (before `before`, else last: the place gives its patterns their
+    priority) while the block runs, then gone again: a family tried out, or a test's. A family
+    of the package itself is an entry of the FAMILIES literal above."""
+    global FAMILIES
+    _check_entry(family, FAMILIES)
+    saved = FAMILIES
+    at = FAMILIES.index(before) if before is not None else len(FAMILIES)
+    FAMILIES = FAMILIES[:at] + (family,) + FAMILIES[at:]
+    _forget()
+    try:
+        yield family
+    finally:
+        FAMILIES = saved
+        _forget()
+
+
+def _forget() -> None:
+    """Drop what was derived from FAMILIES."""
+    pattern_table.cache_clear()
+    pair_pattern_names.cache_clear()
+    _TILINGS.clear()
 
 
 @dataclasses.dataclass(frozen=True)

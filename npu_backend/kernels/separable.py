@@ -343,4 +343,5 @@ def tensorize_pair(sch, spec: SeparableSpec, tiling: Tiling, arch: HardwareDescr
 
 SEPARABLE = OpFamily(
     name="separable", ops=("separable",), pairs=_pairs, spec_from_match=separable_spec,
-    choose_tiling=choose_separable_tiling, compute=separable_compute, schedule=schedule_separable)
+    choose_tiling=choose_separable_tiling, compute=separable_compute, schedule=schedule_separable,
+    checks_pe_dtype=True)

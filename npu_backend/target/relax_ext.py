@@ -26,6 +26,7 @@ import tempfile
 
 import tvm
 import tvm_ffi
+from tvm import relax
 
 from cgra_codegen import KernelBitcode, emit_kernel_bitcode, link_kernels
 from cgra_codegen.errors import ScratchpadOverflow
@@ -35,10 +36,12 @@ from ..errors import CGRAError, ScratchpadTooSmall, remember_error
 from ..frontend.provenance import NODE_JOIN, SOURCE_NODES_ATTR
 from ..kernels import offloaded_spec
 from ..kernels.dynamic import shape_bounds
+from ..kernels.operands import check_views
 from ..kernels.registry import family_of, kernel_builder_of, schedule_of
 from ..partition.call_tir import wrapped_call
 from ..partition.composite import composite_name
 from ..options import CompileOptions, dump
+from ..relax_info import shape_dims
 from ..pipeline import KERNEL_STAGES, Kernel, run_kernel_stages
 from ..progress import report_kernel
 from ..device.kernel_cache import LINKED_SUFFIX, default_kernel_cache, kernel_key
@@ -61,6 +64,8 @@ def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
     outputs = _KERNEL_CACHE.get(key)
     if outputs is None:
         outputs = run_kernel_stages(Kernel(symbol, spec, attrs, pattern=pattern, layer=nodes), arch, options)
+        if kernel_builder_of(spec, pattern) is None:  # a user's kernel is checked against the built-in one
+            check_views(outputs["s_tir"].func, caller_shapes(func), family_of(spec).name, f"kernel {symbol}")
         _KERNEL_CACHE[key] = outputs
         while len(_KERNEL_CACHE) > _KERNEL_CACHE_SIZE:
             _KERNEL_CACHE.popitem(last=False)
@@ -74,6 +79,13 @@ def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
         shown = outputs[name] if name != "lowered" else dataclasses.replace(outputs[name], func=lowered)
         dump(options, f"kernels/{symbol}/{index + 1}_{name}.py", shown)
     return lowered
+
+
+def caller_shapes(func) -> list:
+    """The dims of the tensors an offloaded function passes its kernel, then of its result (None
+    where unknown); the symbolic sizes beside them (ShapeType parameters) the kernel skips."""
+    return [shape_dims(param) for param in func.params if not isinstance(param.ty, relax.ShapeType)] + \
+        [shape_dims(func.body)]
 
 
 def kernel_attrs(func, spec, arch: HardwareDescription) -> dict:

@@ -16,11 +16,11 @@ match calls either, `[a]` where it may leave `a` out, `link` for one link of an 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 from tvm.relax import dpl
 
-from ..kernels.registry import FAMILIES, pattern_table
+from ..kernels import registry
+from ..kernels.registry import pattern_table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,6 @@ class PatternRow:
 _LISTED = 3
 
 
-@functools.cache
 def pattern_rows() -> tuple[PatternRow, ...]:
     """One row per pattern name (a mirrored residual add shares its name: its first pattern)."""
     rows, seen = [], set()
@@ -49,7 +48,7 @@ def pattern_rows() -> tuple[PatternRow, ...]:
 
 def op_names() -> list[tuple[str, str]]:
     """(op, family) of every spec op: a schedule registered for an op covers all its kernels."""
-    return [(op, family.name) for family in FAMILIES for op in family.ops]
+    return [(op, family.name) for family in registry.FAMILIES for op in family.ops]
 
 
 def link_ops() -> list[str]:
