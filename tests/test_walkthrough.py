@@ -139,3 +139,15 @@ def test_a_kernel_without_its_views_fails_at_compile_time(walkthrough):
         with pytest.raises(FamilyError, match=r"parameter 'lhs' of the abs_without_views kernel is \(6, 9\) "
                                               r"but the caller passes \(2, 3, 9\).*views="):
             npu_backend.compile(abs_module((2, 3, 9), "float32"), "cgra-4x4")
+
+
+def test_a_registered_familys_kernels_stay_out_of_the_persistent_cache(walkthrough):
+    """The persistent kernel cache's key sees a spec, not a family's code: kernels of a family
+    being tried out compile in every process, as those of a user's schedule do."""
+    from npu_backend.kernels.activation import ActivationSpec
+    from npu_backend.kernels.unary import UnaryOperand
+
+    operand = UnaryOperand((5, 7), 5, 7)
+    with registry.registered(walkthrough["ABS"]):
+        assert not registry.packaged(walkthrough["AbsSpec"]("float32", operand))
+        assert registry.packaged(ActivationSpec("float32", operand, relu=True))

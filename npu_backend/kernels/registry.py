@@ -40,6 +40,7 @@ from .sigmoid import SMOOTH
 from .tir import TIR, tir_spec
 
 FAMILIES: tuple[OpFamily, ...] = (INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, FABRIC, ELTWISE, TIR, ACTIVATION)
+_PACKAGED = FAMILIES  # the package's own, not those of registered()
 
 
 def _check_entry(family: OpFamily, families: tuple) -> None:
@@ -76,6 +77,12 @@ def registered(family: OpFamily, before: OpFamily | None = None):
     finally:
         FAMILIES = saved
         _forget()
+
+
+def packaged(spec) -> bool:
+    """Whether `spec`'s family is one of the package's own: only their kernels go to the
+    persistent kernel cache, whose key sees the spec but not a registered family's code."""
+    return any(family_of(spec) is family for family in _PACKAGED)
 
 
 def _forget() -> None:

@@ -37,7 +37,7 @@ from ..frontend.provenance import NODE_JOIN, SOURCE_NODES_ATTR
 from ..kernels import offloaded_spec
 from ..kernels.dynamic import shape_bounds
 from ..kernels.operands import check_views
-from ..kernels.registry import family_of, kernel_builder_of, schedule_of
+from ..kernels.registry import family_of, kernel_builder_of, packaged, schedule_of
 from ..partition.call_tir import wrapped_call
 from ..partition.composite import composite_name
 from ..options import CompileOptions, dump
@@ -220,7 +220,7 @@ class PendingKernel:
     spec: object
     pattern: str
     key: str | None  # its cache key; None: not to be cached
-    builtin: bool  # built-in schedule and kernel (not a user's)
+    builtin: bool  # built-in schedule and kernel of a packaged family (not a user's)
 
 
 def pending_kernel(func, arch: HardwareDescription, options: CompileOptions, cache=None) -> PendingKernel:
@@ -232,7 +232,7 @@ def pending_kernel(func, arch: HardwareDescription, options: CompileOptions, cac
         spec = offloaded_spec(func)
     pattern, _ = kernel_origin(func)
     builtin = bool(pattern) and kernel_builder_of(spec, pattern) is None \
-        and schedule_of(spec, pattern) is family_of(spec).schedule
+        and schedule_of(spec, pattern) is family_of(spec).schedule and packaged(spec)
     key = None
     if cache is not None and builtin:
         key = kernel_key(spec=repr(dataclasses.replace(spec, source_ops=())), symbol=symbol,
