@@ -97,6 +97,7 @@ def check_views(func, caller_shapes: list, family: str, where: str) -> None:
 
 
 def _same_dims(declared, caller) -> bool:
+    """Same rank, and the same extent wherever both are static (a symbolic one is bound at run time)."""
     if len(declared) != len(caller):
         return False
     for a, b in zip(declared, caller):
@@ -107,4 +108,5 @@ def _same_dims(declared, caller) -> bool:
 
 
 def _dims(shape) -> str:
+    """A shape as a message shows it: (2, 3, 9)."""
     return "(" + ", ".join(str(int(d.value)) if hasattr(d, "value") else str(d) for d in shape) + ")"

@@ -61,6 +61,7 @@ def link_ops() -> list[str]:
 
 
 def _texts(pattern) -> list[str]:
+    """The ops of a match of `pattern`, a link of an elementwise chain marked "link:"."""
     texts = [text for _, text in _steps(pattern, {})]
     shown = []
     for text in texts:
@@ -79,6 +80,7 @@ def _steps(pattern, memo: dict) -> list:
 
 
 def _steps_here(pattern, key, memo: dict) -> list:
+    """`_steps` of one node: a call after its operands' calls, an alternative's merged sides."""
     if isinstance(pattern, dpl.CallPattern):
         every = [step for arg in pattern.args for step in _steps(arg, memo)]
         required = frozenset().union(*(keys for keys, text in every if not text.startswith("[")))
@@ -119,6 +121,7 @@ def show_ops(ops) -> str:
 
 
 def _shown(op: str) -> str:
+    """One step as the table shows it: "link", or alternatives in parentheses."""
     if op.startswith("link:"):
         return "link"
     return f"({op})" if " | " in op and not op.startswith(("(", "[")) else op
