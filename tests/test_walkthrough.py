@@ -77,7 +77,7 @@ def test_the_walkthrough_family_runs_on_the_npu(walkthrough):
         reason = npu_backend.explain(abs_module((4, 4), "int8"), "cgra-4x4")[0].reason
         assert reason == "abs on int8: the PE fabric computes float32 or int32"
     assert "cgra.abs" not in {entry.name for entry in registry.pattern_table()}  # undone
-    assert family not in registry.FAMILIES
+    assert family not in registry.FAMILIES and registry.pattern_table()  # undone, the table sound
 
 
 def _fields(family: OpFamily) -> dict:
@@ -103,9 +103,9 @@ def test_a_family_missing_a_required_field_fails_when_made(walkthrough, field, v
 
 def test_registering_a_taken_op_or_pattern_fails(walkthrough):
     family = walkthrough["ABS"]
-    with pytest.raises(FamilyError, match="'relu' is built by|ops: 'activation' is built by the 'activation' family"):
+    with pytest.raises(FamilyError, match="ops: 'activation' is built by the 'activation' family"):
         registry.registered(dataclasses.replace(family, ops=("activation",))).__enter__()
-    with pytest.raises(FamilyError, match="pattern 'cgra.relu' is another family's"):
+    with pytest.raises(FamilyError, match="pattern 'cgra.relu' is the 'activation' family's too"):
         registry.registered(dataclasses.replace(
             family, patterns=lambda: [("cgra.relu", *family.patterns()[0][1:])])).__enter__()
     assert family not in registry.FAMILIES

@@ -43,22 +43,23 @@ FAMILIES: tuple[OpFamily, ...] = (INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, 
 _PACKAGED = FAMILIES  # the package's own, not those of registered()
 
 
-def _check_entry(family: OpFamily, families: tuple) -> None:
-    """A family joins `families` only with its own name, ops and pattern names: a second family
-    building the same op, or a pattern name taken, would shadow one of them silently."""
-    if not isinstance(family, OpFamily):
-        raise FamilyError(f"only an OpFamily can be registered, not {type(family).__name__}")
-    names = {other.name for other in families}
-    ops = {op: other.name for other in families for op in other.ops}
-    if family.name in names:
-        raise FamilyError(f"OpFamily '{family.name}': name taken by a registered family")
-    for op in family.ops:
-        if op in ops:
-            raise FamilyError(f"OpFamily '{family.name}': ops: '{op}' is built by the '{ops[op]}' family already")
-    taken = {entry.name for entry in pattern_table()}
-    for name, _, _ in [*family.patterns(), *family.pairs()]:
-        if name in taken:
-            raise FamilyError(f"OpFamily '{family.name}': pattern '{name}' is another family's")
+def check_families(families: tuple) -> None:
+    """Each family with a name and ops of its own: a second family building the same op would
+    never be asked for its kernels (family_of takes the first). Pattern names: pattern_table."""
+    seen, built_by = set(), {}
+    for family in families:
+        if not isinstance(family, OpFamily):
+            raise FamilyError(f"FAMILIES holds OpFamily objects, not {type(family).__name__}")
+        if family.name in seen:
+            raise FamilyError(f"OpFamily '{family.name}': name taken by another family")
+        seen.add(family.name)
+        for op in family.ops:
+            if op in built_by:
+                raise FamilyError(f"OpFamily '{family.name}': ops: '{op}' is built by the '{built_by[op]}' family")
+            built_by[op] = family.name
+
+
+check_families(FAMILIES)
 
 
 @contextlib.contextmanager
@@ -67,12 +68,13 @@ def registered(family: OpFamily, before: OpFamily | None = None):
     priority) while the block runs, then gone again: a family tried out, or a test's. A family
     of the package itself is an entry of the FAMILIES literal above."""
     global FAMILIES
-    _check_entry(family, FAMILIES)
     saved = FAMILIES
     at = FAMILIES.index(before) if before is not None else len(FAMILIES)
+    check_families(FAMILIES[:at] + (family,) + FAMILIES[at:])
     FAMILIES = FAMILIES[:at] + (family,) + FAMILIES[at:]
     _forget()
     try:
+        pattern_table()  # its pattern names checked
         yield family
     finally:
         FAMILIES = saved
@@ -114,6 +116,11 @@ def pattern_table() -> tuple[PatternEntry, ...]:
                 for name, pattern, roles, root in chain_pattern_graphs([root for root, _ in roots])]
     entries += [PatternEntry(name, pattern, roles, family)
                 for family in FAMILIES for name, pattern, roles in family.patterns()]
+    owners = {}
+    for entry in entries:  # a mirrored residual add shares its name, within its family
+        if owners.setdefault(entry.name, entry.family.name) != entry.family.name:
+            raise FamilyError(f"OpFamily '{entry.family.name}': pattern '{entry.name}' is the "
+                              f"'{owners[entry.name]}' family's too; a pattern name names one family's kernels")
     return tuple(entries)
 
 
