@@ -1,0 +1,95 @@
+"""Figures on transformer architectures nobody here wrote (tests/transformer_models.py: Hugging
+Face's own decoders, encoders, ViTs, a Whisper encoder and ConvNeXt; small configs, random
+weights) through torch.export -> from_exported_program -> the NPU.
+
+Columns: architecture; host ops that compute (what `explain` leaves on the host, less views,
+reshapes, layout copies and the embedding lookup), then those left out of that count (layout +
+lookup); NPU cycles over ideal (the model's MACs / PEs; with host time modelled by the hardware
+description's host entry when the profile has it, "+host" marks that total); the NPU's share of
+the modelled run time (or of the MACs, "mac", on a profile without host time); DRAM bytes moved
+by the NPU's DMA; energy (uJ); compile seconds for cgra (kernel cache off) and llvm, and their
+ratio; the largest difference to PyTorch relative to PyTorch's largest output.
+
+    python benchmarks/bench_transformers.py [--arch cgra-8x8 ...] [--models llama vit ...] [--tokens 32]
+
+Needs torch and transformers (`pip install -e ".[hf]"`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the builders (transformer_models.py) are test-side
+
+def figures(name: str, arch_name: str, tokens: int) -> tuple[str, list[str]]:
+    """One row of the table, and the names of the compute ops left on the host."""
+    import numpy as np
+    import torch
+    import tvm
+    from tvm.relax.frontend.torch import from_exported_program
+
+    import npu_backend
+    from transformer_models import build, first_output, host_op_counts
+
+    model, inputs = build(name, tokens=tokens)
+    with torch.no_grad():
+        expected = first_output(model(*inputs)).numpy()
+        mod = from_exported_program(torch.export.export(model, inputs))
+    arch = npu_backend.load_arch(arch_name)
+    placements = npu_backend.explain(mod, arch)
+    host_compute, host_layout, names = host_op_counts(placements)
+    ideal = sum(p.macs for p in placements) / arch.num_pes
+    started = time.perf_counter()
+    executable = npu_backend.compile(mod, arch)
+    cgra_s = time.perf_counter() - started
+    args = [tvm.runtime.tensor(x.numpy()) for x in inputs]
+    with npu_backend.profile() as prof:
+        out = first_output(tvm.relax.VirtualMachine(executable, tvm.cpu())["main"](*args)).numpy()
+    error = float(np.abs(out.astype(np.float64) - expected).max() / np.abs(expected).max())
+    host_cycles = getattr(prof, "host_cycles", None)
+    cycles = prof.total_cycles + (host_cycles or 0)
+    share = (f"{prof.npu_share:>6.1%}" if host_cycles is not None
+             else f"{npu_backend.npu_mac_fraction(placements):>5.1%}m")
+    dram = sum(k.dma_load_bytes + k.dma_store_bytes for k in prof.kernels)
+    started = time.perf_counter()
+    tvm.compile(mod, target="llvm")
+    llvm_s = time.perf_counter() - started
+    row = (f"{name:<10} {host_compute:>5} {host_layout:>6} {cycles / ideal:>7.2f}{'+h' if host_cycles is not None else '  '}"
+           f" {share:>7} {dram / 1e6:>8.2f} {prof.total_energy_pj / 1e6:>8.2f} {cgra_s:>6.2f} {llvm_s:>6.2f}"
+           f" {cgra_s / llvm_s:>5.2f} {error:>8.1e}")
+    return row, names
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", action="append", help="presets or chip files (default: every preset)")
+    parser.add_argument("--models", nargs="*", help="default: every architecture of tests/transformer_models.py")
+    parser.add_argument("--tokens", type=int, default=32, help="tokens of text per prompt (default 32)")
+    parser.add_argument("--why", action="store_true", help="also list the compute ops left on the host")
+    args = parser.parse_args()
+    os.environ.setdefault("CGRA_KERNEL_CACHE", "off")
+    import npu_backend
+    from transformer_models import ARCHITECTURES
+
+    for arch in args.arch or npu_backend.preset_names():
+        print(f"\n{arch}, random weights, float32, {args.tokens} tokens of text")
+        print(f"{'model':<10} {'host':>5} {'layout':>6} {'x ideal':>9} {'NPU':>7} {'DRAM MB':>8} {'uJ':>8} "
+              f"{'cgra s':>6} {'llvm s':>6} {'ratio':>5} {'error':>8}")
+        for name in args.models or list(ARCHITECTURES):
+            try:
+                row, names = figures(name, arch, args.tokens)
+            except Exception as err:  # noqa: BLE001  (a model that fails is a row, not the end of the table)
+                print(f"{name:<10} fails: {type(err).__name__}: {str(err).splitlines()[0][:120]}", flush=True)
+                continue
+            print(row, flush=True)
+            if args.why and names:
+                counts = {op: names.count(op) for op in sorted(set(names))}
+                print("           host: " + ", ".join(f"{op} x{n}" for op, n in counts.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
