@@ -26,8 +26,10 @@ from .device.simulator_backend import register_backend
 from .errors import (CGRAError, InvalidModel, ScheduleError, ScratchpadTooSmall, UnsupportedCopy,
                      UnsupportedOperator, original_error)
 from .options import CompileOptions
-from .pipeline import STAGES, cgra_pipeline, fusion_patterns
+from .partition.stage import fusion_patterns
+from .pipeline import STAGES
 from .target.relax_ext import register_target_hook
+from .target.relax_pipeline import cgra_pipeline
 from .target.tags import cgra_target, install_default_pipeline, register_arch, register_target_tags
 from .tools.explain import Placement, explain, format_placements, npu_mac_fraction
 
@@ -91,6 +93,8 @@ def from_onnx(model, shape_dict=None, dtype_dict="float32", opset=None, custom_o
 
 
 def _register() -> None:
+    """What `import npu_backend` sets up: the runtime library, the simulator backend, the target
+    hook, tags and pipeline, the exported-library check, and the patterns in TVM's registry."""
     load_runtime()
     register_backend()
     register_target_hook()

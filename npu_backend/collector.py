@@ -1,6 +1,6 @@
 """Python's garbage collector, paused while a model compiles.
 
-Stage: shared (pipeline.cgra_pipeline runs every stage inside `gc_paused`).
+Stage: shared (target/relax_pipeline.py: cgra_pipeline runs every stage inside `gc_paused`).
 """
 
 from __future__ import annotations

@@ -508,7 +508,7 @@ def test_a_symbolic_axis_a_kernel_cannot_take_stays_on_the_host_with_the_reason(
 
 
 def test_shape_bounds_come_from_the_options_and_the_functions_attribute():
-    from npu_backend.pipeline import bounds_of
+    from npu_backend.partition.stage import bounds_of
 
     mod = MODELS["dense_f32"]()
     mod["main"] = mod["main"].with_attr("tir_var_upper_bound", {"n": 64})

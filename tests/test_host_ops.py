@@ -12,7 +12,7 @@ from tvm import relax
 import npu_backend
 from npu_backend.device.host_ops import HOST_ANCHOR
 from npu_backend.target.tags import HOST_OPT_LEVEL
-from npu_backend.pipeline import cgra_pipeline, run_stages
+from npu_backend.target.relax_pipeline import cgra_pipeline, run_stages
 
 DTYPES = ["float32", "int8", "int32", "float16"]
 

@@ -41,6 +41,7 @@ LAYERS = [
     ("kernels", ["kernels"]),
     ("lower", ["lower"]),
     ("device", ["device"]),
+    ("stages", []),  # every folder's stage.py: see _layer
     ("pipeline", ["pipeline"]),
     ("target", ["target"]),
     ("tools", ["tools"]),
@@ -54,7 +55,13 @@ def _module_name(path: Path) -> str:
 
 
 def _layer(module: str) -> int:
+    """The index in LAYERS of `module`'s layer. A folder's stage.py, the body of its stage that
+    pipeline.py lists, comes just before the pipeline: it runs at its place in the flow but joins
+    its folder's pieces with any earlier folder's (partition's asks the kernels which matches they
+    can build); the rest of its folder keeps the folder's place."""
     rest = module.split(".")[1:] or ["__init__"]
+    if len(rest) == 2 and rest[1] == "stage":
+        return [name for name, _ in LAYERS].index("stages")
     for index, (_, prefixes) in enumerate(LAYERS):
         if rest[0] in prefixes:
             return index
@@ -101,3 +108,22 @@ def test_no_module_imports_itself_through_others():
             if module not in seen and module != "npu_backend" and not start.startswith(module + "."):
                 seen.add(module)
                 stack += [t for t in graph[module] if not module.startswith(t + ".")]
+
+
+def test_the_pipeline_is_a_map_on_one_screen():
+    """pipeline.py lists the flow and holds no stage's body: at most 200 lines, every top-level
+    function only returns a list, and every stage has a comment saying why it is there."""
+    source = (PACKAGE / "pipeline.py").read_text()
+    assert len(source.splitlines()) <= 200
+    tree = ast.parse(source)
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            body = node.body[1:] if ast.get_docstring(node) else node.body
+            assert isinstance(node, ast.FunctionDef) and len(body) == 1 and isinstance(body[0], ast.Return) \
+                and isinstance(body[0].value, ast.List), f"pipeline.py: {node.name} is more than a list"
+    lines = source.splitlines()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") in ("STAGES", "KERNEL_STAGES"):
+            for entry in node.value.elts:
+                assert lines[entry.lineno - 2].strip().startswith("#"), \
+                    f"pipeline.py:{entry.lineno}: the stage has no line saying why it is there"

@@ -14,10 +14,12 @@ from tvm.script import relax as R
 import npu_backend
 import zoo_models
 from npu_backend.device.kernel_cache import PLAN_SUFFIX, default_kernel_cache
+from npu_backend.normalise.stage import normalise
 from npu_backend.options import CompileOptions
 from npu_backend.partition.pattern_ops import ModuleCalls
 from npu_backend.partition.plans import fingerprint, plan_payload, read_plan
-from npu_backend.pipeline import normalise, partition
+from npu_backend.partition.stage import partition
+from npu_backend.pipeline import KERNEL_STAGES
 from npu_backend.tools.workloads import mismatch, run
 
 RNG = np.random.default_rng(0)
@@ -38,7 +40,7 @@ def _normalised(mod, arch, options=CompileOptions()):
 
 
 def _partition(mod, arch="cgra-8x8", options=CompileOptions()):
-    return partition(_normalised(mod, arch, options), npu_backend.load_arch(arch), options)
+    return partition(_normalised(mod, arch, options), npu_backend.load_arch(arch), options, KERNEL_STAGES)
 
 
 def _conv_divide(weight, divisor):

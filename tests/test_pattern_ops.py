@@ -18,7 +18,8 @@ from npu_backend.kernels.dynamic import shape_bounds
 from npu_backend.options import CompileOptions
 from npu_backend.partition.pattern_ops import ModuleCalls, can_match, pattern_shape, required_ops
 from npu_backend.partition.plans import grouped_patterns
-from npu_backend.pipeline import bounds_of, fusion_patterns, normalise
+from npu_backend.normalise.stage import normalise
+from npu_backend.partition.stage import bounds_of, fusion_patterns
 
 
 def test_required_ops_of_alternatives_and_calls():

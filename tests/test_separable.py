@@ -26,7 +26,8 @@ from npu_backend.kernels import registry, separable_tiles
 from npu_backend.kernels.registry import pattern_table
 from npu_backend.kernels.separable import SEPARABLE
 from npu_backend.options import CompileOptions
-from npu_backend.pipeline import STAGES, run_stages
+from npu_backend.pipeline import STAGES
+from npu_backend.target.relax_pipeline import run_stages
 
 ACTIVATIONS = {"none": None, "relu": (0.0, float("inf")), "relu6": (0.0, 6.0)}
 SMALL_SPAD = dataclasses.replace(load_arch("cgra-8x8"), name="cgra-8x8-64k", spad_bytes=64 * 1024)

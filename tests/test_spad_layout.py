@@ -22,7 +22,8 @@ from npu_backend.kernels import KernelSpec
 from npu_backend.kernels.spad_layout import (a_row_stride, beat_rows_conflict_free, operand_rows_conflict_free,
                                              out_row_stride, storage_align_args)
 from npu_backend.options import CompileOptions
-from npu_backend.pipeline import KERNEL_STAGES, Kernel
+from npu_backend.kernels.stage import Kernel
+from npu_backend.pipeline import KERNEL_STAGES
 from npu_backend.tools.workloads import conv2d_model, matmul_model, mismatch, run
 
 ARCHS = {name: npu_backend.load_arch(name) for name in npu_backend.preset_names()}

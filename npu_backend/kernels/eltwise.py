@@ -81,7 +81,7 @@ class EltwiseSpec:
     op = "eltwise"
     # A static factor times a variable as a tile's extent: TVM's region-cover check cannot prove
     # whole tiles cover it (as for a conv2d's symbolic image), the schedule runs unchecked
-    # (pipeline.schedule) and the tests check the kernel at many sizes.
+    # (kernels/stage.py: schedule) and the tests check the kernel at many sizes.
     symbolic_image = property(lambda self: bool(self.tail) and self.tail_factor > 1)
     compute_name = "eltwise"
     acc_dtype = property(lambda self: self.dtype)  # what the target hook and explain read off a spec
@@ -264,6 +264,7 @@ def _estimate_cycles(spec: EltwiseSpec, t: Tiling, outer: int, arch: HardwareDes
 
 
 def _loader(tensor, view):
+    """A TE compute body reading `tensor` through its padded `view` at the given indices."""
     return lambda *indices: padded(tensor, view, indices)
 
 

@@ -1,6 +1,6 @@
 """What a schedule must leave behind: every computation on the NPU's units.
 
-Stage: schedule (pipeline.schedule runs it after the built-in or a user's schedule function).
+Stage: schedule (kernels/stage.py: schedule runs it after the built-in or a user's schedule function).
 In: the scheduled s_tir PrimFunc. Out: nothing, or ScheduleError naming the first block that
 still computes element by element, with its loop nest and how to fix it. A leaf block may be a
 tensorized intrinsic (its body records a `cgra_*` command) or a copy between a tensor and the
@@ -38,6 +38,7 @@ def check_scheduled(sch, where: str) -> None:
 
 
 def _leaf_blocks(sch, block_rv) -> list:
+    """The blocks under `block_rv` that have no child blocks (itself when it has none)."""
     children = sch.get_child_blocks(block_rv)
     if not children:
         return [block_rv]
@@ -83,6 +84,7 @@ def _is_spad_copy(stmt) -> bool:
 
 
 def _scope(buffer) -> str:
+    """The buffer's storage scope ("global", "cgra.spad", ...), "" when it has none."""
     return str(buffer.scope()) if callable(getattr(buffer, "scope", None)) else ""
 
 
@@ -100,6 +102,7 @@ def check_signature(func, builtin, where: str) -> None:
 
 
 def _param(var) -> tuple:
+    """(name, shape, dtype) of a PrimFunc parameter, dimensions as ints or their names."""
     ty = var.ty
     shape = tuple(int(d) if hasattr(d, "value") else str(d) for d in getattr(ty, "shape", ()))
     return str(var.name), shape, str(getattr(ty, "dtype", ""))

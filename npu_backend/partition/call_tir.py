@@ -1,8 +1,8 @@
 """Offload the PrimFuncs a Relax function calls with R.call_tir that the NPU can run.
 
 Stage: partition (after FuseOpsByPattern). Input: a Relax IRModule and `reason_of(prim_func,
-name)`, which says why a PrimFunc cannot be an NPU kernel or None when it can (pipeline.py: it
-compiles the PrimFunc through the kernel stages, so a PrimFunc is offloaded only if it will
+name)`, which says why a PrimFunc cannot be an NPU kernel or None when it can (partition/stage.py:
+it compiles the PrimFunc through the kernel stages, so a PrimFunc is offloaded only if it will
 compile). Output: every such `R.call_tir(f, args)` replaced by a call of a new Relax function
 `cgra_tir_<f>` with `Codegen="cgra"` (what RunCodegen hands to relax.ext.cgra), whose body is
 the same call_tir and which carries the PrimFunc and its name as attributes (the target hook
@@ -83,6 +83,7 @@ def offload_call_tir(mod: tvm.IRModule, reason_of, attrs) -> tvm.IRModule:
 
 
 def _note_site(mod, expr, sites: dict) -> None:
+    """Record `expr` in `sites` (PrimFunc name -> first call) when it is a call_tir that may be offloaded."""
     found = called_prim_func(mod, expr)
     if found is not None and call_tir_reason(expr) is None:
         sites.setdefault(found[0], expr)

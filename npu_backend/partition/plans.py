@@ -11,7 +11,7 @@ In: the module and what `ModuleCalls` read of it. The plan's key (`fingerprint`)
 structure with every shape and dtype (TVM's structural hash, tensor contents left out: hashing
 VGG-19's 548 MB of weights takes 0.26 s) and the contents of its small constants (a check reads
 a one-element constant: a divisor, a zero point; `ModuleCalls` keeps those of up to 64
-elements); the caller (pipeline.partition) adds the patterns it would try, the chip, the
+elements); the caller (partition/stage.py) adds the patterns it would try, the chip, the
 options, the fabric mapper and the compiler's version. Out: the plan's payload (`plan_payload`),
 read back by `read_plan`. A plan that were stale could only leave out a pattern (its check
 still decides every group that is made): a layer left to a smaller kernel or the host, never a
@@ -48,6 +48,7 @@ def grouped_patterns(partitioned) -> list[str]:
 
 
 def plan_payload(names: list[str]) -> bytes:
+    """What the kernel cache keeps for a plan: the names of the patterns that made its groups."""
     return json.dumps({"grouped": names}).encode()
 
 

@@ -42,7 +42,8 @@ from ..partition.call_tir import wrapped_call
 from ..partition.composite import composite_name
 from ..options import CompileOptions, dump
 from ..relax_info import shape_dims
-from ..pipeline import KERNEL_STAGES, Kernel, run_kernel_stages
+from ..kernels.stage import Kernel, run_kernel_stages
+from ..pipeline import KERNEL_STAGES
 from ..progress import report_kernel
 from ..device.kernel_cache import LINKED_SUFFIX, default_kernel_cache, kernel_key
 from .parallel import compile_all
@@ -63,7 +64,8 @@ def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
            dataclasses.replace(options, dump_dir=None), schedule_of(spec, pattern), kernel_builder_of(spec, pattern))
     outputs = _KERNEL_CACHE.get(key)
     if outputs is None:
-        outputs = run_kernel_stages(Kernel(symbol, spec, attrs, pattern=pattern, layer=nodes), arch, options)
+        outputs = run_kernel_stages(Kernel(symbol, spec, attrs, pattern=pattern, layer=nodes), arch, options,
+                                    KERNEL_STAGES)
         if kernel_builder_of(spec, pattern) is None:  # a user's kernel is checked against the built-in one
             check_views(outputs["s_tir"].func, caller_shapes(func), family_of(spec).name, f"kernel {symbol}")
         _KERNEL_CACHE[key] = outputs
@@ -141,6 +143,7 @@ def macs_per_output(spec) -> tuple[int, int]:
 
 
 def _attr_safe(nodes: str) -> str:
+    """Model node names with the separators of the source_ops attribute replaced."""
     # "," separates the operators and "@" an operator from its nodes: not in a node's name.
     return nodes.replace(",", "_").replace("@", "_")
 
@@ -180,6 +183,7 @@ def linked_key(pending: list, options: CompileOptions) -> str | None:
 
 
 def pack_linked(object_bytes: bytes, library: bytes) -> bytes:
+    """One cache entry holding a linked object and its shared library (unpack_linked reads it)."""
     return len(object_bytes).to_bytes(8, "little") + object_bytes + library
 
 
@@ -298,4 +302,5 @@ def _c_compiler() -> str:
 
 
 def register_target_hook() -> None:
+    """Register `relax.ext.cgra`, the function RunCodegen calls for functions with Codegen="cgra"."""
     tvm_ffi.register_global_func("relax.ext.cgra", relax_ext_cgra, override=True)

@@ -15,7 +15,7 @@ from tvm.relax import pipeline as relax_pipeline
 from cgra_sim.arch import DEFAULT_ARCH, load_arch, preset_names
 
 from ..options import CompileOptions
-from ..pipeline import cgra_pipeline
+from .relax_pipeline import cgra_pipeline
 
 TARGET_KEY = "cgra"
 #: LLVM's optimisation level for the operators left on the host, which TVM builds at its llvm
@@ -28,10 +28,12 @@ _REGISTERED: dict = {}  # chip name -> HardwareDescription, for the tags of chip
 
 
 def _tag(name: str, opt_level: int = HOST_OPT_LEVEL) -> dict:
+    """The target config of chip `name`: TVM's llvm target with the cgra key and the chip's name."""
     return {"kind": "llvm", "keys": [TARGET_KEY, name, "cpu"], "opt-level": opt_level}
 
 
 def register_target_tags() -> None:
+    """Register the tag `cgra` (the default preset) and one tag per preset."""
     tvm.target.register_tag(TARGET_KEY, _tag(DEFAULT_ARCH))
     for name in preset_names():
         tvm.target.register_tag(name, _tag(name))

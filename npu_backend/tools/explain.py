@@ -24,8 +24,10 @@ from ..kernels.registry import host_patterns
 from ..options import CompileOptions
 from ..partition.composite import composite_call, composite_ops
 from ..partition.call_tir import call_tir_reason, called_prim_func, wrapped_call
-from ..pipeline import STAGES, run_stages, tir_offload_reason
+from ..partition.stage import tir_offload_reason
+from ..pipeline import KERNEL_STAGES, STAGES
 from ..relax_info import shape_dims, static_shape
+from ..target.relax_pipeline import run_stages
 
 #: Operators that count multiply-accumulates (`Placement.macs`): every convolution, NPU or not
 #: (a conv1d or conv3d on the host is work the NPU share must count).
@@ -36,6 +38,8 @@ _MAC_OPS = ("relax.matmul",) + _CONVS + _TRANSPOSED_CONVS
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
+    """Where one operator of the model runs, and why."""
+
     op: str  # the Relax operator, e.g. "nn.conv2d"
     output: str  # its output type, e.g. "(1, 16, 32, 32) float32"
     where: str  # "npu" or "host"
@@ -68,6 +72,7 @@ def explain(mod: tvm.IRModule, arch=None, dims: dict | None = None, fuse_chains:
 
 
 def format_placements(placements: list[Placement]) -> str:
+    """A table of the placements, one operator a line, and the share of MACs on the NPU."""
     lines = [f"{'op':<16} {'output':<28} {'runs on':<8} {'MACs':>10}  detail"]
     for p in placements:
         detail = p.kernel if p.where == "npu" else p.reason
@@ -79,10 +84,12 @@ def format_placements(placements: list[Placement]) -> str:
 
 
 def _attr(func, key):
+    """The function's attribute `key`, or None."""
     return (func.attrs or {}).get(key) if func.attrs is not None else None
 
 
 def _placements(mod, func, arch, start: int, dims: dict):
+    """The placements of every operator `func` calls, on the NPU (each kernel's ops) or the host."""
     placements = []
     for block in func.body.blocks:
         for binding in block.bindings:
@@ -99,6 +106,7 @@ def _placements(mod, func, arch, start: int, dims: dict):
 
 
 def _kernel_ops(wrapper, site: int, dims: dict) -> list[Placement]:
+    """The placements of the operators one offloaded function (`wrapper`) computes on the NPU."""
     spec = offloaded_spec(wrapper)  # what the compiler reads; raises where the compiler would
     symbol = str(wrapper.attrs["global_symbol"])
     tir_call = wrapped_call(wrapper)
@@ -133,7 +141,7 @@ def _host_reason(mod, call, arch) -> str:
     called = called_prim_func(mod, call)
     if called is not None:
         name, func = called
-        return call_tir_reason(call) or tir_offload_reason(func, name, arch, CompileOptions()) or \
+        return call_tir_reason(call) or tir_offload_reason(func, name, arch, CompileOptions(), KERNEL_STAGES) or \
             "it compiles as an NPU kernel but was not offloaded (please report this)"
     if call.op.name in _SHAPE_OPS:
         return "changes only the shape: no arithmetic to offload (the same memory seen anew, or one copy)"
@@ -203,6 +211,7 @@ def _sized(expr, dims: dict) -> tuple | None:
 
 
 def _short(op_name: str) -> str:
+    """The operator's name without "relax." ("nn.conv2d")."""
     return op_name.replace("relax.", "")
 
 

@@ -1,0 +1,80 @@
+"""The normalise stage's body: the model's idioms rewritten into the forms the kernels match.
+
+Stage: normalise (pipeline.STAGES' first). In and out: a Relax IRModule. Three numpy rewrites run
+first, on the weights as the importer left them; then `normalise_passes`, one line each saying
+why, on a module that calls their operators (rewrite.scans_shared). The list lives here, not in
+pipeline.py, because it is a body: it runs inside that context and after the numpy rewrites.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from .batch_norms import batch_norms_as_scale_shift
+from .bool_scans import bool_scans_as_counts_pass
+from .clips import canonicalize_clips_pass
+from .conv1ds import conv1ds_as_conv2ds_pass
+from .conv3ds import conv3ds_as_conv2ds_pass
+from .conv_transposes import conv_transposes_as_convs_pass
+from .fold_weights import fold_remaining_constants, fold_weights, restore_kept_transposes
+from .large_pools import split_large_pools_pass
+from .qdq import canonicalize_qdq
+from .rewrite import scans_shared
+from .scalars import scalar_operands_pass
+from .sums import sums_as_adds_pass
+
+
+def normalise(mod, arch, options):
+    """`mod` with QDQ layers as integers, batch norms and weight arithmetic folded with numpy, then
+    every pass of `normalise_passes` run."""
+    del arch, options
+    # QDQ layers (dequantize -> conv2d / matmul -> quantize) become int8 x int8 -> int32 with
+    # an int32 bias and a requantisation to int8, onnxruntime's arithmetic (qdq.py);
+    # first, while the quantized weights are still int8 constants under their dequantize.
+    mod = canonicalize_qdq(mod)
+    # Inference batch norm after a conv2d with constant weights becomes scaled weights and a
+    # bias add, and the constant arithmetic importers leave around weights (bias reshapes,
+    # transposed Gemm weights) is folded, with numpy in milliseconds (fold_weights.py).
+    mod = fold_weights(mod)
+    # A batch norm no conv2d took (after a pool or an add) becomes x * scale + shift with numpy
+    # constants: two elementwise kernels instead of a host op (batch_norms.py).
+    mod = batch_norms_as_scale_shift(mod)
+    # The rewrites below run on a module that calls their operators (rewrite.py).
+    with scans_shared():
+        return tvm.transform.Sequential(normalise_passes())(mod)
+
+
+def normalise_passes() -> list:
+    """The Relax passes of the normalise stage, in order, each with the reason it is there."""
+    return [
+        # TVM's FoldConstant, for what fold_weights has no numpy rule for (and only if there is any).
+        tvm.transform.module_pass(lambda m, _ctx: fold_remaining_constants(m), opt_level=0,
+                                  name="cgra.FoldConstant"),
+        # The weight transposes fold_weights kept from FoldConstant, back (the matmul kernel
+        # reads them as stored).
+        tvm.transform.module_pass(lambda m, _ctx: restore_kept_transposes(m), opt_level=0,
+                                  name="cgra.RestoreTransposes"),
+        relax.transform.CanonicalizeBindings(),
+        # A transposed convolution becomes one conv2d per output phase and an interleave: the
+        # NPU's GEMM kernels, and no multiplications by inserted zeros (conv_transposes.py).
+        conv_transposes_as_convs_pass,
+        # A conv1d as a conv2d one pixel high, a conv3d as conv2d's over frames (conv1ds.py, conv3ds.py).
+        conv1ds_as_conv2ds_pass, conv3ds_as_conv2ds_pass,
+        # A bool cumsum counts, as PyTorch's does (bool_scans.py): as bool no target builds it.
+        bool_scans_as_counts_pass,
+        # ONNX Sum imports as a stack and a reduction: as adds, a residual add the conv2d kernel
+        # fuses or elementwise adds (sums.py).
+        sums_as_adds_pass,
+        # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast (scalars.py).
+        scalar_operands_pass,
+        # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip
+        # with constant bounds, as PyTorch's relu6 already is, so the epilogue can fuse them.
+        canonicalize_clips_pass(),
+        # A pooling window of more than 256 taps becomes a row pass and a column pass: the POOL
+        # command's window expression must not grow with the window (large_pools.py).
+        split_large_pools_pass,
+        # What folding left unused (PyTorch's max_pool2d returns a tuple with zeros_like
+        # indices that FoldConstant turns into a constant nobody reads).
+        relax.transform.DeadCodeElimination(),
+    ]
