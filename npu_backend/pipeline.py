@@ -31,7 +31,8 @@ from .target.stage import codegen
 STAGES = [
     # The model's idioms in the forms the kernels match: QDQ layers as integer arithmetic, batch
     # norms and weight arithmetic folded with numpy, ONNX Clip as R.clip, transposed, 1-d and 3-d
-    # convolutions as conv2d's, large pools split (normalise/stage.py: normalise_passes).
+    # convolutions as conv2d's, large pools split, a transformer's hand-written norms, GELUs and
+    # safe softmaxes as one op each (normalise/stage.py: normalise_passes).
     ("normalise", normalise),
     # Every subgraph an op family's pattern matches and the chip can run becomes an offloaded
     # function; so does a user's PrimFunc called with R.call_tir that compiles through

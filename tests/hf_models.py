@@ -70,6 +70,12 @@ ARCHITECTURES = {
     "llama": (hf.LlamaConfig, hf.LlamaModel, dict(vocab_size=100, hidden_size=64, num_hidden_layers=2,
                                                   num_attention_heads=4, intermediate_size=128, num_key_value_heads=2,
                                                   use_cache=False), "text"),
+    # Bloom: ALiBi and its own tanh GELU; Falcon: multi-query attention, whose qkv[..., [-2], :]
+    # read before the tensor until normalise/negative_indices.py
+    "bloom": (hf.BloomConfig, hf.BloomModel, dict(vocab_size=100, hidden_size=64, n_layer=2, n_head=4,
+                                                  use_cache=False), "text"),
+    "falcon": (hf.FalconConfig, hf.FalconModel, dict(vocab_size=100, hidden_size=64, num_hidden_layers=2,
+                                                     num_attention_heads=4, multi_query=True, use_cache=False), "text"),
 }
 
 

@@ -123,3 +123,15 @@ def test_a_model_without_macs_does_not_claim_a_share_of_them():
                        lambda bb, x, y: bb.emit(relax.op.add(x, y)))
     text = npu_backend.format_placements(npu_backend.explain(mod, "cgra-8x8"))
     assert "of 0 MACs" not in text and "no multiply-accumulates" in text
+
+
+def test_explain_refuses_a_dimension_name_the_module_does_not_have():
+    """torch.export names a sequence length "s58": dims={"s": 48} sized nothing, so the matmul
+    counted 0 MACs and explain reported 100% on the NPU whatever ran on the host."""
+    seq = tirx.Var("s58", "int64")
+    mod = relax_module([("x", (seq, 16), "float32")],
+                       lambda bb, x: bb.emit(relax.op.matmul(x, relax.const(np.ones((16, 8), np.float32)))))
+    with pytest.raises(ValueError, match=r"dims names 's'.*symbolic dimensions are 's58'"):
+        npu_backend.explain(mod, "cgra-8x8", dims={"s": 48})
+    (placement,) = [p for p in npu_backend.explain(mod, "cgra-8x8", dims={"s58": 48}) if p.op == "matmul"]
+    assert placement.macs == 48 * 16 * 8

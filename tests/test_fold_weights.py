@@ -233,3 +233,43 @@ def test_folds_what_yolos_interpolation_leaves_constant_like_fold_constant():
     for ours, theirs in zip(*outputs):
         np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
     np.testing.assert_array_equal(outputs[0][1].numpy(), [0, 0, 0, 0, 0, 1, 2, 7, 7, 0])
+
+
+def test_folds_a_decoders_causal_mask_like_fold_constant():
+    """Hugging Face's causal mask (GPT-2, Llama, Falcon) from its position ids: a count of
+    packed-sequence starts (cumsum, int64 once normalise/bool_scans.py has run), index_tensor
+    lookups, a full(True) and the and of comparisons, all constant; left, the safe softmax after
+    it could not be read as a softmax. Folded in numpy, bit for bit TVM's llvm build; stays: an
+    index_tensor index outside its axis."""
+    positions = np.arange(6, dtype="int64").reshape(1, 6)
+
+    def body(bb, x):
+        starts = bb.emit(relax.op.astype(bb.emit(relax.op.not_equal(relax.const(positions), relax.const(
+            np.array(1, "int64")))), "int64"))
+        packed = bb.emit(relax.op.cumsum(starts, axis=-1, dtype="int64"))
+        rows = relax.const(np.zeros((1, 1, 1, 1), "int64"))
+        query = bb.emit(relax.op.index_tensor(relax.const(positions), relax.Tuple(
+            [rows, relax.const(np.arange(6, dtype="int64").reshape(1, 1, 6, 1))])))
+        key = bb.emit(relax.op.index_tensor(relax.const(positions), relax.Tuple(
+            [rows, relax.const(np.arange(6, dtype="int64").reshape(1, 1, 1, 6))])))
+        causal = bb.emit(relax.op.bitwise_and(bb.emit(relax.op.full((), relax.const(True, "bool"), "bool")),
+                                              bb.emit(relax.op.less_equal(key, query))))
+        same = bb.emit(relax.op.equal(bb.emit(relax.op.index_tensor(packed, relax.Tuple(
+            [rows, relax.const(np.arange(6, dtype="int64").reshape(1, 1, 6, 1))]))), packed))
+        mask = bb.emit(relax.op.logical_not(bb.emit(relax.op.logical_not(bb.emit(relax.op.bitwise_and(causal, same))))))
+        scores = bb.emit(relax.op.where(mask, relax.const(0.0, "float32"), relax.const(-np.inf, "float32")))
+        return bb.emit(relax.op.add(x, scores))
+
+    mod = relax_module([("x", (1, 1, 6, 6), "float32")], body)
+    folded = fold_weights(mod)
+    assert _ops(folded) == ["add"]
+    x = np.random.default_rng(2).standard_normal((1, 1, 6, 6)).astype("float32")
+    ours, theirs = (tvm.relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](
+        tvm.runtime.tensor(x)).numpy() for m in (folded, mod))
+    np.testing.assert_array_equal(ours, theirs)
+    assert np.isinf(ours[0, 0][np.triu_indices(6, 1)]).all() and np.isfinite(np.diagonal(ours[0, 0])).all()
+    table = relax.const(np.arange(6, dtype="float32").reshape(1, 6))
+    outside = relax_module([("x", (1,), "float32")], lambda bb, x: bb.emit(relax.op.add(x, bb.emit(
+        relax.op.index_tensor(table, relax.Tuple([relax.const(np.array([0], "int64")),
+                                                                   relax.const(np.array([6], "int64"))]))))))
+    assert "index_tensor" in _ops(fold_weights(outside))

@@ -246,21 +246,24 @@ def _elements(tm: int, tn: int, full: tuple) -> int:
     return cost.eltwise_operand_reads(tm, tn, *full)
 
 
+def estimate_eltwise_cycles(spec: EltwiseSpec, tiling: Tiling, arch: HardwareDescription) -> int:
+    """The search's estimate of an elementwise kernel on `tiling` (its extents padded to whole tiles)."""
+    return _estimate_cycles(spec, tiling, math.prod(spec.extents[:-2]), arch)
+
+
 def _estimate_cycles(spec: EltwiseSpec, t: Tiling, outer: int, arch: HardwareDescription) -> int:
-    """First-order cycles, each command priced by the simulator's cost model (cgra_sim.cost). With
-    double buffering the busiest of load, vector unit and store per tile sets the pace, unless the
-    tile is so small that the DMA latency does: a buffer is reloaded only after the store that
-    read it two tiles earlier has completed, so two tiles take at least one tile's load, ELTWISE
-    and store with the latency of both DMAs. Plus the first load and the last ELTWISE and store,
-    which nothing overlaps."""
+    """First-order cycles, each command priced by the simulator's cost model (cgra_sim.cost), the
+    tiles a double-buffered loop of operand loads, ELTWISE and store (cost.double_buffered_cycles):
+    the busiest of the three per tile, or, for small tiles, half a buffer's round trip (operands:
+    loaded with the DMA latency, then read; output: written, then stored with the latency); plus
+    the first load and the last ELTWISE and store, which nothing overlaps."""
     size = DType.from_name(spec.dtype).itemsize
     tiles = outer * (t.mp // t.tm) * (t.np // t.tn)
     reads = _elements(t.tm, t.tn, spec.lhs_full[-2:]) + _elements(t.tm, t.tn, spec.rhs_full[-2:])
     load = cost.dma_transfer_cycles(arch, reads * size)
     vector = cost.eltwise_cycles(arch, t.tm * t.tn, reads)
     store = cost.dma_transfer_cycles(arch, t.tm * t.tn * size)
-    chain = load + vector + store + 2 * arch.dma_latency
-    return tiles * max(load, vector, store, -(-chain // 2)) + chain
+    return cost.double_buffered_cycles(arch, cost.BufferedLoop(tiles, load, (vector,), store)).total
 
 
 def _loader(tensor, view):

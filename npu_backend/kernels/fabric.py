@@ -95,10 +95,15 @@ def fabric_spec(name: str, annotated: dict) -> FabricSpec:
 def choose_fabric_tiling(spec: FabricSpec, arch: HardwareDescription) -> Tiling:
     """The tiles of unary.fastest_tiling, the body's cycles on a tile from its mapping. The body must
     map onto the chip's fabric."""
+    return fastest_tiling(spec, arch, fabric_tile_cycles(spec, arch))
+
+
+def fabric_tile_cycles(spec: FabricSpec, arch: HardwareDescription):
+    """cycles(elements) of the body's FABRIC run over a tile, from its mapping on the chip's fabric
+    (each element read and written once)."""
     program = require_program(spec.body, spec.dtype, arch, " -> ".join(spec.source_ops))
     size = DType.from_name(spec.dtype).itemsize
-    return fastest_tiling(spec, arch, lambda elements: program.latency + cost.fabric_steady_cycles(
-        arch, elements, program.lanes, program.ii, 2 * elements * size))
+    return lambda elements: cost.fabric_run_cycles(arch, program, elements, 2 * elements * size)
 
 
 def fabric_compute(spec: FabricSpec, tiling):

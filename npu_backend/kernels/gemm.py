@@ -186,8 +186,9 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     """A first-order estimate of a tiled GEMM's cycles, each unit's work priced by the simulator's
     cost model (cgra_sim.cost).
 
-    With double buffering the busiest unit sets the pace: the PE array's GEMMs (and one fill of
-    the whole array), the load engine's operand tiles, the store engine's output tiles, the vector
+    A double-buffered loop of reduction steps (cost.double_buffered_cycles): the busiest unit
+    sets the pace: the PE array's GEMMs (and one fill of the sub-array a tile occupies,
+    cost.gemm_fill_cycles, as the simulator charges it), the load engine's operand tiles, the store engine's output tiles, the vector
     unit's FILL and EPILOGUE of every tile (the epilogue streams the residual tile too). What
     cannot overlap is the first tile's loads (nothing to compute yet), the last tile's epilogue
     and store, and a bubble per tile: the vector unit runs in order, so the next tile's first
@@ -197,7 +198,7 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     runs; the tile search itself still prices the FILL, and its choices stay what they were).
     """
     tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk * taps
-    array_fill = arch.rows + arch.cols
+    array_fill = cost.gemm_fill_cycles(arch, t.tm, t.tn)
     gemm = _gemm_step_cycles(arch, t.tm, t.tn, t.tk, dtype)  # one tile's reduction step
     compute = tiles * steps * gemm + array_fill + cost.pe_array_config_cycles(arch, dtype)
     tile_load = (t.tm * t.tk + t.tk * t.tn) * in_bytes
@@ -208,16 +209,15 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     fills = 0 if init_folded else 1
     vector = cost.vector_stream_cycles(arch, (fills + (2 if has_residual else 1)) * tiles * t.tm * t.tn)
     vector_tile = cost.vector_stream_cycles(arch, t.tm * t.tn)  # one FILL or EPILOGUE of a tile
-    prologue = cost.dma_cycles(arch, tile_load)
-    tail = vector_tile + cost.dma_cycles(arch, out_bytes)
     bubble = 0 if init_folded else (tiles - 1) * (2 * vector_tile + array_fill)
     # With two buffers, each buffer in turn is loaded (latency, then transfer) and then computed
-    # on before it can be loaded again: two steps take at least latency + transfer + compute.
-    # Short steps, or steps whose loads take as long as their GEMM, wait for the DMA: a row tile
-    # cut to a few rows, or a thin conv2d tile reloading its weights every step.
-    step = arch.dma_latency + cost.dma_transfer_cycles(arch, tile_load) + gemm
-    busiest = max(compute, load, store, vector, tiles * steps * -(-step // 2))
-    return busiest + bubble + prologue + tail
+    # on before it can be loaded again: two steps take at least latency + transfer + compute (the
+    # "load" round trip). Short steps, or steps whose loads take as long as their GEMM, wait for
+    # the DMA: a row tile cut to a few rows, or a thin conv2d tile reloading its weights every step.
+    return cost.double_buffered_cycles(arch, cost.BufferedLoop(
+        tiles * steps, cost.dma_transfer_cycles(arch, tile_load), (gemm,), 0,
+        last_store=cost.dma_transfer_cycles(arch, out_bytes), last_work=cost.vector_cycles(arch, t.tm, t.tn),
+        others=max(compute, load, store, vector), stalls=bubble, round_trips=("load",), whole_last_step=True)).total
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -34,7 +34,7 @@ from .dynamic import CUT_PARAMS, batch_extent, dim_var
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.vector_unit import PoolWindow, pool_value
 from .operands import kernel_prim_func, padded, stored
-from .pool_tiles import channel_candidates, period
+from .pool_tiles import channel_candidates
 from .spec import KernelSpec, Tiling, aligned, round_up
 
 #: Block sides tried along each axis (a static axis smaller than a side is taken whole). The
@@ -159,39 +159,7 @@ def choose_global_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     def fits(block_bytes: int, tn: int) -> bool:
         return aligned(2 * block_bytes * tn) + 4 * aligned(tn * size) + aligned(size) <= arch.spad_bytes
 
-    def pool_and_add(bh: int, bw: int, tn: int) -> int:
-        """The vector unit's work on one block: its POOL and the ELTWISE add into the sum."""
-        return cost.pool_cycles(arch, bh * bw * tn) + cost.eltwise_cycles(arch, tn, tn)
-
-    @functools.cache
-    def block(bh: int, bw: int, tn: int) -> int:
-        """Cycles between blocks of bh x bw pixels: its load, or half the round trip of its
-        buffer (load with the DMA latency, POOL, ELTWISE add) when that is longer."""
-        return period(cost.dma_transfer_cycles(arch, bh * bw * tn * size), pool_and_add(bh, bw, tn), 0, arch)
-
-    def split(extent: int, side: int, sym: bool) -> tuple:
-        """(whole blocks, pixels of the cut last one) along an axis; a static axis's last block
-        runs whole."""
-        return divmod(extent, side) if sym else (-(-extent // side), 0)
-
-    @functools.cache
-    def cycles(bh: int, bw: int, tn: int, side: int) -> int:
-        """Per channel tile: the blocks, a last one along a symbolic axis cut to the pixels that
-        exist; then the multiply and the store."""
-        ih, iw = image_at(side)
-        rows, columns = split(ih, bh, symbolic[0]), split(iw, bw, symbolic[1])
-        blocks = sum(rows_count * columns_count * block(block_rows, block_columns, tn)
-                     for rows_count, block_rows in ((rows[0], bh), (1 if rows[1] else 0, rows[1]))
-                     for columns_count, block_columns in ((columns[0], bw), (1 if columns[1] else 0, columns[1]))
-                     if rows_count and columns_count)
-        # A cut block between whole ones: the next row's first whole block reuses the buffer of
-        # this row's last whole block (buffers alternate whole, cut, whole), so its load waits
-        # for that block's POOL and add once per block row.
-        stalls = rows[0] + (1 if rows[1] else 0) if columns[0] and columns[1] else 0
-        finish = cost.vector_cycles(arch, 1, tn) + cost.eltwise_cycles(arch, tn, tn) + \
-            cost.dma_transfer_cycles(arch, tn * size) + stalls * pool_and_add(bh, bw, tn)
-        first = cost.dma_transfer_cycles(arch, min(bh, ih) * min(bw, iw) * tn * size)
-        return n * -(-channels // tn) * (blocks + finish) + 2 * arch.dma_latency + first
+    cycles = global_cycles(spec, arch)
 
     @functools.cache
     def static(side: int) -> int:
@@ -203,8 +171,9 @@ def choose_global_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
                 break
             load = cost.dma_transfer_cycles(arch, ih * iw * tn * size)
             store = cost.dma_transfer_cycles(arch, tn * size)
-            each = period(load, cost.pool_cycles(arch, ih * iw * tn), store, arch)
-            total = n * -(-channels // tn) * each + 2 * arch.dma_latency + load + store
+            total = cost.double_buffered_cycles(arch, cost.BufferedLoop(
+                n * -(-channels // tn), load, (cost.pool_cycles(arch, ih * iw * tn),), store, last_work=0,
+                whole_last_step=True)).total
             best = total if best is None else min(best, total)
         return best
 
@@ -234,3 +203,60 @@ def choose_global_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     bh, bw, tn = min(candidates, key=regret)
     return Tiling(bh, tn, bh * bw, round_up(h, bh), round_up(channels, tn), bh * bw, tw=bw)
 
+
+def estimate_global_cycles(spec: KernelSpec, tiling: Tiling, arch: HardwareDescription, side: int) -> int:
+    """The search's estimate of the block kernel on `tiling` (bh = tm, bw = tw, tn) for an image
+    of `side` pixels along its symbolic axes."""
+    return global_cycles(spec, arch)(tiling.tm, tiling.tw, tiling.tn, side)
+
+
+def global_cycles(spec: KernelSpec, arch: HardwareDescription):
+    """cycles(bh, bw, tn, side): the estimate of blocks of bh x bw pixels by tn channels for an
+    image of `side` pixels along its symbolic axes, each channel tile a double-buffered loop of
+    block loads and their POOL and ELTWISE add (cost.double_buffered_cycles)."""
+    n, channels, h, w = spec.lhs_shape
+    names = spec.symbolic("lhs")
+    symbolic = [spec.data_layout.index(axis) in names for axis in "HW"]
+    size = DType.from_name(spec.dtype).itemsize
+
+    def image_at(side: int) -> tuple:
+        return tuple(side if sym else extent for extent, sym in zip((h, w), symbolic))
+
+    def pool_and_add(bh: int, bw: int, tn: int) -> int:
+        """The vector unit's work on one block: its POOL and the ELTWISE add into the sum."""
+        return cost.pool_cycles(arch, bh * bw * tn) + cost.eltwise_cycles(arch, tn, tn)
+
+    @functools.cache
+    def block(bh: int, bw: int, tn: int) -> int:
+        """Cycles between blocks of bh x bw pixels: its load, or half the round trip of its
+        buffer (load with the DMA latency, POOL, ELTWISE add) when that is longer."""
+        return cost.buffered_step_cycles(arch, cost.BufferedLoop(
+            1, cost.dma_transfer_cycles(arch, bh * bw * tn * size), (pool_and_add(bh, bw, tn),)))
+
+    def split(extent: int, side: int, sym: bool) -> tuple:
+        """(whole blocks, pixels of the cut last one) along an axis; a static axis's last block
+        runs whole."""
+        return divmod(extent, side) if sym else (-(-extent // side), 0)
+
+    @functools.cache
+    def cycles(bh: int, bw: int, tn: int, side: int) -> int:
+        """Per channel tile: the blocks, a last one along a symbolic axis cut to the pixels that
+        exist; then the multiply and the store."""
+        ih, iw = image_at(side)
+        rows, columns = split(ih, bh, symbolic[0]), split(iw, bw, symbolic[1])
+        blocks = sum(rows_count * columns_count * block(block_rows, block_columns, tn)
+                     for rows_count, block_rows in ((rows[0], bh), (1 if rows[1] else 0, rows[1]))
+                     for columns_count, block_columns in ((columns[0], bw), (1 if columns[1] else 0, columns[1]))
+                     if rows_count and columns_count)
+        # A cut block between whole ones: the next row's first whole block reuses the buffer of
+        # this row's last whole block (buffers alternate whole, cut, whole), so its load waits
+        # for that block's POOL and add once per block row.
+        stalls = rows[0] + (1 if rows[1] else 0) if columns[0] and columns[1] else 0
+        finish = cost.vector_cycles(arch, 1, tn) + cost.eltwise_cycles(arch, tn, tn) + \
+            cost.dma_transfer_cycles(arch, tn * size) + stalls * pool_and_add(bh, bw, tn)
+        first = cost.dma_transfer_cycles(arch, min(bh, ih) * min(bw, iw) * tn * size)
+        # the loop's tail (the last block's work, its multiply and store) is in `finish`
+        return cost.double_buffered_cycles(arch, cost.BufferedLoop(
+            n * -(-channels // tn), first, steady=n * -(-channels // tn) * (blocks + finish), last_work=0)).total
+
+    return cycles

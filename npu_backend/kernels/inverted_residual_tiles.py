@@ -168,5 +168,4 @@ def estimate_cycles(spec, t: Tiling, arch: HardwareDescription) -> int:
     costs = TileCosts(pair.compute + compute, pair.vector + blocks * in_h * row_vector,
                       pair.load + window + blocks * weights, pair.store, 0)
     tiles = dw.lhs_shape[0] * t.mp // t.tm
-    first = pair.first_load + window + weights
-    return tiles * costs.period(arch) + cost.dma_cycles(arch, first) + cost.dma_cycles(arch, pair.store)
+    return costs.loop(arch, tiles, pair.first_load + window + weights).total

@@ -80,16 +80,21 @@ def smooth_spec(name: str, annotated: dict) -> SmoothSpec:
 def choose_smooth_tiling(spec: SmoothSpec, arch: HardwareDescription):
     """unary.fastest_tiling, a tile's work being every body's mapped run in turn (and the
     vector unit's multiply): each body must map onto the chip's fabric."""
+    return fastest_tiling(spec, arch, smooth_tile_cycles(spec, arch))
+
+
+def smooth_tile_cycles(spec: SmoothSpec, arch: HardwareDescription):
+    """cycles(elements) of a tile's work: every body's mapped FABRIC run in turn, and the vector
+    unit's multiply (silu, gelu)."""
     programs = [require_program(nodes, "float32", arch, spec.kind) for nodes in passes(spec.kind)]
     multiplies = spec.kind != "sigmoid"
 
     def tile_cycles(elements: int) -> int:  # scratchpad bytes: each input read and the output written
-        work = sum(p.latency + cost.fabric_steady_cycles(arch, elements, p.lanes, p.ii,
-                                                         (12 if reads_b(nodes) else 8) * elements)
+        work = sum(cost.fabric_run_cycles(arch, p, elements, (12 if reads_b(nodes) else 8) * elements)
                    for p, nodes in zip(programs, passes(spec.kind)))
         return work + (cost.eltwise_cycles(arch, elements, 2 * elements) if multiplies else 0)
 
-    return fastest_tiling(spec, arch, tile_cycles)
+    return tile_cycles
 
 
 def smooth_compute(spec: SmoothSpec, tiling):

@@ -116,15 +116,8 @@ def fastest_tiling(spec, arch: HardwareDescription, tile_cycles) -> Tiling:
                                  f"2x2 {spec.dtype} tiles twice: describe a larger scratchpad")
     work = functools.lru_cache(maxsize=None)(tile_cycles)
 
-    def estimate(tm: int, tn: int, rows: int, cols: int, cut: bool = False) -> float:
-        m, n = (min(tm, rows), min(tn, cols)) if cut else (tm, tn)
-        tiles = -(-rows // tm) * -(-cols // tn)
-        transfer = cost.dma_transfer_cycles(arch, m * n * size)
-        body = work(m * n)
-        # With two buffers a tile's load waits for the body of the tile two back, and the body
-        # of a tile for its load's latency: two tiles take at least latency + transfer + body.
-        step = max(transfer, body, (arch.dma_latency + transfer + body) / 2)
-        return 2 * (arch.dma_latency + transfer) + body + (tiles - 1) * step
+    def estimate(tm: int, tn: int, rows: int, cols: int, cut: bool = False) -> int:
+        return estimate_unary_cycles(spec, arch, work, tm, tn, rows, cols, cut)
 
     operand = spec.operand
     if not operand.extents:
@@ -136,6 +129,20 @@ def fastest_tiling(spec, arch: HardwareDescription, tile_cycles) -> Tiling:
         tm, tn = min(fitting, key=lambda t: (max(estimate(*t, *rc, cut=True) / fastest[rc] for rc in sizes),
                                              estimate(*t, spec.rows, spec.cols)))
     return Tiling(tm, tn, 1, round_up(spec.rows, tm), round_up(spec.cols, tn), 1)
+
+
+def estimate_unary_cycles(spec, arch: HardwareDescription, tile_cycles, tm: int, tn: int, rows: int, cols: int,
+                          cut: bool = False) -> int:
+    """`fastest_tiling`'s estimate of tm x tn tiles over rows x cols elements, `tile_cycles(elements)`
+    the work on one tile (`cut`: a last tile holds only what exists): a double-buffered loop of
+    tile load, work and store. With two buffers a tile's load waits for the body of the tile two
+    back, and the body of a tile for its load's latency: two tiles take at least latency +
+    transfer + body (the "load" round trip)."""
+    m, n = (min(tm, rows), min(tn, cols)) if cut else (tm, tn)
+    tiles = -(-rows // tm) * -(-cols // tn)
+    transfer = cost.dma_transfer_cycles(arch, m * n * DType.from_name(spec.dtype).itemsize)
+    return cost.double_buffered_cycles(arch, cost.BufferedLoop(
+        tiles, transfer, (tile_cycles(m * n),), transfer)).total
 
 
 def _powers(extent: int) -> list:

@@ -122,6 +122,8 @@ class _WeightFolder(relax.PyExprMutator):
             return read_only_view(expr.value)
         if isinstance(expr, (tvm.tirx.FloatImm, tvm.tirx.IntImm)):
             return np.array(expr.value, dtype=str(expr.ty))
+        if isinstance(expr, relax.ShapeExpr) and all(isinstance(d, tvm.tirx.IntImm) for d in expr.values):
+            return np.array([int(d) for d in expr.values], dtype=np.int64)  # full's shape
         return None
 
     def _constant_of(self, expr):

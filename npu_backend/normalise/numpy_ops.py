@@ -25,6 +25,11 @@ def _reshape_to_output(call, data):
     return data.reshape(static_shape(call))
 
 
+def _of_bools_or_ints(fn):
+    """fn(a, b) of two bool or two integer arrays of one dtype (no promotion)."""
+    return lambda call, a, b: fn(a, b) if a.dtype == b.dtype and a.dtype.kind in "biu" else None
+
+
 def _float_only(fn):
     return lambda call, *arrays: fn(*arrays) if all(a.dtype.name in FLOAT for a in arrays) else None
 
@@ -61,7 +66,34 @@ NUMPY_OPS = {
     **{f"relax.{name}": (2, lambda call, a, b, fn=fn: fn(a, b)) for name, fn in (
         ("equal", np.equal), ("not_equal", np.not_equal), ("less", np.less), ("less_equal", np.less_equal),
         ("greater", np.greater), ("greater_equal", np.greater_equal))},
+    # What Hugging Face's causal-mask code leaves constant (the packed-sequence count, the
+    # position lookups, the and of the masks): without them the mask of every decoder stayed
+    # a dozen host operators.
+    "relax.cumsum": (1, lambda call, a: _cumsum(call, a)),
+    "relax.index_tensor": (2, lambda call, a, indices: _index_tensor(a, indices)),
+    "relax.full": (2, lambda call, shape, fill: np.full(static_shape(call), fill, dtype_of(call))),
+    "relax.logical_not": (1, lambda call, a: np.logical_not(a) if a.dtype.kind == "b" else None),
+    **{f"relax.{name}": (2, _of_bools_or_ints(fn)) for name, fn in (
+        ("bitwise_and", np.bitwise_and), ("bitwise_or", np.bitwise_or),
+        ("logical_and", np.logical_and), ("logical_or", np.logical_or))},
 }
+
+
+
+def _cumsum(call, a):
+    """Integer scans along an axis (a float sum's rounding depends on its order; bool is counted
+    by bool_scans.py first)."""
+    if call.attrs.axis is None or a.dtype.kind not in "iu" or dtype_of(call) != a.dtype.name:
+        return None
+    out = np.cumsum(a, axis=int(call.attrs.axis), dtype=a.dtype)
+    return out - a if bool(call.attrs.exclusive) else out
+
+
+def _index_tensor(a, indices):
+    """Advanced indexing by integer arrays, each inside its axis (numpy broadcasts them as TVM)."""
+    if len(indices) > a.ndim or not all(_inside(index, a.shape[axis]) for axis, index in enumerate(indices)):
+        return None
+    return a[tuple(indices)].copy()
 
 
 def _astype(a, dtype: str):

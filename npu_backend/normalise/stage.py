@@ -1,7 +1,8 @@
 """The normalise stage's body: the model's idioms rewritten into the forms the kernels match.
 
-Stage: normalise (pipeline.STAGES' first). In and out: a Relax IRModule. Three numpy rewrites run
-first, on the weights as the importer left them; then `normalise_passes`, one line each saying
+Stage: normalise (pipeline.STAGES' first). In and out: a Relax IRModule. Five rewrites run
+first, outside any TVM pass (the bool scans, three numpy folds on the weights as the importer
+left them, the negative indices); then `normalise_passes`, one line each saying
 why, on a module that calls their operators (rewrite.scans_shared). The list lives here, not in
 pipeline.py, because it is a body: it runs inside that context and after the numpy rewrites.
 """
@@ -18,10 +19,15 @@ from .conv1ds import conv1ds_as_conv2ds_pass
 from .conv3ds import conv3ds_as_conv2ds_pass
 from .conv_transposes import conv_transposes_as_convs_pass
 from .fold_weights import fold_remaining_constants, fold_weights, restore_kept_transposes
+from .gelus import gelus_pass
 from .large_pools import split_large_pools_pass
+from .negative_indices import wrap_negative_indices
+from .no_op_broadcasts import no_op_broadcasts_pass
 from .qdq import canonicalize_qdq
 from .rewrite import scans_shared
+from .rms_norms import rms_norms_pass
 from .scalars import scalar_operands_pass
+from .softmaxes import safe_softmaxes_pass
 from .sums import sums_as_adds_pass
 
 
@@ -33,6 +39,9 @@ def normalise(mod, arch, options):
     # an int32 bias and a requantisation to int8, onnxruntime's arithmetic (qdq.py);
     # first, while the quantized weights are still int8 constants under their dequantize.
     mod = canonicalize_qdq(mod)
+    # A bool cumsum counts, as PyTorch's does (bool_scans.py): as bool no target builds it, and
+    # HF's causal mask, built from constants through one, would not fold.
+    mod = bool_scans_as_counts_pass(mod)
     # Inference batch norm after a conv2d with constant weights becomes scaled weights and a
     # bias add, and the constant arithmetic importers leave around weights (bias reshapes,
     # transposed Gemm weights) is folded, with numpy in milliseconds (fold_weights.py).
@@ -40,6 +49,10 @@ def normalise(mod, arch, options):
     # A batch norm no conv2d took (after a pool or an add) becomes x * scale + shift with numpy
     # constants: two elementwise kernels instead of a host op (batch_norms.py).
     mod = batch_norms_as_scale_shift(mod)
+    # Constant negative indices count from the end (TVM reads before the tensor), before
+    # FoldConstant evaluates any such read; outside the pass list, so that an index out of range
+    # is refused as UnsupportedOperator, not a RuntimeError (negative_indices.py).
+    mod = wrap_negative_indices(mod)
     # The rewrites below run on a module that calls their operators (rewrite.py).
     with scans_shared():
         return tvm.transform.Sequential(normalise_passes())(mod)
@@ -61,11 +74,15 @@ def normalise_passes() -> list:
         conv_transposes_as_convs_pass,
         # A conv1d as a conv2d one pixel high, a conv3d as conv2d's over frames (conv1ds.py, conv3ds.py).
         conv1ds_as_conv2ds_pass, conv3ds_as_conv2ds_pass,
-        # A bool cumsum counts, as PyTorch's does (bool_scans.py): as bool no target builds it.
-        bool_scans_as_counts_pass,
         # ONNX Sum imports as a stack and a reduction: as adds, a residual add the conv2d kernel
         # fuses or elementwise adds (sums.py).
         sums_as_adds_pass,
+        # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
+        # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
+        rms_norms_pass, gelus_pass, safe_softmaxes_pass,
+        # A broadcast_to the shape its operand has (torch.export's expand before a batched
+        # matmul) is its operand, not a host copy (no_op_broadcasts.py).
+        no_op_broadcasts_pass,
         # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast (scalars.py).
         scalar_operands_pass,
         # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip

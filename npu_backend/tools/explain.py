@@ -60,8 +60,10 @@ def npu_mac_fraction(placements: list[Placement]) -> float:
 def explain(mod: tvm.IRModule, arch=None, dims: dict | None = None, fuse_chains: bool = False) -> list[Placement]:
     """Every operator of `mod`, where it runs and why. `dims` (name -> size) gives symbolic
     dimensions a size for counting MACs (e.g. the sizes a run used); without it an operator with a
-    symbolic dimension counts 0 MACs. `fuse_chains`: as `npu_backend.compile`'s."""
+    symbolic dimension counts 0 MACs; a name the module has no dimension of is refused (ValueError).
+    `fuse_chains`: as `npu_backend.compile`'s."""
     arch = load_arch(arch)
+    _check_dims(mod, dims or {})
     mod = run_stages(mod, arch, CompileOptions(fuse_chains=fuse_chains),
                      [(name, stage) for name, stage in STAGES if name != "codegen"])
     placements = []
@@ -69,6 +71,26 @@ def explain(mod: tvm.IRModule, arch=None, dims: dict | None = None, fuse_chains:
         if isinstance(func, relax.Function) and not _attr(func, "Codegen") and not _attr(func, "Composite"):
             placements += _placements(mod, func, arch, len(placements), dims or {})
     return placements
+
+
+def dimension_names(mod: tvm.IRModule) -> set[str]:
+    """The names of the symbolic dimensions `mod`'s Relax functions use (torch.export's "s58")."""
+    names = set()
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            for var in list(relax.analysis.defined_symbolic_vars(func)) + list(relax.analysis.free_symbolic_vars(func)):
+                names.add(str(var.name))
+    return names
+
+
+def _check_dims(mod: tvm.IRModule, dims: dict) -> None:
+    """Refuse a size for a dimension the module does not have: it would size nothing, and every
+    matmul with that dimension would count 0 MACs (100% on the NPU, whatever runs on the host)."""
+    unknown = sorted(set(dims) - dimension_names(mod)) if dims else []
+    if unknown:
+        known = ", ".join(repr(name) for name in sorted(dimension_names(mod))) or "none: every shape is static"
+        raise ValueError(f"explain: dims names {', '.join(repr(name) for name in unknown)}, which the module has no "
+                         f"dimension of; its symbolic dimensions are {known}. Give sizes by those names.")
 
 
 def format_placements(placements: list[Placement]) -> str:

@@ -16,6 +16,7 @@ import tvm
 
 from ..device.profile import profile
 from ..errors import UnsupportedOperator
+from .explain import dimension_names
 from .layers import format_layers, model_layers
 from ..progress import compile_progress
 
@@ -179,8 +180,10 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
     inputs = model_inputs(model, seed, shapes, inputs)  # before compiling: refuse bad or too large inputs
     say(f"importing {path}")
     mod = from_onnx(model)
-    placements = npu_backend.explain(mod, arch, dims=input_dims(model, inputs),  # MACs at the sizes that run
-                                     fuse_chains=fuse_chains)
+    # MACs at the sizes that run; an input's named dimension the import left out of the module
+    # (an input nothing reads) sizes nothing, and explain would refuse its name.
+    dims = {name: size for name, size in input_dims(model, inputs).items() if name in dimension_names(mod)}
+    placements = npu_backend.explain(mod, arch, dims=dims, fuse_chains=fuse_chains)
     say(f"compiling for {arch.name}")
     kernels = _KernelCount()
     started = time.perf_counter()

@@ -2,8 +2,8 @@
 
 Stage: shared by the simulator's timing layer (timing.py, which reads a decoded command's sizes
 and bank slowdowns and adds the queues, the dependencies and the PE array's state) and the
-compiler's tile searches (npu_backend/kernels: gemm.py, depthwise.py, pool.py, eltwise.py, which
-call these with a candidate tile's sizes). Plain ints in, ints out (slowdowns are exact
+compiler's tile searches (npu_backend/kernels, which call these with a candidate tile's sizes and
+price the tiled loop with `double_buffered_cycles`). Plain ints in, ints out (slowdowns are exact
 Fractions >= 1 from banks.py); no decoded commands, no tvm. One formula, one place: the compiler's
 estimates cannot drift from what the simulator charges.
 
@@ -34,6 +34,9 @@ estimates cannot drift from what the simulator charges.
                  configuration takes config_bytes at the bandwidth that loads a one-slot
                  configuration of every PE in config_load_cycles (fabric_config_cycles)
 
+    LOOP         a double-buffered loop of steps (load, work, store): `double_buffered_cycles`,
+                 the one overlap estimate of every tile search (below)
+
 How the PE array overlaps consecutive GEMMs (a fill hidden under the previous drain, partial
 sums kept in the array) and how the four queues overlap is the timing layer's (timing.py); the
 assumptions behind every number are in docs/simulator.md.
@@ -41,6 +44,7 @@ assumptions behind every number are in docs/simulator.md.
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 
 from .arch import HardwareDescription
@@ -173,8 +177,106 @@ def fabric_steady_cycles(arch: HardwareDescription, elements: int, lanes: int, i
     return max((iterations - 1) * ii, _ceil(traffic_bytes, arch.spad_banks * arch.bank_width_bytes))
 
 
+def fabric_run_cycles(arch: HardwareDescription, program, elements: int, traffic_bytes: int) -> int:
+    """Cycles a FABRIC runs its body's mapped `program` (mapping/body.py: latency, lanes, II)
+    over `elements` elements moving `traffic_bytes` through the scratchpad: the first
+    iteration's latency, then the steady iterations (configuration load not included)."""
+    return program.latency + fabric_steady_cycles(arch, elements, program.lanes, program.ii, traffic_bytes)
+
+
 def fabric_config_cycles(arch: HardwareDescription, config_bytes: int) -> int:
     """Cycles to load a mapped body's configuration of `config_bytes`: `config_load_cycles` loads
     one configuration word (`fabric.config_word_bits`) into every PE, the GEMM's configuration."""
     whole_array = arch.rows * arch.cols * arch.fabric["config_word_bits"]  # bits
     return _ceil(config_bytes * 8 * arch.config_load_cycles, whole_array)
+
+
+# ------------------------------------------------------------------ double-buffered loops
+
+#: The buffer round trips that can bound a double-buffered step (two copies of a buffer: the
+#: step two later reuses it only after this step is done with it; timing.py's scoreboard):
+#:   "load"   the input buffer: its load (DMA latency + transfer), then the first work stage
+#:            reading it          -> (dma_latency + load + work[0]) / 2 a step
+#:   "store"  the output buffer: the work stages writing it, then its store (latency +
+#:            transfer) reading it -> (sum(work) + dma_latency + store) / 2
+ROUND_TRIPS = ("load", "store")
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferedLoop:
+    """A double-buffered loop of `steps` steps, each loaded, worked on and stored: cycles each
+    unit is busy a step, the DMA latency excluded (dma_transfer_cycles, vector_cycles, ...).
+
+    work: the cycles of each unit the step's data passes through in order (the PE array, then
+        the vector unit); units working side by side are `others`.
+    first_load / last_store / last_work: the prologue's load (the first step's, or a first
+        block's), the tail's store, and the work after the last steady step that nothing
+        overlaps (defaults: load, store, sum(work)).
+    others: the busiest unit's cycles over the whole loop for work outside the steps (a GEMM's
+        EPILOGUE per output tile, its PE array fill); it bounds the loop beside steps * step.
+    stalls: cycles the loop waits beside its steps (a GEMM's PE array waiting for a tile's
+        EPILOGUE); steady: the loop's steady cycles when its steps are not alike (a symbolic
+        extent's cut last block: the caller sums each kind's `step`), replacing steps * step.
+    round_trips: the buffer round trips (ROUND_TRIPS) that bound a step beside the busiest unit.
+    whole_last_step: price the last step as a whole steady step (then last_work follows it)
+        rather than as its work: the coarser form the GEMM, pool, global pool, depthwise,
+        separable and inverted residual searches were tuned with (the plain tail picks slower
+        tiles for some of them; each says which). The eltwise and unary searches use the plain
+        loop, the defaults.
+    """
+
+    steps: int
+    load: int
+    work: tuple = (0,)
+    store: int = 0
+    first_load: int | None = None
+    last_store: int | None = None
+    last_work: int | None = None
+    others: int = 0
+    stalls: int = 0
+    steady: int | None = None
+    round_trips: tuple = ("load", "store")
+    whole_last_step: bool = False
+
+    def __post_init__(self):
+        unknown = set(self.round_trips) - set(ROUND_TRIPS)
+        if unknown or self.steps < 0:
+            raise ValueError(f"a double-buffered loop of {self.steps} steps with round trips {self.round_trips}: "
+                             f"steps >= 0, round trips among {ROUND_TRIPS}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopCycles:
+    """A double-buffered loop's estimate: the prologue (the first load, which nothing overlaps),
+    the steady step, the tail (the last work and store) and the total."""
+
+    prologue: int
+    step: int
+    tail: int
+    total: int
+
+
+def buffered_step_cycles(arch: HardwareDescription, loop: BufferedLoop) -> int:
+    """Cycles between steps in the steady state: the busiest unit, or half a buffer's round trip
+    (ROUND_TRIPS) when that is longer."""
+    work, latency = sum(loop.work), arch.dma_latency
+    trips = {"load": latency + loop.load + loop.work[0], "store": work + latency + loop.store}
+    return max(loop.load, *loop.work, loop.store, *(_ceil(trips[name], 2) for name in loop.round_trips))
+
+
+def double_buffered_cycles(arch: HardwareDescription, loop: BufferedLoop) -> LoopCycles:
+    """The one overlap estimate of a double-buffered loop (every tile search's): the first load
+    with its DMA latency, then a steady step per further step (`buffered_step_cycles`), then the
+    last step's work and its store with the latency:
+        total = prologue + max(steady steps * step, others) + stalls + tail
+    (steady steps: steps - 1, or steps with `whole_last_step`)."""
+    step = buffered_step_cycles(arch, loop)
+    first = loop.load if loop.first_load is None else loop.first_load
+    last = loop.store if loop.last_store is None else loop.last_store
+    prologue = arch.dma_latency + first
+    tail = (sum(loop.work) if loop.last_work is None else loop.last_work) + arch.dma_latency + last
+    steady = loop.steady
+    if steady is None:
+        steady = (loop.steps if loop.whole_last_step else max(loop.steps - 1, 0)) * step
+    total = prologue + max(steady, loop.others) + loop.stalls + tail
+    return LoopCycles(prologue, step, tail, total)

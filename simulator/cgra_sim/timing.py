@@ -26,7 +26,7 @@ overhead, a GEMM's or DEPTHWISE's steady stream and fill, read off the decoded c
         DEPTHWISE likewise, keyed by (DEPTHWISE, dtype): switching between GEMM and DEPTHWISE
         loads a configuration only if it is not resident (context memory, below).
     FABRIC  end = start (+ the body's configuration load, cost.fabric_config_cycles, if it is not
-            in the context memory) + its mapping's latency + cost.fabric_steady_cycles (lanes,
+            in the context memory) + cost.fabric_run_cycles (its mapping's latency, lanes and
             II: mapping/body.py).
     Context memory: a PE holds `fabric.context_depth` configuration slots; GEMM and DEPTHWISE
         take the cell's (mapping/pe_array.py: 1 on the presets), a FABRIC body its II. Switching
@@ -297,7 +297,7 @@ def fabric_cycles(arch: HardwareDescription, cmd: FabricCommand) -> tuple[int, i
     rows, cols = cmd.out.shape
     traffic = (rows * cols + sum(cost.eltwise_operand_reads(rows, cols, bool(r.strides[0]), bool(r.strides[1]))
                                  for r in cmd.reads)) * cmd.dtype.itemsize
-    run = program.latency + cost.fabric_steady_cycles(arch, cmd.elements, program.lanes, program.ii, traffic)
+    run = cost.fabric_run_cycles(arch, program, cmd.elements, traffic)
     return cost.fabric_config_cycles(arch, program.config_bytes), run, program.ii
 
 
