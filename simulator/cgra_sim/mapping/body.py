@@ -198,8 +198,9 @@ class Program:
     def ii(self) -> int:
         return self.mapping.ii
 
-    @property
+    @functools.cached_property
     def latency(self) -> int:
+        """The mapping's length, computed once: tile searches and the timing ask per tile."""
         return self.mapping.length
 
     @property
