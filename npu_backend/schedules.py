@@ -18,12 +18,12 @@ a tile) or a copy between a tensor and the scratchpad (scope `SPAD`); the compil
 
 from __future__ import annotations
 
-from .kernels.gemm import loops_after, stage_output_tile, tensorize_tile
+from .kernels.gemm.gemm import loops_after, stage_output_tile, tensorize_tile
 from .kernels.intrinsics import INTRINSICS, SPAD
 from .kernels.intrinsics import get_intrin as intrinsic
 from .kernels.registry import builtin_schedule as builtin
 from .kernels.registry import register_kernel, register_schedule
-from .kernels.spec import KernelSpec, Tiling
+from .kernels.common.spec import KernelSpec, Tiling
 
 __all__ = ["INTRINSICS", "SPAD", "KernelSpec", "Tiling", "builtin", "intrinsic", "loops_after", "register_kernel",
            "register_schedule", "stage_output_tile", "tensorize_tile"]

@@ -19,7 +19,7 @@ from cgra_sim import load_arch, simulate
 from cgra_sim.isa import DType, EltwiseFunc, Op, encode
 from cgra_sim.mapping import body as bodies
 from cgra_sim.mapping import sigmoid as smooth
-from npu_backend.kernels.chains import folded
+from npu_backend.kernels.common.chains import folded
 from npu_backend.kernels.intrinsics import INTRINSICS, SPAD, get_intrin, intrin_name
 from npu_backend.kernels.intrinsics.fabric import FabricBody
 from npu_backend.kernels.intrinsics.vector_unit import PoolWindow

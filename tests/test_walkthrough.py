@@ -19,7 +19,7 @@ import npu_backend
 from npu_backend.errors import FamilyError
 from npu_backend.kernels import registry
 from npu_backend.kernels.family import OpFamily
-from npu_backend.kernels.operands import padded, prim_func
+from npu_backend.kernels.common.operands import padded, prim_func
 from npu_backend.tools.workloads import run
 
 DOC = pathlib.Path(__file__).parent.parent / "docs" / "architecture.md"
@@ -144,8 +144,8 @@ def test_a_kernel_without_its_views_fails_at_compile_time(walkthrough):
 def test_a_registered_familys_kernels_stay_out_of_the_persistent_cache(walkthrough):
     """The persistent kernel cache's key sees a spec, not a family's code: kernels of a family
     being tried out compile in every process, as those of a user's schedule do."""
-    from npu_backend.kernels.activation import ActivationSpec
-    from npu_backend.kernels.unary import UnaryOperand
+    from npu_backend.kernels.elementwise.activation import ActivationSpec
+    from npu_backend.kernels.common.unary import UnaryOperand
 
     operand = UnaryOperand((5, 7), 5, 7)
     with registry.registered(walkthrough["ABS"]):

@@ -24,20 +24,20 @@ from tvm import relax
 from ..errors import CGRAError, FamilyError, UnsupportedCopy, UnsupportedOperator, stage_context
 from ..partition.call_tir import prim_func_of
 from ..partition.composite import composite_call, composite_name, composite_ops, matched_roles
-from .activation import ACTIVATION
-from .chains import require_program
-from .conv2d import CONV2D
-from .depthwise import DEPTHWISE
-from .eltwise import ELTWISE
-from .epilogue import chain_pattern_graphs
-from .fabric import FABRIC
-from .inverted_residual import INVERTED_RESIDUAL
+from .elementwise.activation import ACTIVATION
+from .common.chains import require_program
+from .gemm.conv2d import CONV2D
+from .gemm.depthwise import DEPTHWISE
+from .elementwise.eltwise import ELTWISE
+from .gemm.epilogue import chain_pattern_graphs
+from .elementwise.fabric import FABRIC
+from .fused.inverted_residual import INVERTED_RESIDUAL
 from .family import OpFamily
-from .matmul import MATMUL
-from .pool import POOL
-from .separable import SEPARABLE
-from .sigmoid import SMOOTH
-from .tir import TIR, tir_spec
+from .gemm.matmul import MATMUL
+from .pool.pool import POOL
+from .fused.separable import SEPARABLE
+from .elementwise.sigmoid import SMOOTH
+from .tir.tir import TIR, tir_spec
 
 FAMILIES: tuple[OpFamily, ...] = (INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, FABRIC, ELTWISE, TIR, ACTIVATION)
 _PACKAGED = FAMILIES  # the package's own, not those of registered()

@@ -35,8 +35,8 @@ from cgra_sim.arch import HardwareDescription
 from ..errors import CGRAError, ScratchpadTooSmall, remember_error
 from ..frontend.provenance import NODE_JOIN, SOURCE_NODES_ATTR
 from ..kernels import offloaded_spec
-from ..kernels.dynamic import shape_bounds
-from ..kernels.operands import check_views
+from ..kernels.common.dynamic import shape_bounds
+from ..kernels.common.operands import check_views
 from ..kernels.registry import family_of, kernel_builder_of, packaged, schedule_of
 from ..partition.call_tir import wrapped_call
 from ..partition.composite import composite_name

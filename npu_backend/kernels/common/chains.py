@@ -27,9 +27,9 @@ from cgra_sim.isa import BODY_MAX_NODES
 from cgra_sim.mapping import body as bodies
 from cgra_sim.mapping.mapper import MappingError
 
-from ..errors import UnsupportedOperator
-from ..normalise.scalars import float32_reciprocal
-from .intrinsics.fabric import FabricBody, body_value
+from ...errors import UnsupportedOperator
+from ...normalise.scalars import float32_reciprocal
+from ..intrinsics.fabric import FabricBody, body_value
 
 #: The piece of a pattern's name that marks a chain (fabric.py's, an epilogue's tail: "_chain<k>").
 CHAIN_MARK = "_chain"

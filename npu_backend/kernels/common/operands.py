@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from tvm import te, tirx
 
-from ..errors import FamilyError
+from ...errors import FamilyError
 from .dynamic import caller_dims
 
 

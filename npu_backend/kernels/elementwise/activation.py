@@ -17,14 +17,14 @@ from tvm.relax.dpl import is_op, wildcard
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 
-from ..errors import UnsupportedOperator
-from ..relax_info import dtype_of
-from .chains import clip_bounds
-from .family import OpFamily
-from .intrinsics import get_intrin
-from .intrinsics.vector_unit import activation
-from .spec import Tiling
-from .unary import (ReadsOperand, UnaryOperand, fastest_tiling, read_operand, schedule_unary,
+from ...errors import UnsupportedOperator
+from ...relax_info import dtype_of
+from ..common.chains import clip_bounds
+from ..family import OpFamily
+from ..intrinsics import get_intrin
+from ..intrinsics.vector_unit import activation
+from ..common.spec import Tiling
+from ..common.unary import (ReadsOperand, UnaryOperand, fastest_tiling, read_operand, schedule_unary,
                     unary_compute)
 
 DTYPES = ("float32", "int32")  # the EPILOGUE's accumulator dtypes

@@ -20,10 +20,10 @@ from cgra_sim.arch import HardwareDescription
 from cgra_sim.banks import beat_slowdown
 from cgra_sim.isa import DType
 
-from ..errors import ScratchpadTooSmall
-from .dynamic import dim_var
-from .intrinsics.vector_unit import PoolWindow
-from .spec import KernelSpec, Tiling, aligned, round_up
+from ...errors import ScratchpadTooSmall
+from ..common.dynamic import dim_var
+from ..intrinsics.vector_unit import PoolWindow
+from ..common.spec import KernelSpec, Tiling, aligned, round_up
 
 
 def pool_window(spec: KernelSpec) -> PoolWindow:

@@ -23,12 +23,12 @@ from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
-from ..errors import ScratchpadTooSmall
-from .dynamic import TILE_OF
+from ...errors import ScratchpadTooSmall
+from ..common.dynamic import TILE_OF
 from .epilogue import channel_rows, epilogue_intrin
-from .intrinsics import SPAD, get_intrin
-from .spad_layout import a_row_stride, align_output_rows, align_rows, out_row_stride, store_walks_rows
-from .spec import KernelSpec, Tiling, aligned, round_up
+from ..intrinsics import SPAD, get_intrin
+from ..common.spad_layout import a_row_stride, align_output_rows, align_rows, out_row_stride, store_walks_rows
+from ..common.spec import KernelSpec, Tiling, aligned, round_up
 
 
 # ------------------------------------------------------------------ tile search

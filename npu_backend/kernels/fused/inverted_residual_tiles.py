@@ -23,13 +23,13 @@ from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
-from ..errors import ScratchpadTooSmall, UnsupportedOperator
-from .depthwise import padded_width
-from .gemm import choose_gemm_tiling, estimate_cycles as gemm_estimate_cycles
-from .intrinsics.pe_array import window_extent
+from ...errors import ScratchpadTooSmall, UnsupportedOperator
+from ..gemm.depthwise import padded_width
+from ..gemm.gemm import choose_gemm_tiling, estimate_cycles as gemm_estimate_cycles
+from ..intrinsics.pe_array import window_extent
 from .separable_tiles import TileCosts, channel_blocks, pair_buffers, pair_cycles, row_tiles, searched, tile_costs
-from .spad_layout import a_row_stride
-from .spec import KernelSpec, Tiling, aligned, round_up
+from ..common.spad_layout import a_row_stride
+from ..common.spec import KernelSpec, Tiling, aligned, round_up
 
 
 def choose_inverted_residual_tiling(spec, arch: HardwareDescription) -> Tiling:

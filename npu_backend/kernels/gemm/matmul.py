@@ -16,14 +16,14 @@ import math
 from tvm import te, tirx
 from tvm.relax.dpl import is_op, wildcard
 
-from ..errors import UnsupportedOperator
+from ...errors import UnsupportedOperator
 from .epilogue import Root, epilogue_compute, epilogue_fields, epilogue_operands, static_shape, with_epilogue_tail
-from ..relax_info import shape_dims
-from .dynamic import caller_dims, read_shape, symbols_of
-from .family import OpFamily
+from ...relax_info import shape_dims
+from ..common.dynamic import caller_dims, read_shape, symbols_of
+from ..family import OpFamily
 from .gemm import choose_gemm_tiling, schedule_gemm
-from .operands import kernel_prim_func, padded
-from .spec import KernelSpec, Tiling
+from ..common.operands import kernel_prim_func, padded
+from ..common.spec import KernelSpec, Tiling
 
 
 def _roots() -> list[Root]:

@@ -37,18 +37,18 @@ from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import ACC_DTYPE, DType
 from cgra_sim.mapping import body as bodies
 
-from ..errors import ScratchpadTooSmall, UnsupportedOperator
-from . import eltwise
-from .chains import require_program
-from .family import OpFamily
-from .gemm import choose_tiling as choose_gemm_tiling
-from .gemm import loops_after
-from .intrinsics import SPAD, get_intrin
-from .intrinsics.fabric import FabricBody
+from ...errors import ScratchpadTooSmall, UnsupportedOperator
+from ..elementwise import eltwise
+from ..common.chains import require_program
+from ..family import OpFamily
+from ..gemm.gemm import choose_tiling as choose_gemm_tiling
+from ..gemm.gemm import loops_after
+from ..intrinsics import SPAD, get_intrin
+from ..intrinsics.fabric import FabricBody
 from .tir_exprs import EPILOGUE_DTYPES, fabric_op, indexes_by, vector_op
-from .intrinsics.vector_unit import ELTWISE_FUNCS
-from .spad_layout import a_row_stride, align_rows
-from .spec import Tiling
+from ..intrinsics.vector_unit import ELTWISE_FUNCS
+from ..common.spad_layout import a_row_stride, align_rows
+from ..common.spec import Tiling
 
 #: The PrimFunc attribute of a kernel written for the NPU by hand (scratchpad buffers, copies,
 #: tensorized blocks or device calls): it is lowered as it is, not tiled.

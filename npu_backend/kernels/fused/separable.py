@@ -28,20 +28,20 @@ from tvm.relax.dpl import is_op, wildcard
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
-from ..errors import UnsupportedOperator
-from ..relax_info import dtype_of
-from .conv2d import conv2d_spec
-from .epilogue import Root, chain_pattern_graphs, channel_axis, epilogue_compute, epilogue_intrin, epilogue_operands
-from .family import OpFamily
-from .gemm import loops_after
-from .intrinsics import SPAD, get_intrin
-from .intrinsics.pe_array import window_extent, window_sum
-from .intrinsics.vector_unit import activation
-from .operands import padded, prim_func
+from ...errors import UnsupportedOperator
+from ...relax_info import dtype_of
+from ..gemm.conv2d import conv2d_spec
+from ..gemm.epilogue import Root, chain_pattern_graphs, channel_axis, epilogue_compute, epilogue_intrin, epilogue_operands
+from ..family import OpFamily
+from ..gemm.gemm import loops_after
+from ..intrinsics import SPAD, get_intrin
+from ..intrinsics.pe_array import window_extent, window_sum
+from ..intrinsics.vector_unit import activation
+from ..common.operands import padded, prim_func
 from .separable_tiles import (choose_separable_tiling, dw_row_stride, out_pixel_stride, padded_columns,
                               window_shortcut, window_stride)
-from .spad_layout import align_rows
-from .spec import CONV2D_LAYOUTS, KernelSpec, Tiling
+from ..common.spad_layout import align_rows
+from ..common.spec import CONV2D_LAYOUTS, KernelSpec, Tiling
 
 
 @dataclasses.dataclass(frozen=True)

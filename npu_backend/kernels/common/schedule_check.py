@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from tvm import ir, tirx
 
-from ..errors import ScheduleError
-from .intrinsics import INTRINSICS, SPAD
+from ...errors import ScheduleError
+from ..intrinsics import INTRINSICS, SPAD
 
 
 def check_scheduled(sch, where: str) -> None:

@@ -17,13 +17,13 @@ from __future__ import annotations
 from tvm import s_tir, sym, te, tirx
 from tvm.relax.dpl import is_op, wildcard
 
-from ..errors import UnsupportedOperator
+from ...errors import UnsupportedOperator
 from .epilogue import Root, epilogue_compute, epilogue_fields, epilogue_operands, static_shape, with_epilogue_tail
-from .dynamic import GATHERS, BLOCKS, batch_extent, read_shape, spatial_extents, symbols_of, with_vars
-from .family import OpFamily
+from ..common.dynamic import GATHERS, BLOCKS, batch_extent, read_shape, spatial_extents, symbols_of, with_vars
+from ..family import OpFamily
 from .gemm import choose_gemm_tiling, schedule_gemm
-from .operands import kernel_prim_func, logical, padded, stored
-from .spec import CONV2D_LAYOUTS, KernelSpec, Tiling
+from ..common.operands import kernel_prim_func, logical, padded, stored
+from ..common.spec import CONV2D_LAYOUTS, KernelSpec, Tiling
 
 
 def _roots() -> list[Root]:
@@ -38,7 +38,7 @@ def conv2d_spec(name: str, annotated: dict) -> KernelSpec:
     attrs = annotated["root"].attrs
     data_layout, kernel_layout, out_layout = _layouts(attrs)
     # The batch, and the height or the width, may be symbolic: one kernel for every size
-    # (kernels/dynamic.py).
+    # (kernels/common/dynamic.py).
     stored_data, data_symbols = read_shape(annotated["lhs"], "data", expressions=True,
                                            symbolic_axes=tuple(data_layout.index(a) for a in "NHW"))
     # The output's symbolic axes as Relax writes them (a residual added to it has the same).

@@ -1,6 +1,6 @@
 """Reading a user's elementwise block: which vector-unit or fabric command its expression is.
 
-Stage: partition (kernels/tir.py asks when it reads a user's PrimFunc). In: the block's stored
+Stage: partition (kernels/tir/tir.py asks when it reads a user's PrimFunc). In: the block's stored
 value, its iterators and the output buffer. Out: ("eltwise", func, lhs walks, rhs walks) for
 `a op b` on ELTWISE, ("epilogue", relu, clip) for relu / clip on the EPILOGUE, ("fabric", nodes,
 flipped) for any other expression of one input, constants and + - * max min (a FABRIC body,

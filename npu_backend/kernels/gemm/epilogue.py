@@ -22,15 +22,15 @@ import tvm
 from tvm import te
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
-from ..errors import UnsupportedOperator
-from ..relax_info import dtype_of, require_static_shape
-from .chains import CHAIN_MARK, chain_body, clip_bounds, level_pattern
-from .dynamic import read_shape, symbols_of
-from .intrinsics import get_intrin
-from .intrinsics.fabric import FabricBody, body_value
-from .intrinsics.vector_unit import activation, requantise
-from .operands import padded
-from .spec import KernelSpec
+from ...errors import UnsupportedOperator
+from ...relax_info import dtype_of, require_static_shape
+from ..common.chains import CHAIN_MARK, chain_body, clip_bounds, level_pattern
+from ..common.dynamic import read_shape, symbols_of
+from ..intrinsics import get_intrin
+from ..intrinsics.fabric import FabricBody, body_value
+from ..intrinsics.vector_unit import activation, requantise
+from ..common.operands import padded
+from ..common.spec import KernelSpec
 
 #: The accumulator (and output) dtype of each input dtype of a PE-array kernel.
 ACC_DTYPE = {"int8": "int32", "float32": "float32"}

@@ -29,13 +29,13 @@ from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
-from ..errors import ScratchpadTooSmall
-from .dynamic import CUT_PARAMS, batch_extent, dim_var
-from .intrinsics import SPAD, get_intrin
-from .intrinsics.vector_unit import PoolWindow, pool_value
-from .operands import kernel_prim_func, padded, stored
+from ...errors import ScratchpadTooSmall
+from ..common.dynamic import CUT_PARAMS, batch_extent, dim_var
+from ..intrinsics import SPAD, get_intrin
+from ..intrinsics.vector_unit import PoolWindow, pool_value
+from ..common.operands import kernel_prim_func, padded, stored
 from .pool_tiles import channel_candidates
-from .spec import KernelSpec, Tiling, aligned, round_up
+from ..common.spec import KernelSpec, Tiling, aligned, round_up
 
 #: Block sides tried along each axis (a static axis smaller than a side is taken whole). The
 #: POOL's expression is as deep as its window, so a block stays at most 16 x 16 taps

@@ -3,7 +3,7 @@
 Stage: partition (the spec readers of the activation, fabric and smooth families read their
 operand with `read_operand`), kernel definition and schedule (`unary_compute`,
 `schedule_unary`). A static operand is read as (rows, cols): its last axis, and every axis
-before it as rows. A symbolic one (kernels/dynamic.py: a batch, an image's height and width) is
+before it as rows. A symbolic one (kernels/common/dynamic.py: a batch, an image's height and width) is
 read through the views of views.py, as the eltwise family reads its operands: a symbolic axis 0
 stays a view axis of its own and the trailing symbolic axes are the view's columns, so one
 kernel serves every size, its last tile along each symbolic axis cut to what exists
@@ -23,10 +23,10 @@ from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
-from ..errors import ScratchpadTooSmall, UnsupportedOperator
-from ..relax_info import dtype_of
+from ...errors import ScratchpadTooSmall, UnsupportedOperator
+from ...relax_info import dtype_of
 from .dynamic import CUT_PARAMS, read_shape
-from .intrinsics import SPAD
+from ..intrinsics import SPAD
 from .operands import padded, prim_func
 from .spec import Tiling, aligned, round_up
 from .views import cut_levels, eltwise_view, symbolic_axes, symbolic_shape, view_extents

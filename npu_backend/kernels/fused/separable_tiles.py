@@ -27,12 +27,12 @@ from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
-from ..errors import ScratchpadTooSmall, UnsupportedOperator
-from .depthwise import choose_depthwise_tiling, estimate_depthwise_cycles, padded_width
-from .gemm import choose_gemm_tiling, estimate_cycles as gemm_estimate_cycles
-from .intrinsics.pe_array import window_extent
-from .spad_layout import operand_row_stride, out_row_stride, window_pixel_stride
-from .spec import KernelSpec, Tiling, aligned, round_up
+from ...errors import ScratchpadTooSmall, UnsupportedOperator
+from ..gemm.depthwise import choose_depthwise_tiling, estimate_depthwise_cycles, padded_width
+from ..gemm.gemm import choose_gemm_tiling, estimate_cycles as gemm_estimate_cycles
+from ..intrinsics.pe_array import window_extent
+from ..common.spad_layout import operand_row_stride, out_row_stride, window_pixel_stride
+from ..common.spec import KernelSpec, Tiling, aligned, round_up
 
 
 def choose_separable_tiling(spec, arch: HardwareDescription) -> Tiling:

@@ -8,7 +8,7 @@ walks or broadcasts alike merged, so that (1, 64, 56, 56) + (1, 64, 1, 1) is (64
 (64, 1). The last two view axes are a tile's rows and columns; any before them are loops around
 the tiles.
 
-Symbolic sizes (kernels/dynamic.py): the output's axis 0 (a batch) stays a view axis of its own
+Symbolic sizes (kernels/common/dynamic.py): the output's axis 0 (a batch) stays a view axis of its own
 (`symbol`), and its trailing symbolic axes (an NCHW map's height and width) are the view's last
 axis, merged with the static axes before them that are walked alike (`tail`, `tail_factor`).
 A spec that reads a view has `extents` (at the bounds), `symbol`, `tail` and `tail_factor`;
@@ -22,7 +22,7 @@ import math
 
 from tvm import tirx
 
-from ..errors import UnsupportedOperator
+from ...errors import UnsupportedOperator
 from .dynamic import dim_var
 
 
@@ -142,7 +142,7 @@ def view_extents(spec, tiling) -> tuple[tuple, tuple]:
 
 def cut_levels(spec, tiling, extents: tuple) -> list:
     """The symbolic tile loops, outermost first, as "rows" / "cols": the last tile of each is cut
-    to what exists (lower/ragged.py; kernels/dynamic.py CUT_PARAMS). A tile of one row needs no
+    to what exists (lower/ragged.py; kernels/common/dynamic.py CUT_PARAMS). A tile of one row needs no
     cut and its loop is no tile loop; nor do column tiles that divide the static factor of the
     columns: every one is whole."""
     return (["rows"] if spec.symbol is not None and len(extents) == 2 and tiling.tm > 1 else []) + \

@@ -43,22 +43,22 @@ from tvm.relax.dpl import is_op, wildcard
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
-from ..errors import UnsupportedOperator
-from ..relax_info import dtype_of
-from .conv2d import conv2d_spec
-from .epilogue import channel_axis
-from .family import OpFamily
-from .gemm import loops_after
-from .intrinsics import SPAD, get_intrin
-from .intrinsics.vector_unit import activation, lowest_value
+from ...errors import UnsupportedOperator
+from ...relax_info import dtype_of
+from ..gemm.conv2d import conv2d_spec
+from ..gemm.epilogue import channel_axis
+from ..family import OpFamily
+from ..gemm.gemm import loops_after
+from ..intrinsics import SPAD, get_intrin
+from ..intrinsics.vector_unit import activation, lowest_value
 from .inverted_residual_tiles import (SINGLE, choose_inverted_residual_tiling, column_padding, expand_depth,
                                       expanded_columns, pads_rows, window_rows)
-from .operands import in_bounds, padded, prim_func
+from ..common.operands import in_bounds, padded, prim_func
 from .separable import (SeparableSpec, channel_bias_row, depthwise_pointwise, pair_patterns, read_pair, stage_pair,
                         tensorize_pair, window_shape)
 from .separable_tiles import window_stride
-from .spad_layout import a_row_stride, align_rows
-from .spec import CONV2D_LAYOUTS, SINGLE_BUFFERED, KernelSpec, Tiling
+from ..common.spad_layout import a_row_stride, align_rows
+from ..common.spec import CONV2D_LAYOUTS, SINGLE_BUFFERED, KernelSpec, Tiling
 
 
 @dataclasses.dataclass(frozen=True)

@@ -95,7 +95,7 @@ def store_walks_rows(spec) -> int:
     or depthwise kernel whose output layout keeps pixels innermost, e.g. NCHW), or 0 when the
     store reads whole rows of the tile (matmul, channels-last outputs): no padding then."""
     if spec.op in ("conv2d", "depthwise") and spec.out_layout[-1] == "W":
-        # Pixels in a row (in a column for a symbolic width: kernels/gemm.py's store walks
+        # Pixels in a row (in a column for a symbolic width: kernels/gemm/gemm.py's store walks
         # columns then; in a block's row when height and width are) are consecutive tile rows.
         order = spec.pixel_order
         return spec.row_step if order == "blocks" else spec.output_shape[2] if order == "xy" else spec.output_shape[3]

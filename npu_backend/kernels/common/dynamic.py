@@ -19,8 +19,8 @@ import contextvars
 
 from tvm import sym, tirx
 
-from ..errors import UnsupportedOperator
-from ..relax_info import expression_name, holds_condition, shape_dims
+from ...errors import UnsupportedOperator
+from ...relax_info import expression_name, holds_condition, shape_dims
 
 #: The extent a tile search assumes for a symbolic axis without a bound: large enough that the
 #: tiles it picks are the ones a large size wants (a small size then runs one ragged tile).

@@ -33,16 +33,16 @@ from tvm.relax.dpl import is_op, wildcard
 
 from cgra_sim.arch import HardwareDescription
 
-from ..errors import UnsupportedOperator
-from ..relax_info import dtype_of, holds_condition, shape_dims
-from .dynamic import CUT_PARAMS, GATHERS, batch_extent, dim_var, read_shape
-from .family import OpFamily
+from ...errors import UnsupportedOperator
+from ...relax_info import dtype_of, holds_condition, shape_dims
+from ..common.dynamic import CUT_PARAMS, GATHERS, batch_extent, dim_var, read_shape
+from ..family import OpFamily
 from .global_pool import choose_global_tiling, global_pool_compute, is_symbolic_global, schedule_global_pool
-from .intrinsics import SPAD, get_intrin
-from .intrinsics.vector_unit import lowest_value, never_valid_taps, pool_value
-from .operands import kernel_prim_func, logical, padded, stored
+from ..intrinsics import SPAD, get_intrin
+from ..intrinsics.vector_unit import lowest_value, never_valid_taps, pool_value
+from ..common.operands import kernel_prim_func, logical, padded, stored
 from .pool_tiles import block_sizes, blocked_axes, choose_pool_tiling, pool_window, symbolic_axes, window_extents
-from .spec import KernelSpec, PoolAttrs, Tiling
+from ..common.spec import KernelSpec, PoolAttrs, Tiling
 
 #: Pattern name -> the Relax operator it matches.
 POOL_OPS = {
@@ -70,7 +70,7 @@ def pool_spec(name: str, annotated: dict) -> KernelSpec:
     """The pooling kernel of a matched call; raises UnsupportedOperator with the reason it cannot."""
     call, data = annotated["root"], annotated["lhs"]
     op = name.removeprefix("cgra.")
-    # The batch may be symbolic (one kernel for every batch size, kernels/dynamic.py); which
+    # The batch may be symbolic (one kernel for every batch size, kernels/common/dynamic.py); which
     # axis is the batch depends on the layout, checked once the spec knows it.
     shape, names = read_shape(data, "data", symbolic_axes=range(4), expressions=True)
     if len(shape) != 4:

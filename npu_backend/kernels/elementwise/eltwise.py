@@ -29,17 +29,17 @@ from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
-from ..errors import ScratchpadTooSmall, UnsupportedOperator
-from ..relax_info import dtype_of, require_static_shape
-from .chains import require_program
-from .dynamic import CUT_PARAMS, read_shape
-from .family import OpFamily
-from .intrinsics import SPAD, get_intrin
-from .intrinsics.fabric import FabricBody, body_value
-from .intrinsics.vector_unit import eltwise_value
-from .operands import padded, prim_func
-from .spec import Tiling, aligned
-from .views import cut_levels, eltwise_view, symbolic_axes, symbolic_shape, view_extents
+from ...errors import ScratchpadTooSmall, UnsupportedOperator
+from ...relax_info import dtype_of, require_static_shape
+from ..common.chains import require_program
+from ..common.dynamic import CUT_PARAMS, read_shape
+from ..family import OpFamily
+from ..intrinsics import SPAD, get_intrin
+from ..intrinsics.fabric import FabricBody, body_value
+from ..intrinsics.vector_unit import eltwise_value
+from ..common.operands import padded, prim_func
+from ..common.spec import Tiling, aligned
+from ..common.views import cut_levels, eltwise_view, symbolic_axes, symbolic_shape, view_extents
 
 #: Pattern name suffix -> the Relax operator it offloads.
 ELTWISE_OPS = {"add": "relax.add", "subtract": "relax.subtract", "multiply": "relax.multiply",
@@ -68,7 +68,7 @@ class EltwiseSpec:
     source_ops: tuple = ()
     shape_args: tuple = ()  # positions of symbolic sizes passed beside the tensors (KernelSpec's)
     param_roles: tuple = ("lhs", "rhs")
-    # The output's axis 0 when it is symbolic (kernels/dynamic.py): its variable's name. It is the
+    # The output's axis 0 when it is symbolic (kernels/common/dynamic.py): its variable's name. It is the
     # view's axis 0 too, never merged with another, and the shapes above hold it at its bound.
     symbol: str | None = None
     # The output's trailing symbolic axes other than axis 0 (an NCHW map's height and width):
@@ -222,7 +222,7 @@ def _choose_symbolic_columns(spec: EltwiseSpec, arch: HardwareDescription) -> Ti
 def best_tiling(spec: EltwiseSpec, arch: HardwareDescription, row_sizes, col_sizes) -> Tiling | None:
     """Among tm in `row_sizes` x tn in `col_sizes`, the tiling whose operand and output tiles,
     double-buffered, fit the scratchpad with the fewest estimated cycles (ties: the larger), its
-    extents padded to whole tiles; None when none fits. Also what kernels/tir.py asks for a
+    extents padded to whole tiles; None when none fits. Also what kernels/tir/tir.py asks for a
     user's elementwise PrimFunc (its sizes: divisors, so nothing is padded)."""
     *outer, rows, cols = spec.extents
     size = DType.from_name(spec.dtype).itemsize

@@ -18,16 +18,16 @@ from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
-from ..errors import ScratchpadTooSmall
+from ...errors import ScratchpadTooSmall
 from .epilogue import channel_rows, epilogue_compute, epilogue_intrin, epilogue_operands
-from .dynamic import CUT_LOOP, CUT_PARAMS, GATHERS, batch_extent, dim_var, spatial_extents
-from .family import OpFamily
+from ..common.dynamic import CUT_LOOP, CUT_PARAMS, GATHERS, batch_extent, dim_var, spatial_extents
+from ..family import OpFamily
 from .gemm import loops_after
-from .intrinsics import SPAD, get_intrin
-from .intrinsics.pe_array import window_extent, window_sum
-from .operands import kernel_prim_func, padded, stored
-from .spad_layout import align_output_rows, align_rows, out_row_stride, store_walks_rows, window_pixel_stride
-from .spec import KernelSpec, Tiling, aligned, round_up
+from ..intrinsics import SPAD, get_intrin
+from ..intrinsics.pe_array import window_extent, window_sum
+from ..common.operands import kernel_prim_func, padded, stored
+from ..common.spad_layout import align_output_rows, align_rows, out_row_stride, store_walks_rows, window_pixel_stride
+from ..common.spec import KernelSpec, Tiling, aligned, round_up
 
 
 def padded_width(spec: KernelSpec) -> int:

@@ -87,7 +87,7 @@ class KernelSpec:
     # like a bias). None: the kernel writes its accumulator dtype.
     requant_zero_point: int | None = None
     scale_shape: tuple | None = None
-    # Symbolic axes (kernels/dynamic.py): ((role, axis, variable name), ...) of the shapes the
+    # Symbolic axes (kernels/common/dynamic.py): ((role, axis, variable name), ...) of the shapes the
     # caller passes (caller_shapes, else the shapes above), which hold them at their bound.
     symbols: tuple = ()
     # Positions among the call's arguments of shape values Relax passes beside the tensors
@@ -138,7 +138,7 @@ class KernelSpec:
     @property
     def symbolic_image(self) -> bool:
         """A conv2d, depthwise conv2d or pool whose input height or width is symbolic
-        (kernels/conv2d.py, depthwise.py, pool.py)."""
+        (kernels/gemm/conv2d.py, depthwise.py, pool.py)."""
         names = self.symbolic("lhs")
         return self.op in ("conv2d", "depthwise", "pool") and \
             any(self.data_layout.index(axis) in names for axis in "HW")
@@ -149,7 +149,7 @@ class KernelSpec:
         (p = x * OH + y) when its width is symbolic, or static and larger than its height (NCHW:
         a tile is whole columns then, the shorter side: a 32 x 640 text line's tiles are 32-pixel
         steps, not 640, and fit a small scratchpad), "blocks" (blocks of BLOCK_COLUMNS columns,
-        rows of a block after one another) when its height and width both are (kernels/conv2d.py)."""
+        rows of a block after one another) when its height and width both are (kernels/gemm/conv2d.py)."""
         names = self.symbolic("lhs")
         if self.op != "conv2d":
             return "yx"

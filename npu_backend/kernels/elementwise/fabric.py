@@ -32,14 +32,14 @@ from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
-from ..errors import UnsupportedOperator
-from ..relax_info import dtype_of
-from .chains import CHAIN_MARK, VECTOR_UNIT_OPS, chain_body, constant_first_subtract, level_pattern, require_program
-from .family import OpFamily
-from .intrinsics import get_intrin
-from .intrinsics.fabric import FabricBody, body_value
-from .spec import Tiling
-from .unary import (ReadsOperand, UnaryOperand, fastest_tiling, read_operand, same_operand, schedule_unary,
+from ...errors import UnsupportedOperator
+from ...relax_info import dtype_of
+from ..common.chains import CHAIN_MARK, VECTOR_UNIT_OPS, chain_body, constant_first_subtract, level_pattern, require_program
+from ..family import OpFamily
+from ..intrinsics import get_intrin
+from ..intrinsics.fabric import FabricBody, body_value
+from ..common.spec import Tiling
+from ..common.unary import (ReadsOperand, UnaryOperand, fastest_tiling, read_operand, same_operand, schedule_unary,
                     unary_compute)
 
 PREFIX = "cgra.fabric" + CHAIN_MARK

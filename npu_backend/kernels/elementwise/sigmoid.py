@@ -26,13 +26,13 @@ from cgra_sim.arch import HardwareDescription
 from cgra_sim.mapping.body import reads_b
 from cgra_sim.mapping.sigmoid import passes
 
-from ..errors import UnsupportedOperator
-from ..relax_info import dtype_of
-from .chains import require_program
-from .family import OpFamily
-from .intrinsics import get_intrin
-from .intrinsics.smooth import smooth_value
-from .unary import ReadsOperand, UnaryOperand, fastest_tiling, read_operand, schedule_unary, unary_compute
+from ...errors import UnsupportedOperator
+from ...relax_info import dtype_of
+from ..common.chains import require_program
+from ..family import OpFamily
+from ..intrinsics import get_intrin
+from ..intrinsics.smooth import smooth_value
+from ..common.unary import ReadsOperand, UnaryOperand, fastest_tiling, read_operand, schedule_unary, unary_compute
 
 PREFIX = "cgra.smooth."
 
