@@ -241,6 +241,7 @@ def test_version(capsys):
     (["verify", "--help"], "--op {matmul,"),
     (["sweep", "--help"], "--set FIELD=V1,V2,..."),
     (["serve", "--help"], "usage: cgra-sim serve"),
+    (["patterns", "--help"], "usage: cgra-sim patterns"),
     (["map", "--intrinsic", "relu", "--arch", "cgra-4x4"], "II 1, MII 1 (ResMII 1, RecMII 1)"),
 ])
 def test_help_version_and_replay_start_without_the_compiler(argv, expected):
