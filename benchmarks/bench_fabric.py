@@ -25,7 +25,7 @@ import numpy as np
 os.environ["CGRA_MAPPING_CACHE"] = "off"
 os.environ.setdefault("CGRA_KERNEL_CACHE", "off")
 
-BODIES = {  # as the compiler writes them (kernels/chains.py, kernels/eltwise.py's PRELU_BODY)
+BODIES = {  # as the compiler writes them (kernels/common/chains.py, kernels/elementwise/eltwise.py's PRELU_BODY)
     "leaky relu 0.1": (("mul", "a", 0.1), ("max", "a", "n0")),
     "hard-swish": (("add", "a", 3.0), ("max", "n0", 0.0), ("min", "n1", 6.0), ("mul", "n2", 1 / 6),
                    ("mul", "a", "n3")),

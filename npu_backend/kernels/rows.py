@@ -23,14 +23,14 @@ from cgra_sim.arch import HardwareDescription
 
 from ..errors import ScratchpadTooSmall, UnsupportedOperator
 from ..relax_info import dtype_of, shape_dims
-from .dynamic import CUT_PARAMS, dim_var, read_shape, with_vars
+from .common.dynamic import CUT_PARAMS, dim_var, read_shape, with_vars
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.row_ops import reducer, reduce_start, vfunc_value
 from .intrinsics.vector_unit import eltwise_value
-from .operands import padded, prim_func
+from .common.operands import padded, prim_func
 from .rows_long import long_compute, long_cycles, long_footprint, schedule_long
-from .spec import SINGLE_BUFFERED, Tiling, aligned, round_up
-from .unary import MAX_RANK, halvings
+from .common.spec import SINGLE_BUFFERED, Tiling, aligned, round_up
+from .common.unary import MAX_RANK, halvings
 
 F32 = "float32"
 
@@ -271,7 +271,7 @@ def schedule_rows(sch, spec, tiling: Tiling, steps) -> None:
             init = sch.decompose_reduction(block, sch.get_loops(block)[1])
             sch.add_unit_loop(init)
             sch.tensorize(sch.get_loops(init)[1], get_intrin("fill", tm, 1, F32,
-                                                             tirx.const(reduce_start(step.func), F32)))
+                                                             value=tirx.const(reduce_start(step.func), F32)))
             loops = sch.get_loops(block)
             for _ in range(1 if len(loops) > 2 else 2):  # a row of one column lost that loop too
                 sch.add_unit_loop(loops[2] if len(loops) > 2 else block)
@@ -281,8 +281,8 @@ def schedule_rows(sch, spec, tiling: Tiling, steps) -> None:
             sch.add_unit_loop(block)
         first = sch.get_loops(block)[1]
         if step.kind == "vfunc":
-            sch.tensorize(first, get_intrin("vfunc", tm, width, step.func, step.scale, step.offset))
+            sch.tensorize(first, get_intrin("vfunc", tm, width, step.func, scale=step.scale, offset=step.offset))
         else:
             full = {"full": (True, True), "column": (True, False), "row": (False, True)}
-            operands = tuple(full[kinds[i]] for i in step.inputs)
-            sch.tensorize(first, get_intrin("eltwise", tm, width, step.func, F32, *operands))
+            a_full, b_full = (full[kinds[i]] for i in step.inputs)
+            sch.tensorize(first, get_intrin("eltwise", tm, width, step.func, F32, a_full=a_full, b_full=b_full))

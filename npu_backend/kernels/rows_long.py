@@ -21,8 +21,8 @@ from cgra_sim import cost
 from ..errors import UnsupportedOperator
 from .intrinsics import SPAD, get_intrin
 from .intrinsics.row_ops import reduce_start, reducer
-from .operands import padded, prim_func
-from .spec import SINGLE_BUFFERED, Tiling, aligned
+from .common.operands import padded, prim_func
+from .common.spec import SINGLE_BUFFERED, Tiling, aligned
 
 
 def plan(steps, kinds: dict) -> tuple:
@@ -220,7 +220,7 @@ def _tensorize(sch, step, name: str, q, kinds: dict, tm: int, tn: int) -> None:
         func = step.func if part else "max" if step.func == "max" else "sum"
         init = sch.decompose_reduction(block, sch.get_loops(block)[depth])
         sch.add_unit_loop(init)
-        sch.tensorize(sch.get_loops(init)[depth], get_intrin("fill", tm, 1, F32, tirx.const(reduce_start(func), F32)))
+        sch.tensorize(sch.get_loops(init)[depth], get_intrin("fill", tm, 1, F32, value=tirx.const(reduce_start(func), F32)))
         sch.add_unit_loop(sch.get_loops(block)[depth + 1])
         cols = tn if part else int(sch.get(sch.get_loops(block)[-1]).extent)  # the parts: a column a tile
         sch.tensorize(sch.get_loops(block)[depth], get_intrin("reduce", tm, cols, func))
@@ -231,7 +231,8 @@ def _tensorize(sch, step, name: str, q, kinds: dict, tm: int, tn: int) -> None:
     first = sch.get_loops(block)[2 if full else 1]
     width = tn if full else 1
     if step.kind == "vfunc":
-        sch.tensorize(first, get_intrin("vfunc", tm, width, step.func, step.scale, step.offset))
+        sch.tensorize(first, get_intrin("vfunc", tm, width, step.func, scale=step.scale, offset=step.offset))
         return
     forms = {"full": (True, True), "column": (True, False), "row": (False, True)}
-    sch.tensorize(first, get_intrin("eltwise", tm, width, step.func, F32, *(forms[kinds[i]] for i in step.inputs)))
+    a_full, b_full = (forms[kinds[i]] for i in step.inputs)
+    sch.tensorize(first, get_intrin("eltwise", tm, width, step.func, F32, a_full=a_full, b_full=b_full))

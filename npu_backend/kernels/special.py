@@ -22,7 +22,7 @@ from ..relax_info import dtype_of
 from .family import OpFamily
 from .intrinsics import get_intrin
 from .intrinsics.row_ops import vfunc_value
-from .unary import ReadsOperand, UnaryOperand, fastest_tiling, read_operand, schedule_unary, unary_compute
+from .common.unary import ReadsOperand, UnaryOperand, fastest_tiling, read_operand, schedule_unary, unary_compute
 
 #: Relax op -> VFUNC function.
 OPS = {"relax.exp": "exp", "relax.tanh": "tanh", "relax.erf": "erf", "relax.rsqrt": "rsqrt", "relax.nn.gelu": "gelu"}
@@ -79,7 +79,7 @@ def special_compute(spec: SpecialSpec, tiling):
 
 def schedule_special(sch, spec: SpecialSpec, tiling, arch: HardwareDescription) -> None:
     """unary.schedule_unary onto one VFUNC a tile."""
-    schedule_unary(sch, tiling, "vfn", get_intrin("vfunc", tiling.tm, tiling.tn, spec.func, None, None))
+    schedule_unary(sch, tiling, "vfn", get_intrin("vfunc", tiling.tm, tiling.tn, spec.func))
 
 
 SPECIAL = OpFamily(

@@ -94,7 +94,7 @@ def reduce_intrin(rows: int, cols: int, func: str, scope: str = SPAD):
                      grid=(rows, 1, cols), kinds="SSR", accumulate=True, combine=combine, scope=scope)
 
 
-def vfunc_intrin(rows: int, cols: int, func: str, scale: float | None = None, offset: float | None = None,
+def vfunc_intrin(rows: int, cols: int, func: str, *, scale: float | None = None, offset: float | None = None,
                  scope: str = SPAD):
     """VFUNC: Out[rows, cols] = f(A * scale + offset) over a float32 tile (a column: cols 1)."""
     def value(buffers, i, j):
