@@ -81,8 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     run.add_argument("--csv", metavar="FILE.csv",
                      help="also write the per-layer table to FILE.csv: layer, nodes, ops, output, where (npu or "
-                          "host), kernel, cycles, macs (the model's), padded_macs (the PE array's), "
-                          "utilisation, dma_bytes, energy_pj (the kernel's energy in pJ)")
+                          "host), kernel, cycles (a host layer's modelled at the NPU clock), macs (the model's), "
+                          "padded_macs (the PE array's), utilisation, dma_bytes, energy_pj (the kernel's energy in "
+                          "pJ), seconds (a host layer's measured wall time)")
     run.add_argument("--report-dir", metavar="DIR",
                      help="also write the run's report to DIR: layers.txt, layers.csv, report.json, trace.json, "
                           "and with matplotlib (the plots extra) roofline.png (each layer against the chip's "

@@ -20,6 +20,7 @@ from tvm.relax.backend.pattern_registry import register_patterns
 from cgra_sim.arch import DEFAULT_ARCH, HardwareDescription, load_arch, preset_names
 
 from .device.artifact import DamagedArtifact, install_load_check
+from .device.host_calls import install_vm_instrument
 from .device.profile import Profile, profile
 from .device.runtime_lib import load_runtime
 from .device.simulator_backend import register_backend
@@ -101,6 +102,7 @@ def _register() -> None:
     register_target_tags()
     install_default_pipeline()
     install_load_check()
+    install_vm_instrument()  # host calls and host/NPU crossings in profiles (device/host_calls.py)
     # Also list the patterns in TVM's registry (with the default chip's limits) so that tools
     # that look there see them; the pipeline itself builds them for the chosen chip.
     # (TVM's registry: later registrations win, so the first pattern to try goes in last.)

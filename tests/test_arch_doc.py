@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 
 from cgra_sim import arch_doc
+from cgra_sim.host import default_host
 from cgra_sim.arch import FIELD_DOCS, ArchError, HardwareDescription, load_arch, preset_names
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -48,6 +49,17 @@ def test_the_presets_and_the_worked_example_validate_and_load(validator):
     validator.validate(example)
     arch = load_arch(EXAMPLE)
     assert arch.name == example["name"] and arch.energy["mac"] == {"float32": 4.6, "int8": 0.3}
+    assert arch.host_cpu["clock_mhz"] == 1200.0 and load_arch("cgra-8x8").host_cpu == default_host()
+
+
+def test_a_description_without_a_host_table_keeps_its_json():
+    """The host table is left out of the JSON (and so of the fingerprint, the kernel cache keys and
+    the compiled code) when the description does not set it: the presets' stay what they were."""
+    arch = load_arch("cgra-8x8")
+    assert "host" not in json.loads(arch.to_json()) and arch.host is None
+    with_host = HardwareDescription.from_dict({**arch.to_dict(), "host": default_host()})
+    assert with_host.host_cpu == arch.host_cpu and with_host.fingerprint != arch.fingerprint
+    assert HardwareDescription.from_json(with_host.to_json()) == with_host
 
 
 def test_a_model_runs_on_the_worked_example():
@@ -68,6 +80,8 @@ def test_a_model_runs_on_the_worked_example():
     (lambda d: d.update(energy={"mac": {"int8": 0.3, "float32": 4.6}}), "'energy' must have the keys"),
     (lambda d: d.update(clock_mhz=0), "'clock_mhz' must be a positive number"),
     (lambda d: d.update(dma_bytes_per_cycle=1 << 17), "'dma_bytes_per_cycle' is 131072, more than"),
+    (lambda d: d["host"].update(ops_per_cycle=0), "host['ops_per_cycle'] must be a positive number"),
+    (lambda d: d["host"].pop("clock_mhz"), "'host' must have the keys"),
 ])
 def test_the_schema_refuses_what_the_loader_refuses(validator, change, message):
     data = json.loads(_read(EXAMPLE))

@@ -54,6 +54,24 @@ def test_remote_run_matches_local(tmp_path):
         server.terminate()
 
 
+def test_a_remote_profile_counts_the_host_side(tmp_path):
+    """A matmul then a softmax on the host: the remote profile has the softmax's call, with the
+    local modelled cycles, and the matmul's output crossing to it."""
+    mod, inputs, _ = matmul_model(16, 24, 32, "float32", softmax=True)
+    ex = npu_backend.compile(mod)
+    with npu_backend.profile() as prof:
+        run(ex, inputs)
+    ex.export_library(str(tmp_path / "model.so"))
+    server = remote.start_server(port=9401, port_end=9499)
+    try:
+        _, report = remote.run_remote(rpc.connect("127.0.0.1", server.port), tmp_path / "model.so", inputs)
+    finally:
+        server.terminate()
+    assert [(c["name"], c["cycles"]) for c in report["host_calls"]] == [(c.name, c.cycles) for c in prof.host_calls]
+    assert report["host_cycles"] == prof.host_cycles > 0
+    assert report["crossings"] == prof.crossings == 1 and report["crossing_bytes"] == 16 * 24 * 4
+
+
 def test_cgra_sim_serve(tmp_path):
     """The command a board runs: `cgra-sim serve` prints its port, serves, and stops on SIGTERM."""
     mod, inputs, _ = matmul_model(33, 40, 24, "float32")

@@ -6,6 +6,11 @@ launch to `deliver`, which adds it to every `Profile` the launching thread has o
 replay`. A profile sees the launches of the thread that opened it (the runtime submits a launch
 in the thread that called the kernel), so two threads, each with its own VM and its own profile,
 count their own kernels only.
+
+The host's side (host_calls.py) arrives through `_add_host_side`: every host operator call, with
+its cycles modelled from the chip's host table (what `host_cycles` and `npu_share` add up: the
+same on every machine) and its wall time measured here (`host_op_seconds`, reported beside them),
+and every tensor crossing between host and NPU with its bytes.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from cgra_sim.trace import TracedLaunch, chrome_trace
 
 _active_profiles: list[tuple["Profile", int]] = []  # (profile, the thread that opened it)
 _lock = threading.Lock()
+_launches = threading.local()  # .count: kernel launches delivered in this thread (host_calls.py reads it)
 
 
 class Profile:
@@ -34,6 +40,8 @@ class Profile:
     With `keep_timelines`, `timelines` holds every launch's `TracedLaunch` (timeline, clock,
     commands) for `chrome_trace()`; with `record_dir`, every launch is saved there as a launch
     file (inputs before, tensors after) and `recorded` lists the paths, in launch order.
+    `host_calls` and `crossing_records` hold the host's side (host_calls.py): `host_cycles`,
+    `host_op_seconds`, `crossings`, `crossing_bytes` and `npu_share` sum them up.
     """
 
     def __init__(self, record_dir=None, keep_timelines: bool = False, on_launch=None):
@@ -46,6 +54,8 @@ class Profile:
         # Host seconds per simulator step (cgra_sim.STEPS) and in the device glue around it
         # ("device": host views, stream copies), summed over launches: the simulator's speed.
         self.host_seconds = dict.fromkeys(STEPS + ("device",), 0.0)
+        self.host_calls = []  # host_calls.HostCall per host operator call, in call order
+        self.crossing_records = []  # host_calls.Crossing per tensor crossing between host and NPU
 
     schedules = renamed_property("schedules", "timelines")
 
@@ -68,10 +78,45 @@ class Profile:
         """The kernels' energy in pJ (KernelStats.energy_pj; cgra_sim/energy.py)."""
         return sum(k.energy_pj for k in self.kernels)
 
+    @property
+    def host_cycles(self) -> int:
+        """The host operator calls' cycles, modelled from the chip's host table (cgra_sim/host.py)
+        and counted at the NPU's clock: comparable with `total_cycles`, the same on every machine."""
+        return sum(call.cycles for call in self.host_calls)
+
+    @property
+    def host_op_seconds(self) -> float:
+        """The host operator calls' wall time, measured on this machine (beside `host_cycles`)."""
+        return sum((call.seconds for call in self.host_calls), 0.0)
+
+    @property
+    def crossings(self) -> int:
+        """Tensors written on one side (host or NPU) and read on the other (host_calls.py)."""
+        return len(self.crossing_records)
+
+    @property
+    def crossing_bytes(self) -> int:
+        return sum(crossing.bytes for crossing in self.crossing_records)
+
+    @property
+    def npu_share(self) -> float:
+        """The NPU's share of the whole run's cycles: NPU cycles / (NPU cycles + modelled host
+        cycles at the NPU's clock); 0.0 when nothing ran."""
+        whole = self.total_cycles + self.host_cycles
+        return self.total_cycles / whole if whole else 0.0
+
     def to_dict(self) -> dict:
         return {"total_cycles": self.total_cycles, "total_macs": self.total_macs,
                 "total_padded_macs": self.total_padded_macs, "total_energy_pj": self.total_energy_pj,
-                "kernels": [k.to_dict() for k in self.kernels]}
+                "kernels": [k.to_dict() for k in self.kernels], **self.host_side()}
+
+    def host_side(self) -> dict:
+        """The host's figures for reports: modelled cycles, measured seconds, crossings, the NPU's
+        share, and each host call and crossing."""
+        return {"host_cycles": self.host_cycles, "host_op_seconds": self.host_op_seconds,
+                "crossings": self.crossings, "crossing_bytes": self.crossing_bytes, "npu_share": self.npu_share,
+                "host_calls": [call.to_dict() for call in self.host_calls],
+                "crossing_records": [crossing.to_dict() for crossing in self.crossing_records]}
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -92,13 +137,27 @@ class Profile:
                          f"{k.energy_pj / 1000:>9.1f}  {','.join(k.model_nodes)}".rstrip())
         lines.append(f"{'total':<44} {'':<26} {'':>14} {self.total_cycles:>10} {self.total_macs:>12} "
                      f"{self.total_padded_macs:>12} {'':>6} {'':>10} {self.total_energy_pj / 1000:>9.1f}")
-        return "\n".join(lines)
+        return "\n".join(lines + [self.host_footer()])
+
+    def host_footer(self) -> str:
+        """The host's side in a line: calls, modelled cycles (at the NPU clock) and measured time,
+        crossings and their bytes, the NPU's share of the whole run's cycles."""
+        calls = len(self.host_calls)
+        return (f"host: {calls} call{'' if calls == 1 else 's'}, {self.host_cycles} cycles modelled at the NPU clock "
+                f"({self.host_op_seconds * 1e3:.3f} ms measured here); {self.crossings} host/NPU crossings, "
+                f"{self.crossing_bytes} bytes; NPU share of the run's cycles {self.npu_share:.1%}")
 
     def chrome_trace(self) -> dict:
         """The launches on one timeline, in the Chrome trace format (see cgra_sim.trace)."""
         if not self.keep_timelines:
             raise ValueError("this profile kept no timelines: use npu_backend.profile(keep_timelines=True)")
         return chrome_trace(self.timelines)
+
+    def _add_host_side(self, call, crossings) -> None:
+        """One host call (or None, for an NPU call) and the crossings into it (host_calls.py)."""
+        if call is not None:
+            self.host_calls.append(call)
+        self.crossing_records.extend(crossings)
 
     def _add(self, result, arch: HardwareDescription, commands: np.ndarray, launch: "Launch | None",
              device_seconds: float = 0.0):
@@ -149,7 +208,18 @@ def profile(record_dir=None, keep_timelines: bool = False, on_launch=None, *,
             _active_profiles.remove(entry)
 
 
-def _profiles_of_this_thread() -> list["Profile"]:
+def any_open() -> bool:
+    """Whether any thread has a profile open (read without the lock: a hint, for a fast no)."""
+    return bool(_active_profiles)
+
+
+def launches_in_this_thread() -> int:
+    """Kernel launches this thread has delivered to profiles so far."""
+    return getattr(_launches, "count", 0)
+
+
+def profiles_of_this_thread() -> list["Profile"]:
+    """The profiles the calling thread has open."""
     thread = threading.get_ident()
     with _lock:
         return [prof for prof, owner in _active_profiles if owner == thread]
@@ -157,11 +227,12 @@ def _profiles_of_this_thread() -> list["Profile"]:
 
 def recording() -> bool:
     """Whether a profile of this thread records launches to files (the backend then keeps the inputs)."""
-    return any(prof.record_dir is not None for prof in _profiles_of_this_thread())
+    return any(prof.record_dir is not None for prof in profiles_of_this_thread())
 
 
 def deliver(result, arch: HardwareDescription, commands: np.ndarray, launch: "Launch | None",
             device_seconds: float) -> None:
     """Adds one simulated launch to every profile the launching thread has open."""
-    for prof in _profiles_of_this_thread():
+    _launches.count = launches_in_this_thread() + 1
+    for prof in profiles_of_this_thread():
         prof._add(result, arch, commands, launch, device_seconds)

@@ -17,6 +17,7 @@ from cgra_sim.mapping import pe_array
 
 from .. import pipeline
 from ..collector import gc_paused
+from ..device.host_costs import with_host_costs
 from ..device.host_ops import with_host_anchor
 from ..errors import CGRAError, UnsupportedChip, remember_error
 from ..options import CompileOptions, clear_dump, dump
@@ -39,7 +40,8 @@ def cgra_pipeline(arch: HardwareDescription, options: CompileOptions = CompileOp
             # LegalizeOps' reshapes that RewriteDataflowReshape made views again are called by
             # nothing: LLVM compiled them for nothing (ShuffleNetV2's seven, 30 ms).
             made = {gvar.name_hint for gvar in built.functions} - {gvar.name_hint for gvar in mod.functions}
-            return drop_unused_prim_funcs(built, made)
+            # What each host operator costs, for profiles to model the host's time (device/host_costs.py).
+            return with_host_costs(drop_unused_prim_funcs(built, made), arch)
 
     return run
 

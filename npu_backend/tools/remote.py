@@ -26,6 +26,7 @@ import numpy as np
 
 PROFILE_START = "cgra.remote.profile_start"
 PROFILE_STOP = "cgra.remote.profile_stop"
+OBSERVE = "cgra.remote.observe_host"  # gives a VM loaded there the host observer (device/host_calls.py)
 _OPEN: list = []  # the session's open profile: (context manager, Profile)
 
 
@@ -46,6 +47,15 @@ def _stop_profile() -> str:
     return prof.to_json()
 
 
+def _observe_host(vm_module) -> None:
+    """The host observer `import npu_backend` gives every local VM, for a VM the client made here."""
+    from ..device.host_calls import HostObserver, host_costs_of
+
+    costs = host_costs_of(vm_module)
+    if costs is not None:
+        vm_module["set_instrument"](HostObserver(costs))
+
+
 def serve_npu() -> None:
     """The RPC server's start-up (`server_init_callback`): load the NPU runtime and register the
     profile functions as global functions the client can look up."""
@@ -55,6 +65,7 @@ def serve_npu() -> None:
 
     tvm.register_global_func(PROFILE_START, _start_profile, override=True)
     tvm.register_global_func(PROFILE_STOP, _stop_profile, override=True)
+    tvm.register_global_func(OBSERVE, _observe_host, override=True)
 
 
 def start_server(host: str = "127.0.0.1", port: int = 9091, port_end: int = 9199, silent: bool = True):
@@ -83,6 +94,7 @@ class RemoteModel:
         self.session = session
         self.device = session.cpu()
         self.vm = tvm.relax.VirtualMachine(session.load_module(name), self.device)
+        self.session.get_function(OBSERVE)(self.vm.module)  # host calls and crossings in the profile
         self.function = function
 
     def run(self, inputs):

@@ -204,9 +204,9 @@ def run_onnx_model(path: str, arch, check: bool = False, dump_dir: str | None = 
               "time_us": prof.total_cycles / arch.clock_mhz, "area_mm2": arch.area_mm2, "compile_s": compile_s,
               "npu_mac_fraction": npu_backend.npu_mac_fraction(placements),
               "host_ops": sorted({p.op for p in placements if p.where == "host"}),
-              "kernels": [k.to_dict() for k in prof.kernels]}
-    report["layers"] = model_layers(placements, prof.kernels)
-    report["table"] = format_layers(report["layers"])
+              "kernels": [k.to_dict() for k in prof.kernels], **prof.host_side()}
+    report["layers"] = model_layers(placements, prof.kernels, prof.host_calls)
+    report["table"] = format_layers(report["layers"]) + "\n" + prof.host_footer()
     if check:
         say("checking against onnxruntime")
         model.ir_version = min(model.ir_version, 10)  # onnxruntime refuses newer IR versions

@@ -19,6 +19,7 @@ from typing import Mapping
 from .area import check_area, chip_area, default_area
 from .energy import check_energy, default_energy
 from .fabric import check_fabric, default_fabric
+from .host import check_host, default_host
 from .isa import ACC_DTYPE
 
 DEFAULT_ARCH = "cgra-8x8"
@@ -71,6 +72,10 @@ FIELD_DOCS = {
                    "scratchpad and which multiply, operation latencies, context depth (the largest II) and "
                    "configuration word size (cgra_sim/fabric.py; docs/mapping.md). Optional: without it a mesh "
                    "with this project's defaults"),
+    "host": ("", "the host CPU that runs the operators left off the NPU: its clock (MHz), the arithmetic operations "
+                 "and tensor bytes it sustains per cycle, and its cycles of overhead per call (cgra_sim/host.py). "
+                 "Profiles add its modelled time to the NPU's cycles. Optional: without it a modest Arm "
+                 "application core (Cortex-A55 class), which leaves the description's fingerprint as it was"),
 }
 
 
@@ -96,6 +101,9 @@ class HardwareDescription:
     energy: Mapping | None = dataclasses.field(default=None, hash=False)  # None: energy.default_energy
     area: Mapping | None = dataclasses.field(default=None, hash=False)  # None: area.default_area
     fabric: Mapping | None = dataclasses.field(default=None, hash=False)  # None: fabric.default_fabric
+    # None: host.default_host, kept None (not filled in like the tables above) so that a
+    # description without it keeps the JSON and fingerprint it had before the field existed.
+    host: Mapping | None = dataclasses.field(default=None, hash=False)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -146,6 +154,11 @@ class HardwareDescription:
         if problem:
             raise ArchError(f"{self.name}: {problem}")
         object.__setattr__(self, "fabric", _sorted_table(fabric))
+        if self.host is not None:
+            problem = check_host(self.host)
+            if problem:
+                raise ArchError(f"{self.name}: {problem}")
+            object.__setattr__(self, "host", _sorted_table(self.host))
 
     # Derived sizes.
     @property
@@ -168,9 +181,18 @@ class HardwareDescription:
     def area_mm2(self) -> float:
         return sum(chip_area(self).values())
 
+    @property
+    def host_cpu(self) -> dict:
+        """The host CPU's figures (cgra_sim/host.py): the `host` table, or the default one."""
+        return dict(self.host) if self.host is not None else default_host()
+
     # Serialisation.
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every field; `host` only when the description sets it (see the field)."""
+        data = dataclasses.asdict(self)
+        if data["host"] is None:
+            del data["host"]
+        return data
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys, no spaces): what compiled code embeds."""
@@ -193,7 +215,7 @@ class HardwareDescription:
         data = {key: value for key, value in data.items() if key != "$schema"}
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - fields)
-        missing = sorted(fields - set(data) - {"energy", "area", "fabric"})  # without them, the defaults
+        missing = sorted(fields - set(data) - {"energy", "area", "fabric", "host"})  # without them, the defaults
         if unknown:
             raise ArchError(f"hardware description has unknown keys {unknown} (known: {sorted(fields)})")
         if missing:

@@ -20,13 +20,14 @@ from .arch import (CLOCK_MHZ_BELOW, FIELD_DOCS, MAXIMUM, NON_NEGATIVE, PE_DTYPES
                    load_arch, preset_names)
 from . import area as area_table
 from . import fabric as fabric_table
+from . import host as host_table
 from .energy import PER_DTYPE, SCALARS, VECTOR_OP_PJ
 from .isa import DType
 
 SCHEMA_FILE = "hardware-description.schema.json"
 MARKDOWN_FILE = "hardware-description.md"
 DTYPES = [d.numpy_name for d in DType]
-OPTIONAL = ("energy", "area", "fabric")  # tables with defaults
+OPTIONAL = ("energy", "area", "fabric", "host")  # tables with defaults
 
 
 def _field_schema(name: str) -> dict:
@@ -68,6 +69,11 @@ def _field_schema(name: str) -> dict:
                       **{key: dict(whole) for key in ("hops_per_cycle", "registers", "context_depth",
                                                       "config_word_bits")}}
         return {"type": "object", "additionalProperties": False, "required": sorted(properties),
+                "properties": properties, "description": description}
+    if name == "host":
+        properties = {key: {"type": "number", **({"exclusiveMinimum": 0} if key in host_table.POSITIVE_KEYS
+                                                 else {"minimum": 0})} for key in host_table.KEYS}
+        return {"type": "object", "additionalProperties": False, "required": list(host_table.KEYS),
                 "properties": properties, "description": description}
     minimum = 1 if name in POSITIVE else 0
     assert name in POSITIVE or name in NON_NEGATIVE, name
@@ -137,7 +143,7 @@ def markdown() -> str:
         "",
         "Across fields: `spad_bytes` must be a multiple of `spad_banks * bank_width_bytes`; `energy.mac`",
         "and `area.mac_unit` must price every dtype of `macs_per_pe`. Every key is required except",
-        "`energy`, `area` and `fabric`; an unknown key is an error naming it.",
+        "`energy`, `area`, `fabric` and `host`; an unknown key is an error naming it.",
         "",
         "## The energy table",
         "",
@@ -191,13 +197,30 @@ def markdown() -> str:
         "presets; a FABRIC body's its II) |",
         "| `config_word_bits` | bits of one PE's configuration for one time slot |",
         "",
+        "## The host table",
+        "",
+        "The CPU that runs what stays off the NPU (`simulator/cgra_sim/host.py`). A profile",
+        "(`npu_backend.profile()`, `cgra-sim run`) models every host call from it: max(arithmetic operations",
+        "/ `ops_per_cycle`, tensor bytes / `bytes_per_cycle`) plus `call_overhead_cycles` cycles of the host",
+        "clock, converted to cycles of the NPU's `clock_mhz`. Those modelled cycles are the totals' (the same",
+        "on every machine); the wall time the calls took on the machine that ran them is reported beside",
+        "them. Without the table, the presets' figures below (a modest Arm application core, Cortex-A55",
+        "class: this project's assumption); a description without it keeps its fingerprint.",
+        "",
+        "| key | what |",
+        "|---|---|",
+        "| `clock_mhz` | the host core's clock, MHz (above 0) |",
+        "| `ops_per_cycle` | arithmetic operations (add, multiply, max, exp, ...) sustained per cycle (above 0) |",
+        "| `bytes_per_cycle` | bytes of the call's tensors read and written per cycle (above 0) |",
+        "| `call_overhead_cycles` | cycles every call costs besides its work (0 or more) |",
+        "",
         "## The presets",
         "",
         "| field | " + " | ".join(p.name for p in presets) + " |",
         "|---|" + "---|" * len(presets),
     ]
     for name in names[1:]:
-        values = [getattr(p, name) for p in presets]
+        values = [p.host_cpu if name == "host" else getattr(p, name) for p in presets]
         if name in OPTIONAL:
             for key in values[0]:
                 lines.append(f"| `{name}.{key}` | " + " | ".join(_value(v[key]) for v in values) + " |")
