@@ -159,15 +159,17 @@ def _axes_from_zero(call):
 
 def _refuse_undecided(func, name: str, bounds: str) -> None:
     """UnsupportedOperator for the first broadcasting op of `func` whose result has no shape while
-    its operands have one: the shapes could not be compared for every length."""
+    its operands have one, one of them a clamped extent (a slice's min / max the bounds did not
+    resolve): the shapes could not be compared for every length."""
     for block in func.body.blocks:
         for binding in block.bindings:
             value = binding.value
             if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in _BINARY):
                 continue
             operands = [shape_dims(arg) for arg in value.args if isinstance(arg, relax.Expr)]
-            if shape_dims(binding.var) is not None or any(shape is None for shape in operands):
-                continue
+            if shape_dims(binding.var) is not None or any(shape is None for shape in operands) \
+                    or not any(_clamped(d) for shape in operands for d in shape):
+                continue  # no shape for another reason (h and w, equal at run time or not): left to run
             shapes = " and ".join("(" + ", ".join(expression_name(d).replace("T.", "") for d in shape) + ")"
                                   for shape in operands)
             var = next((str(v) for shape in operands for d in shape if not isinstance(d, int)
@@ -178,3 +180,8 @@ def _refuse_undecided(func, name: str, bounds: str) -> None:
                 f"Export with bounds under which they agree (torch.export.Dim('{var}', min=2, max=N) with N no larger "
                 f"than the constant the length is sliced from, or compile(..., shape_bounds={{'{var}': N}})); "
                 "a Hugging Face decoder given input_ids alone can be given an attention_mask input instead")
+
+
+def _clamped(dim) -> bool:
+    """Whether a symbolic extent holds a min or max (a slice clamped to its tensor)."""
+    return not isinstance(dim, int) and any(word in str(dim) for word in ("min(", "max("))
