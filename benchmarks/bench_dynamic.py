@@ -26,8 +26,8 @@ from tvm import relax
 from tvm.relax.transform import BindSymbolicVars
 
 import npu_backend
-from npu_backend.kernels.dynamic import DEFAULT_BOUND
-from npu_backend.kernels.gemm import choose_tiling
+from npu_backend.kernels.common.dynamic import DEFAULT_BOUND
+from npu_backend.kernels.gemm.gemm import choose_tiling
 from npu_backend.target.relax_ext import clear_kernel_cache
 
 RNG = np.random.default_rng(0)

@@ -3,7 +3,8 @@ the llvm build, peak memory against the model's weights and activations, cycles 
 and roofline bounds, and DRAM traffic.
 
 Each model runs in two fresh processes, so that their peak memory is their own:
-- `cgra`: compile with an empty kernel cache (timed), run one inference under the profile (timed;
+- `cgra`: compile with an empty kernel cache and an empty mapping cache (timed: a first compile
+  on a fresh machine, though the presets' shipped mappings are read), run one inference under the profile (timed;
   the peak resident memory of compile + run is read here), compile again with the persistent
   cache warm and the in-process cache empty (another process recompiling the model), then the
   `llvm` build of the same model (timed, for the ratio: measured in the same process);
@@ -18,7 +19,9 @@ activations; total cycles, cycles / ideal (model MACs / PEs at peak), cycles / r
 each kernel's own bound: max(MACs / PEs, each DMA engine's bytes / bandwidth)); DRAM MB moved by
 the NPU's DMA; the largest relative difference to onnxruntime.
 
-    python benchmarks/bench_zoo.py [--arch cgra-8x8] [--size 224] [--models alexnet vgg19 ...]
+    python benchmarks/bench_zoo.py [--arch cgra-8x8] [--size N] [--models alexnet vgg19 ...]
+
+--size: every model's input height and width (default: each model's own, 224; the YOLOs' 416).
 """
 
 from __future__ import annotations
@@ -63,12 +66,21 @@ def _tensor_bytes(model) -> tuple[int, int]:
     return weights, activations
 
 
-def child(name: str, arch_name: str, size: int, target: str) -> dict:
-    """One model in this (fresh) process, with a kernel cache of its own that it removes; returns
-    its figures."""
-    with tempfile.TemporaryDirectory(prefix="bench-zoo-kernels-") as cache:
-        os.environ["CGRA_KERNEL_CACHE"] = cache
+def child(name: str, arch_name: str, size: int | None, target: str) -> dict:
+    """One model in this (fresh) process, with a kernel cache and a mapping cache of its own that
+    it removes; returns its figures."""
+    with tempfile.TemporaryDirectory(prefix="bench-zoo-kernels-") as cache, \
+            tempfile.TemporaryDirectory(prefix="bench-zoo-mappings-") as mappings:
+        os.environ["CGRA_KERNEL_CACHE"], os.environ["CGRA_MAPPING_CACHE"] = cache, mappings
         return _measure(name, arch_name, size, target)
+
+
+def _build(name: str, size: int | None):
+    """The ONNX model `name` of zoo_models.ZOO at `size` (None: its builder's default)."""
+    sys.path.insert(0, TESTS)
+    from zoo_models import ZOO
+
+    return ZOO[name]() if size is None else ZOO[name](size)
 
 
 def _measure(name: str, arch_name: str, size: int, target: str) -> dict:
@@ -79,10 +91,7 @@ def _measure(name: str, arch_name: str, size: int, target: str) -> dict:
     import npu_backend
     from npu_backend.target.relax_ext import clear_kernel_cache
 
-    sys.path.insert(0, TESTS)
-    from zoo_models import ZOO
-
-    model = ZOO[name](size)
+    model = _build(name, size)
     shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
     x = np.random.default_rng(0).standard_normal(shape).astype("float32")
     mod = from_onnx(model)
@@ -128,7 +137,8 @@ def _measure(name: str, arch_name: str, size: int, target: str) -> dict:
 
 
 def _run_child(name, arch, size, target) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--child", name, target, "--arch", arch, "--size", str(size)],
+    sized = ["--size", str(size)] if size is not None else []
+    done = subprocess.run([sys.executable, __file__, "--child", name, target, "--arch", arch, *sized],
                           capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"{name} ({target}) failed:\n{done.stderr[-3000:]}")
@@ -140,10 +150,7 @@ def _reference(name, size, out) -> float:
     import numpy as np
     import onnxruntime
 
-    sys.path.insert(0, TESTS)
-    from zoo_models import ZOO
-
-    model = ZOO[name](size)
+    model = _build(name, size)
     shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
     x = np.random.default_rng(0).standard_normal(shape).astype("float32")
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -158,10 +165,7 @@ HEADER = (f"{'model':<14} {'params':>7} {'W MB':>6} {'A MB':>6} {'NPU':>5} {'cgr
 
 def report(name, arch, size) -> tuple[str, dict]:
     """The model's row, and its compile ratios for the summary."""
-    sys.path.insert(0, TESTS)
-    from zoo_models import ZOO
-
-    model = ZOO[name](size)
+    model = _build(name, size)
     weights, activations = _tensor_bytes(model)
     params = weights // 4
     cgra, llvm = _run_child(name, arch, size, "cgra"), _run_child(name, arch, size, "llvm")
@@ -191,7 +195,8 @@ def summary(ratios: dict) -> list[str]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="cgra-8x8")
-    parser.add_argument("--size", type=int, default=224, help="input height and width (default 224)")
+    parser.add_argument("--size", type=int, default=None,
+                        help="input height and width (default: each model's own, 224; the YOLOs' 416)")
     parser.add_argument("--models", nargs="*", help="default: every model of tests/zoo_models.py (ZOO)")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "TARGET"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -201,7 +206,7 @@ def main():
     sys.path.insert(0, TESTS)
     from zoo_models import ZOO
 
-    print(f"{args.arch}, {args.size}x{args.size} inputs, float32")
+    print(f"{args.arch}, {f'{args.size}x{args.size}' if args.size else 'each model at its own size'} inputs, float32")
     print(HEADER, flush=True)
     ratios = {}
     for name in args.models or list(ZOO):

@@ -1,7 +1,8 @@
 """`cgra-sim`: check one kernel against numpy (npu_backend/tools/verify.py), compile and simulate a
 whole ONNX model (npu_backend/tools/run_model.py), sweep chips x models (npu_backend/tools/sweep.py),
-replay a recorded kernel launch, map an intrinsic onto the PE fabric (cgra_sim/mapping), or serve
-compiled models over TVM RPC (npu_backend/tools/remote.py).
+replay a recorded kernel launch, map an intrinsic onto the PE fabric (cgra_sim/mapping), list the
+patterns a schedule can be registered for (npu_backend/tools/patterns.py), or serve compiled models
+over TVM RPC (npu_backend/tools/remote.py).
 
 Stage: tools (command line). `verify` and `run` run the same pipeline as
 `tvm.compile(target="cgra")` and import the compiler when they start; `--help`, `--version`,
@@ -98,6 +99,13 @@ def _parser() -> argparse.ArgumentParser:
     add_sweep_arguments(sub.add_parser("sweep", help=SWEEP_HELP, description=SWEEP_DESCRIPTION))
     add_map_arguments(sub.add_parser("map", help=MAP_HELP, description=MAP_DESCRIPTION))
 
+    patterns = sub.add_parser(
+        "patterns", help="list every pattern and op a schedule or kernel can be registered for",
+        description="List the names npu_backend.schedules.register_schedule and register_kernel accept: "
+                    "each fusion pattern with its family and the Relax ops a match calls in data-flow "
+                    "order (docs/patterns.md holds the same table), then the ops.")
+    patterns.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
     serve = sub.add_parser(
         "serve", help="serve compiled models over TVM RPC, as a board with the NPU would",
         description="Start TVM's RPC server with the NPU runtime loaded (the simulator as the device). A "
@@ -180,6 +188,24 @@ def _run(args) -> int:
     return EXIT_OK if not args.check or report["check"]["passed"] else EXIT_MISMATCH
 
 
+def _map(args) -> int:
+    """`run_map`; without matplotlib, `--png` prints the mapping first, then says what is missing."""
+    if args.png:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            run_map(argparse.Namespace(**{**vars(args), "png": None}))
+            return _usage("map --png needs matplotlib (the plots extra): pip install 'npu-backend[plots]'")
+    return run_map(args)
+
+
+def _patterns(args) -> int:
+    from npu_backend.tools.patterns import patterns_json, patterns_text
+
+    print(json.dumps(patterns_json()) if args.json else patterns_text())
+    return EXIT_OK
+
+
 def _serve(args) -> int:
     from npu_backend.tools.remote import serve
 
@@ -201,16 +227,30 @@ def _usage(message: str) -> int:
     return EXIT_USAGE
 
 
+def _runtime_build_error() -> type:
+    """RuntimeBuildError once npu_backend is imported (a command that needs the runtime imports
+    it), else a class nothing raises: replay and map never import tvm."""
+    module = sys.modules.get("npu_backend.device.runtime_lib")
+    return module.RuntimeBuildError if module is not None else _NeverRaised
+
+
+class _NeverRaised(Exception):
+    pass
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     started = time.time()
     try:
         status = {"verify": _verify, "run": _run, "replay": run_replay, "serve": _serve,
-                  "sweep": run_sweep_command, "map": run_map}[args.command](args)
+                  "sweep": run_sweep_command, "map": _map, "patterns": _patterns}[args.command](args)
+    except ImportError as err:  # an optional extra that is not installed (onnx, matplotlib, ...)
+        return _usage(f"{args.command}: {err}")
     except OSError as err:  # a missing model, an unwritable --trace or --record-dir
         where = f": '{err.filename}'" if err.filename else ""
         return _usage(f"{args.command}: {err.strerror or err}{where}")
-    except ValueError as err:  # bad arguments, architecture files, unsupported models (CGRAError too)
+    except (ValueError, _runtime_build_error()) as err:  # bad arguments, chip files, unsupported models
+        # (CGRAError too), no cmake to build the runtime with
         where = f"{args.command} --op {args.op}" if getattr(args, "op", None) else args.command
         return _usage(f"{where}: {err}")
     if not getattr(args, "json", False) and status != EXIT_USAGE:  # a usage error is one line

@@ -87,20 +87,26 @@ def run_sweep_command(args) -> int:
         print(json.dumps({"rows": rows, "invalid_chips": invalid, "frontier": [s["chip"] for s in best],
                           "files": files, "wall_s": wall}))
         return EXIT_OK
-    print(_table(summaries, {s["chip"] for s in best}))
-    failed = sum(1 for row in rows if row["error"])
+    failed = [row for row in rows if row["error"]]
+    print(_table(summaries, {s["chip"] for s in best}, failed, invalid))
     print(f"{len(rows)} points ({len(summaries)} chips x {len(args.models)} models) in {wall:.1f} s; "
-          f"{failed} failed, {len(invalid)} chips not valid (the table says why)")
-    reasons = list(dict.fromkeys(row["error"].partition(": ")[2] for row in invalid))
-    print("\n".join([f"not a valid chip: {reason}" for reason in reasons[:3]] + [f"wrote {', '.join(files)}"] + notes))
+          f"{len(failed)} failed, {len(invalid)} chips not valid (the table says why)")
+    print("\n".join([f"wrote {', '.join(files)}"] + notes))
     return EXIT_OK
 
 
-def _table(summaries: list[dict], best: set) -> str:
+def _table(summaries: list[dict], best: set, failed: list[dict] = (), invalid: list[dict] = ()) -> str:
+    """One line per chip that ran every model, cycles first; then each failed point (its chip,
+    model and error) and each chip the sweep refused (not valid, or a fabric that cannot map the
+    PE array's cell), with the reason."""
     from npu_backend.tools.pareto import short_name
 
     lines = [f"{'chip':48} {'area mm2':>9} {'cycles':>12} {'energy uJ':>10} {'on NPU':>7}  frontier"]
     for s in sorted(summaries, key=lambda s: s["cycles"]):
         lines.append(f"{short_name(s['chip'])[:48]:48} {s['area_mm2']:9.3f} {s['cycles']:12,} "
                      f"{s['energy_pj'] / 1e6:10.2f} {s['npu_mac_fraction']:7.1%}  {'*' if s['chip'] in best else ''}")
+    for row in failed:
+        lines.append(f"{short_name(row['chip'])[:48]:48} failed on {row['model']}: {row['error']}")
+    for row in invalid:
+        lines.append(f"{short_name(row['chip'])[:48]:48} not run: {row['error'].removeprefix(row['chip'] + ': ')}")
     return "\n".join(lines)

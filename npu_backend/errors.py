@@ -31,6 +31,12 @@ class UnsupportedChip(CGRAError, ValueError):
     array's systolic cell)."""
 
 
+class FamilyError(CGRAError, TypeError):
+    """An op family is declared incompletely (a required OpFamily field left unset) or builds a
+    kernel its caller cannot call (a view left out of `operands.prim_func`): a bug in the
+    family's module, caught when the family is made or its kernel defined, not at run time."""
+
+
 class ScheduleError(CGRAError, RuntimeError):
     """A kernel could not be scheduled or tensorized (a compiler bug: please report it)."""
 

@@ -12,17 +12,17 @@ import shutil
 class CompileOptions:
     dump_dir: str | None = None  # write every stage's output under this directory, by stage name
     # ((name, bound), ...): the largest value a symbolic dimension takes, for the tile searches
-    # of kernels that are compiled once for every size (kernels/dynamic.py); sorted by name.
+    # of kernels that are compiled once for every size (kernels/common/dynamic.py); sorted by name.
     shape_bounds: tuple = ()
     # LLVM optimisation level (0-3) of the host code that drives the NPU. It changes how fast that
     # code builds and runs on the host, never the commands it records (the same stream, cycles and
     # results at every level). ResNet-18 (224) compiles in 1.5 s at 0, 2.8 s at 2 (cgra-8x8).
     host_opt_level: int = 0
     # A chain of elementwise ops after a conv2d / matmul (a leaky relu, a hard-swish) runs inside
-    # that kernel, as a FABRIC over each output tile in place (kernels/epilogue.py), instead of as
+    # that kernel, as a FABRIC over each output tile in place (kernels/gemm/epilogue.py), instead of as
     # a kernel of its own: less DRAM traffic and energy, more cycles, since the FABRIC takes the
     # PE array between two tiles' GEMMs (MobileNetV3-Small at 224, cgra-8x8: DMA -18%, energy
-    # -16%, cycles +2.8%). Off: the chain is the fabric family's kernel (kernels/fabric.py).
+    # -16%, cycles +2.8%). Off: the chain is the fabric family's kernel (kernels/elementwise/fabric.py).
     fuse_chains: bool = False
 
     def __post_init__(self):

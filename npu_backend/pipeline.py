@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from .kernels.dynamic import rebind_dimensions
+from .kernels.common.dynamic import rebind_dimensions
 from .kernels.stage import choose_tiling, define, schedule
 from .lower.dma import lower_copies_to_dma
 from .lower.double_buffer import double_buffer

@@ -18,12 +18,12 @@ a tile) or a copy between a tensor and the scratchpad (scope `SPAD`); the compil
 
 from __future__ import annotations
 
-from .kernels.gemm import loops_after, stage_output_tile, tensorize_tile
+from .kernels.gemm.gemm import loops_after, stage_output_tile, tensorize_tile
 from .kernels.intrinsics import INTRINSICS, SPAD
 from .kernels.intrinsics import get_intrin as intrinsic
 from .kernels.registry import builtin_schedule as builtin
 from .kernels.registry import register_kernel, register_schedule
-from .kernels.spec import KernelSpec, Tiling
+from .kernels.common.spec import KernelSpec, Tiling
 
 __all__ = ["INTRINSICS", "SPAD", "KernelSpec", "Tiling", "builtin", "intrinsic", "loops_after", "register_kernel",
            "register_schedule", "stage_output_tile", "tensorize_tile"]
@@ -34,9 +34,16 @@ def intrinsics_table() -> str:
     (`python -m npu_backend.schedules` prints it; a test keeps the page equal to it)."""
     import inspect
 
-    lines = ["| kind | ISA command | `intrinsic(kind, ...)` parameters | computes |", "|---|---|---|---|"]
+    lines = ["| kind | ISA command | `intrinsic(kind, ...)` parameters (after `*`: by keyword) | computes |",
+             "|---|---|---|---|"]
     for kind, entry in INTRINSICS.items():
-        params = [name for name in inspect.signature(entry.factory).parameters if name != "scope"]
+        params, keywords = [], False
+        for name, param in inspect.signature(entry.factory).parameters.items():
+            if param.kind is inspect.Parameter.KEYWORD_ONLY and not keywords and name != "scope":
+                params.append("*")
+                keywords = True
+            if name != "scope":
+                params.append(name)
         summary = (inspect.getdoc(entry.factory) or "").split("\n\n")[0].replace("\n", " ")
         lines.append(f"| `{kind}` | {entry.op.name} | {', '.join(params)} | {summary} |")
     return "\n".join(lines)

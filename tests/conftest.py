@@ -1,7 +1,8 @@
 """Shared test configuration: Hypothesis profiles chosen by HYPOTHESIS_PROFILE, a persistent
 kernel cache of the session's own, and the heuristic mapper unless CGRA_MAPPER says otherwise.
 
-`ci` (the default) is derandomised so a CI failure reproduces; `fuzz` runs many more examples.
+`ci` (the default) is derandomised so a CI failure reproduces; `fuzz` runs many more examples
+(2,000 per test, or $CGRA_FUZZ_EXAMPLES).
 """
 
 import os
@@ -13,7 +14,9 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("ci", max_examples=25, derandomize=True, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=25, deadline=None)
-settings.register_profile("fuzz", max_examples=2000, deadline=None,
+# CGRA_FUZZ_EXAMPLES sets the fuzz profile's count: tests/test_differential_fuzz.py's docstring
+# says how many fill an hour.
+settings.register_profile("fuzz", max_examples=int(os.environ.get("CGRA_FUZZ_EXAMPLES", "2000")), deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

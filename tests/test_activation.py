@@ -1,5 +1,5 @@
 """A relu or clip that no conv2d / matmul kernel fuses runs on its own on the vector unit's
-EPILOGUE (kernels/activation.py), e.g. after an elementwise add (a residual add the epilogue
+EPILOGUE (kernels/elementwise/activation.py), e.g. after an elementwise add (a residual add the epilogue
 cannot take); float32 and int32, rank 1..4, any preset. A clip after a relu becomes one clip
 (normalise/clips.py), which the kernel before it fuses."""
 

@@ -1,5 +1,5 @@
 """A user's own PrimFuncs called with R.call_tir: GEMM-like and elementwise blocks are tiled and
-tensorized onto the NPU (kernels/tir.py), the rest stays on the host with a reason; either way
+tensorized onto the NPU (kernels/tir/tir.py), the rest stays on the host with a reason; either way
 the results equal the host build of the same module (target "llvm")."""
 
 from __future__ import annotations

@@ -241,6 +241,7 @@ def test_version(capsys):
     (["verify", "--help"], "--op {matmul,"),
     (["sweep", "--help"], "--set FIELD=V1,V2,..."),
     (["serve", "--help"], "usage: cgra-sim serve"),
+    (["patterns", "--help"], "usage: cgra-sim patterns"),
     (["map", "--intrinsic", "relu", "--arch", "cgra-4x4"], "II 1, MII 1 (ResMII 1, RecMII 1)"),
 ])
 def test_help_version_and_replay_start_without_the_compiler(argv, expected):
@@ -277,3 +278,45 @@ def test_run_fuse_chains_runs_an_activation_inside_the_conv(tmp_path, capsys):
     assert reports[True]["fuse_chains"] and not reports[False]["fuse_chains"]
     assert len(reports[True]["kernels"]) == len(reports[False]["kernels"]) - 1
     assert all(report["check"]["passed"] for report in reports.values())
+
+
+def _cgra_sim(argv, env=None, before=""):
+    """`cgra-sim ARGV` in a fresh process (`before`: Python run first): (exit status, stdout, stderr)."""
+    script = f"import sys\n{before}\nfrom cgra_cli.cli import main\nsys.exit(main({argv!r}))\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+    return done.returncode, done.stdout, done.stderr
+
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+
+
+def test_a_chip_file_given_as_the_model_is_one_line():
+    """`cgra-sim run examples/my_chip.json` (issue 35): onnx reads a .json path as a ModelProto in
+    JSON form, and protobuf's ParseError ended the command in 43 lines of traceback, exit 1."""
+    status, out, err = _cgra_sim(["run", os.path.join(EXAMPLES, "my_chip.json")])
+    assert status == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert "as an ONNX model" in err and "goes to --arch" in err
+
+
+def test_map_png_without_matplotlib_prints_the_mapping_then_one_line(tmp_path):
+    """Without matplotlib, `cgra-sim map --png` printed 15 lines of traceback and no mapping."""
+    picture = tmp_path / "map.png"
+    status, out, err = _cgra_sim(["map", "--intrinsic", "relu", "--arch", "cgra-4x4", "--png", str(picture)],
+                                 before="sys.modules['matplotlib'] = None  # as if not installed")
+    assert status == 2 and "II 1, MII 1 (ResMII 1, RecMII 1)" in out and not picture.exists()
+    assert err.splitlines() == ["cgra-sim: error: map --png needs matplotlib (the plots extra): "
+                                "pip install 'npu-backend[plots]'"]
+
+
+def test_no_cmake_to_build_the_runtime_with_is_one_line(tmp_path):
+    """A fresh runtime cache and no cmake on PATH: 24 lines of traceback, exit 1. The runtime is
+    built on first use (device/runtime_lib.py), which looks for cmake before building anything."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    cache = tmp_path / "runtime-cache"
+    status, out, err = _cgra_sim(["verify", "--op", "matmul", "--shape", "4,4,4"],
+                                 env={"PATH": str(empty), "CGRA_RUNTIME_CACHE": str(cache)})
+    assert status == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith("cgra-sim: error: verify --op matmul: cmake was not found on PATH")
+    assert not any(cache.glob("runtime-*"))  # nothing was built

@@ -23,6 +23,7 @@ from tvm.script import tirx as T
 
 import cgra_codegen
 from cgra_codegen import CodegenError, ScratchpadOverflow, UnsupportedNode
+from cgra_codegen.llvm_types import RUNTIME_ABI_VERSION
 from cgra_sim import load_arch
 
 ARCH = load_arch("cgra-4x4")
@@ -362,7 +363,8 @@ def test_golden_ir_of_a_tiny_kernel():
         "i32 2, i32 32, i32 1, i32 1, ptr @<*>, ptr @<*>)",
         "<*> = icmp eq ptr %dltensor, null",
         "ret i32 -1",
-        "%k = call ptr @cgra_kernel_begin(ptr @<*>, ptr @<*>, ptr @<*>, i64 65536, i32 7, i32 1, i64 -1, i64 1)",
+        f"%k = call ptr @cgra_kernel_begin(ptr @<*>, ptr @<*>, ptr @<*>, i64 65536, i32 {RUNTIME_ABI_VERSION}, i32 1, "
+        "i64 -1, i64 1)",
         "%bind.status = call i32 @cgra_kernel_bind(ptr %k, i32 0, ptr %dltensor)",
         "launch.failed:<*>",  # the error exit: frees the launch, returns -1
         "<*> = call i32 @cgra_kernel_end(ptr %k)",
@@ -399,7 +401,7 @@ def test_matmul_kernel_drives_the_runtime(mock_runtime, tmp_path):
                                  tensor((4, 8), "int32")) is None
     words = ",".join(map(str, ROWS_BOX))
     assert log_lines(runtime) == [
-        f"begin matmul_rows ops=matmul spad=65536 abi=7 slots=3 macs=-1/1 arch={ARCH.to_json()}",
+        f"begin matmul_rows ops=matmul spad=65536 abi={RUNTIME_ABI_VERSION} slots=3 macs=-1/1 arch={ARCH.to_json()}",
         "bind 0 shape=4,8 dtype=0:8",
         "bind 1 shape=8,8 dtype=0:8",
         "bind 2 shape=4,8 dtype=0:32",

@@ -1,5 +1,5 @@
 """Elementwise ops whose symbolic axes are not only axis 0: an NCHW map of symbolic height and
-width against a per-channel operand or one of its own shape (kernels/eltwise.py: the trailing
+width against a per-channel operand or one of its own shape (kernels/elementwise/eltwise.py: the trailing
 symbolic axes are the view's last axis, its column tiles' last one cut to what exists)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A global average pool over an image whose height, width or both are known only at run time
-(kernels/global_pool.py): blocks summed by POOLs and ELTWISE adds, divided by the run-time
+(kernels/pool/global_pool.py): blocks summed by POOLs and ELTWISE adds, divided by the run-time
 area, a FILL whose value the kernel computes from the tensor's shape."""
 
 from __future__ import annotations

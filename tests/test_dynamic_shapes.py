@@ -1,5 +1,5 @@
 """Symbolic dimensions on the NPU: one compiled kernel runs every size of a batch or of a
-matmul's rows (kernels/dynamic.py), its last tile cut to the rows that exist (lower/ragged.py);
+matmul's rows (kernels/common/dynamic.py), its last tile cut to the rows that exist (lower/ragged.py);
 results against numpy or the host build, cycles against a kernel compiled for the size."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One-input elementwise ops of symbolic sizes on the NPU: relu and clip (the activation family),
 FABRIC chains (leaky relu, hardswish) and the smooth activations (sigmoid, SiLU), read through
-the views the eltwise family reads its operands with (kernels/unary.py, kernels/views.py): a
+the views the eltwise family reads its operands with (kernels/common/unary.py, kernels/common/views.py): a
 symbolic batch, an image's symbolic height and width, a vector of symbolic length. Until they
 were, a YOLO whose image size is symbolic ran every SiLU on the host."""
 

@@ -20,7 +20,7 @@ from tvm.relax.frontend.onnx import from_onnx
 import npu_backend
 from models import relax_module, run
 from npu_backend.tools.workloads import mismatch
-from npu_backend.kernels.eltwise import eltwise_view
+from npu_backend.kernels.elementwise.eltwise import eltwise_view
 from npu_backend.tools.workloads import eltwise_model
 from onnx_models import mobilenet_v2, resnet
 

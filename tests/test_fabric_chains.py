@@ -1,5 +1,5 @@
 """Chains of elementwise ops on one tensor run as one dataflow body on the PE fabric
-(kernels/fabric.py, the FABRIC command): the activations the vector unit has no command for
+(kernels/elementwise/fabric.py, the FABRIC command): the activations the vector unit has no command for
 (leaky relu, hard-swish, hard-sigmoid as ONNX and PyTorch write them) and any chain of add,
 subtract, multiply, divide by a constant, maximum, minimum, clip and relu with one-element
 constants. Checked against onnxruntime and against TVM's own llvm build on random chains

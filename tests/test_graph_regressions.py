@@ -4,6 +4,7 @@ them); each must compile for the NPU and match the host build."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -114,3 +115,94 @@ def test_a_cumsum_of_booleans_counts_them_where_no_target_built_it():
     out = run(npu_backend.compile(mod, "cgra-8x8"), [x])
     np.testing.assert_array_equal(out, np.cumsum(x != 1, axis=-1))
     assert out.dtype == np.int64
+
+
+def test_a_bias_add_whose_result_is_added_to_itself():
+    """y = matmul(x, wT) + b; z = y + y; z + c (issue 35, on cgra-4x4): the residual pattern
+    took y + y with the bias add's own result as its "residual". Was: InternalError "Check failed:
+    (info->IsArg(tensor)) ... PlaceholderOp(name="residual")" in te.create_prim_func."""
+    params = {"x": ((8, 16), "float32"), "w": ((8, 16), "float32"), "b": ((8,), "float32"),
+              "c": ((8, 8), "float32")}
+
+    def body(bb, x, w, b, c):
+        y = bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w)))), b))
+        return relax.op.add(bb.emit(relax.op.add(y, y)), c)
+
+    mod = module(params, body)
+    matches_host(mod, params, "cgra-4x4")
+    placements = npu_backend.explain(mod, "cgra-4x4")
+    assert [p.where for p in placements if p.op == "add"] == ["npu", "host", "npu"]  # y + y: one tensor twice
+
+
+@pytest.mark.parametrize("layout, shape", [("NHWC", (1, 13, 13, 8)), ("NCHW", (1, 8, 13, 13))])
+def test_an_int8_average_pool_on_the_host_feeds_an_npu_kernel_int8(layout, shape):
+    """int8 avg_pool2d (3x3/2, ceil mode) -> minimum(y, y) -> max_pool2d (issue 35, cgra-4x4):
+    Relax types the average int8, TVM's legalization computes it as int64, and the max pool's
+    kernel, compiled for int8, got int64 at run time (ValueError "argument 0 ('data'): expected
+    dtype int8, got int64"). The host now casts the average to its declared int8
+    (device/host_averages.py); llvm returns the same values as int64."""
+    params = {"x": (shape, "int8")}
+
+    def body(bb, x):
+        y = bb.emit(relax.op.nn.avg_pool2d(x, (3, 3), (2, 2), ceil_mode=True, layout=layout))
+        return relax.op.nn.max_pool2d(bb.emit(relax.op.minimum(y, y)), (2, 2), (2, 2), layout=layout)
+
+    mod = module(params, body)
+    inputs = [data(shape, "int8")]
+    expected = run(tvm.compile(mod, target="llvm"), inputs)
+    out = run(npu_backend.compile(mod, "cgra-4x4"), inputs)
+    assert expected.dtype == np.int64 and out.dtype == np.int8  # TVM's int64; the graph's int8
+    np.testing.assert_array_equal(out, expected)
+    assert [p.where for p in npu_backend.explain(mod, "cgra-4x4")] == ["host", "host", "npu"]
+
+
+@pytest.mark.parametrize("shape, axes", [
+    ((1, 24, 1, 6400), [2, 3]), ((1, 24, 6400, 1), [2, 3]), ((1, 24, 1, 5184), [2, 3]),  # were SIGSEGV
+    ((1, 24, 1, 4096), [2, 3]), ((1, 24, 2, 3200), [2, 3]),  # were 107 s and 68 s to compile
+    ((1, 5209, 1, 8), [1, 2]),  # NHWC, a prime height: windows padded with zeros, then scaled
+])
+def test_a_global_mean_over_a_long_thin_map_compiles_in_seconds(shape, axes):
+    """A mean over H and W of a map one pixel high or wide was one window of thousands of taps
+    (issue 35): the 2-D split (a row pass, a column pass) left it whole. Now no pool window has
+    more than MAX_TAPS taps, whatever the map's shape (normalise/large_pools.py)."""
+    params = {"x": (shape, "float32")}
+    mod = module(params, lambda bb, x: relax.op.mean(x, axis=axes))
+    start = time.perf_counter()
+    matches_host(mod, params, "cgra-4x4")
+    assert time.perf_counter() - start < 20
+    assert "mean" not in [p.op for p in npu_backend.explain(mod, "cgra-4x4")]  # pools of <= MAX_TAPS taps
+
+
+def test_a_max_pool_over_a_whole_long_row_and_one_too_long_to_split():
+    """A window over the whole 1 x 3000 map is a global max in passes of at most MAX_TAPS taps; a
+    1 x 300 window sliding along it cannot be split so and runs on the host, not as a POOL of 300."""
+    params = {"x": ((1, 4, 1, 3000), "float32")}
+    whole = module(params, lambda bb, x: relax.op.nn.max_pool2d(x, (1, 3000)))
+    matches_host(whole, params, "cgra-4x4")
+    sliding = module(params, lambda bb, x: relax.op.nn.max_pool2d(x, (1, 300), (1, 100)))
+    (pool,) = npu_backend.explain(sliding, "cgra-4x4")
+    assert pool.where == "host" and "300 taps" in pool.reason, pool.reason
+    matches_host(sliding, params, "cgra-4x4")
+
+
+def test_an_onnx_gemm_with_a_scalar_bias():
+    """ONNX's backend node case test_gemm_default_scalar_bias: Gemm(a, b, c) with c of shape ()
+    a graph input. Was: IndexError in matmul_spec (a rank-0 bias is no row of columns)."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    info = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)  # noqa: E731
+    graph = helper.make_graph([helper.make_node("Gemm", ["a", "b", "c"], ["y"])], "gemm",
+                              [info("a", [2, 3]), info("b", [3, 4]), info("c", [])], [info("y", [2, 4])])
+    mod = npu_backend.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    a, b, c = data((2, 3), "float32"), data((3, 4), "float32"), np.array(3.14, "float32")
+    out = run(npu_backend.compile(mod, "cgra-4x4"), [a, b, c])
+    np.testing.assert_allclose(out, a @ b + c, rtol=1e-5, atol=1e-5)
+    assert [p.where for p in npu_backend.explain(mod, "cgra-4x4")] == ["npu", "host"]
+
+
+def test_a_conv2d_plus_a_scalar_input_is_no_bias():
+    """The same rank-0 input after a conv2d: a bias of shape () read as "no bias" would drop it."""
+    params = {"x": ((1, 4, 6, 6), "float32"), "w": ((8, 4, 3, 3), "float32"), "c": ((), "float32")}
+    mod = module(params, lambda bb, x, w, c: relax.op.add(bb.emit(relax.op.nn.conv2d(x, w, padding=1)), c))
+    matches_host(mod, params, "cgra-4x4")

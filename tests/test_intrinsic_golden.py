@@ -86,6 +86,6 @@ def test_gemm_intrinsic_is_the_golden_one():
 
 
 def test_requantising_epilogue_with_bias_and_relu_is_the_golden_one():
-    desc, impl = INTRINSICS["epilogue"].factory(4, 8, "int32", True, True, False, None, -3)
+    desc, impl = INTRINSICS["epilogue"].factory(4, 8, "int32", bias=True, relu=True, residual=False, clip=None, zero_point=-3)
     _same(desc, requant_desc)
     _same(impl, requant_impl)

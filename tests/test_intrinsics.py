@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tvm
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -18,8 +19,8 @@ from cgra_sim import load_arch, simulate
 from cgra_sim.isa import DType, EltwiseFunc, Op, encode
 from cgra_sim.mapping import body as bodies
 from cgra_sim.mapping import sigmoid as smooth
-from npu_backend.kernels.chains import folded
-from npu_backend.kernels.intrinsics import INTRINSICS, SPAD
+from npu_backend.kernels.common.chains import folded
+from npu_backend.kernels.intrinsics import INTRINSICS, SPAD, get_intrin, intrin_name
 from npu_backend.kernels.intrinsics.fabric import FabricBody
 from npu_backend.kernels.intrinsics.vector_unit import PoolWindow
 from cgra_sim.mapping.sigmoid import passes as smooth_bodies
@@ -141,7 +142,7 @@ def test_fill_three_ways(rows, cols, dtype, value, seed):
     """Zero (a reduction's init) or a value; the value's bits go in the record as cgra_fill's."""
     c = _random(np.random.default_rng(seed), (rows, cols), dtype)
     constant = None if value is None else tvm.tirx.const(value / 8 if dtype == "float32" else value, dtype)
-    desc, impl = INTRINSICS["fill"].factory(rows, cols, dtype, constant, scope="global")
+    desc, impl = INTRINSICS["fill"].factory(rows, cols, dtype, value=constant, scope="global")
     tir_c = _tir_reference(desc, [c])[0]
     stream = _Stream([c])
     stream.load(0)
@@ -198,8 +199,8 @@ def test_epilogue_three_ways(data, rows, cols, dtype, bias, relu, residual, seed
     rng = np.random.default_rng(seed)
     acc, row, res = (_random(rng, shape, dtype) for shape in ((rows, cols), (cols,), (rows, cols)))
     out = np.zeros((rows, cols), dtype)
-    desc, impl = INTRINSICS["epilogue"].factory(rows, cols, dtype, bias, relu, residual, clip,
-                                                scope="global")
+    desc, impl = INTRINSICS["epilogue"].factory(rows, cols, dtype, bias=bias, relu=relu, residual=residual,
+                                                clip=clip, scope="global")
     operands = [acc] + ([row] if bias else []) + ([res] if residual else []) + [out]
     tir_out = _tir_reference(desc, operands)[-1]
     stream = _Stream(operands)
@@ -271,7 +272,7 @@ def test_eltwise_three_ways(rows, cols, func, dtype, a_full, b_full, seed):
     shapes = [(rows if full[0] else 1, cols if full[1] else 1) for full in (a_full, b_full)]
     a, b = (_random(rng, shape, dtype) for shape in shapes)
     out = np.zeros((rows, cols), dtype)
-    desc, impl = INTRINSICS["eltwise"].factory(rows, cols, func, dtype, a_full, b_full, scope="global")
+    desc, impl = INTRINSICS["eltwise"].factory(rows, cols, func, dtype, a_full=a_full, b_full=b_full, scope="global")
     tir_out = _tir_reference(desc, [a, b, out])[2]
     stream = _Stream([a, b, out])
     stream.load(0, 1)
@@ -367,8 +368,8 @@ def test_requantising_epilogue_three_ways(data, rows, cols, bias, relu, residual
     else:
         scale = rng.uniform(1e-4, 0.05, cols).astype(np.float32)
     out = np.zeros((rows, cols), "int8")
-    desc, impl = INTRINSICS["epilogue"].factory(rows, cols, "int32", bias, relu, residual, clip, zero_point,
-                                                scope="global")
+    desc, impl = INTRINSICS["epilogue"].factory(rows, cols, "int32", bias=bias, relu=relu, residual=residual,
+                                                clip=clip, zero_point=zero_point, scope="global")
     operands = [acc] + ([row] if bias else []) + ([res] if residual else []) + [scale, out]
     tir_out = _tir_reference(desc, operands)[-1]
     stream = _Stream(operands)
@@ -387,12 +388,29 @@ def test_requantising_epilogue_three_ways(data, rows, cols, bias, relu, residual
 
 
 def test_intrinsics_compute_in_the_scratchpad():
-    for kind, params in [("gemm", (8, 8, 4, "int8", "int32")), ("depthwise", (2, 8, 8, (3, 3, 1, 1, 1, 1), "int8", "int32")),
-                         ("fill", (8, 8, "int32")), ("accumulate", (1, 8, "float32")),
-                         ("epilogue", (8, 8, "int32", True, True)),
-                         ("epilogue", (8, 8, "int32", True, True, True, (0, 100), -3)),
-                         ("eltwise", (8, 8, "add", "float32", (True, True), (False, True))),
-                         ("pool", (2, 2, 8, PoolWindow("max", (3, 3), valid=(1, 4, 1, 4)), "float32")),
-                         ("fabric", (4, 8, FabricBody((("max", "a", 0.0),), "float32"))), ("smooth", (4, 8, "silu"))]:
-        desc, impl = INTRINSICS[kind].factory(*params)
+    for kind, params, flags in [
+            ("gemm", (8, 8, 4, "int8", "int32"), {}), ("depthwise", (2, 8, 8, (3, 3, 1, 1, 1, 1), "int8", "int32"), {}),
+            ("fill", (8, 8, "int32"), {}), ("accumulate", (1, 8, "float32"), {}),
+            ("epilogue", (8, 8, "int32"), {"bias": True, "relu": True}),
+            ("epilogue", (8, 8, "int32"), {"bias": True, "relu": True, "residual": True, "clip": (0, 100), "zero_point": -3}),
+            ("eltwise", (8, 8, "add", "float32"), {"a_full": (True, True), "b_full": (False, True)}),
+            ("pool", (2, 2, 8, PoolWindow("max", (3, 3), valid=(1, 4, 1, 4)), "float32"), {}),
+            ("fabric", (4, 8, FabricBody((("max", "a", 0.0),), "float32")), {}), ("smooth", (4, 8, "silu"), {})]:
+        desc, impl = INTRINSICS[kind].factory(*params, **flags)
         assert SPAD in desc.script() and SPAD in impl.script()
+
+
+def test_flags_are_keywords_and_name_the_intrinsic_as_before():
+    """An intrinsic's flags are keyword-only (a positional True could be any of five); the name
+    it is registered under lists the parameters in the factory's order, as positional calls
+    named it (snapshots and schedules refer to these names)."""
+    assert intrin_name("epilogue", 4, 8, "float32", bias=False, relu=True, residual=False, clip=None,
+                       zero_point=None) == "cgra.epilogue.4.8.float32.False.True.False.None.None"
+    assert intrin_name("epilogue", 4, 8, "int32", relu=True, bias=True) == "cgra.epilogue.4.8.int32.True.True"
+    assert intrin_name("eltwise", 2, 8, "add", "int8", a_full=(True, True), b_full=(False, True)) == \
+        "cgra.eltwise.2.8.add.int8.full_True_True.full_False_True"
+    assert intrin_name("fill", 4, 4, "int32") == "cgra.fill.4.4.int32"
+    with pytest.raises(TypeError, match="epilogue"):
+        get_intrin("epilogue", 4, 8, "float32", False, True)
+    with pytest.raises(TypeError, match="eltwise"):
+        intrin_name("eltwise", 2, 8, "add", "int8", a_full=(True, True))

@@ -1,4 +1,4 @@
-"""MobileNetV2's whole inverted-residual block as one kernel (kernels/inverted_residual.py).
+"""MobileNetV2's whole inverted-residual block as one kernel (kernels/fused/inverted_residual.py).
 
 Against numpy over block shapes (channels, expansion, stride, kernel, padding, tiny and odd
 images, every epilogue; property test), the ONNX MobileNetV2-style model against onnxruntime,
@@ -21,8 +21,8 @@ from tvm.script import tirx as T
 import npu_backend
 from cgra_sim.arch import load_arch
 from models import assert_matches, run
-from npu_backend.kernels import inverted_residual_tiles
-from npu_backend.kernels.inverted_residual import INVERTED_RESIDUAL
+from npu_backend.kernels.fused import inverted_residual_tiles
+from npu_backend.kernels.fused.inverted_residual import INVERTED_RESIDUAL
 from npu_backend.lower.trim_fills import trim_overwritten_fills
 from test_separable import ACTIVATIONS, _always_fused, _ops, _pair_reason, onnx_profile, separable_model
 

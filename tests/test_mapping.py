@@ -234,3 +234,41 @@ def test_mappings_persist_on_disk_and_a_damaged_file_is_mapped_again(tmp_path, m
     monkeypatch.setattr(mapper, "_map", lambda *args: pytest.fail("searched again"))
     with pytest.raises(MappingError, match="none here"):
         mapper.map_graph(graph, tiny)
+
+
+def _seven_random_fabrics() -> list[Fabric]:
+    """Meshes, tori and a 2-hop hycube with 2 to 8 registers, ports left or on the border, all or
+    half the PEs multiplying (bench_mapper's kind of random fabric, seed 1)."""
+    import random
+
+    rng, fabrics = random.Random(1), []
+    for _ in range(7):
+        topology = rng.choice(["mesh", "torus", "hycube"])
+        side = rng.choice([2, 3, 4, 4, 6])
+        fabrics.append(Fabric(side, rng.choice([side, side * 2]), topology=topology,
+                              hops_per_cycle=rng.randint(2, 3) if topology == "hycube" else 1,
+                              registers=rng.randint(2, 8), memory_ports=rng.choice(["left", "border", "all"]),
+                              multipliers=rng.choice(["all", "checkerboard"]),
+                              latency={"alu": rng.randint(1, 2), "mul": rng.randint(1, 3), "mem": rng.randint(1, 2)}))
+    return fabrics
+
+
+def test_the_mappings_are_the_ones_the_mapper_has_always_found(monkeypatch):
+    """The heuristic's every placement and route of the intrinsic suite on the presets and seven
+    random fabrics (negotiated routes, hycube links) hashed: a faster router must find the same
+    mappings (the shipped ones and the snapshot depend on them). A change meant to map
+    differently updates the digest, and says why in its commit."""
+    import hashlib
+
+    monkeypatch.setenv("CGRA_MAPPER", "heuristic")
+    digest = hashlib.sha256()
+    fabrics = [Fabric.of(load_arch(p)) for p in ("cgra-4x4", "cgra-8x8", "cgra-16x16")] + _seven_random_fabrics()
+    for index, fabric in enumerate(fabrics):
+        for name, build in sorted(INTRINSICS.items()):
+            try:
+                m = mapper._map(build(), fabric)
+                found = [m.ii, sorted(m.placement.items()), sorted((list(key), chain) for key, chain in m.routes.items())]
+            except MappingError as error:
+                found = str(error)
+            digest.update(json.dumps([index, name, found]).encode())
+    assert digest.hexdigest()[:16] == "31bc29b375c0aef0"

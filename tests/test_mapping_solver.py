@@ -24,7 +24,7 @@ pytest.importorskip("ortools.sat.python.cp_model")
 import cgra_sim  # noqa: E402
 from cgra_sim import load_arch  # noqa: E402
 from cgra_sim.fabric import Fabric  # noqa: E402
-from cgra_sim.mapping import INTRINSICS, Mapping, map_graph, mapper, rec_mii, res_mii, solver  # noqa: E402
+from cgra_sim.mapping import INTRINSICS, Mapping, map_graph, mapper, rec_mii, res_mii, solver, store  # noqa: E402
 from cgra_sim.mapping.dfg import OPS  # noqa: E402
 from cgra_sim.mapping.mrrg import segments  # noqa: E402
 from test_mapping import _runs_right, fabrics, graphs  # noqa: E402
@@ -165,7 +165,8 @@ def test_cache_keys_differ_by_mapper_and_ortools_version(tmp_path, monkeypatch):
     version = solver.version()
     tags = {mode: solver.cache_tag(mode) for mode in solver.MODES}
     assert tags == {"auto": f"auto-ortools{version}", "heuristic": "heuristic", "solver": f"solver-ortools{version}"}
-    files = [mapper._cache_file(INTRINSICS["gemm"](), TWO_REGISTERS, tag) for tag in tags.values()]
+    gemm = INTRINSICS["gemm"]()
+    files = [store.cache_file(gemm.fingerprint, TWO_REGISTERS.fingerprint, tag) for tag in tags.values()]
     assert len(set(files)) == 3 and all(f"-{tag}-" in file.name for tag, file in zip(tags.values(), files))
     # in the process too: a heuristic mapping is not served to a solver run
     monkeypatch.setattr(mapper, "_CACHE", {})

@@ -1,6 +1,7 @@
-"""Networks nobody here designed: the layer shapes of thirteen model-zoo classics (zoo_models.py),
-at 64x64 with random weights, compiled for the NPU with every conv, pool and dense layer on it,
-and checked against onnxruntime. Each keeps working as the compiler changes."""
+"""Networks nobody here designed: the layer shapes of thirteen model-zoo classics and a YOLOv8n-style
+SiLU detector (zoo_models.py), at 64x64 with random weights, compiled for the NPU with every conv,
+pool and dense layer on it, and checked against onnxruntime. Each keeps working as the compiler
+changes."""
 
 from __future__ import annotations
 

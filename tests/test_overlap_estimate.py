@@ -20,19 +20,19 @@ import npu_backend
 from cgra_sim import cost, load_arch
 from models import conv2d_model, matmul_model, pool_model, relax_module, run
 from npu_backend.kernels import registry
-from npu_backend.kernels.activation import ActivationSpec, activation_tile_cycles
-from npu_backend.kernels.depthwise import estimate_depthwise_cycles
-from npu_backend.kernels.eltwise import EltwiseSpec, estimate_eltwise_cycles
-from npu_backend.kernels.fabric import FabricSpec, fabric_tile_cycles
-from npu_backend.kernels.gemm import estimate_cycles as gemm_estimate_cycles
-from npu_backend.kernels.global_pool import estimate_global_cycles
-from npu_backend.kernels.inverted_residual import InvertedResidualSpec
-from npu_backend.kernels import inverted_residual_tiles, separable_tiles
-from npu_backend.kernels.pool_tiles import estimate_pool_cycles
-from npu_backend.kernels.separable import SeparableSpec
-from npu_backend.kernels.sigmoid import SmoothSpec, smooth_tile_cycles
-from npu_backend.kernels.spec import KernelSpec
-from npu_backend.kernels.unary import estimate_unary_cycles
+from npu_backend.kernels.elementwise.activation import ActivationSpec, activation_tile_cycles
+from npu_backend.kernels.gemm.depthwise import estimate_depthwise_cycles
+from npu_backend.kernels.elementwise.eltwise import EltwiseSpec, estimate_eltwise_cycles
+from npu_backend.kernels.elementwise.fabric import FabricSpec, fabric_tile_cycles
+from npu_backend.kernels.gemm.gemm import estimate_cycles as gemm_estimate_cycles
+from npu_backend.kernels.pool.global_pool import estimate_global_cycles
+from npu_backend.kernels.fused.inverted_residual import InvertedResidualSpec
+from npu_backend.kernels.fused import inverted_residual_tiles, separable_tiles
+from npu_backend.kernels.pool.pool_tiles import estimate_pool_cycles
+from npu_backend.kernels.fused.separable import SeparableSpec
+from npu_backend.kernels.elementwise.sigmoid import SmoothSpec, smooth_tile_cycles
+from npu_backend.kernels.common.spec import KernelSpec
+from npu_backend.kernels.common.unary import estimate_unary_cycles
 from npu_backend.tools.workloads import eltwise_model
 from test_separable import _always_fused, separable_model
 
@@ -135,12 +135,12 @@ def estimate_and_cycles(family: str, case: int, arch_name: str) -> tuple[int, in
 BOUNDS = {
     "gemm": 0.01,
     # The static search leaves the buffers' round trips out and prices the last tile as a whole
-    # step (each of the other forms picks a slower tile somewhere: kernels/depthwise.py).
+    # step (each of the other forms picks a slower tile somewhere: kernels/gemm/depthwise.py).
     "depthwise": 0.04,
     # The last tile is priced as a whole step (its POOL not again): over by up to a step, most
     # with few tiles (a 7 x 7 global mean of 96 channels on cgra-8x8: 6%; the symbolic global
     # pool's 9 x 9 image on cgra-8x8: 7.5%). The form the searches were tuned with: the plain
-    # tail picks slower tiles for SqueezeNet's pools (kernels/pool_tiles.py).
+    # tail picks slower tiles for SqueezeNet's pools (kernels/pool/pool_tiles.py).
     "pool": 0.06,
     "global_pool": 0.08,
     "eltwise": 0.01,
@@ -150,7 +150,7 @@ BOUNDS = {
     # Coarse: per block the PE array's DEPTHWISE, GEMMs and the bubble between them are summed as
     # one unit's work, with no round trip between the tiles' buffers: a small map is up to 21%
     # under (16 channels at 32 x 32 on cgra-8x8). The round trips would bring that case to 2%, but
-    # pick a slower tile for MobileNetV2's first block (kernels/separable_tiles.py).
+    # pick a slower tile for MobileNetV2's first block (kernels/fused/separable_tiles.py).
     "separable": 0.22,
     "inverted_residual": 0.05,
 }

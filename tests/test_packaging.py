@@ -65,6 +65,10 @@ def test_wheel_holds_the_presets(wheel_files):
     assert presets
     for preset in presets:
         assert wheel_files[f"cgra_sim/presets/{preset.name}"] == preset.read_bytes()
+    shipped = sorted((REPO_ROOT / "simulator" / "cgra_sim" / "presets" / "mappings").glob("*.json"))
+    assert [path.stem for path in shipped] == [path.stem for path in presets]  # their mappings too
+    for mappings in shipped:
+        assert wheel_files[f"cgra_sim/presets/mappings/{mappings.name}"] == mappings.read_bytes()
 
 
 def test_wheel_holds_the_runtime_sources(wheel_files):

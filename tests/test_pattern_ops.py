@@ -14,7 +14,7 @@ from tvm.script import relax as R
 import npu_backend
 import onnx_models
 import zoo_models
-from npu_backend.kernels.dynamic import shape_bounds
+from npu_backend.kernels.common.dynamic import shape_bounds
 from npu_backend.options import CompileOptions
 from npu_backend.partition.pattern_ops import ModuleCalls, can_match, pattern_shape, required_ops
 from npu_backend.partition.plans import grouped_patterns

@@ -1,4 +1,4 @@
-"""A depthwise conv2d and the 1x1 conv2d after it as one kernel (kernels/separable.py).
+"""A depthwise conv2d and the 1x1 conv2d after it as one kernel (kernels/fused/separable.py).
 
 Against numpy over shapes, strides, padding and the epilogues of both convs (property test),
 on tiles that fit and, with a small scratchpad, pairs that do not (then two kernels, and the
@@ -22,9 +22,10 @@ import npu_backend
 from cgra_sim.arch import load_arch
 from models import assert_matches, conv2d_reference, relax_module, run
 from npu_backend.kernels import offload_reason
-from npu_backend.kernels import registry, separable_tiles
+from npu_backend.kernels import registry
+from npu_backend.kernels.fused import separable_tiles
 from npu_backend.kernels.registry import pattern_table
-from npu_backend.kernels.separable import SEPARABLE
+from npu_backend.kernels.fused.separable import SEPARABLE
 from npu_backend.options import CompileOptions
 from npu_backend.pipeline import STAGES
 from npu_backend.target.relax_pipeline import run_stages

@@ -1,5 +1,5 @@
 """Sigmoid, SiLU and GELU's tanh form on the PE fabric (cgra_sim/mapping/sigmoid.py,
-npu_backend/kernels/sigmoid.py): the arithmetic's accuracy against float64, its bodies mapped on
+npu_backend/kernels/elementwise/sigmoid.py): the arithmetic's accuracy against float64, its bodies mapped on
 every preset, and whole kernels bit-exact to the numpy model and within tolerance of TVM's llvm build."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from cgra_sim.banks import beat_slowdown, operand_slowdown
 from cgra_sim.decode import DepthwiseCommand, DmaCommand, FillCommand, GemmCommand, decode_stream
 from cgra_sim.stream_file import load_launch
 from npu_backend.kernels import KernelSpec
-from npu_backend.kernels.spad_layout import (a_row_stride, beat_rows_conflict_free, operand_rows_conflict_free,
+from npu_backend.kernels.common.spad_layout import (a_row_stride, beat_rows_conflict_free, operand_rows_conflict_free,
                                              out_row_stride, storage_align_args)
 from npu_backend.options import CompileOptions
 from npu_backend.kernels.stage import Kernel

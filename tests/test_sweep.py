@@ -183,3 +183,30 @@ def test_the_frontier_is_exactly_the_chips_nothing_beats(values):
     for chip in chips:
         assert (chip in best) == (not any(beats(other, chip) for other in chips))
     assert best  # a finite set always has an undominated member
+
+
+def test_a_fabric_that_cannot_map_the_cell_is_refused_before_any_point_compiles(tmp_path, capsys):
+    """`--set fabric.registers=1,3` (issue 35): the one-register chip is refused when the grid is
+    made (its fabric cannot map the systolic cell every GEMM runs), not after a worker imported
+    and began compiling the model; the printed table names it with the reason, as results.csv does."""
+    todo, invalid = sweep.tasks("cgra-4x4", [("fabric.registers", [1, 3])], [MODEL])
+    assert [dict(task.changes) for task in todo] == [{"fabric.registers": 3}]
+    assert [row["chip"] for row in invalid] == ["cgra-4x4,fabric.registers=1"]
+    assert "systolic cell" in invalid[0]["error"] and "more registers" in invalid[0]["error"]
+    folder = tmp_path / "out"
+    assert main(["sweep", MODEL, "--arch", "cgra-4x4", "--set", "fabric.registers=1", "--out", str(folder),
+                 "--no-cache", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "fabric.registers=1" in out and "not run: GEMM and DEPTHWISE need the systolic cell" in out, out
+    with open(folder / "results.csv", newline="") as handle:
+        assert "systolic cell" in list(csv.DictReader(handle))[0]["error"]
+
+
+def test_the_printed_table_names_each_failed_point_and_its_error():
+    from cgra_cli.sweep_arguments import _table
+
+    failed = [{"chip": "cgra-8x8,rows=4", "model": "m.onnx", "error": "ScratchpadTooSmall: no tile fits"}]
+    invalid = [{"chip": "cgra-8x8,spad_bytes=3000", "error": "cgra-8x8,spad_bytes=3000: spad_bytes (3000) must be"}]
+    lines = _table([], set(), failed, invalid).splitlines()
+    assert lines[1].split() == ["rows=4", "failed", "on", "m.onnx:", "ScratchpadTooSmall:", "no", "tile", "fits"]
+    assert lines[2].split() == ["spad_bytes=3000", "not", "run:", "spad_bytes", "(3000)", "must", "be"]

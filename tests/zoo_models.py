@@ -1,6 +1,7 @@
 """Model-zoo-shaped ONNX networks: the layer shapes of the classics (AlexNet, ZFNet, VGG-19,
 ResNet-50, DenseNet-121, Inception v1, SqueezeNet 1.1, ShuffleNet v2, MobileNet v1, MobileNetV3-Small
-with its hard-swish and hard-sigmoid, Tiny YOLOv3's leaky-relu backbone) with random
+with its hard-swish and hard-sigmoid, Tiny YOLOv3's leaky-relu backbone, a YOLOv8n-style SiLU
+detector) with random
 weights, built with onnx.helper (no downloads), for test_model_zoo.py and benchmarks/bench_zoo.py.
 Shapes are what the figures depend on.
 
@@ -247,6 +248,38 @@ def tiny_yolo_v3(size=416, seed=0):
     return g.model("tiny_yolo_v3", [1, 3, size, size], out, [1, 255, size // 32, size // 32])
 
 
+def _c2f(g, x, cin, cout, blocks):
+    """YOLOv8's C2f: a 1x1 conv, its channels split in two, `blocks` residual pairs of 3x3 convs
+    on the second half, every half concatenated and a 1x1 conv."""
+    half = cout // 2
+    a, b = g.split(g.conv_bn(x, cin, cout, 1, act="silu"), half)
+    parts = [a, b]
+    for _ in range(blocks):
+        b = g.node("Add", [b, g.conv_bn(g.conv_bn(b, half, half, act="silu"), half, half, act="silu")])
+        parts.append(b)
+    return g.conv_bn(g.concat(parts), (2 + blocks) * half, cout, 1, act="silu")
+
+
+def yolo_v8n(size=416, seed=0):
+    """A YOLOv8n-style detector (Ultralytics' layout at width 0.25): conv + batch norm + SiLU
+    (as the exporters write it, x * sigmoid(x)) everywhere, stride-2 3x3 convs between C2f
+    blocks, SPPF (three 5x5 max pools), and one box-and-class head at stride 32 (64 box bins +
+    80 classes); no upsampling neck."""
+    g = ZooGraph(seed)
+    x = g.conv_bn(g.conv_bn("input", 3, 16, 3, 2, act="silu"), 16, 32, 3, 2, act="silu")
+    x, cin = _c2f(g, x, 32, 32, 1), 32
+    for cout, blocks in ((64, 2), (128, 2), (256, 1)):
+        x, cin = _c2f(g, g.conv_bn(x, cin, cout, 3, 2, act="silu"), cout, cout, blocks), cout
+    y = g.conv_bn(x, 256, 128, 1, act="silu")
+    pools = [y]
+    for _ in range(3):
+        pools.append(g.max_pool(pools[-1], 5, 1, 2))
+    x = g.conv_bn(g.concat(pools), 512, 256, 1, act="silu")
+    x = g.conv_bn(g.conv_bn(x, 256, 64, act="silu"), 64, 64, act="silu")
+    out = g.conv(x, 64, 144, 1, relu=False)
+    return g.model("yolo_v8n", [1, 3, size, size], out, [1, 144, size // 32, size // 32])
+
+
 #: name -> builder(size) of every network the benchmarks measure.
 ZOO = {
     "alexnet": alexnet, "zfnet": zfnet, "vgg19": vgg19, "resnet18": lambda size=224: resnet18(size),
@@ -254,4 +287,5 @@ ZOO = {
     "squeezenet1.1": squeezenet11, "shufflenet_v2": shufflenet_v2, "mobilenet_v1": mobilenet_v1,
     "mobilenet_v2": lambda size=224: mobilenet_v2(size, classes=1000),
     "mobilenet_v3_small": mobilenet_v3_small, "tiny_yolo_v3": tiny_yolo_v3,
+    "yolo_v8n": yolo_v8n,
 }

@@ -40,7 +40,7 @@ REPO_ROOT = PACKAGE_DIR.parent
 PACKAGED_SOURCES = PACKAGE_DIR / "_runtime_src"
 LIBRARY_NAME = "libcgra_runtime.so"
 KEEP_BUILDS = 4  # runtime builds kept in the cache, most recently used first
-BUILD_MESSAGE = "building the CGRA runtime (first use, ~10 s)..."
+BUILD_MESSAGE = "building the CGRA runtime (first use, ~15 s)..."
 
 _load_lock = threading.Lock()
 _loaded_path: str | None = None

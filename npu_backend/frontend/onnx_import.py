@@ -196,6 +196,7 @@ def load_model(model):
     """An onnx.ModelProto from a ModelProto, a path or the file's bytes; InvalidModel (naming the
     file) for anything onnx cannot read as a model."""
     import onnx
+    from google.protobuf.json_format import ParseError
     from google.protobuf.message import DecodeError
 
     if isinstance(model, onnx.ModelProto):
@@ -206,6 +207,9 @@ def load_model(model):
             return onnx.load_from_string(bytes(model))
         if isinstance(model, (str, os.PathLike)):
             return onnx.load(os.fspath(model))
+    except ParseError:  # onnx reads a .json path as a ModelProto in protobuf's JSON form
+        raise InvalidModel(f"cannot read {what} as an ONNX model (not a ModelProto in JSON form); is it an .onnx "
+                           "file? A chip's hardware description goes to --arch") from None
     except (DecodeError, ValueError, RuntimeError) as err:
         raise InvalidModel(f"cannot read {what} as an ONNX model ({type(err).__name__}: {err}); "
                            "is it an .onnx file?") from None

@@ -1,18 +1,19 @@
 """The NPU's kernels, one op family per module, and the one list of them (registry.py).
 
 Stage: kernel definition, tiling and schedule (the per-kernel stages pipeline.py lists; their
-bodies are stage.py), and the patterns and specs partition offloads with. Families: matmul.py
-and conv2d.py (GEMMs on the PE array, sharing gemm.py's tile search and schedule), depthwise.py
-(DEPTHWISE on the PE array), pool.py (POOL) and eltwise.py (ELTWISE) on the vector unit. Shared:
-the fused epilogue (epilogue.py), the spec and its tile sizes (spec.py), padded operand reads
-(operands.py), scratchpad row padding (spad_layout.py) and the tensor intrinsics, one module per
-hardware unit (intrinsics/).
+bodies are stage.py), and the patterns and specs partition offloads with. The families sit in
+folders with their tile searches: gemm/ (matmul.py and conv2d.py, GEMMs on the PE array sharing
+gemm.py's tile search and schedule and epilogue.py's fused chain; depthwise.py, DEPTHWISE),
+pool/ (POOL), fused/ (separable and inverted residual blocks), elementwise/ (ELTWISE, EPILOGUE
+and FABRIC kernels) and tir/ (a user's PrimFunc). What they share is in common/ (the spec and
+its tile sizes, padded operand reads and views, the one-input kernels' unary.py, scratchpad row
+padding), the tensor intrinsics, one module per hardware unit, in intrinsics/.
 """
 
 from .family import OpFamily
 from .registry import (FAMILIES, family_of, offload_reason, offloaded_spec, pattern_table,
                        register_schedule, spec_from_match)
-from .spec import KernelSpec, PoolAttrs, Tiling
+from .common.spec import KernelSpec, PoolAttrs, Tiling
 
 __all__ = ["FAMILIES", "KernelSpec", "OpFamily", "PoolAttrs", "Tiling", "family_of", "offload_reason",
            "offloaded_spec", "pattern_table", "register_schedule", "spec_from_match"]

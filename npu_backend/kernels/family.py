@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from ..errors import FamilyError
+
 #: () -> [(pattern name, DFPattern, {role: DFPattern})]
 PatternsFn = Callable[[], list]
 
@@ -40,5 +42,30 @@ class OpFamily:
     pairs: PatternsFn = _none
     # Relax op -> the pattern `explain` reads a host call of it with, to say why it stayed there.
     host_ops: dict = dataclasses.field(default_factory=dict)
-    # Whether the PE array must compute the spec's dtype (arch.macs_per_pe).
-    checks_pe_dtype: bool = True
+    # Required: whether the spec's dtype must be one the PE array computes (arch.dtypes), else
+    # the op stays on the host with that reason. True for kernels on the PE array (GEMM,
+    # DEPTHWISE), False for the vector unit and the fabric, whose dtypes the spec reader checks.
+    checks_pe_dtype: bool | None = None
+
+    def __post_init__(self):
+        """Fail where the family is made, naming the field, not later with a wrong reason."""
+        def missing(field: str, why: str):
+            raise FamilyError(f"OpFamily '{self.name}': {field} {why} (docs/architecture.md, Add an operator)")
+
+        if not isinstance(self.name, str) or not self.name:
+            missing("name", "must be a non-empty string")
+        if not isinstance(self.ops, tuple) or not self.ops or not all(isinstance(op, str) for op in self.ops):
+            missing("ops", f"must be a non-empty tuple of the spec `op` values it builds, not {self.ops!r}")
+        for field in ("choose_tiling", "compute", "schedule", "roots", "patterns", "pairs"):
+            if not callable(getattr(self, field)):
+                missing(field, f"must be a function, not {type(getattr(self, field)).__name__}")
+        if self.checks_pe_dtype is None:
+            missing("checks_pe_dtype", "is unset: True if its kernels run on the PE array (a spec dtype "
+                                       "outside arch.dtypes stays on the host), False for the vector unit "
+                                       "or the fabric (its spec_from_match refuses the dtypes they lack)")
+        has_patterns = any(getattr(self, field) is not _none for field in ("roots", "patterns", "pairs"))
+        if has_patterns and self.spec_from_match is None:
+            missing("spec_from_match", "is unset but the family has patterns: (pattern name, {role: expr}) "
+                                       "-> spec, raising UnsupportedOperator with the reason")
+        if self.host_ops and not isinstance(self.host_ops, dict):
+            missing("host_ops", "must be a dict of Relax op -> pattern name")

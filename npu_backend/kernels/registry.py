@@ -14,31 +14,84 @@ one tensor goes to the fabric before its ops could go to the vector unit one ker
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
 
 from tvm import relax
 
-from ..errors import CGRAError, UnsupportedCopy, UnsupportedOperator, stage_context
+from ..errors import CGRAError, FamilyError, UnsupportedCopy, UnsupportedOperator, stage_context
 from ..partition.call_tir import prim_func_of
 from ..partition.composite import composite_call, composite_name, composite_ops, matched_roles
-from .activation import ACTIVATION
-from .chains import require_program
-from .conv2d import CONV2D
-from .depthwise import DEPTHWISE
-from .eltwise import ELTWISE
-from .epilogue import chain_pattern_graphs
-from .fabric import FABRIC
-from .inverted_residual import INVERTED_RESIDUAL
+from .elementwise.activation import ACTIVATION
+from .common.chains import require_program
+from .gemm.conv2d import CONV2D
+from .gemm.depthwise import DEPTHWISE
+from .elementwise.eltwise import ELTWISE
+from .gemm.epilogue import chain_pattern_graphs
+from .elementwise.fabric import FABRIC
+from .fused.inverted_residual import INVERTED_RESIDUAL
 from .family import OpFamily
-from .matmul import MATMUL
-from .pool import POOL
-from .separable import SEPARABLE
-from .sigmoid import SMOOTH
-from .tir import TIR, tir_spec
+from .gemm.matmul import MATMUL
+from .pool.pool import POOL
+from .fused.separable import SEPARABLE
+from .elementwise.sigmoid import SMOOTH
+from .tir.tir import TIR, tir_spec
 
 FAMILIES: tuple[OpFamily, ...] = (INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, FABRIC, ELTWISE, TIR, ACTIVATION)
+_PACKAGED = FAMILIES  # the package's own, not those of registered()
+
+
+def check_families(families: tuple) -> None:
+    """Each family with a name and ops of its own: a second family building the same op would
+    never be asked for its kernels (family_of takes the first). Pattern names: pattern_table."""
+    seen, built_by = set(), {}
+    for family in families:
+        if not isinstance(family, OpFamily):
+            raise FamilyError(f"FAMILIES holds OpFamily objects, not {type(family).__name__}")
+        if family.name in seen:
+            raise FamilyError(f"OpFamily '{family.name}': name taken by another family")
+        seen.add(family.name)
+        for op in family.ops:
+            if op in built_by:
+                raise FamilyError(f"OpFamily '{family.name}': ops: '{op}' is built by the '{built_by[op]}' family")
+            built_by[op] = family.name
+
+
+check_families(FAMILIES)
+
+
+@contextlib.contextmanager
+def registered(family: OpFamily, before: OpFamily | None = None):
+    """`family` among FAMILIES (before `before`, else last: the place gives its patterns their
+    priority) while the block runs, then gone again: a family tried out, or a test's. A family
+    of the package itself is an entry of the FAMILIES literal above."""
+    global FAMILIES
+    saved = FAMILIES
+    at = FAMILIES.index(before) if before is not None else len(FAMILIES)
+    check_families(FAMILIES[:at] + (family,) + FAMILIES[at:])
+    FAMILIES = FAMILIES[:at] + (family,) + FAMILIES[at:]
+    _forget()
+    try:
+        pattern_table()  # its pattern names checked
+        yield family
+    finally:
+        FAMILIES = saved
+        _forget()
+
+
+def packaged(spec) -> bool:
+    """Whether `spec`'s family is one of the package's own: only their kernels go to the
+    persistent kernel cache, whose key sees the spec but not a registered family's code."""
+    return any(family_of(spec) is family for family in _PACKAGED)
+
+
+def _forget() -> None:
+    """Drop what was derived from FAMILIES."""
+    pattern_table.cache_clear()
+    pair_pattern_names.cache_clear()
+    _TILINGS.clear()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +116,11 @@ def pattern_table() -> tuple[PatternEntry, ...]:
                 for name, pattern, roles, root in chain_pattern_graphs([root for root, _ in roots])]
     entries += [PatternEntry(name, pattern, roles, family)
                 for family in FAMILIES for name, pattern, roles in family.patterns()]
+    owners = {}
+    for entry in entries:  # a mirrored residual add shares its name, within its family
+        if owners.setdefault(entry.name, entry.family.name) != entry.family.name:
+            raise FamilyError(f"OpFamily '{entry.family.name}': pattern '{entry.name}' is the "
+                              f"'{owners[entry.name]}' family's too; a pattern name names one family's kernels")
     return tuple(entries)
 
 

@@ -16,8 +16,8 @@ from tvm import s_tir
 from ..errors import CGRAError, ScheduleError, one_line, stage_context
 from ..options import dump
 from .registry import family_of, kernel_builder_of, schedule_of, tiling_of
-from .schedule_check import check_scheduled, check_signature
-from .tir import KERNEL_ATTR
+from .common.schedule_check import check_scheduled, check_signature
+from .tir.tir import KERNEL_ATTR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Kernel:
     `symbol` and PrimFunc attributes, and what the stages have made of it so far."""
 
     symbol: str
-    spec: object  # a family's spec (kernels/spec.py, kernels/eltwise.py)
+    spec: object  # a family's spec (kernels/common/spec.py, kernels/elementwise/eltwise.py)
     attrs: dict  # PrimFunc attributes of the lowered kernel (cgra.arch, cgra.source_ops)
     tiling: object = None  # kernels.Tiling, from the "tiling" stage on
     func: object = None  # the PrimFunc: s_tir, then scheduled, then lowered

@@ -23,7 +23,7 @@ from tvm import ir, tirx
 
 from cgra_codegen import SPAD_SCOPE as SPAD
 
-from ..kernels.spec import SINGLE_BUFFERED
+from ..kernels.common.spec import SINGLE_BUFFERED
 from .dma import buffer_elements, buffer_strides
 
 _BUFFER_DATA = ir.Op.get("tirx.buffer_data")

@@ -1,11 +1,11 @@
 """The last tile of a symbolic axis, cut to the rows that exist.
 
 Stage: lowering, after the DMA pass and fold_init. Input: a kernel whose tile loop runs over a
-symbolic axis (kernels/dynamic.py): `for t in range(ceildiv(n, T))` around the tile's DMA and
+symbolic axis (kernels/common/dynamic.py): `for t in range(ceildiv(n, T))` around the tile's DMA and
 compute calls, each sized for a whole tile of T rows. Output: the same kernel where every call
 of the tile moves and computes min(T, n - t * T) rows: the GEMM's m, FILL's and ELTWISE's rows,
 EPILOGUE's m, and each DMA box's extent along the symbolic dimension of its host tensor. A
-kernel may name other parameters to cut (kernels/dynamic.py CUT_PARAMS), also one per nested
+kernel may name other parameters to cut (kernels/common/dynamic.py CUT_PARAMS), also one per nested
 symbolic tile loop (a global pool's blocks: POOL kh by block rows, kw by block columns), and
 loops over a tile's rows to cut (CUT_LOOP: a depthwise conv2d's EPILOGUE per output row). A
 conv2d in blocks of rows and columns (BLOCKS) cuts its blocks both ways and packs a cut block's
@@ -26,7 +26,7 @@ from cgra_codegen import device_call_positions
 from cgra_sim.isa import BOX_DIMS
 
 from ..errors import ScheduleError
-from ..kernels.dynamic import BLOCKS, CUT_LOOP, CUT_PARAMS, GATHERS, TILE_OF
+from ..kernels.common.dynamic import BLOCKS, CUT_LOOP, CUT_PARAMS, GATHERS, TILE_OF
 
 _CALL_EXTERN = "tirx.call_extern"
 #: Device call -> its parameter that counts the tile's rows (the tile loop's axis).

@@ -11,7 +11,7 @@ where the EPILOGUE's rows lie inside the FILL's (out_off = off + k * stride, k +
 it reads none of X. Output: the FILL cut to its rows before and after the EPILOGUE's (none, one
 or two FILLs).
 
-Why: kernels/inverted_residual.py computes the depthwise's window as `if_then_else(inside the
+Why: kernels/fused/inverted_residual.py computes the depthwise's window as `if_then_else(inside the
 image, epilogue, 0)`, which s_tir's decompose_padding turns into a FILL of each window row and
 the EPILOGUE of its pixels inside the image: the FILL would write every pixel the EPILOGUE then
 overwrites (a second pass of the vector unit over the window). What is left is the padding.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax
+from tvm.relax.dpl import WildcardPattern
 
 from ..errors import UnsupportedOperator
 
@@ -58,12 +59,17 @@ def matched_roles(func, candidates) -> dict:
     raise UnsupportedOperator(f"the composite '{composite.attrs['Composite']}' does not match its own pattern")
 
 
-def reads_what_it_computes(context) -> bool:
+def reads_what_it_computes(context, annotations: dict | None = None) -> bool:
     """Whether an operand of the match is a value computed inside it (`z = y + (y + b)` with
-    y = conv(x): the "residual" is the conv's own output, which a kernel cannot load before it
-    has stored it); the matcher then annotates one call under two roles. A smaller pattern
-    then takes the op, and the add runs on its own."""
+    y = conv(x), or `z = y + y` with y = matmul(x, w) + b: the "residual" is the kernel's own
+    output, which a kernel cannot load before it has stored it); the matcher then annotates one
+    call under two roles, or an operand role (one whose pattern in `annotations`, role -> pattern,
+    is a wildcard) with a call the match computes. A smaller pattern then takes the op, and the
+    add runs on its own."""
+    operands = {role for role, pattern in (annotations or {}).items() if isinstance(pattern, WildcardPattern)}
     computed = [expr for role, expr in context.annotated_expr.items() if isinstance(expr, relax.Call)]
+    inside = list(context.matched_bindings.values())
     return any(not isinstance(expr, relax.Call) and any(expr.same_as(var) for var in context.matched_bindings)
                or isinstance(expr, relax.Call) and sum(expr.same_as(other) for other in computed) > 1
-               for expr in context.annotated_expr.values())
+               or role in operands and any(expr.same_as(value) for value in inside)
+               for role, expr in context.annotated_expr.items())

@@ -24,12 +24,12 @@ from cgra_sim.mapping.solver import cache_tag, mode
 from ..device.kernel_cache import PLAN_SUFFIX, default_kernel_cache, kernel_key
 from ..errors import CGRAError, UnsupportedOperator, one_line
 from ..kernels import offload_reason, pattern_table
-from ..kernels.chains import reads_immediates
-from ..kernels.dynamic import shape_bounds
-from ..kernels.epilogue import is_epilogue_chain
+from ..kernels.common.chains import reads_immediates
+from ..kernels.common.dynamic import shape_bounds
+from ..kernels.gemm.epilogue import is_epilogue_chain
 from ..kernels.registry import pair_pattern_names
 from ..kernels.stage import Kernel, run_kernel_stages
-from ..kernels.tir import KERNEL_ATTR, tir_spec
+from ..kernels.tir.tir import KERNEL_ATTR, tir_spec
 from ..options import CompileOptions
 from .call_tir import PREFIX, PRIM_FUNC_ATTR, offload_call_tir, remember_prim_func
 from .composite import reads_what_it_computes
@@ -43,7 +43,7 @@ def partition(mod, arch, options, kernel_stages: list):
     """`mod` with its NPU subgraphs as offloaded functions (FuseOpsByPattern over the patterns that
     can match), a user's PrimFunc that compiles through `kernel_stages` offloaded, each offloaded
     call site naming its model nodes and binding its scalar arguments."""
-    # Symbolic dimensions the kernels take are read at their bound (kernels/dynamic.py).
+    # Symbolic dimensions the kernels take are read at their bound (kernels/common/dynamic.py).
     # Only the patterns that can match (their operators called, as deeply nested: pattern_ops.py),
     # and the fused pairs' and blocks' only with a depthwise conv2d to find: FuseOpsByPattern
     # would walk the module for each of the others (half its time on ShuffleNetV2).
@@ -63,7 +63,7 @@ def partition(mod, arch, options, kernel_stages: list):
     if key is not None and plan is None:
         cache.put(key, plan_payload(grouped_patterns(partitioned)), PLAN_SUFFIX)
     # A user's own PrimFuncs called with R.call_tir: offloaded when they compile as NPU
-    # kernels (kernels/tir.py maps their blocks onto the intrinsics), else left to the host.
+    # kernels (kernels/tir/tir.py maps their blocks onto the intrinsics), else left to the host.
     partitioned = offload_call_tir(
         partitioned, lambda func, name: _offload_or_refuse(func, name, arch, options, kernel_stages),
         lambda name: {"global_symbol": PREFIX + name, PRIM_FUNC_ATTR: remember_prim_func(name, partitioned[name])})
@@ -84,8 +84,8 @@ def fusion_patterns(arch: HardwareDescription, options: CompileOptions = Compile
     for entry in pattern_table():
         if is_epilogue_chain(entry.name) and not options.fuse_chains:
             continue
-        def check(context, name=entry.name):
-            return not reads_what_it_computes(context) and \
+        def check(context, name=entry.name, annotations=entry.annotations):
+            return not reads_what_it_computes(context, annotations) and \
                 offload_reason(name, context.annotated_expr, arch) is None and \
                 not has_leaking_intermediate_variables(context)
         patterns.append(FusionPattern(entry.name, entry.pattern, entry.annotations, check))
@@ -118,7 +118,7 @@ def _plan_key(mod, calls: ModuleCalls, patterns, arch: HardwareDescription, opti
 def tir_offload_reason(func, name: str, arch: HardwareDescription, options: CompileOptions,
                        kernel_stages: list) -> str | None:
     """Why PrimFunc `name` cannot run on the NPU, or None when it compiles as a kernel: its
-    spec (kernels/tir.py) and every kernel stage, tried once per PrimFunc, chip and options."""
+    spec (kernels/tir/tir.py) and every kernel stage, tried once per PrimFunc, chip and options."""
     key = (tvm_ffi.structural_hash(func), name, arch.fingerprint, dataclasses.replace(options, dump_dir=None))
     if key not in _TIR_REASONS:
         try:

@@ -26,6 +26,7 @@ import tempfile
 
 import tvm
 import tvm_ffi
+from tvm import relax
 
 from cgra_codegen import KernelBitcode, emit_kernel_bitcode, link_kernels
 from cgra_codegen.errors import ScratchpadOverflow
@@ -34,11 +35,13 @@ from cgra_sim.arch import HardwareDescription
 from ..errors import CGRAError, ScratchpadTooSmall, remember_error
 from ..frontend.provenance import NODE_JOIN, SOURCE_NODES_ATTR
 from ..kernels import offloaded_spec
-from ..kernels.dynamic import shape_bounds
-from ..kernels.registry import family_of, kernel_builder_of, schedule_of
+from ..kernels.common.dynamic import shape_bounds
+from ..kernels.common.operands import check_views
+from ..kernels.registry import family_of, kernel_builder_of, packaged, schedule_of
 from ..partition.call_tir import wrapped_call
 from ..partition.composite import composite_name
 from ..options import CompileOptions, dump
+from ..relax_info import shape_dims
 from ..kernels.stage import Kernel, run_kernel_stages
 from ..pipeline import KERNEL_STAGES
 from ..progress import report_kernel
@@ -63,6 +66,8 @@ def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
     if outputs is None:
         outputs = run_kernel_stages(Kernel(symbol, spec, attrs, pattern=pattern, layer=nodes), arch, options,
                                     KERNEL_STAGES)
+        if kernel_builder_of(spec, pattern) is None:  # a user's kernel is checked against the built-in one
+            check_views(outputs["s_tir"].func, caller_shapes(func), family_of(spec).name, f"kernel {symbol}")
         _KERNEL_CACHE[key] = outputs
         while len(_KERNEL_CACHE) > _KERNEL_CACHE_SIZE:
             _KERNEL_CACHE.popitem(last=False)
@@ -76,6 +81,13 @@ def compile_kernel(func, arch: HardwareDescription, options: CompileOptions):
         shown = outputs[name] if name != "lowered" else dataclasses.replace(outputs[name], func=lowered)
         dump(options, f"kernels/{symbol}/{index + 1}_{name}.py", shown)
     return lowered
+
+
+def caller_shapes(func) -> list:
+    """The dims of the tensors an offloaded function passes its kernel, then of its result (None
+    where unknown); the symbolic sizes beside them (ShapeType parameters) the kernel skips."""
+    return [shape_dims(param) for param in func.params if not isinstance(param.ty, relax.ShapeType)] + \
+        [shape_dims(func.body)]
 
 
 def kernel_attrs(func, spec, arch: HardwareDescription) -> dict:
@@ -212,7 +224,7 @@ class PendingKernel:
     spec: object
     pattern: str
     key: str | None  # its cache key; None: not to be cached
-    builtin: bool  # built-in schedule and kernel (not a user's)
+    builtin: bool  # built-in schedule and kernel of a packaged family (not a user's)
 
 
 def pending_kernel(func, arch: HardwareDescription, options: CompileOptions, cache=None) -> PendingKernel:
@@ -224,7 +236,7 @@ def pending_kernel(func, arch: HardwareDescription, options: CompileOptions, cac
         spec = offloaded_spec(func)
     pattern, _ = kernel_origin(func)
     builtin = bool(pattern) and kernel_builder_of(spec, pattern) is None \
-        and schedule_of(spec, pattern) is family_of(spec).schedule
+        and schedule_of(spec, pattern) is family_of(spec).schedule and packaged(spec)
     key = None
     if cache is not None and builtin:
         key = kernel_key(spec=repr(dataclasses.replace(spec, source_ops=())), symbol=symbol,

@@ -12,6 +12,7 @@ import dataclasses
 
 from tvm import relax
 
+from ..device.host_averages import host_averages_as_typed
 from ..device.host_ops import host_ops_to_runtime
 from ..device.weights import hold_weights
 from ..partition.call_tir import drop_unused_prim_funcs, offloaded_prim_funcs
@@ -20,7 +21,8 @@ from ..partition.stage import bounds_of
 
 def codegen(mod, arch, options):
     """`mod` with its offloaded functions as NPU kernel calls, their weights in the runtime's
-    weights module, host concatenations, splits and transposes as the runtime's copies."""
+    weights module, host concatenations, splits and transposes as the runtime's copies, integer
+    averages on the host in their declared dtype."""
     options = dataclasses.replace(options, shape_bounds=bounds_of(mod, options))
     target_options = {"cgra": {"arch": arch.to_json(), "options": options.to_json()}}
     offloaded = offloaded_prim_funcs(mod)
@@ -31,5 +33,8 @@ def codegen(mod, arch, options):
     # Concatenations, splits and transposes left on the host run as the runtime's copies, not
     # host code TVM compiles for each model (device/host_ops.py).
     mod = host_ops_to_runtime(mod)
+    # An integer average left on the host returns the dtype Relax gives it, which the NPU
+    # kernels reading it were compiled for, not TOPI's int64 (device/host_averages.py).
+    mod = host_averages_as_typed(mod)
     # A user's PrimFunc that now runs only as an NPU kernel is not built for the host too.
     return drop_unused_prim_funcs(mod, offloaded)

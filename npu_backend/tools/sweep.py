@@ -200,6 +200,7 @@ def tasks(base, settings, models, sample=None, seed=0) -> tuple[list[Task], list
         options = tuple((field, value) for field, value in point.items() if field in OPTION_FIELDS)
         try:
             arch = chip(base, changes)
+            require_systolic_cell(arch)
         except ArchError as err:
             if all(row["chip"] != chip_name(base, changes) for row in invalid):  # once per chip, whatever the options
                 invalid.append({"chip": chip_name(base, changes), **changes, "error": str(err)})
@@ -207,6 +208,20 @@ def tasks(base, settings, models, sample=None, seed=0) -> tuple[list[Task], list
         todo += [Task(model, digests[model], arch.to_json(), tuple(changes.items()), seed, options)
                  for model in models]
     return todo, invalid
+
+
+def require_systolic_cell(arch: HardwareDescription) -> None:
+    """ArchError when the chip's fabric cannot map the PE array's systolic cell (every GEMM and
+    DEPTHWISE runs it: cgra_sim/mapping/pe_array.py), which the compiler would refuse anyway
+    (pipeline.require_pe_array): refused here, before any worker imports or compiles a model.
+    The mapping, or its failure, is cached on disk, so the workers do not map it again."""
+    from cgra_sim.mapping import pe_array
+
+    for dtype in arch.dtypes:
+        try:
+            pe_array.program(arch, dtype)
+        except pe_array.PeArrayError as err:
+            raise ArchError(str(err)) from None
 
 
 def run_sweep(todo: list[Task], jobs: int = 1, ray_address: str | None = None, cache=None, progress=None) -> list[dict]:

@@ -10,7 +10,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..kernels.operands import stored
+from ..kernels.common.operands import stored
 
 ACC = {"int8": "int32", "float32": "float32"}
 

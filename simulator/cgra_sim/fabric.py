@@ -127,6 +127,14 @@ class Fabric:
         return divmod(pe, self.cols)
 
     def can_run(self, pe: int, op_class: str) -> bool:
+        return self._units[op_class][pe]
+
+    @functools.cached_property
+    def _units(self) -> dict[str, tuple[bool, ...]]:
+        """Per operation class, whether each PE can run it (the mapper asks millions of times)."""
+        return {op_class: tuple(self._can_run(pe, op_class) for pe in range(self.num_pes)) for op_class in OP_CLASSES}
+
+    def _can_run(self, pe: int, op_class: str) -> bool:
         row, col = self.position(pe)
         if op_class == "mem":
             if self.memory_ports == "all":
@@ -149,7 +157,12 @@ class Fabric:
 
     def hops(self, source: int, dest: int) -> int:
         """Cycles a value needs to move from `source`'s register file to `dest`'s."""
-        return _distances(self.rows, self.cols, self.topology, self.hops_per_cycle)[source][dest]
+        return self._hop_table[source][dest]
+
+    @functools.cached_property
+    def _hop_table(self) -> tuple[tuple[int, ...], ...]:
+        """hops(source, dest) for every pair (the mapper asks millions of times)."""
+        return _distances(self.rows, self.cols, self.topology, self.hops_per_cycle)
 
     def sub_fabric(self, rows: int, cols: int) -> "Fabric":
         """The top-left `rows` x `cols` corner as a fabric of its own, every link and unit of it

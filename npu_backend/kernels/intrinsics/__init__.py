@@ -15,6 +15,7 @@ whole tile), so they are registered under names that carry their parameters.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 from typing import Callable
 
@@ -36,7 +37,7 @@ __all__ = ["INTRINSICS", "SPAD", "Intrinsic", "get_intrin", "intrin_name"]
 @dataclasses.dataclass(frozen=True)
 class Intrinsic:
     op: Op  # the ISA command its implementation records
-    factory: Callable  # (*parameters, scope=SPAD) -> (description, implementation)
+    factory: Callable  # (*sizes and dtypes, **flags, scope=SPAD) -> (description, implementation)
 
 
 INTRINSICS = {
@@ -52,8 +53,28 @@ INTRINSICS = {
 }
 
 
-def intrin_name(kind: str, *params) -> str:
-    return "cgra." + kind + "." + ".".join(_param_name(p) for p in params)
+def intrin_name(kind: str, *params, **flags) -> str:
+    """The name `kind`'s intrinsic for these parameters is registered under: "cgra.<kind>." and
+    the parameters in the factory's order, up to the last one given (a flag given by keyword
+    names the same intrinsic as given by position; one left out and one given at its default
+    do not)."""
+    return "cgra." + kind + "." + ".".join(_param_name(p) for p in _ordered(kind, params, flags))
+
+
+def _ordered(kind: str, params: tuple, flags: dict) -> list:
+    """The factory's parameters bound to `params` and `flags`, in its signature's order, the
+    defaults of those before the last one given filled in; a missing or unknown one raises
+    TypeError naming the intrinsic."""
+    signature = inspect.signature(INTRINSICS[kind].factory)
+    try:
+        bound = signature.bind(*params, **flags)
+    except TypeError as err:
+        names = [name for name in signature.parameters if name != "scope"]
+        raise TypeError(f"intrinsic '{kind}' takes ({', '.join(names)}): {err}") from None
+    given = [name for name in signature.parameters if name in bound.arguments and name != "scope"]
+    bound.apply_defaults()
+    names = list(signature.parameters)[:list(signature.parameters).index(given[-1]) + 1] if given else []
+    return [bound.arguments[name] for name in names]
 
 
 def _param_name(param) -> str:
@@ -72,11 +93,13 @@ def _param_name(param) -> str:
     return str(param)
 
 
-def get_intrin(kind: str, *params) -> str:
-    """Register (once) and return the name of the `kind` intrinsic for these parameters."""
-    name = intrin_name(kind, *params)
+def get_intrin(kind: str, *params, **flags) -> str:
+    """Register (once) and return the name of the `kind` intrinsic for these parameters: sizes
+    and dtypes by position, flags by keyword, as the factory declares them
+    (`get_intrin("epilogue", tm, tn, dtype, bias=False, relu=True)`)."""
+    name = intrin_name(kind, *params, **flags)
     try:
         TensorIntrin.get(name)
     except Exception:  # not registered yet: TensorIntrin.get raises when the name is unknown
-        TensorIntrin.register(name, *INTRINSICS[kind].factory(*params))
+        TensorIntrin.register(name, *INTRINSICS[kind].factory(*params, **flags))
     return name

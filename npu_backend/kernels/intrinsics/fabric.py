@@ -2,7 +2,7 @@
 
 Stage: schedule and tensorize. `fabric_intrin` returns the (description, implementation) pair
 of one FABRIC sized for a kernel's tile; `body_value` is the TIR expression of one output
-element that the kernel's TE compute builds identically (kernels/fabric.py), so tensorize
+element that the kernel's TE compute builds identically (kernels/elementwise/fabric.py), so tensorize
 matches. The body itself (nodes of add, sub, mul, max, min, shifts, with input A and
 immediates) and its record words are the simulator's (cgra_sim/mapping/body.py), which maps it
 onto the chip's PEs and charges its cycles from that mapping.
@@ -53,7 +53,7 @@ def body_value(body: FabricBody, a, b=None):
     return values[f"n{len(body.nodes) - 1}"]
 
 
-def fabric_intrin(rows: int, cols: int, body: FabricBody, b_full: tuple | None = None, scope: str = SPAD):
+def fabric_intrin(rows: int, cols: int, body: FabricBody, *, b_full: tuple | None = None, scope: str = SPAD):
     """FABRIC: Out[rows, cols] = body(A[, B]) over a tile. `b_full`: None for a one-input body,
     else (walks rows, walks cols) of input B, which is read with stride 0 along an axis it does
     not walk (a per-row or per-column operand, loaded once per tile)."""

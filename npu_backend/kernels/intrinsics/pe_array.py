@@ -19,7 +19,7 @@ def dtype_code(dtype: str) -> int:
     return int(DType.from_name(dtype))
 
 
-def gemm_intrin(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str, scope: str = SPAD):
+def gemm_intrin(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str, *, scope: str = SPAD):
     """One GEMM: acc[rows, cols] += A[rows, depth] @ B[depth, cols] on scratchpad tiles (the PE
     array runs its folds of a tile larger than itself back to back)."""
     a, b = Tile("A", (rows, depth), dtype), Tile("B", (depth, cols), dtype)
@@ -60,7 +60,7 @@ def window_sum(load_a, load_b, y, x, c, window, acc_dtype: str):
     return total
 
 
-def depthwise_intrin(oh: int, ow: int, cols: int, window: tuple, dtype: str, acc_dtype: str,
+def depthwise_intrin(oh: int, ow: int, cols: int, window: tuple, dtype: str, acc_dtype: str, *,
                      scope: str = SPAD):
     """One DEPTHWISE, a PE per output: acc[oh, ow, cols] = the window sum over an input tile
     (in_h, in_w, cols) and weights (kh, kw, cols). `window` = (kh, kw, sh, sw, dh, dw)."""

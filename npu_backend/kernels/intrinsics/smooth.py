@@ -4,7 +4,7 @@ Stage: schedule and tensorize. The fabric has no exp, divider or lookup, and a F
 16 nodes: sigmoid is three bodies of adds, multiplies, max and min (cgra_sim/mapping/sigmoid.py
 says how and how close), each run over the whole tile before the next, Out holding each pass's
 result; SiLU and GELU multiply by x on the vector unit. `smooth_value` is the TIR of one element
-that the kernel's TE compute (kernels/sigmoid.py) builds identically, so tensorize matches.
+that the kernel's TE compute (kernels/elementwise/sigmoid.py) builds identically, so tensorize matches.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .vector_unit import eltwise_call
 
 def smooth_value(kind: str, x):
     """The TIR of one element of sigmoid(x), x sigmoid(x) or GELU's tanh form, as the kernel's
-    TE compute (kernels/sigmoid.py) writes it, so tensorize matches."""
+    TE compute (kernels/elementwise/sigmoid.py) writes it, so tensorize matches."""
     if kind == "sigmoid":
         return tirx.sigmoid(x)
     if kind == "silu":
@@ -30,7 +30,7 @@ def smooth_value(kind: str, x):
     return x * tirx.sigmoid(argument)
 
 
-def smooth_intrin(rows: int, cols: int, kind: str, scope: str = SPAD):
+def smooth_intrin(rows: int, cols: int, kind: str, *, scope: str = SPAD):
     """FABRIC bodies in turn (then, for SiLU and GELU, an ELTWISE multiply by A): Out[rows, cols] =
     sigmoid(A), A sigmoid(A) or GELU's tanh form over a float32 tile, Out holding each pass's result
     (cgra_sim/mapping/sigmoid.py: exp from a polynomial and squarings, the reciprocal by Newton

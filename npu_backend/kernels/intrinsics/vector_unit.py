@@ -44,7 +44,7 @@ def requantise(value, scale, zero_point: int):
     return tirx.Cast("int8", tirx.nearbyint(clamped) + tirx.const(float(zero_point), "float32"))
 
 
-def fill_intrin(rows: int, cols: int, dtype: str, value=None, scope: str = SPAD):
+def fill_intrin(rows: int, cols: int, dtype: str, *, value=None, scope: str = SPAD):
     """FILL: set a rows x cols tile to `value`, a constant or an expression of the kernel's
     symbolic dimensions that the kernel computes at run time (global_pool.py's 1 / (H * W));
     zero without one (a reduction's init)."""
@@ -59,7 +59,7 @@ def fill_intrin(rows: int, cols: int, dtype: str, value=None, scope: str = SPAD)
                      scope=scope)
 
 
-def accumulate_intrin(rows: int, cols: int, dtype: str, scope: str = SPAD):
+def accumulate_intrin(rows: int, cols: int, dtype: str, *, scope: str = SPAD):
     """ELTWISE add in place: Out[rows, cols] += B, a reduction's update over tiles
     (global_pool.py sums its blocks)."""
     def call(buffers, strides):
@@ -76,7 +76,7 @@ def epilogue_flags(bias: bool, relu: bool, residual: bool, clip, zero_point) -> 
             | (EPILOGUE_REQUANTISE if zero_point is not None else 0))
 
 
-def epilogue_intrin(rows: int, cols: int, dtype: str, bias: bool, relu: bool, residual: bool = False,
+def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool, residual: bool = False,
                     clip=None, zero_point: int | None = None, body=None, scope: str = SPAD):
     """EPILOGUE over a rows x cols tile of the accumulator (`dtype`):
     out = requantise?(clip?(relu?(acc + bias? + residual?)), scale, zero_point), then with `body`
@@ -140,7 +140,7 @@ def eltwise_value(func: str, a, b):
     return ELTWISE_FUNCS[func][1](a, b)
 
 
-def eltwise_intrin(rows: int, cols: int, func: str, dtype: str, a_full: tuple, b_full: tuple,
+def eltwise_intrin(rows: int, cols: int, func: str, dtype: str, *, a_full: tuple, b_full: tuple,
                    scope: str = SPAD):
     """ELTWISE: out[rows, cols] = func(A, B). `a_full` / `b_full` = (walks rows, walks cols) per
     operand: an axis it does not walk has extent 1 in its tile and is read with stride 0, so a
@@ -264,7 +264,7 @@ def pool_value(load, y, x, c, window: PoolWindow, out_shape: tuple, dtype: str):
     return total / tirx.Cast(dtype, tirx.max(count, tirx.const(1, "int32")))
 
 
-def pool_intrin(oh: int, ow: int, cols: int, window: PoolWindow, dtype: str, scope: str = SPAD):
+def pool_intrin(oh: int, ow: int, cols: int, window: PoolWindow, dtype: str, *, scope: str = SPAD):
     """POOL: out[oh, ow, cols] = `pool_value` over a window (in_h, in_w, cols) of the scratchpad."""
     data = Tile("A", (window.extent(oh, 0), window.extent(ow, 1), cols), dtype)
     count = window.count if window.count is not None else (0, 0, 0, 0)

@@ -2,7 +2,7 @@
 chip runs it as.
 
 Stage: shared by the simulator (decode, execute, time a FABRIC record) and the compiler (which
-builds bodies for activations the vector unit lacks, npu_backend/kernels/fabric.py). No tvm.
+builds bodies for activations the vector unit lacks, npu_backend/kernels/elementwise/fabric.py). No tvm.
 
 A body is a tuple of nodes `(op, first, second)`: `op` one of `BODY_OPS` (isa.BodyOp), an
 operand either a reference (`"a"`, `"b"`: the command's inputs; `"n3"`: node 3's value, an
@@ -198,8 +198,9 @@ class Program:
     def ii(self) -> int:
         return self.mapping.ii
 
-    @property
+    @functools.cached_property
     def latency(self) -> int:
+        """The mapping's length, computed once: tile searches and the timing ask per tile."""
         return self.mapping.length
 
     @property

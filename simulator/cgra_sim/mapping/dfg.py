@@ -66,6 +66,15 @@ class DataflowGraph:
         """(source, destination, operand index, distance) of every operand."""
         return [(o.source, node.name, index, o.distance) for node in self.nodes for index, o in enumerate(node.operands)]
 
+    @functools.cached_property
+    def readers(self) -> dict[str, list[tuple[str, int, int]]]:
+        """Per node, (destination, operand index, distance) of every operand reading it, in
+        `edges` order."""
+        found: dict[str, list] = {name: [] for name in self.by_name}
+        for source, dest, index, distance in self.edges():
+            found.setdefault(source, []).append((dest, index, distance))
+        return found
+
     def order(self) -> list[str]:
         """The nodes in an order where each comes after the nodes it reads this iteration."""
         placed, order = set(), []

@@ -24,21 +24,16 @@ recorded in the mapping. $CGRA_MAPPER chooses: `auto` (the default: the fallback
 installed), `heuristic` (never the solver), `solver` (the fallback, and an error without ortools).
 Mappings (and the absence of one) are cached by (graph, fabric) fingerprints and that choice
 (with ortools' version), in the process and on disk ($CGRA_MAPPING_CACHE, "off" for none; the
-mapper's source is part of the key).
+mapper's source is part of the key); the presets' mappings ship with the package (store.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
-import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 
-from . import solver
+from . import solver, store
 from .dfg import OPS, DataflowGraph, res_mii, rec_mii
 from .mrrg import Resources, negotiated_route
 
@@ -100,45 +95,33 @@ _CACHE: dict = {}  # (graph, fabric fingerprints, mapper) -> Mapping or MappingE
 
 def map_graph(graph: DataflowGraph, fabric) -> Mapping:
     """The mapping of `graph` on `fabric` at the smallest II this mapper finds (cached in the
-    process and on disk); raises MappingError when there is none."""
+    process and on disk; a preset's read from the package, store.py); raises MappingError when
+    there is none."""
     mode = solver.mode()
     tag = solver.cache_tag(mode)
     key = (graph.fingerprint, fabric.fingerprint, tag)
     if key not in _CACHE:
-        path = _cache_file(graph, fabric, tag)
-        result = _load(path, graph, fabric) if path is not None else None
+        result = _from_data(store.shipped(graph.fingerprint, fabric.fingerprint, tag), graph, fabric)
         if result is None:
-            try:
-                result = _map(graph, fabric, mode != "heuristic" and solver.version() is not None)
-            except MappingError as error:
-                result = error
-            _store(path, result)
+            path = store.cache_file(graph.fingerprint, fabric.fingerprint, tag)
+            result = _from_data(store.read(path), graph, fabric)
+            if result is None:
+                try:
+                    result = _map(graph, fabric, mode != "heuristic" and solver.version() is not None)
+                except MappingError as error:
+                    result = error
+                store.write(path, _to_data(result))
         _CACHE[key] = result
     if isinstance(_CACHE[key], MappingError):
         raise _CACHE[key]
     return _CACHE[key]
 
 
-#: Where mappings persist between processes (a mapping of a large body takes seconds on 16x16):
-#: $CGRA_MAPPING_CACHE, "off" for none, else ~/.cache/cgra_sim/mappings. One small JSON file per
-#: (graph, fabric, mapper source, mapper mode), written atomically; a file that does not read back is
-#: mapped again.
-_SOURCES = ("mapper.py", "mrrg.py", "dfg.py", "solver.py", "solver_model.py", "solver_tiles.py", "../fabric.py")
-_VERSION = hashlib.sha256(b"".join((Path(__file__).parent / name).read_bytes() for name in _SOURCES)).hexdigest()[:12]
-
-
-def _cache_file(graph: DataflowGraph, fabric, tag: str) -> Path | None:
-    where = os.environ.get("CGRA_MAPPING_CACHE", "")
-    if where.lower() == "off":
+def _from_data(data: dict | None, graph: DataflowGraph, fabric):
+    """The mapping (or the MappingError) `data` stores (_to_data's), or None."""
+    if data is None:
         return None
-    root = Path(where) if where else Path.home() / ".cache" / "cgra_sim" / "mappings"
-    return root / f"{_VERSION}-{tag}-{graph.fingerprint}-{fabric.fingerprint}.json"
-
-
-def _load(path: Path | None, graph: DataflowGraph, fabric):
-    """The mapping (or the MappingError) stored at `path`, or None."""
     try:
-        data = json.loads(path.read_text())
         if "error" in data:
             return MappingError(data["error"])
         rows, cols, topology = data["region"]
@@ -149,30 +132,21 @@ def _load(path: Path | None, graph: DataflowGraph, fabric):
                        {name: tuple(at) for name, at in data["placement"].items()},
                        {(reader, index): [tuple(step) for step in chain] for reader, index, chain in data["routes"]},
                        data["seconds"], data["mapper"], tuple(data["infeasible"]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def _store(path: Path | None, result) -> None:
-    if path is None:
-        return
+def _to_data(result) -> dict:
+    """A mapping (or a MappingError) as JSON data."""
     if isinstance(result, MappingError):
-        data = {"error": str(result)}
-    else:
-        region = result.fabric
-        data = {"ii": result.ii, "res_mii": result.res_mii, "rec_mii": result.rec_mii, "seconds": result.seconds,
-                "mapper": result.mapper, "infeasible": list(result.infeasible),
-                "region": [region.rows, region.cols, region.topology],
-                "placement": {name: list(at) for name, at in result.placement.items()},
-                "routes": [[reader, index, [list(step) for step in chain]]
-                           for (reader, index), chain in result.routes.items()]}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as out:
-            json.dump(data, out)
-        os.replace(out.name, path)
-    except OSError:
-        pass  # a read-only or full disk: the mapping is still cached in this process
+        return {"error": str(result)}
+    region = result.fabric
+    return {"ii": result.ii, "res_mii": result.res_mii, "rec_mii": result.rec_mii, "seconds": result.seconds,
+            "mapper": result.mapper, "infeasible": list(result.infeasible),
+            "region": [region.rows, region.cols, region.topology],
+            "placement": {name: list(at) for name, at in result.placement.items()},
+            "routes": [[reader, index, [list(step) for step in chain]]
+                       for (reader, index), chain in result.routes.items()]}
 
 
 def _map(graph: DataflowGraph, fabric, use_solver: bool = False) -> Mapping:
@@ -238,7 +212,7 @@ def _priority(graph: DataflowGraph, fabric) -> list[str]:
     """Dependence order; among ready nodes, the longest chain to a store first."""
     height: dict[str, int] = {}
     for name in reversed(graph.order()):
-        readers = [d for s, d, _, dist in graph.edges() if s == name and dist == 0]
+        readers = [d for d, _, dist in graph.readers[name] if dist == 0]
         lat = fabric.latency[graph.op_class(name)]
         height[name] = lat + max((height[r] for r in readers), default=0)
     order, placed = [], set()
@@ -325,18 +299,20 @@ def _place(graph, fabric, resources, placement, held, name, pes, horizon, ii):
     lat = fabric.latency[kind]
     inputs = [(o.source, index, o.distance) for index, o in enumerate(node.operands) if o.source in placement]
     # Placed nodes that read this value in a later iteration, and the node itself if it does.
-    readers = [(d, index, dist) for s, d, index, dist in graph.edges() if s == name and (d in placement or d == name)]
+    readers = [(d, index, dist) for d, index, dist in graph.readers[name] if d in placement or d == name]
     spare_needed = {scarce: _unplaced(graph, placement, scarce) - _free_slots(fabric, resources, scarce) + 1
                     for scarce in ("mem", "mul")}
     earliest = max((_landing(graph, fabric, placement, s)[1] - dist * ii for s, _, dist in inputs), default=0)
     latest = min((placement[d][1] + dist * ii - lat for d, _, dist in readers if d != name), default=horizon)
+    # The PEs that may take it at any cycle: the last slots of a scarce unit are kept for the
+    # operations that need it.
+    candidates = [pe for pe in pes if fabric.can_run(pe, kind) and not any(
+        need > 0 and fabric.can_run(pe, scarce) for scarce, need in spare_needed.items() if scarce != kind)]
     for cycle in range(max(earliest, 0), min(latest, earliest + ii + fabric.rows + fabric.cols) + 1):
         best, best_cost = None, None
-        for pe in pes:
-            if not fabric.can_run(pe, kind) or not resources.free("fu", pe, cycle):
+        for pe in candidates:
+            if not resources.free("fu", pe, cycle):
                 continue
-            if any(need > 0 and fabric.can_run(pe, scarce) for scarce, need in spare_needed.items() if scarce != kind):
-                continue  # the last slots of a scarce unit are kept for the operations that need it
             if not _reachable(graph, fabric, placement, held, inputs, readers, name, pe, cycle, ii):
                 continue
             if resources.work > ROUTE_BUDGET:  # a hopeless II on a large fabric: try the next
@@ -373,7 +349,8 @@ def _unplaced(graph, placement, kind: str) -> int:
 
 def _free_slots(fabric, resources, kind: str) -> int:
     """Free issue slots (per II) on the PEs that can run `kind`."""
-    return sum(resources.free("fu", pe, slot) for pe in range(fabric.num_pes) if fabric.can_run(pe, kind)
+    used = resources.used.get
+    return sum(used(("fu", pe, slot), 0) < 1 for pe in range(fabric.num_pes) if fabric.can_run(pe, kind)
                for slot in range(resources.ii))
 
 

@@ -80,38 +80,24 @@ def route(resources: Resources, held: dict, target: tuple[int, int], pending: Co
     where the value already is): (the chain of states, from the held one it leaves to the target,
     and the new resources it takes as a Counter), or None. `pending` are resources the caller has
     already claimed for this operation."""
-    fabric = resources.fabric
     dest_pe, dest_cycle = target
     if target in held:
         return [target], Counter()
     start = min((cycle for _, cycle in held), default=dest_cycle + 1)
     if start > dest_cycle:
         return None
+    held_at: dict[int, dict[int, None]] = {}  # cycle -> the PEs holding the value then
+    for pe, cycle_held in held:
+        held_at.setdefault(cycle_held, {})[pe] = None
+    moves, to_dest = _moves(resources.fabric, dest_pe)
     # cost[pe] at the current cycle, with the step that got there
     best: dict[int, tuple[int, tuple | None]] = {}
     trail: dict[tuple[int, int], tuple | None] = {}
     for cycle in range(start, dest_cycle + 1):
-        layer: dict[int, tuple[int, tuple | None]] = {}
-        for pe, cycle_held in held:
-            if cycle_held == cycle:
-                layer[pe] = (0, None)
+        there = held_at.get(cycle, _nothing)
+        layer: dict[int, tuple[int, tuple | None]] = {pe: (0, None) for pe in there}
         resources.work += len(best)
-        for pe, (cost, _) in best.items():
-            for nxt in (pe,) + fabric.neighbours(pe):
-                if (nxt, cycle) in held or fabric.hops(nxt, dest_pe) > dest_cycle - cycle:
-                    continue
-                if not resources.free("reg", nxt, cycle, pending):
-                    continue
-                if nxt != pe and not all(resources.free("link", link, cycle - 1, pending)
-                                         for link in segments(fabric, pe, nxt)):
-                    continue
-                step = cost + 1 + (nxt != pe)
-                if penalty:
-                    step += penalty[("reg", nxt, cycle % resources.ii)] + sum(
-                        penalty[("link", link, (cycle - 1) % resources.ii)] for link in segments(fabric, pe, nxt)
-                        if nxt != pe)
-                if nxt not in layer or step < layer[nxt][0]:
-                    layer[nxt] = (step, (pe, cycle - 1))
+        _advance(resources, best, layer, there, moves, to_dest, cycle, dest_cycle - cycle, pending, penalty)
         for pe, entry in layer.items():
             trail[(pe, cycle)] = entry[1]
         best = layer
@@ -123,6 +109,71 @@ def route(resources: Resources, held: dict, target: tuple[int, int], pending: Co
         state = trail[state]
     states.reverse()
     return [state] + states, route_uses(resources, [state] + states)
+
+
+_nothing: dict = {}
+
+
+def _advance(resources, best, layer, there, moves, to_dest, cycle, left, pending, penalty) -> None:
+    """Fills `layer` (cycle's states: {pe: (cost, the state it came from)}) from `best` (the
+    cycle before's) by every move that keeps the value `left` cycles from the target, into a
+    register free at `cycle` over links free the cycle before. The mapper's inner loop (millions of
+    moves a large body): the fabric's tables and the resources' counts are read directly, each
+    register and link of the cycle checked once."""
+    used, claimed = resources.used.get, pending.get if pending else _nothing.get
+    registers, slot, link_slot = resources.fabric.registers, cycle % resources.ii, (cycle - 1) % resources.ii
+    register_free: list = [None] * len(moves)
+    link_free: dict[int, bool] = {}
+    for pe, (cost, _) in best.items():
+        came_from = (pe, cycle - 1)
+        for nxt, links in moves[pe]:
+            if to_dest[nxt] > left or nxt in there:
+                continue
+            free = register_free[nxt]
+            if free is None:
+                key = ("reg", nxt, slot)
+                free = register_free[nxt] = used(key, 0) + claimed(key, 0) < registers
+            if not free:
+                continue
+            if links:
+                for number, link in links:
+                    free = link_free.get(number)
+                    if free is None:
+                        key = ("link", link, link_slot)
+                        free = link_free[number] = used(key, 0) + claimed(key, 0) < 1
+                    if not free:
+                        break
+                if not free:
+                    continue
+                step = cost + 2
+            else:
+                step = cost + 1
+            if penalty:
+                step += penalty.get(("reg", nxt, slot), 0)
+                for _, link in links:
+                    step += penalty.get(("link", link, link_slot), 0)
+            entry = layer.get(nxt)
+            if entry is None or step < entry[0]:
+                layer[nxt] = (step, came_from)
+
+
+def _moves(fabric, dest: int):
+    """Per PE, where a value in its register file may be a cycle later: ((pe, ()), (neighbour,
+    the links the move uses), ...), staying first, a link as (its number, (source, dest)); and
+    every PE's hops to `dest`."""
+    moves, distances = _move_tables(fabric)
+    return moves, distances[dest]
+
+
+@functools.lru_cache(maxsize=64)
+def _move_tables(fabric):
+    pes = range(fabric.num_pes)
+    moves = tuple(((pe, ()),) + tuple((nxt, tuple((source * fabric.num_pes + dest, (source, dest))
+                                                   for source, dest in segments(fabric, pe, nxt)))
+                                      for nxt in fabric.neighbours(pe))
+                  for pe in pes)
+    # distances[dest][pe]: the hops from pe to dest
+    return moves, tuple(tuple(fabric.hops(pe, dest) for pe in pes) for dest in pes)
 
 
 def route_uses(resources: Resources, chain: list[tuple[int, int]]) -> Counter:

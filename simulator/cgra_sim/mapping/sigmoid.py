@@ -1,6 +1,6 @@
 """The logistic sigmoid as FABRIC bodies: exp and a reciprocal from adds, multiplies, max and min.
 
-Stage: shared by the compiler (npu_backend/kernels/sigmoid.py, which runs these bodies one after
+Stage: shared by the compiler (npu_backend/kernels/elementwise/sigmoid.py, which runs these bodies one after
 the other over a scratchpad tile) and the tests. No tvm.
 
 The fabric has no exp, divider or lookup table, and a FABRIC record holds 16 nodes; sigmoid takes

@@ -1,0 +1,232 @@
+"""What one offloaded kernel computes (`KernelSpec`) and the tiles it is cut into (`Tiling`).
+
+Stage: kernel definition and tiling. A family's `spec_from_match` (matmul.py, conv2d.py, pool.py)
+reads a `KernelSpec` off the Relax subgraph a pattern matched, independent of the hardware; its
+tile search turns spec and hardware description into a `Tiling`; the TE compute and the schedule
+read only these two. Shapes are logical (NCHW data, OIHW weights); layouts say how each tensor is
+stored. The standalone elementwise family has its own spec (eltwise.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from cgra_codegen.spad import SPAD_ALIGN as ALIGN  # the code generator's buffer placement
+
+#: Output columns of a block of a conv2d whose height and width are both symbolic: its tiles
+#: are blocks of tm / BLOCK_COLUMNS rows by this many columns.
+BLOCK_COLUMNS = 8
+#: The layouts the NCHW conv2d compute reads and writes: (data, weight, output).
+CONV2D_LAYOUTS = ("NCHW", "OIHW", "NCHW")
+#: PrimFunc attribute: the blocks whose scratchpad buffers lowering keeps one copy of
+#: (lower/double_buffer.py), because the kernel's own order of commands already keeps their
+#: writes and reads apart (inverted_residual.py); the tile search counts them once.
+SINGLE_BUFFERED = "cgra.single_buffered"
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolAttrs:
+    """A pooling kernel's own attributes (the spec's strides, padding, dilation and layouts hold
+    the rest): "max" or "avg", the window (kh, kw), and how the output size and the average's
+    divisor treat the padding (as relax.nn.avg_pool2d / PyTorch define them)."""
+
+    kind: str
+    size: tuple
+    ceil_mode: bool = False
+    count_include_pad: bool = False
+    whole: bool = False  # a global average: the window is the image, whatever its size
+
+    def output_extent(self, extent: int, axis: int, strides, padding, dilation) -> int:
+        """Outputs along `axis` (0: H, 1: W); in ceil mode the last window must start inside
+        the image or its leading padding."""
+        lo, hi = padding[axis], padding[axis + 2]
+        span = extent + lo + hi - dilation[axis] * (self.size[axis] - 1) - 1
+        out = (-(-span // strides[axis]) if self.ceil_mode else span // strides[axis]) + 1
+        if self.ceil_mode and (out - 1) * strides[axis] >= extent + lo:
+            out -= 1
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """What one offloaded kernel computes, independent of the hardware."""
+
+    op: str  # "matmul", "conv2d", "depthwise" (a conv2d with groups == C == F) or "pool"
+    dtype: str  # input dtype: "int8" or "float32"
+    acc_dtype: str  # "int32" or "float32"
+    lhs_shape: tuple  # matmul: (M, K); conv2d, depthwise: (N, C, H, W)
+    rhs_shape: tuple  # matmul: (K, N), or (N, K) when rhs_transposed; conv2d: (F, C / groups, KH, KW)
+    bias_shape: tuple | None = None  # broadcastable to the output along its channel / column axis
+    relu: bool = False
+    rhs_transposed: bool = False  # matmul: the right operand is stored (N, K) (PyTorch Linear)
+    strides: tuple = (1, 1)
+    padding: tuple = (0, 0, 0, 0)  # top, left, bottom, right
+    dilation: tuple = (1, 1)
+    groups: int = 1  # conv2d: channel groups (depthwise: groups == input channels)
+    source_ops: tuple = ()  # names of the model operators fused into this kernel
+    param_roles: tuple = ()  # role ("lhs", "rhs", "bias", "residual") of each parameter, in call order
+    residual_shape: tuple | None = None  # the output's shape: a tensor added after the bias
+    clip: tuple | None = None  # (lo, hi) in the acc dtype, applied last (after relu)
+    # A chain of elementwise ops after the epilogue (a leaky relu, a hard-swish): the nodes of a
+    # FABRIC body (cgra_sim/mapping/body.py) each output tile runs through in place (chains.py).
+    fabric_body: tuple = ()
+    # conv2d: how each tensor is stored. lhs_shape, rhs_shape and output_shape stay logical
+    # (N, C, H, W) / (O, I, H, W); a layout is a permutation of those axes, e.g. "NHWC", "HWIO".
+    data_layout: str = "NCHW"
+    kernel_layout: str = "OIHW"
+    out_layout: str = "NCHW"
+    # matmul: images of a batched matmul, one right operand each (lhs (B, M, K) or a shared
+    # (M, K); rhs (B, K, N) or (B, N, K)). 1 for a 2-D GEMM, shared weights included.
+    batch: int = 1
+    # ((role, shape), ...): arguments the caller passes in another shape than the kernel reads
+    # them (compact views, e.g. a (B, S, K) input read as (B * S, K)); see operands.prim_func.
+    caller_shapes: tuple = ()
+    pool: PoolAttrs | None = None  # op "pool": max or average pooling (pool.py); lhs_shape NCHW
+    # Requantisation to int8 after the epilogue (int8 x int8 -> int32 kernels): the output zero
+    # point, and the shape of the float32 scale parameter (one value per output channel, shaped
+    # like a bias). None: the kernel writes its accumulator dtype.
+    requant_zero_point: int | None = None
+    scale_shape: tuple | None = None
+    # Symbolic axes (kernels/common/dynamic.py): ((role, axis, variable name), ...) of the shapes the
+    # caller passes (caller_shapes, else the shapes above), which hold them at their bound.
+    symbols: tuple = ()
+    # Positions among the call's arguments of shape values Relax passes beside the tensors
+    # (tir_vars, when a tensor's size is an expression of a variable no tensor holds alone); the
+    # kernel skips them (operands.kernel_prim_func, attribute cgra.shape_args).
+    shape_args: tuple = ()
+
+    def symbolic(self, role: str) -> dict:
+        """{axis: variable name} of `role`'s symbolic axes (role "out": the output's)."""
+        return {axis: name for r, axis, name in self.symbols if r == role}
+
+    @property
+    def roles(self) -> tuple:
+        return self.param_roles or (("lhs", "rhs") + (("bias",) if self.bias_shape else ())
+                                    + (("residual",) if self.residual_shape else ())
+                                    + (("scale",) if self.scale_shape else ()))
+
+    @property
+    def out_dtype(self) -> str:
+        """What the kernel stores: int8 when it requantises, else the accumulator dtype."""
+        return "int8" if self.requant_zero_point is not None else self.acc_dtype
+
+    @property
+    def gemm_extents(self) -> tuple[int, int, int]:
+        """(rows, columns, reduction) of the GEMM: the extents the tiles are chosen for."""
+        if self.op == "matmul":
+            m, k = self.lhs_shape[-2:]
+            n = self.rhs_shape[-2] if self.rhs_transposed else self.rhs_shape[-1]
+            return m, n, k
+        f, c, _, _ = self.rhs_shape  # c: input channels per group
+        _, _, oh, ow = self.output_shape
+        return oh * ow, f // self.groups, c
+
+    @property
+    def grouped(self) -> bool:
+        """A conv2d run as the GEMM kernel over N * G images, one group each (see grouped_shapes)."""
+        return self.op == "conv2d" and self.groups > 1
+
+    @property
+    def row_step(self) -> int:
+        """Rows of a tile come in multiples of this: a conv2d tile holds whole output rows (whole
+        output columns in the "xy" pixel order)."""
+        if self.op != "conv2d":
+            return 1
+        order = self.pixel_order
+        return BLOCK_COLUMNS if order == "blocks" else self.output_shape[2] if order == "xy" else self.output_shape[3]
+
+    @property
+    def symbolic_image(self) -> bool:
+        """A conv2d, depthwise conv2d or pool whose input height or width is symbolic
+        (kernels/gemm/conv2d.py, depthwise.py, pool.py)."""
+        names = self.symbolic("lhs")
+        return self.op in ("conv2d", "depthwise", "pool") and \
+            any(self.data_layout.index(axis) in names for axis in "HW")
+
+    @property
+    def pixel_order(self) -> str:
+        """The order of a conv2d's output pixels along its GEMM rows: "yx" (p = y * OW + x), "xy"
+        (p = x * OH + y) when its width is symbolic, or static and larger than its height (NCHW:
+        a tile is whole columns then, the shorter side: a 32 x 640 text line's tiles are 32-pixel
+        steps, not 640, and fit a small scratchpad), "blocks" (blocks of BLOCK_COLUMNS columns,
+        rows of a block after one another) when its height and width both are (kernels/gemm/conv2d.py)."""
+        names = self.symbolic("lhs")
+        if self.op != "conv2d":
+            return "yx"
+        if self.data_layout.index("W") in names:
+            return "blocks" if self.data_layout.index("H") in names else "xy"
+        _, _, oh, ow = self.output_shape
+        nchw = (self.data_layout, self.kernel_layout, self.out_layout) == CONV2D_LAYOUTS
+        return "xy" if nchw and self.data_layout.index("H") not in names and ow > oh else "yx"
+
+    @property
+    def output_shape(self) -> tuple:
+        if self.op == "pool":
+            n, c, h, w = self.lhs_shape
+            return (n, c) + tuple(self.pool.output_extent(extent, axis, self.strides, self.padding, self.dilation)
+                                  for axis, extent in enumerate((h, w)))
+        if self.op == "matmul":
+            m, n, _ = self.gemm_extents
+            return (self.batch, m, n) if self.batch > 1 else (m, n)
+        n, _, h, w = self.lhs_shape
+        f, _, kh, kw = self.rhs_shape
+        top, left, bottom, right = self.padding
+        (sh, sw), (dh, dw) = self.strides, self.dilation
+        oh = (h + top + bottom - dh * (kh - 1) - 1) // sh + 1
+        ow = (w + left + right - dw * (kw - 1) - 1) // sw + 1
+        return (n, f, oh, ow)
+
+    @property
+    def grouped_shapes(self) -> tuple:
+        """conv2d: (data, output) as the kernel reads them, one image per (n, group):
+        (N * G, C / G, H, W) and (N * G, F / G, OH, OW), views of the compact tensors."""
+        n, c, h, w = self.lhs_shape
+        _, f, oh, ow = self.output_shape
+        g = self.groups
+        return (n * g, c // g, h, w), (n * g, f // g, oh, ow)
+
+    @property
+    def compute_name(self) -> str:
+        """The form of the kernel its family builds: the op, or its layout / batched form."""
+        if self.op == "conv2d" and (self.data_layout, self.kernel_layout, self.out_layout) != CONV2D_LAYOUTS:
+            return "conv2d_layout"
+        if self.op == "matmul" and self.batch > 1:
+            return "batch_matmul"
+        return self.op
+
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates of the model operator (no padding; a pool has none)."""
+        if self.op == "pool":
+            return 0
+        if self.op == "matmul":
+            m, n, k = self.gemm_extents
+            return self.batch * m * n * k
+        n, f, oh, ow = self.output_shape
+        _, c, kh, kw = self.rhs_shape
+        return n * f * oh * ow * c * kh * kw
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    """Scratchpad tile sizes and the padded extents a kernel iterates over (whole tiles, so that
+    every inner tile can be tensorized). What they mean per family, and how each searches them
+    against the hardware and the cost model, is in that family's module (gemm.py for matmul and
+    conv2d, depthwise.py, pool.py, eltwise.py)."""
+
+    tm: int  # rows of a scratchpad tile (PE-array folds of it run back to back)
+    tn: int  # columns of a scratchpad tile (a multiple of the PE array's columns)
+    tk: int  # reduction depth of a scratchpad tile
+    mp: int  # padded extents: whole tiles
+    np: int
+    kp: int
+    tw: int = 0  # depthwise with a symbolic width, pool with a symbolic height and width: output columns of a tile (0: the whole width)
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def aligned(nbytes: int) -> int:
+    """Bytes a scratchpad buffer of `nbytes` takes, with the code generator's alignment."""
+    return round_up(nbytes, ALIGN)

@@ -1,0 +1,346 @@
+"""The epilogue a PE-array kernel fuses: [+ bias] [+ residual] [relu | clip], or [requantise].
+
+Stage: partition (the chain patterns after a family's root op, and the epilogue fields of its
+KernelSpec) and kernel definition (the TE epilogue and the EPILOGUE intrinsic a tile is
+tensorized onto). A family with `roots` (matmul.py, conv2d.py) gets, for each root, every chain
+
+    root [+ bias] [+ residual] [relu | clip]          float32, or int8 x int8 -> int32
+    root [+ bias] [relu] -> requantise to int8        int8 x int8 -> int32 (QDQ layers, qdq.py)
+
+a bias being one value per output channel / column, a residual a tensor of the output's exact
+shape in the accumulator dtype (ResNet's shortcut), clip constant bounds (relu6), and the
+requantisation quantize(multiply(astype(x, float32), scale), 1.0, zero point) as the normalise
+stage writes it. Roles come from the patterns' annotations: the spec reader looks up "bias",
+"residual", "relu", "clip", "requant" in what the match extracted, never the pattern's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tvm
+from tvm import te
+from tvm.relax.dpl import DFPattern, is_op, wildcard
+
+from ...errors import UnsupportedOperator
+from ...relax_info import dtype_of, require_static_shape
+from ..common.chains import CHAIN_MARK, chain_body, clip_bounds, level_pattern
+from ..common.dynamic import read_shape, symbols_of
+from ..intrinsics import get_intrin
+from ..intrinsics.fabric import FabricBody, body_value
+from ..intrinsics.vector_unit import activation, requantise
+from ..common.operands import padded
+from ..common.spec import KernelSpec
+
+#: The accumulator (and output) dtype of each input dtype of a PE-array kernel.
+ACC_DTYPE = {"int8": "int32", "float32": "float32"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Root:
+    """An op a family offloads with an epilogue after it: patterns `cgra.<name>[_chain]`."""
+
+    name: str  # "matmul", "linear", "conv2d"
+    pattern: DFPattern  # the op's call
+    roles: dict  # role ("lhs", "rhs", "permute") -> the pattern of that operand
+
+
+#: Activation suffix -> (pattern around x, its role or None).
+_ACTIVATIONS = {
+    "": (lambda x: x, None),
+    "_relu": (lambda x: is_op("relax.nn.relu")(x), "relu"),
+    "_clip": (lambda x: is_op("relax.clip")(x, wildcard(), wildcard()), "clip"),
+}
+
+
+def chain_pattern_graphs(roots: list[Root]) -> list[tuple]:
+    """(name, pattern, annotations, root name) of every root with every epilogue chain, most
+    specific (most ops) first, the order FuseOpsByPattern must try them in. Among chains of one length a bias
+    add comes before a residual add, so that an add that qualifies as a bias is fused as one.
+
+    The matcher tries a commutative add's operands in the pattern's order first and the check
+    cannot send it back for the other order; so each residual add also comes mirrored, under
+    the same name, tried second: in `add(a, b)` where both a and b are a conv + bias, but a is
+    used elsewhere (MobileNetV2's `x + block(x)` when x is itself a conv + bias), it fuses b."""
+    bias, residual = wildcard(), wildcard()
+    graphs = []
+    for root in roots:
+        with_bias = is_op("relax.add")(root.pattern, bias)
+        sums = [  # (suffix, pattern, annotations, ops); the mirrored add first here: tried second
+            ("", root.pattern, {}, 1),
+            ("_residual", is_op("relax.add")(residual, root.pattern), {"residual": residual}, 2),
+            ("_residual", is_op("relax.add")(root.pattern, residual), {"residual": residual}, 2),
+            ("_bias", with_bias, {"bias": bias}, 2),
+            ("_bias_residual", is_op("relax.add")(residual, with_bias), {"bias": bias, "residual": residual}, 3),
+            ("_bias_residual", is_op("relax.add")(with_bias, residual), {"bias": bias, "residual": residual}, 3),
+        ]
+        for suffix, summed, extra, ops in sums:
+            for act, (wrap, role) in _ACTIVATIONS.items():
+                pattern = wrap(summed)
+                annotations = {"root": root.pattern, **root.roles, **extra, **({role: pattern} if role else {})}
+                graphs.append((ops + (act != ""), f"cgra.{root.name}{suffix}{act}", pattern, annotations,
+                               root.name))
+    graphs += _requant_graphs(roots, bias)
+    graphs += _tail_graphs(roots, bias)
+    graphs.sort(key=lambda graph: graph[0])  # stable: keeps the tie order above
+    return [graph[1:] for graph in reversed(graphs)]
+
+
+def _requant_graphs(roots: list[Root], bias) -> list[tuple]:
+    """(ops, name, pattern, annotations, root name) of the int8 chains ending in a requantisation."""
+    graphs = []
+    for root in roots:
+        for suffix, summed, extra, ops in (("", root.pattern, {}, 1),
+                                           ("_bias", is_op("relax.add")(root.pattern, bias), {"bias": bias}, 2)):
+            for act in ("", "_relu"):
+                value = is_op("relax.nn.relu")(summed) if act else summed
+                scale = wildcard()
+                multiply = is_op("relax.multiply")(is_op("relax.astype")(value), scale)
+                tail = is_op("relax.quantize")(multiply, wildcard(), wildcard())
+                annotations = {"root": root.pattern, **root.roles, **extra, **({"relu": value} if act else {}),
+                               "requant": tail, "requant_multiply": multiply, "scale": scale}
+                graphs.append((ops + (act != "") + 3, f"cgra.{root.name}{suffix}{act}_requant", tail, annotations,
+                               root.name))
+    return graphs
+
+
+#: Links of an elementwise chain a kernel's epilogue takes on as a FABRIC body (chains.py).
+TAIL_DEPTH = 5
+
+
+def _tail_graphs(roots: list[Root], bias) -> list[tuple]:
+    """(ops, name, pattern, annotations, root name) of root [+ bias] followed by 1..TAIL_DEPTH
+    links of an elementwise chain (roles n1.., the chain's input the root's value): a leaky relu
+    or a hard-swish after a convolution runs on each output tile in place. Ranked by their calls,
+    like the other chains, after an equally long chain of the epilogue's own (a relu stays the
+    EPILOGUE's)."""
+    graphs = []
+    for root in roots:
+        for suffix, summed, extra, ops in (("", root.pattern, {}, 1),
+                                           ("_bias", is_op("relax.add")(root.pattern, bias), {"bias": bias}, 2)):
+            inner, links = summed, {}
+            for depth in range(1, TAIL_DEPTH + 1):
+                inner = links[f"n{depth}"] = level_pattern(inner, summed)
+                annotations = {"root": root.pattern, **root.roles, **extra, **links}
+                graphs.append((ops + depth - 0.5, f"cgra.{root.name}{suffix}{CHAIN_MARK}{depth}", inner, annotations,
+                               root.name))
+    return graphs
+
+
+def is_epilogue_chain(pattern: str) -> bool:
+    """Whether `pattern` is a root's epilogue followed by an elementwise chain (_tail_graphs)."""
+    return CHAIN_MARK in pattern and not pattern.startswith("cgra.fabric")
+
+
+# ------------------------------------------------------------------ reading a matched chain
+
+def check_distinct_operands(op: str, annotated: dict) -> None:
+    """The kernel DMAs each operand from its own parameter: x @ x would give the offloaded
+    function one parameter in two roles."""
+    operands = [(role, annotated[role]) for role in ("lhs", "rhs", "bias") if role in annotated]
+    for index, (role, expr) in enumerate(operands):
+        for other, other_expr in operands[index + 1:]:
+            if expr.same_as(other_expr):
+                raise UnsupportedOperator(f"{op} takes the same tensor as {role} and {other}; the NPU "
+                                          "kernel needs each operand as its own tensor")
+
+
+def static_shape(expr, role: str) -> tuple:
+    return require_static_shape(expr, role, UnsupportedOperator)
+
+
+def epilogue_fields(op: str, annotated: dict) -> dict:
+    """The KernelSpec fields a matched chain fixes before the op's own: dtype, acc_dtype,
+    bias_shape, relu, clip. Raises UnsupportedOperator with the reason it cannot run."""
+    check_distinct_operands(op, annotated)
+    dtype, rhs_dtype = dtype_of(annotated["lhs"]), dtype_of(annotated["rhs"])
+    if dtype != rhs_dtype:
+        raise UnsupportedOperator(f"{op} mixes {dtype} and {rhs_dtype}; the PE array multiplies equal dtypes")
+    if dtype not in ACC_DTYPE:
+        raise UnsupportedOperator(f"{op} on {dtype} is not supported (float32, or int8 with int32 output)")
+    acc_dtype = ACC_DTYPE[dtype]
+    out_dtype = dtype_of(annotated["root"])
+    if out_dtype != acc_dtype:
+        raise UnsupportedOperator(f"{op} of {dtype} must produce {acc_dtype}, this one produces {out_dtype} "
+                                  f"(use out_dtype=\"{acc_dtype}\")")
+    bias_shape = None
+    if "bias" in annotated:
+        bias_shape = static_shape(annotated["bias"], "bias")
+        if len(bias_shape) == 0:  # a scalar input (a constant one is reshaped: normalise/scalars.py)
+            raise UnsupportedOperator(f"the bias of {op} is a scalar (shape ()): the NPU's DMA moves tensors of rank "
+                                      "1..4; the add runs on its own")
+        if dtype_of(annotated["bias"]) != acc_dtype:
+            raise UnsupportedOperator(f"the bias is {dtype_of(annotated['bias'])}, the accumulator {acc_dtype}")
+    clip = clip_bounds(annotated["clip"], acc_dtype) if "clip" in annotated else None
+    return dict(dtype=dtype, acc_dtype=acc_dtype, bias_shape=bias_shape, relu="relu" in annotated, clip=clip)
+
+
+def with_epilogue_tail(spec: KernelSpec, annotated: dict) -> KernelSpec:
+    """`spec` with the residual add, the requantisation or the elementwise chain the chain
+    ends in, if any."""
+    spec = _with_residual(spec, annotated) if "residual" in annotated else spec
+    spec = _with_fabric_tail(spec, annotated) if "n1" in annotated else spec
+    return _with_requant(spec, annotated) if "requant" in annotated else spec
+
+
+def _with_fabric_tail(spec: KernelSpec, annotated: dict) -> KernelSpec:
+    """`spec` with the chain after its epilogue as a FABRIC body, run on each output tile."""
+    calls = [annotated[f"n{depth}"] for depth in range(1, TAIL_DEPTH + 1) if f"n{depth}" in annotated]
+    ops = [str(call.op.name) for call in calls]
+    what = f"{spec.op} -> " + " -> ".join(op.removeprefix("relax.") for op in ops)
+    if spec.acc_dtype not in ("float32", "int32"):
+        raise UnsupportedOperator(f"{what}: the PE fabric computes float32 or int32")
+    if len(calls) == 1 and ops[0] in ("relax.nn.relu", "relax.clip"):
+        raise UnsupportedOperator(f"{what}: the EPILOGUE's own relu or clip")
+    shape = static_shape(calls[-1], "result")
+    if dtype_of(calls[-1]) != spec.acc_dtype or tuple(shape) != tuple(static_shape(calls[0], "result")):
+        raise UnsupportedOperator(f"{what}: a constant broadcasts its result to {tuple(shape)}")
+    return dataclasses.replace(spec, fabric_body=chain_body(calls, spec.acc_dtype, what),
+                               source_ops=spec.source_ops + tuple(op.removeprefix("relax.") for op in ops))
+
+
+def _with_residual(spec: KernelSpec, annotated: dict) -> KernelSpec:
+    """`spec` with the residual add: a tensor of the output's exact shape in the acc dtype."""
+    residual = annotated["residual"]
+    for role in ("lhs", "rhs", "bias"):
+        if role in annotated and annotated[role].same_as(residual):
+            raise UnsupportedOperator(f"the residual is also the {spec.op}'s {role}: each operand of an NPU "
+                                      "kernel must be its own tensor")
+    if spec.compute_name in ("conv2d_layout", "batch_matmul"):
+        form = "batched matmul" if spec.compute_name == "batch_matmul" else \
+            f"{spec.data_layout}/{spec.kernel_layout} conv2d"
+        raise UnsupportedOperator(f"a residual add is fused after NCHW and depthwise conv2d and 2-D matmul, "
+                                  f"not yet after a {form}: the add runs on the host")
+    if dtype_of(residual) != spec.acc_dtype:
+        raise UnsupportedOperator(f"the residual is {dtype_of(residual)}, the accumulator {spec.acc_dtype}")
+    out_symbols = spec.symbolic("out")
+    shape, names = read_shape(residual, "residual", symbolic_axes=tuple(out_symbols), expressions=True)
+    if names != out_symbols:
+        raise UnsupportedOperator(f"the residual's symbolic axes {names} are not the output's {out_symbols}: "
+                                  "they must be one size")
+    out = tuple(spec.output_shape) if spec.op == "matmul" else \
+        tuple(spec.output_shape["NCHW".index(axis)] for axis in spec.out_layout)
+    if shape != out:
+        raise UnsupportedOperator(f"the added tensor of shape {shape} is neither a bias (one value per output "
+                                  f"channel) nor a residual of the output's shape {out}")
+    return dataclasses.replace(spec, residual_shape=shape, symbols=spec.symbols + symbols_of("residual", names))
+
+
+def _with_requant(spec: KernelSpec, annotated: dict) -> KernelSpec:
+    """`spec` ending in a requantisation to int8: quantize(multiply(astype(x, float32), scale),
+    1.0, zp) with a float32 scale per output channel (shaped like a bias) and an int8 zero point."""
+    quantize, multiply = annotated["requant"], annotated["requant_multiply"]
+    if spec.acc_dtype != "int32":
+        raise UnsupportedOperator(f"requantisation to int8 follows an int8 x int8 -> int32 {spec.op}, "
+                                  f"not {spec.dtype}")
+    if spec.compute_name in ("conv2d_layout", "batch_matmul"):
+        raise UnsupportedOperator("requantisation is fused after NCHW conv2d and 2-D matmul, not yet after a "
+                                  f"{spec.compute_name}: it runs on the host")
+    if str(quantize.attrs.out_dtype) != "int8" or _scalar_value(quantize.args[1], "float32") != 1.0:
+        raise UnsupportedOperator("a requantisation is quantize(x * scale, 1.0, zero point) to int8; this "
+                                  "quantize has another scale or output dtype (the normalise stage writes the "
+                                  "fused form)")
+    zero_point = _scalar_value(quantize.args[2], "int8")
+    if zero_point is None:
+        raise UnsupportedOperator("the requantisation's zero point is not an int8 constant")
+    if dtype_of(multiply.args[0]) != "float32" or dtype_of(annotated["scale"]) != "float32":
+        raise UnsupportedOperator("the requantisation multiplies float32(acc) by a float32 scale row")
+    shape = static_shape(annotated["scale"], "requantisation scale")
+    expected = spec.bias_shape or _channel_row_shape(spec)
+    if tuple(shape) != tuple(expected):
+        raise UnsupportedOperator(f"the requantisation scale of shape {shape} is not one value per output "
+                                  f"channel (expected {tuple(expected)})")
+    return dataclasses.replace(spec, requant_zero_point=int(zero_point), scale_shape=tuple(shape))
+
+
+def _channel_row_shape(spec: KernelSpec) -> tuple:
+    """The shape of a per-output-channel row broadcast over the output: (n,) for a matmul,
+    (1, F, 1, 1) (in the output layout) for a conv2d."""
+    if spec.op == "matmul":
+        return (spec.gemm_extents[1],)
+    return tuple(spec.rhs_shape[0] if axis == "C" else 1 for axis in spec.out_layout)
+
+
+def _scalar_value(expr, dtype: str):
+    """The value of a 0-d constant of `dtype`, else None."""
+    if not isinstance(expr, tvm.ir.GenericConst) or dtype_of(expr) != dtype:
+        return None
+    value = expr.value.numpy()
+    return value.item() if value.ndim == 0 else None
+
+
+# ------------------------------------------------------------------ the epilogue in the kernel
+
+def epilogue_operands(spec: KernelSpec, out_shape) -> dict:
+    """The epilogue's parameters as placeholders (None where the spec has none): the bias, the
+    residual (shaped as the kernel stores its output, `out_shape`), the requantisation scale."""
+    return {"bias": te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None,
+            "residual": te.placeholder(out_shape, spec.acc_dtype, name="residual") if spec.residual_shape else None,
+            "scale": te.placeholder(spec.scale_shape, "float32", name="scale") if spec.scale_shape else None}
+
+
+def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=None, residual_tile=None):
+    """epi = requantise(clip(relu(acc + bias[col] + residual)), scale[col]) over the padded tile
+    grid (the expression of the EPILOGUE intrinsic, so tensorize matches it). A grouped conv2d's
+    image b holds group b % G, whose channels start at (b % G) * F/G. The residual is read
+    through `out_index(*acc_indices)`, the output element an accumulator element becomes;
+    outside the output (tile padding) it reads zero. The bias and the scale are staged in the
+    scratchpad as rows (blocks bias_pad, scale_pad), the residual as a tile (res_pad), or
+    `residual_tile`, a tile of acc's shape the kernel computes from what it already holds."""
+    bias_pad = _channel_row(spec, acc, tiling, operands["bias"], spec.bias_shape, "bias_pad")
+    scale_pad = _channel_row(spec, acc, tiling, operands["scale"], spec.scale_shape, "scale_pad")
+    residual, res_pad = operands["residual"], residual_tile
+    if residual is not None and res_pad is None:
+        shape = list(residual.shape)  # ints, or a symbolic axis's variable
+        res_pad = te.compute(acc.shape, lambda *idx: padded(residual, shape, out_index(*idx)), name="res_pad")
+
+    def row(pad, idx):
+        return pad(idx[0], idx[-1]) if spec.grouped else pad(idx[-1])
+
+    def epi_value(*idx):
+        value = acc(*idx)
+        value = value + row(bias_pad, idx) if bias_pad is not None else value
+        value = value + res_pad(*idx) if res_pad is not None else value
+        value = activation(value, spec.acc_dtype, spec.relu, spec.clip)
+        if spec.fabric_body:
+            value = body_value(FabricBody(spec.fabric_body, spec.acc_dtype), value)
+        return requantise(value, row(scale_pad, idx), spec.requant_zero_point) if scale_pad is not None else value
+
+    return te.compute(acc.shape, epi_value, name="epi")
+
+
+def _channel_row(spec: KernelSpec, acc, tiling, tensor, shape, name: str):
+    """The padded scratchpad row of a per-output-channel parameter (bias, requantisation scale),
+    one per group for a grouped conv2d; None without the parameter."""
+    if tensor is None:
+        return None
+    carrier = channel_axis(shape)
+
+    def index(channel):
+        return [channel if axis == carrier else 0 for axis in range(len(shape))]
+
+    if spec.grouped:
+        per_group = spec.gemm_extents[1]
+        return te.compute((acc.shape[0], tiling.np), lambda b_, j: padded(
+            tensor, shape, index(b_ % spec.groups * per_group + j)), name=name)
+    return te.compute((tiling.np,), lambda j: padded(tensor, shape, index(j)), name=name)
+
+
+def channel_axis(shape) -> int:
+    """The axis of a broadcast channel row that carries the channels: the one whose extent is not 1."""
+    axes = [axis for axis, extent in enumerate(shape) if extent != 1]
+    return axes[0] if axes else len(shape) - 1
+
+
+def channel_rows(spec: KernelSpec) -> tuple:
+    """The blocks of the per-channel rows the epilogue reads (bias, requantisation scale)."""
+    return (("bias_pad",) if spec.bias_shape else ()) + (("scale_pad",) if spec.scale_shape else ())
+
+
+def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
+    """The EPILOGUE intrinsic for a tile of `rows` (tiling.tm by default) x tiling.tn."""
+    rows = tiling.tm if rows is None else rows
+    body = FabricBody(spec.fabric_body, spec.acc_dtype) if spec.fabric_body else None
+    return get_intrin("epilogue", rows, tiling.tn, spec.acc_dtype, bias=bool(spec.bias_shape), relu=spec.relu,
+                      residual=bool(spec.residual_shape), clip=spec.clip, zero_point=spec.requant_zero_point,
+                      body=body)

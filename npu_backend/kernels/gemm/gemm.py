@@ -1,0 +1,393 @@
+"""What every GEMM-shaped kernel shares (matmul.py, conv2d.py): its tile search and its schedule.
+
+Stage: tiling and schedule. A GEMM-shaped kernel's PrimFunc (blocks a_pad, b_pad, [bias_pad],
+[res_pad], acc, [scale_pad], epi, out; see the families' computes) has rows Mp, columns Np and a
+reduction Kp padded to whole tiles. `choose_gemm_tiling` picks tile sizes (tm, tn, tk): whole
+multiples of the PE array whose double-buffered buffers fit the scratchpad, with the fewest
+estimated cycles. `schedule_gemm` then computes the output tile by tile (tm x tn, anchored on
+the epilogue's tile loops), loads operand tiles (a_pad, b_pad) and the bias into the scratchpad
+per reduction step and the residual tile once per output tile (these copies become DMA, see
+lower/dma.py), runs each reduction step as one GEMM over the tile (the PE array runs its folds),
+the accumulator's init as one FILL and the epilogue as one EPILOGUE per tile, and stores the
+valid region of each tile by DMA. A's rows, and the output tile's rows when the store reads one
+element per row (NCHW), are padded with `storage_align` so the banks serve them without
+conflicts (spad_layout.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from cgra_sim import cost
+from cgra_sim.arch import HardwareDescription
+from cgra_sim.isa import DType
+
+from ...errors import ScratchpadTooSmall
+from ..common.dynamic import TILE_OF
+from .epilogue import channel_rows, epilogue_intrin
+from ..intrinsics import SPAD, get_intrin
+from ..common.spad_layout import a_row_stride, align_output_rows, align_rows, out_row_stride, store_walks_rows
+from ..common.spec import KernelSpec, Tiling, aligned, round_up
+
+
+# ------------------------------------------------------------------ tile search
+
+def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
+    """The tiling of a GEMM-shaped kernel (its GEMM extents, dtypes and epilogue operands); with
+    symbolic rows, the one that is never far from the best tiling of the size that runs. Searched
+    once per problem and chip: partitioning asks (does it fit?) and then the kernel stage."""
+    key = (spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), spec.row_step,
+           bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
+           _any_rows(spec), spec.pixel_order, _taps(spec), arch.fingerprint)
+    if key not in _TILINGS:
+        if len(_TILINGS) >= 4096:
+            _TILINGS.clear()
+        _TILINGS[key] = choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch,
+                                      spec.row_step, has_residual=bool(spec.residual_shape),
+                                      has_scale=bool(spec.scale_shape), store_rows=store_walks_rows(spec),
+                                      any_rows=_any_rows(spec), taps=_taps(spec),
+                                      ragged=spec.pixel_order != "blocks")
+    return _TILINGS[key]
+
+
+def _taps(spec: KernelSpec) -> int:
+    """Reduction steps per depth chunk: a conv2d's kernel window (kh * kw), 1 for a matmul."""
+    return spec.rhs_shape[2] * spec.rhs_shape[3] if spec.op == "conv2d" else 1
+
+
+def _any_rows(spec: KernelSpec) -> bool:
+    """One kernel serves every number of GEMM rows: a matmul's rows or a conv2d's image size
+    are symbolic."""
+    return (spec.op == "matmul" and bool(spec.symbolic("lhs"))) or spec.symbolic_image
+
+
+_TILINGS: dict = {}  # choose_gemm_tiling's results (Tiling is immutable)
+
+
+def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
+                  has_bias: bool, arch: HardwareDescription, row_step: int = 1,
+                  has_residual: bool = False, has_scale: bool = False, store_rows: int = 0,
+                  any_rows: bool = False, taps: int = 1, ragged: bool = True) -> Tiling:
+    """The tiling with the fewest estimated cycles among those that fit the scratchpad.
+
+    With `any_rows` (symbolic rows, `rows` their bound) one tiling serves every size up to
+    `rows`: the one whose estimate, at sizes from one PE-array step to the bound, exceeds the
+    best tiling of that size by the smallest factor (minimax regret). Its last tile is cut to the
+    rows that exist (lower/ragged.py), so a small size does not pay for a large tile's rows.
+    `ragged` False: the rows are an image's pixels in blocks of rows and `row_step` columns, the
+    blocks past its last row or column cut to the pixels inside (`_block_tiling`). `taps`:
+    reduction steps per depth chunk (a conv2d's kh * kw), so that the per-tile costs weigh
+    against the steady stream as they do in the kernel.
+
+    Output tiles grow in whole PE-array steps (rows: in multiples of `row_step` when the kernel
+    needs whole groups of rows, e.g. whole output rows of a conv2d) up to the padded problem; for
+    each, the reduction depth is the whole reduction when it fits, otherwise the largest chunk
+    that does. A residual (`has_residual`) is one more output-sized tile in the scratchpad,
+    loaded per output tile and read by the epilogue. The footprint counts the row padding the
+    schedule adds against bank conflicts (A's rows; the output's when its store walks
+    `store_rows` rows, see spad_layout.py).
+    """
+    row_step = row_step if row_step > 1 else arch.rows
+    # A unit reduction extent would be elided by compute_at and leave nothing to tensorize
+    # along; one zero column is cheaper than a special case.
+    depth = max(depth, 2)
+    in_bytes = DType.from_name(dtype).itemsize
+    acc_bytes = DType.from_name(acc_dtype).itemsize
+    candidates = []  # (tm, tn, tk) that fit the scratchpad
+    shallowest = min(_k_candidates(depth))
+    for tn in range(arch.cols, round_up(cols, arch.cols) + 1, arch.cols):
+        out_row = out_row_stride(tn, acc_bytes, store_rows, arch)  # the same for every tm
+        for tm in range(row_step, round_up(rows, row_step) + 1, row_step):
+            # The compact footprint only grows with tm: past the first tm whose shallowest tile
+            # cannot fit even unpadded, none fits (this keeps a large bound, e.g. a symbolic
+            # batch x sequence, from enumerating a million row tiles).
+            if gemm_footprint(tm, tn, shallowest, in_bytes, acc_bytes, has_bias, has_residual,
+                              has_scale) > arch.spad_bytes:
+                break
+            tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual, out_row,
+                                    has_scale)
+            if tk is not None:
+                candidates.append((tm, tn, tk))
+    candidates.sort()  # ties go to the smaller row tile, as they always have
+    if not candidates:
+        if row_step > arch.rows:  # a conv2d's tile holds whole output rows or columns
+            raise ScratchpadTooSmall(
+                f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold one tile of {row_step} "
+                f"output pixels (a whole output row or column of the conv2d) by {arch.cols} channels in "
+                f"{dtype}: describe a larger scratchpad, or split the image")
+        raise ScratchpadTooSmall(
+            f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold even one "
+            f"{arch.rows}x{arch.cols} tile of a {dtype} GEMM: describe a larger scratchpad")
+
+    def tiling_for(candidate, size: int) -> Tiling:
+        tm, tn, tk = candidate
+        tm = min(tm, round_up(size, row_step))  # a tile past the rows is cut to them
+        return Tiling(tm, tn, tk, round_up(size, tm), round_up(cols, tn), round_up(depth, tk))
+
+    def cycles(candidate, size: int) -> int:
+        return estimate_cycles(tiling_for(candidate, size), dtype, in_bytes, acc_bytes, arch, has_residual, taps=taps)
+
+    if not ragged:
+        return _block_tiling(candidates, rows, cols, depth, row_step,
+                             lambda t: estimate_cycles(t, dtype, in_bytes, acc_bytes, arch, has_residual, taps=taps))
+    if not any_rows:
+        best = min(candidates, key=lambda c: (cycles(c, rows), -c[0] * c[1]))
+        return tiling_for(best, rows)
+    sizes = sorted({min(rows, row_step << k) for k in range(rows.bit_length() + 1)} | {rows})
+    fastest = {size: min(cycles(c, size) for c in candidates if c[0] <= round_up(size, row_step)) for size in sizes}
+    best = min(candidates, key=lambda c: (max(cycles(c, s) / fastest[s] for s in sizes), cycles(c, rows)))
+    return Tiling(*best, round_up(rows, best[0]), round_up(cols, best[1]), round_up(depth, best[2]))
+
+
+def _block_tiling(candidates, rows: int, cols: int, depth: int, block_columns: int, estimate) -> Tiling:
+    """The tiling of a GEMM whose rows are the pixels of an image in blocks of tm / block_columns
+    rows by block_columns columns, height and width symbolic (conv2d._blocks_compute): minimax
+    regret, as for rows, over square images of a power of two pixels a side and one more, from 1
+    to the bound (`rows` pixels). The blocks past the image's last row or column compute only
+    the pixels inside it (lower/ragged.py), so an image is priced as its whole blocks plus its
+    cut ones."""
+    # Block heights on a ladder of eight per octave (1-8 rows, then 8, 9, .., 15, 16, 18, ..): the
+    # search is as fine as the images it weighs, at a fraction of the estimates.
+    candidates = [c for c in candidates if _on_ladder(c[0] // block_columns)]
+    largest = max(math.isqrt(rows), block_columns)
+    sides = sorted({min(largest, (1 << k) + extra) for k in range(largest.bit_length()) for extra in (0, 1)}
+                   | {largest})
+
+    def cycles(candidate, side: int) -> int:
+        tm, tn, tk = candidate
+        total = 0
+        for block_rows, row_count in _blocks_along(side, tm // block_columns):
+            for columns, column_count in _blocks_along(side, block_columns):
+                m, count = block_rows * columns, row_count * column_count
+                total += estimate(Tiling(m, tn, tk, count * m, round_up(cols, tn), round_up(depth, tk)))
+        return total
+
+    table = {c: [cycles(c, side) for side in sides] for c in candidates}
+    fastest = [min(column) for column in zip(*table.values())]
+    best = min(candidates, key=lambda c: (max(a / b for a, b in zip(table[c], fastest)), table[c][-1]))
+    return Tiling(*best, round_up(rows, best[0]), round_up(cols, best[1]), round_up(depth, best[2]))
+
+
+def _on_ladder(value: int) -> bool:
+    """Whether `value` is one of 1, 2, .., 8, 9, .., 15, 16, 18, .., 30, 32, 36, ..: eight values
+    per octave."""
+    return value % (1 << max(value.bit_length() - 4, 0)) == 0
+
+
+def _blocks_along(side: int, block: int) -> list[tuple[int, int]]:
+    """(pixels, how many blocks) along an image side of `side` pixels in blocks of `block`: the
+    whole blocks, and the last one cut to what is left."""
+    return [(size, count) for size, count in ((block, side // block), (side % block, 1)) if size and count]
+
+
+def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription,
+                    has_residual: bool = False, taps: int = 1, init_folded: bool = False) -> int:
+    """A first-order estimate of a tiled GEMM's cycles, each unit's work priced by the simulator's
+    cost model (cgra_sim.cost).
+
+    A double-buffered loop of reduction steps (cost.double_buffered_cycles): the busiest unit
+    sets the pace: the PE array's GEMMs (and one fill of the sub-array a tile occupies,
+    cost.gemm_fill_cycles, as the simulator charges it), the load engine's operand tiles, the store engine's output tiles, the vector
+    unit's FILL and EPILOGUE of every tile (the epilogue streams the residual tile too). What
+    cannot overlap is the first tile's loads (nothing to compute yet), the last tile's epilogue
+    and store, and a bubble per tile: the vector unit runs in order, so the next tile's first
+    FILL waits behind this tile's EPILOGUE, which waits for this tile's last GEMM, and the PE
+    array refills after the gap. `init_folded`: lowering folds that FILL into the tile's first
+    GEMM (lower/fold_init.py), so neither the FILL nor the bubble is there (what the kernel
+    runs; the tile search itself still prices the FILL, and its choices stay what they were).
+    """
+    tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk * taps
+    array_fill = cost.gemm_fill_cycles(arch, t.tm, t.tn)
+    gemm = _gemm_step_cycles(arch, t.tm, t.tn, t.tk, dtype)  # one tile's reduction step
+    compute = tiles * steps * gemm + array_fill + cost.pe_array_config_cycles(arch, dtype)
+    tile_load = (t.tm * t.tk + t.tk * t.tn) * in_bytes
+    residual_load = t.tm * t.tn * acc_bytes if has_residual else 0
+    out_bytes = t.tm * t.tn * acc_bytes
+    load = cost.dma_transfer_cycles(arch, tiles * steps * tile_load + tiles * residual_load)
+    store = cost.dma_transfer_cycles(arch, tiles * out_bytes)
+    fills = 0 if init_folded else 1
+    vector = cost.vector_stream_cycles(arch, (fills + (2 if has_residual else 1)) * tiles * t.tm * t.tn)
+    vector_tile = cost.vector_stream_cycles(arch, t.tm * t.tn)  # one FILL or EPILOGUE of a tile
+    bubble = 0 if init_folded else (tiles - 1) * (2 * vector_tile + array_fill)
+    # With two buffers, each buffer in turn is loaded (latency, then transfer) and then computed
+    # on before it can be loaded again: two steps take at least latency + transfer + compute (the
+    # "load" round trip). Short steps, or steps whose loads take as long as their GEMM, wait for
+    # the DMA: a row tile cut to a few rows, or a thin conv2d tile reloading its weights every step.
+    return cost.double_buffered_cycles(arch, cost.BufferedLoop(
+        tiles * steps, cost.dma_transfer_cycles(arch, tile_load), (gemm,), 0,
+        last_store=cost.dma_transfer_cycles(arch, out_bytes), last_work=cost.vector_cycles(arch, t.tm, t.tn),
+        others=max(compute, load, store, vector), stalls=bubble, round_trips=("load",), whole_last_step=True)).total
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _gemm_step_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype: str) -> int:
+    """cost.gemm_steady_cycles, remembered: the tile searches ask for the same tiles often."""
+    return cost.gemm_steady_cycles(arch, m, n, k, dtype)
+
+
+def _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual, out_row,
+                       has_scale=False):
+    for tk in _k_candidates(depth):
+        a_row = a_row_stride(tm, tk, in_bytes, arch)
+        if gemm_footprint(tm, tn, tk, in_bytes, acc_bytes, has_bias, has_residual, has_scale, a_row, out_row) \
+                <= arch.spad_bytes:
+            return tk
+    return None
+
+
+def gemm_footprint(tm: int, tn: int, tk: int, in_bytes: int, acc_bytes: int, has_bias: bool,
+                   has_residual: bool = False, has_scale: bool = False, a_row: int | None = None,
+                   out_row: int | None = None) -> int:
+    """Scratchpad bytes a GEMM kernel's buffers take (operand tiles, accumulator, output, bias,
+    residual tile, requantisation scale row), each twice: every tile is double-buffered
+    (lower/double_buffer.py). An int8 output is counted at the accumulator's size. `a_row` and
+    `out_row`: the row strides (elements) of the A tile and the output tile when the schedule
+    pads them against bank conflicts (spad_layout.py); compact by default."""
+    a_row, out_row = a_row or tk, out_row or tn
+    total = aligned(2 * tm * a_row * in_bytes) + aligned(2 * tk * tn * in_bytes)
+    total += (2 if has_residual else 1) * aligned(2 * tm * tn * acc_bytes)
+    total += aligned(2 * tm * out_row * acc_bytes)
+    if has_bias:
+        total += aligned(2 * tn * acc_bytes)
+    if has_scale:
+        total += aligned(2 * tn * 4)
+    return total
+
+
+def _k_candidates(depth: int):
+    """The whole reduction, then halvings of it (rounded up to a multiple of 8)."""
+    tk = depth
+    seen = set()
+    while tk >= 1:
+        candidate = tk if tk == depth else round_up(tk, 8)
+        if candidate not in seen:
+            seen.add(candidate)
+            yield candidate
+        if tk == 1:
+            break
+        tk = -(-tk // 2)
+
+
+
+# ------------------------------------------------------------------ schedule
+
+def schedule_gemm(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> None:
+    """Tile, stage and tensorize a GEMM-shaped kernel (matmul, conv2d: rows, cols, reductions...)."""
+    acc, epi_row, col_tile = _tile_output(sch, spec, tiling)
+    tensorize_tile(sch, spec, tiling, arch, acc, epi_row, col_tile)
+
+
+def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
+    """Tile the epilogue's (row, col) loops, output rows outer, and pull acc, the channel rows,
+    the residual and the store under them. Returns (acc, the epilogue's row loop in the tile,
+    the tile loop)."""
+    if spec.pixel_order == "blocks":
+        return _tile_output_blocks(sch, spec, tiling)
+    *_, row, col = sch.get_loops(sch.get_sblock("epi"))
+    row_outer, row_inner = sch.split(row, [None, tiling.tm])
+    col_outer, col_inner = sch.split(col, [None, tiling.tn])
+    sch.reorder(row_outer, col_outer, row_inner, col_inner)
+    acc = stage_output_tile(sch, spec, col_outer)
+    if spec.pixel_order == "xy" and spec.output_shape[2] > 1:
+        # Tile rows run down output columns: the store walks them (y) innermost, so that a DMA
+        # beat reads consecutive rows of the tile as it does for rows along x (spad_layout.py).
+        # (One output row: nothing to walk, and its unit loop may not be where reorder wants it.)
+        *_, y, x = sch.get_loops(sch.get_sblock("out"))
+        sch.reorder(x, y)
+    return acc, row_inner, col_outer
+
+
+def _tile_output_blocks(sch, spec: KernelSpec, tiling: Tiling):
+    """`_tile_output` for a conv2d in blocks of rows and columns (height and width symbolic,
+    conv2d._blocks_compute): the store is the anchor, its (y, x) loops split into blocks and
+    its channels into tiles, the epilogue's tile computed under them (TVM cannot infer which
+    pixels of the image a block of GEMM rows holds the other way round)."""
+    out = sch.get_sblock("out")
+    _, f, y, x = sch.get_loops(out)
+    block_y, y_in = sch.split(y, [None, tiling.tm // spec.row_step])
+    block_x, x_in = sch.split(x, [None, spec.row_step])
+    col_outer, col_inner = sch.split(f, [None, tiling.tn])
+    sch.reorder(block_y, block_x, col_outer, col_inner, y_in, x_in)
+    # The tile loops say what they tile (TVM may fold an output extent's division into the
+    # loop's: ceildiv((h - 1) // 2 + 1, 8) reads (h - 1) // 16 + 1), so that lowering can cut
+    # their last tiles (lower/ragged.py).
+    sch.annotate(block_y, TILE_OF, ["out", 2, tiling.tm // spec.row_step])
+    sch.annotate(block_x, TILE_OF, ["out", 3, spec.row_step])
+    epi = sch.get_sblock("epi")
+    sch.compute_at(epi, col_outer)
+    acc = stage_output_tile(sch, spec, col_outer, store=False)
+    *_, row_inner, _ = sch.get_loops(epi)
+    return acc, row_inner, col_outer
+
+
+def stage_output_tile(sch, spec: KernelSpec, tile_loop, store: bool = True):
+    """Everything one output tile needs, under `tile_loop` (the innermost loop over output
+    tiles): the accumulator, the per-channel rows (bias, scale), the residual tile, the store
+    (unless `store` is False: the store is already there); the accumulator and the epilogue's
+    output in the scratchpad. Returns the acc block."""
+    acc, epi = sch.get_sblock("acc"), sch.get_sblock("epi")
+    sch.compute_at(acc, tile_loop)
+    for name in channel_rows(spec):
+        block = sch.get_sblock(name)
+        sch.compute_at(block, tile_loop)
+        sch.set_scope(block, 0, SPAD)
+    stage_residual(sch, spec, tile_loop)
+    if store:
+        sch.reverse_compute_at(sch.get_sblock("out"), tile_loop)
+    sch.set_scope(acc, 0, SPAD)
+    sch.set_scope(epi, 0, SPAD)
+    return acc
+
+
+def stage_residual(sch, spec: KernelSpec, col_outer) -> None:
+    """The residual tile (block res_pad, if the kernel has one) in the scratchpad, loaded by one
+    DMA per output tile under `col_outer`. Its pixel loop is split into whole output rows like
+    the operand gather's, so that the copy reads as a box (y, ox, channel) of the NCHW tensor."""
+    if not spec.residual_shape:
+        return
+    res = sch.get_sblock("res_pad")
+    sch.compute_at(res, col_outer)
+    sch.set_scope(res, 0, SPAD)
+    if spec.row_step > 1:
+        sch.split(sch.get_loops(res)[-2], [None, spec.row_step])
+
+
+def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription, acc, epi_row, col_tile):
+    """Stage operand tiles per reduction step and tensorize the tile onto the NPU.
+
+    One GEMM command covers a whole tm x tn x tk scratchpad tile: the PE array's sequencer runs
+    its (tm / rows) x (tn / cols) folds back to back (the simulator times folds exactly as it
+    would separate PE-sized passes), so the command stream stays short. compute_at drops
+    unit-extent loops (a 1x1 kernel has no ry/rx loop), so acc's loops are found after the tile
+    loop, not by count; the tiling keeps the row, column and depth extents above 1."""
+    row, col, *reductions = loops_after(sch, acc, col_tile)
+    *outer_reductions, depth = reductions
+    depth_outer, depth_inner = sch.split(depth, [None, tiling.tk])
+    sch.reorder(*outer_reductions, depth_outer, row, col, depth_inner)
+    for name in ("a_pad", "b_pad"):
+        block = sch.get_sblock(name)
+        sch.compute_at(block, depth_outer)
+        sch.set_scope(block, 0, SPAD)
+    # The PE array reads one element of each of A's rows a cycle: rows a multiple of the
+    # banks' period apart would all sit in one bank.
+    align_rows(sch, sch.get_sblock("a_pad"), tiling.tk,
+               a_row_stride(tiling.tm, tiling.tk, DType.from_name(spec.dtype).itemsize, arch), spec.dtype, arch)
+    if spec.row_step > 1:
+        # The operand copy walks output pixels p = y * OW + ox; split p into (y, ox) so the
+        # gather is a DMA box (the DMA pass simplifies p // OW, p % OW on these loop bounds).
+        pixel_loop = sch.get_loops(sch.get_sblock("a_pad"))[-2]
+        sch.split(pixel_loop, [None, spec.row_step])
+    first_reduction = outer_reductions[0] if outer_reductions else depth_outer
+    init = sch.decompose_reduction(acc, first_reduction)
+    sch.tensorize(row, get_intrin("gemm", tiling.tm, tiling.tn, tiling.tk, spec.dtype, spec.acc_dtype))
+    sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", tiling.tm, tiling.tn, spec.acc_dtype))
+    sch.tensorize(epi_row, epilogue_intrin(spec, tiling))
+    align_output_rows(sch, spec, tiling, arch)
+
+
+def loops_after(sch, block, anchor) -> list:
+    """The loops of `block` nested inside the loop `anchor`."""
+    loops = sch.get_loops(block)
+    start = [i for i, loop in enumerate(loops) if sch.get_sref(loop).same_as(sch.get_sref(anchor))][0]
+    return loops[start + 1:]
