@@ -5,8 +5,9 @@ encoders; ViT, DeiT, DINOv2, CLIP, Swin; a Whisper-style audio encoder; ConvNeXt
 small config (hidden size 64, 2 layers, 4 heads) with random weights, so no download is needed.
 
 `build(name, tokens=16)` returns (model in eval mode, example inputs). Decoders get an explicit
-all-ones attention mask as their second input: exported with `input_ids` alone, HF's
-packed-sequence detection fails in TVM's FoldConstant for a symbolic length (notes/tvm-0.27.md).
+all-ones attention mask as their second input (`.model` is the decoder itself: given `input_ids`
+alone and a symbolic length, it compiles too since normalise/bounded_shapes.py,
+test_symbolic_exports.py).
 
 Needs torch and transformers (optional: `pip install -e ".[hf]"`).
 """

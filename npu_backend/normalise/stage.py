@@ -1,7 +1,7 @@
 """The normalise stage's body: the model's idioms rewritten into the forms the kernels match.
 
-Stage: normalise (pipeline.STAGES' first). In and out: a Relax IRModule. Five rewrites run
-first, outside any TVM pass (the bool scans, three numpy folds on the weights as the importer
+Stage: normalise (pipeline.STAGES' first). In and out: a Relax IRModule. Six rewrites run
+first, outside any TVM pass (the bounded shapes, the bool scans, three numpy folds on the weights as the importer
 left them, the negative indices); then `normalise_passes`, one line each saying
 why, on a module that calls their operators (rewrite.scans_shared). The list lives here, not in
 pipeline.py, because it is a body: it runs inside that context and after the numpy rewrites.
@@ -14,6 +14,7 @@ from tvm import relax
 
 from .batch_norms import batch_norms_as_scale_shift
 from .bool_scans import bool_scans_as_counts_pass
+from .bounded_shapes import resolve_bounded_shapes
 from .clips import canonicalize_clips_pass
 from .conv1ds import conv1ds_as_conv2ds_pass
 from .conv3ds import conv3ds_as_conv2ds_pass
@@ -34,7 +35,12 @@ from .sums import sums_as_adds_pass
 def normalise(mod, arch, options):
     """`mod` with QDQ layers as integers, batch norms and weight arithmetic folded with numpy, then
     every pass of `normalise_passes` run."""
-    del arch, options
+    del arch
+    # A slice to a symbolic length whose extent Relax left as min / max arithmetic (HF's
+    # packed-sequence check, an encoder's position ids) is resolved with the length's bounds, so
+    # the ops after it have shapes; outside the pass list, so that an undecided shape is refused
+    # as UnsupportedOperator (bounded_shapes.py).
+    mod = resolve_bounded_shapes(mod, dict(options.shape_bounds))
     # QDQ layers (dequantize -> conv2d / matmul -> quantize) become int8 x int8 -> int32 with
     # an int32 bias and a requantisation to int8, onnxruntime's arithmetic (qdq.py);
     # first, while the quantized weights are still int8 constants under their dequantize.
