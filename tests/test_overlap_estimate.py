@@ -31,9 +31,9 @@ from npu_backend.kernels.fused import inverted_residual_tiles, separable_tiles
 from npu_backend.kernels.pool.pool_tiles import estimate_pool_cycles
 from npu_backend.kernels.fused.separable import SeparableSpec
 from npu_backend.kernels.elementwise.sigmoid import SmoothSpec, smooth_tile_cycles
-from npu_backend.kernels import norms, row_reduce, softmax
-from npu_backend.kernels.rows import RowSpec, estimate_row_cycles
-from npu_backend.kernels.special import SpecialSpec, special_tile_cycles
+from npu_backend.kernels.rows import norms, row_reduce, softmax
+from npu_backend.kernels.rows.rows import RowSpec, estimate_row_cycles
+from npu_backend.kernels.elementwise.special import SpecialSpec, special_tile_cycles
 from npu_backend.kernels.common.spec import KernelSpec
 from npu_backend.kernels.common.unary import estimate_unary_cycles
 from npu_backend.tools.workloads import eltwise_model

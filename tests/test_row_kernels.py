@@ -1,5 +1,5 @@
 """Softmax, layer norm, RMSNorm, last-axis reductions and the special functions on the NPU
-(kernels/softmax.py, norms.py, row_reduce.py, special.py over rows.py): compiled for cgra,
+(kernels/rows/softmax.py, norms.py, row_reduce.py over rows.py; kernels/elementwise/special.py): compiled for cgra,
 run on the simulator, compared with float64 numpy within each op's stated bound; explain says
 where they run; a small transformer-style block keeps no compute op on the host."""
 

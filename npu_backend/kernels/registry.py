@@ -38,10 +38,10 @@ from .pool.pool import POOL
 from .fused.separable import SEPARABLE
 from .elementwise.sigmoid import SMOOTH
 from .tir.tir import TIR, tir_spec
-from .norms import NORMS
-from .row_reduce import ROW_REDUCE
-from .softmax import SOFTMAX
-from .special import SPECIAL
+from .rows.norms import NORMS
+from .rows.row_reduce import ROW_REDUCE
+from .rows.softmax import SOFTMAX
+from .elementwise.special import SPECIAL
 
 FAMILIES: tuple[OpFamily, ...] = (INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, SOFTMAX, NORMS, SPECIAL,
                                   ROW_REDUCE, FABRIC, ELTWISE, TIR, ACTIVATION)

@@ -4,7 +4,7 @@ special function of a scaled and offset element).
 Stage: schedule and tensorize. `reduce_intrin` is the update of a reduction over a tile's rows
 into a column (its start a FILL: 0, or -inf for a max); `vfunc_intrin` an elementwise special
 function over a tile (or a column). `reduce_value` / `vfunc_value` are the TIR a kernel's TE
-compute builds identically (kernels/rows.py), so tensorize matches. The float32 arithmetic the
+compute builds identically (kernels/rows/rows.py), so tensorize matches. The float32 arithmetic the
 hardware performs for each function is specified in the simulator (cgra_sim/special.py);
 the TIR here names the function (tirx.exp, ...), which a host build of the description computes
 with the C library: the three-way test compares them within special.ERROR_BOUNDS.

@@ -18,11 +18,11 @@ from tvm import te, tirx
 
 from cgra_sim import cost
 
-from ..errors import UnsupportedOperator
-from .intrinsics import SPAD, get_intrin
-from .intrinsics.row_ops import reduce_start, reducer
-from .common.operands import padded, prim_func
-from .common.spec import SINGLE_BUFFERED, Tiling, aligned
+from ...errors import UnsupportedOperator
+from ..intrinsics import SPAD, get_intrin
+from ..intrinsics.row_ops import reduce_start, reducer
+from ..common.operands import padded, prim_func
+from ..common.spec import SINGLE_BUFFERED, Tiling, aligned
 
 
 def plan(steps, kinds: dict) -> tuple:

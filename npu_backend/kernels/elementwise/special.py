@@ -17,12 +17,12 @@ from tvm.relax.dpl import is_op, wildcard
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 
-from ..errors import UnsupportedOperator
-from ..relax_info import dtype_of
-from .family import OpFamily
-from .intrinsics import get_intrin
-from .intrinsics.row_ops import vfunc_value
-from .common.unary import ReadsOperand, UnaryOperand, fastest_tiling, read_operand, schedule_unary, unary_compute
+from ...errors import UnsupportedOperator
+from ...relax_info import dtype_of
+from ..family import OpFamily
+from ..intrinsics import get_intrin
+from ..intrinsics.row_ops import vfunc_value
+from ..common.unary import ReadsOperand, UnaryOperand, fastest_tiling, read_operand, schedule_unary, unary_compute
 
 #: Relax op -> VFUNC function.
 OPS = {"relax.exp": "exp", "relax.tanh": "tanh", "relax.erf": "erf", "relax.rsqrt": "rsqrt", "relax.nn.gelu": "gelu"}

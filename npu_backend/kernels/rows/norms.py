@@ -22,8 +22,8 @@ import dataclasses
 
 from tvm.relax.dpl import is_op, wildcard
 
-from ..errors import UnsupportedOperator
-from .family import OpFamily
+from ...errors import UnsupportedOperator
+from ..family import OpFamily
 from .rows import RowSpec, Step, choose_row_tiling, last_axis, read_rows, row_compute, schedule_rows
 
 

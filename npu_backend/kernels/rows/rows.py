@@ -21,16 +21,16 @@ from tvm import te, tirx
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 
-from ..errors import ScratchpadTooSmall, UnsupportedOperator
-from ..relax_info import dtype_of, shape_dims
-from .common.dynamic import CUT_PARAMS, dim_var, read_shape, with_vars
-from .intrinsics import SPAD, get_intrin
-from .intrinsics.row_ops import reducer, reduce_start, vfunc_value
-from .intrinsics.vector_unit import eltwise_value
-from .common.operands import padded, prim_func
+from ...errors import ScratchpadTooSmall, UnsupportedOperator
+from ...relax_info import dtype_of, shape_dims
+from ..common.dynamic import CUT_PARAMS, dim_var, read_shape, with_vars
+from ..intrinsics import SPAD, get_intrin
+from ..intrinsics.row_ops import reducer, reduce_start, vfunc_value
+from ..intrinsics.vector_unit import eltwise_value
+from ..common.operands import padded, prim_func
 from .rows_long import long_compute, long_cycles, long_footprint, schedule_long
-from .common.spec import SINGLE_BUFFERED, Tiling, aligned, round_up
-from .common.unary import MAX_RANK, halvings
+from ..common.spec import SINGLE_BUFFERED, Tiling, aligned, round_up
+from ..common.unary import MAX_RANK, halvings
 
 F32 = "float32"
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from tvm.relax.dpl import is_op, wildcard
 
-from ..errors import UnsupportedOperator
-from ..relax_info import shape_dims
-from .family import OpFamily
+from ...errors import UnsupportedOperator
+from ...relax_info import shape_dims
+from ..family import OpFamily
 from .rows import RowSpec, Step, choose_row_tiling, last_axis, read_rows, row_compute, schedule_rows
 
 OPS = {"relax.sum": "sum", "relax.mean": "mean", "relax.max": "max"}

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from tvm.relax.dpl import is_op, wildcard
 
-from ..errors import UnsupportedOperator
-from .family import OpFamily
+from ...errors import UnsupportedOperator
+from ..family import OpFamily
 from .rows import RowSpec, Step, choose_row_tiling, last_axis, read_rows, row_compute, schedule_rows
 
 STEPS = (
