@@ -18,6 +18,8 @@ import torch
 import transformers as hf
 from transformers.models.whisper import modeling_whisper
 
+from hf_models import first_output  # noqa: F401  (the tests and the benchmark read outputs with it)
+
 IMAGE = 64  # 1 x 3 x 64 x 64 images
 VOCAB = 100
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
@@ -112,12 +114,3 @@ def host_op_counts(placements) -> tuple[int, int, list[str]]:
     layout = sum(1 for p in placements if p.where == "host") - len(compute)
     return len(compute), layout, compute
 
-
-def first_output(output):
-    """The model's main output tensor (last_hidden_state), from a ModelOutput, a tuple or a tensor
-    (PyTorch's side) or a TVM tuple / tensor (the VM's side)."""
-    if hasattr(output, "last_hidden_state"):
-        return output.last_hidden_state
-    while isinstance(output, (tuple, list)) or (not hasattr(output, "numpy") and hasattr(output, "__getitem__")):
-        output = output[0]
-    return output
