@@ -82,8 +82,17 @@ ARCHITECTURES = {
 def build(name: str, seed: int = 0):
     """(model, inputs): the architecture with random weights in eval mode, and example inputs."""
     config_class, model_class, arguments, kind = ARCHITECTURES[name]
+    model = randomised(model_class(config_class(**arguments)), seed)
+    inputs = {"image": lambda: (torch.randn(1, 3, SIZE, SIZE),), "text": lambda: (torch.randint(0, 100, (1, 16)),),
+              "audio": lambda: (torch.randn(1, 4000),)}[kind]()
+    return model, inputs
+
+
+def randomised(model, seed: int = 0):
+    """`model` in eval mode with every parameter drawn from a normal distribution scaled by its
+    fan-in and random batch-norm statistics (seeded)."""
     torch.manual_seed(seed)
-    model = model_class(config_class(**arguments)).eval()
+    model = model.eval()
     with torch.no_grad():
         for param in model.parameters():  # scaled by fan-in (a weight's row), so activations stay O(1)
             param.normal_(0, 1 / param[0].numel() ** 0.5 if param.dim() > 1 else 0.5)
@@ -92,9 +101,7 @@ def build(name: str, seed: int = 0):
                 buffer.uniform_(0.5, 1.5)
             elif buffer_name.endswith("running_mean"):
                 buffer.normal_(0, 0.1)
-    inputs = {"image": lambda: (torch.randn(1, 3, SIZE, SIZE),), "text": lambda: (torch.randint(0, 100, (1, 16)),),
-              "audio": lambda: (torch.randn(1, 4000),)}[kind]()
-    return model, inputs
+    return model
 
 
 def first_output(output):

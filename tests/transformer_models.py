@@ -18,7 +18,7 @@ import torch
 import transformers as hf
 from transformers.models.whisper import modeling_whisper
 
-from hf_models import first_output  # noqa: F401  (the tests and the benchmark read outputs with it)
+from hf_models import first_output, randomised  # noqa: F401  (first_output: the tests and the benchmark read outputs with it)
 
 IMAGE = 64  # 1 x 3 x 64 x 64 images
 VOCAB = 100
@@ -78,11 +78,7 @@ def build(name: str, tokens: int = 16, seed: int = 0):
     """(model, inputs): the architecture with random weights in eval mode, and example inputs
     (`tokens` tokens of text for the text models)."""
     config_class, model_class, arguments, kind = ARCHITECTURES[name]
-    torch.manual_seed(seed)
-    model = model_class(config_class(**arguments)).eval()
-    with torch.no_grad():
-        for param in model.parameters():  # scaled by fan-in (a weight's row), so activations stay O(1)
-            param.normal_(0, 1 / param[0].numel() ** 0.5 if param.dim() > 1 else 0.5)
+    model = randomised(model_class(config_class(**arguments)), seed)
     ids = torch.randint(0, VOCAB, (1, tokens))
     inputs = {"image": lambda: (torch.randn(1, 3, IMAGE, IMAGE),),
               "text": lambda: (ids,),
