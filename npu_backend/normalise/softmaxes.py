@@ -83,7 +83,7 @@ class _SafeSoftmaxRewriter(relax.PyExprMutator):
         x = softmax.args[0]
         if _never_all_masked(chain, x):
             return with_span(softmax, call.span)
-        kept = _kept_condition(chain, x)
+        kept = kept_condition(chain, x)
         if kept is not None:  # one guard for every layer that adds this mask
             if kept not in self.guards:
                 self.guards[kept] = self._some_entry(kept, lambda c: relax.op.astype(c, "float32"))
@@ -101,7 +101,7 @@ class _SafeSoftmaxRewriter(relax.PyExprMutator):
         return self.builder_.emit(relax.op.greater(row_max, relax.const(0.0, "float32")))
 
 
-def _kept_condition(chain: Chain, x):
+def kept_condition(chain: Chain, x):
     """b when x = finite + where(b, c, -inf) with a finite scalar c (a boolean mask made additive:
     Hugging Face's padding mask), either operand order; else None. A row of x is all -inf exactly
     when b's row is all false."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .attentions import attentions_pass
 from .batch_norms import batch_norms_as_scale_shift
 from .bool_scans import bool_scans_as_counts_pass
 from .bounded_shapes import resolve_bounded_shapes
@@ -86,6 +87,9 @@ def normalise_passes() -> list:
         # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
         # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
         rms_norms_pass, gelus_pass, safe_softmaxes_pass,
+        # An attention (SDPA's decomposition, HF's eager form, grouped- and multi-query K / V) as
+        # one normal form the attention family takes whole (attentions.py), after the softmaxes.
+        attentions_pass,
         # A broadcast_to the shape its operand has (torch.export's expand before a batched
         # matmul) is its operand, not a host copy (no_op_broadcasts.py).
         no_op_broadcasts_pass,
