@@ -2,7 +2,8 @@
 
 Stage: shared by partition (the pattern table and the reason a match stays on the host), the
 target hook (an offloaded function's spec, its family's tiling, compute and schedule) and
-explain. FAMILIES is ordered: first the roots one kernel fuses (inverted_residual.py: a 1x1
+explain. FAMILIES is ordered: first the attention (attention/: matmul, softmax and matmul as one
+kernel, before the matmul chains take its pieces), the roots one kernel fuses (inverted_residual.py: a 1x1
 expansion, a depthwise conv2d and the 1x1 conv2d after it, before separable.py's pair of the
 last two, which would take them apart), then the epilogue chains of the families with
 roots (epilogue.py sorts those among themselves, most specific first), then the standalone
@@ -24,6 +25,7 @@ from tvm import relax
 from ..errors import CGRAError, FamilyError, UnsupportedCopy, UnsupportedOperator, stage_context
 from ..partition.call_tir import prim_func_of
 from ..partition.composite import composite_call, composite_name, composite_ops, matched_roles
+from .attention.attention import ATTENTION
 from .elementwise.activation import ACTIVATION
 from .common.chains import require_program
 from .gemm.conv2d import CONV2D
@@ -43,7 +45,7 @@ from .rows.row_reduce import ROW_REDUCE
 from .rows.softmax import SOFTMAX
 from .elementwise.special import SPECIAL
 
-FAMILIES: tuple[OpFamily, ...] = (INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, SOFTMAX, NORMS, SPECIAL,
+FAMILIES: tuple[OpFamily, ...] = (ATTENTION, INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, SOFTMAX, NORMS, SPECIAL,
                                   ROW_REDUCE, FABRIC, ELTWISE, TIR, ACTIVATION)
 _PACKAGED = FAMILIES  # the package's own, not those of registered()
 
@@ -131,9 +133,10 @@ def pattern_table() -> tuple[PatternEntry, ...]:
 
 @functools.cache
 def pair_pattern_names() -> frozenset:
-    """The names of the patterns that fuse several roots (OpFamily.pairs: separable.py,
-    inverted_residual.py). Each holds a depthwise conv2d, which their checks require."""
-    return frozenset(name for family in FAMILIES for name, _, _ in family.pairs())
+    """The names of the patterns that fuse several roots around a depthwise conv2d (OpFamily.pairs:
+    separable.py, inverted_residual.py), which their checks require. (The attention's pairs,
+    matmul -> softmax -> matmul, are tried whenever their operators are called.)"""
+    return frozenset(name for family in FAMILIES if family is not ATTENTION for name, _, _ in family.pairs())
 
 
 def entries_named(name: str) -> list[PatternEntry]:

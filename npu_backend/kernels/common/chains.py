@@ -33,12 +33,14 @@ from ..intrinsics.fabric import FabricBody, body_value
 
 #: The piece of a pattern's name that marks a chain (fabric.py's, an epilogue's tail: "_chain<k>").
 CHAIN_MARK = "_chain"
+#: The attention kernel reads its scale and its guard's constants at compile time too.
+ATTENTION_PATTERN = "cgra.attention"
 
 
 def reads_immediates(composite: str) -> bool:
     """Whether the kernel of pattern `composite` reads its one-element constants at compile
     time, as a body's immediates (partition/scalar_args.py binds them inside it)."""
-    return CHAIN_MARK in composite
+    return CHAIN_MARK in composite or composite.startswith(ATTENTION_PATTERN)
 
 
 _COMMUTATIVE = {"relax.add": "add", "relax.multiply": "mul", "relax.maximum": "max", "relax.minimum": "min"}

@@ -1,0 +1,80 @@
+"""The attention kernel's tile search: how many query rows a tile holds.
+
+Stage: tiling. Per (batch, K / V head) the kernel holds Kᵀ and V whole, once (a head's load waits for
+the tiles of the head before); per tile of tq query rows the Q tile, the mask tile and
+the output twice, and each intermediate once (the vector unit and the PE array run the steps in
+order): the scores, the masked scores, S - max and exp of tq x Sk, the columns, O. The search
+takes the tq (halvings of Sq) with the fewest estimated cycles among those that fit; none fitting
+refuses the attention (ScratchpadTooSmall), whose normal form then runs as separate kernels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cgra_sim import cost
+from cgra_sim.arch import HardwareDescription
+
+from ...errors import ScratchpadTooSmall
+from ..common.spec import Tiling, aligned, round_up
+from ..common.unary import halvings
+
+LOWEST = float(np.finfo(np.float32).min)  # a safe softmax's max starts here, not at -inf
+TINY = float(np.finfo(np.float32).tiny)  # added to a safe softmax's sum before its reciprocal
+F32_BYTES = 4
+
+
+def attention_footprint(spec, tq: int) -> int:
+    """Scratchpad bytes of the kernel with tiles of tq query rows."""
+    sk, d, dv = spec.sk, spec.d, spec.dv
+    heads = aligned(d * sk * F32_BYTES) + aligned(sk * dv * F32_BYTES)
+    mask = 0
+    if spec.mask_shape:
+        msq, msk = spec.mask_shape[3:]
+        mask = 2 * aligned((tq if msq > 1 else 1) * msk * F32_BYTES) + aligned(tq * sk * F32_BYTES)
+    tile = 2 * aligned(tq * d * F32_BYTES) + (aligned(tq * d * F32_BYTES) if spec.scale is not None else 0)
+    scores = 3 * aligned(tq * sk * F32_BYTES)  # scores, S - max, exp
+    columns = 3 * aligned(tq * F32_BYTES)
+    out = aligned(tq * dv * F32_BYTES) + 2 * aligned(tq * dv * F32_BYTES)
+    return heads + mask + tile + scores + columns + out
+
+
+def attention_tile_cycles(spec, arch: HardwareDescription, tq: int) -> int:
+    """The PE array's and the vector unit's cycles on one tile of tq query rows."""
+    sk, d, dv = spec.sk, spec.d, spec.dv
+    work = cost.gemm_steady_cycles(arch, tq, sk, d, "float32") + cost.gemm_steady_cycles(arch, tq, dv, sk, "float32")
+    work += cost.vector_cycles(arch, tq, sk) + cost.vector_cycles(arch, tq, dv)  # the GEMMs' FILLs
+    if spec.scale is not None:
+        work += cost.vfunc_cycles(arch, tq * d, "identity", scale=True)
+    if spec.mask_shape:
+        work += cost.eltwise_cycles(arch, tq * sk, 2 * tq * sk)
+    work += 2 * (cost.reduce_cycles(arch, tq, sk) + cost.vector_cycles(arch, tq, 1))
+    work += cost.eltwise_cycles(arch, tq * sk, tq * sk + tq) + cost.vfunc_cycles(arch, tq * sk, "exp")
+    work += cost.vfunc_cycles(arch, tq, "reciprocal", offset=spec.safe) + cost.eltwise_cycles(arch, tq * dv, tq * dv + tq)
+    return work
+
+
+def estimate_attention_cycles(spec, arch: HardwareDescription, tq: int) -> int:
+    """Tiles over every (b, hk, g), each loading Q (and the mask), working, storing O; a head's
+    K and V loads wait for the tiles before (single-buffered), with their latency."""
+    tiles = spec.b * spec.hk * spec.g * (-(-spec.sq // tq))
+    load = cost.dma_transfer_cycles(arch, tq * spec.d * F32_BYTES)
+    if spec.mask_shape:
+        msq, msk = spec.mask_shape[3:]
+        load += cost.dma_transfer_cycles(arch, (tq if msq > 1 else 1) * msk * F32_BYTES)
+    heads = spec.b * spec.hk * (2 * arch.dma_latency + cost.dma_transfer_cycles(arch, spec.sk * (spec.d + spec.dv) * F32_BYTES))
+    store = cost.dma_transfer_cycles(arch, tq * spec.dv * F32_BYTES)
+    loop = cost.BufferedLoop(tiles, load, (attention_tile_cycles(spec, arch, tq),), store)
+    return cost.double_buffered_cycles(arch, loop).total + heads
+
+
+def choose_attention_tiling(spec, arch: HardwareDescription) -> Tiling:
+    """tq query rows a tile: the fitting tq with the fewest estimated cycles."""
+    fitting = [tq for tq in halvings(spec.sq) if attention_footprint(spec, tq) <= arch.spad_bytes]
+    if not fitting:
+        raise ScratchpadTooSmall(
+            f"attention over {spec.sk} keys of {spec.d} + {spec.dv} dims: a K / V head and two rows of scores need "
+            f"{attention_footprint(spec, 2)} bytes, the scratchpad of '{arch.name}' has {arch.spad_bytes}; the "
+            "attention runs as separate matmul and softmax kernels")
+    tq = min(fitting, key=lambda tq: (estimate_attention_cycles(spec, arch, tq), -tq))
+    return Tiling(tq, spec.sk, spec.d, round_up(spec.sq, tq), spec.sk, spec.d)
