@@ -1,0 +1,72 @@
+"""One attention layer's DRAM traffic against reading Q, K, V and writing O once (issue 34: within
+10% at 128, 512 and 2048 tokens), per preset.
+
+The layer: softmax(Q Kᵀ / sqrt(D) + causal mask) V, H query heads and Hk K / V heads of D float32
+dims, in HF's eager form (normalise/attentions.py makes it the attention kernel's normal form).
+Columns: preset, tokens, how it ran (one attention kernel, or the kernels it fell back to when a
+K / V head and a tile of score rows do not fit the scratchpad), DMA bytes loaded + stored by all
+its kernels, the minimum (Q + K + V + mask + O once), their ratio, NPU cycles, cycles over ideal
+(MACs / PEs).
+
+    python benchmarks/bench_attention.py [--arch cgra-8x8 ...] [--tokens 128 512 2048] [--heads 4 --kv-heads 4 --dim 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the layer's graph builder is test_attention's
+
+
+def row(arch_name: str, tokens: int, heads: int, kv_heads: int, dim: int, masked: bool) -> str:
+    """One line of the table."""
+    import numpy as np
+    import tvm
+
+    import npu_backend
+    from test_attention import _graph
+
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, heads, tokens, dim)).astype(np.float32)
+    k, v = (rng.standard_normal((1, kv_heads, tokens, dim)).astype(np.float32) for _ in range(2))
+    arrays = [q, k, v]
+    mask = np.triu(np.full((tokens, tokens), -np.inf, np.float32), 1)[None, None] if masked else None
+    if masked:
+        arrays.append(mask)
+    mod = _graph(1, heads, kv_heads, tokens, tokens, dim, dim ** -0.5, mask.shape if masked else None)
+    arch = npu_backend.load_arch(arch_name)
+    executable = npu_backend.compile(mod, arch)
+    with npu_backend.profile() as prof:
+        tvm.relax.VirtualMachine(executable, tvm.cpu())["main"](*map(tvm.runtime.tensor, arrays))
+    fused = any("softmax" in kernel.name and "matmul" in kernel.name for kernel in prof.kernels)
+    moved = sum(kernel.dma_load_bytes + kernel.dma_store_bytes for kernel in prof.kernels)
+    minimum = sum(x.nbytes for x in arrays) + q.nbytes  # O is Q's size (Dv = D)
+    macs = heads * tokens * tokens * 2 * dim
+    how = "attention kernel" if fused else f"{len(prof.kernels)} kernels"
+    return (f"{arch_name:>11} {tokens:>6} {how:>17} {moved:>12,} {minimum:>12,} {moved / minimum:>6.2f} "
+            f"{prof.total_cycles:>12,} {prof.total_cycles / (macs / arch.num_pes):>6.2f}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", nargs="+", default=["cgra-4x4", "cgra-8x8", "cgra-16x16"])
+    parser.add_argument("--tokens", nargs="+", type=int, default=[128, 512, 2048])
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--no-mask", action="store_true")
+    args = parser.parse_args(argv)
+    print(f"one attention layer: {args.heads} query heads, {args.kv_heads} K / V heads, {args.dim} dims, float32"
+          f"{'' if args.no_mask else ', a causal mask input'}")
+    print(f"{'preset':>11} {'tokens':>6} {'ran as':>17} {'DMA bytes':>12} {'Q+K+V+O':>12} {'ratio':>6} "
+          f"{'cycles':>12} {'xideal':>6}")
+    for arch in args.arch:
+        for tokens in args.tokens:
+            print(row(arch, tokens, args.heads, args.kv_heads, args.dim, not args.no_mask), flush=True)
+
+
+if __name__ == "__main__":
+    main()
