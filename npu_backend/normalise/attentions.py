@@ -14,7 +14,7 @@ K (B, Hk, Sk, D), V (B, Hk, Sk, Dv) the tensors the views start from and G = H /
     q5 = reshape(Q, (B, Hk, G, Sq, D)); k5 = reshape(K, (B, Hk, 1, Sk, D)); v5 likewise
     s = matmul(q5, permute_dims(k5, [0, 1, 2, 4, 3]))      # (B, Hk, G, Sq, Sk): a group shares K
     s = multiply(s, scale)                                  # if scale != 1
-    s = add(s, reshape(mask, rank 5))                       # if masked
+    s = add(s, reshape(mask, rank 5))                       # if masked (several: added first)
     p = softmax(s, -1)
     p = where(greater(max(astype(not_equal(s, -inf), float32), -1, keepdims), 0), p, 0)  # if safe
     o = reshape(matmul(p, v5), the old result's shape)
@@ -78,8 +78,12 @@ class _AttentionRewriter(relax.PyExprMutator):
         s = emit(relax.op.matmul(q5, emit(relax.op.permute_dims(k5, [0, 1, 2, 4, 3]))))
         if a["scale"] != 1.0:
             s = emit(relax.op.multiply(s, relax.const(np.float32(a["scale"]))))
-        if a["mask"] is not None:
-            s = emit(relax.op.add(s, emit(relax.op.reshape(a["mask"], a["mask5"]))))
+        if a["masks"]:  # several (ALiBi and a mask) are added together first: one mask
+            masks = [emit(relax.op.reshape(mask, shape)) for mask, shape in a["masks"]]
+            mask = masks[0]
+            for other in masks[1:]:
+                mask = emit(relax.op.add(mask, other))
+            s = emit(relax.op.add(s, mask))
         p = emit(relax.op.nn.softmax(s, axis=-1))
         if a["safe"]:
             finite = emit(relax.op.astype(emit(relax.op.not_equal(s, relax.const(-np.inf, "float32"))), "float32"))
@@ -103,13 +107,13 @@ def read_attention(chain: Chain, call) -> dict | None:
     if not _static(x_shape, p_shape, v_shape) or len(p_shape) < 3 or len(x_shape) < 2 or \
             not _is_plain_view(p_nodes, p_ops, x_shape, p_shape):
         return None
-    scores, mask = _scores_and_mask(chain, x)
+    scores, biases = _scores_and_biases(chain, x)
     if scores is None:
         return None
-    return _parts(chain, scores, mask, x_shape, v_operand, safe)
+    return _parts(chain, scores, biases, x_shape, v_operand, safe)
 
 
-def _parts(chain: Chain, scores, mask, x_shape, v_operand, safe: bool) -> dict | None:
+def _parts(chain: Chain, scores, biases, x_shape, v_operand, safe: bool) -> dict | None:
     s_nodes, s_ops = walk(chain, scores)
     qk = chain.call(s_nodes[-1], "relax.matmul")
     if qk is None or dtype_of(qk) != "float32":
@@ -130,10 +134,10 @@ def _parts(chain: Chain, scores, mask, x_shape, v_operand, safe: bool) -> dict |
     v = _shared_head(chain, v_operand, b, h, sk, v_shape[-1], transposed=False, kv_heads=hk)
     if v is None or v[2] != hk:
         return None
-    mask5 = _mask_shape(mask, b, hk, h // hk, sq, sk, x_shape)
-    if mask is not None and mask5 is None:
+    masks = [(bias, _mask_shape(bias, b, hk, h // hk, sq, sk, space)) for bias, space in biases]
+    if any(shape is None for _, shape in masks):
         return None
-    return dict(q=q_node, k=k_node, v=v[0], mask=mask, mask5=mask5, safe=safe,
+    return dict(q=q_node, k=k_node, v=v[0], masks=masks, safe=safe,
                 scale=q_scale * k_scale * _scale_of(s_ops), B=b, Hk=hk, G=h // hk, Sq=sq, Sk=sk, D=d, Dv=v_shape[-1])
 
 
@@ -245,21 +249,38 @@ def _row_has_finite_entry(chain: Chain, cond, x) -> bool:
     return kept is not None and chain.value(kept).same_as(chain.value(y))
 
 
-def _scores_and_mask(chain: Chain, x):
-    """(the scores before the mask, the mask or None): x = scores + mask, either order, the
-    scores being the operand that leads back to a matmul."""
-    add = chain.call(x, "relax.add")
-    if add is not None:
-        for scores, mask in (add.args, reversed(add.args)):
-            if _leads_to_matmul(chain, scores) and shape_dims(scores) == shape_dims(x):
-                return scores, mask
-        return None, None
-    return (x, None) if _leads_to_matmul(chain, x) else (None, None)
+def _scores_and_biases(chain: Chain, x):
+    """(the scores below every bias, [(bias, the shape of the sum it is added to)]): x = scores
+    [+ bias] ..., with views between (Bloom adds ALiBi to the (B * H, Sq, Sk) scores, then the
+    mask to their (B, H, Sq, Sk) view), each add's scores the operand leading back to a matmul;
+    (None, []) if there is none. A scale above a bias stops the walk there, and the scores'
+    own walk (`_parts`) then finds the add instead of a matmul: such a graph is left alone."""
+    biases, node = [], x
+    for _ in range(_DEPTH):
+        add = chain.call(node, "relax.add")
+        if add is not None:
+            for scores, bias in (add.args, reversed(add.args)):
+                if _leads_to_matmul(chain, scores) and shape_dims(scores) == shape_dims(add):
+                    biases.append((bias, shape_dims(add)))
+                    node = scores
+                    break
+            else:
+                return None, []
+            continue
+        view = chain.call(chain.uncast(node), *_RESHAPES)
+        if view is None:
+            break
+        node = view.args[0]
+    return (node, biases) if _leads_to_matmul(chain, node) else (None, [])
 
 
-def _leads_to_matmul(chain: Chain, expr) -> bool:
+def _leads_to_matmul(chain: Chain, expr, depth: int = 4) -> bool:
+    """Whether `expr` is a matmul through views, scales and adds of biases."""
     nodes, _ = walk(chain, expr)
-    return chain.call(nodes[-1], "relax.matmul") is not None
+    if chain.call(nodes[-1], "relax.matmul") is not None:
+        return True
+    add = chain.call(nodes[-1], "relax.add")
+    return depth > 0 and add is not None and any(_leads_to_matmul(chain, arg, depth - 1) for arg in add.args)
 
 
 def _query(chain: Chain, operand, bh: int, sq: int):
