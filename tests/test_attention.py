@@ -146,3 +146,47 @@ def test_an_attention_too_long_for_the_scratchpad_runs_as_separate_kernels():
     spec = AttentionSpec(1, 1, 1, 64, 4096, 64, 64)
     with pytest.raises(npu_backend.errors.ScratchpadTooSmall):
         choose_attention_tiling(spec, npu_backend.load_arch("cgra-8x8"))
+
+
+def _sdpa_graph(b, h, hk, s, d, k_axes=(0, 1, 3, 2)):
+    """torch SDPA's decomposition as exported: the scale split between Q and Kᵀ, repeat_kv's
+    expand + broadcast + reshape, the scores through (B * H, S, S) and back; `k_axes` is K's
+    permutation before the matmul (with S = D, (0, 1, 2, 3) keeps the shapes but is no Kᵀ)."""
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", relax.TensorType((b, h, s, d), "float32"))
+    k = relax.Var("k", relax.TensorType((b, hk, s, d), "float32"))
+    v = relax.Var("v", relax.TensorType((b, hk, s, d), "float32"))
+    mask = relax.Var("mask", relax.TensorType((b, 1, s, s), "float32"))
+    g, root = h // hk, float(d) ** -0.25
+    with bb.function("main", [q, k, v, mask]):
+        with bb.dataflow():
+            kk, vv = (bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(
+                bb.emit(relax.op.expand_dims(x, [2])), (b, hk, g, s, d))), (b, h, s, d))) for x in (k, v))
+            qs = bb.emit(relax.op.reshape(bb.emit(relax.op.multiply(q, relax.const(np.float32(root)))), (b * h, s, d)))
+            kt = bb.emit(relax.op.multiply(bb.emit(relax.op.permute_dims(kk, list(k_axes))), relax.const(np.float32(root))))
+            scores = bb.emit(relax.op.matmul(qs, bb.emit(relax.op.reshape(kt, (b * h, d, s)))))
+            x = bb.emit(relax.op.add(bb.emit(relax.op.reshape(scores, (b, h, s, s))), mask))
+            p = bb.emit(relax.op.reshape(bb.emit(relax.op.nn.softmax(x, axis=-1)), (b * h, s, s)))
+            out = bb.emit(relax.op.matmul(p, bb.emit(relax.op.reshape(vv, (b * h, s, d)))))
+            out = bb.emit_output(relax.op.reshape(out, (b, h, s, d)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _llvm(mod, arrays):
+    executable = tvm.compile(mod, target="llvm")
+    return tvm.relax.VirtualMachine(executable, tvm.cpu())["main"](*map(tvm.runtime.tensor, arrays)).numpy()
+
+
+@pytest.mark.parametrize("k_axes, rewritten", [((0, 1, 3, 2), True), ((0, 1, 2, 3), False)])
+def test_sdpa_with_grouped_kv_becomes_the_normal_form_and_a_foreign_view_does_not(k_axes, rewritten):
+    from npu_backend.normalise.attentions import attentions_as_normal_form
+
+    b, h, hk, s, d = 1, 4, 2, 16, 16  # S = D: only the index check tells K from Kᵀ
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal(x).astype(np.float32) for x in ((b, h, s, d), (b, hk, s, d), (b, hk, s, d))]
+    arrays.append(np.where(rng.random((b, 1, s, s)) < 0.2, -1e9, 0).astype(np.float32))
+    before = _sdpa_graph(b, h, hk, s, d, k_axes)
+    after = attentions_as_normal_form(before)
+    assert ("axes=[0, 1, 2, 4, 3]" in after.script()) == rewritten
+    np.testing.assert_allclose(_llvm(after, arrays), _llvm(before, arrays), rtol=1e-5, atol=1e-6)
