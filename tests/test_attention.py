@@ -142,10 +142,19 @@ def test_the_scores_never_reach_dram(kv):
     assert kernel.dma_store_bytes == out.nbytes
 
 
-def test_an_attention_too_long_for_the_scratchpad_runs_as_separate_kernels():
-    spec = AttentionSpec(1, 1, 1, 64, 4096, 64, 64)
+def test_an_attention_too_long_for_the_scratchpad_keeps_its_matmul_and_softmax_kernels():
+    """160 keys of 64 dims do not fit cgra-4x4 (64 KiB): the tile search refuses, normalise leaves
+    the grouped attention as it was, and its matmuls and softmax run as NPU kernels."""
+    spec = AttentionSpec(1, 2, 2, 160, 160, 64, 64)
     with pytest.raises(npu_backend.errors.ScratchpadTooSmall):
-        choose_attention_tiling(spec, npu_backend.load_arch("cgra-8x8"))
+        choose_attention_tiling(spec, npu_backend.load_arch("cgra-4x4"))
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal(x).astype(np.float32) for x in ((1, 4, 160, 64), (1, 2, 160, 64), (1, 2, 160, 64)))
+    out, prof = _run(_graph(1, 4, 2, 160, 160, 64, 0.125), [q, k, v], "cgra-4x4")
+    names = [kernel.name for kernel in prof.kernels]
+    assert not _attention_kernels(prof) and sum("matmul" in n for n in names) == 2 and any("softmax" in n for n in names)
+    expected = _reference(q, k, v, None, 0.125, safe=False)
+    assert np.abs(out - expected).max() <= BOUND * np.abs(expected).max()
 
 
 def _sdpa_graph(b, h, hk, s, d, k_axes=(0, 1, 3, 2)):

@@ -50,22 +50,32 @@ _DEPTH = 16
 _MAX_INDEX = 1 << 26  # index arrays up to this many elements (256 MiB of int32 at most)
 
 
-def attentions_as_normal_form(mod: tvm.IRModule) -> tvm.IRModule:
-    """Every attention of `mod` in the normal form (module docstring)."""
-    return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _AttentionRewriter))
+def attentions_as_normal_form(mod: tvm.IRModule, accepts=None) -> tvm.IRModule:
+    """Every attention of `mod` in the normal form (module docstring); with `accepts`, only those
+    for which `accepts(parts)` (read_attention's dict) is true: the ones the kernel takes, so that
+    one it refuses keeps the form the other kernels took before (a grouped one's rank-5 matmuls
+    would stay on the host)."""
+    rewriter = lambda module: _AttentionRewriter(module, accepts or (lambda parts: True))  # noqa: E731
+    return relax.transform.DeadCodeElimination()(rewrite_functions(mod, rewriter))
 
 
-attentions_pass = as_pass(attentions_as_normal_form, "cgra.Attentions", ops=("relax.nn.softmax",))
+def attentions_pass(accepts=None) -> tvm.transform.Pass:
+    """attentions_as_normal_form as a normalise pass."""
+    return as_pass(lambda mod: attentions_as_normal_form(mod, accepts), "cgra.Attentions", ops=("relax.nn.softmax",))
 
 
 @relax.expr_functor.mutator
 class _AttentionRewriter(relax.PyExprMutator):
+    def __init__(self, mod, accepts):
+        super().__init__(mod)
+        self.accepts = accepts
+
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
         if not (isinstance(call, relax.Call) and call.op.same_as(_MATMUL) and dtype_of(call) == "float32"):
             return call
         found = read_attention(Chain(self), call)
-        if found is None:
+        if found is None or not self.accepts(found):
             return call
         return with_span(self._emit(found, shape_dims(call)), call.span)
 
@@ -78,12 +88,13 @@ class _AttentionRewriter(relax.PyExprMutator):
         s = emit(relax.op.matmul(q5, emit(relax.op.permute_dims(k5, [0, 1, 2, 4, 3]))))
         if a["scale"] != 1.0:
             s = emit(relax.op.multiply(s, relax.const(np.float32(a["scale"]))))
-        if a["masks"]:  # several (ALiBi and a mask) are added together first: one mask
-            masks = [emit(relax.op.reshape(mask, shape)) for mask, shape in a["masks"]]
-            mask = masks[0]
-            for other in masks[1:]:
-                mask = emit(relax.op.add(mask, other))
-            s = emit(relax.op.add(s, mask))
+        if a["masks"]:  # several (ALiBi and a mask) are added together first, in rank 4: one mask
+            shapes = [(m[0], m[1] * m[2], m[3], m[4]) for _, m in a["masks"]]
+            mask = emit(relax.op.reshape(a["masks"][0][0], shapes[0]))
+            for (other, _), shape in zip(a["masks"][1:], shapes[1:]):
+                mask = emit(relax.op.add(mask, emit(relax.op.reshape(other, shape))))
+            mb, mh, msq, msk = (max(dims) for dims in zip(*shapes))
+            s = emit(relax.op.add(s, emit(relax.op.reshape(mask, (mb,) + ((hk, g) if mh > 1 else (1, 1)) + (msq, msk)))))
         p = emit(relax.op.nn.softmax(s, axis=-1))
         if a["safe"]:
             finite = emit(relax.op.astype(emit(relax.op.not_equal(s, relax.const(-np.inf, "float32"))), "float32"))

@@ -1,6 +1,7 @@
 """The normalise stage's body: the model's idioms rewritten into the forms the kernels match.
 
-Stage: normalise (pipeline.STAGES' first). In and out: a Relax IRModule. Six rewrites run
+Stage: normalise (pipeline.STAGES' first). In and out: a Relax IRModule. As a stage's body it may
+ask the kernels (attention_tiles.attention_fits: whether an attention fits the scratchpad). Six rewrites run
 first, outside any TVM pass (the bounded shapes, the bool scans, three numpy folds on the weights as the importer
 left them, the negative indices); then `normalise_passes`, one line each saying
 why, on a module that calls their operators (rewrite.scans_shared). The list lives here, not in
@@ -12,6 +13,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ..kernels.attention.attention_tiles import attention_fits
 from .attentions import attentions_pass
 from .batch_norms import batch_norms_as_scale_shift
 from .bool_scans import bool_scans_as_counts_pass
@@ -36,7 +38,6 @@ from .sums import sums_as_adds_pass
 def normalise(mod, arch, options):
     """`mod` with QDQ layers as integers, batch norms and weight arithmetic folded with numpy, then
     every pass of `normalise_passes` run."""
-    del arch
     # A slice to a symbolic length whose extent Relax left as min / max arithmetic (HF's
     # packed-sequence check, an encoder's position ids) is resolved with the length's bounds, so
     # the ops after it have shapes; outside the pass list, so that an undecided shape is refused
@@ -62,11 +63,12 @@ def normalise(mod, arch, options):
     mod = wrap_negative_indices(mod)
     # The rewrites below run on a module that calls their operators (rewrite.py).
     with scans_shared():
-        return tvm.transform.Sequential(normalise_passes())(mod)
+        return tvm.transform.Sequential(normalise_passes(arch))(mod)
 
 
-def normalise_passes() -> list:
-    """The Relax passes of the normalise stage, in order, each with the reason it is there."""
+def normalise_passes(arch=None) -> list:
+    """The Relax passes of the normalise stage, in order, each with the reason it is there
+    (`arch`: the chip, whose scratchpad decides which attentions become the kernel's form)."""
     return [
         # TVM's FoldConstant, for what fold_weights has no numpy rule for (and only if there is any).
         tvm.transform.module_pass(lambda m, _ctx: fold_remaining_constants(m), opt_level=0,
@@ -88,8 +90,10 @@ def normalise_passes() -> list:
         # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
         rms_norms_pass, gelus_pass, safe_softmaxes_pass,
         # An attention (SDPA's decomposition, HF's eager form, grouped- and multi-query K / V) as
-        # one normal form the attention family takes whole (attentions.py), after the softmaxes.
-        attentions_pass,
+        # one normal form the attention family takes whole (attentions.py), after the softmaxes;
+        # only one whose K / V head and score rows fit the chip's scratchpad (the kernel's tile
+        # search says), so a longer one keeps the matmul and softmax kernels it had.
+        attentions_pass(lambda parts: arch is None or attention_fits(parts, arch)),
         # A broadcast_to the shape its operand has (torch.export's expand before a batched
         # matmul) is its operand, not a host copy (no_op_broadcasts.py).
         no_op_broadcasts_pass,

@@ -68,6 +68,18 @@ def estimate_attention_cycles(spec, arch: HardwareDescription, tq: int) -> int:
     return cost.double_buffered_cycles(arch, loop).total + heads
 
 
+def attention_fits(parts: dict, arch: HardwareDescription) -> bool:
+    """Whether an attention (normalise/attentions.read_attention's parts: sizes, masks, scale,
+    safe) fits the scratchpad of `arch` as one kernel."""
+    from .attention import AttentionSpec  # the spec's module imports this one
+
+    masked = bool(parts["masks"])
+    spec = AttentionSpec(parts["B"], parts["Hk"], parts["G"], parts["Sq"], parts["Sk"], parts["D"], parts["Dv"],
+                         scale=None if parts["scale"] == 1.0 else parts["scale"],
+                         mask_shape=(1, 1, 1, parts["Sq"], parts["Sk"]) if masked else (), safe=parts["safe"])
+    return any(attention_footprint(spec, tq) <= arch.spad_bytes for tq in halvings(spec.sq))
+
+
 def choose_attention_tiling(spec, arch: HardwareDescription) -> Tiling:
     """tq query rows a tile: the fitting tq with the fewest estimated cycles."""
     fitting = [tq for tq in halvings(spec.sq) if attention_footprint(spec, tq) <= arch.spad_bytes]
