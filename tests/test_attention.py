@@ -130,15 +130,18 @@ def test_a_row_all_minus_infinity_gives_zeros_under_a_safe_softmax_and_nan_under
         assert np.abs(out[:, :, live] - expected[:, :, live]).max() <= BOUND * np.abs(expected[:, :, live]).max()
 
 
-@pytest.mark.parametrize("kv", [4, 2, 1])  # multi-head, grouped, multi-query
-def test_the_scores_never_reach_dram(kv):
-    """One attention's DMA: Q, K, V and O once each, K / V once per group of query heads."""
+@pytest.mark.parametrize("kv, masked", [(4, False), (2, True), (1, True)])  # multi-head, grouped, multi-query
+def test_the_scores_never_reach_dram(kv, masked):
+    """One attention's DMA: Q, K, V, the mask (shared by the heads: loaded whole, once) and O
+    once each, K / V once per group of query heads."""
     rng = np.random.default_rng(2)
     b, h, s, d = 1, 4, 32, 16
-    q, k, v = (rng.standard_normal(x).astype(np.float32) for x in ((b, h, s, d), (b, kv, s, d), (b, kv, s, d)))
-    out, prof = _run(_graph(b, h, kv, s, s, d, 0.25), [q, k, v], "cgra-8x8")
+    arrays = [rng.standard_normal(x).astype(np.float32) for x in ((b, h, s, d), (b, kv, s, d), (b, kv, s, d))]
+    if masked:
+        arrays.append(np.triu(np.full((s, s), -np.inf, np.float32), 1)[None, None])
+    out, prof = _run(_graph(b, h, kv, s, s, d, 0.25, arrays[3].shape if masked else None), arrays, "cgra-8x8")
     (kernel,) = _attention_kernels(prof)
-    assert kernel.dma_load_bytes == q.nbytes + k.nbytes + v.nbytes
+    assert kernel.dma_load_bytes == sum(x.nbytes for x in arrays)
     assert kernel.dma_store_bytes == out.nbytes
 
 

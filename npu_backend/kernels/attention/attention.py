@@ -206,7 +206,7 @@ def attention_compute(spec: AttentionSpec, tiling):
     func = prim_func(spec.param_roles, inputs, out, views)
     # K and V once: a head's are loaded while the tiles of the head before wait (they are the
     # largest buffers, and doubling them would halve the sequence that fits).
-    single = [name for name in _steps(spec)[1:-1] if name != "mask_pad"] + ["kt_pad", "v_pad"]
+    single = [name for name in _steps(spec)[1:-1] if name != "mask_pad" or tiling.tw] + ["kt_pad", "v_pad"]
     return func.with_attr(SINGLE_BUFFERED, single)
 
 
@@ -219,7 +219,9 @@ def _masked(spec: AttentionSpec, s, inputs: dict, views: dict, grid: tuple):
     inputs["mask"] = mask
     views["mask"] = spec.mask_shape
     g = spec.g
-    tile = grid[:3] + (grid[3] if msq > 1 else 1, msk)
+    # A mask shared by the heads has no head axes here, so that the schedule can load it whole
+    # once per batch (tiling.tw) instead of a tile per query tile and head.
+    tile = (grid[0], grid[1] if mh > 1 else 1, grid[2] if mh > 1 else 1, grid[3] if msq > 1 else 1, msk)
 
     def load(n, c, j, i, u):
         index = (n if mb > 1 else 0, (c * g + j) if mh > 1 else 0, i if msq > 1 else 0, u if msk > 1 else 0)
@@ -227,13 +229,15 @@ def _masked(spec: AttentionSpec, s, inputs: dict, views: dict, grid: tuple):
 
     mask_pad = te.compute(tile, load, name="mask_pad")
     return te.compute(grid + (spec.sk,), lambda n, c, j, i, u: eltwise_value(
-        "add", s[n, c, j, i, u], mask_pad[n, c, j, i if msq > 1 else 0, u if msk > 1 else 0]), name="masked")
+        "add", s[n, c, j, i, u], mask_pad[n, c if mh > 1 else 0, j if mh > 1 else 0, i if msq > 1 else 0,
+                                          u if msk > 1 else 0]), name="masked")
 
 
 # ------------------------------------------------------------------ schedule
 
 def schedule_attention(sch, spec: AttentionSpec, tiling, arch) -> None:
-    """Per (b, hk): Kᵀ and V in the scratchpad; per (g, query tile): every step tensorized."""
+    """Per (b, hk): Kᵀ and V in the scratchpad; per (g, query tile): every step tensorized; a
+    mask shared by the heads whole per batch (tiling.tw), else a tile per query tile."""
     del arch
     out = sch.get_sblock("out")
     n, hh, i, _ = sch.get_loops(out)
@@ -241,7 +245,7 @@ def schedule_attention(sch, spec: AttentionSpec, tiling, arch) -> None:
     tile, _ = sch.split(i, [None, tiling.tm])
     for name in reversed(_steps(spec)):
         block = sch.get_sblock(name)
-        sch.compute_at(block, tile)
+        sch.compute_at(block, n if name == "mask_pad" and tiling.tw else tile)
         sch.set_scope(block, 0, SPAD)
     for name in ("v_pad", "kt_pad"):
         block = sch.get_sblock(name)

@@ -24,14 +24,16 @@ TINY = float(np.finfo(np.float32).tiny)  # added to a safe softmax's sum before 
 F32_BYTES = 4
 
 
-def attention_footprint(spec, tq: int) -> int:
-    """Scratchpad bytes of the kernel with tiles of tq query rows."""
+def attention_footprint(spec, tq: int, whole_mask: bool = False) -> int:
+    """Scratchpad bytes of the kernel with tiles of tq query rows (`whole_mask`: the mask held
+    whole, once, rather than a tile twice)."""
     sk, d, dv = spec.sk, spec.d, spec.dv
     heads = aligned(d * sk * F32_BYTES) + aligned(sk * dv * F32_BYTES)
     mask = 0
     if spec.mask_shape:
         msq, msk = spec.mask_shape[3:]
-        mask = 2 * aligned((tq if msq > 1 else 1) * msk * F32_BYTES) + aligned(tq * sk * F32_BYTES)
+        rows = (round_up(spec.sq, tq) if whole_mask else tq) if msq > 1 else 1
+        mask = (1 if whole_mask else 2) * aligned(rows * msk * F32_BYTES) + aligned(tq * sk * F32_BYTES)
     tile = 2 * aligned(tq * d * F32_BYTES) + (aligned(tq * d * F32_BYTES) if spec.scale is not None else 0)
     scores = 3 * aligned(tq * sk * F32_BYTES)  # scores, S - max, exp
     columns = 3 * aligned(tq * F32_BYTES)
@@ -54,15 +56,20 @@ def attention_tile_cycles(spec, arch: HardwareDescription, tq: int) -> int:
     return work
 
 
-def estimate_attention_cycles(spec, arch: HardwareDescription, tq: int) -> int:
-    """Tiles over every (b, hk, g), each loading Q (and the mask), working, storing O; a head's
-    K and V loads wait for the tiles before (single-buffered), with their latency."""
+def estimate_attention_cycles(spec, arch: HardwareDescription, tq: int, whole_mask: bool = False) -> int:
+    """Tiles over every (b, hk, g), each loading Q (and a mask tile), working, storing O; a head's
+    K and V loads (and a whole mask per batch) wait for the tiles before (single-buffered), with
+    their latency."""
     tiles = spec.b * spec.hk * spec.g * (-(-spec.sq // tq))
     load = cost.dma_transfer_cycles(arch, tq * spec.d * F32_BYTES)
+    heads = spec.b * spec.hk * (2 * arch.dma_latency + cost.dma_transfer_cycles(arch, spec.sk * (spec.d + spec.dv) * F32_BYTES))
     if spec.mask_shape:
         msq, msk = spec.mask_shape[3:]
-        load += cost.dma_transfer_cycles(arch, (tq if msq > 1 else 1) * msk * F32_BYTES)
-    heads = spec.b * spec.hk * (2 * arch.dma_latency + cost.dma_transfer_cycles(arch, spec.sk * (spec.d + spec.dv) * F32_BYTES))
+        if whole_mask:
+            heads += spec.b * (arch.dma_latency + cost.dma_transfer_cycles(
+                arch, (round_up(spec.sq, tq) if msq > 1 else 1) * msk * F32_BYTES))
+        else:
+            load += cost.dma_transfer_cycles(arch, (tq if msq > 1 else 1) * msk * F32_BYTES)
     store = cost.dma_transfer_cycles(arch, tq * spec.dv * F32_BYTES)
     loop = cost.BufferedLoop(tiles, load, (attention_tile_cycles(spec, arch, tq),), store)
     return cost.double_buffered_cycles(arch, loop).total + heads
@@ -81,12 +88,18 @@ def attention_fits(parts: dict, arch: HardwareDescription) -> bool:
 
 
 def choose_attention_tiling(spec, arch: HardwareDescription) -> Tiling:
-    """tq query rows a tile: the fitting tq with the fewest estimated cycles."""
-    fitting = [tq for tq in halvings(spec.sq) if attention_footprint(spec, tq) <= arch.spad_bytes]
-    if not fitting:
-        raise ScratchpadTooSmall(
-            f"attention over {spec.sk} keys of {spec.d} + {spec.dv} dims: a K / V head and two rows of scores need "
-            f"{attention_footprint(spec, 2)} bytes, the scratchpad of '{arch.name}' has {arch.spad_bytes}; the "
-            "attention runs as separate matmul and softmax kernels")
-    tq = min(fitting, key=lambda tq: (estimate_attention_cycles(spec, arch, tq), -tq))
-    return Tiling(tq, spec.sk, spec.d, round_up(spec.sq, tq), spec.sk, spec.d)
+    """tq query rows a tile, and (tw 1) whether a mask shared by the heads is held whole, loaded
+    once per batch: a whole mask whenever one fits (it crosses DRAM once instead of once per
+    head: bytes and energy; its load hides behind the heads' anyway), then the tq with the fewest
+    estimated cycles."""
+    shared = bool(spec.mask_shape) and spec.mask_shape[1] == 1
+    choices = [(tq, whole) for tq in halvings(spec.sq) for whole in ((True, False) if shared else (False,))
+               if attention_footprint(spec, tq, whole) <= arch.spad_bytes]
+    if choices:
+        tq, whole = min(choices, key=lambda c: (not c[1], estimate_attention_cycles(spec, arch, *c), -c[0]))
+        return Tiling(tq, spec.sk, spec.d, round_up(spec.sq, tq), spec.sk, spec.d, int(whole))
+    raise ScratchpadTooSmall(
+        f"attention over {spec.sk} keys of {spec.d} + {spec.dv} dims: a K / V head and two rows of scores need "
+        f"{attention_footprint(spec, 2)} bytes, the scratchpad of '{arch.name}' has {arch.spad_bytes}; the "
+        "attention runs as separate matmul and softmax kernels")
+

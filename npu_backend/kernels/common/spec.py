@@ -220,7 +220,7 @@ class Tiling:
     mp: int  # padded extents: whole tiles
     np: int
     kp: int
-    tw: int = 0  # depthwise with a symbolic width, pool with a symbolic height and width: output columns of a tile (0: the whole width)
+    tw: int = 0  # depthwise with a symbolic width, pool with a symbolic height and width: output columns of a tile (0: the whole width); attention: 1 if its mask is held whole
 
 
 def round_up(value: int, multiple: int) -> int:
