@@ -33,6 +33,7 @@ from tvm.relax.dpl import is_const, is_op, wildcard
 from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of, shape_dims
 from ..common.operands import padded, prim_func
+from ..common.spad_layout import a_row_stride, align_rows
 from ..common.spec import SINGLE_BUFFERED
 from ..family import OpFamily
 from ..intrinsics import SPAD, get_intrin
@@ -238,7 +239,6 @@ def _masked(spec: AttentionSpec, s, inputs: dict, views: dict, grid: tuple):
 def schedule_attention(sch, spec: AttentionSpec, tiling, arch) -> None:
     """Per (b, hk): Kᵀ and V in the scratchpad; per (g, query tile): every step tensorized; a
     mask shared by the heads whole per batch (tiling.tw), else a tile per query tile."""
-    del arch
     out = sch.get_sblock("out")
     n, hh, i, _ = sch.get_loops(out)
     c, _ = sch.split(hh, [spec.hk, spec.g])
@@ -271,6 +271,11 @@ def schedule_attention(sch, spec: AttentionSpec, tiling, arch) -> None:
     sch.tensorize(sch.get_loops(inverse)[at], get_intrin("vfunc", tq, 1, "reciprocal",
                                                          offset=TINY if spec.safe else None))
     _eltwise(sch, "o_norm", at, tq, dv, "multiply", (True, False))
+    # The GEMMs' A tiles (Q, and P of the P V GEMM) with rows padded against bank conflicts, as
+    # gemm.py pads its A (the PE array reads one element of each row a cycle); a tensorized
+    # block is its blockized "_o" now.
+    for name, depth in (("q_scaled_o" if spec.scale is not None else "q_pad", d), ("exps_o", sk)):
+        align_rows(sch, sch.get_sblock(name), depth, a_row_stride(tq, depth, 4, arch), F32, arch)
 
 
 def _gemm(sch, name: str, at: int, rows: int, cols: int, depth: int) -> None:

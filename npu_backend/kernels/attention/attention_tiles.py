@@ -16,6 +16,7 @@ from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 
 from ...errors import ScratchpadTooSmall
+from ..common.spad_layout import a_row_stride
 from ..common.spec import Tiling, aligned, round_up
 from ..common.unary import halvings
 
@@ -24,18 +25,20 @@ TINY = float(np.finfo(np.float32).tiny)  # added to a safe softmax's sum before 
 F32_BYTES = 4
 
 
-def attention_footprint(spec, tq: int, whole_mask: bool = False) -> int:
+def attention_footprint(spec, tq: int, whole_mask: bool = False, arch: HardwareDescription | None = None) -> int:
     """Scratchpad bytes of the kernel with tiles of tq query rows (`whole_mask`: the mask held
-    whole, once, rather than a tile twice)."""
+    whole, once, rather than a tile twice; `arch`: the GEMMs' A tiles, Q and exp(S - max), with
+    their rows padded against bank conflicts as the schedule lays them out)."""
     sk, d, dv = spec.sk, spec.d, spec.dv
+    qd, pk = (a_row_stride(tq, d, F32_BYTES, arch), a_row_stride(tq, sk, F32_BYTES, arch)) if arch else (d, sk)
     heads = aligned(d * sk * F32_BYTES) + aligned(sk * dv * F32_BYTES)
     mask = 0
     if spec.mask_shape:
         msq, msk = spec.mask_shape[3:]
         rows = (round_up(spec.sq, tq) if whole_mask else tq) if msq > 1 else 1
         mask = (1 if whole_mask else 2) * aligned(rows * msk * F32_BYTES) + aligned(tq * sk * F32_BYTES)
-    tile = 2 * aligned(tq * d * F32_BYTES) + (aligned(tq * d * F32_BYTES) if spec.scale is not None else 0)
-    scores = 3 * aligned(tq * sk * F32_BYTES)  # scores, S - max, exp
+    tile = 2 * aligned(tq * d * F32_BYTES) + (aligned(tq * qd * F32_BYTES) if spec.scale is not None else 0)
+    scores = 2 * aligned(tq * sk * F32_BYTES) + aligned(tq * pk * F32_BYTES)  # scores, S - max, exp
     columns = 3 * aligned(tq * F32_BYTES)
     out = aligned(tq * dv * F32_BYTES) + 2 * aligned(tq * dv * F32_BYTES)
     return heads + mask + tile + scores + columns + out
@@ -84,7 +87,7 @@ def attention_fits(parts: dict, arch: HardwareDescription) -> bool:
     spec = AttentionSpec(parts["B"], parts["Hk"], parts["G"], parts["Sq"], parts["Sk"], parts["D"], parts["Dv"],
                          scale=None if parts["scale"] == 1.0 else parts["scale"],
                          mask_shape=(1, 1, 1, parts["Sq"], parts["Sk"]) if masked else (), safe=parts["safe"])
-    return any(attention_footprint(spec, tq) <= arch.spad_bytes for tq in halvings(spec.sq))
+    return any(attention_footprint(spec, tq, arch=arch) <= arch.spad_bytes for tq in halvings(spec.sq))
 
 
 def choose_attention_tiling(spec, arch: HardwareDescription) -> Tiling:
@@ -94,12 +97,12 @@ def choose_attention_tiling(spec, arch: HardwareDescription) -> Tiling:
     estimated cycles."""
     shared = bool(spec.mask_shape) and spec.mask_shape[1] == 1
     choices = [(tq, whole) for tq in halvings(spec.sq) for whole in ((True, False) if shared else (False,))
-               if attention_footprint(spec, tq, whole) <= arch.spad_bytes]
+               if attention_footprint(spec, tq, whole, arch) <= arch.spad_bytes]
     if choices:
         tq, whole = min(choices, key=lambda c: (not c[1], estimate_attention_cycles(spec, arch, *c), -c[0]))
         return Tiling(tq, spec.sk, spec.d, round_up(spec.sq, tq), spec.sk, spec.d, int(whole))
     raise ScratchpadTooSmall(
         f"attention over {spec.sk} keys of {spec.d} + {spec.dv} dims: a K / V head and two rows of scores need "
-        f"{attention_footprint(spec, 2)} bytes, the scratchpad of '{arch.name}' has {arch.spad_bytes}; the "
+        f"{attention_footprint(spec, 2, arch=arch)} bytes, the scratchpad of '{arch.name}' has {arch.spad_bytes}; the "
         "attention runs as separate matmul and softmax kernels")
 
