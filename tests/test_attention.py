@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import npu_backend
-from npu_backend.kernels.attention.attention import AttentionSpec
+from npu_backend.kernels.attention.spec import AttentionSpec
 from npu_backend.kernels.attention.attention_tiles import choose_attention_tiling
 
 BOUND = 4e-6

@@ -24,8 +24,6 @@ runs as the chain it is (matmul, softmax, matmul kernels; a grouped one on the h
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 from tvm import te, tirx
 from tvm.relax.dpl import is_const, is_op, wildcard
@@ -40,39 +38,8 @@ from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.row_ops import vfunc_value
 from ..intrinsics.vector_unit import eltwise_value
 from .attention_tiles import LOWEST, TINY, choose_attention_tiling
+from .spec import F32, AttentionSpec
 
-F32 = "float32"
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionSpec:
-    """One attention: sizes, the scale (None for 1), the mask's rank-5 broadcast shape (() for
-    none) and whether the softmax is safe (an all -inf row gives 0)."""
-
-    b: int
-    hk: int
-    g: int
-    sq: int
-    sk: int
-    d: int
-    dv: int
-    scale: float | None = None
-    mask_shape: tuple = ()
-    safe: bool = False
-    param_roles: tuple = ("lhs", "rhs", "value")
-    source_ops: tuple = ()
-    shape_args: tuple = ()
-    op = "attention"
-    dtype = F32
-    acc_dtype = F32
-
-    @property
-    def output_shape(self) -> tuple:
-        return (self.b, self.hk, self.g, self.sq, self.dv)
-
-    @property
-    def macs(self) -> int:
-        return self.b * self.hk * self.g * self.sq * self.sk * (self.d + self.dv)
 
 
 # ------------------------------------------------------------------ partition

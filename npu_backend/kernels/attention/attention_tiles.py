@@ -19,6 +19,7 @@ from ...errors import ScratchpadTooSmall
 from ..common.spad_layout import a_row_stride
 from ..common.spec import Tiling, aligned, round_up
 from ..common.unary import halvings
+from .spec import AttentionSpec
 
 LOWEST = float(np.finfo(np.float32).min)  # a safe softmax's max starts here, not at -inf
 TINY = float(np.finfo(np.float32).tiny)  # added to a safe softmax's sum before its reciprocal
@@ -81,8 +82,6 @@ def estimate_attention_cycles(spec, arch: HardwareDescription, tq: int, whole_ma
 def attention_fits(parts: dict, arch: HardwareDescription) -> bool:
     """Whether an attention (normalise/attentions.read_attention's parts: sizes, masks, scale,
     safe) fits the scratchpad of `arch` as one kernel."""
-    from .attention import AttentionSpec  # the spec's module imports this one
-
     masked = bool(parts["masks"])
     spec = AttentionSpec(parts["B"], parts["Hk"], parts["G"], parts["Sq"], parts["Sk"], parts["D"], parts["Dv"],
                          scale=None if parts["scale"] == 1.0 else parts["scale"],

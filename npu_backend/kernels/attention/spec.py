@@ -1,0 +1,42 @@
+"""The attention kernel's spec: what one attention computes, shared by its family (attention.py)
+and its tile search (attention_tiles.py).
+
+Stage: partition (attention.attention_spec makes it), tiling and kernel definition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+F32 = "float32"
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec:
+    """One attention: sizes, the scale (None for 1), the mask's rank-5 broadcast shape (() for
+    none) and whether the softmax is safe (an all -inf row gives 0)."""
+
+    b: int
+    hk: int
+    g: int
+    sq: int
+    sk: int
+    d: int
+    dv: int
+    scale: float | None = None
+    mask_shape: tuple = ()
+    safe: bool = False
+    param_roles: tuple = ("lhs", "rhs", "value")
+    source_ops: tuple = ()
+    shape_args: tuple = ()
+    op = "attention"
+    dtype = F32
+    acc_dtype = F32
+
+    @property
+    def output_shape(self) -> tuple:
+        return (self.b, self.hk, self.g, self.sq, self.dv)
+
+    @property
+    def macs(self) -> int:
+        return self.b * self.hk * self.g * self.sq * self.sk * (self.d + self.dv)
