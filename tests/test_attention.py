@@ -202,3 +202,20 @@ def test_sdpa_with_grouped_kv_becomes_the_normal_form_and_a_foreign_view_does_no
     after = attentions_as_normal_form(before)
     assert ("axes=[0, 1, 2, 4, 3]" in after.script()) == rewritten
     np.testing.assert_allclose(_llvm(after, arrays), _llvm(before, arrays), rtol=1e-5, atol=1e-6)
+
+
+def test_query_tiles_smaller_than_the_sequence_with_a_ragged_last_one():
+    """100 keys of 64 dims on cgra-4x4 leave room for a few query rows a tile: 37 queries run in
+    several tiles, the last one cut, the mask tile per query tile (too big to hold whole)."""
+    arch = npu_backend.load_arch("cgra-4x4")
+    spec = AttentionSpec(1, 1, 2, 37, 100, 64, 64, scale=0.125, mask_shape=(1, 1, 1, 37, 100))
+    tiling = choose_attention_tiling(spec, arch)
+    assert tiling.tm < 37 and 37 % tiling.tm, tiling
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal(x).astype(np.float32) for x in ((1, 2, 37, 64), (1, 1, 100, 64), (1, 1, 100, 64)))
+    mask = np.where(rng.random((1, 1, 37, 100)) < 0.5, -np.inf, 0).astype(np.float32)
+    mask[..., 0] = 0  # every row keeps a key
+    out, prof = _run(_graph(1, 2, 1, 37, 100, 64, 0.125, mask.shape), [q, k, v, mask], arch)
+    assert len(_attention_kernels(prof)) == 1
+    expected = _reference(q, k, v, mask, 0.125, safe=False)
+    assert np.abs(out - expected).max() <= BOUND * np.abs(expected).max()
