@@ -219,3 +219,12 @@ def test_query_tiles_smaller_than_the_sequence_with_a_ragged_last_one():
     assert len(_attention_kernels(prof)) == 1
     expected = _reference(q, k, v, mask, 0.125, safe=False)
     assert np.abs(out - expected).max() <= BOUND * np.abs(expected).max()
+
+
+def test_a_constant_bias_of_zeros_is_no_mask():
+    """SDPA's folded attn_bias without a mask (ViT, BERT without an attention mask) adds nothing."""
+    from npu_backend.normalise.attentions import attentions_as_normal_form
+
+    before = _graph(1, 2, 2, 8, 8, 16, 0.25, mask_const=np.zeros((1, 1, 8, 8), np.float32))
+    after = attentions_as_normal_form(before).script()
+    assert "axes=[0, 1, 2, 4, 3]" in after and "R.add" not in after

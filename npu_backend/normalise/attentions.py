@@ -14,7 +14,8 @@ K (B, Hk, Sk, D), V (B, Hk, Sk, Dv) the tensors the views start from and G = H /
     q5 = reshape(Q, (B, Hk, G, Sq, D)); k5 = reshape(K, (B, Hk, 1, Sk, D)); v5 likewise
     s = matmul(q5, permute_dims(k5, [0, 1, 2, 4, 3]))      # (B, Hk, G, Sq, Sk): a group shares K
     s = multiply(s, scale)                                  # if scale != 1
-    s = add(s, reshape(mask, rank 5))                       # if masked (several: added first)
+    s = add(s, reshape(mask, rank 5))                       # if masked (several: added first;
+                                                            # a constant of zeros: none)
     p = softmax(s, -1)
     p = where(greater(max(astype(not_equal(s, -inf), float32), -1, keepdims), 0), p, 0)  # if safe
     o = reshape(matmul(p, v5), the old result's shape)
@@ -145,11 +146,19 @@ def _parts(chain: Chain, scores, biases, x_shape, v_operand, safe: bool) -> dict
     v = _shared_head(chain, v_operand, b, h, sk, v_shape[-1], transposed=False, kv_heads=hk)
     if v is None or v[2] != hk:
         return None
+    # A constant bias of zeros (SDPA's attn_bias without a mask, folded: ViT, BERT without an
+    # attention mask) adds nothing: no mask tile to load and add.
+    biases = [(bias, space) for bias, space in biases if not _zeros(chain, bias)]
     masks = [(bias, _mask_shape(bias, b, hk, h // hk, sq, sk, space)) for bias, space in biases]
     if any(shape is None for _, shape in masks):
         return None
     return dict(q=q_node, k=k_node, v=v[0], masks=masks, safe=safe,
                 scale=q_scale * k_scale * _scale_of(s_ops), B=b, Hk=hk, G=h // hk, Sq=sq, Sk=sk, D=d, Dv=v_shape[-1])
+
+
+def _zeros(chain: Chain, expr) -> bool:
+    array = chain.array(expr)
+    return array is not None and array.dtype.kind == "f" and not np.any(array)
 
 
 def walk(chain: Chain, expr, scales: bool = True) -> tuple[list, list]:
