@@ -1,0 +1,113 @@
+"""The exact normalise rewrites that take a transformer's last compute ops off the host: RoPE's
+negation folded into its sine (rotations.py), an index_tensor of constant indices as a reshape or
+a row gather (constant_indices.py), a boolean mask's arithmetic as float32 {0, 1} arithmetic the
+NPU runs (masks.py). Each is checked for its structure and for bit-identical numbers on llvm
+(Hypothesis draws the inputs, infinities and signed zeros among them); forms they do not cover
+are left alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from tvm import relax
+
+from npu_backend.normalise.constant_indices import constant_indices_as_views, flat_rows
+from npu_backend.normalise.rotations import rotations_folded
+from test_transformer_rewrites import _module, _ops, _run
+
+op = relax.op
+FLOATS = st.floats(width=32, allow_nan=False)
+
+
+def _identical(before, after, *inputs):
+    """Both modules give the same float32 bits (NaN's sign and payload aside) on llvm."""
+    expected, got = _run(before, *inputs), _run(after, *inputs)
+    assert expected.dtype == got.dtype and expected.shape == got.shape
+    same = (expected.view(np.uint32) == got.view(np.uint32)) | (np.isnan(expected) & np.isnan(got)) \
+        if expected.dtype == np.float32 else expected == got
+    assert same.all(), (expected[~same][:4], got[~same][:4])
+
+
+# --------------------------------------------------------------------------------- rotations
+
+SIN = np.random.default_rng(1).standard_normal((1, 1, 6, 8)).astype(np.float32)
+
+
+def _rotate_half(bb, x, sin=SIN, negate_first=True):
+    """x * cos + concat(-x2, x1) * sin, Llama's apply_rotary_pos_emb (cos = sin here)."""
+    x1 = bb.emit(op.strided_slice(x, [3], [0], [4]))
+    x2 = bb.emit(op.strided_slice(x, [3], [4], [8]))
+    parts = (bb.emit(op.negative(x2)), x1) if negate_first else (x2, bb.emit(op.negative(x1)))
+    rotated = bb.emit(op.concat(parts, axis=-1))
+    return op.add(bb.emit(op.multiply(x, relax.const(sin))), bb.emit(op.multiply(rotated, relax.const(sin))))
+
+
+def _rotate_every_two(bb, x):
+    """GPT-J's interleaved form: stack(-x[..., 1::2], x[..., ::2], -1).flatten(-2), sin a layout of a constant."""
+    even = bb.emit(op.strided_slice(x, [3], [0], [8], [2]))
+    odd = bb.emit(op.strided_slice(x, [3], [1], [8], [2]))
+    pair = bb.emit(op.concat((bb.emit(op.expand_dims(bb.emit(op.negative(odd)), [4])),
+                              bb.emit(op.expand_dims(even, [4]))), axis=-1))
+    rotated = bb.emit(op.reshape(pair, (1, 2, 6, 8)))
+    half = relax.const(SIN[..., :4].copy())
+    sin = bb.emit(op.reshape(bb.emit(op.broadcast_to(bb.emit(op.expand_dims(half, [4])), (1, 1, 6, 4, 2))),
+                             (1, 1, 6, 8)))
+    return op.add(bb.emit(op.multiply(x, relax.const(SIN))), bb.emit(op.multiply(rotated, sin)))
+
+
+@pytest.mark.parametrize("build", [_rotate_half, lambda bb, x: _rotate_half(bb, x, negate_first=False),
+                                   _rotate_every_two])
+@settings(max_examples=10, deadline=None)
+@given(x=hnp.arrays(np.float32, (1, 2, 6, 8), elements=FLOATS | st.sampled_from([0.0, -0.0, np.inf, -np.inf])))
+def test_a_rotations_negation_folds_into_its_sine_exactly(build, x):
+    before = _module(build, shapes=((1, 2, 6, 8),))
+    after = rotations_folded(before)
+    assert _ops(after)["negative"] == 0 and _ops(after)["multiply"] == 2
+    _identical(before, after, x)
+
+
+def test_a_negation_times_a_run_time_value_is_left_alone():
+    def build(bb, x, s):
+        return op.multiply(bb.emit(op.concat((bb.emit(op.negative(x)), x), axis=-1)), s)
+
+    before = _module(build, shapes=((2, 4), (2, 8)))
+    assert _ops(rotations_folded(before))["negative"] == 1
+
+
+# -------------------------------------------------------------------------- constant indices
+
+def test_hf_padding_mask_index_is_a_reshape():
+    def build(bb, mask):  # mask[arange(1)[:, None, None, None], arange(32)[None, None, None, :]]
+        rows, cols = np.zeros((1, 1, 1, 1), np.int64), np.arange(32, dtype=np.int64).reshape(1, 1, 1, 32)
+        return op.index_tensor(mask, relax.Tuple([relax.const(rows), relax.const(cols)]))
+
+    before = _module(build, shapes=((1, 32),))
+    after = constant_indices_as_views(before)
+    assert _ops(after) == {"reshape": 1}
+    _identical(before, after, np.random.default_rng(0).standard_normal((1, 32)).astype(np.float32))
+
+
+@settings(max_examples=15, deadline=None)
+@given(rows=hnp.arrays(np.int64, (3, 1), elements=st.integers(0, 3)),
+       cols=hnp.arrays(np.int64, (1, 2), elements=st.integers(0, 4)))
+def test_other_constant_indices_are_a_row_gather(rows, cols):
+    def build(bb, x):
+        return op.index_tensor(x, relax.Tuple([relax.const(rows), relax.const(cols)]))
+
+    before = _module(build, shapes=((4, 5, 3),))
+    after = constant_indices_as_views(before)
+    assert "index_tensor" not in _ops(after)
+    x = np.arange(60, dtype=np.float32).reshape(4, 5, 3)
+    np.testing.assert_array_equal(_run(after, x), x[rows, cols])
+    _identical(before, after, x)
+
+
+def test_indices_out_of_range_or_not_constant_are_left_alone():
+    assert flat_rows([np.array([0, 4])], (4,)) is None
+    before = _module(lambda bb, x, i: op.index_tensor(x, relax.Tuple([i])), shapes=((4, 3), (2,)),
+                     dtypes=["float32", "int64"])
+    assert _ops(constant_indices_as_views(before))["index_tensor"] == 1
