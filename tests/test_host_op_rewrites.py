@@ -16,6 +16,7 @@ from hypothesis.extra import numpy as hnp
 from tvm import relax
 
 from npu_backend.normalise.constant_indices import constant_indices_as_views, flat_rows
+from npu_backend.normalise.masks import masks_as_float
 from npu_backend.normalise.rotations import rotations_folded
 from test_transformer_rewrites import _module, _ops, _run
 
@@ -111,3 +112,68 @@ def test_indices_out_of_range_or_not_constant_are_left_alone():
     before = _module(lambda bb, x, i: op.index_tensor(x, relax.Tuple([i])), shapes=((4, 3), (2,)),
                      dtypes=["float32", "int64"])
     assert _ops(constant_indices_as_views(before))["index_tensor"] == 1
+
+
+# ------------------------------------------------------------------------------------- masks
+
+CAUSAL = np.tril(np.ones((8, 8), bool)).reshape(1, 1, 8, 8)
+
+
+def _padding_mask(bb, mask, lowest=-np.inf, combine="bitwise_and", cast=True):
+    """HF's decoder mask: where(causal & mask[None, None, None, :], 0, lowest), plus (`cast`) the
+    safe softmax guard's astype of it."""
+    padding = bb.emit(op.reshape(bb.emit(op.astype(mask, "bool")), (1, 1, 1, 8)))
+    both = bb.emit(getattr(op, combine)(relax.const(CAUSAL), padding))
+    additive = op.where(both, relax.const(np.float32(0)), relax.const(np.float32(lowest)))
+    return op.add(bb.emit(additive), bb.emit(op.astype(both, "float32"))) if cast else additive
+
+
+@pytest.mark.parametrize("lowest, combine", [(-np.inf, "bitwise_and"), (float(np.finfo(np.float32).min), "bitwise_and"),
+                                             (-3.0, "logical_or")])
+@settings(max_examples=10, deadline=None)
+@given(mask=hnp.arrays(np.int64, (1, 8), elements=st.sampled_from([0, 1, -1, 2, 1 << 40, -(1 << 63)])))
+def test_a_boolean_mask_is_float_arithmetic_exactly(lowest, combine, mask):
+    before = _module(lambda bb, m: _padding_mask(bb, m, lowest, combine), shapes=((1, 8),), dtypes=["int64"])
+    after = masks_as_float(before)
+    ops = _ops(after)
+    assert not {"where", "bitwise_and", "logical_or"} & set(ops) and ops["astype"] == 1, ops
+    _identical(before, after, mask)
+
+
+def test_the_mask_of_every_layer_is_built_once():
+    def build(bb, mask):
+        both = bb.emit(op.bitwise_and(relax.const(CAUSAL), bb.emit(op.reshape(bb.emit(op.astype(mask, "bool")),
+                                                                               (1, 1, 1, 8)))))
+        layers = [bb.emit(op.where(both, relax.const(np.float32(0)), relax.const(np.float32(-np.inf))))
+                  for _ in range(3)]
+        return op.add(bb.emit(op.add(layers[0], layers[1])), layers[2])
+
+    after = masks_as_float(_module(build, shapes=((1, 8),), dtypes=["int64"]))
+    assert _ops(after)["subtract"] == 1 and _ops(after)["astype"] == 1
+
+
+def test_a_where_of_other_values_or_a_float_condition_is_left_alone():
+    def build(bb, x, mask):
+        cond = bb.emit(op.astype(mask, "bool"))
+        picked = bb.emit(op.where(cond, x, relax.const(np.float32(0))))  # a guarded value, not a mask
+        return op.add(picked, bb.emit(op.where(bb.emit(op.astype(x, "bool")), relax.const(np.float32(0)),
+                                               relax.const(np.float32(-1)))))
+
+    after = masks_as_float(_module(build, shapes=((1, 8), (1, 8)), dtypes=["float32", "int64"]))
+    assert _ops(after)["where"] == 2
+
+
+def test_the_mask_runs_on_the_npu_with_one_host_cast():
+    import npu_backend
+    import tvm
+
+    mod = _module(lambda bb, m: _padding_mask(bb, m, cast=False), shapes=((1, 8),), dtypes=["int64"])
+    host = [p.op for p in npu_backend.explain(mod, "cgra-8x8") if p.where == "host"]
+    assert [name for name in host if name not in ("reshape",)] == ["astype"], host
+    mask = np.array([[1, 1, 0, 1, 1, 1, 0, 0]], np.int64)
+    with npu_backend.profile() as prof:
+        vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+        got = vm["main"](tvm.runtime.tensor(mask)).numpy()
+    assert prof.kernels
+    expected = _run(mod, mask)
+    assert (got.view(np.uint32) == expected.view(np.uint32)).all()

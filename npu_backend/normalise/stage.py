@@ -23,6 +23,7 @@ from .conv_transposes import conv_transposes_as_convs_pass
 from .fold_weights import fold_remaining_constants, fold_weights, restore_kept_transposes
 from .gelus import gelus_pass
 from .large_pools import split_large_pools_pass
+from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .qdq import canonicalize_qdq
@@ -97,6 +98,9 @@ def normalise_passes() -> list:
         # RoPE's rotate_half / rotate_every_two negation folded into the constant sine it
         # multiplies, exactly (rotations.py): no negative left on the host.
         rotations_pass,
+        # A boolean mask's where(m, 0, -inf) and casts as float32 {0, 1} arithmetic, exactly
+        # (masks.py): the mask is built on the NPU, once for every layer.
+        masks_pass,
         # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast (scalars.py).
         scalar_operands_pass,
         # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip

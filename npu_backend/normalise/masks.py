@@ -1,0 +1,146 @@
+"""A boolean attention mask's arithmetic as float32 {0, 1} arithmetic the NPU runs.
+
+Stage: normalise (after softmaxes.py, before scalars.py). In: a Relax IRModule. Out: the same
+module in which every
+
+    where(b, 0.0, y)        y a negative constant (-inf or a finite one: Bloom's float32 min)
+    astype(b, "float32")
+
+whose boolean `b` is built from constants and integer casts by the ops below is computed from
+`b`'s float twin B, a float32 tensor holding 1.0 where b is true and +0.0 where it is false:
+
+    b                                   B
+    a constant                          the constant as float32
+    astype(x, "bool"), x an integer     minimum(maximum(t, t * -1), 1), t = astype(x, "float32")
+    bitwise_and / logical_and(a, c)     A * C
+    bitwise_or / logical_or(a, c)       maximum(A, C)
+    logical_not / bitwise_not(a)        1 - A
+    reshape, expand_dims, broadcast_to, permute_dims, squeeze of a: the same op on A
+
+and then where(b, 0, y) = (B - 1) * -y (B - 1 is -1 or +0), for y = -inf (B - 1) * 2 * FLT_MAX
+(-2 * FLT_MAX overflows to -inf, 0 * FLT_MAX is 0); astype(b, "float32") = B.
+
+Exact: every value above is 0, 1 or -1 until the last step, and each step's float32 result is
+exactly the integer one; an integer converts to a float32 of at least 1 in magnitude unless it
+is 0. The twins are shared: a mask every layer reads is computed once.
+
+What stays: the cast of an int64 input (the attention mask) to float32 is the one host op (the
+NPU computes no int64); `where(kept, softmax(x), 0)`, the guard of a padding-masked softmax and
+the `greater` that makes `kept`, are the attention op's to fold (softmaxes.py).
+
+Why: HF's decoders build their padding mask as `causal & mask[None, None, None, :]` and turn it
+into an additive mask with `where(m, 0, -inf)` in every layer: bitwise_and, where x layers and an
+astype per model stayed on the host between NPU kernels, none of them with an NPU kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..frontend.provenance import with_span
+from ..relax_info import dtype_of, static_shape
+from .chain_match import Chain
+from .rewrite import as_pass, rewrite_functions
+
+_WHERE, _ASTYPE = tvm.ir.Op.get("relax.where"), tvm.ir.Op.get("relax.astype")
+_AND = ("relax.bitwise_and", "relax.logical_and")
+_OR = ("relax.bitwise_or", "relax.logical_or")
+_NOT = ("relax.logical_not", "relax.bitwise_not")
+_LAYOUT = ("relax.reshape", "relax.expand_dims", "relax.broadcast_to", "relax.permute_dims", "relax.squeeze")
+_FLT_MAX = np.finfo(np.float32).max
+
+
+def masks_as_float(mod: tvm.IRModule) -> tvm.IRModule:
+    """`mod` with every boolean mask's where and cast computed from its float twin (the boolean
+    ops removed when nothing else reads them)."""
+    return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _MaskRewriter))
+
+
+masks_pass = as_pass(masks_as_float, "cgra.MasksAsFloat", ops=("relax.where", "relax.astype"))
+
+
+def _f32(value) -> relax.Expr:
+    return relax.const(np.float32(value))
+
+
+@relax.expr_functor.mutator
+class _MaskRewriter(relax.PyExprMutator):
+    def __init__(self, mod=None):
+        super().__init__(mod)
+        self.twins, self.selects = {}, {}
+
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        if not isinstance(call, relax.Call) or dtype_of(call) != "float32":
+            return call
+        chain = Chain(self)
+        if call.op.same_as(_ASTYPE) and dtype_of(call.args[0]) == "bool":
+            twin = self.twin(chain, call.args[0], 0)
+            return twin if twin is not None else call
+        if call.op.same_as(_WHERE) and dtype_of(call.args[0]) == "bool":
+            select = self.select(chain, call)
+            return with_span(select, call.span) if select is not None else call
+        return call
+
+    def emit(self, expr):
+        return self.builder_.emit(expr)
+
+    def select(self, chain: Chain, call):
+        """(B - 1) * -y for where(b, +0.0, y < 0) of b's shape, else None."""
+        cond, x, y = (chain.scalar(arg) if i else arg for i, arg in enumerate(call.args))
+        if x is None or y is None or not (x == 0 and np.signbit(np.float32(x)) == 0 and y < 0) \
+                or static_shape(call) is None or static_shape(call) != static_shape(cond):
+            return None
+        key = (chain.value(cond), float(y))
+        if key not in self.selects:
+            twin = self.twin(chain, cond, 0)
+            if twin is None:
+                return None
+            less_one = self.emit(relax.op.subtract(twin, _f32(1)))
+            if np.isfinite(y):
+                self.selects[key] = relax.op.multiply(less_one, _f32(-y))
+            else:
+                doubled = self.emit(relax.op.multiply(less_one, _f32(2)))
+                self.selects[key] = relax.op.multiply(doubled, _f32(_FLT_MAX))
+        return self.selects[key]
+
+    def twin(self, chain: Chain, expr, depth: int):
+        """B, the float32 {0, 1} tensor of the boolean `expr`, emitted once; None if `expr` is
+        built by an op the table of the module docstring lacks."""
+        key = chain.value(expr)
+        if key in self.twins:
+            return self.twins[key]
+        twin = self._make_twin(chain, expr, depth) if depth < 16 and static_shape(expr) is not None else None
+        if twin is not None:
+            twin = self.emit(twin) if isinstance(twin, relax.Call) else twin
+            self.twins[key] = twin
+        return twin
+
+    def _make_twin(self, chain: Chain, expr, depth: int):
+        array = chain.array(expr)
+        if array is not None:
+            return relax.const(array.astype(np.float32))
+        call = chain.call(expr, "relax.astype", *_AND, *_OR, *_NOT, *_LAYOUT)
+        if call is None:
+            return None
+        name = call.op.name
+        if name == "relax.astype":
+            source = call.args[0]
+            if dtype_of(source)[:3] not in ("int", "uin"):
+                return None
+            value = self.emit(relax.op.astype(source, "float32"))
+            magnitude = self.emit(relax.op.maximum(value, self.emit(relax.op.multiply(value, _f32(-1)))))
+            return relax.op.minimum(magnitude, _f32(1))
+        operands = [self.twin(chain, arg, depth + 1) for arg in (call.args[:2] if name in _AND + _OR
+                                                                 else call.args[:1])]
+        if any(operand is None for operand in operands):
+            return None
+        if name in _AND:
+            return relax.op.multiply(*operands)
+        if name in _OR:
+            return relax.op.maximum(*operands)
+        if name in _NOT:
+            return relax.op.subtract(_f32(1), operands[0])
+        return relax.Call(call.op, [operands[0], *call.args[1:]], call.attrs, call.ty_args, call.span)
