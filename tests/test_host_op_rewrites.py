@@ -16,6 +16,7 @@ from hypothesis.extra import numpy as hnp
 from tvm import relax
 
 from npu_backend.normalise.constant_indices import constant_indices_as_views, flat_rows
+from npu_backend.normalise.index_casts import index_casts_removed
 from npu_backend.normalise.masks import masks_as_float
 from npu_backend.normalise.rotations import rotations_folded
 from test_transformer_rewrites import _module, _ops, _run
@@ -177,3 +178,24 @@ def test_the_mask_runs_on_the_npu_with_one_host_cast():
     assert prof.kernels
     expected = _run(mod, mask)
     assert (got.view(np.uint32) == expected.view(np.uint32)).all()
+
+
+# ---------------------------------------------------------------------------- index casts
+
+def test_an_embedding_lookup_reads_its_int64_ids_uncast():
+    table = np.random.default_rng(2).standard_normal((10, 4)).astype(np.float32)
+
+    def build(bb, ids):
+        flat = bb.emit(op.reshape(bb.emit(op.astype(ids, "int32")), (6,)))
+        return op.take(relax.const(table), flat, axis=0)
+
+    before = _module(build, shapes=((1, 6),), dtypes=["int64"])
+    after = index_casts_removed(before)
+    assert "astype" not in _ops(after)
+    ids = np.array([[0, 9, 3, 3, 1, 7]], np.int64)
+    _identical(before, after, ids)
+
+
+def test_a_float_index_cast_is_left_alone():
+    before = _module(lambda bb, x: op.take(x, bb.emit(op.astype(x, "int32")), axis=0), shapes=((4,),))
+    assert _ops(index_casts_removed(before))["astype"] == 1

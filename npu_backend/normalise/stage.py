@@ -22,6 +22,7 @@ from .conv3ds import conv3ds_as_conv2ds_pass
 from .conv_transposes import conv_transposes_as_convs_pass
 from .fold_weights import fold_remaining_constants, fold_weights, restore_kept_transposes
 from .gelus import gelus_pass
+from .index_casts import index_casts_pass
 from .large_pools import split_large_pools_pass
 from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
@@ -89,6 +90,9 @@ def normalise_passes() -> list:
         # An index_tensor of constant indices (HF's padding mask: mask[b_arange, kv_arange]) as
         # the reshape or row gather it is (constant_indices.py).
         constant_indices_pass,
+        # An embedding lookup reads its int64 token ids as they are, not cast to int32 first: the
+        # same rows for every index the lookup defines (index_casts.py).
+        index_casts_pass,
         # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
         # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
         rms_norms_pass, gelus_pass, safe_softmaxes_pass,
