@@ -11,7 +11,10 @@ whose boolean `b` is built from constants and integer casts by the ops below is 
 
     b                                   B
     a constant                          the constant as float32
-    astype(x, "bool"), x an integer     minimum(maximum(t, t * -1), 1), t = astype(x, "float32")
+    astype(x, "bool"), x int32, int64   in int32: per 32-bit word w of x (an int64 viewed as its
+                                        two words, little-endian), s = max(min(w, 1), -1); the
+                                        maximum of the max(s, -s), times 0x3F800000 (1.0f's bits),
+                                        viewed as float32
     bitwise_and / logical_and(a, c)     A * C
     bitwise_or / logical_or(a, c)       maximum(A, C)
     logical_not / bitwise_not(a)        1 - A
@@ -21,11 +24,12 @@ and then where(b, 0, y) = (B - 1) * -y (B - 1 is -1 or +0), for y = -inf (B - 1)
 (-2 * FLT_MAX overflows to -inf, 0 * FLT_MAX is 0); astype(b, "float32") = B.
 
 Exact: every value above is 0, 1 or -1 until the last step, and each step's float32 result is
-exactly the integer one; an integer converts to a float32 of at least 1 in magnitude unless it
-is 0. The twins are shared: a mask every layer reads is computed once.
+exactly the integer one; an int64 is nonzero exactly when one of its words is, and the int32
+steps cannot overflow. The twins are shared: a mask every layer reads is computed once. The
+views and slices are layout (no arithmetic): the int64 input's words are read by the NPU's DMA,
+which computes no int64.
 
-What stays: the cast of an int64 input (the attention mask) to float32 is the one host op (the
-NPU computes no int64); `where(kept, softmax(x), 0)`, the guard of a padding-masked softmax and
+What stays: `where(kept, softmax(x), 0)`, the guard of a padding-masked softmax and
 the `greater` that makes `kept`, are the attention op's to fold (softmaxes.py).
 
 Why: HF's decoders build their padding mask as `causal & mask[None, None, None, :]` and turn it
@@ -50,6 +54,7 @@ _OR = ("relax.bitwise_or", "relax.logical_or")
 _NOT = ("relax.logical_not", "relax.bitwise_not")
 _LAYOUT = ("relax.reshape", "relax.expand_dims", "relax.broadcast_to", "relax.permute_dims", "relax.squeeze")
 _FLT_MAX = np.finfo(np.float32).max
+_ONE_BITS = int(np.float32(1).view(np.int32))  # 0x3F800000
 
 
 def masks_as_float(mod: tvm.IRModule) -> tvm.IRModule:
@@ -59,6 +64,10 @@ def masks_as_float(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 masks_pass = as_pass(masks_as_float, "cgra.MasksAsFloat", ops=("relax.where", "relax.astype"))
+
+
+def _i32(value) -> relax.Expr:
+    return relax.const(np.int32(value))
 
 
 def _f32(value) -> relax.Expr:
@@ -118,6 +127,27 @@ class _MaskRewriter(relax.PyExprMutator):
             self.twins[key] = twin
         return twin
 
+    def _nonzero(self, source):
+        """B of astype(source, "bool"), source int32 or int64, all in int32 on the NPU: each
+        32-bit word w of the source (an int64 read as its two words, low first: a view and two
+        strided slices) gives |max(min(w, 1), -1)|, 1 if w is nonzero; their maximum times
+        0x3F800000 holds the bits of 1.0f or 0.0f, viewed as float32."""
+        dtype, shape = dtype_of(source), static_shape(source)
+        if dtype not in ("int32", "int64") or not shape:
+            return None
+        words = [source]
+        if dtype == "int64":
+            pairs = self.emit(relax.op.memory.view(source, shape=(*shape[:-1], 2 * shape[-1]), dtype="int32"))
+            words = [self.emit(relax.op.strided_slice(pairs, [len(shape) - 1], [start], [2 * shape[-1]], [2]))
+                     for start in (0, 1)]
+        nonzero = None
+        for word in words:
+            sign = self.emit(relax.op.maximum(self.emit(relax.op.minimum(word, _i32(1))), _i32(-1)))
+            magnitude = self.emit(relax.op.maximum(sign, self.emit(relax.op.multiply(sign, _i32(-1)))))
+            nonzero = magnitude if nonzero is None else self.emit(relax.op.maximum(nonzero, magnitude))
+        bits = self.emit(relax.op.multiply(nonzero, _i32(_ONE_BITS)))
+        return relax.op.memory.view(bits, dtype="float32")
+
     def _make_twin(self, chain: Chain, expr, depth: int):
         array = chain.array(expr)
         if array is not None:
@@ -127,12 +157,7 @@ class _MaskRewriter(relax.PyExprMutator):
             return None
         name = call.op.name
         if name == "relax.astype":
-            source = call.args[0]
-            if dtype_of(source)[:3] not in ("int", "uin"):
-                return None
-            value = self.emit(relax.op.astype(source, "float32"))
-            magnitude = self.emit(relax.op.maximum(value, self.emit(relax.op.multiply(value, _f32(-1)))))
-            return relax.op.minimum(magnitude, _f32(1))
+            return self._nonzero(call.args[0])
         operands = [self.twin(chain, arg, depth + 1) for arg in (call.args[:2] if name in _AND + _OR
                                                                  else call.args[:1])]
         if any(operand is None for operand in operands):
