@@ -200,3 +200,43 @@ def test_an_embedding_lookup_reads_its_int64_ids_uncast():
 def test_a_float_index_cast_is_left_alone():
     before = _module(lambda bb, x: op.take(x, bb.emit(op.astype(x, "int32")), axis=0), shapes=((4,),))
     assert _ops(index_casts_removed(before))["astype"] == 1
+
+
+@settings(max_examples=15, deadline=None)
+@given(ids=hnp.arrays(np.int64, (1, 8), elements=st.sampled_from([0, 1, 2, -1, 1 + (1 << 32), 1 << 40, -(1 << 63)])),
+       pad=st.sampled_from([1, 0, -1, 1 << 33]), equal=st.booleans())
+def test_roberta_style_positions_compare_int64_ids_in_int32_words(ids, pad, equal):
+    def build(bb, x):  # astype(ids != pad, int32) * 3 + 1, RoBERTa's position ids' first steps
+        kept = bb.emit((op.equal if equal else op.not_equal)(x, relax.const(pad, "int64")))
+        return op.add(bb.emit(op.multiply(bb.emit(op.astype(kept, "int32")), relax.const(3, "int32"))),
+                      relax.const(1, "int32"))
+
+    before = _module(build, shapes=((1, 8),), dtypes=["int64"])
+    after = masks_as_float(before)
+    assert not {"equal", "not_equal", "astype"} & set(_ops(after)), _ops(after)
+    _identical(before, after, ids)
+
+
+# --------------------------------------------------------------------- index arithmetic
+
+def test_an_index_computed_in_int64_from_int32_values_is_computed_in_int32():
+    table = np.random.default_rng(3).standard_normal((300, 4)).astype(np.float32)
+
+    def build(bb, p):  # RoBERTa: astype(astype(p, int64) + pad, int32) as the position table's index
+        shifted = bb.emit(op.add(bb.emit(op.astype(p, "int64")), relax.const(np.full((1, 1), 1), "int64")))
+        return op.take(relax.const(table), bb.emit(op.reshape(bb.emit(op.astype(shifted, "int32")), (6,))), axis=0)
+
+    before = _module(build, shapes=((1, 6),), dtypes=["int32"])
+    after = index_casts_removed(before)
+    assert "astype" not in _ops(after) and _ops(after)["add"] == 1
+    _identical(before, after, np.array([[0, 5, 298, 7, 1, 2]], np.int32))
+
+
+def test_a_gather_from_a_constant_of_one_value_is_that_value():
+    def build(bb, i):
+        return op.gather_elements(relax.const(np.zeros((1, 40), np.int64), "int64"), i, axis=1)
+
+    before = _module(build, shapes=((1, 6),), dtypes=["int64"])
+    after = constant_indices_as_views(before)
+    assert "gather_elements" not in _ops(after)
+    _identical(before, after, np.array([[0, 5, 39, 7, 1, 2]], np.int64))

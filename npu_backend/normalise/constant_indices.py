@@ -9,6 +9,9 @@ is `reshape(x, out_shape)` when the indices read x's first k axes in order, each
 (the flat index numpy's ravel_multi_index gives is 0, 1, 2, ...), and otherwise
 `reshape(take(reshape(x, (n, rest...)), flat, axis=0), out_shape)`: a gather of whole rows.
 
+Also `gather_elements(c, indices)` from a constant c whose entries are all one value (RoBERTa's
+buffered token type ids, zeros, gathered at the position ids) is that value in the indices' shape.
+
 Exact: both read the elements the indices name, in the order they name them; an index out of
 range is left to the op (negative_indices.py refuses a constant one before this runs).
 
@@ -30,6 +33,7 @@ from .chain_match import Chain
 from .rewrite import as_pass, rewrite_functions
 
 _INDEX_TENSOR = tvm.ir.Op.get("relax.index_tensor")
+_GATHER_ELEMENTS = tvm.ir.Op.get("relax.gather_elements")
 
 
 def constant_indices_as_views(mod: tvm.IRModule) -> tvm.IRModule:
@@ -37,13 +41,16 @@ def constant_indices_as_views(mod: tvm.IRModule) -> tvm.IRModule:
     return rewrite_functions(mod, _IndexTensorRewriter)
 
 
-constant_indices_pass = as_pass(constant_indices_as_views, "cgra.ConstantIndicesAsViews", ops=("relax.index_tensor",))
+constant_indices_pass = as_pass(constant_indices_as_views, "cgra.ConstantIndicesAsViews",
+                                ops=("relax.index_tensor", "relax.gather_elements"))
 
 
 @relax.expr_functor.mutator
 class _IndexTensorRewriter(relax.PyExprMutator):
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
+        if isinstance(call, relax.Call) and call.op.same_as(_GATHER_ELEMENTS):
+            return _uniform_gather(Chain(self), call)
         if not (isinstance(call, relax.Call) and call.op.same_as(_INDEX_TENSOR)):
             return call
         view = _as_view(self, Chain(self), call)
@@ -83,3 +90,12 @@ def _as_view(mutator, chain: Chain, call):
     flat = mutator.builder_.emit(relax.op.reshape(x, (int(np.prod(shape[:k])), *rest)))
     gathered = mutator.builder_.emit(relax.op.take(flat, relax.const(rows.ravel().astype(np.int32)), axis=0))
     return relax.op.reshape(gathered, out_shape)
+
+
+def _uniform_gather(chain: Chain, call):
+    """gather_elements from a constant whose entries are all one value: that value in the
+    indices' shape (for every index in range; one out of range is an error in PyTorch's gather)."""
+    source, shape = chain.array(call.args[0]), static_shape(call)
+    if source is None or shape is None or source.size == 0 or not (source == source.flat[0]).all():
+        return call
+    return relax.const(np.full(shape, source.flat[0], source.dtype), str(source.dtype))

@@ -14,10 +14,16 @@ int32. One outside it is an error in PyTorch (nn.Embedding raises) and undefined
 Why: torch.export casts the int64 token ids of every embedding lookup to int32 first (BERT,
 ALBERT, DistilBERT, T5: their one compute op left on the host; every decoder too); the lookup
 reads int64 indices as well (the take itself is a layout op: a row gather).
+
+Also: an int32 index computed in int64 from int32 values and constants (RoBERTa's position ids:
+astype(astype(p, int64) + 1, int32)) is computed in int32: casts between int32 and int64 dropped,
+int64 constants wrapped to int32. Exact for every input: truncation to 32 bits commutes with
+add, subtract and multiply (arithmetic modulo 2^32), and the NPU's int32 ELTWISE wraps.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -43,7 +49,9 @@ class _TakeRewriter(relax.PyExprMutator):
         call = self.visit_expr_post_order(call)
         if not (isinstance(call, relax.Call) and call.op.same_as(_TAKE)):
             return call
-        index = _uncast(self, Chain(self), call.args[1])
+        chain = Chain(self)
+        narrowed = _narrowed(self, chain, call.args[1], 0) if dtype_of(call.args[1]) == "int32" else None
+        index = narrowed[0] if narrowed is not None and narrowed[1] else _uncast(self, chain, call.args[1])
         if index is None:
             return call
         return relax.Call(call.op, [call.args[0], index], call.attrs, call.ty_args, call.span)
@@ -60,3 +68,34 @@ def _uncast(mutator, chain: Chain, index):
     if cast is None or dtype_of(cast) != "int32" or dtype_of(cast.args[0]) not in _INTEGERS:
         return None
     return cast.args[0]
+
+
+_RING = ("relax.add", "relax.subtract", "relax.multiply")
+_WORDS = ("int32", "int64")
+
+
+def _narrowed(mutator, chain: Chain, expr, depth: int):
+    """(an int32 expression equal to `expr` modulo 2^32, whether it dropped a cast) for integer
+    arithmetic of int32 values and constants through casts between int32 and int64, reshapes,
+    adds, subtracts and multiplies; None when a leaf is wider than int32 (an int64 input)."""
+    if depth > 16:
+        return None
+    array = chain.array(expr)
+    if array is not None and array.dtype.kind == "i":
+        return (expr, False) if array.dtype == np.int32 else (relax.const(array.astype(np.int32)), True)
+    call = chain.call(expr, "relax.astype", "relax.reshape", *_RING)
+    if call is None:
+        return (expr, False) if dtype_of(expr) == "int32" else None
+    if call.op.name == "relax.astype":
+        if not (dtype_of(call) in _WORDS and dtype_of(call.args[0]) in _WORDS):  # bool -> int32: a leaf
+            return (expr, False) if dtype_of(expr) == "int32" else None
+        inner = _narrowed(mutator, chain, call.args[0], depth + 1)
+        return None if inner is None else (inner[0], True)
+    operands = [_narrowed(mutator, chain, arg, depth + 1)
+                for arg in (call.args[:1] if call.op.name == "relax.reshape" else call.args[:2])]
+    if any(operand is None for operand in operands):
+        return None
+    if not any(operand[1] for operand in operands):
+        return (expr, False) if dtype_of(expr) == "int32" else None
+    args = [operand[0] for operand in operands] + list(call.args[len(operands):])
+    return mutator.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args, call.span)), True

@@ -4,28 +4,30 @@ Stage: normalise (after softmaxes.py, before scalars.py). In: a Relax IRModule. 
 module in which every
 
     where(b, 0.0, y)        y a negative constant (-inf or a finite one: Bloom's float32 min)
-    astype(b, "float32")
+    astype(b, "float32")        astype(b, "int32")
 
 whose boolean `b` is built from constants and integer casts by the ops below is computed from
-`b`'s float twin B, a float32 tensor holding 1.0 where b is true and +0.0 where it is false:
+`b`'s twin B, a float32 (or int32) tensor holding 1 where b is true and +0 where it is false:
 
     b                                   B
     a constant                          the constant as float32
     astype(x, "bool"), x int32, int64   in int32: per 32-bit word w of x (an int64 viewed as its
-                                        two words, little-endian), s = max(min(w, 1), -1); the
-                                        maximum of the max(s, -s), times 0x3F800000 (1.0f's bits),
-                                        viewed as float32
+                                        two words, little-endian), s = max(min(w, 1), -1); N the
+                                        maximum of the max(s, -s); as float32 N times 0x3F800000
+                                        (1.0f's bits) viewed as float32
+    not_equal(x, c), c an int constant  N of the words of x - c (wrapping int32 subtracts)
+    equal(x, c)                         1 - that
     bitwise_and / logical_and(a, c)     A * C
     bitwise_or / logical_or(a, c)       maximum(A, C)
     logical_not / bitwise_not(a)        1 - A
     reshape, expand_dims, broadcast_to, permute_dims, squeeze of a: the same op on A
 
 and then where(b, 0, y) = (B - 1) * -y (B - 1 is -1 or +0), for y = -inf (B - 1) * 2 * FLT_MAX
-(-2 * FLT_MAX overflows to -inf, 0 * FLT_MAX is 0); astype(b, "float32") = B.
+(-2 * FLT_MAX overflows to -inf, 0 * FLT_MAX is 0); astype(b, "float32" or "int32") = B.
 
 Exact: every value above is 0, 1 or -1 until the last step, and each step's float32 result is
-exactly the integer one; an int64 is nonzero exactly when one of its words is, and the int32
-steps cannot overflow. The twins are shared: a mask every layer reads is computed once. The
+exactly the integer one; an int64 is nonzero exactly when one of its words is, a word minus
+c's word (wrapping) is 0 exactly where they are equal, and the clamps cannot overflow. The twins are shared: a mask every layer reads is computed once. The
 views and slices are layout (no arithmetic): the int64 input's words are read by the NPU's DMA,
 which computes no int64.
 
@@ -34,7 +36,8 @@ the `greater` that makes `kept`, are the attention op's to fold (softmaxes.py).
 
 Why: HF's decoders build their padding mask as `causal & mask[None, None, None, :]` and turn it
 into an additive mask with `where(m, 0, -inf)` in every layer: bitwise_and, where x layers and an
-astype per model stayed on the host between NPU kernels, none of them with an NPU kernel.
+astype per model stayed on the host between NPU kernels, none of them with an NPU kernel;
+RoBERTa's position ids start from `astype(ids != pad, int32)`.
 """
 
 from __future__ import annotations
@@ -74,6 +77,10 @@ def _f32(value) -> relax.Expr:
     return relax.const(np.float32(value))
 
 
+def _one(dtype: str) -> relax.Expr:
+    return _f32(1) if dtype == "float32" else _i32(1)
+
+
 @relax.expr_functor.mutator
 class _MaskRewriter(relax.PyExprMutator):
     def __init__(self, mod=None):
@@ -82,12 +89,14 @@ class _MaskRewriter(relax.PyExprMutator):
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
-        if not isinstance(call, relax.Call) or dtype_of(call) != "float32":
+        if not isinstance(call, relax.Call) or dtype_of(call) not in ("float32", "int32"):
             return call
         chain = Chain(self)
         if call.op.same_as(_ASTYPE) and dtype_of(call.args[0]) == "bool":
-            twin = self.twin(chain, call.args[0], 0)
+            twin = self.twin(chain, call.args[0], 0, dtype_of(call))
             return twin if twin is not None else call
+        if dtype_of(call) != "float32":
+            return call
         if call.op.same_as(_WHERE) and dtype_of(call.args[0]) == "bool":
             select = self.select(chain, call)
             return with_span(select, call.span) if select is not None else call
@@ -115,51 +124,73 @@ class _MaskRewriter(relax.PyExprMutator):
                 self.selects[key] = relax.op.multiply(doubled, _f32(_FLT_MAX))
         return self.selects[key]
 
-    def twin(self, chain: Chain, expr, depth: int):
-        """B, the float32 {0, 1} tensor of the boolean `expr`, emitted once; None if `expr` is
-        built by an op the table of the module docstring lacks."""
-        key = chain.value(expr)
+    def twin(self, chain: Chain, expr, depth: int, dtype: str = "float32"):
+        """B, the {0, 1} tensor of the boolean `expr` in `dtype` (float32 or int32), emitted
+        once; None if `expr` is built by an op the table of the module docstring lacks."""
+        key = (chain.value(expr), dtype)
         if key in self.twins:
             return self.twins[key]
-        twin = self._make_twin(chain, expr, depth) if depth < 16 and static_shape(expr) is not None else None
+        twin = self._make_twin(chain, expr, depth, dtype) if depth < 16 and static_shape(expr) is not None else None
         if twin is not None:
             twin = self.emit(twin) if isinstance(twin, relax.Call) else twin
             self.twins[key] = twin
         return twin
 
-    def _nonzero(self, source):
-        """B of astype(source, "bool"), source int32 or int64, all in int32 on the NPU: each
-        32-bit word w of the source (an int64 read as its two words, low first: a view and two
-        strided slices) gives |max(min(w, 1), -1)|, 1 if w is nonzero; their maximum times
-        0x3F800000 holds the bits of 1.0f or 0.0f, viewed as float32."""
+    def _words(self, source):
+        """The int32 words of an int32 or int64 tensor (an int64 read as its two words, low
+        first: a view and two strided slices), else None."""
         dtype, shape = dtype_of(source), static_shape(source)
         if dtype not in ("int32", "int64") or not shape:
             return None
-        words = [source]
-        if dtype == "int64":
-            pairs = self.emit(relax.op.memory.view(source, shape=(*shape[:-1], 2 * shape[-1]), dtype="int32"))
-            words = [self.emit(relax.op.strided_slice(pairs, [len(shape) - 1], [start], [2 * shape[-1]], [2]))
-                     for start in (0, 1)]
+        if dtype == "int32":
+            return [source]
+        pairs = self.emit(relax.op.memory.view(source, shape=(*shape[:-1], 2 * shape[-1]), dtype="int32"))
+        return [self.emit(relax.op.strided_slice(pairs, [len(shape) - 1], [start], [2 * shape[-1]], [2]))
+                for start in (0, 1)]
+
+    def _nonzero(self, words, dtype: str):
+        """1 where any of the int32 `words` is nonzero, else 0, in `dtype`: per word
+        |max(min(w, 1), -1)|, their maximum; for float32 times 0x3F800000 (the bits of 1.0f)
+        viewed as float32."""
         nonzero = None
         for word in words:
             sign = self.emit(relax.op.maximum(self.emit(relax.op.minimum(word, _i32(1))), _i32(-1)))
             magnitude = self.emit(relax.op.maximum(sign, self.emit(relax.op.multiply(sign, _i32(-1)))))
             nonzero = magnitude if nonzero is None else self.emit(relax.op.maximum(nonzero, magnitude))
-        bits = self.emit(relax.op.multiply(nonzero, _i32(_ONE_BITS)))
-        return relax.op.memory.view(bits, dtype="float32")
+        if dtype == "int32":
+            return nonzero
+        return relax.op.memory.view(self.emit(relax.op.multiply(nonzero, _i32(_ONE_BITS))), dtype="float32")
 
-    def _make_twin(self, chain: Chain, expr, depth: int):
+    def _differs(self, chain: Chain, call):
+        """The words of x - c for not_equal / equal(x, c), c an integer constant of one value
+        (x differs from c exactly where a word of x differs from c's), else None."""
+        value = chain.array(call.args[1])
+        words = self._words(call.args[0])
+        if value is None or value.size != 1 or value.dtype.kind != "i" or words is None:
+            return None
+        constant = np.array(value.reshape(()), dtype_of(call.args[0]))
+        parts = constant.reshape(1).view(np.int32) if len(words) == 2 else constant.reshape(1).astype(np.int32)
+        return [self.emit(relax.op.subtract(word, _i32(part))) for word, part in zip(words, parts)]
+
+    def _make_twin(self, chain: Chain, expr, depth: int, dtype: str):
         array = chain.array(expr)
         if array is not None:
-            return relax.const(array.astype(np.float32))
-        call = chain.call(expr, "relax.astype", *_AND, *_OR, *_NOT, *_LAYOUT)
+            return relax.const(array.astype(dtype))
+        call = chain.call(expr, "relax.astype", "relax.not_equal", "relax.equal", *_AND, *_OR, *_NOT, *_LAYOUT)
         if call is None:
             return None
         name = call.op.name
         if name == "relax.astype":
-            return self._nonzero(call.args[0])
-        operands = [self.twin(chain, arg, depth + 1) for arg in (call.args[:2] if name in _AND + _OR
-                                                                 else call.args[:1])]
+            words = self._words(call.args[0])
+            return None if words is None else self._nonzero(words, dtype)
+        if name in ("relax.not_equal", "relax.equal"):
+            words = self._differs(chain, call)
+            if words is None:
+                return None
+            differs = self._nonzero(words, dtype)
+            return differs if name == "relax.not_equal" else relax.op.subtract(_one(dtype), self.emit(differs))
+        operands = [self.twin(chain, arg, depth + 1, dtype)
+                    for arg in (call.args[:2] if name in _AND + _OR else call.args[:1])]
         if any(operand is None for operand in operands):
             return None
         if name in _AND:
@@ -167,5 +198,5 @@ class _MaskRewriter(relax.PyExprMutator):
         if name in _OR:
             return relax.op.maximum(*operands)
         if name in _NOT:
-            return relax.op.subtract(_f32(1), operands[0])
+            return relax.op.subtract(_one(dtype), operands[0])
         return relax.Call(call.op, [operands[0], *call.args[1:]], call.attrs, call.ty_args, call.span)
