@@ -240,3 +240,38 @@ def test_a_gather_from_a_constant_of_one_value_is_that_value():
     after = constant_indices_as_views(before)
     assert "gather_elements" not in _ops(after)
     _identical(before, after, np.array([[0, 5, 39, 7, 1, 2]], np.int64))
+
+
+# ------------------------------------------------------------------------------------ cumsum
+
+@settings(max_examples=10, deadline=None)
+@given(ids=hnp.arrays(np.int64, (2, 40), elements=st.sampled_from([0, 1, 2, 1 + (1 << 32), -(1 << 63)])))
+def test_a_cumsum_of_a_mask_is_a_triangular_int8_matmul_exactly(ids):
+    def build(bb, x):  # RoBERTa: cumsum(astype(ids != 1, int32), axis=1)
+        kept = bb.emit(op.astype(bb.emit(op.not_equal(x, relax.const(1, "int64"))), "int32"))
+        return op.cumsum(kept, axis=1)
+
+    before = _module(build, shapes=((2, 40),), dtypes=["int64"])
+    after = masks_as_float(before)
+    assert "cumsum" not in _ops(after) and _ops(after)["matmul"] == 1
+    _identical(before, after, ids)
+
+
+def test_a_cumsum_of_other_values_is_left_alone():
+    before = _module(lambda bb, x: op.cumsum(x, axis=1), shapes=((2, 8),), dtypes=["int32"])
+    assert _ops(masks_as_float(before))["cumsum"] == 1
+
+
+def test_the_mask_cumsum_runs_on_the_npu():
+    import npu_backend
+    import tvm
+
+    def build(bb, x):
+        return op.cumsum(bb.emit(op.astype(bb.emit(op.not_equal(x, relax.const(1, "int64"))), "int32")), axis=1)
+
+    mod = _module(build, shapes=((1, 32),), dtypes=["int64"])
+    host = [p.op for p in npu_backend.explain(mod, "cgra-8x8") if p.where == "host"]
+    assert not set(host) - {"reshape", "memory.view", "strided_slice"}, host
+    ids = np.random.default_rng(4).integers(0, 3, (1, 32)).astype(np.int64)
+    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+    np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(ids)).numpy(), np.cumsum(ids != 1, axis=1))

@@ -22,7 +22,13 @@ whose boolean `b` is built from constants and integer casts by the ops below is 
     logical_not / bitwise_not(a)        1 - A
     reshape, expand_dims, broadcast_to, permute_dims, squeeze of a: the same op on A
 
-and then where(b, 0, y) = (B - 1) * -y (B - 1 is -1 or +0), for y = -inf (B - 1) * 2 * FLT_MAX
+A cumsum of an int32 twin along its last axis (RoBERTa's position ids: cumsum(ids != pad)) is
+a matmul: B's low bytes (int8: a view, a strided slice) times the n x n upper triangle of ones,
+int8 x int8 -> int32 on the PE array; exact, as every product is 0 or 1 and integer sums do not
+round (n^2 MACs a row, counted as the model's). A scan on the vector unit would take n ELTWISE
+adds a row; the matmul is one GEMM kernel and sums in any order as exactly.
+
+And then where(b, 0, y) = (B - 1) * -y (B - 1 is -1 or +0), for y = -inf (B - 1) * 2 * FLT_MAX
 (-2 * FLT_MAX overflows to -inf, 0 * FLT_MAX is 0); astype(b, "float32" or "int32") = B.
 
 Exact: every value above is 0, 1 or -1 until the last step, and each step's float32 result is
@@ -52,6 +58,7 @@ from .chain_match import Chain
 from .rewrite import as_pass, rewrite_functions
 
 _WHERE, _ASTYPE = tvm.ir.Op.get("relax.where"), tvm.ir.Op.get("relax.astype")
+_CUMSUM = tvm.ir.Op.get("relax.cumsum")
 _AND = ("relax.bitwise_and", "relax.logical_and")
 _OR = ("relax.bitwise_or", "relax.logical_or")
 _NOT = ("relax.logical_not", "relax.bitwise_not")
@@ -66,7 +73,7 @@ def masks_as_float(mod: tvm.IRModule) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _MaskRewriter))
 
 
-masks_pass = as_pass(masks_as_float, "cgra.MasksAsFloat", ops=("relax.where", "relax.astype"))
+masks_pass = as_pass(masks_as_float, "cgra.MasksAsFloat", ops=("relax.where", "relax.astype", "relax.cumsum"))
 
 
 def _i32(value) -> relax.Expr:
@@ -85,7 +92,7 @@ def _one(dtype: str) -> relax.Expr:
 class _MaskRewriter(relax.PyExprMutator):
     def __init__(self, mod=None):
         super().__init__(mod)
-        self.twins, self.selects = {}, {}
+        self.twins, self.selects, self.binary = {}, {}, set()
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
@@ -95,6 +102,9 @@ class _MaskRewriter(relax.PyExprMutator):
         if call.op.same_as(_ASTYPE) and dtype_of(call.args[0]) == "bool":
             twin = self.twin(chain, call.args[0], 0, dtype_of(call))
             return twin if twin is not None else call
+        if call.op.same_as(_CUMSUM):
+            scan = self.scan(call)
+            return with_span(scan, call.span) if scan is not None else call
         if dtype_of(call) != "float32":
             return call
         if call.op.same_as(_WHERE) and dtype_of(call.args[0]) == "bool":
@@ -124,6 +134,28 @@ class _MaskRewriter(relax.PyExprMutator):
                 self.selects[key] = relax.op.multiply(doubled, _f32(_FLT_MAX))
         return self.selects[key]
 
+    def scan(self, call):
+        """cumsum(B) along the last axis of an int32 twin B as B's low bytes (int8, a view and a
+        strided slice) times the upper triangle of ones (int8 x int8 -> int32 on the PE array),
+        else None."""
+        source, shape = call.args[0], static_shape(call)
+        for _ in range(8):  # through variables bound to variables (the twin replaced a cast's binding)
+            bound = self.lookup_binding(source) if isinstance(source, relax.Var) else None
+            if not isinstance(bound, relax.Var):
+                break
+            source = bound
+        axis = call.attrs.axis
+        if source not in self.binary or shape is None or len(shape) < 1 or bool(call.attrs.exclusive) \
+                or axis is None or int(axis) % len(shape) != len(shape) - 1 or dtype_of(call) != "int32":
+            return None
+        n = shape[-1]
+        rows = (int(np.prod(shape[:-1])), n)
+        flat = self.emit(relax.op.reshape(source, rows)) if tuple(shape) != rows else source
+        viewed = self.emit(relax.op.memory.view(flat, shape=(rows[0], 4 * n), dtype="int8"))
+        low = self.emit(relax.op.strided_slice(viewed, [1], [0], [4 * n], [4]))
+        summed = relax.op.matmul(low, relax.const(np.triu(np.ones((n, n), np.int8))), out_dtype="int32")
+        return summed if tuple(shape) == rows else relax.op.reshape(self.emit(summed), shape)
+
     def twin(self, chain: Chain, expr, depth: int, dtype: str = "float32"):
         """B, the {0, 1} tensor of the boolean `expr` in `dtype` (float32 or int32), emitted
         once; None if `expr` is built by an op the table of the module docstring lacks."""
@@ -134,6 +166,8 @@ class _MaskRewriter(relax.PyExprMutator):
         if twin is not None:
             twin = self.emit(twin) if isinstance(twin, relax.Call) else twin
             self.twins[key] = twin
+            if dtype == "int32":
+                self.binary.add(twin)
         return twin
 
     def _words(self, source):
