@@ -162,7 +162,7 @@ def test_the_mask_of_every_layer_is_built_once():
         return op.add(bb.emit(op.add(layers[0], layers[1])), layers[2])
 
     after = masks_as_float(_module(build, shapes=((1, 8),), dtypes=["int64"]))
-    assert _ops(after)["subtract"] == 1 and _ops(after)["memory.view"] == 2
+    assert _ops(after)["subtract"] == 1 and _ops(after)["memory.view"] == 2 and _ops(after)["multiply"] == 6
 
 
 def test_a_where_of_other_values_or_a_float_condition_is_left_alone():

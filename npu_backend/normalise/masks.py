@@ -128,10 +128,10 @@ class _MaskRewriter(relax.PyExprMutator):
                 return None
             less_one = self.emit(relax.op.subtract(twin, _f32(1)))
             if np.isfinite(y):
-                self.selects[key] = relax.op.multiply(less_one, _f32(-y))
+                self.selects[key] = self.emit(relax.op.multiply(less_one, _f32(-y)))
             else:
                 doubled = self.emit(relax.op.multiply(less_one, _f32(2)))
-                self.selects[key] = relax.op.multiply(doubled, _f32(_FLT_MAX))
+                self.selects[key] = self.emit(relax.op.multiply(doubled, _f32(_FLT_MAX)))
         return self.selects[key]
 
     def scan(self, call):
