@@ -48,6 +48,10 @@ rotations_pass = as_pass(rotations_folded, "cgra.RotationSignsFolded", ops=("rel
 
 @relax.expr_functor.mutator
 class _RotationRewriter(relax.PyExprMutator):
+    def __init__(self, mod=None):
+        super().__init__(mod)
+        self.constants = {}  # one flipped sine for q and k and every layer that share it
+
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
         if not (isinstance(call, relax.Call) and call.op.same_as(_MULTIPLY) and dtype_of(call) == "float32"):
@@ -56,13 +60,16 @@ class _RotationRewriter(relax.PyExprMutator):
         for tree, factor in (call.args, reversed(call.args)):
             folded = _folded(chain, tree, factor, static_shape(call))
             if folded is not None:
-                return relax.Call(call.op, folded, call.attrs, call.ty_args, call.span)
+                unsigned, flipped = folded
+                key = (flipped.shape, flipped.tobytes())
+                constant = self.constants.setdefault(key, relax.const(flipped))
+                return relax.Call(call.op, [unsigned, constant], call.attrs, call.ty_args, call.span)
         return call
 
 
 def _folded(chain: Chain, tree, factor, out_shape):
-    """(R', S') for multiply(tree, factor) when the tree negates some leaves and the factor is a
-    constant, else None."""
+    """(R', the numpy value of S') for multiply(tree, factor) when the tree negates some leaves
+    and the factor is a constant, else None."""
     value = constant_value(chain, factor)
     shape = static_shape(tree)
     if value is None or shape is None or out_shape is None or shape != out_shape or value.dtype != np.float32:
@@ -77,7 +84,7 @@ def _folded(chain: Chain, tree, factor, out_shape):
     flipped = (value * row[0].astype(np.float32)).astype(np.float32)
     if len(np.broadcast_shapes(flipped.shape, shape)) != len(shape):
         return None
-    return unsigned, relax.const(flipped)
+    return unsigned, flipped
 
 
 def _signs(chain: Chain, expr, depth: int):
