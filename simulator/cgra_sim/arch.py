@@ -19,6 +19,7 @@ from typing import Mapping
 from .area import check_area, chip_area, default_area
 from .energy import check_energy, default_energy
 from .fabric import check_fabric, default_fabric
+from .function_unit import canonical as canonical_function_unit, check_function_unit
 from .host import check_host, default_host
 from .isa import ACC_DTYPE
 
@@ -62,7 +63,8 @@ FIELD_DOCS = {
                                      "systolic cell of GEMM and DEPTHWISE takes one on the presets, a FABRIC "
                                      "body its II)"),
     "vector_lanes": ("elements / cycle", "the vector unit's width (FILL, EPILOGUE, ELTWISE, POOL, REDUCE: a lane a row, "
-                                         "VFUNC: a lane runs a function's sequence one operation a cycle)"),
+                                         "VFUNC: a lane runs a function's sequence one operation a cycle, unless "
+                                         "the chip's `function_unit` pipelines it)"),
     "clock_mhz": ("MHz", "the clock all cycles count; turns cycles into time"),
     "energy": ("pJ", "energy per MAC and vector operation (by dtype), scratchpad byte read and written, "
                      "DMA byte, configuration load, and leakage per cycle (cgra_sim/energy.py). Optional: "
@@ -77,6 +79,11 @@ FIELD_DOCS = {
                  "and tensor bytes it sustains per cycle, and its cycles of overhead per call (cgra_sim/host.py). "
                  "Profiles add its modelled time to the NPU's cycles. Optional: without it a modest Arm "
                  "application core (Cortex-A55 class), which leaves the description's fingerprint as it was"),
+    "function_unit": ("", "a pipelined datapath for VFUNC's special functions beside the vector lanes: its lanes "
+                          "(pipelines, each an element a cycle) and the functions it has, one stage per operation of "
+                          "a function's float32 sequence, the same bits as the lanes compute (cgra_sim/function_unit.py). "
+                          "Optional: without it (or null) every VFUNC runs on the lanes one operation a cycle, "
+                          "and the description keeps its fingerprint"),
 }
 
 
@@ -105,6 +112,8 @@ class HardwareDescription:
     # None: host.default_host, kept None (not filled in like the tables above) so that a
     # description without it keeps the JSON and fingerprint it had before the field existed.
     host: Mapping | None = dataclasses.field(default=None, hash=False)
+    # None: no function unit (VFUNC on the lanes), kept out of the JSON like `host`.
+    function_unit: Mapping | None = dataclasses.field(default=None, hash=False)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -160,6 +169,11 @@ class HardwareDescription:
             if problem:
                 raise ArchError(f"{self.name}: {problem}")
             object.__setattr__(self, "host", _sorted_table(self.host))
+        if self.function_unit is not None:
+            problem = check_function_unit(self.function_unit, self.vector_lanes)
+            if problem:
+                raise ArchError(f"{self.name}: {problem}")
+            object.__setattr__(self, "function_unit", canonical_function_unit(self.function_unit))
 
     # Derived sizes.
     @property
@@ -189,10 +203,11 @@ class HardwareDescription:
 
     # Serialisation.
     def to_dict(self) -> dict:
-        """Every field; `host` only when the description sets it (see the field)."""
+        """Every field; `host` and `function_unit` only when the description sets them (see the fields)."""
         data = dataclasses.asdict(self)
-        if data["host"] is None:
-            del data["host"]
+        for field in ("host", "function_unit"):
+            if data[field] is None:
+                del data[field]
         return data
 
     def to_json(self) -> str:
@@ -216,7 +231,7 @@ class HardwareDescription:
         data = {key: value for key, value in data.items() if key != "$schema"}
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - fields)
-        missing = sorted(fields - set(data) - {"energy", "area", "fabric", "host"})  # without them, the defaults
+        missing = sorted(fields - set(data) - {"energy", "area", "fabric", "host", "function_unit"})  # the defaults
         if unknown:
             raise ArchError(f"hardware description has unknown keys {unknown} (known: {sorted(fields)})")
         if missing:
