@@ -197,6 +197,12 @@ def host_patterns() -> dict:
     return {op: pattern for family in FAMILIES for op, pattern in family.host_ops.items()}
 
 
+def kernel_ops() -> dict:
+    """Family name -> the Relax ops its kernels take (its `host_ops`, sorted), in FAMILIES
+    order, families that take none left out: what `explain` says the NPU runs."""
+    return {family.name: tuple(sorted(family.host_ops)) for family in FAMILIES if family.host_ops}
+
+
 # ------------------------------------------------------------------ an offloaded function
 
 def offloaded_spec(func):
