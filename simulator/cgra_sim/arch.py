@@ -69,8 +69,9 @@ FIELD_DOCS = {
     "energy": ("pJ", "energy per MAC and vector operation (by dtype), scratchpad byte read and written, "
                      "DMA byte, configuration load, and leakage per cycle (cgra_sim/energy.py). Optional: "
                      "without it, published 45 nm figures for this chip's sizes"),
-    "area": ("µm²", "area of a MAC unit (by dtype), of the rest of a PE, of a KiB of scratchpad and of a vector "
-                    "lane (cgra_sim/area.py); `area_mm2` sums them. Optional: without it, published 45 nm figures"),
+    "area": ("µm²", "area of a MAC unit (by dtype), of the rest of a PE, of a KiB of scratchpad, of a vector "
+                    "lane and of a function unit's pipeline stage (cgra_sim/area.py); `area_mm2` sums them. "
+                    "Optional: without it, published 45 nm figures"),
     "fabric": ("", "the PE array as a CGRA: interconnect topology, registers per PE, which PEs reach the "
                    "scratchpad and which multiply, operation latencies, context depth (the largest II) and "
                    "configuration word size (cgra_sim/fabric.py; docs/mapping.md). Optional: without it a mesh "
