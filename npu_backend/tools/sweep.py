@@ -33,12 +33,13 @@ import time
 from cgra_sim.arch import ArchError, HardwareDescription, load_arch
 from cgra_sim.fabric import KEYS as FABRIC_KEYS
 from cgra_sim.fabric import MEMORY_PORTS, MULTIPLIERS, OP_CLASSES, TOPOLOGIES
+from cgra_sim.special import OPS as VFUNC_OPS
 
 from ..env import CGRA_COMPILE_JOBS
 
 #: The chip fields a sweep varies, with their parser; `macs_per_pe.<dtype>` is one too.
 SCALAR_FIELDS = ("rows", "cols", "spad_bytes", "spad_banks", "bank_width_bytes", "dma_bytes_per_cycle",
-                 "dma_latency", "config_load_cycles", "vector_lanes", "clock_mhz")
+                 "dma_latency", "config_load_cycles", "vector_lanes", "clock_mhz", "function_unit.lanes")
 #: The PE fabric's fields (docs/mapping.md): `fabric.<key>`, and `fabric.latency.<op class>`; every
 #: one reaches the cycles through a mapping (a FABRIC body's, the systolic cell's of every GEMM).
 FABRIC_FIELDS = tuple(f"fabric.{key}" for key in FABRIC_KEYS if key != "latency") + \
@@ -119,6 +120,9 @@ def chip(base: HardwareDescription, changes: dict) -> HardwareDescription:
             data["fabric"]["latency"][field.rpartition(".")[2]] = value
         elif field.startswith("fabric."):
             data["fabric"][field.partition(".")[2]] = value
+        elif field == "function_unit.lanes":  # 0: none; else the base's functions (or all) in that many lanes
+            functions = (base.function_unit or {}).get("functions", sorted(VFUNC_OPS))
+            data["function_unit"] = {"lanes": value, "functions": list(functions)} if value else None
         else:
             data[field] = value
     for table in ("energy", "area"):  # the published figures for the new sizes, unless the base has its own
