@@ -149,32 +149,28 @@ class HardwareDescription:
                             f"spad_banks * bank_width_bytes ({self.spad_banks * self.bank_width_bytes})")
         # A frozen dataclass still holds the caller's dict: keep our own immutable copy.
         object.__setattr__(self, "macs_per_pe", dict(sorted(self.macs_per_pe.items())))
-        energy = self.energy if self.energy is not None else default_energy(
-            self.rows, self.cols, self.spad_bytes, self.spad_banks, self.macs_per_pe)
-        problem = check_energy(energy, self.macs_per_pe)
-        if problem:
-            raise ArchError(f"{self.name}: {problem}")
-        object.__setattr__(self, "energy", _sorted_table(energy))
-        area = self.area if self.area is not None else default_area(self.macs_per_pe)
-        problem = check_area(area, self.macs_per_pe)
-        if problem:
-            raise ArchError(f"{self.name}: {problem}")
-        object.__setattr__(self, "area", _sorted_table(area))
-        fabric = self.fabric if self.fabric is not None else default_fabric()
-        problem = check_fabric(fabric)
-        if problem:
-            raise ArchError(f"{self.name}: {problem}")
-        object.__setattr__(self, "fabric", _sorted_table(fabric))
-        if self.host is not None:
-            problem = check_host(self.host)
+        self._check_tables()
+
+    def _check_tables(self) -> None:
+        """Validate the optional tables, filling in the defaults of energy, area and fabric (host
+        and function_unit stay None without them), and keep our own sorted copies."""
+        defaults = {"energy": lambda: default_energy(self.rows, self.cols, self.spad_bytes, self.spad_banks,
+                                                     self.macs_per_pe),
+                    "area": lambda: default_area(self.macs_per_pe), "fabric": default_fabric}
+        checks = {"energy": lambda t: check_energy(t, self.macs_per_pe),
+                  "area": lambda t: check_area(t, self.macs_per_pe), "fabric": check_fabric, "host": check_host,
+                  "function_unit": lambda t: check_function_unit(t, self.vector_lanes)}
+        for field, check in checks.items():
+            table = getattr(self, field)
+            if table is None and field in defaults:
+                table = defaults[field]()
+            if table is None:
+                continue
+            problem = check(table)
             if problem:
                 raise ArchError(f"{self.name}: {problem}")
-            object.__setattr__(self, "host", _sorted_table(self.host))
-        if self.function_unit is not None:
-            problem = check_function_unit(self.function_unit, self.vector_lanes)
-            if problem:
-                raise ArchError(f"{self.name}: {problem}")
-            object.__setattr__(self, "function_unit", canonical_function_unit(self.function_unit))
+            kept = canonical_function_unit(table) if field == "function_unit" else _sorted_table(table)
+            object.__setattr__(self, field, kept)
 
     # Derived sizes.
     @property
