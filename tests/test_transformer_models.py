@@ -36,6 +36,16 @@ DEFAULT = {"llama", "gpt2", "bloom", "falcon", "bert", "t5", "vit", "whisper"}
 WRONG: dict = {}
 
 
+def test_views_are_not_counted_as_host_layout_copies():
+    """A reshape (expand_dims, squeeze, flatten) is vm.builtin.reshape, no call: not a layout copy."""
+    from npu_backend.tools.explain import Placement
+
+    placements = [Placement(op, "", where, "", "", 0)
+                  for op, where in (("reshape", "host"), ("expand_dims", "host"), ("permute_dims", "host"),
+                                    ("take", "host"), ("softmax", "host"), ("permute_dims", "npu"))]
+    assert host_op_counts(placements) == (1, 2, ["softmax"])
+
+
 def test_the_ratchet_names_every_architecture():
     assert set(HOST_COMPUTE_AT_MOST) == set(ARCHITECTURES)
 
