@@ -111,6 +111,15 @@ def test_concat_stores_each_input_into_its_region(shape, data, dtype, arch):
     _check(lambda *v: relax.op.concat(list(v), axis=axis), inputs, np.concatenate(inputs, axis=axis), arch)
 
 
+@settings(max_examples=4)
+@given(shape=st.lists(st.integers(1, 4), min_size=5, max_size=6).map(tuple), data=st.data(), arch=PRESETS)
+def test_a_concat_of_any_rank_is_one_of_three_axes(shape, data, arch):
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    rng = np.random.default_rng(9)
+    inputs = [_data(rng, shape[:axis] + (n,) + shape[axis + 1:], "float32") for n in (1, 2)]
+    _check(lambda *v: relax.op.concat(list(v), axis=axis), inputs, np.concatenate(inputs, axis=axis), arch)
+
+
 @settings(max_examples=8)
 @given(table=st.lists(st.integers(1, 7), min_size=1, max_size=3).map(tuple), data=st.data(), dtype=DTYPES,
        index_dtype=st.sampled_from(["int32", "int64"]), arch=PRESETS)
@@ -127,6 +136,16 @@ def test_an_embedding_table_that_is_a_weight_is_looked_up_on_the_npu():
     table = np.random.default_rng(6).standard_normal((100, 24)).astype("float32")
     ids = np.array([[5, 99, 0, 5, 17]], "int64")
     _check(lambda i: relax.op.take(relax.const(table), i, axis=0), [ids], table[ids], "cgra-8x8")
+
+
+def test_a_lookup_of_one_scalar_index_and_a_concat_of_rank_five():
+    """BERT's token-type row (take(table, 0)) and GPT-J's interleaved RoPE (a rank-5 concat, read
+    as (outer, axis, inner) views)."""
+    rng = np.random.default_rng(8)
+    table = rng.standard_normal((2, 16)).astype("float32")
+    _check(lambda i: relax.op.take(relax.const(table), i, axis=0), [np.array(1, "int64")], table[1], "cgra-8x8")
+    a, b = (rng.standard_normal((1, 8, 4, 4, 1)).astype("float32") for _ in range(2))
+    _check(lambda x, y: relax.op.concat([x, y], axis=4), [a, b], np.concatenate([a, b], axis=4), "cgra-8x8")
 
 
 def test_a_window_partition_of_rank_six_merges_into_four_axes():

@@ -51,6 +51,7 @@ class Gather:
 
     table: tuple  # (P, V, Q)
     count: int  # N
+    scalar: bool = False  # one index, a rank-0 tensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +146,7 @@ def copy_script(params: list, out_shape: tuple, dtype: str, pieces, tiling: Layo
 
 
 def _tuple(values) -> str:
-    return "(" + ", ".join(str(int(v)) for v in values) + ("," if len(values) == 1 else "") + ")"
+    return "(" + ", ".join(str(int(v)) for v in values) + ("," if len(values) == 1 else "") + ")" if values else "()"
 
 
 def _piece_lines(index: int, piece: Piece, source: tuple, dtype: str, split: tuple) -> list:
@@ -192,7 +193,8 @@ def _gather_lines(params: list, dtype: str, gather: Gather, rows: int) -> list:
     lines = [f"    for t in range({n // rows}):",
              f"        s = T.alloc_buffer(({p}, {rows}, {q}), \"{dtype}\", scope=\"{SPAD}\")"]
     for r in range(rows):
-        row_index = f"T.min(T.max(T.Cast(\"int32\", {indices}[t * {rows} + {r}]), 0), {v - 1})"
+        index = f"{indices}[()]" if gather.scalar else f"{indices}[t * {rows} + {r}]"
+        row_index = f"T.min(T.max(T.Cast(\"int32\", {index}), 0), {v - 1})"
         lines += [f"        for a, c in T.grid({p}, {q}):",
                   f"            s[a, {r}, c] = {params[0][0]}[a, {row_index}, c]"]
     lines += [f"        for a, r, c in T.grid({p}, {rows}, {q}):",

@@ -91,9 +91,12 @@ def layout_spec(name: str, annotated: dict) -> LayoutSpec:
     for role, operand in operands.items():
         if isinstance(operand, tvm.ir.GenericConst) and op != "take":  # a table is a weight
             raise UnsupportedOperator(f"{op} of a constant: normalise folds it, no kernel copies it at run time")
-    in_shapes = tuple((role, _shape(operand, f"{op}'s operand"), dtype_of(operand)) for role, operand in operands.items())
+    in_shapes = tuple((role, _shape(operand, f"{op}'s operand", scalar=role == "rhs"), dtype_of(operand))
+                      for role, operand in operands.items())
     reader = _READERS[op]
     pieces, gather, views = reader(call, in_shapes, out_shape)
+    if op == "concat":
+        in_shapes, out_shape, pieces, views = concat_views(int(call.attrs.axis) % len(out_shape), in_shapes, out_shape)
     if len(pieces) == 1 and op != "concat":  # one input: its view and the output's made compact
         (role, shape, kind), = in_shapes
         compact_in, compact_out, piece = compact(pieces[0], shape, out_shape)
@@ -159,11 +162,12 @@ def _operands(op: str, call) -> dict:
     return {"lhs": call.args[0]}
 
 
-def _shape(expr, what: str) -> tuple:
+def _shape(expr, what: str, scalar: bool = False) -> tuple:
+    """The static shape of an operand (`scalar`: a lookup's one index may be a scalar)."""
     shape = static_shape(expr)
     if shape is None:
         raise UnsupportedOperator(f"{what} has a symbolic or unknown shape: the NPU's layout copies take static shapes")
-    if not shape or 0 in shape:
+    if (not shape and not scalar) or 0 in shape:
         raise UnsupportedOperator(f"{what} of shape {shape}: the NPU's DMA moves non-empty tensors")
     return shape
 
@@ -225,14 +229,30 @@ def _pad(call, in_shapes, out_shape):
     return [Piece("lhs", (0,) * len(shape), out_shape, _identity(shape), tuple(-lo for lo in lows), guarded)], None, ()
 
 
-def _concat(call, in_shapes, out_shape):
-    axis = int(call.attrs.axis) % len(out_shape)
-    pieces, offset = [], 0
-    for role, shape, _ in in_shapes:
-        start = tuple(offset if a == axis else 0 for a in range(len(out_shape)))
-        pieces.append(Piece(role, start, shape, _identity(shape), (0,) * len(shape)))
+def concat_views(axis: int, in_shapes: tuple, out_shape: tuple) -> tuple:
+    """(inputs as views, the output's view, the pieces, the caller shapes): every tensor as
+    (axes before `axis`, `axis`, axes after it) merged, the first dropped when it is 1, so a
+    concatenation of any rank is one of rank 2 or 3."""
+    def view(shape):
+        outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+        return ((outer,) if outer > 1 else ()) + (shape[axis], inner)
+
+    views, pieces, offset = [], [], 0
+    out_view = view(out_shape)
+    at = len(out_view) - 2  # the concatenated axis in the views
+    for role, shape, kind in in_shapes:
+        views.append((role, view(shape), kind))
+        extent = view(shape)
+        start = tuple(offset if a == at else 0 for a in range(len(extent)))
+        pieces.append(Piece(role, start, extent, _identity(extent), (0,) * len(extent)))
         offset += shape[axis]
-    return pieces, None, ()
+    callers = tuple((role, shape) for (role, shape, _), (_, viewed, _) in zip(in_shapes, views) if shape != viewed)
+    callers += (("out", out_shape),) if out_shape != out_view else ()
+    return tuple(views), out_view, pieces, callers
+
+
+def _concat(call, in_shapes, out_shape):
+    return [], None, ()  # layout_spec reads it through concat_views
 
 
 def _take(call, in_shapes, out_shape):
@@ -249,8 +269,8 @@ def _take(call, in_shapes, out_shape):
     count = 1
     for extent in indices:
         count *= extent
-    gather = Gather((p, table[axis], q), count)
-    views = (("lhs", table), ("rhs", indices), ("out", out_shape))
+    gather = Gather((p, table[axis], q), count, scalar=not indices)
+    views = (("lhs", table), ("out", out_shape)) + ((("rhs", indices),) if indices else ())
     return [], gather, views
 
 
@@ -289,7 +309,7 @@ def layout_compute(spec: LayoutSpec, tiling: Tiling):
     params, out_shape = [], spec.out_shape
     if spec.gather is not None:
         g = spec.gather
-        shapes = {"lhs": (g.table, spec.dtype), "rhs": ((g.count,), shapes["rhs"][1])}
+        shapes = {"lhs": (g.table, spec.dtype), "rhs": (() if g.scalar else (g.count,), shapes["rhs"][1])}
         out_shape = (g.table[0], g.count, g.table[2])
     params = [(role, *shapes[role]) for role in spec.param_roles]
     func = parse_script(copy_script(params, out_shape, spec.dtype, spec.pieces, tiling, spec.gather))
