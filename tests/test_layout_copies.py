@@ -146,6 +146,18 @@ def test_a_lookup_of_one_scalar_index_and_a_concat_of_rank_five():
     _check(lambda i: relax.op.take(relax.const(table), i, axis=0), [np.array(1, "int64")], table[1], "cgra-8x8")
     a, b = (rng.standard_normal((1, 8, 4, 4, 1)).astype("float32") for _ in range(2))
     _check(lambda x, y: relax.op.concat([x, y], axis=4), [a, b], np.concatenate([a, b], axis=4), "cgra-8x8")
+    token = rng.standard_normal((1, 1, 16)).astype("float32")  # ViT's class token, a weight
+    patches = rng.standard_normal((1, 9, 16)).astype("float32")
+    _check(lambda x: relax.op.concat([relax.const(token), x], axis=1), [patches],
+           np.concatenate([token, patches], axis=1), "cgra-8x8")
+
+
+@pytest.mark.parametrize("indices", [np.array(0, "int64"), np.array([3, -1, 0, 3, 2], "int64"),
+                                     np.array([0, 2, 4, 6], "int32")])
+def test_constant_indices_are_origins_fixed_when_compiling(indices):
+    """ViT's CLS token (take(x, 0, axis=1)) and any list of constant indices: no index read."""
+    x = np.random.default_rng(10).standard_normal((2, 7, 5)).astype("float32")
+    _check(lambda v: relax.op.take(v, relax.const(indices), axis=1), [x], np.take(x, indices, axis=1), "cgra-8x8")
 
 
 def test_a_window_partition_of_rank_six_merges_into_four_axes():

@@ -52,6 +52,7 @@ class Gather:
     table: tuple  # (P, V, Q)
     count: int  # N
     scalar: bool = False  # one index, a rank-0 tensor
+    constants: tuple | None = None  # constant indices (clipped into the table): origins fixed at compile time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,17 +190,33 @@ def _piece_lines(index: int, piece: Piece, source: tuple, dtype: str, split: tup
 def _gather_lines(params: list, dtype: str, gather: Gather, rows: int) -> list:
     """Tiles of rows: per index one box of the table's row into the tile, then one store."""
     (p, v, q), n = gather.table, gather.count
-    indices = params[1][0]
+    indices = params[1][0] if gather.constants is None else None
     lines = [f"    for t in range({n // rows}):",
              f"        s = T.alloc_buffer(({p}, {rows}, {q}), \"{dtype}\", scope=\"{SPAD}\")"]
     for r in range(rows):
         index = f"{indices}[()]" if gather.scalar else f"{indices}[t * {rows} + {r}]"
         row_index = f"T.min(T.max(T.Cast(\"int32\", {index}), 0), {v - 1})"
+        if gather.constants is not None:  # the row of each tile's r-th index, chosen by the tile loop
+            row_index = _constant_rows(gather.constants, rows, r)
         lines += [f"        for a, c in T.grid({p}, {q}):",
                   f"            s[a, {r}, c] = {params[0][0]}[a, {row_index}, c]"]
     lines += [f"        for a, r, c in T.grid({p}, {rows}, {q}):",
               f"            out[a, t * {rows} + r, c] = s[a, r, c]"]
     return lines
+
+
+def _constant_rows(constants: tuple, rows: int, r: int) -> str:
+    """The table row of index t * rows + r, t the tile loop, as an expression of t (constant
+    indices: the box's origin is known when compiling)."""
+    values = [constants[t * rows + r] for t in range(len(constants) // rows)]
+    if len(values) == 1:
+        return str(values[0])
+    if len(values) > 1 and all(b - a == values[1] - values[0] for a, b in zip(values, values[1:])):
+        return f"{values[0]} + {values[1] - values[0]} * t"
+    expression = str(values[-1])
+    for t in range(len(values) - 2, -1, -1):
+        expression = f"T.Select(t == {t}, {values[t]}, {expression})"
+    return expression
 
 
 def parse_script(text: str):

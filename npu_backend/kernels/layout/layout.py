@@ -8,12 +8,15 @@ strides, origins and halos. A host call costs the host's call overhead plus its 
 the same bytes at the engine's rate, its loads and stores overlapped. A reshape (and
 expand_dims, squeeze, flatten) is a view in the VM and no call at all (host_calls.py).
 
-Ops taken (static shapes, rank 1-4, int8 / int32 / float32 data): permute_dims (any axis order),
+Ops taken (static shapes of at most 4 axes once those moved alike are merged, any rank for a concat;
+int8 / int32 / float32 data): permute_dims (any axis order),
 strided_slice (positive steps), broadcast_to, concat (2-8 inputs), nn.pad (constant zero,
 non-negative widths), take (any axis; int32 / int64 indices, read by the kernel's control code,
-each index clipped into the table; the table may be a constant, a weight). Another op on a
-constant stays on the host, where normalise folds it. The family comes last in FAMILIES: a kernel that can take the op itself (the linear matmul's
-transposed weights) is tried first.
+each index clipped into the table). An operand may be a constant (a weight: an embedding table,
+ViT's class token; constant indices are box origins fixed when compiling), but not all of them: an
+op on constants alone stays on the host, where normalise folds it. The family comes last in
+FAMILIES: a kernel that can take the op itself (the linear matmul's transposed weights) is tried
+first.
 """
 
 from __future__ import annotations
@@ -88,9 +91,8 @@ def layout_spec(name: str, annotated: dict) -> LayoutSpec:
         raise UnsupportedOperator(f"{op} of {dtype or 'an unknown dtype'}: the NPU's DMA moves {', '.join(DTYPES)}")
     operands = _operands(op, call)
     roles = tuple(operands)
-    for role, operand in operands.items():
-        if isinstance(operand, tvm.ir.GenericConst) and op != "take":  # a table is a weight
-            raise UnsupportedOperator(f"{op} of a constant: normalise folds it, no kernel copies it at run time")
+    if all(isinstance(operand, tvm.ir.GenericConst) for operand in operands.values()):
+        raise UnsupportedOperator(f"{op} of constants: normalise folds it, no kernel copies it at run time")
     in_shapes = tuple((role, _shape(operand, f"{op}'s operand", scalar=role == "rhs"), dtype_of(operand))
                       for role, operand in operands.items())
     reader = _READERS[op]
@@ -269,7 +271,12 @@ def _take(call, in_shapes, out_shape):
     count = 1
     for extent in indices:
         count *= extent
-    gather = Gather((p, table[axis], q), count, scalar=not indices)
+    index = call.args[1]
+    constants = None
+    if isinstance(index, tvm.ir.GenericConst):  # origins known now: no index read at run time
+        values = index.value.numpy().astype("int64").ravel()
+        constants = tuple(int(v) for v in np.clip(np.where(values < 0, values + table[axis], values), 0, table[axis] - 1))
+    gather = Gather((p, table[axis], q), count, scalar=not indices, constants=constants)
     views = (("lhs", table), ("out", out_shape)) + ((("rhs", indices),) if indices else ())
     return [], gather, views
 
@@ -311,12 +318,12 @@ def layout_compute(spec: LayoutSpec, tiling: Tiling):
         g = spec.gather
         shapes = {"lhs": (g.table, spec.dtype), "rhs": (() if g.scalar else (g.count,), shapes["rhs"][1])}
         out_shape = (g.table[0], g.count, g.table[2])
-    params = [(role, *shapes[role]) for role in spec.param_roles]
+    params = [(role, *shapes[role]) for role in spec.param_roles]  # a constant operand is no parameter
     func = parse_script(copy_script(params, out_shape, spec.dtype, spec.pieces, tiling, spec.gather))
     if spec.views:  # the caller's shapes of the operands read through a view (operands.prim_func)
         callers = dict(spec.views)
         func = func.with_attr("cgra.arg_shapes", [list(callers.get(role, ())) for role in list(spec.param_roles) + ["out"]])
-    if spec.gather is not None:
+    if spec.gather is not None and spec.gather.constants is None:
         func = func.with_attr("cgra.read_params", [list(spec.param_roles).index("rhs")])
     return func
 
