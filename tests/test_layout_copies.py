@@ -158,6 +158,9 @@ def test_constant_indices_are_origins_fixed_when_compiling(indices):
     """ViT's CLS token (take(x, 0, axis=1)) and any list of constant indices: no index read."""
     x = np.random.default_rng(10).standard_normal((2, 7, 5)).astype("float32")
     _check(lambda v: relax.op.take(v, relax.const(indices), axis=1), [x], np.take(x, indices, axis=1), "cgra-8x8")
+    x = np.random.default_rng(11).standard_normal((1, 8, 4, 3, 4)).astype("float32")  # Bloom's fused qkv
+    _check(lambda v: relax.op.take(v, relax.const(np.atleast_1d(indices)[:1] % 3), axis=3), [x],
+           np.take(x, np.atleast_1d(indices)[:1] % 3, axis=3), "cgra-8x8")
 
 
 def test_a_window_partition_of_rank_six_merges_into_four_axes():

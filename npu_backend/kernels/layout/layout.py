@@ -105,7 +105,7 @@ def layout_spec(name: str, annotated: dict) -> LayoutSpec:
         views = tuple((r, caller) for r, caller, view in ((role, shape, compact_in), ("out", out_shape, compact_out))
                       if caller != view)
         in_shapes, out_shape, pieces = ((role, compact_in, kind),), compact_out, [piece]
-    for _, shape, _ in in_shapes:
+    for _, shape, _ in in_shapes if gather is None else ():  # a lookup reads (P, V, Q) views
         if len(shape) > MAX_RANK or len(out_shape) > MAX_RANK:
             raise UnsupportedOperator(f"{op} of {shape} into {out_shape}: more than {MAX_RANK} axes after merging "
                                       f"those it moves alike, and the NPU's DMA moves tensors of rank 1..{MAX_RANK}")
