@@ -81,20 +81,25 @@ def splits(extent: tuple, itemsize: int, budget: int):
 
 
 def pipeline_cycles(arch, tiles: list) -> int:
-    """Cycles of a copy's tiles, [(piece, bytes)] in issue order: DMA_LOADs in order on the load
-    engine, DMA_STOREs on the store engine, each store after its load, each load after the store
-    of its piece's tile two back (the same one of its two scratchpad copies): cgra_sim's timing."""
+    """Cycles of a copy's tiles, [(piece, bytes of each of its loads, bytes of its store)] in issue
+    order: DMA_LOADs in order on the load engine, DMA_STOREs on the store engine, each store after
+    its tile's loads, each load after the store of its piece's tile two back (the same one of its
+    two scratchpad copies): cgra_sim's timing."""
     from cgra_sim import cost
     load_free = store_free = end = 0
     stored = {}  # piece -> ends of its stores
-    for piece, nbytes in tiles:
-        transfer = cost.dma_transfer_cycles(arch, nbytes)
+    for piece, loads, store in tiles:
         previous = stored.setdefault(piece, [])
-        start = max(load_free, previous[-2] if len(previous) >= 2 else 0)
-        load_free, loaded = start + transfer, start + arch.dma_latency + transfer
+        loaded = 0
+        for nbytes in loads:
+            start = max(load_free, previous[-2] if len(previous) >= 2 else 0)
+            load_free = start + cost.dma_transfer_cycles(arch, nbytes)
+            loaded = max(loaded, load_free + arch.dma_latency)
+        transfer = cost.dma_transfer_cycles(arch, store)
         store_start = max(store_free, loaded)
-        store_free, end = store_start + transfer, max(end, store_start + arch.dma_latency + transfer)
-        previous.append(store_start + arch.dma_latency + transfer)
+        store_free, stored_at = store_start + transfer, store_start + arch.dma_latency + transfer
+        end = max(end, stored_at)
+        previous.append(stored_at)
     return end
 
 
@@ -107,9 +112,9 @@ def choose_splits(arch, pieces, itemsize: int) -> tuple[tuple, int]:
         if not options:
             raise ScratchpadTooSmall(f"a layout copy's last axis of {piece.extent[-1]} elements does not fit a "
                                      f"{budget}-byte tile")
-        best = min(options, key=lambda o: (pipeline_cycles(arch, [(index, o[3])] * o[2]), -o[3]))
+        best = min(options, key=lambda o: (pipeline_cycles(arch, [(index, (o[3],), o[3])] * o[2]), -o[3]))
         chosen.append(best)
-    cycles = pipeline_cycles(arch, [(index, o[3]) for index, o in enumerate(chosen) for _ in range(o[2])])
+    cycles = pipeline_cycles(arch, [(index, (o[3],), o[3]) for index, o in enumerate(chosen) for _ in range(o[2])])
     return tuple((axis, tile) for axis, tile, _, _ in chosen), cycles
 
 
@@ -119,16 +124,10 @@ def gather_rows(arch, gather: Gather, itemsize: int) -> tuple[int, int]:
     row, budget = p * q * itemsize, budget_of(arch)
     if row > budget:
         raise ScratchpadTooSmall(f"an embedding row of {row} bytes does not fit a {budget}-byte tile")
-    from cgra_sim import cost
-    best = None
-    for rows in (d for d in range(1, n + 1) if n % d == 0 and d * row <= budget):
-        loads = rows * cost.dma_transfer_cycles(arch, row)  # one box per row, back to back
-        tiles = n // rows
-        cycles = arch.dma_latency + tiles * max(loads, cost.dma_transfer_cycles(arch, rows * row)) + \
-            cost.dma_cycles(arch, rows * row)
-        if best is None or cycles <= best[1]:
-            best = (rows, cycles)
-    return best
+    tiles = {rows: pipeline_cycles(arch, [(0, (row,) * rows, rows * row)] * (n // rows))
+             for rows in range(1, n + 1) if n % rows == 0 and rows * row <= budget}
+    rows = min(tiles, key=lambda r: (tiles[r], -r))
+    return rows, tiles[rows]
 
 
 def copy_script(params: list, out_shape: tuple, dtype: str, pieces, tiling: LayoutTiling,
