@@ -211,6 +211,24 @@ def test_a_reshape_between_kernels_is_a_view_that_costs_nothing():
     assert prof.host_calls == [] and prof.crossings == 0 and prof.host_cycles == 0
 
 
+def test_a_memory_view_between_kernels_costs_nothing():
+    """R.memory.view (runtime.TVMTensorCreateView, normalise/masks.py's int64 words) is no host
+    call and keeps its tensor's side: no crossing."""
+    rng = np.random.default_rng(13)
+    x, w1, w2 = (rng.standard_normal(s).astype("float32") for s in ((16, 8), (8, 16), (8, 8)))
+
+    def build(v, a, b):
+        bb = relax.BlockBuilder.current()
+        first = bb.emit(relax.op.matmul(v, a))
+        viewed = bb.emit(relax.op.memory.view(first, relax.ShapeExpr([32, 8])))
+        return relax.op.matmul(viewed, b)
+
+    out, prof = _run(build, [x, w1, w2], "cgra-8x8")
+    np.testing.assert_allclose(out, (x @ w1).reshape(32, 8) @ w2, rtol=1e-5, atol=1e-5)
+    assert len(prof.kernels) == 2
+    assert prof.host_calls == [] and prof.crossings == 0 and prof.host_cycles == 0
+
+
 @pytest.mark.parametrize("build, reason", [
     (lambda v: relax.op.nn.pad(v, [1, 1, 0, 0], pad_value=1.0), "zeros only"),
     (lambda v: relax.op.strided_slice(v, [0], [5], [0], [-1]), "positive steps"),

@@ -106,7 +106,7 @@ LAYOUT_OPS = frozenset({"reshape", "expand_dims", "squeeze", "flatten", "permute
 
 #: Of those, the ones the VM runs as views (vm.builtin.reshape: the same memory, no copy), which are
 #: no host call and no crossing (npu_backend/device/host_calls.py): not counted at all.
-VIEW_OPS = frozenset({"reshape", "expand_dims", "squeeze", "flatten"})
+VIEW_OPS = frozenset({"reshape", "expand_dims", "squeeze", "flatten", "view"})
 
 
 def host_op_counts(placements) -> tuple[int, int, list[str]]:
