@@ -24,7 +24,7 @@ from cgra_sim import special
 from cgra_sim.isa import DType, EltwiseFunc, Op, VFunc, encode
 from cgra_sim.mapping import body as bodies
 from cgra_sim.mapping import sigmoid as smooth
-from models import run
+from models import conv2d_reference, run
 from npu_backend.kernels.intrinsics import INTRINSICS, get_intrin
 from test_intrinsics import _Stream, _tir_reference
 
@@ -106,6 +106,37 @@ def test_linear_tail_matches_numpy(s, k, n, act, bias, residual, multiplier, thr
     _check(out, ref, act)
     if act == "none" and (multiplier or (three_d and residual)):  # nothing declines these
         assert len(prof.kernels) == 1, [k.name for k in prof.kernels]
+
+
+@settings(max_examples=8, deadline=None)
+@given(channels=st.integers(1, 8), size=st.integers(3, 10), filters=st.integers(1, 12), kernel=st.integers(1, 3),
+       stride=st.integers(1, 2), act=st.sampled_from(ACTS[1:]), residual=st.booleans(), depthwise=st.booleans(),
+       arch=st.sampled_from(PRESETS), seed=st.integers(0, 2**16))
+def test_conv2d_tail_matches_numpy(channels, size, filters, kernel, stride, act, residual, depthwise, arch, seed):
+    """A detector's conv + bias [+ residual] + SiLU (or sigmoid, GELU) as one kernel (YOLOv8's
+    conv-BN-SiLU after batch-norm folding), the depthwise conv2d's too."""
+    rng = np.random.default_rng(seed)
+    groups, filters = (channels, channels) if depthwise and channels > 1 else (1, filters)
+    x = rng.standard_normal((1, channels, size, size)).astype("float32")
+    w = (rng.standard_normal((filters, channels // groups, kernel, kernel)) / kernel).astype("float32")
+    b = rng.standard_normal((1, filters, 1, 1)).astype("float32")
+    pad = kernel // 2
+    ref = conv2d_reference(x.astype(np.float64), w.astype(np.float64), (stride, stride), (pad,) * 4, groups=groups) + b
+    res = rng.standard_normal(ref.shape).astype("float32")
+    bb = relax.BlockBuilder()
+    params = [relax.Var("x", relax.TensorType(x.shape, "float32"))] + \
+        ([relax.Var("r", relax.TensorType(res.shape, "float32"))] if residual else [])
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(params[0], relax.const(w), strides=stride, padding=pad, groups=groups))
+            y = bb.emit(relax.op.add(y, relax.const(b)))
+            y = bb.emit(relax.op.add(y, params[1])) if residual else y
+            out = bb.emit_output(_act(bb, act, y))
+        bb.emit_func_output(out)
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(bb.get(), arch), [x] + ([res] if residual else []))
+    _check(out, REFERENCE[act](ref + (res if residual else 0)), act)
+    assert prof.kernels
 
 
 def test_swiglu_is_two_kernels():
