@@ -112,6 +112,9 @@ def with_float_tail(spec, annotated: dict, name: str):
     if (act or "multiplier" in annotated) and (spec.acc_dtype != "float32" or spec.requant_zero_point is not None):
         raise UnsupportedOperator(f"an activation or a multiply after a {spec.op} is fused for float32 "
                                   f"(this one accumulates {spec.acc_dtype})")
+    if act and spec.symbols:  # lower/ragged.py cuts a ragged tile's EPILOGUE, not the FABRIC / VFUNC after it
+        raise UnsupportedOperator(f"{act} after a {spec.op} with symbolic sizes runs as its own kernel (the "
+                                  "last tile is cut to the rows that exist; the activation's commands are not)")
     spec = dataclasses.replace(spec, act=act)
     return _with_multiplier(spec, annotated) if "multiplier" in annotated else spec
 

@@ -44,9 +44,12 @@ def act_passes(act: str) -> tuple:
 def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool, residual: bool = False,
                     clip=None, zero_point: int | None = None, body=None, act: str | None = None,
                     multiplier: bool = False, scope: str = SPAD):
-    """EPILOGUE over a rows x cols tile (vector_unit.epilogue_intrin), then with `act` (one of
-    TAIL_ACTS) its activation and with `multiplier` an ELTWISE multiply by tile Mul (rows x
-    cols), float32 only."""
+    """EPILOGUE over a rows x cols tile of the accumulator (`dtype`): out = requantise?(clip?(relu?(acc +
+    bias? + residual?)), scale, zero_point), then with `body` (a FabricBody) a FABRIC runs it over
+    the output tile in place; then (float32) with `act` a sigmoid, silu, gelu_tanh (FABRIC bodies)
+    or gelu (VFUNC) of it and with `multiplier` an ELTWISE multiply by a rows x cols tile. bias: a
+    row of cols; residual: a rows x cols tile; clip: None or (lo, hi); zero_point: None, or an int8
+    output requantised with a float32 scale row (int32 accumulators only)."""
     plain = dict(bias=bias, relu=relu, residual=residual, clip=clip, zero_point=zero_point, body=body)
     if act is None and not multiplier:
         return plain_epilogue_intrin(rows, cols, dtype, **plain, scope=scope)
