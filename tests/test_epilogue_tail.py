@@ -139,6 +139,48 @@ def test_conv2d_tail_matches_numpy(channels, size, filters, kernel, stride, act,
     assert prof.kernels
 
 
+@settings(max_examples=8, deadline=None)
+@given(channels=st.integers(1, 8), size=st.integers(3, 9), filters=st.integers(1, 12), kernel=st.integers(1, 3),
+       shift=st.booleans(), tail=st.sampled_from(["none", "relu", "clip", "silu"]), matmul=st.booleans(),
+       arch=st.sampled_from(PRESETS), seed=st.integers(0, 2**16))
+def test_per_channel_scale_and_shift_after_the_bias(channels, size, filters, kernel, shift, tail, matmul, arch, seed):
+    """conv2d (or matmul) + bias, * a constant per channel [+ one], then relu, clip or SiLU: a
+    batch norm as Mul + Add after a conv (DenseNet's bottleneck) in the conv's epilogue, one kernel,
+    computing what the four kernels compute (each op in float32, in order)."""
+    rng = np.random.default_rng(seed)
+    if matmul:
+        x = rng.standard_normal((size * 2, channels * 3)).astype("float32")
+        w = rng.standard_normal((channels * 3, filters)).astype("float32")
+        row = (filters,)
+        ref = x.astype(np.float64) @ w
+    else:
+        x = rng.standard_normal((1, channels, size, size)).astype("float32")
+        w = rng.standard_normal((filters, channels, kernel, kernel)).astype("float32")
+        row = (1, filters, 1, 1)
+        ref = conv2d_reference(x.astype(np.float64), w.astype(np.float64), (1, 1), (kernel // 2,) * 4)
+    b, scale, offset = (rng.standard_normal(row).astype("float32") for _ in range(3))
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(xv, relax.const(w)) if matmul else
+                        relax.op.nn.conv2d(xv, relax.const(w), padding=kernel // 2))
+            y = bb.emit(relax.op.add(y, relax.const(b)))
+            y = bb.emit(relax.op.multiply(y, relax.const(scale)))
+            y = bb.emit(relax.op.add(y, relax.const(offset))) if shift else y
+            y = {"none": lambda: y, "relu": lambda: bb.emit(relax.op.nn.relu(y)),
+                 "clip": lambda: bb.emit(relax.op.clip(y, -1.0, 2.0)), "silu": lambda: _act(bb, "silu_mul", y)}[tail]()
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(bb.get(), arch), [x])
+    ref = (ref + b) * scale + (offset if shift else 0)
+    ref = {"none": ref, "relu": np.maximum(ref, 0), "clip": np.clip(ref, -1, 2), "silu": REFERENCE["silu"](ref)}[tail]
+    _check(out, ref, "silu" if tail == "silu" else "none")
+    if tail != "silu":  # nothing declines the rest
+        assert len(prof.kernels) == 1, [k.source_ops for k in prof.kernels]
+
+
 def test_swiglu_is_two_kernels():
     """Llama's MLP gate: silu(x Wg) * (x Wu), each linear on a (1, 32, 64) activation, runs as two
     kernels (the gate's with SiLU, the up projection's with the multiply) instead of four."""

@@ -77,7 +77,7 @@ def reads_what_it_computes(context, annotations: dict | None = None) -> bool:
 
 #: Operand roles that may be computed from the match's own result outside it (the residual or
 #: multiplier of `reshape(mm) * tanh(reshape(mm))`); `operand_depends_on_match` looks for that.
-_DOWNSTREAM_ROLES = ("residual", "multiplier")
+_DOWNSTREAM_ROLES = ("residual", "multiplier", "ch_scale", "ch_shift")
 
 
 def operand_depends_on_match(context) -> bool:

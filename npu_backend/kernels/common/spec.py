@@ -75,6 +75,10 @@ class KernelSpec:
     # (role "multiplier": SwiGLU's gate times the up projection).
     act: str | None = None
     multiplier_shape: tuple | None = None
+    # Before the relu / clip / activation, float32: a multiply by a constant per output channel
+    # (roles "ch_scale", "ch_shift"), then an add of one: a batch norm written as Mul + Add.
+    channel_scale_shape: tuple | None = None
+    channel_shift_shape: tuple | None = None
     # conv2d: how each tensor is stored. lhs_shape, rhs_shape and output_shape stay logical
     # (N, C, H, W) / (O, I, H, W); a layout is a permutation of those axes, e.g. "NHWC", "HWIO".
     data_layout: str = "NCHW"
@@ -109,6 +113,8 @@ class KernelSpec:
         return self.param_roles or (("lhs", "rhs") + (("bias",) if self.bias_shape else ())
                                     + (("residual",) if self.residual_shape else ())
                                     + (("multiplier",) if self.multiplier_shape else ())
+                                    + (("ch_scale",) if self.channel_scale_shape else ())
+                                    + (("ch_shift",) if self.channel_shift_shape else ())
                                     + (("scale",) if self.scale_shape else ()))
 
     @property

@@ -282,11 +282,15 @@ def epilogue_operands(spec: KernelSpec, out_shape) -> dict:
     """The epilogue's parameters as placeholders (None where the spec has none): the bias, the
     residual and the multiplier (shaped as the kernel stores its output, `out_shape`), the
     requantisation scale."""
+    multiplier = te.placeholder(out_shape, spec.acc_dtype, name="multiplier") if spec.multiplier_shape else None
     return {"bias": te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None,
             "residual": te.placeholder(out_shape, spec.acc_dtype, name="residual") if spec.residual_shape else None,
-            "multiplier": te.placeholder(out_shape, spec.acc_dtype, name="multiplier") if spec.multiplier_shape
-            else None,
-            "scale": te.placeholder(spec.scale_shape, "float32", name="scale") if spec.scale_shape else None}
+            "multiplier": multiplier,
+            "scale": te.placeholder(spec.scale_shape, "float32", name="scale") if spec.scale_shape else None,
+            **{role: te.placeholder(shape, spec.acc_dtype, name=role) if shape else None
+               for role, shape in (("ch_scale", spec.channel_scale_shape), ("ch_shift", spec.channel_shift_shape))},
+            # a multiply by a tensor matched as the scale's pattern passes it as "ch_scale"
+            **({"ch_scale": multiplier} if multiplier is not None and not spec.channel_scale_shape else {})}
 
 
 def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=None, residual_tile=None):
@@ -299,6 +303,9 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
     `residual_tile`, a tile of acc's shape the kernel computes from what it already holds."""
     bias_pad = _channel_row(spec, acc, tiling, operands["bias"], spec.bias_shape, "bias_pad")
     scale_pad = _channel_row(spec, acc, tiling, operands["scale"], spec.scale_shape, "scale_pad")
+    cscale_pad = _channel_row(spec, acc, tiling, operands.get("ch_scale") if spec.channel_scale_shape else None,
+                              spec.channel_scale_shape, "cscale_pad")
+    cshift_pad = _channel_row(spec, acc, tiling, operands.get("ch_shift"), spec.channel_shift_shape, "cshift_pad")
     residual, res_pad = operands["residual"], residual_tile
     if residual is not None and res_pad is None:
         shape = list(residual.shape)  # ints, or a symbolic axis's variable
@@ -315,6 +322,8 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
         value = acc(*idx)
         value = value + row(bias_pad, idx) if bias_pad is not None else value
         value = value + res_pad(*idx) if res_pad is not None else value
+        value = value * row(cscale_pad, idx) if cscale_pad is not None else value
+        value = value + row(cshift_pad, idx) if cshift_pad is not None else value
         value = activation(value, spec.acc_dtype, spec.relu, spec.clip)
         if spec.fabric_body:
             value = body_value(FabricBody(spec.fabric_body, spec.acc_dtype), value)
@@ -350,7 +359,8 @@ def channel_axis(shape) -> int:
 
 def channel_rows(spec: KernelSpec) -> tuple:
     """The blocks of the per-channel rows the epilogue reads (bias, requantisation scale)."""
-    return (("bias_pad",) if spec.bias_shape else ()) + (("scale_pad",) if spec.scale_shape else ())
+    return (("bias_pad",) if spec.bias_shape else ()) + (("scale_pad",) if spec.scale_shape else ()) + \
+        (("cscale_pad",) if spec.channel_scale_shape else ()) + (("cshift_pad",) if spec.channel_shift_shape else ())
 
 
 def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
@@ -358,6 +368,8 @@ def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
     rows = tiling.tm if rows is None else rows
     body = FabricBody(spec.fabric_body, spec.acc_dtype) if spec.fabric_body else None
     tail = dict(act=spec.act, multiplier=bool(spec.multiplier_shape)) if spec.act or spec.multiplier_shape else {}
+    if spec.channel_scale_shape:
+        tail = dict(tail, channel_scale=True, channel_shift=bool(spec.channel_shift_shape))
     return get_intrin("epilogue", rows, tiling.tn, spec.acc_dtype, bias=bool(spec.bias_shape), relu=spec.relu,
                       residual=bool(spec.residual_shape), clip=spec.clip, zero_point=spec.requant_zero_point,
                       body=body, **tail)

@@ -59,18 +59,25 @@ def tail_graphs(roots) -> list[tuple]:
             *(is_op("relax.add")(*pair) for inner in (reshape, with_bias) for pair in ((residual, inner), (inner, residual))),
             reshape, with_bias,
             is_op("relax.add")(residual, root.pattern), is_op("relax.add")(root.pattern, residual), root.pattern])
-        sigmoid = is_op("relax.sigmoid")(with_res)
+        # Wildcards, not constants: inside the composite the constants are its parameters, and the
+        # target hook matches the pattern there again (a multiply by a tensor of the output's
+        # shape with nothing after it is read as the multiplier).
+        ch_scale, ch_shift = wildcard(), wildcard()
+        scaled = is_op("relax.multiply")(with_res, ch_scale)
+        shifted = is_op("relax.add")(scaled, ch_shift) | scaled | with_res  # a batch norm as Mul + Add
+        sigmoid = is_op("relax.sigmoid")(shifted)
         act = functools.reduce(lambda a, b: a | b, [
-            sigmoid, is_op("relax.nn.silu")(with_res), is_op("relax.nn.gelu_tanh")(with_res),
-            is_op("relax.nn.gelu")(with_res), is_op("relax.multiply")(with_res, sigmoid),
-            is_op("relax.multiply")(sigmoid, with_res)])
-        relu = is_op("relax.nn.relu")(with_res)
-        clip = is_op("relax.clip")(with_res, wildcard(), wildcard())
-        activated = act | relu | clip | with_res
+            sigmoid, is_op("relax.nn.silu")(shifted), is_op("relax.nn.gelu_tanh")(shifted),
+            is_op("relax.nn.gelu")(shifted), is_op("relax.multiply")(shifted, sigmoid),
+            is_op("relax.multiply")(sigmoid, shifted)])
+        relu = is_op("relax.nn.relu")(shifted)
+        clip = is_op("relax.clip")(shifted, wildcard(), wildcard())
+        activated = act | relu | clip | shifted
         top = activated | is_op("relax.multiply")(multiplier, activated) | \
             is_op("relax.multiply")(activated, multiplier)
         annotations = {"root": root.pattern, **root.roles, "bias": bias, "residual": residual, "reshape": reshape,
-                       "act": act, "relu": relu, "clip": clip, "multiplier": multiplier}
+                       "act": act, "relu": relu, "clip": clip, "multiplier": multiplier, "ch_scale": ch_scale,
+                       "ch_shift": ch_shift}
         graphs.append((f"cgra.{root.name}{SUFFIX}", top, annotations, root.name))
     return graphs
 
@@ -105,9 +112,10 @@ def caller_out_shape(spec) -> tuple:
 def with_float_tail(spec, annotated: dict, name: str):
     """`spec` with the activation and the multiplier of a tail pattern's match; refuses a
     match the plain chains take (module doc) and what the kernel cannot run."""
+    annotated = _scale_as_multiplier(spec, annotated)
     act = _act(annotated)
     plain_after_reshape = "reshape" in annotated and any(r in annotated for r in ("residual", "relu", "clip"))
-    if act is None and "multiplier" not in annotated and not plain_after_reshape:
+    if act is None and "multiplier" not in annotated and "ch_scale" not in annotated and not plain_after_reshape:
         raise UnsupportedOperator(f"'{name}' matched only what the plain epilogue chains take")
     if (act or "multiplier" in annotated) and (spec.acc_dtype != "float32" or spec.requant_zero_point is not None):
         raise UnsupportedOperator(f"an activation or a multiply after a {spec.op} is fused for float32 "
@@ -116,7 +124,45 @@ def with_float_tail(spec, annotated: dict, name: str):
         raise UnsupportedOperator(f"{act} after a {spec.op} with symbolic sizes runs as its own kernel (the "
                                   "last tile is cut to the rows that exist; the activation's commands are not)")
     spec = dataclasses.replace(spec, act=act)
+    spec = _with_channel_affine(spec, annotated) if "ch_scale" in annotated else spec
     return _with_multiplier(spec, annotated) if "multiplier" in annotated else spec
+
+
+def _scale_as_multiplier(spec, annotated: dict) -> dict:
+    """A "ch_scale" of the output's shape, with nothing after its multiply, is the multiplier."""
+    if "ch_scale" not in annotated or any(r in annotated for r in ("ch_shift", "act", "relu", "clip", "multiplier")):
+        return annotated
+    shape = tuple(require_static_shape(annotated["ch_scale"], "multiplier", UnsupportedOperator))
+    if _per_channel(spec, shape) and shape != caller_out_shape(spec):
+        return annotated
+    roles = {role: expr for role, expr in annotated.items() if role != "ch_scale"}
+    return {**roles, "multiplier": annotated["ch_scale"]}
+
+
+def _with_channel_affine(spec, annotated: dict):
+    """`spec` with a multiply by a constant per output channel (and an add of one) before its
+    relu / clip / activation: a batch norm after the bias, as Mul + Add (DenseNet's)."""
+    if spec.acc_dtype != "float32" or spec.compute_name not in ("conv2d", "matmul") or spec.grouped or spec.symbols:
+        raise UnsupportedOperator(f"a per-channel multiply after a {spec.compute_name} is fused for float32 NCHW "
+                                  "conv2d and 2-D matmul with static sizes: it runs on its own")
+    shapes = {}
+    for role in ("ch_scale", "ch_shift"):
+        if role in annotated:
+            shape = tuple(require_static_shape(annotated[role], role, UnsupportedOperator))
+            if dtype_of(annotated[role]) != "float32" or not _per_channel(spec, shape):
+                raise UnsupportedOperator(f"the {spec.op}'s multiply or add by a constant of shape {shape} is not "
+                                          "one float32 value per output channel")
+            shapes[role] = shape
+    return dataclasses.replace(spec, channel_scale_shape=shapes["ch_scale"],
+                               channel_shift_shape=shapes.get("ch_shift"))
+
+
+def _per_channel(spec, shape: tuple) -> bool:
+    """Whether a constant of `shape` broadcasts one value per output channel over the output."""
+    if spec.op == "matmul":
+        return len(shape) >= 1 and shape[-1] == spec.gemm_extents[1] and all(d == 1 for d in shape[:-1])
+    channels = spec.rhs_shape[0]
+    return len(shape) in (3, 4) and shape[-3] == channels and all(d == 1 for d in shape[:-3] + shape[-2:])
 
 
 def _act(annotated: dict) -> str | None:
@@ -143,7 +189,8 @@ def _with_multiplier(spec, annotated: dict):
     if shape != caller_out_shape(spec):
         raise UnsupportedOperator(f"the multiplier of shape {shape} is not of the output's shape "
                                   f"{caller_out_shape(spec)} (a broadcast multiply runs on its own)")
-    view = (("multiplier", shape),) if shape != tuple(spec.output_shape) else ()
+    # (under both roles: a multiply read as the scale's pattern passes its tensor as "ch_scale")
+    view = (("multiplier", shape), ("ch_scale", shape)) if shape != tuple(spec.output_shape) else ()
     return dataclasses.replace(spec, multiplier_shape=shape, caller_shapes=spec.caller_shapes + view)
 
 

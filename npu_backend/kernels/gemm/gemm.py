@@ -40,7 +40,8 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     once per problem and chip: partitioning asks (does it fit?) and then the kernel stage."""
     key = (spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), spec.row_step,
            bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
-           _any_rows(spec), spec.pixel_order, _taps(spec), spec.act, bool(spec.multiplier_shape), arch.fingerprint)
+           _any_rows(spec), spec.pixel_order, _taps(spec), spec.act, bool(spec.multiplier_shape),
+           bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape), arch.fingerprint)
     if key not in _TILINGS:
         if len(_TILINGS) >= 4096:
             _TILINGS.clear()
@@ -49,7 +50,8 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
                                       has_scale=bool(spec.scale_shape), store_rows=store_walks_rows(spec),
                                       any_rows=_any_rows(spec), taps=_taps(spec),
                                       ragged=spec.pixel_order != "blocks", has_multiplier=bool(spec.multiplier_shape),
-                                      tail_cycles=tail_tile_cycles(spec, arch))
+                                      tail_cycles=tail_tile_cycles(spec, arch),
+                                      extra_rows=bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape))
     check_tail_padding(spec, _TILINGS[key], arch)
     return _TILINGS[key]
 
@@ -72,7 +74,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                   has_bias: bool, arch: HardwareDescription, row_step: int = 1,
                   has_residual: bool = False, has_scale: bool = False, store_rows: int = 0,
                   any_rows: bool = False, taps: int = 1, ragged: bool = True, has_multiplier: bool = False,
-                  tail_cycles=None) -> Tiling:
+                  tail_cycles=None, extra_rows: int = 0) -> Tiling:
     """The tiling with the fewest estimated cycles among those that fit the scratchpad.
 
     With `any_rows` (symbolic rows, `rows` their bound) one tiling serves every size up to
@@ -109,10 +111,10 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
             # cannot fit even unpadded, none fits (this keeps a large bound, e.g. a symbolic
             # batch x sequence, from enumerating a million row tiles).
             if gemm_footprint(tm, tn, shallowest, in_bytes, acc_bytes, has_bias, has_residual,
-                              has_scale, extra_tiles=int(has_multiplier)) > arch.spad_bytes:
+                              has_scale, extra_tiles=int(has_multiplier), extra_rows=extra_rows) > arch.spad_bytes:
                 break
             tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual, out_row,
-                                    has_scale, extra_tiles=int(has_multiplier))
+                                    has_scale, extra_tiles=int(has_multiplier), extra_rows=extra_rows)
             if tk is not None:
                 candidates.append((tm, tn, tk))
     candidates.sort()  # ties go to the smaller row tile, as they always have
@@ -240,24 +242,24 @@ def _gemm_step_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype: 
 
 
 def _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual, out_row,
-                       has_scale=False, extra_tiles=0):
+                       has_scale=False, extra_tiles=0, extra_rows=0):
     for tk in _k_candidates(depth):
         a_row = a_row_stride(tm, tk, in_bytes, arch)
         if gemm_footprint(tm, tn, tk, in_bytes, acc_bytes, has_bias, has_residual, has_scale, a_row, out_row,
-                          extra_tiles) <= arch.spad_bytes:
+                          extra_tiles, extra_rows) <= arch.spad_bytes:
             return tk
     return None
 
 
 def gemm_footprint(tm: int, tn: int, tk: int, in_bytes: int, acc_bytes: int, has_bias: bool,
                    has_residual: bool = False, has_scale: bool = False, a_row: int | None = None,
-                   out_row: int | None = None, extra_tiles: int = 0) -> int:
+                   out_row: int | None = None, extra_tiles: int = 0, extra_rows: int = 0) -> int:
     """Scratchpad bytes a GEMM kernel's buffers take (operand tiles, accumulator, output, bias,
     residual tile, requantisation scale row), each twice: every tile is double-buffered
     (lower/double_buffer.py). An int8 output is counted at the accumulator's size. `a_row` and
     `out_row`: the row strides (elements) of the A tile and the output tile when the schedule
     pads them against bank conflicts (spad_layout.py); compact by default. `extra_tiles`: more
-    output-sized operand tiles (a multiplier)."""
+    output-sized operand tiles (a multiplier); `extra_rows`: more rows of tn (a per-channel scale, shift)."""
     a_row, out_row = a_row or tk, out_row or tn
     total = aligned(2 * tm * a_row * in_bytes) + aligned(2 * tk * tn * in_bytes)
     total += (2 if has_residual else 1) * aligned(2 * tm * tn * acc_bytes) + extra_tiles * aligned(2 * tm * tn * acc_bytes)
@@ -266,6 +268,7 @@ def gemm_footprint(tm: int, tn: int, tk: int, in_bytes: int, acc_bytes: int, has
         total += aligned(2 * tn * acc_bytes)
     if has_scale:
         total += aligned(2 * tn * 4)
+    total += extra_rows * aligned(2 * tn * acc_bytes)
     return total
 
 

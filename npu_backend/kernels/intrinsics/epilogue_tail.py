@@ -23,7 +23,7 @@ from .builder import SPAD, Tile, intrinsic
 from .fabric import body_value, fabric_call
 from .row_ops import vfunc_call, vfunc_value
 from .smooth import smooth_calls, smooth_value
-from .vector_unit import eltwise_call, epilogue_call, epilogue_value
+from .vector_unit import activation, eltwise_call, epilogue_call, epilogue_value
 from .vector_unit import epilogue_intrin as plain_epilogue_intrin
 
 #: Activations after the epilogue: the smooth family's (FABRIC bodies) and GELU's erf form (VFUNC).
@@ -43,25 +43,37 @@ def act_passes(act: str) -> tuple:
 
 def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool, residual: bool = False,
                     clip=None, zero_point: int | None = None, body=None, act: str | None = None,
-                    multiplier: bool = False, scope: str = SPAD):
+                    multiplier: bool = False, channel_scale: bool = False, channel_shift: bool = False,
+                    scope: str = SPAD):
     """EPILOGUE over a rows x cols tile of the accumulator (`dtype`): out = requantise?(clip?(relu?(acc +
     bias? + residual?)), scale, zero_point), then with `body` (a FabricBody) a FABRIC runs it over
-    the output tile in place; then (float32) with `act` a sigmoid, silu, gelu_tanh (FABRIC bodies)
+    the output tile in place; float32: with `channel_scale` (and `channel_shift`) the sum is
+    multiplied by a row of cols (ELTWISE) and that row added (a second EPILOGUE, with the relu or
+    clip) before the relu or clip; then with `act` a sigmoid, silu, gelu_tanh (FABRIC bodies)
     or gelu (VFUNC) of it and with `multiplier` an ELTWISE multiply by a rows x cols tile. bias: a
     row of cols; residual: a rows x cols tile; clip: None or (lo, hi); zero_point: None, or an int8
     output requantised with a float32 scale row (int32 accumulators only)."""
     plain = dict(bias=bias, relu=relu, residual=residual, clip=clip, zero_point=zero_point, body=body)
-    if act is None and not multiplier:
+    if act is None and not multiplier and not channel_scale:
         return plain_epilogue_intrin(rows, cols, dtype, **plain, scope=scope)
-    if dtype != "float32" or zero_point is not None or (act is not None and act not in TAIL_ACTS):
+    if dtype != "float32" or zero_point is not None or (act is not None and act not in TAIL_ACTS) or \
+            (channel_shift and not channel_scale):
         raise ValueError(f"an epilogue's activation {act} and multiplier are float32 ({dtype}, requantising: "
                          f"{zero_point is not None}); activations {TAIL_ACTS}")
     inputs = [Tile("Acc", (rows, cols), dtype)] + ([Tile("Bias", (cols,), dtype)] if bias else []) \
         + ([Tile("Res", (rows, cols), dtype)] if residual else []) \
-        + ([Tile("Mul", (rows, cols), dtype)] if multiplier else [])
+        + ([Tile("Mul", (rows, cols), dtype)] if multiplier else []) \
+        + ([Tile("CScale", (cols,), dtype)] if channel_scale else []) \
+        + ([Tile("CShift", (cols,), dtype)] if channel_shift else [])
 
     def value(buffers, i, j):
-        total = epilogue_value(buffers, i, j, dtype, bias=bias, relu=relu, residual=residual, clip=clip)
+        if channel_scale:
+            total = epilogue_value(buffers, i, j, dtype, bias=bias, relu=False, residual=residual, clip=None)
+            total = total * buffers["CScale"][j]
+            total = total + buffers["CShift"][j] if channel_shift else total
+            total = activation(total, dtype, relu, clip)
+        else:
+            total = epilogue_value(buffers, i, j, dtype, bias=bias, relu=relu, residual=residual, clip=clip)
         total = body_value(body, total) if body is not None else total
         total = act_value(act, total) if act is not None else total
         return total * buffers["Mul"][i, j] if multiplier else total
@@ -69,8 +81,16 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     def call(buffers, strides):
         acc, out = (buffers["Acc"], strides["Acc"][0]), (buffers["Out"], strides["Out"][0])
         first = acc if act in SMOOTH_ACTS else out  # where the EPILOGUE's value goes
-        calls = [epilogue_call(buffers, strides, rows, cols, dtype, dtype, bias=bias, relu=relu,
-                               residual=residual, clip=clip, out=first)]
+        if channel_scale:  # the sum, times the row, plus the row with the relu or clip
+            calls = [epilogue_call(buffers, strides, rows, cols, dtype, dtype, bias=bias, relu=False,
+                                   residual=residual, clip=None, out=first),
+                     eltwise_call("multiply", dtype, rows, cols, (*first, 1), (buffers["CScale"], 0, 1), first)]
+            shift = {"Acc": first[0], **({"Bias": buffers["CShift"]} if channel_shift else {})}
+            calls.append(epilogue_call(shift, {"Acc": (first[1],)}, rows, cols, dtype, dtype, bias=channel_shift,
+                                       relu=relu, residual=False, clip=clip, out=first))
+        else:
+            calls = [epilogue_call(buffers, strides, rows, cols, dtype, dtype, bias=bias, relu=relu,
+                                   residual=residual, clip=clip, out=first)]
         if body is not None:
             calls.append(fabric_call(body, rows, cols, *first, *first))
         if act in SMOOTH_ACTS:
