@@ -256,32 +256,46 @@ def _multiply(stream, rows, cols, a, b, out):
 @settings(max_examples=12, deadline=None)
 @given(rows=st.integers(1, 9), cols=st.integers(1, 9), act=st.sampled_from(["sigmoid", "silu", "gelu_tanh", "gelu",
                                                                             None]),
-       bias=st.booleans(), residual=st.booleans(), multiplier=st.booleans(), seed=st.integers(0, 2**16))
-def test_epilogue_tail_three_ways(rows, cols, act, bias, residual, multiplier, seed):
+       bias=st.booleans(), residual=st.booleans(), multiplier=st.booleans(), channel=st.booleans(),
+       relu=st.booleans(), seed=st.integers(0, 2**16))
+def test_epilogue_tail_three_ways(rows, cols, act, bias, residual, multiplier, channel, relu, seed):
     """EPILOGUE [+ bias] [+ residual], the activation's FABRIC bodies (from the accumulator tile,
     which the EPILOGUE writes in place) or VFUNC (in place on the output), then ELTWISE times the
     multiplier: the simulator bit-exact to the numpy model, within the functions' bounds of the
-    host's TIR; the implementation's calls start with the EPILOGUE."""
-    multiplier = multiplier or act is None
+    host's TIR; the implementation's calls start with the EPILOGUE. With `channel`, a row of
+    scales multiplies the sum (ELTWISE) and a row of shifts is added with the relu (an EPILOGUE)."""
+    multiplier = multiplier or (act is None and not channel)
+    relu = relu and act is None
     rng = np.random.default_rng(seed)
-    acc, row, res, mul = (rng.standard_normal(shape).astype("float32") * 2
-                          for shape in ((rows, cols), (cols,), (rows, cols), (rows, cols)))
+    acc, row, res, mul, scale, shift = (rng.standard_normal(shape).astype("float32") * 2 for shape in (
+        (rows, cols), (cols,), (rows, cols), (rows, cols), (cols,), (cols,)))
     out = np.zeros((rows, cols), "float32")
-    desc, impl = INTRINSICS["epilogue"].factory(rows, cols, "float32", bias=bias, relu=False, residual=residual,
-                                                act=act, multiplier=multiplier, scope="global")
-    operands = [acc] + ([row] if bias else []) + ([res] if residual else []) + ([mul] if multiplier else []) + [out]
+    desc, impl = INTRINSICS["epilogue"].factory(rows, cols, "float32", bias=bias, relu=relu, residual=residual,
+                                                act=act, multiplier=multiplier, channel_scale=channel,
+                                                channel_shift=channel, scope="global")
+    operands = [acc] + ([row] if bias else []) + ([res] if residual else []) + ([mul] if multiplier else []) + \
+        ([scale, shift] if channel else []) + [out]
     tir_out = _tir_reference(desc, operands)[-1]
     stream = _Stream(operands)
     stream.load(*range(len(operands) - 1))
     slot = {name: stream.addr[i] for i, name in enumerate(
-        ["acc"] + (["bias"] if bias else []) + (["res"] if residual else []) + (["mul"] if multiplier else []) + ["out"])}
+        ["acc"] + (["bias"] if bias else []) + (["res"] if residual else []) + (["mul"] if multiplier else []) +
+        (["scale", "shift"] if channel else []) + ["out"])}
     smooth_act = act in ("sigmoid", "silu", "gelu_tanh")
     first = slot["acc"] if smooth_act else slot["out"]
     code = int(DType.FLOAT32)
     stream.commands.append(encode(
-        Op.EPILOGUE, flags=(1 if bias else 0) | (4 if residual else 0), acc_dtype=code, out_dtype=code, m=rows,
-        n=cols, acc_addr=slot["acc"], acc_stride=cols, bias_addr=slot.get("bias", 0),
-        residual_addr=slot.get("res", 0), residual_stride=cols if residual else 0, out_addr=first, out_stride=cols))
+        Op.EPILOGUE, flags=(1 if bias else 0) | (4 if residual else 0) | (2 if relu and not channel else 0),
+        acc_dtype=code, out_dtype=code, m=rows, n=cols, acc_addr=slot["acc"], acc_stride=cols,
+        bias_addr=slot.get("bias", 0), residual_addr=slot.get("res", 0), residual_stride=cols if residual else 0,
+        out_addr=first, out_stride=cols))
+    if channel:
+        stream.commands.append(encode(
+            Op.ELTWISE, func=EltwiseFunc.MULTIPLY, dtype=code, rows=rows, cols=cols, a_addr=first, a_row_stride=cols,
+            a_col_stride=1, b_addr=slot["scale"], b_row_stride=0, b_col_stride=1, out_addr=first, out_stride=cols))
+        stream.commands.append(encode(
+            Op.EPILOGUE, flags=1 | (2 if relu else 0), acc_dtype=code, out_dtype=code, m=rows, n=cols, acc_addr=first,
+            acc_stride=cols, bias_addr=slot["shift"], out_addr=first, out_stride=cols))
     if smooth_act:
         *passes, logistic = smooth.passes(act)
         for index, nodes in enumerate(passes):
@@ -298,13 +312,15 @@ def test_epilogue_tail_three_ways(rows, cols, act, bias, residual, multiplier, s
     stream.store(len(operands) - 1)
     sim_out = stream.run()[-1]
     value = acc + (row if bias else np.float32(0)) + (res if residual else np.float32(0))
+    value = value * scale + shift if channel else value
+    value = np.maximum(value, np.float32(0)) if relu else value
     value = _model(act, value) if act else value
     np.testing.assert_array_equal(sim_out, value * mul if multiplier else value)
     np.testing.assert_allclose(sim_out, tir_out, rtol=4e-5, atol=1e-5)
     text = impl.script()
     assert all((f'"cgra_{name}"' in text) == expected for name, expected in (
         ("epilogue", True), ("fabric", smooth_act), ("vfunc", act == "gelu"),
-        ("eltwise", multiplier or act in ("silu", "gelu_tanh"))))
+        ("eltwise", multiplier or channel or act in ("silu", "gelu_tanh"))))
 
 
 def test_epilogue_without_a_tail_is_the_plain_intrinsic():
