@@ -12,8 +12,9 @@ that onnxruntime's CPU provider fuses into QLinearConv / QLinearMatMul / QGemm i
     q   = quantize(multiply(astype([relu](acc), "float32"), M), 1.0, yzp)        (int8)
     M[c] = float32(float32(xs * ws[c]) / ys)                                     (onnxruntime's order)
 
-(x' is x, or x padded on the host with its zero point when the conv2d pads: the padding then
-stands for the real value 0, as QLinearConv pads.) The patterns fuse that chain into one NPU
+(x' is x, or pad(x) with its zero point when the conv2d pads: the padding then stands for the
+real value 0, as QLinearConv pads. With zero point -128, int8's lowest value, the conv2d kernel
+takes the pad into its DMA halo, kernels/gemm/conv2d.py; with another, it runs on the host.) The patterns fuse that chain into one NPU
 kernel whose EPILOGUE requantises (docs/simulator.md gives the arithmetic); a chain the NPU
 refuses runs on the host with the same arithmetic (relax's quantize rounds half to even).
 
