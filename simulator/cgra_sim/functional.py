@@ -192,7 +192,13 @@ def _vfunc(cmd: VfuncCommand, spad: np.ndarray) -> None:
 
 def _fabric(cmd: FabricCommand, spad: np.ndarray) -> None:
     b = cmd.b.view(spad) if cmd.b is not None else None
-    cmd.out.view(spad)[...] = body.evaluate(cmd.body, cmd.dtype.numpy_name, cmd.a.view(spad), b)
+    if not cmd.int8:
+        cmd.out.view(spad)[...] = body.evaluate(cmd.body, cmd.dtype.numpy_name, cmd.a.view(spad), b)
+        return
+    # FABRIC_INT8: int8 operands sign-extended into the int32 body, its output saturated to int8.
+    a = cmd.a.view(spad).astype(np.int32)
+    value = body.evaluate(cmd.body, "int32", a, None if b is None else b.astype(np.int32))
+    cmd.out.view(spad)[...] = np.clip(value, -128, 127).astype(np.int8)
 
 
 def requantise(acc: np.ndarray, scale: np.ndarray, zero_point: int) -> np.ndarray:
