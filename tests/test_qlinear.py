@@ -1,11 +1,13 @@
-"""Integer adds between quantized tensors (issue 37 item 0): QLinearAdd as one FABRIC_INT8 kernel.
+"""Ops between quantized tensors (issue 37 item 0): QLinearAdd and QLinearMul as one FABRIC_INT8 kernel.
 
 1. The simulator's FABRIC_INT8 (int8 operands read sign-extended into an int32 body, the output
    saturated to int8) against numpy, on random int32 bodies; what it refuses.
 2. normalise/qlinear.py: the fixed-point parameters follow MLAS's rules; what it leaves alone.
 3. The compiled QLinearAdd against its numpy fixed-point model (property test): one kernel, no
    host call, bit-exact.
-4. A QDQ residual block (two convs, Add, Relu with zero point -128) against onnxruntime: its Add
+4. The compiled QLinearMul (a squeeze-excite's per-channel scale, x * gate) against its numpy
+   float32 model: one kernel, bit-exact.
+5. A QDQ residual block (two convs, Add, Relu with zero point -128) against onnxruntime: its Add
    is one NPU kernel; its result is onnxruntime's where the sum is not within 2**-21 of a half
    step (onnxruntime on AVX2 computes QLinearAdd in float32, on Arm in this fixed point).
 """
@@ -34,11 +36,11 @@ ARCH = load_arch("cgra-4x4")
 
 # ---------------------------------------------------------------- the simulator's FABRIC_INT8
 
-def _int8_stream(body, rows, cols):
-    words = bodies.encode(body, "int32")
+def _int8_stream(body, rows, cols, dtype="int32"):
+    words = bodies.encode(body, dtype)
     records = [dma_record(Op.DMA_LOAD, 0, 0, [(rows * cols, 0, 1, 1)]),
                dma_record(Op.DMA_LOAD, 1, 1024, [(rows * cols, 0, 1, 1)]),
-               encode(Op.FABRIC, flags=FABRIC_INPUT_B | FABRIC_INT8, dtype=DType.INT32, rows=rows, cols=cols,
+               encode(Op.FABRIC, flags=FABRIC_INPUT_B | FABRIC_INT8, dtype=DType.from_name(dtype), rows=rows, cols=cols,
                       a_addr=0, a_row_stride=cols, a_col_stride=1, b_addr=1024, b_row_stride=cols, b_col_stride=1,
                       out_addr=2048, out_stride=cols, nodes=len(words), **{f"node{i}": w for i, w in enumerate(words)}),
                dma_record(Op.DMA_STORE, 2, 2048, [(rows * cols, 0, 1, 1)])]
@@ -58,12 +60,19 @@ def test_fabric_int8_is_its_int32_body_saturated(case, rows, cols, seed):
     np.testing.assert_array_equal(out, np.clip(expected, -128, 127).astype(np.int8))
 
 
-def test_fabric_int8_takes_an_int32_body_only():
-    words = bodies.encode((("add", "a", 1.0),), "float32")
-    record = encode(Op.FABRIC, flags=FABRIC_INT8, dtype=DType.FLOAT32, rows=1, cols=4, a_addr=0, a_row_stride=4,
-                    a_col_stride=1, out_addr=64, out_stride=4, nodes=1, node0=words[0])
-    with pytest.raises(CommandError, match="FABRIC_INT8 reads and writes int8 through an int32 body"):
-        simulate(ARCH, np.array([record]), [])
+@settings(max_examples=8, deadline=None)
+@given(case=random_bodies(dtype="float32", two_inputs=True), rows=st.integers(1, 6), cols=st.integers(1, 9),
+       seed=st.integers(0, 2**32 - 1))
+def test_fabric_int8_float_body_rounds_half_to_even_and_saturates(case, rows, cols, seed):
+    _, body = case
+    rng = np.random.default_rng(seed)
+    a, b = (rng.integers(-128, 128, rows * cols).astype(np.int8) for _ in range(2))
+    out = np.zeros(rows * cols, np.int8)
+    simulate(ARCH, _int8_stream(body, rows, cols, "float32"), [a, b, out])
+    with np.errstate(all="ignore"):
+        expected = bodies.evaluate(body, "float32", a.astype(np.float32), b.astype(np.float32))
+        expected = np.clip(np.rint(expected), -128, 127)
+    np.testing.assert_array_equal(out, np.nan_to_num(expected, nan=out.astype(np.float32)).astype(np.int8))
 
 
 # ---------------------------------------------------------------- the normalise rewrite
@@ -129,6 +138,40 @@ def test_qlinear_add_is_one_kernel_bit_exact_to_its_fixed_point_model(shape, sca
             tvm.runtime.tensor(x), tvm.runtime.tensor(y)).numpy()
     assert len(prof.kernels) == 1 and prof.host_calls == []
     np.testing.assert_array_equal(got, qlinear_add_reference(x, za, y, zb, zc, shift, ma, mb))
+
+
+def _mul_reference(x, y, scales, zeros):
+    """The fabric's QLinearMul in numpy: float32 steps in the body's order, 1 / sc, + zc, rne."""
+    f32 = np.float32
+    with np.errstate(over="ignore"):
+        value = ((x.astype(f32) - f32(zeros[0])) * f32(scales[0])) * ((y.astype(f32) - f32(zeros[1])) * f32(scales[1]))
+        value = value * (f32(1) / f32(scales[2])) + f32(zeros[2])
+    return np.clip(np.rint(value), -128, 127).astype(np.int8)
+
+
+@settings(max_examples=6, deadline=None)
+@given(shapes=st.sampled_from([((1, 16, 6, 6), (1, 16, 1, 1)), ((1, 8, 1, 1), (1, 8, 5, 5)), ((2, 9, 7), (2, 9, 7))]),
+       scales=st.tuples(*[st.floats(0.001953125, 0.5, width=32)] * 3), zeros=st.tuples(*[st.integers(-127, 127)] * 3),
+       seed=st.integers(0, 2**16))
+def test_qlinear_mul_is_one_kernel_bit_exact_to_its_float32_model(shapes, scales, zeros, seed):
+    bb = relax.BlockBuilder()
+    a, b = (relax.Var(name, relax.TensorType(shape, "int8")) for name, shape in zip("ab", shapes))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            fa = bb.emit(relax.op.dequantize(a, relax.const(scales[0], "float32"), relax.const(zeros[0], "int8")))
+            fb = bb.emit(relax.op.dequantize(b, relax.const(scales[1], "float32"), relax.const(zeros[1], "int8")))
+            pool = bb.emit(relax.op.mean(fa, axis=[0], keepdims=True))  # a second reader of fa's dequantize
+            out = bb.emit(relax.op.quantize(bb.emit(relax.op.multiply(fa, fb)), relax.const(scales[2], "float32"),
+                                            relax.const(zeros[2], "int8"), out_dtype="int8"))
+            out = bb.emit_output(relax.Tuple([out, pool]))
+        bb.emit_func_output(out)
+    rng = np.random.default_rng(seed)
+    x, y = (rng.integers(-128, 128, shape).astype(np.int8) for shape in shapes)
+    with npu_backend.profile() as prof:
+        got = relax.VirtualMachine(tvm.compile(bb.get(), target="cgra"), tvm.cpu())["main"](
+            tvm.runtime.tensor(x), tvm.runtime.tensor(y))[0].numpy()
+    assert sum(k.source_ops == ("dequantize", "dequantize", "multiply", "quantize") for k in prof.kernels) == 1
+    np.testing.assert_array_equal(got, _mul_reference(x, y, scales, zeros))
 
 
 # ---------------------------------------------------------------- against onnxruntime

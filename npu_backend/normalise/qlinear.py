@@ -1,4 +1,5 @@
-"""Integer adds between quantized tensors: onnxruntime's QLinearAdd in fixed point.
+"""Ops between quantized tensors: adds as onnxruntime's QLinearAdd in fixed point, multiplies
+with dequantizes of their own (QLinearMul, kernels/elementwise/qlinear.py).
 
 Stage: normalise (last of the passes, after qdq.py gave every QDQ layer its int8 form and the
 scalars pass ran: the constants written here stay 0-d, bound inside the kernel as a FABRIC
@@ -18,6 +19,10 @@ FABRIC_INT8 kernel. A relu before the quantize is the saturation itself when zc 
 onnxruntime drops it); with another zero point, or ratios outside MLAS's fixed-point range
 (sa / sc or sb / sc below 2**-14 or from 256 up: onnxruntime computes in float then), the add
 stays as imported.
+
+A quantize(multiply(dequantize(a), dequantize(b))) of int8 tensors (a squeeze-excite's scale, a
+hard-swish's x * gate, SiLU's x * sigmoid(x) between quantized tensors) keeps its ops; its
+dequantizes, which onnxruntime's quantizer shares with other readers, are copied for it alone.
 """
 
 from __future__ import annotations
@@ -114,6 +119,9 @@ class _QlinearAdds(relax.PyExprMutator):
         if c_scale is None or c_zero is None:
             return None
         inner = call.args[0]
+        multiply = self._only(inner, "relax.multiply")
+        if multiply is not None:
+            return self._multiply(call, multiply)
         relu = self._only(inner, "relax.nn.relu")
         if relu is not None:
             if c_zero != -128:  # onnxruntime computes Add + Relu in float then
@@ -128,6 +136,26 @@ class _QlinearAdds(relax.PyExprMutator):
         if parameters is None:
             return None
         return _emit(self, a, a_zero, b, b_zero, c_zero, parameters, add.span)
+
+
+    def _multiply(self, quantize, multiply):
+        """quantize(multiply(dequantize(a), dequantize(b))) of int8 tensors (b may broadcast) with
+        dequantizes of its own (a dequantize shared with a squeeze-excite's pool or a hard-swish's
+        gate is copied), so that the qlinear family can take the chain whole; the same ops, the
+        same values on the host."""
+        operands = [self._dequantized(arg) for arg in multiply.args]
+        if None in operands:
+            return None
+
+        def emit(value, span):
+            return self.builder_.emit(with_span(value, span) if span is not None else value)
+
+        fresh = [emit(relax.op.dequantize(self.visit_expr(data), relax.const(scale, "float32"),
+                                          relax.const(zero, "int8"), out_dtype="float32"), multiply.span)
+                 for data, scale, zero in operands]
+        product = emit(relax.op.multiply(*fresh), multiply.span)
+        return relax.op.quantize(product, self.visit_expr(quantize.args[1]), self.visit_expr(quantize.args[2]),
+                                 axis=int(quantize.attrs.axis), out_dtype="int8")
 
 
 def _emit(mutator, a, a_zero, b, b_zero, c_zero, parameters, span):

@@ -395,11 +395,7 @@ void CheckFabric(const int64_t* w, const CheckContext& context) {
     Fail("dtype code ", dtype, " is not one the fabric computes (", CGRA_DTYPE_INT32, " int32, ",
          CGRA_DTYPE_FLOAT32, " float32)");
   }
-  bool int8 = flags & CGRA_FABRIC_INT8;  // A, B and out hold int8 around an int32 body
-  if (int8 && dtype != CGRA_DTYPE_INT32) {
-    Fail("FABRIC_INT8 reads and writes int8 through an int32 body, dtype code ", dtype, " is not int32 (",
-         CGRA_DTYPE_INT32, ")");
-  }
+  bool int8 = flags & CGRA_FABRIC_INT8;  // A, B and out hold int8 around the body's dtype
   bool input_b = flags & CGRA_FABRIC_INPUT_B;
   int64_t nodes = w[CGRA_FABRIC_NODES];
   if (nodes < 1 || nodes > CGRA_BODY_MAX_NODES) Fail("nodes ", nodes, " is not 1..", CGRA_BODY_MAX_NODES);

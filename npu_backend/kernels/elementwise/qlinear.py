@@ -25,6 +25,7 @@ from tvm.relax.dpl import is_const, is_op, wildcard
 from cgra_sim.arch import HardwareDescription
 
 from ...errors import UnsupportedOperator
+from ...normalise.scalars import float32_reciprocal
 from ...relax_info import dtype_of
 from ..common.chains import QLINEAR_PREFIX, require_program
 from ..common.operands import prim_func
@@ -38,6 +39,7 @@ from .eltwise import EltwiseSpec, choose_eltwise_tiling, eltwise_spec_from_match
 from .eltwise import _loader, _walked  # noqa: PLC2701 (the elementwise family's view helpers)
 
 NAME = QLINEAR_PREFIX + "_add"
+MUL = QLINEAR_PREFIX + "_mul"
 #: The constants of the pattern, in the body's order.
 CONSTANTS = ("a_zero", "a_multiplier", "b_zero", "b_multiplier", "rounding", "shift", "c_zero")
 
@@ -48,12 +50,13 @@ class QlinearSpec(EltwiseSpec):
 
     body: tuple = ()
     swapped: bool = False  # the body's input A is the right operand (rhs), B the left
+    body_dtype: str = "int32"  # QLinearAdd: int32 (fixed point); QLinearMul: float32
     op = "qlinear"
     compute_name = "qlinear"
 
     @property
     def int8_body(self) -> FabricBody:
-        return FabricBody(self.body, "int32", int8=True)
+        return FabricBody(self.body, self.body_dtype, int8=True)
 
 
 def _patterns() -> list:
@@ -69,7 +72,64 @@ def _patterns() -> list:
     value = is_op("relax.add")(is_op("relax.right_shift")(total, consts["shift"]), consts["c_zero"])
     clip = is_op("relax.clip")(value, wildcard(), wildcard())
     root = is_op("relax.astype")(clip)
-    return [(NAME, root, {"root": root, "lhs": a, "rhs": b, "clip": clip, **consts})]
+    return [(NAME, root, {"root": root, "lhs": a, "rhs": b, "clip": clip, **consts}), _mul_pattern()]
+
+
+def _mul_pattern():
+    """quantize(multiply(dequantize(a), dequantize(b))): QLinearMul (normalise/qlinear.py gives it
+    dequantizes of its own)."""
+    a, b = wildcard(), wildcard()
+    dq_a, dq_b = (is_op("relax.dequantize")(x, is_const(), is_const()) for x in (a, b))
+    product = is_op("relax.multiply")(dq_a, dq_b)
+    root = is_op("relax.quantize")(product, is_const(), is_const())
+    return MUL, root, {"root": root, "lhs": a, "rhs": b, "dq_lhs": dq_a, "dq_rhs": dq_b, "product": product}
+
+
+def _scalar(expr, dtype: str, what: str):
+    value = expr.value.numpy() if hasattr(expr, "value") else None
+    if value is None or value.size != 1 or value.dtype.name != dtype:
+        raise UnsupportedOperator(f"QLinearMul's {what} is not a one-element {dtype} constant")
+    return value.item()
+
+
+def _mul_spec(annotated: dict) -> QlinearSpec:
+    """QLinearMul on the fabric: the float32 body (a - za) * sa * ((b - zb) * sb) * (1 / sc) + zc,
+    rounded half to even and saturated on store. Against the host's quantize (x / sc, rounded,
+    then + zc) it multiplies by the float32 reciprocal of sc and adds zc before rounding: the two
+    differ where the product lies within an ulp of a half step."""
+    lhs, rhs, quantize = annotated["lhs"], annotated["rhs"], annotated["root"]
+    if dtype_of(lhs) != "int8" or dtype_of(rhs) != "int8" or str(quantize.attrs.out_dtype) != "int8":
+        raise UnsupportedOperator("QLinearMul on the fabric reads and writes int8 (FABRIC_INT8)")
+    reciprocal = float32_reciprocal(_scalar(quantize.args[1], "float32", "output scale"))
+    if reciprocal is None:
+        raise UnsupportedOperator("QLinearMul's output scale has no normal float32 reciprocal")
+    scales = [_scalar(annotated[role].args[1], "float32", "input scale") for role in ("dq_lhs", "dq_rhs")]
+    zeros = [_scalar(annotated[role].args[2], "int8", "input zero point") for role in ("dq_lhs", "dq_rhs")]
+    base = eltwise_spec_from_match(ELTWISE_PREFIX + "multiply", {"lhs": lhs, "rhs": rhs})
+    if base.tail or base.symbol is not None or not (all(base.lhs_full) or all(base.rhs_full)):
+        raise UnsupportedOperator(f"QLinearMul of shapes {base.lhs_shape} and {base.rhs_shape}: the NPU kernel "
+                                  "takes static shapes, one operand of the output's shape")
+    swapped = not all(base.lhs_full)
+    order = (1, 0) if swapped else (0, 1)
+    body, inputs = [], []
+    for source, index in zip(("a", "b"), order):
+        value = source
+        if zeros[index]:
+            body.append(("sub", value, float(zeros[index])))
+            value = f"n{len(body) - 1}"
+        if scales[index] != 1.0:
+            body.append(("mul", value, float(scales[index])))
+            value = f"n{len(body) - 1}"
+        inputs.append(value)
+    body.append(("mul", *inputs))  # no x - 0, x * 1, x + 0: TVM's arithmetic would fold them away
+    if reciprocal != 1.0:
+        body.append(("mul", f"n{len(body) - 1}", float(reciprocal)))
+    zero = _scalar(quantize.args[2], "int8", "output zero point")
+    if zero:
+        body.append(("add", f"n{len(body) - 1}", float(zero)))
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    return QlinearSpec(**{**fields, "func": "qlinear_mul"}, body=tuple(body), swapped=swapped,
+                       body_dtype="float32")
 
 
 def _constant(expr, role: str) -> int:
@@ -80,8 +140,10 @@ def _constant(expr, role: str) -> int:
 
 
 def qlinear_spec(name: str, annotated: dict) -> QlinearSpec:
-    """The kernel of a matched fixed-point QLinearAdd; raises UnsupportedOperator with the reason."""
-    del name
+    """The kernel of a matched fixed-point QLinearAdd or QLinearMul; raises UnsupportedOperator
+    with the reason."""
+    if name == MUL:
+        return _mul_spec(annotated)
     lhs, rhs = annotated["lhs"], annotated["rhs"]
     if dtype_of(lhs) != "int8" or dtype_of(rhs) != "int8" or dtype_of(annotated["root"]) != "int8":
         raise UnsupportedOperator("QLinearAdd on the fabric reads and writes int8 (FABRIC_INT8)")
@@ -110,7 +172,7 @@ def qlinear_spec(name: str, annotated: dict) -> QlinearSpec:
 
 def choose_qlinear_tiling(spec: QlinearSpec, arch: HardwareDescription) -> Tiling:
     """The elementwise family's tiles (int8 operands), once the body maps onto the fabric."""
-    require_program(spec.body, "int32", arch, "QLinearAdd")
+    require_program(spec.body, spec.body_dtype, arch, spec.func)
     return choose_eltwise_tiling(spec, arch)
 
 
@@ -118,9 +180,11 @@ def qlinear_compute(spec: QlinearSpec, tiling: Tiling):
     """out = saturate(body(a, b)) over the view, rows and columns padded to whole tiles."""
     extents, padded = view_extents(spec, tiling)
     operands = {}
-    for role, name in (("lhs", "a_pad"), ("rhs", "b_pad")):
-        tensor = te.placeholder(extents, "int8", name=role)
-        operands[role] = (tensor, te.compute(padded, _loader(tensor, extents), name=name))
+    for role, name, full in (("lhs", "a_pad", spec.lhs_full), ("rhs", "b_pad", spec.rhs_full)):
+        view = tuple(e if walks else 1 for e, walks in zip(extents, full))
+        tensor = te.placeholder(view, "int8", name=role)
+        shape = tuple(extent if walks else 1 for extent, walks in zip(padded, full))
+        operands[role] = (tensor, te.compute(shape, _loader(tensor, view), name=name))
     (lhs, a_pad), (rhs, b_pad) = operands["lhs"], operands["rhs"]
     body = spec.int8_body
     def value(*i):
@@ -149,7 +213,8 @@ def schedule_qlinear(sch, spec: QlinearSpec, tiling: Tiling, arch: HardwareDescr
         sch.set_scope(block, 0, SPAD)
     sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
     sch.set_scope(elt, 0, SPAD)
-    sch.tensorize(row_inner, get_intrin("fabric", tiling.tm, tiling.tn, spec.int8_body, b_full=spec.rhs_full[-2:]))
+    b_full = spec.lhs_full if spec.swapped else spec.rhs_full  # the operand the body reads as B
+    sch.tensorize(row_inner, get_intrin("fabric", tiling.tm, tiling.tn, spec.int8_body, b_full=b_full[-2:]))
 
 
 QLINEAR = OpFamily(

@@ -35,8 +35,8 @@ class FabricBody:
     # writes `0.1 * x`: the description must be the expression tensorize sees; the command
     # computes the same with its operands in the ISA's order.
     flipped: tuple = ()
-    # FABRIC_INT8: the inputs and the output are int8 around an int32 body (read sign-extended,
-    # the output saturated): integer ops between quantized layers (elementwise/qlinear.py).
+    # FABRIC_INT8: the inputs and the output are int8 around the body (read as its dtype, the
+    # output rounded half to even and saturated): ops between quantized layers (elementwise/qlinear.py).
     int8: bool = False
 
     @property
@@ -53,10 +53,12 @@ class FabricBody:
 
 
 def int8_body_value(body: FabricBody, a, b=None):
-    """A FABRIC_INT8 body's output in TIR: the int8 inputs sign-extended to int32, the body's
-    value saturated to int8."""
-    value = body_value(body, a.astype("int32"), None if b is None else b.astype("int32"))
-    value = tirx.max(tirx.min(value, tirx.const(127, "int32")), tirx.const(-128, "int32")).astype("int8")
+    """A FABRIC_INT8 body's output in TIR: the int8 inputs as the body's dtype, the body's value
+    rounded half to even (float32) and saturated to int8."""
+    value = body_value(body, a.astype(body.dtype), None if b is None else b.astype(body.dtype))
+    if body.dtype == "float32":
+        value = tirx.nearbyint(value)
+    value = tirx.max(tirx.min(value, tirx.const(127, body.dtype)), tirx.const(-128, body.dtype)).astype("int8")
     # In its simplest form: where the int8 inputs' range proves that no step overflows, TVM folds
     # the immediates of the kernel's TE compute (za * MA + zb * MB + R), and tensorize compares
     # the description with that form.
