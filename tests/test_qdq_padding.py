@@ -10,6 +10,10 @@ instead of the host padding the whole image first.
    host call.
 2. A pad of another value stays on the host, with the reason.
 3. A QDQ layer after a relu (zero point -128) against onnxruntime: bit-exact, no host pad.
+4. Another input zero point: the kernel pads with -128 and adds the padding taps' correction
+   (normalise/qdq_borders.py) as a residual: the correction against a brute-force numpy conv,
+   and QDQ layers of any zero point, padding, stride and groups bit-exact to onnxruntime with no
+   host pad.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import npu_backend
+from npu_backend.normalise.qdq_borders import border_correction
 from qdq_models import QdqGraph
 from test_requantise_sim import reference_requantise
 
@@ -117,6 +122,65 @@ def test_a_qdq_layer_after_a_relu_pads_on_the_npu_bit_exact_to_onnxruntime(depth
     x = np.random.default_rng(0).normal(0, 1.5, (1, 3, 10, 10)).astype(np.float32)
     with npu_backend.profile() as prof:
         got = vm["main"](tvm.runtime.tensor(x)).numpy()
-    hosted = [call.name for call in prof.host_calls]
-    assert hosted.count("pad") + hosted.count("pad1") == 1, hosted  # the first conv's input (zero point 2) only
+    assert [call.name for call in prof.host_calls] == ["quantize", "dequantize"]  # the model's input and output
+    np.testing.assert_array_equal(got, session.run(None, {"input": x})[0])
+
+
+def _int_conv(padded, weight, stride, groups):
+    """A brute-force int64 conv2d (N = 1, no padding) of `padded` (C, H, W)."""
+    cout, per_group, kh, kw = weight.shape
+    oh, ow = (padded.shape[1] - kh) // stride + 1, (padded.shape[2] - kw) // stride + 1
+    out = np.zeros((cout, oh, ow), np.int64)
+    for o in range(cout):
+        group = o // (cout // groups)
+        for i in range(kh):
+            for j in range(kw):
+                window = padded[group * per_group:(group + 1) * per_group,
+                                i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
+                out[o] += np.einsum("chw,c->hw", window, weight[o, :, i, j].astype(np.int64))
+    return out
+
+
+@settings(max_examples=20)
+@given(zero=st.integers(-127, 127), pads=st.tuples(*[st.integers(0, 2)] * 4), stride=st.sampled_from([1, 2]),
+       groups=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
+def test_the_border_correction_is_the_zero_point_padding(zero, pads, stride, groups, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, (4, 6, 7)).astype(np.int64)
+    weight = rng.integers(-127, 128, (6, 4 // groups, 3, 3)).astype(np.int8)
+    top, left, bottom, right = pads
+    widths = ((0, 0), (top, bottom), (left, right))
+    expected = _int_conv(np.pad(x, widths, constant_values=zero), weight, stride, groups)
+    lowest = _int_conv(np.pad(x, widths, constant_values=-128), weight, stride, groups)
+    got = lowest + border_correction(weight, zero, x.shape, pads, (stride, stride), (1, 1), groups)[0]
+    np.testing.assert_array_equal(got, expected)
+
+
+def _layer_of_zero_point(zero: int, pad: int, stride: int, depthwise: bool):
+    g = QdqGraph(zero + 200)
+    x = g.qdq("input", 0.05, zero)
+    if depthwise:
+        w = g.rng.normal(0, 0.3, (3, 1, 3, 3)).astype(np.float32)
+        weight, scales = g.weight(w, per_channel=True)
+        y = g.node("Conv", [x, weight, g.bias(3, 0.05, scales)], kernel_shape=[3, 3], pads=[pad] * 4,
+                   strides=[stride] * 2, group=3)
+    else:
+        y = g.conv(x, 0.05, 3, 8, stride=stride, pad=pad)
+    size = (9 + 2 * pad - 3) // stride + 1
+    return g.model("input", [1, 3, 9, 9], g.qdq(y, 0.07, -9), [1, 3 if depthwise else 8, size, size])
+
+
+@pytest.mark.parametrize("zero, pad, stride, depthwise", [(5, 1, 1, False), (-40, 2, 2, False), (100, 1, 1, True),
+                                                          (-3, 1, 2, True)])
+def test_a_qdq_layer_of_any_zero_point_pads_on_the_npu_bit_exact_to_onnxruntime(zero, pad, stride, depthwise):
+    model = _layer_of_zero_point(zero, pad, stride, depthwise)
+    mod = npu_backend.from_onnx(model)
+    kernels = [p.kernel.split()[0] for p in npu_backend.explain(mod) if p.op == "nn.conv2d"]
+    assert kernels == ["cgra.conv2d_pad_bias_residual_requant"], kernels
+    vm = relax.VirtualMachine(tvm.compile(mod, target="cgra"), tvm.cpu())
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(zero + 128).normal(0, 1.5, (1, 3, 9, 9)).astype(np.float32)
+    with npu_backend.profile() as prof:
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    assert not [call.name for call in prof.host_calls if call.name.startswith("pad")]
     np.testing.assert_array_equal(got, session.run(None, {"input": x})[0])
