@@ -202,3 +202,59 @@ def test_a_residual_add_runs_as_one_kernel_next_to_onnxruntimes():
         steps = np.rint(np.abs(got - session.run(None, {"input": x})[0]) / np.float32(0.0617))
         assert steps.max() <= 1 and np.count_nonzero(steps) <= 1, steps.sum()
         assert len(prof.kernels) == 3  # two convs, the add
+
+
+# ---------------------------------------------------------------- float chains between quantized tensors
+
+def _chain_reference(x, sx, zx, chain, sy, zy):
+    """The fabric's quantized chain in numpy: float32 steps, 1 / sy, + zy, rounded half to even."""
+    f32 = np.float32
+    value = chain((x.astype(f32) - f32(zx)) * f32(sx))
+    return np.clip(np.rint(value * (f32(1) / f32(sy)) + f32(zy)), -128, 127).astype(np.int8)
+
+
+@settings(max_examples=6, deadline=None)
+@given(shape=st.sampled_from([(1, 8, 5, 5), (3, 17), (1, 64, 4, 4)]), sx=st.floats(0.001953125, 0.25, width=32),
+       sy=st.floats(0.001953125, 0.25, width=32), zx=st.integers(-127, 127), zy=st.integers(-127, 127),
+       seed=st.integers(0, 2**16))
+def test_a_hard_swish_between_quantized_tensors_is_one_kernel_bit_exact_to_its_float32_model(shape, sx, sy, zx, zy,
+                                                                                             seed):
+    """quantize(x * clip(x / 6 + 0.5, 0, 1)) of dequantize(x), whose dequantize a pool also reads."""
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType(shape, "int8"))
+    sixth = np.float32(1 / 6)
+    with bb.function("main", [a]):
+        with bb.dataflow():
+            x = bb.emit(relax.op.dequantize(a, relax.const(sx, "float32"), relax.const(zx, "int8")))
+            gate = bb.emit(relax.op.clip(bb.emit(relax.op.add(bb.emit(relax.op.multiply(x, relax.const(sixth))),
+                                                              relax.const(0.5, "float32"))), 0.0, 1.0))
+            out = bb.emit(relax.op.quantize(bb.emit(relax.op.multiply(x, gate)), relax.const(sy, "float32"),
+                                            relax.const(zy, "int8"), out_dtype="int8"))
+            out = bb.emit_output(relax.Tuple([out, bb.emit(relax.op.mean(x, axis=[0], keepdims=True))]))
+        bb.emit_func_output(out)
+    x = np.random.default_rng(seed).integers(-128, 128, shape).astype(np.int8)
+    with npu_backend.profile() as prof:
+        got = relax.VirtualMachine(tvm.compile(bb.get(), target="cgra"), tvm.cpu())["main"](tvm.runtime.tensor(x))
+    assert [k.source_ops for k in prof.kernels if "quantize" in k.source_ops] == [
+        ("dequantize", "multiply", "add", "clip", "multiply", "quantize")]
+    expected = _chain_reference(x, sx, zx, lambda v: v * np.clip(v * sixth + np.float32(0.5), 0, 1), sy, zy)
+    np.testing.assert_array_equal(got[0].numpy(), expected)
+
+
+def test_a_qdq_hard_sigmoid_and_its_gate_run_on_the_npu_next_to_onnxruntimes():
+    """MobileNetV3's hard-swish as onnxruntime's quantizer writes it: HardSigmoid, QDQ, Mul: a
+    quantized chain kernel and a QLinearMul kernel, within a step of onnxruntime's float path."""
+    g = QdqGraph(4)
+    x = g.qdq("input", 0.0431, 2)
+    y = g.qdq(g.conv(x, 0.0431, 3, 8), 0.0713, -3)
+    gate = g.qdq(g.node("HardSigmoid", [y], alpha=1 / 6, beta=0.5), 0.00392, -128)
+    out = g.qdq(g.node("Mul", [y, gate]), 0.0389, -20)
+    model = g.model("input", [1, 3, 10, 10], out, [1, 8, 10, 10])
+    vm = relax.VirtualMachine(tvm.compile(npu_backend.from_onnx(model), target="cgra"), tvm.cpu())
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).normal(0, 1.5, (1, 3, 10, 10)).astype(np.float32)
+    with npu_backend.profile() as prof:
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    assert [c.name for c in prof.host_calls] == ["quantize", "dequantize"] and len(prof.kernels) == 3
+    steps = np.rint(np.abs(got - session.run(None, {"input": x})[0]) / np.float32(0.0389))
+    assert steps.max() <= 1 and np.count_nonzero(steps) <= 2

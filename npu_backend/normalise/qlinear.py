@@ -22,7 +22,9 @@ stays as imported.
 
 A quantize(multiply(dequantize(a), dequantize(b))) of int8 tensors (a squeeze-excite's scale, a
 hard-swish's x * gate, SiLU's x * sigmoid(x) between quantized tensors) keeps its ops; its
-dequantizes, which onnxruntime's quantizer shares with other readers, are copied for it alone.
+dequantizes, which onnxruntime's quantizer shares with other readers, are copied for it alone;
+and so is the dequantize of a float chain quantize(chain(dequantize(x))) (a HardSigmoid, a
+hard-swish: kernels/elementwise/qchain.py).
 """
 
 from __future__ import annotations
@@ -120,8 +122,16 @@ class _QlinearAdds(relax.PyExprMutator):
             return None
         inner = call.args[0]
         multiply = self._only(inner, "relax.multiply")
-        if multiply is not None:
+        if multiply is not None and self._dequantized(multiply.args[0]) and self._dequantized(multiply.args[1]):
             return self._multiply(call, multiply)
+        added = self._add(inner, c_scale, c_zero)
+        if added is not None:
+            return added
+        chain = self._chain(inner)
+        return self._own_dequantize(call, *chain) if chain is not None else None
+
+    def _add(self, inner, c_scale, c_zero):
+        """The fixed-point QLinearAdd (emitted) quantized from `inner`, else None."""
         relu = self._only(inner, "relax.nn.relu")
         if relu is not None:
             if c_zero != -128:  # onnxruntime computes Add + Relu in float then
@@ -156,6 +166,47 @@ class _QlinearAdds(relax.PyExprMutator):
         product = emit(relax.op.multiply(*fresh), multiply.span)
         return relax.op.quantize(product, self.visit_expr(quantize.args[1]), self.visit_expr(quantize.args[2]),
                                  axis=int(quantize.attrs.axis), out_dtype="int8")
+
+
+    _LINKS = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
+              "relax.clip", "relax.nn.relu", "relax.nn.leakyrelu")
+
+    def _chain(self, expr):
+        """(dequantize var, the chain's calls from the first) of a chain of single-use elementwise
+        calls on one dequantized int8 tensor (their other operands constants or that tensor),
+        else None."""
+        calls, sources = [], set()
+        while self._dequantized(expr) is None:
+            value = self.values.get(expr)
+            if _op_name(value) not in self._LINKS or len(self.users.get(expr, [])) != 1 or len(calls) == 6:
+                return None
+            links = [arg for arg in value.args if isinstance(arg, relax.Var)]
+            inner = [arg for arg in links if self._dequantized(arg) is None]
+            sources |= {arg for arg in links if self._dequantized(arg) is not None}
+            if len(inner) > 1 or not links:
+                return None
+            calls.append((expr, value))
+            expr = inner[0] if inner else links[0]
+        sources.add(expr)
+        return (expr, calls[::-1]) if calls and len(sources) == 1 else None
+
+    def _own_dequantize(self, quantize, dq_var, calls):
+        """quantize(chain(dequantize(x))) with a dequantize of its own (a hard-swish's x is
+        also its gate's input): the same ops, the same values."""
+        data, scale, zero = self._dequantized(dq_var)
+        span = calls[0][1].span
+        fresh = self.builder_.emit(_spanned(relax.op.dequantize(self.visit_expr(data), relax.const(scale, "float32"),
+                                                                relax.const(zero, "int8"), out_dtype="float32"), span))
+        renamed = {dq_var: fresh}
+        for var, call in calls:
+            args = [renamed.get(arg, self.visit_expr(arg)) for arg in call.args]
+            renamed[var] = self.builder_.emit(_spanned(relax.Call(call.op, args, call.attrs, call.ty_args), call.span))
+        return relax.op.quantize(renamed[calls[-1][0]], self.visit_expr(quantize.args[1]),
+                                 self.visit_expr(quantize.args[2]), axis=int(quantize.attrs.axis), out_dtype="int8")
+
+
+def _spanned(value, span):
+    return with_span(value, span) if span is not None else value
 
 
 def _emit(mutator, a, a_zero, b, b_zero, c_zero, parameters, span):
