@@ -11,7 +11,8 @@ epilogue can fuse is taken by that kernel; SiLU's multiply(x, sigmoid(x)) is one
 smooth-activation kernel before its multiply could be an ELTWISE; a chain of elementwise ops on
 one tensor goes to the fabric before its ops could go to the vector unit one kernel each, and
 an op or a float chain between quantized tensors (qlinear.py, qchain.py) is one kernel before the
-fabric or the vector unit could take its ops apart.
+fabric or the vector unit could take its ops apart. The layout copies (layout/) come last: a
+kernel that reads a transpose itself takes it first.
 """
 
 from __future__ import annotations
@@ -42,13 +43,14 @@ from .pool.pool import POOL
 from .fused.separable import SEPARABLE
 from .elementwise.sigmoid import SMOOTH
 from .tir.tir import TIR, tir_spec
+from .layout.layout import LAYOUT
 from .rows.norms import NORMS
 from .rows.row_reduce import ROW_REDUCE
 from .rows.softmax import SOFTMAX
 from .elementwise.special import SPECIAL
 
 FAMILIES: tuple[OpFamily, ...] = (INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, SOFTMAX, NORMS, SPECIAL,
-                                  ROW_REDUCE, QLINEAR, QCHAIN, FABRIC, ELTWISE, TIR, ACTIVATION)
+                                  ROW_REDUCE, QLINEAR, QCHAIN, FABRIC, ELTWISE, TIR, ACTIVATION, LAYOUT)
 _PACKAGED = FAMILIES  # the package's own, not those of registered()
 
 
@@ -85,6 +87,21 @@ def registered(family: OpFamily, before: OpFamily | None = None):
     try:
         pattern_table()  # its pattern names checked
         yield family
+    finally:
+        FAMILIES = saved
+        _forget()
+
+
+@contextlib.contextmanager
+def unregistered(family: OpFamily):
+    """FAMILIES without `family` while the block runs (a test of what the host does without it:
+    the runtime's host concat with the layout family gone)."""
+    global FAMILIES
+    saved = FAMILIES
+    FAMILIES = tuple(f for f in FAMILIES if f is not family)
+    _forget()
+    try:
+        yield
     finally:
         FAMILIES = saved
         _forget()
