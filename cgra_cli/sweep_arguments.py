@@ -33,7 +33,8 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], dest="settings", metavar="FIELD=V1,V2,...",
                         help="values to try for a field (repeat for several fields): rows, cols, spad_bytes, "
                              "spad_banks, bank_width_bytes, dma_bytes_per_cycle, dma_latency, config_load_cycles, "
-                             "vector_lanes, clock_mhz, macs_per_pe.<dtype>; sizes take K and M (spad_bytes=128K); the PE "
+                             "vector_lanes, clock_mhz, macs_per_pe.<dtype>, function_unit.lanes (0: none); sizes take K "
+                             "and M (spad_bytes=128K); the PE "
                              "fabric's fabric.topology (mesh, torus, hycube), fabric.hops_per_cycle, fabric.registers, "
                              "fabric.memory_ports (left, border, all), fabric.multipliers (all, checkerboard), "
                              "fabric.context_depth, fabric.config_word_bits and fabric.latency.alu / .mul / .mem "

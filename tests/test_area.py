@@ -27,11 +27,27 @@ def _chip(**changes) -> HardwareDescription:
 
 def test_area_is_the_closed_form():
     chip = _chip(rows=6, cols=10, macs_per_pe={"int8": 4, "float32": 1}, spad_bytes=96 * 1024, spad_banks=6,
-                 vector_lanes=12, area=TABLE, energy=None)
+                 vector_lanes=12, area=TABLE, energy=None, function_unit=None)
     pe = 4 * 400 + 12000 + 1000
     assert chip.area_breakdown() == {"pe_array": 60 * pe / 1e6, "scratchpad": 96 * 5000 / 1e6,
-                                     "vector_unit": 12 * 10000 / 1e6}
+                                     "vector_unit": 12 * 10000 / 1e6, "function_unit": 0.0}
     assert chip.area_mm2 == pytest.approx((60 * pe + 96 * 5000 + 12 * 10000) / 1e6, rel=1e-12)
+
+
+def test_a_function_unit_is_a_stage_per_operation_of_its_longest_sequence_in_each_lane():
+    unit = {"lanes": 3, "functions": ["exp", "tanh"]}
+    chip = _chip(vector_lanes=12, area={**TABLE, "function_stage": 7000.0}, function_unit=unit)
+    assert chip.area_breakdown()["function_unit"] == 3 * (52 + 2) * 7000 / 1e6  # tanh's 52, + scale and offset
+    default = _chip(function_unit=unit)  # the presets' tables leave function_stage out
+    assert default.area_breakdown()["function_unit"] == 3 * 54 * 6521 / 1e6
+    assert 6521 == round((7700 + 4184) / 2 + 128 * 4.522)  # a float32 operator's mean, 128 flip-flops
+    assert load_arch("cgra-8x8").area_breakdown()["function_unit"] == 1 * (85 + 2) * 6521 / 1e6  # GELU's
+
+
+def test_the_presets_function_units():
+    assert load_arch("cgra-4x4").function_unit is None
+    assert load_arch("cgra-8x8").function_unit["lanes"] == 1
+    assert load_arch("cgra-16x16").function_unit["lanes"] == 2
 
 
 def test_presets_use_the_published_figures():
@@ -56,6 +72,7 @@ def test_a_description_without_a_table_gets_the_defaults():
     ({**TABLE, "mac_unit": {"int8": 400.0}}, r"area\['mac_unit'\] must give µm² for each of \['float32', 'int8'\]"),
     ({key: value for key, value in TABLE.items() if key != "spad_kib"}, r"missing \['spad_kib'\]"),
     ({**TABLE, "wires": 1.0}, r"unknown \['wires'\]"),
+    ({**TABLE, "function_stage": -1.0}, r"area\['function_stage'\] must be a non-negative number"),
     ([1, 2], "'area' must be an object"),
 ])
 def test_bad_tables_are_refused_naming_the_entry(table, message):
@@ -65,7 +82,9 @@ def test_bad_tables_are_refused_naming_the_entry(table, message):
 
 @given(st.integers(1, 32), st.integers(1, 32), st.integers(1, 64), st.integers(1, 64))
 def test_area_grows_with_every_size(rows, cols, spad_kib, lanes):
-    chip = _chip(rows=rows, cols=cols, spad_bytes=spad_kib * 8 * 1024, spad_banks=8, vector_lanes=lanes)
+    chip = _chip(rows=rows, cols=cols, spad_bytes=spad_kib * 8 * 1024, spad_banks=8, vector_lanes=lanes,
+                 function_unit=None)
     for bigger in (dict(rows=rows + 1), dict(cols=cols + 1), dict(spad_bytes=(spad_kib + 1) * 8 * 1024),
-                   dict(vector_lanes=lanes + 1), dict(macs_per_pe={"int8": 2, "float32": 1})):
+                   dict(vector_lanes=lanes + 1), dict(macs_per_pe={"int8": 2, "float32": 1}),
+                   dict(function_unit={"lanes": 1, "functions": ["exp"]})):
         assert dataclasses.replace(chip, **bigger).area_mm2 > chip.area_mm2

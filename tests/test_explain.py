@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from tvm import relax, tirx
@@ -141,3 +143,21 @@ def test_explain_refuses_a_dimension_name_the_module_does_not_have():
         npu_backend.explain(mod, "cgra-8x8", dims={"s": 48})
     (placement,) = [p for p in npu_backend.explain(mod, "cgra-8x8", dims={"s58": 48}) if p.op == "matmul"]
     assert placement.macs == 48 * 16 * 8
+
+
+def test_a_host_op_without_a_kernel_names_every_registered_familys_ops():
+    """The reason's list of what the NPU runs comes from the kernel registry: every family's
+    Relax ops, a family registered later's too."""
+    mod = relax_module([("x", (4, 8), "float32")], lambda bb, x: bb.emit(relax.op.sin(x)))
+    (placement,) = npu_backend.explain(mod, "cgra-8x8")
+    assert placement.where == "host" and placement.reason.startswith("no NPU kernel for sin")
+    for family in registry.FAMILIES:
+        for op in family.host_ops:
+            assert op.replace("relax.", "") in placement.reason, (family.name, op)
+    for op in ("nn.softmax", "nn.layer_norm", "nn.rms_norm", "exp", "tanh", "nn.gelu", "rsqrt", "sum", "max"):
+        assert op in placement.reason
+    extra = dataclasses.replace(registry.FAMILIES[-1], name="test_cos", ops=("test_cos",), roots=list,
+                                patterns=list, pairs=list, host_ops={"relax.cos": "cgra.test_cos"})
+    with registry.registered(extra):
+        (placement,) = npu_backend.explain(mod, "cgra-8x8")
+    assert "test_cos: cos" in placement.reason

@@ -5,6 +5,8 @@ numpy loop over the columns is the reference, bit for bit); VFUNC computes speci
 function of a * scale + offset, bit for bit. The timing tests check cost.py's closed forms.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -124,11 +126,20 @@ def test_reduce_takes_a_lane_a_row_and_a_cycle_a_column(arch, rows, cols):
     assert _cycles(arch, record) == -(-rows // arch.vector_lanes) * cols + 2
 
 
-@given(arch=st.sampled_from(PRESETS), func=st.sampled_from(list(VFunc)), rows=st.integers(1, 20),
+WITHOUT_UNIT = [dataclasses.replace(arch, function_unit=None) for arch in PRESETS]
+
+
+@given(arch=st.sampled_from(PRESETS + WITHOUT_UNIT), func=st.sampled_from(list(VFunc)), rows=st.integers(1, 20),
        cols=st.integers(1, 40), scaled=st.booleans())
-def test_vfunc_takes_its_sequence_of_lane_operations_per_element(arch, func, rows, cols, scaled):
+def test_vfunc_takes_its_sequence_on_the_lanes_or_through_the_function_unit(arch, func, rows, cols, scaled):
+    """On the lanes a sequence's operation a cycle; through a function unit that has the
+    function an element a pipeline a cycle, plus the fill of its depth - 1; whichever is sooner."""
     record = encode(Op.VFUNC, flags=VFUNC_SCALE if scaled else 0, func=func, dtype=DType.FLOAT32, rows=rows,
                     cols=cols, a_addr=0, a_row_stride=cols, a_col_stride=1, out_addr=32768, out_stride=cols,
                     scale_bits=_bits(0.5) if scaled else 0)
     ops = special.OPS[func.name.lower()] + scaled
-    assert _cycles(arch, record) == -(-rows * cols * ops // arch.vector_lanes) + 2
+    lanes = -(-rows * cols * ops // arch.vector_lanes)
+    unit = arch.function_unit
+    if unit is not None and func.name.lower() in unit["functions"]:
+        lanes = min(lanes, -(-rows * cols // unit["lanes"]) + ops - 1)
+    assert _cycles(arch, record) == lanes + 2

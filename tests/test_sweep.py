@@ -79,6 +79,16 @@ def test_a_chip_of_the_grid_prices_its_own_sizes():
     assert sweep.chip(own, {"rows": 4}).area["pe_overhead"] == 5.0  # a table the user gave stays
 
 
+def test_a_sweep_varies_the_function_units_lanes_0_for_none():
+    base = load_arch("cgra-8x8")
+    assert sweep.parse_setting("function_unit.lanes=0,2") == ("function_unit.lanes", [0, 2])
+    none, two = (sweep.chip(base, {"function_unit.lanes": lanes}) for lanes in (0, 2))
+    assert none.function_unit is None and two.function_unit == {**base.function_unit, "lanes": 2}
+    assert none.area_mm2 < base.area_mm2 < two.area_mm2
+    assert sweep.chip(load_arch("cgra-4x4"), {"function_unit.lanes": 1}).function_unit["functions"] == \
+        base.function_unit["functions"]  # a base without one: every function
+
+
 def _sweep(tmp_path, name, *extra):
     out = tmp_path / name
     assert main(["sweep", MODEL, *GRID, "--out", str(out), "--json", "--cache-dir", str(tmp_path / "cache"),

@@ -20,7 +20,7 @@ from cgra_sim.arch import load_arch
 
 from ..frontend.provenance import SOURCE_NODES_ATTR, call_nodes
 from ..kernels import offload_reason, offloaded_spec
-from ..kernels.registry import host_patterns
+from ..kernels.registry import host_patterns, kernel_ops
 from ..options import CompileOptions
 from ..partition.composite import composite_call, composite_ops
 from ..partition.call_tir import call_tir_reason, called_prim_func, wrapped_call
@@ -172,13 +172,16 @@ def _host_reason(mod, call, arch) -> str:
         return "changes only the shape: no arithmetic to offload (the same memory seen anew, or one copy)"
     pattern = host_patterns().get(call.op.name)
     if pattern is None:
-        return (f"no NPU kernel for {_op_name(call)} (the NPU runs matmul, conv1d, conv2d and conv3d, with bias add, "
-                "residual add, relu and clip, elementwise add, subtract, multiply, maximum, minimum, "
-                "chains of them with divide by a constant and leaky relu, prelu, sigmoid, SiLU and GELU's "
-                "tanh form, on the PE fabric, and max / average pooling)")
+        return f"no NPU kernel for {_op_name(call)} ({kernel_ops_text()})"
     annotated = {"root": call, "lhs": call.args[0], **({"rhs": call.args[1]} if len(call.args) > 1 else {})}
     reason = offload_reason(pattern, annotated, arch)
     return reason or "matched no cgra pattern (its operands are produced in a form the patterns do not take)"
+
+
+def kernel_ops_text() -> str:
+    """What the NPU runs, from the kernel registry (so it names every family's ops as they are)."""
+    families = "; ".join(f"{name}: {', '.join(_short(op) for op in ops)}" for name, ops in kernel_ops().items())
+    return f"the NPU's kernels take, by family, {families}; and what normalise rewrites into those"
 
 
 def _op_name(call) -> str:

@@ -50,7 +50,7 @@ def short_name(chip: str) -> str:
 
 _ABBREVIATIONS = {"spad_bytes": "spad", "dma_bytes_per_cycle": "dma", "bank_width_bytes": "bank",
                   "spad_banks": "banks", "vector_lanes": "lanes", "dma_latency": "lat", "config_load_cycles": "cfg",
-                  "clock_mhz": "MHz"}
+                  "clock_mhz": "MHz", "function_unit.lanes": "fu"}
 
 
 def label(chip: str) -> str:

@@ -33,12 +33,15 @@ import time
 from cgra_sim.arch import ArchError, HardwareDescription, load_arch
 from cgra_sim.fabric import KEYS as FABRIC_KEYS
 from cgra_sim.fabric import MEMORY_PORTS, MULTIPLIERS, OP_CLASSES, TOPOLOGIES
+from cgra_sim.special import OPS as VFUNC_OPS
 
 from ..env import CGRA_COMPILE_JOBS
 
 #: The chip fields a sweep varies, with their parser; `macs_per_pe.<dtype>` is one too.
 SCALAR_FIELDS = ("rows", "cols", "spad_bytes", "spad_banks", "bank_width_bytes", "dma_bytes_per_cycle",
                  "dma_latency", "config_load_cycles", "vector_lanes", "clock_mhz")
+#: The function unit's lanes (0: none, every VFUNC on the vector lanes).
+FUNCTION_UNIT_FIELDS = ("function_unit.lanes",)
 #: The PE fabric's fields (docs/mapping.md): `fabric.<key>`, and `fabric.latency.<op class>`; every
 #: one reaches the cycles through a mapping (a FABRIC body's, the systolic cell's of every GEMM).
 FABRIC_FIELDS = tuple(f"fabric.{key}" for key in FABRIC_KEYS if key != "latency") + \
@@ -76,9 +79,11 @@ def parse_setting(text: str) -> tuple[str, list]:
             raise SweepError(f"--set {text}: '{field}' is one of {', '.join(FABRIC_CHOICES[field])}, not "
                              f"{', '.join(wrong)}")
         return field, list(dict.fromkeys(value.strip() for value in values.split(",")))
-    if field not in SCALAR_FIELDS + FABRIC_FIELDS and not (field.startswith("macs_per_pe.") and dtype):
+    if field not in SCALAR_FIELDS + FUNCTION_UNIT_FIELDS + FABRIC_FIELDS and \
+            not (field.startswith("macs_per_pe.") and dtype):
         raise SweepError(f"--set {text}: '{field}' is not a field a sweep can vary; these are: "
-                         f"{', '.join(SCALAR_FIELDS)}, macs_per_pe.<dtype>, {', '.join(FABRIC_FIELDS)} and the "
+                         f"{', '.join(SCALAR_FIELDS + FUNCTION_UNIT_FIELDS)}, macs_per_pe.<dtype>, "
+                         f"{', '.join(FABRIC_FIELDS)} and the "
                          f"compiler's {', '.join(OPTION_FIELDS)}")
     try:
         parsed = [_number(field, value.strip()) for value in values.split(",")]
@@ -119,6 +124,9 @@ def chip(base: HardwareDescription, changes: dict) -> HardwareDescription:
             data["fabric"]["latency"][field.rpartition(".")[2]] = value
         elif field.startswith("fabric."):
             data["fabric"][field.partition(".")[2]] = value
+        elif field == "function_unit.lanes":  # 0: none; else the base's functions (or all) in that many lanes
+            functions = (base.function_unit or {}).get("functions", sorted(VFUNC_OPS))
+            data["function_unit"] = {"lanes": value, "functions": list(functions)} if value else None
         else:
             data[field] = value
     for table in ("energy", "area"):  # the published figures for the new sizes, unless the base has its own
@@ -177,6 +185,7 @@ def evaluate(task: Task) -> dict:
 def _fields(arch: HardwareDescription) -> dict:
     fields = {field: getattr(arch, field) for field in SCALAR_FIELDS}
     fields.update({f"macs_per_pe.{dtype}": macs for dtype, macs in arch.macs_per_pe.items()})
+    fields["function_unit.lanes"] = arch.function_unit["lanes"] if arch.function_unit else 0
     fields.update({f"fabric.{key}": value for key, value in arch.fabric.items() if key != "latency"})
     fields.update({f"fabric.latency.{kind}": cycles for kind, cycles in arch.fabric["latency"].items()})
     return fields

@@ -19,6 +19,7 @@ from typing import Mapping
 from .area import check_area, chip_area, default_area
 from .energy import check_energy, default_energy
 from .fabric import check_fabric, default_fabric
+from .function_unit import canonical as canonical_function_unit, check_function_unit
 from .host import check_host, default_host
 from .isa import ACC_DTYPE
 
@@ -62,13 +63,15 @@ FIELD_DOCS = {
                                      "systolic cell of GEMM and DEPTHWISE takes one on the presets, a FABRIC "
                                      "body its II)"),
     "vector_lanes": ("elements / cycle", "the vector unit's width (FILL, EPILOGUE, ELTWISE, POOL, REDUCE: a lane a row, "
-                                         "VFUNC: a lane runs a function's sequence one operation a cycle)"),
+                                         "VFUNC: a lane runs a function's sequence one operation a cycle, unless "
+                                         "the chip's `function_unit` pipelines it)"),
     "clock_mhz": ("MHz", "the clock all cycles count; turns cycles into time"),
     "energy": ("pJ", "energy per MAC and vector operation (by dtype), scratchpad byte read and written, "
                      "DMA byte, configuration load, and leakage per cycle (cgra_sim/energy.py). Optional: "
                      "without it, published 45 nm figures for this chip's sizes"),
-    "area": ("µm²", "area of a MAC unit (by dtype), of the rest of a PE, of a KiB of scratchpad and of a vector "
-                    "lane (cgra_sim/area.py); `area_mm2` sums them. Optional: without it, published 45 nm figures"),
+    "area": ("µm²", "area of a MAC unit (by dtype), of the rest of a PE, of a KiB of scratchpad, of a vector "
+                    "lane and of a function unit's pipeline stage (cgra_sim/area.py); `area_mm2` sums them. "
+                    "Optional: without it, published 45 nm figures"),
     "fabric": ("", "the PE array as a CGRA: interconnect topology, registers per PE, which PEs reach the "
                    "scratchpad and which multiply, operation latencies, context depth (the largest II) and "
                    "configuration word size (cgra_sim/fabric.py; docs/mapping.md). Optional: without it a mesh "
@@ -77,6 +80,11 @@ FIELD_DOCS = {
                  "and tensor bytes it sustains per cycle, and its cycles of overhead per call (cgra_sim/host.py). "
                  "Profiles add its modelled time to the NPU's cycles. Optional: without it a modest Arm "
                  "application core (Cortex-A55 class), which leaves the description's fingerprint as it was"),
+    "function_unit": ("", "a pipelined datapath for VFUNC's special functions beside the vector lanes: its lanes "
+                          "(pipelines, each an element a cycle) and the functions it has, one stage per operation of "
+                          "a function's float32 sequence, the same bits as the lanes compute (cgra_sim/function_unit.py). "
+                          "Optional: without it (or null) every VFUNC runs on the lanes one operation a cycle, "
+                          "and the description keeps its fingerprint"),
 }
 
 
@@ -105,6 +113,8 @@ class HardwareDescription:
     # None: host.default_host, kept None (not filled in like the tables above) so that a
     # description without it keeps the JSON and fingerprint it had before the field existed.
     host: Mapping | None = dataclasses.field(default=None, hash=False)
+    # None: no function unit (VFUNC on the lanes), kept out of the JSON like `host`.
+    function_unit: Mapping | None = dataclasses.field(default=None, hash=False)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -139,27 +149,28 @@ class HardwareDescription:
                             f"spad_banks * bank_width_bytes ({self.spad_banks * self.bank_width_bytes})")
         # A frozen dataclass still holds the caller's dict: keep our own immutable copy.
         object.__setattr__(self, "macs_per_pe", dict(sorted(self.macs_per_pe.items())))
-        energy = self.energy if self.energy is not None else default_energy(
-            self.rows, self.cols, self.spad_bytes, self.spad_banks, self.macs_per_pe)
-        problem = check_energy(energy, self.macs_per_pe)
-        if problem:
-            raise ArchError(f"{self.name}: {problem}")
-        object.__setattr__(self, "energy", _sorted_table(energy))
-        area = self.area if self.area is not None else default_area(self.macs_per_pe)
-        problem = check_area(area, self.macs_per_pe)
-        if problem:
-            raise ArchError(f"{self.name}: {problem}")
-        object.__setattr__(self, "area", _sorted_table(area))
-        fabric = self.fabric if self.fabric is not None else default_fabric()
-        problem = check_fabric(fabric)
-        if problem:
-            raise ArchError(f"{self.name}: {problem}")
-        object.__setattr__(self, "fabric", _sorted_table(fabric))
-        if self.host is not None:
-            problem = check_host(self.host)
+        self._check_tables()
+
+    def _check_tables(self) -> None:
+        """Validate the optional tables, filling in the defaults of energy, area and fabric (host
+        and function_unit stay None without them), and keep our own sorted copies."""
+        defaults = {"energy": lambda: default_energy(self.rows, self.cols, self.spad_bytes, self.spad_banks,
+                                                     self.macs_per_pe),
+                    "area": lambda: default_area(self.macs_per_pe), "fabric": default_fabric}
+        checks = {"energy": lambda t: check_energy(t, self.macs_per_pe),
+                  "area": lambda t: check_area(t, self.macs_per_pe), "fabric": check_fabric, "host": check_host,
+                  "function_unit": lambda t: check_function_unit(t, self.vector_lanes)}
+        for field, check in checks.items():
+            table = getattr(self, field)
+            if table is None and field in defaults:
+                table = defaults[field]()
+            if table is None:
+                continue
+            problem = check(table)
             if problem:
                 raise ArchError(f"{self.name}: {problem}")
-            object.__setattr__(self, "host", _sorted_table(self.host))
+            kept = canonical_function_unit(table) if field == "function_unit" else _sorted_table(table)
+            object.__setattr__(self, field, kept)
 
     # Derived sizes.
     @property
@@ -189,10 +200,11 @@ class HardwareDescription:
 
     # Serialisation.
     def to_dict(self) -> dict:
-        """Every field; `host` only when the description sets it (see the field)."""
+        """Every field; `host` and `function_unit` only when the description sets them (see the fields)."""
         data = dataclasses.asdict(self)
-        if data["host"] is None:
-            del data["host"]
+        for field in ("host", "function_unit"):
+            if data[field] is None:
+                del data[field]
         return data
 
     def to_json(self) -> str:
@@ -216,7 +228,7 @@ class HardwareDescription:
         data = {key: value for key, value in data.items() if key != "$schema"}
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - fields)
-        missing = sorted(fields - set(data) - {"energy", "area", "fabric", "host"})  # without them, the defaults
+        missing = sorted(fields - set(data) - {"energy", "area", "fabric", "host", "function_unit"})  # the defaults
         if unknown:
             raise ArchError(f"hardware description has unknown keys {unknown} (known: {sorted(fields)})")
         if missing:

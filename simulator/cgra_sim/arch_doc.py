@@ -20,14 +20,16 @@ from .arch import (CLOCK_MHZ_BELOW, FIELD_DOCS, MAXIMUM, NON_NEGATIVE, PE_DTYPES
                    load_arch, preset_names)
 from . import area as area_table
 from . import fabric as fabric_table
+from . import function_unit as function_unit_table
 from . import host as host_table
 from .energy import PER_DTYPE, SCALARS, VECTOR_OP_PJ
 from .isa import DType
+from .special import OPS as VFUNC_OPS
 
 SCHEMA_FILE = "hardware-description.schema.json"
 MARKDOWN_FILE = "hardware-description.md"
 DTYPES = [d.numpy_name for d in DType]
-OPTIONAL = ("energy", "area", "fabric", "host")  # tables with defaults
+OPTIONAL = ("energy", "area", "fabric", "host", "function_unit")  # tables with defaults (or none)
 
 
 def _field_schema(name: str) -> dict:
@@ -55,7 +57,9 @@ def _field_schema(name: str) -> dict:
                      "propertyNames": {"enum": DTYPES}}
         properties = {key: dict(per_dtype) for key in area_table.PER_DTYPE}
         properties.update({key: {"type": "number", "minimum": 0} for key in area_table.SCALARS})
-        return {"type": "object", "additionalProperties": False, "required": sorted(properties),
+        required = sorted(properties)
+        properties.update({key: {"type": "number", "minimum": 0} for key in area_table.OPTIONAL})
+        return {"type": "object", "additionalProperties": False, "required": required,
                 "properties": properties, "description": description}
     if name == "fabric":
         whole = {"type": "integer", "minimum": 1}
@@ -75,6 +79,12 @@ def _field_schema(name: str) -> dict:
                                                  else {"minimum": 0})} for key in host_table.KEYS}
         return {"type": "object", "additionalProperties": False, "required": list(host_table.KEYS),
                 "properties": properties, "description": description}
+    if name == "function_unit":
+        properties = {"lanes": {"type": "integer", "minimum": 1, "maximum": MAXIMUM["vector_lanes"]},
+                      "functions": {"type": "array", "minItems": 1, "uniqueItems": True,
+                                    "items": {"enum": sorted(VFUNC_OPS)}}}
+        return {"type": ["object", "null"], "additionalProperties": False,
+                "required": list(function_unit_table.KEYS), "properties": properties, "description": description}
     minimum = 1 if name in POSITIVE else 0
     assert name in POSITIVE or name in NON_NEGATIVE, name
     return {"type": "integer", "minimum": minimum, "maximum": MAXIMUM[name], "description": description}
@@ -87,8 +97,8 @@ def json_schema() -> dict:
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "CGRA NPU hardware description",
         "description": "A chip for npu_backend and cgra_sim (docs/hardware-description.md). Also: spad_bytes "
-                       "must be a multiple of spad_banks * bank_width_bytes, and energy.mac and area.mac_unit "
-                       "must price every dtype of macs_per_pe.",
+                       "must be a multiple of spad_banks * bank_width_bytes, energy.mac and area.mac_unit "
+                       "must price every dtype of macs_per_pe, and function_unit.lanes is at most vector_lanes.",
         "type": "object",
         "properties": {"$schema": {"type": "string"}, **{name: _field_schema(name) for name in names}},
         "required": [name for name in names if name not in OPTIONAL],
@@ -111,6 +121,8 @@ def _allowed(name: str) -> str:
 def _value(value) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k} {_value(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(_value, value))
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -142,8 +154,9 @@ def markdown() -> str:
     lines += [
         "",
         "Across fields: `spad_bytes` must be a multiple of `spad_banks * bank_width_bytes`; `energy.mac`",
-        "and `area.mac_unit` must price every dtype of `macs_per_pe`. Every key is required except",
-        "`energy`, `area`, `fabric` and `host`; an unknown key is an error naming it.",
+        "and `area.mac_unit` must price every dtype of `macs_per_pe`; `function_unit.lanes` is at most",
+        "`vector_lanes`. Every key is required except `energy`, `area`, `fabric`, `host` and",
+        "`function_unit`; an unknown key is an error naming it.",
         "",
         "## The energy table",
         "",
@@ -164,7 +177,9 @@ def markdown() -> str:
         "All in µm², none negative (`simulator/cgra_sim/area.py` has the sources of the defaults). The",
         "chip's area (`HardwareDescription.area_mm2`, the `area_mm2` of `cgra-sim sweep`) is",
         "PEs x (sum over dtypes of `macs_per_pe` x `mac_unit` + `pe_overhead`) + scratchpad KiB x",
-        "`spad_kib` + `vector_lanes` x `vector_lane`; DMA engines, control and global wiring are not counted.",
+        "`spad_kib` + `vector_lanes` x `vector_lane` + `function_unit.lanes` x stages x `function_stage`",
+        "(stages: the function unit's longest sequence, with VFUNC's scale and offset; below); DMA",
+        "engines, control and global wiring are not counted.",
         "",
         "| key | per |",
         "|---|---|",
@@ -172,6 +187,8 @@ def markdown() -> str:
         "| `pe_overhead` | PE, besides its MAC units: registers, configuration word, links to its neighbours |",
         "| `spad_kib` | KiB of scratchpad SRAM |",
         "| `vector_lane` | lane of the vector unit |",
+        f"| `function_stage` | pipeline stage of a function unit's lane; optional: without it "
+        f"{area_table.OPTIONAL['function_stage']:g} (a float32 operator and its pipeline registers) |",
         "",
         "## The fabric table",
         "",
@@ -214,6 +231,32 @@ def markdown() -> str:
         "| `bytes_per_cycle` | bytes of the call's tensors read and written per cycle (above 0) |",
         "| `call_overhead_cycles` | cycles every call costs besides its work (0 or more) |",
         "",
+        "## The function unit",
+        "",
+        "VFUNC's special functions (exp, tanh, erf, GELU, rsqrt, reciprocal, identity: `cgra_sim/special.py`)",
+        "are fixed sequences of float32 operations. Without a function unit a vector lane runs an",
+        "element's sequence one operation a cycle (GELU 85 cycles an element a lane). A function unit",
+        "pipelines them (`simulator/cgra_sim/function_unit.py`): each of its `lanes` is one stage per",
+        "operation of the sequence (a divide or square root 4, VFUNC's scale and offset one each),",
+        "and takes one element a cycle once full. A VFUNC of n elements then costs",
+        "ceil(n / `lanes`) + depth - 1 + 2 cycles (depth: its sequence's length) instead of",
+        "ceil(n x depth / `vector_lanes`) + 2; the vector unit issues it to whichever ends first, so",
+        "a short column still runs on the lanes. The results are the same bits either way; the",
+        "energy is the same operations per element (`vector_op`). Its area is a stage per operation",
+        "of its longest sequence in each lane (`area.function_stage`).",
+        "",
+        "The presets: cgra-4x4 has none (a one-lane unit, 0.57 mm² at 45 nm, would nearly double a",
+        "0.62 mm² chip; NPUs of 16 MACs, the Ethos-U55 class, give activations a lookup table, not",
+        "a float32 datapath); cgra-8x8 one lane (a quarter more area, GELU at 1 cycle an element",
+        "instead of 10.6); cgra-16x16 two (its PE array does 4x the MACs a cycle of cgra-8x8's, its",
+        "scratchpad and DMA twice the bytes). Leave the table out, or set it to null, for VFUNC on",
+        "the lanes only.",
+        "",
+        "| key | what |",
+        "|---|---|",
+        "| `lanes` | function pipelines, each an element a cycle (1 to `vector_lanes`: the lanes' read port feeds them) |",
+        f"| `functions` | the VFUNC functions it pipelines, among {', '.join(sorted(VFUNC_OPS))}; the others run on the lanes |",
+        "",
         "## The presets",
         "",
         "| field | " + " | ".join(p.name for p in presets) + " |",
@@ -221,12 +264,17 @@ def markdown() -> str:
     ]
     for name in names[1:]:
         values = [p.host_cpu if name == "host" else getattr(p, name) for p in presets]
-        if name in OPTIONAL:
+        if name == "function_unit":
+            for key in function_unit_table.KEYS:
+                lines.append(f"| `{name}.{key}` | " + " | ".join(_value(v[key]) if v else "-" for v in values) + " |")
+        elif name in OPTIONAL:
             for key in values[0]:
                 lines.append(f"| `{name}.{key}` | " + " | ".join(_value(v[key]) for v in values) + " |")
         else:
             lines.append(f"| `{name}` | " + " | ".join(_value(v) for v in values) + " |")
     lines.append("| area (mm²) | " + " | ".join(f"{p.area_mm2:.2f}" for p in presets) + " |")
+    lines.append("| of it the function unit | " + " | ".join(f"{p.area_breakdown()['function_unit']:.2f}"
+                                                              for p in presets) + " |")
     return "\n".join(lines) + "\n"
 
 

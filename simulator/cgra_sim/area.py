@@ -1,4 +1,4 @@
-"""Silicon area of a chip: its PE array, scratchpad and vector unit, priced by an area table.
+"""Silicon area of a chip: its PE array, scratchpad, vector unit and function unit, priced by an area table.
 
 Stage: shared (the hardware description's derived figures; `HardwareDescription.area_mm2` and
 `area_breakdown` call it). In: the chip's sizes and its `area` table; out: mm² per component
@@ -12,9 +12,14 @@ The table (every number in µm²; docs/hardware-description.md, "The area table"
                       the links to its neighbours
     spad_kib          one KiB of scratchpad SRAM, banking included
     vector_lane       one lane of the vector unit (a float32 multiply and add, an int32 add)
+    function_stage    optional: one pipeline stage of the function unit (function_unit.py), a
+                      lane's; without it FUNCTION_STAGE_UM2 (and a description without it keeps
+                      its JSON and fingerprint)
 
 Chip area = PEs x (sum over dtypes of macs_per_pe x mac_unit + pe_overhead)
-          + scratchpad KiB x spad_kib + vector_lanes x vector_lane.
+          + scratchpad KiB x spad_kib + vector_lanes x vector_lane
+          + function_unit.lanes x stages x function_stage
+(stages: the function unit's longest sequence with scale and offset, function_unit.stages).
 Not counted: the DMA engines, the host interface, control and global wiring.
 
 `default_area` gives a chip without an `area` table its figures, at 45 nm like the energy table:
@@ -25,13 +30,22 @@ multiplier 282 µm², a 32-bit adder 137 µm², a 32-bit multiplier 3495 µm², 
 of one half (this project's assumption: decoders, sense amplifiers, banking) a KiB is 5669 µm².
 `pe_overhead` (1000 µm²) is this project's assumption, not a measurement: about 200 bits of
 flip-flops and the multiplexers in front of them.
+
+A function unit's stage holds one float32 operator of the sequence and the values live across
+it. Its figure is this project's estimate from the same sources: the operator priced as the
+mean of a float32 multiplier and adder (5942 µm²: the sequences are mostly Horner steps, a
+multiply then an add; the compares, selects, shifts and conversions among them are smaller,
+the four stages of a divide or square root larger), and 128 flip-flops (four float32 values
+live between stages) at 4.522 µm² each (NanGate's 45 nm Open Cell Library, DFF_X1): 6521 µm².
+GELU's pipeline, 87 stages, is then 0.57 mm² a lane, 47 vector lanes' worth.
 """
 
 from __future__ import annotations
 
-from .energy import check_table
+from . import function_unit
+from .energy import check_table, non_negative_number
 
-COMPONENTS = ("pe_array", "scratchpad", "vector_unit")
+COMPONENTS = ("pe_array", "scratchpad", "vector_unit", "function_unit")
 
 #: µm² per MAC unit by input dtype (Horowitz, ISSCC 2014, 45 nm: multiplier + 32-bit accumulator adder).
 MAC_UNIT_UM2 = {"int8": 282 + 137, "float32": 7700 + 4184, "int32": 3495 + 137}
@@ -39,10 +53,14 @@ PE_OVERHEAD_UM2 = 1000.0  # this project's assumption (see the module doc)
 SRAM_CELL_UM2 = 0.346  # Intel 45 nm 6T cell (Mistry et al., IEDM 2007)
 SRAM_ARRAY_EFFICIENCY = 0.5  # this project's assumption
 VECTOR_LANE_UM2 = 7700 + 4184 + 137  # a float32 multiplier and adder, an int32 adder
+DFF_UM2 = 4.522  # NanGate 45 nm Open Cell Library, DFF_X1
+FUNCTION_STAGE_UM2 = round((7700 + 4184) / 2 + 128 * DFF_UM2)  # this project's estimate (see the module doc)
 
 #: The keys of an area table: per-dtype tables, then single figures.
 PER_DTYPE = ("mac_unit",)
 SCALARS = ("pe_overhead", "spad_kib", "vector_lane")
+#: Keys a table may leave out (the figure used then).
+OPTIONAL = {"function_stage": float(FUNCTION_STAGE_UM2)}
 
 
 def default_area(dtypes) -> dict:
@@ -56,8 +74,13 @@ def default_area(dtypes) -> dict:
 
 
 def check_area(area, dtypes) -> str | None:
-    """What is wrong with an area table (None if nothing): every key, non-negative numbers, a MAC
-    unit for each dtype the PE array computes."""
+    """What is wrong with an area table (None if nothing): every key (those of OPTIONAL may be
+    left out), non-negative numbers, a MAC unit for each dtype the PE array computes."""
+    if isinstance(area, dict):
+        for key in OPTIONAL:
+            if key in area and not non_negative_number(area[key]):
+                return f"area['{key}'] must be a non-negative number of µm², got {area[key]!r}"
+        area = {key: value for key, value in area.items() if key not in OPTIONAL}
     return check_table("area", area, {"mac_unit": set(dtypes)}, SCALARS, "µm²")
 
 
@@ -69,5 +92,15 @@ def chip_area(arch) -> dict:
         "pe_array": arch.rows * arch.cols * pe / 1e6,
         "scratchpad": arch.spad_bytes / 1024 * table["spad_kib"] / 1e6,
         "vector_unit": arch.vector_lanes * table["vector_lane"] / 1e6,
+        "function_unit": function_unit_um2(arch.function_unit, table) / 1e6,
     }
+
+
+def function_unit_um2(unit, table) -> float:
+    """µm² of a function unit `unit` (None: none) priced by the area `table`: a stage per
+    operation of its longest sequence, in each lane."""
+    if not unit:
+        return 0.0
+    stage = table.get("function_stage", OPTIONAL["function_stage"])
+    return unit["lanes"] * function_unit.stages(unit) * stage
 

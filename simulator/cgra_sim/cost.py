@@ -21,9 +21,13 @@ estimates cannot drift from what the simulator charges.
                  stride 0, is read once and held in registers, as EPILOGUE's bias row is).
     REDUCE       ceil(rows / vector_lanes) * cols + VECTOR_OVERHEAD_CYCLES
                  a lane folds one row, a column a cycle (the order the ISA specifies)
-    VFUNC        ceil(rows * cols * (ops + scale + offset) / vector_lanes) + VECTOR_OVERHEAD_CYCLES
-                 ops: the lane operations of the function's specified sequence (special.OPS,
-                 a divide or square root counting 4), + 1 for each of the scale and offset
+    VFUNC        lanes:  ceil(rows * cols * depth / vector_lanes) + VECTOR_OVERHEAD_CYCLES
+                 unit:   ceil(rows * cols / function_unit.lanes) + depth - 1 + VECTOR_OVERHEAD_CYCLES
+                 depth: the lane operations of the function's specified sequence (special.OPS,
+                 a divide or square root counting 4), + 1 for each of the scale and offset. On
+                 the lanes an element takes its sequence one operation a cycle; a chip whose
+                 `function_unit` has the function pipelines it (function_unit.py): an element
+                 a pipeline a cycle, plus the fill. The command runs where it ends first.
     GEMM         steady = ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe)
                           * max(step, A's bank conflict, operand bytes a cycle / scratchpad bytes a cycle)
                  fill   = min(m, rows) + min(n, cols) - 2 (the sub-array the GEMM occupies)
@@ -52,11 +56,11 @@ from __future__ import annotations
 import dataclasses
 from fractions import Fraction
 
+from . import function_unit
 from .arch import HardwareDescription
 from .banks import slowed
 from .isa import DType
 from .mapping import pe_array
-from .special import OPS as VFUNC_OPS
 
 ONE = Fraction(1)
 VECTOR_OVERHEAD_CYCLES = 2  # issue + write-back of a vector-unit command
@@ -115,8 +119,14 @@ def reduce_cycles(arch: HardwareDescription, rows: int, cols: int) -> int:
 
 def vfunc_cycles(arch: HardwareDescription, elements: int, func: str, scale: bool = False,
                  offset: bool = False) -> int:
-    """Cycles of a VFUNC computing `func` ("exp", ...: special.OPS) over `elements` elements."""
-    return _ceil(elements * (VFUNC_OPS[func] + scale + offset), arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
+    """Cycles of a VFUNC computing `func` ("exp", ...: special.OPS) over `elements` elements: on
+    the lanes, a sequence's operation a cycle each, or through the function unit's pipelines
+    when the chip has one with `func` and that ends sooner (function_unit.py)."""
+    depth = function_unit.depth(func, scale, offset)
+    cycles = _ceil(elements * depth, arch.vector_lanes)
+    if function_unit.runs(arch.function_unit, func):
+        cycles = min(cycles, _ceil(elements, arch.function_unit["lanes"]) + depth - 1)
+    return cycles + VECTOR_OVERHEAD_CYCLES
 
 
 def pe_folds(arch: HardwareDescription, m: int, n: int) -> int:

@@ -9,7 +9,8 @@ The table (every number in pJ; docs/simulator.md, "Energy"):
 
     mac[dtype]          one multiply-accumulate on the PE array, by input dtype
     vector_op[dtype]    one element operation of the vector unit (FILL, EPILOGUE, ELTWISE, a POOL tap, a
-                        REDUCE step, each lane operation of a VFUNC: special.OPS),
+                        REDUCE step, each lane operation of a VFUNC: special.OPS, on the
+                        lanes or through the function unit's stages alike),
                         and of a PE running a FABRIC body (per node per element)
     spad_read_byte      one byte read from the scratchpad
     spad_write_byte     one byte written to the scratchpad

@@ -7,7 +7,8 @@ Each function is a fixed sequence of IEEE float32 operations (add, subtract, mul
 square root, each rounded to nearest even, no fused multiply-add), float32 <-> int32
 conversions of integral values and bit operations: numpy performs exactly these on every CPU,
 so the results do not depend on numpy's or the C library's exp (whose SIMD paths differ). The
-hardware's function unit runs the same sequence, one operation a lane and cycle (`OPS`).
+hardware runs the same sequence: a vector lane one operation a cycle (`OPS`), a function unit's
+pipeline one stage an operation (function_unit.py).
 
     exp         n = rint(x log2 e); r = x - n C1 - n C2 (Cody-Waite, C1 exact in 9 bits);
                 p = 1 + r + r^2 P(r) (degree 5, Cephes' expf); p 2^(n//2) 2^(n - n//2)
@@ -48,7 +49,7 @@ SQRT1_2 = F(0.7071067811865476)
 ERF_SPLIT = F(0.875)
 
 #: Lane operations per element (a divide or square root counted as 4): the cycles a lane spends
-#: on one element (cost.vfunc_cycles).
+#: on one element, the stages of a function unit's pipeline (cost.vfunc_cycles).
 OPS = {"identity": 1, "exp": 28, "tanh": 52, "erf": 78, "gelu": 85, "rsqrt": 8, "reciprocal": 4}
 
 #: Max error against float64, in units in the last place of the float32 result, over the

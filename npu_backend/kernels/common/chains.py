@@ -33,14 +33,17 @@ from ..intrinsics.fabric import FabricBody, body_value
 
 #: The piece of a pattern's name that marks a chain (fabric.py's, an epilogue's tail: "_chain<k>").
 CHAIN_MARK = "_chain"
+#: The patterns of integer ops between quantized layers (elementwise/qlinear.py).
+QLINEAR_PREFIX = "cgra.qlinear"
 #: The attention kernel reads its scale and its guard's constants at compile time too.
 ATTENTION_PATTERN = "cgra.attention"
 
 
 def reads_immediates(composite: str) -> bool:
     """Whether the kernel of pattern `composite` reads its one-element constants at compile
-    time, as a body's immediates (partition/scalar_args.py binds them inside it)."""
-    return CHAIN_MARK in composite or composite.startswith(ATTENTION_PATTERN)
+    time, as a body's immediates (partition/scalar_args.py binds them inside it): a chain's, or
+    an integer QLinearAdd's (elementwise/qlinear.py), or an attention's scale and guard."""
+    return CHAIN_MARK in composite or composite.startswith((QLINEAR_PREFIX, ATTENTION_PATTERN))
 
 
 _COMMUTATIVE = {"relax.add": "add", "relax.multiply": "mul", "relax.maximum": "max", "relax.minimum": "min"}

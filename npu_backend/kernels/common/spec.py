@@ -70,6 +70,15 @@ class KernelSpec:
     # A chain of elementwise ops after the epilogue (a leaky relu, a hard-swish): the nodes of a
     # FABRIC body (cgra_sim/mapping/body.py) each output tile runs through in place (chains.py).
     fabric_body: tuple = ()
+    # After those, float32 only (kernels/gemm/epilogue_tail.py): an activation the EPILOGUE lacks
+    # ("sigmoid", "silu", "gelu_tanh", "gelu"), then a multiply by a tensor of the output's shape
+    # (role "multiplier": SwiGLU's gate times the up projection).
+    act: str | None = None
+    multiplier_shape: tuple | None = None
+    # Before the relu / clip / activation, float32: a multiply by a constant per output channel
+    # (roles "ch_scale", "ch_shift"), then an add of one: a batch norm written as Mul + Add.
+    channel_scale_shape: tuple | None = None
+    channel_shift_shape: tuple | None = None
     # conv2d: how each tensor is stored. lhs_shape, rhs_shape and output_shape stay logical
     # (N, C, H, W) / (O, I, H, W); a layout is a permutation of those axes, e.g. "NHWC", "HWIO".
     data_layout: str = "NCHW"
@@ -87,6 +96,10 @@ class KernelSpec:
     # like a bias). None: the kernel writes its accumulator dtype.
     requant_zero_point: int | None = None
     scale_shape: tuple | None = None
+    # conv2d, depthwise: the image's padding holds the dtype's lowest value instead of 0 (the
+    # DMA's DMA_FILL_LOWEST halo): an int8 activation whose zero point is -128 padded with it,
+    # the real value 0 (a QDQ layer after a relu: normalise/qdq.py), read from conv2d(pad(x)).
+    pad_lowest: bool = False
     # Symbolic axes (kernels/common/dynamic.py): ((role, axis, variable name), ...) of the shapes the
     # caller passes (caller_shapes, else the shapes above), which hold them at their bound.
     symbols: tuple = ()
@@ -94,6 +107,13 @@ class KernelSpec:
     # (tir_vars, when a tensor's size is an expression of a variable no tensor holds alone); the
     # kernel skips them (operands.kernel_prim_func, attribute cgra.shape_args).
     shape_args: tuple = ()
+
+    @property
+    def image_fill(self) -> int:
+        """What the image's padding holds in the kernel's tiles: 0, or the int8 lowest value
+        (pad_lowest). Tile padding past the channels holds it too: the weights' padding is 0
+        there, and rows past the output are never stored."""
+        return -128 if self.pad_lowest else 0
 
     def symbolic(self, role: str) -> dict:
         """{axis: variable name} of `role`'s symbolic axes (role "out": the output's)."""
@@ -103,6 +123,9 @@ class KernelSpec:
     def roles(self) -> tuple:
         return self.param_roles or (("lhs", "rhs") + (("bias",) if self.bias_shape else ())
                                     + (("residual",) if self.residual_shape else ())
+                                    + (("multiplier",) if self.multiplier_shape else ())
+                                    + (("ch_scale",) if self.channel_scale_shape else ())
+                                    + (("ch_shift",) if self.channel_shift_shape else ())
                                     + (("scale",) if self.scale_shape else ()))
 
     @property
