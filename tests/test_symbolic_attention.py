@@ -103,3 +103,58 @@ def test_a_symbolic_reduction_of_two_matrices_runs_on_the_npu():
         out, prof = _run(vm, (a, b))
         np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
         assert prof.kernels[0].macs == 8 * 16 * n
+
+
+def _softmax(shape, bound: int | None):
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], attrs={"tir_var_upper_bound": {"s": bound}} if bound else {}):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.softmax(x, axis=-1))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _numpy_softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("shape", [lambda s: (1, HEADS, s, s), lambda s: (1, HEADS, 1, s)])
+def test_a_softmax_over_rows_of_symbolic_length_runs_on_the_npu(shape):
+    """Attention's scores (1, H, s, s) in prefill, (1, H, 1, t) in a decode step: the row held
+    whole in a tile as wide as the bound, every command cut to the length (rows.py)."""
+    s = tirx.Var("s", "int64")
+    vm = relax.VirtualMachine(npu_backend.compile(_softmax(shape(s), 300), ARCH), tvm.cpu())
+    for n in (1, 6, 45, 300):
+        x = np.random.default_rng(n).standard_normal(shape(n)).astype("float32")
+        x[..., 0] = -np.inf  # a masked entry
+        out, prof = _run(vm, (x,))
+        np.testing.assert_allclose(out, _numpy_softmax(x), rtol=4e-6, atol=1e-7)
+        assert len(prof.kernels) == 1
+        static = relax.VirtualMachine(npu_backend.compile(_softmax(shape(n), None), ARCH), tvm.cpu())
+        assert prof.total_cycles <= 1.15 * _run(static, (x,))[1].total_cycles
+
+
+def test_a_row_longer_than_its_bound_is_refused_naming_the_bound():
+    vm = relax.VirtualMachine(npu_backend.compile(_softmax((1, HEADS, 1, tirx.Var("s", "int64")), 64), ARCH),
+                              tvm.cpu())
+    with pytest.raises(ValueError, match=r"softmax of symbolic length s past its bound 64.*shape_bounds"):
+        vm["main"](tvm.runtime.tensor(np.zeros((1, HEADS, 1, 65), "float32")))
+
+
+def test_a_row_max_over_a_symbolic_length_runs_on_the_npu():
+    """A causal mask's rows (1, 1, s, s) -> (1, 1, s, 1): the REDUCE cut to the length."""
+    s = tirx.Var("s", "int64")
+    x = relax.Var("x", relax.TensorType((1, 1, s, s), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], attrs={"tir_var_upper_bound": {"s": 128}}):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.max(x, axis=[-1], keepdims=True))
+        bb.emit_func_output(out)
+    vm = relax.VirtualMachine(npu_backend.compile(bb.get(), ARCH), tvm.cpu())
+    for n in (1, 9, 128):
+        a = np.random.default_rng(n).standard_normal((1, 1, n, n)).astype("float32")
+        out, prof = _run(vm, (a,))
+        np.testing.assert_array_equal(out, a.max(-1, keepdims=True))
+        assert len(prof.kernels) == 1

@@ -59,3 +59,39 @@ def test_a_static_module_is_left_as_it_is():
         bb.emit_func_output(out)
     mod = bb.get()
     assert symbolic_rows(mod).script() == mod.script()
+
+
+def test_rope_on_heads_at_a_symbolic_length_runs_on_the_npu():
+    """q (1, H, s, d) * cos (1, 1, s, d) + q: viewed (H, s d) and (1, s d), the length in the
+    trailing axis."""
+    s = tirx.Var("s", "int64")
+    q = relax.Var("q", relax.TensorType((1, 4, s, 16), "float32"))
+    cos = relax.Var("cos", relax.TensorType((1, 1, s, 16), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [q, cos], attrs={"tir_var_upper_bound": {"s": 512}}):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.add(relax.op.multiply(q, cos), q))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    placements = npu_backend.explain(mod, ARCH, dims={"s": 5})
+    assert [p.where for p in placements if p.op != "reshape"] == ["npu", "npu"]
+    vm = relax.VirtualMachine(npu_backend.compile(mod, ARCH), tvm.cpu())
+    for n in (1, 5, 45):
+        rng = np.random.default_rng(n)
+        a, c = rng.standard_normal((1, 4, n, 16)).astype("float32"), rng.standard_normal((1, 1, n, 16)).astype("float32")
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(c)).numpy(), a * c + a,
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_an_op_a_kernel_epilogue_takes_is_left_as_it_is():
+    """A conv2d's relu over (1, C, h, 6): reshaped, it would leave the conv2d's epilogue."""
+    h = tirx.Var("h", "int64")
+    x = relax.Var("x", relax.TensorType((1, 4, h, 8), "float32"))
+    w = relax.Var("w", relax.TensorType((8, 4, 3, 3), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, w)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert symbolic_rows(mod).script() == mod.script()
