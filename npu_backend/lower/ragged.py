@@ -64,10 +64,11 @@ def cut_ragged_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
 def _bound_check(var, bound: int, what: str):
     """A ValueError at run time when symbolic dimension `var` exceeds `bound` (BOUNDED)."""
     name = var.name
+    how = (f"torch.export.Dim('{name}', max=...), npu_backend.compile(..., shape_bounds={{'{name}': ...}}) or the "
+           "function's tir_var_upper_bound") if name.isidentifier() else \
+        "torch.export.Dim(max=...), npu_backend.compile(..., shape_bounds=...) or the function's tir_var_upper_bound"
     message = (f"{what} of symbolic length {name} past its bound {bound}: the kernel holds up to {bound} in "
-               f"the scratchpad and would write past it; compile with a larger bound "
-               f"(torch.export.Dim('{name}', max=...), npu_backend.compile(..., shape_bounds={{'{name}': ...}}) "
-               "or the function's tir_var_upper_bound)")
+               f"the scratchpad and would write past it; compile with a larger bound ({how})")
     # TVM 0.27's tirx.AssertStmt passes its arguments to the constructor in the wrong order.
     return _tirx_api.AssertStmt(var <= tirx.IntImm(str(var.ty), bound), tvm_string("ValueError"),
                                 [tvm_string(message)], None)

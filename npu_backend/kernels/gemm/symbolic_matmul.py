@@ -48,8 +48,10 @@ def symbolic_matmul_spec(annotated: dict, permute, common: dict) -> KernelSpec:
     if len(rhs_dims) != rank or not 2 <= rank <= 4:
         raise UnsupportedOperator(f"matmul of rank {rank} x {len(rhs_dims)} with a symbolic right operand: the NPU "
                                   "kernel takes operands of one rank (2 to 4) with equal batch axes")
-    lhs_shape, lhs_names = read_shape(annotated["lhs"], "left operand", symbolic_axes=(-2, -1))
-    rhs_shape, rhs_names = read_shape(annotated["rhs"], "right operand", symbolic_axes=(-2, -1))
+    # A length may be an expression of a variable (a KV cache grown by the new token: t + 1); the
+    # kernel binds a variable of its own from the tensor (dynamic.read_shape).
+    lhs_shape, lhs_names = read_shape(annotated["lhs"], "left operand", symbolic_axes=(-2, -1), expressions=True)
+    rhs_shape, rhs_names = read_shape(annotated["rhs"], "right operand", symbolic_axes=(-2, -1), expressions=True)
     if lhs_shape[:-2] != rhs_shape[:-2]:
         raise UnsupportedOperator(f"matmul of {_text(lhs_dims)} x {_text(rhs_dims)}: with a symbolic right operand "
                                   "the NPU kernel takes equal batch axes (broadcast them first)")

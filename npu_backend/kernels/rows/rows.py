@@ -101,7 +101,7 @@ def read_rows(x, what: str, symbolic_row: bool = False) -> tuple:
                                   "and VFUNC compute float32")
     dims = shape_dims(x) or ()
     axes = range(len(dims)) if symbolic_row and len(dims) > 1 else range(len(dims) - 1)
-    shape, names = read_shape(x, "operand", symbolic_axes=axes, prefix=f"{what}: ")
+    shape, names = read_shape(x, "operand", symbolic_axes=axes, prefix=f"{what}: ", expressions=symbolic_row)
     if not 1 <= len(shape) <= MAX_RANK:
         raise UnsupportedOperator(f"{what} of rank {len(shape)}: the NPU's DMA moves tensors of rank 1..{MAX_RANK}")
     leading = [axis for axis in names if axis < len(shape) - 1]
