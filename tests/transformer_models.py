@@ -101,7 +101,7 @@ class WithMask(torch.nn.Module):
 
 #: Host operators that only move or re-view data: not counted as host compute.
 LAYOUT_OPS = frozenset({"reshape", "expand_dims", "squeeze", "flatten", "permute_dims", "strided_slice", "split",
-                        "concat", "broadcast_to", "repeat", "tile", "take"})
+                        "concat", "broadcast_to", "repeat", "tile", "take", "view"})
 
 
 def host_op_counts(placements) -> tuple[int, int, list[str]]:

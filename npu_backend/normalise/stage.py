@@ -16,17 +16,21 @@ from .batch_norms import batch_norms_as_scale_shift
 from .bool_scans import bool_scans_as_counts_pass
 from .bounded_shapes import resolve_bounded_shapes
 from .clips import canonicalize_clips_pass
+from .constant_indices import constant_indices_pass
 from .conv1ds import conv1ds_as_conv2ds_pass
 from .conv3ds import conv3ds_as_conv2ds_pass
 from .conv_transposes import conv_transposes_as_convs_pass
 from .fold_weights import fold_remaining_constants, fold_weights, restore_kept_transposes
 from .gelus import gelus_pass
+from .index_casts import index_casts_pass
 from .large_pools import split_large_pools_pass
+from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .qdq import canonicalize_qdq
 from .rewrite import scans_shared
 from .rms_norms import rms_norms_pass
+from .rotations import rotations_pass
 from .scalars import scalar_operands_pass
 from .softmaxes import safe_softmaxes_pass
 from .sums import sums_as_adds_pass
@@ -84,12 +88,24 @@ def normalise_passes() -> list:
         # ONNX Sum imports as a stack and a reduction: as adds, a residual add the conv2d kernel
         # fuses or elementwise adds (sums.py).
         sums_as_adds_pass,
+        # An index_tensor of constant indices (HF's padding mask: mask[b_arange, kv_arange]) as
+        # the reshape or row gather it is (constant_indices.py).
+        constant_indices_pass,
+        # An embedding lookup reads its int64 token ids as they are, not cast to int32 first: the
+        # same rows for every index the lookup defines (index_casts.py).
+        index_casts_pass,
         # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
         # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
         rms_norms_pass, gelus_pass, safe_softmaxes_pass,
         # A broadcast_to the shape its operand has (torch.export's expand before a batched
         # matmul) is its operand, not a host copy (no_op_broadcasts.py).
         no_op_broadcasts_pass,
+        # RoPE's rotate_half / rotate_every_two negation folded into the constant sine it
+        # multiplies, exactly (rotations.py): no negative left on the host.
+        rotations_pass,
+        # A boolean mask's where(m, 0, -inf) and casts as float32 {0, 1} arithmetic, exactly
+        # (masks.py): the mask is built on the NPU, once for every layer.
+        masks_pass,
         # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast (scalars.py).
         scalar_operands_pass,
         # An elementwise op on a (1, s, C) activation on its (s, C) rows: the kernels' symbolic

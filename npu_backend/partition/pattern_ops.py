@@ -72,6 +72,8 @@ class ModuleCalls:
 
     def _constant(self, const) -> None:
         tensor = const.value
+        if not hasattr(tensor, "shape"):  # a dtype or a shape argument (memory.view's), not a tensor
+            return
         if math.prod(tensor.shape) <= self._small:
             self._constants.append(f"{tensor.dtype}{tensor.shape}".encode() + tensor.numpy().tobytes())
 

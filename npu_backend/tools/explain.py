@@ -148,6 +148,7 @@ def _kernel_ops(wrapper, site: int, dims: dict) -> list[Placement]:
 
 #: Operators that only give the data a new shape (a conv1d's expand_dims and squeeze, a flatten).
 _SHAPE_OPS = ("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.flatten")
+_VIEW_OPS = ("relax.memory.view",)  # normalise/masks.py reads an int64's 32-bit words through one
 
 _BATCH_NORM_REASON = (
     "an inference batch norm runs on the NPU folded into the conv2d before it (normalise/fold_weights.py): "
@@ -165,6 +166,8 @@ def _host_reason(mod, call, arch) -> str:
         name, func = called
         return call_tir_reason(call) or tir_offload_reason(func, name, arch, CompileOptions(), KERNEL_STAGES) or \
             "it compiles as an NPU kernel but was not offloaded (please report this)"
+    if call.op.name in _VIEW_OPS:
+        return "reads the same bytes as another dtype or shape (a view): no arithmetic to offload"
     if call.op.name in _SHAPE_OPS:
         return "changes only the shape: no arithmetic to offload (the same memory seen anew, or one copy)"
     pattern = host_patterns().get(call.op.name)

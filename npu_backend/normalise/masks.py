@@ -1,0 +1,236 @@
+"""A boolean attention mask's arithmetic as float32 {0, 1} arithmetic the NPU runs.
+
+Stage: normalise (after softmaxes.py, before scalars.py). In: a Relax IRModule. Out: the same
+module in which every
+
+    where(b, 0.0, y)        y a negative constant (-inf or a finite one: Bloom's float32 min)
+    astype(b, "float32")        astype(b, "int32")
+
+whose boolean `b` is built from constants and integer casts by the ops below is computed from
+`b`'s twin B, a float32 (or int32) tensor holding 1 where b is true and +0 where it is false:
+
+    b                                   B
+    a constant                          the constant as float32
+    astype(x, "bool"), x int32, int64   in int32: per 32-bit word w of x (an int64 viewed as its
+                                        two words, little-endian), s = max(min(w, 1), -1); N the
+                                        maximum of the max(s, -s); as float32 N times 0x3F800000
+                                        (1.0f's bits) viewed as float32
+    not_equal(x, c), c an int constant  N of the words of x - c (wrapping int32 subtracts)
+    equal(x, c)                         1 - that
+    bitwise_and / logical_and(a, c)     A * C
+    bitwise_or / logical_or(a, c)       maximum(A, C)
+    logical_not / bitwise_not(a)        1 - A
+    reshape, expand_dims, broadcast_to, permute_dims, squeeze of a: the same op on A
+
+A cumsum of an int32 twin along its last axis (RoBERTa's position ids: cumsum(ids != pad)) is
+a matmul: B's low bytes (int8: a view, a strided slice) times the n x n upper triangle of ones,
+int8 x int8 -> int32 on the PE array; exact, as every product is 0 or 1 and integer sums do not
+round (n^2 MACs a row, counted as the model's). A scan on the vector unit would take n ELTWISE
+adds a row; the matmul is one GEMM kernel and sums in any order as exactly.
+
+And then where(b, 0, y) = (B - 1) * -y (B - 1 is -1 or +0), for y = -inf (B - 1) * 2 * FLT_MAX
+(-2 * FLT_MAX overflows to -inf, 0 * FLT_MAX is 0); astype(b, "float32" or "int32") = B.
+
+Exact: every value above is 0, 1 or -1 until the last step, and each step's float32 result is
+exactly the integer one; an int64 is nonzero exactly when one of its words is, a word minus
+c's word (wrapping) is 0 exactly where they are equal, and the clamps cannot overflow. The twins are shared: a mask every layer reads is computed once. The
+views and slices are layout (no arithmetic): the int64 input's words are read by the NPU's DMA,
+which computes no int64.
+
+What stays: `where(kept, softmax(x), 0)`, the guard of a padding-masked softmax and
+the `greater` that makes `kept`, are the attention op's to fold (softmaxes.py).
+
+Why: HF's decoders build their padding mask as `causal & mask[None, None, None, :]` and turn it
+into an additive mask with `where(m, 0, -inf)` in every layer: bitwise_and, where x layers and an
+astype per model stayed on the host between NPU kernels, none of them with an NPU kernel;
+RoBERTa's position ids start from `astype(ids != pad, int32)`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..frontend.provenance import with_span
+from ..relax_info import dtype_of, static_shape
+from .chain_match import Chain
+from .rewrite import as_pass, rewrite_functions
+
+_WHERE, _ASTYPE = tvm.ir.Op.get("relax.where"), tvm.ir.Op.get("relax.astype")
+_CUMSUM = tvm.ir.Op.get("relax.cumsum")
+_AND = ("relax.bitwise_and", "relax.logical_and")
+_OR = ("relax.bitwise_or", "relax.logical_or")
+_NOT = ("relax.logical_not", "relax.bitwise_not")
+_LAYOUT = ("relax.reshape", "relax.expand_dims", "relax.broadcast_to", "relax.permute_dims", "relax.squeeze")
+_FLT_MAX = np.finfo(np.float32).max
+_ONE_BITS = int(np.float32(1).view(np.int32))  # 0x3F800000
+
+
+def masks_as_float(mod: tvm.IRModule) -> tvm.IRModule:
+    """`mod` with every boolean mask's where and cast computed from its float twin (the boolean
+    ops removed when nothing else reads them)."""
+    return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _MaskRewriter))
+
+
+masks_pass = as_pass(masks_as_float, "cgra.MasksAsFloat", ops=("relax.where", "relax.astype", "relax.cumsum"))
+
+
+def _i32(value) -> relax.Expr:
+    return relax.const(np.int32(value))
+
+
+def _f32(value) -> relax.Expr:
+    return relax.const(np.float32(value))
+
+
+def _one(dtype: str) -> relax.Expr:
+    return _f32(1) if dtype == "float32" else _i32(1)
+
+
+@relax.expr_functor.mutator
+class _MaskRewriter(relax.PyExprMutator):
+    def __init__(self, mod=None):
+        super().__init__(mod)
+        self.twins, self.selects, self.binary = {}, {}, set()
+
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        if not isinstance(call, relax.Call) or dtype_of(call) not in ("float32", "int32"):
+            return call
+        chain = Chain(self)
+        if call.op.same_as(_ASTYPE) and dtype_of(call.args[0]) == "bool":
+            twin = self.twin(chain, call.args[0], 0, dtype_of(call))
+            return twin if twin is not None else call
+        if call.op.same_as(_CUMSUM):
+            scan = self.scan(call)
+            return with_span(scan, call.span) if scan is not None else call
+        if dtype_of(call) != "float32":
+            return call
+        if call.op.same_as(_WHERE) and dtype_of(call.args[0]) == "bool":
+            select = self.select(chain, call)
+            return with_span(select, call.span) if select is not None else call
+        return call
+
+    def emit(self, expr):
+        return self.builder_.emit(expr)
+
+    def select(self, chain: Chain, call):
+        """(B - 1) * -y for where(b, +0.0, y < 0) of b's shape, else None."""
+        cond, x, y = (chain.scalar(arg) if i else arg for i, arg in enumerate(call.args))
+        if x is None or y is None or not (x == 0 and np.signbit(np.float32(x)) == 0 and y < 0) \
+                or static_shape(call) is None or static_shape(call) != static_shape(cond):
+            return None
+        key = (chain.value(cond), float(y))
+        if key not in self.selects:
+            twin = self.twin(chain, cond, 0)
+            if twin is None:
+                return None
+            less_one = self.emit(relax.op.subtract(twin, _f32(1)))
+            if np.isfinite(y):
+                self.selects[key] = self.emit(relax.op.multiply(less_one, _f32(-y)))
+            else:
+                doubled = self.emit(relax.op.multiply(less_one, _f32(2)))
+                self.selects[key] = self.emit(relax.op.multiply(doubled, _f32(_FLT_MAX)))
+        return self.selects[key]
+
+    def scan(self, call):
+        """cumsum(B) along the last axis of an int32 twin B as B's low bytes (int8, a view and a
+        strided slice) times the upper triangle of ones (int8 x int8 -> int32 on the PE array),
+        else None."""
+        source, shape = call.args[0], static_shape(call)
+        for _ in range(8):  # through variables bound to variables (the twin replaced a cast's binding)
+            bound = self.lookup_binding(source) if isinstance(source, relax.Var) else None
+            if not isinstance(bound, relax.Var):
+                break
+            source = bound
+        axis = call.attrs.axis
+        if source not in self.binary or shape is None or len(shape) < 1 or bool(call.attrs.exclusive) \
+                or axis is None or int(axis) % len(shape) != len(shape) - 1 or dtype_of(call) != "int32":
+            return None
+        n = shape[-1]
+        rows = (int(np.prod(shape[:-1])), n)
+        flat = self.emit(relax.op.reshape(source, rows)) if tuple(shape) != rows else source
+        viewed = self.emit(relax.op.memory.view(flat, shape=(rows[0], 4 * n), dtype="int8"))
+        low = self.emit(relax.op.strided_slice(viewed, [1], [0], [4 * n], [4]))
+        summed = relax.op.matmul(low, relax.const(np.triu(np.ones((n, n), np.int8))), out_dtype="int32")
+        return summed if tuple(shape) == rows else relax.op.reshape(self.emit(summed), shape)
+
+    def twin(self, chain: Chain, expr, depth: int, dtype: str = "float32"):
+        """B, the {0, 1} tensor of the boolean `expr` in `dtype` (float32 or int32), emitted
+        once; None if `expr` is built by an op the table of the module docstring lacks."""
+        key = (chain.value(expr), dtype)
+        if key in self.twins:
+            return self.twins[key]
+        twin = self._make_twin(chain, expr, depth, dtype) if depth < 16 and static_shape(expr) is not None else None
+        if twin is not None:
+            twin = self.emit(twin) if isinstance(twin, relax.Call) else twin
+            self.twins[key] = twin
+            if dtype == "int32":
+                self.binary.add(twin)
+        return twin
+
+    def _words(self, source):
+        """The int32 words of an int32 or int64 tensor (an int64 read as its two words, low
+        first: a view and two strided slices), else None."""
+        dtype, shape = dtype_of(source), static_shape(source)
+        if dtype not in ("int32", "int64") or not shape:
+            return None
+        if dtype == "int32":
+            return [source]
+        pairs = self.emit(relax.op.memory.view(source, shape=(*shape[:-1], 2 * shape[-1]), dtype="int32"))
+        return [self.emit(relax.op.strided_slice(pairs, [len(shape) - 1], [start], [2 * shape[-1]], [2]))
+                for start in (0, 1)]
+
+    def _nonzero(self, words, dtype: str):
+        """1 where any of the int32 `words` is nonzero, else 0, in `dtype`: per word
+        |max(min(w, 1), -1)|, their maximum; for float32 times 0x3F800000 (the bits of 1.0f)
+        viewed as float32."""
+        nonzero = None
+        for word in words:
+            sign = self.emit(relax.op.maximum(self.emit(relax.op.minimum(word, _i32(1))), _i32(-1)))
+            magnitude = self.emit(relax.op.maximum(sign, self.emit(relax.op.multiply(sign, _i32(-1)))))
+            nonzero = magnitude if nonzero is None else self.emit(relax.op.maximum(nonzero, magnitude))
+        if dtype == "int32":
+            return nonzero
+        return relax.op.memory.view(self.emit(relax.op.multiply(nonzero, _i32(_ONE_BITS))), dtype="float32")
+
+    def _differs(self, chain: Chain, call):
+        """The words of x - c for not_equal / equal(x, c), c an integer constant of one value
+        (x differs from c exactly where a word of x differs from c's), else None."""
+        value = chain.array(call.args[1])
+        words = self._words(call.args[0])
+        if value is None or value.size != 1 or value.dtype.kind != "i" or words is None:
+            return None
+        constant = np.array(value.reshape(()), dtype_of(call.args[0]))
+        parts = constant.reshape(1).view(np.int32) if len(words) == 2 else constant.reshape(1).astype(np.int32)
+        return [self.emit(relax.op.subtract(word, _i32(part))) for word, part in zip(words, parts)]
+
+    def _make_twin(self, chain: Chain, expr, depth: int, dtype: str):
+        array = chain.array(expr)
+        if array is not None:
+            return relax.const(array.astype(dtype))
+        call = chain.call(expr, "relax.astype", "relax.not_equal", "relax.equal", *_AND, *_OR, *_NOT, *_LAYOUT)
+        if call is None:
+            return None
+        name = call.op.name
+        if name == "relax.astype":
+            words = self._words(call.args[0])
+            return None if words is None else self._nonzero(words, dtype)
+        if name in ("relax.not_equal", "relax.equal"):
+            words = self._differs(chain, call)
+            if words is None:
+                return None
+            differs = self._nonzero(words, dtype)
+            return differs if name == "relax.not_equal" else relax.op.subtract(_one(dtype), self.emit(differs))
+        operands = [self.twin(chain, arg, depth + 1, dtype)
+                    for arg in (call.args[:2] if name in _AND + _OR else call.args[:1])]
+        if any(operand is None for operand in operands):
+            return None
+        if name in _AND:
+            return relax.op.multiply(*operands)
+        if name in _OR:
+            return relax.op.maximum(*operands)
+        if name in _NOT:
+            return relax.op.subtract(_one(dtype), operands[0])
+        return relax.Call(call.op, [operands[0], *call.args[1:]], call.attrs, call.ty_args, call.span)
