@@ -3,8 +3,8 @@ Face's own decoders, encoders, ViTs, a Whisper encoder and ConvNeXt; small confi
 weights) through torch.export -> from_exported_program -> the NPU.
 
 Columns: architecture; host ops that compute (what `explain` leaves on the host, less views,
-reshapes, layout copies and the embedding lookup), then those left out of that count (layout +
-lookup); NPU cycles over ideal (the model's MACs / PEs; with host time modelled by the hardware
+reshapes, layout copies and the embedding lookup), then the layout copies and lookups left on
+the host (the views, reshapes the VM runs without a copy or a call, not counted); NPU cycles over ideal (the model's MACs / PEs; with host time modelled by the hardware
 description's host entry when the profile has it, "+host" marks that total); the NPU's share of
 the modelled run time (or of the MACs, "mac", on a profile without host time); DRAM bytes moved
 by the NPU's DMA; energy (uJ); compile seconds for cgra (kernel cache off) and llvm, and their

@@ -104,9 +104,16 @@ LAYOUT_OPS = frozenset({"reshape", "expand_dims", "squeeze", "flatten", "permute
                         "concat", "broadcast_to", "repeat", "tile", "take", "view"})
 
 
+#: Of those, the ones the VM runs as views (vm.builtin.reshape: the same memory, no copy), which are
+#: no host call and no crossing (npu_backend/device/host_calls.py): not counted at all.
+VIEW_OPS = frozenset({"reshape", "expand_dims", "squeeze", "flatten", "view"})
+
+
 def host_op_counts(placements) -> tuple[int, int, list[str]]:
-    """(compute ops on the host, layout ops and lookups on the host, the compute ops' names)."""
+    """(compute ops on the host, layout copies and lookups on the host (views not counted), the
+    compute ops' names)."""
+    host = [p.op.split(".")[-1] for p in placements if p.where == "host"]
     compute = [p.op for p in placements if p.where == "host" and p.op.split(".")[-1] not in LAYOUT_OPS]
-    layout = sum(1 for p in placements if p.where == "host") - len(compute)
+    layout = sum(1 for op in host if op in LAYOUT_OPS and op not in VIEW_OPS)
     return len(compute), layout, compute
 

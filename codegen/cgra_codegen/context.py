@@ -77,11 +77,14 @@ class KernelState:
         touches is only a scalar temporary of the host code and gets stack memory here; one that
         device commands use cannot be read by the host (the scratchpad is on the device)."""
         binding = self.buffer_of(buffer_var)
+        if binding.kind == HOST_TENSOR and binding.pointer is not None:
+            return binding.pointer  # a parameter the control code reads (entry.READ_PARAMS_ATTR)
         if binding.kind == HOST_TENSOR:
             raise UnsupportedNode(self.kernel, "BufferLoad/BufferStore",
                                   f"host code accesses host tensor '{binding.name}' directly; "
                                   "only device commands (cgra_dma_load/store) may touch "
-                                  "kernel parameters")
+                                  "kernel parameters, and the control code read those listed in "
+                                  "'cgra.read_params'")
         if binding.pointer is None:
             if binding.used_by_device:
                 raise CodegenError(self.kernel, self._shared_spad_message(binding))

@@ -6,7 +6,11 @@ In: a lowered PrimFunc, its scratchpad plan, the hardware description. Out: the 
 1. checks that the runtime is loaded, then every argument: the runtime's `cgra_check_tensor_arg`
    (tensor, dtype, rank, static dims, compact strides, CPU), then the symbolic dims here, raising
    a Python ValueError/TypeError that names the kernel and the argument;
-2. `cgra_kernel_begin` + one `cgra_kernel_bind` per parameter (slot = parameter index);
+2. `cgra_kernel_begin` + one `cgra_kernel_bind` per parameter (slot = parameter index); a
+   parameter the PrimFunc lists in READ_PARAMS_ATTR (an embedding lookup's indices) may also be
+   read by the kernel's control code, which issues commands from their values (one DMA box
+   per row read) and is not bound (any integer dtype; its slot stays empty); every other
+   parameter is touched by device commands only;
 3. the body (walker.py), every runtime call checked;
 4. `cgra_kernel_end`; result = None. Any failure after begin leaves through one error exit that
    still calls `cgra_kernel_end` (it frees the launch) and returns -1.
@@ -20,11 +24,15 @@ from tvm import sym, tirx
 from .context import HOST_TENSOR, BufferBinding, KernelState
 from .errors import CodegenError
 from .exprs import ExprLowering
-from .llvm_types import (ANY_VALUE_OFFSET, DL_NDIM, DL_SHAPE, DL_STRIDES, DL_TENSOR_BYTES, FFI_FUNCTION_TYPE,
+from .llvm_types import (ANY_VALUE_OFFSET, DL_BYTE_OFFSET, DL_NDIM, DL_SHAPE, DL_STRIDES, DL_TENSOR_BYTES,
+                         FFI_FUNCTION_TYPE,
                          FFI_SYMBOL_PREFIX, I8, I32, I64, PTR, RUNTIME_ABI_VERSION, TYPE_INDEX_NONE, ModuleBuilder,
                          byte_address, cast_value, load_field, parse_dtype)
 from .spad import ScratchpadPlan, handle_of
 from .walker import BodyLowering
+
+#: The PrimFunc attribute listing the parameters (positions) the control code reads.
+READ_PARAMS_ATTR = "cgra.read_params"
 
 MESSAGE_BYTES = 512
 
@@ -202,9 +210,12 @@ def emit_kernel(mb: ModuleBuilder, func, kernel: str, arch, plan: ScratchpadPlan
     _require_runtime(state)
     tensors = ArgumentChecks(state, fn.args[1], fn.args[2]).emit(params)
     _begin(state, arch, len(params))
+    readable = {int(position) for position in (func.attrs or {}).get(READ_PARAMS_ATTR, [])}
     for slot, (param, tensor) in enumerate(zip(params, tensors)):
-        state.bind_buffer(param, BufferBinding(param.name, HOST_TENSOR, str(param.ty.dtype),
-                                               root=param, slot=slot))
+        state.bind_buffer(param, BufferBinding(param.name, HOST_TENSOR, str(param.ty.dtype), root=param, slot=slot,
+                                               pointer=_data(state, tensor) if slot in readable else None))
+        if slot in readable:
+            continue  # read by the control code, never by the DMA: its slot stays unbound
         bind = state.builder.call(mb.runtime("cgra_kernel_bind"),
                                   [state.kernel_handle, I32(slot), tensor], name="bind.status")
         state.branch_on_failure(bind)
@@ -212,6 +223,14 @@ def emit_kernel(mb: ModuleBuilder, func, kernel: str, arch, plan: ScratchpadPlan
     _finish(state, fn.args[3])
     state.entry_builder.branch(prologue)
     return fn
+
+
+def _data(state: KernelState, tensor) -> ir.Value:
+    """The address of a tensor's first element (its DLTensor's data + byte_offset): what the
+    kernel's control code reads an index tensor through (READ_PARAMS_ATTR)."""
+    b = state.builder
+    data = load_field(b, tensor, 0, PTR, "data")
+    return b.gep(data, [load_field(b, tensor, DL_BYTE_OFFSET, I64, "byte_offset")], source_etype=I8)
 
 
 def _require_runtime(state: KernelState) -> None:

@@ -31,6 +31,7 @@ TYPE_INDEX_NONE = 0
 DL_NDIM = 16
 DL_SHAPE = 24
 DL_STRIDES = 32
+DL_BYTE_OFFSET = 40
 DL_TENSOR_BYTES = 48  # data, device, ndim, dtype, shape, strides, byte_offset
 
 #: The runtime's kernel-lifecycle and error functions (device commands: see device_calls.py).

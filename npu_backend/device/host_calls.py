@@ -15,7 +15,8 @@ a profile open, it
   on one side and read on the other is a crossing, counted once per side it reaches, with its
   bytes. The model's inputs and weights, written by neither, and its outputs, read by neither,
   are not crossings. A tensor is known by its address: an allocation forgets what the memory
-  held, a view (a reshape) shares its tensor's address and so its side, and the function's
+  held, a view (a reshape; R.memory.view, runtime.TVMTensorCreateView, which is no host call either)
+  takes its tensor's side, and the function's
   parameters are forgotten when the VM checks them on entry.
 Without an open profile the instrument returns at once (about a microsecond a call).
 """
@@ -41,6 +42,8 @@ from .host_ops import HOST_CONCAT
 
 _RUNTIME_COPIES = HOST_CONCAT.rsplit(".", 1)[0] + "."  # "cgra.host.": the runtime's host operators
 _BUILTIN = "vm.builtin."
+#: Calls that make a view of a tensor (R.memory.view), no copy: not host calls.
+_VIEWS = frozenset({"runtime.TVMTensorCreateView"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +104,8 @@ class HostObserver:
             return 0
         if symbol.startswith(_BUILTIN):
             self._builtin(symbol, before_run, ret_value, args)
+        elif symbol in _VIEWS:
+            self._view(before_run, ret_value, args)
         elif before_run:
             self.run.calls.append((symbol, time.perf_counter(), profile_module.launches_in_this_thread()))
         elif self.run.calls:
@@ -115,6 +120,16 @@ class HostObserver:
         elif not before_run and symbol == "vm.builtin.alloc_tensor" and _is_tensor(ret_value):
             run.sides.pop(ret_value.data_ptr(), None)
             run.fresh.add(ret_value.data_ptr())
+
+    def _view(self, before_run, ret_value, args):
+        """A view (R.memory.view: runtime.TVMTensorCreateView) is no call: the same bytes, on the
+        side its tensor is on."""
+        if before_run or not _is_tensor(ret_value) or not args or not _is_tensor(args[0]):
+            return
+        sides = self.run.sides.get(args[0].data_ptr())
+        if sides is not None:
+            self.run.sides[ret_value.data_ptr()] = set(sides)
+        self.run.fresh.discard(ret_value.data_ptr())
 
     def _finished(self, symbol, started, launches_before, args):
         seconds = time.perf_counter() - started

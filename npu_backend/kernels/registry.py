@@ -9,7 +9,8 @@ roots (epilogue.py sorts those among themselves, most specific first), then the 
 patterns in this order, so the standalone elementwise ops come last and an add a kernel's
 epilogue can fuse is taken by that kernel; SiLU's multiply(x, sigmoid(x)) is one
 smooth-activation kernel before its multiply could be an ELTWISE; a chain of elementwise ops on
-one tensor goes to the fabric before its ops could go to the vector unit one kernel each.
+one tensor goes to the fabric before its ops could go to the vector unit one kernel each. The
+layout copies (layout/) come last: a kernel that reads a transpose itself takes it first.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .gemm.conv2d import CONV2D
 from .gemm.depthwise import DEPTHWISE
 from .elementwise.eltwise import ELTWISE
 from .gemm.epilogue import chain_pattern_graphs
+from .gemm.epilogue_tail import tail_graphs
 from .elementwise.fabric import FABRIC
 from .fused.inverted_residual import INVERTED_RESIDUAL
 from .family import OpFamily
@@ -38,13 +40,14 @@ from .pool.pool import POOL
 from .fused.separable import SEPARABLE
 from .elementwise.sigmoid import SMOOTH
 from .tir.tir import TIR, tir_spec
+from .layout.layout import LAYOUT
 from .rows.norms import NORMS
 from .rows.row_reduce import ROW_REDUCE
 from .rows.softmax import SOFTMAX
 from .elementwise.special import SPECIAL
 
 FAMILIES: tuple[OpFamily, ...] = (INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, SOFTMAX, NORMS, SPECIAL,
-                                  ROW_REDUCE, FABRIC, ELTWISE, TIR, ACTIVATION)
+                                  ROW_REDUCE, FABRIC, ELTWISE, TIR, ACTIVATION, LAYOUT)
 _PACKAGED = FAMILIES  # the package's own, not those of registered()
 
 
@@ -86,6 +89,21 @@ def registered(family: OpFamily, before: OpFamily | None = None):
         _forget()
 
 
+@contextlib.contextmanager
+def unregistered(family: OpFamily):
+    """FAMILIES without `family` while the block runs (a test of what the host does without it:
+    the runtime's host concat with the layout family gone)."""
+    global FAMILIES
+    saved = FAMILIES
+    FAMILIES = tuple(f for f in FAMILIES if f is not family)
+    _forget()
+    try:
+        yield
+    finally:
+        FAMILIES = saved
+        _forget()
+
+
 def packaged(spec) -> bool:
     """Whether `spec`'s family is one of the package's own: only their kernels go to the
     persistent kernel cache, whose key sees the spec but not a registered family's code."""
@@ -117,6 +135,8 @@ def pattern_table() -> tuple[PatternEntry, ...]:
                for family in FAMILIES for name, pattern, roles in family.pairs()]
     roots = [(root, family) for family in FAMILIES for root in family.roots()]
     owner = {root.name: family for root, family in roots}
+    entries += [PatternEntry(name, pattern, roles, owner[root])
+                for name, pattern, roles, root in tail_graphs([root for root, _ in roots])]
     entries += [PatternEntry(name, pattern, roles, owner[root])
                 for name, pattern, roles, root in chain_pattern_graphs([root for root, _ in roots])]
     entries += [PatternEntry(name, pattern, roles, family)

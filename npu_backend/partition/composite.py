@@ -73,3 +73,30 @@ def reads_what_it_computes(context, annotations: dict | None = None) -> bool:
                or isinstance(expr, relax.Call) and sum(expr.same_as(other) for other in computed) > 1
                or role in operands and any(expr.same_as(value) for value in inside)
                for role, expr in context.annotated_expr.items())
+
+
+#: Operand roles that may be computed from the match's own result outside it (the residual or
+#: multiplier of `reshape(mm) * tanh(reshape(mm))`); `operand_depends_on_match` looks for that.
+_DOWNSTREAM_ROLES = ("residual", "multiplier", "ch_scale", "ch_shift")
+
+
+def operand_depends_on_match(context) -> bool:
+    """Whether a residual or multiplier operand of the match is computed, outside it, from a
+    value it computes: fusing would make the kernel read its own result (a cycle). Walks the
+    uses forward from the match's bindings (context.var_usages)."""
+    operands = [context.annotated_expr[role] for role in _DOWNSTREAM_ROLES if role in context.annotated_expr]
+    targets = [context.value_to_bound_var.get(expr, expr) for expr in operands]
+    targets = [var for var in targets if isinstance(var, relax.Var)]
+    if not targets:
+        return False
+    seen, frontier = set(), list(context.matched_bindings.keys())
+    while frontier:
+        var = frontier.pop()
+        for user in context.var_usages.get(var, []):
+            if user in seen or user in context.matched_bindings:
+                continue
+            if any(user.same_as(target) for target in targets):
+                return True
+            seen.add(user)
+            frontier.append(user)
+    return False

@@ -175,7 +175,8 @@ def _host_reason(mod, call, arch) -> str:
         return (f"no NPU kernel for {_op_name(call)} (the NPU runs matmul, conv1d, conv2d and conv3d, with bias add, "
                 "residual add, relu and clip, elementwise add, subtract, multiply, maximum, minimum, "
                 "chains of them with divide by a constant and leaky relu, prelu, sigmoid, SiLU and GELU's "
-                "tanh form, on the PE fabric, and max / average pooling)")
+                "tanh form, on the PE fabric, max / average pooling, and transposes, slices, broadcasts, "
+                "concatenations, zero pads and embedding lookups as DMA copies)")
     annotated = {"root": call, "lhs": call.args[0], **({"rhs": call.args[1]} if len(call.args) > 1 else {})}
     reason = offload_reason(pattern, annotated, arch)
     return reason or "matched no cgra pattern (its operands are produced in a form the patterns do not take)"

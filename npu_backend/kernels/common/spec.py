@@ -70,6 +70,15 @@ class KernelSpec:
     # A chain of elementwise ops after the epilogue (a leaky relu, a hard-swish): the nodes of a
     # FABRIC body (cgra_sim/mapping/body.py) each output tile runs through in place (chains.py).
     fabric_body: tuple = ()
+    # After those, float32 only (kernels/gemm/epilogue_tail.py): an activation the EPILOGUE lacks
+    # ("sigmoid", "silu", "gelu_tanh", "gelu"), then a multiply by a tensor of the output's shape
+    # (role "multiplier": SwiGLU's gate times the up projection).
+    act: str | None = None
+    multiplier_shape: tuple | None = None
+    # Before the relu / clip / activation, float32: a multiply by a constant per output channel
+    # (roles "ch_scale", "ch_shift"), then an add of one: a batch norm written as Mul + Add.
+    channel_scale_shape: tuple | None = None
+    channel_shift_shape: tuple | None = None
     # conv2d: how each tensor is stored. lhs_shape, rhs_shape and output_shape stay logical
     # (N, C, H, W) / (O, I, H, W); a layout is a permutation of those axes, e.g. "NHWC", "HWIO".
     data_layout: str = "NCHW"
@@ -103,6 +112,9 @@ class KernelSpec:
     def roles(self) -> tuple:
         return self.param_roles or (("lhs", "rhs") + (("bias",) if self.bias_shape else ())
                                     + (("residual",) if self.residual_shape else ())
+                                    + (("multiplier",) if self.multiplier_shape else ())
+                                    + (("ch_scale",) if self.channel_scale_shape else ())
+                                    + (("ch_shift",) if self.channel_shift_shape else ())
                                     + (("scale",) if self.scale_shape else ()))
 
     @property

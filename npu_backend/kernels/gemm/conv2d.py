@@ -62,7 +62,7 @@ def conv2d_spec(name: str, annotated: dict) -> KernelSpec:
                       symbols=symbols_of("lhs", data_symbols) + symbols_of("out", out_symbols), **common)
     _check_symbolic_image(spec)
     _check_bias(common["bias_shape"], weight_shape[0], out_layout)
-    return with_epilogue_tail(spec, annotated)
+    return with_epilogue_tail(spec, annotated, name)
 
 
 def _check_symbolic_image(spec: KernelSpec) -> None:

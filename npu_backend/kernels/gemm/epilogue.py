@@ -28,9 +28,11 @@ from ..common.chains import CHAIN_MARK, chain_body, clip_bounds, level_pattern
 from ..common.dynamic import read_shape, symbols_of
 from ..intrinsics import get_intrin
 from ..intrinsics.fabric import FabricBody, body_value
+from ..intrinsics.epilogue_tail import act_value
 from ..intrinsics.vector_unit import activation, requantise
 from ..common.operands import padded
 from ..common.spec import KernelSpec
+from .epilogue_tail import caller_out_shape, is_tail_pattern, with_float_tail, with_reshape
 
 #: The accumulator (and output) dtype of each input dtype of a PE-array kernel.
 ACC_DTYPE = {"int8": "int32", "float32": "float32"}
@@ -175,11 +177,15 @@ def epilogue_fields(op: str, annotated: dict) -> dict:
     return dict(dtype=dtype, acc_dtype=acc_dtype, bias_shape=bias_shape, relu="relu" in annotated, clip=clip)
 
 
-def with_epilogue_tail(spec: KernelSpec, annotated: dict) -> KernelSpec:
+def with_epilogue_tail(spec: KernelSpec, annotated: dict, name: str = "") -> KernelSpec:
     """`spec` with the residual add, the requantisation or the elementwise chain the chain
-    ends in, if any."""
+    ends in, if any; for a tail pattern (pattern `name`, epilogue_tail.py) its reshape,
+    activation and multiplier."""
+    tail = is_tail_pattern(name)
+    spec = with_reshape(spec, annotated) if tail else spec
     spec = _with_residual(spec, annotated) if "residual" in annotated else spec
     spec = _with_fabric_tail(spec, annotated) if "n1" in annotated else spec
+    spec = with_float_tail(spec, annotated, name) if tail else spec
     return _with_requant(spec, annotated) if "requant" in annotated else spec
 
 
@@ -218,12 +224,13 @@ def _with_residual(spec: KernelSpec, annotated: dict) -> KernelSpec:
     if names != out_symbols:
         raise UnsupportedOperator(f"the residual's symbolic axes {names} are not the output's {out_symbols}: "
                                   "they must be one size")
-    out = tuple(spec.output_shape) if spec.op == "matmul" else \
-        tuple(spec.output_shape["NCHW".index(axis)] for axis in spec.out_layout)
+    out = caller_out_shape(spec)  # a (1, s, hidden) residual of a matmul folded to (s, hidden) rows
     if shape != out:
         raise UnsupportedOperator(f"the added tensor of shape {shape} is neither a bias (one value per output "
                                   f"channel) nor a residual of the output's shape {out}")
-    return dataclasses.replace(spec, residual_shape=shape, symbols=spec.symbols + symbols_of("residual", names))
+    view = (("residual", shape),) if spec.op == "matmul" and shape != tuple(spec.output_shape) else ()
+    return dataclasses.replace(spec, residual_shape=shape, symbols=spec.symbols + symbols_of("residual", names),
+                               caller_shapes=spec.caller_shapes + view)
 
 
 def _with_requant(spec: KernelSpec, annotated: dict) -> KernelSpec:
@@ -273,10 +280,17 @@ def _scalar_value(expr, dtype: str):
 
 def epilogue_operands(spec: KernelSpec, out_shape) -> dict:
     """The epilogue's parameters as placeholders (None where the spec has none): the bias, the
-    residual (shaped as the kernel stores its output, `out_shape`), the requantisation scale."""
+    residual and the multiplier (shaped as the kernel stores its output, `out_shape`), the
+    requantisation scale."""
+    multiplier = te.placeholder(out_shape, spec.acc_dtype, name="multiplier") if spec.multiplier_shape else None
     return {"bias": te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None,
             "residual": te.placeholder(out_shape, spec.acc_dtype, name="residual") if spec.residual_shape else None,
-            "scale": te.placeholder(spec.scale_shape, "float32", name="scale") if spec.scale_shape else None}
+            "multiplier": multiplier,
+            "scale": te.placeholder(spec.scale_shape, "float32", name="scale") if spec.scale_shape else None,
+            **{role: te.placeholder(shape, spec.acc_dtype, name=role) if shape else None
+               for role, shape in (("ch_scale", spec.channel_scale_shape), ("ch_shift", spec.channel_shift_shape))},
+            # a multiply by a tensor matched as the scale's pattern passes it as "ch_scale"
+            **({"ch_scale": multiplier} if multiplier is not None and not spec.channel_scale_shape else {})}
 
 
 def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=None, residual_tile=None):
@@ -289,10 +303,17 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
     `residual_tile`, a tile of acc's shape the kernel computes from what it already holds."""
     bias_pad = _channel_row(spec, acc, tiling, operands["bias"], spec.bias_shape, "bias_pad")
     scale_pad = _channel_row(spec, acc, tiling, operands["scale"], spec.scale_shape, "scale_pad")
+    cscale_pad = _channel_row(spec, acc, tiling, operands.get("ch_scale") if spec.channel_scale_shape else None,
+                              spec.channel_scale_shape, "cscale_pad")
+    cshift_pad = _channel_row(spec, acc, tiling, operands.get("ch_shift"), spec.channel_shift_shape, "cshift_pad")
     residual, res_pad = operands["residual"], residual_tile
     if residual is not None and res_pad is None:
         shape = list(residual.shape)  # ints, or a symbolic axis's variable
         res_pad = te.compute(acc.shape, lambda *idx: padded(residual, shape, out_index(*idx)), name="res_pad")
+    multiplier, mul_pad = operands.get("multiplier"), None
+    if multiplier is not None:
+        mul_pad = te.compute(acc.shape, lambda *idx: padded(multiplier, list(multiplier.shape), out_index(*idx)),
+                             name="mul_pad")
 
     def row(pad, idx):
         return pad(idx[0], idx[-1]) if spec.grouped else pad(idx[-1])
@@ -301,9 +322,13 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
         value = acc(*idx)
         value = value + row(bias_pad, idx) if bias_pad is not None else value
         value = value + res_pad(*idx) if res_pad is not None else value
+        value = value * row(cscale_pad, idx) if cscale_pad is not None else value
+        value = value + row(cshift_pad, idx) if cshift_pad is not None else value
         value = activation(value, spec.acc_dtype, spec.relu, spec.clip)
         if spec.fabric_body:
             value = body_value(FabricBody(spec.fabric_body, spec.acc_dtype), value)
+        value = act_value(spec.act, value) if spec.act else value
+        value = value * mul_pad(*idx) if mul_pad is not None else value
         return requantise(value, row(scale_pad, idx), spec.requant_zero_point) if scale_pad is not None else value
 
     return te.compute(acc.shape, epi_value, name="epi")
@@ -334,13 +359,17 @@ def channel_axis(shape) -> int:
 
 def channel_rows(spec: KernelSpec) -> tuple:
     """The blocks of the per-channel rows the epilogue reads (bias, requantisation scale)."""
-    return (("bias_pad",) if spec.bias_shape else ()) + (("scale_pad",) if spec.scale_shape else ())
+    return (("bias_pad",) if spec.bias_shape else ()) + (("scale_pad",) if spec.scale_shape else ()) + \
+        (("cscale_pad",) if spec.channel_scale_shape else ()) + (("cshift_pad",) if spec.channel_shift_shape else ())
 
 
 def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
     """The EPILOGUE intrinsic for a tile of `rows` (tiling.tm by default) x tiling.tn."""
     rows = tiling.tm if rows is None else rows
     body = FabricBody(spec.fabric_body, spec.acc_dtype) if spec.fabric_body else None
+    tail = dict(act=spec.act, multiplier=bool(spec.multiplier_shape)) if spec.act or spec.multiplier_shape else {}
+    if spec.channel_scale_shape:
+        tail = dict(tail, channel_scale=True, channel_shift=bool(spec.channel_shift_shape))
     return get_intrin("epilogue", rows, tiling.tn, spec.acc_dtype, bias=bool(spec.bias_shape), relu=spec.relu,
                       residual=bool(spec.residual_shape), clip=spec.clip, zero_point=spec.requant_zero_point,
-                      body=body)
+                      body=body, **tail)

@@ -26,6 +26,7 @@ from cgra_sim.isa import DType
 from ...errors import ScratchpadTooSmall
 from ..common.dynamic import TILE_OF
 from .epilogue import channel_rows, epilogue_intrin
+from .epilogue_tail import check_tail_padding, tail_tile_cycles
 from ..intrinsics import SPAD, get_intrin
 from ..common.spad_layout import a_row_stride, align_output_rows, align_rows, out_row_stride, store_walks_rows
 from ..common.spec import KernelSpec, Tiling, aligned, round_up
@@ -39,7 +40,8 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     once per problem and chip: partitioning asks (does it fit?) and then the kernel stage."""
     key = (spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), spec.row_step,
            bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
-           _any_rows(spec), spec.pixel_order, _taps(spec), arch.fingerprint)
+           _any_rows(spec), spec.pixel_order, _taps(spec), spec.act, bool(spec.multiplier_shape),
+           bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape), arch.fingerprint)
     if key not in _TILINGS:
         if len(_TILINGS) >= 4096:
             _TILINGS.clear()
@@ -47,7 +49,10 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
                                       spec.row_step, has_residual=bool(spec.residual_shape),
                                       has_scale=bool(spec.scale_shape), store_rows=store_walks_rows(spec),
                                       any_rows=_any_rows(spec), taps=_taps(spec),
-                                      ragged=spec.pixel_order != "blocks")
+                                      ragged=spec.pixel_order != "blocks", has_multiplier=bool(spec.multiplier_shape),
+                                      tail_cycles=tail_tile_cycles(spec, arch),
+                                      extra_rows=bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape))
+    check_tail_padding(spec, _TILINGS[key], arch)
     return _TILINGS[key]
 
 
@@ -68,7 +73,8 @@ _TILINGS: dict = {}  # choose_gemm_tiling's results (Tiling is immutable)
 def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                   has_bias: bool, arch: HardwareDescription, row_step: int = 1,
                   has_residual: bool = False, has_scale: bool = False, store_rows: int = 0,
-                  any_rows: bool = False, taps: int = 1, ragged: bool = True) -> Tiling:
+                  any_rows: bool = False, taps: int = 1, ragged: bool = True, has_multiplier: bool = False,
+                  tail_cycles=None, extra_rows: int = 0) -> Tiling:
     """The tiling with the fewest estimated cycles among those that fit the scratchpad.
 
     With `any_rows` (symbolic rows, `rows` their bound) one tiling serves every size up to
@@ -86,7 +92,9 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     that does. A residual (`has_residual`) is one more output-sized tile in the scratchpad,
     loaded per output tile and read by the epilogue. The footprint counts the row padding the
     schedule adds against bank conflicts (A's rows; the output's when its store walks
-    `store_rows` rows, see spad_layout.py).
+    `store_rows` rows, see spad_layout.py). A multiplier (`has_multiplier`) is one more such tile;
+    `tail_cycles(elements)`: the work of an epilogue's activation and multiply on a tile
+    (epilogue_tail.py), priced with the vector unit's.
     """
     row_step = row_step if row_step > 1 else arch.rows
     # A unit reduction extent would be elided by compute_at and leave nothing to tensorize
@@ -103,10 +111,10 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
             # cannot fit even unpadded, none fits (this keeps a large bound, e.g. a symbolic
             # batch x sequence, from enumerating a million row tiles).
             if gemm_footprint(tm, tn, shallowest, in_bytes, acc_bytes, has_bias, has_residual,
-                              has_scale) > arch.spad_bytes:
+                              has_scale, extra_tiles=int(has_multiplier), extra_rows=extra_rows) > arch.spad_bytes:
                 break
             tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual, out_row,
-                                    has_scale)
+                                    has_scale, extra_tiles=int(has_multiplier), extra_rows=extra_rows)
             if tk is not None:
                 candidates.append((tm, tn, tk))
     candidates.sort()  # ties go to the smaller row tile, as they always have
@@ -126,11 +134,13 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
         return Tiling(tm, tn, tk, round_up(size, tm), round_up(cols, tn), round_up(depth, tk))
 
     def cycles(candidate, size: int) -> int:
-        return estimate_cycles(tiling_for(candidate, size), dtype, in_bytes, acc_bytes, arch, has_residual, taps=taps)
+        return estimate_cycles(tiling_for(candidate, size), dtype, in_bytes, acc_bytes, arch, has_residual, taps=taps,
+                               extra_tiles=int(has_multiplier), tail_cycles=tail_cycles)
 
     if not ragged:
         return _block_tiling(candidates, rows, cols, depth, row_step,
-                             lambda t: estimate_cycles(t, dtype, in_bytes, acc_bytes, arch, has_residual, taps=taps))
+                             lambda t: estimate_cycles(t, dtype, in_bytes, acc_bytes, arch, has_residual, taps=taps,
+                                                       extra_tiles=int(has_multiplier), tail_cycles=tail_cycles))
     if not any_rows:
         best = min(candidates, key=lambda c: (cycles(c, rows), -c[0] * c[1]))
         return tiling_for(best, rows)
@@ -182,7 +192,8 @@ def _blocks_along(side: int, block: int) -> list[tuple[int, int]]:
 
 
 def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription,
-                    has_residual: bool = False, taps: int = 1, init_folded: bool = False) -> int:
+                    has_residual: bool = False, taps: int = 1, init_folded: bool = False, extra_tiles: int = 0,
+                    tail_cycles=None) -> int:
     """A first-order estimate of a tiled GEMM's cycles, each unit's work priced by the simulator's
     cost model (cgra_sim.cost).
 
@@ -196,18 +207,22 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     array refills after the gap. `init_folded`: lowering folds that FILL into the tile's first
     GEMM (lower/fold_init.py), so neither the FILL nor the bubble is there (what the kernel
     runs; the tile search itself still prices the FILL, and its choices stay what they were).
+    `extra_tiles`: output-sized operands loaded per tile besides the residual (a multiplier);
+    `tail_cycles(elements)`: an epilogue activation's and multiply's work on a tile.
     """
     tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk * taps
     array_fill = cost.gemm_fill_cycles(arch, t.tm, t.tn)
     gemm = _gemm_step_cycles(arch, t.tm, t.tn, t.tk, dtype)  # one tile's reduction step
     compute = tiles * steps * gemm + array_fill + cost.pe_array_config_cycles(arch, dtype)
     tile_load = (t.tm * t.tk + t.tk * t.tn) * in_bytes
-    residual_load = t.tm * t.tn * acc_bytes if has_residual else 0
+    residual_load = t.tm * t.tn * acc_bytes * (int(has_residual) + extra_tiles)
     out_bytes = t.tm * t.tn * acc_bytes
     load = cost.dma_transfer_cycles(arch, tiles * steps * tile_load + tiles * residual_load)
     store = cost.dma_transfer_cycles(arch, tiles * out_bytes)
     fills = 0 if init_folded else 1
     vector = cost.vector_stream_cycles(arch, (fills + (2 if has_residual else 1)) * tiles * t.tm * t.tn)
+    tail = tail_cycles(t.tm * t.tn) if tail_cycles is not None else 0
+    vector += tiles * tail
     vector_tile = cost.vector_stream_cycles(arch, t.tm * t.tn)  # one FILL or EPILOGUE of a tile
     bubble = 0 if init_folded else (tiles - 1) * (2 * vector_tile + array_fill)
     # With two buffers, each buffer in turn is loaded (latency, then transfer) and then computed
@@ -216,7 +231,7 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     # the DMA: a row tile cut to a few rows, or a thin conv2d tile reloading its weights every step.
     return cost.double_buffered_cycles(arch, cost.BufferedLoop(
         tiles * steps, cost.dma_transfer_cycles(arch, tile_load), (gemm,), 0,
-        last_store=cost.dma_transfer_cycles(arch, out_bytes), last_work=cost.vector_cycles(arch, t.tm, t.tn),
+        last_store=cost.dma_transfer_cycles(arch, out_bytes), last_work=cost.vector_cycles(arch, t.tm, t.tn) + tail,
         others=max(compute, load, store, vector), stalls=bubble, round_trips=("load",), whole_last_step=True)).total
 
 
@@ -227,31 +242,33 @@ def _gemm_step_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype: 
 
 
 def _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual, out_row,
-                       has_scale=False):
+                       has_scale=False, extra_tiles=0, extra_rows=0):
     for tk in _k_candidates(depth):
         a_row = a_row_stride(tm, tk, in_bytes, arch)
-        if gemm_footprint(tm, tn, tk, in_bytes, acc_bytes, has_bias, has_residual, has_scale, a_row, out_row) \
-                <= arch.spad_bytes:
+        if gemm_footprint(tm, tn, tk, in_bytes, acc_bytes, has_bias, has_residual, has_scale, a_row, out_row,
+                          extra_tiles, extra_rows) <= arch.spad_bytes:
             return tk
     return None
 
 
 def gemm_footprint(tm: int, tn: int, tk: int, in_bytes: int, acc_bytes: int, has_bias: bool,
                    has_residual: bool = False, has_scale: bool = False, a_row: int | None = None,
-                   out_row: int | None = None) -> int:
+                   out_row: int | None = None, extra_tiles: int = 0, extra_rows: int = 0) -> int:
     """Scratchpad bytes a GEMM kernel's buffers take (operand tiles, accumulator, output, bias,
     residual tile, requantisation scale row), each twice: every tile is double-buffered
     (lower/double_buffer.py). An int8 output is counted at the accumulator's size. `a_row` and
     `out_row`: the row strides (elements) of the A tile and the output tile when the schedule
-    pads them against bank conflicts (spad_layout.py); compact by default."""
+    pads them against bank conflicts (spad_layout.py); compact by default. `extra_tiles`: more
+    output-sized operand tiles (a multiplier); `extra_rows`: more rows of tn (a per-channel scale, shift)."""
     a_row, out_row = a_row or tk, out_row or tn
     total = aligned(2 * tm * a_row * in_bytes) + aligned(2 * tk * tn * in_bytes)
-    total += (2 if has_residual else 1) * aligned(2 * tm * tn * acc_bytes)
+    total += (2 if has_residual else 1) * aligned(2 * tm * tn * acc_bytes) + extra_tiles * aligned(2 * tm * tn * acc_bytes)
     total += aligned(2 * tm * out_row * acc_bytes)
     if has_bias:
         total += aligned(2 * tn * acc_bytes)
     if has_scale:
         total += aligned(2 * tn * 4)
+    total += extra_rows * aligned(2 * tn * acc_bytes)
     return total
 
 
@@ -333,6 +350,10 @@ def stage_output_tile(sch, spec: KernelSpec, tile_loop, store: bool = True):
         sch.compute_at(block, tile_loop)
         sch.set_scope(block, 0, SPAD)
     stage_residual(sch, spec, tile_loop)
+    if spec.multiplier_shape:  # one more output-sized tile, loaded like the residual
+        block = sch.get_sblock("mul_pad")
+        sch.compute_at(block, tile_loop)
+        sch.set_scope(block, 0, SPAD)
     if store:
         sch.reverse_compute_at(sch.get_sblock("out"), tile_loop)
     sch.set_scope(acc, 0, SPAD)

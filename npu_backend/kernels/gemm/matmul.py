@@ -65,7 +65,7 @@ def matmul_spec(name: str, annotated: dict) -> KernelSpec:
             raise UnsupportedOperator(f"the bias of shape {bias_shape} is not a row of {n} columns")
         spec = KernelSpec("matmul", lhs_shape=lhs_shape, rhs_shape=rhs_shape, rhs_transposed=permute is not None,
                           symbols=symbols, **common)
-    return with_epilogue_tail(spec, annotated)
+    return with_epilogue_tail(spec, annotated, name)
 
 
 def _rank(expr) -> int:

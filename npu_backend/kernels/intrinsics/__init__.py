@@ -30,7 +30,8 @@ from .pe_array import depthwise_intrin, gemm_intrin
 from .row_ops import reduce_intrin, vfunc_intrin
 from .smooth import smooth_intrin
 from .vector_unit import PoolWindow
-from .vector_unit import accumulate_intrin, eltwise_intrin, epilogue_intrin, fill_intrin, pool_intrin
+from .epilogue_tail import epilogue_intrin
+from .vector_unit import accumulate_intrin, eltwise_intrin, fill_intrin, pool_intrin
 
 __all__ = ["INTRINSICS", "SPAD", "Intrinsic", "get_intrin", "intrin_name"]
 

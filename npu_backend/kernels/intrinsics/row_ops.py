@@ -101,12 +101,19 @@ def vfunc_intrin(rows: int, cols: int, func: str, *, scale: float | None = None,
         return vfunc_value(func, buffers["A"][i, j], scale, offset)
 
     def call(buffers, strides):
-        flags = (VFUNC_SCALE if scale is not None else 0) | (VFUNC_OFFSET if offset is not None else 0)
-        return device_call(
-            "cgra_vfunc", flags=flags, func=int(VFUNCS[func][0]), dtype=dtype_code(F32), rows=rows, cols=cols,
-            a_addr=buffers["A"], a_row_stride=strides["A"][0], a_col_stride=1, out_addr=buffers["Out"],
-            out_stride=strides["Out"][0], scale_bits=tirx.const(scale, F32) if scale is not None else 0,
-            offset_bits=tirx.const(offset, F32) if offset is not None else 0)
+        return vfunc_call(func, rows, cols, (buffers["A"], strides["A"][0]), (buffers["Out"], strides["Out"][0]),
+                          scale=scale, offset=offset)
 
     return intrinsic([Tile("A", (rows, cols), F32)], Tile("Out", (rows, cols), F32), "vfn", value, call,
                      scope=scope)
+
+
+def vfunc_call(func: str, rows: int, cols: int, a: tuple, out: tuple, *, scale: float | None = None,
+               offset: float | None = None):
+    """The device call of one VFUNC from tile `a` to tile `out` (each (address, row stride))."""
+    flags = (VFUNC_SCALE if scale is not None else 0) | (VFUNC_OFFSET if offset is not None else 0)
+    return device_call(
+        "cgra_vfunc", flags=flags, func=int(VFUNCS[func][0]), dtype=dtype_code(F32), rows=rows, cols=cols,
+        a_addr=a[0], a_row_stride=a[1], a_col_stride=1, out_addr=out[0], out_stride=out[1],
+        scale_bits=tirx.const(scale, F32) if scale is not None else 0,
+        offset_bits=tirx.const(offset, F32) if offset is not None else 0)

@@ -43,14 +43,20 @@ def smooth_intrin(rows: int, cols: int, kind: str, *, scope: str = SPAD):
         return smooth_value(kind, buffers["A"][i, j])
 
     def call(buffers, strides):
-        a, out = (buffers["A"], strides["A"][0]), (buffers["Out"], strides["Out"][0])
-        *passes, logistic = smooth.passes(kind)
-        calls = [fabric_call(FabricBody(nodes, "float32"), rows, cols, *(out if index else a), *out)
-                 for index, nodes in enumerate(passes)]
-        calls.append(fabric_call(FabricBody(logistic, "float32"), rows, cols, *a, *out, b=(*out, 1)))
-        if kind != "sigmoid":  # x times the sigmoid, in place
-            calls.append(eltwise_call("multiply", "float32", rows, cols, (*a, 1), (*out, 1), out))
-        return calls
+        return smooth_calls(kind, rows, cols, (buffers["A"], strides["A"][0]), (buffers["Out"], strides["Out"][0]))
 
     return intrinsic([Tile("A", (rows, cols), "float32")], Tile("Out", (rows, cols), "float32"), "smooth", value,
                      call, scope=scope)
+
+
+def smooth_calls(kind: str, rows: int, cols: int, a: tuple, out: tuple) -> list:
+    """The device calls of sigmoid, SiLU or GELU's tanh form from tile `a` into tile `out` (each
+    (address, row stride); distinct tiles, `a` kept: the logistic pass and the multiply read
+    it), as the smooth intrinsic and a GEMM epilogue's activation (vector_unit.py) run them."""
+    *passes, logistic = smooth.passes(kind)
+    calls = [fabric_call(FabricBody(nodes, "float32"), rows, cols, *(out if index else a), *out)
+             for index, nodes in enumerate(passes)]
+    calls.append(fabric_call(FabricBody(logistic, "float32"), rows, cols, *a, *out, b=(*out, 1)))
+    if kind != "sigmoid":  # x times the sigmoid, in place
+        calls.append(eltwise_call("multiply", "float32", rows, cols, (*a, 1), (*out, 1), out))
+    return calls

@@ -76,6 +76,30 @@ def epilogue_flags(bias: bool, relu: bool, residual: bool, clip, zero_point) -> 
             | (EPILOGUE_REQUANTISE if zero_point is not None else 0))
 
 
+def epilogue_value(buffers, i, j, dtype: str, *, bias: bool, relu: bool, residual: bool, clip):
+    """One element of EPILOGUE before any requantisation: activation(Acc + Bias + Res)."""
+    total = buffers["Acc"][i, j]
+    total = total + buffers["Bias"][j] if bias else total
+    total = total + buffers["Res"][i, j] if residual else total
+    return activation(total, dtype, relu, clip)
+
+
+def epilogue_call(buffers, strides, rows: int, cols: int, dtype: str, out_dtype: str, *, bias: bool, relu: bool,
+                  residual: bool, clip, zero_point=None, out=None):
+    """The device call of one EPILOGUE over tiles named as epilogue_intrin names them; `out`
+    (address, row stride) writes elsewhere than Out."""
+    lo, hi = (tirx.const(bound, dtype) for bound in clip) if clip is not None else (0, 0)
+    out_addr, out_stride = out if out is not None else (buffers["Out"], strides["Out"][0])
+    return device_call(
+        "cgra_epilogue", flags=epilogue_flags(bias, relu, residual, clip, zero_point),
+        acc_dtype=dtype_code(dtype), out_dtype=dtype_code(out_dtype), m=rows, n=cols,
+        acc_addr=buffers["Acc"], acc_stride=strides["Acc"][0],
+        bias_addr=buffers.get("Bias", 0), out_addr=out_addr, out_stride=out_stride,
+        residual_addr=buffers.get("Res", 0), residual_stride=strides["Res"][0] if residual else 0,
+        clip_lo_bits=lo, clip_hi_bits=hi, scale_addr=buffers.get("Scale", 0),
+        out_zero_point=zero_point or 0)
+
+
 def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool, residual: bool = False,
                     clip=None, zero_point: int | None = None, body=None, scope: str = SPAD):
     """EPILOGUE over a rows x cols tile of the accumulator (`dtype`):
@@ -90,24 +114,14 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     output = Tile("Out", (rows, cols), "int8" if requant else dtype)
 
     def value(buffers, i, j):
-        total = buffers["Acc"][i, j]
-        total = total + buffers["Bias"][j] if bias else total
-        total = total + buffers["Res"][i, j] if residual else total
-        total = activation(total, dtype, relu, clip)
+        total = epilogue_value(buffers, i, j, dtype, bias=bias, relu=relu, residual=residual, clip=clip)
         if body is not None:
             total = body_value(body, total)
         return requantise(total, buffers["Scale"][j], zero_point) if requant else total
 
     def call(buffers, strides):
-        lo, hi = (tirx.const(bound, dtype) for bound in clip) if clip is not None else (0, 0)
-        return device_call(
-            "cgra_epilogue", flags=epilogue_flags(bias, relu, residual, clip, zero_point),
-            acc_dtype=dtype_code(dtype), out_dtype=dtype_code(output.dtype), m=rows, n=cols,
-            acc_addr=buffers["Acc"], acc_stride=strides["Acc"][0],
-            bias_addr=buffers.get("Bias", 0), out_addr=buffers["Out"], out_stride=strides["Out"][0],
-            residual_addr=buffers.get("Res", 0), residual_stride=strides["Res"][0] if residual else 0,
-            clip_lo_bits=lo, clip_hi_bits=hi, scale_addr=buffers.get("Scale", 0),
-            out_zero_point=zero_point or 0)
+        return epilogue_call(buffers, strides, rows, cols, dtype, output.dtype, bias=bias, relu=relu,
+                             residual=residual, clip=clip, zero_point=zero_point)
 
     def call_with_body(buffers, strides):  # then the body over the output tile, in place
         return [call(buffers, strides), fabric_call(body, rows, cols, buffers["Out"], strides["Out"][0],

@@ -1,0 +1,228 @@
+"""A float32 epilogue's tail: a reshape, an activation and a multiply after a GEMM-shaped kernel.
+
+Stage: partition (the patterns, and the spec fields a match fixes). Transformers write a linear
+layer as reshape(matmul(reshape(x), permute_dims(W)) [+ b]) and follow it with a residual add, a
+SiLU / GELU, or SwiGLU's gate x up multiply, each of which ran as a kernel of its own: a round
+trip through DRAM. Here, for each root of epilogue.py (matmul, linear, conv2d), one pattern
+
+    [* multiplier] ( act ( [+ residual] ( [reshape] ( root [+ bias] ) ) )  |  relu | clip of that )
+
+    act: sigmoid, nn.silu, multiply(x, sigmoid(x)) (either order), nn.gelu_tanh, nn.gelu (erf)
+
+is tried before the plain chains; each optional piece is an alternative the matcher takes when it
+is there. A match whose tail holds nothing the plain chains lack (no activation of the list, no
+multiplier, no reshape followed by an add or relu) is refused, so those keep their own patterns.
+The reshape is free: the kernel stores its compact (rows, cols) output, which the caller reads as
+the reshape's shape (a view, KernelSpec.caller_shapes); the residual and the multiplier are
+read through the same view. The multiplier is a tensor of the output's shape, loaded per output
+tile like the residual. SwiGLU thus runs as two kernels instead of four: the gate's linear with
+SiLU in its epilogue, and the up projection's with the multiply by the gate's result in its.
+
+Every piece computes what its standalone kernel computes on the same float32 values, with the
+same commands (intrinsics/epilogue_tail.py), so the fused kernel is bit-exact to the unfused ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+from tvm.relax.dpl import is_op, wildcard
+
+from cgra_sim import cost
+from cgra_sim.mapping.body import reads_b
+
+from ...errors import UnsupportedOperator
+from ...relax_info import dtype_of, require_static_shape
+from ..common.chains import require_program
+from ..intrinsics.epilogue_tail import TAIL_ACTS, act_passes
+
+#: The pattern-name suffix of a root's tail pattern: "cgra.linear_epilogue".
+SUFFIX = "_epilogue"
+#: Relax op -> the activation it is (the multiply form of SiLU is read from its operands).
+_ACT_OPS = {"relax.sigmoid": "sigmoid", "relax.nn.silu": "silu", "relax.nn.gelu_tanh": "gelu_tanh",
+            "relax.nn.gelu": "gelu", "relax.multiply": "silu"}
+
+
+def tail_graphs(roots) -> list[tuple]:
+    """(name, pattern, annotations, root name) of every root's tail pattern (module doc)."""
+    graphs = []
+    # A linear (permute_dims + matmul) before a bare matmul, which would leave its transpose out.
+    for root in sorted(roots, key=lambda root: -len(root.roles)):
+        bias, residual, multiplier = wildcard(), wildcard(), wildcard()
+        with_bias = is_op("relax.add")(root.pattern, bias)
+        reshape = is_op("relax.reshape")(with_bias | root.pattern, wildcard())
+        # The alternatives in the order the matcher must try them: an add of a bias is a bias
+        # add before it is a residual one, as among the plain chains.
+        with_res = functools.reduce(lambda a, b: a | b, [
+            *(is_op("relax.add")(*pair) for inner in (reshape, with_bias) for pair in ((residual, inner), (inner, residual))),
+            reshape, with_bias,
+            is_op("relax.add")(residual, root.pattern), is_op("relax.add")(root.pattern, residual), root.pattern])
+        # Wildcards, not constants: inside the composite the constants are its parameters, and the
+        # target hook matches the pattern there again (a multiply by a tensor of the output's
+        # shape with nothing after it is read as the multiplier).
+        ch_scale, ch_shift = wildcard(), wildcard()
+        scaled = is_op("relax.multiply")(with_res, ch_scale)
+        shifted = is_op("relax.add")(scaled, ch_shift) | scaled | with_res  # a batch norm as Mul + Add
+        sigmoid = is_op("relax.sigmoid")(shifted)
+        act = functools.reduce(lambda a, b: a | b, [
+            sigmoid, is_op("relax.nn.silu")(shifted), is_op("relax.nn.gelu_tanh")(shifted),
+            is_op("relax.nn.gelu")(shifted), is_op("relax.multiply")(shifted, sigmoid),
+            is_op("relax.multiply")(sigmoid, shifted)])
+        relu = is_op("relax.nn.relu")(shifted)
+        clip = is_op("relax.clip")(shifted, wildcard(), wildcard())
+        activated = act | relu | clip | shifted
+        top = activated | is_op("relax.multiply")(multiplier, activated) | \
+            is_op("relax.multiply")(activated, multiplier)
+        annotations = {"root": root.pattern, **root.roles, "bias": bias, "residual": residual, "reshape": reshape,
+                       "act": act, "relu": relu, "clip": clip, "multiplier": multiplier, "ch_scale": ch_scale,
+                       "ch_shift": ch_shift}
+        graphs.append((f"cgra.{root.name}{SUFFIX}", top, annotations, root.name))
+    return graphs
+
+
+def is_tail_pattern(name: str) -> bool:
+    return name.endswith(SUFFIX)
+
+
+def with_reshape(spec, annotated: dict):
+    """`spec` whose output the caller reads as the reshape after its root (a view of the
+    compact output), when the match has one."""
+    if "reshape" not in annotated:
+        return spec
+    if spec.op != "matmul" or spec.symbols:
+        raise UnsupportedOperator(f"a reshape after a {spec.op} with symbolic sizes or another layout is "
+                                  "a host view; the epilogue after it runs on its own")
+    shape = tuple(require_static_shape(annotated["reshape"], "reshape", UnsupportedOperator))
+    if math.prod(shape) != math.prod(spec.output_shape):
+        raise UnsupportedOperator(f"the reshape to {shape} is not of the {spec.op}'s {spec.output_shape} elements")
+    callers = tuple((role, s) for role, s in spec.caller_shapes if role != "out")
+    out = () if shape == tuple(spec.output_shape) else (("out", shape),)
+    return dataclasses.replace(spec, caller_shapes=callers + out)
+
+
+def caller_out_shape(spec) -> tuple:
+    """The output's shape as the caller passes it (a view of the kernel's, or its own)."""
+    if spec.op == "matmul":
+        return tuple(dict(spec.caller_shapes).get("out", spec.output_shape))
+    return tuple(spec.output_shape["NCHW".index(axis)] for axis in spec.out_layout)
+
+
+def with_float_tail(spec, annotated: dict, name: str):
+    """`spec` with the activation and the multiplier of a tail pattern's match; refuses a
+    match the plain chains take (module doc) and what the kernel cannot run."""
+    annotated = _scale_as_multiplier(spec, annotated)
+    act = _act(annotated)
+    plain_after_reshape = "reshape" in annotated and any(r in annotated for r in ("residual", "relu", "clip"))
+    if act is None and "multiplier" not in annotated and "ch_scale" not in annotated and not plain_after_reshape:
+        raise UnsupportedOperator(f"'{name}' matched only what the plain epilogue chains take")
+    if (act or "multiplier" in annotated) and (spec.acc_dtype != "float32" or spec.requant_zero_point is not None):
+        raise UnsupportedOperator(f"an activation or a multiply after a {spec.op} is fused for float32 "
+                                  f"(this one accumulates {spec.acc_dtype})")
+    if act and spec.symbols:  # lower/ragged.py cuts a ragged tile's EPILOGUE, not the FABRIC / VFUNC after it
+        raise UnsupportedOperator(f"{act} after a {spec.op} with symbolic sizes runs as its own kernel (the "
+                                  "last tile is cut to the rows that exist; the activation's commands are not)")
+    spec = dataclasses.replace(spec, act=act)
+    spec = _with_channel_affine(spec, annotated) if "ch_scale" in annotated else spec
+    return _with_multiplier(spec, annotated) if "multiplier" in annotated else spec
+
+
+def _scale_as_multiplier(spec, annotated: dict) -> dict:
+    """A "ch_scale" of the output's shape, with nothing after its multiply, is the multiplier."""
+    if "ch_scale" not in annotated or any(r in annotated for r in ("ch_shift", "act", "relu", "clip", "multiplier")):
+        return annotated
+    shape = tuple(require_static_shape(annotated["ch_scale"], "multiplier", UnsupportedOperator))
+    if _per_channel(spec, shape) and shape != caller_out_shape(spec):
+        return annotated
+    roles = {role: expr for role, expr in annotated.items() if role != "ch_scale"}
+    return {**roles, "multiplier": annotated["ch_scale"]}
+
+
+def _with_channel_affine(spec, annotated: dict):
+    """`spec` with a multiply by a constant per output channel (and an add of one) before its
+    relu / clip / activation: a batch norm after the bias, as Mul + Add (DenseNet's)."""
+    if spec.acc_dtype != "float32" or spec.compute_name not in ("conv2d", "matmul") or spec.grouped or spec.symbols:
+        raise UnsupportedOperator(f"a per-channel multiply after a {spec.compute_name} is fused for float32 NCHW "
+                                  "conv2d and 2-D matmul with static sizes: it runs on its own")
+    shapes = {}
+    for role in ("ch_scale", "ch_shift"):
+        if role in annotated:
+            shape = tuple(require_static_shape(annotated[role], role, UnsupportedOperator))
+            if dtype_of(annotated[role]) != "float32" or not _per_channel(spec, shape):
+                raise UnsupportedOperator(f"the {spec.op}'s multiply or add by a constant of shape {shape} is not "
+                                          "one float32 value per output channel")
+            shapes[role] = shape
+    return dataclasses.replace(spec, channel_scale_shape=shapes["ch_scale"],
+                               channel_shift_shape=shapes.get("ch_shift"))
+
+
+def _per_channel(spec, shape: tuple) -> bool:
+    """Whether a constant of `shape` broadcasts one value per output channel over the output."""
+    if spec.op == "matmul":
+        return len(shape) >= 1 and shape[-1] == spec.gemm_extents[1] and all(d == 1 for d in shape[:-1])
+    channels = spec.rhs_shape[0]
+    return len(shape) in (3, 4) and shape[-3] == channels and all(d == 1 for d in shape[:-3] + shape[-2:])
+
+
+def _act(annotated: dict) -> str | None:
+    if "act" not in annotated:
+        return None
+    act = _ACT_OPS[str(annotated["act"].op.name)]
+    assert act in TAIL_ACTS
+    return act
+
+
+def _with_multiplier(spec, annotated: dict):
+    """`spec` times a float32 tensor of the output's shape (as the caller passes the output)."""
+    multiplier = annotated["multiplier"]
+    for role in ("lhs", "rhs", "bias", "residual"):
+        if role in annotated and annotated[role].same_as(multiplier):
+            raise UnsupportedOperator(f"the multiplier is also the {spec.op}'s {role}: each operand of an NPU "
+                                      "kernel must be its own tensor")
+    if spec.op != "matmul" or spec.compute_name != "matmul" or spec.symbols:
+        raise UnsupportedOperator(f"a multiply by a tensor is fused after a 2-D or shared-weight matmul with "
+                                  f"static sizes, not a {spec.compute_name}: it runs on its own")
+    if dtype_of(multiplier) != "float32":
+        raise UnsupportedOperator(f"the multiplier is {dtype_of(multiplier)}, the output float32")
+    shape = tuple(require_static_shape(multiplier, "multiplier", UnsupportedOperator))
+    if shape != caller_out_shape(spec):
+        raise UnsupportedOperator(f"the multiplier of shape {shape} is not of the output's shape "
+                                  f"{caller_out_shape(spec)} (a broadcast multiply runs on its own)")
+    # (under both roles: a multiply read as the scale's pattern passes its tensor as "ch_scale")
+    view = (("multiplier", shape), ("ch_scale", shape)) if shape != tuple(spec.output_shape) else ()
+    return dataclasses.replace(spec, multiplier_shape=shape, caller_shapes=spec.caller_shapes + view)
+
+
+def tail_tile_cycles(spec, arch):
+    """cycles(elements) of the activation's and the multiply's work on one output tile, as
+    their standalone kernels price it (sigmoid.py, special.py, eltwise.py); None without them.
+    A smooth activation's bodies must map onto the chip's fabric."""
+    if not spec.act and not spec.multiplier_shape:
+        return None
+    programs = [(require_program(nodes, "float32", arch, spec.act), nodes) for nodes in act_passes(spec.act)] \
+        if spec.act else []
+
+    def cycles(elements: int) -> int:
+        work = sum(cost.fabric_run_cycles(arch, program, elements, (12 if reads_b(nodes) else 8) * elements)
+                   for program, nodes in programs)
+        if spec.act == "gelu":
+            work += cost.vfunc_cycles(arch, elements, "gelu")
+        multiplies = (spec.act not in (None, "sigmoid", "gelu")) + bool(spec.multiplier_shape)
+        return work + multiplies * cost.eltwise_cycles(arch, elements, 2 * elements)
+
+    return cycles
+
+
+def check_tail_padding(spec, tiling, arch) -> None:
+    """Refuse an activation whose run over the padded tiles (rows and columns rounded up to
+    whole tiles: 17 tokens are 24 rows) costs more than its own kernel would over the real
+    elements, whose extra cost is the round trip of the tensor through DRAM."""
+    tail = tail_tile_cycles(spec, arch) if spec.act else None
+    if tail is None:
+        return
+    rows, cols, _ = spec.gemm_extents
+    real, padded = rows * cols * max(spec.batch, 1), tiling.mp * tiling.np * max(spec.batch, 1)
+    if tail(padded) > tail(real) + cost.dma_transfer_cycles(arch, 8 * real):
+        raise UnsupportedOperator(f"{spec.act} after the {spec.op}: its tiles pad {rows} x {cols} to {tiling.mp} x "
+                                  f"{tiling.np}, and the activation over the padding costs more than its own kernel")

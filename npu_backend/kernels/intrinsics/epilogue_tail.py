@@ -1,0 +1,105 @@
+"""The EPILOGUE intrinsic with a float32 activation and a multiplier after it.
+
+Stage: schedule and tensorize. A GEMM or conv2d kernel's epilogue (kernels/gemm/epilogue.py and
+epilogue_tail.py) may end, after EPILOGUE's own [+ bias] [+ residual] [relu | clip] and a fabric
+chain, in an activation the EPILOGUE command lacks, and then a multiply by a second tensor of the
+output's shape (SwiGLU's gate x up):
+
+    out = (act(epilogue(acc)) [* mul])      act: sigmoid, silu, gelu_tanh (FABRIC bodies,
+                                            smooth.py) or gelu (erf form: one VFUNC)
+
+Each piece runs the very commands its standalone kernel runs on the tile in the scratchpad, so the
+result is bit-exact to the unfused kernels: the smooth activations read the EPILOGUE's value from
+the accumulator tile (the EPILOGUE writes it in place there; the accumulator is dead after it)
+and write the output tile, GELU's VFUNC and the multiply's ELTWISE work on the output tile in
+place. Without an activation or a multiplier this is vector_unit.epilogue_intrin itself.
+"""
+
+from __future__ import annotations
+
+from cgra_sim.mapping.sigmoid import passes
+
+from .builder import SPAD, Tile, intrinsic
+from .fabric import body_value, fabric_call
+from .row_ops import vfunc_call, vfunc_value
+from .smooth import smooth_calls, smooth_value
+from .vector_unit import activation, eltwise_call, epilogue_call, epilogue_value
+from .vector_unit import epilogue_intrin as plain_epilogue_intrin
+
+#: Activations after the epilogue: the smooth family's (FABRIC bodies) and GELU's erf form (VFUNC).
+SMOOTH_ACTS = ("sigmoid", "silu", "gelu_tanh")
+TAIL_ACTS = SMOOTH_ACTS + ("gelu",)
+
+
+def act_value(act: str, x):
+    """The TIR of the activation of one element, as its standalone kernel's compute writes it."""
+    return vfunc_value("gelu", x) if act == "gelu" else smooth_value(act, x)
+
+
+def act_passes(act: str) -> tuple:
+    """The FABRIC bodies a smooth activation runs (none for GELU's VFUNC)."""
+    return tuple(passes(act)) if act in SMOOTH_ACTS else ()
+
+
+def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool, residual: bool = False,
+                    clip=None, zero_point: int | None = None, body=None, act: str | None = None,
+                    multiplier: bool = False, channel_scale: bool = False, channel_shift: bool = False,
+                    scope: str = SPAD):
+    """EPILOGUE over a rows x cols tile of the accumulator (`dtype`): out = requantise?(clip?(relu?(acc +
+    bias? + residual?)), scale, zero_point), then with `body` (a FabricBody) a FABRIC runs it over
+    the output tile in place; float32: with `channel_scale` (and `channel_shift`) the sum is
+    multiplied by a row of cols (ELTWISE) and that row added (a second EPILOGUE, with the relu or
+    clip) before the relu or clip; then with `act` a sigmoid, silu, gelu_tanh (FABRIC bodies)
+    or gelu (VFUNC) of it and with `multiplier` an ELTWISE multiply by a rows x cols tile. bias: a
+    row of cols; residual: a rows x cols tile; clip: None or (lo, hi); zero_point: None, or an int8
+    output requantised with a float32 scale row (int32 accumulators only)."""
+    plain = dict(bias=bias, relu=relu, residual=residual, clip=clip, zero_point=zero_point, body=body)
+    if act is None and not multiplier and not channel_scale:
+        return plain_epilogue_intrin(rows, cols, dtype, **plain, scope=scope)
+    if dtype != "float32" or zero_point is not None or (act is not None and act not in TAIL_ACTS) or \
+            (channel_shift and not channel_scale):
+        raise ValueError(f"an epilogue's activation {act} and multiplier are float32 ({dtype}, requantising: "
+                         f"{zero_point is not None}); activations {TAIL_ACTS}")
+    inputs = [Tile("Acc", (rows, cols), dtype)] + ([Tile("Bias", (cols,), dtype)] if bias else []) \
+        + ([Tile("Res", (rows, cols), dtype)] if residual else []) \
+        + ([Tile("Mul", (rows, cols), dtype)] if multiplier else []) \
+        + ([Tile("CScale", (cols,), dtype)] if channel_scale else []) \
+        + ([Tile("CShift", (cols,), dtype)] if channel_shift else [])
+
+    def value(buffers, i, j):
+        if channel_scale:
+            total = epilogue_value(buffers, i, j, dtype, bias=bias, relu=False, residual=residual, clip=None)
+            total = total * buffers["CScale"][j]
+            total = total + buffers["CShift"][j] if channel_shift else total
+            total = activation(total, dtype, relu, clip)
+        else:
+            total = epilogue_value(buffers, i, j, dtype, bias=bias, relu=relu, residual=residual, clip=clip)
+        total = body_value(body, total) if body is not None else total
+        total = act_value(act, total) if act is not None else total
+        return total * buffers["Mul"][i, j] if multiplier else total
+
+    def call(buffers, strides):
+        acc, out = (buffers["Acc"], strides["Acc"][0]), (buffers["Out"], strides["Out"][0])
+        first = acc if act in SMOOTH_ACTS else out  # where the EPILOGUE's value goes
+        if channel_scale:  # the sum, times the row, plus the row with the relu or clip
+            calls = [epilogue_call(buffers, strides, rows, cols, dtype, dtype, bias=bias, relu=False,
+                                   residual=residual, clip=None, out=first),
+                     eltwise_call("multiply", dtype, rows, cols, (*first, 1), (buffers["CScale"], 0, 1), first)]
+            shift = {"Acc": first[0], **({"Bias": buffers["CShift"]} if channel_shift else {})}
+            calls.append(epilogue_call(shift, {"Acc": (first[1],)}, rows, cols, dtype, dtype, bias=channel_shift,
+                                       relu=relu, residual=False, clip=clip, out=first))
+        else:
+            calls = [epilogue_call(buffers, strides, rows, cols, dtype, dtype, bias=bias, relu=relu,
+                                   residual=residual, clip=clip, out=first)]
+        if body is not None:
+            calls.append(fabric_call(body, rows, cols, *first, *first))
+        if act in SMOOTH_ACTS:
+            calls += smooth_calls(act, rows, cols, acc, out)
+        elif act == "gelu":
+            calls.append(vfunc_call("gelu", rows, cols, out, out))
+        if multiplier:
+            calls.append(eltwise_call("multiply", dtype, rows, cols, (*out, 1),
+                                      (buffers["Mul"], strides["Mul"][0], 1), out))
+        return calls
+
+    return intrinsic(inputs, Tile("Out", (rows, cols), dtype), "epi", value, call, scope=scope)

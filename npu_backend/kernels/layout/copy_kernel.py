@@ -1,0 +1,224 @@
+"""DMA-only copy kernels: each output tile read by DMA boxes into the scratchpad, then stored.
+
+Stage: kernel definition (the layout family's compute; layout.py reads the ops into pieces).
+A layout op (a transpose, a slice, a broadcast, a concatenation, a pad, an embedding lookup)
+moves elements without arithmetic, so its kernel is DMA only: per tile of the output, a
+DMA_LOAD whose box walks the input with the op's strides (a permuted axis order, a slice's
+origin and step, a broadcast axis at step 0, a pad's halo filled with zeros) into a scratchpad
+tile laid out as the output, and one DMA_STORE of the tile. A concatenation is one such piece
+per input, each storing into its region of the output; a lookup (`take`) loads one box per index
+read by the kernel's control code (the PrimFunc lists the indices in `cgra.read_params`: the
+code generator lets the control code read that parameter, codegen/cgra_codegen/entry.py).
+
+The kernel is written as lowered TIR (TVMScript text, no blocks to schedule): the DMA pass
+(lower/dma.py) turns each copy nest into one box, double buffering overlaps a tile's load with the
+store of the one before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import tvm
+
+from ...errors import ScratchpadTooSmall
+
+SPAD = "global.cgra_spad"
+#: The largest tile: at most a quarter of the scratchpad (each tile double-buffered, with room).
+TILE_BYTES = 64 * 1024
+#: The most tiles a piece is cut into (the tile search simulates each; more would be tiny boxes).
+MAX_TILES = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """One input's part of the output: out[offset + o] = input[origin + sum of o's walks], for o
+    in `extent`. `walks[a]`: (the input axis output axis a walks, or -1 for none; its step).
+    `guarded`: the input axes a pad may leave (their copies are guarded, the DMA halo zero)."""
+
+    role: str
+    offset: tuple
+    extent: tuple
+    walks: tuple
+    origin: tuple
+    guarded: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Gather:
+    """A lookup: out (P, N, Q)[p, n, q] = table (P, V, Q)[p, clip(indices[n], 0, V - 1), q]."""
+
+    table: tuple  # (P, V, Q)
+    count: int  # N
+    scalar: bool = False  # one index, a rank-0 tensor
+    constants: tuple | None = None  # constant indices (clipped into the table): origins fixed at compile time
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutTiling:
+    """Per piece (axis s, tile t): tiles of t along axis s and all of the axes after it (one of
+    each axis before it); a lookup's rows per tile; the kernel's estimated cycles."""
+
+    splits: tuple = ()
+    rows: int = 0
+    cycles: int = 0
+
+
+def budget_of(arch) -> int:
+    """The bytes a tile may take on `arch`."""
+    return min(TILE_BYTES, arch.spad_bytes // 4)
+
+
+def splits(extent: tuple, itemsize: int, budget: int):
+    """Every (axis, tile, tiles, tile bytes) whose tile fits `budget`: t divides extent[axis]."""
+    for axis in range(len(extent)):
+        inner = math.prod(extent[axis + 1:]) * itemsize
+        for tile in range(1, extent[axis] + 1):
+            tiles = math.prod(extent[:axis]) * (extent[axis] // tile)
+            if extent[axis] % tile == 0 and tile * inner <= budget and tiles <= MAX_TILES:
+                yield axis, tile, math.prod(extent[:axis]) * (extent[axis] // tile), tile * inner
+
+
+def pipeline_cycles(arch, tiles: list) -> int:
+    """Cycles of a copy's tiles, [(piece, bytes of each of its loads, bytes of its store)] in issue
+    order: DMA_LOADs in order on the load engine, DMA_STOREs on the store engine, each store after
+    its tile's loads, each load after the store of its piece's tile two back (the same one of its
+    two scratchpad copies): cgra_sim's timing."""
+    from cgra_sim import cost
+    load_free = store_free = end = 0
+    stored = {}  # piece -> ends of its stores
+    for piece, loads, store in tiles:
+        previous = stored.setdefault(piece, [])
+        loaded = 0
+        for nbytes in loads:
+            start = max(load_free, previous[-2] if len(previous) >= 2 else 0)
+            load_free = start + cost.dma_transfer_cycles(arch, nbytes)
+            loaded = max(loaded, load_free + arch.dma_latency)
+        transfer = cost.dma_transfer_cycles(arch, store)
+        store_start = max(store_free, loaded)
+        store_free, stored_at = store_start + transfer, store_start + arch.dma_latency + transfer
+        end = max(end, stored_at)
+        previous.append(stored_at)
+    return end
+
+
+def choose_splits(arch, pieces, itemsize: int) -> tuple[tuple, int]:
+    """(per piece the fastest split, the kernel's estimated cycles): each piece's tiles by
+    `pipeline_cycles`, then the pieces in turn."""
+    budget, chosen = budget_of(arch), []
+    for index, piece in enumerate(pieces):
+        options = list(splits(piece.extent, itemsize, budget))
+        if not options:
+            raise ScratchpadTooSmall(f"a layout copy's last axis of {piece.extent[-1]} elements does not fit a "
+                                     f"{budget}-byte tile")
+        best = min(options, key=lambda o: (pipeline_cycles(arch, [(index, (o[3],), o[3])] * o[2]), -o[3]))
+        chosen.append(best)
+    cycles = pipeline_cycles(arch, [(index, (o[3],), o[3]) for index, o in enumerate(chosen) for _ in range(o[2])])
+    return tuple((axis, tile) for axis, tile, _, _ in chosen), cycles
+
+
+def gather_rows(arch, gather: Gather, itemsize: int) -> tuple[int, int]:
+    """(rows per tile, estimated cycles) of a lookup: one box per row, tiles of whole rows."""
+    (p, _, q), n = gather.table, gather.count
+    row, budget = p * q * itemsize, budget_of(arch)
+    if row > budget:
+        raise ScratchpadTooSmall(f"an embedding row of {row} bytes does not fit a {budget}-byte tile")
+    tiles = {rows: pipeline_cycles(arch, [(0, (row,) * rows, rows * row)] * (n // rows))
+             for rows in range(1, n + 1) if n % rows == 0 and rows * row <= budget}
+    rows = min(tiles, key=lambda r: (tiles[r], -r))
+    return rows, tiles[rows]
+
+
+def copy_script(params: list, out_shape: tuple, dtype: str, pieces, tiling: LayoutTiling,
+                gather: Gather | None = None) -> str:
+    """The TVMScript of the kernel: `params` [(name, shape, dtype)] then `out`; `pieces` (or one
+    `gather`) say what each tile copies, `tiling` in what tiles."""
+    args = ", ".join(f"{name}: T.Buffer({_tuple(shape)}, \"{kind}\")" for name, shape, kind in params)
+    lines = ["@T.prim_func", f"def copy({args}, out: T.Buffer({_tuple(out_shape)}, \"{dtype}\")):",
+             "    T.func_attr({\"tirx.noalias\": True})"]
+    if gather is not None:
+        lines += _gather_lines(params, dtype, gather, tiling.rows)
+    for index, (piece, split) in enumerate(zip(pieces, tiling.splits)):
+        source = dict((name, shape) for name, shape, _ in params)[piece.role]
+        lines += _piece_lines(index, piece, source, dtype, split)
+    return "\n".join(lines) + "\n"
+
+
+def _tuple(values) -> str:
+    return "(" + ", ".join(str(int(v)) for v in values) + ("," if len(values) == 1 else "") + ")" if values else "()"
+
+
+def _piece_lines(index: int, piece: Piece, source: tuple, dtype: str, split: tuple) -> list:
+    """One piece's tile loops: per tile a scratchpad buffer, its load nest and its store nest."""
+    extent, (axis, tile) = piece.extent, split
+    indent, lines, position = "    ", [], []
+    for a in range(axis):  # one of each axis before the split: a loop, or 0
+        if extent[a] == 1:
+            position.append("0")
+            continue
+        lines.append(f"{indent}for v{index}_{a} in range({extent[a]}):")
+        indent += "    "
+        position.append(f"v{index}_{a}")
+    tiles = extent[axis] // tile
+    if tiles > 1:
+        lines.append(f"{indent}for t{index} in range({tiles}):")
+        indent += "    "
+    box = (tile,) + tuple(extent[axis + 1:])
+    names = [f"i{index}_{a}" for a in range(axis, len(extent))]
+    position.append(f"t{index} * {tile} + {names[0]}" if tiles > 1 else names[0])
+    position += names[1:]
+    spad = f"s{index}"
+    lines.append(f"{indent}{spad} = T.alloc_buffer({_tuple(box)}, \"{dtype}\", scope=\"{SPAD}\")")
+    grid = f"for {', '.join(names)} in T.grid({', '.join(str(e) for e in box)}):"
+    indices = []
+    for d, origin in enumerate(piece.origin):
+        terms = [str(origin)] + [f"{step} * ({position[a]})" for a, (walked, step) in enumerate(piece.walks)
+                                 if walked == d and step]
+        indices.append(" + ".join(terms))
+    load = f"{piece.role}[{', '.join(indices)}]"
+    if piece.guarded:
+        cond = " and ".join(f"{indices[d]} >= 0 and {indices[d]} < {source[d]}" for d in piece.guarded)
+        load = f"T.if_then_else({cond}, {load}, T.{dtype}(0))"
+    lines += [f"{indent}{grid}", f"{indent}    {spad}[{', '.join(names)}] = {load}"]
+    out = ", ".join(f"{off} + {pos}" for off, pos in zip(piece.offset, position))
+    lines += [f"{indent}{grid}", f"{indent}    out[{out}] = {spad}[{', '.join(names)}]"]
+    return lines
+
+
+def _gather_lines(params: list, dtype: str, gather: Gather, rows: int) -> list:
+    """Tiles of rows: per index one box of the table's row into the tile, then one store."""
+    (p, v, q), n = gather.table, gather.count
+    indices = params[1][0] if gather.constants is None else None
+    lines = [f"    for t in range({n // rows}):",
+             f"        s = T.alloc_buffer(({p}, {rows}, {q}), \"{dtype}\", scope=\"{SPAD}\")"]
+    for r in range(rows):
+        index = f"{indices}[()]" if gather.scalar else f"{indices}[t * {rows} + {r}]"
+        row_index = f"T.min(T.max(T.Cast(\"int32\", {index}), 0), {v - 1})"
+        if gather.constants is not None:  # the row of each tile's r-th index, chosen by the tile loop
+            row_index = _constant_rows(gather.constants, rows, r)
+        lines += [f"        for a, c in T.grid({p}, {q}):",
+                  f"            s[a, {r}, c] = {params[0][0]}[a, {row_index}, c]"]
+    lines += [f"        for a, r, c in T.grid({p}, {rows}, {q}):",
+              f"            out[a, t * {rows} + r, c] = s[a, r, c]"]
+    return lines
+
+
+def _constant_rows(constants: tuple, rows: int, r: int) -> str:
+    """The table row of index t * rows + r, t the tile loop, as an expression of t (constant
+    indices: the box's origin is known when compiling)."""
+    values = [constants[t * rows + r] for t in range(len(constants) // rows)]
+    if len(values) == 1:
+        return str(values[0])
+    if len(values) > 1 and all(b - a == values[1] - values[0] for a, b in zip(values, values[1:])):
+        return f"{values[0]} + {values[1] - values[0]} * t"
+    expression = str(values[-1])
+    for t in range(len(values) - 2, -1, -1):
+        expression = f"T.Select(t == {t}, {values[t]}, {expression})"
+    return expression
+
+
+def parse_script(text: str):
+    """The PrimFunc of `copy_script`'s text."""
+    from tvm.script import tirx as T  # noqa: F401 (the script's T)
+    return tvm.script.from_source(text)

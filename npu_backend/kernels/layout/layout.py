@@ -1,0 +1,339 @@
+"""The layout family: transposes, slices, broadcasts, concatenations, pads and embedding lookups
+left between NPU kernels run on the NPU's DMA engines instead of the host.
+
+Stage: partition (its patterns and their specs) and kernel definition (copy_kernel.py). Each op
+becomes a DMA-only kernel (copy_kernel.py): no arithmetic, the op's index map is the DMA boxes'
+strides, origins and halos. A host call costs the host's call overhead plus its bytes
+(cgra_sim/host.py) and two host/NPU crossings when it sits between kernels; the DMA moves
+the same bytes at the engine's rate, its loads and stores overlapped. A reshape (and
+expand_dims, squeeze, flatten) is a view in the VM and no call at all (host_calls.py).
+
+Ops taken (static shapes of at most 4 axes once those moved alike are merged, any rank for a concat;
+int8 / int32 / float32 data): permute_dims (any axis order),
+strided_slice (positive steps), broadcast_to, concat (2-8 inputs), nn.pad (constant zero,
+non-negative widths), take (any axis; int32 / int64 indices, read by the kernel's control code,
+each index clipped into the table). An operand may be a constant (a weight: an embedding table,
+ViT's class token; constant indices are box origins fixed when compiling), but not all of them: an
+op on constants alone stays on the host, where normalise folds it. The family comes last in
+FAMILIES: a kernel that can take the op itself (the linear matmul's transposed weights) is tried
+first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_op, is_tuple, wildcard
+
+from cgra_sim.host import host_call_cycles
+from cgra_sim.isa import DType
+
+from ...errors import UnsupportedOperator
+from ...relax_info import dtype_of, static_shape
+from ..family import OpFamily
+from .copy_kernel import Gather, LayoutTiling, Piece, choose_splits, copy_script, gather_rows, parse_script
+
+DTYPES = ("int8", "int32", "float32")  # what the DMA moves (isa.DType)
+INDEX_DTYPES = ("int32", "int64")
+MAX_RANK = 4  # the DMA's tensors
+MAX_CONCAT = 8
+_OPS = {"relax.permute_dims": "permute_dims", "relax.strided_slice": "strided_slice",
+        "relax.broadcast_to": "broadcast_to", "relax.nn.pad": "pad", "relax.take": "take",
+        "relax.concat": "concat"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutSpec:
+    """A layout copy: the output, and what each input (by role) contributes to it."""
+
+    op: str
+    dtype: str
+    in_shapes: tuple  # ((role, shape, dtype), ...) in role order
+    out_shape: tuple
+    pieces: tuple = ()
+    gather: Gather | None = None
+    views: tuple = ()  # ((role, caller shape), ...): a lookup's operands read as (P, V, Q), (N,), (P, N, Q)
+    param_roles: tuple = ("lhs",)
+    source_ops: tuple = ()
+    shape_args: tuple = ()
+    macs = 0
+    acc_dtype = property(lambda self: self.dtype)
+
+
+def layout_patterns() -> list:
+    """One pattern per op (a concat per number of inputs), each input annotated with its role."""
+    entries = []
+    for op in ("permute_dims", "strided_slice", "broadcast_to", "nn.pad"):
+        x = wildcard()
+        root = is_op(f"relax.{op}")(x, varg_default_wildcard=True)
+        entries.append((f"cgra.{op.replace('nn.', '')}", root, {"root": root, "lhs": x}))
+    table, indices = wildcard(), wildcard()
+    root = is_op("relax.take")(table, indices)
+    entries.append(("cgra.take", root, {"root": root, "lhs": table, "rhs": indices}))
+    for count in range(2, MAX_CONCAT + 1):
+        inputs = [wildcard() for _ in range(count)]
+        root = is_op("relax.concat")(is_tuple(inputs))
+        entries.append((f"cgra.concat{count}", root, {"root": root, **{f"in{i}": x for i, x in enumerate(inputs)}}))
+    return entries
+
+
+def layout_spec(name: str, annotated: dict) -> LayoutSpec:
+    """The copy kernel a matched layout op becomes; raises UnsupportedOperator with the reason."""
+    call = annotated["root"]
+    op = _OPS[call.op.name]
+    out_shape = _shape(call, f"{op}'s result")
+    dtype = dtype_of(call)
+    if dtype not in DTYPES:
+        raise UnsupportedOperator(f"{op} of {dtype or 'an unknown dtype'}: the NPU's DMA moves {', '.join(DTYPES)}")
+    operands = _operands(op, call)
+    roles = tuple(operands)
+    if all(isinstance(operand, tvm.ir.GenericConst) for operand in operands.values()):
+        raise UnsupportedOperator(f"{op} of constants: normalise folds it, no kernel copies it at run time")
+    in_shapes = tuple((role, _shape(operand, f"{op}'s operand", scalar=role == "rhs"), dtype_of(operand))
+                      for role, operand in operands.items())
+    reader = _READERS[op]
+    pieces, gather, views = reader(call, in_shapes, out_shape)
+    if op == "concat":
+        in_shapes, out_shape, pieces, views = concat_views(int(call.attrs.axis) % len(out_shape), in_shapes, out_shape)
+    if len(pieces) == 1 and op != "concat":  # one input: its view and the output's made compact
+        (role, shape, kind), = in_shapes
+        compact_in, compact_out, piece = compact(pieces[0], shape, out_shape)
+        views = tuple((r, caller) for r, caller, view in ((role, shape, compact_in), ("out", out_shape, compact_out))
+                      if caller != view)
+        in_shapes, out_shape, pieces = ((role, compact_in, kind),), compact_out, [piece]
+    for _, shape, _ in in_shapes if gather is None else ():  # a lookup reads (P, V, Q) views
+        if len(shape) > MAX_RANK or len(out_shape) > MAX_RANK:
+            raise UnsupportedOperator(f"{op} of {shape} into {out_shape}: more than {MAX_RANK} axes after merging "
+                                      f"those it moves alike, and the NPU's DMA moves tensors of rank 1..{MAX_RANK}")
+    return LayoutSpec(op, dtype, in_shapes, out_shape, tuple(pieces), gather, tuple(views), param_roles=tuple(roles))
+
+
+def compact(piece: Piece, in_shape: tuple, out_shape: tuple) -> tuple[tuple, tuple, Piece]:
+    """(input view, output view, the piece over them): axes of extent 1 that carry nothing
+    dropped, and neighbouring output axes that walk neighbouring input axes whole, in order and
+    unguarded (or that both broadcast) merged; a Swin window partition's rank-6 transpose is one
+    of rank 3 or 4."""
+    outs = [[e, *w] for e, w in zip(out_shape, piece.walks) if e != 1]  # [extent, input axis, step]
+    walked = {axis for _, axis, step in outs if step}
+    ins = [[e, o, d in piece.guarded, d] for d, (e, o) in enumerate(zip(in_shape, piece.origin))
+           if not (e == 1 and o == 0 and d not in piece.guarded and d not in walked)]
+    merged = True
+    while merged:
+        merged = False
+        for a in range(len(outs) - 1):
+            (e1, d1, s1), (e2, d2, s2) = outs[a], outs[a + 1]
+            if s1 == s2 == 0:
+                outs[a:a + 2] = [[e1 * e2, -1, 0]]
+                merged = True
+                break
+            pos = [i for i, entry in enumerate(ins) if entry[3] in (d1, d2)]
+            if s1 != 1 or s2 != 1 or len(pos) != 2 or pos[1] != pos[0] + 1 or ins[pos[0]][3] != d1:
+                continue
+            first, second = ins[pos[0]], ins[pos[1]]
+            if second[1] != 0 or second[0] != e2 or first[2] or second[2]:
+                continue
+            ins[pos[0]:pos[1] + 1] = [[first[0] * second[0], first[1] * second[0], False, d1]]
+            outs[a:a + 2] = [[e1 * e2, d1, 1]]
+            merged = True
+            break
+    position = {entry[3]: i for i, entry in enumerate(ins)}
+    walks = tuple((position[d], step) if step else (-1, 0) for _, d, step in outs) or ((-1, 0),)
+    out_view = tuple(e for e, _, _ in outs) or (1,)
+    in_view = tuple(e for e, _, _, _ in ins) or (1,)
+    origin = tuple(o for _, o, _, _ in ins) or (0,)
+    guarded = tuple(i for i, entry in enumerate(ins) if entry[2])
+    return in_view, out_view, Piece(piece.role, (0,) * len(out_view), out_view, walks, origin, guarded)
+
+
+def _operands(op: str, call) -> dict:
+    """Role -> operand, read from the call itself (a pattern's roles, explain's guess alike)."""
+    if op == "concat":
+        fields = getattr(call.args[0], "fields", None)
+        if fields is None or not 2 <= len(fields) <= MAX_CONCAT:
+            raise UnsupportedOperator(f"concat of {len(fields) if fields else 'a tuple variable of'} tensors: the NPU's "
+                                      f"copy takes 2..{MAX_CONCAT} listed inputs")
+        if any(a.same_as(b) for i, a in enumerate(fields) for b in fields[i + 1:]):
+            raise UnsupportedOperator("concat of a tensor with itself: each input of the NPU's copy is its own tensor")
+        return {f"in{i}": field for i, field in enumerate(fields)}
+    if op == "take":
+        return {"lhs": call.args[0], "rhs": call.args[1]}
+    return {"lhs": call.args[0]}
+
+
+def _shape(expr, what: str, scalar: bool = False) -> tuple:
+    """The static shape of an operand (`scalar`: a lookup's one index may be a scalar)."""
+    shape = static_shape(expr)
+    if shape is None:
+        raise UnsupportedOperator(f"{what} has a symbolic or unknown shape: the NPU's layout copies take static shapes")
+    if (not shape and not scalar) or 0 in shape:
+        raise UnsupportedOperator(f"{what} of shape {shape}: the NPU's DMA moves non-empty tensors")
+    return shape
+
+
+def _ints(expr) -> list:
+    """The ints of a Relax tuple of PrimValues, a ShapeExpr or an attribute array."""
+    values = getattr(expr, "fields", None) or getattr(expr, "values", None) or expr
+    return [int(getattr(getattr(v, "value", v), "value", getattr(v, "value", v))) for v in values]
+
+
+def _identity(shape) -> tuple:
+    return tuple((a, 1) for a in range(len(shape)))
+
+
+def _permute(call, in_shapes, out_shape):
+    rank = len(out_shape)
+    axes = call.attrs.axes
+    axes = list(reversed(range(rank))) if axes is None else [int(a) % rank for a in axes]
+    return [Piece("lhs", (0,) * rank, out_shape, tuple((a, 1) for a in axes), (0,) * rank)], None, ()
+
+
+def _strided_slice(call, in_shapes, out_shape):
+    shape = in_shapes[0][1]
+    args = list(call.args[1:])
+    if len(args) < 3 or any(not isinstance(a, (relax.Tuple, relax.ShapeExpr)) for a in args[:3]):
+        raise UnsupportedOperator("strided_slice with bounds computed at run time: the NPU's copy takes constant ones")
+    axes, begin = [a % len(shape) for a in _ints(args[0])], _ints(args[1])
+    steps = _ints(args[3]) if len(args) > 3 and args[3] is not None else [1] * len(axes)
+    origin, walks = [0] * len(shape), [(a, 1) for a in range(len(shape))]
+    for axis, start, step in zip(axes, begin, steps):
+        if step <= 0:
+            raise UnsupportedOperator(f"strided_slice with step {step}: the NPU's copy takes positive steps")
+        start = min(max(start + shape[axis] if start < 0 else start, 0), shape[axis])
+        origin[axis], walks[axis] = start, (axis, step)
+        if start + (out_shape[axis] - 1) * step >= shape[axis]:
+            raise UnsupportedOperator("strided_slice reaching past its operand")  # relax's shape says it cannot
+    return [Piece("lhs", (0,) * len(shape), out_shape, tuple(walks), tuple(origin))], None, ()
+
+
+def _broadcast_to(call, in_shapes, out_shape):
+    shape = in_shapes[0][1]
+    skip = len(out_shape) - len(shape)
+    walks = tuple((-1, 0) if a < skip or shape[a - skip] != out_shape[a] else (a - skip, 1)
+                  for a in range(len(out_shape)))
+    return [Piece("lhs", (0,) * len(out_shape), out_shape, walks, (0,) * len(shape))], None, ()
+
+
+def _pad(call, in_shapes, out_shape):
+    shape = in_shapes[0][1]
+    attrs = call.attrs
+    if str(attrs.pad_mode) != "constant" or float(attrs.pad_value) != 0.0:
+        raise UnsupportedOperator(f"nn.pad mode {attrs.pad_mode} value {attrs.pad_value}: the DMA fills a halo "
+                                  "with zeros only")
+    widths = [int(w) for w in attrs.pad_width]
+    if any(w < 0 for w in widths):
+        raise UnsupportedOperator("nn.pad with a negative width (a crop): a strided_slice's job")
+    lows = widths[0::2]
+    guarded = tuple(a for a in range(len(shape)) if widths[2 * a] or widths[2 * a + 1])
+    return [Piece("lhs", (0,) * len(shape), out_shape, _identity(shape), tuple(-lo for lo in lows), guarded)], None, ()
+
+
+def concat_views(axis: int, in_shapes: tuple, out_shape: tuple) -> tuple:
+    """(inputs as views, the output's view, the pieces, the caller shapes): every tensor as
+    (axes before `axis`, `axis`, axes after it) merged, the first dropped when it is 1, so a
+    concatenation of any rank is one of rank 2 or 3."""
+    def view(shape):
+        outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+        return ((outer,) if outer > 1 else ()) + (shape[axis], inner)
+
+    views, pieces, offset = [], [], 0
+    out_view = view(out_shape)
+    at = len(out_view) - 2  # the concatenated axis in the views
+    for role, shape, kind in in_shapes:
+        views.append((role, view(shape), kind))
+        extent = view(shape)
+        start = tuple(offset if a == at else 0 for a in range(len(extent)))
+        pieces.append(Piece(role, start, extent, _identity(extent), (0,) * len(extent)))
+        offset += shape[axis]
+    callers = tuple((role, shape) for (role, shape, _), (_, viewed, _) in zip(in_shapes, views) if shape != viewed)
+    callers += (("out", out_shape),) if out_shape != out_view else ()
+    return tuple(views), out_view, pieces, callers
+
+
+def _concat(call, in_shapes, out_shape):
+    return [], None, ()  # layout_spec reads it through concat_views
+
+
+def _take(call, in_shapes, out_shape):
+    (_, table, _), (_, indices, index_dtype) = in_shapes
+    if index_dtype not in INDEX_DTYPES:
+        raise UnsupportedOperator(f"take with {index_dtype} indices: the NPU's lookup reads {' or '.join(INDEX_DTYPES)}")
+    axis = 0 if call.attrs.axis is None else int(call.attrs.axis) % len(table)
+    p = 1
+    for extent in table[:axis]:
+        p *= extent
+    q = 1
+    for extent in table[axis + 1:]:
+        q *= extent
+    count = 1
+    for extent in indices:
+        count *= extent
+    index = call.args[1]
+    constants = None
+    if isinstance(index, tvm.ir.GenericConst):  # origins known now: no index read at run time
+        values = index.value.numpy().astype("int64").ravel()
+        constants = tuple(int(v) for v in np.clip(np.where(values < 0, values + table[axis], values), 0, table[axis] - 1))
+    gather = Gather((p, table[axis], q), count, scalar=not indices, constants=constants)
+    views = (("lhs", table), ("out", out_shape)) + ((("rhs", indices),) if indices else ())
+    return [], gather, views
+
+
+_READERS = {"permute_dims": _permute, "strided_slice": _strided_slice, "broadcast_to": _broadcast_to, "pad": _pad,
+            "concat": _concat, "take": _take}
+
+
+def choose_layout_tiling(spec: LayoutSpec, arch) -> LayoutTiling:
+    """The fastest tiles (copy_kernel.choose_splits, gather_rows); refused when the host's copy
+    is estimated faster (its call overhead and bytes, arch's host table, at the NPU's clock)."""
+    size = DType.from_name(spec.dtype).itemsize
+    if spec.gather is not None:
+        rows, cycles = gather_rows(arch, spec.gather, size)
+        tiling = LayoutTiling(rows=rows, cycles=cycles)
+    else:
+        chosen, cycles = choose_splits(arch, spec.pieces, size)
+        tiling = LayoutTiling(splits=chosen, cycles=cycles)
+    host = _host_cycles(spec, arch)
+    if tiling.cycles >= host:
+        raise UnsupportedOperator(f"{spec.op} of {spec.out_shape}: the host copies it faster ({host} cycles at the NPU's "
+                                  f"clock against the DMA's {tiling.cycles}, {arch.name})")
+    return tiling
+
+
+def _host_cycles(spec: LayoutSpec, arch) -> int:
+    """What the host call would cost at the NPU's clock (cgra_sim/host.py): its overhead and the
+    bytes of its tensors (a lookup's table whole, as host_calls.py counts it)."""
+    nbytes = sum(math.prod(shape) * np.dtype(dtype).itemsize for _, shape, dtype in spec.in_shapes)
+    nbytes += math.prod(spec.out_shape) * np.dtype(spec.dtype).itemsize
+    return round(host_call_cycles(arch.host_cpu, 0, nbytes) * arch.clock_mhz / arch.host_cpu["clock_mhz"])
+
+
+def layout_compute(spec: LayoutSpec, tiling: Tiling):
+    """The copy kernel's PrimFunc (copy_kernel.py), parameters in `spec.param_roles` order."""
+    shapes = {role: (shape, dtype) for role, shape, dtype in spec.in_shapes}
+    params, out_shape = [], spec.out_shape
+    if spec.gather is not None:
+        g = spec.gather
+        shapes = {"lhs": (g.table, spec.dtype), "rhs": (() if g.scalar else (g.count,), shapes["rhs"][1])}
+        out_shape = (g.table[0], g.count, g.table[2])
+    params = [(role, *shapes[role]) for role in spec.param_roles]  # a constant operand is no parameter
+    func = parse_script(copy_script(params, out_shape, spec.dtype, spec.pieces, tiling, spec.gather))
+    if spec.views:  # the caller's shapes of the operands read through a view (operands.prim_func)
+        callers = dict(spec.views)
+        func = func.with_attr("cgra.arg_shapes", [list(callers.get(role, ())) for role in list(spec.param_roles) + ["out"]])
+    if spec.gather is not None and spec.gather.constants is None:
+        func = func.with_attr("cgra.read_params", [list(spec.param_roles).index("rhs")])
+    return func
+
+
+def schedule_layout(sch, spec, tiling, arch) -> None:
+    """None: the kernel is written as lowered TIR (copy_kernel.py)."""
+    del sch, spec, tiling, arch
+
+
+LAYOUT = OpFamily(name="layout", ops=tuple(_READERS), patterns=layout_patterns, spec_from_match=layout_spec,
+                  choose_tiling=choose_layout_tiling, compute=layout_compute, schedule=schedule_layout,
+                  host_ops={op: f"cgra.{name}" + ("2" if name == "concat" else "") for op, name in _OPS.items()},
+                  checks_pe_dtype=False)
