@@ -40,7 +40,7 @@ def matmul_spec(name: str, annotated: dict) -> KernelSpec:
     if has_symbolic_operand(annotated):  # two activations of symbolic lengths (attention's Q Kᵀ, P V)
         if "residual" in annotated or "n1" in annotated:
             raise UnsupportedOperator("an add or chain after a matmul with a symbolic right operand runs on its own")
-        return with_epilogue_tail(symbolic_matmul_spec(annotated, annotated.get("permute"), common), annotated)
+        return with_epilogue_tail(symbolic_matmul_spec(annotated, annotated.get("permute"), common), annotated, name)
     # The rows may be symbolic (one kernel for every number of rows, dynamic.py): a 2-D
     # matmul's, and with shared 2-D weights every leading axis of the left operand.
     rhs_shape = static_shape(annotated["rhs"], "right operand")
