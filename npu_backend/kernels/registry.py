@@ -9,8 +9,10 @@ roots (epilogue.py sorts those among themselves, most specific first), then the 
 patterns in this order, so the standalone elementwise ops come last and an add a kernel's
 epilogue can fuse is taken by that kernel; SiLU's multiply(x, sigmoid(x)) is one
 smooth-activation kernel before its multiply could be an ELTWISE; a chain of elementwise ops on
-one tensor goes to the fabric before its ops could go to the vector unit one kernel each. The
-layout copies (layout/) come last: a kernel that reads a transpose itself takes it first.
+one tensor goes to the fabric before its ops could go to the vector unit one kernel each, and
+an op or a float chain between quantized tensors (qlinear.py, qchain.py) is one kernel before the
+fabric or the vector unit could take its ops apart. The layout copies (layout/) come last: a
+kernel that reads a transpose itself takes it first.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from .elementwise.eltwise import ELTWISE
 from .gemm.epilogue import chain_pattern_graphs
 from .gemm.epilogue_tail import tail_graphs
 from .elementwise.fabric import FABRIC
+from .elementwise.qlinear import QLINEAR
+from .elementwise.qchain import QCHAIN
 from .fused.inverted_residual import INVERTED_RESIDUAL
 from .family import OpFamily
 from .gemm.matmul import MATMUL
@@ -47,7 +51,7 @@ from .rows.softmax import SOFTMAX
 from .elementwise.special import SPECIAL
 
 FAMILIES: tuple[OpFamily, ...] = (INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, SOFTMAX, NORMS, SPECIAL,
-                                  ROW_REDUCE, FABRIC, ELTWISE, TIR, ACTIVATION, LAYOUT)
+                                  ROW_REDUCE, QLINEAR, QCHAIN, FABRIC, ELTWISE, TIR, ACTIVATION, LAYOUT)
 _PACKAGED = FAMILIES  # the package's own, not those of registered()
 
 

@@ -12,8 +12,11 @@ that onnxruntime's CPU provider fuses into QLinearConv / QLinearMatMul / QGemm i
     q   = quantize(multiply(astype([relu](acc), "float32"), M), 1.0, yzp)        (int8)
     M[c] = float32(float32(xs * ws[c]) / ys)                                     (onnxruntime's order)
 
-(x' is x, or x padded on the host with its zero point when the conv2d pads: the padding then
-stands for the real value 0, as QLinearConv pads.) The patterns fuse that chain into one NPU
+(x' is x, or pad(x) with its zero point when the conv2d pads: the padding then stands for the
+real value 0, as QLinearConv pads. The conv2d kernel takes a pad of -128, int8's lowest value,
+into its DMA halo, kernels/gemm/conv2d.py; a static image of another zero point is padded with
+-128 and the padding taps' correction added as a residual, qdq_borders.py; a symbolic one is
+padded with its zero point on the host.) The patterns fuse that chain into one NPU
 kernel whose EPILOGUE requantises (docs/simulator.md gives the arithmetic); a chain the NPU
 refuses runs on the host with the same arithmetic (relax's quantize rounds half to even).
 
@@ -47,6 +50,7 @@ import tvm
 from tvm import relax
 
 from ..frontend.provenance import with_span
+from .qdq_borders import border_correction
 
 _LAYOUTS = ("NCHW", "OIHW", "NCHW")
 _QUANTIZED = ("int8", "uint8")
@@ -307,8 +311,10 @@ class _QdqRewriter(relax.PyExprMutator):
             return self.builder_.emit(_spanned(value, span))
 
         data = self._signed(layer.data)
+        correction = None
         if layer.op == "conv2d":
-            acc = emit(self._int_conv2d(layer, data), conv_span)
+            conv, correction = self._int_conv2d(layer, data)
+            acc = emit(conv, conv_span)
             channel_shape, axis = (1, -1, 1, 1), 1
             weight_sums = layer.weight.astype(np.int64).sum(axis=(1, 2, 3))
         else:
@@ -320,6 +326,8 @@ class _QdqRewriter(relax.PyExprMutator):
         if layer.bias is not None or layer.x_zero_point != 0:
             wrapped = ((bias + 2**31) % 2**32 - 2**31).astype(np.int32)
             acc = emit(relax.op.add(acc, relax.const(wrapped.reshape(channel_shape))), add_span or conv_span)
+        if correction is not None:  # the zero-point padding's taps (qdq_borders.py)
+            acc = emit(relax.op.add(acc, relax.const(correction)), conv_span)
         if layer.relu:
             acc = emit(relax.op.nn.relu(acc), relu_span)
         scaled = emit(relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(multiplier.reshape(channel_shape))),
@@ -328,17 +336,27 @@ class _QdqRewriter(relax.PyExprMutator):
                                  axis=axis, out_dtype="int8")
 
     def _int_conv2d(self, layer: _Layer, data):
-        """int8 x int8 -> int32 conv2d; a padded one pads x with its zero point first (the
-        padding is the real value 0), then convolves without padding."""
+        """(int8 x int8 -> int32 conv2d, int32 correction or None); a padded one pads x with its
+        zero point first (the padding is the real value 0), then convolves without padding. A
+        static image whose zero point is neither 0 nor -128 is padded with -128 (the kernel's DMA
+        halo) and the correction of the padding's taps returned (qdq_borders.py)."""
         attrs = layer.conv.attrs
         padding = [int(p) for p in attrs.padding]
+        correction, pad_value = None, layer.x_zero_point
         if layer.x_zero_point != 0 and any(padding):
             top, left, bottom, right = padding if len(padding) == 4 else padding * 2
+            shape = [getattr(d, "value", None) for d in data.ty.shape]
+            if layer.x_zero_point != -128 and None not in shape:
+                pad_value = -128
+                correction = border_correction(
+                    layer.weight, layer.x_zero_point, tuple(shape[1:]), (top, left, bottom, right),
+                    tuple(int(s) for s in attrs.strides), tuple(int(d) for d in attrs.dilation), int(attrs.groups))
+                correction = np.ascontiguousarray(np.broadcast_to(correction, (shape[0],) + correction.shape[1:]))
             data = self.builder_.emit(_spanned(relax.op.nn.pad(data, [0, 0, 0, 0, top, bottom, left, right],
-                                                               pad_value=float(layer.x_zero_point)), layer.conv.span))
+                                                               pad_value=float(pad_value)), layer.conv.span))
             padding = [0, 0, 0, 0]
         return relax.op.nn.conv2d(data, relax.const(layer.weight), strides=attrs.strides, padding=padding,
-                                  dilation=attrs.dilation, groups=int(attrs.groups), out_dtype="int32")
+                                  dilation=attrs.dilation, groups=int(attrs.groups), out_dtype="int32"), correction
 
 
 def _spanned(value, span):

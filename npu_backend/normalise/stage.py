@@ -28,6 +28,7 @@ from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .qdq import canonicalize_qdq
+from .qlinear import integer_qlinear_adds_pass
 from .rewrite import scans_shared
 from .rms_norms import rms_norms_pass
 from .rotations import rotations_pass
@@ -117,6 +118,10 @@ def normalise_passes() -> list:
         # A pooling window of more than 256 taps becomes a row pass and a column pass: the POOL
         # command's window expression must not grow with the window (large_pools.py).
         split_large_pools_pass,
+        # A residual add between quantized tensors (dequantize, add, quantize) is onnxruntime's
+        # fixed-point QLinearAdd on int32, one FABRIC_INT8 kernel (qlinear.py); last, so that its
+        # constants stay 0-d (immediates of the kernel's body).
+        integer_qlinear_adds_pass,
         # What folding left unused (PyTorch's max_pool2d returns a tuple with zeros_like
         # indices that FoldConstant turns into a constant nobody reads).
         relax.transform.DeadCodeElimination(),

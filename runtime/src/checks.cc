@@ -390,11 +390,12 @@ void CheckVfunc(const int64_t* w, const CheckContext& context) {
 
 void CheckFabric(const int64_t* w, const CheckContext& context) {
   int32_t flags = Code(w[CGRA_FABRIC_FLAGS]), dtype = Code(w[CGRA_FABRIC_DTYPE]);
-  CheckFlags(flags, CGRA_FABRIC_INPUT_B);
+  CheckFlags(flags, CGRA_FABRIC_INPUT_B | CGRA_FABRIC_INT8);
   if (dtype != CGRA_DTYPE_INT32 && dtype != CGRA_DTYPE_FLOAT32) {
     Fail("dtype code ", dtype, " is not one the fabric computes (", CGRA_DTYPE_INT32, " int32, ",
          CGRA_DTYPE_FLOAT32, " float32)");
   }
+  bool int8 = flags & CGRA_FABRIC_INT8;  // A, B and out hold int8 around the body's dtype
   bool input_b = flags & CGRA_FABRIC_INPUT_B;
   int64_t nodes = w[CGRA_FABRIC_NODES];
   if (nodes < 1 || nodes > CGRA_BODY_MAX_NODES) Fail("nodes ", nodes, " is not 1..", CGRA_BODY_MAX_NODES);
@@ -408,7 +409,7 @@ void CheckFabric(const int64_t* w, const CheckContext& context) {
     reads_b |= CheckBodyNode(word, i, dtype, input_b);
   }
   if (input_b && !reads_b) Fail("the command streams B (FABRIC_INPUT_B) but the body never reads it");
-  int64_t itemsize = ItemSize(dtype);
+  int64_t itemsize = int8 ? ItemSize(CGRA_DTYPE_INT8) : ItemSize(dtype);
   int64_t rows = w[CGRA_FABRIC_ROWS], cols = w[CGRA_FABRIC_COLS];
   CheckWindow("A", w[CGRA_FABRIC_A_ADDR], {rows, cols, 1, 1, 1},
               {w[CGRA_FABRIC_A_ROW_STRIDE], w[CGRA_FABRIC_A_COL_STRIDE], 0, 0, 0}, itemsize, context.spad_bytes);

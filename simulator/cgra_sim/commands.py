@@ -170,9 +170,10 @@ class VfuncCommand(Command):
 
 class FabricCommand(Command):
     """out = body(a[, b]) elementwise over a (rows, cols) tile on the PE fabric; `body` the nodes
-    of mapping/body.py, `b` None without FABRIC_INPUT_B; strides as ELTWISE's."""
+    of mapping/body.py, `b` None without FABRIC_INPUT_B; strides as ELTWISE's. `int8`
+    (FABRIC_INT8): a, b and out hold int8, the output rounded half to even and saturated."""
 
-    __slots__ = ("body", "dtype", "a", "b", "out")
+    __slots__ = ("body", "dtype", "a", "b", "out", "int8")
 
     @property
     def elements(self) -> int:

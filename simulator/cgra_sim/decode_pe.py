@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .commands import NUMPY_DTYPE, Checker, DepthwiseCommand, FabricCommand, GemmCommand
 from .fabric import Fabric
-from .isa import ACC_DTYPE, FABRIC_INPUT_B, FIELDS, GEMM_ACCUMULATE, DType, Op
+from .isa import ACC_DTYPE, FABRIC_INPUT_B, FABRIC_INT8, FIELDS, GEMM_ACCUMULATE, DType, Op
 from .mapping import body as bodies
 from .mapping.mapper import MappingError
 from .regions import Region
@@ -65,8 +65,9 @@ def decode_depthwise(check: Checker, index: int, op: Op, record: list[int],
 def decode_fabric(check: Checker, index: int, op: Op, record: list[int], tensors) -> FabricCommand:
     fields = dict(zip(FIELDS[op], record))
     flags = fields["flags"]
-    check.flags(flags, FABRIC_INPUT_B)
+    check.flags(flags, FABRIC_INPUT_B | FABRIC_INT8)
     dtype = check.dtype("dtype", fields["dtype"], (DType.INT32, DType.FLOAT32))
+    int8 = bool(flags & FABRIC_INT8)
     rows, cols, nodes = fields["rows"], fields["cols"], fields["nodes"]
     check.positive(rows=rows, cols=cols, nodes=nodes)
     if nodes > bodies.BODY_MAX_NODES:
@@ -87,15 +88,16 @@ def decode_fabric(check: Checker, index: int, op: Op, record: list[int], tensors
         bodies.program(body, dtype.numpy_name, Fabric.of(check.arch))
     except (bodies.BodyError, MappingError) as error:
         check.fail(f"body: {error}")
-    size, np_dtype = dtype.itemsize, NUMPY_DTYPE[dtype]
+    stored = DType.INT8 if int8 else dtype  # what A, B and out hold in the scratchpad
+    size, np_dtype = stored.itemsize, NUMPY_DTYPE[stored]
     cmd = FabricCommand(index, op)
-    cmd.body, cmd.dtype = body, dtype
+    cmd.body, cmd.dtype, cmd.int8 = body, dtype, int8
     cmd.a = check.region(Region("A", fields["a_addr"], (rows, cols),
                                 (strides["a_row_stride"] * size, strides["a_col_stride"] * size), np_dtype))
     cmd.b = check.region(Region("B", fields["b_addr"], (rows, cols), (strides["b_row_stride"] * size,
                                                                        strides["b_col_stride"] * size), np_dtype)) \
         if two_inputs else None
-    cmd.out = check.matrix("out", fields["out_addr"], rows, cols, fields["out_stride"], dtype, written=True)
+    cmd.out = check.matrix("out", fields["out_addr"], rows, cols, fields["out_stride"], stored, written=True)
     cmd.reads = (cmd.a, cmd.b) if two_inputs else (cmd.a,)
     cmd.writes = (cmd.out,)
     return cmd

@@ -192,7 +192,14 @@ def _vfunc(cmd: VfuncCommand, spad: np.ndarray) -> None:
 
 def _fabric(cmd: FabricCommand, spad: np.ndarray) -> None:
     b = cmd.b.view(spad) if cmd.b is not None else None
-    cmd.out.view(spad)[...] = body.evaluate(cmd.body, cmd.dtype.numpy_name, cmd.a.view(spad), b)
+    if not cmd.int8:
+        cmd.out.view(spad)[...] = body.evaluate(cmd.body, cmd.dtype.numpy_name, cmd.a.view(spad), b)
+        return
+    # FABRIC_INT8: int8 operands read as the body's dtype (exactly), its output rounded half to
+    # even and saturated to int8.
+    dtype = cmd.dtype.numpy_name
+    value = body.evaluate(cmd.body, dtype, cmd.a.view(spad).astype(dtype), None if b is None else b.astype(dtype))
+    cmd.out.view(spad)[...] = np.clip(np.rint(value), -128, 127).astype(np.int8)
 
 
 def requantise(acc: np.ndarray, scale: np.ndarray, zero_point: int) -> np.ndarray:

@@ -180,6 +180,10 @@ POOL_AVERAGE = 1  # POOL: sum of the valid taps / the taps inside the count rect
 # padding, loaded with the window when where the padding lies depends on a run-time size.
 DMA_FILL_LOWEST = 1
 FABRIC_INPUT_B = 1  # FABRIC: the body reads a second input, B (its words are 0 without it)
+# FABRIC: A, B and out hold int8: the inputs are read as the body's dtype (sign-extended to int32,
+# or converted exactly to float32), the output rounded half to even (float32) and saturated to
+# [-128, 127] when stored. Ops between quantized layers (QLinearAdd, QLinearMul).
+FABRIC_INT8 = 2
 VFUNC_SCALE = 1  # VFUNC: t = a * scale (scale_bits: float32 bits) before the function
 VFUNC_OFFSET = 2  # VFUNC: t = t + offset (offset_bits) after the scale, before the function
 
@@ -412,7 +416,8 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         "for an earlier node i), an immediate (int32, or float32 bits) in bits 32-63; the last "
         "node is the output. The chip maps the body onto its PEs as a modulo schedule and streams "
         "the tile through it. dtype int32 or float32 (integers wrap). B is read only with "
-        "CGRA_FABRIC_INPUT_B (its words 0 without); a stride of 0 broadcasts an operand.",
+        "CGRA_FABRIC_INPUT_B (its words 0 without); a stride of 0 broadcasts an operand. With CGRA_FABRIC_INT8 "
+        "A, B and out hold int8: read as the body's dtype, the output rounded half to even and saturated to int8.",
         ("flags", _I32), ("dtype", _I32), "rows", "cols", ("a_addr", _ADDR), "a_row_stride",
         "a_col_stride", ("b_addr", _ADDR, FABRIC_INPUT_B), ("b_row_stride", _I64, FABRIC_INPUT_B),
         ("b_col_stride", _I64, FABRIC_INPUT_B), ("out_addr", _ADDR), "out_stride", "nodes",

@@ -311,7 +311,7 @@ def fabric_cycles(arch: HardwareDescription, cmd: FabricCommand) -> tuple[int, i
     program = bodies.program(cmd.body, cmd.dtype.numpy_name, Fabric.of(arch))
     rows, cols = cmd.out.shape
     traffic = (rows * cols + sum(cost.eltwise_operand_reads(rows, cols, bool(r.strides[0]), bool(r.strides[1]))
-                                 for r in cmd.reads)) * cmd.dtype.itemsize
+                                 for r in cmd.reads)) * (1 if cmd.int8 else cmd.dtype.itemsize)
     run = cost.fabric_run_cycles(arch, program, cmd.elements, traffic)
     return cost.fabric_config_cycles(arch, program.config_bytes), run, program.ii
 

@@ -33,12 +33,15 @@ from ..intrinsics.fabric import FabricBody, body_value
 
 #: The piece of a pattern's name that marks a chain (fabric.py's, an epilogue's tail: "_chain<k>").
 CHAIN_MARK = "_chain"
+#: The patterns of integer ops between quantized layers (elementwise/qlinear.py).
+QLINEAR_PREFIX = "cgra.qlinear"
 
 
 def reads_immediates(composite: str) -> bool:
     """Whether the kernel of pattern `composite` reads its one-element constants at compile
-    time, as a body's immediates (partition/scalar_args.py binds them inside it)."""
-    return CHAIN_MARK in composite
+    time, as a body's immediates (partition/scalar_args.py binds them inside it): a chain's, or
+    an integer QLinearAdd's (elementwise/qlinear.py)."""
+    return CHAIN_MARK in composite or composite.startswith(QLINEAR_PREFIX)
 
 
 _COMMUTATIVE = {"relax.add": "add", "relax.multiply": "mul", "relax.maximum": "max", "relax.minimum": "min"}

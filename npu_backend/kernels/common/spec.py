@@ -96,6 +96,10 @@ class KernelSpec:
     # like a bias). None: the kernel writes its accumulator dtype.
     requant_zero_point: int | None = None
     scale_shape: tuple | None = None
+    # conv2d, depthwise: the image's padding holds the dtype's lowest value instead of 0 (the
+    # DMA's DMA_FILL_LOWEST halo): an int8 activation whose zero point is -128 padded with it,
+    # the real value 0 (a QDQ layer after a relu: normalise/qdq.py), read from conv2d(pad(x)).
+    pad_lowest: bool = False
     # Symbolic axes (kernels/common/dynamic.py): ((role, axis, variable name), ...) of the shapes the
     # caller passes (caller_shapes, else the shapes above), which hold them at their bound.
     symbols: tuple = ()
@@ -103,6 +107,13 @@ class KernelSpec:
     # (tir_vars, when a tensor's size is an expression of a variable no tensor holds alone); the
     # kernel skips them (operands.kernel_prim_func, attribute cgra.shape_args).
     shape_args: tuple = ()
+
+    @property
+    def image_fill(self) -> int:
+        """What the image's padding holds in the kernel's tiles: 0, or the int8 lowest value
+        (pad_lowest). Tile padding past the channels holds it too: the weights' padding is 0
+        there, and rows past the output are never stored."""
+        return -128 if self.pad_lowest else 0
 
     def symbolic(self, role: str) -> dict:
         """{axis: variable name} of `role`'s symbolic axes (role "out": the output's)."""

@@ -18,6 +18,7 @@ from tvm import s_tir, sym, te, tirx
 from tvm.relax.dpl import is_op, wildcard
 
 from ...errors import UnsupportedOperator
+from ...relax_info import dtype_of
 from .epilogue import Root, epilogue_compute, epilogue_fields, epilogue_operands, static_shape, with_epilogue_tail
 from ..common.dynamic import GATHERS, BLOCKS, batch_extent, read_shape, spatial_extents, symbols_of, with_vars
 from ..family import OpFamily
@@ -28,7 +29,31 @@ from ..common.spec import CONV2D_LAYOUTS, KernelSpec, Tiling
 
 def _roots() -> list[Root]:
     lhs, rhs = wildcard(), wildcard()
-    return [Root("conv2d", is_op("relax.nn.conv2d")(lhs, rhs), {"lhs": lhs, "rhs": rhs})]
+    padded_lhs, padded_rhs = wildcard(), wildcard()
+    pad = is_op("relax.nn.pad")(padded_lhs)
+    return [Root("conv2d", is_op("relax.nn.conv2d")(lhs, rhs), {"lhs": lhs, "rhs": rhs}),
+            Root("conv2d_pad", is_op("relax.nn.conv2d")(pad, padded_rhs),
+                 {"lhs": padded_lhs, "rhs": padded_rhs, "pad": pad})]
+
+
+def _explicit_padding(annotated: dict, padding: tuple) -> tuple:
+    """(padding, pad_lowest) of a conv2d whose input an explicit pad of the int8 dtype's lowest
+    value (-128) makes larger (conv2d(pad(x, -128)): a QDQ layer whose input zero point is -128,
+    normalise/qdq.py): the DMA's halo holds that value instead (DMA_FILL_LOWEST). Without a pad,
+    `padding` as it is."""
+    if "pad" not in annotated:
+        return padding, False
+    attrs = annotated["pad"].attrs
+    widths = [int(w) for w in attrs.pad_width]
+    dtype = dtype_of(annotated["lhs"])
+    if str(attrs.pad_mode) != "constant" or dtype != "int8" or float(attrs.pad_value) != -128.0 \
+            or len(widths) != 8 or any(widths[:4]) or any(padding):
+        raise UnsupportedOperator(f"conv2d of a pad ({attrs.pad_mode}, value {attrs.pad_value}, widths {widths}) of "
+                                  f"{dtype}: the kernel pads an int8 image's height and width with -128 (its "
+                                  "DMA's lowest-value halo) in a conv2d without padding of its own; the pad runs "
+                                  "on the host")
+    top, bottom, left, right = widths[4:]
+    return (top, left, bottom, right), True
 
 
 def conv2d_spec(name: str, annotated: dict) -> KernelSpec:
@@ -51,7 +76,7 @@ def conv2d_spec(name: str, annotated: dict) -> KernelSpec:
         raise UnsupportedOperator(f"conv2d with groups={groups} on {data_shape[1]} input channels and weights "
                                   f"{weight_shape}: each group must take C / groups input channels")
     padding = tuple(int(p) for p in attrs.padding)
-    padding = padding * 2 if len(padding) == 2 else padding
+    padding, pad_lowest = _explicit_padding(annotated, padding * 2 if len(padding) == 2 else padding)
     # One input channel per output channel: the sliding-window DEPTHWISE kernel, not a GEMM
     # one column wide. (A channel multiplier > 1 runs as a grouped GEMM.)
     op = "depthwise" if 1 < groups == data_shape[1] == weight_shape[0] else "conv2d"
@@ -59,7 +84,7 @@ def conv2d_spec(name: str, annotated: dict) -> KernelSpec:
                       strides=tuple(int(s) for s in attrs.strides), padding=padding,
                       dilation=tuple(int(d) for d in attrs.dilation), groups=groups,
                       data_layout=data_layout, kernel_layout=kernel_layout, out_layout=out_layout,
-                      symbols=symbols_of("lhs", data_symbols) + symbols_of("out", out_symbols), **common)
+                      pad_lowest=pad_lowest, symbols=symbols_of("lhs", data_symbols) + symbols_of("out", out_symbols), **common)
     _check_symbolic_image(spec)
     _check_bias(common["bias_shape"], weight_shape[0], out_layout)
     return with_epilogue_tail(spec, annotated, name)
@@ -132,7 +157,8 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
     w = te.placeholder(spec.rhs_shape, spec.dtype, name="weight")
     pixel, pixel_row = _pixel_order(spec, oh, ow)
     mp = _padded_rows(oh * ow, tiling) if spec.symbolic_image else tiling.mp
-    a_pad = _gather(spec, tiling, lambda b_, c, y, x_: padded(x, data_shape, (b_, c, y, x_)), images, pixel, mp)
+    a_pad = _gather(spec, tiling, lambda b_, c, y, x_: padded(x, data_shape, (b_, c, y, x_), spec.image_fill),
+                    images, pixel, mp)
     if spec.groups > 1:
         b_pad = te.compute((images, kh, kw, tiling.kp, tiling.np), lambda b_, ry, rx, c, f: padded(
             w, spec.rhs_shape, (b_ % spec.groups * per_group + f, c, ry, rx)), name="b_pad")
@@ -181,8 +207,8 @@ def _blocks_compute(spec: KernelSpec, tiling: Tiling):
     top, left, _, _ = spec.padding
     (sh, sw), (dh, dw) = spec.strides, spec.dilation
     a_pad = te.compute((batch, kh, kw, *blocks, tiling.tm, tiling.kp), lambda b_, ry, rx, by, bx, p, c: padded(
-        x, data_shape, (b_, c, (by * ty + p // tx) * sh + ry * dh - top, (bx * tx + p % tx) * sw + rx * dw - left)),
-        name="a_pad")
+        x, data_shape, (b_, c, (by * ty + p // tx) * sh + ry * dh - top, (bx * tx + p % tx) * sw + rx * dw - left),
+        spec.image_fill), name="a_pad")
     b_pad = te.compute((kh, kw, tiling.kp, tiling.np), lambda ry, rx, c, f: padded(
         w, spec.rhs_shape, (f, c, ry, rx)), name="b_pad")
     ry, rx = te.reduce_axis((0, kh), name="ry"), te.reduce_axis((0, kw), name="rx")
@@ -278,7 +304,7 @@ def conv2d_layout_compute(spec: KernelSpec, tiling: Tiling):
 
     def data(b_, c, y, x_):
         n, group = image(b_)
-        return padded(x, data_shape, group_view((n, c, y, x_), spec.data_layout, g, group))
+        return padded(x, data_shape, group_view((n, c, y, x_), spec.data_layout, g, group), spec.image_fill)
 
     a_pad = _gather(spec, tiling, data, images, _pixel_order(spec, oh, ow)[0])
     b_pad = te.compute((images if g > 1 else 1, kh, kw, tiling.kp, tiling.np), lambda b_, ry, rx, c, f: padded(

@@ -63,7 +63,7 @@ def depthwise_compute(spec: KernelSpec, tiling: Tiling):
     x = te.placeholder(data_shape, spec.dtype, name="data")
     w = te.placeholder(weight_shape, spec.dtype, name="weight")
     a_pad = te.compute((n, in_h, in_w, cols), lambda b_, iy, ix, c: padded(
-        x, data_shape, stored((b_, c, iy - top, ix - left), "NCHW", spec.data_layout)), name="a_pad")
+        x, data_shape, stored((b_, c, iy - top, ix - left), "NCHW", spec.data_layout), spec.image_fill), name="a_pad")
     b_pad = te.compute((kh, kw, cols), lambda ry, rx, c: padded(
         w, weight_shape, stored((c, 0, ry, rx), "OIHW", spec.kernel_layout)), name="b_pad")
     acc = te.compute((n, rows, width, cols), lambda b_, y, ox, c: window_sum(

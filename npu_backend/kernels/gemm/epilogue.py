@@ -5,7 +5,7 @@ KernelSpec) and kernel definition (the TE epilogue and the EPILOGUE intrinsic a 
 tensorized onto). A family with `roots` (matmul.py, conv2d.py) gets, for each root, every chain
 
     root [+ bias] [+ residual] [relu | clip]          float32, or int8 x int8 -> int32
-    root [+ bias] [relu] -> requantise to int8        int8 x int8 -> int32 (QDQ layers, qdq.py)
+    root [+ bias [+ residual]] [relu] -> requantise   int8 x int8 -> int32 -> int8 (QDQ layers, qdq.py)
 
 a bias being one value per output channel / column, a residual a tensor of the output's exact
 shape in the accumulator dtype (ResNet's shortcut), clip constant bounds (relu6), and the
@@ -91,9 +91,13 @@ def chain_pattern_graphs(roots: list[Root]) -> list[tuple]:
 def _requant_graphs(roots: list[Root], bias) -> list[tuple]:
     """(ops, name, pattern, annotations, root name) of the int8 chains ending in a requantisation."""
     graphs = []
+    residual = wildcard()
     for root in roots:
-        for suffix, summed, extra, ops in (("", root.pattern, {}, 1),
-                                           ("_bias", is_op("relax.add")(root.pattern, bias), {"bias": bias}, 2)):
+        with_bias = is_op("relax.add")(root.pattern, bias)
+        for suffix, summed, extra, ops in (("", root.pattern, {}, 1), ("_bias", with_bias, {"bias": bias}, 2),
+                                           # a QDQ conv's zero-point padding correction (normalise/qdq_borders.py)
+                                           ("_bias_residual", is_op("relax.add")(with_bias, residual),
+                                            {"bias": bias, "residual": residual}, 3)):
             for act in ("", "_relu"):
                 value = is_op("relax.nn.relu")(summed) if act else summed
                 scale = wildcard()
