@@ -90,14 +90,15 @@ def test_explain_reads_each_kernel_as_the_compiler_does_and_fails_where_it_fails
     assert str(explained.value) in str(compiled.value)  # "[partition] kernel '<symbol>': ..."
 
 
-def test_a_symbolic_reduction_keeps_the_op_on_the_host_and_says_how_to_bind_it():
-    # Symbolic rows run on the NPU (test_dynamic_shapes); a symbolic reduction axis does not.
+def test_a_symbolic_batch_of_two_activations_keeps_the_op_on_the_host_and_says_how_to_bind_it():
+    # Symbolic rows, columns and reductions run on the NPU (test_dynamic_shapes,
+    # test_symbolic_attention); a symbolic batch axis of two batched operands does not.
     n = tirx.Var("n", "int64")
-    mod = relax_module([("x", (4, n), "float32"), ("w", (n, 4), "float32")],
+    mod = relax_module([("x", (n, 4, 8), "float32"), ("w", (n, 8, 4), "float32")],
                        lambda bb, x, w: bb.emit(relax.op.matmul(x, w)))
     (placement,) = npu_backend.explain(mod, "cgra-4x4")
     assert placement.where == "host"
-    assert "symbolic dimension (n)" in placement.reason and "BindSymbolicVars" in placement.reason
+    assert "symbolic dimension n on axis 0" in placement.reason and "BindSymbolicVars" in placement.reason
 
 
 def test_a_conv2d_transpose_on_the_host_counts_its_macs():

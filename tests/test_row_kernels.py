@@ -219,9 +219,20 @@ def test_a_symbolic_sequence_length_is_one_kernel_for_every_size(kind):
 
 def test_a_symbolic_axis_beside_other_rows_stays_on_the_host_with_the_reason():
     s = tvm.tirx.Var("s", "int64")
-    mod = _module([("x", (2, s, 8))], lambda bb, x: relax.op.nn.softmax(x))
+    mod = _module([("x", (2, s, 8)), ("w", (8,))], lambda bb, x, w: relax.op.nn.rms_norm(x, w, axes=[-1]))
     (placement,) = npu_backend.explain(mod, "cgra-8x8", dims={"s": 4})
     assert placement.where == "host" and "one symbolic axis" in placement.reason
+
+
+def test_a_softmax_takes_a_symbolic_axis_beside_other_rows():
+    """(2, s, 8): its 2 s rows in tiles, the last one cut (attention's (1, H, s, s) scores are
+    tests/test_symbolic_attention.py's)."""
+    s = tvm.tirx.Var("s", "int64")
+    mod = _module([("x", (2, s, 8))], lambda bb, x: relax.op.nn.softmax(x))
+    _on_npu(mod)
+    for n in (1, 5, 40):
+        x = np.random.default_rng(n).standard_normal((2, n, 8)).astype(np.float32)
+        np.testing.assert_allclose(_run(mod, [x]), _softmax64(x), rtol=4e-6, atol=1e-7)
 
 
 def test_a_vocabulary_sized_softmax_keeps_its_sum_accurate_by_blocks():

@@ -152,6 +152,7 @@ class BodyLowering:
         parts = [p.value if isinstance(p, tvm.ir.StringImm) else str(p)
                  for p in stmt.message_parts]
         message = f"cgra kernel '{self.state.kernel}': " + "".join(parts)
-        self.state.set_error(str(stmt.kind.value), self.state.mb.cstring(message))
+        kind = stmt.error_kind if hasattr(stmt, "error_kind") else stmt.kind  # TVM 0.27 names it error_kind
+        self.state.set_error(str(kind.value), self.state.mb.cstring(message))
         self.b.branch(self.state.fail_block)
         self.b.position_at_end(ok)

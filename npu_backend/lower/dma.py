@@ -55,7 +55,11 @@ def _rewrite(stmt, domains):
         nest, body = _perfect_nest(stmt)
         copy = _as_copy(body)
         if copy is not None:
-            return _lower_nest(nest, copy, domains)
+            widened = [_whole_tile(loop) for loop in nest]
+            for loop, guard in widened:
+                if guard is not None:
+                    copy = dataclasses.replace(copy, guard=guard if copy.guard is None else tirx.And(copy.guard, guard))
+            return _lower_nest([loop for loop, _ in widened], copy, domains)
         inner = dict(domains)
         inner[stmt.loop_var] = ir.Range.from_min_extent(stmt.min, stmt.extent)
         return _with_body(stmt, _rewrite(stmt.body, inner))
@@ -67,6 +71,20 @@ def _rewrite(stmt, domains):
     if isinstance(stmt, tirx.BufferStore) and _as_copy(stmt) is not None:
         return _lower_nest([], _as_copy(stmt), domains)
     return stmt
+
+
+def _whole_tile(loop):
+    """(loop, guard): a copy loop of extent min(T, e) (the store of a row of symbolic length e
+    held in a tile of T columns, rows.py) as the tile's T, guarded by `loop < e`: the box's halo
+    drops what lies past the tensor, and lower/ragged.py cuts the box to the tensor's extent."""
+    extent = loop.extent
+    if isinstance(extent, tirx.Min):
+        tile, rest = (extent.a, extent.b) if isinstance(extent.a, tirx.IntImm) else (extent.b, extent.a)
+        if isinstance(tile, tirx.IntImm):
+            widened = tirx.For(loop.loop_var, loop.min, tile, loop.kind, loop.body, loop.thread_binding,
+                               loop.annotations)
+            return widened, loop.loop_var - loop.min < rest
+    return loop, None
 
 
 def _with_body(loop, body):

@@ -21,12 +21,14 @@ scratchpad buffers stay tile-sized; only the commands shrink.
 from __future__ import annotations
 
 from tvm import ir, sym, tirx
+from tvm.ir import StringImm as tvm_string
+from tvm.tirx import _ffi_api as _tirx_api
 
 from cgra_codegen import device_call_positions
 from cgra_sim.isa import BOX_DIMS
 
 from ..errors import ScheduleError
-from ..kernels.common.dynamic import BLOCKS, CUT_LOOP, CUT_PARAMS, GATHERS, TILE_OF
+from ..kernels.common.dynamic import BLOCKS, BOUNDED, CUT_EXTENTS, CUT_LOOP, CUT_PARAMS, GATHERS, TILE_OF
 
 _CALL_EXTERN = "tirx.call_extern"
 #: Device call -> its parameter that counts the tile's rows (the tile loop's axis).
@@ -50,7 +52,26 @@ def cut_ragged_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     cutter = _Cutter(gathers, None if cut_params is None else {str(k): _names(v) for k, v in cut_params.items()},
                      int(attrs.get(BLOCKS, 0)),
                      {str(param.name): list(param.ty.shape) for param in func.params if hasattr(param.ty, "shape")})
-    return func.with_body(cutter.stmt(func.body, None))
+    dims = {extent.name: extent for param in func.params if hasattr(param.ty, "shape")
+            for extent in param.ty.shape if isinstance(extent, tirx.Var)}
+    cutter.extents = {str(call): [(str(param), int(tile), dims[str(name)]) for param, tile, name in cuts]
+                      for call, cuts in attrs.get(CUT_EXTENTS, {}).items()}
+    body = cutter.stmt(func.body, None)
+    checks = [_bound_check(dims[str(name)], int(bound), str(what)) for name, bound, what in attrs.get(BOUNDED, [])]
+    return func.with_body(tirx.SeqStmt([*checks, body]) if checks else body)
+
+
+def _bound_check(var, bound: int, what: str):
+    """A ValueError at run time when symbolic dimension `var` exceeds `bound` (BOUNDED)."""
+    name = var.name
+    how = (f"torch.export.Dim('{name}', max=...), npu_backend.compile(..., shape_bounds={{'{name}': ...}}) or the "
+           "function's tir_var_upper_bound") if name.isidentifier() else \
+        "torch.export.Dim(max=...), npu_backend.compile(..., shape_bounds=...) or the function's tir_var_upper_bound"
+    message = (f"{what} of symbolic length {name} past its bound {bound}: the kernel holds up to {bound} in "
+               f"the scratchpad and would write past it; compile with a larger bound ({how})")
+    # TVM 0.27's tirx.AssertStmt passes its arguments to the constructor in the wrong order.
+    return _tirx_api.AssertStmt(var <= tirx.IntImm(str(var.ty), bound), tvm_string("ValueError"),
+                                [tvm_string(message)], None)
 
 
 def _names(value):
@@ -98,6 +119,7 @@ class _Cutter:
         # block rows and block columns; a cut block's commands compute valid rows x valid
         # columns GEMM rows, its pixels packed row by row (_pack_block).
         self.block_columns = block_columns
+        self.extents = {}  # device call -> [(parameter, tile, variable)]: CUT_EXTENTS
 
     def stmt(self, stmt, rows, levels=()):
         """`stmt` with its calls cut; `rows` = (tile size, valid rows of this tile) inside a
@@ -150,6 +172,11 @@ class _Cutter:
                 size, valid = level
                 if isinstance(args[position], tirx.IntImm) and int(args[position].value) == size:
                     args[position] = valid.astype(str(args[position].ty))
+        for param, tile, var in self.extents.get(name, ()):
+            (position,) = device_call_positions(name)[param]
+            if isinstance(args[position], tirx.IntImm) and int(args[position].value) == tile:
+                kind = str(args[position].ty)
+                args[position] = tirx.min(tirx.IntImm(kind, tile), var.astype(kind))
         return ir.Call(call.op, args, call.attrs, call.ty_args, call.span, call.ty)
 
     def _cut_box(self, name: str, args, rows, levels=()) -> None:

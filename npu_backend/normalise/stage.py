@@ -38,6 +38,7 @@ from .rotations import rotations_pass
 from .scalars import scalar_operands_pass
 from .softmaxes import safe_softmaxes_pass
 from .sums import sums_as_adds_pass
+from .symbolic_rows import symbolic_rows_pass
 
 
 def normalise(mod, arch, options):
@@ -116,6 +117,9 @@ def normalise_passes(arch=None) -> list:
         masks_pass,
         # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast (scalars.py).
         scalar_operands_pass,
+        # An elementwise op on a (1, s, C) activation on its (s, C) rows: the kernels' symbolic
+        # axis 0 (symbolic_rows.py).
+        symbolic_rows_pass,
         # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip
         # with constant bounds, as PyTorch's relu6 already is, so the epilogue can fuse them.
         canonicalize_clips_pass(),

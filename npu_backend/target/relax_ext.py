@@ -37,6 +37,7 @@ from ..frontend.provenance import NODE_JOIN, SOURCE_NODES_ATTR
 from ..kernels import offloaded_spec
 from ..kernels.common.dynamic import shape_bounds
 from ..kernels.common.operands import check_views
+from ..kernels.gemm.symbolic_matmul import symbolic_reduction
 from ..kernels.registry import family_of, kernel_builder_of, packaged, schedule_of
 from ..partition.call_tir import wrapped_call
 from ..partition.composite import composite_name
@@ -134,6 +135,8 @@ def macs_per_output(spec) -> tuple[int, int]:
     it by each launch's output size): an integer for one operator, a fraction for a fused kernel
     (a depthwise conv2d + 1x1 conv2d: C (9 + F) / F); -1 for a user's own kernel, whose work only
     its commands tell."""
+    if symbolic_reduction(spec):  # MACs per output vary with the length: the cut commands count them
+        return -1, 1
     macs = spec.macs
     if not macs:  # None (unknown) or 0 (pools, elementwise)
         return (-1 if macs is None else 0), 1

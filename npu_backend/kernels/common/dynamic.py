@@ -60,6 +60,15 @@ CUT_LOOP = "cgra.cut_level"
 #: rows: ceildiv((h - 1) // 2 + 1, 8) reads (h - 1) // 16 + 1, the tile no longer visible).
 TILE_OF = "cgra.tile_of"
 
+#: PrimFunc attribute: {device call: [[parameter, tile, variable name], ...]}: a command whose
+#: `parameter` is `tile` computes min(tile, variable) instead (lower/ragged.py): a symbolic axis
+#: held whole in one tile as wide as its bound, not tiled (a softmax's row of symbolic length).
+CUT_EXTENTS = "cgra.cut_extents"
+#: PrimFunc attribute: [[variable name, bound, what], ...]: the kernel holds that symbolic axis
+#: whole up to its bound; lowering makes a longer one a ValueError at run time that names the
+#: bound and how to raise it (lower/ragged.py), before any command is recorded.
+BOUNDED = "cgra.bounded"
+
 _BOUNDS: contextvars.ContextVar = contextvars.ContextVar("cgra_shape_bounds", default={})
 _VARS: dict = {}  # name -> the kernel-side TIR variable (one object per name, int32)
 

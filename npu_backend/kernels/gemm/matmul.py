@@ -22,6 +22,7 @@ from ...relax_info import shape_dims
 from ..common.dynamic import caller_dims, read_shape, symbols_of
 from ..family import OpFamily
 from .gemm import choose_gemm_tiling, schedule_gemm
+from .symbolic_matmul import has_symbolic_operand, is_symbolic_matmul, symbolic_matmul_compute, symbolic_matmul_spec
 from ..common.operands import kernel_prim_func, padded
 from ..common.spec import KernelSpec, Tiling
 
@@ -36,6 +37,10 @@ def _roots() -> list[Root]:
 def matmul_spec(name: str, annotated: dict) -> KernelSpec:
     """The kernel a matched matmul chain becomes; raises UnsupportedOperator with the reason."""
     common = epilogue_fields("matmul", annotated)
+    if has_symbolic_operand(annotated):  # two activations of symbolic lengths (attention's Q Kᵀ, P V)
+        if "residual" in annotated or "n1" in annotated:
+            raise UnsupportedOperator("an add or chain after a matmul with a symbolic right operand runs on its own")
+        return with_epilogue_tail(symbolic_matmul_spec(annotated, annotated.get("permute"), common), annotated, name)
     # The rows may be symbolic (one kernel for every number of rows, dynamic.py): a 2-D
     # matmul's, and with shared 2-D weights every leading axis of the left operand.
     rhs_shape = static_shape(annotated["rhs"], "right operand")
@@ -118,7 +123,10 @@ def _broadcast(a: tuple, b: tuple) -> tuple:
 
 
 def matmul_compute(spec: KernelSpec, tiling: Tiling):
-    """The kernel's PrimFunc: a 2-D GEMM, or `batch_matmul_compute` for a batch of them."""
+    """The kernel's PrimFunc: a 2-D GEMM, or `batch_matmul_compute` for a batch of them
+    (`symbolic_matmul_compute` when the right operand or the reduction is symbolic)."""
+    if is_symbolic_matmul(spec):
+        return symbolic_matmul_compute(spec, tiling)
     if spec.batch > 1:
         return batch_matmul_compute(spec, tiling)
     m, n, _ = spec.gemm_extents

@@ -41,7 +41,8 @@ def reduce_spec(name: str, annotated: dict) -> RowSpec:
     """The RowSpec of a sum, mean or max over the last axis (axis None: of a vector)."""
     kind = name.removeprefix("cgra.row_")
     x, root = annotated["lhs"], annotated["root"]
-    shape, rows, cols, symbols = read_rows(x, kind)
+    # A sum or max over a row of symbolic length too (a mask's rows); a mean's 1 / n is static.
+    shape, rows, cols, symbols = read_rows(x, kind, symbolic_row=kind != "mean")
     if root.attrs.axis is None:
         if len(shape) != 1:
             raise UnsupportedOperator(f"{kind} over all axes: the NPU's row kernels reduce the last axis only")

@@ -9,6 +9,11 @@ kernel loads x (and the row vectors) by DMA, runs the steps in order, every inte
 scratchpad (one copy each: only the loads and the result are double-buffered), and stores the
 result: one pass over DRAM. A row must fit the scratchpad with the
 steps' intermediates (a longer row stays on the host, saying so).
+
+A row of symbolic length (a softmax's, a sum's or a max's: `read_rows(symbolic_row=True)`) is held
+whole in a tile as wide as its bound; every command as wide as the tile is cut to the length at
+run time (CUT_EXTENTS), the store's loop is the tile's with the halo dropping what lies past the
+tensor (lower/dma.py), and a length past the bound is a ValueError before any command (BOUNDED).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from cgra_sim.arch import HardwareDescription
 
 from ...errors import ScratchpadTooSmall, UnsupportedOperator
 from ...relax_info import dtype_of, shape_dims
-from ..common.dynamic import CUT_PARAMS, dim_var, read_shape, with_vars
+from ..common.dynamic import BOUNDED, CUT_EXTENTS, CUT_PARAMS, dim_var, read_shape, with_vars
 from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.row_ops import reducer, reduce_start, vfunc_value
 from ..intrinsics.vector_unit import eltwise_value
@@ -71,19 +76,36 @@ class RowSpec:
     acc_dtype = F32
     macs = 0
 
+    @property
+    def symbolic_row(self) -> bool:
+        """Whether the row (the last axis) has a symbolic length: held whole in a tile as wide as
+        its bound, the commands cut to it (`row_compute`)."""
+        return any(axis == len(self.shape) - 1 for axis, _ in self.symbols)
 
-def read_rows(x, what: str) -> tuple:
+    @property
+    def unchecked_schedule(self) -> bool:
+        """Whether TVM's schedule checks cannot prove the tiles cover the rows: a row of symbolic
+        length, or rows that are a variable times static axes (kernels/stage.py)."""
+        leading = [axis for axis, _ in self.symbols if axis < len(self.shape) - 1]
+        return self.symbolic_row or any(math.prod(self.shape[:-1]) != self.shape[axis] for axis in leading)
+
+
+def read_rows(x, what: str, symbolic_row: bool = False) -> tuple:
     """(shape, rows, cols, symbols) of a float32 operand reduced or normalised along its last
-    axis, symbolic leading axes at their bounds and named in `symbols` ((axis, variable), ...);
-    raises UnsupportedOperator saying why it stays on the host."""
+    axis, symbolic axes at their bounds and named in `symbols` ((axis, variable), ...): one
+    leading axis (the rows: its product with the static ones), and with `symbolic_row` the last
+    (a row of symbolic length, held whole in a tile as wide as its bound: `row_compute`); raises
+    UnsupportedOperator saying why it stays on the host."""
     if dtype_of(x) != F32:
         raise UnsupportedOperator(f"{what} on {dtype_of(x) or 'an unknown dtype'}: the vector unit's REDUCE "
                                   "and VFUNC compute float32")
     dims = shape_dims(x) or ()
-    shape, names = read_shape(x, "operand", symbolic_axes=range(len(dims) - 1), prefix=f"{what}: ")
+    axes = range(len(dims)) if symbolic_row and len(dims) > 1 else range(len(dims) - 1)
+    shape, names = read_shape(x, "operand", symbolic_axes=axes, prefix=f"{what}: ", expressions=symbolic_row)
     if not 1 <= len(shape) <= MAX_RANK:
         raise UnsupportedOperator(f"{what} of rank {len(shape)}: the NPU's DMA moves tensors of rank 1..{MAX_RANK}")
-    if len(names) > 1 or (names and math.prod(shape[:-1]) != shape[min(names)]):
+    leading = [axis for axis in names if axis < len(shape) - 1]
+    if len(leading) > 1 or (leading and not symbolic_row and math.prod(shape[:-1]) != shape[leading[0]]):
         raise UnsupportedOperator(f"{what} of shape {tuple(dims)}: its row kernel takes one symbolic axis as its "
                                   "rows, the other leading axes 1 (bind the other sizes)")
     cols = shape[-1]
@@ -123,12 +145,14 @@ def row_compute(spec, tiling: Tiling, steps, out_shape: tuple):
         return long_compute(spec, tiling, steps, _shapes(steps, spec.row_roles), out_shape, _stage, _row_load)
     rows, cols, mp = spec.rows, spec.cols, tiling.mp
     names = dict(spec.symbols)
-    if names:  # a symbolic row count: tiles of tm rows up to it, the last one cut (lower/ragged.py)
+    row_name = names.get(len(spec.shape) - 1)
+    width_of = dim_var(row_name) if row_name is not None else cols  # x's columns: a row of symbolic length
+    if set(names) - {len(spec.shape) - 1}:  # a symbolic row count: tiles of tm rows, the last one cut (ragged.py)
         rows = math.prod(dim_var(names[axis]) if axis in names else extent
                          for axis, extent in enumerate(spec.shape[:-1]))
         mp = tirx.ceildiv(rows, tiling.tm) * tiling.tm
-    x = te.placeholder((rows, cols), F32, name="lhs")
-    inputs, tensors = {"lhs": x}, {"x": te.compute((mp, cols), lambda i, j: padded(x, (rows, cols), (i, j)),
+    x = te.placeholder((rows, width_of), F32, name="lhs")
+    inputs, tensors = {"lhs": x}, {"x": te.compute((mp, cols), lambda i, j: padded(x, (rows, width_of), (i, j)),
                                                    name="a_pad")}
     for role in spec.row_roles:
         inputs[role] = te.placeholder((cols,), F32, name=role)
@@ -137,15 +161,21 @@ def row_compute(spec, tiling: Tiling, steps, out_shape: tuple):
     for step in steps:
         tensors[step.name] = _stage(step, tensors, kinds, mp, cols)
     last = tensors[steps[-1].name]
-    width = cols if kinds[steps[-1].name] == "full" else 1
-    out = te.compute((rows, width), lambda i, j: last[i, j], name="out")
+    full = kinds[steps[-1].name] == "full"
+    out = te.compute((rows, width_of if full else 1), lambda i, j: last[i, j], name="out")
     views = {"lhs": with_vars(spec.shape, names)} if spec.shape != (spec.rows, cols) or names else {}
-    if out_shape != (spec.rows, width) or names:
-        views["out"] = with_vars(out_shape, names)
+    if out_shape != (spec.rows, cols if full else 1) or names:
+        views["out"] = with_vars(out_shape, names if full else {a: n for a, n in names.items() if a < len(spec.shape) - 1})
     func = prim_func(spec.param_roles, inputs, out, views or None, spec.shape_args)
     func = func.with_attr(SINGLE_BUFFERED, [step.name for step in steps[:-1]])
-    return func.with_attr(CUT_PARAMS, {call: "rows" for call in ("cgra_fill", "cgra_eltwise", "cgra_reduce",
-                                                                  "cgra_vfunc")}) if names else func
+    if row_name is not None:  # every command as wide as the row computes its s columns (ragged.py)
+        calls = ("cgra_eltwise", "cgra_reduce", "cgra_vfunc", "cgra_fill")
+        func = func.with_attr(CUT_EXTENTS, {call: [["cols", cols, row_name]] for call in calls})
+        func = func.with_attr(BOUNDED, [[row_name, cols, spec.kind]])
+    if set(names) - {len(spec.shape) - 1}:
+        func = func.with_attr(CUT_PARAMS, {call: "rows" for call in ("cgra_fill", "cgra_eltwise", "cgra_reduce",
+                                                                      "cgra_vfunc")})
+    return func
 
 
 def _element(func: str, value):
@@ -253,10 +283,18 @@ def schedule_rows(sch, spec, tiling: Tiling, steps) -> None:
     if tiling.tn < spec.cols:
         schedule_long(sch, spec, tiling, steps, kinds)
         return
-    out = sch.get_sblock("out")
-    rows, _ = sch.get_loops(out)
-    outer, _ = sch.split(rows, [None, tiling.tm])
     names = ["a_pad", *(f"{role}_pad" for role in spec.row_roles), *(s.name for s in steps)]
+    if getattr(spec, "symbolic_row", False) and kinds[steps[-1].name] == "full":
+        # A row of symbolic length: the last step's whole-width tile is the anchor (the store
+        # reads only s of its columns, which would make every step's loops s wide).
+        anchor = sch.get_sblock(steps[-1].name)
+        outer, _ = sch.split(sch.get_loops(anchor)[0], [None, tiling.tm])
+        sch.reverse_compute_at(sch.get_sblock("out"), outer)
+        sch.set_scope(anchor, 0, SPAD)
+        names = names[:-1]
+    else:
+        rows, _ = sch.get_loops(sch.get_sblock("out"))
+        outer, _ = sch.split(rows, [None, tiling.tm])
     for name in reversed(names):
         block = sch.get_sblock(name)
         sch.compute_at(block, outer)

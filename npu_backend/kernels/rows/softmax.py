@@ -2,8 +2,8 @@
 
 Stage: partition (its pattern and spec), kernel definition, tiling and schedule. Input: a Relax
 `nn.softmax` of a float32 tensor of rank 1..4 over its last axis, static or with one symbolic
-leading axis as the rows (rows.py; the normalise rewrites turn torch SDPA's safe-softmax
-plumbing into it). Per tile of whole rows (rows.py): REDUCE max, ELTWISE x - max (the column
+leading axis among the rows and a row of symbolic length (attention's (1, H, s, s) scores: rows.py;
+the normalise rewrites turn torch SDPA's safe-softmax plumbing into it). Per tile of whole rows (rows.py): REDUCE max, ELTWISE x - max (the column
 broadcast), VFUNC exp, REDUCE sum, VFUNC reciprocal of the column, ELTWISE multiply:
 max-subtracted, so no exp overflows; a masked -inf entry gives exp(-inf) = 0 exactly; a row
 that is all -inf gives NaN, as PyTorch's softmax does. Measured within 2e-6 relative of float64
@@ -38,7 +38,7 @@ def _patterns() -> list:
 def softmax_spec(name: str, annotated: dict) -> RowSpec:
     """The RowSpec of a softmax over the last axis; raises UnsupportedOperator saying why not."""
     x, root = annotated["lhs"], annotated["root"]
-    shape, rows, cols, symbols = read_rows(x, "softmax")
+    shape, rows, cols, symbols = read_rows(x, "softmax", symbolic_row=True)
     last_axis(int(root.attrs.axis), len(shape), "softmax")
     if cols < 1:
         raise UnsupportedOperator("softmax of an empty row")

@@ -1,0 +1,71 @@
+"""Prefill of a Llama-style decoder compiled once for every length against compiled for one.
+
+The decoder is tests/transformer_models.py's `llama` (Hugging Face's LlamaModel, hidden 64, 2
+layers, 4 heads, 2 KV heads, random weights) given `input_ids` alone and exported with
+`torch.export.Dim("s", min=2, max=BOUND)`. Per length: the NPU's share of the model's MACs
+(`explain` at that length), the cycles of the symbolic compile (NPU + the host operators'
+modelled cycles) over those of a compile for exactly that length, the NPU and host cycles of each,
+and the largest difference to PyTorch relative to PyTorch's largest output.
+
+    python benchmarks/bench_prefill.py [--arch cgra-8x8] [--bound 2048] [--lengths 16 128]
+
+Needs torch and transformers (`pip install -e ".[hf]"`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the builders are test-side
+
+
+def _run(vm, ids):
+    import tvm
+
+    import npu_backend
+
+    with npu_backend.profile() as prof:
+        out = vm["main"](tvm.runtime.tensor(ids.numpy()))
+    return prof, (out[0] if not hasattr(out, "numpy") else out).numpy()
+
+
+def main(argv=None) -> None:
+    """Print one row per length."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="cgra-8x8")
+    parser.add_argument("--bound", type=int, default=2048)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[16, 128])
+    args = parser.parse_args(argv)
+    import numpy as np
+    import torch
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.torch import from_exported_program
+
+    import npu_backend
+    from test_symbolic_exports import _export
+
+    model, mod = _export("llama", args.bound)
+    (length,) = relax.analysis.defined_symbolic_vars(mod["main"])
+    symbolic = relax.VirtualMachine(npu_backend.compile(mod, args.arch), tvm.cpu())
+    print(f"{'tokens':>6} {'NPU MACs':>9} {'sym/static':>10} {'sym NPU':>10} {'sym host':>10} "
+          f"{'static NPU':>10} {'static host':>11} {'error':>8}")
+    for n in args.lengths:
+        share = npu_backend.npu_mac_fraction(npu_backend.explain(mod, args.arch, dims={length.name: n}))
+        ids = torch.randint(0, 100, (1, n), generator=torch.Generator().manual_seed(n))
+        with torch.no_grad():
+            expected = model(ids).numpy()
+        fixed = relax.VirtualMachine(npu_backend.compile(
+            from_exported_program(torch.export.export(model, (ids,))), args.arch), tvm.cpu())
+        (sym, out), (static, _) = _run(symbolic, ids), _run(fixed, ids)
+        ratio = (sym.total_cycles + sym.host_cycles) / (static.total_cycles + static.host_cycles)
+        error = float(np.abs(out - expected).max() / np.abs(expected).max())
+        print(f"{n:>6} {share:>9.4%} {ratio:>10.3f} {sym.total_cycles:>10} {sym.host_cycles:>10} "
+              f"{static.total_cycles:>10} {static.host_cycles:>11} {error:>8.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

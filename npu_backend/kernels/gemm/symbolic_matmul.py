@@ -1,0 +1,152 @@
+"""A matmul of two activations with symbolic lengths: attention's Q Kᵀ and P V over a sequence.
+
+Stage: partition (the spec, from matmul.py's reader) and kernel definition (the TE compute);
+tiling and schedule are the GEMM's (gemm.py). The right operand is an activation whose last two
+axes may be symbolic (a key length, a query length), so the GEMM's rows M, columns N and
+reduction K may each be a variable: Q (B, s, d) @ Kᵀ (B, d, s) has M = N = s, P (B, s, s) @ V
+(B, s, d) has M = K = s, a decode step's q (B, 1, d) @ Kᵀ (B, d, t) has N = t. The batch axes (the
+heads) are static and equal in both operands; they are the outer images loop of
+batch_matmul_compute's kernel.
+
+Every symbolic extent is padded to whole tiles of the tiling chosen at its bound (dynamic.py);
+the tile loops over the rows, columns and reduction of a symbolic axis are cut in their last
+tile (lower/ragged.py, one CUT_PARAMS entry per tile loop level): the GEMM's m, n and k, the
+FILL's and the EPILOGUE's rows and columns, every DMA box to the tensor's extent. A tile of
+the reduction cut to k columns leaves the rest of the A and B tiles unwritten, which the GEMM,
+cut to k, never reads. The profile counts a symbolic reduction's MACs from the commands
+(`symbolic_reduction`: macs_per_output -1), which the cut makes exact.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm import te, tirx
+
+from ...errors import UnsupportedOperator
+from ...relax_info import shape_dims
+from ..common.dynamic import CUT_PARAMS, dim_var, read_shape, symbols_of
+from ..common.operands import kernel_prim_func, padded
+from ..common.spec import KernelSpec, Tiling
+from .epilogue import epilogue_compute, epilogue_operands
+
+
+def has_symbolic_operand(annotated: dict) -> bool:
+    """Whether the matmul's right operand, or its left operand's reduction axis, is symbolic:
+    the case this module takes (a symbolic left operand's rows alone are matmul.py's)."""
+    lhs, rhs = shape_dims(annotated["lhs"]), shape_dims(annotated["rhs"])
+    if lhs is None or rhs is None:
+        return False
+    return any(not isinstance(d, int) for d in rhs) or (len(lhs) > 0 and not isinstance(lhs[-1], int))
+
+
+def symbolic_matmul_spec(annotated: dict, permute, common: dict) -> KernelSpec:
+    """The spec of a matmul whose operands are activations with symbolic last axes; raises
+    UnsupportedOperator saying what stays on the host."""
+    lhs_dims, rhs_dims = shape_dims(annotated["lhs"]), shape_dims(annotated["rhs"])
+    rank = len(lhs_dims)
+    if len(rhs_dims) != rank or not 2 <= rank <= 4:
+        raise UnsupportedOperator(f"matmul of rank {rank} x {len(rhs_dims)} with a symbolic right operand: the NPU "
+                                  "kernel takes operands of one rank (2 to 4) with equal batch axes")
+    # A length may be an expression of a variable (a KV cache grown by the new token: t + 1); the
+    # kernel binds a variable of its own from the tensor (dynamic.read_shape).
+    lhs_shape, lhs_names = read_shape(annotated["lhs"], "left operand", symbolic_axes=(-2, -1), expressions=True)
+    rhs_shape, rhs_names = read_shape(annotated["rhs"], "right operand", symbolic_axes=(-2, -1), expressions=True)
+    if lhs_shape[:-2] != rhs_shape[:-2]:
+        raise UnsupportedOperator(f"matmul of {_text(lhs_dims)} x {_text(rhs_dims)}: with a symbolic right operand "
+                                  "the NPU kernel takes equal batch axes (broadcast them first)")
+    transposed = permute is not None
+    if transposed:
+        axes = permute.attrs.axes
+        expected = list(range(rank - 2)) + [rank - 1, rank - 2]
+        if axes is not None and [int(a) for a in axes] != expected:
+            raise UnsupportedOperator(f"permute_dims with axes {[int(a) for a in axes]} before matmul is not a "
+                                      f"transpose of the last two axes ({expected})")
+    k_axis, n_axis = (rank - 1, rank - 2) if transposed else (rank - 2, rank - 1)
+    if lhs_names.get(rank - 1) != rhs_names.get(k_axis):
+        raise UnsupportedOperator(f"matmul of {_text(lhs_dims)} x {_text(rhs_dims)}: the reduction axes differ")
+    if common["bias_shape"] is not None:
+        raise UnsupportedOperator("a bias after a matmul with a symbolic right operand runs on its own")
+    batch = math.prod(lhs_shape[:-2])
+    m, k = lhs_shape[-2:]
+    n = rhs_shape[n_axis]
+    kernel = {"lhs": (batch, m, k), "rhs": (batch,) + tuple(rhs_shape[-2:]), "out": (batch, m, n)}
+    out_shape = tuple(lhs_shape[:-2]) + (m, n)
+    caller = tuple((role, stored) for role, stored in (("lhs", lhs_shape), ("rhs", rhs_shape), ("out", out_shape))
+                   if tuple(stored) != kernel[role])
+    out_names = {axis: name for axis, name in ((rank - 2, lhs_names.get(rank - 2)), (rank - 1, rhs_names.get(n_axis)))
+                 if name is not None}
+    symbols = symbols_of("lhs", lhs_names) + symbols_of("rhs", rhs_names) + symbols_of("out", out_names)
+    return KernelSpec("matmul", lhs_shape=kernel["lhs"], rhs_shape=kernel["rhs"], rhs_transposed=transposed,
+                      batch=batch, caller_shapes=caller, symbols=symbols, **common)
+
+
+def _text(dims) -> str:
+    return "(" + ", ".join(str(d) for d in dims) + ")"
+
+
+def is_symbolic_matmul(spec: KernelSpec) -> bool:
+    """A matmul spec this module built: its right operand has a symbolic axis, or its left
+    operand's reduction axis is symbolic."""
+    return spec.op == "matmul" and (bool(spec.symbolic("rhs")) or symbolic_reduction(spec))
+
+
+def symbolic_reduction(spec) -> bool:
+    """Whether a matmul's reduction axis (the left operand's last) is symbolic."""
+    if getattr(spec, "op", None) != "matmul" or not spec.symbols:
+        return False
+    rank = len(dict(spec.caller_shapes).get("lhs", spec.lhs_shape))
+    return (rank - 1) in spec.symbolic("lhs")
+
+
+def _axis_names(spec: KernelSpec) -> tuple:
+    """The variable names (None: static) of the GEMM's rows, columns and reduction."""
+    lhs_rank = len(dict(spec.caller_shapes).get("lhs", spec.lhs_shape))
+    out_rank = len(dict(spec.caller_shapes).get("out", spec.output_shape))
+    lhs, out = spec.symbolic("lhs"), spec.symbolic("out")
+    return lhs.get(lhs_rank - 2), out.get(out_rank - 1), lhs.get(lhs_rank - 1)
+
+
+def _extent(name, static: int):
+    return dim_var(name) if name is not None else static
+
+
+def _padded(name, tile: int, padded_static: int):
+    return tirx.ceildiv(dim_var(name), tile) * tile if name is not None else padded_static
+
+
+def symbolic_matmul_compute(spec: KernelSpec, tiling: Tiling):
+    """C[b] = act(A[b] @ B[b]) for b < batch over tiles padded from the symbolic extents, and
+    the commands each symbolic tile loop cuts in its last tile (CUT_PARAMS)."""
+    m_name, n_name, k_name = _axis_names(spec)
+    m0, n0, k0 = spec.gemm_extents
+    m, n, k = _extent(m_name, m0), _extent(n_name, n0), _extent(k_name, k0)
+    mp, np_, kp = (_padded(m_name, tiling.tm, tiling.mp), _padded(n_name, tiling.tn, tiling.np),
+                   _padded(k_name, tiling.tk, tiling.kp))
+    batch = spec.batch
+    lhs_shape = (batch, m, k)
+    rhs_shape = (batch, n, k) if spec.rhs_transposed else (batch, k, n)
+    a = te.placeholder(lhs_shape, spec.dtype, name="lhs")
+    b = te.placeholder(rhs_shape, spec.dtype, name="rhs")
+    a_pad = te.compute((batch, mp, kp), lambda b_, i, r: padded(a, lhs_shape, (b_, i, r)), name="a_pad")
+    b_pad = te.compute((batch, kp, np_), lambda b_, r, j: padded(
+        b, rhs_shape, (b_, j, r) if spec.rhs_transposed else (b_, r, j)), name="b_pad")
+    r = te.reduce_axis((0, kp), name="r")
+    acc = te.compute((batch, mp, np_), lambda b_, i, j: te.sum(
+        a_pad[b_, i, r].astype(spec.acc_dtype) * b_pad[b_, r, j].astype(spec.acc_dtype), axis=r), name="acc")
+    operands = epilogue_operands(spec, (batch, m, n))
+    epi = epilogue_compute(spec, acc, tiling, operands)
+    out = te.compute((batch, m, n), lambda b_, i, j: epi[b_, i, j], name="out")
+    func = kernel_prim_func(spec, {"lhs": a, "rhs": b, **operands}, out)
+    return func.with_attr(CUT_PARAMS, cut_params(m_name, n_name, k_name))
+
+
+def cut_params(m_name, n_name, k_name) -> dict:
+    """CUT_PARAMS of the kernel: per device call, the parameter each symbolic tile loop (rows,
+    columns, reduction, outermost first, the static ones absent) cuts ("": not cut by it)."""
+    levels = [level for level, name in zip("mnk", (m_name, n_name, k_name)) if name is not None]
+    per_call = {"cgra_gemm": {"m": "m", "n": "n", "k": "k"}, "cgra_fill": {"m": "rows", "n": "cols"},
+                "cgra_epilogue": {"m": "m", "n": "n"}}
+    # FILL and EPILOGUE run per output tile, outside the reduction's tile loop.
+    return {call: [params[level] for level in levels if level in params]
+            for call, params in per_call.items()}

@@ -1,0 +1,157 @@
+"""An elementwise op on a (1, s, C) activation as the same op on its (s, C) rows.
+
+Stage: normalise (before partition). In: a Relax IRModule. Out: the same module in which every
+elementwise op (add, subtract, multiply, maximum, minimum; sigmoid, SiLU, relu, exp, tanh, GELU)
+whose output is (1, ..., 1, s, C...), its only symbolic axis `s` after unit axes and followed by
+static ones, computes on its operands reshaped to (s, C...) and is reshaped back. Operands of
+lower rank (a (C,) bias, a (1, C) scale) are left as they are; an operand's view is emitted once,
+and an op reading another rewritten op's result reads that op's (s, C...) result itself, so that
+SiLU's `x * sigmoid(x)` still reads one tensor twice (sigmoid.py's pattern).
+
+An op whose output is (1.., P.., s, C..) with static axes P before the length (RoPE's (1, H, s, d)
+against cos's (1, 1, s, d)) computes on (prod(P), s * prod(C)) views, each operand walking P or
+broadcasting along it (`_flat_views`): the length in the trailing axis, which the kernels also
+take symbolic. An op reading a GEMM's, convolution's or pool's result directly, or an
+elementwise op left as it is, stays as it is: it may be part of that kernel's epilogue (a conv2d's
+relu), which a reshape between them would break.
+
+Why: the NPU's elementwise kernels take a symbolic axis 0 (rows) or trailing symbolic axes
+(kernels/common/views.py); a sequence length after the batch axis of 1 (every transformer's
+(1, s, hidden) residual add, SwiGLU's multiply and sigmoid) was "a symbolic axis after axis 0
+that is not among the last axes" and ran on the host. The reshapes change no memory.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import relax, tirx
+
+from ..relax_info import shape_dims
+from .rewrite import as_pass, rewrite_functions
+
+#: The elementwise ops rewritten (those an NPU family takes with a symbolic axis 0).
+ROW_OPS = ("relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum", "relax.sigmoid",
+           "relax.nn.silu", "relax.nn.relu", "relax.exp", "relax.tanh", "relax.nn.gelu", "relax.nn.gelu_tanh")
+_OPS = {name: tvm.ir.Op.get(name) for name in ROW_OPS}
+#: Ops whose kernels fuse elementwise ops after them (epilogues): an op reading one stays as it is.
+_ROOTS = ("relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.conv1d_transpose",
+          "relax.nn.conv2d_transpose", "relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d")
+
+
+def symbolic_rows(mod: tvm.IRModule) -> tvm.IRModule:
+    """`mod` with every elementwise op over (1, .., 1, s, C..) computed on (s, C..) views."""
+    return rewrite_functions(mod, _RowsRewriter)
+
+
+symbolic_rows_pass = as_pass(symbolic_rows, "cgra.SymbolicRows", ops=ROW_OPS)
+
+
+def _row_axis(dims) -> int | None:
+    """The axis of the only symbolic dimension of `dims` when every axis before it is 1, it is
+    not axis 0 and a static axis follows it; else None."""
+    if dims is None:
+        return None
+    symbolic = [axis for axis, d in enumerate(dims) if not isinstance(d, int)]
+    if len(symbolic) != 1:
+        return None
+    axis = symbolic[0]
+    if axis == 0 or axis == len(dims) - 1 or not isinstance(dims[axis], tirx.Var):
+        return None
+    return axis if all(d == 1 for d in dims[:axis]) else None
+
+
+@relax.expr_functor.mutator
+class _RowsRewriter(relax.PyExprMutator):
+    def __init__(self, mod=None):
+        super().__init__(mod)
+        self.views = {}  # a variable -> its (s, C..) view (a rewritten op's own result, or a reshape)
+
+    def visit_var_binding_(self, binding):
+        value = binding.value
+        if not (isinstance(value, relax.Call) and any(value.op.same_as(op) for op in _OPS.values())):
+            super().visit_var_binding_(binding)
+            return
+        dims = shape_dims(binding.var)
+        axis = _row_axis(dims)
+        args = [self.visit_expr(arg) for arg in value.args]
+        if any(self._after_a_root(arg) for arg in args):  # an epilogue may take it (a conv2d's relu)
+            super().visit_var_binding_(binding)
+            return
+        if axis is not None and all(self._viewable(arg, len(dims), axis) for arg in args):
+            views = [None if len(shape_dims(arg)) < len(dims) else tuple(shape_dims(arg)[axis:]) for arg in args]
+            out_view = tuple(dims[axis:])
+        else:
+            flat = _flat_views(dims, [shape_dims(arg) for arg in args])
+            if flat is None:
+                super().visit_var_binding_(binding)
+                return
+            out_view, views = flat
+        rows = self.builder_.emit(relax.Call(value.op, [self._view(arg, view) for arg, view in zip(args, views)],
+                                             value.attrs, value.ty_args, value.span))
+        back = self.builder_.normalize(relax.op.reshape(rows, relax.ShapeExpr(dims)))
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, back))
+        self.views[(binding.var, _key(out_view))] = rows
+
+    def _after_a_root(self, arg) -> bool:
+        """Whether `arg` is a GEMM's or pool's result, or an elementwise op's left as it is: the
+        op may be part of that kernel's epilogue chain, which a reshape between would break."""
+        value = self.lookup_binding(arg) if isinstance(arg, relax.Var) else None
+        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)):
+            return False
+        return value.op.name in _ROOTS or value.op.name in ROW_OPS
+
+    @staticmethod
+    def _viewable(arg, rank: int, axis: int) -> bool:
+        """An operand of the op's rank (its leading axes 1, as the output's), or a shorter static
+        one that does not reach the unit axes."""
+        dims = shape_dims(arg)
+        if dims is None:
+            return False
+        if len(dims) == rank:
+            return all(d == 1 for d in dims[:axis])
+        return len(dims) <= rank - axis and all(isinstance(d, int) for d in dims)
+
+    def _view(self, arg, shape):
+        """`arg` reshaped to `shape` (None: as it is), emitted once per variable and shape."""
+        if shape is None:
+            return arg
+        key = (arg, _key(shape))
+        if key in self.views:
+            return self.views[key]
+        view = self.builder_.emit(relax.op.reshape(arg, relax.ShapeExpr(list(shape))))
+        if isinstance(arg, relax.Var):
+            self.views[key] = view
+        return view
+
+
+def _key(shape) -> str:
+    return ",".join(str(d) for d in shape)
+
+
+def _flat_views(out, operands):
+    """(output view, operand views) for an op whose output is (1.., P.., s, C..), P static and not
+    1 (RoPE's (1, H, s, d) against cos's (1, 1, s, d)): each operand walks the static axes P or
+    broadcasts along all of them, and walks s and C: views (prod(P), s * prod(C)) and (1, s *
+    prod(C)), the length in the trailing axis the elementwise kernels take symbolic. None when
+    the op has another form."""
+    if out is None or any(dims is None or len(dims) != len(out) for dims in operands):
+        return None
+    symbolic = [axis for axis, d in enumerate(out) if not isinstance(d, int)]
+    if len(symbolic) != 1 or symbolic[0] == len(out) - 1 or not isinstance(out[symbolic[0]], tirx.Var):
+        return None
+    axis = symbolic[0]
+    lead = next(a for a, d in enumerate(out) if d != 1)
+    prefix, tail = tuple(out[lead:axis]), tuple(out[axis + 1:])
+    if not prefix:
+        return None
+    length = out[axis] * math.prod(tail)
+    views = []
+    for dims in operands:
+        own = tuple(dims[lead:axis])
+        if any(d != 1 for d in dims[:lead]) or own not in (prefix, (1,) * len(prefix)) \
+                or isinstance(dims[axis], int) or not dims[axis].same_as(out[axis]) or tuple(dims[axis + 1:]) != tail:
+            return None
+        views.append((math.prod(own), length))
+    return (math.prod(prefix), length), views
