@@ -300,10 +300,9 @@ def eltwise_compute(spec: EltwiseSpec, tiling: Tiling):
     return func.with_attr(CUT_PARAMS, {"cgra_eltwise": cut_levels(spec, tiling, extents)}) if spec.tail else func
 
 
-def schedule_eltwise(sch, spec: EltwiseSpec, tiling: Tiling, arch: HardwareDescription) -> None:
-    """Tiles of tm x tn under the outer view loops; per tile the operand tiles are loaded into
-    the scratchpad and one ELTWISE computes the tile on the vector unit."""
-    del arch
+def tile_two_operands(sch, tiling: Tiling):
+    """Splits block "elt" into tm x tn tiles, loads "a_pad" and "b_pad" into the scratchpad per
+    tile and stores "out" after it; returns the tile's row loop, the one to tensorize."""
     elt = sch.get_sblock("elt")
     *_, rows, cols = sch.get_loops(elt)
     row_outer, row_inner = sch.split(rows, [None, tiling.tm])
@@ -315,6 +314,14 @@ def schedule_eltwise(sch, spec: EltwiseSpec, tiling: Tiling, arch: HardwareDescr
         sch.set_scope(block, 0, SPAD)
     sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
     sch.set_scope(elt, 0, SPAD)
+    return row_inner
+
+
+def schedule_eltwise(sch, spec: EltwiseSpec, tiling: Tiling, arch: HardwareDescription) -> None:
+    """Tiles of tm x tn under the outer view loops; per tile the operand tiles are loaded into
+    the scratchpad and one ELTWISE computes the tile on the vector unit."""
+    del arch
+    row_inner = tile_two_operands(sch, tiling)
     if spec.func == "prelu":  # x is walked everywhere; the slope per row or per column
         sch.tensorize(row_inner, get_intrin("fabric", tiling.tm, tiling.tn, FabricBody(PRELU_BODY, spec.dtype),
                                             b_full=spec.rhs_full[-2:]))

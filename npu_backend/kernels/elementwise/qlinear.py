@@ -32,10 +32,10 @@ from ..common.operands import prim_func
 from ..common.spec import Tiling
 from ..common.views import symbolic_shape, view_extents
 from ..family import OpFamily
-from ..intrinsics import SPAD, get_intrin
+from ..intrinsics import get_intrin
 from ..intrinsics.fabric import FabricBody, int8_body_value
 from .eltwise import PREFIX as ELTWISE_PREFIX
-from .eltwise import EltwiseSpec, choose_eltwise_tiling, eltwise_spec_from_match
+from .eltwise import EltwiseSpec, choose_eltwise_tiling, eltwise_spec_from_match, tile_two_operands
 from .eltwise import _loader, _walked  # noqa: PLC2701 (the elementwise family's view helpers)
 
 NAME = QLINEAR_PREFIX + "_add"
@@ -202,17 +202,7 @@ def qlinear_compute(spec: QlinearSpec, tiling: Tiling):
 def schedule_qlinear(sch, spec: QlinearSpec, tiling: Tiling, arch: HardwareDescription) -> None:
     """Tiles of tm x tn; per tile the two int8 operand tiles are loaded and one FABRIC_INT8 computes it."""
     del arch
-    elt = sch.get_sblock("elt")
-    *_, rows, cols = sch.get_loops(elt)
-    row_outer, row_inner = sch.split(rows, [None, tiling.tm])
-    col_outer, col_inner = sch.split(cols, [None, tiling.tn])
-    sch.reorder(row_outer, col_outer, row_inner, col_inner)
-    for name in ("a_pad", "b_pad"):
-        block = sch.get_sblock(name)
-        sch.compute_at(block, col_outer)
-        sch.set_scope(block, 0, SPAD)
-    sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
-    sch.set_scope(elt, 0, SPAD)
+    row_inner = tile_two_operands(sch, tiling)
     b_full = spec.lhs_full if spec.swapped else spec.rhs_full  # the operand the body reads as B
     sch.tensorize(row_inner, get_intrin("fabric", tiling.tm, tiling.tn, spec.int8_body, b_full=b_full[-2:]))
 
