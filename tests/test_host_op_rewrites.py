@@ -17,6 +17,7 @@ from hypothesis.extra import numpy as hnp
 from tvm import relax
 
 from npu_backend.normalise.constant_indices import constant_indices_as_views, flat_rows
+from npu_backend.normalise.empty_operands import empty_operands_dropped
 from npu_backend.normalise.index_casts import index_casts_removed
 from npu_backend.normalise.masks import masks_as_float
 from npu_backend.normalise.rotations import rotations_folded
@@ -287,3 +288,26 @@ def test_the_mask_cumsum_runs_on_the_npu():
     ids = np.random.default_rng(4).integers(0, 3, (1, 32)).astype(np.int64)
     vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
     np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(ids)).numpy(), np.cumsum(ids != 1, axis=1))
+
+
+# ------------------------------------------------------------------- empty concat operands
+
+@pytest.mark.parametrize("kept", [1, 2])
+def test_a_concats_empty_operands_are_dropped(kept):
+    """Phi-3's partial rotary with the rotary dims the whole head: concat(rotated, x[..., 8:]),
+    the slice empty. The concat of one operand is it; of two, a concat of those two."""
+    def build(bb, x):
+        empty = bb.emit(op.strided_slice(x, [3], [8], [8]))
+        full = (bb.emit(op.multiply(x, x)), x)[:kept]
+        parts = (full[0], empty, *full[1:], empty)
+        return op.concat(parts, axis=-1)
+
+    before = _module(build, shapes=((1, 2, 6, 8),))
+    after = empty_operands_dropped(before)
+    assert _ops(after)["concat"] == kept - 1
+    _identical(before, after, np.random.default_rng(kept).standard_normal((1, 2, 6, 8)).astype(np.float32))
+
+
+def test_a_concat_with_nothing_empty_is_left_alone():
+    before = _module(lambda bb, x: op.concat((x, x), axis=1), shapes=((2, 3),))
+    assert _ops(empty_operands_dropped(before))["concat"] == 1

@@ -23,6 +23,7 @@ from .constant_indices import constant_indices_pass
 from .conv1ds import conv1ds_as_conv2ds_pass
 from .conv3ds import conv3ds_as_conv2ds_pass
 from .conv_transposes import conv_transposes_as_convs_pass
+from .empty_operands import empty_operands_pass
 from .fold_weights import fold_remaining_constants, fold_weights, restore_kept_transposes
 from .gelus import gelus_pass
 from .index_casts import index_casts_pass
@@ -109,6 +110,9 @@ def normalise_passes(arch=None) -> list:
         # A broadcast_to the shape its operand has (torch.export's expand before a batched
         # matmul) is its operand, not a host copy (no_op_broadcasts.py).
         no_op_broadcasts_pass,
+        # A concat's empty operands (HF's partial-rotary pass-through when the rotary dims are the
+        # whole head) left out, and a concat of one operand that operand (empty_operands.py).
+        empty_operands_pass,
         # RoPE's rotate_half / rotate_every_two negation folded into the constant sine it
         # multiplies, exactly (rotations.py): no negative left on the host.
         rotations_pass,
