@@ -90,8 +90,9 @@ class _WithMask(torch.nn.Module):
 
 def test_a_padding_mask_from_the_inputs_keeps_the_safe_softmax_guard_and_matches_pytorch():
     """With an attention_mask input the mask is known only at run time: each safe softmax becomes
-    softmax and a select, the mask's rows tested once for both layers (normalise/softmaxes.py),
-    and left padding gives PyTorch's numbers, no NaN, on the NPU."""
+    softmax and a select (normalise/softmaxes.py), which each layer's attention kernel takes whole
+    with its guard (normalise/attentions.py: a greater per layer, inside the kernel, none on the
+    host), and left padding gives PyTorch's numbers, no NaN, on the NPU."""
     model, (ids,) = hf_models.build("gpt2")
     mask = torch.ones(1, ids.shape[1], dtype=torch.int64)
     mask[0, :5] = 0  # five padded positions on the left
@@ -101,5 +102,7 @@ def test_a_padding_mask_from_the_inputs_keeps_the_safe_softmax_guard_and_matches
         mod = from_exported_program(torch.export.export(wrapped, (ids, mask)))
     ops = _ops(normalise(mod, npu_backend.load_arch(ARCH), CompileOptions()))
     assert {op: ops[op] for op in ("nn.softmax", "greater", "equal", "logical_not", "full_like", "cumsum")} == \
-        {"nn.softmax": 2, "greater": 1, "equal": 0, "logical_not": 0, "full_like": 0, "cumsum": 0}, ops
+        {"nn.softmax": 2, "greater": 2, "equal": 0, "logical_not": 0, "full_like": 0, "cumsum": 0}, ops
+    placements = npu_backend.explain(mod, ARCH)
+    assert not [p.op for p in placements if p.where == "host" and p.op in ("greater", "where", "nn.softmax")]
     assert _relative_error(npu_backend.compile(mod, ARCH), (ids, mask), expected) <= 1e-5
