@@ -10,7 +10,7 @@ the modelled run time (or of the MACs, "mac", on a profile without host time); D
 by the NPU's DMA; energy (uJ); compile seconds for cgra (kernel cache off) and llvm, and their
 ratio; the largest difference to PyTorch relative to PyTorch's largest output.
 
-    python benchmarks/bench_transformers.py [--arch cgra-8x8 ...] [--models llama vit ...] [--tokens 32]
+    python benchmarks/bench_transformers.py [--arch cgra-8x8 ...] [--models llama vit ...] [--tokens 32] [--why] [--kernels 10]
 
 Needs torch and transformers (`pip install -e ".[hf]"`).
 """
@@ -18,6 +18,7 @@ Needs torch and transformers (`pip install -e ".[hf]"`).
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import sys
 import time
@@ -25,8 +26,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the builders (transformer_models.py) are test-side
 
-def figures(name: str, arch_name: str, tokens: int) -> tuple[str, list[str]]:
-    """One row of the table, and the names of the compute ops left on the host."""
+def figures(name: str, arch_name: str, tokens: int) -> tuple[str, list[str], list[str]]:
+    """One row of the table, the names of the compute ops left on the host, and a line per NPU
+    kernel (the same fused function's launches summed), most cycles first."""
     import numpy as np
     import torch
     import tvm
@@ -61,7 +63,18 @@ def figures(name: str, arch_name: str, tokens: int) -> tuple[str, list[str]]:
     row = (f"{name:<10} {host_compute:>5} {host_layout:>6} {cycles / ideal:>7.2f}{'+h' if host_cycles is not None else '  '}"
            f" {share:>7} {dram / 1e6:>8.2f} {prof.total_energy_pj / 1e6:>8.2f} {cgra_s:>6.2f} {llvm_s:>6.2f}"
            f" {cgra_s / llvm_s:>5.2f} {error:>8.1e}")
-    return row, names
+    return row, names, kernel_lines(prof)
+
+
+def kernel_lines(prof) -> list[str]:
+    """`prof`'s NPU cycles by kernel (launches of one fused function summed), most first."""
+    cycles, launches = collections.Counter(), collections.Counter()
+    for kernel in prof.kernels:
+        cycles[kernel.name] += kernel.cycles
+        launches[kernel.name] += 1
+    total = max(prof.total_cycles, 1)
+    return [f"{count:>10,} {count / total:>6.1%} x{launches[kernel]:<3} {kernel}"
+            for kernel, count in cycles.most_common()]
 
 
 def main() -> None:
@@ -70,6 +83,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", help="default: every architecture of tests/transformer_models.py")
     parser.add_argument("--tokens", type=int, default=32, help="tokens of text per prompt (default 32)")
     parser.add_argument("--why", action="store_true", help="also list the compute ops left on the host")
+    parser.add_argument("--kernels", type=int, default=0, metavar="N",
+                        help="also list each model's N costliest NPU kernels (cycles, share, launches)")
     args = parser.parse_args()
     os.environ.setdefault("CGRA_KERNEL_CACHE", "off")
     import npu_backend
@@ -81,7 +96,7 @@ def main() -> None:
               f"{'cgra s':>6} {'llvm s':>6} {'ratio':>5} {'error':>8}")
         for name in args.models or list(ARCHITECTURES):
             try:
-                row, names = figures(name, arch, args.tokens)
+                row, names, kernels = figures(name, arch, args.tokens)
             except Exception as err:  # noqa: BLE001  (a model that fails is a row, not the end of the table)
                 print(f"{name:<10} fails: {type(err).__name__}: {str(err).splitlines()[0][:120]}", flush=True)
                 continue
@@ -89,6 +104,8 @@ def main() -> None:
             if args.why and names:
                 counts = {op: names.count(op) for op in sorted(set(names))}
                 print("           host: " + ", ".join(f"{op} x{n}" for op, n in counts.items()), flush=True)
+            for line in kernels[:args.kernels]:
+                print("          " + line, flush=True)
 
 
 if __name__ == "__main__":
