@@ -18,6 +18,7 @@ import functools
 import math
 
 from tvm import te
+from tvm.relax.dpl import is_op, wildcard
 
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
@@ -60,6 +61,16 @@ class ReadsOperand:
     rows = property(lambda self: self.operand.rows)
     cols = property(lambda self: self.operand.cols)
     symbolic_image = property(lambda self: self.operand.symbolic_image)
+
+
+def single_op_patterns(ops: dict) -> list:
+    """A pattern per {pattern name: Relax op} of one call of the op on one input (role "lhs")."""
+    patterns = []
+    for name, op in ops.items():
+        x = wildcard()
+        root = is_op(op)(x)
+        patterns.append((name, root, {"root": root, "lhs": x}))
+    return patterns
 
 
 def read_operand(x, what: str) -> UnaryOperand:

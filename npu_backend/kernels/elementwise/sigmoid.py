@@ -32,7 +32,8 @@ from ..common.chains import require_program
 from ..family import OpFamily
 from ..intrinsics import get_intrin
 from ..intrinsics.smooth import smooth_value
-from ..common.unary import ReadsOperand, UnaryOperand, fastest_tiling, read_operand, schedule_unary, unary_compute
+from ..common.unary import (ReadsOperand, UnaryOperand, fastest_tiling, read_operand, schedule_unary,
+                            single_op_patterns, unary_compute)
 
 PREFIX = "cgra.smooth."
 
@@ -57,11 +58,8 @@ def _patterns() -> list:
         sig = is_op("relax.sigmoid")(x)
         root = is_op("relax.multiply")(x, sig) if order == "x_first" else is_op("relax.multiply")(sig, x)
         patterns.append((f"{PREFIX}silu", root, {"root": root, "lhs": x}))
-    for kind, op in (("silu", "relax.nn.silu"), ("gelu_tanh", "relax.nn.gelu_tanh"), ("sigmoid", "relax.sigmoid")):
-        x = wildcard()
-        root = is_op(op)(x)
-        patterns.append((f"{PREFIX}{kind}", root, {"root": root, "lhs": x}))
-    return patterns
+    ops = {"silu": "relax.nn.silu", "gelu_tanh": "relax.nn.gelu_tanh", "sigmoid": "relax.sigmoid"}
+    return patterns + single_op_patterns({f"{PREFIX}{kind}": op for kind, op in ops.items()})
 
 
 def smooth_spec(name: str, annotated: dict) -> SmoothSpec:

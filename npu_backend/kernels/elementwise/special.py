@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from tvm.relax.dpl import is_op, wildcard
-
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 
@@ -22,7 +20,8 @@ from ...relax_info import dtype_of
 from ..family import OpFamily
 from ..intrinsics import get_intrin
 from ..intrinsics.row_ops import vfunc_value
-from ..common.unary import ReadsOperand, UnaryOperand, fastest_tiling, read_operand, schedule_unary, unary_compute
+from ..common.unary import (ReadsOperand, UnaryOperand, fastest_tiling, read_operand, schedule_unary,
+                            single_op_patterns, unary_compute)
 
 #: Relax op -> VFUNC function.
 OPS = {"relax.exp": "exp", "relax.tanh": "tanh", "relax.erf": "erf", "relax.rsqrt": "rsqrt", "relax.nn.gelu": "gelu"}
@@ -42,12 +41,7 @@ class SpecialSpec(ReadsOperand):
 
 
 def _patterns() -> list:
-    patterns = []
-    for op, func in OPS.items():
-        x = wildcard()
-        root = is_op(op)(x)
-        patterns.append((f"cgra.{func}", root, {"root": root, "lhs": x}))
-    return patterns
+    return single_op_patterns({f"cgra.{func}": op for op, func in OPS.items()})
 
 
 def special_spec(name: str, annotated: dict) -> SpecialSpec:

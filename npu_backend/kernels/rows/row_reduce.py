@@ -11,10 +11,9 @@ recursive summation); max is exact.
 
 from __future__ import annotations
 
-from tvm.relax.dpl import is_op, wildcard
-
 from ...errors import UnsupportedOperator
 from ...relax_info import shape_dims
+from ..common.unary import single_op_patterns
 from ..family import OpFamily
 from .rows import RowSpec, Step, choose_row_tiling, last_axis, read_rows, row_compute, schedule_rows
 
@@ -29,12 +28,7 @@ def steps_of(spec: RowSpec) -> tuple:
 
 
 def _patterns() -> list:
-    patterns = []
-    for op, kind in OPS.items():
-        x = wildcard()
-        root = is_op(op)(x)
-        patterns.append((f"cgra.row_{kind}", root, {"root": root, "lhs": x}))
-    return patterns
+    return single_op_patterns({f"cgra.row_{kind}": op for op, kind in OPS.items()})
 
 
 def reduce_spec(name: str, annotated: dict) -> RowSpec:
