@@ -28,6 +28,7 @@ from .fold_weights import fold_remaining_constants, fold_weights, restore_kept_t
 from .gelus import gelus_pass
 from .index_casts import index_casts_pass
 from .large_pools import split_large_pools_pass
+from .length_masks import causal_masks_pass
 from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
 from .no_op_broadcasts import no_op_broadcasts_pass
@@ -102,6 +103,9 @@ def normalise_passes(arch=None) -> list:
         # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
         # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
         rms_norms_pass, gelus_pass, safe_softmaxes_pass,
+        # A causal mask computed from a symbolic length (HF's, given input_ids alone) proven
+        # causal for every length and computed from one arange, once for all layers (length_masks.py).
+        causal_masks_pass,
         # An attention (SDPA's decomposition, HF's eager form, grouped- and multi-query K / V) as
         # one normal form the attention family takes whole (attentions.py), after the softmaxes;
         # only one whose K / V head and score rows fit the chip's scratchpad (the kernel's tile
