@@ -8,15 +8,24 @@ strides, origins and halos. A host call costs the host's call overhead plus its 
 the same bytes at the engine's rate, its loads and stores overlapped. A reshape (and
 expand_dims, squeeze, flatten) is a view in the VM and no call at all (host_calls.py).
 
-Ops taken (static shapes of at most 4 axes once those moved alike are merged, any rank for a concat;
+Ops taken (static shapes or symbolic variables (`s`), of at most 4 axes once those moved alike are merged, any rank for a concat;
 int8 / int32 / float32 data): permute_dims (any axis order),
 strided_slice (positive steps), broadcast_to, concat (2-8 inputs), nn.pad (constant zero,
 non-negative widths), take (any axis; int32 / int64 indices, read by the kernel's control code,
-each index clipped into the table). An operand may be a constant (a weight: an embedding table,
+each index clipped into the table), repeat (of unit axes: a broadcast). An operand may be a constant (a weight: an embedding table,
 ViT's class token; constant indices are box origins fixed when compiling), but not all of them: an
 op on constants alone stays on the host, where normalise folds it. The family comes last in
 FAMILIES: a kernel that can take the op itself (the linear matmul's transposed weights) is tried
 first.
+
+A symbolic axis (a prefill's sequence length: the head split's transposes, RoPE's rotate_half
+slices and concat, repeat_kv's repeat) is held at its bound in the spec (`symbols` name it), never
+merged with another axis, and must be copied whole (`_check_walks`: not sliced, padded or
+broadcast along it); the kernel's tile loop along it runs ceildiv(length, tile) tiles, its boxes
+guarded by the length (the DMA's halo), and lower/ragged.py cuts the last tile's boxes to the
+length. permute_dims, strided_slice (along static axes), concat (along a static axis) and repeat
+take one; broadcast_to does not (TVM 0.27 gives its offloaded result no shape: normalise writes a
+unit-axis broadcast as repeat, no_op_broadcasts.py) and take does not yet.
 """
 
 from __future__ import annotations
@@ -46,10 +55,10 @@ MAX_CONCAT = 8
 #: Not broadcast_to: its target shape is a parameter of the offloaded function, whose result then
 #: has no shape, and TVM 0.27's call_tir lowering cannot allocate it ("call_tir expects all
 #: TensorType has shape").
-SYMBOLIC_OPS = ("permute_dims", "strided_slice", "concat")
+SYMBOLIC_OPS = ("permute_dims", "strided_slice", "concat", "repeat")
 _OPS = {"relax.permute_dims": "permute_dims", "relax.strided_slice": "strided_slice",
         "relax.broadcast_to": "broadcast_to", "relax.nn.pad": "pad", "relax.take": "take",
-        "relax.concat": "concat"}
+        "relax.concat": "concat", "relax.repeat": "repeat"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +84,7 @@ class LayoutSpec:
 def layout_patterns() -> list:
     """One pattern per op (a concat per number of inputs), each input annotated with its role."""
     entries = []
-    for op in ("permute_dims", "strided_slice", "broadcast_to", "nn.pad"):
+    for op in ("permute_dims", "strided_slice", "broadcast_to", "nn.pad", "repeat"):
         x = wildcard()
         root = is_op(f"relax.{op}")(x, varg_default_wildcard=True)
         entries.append((f"cgra.{op.replace('nn.', '')}", root, {"root": root, "lhs": x}))
@@ -280,6 +289,18 @@ def _broadcast_to(call, in_shapes, out_shape):
     return [Piece("lhs", (0,) * len(out_shape), out_shape, walks, (0,) * len(shape))], None, ()
 
 
+def _repeat(call, in_shapes, out_shape):
+    """A repeat of unit axes (no_op_broadcasts.py's form of a broadcast at a symbolic length):
+    the repeated axis walks nothing, a broadcast."""
+    shape = in_shapes[0][1]
+    axis = None if call.attrs.axis is None else int(call.attrs.axis) % len(shape)
+    if axis is None or shape[axis] != 1:
+        raise UnsupportedOperator("repeat of an axis longer than 1 (or of the flattened tensor): the NPU's copy "
+                                  "repeats unit axes only, a broadcast")
+    walks = tuple((-1, 0) if a == axis else (a, 1) for a in range(len(shape)))
+    return [Piece("lhs", (0,) * len(out_shape), out_shape, walks, (0,) * len(shape))], None, ()
+
+
 def _pad(call, in_shapes, out_shape):
     shape = in_shapes[0][1]
     attrs = call.attrs
@@ -368,7 +389,7 @@ def _take(call, in_shapes, out_shape):
 
 
 _READERS = {"permute_dims": _permute, "strided_slice": _strided_slice, "broadcast_to": _broadcast_to, "pad": _pad,
-            "concat": _concat, "take": _take}
+            "concat": _concat, "take": _take, "repeat": _repeat}
 
 
 def choose_layout_tiling(spec: LayoutSpec, arch) -> LayoutTiling:
