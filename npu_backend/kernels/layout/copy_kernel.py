@@ -103,12 +103,18 @@ def pipeline_cycles(arch, tiles: list) -> int:
     return end
 
 
-def choose_splits(arch, pieces, itemsize: int) -> tuple[tuple, int]:
+def choose_splits(arch, pieces, itemsize: int, symbolic_axes: tuple = ()) -> tuple[tuple, int]:
     """(per piece the fastest split, the kernel's estimated cycles): each piece's tiles by
-    `pipeline_cycles`, then the pieces in turn."""
+    `pipeline_cycles`, then the pieces in turn. With `symbolic_axes` (output axes of a symbolic
+    length, held at their bound) only splits at or before the first of them, so that no loop runs
+    over the length one row at a time, and of at least an eighth of the budget when there are
+    such (timing thousands of small tiles at the bound took seconds per kernel)."""
     budget, chosen = budget_of(arch), []
     for index, piece in enumerate(pieces):
         options = list(splits(piece.extent, itemsize, budget))
+        if symbolic_axes:
+            options = [o for o in options if o[0] <= min(symbolic_axes)] or options
+            options = [o for o in options if o[3] * 8 >= budget] or options
         if not options:
             raise ScratchpadTooSmall(f"a layout copy's last axis of {piece.extent[-1]} elements does not fit a "
                                      f"{budget}-byte tile")

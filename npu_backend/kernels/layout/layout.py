@@ -400,7 +400,7 @@ def choose_layout_tiling(spec: LayoutSpec, arch) -> LayoutTiling:
         rows, cycles = gather_rows(arch, spec.gather, size)
         tiling = LayoutTiling(rows=rows, cycles=cycles)
     else:
-        chosen, cycles = choose_splits(arch, spec.pieces, size)
+        chosen, cycles = choose_splits(arch, spec.pieces, size, tuple(a for r, a, _ in spec.symbols if r == "out"))
         tiling = LayoutTiling(splits=chosen, cycles=cycles)
     host = _host_cycles(spec, arch)
     if tiling.cycles >= host:
