@@ -115,9 +115,11 @@ def layout_spec(name: str, annotated: dict) -> LayoutSpec:
     names = {"out": out_names, **{role: read[role][1] for role in roles}}
     symbolic = any(names.values())
     if symbolic and op not in SYMBOLIC_OPS:
+        why = {"broadcast_to": " (TVM 0.27 gives an offloaded broadcast_to of a symbolic shape no result shape to "
+                                "allocate; normalise writes a broadcast of unit axes as repeat)",
+               "take": " (a lookup of a symbolic number of indices is not built yet)"}.get(op, "")
         raise UnsupportedOperator(f"{op} with a symbolic dimension: the NPU's layout copies take one in "
-                                  f"{', '.join(SYMBOLIC_OPS)} only (TVM 0.27 gives an offloaded {op} of a symbolic "
-                                  "shape no result shape to allocate)")
+                                  f"{', '.join(SYMBOLIC_OPS)} only{why}")
     reader = _READERS[op]
     pieces, gather, views = reader(call, in_shapes, out_shape)
     if op == "concat":
