@@ -17,9 +17,11 @@ reciprocal is of sum + FLT_MIN (every other row's sum is at least 1, where FLT_M
 rounding): the row gives 0, as PyTorch's does, at the cost of one offset on a column. A plain
 softmax keeps -inf, so such a row gives NaN, as PyTorch's plain softmax does.
 
-The kernel holds whole rows of the scores and the whole K and V of a head: an attention whose
-K / V head and one tile of score rows do not fit the scratchpad is refused, and its normal form
-runs as the chain it is (matmul, softmax, matmul kernels; a grouped one on the host).
+This kernel holds whole rows of the scores and the whole K and V of a head. An attention whose
+K / V head and one tile of score rows do not fit the scratchpad, or whose mask it would read once
+per head where the other reads it once, runs over key tiles with an online softmax instead
+(flash.py, written as lowered TIR; the tile search, attention_tiles.choose_attention_tiling,
+picks the kernel moving fewer DRAM bytes).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.row_ops import vfunc_value
 from ..intrinsics.vector_unit import eltwise_value
 from .attention_tiles import LOWEST, TINY, choose_attention_tiling
+from .flash import flash_compute
+from .flash_tiles import FlashTiling
 from .spec import F32, AttentionSpec
 
 
@@ -133,7 +137,10 @@ def _steps(spec: AttentionSpec) -> list:
 
 def attention_compute(spec: AttentionSpec, tiling):
     """The TensorIR: q viewed as (B, H, Sq, D), k and v as (B, Hk, Sk, D), the output as
-    (B, H, Sq, Dv), the mask as (Bm, Hm, Sqm, Skm); the intermediates per (b, hk, g, row)."""
+    (B, H, Sq, Dv), the mask as (Bm, Hm, Sqm, Skm); the intermediates per (b, hk, g, row). With a
+    FlashTiling, the key-tile kernel (flash.py), already lowered."""
+    if isinstance(tiling, FlashTiling):
+        return flash_compute(spec, tiling)
     b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
     h, sqp = hk * g, tiling.mp
     q = te.placeholder((b, h, sq, d), F32, name="lhs")
@@ -205,7 +212,10 @@ def _masked(spec: AttentionSpec, s, inputs: dict, views: dict, grid: tuple):
 
 def schedule_attention(sch, spec: AttentionSpec, tiling, arch) -> None:
     """Per (b, hk): Kᵀ and V in the scratchpad; per (g, query tile): every step tensorized; a
-    mask shared by the heads whole per batch (tiling.tw), else a tile per query tile."""
+    mask shared by the heads whole per batch (tiling.tw), else a tile per query tile. The
+    flash kernel is written lowered: nothing to schedule."""
+    if isinstance(tiling, FlashTiling):
+        return
     out = sch.get_sblock("out")
     n, hh, i, _ = sch.get_loops(out)
     c, _ = sch.split(hh, [spec.hk, spec.g])
