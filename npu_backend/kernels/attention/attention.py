@@ -120,7 +120,7 @@ def _mask_shape(mask, full: tuple) -> tuple:
     if shape[3] == 1 and shape[4] == 1:
         raise UnsupportedOperator("attention mask of one value per head: a constant shift, which the softmax "
                                   "ignores; the kernel takes a row, a column or a tile of the scores")
-    if shape[1] == 1 and shape[2] != 1:
+    if shape[1] == 1 and shape[2] != 1 and full[1] > 1:  # one K / V head: (1, G) is every head
         raise UnsupportedOperator(f"attention mask of shape {shape}: per query head of a group but shared by the "
                                   "groups")
     return shape
