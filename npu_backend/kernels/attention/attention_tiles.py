@@ -117,7 +117,7 @@ def whole_row_dma_bytes(spec, tiling: Tiling) -> int:
     """DRAM bytes of the whole-row kernel: Q, K, V and O once, the mask once per batch when held
     whole (tw), else once per head."""
     heads = spec.b * spec.hk * spec.g
-    moved = heads * spec.sq * (spec.d + spec.dv) * F32_BYTES + spec.b * spec.hk * spec.sk * (spec.d + spec.dv) * F32_BYTES
+    moved = (heads * spec.sq + spec.b * spec.hk * spec.sk) * (spec.d + spec.dv) * F32_BYTES
     if spec.mask_shape:
         _, mhk, mg, msq, msk = spec.mask_shape
         moved += spec.b * msq * msk * F32_BYTES * (mhk * mg if tiling.tw else heads // spec.b)

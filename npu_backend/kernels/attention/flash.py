@@ -233,6 +233,7 @@ def _mask_operand(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str
     name = "mask" + ("_rest" if suffix else "_block")
     w.alloc(name, (t.tq, cols))
     row = f"{row0} + i"
-    load = _guarded(row, spec.sq, t.tq, f"mask[{n if mb > 1 else 0}, {head if spec.mask_shape[1] * spec.mask_shape[2] > 1 else 0}, {row}, {k0} + u]")
+    heads = head if spec.mask_shape[1] * spec.mask_shape[2] > 1 else 0
+    load = _guarded(row, spec.sq, t.tq, f"mask[{n if mb > 1 else 0}, {heads}, {row}, {k0} + u]")
     w.add(f"for i, u in T.grid({t.tq}, {cols}):", f"    {name}[i, u] = {load}")
     return (name, 0, cols, 1)

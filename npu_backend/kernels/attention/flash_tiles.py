@@ -6,7 +6,8 @@ scores of one key tile (tq x tk); K / V tiles of tk keys stream through the scra
 (double-buffered), so any sequence length fits and K and V cross DRAM once per query tile. The
 mask is read either as the rows of a query tile (tq x Sk, held while every head of the tile
 runs: once in all, whatever the heads) or as a tq x tk block beside each key tile (once per
-head, in little space). The search takes the fewest estimated cycles among the tilings within 3% of the fewest DMA bytes.
+head, in little space). The search takes the fewest estimated cycles among the tilings within
+3% of the fewest DMA bytes.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def flash_cycles(spec, arch: HardwareDescription, t: FlashTiling) -> int:
     total = spec.b * tiles * spec.hk * spec.g * head
     if t.mask == "rows":
         msq, msk = spec.mask_shape[3:]
-        total += spec.b * tiles * (arch.dma_latency + cost.dma_transfer_cycles(arch, (tq if msq > 1 else 1) * msk * F32_BYTES))
+        rows = (tq if msq > 1 else 1) * msk * F32_BYTES
+        total += spec.b * tiles * (arch.dma_latency + cost.dma_transfer_cycles(arch, rows))
     return total
 
 
