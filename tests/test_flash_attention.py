@@ -159,3 +159,47 @@ def test_a_long_sequence_on_a_small_chip():
     assert len(_attention_kernels(prof)) == 1
     expected = _reference(*arrays, 0.125, safe=False)
     assert np.abs(out - expected).max() <= BOUND * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("sq, sk, chip", [(64, 64, "cgra-4x4"), (48, 112, "cgra-4x4"), (512, 512, "cgra-8x8")])
+def test_a_constant_causal_mask_is_built_and_its_masked_tiles_skipped(sq, sk, chip):
+    """torch's is_causal (top-left, Sq = Sk) and the last Sq queries of Sk keys (bottom-right):
+    no mask operand (the kernel builds the diagonal tiles' triangles), K and V read only up to
+    each query tile's diagonal: fewer bytes than one pass over them per query tile."""
+    rng = np.random.default_rng(sq)
+    h, d = 2, 32
+    arrays = _inputs(rng, 1, h, h, sq, sk, d)
+    mask = np.triu(np.full((sq, sk), -np.inf, np.float32), 1 + sk - sq)[None, None]
+    out, prof = _run(_graph(1, h, h, sq, sk, d, 0.2, mask_const=mask), arrays, chip)
+    (kernel,) = _attention_kernels(prof)
+    spec = AttentionSpec(1, h, 1, sq, sk, d, d, 0.2, causal=sk - sq)
+    tiling = choose_attention_tiling(spec, npu_backend.load_arch(chip))
+    moved = kernel.dma_load_bytes + kernel.dma_store_bytes
+    assert tiling.mask == "causal" and moved == flash_dma_bytes(spec, tiling)
+    every_tile = -(-sq // tiling.tq) * sum(x.nbytes for x in arrays[1:]) + 2 * arrays[0].nbytes
+    assert moved < every_tile if sq > tiling.tq else moved == every_tile
+    expected = _reference(*arrays, mask, 0.2, safe=False)
+    assert np.abs(out - expected).max() <= BOUND * np.abs(expected).max()
+
+
+def test_causal_offset_reads_only_a_causal_triangle():
+    from npu_backend.normalise.attentions import causal_offset
+
+    triangle = np.triu(np.full((4, 6), -np.inf, np.float32), 3)
+    assert causal_offset(triangle, 4, 6) == 2 and causal_offset(triangle[None, None], 4, 6) == 2
+    assert causal_offset(np.where(np.isinf(triangle), np.float32(-1e9), 0).astype(np.float32), 4, 6) is None
+    assert causal_offset(np.tril(np.full((4, 6), -np.inf, np.float32), -1), 4, 6) is None
+    assert causal_offset(np.zeros((4, 6), np.float32), 4, 6) is None
+
+
+def test_a_causal_mask_the_key_tiles_cannot_follow_is_read_as_a_mask():
+    """Three queries over two keys under torch's top-left triangle: the last query tile's diagonal
+    passes the last key, so the mask stays an operand of the kernel (the failing input of the
+    first causal version: a DMA past K)."""
+    rng = np.random.default_rng(5)
+    arrays = _inputs(rng, 1, 1, 1, 3, 2, 16)
+    mask = np.triu(np.full((3, 2), -np.inf, np.float32), 1)[None, None]
+    out, prof = _run(_graph(1, 1, 1, 3, 2, 16, 0.25, mask_const=mask), arrays, "cgra-4x4")
+    assert len(_attention_kernels(prof)) == 1
+    expected = _reference(*arrays, mask, 0.25, safe=False)
+    assert np.abs(out - expected).max() <= BOUND * np.abs(expected).max()

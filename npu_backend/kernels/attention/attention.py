@@ -31,6 +31,7 @@ from tvm import te, tirx
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from ...errors import UnsupportedOperator
+from ...normalise.attentions import causal_offset
 from ...relax_info import dtype_of, shape_dims
 from ..common.operands import padded, prim_func
 from ..common.spad_layout import a_row_stride, align_rows
@@ -50,12 +51,14 @@ from .spec import F32, AttentionSpec
 
 def _patterns() -> list:
     """matmul(q, permute_dims(k)) [* scale] [+ mask] -> softmax [-> where(kept, ., 0)] -> matmul(., v):
-    the normal form, each optional piece an alternative (eight patterns)."""
+    the normal form, each optional piece an alternative (twelve patterns: the mask a constant
+    causal triangle, any tensor, or none)."""
     entries = []
     for scaled in (True, False):
-        for masked in (True, False):
+        for masked in ("causal", "mask", ""):  # a constant causal mask first: the kernel builds it
             for safe in (True, False):
-                q, k, v, mask = wildcard(), wildcard(), wildcard(), wildcard()
+                q, k, v, mask = wildcard(), wildcard(), wildcard(), is_const() if masked == "causal" else wildcard()
+                role = "causal" if masked == "causal" else "mask"
                 kt = is_op("relax.permute_dims")(k)
                 scores = is_op("relax.matmul")(q, kt)
                 roles = {"lhs": q, "rhs": k, "value": v, "transpose": kt, "scores": scores}
@@ -66,14 +69,14 @@ def _patterns() -> list:
                     roles["scale"] = scale
                 if masked:
                     x = roles["masked"] = is_op("relax.add")(x, mask)
-                    roles["mask"] = mask
+                    roles[role] = mask
                 p = roles["softmax"] = is_op("relax.nn.softmax")(x)
                 if safe:
                     finite = is_op("relax.astype")(is_op("relax.not_equal")(x, is_const()))
                     kept = is_op("relax.greater")(is_op("relax.max")(finite), is_const())
                     p = roles["where"] = is_op("relax.where")(kept, p, is_const())
                 root = is_op("relax.matmul")(p, v)
-                name = "cgra.attention" + "_scale" * scaled + "_mask" * masked + "_safe" * safe
+                name = "cgra.attention" + "_scale" * scaled + f"_{masked}" * bool(masked) + "_safe" * safe
                 entries.append((name, root, {"root": root, **roles}))
     return entries
 
@@ -103,11 +106,16 @@ def attention_spec(name: str, annotated: dict) -> AttentionSpec:
         if value.size != 1:
             raise UnsupportedOperator("attention scaled by a tensor: the kernel takes a scalar scale")
         scale = float(value.reshape(()))
-    mask_shape = ()
-    if "mask" in annotated:
+    mask_shape, causal = (), None
+    if "causal" in annotated:
+        causal = causal_offset(annotated["causal"].value.numpy(), sq, sk)
+        if causal is None:
+            raise UnsupportedOperator("attention with a constant mask that is no causal triangle: the kernel reads it "
+                                      "as a mask operand (the next pattern)")
+    elif "mask" in annotated:
         mask_shape = _mask_shape(annotated["mask"], (b, hk, g, sq, sk))
     return AttentionSpec(b, hk, g, sq, sk, d, dv, scale=scale, mask_shape=mask_shape, safe="where" in annotated,
-                         param_roles=("lhs", "rhs", "value") + (("mask",) if mask_shape else ()))
+                         causal=causal, param_roles=("lhs", "rhs", "value") + (("mask",) if mask_shape else ()))
 
 
 def _mask_shape(mask, full: tuple) -> tuple:

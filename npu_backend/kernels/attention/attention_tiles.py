@@ -10,6 +10,8 @@ refuses the attention (ScratchpadTooSmall), whose normal form then runs as separ
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from cgra_sim import cost
@@ -87,11 +89,15 @@ def attention_fits(parts: dict, arch: HardwareDescription) -> bool:
     spec = AttentionSpec(parts["B"], parts["Hk"], parts["G"], parts["Sq"], parts["Sk"], parts["D"], parts["Dv"],
                          scale=None if parts["scale"] == 1.0 else parts["scale"],
                          mask_shape=(1, 1, 1, parts["Sq"], parts["Sk"]) if masked else (), safe=parts["safe"])
-    try:
-        choose_attention_tiling(spec, arch)
-    except ScratchpadTooSmall:
-        return False
-    return True
+    # A constant causal mask: built by the key-tile kernel if it tiles so, else read as a mask.
+    causal = dataclasses.replace(spec, mask_shape=(), causal=parts.get("causal"))
+    for candidate in ([causal] if causal.causal is not None else []) + [spec]:
+        try:
+            choose_attention_tiling(candidate, arch)
+            return True
+        except ScratchpadTooSmall:
+            continue
+    return False
 
 
 def choose_attention_tiling(spec, arch: HardwareDescription):
@@ -128,7 +134,9 @@ def whole_row_tiling(spec, arch: HardwareDescription) -> Tiling:
     """tq query rows a tile, and (tw 1) whether a mask shared by the heads is held whole, loaded
     once per batch: a whole mask whenever one fits (it crosses DRAM once instead of once per
     head: bytes and energy; its load hides behind the heads' anyway), then the tq with the fewest
-    estimated cycles."""
+    estimated cycles. A constant causal mask is not this kernel's: it has no mask operand."""
+    if spec.causal is not None:
+        raise ScratchpadTooSmall("a constant causal mask: the key-tile kernel builds it and skips the masked tiles")
     shared = bool(spec.mask_shape) and spec.mask_shape[1] == 1
     choices = [(tq, whole) for tq in halvings(spec.sq) for whole in ((True, False) if shared else (False,))
                if attention_footprint(spec, tq, whole, arch) <= arch.spad_bytes]

@@ -39,7 +39,7 @@ from .flash_tiles import FlashTiling
 F32 = int(DType.from_name("float32"))
 #: Buffers kept one copy of (lower/double_buffer.py doubles the rest): the running state, the
 #: scores, the mask's rows, and the last key tile's (it runs once per head).
-SINGLE = ["m", "l", "m_old", "alpha", "inv", "o", "s", "p", "mask_rows", "k_rest", "v_rest", "mask_rest"]
+SINGLE = ["m", "l", "m_old", "alpha", "inv", "o", "s", "p", "mask_rows", "k_rest", "v_rest", "mask_rest", "band"]
 
 
 def flash_compute(spec, t: FlashTiling):
@@ -70,7 +70,8 @@ def _call(name: str, **operands) -> str:
 
 
 def _f32(value: float) -> str:
-    return f"T.float32({float(value)!r})"
+    value = float(value)
+    return f"T.float32({value!r})" if abs(value) != float("inf") else f'T.float32("{value}")'
 
 
 def _eltwise(func: str, rows, cols, a, b, out) -> str:
@@ -93,8 +94,9 @@ def _reduce(func: str, rows, cols, a, out) -> str:
                  a_addr=a[:2], a_row_stride=a[2], a_col_stride=1, out_addr=out[:2], out_stride=1)
 
 
-def _fill(buffer: str, rows, cols, stride, value: float) -> str:
-    return _call("cgra_fill", dtype=F32, addr=(buffer, 0), rows=rows, cols=cols, stride=stride, value_bits=_f32(value))
+def _fill(buffer: str, rows, cols, stride, value: float, offset=0) -> str:
+    return _call("cgra_fill", dtype=F32, addr=(buffer, offset), rows=rows, cols=cols, stride=stride,
+                 value_bits=_f32(value))
 
 
 def _gemm(accumulate: bool, m, n, k, a, b, c) -> str:
@@ -134,6 +136,8 @@ def flash_script(spec, t: FlashTiling) -> str:
     args = ", ".join(f'{name}: T.Buffer(({", ".join(map(str, shape))},), "float32")' for name, shape in params)
     w = _Writer()
     w.lines = ["@T.prim_func", f"def flash({args}):", '    T.func_attr({"tirx.noalias": True})']
+    if spec.causal is not None:
+        _band(w, t)
     n = w.loop("n", b)
     qt = w.loop("qt", -(-sq // t.tq))
     row0 = f"{qt} * {t.tq}"
@@ -145,8 +149,21 @@ def flash_script(spec, t: FlashTiling) -> str:
     head = f"{c} * {g} + {j}" if g > 1 else c
     if t.mask == "rows" and not shared_rows:
         _mask_rows(w, spec, t, n, head, row0)
-    _head(w, spec, t, n, c, head, row0)
+    _head(w, spec, t, n, c, head, qt)
     return "\n".join(w.lines) + "\n"
+
+
+def _band(w: _Writer, t: FlashTiling) -> None:
+    """A constant causal mask's diagonal key tiles, built once: r = tq / tk blocks of tk columns
+    cross a query tile's diagonal, block s being rows (r - 1 - s) tk .. of `band`, which is -inf
+    above the (r - 1) tk-th row, a triangle (0 where column <= row) in the next tk rows, 0 below:
+    a FILL of -inf, a FILL of zeros and a FILL of a growing row prefix per triangle row."""
+    tk, r = t.tk, t.tq // t.tk
+    w.alloc("band", ((2 * r - 1) * tk, tk))
+    w.add(_fill("band", r * tk, tk, tk, float("-inf")))
+    if r > 1:
+        w.add(_fill("band", (r - 1) * tk, tk, tk, 0.0, offset=r * tk * tk))
+    w.add(f"for z in range({tk}):", "    " + _fill("band", 1, "z + 1", tk, 0.0, offset=f"({(r - 1) * tk} + z) * {tk}"))
 
 
 def _guarded(row: str, sq: int, tq: int, load: str) -> str:
@@ -164,9 +181,10 @@ def _mask_rows(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str) -
           f"    mask_rows[i, e] = {_guarded(row, spec.sq, t.tq, load) if msq > 1 else load}")
 
 
-def _head(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0: str) -> None:
+def _head(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) -> None:
     """One head's query tile: the Q tile, the key tiles, the normalised output stored."""
     tq, d, dv, sq = t.tq, spec.d, spec.dv, spec.sq
+    row0 = f"{qt} * {tq}"
     w.alloc("q", (tq, t.q_stride))
     w.add(f"for i, e in T.grid({tq}, {d}):",
           f"    q[i, e] = {_guarded(f'{row0} + i', sq, tq, f'lhs[{n}, {head}, {row0} + i, e]')}")
@@ -177,6 +195,9 @@ def _head(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0: str
         w.alloc(name, shape)
     w.add(_fill("m", tq, 1, 1, LOWEST), _fill("l", tq, 1, 1, 0.0), _fill("o", tq, dv, dv, 0.0))
     keys, rest = divmod(spec.sk, t.tk)
+    if spec.causal is not None:
+        _causal_keys(w, spec, t, n, c, head, qt)
+        keys = rest = 0
     if keys:
         depth = w.depth
         k0 = w.loop("kt", keys)
@@ -197,9 +218,27 @@ def _head(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0: str
         w.add(f"    out[{n}, {head}, {row0} + i, e] = {res}[i, e]")
 
 
+def _causal_keys(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) -> None:
+    """Under a constant causal mask: the key tiles below the query tile's diagonal unmasked, the
+    r crossing it with their block of the band, none above."""
+    tk, r, nk = t.tk, t.tq // t.tk, spec.sk // t.tk
+    first = f"{qt} * {r} + {spec.causal // tk}"
+    depth = w.depth
+    count = f"T.min({first}, {nk})" if qt != "0" else min(spec.causal // tk, nk)
+    if count:
+        below = w.loop("kt", count)
+        _key_tile(w, spec, t, n, c, head, "", f"{below} * {tk}", tk, "", mask=None)
+    w.depth = depth
+    ks = w.loop("ks", r)  # the tile search keeps them inside the keys (flash_tiles._key_tiles)
+    band = ("band", f"({r - 1} - {ks}) * {tk * tk}", tk, 1)
+    _key_tile(w, spec, t, n, c, head, "", f"({first} + {ks}) * {tk}", tk, "_diag", mask=band)
+    w.depth = depth
+
+
 def _key_tile(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0: str, k0: str, cols: int,
-              suffix: str) -> None:
-    """One key tile of `cols` keys from key k0: K, V (and the mask block) in, the online step."""
+              suffix: str, mask="read") -> None:
+    """One key tile of `cols` keys from key k0: K, V (and the mask block) in, the online step;
+    `mask` an ELTWISE operand to add instead of the spec's mask, or None for no mask."""
     tq, d, dv, tk = t.tq, spec.d, spec.dv, t.tk
     kb, vb = "k" + suffix, "v" + suffix
     w.alloc(kb, (d, cols))
@@ -207,9 +246,10 @@ def _key_tile(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0:
     w.add(f"for e, u in T.grid({d}, {cols}):", f"    {kb}[e, u] = rhs[{n}, {c}, {k0} + u, e]",
           f"for u, e in T.grid({cols}, {dv}):", f"    {vb}[u, e] = value[{n}, {c}, {k0} + u, e]")
     w.add(_gemm(False, tq, cols, d, ("q", 0, t.q_stride), (kb, 0, cols), ("s", 0, tk)))
-    if spec.mask_shape:
-        w.add(_eltwise("add", tq, cols, ("s", 0, tk, 1), _mask_operand(w, spec, t, n, head, row0, k0, cols, suffix),
-                       ("s", 0, tk)))
+    if mask == "read" and spec.mask_shape:
+        mask = _mask_operand(w, spec, t, n, head, row0, k0, cols, suffix)
+    if mask is not None and mask != "read":
+        w.add(_eltwise("add", tq, cols, ("s", 0, tk, 1), mask, ("s", 0, tk)))
     w.add(_vfunc("identity", tq, 1, ("m", 0, 1), ("m_old", 0, 1)),
           _reduce("max", tq, cols, ("s", 0, tk), ("m", 0)),
           _eltwise("subtract", tq, 1, ("m_old", 0, 1, 1), ("m", 0, 1, 1), ("alpha", 0, 1)),

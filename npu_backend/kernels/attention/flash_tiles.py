@@ -50,6 +50,16 @@ def mask_rows(spec) -> int:
     return spec.mask_shape[3] if spec.mask_shape else 0
 
 
+def key_tiles(spec, t: FlashTiling) -> int:
+    """Key tiles the kernel runs per head over all its query tiles: every one, or under a
+    constant causal mask those up to each query tile's diagonal (the ones above are skipped)."""
+    tiles = -(-spec.sq // t.tq)
+    if spec.causal is None:
+        return tiles * -(-spec.sk // t.tk)
+    r, keys = t.tq // t.tk, spec.sk // t.tk
+    return sum(min(keys, (qt + 1) * r + spec.causal // t.tk) for qt in range(tiles))
+
+
 def flash_footprint(spec, t: FlashTiling) -> int:
     """Scratchpad bytes of the flash kernel with tiling `t` (every buffer its own bytes: the
     code generator's stack may share some, never more)."""
@@ -67,15 +77,20 @@ def flash_footprint(spec, t: FlashTiling) -> int:
     if t.mask == "rows":
         msq, msk = spec.mask_shape[3:]
         rows = aligned((tq if msq > 1 else 1) * msk * F32_BYTES)
+    if t.mask == "causal":  # the band of triangles (flash.py), built once
+        rows = aligned((2 * (tq // tk) - 1) * tk * tk * F32_BYTES)
     return state + 2 * keys(tk) + (keys(rest) if rest else 0) + rows
 
 
 def flash_dma_bytes(spec, t: FlashTiling) -> int:
     """DRAM bytes the kernel moves: Q and O once, K and V once per query tile and head, the
     mask once per batch (rows) or once per head (blocks)."""
-    heads, tiles = spec.b * spec.hk * spec.g, -(-spec.sq // t.tq)
+    heads = spec.b * spec.hk * spec.g
     moved = heads * spec.sq * (spec.d + spec.dv) * F32_BYTES
-    moved += heads * tiles * spec.sk * (spec.d + spec.dv) * F32_BYTES
+    if spec.causal is None:
+        moved += heads * -(-spec.sq // t.tq) * spec.sk * (spec.d + spec.dv) * F32_BYTES
+    else:
+        moved += heads * key_tiles(spec, t) * t.tk * (spec.d + spec.dv) * F32_BYTES
     if spec.mask_shape:
         _, mhk, mg, msq, msk = spec.mask_shape
         per_batch = msq * msk * F32_BYTES
@@ -107,11 +122,12 @@ def flash_cycles(spec, arch: HardwareDescription, t: FlashTiling) -> int:
         step_rest = flash_key_tile_cycles(spec, arch, tq, rest) + arch.dma_latency
     else:
         step_rest = 0
-    head = keys * step + step_rest + 3 * cost.vector_cycles(arch, tq, spec.dv)
+    tiles = -(-spec.sq // tq)
+    head = 3 * cost.vector_cycles(arch, tq, spec.dv)
     head += cost.dma_transfer_cycles(arch, tq * spec.d * F32_BYTES) * (2 if t.lean else 1)
     head += arch.dma_latency if t.lean else 0
-    tiles = -(-spec.sq // tq)
-    total = spec.b * tiles * spec.hk * spec.g * head
+    steps = key_tiles(spec, t) * step if spec.causal is not None else tiles * (keys * step + step_rest)
+    total = spec.b * spec.hk * spec.g * (tiles * head + steps)
     if t.mask == "rows":
         msq, msk = spec.mask_shape[3:]
         rows = (tq if msq > 1 else 1) * msk * F32_BYTES
@@ -131,26 +147,35 @@ def _query_tiles(spec, arch: HardwareDescription) -> list:
     return sorted(sizes, reverse=True)
 
 
-def _key_tiles(spec, arch: HardwareDescription) -> list:
+def _key_tiles(spec, arch: HardwareDescription, tq: int) -> list:
+    """tk: the PE array's columns times powers of two, and Sk. Under a constant causal mask only
+    those dividing Sk, the mask's offset and tq (the diagonal then crosses whole key tiles, the
+    same band of triangles in every query tile), and none when the last query tile's diagonal
+    would pass the last key (a tq not dividing Sq, or more queries than keys below the offset)."""
     sizes, size = {min(spec.sk, 2 * arch.cols)}, arch.cols
     while size < spec.sk:
         sizes.add(size)
         size *= 2
     sizes.add(spec.sk)
+    if spec.causal is not None:  # and the last query tile's diagonal inside the keys
+        if round_up(spec.sq, tq) + spec.causal > spec.sk:
+            return []
+        sizes = {s for s in sizes | {1, 2, 4} if not (spec.sk % s or spec.causal % s or tq % s)}
+        return sorted(sizes)
     return sorted(s for s in sizes if s >= 2)
 
 
 def choose_flash_tiling(spec, arch: HardwareDescription) -> FlashTiling | None:
     """Among the fitting tilings within BYTES_SLACK of the fewest estimated DMA bytes, the one
     with the fewest estimated cycles; None if none fits."""
-    modes = ["none"]
+    modes = ["causal"] if spec.causal is not None else ["none"]
     if spec.mask_shape:
         msq, msk = spec.mask_shape[3:]
         modes = ["rows", "blocks"] if msq > 1 and msk > 1 else ["rows"]
     fitting = []
     for tq in _query_tiles(spec, arch):
         q_stride = a_row_stride(tq, spec.d, F32_BYTES, arch)
-        for tk in _key_tiles(spec, arch):
+        for tk in _key_tiles(spec, arch, tq):
             p_stride = a_row_stride(tq, tk, F32_BYTES, arch)
             for mode in modes:
                 for lean in (False, True):
