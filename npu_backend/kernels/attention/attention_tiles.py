@@ -4,8 +4,10 @@ Stage: tiling. Per (batch, K / V head) the kernel holds Kᵀ and V whole, once (
 the tiles of the head before); per tile of tq query rows the Q tile, the mask tile and
 the output twice, and each intermediate once (the vector unit and the PE array run the steps in
 order): the scores, the masked scores, S - max and exp of tq x Sk, the columns, O. The search
-takes the tq (halvings of Sq) with the fewest estimated cycles among those that fit; none fitting
-refuses the attention (ScratchpadTooSmall), whose normal form then runs as separate kernels.
+takes the tq (halvings of Sq) with the fewest estimated cycles among those that fit.
+`choose_attention_tiling` takes this kernel where it fits and moves no more DRAM bytes than the
+key-tile kernel (flash_tiles.py), else that one; neither fitting refuses the attention
+(ScratchpadTooSmall), whose normal form then runs as separate kernels.
 """
 
 from __future__ import annotations

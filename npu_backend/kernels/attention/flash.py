@@ -23,6 +23,11 @@ ends with l = 0 and O = 0: a safe softmax takes the reciprocal of l + FLT_MIN (0
 PyTorch's SDPA), a plain one of l (0 * inf = NaN, as PyTorch's softmax). A last key tile
 shorter than tk runs as its own copy of the loop body (peeled, with its own sizes); a last
 query tile shorter than tq is padded (zero rows, never stored).
+
+Under a constant causal mask (spec.causal: no mask operand) the kernel builds the triangles of
+the diagonal tiles once (`_band`) and runs per query tile only the key tiles up to its diagonal
+(`_causal_keys`): a skipped tile's scores are all -inf, which the step above leaves m, l and O
+unchanged for.
 """
 
 from __future__ import annotations
