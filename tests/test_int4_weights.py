@@ -140,3 +140,17 @@ def test_matmul_nbits_stack_runs_on_the_npu_equal_to_onnxruntime(symmetric):
     groups = -(-k // block)
     weight_bytes = n * (groups * block // 2 + 4 * groups + (0 if symmetric else (groups + 1) // 2))
     assert first["dma_load_bytes"] == weight_bytes + 4 * m * k  # packed weights, scales, zero points, x
+
+
+def test_verify_matmul_with_int4_weights_passes(capsys):
+    from cgra_cli.cli import main
+
+    assert main(["verify", "--op", "matmul", "--shape", "3,40,72", "--weight-dtype", "int4", "--arch", "cgra-4x4"]) == 0
+    assert capsys.readouterr().out.startswith("PASS matmul 3x40x72 float32 x int4 weights (block 32) on cgra-4x4")
+
+
+def test_verify_refuses_int4_weights_outside_matmul(capsys):
+    from cgra_cli.cli import main
+
+    assert main(["verify", "--op", "conv2d", "--shape", "1,3,8,8,4,3,3", "--weight-dtype", "int4"]) == 2
+    assert "--weight-dtype int4 is for --op matmul" in capsys.readouterr().err

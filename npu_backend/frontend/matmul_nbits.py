@@ -97,3 +97,22 @@ def convert(bb: relax.BlockBuilder, inputs: list, attrs: dict, name: str, add_fu
     if bias is not None:
         out = bb.emit(relax.op.add(out, bias))
     return out
+
+
+def layer_module(m: int, k: int, block: int, packed: np.ndarray, scales: np.ndarray,
+                 zeros: np.ndarray | None = None) -> tvm.IRModule:
+    """main(x: (m, k) float32) = one MatMulNBits layer on x, from its packed tensors as
+    onnxruntime lays them out (uint8 packed (N, k_blocks * blob), float32 scales (N, k_blocks),
+    uint8 zero points (N, ceil(k_blocks / 2)) or None): what the importer makes of one node.
+    `cgra-sim verify --weight-dtype int4` runs it."""
+    n = packed.shape[0]
+    attrs = {"bits": 4, "K": k, "N": n, "block_size": block}
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            inputs = [x, relax.const(packed), relax.const(scales)] + ([relax.const(zeros)] if zeros is not None else [])
+            out = bb.emit_output(convert(bb, inputs, attrs, "matmul_int4",
+                                         lambda func, hint: bb.add_func(func.with_attr("global_symbol", hint), hint)))
+        bb.emit_func_output(out)
+    return bb.get()
