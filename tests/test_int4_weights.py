@@ -128,6 +128,7 @@ def test_matmul_nbits_stack_runs_on_the_npu_equal_to_onnxruntime(symmetric):
     mod = npu_backend.from_onnx(model)
     placements = [p for p in npu_backend.explain(mod, ARCH) if p.op.startswith("call_tir")]
     assert [p.where for p in placements] == ["npu"] * 3
+    assert [p.macs for p in placements] == [m * k * n for k, n in zip(sizes, sizes[1:])]  # every MAC on the NPU
     with npu_backend.profile() as prof:
         out = relax.VirtualMachine(npu_backend.compile(mod, ARCH), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     # measured: equal to onnxruntime 1.32 bit for bit here (its MLAS float32 path dequantizes
@@ -154,3 +155,13 @@ def test_verify_refuses_int4_weights_outside_matmul(capsys):
 
     assert main(["verify", "--op", "conv2d", "--shape", "1,3,8,8,4,3,3", "--weight-dtype", "int4"]) == 2
     assert "--weight-dtype int4 is for --op matmul" in capsys.readouterr().err
+
+
+def test_the_int4_mlp_example_runs_equal_to_onnxruntime(capsys):
+    import pathlib
+    import runpy
+
+    example = runpy.run_path(str(pathlib.Path(__file__).parent.parent / "examples" / "int4_mlp.py"))
+    result = example["main"](["--arch", "cgra-4x4", "--rows", "2"])
+    assert result["max_abs_diff"] < 1e-5
+    assert capsys.readouterr().out.count("cgra_tir_") == 3

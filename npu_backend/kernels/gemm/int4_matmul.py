@@ -28,6 +28,7 @@ from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import UNPACK4_ZERO_POINTS, DType
 
 from ...errors import ScratchpadTooSmall
+from ..common.spad_layout import a_row_stride
 
 SPAD = "global.cgra_spad"
 #: Share of the scratchpad the tiles may take (the rest absorbs the planner's alignment).
@@ -63,8 +64,10 @@ def _divisors(value: int) -> list[int]:
 
 
 def _tile_bytes(layer: Int4Layer, mt: int, nt: int) -> int:
+    """Scratchpad bytes of the tiles: two buffers of each weight tile (packed, scales, zero points,
+    unpacked), one of X's and Y's."""
     weights = nt * (layer.packed_bytes + 4 * layer.groups + (layer.zero_bytes if layer.zero_points else 0))
-    return weights + 4 * (layer.k * nt + mt * layer.k + mt * nt)
+    return 2 * (weights + 4 * layer.k * nt) + 4 * (mt * (layer.k + 64) + mt * nt)  # + X's row padding
 
 
 def choose_tiles(layer: Int4Layer, arch: HardwareDescription) -> tuple[int, int]:
@@ -86,57 +89,67 @@ def int4_matmul_kernel(layer: Int4Layer, arch: HardwareDescription):
     mt, nt = choose_tiles(layer, arch)
     m, k, n, block = layer.m, layer.k, layer.n, layer.block
     kb, g, zb = layer.packed_bytes, layer.groups, layer.zero_bytes
-    f32 = int(DType.FLOAT32)
+    f32, once = int(DType.FLOAT32), mt == m  # once: X is loaded before the weight tiles, not per tile
+    ks = a_row_stride(mt, k, 4, arch)  # X's rows padded apart, so the PE array reads them from different banks
     if layer.zero_points:
         @T.prim_func
         def kernel(X: T.Buffer((m, k), "float32"), Q: T.Buffer((n, kb), "int8"), S: T.Buffer((n, g), "float32"),
                    Z: T.Buffer((n, zb), "int8"), Y: T.Buffer((m, n), "float32")):
             T.func_attr({"cgra.kernel": True})
-            Q_s = T.alloc_buffer((nt, kb), "int8", scope=SPAD)
-            S_s = T.alloc_buffer((nt, g), "float32", scope=SPAD)
-            Z_s = T.alloc_buffer((nt, zb), "int8", scope=SPAD)
-            W_s = T.alloc_buffer((k, nt), "float32", scope=SPAD)
-            X_s = T.alloc_buffer((mt, k), "float32", scope=SPAD)
+            Q_s = T.alloc_buffer((2, nt, kb), "int8", scope=SPAD)
+            S_s = T.alloc_buffer((2, nt, g), "float32", scope=SPAD)
+            Z_s = T.alloc_buffer((2, nt, zb), "int8", scope=SPAD)
+            W_s = T.alloc_buffer((2, k, nt), "float32", scope=SPAD)
+            X_s = T.alloc_buffer((mt, ks), "float32", scope=SPAD)
             Y_s = T.alloc_buffer((mt, nt), "float32", scope=SPAD)
+            if once:
+                for i, r in T.grid(m, k):
+                    X_s[i, r] = X[i, r]
             for nb in range(n // nt):
                 for j, b in T.grid(nt, kb):
-                    Q_s[j, b] = Q[nb * nt + j, b]
+                    Q_s[nb % 2, j, b] = Q[nb * nt + j, b]
                 for j, b in T.grid(nt, g):
-                    S_s[j, b] = S[nb * nt + j, b]
+                    S_s[nb % 2, j, b] = S[nb * nt + j, b]
                 for j, b in T.grid(nt, zb):
-                    Z_s[j, b] = Z[nb * nt + j, b]
-                T.evaluate(T.call_extern("int32", "cgra_unpack4", UNPACK4_ZERO_POINTS, k, nt, block, Q_s.data, 0, kb,
-                                         S_s.data, 0, g, Z_s.data, 0, zb, W_s.data, 0, nt))
+                    Z_s[nb % 2, j, b] = Z[nb * nt + j, b]
+                T.evaluate(T.call_extern("int32", "cgra_unpack4", UNPACK4_ZERO_POINTS, k, nt, block,
+                                         Q_s.data, nb % 2 * nt * kb, kb, S_s.data, nb % 2 * nt * g, g,
+                                         Z_s.data, nb % 2 * nt * zb, zb, W_s.data, nb % 2 * k * nt, nt))
                 for mb in range(m // mt):
-                    for i, r in T.grid(mt, k):
-                        X_s[i, r] = X[mb * mt + i, r]
-                    T.evaluate(T.call_extern("int32", "cgra_gemm", 0, f32, mt, nt, k, X_s.data, 0, k,
-                                             W_s.data, 0, nt, Y_s.data, 0, nt))
+                    if not once:
+                        for i, r in T.grid(mt, k):
+                            X_s[i, r] = X[mb * mt + i, r]
+                    T.evaluate(T.call_extern("int32", "cgra_gemm", 0, f32, mt, nt, k, X_s.data, 0, ks,
+                                             W_s.data, nb % 2 * k * nt, nt, Y_s.data, 0, nt))
                     for i, j in T.grid(mt, nt):
                         Y[mb * mt + i, nb * nt + j] = Y_s[i, j]
-        return kernel
+        return kernel.with_attr("cgra.macs", m * n * k)
 
     @T.prim_func
     def kernel_symmetric(X: T.Buffer((m, k), "float32"), Q: T.Buffer((n, kb), "int8"),
                          S: T.Buffer((n, g), "float32"), Y: T.Buffer((m, n), "float32")):
         T.func_attr({"cgra.kernel": True})
-        Q_s = T.alloc_buffer((nt, kb), "int8", scope=SPAD)
-        S_s = T.alloc_buffer((nt, g), "float32", scope=SPAD)
-        W_s = T.alloc_buffer((k, nt), "float32", scope=SPAD)
-        X_s = T.alloc_buffer((mt, k), "float32", scope=SPAD)
+        Q_s = T.alloc_buffer((2, nt, kb), "int8", scope=SPAD)
+        S_s = T.alloc_buffer((2, nt, g), "float32", scope=SPAD)
+        W_s = T.alloc_buffer((2, k, nt), "float32", scope=SPAD)
+        X_s = T.alloc_buffer((mt, ks), "float32", scope=SPAD)
         Y_s = T.alloc_buffer((mt, nt), "float32", scope=SPAD)
+        if once:
+            for i, r in T.grid(m, k):
+                X_s[i, r] = X[i, r]
         for nb in range(n // nt):
             for j, b in T.grid(nt, kb):
-                Q_s[j, b] = Q[nb * nt + j, b]
+                Q_s[nb % 2, j, b] = Q[nb * nt + j, b]
             for j, b in T.grid(nt, g):
-                S_s[j, b] = S[nb * nt + j, b]
-            T.evaluate(T.call_extern("int32", "cgra_unpack4", 0, k, nt, block, Q_s.data, 0, kb,
-                                     S_s.data, 0, g, 0, 0, 0, W_s.data, 0, nt))
+                S_s[nb % 2, j, b] = S[nb * nt + j, b]
+            T.evaluate(T.call_extern("int32", "cgra_unpack4", 0, k, nt, block, Q_s.data, nb % 2 * nt * kb, kb,
+                                     S_s.data, nb % 2 * nt * g, g, 0, 0, 0, W_s.data, nb % 2 * k * nt, nt))
             for mb in range(m // mt):
-                for i, r in T.grid(mt, k):
-                    X_s[i, r] = X[mb * mt + i, r]
-                T.evaluate(T.call_extern("int32", "cgra_gemm", 0, f32, mt, nt, k, X_s.data, 0, k,
-                                         W_s.data, 0, nt, Y_s.data, 0, nt))
+                if not once:
+                    for i, r in T.grid(mt, k):
+                        X_s[i, r] = X[mb * mt + i, r]
+                T.evaluate(T.call_extern("int32", "cgra_gemm", 0, f32, mt, nt, k, X_s.data, 0, ks,
+                                         W_s.data, nb % 2 * k * nt, nt, Y_s.data, 0, nt))
                 for i, j in T.grid(mt, nt):
                     Y[mb * mt + i, nb * nt + j] = Y_s[i, j]
-    return kernel_symmetric
+    return kernel_symmetric.with_attr("cgra.macs", m * n * k)
