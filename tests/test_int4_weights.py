@@ -165,3 +165,50 @@ def test_the_int4_mlp_example_runs_equal_to_onnxruntime(capsys):
     result = example["main"](["--arch", "cgra-4x4", "--rows", "2"])
     assert result["max_abs_diff"] < 1e-5
     assert capsys.readouterr().out.count("cgra_tir_") == 3
+
+
+def test_matmul_nbits_of_a_sequence_with_a_bias_equals_onnxruntime():
+    """A (1, tokens, K) activation (flattened to rows and back), no g_idx, a bias (input 5)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+    from tvm import relax
+
+    import npu_backend
+
+    rng = np.random.default_rng(3)
+    k, n, block, groups = 64, 48, 32, 2
+    packed, scales = np.zeros((n, groups, block // 2), np.uint8), np.zeros((n, groups), np.float32)
+    zeros = np.zeros((n, 1), np.uint8)
+    quantize_matmul_4bits(packed, rng.standard_normal((k, n)).astype(np.float32), scales, zeros, block, n, k, False)
+    inits = [numpy_helper.from_array(a, name) for a, name in ((packed, "q"), (scales.reshape(-1), "s"),
+                                                              (zeros.reshape(-1), "z"),
+                                                              (rng.standard_normal(n).astype(np.float32), "b"))]
+    node = helper.make_node("MatMulNBits", ["x", "q", "s", "z", "", "b"], ["y"], name="proj", domain="com.microsoft",
+                            K=k, N=n, bits=4, block_size=block)
+    graph = helper.make_graph([node], "proj", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    x = rng.standard_normal((1, 6, k)).astype(np.float32)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    mod = npu_backend.from_onnx(model)
+    assert [p.where for p in npu_backend.explain(mod, ARCH) if p.op == "call_tir proj"] == ["npu"]
+    out = relax.VirtualMachine(npu_backend.compile(mod, ARCH), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5 * float(np.abs(expected).max()))
+
+
+def test_matmul_nbits_with_other_bits_is_refused_naming_the_node():
+    from onnx import TensorProto, helper, numpy_helper
+
+    import npu_backend
+    from npu_backend.errors import UnsupportedOperator
+
+    inits = [numpy_helper.from_array(np.zeros((8, 1, 32), np.uint8), "q"),
+             numpy_helper.from_array(np.ones(8, np.float32), "s")]
+    node = helper.make_node("MatMulNBits", ["x", "q", "s"], ["y"], name="fc8", domain="com.microsoft", K=32, N=8,
+                            bits=8, block_size=32)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    with pytest.raises(UnsupportedOperator, match="MatMulNBits 'fc8': bits=8"):
+        npu_backend.from_onnx(model)
