@@ -212,3 +212,16 @@ def test_matmul_nbits_with_other_bits_is_refused_naming_the_node():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     with pytest.raises(UnsupportedOperator, match="MatMulNBits 'fc8': bits=8"):
         npu_backend.from_onnx(model)
+
+
+def test_a_long_k_is_split_into_accumulated_tiles_and_still_passes(capsys):
+    """K = 2048 on cgra-4x4 (64 KiB): whole-K tiles would leave the PE array's columns idle, so K is
+    split in tiles of whole byte-aligned blocks whose GEMMs accumulate in the scratchpad."""
+    from npu_backend.kernels.gemm.int4_matmul import Int4Layer, choose_tiles
+    from npu_backend.tools.cli import main
+
+    arch = load_arch("cgra-4x4")
+    tiles = choose_tiles(Int4Layer(2, 2048, 64, 32, True), arch)
+    assert tiles.kt < 2048 and tiles.kt % 64 == 0 and tiles.nt >= arch.cols
+    assert main(["verify", "--op", "matmul", "--shape", "2,64,2048", "--weight-dtype", "int4", "--arch", "cgra-4x4"]) == 0
+    assert capsys.readouterr().out.startswith("PASS")

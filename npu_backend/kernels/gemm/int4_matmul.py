@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from tvm.script import tirx as T
+import tvm.script
 
 from cgra_sim.arch import HardwareDescription
-from cgra_sim.isa import UNPACK4_ZERO_POINTS, DType
+from cgra_sim.isa import GEMM_ACCUMULATE, UNPACK4_ZERO_POINTS, DType
 
 from ...errors import ScratchpadTooSmall
 from ..common.spad_layout import a_row_stride
@@ -63,93 +63,108 @@ def _divisors(value: int) -> list[int]:
     return [d for d in range(value, 0, -1) if value % d == 0]
 
 
-def _tile_bytes(layer: Int4Layer, mt: int, nt: int) -> int:
+@dataclasses.dataclass(frozen=True)
+class Int4Tiles:
+    """mt rows of X, nt output channels, kt rows of W per tile (kt = K, or a multiple of two
+    blocks dividing K: the tile's scales and zero-point bytes then start on a whole byte)."""
+
+    mt: int
+    nt: int
+    kt: int
+
+
+def _tile_bytes(layer: Int4Layer, tiles: Int4Tiles) -> int:
     """Scratchpad bytes of the tiles: two buffers of each weight tile (packed, scales, zero points,
-    unpacked), one of X's and Y's."""
-    weights = nt * (layer.packed_bytes + 4 * layer.groups + (layer.zero_bytes if layer.zero_points else 0))
-    return 2 * (weights + 4 * layer.k * nt) + 4 * (mt * (layer.k + 64) + mt * nt)  # + X's row padding
+    unpacked), one of X's (mt whole rows, padded) and Y's (all of X's rows when K is split)."""
+    mt, nt, kt = tiles.mt, tiles.nt, tiles.kt
+    whole = kt == layer.k
+    groups = layer.groups if whole else kt // layer.block
+    packed = layer.packed_bytes if whole else kt // 2
+    zeros = (layer.zero_bytes if whole else groups // 2) if layer.zero_points else 0
+    weights = nt * (packed + 4 * groups + zeros + 4 * kt)
+    return 2 * weights + 4 * (mt * (layer.k + 64) + (mt if whole else layer.m) * nt)
 
 
-def choose_tiles(layer: Int4Layer, arch: HardwareDescription) -> tuple[int, int]:
-    """(mt, nt): divisors of M and N whose tiles fit the scratchpad, the widest nt first (each
-    weight is unpacked once; X is reloaded per weight tile), then the tallest mt."""
+def choose_tiles(layer: Int4Layer, arch: HardwareDescription) -> Int4Tiles:
+    """The tiles that fit the scratchpad, preferring, in order: as many output channels as the PE
+    array has columns (fewer leave columns idle), the longest K tile (the whole K: no partial sums), more channels, more
+    rows of X. A split K keeps all of X's rows in one tile (the partial sums stay in the scratchpad)."""
     budget = int(arch.spad_bytes * _SPAD_SHARE)
-    for nt in _divisors(layer.n):
-        for mt in _divisors(layer.m):
-            if _tile_bytes(layer, mt, nt) <= budget:
-                return mt, nt
-    raise ScratchpadTooSmall(f"MatMulNBits (K {layer.k}, N {layer.n}): one row of X and one weight column take "
-                             f"{_tile_bytes(layer, 1, 1)} bytes with the whole K in the tile, more than "
-                             f"{budget} of the {arch.spad_bytes}-byte scratchpad; use a chip with a larger "
-                             "scratchpad")
+    splits = [layer.k] + [kt for kt in _divisors(layer.k) if kt < layer.k and kt % (2 * layer.block) == 0]
+    best = None
+    for kt in splits:
+        for nt in _divisors(layer.n):
+            rows = _divisors(layer.m) if kt == layer.k else [layer.m]
+            mt = next((mt for mt in rows if _tile_bytes(layer, Int4Tiles(mt, nt, kt)) <= budget), None)
+            if mt is None:
+                continue
+            key = (min(nt, arch.cols), kt, nt, mt)
+            if best is None or key > best[0]:
+                best = (key, Int4Tiles(mt, nt, kt))
+            break  # the widest nt that fits at this kt
+    if best is None:
+        raise ScratchpadTooSmall(f"MatMulNBits (K {layer.k}, N {layer.n}, M {layer.m}): no tile of X's rows and one "
+                                 f"weight column fits {budget} bytes of the {arch.spad_bytes}-byte scratchpad; use a "
+                                 "chip with a larger scratchpad")
+    return best[1]
+
+
+_TEMPLATE = """
+@T.prim_func
+def kernel(X: T.Buffer(({m}, {k}), "float32"), Q: T.Buffer(({n}, {kb}), "int8"),
+           S: T.Buffer(({n}, {g}), "float32"),{z_param} Y: T.Buffer(({m}, {n}), "float32")):
+    T.func_attr({{"cgra.kernel": True, "cgra.macs": {macs}}})
+    Q_s = T.alloc_buffer((2, {nt}, {qt}), "int8", scope="{spad}")
+    S_s = T.alloc_buffer((2, {nt}, {gt}), "float32", scope="{spad}")
+{z_alloc}    W_s = T.alloc_buffer((2, {kt}, {nt}), "float32", scope="{spad}")
+    X_s = T.alloc_buffer(({mt}, {ks}), "float32", scope="{spad}")
+    Y_s = T.alloc_buffer(({ym}, {nt}), "float32", scope="{spad}")
+{x_once}    for nb in range({n} // {nt}):
+{fill}        for ki in range({nk}):
+            for j, b in T.grid({nt}, {qt}):
+                Q_s[(nb * {nk} + ki) % 2, j, b] = Q[nb * {nt} + j, ki * {qt} + b]
+            for j, b in T.grid({nt}, {gt}):
+                S_s[(nb * {nk} + ki) % 2, j, b] = S[nb * {nt} + j, ki * {gt} + b]
+{z_load}            T.evaluate(T.call_extern("int32", "cgra_unpack4", {flags}, {kt}, {nt}, {block},
+                Q_s.data, (nb * {nk} + ki) % 2 * {nt} * {qt}, {qt}, S_s.data, (nb * {nk} + ki) % 2 * {nt} * {gt}, {gt},
+                {z_args}, W_s.data, (nb * {nk} + ki) % 2 * {kt} * {nt}, {nt}))
+            for mb in range({m} // {mt}):
+{x_tile}                T.evaluate(T.call_extern("int32", "cgra_gemm", {accumulate}, {f32}, {mt}, {nt}, {kt}, X_s.data, ki * {kt}, {ks},
+                    W_s.data, (nb * {nk} + ki) % 2 * {kt} * {nt}, {nt}, Y_s.data, {y_offset}, {nt}))
+{y_tile}{y_store}"""
 
 
 def int4_matmul_kernel(layer: Int4Layer, arch: HardwareDescription):
-    """The `cgra.kernel` PrimFunc of `layer` on `arch`: (X, packed, scales[, zeros], Y)."""
-    mt, nt = choose_tiles(layer, arch)
-    m, k, n, block = layer.m, layer.k, layer.n, layer.block
-    kb, g, zb = layer.packed_bytes, layer.groups, layer.zero_bytes
-    f32, once = int(DType.FLOAT32), mt == m  # once: X is loaded before the weight tiles, not per tile
+    """The `cgra.kernel` PrimFunc of `layer` on `arch`: (X, packed, scales[, zeros], Y). Weight
+    tiles alternate between two buffers (index (nb * nk + ki) % 2), so the DMA of the next one,
+    UNPACK4 and the GEMMs overlap."""
+    tiles = choose_tiles(layer, arch)
+    mt, nt, kt = tiles.mt, tiles.nt, tiles.kt
+    m, k, n = layer.m, layer.k, layer.n
+    whole = kt == k
+    once = mt == m  # X loaded before the weight tiles, not per tile (always when K is split)
+    gt = layer.groups if whole else kt // layer.block
+    zt = (layer.zero_bytes if whole else gt // 2) if layer.zero_points else 0
     ks = a_row_stride(mt, k, 4, arch)  # X's rows padded apart, so the PE array reads them from different banks
-    if layer.zero_points:
-        @T.prim_func
-        def kernel(X: T.Buffer((m, k), "float32"), Q: T.Buffer((n, kb), "int8"), S: T.Buffer((n, g), "float32"),
-                   Z: T.Buffer((n, zb), "int8"), Y: T.Buffer((m, n), "float32")):
-            T.func_attr({"cgra.kernel": True})
-            Q_s = T.alloc_buffer((2, nt, kb), "int8", scope=SPAD)
-            S_s = T.alloc_buffer((2, nt, g), "float32", scope=SPAD)
-            Z_s = T.alloc_buffer((2, nt, zb), "int8", scope=SPAD)
-            W_s = T.alloc_buffer((2, k, nt), "float32", scope=SPAD)
-            X_s = T.alloc_buffer((mt, ks), "float32", scope=SPAD)
-            Y_s = T.alloc_buffer((mt, nt), "float32", scope=SPAD)
-            if once:
-                for i, r in T.grid(m, k):
-                    X_s[i, r] = X[i, r]
-            for nb in range(n // nt):
-                for j, b in T.grid(nt, kb):
-                    Q_s[nb % 2, j, b] = Q[nb * nt + j, b]
-                for j, b in T.grid(nt, g):
-                    S_s[nb % 2, j, b] = S[nb * nt + j, b]
-                for j, b in T.grid(nt, zb):
-                    Z_s[nb % 2, j, b] = Z[nb * nt + j, b]
-                T.evaluate(T.call_extern("int32", "cgra_unpack4", UNPACK4_ZERO_POINTS, k, nt, block,
-                                         Q_s.data, nb % 2 * nt * kb, kb, S_s.data, nb % 2 * nt * g, g,
-                                         Z_s.data, nb % 2 * nt * zb, zb, W_s.data, nb % 2 * k * nt, nt))
-                for mb in range(m // mt):
-                    if not once:
-                        for i, r in T.grid(mt, k):
-                            X_s[i, r] = X[mb * mt + i, r]
-                    T.evaluate(T.call_extern("int32", "cgra_gemm", 0, f32, mt, nt, k, X_s.data, 0, ks,
-                                             W_s.data, nb % 2 * k * nt, nt, Y_s.data, 0, nt))
-                    for i, j in T.grid(mt, nt):
-                        Y[mb * mt + i, nb * nt + j] = Y_s[i, j]
-        return kernel.with_attr("cgra.macs", m * n * k)
-
-    @T.prim_func
-    def kernel_symmetric(X: T.Buffer((m, k), "float32"), Q: T.Buffer((n, kb), "int8"),
-                         S: T.Buffer((n, g), "float32"), Y: T.Buffer((m, n), "float32")):
-        T.func_attr({"cgra.kernel": True})
-        Q_s = T.alloc_buffer((2, nt, kb), "int8", scope=SPAD)
-        S_s = T.alloc_buffer((2, nt, g), "float32", scope=SPAD)
-        W_s = T.alloc_buffer((2, k, nt), "float32", scope=SPAD)
-        X_s = T.alloc_buffer((mt, ks), "float32", scope=SPAD)
-        Y_s = T.alloc_buffer((mt, nt), "float32", scope=SPAD)
-        if once:
-            for i, r in T.grid(m, k):
-                X_s[i, r] = X[i, r]
-        for nb in range(n // nt):
-            for j, b in T.grid(nt, kb):
-                Q_s[nb % 2, j, b] = Q[nb * nt + j, b]
-            for j, b in T.grid(nt, g):
-                S_s[nb % 2, j, b] = S[nb * nt + j, b]
-            T.evaluate(T.call_extern("int32", "cgra_unpack4", 0, k, nt, block, Q_s.data, nb % 2 * nt * kb, kb,
-                                     S_s.data, nb % 2 * nt * g, g, 0, 0, 0, W_s.data, nb % 2 * k * nt, nt))
-            for mb in range(m // mt):
-                if not once:
-                    for i, r in T.grid(mt, k):
-                        X_s[i, r] = X[mb * mt + i, r]
-                T.evaluate(T.call_extern("int32", "cgra_gemm", 0, f32, mt, nt, k, X_s.data, 0, ks,
-                                         W_s.data, nb % 2 * k * nt, nt, Y_s.data, 0, nt))
-                for i, j in T.grid(mt, nt):
-                    Y[mb * mt + i, nb * nt + j] = Y_s[i, j]
-    return kernel_symmetric.with_attr("cgra.macs", m * n * k)
+    buf = "(nb * {nk} + ki) % 2".format(nk=k // kt)
+    x_copy = "for i, r in T.grid({mt}, {k}):\n{pad}    X_s[i, r] = X[{row}i, r]\n"
+    fields = dict(m=m, k=k, n=n, kb=layer.packed_bytes, g=layer.groups, macs=m * n * k, nt=nt, mt=mt, kt=kt, nk=k // kt,
+                  qt=layer.packed_bytes if whole else kt // 2, gt=gt, ks=ks, block=layer.block, spad=SPAD,
+                  f32=int(DType.FLOAT32), flags=UNPACK4_ZERO_POINTS if layer.zero_points else 0,
+                  ym=mt if whole else m, accumulate=0 if whole else GEMM_ACCUMULATE,
+                  y_offset=0 if whole else f"mb * {mt} * {nt}")
+    fields.update(
+        z_param=f' Z: T.Buffer(({n}, {layer.zero_bytes}), "int8"),' if layer.zero_points else "",
+        z_alloc=f'    Z_s = T.alloc_buffer((2, {nt}, {zt}), "int8", scope="{SPAD}")\n' if layer.zero_points else "",
+        z_load=(f"            for j, b in T.grid({nt}, {zt}):\n"
+                f"                Z_s[{buf}, j, b] = Z[nb * {nt} + j, ki * {zt} + b]\n") if layer.zero_points else "",
+        z_args=f"Z_s.data, {buf} * {nt} * {zt}, {zt}" if layer.zero_points else "0, 0, 0",
+        x_once=("    for i, r in T.grid({m}, {k}):\n        X_s[i, r] = X[i, r]\n".format(m=m, k=k)) if once else "",
+        x_tile="" if once else "                " + x_copy.format(mt=mt, k=k, pad="                ", row=f"mb * {mt} + "),
+        fill="" if whole else (f'        T.evaluate(T.call_extern("int32", "cgra_fill", {int(DType.FLOAT32)}, Y_s.data, 0, '
+                               f"{m}, {nt}, {nt}, 0))\n"),
+        y_tile=("                for i, j in T.grid({mt}, {nt}):\n"
+                "                    Y[mb * {mt} + i, nb * {nt} + j] = Y_s[i, j]\n").format(mt=mt, nt=nt) if whole else "",
+        y_store="" if whole else ("        for i, j in T.grid({m}, {nt}):\n"
+                                  "            Y[i, nb * {nt} + j] = Y_s[i, j]\n").format(m=m, nt=nt))
+    return tvm.script.from_source(_TEMPLATE.format(**fields))
