@@ -85,10 +85,25 @@ def _tile_bytes(layer: Int4Layer, tiles: Int4Tiles) -> int:
     return 2 * weights + 4 * (mt * (layer.k + 64) + (mt if whole else layer.m) * nt)
 
 
+def estimated_cycles(layer: Int4Layer, tiles: Int4Tiles, arch: HardwareDescription) -> int:
+    """The busiest unit's cycles, as the double-buffered tiles overlap them: the DMA (weights once,
+    X once or per weight tile, Y), the PE array's GEMM folds, or UNPACK4's nibbles; plus a few
+    cycles of issue per command (each tile's loads, unpack, GEMMs and stores)."""
+    mt, nt, kt = tiles.mt, tiles.nt, tiles.kt
+    weight_tiles, row_tiles = (layer.n // nt) * (layer.k // kt), layer.m // mt
+    weights = layer.n * (layer.packed_bytes + 4 * layer.groups + (layer.zero_bytes if layer.zero_points else 0))
+    x = 4 * layer.m * layer.k * (1 if mt == layer.m else layer.n // nt)
+    dma = -(-(weights + x + 4 * layer.m * layer.n) // arch.dma_bytes_per_cycle)
+    gemm = weight_tiles * row_tiles * -(-mt // arch.rows) * -(-nt // arch.cols) * kt
+    unpack = -(-layer.k * layer.n // arch.vector_lanes)
+    return max(dma, gemm, unpack) + 8 * weight_tiles * (3 + 2 * row_tiles)
+
+
 def choose_tiles(layer: Int4Layer, arch: HardwareDescription) -> Int4Tiles:
-    """The tiles that fit the scratchpad, preferring, in order: as many output channels as the PE
-    array has columns (fewer leave columns idle), the longest K tile (the whole K: no partial sums), more channels, more
-    rows of X. A split K keeps all of X's rows in one tile (the partial sums stay in the scratchpad)."""
+    """The tiles that fit the scratchpad with the fewest estimated cycles (`estimated_cycles`):
+    per K tile (the whole K, or a multiple of two blocks dividing it; a split K keeps all of X's
+    rows in one tile, the partial sums in the scratchpad), every divisor of N and the most rows of
+    X that fit with it."""
     budget = int(arch.spad_bytes * _SPAD_SHARE)
     splits = [layer.k] + [kt for kt in _divisors(layer.k) if kt < layer.k and kt % (2 * layer.block) == 0]
     best = None
@@ -98,10 +113,10 @@ def choose_tiles(layer: Int4Layer, arch: HardwareDescription) -> Int4Tiles:
             mt = next((mt for mt in rows if _tile_bytes(layer, Int4Tiles(mt, nt, kt)) <= budget), None)
             if mt is None:
                 continue
-            key = (min(nt, arch.cols), kt, nt, mt)
-            if best is None or key > best[0]:
-                best = (key, Int4Tiles(mt, nt, kt))
-            break  # the widest nt that fits at this kt
+            tiles = Int4Tiles(mt, nt, kt)
+            key = (estimated_cycles(layer, tiles, arch), -kt, -nt)
+            if best is None or key < best[0]:
+                best = (key, tiles)
     if best is None:
         raise ScratchpadTooSmall(f"MatMulNBits (K {layer.k}, N {layer.n}, M {layer.m}): no tile of X's rows and one "
                                  f"weight column fits {budget} bytes of the {arch.spad_bytes}-byte scratchpad; use a "
