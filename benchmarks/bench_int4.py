@@ -81,7 +81,7 @@ def main(argv=None) -> list:
             r = measure(variant, x, arch)
             results.append(dict(rows=rows, weights=name, **r))
             print(f"{rows:>4} {name:<8} {r['cycles']:>9} {r['dram_bytes']:>11} {r['energy_uj']:>10.1f} "
-                  f"{r['npu_macs'] / max(1, r['macs']):>9.1%} {r['diff']:>9.2g}")
+                  f"{r['npu_macs'] / max(1, r['macs']):>9.1%} {r['diff']:>9.2g} (of {r['scale']:.2g})")
     return results
 
 
