@@ -25,7 +25,7 @@ from tvm import te, tirx
 
 from ...errors import UnsupportedOperator
 from ...relax_info import shape_dims, static_shape
-from ..common.dynamic import BOUNDED, CUT_PARAMS, dim_var, read_shape, symbols_of
+from ..common.dynamic import BOUNDED, CUT_PARAMS, GATHERS, dim_var, read_shape, symbols_of
 from ..common.operands import kernel_prim_func, padded
 from ..common.spec import KernelSpec, Tiling
 from .epilogue import epilogue_compute, epilogue_operands
@@ -212,6 +212,9 @@ def symbolic_matmul_compute(spec: KernelSpec, tiling: Tiling):
         length = n_name if spec.rhs_transposed else k_name
         func = func.with_attr(BOUNDED, [[length, spec.rhs_capacity, "attention over a KV cache",
                                          f"the cache holds {spec.rhs_capacity} positions (the decode step's bound)"]])
+        # The cache's rows past the length are not loaded either: its boxes are cut like a gather's,
+        # to the rows the last tile of the length holds (the cache's own extent is the bound).
+        func = func.with_attr(GATHERS, {"rhs": [[1, 1, 1, 0]]})
     return func.with_attr(CUT_PARAMS, cut_params(m_name, n_name, k_name))
 
 
