@@ -211,7 +211,8 @@ def symbolic_matmul_compute(spec: KernelSpec, tiling: Tiling):
     if spec.rhs_capacity:  # a length past the cache: a ValueError before any command (lower/ragged.py)
         length = n_name if spec.rhs_transposed else k_name
         func = func.with_attr(BOUNDED, [[length, spec.rhs_capacity, "attention over a KV cache",
-                                         f"the cache holds {spec.rhs_capacity} positions (the decode step's bound)"]])
+                                         f"the cache holds {spec.rhs_capacity} positions: preallocate it for more "
+                                         "(preallocate_kv_cache(mod, bound=...))"]])
         # The cache's rows past the length are not loaded either: its boxes are cut like a gather's,
         # to the rows the last tile of the length holds (the cache's own extent is the bound).
         func = func.with_attr(GATHERS, {"rhs": [[1, 1, 1, 0]]})
