@@ -11,6 +11,11 @@ per cycle; "x roofline" is the step's cycles over that. Host cycles and host/NPU
 printed too (0: every op on the NPU, the caches on the device).
 
     python benchmarks/bench_decode.py [--arch cgra-4x4 cgra-8x8 cgra-16x16] [--lengths 1 16 128 1024 2048]
+                                      [--static]
+
+With `--static`, each length also compiles the step for exactly that length (caches of L - 1 rows
+in, grown by concat: no preallocated cache, no symbolic length) and prints the preallocated step's
+cycles (NPU + host) over that compile's: one compile per length, slow.
 
 Needs torch and transformers (`pip install -e ".[hf]"`).
 """
@@ -53,12 +58,35 @@ def measure(vm, model, bound: int, length: int) -> dict:
     return step_figures(prof)
 
 
+def static_cycles(model, arch: str, length: int) -> int:
+    """NPU + host cycles of the step compiled for exactly cache length `length` (L - 1 rows in)."""
+    import torch
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.torch import from_exported_program
+
+    import npu_backend
+    from generate import decode_step
+
+    config = model.config
+    caches = [torch.randn(1, config.num_key_value_heads, length - 1, config.head_dim)
+              for _ in range(2 * config.num_hidden_layers)]
+    args = (torch.tensor([[1]]), torch.tensor([length - 1]), *caches)
+    with torch.no_grad():
+        mod = from_exported_program(torch.export.export(decode_step(model), args))
+    vm = relax.VirtualMachine(npu_backend.compile(mod, arch), tvm.cpu())
+    with npu_backend.profile() as prof:
+        vm["main"](*[tvm.runtime.tensor(a.numpy()) for a in args])
+    return prof.total_cycles + prof.host_cycles
+
+
 def main(argv=None) -> None:
     """One table per preset: a row per cache length."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", nargs="+", default=["cgra-4x4", "cgra-8x8", "cgra-16x16"])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1, 16, 128, 1024, 2048])
     parser.add_argument("--bound", type=int, default=2048, help="cache positions preallocated (default: 2048)")
+    parser.add_argument("--static", action="store_true", help="also compile for each length and compare (slow)")
     args = parser.parse_args(argv)
     if max(args.lengths) > args.bound:
         parser.error(f"a cache length of {max(args.lengths)} is past --bound {args.bound}")
@@ -72,14 +100,15 @@ def main(argv=None) -> None:
         print(f"\n{arch_name}: {arch.dma_bytes_per_cycle} DMA bytes/cycle, {arch.clock_mhz:.0f} MHz; compiled once "
               f"for lengths 1..{args.bound} in {seconds:.1f} s")
         print(f"{'length':>7} {'cycles':>9} {'tokens/s':>9} {'DRAM B':>9} {'roofline B':>10} {'roofline cyc':>12} "
-              f"{'x roofline':>10} {'host cyc':>8} {'crossings':>9}")
+              f"{'x roofline':>10} {'host cyc':>8} {'crossings':>9}" + (f" {'/ static':>8}" if args.static else ""))
         for length in args.lengths:
             f = measure(vm, model, args.bound, length)
             need = roofline_bytes(model, length)
             bound_cycles = -(-need // arch.dma_bytes_per_cycle)
             print(f"{length:>7} {f['cycles']:>9} {arch.clock_mhz * 1e6 / f['cycles']:>9.0f} {f['dram_bytes']:>9} "
                   f"{need:>10} {bound_cycles:>12} {f['cycles'] / bound_cycles:>10.2f} {f['host_cycles']:>8} "
-                  f"{f['crossings']:>9}", flush=True)
+                  f"{f['crossings']:>9}" + (f" {(f['cycles'] + f['host_cycles']) / static_cycles(model, arch_name, length):>8.3f}"
+                                            if args.static and length > 1 else ""), flush=True)
 
 
 if __name__ == "__main__":
