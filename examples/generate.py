@@ -179,8 +179,8 @@ def reference(model, prompt: list, tokens: int) -> list:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    head, _, rest = __doc__.partition("\n\n")
+    parser = argparse.ArgumentParser(description=head, epilog=rest, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", default="cgra-8x8", help="chip preset or JSON file (default: cgra-8x8)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens to generate (default: 64)")
     parser.add_argument("--prompt-length", type=int, default=8, help="random prompt tokens (default: 8)")
