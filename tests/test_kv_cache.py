@@ -96,3 +96,18 @@ def test_a_position_past_the_cache_says_the_bound_and_writes_nothing_past_it(ste
 def test_a_step_without_the_position_parameter_is_refused_with_its_parameters():
     with pytest.raises(npu_backend.InvalidModel, match="no parameter 'position'.*q, k, v, pos, keys, values"):
         preallocate_kv_cache(_grown_step(), BOUND, position="position")
+
+
+def test_a_matmul_reading_a_static_slice_of_rows_keeps_the_slice_a_layout_copy():
+    """The cache roots take a slice to a symbolic length only; a static one (a model slicing a
+    weight or an activation) is the layout family's copy, as before."""
+    q = relax.Var("q", relax.TensorType([1, KV_HEADS, GROUP, DEPTH], "float32"))
+    rows = relax.Var("rows", relax.TensorType([1, KV_HEADS, BOUND, DEPTH], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [q, rows]):
+        with bb.dataflow():
+            first = bb.emit(relax.op.strided_slice(rows, [2], [0], [10]))
+            out = bb.emit_output(relax.op.matmul(q, relax.op.permute_dims(first, [0, 1, 3, 2])))
+        bb.emit_func_output(out)
+    kernels = {p.op: p.kernel for p in npu_backend.explain(bb.get(), "cgra-8x8")}
+    assert kernels["strided_slice"].startswith("cgra.strided_slice") and kernels["matmul"].startswith("cgra.linear ")

@@ -112,6 +112,9 @@ def cache_rows(prefix, cache, annotated: dict) -> tuple:
     Raises UnsupportedOperator otherwise."""
     shape = static_shape(cache)
     rank = len(shape or ())
+    rows = shape_dims(prefix)
+    if rows is None or len(rows) != rank or isinstance(rows[-2], int):
+        raise UnsupportedOperator("a matmul reading a slice of static length: the slice is a layout copy of its own")
     broadcast, view = annotated.get("broadcast"), annotated.get("view")
     target = shape_dims(broadcast) if broadcast is not None else None
     if target is None and broadcast is not None:  # an offloaded function's call may carry no type: its shape argument
