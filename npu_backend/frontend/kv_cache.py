@@ -92,7 +92,8 @@ class _Preallocate(relax.PyExprMutator):
         value = binding.value
         if isinstance(value, relax.Call) and value.op.same_as(_CONCAT) and isinstance(value.args[0], relax.Tuple):
             fields = value.args[0].fields
-            if len(fields) == 2 and fields[0] in self.preallocated and int(value.attrs.axis) % 4 == self.axis:
+            if len(fields) == 2 and fields[0] in self.preallocated and \
+                    int(value.attrs.axis) % len(fields[0].ty.shape.values) == self.axis:
                 self._write(binding.var, fields[0], self.visit_expr(fields[1]))
                 return
         if isinstance(value, relax.Tuple) and any(f in self.grown for f in value.fields):
