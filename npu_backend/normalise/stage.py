@@ -35,6 +35,7 @@ from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .qdq import canonicalize_qdq
+from .qlayouts import quantized_layouts_pass
 from .qlinear import integer_qlinear_adds_pass
 from .rewrite import scans_shared
 from .rms_norms import rms_norms_pass
@@ -142,6 +143,10 @@ def normalise_passes(arch=None) -> list:
         # A pooling window of more than 256 taps becomes a row pass and a column pass: the POOL
         # command's window expression must not grow with the window (large_pools.py).
         split_large_pools_pass,
+        # A concat, split, reshape or max pool between quantized tensors runs on the int8 tensors,
+        # an operand of another scale requantised, exactly (qlayouts.py): no float copy between
+        # the host's dequantizes and quantizes.
+        quantized_layouts_pass,
         # A residual add between quantized tensors (dequantize, add, quantize) is onnxruntime's
         # fixed-point QLinearAdd on int32, one FABRIC_INT8 kernel (qlinear.py); last, so that its
         # constants stay 0-d (immediates of the kernel's body).
