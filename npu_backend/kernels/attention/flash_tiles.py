@@ -23,7 +23,7 @@ from ..common.spec import aligned, round_up
 F32_BYTES = 4
 #: How many more DMA bytes than the fewest a tiling may move and still be taken for its cycles
 #: (the key tiles of the fewest bytes can be 8 keys wide: many short commands).
-BYTES_SLACK = 0.03
+BYTES_SLACK = 0.5
 #: The most query tiles the search tries (it tries every count of query tiles up to this).
 MAX_QUERY_TILES = 256
 
