@@ -282,13 +282,16 @@ def test_epilogue_tail_three_ways(rows, cols, act, bias, residual, multiplier, c
         ["acc"] + (["bias"] if bias else []) + (["res"] if residual else []) + (["mul"] if multiplier else []) +
         (["scale", "shift"] if channel else []) + ["out"])}
     smooth_act = act in ("sigmoid", "silu", "gelu_tanh")
-    first = slot["acc"] if smooth_act else slot["out"]
+    # An EPILOGUE with nothing to add, clip or scale is a copy: the tail reads the accumulator.
+    identity = not (bias or residual or relu or channel)
+    first = slot["acc"] if smooth_act or identity else slot["out"]
     code = int(DType.FLOAT32)
-    stream.commands.append(encode(
-        Op.EPILOGUE, flags=(1 if bias else 0) | (4 if residual else 0) | (2 if relu and not channel else 0),
-        acc_dtype=code, out_dtype=code, m=rows, n=cols, acc_addr=slot["acc"], acc_stride=cols,
-        bias_addr=slot.get("bias", 0), residual_addr=slot.get("res", 0), residual_stride=cols if residual else 0,
-        out_addr=first, out_stride=cols))
+    if not identity:
+        stream.commands.append(encode(
+            Op.EPILOGUE, flags=(1 if bias else 0) | (4 if residual else 0) | (2 if relu and not channel else 0),
+            acc_dtype=code, out_dtype=code, m=rows, n=cols, acc_addr=slot["acc"], acc_stride=cols,
+            bias_addr=slot.get("bias", 0), residual_addr=slot.get("res", 0), residual_stride=cols if residual else 0,
+            out_addr=first, out_stride=cols))
     if channel:
         stream.commands.append(encode(
             Op.ELTWISE, func=EltwiseFunc.MULTIPLY, dtype=code, rows=rows, cols=cols, a_addr=first, a_row_stride=cols,
@@ -305,10 +308,10 @@ def test_epilogue_tail_three_ways(rows, cols, act, bias, residual, multiplier, c
             _multiply(stream, rows, cols, slot["acc"], slot["out"], slot["out"])
     elif act == "gelu":
         stream.commands.append(encode(
-            Op.VFUNC, func=VFunc.GELU, dtype=code, rows=rows, cols=cols, a_addr=slot["out"], a_row_stride=cols,
+            Op.VFUNC, func=VFunc.GELU, dtype=code, rows=rows, cols=cols, a_addr=first, a_row_stride=cols,
             a_col_stride=1, out_addr=slot["out"], out_stride=cols))
     if multiplier:
-        _multiply(stream, rows, cols, slot["out"], slot["mul"], slot["out"])
+        _multiply(stream, rows, cols, slot["out"] if act else first, slot["mul"], slot["out"])
     stream.store(len(operands) - 1)
     sim_out = stream.run()[-1]
     value = acc + (row if bias else np.float32(0)) + (res if residual else np.float32(0))
@@ -319,7 +322,7 @@ def test_epilogue_tail_three_ways(rows, cols, act, bias, residual, multiplier, c
     np.testing.assert_allclose(sim_out, tir_out, rtol=4e-5, atol=1e-5)
     text = impl.script()
     assert all((f'"cgra_{name}"' in text) == expected for name, expected in (
-        ("epilogue", True), ("fabric", smooth_act), ("vfunc", act == "gelu"),
+        ("epilogue", not identity), ("fabric", smooth_act), ("vfunc", act == "gelu"),
         ("eltwise", multiplier or channel or act in ("silu", "gelu_tanh"))))
 
 

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cgra_sim import CycleLimitExceeded, load_arch, preset_names, simulate, simulate_detailed, streams
-from cgra_sim.isa import EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL, GEMM_ACCUMULATE, DType, Op, encode
+from cgra_sim.isa import EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_RESIDUAL, GEMM_ACCUMULATE, DType, Op, Unit, encode
 from cgra_sim.scoreboard import Scoreboard
 
 PRESETS = [load_arch(name) for name in preset_names()]
@@ -112,12 +112,13 @@ def test_single_gemm_pays_config_fill_and_folds(arch, m, n, k, dtype, macs_per_p
                gemm(dtype, m, n, k, 0, m * k * size, (m * k + k * n) * size)]
     stats, timeline = run(arch, records, [a, b])
 
-    # The second load starts when the first has streamed; both latencies overlap.
+    # The second load starts when the first has streamed; both latencies overlap. The
+    # configuration loads while they arrive: the operands enter when both are in.
     transfers = transfer_cycles(arch, a.nbytes) + transfer_cycles(arch, b.nbytes)
     loads_end = arch.dma_latency + transfers
-    assert timeline.starts[2] == loads_end
+    assert timeline.starts[2] == max(0, loads_end - arch.config_load_cycles)
     assert durations(timeline)[2] == gemm_cycles(arch, m, n, k, dtype)
-    assert stats.cycles == loads_end + gemm_cycles(arch, m, n, k, dtype)
+    assert stats.cycles == max(loads_end, arch.config_load_cycles) + gemm_cycles(arch, m, n, k, dtype, config=False)
     assert stats.busy_cycles == {"load": transfers, "compute": gemm_cycles(arch, m, n, k, dtype),
                                  "store": 0, "vector": 0}
     assert stats.config_loads == 1
@@ -195,7 +196,7 @@ def test_operand_arriving_during_the_previous_drain_hides_part_of_the_fill():
     records, tensors, a, b, acc1, acc2 = _operands("int8", m, n, k1)
     fill = m + n - 2
     # A filler load on the load queue delays B2 so that it lands in the middle of the drain.
-    filler = (arch.config_load_cycles + k1 + fill // 2 - transfer_cycles(arch, k2 * n)) * arch.dma_bytes_per_cycle
+    filler = (k1 + fill // 2 - transfer_cycles(arch, k2 * n)) * arch.dma_bytes_per_cycle
     b2, spare = 16384, 32768
     records += [gemm("int8", m, n, k1, a, b, acc1), streams.dma(Op.DMA_LOAD, 3, spare, [(filler, 0, 1, 1)]),
                 load(2, b2, k2, n),
@@ -416,20 +417,23 @@ def test_gemm_stalls_for_its_operands_and_the_store_for_the_gemm(arch):
     stats, timeline = run(arch, records, [np.ones(operands, np.int8), out])
 
     load_end = dma_cycles(arch, operands)  # the GEMM's operands are all in
-    gemm_end = load_end + gemm_cycles(arch, m, n, k, "int8")
+    # The configuration loads while they arrive (the PE array is free): the GEMM starts that
+    # much before load_end and its operands enter at load_end.
+    config = arch.config_load_cycles
+    gemm_end = max(load_end, config) + gemm_cycles(arch, m, n, k, "int8", config=False)
     total = gemm_end + dma_cycles(arch, out.nbytes)
     assert stats.cycles == total
     assert stats.busy_cycles == {"load": transfer_cycles(arch, operands), "vector": 0,
                                  "compute": gemm_cycles(arch, m, n, k, "int8"),
                                  "store": transfer_cycles(arch, out.nbytes)}
     # The PE array waits for the load's transfer and its latency; the store for the GEMM.
-    assert stats.stall_cycles == {"load": 0, "compute": load_end, "vector": 0, "store": gemm_end}
+    assert stats.stall_cycles == {"load": 0, "compute": max(0, load_end - config), "vector": 0, "store": gemm_end}
     # After its last command: the load engine is free once it has streamed (its latency is idle
     # time), the PE array once the GEMM ends, the store engine during its own latency.
     assert stats.idle_cycles == {"load": total - transfer_cycles(arch, operands),
                                  "compute": total - gemm_end, "vector": total,
                                  "store": arch.dma_latency}
-    assert list(timeline.waits_for) == [-1, 0, 1]
+    assert list(timeline.waits_for) == [-1, 0 if load_end > config else -1, 1]
     np.testing.assert_array_equal(out, k)
 
 
@@ -464,14 +468,16 @@ def test_a_stall_free_queue_reports_no_stall():
     records += [gemm("int8", m, n, k, a, b, acc), gemm("int8", m, n, k, a, b, acc, accumulate=True)]
     stats, timeline = run(arch, records, tensors)
     loads_end = dma_cycles(arch, m * k) + transfer_cycles(arch, k * n)
-    assert stats.stall_cycles["compute"] == loads_end == timeline.starts[2]
-    assert list(timeline.stalls()) == [0, 0, loads_end, 0]
+    configured = loads_end - arch.config_load_cycles  # the configuration loads while they arrive
+    assert stats.stall_cycles["compute"] == configured == timeline.starts[2]
+    assert list(timeline.stalls()) == [0, 0, configured, 0]
     assert stats.idle_cycles["compute"] == 0 and stats.idle_cycles["vector"] == stats.cycles
 
 
-def check_unit_cycles(stats, timeline):
+def check_unit_cycles(stats, timeline, config: int = 0):
     """busy + stall + idle == cycles per unit, none negative, and every stall is a wait for a
-    dependency: it ends exactly when an earlier command it depends on ends."""
+    dependency: it ends exactly when an earlier command it depends on ends, or, for a PE-array
+    command loading its configuration while it waits, `config` cycles (that load) before."""
     for unit in UNITS:
         parts = (stats.busy_cycles[unit], stats.stall_cycles[unit], stats.idle_cycles[unit])
         assert min(parts) >= 0 and sum(parts) == stats.cycles, unit
@@ -479,7 +485,8 @@ def check_unit_cycles(stats, timeline):
     assert (stalls >= 0).all()
     for index in np.flatnonzero(stalls > 0):
         blocker = timeline.waits_for[index]
-        assert 0 <= blocker < index and timeline.ends[blocker] == timeline.starts[index]
+        early = timeline.ends[blocker] - timeline.starts[index]
+        assert 0 <= blocker < index and early in ((0, config) if timeline.units[index] == Unit.COMPUTE else (0,))
     assert (timeline.waits_for[stalls == 0] == -1).all()
 
 
@@ -487,7 +494,7 @@ def check_unit_cycles(stats, timeline):
 def test_busy_stall_and_idle_add_up_to_the_kernels_cycles(case):
     arch, records, tensors = case
     result = simulate_detailed(arch, records, tensors())
-    check_unit_cycles(result.stats, result.timeline)
+    check_unit_cycles(result.stats, result.timeline, arch.config_load_cycles)
 
 
 @pytest.mark.parametrize("arch", PRESETS, ids=lambda a: a.name)
@@ -497,7 +504,7 @@ def test_busy_stall_and_idle_add_up_on_a_conv_with_halo_loads(arch):
     result = simulate_detailed(arch, records, [np.ones((height, width, channels), np.int8),
                                                np.ones((3, 3, channels, filters), np.int8),
                                                np.zeros((height, width, filters), np.int32)])
-    check_unit_cycles(result.stats, result.timeline)
+    check_unit_cycles(result.stats, result.timeline, arch.config_load_cycles)
     assert result.stats.stall_cycles["compute"] > 0  # the first GEMM waits for its loads
 
 
@@ -714,6 +721,6 @@ def test_busy_stall_and_idle_add_up_when_banks_conflict(arch):
                                  epilogue_flags=EPILOGUE_RELU)
     tensors = [np.ones((m, k), np.float32), np.ones((k, n), np.float32), np.zeros((m, n), np.float32)]
     result = simulate_detailed(arch, records, tensors)
-    check_unit_cycles(result.stats, result.timeline)
+    check_unit_cycles(result.stats, result.timeline, arch.config_load_cycles)
     spread = dataclasses.replace(arch, spad_banks=arch.spad_banks * 8)  # the rows' banks differ
     assert simulate(spread, records, tensors).cycles < result.stats.cycles

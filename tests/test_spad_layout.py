@@ -81,18 +81,18 @@ def _extern_calls(func, name):
 
 
 def test_golden_a_row_stride_of_a_float32_gemm_tile_is_padded():
-    """matmul 64x64x64 float32 on cgra-8x8: tiles 32 x 32 x 64, A's rows 256 bytes (4 bank
+    """matmul 64x64x64 float32 on cgra-8x8: tiles 32 x 16 x 64, A's rows 256 bytes (4 bank
     periods) padded to 65 elements; the DMA box writes A with that stride, and the doubled
-    allocation holds two padded tiles."""
+    allocation (one A panel per row tile, held across its column tiles) holds two padded tiles."""
     arch = ARCHS["cgra-8x8"]
     spec = KernelSpec("matmul", "float32", "float32", (64, 64), (64, 64))
     kernel = Kernel("k", spec, {})
     for _, stage in KERNEL_STAGES:
         kernel = stage(kernel, arch, CompileOptions())
-    assert (kernel.tiling.tm, kernel.tiling.tn, kernel.tiling.tk) == (32, 32, 64)
+    assert (kernel.tiling.tm, kernel.tiling.tn, kernel.tiling.tk) == (32, 16, 64)
     lowered = kernel.func
     gemm, = _extern_calls(lowered, "cgra_gemm")
-    assert [int(gemm.args[i]) for i in (3, 4, 5, 8, 11, 14)] == [32, 32, 64, 65, 32, 32]  # m n k sa sb sc
+    assert [int(gemm.args[i]) for i in (3, 4, 5, 8, 11, 14)] == [32, 16, 64, 65, 16, 16]  # m n k sa sb sc
     load_a = _extern_calls(lowered, "cgra_dma_load")[0]
     box = device_call_positions("cgra_dma_load")["box"]
     loops = [int(load_a.args[i]) for i in box[12:20]]  # (extent, dim, step, spad stride) of the box's loops 0, 1

@@ -14,9 +14,12 @@ left the unit, and ends after its cycles, the closed forms of cost.py (the compi
 searches use the same ones): a DMA's latency and transfer, a vector command's lanes and
 overhead, a GEMM's or DEPTHWISE's steady stream and fill, read off the decoded command here.
     PE array  After anything but a GEMM of the same dtype, operands enter at
-            stream = start (+ the systolic cell's configuration, config_load_cycles a context
-                            slot (cost.pe_array_config_cycles), if (GEMM, dtype) is not in the
-                            PE array's context memory; vector commands leave it alone)
+            stream = max(ready, free + config)   (config: the systolic cell's configuration,
+                            config_load_cycles a context slot (cost.pe_array_config_cycles), if
+                            (GEMM, dtype) is not in the PE array's context memory, else 0; vector
+                            commands leave it alone. It comes from the command stream, not the
+                            scratchpad: it loads while the operands arrive, the command starting
+                            at stream - config)
         Right after a GEMM of the same dtype, operands enter as soon as they are ready and the
         previous GEMM's operands are in:  stream = max(ready, previous stream + previous steady)
         end = max(stream + fill, previous end) + steady   (results leave in order)
@@ -26,8 +29,8 @@ overhead, a GEMM's or DEPTHWISE's steady stream and fill, read off the decoded c
         DEPTHWISE likewise, keyed by (DEPTHWISE, dtype): switching between GEMM and DEPTHWISE
         loads a configuration only if it is not resident (context memory, below).
     FABRIC  end = start (+ the body's configuration load, cost.fabric_config_cycles, if it is not
-            in the context memory) + cost.fabric_run_cycles (its mapping's latency, lanes and
-            II: mapping/body.py).
+            in the context memory, overlapping the wait for the operands as a GEMM's does) +
+            cost.fabric_run_cycles (its mapping's latency, lanes and II: mapping/body.py).
     Context memory: a PE holds `fabric.context_depth` configuration slots; GEMM and DEPTHWISE
         take the cell's (mapping/pe_array.py: 1 on the presets), a FABRIC body its II. Switching
         to a resident configuration is free (a multi-context CGRA changes its context pointer);
@@ -296,20 +299,29 @@ def _time_pool(arch: HardwareDescription, cmd: PoolCommand, ready: int, free: in
 
 def _time_pe_array(arch: HardwareDescription, cmd: GemmCommand | DepthwiseCommand, ready: int,
                    free: int, compute: _ComputeQueue) -> tuple[int, int, int]:
-    start = max(free, ready)
     prev = compute.previous_gemm
     if prev is not None and (prev.op, prev.dtype) == (cmd.op, cmd.dtype):
+        start = max(free, ready)
         stream = max(ready, prev.stream_end)
     else:
-        stream = start
         dtype = cmd.dtype.numpy_name
-        if compute.switch((cmd.op, cmd.dtype), cost.pe_array_slots(arch, dtype), arch.fabric["context_depth"]):
-            stream += cost.pe_array_config_cycles(arch, dtype)
+        loaded = compute.switch((cmd.op, cmd.dtype), cost.pe_array_slots(arch, dtype), arch.fabric["context_depth"])
+        config = cost.pe_array_config_cycles(arch, dtype) if loaded else 0
+        start = _configured_start(free, ready, config)
+        stream = start + config
     steady_cycles, fill_cycles = _PE_ARRAY_CYCLES[cmd.op]
     steady = _cycles(arch, cmd, compute, steady_cycles)
     end = max(stream + fill_cycles(arch, cmd), free) + steady
     compute.previous_gemm = _PreviousGemm(cmd.index, cmd.op, cmd.dtype, _region_key(cmd.acc), stream + steady)
     return start, end, end
+
+
+def _configured_start(free: int, ready: int, config: int) -> int:
+    """When a PE-array command that first loads a configuration of `config` cycles starts: the
+    configuration comes from the command stream, not the scratchpad, so it loads while the
+    operands are still arriving, as soon as the array is free; the operands enter when both the
+    configuration and they are in (at max(free + config, ready))."""
+    return max(free, ready - config)
 
 
 def fabric_cycles(arch: HardwareDescription, cmd: FabricCommand) -> tuple[int, int, int]:
@@ -325,9 +337,9 @@ def fabric_cycles(arch: HardwareDescription, cmd: FabricCommand) -> tuple[int, i
 
 def _time_fabric(arch: HardwareDescription, cmd: FabricCommand, ready: int, free: int,
                  compute: _ComputeQueue) -> tuple[int, int, int]:
-    start = max(free, ready)
     config, run, slots = _cycles(arch, cmd, compute, fabric_cycles)
     loaded = compute.switch((Op.FABRIC, cmd.dtype, cmd.body), slots, arch.fabric["context_depth"])
+    start = _configured_start(free, ready, config if loaded else 0)
     start_run = start + config if loaded else start
     compute.previous_gemm = None  # the array no longer holds a GEMM's partial sums
     end = start_run + run
@@ -418,9 +430,10 @@ def time_commands(arch: HardwareDescription, commands: list[Command],
         start, end, free = _TIMERS[cmd.op](arch, cmd, ready, queue_free[cmd.unit], compute)
         if end > max_cycles:
             raise CycleLimitExceeded(cmd.index, cmd.op.name, end, max_cycles)
-        # start > free only when ready > free (start = max(free, ready)): a dependency stall.
+        # start > free only when ready > free (start = max(free, ready), or ready less a
+        # configuration load that overlaps the wait): a dependency stall, on what made `ready`.
         stalled = start > queue_free[cmd.unit]
-        waits_for.append(_blocker(board, accesses, forwarding, start) if stalled else -1)
+        waits_for.append(_blocker(board, accesses, forwarding, ready) if stalled else -1)
         for lo, hi, _, write in accesses:
             (board.record_write if write else board.record_read)(lo, hi, end, cmd.index)
         queue_free[cmd.unit] = free

@@ -195,21 +195,22 @@ def _with_multiplier(spec, annotated: dict):
 
 
 def tail_tile_cycles(spec, arch):
-    """cycles(elements) of the activation's and the multiply's work on one output tile, as
-    their standalone kernels price it (sigmoid.py, special.py, eltwise.py); None without them.
-    A smooth activation's bodies must map onto the chip's fabric."""
+    """cycles(elements) -> (PE array, vector unit) cycles of the activation's and the multiply's
+    work on one output tile, as their standalone kernels price it (sigmoid.py, special.py,
+    eltwise.py); None without them. A smooth activation's FABRIC bodies run on the PE array
+    (between two tiles' GEMMs), GELU's VFUNC and the multiplies on the vector unit. A smooth
+    activation's bodies must map onto the chip's fabric."""
     if not spec.act and not spec.multiplier_shape:
         return None
     programs = [(require_program(nodes, "float32", arch, spec.act), nodes) for nodes in act_passes(spec.act)] \
         if spec.act else []
 
-    def cycles(elements: int) -> int:
-        work = sum(cost.fabric_run_cycles(arch, program, elements, (12 if reads_b(nodes) else 8) * elements)
-                   for program, nodes in programs)
-        if spec.act == "gelu":
-            work += cost.vfunc_cycles(arch, elements, "gelu")
+    def cycles(elements: int) -> tuple[int, int]:
+        array = sum(cost.fabric_run_cycles(arch, program, elements, (12 if reads_b(nodes) else 8) * elements)
+                    for program, nodes in programs)
+        vector = cost.vfunc_cycles(arch, elements, "gelu") if spec.act == "gelu" else 0
         multiplies = (spec.act not in (None, "sigmoid", "gelu")) + bool(spec.multiplier_shape)
-        return work + multiplies * cost.eltwise_cycles(arch, elements, 2 * elements)
+        return array, vector + multiplies * cost.eltwise_cycles(arch, elements, 2 * elements)
 
     return cycles
 
@@ -223,6 +224,6 @@ def check_tail_padding(spec, tiling, arch) -> None:
         return
     rows, cols, _ = spec.gemm_extents
     real, padded = rows * cols * max(spec.batch, 1), tiling.mp * tiling.np * max(spec.batch, 1)
-    if tail(padded) > tail(real) + cost.dma_transfer_cycles(arch, 8 * real):
+    if sum(tail(padded)) > sum(tail(real)) + cost.dma_transfer_cycles(arch, 8 * real):
         raise UnsupportedOperator(f"{spec.act} after the {spec.op}: its tiles pad {rows} x {cols} to {tiling.mp} x "
                                   f"{tiling.np}, and the activation over the padding costs more than its own kernel")

@@ -4,10 +4,11 @@ Stage: tiling and schedule. A GEMM-shaped kernel's PrimFunc (blocks a_pad, b_pad
 [res_pad], acc, [scale_pad], epi, out; see the families' computes) has rows Mp, columns Np and a
 reduction Kp padded to whole tiles. `choose_gemm_tiling` picks tile sizes (tm, tn, tk): whole
 multiples of the PE array whose double-buffered buffers fit the scratchpad, with the fewest
-estimated cycles. `schedule_gemm` then computes the output tile by tile (tm x tn, anchored on
+estimated cycles (gemm_estimate.py). `schedule_gemm` then computes the output tile by tile (tm x tn, anchored on
 the epilogue's tile loops), loads operand tiles (a_pad, b_pad) and the bias into the scratchpad
 per reduction step and the residual tile once per output tile (these copies become DMA, see
-lower/dma.py), runs each reduction step as one GEMM over the tile (the PE array runs its folds),
+lower/dma.py; a static matmul whose reduction is one step loads A's row panel once per row tile,
+before its column tiles, which all read it: holds_a_panel), runs each reduction step as one GEMM over the tile (the PE array runs its folds),
 the accumulator's init as one FILL and the epilogue as one EPILOGUE per tile, and stores the
 valid region of each tile by DMA. A's rows, and the output tile's rows when the store reads one
 element per row (NCHW), are padded with `storage_align` so the banks serve them without
@@ -16,10 +17,8 @@ conflicts (spad_layout.py).
 
 from __future__ import annotations
 
-import functools
 import math
 
-from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
@@ -30,6 +29,7 @@ from .epilogue_tail import check_tail_padding, tail_tile_cycles
 from ..intrinsics import SPAD, get_intrin
 from ..common.spad_layout import a_row_stride, align_output_rows, align_rows, out_row_stride, store_walks_rows
 from ..common.spec import KernelSpec, Tiling, aligned, round_up
+from .gemm_estimate import estimate_cycles, holds_a_panel, may_hold_a_panel
 
 
 # ------------------------------------------------------------------ tile search
@@ -41,7 +41,7 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     key = (spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), spec.row_step,
            bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
            _any_rows(spec), spec.pixel_order, _taps(spec), spec.act, bool(spec.multiplier_shape),
-           bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape), arch.fingerprint)
+           bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape), may_hold_a_panel(spec), arch.fingerprint)
     if key not in _TILINGS:
         if len(_TILINGS) >= 4096:
             _TILINGS.clear()
@@ -51,7 +51,8 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
                                       any_rows=_any_rows(spec), taps=_taps(spec),
                                       ragged=spec.pixel_order != "blocks", has_multiplier=bool(spec.multiplier_shape),
                                       tail_cycles=tail_tile_cycles(spec, arch),
-                                      extra_rows=bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape))
+                                      extra_rows=bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape),
+                                      a_panel=may_hold_a_panel(spec))
     check_tail_padding(spec, _TILINGS[key], arch)
     return _TILINGS[key]
 
@@ -74,7 +75,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                   has_bias: bool, arch: HardwareDescription, row_step: int = 1,
                   has_residual: bool = False, has_scale: bool = False, store_rows: int = 0,
                   any_rows: bool = False, taps: int = 1, ragged: bool = True, has_multiplier: bool = False,
-                  tail_cycles=None, extra_rows: int = 0) -> Tiling:
+                  tail_cycles=None, extra_rows: int = 0, a_panel: bool = False) -> Tiling:
     """The tiling with the fewest estimated cycles among those that fit the scratchpad.
 
     With `any_rows` (symbolic rows, `rows` their bound) one tiling serves every size up to
@@ -93,8 +94,9 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     loaded per output tile and read by the epilogue. The footprint counts the row padding the
     schedule adds against bank conflicts (A's rows; the output's when its store walks
     `store_rows` rows, see spad_layout.py). A multiplier (`has_multiplier`) is one more such tile;
-    `tail_cycles(elements)`: the work of an epilogue's activation and multiply on a tile
-    (epilogue_tail.py), priced with the vector unit's.
+    `tail_cycles(elements)`: the (PE array, vector unit) work of an epilogue's activation and
+    multiply on a tile (epilogue_tail.py). `a_panel`: the kernel holds A's row
+    panel across column tiles where the tiling lets it (holds_a_panel).
     """
     row_step = row_step if row_step > 1 else arch.rows
     # A unit reduction extent would be elided by compute_at and leave nothing to tensorize
@@ -135,7 +137,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
 
     def cycles(candidate, size: int) -> int:
         return estimate_cycles(tiling_for(candidate, size), dtype, in_bytes, acc_bytes, arch, has_residual, taps=taps,
-                               extra_tiles=int(has_multiplier), tail_cycles=tail_cycles)
+                               extra_tiles=int(has_multiplier), tail_cycles=tail_cycles, a_panel=a_panel)
 
     if not ragged:
         return _block_tiling(candidates, rows, cols, depth, row_step,
@@ -189,56 +191,6 @@ def _blocks_along(side: int, block: int) -> list[tuple[int, int]]:
     """(pixels, how many blocks) along an image side of `side` pixels in blocks of `block`: the
     whole blocks, and the last one cut to what is left."""
     return [(size, count) for size, count in ((block, side // block), (side % block, 1)) if size and count]
-
-
-def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription,
-                    has_residual: bool = False, taps: int = 1, init_folded: bool = False, extra_tiles: int = 0,
-                    tail_cycles=None) -> int:
-    """A first-order estimate of a tiled GEMM's cycles, each unit's work priced by the simulator's
-    cost model (cgra_sim.cost).
-
-    A double-buffered loop of reduction steps (cost.double_buffered_cycles): the busiest unit
-    sets the pace: the PE array's GEMMs (and one fill of the sub-array a tile occupies,
-    cost.gemm_fill_cycles, as the simulator charges it), the load engine's operand tiles, the store engine's output tiles, the vector
-    unit's FILL and EPILOGUE of every tile (the epilogue streams the residual tile too). What
-    cannot overlap is the first tile's loads (nothing to compute yet), the last tile's epilogue
-    and store, and a bubble per tile: the vector unit runs in order, so the next tile's first
-    FILL waits behind this tile's EPILOGUE, which waits for this tile's last GEMM, and the PE
-    array refills after the gap. `init_folded`: lowering folds that FILL into the tile's first
-    GEMM (lower/fold_init.py), so neither the FILL nor the bubble is there (what the kernel
-    runs; the tile search itself still prices the FILL, and its choices stay what they were).
-    `extra_tiles`: output-sized operands loaded per tile besides the residual (a multiplier);
-    `tail_cycles(elements)`: an epilogue activation's and multiply's work on a tile.
-    """
-    tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk * taps
-    array_fill = cost.gemm_fill_cycles(arch, t.tm, t.tn)
-    gemm = _gemm_step_cycles(arch, t.tm, t.tn, t.tk, dtype)  # one tile's reduction step
-    compute = tiles * steps * gemm + array_fill + cost.pe_array_config_cycles(arch, dtype)
-    tile_load = (t.tm * t.tk + t.tk * t.tn) * in_bytes
-    residual_load = t.tm * t.tn * acc_bytes * (int(has_residual) + extra_tiles)
-    out_bytes = t.tm * t.tn * acc_bytes
-    load = cost.dma_transfer_cycles(arch, tiles * steps * tile_load + tiles * residual_load)
-    store = cost.dma_transfer_cycles(arch, tiles * out_bytes)
-    fills = 0 if init_folded else 1
-    vector = cost.vector_stream_cycles(arch, (fills + (2 if has_residual else 1)) * tiles * t.tm * t.tn)
-    tail = tail_cycles(t.tm * t.tn) if tail_cycles is not None else 0
-    vector += tiles * tail
-    vector_tile = cost.vector_stream_cycles(arch, t.tm * t.tn)  # one FILL or EPILOGUE of a tile
-    bubble = 0 if init_folded else (tiles - 1) * (2 * vector_tile + array_fill)
-    # With two buffers, each buffer in turn is loaded (latency, then transfer) and then computed
-    # on before it can be loaded again: two steps take at least latency + transfer + compute (the
-    # "load" round trip). Short steps, or steps whose loads take as long as their GEMM, wait for
-    # the DMA: a row tile cut to a few rows, or a thin conv2d tile reloading its weights every step.
-    return cost.double_buffered_cycles(arch, cost.BufferedLoop(
-        tiles * steps, cost.dma_transfer_cycles(arch, tile_load), (gemm,), 0,
-        last_store=cost.dma_transfer_cycles(arch, out_bytes), last_work=cost.vector_cycles(arch, t.tm, t.tn) + tail,
-        others=max(compute, load, store, vector), stalls=bubble, round_trips=("load",), whole_last_step=True)).total
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _gemm_step_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype: str) -> int:
-    """cost.gemm_steady_cycles, remembered: the tile searches ask for the same tiles often."""
-    return cost.gemm_steady_cycles(arch, m, n, k, dtype)
 
 
 def _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual, out_row,
@@ -386,9 +338,12 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
     *outer_reductions, depth = reductions
     depth_outer, depth_inner = sch.split(depth, [None, tiling.tk])
     sch.reorder(*outer_reductions, depth_outer, row, col, depth_inner)
-    for name in ("a_pad", "b_pad"):
+    # With the whole reduction in one step the A tile is the same for every column tile of a
+    # row tile: it is loaded once per row tile (before the column loop), not per tile.
+    a_at = _enclosing_loop(sch, acc, col_tile) if holds_a_panel(spec, tiling) else depth_outer
+    for name, at in (("a_pad", a_at), ("b_pad", depth_outer)):
         block = sch.get_sblock(name)
-        sch.compute_at(block, depth_outer)
+        sch.compute_at(block, at)
         sch.set_scope(block, 0, SPAD)
     # The PE array reads one element of each of A's rows a cycle: rows a multiple of the
     # banks' period apart would all sit in one bank.
@@ -412,3 +367,10 @@ def loops_after(sch, block, anchor) -> list:
     loops = sch.get_loops(block)
     start = [i for i, loop in enumerate(loops) if sch.get_sref(loop).same_as(sch.get_sref(anchor))][0]
     return loops[start + 1:]
+
+
+def _enclosing_loop(sch, block, loop):
+    """The loop of `block` directly outside `loop`."""
+    loops = sch.get_loops(block)
+    at = [i for i, each in enumerate(loops) if sch.get_sref(each).same_as(sch.get_sref(loop))][0]
+    return loops[at - 1]

@@ -12,7 +12,8 @@ Each piece runs the very commands its standalone kernel runs on the tile in the 
 result is bit-exact to the unfused kernels: the smooth activations read the EPILOGUE's value from
 the accumulator tile (the EPILOGUE writes it in place there; the accumulator is dead after it)
 and write the output tile, GELU's VFUNC and the multiply's ELTWISE work on the output tile in
-place. Without an activation or a multiplier this is vector_unit.epilogue_intrin itself.
+place. An EPILOGUE with nothing to do (no bias, residual, relu, clip, scale or chain: a copy) is
+left out: the first piece reads the accumulator tile and writes the output tile. Without an activation or a multiplier this is vector_unit.epilogue_intrin itself.
 """
 
 from __future__ import annotations
@@ -78,10 +79,17 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
         total = act_value(act, total) if act is not None else total
         return total * buffers["Mul"][i, j] if multiplier else total
 
+    # Nothing to add, clip or scale: the EPILOGUE would copy the accumulator, so the activation
+    # (or the multiply) reads the accumulator itself (the same values: the results are the
+    # same bits) and the vector unit, and the PE array waiting for it, skip a pass over the tile.
+    identity = not (bias or residual or relu or clip is not None or body is not None or channel_scale)
+
     def call(buffers, strides):
         acc, out = (buffers["Acc"], strides["Acc"][0]), (buffers["Out"], strides["Out"][0])
-        first = acc if act in SMOOTH_ACTS else out  # where the EPILOGUE's value goes
-        if channel_scale:  # the sum, times the row, plus the row with the relu or clip
+        first = acc if act in SMOOTH_ACTS or identity else out  # where the EPILOGUE's value goes
+        if identity:
+            calls = []
+        elif channel_scale:  # the sum, times the row, plus the row with the relu or clip
             calls = [epilogue_call(buffers, strides, rows, cols, dtype, dtype, bias=bias, relu=False,
                                    residual=residual, clip=None, out=first),
                      eltwise_call("multiply", dtype, rows, cols, (*first, 1), (buffers["CScale"], 0, 1), first)]
@@ -96,9 +104,9 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
         if act in SMOOTH_ACTS:
             calls += smooth_calls(act, rows, cols, acc, out)
         elif act == "gelu":
-            calls.append(vfunc_call("gelu", rows, cols, out, out))
-        if multiplier:
-            calls.append(eltwise_call("multiply", dtype, rows, cols, (*out, 1),
+            calls.append(vfunc_call("gelu", rows, cols, first, out))
+        if multiplier:  # of the activation's result, or of the accumulator itself
+            calls.append(eltwise_call("multiply", dtype, rows, cols, (*(out if act else first), 1),
                                       (buffers["Mul"], strides["Mul"][0], 1), out))
         return calls
 

@@ -1,0 +1,109 @@
+"""The GEMM tile search's estimate of a tiling's cycles, and when a kernel holds A's row panel.
+
+Stage: tiling (gemm.py's tile search, the fused families' searches and the overlap tests call
+`estimate_cycles`; gemm.py's schedule asks `holds_a_panel`). In: a `Tiling`, the operands'
+sizes, the chip. Out: cycles, each unit's work priced by the simulator's cost model
+(cgra_sim.cost), overlapped by cost.double_buffered_cycles.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from cgra_sim import cost
+from cgra_sim.arch import HardwareDescription
+
+from ..common.spec import KernelSpec, Tiling
+
+
+def holds_a_panel(spec: KernelSpec, tiling: Tiling) -> bool:
+    """Whether the kernel loads each row tile's A panel once for all its column tiles: a matmul
+    (no conv2d gather, no symbolic sizes) whose reduction is one step (tk is the whole depth)
+    and which has more than one column tile."""
+    return may_hold_a_panel(spec) and _panel_tiling(tiling)
+
+
+def may_hold_a_panel(spec: KernelSpec) -> bool:
+    """Whether `spec`'s kernel holds A's row panel where its tiling lets it (holds_a_panel)."""
+    return spec.op == "matmul" and not spec.symbols
+
+
+def _panel_tiling(t: Tiling) -> bool:
+    return t.tk == t.kp and t.np > t.tn
+
+
+def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription,
+                    has_residual: bool = False, taps: int = 1, init_folded: bool = False, extra_tiles: int = 0,
+                    tail_cycles=None, a_panel: bool = False) -> int:
+    """A first-order estimate of a tiled GEMM's cycles, each unit's work priced by the simulator's
+    cost model (cgra_sim.cost).
+
+    A double-buffered loop of reduction steps (cost.double_buffered_cycles): the busiest unit
+    sets the pace: the PE array's GEMMs (and one fill of the sub-array a tile occupies,
+    cost.gemm_fill_cycles, as the simulator charges it), the load engine's operand tiles, the store engine's output tiles, the vector
+    unit's FILL and EPILOGUE of every tile (the epilogue streams the residual tile too). What
+    cannot overlap is the first tile's loads (nothing to compute yet), the last tile's epilogue
+    and store, and a bubble per tile: the vector unit runs in order, so the next tile's first
+    FILL waits behind this tile's EPILOGUE, which waits for this tile's last GEMM, and the PE
+    array refills after the gap. `init_folded`: lowering folds that FILL into the tile's first
+    GEMM (lower/fold_init.py), so neither the FILL nor the bubble is there (what the kernel
+    runs; the tile search itself still prices the FILL, and its choices stay what they were).
+    `extra_tiles`: output-sized operands loaded per tile besides the residual (a multiplier);
+    `tail_cycles(elements)`: an epilogue activation's and multiply's work on a tile, (PE array,
+    vector unit) cycles: a smooth activation's FABRICs take the array between two tiles' GEMMs. `a_panel`:
+    the kernel holds A's row panel across the column tiles when the tiling lets it
+    (holds_a_panel): the loads of a step are B's tile, and A's once per row tile.
+    """
+    tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk * taps
+    array_fill = cost.gemm_fill_cycles(arch, t.tm, t.tn)
+    gemm = _gemm_step_cycles(arch, t.tm, t.tn, t.tk, dtype)  # one tile's reduction step
+    compute = tiles * steps * gemm + array_fill
+    tile_load = (t.tm * t.tk + t.tk * t.tn) * in_bytes
+    first_load = tile_load
+    residual_load = t.tm * t.tn * acc_bytes * (int(has_residual) + extra_tiles)
+    out_bytes = t.tm * t.tn * acc_bytes
+    loaded = tiles * steps * tile_load + tiles * residual_load
+    panel_stalls = 0
+    if a_panel and _panel_tiling(t):  # A once per row tile (holds_a_panel), B per column tile
+        tile_load, panel = t.tk * t.tn * in_bytes, t.tm * t.tk * in_bytes
+        loaded = tiles * tile_load + t.mp // t.tm * panel + tiles * residual_load
+        panel_stalls = (t.mp // t.tm - 1) * _panel_stall(arch, cost.dma_transfer_cycles(arch, panel),
+                                                         cost.dma_transfer_cycles(arch, tile_load), gemm, array_fill)
+    load = cost.dma_transfer_cycles(arch, loaded)
+    # The PE array's configuration loads while the first operands arrive; only what it takes
+    # beyond them delays the first GEMM.
+    compute += max(0, cost.pe_array_config_cycles(arch, dtype) - arch.dma_latency
+                   - cost.dma_transfer_cycles(arch, first_load))
+    store = cost.dma_transfer_cycles(arch, tiles * out_bytes)
+    fills = 0 if init_folded else 1
+    vector = cost.vector_stream_cycles(arch, (fills + (2 if has_residual else 1)) * tiles * t.tm * t.tn)
+    tail_array, tail_vector = tail_cycles(t.tm * t.tn) if tail_cycles is not None else (0, 0)
+    compute += tiles * tail_array
+    vector += tiles * tail_vector
+    vector_tile = cost.vector_stream_cycles(arch, t.tm * t.tn)  # one FILL or EPILOGUE of a tile
+    bubble = 0 if init_folded else (tiles - 1) * (2 * vector_tile + array_fill)
+    if tail_array:  # the array waits for each tile's EPILOGUE before its FABRICs, and refills after them
+        bubble += tiles * (vector_tile + array_fill)
+    bubble += panel_stalls
+    # With two buffers, each buffer in turn is loaded (latency, then transfer) and then computed
+    # on before it can be loaded again: two steps take at least latency + transfer + compute (the
+    # "load" round trip). Short steps, or steps whose loads take as long as their GEMM, wait for
+    # the DMA: a row tile cut to a few rows, or a thin conv2d tile reloading its weights every step.
+    return cost.double_buffered_cycles(arch, cost.BufferedLoop(
+        tiles * steps, cost.dma_transfer_cycles(arch, tile_load), (gemm,), 0,
+        first_load=cost.dma_transfer_cycles(arch, first_load), last_store=cost.dma_transfer_cycles(arch, out_bytes), last_work=cost.vector_cycles(arch, t.tm, t.tn) + tail_array + tail_vector,
+        others=max(compute, load, store, vector), stalls=bubble, round_trips=("load",), whole_last_step=True)).total
+
+
+def _panel_stall(arch: HardwareDescription, panel: int, b_tile: int, gemm: int, array_fill: int) -> int:
+    """The PE array's wait when a row tile starts: the load engine, about one B tile ahead of
+    the array, loads the next row tile's A panel and then its first B tile, which the array
+    needs at the end of the row's last GEMM (and then refills)."""
+    late = panel + 2 * b_tile + arch.dma_latency - 2 * gemm
+    return late + array_fill if late > 0 else 0
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _gemm_step_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype: str) -> int:
+    """cost.gemm_steady_cycles, remembered: the tile searches ask for the same tiles often."""
+    return cost.gemm_steady_cycles(arch, m, n, k, dtype)
