@@ -20,6 +20,9 @@ import numpy as np
 #: Significand bits (the implicit one included) of each 16-bit format: a rounding's relative
 #: error is at most 2 ** -bits (half an ulp).
 SIGNIFICAND_BITS = {"bfloat16": 8, "float16": 11}
+#: The smallest subnormal of each: below 2 ** (1 - bits) of the smallest normal, a rounding's error
+#: is at most half of it instead of relative.
+SMALLEST_SUBNORMAL = {"bfloat16": 2.0 ** -133, "float16": 2.0 ** -24}
 
 
 def widen(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -50,3 +53,20 @@ def to_storage(values: np.ndarray, dtype: str) -> np.ndarray:
     (a float64 input is first rounded to float32: what a framework's own cast does in two steps
     may differ in the last bit only for values within a float32 ulp of a tie)."""
     return narrow(np.asarray(values, dtype=np.float32), dtype)
+
+
+def error_bound(model: np.ndarray, terms: np.ndarray, depth: int, dtype: str) -> np.ndarray:
+    """Per element, how far a GEMM-shaped kernel's `dtype` output may be from `model` (this
+    module's numpy model of it, rounded) when the two sum their float32 terms in different orders:
+    one ulp of the format at the result (2 ** (1 - bits) |model|, or its smallest subnormal s among
+    the subnormals: the sums may fall on either side of a rounding boundary) plus twice float32's
+    summation bound gamma_depth = depth u / (1 - depth u), u = 2 ** -24, times `terms` (the sum of
+    the terms' magnitudes: |A| @ |B| + |bias| + |residual|).
+
+    Against the exact result y the NPU's own error is at most 2 ** -bits |y| + s / 2 + (1 + 2 ** -bits)
+    gamma_depth * terms: one rounding to the 16-bit format after a float32 sum."""
+    unit = depth * 2.0 ** -24
+    gamma = unit / (1 - unit)
+    ulp = 2.0 ** (1 - SIGNIFICAND_BITS[dtype])
+    return ulp * np.abs(np.asarray(model, dtype=np.float64)) + SMALLEST_SUBNORMAL[dtype] + \
+        2 * gamma * np.asarray(terms, dtype=np.float64)

@@ -130,8 +130,17 @@ class KernelSpec:
 
     @property
     def out_dtype(self) -> str:
-        """What the kernel stores: int8 when it requantises, else the accumulator dtype."""
-        return "int8" if self.requant_zero_point is not None else self.acc_dtype
+        """What the kernel stores: int8 when it requantises, a 16-bit float input's own dtype
+        (its float32 sum rounded to nearest even), else the accumulator dtype."""
+        if self.requant_zero_point is not None:
+            return "int8"
+        return self.dtype if self.dtype in ("bfloat16", "float16") else self.acc_dtype
+
+    @property
+    def operand_dtype(self) -> str:
+        """The dtype of the epilogue's bias and residual: the output's for a 16-bit float kernel
+        (widened exactly into the float32 sum), else the accumulator's."""
+        return self.dtype if self.dtype in ("bfloat16", "float16") else self.acc_dtype
 
     @property
     def gemm_extents(self) -> tuple[int, int, int]:
