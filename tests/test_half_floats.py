@@ -28,7 +28,7 @@ from tvm import relax
 
 import npu_backend
 from cgra_sim.half_floats import SIGNIFICAND_BITS, SMALLEST_SUBNORMAL, error_bound
-from npu_backend.tools.workloads import (conv2d_model, gemm_terms, half_mismatch, matmul_model, numpy_dtype,
+from npu_backend.tools.workloads import (batch_matmul_model, conv2d_model, gemm_terms, half_mismatch, matmul_model, numpy_dtype,
                                          relax_module, run)
 
 HALVES = ["bfloat16", "float16"]
@@ -62,6 +62,19 @@ def test_matmul_lowering_property(m, n, k, dtype, arch, bias, relu, residual, tr
         out = run(npu_backend.compile(mod, arch), inputs)
     assert out.dtype == numpy_dtype(dtype) and len(prof.kernels) == 1  # the whole chain on the NPU
     _check(out, ref, inputs, k, dtype, "matmul", bias, residual, transposed=transposed)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("rhs", [(3, 40, 24), (40, 24)], ids=["per-image", "shared"])
+def test_a_batched_matmul(dtype, rhs):
+    mod, inputs, ref = batch_matmul_model((3, 17, 40), rhs, dtype, bias=True, relu=True)
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(mod, "cgra-8x8"), inputs)
+    assert len(prof.kernels) == 1
+    x, w = (np.abs(a.astype(np.float64)) for a in inputs[:2])
+    terms = np.matmul(x, w) + np.abs(inputs[2].astype(np.float64))
+    problem = half_mismatch(out, ref, error_bound(ref.astype(np.float32), terms, 40 + 1, dtype))
+    assert problem is None, problem
 
 
 @settings(max_examples=8)

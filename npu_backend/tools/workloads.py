@@ -181,7 +181,8 @@ def batch_matmul_model(lhs_shape, rhs_shape, dtype="float32", bias=True, relu=Tr
     and `x @ w.transpose(-1, -2)` import. Returns (module, inputs, reference)."""
     acc = ACC[dtype]
     n = rhs_shape[-2] if transposed else rhs_shape[-1]
-    specs = [("x", tuple(lhs_shape), dtype), ("w", tuple(rhs_shape), dtype)] + ([("b", (n,), acc)] if bias else [])
+    specs = [("x", tuple(lhs_shape), dtype), ("w", tuple(rhs_shape), dtype)] + \
+        ([("b", (n,), _stored(dtype))] if bias else [])
 
     def body(bb, x, w, *rest):
         if transposed:
@@ -197,10 +198,10 @@ def batch_matmul_model(lhs_shape, rhs_shape, dtype="float32", bias=True, relu=Tr
     x, w = inputs[0].astype(acc), inputs[1].astype(acc)
     ref = np.matmul(x, np.swapaxes(w, -1, -2) if transposed else w)
     if bias:
-        ref = ref + inputs[2]
+        ref = ref + inputs[2].astype(acc)
     if relu:
         ref = np.maximum(ref, 0)
-    return relax_module(specs, body), inputs, ref.astype(acc)
+    return relax_module(specs, body), inputs, _rounded(ref, dtype)
 
 
 def _pool_extent(size, kernel, stride, lo, hi, dilation, ceil_mode):
