@@ -107,6 +107,9 @@ class KernelSpec:
     # (tir_vars, when a tensor's size is an expression of a variable no tensor holds alone); the
     # kernel skips them (operands.kernel_prim_func, attribute cgra.shape_args).
     shape_args: tuple = ()
+    # bfloat16 / float16 inputs stored in their format: the float32 sum rounded to nearest even on
+    # store, the bias and residual in that format (None: the accumulator dtype is stored).
+    half_out: str | None = None
 
     @property
     def image_fill(self) -> int:
@@ -134,13 +137,13 @@ class KernelSpec:
         (its float32 sum rounded to nearest even), else the accumulator dtype."""
         if self.requant_zero_point is not None:
             return "int8"
-        return self.dtype if self.dtype in ("bfloat16", "float16") else self.acc_dtype
+        return self.half_out or self.acc_dtype
 
     @property
     def operand_dtype(self) -> str:
         """The dtype of the epilogue's bias and residual: the output's for a 16-bit float kernel
         (widened exactly into the float32 sum), else the accumulator's."""
-        return self.dtype if self.dtype in ("bfloat16", "float16") else self.acc_dtype
+        return self.half_out or self.acc_dtype
 
     @property
     def gemm_extents(self) -> tuple[int, int, int]:

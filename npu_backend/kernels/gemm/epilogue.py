@@ -169,10 +169,11 @@ def epilogue_fields(op: str, annotated: dict) -> dict:
         raise UnsupportedOperator(f"{op} on {dtype} is not supported (float32, bfloat16, float16, or int8 with "
                                   "int32 output)")
     acc_dtype = ACC_DTYPE[dtype]
-    out_dtype, stored = dtype_of(annotated["root"]), dtype if dtype in HALF_FLOATS else acc_dtype
-    if out_dtype != stored:
-        raise UnsupportedOperator(f"{op} of {dtype} must produce {stored}, this one produces {out_dtype} "
-                                  f"(use out_dtype=\"{stored}\")")
+    # A 16-bit float's product may be stored in its format (rounded) or as the float32 sum itself.
+    stored = dtype_of(annotated["root"])
+    if stored not in ((dtype, acc_dtype) if dtype in HALF_FLOATS else (acc_dtype,)):
+        raise UnsupportedOperator(f"{op} of {dtype} must produce {acc_dtype}, this one produces {stored} "
+                                  f"(use out_dtype=\"{acc_dtype}\")")
     bias_shape = None
     if "bias" in annotated:
         bias_shape = static_shape(annotated["bias"], "bias")
@@ -182,7 +183,8 @@ def epilogue_fields(op: str, annotated: dict) -> dict:
         if dtype_of(annotated["bias"]) != stored:
             raise UnsupportedOperator(f"the bias is {dtype_of(annotated['bias'])}, the kernel's output {stored}")
     clip = clip_bounds(annotated["clip"], acc_dtype) if "clip" in annotated else None
-    return dict(dtype=dtype, acc_dtype=acc_dtype, bias_shape=bias_shape, relu="relu" in annotated, clip=clip)
+    return dict(dtype=dtype, acc_dtype=acc_dtype, bias_shape=bias_shape, relu="relu" in annotated, clip=clip,
+                half_out=stored if stored in HALF_FLOATS else None)
 
 
 def with_epilogue_tail(spec: KernelSpec, annotated: dict, name: str = "") -> KernelSpec:
@@ -190,7 +192,7 @@ def with_epilogue_tail(spec: KernelSpec, annotated: dict, name: str = "") -> Ker
     ends in, if any; for a tail pattern (pattern `name`, epilogue_tail.py) its reshape,
     activation and multiplier."""
     tail = is_tail_pattern(name)
-    if spec.dtype in HALF_FLOATS and (tail or "n1" in annotated or "requant" in annotated):
+    if spec.half_out and (tail or "n1" in annotated or "requant" in annotated):
         raise UnsupportedOperator(f"a {spec.dtype} {spec.op} fuses [+ bias] [+ residual] [relu | clip]; the ops "
                                   "after them run on their own (the vector unit computes float32, int32 and int8)")
     spec = with_reshape(spec, annotated) if tail else spec
@@ -330,7 +332,7 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
         return pad(idx[0], idx[-1]) if spec.grouped else pad(idx[-1])
 
     def widened(value):  # a 16-bit float operand, exactly as float32 (the EPILOGUE's sum)
-        return value.astype(spec.acc_dtype) if spec.dtype in HALF_FLOATS else value
+        return value.astype(spec.acc_dtype) if spec.half_out else value
 
     def epi_value(*idx):
         value = acc(*idx)
@@ -343,8 +345,8 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
             value = body_value(FabricBody(spec.fabric_body, spec.acc_dtype), value)
         value = act_value(spec.act, value) if spec.act else value
         value = value * mul_pad(*idx) if mul_pad is not None else value
-        if spec.dtype in HALF_FLOATS:
-            return value.astype(spec.dtype)  # rounded to nearest even on store
+        if spec.half_out:
+            return value.astype(spec.half_out)  # rounded to nearest even on store
         return requantise(value, row(scale_pad, idx), spec.requant_zero_point) if scale_pad is not None else value
 
     return te.compute(acc.shape, epi_value, name="epi")
@@ -386,8 +388,8 @@ def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
     tail = dict(act=spec.act, multiplier=bool(spec.multiplier_shape)) if spec.act or spec.multiplier_shape else {}
     if spec.channel_scale_shape:
         tail = dict(tail, channel_scale=True, channel_shift=bool(spec.channel_shift_shape))
-    if spec.dtype in HALF_FLOATS:
-        tail = dict(tail, out_dtype=spec.dtype)
+    if spec.half_out:
+        tail = dict(tail, out_dtype=spec.half_out)
     return get_intrin("epilogue", rows, tiling.tn, spec.acc_dtype, bias=bool(spec.bias_shape), relu=spec.relu,
                       residual=bool(spec.residual_shape), clip=spec.clip, zero_point=spec.requant_zero_point,
                       body=body, **tail)
