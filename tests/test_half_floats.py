@@ -146,6 +146,26 @@ def test_a_16_bit_matmul_may_store_its_float32_sum(dtype):
     assert np.all(np.abs(out - exact) <= unit / (1 - unit) * (np.abs(x) @ np.abs(w) + np.abs(inputs[2])))
 
 
+@settings(max_examples=8)
+@given(dtype=st.sampled_from(HALVES), func=st.sampled_from(["add", "subtract", "multiply", "maximum", "minimum"]),
+       rows=st.integers(1, 40), cols=st.integers(1, 70), broadcast=st.sampled_from(["none", "row", "column"]),
+       seed=st.integers(0, 2**16))
+def test_elementwise_ops_compute_in_float32_and_round_bit_exactly(dtype, func, rows, cols, broadcast, seed):
+    """ELTWISE on 16-bit floats: both operands widened, the op in float32, the result rounded to
+    nearest even, as the host (TVM's bfloat16 legalisation, PyTorch's CPU kernels) computes it."""
+    rhs = {"none": (rows, cols), "row": (1, cols), "column": (rows, 1)}[broadcast]
+    mod = relax_module([("a", (rows, cols), dtype), ("b", rhs, dtype)],
+                       lambda bb, a, b: bb.emit(getattr(relax.op, func)(a, b)))
+    rng = np.random.default_rng(seed)
+    a, b = (rng.standard_normal(shape).astype(np.float32).astype(numpy_dtype(dtype)) for shape in ((rows, cols), rhs))
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(mod, "cgra-8x8"), [a, b])
+    assert len(prof.kernels) == 1 and prof.kernels[0].energy_pj > 0
+    np_func = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply}.get(func, getattr(np, func))
+    expected = np_func(a.astype(np.float32), b.astype(np.float32)).astype(numpy_dtype(dtype))
+    np.testing.assert_array_equal(out.view(np.uint16), expected.view(np.uint16))
+
+
 def _host_reasons(mod, arch="cgra-8x8"):
     return {p.op: p.reason for p in npu_backend.explain(mod, arch) if p.where == "host"}
 
@@ -155,7 +175,7 @@ def test_what_the_chip_lacks_in_16_bit_floats_stays_on_the_host_saying_why():
     x, w = ("x", (1, 8, 6, 6), "bfloat16"), ("w", (8, 1, 3, 3), "bfloat16")
     mod = relax_module([x, w], lambda bb, a, b: bb.emit(relax.op.nn.conv2d(a, b, groups=8)))
     assert "depthwise" in _host_reasons(mod)["nn.conv2d"]
-    # A sigmoid after a matmul: the vector unit has no 16-bit floats; the matmul still runs.
+    # A sigmoid after a matmul: the vector unit has no 16-bit floats but ELTWISE's; the matmul still runs.
     specs = [("x", (8, 16), "float16"), ("w", (16, 8), "float16")]
     mod = relax_module(specs, lambda bb, a, b: bb.emit(relax.op.sigmoid(bb.emit(relax.op.matmul(a, b)))))
     reasons = _host_reasons(mod)

@@ -301,7 +301,7 @@ void CheckPool(const int64_t* w, const CheckContext& context) {
 
 void CheckEltwise(const int64_t* w, const CheckContext& context) {
   CheckEltwiseFunc(Code(w[CGRA_ELTWISE_FUNC]));
-  int64_t itemsize = VectorItemSize(Code(w[CGRA_ELTWISE_DTYPE]));
+  int64_t itemsize = ItemSize(Code(w[CGRA_ELTWISE_DTYPE]));  // 16-bit floats too, via float32
   int64_t rows = w[CGRA_ELTWISE_ROWS], cols = w[CGRA_ELTWISE_COLS];
   CheckWindow("A", w[CGRA_ELTWISE_A_ADDR], {rows, cols, 1, 1, 1},
               {w[CGRA_ELTWISE_A_ROW_STRIDE], w[CGRA_ELTWISE_A_COL_STRIDE], 0, 0, 0}, itemsize,

@@ -60,7 +60,7 @@ int64_t VectorItemSize(int32_t dtype) {
   int64_t size = ItemSize(dtype);  // rejects unknown codes first, with the list of known ones
   if (IsHalfFloat(dtype)) {
     Fail("the vector unit computes int8, int32 and float32, not ", DTypeName(dtype),
-         " (16-bit floats are PE-array inputs and EPILOGUE outputs only)");
+         " (16-bit floats are PE-array inputs, EPILOGUE outputs and ELTWISE operands only)");
   }
   return size;
 }

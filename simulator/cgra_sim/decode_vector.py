@@ -157,7 +157,7 @@ def decode_eltwise(check: Checker, index: int, op: Op, record: list[int], tensor
     if func not in {int(f) for f in EltwiseFunc}:
         check.fail(f"func {func} is not an elementwise function (known: "
                    f"{', '.join(f'{f.name}={int(f)}' for f in EltwiseFunc)})")
-    dtype = check.dtype("dtype", dtype_code, VECTOR_DTYPES)
+    dtype = check.dtype("dtype", dtype_code, VECTOR_DTYPES + HALF_FLOATS)  # 16-bit floats: via float32
     check.positive(rows=rows, cols=cols)
     strides = dict(a_row_stride=a_row, a_col_stride=a_col, b_row_stride=b_row, b_col_stride=b_col)
     negative = {name: value for name, value in strides.items() if value < 0}

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 
-from .isa import Op
+from .isa import HALF_FLOATS, Op
 from .special import OPS as VFUNC_OPS
 
 COMPONENTS = ("mac", "vector", "spad", "dram", "config", "leakage")
@@ -160,7 +160,10 @@ def launch_energy(arch, commands, cycles: int, config_slots: int) -> dict:
 
 
 def _vector_dtype(cmd, out) -> str:
-    """The dtype a vector command computes in: an EPILOGUE's accumulator, else its output's."""
+    """The dtype a vector command computes in: an EPILOGUE's accumulator, a 16-bit float ELTWISE's
+    float32, else its output's."""
     if cmd.op is Op.EPILOGUE:
         return cmd.acc.dtype.name
+    if cmd.op is Op.ELTWISE and cmd.dtype in HALF_FLOATS:
+        return "float32"
     return out.dtype.name

@@ -179,6 +179,11 @@ ELTWISE_FUNCS = {
 def _eltwise(cmd: EltwiseCommand, spad: np.ndarray) -> None:
     a, b = cmd.a.view(spad), cmd.b.view(spad)
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN on the lanes too, silently
+        if cmd.dtype in HALF_FLOATS:  # widened, computed in float32, rounded to nearest even
+            name = cmd.dtype.numpy_name
+            value = ELTWISE_FUNCS[cmd.func](_as_float32(a, cmd.dtype), _as_float32(b, cmd.dtype), dtype=np.float32)
+            cmd.out.view(spad)[...] = half_floats.narrow(value, name)
+            return
         cmd.out.view(spad)[...] = ELTWISE_FUNCS[cmd.func](a, b, dtype=a.dtype)
 
 

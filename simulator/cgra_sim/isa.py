@@ -92,7 +92,7 @@ class DType(enum.IntEnum):
 
 
 #: The dtypes the vector unit and the PE fabric compute in (FILL, ELTWISE, POOL, FABRIC, ...):
-#: the 16-bit floats are not among them (their layers' elementwise ops stay on the host).
+#: the 16-bit floats are not among them, but for ELTWISE (widened, computed in float32, rounded).
 VECTOR_DTYPES = (DType.INT8, DType.INT32, DType.FLOAT32)
 #: 16-bit float inputs of the PE array: products accumulated in float32, rounded to nearest
 #: even when an EPILOGUE stores them.
@@ -426,8 +426,9 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         "Vector unit: out[i,j] = func(A[i*a_row_stride + j*a_col_stride], B[i*b_row_stride + "
         "j*b_col_stride]) for i < rows, j < cols (elements past a_addr, b_addr; out's element at "
         "i*out_stride + j). func is a CGRA_ELTWISE_* code (ADD, SUBTRACT, MULTIPLY, MAXIMUM, "
-        "MINIMUM); a, b and out share `dtype` (int8, int32 or float32; integers wrap). A stride of "
-        "0 broadcasts an operand along that axis.",
+        "MINIMUM); a, b and out share `dtype` (int8, int32 or float32; integers wrap; bfloat16 and "
+        "float16 computed in float32, rounded to nearest even). A stride of 0 broadcasts an "
+        "operand along that axis.",
         ("func", _I32), ("dtype", _I32), "rows", "cols", ("a_addr", _ADDR), "a_row_stride",
         "a_col_stride", ("b_addr", _ADDR), "b_row_stride", "b_col_stride", ("out_addr", _ADDR),
         "out_stride", fixed=("flags",)),
