@@ -270,3 +270,20 @@ def test_a_bfloat16_pytorch_llama_runs_its_matmuls_on_the_npu_within_tolerance_o
     assert sum("matmul" in k.source_ops for k in prof.kernels) == 16
     assert np.abs(out - expected).max() <= 2.0 ** -5 * np.abs(expected).max()
     assert prof.total_cycles < results["float32"][2].total_cycles
+
+
+def test_cgra_sim_run_checks_a_float16_onnx_model(tmp_path, capsys):
+    """`cgra-sim run --check` makes float16 inputs and holds a float16 output to 4 ulps of its
+    scale (run_model.CHECK_TOLERANCE)."""
+    onnx = pytest.importorskip("onnx")
+    import json
+    from pathlib import Path
+
+    from npu_backend.tools.cli import main
+
+    path = tmp_path / "tiny16.onnx"
+    onnx.save(_to_float16(onnx.load(Path(__file__).resolve().parent.parent / "examples" / "tiny_cnn.onnx")), path)
+    assert main(["run", str(path), "--check", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["check"]["passed"] and 0 < report["check"]["max_rel_error"] <= 4 * 2.0 ** -10
+    assert report["npu_mac_fraction"] == 1.0
