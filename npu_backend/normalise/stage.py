@@ -27,6 +27,7 @@ from .dynamic_quant import dynamic_quant_pass
 from .empty_operands import empty_operands_pass
 from .fold_weights import fold_remaining_constants, fold_weights, restore_kept_transposes
 from .gelus import gelus_pass
+from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
 from .large_pools import split_large_pools_pass
 from .masks import masks_pass
@@ -51,6 +52,9 @@ def normalise(mod, arch, options):
     # the ops after it have shapes; outside the pass list, so that an undecided shape is refused
     # as UnsupportedOperator (bounded_shapes.py).
     mod = resolve_bounded_shapes(mod, dict(options.shape_bounds))
+    # MatMulNBits' host PrimFuncs (4-bit weights) become the chip's unpack-and-GEMM kernels, which
+    # keep the weights packed in DRAM (int4_weights.py).
+    mod = int4_weight_kernels(mod, arch)
     # QDQ layers (dequantize -> conv2d / matmul -> quantize) become int8 x int8 -> int32 with
     # an int32 bias and a requantisation to int8, onnxruntime's arithmetic (qdq.py);
     # first, while the quantized weights are still int8 constants under their dequantize.

@@ -28,6 +28,8 @@ estimates cannot drift from what the simulator charges.
                  the lanes an element takes its sequence one operation a cycle; a chip whose
                  `function_unit` has the function pipelines it (function_unit.py): an element
                  a pipeline a cycle, plus the fill. The command runs where it ends first.
+    UNPACK4      ceil(rows * cols / vector_lanes) + VECTOR_OVERHEAD_CYCLES
+                 a nibble a lane a cycle: select, subtract the zero point, convert, scale
     GEMM         steady = ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe)
                           * max(step, A's bank conflict, operand bytes a cycle / scratchpad bytes a cycle)
                  fill   = min(m, rows) + min(n, cols) - 2 (the sub-array the GEMM occupies)
@@ -127,6 +129,13 @@ def vfunc_cycles(arch: HardwareDescription, elements: int, func: str, scale: boo
     if function_unit.runs(arch.function_unit, func):
         cycles = min(cycles, _ceil(elements, arch.function_unit["lanes"]) + depth - 1)
     return cycles + VECTOR_OVERHEAD_CYCLES
+
+
+def unpack4_cycles(arch: HardwareDescription, elements: int) -> int:
+    """Cycles of an UNPACK4 writing `elements` float32 weights: a lane's pipeline takes a nibble a
+    cycle (select, subtract the zero point, convert, multiply by the scale: stages, like the
+    EPILOGUE's requantisation)."""
+    return _ceil(elements, arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
 
 
 def pe_folds(arch: HardwareDescription, m: int, n: int) -> int:
