@@ -157,11 +157,12 @@ def gemm_steady_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype:
 
 
 def gemm_bandwidth_slowdown(arch: HardwareDescription, m: int, n: int, dtype: str) -> Fraction:
-    """A GEMM's operand bytes a cycle over the scratchpad's: each cycle the array takes one
-    element of each of min(m, rows) rows of A and min(n, cols) contiguous elements of B's row.
-    Below 1 (every preset) the banks keep up."""
+    """A GEMM's operand bytes a cycle over the scratchpad's: each cycle the array takes
+    macs_per_pe[dtype] elements (along k) of each of min(m, rows) rows of A and of min(n, cols)
+    columns of B. At most 1 on every preset, and with four int8 MACs a PE (the bytes of one
+    float32 operand) too: the banks keep up."""
     lanes = min(m, arch.rows) + min(n, arch.cols)
-    return Fraction(lanes * _itemsize(dtype), arch.spad_banks * arch.bank_width_bytes)
+    return Fraction(lanes * _itemsize(dtype) * arch.macs_per_pe[dtype], arch.spad_banks * arch.bank_width_bytes)
 
 
 def gemm_fill_cycles(arch: HardwareDescription, m: int, n: int) -> int:
