@@ -20,9 +20,10 @@ def add_verify_arguments(verify) -> None:
                         help="matmul: M,N,K (x[M,K] @ w[K,N]); batch_matmul: B,M,N,K (x[B,M,K] @ w[B,K,N]); "
                              "conv2d: N,C,H,W,F,KH,KW; pool: N,C,H,W; eltwise: the left operand's shape "
                              "(in NCHW / OIHW order whatever --layout)")
-    verify.add_argument("--dtype", choices=["float32", "int8", "int32"], default="float32",
-                        help="input dtype; int8 matmul / conv2d accumulate and output int32; int32: "
-                             "eltwise only (default float32)")
+    verify.add_argument("--dtype", choices=["float32", "int8", "int32", "bfloat16", "float16"], default="float32",
+                        help="input dtype; int8 matmul / conv2d accumulate and output int32; bfloat16, float16: "
+                             "matmul and conv2d, summed in float32 and stored rounded to nearest "
+                             "even, checked within half_floats.error_bound; int32: eltwise only (default float32)")
     verify.add_argument("--weight-dtype", choices=["int4"], default=None,
                         help="matmul: 4-bit weights as onnxruntime's MatMulNBits stores them (two per byte in "
                              "DRAM, a float32 scale and a 4-bit zero point per --block-size rows), unpacked on "

@@ -17,7 +17,7 @@ from cgra_sim import load_arch
 from cgra_sim.arch import ArchError, HardwareDescription
 from cgra_sim.area import default_area
 
-TABLE = {"mac_unit": {"int8": 400.0, "float32": 12000.0}, "pe_overhead": 1000.0, "spad_kib": 5000.0,
+TABLE = {"mac_unit": {"int8": 400.0, "float32": 12000.0, "bfloat16": 6000.0, "float16": 6000.0}, "pe_overhead": 1000.0, "spad_kib": 5000.0,
          "vector_lane": 10000.0}
 
 
@@ -58,6 +58,17 @@ def test_presets_use_the_published_figures():
     assert load_arch("cgra-4x4").area_mm2 < load_arch("cgra-8x8").area_mm2 < load_arch("cgra-16x16").area_mm2
 
 
+def test_a_16_bit_float_mac_is_a_float16_multiplier_and_a_float32_adder():
+    """Horowitz's float16 multiplier (1640 µm²) and float32 adder (4184 µm²): two such MACs take
+    about one float32 MAC's area, which is why the presets give them 2 MACs a cycle to float32's 1."""
+    table = default_area(["bfloat16", "float16", "float32"])["mac_unit"]
+    assert table["float16"] == table["bfloat16"] == 1640 + 4184
+    assert 2 * table["float16"] <= table["float32"]
+    for name in ("cgra-4x4", "cgra-8x8", "cgra-16x16"):
+        arch = load_arch(name)
+        assert arch.macs_per_pe["bfloat16"] == arch.macs_per_pe["float16"] == 2 * arch.macs_per_pe["float32"]
+
+
 def test_a_description_without_a_table_gets_the_defaults():
     data = load_arch("cgra-4x4").to_dict()
     del data["area"]
@@ -69,7 +80,7 @@ def test_a_description_without_a_table_gets_the_defaults():
 
 @pytest.mark.parametrize("table, message", [
     ({**TABLE, "pe_overhead": -1.0}, r"area\['pe_overhead'\] must be a non-negative number"),
-    ({**TABLE, "mac_unit": {"int8": 400.0}}, r"area\['mac_unit'\] must give µm² for each of \['float32', 'int8'\]"),
+    ({**TABLE, "mac_unit": {"int8": 400.0}}, r"area\['mac_unit'\] must give µm² for each of \['bfloat16', 'float16', 'float32', 'int8'\]"),
     ({key: value for key, value in TABLE.items() if key != "spad_kib"}, r"missing \['spad_kib'\]"),
     ({**TABLE, "wires": 1.0}, r"unknown \['wires'\]"),
     ({**TABLE, "function_stage": -1.0}, r"area\['function_stage'\] must be a non-negative number"),
@@ -85,6 +96,6 @@ def test_area_grows_with_every_size(rows, cols, spad_kib, lanes):
     chip = _chip(rows=rows, cols=cols, spad_bytes=spad_kib * 8 * 1024, spad_banks=8, vector_lanes=lanes,
                  function_unit=None)
     for bigger in (dict(rows=rows + 1), dict(cols=cols + 1), dict(spad_bytes=(spad_kib + 1) * 8 * 1024),
-                   dict(vector_lanes=lanes + 1), dict(macs_per_pe={"int8": 2, "float32": 1}),
+                   dict(vector_lanes=lanes + 1), dict(macs_per_pe={**chip.macs_per_pe, "int8": 2}),
                    dict(function_unit={"lanes": 1, "functions": ["exp"]})):
         assert dataclasses.replace(chip, **bigger).area_mm2 > chip.area_mm2

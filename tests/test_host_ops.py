@@ -1,7 +1,7 @@
 """Host concatenations, splits and transposes run as the runtime's cgra.host.* (npu_backend/device/
 host_ops.py, runtime/src/host_ops.cc), not as host code TVM compiles per model. The layout family
 (npu_backend/kernels/layout/) runs those it can as NPU copy kernels; these tests take it away, so
-that the runtime's copies, which still run what it declines (float16, symbolic shapes, a split),
+that the runtime's copies, which still run what it declines (float64, symbolic shapes, a split),
 are tested on every shape."""
 
 from __future__ import annotations

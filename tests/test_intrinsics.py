@@ -220,6 +220,39 @@ def test_epilogue_three_ways(data, rows, cols, dtype, bias, relu, residual, seed
     assert _extern_name(impl) == "cgra_" + Op.EPILOGUE.name.lower()
 
 
+@given(data=st.data(), rows=st.integers(1, 16), cols=st.integers(1, 16), out_dtype=st.sampled_from(["bfloat16", "float16"]),
+       bias=st.booleans(), relu=st.booleans(), residual=st.booleans(), seed=st.integers(0, 2**16))
+def test_rounding_epilogue_three_ways(data, rows, cols, out_dtype, bias, relu, residual, seed):
+    """float32 (+ bias) (+ residual) (relu) (clip) stored as bfloat16 / float16, the bias and
+    residual in that format: TIR (TVM's own float32 -> 16-bit rounding on the host) against the
+    simulator's, bit for bit."""
+    import ml_dtypes
+
+    clip = data.draw(_clips("float32"))
+    half = ml_dtypes.bfloat16 if out_dtype == "bfloat16" else np.float16
+    rng = np.random.default_rng(seed)
+    acc = (rng.standard_normal((rows, cols)) * 100).astype(np.float32)
+    row, res = (rng.standard_normal(shape).astype(np.float32).astype(half) for shape in ((cols,), (rows, cols)))
+    out = np.zeros((rows, cols), half)
+    desc, impl = INTRINSICS["epilogue"].factory(rows, cols, "float32", bias=bias, relu=relu, residual=residual,
+                                                clip=clip, out_dtype=out_dtype, scope="global")
+    operands = [acc] + ([row] if bias else []) + ([res] if residual else []) + [out]
+    tir_out = _tir_reference(desc, operands)[-1]
+    stream = _Stream(operands)
+    stream.load(*range(len(operands) - 1))
+    flags = (1 if bias else 0) | (2 if relu else 0) | (4 if residual else 0) | (8 if clip else 0)
+    stream.commands.append(encode(
+        Op.EPILOGUE, flags=flags, acc_dtype=int(DType.FLOAT32), out_dtype=int(DType.from_name(out_dtype)), m=rows,
+        n=cols, acc_addr=0, acc_stride=cols, bias_addr=stream.addr[1] if bias else 0,
+        residual_addr=stream.addr[len(operands) - 2] if residual else 0, residual_stride=cols if residual else 0,
+        clip_lo_bits=_bits(clip[0], "float32") if clip else 0, clip_hi_bits=_bits(clip[1], "float32") if clip else 0,
+        out_addr=stream.addr[len(operands) - 1], out_stride=cols))
+    stream.store(len(operands) - 1)
+    simulated = stream.run()[-1]
+    np.testing.assert_array_equal(simulated.view(np.uint16), np.asarray(tir_out).view(np.uint16))
+    assert _extern_name(impl) == "cgra_" + Op.EPILOGUE.name.lower()
+
+
 @st.composite
 def _pool_windows(draw):
     """(oh, ow, window): any kernel, strides, dilation, and rectangles inside, across or outside

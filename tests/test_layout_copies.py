@@ -14,14 +14,15 @@ from tvm import relax
 
 import npu_backend
 from npu_backend.kernels.layout.layout import Piece, compact
+from npu_backend.tools.workloads import numpy_dtype
 
 PRESETS = st.sampled_from(["cgra-4x4", "cgra-8x8", "cgra-16x16"])
-DTYPES = st.sampled_from(["float32", "int32", "int8"])
+DTYPES = st.sampled_from(["float32", "int32", "int8", "bfloat16", "float16"])
 
 
 def _data(rng, shape, dtype):
-    if dtype == "float32":
-        return rng.standard_normal(shape).astype(dtype)
+    if dtype in ("float32", "bfloat16", "float16"):  # the 16-bit floats moved bit for bit like the others
+        return rng.standard_normal(shape).astype(np.float32).astype(numpy_dtype(dtype))
     return rng.integers(-100, 100, shape).astype(dtype)
 
 

@@ -537,7 +537,7 @@ BIND_VIOLATIONS = {
     "not compact": (lambda: dltensor(_x(), strides=(8, 1)), "tensor is not compact: dim 0 has "
                                                             "stride 8"),
     "rank 5": (lambda: dltensor(np.zeros((1, 2, 1, 2, 2), np.float32)), "tensor has rank 5"),
-    "float16": (lambda: dltensor(np.zeros(4, np.float16)), "dtype (code 2, bits 16, lanes 1) is "
+    "float64": (lambda: dltensor(np.zeros(4, np.float64)), "dtype (code 2, bits 64, lanes 1) is "
                                                            "not supported"),
     "uint8": (lambda: dltensor(np.zeros(4, np.uint8)), "dtype (code 1, bits 8, lanes 1)"),
 }

@@ -98,7 +98,7 @@ BAD = {
     "rows overlap": (dict(out_stride=2), ["overlap"]),
     "operand beyond the scratchpad": (dict(b_addr=ARCH.spad_bytes - 8), ["B", "-byte scratchpad"]),
     "zero rows": (dict(rows=0), ["rows must be >= 1"]),
-    "unknown dtype": (dict(dtype=5), ["dtype code 5"]),
+    "unknown dtype": (dict(dtype=9), ["dtype code 9"]),
 }
 
 

@@ -37,7 +37,7 @@ def _host_view(slot) -> np.ndarray:
     if dtype_code == 0:  # an unbound slot: no command may touch it (the runtime checks)
         return np.zeros(0, dtype=np.int8)
     shape = tuple(int(d) for d in slot[3:3 + ndim])
-    dtype = np.dtype(DType(dtype_code).numpy_name)
+    dtype = np.dtype(DType(dtype_code).storage)  # bfloat16 as its bits (uint16)
     count = int(np.prod(shape, dtype=np.int64))
     raw = (ctypes.c_uint8 * (count * dtype.itemsize)).from_address(address)
     return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)

@@ -20,7 +20,10 @@ from .explain import dimension_names
 from .layers import format_layers, model_layers
 from ..progress import compile_progress
 
-_ONNX_DTYPES = {1: "float32", 3: "int8", 6: "int32", 7: "int64", 2: "uint8"}
+_ONNX_DTYPES = {1: "float32", 3: "int8", 6: "int32", 7: "int64", 2: "uint8", 10: "float16"}
+#: --check's bound on a float output's error, relative to its largest magnitude: float16 models'
+#: 4 ulps of the format (2 ** -10 each; the NPU rounds once where onnxruntime may round per op).
+CHECK_TOLERANCE = {"float16": 4 * 2.0 ** -10}
 #: The most random input data `run` makes (all inputs together).
 MAX_INPUT_BYTES = 1 << 30
 
@@ -229,5 +232,5 @@ def _compare(outputs, expected) -> dict:
         scale = max(1e-30, float(np.abs(ref).max()))
         error = float(np.abs(out.astype(np.float64) - ref).max() / scale)
         worst = max(worst, error)
-        passed &= error <= 1e-4
+        passed &= error <= CHECK_TOLERANCE.get(str(ref.dtype), 1e-4)
     return {"passed": bool(passed), "max_rel_error": worst}

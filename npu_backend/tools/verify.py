@@ -6,8 +6,11 @@ compiled, so a malformed shape, stride or padding is a usage error naming the ar
 If the compiler keeps the operator on the host (a chip that cannot hold its tiles, a dtype it
 does not compute), verify fails with exit 3 and the reason `explain` gives: a PASS always means
 the NPU computed the result. int8 and integer results must match exactly, float32 within 1e-5
-of the output's scale. `--weight-dtype int4` runs a matmul with 4-bit weights (MatMulNBits: packed
-in DRAM, unpacked by UNPACK4 in the scratchpad) against numpy.
+of the output's scale, bfloat16 and float16 (matmul, conv2d) within `half_floats.error_bound` of
+numpy's model of the NPU (float32 sums, rounded to nearest even on store): one ulp of the format
+at each result plus twice float32's summation error over its terms. `--weight-dtype int4` runs a
+matmul with 4-bit weights (MatMulNBits: packed in DRAM, unpacked by UNPACK4 in the scratchpad)
+against numpy.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import json
 
 from cgra_cli.arguments import EXIT_MISMATCH, EXIT_NOT_OFFLOADED, EXIT_OK, UsageError, observe, publish
 from cgra_cli.verify_arguments import SHAPES
+
+HALF_FLOATS = ("bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,11 +34,12 @@ class Case:
     macs: int  # the operator's own multiply-accumulates (0 for pooling and elementwise ops)
     relax_op: str  # the operator as explain names it ("nn.conv2d")
     exact: bool  # integer results must match exactly
+    bound: object = None  # 16-bit float outputs: per element, how far from `ref` they may be
 
 
 def run_verify(args) -> int:
     import npu_backend
-    from .workloads import mismatch, run
+    from .workloads import half_mismatch, mismatch, run
 
     arch = npu_backend.load_arch(args.arch)
     case = build_case(args, arch)
@@ -45,7 +51,8 @@ def run_verify(args) -> int:
         out = run(npu_backend.compile(case.mod, arch), case.inputs)
     if not prof.kernels:
         return _not_offloaded(args, report, "no kernel ran on the NPU")
-    problem = mismatch(out, case.ref, "int8" if case.exact else "float32")
+    problem = half_mismatch(out, case.ref, case.bound) if case.bound is not None else \
+        mismatch(out, case.ref, "int8" if case.exact else "float32")
     bound = -(-case.macs // arch.peak_macs_per_cycle(args.dtype)) if case.macs else 0
     report.update(result="PASS" if problem is None else "FAIL", cycles=prof.total_cycles, mac_bound_cycles=bound,
                   mismatch=problem, kernels=[k.to_dict() for k in prof.kernels])
@@ -83,6 +90,9 @@ def build_case(args, arch) -> Case:
         raise UsageError(f"--shape {_text(args.shape)}: every dimension must be at least 1")
     if args.dtype == "int32" and args.op != "eltwise":
         raise UsageError("--dtype int32 is for --op eltwise; int8 matmul and conv2d already produce int32")
+    if args.dtype in HALF_FLOATS and args.op not in ("matmul", "conv2d"):
+        raise UsageError(f"--dtype {args.dtype} is for --op matmul and conv2d (the vector unit computes "
+                         "float32, int32 and int8)")
     if getattr(args, "weight_dtype", None) == "int4" and args.op != "matmul":
         raise UsageError(f"--weight-dtype int4 is for --op matmul (MatMulNBits), not --op {args.op}")
     if args.op in ("matmul", "batch_matmul", "conv2d") and args.dtype not in arch.dtypes:
@@ -124,7 +134,20 @@ def _matmul(args) -> Case:
     if getattr(args, "weight_dtype", None) == "int4":
         return _matmul_int4(args, m, n, k)
     mod, inputs, ref = matmul_model(m, n, k, args.dtype, bias=not args.no_bias, relu=not args.no_relu, seed=args.seed)
-    return Case(mod, inputs, ref, m * n * k, "matmul", args.dtype == "int8")
+    return Case(mod, inputs, ref, m * n * k, "matmul", args.dtype == "int8",
+                _half_bound(args, ref, inputs, k, "matmul", {}))
+
+
+def _half_bound(args, ref, inputs, depth: int, op: str, conv: dict):
+    """A 16-bit float case's per-element bound (half_floats.error_bound), else None."""
+    if args.dtype not in HALF_FLOATS:
+        return None
+    from cgra_sim.half_floats import error_bound
+
+    from .workloads import gemm_terms
+
+    terms = gemm_terms(inputs, op, bias=not args.no_bias, residual=False, **conv)
+    return error_bound(ref.astype("float32"), terms, depth + (not args.no_bias), args.dtype)
 
 
 def _matmul_int4(args, m: int, n: int, k: int) -> Case:
@@ -173,7 +196,12 @@ def _conv2d(args) -> Case:
     mod, inputs, ref = conv2d_model(n, c, h, w, f, kh, kw, stride=stride, pad=pad, dtype=args.dtype,
                                     bias=not args.no_bias, relu=not args.no_relu, dilation=dilation,
                                     groups=args.groups, layouts=_conv2d_layouts(args.layout), seed=args.seed)
-    return Case(mod, inputs, ref, int(ref.size) * (c // args.groups) * kh * kw, "nn.conv2d", args.dtype == "int8")
+    layouts = _conv2d_layouts(args.layout)
+    conv = dict(stride=stride, pad=pad, dilation=dilation, groups=args.groups)
+    if args.dtype in HALF_FLOATS and layouts != ("NCHW", "OIHW", "NCHW"):
+        raise UsageError(f"--dtype {args.dtype} conv2d: verify's bound is computed for --layout NCHW")
+    return Case(mod, inputs, ref, int(ref.size) * (c // args.groups) * kh * kw, "nn.conv2d", args.dtype == "int8",
+                _half_bound(args, ref, inputs, (c // args.groups) * kh * kw, "conv2d", conv))
 
 
 def _conv2d_layouts(text: str) -> tuple[str, str, str]:

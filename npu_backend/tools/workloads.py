@@ -12,7 +12,23 @@ from tvm import relax
 
 from ..kernels.common.operands import stored
 
-ACC = {"int8": "int32", "float32": "float32"}
+ACC = {"int8": "int32", "float32": "float32", "bfloat16": "float32", "float16": "float32"}
+#: Inputs whose kernels sum in float32 and store (and take a bias and residual in) their own format.
+HALF_FLOATS = ("bfloat16", "float16")
+
+
+def numpy_dtype(dtype: str):
+    """The numpy type of a dtype name: ml_dtypes' for bfloat16 (TVM's tensors take and give it)."""
+    if dtype == "bfloat16":
+        import ml_dtypes  # a dependency of tvm
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def _stored(dtype: str) -> str:
+    """The dtype of a GEMM kernel's bias, residual and output for `dtype` inputs."""
+    return dtype if dtype in HALF_FLOATS else ACC[dtype]
 
 
 def _random(rng, shape, dtype):
@@ -20,7 +36,12 @@ def _random(rng, shape, dtype):
         return rng.integers(-128, 128, size=shape, dtype=np.int8)
     if dtype == "int32":
         return rng.integers(-1000, 1000, size=shape, dtype=np.int32)
-    return rng.standard_normal(shape).astype(dtype)
+    return rng.standard_normal(shape).astype(np.float32).astype(numpy_dtype(dtype))
+
+
+def _rounded(ref, dtype):
+    """The reference as the kernel stores it: a 16-bit float's rounded to nearest even."""
+    return ref.astype(np.float32).astype(numpy_dtype(dtype)) if dtype in HALF_FLOATS else ref.astype(ACC[dtype])
 
 
 def relax_module(name_shapes, body_fn):
@@ -53,10 +74,10 @@ def matmul_model(m, n, k, dtype="float32", bias=True, relu=True, transposed=Fals
                  residual=False, clip=None, seed=None):
     """x @ w (+ b) (+ r) (relu) (clip to (lo, hi)) (softmax): returns (module, inputs, reference).
     With a residual r (m x n) relu comes after it, as in ResNet's relu(conv + b + shortcut)."""
-    acc = ACC[dtype]
+    acc, out = ACC[dtype], _stored(dtype)
     w_shape = (n, k) if transposed else (k, n)
-    specs = [("x", (m, k), dtype), ("w", w_shape, dtype)] + ([("b", (n,), acc)] if bias else [])
-    specs += [("r", (m, n), acc)] if residual else []
+    specs = [("x", (m, k), dtype), ("w", w_shape, dtype)] + ([("b", (n,), out)] if bias else [])
+    specs += [("r", (m, n), out)] if residual else []
 
     def body(bb, x, w, *rest):
         rhs = bb.emit(relax.op.permute_dims(w, [1, 0])) if transposed else w
@@ -75,11 +96,24 @@ def matmul_model(m, n, k, dtype="float32", bias=True, relu=True, transposed=Fals
     inputs = [_random(rng, shape, dt) for _, shape, dt in specs]
     x, w = inputs[0].astype(acc), inputs[1].astype(acc)
     ref = x @ (w.T if transposed else w)
-    ref = _epilogue_reference(ref, inputs, bias, residual, relu, clip)
+    ref = _epilogue_reference(ref, [a.astype(acc) for a in inputs], bias, residual, relu, clip)
     if softmax:
         e = np.exp(ref - ref.max(-1, keepdims=True))
         ref = e / e.sum(-1, keepdims=True)
-    return relax_module(specs, body), inputs, ref.astype(acc)
+    return relax_module(specs, body), inputs, _rounded(ref, dtype)
+
+
+def gemm_terms(inputs, op: str, bias: bool, residual: bool, transposed=False, **conv) -> np.ndarray:
+    """Per output element, the sum of the magnitudes of the terms a matmul_model or conv2d_model
+    (NCHW, `conv`: stride, pad, dilation, groups) adds: |x| @ |w| + |b| + |r|, in float64 (the
+    scale of its float32 summation error, half_floats.error_bound)."""
+    x, w = (np.abs(a.astype(np.float64)) for a in inputs[:2])
+    if op == "matmul":
+        total = x @ (w.T if transposed else w)
+    else:
+        total = conv2d_reference(x, w, conv["stride"], conv["pad"], conv.get("dilation", (1, 1)), conv.get("groups", 1))
+    total = total + np.abs(inputs[2].astype(np.float64)) if bias else total
+    return total + np.abs(inputs[-1].astype(np.float64)) if residual else total
 
 
 def conv2d_reference(x, w, stride, pad, dilation=(1, 1), groups=1):
@@ -109,16 +143,16 @@ def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype=
     """conv2d (+ bias) (+ residual of the output's shape) (relu) (clip to (lo, hi)) with data,
     weight and output stored in `layouts`: (module, inputs, reference). Shapes are given in
     NCHW / OIHW order whatever the layouts."""
-    acc = ACC[dtype]
+    acc, out = ACC[dtype], _stored(dtype)
     data_layout, kernel_layout, out_layout = layouts
     specs = [("data", stored((n, c, h, w_), "NCHW", data_layout), dtype),
              ("weight", stored((f, c // groups, kh, kw), "OIHW", kernel_layout), dtype)]
-    specs += [("bias", tuple(f if axis == "C" else 1 for axis in out_layout), acc)] if bias else []
+    specs += [("bias", tuple(f if axis == "C" else 1 for axis in out_layout), out)] if bias else []
     if residual:
         top, left, bottom, right = pad
         oh = (h + top + bottom - dilation[0] * (kh - 1) - 1) // stride[0] + 1
         ow = (w_ + left + right - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-        specs += [("residual", stored((n, f, oh, ow), "NCHW", out_layout), acc)]
+        specs += [("residual", stored((n, f, oh, ow), "NCHW", out_layout), out)]
 
     def body(bb, x, w, *rest):
         y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=pad, dilation=dilation, groups=groups,
@@ -136,8 +170,8 @@ def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype=
     x = inputs[0].transpose([data_layout.index(axis) for axis in "NCHW"]).astype(acc)
     w = inputs[1].transpose([kernel_layout.index(axis) for axis in "OIHW"]).astype(acc)
     ref = conv2d_reference(x, w, stride, pad, dilation, groups).transpose(["NCHW".index(a) for a in out_layout])
-    ref = _epilogue_reference(ref, inputs, bias, residual, relu, clip)
-    return relax_module(specs, body), inputs, ref.astype(acc)
+    ref = _epilogue_reference(ref, [a.astype(acc) for a in inputs], bias, residual, relu, clip)
+    return relax_module(specs, body), inputs, _rounded(ref, dtype)
 
 
 def batch_matmul_model(lhs_shape, rhs_shape, dtype="float32", bias=True, relu=True, transposed=False,
@@ -147,7 +181,8 @@ def batch_matmul_model(lhs_shape, rhs_shape, dtype="float32", bias=True, relu=Tr
     and `x @ w.transpose(-1, -2)` import. Returns (module, inputs, reference)."""
     acc = ACC[dtype]
     n = rhs_shape[-2] if transposed else rhs_shape[-1]
-    specs = [("x", tuple(lhs_shape), dtype), ("w", tuple(rhs_shape), dtype)] + ([("b", (n,), acc)] if bias else [])
+    specs = [("x", tuple(lhs_shape), dtype), ("w", tuple(rhs_shape), dtype)] + \
+        ([("b", (n,), _stored(dtype))] if bias else [])
 
     def body(bb, x, w, *rest):
         if transposed:
@@ -163,10 +198,10 @@ def batch_matmul_model(lhs_shape, rhs_shape, dtype="float32", bias=True, relu=Tr
     x, w = inputs[0].astype(acc), inputs[1].astype(acc)
     ref = np.matmul(x, np.swapaxes(w, -1, -2) if transposed else w)
     if bias:
-        ref = ref + inputs[2]
+        ref = ref + inputs[2].astype(acc)
     if relu:
         ref = np.maximum(ref, 0)
-    return relax_module(specs, body), inputs, ref.astype(acc)
+    return relax_module(specs, body), inputs, _rounded(ref, dtype)
 
 
 def _pool_extent(size, kernel, stride, lo, hi, dilation, ceil_mode):
@@ -260,3 +295,20 @@ def eltwise_model(func: str, lhs_shape, rhs_shape, dtype="float32", seed=0):
     with np.errstate(over="ignore"):
         ref = getattr(np, func)(*inputs, dtype=dtype)
     return mod, inputs, ref
+
+
+def half_mismatch(out, ref, bound) -> str | None:
+    """None when every element of a 16-bit float `out` is within `bound` (per element) of `ref`
+    (non-finite ones equal, a NaN for a NaN); else a description of the worst element."""
+    if out.shape != ref.shape:
+        return f"shape {out.shape} != reference {ref.shape}"
+    out64, ref64 = out.astype(np.float64), ref.astype(np.float64)
+    same = (out64 == ref64) | (np.isnan(out64) & np.isnan(ref64))
+    with np.errstate(invalid="ignore"):
+        excess = np.where(same, 0.0, np.abs(out64 - ref64) - bound)
+    excess = np.where(np.isnan(excess), np.inf, excess)  # a non-finite element that differs
+    if np.all(excess <= 0):
+        return None
+    i = np.unravel_index(int(np.argmax(excess)), out.shape)
+    return f"{out64[i]} vs {ref64[i]} at {tuple(int(x) for x in i)}: off by {abs(out64[i] - ref64[i]):.3g}, " \
+           f"bound {float(bound[i]):.3g}"

@@ -33,8 +33,10 @@ int32_t DTypeFromDL(DLDataType t) {
   if (t.lanes == 1 && t.code == kDLInt && t.bits == 8) return CGRA_DTYPE_INT8;
   if (t.lanes == 1 && t.code == kDLInt && t.bits == 32) return CGRA_DTYPE_INT32;
   if (t.lanes == 1 && t.code == kDLFloat && t.bits == 32) return CGRA_DTYPE_FLOAT32;
+  if (t.lanes == 1 && t.code == kDLBfloat && t.bits == 16) return CGRA_DTYPE_BFLOAT16;
+  if (t.lanes == 1 && t.code == kDLFloat && t.bits == 16) return CGRA_DTYPE_FLOAT16;
   Fail("dtype (code ", int(t.code), ", bits ", int(t.bits), ", lanes ", t.lanes,
-       ") is not supported: the NPU moves int8, int32 and float32 tensors");
+       ") is not supported: the NPU moves int8, int32, float32, bfloat16 and float16 tensors");
 }
 
 /*! \brief The box's halo words are non-negative, and dims past the tensor's rank have neither
@@ -91,6 +93,13 @@ void CheckDma(const int64_t* w, const CheckContext& context) {
   CheckSpadBytes("", spad_addr, end, context.spad_bytes);
 }
 
+/*! \brief The dtype an EPILOGUE reads its bias and residual in: a 16-bit float output's (widened
+ * exactly to the float32 accumulator's), else the accumulator's. */
+int32_t EpilogueOperandDType(const int64_t* w) {
+  int32_t out_dtype = Code(w[CGRA_EPILOGUE_OUT_DTYPE]);
+  return IsHalfFloat(out_dtype) ? out_dtype : Code(w[CGRA_EPILOGUE_ACC_DTYPE]);
+}
+
 /*! \brief With CGRA_EPILOGUE_REQUANTISE: int32 -> int8, the scale row and the zero point;
  * without it: the dtypes as CheckEpilogueDTypes says and scale_addr, out_zero_point 0. */
 void CheckEpilogueRequantise(const int64_t* w, int64_t spad_bytes) {
@@ -126,7 +135,7 @@ void CheckEpilogueResidualAndClip(const int64_t* w, int64_t spad_bytes) {
   int64_t residual_stride = w[CGRA_EPILOGUE_RESIDUAL_STRIDE];
   if (flags & CGRA_EPILOGUE_RESIDUAL) {
     CheckRegion("residual", Access::kRead, residual_addr, w[CGRA_EPILOGUE_M], w[CGRA_EPILOGUE_N],
-                residual_stride, ItemSize(acc_dtype), spad_bytes);
+                residual_stride, ItemSize(EpilogueOperandDType(w)), spad_bytes);
   } else if (residual_addr != 0 || residual_stride != 0) {
     Fail("residual_addr ", residual_addr, " / residual_stride ", residual_stride,
          " given without CGRA_EPILOGUE_RESIDUAL: a disabled operand's arguments must be 0");
@@ -212,7 +221,7 @@ void CheckGemm(const int64_t* w, const CheckContext& context) {
 void CheckFill(const int64_t* w, const CheckContext& context) {
   int32_t dtype = Code(w[CGRA_FILL_DTYPE]);
   CheckRegion("", Access::kWrite, w[CGRA_FILL_ADDR], w[CGRA_FILL_ROWS], w[CGRA_FILL_COLS],
-              w[CGRA_FILL_STRIDE], ItemSize(dtype), context.spad_bytes);
+              w[CGRA_FILL_STRIDE], VectorItemSize(dtype), context.spad_bytes);
   CheckFillValue(dtype, w[CGRA_FILL_VALUE_BITS]);
 }
 
@@ -226,8 +235,8 @@ void CheckEpilogue(const int64_t* w, const CheckContext& context) {
   CheckRegion("acc", Access::kRead, w[CGRA_EPILOGUE_ACC_ADDR], m, n, w[CGRA_EPILOGUE_ACC_STRIDE],
               acc_size, context.spad_bytes);
   if (flags & CGRA_EPILOGUE_BIAS) {
-    CheckRegion("bias", Access::kRead, w[CGRA_EPILOGUE_BIAS_ADDR], 1, n, n, acc_size,
-                context.spad_bytes);
+    CheckRegion("bias", Access::kRead, w[CGRA_EPILOGUE_BIAS_ADDR], 1, n, n,
+                ItemSize(EpilogueOperandDType(w)), context.spad_bytes);
   }
   CheckEpilogueResidualAndClip(w, context.spad_bytes);
   CheckRegion("out", Access::kWrite, w[CGRA_EPILOGUE_OUT_ADDR], m, n, w[CGRA_EPILOGUE_OUT_STRIDE],
@@ -258,7 +267,7 @@ void CheckDepthwise(const int64_t* w, const CheckContext& context) {
 void CheckPool(const int64_t* w, const CheckContext& context) {
   int32_t flags = Code(w[CGRA_POOL_FLAGS]), dtype = Code(w[CGRA_POOL_DTYPE]);
   CheckFlags(flags, CGRA_POOL_AVERAGE);
-  int64_t itemsize = ItemSize(dtype);
+  int64_t itemsize = VectorItemSize(dtype);
   bool average = (flags & CGRA_POOL_AVERAGE) != 0;
   if (average && dtype != CGRA_DTYPE_FLOAT32) Fail("an average pools float32, not ", DTypeName(dtype));
   const std::pair<int, const char*> steps[] = {{CGRA_POOL_STRIDE_Y, "stride_y"}, {CGRA_POOL_STRIDE_X, "stride_x"},
@@ -292,7 +301,7 @@ void CheckPool(const int64_t* w, const CheckContext& context) {
 
 void CheckEltwise(const int64_t* w, const CheckContext& context) {
   CheckEltwiseFunc(Code(w[CGRA_ELTWISE_FUNC]));
-  int64_t itemsize = ItemSize(Code(w[CGRA_ELTWISE_DTYPE]));
+  int64_t itemsize = ItemSize(Code(w[CGRA_ELTWISE_DTYPE]));  // 16-bit floats too, via float32
   int64_t rows = w[CGRA_ELTWISE_ROWS], cols = w[CGRA_ELTWISE_COLS];
   CheckWindow("A", w[CGRA_ELTWISE_A_ADDR], {rows, cols, 1, 1, 1},
               {w[CGRA_ELTWISE_A_ROW_STRIDE], w[CGRA_ELTWISE_A_COL_STRIDE], 0, 0, 0}, itemsize,

@@ -26,6 +26,8 @@ const char* DTypeName(int32_t dtype) {
     case CGRA_DTYPE_INT8: return "int8";
     case CGRA_DTYPE_INT32: return "int32";
     case CGRA_DTYPE_FLOAT32: return "float32";
+    case CGRA_DTYPE_BFLOAT16: return "bfloat16";
+    case CGRA_DTYPE_FLOAT16: return "float16";
     default: return "unknown";
   }
 }
@@ -43,18 +45,32 @@ int64_t ItemSize(int32_t dtype) {
     case CGRA_DTYPE_INT8: return CGRA_DTYPE_INT8_BYTES;
     case CGRA_DTYPE_INT32: return CGRA_DTYPE_INT32_BYTES;
     case CGRA_DTYPE_FLOAT32: return CGRA_DTYPE_FLOAT32_BYTES;
+    case CGRA_DTYPE_BFLOAT16: return CGRA_DTYPE_BFLOAT16_BYTES;
+    case CGRA_DTYPE_FLOAT16: return CGRA_DTYPE_FLOAT16_BYTES;
     default:
       Fail("unknown dtype code ", dtype, " (known: ", CGRA_DTYPE_INT8, " int8, ", CGRA_DTYPE_INT32,
-           " int32, ", CGRA_DTYPE_FLOAT32, " float32)");
+           " int32, ", CGRA_DTYPE_FLOAT32, " float32, ", CGRA_DTYPE_BFLOAT16, " bfloat16, ",
+           CGRA_DTYPE_FLOAT16, " float16)");
   }
+}
+
+bool IsHalfFloat(int32_t dtype) { return dtype == CGRA_DTYPE_BFLOAT16 || dtype == CGRA_DTYPE_FLOAT16; }
+
+int64_t VectorItemSize(int32_t dtype) {
+  int64_t size = ItemSize(dtype);  // rejects unknown codes first, with the list of known ones
+  if (IsHalfFloat(dtype)) {
+    Fail("the vector unit computes int8, int32 and float32, not ", DTypeName(dtype),
+         " (16-bit floats are PE-array inputs, EPILOGUE outputs and ELTWISE operands only)");
+  }
+  return size;
 }
 
 int32_t AccumulatorDType(int32_t input_dtype) {
   ItemSize(input_dtype);  // rejects unknown codes first, with the list of known ones
   if (input_dtype == CGRA_DTYPE_INT8) return CGRA_DTYPE_INT32;
-  if (input_dtype == CGRA_DTYPE_FLOAT32) return CGRA_DTYPE_FLOAT32;
+  if (input_dtype == CGRA_DTYPE_FLOAT32 || IsHalfFloat(input_dtype)) return CGRA_DTYPE_FLOAT32;
   Fail("the PE array has no ", DTypeName(input_dtype),
-       " inputs (int8 accumulates in int32, float32 in float32)");
+       " inputs (int8 accumulates in int32; float32, bfloat16 and float16 in float32)");
 }
 
 void CheckEpilogueDTypes(int32_t acc_dtype, int32_t out_dtype) {
@@ -63,9 +79,10 @@ void CheckEpilogueDTypes(int32_t acc_dtype, int32_t out_dtype) {
   if (acc_dtype != CGRA_DTYPE_INT32 && acc_dtype != CGRA_DTYPE_FLOAT32) {
     Fail(DTypeName(acc_dtype), " is not an accumulator dtype (int32, float32)");
   }
+  if (acc_dtype == CGRA_DTYPE_FLOAT32 && IsHalfFloat(out_dtype)) return;  // rounded to nearest even
   if (out_dtype != acc_dtype) {
     Fail("a ", DTypeName(acc_dtype), " accumulator cannot produce ", DTypeName(out_dtype),
-         ": the epilogue writes its accumulator's dtype");
+         ": the epilogue writes its accumulator's dtype (a float32 one also bfloat16 or float16)");
   }
 }
 

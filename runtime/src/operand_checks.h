@@ -38,16 +38,21 @@ template <typename... Parts>
 int64_t Add(int64_t a, int64_t b);
 int64_t Mul(int64_t a, int64_t b);
 
-/*! \brief "int8", "int32", "float32" or "unknown", for messages. */
+/*! \brief "int8", "int32", "float32", "bfloat16", "float16" or "unknown", for messages. */
 const char* DTypeName(int32_t dtype);
 
 /*! \brief Bytes per element of an isa dtype code; throws for an unknown code. */
 int64_t ItemSize(int32_t dtype);
+/*! \brief Whether `dtype` is a 16-bit float (bfloat16, float16). */
+bool IsHalfFloat(int32_t dtype);
+/*! \brief ItemSize of a dtype the vector unit computes in (not a 16-bit float), else Fail. */
+int64_t VectorItemSize(int32_t dtype);
 
 /*! \brief The accumulator dtype of a GEMM input dtype; throws if the PE array has none. */
 int32_t AccumulatorDType(int32_t input_dtype);
 
-/*! \brief Checks an epilogue's dtypes: an accumulator dtype, and the output in that same dtype. */
+/*! \brief Checks an epilogue's dtypes: an accumulator dtype, and the output in that same dtype (or a
+ * float32 accumulator rounded to bfloat16 / float16). */
 void CheckEpilogueDTypes(int32_t acc_dtype, int32_t out_dtype);
 
 /*! \brief Checks an ELTWISE func code (CGRA_ELTWISE_ADD .. CGRA_ELTWISE_MINIMUM). */

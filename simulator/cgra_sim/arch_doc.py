@@ -30,6 +30,31 @@ SCHEMA_FILE = "hardware-description.schema.json"
 MARKDOWN_FILE = "hardware-description.md"
 DTYPES = [d.numpy_name for d in DType]
 OPTIONAL = ("energy", "area", "fabric", "host", "function_unit")  # tables with defaults (or none)
+#: What each number format costs on the presets, and what those figures rest on.
+NUMBER_FORMATS = (
+    "## Number formats",
+    "",
+    "The PE array multiplies float32, int8 (accumulating in int32), bfloat16 and float16 (both",
+    "accumulating in float32: a product of two 16-bit floats is exact in float32, the sum rounds as",
+    "float32's does, and the EPILOGUE rounds the result to the 16-bit format, to nearest even, when",
+    "it stores it). A dtype missing from `macs_per_pe` is one the chip lacks: its layers stay on",
+    "the host. The vector unit's ELTWISE takes them too (widened, computed in float32, rounded, as",
+    "a host computes them) and the DMA moves them (the layout copies: transposes, slices, concats,",
+    "lookups); the vector unit's other commands and the fabric compute float32, int32 and int8",
+    "only, so a bfloat16 / float16 model's other elementwise operators run on the host.",
+    "",
+    "The presets give bfloat16 and float16 2 MACs per PE per cycle where float32 has 1: two 16-bit",
+    "products accumulate into one float32 sum a cycle, as Arm's BFDOT / BFMMLA (each float32 lane",
+    "takes two bfloat16 products per instruction, twice FMLA's float32 MACs) and Intel's AMX-BF16",
+    "(TDPBF16PS: pairs of bfloat16 products into each float32 element) do; per Horowitz (ISSCC",
+    "2014, 45 nm, the source of the float32 and int8 figures) such a MAC, a float16 multiplier",
+    "(1640 µm², 1.1 pJ) and a float32 adder (4184 µm², 0.9 pJ), is 5824 µm² and 2.0 pJ, so two",
+    "fit in one float32 MAC's 11884 µm² and cost 0.87x its 4.6 pJ a cycle. bfloat16 is priced as",
+    "float16 (Horowitz has no bfloat16 figure; its 8-bit significand needs the smaller",
+    "multiplier, so this is an upper bound). The area model counts each dtype's MAC units apart",
+    "(a PE sharing one 16-bit datapath between the two formats is smaller than the sum): the",
+    "presets' area grew by their four 16-bit MAC units a PE.",
+)
 
 
 def _field_schema(name: str) -> dict:
@@ -272,7 +297,9 @@ def markdown() -> str:
         "MAC's 11884 µm², at 0.3 pJ a MAC against 4.6. Describe such a chip with",
         "`\"macs_per_pe\": {\"float32\": 1, \"int8\": 4}`, or change a preset with",
         "`--set macs_per_pe.int8=4` (`cgra-sim sweep`, `benchmarks/bench_quantized.py`): cgra-8x8 then",
-        "grows from 2.97 to 3.05 mm², and its int8 GEMMs take a quarter of the MAC steps.",
+        "grows from 4.46 to 4.54 mm², and its int8 GEMMs take a quarter of the MAC steps.",
+        "",
+        *NUMBER_FORMATS[2:],
         "",
         "## The presets",
         "",

@@ -15,7 +15,9 @@ from .errors import CommandError
 from .isa import ACC_DTYPE, UNIT_OF, DType, Op
 from .regions import Region
 
-NUMPY_DTYPE = {dtype: np.dtype(dtype.numpy_name) for dtype in DType}
+#: The numpy dtype of each ISA dtype's elements (bfloat16: its bits as uint16, DType.storage).
+NUMPY_DTYPE = {dtype: np.dtype(dtype.storage) for dtype in DType}
+DTYPE_OF_NUMPY = {np_dtype: dtype for dtype, np_dtype in NUMPY_DTYPE.items()}
 
 
 class Command:
@@ -130,9 +132,11 @@ class FillCommand(Command):
 class EpilogueCommand(Command):
     """out = requantise(clip(relu(acc + bias + residual))); `bias`, `residual` are None without
     their flag, `clip` is None or the (lo, hi) bounds as numpy scalars of the accumulator dtype,
-    `scale` None or the (1, n) float32 row of a requantisation to int8 around `zero_point`."""
+    `scale` None or the (1, n) float32 row of a requantisation to int8 around `zero_point`;
+    `half` the 16-bit float (DType) a float32 accumulator is rounded to on store, whose dtype the
+    bias and residual then have (widened exactly), else None."""
 
-    __slots__ = ("acc", "bias", "residual", "out", "relu", "clip", "scale", "zero_point")
+    __slots__ = ("acc", "bias", "residual", "out", "relu", "clip", "scale", "zero_point", "half")
 
 
 class EltwiseCommand(Command):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from .arch import HardwareDescription
-from .commands import (NUMPY_DTYPE, Checker, Command, DepthwiseCommand, DmaCommand, EltwiseCommand,
+from .commands import (DTYPE_OF_NUMPY, Checker, Command, DepthwiseCommand, DmaCommand, EltwiseCommand,
                        EpilogueCommand, FabricCommand, FillCommand, GemmCommand, PoolCommand)
 from .decode_dma import decode_dma
 from .decode_pe import decode_depthwise, decode_fabric, decode_gemm
@@ -34,7 +34,6 @@ from .isa import BOX_DIMS, FIELDS, RECORD_WORDS, DType, Op
 __all__ = ["Command", "DepthwiseCommand", "DmaCommand", "EltwiseCommand", "EpilogueCommand", "FabricCommand",
            "FillCommand", "GemmCommand", "PoolCommand", "as_records", "check_tensors", "decode_stream"]
 
-_DTYPE_OF_NUMPY = {np_dtype: dtype for dtype, np_dtype in NUMPY_DTYPE.items()}
 _OPS = {int(op): op for op in Op}
 
 
@@ -62,9 +61,11 @@ def check_tensors(tensors) -> list[np.ndarray]:
     for slot, tensor in enumerate(tensors):
         if not isinstance(tensor, np.ndarray):
             raise LaunchError(f"slot {slot}: expected a numpy array, got {type(tensor).__name__}")
-        if tensor.dtype not in _DTYPE_OF_NUMPY:
+        if tensor.dtype.name == "bfloat16":  # ml_dtypes' bfloat16: the same bits, as the storage
+            tensor = tensor.view(np.uint16)
+        if tensor.dtype not in DTYPE_OF_NUMPY:
             raise LaunchError(f"slot {slot}: dtype {tensor.dtype} is not one of "
-                              f"{', '.join(d.numpy_name for d in DType)}")
+                              f"{', '.join(d.numpy_name for d in DType)} (bfloat16 as uint16 bits)")
         if not 1 <= tensor.ndim <= BOX_DIMS:
             raise LaunchError(f"slot {slot}: rank {tensor.ndim} is outside 1..{BOX_DIMS}")
         if not tensor.flags.c_contiguous:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 
 from .box import DmaBox
-from .commands import Checker, DmaCommand
-from .isa import BOX_DIMS, DMA_FILL_LOWEST, FIELDS, DType, Op
+from .commands import DTYPE_OF_NUMPY, Checker, DmaCommand
+from .isa import BOX_DIMS, DMA_FILL_LOWEST, FIELDS, Op
 from .regions import Region
 
 #: A DMA box may have max(spad_bytes, this) points: far above what a scratchpad-sized box needs
@@ -48,7 +48,7 @@ def decode_dma(check: Checker, index: int, op: Op, record: list[int], tensors) -
         check.fail(f"scratchpad strides {box.sstrides} alias: the load would write elements twice")
     cmd = DmaCommand(index, op)
     cmd.slot, cmd.tensor, cmd.box, cmd.halo_free, cmd.region = slot, tensor, box, halo_free, region
-    cmd.fill = DType.from_name(str(dtype)).lowest if flags & DMA_FILL_LOWEST else 0
+    cmd.fill = DTYPE_OF_NUMPY[dtype].lowest if flags & DMA_FILL_LOWEST else 0
     ranges = None if halo_free else box.inbounds_ranges(tensor.shape)
     if ranges is not None:
         cmd.host_points = math.prod(stop - start for start, stop in ranges)

@@ -11,8 +11,8 @@ import numpy as np
 
 from .commands import (NUMPY_DTYPE, Checker, EltwiseCommand, EpilogueCommand, FillCommand, PoolCommand,
                        ReduceCommand, VfuncCommand)
-from .isa import (ACC_DTYPE, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_REQUANTISE, EPILOGUE_RESIDUAL,
-                  FIELDS, POOL_AVERAGE, VFUNC_OFFSET, VFUNC_SCALE, DType, EltwiseFunc, Op, ReduceFunc, VFunc)
+from .isa import (EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_REQUANTISE, EPILOGUE_RESIDUAL,
+                  FIELDS, HALF_FLOATS, POOL_AVERAGE, VECTOR_DTYPES, VFUNC_OFFSET, VFUNC_SCALE, DType, EltwiseFunc, Op, ReduceFunc, VFunc)
 from .regions import Region
 
 
@@ -20,7 +20,7 @@ def decode_pool(check: Checker, index: int, op: Op, record: list[int], tensors) 
     fields = dict(zip(FIELDS[op], record))
     flags, average = fields["flags"], bool(fields["flags"] & POOL_AVERAGE)
     check.flags(flags, POOL_AVERAGE)
-    dtype = check.dtype("dtype", fields["dtype"], (DType.FLOAT32,) if average else tuple(DType))
+    dtype = check.dtype("dtype", fields["dtype"], (DType.FLOAT32,) if average else VECTOR_DTYPES)
     oh, ow, n, kh, kw = (fields[name] for name in ("oh", "ow", "n", "kh", "kw"))
     check.positive(oh=oh, ow=ow, n=n, kh=kh, kw=kw, stride_y=fields["stride_y"], stride_x=fields["stride_x"],
                    dilation_y=fields["dilation_y"], dilation_x=fields["dilation_x"])
@@ -80,7 +80,7 @@ def _fill_value(check: Checker, dtype: DType, bits: int):
 def decode_fill(check: Checker, index: int, op: Op, record: list[int], tensors) -> FillCommand:
     _, flags, dtype_code, addr, rows, cols, stride, bits = record[:len(FIELDS[op])]
     check.flags(flags, 0)
-    dtype = check.dtype("dtype", dtype_code, tuple(DType))
+    dtype = check.dtype("dtype", dtype_code, VECTOR_DTYPES)
     check.positive(rows=rows, cols=cols)
     cmd = FillCommand(index, op)
     cmd.region = check.matrix("region", addr, rows, cols, stride, dtype, written=True)
@@ -95,15 +95,19 @@ def decode_epilogue(check: Checker, index: int, op: Op, record: list[int],
      out_stride) = record[:11]
     check.flags(flags, EPILOGUE_BIAS | EPILOGUE_RELU | EPILOGUE_RESIDUAL | EPILOGUE_CLIP | EPILOGUE_REQUANTISE)
     requantise = bool(flags & EPILOGUE_REQUANTISE)
-    acc_dtype = check.dtype("acc_dtype", acc_code, (DType.INT32,) if requantise else tuple(ACC_DTYPE.values()))
-    out_dtype = check.dtype("out_dtype", out_code, (DType.INT8,) if requantise else (acc_dtype,))
+    acc_dtype = check.dtype("acc_dtype", acc_code, (DType.INT32,) if requantise else (DType.INT32, DType.FLOAT32))
+    # A float32 accumulator may be stored rounded to a 16-bit float, whose bias and residual are in that dtype.
+    outs = (DType.INT8,) if requantise else (acc_dtype,) + (HALF_FLOATS if acc_dtype is DType.FLOAT32 else ())
+    out_dtype = check.dtype("out_dtype", out_code, outs)
     check.positive(m=m, n=n)
     cmd = EpilogueCommand(index, op)
+    cmd.half = out_dtype if out_dtype in HALF_FLOATS else None
+    operand_dtype = cmd.half or acc_dtype
     cmd.acc = check.matrix("acc", acc_addr, m, n, acc_stride, acc_dtype, written=False)
     cmd.bias = None
     if flags & EPILOGUE_BIAS:
-        cmd.bias = check.matrix("bias", bias_addr, 1, n, n, acc_dtype, written=False)
-    cmd.residual = _epilogue_residual(check, flags, record, m, n, acc_dtype)
+        cmd.bias = check.matrix("bias", bias_addr, 1, n, n, operand_dtype, written=False)
+    cmd.residual = _epilogue_residual(check, flags, record, m, n, operand_dtype)
     cmd.clip = _epilogue_clip(check, flags, record, acc_dtype)
     cmd.scale, cmd.zero_point = _epilogue_requantise(check, flags, record, n)
     cmd.out = check.matrix("out", out_addr, m, n, out_stride, out_dtype, written=True)
@@ -153,7 +157,7 @@ def decode_eltwise(check: Checker, index: int, op: Op, record: list[int], tensor
     if func not in {int(f) for f in EltwiseFunc}:
         check.fail(f"func {func} is not an elementwise function (known: "
                    f"{', '.join(f'{f.name}={int(f)}' for f in EltwiseFunc)})")
-    dtype = check.dtype("dtype", dtype_code, tuple(DType))
+    dtype = check.dtype("dtype", dtype_code, VECTOR_DTYPES + HALF_FLOATS)  # 16-bit floats: via float32
     check.positive(rows=rows, cols=cols)
     strides = dict(a_row_stride=a_row, a_col_stride=a_col, b_row_stride=b_row, b_col_stride=b_col)
     negative = {name: value for name, value in strides.items() if value < 0}

@@ -30,7 +30,10 @@ memory.
 `default_energy` gives a chip without an `energy` table its figures, from Horowitz, "Computing's
 energy problem (and what we can do about it)", ISSCC 2014 (45 nm, 0.9 V), the table Accelergy's
 and Timeloop's examples start from: an 8-bit multiply 0.2 pJ and a 32-bit add 0.1 pJ (an int8 MAC
-into int32: 0.3 pJ), a float32 multiply 3.7 pJ and add 0.9 pJ (4.6 pJ), an int32 multiply 3.1 pJ;
+into int32: 0.3 pJ), a float32 multiply 3.7 pJ and add 0.9 pJ (4.6 pJ), an int32 multiply 3.1 pJ,
+a float16 multiply 1.1 pJ (a float16 MAC into float32, its product exact there: 1.1 + 0.9 =
+2.0 pJ; bfloat16 priced the same, an upper bound: its 8-bit significand multiplies in less than
+float16's 11-bit one, and Horowitz gives no bfloat16 figure);
 a 64-bit SRAM access 10 pJ from 8 KiB and 20 pJ from 32 KiB (so 10 * sqrt(KiB / 8) pJ for one
 bank of the scratchpad, per 8 bytes); DRAM 1.3 nJ per 64 bits. Two figures are this project's
 assumptions, not measurements: a configuration slot loads one 64-bit word per PE from the
@@ -42,13 +45,13 @@ from __future__ import annotations
 
 import math
 
-from .isa import Op
+from .isa import HALF_FLOATS, Op
 from .special import OPS as VFUNC_OPS
 
 COMPONENTS = ("mac", "vector", "spad", "dram", "config", "leakage")
 
 #: pJ per MAC and per vector-unit element operation, by dtype (Horowitz, ISSCC 2014, 45 nm).
-MAC_PJ = {"int8": 0.3, "float32": 4.6, "int32": 3.2}
+MAC_PJ = {"int8": 0.3, "float32": 4.6, "int32": 3.2, "float16": 1.1 + 0.9, "bfloat16": 1.1 + 0.9}
 VECTOR_OP_PJ = {"float32": 0.9, "int32": 0.1, "int8": 0.03}
 DRAM_BYTE_PJ = 162.5  # 1.3 nJ per 64-bit access
 SRAM_ACCESS_PJ_8KIB = 10.0  # one 64-bit access from an 8 KiB array
@@ -157,7 +160,10 @@ def launch_energy(arch, commands, cycles: int, config_slots: int) -> dict:
 
 
 def _vector_dtype(cmd, out) -> str:
-    """The dtype a vector command computes in: an EPILOGUE's accumulator, else its output's."""
+    """The dtype a vector command computes in: an EPILOGUE's accumulator, a 16-bit float ELTWISE's
+    float32, else its output's."""
     if cmd.op is Op.EPILOGUE:
         return cmd.acc.dtype.name
+    if cmd.op is Op.ELTWISE and cmd.dtype in HALF_FLOATS:
+        return "float32"
     return out.dtype.name

@@ -31,6 +31,10 @@ sum); MAX propagates NaN. VFUNC computes t = a (* scale) (+ offset), each rounde
 function's specified float32 sequence (special.py). UNPACK4 writes float32(q - z) * s per
 nibble (unpack4.py). FABRIC evaluates its body node by node over the whole tile
 (mapping/body.evaluate) with the same arithmetic.
+bfloat16 and float16 (GEMM and DEPTHWISE inputs) are widened exactly to float32 and computed as
+float32 is (a product of two is exact in float32); an EPILOGUE with a 16-bit float output adds its
+bias and residual, held in that format, widened, and rounds the result to nearest even on store
+(half_floats.py).
 Each command reads all its operands before it writes, so an in-place EPILOGUE is well defined.
 """
 
@@ -42,9 +46,9 @@ from .unpack4 import execute_unpack4
 
 from .commands import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FabricCommand,
                        FillCommand, GemmCommand, PoolCommand, ReduceCommand, VfuncCommand)
-from .isa import DType, EltwiseFunc, Op, ReduceFunc, VFunc
+from .isa import HALF_FLOATS, DType, EltwiseFunc, Op, ReduceFunc, VFunc
 from .mapping import body
-from . import special
+from . import half_floats, special
 
 
 def execute(commands: list[Command], spad: np.ndarray) -> None:
@@ -98,8 +102,8 @@ def _gemm(cmd: GemmCommand, spad: np.ndarray) -> None:
         if cmd.accumulate:
             product += acc
         acc[...] = product.astype(np.int32)  # int64 -> int32 keeps the low 32 bits
-    else:
-        product = np.matmul(a, b, dtype=np.float32)
+    else:  # float32, or 16-bit floats widened exactly (their products are exact in float32)
+        product = np.matmul(_as_float32(a, cmd.dtype), _as_float32(b, cmd.dtype), dtype=np.float32)
         if cmd.accumulate:
             product += acc
         acc[...] = product
@@ -114,10 +118,16 @@ def _depthwise(cmd: DepthwiseCommand, spad: np.ndarray) -> None:
         acc[...] = total.astype(np.int32)  # int64 -> int32 keeps the low 32 bits
         return
     total = acc.copy() if cmd.accumulate else np.zeros(acc.shape, np.float32)
+    window, b = _as_float32(window, cmd.dtype), _as_float32(b, cmd.dtype)
     for ry in range(cmd.kh):
         for rx in range(cmd.kw):
             total += window[:, :, ry, rx, :] * b[ry, rx]
     acc[...] = total
+
+
+def _as_float32(values: np.ndarray, dtype: DType) -> np.ndarray:
+    """A float PE-array operand as float32: a 16-bit float's widened exactly, float32's as it is."""
+    return half_floats.widen(values, dtype.numpy_name) if dtype in HALF_FLOATS else values
 
 
 def _pool(cmd: PoolCommand, spad: np.ndarray) -> None:
@@ -141,16 +151,21 @@ def _fill(cmd: FillCommand, spad: np.ndarray) -> None:
 
 def _epilogue(cmd: EpilogueCommand, spad: np.ndarray) -> None:
     values = cmd.acc.view(spad)
-    if cmd.bias is not None:
-        values = values + cmd.bias.view(spad)  # (1, n) broadcasts over the rows
+    half = cmd.half
+    if cmd.bias is not None:  # a 16-bit float output's bias and residual are in its dtype, widened
+        bias = cmd.bias.view(spad)
+        values = values + (_as_float32(bias, half) if half else bias)  # (1, n) broadcasts over the rows
     if cmd.residual is not None:
-        values = values + cmd.residual.view(spad)  # numpy int32 adds wrap, like the hardware
+        residual = cmd.residual.view(spad)
+        values = values + (_as_float32(residual, half) if half else residual)  # int32 adds wrap, like the hardware
     if cmd.relu:
         values = np.maximum(values, values.dtype.type(0))
     if cmd.clip is not None:
         values = np.minimum(np.maximum(values, cmd.clip[0]), cmd.clip[1])
     if cmd.scale is not None:
         values = requantise(values, cmd.scale.view(spad), cmd.zero_point)
+    if half:
+        values = half_floats.narrow(values, half.numpy_name)  # rounded to nearest even on store
     cmd.out.view(spad)[...] = values
 
 
@@ -167,6 +182,11 @@ ELTWISE_FUNCS = {
 def _eltwise(cmd: EltwiseCommand, spad: np.ndarray) -> None:
     a, b = cmd.a.view(spad), cmd.b.view(spad)
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN on the lanes too, silently
+        if cmd.dtype in HALF_FLOATS:  # widened, computed in float32, rounded to nearest even
+            name = cmd.dtype.numpy_name
+            value = ELTWISE_FUNCS[cmd.func](_as_float32(a, cmd.dtype), _as_float32(b, cmd.dtype), dtype=np.float32)
+            cmd.out.view(spad)[...] = half_floats.narrow(value, name)
+            return
         cmd.out.view(spad)[...] = ELTWISE_FUNCS[cmd.func](a, b, dtype=a.dtype)
 
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-STREAM_VERSION = 6
+STREAM_VERSION = 7
 #: The oldest stream version this simulator still runs: v3 only added a flag (DMA_FILL_LOWEST)
-#: that v2 streams never set, v4 an opcode (FABRIC) and v5 two (REDUCE, VFUNC) that earlier
-#: streams never use; v6 an opcode (UNPACK4) as well.
+#: that v2 streams never set, v4 an opcode (FABRIC), v5 two (REDUCE, VFUNC), v6 one (UNPACK4) and
+#: v7 two dtype codes (BFLOAT16, FLOAT16) that earlier streams never use.
 OLDEST_STREAM_VERSION = 2
 RECORD_WORDS = 32
 #: Number of loop dimensions (and tensor dimensions) a DMA box can have.
@@ -49,24 +49,39 @@ class Op(enum.IntEnum):
 
 @enum.unique
 class DType(enum.IntEnum):
-    """Element types a command can name. The value is the code stored in records."""
+    """Element types a command can name. The value is the code stored in records.
+
+    BFLOAT16 and FLOAT16 are PE-array input dtypes only (GEMM, DEPTHWISE accumulate them in
+    float32) and an EPILOGUE's output (its float32 result rounded to nearest even); the
+    scratchpad holds bfloat16 as its 16 bits (numpy uint16: `storage`), float16 as numpy's."""
 
     INT8 = 1
     INT32 = 2
     FLOAT32 = 3
+    BFLOAT16 = 4
+    FLOAT16 = 5
 
     @property
     def itemsize(self) -> int:
-        return {DType.INT8: 1, DType.INT32: 4, DType.FLOAT32: 4}[self]
+        return {DType.INT8: 1, DType.INT32: 4, DType.FLOAT32: 4, DType.BFLOAT16: 2, DType.FLOAT16: 2}[self]
 
     @property
     def numpy_name(self) -> str:
-        return {DType.INT8: "int8", DType.INT32: "int32", DType.FLOAT32: "float32"}[self]
+        """The dtype's name (numpy's and TVM's; numpy has no bfloat16: see `storage`)."""
+        return {DType.INT8: "int8", DType.INT32: "int32", DType.FLOAT32: "float32", DType.BFLOAT16: "bfloat16",
+                DType.FLOAT16: "float16"}[self]
+
+    @property
+    def storage(self) -> str:
+        """The numpy dtype that holds its elements: bfloat16's 16 bits as uint16."""
+        return "uint16" if self is DType.BFLOAT16 else self.numpy_name
 
     @property
     def lowest(self) -> float | int:
-        """The lowest value of the type: what a max pool's padding holds (-inf for float32)."""
-        return {DType.INT8: -128, DType.INT32: -(1 << 31), DType.FLOAT32: float("-inf")}[self]
+        """The lowest value of the type: what a max pool's padding holds (-inf for the floats;
+        bfloat16's as its bits, 0xFF80, the storage's value)."""
+        return {DType.INT8: -128, DType.INT32: -(1 << 31), DType.FLOAT32: float("-inf"), DType.BFLOAT16: 0xFF80,
+                DType.FLOAT16: float("-inf")}[self]
 
     @classmethod
     def from_name(cls, name: str) -> "DType":
@@ -75,6 +90,14 @@ class DType(enum.IntEnum):
                 return member
         raise ValueError(f"dtype '{name}' is not supported by the CGRA NPU "
                          f"(supported: {', '.join(m.numpy_name for m in cls)})")
+
+
+#: The dtypes the vector unit and the PE fabric compute in (FILL, ELTWISE, POOL, FABRIC, ...):
+#: the 16-bit floats are not among them, but for ELTWISE (widened, computed in float32, rounded).
+VECTOR_DTYPES = (DType.INT8, DType.INT32, DType.FLOAT32)
+#: 16-bit float inputs of the PE array: products accumulated in float32, rounded to nearest
+#: even when an EPILOGUE stores them.
+HALF_FLOATS = (DType.BFLOAT16, DType.FLOAT16)
 
 
 @enum.unique
@@ -248,7 +271,8 @@ for _op, _fields in FIELDS.items():
 BOX_WORDS = RECORD_WORDS - FIELDS[Op.DMA_LOAD].index("origin0")
 
 #: GEMM / DEPTHWISE accumulator dtype for each input dtype.
-ACC_DTYPE = {DType.INT8: DType.INT32, DType.FLOAT32: DType.FLOAT32}
+ACC_DTYPE = {DType.INT8: DType.INT32, DType.FLOAT32: DType.FLOAT32, DType.BFLOAT16: DType.FLOAT32,
+             DType.FLOAT16: DType.FLOAT32}
 
 # Layout of one host tensor slot in a launch's slot table (int64 words).
 SLOT_FIELDS = ("data_addr", "dtype", "ndim") + tuple(f"shape{d}" for d in range(BOX_DIMS))
@@ -353,7 +377,7 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         Op.GEMM,
         "PE array: acc[i,j] (+)= sum_k A[i,k] * B[k,j], i < m, j < n (+= with "
         "CGRA_GEMM_ACCUMULATE). dtype is the input dtype code; the accumulator is int32 for int8, "
-        "float32 for float32. Strides are in elements.",
+        "float32 for float32, bfloat16 and float16. Strides are in elements.",
         ("flags", _I32), ("dtype", _I32), "m", "n", "k", ("a_addr", _ADDR), "a_stride",
         ("b_addr", _ADDR), "b_stride", ("acc_addr", _ADDR), "acc_stride"),
     _command(
@@ -369,8 +393,9 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         "tile, acc dtype, own stride), _RELU, _CLIP (clip_lo/hi_bits: acc-dtype value bits as for "
         "cgra_fill, lo <= hi), _REQUANTISE (int32 acc -> int8 out: rne(clamp(float(x) * scale[j], "
         "-128 - zp, 127 - zp)) + zp, scale a row of n float32 at scale_addr, zp = "
-        "out_zero_point). A disabled operand's arguments must be 0. (ABI v2 added the last six "
-        "arguments.)",
+        "out_zero_point). out_dtype is acc_dtype, or with a float32 acc bfloat16 or float16: the "
+        "result rounded to nearest even, the bias and residual then in out_dtype. A disabled "
+        "operand's arguments must be 0. (ABI v2 added the last six arguments.)",
         ("flags", _I32), ("acc_dtype", _I32), ("out_dtype", _I32), "m", "n", ("acc_addr", _ADDR),
         "acc_stride", ("bias_addr", _ADDR, EPILOGUE_BIAS), ("out_addr", _ADDR), "out_stride",
         ("residual_addr", _ADDR, EPILOGUE_RESIDUAL), ("residual_stride", _I64, EPILOGUE_RESIDUAL),
@@ -407,8 +432,9 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         "Vector unit: out[i,j] = func(A[i*a_row_stride + j*a_col_stride], B[i*b_row_stride + "
         "j*b_col_stride]) for i < rows, j < cols (elements past a_addr, b_addr; out's element at "
         "i*out_stride + j). func is a CGRA_ELTWISE_* code (ADD, SUBTRACT, MULTIPLY, MAXIMUM, "
-        "MINIMUM); a, b and out share `dtype` (int8, int32 or float32; integers wrap). A stride of "
-        "0 broadcasts an operand along that axis.",
+        "MINIMUM); a, b and out share `dtype` (int8, int32 or float32; integers wrap; bfloat16 and "
+        "float16 computed in float32, rounded to nearest even). A stride of 0 broadcasts an "
+        "operand along that axis.",
         ("func", _I32), ("dtype", _I32), "rows", "cols", ("a_addr", _ADDR), "a_row_stride",
         "a_col_stride", ("b_addr", _ADDR), "b_row_stride", "b_col_stride", ("out_addr", _ADDR),
         "out_stride", fixed=("flags",)),

@@ -111,6 +111,9 @@ class KernelSpec:
     # this many rows long (a KV cache preallocated for its bound, read to the step's length:
     # symbolic_matmul.py); 0: the operand is its own tensor.
     rhs_capacity: int = 0
+    # bfloat16 / float16 inputs stored in their format: the float32 sum rounded to nearest even on
+    # store, the bias and residual in that format (None: the accumulator dtype is stored).
+    half_out: str | None = None
 
     @property
     def image_fill(self) -> int:
@@ -134,8 +137,17 @@ class KernelSpec:
 
     @property
     def out_dtype(self) -> str:
-        """What the kernel stores: int8 when it requantises, else the accumulator dtype."""
-        return "int8" if self.requant_zero_point is not None else self.acc_dtype
+        """What the kernel stores: int8 when it requantises, a 16-bit float input's own dtype
+        (its float32 sum rounded to nearest even), else the accumulator dtype."""
+        if self.requant_zero_point is not None:
+            return "int8"
+        return self.half_out or self.acc_dtype
+
+    @property
+    def operand_dtype(self) -> str:
+        """The dtype of the epilogue's bias and residual: the output's for a 16-bit float kernel
+        (widened exactly into the float32 sum), else the accumulator's."""
+        return self.half_out or self.acc_dtype
 
     @property
     def gemm_extents(self) -> tuple[int, int, int]:

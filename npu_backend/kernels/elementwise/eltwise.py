@@ -47,7 +47,8 @@ ELTWISE_OPS = {"add": "relax.add", "subtract": "relax.subtract", "multiply": "re
 #: prelu(x, slope) = max(x, 0) + slope min(x, 0), exactly select(x > 0, x, slope x): a FABRIC body
 #: (the vector unit has no command for it), its slope streamed as input B.
 PRELU_BODY = (("max", "a", 0.0), ("min", "a", 0.0), ("mul", "n1", "b"), ("add", "n0", "n2"))
-ELTWISE_DTYPES = ("float32", "int32", "int8")
+#: bfloat16 and float16 as the host computes them: in float32, rounded to nearest even.
+ELTWISE_DTYPES = ("float32", "int32", "int8", "bfloat16", "float16")
 PREFIX = "cgra.eltwise_"
 MAX_RANK = 4
 

@@ -19,7 +19,8 @@ from tvm.relax.dpl import is_op, wildcard
 
 from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of
-from .epilogue import Root, epilogue_compute, epilogue_fields, epilogue_operands, static_shape, with_epilogue_tail
+from .epilogue import (HALF_FLOATS, Root, epilogue_compute, epilogue_fields, epilogue_operands, static_shape,
+                       with_epilogue_tail)
 from ..common.dynamic import GATHERS, BLOCKS, batch_extent, read_shape, spatial_extents, symbols_of, with_vars
 from ..family import OpFamily
 from .gemm import choose_gemm_tiling, schedule_gemm
@@ -80,6 +81,9 @@ def conv2d_spec(name: str, annotated: dict) -> KernelSpec:
     # One input channel per output channel: the sliding-window DEPTHWISE kernel, not a GEMM
     # one column wide. (A channel multiplier > 1 runs as a grouped GEMM.)
     op = "depthwise" if 1 < groups == data_shape[1] == weight_shape[0] else "conv2d"
+    if op == "depthwise" and common["dtype"] in HALF_FLOATS:
+        raise UnsupportedOperator(f"a {common['dtype']} depthwise conv2d runs on the host: the NPU's depthwise "
+                                  "kernel computes float32 and int8")
     spec = KernelSpec(op, lhs_shape=data_shape, rhs_shape=weight_shape,
                       strides=tuple(int(s) for s in attrs.strides), padding=padding,
                       dilation=tuple(int(d) for d in attrs.dilation), groups=groups,

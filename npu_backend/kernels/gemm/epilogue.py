@@ -34,8 +34,11 @@ from ..common.operands import padded
 from ..common.spec import KernelSpec
 from .epilogue_tail import caller_out_shape, is_tail_pattern, with_float_tail, with_reshape
 
-#: The accumulator (and output) dtype of each input dtype of a PE-array kernel.
-ACC_DTYPE = {"int8": "int32", "float32": "float32"}
+#: The accumulator dtype of each input dtype of a PE-array kernel: also its output's, but for the
+#: 16-bit floats, whose kernels store their own dtype (the EPILOGUE rounds to nearest even).
+ACC_DTYPE = {"int8": "int32", "float32": "float32", "bfloat16": "float32", "float16": "float32"}
+#: Input dtypes whose kernels accumulate in float32 and store the input's 16-bit format.
+HALF_FLOATS = ("bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,11 +166,13 @@ def epilogue_fields(op: str, annotated: dict) -> dict:
     if dtype != rhs_dtype:
         raise UnsupportedOperator(f"{op} mixes {dtype} and {rhs_dtype}; the PE array multiplies equal dtypes")
     if dtype not in ACC_DTYPE:
-        raise UnsupportedOperator(f"{op} on {dtype} is not supported (float32, or int8 with int32 output)")
+        raise UnsupportedOperator(f"{op} on {dtype} is not supported (float32, bfloat16, float16, or int8 with "
+                                  "int32 output)")
     acc_dtype = ACC_DTYPE[dtype]
-    out_dtype = dtype_of(annotated["root"])
-    if out_dtype != acc_dtype:
-        raise UnsupportedOperator(f"{op} of {dtype} must produce {acc_dtype}, this one produces {out_dtype} "
+    # A 16-bit float's product may be stored in its format (rounded) or as the float32 sum itself.
+    stored = dtype_of(annotated["root"])
+    if stored not in ((dtype, acc_dtype) if dtype in HALF_FLOATS else (acc_dtype,)):
+        raise UnsupportedOperator(f"{op} of {dtype} must produce {acc_dtype}, this one produces {stored} "
                                   f"(use out_dtype=\"{acc_dtype}\")")
     bias_shape = None
     if "bias" in annotated:
@@ -175,10 +180,11 @@ def epilogue_fields(op: str, annotated: dict) -> dict:
         if len(bias_shape) == 0:  # a scalar input (a constant one is reshaped: normalise/scalars.py)
             raise UnsupportedOperator(f"the bias of {op} is a scalar (shape ()): the NPU's DMA moves tensors of rank "
                                       "1..4; the add runs on its own")
-        if dtype_of(annotated["bias"]) != acc_dtype:
-            raise UnsupportedOperator(f"the bias is {dtype_of(annotated['bias'])}, the accumulator {acc_dtype}")
+        if dtype_of(annotated["bias"]) != stored:
+            raise UnsupportedOperator(f"the bias is {dtype_of(annotated['bias'])}, the kernel's output {stored}")
     clip = clip_bounds(annotated["clip"], acc_dtype) if "clip" in annotated else None
-    return dict(dtype=dtype, acc_dtype=acc_dtype, bias_shape=bias_shape, relu="relu" in annotated, clip=clip)
+    return dict(dtype=dtype, acc_dtype=acc_dtype, bias_shape=bias_shape, relu="relu" in annotated, clip=clip,
+                half_out=stored if stored in HALF_FLOATS else None)
 
 
 def with_epilogue_tail(spec: KernelSpec, annotated: dict, name: str = "") -> KernelSpec:
@@ -186,6 +192,9 @@ def with_epilogue_tail(spec: KernelSpec, annotated: dict, name: str = "") -> Ker
     ends in, if any; for a tail pattern (pattern `name`, epilogue_tail.py) its reshape,
     activation and multiplier."""
     tail = is_tail_pattern(name)
+    if spec.half_out and (tail or "n1" in annotated or "requant" in annotated):
+        raise UnsupportedOperator(f"a {spec.dtype} {spec.op} fuses [+ bias] [+ residual] [relu | clip]; the ops "
+                                  "after them run on their own (the vector unit computes float32, int32 and int8)")
     spec = with_reshape(spec, annotated) if tail else spec
     spec = _with_residual(spec, annotated) if "residual" in annotated else spec
     spec = _with_fabric_tail(spec, annotated) if "n1" in annotated else spec
@@ -221,8 +230,8 @@ def _with_residual(spec: KernelSpec, annotated: dict) -> KernelSpec:
             f"{spec.data_layout}/{spec.kernel_layout} conv2d"
         raise UnsupportedOperator(f"a residual add is fused after NCHW and depthwise conv2d and 2-D matmul, "
                                   f"not yet after a {form}: the add runs on the host")
-    if dtype_of(residual) != spec.acc_dtype:
-        raise UnsupportedOperator(f"the residual is {dtype_of(residual)}, the accumulator {spec.acc_dtype}")
+    if dtype_of(residual) != spec.operand_dtype:
+        raise UnsupportedOperator(f"the residual is {dtype_of(residual)}, the kernel's sum {spec.operand_dtype}")
     out_symbols = spec.symbolic("out")
     shape, names = read_shape(residual, "residual", symbolic_axes=tuple(out_symbols), expressions=True)
     if names != out_symbols:
@@ -287,8 +296,8 @@ def epilogue_operands(spec: KernelSpec, out_shape) -> dict:
     residual and the multiplier (shaped as the kernel stores its output, `out_shape`), the
     requantisation scale."""
     multiplier = te.placeholder(out_shape, spec.acc_dtype, name="multiplier") if spec.multiplier_shape else None
-    return {"bias": te.placeholder(spec.bias_shape, spec.acc_dtype, name="bias") if spec.bias_shape else None,
-            "residual": te.placeholder(out_shape, spec.acc_dtype, name="residual") if spec.residual_shape else None,
+    return {"bias": te.placeholder(spec.bias_shape, spec.operand_dtype, name="bias") if spec.bias_shape else None,
+            "residual": te.placeholder(out_shape, spec.operand_dtype, name="residual") if spec.residual_shape else None,
             "multiplier": multiplier,
             "scale": te.placeholder(spec.scale_shape, "float32", name="scale") if spec.scale_shape else None,
             **{role: te.placeholder(shape, spec.acc_dtype, name=role) if shape else None
@@ -322,10 +331,13 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
     def row(pad, idx):
         return pad(idx[0], idx[-1]) if spec.grouped else pad(idx[-1])
 
+    def widened(value):  # a 16-bit float operand, exactly as float32 (the EPILOGUE's sum)
+        return value.astype(spec.acc_dtype) if spec.half_out else value
+
     def epi_value(*idx):
         value = acc(*idx)
-        value = value + row(bias_pad, idx) if bias_pad is not None else value
-        value = value + res_pad(*idx) if res_pad is not None else value
+        value = value + widened(row(bias_pad, idx)) if bias_pad is not None else value
+        value = value + widened(res_pad(*idx)) if res_pad is not None else value
         value = value * row(cscale_pad, idx) if cscale_pad is not None else value
         value = value + row(cshift_pad, idx) if cshift_pad is not None else value
         value = activation(value, spec.acc_dtype, spec.relu, spec.clip)
@@ -333,6 +345,8 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
             value = body_value(FabricBody(spec.fabric_body, spec.acc_dtype), value)
         value = act_value(spec.act, value) if spec.act else value
         value = value * mul_pad(*idx) if mul_pad is not None else value
+        if spec.half_out:
+            return value.astype(spec.half_out)  # rounded to nearest even on store
         return requantise(value, row(scale_pad, idx), spec.requant_zero_point) if scale_pad is not None else value
 
     return te.compute(acc.shape, epi_value, name="epi")
@@ -374,6 +388,8 @@ def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
     tail = dict(act=spec.act, multiplier=bool(spec.multiplier_shape)) if spec.act or spec.multiplier_shape else {}
     if spec.channel_scale_shape:
         tail = dict(tail, channel_scale=True, channel_shift=bool(spec.channel_shift_shape))
+    if spec.half_out:
+        tail = dict(tail, out_dtype=spec.half_out)
     return get_intrin("epilogue", rows, tiling.tn, spec.acc_dtype, bias=bool(spec.bias_shape), relu=spec.relu,
                       residual=bool(spec.residual_shape), clip=spec.clip, zero_point=spec.requant_zero_point,
                       body=body, **tail)

@@ -17,7 +17,7 @@ from tvm import te, tirx
 from tvm.relax.dpl import is_op, wildcard
 
 from ...errors import UnsupportedOperator
-from .epilogue import Root, epilogue_compute, epilogue_fields, epilogue_operands, static_shape, with_epilogue_tail
+from .epilogue import HALF_FLOATS, Root, epilogue_compute, epilogue_fields, epilogue_operands, static_shape, with_epilogue_tail
 from ...relax_info import shape_dims
 from ..common.dynamic import caller_dims, read_shape, symbols_of
 from ..family import OpFamily
@@ -60,6 +60,9 @@ def _cache_roots() -> list[Root]:
 def matmul_spec(name: str, annotated: dict) -> KernelSpec:
     """The kernel a matched matmul chain becomes; raises UnsupportedOperator with the reason."""
     common = epilogue_fields("matmul", annotated)
+    if has_symbolic_operand(annotated) and common["dtype"] in HALF_FLOATS:
+        raise UnsupportedOperator(f"a {common['dtype']} matmul of two operands of symbolic length runs on the host "
+                                  "(the NPU's symbolic matmul computes float32)")
     if has_symbolic_operand(annotated):  # two activations of symbolic lengths (attention's Q Kᵀ, P V)
         if "residual" in annotated or "n1" in annotated:
             raise UnsupportedOperator("an add or chain after a matmul with a symbolic right operand runs on its own")

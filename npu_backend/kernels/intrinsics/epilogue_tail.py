@@ -45,7 +45,7 @@ def act_passes(act: str) -> tuple:
 def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool, residual: bool = False,
                     clip=None, zero_point: int | None = None, body=None, act: str | None = None,
                     multiplier: bool = False, channel_scale: bool = False, channel_shift: bool = False,
-                    scope: str = SPAD):
+                    out_dtype: str | None = None, scope: str = SPAD):
     """EPILOGUE over a rows x cols tile of the accumulator (`dtype`): out = requantise?(clip?(relu?(acc +
     bias? + residual?)), scale, zero_point), then with `body` (a FabricBody) a FABRIC runs it over
     the output tile in place; float32: with `channel_scale` (and `channel_shift`) the sum is
@@ -53,12 +53,13 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     clip) before the relu or clip; then with `act` a sigmoid, silu, gelu_tanh (FABRIC bodies)
     or gelu (VFUNC) of it and with `multiplier` an ELTWISE multiply by a rows x cols tile. bias: a
     row of cols; residual: a rows x cols tile; clip: None or (lo, hi); zero_point: None, or an int8
-    output requantised with a float32 scale row (int32 accumulators only)."""
+    output requantised with a float32 scale row (int32 accumulators only); out_dtype: None, or a
+    16-bit float the float32 result is rounded to (vector_unit.epilogue_intrin; no tail then)."""
     plain = dict(bias=bias, relu=relu, residual=residual, clip=clip, zero_point=zero_point, body=body)
     if act is None and not multiplier and not channel_scale:
-        return plain_epilogue_intrin(rows, cols, dtype, **plain, scope=scope)
+        return plain_epilogue_intrin(rows, cols, dtype, **plain, out_dtype=out_dtype, scope=scope)
     if dtype != "float32" or zero_point is not None or (act is not None and act not in TAIL_ACTS) or \
-            (channel_shift and not channel_scale):
+            (channel_shift and not channel_scale) or out_dtype is not None:
         raise ValueError(f"an epilogue's activation {act} and multiplier are float32 ({dtype}, requantising: "
                          f"{zero_point is not None}); activations {TAIL_ACTS}")
     inputs = [Tile("Acc", (rows, cols), dtype)] + ([Tile("Bias", (cols,), dtype)] if bias else []) \

@@ -77,10 +77,14 @@ def epilogue_flags(bias: bool, relu: bool, residual: bool, clip, zero_point) -> 
 
 
 def epilogue_value(buffers, i, j, dtype: str, *, bias: bool, relu: bool, residual: bool, clip):
-    """One element of EPILOGUE before any requantisation: activation(Acc + Bias + Res)."""
+    """One element of EPILOGUE before any requantisation or rounding: activation(Acc + Bias + Res),
+    a bias or residual of another dtype (a 16-bit float output's) widened to `dtype`."""
+    def widened(value):
+        return value if str(value.ty) == dtype else value.astype(dtype)
+
     total = buffers["Acc"][i, j]
-    total = total + buffers["Bias"][j] if bias else total
-    total = total + buffers["Res"][i, j] if residual else total
+    total = total + widened(buffers["Bias"][j]) if bias else total
+    total = total + widened(buffers["Res"][i, j]) if residual else total
     return activation(total, dtype, relu, clip)
 
 
@@ -101,22 +105,32 @@ def epilogue_call(buffers, strides, rows: int, cols: int, dtype: str, out_dtype:
 
 
 def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool, residual: bool = False,
-                    clip=None, zero_point: int | None = None, body=None, scope: str = SPAD):
+                    clip=None, zero_point: int | None = None, body=None, out_dtype: str | None = None,
+                    scope: str = SPAD):
     """EPILOGUE over a rows x cols tile of the accumulator (`dtype`):
     out = requantise?(clip?(relu?(acc + bias? + residual?)), scale, zero_point), then with `body`
     (a FabricBody) a FABRIC runs it over the output tile in place. bias: a row of
     cols; residual: a rows x cols tile; clip: None or (lo, hi); zero_point: None, or an int8
-    output requantised with a float32 scale row (int32 accumulators only)."""
+    output requantised with a float32 scale row (int32 accumulators only); out_dtype: None, or a
+    16-bit float ("bfloat16", "float16") a float32 result is rounded to (nearest even), the bias
+    and residual then in that dtype too (widened exactly into the sum)."""
     requant = zero_point is not None
-    inputs = [Tile("Acc", (rows, cols), dtype)] + ([Tile("Bias", (cols,), dtype)] if bias else []) \
-        + ([Tile("Res", (rows, cols), dtype)] if residual else []) \
+    half = out_dtype is not None and out_dtype != dtype
+    if half and (dtype != "float32" or requant or body is not None or out_dtype not in ("bfloat16", "float16")):
+        raise ValueError(f"an EPILOGUE rounds a float32 sum to bfloat16 or float16 without requantisation or a "
+                         f"body, not {dtype} to {out_dtype}")
+    operand = out_dtype if half else dtype
+    inputs = [Tile("Acc", (rows, cols), dtype)] + ([Tile("Bias", (cols,), operand)] if bias else []) \
+        + ([Tile("Res", (rows, cols), operand)] if residual else []) \
         + ([Tile("Scale", (cols,), "float32")] if requant else [])
-    output = Tile("Out", (rows, cols), "int8" if requant else dtype)
+    output = Tile("Out", (rows, cols), "int8" if requant else operand)
 
     def value(buffers, i, j):
         total = epilogue_value(buffers, i, j, dtype, bias=bias, relu=relu, residual=residual, clip=clip)
         if body is not None:
             total = body_value(body, total)
+        if half:
+            return total.astype(out_dtype)
         return requantise(total, buffers["Scale"][j], zero_point) if requant else total
 
     def call(buffers, strides):

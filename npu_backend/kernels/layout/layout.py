@@ -49,7 +49,7 @@ from .cache_write import PATTERN as CACHE_WRITE, RowWrite, cache_write_func, cac
     cache_write_tiling
 from .copy_kernel import Gather, LayoutTiling, Piece, choose_splits, copy_script, gather_rows, parse_script
 
-DTYPES = ("int8", "int32", "float32")  # what the DMA moves (isa.DType)
+DTYPES = ("int8", "int32", "float32", "bfloat16", "float16")  # what the DMA moves (isa.DType)
 INDEX_DTYPES = ("int32", "int64")
 MAX_RANK = 4  # the DMA's tensors
 MAX_CONCAT = 8

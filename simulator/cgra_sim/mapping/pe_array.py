@@ -62,8 +62,9 @@ class PeArrayProgram:
 
 
 def cell_dtype(dtype: str) -> str:
-    """The cell's arithmetic for a PE-array input dtype: float32, or int8 accumulating in int32."""
-    return "float32" if dtype == "float32" else "int32"
+    """The cell's arithmetic for a PE-array input dtype: float32 (float32, and bfloat16 / float16
+    accumulating in float32), or int8 accumulating in int32."""
+    return "int32" if dtype == "int8" else "float32"
 
 
 # id(arch) -> (a weak reference to it, {cell dtype: program}): the tile searches ask per candidate.
