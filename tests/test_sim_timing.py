@@ -39,21 +39,23 @@ def gemm_cycles(arch, m, n, k, dtype, config=True, fill=True, a_stride=None):
     """config + fill + folds x k, the folds stretched when the banks cannot feed A's column
     (`a_stride` bytes between rows, default compact: k elements) or A and B together."""
     steady = ceil_div(m, arch.rows) * ceil_div(n, arch.cols) * ceil_div(k, arch.macs_per_pe[dtype])
-    steady = ceil_div(steady * bank_slowdown_of_a(arch, m, n, dtype, a_stride or k * np.dtype(dtype).itemsize), 1)
+    steady = ceil_div(steady * bank_slowdown_of_a(arch, m, n, dtype, a_stride or k * np.dtype(dtype).itemsize,
+                                                  per_lane=Fraction(k, ceil_div(k, arch.macs_per_pe[dtype]))), 1)
     return (arch.config_load_cycles if config else 0) + \
         (min(m, arch.rows) + min(n, arch.cols) - 2 if fill else 0) + steady
 
 
-def bank_slowdown_of_a(arch, m, n, dtype, a_stride, addr=0):
+def bank_slowdown_of_a(arch, m, n, dtype, a_stride, addr=0, per_lane=1):
     """The bank rule of docs/simulator.md by enumeration: the busiest bank's distinct words among
     the first words of A's min(m, rows) rows, over the W / itemsize cycles a word feeds a row;
-    or A's and B's elements a cycle over the scratchpad's width."""
+    or A's and B's elements a cycle (`per_lane` of each row and column a step: k over its steps of MACs a PE) over
+    the scratchpad's width."""
     size, width, banks = np.dtype(dtype).itemsize, arch.bank_width_bytes, arch.spad_banks
     lanes = min(m, arch.rows)
     words = {(addr + i * a_stride) // width for i in range(lanes)}
     busiest = max(sum(1 for w in words if w % banks == bank) for bank in range(banks))
     return max(Fraction(1), Fraction(busiest * size, width),
-               Fraction((lanes + min(n, arch.cols)) * size, banks * width))
+               Fraction((lanes + min(n, arch.cols)) * size * per_lane, banks * width))
 
 
 def load(slot, addr, rows, cols):

@@ -152,17 +152,19 @@ def gemm_steady_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype:
     bandwidth bound (`gemm_bandwidth_slowdown`) is applied here, so a tile's sizes alone give its
     cycles."""
     step = pe_array.program(arch, dtype).step
-    stretch = max(Fraction(step), slowdown, gemm_bandwidth_slowdown(arch, m, n, dtype))
+    stretch = max(Fraction(step), slowdown, gemm_bandwidth_slowdown(arch, m, n, k, dtype))
     return slowed(pe_folds(arch, m, n) * _ceil(k, arch.macs_per_pe[dtype]), stretch)
 
 
-def gemm_bandwidth_slowdown(arch: HardwareDescription, m: int, n: int, dtype: str) -> Fraction:
-    """A GEMM's operand bytes a cycle over the scratchpad's: each cycle the array takes
-    macs_per_pe[dtype] elements (along k) of each of min(m, rows) rows of A and of min(n, cols)
-    columns of B. At most 1 on every preset, and with four int8 MACs a PE (the bytes of one
-    float32 operand) too: the banks keep up."""
+def gemm_bandwidth_slowdown(arch: HardwareDescription, m: int, n: int, k: int, dtype: str) -> Fraction:
+    """A GEMM's operand bytes a cycle over the scratchpad's: each MAC step the array takes the k
+    elements of each of min(m, rows) rows of A and of min(n, cols) columns of B spread over its
+    ceil(k / macs_per_pe[dtype]) steps (macs_per_pe of them a step, fewer in the last; so more
+    MACs a PE are never slower). At most 1 on every preset, and with four int8 MACs a PE (the
+    bytes of one float32 operand) too: the banks keep up."""
     lanes = min(m, arch.rows) + min(n, arch.cols)
-    return Fraction(lanes * _itemsize(dtype) * arch.macs_per_pe[dtype], arch.spad_banks * arch.bank_width_bytes)
+    per_lane = Fraction(k, _ceil(k, arch.macs_per_pe[dtype]))
+    return Fraction(lanes * _itemsize(dtype) * per_lane, arch.spad_banks * arch.bank_width_bytes)
 
 
 def gemm_fill_cycles(arch: HardwareDescription, m: int, n: int) -> int:
