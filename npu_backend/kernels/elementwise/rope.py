@@ -9,7 +9,8 @@ normalise/rotations.py has moved rotate_half's negation into the sine:
 
 (or the add's operands swapped), x of rank 3 or 4, optionally x = permute_dims(y, axes) with
 the last axis kept last (the heads' transpose after the q / k projection's reshape:
-(1, S, H, D) -> (1, H, S, D)); cos and sin of shape (S, D) with any leading 1s; float32.
+(1, S, H, D) -> (1, H, S, D)), y itself possibly a unit-step slice of the parameter (the q or k
+part of a fused projection, normalise/split_slices.py: the origin of the load's box); cos and sin of shape (S, D) with any leading 1s; float32.
 Before, that was seven NPU kernels per q or k (a transpose, two multiplies, two slices, a
 concat, an add: five DMA passes over x and launches of a few hundred cycles each).
 
@@ -56,6 +57,7 @@ class RopeSpec:
     half: int  # h: the rotation's first half x[..., :h]
     cos_shape: tuple
     sin_shape: tuple
+    x_origin: tuple = ()  # where x's part starts in the parameter (a slice of it), else at 0
     param_roles: tuple = ("lhs", "cos", "sin")
     source_ops: tuple = ()
     shape_args: tuple = ()
@@ -75,10 +77,11 @@ def rope_patterns() -> list:
     """With the transpose (tried first) and without it, each with the add's operands in
     either order."""
     entries = []
-    for transposed in (True, False):
+    for sliced, transposed in ((True, True), (False, True), (False, False)):
         for swapped in (False, True):
             x, cos, sin = wildcard(), wildcard(), wildcard()
-            read = is_op("relax.permute_dims")(x) if transposed else x
+            part = is_op("relax.strided_slice")(x, varg_default_wildcard=True) if sliced else x
+            read = is_op("relax.permute_dims")(part) if transposed else x
             lo = is_op("relax.strided_slice")(read, varg_default_wildcard=True)
             hi = is_op("relax.strided_slice")(read, varg_default_wildcard=True)
             rotated = is_op("relax.concat")(is_tuple([hi, lo]))
@@ -87,7 +90,9 @@ def rope_patterns() -> list:
             roles = {"root": root, "lhs": x, "cos": cos, "sin": sin, "lo": lo, "hi": hi, "rotated": rotated}
             if transposed:
                 roles["transpose"] = read
-            name = f"{PREFIX}{'_transposed' if transposed else ''}{'_swapped' if swapped else ''}"
+            if sliced:
+                roles["part"] = part
+            name = f"{PREFIX}{'_sliced' if sliced else ''}{'_transposed' if transposed else ''}{'_swapped' if swapped else ''}"
             entries.append((name, root, roles))
     return entries
 
@@ -107,6 +112,10 @@ def rope_spec(name: str, annotated: dict) -> RopeSpec:
     if "transpose" in annotated:
         given = annotated["transpose"].attrs.axes
         axes = tuple(reversed(range(rank))) if given is None else tuple(int(a) % rank for a in given)
+    origin = (0,) * rank
+    if "part" in annotated:  # x is a slice of the parameter: its origin, unit steps
+        origin = _part_origin(annotated["part"], x_shape, what)
+        x_shape = static_shape(annotated["part"])
     if axes[-1] != rank - 1 or tuple(x_shape[a] for a in axes) != out_shape:
         raise UnsupportedOperator(f"{what} after a transpose {axes} that moves the last axis: a row of the tile "
                                   "must be a run of x")
@@ -119,7 +128,23 @@ def rope_spec(name: str, annotated: dict) -> RopeSpec:
             raise UnsupportedOperator(f"{what} with {role} of shape {shape}: the kernel reads a table of (positions, "
                                       f"{out_shape[-1]}) = {out_shape[-2:]}, the same for every head")
         tables.append(tuple(shape))
-    return RopeSpec(dtype, tuple(x_shape), axes, tuple(out_shape), half, *tables)
+    return RopeSpec(dtype, tuple(static_shape(x)), axes, tuple(out_shape), half, *tables, x_origin=origin)
+
+
+def _part_origin(part, shape: tuple, what: str) -> tuple:
+    """The origin of a unit-step slice with constant bounds (a fused projection's part)."""
+    args = list(part.args[1:])
+    if len(shape) != len(static_shape(part) or ()) or len(args) < 3 or not all(
+            isinstance(a, (tvm.relax.Tuple, tvm.relax.ShapeExpr)) for a in args[:3]):
+        raise UnsupportedOperator(f"{what} of a slice with bounds computed at run time")
+    steps = _ints(args[3]) if len(args) > 3 and args[3] is not None else [1] * len(_ints(args[0]))
+    if any(step != 1 for step in steps):
+        raise UnsupportedOperator(f"{what} of a slice with steps {steps}: the kernel reads unit-step parts")
+    origin = [0] * len(shape)
+    for axis, begin in zip(_ints(args[0]), _ints(args[1])):
+        axis %= len(shape)
+        origin[axis] = min(max(begin + shape[axis] if begin < 0 else begin, 0), shape[axis])
+    return tuple(origin)
 
 
 def _check_halves(annotated: dict, out_shape: tuple, what: str) -> int:
@@ -202,7 +227,8 @@ def rope_script(spec: RopeSpec, tiling: RopeTiling) -> str:
     position += [at, "j"]
     x_index = [""] * len(spec.x_shape)
     for axis, walked in enumerate(spec.x_axes):
-        x_index[walked] = position[axis]
+        start = spec.x_origin[walked] if spec.x_origin else 0
+        x_index[walked] = f"{start} + {position[axis]}" if start else position[axis]
     for name in ("xs", "t", "r", "o"):
         lines.append(f"{indent}{name} = T.alloc_buffer(({rows}, {width}), \"{dtype}\", scope=\"{SPAD}\")")
     lines += [f"{indent}for i, j in T.grid({rows}, {width}):", f"{indent}    xs[i, j] = lhs[{', '.join(x_index)}]"]
