@@ -273,3 +273,30 @@ def test_folds_a_decoders_causal_mask_like_fold_constant():
         relax.op.index_tensor(table, relax.Tuple([relax.const(np.array([0], "int64")),
                                                                    relax.const(np.array([6], "int64"))]))))))
     assert "index_tensor" in _ops(fold_weights(outside))
+
+
+def test_the_remaining_constant_calls_fold_as_tvm_foldconstant_folds_them():
+    """fold_remaining_constants folds only the calls TVM's FoldConstant can evaluate (constants,
+    calls of them, a full_like of a variable: it reads only the shape), in a module of their own,
+    and leaves the function FoldConstant leaves: the same module, constants bit for bit (RoPE's
+    cos / sin tables, T5's int64 position buckets)."""
+    from npu_backend.normalise.fold_weights import fold_remaining_constants
+
+    x = relax.Var("x", relax.TensorType((4, 6), "float32"))
+    positions = relax.const(np.arange(24, dtype="int64").reshape(4, 6), "int64")
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            angles = bb.emit(relax.const(np.linspace(0, 3, 24, dtype="float32").reshape(4, 6)))
+            cos = bb.emit(relax.op.cos(angles))
+            buckets = bb.emit(relax.op.minimum(relax.op.abs(positions), relax.const(7, "int64")))
+            scale = bb.emit(relax.op.astype(buckets, "float32"))
+            zeros = bb.emit(relax.op.full_like(x, relax.const(0.5, "float32")))
+            y = bb.emit(relax.op.add(relax.op.multiply(x, cos), scale))
+            out = bb.emit_output(bb.emit(relax.op.add(y, zeros)))
+        bb.emit_func_output(out)
+    mod = relax.transform.Normalize()(bb.get())
+    folded = fold_remaining_constants(mod)
+    assert _ops(folded) == ["multiply", "add", "add"]
+    dce = relax.transform.DeadCodeElimination()
+    tvm.ir.assert_structural_equal(dce(folded)["main"], dce(relax.transform.FoldConstant()(mod))["main"])

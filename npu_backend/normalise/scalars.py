@@ -12,7 +12,9 @@ Also: a float32 division by a constant (a `/ 255` or a per-channel `/ std` prepr
 hard-swish's `/ 6`) becomes a multiplication by the constant's float32 reciprocal, which the
 ELTWISE kernel and the fabric's bodies compute (the NPU has no divider); within 1.5 ulp of the
 division, exact for a power of two. A divisor with a zero, an infinity or a subnormal
-reciprocal stays a division (on the host).
+reciprocal stays a division (on the host), and so does a division of a 0-d value (run-time scalar
+arithmetic, as DynamicQuantizeLinear's scale: no NPU kernel takes it, and as a multiply it could
+be 1 ulp off and move every value quantized with it).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def _as_multiply(call):
     divider); else the call unchanged."""
     divisor = call.args[1]
     if not isinstance(divisor, tvm.ir.GenericConst) or str(divisor.ty.dtype) != "float32":
+        return call
+    if static_shape(call.args[0]) == ():
         return call
     reciprocal = float32_reciprocal(divisor.value.numpy())
     if reciprocal is None:

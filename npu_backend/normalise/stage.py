@@ -23,6 +23,7 @@ from .constant_indices import constant_indices_pass
 from .conv1ds import conv1ds_as_conv2ds_pass
 from .conv3ds import conv3ds_as_conv2ds_pass
 from .conv_transposes import conv_transposes_as_convs_pass
+from .dynamic_quant import dynamic_quant_pass
 from .empty_operands import empty_operands_pass
 from .fold_weights import fold_remaining_constants, fold_weights, restore_kept_transposes
 from .gelus import gelus_pass
@@ -87,6 +88,9 @@ def normalise_passes(arch=None) -> list:
         tvm.transform.module_pass(lambda m, _ctx: restore_kept_transposes(m), opt_level=0,
                                   name="cgra.RestoreTransposes"),
         relax.transform.CanonicalizeBindings(),
+        # onnxruntime's dynamically quantized MatMulInteger (int32 operands minus zero points) as
+        # the int8 x int8 -> int32 matmul the GEMM kernels compute, exactly (dynamic_quant.py).
+        dynamic_quant_pass,
         # A transposed convolution becomes one conv2d per output phase and an interleave: the
         # NPU's GEMM kernels, and no multiplications by inserted zeros (conv_transposes.py).
         conv_transposes_as_convs_pass,
