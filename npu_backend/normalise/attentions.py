@@ -89,7 +89,10 @@ class _AttentionRewriter(relax.PyExprMutator):
         s = emit(relax.op.matmul(q5, emit(relax.op.permute_dims(k5, [0, 1, 2, 4, 3]))))
         if a["scale"] != 1.0:
             s = emit(relax.op.multiply(s, relax.const(np.float32(a["scale"]))))
-        if a["masks"]:  # several (ALiBi and a mask) are added together first, in rank 4: one mask
+        if a.get("causal") is not None:  # a constant causal triangle: the kernel reads its offset
+            mask = self.builder_.normalize(relax.const(Chain(self).array(a["masks"][0][0]).reshape(1, 1, 1, sq, sk)))
+            s = emit(relax.op.add(s, mask))
+        elif a["masks"]:  # several (ALiBi and a mask) are added together first, in rank 4: one mask
             shapes = [(m[0], m[1] * m[2], m[3], m[4]) for _, m in a["masks"]]
             mask = emit(relax.op.reshape(a["masks"][0][0], shapes[0]))
             for (other, _), shape in zip(a["masks"][1:], shapes[1:]):
@@ -152,8 +155,24 @@ def _parts(chain: Chain, scores, biases, x_shape, v_operand, safe: bool) -> dict
     masks = [(bias, _mask_shape(bias, b, hk, h // hk, sq, sk, space)) for bias, space in biases]
     if any(shape is None for _, shape in masks):
         return None
-    return dict(q=q_node, k=k_node, v=v[0], masks=masks, safe=safe,
+    causal = causal_offset(chain.array(masks[0][0]), sq, sk) if len(masks) == 1 else None
+    return dict(q=q_node, k=k_node, v=v[0], masks=masks, safe=safe, causal=causal,
                 scale=q_scale * k_scale * _scale_of(s_ops), B=b, Hk=hk, G=h // hk, Sq=sq, Sk=sk, D=d, Dv=v_shape[-1])
+
+
+def causal_offset(mask, sq: int, sk: int) -> int | None:
+    """k for a constant mask that is 0 where key j <= query i + k and -inf elsewhere, the same for
+    every batch and head (a causal triangle; k = Sk - Sq for the last Sq queries of Sk keys), else
+    None (a run-time mask, or any other constant)."""
+    if mask is None or mask.dtype != np.float32 or mask.shape[-2:] != (sq, sk) or mask.size != sq * sk:
+        return None
+    mask = mask.reshape(sq, sk)
+    seen = int(np.count_nonzero(mask[0] == 0)) - 1
+    if seen < 0 or seen >= sk - 1:
+        return None
+    rows, cols = np.indices((sq, sk))
+    expected = np.where(cols > rows + seen, np.float32(-np.inf), np.float32(0))
+    return seen if np.array_equal(mask, expected) else None
 
 
 def _zeros(chain: Chain, expr) -> bool:

@@ -403,11 +403,25 @@ def _folded_closure(mod, func) -> dict:
     small = builder.get()
     for gvar in called:
         small[gvar] = mod[gvar]
-    result = relax.transform.FoldConstant()(small)["constants"]
-    values = {b.var: b.value for block in result.body.blocks for b in block.bindings}
-    fields = values.get(result.body.body, result.body.body)
-    fields = fields.fields if isinstance(fields, relax.Tuple) else ()
-    return {var: field for var, field in zip(closure, fields) if isinstance(field, tvm.ir.GenericConst)}
+    try:
+        values = _evaluated(small)
+    except tvm.error.TVMError:  # an op one build cannot take: FoldConstant's own, op by op
+        result = relax.transform.FoldConstant()(small)["constants"]
+        bindings = {b.var: b.value for block in result.body.blocks for b in block.bindings}
+        fields = bindings.get(result.body.body, result.body.body)
+        values = fields.fields if isinstance(fields, relax.Tuple) else ()
+    return {var: value for var, value in zip(closure, values) if isinstance(value, tvm.ir.GenericConst)}
+
+
+def _evaluated(small: tvm.IRModule) -> list:
+    """The constants `small`'s "constants" function returns, computed as FoldConstant computes
+    each (the op legalized and built for llvm, unfused: TVM's default build pipeline has no
+    FuseOps), in one build instead of one per op (T5's 23 calls: 5.3 -> 2.7 s under load)."""
+    from tvm.relax.pipeline import default_build_pipeline
+
+    executable = tvm.compile(small, target="llvm", relax_pipeline=default_build_pipeline())
+    results = relax.VirtualMachine(executable, tvm.cpu())["constants"]()
+    return [relax.const(result.numpy(), str(result.dtype)) for result in results]
 
 
 @relax.expr_functor.mutator

@@ -13,6 +13,8 @@ to load at run time; a weight or bias stays an argument.
 
 from __future__ import annotations
 
+import hashlib
+
 import tvm
 from tvm import relax
 
@@ -20,10 +22,12 @@ from ..errors import UnsupportedOperator
 from .composite import composite_name
 
 
-def bind_scalar_arguments(mod: tvm.IRModule, takes_immediates=lambda composite: False) -> tvm.IRModule:
+def bind_scalar_arguments(mod: tvm.IRModule, takes_immediates=lambda composite: False,
+                          takes_constants=lambda composite: False) -> tvm.IRModule:
     """`mod` with the 0-d constant arguments of its offloaded functions bound inside them, and
     every one-element constant (any shape) where `takes_immediates(composite name)` says the
-    kernel reads its constants at compile time (a fabric body's immediates). A function called
+    kernel reads its constants at compile time (a fabric body's immediates), every constant where
+    `takes_constants` says the kernel builds what it holds (an attention's causal triangle). A function called
     with different scalars at different sites (partitioning gives structurally equal kernels one
     function) gets one copy per set of scalars."""
     # In name order: a set of GlobalVars iterates by address, and the variants are added to the
@@ -32,10 +36,11 @@ def bind_scalar_arguments(mod: tvm.IRModule, takes_immediates=lambda composite: 
                         if isinstance(func, relax.Function) and (func.attrs or {}).get("Codegen") == "cgra"),
                        key=lambda gvar: gvar.name_hint)
     variants = {}  # (global var, scalar key) -> {argument index: constant}
-    immediates = {gvar for gvar in offloaded if takes_immediates(_composite_of(mod[gvar]))}
+    immediates = {gvar: "all" if takes_constants(_composite_of(mod[gvar])) else True for gvar in offloaded
+                  if takes_immediates(_composite_of(mod[gvar])) or takes_constants(_composite_of(mod[gvar]))}
     for gvar, sites in _calls_of(mod, offloaded).items():
         for call in sites:
-            bound = _bound(call, gvar in immediates)
+            bound = _bound(call, immediates.get(gvar, False))
             if bound:
                 variants.setdefault((gvar, _key(bound)), bound)
     if not variants:
@@ -53,7 +58,7 @@ def bind_scalar_arguments(mod: tvm.IRModule, takes_immediates=lambda composite: 
         taken.add(name)
         if name != gvar.name_hint:
             func = func.with_attr("global_symbol", name)
-        updated[(gvar, key)] = (builder.add_func(_InlineScalars(gvar in immediates).visit_expr(func), name), bound)
+        updated[(gvar, key)] = (builder.add_func(_InlineScalars(immediates.get(gvar, False)).visit_expr(func), name), bound)
     mod = builder.get()
     for gvar, func in list(mod.functions.items()):
         if isinstance(func, relax.Function) and (func.attrs or {}).get("Codegen") != "cgra":
@@ -73,8 +78,12 @@ def _variant_name(gvar, done, taken) -> str:
 
 
 def _key(bound: dict) -> tuple:
-    """What identifies a set of scalar arguments: positions, dtypes and values."""
-    return tuple((i, str(arg.ty.dtype), arg.value.numpy().item()) for i, arg in sorted(bound.items()))
+    """What identifies a set of scalar arguments: positions, dtypes and values (a digest of a
+    larger constant's)."""
+    def value(arg):
+        array = arg.value.numpy()
+        return array.item() if array.size == 1 else hashlib.sha256(array.tobytes()).hexdigest() + str(array.shape)
+    return tuple((i, str(arg.ty.dtype), value(arg)) for i, arg in sorted(bound.items()))
 
 
 def _is_scalar_constant(expr) -> bool:
@@ -89,10 +98,12 @@ def _composite_of(func) -> str:
         return ""
 
 
-def _bound(call, every_one: bool) -> dict:
-    """Argument index -> constant, of the arguments of `call` to bind inside its callee."""
+def _bound(call, every_one) -> dict:
+    """Argument index -> constant, of the arguments of `call` to bind inside its callee: 0-d ones,
+    one-element ones with `every_one`, all with `every_one` "all"."""
     return {i: arg for i, arg in enumerate(call.args)
-            if _is_scalar_constant(arg) or every_one and _is_one_element_constant(arg)}
+            if _is_scalar_constant(arg) or every_one and _is_one_element_constant(arg)
+            or every_one == "all" and isinstance(arg, tvm.ir.GenericConst)}
 
 
 def _is_one_element_constant(expr) -> bool:
@@ -150,7 +161,7 @@ class _DropArguments(relax.PyExprMutator):
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
-        bound = _bound(call, call.op in self.immediates)
+        bound = _bound(call, self.immediates.get(call.op, False))
         if not bound or (call.op, _key(bound)) not in self.updated:
             return call
         callee, dropped = self.updated[(call.op, _key(bound))]

@@ -24,7 +24,7 @@ from cgra_sim.mapping.solver import cache_tag, mode
 from ..device.kernel_cache import PLAN_SUFFIX, default_kernel_cache, kernel_key
 from ..errors import CGRAError, UnsupportedOperator, one_line
 from ..kernels import offload_reason, pattern_table
-from ..kernels.common.chains import reads_immediates
+from ..kernels.common.chains import reads_constants, reads_immediates
 from ..kernels.common.dynamic import shape_bounds
 from ..kernels.gemm.epilogue import is_epilogue_chain
 from ..kernels.registry import pair_pattern_names
@@ -72,7 +72,7 @@ def partition(mod, arch, options, kernel_stages: list):
     partitioned = record_source_nodes(mod, partitioned)
     # Scalars (a requantisation's zero point, a fabric body's immediates) are bound inside the
     # kernel that needs them at compile time (scalar_args.py).
-    return bind_scalar_arguments(partitioned, takes_immediates=reads_immediates)
+    return bind_scalar_arguments(partitioned, takes_immediates=reads_immediates, takes_constants=reads_constants)
 
 
 def fusion_patterns(arch: HardwareDescription, options: CompileOptions = CompileOptions()) -> list[FusionPattern]:

@@ -17,9 +17,11 @@ reciprocal is of sum + FLT_MIN (every other row's sum is at least 1, where FLT_M
 rounding): the row gives 0, as PyTorch's does, at the cost of one offset on a column. A plain
 softmax keeps -inf, so such a row gives NaN, as PyTorch's plain softmax does.
 
-The kernel holds whole rows of the scores and the whole K and V of a head: an attention whose
-K / V head and one tile of score rows do not fit the scratchpad is refused, and its normal form
-runs as the chain it is (matmul, softmax, matmul kernels; a grouped one on the host).
+This kernel holds whole rows of the scores and the whole K and V of a head. An attention whose
+K / V head and one tile of score rows do not fit the scratchpad, or whose mask it would read once
+per head where the other reads it once, runs over key tiles with an online softmax instead
+(flash.py, written as lowered TIR; the tile search, attention_tiles.choose_attention_tiling,
+picks the kernel moving fewer DRAM bytes).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from tvm import te, tirx
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from ...errors import UnsupportedOperator
+from ...normalise.attentions import causal_offset
 from ...relax_info import dtype_of, shape_dims
 from ..common.operands import padded, prim_func
 from ..common.spad_layout import a_row_stride, align_rows
@@ -38,6 +41,8 @@ from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.row_ops import vfunc_value
 from ..intrinsics.vector_unit import eltwise_value
 from .attention_tiles import LOWEST, TINY, choose_attention_tiling
+from .flash import flash_compute
+from .flash_tiles import FlashTiling
 from .spec import F32, AttentionSpec
 
 
@@ -46,12 +51,14 @@ from .spec import F32, AttentionSpec
 
 def _patterns() -> list:
     """matmul(q, permute_dims(k)) [* scale] [+ mask] -> softmax [-> where(kept, ., 0)] -> matmul(., v):
-    the normal form, each optional piece an alternative (eight patterns)."""
+    the normal form, each optional piece an alternative (twelve patterns: the mask a constant
+    causal triangle, any tensor, or none)."""
     entries = []
     for scaled in (True, False):
-        for masked in (True, False):
+        for masked in ("causal", "mask", ""):  # a constant causal mask first: the kernel builds it
             for safe in (True, False):
-                q, k, v, mask = wildcard(), wildcard(), wildcard(), wildcard()
+                q, k, v, mask = wildcard(), wildcard(), wildcard(), is_const() if masked == "causal" else wildcard()
+                role = "causal" if masked == "causal" else "mask"
                 kt = is_op("relax.permute_dims")(k)
                 scores = is_op("relax.matmul")(q, kt)
                 roles = {"lhs": q, "rhs": k, "value": v, "transpose": kt, "scores": scores}
@@ -62,14 +69,14 @@ def _patterns() -> list:
                     roles["scale"] = scale
                 if masked:
                     x = roles["masked"] = is_op("relax.add")(x, mask)
-                    roles["mask"] = mask
+                    roles[role] = mask
                 p = roles["softmax"] = is_op("relax.nn.softmax")(x)
                 if safe:
                     finite = is_op("relax.astype")(is_op("relax.not_equal")(x, is_const()))
                     kept = is_op("relax.greater")(is_op("relax.max")(finite), is_const())
                     p = roles["where"] = is_op("relax.where")(kept, p, is_const())
                 root = is_op("relax.matmul")(p, v)
-                name = "cgra.attention" + "_scale" * scaled + "_mask" * masked + "_safe" * safe
+                name = "cgra.attention" + "_scale" * scaled + f"_{masked}" * bool(masked) + "_safe" * safe
                 entries.append((name, root, {"root": root, **roles}))
     return entries
 
@@ -99,11 +106,16 @@ def attention_spec(name: str, annotated: dict) -> AttentionSpec:
         if value.size != 1:
             raise UnsupportedOperator("attention scaled by a tensor: the kernel takes a scalar scale")
         scale = float(value.reshape(()))
-    mask_shape = ()
-    if "mask" in annotated:
+    mask_shape, causal = (), None
+    if "causal" in annotated:
+        causal = causal_offset(annotated["causal"].value.numpy(), sq, sk)
+        if causal is None:
+            raise UnsupportedOperator("attention with a constant mask that is no causal triangle: the kernel reads it "
+                                      "as a mask operand (the next pattern)")
+    elif "mask" in annotated:
         mask_shape = _mask_shape(annotated["mask"], (b, hk, g, sq, sk))
     return AttentionSpec(b, hk, g, sq, sk, d, dv, scale=scale, mask_shape=mask_shape, safe="where" in annotated,
-                         param_roles=("lhs", "rhs", "value") + (("mask",) if mask_shape else ()))
+                         causal=causal, param_roles=("lhs", "rhs", "value") + (("mask",) if mask_shape else ()))
 
 
 def _mask_shape(mask, full: tuple) -> tuple:
@@ -116,7 +128,7 @@ def _mask_shape(mask, full: tuple) -> tuple:
     if shape[3] == 1 and shape[4] == 1:
         raise UnsupportedOperator("attention mask of one value per head: a constant shift, which the softmax "
                                   "ignores; the kernel takes a row, a column or a tile of the scores")
-    if shape[1] == 1 and shape[2] != 1:
+    if shape[1] == 1 and shape[2] != 1 and full[1] > 1:  # one K / V head: (1, G) is every head
         raise UnsupportedOperator(f"attention mask of shape {shape}: per query head of a group but shared by the "
                                   "groups")
     return shape
@@ -133,7 +145,10 @@ def _steps(spec: AttentionSpec) -> list:
 
 def attention_compute(spec: AttentionSpec, tiling):
     """The TensorIR: q viewed as (B, H, Sq, D), k and v as (B, Hk, Sk, D), the output as
-    (B, H, Sq, Dv), the mask as (Bm, Hm, Sqm, Skm); the intermediates per (b, hk, g, row)."""
+    (B, H, Sq, Dv), the mask as (Bm, Hm, Sqm, Skm); the intermediates per (b, hk, g, row). With a
+    FlashTiling, the key-tile kernel (flash.py), already lowered."""
+    if isinstance(tiling, FlashTiling):
+        return flash_compute(spec, tiling)
     b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
     h, sqp = hk * g, tiling.mp
     q = te.placeholder((b, h, sq, d), F32, name="lhs")
@@ -205,7 +220,10 @@ def _masked(spec: AttentionSpec, s, inputs: dict, views: dict, grid: tuple):
 
 def schedule_attention(sch, spec: AttentionSpec, tiling, arch) -> None:
     """Per (b, hk): Kᵀ and V in the scratchpad; per (g, query tile): every step tensorized; a
-    mask shared by the heads whole per batch (tiling.tw), else a tile per query tile."""
+    mask shared by the heads whole per batch (tiling.tw), else a tile per query tile. The
+    flash kernel is written lowered: nothing to schedule."""
+    if isinstance(tiling, FlashTiling):
+        return
     out = sch.get_sblock("out")
     n, hh, i, _ = sch.get_loops(out)
     c, _ = sch.split(hh, [spec.hk, spec.g])

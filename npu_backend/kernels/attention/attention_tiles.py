@@ -4,11 +4,15 @@ Stage: tiling. Per (batch, K / V head) the kernel holds Kᵀ and V whole, once (
 the tiles of the head before); per tile of tq query rows the Q tile, the mask tile and
 the output twice, and each intermediate once (the vector unit and the PE array run the steps in
 order): the scores, the masked scores, S - max and exp of tq x Sk, the columns, O. The search
-takes the tq (halvings of Sq) with the fewest estimated cycles among those that fit; none fitting
-refuses the attention (ScratchpadTooSmall), whose normal form then runs as separate kernels.
+takes the tq (halvings of Sq) with the fewest estimated cycles among those that fit.
+`choose_attention_tiling` takes this kernel where it fits and moves no more DRAM bytes than the
+key-tile kernel (flash_tiles.py), else that one; neither fitting refuses the attention
+(ScratchpadTooSmall), whose normal form then runs as separate kernels.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -19,6 +23,7 @@ from ...errors import ScratchpadTooSmall
 from ..common.spad_layout import a_row_stride
 from ..common.spec import Tiling, aligned, round_up
 from ..common.unary import halvings
+from .flash_tiles import choose_flash_tiling
 from .spec import AttentionSpec
 
 LOWEST = float(np.finfo(np.float32).min)  # a safe softmax's max starts here, not at -inf
@@ -81,19 +86,59 @@ def estimate_attention_cycles(spec, arch: HardwareDescription, tq: int, whole_ma
 
 def attention_fits(parts: dict, arch: HardwareDescription) -> bool:
     """Whether an attention (normalise/attentions.read_attention's parts: sizes, masks, scale,
-    safe) fits the scratchpad of `arch` as one kernel."""
+    safe) runs as one kernel on `arch`: with whole score rows, or over key tiles (flash.py)."""
     masked = bool(parts["masks"])
     spec = AttentionSpec(parts["B"], parts["Hk"], parts["G"], parts["Sq"], parts["Sk"], parts["D"], parts["Dv"],
                          scale=None if parts["scale"] == 1.0 else parts["scale"],
                          mask_shape=(1, 1, 1, parts["Sq"], parts["Sk"]) if masked else (), safe=parts["safe"])
-    return any(attention_footprint(spec, tq, arch=arch) <= arch.spad_bytes for tq in halvings(spec.sq))
+    # A constant causal mask: built by the key-tile kernel if it tiles so, else read as a mask.
+    causal = dataclasses.replace(spec, mask_shape=(), causal=parts.get("causal"))
+    for candidate in ([causal] if causal.causal is not None else []) + [spec]:
+        try:
+            choose_attention_tiling(candidate, arch)
+            return True
+        except ScratchpadTooSmall:
+            continue
+    return False
 
 
-def choose_attention_tiling(spec, arch: HardwareDescription) -> Tiling:
+def choose_attention_tiling(spec, arch: HardwareDescription):
+    """The whole-row kernel's Tiling where it fits and moves no more DRAM bytes than the key-tile
+    (flash) kernel's FlashTiling (flash_tiles.py), else that: a longer sequence, or a mask the
+    whole-row kernel would read once per head."""
+    try:
+        rows = whole_row_tiling(spec, arch)
+    except ScratchpadTooSmall:
+        rows = None
+    flash = choose_flash_tiling(spec, arch)
+    if rows is not None and (flash is None or whole_row_dma_bytes(spec, rows) <= flash.dma_bytes):
+        return rows
+    if flash is not None:
+        return flash
+    raise ScratchpadTooSmall(
+        f"attention over {spec.sk} keys of {spec.d} + {spec.dv} dims: the K and V tiles of the fewest keys and one "
+        f"query row do not fit the scratchpad of '{arch.name}' ({arch.spad_bytes} bytes); the attention runs as "
+        "separate matmul and softmax kernels")
+
+
+def whole_row_dma_bytes(spec, tiling: Tiling) -> int:
+    """DRAM bytes of the whole-row kernel: Q, K, V and O once, the mask once per batch when held
+    whole (tw), else once per head."""
+    heads = spec.b * spec.hk * spec.g
+    moved = (heads * spec.sq + spec.b * spec.hk * spec.sk) * (spec.d + spec.dv) * F32_BYTES
+    if spec.mask_shape:
+        _, mhk, mg, msq, msk = spec.mask_shape
+        moved += spec.b * msq * msk * F32_BYTES * (mhk * mg if tiling.tw else heads // spec.b)
+    return moved
+
+
+def whole_row_tiling(spec, arch: HardwareDescription) -> Tiling:
     """tq query rows a tile, and (tw 1) whether a mask shared by the heads is held whole, loaded
     once per batch: a whole mask whenever one fits (it crosses DRAM once instead of once per
     head: bytes and energy; its load hides behind the heads' anyway), then the tq with the fewest
-    estimated cycles."""
+    estimated cycles. A constant causal mask is not this kernel's: it has no mask operand."""
+    if spec.causal is not None:
+        raise ScratchpadTooSmall("a constant causal mask: the key-tile kernel builds it and skips the masked tiles")
     shared = bool(spec.mask_shape) and spec.mask_shape[1] == 1
     choices = [(tq, whole) for tq in halvings(spec.sq) for whole in ((True, False) if shared else (False,))
                if attention_footprint(spec, tq, whole, arch) <= arch.spad_bytes]

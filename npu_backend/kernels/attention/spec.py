@@ -14,7 +14,8 @@ F32 = "float32"
 @dataclasses.dataclass(frozen=True)
 class AttentionSpec:
     """One attention: sizes, the scale (None for 1), the mask's rank-5 broadcast shape (() for
-    none) and whether the softmax is safe (an all -inf row gives 0)."""
+    none), whether the softmax is safe (an all -inf row gives 0), and for a constant causal mask
+    (no mask operand then) its offset k: key j is seen by query i where j <= i + k."""
 
     b: int
     hk: int
@@ -26,6 +27,7 @@ class AttentionSpec:
     scale: float | None = None
     mask_shape: tuple = ()
     safe: bool = False
+    causal: int | None = None
     param_roles: tuple = ("lhs", "rhs", "value")
     source_ops: tuple = ()
     shape_args: tuple = ()

@@ -46,6 +46,12 @@ def reads_immediates(composite: str) -> bool:
     return CHAIN_MARK in composite or composite.startswith((QLINEAR_PREFIX, ATTENTION_PATTERN))
 
 
+def reads_constants(composite: str) -> bool:
+    """Whether the kernel of pattern `composite` builds what its constants hold instead of loading
+    them (an attention's constant causal mask): partition/scalar_args.py binds them all inside it."""
+    return composite.startswith(ATTENTION_PATTERN) and "_causal" in composite
+
+
 _COMMUTATIVE = {"relax.add": "add", "relax.multiply": "mul", "relax.maximum": "max", "relax.minimum": "min"}
 #: What the vector unit runs as one command (eltwise.py, activation.py, an epilogue's relu or
 #: clip) when it is a chain alone.

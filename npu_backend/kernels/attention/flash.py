@@ -1,0 +1,284 @@
+"""Attention over key tiles with an online softmax: any sequence length, the scores never in DRAM.
+
+Stage: kernel definition (the attention family's compute when its tile search chose a
+FlashTiling: flash_tiles.py). In: the AttentionSpec. Out: the kernel as lowered TIR (TVMScript
+text, no blocks to schedule, as layout/copy_kernel.py writes its copies): loops, scratchpad
+buffers, copy nests that lower/dma.py turns into DMA boxes, and the device calls of the
+commands the whole-row kernel (attention.py) already uses. TE cannot state the loop-carried
+rescale, so the loop is written out. Per batch and query tile of tq rows [the mask's rows of
+the tile, once for all heads], per head:
+
+    Q tile (* scale: VFUNC identity); FILL m = lowest float32, l = 0, O = 0
+    per key tile of tk keys (K tile read transposed by the DMA, V tile; both double-buffered):
+        S = Q Kᵀ (GEMM) [+ mask (ELTWISE)]
+        m_old = m (VFUNC identity); m = max(m, row max of S) (REDUCE MAX into m)
+        alpha = exp(m_old - m) (ELTWISE, VFUNC: a column)
+        P = exp(S - m) (ELTWISE, VFUNC); l = l * alpha + row sum of P (ELTWISE, REDUCE SUM into l)
+        O = O * alpha + P V (ELTWISE, accumulating GEMM)
+    O * 1 / l (VFUNC reciprocal, ELTWISE), stored.
+
+The max starts at the lowest finite float32, not -inf, so a key tile whose scores are all -inf
+gives alpha = exp(0) = 1 and P = 0 rather than exp(-inf + inf) = NaN. A row with no finite score
+ends with l = 0 and O = 0: a safe softmax takes the reciprocal of l + FLT_MIN (0 out, as
+PyTorch's SDPA), a plain one of l (0 * inf = NaN, as PyTorch's softmax). A last key tile
+shorter than tk runs as its own copy of the loop body (peeled, with its own sizes); a last
+query tile shorter than tq is padded (zero rows, never stored).
+
+Under a constant causal mask (spec.causal: no mask operand) the kernel builds the triangles of
+the diagonal tiles once (`_band`) and runs per query tile only the key tiles up to its diagonal
+(`_causal_keys`): a skipped tile's scores are all -inf, which the step above leaves m, l and O
+unchanged for.
+"""
+
+from __future__ import annotations
+
+from cgra_codegen import device_call_positions
+from cgra_sim.isa import GEMM_ACCUMULATE, VFUNC_OFFSET, VFUNC_SCALE, DType, EltwiseFunc, ReduceFunc, VFunc
+
+from ..common.spec import SINGLE_BUFFERED
+from ..intrinsics import SPAD
+from ..layout.copy_kernel import parse_script
+from .attention_tiles import LOWEST, TINY
+from .flash_tiles import FlashTiling
+
+F32 = int(DType.from_name("float32"))
+#: Buffers kept one copy of (lower/double_buffer.py doubles the rest): the running state, the
+#: scores, the mask's rows, and the last key tile's (it runs once per head).
+SINGLE = ["m", "l", "m_old", "alpha", "inv", "o", "s", "p", "mask_rows", "k_rest", "v_rest", "mask_rest", "band"]
+
+
+def flash_compute(spec, t: FlashTiling):
+    """The flash kernel's PrimFunc: parameters lhs (B, H, Sq, D), rhs (B, Hk, Sk, D), value
+    (B, Hk, Sk, Dv) [, mask (Bm, Hm, Sqm, Skm)], out (B, H, Sq, Dv); the caller's rank-5 views
+    in `cgra.arg_shapes`."""
+    func = parse_script(flash_script(spec, t))
+    b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
+    views = {"lhs": (b, hk, g, sq, d), "rhs": (b, hk, 1, sk, d), "value": (b, hk, 1, sk, dv),
+             "mask": spec.mask_shape, "out": (b, hk, g, sq, dv)}
+    func = func.with_attr("cgra.arg_shapes", [list(views[role]) for role in list(spec.param_roles) + ["out"]])
+    return func.with_attr(SINGLE_BUFFERED, SINGLE + (["q"] if t.lean else []))
+
+
+def _call(name: str, **operands) -> str:
+    """The text of device call `name`, its operands (text) in the table's order; a scratchpad
+    operand is (buffer, element offset)."""
+    positions = device_call_positions(name)
+    args = [""] * max(i for where in positions.values() for i in where)
+    for param, where in positions.items():
+        value = operands[param]
+        if len(where) == 2:
+            buffer, offset = value
+            value = [f"{buffer}.data", str(offset)]
+        for i, text in zip(where, value if isinstance(value, list) else [value]):
+            args[i - 1] = str(text)
+    return f'T.call_extern("int32", "{name}", {", ".join(args)})'
+
+
+def _f32(value: float) -> str:
+    value = float(value)
+    return f"T.float32({value!r})" if abs(value) != float("inf") else f'T.float32("{value}")'
+
+
+def _eltwise(func: str, rows, cols, a, b, out) -> str:
+    """ELTWISE: a, b (buffer, offset, row stride, column stride), out (buffer, offset, row stride)."""
+    return _call("cgra_eltwise", func=int(EltwiseFunc[func.upper()]), dtype=F32, rows=rows, cols=cols,
+                 a_addr=a[:2], a_row_stride=a[2], a_col_stride=a[3], b_addr=b[:2], b_row_stride=b[2],
+                 b_col_stride=b[3], out_addr=out[:2], out_stride=out[2])
+
+
+def _vfunc(func: str, rows, cols, a, out, scale=None, offset=None) -> str:
+    flags = (VFUNC_SCALE if scale is not None else 0) | (VFUNC_OFFSET if offset is not None else 0)
+    return _call("cgra_vfunc", flags=flags, func=int(VFunc[func.upper()]), dtype=F32, rows=rows, cols=cols,
+                 a_addr=a[:2], a_row_stride=a[2], a_col_stride=1, out_addr=out[:2], out_stride=out[2],
+                 scale_bits=_f32(scale) if scale is not None else 0,
+                 offset_bits=_f32(offset) if offset is not None else 0)
+
+
+def _reduce(func: str, rows, cols, a, out) -> str:
+    return _call("cgra_reduce", func=int(ReduceFunc[func.upper()]), dtype=F32, rows=rows, cols=cols,
+                 a_addr=a[:2], a_row_stride=a[2], a_col_stride=1, out_addr=out[:2], out_stride=1)
+
+
+def _fill(buffer: str, rows, cols, stride, value: float, offset=0) -> str:
+    return _call("cgra_fill", dtype=F32, addr=(buffer, offset), rows=rows, cols=cols, stride=stride,
+                 value_bits=_f32(value))
+
+
+def _gemm(accumulate: bool, m, n, k, a, b, c) -> str:
+    return _call("cgra_gemm", flags=GEMM_ACCUMULATE if accumulate else 0, dtype=F32, m=m, n=n, k=k,
+                 a_addr=a[:2], a_stride=a[2], b_addr=b[:2], b_stride=b[2], acc_addr=c[:2], acc_stride=c[2])
+
+
+class _Writer:
+    """Lines of TVMScript at an indentation."""
+
+    def __init__(self):
+        self.lines, self.depth = [], 1
+
+    def add(self, *lines: str) -> None:
+        self.lines += ["    " * self.depth + line for line in lines]
+
+    def loop(self, var: str, extent: int) -> str:
+        """A loop over `extent` (none for 1: its variable is then 0); the index text."""
+        if extent == 1:
+            return "0"
+        self.add(f"for {var} in range({extent}):")
+        self.depth += 1
+        return var
+
+    def alloc(self, name: str, shape: tuple) -> None:
+        self.add(f'{name} = T.alloc_buffer(({", ".join(str(s) for s in shape)},), "float32", scope="{SPAD}")')
+
+
+def flash_script(spec, t: FlashTiling) -> str:
+    """The TVMScript text of the kernel (module docstring)."""
+    b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
+    shapes = {"lhs": (b, hk * g, sq, d), "rhs": (b, hk, sk, d), "value": (b, hk, sk, dv)}
+    if spec.mask_shape:
+        mb, mhk, mg, msq, msk = spec.mask_shape
+        shapes["mask"] = (mb, mhk * mg, msq, msk)
+    params = [(role, shapes[role]) for role in spec.param_roles] + [("out", (b, hk * g, sq, dv))]
+    args = ", ".join(f'{name}: T.Buffer(({", ".join(map(str, shape))},), "float32")' for name, shape in params)
+    w = _Writer()
+    w.lines = ["@T.prim_func", f"def flash({args}):", '    T.func_attr({"tirx.noalias": True})']
+    if spec.causal is not None:
+        _band(w, t)
+    n = w.loop("n", b)
+    qt = w.loop("qt", -(-sq // t.tq))
+    row0 = f"{qt} * {t.tq}"
+    shared_rows = t.mask == "rows" and spec.mask_shape[1] * spec.mask_shape[2] == 1
+    if shared_rows:
+        _mask_rows(w, spec, t, n, "0", row0)
+    c = w.loop("c", hk)
+    j = w.loop("j", g)
+    head = f"{c} * {g} + {j}" if g > 1 else c
+    if t.mask == "rows" and not shared_rows:
+        _mask_rows(w, spec, t, n, head, row0)
+    _head(w, spec, t, n, c, head, qt)
+    return "\n".join(w.lines) + "\n"
+
+
+def _band(w: _Writer, t: FlashTiling) -> None:
+    """A constant causal mask's diagonal key tiles, built once: r = tq / tk blocks of tk columns
+    cross a query tile's diagonal, block s being rows (r - 1 - s) tk .. of `band`, which is -inf
+    above the (r - 1) tk-th row, a triangle (0 where column <= row) in the next tk rows, 0 below:
+    a FILL of -inf, a FILL of zeros and a FILL of a growing row prefix per triangle row."""
+    tk, r = t.tk, t.tq // t.tk
+    w.alloc("band", ((2 * r - 1) * tk, tk))
+    w.add(_fill("band", r * tk, tk, tk, float("-inf")))
+    if r > 1:
+        w.add(_fill("band", (r - 1) * tk, tk, tk, 0.0, offset=r * tk * tk))
+    w.add(f"for z in range({tk}):", "    " + _fill("band", 1, "z + 1", tk, 0.0, offset=f"({(r - 1) * tk} + z) * {tk}"))
+
+
+def _guarded(row: str, sq: int, tq: int, load: str) -> str:
+    return load if sq % tq == 0 else f"T.if_then_else({row} < {sq}, {load}, T.float32(0))"
+
+
+def _mask_rows(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str) -> None:
+    """The query tile's rows of the mask (one row for a mask broadcast along the queries)."""
+    mb, _, _, msq, msk = spec.mask_shape
+    rows = t.tq if msq > 1 else 1
+    w.alloc("mask_rows", (rows, msk))
+    row = f"{row0} + i" if msq > 1 else "0"
+    load = f"mask[{n if mb > 1 else 0}, {head}, {row}, e]"
+    w.add(f"for i, e in T.grid({rows}, {msk}):",
+          f"    mask_rows[i, e] = {_guarded(row, spec.sq, t.tq, load) if msq > 1 else load}")
+
+
+def _head(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) -> None:
+    """One head's query tile: the Q tile, the key tiles, the normalised output stored."""
+    tq, d, dv, sq = t.tq, spec.d, spec.dv, spec.sq
+    row0 = f"{qt} * {tq}"
+    w.alloc("q", (tq, t.q_stride))
+    w.add(f"for i, e in T.grid({tq}, {d}):",
+          f"    q[i, e] = {_guarded(f'{row0} + i', sq, tq, f'lhs[{n}, {head}, {row0} + i, e]')}")
+    if spec.scale is not None:
+        w.add(_vfunc("identity", tq, d, ("q", 0, t.q_stride), ("q", 0, t.q_stride), scale=spec.scale))
+    for name, shape in (("m", (tq, 1)), ("l", (tq, 1)), ("m_old", (tq, 1)), ("alpha", (tq, 1)),
+                        ("o", (tq, dv)), ("s", (tq, t.tk)), ("p", (tq, t.p_stride))):
+        w.alloc(name, shape)
+    w.add(_fill("m", tq, 1, 1, LOWEST), _fill("l", tq, 1, 1, 0.0), _fill("o", tq, dv, dv, 0.0))
+    keys, rest = divmod(spec.sk, t.tk)
+    if spec.causal is not None:
+        _causal_keys(w, spec, t, n, c, head, qt)
+        keys = rest = 0
+    if keys:
+        depth = w.depth
+        k0 = w.loop("kt", keys)
+        _key_tile(w, spec, t, n, c, head, row0, f"{k0} * {t.tk}" if keys > 1 else "0", t.tk, "")
+        w.depth = depth
+    if rest:
+        _key_tile(w, spec, t, n, c, head, row0, str(keys * t.tk), rest, "_rest")
+    w.alloc("inv", (tq, 1))
+    w.add(_vfunc("reciprocal", tq, 1, ("l", 0, 1), ("inv", 0, 1), offset=TINY if spec.safe else None))
+    res = "o" if t.lean else "res"
+    if not t.lean:
+        w.alloc("res", (tq, dv))
+    w.add(_eltwise("multiply", tq, dv, ("o", 0, dv, 1), ("inv", 0, 1, 0), (res, 0, dv)))
+    w.add(f"for i, e in T.grid({tq}, {dv}):")
+    if sq % tq:
+        w.add(f"    if {row0} + i < {sq}:", f"        out[{n}, {head}, {row0} + i, e] = {res}[i, e]")
+    else:
+        w.add(f"    out[{n}, {head}, {row0} + i, e] = {res}[i, e]")
+
+
+def _causal_keys(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) -> None:
+    """Under a constant causal mask: the key tiles below the query tile's diagonal unmasked, the
+    r crossing it with their block of the band, none above."""
+    tk, r, nk = t.tk, t.tq // t.tk, spec.sk // t.tk
+    first = f"{qt} * {r} + {spec.causal // tk}"
+    depth = w.depth
+    count = f"T.min({first}, {nk})" if qt != "0" else min(spec.causal // tk, nk)
+    if count:
+        below = w.loop("kt", count)
+        _key_tile(w, spec, t, n, c, head, "", f"{below} * {tk}", tk, "", mask=None)
+    w.depth = depth
+    ks = w.loop("ks", r)  # the tile search keeps them inside the keys (flash_tiles._key_tiles)
+    band = ("band", f"({r - 1} - {ks}) * {tk * tk}", tk, 1)
+    _key_tile(w, spec, t, n, c, head, "", f"({first} + {ks}) * {tk}", tk, "_diag", mask=band)
+    w.depth = depth
+
+
+def _key_tile(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0: str, k0: str, cols: int,
+              suffix: str, mask="read") -> None:
+    """One key tile of `cols` keys from key k0: K, V (and the mask block) in, the online step;
+    `mask` an ELTWISE operand to add instead of the spec's mask, or None for no mask."""
+    tq, d, dv, tk = t.tq, spec.d, spec.dv, t.tk
+    kb, vb = "k" + suffix, "v" + suffix
+    w.alloc(kb, (d, cols))
+    w.alloc(vb, (cols, dv))
+    w.add(f"for e, u in T.grid({d}, {cols}):", f"    {kb}[e, u] = rhs[{n}, {c}, {k0} + u, e]",
+          f"for u, e in T.grid({cols}, {dv}):", f"    {vb}[u, e] = value[{n}, {c}, {k0} + u, e]")
+    w.add(_gemm(False, tq, cols, d, ("q", 0, t.q_stride), (kb, 0, cols), ("s", 0, tk)))
+    if mask == "read" and spec.mask_shape:
+        mask = _mask_operand(w, spec, t, n, head, row0, k0, cols, suffix)
+    if mask is not None and mask != "read":
+        w.add(_eltwise("add", tq, cols, ("s", 0, tk, 1), mask, ("s", 0, tk)))
+    w.add(_vfunc("identity", tq, 1, ("m", 0, 1), ("m_old", 0, 1)),
+          _reduce("max", tq, cols, ("s", 0, tk), ("m", 0)),
+          _eltwise("subtract", tq, 1, ("m_old", 0, 1, 1), ("m", 0, 1, 1), ("alpha", 0, 1)),
+          _vfunc("exp", tq, 1, ("alpha", 0, 1), ("alpha", 0, 1)),
+          _eltwise("subtract", tq, cols, ("s", 0, tk, 1), ("m", 0, 1, 0), ("s", 0, tk)),
+          _vfunc("exp", tq, cols, ("s", 0, tk), ("p", 0, t.p_stride)),
+          _eltwise("multiply", tq, 1, ("l", 0, 1, 1), ("alpha", 0, 1, 1), ("l", 0, 1)),
+          _reduce("sum", tq, cols, ("p", 0, t.p_stride), ("l", 0)),
+          _eltwise("multiply", tq, dv, ("o", 0, dv, 1), ("alpha", 0, 1, 0), ("o", 0, dv)),
+          _gemm(True, tq, dv, cols, ("p", 0, t.p_stride), (vb, 0, dv), ("o", 0, dv)))
+
+
+def _mask_operand(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str, k0: str, cols: int,
+                  suffix: str) -> tuple:
+    """The ELTWISE operand of the mask over this key tile: a window of the held rows, or a
+    block loaded here."""
+    mb, _, _, msq, msk = spec.mask_shape
+    if t.mask == "rows":
+        offset = k0 if msk > 1 else "0"
+        return ("mask_rows", offset, msk if msq > 1 else 0, 1 if msk > 1 else 0)
+    name = "mask" + ("_rest" if suffix else "_block")
+    w.alloc(name, (t.tq, cols))
+    row = f"{row0} + i"
+    heads = head if spec.mask_shape[1] * spec.mask_shape[2] > 1 else 0
+    load = _guarded(row, spec.sq, t.tq, f"mask[{n if mb > 1 else 0}, {heads}, {row}, {k0} + u]")
+    w.add(f"for i, u in T.grid({t.tq}, {cols}):", f"    {name}[i, u] = {load}")
+    return (name, 0, cols, 1)
