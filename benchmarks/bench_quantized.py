@@ -17,6 +17,12 @@ With --families, the kernels and cycles per family (the model ops a kernel fused
 float32, and the host calls per operator: what splits into extra kernels.
 
     python benchmarks/bench_quantized.py [--arch cgra-8x8 ...] [--size 64] [--models resnet18 ...] [--families]
+                                         [--set macs_per_pe.int8=4 ...]
+
+--set FIELD=VALUE changes each preset as `cgra-sim sweep --set` does (one value a field): with
+`macs_per_pe.int8=4`, a chip whose PEs do four int8 MACs a cycle beside one float32 MAC
+(docs/hardware-description.md, "What each number format costs"), the chip issue 37 measures
+against (int8 <= 0.6x float32); the presets keep one (the SCALE-Sim comparisons).
 
 Models: mobilenet_v3_small (HardSwish and squeeze-excite), resnet18, resnet50, squeezenet
 (concat of differently scaled inputs), yolo_v8n (SiLU, concat, upsampling), text_cnn (a conv1d
@@ -97,7 +103,22 @@ def _first(result) -> np.ndarray:
     return result.numpy() if hasattr(result, "numpy") else result[0].numpy()
 
 
-def run(model, arch: str) -> dict:
+def chips(names, settings) -> list:
+    """The presets `names`, each changed by `settings` (["macs_per_pe.int8=4", ...]), as
+    hardware descriptions named after the change."""
+    import npu_backend
+    from npu_backend.tools.sweep import chip, parse_setting
+
+    changes = {}
+    for text in settings:
+        field, values = parse_setting(text)
+        if len(values) != 1:
+            raise SystemExit(f"--set {text}: one value a field here (a sweep takes several: cgra-sim sweep)")
+        changes[field] = values[0]
+    return [chip(npu_backend.load_arch(name), changes) if changes else npu_backend.load_arch(name) for name in names]
+
+
+def run(model, arch) -> dict:
     """Compile `model` for `arch` and stock llvm, run one input: cycles, kernels, host calls,
     the outputs' largest differences to onnxruntime."""
     import onnxruntime as ort
@@ -129,16 +150,19 @@ def run(model, arch: str) -> dict:
             "llvm_diff": float(np.abs(stock - expected).max()) / scale}
 
 
-def _row(name, arch, f, q) -> str:
+def _row(name, arch, f, q, width: int = 10) -> str:
     whole = (q["npu"] + q["host"]) / max(f["npu"] + f["host"], 1)
-    return (f"{name:<19} {arch:<10} {f['npu']:>11} {q['npu']:>11} {q['npu'] / f['npu']:>6.2f} {f['host']:>9} "
+    return (f"{name:<19} {arch.name:<{width}} {f['npu']:>11} {q['npu']:>11} {q['npu'] / f['npu']:>6.2f} {f['host']:>9} "
             f"{q['host']:>10} {whole:>6.2f} {f['kernels']:>4}/{q['kernels']:<4} {f['host_calls']:>3}/{q['host_calls']:<4}"
             f" {f['cgra_diff']:>8.1e} {f['llvm_diff']:>8.1e} {q['cgra_diff']:>8.1e} {q['llvm_diff']:>8.1e}")
 
 
-HEADER = (f"{'model':<19} {'arch':<10} {'NPU f32':>11} {'NPU int8':>11} {'ratio':>6} {'host f32':>9} "
-          f"{'host int8':>10} {'whole':>6} {'kernels':>9} {'host':>8} {'f32 cgra':>8} {'f32 llvm':>8} "
-          f"{'i8 cgra':>8} {'i8 llvm':>8}")
+def _header(width: int = 10) -> str:
+    return (f"{'model':<19} {'arch':<{width}} {'NPU f32':>11} {'NPU int8':>11} {'ratio':>6} {'host f32':>9} "
+            f"{'host int8':>10} {'whole':>6} {'kernels':>9} {'host':>8} {'f32 cgra':>8} {'f32 llvm':>8} "
+            f"{'i8 cgra':>8} {'i8 llvm':>8}")
+
+
 FOOTER = ("ratio: int8 / float32 NPU cycles; whole: (NPU + host cycles) int8 / float32; kernels, host: "
           "float32/int8 counts; the last four: the output's largest difference to onnxruntime's over its "
           "largest magnitude, float32 and int8 models, cgra and stock llvm.")
@@ -162,9 +186,13 @@ def main(argv=None) -> None:
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--models", nargs="+")
     parser.add_argument("--families", action="store_true", help="kernels and cycles per family, int8 vs float32")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="change each preset's FIELD (e.g. macs_per_pe.int8=4: four int8 MACs a PE a cycle)")
     args = parser.parse_args(argv)
+    archs = chips(args.arch, args.set)
     builders = models(args.size)
-    print(HEADER, flush=True)
+    width = max(10, *(len(arch.name) for arch in archs))
+    print(_header(width), flush=True)
     for name in args.models or builders:
         model = builders[name]()
         if model is None:
@@ -172,9 +200,9 @@ def main(argv=None) -> None:
             continue
         with tempfile.TemporaryDirectory(prefix="bench-quantized-") as directory:
             twin = quantized(model, directory)
-        for arch in args.arch:
+        for arch in archs:
             f, q = run(model, arch), run(twin, arch)
-            print(_row(name, arch, f, q), flush=True)
+            print(_row(name, arch, f, q, width), flush=True)
             if args.families:
                 print(_families(f, q), flush=True)
     print(FOOTER)

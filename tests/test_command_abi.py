@@ -60,6 +60,7 @@ def test_flag_dependent_parameters_name_a_bit_of_the_flags_parameter():
         (Op.EPILOGUE, "residual_addr"): isa.EPILOGUE_RESIDUAL,
         (Op.EPILOGUE, "scale_addr"): isa.EPILOGUE_REQUANTISE,
         (Op.FABRIC, "b_addr"): isa.FABRIC_INPUT_B,
+        (Op.UNPACK4, "zero_addr"): isa.UNPACK4_ZERO_POINTS,
     }
 
 
@@ -93,6 +94,7 @@ def test_the_abi_keeps_its_c_signatures():
         "cgra_fabric": [kernel, i32, i32] + [i64] * 27,  # ABI v5
         "cgra_reduce": [kernel, i32, i32] + [i64] * 7,  # ABI v8
         "cgra_vfunc": [kernel, i32, i32, i32] + [i64] * 9,  # ABI v8
+        "cgra_unpack4": [kernel, i32] + [i64] * 11,  # ABI v9
     }
 
 

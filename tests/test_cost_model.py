@@ -66,6 +66,21 @@ def test_the_tile_search_pays_a_narrow_scratchpads_bandwidth():
     assert cost.gemm_steady_cycles(load_arch("cgra-16x16"), 16, 16, 64, "int8") == folds
 
 
+def test_packed_int8_macs_take_a_quarter_of_the_steps_while_the_banks_keep_up():
+    """Four int8 MACs a PE (docs/hardware-description.md, "What each number format costs"): a
+    GEMM takes ceil(k / 4) steps a fold, its (rows + cols) x 4 int8 operands a cycle are the
+    scratchpad's bytes a cycle on every preset; eight would need twice those and take twice."""
+    for base in PRESETS:
+        packed = dataclasses.replace(base, macs_per_pe={"float32": 1, "int8": 4})
+        eight = dataclasses.replace(base, macs_per_pe={"float32": 1, "int8": 8})
+        rows, cols = base.rows, base.cols
+        assert cost.gemm_steady_cycles(packed, rows, cols, 66, "int8") == 17
+        assert cost.gemm_steady_cycles(eight, rows, cols, 64, "int8") == 2 * 8
+        assert cost.gemm_steady_cycles(packed, rows, cols, 66, "float32") == cost.gemm_steady_cycles(
+            base, rows, cols, 66, "float32")
+        assert cost.depthwise_compute_cycles(packed, rows, cols, 9, "int8") == 3
+
+
 @given(arch=st.sampled_from(PRESETS), rows=st.integers(1, 50), cols=st.integers(1, 50), residual=st.booleans())
 def test_fill_and_epilogue_cost_their_tiles_over_the_lanes(arch, rows, cols, residual):
     fill = encode(Op.FILL, dtype=DType.INT32, rows=rows, cols=cols, stride=cols, value_bits=3)

@@ -190,7 +190,7 @@ def test_the_tile_search_times_a_copy_as_the_simulator_does(arch):
 
 def test_a_window_partition_of_rank_six_merges_into_four_axes():
     piece = Piece("lhs", (0,) * 6, (1, 2, 2, 4, 4, 3), tuple((a, 1) for a in (0, 1, 3, 2, 4, 5)), (0,) * 6)
-    in_view, out_view, compacted = compact(piece, (1, 2, 4, 2, 4, 3), (1, 2, 2, 4, 4, 3))
+    in_view, out_view, compacted, _ = compact(piece, (1, 2, 4, 2, 4, 3), (1, 2, 2, 4, 4, 3))
     assert (in_view, out_view) == ((2, 4, 2, 12), (2, 2, 4, 12))
     assert compacted.walks == ((0, 1), (2, 1), (1, 1), (3, 1))
 

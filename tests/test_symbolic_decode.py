@@ -3,7 +3,8 @@ caches (1, KV heads, t, d) as inputs and the caches grown by the token (t + 1) a
 position an input. Attention's q Kᵀ (the cache length as columns), its softmax over a row of
 length t + 1 and P V (t + 1 the reduction) run on the NPU (kernels/gemm/symbolic_matmul.py,
 kernels/rows/rows.py): every MAC at every length, outputs equal to PyTorch, cycles close to a
-compile for the length. The caches still cross the host (concat); see docs/dynamic-shapes.md.
+compile for the length. In this form the caches cross the host (concat); preallocated for a bound
+(frontend/kv_cache.py, the last test) they stay on the device; see docs/dynamic-shapes.md.
 Needs torch."""
 
 from __future__ import annotations
@@ -96,3 +97,46 @@ def test_a_decode_step_compiles_once_and_runs_every_cache_length_on_the_npu():
         with npu_backend.profile() as fixed:
             static["main"](*[tvm.runtime.tensor(a.numpy()) for a in args])
         assert prof.total_cycles <= 1.10 * fixed.total_cycles, (t, prof.total_cycles, fixed.total_cycles)
+
+
+@pytest.mark.slow  # a preallocated and a static compile, 64 steps: about 80 s on a busy machine
+def test_the_step_with_preallocated_caches_matches_pytorch_over_64_steps_with_the_cache_on_the_device():
+    """frontend/kv_cache.py: the same step, its caches preallocated for 128 positions and written in
+    place (test_kv_cache.py has the mechanism); 64 steps from an empty cache equal PyTorch's
+    grown caches and outputs, no crossing carries a cache, and a step costs about what a compile
+    for its length does."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.torch import from_exported_program
+
+    import npu_backend
+    from npu_backend.frontend.kv_cache import preallocate_kv_cache
+
+    torch, step = _step_module()
+    length, bound = torch.export.Dim("t", min=2, max=255), 128
+    dynamic = (None, None, tuple({2: length} for _ in range(2 * LAYERS)))
+    mod = preallocate_kv_cache(from_exported_program(torch.export.export(step, _inputs(torch, 8),
+                                                                          dynamic_shapes=dynamic)), bound)
+    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+    caches = [tvm.runtime.tensor(np.zeros((1, KV_HEADS, bound, DEPTH), "float32")) for _ in range(2 * LAYERS)]
+    grown = [torch.zeros(1, KV_HEADS, 0, DEPTH) for _ in range(2 * LAYERS)]
+    gen = torch.Generator().manual_seed(0)
+    for t in range(64):
+        x = torch.randn(1, 1, HIDDEN, generator=gen)
+        with torch.no_grad():
+            expected, *grown = step(x, torch.tensor([t]), *grown)
+        with npu_backend.profile() as prof:
+            got = vm["main"](tvm.runtime.tensor(x.numpy()), tvm.runtime.tensor(np.array([t])), *caches)
+        np.testing.assert_allclose(got[0].numpy(), expected.numpy(), rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
+        for cache, ref in zip(caches, grown):
+            np.testing.assert_allclose(cache.numpy()[:, :, :t + 1], ref.numpy(), rtol=1e-5, atol=1e-6)
+        big = max(KV_HEADS * DEPTH * 4 * 2, 256)  # a cache's crossing would carry its t + 1 rows
+        assert all(crossing.bytes < big or "concat" not in crossing.reader for crossing in prof.crossing_records)
+        assert not any("concat" in call.name and call.bytes > big for call in prof.host_calls)
+    static = relax.VirtualMachine(npu_backend.compile(from_exported_program(torch.export.export(
+        step, (x, torch.tensor([t]), *[g[:, :, :t] for g in grown]))), "cgra-8x8"), tvm.cpu())
+    with npu_backend.profile() as fixed:
+        static["main"](tvm.runtime.tensor(x.numpy()), tvm.runtime.tensor(np.array([t])),
+                       *[tvm.runtime.tensor(g[:, :, :t].numpy()) for g in grown])
+    ours = prof.total_cycles + prof.host_cycles
+    assert ours <= 1.10 * (fixed.total_cycles + fixed.host_cycles), (ours, fixed.total_cycles, fixed.host_cycles)

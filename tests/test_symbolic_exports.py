@@ -156,3 +156,30 @@ def test_an_encoder_without_an_upper_bound_is_refused_saying_what_to_pass():
         npu_backend.compile(mod, ARCH)
     (length,) = relax.analysis.defined_symbolic_vars(mod["main"])
     assert _worst_error(npu_backend.compile(mod, ARCH, shape_bounds={length.name: 512}), model) < 1e-5
+
+
+@pytest.mark.slow
+def test_deberta_v2_with_a_symbolic_length_compiles_once_and_matches_pytorch():
+    """DeBERTa-v2's relative positions are built from the length (issue 36 item 2: it did not
+    compile with a symbolic length); it is not in transformer_models.py, so built here."""
+    torch = pytest.importorskip("torch")
+    hf = pytest.importorskip("transformers")
+    from tvm.relax.frontend.torch import from_exported_program
+
+    torch.manual_seed(0)
+    config = hf.DebertaV2Config(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=128, max_position_embeddings=512)
+    encoder = hf.DebertaV2Model(config).eval()
+
+    class IdsOnly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = encoder
+
+        def forward(self, input_ids):
+            return self.model(input_ids=input_ids).last_hidden_state
+
+    model = IdsOnly().eval()
+    ids = torch.randint(0, 100, (1, 16))
+    exported = torch.export.export(model, (ids,), dynamic_shapes=({1: torch.export.Dim("s", min=2, max=256)},))
+    assert _worst_error(npu_backend.compile(from_exported_program(exported), ARCH), model) < 1e-5

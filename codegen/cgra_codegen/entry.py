@@ -12,7 +12,8 @@ In: a lowered PrimFunc, its scratchpad plan, the hardware description. Out: the 
    per row read) and is not bound (any integer dtype; its slot stays empty); every other
    parameter is touched by device commands only;
 3. the body (walker.py), every runtime call checked;
-4. `cgra_kernel_end`; result = None. Any failure after begin leaves through one error exit that
+4. `cgra_kernel_end`; result = None, or with RETURNS_OUT_ATTR its last argument (a KV cache
+   written in place: Relax's call_inplace_packed takes the call's result as the tensor written). Any failure after begin leaves through one error exit that
    still calls `cgra_kernel_end` (it frees the launch) and returns -1.
 """
 
@@ -33,6 +34,10 @@ from .walker import BodyLowering
 
 #: The PrimFunc attribute listing the parameters (positions) the control code reads.
 READ_PARAMS_ATTR = "cgra.read_params"
+#: The PrimFunc attribute saying the kernel returns its output tensor (kernels/layout/cache_write.py).
+RETURNS_OUT_ATTR = "cgra.returns_out"
+#: The first FFI type index of an object (a Tensor is 70): a returned object gets a reference.
+_FIRST_OBJECT_INDEX = 64
 
 MESSAGE_BYTES = 512
 
@@ -220,7 +225,7 @@ def emit_kernel(mb: ModuleBuilder, func, kernel: str, arch, plan: ScratchpadPlan
                                   [state.kernel_handle, I32(slot), tensor], name="bind.status")
         state.branch_on_failure(bind)
     BodyLowering(state).lower(func.body)
-    _finish(state, fn.args[3])
+    _finish(state, fn.args[3], fn.args[1] if (func.attrs or {}).get(RETURNS_OUT_ATTR) else None, len(params))
     state.entry_builder.branch(prologue)
     return fn
 
@@ -270,8 +275,9 @@ def _begin(state: KernelState, arch, num_slots: int) -> None:
     b.position_at_end(started)
 
 
-def _finish(state: KernelState, result: ir.Value) -> None:
-    """status = cgra_kernel_end(%k); on success result = None, return 0."""
+def _finish(state: KernelState, result: ir.Value, args: ir.Value | None = None, count: int = 0) -> None:
+    """status = cgra_kernel_end(%k); on success result = None (with `args`: the last of the
+    `count` arguments, an object given one more reference), return 0."""
     b = state.builder
     status = b.call(state.mb.runtime("cgra_kernel_end"), [state.kernel_handle], name="end.status")
     failed, done = state.new_block("end.failed"), state.new_block("done")
@@ -279,7 +285,28 @@ def _finish(state: KernelState, result: ir.Value) -> None:
     b.position_at_end(failed)
     b.ret(I32(-1))
     b.position_at_end(done)
+    if args is not None:
+        _return_argument(state, result, byte_address(b, args, (count - 1) * 16))
+        return
     b.store(I32(TYPE_INDEX_NONE), result)
     b.store(I32(0), byte_address(b, result, 4))
     b.store(I64(0), byte_address(b, result, ANY_VALUE_OFFSET))
+    b.ret(I32(0))
+
+
+def _return_argument(state: KernelState, result: ir.Value, argument: ir.Value) -> None:
+    """result = the TVMFFIAny at `argument`, an object's reference count raised (the caller
+    then owns one reference more, as for any returned object); return 0."""
+    b = state.builder
+    type_index = b.load(argument, typ=I32, name="out.type_index")
+    value = load_field(b, argument, ANY_VALUE_OFFSET, I64, "out.value")
+    b.store(type_index, result)
+    b.store(I32(0), byte_address(b, result, 4))
+    b.store(value, byte_address(b, result, ANY_VALUE_OFFSET))
+    counted, done = state.new_block("out.counted"), state.new_block("out.done")
+    b.cbranch(b.icmp_signed(">=", type_index, I32(_FIRST_OBJECT_INDEX)), counted, done)
+    b.position_at_end(counted)
+    b.call(state.mb.function("TVMFFIObjectIncRef", ir.FunctionType(I32, [PTR])), [b.inttoptr(value, PTR)])
+    b.branch(done)
+    b.position_at_end(done)
     b.ret(I32(0))

@@ -16,6 +16,9 @@ the PrimFunc the builder makes for it (`CustomNode`: the node's name, op type, a
 input types), which then runs on the NPU like any user PrimFunc (partition/call_tir.py). A
 builder may return None to leave a node of a known op type to TVM's converter, so the same hook
 replaces chosen layers of a model with one's own TensorIR.
+
+onnxruntime's `MatMulNBits` (4-bit weights), which TVM's importer lacks, is converted by
+matmul_nbits.py.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 
 from ..errors import InvalidModel
 from ..relax_info import dtype_of, shape_dims
+from . import matmul_nbits
 from .provenance import node_span
 
 
@@ -107,7 +111,7 @@ class _NamingImporter(onnx_frontend.ONNXGraphImporter):
 
     def _check_for_unsupported_ops(self, graph):
         """TVM's check, knowing the custom ops, and saying how to supply a missing one."""
-        known = set(onnx_frontend._get_convert_map()) | {"If", "Constant"} | set(self.custom_ops)
+        known = set(onnx_frontend._get_convert_map()) | {"If", "Constant", "MatMulNBits"} | set(self.custom_ops)
         missing = sorted({node.op_type for node in graph.node if node.op_type not in known})
         if missing:
             raise InvalidModel(f"TVM's ONNX importer has no converter for {', '.join(missing)}: give each a "
@@ -120,6 +124,8 @@ class _NamingImporter(onnx_frontend.ONNXGraphImporter):
             call = self._custom(op_name, name, inputs, attrs)
             if call is not None:
                 return call
+        if op_name == "MatMulNBits":
+            return self._matmul_nbits(name, inputs, attrs)
         convert_map = onnx_frontend._get_convert_map()
         if not name or op_name not in convert_map:
             return super()._convert_operator(op_name, inputs, attrs, opset)
@@ -133,6 +139,18 @@ class _NamingImporter(onnx_frontend.ONNXGraphImporter):
         finally:
             self.bb.node = None
 
+    def _matmul_nbits(self, name, inputs, attrs):
+        """onnxruntime's 4-bit weight-only matmul (matmul_nbits.py), its calls spanned with the node."""
+        def add_func(func, hint):
+            gvar = self.bb.add_func(func.with_attr("global_symbol", _symbol(hint)), _symbol(hint))
+            self.custom_nodes[gvar.name_hint] = name
+            return gvar
+
+        self.bb.node = node_span(name)
+        try:
+            return matmul_nbits.convert(self.bb, list(inputs), attrs, name or "matmul_nbits", add_func)
+        finally:
+            self.bb.node = None
 
     def _custom(self, op_type, name, inputs, attrs):
         """The call_tir of the PrimFunc the builder of `op_type` makes for this node, or None."""

@@ -57,18 +57,19 @@ def cut_ragged_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     cutter.extents = {str(call): [(str(param), int(tile), dims[str(name)]) for param, tile, name in cuts]
                       for call, cuts in attrs.get(CUT_EXTENTS, {}).items()}
     body = cutter.stmt(func.body, None)
-    checks = [_bound_check(dims[str(name)], int(bound), str(what)) for name, bound, what in attrs.get(BOUNDED, [])]
+    checks = [_bound_check(dims[str(entry[0])], int(entry[1]), *map(str, entry[2:])) for entry in attrs.get(BOUNDED, [])]
     return func.with_body(tirx.SeqStmt([*checks, body]) if checks else body)
 
 
-def _bound_check(var, bound: int, what: str):
-    """A ValueError at run time when symbolic dimension `var` exceeds `bound` (BOUNDED)."""
+def _bound_check(var, bound: int, what: str, why: str = ""):
+    """A ValueError at run time when symbolic dimension `var` exceeds `bound` (BOUNDED); `why`
+    replaces the scratchpad as the reason (a preallocated KV cache's length)."""
     name = var.name
     how = (f"torch.export.Dim('{name}', max=...), npu_backend.compile(..., shape_bounds={{'{name}': ...}}) or the "
            "function's tir_var_upper_bound") if name.isidentifier() else \
         "torch.export.Dim(max=...), npu_backend.compile(..., shape_bounds=...) or the function's tir_var_upper_bound"
-    message = (f"{what} of symbolic length {name} past its bound {bound}: the kernel holds up to {bound} in "
-               f"the scratchpad and would write past it; compile with a larger bound ({how})")
+    why = why or f"the kernel holds up to {bound} in the scratchpad and would write past it"
+    message = f"{what} of symbolic length {name} past its bound {bound}: {why}; compile with a larger bound ({how})"
     # TVM 0.27's tirx.AssertStmt passes its arguments to the constructor in the wrong order.
     return _tirx_api.AssertStmt(var <= tirx.IntImm(str(var.ty), bound), tvm_string("ValueError"),
                                 [tvm_string(message)], None)

@@ -12,6 +12,9 @@ that onnxruntime's CPU provider fuses into QLinearConv / QLinearMatMul / QGemm i
     q   = quantize(multiply(astype([relu](acc), "float32"), M), 1.0, yzp)        (int8)
     M[c] = float32(float32(xs * ws[c]) / ys)                                     (onnxruntime's order)
 
+A conv1d (NCW / OIW: a QDQ text or audio model) is computed as a conv2d one pixel high: its
+int8 input viewed NC1W, its weights OI1W, its int8 result viewed NCW again (views on the host),
+so the conv2d kernels take it with its requantisation, as conv1ds.py does for a float one.
 (x' is x, or pad(x) with its zero point when the conv2d pads: the padding then stands for the
 real value 0, as QLinearConv pads. The conv2d kernel takes a pad of -128, int8's lowest value,
 into its DMA halo, kernels/gemm/conv2d.py; a static image of another zero point is padded with
@@ -52,7 +55,7 @@ from tvm import relax
 from ..frontend.provenance import with_span
 from .qdq_borders import border_correction
 
-_LAYOUTS = ("NCHW", "OIHW", "NCHW")
+_LAYOUTS = {"relax.nn.conv2d": ("NCHW", "OIHW", "NCHW"), "relax.nn.conv1d": ("NCW", "OIW", "NCW")}
 _QUANTIZED = ("int8", "uint8")
 _SHIFT = {"int8": 0, "uint8": 128}  # what a dtype's values lose to become int8
 
@@ -61,7 +64,7 @@ _SHIFT = {"int8": 0, "uint8": 128}  # what a dtype's values lose to become int8
 class _Layer:
     """What one QDQ layer computes, read off the imported graph."""
 
-    op: str  # "conv2d" or "matmul"
+    op: str  # "conv2d", "conv1d" (computed as a conv2d one pixel high) or "matmul"
     data: relax.Expr  # the activation (int8 or uint8) as the graph has it
     x_zero_point: int  # int8: the zero point of the activation's int8 form
     weight: np.ndarray  # int8, its zero point 0: OIHW, or (K, N) for a matmul
@@ -261,15 +264,20 @@ class _QdqRewriter(relax.PyExprMutator):
         return centred.astype(np.int8), np.broadcast_to(scale.reshape(-1), (channels,)).astype(np.float32)
 
     def _conv2d(self, expr):
+        """A conv2d layer, or a conv1d one as a conv2d one pixel high (its weights OI1W)."""
         conv = self._value(expr, "relax.nn.conv2d")
+        conv = self._value(expr, "relax.nn.conv1d") if conv is None else conv
         if conv is None:
             return None
         attrs = conv.attrs
         layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
         activation, weight = self._activation(conv.args[0]), self._weight(conv.args[1], 0)
-        if layouts != _LAYOUTS or activation is None or weight is None:
+        if layouts != _LAYOUTS[conv.op.name] or activation is None or weight is None:
             return None
-        return _Layer("conv2d", activation[0], activation[2], weight[0], weight[1], activation[1],
+        op, centred = "conv2d", weight[0]
+        if conv.op.name == "relax.nn.conv1d":
+            op, centred = "conv1d", centred[:, :, None, :]
+        return _Layer(op, activation[0], activation[2], centred, weight[1], activation[1],
                       None, False, conv, (conv.span,))
 
     def _matmul(self, expr):
@@ -312,7 +320,9 @@ class _QdqRewriter(relax.PyExprMutator):
 
         data = self._signed(layer.data)
         correction = None
-        if layer.op == "conv2d":
+        if layer.op == "conv1d":  # NCW -> NC1W, a view
+            data = emit(relax.op.expand_dims(data, axis=2), conv_span)
+        if layer.op in ("conv2d", "conv1d"):
             conv, correction = self._int_conv2d(layer, data)
             acc = emit(conv, conv_span)
             channel_shape, axis = (1, -1, 1, 1), 1
@@ -332,8 +342,11 @@ class _QdqRewriter(relax.PyExprMutator):
             acc = emit(relax.op.nn.relu(acc), relu_span)
         scaled = emit(relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(multiplier.reshape(channel_shape))),
                       quantize_span)
-        return relax.op.quantize(scaled, relax.const(1.0, "float32"), relax.const(y_zero_point, "int8"),
-                                 axis=axis, out_dtype="int8")
+        quantized = relax.op.quantize(scaled, relax.const(1.0, "float32"), relax.const(y_zero_point, "int8"),
+                                      axis=axis, out_dtype="int8")
+        if layer.op == "conv1d":  # NC1W -> NCW, a view
+            return relax.op.squeeze(emit(quantized, quantize_span), axis=[2])
+        return quantized
 
     def _int_conv2d(self, layer: _Layer, data):
         """(int8 x int8 -> int32 conv2d, int32 correction or None); a padded one pads x with its
@@ -341,7 +354,10 @@ class _QdqRewriter(relax.PyExprMutator):
         static image whose zero point is neither 0 nor -128 is padded with -128 (the kernel's DMA
         halo) and the correction of the padding's taps returned (qdq_borders.py)."""
         attrs = layer.conv.attrs
-        padding = [int(p) for p in attrs.padding]
+        strides, padding, dilation = ([int(v) for v in attrs.strides], [int(p) for p in attrs.padding],
+                                      [int(d) for d in attrs.dilation])
+        if layer.op == "conv1d":  # one pixel high: (left, right) -> (0, left, 0, right)
+            strides, padding, dilation = [1] + strides, [0, padding[0], 0, padding[1]], [1] + dilation
         correction, pad_value = None, layer.x_zero_point
         if layer.x_zero_point != 0 and any(padding):
             top, left, bottom, right = padding if len(padding) == 4 else padding * 2
@@ -350,13 +366,13 @@ class _QdqRewriter(relax.PyExprMutator):
                 pad_value = -128
                 correction = border_correction(
                     layer.weight, layer.x_zero_point, tuple(shape[1:]), (top, left, bottom, right),
-                    tuple(int(s) for s in attrs.strides), tuple(int(d) for d in attrs.dilation), int(attrs.groups))
+                    tuple(strides), tuple(dilation), int(attrs.groups))
                 correction = np.ascontiguousarray(np.broadcast_to(correction, (shape[0],) + correction.shape[1:]))
             data = self.builder_.emit(_spanned(relax.op.nn.pad(data, [0, 0, 0, 0, top, bottom, left, right],
                                                                pad_value=float(pad_value)), layer.conv.span))
             padding = [0, 0, 0, 0]
-        return relax.op.nn.conv2d(data, relax.const(layer.weight), strides=attrs.strides, padding=padding,
-                                  dilation=attrs.dilation, groups=int(attrs.groups), out_dtype="int32"), correction
+        return relax.op.nn.conv2d(data, relax.const(layer.weight), strides=strides, padding=padding,
+                                  dilation=dilation, groups=int(attrs.groups), out_dtype="int32"), correction
 
 
 def _spanned(value, span):

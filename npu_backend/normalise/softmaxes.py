@@ -18,6 +18,9 @@ torch.export writes for scaled_dot_product_attention (every layer, with or witho
   padding mask from the model's inputs) made additive: `where(kept, softmax(x, -1), 0)` with
   kept = greater(max(astype(b, float32), -1, keepdims), 0), b's rows "some entry kept", computed
   once for every layer that adds the same mask: one select per layer beside the softmax.
+- `softmax(x, -1)` too for that form when b is computed from a symbolic length alone (Hugging
+  Face's causal mask of a model given `input_ids`, built at run time) and proven to keep the
+  diagonal entry of every row at every length (length_masks.py): no row is all -inf.
 - otherwise the same with kept computed from x itself,
 
       where(greater(max(astype(not_equal(x, -inf), float32), -1, keepdims), 0), softmax(x, -1), 0)
@@ -46,6 +49,7 @@ from tvm import relax
 from ..frontend.provenance import with_span
 from ..relax_info import shape_dims
 from .chain_match import Chain, last_axis_only
+from .length_masks import keeps_diagonal
 from .rewrite import as_pass, rewrite_functions
 
 _WHERE = tvm.ir.Op.get("relax.where")
@@ -181,8 +185,12 @@ _TRUTHFUL = ("bool", "int8", "int16", "int32", "int64", "uint8")
 
 def _never_all_masked(chain: Chain, x) -> bool:
     """Whether no row of `x` (along the last axis) can be all -inf: x finite, or finite plus a
-    constant with a finite entry in every row."""
+    constant with a finite entry in every row, or plus where(b, c, -inf) with b computed from a
+    symbolic length alone and proven to keep every row's diagonal entry (length_masks.py)."""
     if _finite(chain, x, _DEPTH):
+        return True
+    kept = kept_condition(chain, x)
+    if kept is not None and keeps_diagonal(chain, kept):
         return True
     add = chain.call(x, "relax.add")
     if add is None:

@@ -27,14 +27,17 @@ from .dynamic_quant import dynamic_quant_pass
 from .empty_operands import empty_operands_pass
 from .fold_weights import fold_remaining_constants, fold_weights, restore_kept_transposes
 from .gelus import gelus_pass
+from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
 from .large_pools import split_large_pools_pass
+from .length_masks import causal_masks_pass
 from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .permute_chains import permute_chains_pass
 from .split_slices import split_slices_pass
 from .qdq import canonicalize_qdq
+from .qlayouts import quantized_layouts_pass
 from .qlinear import integer_qlinear_adds_pass
 from .rewrite import scans_shared
 from .rms_norms import rms_norms_pass
@@ -53,6 +56,9 @@ def normalise(mod, arch, options):
     # the ops after it have shapes; outside the pass list, so that an undecided shape is refused
     # as UnsupportedOperator (bounded_shapes.py).
     mod = resolve_bounded_shapes(mod, dict(options.shape_bounds))
+    # MatMulNBits' host PrimFuncs (4-bit weights) become the chip's unpack-and-GEMM kernels, which
+    # keep the weights packed in DRAM (int4_weights.py).
+    mod = int4_weight_kernels(mod, arch)
     # QDQ layers (dequantize -> conv2d / matmul -> quantize) become int8 x int8 -> int32 with
     # an int32 bias and a requantisation to int8, onnxruntime's arithmetic (qdq.py);
     # first, while the quantized weights are still int8 constants under their dequantize.
@@ -108,6 +114,9 @@ def normalise_passes(arch=None) -> list:
         # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
         # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
         rms_norms_pass, gelus_pass, safe_softmaxes_pass,
+        # A causal mask computed from a symbolic length (HF's, given input_ids alone) proven
+        # causal for every length and computed from one arange, once for all layers (length_masks.py).
+        causal_masks_pass,
         # An attention (SDPA's decomposition, HF's eager form, grouped- and multi-query K / V) as
         # one normal form the attention family takes whole (attentions.py), after the softmaxes;
         # only one whose K / V head and score rows fit the chip's scratchpad (the kernel's tile
@@ -142,6 +151,10 @@ def normalise_passes(arch=None) -> list:
         # A pooling window of more than 256 taps becomes a row pass and a column pass: the POOL
         # command's window expression must not grow with the window (large_pools.py).
         split_large_pools_pass,
+        # A concat, split, reshape or max pool between quantized tensors runs on the int8 tensors,
+        # an operand of another scale requantised, exactly (qlayouts.py): no float copy between
+        # the host's dequantizes and quantizes.
+        quantized_layouts_pass,
         # A residual add between quantized tensors (dequantize, add, quantize) is onnxruntime's
         # fixed-point QLinearAdd on int32, one FABRIC_INT8 kernel (qlinear.py); last, so that its
         # constants stay 0-d (immediates of the kernel's body).

@@ -11,7 +11,8 @@ SiLU's `x * sigmoid(x)` still reads one tensor twice (sigmoid.py's pattern).
 An op whose output is (1.., P.., s, C..) with static axes P before the length (RoPE's (1, H, s, d)
 against cos's (1, 1, s, d)) computes on (prod(P), s * prod(C)) views, each operand walking P or
 broadcasting along it (`_flat_views`): the length in the trailing axis, which the kernels also
-take symbolic. An op reading a GEMM's, convolution's or pool's result directly, or an
+take symbolic; an operand of ones (a scalar, scalars.py: attention's 1 / sqrt(d) on the queries)
+broadcasts as (1, 1). An op reading a GEMM's, convolution's or pool's result directly, or an
 elementwise op left as it is, stays as it is: it may be part of that kernel's epilogue (a conv2d's
 relu), which a reshape between them would break.
 
@@ -149,6 +150,9 @@ def _flat_views(out, operands):
     length = out[axis] * math.prod(tail)
     views = []
     for dims in operands:
+        if all(d == 1 for d in dims):  # a scalar as (1, ..., 1) (scalars.py): one element for all
+            views.append((1, 1))
+            continue
         own = tuple(dims[lead:axis])
         if any(d != 1 for d in dims[:lead]) or own not in (prefix, (1,) * len(prefix)) \
                 or isinstance(dims[axis], int) or not dims[axis].same_as(out[axis]) or tuple(dims[axis + 1:]) != tail:

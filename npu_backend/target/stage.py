@@ -14,6 +14,7 @@ from tvm import relax
 
 from ..device.host_averages import host_averages_as_typed
 from ..device.host_ops import host_ops_to_runtime
+from ..device.in_place import cache_write_symbols, writes_in_place
 from ..device.weights import hold_weights
 from ..partition.call_tir import drop_unused_prim_funcs, offloaded_prim_funcs
 from ..partition.stage import bounds_of
@@ -26,7 +27,11 @@ def codegen(mod, arch, options):
     options = dataclasses.replace(options, shape_bounds=bounds_of(mod, options))
     target_options = {"cgra": {"arch": arch.to_json(), "options": options.to_json()}}
     offloaded = offloaded_prim_funcs(mod)
+    cache_writes = cache_write_symbols(mod)
     mod = relax.transform.RunCodegen(target_options=target_options)(mod)
+    # A KV cache's new row is written into the cache the step was given, not a copy of it
+    # (device/in_place.py): the cache stays where it is from one decode step to the next.
+    mod = writes_in_place(mod, cache_writes)
     # The kernels' weights go to the runtime's weights module, out of the VM executable, whose
     # code generation would hash every byte of them (device/weights.py).
     mod = hold_weights(mod)

@@ -170,6 +170,8 @@ def _host_reason(mod, call, arch) -> str:
         return "reads the same bytes as another dtype or shape (a view): no arithmetic to offload"
     if call.op.name in _SHAPE_OPS:
         return "changes only the shape: no arithmetic to offload (the same memory seen anew, or one copy)"
+    if call.op.name == "relax.tensor_to_shape":  # kv_cache.py: a decode step's length is its position's value
+        return "reads a tensor's values as a shape (the VM's builtin, no arithmetic to offload)"
     pattern = host_patterns().get(call.op.name)
     if pattern is None:
         return f"no NPU kernel for {_op_name(call)} ({kernel_ops_text()})"

@@ -6,7 +6,8 @@ compiled, so a malformed shape, stride or padding is a usage error naming the ar
 If the compiler keeps the operator on the host (a chip that cannot hold its tiles, a dtype it
 does not compute), verify fails with exit 3 and the reason `explain` gives: a PASS always means
 the NPU computed the result. int8 and integer results must match exactly, float32 within 1e-5
-of the output's scale.
+of the output's scale. `--weight-dtype int4` runs a matmul with 4-bit weights (MatMulNBits: packed
+in DRAM, unpacked by UNPACK4 in the scratchpad) against numpy.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def run_verify(args) -> int:
 
 
 def _title(args) -> str:
-    return f"{args.op} {'x'.join(str(d) for d in args.shape)} {args.dtype}"
+    weights = f" x int4 weights (block {args.block_size})" if getattr(args, "weight_dtype", None) == "int4" else ""
+    return f"{args.op} {'x'.join(str(d) for d in args.shape)} {args.dtype}{weights}"
 
 
 def _not_offloaded(args, report: dict, reason: str) -> int:
@@ -81,6 +83,8 @@ def build_case(args, arch) -> Case:
         raise UsageError(f"--shape {_text(args.shape)}: every dimension must be at least 1")
     if args.dtype == "int32" and args.op != "eltwise":
         raise UsageError("--dtype int32 is for --op eltwise; int8 matmul and conv2d already produce int32")
+    if getattr(args, "weight_dtype", None) == "int4" and args.op != "matmul":
+        raise UsageError(f"--weight-dtype int4 is for --op matmul (MatMulNBits), not --op {args.op}")
     if args.op in ("matmul", "batch_matmul", "conv2d") and args.dtype not in arch.dtypes:
         raise UsageError(f"--dtype {args.dtype}: architecture '{arch.name}' computes {', '.join(arch.dtypes)} "
                          "(its macs_per_pe); pick one of those or describe a chip that computes it")
@@ -117,8 +121,33 @@ def _matmul(args) -> Case:
     from .workloads import matmul_model
 
     m, n, k = args.shape
+    if getattr(args, "weight_dtype", None) == "int4":
+        return _matmul_int4(args, m, n, k)
     mod, inputs, ref = matmul_model(m, n, k, args.dtype, bias=not args.no_bias, relu=not args.no_relu, seed=args.seed)
     return Case(mod, inputs, ref, m * n * k, "matmul", args.dtype == "int8")
+
+
+def _matmul_int4(args, m: int, n: int, k: int) -> Case:
+    """x @ W with W 4-bit (onnxruntime's MatMulNBits: packed nibbles, a float32 scale and a zero
+    point per --block-size rows of a column), against numpy's float32 x @ (q - z) * s."""
+    import numpy as np
+
+    from ..frontend.matmul_nbits import layer_module
+
+    block = args.block_size
+    if args.dtype != "float32" or block < 16 or block & (block - 1):
+        raise UsageError(f"--weight-dtype int4 takes --dtype float32 activations and a --block-size that is a power "
+                         f"of 2 >= 16 (got {args.dtype}, {block})")
+    rng = np.random.default_rng(m * 1000003 + n * 1009 + k if args.seed is None else args.seed)
+    groups = -(-k // block)
+    q = rng.integers(0, 16, (n, groups * block), dtype=np.uint8)
+    z = rng.integers(0, 16, (n, groups + groups % 2), dtype=np.uint8)
+    s = (rng.standard_normal((n, groups)) * 0.05).astype(np.float32)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    packed, zeros = (q[:, 0::2] | q[:, 1::2] << 4), (z[:, 0::2] | z[:, 1::2] << 4)
+    rows = np.arange(k) // block
+    w = ((q[:, :k].astype(np.int32) - z[:, rows]).astype(np.float32) * s[:, rows]).T
+    return Case(layer_module(m, k, block, packed, s, zeros), [x], x @ w, m * n * k, "call_tir matmul_int4", False)
 
 
 def _batch_matmul(args) -> Case:

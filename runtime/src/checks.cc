@@ -388,6 +388,28 @@ void CheckVfunc(const int64_t* w, const CheckContext& context) {
               CGRA_DTYPE_FLOAT32_BYTES, context.spad_bytes);
 }
 
+void CheckUnpack4(const int64_t* w, const CheckContext& context) {
+  int32_t flags = Code(w[CGRA_UNPACK4_FLAGS]);
+  CheckFlags(flags, CGRA_UNPACK4_ZERO_POINTS);
+  int64_t rows = w[CGRA_UNPACK4_ROWS], cols = w[CGRA_UNPACK4_COLS], group = w[CGRA_UNPACK4_GROUP];
+  if (rows < 1 || cols < 1 || group < 1) Fail("rows ", rows, ", cols ", cols, " and group ", group, " must be >= 1");
+  int64_t groups = (rows + group - 1) / group;
+  auto columns = [&](const char* name, int64_t addr, int64_t per_col, int64_t stride, int64_t itemsize) {
+    if (stride < per_col) Fail(name, " column stride ", stride, " is smaller than a column's ", per_col, " elements");
+    CheckRegion(name, Access::kRead, addr, cols, per_col, stride, itemsize, context.spad_bytes);
+  };
+  columns("A", w[CGRA_UNPACK4_A_ADDR], (rows + 1) / 2, w[CGRA_UNPACK4_A_COL_STRIDE], 1);
+  columns("scale", w[CGRA_UNPACK4_SCALE_ADDR], groups, w[CGRA_UNPACK4_SCALE_COL_STRIDE], CGRA_DTYPE_FLOAT32_BYTES);
+  if (flags & CGRA_UNPACK4_ZERO_POINTS) {
+    columns("zero", w[CGRA_UNPACK4_ZERO_ADDR], (groups + 1) / 2, w[CGRA_UNPACK4_ZERO_COL_STRIDE], 1);
+  } else if (w[CGRA_UNPACK4_ZERO_ADDR] || w[CGRA_UNPACK4_ZERO_COL_STRIDE]) {
+    Fail("zero_addr / zero_col_stride are set but CGRA_UNPACK4_ZERO_POINTS is off: a disabled operand's "
+         "arguments must be 0");
+  }
+  CheckRegion("out", Access::kWrite, w[CGRA_UNPACK4_OUT_ADDR], rows, cols, w[CGRA_UNPACK4_OUT_STRIDE],
+              CGRA_DTYPE_FLOAT32_BYTES, context.spad_bytes);
+}
+
 void CheckFabric(const int64_t* w, const CheckContext& context) {
   int32_t flags = Code(w[CGRA_FABRIC_FLAGS]), dtype = Code(w[CGRA_FABRIC_DTYPE]);
   CheckFlags(flags, CGRA_FABRIC_INPUT_B | CGRA_FABRIC_INT8);

@@ -109,6 +109,11 @@ void CheckReduce(const int64_t* record, const CheckContext& context);
  * (ABI v8.) */
 void CheckVfunc(const int64_t* record, const CheckContext& context);
 
+/*! \brief UNPACK4: flags (zero-point words 0 without CGRA_UNPACK4_ZERO_POINTS), positive sizes,
+ * the packed bytes, scales and zero points read and the rows x cols float32 tile written inside
+ * the scratchpad, column strides covering a column. */
+void CheckUnpack4(const int64_t* record, const CheckContext& context);
+
 }  // namespace cgra
 
 #endif  // CGRA_RUNTIME_CHECKS_H_

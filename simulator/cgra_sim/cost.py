@@ -28,6 +28,8 @@ estimates cannot drift from what the simulator charges.
                  the lanes an element takes its sequence one operation a cycle; a chip whose
                  `function_unit` has the function pipelines it (function_unit.py): an element
                  a pipeline a cycle, plus the fill. The command runs where it ends first.
+    UNPACK4      ceil(rows * cols / vector_lanes) + VECTOR_OVERHEAD_CYCLES
+                 a nibble a lane a cycle: select, subtract the zero point, convert, scale
     GEMM         steady = ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe)
                           * max(step, A's bank conflict, operand bytes a cycle / scratchpad bytes a cycle)
                  fill   = min(m, rows) + min(n, cols) - 2 (the sub-array the GEMM occupies)
@@ -129,6 +131,13 @@ def vfunc_cycles(arch: HardwareDescription, elements: int, func: str, scale: boo
     return cycles + VECTOR_OVERHEAD_CYCLES
 
 
+def unpack4_cycles(arch: HardwareDescription, elements: int) -> int:
+    """Cycles of an UNPACK4 writing `elements` float32 weights: a lane's pipeline takes a nibble a
+    cycle (select, subtract the zero point, convert, multiply by the scale: stages, like the
+    EPILOGUE's requantisation)."""
+    return _ceil(elements, arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
+
+
 def pe_folds(arch: HardwareDescription, m: int, n: int) -> int:
     """Passes of the rows x cols PE array an m x n output takes."""
     return _ceil(m, arch.rows) * _ceil(n, arch.cols)
@@ -148,11 +157,12 @@ def gemm_steady_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype:
 
 
 def gemm_bandwidth_slowdown(arch: HardwareDescription, m: int, n: int, dtype: str) -> Fraction:
-    """A GEMM's operand bytes a cycle over the scratchpad's: each cycle the array takes one
-    element of each of min(m, rows) rows of A and min(n, cols) contiguous elements of B's row.
-    Below 1 (every preset) the banks keep up."""
+    """A GEMM's operand bytes a cycle over the scratchpad's: each cycle the array takes
+    macs_per_pe[dtype] elements (along k) of each of min(m, rows) rows of A and of min(n, cols)
+    columns of B. At most 1 on every preset, and with four int8 MACs a PE (the bytes of one
+    float32 operand) too: the banks keep up."""
     lanes = min(m, arch.rows) + min(n, arch.cols)
-    return Fraction(lanes * _itemsize(dtype), arch.spad_banks * arch.bank_width_bytes)
+    return Fraction(lanes * _itemsize(dtype) * arch.macs_per_pe[dtype], arch.spad_banks * arch.bank_width_bytes)
 
 
 def gemm_fill_cycles(arch: HardwareDescription, m: int, n: int) -> int:

@@ -26,6 +26,7 @@ from .commands import (NUMPY_DTYPE, Checker, Command, DepthwiseCommand, DmaComma
                        EpilogueCommand, FabricCommand, FillCommand, GemmCommand, PoolCommand)
 from .decode_dma import decode_dma
 from .decode_pe import decode_depthwise, decode_fabric, decode_gemm
+from .unpack4 import decode_unpack4
 from .decode_vector import decode_eltwise, decode_epilogue, decode_fill, decode_pool, decode_reduce, decode_vfunc
 from .errors import LaunchError
 from .isa import BOX_DIMS, FIELDS, RECORD_WORDS, DType, Op
@@ -85,6 +86,7 @@ _DECODERS = {
     Op.FABRIC: decode_fabric,
     Op.REDUCE: decode_reduce,
     Op.VFUNC: decode_vfunc,
+    Op.UNPACK4: decode_unpack4,
 }
 
 

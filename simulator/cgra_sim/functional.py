@@ -28,7 +28,8 @@ dtype: integer results wrap (int8 modulo 2**8, int32 modulo 2**32), float32 ones
 maximum and minimum propagate NaN. REDUCE folds each row into its output element column by
 column, left to right, rounding every step to float32 (SUM_SQUARES rounds the square, then the
 sum); MAX propagates NaN. VFUNC computes t = a (* scale) (+ offset), each rounded, then the
-function's specified float32 sequence (special.py). FABRIC evaluates its body node by node over the whole tile
+function's specified float32 sequence (special.py). UNPACK4 writes float32(q - z) * s per
+nibble (unpack4.py). FABRIC evaluates its body node by node over the whole tile
 (mapping/body.evaluate) with the same arithmetic.
 Each command reads all its operands before it writes, so an in-place EPILOGUE is well defined.
 """
@@ -36,6 +37,8 @@ Each command reads all its operands before it writes, so an in-place EPILOGUE is
 from __future__ import annotations
 
 import numpy as np
+
+from .unpack4 import execute_unpack4
 
 from .commands import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FabricCommand,
                        FillCommand, GemmCommand, PoolCommand, ReduceCommand, VfuncCommand)
@@ -225,4 +228,5 @@ _EXECUTORS = {
     Op.FABRIC: _fabric,
     Op.REDUCE: _reduce,
     Op.VFUNC: _vfunc,
+    Op.UNPACK4: execute_unpack4,
 }

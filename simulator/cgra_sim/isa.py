@@ -19,10 +19,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-STREAM_VERSION = 5
+STREAM_VERSION = 6
 #: The oldest stream version this simulator still runs: v3 only added a flag (DMA_FILL_LOWEST)
 #: that v2 streams never set, v4 an opcode (FABRIC) and v5 two (REDUCE, VFUNC) that earlier
-#: streams never use.
+#: streams never use; v6 an opcode (UNPACK4) as well.
 OLDEST_STREAM_VERSION = 2
 RECORD_WORDS = 32
 #: Number of loop dimensions (and tensor dimensions) a DMA box can have.
@@ -44,6 +44,7 @@ class Op(enum.IntEnum):
     FABRIC = 9  # PE fabric: out = body(a[, b]) over a 2-D tile, the body a dataflow graph mapped onto the PEs
     REDUCE = 10  # vector unit: per row of a 2-D tile, out[i] = sum / max / sum of squares, accumulated into out
     VFUNC = 11  # vector unit: out = f(a * scale + offset) over a 2-D tile, f exp, tanh, erf, GELU, rsqrt, 1/x
+    UNPACK4 = 12  # vector unit: 4-bit weights packed two per byte -> float32 (q - zero) * scale tile
 
 
 @enum.unique
@@ -164,7 +165,7 @@ class Unit(enum.IntEnum):
 UNIT_OF = {Op.DMA_LOAD: Unit.LOAD, Op.DMA_STORE: Unit.STORE, Op.GEMM: Unit.COMPUTE,
            Op.FILL: Unit.VECTOR, Op.EPILOGUE: Unit.VECTOR, Op.DEPTHWISE: Unit.COMPUTE,
            Op.POOL: Unit.VECTOR, Op.ELTWISE: Unit.VECTOR, Op.FABRIC: Unit.COMPUTE, Op.REDUCE: Unit.VECTOR,
-           Op.VFUNC: Unit.VECTOR}
+           Op.VFUNC: Unit.VECTOR, Op.UNPACK4: Unit.VECTOR}
 
 # Flags (word 1).
 GEMM_ACCUMULATE = 1  # GEMM and DEPTHWISE: add to the accumulator; without it, overwrite it
@@ -186,6 +187,9 @@ FABRIC_INPUT_B = 1  # FABRIC: the body reads a second input, B (its words are 0 
 FABRIC_INT8 = 2
 VFUNC_SCALE = 1  # VFUNC: t = a * scale (scale_bits: float32 bits) before the function
 VFUNC_OFFSET = 2  # VFUNC: t = t + offset (offset_bits) after the scale, before the function
+# UNPACK4: the zero points are 4-bit values packed like the weights at zero_addr; without it every
+# zero point is 8 (onnxruntime's MatMulNBits default for 4 bits).
+UNPACK4_ZERO_POINTS = 1
 
 
 def _dma_fields():
@@ -233,6 +237,8 @@ FIELDS = {
                 "out_addr", "out_stride"),
     Op.VFUNC: ("op", "flags", "func", "dtype", "rows", "cols", "a_addr", "a_row_stride", "a_col_stride",
                "out_addr", "out_stride", "scale_bits", "offset_bits"),
+    Op.UNPACK4: ("op", "flags", "rows", "cols", "group", "a_addr", "a_col_stride", "scale_addr",
+                 "scale_col_stride", "zero_addr", "zero_col_stride", "out_addr", "out_stride"),
 }
 
 for _op, _fields in FIELDS.items():
@@ -442,4 +448,15 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         ("flags", _I32), ("func", _I32), ("dtype", _I32), "rows", "cols", ("a_addr", _ADDR),
         "a_row_stride", "a_col_stride", ("out_addr", _ADDR), "out_stride",
         ("scale_bits", _BITS, VFUNC_SCALE), ("offset_bits", _BITS, VFUNC_OFFSET)),
+    _command(
+        Op.UNPACK4,
+        "Vector unit, 4-bit weights into a float32 tile (onnxruntime's MatMulNBits layout): for i < "
+        "rows, j < cols, q = nibble i % 2 (0 the low one) of byte A[j*a_col_stride + i/2], g = i / "
+        "group, out[i*out_stride + j] = float32(q - z) * S[j*scale_col_stride + g] (rounded once), "
+        "S float32, z nibble g % 2 of byte Z[j*zero_col_stride + g/2] with CGRA_UNPACK4_ZERO_POINTS "
+        "(zero_addr and zero_col_stride 0 without it), else 8. A and Z are bytes (int8 slots holding "
+        "uint8 bits).",
+        ("flags", _I32), "rows", "cols", "group", ("a_addr", _ADDR), "a_col_stride", ("scale_addr", _ADDR),
+        "scale_col_stride", ("zero_addr", _ADDR, UNPACK4_ZERO_POINTS),
+        ("zero_col_stride", _I64, UNPACK4_ZERO_POINTS), ("out_addr", _ADDR), "out_stride"),
 )}

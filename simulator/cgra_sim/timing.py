@@ -280,6 +280,13 @@ def _time_vfunc(arch: HardwareDescription, cmd: VfuncCommand, ready: int, free: 
     return start, end, end
 
 
+def _time_unpack4(arch: HardwareDescription, cmd, ready: int, free: int,
+                  compute: _ComputeQueue) -> tuple[int, int, int]:
+    start = max(free, ready)
+    end = start + cost.unpack4_cycles(arch, cmd.elements)
+    return start, end, end
+
+
 def _time_pool(arch: HardwareDescription, cmd: PoolCommand, ready: int, free: int,
                compute: _ComputeQueue) -> tuple[int, int, int]:
     start = max(free, ready)
@@ -346,6 +353,7 @@ _TIMERS = {
     Op.FABRIC: _time_fabric,
     Op.REDUCE: _time_reduce,
     Op.VFUNC: _time_vfunc,
+    Op.UNPACK4: _time_unpack4,
 }
 
 

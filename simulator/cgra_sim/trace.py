@@ -126,6 +126,7 @@ _KEY_ARGS = {
     Op.FABRIC: _fabric_args,
     Op.REDUCE: _func_args(ReduceFunc),
     Op.VFUNC: _func_args(VFunc),
+    Op.UNPACK4: lambda op, record: _fields(op, record, "rows", "cols", "group", "a_addr", "out_addr"),
 }
 
 

@@ -107,6 +107,10 @@ class KernelSpec:
     # (tir_vars, when a tensor's size is an expression of a variable no tensor holds alone); the
     # kernel skips them (operands.kernel_prim_func, attribute cgra.shape_args).
     shape_args: tuple = ()
+    # matmul with a symbolic right operand: the right operand is the first rows of a buffer
+    # this many rows long (a KV cache preallocated for its bound, read to the step's length:
+    # symbolic_matmul.py); 0: the operand is its own tensor.
+    rhs_capacity: int = 0
 
     @property
     def image_fill(self) -> int:

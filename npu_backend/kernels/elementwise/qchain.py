@@ -4,17 +4,21 @@ Stage: partition (its patterns and spec), kernel definition, tiling and schedule
 
     quantize(chain(dequantize(x, sx, zx)), sy, zy)        x int8, per-tensor scales and zero points
 
-the chain one to MAX_DEPTH calls of the fabric's links (common/chains.py: add, subtract,
+the chain zero to MAX_DEPTH calls of the fabric's links (common/chains.py: add, subtract,
 multiply, divide by a constant, maximum, minimum, clip, relu, leaky relu: a HardSigmoid, a
 hard-swish), which onnxruntime computes in float between a DequantizeLinear and a
-QuantizeLinear; normalise/qlinear.py gives the chain a dequantize of its own. One FABRIC per tile
+QuantizeLinear; normalise/qlinear.py gives the chain a dequantize of its own. Zero calls is a
+requantisation from one scale and zero point to another (a concat's operand, normalise/
+qlayouts.py). One FABRIC per tile
 on a float32 body (FABRIC_INT8: int8 in, the output rounded half to even and saturated):
 
     (x - zx) * sx -> the chain -> * (1 / sy) + zy
 
 instead of a dequantize and a quantize on the host around a float32 kernel. Against the host it
 multiplies by the float32 reciprocal of sy and adds zy before rounding: the two differ where the
-value lies within an ulp of a half step.
+value lies within an ulp of a half step. A requantisation has 256 inputs: the kernel is taken
+only when its body gives the host's quantize(dequantize(x)) for every one of them
+(`exact_requantise`), so it is exact; otherwise the pair stays on the host.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import numpy as np
+
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import BODY_MAX_NODES
+from cgra_sim.mapping import body as bodies
 
 from ...errors import UnsupportedOperator
 from ...normalise.scalars import float32_reciprocal
@@ -61,7 +68,7 @@ class QchainSpec(ReadsOperand):
 
 def _patterns() -> list:
     graphs = []
-    for depth in range(MAX_DEPTH, 0, -1):
+    for depth in range(MAX_DEPTH, -1, -1):
         data = wildcard()
         x = is_op("relax.dequantize")(data, is_const(), is_const())
         roles, inner = {"lhs": data, "dq": x}, x
@@ -94,7 +101,7 @@ def qchain_spec(name: str, annotated: dict) -> QchainSpec:
     depth = int(name.removeprefix(PREFIX))
     x, dq, quantize = annotated["lhs"], annotated["dq"], annotated["root"]
     calls = [annotated[f"n{level}"] for level in range(1, depth + 1)]
-    what = " -> ".join(str(call.op.name).removeprefix("relax.") for call in calls)
+    what = " -> ".join(str(call.op.name).removeprefix("relax.") for call in calls) or "a requantisation"
     if dtype_of(x) != "int8" or str(quantize.attrs.out_dtype) != "int8" or dtype_of(dq) != "float32":
         raise UnsupportedOperator(f"{what} between quantized tensors: the kernel reads and writes int8")
     reciprocal = float32_reciprocal(_scalar(quantize.args[1], "float32", "output scale"))
@@ -104,16 +111,36 @@ def qchain_spec(name: str, annotated: dict) -> QchainSpec:
     body = ([("sub", "a", float(zero))] if zero else [])
     body += [("mul", f"n{len(body) - 1}" if body else "a", float(scale))] if scale != 1.0 else []
     source = f"n{len(body) - 1}" if body else "a"
-    body += _shifted(chain_body(calls, "float32", what), len(body), source)
-    body += [("mul", f"n{len(body) - 1}", float(reciprocal))] if reciprocal != 1.0 else []
+    body += _shifted(chain_body(calls, "float32", what), len(body), source) if calls else []
+    body += [("mul", f"n{len(body) - 1}" if body else "a", float(reciprocal))] if reciprocal != 1.0 else []
     out_zero = _scalar(quantize.args[2], "int8", "output zero point")
-    body += [("add", f"n{len(body) - 1}", float(out_zero))] if out_zero else []
+    body += [("add", f"n{len(body) - 1}" if body else "a", float(out_zero))] if out_zero else []
+    if not body:
+        raise UnsupportedOperator("a requantisation to the same scale and zero point computes its input unchanged")
+    if not calls:
+        exact_requantise(tuple(body), zero, scale, _scalar(quantize.args[1], "float32", "output scale"), out_zero)
     if len(body) > BODY_MAX_NODES:
         raise UnsupportedOperator(f"{what} with its dequantize and quantize is {len(body)} fabric operations; a "
                                   f"FABRIC body holds {BODY_MAX_NODES}")
     return QchainSpec(read_operand(x, what), tuple(body),
                       source_ops=("dequantize",) + tuple(str(c.op.name).removeprefix("relax.") for c in calls)
                       + ("quantize",))
+
+
+def exact_requantise(body: tuple, zero: int, scale: float, out_scale: float, out_zero: int) -> None:
+    """UnsupportedOperator unless the FABRIC_INT8 `body` gives the host's quantize(dequantize(x,
+    scale, zero), out_scale, out_zero) (float32 (x - zero) * scale / out_scale, rounded half to
+    even, + out_zero, saturated) for every int8 x."""
+    x = np.arange(-128, 128, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        got = np.clip(np.rint(bodies.evaluate(body, "float32", x)), -128, 127)
+        real = (x - np.float32(zero)) * np.float32(scale)
+        want = np.clip(np.rint(real / np.float32(out_scale)) + out_zero, -128, 127)
+    wrong = np.flatnonzero(got != want)
+    if wrong.size:
+        raise UnsupportedOperator(f"requantising int8 from scale {scale}, zero point {zero} to {out_scale}, "
+                                  f"{out_zero}: the fabric multiplies by 1 / scale where the host divides, and the "
+                                  f"two round apart at x = {int(x[wrong[0]])}; it runs on the host, exactly")
 
 
 def choose_qchain_tiling(spec: QchainSpec, arch: HardwareDescription) -> Tiling:

@@ -31,7 +31,30 @@ def _roots() -> list[Root]:
     lhs, rhs, weight = wildcard(), wildcard(), wildcard()
     permute = is_op("relax.permute_dims")(weight)
     return [Root("matmul", is_op("relax.matmul")(lhs, rhs), {"lhs": lhs, "rhs": rhs}),
-            Root("linear", is_op("relax.matmul")(lhs, permute), {"lhs": lhs, "rhs": weight, "permute": permute})]
+            Root("linear", is_op("relax.matmul")(lhs, permute), {"lhs": lhs, "rhs": weight, "permute": permute}),
+            *_cache_roots()]
+
+
+def _cache_roots() -> list[Root]:
+    """Attention reading the first rows of a preallocated KV cache (kv_cache.py): q Kᵀ as
+    matmul(q, permute_dims(strided_slice(cache))), P V as matmul(p, strided_slice(cache)); the
+    kernel takes the cache whole and reads the rows up to the length (symbolic_matmul.py).
+    Tried before the plain roots (chain_pattern_graphs tries a later root of as many calls first),
+    whose wildcard would take the slice as an operand of its own."""
+    roots = []
+    for suffix, viewed in (("", False), ("_view", True)):  # torch.export's batched matmul: broadcast_to, reshape
+        lhs, cache = wildcard(), wildcard()
+        prefix = is_op("relax.strided_slice")(cache, varg_default_wildcard=True)
+        permute = is_op("relax.permute_dims")(prefix)
+        for name, operand, roles in (("matmul", prefix, {}), ("linear", permute, {"permute": permute})):
+            view = {}
+            if viewed:
+                broadcast = is_op("relax.broadcast_to")(operand, wildcard())
+                operand = is_op("relax.reshape")(broadcast, wildcard())
+                view = {"broadcast": broadcast, "view": operand}
+            roots.append(Root(f"{name}_cache{suffix}", is_op("relax.matmul")(lhs, operand),
+                              {"lhs": lhs, "rhs": cache, "prefix": prefix, **roles, **view}))
+    return roots
 
 
 def matmul_spec(name: str, annotated: dict) -> KernelSpec:

@@ -24,8 +24,8 @@ import math
 from tvm import te, tirx
 
 from ...errors import UnsupportedOperator
-from ...relax_info import shape_dims
-from ..common.dynamic import CUT_PARAMS, dim_var, read_shape, symbols_of
+from ...relax_info import shape_dims, static_shape
+from ..common.dynamic import BOUNDED, CUT_PARAMS, GATHERS, dim_var, read_shape, symbols_of
 from ..common.operands import kernel_prim_func, padded
 from ..common.spec import KernelSpec, Tiling
 from .epilogue import epilogue_compute, epilogue_operands
@@ -34,6 +34,8 @@ from .epilogue import epilogue_compute, epilogue_operands
 def has_symbolic_operand(annotated: dict) -> bool:
     """Whether the matmul's right operand, or its left operand's reduction axis, is symbolic:
     the case this module takes (a symbolic left operand's rows alone are matmul.py's)."""
+    if "prefix" in annotated:  # the first rows of a preallocated KV cache
+        return True
     lhs, rhs = shape_dims(annotated["lhs"]), shape_dims(annotated["rhs"])
     if lhs is None or rhs is None:
         return False
@@ -43,22 +45,31 @@ def has_symbolic_operand(annotated: dict) -> bool:
 def symbolic_matmul_spec(annotated: dict, permute, common: dict) -> KernelSpec:
     """The spec of a matmul whose operands are activations with symbolic last axes; raises
     UnsupportedOperator saying what stays on the host."""
-    lhs_dims, rhs_dims = shape_dims(annotated["lhs"]), shape_dims(annotated["rhs"])
+    prefix = annotated.get("prefix")
+    rhs_expr = annotated["rhs"] if prefix is None else prefix
+    lhs_dims, rhs_dims = shape_dims(annotated["lhs"]), shape_dims(rhs_expr)
     rank = len(lhs_dims)
+    if prefix is not None:  # the cache's leading axes as the matmul sees them (a reshape after the slice)
+        rhs_dims = _folded(rhs_dims, rank)
     if len(rhs_dims) != rank or not 2 <= rank <= 4:
         raise UnsupportedOperator(f"matmul of rank {rank} x {len(rhs_dims)} with a symbolic right operand: the NPU "
                                   "kernel takes operands of one rank (2 to 4) with equal batch axes")
     # A length may be an expression of a variable (a KV cache grown by the new token: t + 1); the
     # kernel binds a variable of its own from the tensor (dynamic.read_shape).
     lhs_shape, lhs_names = read_shape(annotated["lhs"], "left operand", symbolic_axes=(-2, -1), expressions=True)
-    rhs_shape, rhs_names = read_shape(annotated["rhs"], "right operand", symbolic_axes=(-2, -1), expressions=True)
+    rhs_shape, rhs_names = read_shape(rhs_expr, "right operand", symbolic_axes=(-2, -1), expressions=True)
+    cache = None if prefix is None else cache_rows(prefix, annotated["rhs"], annotated)
+    if cache is not None:  # the tile search sees the length at the cache's size, not past it
+        folded = len(rhs_shape) - rank
+        rhs_shape = _folded(rhs_shape[:-2], rank - 2) + (cache[-2], rhs_shape[-1])
+        rhs_names = {axis - folded: name for axis, name in rhs_names.items()}
     if lhs_shape[:-2] != rhs_shape[:-2]:
         raise UnsupportedOperator(f"matmul of {_text(lhs_dims)} x {_text(rhs_dims)}: with a symbolic right operand "
                                   "the NPU kernel takes equal batch axes (broadcast them first)")
     transposed = permute is not None
     if transposed:
-        axes = permute.attrs.axes
-        expected = list(range(rank - 2)) + [rank - 1, rank - 2]
+        axes, own = permute.attrs.axes, len(shape_dims(permute.args[0]) or ()) if prefix is not None else rank
+        expected = list(range(own - 2)) + [own - 1, own - 2]
         if axes is not None and [int(a) for a in axes] != expected:
             raise UnsupportedOperator(f"permute_dims with axes {[int(a) for a in axes]} before matmul is not a "
                                       f"transpose of the last two axes ({expected})")
@@ -72,13 +83,73 @@ def symbolic_matmul_spec(annotated: dict, permute, common: dict) -> KernelSpec:
     n = rhs_shape[n_axis]
     kernel = {"lhs": (batch, m, k), "rhs": (batch,) + tuple(rhs_shape[-2:]), "out": (batch, m, n)}
     out_shape = tuple(lhs_shape[:-2]) + (m, n)
-    caller = tuple((role, stored) for role, stored in (("lhs", lhs_shape), ("rhs", rhs_shape), ("out", out_shape))
-                   if tuple(stored) != kernel[role])
+    caller = tuple((role, stored) for role, stored in (("lhs", lhs_shape), ("rhs", cache or rhs_shape),
+                                                       ("out", out_shape)) if tuple(stored) != kernel[role])
     out_names = {axis: name for axis, name in ((rank - 2, lhs_names.get(rank - 2)), (rank - 1, rhs_names.get(n_axis)))
                  if name is not None}
-    symbols = symbols_of("lhs", lhs_names) + symbols_of("rhs", rhs_names) + symbols_of("out", out_names)
+    symbols = symbols_of("lhs", lhs_names) + symbols_of("rhs", rhs_names if cache is None else {}) + \
+        symbols_of("out", out_names)
     return KernelSpec("matmul", lhs_shape=kernel["lhs"], rhs_shape=kernel["rhs"], rhs_transposed=transposed,
-                      batch=batch, caller_shapes=caller, symbols=symbols, **common)
+                      batch=batch, caller_shapes=caller, symbols=symbols, rhs_capacity=cache[-2] if cache else 0,
+                      **common)
+
+
+def _folded(dims, rank: int) -> tuple:
+    """`dims` with its leading axes (all but the last rank - 1) multiplied into one: a cache
+    (1, heads, t, d) as a reshape to (heads, t, d) reads it (ints, or symbolic kept as they are)."""
+    dims = tuple(dims)
+    if len(dims) <= rank or rank < 1:
+        return dims
+    lead = dims[:len(dims) - rank + 1]
+    return ((math.prod(lead),) if all(isinstance(d, int) for d in lead) else lead) + dims[len(dims) - rank + 1:]
+
+
+def cache_rows(prefix, cache, annotated: dict) -> tuple:
+    """The static shape of the KV cache `prefix` reads the first rows of: `prefix` is
+    strided_slice(cache, axes=[rank - 2], begin=[0], end=[length]) (kv_cache.py writes it), the
+    cache a buffer preallocated for the longest length; a broadcast_to between it and the matmul
+    (torch.export's batched matmul) must change nothing, a reshape only fold leading axes.
+    Raises UnsupportedOperator otherwise."""
+    shape = static_shape(cache)
+    rank = len(shape or ())
+    rows = shape_dims(prefix)
+    if rows is None or len(rows) != rank or isinstance(rows[-2], int):
+        raise UnsupportedOperator("a matmul reading a slice of static length: the slice is a layout copy of its own")
+    broadcast, view = annotated.get("broadcast"), annotated.get("view")
+    target = shape_dims(broadcast) if broadcast is not None else None
+    if target is None and broadcast is not None:  # an offloaded function's call may carry no type: its shape argument
+        given = broadcast.args[1]  # a ShapeExpr, or a parameter of the offloaded function (a shape passed in)
+        values = getattr(given, "values", None) or getattr(getattr(given, "ty", None), "values", None) or ()
+        target = [int(v.value) if isinstance(v, tirx.IntImm) else v for v in values]
+    if broadcast is not None and not _same(target, shape_dims(broadcast.args[0])):
+        raise UnsupportedOperator("a broadcast_to between a KV cache and its matmul that broadcasts: the NPU kernel "
+                                  "reads the cache's rows as they are")
+    viewed = target if broadcast is not None else shape_dims(view.args[0]) if view is not None else None
+    if view is not None and (shape_dims(view) is None or viewed is None or
+                             not _same(shape_dims(view)[-2:], viewed[-2:])):
+        raise UnsupportedOperator("a reshape between a KV cache and its matmul that changes its last two axes")
+    args = prefix.args
+    fields = [[_constant(v) for v in getattr(arg, "fields", ())] for arg in args[1:]]
+    axes, begin, strides = fields[0], fields[1], fields[3] if len(fields) > 3 else []
+    if shape is None or rank < 2 or len(axes) != 1 or axes[0] is None or axes[0] % rank != rank - 2 or \
+            any(v != 0 for v in begin) or any(v != 1 for v in strides):
+        raise UnsupportedOperator("a matmul reading a slice of a tensor: the NPU kernel reads the first rows "
+                                  "(axis -2, from 0, step 1) of a static tensor (a preallocated KV cache)")
+    return tuple(shape)
+
+
+def _same(a, b) -> bool:
+    """Two shapes (ints or symbolic) equal axis by axis (a symbolic extent by its expression: an
+    offloaded function's variables are its own objects)."""
+    return a is not None and b is not None and len(a) == len(b) and all(
+        x == y if isinstance(x, int) and isinstance(y, int) else
+        not isinstance(x, int) and not isinstance(y, int) and str(x) == str(y) for x, y in zip(a, b))
+
+
+def _constant(value) -> int | None:
+    """The int a slice's axis, begin or stride holds (an IntImm, or a PrimValue of one), else None."""
+    value = getattr(value, "value", value) if not isinstance(value, tirx.IntImm) else value
+    return int(value.value) if isinstance(value, tirx.IntImm) else value if isinstance(value, int) else None
 
 
 def _text(dims) -> str:
@@ -87,8 +158,8 @@ def _text(dims) -> str:
 
 def is_symbolic_matmul(spec: KernelSpec) -> bool:
     """A matmul spec this module built: its right operand has a symbolic axis, or its left
-    operand's reduction axis is symbolic."""
-    return spec.op == "matmul" and (bool(spec.symbolic("rhs")) or symbolic_reduction(spec))
+    operand's reduction axis is symbolic, or it reads a KV cache's first rows."""
+    return spec.op == "matmul" and (bool(spec.symbolic("rhs")) or symbolic_reduction(spec) or spec.rhs_capacity > 0)
 
 
 def symbolic_reduction(spec) -> bool:
@@ -126,6 +197,8 @@ def symbolic_matmul_compute(spec: KernelSpec, tiling: Tiling):
     batch = spec.batch
     lhs_shape = (batch, m, k)
     rhs_shape = (batch, n, k) if spec.rhs_transposed else (batch, k, n)
+    if spec.rhs_capacity:  # a KV cache's buffer: rows past the length are read, never used (the GEMM is cut)
+        rhs_shape = (batch, spec.rhs_capacity, rhs_shape[2])
     a = te.placeholder(lhs_shape, spec.dtype, name="lhs")
     b = te.placeholder(rhs_shape, spec.dtype, name="rhs")
     a_pad = te.compute((batch, mp, kp), lambda b_, i, r: padded(a, lhs_shape, (b_, i, r)), name="a_pad")
@@ -138,6 +211,14 @@ def symbolic_matmul_compute(spec: KernelSpec, tiling: Tiling):
     epi = epilogue_compute(spec, acc, tiling, operands)
     out = te.compute((batch, m, n), lambda b_, i, j: epi[b_, i, j], name="out")
     func = kernel_prim_func(spec, {"lhs": a, "rhs": b, **operands}, out)
+    if spec.rhs_capacity:  # a length past the cache: a ValueError before any command (lower/ragged.py)
+        length = n_name if spec.rhs_transposed else k_name
+        func = func.with_attr(BOUNDED, [[length, spec.rhs_capacity, "attention over a KV cache",
+                                         f"the cache holds {spec.rhs_capacity} positions: preallocate it for more "
+                                         "(preallocate_kv_cache(mod, bound=...))"]])
+        # The cache's rows past the length are not loaded either: its boxes are cut like a gather's,
+        # to the rows the last tile of the length holds (the cache's own extent is the bound).
+        func = func.with_attr(GATHERS, {"rhs": [[1, 1, 1, 0]]})
     return func.with_attr(CUT_PARAMS, cut_params(m_name, n_name, k_name))
 
 

@@ -103,12 +103,18 @@ def pipeline_cycles(arch, tiles: list) -> int:
     return end
 
 
-def choose_splits(arch, pieces, itemsize: int) -> tuple[tuple, int]:
+def choose_splits(arch, pieces, itemsize: int, symbolic_axes: tuple = ()) -> tuple[tuple, int]:
     """(per piece the fastest split, the kernel's estimated cycles): each piece's tiles by
-    `pipeline_cycles`, then the pieces in turn."""
+    `pipeline_cycles`, then the pieces in turn. With `symbolic_axes` (output axes of a symbolic
+    length, held at their bound) only splits at or before the first of them, so that no loop runs
+    over the length one row at a time, and of at least an eighth of the budget when there are
+    such (timing thousands of small tiles at the bound took seconds per kernel)."""
     budget, chosen = budget_of(arch), []
     for index, piece in enumerate(pieces):
         options = list(splits(piece.extent, itemsize, budget))
+        if symbolic_axes:
+            options = [o for o in options if o[0] <= min(symbolic_axes)] or options
+            options = [o for o in options if o[3] * 8 >= budget] or options
         if not options:
             raise ScratchpadTooSmall(f"a layout copy's last axis of {piece.extent[-1]} elements does not fit a "
                                      f"{budget}-byte tile")
@@ -131,9 +137,15 @@ def gather_rows(arch, gather: Gather, itemsize: int) -> tuple[int, int]:
 
 
 def copy_script(params: list, out_shape: tuple, dtype: str, pieces, tiling: LayoutTiling,
-                gather: Gather | None = None) -> str:
+                gather: Gather | None = None, symbolic: dict | None = None) -> str:
     """The TVMScript of the kernel: `params` [(name, shape, dtype)] then `out`; `pieces` (or one
-    `gather`) say what each tile copies, `tiling` in what tiles."""
+    `gather`) say what each tile copies, `tiling` in what tiles. `symbolic` {(name or "out",
+    axis): variable name}: those axes are the variable (int32, bound from the tensor), the other
+    shapes hold them at their bound; a tile loop along one runs ceildiv(length, tile) tiles, whose
+    last one lower/ragged.py cuts."""
+    symbolic = symbolic or {}
+    if symbolic:
+        return _symbolic_script(params, out_shape, dtype, pieces, tiling, symbolic)
     args = ", ".join(f"{name}: T.Buffer({_tuple(shape)}, \"{kind}\")" for name, shape, kind in params)
     lines = ["@T.prim_func", f"def copy({args}, out: T.Buffer({_tuple(out_shape)}, \"{dtype}\")):",
              "    T.func_attr({\"tirx.noalias\": True})"]
@@ -145,28 +157,52 @@ def copy_script(params: list, out_shape: tuple, dtype: str, pieces, tiling: Layo
     return "\n".join(lines) + "\n"
 
 
+def _symbolic_script(params: list, out_shape: tuple, dtype: str, pieces, tiling: LayoutTiling, symbolic: dict) -> str:
+    """copy_script's text for shapes with symbolic axes: the buffers matched from handles, each
+    variable declared once."""
+    tensors = [(name, shape, kind) for name, shape, kind in params] + [("out", out_shape, dtype)]
+    handles = ", ".join(f"{name}_handle: T.handle" for name, _, _ in tensors)
+    lines = ["@T.prim_func", f"def copy({handles}):", "    T.func_attr({\"tirx.noalias\": True})"]
+    lines += [f"    {name} = T.int32()" for name in sorted(set(symbolic.values()))]
+    for name, shape, kind in tensors:
+        extents = [symbolic.get((name, axis), extent) for axis, extent in enumerate(shape)]
+        lines.append(f"    {name} = T.match_buffer({name}_handle, ({', '.join(map(str, extents))},), \"{kind}\")")
+    for index, (piece, split) in enumerate(zip(pieces, tiling.splits)):
+        source = dict((name, shape) for name, shape, _ in params)[piece.role]
+        lines += _piece_lines(index, piece, source, dtype, split, symbolic)
+    return "\n".join(lines) + "\n"
+
+
 def _tuple(values) -> str:
     return "(" + ", ".join(str(int(v)) for v in values) + ("," if len(values) == 1 else "") + ")" if values else "()"
 
 
-def _piece_lines(index: int, piece: Piece, source: tuple, dtype: str, split: tuple) -> list:
-    """One piece's tile loops: per tile a scratchpad buffer, its load nest and its store nest."""
+def _piece_lines(index: int, piece: Piece, source: tuple, dtype: str, split: tuple, variables: dict | None = None) -> list:
+    """One piece's tile loops: per tile a scratchpad buffer, its load nest and its store nest
+    (`variables` {(tensor, axis): variable}: loops over the output's run to the variable, in whole
+    tiles, and the copies along them are guarded by the variable: the DMA's halo)."""
     extent, (axis, tile) = piece.extent, split
+    variables = variables or {}
+    symbolic = {a: var for (role, a), var in variables.items() if role == "out"}
     indent, lines, position = "    ", [], []
     for a in range(axis):  # one of each axis before the split: a loop, or 0
-        if extent[a] == 1:
+        if extent[a] == 1 and a not in symbolic:
             position.append("0")
             continue
-        lines.append(f"{indent}for v{index}_{a} in range({extent[a]}):")
+        lines.append(f"{indent}for v{index}_{a} in range({symbolic.get(a, extent[a])}):")
         indent += "    "
         position.append(f"v{index}_{a}")
     tiles = extent[axis] // tile
-    if tiles > 1:
+    if axis in symbolic:
+        tiles = f"T.floordiv({symbolic[axis]} + {tile - 1}, {tile})"
+        lines.append(f"{indent}for t{index} in range({tiles}):")
+        indent += "    "
+    elif tiles > 1:
         lines.append(f"{indent}for t{index} in range({tiles}):")
         indent += "    "
     box = (tile,) + tuple(extent[axis + 1:])
     names = [f"i{index}_{a}" for a in range(axis, len(extent))]
-    position.append(f"t{index} * {tile} + {names[0]}" if tiles > 1 else names[0])
+    position.append(f"t{index} * {tile} + {names[0]}" if axis in symbolic or tiles > 1 else names[0])
     position += names[1:]
     spad = f"s{index}"
     lines.append(f"{indent}{spad} = T.alloc_buffer({_tuple(box)}, \"{dtype}\", scope=\"{SPAD}\")")
@@ -177,12 +213,16 @@ def _piece_lines(index: int, piece: Piece, source: tuple, dtype: str, split: tup
                                  if walked == d and step]
         indices.append(" + ".join(terms))
     load = f"{piece.role}[{', '.join(indices)}]"
-    if piece.guarded:
-        cond = " and ".join(f"{indices[d]} >= 0 and {indices[d]} < {source[d]}" for d in piece.guarded)
-        load = f"T.if_then_else({cond}, {load}, T.{dtype}(0))"
+    tests = [f"{indices[d]} >= 0 and {indices[d]} < {source[d]}" for d in piece.guarded]
+    tests += [f"{indices[d]} < {var}" for (role, d), var in sorted(variables.items()) if role == piece.role]
+    if tests:
+        load = f"T.if_then_else({' and '.join(tests)}, {load}, T.{dtype}(0))"
     lines += [f"{indent}{grid}", f"{indent}    {spad}[{', '.join(names)}] = {load}"]
-    out = ", ".join(f"{off} + {pos}" for off, pos in zip(piece.offset, position))
-    lines += [f"{indent}{grid}", f"{indent}    out[{out}] = {spad}[{', '.join(names)}]"]
+    targets = [f"{off} + {pos}" for off, pos in zip(piece.offset, position)]
+    store = f"out[{', '.join(targets)}] = {spad}[{', '.join(names)}]"
+    inside = [f"{targets[a]} < {var}" for a, var in sorted(symbolic.items())]
+    lines += [f"{indent}{grid}"]
+    lines += [f"{indent}    if {' and '.join(inside)}:", f"{indent}        {store}"] if inside else [f"{indent}    {store}"]
     return lines
 
 

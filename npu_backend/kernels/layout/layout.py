@@ -8,16 +8,25 @@ strides, origins and halos. A host call costs the host's call overhead plus its 
 the same bytes at the engine's rate, its loads and stores overlapped. A reshape (and
 expand_dims, squeeze, flatten) is a view in the VM and no call at all (host_calls.py).
 
-Ops taken (static shapes of at most 4 axes once those moved alike are merged, any rank for a concat;
+Ops taken (static shapes or symbolic variables (`s`), of at most 4 axes once those moved alike are merged, any rank for a concat;
 int8 / int32 / float32 data): permute_dims (any axis order),
 strided_slice (positive steps), broadcast_to, concat (2-8 inputs), nn.pad (constant zero,
 non-negative widths), a transpose of a slice (one box: a fused projection's part cut into heads,
 normalise/split_slices.py), take (any axis; int32 / int64 indices, read by the kernel's control code,
-each index clipped into the table). An operand may be a constant (a weight: an embedding table,
+each index clipped into the table), repeat (of unit axes: a broadcast). An operand may be a constant (a weight: an embedding table,
 ViT's class token; constant indices are box origins fixed when compiling), but not all of them: an
 op on constants alone stays on the host, where normalise folds it. The family comes last in
 FAMILIES: a kernel that can take the op itself (the linear matmul's transposed weights) is tried
 first.
+
+A symbolic axis (a prefill's sequence length: the head split's transposes, RoPE's rotate_half
+slices and concat, repeat_kv's repeat) is held at its bound in the spec (`symbols` name it), never
+merged with another axis, and must be copied whole (`_check_walks`: not sliced, padded or
+broadcast along it); the kernel's tile loop along it runs ceildiv(length, tile) tiles, its boxes
+guarded by the length (the DMA's halo), and lower/ragged.py cuts the last tile's boxes to the
+length. permute_dims, strided_slice (along static axes), concat (along a static axis) and repeat
+take one; broadcast_to does not (TVM 0.27 gives its offloaded result no shape: normalise writes a
+unit-axis broadcast as repeat, no_op_broadcasts.py) and take does not yet.
 """
 
 from __future__ import annotations
@@ -27,24 +36,32 @@ import math
 
 import numpy as np
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 from tvm.relax.dpl import is_op, is_tuple, wildcard
 
 from cgra_sim.host import host_call_cycles
 from cgra_sim.isa import DType
 
 from ...errors import UnsupportedOperator
-from ...relax_info import dtype_of, static_shape
+from ...relax_info import dtype_of, expression_name, shape_dims
+from ..common.dynamic import bound_of
 from ..family import OpFamily
+from .cache_write import PATTERN as CACHE_WRITE, RowWrite, cache_write_func, cache_write_parts, cache_write_patterns, \
+    cache_write_tiling
 from .copy_kernel import Gather, LayoutTiling, Piece, choose_splits, copy_script, gather_rows, parse_script
 
 DTYPES = ("int8", "int32", "float32")  # what the DMA moves (isa.DType)
 INDEX_DTYPES = ("int32", "int64")
 MAX_RANK = 4  # the DMA's tensors
 MAX_CONCAT = 8
+#: The ops copied with a symbolic axis (moved whole: its DMA boxes cut to the length, lower/ragged.py).
+#: Not broadcast_to: its target shape is a parameter of the offloaded function, whose result then
+#: has no shape, and TVM 0.27's call_tir lowering cannot allocate it ("call_tir expects all
+#: TensorType has shape").
+SYMBOLIC_OPS = ("permute_dims", "strided_slice", "concat", "repeat")
 _OPS = {"relax.permute_dims": "permute_dims", "relax.strided_slice": "strided_slice",
         "relax.broadcast_to": "broadcast_to", "relax.nn.pad": "pad", "relax.take": "take",
-        "relax.concat": "concat"}
+        "relax.concat": "concat", "relax.repeat": "repeat"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +76,11 @@ class LayoutSpec:
     gather: Gather | None = None
     views: tuple = ()  # ((role, caller shape), ...): a lookup's operands read as (P, V, Q), (N,), (P, N, Q)
     param_roles: tuple = ("lhs",)
+    symbols: tuple = ()  # ((role, axis of its kernel shape, variable name), ...): symbolic axes ("out" too)
+    caller_symbols: tuple = ()  # the same for the caller's shapes (`views`)
     source_ops: tuple = ()
     shape_args: tuple = ()
+    write: RowWrite | None = None  # a KV cache's row written in place (cache_write.py)
     macs = 0
     acc_dtype = property(lambda self: self.dtype)
 
@@ -68,7 +88,7 @@ class LayoutSpec:
 def layout_patterns() -> list:
     """One pattern per op (a concat per number of inputs), each input annotated with its role."""
     entries = []
-    for op in ("permute_dims", "strided_slice", "broadcast_to", "nn.pad"):
+    for op in ("permute_dims", "strided_slice", "broadcast_to", "nn.pad", "repeat"):
         x = wildcard()
         root = is_op(f"relax.{op}")(x, varg_default_wildcard=True)
         entries.append((f"cgra.{op.replace('nn.', '')}", root, {"root": root, "lhs": x}))
@@ -83,14 +103,19 @@ def layout_patterns() -> list:
         inputs = [wildcard() for _ in range(count)]
         root = is_op("relax.concat")(is_tuple(inputs))
         entries.append((f"cgra.concat{count}", root, {"root": root, **{f"in{i}": x for i, x in enumerate(inputs)}}))
-    return entries
+    return entries + cache_write_patterns()
 
 
 def layout_spec(name: str, annotated: dict) -> LayoutSpec:
     """The copy kernel a matched layout op becomes; raises UnsupportedOperator with the reason."""
     call = annotated["root"]
+    if name == CACHE_WRITE:
+        in_shapes, cache, dtype = cache_write_parts(annotated)
+        views = tuple((role, shape) for role, shape, _ in in_shapes) + (("out", in_shapes[0][1]),)
+        return LayoutSpec("cache_write", dtype, in_shapes, in_shapes[0][1], write=RowWrite(cache), views=views,
+                          param_roles=("data", "index", "updates"))
     op = _OPS[call.op.name]
-    out_shape = _shape(call, f"{op}'s result")
+    out_shape, out_names = _shape(call, f"{op}'s result")
     dtype = dtype_of(call)
     if dtype not in DTYPES:
         raise UnsupportedOperator(f"{op} of {dtype or 'an unknown dtype'}: the NPU's DMA moves {', '.join(DTYPES)}")
@@ -99,43 +124,91 @@ def layout_spec(name: str, annotated: dict) -> LayoutSpec:
     roles = tuple(operands)
     if all(isinstance(operand, tvm.ir.GenericConst) for operand in operands.values()):
         raise UnsupportedOperator(f"{op} of constants: normalise folds it, no kernel copies it at run time")
-    in_shapes = tuple((role, _shape(operand, f"{op}'s operand", scalar=role == "rhs"), dtype_of(operand))
-                      for role, operand in operands.items())
+    read = {role: _shape(operand, f"{op}'s operand", scalar=role == "rhs") for role, operand in operands.items()}
+    in_shapes = tuple((role, read[role][0], dtype_of(operand)) for role, operand in operands.items())
+    names = {"out": out_names, **{role: read[role][1] for role in roles}}
+    symbolic = any(names.values())
+    if symbolic and op not in SYMBOLIC_OPS:
+        why = {"broadcast_to": " (TVM 0.27 gives an offloaded broadcast_to of a symbolic shape no result shape to "
+                                "allocate; normalise writes a broadcast of unit axes as repeat)",
+               "take": " (a lookup of a symbolic number of indices is not built yet)"}.get(op, "")
+        raise UnsupportedOperator(f"{op} with a symbolic dimension: the NPU's layout copies take one in "
+                                  f"{', '.join(SYMBOLIC_OPS)} only{why}")
     reader = _READERS[op]
     pieces, gather, views = reader(call, in_shapes, out_shape)
     if sliced is not None:
         pieces = [_through_slice(pieces[0], sliced, in_shapes)]
     if op == "concat":
-        in_shapes, out_shape, pieces, views = concat_views(int(call.attrs.axis) % len(out_shape), in_shapes, out_shape)
+        axis = int(call.attrs.axis) % len(out_shape)
+        if symbolic:
+            in_shapes, out_shape, pieces, views, names = symbolic_concat_views(axis, in_shapes, out_shape, names)
+        else:
+            in_shapes, out_shape, pieces, views = concat_views(axis, in_shapes, out_shape)
     if len(pieces) == 1 and op != "concat":  # one input: its view and the output's made compact
         (role, shape, kind), = in_shapes
-        compact_in, compact_out, piece = compact(pieces[0], shape, out_shape)
+        if symbolic:
+            _check_walks(op, pieces[0], names[role], names["out"])
+        fixed = (set(names[role]), set(names["out"]))
+        compact_in, compact_out, piece, kept = compact(pieces[0], shape, out_shape, fixed)
         views = tuple((r, caller) for r, caller, view in ((role, shape, compact_in), ("out", out_shape, compact_out))
                       if caller != view)
+        names = {**names, role: _kept_names(names[role], kept[0]), "out": _kept_names(names["out"], kept[1])}
         in_shapes, out_shape, pieces = ((role, compact_in, kind),), compact_out, [piece]
     for _, shape, _ in in_shapes if gather is None else ():  # a lookup reads (P, V, Q) views
         if len(shape) > MAX_RANK or len(out_shape) > MAX_RANK:
             raise UnsupportedOperator(f"{op} of {shape} into {out_shape}: more than {MAX_RANK} axes after merging "
                                       f"those it moves alike, and the NPU's DMA moves tensors of rank 1..{MAX_RANK}")
-    return LayoutSpec(op, dtype, in_shapes, out_shape, tuple(pieces), gather, tuple(views), param_roles=tuple(roles))
+    symbols = tuple((role, axis, var) for role in (*roles, "out") for axis, var in sorted(names.get(role, {}).items()))
+    callers = tuple((role, axis, var) for role in (*roles, "out") for axis, var in sorted(read.get(role, (0, out_names))[1].items())
+                    if role in dict(views))
+    return LayoutSpec(op, dtype, in_shapes, out_shape, tuple(pieces), gather, tuple(views), param_roles=tuple(roles),
+                      symbols=symbols, caller_symbols=callers)
 
 
-def compact(piece: Piece, in_shape: tuple, out_shape: tuple) -> tuple[tuple, tuple, Piece]:
-    """(input view, output view, the piece over them): axes of extent 1 that carry nothing
-    dropped, and neighbouring output axes that walk neighbouring input axes whole, in order and
-    unguarded (or that both broadcast) merged; a Swin window partition's rank-6 transpose is one
-    of rank 3 or 4."""
-    outs = [[e, *w] for e, w in zip(out_shape, piece.walks) if e != 1]  # [extent, input axis, step]
-    walked = {axis for _, axis, step in outs if step}
+def _kept_names(names: dict, kept: list) -> dict:
+    """`names` (axis -> variable) renumbered to the compact view's axes (`kept`: the original axis
+    of each view axis)."""
+    return {view_axis: names[axis] for view_axis, axis in enumerate(kept) if axis in names}
+
+
+def _check_walks(op: str, piece: Piece, in_names: dict, out_names: dict) -> None:
+    """A symbolic axis is copied whole, not sliced, padded or broadcast: each symbolic output
+    axis walks the input axis of the same variable at step 1 from 0, so that the DMA boxes along
+    it are cut to the length alike (lower/ragged.py)."""
+    walked = {}
+    for axis, (source, step) in enumerate(piece.walks):
+        if axis in out_names:
+            if source < 0 or step != 1 or in_names.get(source) != out_names[axis] or piece.origin[source] != 0 \
+                    or source in piece.guarded:
+                raise UnsupportedOperator(f"{op} along a symbolic axis of length {out_names[axis]} that it does not "
+                                          "copy whole: the NPU's layout copies move a symbolic axis as it is")
+            walked[source] = axis
+    if set(walked) != set(in_names):
+        raise UnsupportedOperator(f"{op} of a symbolic axis into a static one: the NPU's layout copies move a "
+                                  "symbolic axis as it is")
+
+
+def compact(piece: Piece, in_shape: tuple, out_shape: tuple, fixed: tuple = (set(), set())) -> tuple:
+    """(input view, output view, the piece over them, (the input axis of each input view axis,
+    the output axis of each output view axis)): axes of extent 1 that carry nothing dropped, and
+    neighbouring output axes that walk neighbouring input axes whole, in order and unguarded (or
+    that both broadcast) merged; a Swin window partition's rank-6 transpose is one of rank 3 or 4.
+    `fixed` (input axes, output axes) are never merged (symbolic ones: their extent is the bound)."""
+    fixed_in, fixed_out = fixed
+    outs = [[e, *w, a] for a, (e, w) in enumerate(zip(out_shape, piece.walks))
+            if e != 1 or a in fixed_out]  # [extent, input axis, step, output axis]
+    walked = {axis for _, axis, step, _ in outs if step}
     ins = [[e, o, d in piece.guarded, d] for d, (e, o) in enumerate(zip(in_shape, piece.origin))
-           if not (e == 1 and o == 0 and d not in piece.guarded and d not in walked)]
+           if not (e == 1 and o == 0 and d not in piece.guarded and d not in walked and d not in fixed_in)]
     merged = True
     while merged:
         merged = False
         for a in range(len(outs) - 1):
-            (e1, d1, s1), (e2, d2, s2) = outs[a], outs[a + 1]
+            (e1, d1, s1, o1), (e2, d2, s2, o2) = outs[a], outs[a + 1]
+            if o1 in fixed_out or o2 in fixed_out or d1 in fixed_in or d2 in fixed_in:
+                continue
             if s1 == s2 == 0:
-                outs[a:a + 2] = [[e1 * e2, -1, 0]]
+                outs[a:a + 2] = [[e1 * e2, -1, 0, -1]]
                 merged = True
                 break
             pos = [i for i, entry in enumerate(ins) if entry[3] in (d1, d2)]
@@ -145,16 +218,17 @@ def compact(piece: Piece, in_shape: tuple, out_shape: tuple) -> tuple[tuple, tup
             if second[1] != 0 or second[0] != e2 or first[2] or second[2]:
                 continue
             ins[pos[0]:pos[1] + 1] = [[first[0] * second[0], first[1] * second[0], False, d1]]
-            outs[a:a + 2] = [[e1 * e2, d1, 1]]
+            outs[a:a + 2] = [[e1 * e2, d1, 1, -1]]
             merged = True
             break
     position = {entry[3]: i for i, entry in enumerate(ins)}
-    walks = tuple((position[d], step) if step else (-1, 0) for _, d, step in outs) or ((-1, 0),)
-    out_view = tuple(e for e, _, _ in outs) or (1,)
+    walks = tuple((position[d], step) if step else (-1, 0) for _, d, step, _ in outs) or ((-1, 0),)
+    out_view = tuple(e for e, _, _, _ in outs) or (1,)
     in_view = tuple(e for e, _, _, _ in ins) or (1,)
     origin = tuple(o for _, o, _, _ in ins) or (0,)
     guarded = tuple(i for i, entry in enumerate(ins) if entry[2])
-    return in_view, out_view, Piece(piece.role, (0,) * len(out_view), out_view, walks, origin, guarded)
+    kept = ([entry[3] for entry in ins], [entry[3] for entry in outs])
+    return in_view, out_view, Piece(piece.role, (0,) * len(out_view), out_view, walks, origin, guarded), kept
 
 
 def _operands(op: str, call) -> dict:
@@ -172,14 +246,22 @@ def _operands(op: str, call) -> dict:
     return {"lhs": call.args[0]}
 
 
-def _shape(expr, what: str, scalar: bool = False) -> tuple:
-    """The static shape of an operand (`scalar`: a lookup's one index may be a scalar)."""
-    shape = static_shape(expr)
-    if shape is None:
-        raise UnsupportedOperator(f"{what} has a symbolic or unknown shape: the NPU's layout copies take static shapes")
-    if (not shape and not scalar) or 0 in shape:
-        raise UnsupportedOperator(f"{what} of shape {shape}: the NPU's DMA moves non-empty tensors")
-    return shape
+def _shape(expr, what: str, scalar: bool = False) -> tuple[tuple, dict]:
+    """(the shape of an operand, a symbolic axis at its bound; {axis: variable name}) (`scalar`: a
+    lookup's one index may be a scalar). A symbolic dimension must be a variable (`s`, not `s + 1`)."""
+    dims = shape_dims(expr)
+    if dims is None and isinstance(expr, relax.Call) and expr.op.name == "relax.broadcast_to":
+        target = expr.args[1]  # a ShapeExpr, or (in an offloaded function) a parameter of shape type
+        values = getattr(target, "values", None) or getattr(getattr(target, "ty", None), "values", None) or ()
+        dims = [int(d.value) if isinstance(d, tirx.IntImm) else d for d in values] or None
+    if dims is None or any(not isinstance(d, (int, tirx.Var)) for d in dims):
+        raise UnsupportedOperator(f"{what} has an unknown shape or one of symbolic expressions "
+                                  f"({dims and [expression_name(d) if not isinstance(d, int) else d for d in dims]}): "
+                                  "the NPU's layout copies take static shapes and symbolic variables")
+    if (not dims and not scalar) or 0 in dims:
+        raise UnsupportedOperator(f"{what} of shape {tuple(dims)}: the NPU's DMA moves non-empty tensors")
+    names = {axis: d.name for axis, d in enumerate(dims) if not isinstance(d, int)}
+    return tuple(d if isinstance(d, int) else bound_of(d.name) for d in dims), names
 
 
 def _ints(expr) -> list:
@@ -202,7 +284,7 @@ def _permute(call, in_shapes, out_shape):
 def _through_slice(piece: Piece, sliced, in_shapes) -> Piece:
     """`piece` (a transpose of the slice's result) as a piece of the slice's operand: each
     output axis walks the operand's axis the slice's axis walks, at its step, from its origin."""
-    inner, = _strided_slice(sliced, in_shapes, _shape(sliced, "strided_slice's result"))[0]
+    inner, = _strided_slice(sliced, in_shapes, _shape(sliced, "strided_slice's result")[0])[0]
     walks = tuple(inner.walks[axis] if step else (-1, 0) for axis, step in piece.walks)
     return Piece(piece.role, piece.offset, piece.extent, walks, inner.origin)
 
@@ -230,6 +312,18 @@ def _broadcast_to(call, in_shapes, out_shape):
     skip = len(out_shape) - len(shape)
     walks = tuple((-1, 0) if a < skip or shape[a - skip] != out_shape[a] else (a - skip, 1)
                   for a in range(len(out_shape)))
+    return [Piece("lhs", (0,) * len(out_shape), out_shape, walks, (0,) * len(shape))], None, ()
+
+
+def _repeat(call, in_shapes, out_shape):
+    """A repeat of unit axes (no_op_broadcasts.py's form of a broadcast at a symbolic length):
+    the repeated axis walks nothing, a broadcast."""
+    shape = in_shapes[0][1]
+    axis = None if call.attrs.axis is None else int(call.attrs.axis) % len(shape)
+    if axis is None or shape[axis] != 1:
+        raise UnsupportedOperator("repeat of an axis longer than 1 (or of the flattened tensor): the NPU's copy "
+                                  "repeats unit axes only, a broadcast")
+    walks = tuple((-1, 0) if a == axis else (a, 1) for a in range(len(shape)))
     return [Piece("lhs", (0,) * len(out_shape), out_shape, walks, (0,) * len(shape))], None, ()
 
 
@@ -269,6 +363,29 @@ def concat_views(axis: int, in_shapes: tuple, out_shape: tuple) -> tuple:
     return tuple(views), out_view, pieces, callers
 
 
+def symbolic_concat_views(axis: int, in_shapes: tuple, out_shape: tuple, names: dict) -> tuple:
+    """concat_views for tensors with a symbolic axis, which is never merged with another (its
+    extent is the bound): the output's unit axes dropped from every tensor, nothing merged; and
+    `names` renumbered to those views. The concatenated axis must be static."""
+    if axis in names["out"] or any(axis in names[role] for role, _, _ in in_shapes):
+        raise UnsupportedOperator("concat along a symbolic axis: the NPU's copy places each input at an offset "
+                                  "known when compiling")
+    kept = [a for a, extent in enumerate(out_shape) if extent != 1 or a == axis or a in names["out"]]
+    at = kept.index(axis)
+    views, pieces, offset = [], [], 0
+    for role, shape, kind in in_shapes:
+        extent = tuple(shape[a] for a in kept)
+        views.append((role, extent, kind))
+        pieces.append(Piece(role, tuple(offset if k == at else 0 for k in range(len(extent))), extent,
+                            _identity(extent), (0,) * len(extent)))
+        offset += shape[axis]
+    out_view = tuple(out_shape[a] for a in kept)
+    callers = tuple((role, shape) for (role, shape, _), (_, viewed, _) in zip(in_shapes, views) if shape != viewed)
+    callers += (("out", out_shape),) if out_shape != out_view else ()
+    renamed = {role: _kept_names(axes, kept) for role, axes in names.items()}
+    return tuple(views), out_view, pieces, callers, renamed
+
+
 def _concat(call, in_shapes, out_shape):
     return [], None, ()  # layout_spec reads it through concat_views
 
@@ -298,18 +415,20 @@ def _take(call, in_shapes, out_shape):
 
 
 _READERS = {"permute_dims": _permute, "strided_slice": _strided_slice, "broadcast_to": _broadcast_to, "pad": _pad,
-            "concat": _concat, "take": _take}
+            "concat": _concat, "take": _take, "repeat": _repeat}
 
 
 def choose_layout_tiling(spec: LayoutSpec, arch) -> LayoutTiling:
     """The fastest tiles (copy_kernel.choose_splits, gather_rows); refused when the host's copy
     is estimated faster (its call overhead and bytes, arch's host table, at the NPU's clock)."""
     size = DType.from_name(spec.dtype).itemsize
+    if spec.write is not None:  # in place: the host would copy the whole cache
+        return cache_write_tiling(arch, spec.write, size)
     if spec.gather is not None:
         rows, cycles = gather_rows(arch, spec.gather, size)
         tiling = LayoutTiling(rows=rows, cycles=cycles)
     else:
-        chosen, cycles = choose_splits(arch, spec.pieces, size)
+        chosen, cycles = choose_splits(arch, spec.pieces, size, tuple(a for r, a, _ in spec.symbols if r == "out"))
         tiling = LayoutTiling(splits=chosen, cycles=cycles)
     host = _host_cycles(spec, arch)
     if tiling.cycles >= host:
@@ -329,15 +448,24 @@ def _host_cycles(spec: LayoutSpec, arch) -> int:
 def layout_compute(spec: LayoutSpec, tiling: Tiling):
     """The copy kernel's PrimFunc (copy_kernel.py), parameters in `spec.param_roles` order."""
     shapes = {role: (shape, dtype) for role, shape, dtype in spec.in_shapes}
+    if spec.write is not None:
+        func = cache_write_func(spec.write, spec.dtype, shapes["index"][1], spec.param_roles)
+        callers = dict(spec.views)
+        return func.with_attr("cgra.arg_shapes", [list(callers[role]) for role in list(spec.param_roles) + ["out"]])
     params, out_shape = [], spec.out_shape
     if spec.gather is not None:
         g = spec.gather
         shapes = {"lhs": (g.table, spec.dtype), "rhs": (() if g.scalar else (g.count,), shapes["rhs"][1])}
         out_shape = (g.table[0], g.count, g.table[2])
     params = [(role, *shapes[role]) for role in spec.param_roles]  # a constant operand is no parameter
-    func = parse_script(copy_script(params, out_shape, spec.dtype, spec.pieces, tiling, spec.gather))
+    symbolic = {(role, axis): name for role, axis, name in spec.symbols}
+    func = parse_script(copy_script(params, out_shape, spec.dtype, spec.pieces, tiling, spec.gather, symbolic))
     if spec.views:  # the caller's shapes of the operands read through a view (operands.prim_func)
-        callers = dict(spec.views)
+        variables = {extent.name: extent for param in func.params for extent in param.ty.shape
+                     if isinstance(extent, tirx.Var)}  # the script's own: the code generator compares them
+        named = {(role, axis): variables[name] for role, axis, name in spec.caller_symbols}
+        callers = {role: [named.get((role, axis), extent) for axis, extent in enumerate(shape)]
+                   for role, shape in spec.views}
         func = func.with_attr("cgra.arg_shapes", [list(callers.get(role, ())) for role in list(spec.param_roles) + ["out"]])
     if spec.gather is not None and spec.gather.constants is None:
         func = func.with_attr("cgra.read_params", [list(spec.param_roles).index("rhs")])
@@ -349,7 +477,8 @@ def schedule_layout(sch, spec, tiling, arch) -> None:
     del sch, spec, tiling, arch
 
 
-LAYOUT = OpFamily(name="layout", ops=tuple(_READERS), patterns=layout_patterns, spec_from_match=layout_spec,
+LAYOUT = OpFamily(name="layout", ops=tuple(_READERS) + ("cache_write",), patterns=layout_patterns, spec_from_match=layout_spec,
                   choose_tiling=choose_layout_tiling, compute=layout_compute, schedule=schedule_layout,
-                  host_ops={op: f"cgra.{name}" + ("2" if name == "concat" else "") for op, name in _OPS.items()},
+                  host_ops={**{op: f"cgra.{name}" + ("2" if name == "concat" else "") for op, name in _OPS.items()},
+                            "relax.scatter_elements": CACHE_WRITE},
                   checks_pe_dtype=False)

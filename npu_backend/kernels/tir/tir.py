@@ -53,6 +53,9 @@ from ..common.spec import Tiling
 #: The PrimFunc attribute of a kernel written for the NPU by hand (scratchpad buffers, copies,
 #: tensorized blocks or device calls): it is lowered as it is, not tiled.
 KERNEL_ATTR = "cgra.kernel"
+#: A kernel written for the NPU may state the model's multiply-accumulates it computes (an int),
+#: which profiles and explain then count as the model's (kernels/gemm/int4_matmul.py does).
+MACS_ATTR = "cgra.macs"
 GEMM_DTYPES = tuple(DType(int(d)).numpy_name for d in ACC_DTYPE)
 VECTOR_DTYPES = ("float32", "int32", "int8")
 
@@ -82,10 +85,12 @@ class TirSpec:
 
     @property
     def macs(self) -> int | None:
-        """Multiply-accumulates of the PrimFunc (a GEMM: M * N * K; elementwise: 0); None for a
-        kernel the user wrote for the NPU, whose work only its commands tell."""
+        """Multiply-accumulates of the PrimFunc (a GEMM: M * N * K; elementwise: 0); for a kernel
+        written for the NPU its `cgra.macs` attribute (the model's MACs it computes), else None:
+        its work only its commands tell."""
         if self.kind == "kernel":
-            return None
+            declared = (self.func.attrs or {}).get(MACS_ATTR, None)
+            return int(declared) if declared is not None else None
         return math.prod(self.extents) if self.kind == "gemm" else 0
 
 
