@@ -135,7 +135,9 @@ def test_host_permute_dims_matches_numpy(case):
     shape, axes, dtype = case
     array = (np.random.default_rng(len(shape)).standard_normal(shape) * 50).astype(dtype)
     mod = _module([shape], dtype, lambda params: relax.op.permute_dims(params[0], axes))
-    _on_runtime(mod, "permute_dims")
+    order = list(reversed(range(len(shape)))) if axes is None else list(axes)
+    if order != sorted(order):  # one that moves nothing is its operand (normalise/permute_chains.py)
+        _on_runtime(mod, "permute_dims")
     np.testing.assert_array_equal(_run(mod, [array]), np.transpose(array, axes))
 
 

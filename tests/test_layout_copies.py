@@ -65,7 +65,8 @@ shapes = st.lists(st.integers(1, 9), min_size=1, max_size=4).map(tuple)
 def test_permute_dims_is_a_dma_copy(shape, data, dtype, arch):
     perm = data.draw(st.permutations(range(len(shape))))
     x = _data(np.random.default_rng(0), shape, dtype)
-    _check(lambda a: relax.op.permute_dims(a, perm), [x], np.transpose(x, perm), arch)
+    identity = list(perm) == sorted(perm)  # moves nothing: normalise/permute_chains.py drops it
+    _check(lambda a: relax.op.permute_dims(a, perm), [x], np.transpose(x, perm), arch, kernels=0 if identity else 1)
 
 
 @settings(max_examples=8)

@@ -3,7 +3,8 @@
 Stage: shared by partition (the pattern table and the reason a match stays on the host), the
 target hook (an offloaded function's spec, its family's tiling, compute and schedule) and
 explain. FAMILIES is ordered: first the attention (attention/: matmul, softmax and matmul as one
-kernel, before the matmul chains take its pieces), the roots one kernel fuses (inverted_residual.py: a 1x1
+kernel, before the matmul chains take its pieces), RoPE (elementwise/rope.py: its multiplies,
+slices and concat as one kernel, before the elementwise families take them one each), the roots one kernel fuses (inverted_residual.py: a 1x1
 expansion, a depthwise conv2d and the 1x1 conv2d after it, before separable.py's pair of the
 last two, which would take them apart), then the epilogue chains of the families with
 roots (epilogue.py sorts those among themselves, most specific first), then the standalone
@@ -37,6 +38,7 @@ from .elementwise.eltwise import ELTWISE
 from .gemm.epilogue import chain_pattern_graphs
 from .gemm.epilogue_tail import tail_graphs
 from .elementwise.fabric import FABRIC
+from .elementwise.rope import ROPE
 from .elementwise.qlinear import QLINEAR
 from .elementwise.qchain import QCHAIN
 from .fused.inverted_residual import INVERTED_RESIDUAL
@@ -52,7 +54,7 @@ from .rows.row_reduce import ROW_REDUCE
 from .rows.softmax import SOFTMAX
 from .elementwise.special import SPECIAL
 
-FAMILIES: tuple[OpFamily, ...] = (ATTENTION, INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, SOFTMAX, NORMS, SPECIAL,
+FAMILIES: tuple[OpFamily, ...] = (ATTENTION, ROPE, INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, SOFTMAX, NORMS, SPECIAL,
                                   ROW_REDUCE, QLINEAR, QCHAIN, FABRIC, ELTWISE, TIR, ACTIVATION, LAYOUT)
 _PACKAGED = FAMILIES  # the package's own, not those of registered()
 

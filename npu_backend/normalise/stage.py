@@ -34,6 +34,8 @@ from .length_masks import causal_masks_pass
 from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
 from .no_op_broadcasts import no_op_broadcasts_pass
+from .permute_chains import permute_chains_pass
+from .split_slices import split_slices_pass
 from .qdq import canonicalize_qdq
 from .qlayouts import quantized_layouts_pass
 from .qlinear import integer_qlinear_adds_pass
@@ -123,6 +125,12 @@ def normalise_passes(arch=None) -> list:
         # A broadcast_to the shape its operand has (torch.export's expand before a batched
         # matmul) is its operand, not a host copy (no_op_broadcasts.py).
         no_op_broadcasts_pass,
+        # A transpose of a transpose is one (the attention form's output: three in a row, two
+        # cancelling), a transpose that moves nothing its operand (permute_chains.py).
+        permute_chains_pass,
+        # A fused q / k / v projection's split as slices, each cut into heads after the slice:
+        # the transposing copy or RoPE kernel after it reads its part (split_slices.py).
+        split_slices_pass,
         # A concat's empty operands (HF's partial-rotary pass-through when the rotary dims are the
         # whole head) left out, and a concat of one operand that operand (empty_operands.py).
         empty_operands_pass,

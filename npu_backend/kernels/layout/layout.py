@@ -11,7 +11,8 @@ expand_dims, squeeze, flatten) is a view in the VM and no call at all (host_call
 Ops taken (static shapes or symbolic variables (`s`), of at most 4 axes once those moved alike are merged, any rank for a concat;
 int8 / int32 / float32 data): permute_dims (any axis order),
 strided_slice (positive steps), broadcast_to, concat (2-8 inputs), nn.pad (constant zero,
-non-negative widths), take (any axis; int32 / int64 indices, read by the kernel's control code,
+non-negative widths), a transpose of a slice (one box: a fused projection's part cut into heads,
+normalise/split_slices.py), take (any axis; int32 / int64 indices, read by the kernel's control code,
 each index clipped into the table), repeat (of unit axes: a broadcast). An operand may be a constant (a weight: an embedding table,
 ViT's class token; constant indices are box origins fixed when compiling), but not all of them: an
 op on constants alone stays on the host, where normalise folds it. The family comes last in
@@ -91,6 +92,10 @@ def layout_patterns() -> list:
         x = wildcard()
         root = is_op(f"relax.{op}")(x, varg_default_wildcard=True)
         entries.append((f"cgra.{op.replace('nn.', '')}", root, {"root": root, "lhs": x}))
+    x = wildcard()  # a transpose of a slice (a fused q / k / v projection's part): one box
+    sliced = is_op("relax.strided_slice")(x, varg_default_wildcard=True)
+    root = is_op("relax.permute_dims")(sliced)
+    entries.insert(0, ("cgra.permute_dims_sliced", root, {"root": root, "lhs": x, "slice": sliced}))
     table, indices = wildcard(), wildcard()
     root = is_op("relax.take")(table, indices)
     entries.append(("cgra.take", root, {"root": root, "lhs": table, "rhs": indices}))
@@ -114,7 +119,8 @@ def layout_spec(name: str, annotated: dict) -> LayoutSpec:
     dtype = dtype_of(call)
     if dtype not in DTYPES:
         raise UnsupportedOperator(f"{op} of {dtype or 'an unknown dtype'}: the NPU's DMA moves {', '.join(DTYPES)}")
-    operands = _operands(op, call)
+    sliced = annotated.get("slice")
+    operands = _operands(op, call) if sliced is None else {"lhs": sliced.args[0]}
     roles = tuple(operands)
     if all(isinstance(operand, tvm.ir.GenericConst) for operand in operands.values()):
         raise UnsupportedOperator(f"{op} of constants: normalise folds it, no kernel copies it at run time")
@@ -130,6 +136,8 @@ def layout_spec(name: str, annotated: dict) -> LayoutSpec:
                                   f"{', '.join(SYMBOLIC_OPS)} only{why}")
     reader = _READERS[op]
     pieces, gather, views = reader(call, in_shapes, out_shape)
+    if sliced is not None:
+        pieces = [_through_slice(pieces[0], sliced, in_shapes)]
     if op == "concat":
         axis = int(call.attrs.axis) % len(out_shape)
         if symbolic:
@@ -271,6 +279,14 @@ def _permute(call, in_shapes, out_shape):
     axes = call.attrs.axes
     axes = list(reversed(range(rank))) if axes is None else [int(a) % rank for a in axes]
     return [Piece("lhs", (0,) * rank, out_shape, tuple((a, 1) for a in axes), (0,) * rank)], None, ()
+
+
+def _through_slice(piece: Piece, sliced, in_shapes) -> Piece:
+    """`piece` (a transpose of the slice's result) as a piece of the slice's operand: each
+    output axis walks the operand's axis the slice's axis walks, at its step, from its origin."""
+    inner, = _strided_slice(sliced, in_shapes, _shape(sliced, "strided_slice's result")[0])[0]
+    walks = tuple(inner.walks[axis] if step else (-1, 0) for axis, step in piece.walks)
+    return Piece(piece.role, piece.offset, piece.extent, walks, inner.origin)
 
 
 def _strided_slice(call, in_shapes, out_shape):
