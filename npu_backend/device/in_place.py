@@ -18,6 +18,7 @@ import tvm_ffi
 from tvm import relax
 
 from ..kernels.layout.cache_write import PATTERN
+from ..errors import UnsupportedOperator
 from ..partition.composite import composite_name
 
 _CALL_DPS_PACKED = tvm.ir.Op.get("relax.call_dps_packed")
@@ -27,7 +28,16 @@ def cache_write_symbols(mod: tvm.IRModule) -> frozenset:
     """The global symbols of `mod`'s offloaded cache writes (before RunCodegen)."""
     return frozenset(str(func.attrs["global_symbol"]) for func in mod.functions.values()
                      if isinstance(func, relax.Function) and func.attrs is not None and "Codegen" in func.attrs
-                     and "global_symbol" in func.attrs and composite_name(func) == PATTERN)
+                     and "global_symbol" in func.attrs and _is_cache_write(func))
+
+
+def _is_cache_write(func) -> bool:
+    """Whether the offloaded `func` holds the cache write's composite (an offloaded PrimFunc, a
+    user's TensorIR or a MatMulNBits kernel, holds none)."""
+    try:
+        return composite_name(func) == PATTERN
+    except UnsupportedOperator:
+        return False
 
 
 def writes_in_place(mod: tvm.IRModule, symbols: frozenset) -> tvm.IRModule:

@@ -18,11 +18,13 @@ from tvm import tirx
 
 from ..errors import ScratchpadTooSmall
 from ..frontend.matmul_nbits import LAYER_ATTR
-from ..kernels.gemm.int4_matmul import Int4Layer, int4_matmul_kernel
 
 
-def int4_weight_kernels(mod: tvm.IRModule, arch) -> tvm.IRModule:
-    """`mod` with every MatMulNBits PrimFunc replaced by its NPU kernel on `arch` (where it fits)."""
+def int4_weight_kernels(mod: tvm.IRModule, arch, kernel_of) -> tvm.IRModule:
+    """`mod` with every MatMulNBits PrimFunc replaced by its NPU kernel on `arch` (where it fits):
+    `kernel_of(m, k, n, block, zero_points, arch)` builds it (kernels/gemm/int4_matmul.py; given
+    by the stage's body, as the kernels come after normalise in the flow), raising
+    ScratchpadTooSmall where the layer does not fit."""
     if arch is None:
         return mod
     updates = {}
@@ -31,7 +33,7 @@ def int4_weight_kernels(mod: tvm.IRModule, arch) -> tvm.IRModule:
             continue
         m, k, n, block, zero_points = (int(v) for v in func.attrs[LAYER_ATTR])
         try:
-            kernel = int4_matmul_kernel(Int4Layer(m, k, n, block, bool(zero_points)), arch)
+            kernel = kernel_of(m, k, n, block, bool(zero_points), arch)
         except ScratchpadTooSmall:
             continue
         updates[gvar] = kernel.with_attr("global_symbol", func.attrs["global_symbol"])

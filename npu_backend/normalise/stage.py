@@ -1,7 +1,8 @@
 """The normalise stage's body: the model's idioms rewritten into the forms the kernels match.
 
 Stage: normalise (pipeline.STAGES' first). In and out: a Relax IRModule. As a stage's body it may
-ask the kernels (attention_tiles.attention_fits: whether an attention fits the scratchpad). Six rewrites run
+ask the kernels (attention_tiles.attention_fits: whether an attention fits the scratchpad;
+int4_matmul: a MatMulNBits layer's kernel for the chip). Six rewrites run
 first, outside any TVM pass (the bounded shapes, the bool scans, three numpy folds on the weights as the importer
 left them, the negative indices); then `normalise_passes`, one line each saying
 why, on a module that calls their operators (rewrite.scans_shared). The list lives here, not in
@@ -14,6 +15,7 @@ import tvm
 from tvm import relax
 
 from ..kernels.attention.attention_tiles import attention_fits
+from ..kernels.gemm.int4_matmul import Int4Layer, int4_matmul_kernel
 from .attentions import attentions_pass
 from .batch_norms import batch_norms_as_scale_shift
 from .bool_scans import bool_scans_as_counts_pass
@@ -58,7 +60,8 @@ def normalise(mod, arch, options):
     mod = resolve_bounded_shapes(mod, dict(options.shape_bounds))
     # MatMulNBits' host PrimFuncs (4-bit weights) become the chip's unpack-and-GEMM kernels, which
     # keep the weights packed in DRAM (int4_weights.py).
-    mod = int4_weight_kernels(mod, arch)
+    mod = int4_weight_kernels(mod, arch, lambda m, k, n, block, zeros, chip: int4_matmul_kernel(
+        Int4Layer(m, k, n, block, zeros), chip))
     # QDQ layers (dequantize -> conv2d / matmul -> quantize) become int8 x int8 -> int32 with
     # an int32 bias and a requantisation to int8, onnxruntime's arithmetic (qdq.py);
     # first, while the quantized weights are still int8 constants under their dequantize.
