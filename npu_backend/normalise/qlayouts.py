@@ -5,8 +5,9 @@ Relax IRModule. Out: the same module in which every
 
     quantize(op(dequantize(x1, s1, z1), ..., dequantize(xn, sn, zn)), s, z)           (int8)
 
-of int8 tensors x1..xn with per-tensor scales and zero points, op a concat, a reshape, a max
-pool or one output of a split (TupleGetItem(split(dequantize(x)), i)), is op on the int8 tensors:
+of int8 tensors x1..xn with per-tensor scales and zero points, op a concat, a reshape, a
+strided_slice (a split's part since split_slices.py), a max pool or one output of a split
+(TupleGetItem(split(dequantize(x)), i)), is op on the int8 tensors:
 
     op(r1(x1), ..., rn(xn))     ri(x) = x                                  when (si, zi) = (s, z)
                                 ri(x) = quantize(dequantize(x, si, zi), s, z)       otherwise
@@ -32,25 +33,15 @@ import tvm
 from tvm import relax
 
 from ..frontend.provenance import with_span
+from .rewrite import one_value, op_name, rewrite_each
 
 #: The ops taken onto int8 (a concat's operands are a tuple, the others' its first argument).
-_MOVES = ("relax.reshape", "relax.nn.max_pool1d", "relax.nn.max_pool2d", "relax.concat")
-
-
-def _op_name(expr) -> str:
-    return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else ""
-
-
-def _scalar(expr, dtype: str):
-    if not isinstance(expr, tvm.ir.GenericConst):
-        return None
-    value = expr.value.numpy()
-    return value.item() if value.size == 1 and value.dtype.name == dtype else None
+_MOVES = ("relax.reshape", "relax.strided_slice", "relax.nn.max_pool1d", "relax.nn.max_pool2d", "relax.concat")
 
 
 def _params(call):
     """(scale, zero point) of a per-tensor quantize or dequantize between int8 and float32."""
-    scale, zero = _scalar(call.args[1], "float32"), _scalar(call.args[2], "int8")
+    scale, zero = one_value(call.args[1], "float32"), one_value(call.args[2], "int8")
     return None if scale is None or zero is None else (scale, zero)
 
 
@@ -77,7 +68,7 @@ class _QuantizedLayouts(relax.PyExprMutator):
     def _dequantized(self, expr):
         """(int8 tensor, (scale, zero point)) of a per-tensor dequantize to float32, else None."""
         dq = self.values.get(expr)
-        if _op_name(dq) != "relax.dequantize" or str(dq.attrs.out_dtype) != "float32":
+        if op_name(dq) != "relax.dequantize" or str(dq.attrs.out_dtype) != "float32":
             return None
         data, params = dq.args[0], _params(dq)
         if params is None or str(getattr(data.ty, "dtype", "")) != "int8":
@@ -89,27 +80,27 @@ class _QuantizedLayouts(relax.PyExprMutator):
         return self.values.get(expr) if len(self.users.get(expr, [])) == 1 else None
 
     def _plan(self, call):
-        if _op_name(call) != "relax.quantize" or str(call.attrs.out_dtype) != "int8":
+        if op_name(call) != "relax.quantize" or str(call.attrs.out_dtype) != "int8":
             return None
         target = _params(call)
         inner = self._single(call.args[0]) if target is not None else None
         if isinstance(inner, relax.TupleGetItem):
             return self._split_item(inner, target, call.span)
-        if _op_name(inner) not in _MOVES:
+        if op_name(inner) not in _MOVES:
             return None
-        if _op_name(inner) == "relax.concat":
+        if op_name(inner) == "relax.concat":
             fields = self._fields(inner.args[0])
             operands = [self._dequantized(f) for f in fields] if fields is not None else [None]
             if None in operands:
                 return None
             tuple_ = relax.Tuple([self._requantized(self.visit_expr(x), params, target, inner.span)
                                   for x, params in operands])
-            return _spanned(relax.Call(inner.op, [tuple_], inner.attrs), inner.span)
+            return with_span(relax.Call(inner.op, [tuple_], inner.attrs), inner.span)
         operand = self._dequantized(inner.args[0])
         if operand is None:
             return None
         args = [self.visit_expr(operand[0])] + [self.visit_expr(arg) for arg in inner.args[1:]]
-        moved = self.builder_.emit(_spanned(relax.Call(inner.op, args, inner.attrs), inner.span))
+        moved = self.builder_.emit(with_span(relax.Call(inner.op, args, inner.attrs), inner.span))
         return self._requantized(moved, operand[1], target, call.span, bind=False)
 
     def _fields(self, expr):
@@ -120,12 +111,12 @@ class _QuantizedLayouts(relax.PyExprMutator):
     def _split_item(self, item, target, span):
         """quantize(TupleGetItem(split(dequantize(x)), i)) as the item of an int8 split of x."""
         split = self.values.get(item.tuple_value)
-        operand = self._dequantized(split.args[0]) if _op_name(split) == "relax.split" else None
+        operand = self._dequantized(split.args[0]) if op_name(split) == "relax.split" else None
         if operand is None:
             return None
         if item.tuple_value not in self.splits:
             self.splits[item.tuple_value] = self.builder_.emit(
-                _spanned(relax.Call(split.op, [self.visit_expr(operand[0])], split.attrs), split.span))
+                with_span(relax.Call(split.op, [self.visit_expr(operand[0])], split.attrs), split.span))
         part = self.builder_.emit(relax.TupleGetItem(self.splits[item.tuple_value], item.index))
         return self._requantized(part, operand[1], target, span, bind=False)
 
@@ -134,29 +125,16 @@ class _QuantizedLayouts(relax.PyExprMutator):
         else quantize(dequantize(data)) (emitted when `bind`)."""
         if params == target:
             return data
-        dq = self.builder_.emit(_spanned(relax.op.dequantize(
+        dq = self.builder_.emit(with_span(relax.op.dequantize(
             data, relax.const(params[0], "float32"), relax.const(params[1], "int8"), out_dtype="float32"), span))
-        value = _spanned(relax.op.quantize(dq, relax.const(target[0], "float32"), relax.const(target[1], "int8"),
+        value = with_span(relax.op.quantize(dq, relax.const(target[0], "float32"), relax.const(target[1], "int8"),
                                            out_dtype="int8"), span)
         return self.builder_.emit(value) if bind else value
 
 
-def _spanned(value, span):
-    return with_span(value, span) if span is not None else value
-
-
 def quantized_layouts(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with its layout ops and max pools between quantized tensors on int8 (module doc)."""
-    updates = {}
-    for gvar, func in mod.functions.items():
-        if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
-            updates[gvar] = _QuantizedLayouts(mod, func).visit_expr(func)
-    if not updates:
-        return mod
-    mod = mod.clone()
-    for gvar, func in updates.items():
-        mod[gvar] = func
-    return relax.transform.DeadCodeElimination()(mod)  # the float ops and dequantizes nobody reads now
+    return rewrite_each(mod, _QuantizedLayouts)
 
 
 quantized_layouts_pass = tvm.transform.module_pass(lambda m, _ctx: quantized_layouts(m), opt_level=0,
