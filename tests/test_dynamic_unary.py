@@ -74,7 +74,10 @@ def test_every_call_of_a_symbolic_chain_is_placed_on_the_npu(op):
 def test_a_symbolic_kernel_takes_about_the_static_cycles_at_every_size(op, shape):
     """The tile is the one never far from the fastest at any size (minimax regret) and the last
     tile is cut: with the bound's tile (a 1024-row tile for a batch of 1) a sigmoid on one
-    (32, 28, 28) image took 5.7 times the static kernel's cycles."""
+    (32, 28, 28) image took 5.7 times the static kernel's cycles. The bound is 1.25 since a
+    FABRIC's configuration loads while its operands arrive: both kernels got 128 cycles faster,
+    the symbolic one's 78 extra cycles (its guarded tile) stayed (leaky relu on 3 images: 594 /
+    516 -> 466 / 388)."""
     mod = module({"x": (shape, "float32")}, OPS[op][0])
     symbolic = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
     dims = [d for d in shape if isinstance(d, str)]
@@ -87,7 +90,7 @@ def test_a_symbolic_kernel_takes_about_the_static_cycles_at_every_size(op, shape
             with npu_backend.profile() as prof:
                 vm["main"](x)
             cycles.append(prof.total_cycles)
-        assert cycles[0] <= 1.2 * cycles[1], (size, cycles)
+        assert cycles[0] <= 1.25 * cycles[1], (size, cycles)
 
 
 def test_a_vector_of_symbolic_length_runs_on_the_npu():
