@@ -44,6 +44,12 @@ def fold_weights(mod: tvm.IRModule) -> tvm.IRModule:
     return mod
 
 
+def _folded_or(constants: dict, var, visit):
+    """The constant `var` was folded to, else `visit(var)`: a use of a folded variable."""
+    folded = constants.get(var)
+    return folded if folded is not None else visit(var)
+
+
 def _is_kernel(func) -> bool:
     attrs = func.attrs or {}
     return "Composite" in attrs or int(attrs.get("Primitive", 0)) != 0
@@ -65,12 +71,10 @@ class _WeightFolder(relax.PyExprMutator):
                 self.users.update(relax.analysis.udchain(block))
 
     def visit_var_(self, op):
-        folded = self.constants.get(op)
-        return folded if folded is not None else super().visit_var_(op)
+        return _folded_or(self.constants, op, super().visit_var_)
 
     def visit_dataflow_var_(self, op):
-        folded = self.constants.get(op)
-        return folded if folded is not None else super().visit_dataflow_var_(op)
+        return _folded_or(self.constants, op, super().visit_dataflow_var_)
 
     def visit_var_binding_(self, binding):
         var, value = binding.var, binding.value
@@ -437,12 +441,10 @@ class _ClosureFolder(relax.PyExprMutator):
                                    and isinstance(b.value, tvm.ir.GenericConst)})
 
     def visit_var_(self, op):
-        folded = self.constants.get(op)
-        return folded if folded is not None else super().visit_var_(op)
+        return _folded_or(self.constants, op, super().visit_var_)
 
     def visit_dataflow_var_(self, op):
-        folded = self.constants.get(op)
-        return folded if folded is not None else super().visit_dataflow_var_(op)
+        return _folded_or(self.constants, op, super().visit_dataflow_var_)
 
     def visit_var_binding_(self, binding):
         if binding.var in self.constants:

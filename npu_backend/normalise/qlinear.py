@@ -34,6 +34,7 @@ import tvm
 from tvm import relax
 
 from ..frontend.provenance import with_span
+from .rewrite import one_value, op_name, rewrite_each
 
 _MIN_RATIO, _MAX_RATIO = np.float32(2.0 ** -14), np.float32(256.0)
 
@@ -62,17 +63,6 @@ def qlinear_add_reference(a, a_zero, b, b_zero, c_zero, shift, ma, mb) -> np.nda
     return np.clip(((acc + (1 << (shift - 1))) >> shift) + c_zero, -128, 127).astype(np.int8)
 
 
-def _op_name(expr) -> str:
-    return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else ""
-
-
-def _scalar(expr, dtype: str):
-    if not isinstance(expr, tvm.ir.GenericConst):
-        return None
-    value = expr.value.numpy()
-    return value.item() if value.size == 1 and value.dtype.name == dtype else None
-
-
 def _shape(expr):
     shape = getattr(getattr(expr, "ty", None), "shape", None)
     return None if shape is None else [str(d) for d in shape]
@@ -93,16 +83,16 @@ class _QlinearAdds(relax.PyExprMutator):
     def _only(self, expr, op: str):
         """The call of `op` bound to `expr` when its value has that one use."""
         value = self.values.get(expr)
-        if _op_name(value) != op or len(self.users.get(expr, [])) != 1:
+        if op_name(value) != op or len(self.users.get(expr, [])) != 1:
             return None
         return value
 
     def _dequantized(self, expr):
         """(int8 tensor, float32 scale, int8 zero point) of a per-tensor dequantize, else None."""
         dq = self.values.get(expr)
-        if _op_name(dq) != "relax.dequantize" or str(dq.attrs.out_dtype) != "float32":
+        if op_name(dq) != "relax.dequantize" or str(dq.attrs.out_dtype) != "float32":
             return None
-        data, scale, zero = dq.args[0], _scalar(dq.args[1], "float32"), _scalar(dq.args[2], "int8")
+        data, scale, zero = dq.args[0], one_value(dq.args[1], "float32"), one_value(dq.args[2], "int8")
         if scale is None or zero is None or str(getattr(data.ty, "dtype", "")) != "int8":
             return None
         return data, scale, zero
@@ -115,9 +105,9 @@ class _QlinearAdds(relax.PyExprMutator):
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(value)))
 
     def _plan(self, call):
-        if _op_name(call) != "relax.quantize" or str(call.attrs.out_dtype) != "int8":
+        if op_name(call) != "relax.quantize" or str(call.attrs.out_dtype) != "int8":
             return None
-        c_scale, c_zero = _scalar(call.args[1], "float32"), _scalar(call.args[2], "int8")
+        c_scale, c_zero = one_value(call.args[1], "float32"), one_value(call.args[2], "int8")
         if c_scale is None or c_zero is None:
             return None
         inner = call.args[0]
@@ -158,7 +148,7 @@ class _QlinearAdds(relax.PyExprMutator):
             return None
 
         def emit(value, span):
-            return self.builder_.emit(with_span(value, span) if span is not None else value)
+            return self.builder_.emit(with_span(value, span))
 
         fresh = [emit(relax.op.dequantize(self.visit_expr(data), relax.const(scale, "float32"),
                                           relax.const(zero, "int8"), out_dtype="float32"), multiply.span)
@@ -178,7 +168,7 @@ class _QlinearAdds(relax.PyExprMutator):
         calls, sources = [], set()
         while self._dequantized(expr) is None:
             value = self.values.get(expr)
-            if _op_name(value) not in self._LINKS or len(self.users.get(expr, [])) != 1 or len(calls) == 6:
+            if op_name(value) not in self._LINKS or len(self.users.get(expr, [])) != 1 or len(calls) == 6:
                 return None
             links = [arg for arg in value.args if isinstance(arg, relax.Var)]
             inner = [arg for arg in links if self._dequantized(arg) is None]
@@ -195,18 +185,14 @@ class _QlinearAdds(relax.PyExprMutator):
         also its gate's input): the same ops, the same values."""
         data, scale, zero = self._dequantized(dq_var)
         span = calls[0][1].span
-        fresh = self.builder_.emit(_spanned(relax.op.dequantize(self.visit_expr(data), relax.const(scale, "float32"),
+        fresh = self.builder_.emit(with_span(relax.op.dequantize(self.visit_expr(data), relax.const(scale, "float32"),
                                                                 relax.const(zero, "int8"), out_dtype="float32"), span))
         renamed = {dq_var: fresh}
         for var, call in calls:
             args = [renamed.get(arg, self.visit_expr(arg)) for arg in call.args]
-            renamed[var] = self.builder_.emit(_spanned(relax.Call(call.op, args, call.attrs, call.ty_args), call.span))
+            renamed[var] = self.builder_.emit(with_span(relax.Call(call.op, args, call.attrs, call.ty_args), call.span))
         return relax.op.quantize(renamed[calls[-1][0]], self.visit_expr(quantize.args[1]),
                                  self.visit_expr(quantize.args[2]), axis=int(quantize.attrs.axis), out_dtype="int8")
-
-
-def _spanned(value, span):
-    return with_span(value, span) if span is not None else value
 
 
 def _emit(mutator, a, a_zero, b, b_zero, c_zero, parameters, span):
@@ -214,7 +200,7 @@ def _emit(mutator, a, a_zero, b, b_zero, c_zero, parameters, span):
     shift, ma, mb = parameters
 
     def emit(value):
-        return mutator.builder_.emit(with_span(value, span) if span is not None else value)
+        return mutator.builder_.emit(with_span(value, span))
 
     def const(value):
         return relax.const(int(value), "int32")
@@ -227,21 +213,12 @@ def _emit(mutator, a, a_zero, b, b_zero, c_zero, parameters, span):
                               const(1 << (shift - 1))))
     value = emit(relax.op.add(emit(relax.op.right_shift(total, const(shift))), const(c_zero)))
     value = relax.op.astype(emit(relax.op.clip(value, -128, 127)), "int8")
-    return with_span(value, span) if span is not None else value
+    return with_span(value, span)
 
 
 def integer_qlinear_adds(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with its exact QLinearAdds in fixed point (see the module doc)."""
-    updates = {}
-    for gvar, func in mod.functions.items():
-        if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
-            updates[gvar] = _QlinearAdds(mod, func).visit_expr(func)
-    if not updates:
-        return mod
-    mod = mod.clone()
-    for gvar, func in updates.items():
-        mod[gvar] = func
-    return relax.transform.DeadCodeElimination()(mod)  # the dequantizes nobody reads now
+    return rewrite_each(mod, _QlinearAdds)
 
 
 integer_qlinear_adds_pass = tvm.transform.module_pass(lambda m, _ctx: integer_qlinear_adds(m), opt_level=0,

@@ -22,6 +22,32 @@ def rewrite_functions(mod: tvm.IRModule, mutator_class) -> tvm.IRModule:
     return mutator.builder_.get()
 
 
+def rewrite_each(mod: tvm.IRModule, rewriter_of) -> tvm.IRModule:
+    """`mod` with every Relax function but the composites visited by its own
+    `rewriter_of(mod, func)` (a PyExprMutator), then what they left unread removed."""
+    updates = {gvar: rewriter_of(mod, func).visit_expr(func) for gvar, func in mod.functions.items()
+               if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {})}
+    if not updates:
+        return mod
+    mod = mod.clone()
+    for gvar, func in updates.items():
+        mod[gvar] = func
+    return relax.transform.DeadCodeElimination()(mod)
+
+
+def op_name(expr) -> str:
+    """The operator's name of a call of a Relax operator ("relax.concat"), else ""."""
+    return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else ""
+
+
+def one_value(expr, dtype: str):
+    """The Python value of a one-element constant of `dtype` (any rank), else None."""
+    if not isinstance(expr, tvm.ir.GenericConst):
+        return None
+    value = expr.value.numpy()
+    return value.item() if value.size == 1 and value.dtype.name == dtype else None
+
+
 def as_pass(rewrite, name: str, ops: tuple[str, ...] | None = None) -> tvm.transform.Pass:
     """`rewrite(mod) -> mod` as a module pass; with `ops`, one that returns a module calling none
     of those operators as it is."""
