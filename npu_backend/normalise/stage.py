@@ -162,6 +162,10 @@ def normalise_passes(arch=None) -> list:
         # fixed-point QLinearAdd on int32, one FABRIC_INT8 kernel (qlinear.py); last, so that its
         # constants stay 0-d (immediates of the kernel's body).
         integer_qlinear_adds_pass,
+        # The aliases rewrites leave (a broadcast_to that repeats nothing, a dropped softmax guard:
+        # `lv53 = lv50`) gone, so that the patterns see their operands' calls (the KV cache's
+        # slice under the matmul reading it).
+        relax.transform.CanonicalizeBindings(),
         # What folding left unused (PyTorch's max_pool2d returns a tuple with zeros_like
         # indices that FoldConstant turns into a constant nobody reads).
         relax.transform.DeadCodeElimination(),

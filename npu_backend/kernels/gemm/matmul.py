@@ -42,16 +42,21 @@ def _cache_roots() -> list[Root]:
     Tried before the plain roots (chain_pattern_graphs tries a later root of as many calls first),
     whose wildcard would take the slice as an operand of its own."""
     roots = []
-    for suffix, viewed in (("", False), ("_view", True)):  # torch.export's batched matmul: broadcast_to, reshape
+    # torch.export's batched matmul: broadcast_to and reshape, or the reshape alone (a broadcast_to
+    # that repeats nothing is gone since no_op_broadcasts.py).
+    for suffix, viewed in (("", ""), ("_view", "broadcast"), ("_reshaped", "reshape")):
         lhs, cache = wildcard(), wildcard()
         prefix = is_op("relax.strided_slice")(cache, varg_default_wildcard=True)
         permute = is_op("relax.permute_dims")(prefix)
         for name, operand, roles in (("matmul", prefix, {}), ("linear", permute, {"permute": permute})):
             view = {}
-            if viewed:
+            if viewed == "broadcast":
                 broadcast = is_op("relax.broadcast_to")(operand, wildcard())
                 operand = is_op("relax.reshape")(broadcast, wildcard())
                 view = {"broadcast": broadcast, "view": operand}
+            elif viewed == "reshape":
+                operand = is_op("relax.reshape")(operand, wildcard())
+                view = {"view": operand}
             roots.append(Root(f"{name}_cache{suffix}", is_op("relax.matmul")(lhs, operand),
                               {"lhs": lhs, "rhs": cache, "prefix": prefix, **roles, **view}))
     return roots
