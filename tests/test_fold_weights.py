@@ -280,7 +280,7 @@ def test_the_remaining_constant_calls_fold_as_tvm_foldconstant_folds_them():
     calls of them, a full_like of a variable: it reads only the shape), in a module of their own,
     and leaves the function FoldConstant leaves: the same module, constants bit for bit (RoPE's
     cos / sin tables, T5's int64 position buckets)."""
-    from npu_backend.normalise.fold_weights import fold_remaining_constants
+    from npu_backend.normalise.fold_constants import fold_remaining_constants
 
     x = relax.Var("x", relax.TensorType((4, 6), "float32"))
     positions = relax.const(np.arange(24, dtype="int64").reshape(4, 6), "int64")

@@ -27,7 +27,8 @@ from .conv3ds import conv3ds_as_conv2ds_pass
 from .conv_transposes import conv_transposes_as_convs_pass
 from .dynamic_quant import dynamic_quant_pass
 from .empty_operands import empty_operands_pass
-from .fold_weights import fold_remaining_constants, fold_weights, restore_kept_transposes
+from .fold_constants import fold_remaining_constants
+from .fold_weights import fold_weights, restore_kept_transposes
 from .gelus import gelus_pass
 from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
@@ -89,7 +90,7 @@ def normalise_passes(arch=None) -> list:
     """The Relax passes of the normalise stage, in order, each with the reason it is there
     (`arch`: the chip, whose scratchpad decides which attentions become the kernel's form)."""
     return [
-        # TVM's FoldConstant, for what fold_weights has no numpy rule for (and only if there is any).
+        # TVM's FoldConstant, for what fold_weights has no numpy rule for, on those calls only (fold_constants.py).
         tvm.transform.module_pass(lambda m, _ctx: fold_remaining_constants(m), opt_level=0,
                                   name="cgra.FoldConstant"),
         # The weight transposes fold_weights kept from FoldConstant, back (the matmul kernel
