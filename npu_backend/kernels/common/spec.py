@@ -18,6 +18,11 @@ from cgra_codegen.spad import SPAD_ALIGN as ALIGN  # the code generator's buffer
 BLOCK_COLUMNS = 8
 #: The layouts the NCHW conv2d compute reads and writes: (data, weight, output).
 CONV2D_LAYOUTS = ("NCHW", "OIHW", "NCHW")
+#: The most channels a conv2d over patches takes a kernel row's depth per GEMM for
+#: (patchify.py): a tap's GEMM of depth C is mostly its command's fill and drain below this
+#: (on cgra-8x8, 3 channels 20.3 k -> 13.0 k cycles, 8 channels 3.7 k -> 3.5 k), not above it
+#: (16-64 channels of 2 x 2 patches: 2-9% slower).
+PATCH_CHANNELS = 8
 #: PrimFunc attribute: the blocks whose scratchpad buffers lowering keeps one copy of
 #: (lower/double_buffer.py), because the kernel's own order of commands already keeps their
 #: writes and reads apart (inverted_residual.py); the tile search counts them once.
@@ -156,9 +161,23 @@ class KernelSpec:
             m, k = self.lhs_shape[-2:]
             n = self.rhs_shape[-2] if self.rhs_transposed else self.rhs_shape[-1]
             return m, n, k
-        f, c, _, _ = self.rhs_shape  # c: input channels per group
+        f, c, _, kw = self.rhs_shape  # c: input channels per group
         _, _, oh, ow = self.output_shape
-        return oh * ow, f // self.groups, c
+        return oh * ow, f // self.groups, c * kw if self.patch_channels else c
+
+    @property
+    def patch_channels(self) -> int:
+        """A conv2d over non-overlapping patches of few channels (a ViT's patch embedding, a
+        ConvNeXt stem: kernel == stride, wider than 1, no padding, dilation 1, no groups, NCHW /
+        OIHW, static, C <= PATCH_CHANNELS): its channels C, whose GEMM reduces over a kernel row's
+        (column, channel) pairs at once (kernels/gemm/patchify.py); 0 for any other kernel."""
+        if self.op != "conv2d" or self.groups != 1 or (self.data_layout, self.kernel_layout, self.out_layout) \
+                != CONV2D_LAYOUTS or self.symbolic("lhs") or self.symbolic("out"):
+            return 0
+        _, c, kh, kw = self.rhs_shape
+        patch = tuple(self.strides) == (kh, kw) and kw > 1 and not any(self.padding) and \
+            tuple(self.dilation) == (1, 1)
+        return c if patch and c <= PATCH_CHANNELS else 0
 
     @property
     def grouped(self) -> bool:

@@ -24,6 +24,7 @@ from .epilogue import (HALF_FLOATS, Root, epilogue_compute, epilogue_fields, epi
 from ..common.dynamic import GATHERS, BLOCKS, batch_extent, read_shape, spatial_extents, symbols_of, with_vars
 from ..family import OpFamily
 from .gemm import choose_gemm_tiling, schedule_gemm
+from .patchify import patchify_compute
 from ..common.operands import kernel_prim_func, logical, padded, stored
 from ..common.spec import CONV2D_LAYOUTS, KernelSpec, Tiling
 
@@ -150,6 +151,8 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
         return conv2d_layout_compute(spec, tiling)
     if spec.pixel_order == "blocks":
         return _blocks_compute(spec, tiling)
+    if spec.patch_channels:  # non-overlapping patches: a kernel row's depth per GEMM
+        return patchify_compute(spec, tiling, _pixel_order)
     _, _, kh, kw = spec.rhs_shape
     data_shape, out_shape = spec.grouped_shapes
     batch, g = batch_extent(spec), spec.groups

@@ -41,7 +41,8 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     key = (spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), spec.row_step,
            bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
            _any_rows(spec), spec.pixel_order, _taps(spec), spec.act, bool(spec.multiplier_shape),
-           bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape), may_hold_a_panel(spec), arch.fingerprint)
+           bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape), may_hold_a_panel(spec), spec.patch_channels,
+           arch.fingerprint)
     if key not in _TILINGS:
         if len(_TILINGS) >= 4096:
             _TILINGS.clear()
@@ -52,14 +53,17 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
                                       ragged=spec.pixel_order != "blocks", has_multiplier=bool(spec.multiplier_shape),
                                       tail_cycles=tail_tile_cycles(spec, arch),
                                       extra_rows=bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape),
-                                      a_panel=may_hold_a_panel(spec))
+                                      a_panel=may_hold_a_panel(spec), depth_step=spec.patch_channels or 1)
     check_tail_padding(spec, _TILINGS[key], arch)
     return _TILINGS[key]
 
 
 def _taps(spec: KernelSpec) -> int:
-    """Reduction steps per depth chunk: a conv2d's kernel window (kh * kw), 1 for a matmul."""
-    return spec.rhs_shape[2] * spec.rhs_shape[3] if spec.op == "conv2d" else 1
+    """Reduction steps per depth chunk: a conv2d's kernel window (kh * kw; kh over patches, whose
+    depth holds a kernel row), 1 for a matmul."""
+    if spec.op != "conv2d":
+        return 1
+    return spec.rhs_shape[2] * (1 if spec.patch_channels else spec.rhs_shape[3])
 
 
 def _any_rows(spec: KernelSpec) -> bool:
@@ -75,7 +79,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                   has_bias: bool, arch: HardwareDescription, row_step: int = 1,
                   has_residual: bool = False, has_scale: bool = False, store_rows: int = 0,
                   any_rows: bool = False, taps: int = 1, ragged: bool = True, has_multiplier: bool = False,
-                  tail_cycles=None, extra_rows: int = 0, a_panel: bool = False) -> Tiling:
+                  tail_cycles=None, extra_rows: int = 0, a_panel: bool = False, depth_step: int = 1) -> Tiling:
     """The tiling with the fewest estimated cycles among those that fit the scratchpad.
 
     With `any_rows` (symbolic rows, `rows` their bound) one tiling serves every size up to
@@ -96,7 +100,8 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     `store_rows` rows, see spad_layout.py). A multiplier (`has_multiplier`) is one more such tile;
     `tail_cycles(elements)`: the (PE array, vector unit) work of an epilogue's activation and
     multiply on a tile (epilogue_tail.py). `a_panel`: the kernel holds A's row
-    panel across column tiles where the tiling lets it (holds_a_panel).
+    panel across column tiles where the tiling lets it (holds_a_panel). `depth_step`: a depth
+    chunk divides the depth and is a multiple of it (a patch's channels, patchify.py).
     """
     row_step = row_step if row_step > 1 else arch.rows
     # A unit reduction extent would be elided by compute_at and leave nothing to tensorize
@@ -105,7 +110,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     in_bytes = DType.from_name(dtype).itemsize
     acc_bytes = DType.from_name(acc_dtype).itemsize
     candidates = []  # (tm, tn, tk) that fit the scratchpad
-    shallowest = min(_k_candidates(depth))
+    shallowest = min(_k_candidates(depth, depth_step))
     for tn in range(arch.cols, round_up(cols, arch.cols) + 1, arch.cols):
         out_row = out_row_stride(tn, acc_bytes, store_rows, arch)  # the same for every tm
         for tm in range(row_step, round_up(rows, row_step) + 1, row_step):
@@ -116,7 +121,8 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                               has_scale, extra_tiles=int(has_multiplier), extra_rows=extra_rows) > arch.spad_bytes:
                 break
             tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual, out_row,
-                                    has_scale, extra_tiles=int(has_multiplier), extra_rows=extra_rows)
+                                    has_scale, extra_tiles=int(has_multiplier), extra_rows=extra_rows,
+                                    step=depth_step)
             if tk is not None:
                 candidates.append((tm, tn, tk))
     candidates.sort()  # ties go to the smaller row tile, as they always have
@@ -194,8 +200,8 @@ def _blocks_along(side: int, block: int) -> list[tuple[int, int]]:
 
 
 def _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual, out_row,
-                       has_scale=False, extra_tiles=0, extra_rows=0):
-    for tk in _k_candidates(depth):
+                       has_scale=False, extra_tiles=0, extra_rows=0, step=1):
+    for tk in _k_candidates(depth, step):
         a_row = a_row_stride(tm, tk, in_bytes, arch)
         if gemm_footprint(tm, tn, tk, in_bytes, acc_bytes, has_bias, has_residual, has_scale, a_row, out_row,
                           extra_tiles, extra_rows) <= arch.spad_bytes:
@@ -224,8 +230,13 @@ def gemm_footprint(tm: int, tn: int, tk: int, in_bytes: int, acc_bytes: int, has
     return total
 
 
-def _k_candidates(depth: int):
-    """The whole reduction, then halvings of it (rounded up to a multiple of 8)."""
+def _k_candidates(depth: int, step: int = 1):
+    """The whole reduction, then halvings of it (rounded up to a multiple of 8); with a `step`,
+    the whole reduction and its halvings that are whole multiples of the step."""
+    if step > 1:
+        yield from (depth >> k for k in range(depth.bit_length())
+                    if (depth >> k) << k == depth and (depth >> k) % step == 0)
+        return
     tk = depth
     seen = set()
     while tk >= 1:
@@ -354,6 +365,9 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
         # gather is a DMA box (the DMA pass simplifies p // OW, p % OW on these loop bounds).
         pixel_loop = sch.get_loops(sch.get_sblock("a_pad"))[-2]
         sch.split(pixel_loop, [None, spec.row_step])
+    if spec.patch_channels:  # a patch's depth (kernel column, channel): a box loop each
+        for name in ("a_pad", "b_pad"):
+            sch.split(sch.get_loops(sch.get_sblock(name))[-1 if name == "a_pad" else -2], [None, spec.patch_channels])
     first_reduction = outer_reductions[0] if outer_reductions else depth_outer
     init = sch.decompose_reduction(acc, first_reduction)
     sch.tensorize(row, get_intrin("gemm", tiling.tm, tiling.tn, tiling.tk, spec.dtype, spec.acc_dtype))
