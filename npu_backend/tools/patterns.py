@@ -92,6 +92,8 @@ def _steps_here(pattern, key, memo: dict) -> list:
         return steps + [(frozenset([key]), op.removeprefix("relax."))]
     if isinstance(pattern, dpl.OrPattern):
         return _either(_steps(pattern.left, memo), _steps(pattern.right, memo))
+    if isinstance(pattern, dpl.AttrPattern):  # a call with its attributes tested: the call
+        return _steps(pattern.pattern, memo)
     return []  # a wildcard, a constant: an operand, no call
 
 

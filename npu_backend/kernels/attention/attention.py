@@ -27,7 +27,7 @@ picks the kernel moving fewer DRAM bytes).
 from __future__ import annotations
 
 import numpy as np
-from tvm import te, tirx
+from tvm import s_tir, te, tirx
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from ...errors import UnsupportedOperator
@@ -43,6 +43,7 @@ from ..intrinsics.vector_unit import eltwise_value
 from .attention_tiles import LOWEST, TINY, choose_attention_tiling
 from .flash import flash_compute
 from .flash_tiles import FlashTiling
+from . import head_layouts
 from .spec import F32, AttentionSpec
 
 
@@ -51,39 +52,50 @@ from .spec import F32, AttentionSpec
 
 def _patterns() -> list:
     """matmul(q, permute_dims(k)) [* scale] [+ mask] -> softmax [-> where(kept, ., 0)] -> matmul(., v):
-    the normal form, each optional piece an alternative (twelve patterns: the mask a constant
-    causal triangle, any tensor, or none)."""
+    the normal form, each optional piece an alternative (twenty-four patterns: the mask a constant
+    causal triangle, any tensor, or none; the result transposed back to sequence-major or not),
+    q, k and v each maybe a head split of a sequence-major tensor (head_layouts.py)."""
     entries = []
-    for scaled in (True, False):
-        for masked in ("causal", "mask", ""):  # a constant causal mask first: the kernel builds it
-            for safe in (True, False):
-                q, k, v, mask = wildcard(), wildcard(), wildcard(), is_const() if masked == "causal" else wildcard()
-                role = "causal" if masked == "causal" else "mask"
-                kt = is_op("relax.permute_dims")(k)
-                scores = is_op("relax.matmul")(q, kt)
-                roles = {"lhs": q, "rhs": k, "value": v, "transpose": kt, "scores": scores}
-                x = scores
-                if scaled:
-                    scale = is_const()
-                    x = roles["scaled"] = is_op("relax.multiply")(x, scale)
-                    roles["scale"] = scale
-                if masked:
-                    x = roles["masked"] = is_op("relax.add")(x, mask)
-                    roles[role] = mask
-                p = roles["softmax"] = is_op("relax.nn.softmax")(x)
-                if safe:
-                    finite = is_op("relax.astype")(is_op("relax.not_equal")(x, is_const()))
-                    kept = is_op("relax.greater")(is_op("relax.max")(finite), is_const())
-                    p = roles["where"] = is_op("relax.where")(kept, p, is_const())
-                root = is_op("relax.matmul")(p, v)
-                name = "cgra.attention" + "_scale" * scaled + f"_{masked}" * bool(masked) + "_safe" * safe
-                entries.append((name, root, {"root": root, **roles}))
+    for merge in (True, False):
+        for scaled in (True, False):
+            for masked in ("causal", "mask", ""):  # a constant causal mask first: the kernel builds it
+                for safe in (True, False):
+                    entries.append(_pattern(merge, scaled, masked, safe))
     return entries
+
+
+def _pattern(merge: bool, scaled: bool, masked: str, safe: bool) -> tuple:
+    """One (name, root, roles) of `_patterns`."""
+    (q, q_roles), (k, k_roles), (v, v_roles) = (head_layouts.operand(role) for role in head_layouts.ROLES)
+    mask = is_const() if masked == "causal" else wildcard()
+    role = "causal" if masked == "causal" else "mask"
+    kt = is_op("relax.permute_dims")(k)
+    scores = is_op("relax.matmul")(q, kt)
+    roles = {**q_roles, **k_roles, **v_roles, "transpose": kt, "scores": scores}
+    x = scores
+    if scaled:
+        scale = is_const()
+        x = roles["scaled"] = is_op("relax.multiply")(x, scale)
+        roles["scale"] = scale
+    if masked:
+        x = roles["masked"] = is_op("relax.add")(x, mask)
+        roles[role] = mask
+    p = roles["softmax"] = is_op("relax.nn.softmax")(x)
+    if safe:
+        finite = is_op("relax.astype")(is_op("relax.not_equal")(x, is_const()))
+        kept = is_op("relax.greater")(is_op("relax.max")(finite), is_const())
+        p = roles["where"] = is_op("relax.where")(kept, p, is_const())
+    root = is_op("relax.matmul")(p, v)
+    if merge:
+        root = head_layouts.merged(root)
+    name = "cgra.attention" + "_scale" * scaled + f"_{masked}" * bool(masked) + "_safe" * safe \
+        + "_merged" * merge
+    return name, root, {"root": root, **roles}
 
 
 def attention_spec(name: str, annotated: dict) -> AttentionSpec:
     """The AttentionSpec of a matched normal form; raises UnsupportedOperator saying why not."""
-    q, k, v = annotated["lhs"], annotated["rhs"], annotated["value"]
+    q, k, v = (head_layouts.operand_of(annotated, role) for role in head_layouts.ROLES)
     shapes = [shape_dims(x) for x in (q, k, v)]
     if any(s is None or len(s) != 5 or not all(isinstance(d, int) for d in s) for s in shapes):
         raise UnsupportedOperator("attention of symbolic or unknown shapes: its NPU kernel takes static shapes "
@@ -114,8 +126,11 @@ def attention_spec(name: str, annotated: dict) -> AttentionSpec:
                                       "as a mask operand (the next pattern)")
     elif "mask" in annotated:
         mask_shape = _mask_shape(annotated["mask"], (b, hk, g, sq, sk))
+    seq_major = head_layouts.seq_major_roles(annotated, dict(zip(head_layouts.ROLES, shapes)))
     return AttentionSpec(b, hk, g, sq, sk, d, dv, scale=scale, mask_shape=mask_shape, safe="where" in annotated,
-                         causal=causal, param_roles=("lhs", "rhs", "value") + (("mask",) if mask_shape else ()))
+                         causal=causal, seq_major=seq_major,
+                         param_roles=tuple(head_layouts.param_name(seq_major, role) for role in head_layouts.ROLES)
+                         + (("mask",) if mask_shape else ()))
 
 
 def _mask_shape(mask, full: tuple) -> tuple:
@@ -151,16 +166,21 @@ def attention_compute(spec: AttentionSpec, tiling):
         return flash_compute(spec, tiling)
     b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
     h, sqp = hk * g, tiling.mp
-    q = te.placeholder((b, h, sq, d), F32, name="lhs")
-    k = te.placeholder((b, hk, sk, d), F32, name="rhs")
-    v = te.placeholder((b, hk, sk, dv), F32, name="value")
-    inputs = {"lhs": q, "rhs": k, "value": v}
-    views = {"lhs": (b, hk, g, sq, d), "rhs": (b, hk, 1, sk, d), "value": (b, hk, 1, sk, dv),
-             "out": (b, hk, g, sq, dv)}
+    def at(role, index):  # (B, H, S, D) -> where the role's tensor keeps it
+        return head_layouts.stored(spec, role, index)
+
+    q = te.placeholder(at("lhs", (b, h, sq, d)), F32, name="lhs")
+    k = te.placeholder(at("rhs", (b, hk, sk, d)), F32, name="rhs")
+    v = te.placeholder(at("value", (b, hk, sk, dv)), F32, name="value")
+    inputs = {head_layouts.param_name(spec.seq_major, role): x for role, x in zip(head_layouts.ROLES, (q, k, v))}
+    views = {role: shape for role, shape in (("lhs", (b, hk, g, sq, d)), ("rhs", (b, hk, 1, sk, d)),
+                                             ("value", (b, hk, 1, sk, dv)), ("out", (b, hk, g, sq, dv)))
+             if role not in spec.seq_major}  # a sequence-major tensor is passed as the kernel stores it
     grid = (b, hk, g, sqp)
-    x = te.compute(grid + (d,), lambda n, c, j, i, e: padded(q, q.shape, (n, c * g + j, i, e)), name="q_pad")
-    kt = te.compute((b, hk, d, sk), lambda n, c, e, j: k[n, c, j, e], name="kt_pad")
-    vp = te.compute((b, hk, sk, dv), lambda n, c, j, e: v[n, c, j, e], name="v_pad")
+    x = te.compute(grid + (d,), lambda n, c, j, i, e: padded(q, q.shape, at("lhs", (n, c * g + j, i, e))),
+                   name="q_pad")
+    kt = te.compute((b, hk, d, sk), lambda n, c, e, j: k[at("rhs", (n, c, j, e))], name="kt_pad")
+    vp = te.compute((b, hk, sk, dv), lambda n, c, j, e: v[at("value", (n, c, j, e))], name="v_pad")
     if spec.scale is not None:
         x = te.compute(grid + (d,), lambda n, c, j, i, e: vfunc_value("identity", x[n, c, j, i, e], spec.scale),
                        name="q_scaled")
@@ -187,6 +207,10 @@ def attention_compute(spec: AttentionSpec, tiling):
         "multiply", o_acc[n, c, j, i, e], inverse[n, c, j, i, 0]), name="o_norm")
     out = te.compute((b, h, sq, dv), lambda n, hh, i, e: o_norm[n, hh // g, hh % g, i, e], name="out")
     func = prim_func(spec.param_roles, inputs, out, views)
+    if "out" in spec.seq_major:  # stored (B, Sq, H, Dv): each head's rows a box of the output
+        sch = s_tir.Schedule(func)
+        sch.transform_layout(sch.get_sblock("out"), ("write", 0), lambda n, hh, i, e: (n, i, hh, e))
+        func = sch.mod["main"]
     # K and V once: a head's are loaded while the tiles of the head before wait (they are the
     # largest buffers, and doubling them would halve the sequence that fits).
     single = [name for name in _steps(spec)[1:-1] if name != "mask_pad" or tiling.tw] + ["kt_pad", "v_pad"]

@@ -40,6 +40,7 @@ from ..intrinsics import SPAD
 from ..layout.copy_kernel import parse_script
 from .attention_tiles import LOWEST, TINY
 from .flash_tiles import FlashTiling
+from .head_layouts import stored
 
 F32 = int(DType.from_name("float32"))
 #: Buffers kept one copy of (lower/double_buffer.py doubles the rest): the running state, the
@@ -55,8 +56,21 @@ def flash_compute(spec, t: FlashTiling):
     b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
     views = {"lhs": (b, hk, g, sq, d), "rhs": (b, hk, 1, sk, d), "value": (b, hk, 1, sk, dv),
              "mask": spec.mask_shape, "out": (b, hk, g, sq, dv)}
-    func = func.with_attr("cgra.arg_shapes", [list(views[role]) for role in list(spec.param_roles) + ["out"]])
+    views.update({role: stored(spec, role, shape) for role, shape in _shapes(spec).items() if role in spec.seq_major})
+    func = func.with_attr("cgra.arg_shapes", [list(views[role.removesuffix("_seq")])
+                                              for role in list(spec.param_roles) + ["out"]])
     return func.with_attr(SINGLE_BUFFERED, SINGLE + (["q"] if t.lean else []))
+
+
+def _shapes(spec) -> dict:
+    """role -> (B, H, S, D) of q, k, v and the output, heads before the sequence."""
+    b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
+    return {"lhs": (b, hk * g, sq, d), "rhs": (b, hk, sk, d), "value": (b, hk, sk, dv), "out": (b, hk * g, sq, dv)}
+
+
+def _element(spec, role: str, n: str, head: str, row: str, col: str) -> str:
+    """The text of `role`'s element (n, head, row, col) where its tensor keeps it."""
+    return f"{role}[{', '.join(map(str, stored(spec, role, (n, head, row, col))))}]"
 
 
 def _call(name: str, **operands) -> str:
@@ -132,12 +146,13 @@ class _Writer:
 
 def flash_script(spec, t: FlashTiling) -> str:
     """The TVMScript text of the kernel (module docstring)."""
-    b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
-    shapes = {"lhs": (b, hk * g, sq, d), "rhs": (b, hk, sk, d), "value": (b, hk, sk, dv)}
+    b, hk, g, sq = spec.b, spec.hk, spec.g, spec.sq
+    shapes = {role: stored(spec, role, shape) for role, shape in _shapes(spec).items()}
     if spec.mask_shape:
         mb, mhk, mg, msq, msk = spec.mask_shape
         shapes["mask"] = (mb, mhk * mg, msq, msk)
-    params = [(role, shapes[role]) for role in spec.param_roles] + [("out", (b, hk * g, sq, dv))]
+    params = [(role, shapes[role]) for role in (r.removesuffix("_seq") for r in spec.param_roles)]
+    params.append(("out", shapes["out"]))
     args = ", ".join(f'{name}: T.Buffer(({", ".join(map(str, shape))},), "float32")' for name, shape in params)
     w = _Writer()
     w.lines = ["@T.prim_func", f"def flash({args}):", '    T.func_attr({"tirx.noalias": True})']
@@ -192,7 +207,7 @@ def _head(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) 
     row0 = f"{qt} * {tq}"
     w.alloc("q", (tq, t.q_stride))
     w.add(f"for i, e in T.grid({tq}, {d}):",
-          f"    q[i, e] = {_guarded(f'{row0} + i', sq, tq, f'lhs[{n}, {head}, {row0} + i, e]')}")
+          f"    q[i, e] = {_guarded(f'{row0} + i', sq, tq, _element(spec, 'lhs', n, head, f'{row0} + i', 'e'))}")
     if spec.scale is not None:
         w.add(_vfunc("identity", tq, d, ("q", 0, t.q_stride), ("q", 0, t.q_stride), scale=spec.scale))
     for name, shape in (("m", (tq, 1)), ("l", (tq, 1)), ("m_old", (tq, 1)), ("alpha", (tq, 1)),
@@ -217,10 +232,11 @@ def _head(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) 
         w.alloc("res", (tq, dv))
     w.add(_eltwise("multiply", tq, dv, ("o", 0, dv, 1), ("inv", 0, 1, 0), (res, 0, dv)))
     w.add(f"for i, e in T.grid({tq}, {dv}):")
+    stored_at = _element(spec, "out", n, head, f"{row0} + i", "e")
     if sq % tq:
-        w.add(f"    if {row0} + i < {sq}:", f"        out[{n}, {head}, {row0} + i, e] = {res}[i, e]")
+        w.add(f"    if {row0} + i < {sq}:", f"        {stored_at} = {res}[i, e]")
     else:
-        w.add(f"    out[{n}, {head}, {row0} + i, e] = {res}[i, e]")
+        w.add(f"    {stored_at} = {res}[i, e]")
 
 
 def _causal_keys(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) -> None:
@@ -248,8 +264,8 @@ def _key_tile(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0:
     kb, vb = "k" + suffix, "v" + suffix
     w.alloc(kb, (d, cols))
     w.alloc(vb, (cols, dv))
-    w.add(f"for e, u in T.grid({d}, {cols}):", f"    {kb}[e, u] = rhs[{n}, {c}, {k0} + u, e]",
-          f"for u, e in T.grid({cols}, {dv}):", f"    {vb}[u, e] = value[{n}, {c}, {k0} + u, e]")
+    w.add(f"for e, u in T.grid({d}, {cols}):", f"    {kb}[e, u] = {_element(spec, 'rhs', n, c, f'{k0} + u', 'e')}",
+          f"for u, e in T.grid({cols}, {dv}):", f"    {vb}[u, e] = {_element(spec, 'value', n, c, f'{k0} + u', 'e')}")
     w.add(_gemm(False, tq, cols, d, ("q", 0, t.q_stride), (kb, 0, cols), ("s", 0, tk)))
     if mask == "read" and spec.mask_shape:
         mask = _mask_operand(w, spec, t, n, head, row0, k0, cols, suffix)

@@ -29,6 +29,7 @@ class AttentionSpec:
     safe: bool = False
     causal: int | None = None
     param_roles: tuple = ("lhs", "rhs", "value")
+    seq_major: tuple = ()  # roles stored (B, S, H, D), not (B, H, S, D): head transposes folded (head_layouts.py)
     source_ops: tuple = ()
     shape_args: tuple = ()
     op = "attention"
