@@ -98,6 +98,7 @@ def test_broadcast_to_walks_a_broadcast_axis_at_step_zero(shape, data, dtype, ar
 @given(shape=shapes, data=st.data(), dtype=DTYPES, arch=PRESETS)
 def test_pad_is_a_zero_halo(shape, data, dtype, arch):
     widths = [data.draw(st.integers(0, 3)) for _ in range(2 * len(shape))]
+    widths[-1] = widths[-1] or int(not any(widths))  # a pad of zero widths is no copy (normalise/no_op_pads.py)
     x = _data(np.random.default_rng(3), shape, dtype)
     expected = np.pad(x, list(zip(widths[0::2], widths[1::2])))
     _check(lambda v: relax.op.nn.pad(v, widths), [x], expected, arch)

@@ -3,8 +3,8 @@ then a slice.
 
 Stage: normalise (before partition). In: a Relax IRModule. Out: the same module in which
 - `split(y, sections, axis)[i]` (static sections) is `strided_slice(y, [axis], [b_i], [e_i])`;
-- a unit-step slice of a slice is one slice, and a slice of a transpose that only slices and
-  splits read is a transpose of a slice;
+- a slice of a slice is one slice (with steps too), and a unit-step slice of a transpose that
+  only slices and splits read is a transpose of a slice;
 - `reshape(strided_slice(y, [a], [b], [e]), s)` where s only cuts axis a of the slice into
   (n, q), q dividing b, e and y's axis a, is `strided_slice(reshape(y, y's shape cut the same
   way), [a], [b / q], [e / q])`.
@@ -158,6 +158,8 @@ class _SliceRewriter(relax.PyExprMutator):
         transpose as the transpose of a slice (the slice first, nearer the tensor it cuts)."""
         box = unit_box(call)
         inner = self.lookup_binding(call.args[0])
+        if isinstance(inner, relax.Call) and inner.op.same_as(_SLICE) and (box is None or unit_box(inner) is None):
+            return strided_composed(inner, call)
         if box is None or not isinstance(inner, relax.Call):
             return call
         if inner.op.same_as(_SLICE):
@@ -203,6 +205,42 @@ def unit_box(call) -> dict | None:
         start = min(max(start + shape[axis] if start < 0 else start, 0), shape[axis])
         box[axis] = (start, start + out[axis])
     return box
+
+
+def strided_box(call) -> dict | None:
+    """{axis: (begin, step, count)} of a strided_slice with positive steps and constant bounds,
+    else None."""
+    shape, out = static_shape(call.args[0]), static_shape(call)
+    args = list(call.args[1:])
+    if shape is None or out is None or len(args) < 3 or not all(isinstance(a, relax.Tuple) for a in args[:3]):
+        return None
+    axes, begin = _ints(args[0]), _ints(args[1])
+    steps = _ints(args[3]) if len(args) > 3 and isinstance(args[3], relax.Tuple) else [1] * len(axes)
+    if any(step <= 0 for step in steps) or len(set(a % len(shape) for a in axes)) != len(axes) or 0 in out:
+        return None
+    box = {}
+    for axis, start, step in zip(axes, begin, steps):
+        axis %= len(shape)
+        box[axis] = (min(max(start + shape[axis] if start < 0 else start, 0), shape[axis]), step, out[axis])
+    return box
+
+
+def strided_composed(inner, outer):
+    """A slice (`outer`) of a slice (`inner`), either with steps, as one slice of the inner's
+    operand: along an axis both cut, begin b1 + b2 * s1 and step s1 * s2 (Swin's patch merging
+    takes every other row, then every other column of those: one box). `outer` if either has
+    bounds computed at run time."""
+    first, second = strided_box(inner), strided_box(outer)
+    if first is None or second is None:
+        return outer
+    merged = dict(first)
+    for axis, (begin, step, count) in second.items():
+        start, stride, _ = first.get(axis, (0, 1, count))
+        merged[axis] = (start + begin * stride, stride * step, count)
+    axes = sorted(merged)
+    return relax.op.strided_slice(inner.args[0], axes, [merged[a][0] for a in axes],
+                                  [merged[a][0] + (merged[a][2] - 1) * merged[a][1] + 1 for a in axes],
+                                  [merged[a][1] for a in axes])
 
 
 def permute_axes(call) -> list[int] | None:

@@ -37,6 +37,7 @@ from .length_masks import causal_masks_pass
 from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
 from .no_op_broadcasts import no_op_broadcasts_pass
+from .no_op_pads import no_op_pads_pass
 from .permute_chains import permute_chains_pass
 from .split_slices import split_slices_pass
 from .qdq import canonicalize_qdq
@@ -129,6 +130,9 @@ def normalise_passes(arch=None) -> list:
         # A broadcast_to the shape its operand has (torch.export's expand before a batched
         # matmul) is its operand, not a host copy (no_op_broadcasts.py).
         no_op_broadcasts_pass,
+        # A pad of zero widths (Swin's to a multiple of a window that divides the map) is its
+        # operand, not a copy (no_op_pads.py).
+        no_op_pads_pass,
         # A transpose of a transpose is one (the attention form's output: three in a row, two
         # cancelling), a transpose that moves nothing its operand (permute_chains.py).
         permute_chains_pass,
