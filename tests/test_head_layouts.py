@@ -10,6 +10,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+import tvm
 from tvm import relax
 
 import npu_backend
@@ -81,3 +82,29 @@ def test_the_key_tile_kernel_reads_and_writes_sequence_major_tensors(flash_only,
     # a chip no other test compiles for: the kernel cache's key holds the chip, not the tiling
     arch = dataclasses.replace(npu_backend.load_arch("cgra-4x4"), name="cgra-4x4-spad56k", spad_bytes=56 * 1024)
     _check(b, h, hk, s, d, arch)
+
+
+def test_a_transposed_k_read_elsewhere_leaves_the_plain_attention():
+    """A KV cache's K and V, transposed, are outputs too: the transposes stay copies and the
+    attention is still one kernel (the plain patterns after the head splits' ones)."""
+    b, h, s, d = 1, 4, 12, 16
+    bb = relax.BlockBuilder()
+    ins = [relax.Var(name, relax.TensorType((b, s, h * d), "float32")) for name in "qkv"]
+    with bb.function("main", ins):
+        with bb.dataflow():
+            q, k, v = (bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(x, (b, s, h, d))), [0, 2, 1, 3]))
+                       for x in ins)
+            scores = bb.emit(relax.op.multiply(bb.emit(relax.op.matmul(q, bb.emit(relax.op.permute_dims(
+                k, [0, 1, 3, 2])))), relax.const(np.float32(d ** -0.5))))
+            o = bb.emit(relax.op.matmul(bb.emit(relax.op.nn.softmax(scores, axis=-1)), v))
+            out = bb.emit_output(relax.Tuple([o, k, v]))
+        bb.emit_func_output(out)
+    arrays = [np.random.default_rng(i).standard_normal((b, s, h * d)).astype(np.float32) for i in range(3)]
+    executable = npu_backend.compile(bb.get(), "cgra-8x8")
+    with npu_backend.profile() as prof:
+        out = tvm.relax.VirtualMachine(executable, tvm.cpu())["main"](*map(tvm.runtime.tensor, arrays))
+    assert [kernel.name.count("softmax") for kernel in prof.kernels].count(1) == 1, [k.name for k in prof.kernels]
+    q, k, v = (x.reshape(b, s, h, d).transpose(0, 2, 1, 3) for x in arrays)
+    expected = _reference(q, k, v, None, d ** -0.5, safe=False)
+    assert np.abs(out[0].numpy() - expected).max() <= BOUND * np.abs(expected).max()
+    np.testing.assert_array_equal(out[1].numpy(), k)

@@ -52,21 +52,27 @@ from .spec import F32, AttentionSpec
 
 def _patterns() -> list:
     """matmul(q, permute_dims(k)) [* scale] [+ mask] -> softmax [-> where(kept, ., 0)] -> matmul(., v):
-    the normal form, each optional piece an alternative (twenty-four patterns: the mask a constant
-    causal triangle, any tensor, or none; the result transposed back to sequence-major or not),
-    q, k and v each maybe a head split of a sequence-major tensor (head_layouts.py)."""
+    the normal form, each optional piece an alternative (twelve patterns: the mask a constant
+    causal triangle, any tensor, or none); each first with q, k and v maybe head splits of
+    sequence-major tensors and the result transposed back (`_merged`), then with the head splits
+    alone (the attention's result read elsewhere too), then with plain operands (a transposed K or
+    V read elsewhere too, a KV cache's) (head_layouts.py)."""
     entries = []
-    for merge in (True, False):
+    for form in ("merged", "heads", ""):
         for scaled in (True, False):
             for masked in ("causal", "mask", ""):  # a constant causal mask first: the kernel builds it
                 for safe in (True, False):
-                    entries.append(_pattern(merge, scaled, masked, safe))
+                    entries.append(_pattern(form, scaled, masked, safe))
     return entries
 
 
-def _pattern(merge: bool, scaled: bool, masked: str, safe: bool) -> tuple:
+def _pattern(form: str, scaled: bool, masked: str, safe: bool) -> tuple:
     """One (name, root, roles) of `_patterns`."""
-    (q, q_roles), (k, k_roles), (v, v_roles) = (head_layouts.operand(role) for role in head_layouts.ROLES)
+    if form:
+        (q, q_roles), (k, k_roles), (v, v_roles) = (head_layouts.operand(role) for role in head_layouts.ROLES)
+    else:
+        q, k, v = wildcard(), wildcard(), wildcard()
+        q_roles, k_roles, v_roles = {"lhs": q}, {"rhs": k}, {"value": v}
     mask = is_const() if masked == "causal" else wildcard()
     role = "causal" if masked == "causal" else "mask"
     kt = is_op("relax.permute_dims")(k)
@@ -86,10 +92,12 @@ def _pattern(merge: bool, scaled: bool, masked: str, safe: bool) -> tuple:
         kept = is_op("relax.greater")(is_op("relax.max")(finite), is_const())
         p = roles["where"] = is_op("relax.where")(kept, p, is_const())
     root = is_op("relax.matmul")(p, v)
-    if merge:
+    if form == "merged":
         root = head_layouts.merged(root)
+    # The head splits' form shares the plain form's name (both make the same kernel; the plain
+    # one is there for when the splits' transposes are read elsewhere too).
     name = "cgra.attention" + "_scale" * scaled + f"_{masked}" * bool(masked) + "_safe" * safe \
-        + "_merged" * merge
+        + "_merged" * (form == "merged")
     return name, root, {"root": root, **roles}
 
 
