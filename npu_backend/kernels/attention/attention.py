@@ -26,8 +26,10 @@ picks the kernel moving fewer DRAM bytes).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
-from tvm import s_tir, te, tirx
+from tvm import te, tirx
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from ...errors import UnsupportedOperator
@@ -174,16 +176,13 @@ def attention_compute(spec: AttentionSpec, tiling):
         return flash_compute(spec, tiling)
     b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
     h, sqp = hk * g, tiling.mp
-    def at(role, index):  # (B, H, S, D) -> where the role's tensor keeps it
-        return head_layouts.stored(spec, role, index)
-
+    at = functools.partial(head_layouts.stored, spec)  # (B, H, S, D) -> where the role's tensor keeps it
     q = te.placeholder(at("lhs", (b, h, sq, d)), F32, name="lhs")
     k = te.placeholder(at("rhs", (b, hk, sk, d)), F32, name="rhs")
     v = te.placeholder(at("value", (b, hk, sk, dv)), F32, name="value")
     inputs = {head_layouts.param_name(spec.seq_major, role): x for role, x in zip(head_layouts.ROLES, (q, k, v))}
-    views = {role: shape for role, shape in (("lhs", (b, hk, g, sq, d)), ("rhs", (b, hk, 1, sk, d)),
-                                             ("value", (b, hk, 1, sk, dv)), ("out", (b, hk, g, sq, dv)))
-             if role not in spec.seq_major}  # a sequence-major tensor is passed as the kernel stores it
+    views = head_layouts.plain_views(spec, {"lhs": (b, hk, g, sq, d), "rhs": (b, hk, 1, sk, d),
+                                            "value": (b, hk, 1, sk, dv), "out": (b, hk, g, sq, dv)})
     grid = (b, hk, g, sqp)
     x = te.compute(grid + (d,), lambda n, c, j, i, e: padded(q, q.shape, at("lhs", (n, c * g + j, i, e))),
                    name="q_pad")
@@ -214,11 +213,7 @@ def attention_compute(spec: AttentionSpec, tiling):
     o_norm = te.compute(grid + (dv,), lambda n, c, j, i, e: eltwise_value(
         "multiply", o_acc[n, c, j, i, e], inverse[n, c, j, i, 0]), name="o_norm")
     out = te.compute((b, h, sq, dv), lambda n, hh, i, e: o_norm[n, hh // g, hh % g, i, e], name="out")
-    func = prim_func(spec.param_roles, inputs, out, views)
-    if "out" in spec.seq_major:  # stored (B, Sq, H, Dv): each head's rows a box of the output
-        sch = s_tir.Schedule(func)
-        sch.transform_layout(sch.get_sblock("out"), ("write", 0), lambda n, hh, i, e: (n, i, hh, e))
-        func = sch.mod["main"]
+    func = head_layouts.output_stored(prim_func(spec.param_roles, inputs, out, views), spec)
     # K and V once: a head's are loaded while the tiles of the head before wait (they are the
     # largest buffers, and doubling them would halve the sequence that fits).
     single = [name for name in _steps(spec)[1:-1] if name != "mask_pad" or tiling.tw] + ["kt_pad", "v_pad"]
