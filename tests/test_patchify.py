@@ -19,12 +19,12 @@ from npu_backend.kernels.gemm.gemm import choose_gemm_tiling
 
 @pytest.mark.parametrize("c, h, w, f, k, dtype, residual", [
     (3, 32, 32, 16, 8, "float32", False),  # a ViT-style patch embedding, 4 x 4 patches
-    (3, 16, 24, 8, 4, "float32", True),  # wider than tall: tiles of output columns
+    (3, 16, 24, 8, 4, "float32", True),  # wider than tall: tiles of output columns; 2 images
     (8, 12, 12, 24, 2, "int8", False),  # 2 x 2 patches, 36 rows: a ragged row tile
     (1, 10, 10, 8, 5, "float32", False),
 ])
 def test_patch_convolutions_match_numpy(c, h, w, f, k, dtype, residual):
-    mod, inputs, ref = conv2d_model(1, c, h, w, f, k, k, stride=(k, k), dtype=dtype, relu=False,
+    mod, inputs, ref = conv2d_model(1 + residual, c, h, w, f, k, k, stride=(k, k), dtype=dtype, relu=False,
                                     residual=residual, seed=3)
     assert_matches(run(npu_backend.compile(mod, "cgra-8x8"), inputs), ref, dtype)
 
