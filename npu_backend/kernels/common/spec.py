@@ -260,6 +260,9 @@ class Tiling:
     np: int
     kp: int
     tw: int = 0  # depthwise with a symbolic width, pool with a symbolic height and width: output columns of a tile (0: the whole width); attention: 1 if its mask is held whole
+    #: GEMM-shaped kernels: the epilogue's smooth activation (sigmoid, SiLU, GELU's tanh form) runs as
+    #: one VFUNC through the chip's function unit instead of FABRIC bodies (gemm/epilogue_tail.py)
+    act_on_vector: bool = False
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -343,7 +343,7 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
         value = activation(value, spec.acc_dtype, spec.relu, spec.clip)
         if spec.fabric_body:
             value = body_value(FabricBody(spec.fabric_body, spec.acc_dtype), value)
-        value = act_value(spec.act, value) if spec.act else value
+        value = act_value(spec.act, value, tiling.act_on_vector) if spec.act else value
         value = value * mul_pad(*idx) if mul_pad is not None else value
         if spec.half_out:
             return value.astype(spec.half_out)  # rounded to nearest even on store
@@ -386,6 +386,8 @@ def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
     rows = tiling.tm if rows is None else rows
     body = FabricBody(spec.fabric_body, spec.acc_dtype) if spec.fabric_body else None
     tail = dict(act=spec.act, multiplier=bool(spec.multiplier_shape)) if spec.act or spec.multiplier_shape else {}
+    if spec.act and tiling.act_on_vector:
+        tail = dict(tail, act_vfunc=True)
     if spec.channel_scale_shape:
         tail = dict(tail, channel_scale=True, channel_shift=bool(spec.channel_shift_shape))
     if spec.half_out:

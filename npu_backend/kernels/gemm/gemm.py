@@ -17,6 +17,7 @@ conflicts (spad_layout.py).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from cgra_sim.arch import HardwareDescription
@@ -25,7 +26,7 @@ from cgra_sim.isa import DType
 from ...errors import ScratchpadTooSmall
 from ..common.dynamic import TILE_OF
 from .epilogue import channel_rows, epilogue_intrin
-from .epilogue_tail import check_tail_padding, tail_tile_cycles
+from .epilogue_tail import act_on_vector, check_tail_padding, tail_tile_cycles
 from ..intrinsics import SPAD, get_intrin
 from ..common.spad_layout import a_row_stride, align_output_rows, align_rows, out_row_stride, store_walks_rows
 from ..common.spec import KernelSpec, Tiling, aligned, round_up
@@ -53,6 +54,8 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
                                       tail_cycles=tail_tile_cycles(spec, arch),
                                       extra_rows=bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape),
                                       a_panel=may_hold_a_panel(spec))
+        if act_on_vector(spec, arch):
+            _TILINGS[key] = dataclasses.replace(_TILINGS[key], act_on_vector=True)
     check_tail_padding(spec, _TILINGS[key], arch)
     return _TILINGS[key]
 
