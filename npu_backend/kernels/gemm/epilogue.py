@@ -33,6 +33,7 @@ from ..intrinsics.vector_unit import activation, requantise
 from ..common.operands import padded
 from ..common.spec import KernelSpec
 from .epilogue_tail import caller_out_shape, is_tail_pattern, with_float_tail, with_reshape
+from .gated import is_gated_pattern, with_gated
 
 #: The accumulator dtype of each input dtype of a PE-array kernel: also its output's, but for the
 #: 16-bit floats, whose kernels store their own dtype (the EPILOGUE rounds to nearest even).
@@ -191,6 +192,8 @@ def with_epilogue_tail(spec: KernelSpec, annotated: dict, name: str = "") -> Ker
     """`spec` with the residual add, the requantisation or the elementwise chain the chain
     ends in, if any; for a tail pattern (pattern `name`, epilogue_tail.py) its reshape,
     activation and multiplier."""
+    if is_gated_pattern(name):
+        return with_gated(spec, annotated)
     tail = is_tail_pattern(name)
     if spec.half_out and (tail or "n1" in annotated or "requant" in annotated):
         raise UnsupportedOperator(f"a {spec.dtype} {spec.op} fuses [+ bias] [+ residual] [relu | clip]; the ops "
@@ -384,6 +387,9 @@ def channel_rows(spec: KernelSpec) -> tuple:
 def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
     """The EPILOGUE intrinsic for a tile of `rows` (tiling.tm by default) x tiling.tn."""
     rows = tiling.tm if rows is None else rows
+    if spec.gated:  # gated.py: a tile of tn / 2 outputs from the tn accumulator columns
+        return get_intrin("epilogue", rows, tiling.tn // 2, "float32", bias=False, relu=False, act=spec.act,
+                          gated=True)
     body = FabricBody(spec.fabric_body, spec.acc_dtype) if spec.fabric_body else None
     tail = dict(act=spec.act, multiplier=bool(spec.multiplier_shape)) if spec.act or spec.multiplier_shape else {}
     if spec.act and tiling.act_on_vector:

@@ -215,6 +215,9 @@ def tail_tile_cycles(spec, arch):
     onto the chip's fabric."""
     if not spec.act and not spec.multiplier_shape:
         return None
+    if spec.gated:  # gated.py: the VFUNC and the multiply over the tile's half of outputs
+        return lambda elements: (0, cost.vfunc_cycles(arch, elements // 2, spec.act)
+                                 + cost.eltwise_cycles(arch, elements // 2, elements))
     vfunc = spec.act == "gelu" or act_on_vector(spec, arch)
     programs = [(require_program(nodes, "float32", arch, spec.act), nodes) for nodes in act_passes(spec.act)] \
         if spec.act and not vfunc else []

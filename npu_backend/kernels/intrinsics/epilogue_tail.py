@@ -19,11 +19,13 @@ left out: the first piece reads the accumulator tile and writes the output tile.
 
 from __future__ import annotations
 
+from cgra_codegen import device_call
 from cgra_sim.mapping.sigmoid import passes
 
 from .builder import SPAD, Tile, intrinsic
 from .fabric import body_value, fabric_call
-from .row_ops import vfunc_call, vfunc_value
+from .pe_array import dtype_code
+from .row_ops import VFUNCS, vfunc_call, vfunc_value
 from .smooth import smooth_calls, smooth_value
 from .vector_unit import activation, eltwise_call, epilogue_call, epilogue_value
 from .vector_unit import epilogue_intrin as plain_epilogue_intrin
@@ -47,7 +49,8 @@ def act_passes(act: str) -> tuple:
 def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool, residual: bool = False,
                     clip=None, zero_point: int | None = None, body=None, act: str | None = None,
                     multiplier: bool = False, channel_scale: bool = False, channel_shift: bool = False,
-                    out_dtype: str | None = None, act_vfunc: bool = False, scope: str = SPAD):
+                    out_dtype: str | None = None, act_vfunc: bool = False, gated: bool = False,
+                    scope: str = SPAD):
     """EPILOGUE over a rows x cols tile of the accumulator (`dtype`): out = requantise?(clip?(relu?(acc +
     bias? + residual?)), scale, zero_point), then with `body` (a FabricBody) a FABRIC runs it over
     the output tile in place; float32: with `channel_scale` (and `channel_shift`) the sum is
@@ -58,6 +61,8 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     row of cols; residual: a rows x cols tile; clip: None or (lo, hi); zero_point: None, or an int8
     output requantised with a float32 scale row (int32 accumulators only); out_dtype: None, or a
     16-bit float the float32 result is rounded to (vector_unit.epilogue_intrin; no tail then)."""
+    if gated:
+        return gated_intrin(rows, cols, act, scope=scope)
     plain = dict(bias=bias, relu=relu, residual=residual, clip=clip, zero_point=zero_point, body=body)
     if act is None and not multiplier and not channel_scale:
         return plain_epilogue_intrin(rows, cols, dtype, **plain, out_dtype=out_dtype, scope=scope)
@@ -116,3 +121,26 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
         return calls
 
     return intrinsic(inputs, Tile("Out", (rows, cols), dtype), "epi", value, call, scope=scope)
+
+
+def gated_intrin(rows: int, cols: int, act: str, scope: str = SPAD):
+    """A gated linear unit's epilogue (kernels/gemm/gated.py): Out[i, j] = act(Acc[i, 2j]) *
+    Acc[i, 2j + 1] from a rows x 2 cols accumulator tile, float32: one VFUNC of the even columns
+    (column stride 2) into the output tile, one ELTWISE multiplying it by the odd columns."""
+    if act not in TAIL_ACTS:
+        raise ValueError(f"a gated unit's activation is one of {TAIL_ACTS}, not {act}")
+
+    def value(buffers, i, j):
+        return act_value(act, buffers["Acc"][i, 2 * j], True) * buffers["Acc"][i, 2 * j + 1]
+
+    def call(buffers, strides):
+        acc, out = buffers["Acc"], buffers["Out"]
+        odd = (acc.data, acc.elem_offset + 1)
+        return [device_call("cgra_vfunc", flags=0, func=int(VFUNCS[act][0]), dtype=dtype_code("float32"), rows=rows,
+                            cols=cols, a_addr=acc, a_row_stride=strides["Acc"][0], a_col_stride=2, out_addr=out,
+                            out_stride=strides["Out"][0], scale_bits=0, offset_bits=0),
+                eltwise_call("multiply", "float32", rows, cols, (out, strides["Out"][0], 1),
+                             (odd, strides["Acc"][0], 2), (out, strides["Out"][0]))]
+
+    return intrinsic([Tile("Acc", (rows, 2 * cols), "float32")], Tile("Out", (rows, cols), "float32"), "epi", value,
+                     call, scope=scope)
