@@ -46,8 +46,7 @@ from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of, expression_name, shape_dims
 from ..common.dynamic import bound_of
 from ..family import OpFamily
-from .cache_write import PATTERN as CACHE_WRITE, RowWrite, cache_write_func, cache_write_parts, cache_write_patterns, \
-    cache_write_tiling
+from .cache_write import PATTERNS as CACHE_WRITES, cache_write_patterns, cache_write_spec, write_func, write_tiling
 from .copy_kernel import Gather, LayoutTiling, Piece, choose_splits, copy_script, gather_rows, parse_script
 
 DTYPES = ("int8", "int32", "float32", "bfloat16", "float16")  # what the DMA moves (isa.DType)
@@ -80,7 +79,7 @@ class LayoutSpec:
     caller_symbols: tuple = ()  # the same for the caller's shapes (`views`)
     source_ops: tuple = ()
     shape_args: tuple = ()
-    write: RowWrite | None = None  # a KV cache's row written in place (cache_write.py)
+    write: object = None  # a KV cache's row(s) written in place (cache_write.py's RowWrite, RowsWrite)
     macs = 0
     acc_dtype = property(lambda self: self.dtype)
 
@@ -109,11 +108,8 @@ def layout_patterns() -> list:
 def layout_spec(name: str, annotated: dict) -> LayoutSpec:
     """The copy kernel a matched layout op becomes; raises UnsupportedOperator with the reason."""
     call = annotated["root"]
-    if name == CACHE_WRITE:
-        in_shapes, cache, dtype = cache_write_parts(annotated)
-        views = tuple((role, shape) for role, shape, _ in in_shapes) + (("out", in_shapes[0][1]),)
-        return LayoutSpec("cache_write", dtype, in_shapes, in_shapes[0][1], write=RowWrite(cache), views=views,
-                          param_roles=("data", "index", "updates"))
+    if name in CACHE_WRITES:
+        return LayoutSpec(**cache_write_spec(name, annotated))
     op = _OPS[call.op.name]
     out_shape, out_names = _shape(call, f"{op}'s result")
     dtype = dtype_of(call)
@@ -423,7 +419,7 @@ def choose_layout_tiling(spec: LayoutSpec, arch) -> LayoutTiling:
     is estimated faster (its call overhead and bytes, arch's host table, at the NPU's clock)."""
     size = DType.from_name(spec.dtype).itemsize
     if spec.write is not None:  # in place: the host would copy the whole cache
-        return cache_write_tiling(arch, spec.write, size)
+        return write_tiling(arch, spec.write, size)
     if spec.gather is not None:
         rows, cycles = gather_rows(arch, spec.gather, size)
         tiling = LayoutTiling(rows=rows, cycles=cycles)
@@ -449,9 +445,7 @@ def layout_compute(spec: LayoutSpec, tiling: Tiling):
     """The copy kernel's PrimFunc (copy_kernel.py), parameters in `spec.param_roles` order."""
     shapes = {role: (shape, dtype) for role, shape, dtype in spec.in_shapes}
     if spec.write is not None:
-        func = cache_write_func(spec.write, spec.dtype, shapes["index"][1], spec.param_roles)
-        callers = dict(spec.views)
-        return func.with_attr("cgra.arg_shapes", [list(callers[role]) for role in list(spec.param_roles) + ["out"]])
+        return write_func(spec, tiling)
     params, out_shape = [], spec.out_shape
     if spec.gather is not None:
         g = spec.gather
@@ -477,8 +471,9 @@ def schedule_layout(sch, spec, tiling, arch) -> None:
     del sch, spec, tiling, arch
 
 
-LAYOUT = OpFamily(name="layout", ops=tuple(_READERS) + ("cache_write",), patterns=layout_patterns, spec_from_match=layout_spec,
+LAYOUT = OpFamily(name="layout", ops=tuple(_READERS) + ("cache_write", "cache_rows"), patterns=layout_patterns, spec_from_match=layout_spec,
                   choose_tiling=choose_layout_tiling, compute=layout_compute, schedule=schedule_layout,
                   host_ops={**{op: f"cgra.{name}" + ("2" if name == "concat" else "") for op, name in _OPS.items()},
-                            "relax.scatter_elements": CACHE_WRITE},
+                            "relax.scatter_elements": CACHE_WRITES[0],
+                            "relax.slice_scatter": CACHE_WRITES[1]},
                   checks_pe_dtype=False)
