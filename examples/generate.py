@@ -9,10 +9,13 @@ attention over the KV cache, SwiGLU, the LM head) is written with the model's ow
 module torch.export takes, exported once with the cache length symbolic, then given caches
 preallocated for `--bound` positions (npu_backend.frontend.kv_cache.preallocate_kv_cache: the new
 row written in place by an NPU kernel, attention reading the first t + 1 rows) and compiled once.
-The prompt is fed through that step one token at a time (its prefill), then each generated token
-is: every op of the step runs on the NPU, the caches stay the same device tensors from step to
-step, and the host only picks the argmax of the logits. The tokens are checked against
-`model.generate(do_sample=False)`. Per token it prints the NPU's cycles, the tokens per second at
+Its prefill (the prompt's tokens at once, causal attention over them) is exported once with the
+prompt's length symbolic and writes the prompt's keys and values into the first rows of the same
+caches, in place (npu_backend.frontend.kv_prefill.prefill_kv_cache); then each generated token
+goes through the decode step (`--prefill steps`: the prompt too, token by token): every op of
+the decode step runs on the NPU, the caches stay the same device tensors from step to step, and
+the host only picks the argmax of the logits. The tokens are checked against
+`model.generate(do_sample=False)`. It prints the prefill's figures, and per token the NPU's cycles, the tokens per second at
 the chip's clock, the DRAM bytes the DMA moved and the energy. Needs torch and transformers.
 """
 
