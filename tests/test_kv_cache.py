@@ -96,6 +96,7 @@ def test_a_position_past_the_cache_says_the_bound_and_writes_nothing_past_it(ste
     with pytest.raises(ValueError, match=f"past its bound {BOUND}: the cache holds {BOUND} positions: preallocate it for more "
                        r"\(preallocate_kv_cache\(mod, bound=...\)\)"):
         step["main"](*[tvm.runtime.tensor(a) for a in args], *caches)
+    assert not any(cache.numpy().any() for cache in caches)  # not even the last row: the write was dropped
 
 
 def test_what_the_step_computes_from_the_position_alone_is_looked_up_by_it_on_the_npu():

@@ -2,7 +2,7 @@
 frontend/kv_prefill.py turns a step returning a prompt's keys and values (1, KV heads, s, d)
 into one writing them into the caches' first s rows in place, one NPU kernel per cache
 (kernels/layout/cache_write.py's `cgra.cache_rows`): the rows past s are not written, and a
-prompt past the bound is a ValueError naming it before anything is written.
+prompt past the bound is an error naming it before anything is allocated or written.
 examples/generate.py's prefill (tests/test_generate.py) is the end-to-end case."""
 
 from __future__ import annotations
@@ -59,8 +59,9 @@ def test_a_prompts_rows_land_in_the_callers_caches_and_nothing_past_them(step):
 def test_a_prompt_past_the_bound_names_it_and_writes_nothing(step):
     rows = [np.ones((1, KV_HEADS, BOUND + 1, DEPTH), "float32") for _ in range(2)]
     caches = _caches()
-    with pytest.raises(ValueError, match=f"past its bound {BOUND}: the cache holds {BOUND} positions: preallocate it "
-                       r"for more \(prefill_kv_cache\(mod, bound=...\)\)"):
+    with pytest.raises(AssertionError, match=f"a prompt of {BOUND + 1} tokens past the KV caches' bound {BOUND}: the "
+                       f"caches hold {BOUND} positions: preallocate them for more "
+                       r"\(prefill_kv_cache\(mod, bound=...\), and the export's Dim\(max=...\)\)"):
         step["main"](*[tvm.runtime.tensor(r) for r in rows], *caches)
     assert all(np.isnan(cache.numpy()).all() for cache in caches)
 

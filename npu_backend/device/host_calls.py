@@ -44,6 +44,9 @@ _RUNTIME_COPIES = HOST_CONCAT.rsplit(".", 1)[0] + "."  # "cgra.host.": the runti
 _BUILTIN = "vm.builtin."
 #: Calls that make a view of a tensor (R.memory.view), no copy: not host calls.
 _VIEWS = frozenset({"runtime.TVMTensorCreateView"})
+#: Relax's assert_op: given shape values alone (a prefill's length against its caches' bound,
+#: frontend/kv_prefill.py), a check like the VM's own shape checks, not a host operator.
+_ASSERT = "relax.run.assert_op"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +103,7 @@ class HostObserver:
                 not profile_module.profiles_of_this_thread():
             return 0  # no profile, or a call of another Relax function (its calls are seen one by one)
         symbol = str(symbol)
-        if symbol in self.bookkeeping:
+        if symbol in self.bookkeeping or (symbol == _ASSERT and not any(_is_tensor(arg) for arg in args)):
             return 0
         if symbol.startswith(_BUILTIN):
             self._builtin(symbol, before_run, ret_value, args)

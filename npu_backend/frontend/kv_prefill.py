@@ -47,7 +47,11 @@ def prefill_kv_cache(mod: tvm.IRModule, bound: int, outputs: int = 1, axis: int 
     params = list(func.params) + caches
     attrs = dict(func.attrs or {})
     attrs["tir_var_upper_bound"] = {**dict(attrs.get("tir_var_upper_bound", {})), length.name: bound}
-    with bb.function("main", params, attrs=attrs, pure=func.is_pure):
+    with bb.function("main", params, attrs=attrs, pure=False):
+        # before anything is allocated (the VM's memory plan holds s at its bound) or written
+        bb.emit(relax.op.assert_op(length <= bound, [length], f"a prompt of {{}} tokens past the KV caches' bound "
+                                   f"{bound}: the caches hold {bound} positions: preallocate them for more "
+                                   f"(prefill_kv_cache(mod, bound=...), and the export's Dim(max=...))"))
         with bb.dataflow():
             for block in body.blocks:
                 for binding in block.bindings:

@@ -8,7 +8,8 @@ scatter_elements(cache, broadcast_to(position, updates' shape), updates, axis=2)
 `dynamic_update_slice` or PyTorch's `index_copy_` on a StaticCache computes). The kernel is DMA
 only: one DMA_LOAD of the new row into the scratchpad and one DMA_STORE of it into the cache at
 the row the control code reads from the position tensor (`cgra.read_params`, as an embedding
-lookup reads its indices), clipped into the cache: nothing is written past the buffer. It never
+lookup reads its indices); a position past the cache is the DMA's halo, not written: nothing is
+written past the buffer, nor over its last row (the attention after it then refuses the length). It never
 reads the cache: codegen (target/stage.py, `writes_in_place`) calls it with the cache as its
 output too, so the cache is written where it lies, the same tensor from one step to the next.
 
@@ -44,7 +45,7 @@ INDEX_DTYPES = ("int32", "int64")
 
 @dataclasses.dataclass(frozen=True)
 class RowWrite:
-    """out (P, V, Q)[p, clip(index, 0, V - 1), q] = updates (P, 1, Q)[p, 0, q]; nothing else written."""
+    """out (P, V, Q)[p, max(index, 0), q] = updates (P, 1, Q)[p, 0, q] for an index below V; nothing else written."""
 
     cache: tuple  # (P, V, Q)
 
@@ -103,8 +104,9 @@ def cache_write_func(write: RowWrite, dtype: str, index_dtype: str, roles: tuple
         f"    s = T.alloc_buffer(({p}, 1, {q}), \"{dtype}\", scope=\"{SPAD}\")",
         f"    for a, c in T.grid({p}, {q}):",
         "        s[a, 0, c] = updates[a, 0, c]",
-        f"    for a, c in T.grid({p}, {q}):",
-        f"        out[a, T.min(T.max(T.Cast(\"int32\", index[0]), 0), {v - 1}), c] = s[a, 0, c]",
+        f"    for a, c in T.grid({p}, {q}):",  # a position past the cache: its DMA halo, no write
+        f"        if T.min(T.max(T.Cast(\"int32\", index[0]), 0), {v}) < {v}:",
+        f"            out[a, T.min(T.max(T.Cast(\"int32\", index[0]), 0), {v}), c] = s[a, 0, c]",
     ]) + "\n"
     func = parse_script(text).with_attr("cgra.read_params", [list(roles).index("index")])
     return func.with_attr("cgra.returns_out", True)  # Relax's call_inplace_packed takes the result as the cache
