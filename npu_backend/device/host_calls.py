@@ -10,7 +10,8 @@ a profile open, it
   `cgra_sim.host.host_call_cycles` of its arithmetic operations, per element written times the
   elements it wrote, and of the bytes of every tensor it was given), converted to the NPU's clock;
 - tells an NPU call (one during which the simulator received a kernel launch) from a host call
-  (the VM's builtins and the shape functions TVM made for symbolic shapes are neither),
+  (the VM's builtins, the shape functions TVM made for symbolic shapes and an assert_op of shape
+  values alone are neither),
   and follows each tensor from the call that wrote it to the calls that read it: a tensor written
   on one side and read on the other is a crossing, counted once per side it reaches, with its
   bytes. The model's inputs and weights, written by neither, and its outputs, read by neither,
