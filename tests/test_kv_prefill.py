@@ -69,3 +69,22 @@ def test_a_prompt_past_the_bound_names_it_and_writes_nothing(step):
 def test_a_step_without_kv_rows_is_refused_saying_what_to_return():
     with pytest.raises(npu_backend.InvalidModel, match="no tuple of 2 output"):
         prefill_kv_cache(_rows_step(), BOUND, outputs=2)
+
+
+def test_a_cache_another_op_reads_is_not_written_in_place():
+    """The write is in place only when nothing else reads the cache (partition/composite.py
+    cache_read_elsewhere): here an add reads it too, and must see it unwritten."""
+    s = tirx.Var("s", "int64")
+    rows = relax.Var("k", relax.TensorType([1, KV_HEADS, s, DEPTH], "float32"))
+    cache = relax.Var("cache", relax.TensorType([1, KV_HEADS, BOUND, DEPTH], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [rows, cache], attrs={"tir_var_upper_bound": {"s": BOUND}}):
+        with bb.dataflow():
+            written = bb.emit(relax.op.slice_scatter(cache, rows, 0, s, 1, axis=2))
+            out = bb.emit_output(relax.Tuple([written, relax.op.add(cache, cache)]))
+        bb.emit_func_output(out)
+    vm = relax.VirtualMachine(npu_backend.compile(bb.get(), "cgra-8x8"), tvm.cpu())
+    zeros = tvm.runtime.tensor(np.zeros((1, KV_HEADS, BOUND, DEPTH), "float32"))
+    out = vm["main"](tvm.runtime.tensor(np.ones((1, KV_HEADS, 5, DEPTH), "float32")), zeros)
+    assert not out[1].numpy().any() and not zeros.numpy().any()
+    assert out[0].numpy()[:, :, :5].all() and not out[0].numpy()[:, :, 5:].any()

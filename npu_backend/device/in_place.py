@@ -8,7 +8,8 @@ and leave every row but the new one unwritten. Out: the same module calling each
 parameters in the composite's order): the kernel's
 output is the cache it was given, so the new row lands in the caller's tensor, the same NPU
 memory from one decode step to the next, and the result (the cache written) is that tensor. The
-kernel never reads its first parameter, so the alias changes nothing it computes.
+kernel never reads its first parameter, so the alias changes nothing it computes; partition takes
+a write only when nothing else reads its cache (partition/composite.py `cache_read_elsewhere`).
 """
 
 from __future__ import annotations

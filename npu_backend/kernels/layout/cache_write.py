@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.relax.dpl import is_op, wildcard
@@ -188,7 +189,10 @@ def cache_rows_func(write: RowsWrite, dtype: str, rows: int):
 
 
 def cache_write_spec(name: str, annotated: dict) -> dict:
-    """The LayoutSpec fields of a matched cache write (`name`: PATTERN or ROWS_PATTERN)."""
+    """The LayoutSpec fields of a matched cache write (`name`: PATTERN or ROWS_PATTERN; explain
+    gives a host call's operands as lhs and rhs: the roles are then read from the call)."""
+    if "data" not in annotated:
+        annotated = _roles(name, annotated["root"])
     if name == PATTERN:
         in_shapes, cache, dtype = cache_write_parts(annotated)
         write, op, symbols = RowWrite(cache), "cache_write", ()
@@ -199,6 +203,17 @@ def cache_write_spec(name: str, annotated: dict) -> dict:
     views = tuple((role, shape) for role, shape, _ in in_shapes) + (("out", in_shapes[0][1]),)
     return dict(op=op, dtype=dtype, in_shapes=in_shapes, out_shape=in_shapes[0][1], write=write, views=views,
                 param_roles=tuple(role for role, _, _ in in_shapes), caller_symbols=symbols)
+
+
+def _roles(name: str, call) -> dict:
+    """The pattern's roles of a scatter_elements or slice_scatter call."""
+    if name == ROWS_PATTERN:
+        return {"root": call, "data": call.args[0], "updates": call.args[1]}
+    index = call.args[1]
+    if not (isinstance(index, tvm.relax.Call) and index.op.name == "relax.broadcast_to"):
+        raise UnsupportedOperator("scatter_elements of an index tensor: the NPU writes a KV cache's row at one "
+                                  "position broadcast (broadcast_to(position))")
+    return {"root": call, "data": call.args[0], "index": index.args[0], "updates": call.args[2]}
 
 
 def write_tiling(arch, write, itemsize: int) -> LayoutTiling:
