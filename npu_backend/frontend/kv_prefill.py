@@ -12,6 +12,10 @@ given (an in-place call's result), so nothing is copied and the decode steps con
 position s. A prompt longer than the bound is a ValueError at run time naming it, before any of
 the write's commands (nothing is written past a cache).
 
+The rows go to positions 0..s-1: a prompt's prefill from an empty cache. A later chunk of a
+long prompt (rows at an offset, attention over the cache too) is not built: a slice_scatter
+from another start stays on the host.
+
 Why a prefill of its own: the decode step takes one token; a prompt of s tokens through it is s
 steps, each streaming every weight. The prefill computes the s rows in one pass (its GEMMs of s
 rows read each weight once) and writes them with one kernel per cache.
