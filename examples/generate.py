@@ -15,8 +15,9 @@ caches, in place (npu_backend.frontend.kv_prefill.prefill_kv_cache); then each g
 goes through the decode step (`--prefill steps`: the prompt too, token by token): every op of
 the decode step runs on the NPU, the caches stay the same device tensors from step to step, and
 the host only picks the argmax of the logits. The tokens are checked against
-`model.generate(do_sample=False)`. It prints the prefill's figures, and per token the NPU's cycles, the tokens per second at
-the chip's clock, the DRAM bytes the DMA moved and the energy. Needs torch and transformers.
+`model.generate(do_sample=False)`. It prints the prefill's figures, and per token the NPU's
+cycles, the tokens per second at the chip's clock, the DRAM bytes the DMA moved and the energy.
+Needs torch and transformers.
 """
 
 from __future__ import annotations

@@ -175,8 +175,8 @@ def cache_rows_func(write: RowsWrite, dtype: str, rows: int):
         f"    for tile_ in range(T.floordiv({n} + {rows - 1}, {rows})):",  # names no length variable takes
         f"        spad_ = T.alloc_buffer(({p}, {rows}, {q}), \"{dtype}\", scope=\"{SPAD}\")",
         f"        for p_, r_, q_ in T.grid({p}, {rows}, {q}):",
-        f"            spad_[p_, r_, q_] = T.if_then_else(tile_ * {rows} + r_ < {n}, updates[p_, tile_ * {rows} + r_, q_], "
-        f"T.{dtype}(0))",
+        f"            spad_[p_, r_, q_] = T.if_then_else(tile_ * {rows} + r_ < {n}, "
+        f"updates[p_, tile_ * {rows} + r_, q_], T.{dtype}(0))",
         f"        for p_, r_, q_ in T.grid({p}, {rows}, {q}):",
         f"            if tile_ * {rows} + r_ < {v}:",  # the DMA's halo: never past the cache, whatever n
         f"                out[p_, tile_ * {rows} + r_, q_] = spad_[p_, r_, q_]",
