@@ -129,3 +129,24 @@ def test_a_decoder_steps_int4_qdq_matmuls_are_integer_kernels(tmp_path):
     result = measure(q, feeds, "cgra-8x8")
     assert sum(ops[0] == "matmul" and "quantize" in ops for ops in result["kernels"]) == 7
     assert np.abs(result["output"] - expected).max() <= 1e-5 * np.abs(expected).max()
+
+
+def test_a_4_bit_kernels_profile_counts_the_layers_macs_once():
+    """A hand-written kernel (`cgra.kernel` with `cgra.macs`: MatMulNBits') reports its layer's
+    M * N * K MACs in the profile and a utilisation within the PE array's slots: its MACs per
+    output element were its whole MACs (a kernel's output shape was taken as ()), times the
+    output's size again, K * N * N for a decode step's layer."""
+    model = fm.decoder_step(**SMALL)
+    feeds = fm.random_inputs(model)
+    import tvm
+
+    vm = tvm.relax.VirtualMachine(npu_backend.compile(npu_backend.from_onnx(fm.int4_weights(model)), "cgra-8x8"),
+                                  tvm.cpu())
+    with npu_backend.profile() as prof:
+        vm["main"](*[tvm.runtime.tensor(feeds[i.name]) for i in model.graph.input])
+    hidden, kv, mlp = SMALL["hidden"], SMALL["kv_heads"] * SMALL["hidden"] // SMALL["heads"], SMALL["intermediate"]
+    layers = {"q": hidden * hidden, "k": hidden * kv, "v": hidden * kv, "o": hidden * hidden,
+              "gate": hidden * mlp, "up": hidden * mlp, "down": mlp * hidden}
+    kernels = {k.name.split("_")[-2]: k for k in prof.kernels if k.name.endswith("_Q4")}
+    assert {name: k.macs for name, k in kernels.items()} == layers
+    assert all(0 < k.utilisation <= 1 for k in kernels.values())
