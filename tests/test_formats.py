@@ -150,3 +150,38 @@ def test_a_4_bit_kernels_profile_counts_the_layers_macs_once():
     kernels = {k.name.split("_")[-2]: k for k in prof.kernels if k.name.endswith("_Q4")}
     assert {name: k.macs for name, k in kernels.items()} == layers
     assert all(0 < k.utilisation <= 1 for k in kernels.values())
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_16_bit_batch_norm_no_conv_took_is_a_scale_and_shift_in_its_format(dtype):
+    """An inference batch norm before a conv (nothing to fold into) on bfloat16 / float16: a
+    multiply and an add by per-channel constants in the format (NPU ELTWISE kernels), so the conv
+    gets its format (TVM's host batch norm on bfloat16 returned float32, refused by the conv);
+    within 2 ** -6 of the output's scale of float64 arithmetic on the same rounded inputs."""
+    import ml_dtypes
+    import tvm
+    from tvm import relax
+
+    np_type = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 8, 6, 6)).astype(np_type)
+    w = (rng.standard_normal((4, 8, 3, 3)) / 8).astype(np_type)
+    gamma, beta, mean = (rng.standard_normal(8).astype(np_type) for _ in range(3))
+    var = (1 + rng.random(8)).astype(np_type)
+    bb = relax.BlockBuilder()
+    xv, wv = relax.Var("x", relax.TensorType(x.shape, dtype)), relax.Var("w", relax.TensorType(w.shape, dtype))
+    with bb.function("main", [xv, wv]):
+        with bb.dataflow():
+            norm = bb.emit(relax.op.nn.batch_norm(xv, *[relax.const(s, dtype) for s in (gamma, beta, mean, var)],
+                                                  axis=1, training=False))
+            out = bb.emit_output(relax.op.nn.conv2d(bb.emit(relax.TupleGetItem(norm, 0)), wv, padding=[1, 1, 1, 1]))
+        bb.emit_func_output(out)
+    with npu_backend.profile() as prof:
+        vm = tvm.relax.VirtualMachine(npu_backend.compile(bb.get(), "cgra-8x8"), tvm.cpu())
+        got = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy().astype(np.float64)
+    assert [k.source_ops for k in prof.kernels] == [("multiply",), ("add",), ("nn.conv2d",)]
+    f = [a.astype(np.float64) for a in (x, w, gamma, beta, mean, var)]
+    normed = (f[0] - f[4][:, None, None]) / np.sqrt(f[5][:, None, None] + 1e-5) * f[2][:, None, None] + f[3][:, None, None]
+    padded = np.pad(normed[0], ((0, 0), (1, 1), (1, 1)))
+    want = np.einsum("cyxij,fcij->fyx", np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(1, 2)), f[1])
+    assert np.abs(got[0] - want).max() <= 2.0 ** -6 * np.abs(want).max()
