@@ -26,7 +26,6 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "examples")
-BLOCK = 32  # MatMulNBits' block: onnxruntime's default
 
 
 class _Graph:
