@@ -11,14 +11,20 @@ reshape that keeps the last axis; W a (K, N) constant or `permute_dims` of an (N
 rows/norms.py takes a norm whose gamma is ones and beta zeros as the plain kind), the GEMMs keep
 their cost, and a beta @ W with no bias to join becomes a bias add, which the GEMM's EPILOGUE
 takes. Pre-norm transformers (Llama, Qwen, Gemma, GPT-2, ViT, CLIP, Whisper) have such norms
-before attention and MLP; a norm whose output also feeds a residual (BERT's post-norm) or is the
-model's output keeps its gamma and beta.
+before attention and MLP. A post-norm's output (BERT's) is also added to a linear layer's output
+y = x @ V + c (the residual stream); with gamma free of zeros that add becomes
+
+    gamma * (x @ (V / gamma) + (c + beta) / gamma + norm(x, 1, 0))
+
+whose multiply by gamma is a per-channel scale the GEMM's epilogue takes (epilogue_tail.py). A
+norm read by anything else (the model's output) keeps its gamma and beta.
 
 Error: the products x_hat_k gamma_k W_kn are rounded once in float32 instead of twice (the fold's
 gamma W rounds once, as PyTorch's x_hat gamma did), and beta @ W + bias is computed in float64 and
 rounded once: each output differs from PyTorch's by a few float32 roundings of the terms of its
 dot product, within (K + 2) 2^-24 sum_k |x_hat_k gamma_k W_kn| + 2^-24 |beta @ W + bias|, as
-the unfolded GEMM's own accumulation (tests/test_norm_folds.py).
+the unfolded GEMM's own accumulation; the residual form divides and multiplies by gamma, two
+more roundings of each term (tests/test_norm_folds.py).
 """
 
 from __future__ import annotations
@@ -88,10 +94,11 @@ class _Uses:
         return None if var in self.elsewhere else self.users.get(var, [])
 
 
-def _linears(uses: _Uses, norm_var, width: int) -> list | None:
-    """The matmul bindings reading the norm's output as their left operand (directly or through
-    reshapes keeping the last axis), each with its (K, N) weight, or None if anything else reads it."""
-    found, pending = [], [norm_var]
+def _readers(uses: _Uses, norm_var, width: int):
+    """(linears, residuals) reading the norm's output (directly or through reshapes keeping the
+    last axis): the matmul bindings taking it as their left operand, each with its (K, N) weight,
+    and the adds of it to a linear layer's output (`_residual_side`); None if anything else reads it."""
+    linears, residuals, pending = [], [], [norm_var]
     while pending:
         var = pending.pop()
         readers = uses.only(var)
@@ -103,10 +110,40 @@ def _linears(uses: _Uses, norm_var, width: int) -> list | None:
                 pending.append(reader)
                 continue
             weight = _weight(uses, value, var) if name == "relax.matmul" else None
-            if weight is None:
+            side = _residual_side(uses, reader, value, var) if name == "relax.add" else None
+            if weight is None and side is None:
                 return None
-            found.append((reader, value, weight))
-    return found
+            if weight is not None:
+                linears.append((reader, value, weight))
+            else:
+                residuals.append(side)
+    return linears, residuals
+
+
+def _residual_side(uses: _Uses, add_var, add, norm_var):
+    """(add var, add value, matmul var, matmul value, weight, (bias var, bias add, position)) when
+    `add` sums the norm's output (of the add's own shape) and a linear layer's (a matmul by a
+    constant weight, plus a constant bias, through a reshape), each read by this chain alone."""
+    if dtype_of(add) != "float32" or shape_dims(add) != shape_dims(norm_var):
+        return None
+    other = add.args[1] if add.args[0].same_as(norm_var) else add.args[0]
+    if other.same_as(norm_var) or not isinstance(other, relax.Var) or len(uses.only(other) or ()) != 1:
+        return None
+    value = uses.values.get(other)
+    if op_name(value) == "relax.reshape" and isinstance(value.args[0], relax.Var) and \
+            len(uses.only(value.args[0]) or ()) == 1:
+        other, value = value.args[0], uses.values.get(value.args[0])
+    if op_name(value) != "relax.add":
+        return None
+    for matmul_var in value.args:
+        matmul = uses.values.get(matmul_var) if isinstance(matmul_var, relax.Var) else None
+        if op_name(matmul) != "relax.matmul":
+            continue
+        weight = _weight(uses, matmul, matmul.args[0])
+        bias = _bias_add(uses, matmul_var, (shape_dims(add) or (None,))[-1])
+        if weight is not None and bias is not None and bias[0].same_as(other):
+            return add_var, add, matmul_var, matmul, weight, bias
+    return None
 
 
 def _weight(uses: _Uses, matmul, lhs):
@@ -158,12 +195,16 @@ def _fold_function(func: relax.Function):
             continue
         if name == "relax.nn.layer_norm" and not (value.attrs.center and value.attrs.scale):
             continue
-        linears = _linears(uses, var, width)
-        if not linears or any(w[1].shape[0] != width for _, _, w in linears):
+        readers = _readers(uses, var, width)
+        if readers is None or not readers[0] or any(w[1].shape[0] != width for _, _, w in readers[0]):
             continue
-        plan = _fold_linears(uses, linears, gamma, beta)
-        if plan is None:
-            continue
+        if readers[1] and not (np.all(gamma != 0) and np.all(np.isfinite(1 / gamma.astype(np.float64)))) or \
+                {side[2] for side in readers[1]} & {reader for reader, _, _ in readers[0]}:
+            continue  # a residual side divided by gamma; or a linear of the norm's own output
+        plan = _fold_linears(uses, readers[0], gamma, beta)
+        _fold_residuals(readers[1], gamma, beta, *plan)
+        if any(key in replace or key in insert for part in plan for key in part):
+            continue  # a linear another norm's fold rewrites too
         replace.update(plan[0])
         insert.update(plan[1])
         ones = relax.const(np.ones(width, np.float32))
@@ -174,9 +215,31 @@ def _fold_function(func: relax.Function):
     return _rebuilt(func, replace, insert) if replace else None
 
 
+def _fold_residuals(residuals: list, gamma, beta, replace: dict, insert: dict) -> None:
+    """Into `replace` and `insert`: each residual add y + norm (y = x @ W + b, the norm post-norm
+    BERT's, read by the next norm) as gamma (x @ (W / gamma) + (b + beta) / gamma + plain norm),
+    the multiply by gamma a per-channel scale the GEMM's epilogue takes."""
+    g64 = gamma.astype(np.float64)
+    for add_var, add, matmul_var, matmul, (kind, weight, permute_var), (bias_var, bias_add, position) in residuals:
+        scaled = (weight.astype(np.float64) / g64[None, :]).astype(np.float32)
+        if kind == "const":
+            replace[matmul_var] = relax.op.matmul(matmul.args[0], relax.const(scaled), out_dtype="float32")
+        else:
+            replace[permute_var] = relax.op.permute_dims(relax.const(np.ascontiguousarray(scaled.T)))
+        old = _const(bias_add.args[position])
+        new = (old.astype(np.float64) + beta.reshape(old.shape)) / g64.reshape(old.shape)
+        args = [bias_add.args[0], bias_add.args[1]]
+        args[position] = relax.const(new.astype(np.float32))
+        replace[bias_var] = relax.op.add(*args)
+        var_class = relax.DataflowVar if isinstance(add_var, relax.DataflowVar) else relax.Var
+        inner = var_class(f"{add_var.name}_sum", add_var.ty)
+        insert[add_var] = (inner, add)
+        replace[add_var] = relax.op.multiply(inner, relax.const(gamma))
+
+
 def _fold_linears(uses: _Uses, linears: list, gamma, beta):
     """({var: new value}, {var: (new var, its value)} inserted before var) folding gamma into each
-    linear's weight and beta @ W into its bias; None if a bias cannot be placed."""
+    linear's weight and beta @ W into its bias (or a bias add of its own)."""
     replace, insert = {}, {}
     for matmul_var, matmul, (kind, weight, permute_var) in linears:
         scaled = (weight.astype(np.float64) * gamma[:, None]).astype(np.float32)
