@@ -124,8 +124,9 @@ def _residual_side(uses: _Uses, add_var, add, norm_var):
     """(add var, add value, matmul var, matmul value, weight, (bias var, bias add, position)) when
     `add` sums the norm's output (of the add's own shape) and a linear layer's (a matmul by a
     constant weight, plus a constant bias, through a reshape), each read by this chain alone."""
-    if dtype_of(add) != "float32" or shape_dims(add) != shape_dims(norm_var):
-        return None
+    dims = shape_dims(add) or ()
+    if dtype_of(add) != "float32" or dims != shape_dims(norm_var) or not all(isinstance(d, int) for d in dims):
+        return None  # symbolic: the epilogue's tail (its reshape) is static only, the scale would run alone
     other = add.args[1] if add.args[0].same_as(norm_var) else add.args[0]
     if other.same_as(norm_var) or not isinstance(other, relax.Var) or len(uses.only(other) or ()) != 1:
         return None
