@@ -39,6 +39,7 @@ from .large_pools import split_large_pools_pass
 from .length_masks import causal_masks_pass
 from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
+from .norm_folds import norm_folds_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .permute_chains import permute_chains_pass
 from .split_slices import split_slices_pass
@@ -121,6 +122,9 @@ def normalise_passes(arch=None) -> list:
         # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
         # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
         rms_norms_pass, gelus_pass, safe_softmaxes_pass,
+        # A pre-norm's gamma and beta folded into the linear layers that alone read it: the norm
+        # kernel loses two of its full-tile steps, the GEMMs nothing (norm_folds.py).
+        norm_folds_pass,
         # A causal mask computed from a symbolic length (HF's, given input_ids alone) proven
         # causal for every length and computed from one arange, once for all layers (length_masks.py).
         causal_masks_pass,
