@@ -98,3 +98,18 @@ def test_the_ragged_last_tile_costs_what_its_rows_do():
 def test_a_mask_not_proven_causal_keeps_the_separate_kernels(causal):
     placements = explain(_attention(causal=causal), ARCH, dims={"s": 9})
     assert not any(k.startswith("cgra.attention") for k in _kernels(placements))
+
+
+def test_explain_says_why_a_softmax_row_held_at_its_bound_stays_on_the_host():
+    """At bound 2048 a (1, H, s, s) softmax's row does not fit cgra-4x4's scratchpad: explain
+    gives that reason (it said "matched no cgra pattern": it priced the row at the default bound)."""
+    s = tirx.Var("s", "int64")
+    x = relax.Var("x", relax.TensorType([1, HEADS, s, s], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], attrs={"tir_var_upper_bound": {"s": 2048}}):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.softmax(x, axis=-1))
+        bb.emit_func_output(out)
+    (placement,) = explain(bb.get(), "cgra-4x4", dims={"s": 16})
+    assert placement.where == "host"
+    assert "a row of 2048 float32" in placement.reason and "lower the bound of s" in placement.reason
