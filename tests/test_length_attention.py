@@ -16,7 +16,7 @@ ARCH = "cgra-8x8"
 HEADS, KV_HEADS, DEPTH = 4, 2, 16
 
 
-def _attention(causal: bool = True, bound: int = 256):
+def _attention(causal: bool = True, bound: int = 256, scale: float | None = 0.25):
     """Hugging Face's eager grouped-query attention over (1, H, s, d) with repeat_kv, the scale
     after Q Kᵀ and the causal mask as length_masks.py computes it (arange, less_equal, where);
     `causal` False: a mask that keeps j < i, which is not causal (its diagonal is masked)."""
@@ -39,15 +39,17 @@ def _attention(causal: bool = True, bound: int = 256):
             mask = bb.emit(op.where(kept, relax.const(np.float32(0)), relax.const(np.float32(-np.inf))))
             mask = bb.emit(op.reshape(mask, relax.ShapeExpr([1, 1, s, s])))
             scores = bb.emit(op.matmul(q, bb.emit(op.permute_dims(repeat(k), [0, 1, 3, 2]))))
-            scores = bb.emit(op.add(bb.emit(op.multiply(scores, relax.const(np.float32(0.25)))), mask))
+            if scale is not None:
+                scores = bb.emit(op.multiply(scores, relax.const(np.float32(scale))))
+            scores = bb.emit(op.add(scores, mask))
             out = bb.emit_output(op.matmul(bb.emit(op.nn.softmax(scores, axis=-1)), repeat(v)))
         bb.emit_func_output(out)
     return bb.get()
 
 
-def _expected(q, k, v):
+def _expected(q, k, v, scale: float | None = 0.25):
     k, v = np.repeat(k, HEADS // KV_HEADS, axis=1), np.repeat(v, HEADS // KV_HEADS, axis=1)
-    scores = q @ k.transpose(0, 1, 3, 2) * np.float32(0.25)
+    scores = q @ k.transpose(0, 1, 3, 2) * np.float32(1.0 if scale is None else scale)
     n = q.shape[2]
     scores = np.where(np.tril(np.ones((n, n), bool)), scores, -np.inf)
     p = np.exp(scores - scores.max(-1, keepdims=True))
@@ -58,11 +60,12 @@ def _kernels(placements) -> set:
     return {p.kernel.split(" ")[0] for p in placements if p.where == "npu"}
 
 
-def test_a_causal_attention_of_symbolic_length_is_one_kernel_equal_at_every_length():
-    mod = _attention()
+@pytest.mark.parametrize("scale", [0.25, None])
+def test_a_causal_attention_of_symbolic_length_is_one_kernel_equal_at_every_length(scale):
+    mod = _attention(scale=scale)
     placements = explain(mod, ARCH, dims={"s": 45})
     assert npu_mac_fraction(placements) == 1.0
-    assert "cgra.attention_scale_length" in _kernels(placements)
+    assert ("cgra.attention_scale_length" if scale else "cgra.attention_length") in _kernels(placements)
     # the mask is built in the kernel: none of its ops on the host
     assert not [p.op for p in placements if p.where == "host" and p.op in ("arange", "less_equal", "where")]
     vm = relax.VirtualMachine(npu_backend.compile(mod, ARCH), tvm.cpu())
@@ -72,7 +75,7 @@ def test_a_causal_attention_of_symbolic_length_is_one_kernel_equal_at_every_leng
         k, v = (rng.standard_normal((1, KV_HEADS, n, DEPTH)).astype("float32") for _ in range(2))
         with npu_backend.profile() as prof:
             out = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy()
-        np.testing.assert_allclose(out, _expected(q, k, v), rtol=2e-5, atol=2e-6, err_msg=f"s = {n}")
+        np.testing.assert_allclose(out, _expected(q, k, v, scale), rtol=2e-5, atol=2e-6, err_msg=f"s = {n}")
         assert len(prof.kernels) == 1, n
 
 
