@@ -232,21 +232,23 @@ def _piece_lines(index: int, piece: Piece, source: tuple, dtype: str, split: tup
 
 def _gather_lines(params: list, dtype: str, gather: Gather, rows: int, count: str | None = None) -> list:
     """Tiles of rows: per index one box of the table's row into the tile, then one store. A
-    symbolic `count` (its variable): ceildiv(count, rows) tiles, the last one's rows past the
-    count reading the last index again (lower/ragged.py cuts its store to the count)."""
+    symbolic `count` (its variable): ceildiv(count, rows) tiles, the last one loading only the
+    rows inside the count (lower/ragged.py cuts its store to the count)."""
     (p, v, q), n = gather.table, gather.count
     indices = params[1][0] if gather.constants is None else None
     tiles = f"T.floordiv({count} + {rows - 1}, {rows})" if count else n // rows
     lines = [f"    for gt in range({tiles}):",
              f"        looked_up = T.alloc_buffer(({p}, {rows}, {q}), \"{dtype}\", scope=\"{SPAD}\")"]
     for r in range(rows):
-        position = f"T.min(gt * {rows} + {r}, {count} - 1)" if count else f"gt * {rows} + {r}"
-        index = f"{indices}[()]" if gather.scalar else f"{indices}[{position}]"
+        index = f"{indices}[()]" if gather.scalar else f"{indices}[gt * {rows} + {r}]"
         row_index = f"T.min(T.max(T.Cast(\"int32\", {index}), 0), {v - 1})"
         if gather.constants is not None:  # the row of each tile's r-th index, chosen by the tile loop
             row_index = _constant_rows(gather.constants, rows, r)
-        lines += [f"        for ga, gc in T.grid({p}, {q}):",
-                  f"            looked_up[ga, {r}, gc] = {params[0][0]}[ga, {row_index}, gc]"]
+        load = [f"for ga, gc in T.grid({p}, {q}):",
+                f"    looked_up[ga, {r}, gc] = {params[0][0]}[ga, {row_index}, gc]"]
+        if count and r:  # a row past the count loads nothing (row 0 of a tile always exists)
+            load = [f"if gt * {rows} + {r} < {count}:"] + ["    " + line for line in load]
+        lines += ["        " + line for line in load]
     store = f"out[ga, gt * {rows} + gr, gc] = looked_up[ga, gr, gc]"
     lines += [f"        for ga, gr, gc in T.grid({p}, {rows}, {q}):"]
     lines += [f"            if gt * {rows} + gr < {count}:", f"                {store}"] if count else [f"            {store}"]

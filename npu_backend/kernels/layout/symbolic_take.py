@@ -5,7 +5,7 @@ dimension). In: take(table, indices) with a static table and 1-D indices of symb
 (a prefill's token ids). Out: the lookup's Gather (its count at the bound, which sizes its tiles)
 and the symbolic axes of the kernel's shapes and of the caller's: the indices' axis 0 and the
 kernel's output (P, n, Q) axis 1. The kernel (copy_kernel._gather_lines) runs ceildiv(n, rows)
-tiles of one DMA box per row, the last tile's rows past n re-reading the last index, its store
+tiles of one DMA box per row that exists (a row past n loads nothing), its store
 cut to n (lower/ragged.py).
 
 Why: the embedding lookup of a model compiled for any length ran on the host (4.8 k of the 11 k
@@ -40,14 +40,16 @@ def symbolic_take_parts(call, in_shapes, out_shape, names: dict, read_take) -> t
 
 def symbolic_gather_rows(arch, gather, itemsize: int) -> tuple[int, int]:
     """(rows per tile, estimated cycles at the bound) of a lookup of a symbolic number of
-    indices (`gather.count` its bound): every tile, the last one too, loads a box per row, so the
-    rows are those of least worst regret over the counts 1, 2, 4, ..., the bound against the
-    rows best for each count (copy_kernel.gather_rows)."""
+    indices (`gather.count` its bound): a box per row that exists, the rows of least worst regret
+    over the counts 1, 2, 4, ..., the bound against the rows best for each count
+    (copy_kernel.gather_rows)."""
     (p, _, q), bound = gather.table, gather.count
     row = p * q * itemsize
 
     def cycles(rows: int, count: int) -> int:
-        return pipeline_cycles(arch, [(0, (row,) * rows, rows * row)] * -(-count // rows))
+        whole, rest = divmod(count, rows)
+        tiles = [(0, (row,) * rows, rows * row)] * whole + ([(0, (row,) * rest, rest * row)] if rest else [])
+        return pipeline_cycles(arch, tiles)
 
     counts = sorted({min(2 ** k, bound) for k in range(bound.bit_length() + 1)})
     best = [gather_rows(arch, dataclasses.replace(gather, count=count), itemsize)[1] for count in counts]
