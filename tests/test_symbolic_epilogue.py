@@ -1,6 +1,7 @@
 """A linear layer with symbolic rows keeps its epilogue: SwiGLU's SiLU and gate multiply
 (kernels/gemm/epilogue_tail.py, the ragged tile's FABRIC cut by lower/ragged.py), and a residual
-add read through the (1, s, C) view of the GEMM's result (normalise/symbolic_rows.py)."""
+add read through the (1, s, C) view of the GEMM's result (normalise/symbolic_rows.py); RoPE's
+negation folded into a sine computed at run time (normalise/rotations.py)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,32 @@ def test_swiglu_and_the_residual_fuse_into_the_symbolic_linears():
         expected = x[0] + ((gate / (1 + np.exp(-gate))) * (x[0] @ w["up"].T)) @ w["down"].T
         np.testing.assert_allclose(out[0], expected, rtol=1e-4, atol=1e-5, err_msg=f"s = {n}")
         assert len(prof.kernels) == 3, n
+
+
+def test_rope_negation_folds_into_a_sine_computed_at_run_time():
+    """With a symbolic length the sine is no constant to fold rotate_half's negation into
+    (rotations.py): it is multiplied once by the row of signs, and each q / k rotation reads its
+    halves unnegated (exact: (-a) * s == a * (-s))."""
+    from npu_backend.normalise.rotations import rotations_folded
+
+    s = tirx.Var("s", "int64")
+    x = relax.Var("x", relax.TensorType([1, 4, s, 16], "float32"))
+    angle = relax.Var("angle", relax.TensorType([1, s, 16], "float32"))
+    bb = relax.BlockBuilder()
+    op = relax.op
+    with bb.function("main", [x, angle]):
+        with bb.dataflow():
+            sin = bb.emit(op.expand_dims(bb.emit(op.sin(angle)), [1]))
+            low = bb.emit(op.strided_slice(x, [3], [0], [8]))
+            high = bb.emit(op.strided_slice(x, [3], [8], [16]))
+            rotated = bb.emit(op.concat([bb.emit(op.negative(high)), low], axis=-1))
+            out = bb.emit_output(op.multiply(rotated, sin))
+        bb.emit_func_output(out)
+    before = bb.get()
+    after = rotations_folded(before)
+    assert "negative" not in after.script()
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((1, 4, 5, 16)).astype("float32"), rng.standard_normal((1, 5, 16)).astype("float32")]
+    outs = [relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())["main"](*map(tvm.runtime.tensor, arrays)).numpy()
+            for mod in (before, after)]
+    np.testing.assert_array_equal(outs[0], outs[1])

@@ -20,6 +20,7 @@ a softmax whose rows were held at the bound's width, P V), the scores crossing D
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 
 import numpy as np
@@ -42,6 +43,22 @@ def dims(expr):
     if shape is None or not lengths:
         return shape
     return [d if isinstance(d, int) else _at(d, lengths) for d in shape]
+
+
+@contextlib.contextmanager
+def at_lengths(lengths: dict):
+    """Within the block, `dims` reads each symbolic variable named in `lengths` as its value."""
+    token = _LENGTHS.set(dict(lengths))
+    try:
+        yield
+    finally:
+        _LENGTHS.reset(token)
+
+
+def static_dims(expr):
+    """`dims` as a tuple when every dimension is an int then, else None."""
+    shape = dims(expr)
+    return tuple(shape) if shape is not None and all(isinstance(d, int) for d in shape) else None
 
 
 def _at(dim, lengths: dict):
