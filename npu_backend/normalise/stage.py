@@ -14,6 +14,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from cgra_sim import function_unit
+
 from ..kernels.attention.attention_tiles import attention_fits
 from ..kernels.attention.flash_length import length_fits
 from ..kernels.gemm.int4_matmul import Int4Layer, int4_matmul_kernel
@@ -30,6 +32,7 @@ from .dynamic_quant import dynamic_quant_pass
 from .empty_operands import empty_operands_pass
 from .fold_constants import fold_remaining_constants
 from .fold_weights import fold_weights, restore_kept_transposes
+from .gated_linears import gated_linears_pass
 from .gelus import gelus_pass
 from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
@@ -137,6 +140,10 @@ def normalise_passes(arch=None) -> list:
         # A fused q / k / v projection's split as slices, each cut into heads after the slice:
         # the transposing copy or RoPE kernel after it reads its part (split_slices.py).
         split_slices_pass,
+        # A gate and an up projection of one input (SwiGLU, GeGLU) as one linear over their
+        # interleaved weights, the gated unit after it (gated_linears.py): one GEMM kernel, the
+        # gate's activations never in DRAM; where the chip's function unit has the activation.
+        gated_linears_pass(lambda act: arch is not None and function_unit.runs(arch.function_unit, act)),
         # A concat's empty operands (HF's partial-rotary pass-through when the rotary dims are the
         # whole head) left out, and a concat of one operand that operand (empty_operands.py).
         empty_operands_pass,

@@ -19,7 +19,9 @@ tile like the residual. SwiGLU thus runs as two kernels instead of four: the gat
 SiLU in its epilogue, and the up projection's with the multiply by the gate's result in its.
 
 Every piece computes what its standalone kernel computes on the same float32 values, with the
-same commands (intrinsics/epilogue_tail.py), so the fused kernel is bit-exact to the unfused ones.
+same commands (intrinsics/epilogue_tail.py), so the fused kernel is bit-exact to the unfused ones;
+except that on a chip whose function unit has the smooth activation it runs as one VFUNC of
+that unit beside the next tile's GEMM instead of FABRIC bodies on the PE array (act_on_vector).
 """
 
 from __future__ import annotations
@@ -30,14 +32,14 @@ import math
 
 from tvm.relax.dpl import is_op, wildcard
 
-from cgra_sim import cost
+from cgra_sim import cost, function_unit
 from cgra_sim.mapping.body import reads_b
 
 from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of, require_static_shape, shape_dims
 from ..common.chains import require_program
 from ..common.dynamic import read_shape, symbols_of
-from ..intrinsics.epilogue_tail import TAIL_ACTS, act_passes
+from ..intrinsics.epilogue_tail import SMOOTH_ACTS, TAIL_ACTS, act_passes
 
 #: The pattern-name suffix of a root's tail pattern: "cgra.linear_epilogue".
 SUFFIX = "_epilogue"
@@ -199,22 +201,37 @@ def _with_multiplier(spec, annotated: dict):
                                symbols=spec.symbols + symbols_of("multiplier", names) + symbols_of("ch_scale", names))
 
 
+def act_on_vector(spec, arch) -> bool:
+    """Whether the smooth activation runs as one VFUNC through the chip's function unit rather
+    than as FABRIC bodies: where the unit has the function. Its pipeline takes an element per lane
+    a cycle on the vector unit, beside the next tile's GEMM; the bodies take the PE array itself
+    (1.6 cycles an element on cgra-8x8, between two tiles' GEMMs). A chip without the unit (or
+    without the function in it) keeps the bodies: on the lanes alone the function's 36-41
+    operations an element cost more than they do."""
+    return spec.act in SMOOTH_ACTS and function_unit.runs(arch.function_unit, spec.act)
+
+
 def tail_tile_cycles(spec, arch):
     """cycles(elements) -> (PE array, vector unit) cycles of the activation's and the multiply's
     work on one output tile, as their standalone kernels price it (sigmoid.py, special.py,
     eltwise.py); None without them. A smooth activation's FABRIC bodies run on the PE array
-    (between two tiles' GEMMs), GELU's VFUNC and the multiplies on the vector unit. A smooth
-    activation's bodies must map onto the chip's fabric."""
+    (between two tiles' GEMMs), a VFUNC (GELU's, or a smooth one through the function unit:
+    act_on_vector) and the multiplies on the vector unit. A smooth activation's bodies must map
+    onto the chip's fabric."""
     if not spec.act and not spec.multiplier_shape:
         return None
+    if spec.gated:  # gated.py: the VFUNC and the multiply over the tile's half of outputs
+        return lambda elements: (0, cost.vfunc_cycles(arch, elements // 2, spec.act)
+                                 + cost.eltwise_cycles(arch, elements // 2, elements))
+    vfunc = spec.act == "gelu" or act_on_vector(spec, arch)
     programs = [(require_program(nodes, "float32", arch, spec.act), nodes) for nodes in act_passes(spec.act)] \
-        if spec.act else []
+        if spec.act and not vfunc else []
 
     def cycles(elements: int) -> tuple[int, int]:
         array = sum(cost.fabric_run_cycles(arch, program, elements, (12 if reads_b(nodes) else 8) * elements)
                     for program, nodes in programs)
-        vector = cost.vfunc_cycles(arch, elements, "gelu") if spec.act == "gelu" else 0
-        multiplies = (spec.act not in (None, "sigmoid", "gelu")) + bool(spec.multiplier_shape)
+        vector = cost.vfunc_cycles(arch, elements, spec.act) if vfunc else 0
+        multiplies = (not vfunc and spec.act not in (None, "sigmoid")) + bool(spec.multiplier_shape)
         return array, vector + multiplies * cost.eltwise_cycles(arch, elements, 2 * elements)
 
     return cycles
