@@ -33,7 +33,8 @@ from ..kernels.common.dynamic import BLOCKS, BOUNDED, CUT_EXTENTS, CUT_LOOP, CUT
 
 _CALL_EXTERN = "tirx.call_extern"
 #: Device call -> its parameter that counts the tile's rows (the tile loop's axis).
-_ROW_PARAMS = {"cgra_gemm": "m", "cgra_fill": "rows", "cgra_epilogue": "m", "cgra_eltwise": "rows"}
+_ROW_PARAMS = {"cgra_gemm": "m", "cgra_fill": "rows", "cgra_epilogue": "m", "cgra_eltwise": "rows",
+               "cgra_fabric": "rows", "cgra_vfunc": "rows"}  # the last two: a GEMM's activation (epilogue_tail.py)
 _DMA = ("cgra_dma_load", "cgra_dma_store")
 
 

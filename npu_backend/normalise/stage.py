@@ -17,6 +17,7 @@ from tvm import relax
 from cgra_sim import function_unit
 
 from ..kernels.attention.attention_tiles import attention_fits
+from ..kernels.attention.flash_length import length_fits
 from ..kernels.gemm.int4_matmul import Int4Layer, int4_matmul_kernel
 from .attentions import attentions_pass
 from .batch_norms import batch_norms_as_scale_shift
@@ -132,7 +133,8 @@ def normalise_passes(arch=None) -> list:
         # one normal form the attention family takes whole (attentions.py), after the softmaxes;
         # only one whose K / V head and score rows fit the chip's scratchpad (the kernel's tile
         # search says), so a longer one keeps the matmul and softmax kernels it had.
-        attentions_pass(lambda parts: arch is None or attention_fits(parts, arch)),
+        attentions_pass(lambda parts: arch is None or (attention_fits if parts.get("length") is None
+                                                       else length_fits)(parts, arch)),
         # A broadcast_to the shape its operand has (torch.export's expand before a batched
         # matmul) is its operand, not a host copy (no_op_broadcasts.py).
         no_op_broadcasts_pass,

@@ -26,7 +26,8 @@ broadcast along it); the kernel's tile loop along it runs ceildiv(length, tile) 
 guarded by the length (the DMA's halo), and lower/ragged.py cuts the last tile's boxes to the
 length. permute_dims, strided_slice (along static axes), concat (along a static axis) and repeat
 take one; broadcast_to does not (TVM 0.27 gives its offloaded result no shape: normalise writes a
-unit-axis broadcast as repeat, no_op_broadcasts.py) and take does not yet.
+unit-axis broadcast as repeat, no_op_broadcasts.py); take takes a symbolic number of indices
+(symbolic_take.py).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from ..common.dynamic import bound_of
 from ..family import OpFamily
 from .cache_write import PATTERNS as CACHE_WRITES, cache_write_patterns, cache_write_spec, write_func, write_tiling
 from .copy_kernel import Gather, LayoutTiling, Piece, choose_splits, copy_script, gather_rows, parse_script
+from .symbolic_take import symbolic_gather_rows, symbolic_take_parts
 
 DTYPES = ("int8", "int32", "float32", "bfloat16", "float16")  # what the DMA moves (isa.DType)
 INDEX_DTYPES = ("int32", "int64")
@@ -124,10 +126,14 @@ def layout_spec(name: str, annotated: dict) -> LayoutSpec:
     in_shapes = tuple((role, read[role][0], dtype_of(operand)) for role, operand in operands.items())
     names = {"out": out_names, **{role: read[role][1] for role in roles}}
     symbolic = any(names.values())
+    if symbolic and op == "take":  # a symbolic number of indices (a prompt's token ids: symbolic_take.py)
+        gather, views, symbols, callers = symbolic_take_parts(call, in_shapes, out_shape, names, _take)
+        return LayoutSpec(op, dtype, in_shapes, out_shape, (), gather, views, param_roles=roles, symbols=symbols,
+                          caller_symbols=callers)
     if symbolic and op not in SYMBOLIC_OPS:
         why = {"broadcast_to": " (TVM 0.27 gives an offloaded broadcast_to of a symbolic shape no result shape to "
                                 "allocate; normalise writes a broadcast of unit axes as repeat)",
-               "take": " (a lookup of a symbolic number of indices is not built yet)"}.get(op, "")
+}.get(op, "")
         raise UnsupportedOperator(f"{op} with a symbolic dimension: the NPU's layout copies take one in "
                                   f"{', '.join(SYMBOLIC_OPS)} only{why}")
     reader = _READERS[op]
@@ -421,7 +427,7 @@ def choose_layout_tiling(spec: LayoutSpec, arch) -> LayoutTiling:
     if spec.write is not None:  # in place: the host would copy the whole cache
         return write_tiling(arch, spec.write, size)
     if spec.gather is not None:
-        rows, cycles = gather_rows(arch, spec.gather, size)
+        rows, cycles = (symbolic_gather_rows if spec.symbols else gather_rows)(arch, spec.gather, size)
         tiling = LayoutTiling(rows=rows, cycles=cycles)
     else:
         chosen, cycles = choose_splits(arch, spec.pieces, size, tuple(a for r, a, _ in spec.symbols if r == "out"))
