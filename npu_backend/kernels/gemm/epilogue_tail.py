@@ -36,8 +36,9 @@ from cgra_sim import cost, function_unit
 from cgra_sim.mapping.body import reads_b
 
 from ...errors import UnsupportedOperator
-from ...relax_info import dtype_of, require_static_shape
+from ...relax_info import dtype_of, require_static_shape, shape_dims
 from ..common.chains import require_program
+from ..common.dynamic import read_shape, symbols_of
 from ..intrinsics.epilogue_tail import SMOOTH_ACTS, TAIL_ACTS, act_passes
 
 #: The pattern-name suffix of a root's tail pattern: "cgra.linear_epilogue".
@@ -122,9 +123,7 @@ def with_float_tail(spec, annotated: dict, name: str):
     if (act or "multiplier" in annotated) and (spec.acc_dtype != "float32" or spec.requant_zero_point is not None):
         raise UnsupportedOperator(f"an activation or a multiply after a {spec.op} is fused for float32 "
                                   f"(this one accumulates {spec.acc_dtype})")
-    if act and spec.symbols:  # lower/ragged.py cuts a ragged tile's EPILOGUE, not the FABRIC / VFUNC after it
-        raise UnsupportedOperator(f"{act} after a {spec.op} with symbolic sizes runs as its own kernel (the "
-                                  "last tile is cut to the rows that exist; the activation's commands are not)")
+    # With symbolic rows, lower/ragged.py cuts the last tile's FABRIC and VFUNC rows as its EPILOGUE's.
     spec = dataclasses.replace(spec, act=act)
     spec = _with_channel_affine(spec, annotated) if "ch_scale" in annotated else spec
     return _with_multiplier(spec, annotated) if "multiplier" in annotated else spec
@@ -134,9 +133,11 @@ def _scale_as_multiplier(spec, annotated: dict) -> dict:
     """A "ch_scale" of the output's shape, with nothing after its multiply, is the multiplier."""
     if "ch_scale" not in annotated or any(r in annotated for r in ("ch_shift", "act", "relu", "clip", "multiplier")):
         return annotated
-    shape = tuple(require_static_shape(annotated["ch_scale"], "multiplier", UnsupportedOperator))
-    if _per_channel(spec, shape) and shape != caller_out_shape(spec):
-        return annotated
+    dims = shape_dims(annotated["ch_scale"])
+    if dims is not None and all(isinstance(d, int) for d in dims):  # symbolic: no constant per channel
+        shape = tuple(dims)
+        if _per_channel(spec, shape) and shape != caller_out_shape(spec):
+            return annotated
     roles = {role: expr for role, expr in annotated.items() if role != "ch_scale"}
     return {**roles, "multiplier": annotated["ch_scale"]}
 
@@ -182,18 +183,22 @@ def _with_multiplier(spec, annotated: dict):
         if role in annotated and annotated[role].same_as(multiplier):
             raise UnsupportedOperator(f"the multiplier is also the {spec.op}'s {role}: each operand of an NPU "
                                       "kernel must be its own tensor")
-    if spec.op != "matmul" or spec.compute_name != "matmul" or spec.symbols:
-        raise UnsupportedOperator(f"a multiply by a tensor is fused after a 2-D or shared-weight matmul with "
-                                  f"static sizes, not a {spec.compute_name}: it runs on its own")
+    if spec.op != "matmul" or spec.compute_name != "matmul":
+        raise UnsupportedOperator(f"a multiply by a tensor is fused after a 2-D or shared-weight matmul, not a "
+                                  f"{spec.compute_name}: it runs on its own")
     if dtype_of(multiplier) != "float32":
         raise UnsupportedOperator(f"the multiplier is {dtype_of(multiplier)}, the output float32")
-    shape = tuple(require_static_shape(multiplier, "multiplier", UnsupportedOperator))
+    out_symbols = spec.symbolic("out")  # symbolic rows: the multiplier's, loaded and cut like a residual
+    shape, names = read_shape(multiplier, "multiplier", symbolic_axes=tuple(out_symbols), expressions=True)
+    if names != out_symbols:
+        raise UnsupportedOperator(f"the multiplier's symbolic axes {names} are not the output's {out_symbols}")
     if shape != caller_out_shape(spec):
         raise UnsupportedOperator(f"the multiplier of shape {shape} is not of the output's shape "
                                   f"{caller_out_shape(spec)} (a broadcast multiply runs on its own)")
     # (under both roles: a multiply read as the scale's pattern passes its tensor as "ch_scale")
     view = (("multiplier", shape), ("ch_scale", shape)) if shape != tuple(spec.output_shape) else ()
-    return dataclasses.replace(spec, multiplier_shape=shape, caller_shapes=spec.caller_shapes + view)
+    return dataclasses.replace(spec, multiplier_shape=shape, caller_shapes=spec.caller_shapes + view,
+                               symbols=spec.symbols + symbols_of("multiplier", names) + symbols_of("ch_scale", names))
 
 
 def act_on_vector(spec, arch) -> bool:
