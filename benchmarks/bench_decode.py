@@ -108,7 +108,7 @@ def main(argv=None) -> None:
             print(f"{length:>7} {f['cycles']:>9} {arch.clock_mhz * 1e6 / f['cycles']:>9.0f} {f['dram_bytes']:>9} "
                   f"{need:>10} {bound_cycles:>12} {f['cycles'] / bound_cycles:>10.2f} {f['host_cycles']:>8} "
                   f"{f['crossings']:>9}" + (f" {(f['cycles'] + f['host_cycles']) / static_cycles(model, arch_name, length):>8.3f}"
-                                            if args.static and length > 1 else ""), flush=True)
+                                            if args.static else ""), flush=True)
 
 
 if __name__ == "__main__":

@@ -9,11 +9,15 @@ attention over the KV cache, SwiGLU, the LM head) is written with the model's ow
 module torch.export takes, exported once with the cache length symbolic, then given caches
 preallocated for `--bound` positions (npu_backend.frontend.kv_cache.preallocate_kv_cache: the new
 row written in place by an NPU kernel, attention reading the first t + 1 rows) and compiled once.
-The prompt is fed through that step one token at a time (its prefill), then each generated token
-is: every op of the step runs on the NPU, the caches stay the same device tensors from step to
-step, and the host only picks the argmax of the logits. The tokens are checked against
-`model.generate(do_sample=False)`. Per token it prints the NPU's cycles, the tokens per second at
-the chip's clock, the DRAM bytes the DMA moved and the energy. Needs torch and transformers.
+Its prefill (the prompt's tokens at once, causal attention over them) is exported once with the
+prompt's length symbolic and writes the prompt's keys and values into the first rows of the same
+caches, in place (npu_backend.frontend.kv_prefill.prefill_kv_cache); then each generated token
+goes through the decode step (`--prefill steps`: the prompt too, token by token): every op of
+the decode step runs on the NPU, the caches stay the same device tensors from step to step, and
+the host only picks the argmax of the logits. The tokens are checked against
+`model.generate(do_sample=False)`. It prints the prefill's figures, and per token the NPU's
+cycles, the tokens per second at the chip's clock, the DRAM bytes the DMA moved and the energy.
+Needs torch and transformers.
 """
 
 from __future__ import annotations
@@ -41,6 +45,26 @@ def build_model(seed: int, bound: int):
     return LlamaForCausalLM(config).eval()
 
 
+def _tables(model):
+    """Llama's RoPE tables for every position (cos, and sin with rotate_half's sign folded in),
+    and the RMSNorm and RoPE the steps compute with them."""
+    import torch
+
+    config = model.config
+    with torch.no_grad():  # looked up by position (an NPU gather in the decode step)
+        cos, sin = model.model.rotary_emb(torch.zeros(1), torch.arange(config.max_position_embeddings)[None])
+    half = config.head_dim // 2
+    sign = torch.cat([-torch.ones(half), torch.ones(half)])  # rotate_half's negation, in the table
+
+    def rms(x, norm):
+        return norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))
+
+    def rope(x, cos, sin):
+        return x * cos + torch.cat([x[..., half:], x[..., :half]], -1) * sin
+
+    return cos[0], sin[0] * sign, rms, rope
+
+
 def decode_step(model):
     """A torch module computing `model`'s decode step: (token (1, 1), position (1,), caches k0,
     v0, k1, ... (1, KV heads, t, d)) -> (logits (1, 1, vocab), the caches grown by the token)."""
@@ -49,22 +73,13 @@ def decode_step(model):
     config = model.config
     heads, kv_heads, depth = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     layers = model.model.layers
-    with torch.no_grad():  # Llama's own RoPE tables for every position, looked up by position (an NPU gather)
-        cos, sin = model.model.rotary_emb(torch.zeros(1), torch.arange(config.max_position_embeddings)[None])
-    half = depth // 2
-    sign = torch.cat([-torch.ones(half), torch.ones(half)])  # rotate_half's negation, in the table
-
-    def rms(x, norm):
-        return norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))
+    cos_table, sin_table, rms, rope = _tables(model)
 
     class Step(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.register_buffer("cos", cos[0])
-            self.register_buffer("sin", sin[0] * sign)
-
-        def rope(self, x, cos, sin):
-            return x * cos + torch.cat([x[..., half:], x[..., :half]], -1) * sin
+            self.register_buffer("cos", cos_table)
+            self.register_buffer("sin", sin_table)
 
         def forward(self, token, position, *caches):
             x = model.model.embed_tokens(token)
@@ -75,7 +90,7 @@ def decode_step(model):
                 q = attn.q_proj(h).view(1, 1, heads, depth).transpose(1, 2)
                 k = attn.k_proj(h).view(1, 1, kv_heads, depth).transpose(1, 2)
                 v = attn.v_proj(h).view(1, 1, kv_heads, depth).transpose(1, 2)
-                q, k = self.rope(q, cos, sin) * attn.scaling, self.rope(k, cos, sin)
+                q, k = rope(q, cos, sin) * attn.scaling, rope(k, cos, sin)
                 keys, values = torch.cat([caches[2 * i], k], 2), torch.cat([caches[2 * i + 1], v], 2)
                 grown += [keys, values]
                 grouped = q.reshape(1, kv_heads, heads // kv_heads, depth)  # head h reads KV head h // group
@@ -86,6 +101,70 @@ def decode_step(model):
             return (model.lm_head(rms(x, model.model.norm)), *grown)
 
     return Step().eval()
+
+
+def prefill_step(model):
+    """A torch module computing `model`'s prefill: (tokens (1, s)) -> (logits (1, s, vocab), the
+    prompt's keys and values k0, v0, k1, ... (1, KV heads, s, d)), causal attention over the
+    prompt, the same arithmetic as the decode step's."""
+    import torch
+
+    config = model.config
+    heads, kv_heads, depth = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    group, layers = heads // kv_heads, model.model.layers
+    cos_table, sin_table, rms, rope = _tables(model)
+
+    def repeat(x, s):  # repeat_kv: KV head h // group for head h
+        return x[:, :, None].expand(1, kv_heads, group, s, depth).reshape(1, heads, s, depth)
+
+    class Prefill(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("cos", cos_table)
+            self.register_buffer("sin", sin_table)
+
+        def forward(self, tokens):
+            s = tokens.shape[1]
+            x, positions = model.model.embed_tokens(tokens), torch.arange(s)
+            cos, sin = self.cos[positions][None, None], self.sin[positions][None, None]
+            mask = torch.where(positions[None, :] <= positions[:, None], 0.0, torch.finfo(torch.float32).min)
+            rows = []
+            for layer in layers:
+                attn, h = layer.self_attn, rms(x, layer.input_layernorm)
+                q = attn.q_proj(h).view(1, s, heads, depth).transpose(1, 2)
+                k = attn.k_proj(h).view(1, s, kv_heads, depth).transpose(1, 2)
+                v = attn.v_proj(h).view(1, s, kv_heads, depth).transpose(1, 2)
+                q, k = rope(q, cos, sin) * attn.scaling, rope(k, cos, sin)
+                rows += [k, v]
+                scores = torch.softmax(q @ repeat(k, s).transpose(2, 3) + mask, -1)
+                x = x + attn.o_proj((scores @ repeat(v, s)).transpose(1, 2).reshape(1, s, heads * depth))
+                h = rms(x, layer.post_attention_layernorm)
+                x = x + layer.mlp.down_proj(torch.nn.functional.silu(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
+            return (model.lm_head(rms(x, model.model.norm)), *rows)
+
+    return Prefill().eval()
+
+
+def compile_prefill(model, bound: int, arch: str):
+    """The prefill exported once (the prompt's length symbolic, 2..bound), writing its rows into
+    the decode step's caches (npu_backend.frontend.kv_prefill), compiled for `arch`: (the VM, the
+    compile's seconds)."""
+    import torch
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.torch import from_exported_program
+
+    import npu_backend
+    from npu_backend.frontend.kv_prefill import prefill_kv_cache
+
+    length = torch.export.Dim("s", min=2, max=bound)
+    with torch.no_grad():
+        exported = torch.export.export(prefill_step(model), (torch.ones(1, 8, dtype=torch.int64),),
+                                       dynamic_shapes=({1: length},))
+    mod = prefill_kv_cache(from_exported_program(exported), bound)
+    started = time.perf_counter()
+    executable = npu_backend.compile(mod, arch)
+    return relax.VirtualMachine(executable, tvm.cpu()), time.perf_counter() - started
 
 
 def compile_step(model, bound: int, arch: str):
@@ -137,6 +216,18 @@ def run_step(vm, token: int, position: int, caches: list):
     return out[0].numpy(), prof
 
 
+def run_prefill(vm, prompt: list, caches: list):
+    """The prompt's prefill on the NPU, its rows written into the first len(prompt) positions of
+    `caches`: (the logits (1, s, vocab) as numpy, its profile)."""
+    import tvm
+
+    import npu_backend
+
+    with npu_backend.profile() as prof:
+        out = vm["main"](tvm.runtime.tensor(np.array([prompt], "int64")), *caches)
+    return out[0].numpy(), prof
+
+
 def step_figures(prof) -> dict:
     """A step's cycles (NPU and host), DRAM bytes, energy and host/NPU crossings."""
     return {"cycles": prof.total_cycles, "host_cycles": prof.host_cycles,
@@ -144,18 +235,25 @@ def step_figures(prof) -> dict:
             "energy_nj": prof.total_energy_pj / 1000, "crossings": prof.crossings, "launches": len(prof.kernels)}
 
 
-def generate(vm, model, prompt: list, tokens: int, bound: int, report=None) -> tuple[list, list]:
-    """Greedy generation on the NPU: (the generated tokens, each one's step figures). The prompt
-    goes through the step token by token (prefill), then each generated token does."""
+def generate(vm, model, prompt: list, tokens: int, bound: int, report=None, prefill=None) -> tuple[list, list]:
+    """Greedy generation on the NPU: (the generated tokens, each decode step's figures). The
+    prompt goes through `prefill` (compile_prefill's VM) at once, or without one (or for a
+    prompt of one token) through the decode step token by token; then each generated token
+    goes through the decode step."""
     if len(prompt) + tokens > bound:
         raise ValueError(f"{len(prompt)} prompt tokens + {tokens} new ones need a KV cache of "
                          f"{len(prompt) + tokens} positions, past the bound {bound}: pass --bound "
                          f"{len(prompt) + tokens} or more")
     caches, figures, generated = new_caches(model, bound), [], []
-    for position, token in enumerate(prompt):
-        logits, prof = run_step(vm, token, position, caches)
+    if prefill is not None and len(prompt) > 1:
+        logits, prof = run_prefill(prefill, prompt, caches)
         if report is not None:
-            report("prefill", position, token, step_figures(prof))
+            report("prefill", 0, len(prompt), step_figures(prof))
+    else:
+        for position, token in enumerate(prompt):
+            logits, prof = run_step(vm, token, position, caches)
+            if report is not None:
+                report("prefill", position, token, step_figures(prof))
     for index in range(tokens):
         token = int(np.argmax(logits[0, -1]))
         generated.append(token)
@@ -186,6 +284,8 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt-length", type=int, default=8, help="random prompt tokens (default: 8)")
     parser.add_argument("--bound", type=int, default=128, help="KV cache positions preallocated (default: 128)")
     parser.add_argument("--seed", type=int, default=0, help="weights and prompt seed (default: 0)")
+    parser.add_argument("--prefill", choices=("batched", "steps"), default="batched",
+                        help="the prompt through the prefill step at once (default) or the decode step token by token")
     parser.add_argument("--quiet", action="store_true", help="no line per token")
     args = parser.parse_args(argv)
     from cgra_sim.arch import load_arch
@@ -197,14 +297,22 @@ def main(argv=None) -> int:
           f"vocab {CONFIG['vocab_size']} (random weights, seed {args.seed}); prompt {prompt}", flush=True)
     vm, seconds = compile_step(model, args.bound, args.arch)
     print(f"decode step compiled once for cache lengths 1..{args.bound} on {args.arch} in {seconds:.1f} s", flush=True)
+    prefill = None
+    if args.prefill == "batched":
+        prefill, seconds = compile_prefill(model, args.bound, args.arch)
+        print(f"prefill step compiled once for prompts of 2..{args.bound} tokens in {seconds:.1f} s", flush=True)
 
     def report(phase, position, token, f):
-        if not args.quiet:
+        if phase == "prefill" and prefill is not None and len(prompt) > 1:  # token: the prompt's length
+            print(f"prefill of {token} tokens: {f['cycles']} NPU cycles ({f['cycles'] / token:.0f} a token), "
+                  f"DRAM {f['dram_bytes']} B, {f['energy_nj']:.1f} nJ, host {f['host_cycles']} cycles, "
+                  f"{f['crossings']} crossings, {f['launches']} launches", flush=True)
+        elif not args.quiet:
             print(f"{phase:>7} pos {position:>4} token {token:>4}: {f['cycles']:>8} cycles "
                   f"({clock / f['cycles']:>9.0f} tokens/s), DRAM {f['dram_bytes']:>8} B, "
                   f"{f['energy_nj']:>8.1f} nJ, host {f['host_cycles']} cycles, {f['crossings']} crossings", flush=True)
 
-    generated, figures = generate(vm, model, prompt, args.tokens, args.bound, report)
+    generated, figures = generate(vm, model, prompt, args.tokens, args.bound, report, prefill)
     expected = reference(model, prompt, args.tokens)
     cycles = np.mean([f["cycles"] for f in figures]) if figures else float("nan")
     print(f"generated {generated}")

@@ -53,13 +53,14 @@ def quantize(model, symmetric: bool):
 
 
 def quantize_with_ort_kernel(model, symmetric: bool):
-    """What MatMulNBitsQuantizer writes, by the C++ routine it calls (quantize_matmul_4bits)."""
+    """What MatMulNBitsQuantizer writes, by the C++ routine it calls (quantize_matmul_4bits): each
+    MatMul whose weights are an initializer as a MatMulNBits; the rest of the model as it is."""
     from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
     weights = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
     nodes, inits = [], []
     for node in model.graph.node:
-        if node.op_type != "MatMul":
+        if node.op_type != "MatMul" or node.input[1] not in weights:  # a matmul of two activations stays
             nodes.append(node)
             continue
         w = weights[node.input[1]]
@@ -72,8 +73,12 @@ def quantize_with_ort_kernel(model, symmetric: bool):
         inits += [] if symmetric else [numpy_helper.from_array(zeros.reshape(-1), names[2])]
         nodes.append(helper.make_node("MatMulNBits", [node.input[0]] + names, node.output, name=f"{node.name}_Q4",
                                       domain="com.microsoft", K=k, N=n, bits=4, block_size=BLOCK))
+    read = {name for node in nodes for name in node.input}  # the other nodes' initializers stay
+    inits += [init for init in model.graph.initializer if init.name in read]
     graph = helper.make_graph(nodes, "mlp_q4", model.graph.input, model.graph.output, inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    opsets = [op for op in model.opset_import if op.domain != "com.microsoft"]  # the model's own, and ORT's
+    opsets.append(helper.make_opsetid("com.microsoft", 1))
+    return helper.make_model(graph, opset_imports=opsets)
 
 
 def main(argv=None) -> dict:

@@ -16,11 +16,13 @@ import npu_backend
 from npu_backend.frontend.kv_cache import preallocate_kv_cache
 
 KV_HEADS, GROUP, DEPTH, BOUND = 2, 2, 16, 32
+_INVERSE = (1.0 / 10000 ** (np.arange(DEPTH) / DEPTH)).astype("float32")
 
 
-def _grown_step() -> tvm.IRModule:
+def _grown_step(rotate: bool = False) -> tvm.IRModule:
     """One attention layer of a decode step as an exporter writes it: the caches of length t in,
-    each grown by the new token's row (concat), attention over them, the grown caches out."""
+    each grown by the new token's row (concat), attention over them, the grown caches out
+    (`rotate`: the new key first multiplied by cos(pos * inverse frequencies), RoPE's part)."""
     t = tirx.Var("t", "int64")
     q = relax.Var("q", relax.TensorType([1, KV_HEADS, GROUP, DEPTH], "float32"))
     k = relax.Var("k", relax.TensorType([1, KV_HEADS, 1, DEPTH], "float32"))
@@ -30,6 +32,9 @@ def _grown_step() -> tvm.IRModule:
     bb = relax.BlockBuilder()
     with bb.function("main", [q, k, v, pos, *caches]):
         with bb.dataflow():
+            if rotate:
+                angles = relax.op.multiply(relax.op.astype(pos, "float32"), relax.const(_INVERSE))
+                k = bb.emit(relax.op.multiply(k, relax.op.cos(relax.op.reshape(angles, (1, 1, 1, DEPTH)))))
             keys = bb.emit(relax.op.concat([caches[0], k], axis=2))
             values = bb.emit(relax.op.concat([caches[1], v], axis=2))
             scores = bb.emit(relax.op.nn.softmax(relax.op.matmul(q, relax.op.permute_dims(keys, [0, 1, 3, 2])), -1))
@@ -91,6 +96,22 @@ def test_a_position_past_the_cache_says_the_bound_and_writes_nothing_past_it(ste
     with pytest.raises(ValueError, match=f"past its bound {BOUND}: the cache holds {BOUND} positions: preallocate it for more "
                        r"\(preallocate_kv_cache\(mod, bound=...\)\)"):
         step["main"](*[tvm.runtime.tensor(a) for a in args], *caches)
+    assert not any(cache.numpy().any() for cache in caches)  # not even the last row: the write was dropped
+
+
+def test_what_the_step_computes_from_the_position_alone_is_looked_up_by_it_on_the_npu():
+    """frontend/position_tables.py: cos(pos * inverse) (astype, multiply, cos: cos on the host
+    before) is a row of a table of the bound's positions, an NPU gather; the values the host's."""
+    mod = preallocate_kv_cache(_grown_step(rotate=True), BOUND)
+    placements = npu_backend.explain(mod, "cgra-8x8", dims={"t": 5})
+    assert {p.op for p in placements if p.where != "npu"} <= {"reshape", "tensor_to_shape"}
+    assert "take" in {p.op for p in placements if p.where == "npu"}
+    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+    caches = [tvm.runtime.tensor(np.zeros((1, KV_HEADS, BOUND, DEPTH), "float32")) for _ in range(2)]
+    k = np.ones((1, KV_HEADS, 1, DEPTH), "float32")
+    args = [np.ones((1, KV_HEADS, GROUP, DEPTH), "float32"), k, k, np.array([7])]
+    vm["main"](*[tvm.runtime.tensor(a) for a in args], *caches)
+    np.testing.assert_allclose(caches[0].numpy()[0, :, 7], np.cos(7 * _INVERSE)[None].repeat(KV_HEADS, 0), rtol=1e-6)
 
 
 def test_a_step_without_the_position_parameter_is_refused_with_its_parameters():

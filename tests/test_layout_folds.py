@@ -216,3 +216,20 @@ def test_a_split_read_by_compute_is_npu_slices():
     out, prof = _run(build, [x], "cgra-8x8")
     np.testing.assert_array_equal(out, x[:, :32] * x[:, 32:])
     assert prof.host_calls == [], prof.host_calls
+
+
+def test_a_split_of_a_constant_folds():
+    """GPT-J splits its position table, folded to a constant, into sin and cos halves:
+    FoldConstant leaves a split (a tuple) alone, so it was a host call; its parts are constants
+    now (normalise/split_slices.py), no host call, numpy's result."""
+    table = np.random.default_rng(11).standard_normal((1, 8, 8)).astype("float32")
+    x = np.random.default_rng(12).standard_normal((1, 8, 4)).astype("float32")
+
+    def build(bb, x):
+        parts = bb.emit(relax.op.split(relax.const(table), [4], axis=-1))
+        sin, cos = (bb.emit(relax.TupleGetItem(parts, i)) for i in range(2))
+        return relax.op.add(relax.op.multiply(x, cos), sin)
+
+    out, prof = _run(build, [x], "cgra-8x8")
+    np.testing.assert_array_equal(out, x * table[..., 4:] + table[..., :4])
+    assert prof.host_calls == [], prof.host_calls

@@ -505,8 +505,8 @@ VIOLATIONS = {
         [("cgra_reduce", int(isa.ReduceFunc.MAX), F32, 2, 4, 0, 4, 1, SPAD - 4, 1)],
         f"command 0 (REDUCE): out: scratchpad bytes [{SPAD - 4}, {SPAD + 4}) exceed"),
     "vfunc unknown func": (
-        [("cgra_vfunc", 0, 9, F32, 2, 4, 0, 4, 1, 64, 4, 0, 0)],
-        "command 0 (VFUNC): func 9 is not a special function"),
+        [("cgra_vfunc", 0, 11, F32, 2, 4, 0, 4, 1, 64, 4, 0, 0)],
+        "command 0 (VFUNC): func 11 is not a special function"),
     "vfunc offset without its flag": (
         [("cgra_vfunc", 0, int(isa.VFunc.EXP), F32, 2, 4, 0, 4, 1, 64, 4, 0, 0x3F800000)],
         "command 0 (VFUNC): offset_bits are set but CGRA_VFUNC_OFFSET is off"),

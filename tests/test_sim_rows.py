@@ -93,7 +93,7 @@ BAD = {
     "reduce: int32": (Op.REDUCE, dict(dtype=DType.INT32), ["dtype code 2"]),
     "reduce: flags": (Op.REDUCE, dict(flags=1), ["unknown bits 0x1"]),
     "reduce: beyond the scratchpad": (Op.REDUCE, dict(a_addr=ARCH.spad_bytes - 8), ["A", "-byte scratchpad"]),
-    "vfunc: unknown func": (Op.VFUNC, dict(func=8), ["func 8", "EXP=2"]),
+    "vfunc: unknown func": (Op.VFUNC, dict(func=11), ["func 11", "EXP=2"]),
     "vfunc: scale bits without the flag": (Op.VFUNC, dict(scale_bits=5), ["scale_bits is 5", "must be 0"]),
     "vfunc: rows overlap": (Op.VFUNC, dict(out_stride=2), ["overlap"]),
     "vfunc: negative stride": (Op.VFUNC, dict(a_col_stride=-1), ["strides must be >= 0"]),

@@ -76,6 +76,29 @@ def test_a_slice_with_a_symbolic_end_counts_its_axis_from_zero():
     np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), np.diff(x))
 
 
+def test_slices_to_the_end_and_from_the_end_keep_their_shape_through_a_concat():
+    """MobileBERT's trigram embedding: x[:, 1:] (an end of 2**63 - 1) and x[:, :-1], each padded
+    back to s rows, concatenated with x. Their extents were min / max arithmetic, the concat had no
+    shape and no target built it ("CodeGenVM cannot emit"); numpy's result on the NPU."""
+    s = tirx.Var("s", "int64")
+    x = relax.Var("x", relax.TensorType((1, s, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], attrs={"tir_var_lower_bound": {"s": 3}, "tir_var_upper_bound": {"s": 64}}):
+        with bb.dataflow():
+            ahead = bb.emit(relax.op.strided_slice(x, [1], [1], [2**63 - 1]))
+            behind = bb.emit(relax.op.strided_slice(x, [1], [0], [-1]))
+            ahead = bb.emit(relax.op.nn.pad(ahead, [0, 0, 0, 1, 0, 0]))
+            behind = bb.emit(relax.op.nn.pad(behind, [0, 0, 1, 0, 0, 0]))
+            out = bb.emit_output(relax.op.concat([ahead, x, behind], axis=2))
+        bb.emit_func_output(out)
+    vm = relax.VirtualMachine(npu_backend.compile(bb.get(), ARCH), tvm.cpu())
+    for n in (3, 20):
+        a = np.random.default_rng(n).standard_normal((1, n, 8)).astype("float32")
+        zero = np.zeros((1, 1, 8), "float32")
+        expected = np.concatenate([np.concatenate([a[:, 1:], zero], 1), a, np.concatenate([zero, a[:, :-1]], 1)], 2)
+        np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(a)).numpy(), expected)
+
+
 def test_a_static_module_is_left_as_it_is():
     x = relax.Var("x", relax.TensorType((1, 16), "float32"))
     bb = relax.BlockBuilder()
@@ -183,3 +206,32 @@ def test_deberta_v2_with_a_symbolic_length_compiles_once_and_matches_pytorch():
     ids = torch.randint(0, 100, (1, 16))
     exported = torch.export.export(model, (ids,), dynamic_shapes=({1: torch.export.Dim("s", min=2, max=256)},))
     assert _worst_error(npu_backend.compile(from_exported_program(exported), ARCH), model) < 1e-5
+
+
+@pytest.mark.slow
+def test_mobilebert_with_a_symbolic_length_compiles_once_and_matches_pytorch():
+    """MobileBERT's trigram embedding slices to the length from both ends (issue 36 item 2: it
+    failed with "CodeGenVM cannot emit", on llvm too); its export needs s >= 3."""
+    torch = pytest.importorskip("torch")
+    hf = pytest.importorskip("transformers")
+    from tvm.relax.frontend.torch import from_exported_program
+
+    torch.manual_seed(0)
+    config = hf.MobileBertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                 intermediate_size=128, embedding_size=32, intra_bottleneck_size=32)
+    encoder = hf.MobileBertModel(config).eval()
+
+    class IdsOnly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = encoder
+
+        def forward(self, input_ids):
+            return self.model(input_ids=input_ids).last_hidden_state
+
+    model = IdsOnly().eval()
+    ids = torch.randint(0, 100, (1, 16))
+    exported = torch.export.export(model, (ids,), dynamic_shapes=({1: torch.export.Dim("s", min=3, max=256)},))
+    with npu_backend.profile() as prof:
+        assert _worst_error(npu_backend.compile(from_exported_program(exported), ARCH), model) < 1e-5
+    assert prof.kernels, "nothing ran on the NPU"

@@ -10,7 +10,8 @@ a profile open, it
   `cgra_sim.host.host_call_cycles` of its arithmetic operations, per element written times the
   elements it wrote, and of the bytes of every tensor it was given), converted to the NPU's clock;
 - tells an NPU call (one during which the simulator received a kernel launch) from a host call
-  (the VM's builtins and the shape functions TVM made for symbolic shapes are neither),
+  (the VM's builtins, the shape functions TVM made for symbolic shapes and an assert_op of shape
+  values alone are neither),
   and follows each tensor from the call that wrote it to the calls that read it: a tensor written
   on one side and read on the other is a crossing, counted once per side it reaches, with its
   bytes. The model's inputs and weights, written by neither, and its outputs, read by neither,
@@ -44,6 +45,9 @@ _RUNTIME_COPIES = HOST_CONCAT.rsplit(".", 1)[0] + "."  # "cgra.host.": the runti
 _BUILTIN = "vm.builtin."
 #: Calls that make a view of a tensor (R.memory.view), no copy: not host calls.
 _VIEWS = frozenset({"runtime.TVMTensorCreateView"})
+#: Relax's assert_op: given shape values alone (a prefill's length against its caches' bound,
+#: frontend/kv_prefill.py), a check like the VM's own shape checks, not a host operator.
+_ASSERT = "relax.run.assert_op"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +104,7 @@ class HostObserver:
                 not profile_module.profiles_of_this_thread():
             return 0  # no profile, or a call of another Relax function (its calls are seen one by one)
         symbol = str(symbol)
-        if symbol in self.bookkeeping:
+        if symbol in self.bookkeeping or (symbol == _ASSERT and not any(_is_tensor(arg) for arg in args)):
             return 0
         if symbol.startswith(_BUILTIN):
             self._builtin(symbol, before_run, ret_value, args)

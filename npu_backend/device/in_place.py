@@ -1,14 +1,15 @@
 """KV-cache writes called in place: the cache tensor is the kernel's output as well as its input.
 
 Stage: codegen (right after RunCodegen). In: a module whose offloaded cache writes
-(kernels/layout/cache_write.py, pattern `cgra.cache_write`) are called in destination-passing
+(kernels/layout/cache_write.py, patterns `cgra.cache_write` and a prefill's `cgra.cache_rows`) are called in destination-passing
 style, `R.call_dps_packed(kernel, (cache, index, row), out)`, which would allocate a new cache
 and leave every row but the new one unwritten. Out: the same module calling each of them with
 `R.call_inplace_packed(kernel, cache, index, row, cache, inplace_indices=[3])` (its
 parameters in the composite's order): the kernel's
 output is the cache it was given, so the new row lands in the caller's tensor, the same NPU
 memory from one decode step to the next, and the result (the cache written) is that tensor. The
-kernel never reads its first parameter, so the alias changes nothing it computes.
+kernel never reads its first parameter, so the alias changes nothing it computes; partition takes
+a write only when nothing else reads its cache (partition/composite.py `cache_read_elsewhere`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from ..kernels.layout.cache_write import PATTERN
+from ..kernels.layout.cache_write import PATTERNS
 from ..errors import UnsupportedOperator
 from ..partition.composite import composite_name
 
@@ -35,7 +36,7 @@ def _is_cache_write(func) -> bool:
     """Whether the offloaded `func` holds the cache write's composite (an offloaded PrimFunc, a
     user's TensorIR or a MatMulNBits kernel, holds none)."""
     try:
-        return composite_name(func) == PATTERN
+        return composite_name(func) in PATTERNS
     except UnsupportedOperator:
         return False
 

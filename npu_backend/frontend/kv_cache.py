@@ -14,7 +14,9 @@ the caller allocates once and passes to every step:
   q Kᵀ and P V, one matmul kernel each that takes the cache whole and cuts its GEMMs to the
   length (kernels/gemm/symbolic_matmul.py); a length past the bound is a ValueError at run time;
 - t is the position's value (R.tensor_to_shape, a VM builtin), so the step is called with the
-  same inputs as before and the caches; the grown caches are no longer outputs.
+  same inputs as before and the caches; the grown caches are no longer outputs;
+- what the step computes from the position alone (RoPE's cos and sin of the position's angles)
+  is looked up by position in a table of the bound's rows, an NPU gather (position_tables.py).
 
 Why not the caches TVM users already have: Hugging Face's StaticCache exported with
 torch.export mutates buffers (`index_copy_`), and TVM 0.27's importer binds buffers as constants
@@ -29,6 +31,7 @@ import tvm
 from tvm import relax, tirx
 
 from ..errors import InvalidModel
+from .position_tables import tabulate_positions
 
 _CONCAT = tvm.ir.Op.get("relax.concat")
 
@@ -54,7 +57,7 @@ def preallocate_kv_cache(mod: tvm.IRModule, bound: int, position: str = "pos", a
     attrs["tir_var_lower_bound"] = {length.name: 0}
     out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
     out["main"] = relax.Function(new_params, body, is_pure=func.is_pure, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs))
-    return relax.transform.Normalize()(out)
+    return tabulate_positions(relax.transform.Normalize()(out), position, bound)
 
 
 def _caches(func, axis: int) -> tuple[list, tirx.Var]:

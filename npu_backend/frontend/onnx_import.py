@@ -27,6 +27,7 @@ import dataclasses
 import os
 from typing import Callable
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
@@ -102,6 +103,10 @@ class _SpanningBuilder(relax.BlockBuilder):
         return super().emit(expr, name_hint)
 
 
+#: ONNX's 4-bit tensor types (TensorProto.INT4, UINT4) -> the numpy type their values import as.
+_FOUR_BIT = {22: np.int8, 21: np.uint8}
+
+
 class _NamingImporter(onnx_frontend.ONNXGraphImporter):
     def __init__(self, *args, custom_ops: CustomOps | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -117,6 +122,17 @@ class _NamingImporter(onnx_frontend.ONNXGraphImporter):
             raise InvalidModel(f"TVM's ONNX importer has no converter for {', '.join(missing)}: give each a "
                                "builder in from_onnx(..., custom_ops={op_type: builder}) that returns its "
                                "TensorIR (docs/own-kernels.md)")
+
+    def _parse_array(self, tensor_proto):
+        """An initializer's values; a 4-bit one (onnxruntime's QDQ int4 weights and their zero
+        points) as int8 / uint8, the same values a byte each: TVM's importer copies onnx's
+        unpacked 4-bit arrays into tensors it sizes at half a byte an element, and fails."""
+        widened = _FOUR_BIT.get(tensor_proto.data_type)
+        if widened is None:
+            return super()._parse_array(tensor_proto)
+        from onnx import numpy_helper
+
+        return tvm.runtime.tensor(numpy_helper.to_array(tensor_proto).astype(widened))
 
     def _convert_operator(self, op_name, inputs, attrs, opset):
         name = str(attrs.get("tvm_custom", {}).get("name", "") or "")

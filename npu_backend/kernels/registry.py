@@ -37,6 +37,7 @@ from .gemm.depthwise import DEPTHWISE
 from .elementwise.eltwise import ELTWISE
 from .gemm.epilogue import chain_pattern_graphs
 from .gemm.epilogue_tail import tail_graphs
+from .gemm.gated import gated_graphs
 from .elementwise.fabric import FABRIC
 from .elementwise.rope import ROPE
 from .elementwise.qlinear import QLINEAR
@@ -144,6 +145,8 @@ def pattern_table() -> tuple[PatternEntry, ...]:
                for family in FAMILIES for name, pattern, roles in family.pairs()]
     roots = [(root, family) for family in FAMILIES for root in family.roots()]
     owner = {root.name: family for root, family in roots}
+    entries += [PatternEntry(name, pattern, roles, owner[root])
+                for name, pattern, roles, root in gated_graphs([root for root, _ in roots])]
     entries += [PatternEntry(name, pattern, roles, owner[root])
                 for name, pattern, roles, root in tail_graphs([root for root, _ in roots])]
     entries += [PatternEntry(name, pattern, roles, owner[root])

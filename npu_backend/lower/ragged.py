@@ -28,11 +28,13 @@ from cgra_codegen import device_call_positions
 from cgra_sim.isa import BOX_DIMS
 
 from ..errors import ScheduleError
-from ..kernels.common.dynamic import BLOCKS, BOUNDED, CUT_EXTENTS, CUT_LOOP, CUT_PARAMS, GATHERS, TILE_OF
+from ..kernels.common.dynamic import BLOCKS, BOUNDED, CUT_EXTENTS, CUT_LOOP, CUT_PARAMS, GATHERS, STORE_CUTS, \
+    TILE_OF
 
 _CALL_EXTERN = "tirx.call_extern"
 #: Device call -> its parameter that counts the tile's rows (the tile loop's axis).
-_ROW_PARAMS = {"cgra_gemm": "m", "cgra_fill": "rows", "cgra_epilogue": "m", "cgra_eltwise": "rows"}
+_ROW_PARAMS = {"cgra_gemm": "m", "cgra_fill": "rows", "cgra_epilogue": "m", "cgra_eltwise": "rows",
+               "cgra_fabric": "rows", "cgra_vfunc": "rows"}  # the last two: a GEMM's activation (epilogue_tail.py)
 _DMA = ("cgra_dma_load", "cgra_dma_store")
 
 
@@ -45,13 +47,14 @@ def cut_ragged_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     attrs = func.attrs or {}
     # [dim, scale, per, offset] cut by the innermost symbolic tile loop, or with a fifth entry,
     # by that tile loop level (0: the outermost).
-    gathers = {str(name): {int(cut[0]): (int(cut[1]), int(cut[2]), int(cut[3]),
-                                         int(cut[4]) if len(cut) > 4 else None) for cut in cuts}
-               for name, cuts in attrs.get(GATHERS, {}).items()}
+    gathers, stores = ({str(name): {int(cut[0]): (int(cut[1]), int(cut[2]), int(cut[3]),
+                                                  int(cut[4]) if len(cut) > 4 else None) for cut in cuts}
+                        for name, cuts in attrs.get(key, {}).items()} for key in (GATHERS, STORE_CUTS))
     cut_params = attrs.get(CUT_PARAMS)
     cutter = _Cutter(gathers, None if cut_params is None else {str(k): _names(v) for k, v in cut_params.items()},
                      int(attrs.get(BLOCKS, 0)),
                      {str(param.name): list(param.ty.shape) for param in func.params if hasattr(param.ty, "shape")})
+    cutter.stores = stores
     dims = {extent.name: extent for param in func.params if hasattr(param.ty, "shape")
             for extent in param.ty.shape if isinstance(extent, tirx.Var)}
     cutter.extents = {str(call): [(str(param), int(tile), dims[str(name)]) for param, tile, name in cuts]
@@ -121,6 +124,7 @@ class _Cutter:
         # columns GEMM rows, its pixels packed row by row (_pack_block).
         self.block_columns = block_columns
         self.extents = {}  # device call -> [(parameter, tile, variable)]: CUT_EXTENTS
+        self.stores = {}  # host tensor -> GATHERS-like cuts of its stores: STORE_CUTS
 
     def stmt(self, stmt, rows, levels=()):
         """`stmt` with its calls cut; `rows` = (tile size, valid rows of this tile) inside a
@@ -192,7 +196,8 @@ class _Cutter:
             return
         shape = list(tensor.shape)
         box = positions["box"]
-        gather = self.gathers.get(str(tensor.name)) if name == "cgra_dma_load" or self.block_columns else None
+        gather = self.gathers.get(str(tensor.name)) if name == "cgra_dma_load" or self.block_columns else \
+            self.stores.get(str(tensor.name))
         by_level = {}  # tile loop level -> the sstride position of the box loop it cut
         for loop in range(BOX_DIMS):
             extent_at, dim_at, step_at, stride_at = (box[3 * BOX_DIMS + 4 * loop + k] for k in range(4))

@@ -30,8 +30,8 @@ def shared_const(array: np.ndarray, dtype: str):
     """relax.const(array, dtype), sharing the array's memory when TVM can (contiguous, 64-byte
     aligned, writable: numpy exports no read-only memory), else a copy. The folded weights are a
     model's largest arrays: ResNet-50's batch norms folded 100 MB, copied once more here."""
-    if array.dtype.name == dtype and array.size and array.flags.c_contiguous and array.flags.writeable \
-            and array.ctypes.data % _ALIGNMENT == 0:
+    if array.dtype.name == dtype and array.dtype.kind in "iuf" and array.size and array.flags.c_contiguous \
+            and array.flags.writeable and array.ctypes.data % _ALIGNMENT == 0:  # DLPack has no bfloat16 of numpy's
         return relax.const(tvm.runtime.from_dlpack(array), dtype)
     return relax.const(array, dtype)
 

@@ -40,6 +40,7 @@ from tvm import relax
 
 from ..frontend.provenance import with_span
 from ..relax_info import dtype_of, shape_dims
+from .attention_lengths import dims as _dims, length_causal, read_at_lengths
 from .chain_match import Chain
 from .rewrite import as_pass, rewrite_functions
 from .softmaxes import kept_condition
@@ -75,7 +76,8 @@ class _AttentionRewriter(relax.PyExprMutator):
         call = self.visit_expr_post_order(call)
         if not (isinstance(call, relax.Call) and call.op.same_as(_MATMUL) and dtype_of(call) == "float32"):
             return call
-        found = read_attention(Chain(self), call)
+        chain = Chain(self)
+        found = read_at_lengths(chain, call, read_attention)
         if found is None or not self.accepts(found):
             return call
         return with_span(self._emit(found, shape_dims(call)), call.span)
@@ -89,7 +91,9 @@ class _AttentionRewriter(relax.PyExprMutator):
         s = emit(relax.op.matmul(q5, emit(relax.op.permute_dims(k5, [0, 1, 2, 4, 3]))))
         if a["scale"] != 1.0:
             s = emit(relax.op.multiply(s, relax.const(np.float32(a["scale"]))))
-        if a.get("causal") is not None:  # a constant causal triangle: the kernel reads its offset
+        if a.get("length") is not None:  # causal at any length: a mask the kernel's pattern holds
+            s = emit(relax.op.add(s, length_causal(emit, sq)))
+        elif a.get("causal") is not None:  # a constant causal triangle: the kernel reads its offset
             mask = self.builder_.normalize(relax.const(Chain(self).array(a["masks"][0][0]).reshape(1, 1, 1, sq, sk)))
             s = emit(relax.op.add(s, mask))
         elif a["masks"]:  # several (ALiBi and a mask) are added together first, in rank 4: one mask
@@ -118,7 +122,7 @@ def read_attention(chain: Chain, call) -> dict | None:
     if softmax is None:
         return None
     x = softmax.args[0]
-    x_shape, p_shape, v_shape = shape_dims(x), shape_dims(p_operand), shape_dims(v_operand)
+    x_shape, p_shape, v_shape = _dims(x), _dims(p_operand), _dims(v_operand)
     if not _static(x_shape, p_shape, v_shape) or len(p_shape) < 3 or len(x_shape) < 2 or \
             not _is_plain_view(p_nodes, p_ops, x_shape, p_shape):
         return None
@@ -133,8 +137,8 @@ def _parts(chain: Chain, scores, biases, x_shape, v_operand, safe: bool) -> dict
     qk = chain.call(s_nodes[-1], "relax.matmul")
     if qk is None or dtype_of(qk) != "float32":
         return None
-    qk_shape = shape_dims(qk)
-    if not _static(qk_shape) or len(qk_shape) < 3 or not _is_plain_view(s_nodes, s_ops, qk_shape, shape_dims(scores)):
+    qk_shape = _dims(qk)
+    if not _static(qk_shape) or len(qk_shape) < 3 or not _is_plain_view(s_nodes, s_ops, qk_shape, _dims(scores)):
         return None
     sq, sk, bh = qk_shape[-2], qk_shape[-1], math.prod(qk_shape[:-2])
     q = _query(chain, qk.args[0], bh, sq)
@@ -145,7 +149,7 @@ def _parts(chain: Chain, scores, biases, x_shape, v_operand, safe: bool) -> dict
     if k is None:
         return None
     k_node, k_scale, hk = k
-    v_shape = shape_dims(v_operand)
+    v_shape = _dims(v_operand)
     v = _shared_head(chain, v_operand, b, h, sk, v_shape[-1], transposed=False, kv_heads=hk)
     if v is None or v[2] != hk:
         return None
@@ -210,7 +214,7 @@ def _scalar_step(chain: Chain, call):
         else [(call.args[1], call.args[0])]
     for constant, tensor in pairs:
         c = chain.scalar(constant)
-        if c is None or not np.isfinite(c) or c == 0 or shape_dims(tensor) != shape_dims(call):
+        if c is None or not np.isfinite(c) or c == 0 or _dims(tensor) != _dims(call):
             continue
         return (c if call.op.name == "relax.multiply" else 1.0 / c), tensor
     return None
@@ -230,7 +234,7 @@ def apply_views(array: np.ndarray, ops) -> np.ndarray:
     for kind, call in reversed(ops):
         if kind != "view":
             continue
-        out = tuple(shape_dims(call))
+        out = tuple(_dims(call))
         if call.op.name == "relax.permute_dims":
             axes = call.attrs.axes
             array = np.transpose(array, None if axes is None else [int(a) for a in axes])
@@ -262,7 +266,7 @@ def _softmax_of(chain: Chain, expr):
             return None, False
         expr, safe = picked, True
     softmax = chain.call(expr, "relax.nn.softmax")
-    rank = len(shape_dims(softmax) or ()) if softmax is not None else 0
+    rank = len(_dims(softmax) or ()) if softmax is not None else 0
     if softmax is None or not rank or int(softmax.attrs.axis) % rank != rank - 1 or dtype_of(softmax) != "float32":
         return None, False
     if safe and not _row_has_finite_entry(chain, where.args[0], softmax.args[0]):
@@ -299,8 +303,8 @@ def _scores_and_biases(chain: Chain, x):
         add = chain.call(node, "relax.add")
         if add is not None:
             for scores, bias in (add.args, reversed(add.args)):
-                if _leads_to_matmul(chain, scores) and shape_dims(scores) == shape_dims(add):
-                    biases.append((bias, shape_dims(add)))
+                if _leads_to_matmul(chain, scores) and _dims(scores) == _dims(add):
+                    biases.append((bias, _dims(add)))
                     node = scores
                     break
             else:
@@ -326,12 +330,12 @@ def _query(chain: Chain, operand, bh: int, sq: int):
     """(Q, its scale, (B, H, Sq, D)): the farthest rank-4 tensor up `operand`'s views that the
     operand is a reshape of, with B * H = bh."""
     nodes, ops = walk(chain, operand)
-    d = (shape_dims(operand) or [0])[-1]
+    d = (_dims(operand) or [0])[-1]
     for at in range(len(nodes) - 1, -1, -1):
-        shape = shape_dims(nodes[at])
+        shape = _dims(nodes[at])
         if not _static(shape) or len(shape) != 4 or shape[0] * shape[1] != bh or tuple(shape[2:]) != (sq, d):
             continue
-        if _is_plain_view(nodes[:at + 1], ops[:at], shape, shape_dims(operand)):
+        if _is_plain_view(nodes[:at + 1], ops[:at], shape, _dims(operand)):
             return nodes[at], _scale_of(ops[:at]), tuple(shape)
     return None
 
@@ -341,11 +345,11 @@ def _shared_head(chain: Chain, operand, b: int, h: int, sk: int, d: int, transpo
     such that the operand is it with each head repeated H / Hk times (repeat_kv, a broadcast
     head), transposed in its last two axes for K."""
     nodes, ops = walk(chain, operand)
-    out_shape = shape_dims(operand)
+    out_shape = _dims(operand)
     if not _static(out_shape):
         return None
     for at in range(len(nodes) - 1, -1, -1):
-        shape = shape_dims(nodes[at])
+        shape = _dims(nodes[at])
         if not _static(shape) or len(shape) != 4 or shape[0] != b or tuple(shape[2:]) != (sk, d) or \
                 h % shape[1] or (kv_heads is not None and shape[1] != kv_heads) or \
                 math.prod(shape) * (h // shape[1]) > _MAX_INDEX:
@@ -370,7 +374,7 @@ def _mask_shape(mask, b: int, hk: int, g: int, sq: int, sk: int, x_shape) -> tup
     when it is not a float32 tensor broadcasting along whole heads."""
     if mask is None:
         return None
-    shape = shape_dims(mask)
+    shape = _dims(mask)
     if not _static(shape) or dtype_of(mask) != "float32" or len(shape) > len(x_shape):
         return None
     shape = [1] * (len(x_shape) - len(shape)) + list(shape)

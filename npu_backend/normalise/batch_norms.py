@@ -5,7 +5,9 @@ constant weights into the conv). In: a Relax IRModule. Out: the same module in w
 remaining inference (training=False) `batch_norm(x, gamma, beta, mean, var)[0]` with constant
 statistics (gamma 1 without `scale`, beta 0 without `center`) is
 `x * scale + shift`, scale = gamma / sqrt(var + eps) and shift = beta - mean * scale computed
-with numpy (float64, then float32), shaped to broadcast along the norm's axis.
+with numpy (float64, then rounded to x's float32, float16 or bfloat16), shaped to broadcast
+along the norm's axis. (TVM's host batch norm on bfloat16 returns float32, which the next NPU
+kernel refuses.)
 
 Why: a standalone batch norm (after a pool, an add, at a network's input) has no NPU kernel;
 a multiply and an add by per-channel constants are two ELTWISE kernels on the vector unit.
@@ -22,6 +24,7 @@ from ..relax_info import dtype_of, static_shape
 from .rewrite import rewrite_functions
 
 _BATCH_NORM = tvm.ir.Op.get("relax.nn.batch_norm")
+_FLOATS = ("float32", "float16", "bfloat16")
 
 
 def batch_norms_as_scale_shift(mod: tvm.IRModule) -> tvm.IRModule:
@@ -42,7 +45,8 @@ class _NormRewriter(relax.PyExprMutator):
         data = norm.args[0]
         stats = [_constant(arg) for arg in norm.args[1:5]]
         shape = static_shape(data)
-        if any(s is None for s in stats) or shape is None or dtype_of(data) != "float32":
+        dtype = dtype_of(data)
+        if any(s is None for s in stats) or shape is None or dtype not in _FLOATS:
             return item
         gamma, beta, mean, var = (s.astype(np.float64) for s in stats)
         gamma = gamma if bool(norm.attrs.scale) else np.ones_like(gamma)  # scale=False: no gamma
@@ -52,8 +56,17 @@ class _NormRewriter(relax.PyExprMutator):
         axis = int(norm.attrs.axis) % len(shape)
         broadcast = tuple(shape[axis] if i == axis else 1 for i in range(len(shape)))
         scaled = self.builder_.emit(with_span(relax.op.multiply(
-            data, relax.const(scale.astype(np.float32).reshape(broadcast))), norm.span))
-        return with_span(relax.op.add(scaled, relax.const(shift.astype(np.float32).reshape(broadcast))), norm.span)
+            data, relax.const(_rounded(scale, dtype).reshape(broadcast), dtype)), norm.span))
+        return with_span(relax.op.add(scaled, relax.const(_rounded(shift, dtype).reshape(broadcast), dtype)), norm.span)
+
+
+def _rounded(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float64 `values` in `dtype` (bfloat16 through float32, as ml_dtypes casts: numpy has none)."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return values.astype(np.float32).astype(ml_dtypes.bfloat16)
+    return values.astype(dtype)
 
 
 def _constant(expr):

@@ -109,13 +109,48 @@ class _BoundedShapes(relax.PyExprMutator):
         if not (isinstance(call, relax.Call) and call.op.same_as(_SLICE)):
             return call
         axes = _axes_from_zero(call)
+        clamped = self._clamped_to_extent(call)
+        if clamped is not None and self._inbound(clamped):
+            call = clamped
         inbound = bool(call.attrs.assume_inbound) or (
             (self._unresolved(call) or _symbolic_ends(call)) and self._inbound(call))
-        if axes is None and inbound == bool(call.attrs.assume_inbound):
+        if axes is None and clamped is None and inbound == bool(call.attrs.assume_inbound):
             return call
         strides = call.args[4] if len(call.args) > 4 else None
         return with_span(relax.op.strided_slice(call.args[0], axes if axes is not None else call.args[1],
                                                 *call.args[2:4], strides=strides, assume_inbound=inbound), call.span)
+
+    def _clamped_to_extent(self, call):
+        """The slice with its constant begins and ends along a symbolic axis as offsets from 0
+        inside the axis: a negative one counted from the end, one past the end (PyTorch's
+        `x[:, 1:]` exports an end of 2**63 - 1) the extent itself; None when nothing changes or
+        an offset could leave the axis. MobileBERT's trigram embedding slices its (1, s, 32)
+        embeddings to `[:, 1:]` and `[:, :-1]`, pads each back to s rows and concatenates the
+        three: with the slices' extents left as min / max arithmetic the concat had no shape and
+        no target could build it ("CodeGenVM cannot emit")."""
+        dims = shape_dims(call.args[0])
+        fields = [getattr(arg, "fields", None) for arg in call.args[1:4]]
+        if dims is None or None in fields:
+            return None
+        axes, begins, ends = (list(f) for f in fields)
+        changed = False
+        for i, axis in enumerate(axes):
+            extent = dims[int(axis) % len(dims)]
+            if isinstance(extent, int):
+                continue
+            for values in (begins, ends):
+                value = values[i]
+                if not isinstance(value, tirx.IntImm):
+                    continue
+                if int(value) < 0:
+                    values[i], changed = extent + int(value), True
+                elif self.analyzer.can_prove(tirx.const(int(value), "int64") >= extent) and int(value) > 0:
+                    values[i], changed = extent, True
+        if not changed:
+            return None
+        strides = call.args[4] if len(call.args) > 4 else None
+        return relax.op.strided_slice(call.args[0], axes, begins, ends, strides=strides,
+                                      assume_inbound=bool(call.attrs.assume_inbound))
 
     def _unresolved(self, call) -> bool:
         """Whether the call's inferred extents simplify further under the bounds."""

@@ -234,9 +234,15 @@ def _fold_scale_shift(conv_attrs, norm_attrs, weight, stats, dtype, conv_bias=No
     """(weight * s, beta - mean * s) shaped for the layouts, computed in the conv's dtype (the
     order of FoldBatchnormToConv2D), or None when the batch norm is not a foldable inference one.
     With the conv's own bias b (an array broadcasting along the output's channel axis), the shift
-    is (b - mean) * s + beta."""
+    is (b - mean) * s + beta. A bfloat16 conv's are computed in float32 and rounded once (numpy
+    has no bfloat16 arithmetic of its own; TVM's host batch norm on bfloat16 returns float32)."""
     out_layout = str(conv_attrs.out_layout or conv_attrs.data_layout)
     kernel_layout = str(conv_attrs.kernel_layout)
+    if dtype == "bfloat16" and weight.dtype.name == dtype:
+        widened = [None if s is None else s.astype(np.float32) for s in stats]
+        bias = None if conv_bias is None else conv_bias.astype(np.float32)
+        folded = _fold_scale_shift(conv_attrs, norm_attrs, weight.astype(np.float32), widened, "float32", bias)
+        return None if folded is None else tuple(part.astype(weight.dtype) for part in folded)
     if (any(s is None for s in stats) or bool(norm_attrs.training) or dtype not in FLOAT
             or weight.dtype.name != dtype or sorted(out_layout) != sorted("NCHW")
             or sorted(kernel_layout) != sorted("OIHW")

@@ -26,13 +26,14 @@ refuses runs on the host with the same arithmetic (relax's quantize rounds half 
 Rewritten only where it is exact against onnxruntime: int8 or uint8 activations with a
 per-tensor scale and zero point; constant weights, per tensor or per output channel, whose values
 minus their zero points fit int8 (int8 weights with zero zero points, as onnxruntime's quantizer
-writes them; uint8 ones centred on 128); the bias, if any, an int32 constant dequantized with zero
-zero point (onnxruntime adds its integers as they are); a relu only when yzp is the lowest value
-(onnxruntime then drops it as redundant; with another zero point it runs the float conv and relu,
-and so does this module); a 2-D matmul; conv2d in NCHW / OIHW. The dequantizes may be shared with
-other consumers (onnxruntime's quantizer gives a branch or a shortcut one DequantizeLinear for all
-of its readers); every value between the conv / matmul and the quantize must have no other use.
-Everything else stays as imported.
+writes them; uint8 ones centred on 128; int4 ones, which import as int8 values); the bias, if
+any, an int32 constant dequantized with zero zero point (onnxruntime adds its integers as they
+are); a relu only when yzp is the lowest value (onnxruntime then drops it as redundant; with
+another zero point it runs the float conv and relu, and so does this module); a matmul of 2-D
+weights and an activation of rank 2 or more (a decoder's (1, tokens, K)); conv2d in NCHW / OIHW.
+The dequantizes may be shared with other consumers (onnxruntime's quantizer gives a branch or a
+shortcut one DequantizeLinear for all of its readers); every value between the conv / matmul and
+the quantize must have no other use. Everything else stays as imported.
 
 uint8 tensors are computed as int8 "twins", q - 128 with zero point zp - 128, which is exact:
 quantize(x, s, zp) to uint8 saturates round(x / s) + zp to [0, 255], and the same to int8 with
@@ -295,7 +296,7 @@ class _QdqRewriter(relax.PyExprMutator):
         else:
             weight = self._weight(rhs, 1)
         if activation is None or weight is None or weight[0].ndim != 2 \
-                or len(activation[0].ty.shape) != 2:
+                or len(activation[0].ty.shape) < 2:
             return None
         return _Layer("matmul", activation[0], activation[2], weight[0], weight[1], activation[1],
                       None, False, spans=(matmul.span,))

@@ -17,6 +17,11 @@ found by running the tree over +1 / -1 arrays with numpy; the fold is made only 
 is one vector along the last axis (the same for every row: true of both rotations), so S' is S
 broadcast along that axis and no larger.
 
+With a symbolic length (a prefill compiled for any length) the sine is computed at run time: the
+signs are read at a trial length (attention_lengths.TRIAL_LENGTHS; they are one row along the
+head dim whatever the length) and the sine, under its per-layer views, is multiplied once by
+that row for every layer, q and k.
+
 Why: the four `negative`s of a 2-layer Llama (q and k per layer) were the only arithmetic of RoPE
 left on the host, each between two NPU kernels; folded, RoPE is two multiplies and an add the
 NPU already runs (the slices and the concat are layout: DMA boxes and strides).
@@ -28,7 +33,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..relax_info import dtype_of, static_shape
+from ..relax_info import dtype_of, shape_dims
+from .attention_lengths import TRIAL_LENGTHS, at_lengths, static_dims as static_shape
 from .chain_match import Chain
 from .rewrite import as_pass, rewrite_functions
 
@@ -64,7 +70,42 @@ class _RotationRewriter(relax.PyExprMutator):
                 key = (flipped.shape, flipped.tobytes())
                 constant = self.constants.setdefault(key, relax.const(flipped))
                 return relax.Call(call.op, [unsigned, constant], call.attrs, call.ty_args, call.span)
+            folded = self._folded_at_length(chain, tree, factor, call)
+            if folded is not None:
+                return folded
         return call
+
+    def _folded_at_length(self, chain: Chain, tree, factor, call):
+        """With a symbolic length and a sine computed at run time (a prefill's RoPE): the signs read
+        at a trial length (they are one row along the head dim, whatever the length), the tree's
+        negations removed and the sine times that row of signs, once per sine (exact)."""
+        names = {v.name for d in shape_dims(call) or () if not isinstance(d, int) for v in _free(d)}
+        if len(names) != 1 or dtype_of(factor) != "float32" or str(shape_dims(tree)) != str(shape_dims(call)):
+            return None
+        with at_lengths({names.pop(): TRIAL_LENGTHS[0]}):
+            shape = static_shape(tree)
+            found = _signs(chain, tree, depth=0) if shape is not None else None
+        if found is None or not found[1]:
+            return None
+        row = found[0].reshape(-1, shape[-1])
+        factor_dims = shape_dims(factor)
+        if not (row == row[:1]).all() or factor_dims is None or factor_dims[-1] != shape[-1]:
+            return None
+        # The sine under its views (every layer's expand_dims of one sine): signed once for all.
+        view = chain.call(factor, "relax.expand_dims", "relax.reshape")
+        base = view.args[0] if view is not None and (shape_dims(view.args[0]) or [0])[-1] == shape[-1] else factor
+        key = (base, row[0].tobytes())
+        if key not in self.constants:
+            self.constants[key] = self.builder_.emit(relax.op.multiply(base, relax.const(row[0].astype(np.float32))))
+        signed = self.constants[key]
+        if base is not factor:
+            signed = self.builder_.emit(relax.Call(view.op, [signed, *view.args[1:]], view.attrs, view.ty_args))
+        return relax.Call(call.op, [found[2], signed], call.attrs, call.ty_args, call.span)
+
+
+def _free(dim):
+    from tvm import tirx
+    return tirx.analysis.undefined_vars(dim)
 
 
 def _folded(chain: Chain, tree, factor, out_shape):

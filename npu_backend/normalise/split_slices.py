@@ -82,6 +82,16 @@ def _ints(expr) -> list:
     return [int(getattr(f, "value", f)) for f in expr.fields]
 
 
+def _constant_part(data, axis: int, begin: int, end: int):
+    """The part [begin, end) along `axis` of a constant split: a constant (FoldConstant leaves a
+    split of a constant alone, its result being a tuple; GPT-J's sin / cos halves of its folded
+    position table were a host call)."""
+    array = data.value.numpy()
+    index = [slice(None)] * array.ndim
+    index[axis] = slice(begin, end)
+    return relax.const(array[tuple(index)].copy(), str(array.dtype))
+
+
 def _slice(data, axis: int, begin: int, end: int):
     return relax.op.strided_slice(data, [axis], [begin], [end])
 
@@ -127,6 +137,8 @@ class _SliceRewriter(relax.PyExprMutator):
         value = self.lookup_binding(item.tuple_value) if isinstance(item.tuple_value, relax.Var) else item.tuple_value
         if isinstance(value, relax.Call) and value.op.same_as(_SPLIT):
             bounds = split_bounds(value, int(item.index))
+            if bounds is not None and isinstance(value.args[0], tvm.ir.GenericConst):
+                return _constant_part(value.args[0], *bounds)
             if bounds is not None and isinstance(value.args[0], relax.Var):
                 return self._slice_through(self.builder_.normalize(_slice(value.args[0], *bounds)))
         return item

@@ -14,7 +14,10 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from cgra_sim import function_unit
+
 from ..kernels.attention.attention_tiles import attention_fits
+from ..kernels.attention.flash_length import length_fits
 from ..kernels.gemm.int4_matmul import Int4Layer, int4_matmul_kernel
 from .attentions import attentions_pass
 from .batch_norms import batch_norms_as_scale_shift
@@ -29,6 +32,7 @@ from .dynamic_quant import dynamic_quant_pass
 from .empty_operands import empty_operands_pass
 from .fold_constants import fold_remaining_constants
 from .fold_weights import fold_weights, restore_kept_transposes
+from .gated_linears import gated_linears_pass
 from .gelus import gelus_pass
 from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
@@ -36,6 +40,7 @@ from .large_pools import split_large_pools_pass
 from .length_masks import causal_masks_pass
 from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
+from .norm_folds import norm_folds_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .permute_chains import permute_chains_pass
 from .split_slices import split_slices_pass
@@ -119,6 +124,9 @@ def normalise_passes(arch=None) -> list:
         # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
         # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
         rms_norms_pass, gelus_pass, safe_softmaxes_pass,
+        # A pre-norm's gamma and beta folded into the linear layers that alone read it: the norm
+        # kernel loses two of its full-tile steps, the GEMMs nothing (norm_folds.py).
+        norm_folds_pass,
         # A causal mask computed from a symbolic length (HF's, given input_ids alone) proven
         # causal for every length and computed from one arange, once for all layers (length_masks.py).
         causal_masks_pass,
@@ -126,7 +134,8 @@ def normalise_passes(arch=None) -> list:
         # one normal form the attention family takes whole (attentions.py), after the softmaxes;
         # only one whose K / V head and score rows fit the chip's scratchpad (the kernel's tile
         # search says), so a longer one keeps the matmul and softmax kernels it had.
-        attentions_pass(lambda parts: arch is None or attention_fits(parts, arch)),
+        attentions_pass(lambda parts: arch is None or (attention_fits if parts.get("length") is None
+                                                       else length_fits)(parts, arch)),
         # A broadcast_to the shape its operand has (torch.export's expand before a batched
         # matmul) is its operand, not a host copy (no_op_broadcasts.py).
         no_op_broadcasts_pass,
@@ -136,6 +145,10 @@ def normalise_passes(arch=None) -> list:
         # A fused q / k / v projection's split as slices, each cut into heads after the slice:
         # the transposing copy or RoPE kernel after it reads its part (split_slices.py).
         split_slices_pass,
+        # A gate and an up projection of one input (SwiGLU, GeGLU) as one linear over their
+        # interleaved weights, the gated unit after it (gated_linears.py): one GEMM kernel, the
+        # gate's activations never in DRAM; where the chip's function unit has the activation.
+        gated_linears_pass(lambda act: arch is not None and function_unit.runs(arch.function_unit, act)),
         # A concat's empty operands (HF's partial-rotary pass-through when the rotary dims are the
         # whole head) left out, and a concat of one operand that operand (empty_operands.py).
         empty_operands_pass,

@@ -36,6 +36,7 @@ from .rewrite import as_pass, rewrite_functions
 ROW_OPS = ("relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum", "relax.sigmoid",
            "relax.nn.silu", "relax.nn.relu", "relax.exp", "relax.tanh", "relax.nn.gelu", "relax.nn.gelu_tanh")
 _OPS = {name: tvm.ir.Op.get(name) for name in ROW_OPS}
+_RESHAPE = tvm.ir.Op.get("relax.reshape")
 #: Ops whose kernels fuse elementwise ops after them (epilogues): an op reading one stays as it is.
 _ROOTS = ("relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.conv1d_transpose",
           "relax.nn.conv2d_transpose", "relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d")
@@ -121,10 +122,27 @@ class _RowsRewriter(relax.PyExprMutator):
         key = (arg, _key(shape))
         if key in self.views:
             return self.views[key]
+        source = self._unviewed(arg, shape)
+        if source is not None:
+            return source
         view = self.builder_.emit(relax.op.reshape(arg, relax.ShapeExpr(list(shape))))
         if isinstance(arg, relax.Var):
             self.views[key] = view
         return view
+
+    def _unviewed(self, arg, shape):
+        """The tensor of `shape` that `arg` is a chain of reshapes of (a linear's (s, C) result
+        reshaped to (1, s, C)), else None: the op then reads the GEMM's result itself, and the
+        GEMM's epilogue can take it (a residual add)."""
+        node = arg
+        for _ in range(4):
+            value = self.lookup_binding(node) if isinstance(node, relax.Var) else None
+            if not (isinstance(value, relax.Call) and value.op.same_as(_RESHAPE)):
+                return None
+            node = value.args[0]
+            if _key(shape_dims(node) or ()) == _key(shape):
+                return node
+        return None
 
 
 def _key(shape) -> str:

@@ -80,6 +80,18 @@ def reads_what_it_computes(context, annotations: dict | None = None) -> bool:
 _DOWNSTREAM_ROLES = ("residual", "multiplier", "ch_scale", "ch_shift")
 
 
+def cache_read_elsewhere(context) -> bool:
+    """Whether a KV cache write's cache (role "data" of kernels/layout/cache_write.py's
+    patterns, written in place: device/in_place.py) is read by anything but the write: that
+    reader would see it written, or the write a cache another op changes."""
+    if "data" not in context.annotated_expr or not str(context.annotated_expr["root"].op.name).endswith(
+            ("scatter_elements", "slice_scatter")):
+        return False
+    data = context.annotated_expr["data"]
+    var = context.value_to_bound_var.get(data, data)
+    return any(user not in context.matched_bindings for user in context.var_usages.get(var, []))
+
+
 def operand_depends_on_match(context) -> bool:
     """Whether a residual or multiplier operand of the match is computed, outside it, from a
     value it computes: fusing would make the kernel read its own result (a cycle). Walks the

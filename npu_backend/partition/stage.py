@@ -32,7 +32,7 @@ from ..kernels.stage import Kernel, run_kernel_stages
 from ..kernels.tir.tir import KERNEL_ATTR, tir_spec
 from ..options import CompileOptions
 from .call_tir import PREFIX, PRIM_FUNC_ATTR, offload_call_tir, remember_prim_func
-from .composite import operand_depends_on_match, reads_what_it_computes
+from .composite import cache_read_elsewhere, operand_depends_on_match, reads_what_it_computes
 from .pattern_ops import ModuleCalls, can_match
 from .plans import fingerprint, grouped_patterns, plan_payload, read_plan
 from .scalar_args import bind_scalar_arguments
@@ -86,7 +86,7 @@ def fusion_patterns(arch: HardwareDescription, options: CompileOptions = Compile
             continue
         def check(context, name=entry.name, annotations=entry.annotations):
             return not reads_what_it_computes(context, annotations) and \
-                not operand_depends_on_match(context) and \
+                not operand_depends_on_match(context) and not cache_read_elsewhere(context) and \
                 offload_reason(name, context.annotated_expr, arch) is None and \
                 not has_leaking_intermediate_variables(context)
         patterns.append(FusionPattern(entry.name, entry.pattern, entry.annotations, check))

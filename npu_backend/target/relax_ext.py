@@ -140,6 +140,8 @@ def macs_per_output(spec) -> tuple[int, int]:
     macs = spec.macs
     if not macs:  # None (unknown) or 0 (pools, elementwise)
         return (-1 if macs is None else 0), 1
+    if spec.output_shape is None:  # a kernel's symbolic output: its commands count the MACs
+        return -1, 1
     outputs = math.prod(spec.output_shape)
     common = math.gcd(macs, outputs)
     return macs // common, outputs // common

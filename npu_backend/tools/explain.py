@@ -20,11 +20,12 @@ from cgra_sim.arch import load_arch
 
 from ..frontend.provenance import SOURCE_NODES_ATTR, call_nodes
 from ..kernels import offload_reason, offloaded_spec
+from ..kernels.common.dynamic import shape_bounds
 from ..kernels.registry import host_patterns, kernel_ops
 from ..options import CompileOptions
 from ..partition.composite import composite_call, composite_ops
 from ..partition.call_tir import call_tir_reason, called_prim_func, wrapped_call
-from ..partition.stage import tir_offload_reason
+from ..partition.stage import bounds_of, tir_offload_reason
 from ..pipeline import KERNEL_STAGES, STAGES
 from ..relax_info import shape_dims, static_shape
 from ..target.relax_pipeline import run_stages
@@ -64,12 +65,16 @@ def explain(mod: tvm.IRModule, arch=None, dims: dict | None = None, fuse_chains:
     `fuse_chains`: as `npu_backend.compile`'s."""
     arch = load_arch(arch)
     _check_dims(mod, dims or {})
-    mod = run_stages(mod, arch, CompileOptions(fuse_chains=fuse_chains),
-                     [(name, stage) for name, stage in STAGES if name != "codegen"])
+    options = CompileOptions(fuse_chains=fuse_chains)
+    bounds = bounds_of(mod, options)
+    mod = run_stages(mod, arch, options, [(name, stage) for name, stage in STAGES if name != "codegen"])
     placements = []
-    for _, func in mod.functions.items():
-        if isinstance(func, relax.Function) and not _attr(func, "Codegen") and not _attr(func, "Composite"):
-            placements += _placements(mod, func, arch, len(placements), dims or {})
+    # A host op's reason is its kernel's at the bounds partitioning sized it for (a softmax row
+    # held at a bound too wide for the scratchpad).
+    with shape_bounds(bounds):
+        for _, func in mod.functions.items():
+            if isinstance(func, relax.Function) and not _attr(func, "Codegen") and not _attr(func, "Composite"):
+                placements += _placements(mod, func, arch, len(placements), dims or {})
     return placements
 
 

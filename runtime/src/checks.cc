@@ -376,9 +376,9 @@ void CheckVfunc(const int64_t* w, const CheckContext& context) {
   int32_t flags = Code(w[CGRA_VFUNC_FLAGS]);
   CheckFlags(flags, CGRA_VFUNC_SCALE | CGRA_VFUNC_OFFSET);
   int32_t func = Code(w[CGRA_VFUNC_FUNC]);
-  if (func < CGRA_VFUNC_IDENTITY || func > CGRA_VFUNC_RECIPROCAL) {
-    Fail("func ", func, " is not a special function (", CGRA_VFUNC_IDENTITY, " identity .. ", CGRA_VFUNC_RECIPROCAL,
-         " reciprocal)");
+  if (func < CGRA_VFUNC_IDENTITY || func > CGRA_VFUNC_GELU_TANH) {
+    Fail("func ", func, " is not a special function (", CGRA_VFUNC_IDENTITY, " identity .. ", CGRA_VFUNC_GELU_TANH,
+         " gelu_tanh)");
   }
   if (Code(w[CGRA_VFUNC_DTYPE]) != CGRA_DTYPE_FLOAT32) {
     Fail("dtype code ", w[CGRA_VFUNC_DTYPE], " is not float32 (", CGRA_DTYPE_FLOAT32, "): VFUNC computes float32");

@@ -19,10 +19,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-STREAM_VERSION = 8
+STREAM_VERSION = 9
 #: The oldest stream version this simulator still runs: v3 only added a flag (DMA_FILL_LOWEST)
-#: that v2 streams never set, v4 an opcode (FABRIC), v5 two (REDUCE, VFUNC), v6 one (UNPACK4),
-#: v7 two dtype codes (BFLOAT16, FLOAT16) and v8 an opcode (LOOKUP) that earlier streams never use.
+#: that v2 streams never set, v4 an opcode (FABRIC), v5 two (REDUCE, VFUNC), v6 one (UNPACK4) and
+#: v7 two dtype codes (BFLOAT16, FLOAT16) that earlier streams never use, v8 three VFUNC functions
+#: (SIGMOID, SILU, GELU_TANH), v9 an opcode (LOOKUP).
 OLDEST_STREAM_VERSION = 2
 RECORD_WORDS = 32
 #: Number of loop dimensions (and tensor dimensions) a DMA box can have.
@@ -135,6 +136,9 @@ class VFunc(enum.IntEnum):
     GELU = 5  # t Phi(t) = t (1 + erf(t / sqrt 2)) / 2, the erf form
     RSQRT = 6  # 1 / sqrt(t), correctly rounded square root and divide
     RECIPROCAL = 7  # 1 / t, correctly rounded
+    SIGMOID = 8  # 1 / (1 + e^-t) from exp(-|t|): stream version 8
+    SILU = 9  # t sigmoid(t)
+    GELU_TANH = 10  # t sigmoid(2 sqrt(2 / pi) (t + 0.044715 t^3)), GELU's tanh form
 
 
 @enum.unique
@@ -471,7 +475,7 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         "then t = t * scale with CGRA_VFUNC_SCALE and t = t + offset with CGRA_VFUNC_OFFSET "
         "(scale_bits, offset_bits: float32 bits, 0 without their flag), for i < rows, j < cols "
         "(out's element at i*out_stride + j). f a CGRA_VFUNC_* code: IDENTITY, EXP, TANH, ERF, "
-        "GELU (erf form), RSQRT, RECIPROCAL, each a specified sequence of rounded float32 "
+        "GELU (erf form), RSQRT, RECIPROCAL, SIGMOID, SILU, GELU_TANH, each a specified sequence of rounded float32 "
         "operations (docs/transformer-ops.md). dtype float32.",
         ("flags", _I32), ("func", _I32), ("dtype", _I32), "rows", "cols", ("a_addr", _ADDR),
         "a_row_stride", "a_col_stride", ("out_addr", _ADDR), "out_stride",

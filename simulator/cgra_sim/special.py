@@ -23,9 +23,16 @@ pipeline one stage an operation (function_unit.py).
     gelu        x Phi(x), Phi(x) = erfc(-x / sqrt 2) / 2 (x < 0: no cancellation) or
                 1 - erfc(x / sqrt 2) / 2, the exponent -x^2 / 2 split as above
     rsqrt       1 / sqrt(x)         reciprocal  1 / x          identity    x
+    sigmoid     e = exp(-|x|), r = 1 / (1 + e): r for x >= 0, e r below (never 1 - r, which
+                would lose the small values)
+    silu        x sigmoid(x)
+    gelu_tanh   x sigmoid(z), z = x (GELU_LINEAR + GELU_CUBIC x^2) = 2 sqrt(2 / pi) (x + 0.044715
+                x^3): the tanh form 0.5 x (1 + tanh(z / 2)) without its cancellation for x << 0
 
 Measured maximum errors against float64 (tests/test_special.py holds the bounds):
-ERROR_BOUNDS (exp 1 ulp, tanh 1.5, erf 2.5, GELU 7, rsqrt 1.5, reciprocal 0.5).
+ERROR_BOUNDS (exp 1 ulp, tanh 1.5, erf 2.5, GELU 7, rsqrt 1.5, reciprocal 0.5, sigmoid 3, SiLU 3.5
+(measured 2.69, 3.37); GELU's tanh form 4 + 3 |z| (measured 185 at x = -9.2, z = -70: its float32
+argument's rounding, times sigmoid's relative sensitivity |z| in the negative tail; 14 for |x| < 3).
 """
 
 from __future__ import annotations
@@ -50,13 +57,19 @@ ERF_SPLIT = F(0.875)
 
 #: Lane operations per element (a divide or square root counted as 4): the cycles a lane spends
 #: on one element, the stages of a function unit's pipeline (cost.vfunc_cycles).
-OPS = {"identity": 1, "exp": 28, "tanh": 52, "erf": 78, "gelu": 85, "rsqrt": 8, "reciprocal": 4}
+OPS = {"identity": 1, "exp": 28, "tanh": 52, "erf": 78, "gelu": 85, "rsqrt": 8, "reciprocal": 4,
+       "sigmoid": 36, "silu": 37, "gelu_tanh": 41}
 
 #: Max error against float64, in units in the last place of the float32 result, over the
 #: inputs tests/test_special.py samples (random bit patterns, uniform and small values) whose
 #: results are at least 2^-100 in magnitude (measured over 4 million inputs each: exp 0.96,
 #: tanh 1.32, erf 2.43, gelu 6.35, rsqrt 1.48, reciprocal 0.50).
-ERROR_BOUNDS = {"exp": 1.0, "tanh": 1.5, "erf": 2.5, "gelu": 7.0, "rsqrt": 1.5, "reciprocal": 0.5, "identity": 0.0}
+ERROR_BOUNDS = {"exp": 1.0, "tanh": 1.5, "erf": 2.5, "gelu": 7.0, "rsqrt": 1.5, "reciprocal": 0.5, "identity": 0.0,
+                "sigmoid": 3.0, "silu": 3.5, "gelu_tanh": 4.0}
+#: GELU's tanh form: ulps of error per unit of |z| on top of its bound (the argument's rounding).
+GELU_TANH_PER_Z = 3.0
+#: GELU's tanh form as x sigmoid(x (GELU_LINEAR + GELU_CUBIC x^2)): 2 sqrt(2 / pi), times 0.044715
+GELU_LINEAR, GELU_CUBIC = F(1.5957691216057308), F(0.07135481627159036)
 
 
 def _horner(coefficients, x):
@@ -160,10 +173,38 @@ def reciprocal(x: np.ndarray) -> np.ndarray:
         return (F(1) / np.asarray(x, np.float32)).astype(np.float32)
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + e^-x) from e = exp(-|x|) (no overflow): 1 / (1 + e) for x >= 0, e / (1 + e) below.
+    Lane operations: |x| and its negation (sign bits) 1, exp 28, the add 1, the divide 4, the
+    multiply 1, the select 1."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(all="ignore"):
+        e = exp(-np.abs(x))
+        r = F(1) / (F(1) + e)
+        y = np.where(x >= 0, r, e * r)
+    return y.astype(np.float32)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x sigmoid(x) (SiLU, swish): sigmoid's sequence and one multiply."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(all="ignore"):
+        return (x * sigmoid(x)).astype(np.float32)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh form x sigmoid(z), z = x (GELU_LINEAR + GELU_CUBIC x^2): 4 operations, sigmoid's
+    36 and the multiply."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(all="ignore"):
+        z = x * (GELU_CUBIC * (x * x) + GELU_LINEAR)
+        return (x * sigmoid(z)).astype(np.float32)
+
+
 def identity(x: np.ndarray) -> np.ndarray:
     """x (a VFUNC of identity applies only its scale and offset)."""
     return np.asarray(x, np.float32).copy()
 
 
 FUNCTIONS = {"identity": identity, "exp": exp, "tanh": tanh, "erf": erf, "gelu": gelu, "rsqrt": rsqrt,
-             "reciprocal": reciprocal}
+             "reciprocal": reciprocal, "sigmoid": sigmoid, "silu": silu, "gelu_tanh": gelu_tanh}

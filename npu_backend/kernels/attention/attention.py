@@ -40,8 +40,9 @@ from ..family import OpFamily
 from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.row_ops import vfunc_value
 from ..intrinsics.vector_unit import eltwise_value
-from .attention_tiles import LOWEST, TINY, choose_attention_tiling
+from .attention_tiles import LOWEST, TINY
 from .flash import flash_compute
+from .flash_length import choose_tiling, length_compute, length_spec
 from .flash_tiles import FlashTiling
 from .spec import F32, AttentionSpec
 
@@ -51,17 +52,20 @@ from .spec import F32, AttentionSpec
 
 def _patterns() -> list:
     """matmul(q, permute_dims(k)) [* scale] [+ mask] -> softmax [-> where(kept, ., 0)] -> matmul(., v):
-    the normal form, each optional piece an alternative (twelve patterns: the mask a constant
-    causal triangle, any tensor, or none)."""
+    the normal form, each optional piece an alternative (sixteen patterns: the mask a constant
+    causal triangle, the causal mask over a symbolic length that normalise/attention_lengths.py
+    builds from arange, less_equal and where (flash_length.py), any tensor, or none)."""
     entries = []
     for scaled in (True, False):
-        for masked in ("causal", "mask", ""):  # a constant causal mask first: the kernel builds it
+        for masked in ("causal", "length", "mask", ""):  # a causal mask first: the kernel builds it
             for safe in (True, False):
                 q, k, v, mask = wildcard(), wildcard(), wildcard(), is_const() if masked == "causal" else wildcard()
                 role = "causal" if masked == "causal" else "mask"
                 kt = is_op("relax.permute_dims")(k)
                 scores = is_op("relax.matmul")(q, kt)
                 roles = {"lhs": q, "rhs": k, "value": v, "transpose": kt, "scores": scores}
+                if masked == "length":  # causal over a symbolic length (normalise/attention_lengths.py)
+                    mask, role = _length_mask(roles), "length_mask"
                 x = scores
                 if scaled:
                     scale = is_const()
@@ -81,8 +85,27 @@ def _patterns() -> list:
     return entries
 
 
+def _length_mask(roles: dict):
+    """where(less_equal(reshape(p, (1, s)), reshape(p, (s, 1))), 0, -inf), p = arange(0, s, 1)."""
+    positions = roles["positions"] = is_op("relax.arange")(wildcard(), wildcard(), wildcard())
+    keys = roles["key_positions"] = is_op("relax.reshape")(positions, wildcard())
+    queries = roles["query_positions"] = is_op("relax.reshape")(positions, wildcard())
+    return is_op("relax.where")(is_op("relax.less_equal")(keys, queries), is_const(), is_const())
+
+
+def _scale(annotated: dict) -> float | None:
+    if "scale" not in annotated:
+        return None
+    value = annotated["scale"].value.numpy()
+    if value.size != 1:
+        raise UnsupportedOperator("attention scaled by a tensor: the kernel takes a scalar scale")
+    return float(value.reshape(()))
+
+
 def attention_spec(name: str, annotated: dict) -> AttentionSpec:
     """The AttentionSpec of a matched normal form; raises UnsupportedOperator saying why not."""
+    if "length_mask" in annotated:
+        return length_spec(annotated, _scale(annotated), "where" in annotated)
     q, k, v = annotated["lhs"], annotated["rhs"], annotated["value"]
     shapes = [shape_dims(x) for x in (q, k, v)]
     if any(s is None or len(s) != 5 or not all(isinstance(d, int) for d in s) for s in shapes):
@@ -100,12 +123,7 @@ def attention_spec(name: str, annotated: dict) -> AttentionSpec:
     if min(sk, d, dv) < 2:
         raise UnsupportedOperator(f"attention over {sk} keys of {d} + {dv} dims: the kernel's GEMMs and row reductions "
                                   "take at least 2 keys and 2 dims (one key: its softmax is 1, the output V)")
-    scale = None
-    if "scale" in annotated:
-        value = annotated["scale"].value.numpy()
-        if value.size != 1:
-            raise UnsupportedOperator("attention scaled by a tensor: the kernel takes a scalar scale")
-        scale = float(value.reshape(()))
+    scale = _scale(annotated)
     mask_shape, causal = (), None
     if "causal" in annotated:
         causal = causal_offset(annotated["causal"].value.numpy(), sq, sk)
@@ -148,7 +166,7 @@ def attention_compute(spec: AttentionSpec, tiling):
     (B, H, Sq, Dv), the mask as (Bm, Hm, Sqm, Skm); the intermediates per (b, hk, g, row). With a
     FlashTiling, the key-tile kernel (flash.py), already lowered."""
     if isinstance(tiling, FlashTiling):
-        return flash_compute(spec, tiling)
+        return length_compute(spec, tiling) if spec.length is not None else flash_compute(spec, tiling)
     b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
     h, sqp = hk * g, tiling.mp
     q = te.placeholder((b, h, sq, d), F32, name="lhs")
@@ -288,5 +306,5 @@ def _eltwise(sch, name: str, at: int, rows: int, cols: int, func: str, b_full: t
 
 ATTENTION = OpFamily(
     name="attention", ops=("attention",), pairs=_patterns, spec_from_match=attention_spec,
-    choose_tiling=choose_attention_tiling, compute=attention_compute, schedule=schedule_attention,
+    choose_tiling=choose_tiling, compute=attention_compute, schedule=schedule_attention,
     checks_pe_dtype=True)

@@ -15,7 +15,8 @@ F32 = "float32"
 class AttentionSpec:
     """One attention: sizes, the scale (None for 1), the mask's rank-5 broadcast shape (() for
     none), whether the softmax is safe (an all -inf row gives 0), and for a constant causal mask
-    (no mask operand then) its offset k: key j is seen by query i where j <= i + k."""
+    (no mask operand then) its offset k: key j is seen by query i where j <= i + k; `length`: the
+    variable of a symbolic length (sq = sk = its bound, causal 0: flash_length.py)."""
 
     b: int
     hk: int
@@ -31,6 +32,7 @@ class AttentionSpec:
     param_roles: tuple = ("lhs", "rhs", "value")
     source_ops: tuple = ()
     shape_args: tuple = ()
+    length: str | None = None
     op = "attention"
     dtype = F32
     acc_dtype = F32

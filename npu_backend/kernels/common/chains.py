@@ -48,8 +48,10 @@ def reads_immediates(composite: str) -> bool:
 
 def reads_constants(composite: str) -> bool:
     """Whether the kernel of pattern `composite` builds what its constants hold instead of loading
-    them (an attention's constant causal mask): partition/scalar_args.py binds them all inside it."""
-    return composite.startswith(ATTENTION_PATTERN) and "_causal" in composite
+    them (an attention's constant causal mask; a plain norm's gamma of ones and beta of zeros,
+    which it does not read): partition/scalar_args.py binds them all inside it."""
+    return composite.startswith(ATTENTION_PATTERN) and "_causal" in composite or \
+        composite in ("cgra.layer_norm_plain", "cgra.rms_norm_plain")
 
 
 _COMMUTATIVE = {"relax.add": "add", "relax.multiply": "mul", "relax.maximum": "max", "relax.minimum": "min"}

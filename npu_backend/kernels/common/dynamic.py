@@ -35,6 +35,9 @@ DEFAULT_BOUND = 1024
 #: (valid - 1) * stride + span); an empty list: never cut. conv2d.py and depthwise.py set it for
 #: a symbolic image size; lower/ragged.py reads it.
 GATHERS = "cgra.gathers"
+#: PrimFunc attribute: GATHERS' entries for the stores into a host tensor: a KV cache's rows
+#: written from a prompt of symbolic length (kernels/layout/cache_write.py), the cache static.
+STORE_CUTS = "cgra.store_cuts"
 #: PrimFunc attribute: a conv2d in blocks of rows and this many columns (height and width
 #: symbolic): only its outermost tile loop, over block rows, cuts its commands' rows, to the
 #: block's valid rows times the columns (lower/ragged.py); a block past the image's last column

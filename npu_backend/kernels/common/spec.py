@@ -75,6 +75,9 @@ class KernelSpec:
     # (role "multiplier": SwiGLU's gate times the up projection).
     act: str | None = None
     multiplier_shape: tuple | None = None
+    # matmul: a gated linear unit (gemm/gated.py): the output is act(acc[:, 0::2]) * acc[:, 1::2],
+    # (M, N / 2), the weights' rows the gate's and the up projection's interleaved.
+    gated: bool = False
     # Before the relu / clip / activation, float32: a multiply by a constant per output channel
     # (roles "ch_scale", "ch_shift"), then an add of one: a batch norm written as Mul + Add.
     channel_scale_shape: tuple | None = None
@@ -206,6 +209,7 @@ class KernelSpec:
                                   for axis, extent in enumerate((h, w)))
         if self.op == "matmul":
             m, n, _ = self.gemm_extents
+            n = n // 2 if self.gated else n
             return (self.batch, m, n) if self.batch > 1 else (m, n)
         n, _, h, w = self.lhs_shape
         f, _, kh, kw = self.rhs_shape
@@ -260,6 +264,9 @@ class Tiling:
     np: int
     kp: int
     tw: int = 0  # depthwise with a symbolic width, pool with a symbolic height and width: output columns of a tile (0: the whole width); attention: 1 if its mask is held whole
+    #: GEMM-shaped kernels: the epilogue's smooth activation (sigmoid, SiLU, GELU's tanh form) runs as
+    #: one VFUNC through the chip's function unit instead of FABRIC bodies (gemm/epilogue_tail.py)
+    act_on_vector: bool = False
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -33,6 +33,7 @@ from ..intrinsics.vector_unit import activation, requantise
 from ..common.operands import padded
 from ..common.spec import KernelSpec
 from .epilogue_tail import caller_out_shape, is_tail_pattern, with_float_tail, with_reshape
+from .gated import is_gated_pattern, with_gated
 
 #: The accumulator dtype of each input dtype of a PE-array kernel: also its output's, but for the
 #: 16-bit floats, whose kernels store their own dtype (the EPILOGUE rounds to nearest even).
@@ -191,6 +192,8 @@ def with_epilogue_tail(spec: KernelSpec, annotated: dict, name: str = "") -> Ker
     """`spec` with the residual add, the requantisation or the elementwise chain the chain
     ends in, if any; for a tail pattern (pattern `name`, epilogue_tail.py) its reshape,
     activation and multiplier."""
+    if is_gated_pattern(name):
+        return with_gated(spec, annotated)
     tail = is_tail_pattern(name)
     if spec.half_out and (tail or "n1" in annotated or "requant" in annotated):
         raise UnsupportedOperator(f"a {spec.dtype} {spec.op} fuses [+ bias] [+ residual] [relu | clip]; the ops "
@@ -343,7 +346,7 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
         value = activation(value, spec.acc_dtype, spec.relu, spec.clip)
         if spec.fabric_body:
             value = body_value(FabricBody(spec.fabric_body, spec.acc_dtype), value)
-        value = act_value(spec.act, value) if spec.act else value
+        value = act_value(spec.act, value, tiling.act_on_vector) if spec.act else value
         value = value * mul_pad(*idx) if mul_pad is not None else value
         if spec.half_out:
             return value.astype(spec.half_out)  # rounded to nearest even on store
@@ -384,8 +387,13 @@ def channel_rows(spec: KernelSpec) -> tuple:
 def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
     """The EPILOGUE intrinsic for a tile of `rows` (tiling.tm by default) x tiling.tn."""
     rows = tiling.tm if rows is None else rows
+    if spec.gated:  # gated.py: a tile of tn / 2 outputs from the tn accumulator columns
+        return get_intrin("epilogue", rows, tiling.tn // 2, "float32", bias=False, relu=False, act=spec.act,
+                          gated=True)
     body = FabricBody(spec.fabric_body, spec.acc_dtype) if spec.fabric_body else None
     tail = dict(act=spec.act, multiplier=bool(spec.multiplier_shape)) if spec.act or spec.multiplier_shape else {}
+    if spec.act and tiling.act_on_vector:
+        tail = dict(tail, act_vfunc=True)
     if spec.channel_scale_shape:
         tail = dict(tail, channel_scale=True, channel_shift=bool(spec.channel_shift_shape))
     if spec.half_out:

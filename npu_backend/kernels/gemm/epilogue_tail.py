@@ -19,7 +19,9 @@ tile like the residual. SwiGLU thus runs as two kernels instead of four: the gat
 SiLU in its epilogue, and the up projection's with the multiply by the gate's result in its.
 
 Every piece computes what its standalone kernel computes on the same float32 values, with the
-same commands (intrinsics/epilogue_tail.py), so the fused kernel is bit-exact to the unfused ones.
+same commands (intrinsics/epilogue_tail.py), so the fused kernel is bit-exact to the unfused ones;
+except that on a chip whose function unit has the smooth activation it runs as one VFUNC of
+that unit beside the next tile's GEMM instead of FABRIC bodies on the PE array (act_on_vector).
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ import math
 
 from tvm.relax.dpl import is_op, wildcard
 
-from cgra_sim import cost
+from cgra_sim import cost, function_unit
 from cgra_sim.mapping.body import reads_b
 
 from ...errors import UnsupportedOperator
-from ...relax_info import dtype_of, require_static_shape
+from ...relax_info import dtype_of, require_static_shape, shape_dims
 from ..common.chains import require_program
-from ..intrinsics.epilogue_tail import TAIL_ACTS, act_passes
+from ..common.dynamic import read_shape, symbols_of
+from ..intrinsics.epilogue_tail import SMOOTH_ACTS, TAIL_ACTS, act_passes
 
 #: The pattern-name suffix of a root's tail pattern: "cgra.linear_epilogue".
 SUFFIX = "_epilogue"
@@ -120,9 +123,7 @@ def with_float_tail(spec, annotated: dict, name: str):
     if (act or "multiplier" in annotated) and (spec.acc_dtype != "float32" or spec.requant_zero_point is not None):
         raise UnsupportedOperator(f"an activation or a multiply after a {spec.op} is fused for float32 "
                                   f"(this one accumulates {spec.acc_dtype})")
-    if act and spec.symbols:  # lower/ragged.py cuts a ragged tile's EPILOGUE, not the FABRIC / VFUNC after it
-        raise UnsupportedOperator(f"{act} after a {spec.op} with symbolic sizes runs as its own kernel (the "
-                                  "last tile is cut to the rows that exist; the activation's commands are not)")
+    # With symbolic rows, lower/ragged.py cuts the last tile's FABRIC and VFUNC rows as its EPILOGUE's.
     spec = dataclasses.replace(spec, act=act)
     spec = _with_channel_affine(spec, annotated) if "ch_scale" in annotated else spec
     return _with_multiplier(spec, annotated) if "multiplier" in annotated else spec
@@ -132,9 +133,11 @@ def _scale_as_multiplier(spec, annotated: dict) -> dict:
     """A "ch_scale" of the output's shape, with nothing after its multiply, is the multiplier."""
     if "ch_scale" not in annotated or any(r in annotated for r in ("ch_shift", "act", "relu", "clip", "multiplier")):
         return annotated
-    shape = tuple(require_static_shape(annotated["ch_scale"], "multiplier", UnsupportedOperator))
-    if _per_channel(spec, shape) and shape != caller_out_shape(spec):
-        return annotated
+    dims = shape_dims(annotated["ch_scale"])
+    if dims is not None and all(isinstance(d, int) for d in dims):  # symbolic: no constant per channel
+        shape = tuple(dims)
+        if _per_channel(spec, shape) and shape != caller_out_shape(spec):
+            return annotated
     roles = {role: expr for role, expr in annotated.items() if role != "ch_scale"}
     return {**roles, "multiplier": annotated["ch_scale"]}
 
@@ -180,36 +183,55 @@ def _with_multiplier(spec, annotated: dict):
         if role in annotated and annotated[role].same_as(multiplier):
             raise UnsupportedOperator(f"the multiplier is also the {spec.op}'s {role}: each operand of an NPU "
                                       "kernel must be its own tensor")
-    if spec.op != "matmul" or spec.compute_name != "matmul" or spec.symbols:
-        raise UnsupportedOperator(f"a multiply by a tensor is fused after a 2-D or shared-weight matmul with "
-                                  f"static sizes, not a {spec.compute_name}: it runs on its own")
+    if spec.op != "matmul" or spec.compute_name != "matmul":
+        raise UnsupportedOperator(f"a multiply by a tensor is fused after a 2-D or shared-weight matmul, not a "
+                                  f"{spec.compute_name}: it runs on its own")
     if dtype_of(multiplier) != "float32":
         raise UnsupportedOperator(f"the multiplier is {dtype_of(multiplier)}, the output float32")
-    shape = tuple(require_static_shape(multiplier, "multiplier", UnsupportedOperator))
+    out_symbols = spec.symbolic("out")  # symbolic rows: the multiplier's, loaded and cut like a residual
+    shape, names = read_shape(multiplier, "multiplier", symbolic_axes=tuple(out_symbols), expressions=True)
+    if names != out_symbols:
+        raise UnsupportedOperator(f"the multiplier's symbolic axes {names} are not the output's {out_symbols}")
     if shape != caller_out_shape(spec):
         raise UnsupportedOperator(f"the multiplier of shape {shape} is not of the output's shape "
                                   f"{caller_out_shape(spec)} (a broadcast multiply runs on its own)")
     # (under both roles: a multiply read as the scale's pattern passes its tensor as "ch_scale")
     view = (("multiplier", shape), ("ch_scale", shape)) if shape != tuple(spec.output_shape) else ()
-    return dataclasses.replace(spec, multiplier_shape=shape, caller_shapes=spec.caller_shapes + view)
+    return dataclasses.replace(spec, multiplier_shape=shape, caller_shapes=spec.caller_shapes + view,
+                               symbols=spec.symbols + symbols_of("multiplier", names) + symbols_of("ch_scale", names))
+
+
+def act_on_vector(spec, arch) -> bool:
+    """Whether the smooth activation runs as one VFUNC through the chip's function unit rather
+    than as FABRIC bodies: where the unit has the function. Its pipeline takes an element per lane
+    a cycle on the vector unit, beside the next tile's GEMM; the bodies take the PE array itself
+    (1.6 cycles an element on cgra-8x8, between two tiles' GEMMs). A chip without the unit (or
+    without the function in it) keeps the bodies: on the lanes alone the function's 36-41
+    operations an element cost more than they do."""
+    return spec.act in SMOOTH_ACTS and function_unit.runs(arch.function_unit, spec.act)
 
 
 def tail_tile_cycles(spec, arch):
     """cycles(elements) -> (PE array, vector unit) cycles of the activation's and the multiply's
     work on one output tile, as their standalone kernels price it (sigmoid.py, special.py,
     eltwise.py); None without them. A smooth activation's FABRIC bodies run on the PE array
-    (between two tiles' GEMMs), GELU's VFUNC and the multiplies on the vector unit. A smooth
-    activation's bodies must map onto the chip's fabric."""
+    (between two tiles' GEMMs), a VFUNC (GELU's, or a smooth one through the function unit:
+    act_on_vector) and the multiplies on the vector unit. A smooth activation's bodies must map
+    onto the chip's fabric."""
     if not spec.act and not spec.multiplier_shape:
         return None
+    if spec.gated:  # gated.py: the VFUNC and the multiply over the tile's half of outputs
+        return lambda elements: (0, cost.vfunc_cycles(arch, elements // 2, spec.act)
+                                 + cost.eltwise_cycles(arch, elements // 2, elements))
+    vfunc = spec.act == "gelu" or act_on_vector(spec, arch)
     programs = [(require_program(nodes, "float32", arch, spec.act), nodes) for nodes in act_passes(spec.act)] \
-        if spec.act else []
+        if spec.act and not vfunc else []
 
     def cycles(elements: int) -> tuple[int, int]:
         array = sum(cost.fabric_run_cycles(arch, program, elements, (12 if reads_b(nodes) else 8) * elements)
                     for program, nodes in programs)
-        vector = cost.vfunc_cycles(arch, elements, "gelu") if spec.act == "gelu" else 0
-        multiplies = (spec.act not in (None, "sigmoid", "gelu")) + bool(spec.multiplier_shape)
+        vector = cost.vfunc_cycles(arch, elements, spec.act) if vfunc else 0
+        multiplies = (not vfunc and spec.act not in (None, "sigmoid")) + bool(spec.multiplier_shape)
         return array, vector + multiplies * cost.eltwise_cycles(arch, elements, 2 * elements)
 
     return cycles

@@ -17,15 +17,16 @@ conflicts (spad_layout.py).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
-from ...errors import ScratchpadTooSmall
+from ...errors import ScratchpadTooSmall, UnsupportedOperator
 from ..common.dynamic import TILE_OF
 from .epilogue import channel_rows, epilogue_intrin
-from .epilogue_tail import check_tail_padding, tail_tile_cycles
+from .epilogue_tail import act_on_vector, check_tail_padding, tail_tile_cycles
 from ..intrinsics import SPAD, get_intrin
 from ..common.spad_layout import a_row_stride, align_output_rows, align_rows, out_row_stride, store_walks_rows
 from ..common.spec import KernelSpec, Tiling, aligned, round_up
@@ -40,8 +41,11 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     once per problem and chip: partitioning asks (does it fit?) and then the kernel stage."""
     key = (spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), spec.row_step,
            bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
-           _any_rows(spec), spec.pixel_order, _taps(spec), spec.act, bool(spec.multiplier_shape),
+           _any_rows(spec), spec.pixel_order, _taps(spec), spec.act, spec.gated, bool(spec.multiplier_shape),
            bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape), may_hold_a_panel(spec), arch.fingerprint)
+    if spec.gated and spec.act != "gelu" and not act_on_vector(spec, arch):
+        raise UnsupportedOperator(f"a gated linear unit's {spec.act} runs through a function unit that has it; "
+                                  f"'{arch.name}' has none: its parts run as their own kernels")
     if key not in _TILINGS:
         if len(_TILINGS) >= 4096:
             _TILINGS.clear()
@@ -53,6 +57,8 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
                                       tail_cycles=tail_tile_cycles(spec, arch),
                                       extra_rows=bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape),
                                       a_panel=may_hold_a_panel(spec))
+        if act_on_vector(spec, arch):
+            _TILINGS[key] = dataclasses.replace(_TILINGS[key], act_on_vector=True)
     check_tail_padding(spec, _TILINGS[key], arch)
     return _TILINGS[key]
 
@@ -255,7 +261,7 @@ def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
         return _tile_output_blocks(sch, spec, tiling)
     *_, row, col = sch.get_loops(sch.get_sblock("epi"))
     row_outer, row_inner = sch.split(row, [None, tiling.tm])
-    col_outer, col_inner = sch.split(col, [None, tiling.tn])
+    col_outer, col_inner = sch.split(col, [None, tiling.tn // 2 if spec.gated else tiling.tn])
     sch.reorder(row_outer, col_outer, row_inner, col_inner)
     acc = stage_output_tile(sch, spec, col_outer)
     if spec.pixel_order == "xy" and spec.output_shape[2] > 1:
@@ -359,7 +365,8 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
     sch.tensorize(row, get_intrin("gemm", tiling.tm, tiling.tn, tiling.tk, spec.dtype, spec.acc_dtype))
     sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", tiling.tm, tiling.tn, spec.acc_dtype))
     sch.tensorize(epi_row, epilogue_intrin(spec, tiling))
-    align_output_rows(sch, spec, tiling, arch)
+    if not spec.gated:  # (a matmul's store walks no rows: nothing to align)
+        align_output_rows(sch, spec, tiling, arch)
 
 
 def loops_after(sch, block, anchor) -> list:

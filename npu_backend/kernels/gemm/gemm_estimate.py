@@ -18,14 +18,17 @@ from ..common.spec import KernelSpec, Tiling
 
 def holds_a_panel(spec: KernelSpec, tiling: Tiling) -> bool:
     """Whether the kernel loads each row tile's A panel once for all its column tiles: a matmul
-    (no conv2d gather, no symbolic sizes) whose reduction is one step (tk is the whole depth)
+    (no conv2d gather, symbolic rows at most) whose reduction is one step (tk is the whole depth)
     and which has more than one column tile."""
     return may_hold_a_panel(spec) and _panel_tiling(tiling)
 
 
 def may_hold_a_panel(spec: KernelSpec) -> bool:
-    """Whether `spec`'s kernel holds A's row panel where its tiling lets it (holds_a_panel)."""
-    return spec.op == "matmul" and not spec.symbols
+    """Whether `spec`'s kernel holds A's row panel where its tiling lets it (holds_a_panel): a
+    matmul whose only symbolic axis is its rows (a ragged last row tile's panel is cut to its
+    rows like the rest of that tile), not a reduction or columns of symbolic length."""
+    return spec.op == "matmul" and spec.compute_name == "matmul" and \
+        all(axis == 0 and role != "rhs" for role, axis, _ in spec.symbols)
 
 
 def _panel_tiling(t: Tiling) -> bool:

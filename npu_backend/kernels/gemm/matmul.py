@@ -21,6 +21,7 @@ from .epilogue import HALF_FLOATS, Root, epilogue_compute, epilogue_fields, epil
 from ...relax_info import shape_dims
 from ..common.dynamic import caller_dims, read_shape, symbols_of
 from ..family import OpFamily
+from .gated import gated_epilogue
 from .gemm import choose_gemm_tiling, schedule_gemm
 from .symbolic_matmul import has_symbolic_operand, is_symbolic_matmul, symbolic_matmul_compute, symbolic_matmul_spec
 from ..common.operands import kernel_prim_func, padded
@@ -181,8 +182,11 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
         (mp, tiling.np),
         lambda i, j: te.sum(a_pad[i, r].astype(spec.acc_dtype) * b_pad[r, j].astype(spec.acc_dtype), axis=r),
         name="acc")
-    operands = epilogue_operands(spec, (m, n))
-    epi = epilogue_compute(spec, acc, tiling, operands, out_index=lambda i, j: (i, j))
+    if spec.gated:  # act(even columns) * odd columns, (m, n / 2): gated.py
+        operands, epi, n = {}, gated_epilogue(spec, acc, tiling), n // 2
+    else:
+        operands = epilogue_operands(spec, (m, n))
+        epi = epilogue_compute(spec, acc, tiling, operands, out_index=lambda i, j: (i, j))
     out = te.compute((m, n), lambda i, j: epi[i, j], name="out")
     return kernel_prim_func(spec, {"lhs": a, "rhs": b, **operands}, out)
 

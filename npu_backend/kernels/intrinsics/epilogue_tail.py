@@ -6,7 +6,8 @@ chain, in an activation the EPILOGUE command lacks, and then a multiply by a sec
 output's shape (SwiGLU's gate x up):
 
     out = (act(epilogue(acc)) [* mul])      act: sigmoid, silu, gelu_tanh (FABRIC bodies,
-                                            smooth.py) or gelu (erf form: one VFUNC)
+                                            smooth.py, or with act_vfunc one VFUNC of the
+                                            function unit's) or gelu (erf form: one VFUNC)
 
 Each piece runs the very commands its standalone kernel runs on the tile in the scratchpad, so the
 result is bit-exact to the unfused kernels: the smooth activations read the EPILOGUE's value from
@@ -18,11 +19,13 @@ left out: the first piece reads the accumulator tile and writes the output tile.
 
 from __future__ import annotations
 
+from cgra_codegen import device_call
 from cgra_sim.mapping.sigmoid import passes
 
 from .builder import SPAD, Tile, intrinsic
 from .fabric import body_value, fabric_call
-from .row_ops import vfunc_call, vfunc_value
+from .pe_array import dtype_code
+from .row_ops import VFUNCS, vfunc_call, vfunc_value
 from .smooth import smooth_calls, smooth_value
 from .vector_unit import activation, eltwise_call, epilogue_call, epilogue_value
 from .vector_unit import epilogue_intrin as plain_epilogue_intrin
@@ -32,9 +35,10 @@ SMOOTH_ACTS = ("sigmoid", "silu", "gelu_tanh")
 TAIL_ACTS = SMOOTH_ACTS + ("gelu",)
 
 
-def act_value(act: str, x):
-    """The TIR of the activation of one element, as its standalone kernel's compute writes it."""
-    return vfunc_value("gelu", x) if act == "gelu" else smooth_value(act, x)
+def act_value(act: str, x, vfunc: bool = False):
+    """The TIR of the activation of one element, as its standalone kernel's compute writes it, or
+    (`vfunc`, a smooth activation) as the VFUNC of the function unit computes it."""
+    return vfunc_value(act, x) if act == "gelu" or vfunc else smooth_value(act, x)
 
 
 def act_passes(act: str) -> tuple:
@@ -45,16 +49,20 @@ def act_passes(act: str) -> tuple:
 def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool, residual: bool = False,
                     clip=None, zero_point: int | None = None, body=None, act: str | None = None,
                     multiplier: bool = False, channel_scale: bool = False, channel_shift: bool = False,
-                    out_dtype: str | None = None, scope: str = SPAD):
+                    out_dtype: str | None = None, act_vfunc: bool = False, gated: bool = False,
+                    scope: str = SPAD):
     """EPILOGUE over a rows x cols tile of the accumulator (`dtype`): out = requantise?(clip?(relu?(acc +
     bias? + residual?)), scale, zero_point), then with `body` (a FabricBody) a FABRIC runs it over
     the output tile in place; float32: with `channel_scale` (and `channel_shift`) the sum is
     multiplied by a row of cols (ELTWISE) and that row added (a second EPILOGUE, with the relu or
     clip) before the relu or clip; then with `act` a sigmoid, silu, gelu_tanh (FABRIC bodies)
-    or gelu (VFUNC) of it and with `multiplier` an ELTWISE multiply by a rows x cols tile. bias: a
+    or gelu (VFUNC) of it (`act_vfunc`: a smooth one as a VFUNC too, through the function unit) and
+    with `multiplier` an ELTWISE multiply by a rows x cols tile. bias: a
     row of cols; residual: a rows x cols tile; clip: None or (lo, hi); zero_point: None, or an int8
     output requantised with a float32 scale row (int32 accumulators only); out_dtype: None, or a
     16-bit float the float32 result is rounded to (vector_unit.epilogue_intrin; no tail then)."""
+    if gated:
+        return gated_intrin(rows, cols, act, scope=scope)
     plain = dict(bias=bias, relu=relu, residual=residual, clip=clip, zero_point=zero_point, body=body)
     if act is None and not multiplier and not channel_scale:
         return plain_epilogue_intrin(rows, cols, dtype, **plain, out_dtype=out_dtype, scope=scope)
@@ -77,17 +85,18 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
         else:
             total = epilogue_value(buffers, i, j, dtype, bias=bias, relu=relu, residual=residual, clip=clip)
         total = body_value(body, total) if body is not None else total
-        total = act_value(act, total) if act is not None else total
+        total = act_value(act, total, act_vfunc) if act is not None else total
         return total * buffers["Mul"][i, j] if multiplier else total
 
     # Nothing to add, clip or scale: the EPILOGUE would copy the accumulator, so the activation
     # (or the multiply) reads the accumulator itself (the same values: the results are the
     # same bits) and the vector unit, and the PE array waiting for it, skip a pass over the tile.
     identity = not (bias or residual or relu or clip is not None or body is not None or channel_scale)
+    fabric = act in SMOOTH_ACTS and not act_vfunc  # else a VFUNC (GELU's, or a smooth one's)
 
     def call(buffers, strides):
         acc, out = (buffers["Acc"], strides["Acc"][0]), (buffers["Out"], strides["Out"][0])
-        first = acc if act in SMOOTH_ACTS or identity else out  # where the EPILOGUE's value goes
+        first = acc if fabric or identity else out  # where the EPILOGUE's value goes
         if identity:
             calls = []
         elif channel_scale:  # the sum, times the row, plus the row with the relu or clip
@@ -102,13 +111,36 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
                                    residual=residual, clip=clip, out=first)]
         if body is not None:
             calls.append(fabric_call(body, rows, cols, *first, *first))
-        if act in SMOOTH_ACTS:
+        if fabric:
             calls += smooth_calls(act, rows, cols, acc, out)
-        elif act == "gelu":
-            calls.append(vfunc_call("gelu", rows, cols, first, out))
+        elif act is not None:
+            calls.append(vfunc_call(act, rows, cols, first, out))
         if multiplier:  # of the activation's result, or of the accumulator itself
             calls.append(eltwise_call("multiply", dtype, rows, cols, (*(out if act else first), 1),
                                       (buffers["Mul"], strides["Mul"][0], 1), out))
         return calls
 
     return intrinsic(inputs, Tile("Out", (rows, cols), dtype), "epi", value, call, scope=scope)
+
+
+def gated_intrin(rows: int, cols: int, act: str, scope: str = SPAD):
+    """A gated linear unit's epilogue (kernels/gemm/gated.py): Out[i, j] = act(Acc[i, 2j]) *
+    Acc[i, 2j + 1] from a rows x 2 cols accumulator tile, float32: one VFUNC of the even columns
+    (column stride 2) into the output tile, one ELTWISE multiplying it by the odd columns."""
+    if act not in TAIL_ACTS:
+        raise ValueError(f"a gated unit's activation is one of {TAIL_ACTS}, not {act}")
+
+    def value(buffers, i, j):
+        return act_value(act, buffers["Acc"][i, 2 * j], True) * buffers["Acc"][i, 2 * j + 1]
+
+    def call(buffers, strides):
+        acc, out = buffers["Acc"], buffers["Out"]
+        odd = (acc.data, acc.elem_offset + 1)
+        return [device_call("cgra_vfunc", flags=0, func=int(VFUNCS[act][0]), dtype=dtype_code("float32"), rows=rows,
+                            cols=cols, a_addr=acc, a_row_stride=strides["Acc"][0], a_col_stride=2, out_addr=out,
+                            out_stride=strides["Out"][0], scale_bits=0, offset_bits=0),
+                eltwise_call("multiply", "float32", rows, cols, (out, strides["Out"][0], 1),
+                             (odd, strides["Acc"][0], 2), (out, strides["Out"][0]))]
+
+    return intrinsic([Tile("Acc", (rows, 2 * cols), "float32")], Tile("Out", (rows, cols), "float32"), "epi", value,
+                     call, scope=scope)

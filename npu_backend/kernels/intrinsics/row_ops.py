@@ -16,6 +16,7 @@ from tvm import te, tirx
 
 from cgra_codegen import device_call
 from cgra_sim.isa import VFUNC_OFFSET, VFUNC_SCALE, ReduceFunc, VFunc
+from cgra_sim.special import GELU_CUBIC, GELU_LINEAR
 
 from .builder import SPAD, Tile, intrinsic
 from .pe_array import dtype_code
@@ -36,6 +37,15 @@ def _gelu(t):
     return t * half * (tirx.const(1.0, F32) + tirx.erf(t * tirx.const(SQRT1_2, F32)))
 
 
+def _sigmoid(t):
+    return tirx.const(1.0, F32) / (tirx.const(1.0, F32) + tirx.exp(-t))
+
+
+def _gelu_tanh(t):  # special.gelu_tanh's form: t sigmoid(z), no cancellation for t << 0
+    z = t * (tirx.const(float(GELU_CUBIC), F32) * (t * t) + tirx.const(float(GELU_LINEAR), F32))
+    return t * _sigmoid(z)
+
+
 #: VFUNC func name -> (ISA func, the TIR of f(t)).
 VFUNCS = {
     "identity": (VFunc.IDENTITY, lambda t: t),
@@ -45,6 +55,9 @@ VFUNCS = {
     "gelu": (VFunc.GELU, _gelu),
     "rsqrt": (VFunc.RSQRT, tirx.rsqrt),
     "reciprocal": (VFunc.RECIPROCAL, lambda t: tirx.const(1.0, F32) / t),
+    "sigmoid": (VFunc.SIGMOID, _sigmoid),
+    "silu": (VFunc.SILU, lambda t: t * _sigmoid(t)),
+    "gelu_tanh": (VFunc.GELU_TANH, _gelu_tanh),
 }
 
 

@@ -145,7 +145,7 @@ def copy_script(params: list, out_shape: tuple, dtype: str, pieces, tiling: Layo
     last one lower/ragged.py cuts."""
     symbolic = symbolic or {}
     if symbolic:
-        return _symbolic_script(params, out_shape, dtype, pieces, tiling, symbolic)
+        return _symbolic_script(params, out_shape, dtype, pieces, tiling, symbolic, gather)
     args = ", ".join(f"{name}: T.Buffer({_tuple(shape)}, \"{kind}\")" for name, shape, kind in params)
     lines = ["@T.prim_func", f"def copy({args}, out: T.Buffer({_tuple(out_shape)}, \"{dtype}\")):",
              "    T.func_attr({\"tirx.noalias\": True})"]
@@ -157,9 +157,11 @@ def copy_script(params: list, out_shape: tuple, dtype: str, pieces, tiling: Layo
     return "\n".join(lines) + "\n"
 
 
-def _symbolic_script(params: list, out_shape: tuple, dtype: str, pieces, tiling: LayoutTiling, symbolic: dict) -> str:
+def _symbolic_script(params: list, out_shape: tuple, dtype: str, pieces, tiling: LayoutTiling, symbolic: dict,
+                     gather: Gather | None = None) -> str:
     """copy_script's text for shapes with symbolic axes: the buffers matched from handles, each
-    variable declared once."""
+    variable declared once; a lookup of a symbolic number of indices (`gather`, its count the
+    indices' axis 0)."""
     tensors = [(name, shape, kind) for name, shape, kind in params] + [("out", out_shape, dtype)]
     handles = ", ".join(f"{name}_handle: T.handle" for name, _, _ in tensors)
     lines = ["@T.prim_func", f"def copy({handles}):", "    T.func_attr({\"tirx.noalias\": True})"]
@@ -167,6 +169,8 @@ def _symbolic_script(params: list, out_shape: tuple, dtype: str, pieces, tiling:
     for name, shape, kind in tensors:
         extents = [symbolic.get((name, axis), extent) for axis, extent in enumerate(shape)]
         lines.append(f"    {name} = T.match_buffer({name}_handle, ({', '.join(map(str, extents))},), \"{kind}\")")
+    if gather is not None:
+        lines += _gather_lines(params, dtype, gather, tiling.rows, symbolic[("rhs", 0)])
     for index, (piece, split) in enumerate(zip(pieces, tiling.splits)):
         source = dict((name, shape) for name, shape, _ in params)[piece.role]
         lines += _piece_lines(index, piece, source, dtype, split, symbolic)
@@ -226,35 +230,42 @@ def _piece_lines(index: int, piece: Piece, source: tuple, dtype: str, split: tup
     return lines
 
 
-def _gather_lines(params: list, dtype: str, gather: Gather, rows: int) -> list:
-    """Tiles of rows: per index one box of the table's row into the tile, then one store."""
+def _gather_lines(params: list, dtype: str, gather: Gather, rows: int, count: str | None = None) -> list:
+    """Tiles of rows: per index one box of the table's row into the tile, then one store. A
+    symbolic `count` (its variable): ceildiv(count, rows) tiles, the last one loading only the
+    rows inside the count (lower/ragged.py cuts its store to the count)."""
     (p, v, q), n = gather.table, gather.count
     indices = params[1][0] if gather.constants is None else None
-    lines = [f"    for t in range({n // rows}):",
-             f"        s = T.alloc_buffer(({p}, {rows}, {q}), \"{dtype}\", scope=\"{SPAD}\")"]
+    tiles = f"T.floordiv({count} + {rows - 1}, {rows})" if count else n // rows
+    lines = [f"    for gt in range({tiles}):",
+             f"        looked_up = T.alloc_buffer(({p}, {rows}, {q}), \"{dtype}\", scope=\"{SPAD}\")"]
     for r in range(rows):
-        index = f"{indices}[()]" if gather.scalar else f"{indices}[t * {rows} + {r}]"
+        index = f"{indices}[()]" if gather.scalar else f"{indices}[gt * {rows} + {r}]"
         row_index = f"T.min(T.max(T.Cast(\"int32\", {index}), 0), {v - 1})"
         if gather.constants is not None:  # the row of each tile's r-th index, chosen by the tile loop
             row_index = _constant_rows(gather.constants, rows, r)
-        lines += [f"        for a, c in T.grid({p}, {q}):",
-                  f"            s[a, {r}, c] = {params[0][0]}[a, {row_index}, c]"]
-    lines += [f"        for a, r, c in T.grid({p}, {rows}, {q}):",
-              f"            out[a, t * {rows} + r, c] = s[a, r, c]"]
+        load = [f"for ga, gc in T.grid({p}, {q}):",
+                f"    looked_up[ga, {r}, gc] = {params[0][0]}[ga, {row_index}, gc]"]
+        if count and r:  # a row past the count loads nothing (row 0 of a tile always exists)
+            load = [f"if gt * {rows} + {r} < {count}:"] + ["    " + line for line in load]
+        lines += ["        " + line for line in load]
+    store = f"out[ga, gt * {rows} + gr, gc] = looked_up[ga, gr, gc]"
+    lines += [f"        for ga, gr, gc in T.grid({p}, {rows}, {q}):"]
+    lines += [f"            if gt * {rows} + gr < {count}:", f"                {store}"] if count else [f"            {store}"]
     return lines
 
 
 def _constant_rows(constants: tuple, rows: int, r: int) -> str:
-    """The table row of index t * rows + r, t the tile loop, as an expression of t (constant
+    """The table row of index gt * rows + r, gt the tile loop, as an expression of gt (constant
     indices: the box's origin is known when compiling)."""
     values = [constants[t * rows + r] for t in range(len(constants) // rows)]
     if len(values) == 1:
         return str(values[0])
     if len(values) > 1 and all(b - a == values[1] - values[0] for a, b in zip(values, values[1:])):
-        return f"{values[0]} + {values[1] - values[0]} * t"
+        return f"{values[0]} + {values[1] - values[0]} * gt"
     expression = str(values[-1])
     for t in range(len(values) - 2, -1, -1):
-        expression = f"T.Select(t == {t}, {values[t]}, {expression})"
+        expression = f"T.Select(gt == {t}, {values[t]}, {expression})"
     return expression
 
 

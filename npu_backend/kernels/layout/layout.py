@@ -26,7 +26,8 @@ broadcast along it); the kernel's tile loop along it runs ceildiv(length, tile) 
 guarded by the length (the DMA's halo), and lower/ragged.py cuts the last tile's boxes to the
 length. permute_dims, strided_slice (along static axes), concat (along a static axis) and repeat
 take one; broadcast_to does not (TVM 0.27 gives its offloaded result no shape: normalise writes a
-unit-axis broadcast as repeat, no_op_broadcasts.py) and take does not yet.
+unit-axis broadcast as repeat, no_op_broadcasts.py); take takes a symbolic number of indices
+(symbolic_take.py).
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of, expression_name, shape_dims
 from ..common.dynamic import bound_of
 from ..family import OpFamily
-from .cache_write import PATTERN as CACHE_WRITE, RowWrite, cache_write_func, cache_write_parts, cache_write_patterns, \
-    cache_write_tiling
+from .cache_write import PATTERNS as CACHE_WRITES, cache_write_patterns, cache_write_spec, write_func, write_tiling
 from .copy_kernel import Gather, LayoutTiling, Piece, choose_splits, copy_script, gather_rows, parse_script
+from .symbolic_take import symbolic_gather_rows, symbolic_take_parts
 
 DTYPES = ("int8", "int32", "float32", "bfloat16", "float16")  # what the DMA moves (isa.DType)
 INDEX_DTYPES = ("int32", "int64")
@@ -80,7 +81,7 @@ class LayoutSpec:
     caller_symbols: tuple = ()  # the same for the caller's shapes (`views`)
     source_ops: tuple = ()
     shape_args: tuple = ()
-    write: RowWrite | None = None  # a KV cache's row written in place (cache_write.py)
+    write: object = None  # a KV cache's row(s) written in place (cache_write.py's RowWrite, RowsWrite)
     macs = 0
     acc_dtype = property(lambda self: self.dtype)
 
@@ -109,11 +110,8 @@ def layout_patterns() -> list:
 def layout_spec(name: str, annotated: dict) -> LayoutSpec:
     """The copy kernel a matched layout op becomes; raises UnsupportedOperator with the reason."""
     call = annotated["root"]
-    if name == CACHE_WRITE:
-        in_shapes, cache, dtype = cache_write_parts(annotated)
-        views = tuple((role, shape) for role, shape, _ in in_shapes) + (("out", in_shapes[0][1]),)
-        return LayoutSpec("cache_write", dtype, in_shapes, in_shapes[0][1], write=RowWrite(cache), views=views,
-                          param_roles=("data", "index", "updates"))
+    if name in CACHE_WRITES:
+        return LayoutSpec(**cache_write_spec(name, annotated))
     op = _OPS[call.op.name]
     out_shape, out_names = _shape(call, f"{op}'s result")
     dtype = dtype_of(call)
@@ -128,10 +126,14 @@ def layout_spec(name: str, annotated: dict) -> LayoutSpec:
     in_shapes = tuple((role, read[role][0], dtype_of(operand)) for role, operand in operands.items())
     names = {"out": out_names, **{role: read[role][1] for role in roles}}
     symbolic = any(names.values())
+    if symbolic and op == "take":  # a symbolic number of indices (a prompt's token ids: symbolic_take.py)
+        gather, views, symbols, callers = symbolic_take_parts(call, in_shapes, out_shape, names, _take)
+        return LayoutSpec(op, dtype, in_shapes, out_shape, (), gather, views, param_roles=roles, symbols=symbols,
+                          caller_symbols=callers)
     if symbolic and op not in SYMBOLIC_OPS:
         why = {"broadcast_to": " (TVM 0.27 gives an offloaded broadcast_to of a symbolic shape no result shape to "
                                 "allocate; normalise writes a broadcast of unit axes as repeat)",
-               "take": " (a lookup of a symbolic number of indices is not built yet)"}.get(op, "")
+}.get(op, "")
         raise UnsupportedOperator(f"{op} with a symbolic dimension: the NPU's layout copies take one in "
                                   f"{', '.join(SYMBOLIC_OPS)} only{why}")
     reader = _READERS[op]
@@ -423,9 +425,9 @@ def choose_layout_tiling(spec: LayoutSpec, arch) -> LayoutTiling:
     is estimated faster (its call overhead and bytes, arch's host table, at the NPU's clock)."""
     size = DType.from_name(spec.dtype).itemsize
     if spec.write is not None:  # in place: the host would copy the whole cache
-        return cache_write_tiling(arch, spec.write, size)
+        return write_tiling(arch, spec.write, size)
     if spec.gather is not None:
-        rows, cycles = gather_rows(arch, spec.gather, size)
+        rows, cycles = (symbolic_gather_rows if spec.symbols else gather_rows)(arch, spec.gather, size)
         tiling = LayoutTiling(rows=rows, cycles=cycles)
     else:
         chosen, cycles = choose_splits(arch, spec.pieces, size, tuple(a for r, a, _ in spec.symbols if r == "out"))
@@ -449,9 +451,7 @@ def layout_compute(spec: LayoutSpec, tiling: Tiling):
     """The copy kernel's PrimFunc (copy_kernel.py), parameters in `spec.param_roles` order."""
     shapes = {role: (shape, dtype) for role, shape, dtype in spec.in_shapes}
     if spec.write is not None:
-        func = cache_write_func(spec.write, spec.dtype, shapes["index"][1], spec.param_roles)
-        callers = dict(spec.views)
-        return func.with_attr("cgra.arg_shapes", [list(callers[role]) for role in list(spec.param_roles) + ["out"]])
+        return write_func(spec, tiling)
     params, out_shape = [], spec.out_shape
     if spec.gather is not None:
         g = spec.gather
@@ -477,8 +477,9 @@ def schedule_layout(sch, spec, tiling, arch) -> None:
     del sch, spec, tiling, arch
 
 
-LAYOUT = OpFamily(name="layout", ops=tuple(_READERS) + ("cache_write",), patterns=layout_patterns, spec_from_match=layout_spec,
+LAYOUT = OpFamily(name="layout", ops=tuple(_READERS) + ("cache_write", "cache_rows"), patterns=layout_patterns, spec_from_match=layout_spec,
                   choose_tiling=choose_layout_tiling, compute=layout_compute, schedule=schedule_layout,
                   host_ops={**{op: f"cgra.{name}" + ("2" if name == "concat" else "") for op, name in _OPS.items()},
-                            "relax.scatter_elements": CACHE_WRITE},
+                            "relax.scatter_elements": CACHE_WRITES[0],
+                            "relax.slice_scatter": CACHE_WRITES[1]},
                   checks_pe_dtype=False)

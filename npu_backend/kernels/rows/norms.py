@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from tvm.relax.dpl import is_op, wildcard
+import numpy as np
+import tvm
+from tvm.relax.dpl import is_const, is_op, wildcard
 
 from ...errors import UnsupportedOperator
 from ..family import OpFamily
@@ -31,11 +33,11 @@ def steps_of(spec: RowSpec) -> tuple:
     """The row program of a layer norm or RMSNorm of `spec.cols` columns and epsilon `spec.eps`."""
     inverse_n = 1.0 / spec.cols
     if spec.kind == "rms_norm":
-        return (Step("squares", "reduce", "sum_squares", ("x",)),
-                Step("scale", "vfunc", "rsqrt", ("squares",), inverse_n, spec.eps),
-                Step("normed", "eltwise", "multiply", ("x", "scale")),
-                Step("rms_norm", "eltwise", "multiply", ("normed", "weight")))
-    return (Step("total", "reduce", "sum", ("x",)),
+        steps = (Step("squares", "reduce", "sum_squares", ("x",)),
+                 Step("scale", "vfunc", "rsqrt", ("squares",), inverse_n, spec.eps),
+                 Step("normed", "eltwise", "multiply", ("x", "scale")))
+        return steps + ((Step("rms_norm", "eltwise", "multiply", ("normed", "weight")),) if spec.row_roles else ())
+    steps = (Step("total", "reduce", "sum", ("x",)),
             Step("mean", "vfunc", "identity", ("total",), inverse_n),
             Step("centred0", "eltwise", "subtract", ("x", "mean")),
             Step("drift", "reduce", "sum", ("centred0",)),
@@ -43,22 +45,38 @@ def steps_of(spec: RowSpec) -> tuple:
             Step("centred", "eltwise", "subtract", ("centred0", "shift")),
             Step("squares", "reduce", "sum_squares", ("centred",)),
             Step("scale", "vfunc", "rsqrt", ("squares",), inverse_n, spec.eps),
-            Step("normed", "eltwise", "multiply", ("centred", "scale")),
-            Step("scaled", "eltwise", "multiply", ("normed", "gamma")),
-            Step("layer_norm", "eltwise", "add", ("scaled", "beta")))
+            Step("normed", "eltwise", "multiply", ("centred", "scale")))
+    return steps + ((Step("scaled", "eltwise", "multiply", ("normed", "gamma")),
+                     Step("layer_norm", "eltwise", "add", ("scaled", "beta"))) if spec.row_roles else ())
 
 
 def _patterns() -> list:
+    """The plain norms (constant gamma of ones, beta of zeros: norm_folds.py leaves them) first."""
     x, gamma, beta, weight = wildcard(), wildcard(), wildcard(), wildcard()
     layer = is_op("relax.nn.layer_norm")(x, gamma, beta)
     rms = is_op("relax.nn.rms_norm")(x, weight)
-    return [("cgra.layer_norm", layer, {"root": layer, "lhs": x, "gamma": gamma, "beta": beta}),
+    x1, gamma1, beta1, weight1 = wildcard(), is_const(), is_const(), is_const()
+    layer1 = is_op("relax.nn.layer_norm")(x1, gamma1, beta1)
+    rms1 = is_op("relax.nn.rms_norm")(x1, weight1)
+    return [("cgra.layer_norm_plain", layer1, {"root": layer1, "lhs": x1, "gamma": gamma1, "beta": beta1}),
+            ("cgra.rms_norm_plain", rms1, {"root": rms1, "lhs": x1, "weight": weight1}),
+            ("cgra.layer_norm", layer, {"root": layer, "lhs": x, "gamma": gamma, "beta": beta}),
             ("cgra.rms_norm", rms, {"root": rms, "lhs": x, "weight": weight})]
+
+
+def _plain(kind: str, annotated: dict, roles: tuple) -> None:
+    """Refuse a plain pattern's match whose gamma is not ones or beta not zeros. (In the
+    offloaded function the constants are parameters: the pattern's name vouches for them.)"""
+    for role in roles:
+        expr = annotated[role]
+        if isinstance(expr, tvm.ir.GenericConst) and not np.all(expr.value.numpy() == (0 if role == "beta" else 1)):
+            raise UnsupportedOperator(f"{kind}: its {role} is not all {0 if role == 'beta' else 1} "
+                                      "(the plain kernel applies none)")
 
 
 def norm_spec(name: str, annotated: dict) -> RowSpec:
     """The RowSpec of a layer norm or RMSNorm over the last axis, its row operands one value a column."""
-    kind = name.removeprefix("cgra.")
+    kind = name.removeprefix("cgra.").removesuffix("_plain")
     x, root = annotated["lhs"], annotated["root"]
     shape, rows, cols, symbols = read_rows(x, kind)
     last_axis(list(root.attrs.axes), len(shape), kind)
@@ -70,7 +88,10 @@ def norm_spec(name: str, annotated: dict) -> RowSpec:
                                       f"({cols},)")
     if kind == "layer_norm" and not (bool(root.attrs.center) and bool(root.attrs.scale)):
         raise UnsupportedOperator("layer_norm without its center or scale: the NPU kernel applies both")
-    spec = RowSpec(kind, kind, shape, shape, rows, cols, float(root.attrs.epsilon), roles,
+    if name.endswith("_plain"):
+        _plain(kind, annotated, roles)
+    row_roles = () if name.endswith("_plain") else roles
+    spec = RowSpec(kind, kind, shape, shape, rows, cols, float(root.attrs.epsilon), row_roles,
                    param_roles=("lhs", *roles), source_ops=(f"nn.{kind}",), symbols=symbols)
     return dataclasses.replace(spec)
 

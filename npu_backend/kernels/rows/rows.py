@@ -241,9 +241,12 @@ def choose_row_tiling(spec, arch: HardwareDescription, steps) -> Tiling:
     fitting = [tm for tm in halvings(spec.rows) if footprint(spec, steps, tm) <= arch.spad_bytes]
     kinds = _shapes(steps, spec.row_roles)
     if not fitting and spec.symbols:
-        raise ScratchpadTooSmall(f"{spec.kind}: a row of {spec.cols} float32 does not fit the {arch.spad_bytes}-byte "
-                                 f"scratchpad of '{arch.name}' with its intermediates; the passes over column "
-                                 "tiles take static shapes only (bind the symbolic sizes)")
+        row = dict(spec.symbols).get(len(spec.shape) - 1)
+        held = f" (its symbolic length {row} held at its bound)" if row is not None else ""
+        fix = f"lower the bound of {row} (shape_bounds, tir_var_upper_bound) or " if row is not None else ""
+        raise ScratchpadTooSmall(f"{spec.kind}: a row of {spec.cols} float32{held} does not fit the "
+                                 f"{arch.spad_bytes}-byte scratchpad of '{arch.name}' with its intermediates; the "
+                                 f"passes over column tiles take static shapes only ({fix}bind the symbolic sizes)")
     if not fitting:
         return _long_tiling(spec, arch, steps, kinds)
 

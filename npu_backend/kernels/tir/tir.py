@@ -82,6 +82,11 @@ class TirSpec:
 
     @property
     def output_shape(self) -> tuple:
+        """GEMM: (M, N); elementwise: the output's; a kernel written for the NPU: its last
+        parameter's (its output: destination-passing), None where that is not static."""
+        if self.kind == "kernel":
+            shape = self.func.params[-1].shape
+            return tuple(int(d) for d in shape) if all(isinstance(d, tirx.IntImm) for d in shape) else None
         return self.extents[:2] if self.kind == "gemm" else self.extents
 
     @property

@@ -1,0 +1,155 @@
+"""What a decode step computes from the token's position alone, looked up in a table by position.
+
+Stage: frontend (kv_cache.py's last step). In: a decode step whose caches are preallocated for
+`bound` positions, so that its position is one integer in [0, bound). Out: the same step where
+every float tensor computed from the position and constants alone (RoPE's angles, their concat,
+cos and sin: `cos(pos.float() * inverse)`), and read by the rest of the step, is
+`reshape(take(table, position, axis=0))`, the table holding that tensor for each of the bound's
+positions: an NPU gather (the layout family's take of one row of a constant table) instead of
+the host's astype, concat, cos and sin (no NPU kernel computes cos or sin).
+
+How: those bindings are copied into a function of the position alone, built once for llvm
+(each op legalized as the host would run it, so the table's rows are the values the host
+computed, bit for bit) and run for every position; a table over 1 MB is left as it was.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..relax_info import dtype_of, static_shape
+
+#: The largest table put in place of a position's computation (bytes).
+MAX_TABLE_BYTES = 1 << 20
+_VIEWS = ("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.astype", "relax.permute_dims")
+
+
+def tabulate_positions(mod: tvm.IRModule, position: str, bound: int) -> tvm.IRModule:
+    """`mod` with main's tensors computed from parameter `position` alone looked up by it (the
+    module docstring); `mod` itself when there are none."""
+    func = mod["main"]
+    param = next((p for p in func.params if str(p.name) == position), None)
+    if param is None or static_shape(param) is None or math.prod(static_shape(param)) != 1:
+        return mod
+    bound_values = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    closure, reads = _closure(bound_values, param)
+    frontier = [var for var in _frontier(func, bound_values, closure) if var in reads
+                and dtype_of(var).startswith("float") and not _views_only(var, closure, param)
+                and bound * math.prod(static_shape(var)) * 4 <= MAX_TABLE_BYTES]
+    if not frontier:
+        return mod
+    tables = _tables(mod, func, param, closure, frontier, bound)
+    rewriter = _Lookup(param, dict(zip(frontier, tables)))
+    out = mod.clone()
+    out["main"] = relax.analysis.remove_all_unused(rewriter.visit_expr(func))
+    return relax.transform.Normalize()(out)
+
+
+def _closure(bound_values: dict, param) -> tuple[dict, set]:
+    """(var -> call for the bindings of static shape computed from `param` and constants alone,
+    the variables of those that read `param`: a weight's transpose reads constants alone)."""
+    closure = {}
+
+    def free(expr) -> bool:
+        if isinstance(expr, relax.Var):
+            return expr.same_as(param) or isinstance(bound_values.get(expr), tvm.ir.GenericConst) or expr in closure
+        if isinstance(expr, relax.Tuple):
+            return all(free(field) for field in expr.fields)
+        if isinstance(expr, relax.ShapeExpr):
+            return all(isinstance(dim, tvm.tirx.IntImm) for dim in expr.values)
+        if isinstance(expr, (tvm.tirx.IntImm, tvm.tirx.FloatImm, tvm.ir.GenericConst)):
+            return True
+        return False
+
+    for var, value in bound_values.items():
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and static_shape(var) is not None \
+                and value.op.name not in ("relax.call_pure_packed", "relax.tensor_to_shape") \
+                and all(free(arg) for arg in value.args):
+            closure[var] = value
+    reads = set()
+    for var, value in closure.items():
+        if any(v.same_as(param) or v in reads for v in relax.analysis.free_vars(value)):
+            reads.add(var)
+    return closure, reads
+
+
+def _frontier(func, bound_values: dict, closure: dict) -> list:
+    """The closure's variables read by a binding outside it or by the result, in binding order."""
+    read = set()
+    for var, value in bound_values.items():
+        if var not in closure:
+            read.update(relax.analysis.free_vars(value))
+    read.update(relax.analysis.free_vars(func.body.body))
+    return [var for var in closure if var in read]
+
+
+def _views_only(var, closure: dict, param) -> bool:
+    """Whether `var` is the position through views and casts alone (a table would be the position)."""
+    value = closure[var]
+    while isinstance(value, relax.Call) and value.op.name in _VIEWS:
+        arg = value.args[0]
+        if arg.same_as(param):
+            return True
+        value = closure.get(arg)
+    return False
+
+
+def _tables(mod, func, param, closure: dict, frontier: list, bound: int) -> list:
+    """Per frontier variable its value at every position, stacked: (bound, *its shape)."""
+    from tvm.relax.pipeline import default_build_pipeline
+
+    position = relax.Var("position", param.ty)
+    copies = {param: position}
+    builder = relax.BlockBuilder()
+    with builder.function("tables", [position]):
+        with builder.dataflow():
+            for var, call in closure.items():
+                args = [_copied(arg, copies, builder) for arg in call.args]
+                copies[var] = builder.emit(relax.Call(call.op, args, call.attrs, call.ty_args, call.span))
+            out = builder.emit_output(relax.Tuple([copies[var] for var in frontier]))
+        builder.emit_func_output(out)
+    small = builder.get()
+    for gvar, other in mod.functions.items():
+        if gvar.name_hint != "main":
+            small[gvar] = other
+    run = relax.VirtualMachine(tvm.compile(small, target="llvm", relax_pipeline=default_build_pipeline()),
+                               tvm.cpu())["tables"]
+    shape, kind = static_shape(param), dtype_of(param)
+    rows = [[r.numpy() for r in run(tvm.runtime.tensor(np.full(shape, i, kind)))] for i in range(bound)]
+    return [np.stack([row[k] for row in rows]) for k in range(len(frontier))]
+
+
+def _copied(expr, copies: dict, builder):
+    if isinstance(expr, relax.Var):
+        return copies.get(expr, expr)
+    if isinstance(expr, relax.Tuple):
+        return relax.Tuple([_copied(field, copies, builder) for field in expr.fields])
+    return expr
+
+
+@relax.expr_functor.mutator
+class _Lookup(relax.PyExprMutator):
+    """Each frontier variable bound to its table's row at the position instead."""
+
+    def __init__(self, param, tables: dict):
+        super().__init__()
+        self.param, self.tables = param, tables
+        self.looked_up = []  # (table, the variable holding its row)
+
+    def visit_var_binding_(self, binding):
+        table = self.tables.get(binding.var)
+        if table is None:
+            return super().visit_var_binding_(binding)
+        same = next((var for seen, var in self.looked_up if seen.shape == table.shape and np.array_equal(seen, table)),
+                    None)  # RoPE's q and k of every layer read the same cos and sin: one lookup each
+        if same is None:
+            bb = self.builder_
+            index = bb.emit(relax.op.reshape(self.param, (1,)))
+            row = bb.emit(relax.op.take(relax.const(table, str(table.dtype)), index, axis=0))
+            same = bb.emit(relax.op.reshape(row, table.shape[1:]))
+            self.looked_up.append((table, same))
+        self.set_var_remap(binding.var, same)

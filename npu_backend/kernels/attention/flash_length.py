@@ -1,0 +1,238 @@
+"""Causal attention over a symbolic sequence length: flash.py's key-tile kernel for every length.
+
+Stage: partition (`length_spec` reads the pattern normalise/attention_lengths.py writes: the
+attention with its causal mask built from arange, less_equal and where), tiling
+(`choose_length_tiling`) and kernel definition (`length_compute`, lowered TIR as flash.py's).
+In: q (B, Hk, G, s, D), k and v (B, Hk, 1, s, D | Dv), s symbolic. Per batch, query tile of tq
+rows (ceildiv(s, tq) of them) and head, as flash.py under a constant causal mask:
+
+    Q tile [* scale]; FILL m, l, O
+    key tiles below the diagonal (qt * tq / tk of them, all inside s): the online step, unmasked
+    the tq / tk key tiles crossing the diagonal that start inside s: K, V read up to s, the
+    online step with the band's triangle added, its columns cut to min(tk, s - k0)
+    O * 1 / l, stored up to s
+
+Every command of the last query tile computes min(tq, s - qt * tq) rows, and the DMA boxes stop
+at s (lower/ragged.py cuts boxes along a symbolic dimension), so a ragged tile costs what its
+rows do. A padded key column past s lies above the diagonal of every row that exists, so the
+band masks it; cutting the diagonal tile's columns leaves it out of the GEMMs altogether.
+
+The tiles come from the bound (`shape_bounds`, `tir_var_upper_bound`, torch.export's
+`Dim(max=...)`): the tiling whose estimated cycles at the worst of the lengths 16, 32, ..., the
+bound is the closest to the best tiling for that length (minimax regret, as the GEMMs' search).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ...errors import ScratchpadTooSmall, UnsupportedOperator
+from ...relax_info import dtype_of, expression_name
+from ..common.dynamic import read_shape
+from ..common.spad_layout import a_row_stride
+from ..common.spec import SINGLE_BUFFERED, round_up
+from ..layout.copy_kernel import parse_script
+from .attention_tiles import LOWEST, TINY, choose_attention_tiling
+from .flash import SINGLE, _band, _eltwise, _fill, _gemm, _reduce, _vfunc, _Writer
+from .flash_tiles import F32_BYTES, FlashTiling, flash_cycles, flash_footprint
+from .spec import F32, AttentionSpec
+
+#: Names the kernel's text uses for its own buffers and loops: a length variable named like one is renamed.
+_RESERVED = {"n", "qt", "c", "j", "kt", "ks", "i", "e", "u", "z", "q", "m", "l", "m_old", "alpha", "o", "s", "p",
+             "inv", "res", "band", "k", "v", "k_diag", "v_diag", "lhs", "rhs", "value", "out", "T", "flash"}
+#: The lengths the tile search weighs, up to the bound.
+_LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def length_spec(annotated: dict, scale, safe: bool) -> AttentionSpec:
+    """The AttentionSpec of a causal attention over a symbolic length (`length` its variable,
+    sq and sk its bound); raises UnsupportedOperator saying why not."""
+    prefix = "causal attention over a symbolic length: "
+    shapes, names = [], set()
+    for role in ("lhs", "rhs", "value"):
+        shape, symbolic = read_shape(annotated[role], role, symbolic_axes=(3,), prefix=prefix)
+        if dtype_of(annotated[role]) != F32:
+            raise UnsupportedOperator(prefix + "another dtype than float32: the vector unit computes float32")
+        shapes.append(shape)
+        names |= set(symbolic.values()) if symbolic else {None}
+    if len(names) != 1 or None in names:
+        raise UnsupportedOperator(prefix + "q, k and v must have the same symbolic length")
+    (name,) = names
+    (b, hk, g, sq, d), (kb, khk, one, _, kd), (vb, vhk, vone, _, dv) = shapes
+    axes = annotated["transpose"].attrs.axes
+    if (kb, khk, one, kd) != (b, hk, 1, d) or (vb, vhk, vone) != (b, hk, 1) or axes is None or \
+            [int(a) for a in axes] != [0, 1, 2, 4, 3] or min(d, dv) < 2:
+        raise UnsupportedOperator(prefix + f"q {shapes[0]}, k {shapes[1]}, v {shapes[2]}: not the normal form "
+                                  "(normalise/attentions.py)")
+    _check_mask(annotated, name, prefix)
+    return AttentionSpec(b, hk, g, sq, sq, d, dv, scale=scale, safe=safe, causal=0, length=name)
+
+
+def _check_mask(annotated: dict, name: str, prefix: str) -> None:
+    """The mask is where(less_equal(arange(0, s)[None], arange(0, s)[:, None]), 0, -inf)."""
+    start, end, step = (expression_name(getattr(arg, "value", arg)) for arg in annotated["positions"].args)
+    rows = [expression_name(d) for d in annotated["query_positions"].ty.shape.values]
+    columns = [expression_name(d) for d in annotated["key_positions"].ty.shape.values]
+    where = annotated["length_mask"]
+    kept, masked = (float(arg.value.numpy().reshape(())) if arg.value.numpy().size == 1 else None
+                    for arg in where.args[1:])
+    if str(start) != "0" or str(step) != "1" or str(end) != name or rows != [name, "1"] or \
+            columns != ["1", name] or kept != 0.0 or masked != -np.inf:
+        raise UnsupportedOperator(prefix + "its mask is not where(j <= i, 0, -inf) over the length "
+                                  "(normalise/attention_lengths.py writes that one)")
+
+
+def choose_tiling(spec: AttentionSpec, arch):
+    """The attention family's tile search: a symbolic length's here, a static attention's
+    attention_tiles.choose_attention_tiling."""
+    if spec.length is None:
+        return choose_attention_tiling(spec, arch)
+    tiling = choose_length_tiling(spec, arch)
+    if tiling is None:
+        raise ScratchpadTooSmall(
+            f"causal attention over a symbolic length, heads of {spec.d} + {spec.dv} dims: the smallest query and "
+            f"key tiles do not fit the scratchpad of '{arch.name}' ({arch.spad_bytes} bytes)")
+    return tiling
+
+
+def length_fits(parts: dict, arch) -> bool:
+    """Whether an attention over a symbolic length (normalise/attention_lengths.py's parts) runs
+    as one kernel on `arch`: its tiles do not depend on the length."""
+    spec = AttentionSpec(parts["B"], parts["Hk"], parts["G"], 256, 256, parts["D"], parts["Dv"], causal=0,
+                         length=str(parts["length"]))
+    return choose_length_tiling(spec, arch) is not None
+
+
+def choose_length_tiling(spec: AttentionSpec, arch) -> FlashTiling | None:
+    """The fitting tiling of least worst regret over the lengths up to the bound (module
+    docstring); None if none fits."""
+    bound = spec.sq
+    lengths = sorted({n for n in _LENGTHS if n < bound} | {bound})
+    fitting = [t for t in _candidates(spec, arch)
+               if flash_footprint(dataclasses.replace(spec, sq=t.tq, sk=t.tq), t) <= arch.spad_bytes]
+    if not fitting:
+        return None
+    cycles = {t: [_cycles_at(spec, arch, t, n) for n in lengths] for t in fitting}
+    best = [min(c[i] for c in cycles.values()) for i in range(len(lengths))]
+    worst = {t: max(c / b for c, b in zip(cycles[t], best)) for t in fitting}
+    chosen = min(fitting, key=lambda t: (round(worst[t], 3), cycles[t][-1]))
+    return dataclasses.replace(chosen, cycles=cycles[chosen][-1])
+
+
+def _candidates(spec: AttentionSpec, arch) -> list:
+    tiles, tq = [], arch.rows
+    while tq <= max(round_up(spec.sq, arch.rows), arch.rows):
+        q_stride = a_row_stride(tq, spec.d, F32_BYTES, arch)
+        for tk in sorted({arch.cols * 2 ** i for i in range(8)} | {2, 4, 8}):
+            if tk < 2 or tq % tk:
+                continue
+            p_stride = a_row_stride(tq, tk, F32_BYTES, arch)
+            tiles += [FlashTiling(tq, tk, "causal", lean, q_stride, p_stride) for lean in (False, True)]
+        tq *= 2
+    return tiles
+
+
+def _cycles_at(spec: AttentionSpec, arch, t: FlashTiling, length: int) -> int:
+    """flash_tiles' estimate at `length`, the last query tile whole."""
+    padded = round_up(length, t.tq)
+    return flash_cycles(dataclasses.replace(spec, sq=padded, sk=padded, length=None), arch, t)
+
+
+def length_compute(spec: AttentionSpec, t: FlashTiling):
+    """The kernel's PrimFunc: parameters lhs (B, H, s, D), rhs (B, Hk, s, D), value (B, Hk, s, Dv),
+    out (B, H, s, Dv); the caller's rank-5 views in `cgra.arg_shapes`."""
+    func = parse_script(length_script(spec, t))
+    s = next(e for e in func.params[0].ty.shape if not isinstance(e, int) and not hasattr(e, "value"))
+    b, hk, g, d, dv = spec.b, spec.hk, spec.g, spec.d, spec.dv
+    views = {"lhs": (b, hk, g, s, d), "rhs": (b, hk, 1, s, d), "value": (b, hk, 1, s, dv), "out": (b, hk, g, s, dv)}
+    func = func.with_attr("cgra.arg_shapes", [list(views[role]) for role in list(spec.param_roles) + ["out"]])
+    if spec.shape_args:
+        func = func.with_attr("cgra.shape_args", list(spec.shape_args))
+    return func.with_attr(SINGLE_BUFFERED, SINGLE + (["q"] if t.lean else []))
+
+
+def _variable(spec: AttentionSpec) -> str:
+    """The length's name in the kernel's text (the code generator binds it from the tensors)."""
+    return spec.length + "_length" if spec.length in _RESERVED else spec.length
+
+
+def length_script(spec: AttentionSpec, t: FlashTiling) -> str:
+    """The TVMScript text of the kernel (module docstring)."""
+    b, hk, g, d, dv, s = spec.b, spec.hk, spec.g, spec.d, spec.dv, _variable(spec)
+    shapes = {"lhs": (b, hk * g, s, d), "rhs": (b, hk, s, d), "value": (b, hk, s, dv), "out": (b, hk * g, s, dv)}
+    roles = list(spec.param_roles) + ["out"]
+    w = _Writer()
+    w.lines = ["@T.prim_func", f"def flash({', '.join(f'{r}_handle: T.handle' for r in roles)}):",
+               '    T.func_attr({"tirx.noalias": True})', f"    {s} = T.int32()"]
+    w.lines += [f'    {r} = T.match_buffer({r}_handle, ({", ".join(map(str, shapes[r]))}), "float32")' for r in roles]
+    _band(w, t)
+    n = w.loop("n", b)
+    w.add(f"for qt in range(T.floordiv({s} + {t.tq - 1}, {t.tq})):")
+    w.depth += 1
+    c = w.loop("c", hk)
+    j = w.loop("j", g)
+    _head(w, spec, t, n, c, f"{c} * {g} + {j}" if g > 1 else c)
+    return "\n".join(w.lines) + "\n"
+
+
+def _head(w: _Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, head: str) -> None:
+    """One head's query tile: Q, the key tiles up to the diagonal, the normalised output."""
+    tq, tk, d, dv, s = t.tq, t.tk, spec.d, spec.dv, _variable(spec)
+    r, rows = tq // tk, f"T.min({tq}, {s} - qt * {tq})"
+    w.alloc("q", (tq, t.q_stride))
+    w.add(f"for i, e in T.grid({tq}, {d}):",
+          f"    q[i, e] = T.if_then_else(qt * {tq} + i < {s}, lhs[{n}, {head}, qt * {tq} + i, e], T.float32(0))")
+    if spec.scale is not None:
+        w.add(_vfunc("identity", rows, d, ("q", 0, t.q_stride), ("q", 0, t.q_stride), scale=spec.scale))
+    for name, shape in (("m", (tq, 1)), ("l", (tq, 1)), ("m_old", (tq, 1)), ("alpha", (tq, 1)),
+                        ("o", (tq, dv)), ("s", (tq, tk)), ("p", (tq, t.p_stride))):
+        w.alloc(name, shape)
+    w.add(_fill("m", rows, 1, 1, LOWEST), _fill("l", rows, 1, 1, 0.0), _fill("o", rows, dv, dv, 0.0))
+    depth = w.depth
+    w.add(f"for kt in range(qt * {r}):")
+    w.depth += 1
+    _key_tile(w, spec, t, n, c, rows, "kt", tk, "", None)
+    w.depth = depth
+    w.add(f"for ks in range({r}):", f"    if (qt * {r} + ks) * {tk} < {s}:")
+    w.depth += 2
+    band = ("band", f"({r - 1} - ks) * {tk * tk}", tk, 1)
+    _key_tile(w, spec, t, n, c, rows, f"qt * {r} + ks", f"T.min({tk}, {s} - (qt * {r} + ks) * {tk})", "_diag", band)
+    w.depth = depth
+    w.alloc("inv", (tq, 1))
+    w.add(_vfunc("reciprocal", rows, 1, ("l", 0, 1), ("inv", 0, 1), offset=TINY if spec.safe else None))
+    res = "o" if t.lean else "res"
+    if not t.lean:
+        w.alloc("res", (tq, dv))
+    w.add(_eltwise("multiply", rows, dv, ("o", 0, dv, 1), ("inv", 0, 1, 0), (res, 0, dv)),
+          f"for i, e in T.grid({tq}, {dv}):",
+          f"    if qt * {tq} + i < {s}:", f"        out[{n}, {head}, qt * {tq} + i, e] = {res}[i, e]")
+
+
+def _key_tile(w: _Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, rows: str, tile: str, cols,
+              suffix: str, mask) -> None:
+    """Key tile `tile` (tk keys from tile * tk, `cols` of them computed): K and V in, the online
+    step of flash.py, `mask` an ELTWISE operand added to the scores (the band) or None."""
+    d, dv, tk, s = spec.d, spec.dv, t.tk, _variable(spec)
+    k0 = f"{tile} * {tk}" if suffix == "" else f"({tile}) * {tk}"
+    kb, vb = "k" + suffix, "v" + suffix
+    w.alloc(kb, (d, tk))
+    w.alloc(vb, (tk, dv))
+    guard = (lambda load: f"T.if_then_else({k0} + u < {s}, {load}, T.float32(0))") if mask else (lambda load: load)
+    w.add(f"for e, u in T.grid({d}, {tk}):", f"    {kb}[e, u] = {guard(f'rhs[{n}, {c}, {k0} + u, e]')}",
+          f"for u, e in T.grid({tk}, {dv}):", f"    {vb}[u, e] = {guard(f'value[{n}, {c}, {k0} + u, e]')}")
+    w.add(_gemm(False, rows, cols, d, ("q", 0, t.q_stride), (kb, 0, tk), ("s", 0, tk)))
+    if mask is not None:
+        w.add(_eltwise("add", rows, cols, ("s", 0, tk, 1), mask, ("s", 0, tk)))
+    w.add(_vfunc("identity", rows, 1, ("m", 0, 1), ("m_old", 0, 1)),
+          _reduce("max", rows, cols, ("s", 0, tk), ("m", 0)),
+          _eltwise("subtract", rows, 1, ("m_old", 0, 1, 1), ("m", 0, 1, 1), ("alpha", 0, 1)),
+          _vfunc("exp", rows, 1, ("alpha", 0, 1), ("alpha", 0, 1)),
+          _eltwise("subtract", rows, cols, ("s", 0, tk, 1), ("m", 0, 1, 0), ("s", 0, tk)),
+          _vfunc("exp", rows, cols, ("s", 0, tk), ("p", 0, t.p_stride)),
+          _eltwise("multiply", rows, 1, ("l", 0, 1, 1), ("alpha", 0, 1, 1), ("l", 0, 1)),
+          _reduce("sum", rows, cols, ("p", 0, t.p_stride), ("l", 0)),
+          _eltwise("multiply", rows, dv, ("o", 0, dv, 1), ("alpha", 0, 1, 0), ("o", 0, dv)),
+          _gemm(True, rows, dv, cols, ("p", 0, t.p_stride), (vb, 0, dv), ("o", 0, dv)))
+

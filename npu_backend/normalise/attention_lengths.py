@@ -1,0 +1,133 @@
+"""An attention over a symbolic sequence length, read as attentions.py reads a static one.
+
+Stage: normalise (a helper of attentions.py). In: the P V matmul of an attention whose scores are
+(.., s, s) for a symbolic length s (a decoder's prefill exported with a symbolic length). Out:
+attentions.py's parts with Sq = Sk = s, or None.
+
+How: attentions.py checks each view of Q, K, V and the scores by carrying an index array through
+it with numpy, which needs sizes. `read_at_lengths` runs that same reading with s read as each of
+TRIAL_LENGTHS in turn (`dims` substitutes it), and takes the attention only where both readings
+find the same Q, K, V, head split, scale and softmax: the views are the head split at two
+lengths that are prime and unlike any static extent of a head split, so no view can pass by
+mixing s with a static axis. The one mask it takes is the causal one, proven for every length
+(length_masks.is_causal, normalise's Z3-backed prover, on the where(b, 0, -inf) it adds): the
+form then holds a causal mask the kernel's pattern matches whole, `length_causal`, and the
+attention kernel builds it in the scratchpad (kernels/attention/flash_length.py).
+
+Why: with a symbolic length the attention ran as five kernels (Q Kᵀ, the scale, the mask add,
+a softmax whose rows were held at the bound's width, P V), the scores crossing DRAM between them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import numpy as np
+from tvm import relax, sym, tirx
+
+from ..relax_info import dtype_of, shape_dims
+from .length_masks import is_causal
+
+#: The lengths a symbolic attention is read at: primes, unlike each other and every head split's
+#: static extent (heads, head dims: powers of two and their multiples).
+TRIAL_LENGTHS = (7, 11)
+_LENGTHS: contextvars.ContextVar = contextvars.ContextVar("cgra_attention_lengths", default=None)
+_SAME = ("B", "Hk", "G", "D", "Dv", "scale", "safe")
+
+
+def dims(expr):
+    """shape_dims, with the symbolic length at the value it is being read at."""
+    shape = shape_dims(expr)
+    lengths = _LENGTHS.get()
+    if shape is None or not lengths:
+        return shape
+    return [d if isinstance(d, int) else _at(d, lengths) for d in shape]
+
+
+@contextlib.contextmanager
+def at_lengths(lengths: dict):
+    """Within the block, `dims` reads each symbolic variable named in `lengths` as its value."""
+    token = _LENGTHS.set(dict(lengths))
+    try:
+        yield
+    finally:
+        _LENGTHS.reset(token)
+
+
+def static_dims(expr):
+    """`dims` as a tuple when every dimension is an int then, else None."""
+    shape = dims(expr)
+    return tuple(shape) if shape is not None and all(isinstance(d, int) for d in shape) else None
+
+
+def _at(dim, lengths: dict):
+    free = tirx.analysis.undefined_vars(dim)
+    if not free or any(var.name not in lengths for var in free):
+        return dim
+    value = dim
+    for var in free:
+        value = tirx.Let(var, tirx.IntImm(str(var.ty), lengths[var.name]), value)
+    value = sym.Analyzer().simplify(value)
+    return int(value.value) if isinstance(value, tirx.IntImm) else dim
+
+
+def read_at_lengths(chain, call, read):
+    """`read(chain, call)` (attentions.read_attention) for static scores; for (.., s, s) scores of
+    a symbolic s, the parts found alike at every trial length with one causal mask, Sq = Sk = s
+    and `length` s; else None."""
+    scores = shape_dims(call.args[0])
+    if scores is None or len(scores) < 2 or all(isinstance(d, int) for d in scores):
+        return read(chain, call)
+    sq, sk = scores[-2:]
+    if not isinstance(sq, tirx.Var) or not isinstance(sk, tirx.Var) or not sq.same_as(sk) or \
+            any(not isinstance(d, int) for d in scores[:-2]):
+        return None  # not a prefill's square of one length (a decode step's t + 1 keys)
+    readings = []
+    for length in TRIAL_LENGTHS:
+        token = _LENGTHS.set({sq.name: length})
+        try:
+            parts = read(chain, call)
+        finally:
+            _LENGTHS.reset(token)
+        if parts is None or parts["Sq"] != length or parts["Sk"] != length or len(parts["masks"]) != 1 or \
+                tuple(parts["masks"][0][1]) != (1, 1, 1, length, length):
+            return None
+        readings.append(parts)
+    first, second = readings
+    if any(not first[role].same_as(second[role]) for role in ("q", "k", "v")) or \
+            any(first[key] != second[key] for key in _SAME) or \
+            not first["masks"][0][0].same_as(second["masks"][0][0]) or \
+            not _proven_causal(chain, first["masks"][0][0], sq):
+        return None
+    return dict(first, masks=[], causal=None, length=sq, Sq=sq, Sk=sk)
+
+
+def _proven_causal(chain, mask, length) -> bool:
+    """Whether `mask` is, through reshapes, where(b, 0, -inf) over (s, s) with b proven j <= i."""
+    node = mask
+    for _ in range(8):
+        view = chain.call(node, "relax.reshape", "relax.expand_dims")
+        if view is None:
+            break
+        node = view.args[0]
+    where = chain.call(node, "relax.where")
+    if where is None or dtype_of(where) != "float32":
+        return False
+    cond, kept, masked = where.args
+    shape = shape_dims(cond)
+    return chain.scalar(kept) == 0.0 and chain.scalar(masked) == -np.inf and shape is not None and \
+        len(shape) >= 2 and all(str(d) == str(length) for d in shape[-2:]) and \
+        all(d == 1 for d in shape[:-2]) and is_causal(chain, cond)
+
+
+def length_causal(emit, length):
+    """The causal mask over `length` positions, (s, s), built where it is added: arange,
+    less_equal(j, i), where(., 0, -inf); the attention kernel's pattern matches these ops whole
+    (kernels/attention/flash_length.py) and builds the mask in the scratchpad instead."""
+    positions = emit(relax.op.arange(tirx.IntImm("int64", 0), length.astype("int64"), tirx.IntImm("int64", 1),
+                                     dtype="int64"))
+    rows = emit(relax.op.reshape(positions, relax.ShapeExpr([length, 1])))
+    columns = emit(relax.op.reshape(positions, relax.ShapeExpr([1, length])))
+    kept = emit(relax.op.less_equal(columns, rows))
+    return emit(relax.op.where(kept, relax.const(np.float32(0.0)), relax.const(np.float32(-np.inf))))

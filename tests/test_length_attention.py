@@ -1,0 +1,118 @@
+"""A causal attention over a symbolic sequence length runs as one fused NPU kernel
+(kernels/attention/flash_length.py, read by normalise/attention_lengths.py): compiled once, equal
+to numpy at every length, the ragged last tile cut."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+
+import npu_backend
+from npu_backend.tools.explain import explain, npu_mac_fraction
+
+ARCH = "cgra-8x8"
+HEADS, KV_HEADS, DEPTH = 4, 2, 16
+
+
+def _attention(causal: bool = True, bound: int = 256, scale: float | None = 0.25):
+    """Hugging Face's eager grouped-query attention over (1, H, s, d) with repeat_kv, the scale
+    after Q Kᵀ and the causal mask as length_masks.py computes it (arange, less_equal, where);
+    `causal` False: a mask that keeps j < i, which is not causal (its diagonal is masked)."""
+    s = tirx.Var("s", "int64")
+    q = relax.Var("q", relax.TensorType([1, HEADS, s, DEPTH], "float32"))
+    k = relax.Var("k", relax.TensorType([1, KV_HEADS, s, DEPTH], "float32"))
+    v = relax.Var("v", relax.TensorType([1, KV_HEADS, s, DEPTH], "float32"))
+    bb = relax.BlockBuilder()
+    op = relax.op
+    with bb.function("main", [q, k, v], attrs={"tir_var_upper_bound": {"s": bound}, "tir_var_lower_bound": {"s": 1}}):
+        with bb.dataflow():
+            def repeat(x):
+                x = bb.emit(op.expand_dims(x, [2]))
+                x = bb.emit(op.broadcast_to(x, relax.ShapeExpr([1, KV_HEADS, HEADS // KV_HEADS, s, DEPTH])))
+                return bb.emit(op.reshape(x, relax.ShapeExpr([1, HEADS, s, DEPTH])))
+            positions = bb.emit(op.arange(tirx.IntImm("int64", 0), s, tirx.IntImm("int64", 1), dtype="int64"))
+            rows = bb.emit(op.reshape(positions, relax.ShapeExpr([s, 1])))
+            columns = bb.emit(op.reshape(positions, relax.ShapeExpr([1, s])))
+            kept = bb.emit((op.less_equal if causal else op.less)(columns, rows))
+            mask = bb.emit(op.where(kept, relax.const(np.float32(0)), relax.const(np.float32(-np.inf))))
+            mask = bb.emit(op.reshape(mask, relax.ShapeExpr([1, 1, s, s])))
+            scores = bb.emit(op.matmul(q, bb.emit(op.permute_dims(repeat(k), [0, 1, 3, 2]))))
+            if scale is not None:
+                scores = bb.emit(op.multiply(scores, relax.const(np.float32(scale))))
+            scores = bb.emit(op.add(scores, mask))
+            out = bb.emit_output(op.matmul(bb.emit(op.nn.softmax(scores, axis=-1)), repeat(v)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _expected(q, k, v, scale: float | None = 0.25):
+    k, v = np.repeat(k, HEADS // KV_HEADS, axis=1), np.repeat(v, HEADS // KV_HEADS, axis=1)
+    scores = q @ k.transpose(0, 1, 3, 2) * np.float32(1.0 if scale is None else scale)
+    n = q.shape[2]
+    scores = np.where(np.tril(np.ones((n, n), bool)), scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+def _kernels(placements) -> set:
+    return {p.kernel.split(" ")[0] for p in placements if p.where == "npu"}
+
+
+@pytest.mark.parametrize("scale", [0.25, None])
+def test_a_causal_attention_of_symbolic_length_is_one_kernel_equal_at_every_length(scale):
+    mod = _attention(scale=scale)
+    placements = explain(mod, ARCH, dims={"s": 45})
+    assert npu_mac_fraction(placements) == 1.0
+    assert ("cgra.attention_scale_length" if scale else "cgra.attention_length") in _kernels(placements)
+    # the mask is built in the kernel: none of its ops on the host
+    assert not [p.op for p in placements if p.where == "host" and p.op in ("arange", "less_equal", "where")]
+    vm = relax.VirtualMachine(npu_backend.compile(mod, ARCH), tvm.cpu())
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 33, 64, 130):  # one row, ragged tiles, a whole tile, past one tile of keys
+        q = rng.standard_normal((1, HEADS, n, DEPTH)).astype("float32")
+        k, v = (rng.standard_normal((1, KV_HEADS, n, DEPTH)).astype("float32") for _ in range(2))
+        with npu_backend.profile() as prof:
+            out = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy()
+        np.testing.assert_allclose(out, _expected(q, k, v, scale), rtol=2e-5, atol=2e-6, err_msg=f"s = {n}")
+        assert len(prof.kernels) == 1, n
+
+
+def test_the_ragged_last_tile_costs_what_its_rows_do():
+    """One row more than a whole number of query tiles costs about one row's work, not a tile's."""
+    from npu_backend.kernels.attention.flash_length import choose_length_tiling
+    from npu_backend.kernels.attention.spec import AttentionSpec
+
+    tiling = choose_length_tiling(AttentionSpec(1, KV_HEADS, 2, 256, 256, DEPTH, DEPTH, scale=0.25, causal=0,
+                                                length="s"), npu_backend.load_arch(ARCH))
+    vm = relax.VirtualMachine(npu_backend.compile(_attention(), ARCH), tvm.cpu())
+    cycles = {}
+    for n in (tiling.tq, tiling.tq + 1, 2 * tiling.tq):
+        arrays = [np.ones((1, h, n, DEPTH), "float32") for h in (HEADS, KV_HEADS, KV_HEADS)]
+        with npu_backend.profile() as prof:
+            vm["main"](*(tvm.runtime.tensor(a) for a in arrays))
+        cycles[n] = prof.total_cycles
+    whole, one_more, two = cycles[tiling.tq], cycles[tiling.tq + 1], cycles[2 * tiling.tq]
+    assert one_more - whole < 0.5 * (two - whole), cycles
+
+
+@pytest.mark.parametrize("causal", [False])
+def test_a_mask_not_proven_causal_keeps_the_separate_kernels(causal):
+    placements = explain(_attention(causal=causal), ARCH, dims={"s": 9})
+    assert not any(k.startswith("cgra.attention") for k in _kernels(placements))
+
+
+def test_explain_says_why_a_softmax_row_held_at_its_bound_stays_on_the_host():
+    """At bound 2048 a (1, H, s, s) softmax's row does not fit cgra-4x4's scratchpad: explain
+    gives that reason (it said "matched no cgra pattern": it priced the row at the default bound)."""
+    s = tirx.Var("s", "int64")
+    x = relax.Var("x", relax.TensorType([1, HEADS, s, s], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], attrs={"tir_var_upper_bound": {"s": 2048}}):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.softmax(x, axis=-1))
+        bb.emit_func_output(out)
+    (placement,) = explain(bb.get(), "cgra-4x4", dims={"s": 16})
+    assert placement.where == "host"
+    assert "a row of 2048 float32" in placement.reason and "lower the bound of s" in placement.reason
