@@ -20,8 +20,11 @@ def add_verify_arguments(verify) -> None:
                         help="matmul: M,N,K (x[M,K] @ w[K,N]); batch_matmul: B,M,N,K (x[B,M,K] @ w[B,K,N]); "
                              "conv2d: N,C,H,W,F,KH,KW; pool: N,C,H,W; eltwise: the left operand's shape "
                              "(in NCHW / OIHW order whatever --layout)")
-    verify.add_argument("--dtype", choices=["float32", "int8", "int32", "bfloat16", "float16"], default="float32",
-                        help="input dtype; int8 matmul / conv2d accumulate and output int32; bfloat16, float16: "
+    verify.add_argument("--dtype", choices=["float32", "int8", "int32", "bfloat16", "float16", "int16"],
+                        default="float32",
+                        help="input dtype; int8 matmul / conv2d accumulate and output int32; int16: int16 "
+                             "activations times int8 weights (16x8), accumulated and output in int64, matmul "
+                             "and conv2d; bfloat16, float16: "
                              "matmul and conv2d, summed in float32 and stored rounded to nearest "
                              "even, checked within half_floats.error_bound; int32: eltwise only (default float32)")
     verify.add_argument("--weight-dtype", choices=["int4"], default=None,

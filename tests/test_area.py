@@ -17,7 +17,7 @@ from cgra_sim import load_arch
 from cgra_sim.arch import ArchError, HardwareDescription
 from cgra_sim.area import default_area
 
-TABLE = {"mac_unit": {"int8": 400.0, "float32": 12000.0, "bfloat16": 6000.0, "float16": 6000.0}, "pe_overhead": 1000.0, "spad_kib": 5000.0,
+TABLE = {"mac_unit": {"int8": 400.0, "float32": 12000.0, "bfloat16": 6000.0, "float16": 6000.0, "int16": 800.0}, "pe_overhead": 1000.0, "spad_kib": 5000.0,
          "vector_lane": 10000.0}
 
 
@@ -80,7 +80,7 @@ def test_a_description_without_a_table_gets_the_defaults():
 
 @pytest.mark.parametrize("table, message", [
     ({**TABLE, "pe_overhead": -1.0}, r"area\['pe_overhead'\] must be a non-negative number"),
-    ({**TABLE, "mac_unit": {"int8": 400.0}}, r"area\['mac_unit'\] must give µm² for each of \['bfloat16', 'float16', 'float32', 'int8'\]"),
+    ({**TABLE, "mac_unit": {"int8": 400.0}}, r"area\['mac_unit'\] must give µm² for each of \['bfloat16', 'float16', 'float32', 'int16', 'int8'\]"),
     ({key: value for key, value in TABLE.items() if key != "spad_kib"}, r"missing \['spad_kib'\]"),
     ({**TABLE, "wires": 1.0}, r"unknown \['wires'\]"),
     ({**TABLE, "function_stage": -1.0}, r"area\['function_stage'\] must be a non-negative number"),

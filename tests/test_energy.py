@@ -110,7 +110,7 @@ def test_a_description_without_a_table_gets_the_published_figures_and_a_bad_one_
         assert arch.energy == default_energy(arch.rows, arch.cols, arch.spad_bytes, arch.spad_banks, arch.dtypes)
     for change, message in [
         (lambda e: e.__setitem__("dram_byte", -1.0), "energy['dram_byte'] must be a non-negative number"),
-        (lambda e: e["mac"].pop("int8"), "energy['mac'] must give pJ for each of ['bfloat16', 'float16', 'float32', 'int8']"),
+        (lambda e: e["mac"].pop("int8"), "energy['mac'] must give pJ for each of ['bfloat16', 'float16', 'float32', 'int16', 'int8']"),
         (lambda e: e.pop("leakage_per_cycle"), "missing ['leakage_per_cycle']"),
         (lambda e: e.__setitem__("spad_byte", 1.0), "unknown ['spad_byte']"),
     ]:

@@ -414,8 +414,8 @@ VIOLATIONS = {
         [("cgra_eltwise", 3, I8, 2, 4, 0, 4, 1, 64, 0, 0, 128, 2)],
         "command 0 (ELTWISE): out: row stride 2 is smaller than the 4 columns"),
     "eltwise unknown dtype": (
-        [("cgra_eltwise", 1, 7, 2, 4, 0, 4, 1, 64, 0, 0, 128, 4)],
-        "command 0 (ELTWISE): unknown dtype code 7"),
+        [("cgra_eltwise", 1, 9, 2, 4, 0, 4, 1, 64, 0, 0, 128, 4)],
+        "command 0 (ELTWISE): unknown dtype code 9"),
     "fill below address 0": (
         [("cgra_fill", I8, -4, 1, 8, 8, 0)],
         "command 0 (FILL): scratchpad bytes [-4, 4) start below address 0"),
@@ -438,8 +438,8 @@ VIOLATIONS = {
         [("cgra_dma_store", 5, 0, rows_box(8, 4, 4))],
         "command 0 (DMA_STORE): slot 5 out of range [0, 2)"),
     "unknown dtype": (
-        [("cgra_gemm", 0, 7, 8, 8, 8, 0, 8, 256, 8, 512, 8)],
-        "command 0 (GEMM): unknown dtype code 7"),
+        [("cgra_gemm", 0, 9, 8, 8, 8, 0, 8, 256, 8, 512, 8)],
+        "command 0 (GEMM): unknown dtype code 9"),
     "gemm on int32": (
         [("cgra_gemm", 0, I32, 8, 8, 8, 0, 8, 256, 8, 512, 8)],
         "command 0 (GEMM): the PE array has no int32 inputs"),
@@ -464,7 +464,8 @@ VIOLATIONS = {
         "command 0 (EPILOGUE): clip bounds given without CGRA_EPILOGUE_CLIP"),
     "requantisation to int32": (
         [("cgra_epilogue", isa.EPILOGUE_REQUANTISE, I32, I32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0, 128, 0)],
-        "command 0 (EPILOGUE): requantisation takes an int32 accumulator to int8, not int32 to int32"),
+        "command 0 (EPILOGUE): requantisation takes an int32 accumulator to int8 or an int64 one to int16, "
+        "not int32 to int32"),
     "requantisation zero point beyond int8": (
         [("cgra_epilogue", isa.EPILOGUE_REQUANTISE, I32, I8, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0, 128, -129)],
         "command 0 (EPILOGUE): out_zero_point -129 does not fit int8 [-128, 127]"),

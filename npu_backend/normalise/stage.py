@@ -45,6 +45,7 @@ from .no_op_broadcasts import no_op_broadcasts_pass
 from .permute_chains import permute_chains_pass
 from .split_slices import split_slices_pass
 from .qdq import canonicalize_qdq
+from .qdq16 import canonicalize_qdq16
 from .qlayouts import quantized_layouts_pass
 from .qlinear import integer_qlinear_adds_pass
 from .qlookups import quantized_lookups_pass
@@ -73,6 +74,9 @@ def normalise(mod, arch, options):
     # an int32 bias and a requantisation to int8, onnxruntime's arithmetic (qdq.py);
     # first, while the quantized weights are still int8 constants under their dequantize.
     mod = canonicalize_qdq(mod)
+    # The same with int16 activations and int8 weights: 16x8 GEMMs into int64, requantised to
+    # int16 (qdq16.py).
+    mod = canonicalize_qdq16(mod)
     # A bool cumsum counts, as PyTorch's does (bool_scans.py): as bool no target builds it, and
     # HF's causal mask, built from constants through one, would not fold.
     mod = bool_scans_as_counts_pass(mod)

@@ -90,7 +90,7 @@ def build_case(args, arch) -> Case:
         raise UsageError(f"--shape {_text(args.shape)}: every dimension must be at least 1")
     if args.dtype == "int32" and args.op != "eltwise":
         raise UsageError("--dtype int32 is for --op eltwise; int8 matmul and conv2d already produce int32")
-    if args.dtype in HALF_FLOATS and args.op not in ("matmul", "conv2d"):
+    if args.dtype in HALF_FLOATS + ("int16",) and args.op not in ("matmul", "conv2d"):
         raise UsageError(f"--dtype {args.dtype} is for --op matmul and conv2d (the vector unit computes "
                          "float32, int32 and int8)")
     if getattr(args, "weight_dtype", None) == "int4" and args.op != "matmul":
@@ -134,7 +134,7 @@ def _matmul(args) -> Case:
     if getattr(args, "weight_dtype", None) == "int4":
         return _matmul_int4(args, m, n, k)
     mod, inputs, ref = matmul_model(m, n, k, args.dtype, bias=not args.no_bias, relu=not args.no_relu, seed=args.seed)
-    return Case(mod, inputs, ref, m * n * k, "matmul", args.dtype == "int8",
+    return Case(mod, inputs, ref, m * n * k, "matmul", args.dtype in ("int8", "int16"),
                 _half_bound(args, ref, inputs, k, "matmul", {}))
 
 
@@ -180,7 +180,7 @@ def _batch_matmul(args) -> Case:
     rhs = (k, n) if args.shared_weights else (b, k, n)
     mod, inputs, ref = batch_matmul_model((b, m, k), rhs, args.dtype, bias=not args.no_bias, relu=not args.no_relu,
                                           seed=args.seed)
-    return Case(mod, inputs, ref, b * m * n * k, "matmul", args.dtype == "int8")
+    return Case(mod, inputs, ref, b * m * n * k, "matmul", args.dtype in ("int8", "int16"))
 
 
 def _conv2d(args) -> Case:
@@ -200,7 +200,7 @@ def _conv2d(args) -> Case:
     conv = dict(stride=stride, pad=pad, dilation=dilation, groups=args.groups)
     if args.dtype in HALF_FLOATS and layouts != ("NCHW", "OIHW", "NCHW"):
         raise UsageError(f"--dtype {args.dtype} conv2d: verify's bound is computed for --layout NCHW")
-    return Case(mod, inputs, ref, int(ref.size) * (c // args.groups) * kh * kw, "nn.conv2d", args.dtype == "int8",
+    return Case(mod, inputs, ref, int(ref.size) * (c // args.groups) * kh * kw, "nn.conv2d", args.dtype in ("int8", "int16"),
                 _half_bound(args, ref, inputs, (c // args.groups) * kh * kw, "conv2d", conv))
 
 

@@ -12,7 +12,10 @@ from tvm import relax
 
 from ..kernels.common.operands import stored
 
-ACC = {"int8": "int32", "float32": "float32", "bfloat16": "float32", "float16": "float32"}
+ACC = {"int8": "int32", "float32": "float32", "bfloat16": "float32", "float16": "float32", "int16": "int64"}
+#: Integer inputs whose kernels produce their accumulator (out_dtype): int8, and int16 activations
+#: times int8 weights (the 16x8 mode).
+INTEGER = ("int8", "int16")
 #: Inputs whose kernels sum in float32 and store (and take a bias and residual in) their own format.
 HALF_FLOATS = ("bfloat16", "float16")
 
@@ -31,7 +34,14 @@ def _stored(dtype: str) -> str:
     return dtype if dtype in HALF_FLOATS else ACC[dtype]
 
 
+def weight_dtype(dtype: str) -> str:
+    """The weights' dtype of a GEMM kernel on `dtype` activations: int8 under int16, else the same."""
+    return "int8" if dtype == "int16" else dtype
+
+
 def _random(rng, shape, dtype):
+    if dtype == "int16":
+        return rng.integers(-32768, 32768, size=shape, dtype=np.int16)
     if dtype == "int8":
         return rng.integers(-128, 128, size=shape, dtype=np.int8)
     if dtype == "int32":
@@ -76,12 +86,12 @@ def matmul_model(m, n, k, dtype="float32", bias=True, relu=True, transposed=Fals
     With a residual r (m x n) relu comes after it, as in ResNet's relu(conv + b + shortcut)."""
     acc, out = ACC[dtype], _stored(dtype)
     w_shape = (n, k) if transposed else (k, n)
-    specs = [("x", (m, k), dtype), ("w", w_shape, dtype)] + ([("b", (n,), out)] if bias else [])
+    specs = [("x", (m, k), dtype), ("w", w_shape, weight_dtype(dtype))] + ([("b", (n,), out)] if bias else [])
     specs += [("r", (m, n), out)] if residual else []
 
     def body(bb, x, w, *rest):
         rhs = bb.emit(relax.op.permute_dims(w, [1, 0])) if transposed else w
-        y = bb.emit(relax.op.matmul(x, rhs, out_dtype=acc if dtype == "int8" else None))
+        y = bb.emit(relax.op.matmul(x, rhs, out_dtype=acc if dtype in INTEGER else None))
         if bias:
             y = bb.emit(relax.op.add(y, rest[0]))
         y = _epilogue_tail(bb, y, rest[-1] if residual else None, None)
@@ -146,7 +156,7 @@ def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype=
     acc, out = ACC[dtype], _stored(dtype)
     data_layout, kernel_layout, out_layout = layouts
     specs = [("data", stored((n, c, h, w_), "NCHW", data_layout), dtype),
-             ("weight", stored((f, c // groups, kh, kw), "OIHW", kernel_layout), dtype)]
+             ("weight", stored((f, c // groups, kh, kw), "OIHW", kernel_layout), weight_dtype(dtype))]
     specs += [("bias", tuple(f if axis == "C" else 1 for axis in out_layout), out)] if bias else []
     if residual:
         top, left, bottom, right = pad
@@ -157,7 +167,7 @@ def conv2d_model(n, c, h, w_, f, kh, kw, stride=(1, 1), pad=(0, 0, 0, 0), dtype=
     def body(bb, x, w, *rest):
         y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=pad, dilation=dilation, groups=groups,
                                        data_layout=data_layout, kernel_layout=kernel_layout,
-                                       out_layout=out_layout, out_dtype=acc if dtype == "int8" else None))
+                                       out_layout=out_layout, out_dtype=acc if dtype in INTEGER else None))
         if bias:
             y = bb.emit(relax.op.add(y, rest[0]))
         y = _epilogue_tail(bb, y, rest[-1] if residual else None, None)
@@ -181,14 +191,14 @@ def batch_matmul_model(lhs_shape, rhs_shape, dtype="float32", bias=True, relu=Tr
     and `x @ w.transpose(-1, -2)` import. Returns (module, inputs, reference)."""
     acc = ACC[dtype]
     n = rhs_shape[-2] if transposed else rhs_shape[-1]
-    specs = [("x", tuple(lhs_shape), dtype), ("w", tuple(rhs_shape), dtype)] + \
+    specs = [("x", tuple(lhs_shape), dtype), ("w", tuple(rhs_shape), weight_dtype(dtype))] + \
         ([("b", (n,), _stored(dtype))] if bias else [])
 
     def body(bb, x, w, *rest):
         if transposed:
             rank = len(rhs_shape)
             w = bb.emit(relax.op.permute_dims(w, list(range(rank - 2)) + [rank - 1, rank - 2]))
-        y = bb.emit(relax.op.matmul(x, w, out_dtype=acc if dtype == "int8" else None))
+        y = bb.emit(relax.op.matmul(x, w, out_dtype=acc if dtype in INTEGER else None))
         if bias:
             y = bb.emit(relax.op.add(y, rest[0]))
         return bb.emit(relax.op.nn.relu(y)) if relu else y

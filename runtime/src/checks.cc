@@ -32,11 +32,14 @@ int32_t Code(int64_t word) { return static_cast<int32_t>(word); }
 int32_t DTypeFromDL(DLDataType t) {
   if (t.lanes == 1 && t.code == kDLInt && t.bits == 8) return CGRA_DTYPE_INT8;
   if (t.lanes == 1 && t.code == kDLInt && t.bits == 32) return CGRA_DTYPE_INT32;
+  if (t.lanes == 1 && t.code == kDLInt && t.bits == 16) return CGRA_DTYPE_INT16;
+  if (t.lanes == 1 && t.code == kDLInt && t.bits == 64) return CGRA_DTYPE_INT64;
   if (t.lanes == 1 && t.code == kDLFloat && t.bits == 32) return CGRA_DTYPE_FLOAT32;
   if (t.lanes == 1 && t.code == kDLBfloat && t.bits == 16) return CGRA_DTYPE_BFLOAT16;
   if (t.lanes == 1 && t.code == kDLFloat && t.bits == 16) return CGRA_DTYPE_FLOAT16;
   Fail("dtype (code ", int(t.code), ", bits ", int(t.bits), ", lanes ", t.lanes,
-       ") is not supported: the NPU moves int8, int32, float32, bfloat16 and float16 tensors");
+       ") is not supported: the NPU moves int8, int16, int32, int64, float32, bfloat16 and float16 "
+       "tensors");
 }
 
 /*! \brief The box's halo words are non-negative, and dims past the tensor's rank have neither
@@ -100,7 +103,7 @@ int32_t EpilogueOperandDType(const int64_t* w) {
   return IsHalfFloat(out_dtype) ? out_dtype : Code(w[CGRA_EPILOGUE_ACC_DTYPE]);
 }
 
-/*! \brief With CGRA_EPILOGUE_REQUANTISE: int32 -> int8, the scale row and the zero point;
+/*! \brief With CGRA_EPILOGUE_REQUANTISE: int32 -> int8 or int64 -> int16, the scale row and the zero point;
  * without it: the dtypes as CheckEpilogueDTypes says and scale_addr, out_zero_point 0. */
 void CheckEpilogueRequantise(const int64_t* w, int64_t spad_bytes) {
   int32_t acc_dtype = Code(w[CGRA_EPILOGUE_ACC_DTYPE]), out_dtype = Code(w[CGRA_EPILOGUE_OUT_DTYPE]);
@@ -115,12 +118,14 @@ void CheckEpilogueRequantise(const int64_t* w, int64_t spad_bytes) {
   }
   ItemSize(acc_dtype);  // rejects unknown codes first, with the list of known ones
   ItemSize(out_dtype);
-  if (acc_dtype != CGRA_DTYPE_INT32 || out_dtype != CGRA_DTYPE_INT8) {
-    Fail("requantisation takes an int32 accumulator to int8, not ", DTypeName(acc_dtype), " to ",
-         DTypeName(out_dtype));
+  bool wide = acc_dtype == CGRA_DTYPE_INT64 && out_dtype == CGRA_DTYPE_INT16;
+  if (!wide && (acc_dtype != CGRA_DTYPE_INT32 || out_dtype != CGRA_DTYPE_INT8)) {
+    Fail("requantisation takes an int32 accumulator to int8 or an int64 one to int16, not ",
+         DTypeName(acc_dtype), " to ", DTypeName(out_dtype));
   }
-  if (zero_point < -128 || zero_point > 127) {
-    Fail("out_zero_point ", zero_point, " does not fit int8 [-128, 127]");
+  int64_t lowest = wide ? -32768 : -128, highest = wide ? 32767 : 127;
+  if (zero_point < lowest || zero_point > highest) {
+    Fail("out_zero_point ", zero_point, " does not fit ", DTypeName(out_dtype), " [", lowest, ", ", highest, "]");
   }
   int64_t n = w[CGRA_EPILOGUE_N];
   CheckRegion("scale", Access::kRead, scale_addr, 1, n, n, CGRA_DTYPE_FLOAT32_BYTES, spad_bytes);
@@ -212,8 +217,9 @@ void CheckGemm(const int64_t* w, const CheckContext& context) {
   int64_t m = w[CGRA_GEMM_M], n = w[CGRA_GEMM_N], k = w[CGRA_GEMM_K];
   CheckRegion("A", Access::kRead, w[CGRA_GEMM_A_ADDR], m, k, w[CGRA_GEMM_A_STRIDE],
               ItemSize(dtype), context.spad_bytes);
+  int32_t b_dtype = dtype == CGRA_DTYPE_INT16 ? CGRA_DTYPE_INT8 : dtype;  // 16x8: int8 weights
   CheckRegion("B", Access::kRead, w[CGRA_GEMM_B_ADDR], k, n, w[CGRA_GEMM_B_STRIDE],
-              ItemSize(dtype), context.spad_bytes);
+              ItemSize(b_dtype), context.spad_bytes);
   CheckRegion("acc", Access::kWrite, w[CGRA_GEMM_ACC_ADDR], m, n, w[CGRA_GEMM_ACC_STRIDE],
               ItemSize(acc_dtype), context.spad_bytes);
 }
@@ -247,6 +253,7 @@ void CheckDepthwise(const int64_t* w, const CheckContext& context) {
   CheckFlags(Code(w[CGRA_DEPTHWISE_FLAGS]), CGRA_GEMM_ACCUMULATE);
   int32_t dtype = Code(w[CGRA_DEPTHWISE_DTYPE]);
   int32_t acc_dtype = AccumulatorDType(dtype);
+  if (dtype == CGRA_DTYPE_INT16) Fail("DEPTHWISE has no int16 mode (16x8 is a GEMM's)");
   int64_t oh = w[CGRA_DEPTHWISE_OH], ow = w[CGRA_DEPTHWISE_OW], n = w[CGRA_DEPTHWISE_N];
   int64_t kh = w[CGRA_DEPTHWISE_KH], kw = w[CGRA_DEPTHWISE_KW];
   int64_t acc_y = w[CGRA_DEPTHWISE_ACC_Y_STRIDE], acc_x = w[CGRA_DEPTHWISE_ACC_X_STRIDE];

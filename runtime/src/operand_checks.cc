@@ -28,6 +28,8 @@ const char* DTypeName(int32_t dtype) {
     case CGRA_DTYPE_FLOAT32: return "float32";
     case CGRA_DTYPE_BFLOAT16: return "bfloat16";
     case CGRA_DTYPE_FLOAT16: return "float16";
+    case CGRA_DTYPE_INT16: return "int16";
+    case CGRA_DTYPE_INT64: return "int64";
     default: return "unknown";
   }
 }
@@ -47,10 +49,12 @@ int64_t ItemSize(int32_t dtype) {
     case CGRA_DTYPE_FLOAT32: return CGRA_DTYPE_FLOAT32_BYTES;
     case CGRA_DTYPE_BFLOAT16: return CGRA_DTYPE_BFLOAT16_BYTES;
     case CGRA_DTYPE_FLOAT16: return CGRA_DTYPE_FLOAT16_BYTES;
+    case CGRA_DTYPE_INT16: return CGRA_DTYPE_INT16_BYTES;
+    case CGRA_DTYPE_INT64: return CGRA_DTYPE_INT64_BYTES;
     default:
       Fail("unknown dtype code ", dtype, " (known: ", CGRA_DTYPE_INT8, " int8, ", CGRA_DTYPE_INT32,
            " int32, ", CGRA_DTYPE_FLOAT32, " float32, ", CGRA_DTYPE_BFLOAT16, " bfloat16, ",
-           CGRA_DTYPE_FLOAT16, " float16)");
+           CGRA_DTYPE_FLOAT16, " float16, ", CGRA_DTYPE_INT16, " int16, ", CGRA_DTYPE_INT64, " int64)");
   }
 }
 
@@ -62,22 +66,28 @@ int64_t VectorItemSize(int32_t dtype) {
     Fail("the vector unit computes int8, int32 and float32, not ", DTypeName(dtype),
          " (16-bit floats are PE-array inputs, EPILOGUE outputs and ELTWISE operands only)");
   }
+  if (dtype == CGRA_DTYPE_INT16 || dtype == CGRA_DTYPE_INT64) {
+    Fail("the vector unit computes int8, int32 and float32, not ", DTypeName(dtype),
+         " (int16 is a GEMM input and a requantising EPILOGUE's output, int64 its accumulator)");
+  }
   return size;
 }
 
 int32_t AccumulatorDType(int32_t input_dtype) {
   ItemSize(input_dtype);  // rejects unknown codes first, with the list of known ones
   if (input_dtype == CGRA_DTYPE_INT8) return CGRA_DTYPE_INT32;
+  if (input_dtype == CGRA_DTYPE_INT16) return CGRA_DTYPE_INT64;  // int16 x int8 (16x8)
   if (input_dtype == CGRA_DTYPE_FLOAT32 || IsHalfFloat(input_dtype)) return CGRA_DTYPE_FLOAT32;
   Fail("the PE array has no ", DTypeName(input_dtype),
-       " inputs (int8 accumulates in int32; float32, bfloat16 and float16 in float32)");
+       " inputs (int8 accumulates in int32, int16 x int8 in int64; float32, bfloat16 and float16 in "
+       "float32)");
 }
 
 void CheckEpilogueDTypes(int32_t acc_dtype, int32_t out_dtype) {
   ItemSize(acc_dtype);  // rejects unknown codes first, with the list of known ones
   ItemSize(out_dtype);
-  if (acc_dtype != CGRA_DTYPE_INT32 && acc_dtype != CGRA_DTYPE_FLOAT32) {
-    Fail(DTypeName(acc_dtype), " is not an accumulator dtype (int32, float32)");
+  if (acc_dtype != CGRA_DTYPE_INT32 && acc_dtype != CGRA_DTYPE_INT64 && acc_dtype != CGRA_DTYPE_FLOAT32) {
+    Fail(DTypeName(acc_dtype), " is not an accumulator dtype (int32, int64, float32)");
   }
   if (acc_dtype == CGRA_DTYPE_FLOAT32 && IsHalfFloat(out_dtype)) return;  // rounded to nearest even
   if (out_dtype != acc_dtype) {

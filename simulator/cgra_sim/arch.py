@@ -50,8 +50,9 @@ FIELD_DOCS = {
     "rows": ("PEs", "rows of the PE array: an output tile's rows are computed in folds of this many"),
     "cols": ("PEs", "columns of the PE array: output columns (channels) per fold"),
     "macs_per_pe": ("MACs / PE / cycle", "per input dtype the PE array computes (float32, int8, "
-                                         "bfloat16, float16; int8 accumulates in int32, bfloat16 and "
-                                         "float16 in float32): MACs each PE does per cycle. A dtype "
+                                         "bfloat16, float16, int16; int8 accumulates in int32, bfloat16 and "
+                                         "float16 in float32, int16 (times int8 weights) in int64): MACs "
+                                         "each PE does per cycle. A dtype "
                                          "left out is one the chip cannot compute: its layers stay on the host"),
     "spad_bytes": ("bytes", "scratchpad capacity: every kernel's tiles must fit it (the compiler checks)"),
     "spad_banks": ("banks", "scratchpad banks, interleaved every `bank_width_bytes`"),
@@ -142,7 +143,7 @@ class HardwareDescription:
             if dtype not in PE_DTYPES:
                 raise ArchError(f"{self.name}: macs_per_pe names '{dtype}': the PE array computes on "
                                 f"{', '.join(PE_DTYPES)} inputs (int8 accumulating in int32, bfloat16 and "
-                                "float16 in float32)")
+                                "float16 in float32, int16 x int8 in int64)")
             if not isinstance(macs, int) or isinstance(macs, bool) or not 0 < macs <= MAXIMUM["macs_per_pe"]:
                 raise ArchError(f"{self.name}: macs_per_pe['{dtype}'] must be a positive integer up to "
                                 f"{MAXIMUM['macs_per_pe']}, got {macs!r}")

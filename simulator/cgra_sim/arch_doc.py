@@ -54,6 +54,17 @@ NUMBER_FORMATS = (
     "multiplier, so this is an upper bound). The area model counts each dtype's MAC units apart",
     "(a PE sharing one 16-bit datapath between the two formats is smaller than the sum): the",
     "presets' area grew by their four 16-bit MAC units a PE.",
+    "",
+    "int16 is the PE array's 16x8 integer mode, Arm Ethos-U's: int16 activations times int8",
+    "weights (a GEMM's A and B), accumulated exactly in int64 (a product is below 2**22, so 48",
+    "bits, Ethos-U's accumulator, hold any reduction shorter than 2**25; the simulator keeps 64),",
+    "then requantised by the EPILOGUE to int16 as int8 is (float32 scale row, rounded half to",
+    "even; `cgra_sim/int16.py`). The presets give it 1 MAC per PE per cycle, int8's rate there;",
+    "a chip that packs int8 MACs (`macs_per_pe.int8 = 4`) does half as many 16x8 ones",
+    "(`macs_per_pe.int16 = 2`): a 16x8 product is two 8x8 ones, as Ethos-U's 16x8 runs at half",
+    "its 8x8 rate. Priced from Horowitz's figures by this project's scaling: twice an 8-bit",
+    "multiplier and a 48-bit adder (1.5 x 32-bit), 770 µm² and 0.55 pJ a MAC. DEPTHWISE, the",
+    "vector unit and the fabric have no int16 mode: those layers stay on the host.",
 )
 
 

@@ -29,7 +29,11 @@ multiplier 282 µm², a 32-bit adder 137 µm², a 32-bit multiplier 3495 µm², 
 419 µm², a float32 MAC 11884 µm², a float16 MAC into float32 1640 + 4184 = 5824 µm²: two of them
 take the area of one float32 MAC; bfloat16 priced as float16, an upper bound for its narrower
 significand). The model counts each dtype's MAC units apart: a PE that computes bfloat16 and
-float16 on one shared 16-bit datapath is smaller than the table's sum. SRAM: Intel's 45 nm 6T cell is 0.346 µm² (Mistry et al., IEDM 2007); at an array efficiency
+float16 on one shared 16-bit datapath is smaller than the table's sum. A 16x8 integer MAC into a
+48-bit accumulator (int16 activations times int8 weights) is priced 2 * 282 + 1.5 * 137 = 770
+µm², this project's scaling of Horowitz's figures (twice an 8 x 8 multiplier's partial products,
+a 48-bit adder); a PE that shares its int8 multiplier for the 16x8 mode, as Ethos-U's does, is
+smaller. SRAM: Intel's 45 nm 6T cell is 0.346 µm² (Mistry et al., IEDM 2007); at an array efficiency
 of one half (this project's assumption: decoders, sense amplifiers, banking) a KiB is 5669 µm².
 `pe_overhead` (1000 µm²) is this project's assumption, not a measurement: about 200 bits of
 flip-flops and the multiplexers in front of them.
@@ -52,7 +56,7 @@ COMPONENTS = ("pe_array", "scratchpad", "vector_unit", "function_unit")
 
 #: µm² per MAC unit by input dtype (Horowitz, ISSCC 2014, 45 nm: multiplier + 32-bit accumulator adder).
 MAC_UNIT_UM2 = {"int8": 282 + 137, "float32": 7700 + 4184, "int32": 3495 + 137, "float16": 1640 + 4184,
-                "bfloat16": 1640 + 4184}
+                "bfloat16": 1640 + 4184, "int16": 2 * 282 + 206}
 PE_OVERHEAD_UM2 = 1000.0  # this project's assumption (see the module doc)
 SRAM_CELL_UM2 = 0.346  # Intel 45 nm 6T cell (Mistry et al., IEDM 2007)
 SRAM_ARRAY_EFFICIENCY = 0.5  # this project's assumption

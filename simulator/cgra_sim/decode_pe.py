@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .commands import NUMPY_DTYPE, Checker, DepthwiseCommand, FabricCommand, GemmCommand
 from .fabric import Fabric
-from .isa import ACC_DTYPE, FABRIC_INPUT_B, FABRIC_INT8, FIELDS, GEMM_ACCUMULATE, DType, Op
+from .isa import ACC_DTYPE, FABRIC_INPUT_B, FABRIC_INT8, FIELDS, GEMM_ACCUMULATE, GEMM_B_DTYPE, DType, Op
 from .mapping import body as bodies
 from .mapping.mapper import MappingError
 from .regions import Region
@@ -26,7 +26,7 @@ def decode_gemm(check: Checker, index: int, op: Op, record: list[int], tensors) 
     cmd.dtype, cmd.m, cmd.n, cmd.k = dtype, m, n, k
     cmd.accumulate = bool(flags & GEMM_ACCUMULATE)
     cmd.a = check.matrix("A", a_addr, m, k, a_stride, dtype, written=False)
-    cmd.b = check.matrix("B", b_addr, k, n, b_stride, dtype, written=False)
+    cmd.b = check.matrix("B", b_addr, k, n, b_stride, GEMM_B_DTYPE.get(dtype, dtype), written=False)
     cmd.acc = check.matrix("acc", acc_addr, m, n, acc_stride, ACC_DTYPE[dtype], written=True)
     cmd.reads = (cmd.a, cmd.b, cmd.acc) if cmd.accumulate else (cmd.a, cmd.b)
     cmd.writes = (cmd.acc,)
@@ -39,6 +39,9 @@ def decode_depthwise(check: Checker, index: int, op: Op, record: list[int],
      acc_addr, acc_y, acc_x) = record[:len(FIELDS[op])]
     check.flags(flags, GEMM_ACCUMULATE)
     dtype = check.pe_dtype(dtype_code)
+    if dtype in GEMM_B_DTYPE:
+        check.fail(f"DEPTHWISE has no {dtype.numpy_name} mode (16x8 is a GEMM's): a depthwise layer of "
+                   "int16 activations runs on the host")
     check.positive(oh=oh, ow=ow, n=n, kh=kh, kw=kw)
     strides = dict(a_y_stride=a_y, a_x_stride=a_x, a_ry_stride=a_ry, a_rx_stride=a_rx,
                    b_ry_stride=b_ry, b_rx_stride=b_rx, acc_y_stride=acc_y, acc_x_stride=acc_x)

@@ -95,9 +95,12 @@ def decode_epilogue(check: Checker, index: int, op: Op, record: list[int],
      out_stride) = record[:11]
     check.flags(flags, EPILOGUE_BIAS | EPILOGUE_RELU | EPILOGUE_RESIDUAL | EPILOGUE_CLIP | EPILOGUE_REQUANTISE)
     requantise = bool(flags & EPILOGUE_REQUANTISE)
-    acc_dtype = check.dtype("acc_dtype", acc_code, (DType.INT32,) if requantise else (DType.INT32, DType.FLOAT32))
-    # A float32 accumulator may be stored rounded to a 16-bit float, whose bias and residual are in that dtype.
-    outs = (DType.INT8,) if requantise else (acc_dtype,) + (HALF_FLOATS if acc_dtype is DType.FLOAT32 else ())
+    acc_dtype = check.dtype("acc_dtype", acc_code, (DType.INT32, DType.INT64) if requantise
+                            else (DType.INT32, DType.INT64, DType.FLOAT32))
+    # A float32 accumulator may be stored rounded to a 16-bit float, whose bias and residual are in that dtype;
+    # an int32 one requantises to int8, an int64 one (16x8 GEMM) to int16.
+    narrow = {DType.INT32: DType.INT8, DType.INT64: DType.INT16}
+    outs = (narrow[acc_dtype],) if requantise else (acc_dtype,) + (HALF_FLOATS if acc_dtype is DType.FLOAT32 else ())
     out_dtype = check.dtype("out_dtype", out_code, outs)
     check.positive(m=m, n=n)
     cmd = EpilogueCommand(index, op)
@@ -109,7 +112,7 @@ def decode_epilogue(check: Checker, index: int, op: Op, record: list[int],
         cmd.bias = check.matrix("bias", bias_addr, 1, n, n, operand_dtype, written=False)
     cmd.residual = _epilogue_residual(check, flags, record, m, n, operand_dtype)
     cmd.clip = _epilogue_clip(check, flags, record, acc_dtype)
-    cmd.scale, cmd.zero_point = _epilogue_requantise(check, flags, record, n)
+    cmd.scale, cmd.zero_point = _epilogue_requantise(check, flags, record, n, out_dtype)
     cmd.out = check.matrix("out", out_addr, m, n, out_stride, out_dtype, written=True)
     cmd.relu = bool(flags & EPILOGUE_RELU)
     cmd.reads = tuple(r for r in (cmd.acc, cmd.bias, cmd.residual, cmd.scale) if r is not None)
@@ -174,15 +177,16 @@ def decode_eltwise(check: Checker, index: int, op: Op, record: list[int], tensor
     return cmd
 
 
-def _epilogue_requantise(check: Checker, flags: int, record: list[int], n: int):
-    """(scale row, zero point) of a requantisation to int8, or (None, 0) without
-    EPILOGUE_REQUANTISE: the scale a (1, n) float32 region, the zero point an int8 value."""
+def _epilogue_requantise(check: Checker, flags: int, record: list[int], n: int, out_dtype: DType):
+    """(scale row, zero point) of a requantisation to int8 or int16, or (None, 0) without
+    EPILOGUE_REQUANTISE: the scale a (1, n) float32 region, the zero point an `out_dtype` value."""
     names = ("scale_addr", "out_zero_point")
     if not _unused_when_off(check, flags, EPILOGUE_REQUANTISE, record, names):
         return None, 0
     addr, zero_point = (record[FIELDS[Op.EPILOGUE].index(name)] for name in names)
-    if not -128 <= zero_point <= 127:
-        check.fail(f"out_zero_point {zero_point} does not fit int8 [-128, 127]")
+    info = np.iinfo(out_dtype.numpy_name)
+    if not info.min <= zero_point <= info.max:
+        check.fail(f"out_zero_point {zero_point} does not fit {out_dtype.numpy_name} [{info.min}, {info.max}]")
     return check.matrix("scale", addr, 1, n, n, DType.FLOAT32, written=False), zero_point
 
 

@@ -33,7 +33,10 @@ and Timeloop's examples start from: an 8-bit multiply 0.2 pJ and a 32-bit add 0.
 into int32: 0.3 pJ), a float32 multiply 3.7 pJ and add 0.9 pJ (4.6 pJ), an int32 multiply 3.1 pJ,
 a float16 multiply 1.1 pJ (a float16 MAC into float32, its product exact there: 1.1 + 0.9 =
 2.0 pJ; bfloat16 priced the same, an upper bound: its 8-bit significand multiplies in less than
-float16's 11-bit one, and Horowitz gives no bfloat16 figure);
+float16's 11-bit one, and Horowitz gives no bfloat16 figure), a 16x8 integer MAC into a 48-bit
+accumulator 2 * 0.2 + 1.5 * 0.1 = 0.55 pJ (this project's scaling: a 16 x 8 multiplier has twice
+an 8 x 8 one's partial products, a 48-bit adder one and a half 32-bit ones; an int64 EPILOGUE
+element is priced as two int32 lane operations);
 a 64-bit SRAM access 10 pJ from 8 KiB and 20 pJ from 32 KiB (so 10 * sqrt(KiB / 8) pJ for one
 bank of the scratchpad, per 8 bytes); DRAM 1.3 nJ per 64 bits. Two figures are this project's
 assumptions, not measurements: a configuration slot loads one 64-bit word per PE from the
@@ -51,7 +54,8 @@ from .special import OPS as VFUNC_OPS
 COMPONENTS = ("mac", "vector", "spad", "dram", "config", "leakage")
 
 #: pJ per MAC and per vector-unit element operation, by dtype (Horowitz, ISSCC 2014, 45 nm).
-MAC_PJ = {"int8": 0.3, "float32": 4.6, "int32": 3.2, "float16": 1.1 + 0.9, "bfloat16": 1.1 + 0.9}
+MAC_PJ = {"int8": 0.3, "float32": 4.6, "int32": 3.2, "float16": 1.1 + 0.9, "bfloat16": 1.1 + 0.9,
+          "int16": 2 * 0.2 + 0.15}
 VECTOR_OP_PJ = {"float32": 0.9, "int32": 0.1, "int8": 0.03}
 DRAM_BYTE_PJ = 162.5  # 1.3 nJ per 64-bit access
 SRAM_ACCESS_PJ_8KIB = 10.0  # one 64-bit access from an 8 KiB array
@@ -149,7 +153,9 @@ def launch_energy(arch, commands, cycles: int, config_slots: int) -> dict:
             energy["vector"] += cmd.elements * len(cmd.body) * table["vector_op"][cmd.dtype.numpy_name]
         elif cmd.writes:  # FILL, EPILOGUE, ELTWISE: one operation per element written
             out = cmd.writes[0]
-            energy["vector"] += _elements(out) * table["vector_op"][_vector_dtype(cmd, out)]
+            dtype = _vector_dtype(cmd, out)
+            lanes = 2 if dtype == "int64" else 1  # an int64 accumulator's element: two int32 lane operations
+            energy["vector"] += _elements(out) * lanes * table["vector_op"]["int32" if lanes == 2 else dtype]
         spad_read += sum(_bytes(r) for r in cmd.reads)
         spad_write += sum(_bytes(r) for r in cmd.writes)
     energy["spad"] = spad_read * table["spad_read_byte"] + spad_write * table["spad_write_byte"]

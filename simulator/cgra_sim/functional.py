@@ -35,6 +35,8 @@ bfloat16 and float16 (GEMM and DEPTHWISE inputs) are widened exactly to float32 
 float32 is (a product of two is exact in float32); an EPILOGUE with a 16-bit float output adds its
 bias and residual, held in that format, widened, and rounds the result to nearest even on store
 (half_floats.py).
+int16 (a GEMM's A, its B int8) accumulates in int64 exactly, and an EPILOGUE from an int64
+accumulator requantises to int16 through float64 (int16.py); int64 sums wrap modulo 2**64.
 Each command reads all its operands before it writes, so an in-place EPILOGUE is well defined.
 """
 
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .int16 import gemm16x8, requantise16
 from .lookup import execute_lookup
 from .unpack4 import execute_unpack4
 
@@ -103,6 +106,9 @@ def _gemm(cmd: GemmCommand, spad: np.ndarray) -> None:
         if cmd.accumulate:
             product += acc
         acc[...] = product.astype(np.int32)  # int64 -> int32 keeps the low 32 bits
+    elif cmd.dtype is DType.INT16:  # int16 x int8 into int64 (int16.py)
+        product = gemm16x8(a, b)
+        acc[...] = product + acc if cmd.accumulate else product
     else:  # float32, or 16-bit floats widened exactly (their products are exact in float32)
         product = np.matmul(_as_float32(a, cmd.dtype), _as_float32(b, cmd.dtype), dtype=np.float32)
         if cmd.accumulate:
@@ -164,7 +170,8 @@ def _epilogue(cmd: EpilogueCommand, spad: np.ndarray) -> None:
     if cmd.clip is not None:
         values = np.minimum(np.maximum(values, cmd.clip[0]), cmd.clip[1])
     if cmd.scale is not None:
-        values = requantise(values, cmd.scale.view(spad), cmd.zero_point)
+        requant = requantise16 if cmd.out.dtype == np.int16 else requantise
+        values = requant(values, cmd.scale.view(spad), cmd.zero_point)
     if half:
         values = half_floats.narrow(values, half.numpy_name)  # rounded to nearest even on store
     cmd.out.view(spad)[...] = values

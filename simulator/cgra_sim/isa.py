@@ -19,11 +19,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-STREAM_VERSION = 9
+STREAM_VERSION = 10
 #: The oldest stream version this simulator still runs: v3 only added a flag (DMA_FILL_LOWEST)
 #: that v2 streams never set, v4 an opcode (FABRIC), v5 two (REDUCE, VFUNC), v6 one (UNPACK4) and
 #: v7 two dtype codes (BFLOAT16, FLOAT16) that earlier streams never use, v8 three VFUNC functions
-#: (SIGMOID, SILU, GELU_TANH), v9 an opcode (LOOKUP).
+#: (SIGMOID, SILU, GELU_TANH), v9 two dtype codes (INT16, INT64),
+#: v10 an opcode (LOOKUP).
 OLDEST_STREAM_VERSION = 2
 RECORD_WORDS = 32
 #: Number of loop dimensions (and tensor dimensions) a DMA box can have.
@@ -55,23 +56,28 @@ class DType(enum.IntEnum):
 
     BFLOAT16 and FLOAT16 are PE-array input dtypes only (GEMM, DEPTHWISE accumulate them in
     float32) and an EPILOGUE's output (its float32 result rounded to nearest even); the
-    scratchpad holds bfloat16 as its 16 bits (numpy uint16: `storage`), float16 as numpy's."""
+    scratchpad holds bfloat16 as its 16 bits (numpy uint16: `storage`), float16 as numpy's.
+    INT16 is the PE array's 16x8 input (GEMM: int16 A times int8 B, Arm Ethos-U's 16x8 mode)
+    accumulating in INT64, and a requantising EPILOGUE's output (int16.py)."""
 
     INT8 = 1
     INT32 = 2
     FLOAT32 = 3
     BFLOAT16 = 4
     FLOAT16 = 5
+    INT16 = 6
+    INT64 = 7
 
     @property
     def itemsize(self) -> int:
-        return {DType.INT8: 1, DType.INT32: 4, DType.FLOAT32: 4, DType.BFLOAT16: 2, DType.FLOAT16: 2}[self]
+        return {DType.INT8: 1, DType.INT32: 4, DType.FLOAT32: 4, DType.BFLOAT16: 2, DType.FLOAT16: 2,
+                DType.INT16: 2, DType.INT64: 8}[self]
 
     @property
     def numpy_name(self) -> str:
         """The dtype's name (numpy's and TVM's; numpy has no bfloat16: see `storage`)."""
         return {DType.INT8: "int8", DType.INT32: "int32", DType.FLOAT32: "float32", DType.BFLOAT16: "bfloat16",
-                DType.FLOAT16: "float16"}[self]
+                DType.FLOAT16: "float16", DType.INT16: "int16", DType.INT64: "int64"}[self]
 
     @property
     def storage(self) -> str:
@@ -83,7 +89,7 @@ class DType(enum.IntEnum):
         """The lowest value of the type: what a max pool's padding holds (-inf for the floats;
         bfloat16's as its bits, 0xFF80, the storage's value)."""
         return {DType.INT8: -128, DType.INT32: -(1 << 31), DType.FLOAT32: float("-inf"), DType.BFLOAT16: 0xFF80,
-                DType.FLOAT16: float("-inf")}[self]
+                DType.FLOAT16: float("-inf"), DType.INT16: -(1 << 15), DType.INT64: -(1 << 63)}[self]
 
     @classmethod
     def from_name(cls, name: str) -> "DType":
@@ -100,6 +106,9 @@ VECTOR_DTYPES = (DType.INT8, DType.INT32, DType.FLOAT32)
 #: 16-bit float inputs of the PE array: products accumulated in float32, rounded to nearest
 #: even when an EPILOGUE stores them.
 HALF_FLOATS = (DType.BFLOAT16, DType.FLOAT16)
+#: The B operand's dtype of a GEMM whose A has the key's dtype, where they differ: int16
+#: activations times int8 weights (16x8); every other GEMM multiplies two of one dtype.
+GEMM_B_DTYPE = {DType.INT16: DType.INT8}
 
 
 @enum.unique
@@ -277,7 +286,7 @@ for _op, _fields in FIELDS.items():
 BOX_WORDS = RECORD_WORDS - FIELDS[Op.DMA_LOAD].index("origin0")
 
 #: GEMM / DEPTHWISE accumulator dtype for each input dtype.
-ACC_DTYPE = {DType.INT8: DType.INT32, DType.FLOAT32: DType.FLOAT32, DType.BFLOAT16: DType.FLOAT32,
+ACC_DTYPE = {DType.INT8: DType.INT32, DType.INT16: DType.INT64, DType.FLOAT32: DType.FLOAT32, DType.BFLOAT16: DType.FLOAT32,
              DType.FLOAT16: DType.FLOAT32}
 
 # Layout of one host tensor slot in a launch's slot table (int64 words).
@@ -383,7 +392,8 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         Op.GEMM,
         "PE array: acc[i,j] (+)= sum_k A[i,k] * B[k,j], i < m, j < n (+= with "
         "CGRA_GEMM_ACCUMULATE). dtype is the input dtype code; the accumulator is int32 for int8, "
-        "float32 for float32, bfloat16 and float16. Strides are in elements.",
+        "float32 for float32, bfloat16 and float16, int64 for int16 (16x8: A int16, B int8). Strides "
+        "are in elements.",
         ("flags", _I32), ("dtype", _I32), "m", "n", "k", ("a_addr", _ADDR), "a_stride",
         ("b_addr", _ADDR), "b_stride", ("acc_addr", _ADDR), "acc_stride"),
     _command(
@@ -399,7 +409,7 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         "tile, acc dtype, own stride), _RELU, _CLIP (clip_lo/hi_bits: acc-dtype value bits as for "
         "cgra_fill, lo <= hi), _REQUANTISE (int32 acc -> int8 out: rne(clamp(float(x) * scale[j], "
         "-128 - zp, 127 - zp)) + zp, scale a row of n float32 at scale_addr, zp = "
-        "out_zero_point). out_dtype is acc_dtype, or with a float32 acc bfloat16 or float16: the "
+        "out_zero_point; int64 acc -> int16 out alike, within [-32768, 32767]). out_dtype is acc_dtype, or with a float32 acc bfloat16 or float16: the "
         "result rounded to nearest even, the bias and residual then in out_dtype. A disabled "
         "operand's arguments must be 0. (ABI v2 added the last six arguments.)",
         ("flags", _I32), ("acc_dtype", _I32), ("out_dtype", _I32), "m", "n", ("acc_addr", _ADDR),

@@ -143,8 +143,13 @@ class KernelSpec:
         """What the kernel stores: int8 when it requantises, a 16-bit float input's own dtype
         (its float32 sum rounded to nearest even), else the accumulator dtype."""
         if self.requant_zero_point is not None:
-            return "int8"
+            return "int16" if self.acc_dtype == "int64" else "int8"
         return self.half_out or self.acc_dtype
+
+    @property
+    def rhs_dtype(self) -> str:
+        """The weights' dtype: int8 under int16 activations (the 16x8 mode), else the input dtype."""
+        return "int8" if self.dtype == "int16" else self.dtype
 
     @property
     def operand_dtype(self) -> str:

@@ -81,6 +81,9 @@ def conv2d_spec(name: str, annotated: dict) -> KernelSpec:
     # One input channel per output channel: the sliding-window DEPTHWISE kernel, not a GEMM
     # one column wide. (A channel multiplier > 1 runs as a grouped GEMM.)
     op = "depthwise" if 1 < groups == data_shape[1] == weight_shape[0] else "conv2d"
+    if op == "depthwise" and common["dtype"] == "int16":
+        raise UnsupportedOperator("an int16 depthwise conv2d runs on the host: the PE array's 16x8 mode is a "
+                                  "GEMM's, DEPTHWISE has none")
     if op == "depthwise" and common["dtype"] in HALF_FLOATS:
         raise UnsupportedOperator(f"a {common['dtype']} depthwise conv2d runs on the host: the NPU's depthwise "
                                   "kernel computes float32 and int8")
@@ -158,7 +161,7 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
     out_shape = (batch * g, out_shape[1], oh, ow)
     images, per_group = out_shape[:2]
     x = te.placeholder(data_shape, spec.dtype, name="data")
-    w = te.placeholder(spec.rhs_shape, spec.dtype, name="weight")
+    w = te.placeholder(spec.rhs_shape, spec.rhs_dtype, name="weight")
     pixel, pixel_row = _pixel_order(spec, oh, ow)
     mp = _padded_rows(oh * ow, tiling) if spec.symbolic_image else tiling.mp
     a_pad = _gather(spec, tiling, lambda b_, c, y, x_: padded(x, data_shape, (b_, c, y, x_), spec.image_fill),
@@ -207,7 +210,7 @@ def _blocks_compute(spec: KernelSpec, tiling: Tiling):
     data_shape = with_vars((batch,) + tuple(spec.lhs_shape[1:]), {a: n for a, n in spec.symbolic("lhs").items() if a})
     out_shape = (batch, spec.output_shape[1], oh, ow)
     x = te.placeholder(data_shape, spec.dtype, name="data")
-    w = te.placeholder(spec.rhs_shape, spec.dtype, name="weight")
+    w = te.placeholder(spec.rhs_shape, spec.rhs_dtype, name="weight")
     top, left, _, _ = spec.padding
     (sh, sw), (dh, dw) = spec.strides, spec.dilation
     a_pad = te.compute((batch, kh, kw, *blocks, tiling.tm, tiling.kp), lambda b_, ry, rx, by, bx, p, c: padded(

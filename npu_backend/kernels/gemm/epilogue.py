@@ -6,6 +6,7 @@ tensorized onto). A family with `roots` (matmul.py, conv2d.py) gets, for each ro
 
     root [+ bias] [+ residual] [relu | clip]          float32, or int8 x int8 -> int32
     root [+ bias [+ residual]] [relu] -> requantise   int8 x int8 -> int32 -> int8 (QDQ layers, qdq.py)
+                                                      int16 x int8 -> int64 -> int16 (qdq16.py)
 
 a bias being one value per output channel / column, a residual a tensor of the output's exact
 shape in the accumulator dtype (ResNet's shortcut), clip constant bounds (relu6), and the
@@ -37,7 +38,11 @@ from .gated import is_gated_pattern, with_gated
 
 #: The accumulator dtype of each input dtype of a PE-array kernel: also its output's, but for the
 #: 16-bit floats, whose kernels store their own dtype (the EPILOGUE rounds to nearest even).
-ACC_DTYPE = {"int8": "int32", "float32": "float32", "bfloat16": "float32", "float16": "float32"}
+ACC_DTYPE = {"int8": "int32", "float32": "float32", "bfloat16": "float32", "float16": "float32", "int16": "int64"}
+#: The weights' dtype where it is not the activations': int16 activations x int8 weights (16x8).
+RHS_DTYPE = {"int16": "int8"}
+#: What a requantisation stores from each integer accumulator.
+REQUANT_DTYPE = {"int32": "int8", "int64": "int16"}
 #: Input dtypes whose kernels accumulate in float32 and store the input's 16-bit format.
 HALF_FLOATS = ("bfloat16", "float16")
 
@@ -164,11 +169,12 @@ def epilogue_fields(op: str, annotated: dict) -> dict:
     bias_shape, relu, clip. Raises UnsupportedOperator with the reason it cannot run."""
     check_distinct_operands(op, annotated)
     dtype, rhs_dtype = dtype_of(annotated["lhs"]), dtype_of(annotated["rhs"])
-    if dtype != rhs_dtype:
-        raise UnsupportedOperator(f"{op} mixes {dtype} and {rhs_dtype}; the PE array multiplies equal dtypes")
+    if rhs_dtype != RHS_DTYPE.get(dtype, dtype):
+        raise UnsupportedOperator(f"{op} mixes {dtype} and {rhs_dtype}; the PE array multiplies equal dtypes, "
+                                  "or int16 activations by int8 weights")
     if dtype not in ACC_DTYPE:
-        raise UnsupportedOperator(f"{op} on {dtype} is not supported (float32, bfloat16, float16, or int8 with "
-                                  "int32 output)")
+        raise UnsupportedOperator(f"{op} on {dtype} is not supported (float32, bfloat16, float16, int8 with "
+                                  "int32 output, or int16 x int8 with int64 output)")
     acc_dtype = ACC_DTYPE[dtype]
     # A 16-bit float's product may be stored in its format (rounded) or as the float32 sum itself.
     stored = dtype_of(annotated["root"])
@@ -211,7 +217,7 @@ def _with_fabric_tail(spec: KernelSpec, annotated: dict) -> KernelSpec:
     ops = [str(call.op.name) for call in calls]
     what = f"{spec.op} -> " + " -> ".join(op.removeprefix("relax.") for op in ops)
     if spec.acc_dtype not in ("float32", "int32"):
-        raise UnsupportedOperator(f"{what}: the PE fabric computes float32 or int32")
+        raise UnsupportedOperator(f"{what}: the PE fabric computes float32 or int32, not {spec.acc_dtype}")
     if len(calls) == 1 and ops[0] in ("relax.nn.relu", "relax.clip"):
         raise UnsupportedOperator(f"{what}: the EPILOGUE's own relu or clip")
     shape = static_shape(calls[-1], "result")
@@ -250,22 +256,24 @@ def _with_residual(spec: KernelSpec, annotated: dict) -> KernelSpec:
 
 
 def _with_requant(spec: KernelSpec, annotated: dict) -> KernelSpec:
-    """`spec` ending in a requantisation to int8: quantize(multiply(astype(x, float32), scale),
-    1.0, zp) with a float32 scale per output channel (shaped like a bias) and an int8 zero point."""
+    """`spec` ending in a requantisation to int8 (int16 after an int64 accumulator):
+    quantize(multiply(astype(x, float32), scale), 1.0, zp) with a float32 scale per output
+    channel (shaped like a bias) and a zero point of the output's dtype."""
     quantize, multiply = annotated["requant"], annotated["requant_multiply"]
-    if spec.acc_dtype != "int32":
-        raise UnsupportedOperator(f"requantisation to int8 follows an int8 x int8 -> int32 {spec.op}, "
-                                  f"not {spec.dtype}")
+    if spec.acc_dtype not in REQUANT_DTYPE:
+        raise UnsupportedOperator(f"requantisation to int8 follows an int8 x int8 -> int32 {spec.op} (to int16 an "
+                                  f"int16 x int8 -> int64 one), not {spec.dtype}")
+    out_dtype = REQUANT_DTYPE[spec.acc_dtype]
     if spec.compute_name in ("conv2d_layout", "batch_matmul"):
         raise UnsupportedOperator("requantisation is fused after NCHW conv2d and 2-D matmul, not yet after a "
                                   f"{spec.compute_name}: it runs on the host")
-    if str(quantize.attrs.out_dtype) != "int8" or _scalar_value(quantize.args[1], "float32") != 1.0:
-        raise UnsupportedOperator("a requantisation is quantize(x * scale, 1.0, zero point) to int8; this "
+    if str(quantize.attrs.out_dtype) != out_dtype or _scalar_value(quantize.args[1], "float32") != 1.0:
+        raise UnsupportedOperator(f"a requantisation is quantize(x * scale, 1.0, zero point) to {out_dtype}; this "
                                   "quantize has another scale or output dtype (the normalise stage writes the "
                                   "fused form)")
-    zero_point = _scalar_value(quantize.args[2], "int8")
+    zero_point = _scalar_value(quantize.args[2], out_dtype)
     if zero_point is None:
-        raise UnsupportedOperator("the requantisation's zero point is not an int8 constant")
+        raise UnsupportedOperator(f"the requantisation's zero point is not an {out_dtype} constant")
     if dtype_of(multiply.args[0]) != "float32" or dtype_of(annotated["scale"]) != "float32":
         raise UnsupportedOperator("the requantisation multiplies float32(acc) by a float32 scale row")
     shape = static_shape(annotated["scale"], "requantisation scale")
@@ -350,7 +358,9 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
         value = value * mul_pad(*idx) if mul_pad is not None else value
         if spec.half_out:
             return value.astype(spec.half_out)  # rounded to nearest even on store
-        return requantise(value, row(scale_pad, idx), spec.requant_zero_point) if scale_pad is not None else value
+        if scale_pad is None:
+            return value
+        return requantise(value, row(scale_pad, idx), spec.requant_zero_point, REQUANT_DTYPE[spec.acc_dtype])
 
     return te.compute(acc.shape, epi_value, name="epi")
 

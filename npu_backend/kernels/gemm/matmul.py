@@ -171,7 +171,7 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
         mp = tiling.mp
     lhs_shape = (m, spec.lhs_shape[1])
     a = te.placeholder(lhs_shape, spec.dtype, name="lhs")
-    b = te.placeholder(spec.rhs_shape, spec.dtype, name="rhs")
+    b = te.placeholder(spec.rhs_shape, spec.rhs_dtype, name="rhs")
     a_pad = te.compute((mp, tiling.kp), lambda i, r: padded(a, lhs_shape, (i, r)), name="a_pad")
     if spec.rhs_transposed:
         b_pad = te.compute((tiling.kp, tiling.np), lambda r, j: padded(b, spec.rhs_shape, (j, r)), name="b_pad")
@@ -196,7 +196,7 @@ def batch_matmul_compute(spec: KernelSpec, tiling: Tiling):
     loop, as a conv2d runs its images; A may be one (M, K) matrix shared by all images."""
     m, n, _ = spec.gemm_extents
     a = te.placeholder(spec.lhs_shape, spec.dtype, name="lhs")
-    b = te.placeholder(spec.rhs_shape, spec.dtype, name="rhs")
+    b = te.placeholder(spec.rhs_shape, spec.rhs_dtype, name="rhs")
     shared_lhs = len(spec.lhs_shape) == 2
     a_pad = te.compute((spec.batch, tiling.mp, tiling.kp), lambda b_, i, r: padded(
         a, spec.lhs_shape, (i, r) if shared_lhs else (b_, i, r)), name="a_pad")

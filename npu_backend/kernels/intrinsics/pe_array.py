@@ -22,7 +22,8 @@ def dtype_code(dtype: str) -> int:
 def gemm_intrin(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str, *, scope: str = SPAD):
     """One GEMM: acc[rows, cols] += A[rows, depth] @ B[depth, cols] on scratchpad tiles (the PE
     array runs its folds of a tile larger than itself back to back)."""
-    a, b = Tile("A", (rows, depth), dtype), Tile("B", (depth, cols), dtype)
+    # int16 activations multiply int8 weights (the 16x8 mode); other GEMMs take one dtype.
+    a, b = Tile("A", (rows, depth), dtype), Tile("B", (depth, cols), "int8" if dtype == "int16" else dtype)
     acc = Tile("C", (rows, cols), acc_dtype)
 
     def value(buffers, i, j, k):

@@ -35,13 +35,15 @@ def activation(value, dtype: str, relu: bool, clip):
     return value
 
 
-def requantise(value, scale, zero_point: int):
-    """int32 `value` -> int8: nearbyint(clamp(float32(value) * scale, -128 - zp, 127 - zp)) + zp,
-    onnxruntime's arithmetic (docs/simulator.md)."""
+def requantise(value, scale, zero_point: int, out_dtype: str = "int8"):
+    """int32 `value` -> int8 (int64 -> int16 with `out_dtype` "int16"): nearbyint(clamp(
+    float32(value) * scale, lowest - zp, highest - zp)) + zp, onnxruntime's arithmetic (docs/simulator.md)."""
+    bits = 16 if out_dtype == "int16" else 8
     product = tirx.Cast("float32", value) * scale
-    lo, hi = (tirx.const(float(bound), "float32") for bound in (-128 - zero_point, 127 - zero_point))
+    lowest, highest = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    lo, hi = (tirx.const(float(bound), "float32") for bound in (lowest - zero_point, highest - zero_point))
     clamped = tirx.min(tirx.max(product, lo), hi)
-    return tirx.Cast("int8", tirx.nearbyint(clamped) + tirx.const(float(zero_point), "float32"))
+    return tirx.Cast(out_dtype, tirx.nearbyint(clamped) + tirx.const(float(zero_point), "float32"))
 
 
 def fill_intrin(rows: int, cols: int, dtype: str, *, value=None, scope: str = SPAD):
@@ -123,7 +125,8 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     inputs = [Tile("Acc", (rows, cols), dtype)] + ([Tile("Bias", (cols,), operand)] if bias else []) \
         + ([Tile("Res", (rows, cols), operand)] if residual else []) \
         + ([Tile("Scale", (cols,), "float32")] if requant else [])
-    output = Tile("Out", (rows, cols), "int8" if requant else operand)
+    narrow = "int16" if dtype == "int64" else "int8"  # a requantisation's output
+    output = Tile("Out", (rows, cols), narrow if requant else operand)
 
     def value(buffers, i, j):
         total = epilogue_value(buffers, i, j, dtype, bias=bias, relu=relu, residual=residual, clip=clip)
@@ -131,7 +134,7 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
             total = body_value(body, total)
         if half:
             return total.astype(out_dtype)
-        return requantise(total, buffers["Scale"][j], zero_point) if requant else total
+        return requantise(total, buffers["Scale"][j], zero_point, narrow) if requant else total
 
     def call(buffers, strides):
         return epilogue_call(buffers, strides, rows, cols, dtype, output.dtype, bias=bias, relu=relu,

@@ -63,8 +63,9 @@ class PeArrayProgram:
 
 def cell_dtype(dtype: str) -> str:
     """The cell's arithmetic for a PE-array input dtype: float32 (float32, and bfloat16 / float16
-    accumulating in float32), or int8 accumulating in int32."""
-    return "int32" if dtype == "int8" else "float32"
+    accumulating in float32), or an integer one (int8 into int32; int16 x int8 into int64, timed as
+    the same single-cycle integer cell)."""
+    return "int32" if dtype in ("int8", "int16") else "float32"
 
 
 # id(arch) -> (a weak reference to it, {cell dtype: program}): the tile searches ask per candidate.
