@@ -95,6 +95,7 @@ def test_the_abi_keeps_its_c_signatures():
         "cgra_reduce": [kernel, i32, i32] + [i64] * 7,  # ABI v8
         "cgra_vfunc": [kernel, i32, i32, i32] + [i64] * 9,  # ABI v8
         "cgra_unpack4": [kernel, i32] + [i64] * 11,  # ABI v9
+        "cgra_lookup": [kernel] + [i64] * 7,  # ABI v10
     }
 
 

@@ -19,7 +19,7 @@ PTR = ir.PointerType()
 VOID = ir.VoidType()
 
 #: CGRA_RUNTIME_ABI_VERSION of docs/runtime-abi.md that the generated code is compiled against.
-RUNTIME_ABI_VERSION = 9
+RUNTIME_ABI_VERSION = 10
 
 # tvm-ffi: `int f(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result)`.
 FFI_FUNCTION_TYPE = ir.FunctionType(I32, [PTR, PTR, I32, PTR])

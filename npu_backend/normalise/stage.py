@@ -49,6 +49,7 @@ from .qdq import canonicalize_qdq
 from .qdq16 import canonicalize_qdq16
 from .qlayouts import quantized_layouts_pass
 from .qlinear import integer_qlinear_adds_pass
+from .qlookups import quantized_lookups_pass
 from .rewrite import scans_shared
 from .rms_norms import rms_norms_pass
 from .rotations import rotations_pass
@@ -180,6 +181,10 @@ def normalise_passes(arch=None) -> list:
         # an operand of another scale requantised, exactly (qlayouts.py): no float copy between
         # the host's dequantizes and quantizes.
         quantized_layouts_pass,
+        # A function of one quantized tensor through a sigmoid (QLinearSigmoid, a SiLU between
+        # quantized layers) as its 256-entry table, exact (qlookups.py): one LOOKUP kernel instead
+        # of a float sigmoid between the host's dequantize and quantize and a multiply kernel.
+        quantized_lookups_pass,
         # A residual add between quantized tensors (dequantize, add, quantize) is onnxruntime's
         # fixed-point QLinearAdd on int32, one FABRIC_INT8 kernel (qlinear.py); last, so that its
         # constants stay 0-d (immediates of the kernel's body).

@@ -15,7 +15,7 @@
 
 #include "cgra_arg_checks.h" /* cgra_check_tensor_arg, and CGRA_RUNTIME_API */
 
-#define CGRA_RUNTIME_ABI_VERSION 9
+#define CGRA_RUNTIME_ABI_VERSION 10
 
 #ifdef __cplusplus
 extern "C" {

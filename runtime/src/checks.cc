@@ -426,6 +426,15 @@ void CheckUnpack4(const int64_t* w, const CheckContext& context) {
               CGRA_DTYPE_FLOAT32_BYTES, context.spad_bytes);
 }
 
+void CheckLookup(const int64_t* w, const CheckContext& context) {
+  int64_t rows = w[CGRA_LOOKUP_ROWS], cols = w[CGRA_LOOKUP_COLS];
+  if (rows < 1 || cols < 1) Fail("rows ", rows, " and cols ", cols, " must be >= 1");
+  CheckRegion("A", Access::kRead, w[CGRA_LOOKUP_A_ADDR], rows, cols, w[CGRA_LOOKUP_A_STRIDE], 1, context.spad_bytes);
+  CheckRegion("table", Access::kRead, w[CGRA_LOOKUP_TABLE_ADDR], 1, 256, 256, 1, context.spad_bytes);
+  CheckRegion("out", Access::kWrite, w[CGRA_LOOKUP_OUT_ADDR], rows, cols, w[CGRA_LOOKUP_OUT_STRIDE], 1,
+              context.spad_bytes);
+}
+
 void CheckFabric(const int64_t* w, const CheckContext& context) {
   int32_t flags = Code(w[CGRA_FABRIC_FLAGS]), dtype = Code(w[CGRA_FABRIC_DTYPE]);
   CheckFlags(flags, CGRA_FABRIC_INPUT_B | CGRA_FABRIC_INT8);

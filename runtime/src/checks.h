@@ -114,6 +114,10 @@ void CheckVfunc(const int64_t* record, const CheckContext& context);
  * the scratchpad, column strides covering a column. */
 void CheckUnpack4(const int64_t* record, const CheckContext& context);
 
+/*! \brief LOOKUP: positive sizes, the int8 tile A and the 256-byte table read and the int8 tile out
+ * written inside the scratchpad. (ABI v10.) */
+void CheckLookup(const int64_t* record, const CheckContext& context);
+
 }  // namespace cgra
 
 #endif  // CGRA_RUNTIME_CHECKS_H_

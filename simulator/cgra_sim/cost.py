@@ -30,6 +30,8 @@ estimates cannot drift from what the simulator charges.
                  a pipeline a cycle, plus the fill. The command runs where it ends first.
     UNPACK4      ceil(rows * cols / vector_lanes) + VECTOR_OVERHEAD_CYCLES
                  a nibble a lane a cycle: select, subtract the zero point, convert, scale
+    LOOKUP       ceil(rows * cols / vector_lanes) + VECTOR_OVERHEAD_CYCLES
+                 an element a lane a cycle: its byte indexes the 256-byte table (a register file)
     GEMM         steady = ceil(m / rows) * ceil(n / cols) * ceil(k / macs_per_pe)
                           * max(step, A's bank conflict, operand bytes a cycle / scratchpad bytes a cycle)
                  fill   = min(m, rows) + min(n, cols) - 2 (the sub-array the GEMM occupies)
@@ -135,6 +137,12 @@ def unpack4_cycles(arch: HardwareDescription, elements: int) -> int:
     """Cycles of an UNPACK4 writing `elements` float32 weights: a lane's pipeline takes a nibble a
     cycle (select, subtract the zero point, convert, multiply by the scale: stages, like the
     EPILOGUE's requantisation)."""
+    return _ceil(elements, arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
+
+
+def lookup_cycles(arch: HardwareDescription, elements: int) -> int:
+    """Cycles of a LOOKUP over `elements` int8 elements: a lane reads a table entry a cycle (the
+    256 bytes held beside the lanes as the EPILOGUE's scale row is)."""
     return _ceil(elements, arch.vector_lanes) + VECTOR_OVERHEAD_CYCLES
 
 

@@ -26,6 +26,7 @@ from .commands import (DTYPE_OF_NUMPY, Checker, Command, DepthwiseCommand, DmaCo
                        EpilogueCommand, FabricCommand, FillCommand, GemmCommand, PoolCommand)
 from .decode_dma import decode_dma
 from .decode_pe import decode_depthwise, decode_fabric, decode_gemm
+from .lookup import decode_lookup
 from .unpack4 import decode_unpack4
 from .decode_vector import decode_eltwise, decode_epilogue, decode_fill, decode_pool, decode_reduce, decode_vfunc
 from .errors import LaunchError
@@ -88,6 +89,7 @@ _DECODERS = {
     Op.REDUCE: decode_reduce,
     Op.VFUNC: decode_vfunc,
     Op.UNPACK4: decode_unpack4,
+    Op.LOOKUP: decode_lookup,
 }
 
 

@@ -29,7 +29,7 @@ maximum and minimum propagate NaN. REDUCE folds each row into its output element
 column, left to right, rounding every step to float32 (SUM_SQUARES rounds the square, then the
 sum); MAX propagates NaN. VFUNC computes t = a (* scale) (+ offset), each rounded, then the
 function's specified float32 sequence (special.py). UNPACK4 writes float32(q - z) * s per
-nibble (unpack4.py). FABRIC evaluates its body node by node over the whole tile
+nibble (unpack4.py). LOOKUP writes table[a + 128] per int8 element (lookup.py). FABRIC evaluates its body node by node over the whole tile
 (mapping/body.evaluate) with the same arithmetic.
 bfloat16 and float16 (GEMM and DEPTHWISE inputs) are widened exactly to float32 and computed as
 float32 is (a product of two is exact in float32); an EPILOGUE with a 16-bit float output adds its
@@ -45,6 +45,7 @@ from __future__ import annotations
 import numpy as np
 
 from .int16 import gemm16x8, requantise16
+from .lookup import execute_lookup
 from .unpack4 import execute_unpack4
 
 from .commands import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FabricCommand,
@@ -256,4 +257,5 @@ _EXECUTORS = {
     Op.REDUCE: _reduce,
     Op.VFUNC: _vfunc,
     Op.UNPACK4: execute_unpack4,
+    Op.LOOKUP: execute_lookup,
 }

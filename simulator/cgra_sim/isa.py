@@ -19,11 +19,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-STREAM_VERSION = 9
+STREAM_VERSION = 10
 #: The oldest stream version this simulator still runs: v3 only added a flag (DMA_FILL_LOWEST)
 #: that v2 streams never set, v4 an opcode (FABRIC), v5 two (REDUCE, VFUNC), v6 one (UNPACK4) and
 #: v7 two dtype codes (BFLOAT16, FLOAT16) that earlier streams never use, v8 three VFUNC functions
-#: (SIGMOID, SILU, GELU_TANH), v9 two dtype codes (INT16, INT64).
+#: (SIGMOID, SILU, GELU_TANH), v9 two dtype codes (INT16, INT64),
+#: v10 an opcode (LOOKUP).
 OLDEST_STREAM_VERSION = 2
 RECORD_WORDS = 32
 #: Number of loop dimensions (and tensor dimensions) a DMA box can have.
@@ -46,6 +47,7 @@ class Op(enum.IntEnum):
     REDUCE = 10  # vector unit: per row of a 2-D tile, out[i] = sum / max / sum of squares, accumulated into out
     VFUNC = 11  # vector unit: out = f(a * scale + offset) over a 2-D tile, f exp, tanh, erf, GELU, rsqrt, 1/x
     UNPACK4 = 12  # vector unit: 4-bit weights packed two per byte -> float32 (q - zero) * scale tile
+    LOOKUP = 13  # vector unit: int8 out = table[a + 128] over a 2-D int8 tile, a 256-entry int8 table
 
 
 @enum.unique
@@ -200,7 +202,7 @@ class Unit(enum.IntEnum):
 UNIT_OF = {Op.DMA_LOAD: Unit.LOAD, Op.DMA_STORE: Unit.STORE, Op.GEMM: Unit.COMPUTE,
            Op.FILL: Unit.VECTOR, Op.EPILOGUE: Unit.VECTOR, Op.DEPTHWISE: Unit.COMPUTE,
            Op.POOL: Unit.VECTOR, Op.ELTWISE: Unit.VECTOR, Op.FABRIC: Unit.COMPUTE, Op.REDUCE: Unit.VECTOR,
-           Op.VFUNC: Unit.VECTOR, Op.UNPACK4: Unit.VECTOR}
+           Op.VFUNC: Unit.VECTOR, Op.UNPACK4: Unit.VECTOR, Op.LOOKUP: Unit.VECTOR}
 
 # Flags (word 1).
 GEMM_ACCUMULATE = 1  # GEMM and DEPTHWISE: add to the accumulator; without it, overwrite it
@@ -274,6 +276,7 @@ FIELDS = {
                "out_addr", "out_stride", "scale_bits", "offset_bits"),
     Op.UNPACK4: ("op", "flags", "rows", "cols", "group", "a_addr", "a_col_stride", "scale_addr",
                  "scale_col_stride", "zero_addr", "zero_col_stride", "out_addr", "out_stride"),
+    Op.LOOKUP: ("op", "flags", "rows", "cols", "a_addr", "a_stride", "table_addr", "out_addr", "out_stride"),
 }
 
 for _op, _fields in FIELDS.items():
@@ -498,4 +501,12 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         ("flags", _I32), "rows", "cols", "group", ("a_addr", _ADDR), "a_col_stride", ("scale_addr", _ADDR),
         "scale_col_stride", ("zero_addr", _ADDR, UNPACK4_ZERO_POINTS),
         ("zero_col_stride", _I64, UNPACK4_ZERO_POINTS), ("out_addr", _ADDR), "out_stride"),
+    _command(
+        Op.LOOKUP,
+        "Vector unit, a table lookup on int8: out[i*out_stride + j] = T[A[i*a_stride + j] + 128] for "
+        "i < rows, j < cols, T 256 int8 at table_addr (entry k for the input k - 128). An int8 "
+        "function of one quantized tensor (a QLinearSigmoid, a SiLU between quantized layers) "
+        "computed exactly, its table made at compile time. A, T and out hold int8.",
+        "rows", "cols", ("a_addr", _ADDR), "a_stride", ("table_addr", _ADDR), ("out_addr", _ADDR),
+        "out_stride", fixed=("flags",)),
 )}

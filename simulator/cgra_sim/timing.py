@@ -290,6 +290,13 @@ def _time_unpack4(arch: HardwareDescription, cmd, ready: int, free: int,
     return start, end, end
 
 
+def _time_lookup(arch: HardwareDescription, cmd, ready: int, free: int,
+                 compute: _ComputeQueue) -> tuple[int, int, int]:
+    start = max(free, ready)
+    end = start + cost.lookup_cycles(arch, cmd.elements)
+    return start, end, end
+
+
 def _time_pool(arch: HardwareDescription, cmd: PoolCommand, ready: int, free: int,
                compute: _ComputeQueue) -> tuple[int, int, int]:
     start = max(free, ready)
@@ -366,6 +373,7 @@ _TIMERS = {
     Op.REDUCE: _time_reduce,
     Op.VFUNC: _time_vfunc,
     Op.UNPACK4: _time_unpack4,
+    Op.LOOKUP: _time_lookup,
 }
 
 

@@ -127,6 +127,7 @@ _KEY_ARGS = {
     Op.REDUCE: _func_args(ReduceFunc),
     Op.VFUNC: _func_args(VFunc),
     Op.UNPACK4: lambda op, record: _fields(op, record, "rows", "cols", "group", "a_addr", "out_addr"),
+    Op.LOOKUP: lambda op, record: _fields(op, record, "rows", "cols", "a_addr", "table_addr", "out_addr"),
 }
 
 

@@ -26,6 +26,7 @@ from cgra_sim.isa import Op
 
 from .builder import SPAD
 from .fabric import FabricBody, fabric_intrin
+from .lookup import lookup_intrin
 from .pe_array import depthwise_intrin, gemm_intrin
 from .row_ops import reduce_intrin, vfunc_intrin
 from .smooth import smooth_intrin
@@ -54,6 +55,7 @@ INTRINSICS = {
     "smooth": Intrinsic(Op.FABRIC, smooth_intrin),  # FABRIC bodies in turn (and an ELTWISE)
     "reduce": Intrinsic(Op.REDUCE, reduce_intrin),
     "vfunc": Intrinsic(Op.VFUNC, vfunc_intrin),
+    "lookup": Intrinsic(Op.LOOKUP, lookup_intrin),
 }
 
 

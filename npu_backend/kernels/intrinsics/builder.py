@@ -45,7 +45,7 @@ CallFn = Callable[[dict, dict], object]  # the device call (or a list of them) o
 
 def intrinsic(inputs: list[Tile], output: Tile, block: str, value: ValueFn, call: CallFn, *,
               grid: tuple | None = None, kinds: str | None = None, accumulate: bool = False,
-              combine: Callable | None = None, scope: str = SPAD):
+              combine: Callable | None = None, scope: str = SPAD, block_reads: Callable | None = None):
     """(description, implementation) of an intrinsic reading `inputs` and writing `output`.
 
     The description's block `block` runs over `grid` (default: the output's shape; `kinds` the
@@ -54,7 +54,9 @@ def intrinsic(inputs: list[Tile], output: Tile, block: str, value: ValueFn, call
     folded into it with `combine(old, value)`, e.g. a max: a reduction's update). Axes of
     extent 1 are not block iterators (index 0): tensorize's blockize moves such axes out of a
     kernel's tile, so the tile it matches has them as 0 too. `scope` exists so tests can build
-    a description for the host and run it as the TIR reference."""
+    a description for the host and run it as the TIR reference. `block_reads(buffers, *iterators)`
+    declares the block's reads in an order of its own (tensorize matches them in order; TVM
+    infers them in the order the value's expression reads them)."""
     tiles = list(inputs) + [output]
     reads = ([output] if accumulate else []) + list(inputs)
     grid = tuple(output.shape if grid is None else grid)
@@ -69,6 +71,9 @@ def intrinsic(inputs: list[Tile], output: Tile, block: str, value: ValueFn, call
                     with IB.sblock(block):
                         iterators = _iterators(grid, kinds, _as_list(loops))
                         index = iterators[:len(output.shape)]
+                        if block_reads is not None:
+                            IB.reads(*block_reads(buffers, *iterators))
+                            IB.writes(buffers[output.name][tuple(index)])
                         result = value(buffers, *iterators)
                         if accumulate:
                             old = buffers[output.name][tuple(index)]
