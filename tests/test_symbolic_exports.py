@@ -181,18 +181,28 @@ def test_an_encoder_without_an_upper_bound_is_refused_saying_what_to_pass():
     assert _worst_error(npu_backend.compile(mod, ARCH, shape_bounds={length.name: 512}), model) < 1e-5
 
 
+#: Encoders not in transformer_models.py whose length enters their embeddings (issue 36 item 2:
+#: neither compiled with a symbolic length): DeBERTa-v2's relative positions; MobileBERT's trigram
+#: embedding slices x[:, 1:] and x[:, :-1] ("CodeGenVM cannot emit", on llvm too; its export
+#: needs s >= 3). name -> (config class, model class, config arguments, shortest length).
+ENCODERS = {
+    "deberta_v2": ("DebertaV2Config", "DebertaV2Model", dict(max_position_embeddings=512), 2),
+    "mobilebert": ("MobileBertConfig", "MobileBertModel", dict(embedding_size=32, intra_bottleneck_size=32), 3),
+}
+
+
 @pytest.mark.slow
-def test_deberta_v2_with_a_symbolic_length_compiles_once_and_matches_pytorch():
-    """DeBERTa-v2's relative positions are built from the length (issue 36 item 2: it did not
-    compile with a symbolic length); it is not in transformer_models.py, so built here."""
+@pytest.mark.parametrize("name", sorted(ENCODERS))
+def test_an_encoder_with_a_symbolic_length_compiles_once_and_matches_pytorch(name):
     torch = pytest.importorskip("torch")
     hf = pytest.importorskip("transformers")
     from tvm.relax.frontend.torch import from_exported_program
 
+    config_class, model_class, extra, shortest = ENCODERS[name]
     torch.manual_seed(0)
-    config = hf.DebertaV2Config(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                intermediate_size=128, max_position_embeddings=512)
-    encoder = hf.DebertaV2Model(config).eval()
+    config = getattr(hf, config_class)(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=128, **extra)
+    encoder = getattr(hf, model_class)(config).eval()
 
     class IdsOnly(torch.nn.Module):
         def __init__(self):
@@ -204,34 +214,8 @@ def test_deberta_v2_with_a_symbolic_length_compiles_once_and_matches_pytorch():
 
     model = IdsOnly().eval()
     ids = torch.randint(0, 100, (1, 16))
-    exported = torch.export.export(model, (ids,), dynamic_shapes=({1: torch.export.Dim("s", min=2, max=256)},))
-    assert _worst_error(npu_backend.compile(from_exported_program(exported), ARCH), model) < 1e-5
-
-
-@pytest.mark.slow
-def test_mobilebert_with_a_symbolic_length_compiles_once_and_matches_pytorch():
-    """MobileBERT's trigram embedding slices to the length from both ends (issue 36 item 2: it
-    failed with "CodeGenVM cannot emit", on llvm too); its export needs s >= 3."""
-    torch = pytest.importorskip("torch")
-    hf = pytest.importorskip("transformers")
-    from tvm.relax.frontend.torch import from_exported_program
-
-    torch.manual_seed(0)
-    config = hf.MobileBertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                 intermediate_size=128, embedding_size=32, intra_bottleneck_size=32)
-    encoder = hf.MobileBertModel(config).eval()
-
-    class IdsOnly(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = encoder
-
-        def forward(self, input_ids):
-            return self.model(input_ids=input_ids).last_hidden_state
-
-    model = IdsOnly().eval()
-    ids = torch.randint(0, 100, (1, 16))
-    exported = torch.export.export(model, (ids,), dynamic_shapes=({1: torch.export.Dim("s", min=3, max=256)},))
+    length = torch.export.Dim("s", min=shortest, max=256)
+    exported = torch.export.export(model, (ids,), dynamic_shapes=({1: length},))
     with npu_backend.profile() as prof:
         assert _worst_error(npu_backend.compile(from_exported_program(exported), ARCH), model) < 1e-5
     assert prof.kernels, "nothing ran on the NPU"

@@ -127,7 +127,7 @@ def layout_spec(name: str, annotated: dict) -> LayoutSpec:
     names = {"out": out_names, **{role: read[role][1] for role in roles}}
     symbolic = any(names.values())
     if symbolic and op == "take":  # a symbolic number of indices (a prompt's token ids: symbolic_take.py)
-        gather, views, symbols, callers = symbolic_take_parts(call, in_shapes, out_shape, names, _take)
+        gather, views, symbols, callers = symbolic_take_parts(call, in_shapes, out_shape, names, READERS["take"])
         return LayoutSpec(op, dtype, in_shapes, out_shape, (), gather, views, param_roles=roles, symbols=symbols,
                           caller_symbols=callers)
     if symbolic and op not in SYMBOLIC_OPS:
@@ -295,7 +295,7 @@ def _host_cycles(spec: LayoutSpec, arch) -> int:
     return round(host_call_cycles(arch.host_cpu, 0, nbytes) * arch.clock_mhz / arch.host_cpu["clock_mhz"])
 
 
-def layout_compute(spec: LayoutSpec, tiling: Tiling):
+def layout_compute(spec: LayoutSpec, tiling: LayoutTiling):
     """The copy kernel's PrimFunc (copy_kernel.py), parameters in `spec.param_roles` order."""
     shapes = {role: (shape, dtype) for role, shape, dtype in spec.in_shapes}
     if spec.write is not None:
