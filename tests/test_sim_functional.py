@@ -424,7 +424,7 @@ def test_store_from_halo_does_not_count_as_reading_unwritten_bytes():
 
 
 @pytest.mark.parametrize("tensors, words", [
-    ([np.zeros(4, np.int16)], "dtype int16"),
+    ([np.zeros(4, np.uint32)], "dtype uint32"),
     ([np.zeros((1,) * 5, np.int8)], "rank 5"),
     ([np.zeros((4, 4), np.int8)[:, ::2]], "C-contiguous"),
     ([[1, 2, 3]], "numpy array"),
