@@ -41,6 +41,7 @@ from .length_masks import causal_masks_pass
 from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
 from .norm_folds import norm_folds_pass
+from .quick_gelus import quick_gelus_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .no_op_pads import no_op_pads_pass
 from .permute_chains import permute_chains_pass
@@ -132,6 +133,9 @@ def normalise_passes(arch=None) -> list:
         # A pre-norm's gamma and beta folded into the linear layers that alone read it: the norm
         # kernel loses two of its full-tile steps, the GEMMs nothing (norm_folds.py).
         norm_folds_pass,
+        # CLIP's quick GELU x * sigmoid(1.702 x) as silu(1.702 x), 1 / 1.702 in the next linear's
+        # weights: the linear before it takes the scale and the SiLU in its epilogue (quick_gelus.py).
+        quick_gelus_pass,
         # A causal mask computed from a symbolic length (HF's, given input_ids alone) proven
         # causal for every length and computed from one arange, once for all layers (length_masks.py).
         causal_masks_pass,
