@@ -34,26 +34,14 @@ import tvm
 from tvm import relax
 
 from ..relax_info import dtype_of, shape_dims
-from .rewrite import as_pass, op_name
+from .rewrite import as_pass, op_name, replace_functions
 
 _NORMS = ("relax.nn.layer_norm", "relax.nn.rms_norm")
 
 
 def fold_norm_weights(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with the gamma and beta of every norm read only by linear layers folded into them."""
-    updates = {}
-    for gvar, func in mod.functions.items():
-        if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
-            folded = _fold_function(func)
-            if folded is not None:
-                updates[gvar] = folded
-    if not updates:
-        return mod
-    mod = mod.clone()
-    for gvar, func in updates.items():
-        mod[gvar] = func
-    # The new calls get their types (Normalize); the transposes and weights they replaced go.
-    return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
+    return replace_functions(mod, _fold_function)
 
 
 norm_folds_pass = as_pass(fold_norm_weights, "cgra.FoldNormWeights", ops=_NORMS)

@@ -25,23 +25,12 @@ from tvm import relax
 
 from ..relax_info import dtype_of, shape_dims
 from .norm_folds import _const, _fold_linears, _readers, _rebuilt, _Uses
-from .rewrite import as_pass, op_name
+from .rewrite import as_pass, op_name, replace_functions
 
 
 def quick_gelus_as_silus(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with every quick GELU read only by linear layers a SiLU, 1 / c in their weights."""
-    updates = {}
-    for gvar, func in mod.functions.items():
-        if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
-            rewritten = _rewrite_function(func)
-            if rewritten is not None:
-                updates[gvar] = rewritten
-    if not updates:
-        return mod
-    mod = mod.clone()
-    for gvar, func in updates.items():
-        mod[gvar] = func
-    return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
+    return replace_functions(mod, _rewrite_function)
 
 
 quick_gelus_pass = as_pass(quick_gelus_as_silus, "cgra.QuickGelus", ops=("relax.sigmoid",))

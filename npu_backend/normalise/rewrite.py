@@ -35,6 +35,23 @@ def rewrite_each(mod: tvm.IRModule, rewriter_of) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination()(mod)
 
 
+def replace_functions(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
+    """`mod` with each Relax function but the composites replaced by `rewrite(func)` where that is
+    not None, the new calls typed (Normalize) and what they left unread removed."""
+    updates = {}
+    for gvar, func in mod.functions.items():
+        if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
+            rewritten = rewrite(func)
+            if rewritten is not None:
+                updates[gvar] = rewritten
+    if not updates:
+        return mod
+    mod = mod.clone()
+    for gvar, func in updates.items():
+        mod[gvar] = func
+    return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
+
+
 def op_name(expr) -> str:
     """The operator's name of a call of a Relax operator ("relax.concat"), else ""."""
     return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else ""
