@@ -25,7 +25,7 @@ hf_models = pytest.importorskip("hf_models", reason="transformers cannot build i
 ARCHITECTURES, build, first_output = hf_models.ARCHITECTURES, hf_models.build, hf_models.first_output
 
 ARCH = "cgra-8x8"
-QUICK = ("resnet", "vit", "convnext", "bert", "squeezebert")
+QUICK = ("resnet", "vit", "convnext", "bert", "squeezebert", "efficientnet")
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=() if name in QUICK else pytest.mark.slow)

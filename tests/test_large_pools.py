@@ -77,3 +77,32 @@ def test_small_windows_integer_averages_and_other_means_are_left_alone():
                         ((1, 4, 40, 40), lambda x: relax.op.nn.max_pool2d(x, (1, 40)))]:
         mod = module(shape, body)
         assert tvm_ffi.structural_equal(split_large_pools(mod), mod)
+
+
+def test_a_window_longer_than_its_map_is_cut_to_it():
+    """Hugging Face's EfficientNet pools its last 1 x 1 map with AvgPool2d(2560, ceil_mode=True):
+    on the host TVM padded a 2560 x 2560 window's worth of zeros around each of the 2,560 channels
+    (67 GB, std::bad_alloc while the model ran). The window is cut to the map: one 1 x 1 tap."""
+    mod = module((1, 2560, 1, 1), lambda x: relax.op.nn.avg_pool2d(x, 2560, 2560, ceil_mode=True))
+    assert [int(k) for k in split_large_pools(mod)["main"].body.blocks[0].bindings[-1].value.attrs.pool_size] == [1, 1]
+    a = RNG.standard_normal((1, 2560, 1, 1)).astype("float32")
+    out = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())["main"](tvm.runtime.tensor(a)).numpy()
+    np.testing.assert_array_equal(out, a)
+
+
+@settings(deadline=None)
+@given(kind=st.sampled_from(["max", "avg"]), h=st.integers(1, 6), w=st.integers(1, 6), kh=st.integers(1, 12),
+       kw=st.integers(1, 12), ceil_mode=st.booleans(), count_include_pad=st.booleans(),
+       pads=st.tuples(*[st.integers(0, 2)] * 4))
+def test_cutting_a_window_to_its_map_keeps_every_value(kind, h, w, kh, kw, ceil_mode, count_include_pad, pads):
+    pads = tuple(min(p, k // 2) for p, k in zip(pads, (kh, kw, kh, kw)))
+
+    def body(x):
+        if kind == "max":
+            return relax.op.nn.max_pool2d(x, (kh, kw), (kh, kw), pads, ceil_mode=ceil_mode)
+        return relax.op.nn.avg_pool2d(x, (kh, kw), (kh, kw), pads, ceil_mode=ceil_mode,
+                                      count_include_pad=count_include_pad)
+
+    mod = module((1, 2, h, w), body)
+    a = RNG.standard_normal((1, 2, h, w)).astype("float32")
+    np.testing.assert_allclose(host(split_large_pools(mod), a), host(mod, a), rtol=1e-6, atol=1e-6)

@@ -62,7 +62,7 @@ class _PoolSplitter(relax.PyExprMutator):
         if not isinstance(call, relax.Call):
             return call
         if call.op.same_as(_MAX_POOL) or call.op.same_as(_AVG_POOL):
-            return self._split_window(call)
+            return self._split_window(clip_window(call))
         if call.op.same_as(_MEAN) or call.op.same_as(_ADAPTIVE):
             return self._split_global(call)
         return call
@@ -146,6 +146,31 @@ class _PoolSplitter(relax.PyExprMutator):
             return value
         scale = relax.const(np.array([covered / (h * w)], "float32"))  # shape (1,): the NPU broadcasts it
         return with_span(relax.op.multiply(value, scale), call.span)
+
+
+def clip_window(call: relax.Call) -> relax.Call:
+    """A pool whose window is longer than its padded map on an axis with one output there (Hugging
+    Face's EfficientNet pools a 1 x 1 map with AvgPool2d(2560, ceil_mode=True)) with the window cut
+    to the padded map on that axis: the same taps, so the same value and count (with or without
+    count_include_pad, as the taps past the padded map are never counted), and no host run padding
+    a 2560 x 2560 window's worth of zeros around every channel (67 GB: std::bad_alloc)."""
+    attrs, shape, out = call.attrs, static_shape(call.args[0]), static_shape(call)
+    layout = str(attrs.layout)
+    if shape is None or out is None or len(shape) != 4 or sorted(layout) != sorted("NCHW") or \
+            str(attrs.out_layout) != layout or any(int(d) != 1 for d in attrs.dilation):
+        return call
+    pads = [int(p) for p in attrs.padding]
+    window = [int(k) for k in attrs.pool_size]
+    for axis, name in enumerate("HW"):
+        padded = pads[axis] + shape[layout.index(name)] + pads[axis + 2]
+        if window[axis] > padded and out[layout.index(name)] == 1:
+            window[axis] = padded
+    if window == [int(k) for k in attrs.pool_size]:
+        return call
+    extra = {"count_include_pad": bool(attrs.count_include_pad)} if call.op.same_as(_AVG_POOL) else {}
+    pool = relax.op.nn.avg_pool2d if call.op.same_as(_AVG_POOL) else relax.op.nn.max_pool2d
+    return with_span(pool(call.args[0], window, [int(s) for s in attrs.strides], pads, (1, 1),
+                          bool(attrs.ceil_mode), layout=layout, out_layout=layout, **extra), call.span)
 
 
 def axis_windows(extent: int) -> list[int]:
