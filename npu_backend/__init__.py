@@ -24,7 +24,7 @@ from .device.host_calls import install_vm_instrument
 from .device.profile import Profile, profile
 from .device.runtime_lib import load_runtime
 from .device.simulator_backend import register_backend
-from .errors import (CGRAError, InvalidModel, ScheduleError, ScratchpadTooSmall, UnsupportedCopy,
+from .errors import (CGRAError, InvalidModel, LengthPastBound, ScheduleError, ScratchpadTooSmall, UnsupportedCopy,
                      UnsupportedOperator, original_error)
 from .options import CompileOptions
 from .partition.stage import fusion_patterns
@@ -44,7 +44,7 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 
 __all__ = [
     "__version__", "CGRAError", "CompileOptions", "DEFAULT_ARCH", "DamagedArtifact", "HardwareDescription", "InvalidModel",
-    "Placement", "Profile",
+    "LengthPastBound", "Placement", "Profile",
     "STAGES", "ScheduleError", "ScratchpadTooSmall", "UnsupportedCopy", "UnsupportedOperator",
     "compile", "explain", "format_placements", "from_onnx", "load_arch", "npu_mac_fraction", "preset_names",
     "profile", "register_arch",

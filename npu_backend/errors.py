@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import threading
 
+import tvm_ffi
+
 
 class CGRAError(Exception):
     """Base class of every error raised by the CGRA backend."""
@@ -35,6 +37,12 @@ class FamilyError(CGRAError, TypeError):
     """An op family is declared incompletely (a required OpFamily field left unset) or builds a
     kernel its caller cannot call (a view left out of `operands.prim_func`): a bug in the
     family's module, caught when the family is made or its kernel defined, not at run time."""
+
+
+@tvm_ffi.register_error  # raised by compiled code too (a kernel's assert, device/length_checks.py)
+class LengthPastBound(CGRAError, ValueError):
+    """A run given a symbolic dimension (a prompt's length) past the bound it was compiled for:
+    the message names the bound and how to compile with a larger one."""
 
 
 class ScheduleError(CGRAError, RuntimeError):

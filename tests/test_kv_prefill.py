@@ -59,8 +59,8 @@ def test_a_prompts_rows_land_in_the_callers_caches_and_nothing_past_them(step):
 def test_a_prompt_past_the_bound_names_it_and_writes_nothing(step):
     rows = [np.ones((1, KV_HEADS, BOUND + 1, DEPTH), "float32") for _ in range(2)]
     caches = _caches()
-    with pytest.raises(AssertionError, match=f"a prompt of {BOUND + 1} tokens past the KV caches' bound {BOUND}: the "
-                       f"caches hold {BOUND} positions: preallocate them for more "
+    with pytest.raises(npu_backend.LengthPastBound, match=f"a prompt's length s = {BOUND + 1} is past its bound {BOUND}: "
+                       f".*; the KV caches hold {BOUND} positions: preallocate them for more "
                        r"\(prefill_kv_cache\(mod, bound=...\), and the export's Dim\(max=...\)\)"):
         step["main"](*[tvm.runtime.tensor(r) for r in rows], *caches)
     assert all(np.isnan(cache.numpy()).all() for cache in caches)

@@ -48,6 +48,8 @@ _VIEWS = frozenset({"runtime.TVMTensorCreateView"})
 #: Relax's assert_op: given shape values alone (a prefill's length against its caches' bound,
 #: frontend/kv_prefill.py), a check like the VM's own shape checks, not a host operator.
 _ASSERT = "relax.run.assert_op"
+#: A symbolic length checked against its bound on entry (length_checks.py): no host operator either.
+_LENGTH_CHECK = "cgra.check_length"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +106,7 @@ class HostObserver:
                 not profile_module.profiles_of_this_thread():
             return 0  # no profile, or a call of another Relax function (its calls are seen one by one)
         symbol = str(symbol)
-        if symbol in self.bookkeeping or (symbol == _ASSERT and not any(_is_tensor(arg) for arg in args)):
+        if symbol in self.bookkeeping or symbol == _LENGTH_CHECK or (symbol == _ASSERT and not any(_is_tensor(arg) for arg in args)):
             return 0
         if symbol.startswith(_BUILTIN):
             self._builtin(symbol, before_run, ret_value, args)

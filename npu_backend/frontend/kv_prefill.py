@@ -9,7 +9,7 @@ rows the rows are written in place: slice_scatter(cache, rows, 0, s, axis=2), an
 (kernels/layout/cache_write.py, `cgra.cache_rows`; device/in_place.py calls it with the cache as
 its output). The step returns its outputs and then the caches written, the very tensors it was
 given (an in-place call's result), so nothing is copied and the decode steps continue from
-position s. A prompt longer than the bound is a ValueError at run time naming it, before any of
+position s. A prompt longer than the bound is a LengthPastBound (a ValueError) at run time naming it, before any of
 the write's commands (nothing is written past a cache).
 
 The rows go to positions 0..s-1: a prompt's prefill from an empty cache. A later chunk of a
@@ -26,6 +26,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, tirx
 
+from ..device.length_checks import length_check
 from ..errors import InvalidModel
 
 
@@ -53,9 +54,9 @@ def prefill_kv_cache(mod: tvm.IRModule, bound: int, outputs: int = 1, axis: int 
     attrs["tir_var_upper_bound"] = {**dict(attrs.get("tir_var_upper_bound", {})), length.name: bound}
     with bb.function("main", params, attrs=attrs, pure=False):
         # before anything is allocated (the VM's memory plan holds s at its bound) or written
-        bb.emit(relax.op.assert_op(length <= bound, [length], f"a prompt of {{}} tokens past the KV caches' bound "
-                                   f"{bound}: the caches hold {bound} positions: preallocate them for more "
-                                   f"(prefill_kv_cache(mod, bound=...), and the export's Dim(max=...))"))
+        bb.emit(length_check(length, bound, f"a prompt's length {length.name}",
+                             f"the KV caches hold {bound} positions: preallocate them for more "
+                             "(prefill_kv_cache(mod, bound=...), and the export's Dim(max=...))"))
         with bb.dataflow():
             for block in body.blocks:
                 for binding in block.bindings:

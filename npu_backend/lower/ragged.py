@@ -65,8 +65,8 @@ def cut_ragged_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 
 def _bound_check(var, bound: int, what: str, why: str = ""):
-    """A ValueError at run time when symbolic dimension `var` exceeds `bound` (BOUNDED); `why`
-    replaces the scratchpad as the reason (a preallocated KV cache's length)."""
+    """A LengthPastBound (a ValueError) at run time when symbolic dimension `var` exceeds `bound`
+    (BOUNDED); `why` replaces the scratchpad as the reason (a preallocated KV cache's length)."""
     name = var.name
     how = (f"torch.export.Dim('{name}', max=...), npu_backend.compile(..., shape_bounds={{'{name}': ...}}) or the "
            "function's tir_var_upper_bound") if name.isidentifier() else \
@@ -74,7 +74,7 @@ def _bound_check(var, bound: int, what: str, why: str = ""):
     why = why or f"the kernel holds up to {bound} in the scratchpad and would write past it"
     message = f"{what} of symbolic length {name} past its bound {bound}: {why}; compile with a larger bound ({how})"
     # TVM 0.27's tirx.AssertStmt passes its arguments to the constructor in the wrong order.
-    return _tirx_api.AssertStmt(var <= tirx.IntImm(str(var.ty), bound), tvm_string("ValueError"),
+    return _tirx_api.AssertStmt(var <= tirx.IntImm(str(var.ty), bound), tvm_string("LengthPastBound"),
                                 [tvm_string(message)], None)
 
 

@@ -19,6 +19,7 @@ from .. import pipeline
 from ..collector import gc_paused
 from ..device.host_costs import with_host_costs
 from ..device.host_ops import with_host_anchor
+from ..device.length_checks import with_length_checks
 from ..errors import CGRAError, UnsupportedChip, remember_error
 from ..options import CompileOptions, clear_dump, dump
 from ..partition.call_tir import drop_unused_prim_funcs
@@ -35,7 +36,7 @@ def cgra_pipeline(arch: HardwareDescription, options: CompileOptions = CompileOp
             except CGRAError as err:
                 remember_error(err)
                 raise
-            mod = with_host_anchor(mod)
+            mod = with_host_anchor(with_length_checks(mod))  # a length past its bound: a clear error
             built = relax.get_pipeline("default_build")(mod)
             # LegalizeOps' reshapes that RewriteDataflowReshape made views again are called by
             # nothing: LLVM compiled them for nothing (ShuffleNetV2's seven, 30 ms).
