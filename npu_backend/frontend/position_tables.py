@@ -153,3 +153,118 @@ class _Lookup(relax.PyExprMutator):
             same = bb.emit(relax.op.reshape(row, table.shape[1:]))
             self.looked_up.append((table, same))
         self.set_var_remap(binding.var, same)
+
+
+def tabulate_prefix(mod: tvm.IRModule) -> tvm.IRModule:
+    """`mod` whose main computes the float tensors it derives from a bounded symbolic length s
+    alone (a prefill's RoPE cos and sin of arange(s): `cos(arange(s).float() * inverse)`) as
+    the first s rows of a table computed for the bound: a view of its first bytes (R.memory.view,
+    the axes before s being 1), instead of the host's arange, astype, concat, cos and sin.
+    A tensor is tabulated only when, computed at a short length, it is the table's prefix (no
+    reduction over s) and the table is at most MAX_TABLE_BYTES; `mod` itself when none is."""
+    func = mod["main"]
+    bounds = {str(k): int(v) for k, v in dict((func.attrs or {}).get("tir_var_upper_bound", {})).items()}
+    if not bounds:
+        return mod
+    bound_values = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    closure = _length_closure(bound_values, bounds)
+    frontier = []
+    for var in _frontier(func, bound_values, closure):
+        axes = [axis for axis, dim in enumerate(var.ty.shape.values) if isinstance(dim, tvm.tirx.Var)]
+        rest = [dim for dim in var.ty.shape.values if not isinstance(dim, tvm.tirx.Var)]
+        leading = var.ty.shape.values[:axes[0]] if len(axes) == 1 else ()
+        if dtype_of(var).startswith("float") and len(axes) == 1 and all(isinstance(d, tvm.tirx.IntImm) for d in rest) \
+                and all(int(d) == 1 for d in leading):  # the first s rows are the table's first bytes: a view
+            length = var.ty.shape.values[axes[0]]
+            if bounds[length.name] * math.prod(int(d) for d in rest) * 4 <= MAX_TABLE_BYTES:
+                frontier.append((var, axes[0], length))
+    if not frontier:
+        return mod
+    tables = _prefix_tables(mod, closure, frontier, bounds)
+    if not tables:
+        return mod
+    rewriter = _Prefix(tables)
+    out = mod.clone()
+    out["main"] = relax.analysis.remove_all_unused(rewriter.visit_expr(func))
+    return relax.transform.Normalize()(out)
+
+
+def _length_closure(bound_values: dict, bounds: dict) -> dict:
+    """var -> call for the bindings computed from constants, shapes and bounded lengths alone."""
+    closure = {}
+
+    def free(expr) -> bool:
+        if isinstance(expr, relax.Var):  # a tensor, or a length (one class in TVM 0.27)
+            return isinstance(bound_values.get(expr), tvm.ir.GenericConst) or expr in closure or (
+                expr not in bound_values and str(expr.name) in bounds and not hasattr(expr.ty, "shape"))
+        if isinstance(expr, relax.Tuple):
+            return all(free(field) for field in expr.fields)
+        if isinstance(expr, relax.ShapeExpr):
+            return all(isinstance(d, tvm.tirx.IntImm) or (isinstance(d, tvm.tirx.Var) and d.name in bounds)
+                       for d in expr.values)
+        return isinstance(expr, (tvm.tirx.IntImm, tvm.tirx.FloatImm, tvm.ir.GenericConst))
+
+    for var, value in bound_values.items():
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name not in (
+                "relax.call_pure_packed", "relax.tensor_to_shape") and hasattr(var.ty, "shape") \
+                and all(free(arg) for arg in value.args):
+            closure[var] = value
+    return closure
+
+
+def _prefix_tables(mod, closure: dict, frontier: list, bounds: dict) -> dict:
+    """var -> (table at the bound, axis, length) for each frontier variable whose value at a
+    short length is the table's prefix; the closure built once for llvm per length."""
+    from tvm.relax.pipeline import default_build_pipeline
+
+    lengths = list({str(length.name): length for _, _, length in frontier}.values())
+    params = [relax.Var(f"length_{n.name}", relax.TensorType([n], "int64")) for n in lengths]  # defines n
+    builder = relax.BlockBuilder()
+    with builder.function("tables", params):
+        with builder.dataflow():
+            copies = {}
+            for var, call in closure.items():
+                args = [_copied(arg, copies, builder) for arg in call.args]
+                copies[var] = builder.emit(relax.Call(call.op, args, call.attrs, call.ty_args, call.span))
+            out = builder.emit_output(relax.Tuple([copies[var] for var, _, _ in frontier]))
+        builder.emit_func_output(out)
+    small = tvm.IRModule({gvar: f for gvar, f in mod.functions.items() if gvar.name_hint != "main"})
+    small["tables"] = builder.get()["tables"]
+    try:
+        run = relax.VirtualMachine(tvm.compile(small, target="llvm", relax_pipeline=default_build_pipeline()),
+                                   tvm.cpu())["tables"]
+        values = {which: [r.numpy() for r in run(*[tvm.runtime.tensor(np.zeros(
+            bounds[n.name] if which == "bound" else min(bounds[n.name], 3), "int64")) for n in lengths])]
+            for which in ("bound", "short")}
+    except tvm.error.TVMError:  # another symbolic variable among them: left as it was
+        return {}
+    tables = {}
+    for (var, axis, length), table, short in zip(frontier, values["bound"], values["short"]):
+        prefix = np.take(table, range(short.shape[axis]), axis=axis)
+        if prefix.shape == short.shape and np.array_equal(prefix, short):
+            tables[var] = (table, axis, length)
+    return tables
+
+
+@relax.expr_functor.mutator
+class _Prefix(relax.PyExprMutator):
+    """Each tabulated variable bound to its table's first `length` rows instead."""
+
+    def __init__(self, tables: dict):
+        super().__init__()
+        self.tables = tables
+        self.sliced = []  # (table, axis, the variable holding its prefix)
+
+    def visit_var_binding_(self, binding):
+        entry = self.tables.get(binding.var)
+        if entry is None:
+            return super().visit_var_binding_(binding)
+        table, axis, length = entry
+        same = next((var for seen, at, var in self.sliced if at == axis and seen.shape == table.shape
+                     and np.array_equal(seen, table)), None)
+        if same is None:
+            shape = [length if at == axis else extent for at, extent in enumerate(table.shape)]
+            same = self.builder_.emit(relax.op.memory.view(relax.const(table, str(table.dtype)), relax.ShapeExpr(shape),
+                                                           str(table.dtype), tvm.tirx.IntImm("int64", 0)))
+            self.sliced.append((table, axis, same))
+        self.set_var_remap(binding.var, same)

@@ -22,6 +22,7 @@ from ..kernels.gemm.int4_matmul import Int4Layer, int4_matmul_kernel
 from .attentions import attentions_pass
 from .batch_norms import batch_norms_as_scale_shift
 from .bool_scans import bool_scans_as_counts_pass
+from ..frontend.position_tables import tabulate_prefix
 from .bounded_shapes import resolve_bounded_shapes
 from .clips import canonicalize_clips_pass
 from .constant_indices import constant_indices_pass
@@ -68,6 +69,9 @@ def normalise(mod, arch, options):
     # the ops after it have shapes; outside the pass list, so that an undecided shape is refused
     # as UnsupportedOperator (bounded_shapes.py).
     mod = resolve_bounded_shapes(mod, dict(options.shape_bounds))
+    # What a prefill computes from its length alone (RoPE's cos and sin of arange(s)) is the
+    # prefix of a table computed for the bound: an NPU slice, no host cos / sin (position_tables.py).
+    mod = tabulate_prefix(mod)
     # MatMulNBits' host PrimFuncs (4-bit weights) become the chip's unpack-and-GEMM kernels, which
     # keep the weights packed in DRAM (int4_weights.py).
     mod = int4_weight_kernels(mod, arch, lambda m, k, n, block, zeros, chip: int4_matmul_kernel(
