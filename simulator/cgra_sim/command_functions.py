@@ -200,7 +200,8 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         "group, out[i*out_stride + j] = float32(q - z) * S[j*scale_col_stride + g] (rounded once), "
         "S float32, z nibble g % 2 of byte Z[j*zero_col_stride + g/2] with CGRA_UNPACK4_ZERO_POINTS "
         "(zero_addr and zero_col_stride 0 without it), else 8. A and Z are bytes (int8 slots holding "
-        "uint8 bits).",
+        "uint8 bits). With CGRA_UNPACK4_INT8 (stream v11) q is the nibble as signed int4 (-8..7) and "
+        "out[i*out_stride + j] = int8 q, an int8 GEMM's B tile (QDQ int4 weights); scale unread, zero words 0.",
         ("flags", _I32), "rows", "cols", "group", ("a_addr", _ADDR), "a_col_stride", ("scale_addr", _ADDR),
         "scale_col_stride", ("zero_addr", _ADDR, UNPACK4_ZERO_POINTS),
         ("zero_col_stride", _I64, UNPACK4_ZERO_POINTS), ("out_addr", _ADDR), "out_stride"),
