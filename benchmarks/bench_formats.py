@@ -6,8 +6,8 @@ The models (benchmarks/format_models.py): a Llama-style decoder step (one token,
 22 M weights, 89 MB in float32) and a ResNet-18 (tests/onnx_models.py, 64 x 64 images), each built in float32 and
 converted as a user gets each format: bfloat16 and float16 (every tensor in the format), int8
 (the decoder by onnxruntime's `quantize_dynamic`, the CNN by `quantize_static` QDQ per channel),
-int8 x int4 (`quantize_static` QDQ with int4 weights per channel; they cross DRAM a byte each,
-as int8 weights: docs/int4-weights.md), 4-bit weights (onnxruntime's MatMulNBits, block 32, zero
+int8 x int4 (`quantize_static` QDQ with int4 weights per channel; a matmul's cross DRAM packed two
+per byte, a conv's a byte each: docs/int4-weights.md), 4-bit weights (onnxruntime's MatMulNBits, block 32, zero
 points; float32 activations; the CNN has no such form: MatMulNBits is a matmul). Each is
 compiled for the chip, run once on the same random inputs, and printed as a row:
 

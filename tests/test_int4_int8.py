@@ -69,3 +69,35 @@ def test_unpack4_int8_refuses_zero_point_words(words, match):
                                   out_addr=stream.addr[1], out_stride=4, **words))
     with pytest.raises(CommandError, match=match):
         stream.run()
+
+
+def test_verify_int8_matmul_with_int4_weights_passes(capsys):
+    from cgra_cli.cli import main
+
+    assert main(["verify", "--op", "matmul", "--shape", "5,24,37", "--dtype", "int8", "--weight-dtype", "int4",
+                 "--arch", "cgra-4x4"]) == 0
+    assert capsys.readouterr().out.startswith("PASS matmul 5x24x37 int8 x int4 weights on cgra-4x4")
+
+
+@settings(max_examples=8, deadline=None)
+@given(m=st.integers(1, 9), k=st.integers(1, 40), n=st.integers(1, 12), zp=st.integers(-128, 127),
+       seed=st.integers(0, 2**16))
+def test_a_packed_qdq_matmul_equals_the_int8_chain_it_replaces(m, k, n, zp, seed):
+    """qdq_int4.py's host PrimFunc (what a chip whose tiles do not fit runs) against numpy's int32
+    sum and rne(clamp(float32(acc) * M)) + zp, the int8 chain's arithmetic (qdq.py)."""
+    import tvm
+
+    from npu_backend.kernels.gemm.int4_qmatmul import QInt4Layer, host_prim_func
+
+    rng = np.random.default_rng(seed)
+    w, x = rng.integers(-8, 8, (k, n)), rng.integers(-128, 128, (m, k)).astype(np.int8)
+    bias = rng.integers(-3000, 3000, n).astype(np.int32)
+    scale = rng.uniform(1e-4, 0.05, n).astype(np.float32)
+    lib = tvm.compile(tvm.IRModule({"main": host_prim_func(QInt4Layer(m, k, n, zp)).with_attr("global_symbol", "main")}),
+                      target="llvm")
+    args = [x, pack_signed(w), bias, scale, np.zeros((m, n), np.int8)]
+    tensors = [tvm.runtime.tensor(a) for a in args]
+    lib["main"](*tensors)
+    acc = x.astype(np.int64) @ w + bias
+    want = (np.rint(np.clip(acc.astype(np.float32) * scale, -128 - zp, 127 - zp)) + zp).astype(np.int8)
+    np.testing.assert_array_equal(tensors[-1].numpy(), want)

@@ -68,10 +68,6 @@ def normalise(mod, arch, options):
     # the ops after it have shapes; outside the pass list, so that an undecided shape is refused
     # as UnsupportedOperator (bounded_shapes.py).
     mod = resolve_bounded_shapes(mod, dict(options.shape_bounds))
-    # MatMulNBits' host PrimFuncs (4-bit weights) become the chip's unpack-and-GEMM kernels, which
-    # keep the weights packed in DRAM (int4_weights.py).
-    mod = int4_weight_kernels(mod, arch, lambda m, k, n, block, zeros, chip: int4_matmul_kernel(
-        Int4Layer(m, k, n, block, zeros), chip))
     # QDQ layers (dequantize -> conv2d / matmul -> quantize) become int8 x int8 -> int32 with
     # an int32 bias and a requantisation to int8, onnxruntime's arithmetic (qdq.py);
     # first, while the quantized weights are still int8 constants under their dequantize.
@@ -79,6 +75,11 @@ def normalise(mod, arch, options):
     # The same with int16 activations and int8 weights: 16x8 GEMMs into int64, requantised to
     # int16 (qdq16.py).
     mod = canonicalize_qdq16(mod)
+    # MatMulNBits' host PrimFuncs (4-bit weights), and the QDQ matmuls whose weights qdq.py packed
+    # (qdq_int4.py), become the chip's unpack-and-GEMM kernels, which keep the weights packed in
+    # DRAM (int4_weights.py).
+    mod = int4_weight_kernels(mod, arch, lambda m, k, n, block, zeros, chip: int4_matmul_kernel(
+        Int4Layer(m, k, n, block, zeros), chip))
     # A bool cumsum counts, as PyTorch's does (bool_scans.py): as bool no target builds it, and
     # HF's causal mask, built from constants through one, would not fold.
     mod = bool_scans_as_counts_pass(mod)
