@@ -51,6 +51,19 @@ class RowTiling:
         return self.tq
 
 
+def mask_in_gemm(spec) -> bool:
+    """Whether the kernel adds the mask by copying it into S and accumulating Q Kᵀ onto it
+    (rows.py): for a mask of whole tiles, whose ELTWISE add reads two elements a score (a row or
+    a column broadcast reads about one, as the copy does: it stays an ELTWISE)."""
+    return bool(spec.mask_shape) and spec.mask_shape[3] > 1 and spec.mask_shape[4] > 1
+
+
+def score_copies(spec) -> int:
+    """Copies of the scores the kernel keeps: two, three with the mask in the GEMM (rows.py
+    copies item t + 1's mask into its S while item t - 1's P V GEMM may still read its P)."""
+    return 3 if mask_in_gemm(spec) else 2
+
+
 def _mask_rows(spec, t: RowTiling) -> int:
     """Rows of the mask the kernel holds: every head's whole (padded) mask, or a tile."""
     mb, mhk, mg, msq, _ = spec.mask_shape
@@ -63,7 +76,7 @@ def attention_footprint(spec, t: RowTiling) -> int:
     """Scratchpad bytes of the kernel with tiling `t` (every buffer its own bytes)."""
     tq, sk, d, dv = t.tq, spec.sk, spec.d, spec.dv
     kv = aligned(t.kv_copies * d * sk * F32_BYTES) + aligned(t.kv_copies * sk * dv * F32_BYTES)
-    item = aligned(2 * tq * t.q_stride * F32_BYTES) + aligned(2 * tq * t.p_stride * F32_BYTES)
+    item = aligned(2 * tq * t.q_stride * F32_BYTES) + aligned(score_copies(spec) * tq * t.p_stride * F32_BYTES)
     item += 3 * aligned(2 * tq * F32_BYTES) + 2 * aligned(2 * tq * dv * F32_BYTES)
     mask = aligned(_mask_rows(spec, t) * spec.mask_shape[4] * F32_BYTES) if t.mask != "none" else 0
     return kv + item + mask
@@ -76,8 +89,10 @@ def attention_item_cycles(spec, arch: HardwareDescription, tq: int) -> tuple:
     vector = 0
     if spec.scale is not None:
         vector += cost.vfunc_cycles(arch, tq * d, "identity", scale=True)
-    if spec.mask_shape:
-        vector += cost.eltwise_cycles(arch, tq * sk, 2 * tq * sk)
+    if mask_in_gemm(spec):  # copied into S, the GEMM accumulating onto it
+        vector += cost.vfunc_cycles(arch, tq * sk, "identity")
+    elif spec.mask_shape:
+        vector += cost.eltwise_cycles(arch, tq * sk, tq * sk + max(spec.mask_shape[3], spec.mask_shape[4]))
     vector += 2 * (cost.reduce_cycles(arch, tq, sk) + cost.vector_cycles(arch, tq, 1))
     vector += cost.eltwise_cycles(arch, tq * sk, tq * sk + tq) + cost.vfunc_cycles(arch, tq * sk, "exp")
     vector += cost.vfunc_cycles(arch, tq, "reciprocal", offset=spec.safe) + cost.eltwise_cycles(arch, tq * dv, tq * dv + tq)

@@ -4,7 +4,8 @@ Stage: kernel definition (the attention family's compute when its tile search ch
 attention_tiles.py). In: the AttentionSpec. Out: the kernel as lowered TIR (TVMScript text, as
 flash.py writes its), whose commands compute what the whole-row softmax computes, bit for bit:
 
-    S = (Q * scale) Kᵀ (VFUNC identity, GEMM) [+ mask (ELTWISE)]
+    S = (Q * scale) Kᵀ [+ mask] (VFUNC identity, [the mask copied into S: VFUNC identity,] GEMM)
+    [S + a mask row or column (ELTWISE)]
     m = row max of S (FILL, REDUCE MAX); P = exp(S - m) (ELTWISE, VFUNC); l = row sum of P
     O = P V (GEMM); O * 1 / l (VFUNC reciprocal, ELTWISE), stored
 
@@ -28,8 +29,10 @@ from __future__ import annotations
 
 from ..common.spec import SINGLE_BUFFERED
 from ..layout.copy_kernel import parse_script
-from .attention_tiles import LOWEST, TINY, RowTiling
-from .flash import _element, _eltwise, _fill, _gemm, _guarded, _reduce, _shapes, _vfunc, _Writer
+from cgra_sim.isa import GEMM_ACCUMULATE, VFunc
+
+from .attention_tiles import LOWEST, TINY, RowTiling, mask_in_gemm, score_copies
+from .flash import F32, _call, _element, _eltwise, _fill, _gemm, _guarded, _reduce, _shapes, _vfunc, _Writer
 from .head_layouts import stored
 
 #: Every buffer: the kernel keeps its own two copies where it needs them (lower/double_buffer.py
@@ -66,6 +69,7 @@ class _Item:
         self.row0 = f"({at}) % {tiles} * {t.tq}" if tiles > 1 else "0"
         self.kv = f"({at}) // {per_kv}"  # the flat (batch, K / V head)
         self.slot = f"({at}) % 2"
+        self.s_slot = f"({at}) % {score_copies(spec)}"
         self.kv_slot = f"({at}) // {per_kv} % 2" if t.kv_copies == 2 else "0"
         self.new_kv = f"({at}) % {per_kv} == 0"
         self.new_batch = f"({at}) % {per_batch} == 0"
@@ -90,8 +94,6 @@ def rows_script(spec, t: RowTiling) -> str:
     _load_kv(w, spec, first)
     if t.mask == "whole":
         _load_whole_mask(w, spec, t, first)
-    if t.mask == "tile":
-        _load_mask_tile(w, spec, t, first)
     _load_q(w, spec, t, first)
     if items > 1:
         _load_q(w, spec, t, _Item(spec, t, "1"))
@@ -110,8 +112,6 @@ def rows_script(spec, t: RowTiling) -> str:
             _load_whole_mask(w, spec, t, after, indent="    ")
         w.depth -= 1
         _scores(w, spec, t, after)
-        if t.mask == "tile":
-            _load_mask_tile(w, spec, t, after)
         if items > 2:
             w.add(f"if t + 2 < {items}:")
             w.depth += 1
@@ -134,7 +134,7 @@ def _allocate(w: _Writer, spec, t: RowTiling) -> None:
     """Two copies of every per-item buffer (a leading axis of 2), K and V per K / V head."""
     tq, sk, d, dv = t.tq, spec.sk, spec.d, spec.dv
     for name, shape in (("kt", (t.kv_copies, d, sk)), ("v", (t.kv_copies, sk, dv)), ("q", (2, tq, t.q_stride)),
-                        ("s", (2, tq, t.p_stride)), ("m", (2, tq)), ("l", (2, tq)), ("inv", (2, tq)),
+                        ("s", (score_copies(spec), tq, t.p_stride)), ("m", (2, tq)), ("l", (2, tq)), ("inv", (2, tq)),
                         ("o", (2, tq, dv)), ("res", (2, tq, dv))):
         w.alloc(name, shape)
     if t.mask == "whole":
@@ -164,15 +164,16 @@ def _load_whole_mask(w: _Writer, spec, t: RowTiling, item: _Item, indent: str = 
 
 
 def _load_q(w: _Writer, spec, t: RowTiling, item: _Item) -> None:
-    """The item's Q tile (zero rows past the sequence)."""
+    """The item's Q tile (zero rows past the sequence) [and its mask tile]."""
     row = f"{item.row0} + i"
     w.add(f"for i, e in T.grid({t.tq}, {spec.d}):",
           f"    q[{item.slot}, i, e] = {_guarded(row, spec.sq, t.tq, _element(spec, 'lhs', item.n, item.head, row, 'e'))}")
+    if t.mask == "tile":
+        _load_mask_tile(w, spec, t, item)
 
 
 def _load_mask_tile(w: _Writer, spec, t: RowTiling, item: _Item) -> None:
-    """The item's tile of a mask per batch (loaded an item ahead: the copy it replaces is read
-    by the softmax of the item before)."""
+    """The item's tile of the mask, loaded with its Q two items ahead."""
     mb, mhk, mg, msq, msk = spec.mask_shape
     rows, row = (t.tq if msq > 1 else 1), f"{item.row0} + i"
     load = f"mask[{item.n if mb > 1 else 0}, {item.head if mhk * mg > 1 else 0}, {row if msq > 1 else 0}, e]"
@@ -181,13 +182,22 @@ def _load_mask_tile(w: _Writer, spec, t: RowTiling, item: _Item) -> None:
 
 
 def _scores(w: _Writer, spec, t: RowTiling, item: _Item) -> None:
-    """Q * scale (in place) and S = Q Kᵀ of the item."""
+    """Q * scale (in place) and S = Q Kᵀ of the item; with a mask of whole tiles, S = mask + Q Kᵀ: the mask
+    copied into S (VFUNC identity: one read a score, where an ELTWISE add reads two) and the
+    GEMM accumulating onto it, which rounds fl(Q Kᵀ) + mask as the ELTWISE did."""
     tq, qs, ps = t.tq, t.q_stride, t.p_stride
     q = ("q", f"{item.slot} * {tq * qs}", qs)
+    s = ("s", f"{item.s_slot} * {tq * ps}", ps)
     if spec.scale is not None:
         w.add(_vfunc("identity", tq, spec.d, q, q, scale=spec.scale))
-    w.add(_gemm(False, tq, spec.sk, spec.d, q, ("kt", f"{item.kv_slot} * {spec.d * spec.sk}", spec.sk),
-                ("s", f"{item.slot} * {tq * ps}", ps)))
+    if mask_in_gemm(spec):
+        a = _mask_operand(spec, t, item)
+        w.add(_call("cgra_vfunc", flags=0, func=int(VFunc.IDENTITY), dtype=F32, rows=tq, cols=spec.sk,
+                    a_addr=a[:2], a_row_stride=a[2], a_col_stride=a[3], out_addr=s[:2], out_stride=ps,
+                    scale_bits=0, offset_bits=0))
+    w.add(_call("cgra_gemm", flags=GEMM_ACCUMULATE if mask_in_gemm(spec) else 0, dtype=F32, m=tq, n=spec.sk,
+                k=spec.d, a_addr=q[:2], a_stride=qs, b_addr=("kt", f"{item.kv_slot} * {spec.d * spec.sk}"),
+                b_stride=spec.sk, acc_addr=s[:2], acc_stride=ps))
 
 
 def _mask_operand(spec, t: RowTiling, item: _Item) -> tuple:
@@ -204,11 +214,11 @@ def _mask_operand(spec, t: RowTiling, item: _Item) -> tuple:
 
 
 def _softmax(w: _Writer, spec, t: RowTiling, item: _Item) -> None:
-    """[S + mask], its row max, exp(S - max) in place, the row sum, its reciprocal, O = P V."""
+    """[S + a mask row or column], the row max of S, exp(S - max) in place, the row sum, its reciprocal, O = P V."""
     tq, sk, ps, dv = t.tq, spec.sk, t.p_stride, spec.dv
-    s = ("s", f"{item.slot} * {tq * ps}", ps)
+    s = ("s", f"{item.s_slot} * {tq * ps}", ps)
     column = {name: (name, f"{item.slot} * {tq}", 1) for name in ("m", "l", "inv")}
-    if spec.mask_shape:
+    if spec.mask_shape and not mask_in_gemm(spec):
         w.add(_eltwise("add", tq, sk, s + (1,), _mask_operand(spec, t, item), s))
     w.add(_fill("m", tq, 1, 1, LOWEST if spec.safe else float("-inf"), offset=column["m"][1]),
           _reduce("max", tq, sk, s, column["m"][:2]),
