@@ -14,6 +14,7 @@ key-tile kernel (flash_tiles.py), else that one; neither fitting refuses the att
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -58,6 +59,22 @@ def mask_in_gemm(spec) -> bool:
     return bool(spec.mask_shape) and spec.mask_shape[3] > 1 and spec.mask_shape[4] > 1
 
 
+def scale_at(spec) -> str | None:
+    """Where the kernel multiplies by the scale (rows.py): "q" the Q tile of every item; a power
+    of two commutes with every rounding of S = Q Kᵀ, max and S - max (barring overflow and
+    underflow), so without a mask "exp" (the exp VFUNC's scale: one more pipeline stage,
+    exp((S - max) * scale) is exactly exp(S * scale - max(S * scale))), and with a mask and a
+    group of query heads "k" (Kᵀ once per K / V head); None without a scale."""
+    if spec.scale is None:
+        return None
+    if spec.scale > 0 and math.frexp(spec.scale)[0] == 0.5:
+        if not spec.mask_shape:
+            return "exp"
+        if spec.g > 1:
+            return "k"
+    return "q"
+
+
 def score_copies(spec) -> int:
     """Copies of the scores the kernel keeps: two, three with the mask in the GEMM (rows.py
     copies item t + 1's mask into its S while item t - 1's P V GEMM may still read its P)."""
@@ -87,8 +104,10 @@ def attention_item_cycles(spec, arch: HardwareDescription, tq: int) -> tuple:
     sk, d, dv = spec.sk, spec.d, spec.dv
     pe = cost.gemm_steady_cycles(arch, tq, sk, d, "float32") + cost.gemm_steady_cycles(arch, tq, dv, sk, "float32")
     vector = 0
-    if spec.scale is not None:
+    if scale_at(spec) == "q":
         vector += cost.vfunc_cycles(arch, tq * d, "identity", scale=True)
+    elif scale_at(spec) == "k":
+        vector += cost.vfunc_cycles(arch, sk * d, "identity", scale=True) // spec.g
     if mask_in_gemm(spec):  # copied into S, the GEMM accumulating onto it
         vector += cost.vfunc_cycles(arch, tq * sk, "identity")
     elif spec.mask_shape:

@@ -31,7 +31,7 @@ from ..common.spec import SINGLE_BUFFERED
 from ..layout.copy_kernel import parse_script
 from cgra_sim.isa import GEMM_ACCUMULATE, VFunc
 
-from .attention_tiles import LOWEST, TINY, RowTiling, mask_in_gemm, score_copies
+from .attention_tiles import LOWEST, TINY, RowTiling, mask_in_gemm, scale_at, score_copies
 from .flash import F32, _call, _element, _eltwise, _fill, _gemm, _guarded, _reduce, _shapes, _vfunc, _Writer
 from .head_layouts import stored
 
@@ -97,27 +97,13 @@ def rows_script(spec, t: RowTiling) -> str:
     _load_q(w, spec, t, first)
     if items > 1:
         _load_q(w, spec, t, _Item(spec, t, "1"))
+    if scale_at(spec) == "k":
+        _scale_k(w, spec, first)
     _scores(w, spec, t, first)
     w.add(f"for t in range({items}):")
     w.depth += 1
     if items > 1:
-        w.add(f"if t + 1 < {items}:")
-        w.depth += 1
-        after = _Item(spec, t, f"T.min(t + 1, {items - 1})")
-        w.add(f"if {after.new_kv}:")
-        w.depth += 1
-        _load_kv(w, spec, after)
-        if t.mask == "whole" and spec.mask_shape[0] > 1:
-            w.add(f"if {after.new_batch}:")
-            _load_whole_mask(w, spec, t, after, indent="    ")
-        w.depth -= 1
-        _scores(w, spec, t, after)
-        if items > 2:
-            w.add(f"if t + 2 < {items}:")
-            w.depth += 1
-            _load_q(w, spec, t, _Item(spec, t, f"T.min(t + 2, {items - 1})"))
-            w.depth -= 1
-        w.depth -= 1
+        _next_items(w, spec, t, items)
     this = _Item(spec, t, "t")
     _softmax(w, spec, t, this)
     if items > 1:
@@ -128,6 +114,43 @@ def rows_script(spec, t: RowTiling) -> str:
     w.depth -= 1
     _normalise(w, spec, t, _Item(spec, t, str(items - 1)))
     return "\n".join(w.lines) + "\n"
+
+
+def _next_items(w: _Writer, spec, t: RowTiling, items: int) -> None:
+    """Iteration t's work for the items after it: [K and V of item t + 1's K / V head (of item
+    t + 2's when K is scaled: its scale then waits for nothing)], S of item t + 1, Q of t + 2."""
+    early = scale_at(spec) == "k"  # then the group has >= 2 items: two K / V copies stay apart
+    after, later = (_Item(spec, t, f"T.min(t + {k}, {items - 1})") for k in (1, 2))
+    w.add(f"if t + 1 < {items}:")
+    w.depth += 1
+    w.add(f"if {after.new_kv}:")
+    if early:
+        _scale_k(w, spec, after, indent="    ")
+    else:
+        w.depth += 1
+        _load_kv(w, spec, after)
+        w.depth -= 1
+    if t.mask == "whole" and spec.mask_shape[0] > 1:
+        w.add(f"if {after.new_batch}:")
+        _load_whole_mask(w, spec, t, after, indent="    ")
+    _scores(w, spec, t, after)
+    if items > 2:
+        w.add(f"if t + 2 < {items}:")
+        w.depth += 1
+        _load_q(w, spec, t, later)
+        if early:
+            w.add(f"if {later.new_kv}:")
+            w.depth += 1
+            _load_kv(w, spec, later)
+            w.depth -= 1
+        w.depth -= 1
+    w.depth -= 1
+
+
+def _scale_k(w: _Writer, spec, item: _Item, indent: str = "") -> None:
+    """Kᵀ of the item's K / V head times the scale, once for the G query heads of its group."""
+    kt = ("kt", f"{item.kv_slot} * {spec.d * spec.sk}", spec.sk)
+    w.add(indent + _vfunc("identity", spec.d, spec.sk, kt, kt, scale=spec.scale))
 
 
 def _allocate(w: _Writer, spec, t: RowTiling) -> None:
@@ -188,7 +211,7 @@ def _scores(w: _Writer, spec, t: RowTiling, item: _Item) -> None:
     tq, qs, ps = t.tq, t.q_stride, t.p_stride
     q = ("q", f"{item.slot} * {tq * qs}", qs)
     s = ("s", f"{item.s_slot} * {tq * ps}", ps)
-    if spec.scale is not None:
+    if scale_at(spec) == "q":
         w.add(_vfunc("identity", tq, spec.d, q, q, scale=spec.scale))
     if mask_in_gemm(spec):
         a = _mask_operand(spec, t, item)
@@ -223,7 +246,7 @@ def _softmax(w: _Writer, spec, t: RowTiling, item: _Item) -> None:
     w.add(_fill("m", tq, 1, 1, LOWEST if spec.safe else float("-inf"), offset=column["m"][1]),
           _reduce("max", tq, sk, s, column["m"][:2]),
           _eltwise("subtract", tq, sk, s + (1,), column["m"] + (0,), s),
-          _vfunc("exp", tq, sk, s, s),
+          _vfunc("exp", tq, sk, s, s, scale=spec.scale if scale_at(spec) == "exp" else None),
           _fill("l", tq, 1, 1, 0.0, offset=column["l"][1]),
           _reduce("sum", tq, sk, s, column["l"][:2]),
           _vfunc("reciprocal", tq, 1, column["l"], column["inv"], offset=TINY if spec.safe else None),
