@@ -102,10 +102,12 @@ def rows_script(spec, t: RowTiling) -> str:
     _scores(w, spec, t, first)
     w.add(f"for t in range({items}):")
     w.depth += 1
+    one_copy = t.kv_copies == 1 and spec.b * spec.hk > 1
     if items > 1:
-        _next_items(w, spec, t, items)
-    this = _Item(spec, t, "t")
-    _softmax(w, spec, t, this)
+        _next_items(w, spec, t, items, "same head" if one_copy else "")
+    _softmax(w, spec, t, _Item(spec, t, "t"))
+    if items > 1 and one_copy:
+        _next_items(w, spec, t, items, "new head")
     if items > 1:
         w.add("if t > 0:")
         w.depth += 1
@@ -116,23 +118,31 @@ def rows_script(spec, t: RowTiling) -> str:
     return "\n".join(w.lines) + "\n"
 
 
-def _next_items(w: _Writer, spec, t: RowTiling, items: int) -> None:
+def _next_items(w: _Writer, spec, t: RowTiling, items: int, when: str = "") -> None:
     """Iteration t's work for the items after it: [K and V of item t + 1's K / V head (of item
-    t + 2's when K is scaled: its scale then waits for nothing)], S of item t + 1, Q of t + 2."""
-    early = scale_at(spec) == "k"  # then the group has >= 2 items: two K / V copies stay apart
+    t + 2's when K is scaled: its scale then waits for nothing)], S of item t + 1, Q of t + 2.
+    With one copy of K and V, item t + 1 of the same head comes before item t's softmax
+    (`when` "same head") and one of a new head after it ("new head"): its K / V load replaces
+    what item t's P V GEMM reads."""
+    early = scale_at(spec) == "k" and t.kv_copies == 2  # then >= 2 items a group: two K / V copies stay apart
     after, later = (_Item(spec, t, f"T.min(t + {k}, {items - 1})") for k in (1, 2))
-    w.add(f"if t + 1 < {items}:")
+    per_kv = spec.g * (t.mp // t.tq)
+    only = {"": "", "same head": f" and (t + 1) % {per_kv} != 0", "new head": f" and (t + 1) % {per_kv} == 0"}[when]
+    w.add(f"if t + 1 < {items}{only}:")
     w.depth += 1
-    w.add(f"if {after.new_kv}:")
-    if early:
-        _scale_k(w, spec, after, indent="    ")
-    else:
+    if when != "same head":
+        w.add(f"if {after.new_kv}:")
         w.depth += 1
-        _load_kv(w, spec, after)
+        if early:
+            _scale_k(w, spec, after)
+        else:
+            _load_kv(w, spec, after)
+            if scale_at(spec) == "k":
+                _scale_k(w, spec, after)
+        if t.mask == "whole" and spec.mask_shape[0] > 1:
+            w.add(f"if {after.new_batch}:")
+            _load_whole_mask(w, spec, t, after, indent="    ")
         w.depth -= 1
-    if t.mask == "whole" and spec.mask_shape[0] > 1:
-        w.add(f"if {after.new_batch}:")
-        _load_whole_mask(w, spec, t, after, indent="    ")
     _scores(w, spec, t, after)
     if items > 2:
         w.add(f"if t + 2 < {items}:")
