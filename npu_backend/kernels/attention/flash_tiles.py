@@ -73,6 +73,8 @@ def flash_footprint(spec, t: FlashTiling) -> int:
         block = aligned(tq * w * F32_BYTES) if t.mask == "blocks" else 0
         return aligned(d * w * F32_BYTES) + aligned(w * dv * F32_BYTES) + block
 
+    if pipelined(spec, t):  # two more copies of S and P (flash._pipelined_keys)
+        state += aligned(2 * tq * tk * F32_BYTES) + aligned(2 * tq * t.p_stride * F32_BYTES)
     rows = 0
     if t.mask == "rows":
         msq, msk = spec.mask_shape[3:]
@@ -98,16 +100,25 @@ def flash_dma_bytes(spec, t: FlashTiling) -> int:
     return moved
 
 
-def flash_key_tile_cycles(spec, arch: HardwareDescription, tq: int, tk: int) -> int:
-    """The PE array's and the vector unit's cycles on one key tile of one query tile."""
+def pipelined(spec, t: FlashTiling) -> bool:
+    """Whether the kernel runs its whole key tiles software-pipelined (flash._pipelined_keys):
+    two or more of them, no constant causal mask."""
+    return spec.causal is None and spec.sk // t.tk >= 2
+
+
+def flash_key_tile_cycles(spec, arch: HardwareDescription, tq: int, tk: int, overlap: bool = False) -> int:
+    """The PE array's and the vector unit's cycles on one key tile of one query tile: their sum,
+    or with `overlap` (pipelined key tiles) the longer."""
     d, dv = spec.d, spec.dv
-    work = cost.gemm_steady_cycles(arch, tq, tk, d, "float32") + cost.gemm_steady_cycles(arch, tq, dv, tk, "float32")
+    pe = cost.gemm_steady_cycles(arch, tq, tk, d, "float32") + cost.gemm_steady_cycles(arch, tq, dv, tk, "float32")
+    work = 0
     if spec.mask_shape:
         work += cost.eltwise_cycles(arch, tq * tk, 2 * tq * tk)
     work += 2 * cost.reduce_cycles(arch, tq, tk) + cost.eltwise_cycles(arch, tq * tk, tq * tk + tq)
     work += cost.vfunc_cycles(arch, tq * tk, "exp") + cost.eltwise_cycles(arch, tq * dv, tq * dv + tq)
     work += 3 * cost.eltwise_cycles(arch, tq, 2 * tq) + cost.vfunc_cycles(arch, tq, "exp")
-    return work + cost.vfunc_cycles(arch, tq, "identity")
+    work += cost.vfunc_cycles(arch, tq, "identity")
+    return max(work, pe) if overlap else work + pe
 
 
 def flash_cycles(spec, arch: HardwareDescription, t: FlashTiling) -> int:
@@ -116,7 +127,7 @@ def flash_cycles(spec, arch: HardwareDescription, t: FlashTiling) -> int:
     tq, tk = t.tq, t.tk
     keys = spec.sk // tk
     tile_bytes = tk * (spec.d + spec.dv) * F32_BYTES + (tq * tk * F32_BYTES if t.mask == "blocks" else 0)
-    step = max(flash_key_tile_cycles(spec, arch, tq, tk), cost.dma_transfer_cycles(arch, tile_bytes))
+    step = max(flash_key_tile_cycles(spec, arch, tq, tk, pipelined(spec, t)), cost.dma_transfer_cycles(arch, tile_bytes))
     if spec.sk % tk:
         rest = spec.sk % tk
         step_rest = flash_key_tile_cycles(spec, arch, tq, rest) + arch.dma_latency
