@@ -46,7 +46,7 @@ F32 = int(DType.from_name("float32"))
 #: Buffers kept one copy of (lower/double_buffer.py doubles the rest): the running state, the
 #: scores, the mask's rows, and the last key tile's (it runs once per head).
 SINGLE = ["m", "l", "m_old", "alpha", "inv", "o", "s", "p", "mask_rows", "k_rest", "v_rest", "mask_rest", "band",
-          "kp", "vp", "sp", "pp"]  # the last four: two copies kept by hand (_pipelined_keys)
+          "kp", "vp", "sp", "pp", "mp"]  # the last five: two copies kept by hand (_pipelined_keys)
 
 
 def flash_compute(spec, t: FlashTiling):
@@ -307,14 +307,17 @@ def _online_step(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str,
 
 def _pipelined_keys(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0: str, keys: int) -> None:
     """Key tiles 0 .. keys - 1 (keys >= 2), software-pipelined: two copies of K, V, S and P
-    (`kp`, `vp`, `sp`, `pp`, by the tile's parity), and iteration kt issues V and S = Q Kᵀ of
-    tile kt + 1 and K of tile kt + 2 before tile kt's online step, so the PE array computes the
+    (`kp`, `vp`, `sp`, `pp`, and the mask's blocks `mp`, by the tile's parity), and iteration kt
+    issues V [, the mask block] and S = Q Kᵀ of tile kt + 1 and K of tile kt + 2 before tile kt's
+    online step, so the PE array computes the
     next tile's scores while the vector unit runs this one's softmax (in-order queues: S of
     tile kt + 1 must come before P V of tile kt in the stream). K is loaded two tiles ahead so
     the GEMM never waits for its DMA; each copy it replaces was read by a GEMM earlier in the
     stream (K by S of tile kt, V by P V of tile kt - 1)."""
     tq, d, dv, tk = t.tq, spec.d, spec.dv, t.tk
-    for name, shape in (("kp", (2, d, tk)), ("vp", (2, tk, dv)), ("sp", (2, tq, tk)), ("pp", (2, tq, t.p_stride))):
+    blocks = t.mask == "blocks"
+    for name, shape in (("kp", (2, d, tk)), ("vp", (2, tk, dv)), ("sp", (2, tq, tk)), ("pp", (2, tq, t.p_stride))) \
+            + ((("mp", (2, tq, tk)),) if blocks else ()):
         w.alloc(name, shape)
 
     def scores(tile: str, slot: str) -> None:
@@ -324,12 +327,16 @@ def _pipelined_keys(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str,
     _load_k(w, spec, n, c, "0", tk, "kp", "0")
     _load_k(w, spec, n, c, str(tk), tk, "kp", "1")
     _load_v(w, spec, n, c, "0", tk, "vp", "0")
+    if blocks:
+        _load_mask_block(w, spec, t, n, head, row0, "0", tk, "mp", "0")
     scores("0", "0")
     depth = w.depth
     w.add(f"for kt in range({keys}):", f"    if kt + 1 < {keys}:")
     w.depth += 2
     after = f"T.min(kt + 1, {keys - 1})"
     _load_v(w, spec, n, c, f"{after} * {tk}", tk, "vp", f"{after} % 2")
+    if blocks:
+        _load_mask_block(w, spec, t, n, head, row0, f"{after} * {tk}", tk, "mp", f"{after} % 2")
     scores(after, f"{after} % 2")
     if keys > 2:
         later = f"T.min(kt + 2, {keys - 1})"
@@ -338,7 +345,8 @@ def _pipelined_keys(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str,
         _load_k(w, spec, n, c, f"{later} * {tk}", tk, "kp", f"{later} % 2")
         w.depth -= 1
     w.depth -= 1
-    _online_step(w, spec, t, n, head, row0, f"kt * {tk}", tk, "", "read", ("sp", f"kt % 2 * {tq * tk}"),
+    mask = ("mp", f"kt % 2 * {tq * tk}", tk, 1) if blocks else "read"
+    _online_step(w, spec, t, n, head, row0, f"kt * {tk}", tk, "", mask, ("sp", f"kt % 2 * {tq * tk}"),
                  ("pp", f"kt % 2 * {tq * t.p_stride}"), ("vp", f"kt % 2 * {tk * dv}"))
     w.depth = depth
 
@@ -353,8 +361,15 @@ def _mask_operand(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str
         return ("mask_rows", offset, msk if msq > 1 else 0, 1 if msk > 1 else 0)
     name = "mask" + ("_rest" if suffix else "_block")
     w.alloc(name, (t.tq, cols))
-    row = f"{row0} + i"
+    _load_mask_block(w, spec, t, n, head, row0, k0, cols, name)
+    return (name, 0, cols, 1)
+
+
+def _load_mask_block(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str, k0: str, cols: int,
+                     name: str, slot: str = "") -> None:
+    """The tq x cols block of the mask from key k0 into `name` (`slot`: its copy)."""
+    mb = spec.mask_shape[0]
+    row, at = f"{row0} + i", f"{slot}, " if slot else ""
     heads = head if spec.mask_shape[1] * spec.mask_shape[2] > 1 else 0
     load = _guarded(row, spec.sq, t.tq, f"mask[{n if mb > 1 else 0}, {heads}, {row}, {k0} + u]")
-    w.add(f"for i, u in T.grid({t.tq}, {cols}):", f"    {name}[i, u] = {load}")
-    return (name, 0, cols, 1)
+    w.add(f"for i, u in T.grid({t.tq}, {cols}):", f"    {name}[{at}i, u] = {load}")
