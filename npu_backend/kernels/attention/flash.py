@@ -24,6 +24,10 @@ PyTorch's SDPA), a plain one of l (0 * inf = NaN, as PyTorch's softmax). A last 
 shorter than tk runs as its own copy of the loop body (peeled, with its own sizes); a last
 query tile shorter than tq is padded (zero rows, never stored).
 
+Two or more whole key tiles are software-pipelined (`_pipelined_keys`): iteration kt issues the
+loads and S = Q Kᵀ of the next tile before this tile's online step, each with its own copy (of
+two) of K, V, S, P and the mask block, so the PE array and the vector unit overlap.
+
 Under a constant causal mask (spec.causal: no mask operand) the kernel builds the triangles of
 the diagonal tiles once (`_band`) and runs per query tile only the key tiles up to its diagonal
 (`_causal_keys`): a skipped tile's scores are all -inf, which the step above leaves m, l and O
