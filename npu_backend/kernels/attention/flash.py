@@ -247,13 +247,16 @@ def _head(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) 
 
 
 def _causal_keys(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) -> None:
-    """Under a constant causal mask: the key tiles below the query tile's diagonal unmasked, the
-    r crossing it with their block of the band, none above."""
+    """Under a constant causal mask: the key tiles below the query tile's diagonal unmasked
+    (pipelined, their count a function of the query tile), the r crossing it with their block of
+    the band, none above."""
     tk, r, nk = t.tk, t.tq // t.tk, spec.sk // t.tk
     first = f"{qt} * {r} + {spec.causal // tk}"
     depth = w.depth
     count = f"T.min({first}, {nk})" if qt != "0" else min(spec.causal // tk, nk)
-    if count:
+    if nk >= 2 and (not isinstance(count, int) or count >= 2):
+        _pipelined_keys(w, spec, t, n, c, head, "", count, mask=None)
+    elif count:
         below = w.loop("kt", count)
         _key_tile(w, spec, t, n, c, head, "", f"{below} * {tk}", tk, "", mask=None)
     w.depth = depth
@@ -309,47 +312,56 @@ def _online_step(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str,
           _gemm(True, tq, dv, cols, p3, v + (dv,), ("o", 0, dv)))
 
 
-def _pipelined_keys(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0: str, keys: int) -> None:
-    """Key tiles 0 .. keys - 1 (keys >= 2), software-pipelined: two copies of K, V, S and P
-    (`kp`, `vp`, `sp`, `pp`, and the mask's blocks `mp`, by the tile's parity), and iteration kt
-    issues V [, the mask block] and S = Q Kᵀ of tile kt + 1 and K of tile kt + 2 before tile kt's
-    online step, so the PE array computes the
-    next tile's scores while the vector unit runs this one's softmax (in-order queues: S of
-    tile kt + 1 must come before P V of tile kt in the stream). K is loaded two tiles ahead so
-    the GEMM never waits for its DMA; each copy it replaces was read by a GEMM earlier in the
-    stream (K by S of tile kt, V by P V of tile kt - 1)."""
+def _pipelined_keys(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0: str, keys,
+                    mask="read") -> None:
+    """Key tiles 0 .. keys - 1 (an int >= 2, or the text of a count, guarded), software-pipelined:
+    two copies of K, V, S and P (`kp`, `vp`, `sp`, `pp`, and the mask's blocks `mp`, by the
+    tile's parity), and iteration kt issues V [, the mask block] and S = Q Kᵀ of tile kt + 1 and
+    K of tile kt + 2 before tile kt's online step, so the PE array computes the next tile's
+    scores while the vector unit runs this one's softmax (in-order queues: S of tile kt + 1 must
+    come before P V of tile kt in the stream). K is loaded two tiles ahead so the GEMM never
+    waits for its DMA; each copy it replaces was read by a GEMM earlier in the stream (K by S of
+    tile kt, V by P V of tile kt - 1). `mask` as _online_step's (None: unmasked)."""
     tq, d, dv, tk = t.tq, spec.d, spec.dv, t.tk
-    blocks = t.mask == "blocks"
+    blocks = t.mask == "blocks" and mask == "read"
     for name, shape in (("kp", (2, d, tk)), ("vp", (2, tk, dv)), ("sp", (2, tq, tk)), ("pp", (2, tq, t.p_stride))) \
             + ((("mp", (2, tq, tk)),) if blocks else ()):
         w.alloc(name, shape)
+    static = isinstance(keys, int)
 
-    def scores(tile: str, slot: str) -> None:
+    def tile(ahead: int) -> str:  # tile kt + ahead, kept inside the keys (lower/dma.py bounds it)
+        return f"T.min(kt + {ahead}, {keys - 1})" if static else f"T.max(T.min(kt + {ahead}, {keys} - 1), 0)"
+
+    def scores(slot: str) -> None:
         w.add(_gemm(False, tq, tk, d, ("q", 0, t.q_stride), ("kp", f"{slot} * {d * tk}", tk),
                     ("sp", f"{slot} * {tq * tk}", tk)))
 
+    depth = w.depth
+    if not static:
+        w.add(f"if {keys} > 0:")
+        w.depth += 1
+    second = "1" if static else f"T.max(T.min(1, {keys} - 1), 0)"
     _load_k(w, spec, n, c, "0", tk, "kp", "0")
-    _load_k(w, spec, n, c, str(tk), tk, "kp", "1")
+    _load_k(w, spec, n, c, f"{second} * {tk}", tk, "kp", "1")
     _load_v(w, spec, n, c, "0", tk, "vp", "0")
     if blocks:
         _load_mask_block(w, spec, t, n, head, row0, "0", tk, "mp", "0")
-    scores("0", "0")
-    depth = w.depth
+    scores("0")
+    w.depth = depth
     w.add(f"for kt in range({keys}):", f"    if kt + 1 < {keys}:")
     w.depth += 2
-    after = f"T.min(kt + 1, {keys - 1})"
+    after = tile(1)
     _load_v(w, spec, n, c, f"{after} * {tk}", tk, "vp", f"{after} % 2")
     if blocks:
         _load_mask_block(w, spec, t, n, head, row0, f"{after} * {tk}", tk, "mp", f"{after} % 2")
-    scores(after, f"{after} % 2")
-    if keys > 2:
-        later = f"T.min(kt + 2, {keys - 1})"
+    scores(f"{after} % 2")
+    if not static or keys > 2:
         w.add(f"if kt + 2 < {keys}:")
         w.depth += 1
-        _load_k(w, spec, n, c, f"{later} * {tk}", tk, "kp", f"{later} % 2")
+        _load_k(w, spec, n, c, f"{tile(2)} * {tk}", tk, "kp", f"{tile(2)} % 2")
         w.depth -= 1
     w.depth -= 1
-    mask = ("mp", f"kt % 2 * {tq * tk}", tk, 1) if blocks else "read"
+    mask = ("mp", f"kt % 2 * {tq * tk}", tk, 1) if blocks else mask
     _online_step(w, spec, t, n, head, row0, f"kt * {tk}", tk, "", mask, ("sp", f"kt % 2 * {tq * tk}"),
                  ("pp", f"kt % 2 * {tq * t.p_stride}"), ("vp", f"kt % 2 * {tk * dv}"))
     w.depth = depth

@@ -75,6 +75,8 @@ def flash_footprint(spec, t: FlashTiling) -> int:
 
     if pipelined(spec, t):  # two more copies of S and P (flash._pipelined_keys)
         state += aligned(2 * tq * tk * F32_BYTES) + aligned(2 * tq * t.p_stride * F32_BYTES)
+        if spec.causal is not None:  # and the diagonal tiles' K and V beside the pipelined ones'
+            state += aligned(2 * d * tk * F32_BYTES) + aligned(2 * tk * dv * F32_BYTES)
     rows = 0
     if t.mask == "rows":
         msq, msk = spec.mask_shape[3:]
@@ -102,8 +104,8 @@ def flash_dma_bytes(spec, t: FlashTiling) -> int:
 
 def pipelined(spec, t: FlashTiling) -> bool:
     """Whether the kernel runs its whole key tiles software-pipelined (flash._pipelined_keys):
-    two or more of them, no constant causal mask."""
-    return spec.causal is None and spec.sk // t.tk >= 2
+    two or more of them (under a constant causal mask: those below the diagonal)."""
+    return spec.sk // t.tk >= 2
 
 
 def flash_key_tile_cycles(spec, arch: HardwareDescription, tq: int, tk: int, overlap: bool = False) -> int:
@@ -137,7 +139,12 @@ def flash_cycles(spec, arch: HardwareDescription, t: FlashTiling) -> int:
     head = 3 * cost.vector_cycles(arch, tq, spec.dv)
     head += cost.dma_transfer_cycles(arch, tq * spec.d * F32_BYTES) * (2 if t.lean else 1)
     head += arch.dma_latency if t.lean else 0
-    steps = key_tiles(spec, t) * step if spec.causal is not None else tiles * (keys * step + step_rest)
+    if spec.causal is not None:  # the r tiles crossing each query tile's diagonal run one after the other
+        serial = max(flash_key_tile_cycles(spec, arch, tq, tk), cost.dma_transfer_cycles(arch, tile_bytes))
+        diagonal = tiles * (tq // tk)
+        steps = (key_tiles(spec, t) - diagonal) * step + diagonal * serial
+    else:
+        steps = tiles * (keys * step + step_rest)
     total = spec.b * spec.hk * spec.g * (tiles * head + steps)
     if t.mask == "rows":
         msq, msk = spec.mask_shape[3:]
