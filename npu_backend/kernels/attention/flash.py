@@ -43,7 +43,7 @@ from ..common.spec import SINGLE_BUFFERED
 from ..intrinsics import SPAD
 from ..layout.copy_kernel import parse_script
 from .attention_tiles import LOWEST, TINY
-from .flash_tiles import FlashTiling
+from .flash_tiles import FlashTiling, pipelined
 from .head_layouts import stored
 
 F32 = int(DType.from_name("float32"))
@@ -223,7 +223,7 @@ def _head(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) 
     if spec.causal is not None:
         _causal_keys(w, spec, t, n, c, head, qt)
         keys = rest = 0
-    if keys >= 2:
+    if keys >= 2 and pipelined(spec, t):
         _pipelined_keys(w, spec, t, n, c, head, row0, keys)
     elif keys:
         depth = w.depth
@@ -254,7 +254,7 @@ def _causal_keys(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt
     first = f"{qt} * {r} + {spec.causal // tk}"
     depth = w.depth
     count = f"T.min({first}, {nk})" if qt != "0" else min(spec.causal // tk, nk)
-    if nk >= 2 and (not isinstance(count, int) or count >= 2):
+    if pipelined(spec, t) and (not isinstance(count, int) or count >= 2):
         _pipelined_keys(w, spec, t, n, c, head, "", count, mask=None)
     elif count:
         below = w.loop("kt", count)

@@ -32,13 +32,15 @@ MAX_QUERY_TILES = 256
 class FlashTiling:
     """tq query rows and tk keys a tile; `mask` "none", "rows" (a query tile's rows of the mask,
     held for all its heads) or "blocks" (a tq x tk block per key tile and head); `lean`: the Q
-    tile single-buffered and O normalised in place (more rows a tile, less overlap); the GEMMs'
+    tile single-buffered and O normalised in place (more rows a tile, less overlap); `pipeline`:
+    the key tiles software-pipelined where there are two or more (flash._pipelined_keys); the GEMMs'
     A tiles' row strides (q_stride, p_stride); the estimates the search chose by."""
 
     tq: int
     tk: int
     mask: str = "none"
     lean: bool = False
+    pipeline: bool = True
     q_stride: int = 0
     p_stride: int = 0
     dma_bytes: int = 0
@@ -104,8 +106,9 @@ def flash_dma_bytes(spec, t: FlashTiling) -> int:
 
 def pipelined(spec, t: FlashTiling) -> bool:
     """Whether the kernel runs its whole key tiles software-pipelined (flash._pipelined_keys):
-    two or more of them (under a constant causal mask: those below the diagonal)."""
-    return spec.sk // t.tk >= 2
+    two or more of them (under a constant causal mask: those below the diagonal), unless the
+    tiling says not (two more copies of S and P did not fit; flash_length.py's kernel)."""
+    return t.pipeline and spec.sk // t.tk >= 2
 
 
 def flash_key_tile_cycles(spec, arch: HardwareDescription, tq: int, tk: int, overlap: bool = False) -> int:
@@ -197,9 +200,10 @@ def choose_flash_tiling(spec, arch: HardwareDescription) -> FlashTiling | None:
             p_stride = a_row_stride(tq, tk, F32_BYTES, arch)
             for mode in modes:
                 for lean in (False, True):
-                    t = FlashTiling(tq, tk, mode, lean, q_stride, p_stride)
-                    if flash_footprint(spec, t) <= arch.spad_bytes:
-                        fitting.append(dataclasses.replace(t, dma_bytes=flash_dma_bytes(spec, t)))
+                    for pipeline in (True, False):
+                        t = FlashTiling(tq, tk, mode, lean, pipeline, q_stride, p_stride)
+                        if flash_footprint(spec, t) <= arch.spad_bytes:
+                            fitting.append(dataclasses.replace(t, dma_bytes=flash_dma_bytes(spec, t)))
     if not fitting:
         return None
     fewest = min(t.dma_bytes for t in fitting)
