@@ -91,15 +91,14 @@ def rows_script(spec, t: RowTiling) -> str:
     _allocate(w, spec, t)
     items = spec.b * spec.hk * spec.g * (t.mp // t.tq)
     first = _Item(spec, t, "0")
-    _load_kv(w, spec, first)
-    if t.mask == "whole":
+    if t.mask == "whole":  # in the order the first S needs them (V only for its P V)
         _load_whole_mask(w, spec, t, first)
+    _load_kv(w, spec, first, "k")
     _load_q(w, spec, t, first)
+    _load_kv(w, spec, first, "v")
     if items > 1:
         _load_q(w, spec, t, _Item(spec, t, "1"))
-    if scale_at(spec) == "k":
-        _scale_k(w, spec, first)
-    _scores(w, spec, t, first)
+    _scores(w, spec, t, first, scale_k=scale_at(spec) == "k")
     w.add(f"for t in range({items}):")
     w.depth += 1
     one_copy = t.kv_copies == 1 and spec.b * spec.hk > 1
@@ -177,13 +176,16 @@ def _allocate(w: _Writer, spec, t: RowTiling) -> None:
         w.alloc("mask_tile", (2, tq if spec.mask_shape[3] > 1 else 1, spec.mask_shape[4]))
 
 
-def _load_kv(w: _Writer, spec, item: _Item) -> None:
-    """Kᵀ (the DMA reads K with its strides swapped) and V of the item's K / V head."""
+def _load_kv(w: _Writer, spec, item: _Item, which: str = "kv") -> None:
+    """Kᵀ (the DMA reads K with its strides swapped) and V of the item's K / V head (`which`:
+    "k", "v" or both)."""
     slot = item.kv_slot
-    w.add(f"for e, u in T.grid({spec.d}, {spec.sk}):",
-          f"    kt[{slot}, e, u] = {_element(spec, 'rhs', item.n, item.c, 'u', 'e')}",
-          f"for u, e in T.grid({spec.sk}, {spec.dv}):",
-          f"    v[{slot}, u, e] = {_element(spec, 'value', item.n, item.c, 'u', 'e')}")
+    if "k" in which:
+        w.add(f"for e, u in T.grid({spec.d}, {spec.sk}):",
+              f"    kt[{slot}, e, u] = {_element(spec, 'rhs', item.n, item.c, 'u', 'e')}")
+    if "v" in which:
+        w.add(f"for u, e in T.grid({spec.sk}, {spec.dv}):",
+              f"    v[{slot}, u, e] = {_element(spec, 'value', item.n, item.c, 'u', 'e')}")
 
 
 def _load_whole_mask(w: _Writer, spec, t: RowTiling, item: _Item, indent: str = "") -> None:
@@ -214,20 +216,23 @@ def _load_mask_tile(w: _Writer, spec, t: RowTiling, item: _Item) -> None:
           f"    mask_tile[{item.slot}, i, e] = {_guarded(row, spec.sq, t.tq, load) if msq > 1 else load}")
 
 
-def _scores(w: _Writer, spec, t: RowTiling, item: _Item) -> None:
-    """Q * scale (in place) and S = Q Kᵀ of the item; with a mask of whole tiles, S = mask + Q Kᵀ: the mask
-    copied into S (VFUNC identity: one read a score, where an ELTWISE add reads two) and the
-    GEMM accumulating onto it, which rounds fl(Q Kᵀ) + mask as the ELTWISE did."""
+def _scores(w: _Writer, spec, t: RowTiling, item: _Item, scale_k: bool = False) -> None:
+    """[Kᵀ * scale (`scale_k`), Q * scale (in place)] and S = Q Kᵀ of the item; with a mask of
+    whole tiles, S = mask + Q Kᵀ: the mask copied into S (VFUNC identity: one read a score, where
+    an ELTWISE add reads two) and the GEMM accumulating onto it, which rounds fl(Q Kᵀ) + mask as
+    the ELTWISE did. The copy comes first: the mask is the first load (rows_script)."""
     tq, qs, ps = t.tq, t.q_stride, t.p_stride
     q = ("q", f"{item.slot} * {tq * qs}", qs)
     s = ("s", f"{item.s_slot} * {tq * ps}", ps)
-    if scale_at(spec) == "q":
-        w.add(_vfunc("identity", tq, spec.d, q, q, scale=spec.scale))
     if mask_in_gemm(spec):
         a = _mask_operand(spec, t, item)
         w.add(_call("cgra_vfunc", flags=0, func=int(VFunc.IDENTITY), dtype=F32, rows=tq, cols=spec.sk,
                     a_addr=a[:2], a_row_stride=a[2], a_col_stride=a[3], out_addr=s[:2], out_stride=ps,
                     scale_bits=0, offset_bits=0))
+    if scale_k:
+        _scale_k(w, spec, item)
+    if scale_at(spec) == "q":
+        w.add(_vfunc("identity", tq, spec.d, q, q, scale=spec.scale))
     w.add(_call("cgra_gemm", flags=GEMM_ACCUMULATE if mask_in_gemm(spec) else 0, dtype=F32, m=tq, n=spec.sk,
                 k=spec.d, a_addr=q[:2], a_stride=qs, b_addr=("kt", f"{item.kv_slot} * {spec.d * spec.sk}"),
                 b_stride=spec.sk, acc_addr=s[:2], acc_stride=ps))
