@@ -49,6 +49,7 @@ from .split_slices import split_slices_pass
 from .qdq import canonicalize_qdq
 from .qdq16 import canonicalize_qdq16
 from .qlayouts import quantized_layouts_pass
+from .qkv_merges import qkv_merges_pass
 from .qlinear import integer_qlinear_adds_pass
 from .qlookups import quantized_lookups_pass
 from .rewrite import scans_shared
@@ -154,6 +155,9 @@ def normalise_passes(arch=None) -> list:
         # A transpose of a transpose is one (the attention form's output: three in a row, two
         # cancelling), a transpose that moves nothing its operand (permute_chains.py).
         permute_chains_pass,
+        # Attention's q, k and v projections of one input as one linear over their weights side
+        # by side, each part a slice of its view in heads (qkv_merges.py): one GEMM kernel, not three.
+        qkv_merges_pass,
         # A fused q / k / v projection's split as slices, each cut into heads after the slice:
         # the transposing copy or RoPE kernel after it reads its part (split_slices.py).
         split_slices_pass,
