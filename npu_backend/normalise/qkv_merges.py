@@ -106,13 +106,13 @@ class _MergeRewriter(relax.PyExprMutator):
 
 
 def _uses(values: dict) -> dict:
-    """variable -> how many bindings read it."""
+    """variable -> the variables whose bindings read it (once per argument)."""
     uses = {}
-    for value in values.values():
+    for var, value in values.items():
         for arg in getattr(value, "args", ()):
             for leaf in (arg.fields if isinstance(arg, relax.Tuple) else (arg,)):
                 if isinstance(leaf, relax.Var):
-                    uses[leaf] = uses.get(leaf, 0) + 1
+                    uses.setdefault(leaf, []).append(var)
     return uses
 
 
@@ -122,7 +122,7 @@ def _member(var, value, values, uses):
     bias = None
     if op_name(value) == "relax.add":
         matmul_var, bias_expr = _split_bias(value, values)
-        if matmul_var is None or uses.get(matmul_var) != 1:
+        if matmul_var is None or len(uses.get(matmul_var, ())) != 1:
             return None
         bias, value = bias_expr, values[matmul_var]
     if op_name(value) != "relax.matmul" or dtype_of(value) != "float32" or len(static_shape(value) or ()) != 2:
@@ -156,10 +156,8 @@ def _heads_reshape(var, values, uses):
     (through one reshape to (1, S, n)), else None."""
     shape = static_shape(var)
     for _ in range(2):
-        if uses.get(var) != 1:
-            return None
-        readers = [v for v, value in values.items() if op_name(value) == "relax.reshape" and value.args[0].same_as(var)]
-        if len(readers) != 1:
+        readers = uses.get(var, ())
+        if len(readers) != 1 or op_name(values[readers[0]]) != "relax.reshape":
             return None
         var = readers[0]
         out = static_shape(var)
