@@ -85,3 +85,24 @@ def test_q_k_v_run_as_one_gemm_kernel_on_the_npu():
         out = run(npu_backend.compile(mod, "cgra-8x8"), xs)
     np.testing.assert_allclose(out, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
     assert sum("matmul" in k.source_ops for k in prof.kernels) == 1
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma", "gptj"])
+def test_a_decoders_projections_of_one_input_are_one_linear(name):
+    """Six matmuls a layer in Hugging Face's Llama and Gemma (q / k / v as one, the attention's
+    two, o_proj, gate / up as one, down) and GPT-J (q / k / v as one, the attention's two,
+    out_proj, fc_in, fc_out: fc_in reads the same normed input as q / k / v, but not into heads,
+    so it stays apart)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from npu_backend.normalise.stage import normalise
+    from npu_backend.options import CompileOptions
+    from transformer_models import build
+
+    model, inputs = build(name)
+    with torch.no_grad():
+        mod = from_exported_program(torch.export.export(model, inputs))
+    mod = normalise(mod, npu_backend.load_arch("cgra-8x8"), CompileOptions())
+    assert matmuls(mod) == 2 * 6
