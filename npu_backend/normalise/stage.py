@@ -54,6 +54,7 @@ from .qlinear import integer_qlinear_adds_pass
 from .qlookups import quantized_lookups_pass
 from .rewrite import scans_shared
 from .rms_norms import rms_norms_pass
+from .rotary_pairs import rotary_pairs_pass
 from .rotations import rotations_pass
 from .scalars import scalar_operands_pass
 from .softmaxes import safe_softmaxes_pass
@@ -201,6 +202,10 @@ def normalise_passes(arch=None) -> list:
         # `lv53 = lv50`) gone, so that the patterns see their operands' calls (the KV cache's
         # slice under the matmul reading it).
         relax.transform.CanonicalizeBindings(),
+        # GPT-J's interleaved rotary as GPT-NeoX's half rotary, the rotated dims of the q and k
+        # heads reordered in the projection's weights (rotary_pairs.py): the RoPE kernel runs it;
+        # on the bindings canonicalised (its match reads operands' calls through no aliases).
+        rotary_pairs_pass,
         # What folding left unused (PyTorch's max_pool2d returns a tuple with zeros_like
         # indices that FoldConstant turns into a constant nobody reads).
         relax.transform.DeadCodeElimination(),
