@@ -6,7 +6,6 @@ stay as it is (only one rotated part), and on the NPU: one RoPE kernel per rotat
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import tvm
 from hypothesis import given, strategies as st
 from tvm import relax
