@@ -49,6 +49,7 @@ from .split_slices import split_slices_pass
 from .qdq import canonicalize_qdq
 from .qdq16 import canonicalize_qdq16
 from .qlayouts import quantized_layouts_pass
+from .qlayouts16 import quantized_layouts16_pass
 from .qkv_merges import qkv_merges_pass
 from .qlinear import integer_qlinear_adds_pass
 from .qlookups import quantized_lookups_pass
@@ -189,8 +190,9 @@ def normalise_passes(arch=None) -> list:
         split_large_pools_pass,
         # A concat, split, reshape or max pool between quantized tensors runs on the int8 tensors,
         # an operand of another scale requantised, exactly (qlayouts.py): no float copy between
-        # the host's dequantizes and quantizes.
+        # the host's dequantizes and quantizes; the same on int16 tensors (qlayouts16.py).
         quantized_layouts_pass,
+        quantized_layouts16_pass,
         # A function of one quantized tensor through a sigmoid (QLinearSigmoid, a SiLU between
         # quantized layers) as its 256-entry table, exact (qlookups.py): one LOOKUP kernel instead
         # of a float sigmoid between the host's dequantize and quantize and a multiply kernel.
