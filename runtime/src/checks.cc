@@ -274,8 +274,9 @@ void CheckDepthwise(const int64_t* w, const CheckContext& context) {
 void CheckPool(const int64_t* w, const CheckContext& context) {
   int32_t flags = Code(w[CGRA_POOL_FLAGS]), dtype = Code(w[CGRA_POOL_DTYPE]);
   CheckFlags(flags, CGRA_POOL_AVERAGE);
-  int64_t itemsize = VectorItemSize(dtype);
   bool average = (flags & CGRA_POOL_AVERAGE) != 0;
+  // A max pool also takes int16 (stream v11: the 16x8 mode's activations).
+  int64_t itemsize = !average && dtype == CGRA_DTYPE_INT16 ? 2 : VectorItemSize(dtype);
   if (average && dtype != CGRA_DTYPE_FLOAT32) Fail("an average pools float32, not ", DTypeName(dtype));
   const std::pair<int, const char*> steps[] = {{CGRA_POOL_STRIDE_Y, "stride_y"}, {CGRA_POOL_STRIDE_X, "stride_x"},
                                                {CGRA_POOL_DILATION_Y, "dilation_y"},

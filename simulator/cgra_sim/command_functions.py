@@ -138,7 +138,7 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         "the valid rectangle [valid_y_lo, valid_y_hi) x [valid_x_lo, valid_x_hi), tap element "
         "A[py*a_row_stride + px*a_col_stride + c] past a_addr; count = taps inside the count "
         "rectangle (count_*: all 0 without CGRA_POOL_AVERAGE). y < oh, x < ow, c < n; out's "
-        "element at y*out_y_stride + x*out_x_stride + c. dtype: int8, int32 or float32 for max, "
+        "element at y*out_y_stride + x*out_x_stride + c. dtype: int8, int16 (stream v11), int32 or float32 for max, "
         "float32 for an average; out has the input dtype. The padding is never in the "
         "scratchpad: taps outside the valid rectangle are skipped.",
         ("flags", _I32), ("dtype", _I32), "oh", "ow", "n", "kh", "kw", ("a_addr", _ADDR),

@@ -23,7 +23,7 @@ STREAM_VERSION = 11
 #: that v2 streams never set, v4 an opcode (FABRIC), v5 two (REDUCE, VFUNC), v6 one (UNPACK4) and
 #: v7 two dtype codes (BFLOAT16, FLOAT16) that earlier streams never use, v8 three VFUNC functions
 #: (SIGMOID, SILU, GELU_TANH), v9 two dtype codes (INT16, INT64),
-#: v10 an opcode (LOOKUP), v11 a flag (UNPACK4_INT8) that earlier streams never set.
+#: v10 an opcode (LOOKUP), v11 a flag (UNPACK4_INT8) and a max POOL's int16 dtype that earlier streams never use.
 OLDEST_STREAM_VERSION = 2
 RECORD_WORDS = 32
 #: Number of loop dimensions (and tensor dimensions) a DMA box can have.
