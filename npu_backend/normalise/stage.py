@@ -44,6 +44,7 @@ from .norm_folds import norm_folds_pass
 from .quick_gelus import quick_gelus_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .no_op_pads import no_op_pads_pass
+from .nhwc_convs import nhwc_convs_pass
 from .permute_chains import permute_chains_pass
 from .split_slices import split_slices_pass
 from .qdq import canonicalize_qdq
@@ -151,6 +152,10 @@ def normalise_passes(arch=None) -> list:
         # A pad of zero widths (Swin's to a multiple of a window that divides the map) is its
         # operand, not a copy (no_op_pads.py).
         no_op_pads_pass,
+        # A conv2d between transposes to and from channels-last (ConvNeXt's) reads and writes
+        # channels-last, a residual add of two transposed tensors is transposed once after it:
+        # the transposes cancel (nhwc_convs.py).
+        nhwc_convs_pass,
         # A transpose of a transpose is one (the attention form's output: three in a row, two
         # cancelling), a transpose that moves nothing its operand (permute_chains.py).
         permute_chains_pass,
