@@ -40,6 +40,7 @@ from .large_pools import split_large_pools_pass
 from .length_masks import causal_masks_pass
 from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
+from .layer_scales import layer_scales_pass
 from .norm_folds import norm_folds_pass
 from .quick_gelus import quick_gelus_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
@@ -137,6 +138,9 @@ def normalise_passes(arch=None) -> list:
         # CLIP's quick GELU x * sigmoid(1.702 x) as silu(1.702 x), 1 / 1.702 in the next linear's
         # weights: the linear before it takes the scale and the SiLU in its epilogue (quick_gelus.py).
         quick_gelus_pass,
+        # A layer scale (ConvNeXt's gamma * linear(h)) folded into the linear's weights and bias:
+        # the residual add after it joins the GEMM's epilogue (layer_scales.py).
+        layer_scales_pass,
         # A causal mask computed from a symbolic length (HF's, given input_ids alone) proven
         # causal for every length and computed from one arange, once for all layers (length_masks.py).
         causal_masks_pass,
