@@ -1,0 +1,69 @@
+"""Output tiles finished in pieces of rows, and the tile search's choices that go with them.
+
+Stage: tiling and schedule (gemm.py's tile search asks `finishes_in_pieces`, `shallower_depths`
+and `in_pieces`; its schedule `epilogue_piece_rows`). A transformer's prefill runs GEMMs of a
+few dozen rows (tokens) by a few hundred columns: few output tiles, so a kernel's first load and
+its last tile's epilogue and store are much of its time. Finished in pieces of the PE array's
+rows, the last tile's stores overlap its epilogue (gemm_estimate.py prices it: piece_rows), and a
+shallow reduction step lets the first GEMM start after a short load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from cgra_sim.arch import HardwareDescription
+
+from ..common.spec import KernelSpec, Tiling, round_up
+from .epilogue_tail import act_on_vector
+
+
+def finishes_in_pieces(spec: KernelSpec, arch: HardwareDescription) -> bool:
+    """Whether the kernel may finish its output tiles in pieces of rows (epilogue_rows) and its
+    tile search weighs reduction steps shallower than the deepest that fits: a static matmul
+    (static: its tile loops are not cut by lower/ragged.py) whose epilogue runs on the vector
+    unit alone (no FABRIC body or activation between two tiles' GEMMs), with more rows than one
+    fold of the PE array (a prefill's tokens; one row, a decode step's, streams B's panel and is
+    bound by its loads whatever the tiling)."""
+    return spec.op == "matmul" and spec.compute_name == "matmul" and not spec.symbols \
+        and spec.gemm_extents[0] > arch.rows and not spec.fabric_body \
+        and (not spec.act or spec.act == "gelu" or act_on_vector(spec, arch))
+
+
+#: How much faster than the tiling chosen without pieces the estimate must find one with them: the
+#: estimate's error bound on GEMM kernels (tests/test_overlap_estimate.py), so that a choice moves
+#: only where the estimate is sure it gains.
+PIECES_MARGIN = 0.015
+
+
+def in_pieces(whole, candidates, rows: int, row_step: int, arch: HardwareDescription, tiling_for, cycles) -> Tiling:
+    """The tiling of a kernel that may finish its output tiles in pieces: the fastest
+    of `candidates` (deepest and shallower steps), each whole or in pieces of the PE array's
+    rows, priced as the kernel runs (its FILL folded: lower/fold_init.py), if it beats `whole`,
+    the choice without pieces, by PIECES_MARGIN; else `whole`."""
+    choices = [(c, piece) for c in candidates
+               for piece in ((0, arch.rows) if min(c[0], round_up(rows, row_step)) > arch.rows else (0,))]
+    best, piece = min(choices, key=lambda c: (cycles(c[0], rows, c[1], True), -c[0][0] * c[0][1], c[1]))
+    if cycles(best, rows, piece, True) < (1 - PIECES_MARGIN) * cycles(whole, rows, 0, True):
+        return dataclasses.replace(tiling_for(best, rows), epilogue_rows=piece)
+    return tiling_for(whole, rows)
+
+
+def shallower_depths(deepest: int, depth: int, arch: HardwareDescription) -> list[int]:
+    """Reduction steps shallower than the deepest that fits (gemm.choose_tiling's `pieces`):
+    halvings of it that divide the depth, down to a sixteenth of it and no fewer than twice the
+    PE array's rows (a shallower step's GEMM is too short to cover its loads' round trip)."""
+    found, tk = [], deepest
+    while tk % 2 == 0 and tk // 2 >= max(2 * arch.rows, deepest // 16) and depth % (tk // 2) == 0:
+        tk //= 2
+        found.append(tk)
+    return found
+
+
+def epilogue_piece_rows(tiling: Tiling) -> int:
+    """Rows of the EPILOGUE commands and stores an output tile is finished in: the whole tile, or
+    the tiling's `epilogue_rows`. In pieces, piece i's EPILOGUE runs while piece i - 1 is stored
+    (each piece has its own buffer: lower/hoist_allocs.py), so the last tile's epilogue and
+    store overlap: what the kernel waits for after its last GEMM is the epilogue and one piece's
+    store, not the epilogue and the whole tile's store."""
+    return tiling.epilogue_rows if 0 < tiling.epilogue_rows < tiling.tm else tiling.tm
