@@ -22,11 +22,14 @@ def finishes_in_pieces(spec: KernelSpec, arch: HardwareDescription) -> bool:
     """Whether the kernel may finish its output tiles in pieces of rows (epilogue_rows) and its
     tile search weighs reduction steps shallower than the deepest that fits: a static matmul
     (static: its tile loops are not cut by lower/ragged.py) whose epilogue runs on the vector
-    unit alone (no FABRIC body or activation between two tiles' GEMMs), with more rows than one
-    fold of the PE array (a prefill's tokens; one row, a decode step's, streams B's panel and is
-    bound by its loads whatever the tiling)."""
+    unit alone (no FABRIC body or activation between two tiles' GEMMs) and reads no operand tile
+    but a residual (a multiplier's or a per-channel scale's cost in pieces the estimate does not
+    price: BERT's residual x scale went 2% slower), with more rows than one fold of the PE array
+    (a prefill's tokens; one row, a decode step's, streams B's panel and is bound by its loads
+    whatever the tiling)."""
     return spec.op == "matmul" and spec.compute_name == "matmul" and not spec.symbols \
         and spec.gemm_extents[0] > arch.rows and not spec.fabric_body \
+        and not spec.multiplier_shape and not spec.channel_scale_shape \
         and (not spec.act or spec.act == "gelu" or act_on_vector(spec, arch))
 
 
