@@ -18,6 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 import npu_backend
 from cgra_sim.isa import Op
+from cgra_sim.trace import command_args
 from models import matmul_model, run
 from npu_backend.kernels import registry
 from npu_backend.kernels.gemm import gemm
@@ -79,3 +80,25 @@ def test_matmuls_in_pieces_match_numpy(m, n, k, residual, relu):
     mod, inputs, ref = matmul_model(m, n, k, bias=True, relu=relu, residual=residual, seed=m * 1000 + n + k)
     out = run(npu_backend.compile(mod, "cgra-8x8"), inputs)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+
+
+def test_a_streamed_panel_loads_each_a_step_once_in_the_first_column_tile():
+    """32 x 64 x 64 float32 on cgra-8x8 (a transformer's q / o projection at 32 tokens): A's panel
+    comes a 16-deep step at a time with the first column tile's B steps (lower/stream_panel.py),
+    so the first GEMM waits for one step, and the second column tile loads only B."""
+    mod, inputs, ref = matmul_model(32, 64, 64, bias=False, relu=False, transposed=True)
+    out, prof = _profiled(mod, inputs, "cgra-8x8")
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+    tiling = _tiling(32, 64, 64, False, "cgra-8x8")
+    assert tiling.stream_panel and tiling.tk < 64 and tiling.tn < 64
+    launch, = prof.timelines
+    loads = {}  # slot -> the boxes it loaded, in order (the weight is slot 0: rhs, lhs, out)
+    for record in launch.commands:
+        if int(record[0]) == Op.DMA_LOAD:
+            args = command_args(record)
+            loads.setdefault(args["slot"], []).append(tuple(args["origin"]))
+    a_boxes, b_boxes = loads[1], loads[0]
+    assert len(a_boxes) == len(set(a_boxes)) == 64 // tiling.tk  # each step of A once
+    assert len(b_boxes) == (64 // tiling.tn) * (64 // tiling.tk)
+    first_gemm = [i for i, record in enumerate(launch.commands) if int(record[0]) == Op.GEMM][0]
+    assert sum(int(record[0]) == Op.DMA_LOAD for record in launch.commands[:first_gemm]) == 2  # one step's A and B

@@ -16,8 +16,9 @@ transformer's prefill) may finish each output tile in pieces of the array's rows
 (lower/hoist_allocs.py), so that piece i's EPILOGUE runs on the vector unit while piece i - 1 is
 stored and the kernel ends one piece's store after its last EPILOGUE; its tile search then also
 weighs reduction steps shallower than the deepest that fits (the first GEMM waits for a short
-load, not for a whole panel), and takes such a tiling only when the estimate finds it faster by
-more than its error bound (in_pieces). A's rows, and the output tile's rows when the store reads one
+load, not for a whole panel), with A's row panel loaded a step at a time by a row tile's first
+column tile and held for the others (Tiling.stream_panel, lower/stream_panel.py), and takes such
+a tiling only when the estimate finds it faster by more than its error bound (in_pieces). A's rows, and the output tile's rows when the store reads one
 element per row (NCHW), are padded with `storage_align` so the banks serve them without
 conflicts (spad_layout.py).
 """
@@ -36,9 +37,9 @@ from .epilogue import channel_rows, epilogue_intrin
 from .epilogue_tail import act_on_vector, check_tail_padding, tail_tile_cycles
 from ..intrinsics import SPAD, get_intrin
 from ..common.spad_layout import a_row_stride, align_output_rows, align_rows, out_row_stride, store_walks_rows
-from ..common.spec import HOIST_ALLOCS, KernelSpec, Tiling, aligned, round_up
+from ..common.spec import HOIST_ALLOCS, STREAM_PANEL, KernelSpec, Tiling, aligned, round_up
 from .gemm_estimate import estimate_cycles, holds_a_panel, may_hold_a_panel
-from .gemm_pieces import epilogue_piece_rows, finishes_in_pieces, in_pieces, shallower_depths
+from .gemm_pieces import epilogue_piece_rows, finishes_in_pieces, in_pieces, streamed_candidates
 
 
 # ------------------------------------------------------------------ tile search
@@ -149,7 +150,12 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
             if tk is not None:
                 candidates.append((tm, tn, tk))
                 if pieces:
-                    streamed += [(tm, tn, shallower) for shallower in shallower_depths(tk, depth, arch)]
+                    streamed += streamed_candidates(tm, tn, tk, depth, a_panel and round_up(cols, tn) > tn, arch, (
+                        lambda step, panel, tm=tm, tn=tn, out_row=out_row: gemm_footprint(
+                            tm, tn, step, in_bytes, acc_bytes, has_bias, has_residual, has_scale,
+                            a_row_stride(tm, step, in_bytes, arch), out_row, int(has_multiplier), extra_rows)
+                        + aligned(2 * tm * a_row_stride(tm, step, in_bytes, arch) * panel * in_bytes)
+                        <= arch.spad_bytes))
     candidates.sort()  # ties go to the smaller row tile, as they always have
     if not candidates:
         if row_step > arch.rows:  # a conv2d's tile holds whole output rows or columns
@@ -162,9 +168,10 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
             f"{arch.rows}x{arch.cols} tile of a {dtype} GEMM: describe a larger scratchpad")
 
     def tiling_for(candidate, size: int) -> Tiling:
-        tm, tn, tk = candidate
+        tm, tn, tk = candidate[:3]  # (and with `pieces`, whether A's panel streams: gemm_pieces.py)
         tm = min(tm, round_up(size, row_step))  # a tile past the rows is cut to them
-        return Tiling(tm, tn, tk, round_up(size, tm), round_up(cols, tn), round_up(depth, tk))
+        return Tiling(tm, tn, tk, round_up(size, tm), round_up(cols, tn), round_up(depth, tk),
+                      stream_panel=len(candidate) > 3 and candidate[3])
 
     def cycles(candidate, size: int, piece_rows: int = 0, folded: bool = False) -> int:
         return estimate_cycles(tiling_for(candidate, size), dtype, in_bytes, acc_bytes, arch, has_residual, taps=taps,
@@ -380,6 +387,8 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
     # With the whole reduction in one step the A tile is the same for every column tile of a
     # row tile: it is loaded once per row tile (before the column loop), not per tile.
     a_at = _enclosing_loop(sch, acc, col_tile) if holds_a_panel(spec, tiling) else depth_outer
+    if tiling.stream_panel:  # loaded a step at a time by the first column tile (lower/stream_panel.py)
+        sch.annotate(depth_outer, STREAM_PANEL, 1)
     for name, at in (("a_pad", a_at), ("b_pad", depth_outer)):
         block = sch.get_sblock(name)
         sch.compute_at(block, at)

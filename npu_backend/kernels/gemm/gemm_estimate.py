@@ -57,7 +57,9 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     the kernel holds A's row panel across the column tiles when the tiling lets it
     (holds_a_panel): the loads of a step are B's tile, and A's once per row tile. `piece_rows`:
     the kernel finishes each output tile in EPILOGUEs and stores of that many rows (gemm.py's
-    epilogue_rows), so the last tile's epilogue overlaps its stores but the last piece's.
+    epilogue_rows), so the last tile's epilogue overlaps its stores but the last piece's. A
+    tiling with `stream_panel` loads A's panel a step at a time in each row tile's first column
+    tile (lower/stream_panel.py): its first load is one step's A and B, later ones B's.
     """
     tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk * taps
     array_fill = cost.gemm_fill_cycles(arch, t.tm, t.tn)
@@ -74,6 +76,12 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
         loaded = tiles * tile_load + t.mp // t.tm * panel + tiles * residual_load
         panel_stalls = (t.mp // t.tm - 1) * _panel_stall(arch, cost.dma_transfer_cycles(arch, panel),
                                                          cost.dma_transfer_cycles(arch, tile_load), gemm, array_fill)
+    elif t.stream_panel and t.np > t.tn:  # A a step at a time in the first column tile, then held
+        tile_load, a_step = t.tk * t.tn * in_bytes, t.tm * t.tk * in_bytes
+        loaded = tiles * steps * tile_load + t.mp // t.tm * t.tm * t.kp * in_bytes + tiles * residual_load
+        # the first column tile's steps load A's step and B's: as long as the GEMM, or longer
+        late = cost.dma_transfer_cycles(arch, a_step + tile_load) - gemm
+        panel_stalls = t.mp // t.tm * steps * max(0, late)
     load = cost.dma_transfer_cycles(arch, loaded)
     # The PE array's configuration loads while the first operands arrive; only what it takes
     # beyond them delays the first GEMM.
@@ -99,6 +107,11 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
         last_store, last_work, piece_vector = _pieces_tail(arch, t, piece_rows, acc_bytes, has_residual, tail_cycles)
         whole = cost.vector_stream_cycles(arch, (1 + int(has_residual)) * t.tm * t.tn) + tail_vector
         vector += tiles * ((t.tm // piece_rows) * piece_vector - whole)
+    if init_folded and t.tk < t.kp:
+        # a tile's residual loads after its last step's operands, ahead of the next tile's first
+        # ones: what the load engine's slack in a step does not absorb holds the next GEMM back
+        slack = gemm - cost.dma_transfer_cycles(arch, tile_load)
+        bubble += (tiles - 1) * max(0, cost.dma_transfer_cycles(arch, residual_load) - max(0, slack))
     return cost.double_buffered_cycles(arch, cost.BufferedLoop(
         tiles * steps, cost.dma_transfer_cycles(arch, tile_load), (gemm,), 0,
         first_load=cost.dma_transfer_cycles(arch, first_load), last_store=last_store, last_work=last_work,
