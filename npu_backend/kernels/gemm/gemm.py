@@ -150,7 +150,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
             if tk is not None:
                 candidates.append((tm, tn, tk))
                 if pieces:
-                    streamed += streamed_candidates(tm, tn, tk, depth, a_panel and round_up(cols, tn) > tn, arch, (
+                    streamed += streamed_candidates(tm, tn, tk, depth, round_up(cols, tn) // tn, a_panel, arch, (
                         lambda step, panel, tm=tm, tn=tn, out_row=out_row: gemm_footprint(
                             tm, tn, step, in_bytes, acc_bytes, has_bias, has_residual, has_scale,
                             a_row_stride(tm, step, in_bytes, arch), out_row, int(has_multiplier), extra_rows)
@@ -185,7 +185,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     if not any_rows:
         best = min(candidates, key=lambda c: (cycles(c, rows), -c[0] * c[1]))
         if pieces:
-            return in_pieces(best, candidates + streamed, rows, row_step, arch, tiling_for, cycles)
+            return in_pieces(best, candidates + streamed, rows, row_step, arch, tiling_for, cycles, a_panel)
         return tiling_for(best, rows)
     sizes = sorted({min(rows, row_step << k) for k in range(rows.bit_length() + 1)} | {rows})
     fastest = {size: min(cycles(c, size) for c in candidates if c[0] <= round_up(size, row_step)) for size in sizes}
