@@ -49,10 +49,12 @@ from .split_slices import split_slices_pass
 from .qdq import canonicalize_qdq
 from .qdq16 import canonicalize_qdq16
 from .qlayouts import quantized_layouts_pass
+from .qkv_merges import qkv_merges_pass
 from .qlinear import integer_qlinear_adds_pass
 from .qlookups import quantized_lookups_pass
 from .rewrite import scans_shared
 from .rms_norms import rms_norms_pass
+from .rotary_pairs import rotary_pairs_pass
 from .rotations import rotations_pass
 from .scalars import scalar_operands_pass
 from .softmaxes import safe_softmaxes_pass
@@ -154,6 +156,9 @@ def normalise_passes(arch=None) -> list:
         # A transpose of a transpose is one (the attention form's output: three in a row, two
         # cancelling), a transpose that moves nothing its operand (permute_chains.py).
         permute_chains_pass,
+        # Attention's q, k and v projections of one input as one linear over their weights side
+        # by side, each part a slice of its view in heads (qkv_merges.py): one GEMM kernel, not three.
+        qkv_merges_pass,
         # A fused q / k / v projection's split as slices, each cut into heads after the slice:
         # the transposing copy or RoPE kernel after it reads its part (split_slices.py).
         split_slices_pass,
@@ -197,6 +202,10 @@ def normalise_passes(arch=None) -> list:
         # `lv53 = lv50`) gone, so that the patterns see their operands' calls (the KV cache's
         # slice under the matmul reading it).
         relax.transform.CanonicalizeBindings(),
+        # GPT-J's interleaved rotary as GPT-NeoX's half rotary, the rotated dims of the q and k
+        # heads reordered in the projection's weights (rotary_pairs.py): the RoPE kernel runs it;
+        # on the bindings canonicalised (its match reads operands' calls through no aliases).
+        rotary_pairs_pass,
         # What folding left unused (PyTorch's max_pool2d returns a tuple with zeros_like
         # indices that FoldConstant turns into a constant nobody reads).
         relax.transform.DeadCodeElimination(),
