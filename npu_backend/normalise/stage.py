@@ -40,10 +40,12 @@ from .large_pools import split_large_pools_pass
 from .length_masks import causal_masks_pass
 from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
+from .layer_scales import layer_scales_pass
 from .norm_folds import norm_folds_pass
 from .quick_gelus import quick_gelus_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .no_op_pads import no_op_pads_pass
+from .nhwc_convs import nhwc_convs_pass
 from .permute_chains import permute_chains_pass
 from .split_slices import split_slices_pass
 from .qdq import canonicalize_qdq
@@ -140,6 +142,9 @@ def normalise_passes(arch=None) -> list:
         # CLIP's quick GELU x * sigmoid(1.702 x) as silu(1.702 x), 1 / 1.702 in the next linear's
         # weights: the linear before it takes the scale and the SiLU in its epilogue (quick_gelus.py).
         quick_gelus_pass,
+        # A layer scale (ConvNeXt's gamma * linear(h)) folded into the linear's weights and bias:
+        # the residual add after it joins the GEMM's epilogue (layer_scales.py).
+        layer_scales_pass,
         # A causal mask computed from a symbolic length (HF's, given input_ids alone) proven
         # causal for every length and computed from one arange, once for all layers (length_masks.py).
         causal_masks_pass,
@@ -155,6 +160,10 @@ def normalise_passes(arch=None) -> list:
         # A pad of zero widths (Swin's to a multiple of a window that divides the map) is its
         # operand, not a copy (no_op_pads.py).
         no_op_pads_pass,
+        # A conv2d between transposes to and from channels-last (ConvNeXt's) reads and writes
+        # channels-last, a residual add of two transposed tensors is transposed once after it:
+        # the transposes cancel (nhwc_convs.py).
+        nhwc_convs_pass,
         # A transpose of a transpose is one (the attention form's output: three in a row, two
         # cancelling), a transpose that moves nothing its operand (permute_chains.py).
         permute_chains_pass,
