@@ -36,6 +36,7 @@ from .gated_linears import gated_linears_pass
 from .gelus import gelus_pass
 from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
+from .layer_scales import layer_scales_pass
 from .large_pools import split_large_pools_pass
 from .length_masks import causal_masks_pass
 from .masks import masks_pass
@@ -130,6 +131,10 @@ def normalise_passes(arch=None) -> list:
         # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
         # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
         rms_norms_pass, gelus_pass, safe_softmaxes_pass,
+        # A linear's output times a constant per-channel vector (DINOv2's layer scale) as the
+        # linear with that vector in its weights and bias: the residual add after it joins the
+        # GEMM's epilogue instead of running alone (layer_scales.py).
+        layer_scales_pass,
         # A pre-norm's gamma and beta folded into the linear layers that alone read it: the norm
         # kernel loses two of its full-tile steps, the GEMMs nothing (norm_folds.py).
         norm_folds_pass,

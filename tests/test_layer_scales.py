@@ -1,0 +1,81 @@
+"""A linear layer's output times a constant per-channel vector (DINOv2's layer scale) is folded
+into its weights and bias (normalise/layer_scales.py): the residual add after it joins the
+GEMM's epilogue, one kernel, within 1e-5 of float64; a multiply by anything else stays."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from hypothesis import given, settings, strategies as st
+from tvm import relax
+
+import npu_backend
+from npu_backend.normalise.layer_scales import fold_layer_scales
+
+
+def _block(x, w, b, scale, residual, *, reshape=True):
+    """residual + reshape(x @ W^T + b) * scale, as torch.export writes DINOv2's layer scale."""
+    rows, n = x.shape[0], w.shape[1]
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            h = relax.op.matmul(xv, relax.op.permute_dims(relax.const(w.T.copy())))
+            h = bb.emit(relax.op.add(relax.const(b), h) if b is not None else h)
+            if reshape:
+                h = bb.emit(relax.op.reshape(h, (1, rows, n)))
+            h = bb.emit(relax.op.multiply(h, relax.const(scale)))
+            shape = (1, rows, n) if reshape else (rows, n)
+            out = bb.emit_output(relax.op.add(h, relax.const(residual.reshape(shape))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@settings(max_examples=4, deadline=None)
+@given(rows=st.integers(2, 40), k=st.sampled_from([16, 64]), n=st.sampled_from([32, 64]), bias=st.booleans(),
+       reshape=st.booleans(), seed=st.integers(0, 99))
+def test_a_layer_scale_folds_and_its_residual_joins_the_epilogue(rows, k, n, bias, reshape, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, k)).astype("float32")
+    w = (rng.standard_normal((k, n)) / 4).astype("float32")
+    b = rng.standard_normal(n).astype("float32") if bias else None
+    scale = (rng.standard_normal(n) * 1e-1).astype("float32").reshape((1, 1, n) if reshape else (n,))
+    residual = rng.standard_normal((rows, n)).astype("float32")
+    with npu_backend.profile() as prof:
+        vm = relax.VirtualMachine(npu_backend.compile(_block(x, w, b, scale, residual, reshape=reshape), "cgra-8x8"),
+                                  tvm.cpu())
+        got = vm["main"](tvm.runtime.tensor(x)).numpy().reshape(rows, n)
+    h = x.astype(np.float64) @ w + (b if bias else 0)
+    expected = residual + h * scale.reshape(n)
+    assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
+    assert len(prof.kernels) == 1 and prof.host_calls == [], [kernel.name for kernel in prof.kernels]
+
+
+def test_a_multiply_along_another_axis_stays():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 16)).astype("float32")
+    w, b = rng.standard_normal((16, 8)).astype("float32"), rng.standard_normal(8).astype("float32")
+    per_row = rng.standard_normal((8, 1)).astype("float32")  # one value a row: not the weights' to take
+    mod = _block(x, w, b, per_row, np.zeros((8, 8), "float32"), reshape=False)
+    tvm.ir.assert_structural_equal(fold_layer_scales(mod), mod)
+    got = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(got, (x.astype(np.float64) @ w + b) * per_row, rtol=1e-5, atol=1e-5)
+
+
+def test_dinov2s_layer_scales_leave_no_add_kernel():
+    """The ratchet on the real model: DINOv2's residual adds ran as five elementwise kernels (the
+    position embedding's and four after layer scales); only the position embedding's stays."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from transformer_models import build
+
+    model, inputs = build("dinov2", tokens=32)
+    mod = from_exported_program(torch.export.export(model, inputs))
+    with npu_backend.profile() as prof:
+        relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())["main"](
+            *[tvm.runtime.tensor(t.numpy()) for t in inputs])
+    assert sum(kernel.name == "fused_relax_add_cgra" for kernel in prof.kernels) == 1
