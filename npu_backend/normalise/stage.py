@@ -39,6 +39,7 @@ from .index_casts import index_casts_pass
 from .layer_scales import layer_scales_pass
 from .large_pools import split_large_pools_pass
 from .length_masks import causal_masks_pass
+from .mask_positions import mask_positions_pass
 from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
 from .norm_folds import norm_folds_pass
@@ -172,6 +173,10 @@ def normalise_passes(arch=None) -> list:
         # RoPE's rotate_half / rotate_every_two negation folded into the constant sine it
         # multiplies, exactly (rotations.py): no negative left on the host.
         rotations_pass,
+        # Integer arithmetic on an attention mask cast to float32 (Bloom's ALiBi positions:
+        # cumsum, subtract, multiply, astype in int64) as exact float32 arithmetic on its {0, 1}
+        # twin, under the mask's 0 / 1 contract (mask_positions.py); before masks.py builds the twin.
+        mask_positions_pass,
         # A boolean mask's where(m, 0, -inf) and casts as float32 {0, 1} arithmetic, exactly
         # (masks.py): the mask is built on the NPU, once for every layer.
         masks_pass,
