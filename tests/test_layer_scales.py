@@ -79,3 +79,21 @@ def test_dinov2s_layer_scales_leave_no_add_kernel():
         relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())["main"](
             *[tvm.runtime.tensor(t.numpy()) for t in inputs])
     assert sum(kernel.name == "fused_relax_add_cgra" for kernel in prof.kernels) == 1
+
+
+def test_a_scale_and_shift_stay_the_epilogues():
+    """(x @ W + b) * s + t, a batch norm after a linear, is the epilogue's scale and shift as
+    written: folding s would leave t a second bias add, a kernel of its own."""
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((3, 4)).astype("float32"), rng.standard_normal((4, 8)).astype("float32")
+    b, s, t = (rng.standard_normal(8).astype("float32") for _ in range(3))
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.add(relax.op.matmul(xv, relax.const(w)), relax.const(b)))
+            h = bb.emit(relax.op.multiply(h, relax.const(s)))
+            out = bb.emit_output(relax.op.add(h, relax.const(t)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    tvm.ir.assert_structural_equal(fold_layer_scales(mod), mod)

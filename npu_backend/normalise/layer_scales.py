@@ -5,7 +5,8 @@ Stage: normalise (before norm_folds.py). In: a Relax IRModule. Out: the same mod
     y = ((x @ W [+ b]) [reshaped, keeping the last axis]) * lambda
 
 (lambda a constant of the output's width n, shape (n,) or (1, ..., n); W a (K, n) constant or
-`permute_dims` of an (n, K) one; every intermediate read by this chain alone) is
+`permute_dims` of an (n, K) one; every intermediate read by this chain alone; y not shifted by
+a constant add, a batch norm's scale and shift, which the epilogue takes as written) is
 
     y = (x @ (W * lambda[None, :]) [+ b * lambda]) [reshaped]
 
@@ -77,6 +78,15 @@ def _linear_under(uses: _Uses, var, width: int):
     return None
 
 
+def _shifted(uses: _Uses, var) -> bool:
+    """Whether a reader of the scaled `var` adds a constant row to it: a batch norm's scale and
+    shift, which the epilogue takes as they are (folded, the shift would be a second bias add)."""
+    width = (shape_dims(var) or (None,))[-1]
+    return any(op_name(value) == "relax.add" and any(_const(arg) is not None and _const(arg).size == width
+                                                     for arg in value.args)
+               for _, value in uses.only(var) or ())
+
+
 def _fold(linear, scale, replace: dict) -> None:
     """Into `replace`: the linear's weight and bias scaled by `scale`."""
     matmul_var, matmul, (kind, weight, permute_var), bias = linear
@@ -105,7 +115,7 @@ def _rewrite_function(func: relax.Function):
         if found is None or len(uses.only(found[0]) or ()) != 1:
             continue
         linear = _linear_under(uses, found[0], width)
-        if linear is None or linear[2][1].shape[1] != width:
+        if linear is None or linear[2][1].shape[1] != width or _shifted(uses, var):
             continue
         plan = {}
         _fold(linear, found[1], plan)
