@@ -97,3 +97,17 @@ def test_a_scale_and_shift_stay_the_epilogues():
         bb.emit_func_output(out)
     mod = bb.get()
     tvm.ir.assert_structural_equal(fold_layer_scales(mod), mod)
+
+
+def test_a_scalar_scale_folds_too():
+    """Whisper's query projection times head_dim^-0.5: the scalar is every channel's scale."""
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((6, 16)).astype("float32"), rng.standard_normal((16, 16)).astype("float32")
+    b = rng.standard_normal(16).astype("float32")
+    mod = _block(x, w, b, np.array(0.25, "float32"), np.zeros((6, 16), "float32"), reshape=True)
+    folded = fold_layer_scales(mod)
+    assert "multiply" not in str(folded["main"])
+    with npu_backend.profile() as prof:
+        got = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())["main"](tvm.runtime.tensor(x))
+    np.testing.assert_allclose(got.numpy().reshape(6, 16), (x.astype(np.float64) @ w + b) * 0.25, rtol=1e-5, atol=1e-5)
+    assert len(prof.kernels) == 1

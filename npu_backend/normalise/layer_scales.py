@@ -4,14 +4,15 @@ Stage: normalise (before norm_folds.py). In: a Relax IRModule. Out: the same mod
 
     y = ((x @ W [+ b]) [reshaped, keeping the last axis]) * lambda
 
-(lambda a constant of the output's width n, shape (n,) or (1, ..., n); W a (K, n) constant or
+(lambda a constant of the output's width n, shape (n,) or (1, ..., n), or a scalar; W a (K, n) constant or
 `permute_dims` of an (n, K) one; every intermediate read by this chain alone; y not shifted by
 a constant add, a batch norm's scale and shift, which the epilogue takes as written) is
 
     y = (x @ (W * lambda[None, :]) [+ b * lambda]) [reshaped]
 
 DINOv2's (and CaiT's, timm's ViTs') layer scale multiplies each block's attention and MLP
-output by a learned vector before the residual add. The GEMM's epilogue would take the multiply
+output by a learned vector before the residual add; Whisper's (and BART's) attention scales its
+query projection's output by head_dim^-0.5, a scalar. The GEMM's epilogue would take the multiply
 as its per-channel scale, but then not the residual add after it (the tail's scale comes after
 its residual, epilogue_tail.py): each add ran as an elementwise kernel of its own. Folded, the
 layer's output is a plain linear's, and the residual add joins its epilogue as in ViT.
@@ -50,10 +51,12 @@ def _scale_row(value, width: int):
         array = _const(scale)
         if not isinstance(operand, relax.Var) or array is None or shape_dims(operand) != shape_dims(value):
             continue
-        if array.dtype != np.float32 or array.size != width or array.shape[-1] != width or \
-                array.ndim > len(shape_dims(value) or ()) or not np.isfinite(array).all():
+        if array.dtype != np.float32 or array.ndim > len(shape_dims(value) or ()) or not np.isfinite(array).all():
             continue
-        return operand, array.reshape(width)
+        if array.size == 1:  # a scalar (Whisper's and BART's query scaling): every channel's
+            return operand, np.full(width, array.reshape(()), np.float32)
+        if array.size == width and array.shape[-1] == width:
+            return operand, array.reshape(width)
     return None
 
 
