@@ -24,6 +24,7 @@ from .batch_norms import batch_norms_as_scale_shift
 from .bool_scans import bool_scans_as_counts_pass
 from .bounded_shapes import resolve_bounded_shapes
 from .clips import canonicalize_clips_pass
+from .constant_adds import constant_adds_pass
 from .constant_indices import constant_indices_pass
 from .conv1ds import conv1ds_as_conv2ds_pass
 from .conv3ds import conv3ds_as_conv2ds_pass
@@ -136,6 +137,9 @@ def normalise_passes(arch=None) -> list:
         # linear with that vector in its weights and bias: the residual add after it joins the
         # GEMM's epilogue instead of running alone (layer_scales.py).
         layer_scales_pass,
+        # (x + c1) + c2 as x + (c1 + c2): BERT's token-type and position embeddings, both
+        # constants, added as one elementwise kernel instead of two (constant_adds.py).
+        constant_adds_pass,
         # A pre-norm's gamma and beta folded into the linear layers that alone read it: the norm
         # kernel loses two of its full-tile steps, the GEMMs nothing (norm_folds.py).
         norm_folds_pass,
