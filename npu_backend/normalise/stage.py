@@ -44,6 +44,7 @@ from .mask_positions import mask_positions_pass
 from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
 from .norm_folds import norm_folds_pass
+from .position_embeddings import position_embeddings_pass
 from .quick_gelus import quick_gelus_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .no_op_pads import no_op_pads_pass
@@ -140,6 +141,9 @@ def normalise_passes(arch=None) -> list:
         # (x + c1) + c2 as x + (c1 + c2): BERT's token-type and position embeddings, both
         # constants, added as one elementwise kernel instead of two (constant_adds.py).
         constant_adds_pass,
+        # A ViT's position embedding added to [CLS; patches] as a constant for the CLS row and
+        # the patch conv's residual add for the rest, exactly (position_embeddings.py).
+        position_embeddings_pass,
         # A pre-norm's gamma and beta folded into the linear layers that alone read it: the norm
         # kernel loses two of its full-tile steps, the GEMMs nothing (norm_folds.py).
         norm_folds_pass,
