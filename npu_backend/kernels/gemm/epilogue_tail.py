@@ -216,8 +216,9 @@ def tail_tile_cycles(spec, arch):
     work on one output tile, as their standalone kernels price it (sigmoid.py, special.py,
     eltwise.py); None without them. A smooth activation's FABRIC bodies run on the PE array
     (between two tiles' GEMMs), a VFUNC (GELU's, or a smooth one through the function unit:
-    act_on_vector) and the multiplies on the vector unit. A smooth activation's bodies must map
-    onto the chip's fabric."""
+    act_on_vector) and the multiplies on the vector unit, a VFUNC priced by its issue
+    (cost.vfunc_issue_cycles: on the function unit its fill overlaps the next tile's commands,
+    as the simulator times it). A smooth activation's bodies must map onto the chip's fabric."""
     if not spec.act and not spec.multiplier_shape:
         return None
     if spec.gated:  # gated.py: the VFUNC and the multiply over the tile's half of outputs
@@ -230,7 +231,7 @@ def tail_tile_cycles(spec, arch):
     def cycles(elements: int) -> tuple[int, int]:
         array = sum(cost.fabric_run_cycles(arch, program, elements, (12 if reads_b(nodes) else 8) * elements)
                     for program, nodes in programs)
-        vector = cost.vfunc_cycles(arch, elements, spec.act) if vfunc else 0
+        vector = cost.vfunc_issue_cycles(arch, elements, spec.act) if vfunc else 0
         multiplies = (not vfunc and spec.act not in (None, "sigmoid")) + bool(spec.multiplier_shape)
         return array, vector + multiplies * cost.eltwise_cycles(arch, elements, 2 * elements)
 
