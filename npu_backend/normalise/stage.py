@@ -41,6 +41,7 @@ from .layer_scales import layer_scales_pass
 from .large_pools import split_large_pools_pass
 from .length_masks import causal_masks_pass
 from .mask_positions import mask_positions_pass
+from .lookup_tables import lookup_tables_pass
 from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
 from .norm_folds import norm_folds_pass
@@ -131,6 +132,9 @@ def normalise_passes(arch=None) -> list:
         # An embedding lookup reads its int64 token ids as they are, not cast to int32 first: the
         # same rows for every index the lookup defines (index_casts.py).
         index_casts_pass,
+        # What those left constant under a lookup (RoBERTa's token types) folded, and a constant
+        # row added to a lookup (their embedding) added to its table instead (lookup_tables.py).
+        lookup_tables_pass,
         # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
         # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
         rms_norms_pass, gelus_pass, safe_softmaxes_pass,
