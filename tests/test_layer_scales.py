@@ -63,8 +63,9 @@ def test_a_multiply_along_another_axis_stays():
 
 
 def test_dinov2s_layer_scales_leave_no_add_kernel():
-    """The ratchet on the real model: DINOv2's residual adds ran as five elementwise kernels (the
-    position embedding's and four after layer scales); only the position embedding's stays."""
+    """The ratchet on the real model: DINOv2's adds ran as five elementwise kernels (the
+    position embedding's and four after layer scales); none stays (the position embedding's is
+    the patch conv's residual since position_embeddings.py)."""
     import pytest
 
     torch = pytest.importorskip("torch")
@@ -78,7 +79,7 @@ def test_dinov2s_layer_scales_leave_no_add_kernel():
     with npu_backend.profile() as prof:
         relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())["main"](
             *[tvm.runtime.tensor(t.numpy()) for t in inputs])
-    assert sum(kernel.name == "fused_relax_add_cgra" for kernel in prof.kernels) == 1
+    assert not any(kernel.name == "fused_relax_add_cgra" for kernel in prof.kernels)
 
 
 def test_a_scale_and_shift_stay_the_epilogues():
