@@ -37,27 +37,30 @@ from .gated_linears import gated_linears_pass
 from .gelus import gelus_pass
 from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
-from .layer_scales import layer_scales_pass
 from .large_pools import split_large_pools_pass
 from .length_masks import causal_masks_pass
 from .mask_positions import mask_positions_pass
 from .lookup_tables import lookup_tables_pass
 from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
+from .layer_scales import layer_scales_pass
 from .norm_folds import norm_folds_pass
 from .position_embeddings import position_embeddings_pass
 from .quick_gelus import quick_gelus_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .no_op_pads import no_op_pads_pass
+from .nhwc_convs import nhwc_convs_pass
 from .permute_chains import permute_chains_pass
 from .split_slices import split_slices_pass
 from .qdq import canonicalize_qdq
 from .qdq16 import canonicalize_qdq16
 from .qlayouts import quantized_layouts_pass
+from .qkv_merges import qkv_merges_pass
 from .qlinear import integer_qlinear_adds_pass
 from .qlookups import quantized_lookups_pass
 from .rewrite import scans_shared
 from .rms_norms import rms_norms_pass
+from .rotary_pairs import rotary_pairs_pass
 from .rotations import rotations_pass
 from .scalars import scalar_operands_pass
 from .softmaxes import safe_softmaxes_pass
@@ -138,7 +141,7 @@ def normalise_passes(arch=None) -> list:
         # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
         # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
         rms_norms_pass, gelus_pass, safe_softmaxes_pass,
-        # A linear's output times a constant per-channel vector (DINOv2's layer scale) as the
+        # A linear's output times a constant per-channel vector (DINOv2's and ConvNeXt's layer scale) as the
         # linear with that vector in its weights and bias: the residual add after it joins the
         # GEMM's epilogue instead of running alone (layer_scales.py).
         layer_scales_pass,
@@ -169,9 +172,16 @@ def normalise_passes(arch=None) -> list:
         # A pad of zero widths (Swin's to a multiple of a window that divides the map) is its
         # operand, not a copy (no_op_pads.py).
         no_op_pads_pass,
+        # A conv2d between transposes to and from channels-last (ConvNeXt's) reads and writes
+        # channels-last, a residual add of two transposed tensors is transposed once after it:
+        # the transposes cancel (nhwc_convs.py).
+        nhwc_convs_pass,
         # A transpose of a transpose is one (the attention form's output: three in a row, two
         # cancelling), a transpose that moves nothing its operand (permute_chains.py).
         permute_chains_pass,
+        # Attention's q, k and v projections of one input as one linear over their weights side
+        # by side, each part a slice of its view in heads (qkv_merges.py): one GEMM kernel, not three.
+        qkv_merges_pass,
         # A fused q / k / v projection's split as slices, each cut into heads after the slice:
         # the transposing copy or RoPE kernel after it reads its part (split_slices.py).
         split_slices_pass,
@@ -219,6 +229,10 @@ def normalise_passes(arch=None) -> list:
         # `lv53 = lv50`) gone, so that the patterns see their operands' calls (the KV cache's
         # slice under the matmul reading it).
         relax.transform.CanonicalizeBindings(),
+        # GPT-J's interleaved rotary as GPT-NeoX's half rotary, the rotated dims of the q and k
+        # heads reordered in the projection's weights (rotary_pairs.py): the RoPE kernel runs it;
+        # on the bindings canonicalised (its match reads operands' calls through no aliases).
+        rotary_pairs_pass,
         # What folding left unused (PyTorch's max_pool2d returns a tuple with zeros_like
         # indices that FoldConstant turns into a constant nobody reads).
         relax.transform.DeadCodeElimination(),
