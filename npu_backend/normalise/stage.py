@@ -24,6 +24,7 @@ from .batch_norms import batch_norms_as_scale_shift
 from .bool_scans import bool_scans_as_counts_pass
 from .bounded_shapes import resolve_bounded_shapes
 from .clips import canonicalize_clips_pass
+from .constant_adds import constant_adds_pass
 from .constant_indices import constant_indices_pass
 from .conv1ds import conv1ds_as_conv2ds_pass
 from .conv3ds import conv3ds_as_conv2ds_pass
@@ -38,10 +39,13 @@ from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
 from .large_pools import split_large_pools_pass
 from .length_masks import causal_masks_pass
+from .mask_positions import mask_positions_pass
+from .lookup_tables import lookup_tables_pass
 from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
 from .layer_scales import layer_scales_pass
 from .norm_folds import norm_folds_pass
+from .position_embeddings import position_embeddings_pass
 from .quick_gelus import quick_gelus_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .no_op_pads import no_op_pads_pass
@@ -133,18 +137,28 @@ def normalise_passes(arch=None) -> list:
         # An embedding lookup reads its int64 token ids as they are, not cast to int32 first: the
         # same rows for every index the lookup defines (index_casts.py).
         index_casts_pass,
+        # What those left constant under a lookup (RoBERTa's token types) folded, and a constant
+        # row added to a lookup (their embedding) added to its table instead (lookup_tables.py).
+        lookup_tables_pass,
         # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
         # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
         rms_norms_pass, gelus_pass, safe_softmaxes_pass,
+        # A linear's output times a constant per-channel vector (DINOv2's and ConvNeXt's layer scale) as the
+        # linear with that vector in its weights and bias: the residual add after it joins the
+        # GEMM's epilogue instead of running alone (layer_scales.py).
+        layer_scales_pass,
+        # (x + c1) + c2 as x + (c1 + c2): BERT's token-type and position embeddings, both
+        # constants, added as one elementwise kernel instead of two (constant_adds.py).
+        constant_adds_pass,
+        # A ViT's position embedding added to [CLS; patches] as a constant for the CLS row and
+        # the patch conv's residual add for the rest, exactly (position_embeddings.py).
+        position_embeddings_pass,
         # A pre-norm's gamma and beta folded into the linear layers that alone read it: the norm
         # kernel loses two of its full-tile steps, the GEMMs nothing (norm_folds.py).
         norm_folds_pass,
         # CLIP's quick GELU x * sigmoid(1.702 x) as silu(1.702 x), 1 / 1.702 in the next linear's
         # weights: the linear before it takes the scale and the SiLU in its epilogue (quick_gelus.py).
         quick_gelus_pass,
-        # A layer scale (ConvNeXt's gamma * linear(h)) folded into the linear's weights and bias:
-        # the residual add after it joins the GEMM's epilogue (layer_scales.py).
-        layer_scales_pass,
         # A causal mask computed from a symbolic length (HF's, given input_ids alone) proven
         # causal for every length and computed from one arange, once for all layers (length_masks.py).
         causal_masks_pass,
@@ -183,6 +197,10 @@ def normalise_passes(arch=None) -> list:
         # RoPE's rotate_half / rotate_every_two negation folded into the constant sine it
         # multiplies, exactly (rotations.py): no negative left on the host.
         rotations_pass,
+        # Integer arithmetic on an attention mask cast to float32 (Bloom's ALiBi positions:
+        # cumsum, subtract, multiply, astype in int64) as exact float32 arithmetic on its {0, 1}
+        # twin, under the mask's 0 / 1 contract (mask_positions.py); before masks.py builds the twin.
+        mask_positions_pass,
         # A boolean mask's where(m, 0, -inf) and casts as float32 {0, 1} arithmetic, exactly
         # (masks.py): the mask is built on the NPU, once for every layer.
         masks_pass,

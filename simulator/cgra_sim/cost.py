@@ -28,6 +28,11 @@ estimates cannot drift from what the simulator charges.
                  the lanes an element takes its sequence one operation a cycle; a chip whose
                  `function_unit` has the function pipelines it (function_unit.py): an element
                  a pipeline a cycle, plus the fill. The command runs where it ends first.
+                 On the unit the vector unit is busy only while it issues the elements,
+                 ceil(rows * cols / function_unit.lanes) + VECTOR_OVERHEAD_CYCLES
+                 (`vfunc_issue_cycles`); the fill delays the end (its results), as a DMA's
+                 latency does: the next command, a VFUNC into the same pipelines too, starts
+                 while the last elements are still in the stages.
     UNPACK4      ceil(rows * cols / vector_lanes) + VECTOR_OVERHEAD_CYCLES
                  a nibble a lane a cycle: select, subtract the zero point, convert, scale
     LOOKUP       ceil(rows * cols / vector_lanes) + VECTOR_OVERHEAD_CYCLES
@@ -131,6 +136,20 @@ def vfunc_cycles(arch: HardwareDescription, elements: int, func: str, scale: boo
     if function_unit.runs(arch.function_unit, func):
         cycles = min(cycles, _ceil(elements, arch.function_unit["lanes"]) + depth - 1)
     return cycles + VECTOR_OVERHEAD_CYCLES
+
+
+def vfunc_issue_cycles(arch: HardwareDescription, elements: int, func: str, scale: bool = False,
+                       offset: bool = False) -> int:
+    """Cycles a VFUNC keeps the vector unit busy: `vfunc_cycles` on the lanes; on the function
+    unit (where it ends first) only the issue of its elements, its pipelines' fill after that
+    delaying its end, not the next command."""
+    depth = function_unit.depth(func, scale, offset)
+    lanes = _ceil(elements * depth, arch.vector_lanes)
+    if function_unit.runs(arch.function_unit, func):
+        issue = _ceil(elements, arch.function_unit["lanes"])
+        if issue + depth - 1 < lanes:
+            return issue + VECTOR_OVERHEAD_CYCLES
+    return lanes + VECTOR_OVERHEAD_CYCLES
 
 
 def unpack4_cycles(arch: HardwareDescription, elements: int) -> int:

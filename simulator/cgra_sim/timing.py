@@ -278,9 +278,10 @@ def _time_reduce(arch: HardwareDescription, cmd: ReduceCommand, ready: int, free
 def _time_vfunc(arch: HardwareDescription, cmd: VfuncCommand, ready: int, free: int,
                 compute: _ComputeQueue) -> tuple[int, int, int]:
     start = max(free, ready)
-    end = start + cost.vfunc_cycles(arch, cmd.elements, cmd.func.name.lower(), cmd.scale is not None,
-                                    cmd.offset is not None)
-    return start, end, end
+    func, scale, offset = cmd.func.name.lower(), cmd.scale is not None, cmd.offset is not None
+    end = start + cost.vfunc_cycles(arch, cmd.elements, func, scale, offset)
+    # on the function unit the fill delays the results, not the next command (cost.py)
+    return start, end, start + cost.vfunc_issue_cycles(arch, cmd.elements, func, scale, offset)
 
 
 def _time_unpack4(arch: HardwareDescription, cmd, ready: int, free: int,
