@@ -174,7 +174,7 @@ def gemm_steady_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype:
                        slowdown: Fraction = ONE) -> int:
     """Cycles a GEMM streams operands through the array: its folds, k per MAC rate each, a MAC
     step (pe_array's `step`, 1 on the presets) apart, stretched when the scratchpad cannot feed
-    the array. `slowdown`: A's rows conflicting in the banks (timing.gemm_bank_slowdown of a
+    the array. `slowdown`: A's rows conflicting in the banks (command_cycles.gemm_bank_slowdown of a
     command; 1, the default, for a tile search that lays its tiles out conflict-free); the
     bandwidth bound (`gemm_bandwidth_slowdown`) is applied here, so a tile's sizes alone give its
     cycles."""
