@@ -6,8 +6,9 @@ The models (benchmarks/format_models.py): a Llama-style decoder step (one token,
 22 M weights, 89 MB in float32) and a ResNet-18 (tests/onnx_models.py, 64 x 64 images), each built in float32 and
 converted as a user gets each format: bfloat16 and float16 (every tensor in the format), int8
 (the decoder by onnxruntime's `quantize_dynamic`, the CNN by `quantize_static` QDQ per channel),
-int8 x int4 (`quantize_static` QDQ with int4 weights per channel; they cross DRAM a byte each,
-as int8 weights: docs/int4-weights.md), 4-bit weights (onnxruntime's MatMulNBits, block 32, zero
+int16 x int8 (the CNN by `quantize_static` with int16 activations, the 16x8 mode: normalise/qdq16.py,
+its max pools and flattens on int16 by qlayouts16.py), int8 x int4 (`quantize_static` QDQ with int4 weights per channel; a matmul's cross DRAM packed two
+per byte, a conv's a byte each: docs/int4-weights.md), 4-bit weights (onnxruntime's MatMulNBits, block 32, zero
 points; float32 activations; the CNN has no such form: MatMulNBits is a matmul). Each is
 compiled for the chip, run once on the same random inputs, and printed as a row:
 
@@ -47,7 +48,8 @@ def variants(name: str, model, directory: str) -> dict:
     quantized = {"decoder": lambda: fm.int8_dynamic(model, directory),
                  "resnet18": lambda: fm.int8_static(model, directory)}[name]
     return {"float32": model, "bfloat16": fm.to_half(model, "bfloat16"), "float16": fm.to_half(model, "float16"),
-            "int8": quantized(), "int8 x int4": fm.int8_int4_static(model, directory),
+            "int8": quantized(), "int16 x int8": fm.int16_static(model, directory) if name == "resnet18" else None,
+            "int8 x int4": fm.int8_int4_static(model, directory),
             "int4 w": fm.int4_weights(model) if fm.weight_matmuls(model) else None}
 
 
@@ -89,7 +91,8 @@ def table(name: str, model, arch) -> list:
     with tempfile.TemporaryDirectory() as directory:
         for fmt, variant in variants(name, model, directory).items():
             if variant is None:
-                print(f"{fmt:<11} {'(no such form: MatMulNBits is a matmul)':>40}")
+                why = "MatMulNBits is a matmul" if fmt == "int4 w" else "quantize_dynamic has no int16"
+                print(f"{fmt:<11} {f'(no such form: {why})':>40}")
                 continue
             r = measure(variant, feeds, arch)
             error = float(np.abs(r.pop("output") - expected).max()) / scale

@@ -3,8 +3,10 @@
 The block is Llama's feed-forward layer, down(silu(gate(x)) * up(x)), hidden 512, intermediate
 1376 (Llama's 8/3 ratio, rounded to whole blocks), random weights; its 4-bit twin has the three
 MatMuls as onnxruntime's MatMulNBits (block 32, zero points), quantized by the C++ routine
-onnxruntime's MatMulNBitsQuantizer calls (examples/int4_mlp.py). Per number of rows (1: a decode
-step), per model: NPU cycles, DRAM bytes the DMA moved, energy, and the largest difference from
+onnxruntime's MatMulNBitsQuantizer calls (examples/int4_mlp.py); its int8 x int4 twin is the
+block quantized by onnxruntime's `quantize_static` with int4 weights per channel (QDQ; the weights
+packed two per byte in DRAM, normalise/qdq_int4.py). Per number of rows (1: a decode step), per
+model: NPU cycles, DRAM bytes the DMA moved, energy, and the largest difference from
 onnxruntime running the same ONNX model.
 
     python benchmarks/bench_int4.py [--arch cgra-8x8] [--rows 1 16]
@@ -15,6 +17,8 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import sys
+import tempfile
 
 import numpy as np
 
@@ -62,6 +66,15 @@ def measure(model, x, arch) -> dict:
             "diff": float(np.abs(out - expected).max()), "scale": float(np.abs(expected).max())}
 
 
+def _int8_int4(model):
+    """`model` quantized by onnxruntime's quantize_static with int4 weights (format_models.py)."""
+    sys.path.insert(0, HERE)
+    import format_models
+
+    with tempfile.TemporaryDirectory() as directory:
+        return format_models.int8_int4_static(model, directory)
+
+
 def main(argv=None) -> list:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="cgra-8x8", help="preset name or JSON file (default cgra-8x8)")
@@ -72,15 +85,16 @@ def main(argv=None) -> list:
     quantize = runpy.run_path(os.path.join(HERE, "..", "examples", "int4_mlp.py"))["quantize_with_ort_kernel"]
     arch = npu_backend.load_arch(args.arch)
     results = []
-    print(f"{'rows':>4} {'weights':<8} {'cycles':>9} {'DRAM bytes':>11} {'energy uJ':>10} {'NPU MACs':>9} {'max diff':>9}")
+    print(f"{'rows':>4} {'weights':<9} {'cycles':>9} {'DRAM bytes':>11} {'energy uJ':>10} {'NPU MACs':>9} {'max diff':>9}")
     for rows in args.rows:
         rng = np.random.default_rng(rows)
         model = llama_mlp(rng, rows)
         x = rng.standard_normal((rows, HIDDEN)).astype(np.float32)
-        for name, variant in (("float32", model), ("int4", quantize(model, symmetric=False))):
+        for name, variant in (("float32", model), ("int4", quantize(model, symmetric=False)),
+                              ("int8xint4", _int8_int4(model))):
             r = measure(variant, x, arch)
             results.append(dict(rows=rows, weights=name, **r))
-            print(f"{rows:>4} {name:<8} {r['cycles']:>9} {r['dram_bytes']:>11} {r['energy_uj']:>10.1f} "
+            print(f"{rows:>4} {name:<9} {r['cycles']:>9} {r['dram_bytes']:>11} {r['energy_uj']:>10.1f} "
                   f"{r['npu_macs'] / max(1, r['macs']):>9.1%} {r['diff']:>9.2g} (of {r['scale']:.2g})")
     return results
 

@@ -163,6 +163,14 @@ def int8_static(model, directory: str):
     return onnxruntime_quantized(model, directory, activation_type="QInt8", weight_type="QInt8", per_channel=True)
 
 
+def int16_static(model, directory: str):
+    """`model` quantized by onnxruntime's `quantize_static` with int16 activations and int8 weights
+    per channel (QDQ: the 16x8 mode, normalise/qdq16.py)."""
+    from qdq_models import onnxruntime_quantized
+
+    return onnxruntime_quantized(model, directory, activation_type="QInt16", weight_type="QInt8", per_channel=True)
+
+
 def int4_weights(model):
     """`model`'s weight matmuls as MatMulNBits (4 bits, block 32, zero points), as onnxruntime's
     MatMulNBitsQuantizer writes them (examples/int4_mlp.py)."""

@@ -30,7 +30,9 @@ def add_verify_arguments(verify) -> None:
     verify.add_argument("--weight-dtype", choices=["int4"], default=None,
                         help="matmul: 4-bit weights as onnxruntime's MatMulNBits stores them (two per byte in "
                              "DRAM, a float32 scale and a 4-bit zero point per --block-size rows), unpacked on "
-                             "the NPU; float32 activations, no bias or relu (default: weights of --dtype)")
+                             "the NPU; float32 activations, no bias or relu; with --dtype int8 signed int4 weights (a QDQ "
+                             "model's, zero point 0) packed likewise, an int32 bias and a per-channel requantisation "
+                             "to int8, checked exactly (default: weights of --dtype)")
     verify.add_argument("--block-size", type=int, default=32, help="--weight-dtype int4: rows per scale (default 32)")
     verify.add_argument("--arch", default="cgra-8x8", help="preset name or JSON file (default cgra-8x8)")
     verify.add_argument("--seed", type=int, default=None, help="seed of the random inputs (default: from the shape)")

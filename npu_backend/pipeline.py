@@ -18,6 +18,8 @@ from .kernels.common.dynamic import rebind_dimensions
 from .kernels.stage import choose_tiling, define, schedule
 from .lower.dma import lower_copies_to_dma
 from .lower.double_buffer import double_buffer
+from .lower.hoist_allocs import hoist_allocations
+from .lower.stream_panel import stream_panels
 from .lower.fold_init import fold_accumulator_init
 from .lower.ragged import cut_ragged_tiles
 from .lower.stage import func_pass, lower
@@ -82,6 +84,10 @@ def lowering_passes() -> list:
         func_pass(trim_overwritten_fills, "cgra.TrimOverwrittenFills"),
         # The last tile of a symbolic axis moves and computes only the rows that exist.
         func_pass(cut_ragged_tiles, "cgra.CutRaggedTiles"),
+        # A row panel streamed a step at a time by the first column tile, held by the others.
+        func_pass(stream_panels, "cgra.StreamPanels"),
+        # An output tile's epilogue pieces: one buffer each, allocated with the tile's.
+        func_pass(hoist_allocations, "cgra.HoistAllocations"),
         # Two copies of each scratchpad tile reused by a loop, so DMA overlaps compute.
         func_pass(double_buffer, "cgra.DoubleBuffer"),
         s_tir.transform.StmtSimplify(),  # fold the index arithmetic of the remaining calls

@@ -153,3 +153,34 @@ def test_an_int8_conv1d_is_exact():
     out = tvm.relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())["main"](tvm.runtime.tensor(x))
     expected = conv1d_reference(x.astype("float32"), w.astype("float32"), 2, (1, 1), 1, 2)  # exact in float64
     np.testing.assert_array_equal(out.numpy(), expected.astype("int32"))
+
+
+def test_whispers_conv1d_gelus_are_their_convs_epilogue():
+    """Whisper's front end: conv1d + bias, GELU (erf form), a strided conv1d + bias, GELU. The
+    GELUs widen with the convs (conv1ds.py), so each is the conv2d kernel's epilogue: two kernels,
+    not four, within 1e-5 of float64."""
+    import math
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 16, 24)).astype("float32")
+    layers = [(rng.standard_normal((16, 16, 3)).astype("float32") / 4, rng.standard_normal(16).astype("float32"), s)
+              for s in (1, 2)]
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            y = xv
+            for w, b, stride in layers:
+                conv = relax.op.nn.conv1d(y, relax.const(w), strides=stride, padding=1)
+                y = bb.emit(relax.op.nn.gelu(relax.op.add(conv, relax.const(b.reshape(1, 16, 1)))))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    with npu_backend.profile() as prof:
+        got = tvm.relax.VirtualMachine(npu_backend.compile(bb.get(), "cgra-8x8"), tvm.cpu())["main"](
+            tvm.runtime.tensor(x)).numpy()
+    expected = x.astype(np.float64)
+    for w, b, stride in layers:
+        h = conv1d_reference(expected.astype(np.float32), w, stride, (1, 1), 1, 1).astype(np.float64) + b[None, :, None]
+        expected = h * 0.5 * (1 + np.vectorize(math.erf)(h / np.sqrt(2)))
+    assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
+    assert len(prof.kernels) == 2 and all("gelu" in k.name for k in prof.kernels), [k.name for k in prof.kernels]

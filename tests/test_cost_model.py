@@ -51,7 +51,7 @@ def test_a_lone_gemm_costs_configuration_fill_and_steady_stream(arch, m, n, k, d
     gemm = encode(Op.GEMM, dtype=DType.from_name(dtype), m=m, n=n, k=k, a_addr=0, a_stride=k, b_addr=m * k * size,
                   b_stride=n, acc_addr=-(-(m * k + k * n) * size // 64) * 64, acc_stride=n)
     (duration,) = _loaded(arch, [gemm], [(0, np.ones((m, k), dtype)), (m * k * size, np.ones((k, n), dtype))])
-    from cgra_sim.timing import gemm_bank_slowdown
+    from cgra_sim.command_cycles import gemm_bank_slowdown
     from cgra_sim.decode import decode_stream
     (decoded,) = decode_stream(arch, np.array([gemm], dtype=np.int64), [])
     assert duration == arch.config_load_cycles + cost.gemm_fill_cycles(arch, m, n) + \

@@ -29,7 +29,7 @@ from npu_backend.kernels.intrinsics import INTRINSICS, get_intrin
 from test_intrinsics import _Stream, _tir_reference
 
 PRESETS = npu_backend.preset_names()
-ACTS = ("none", "sigmoid", "silu", "silu_mul", "gelu", "gelu_tanh")
+ACTS = ("none", "sigmoid", "silu", "silu_mul", "gelu", "gelu_tanh", "tanh")
 
 
 def _sigmoid(x):
@@ -42,7 +42,8 @@ def _erf(x):
 
 REFERENCE = {"none": lambda x: x, "sigmoid": _sigmoid, "silu": lambda x: x * _sigmoid(x),
              "silu_mul": lambda x: x * _sigmoid(x), "gelu": lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2))),
-             "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))}
+             "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))),
+             "tanh": np.tanh}
 
 
 def _act(bb, act, y):
@@ -51,7 +52,7 @@ def _act(bb, act, y):
     if act == "silu_mul":  # SiLU as HF and ONNX write it
         return bb.emit(relax.op.multiply(y, bb.emit(relax.op.sigmoid(y))))
     op = {"sigmoid": relax.op.sigmoid, "silu": relax.op.nn.silu, "gelu": relax.op.nn.gelu,
-          "gelu_tanh": relax.op.nn.gelu_tanh}[act]
+          "gelu_tanh": relax.op.nn.gelu_tanh, "tanh": relax.op.tanh}[act]
     return bb.emit(op(y))
 
 
@@ -263,7 +264,7 @@ def test_multiplier_computed_from_the_result_is_not_fused():
 def _model(act, value, vfunc=False):
     """The standalone kernels' float32 arithmetic (bit-exact: the fabric's and special.py's), or
     (`vfunc`) the function unit's VFUNC of a smooth activation."""
-    if act == "gelu" or vfunc:
+    if act in ("gelu", "tanh") or vfunc:
         return special.FUNCTIONS[act](value)
     return {"sigmoid": smooth.sigmoid, "silu": smooth.silu, "gelu_tanh": smooth.gelu_tanh}[act](value)
 
@@ -286,7 +287,7 @@ def _multiply(stream, rows, cols, a, b, out):
 
 @settings(max_examples=12, deadline=None)
 @given(rows=st.integers(1, 9), cols=st.integers(1, 9), act=st.sampled_from(["sigmoid", "silu", "gelu_tanh", "gelu",
-                                                                            None]),
+                                                                            "tanh", None]),
        bias=st.booleans(), residual=st.booleans(), multiplier=st.booleans(), channel=st.booleans(),
        relu=st.booleans(), vfunc=st.booleans(), seed=st.integers(0, 2**16))
 def test_epilogue_tail_three_ways(rows, cols, act, bias, residual, multiplier, channel, relu, vfunc, seed):
@@ -364,3 +365,12 @@ def test_epilogue_without_a_tail_is_the_plain_intrinsic():
     assert get_intrin("epilogue", 4, 8, "float32", bias=True, relu=False) == "cgra.epilogue.4.8.float32.True.False"
     with pytest.raises(ValueError, match="float32"):
         INTRINSICS["epilogue"].factory(4, 8, "int32", bias=False, relu=False, act="silu")
+
+
+def test_a_linear_then_tanh_is_one_kernel():
+    """tanh after a linear (BERT's and ViT's pooler, batched) is the epilogue's VFUNC, as GELU's."""
+    mod, inputs, ref = linear_model(32, 64, 64, act="tanh", bias=True, three_d=False)
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(mod, "cgra-8x8"), inputs)
+    _check(out, ref, "tanh")
+    assert [k.name for k in prof.kernels] == ["fused_relax_permute_dims_relax_matmul_relax_add_relax_tanh_cgra"]

@@ -100,10 +100,11 @@ def _int4_qdq_mlp(tmp_path):
 
 def test_int4_qdq_weights_run_as_integer_kernels_bit_exact_to_onnxruntime(tmp_path):
     """quantize_static(weight_type=QInt4): the INT4 initializers (weights, zero points) import as
-    int8 values (TVM's importer failed on them), and both matmuls are int8 x int8 -> int32 NPU
-    kernels requantising to int8; every quantized tensor equals onnxruntime's (which computes these
-    layers as DequantizeLinear + a float32 MatMul: an exact tie could round one step apart; none
-    did here)."""
+    int8 values (TVM's importer failed on them), and both matmuls are int8 x int4 -> int32 NPU
+    kernels (weights packed two per byte in DRAM, UNPACK4_INT8) requantising to int8; every
+    quantized tensor equals onnxruntime's (which computes these layers as DequantizeLinear + a
+    float32 MatMul: an exact tie could round one step apart; none did here). The weights' DRAM
+    bytes halve: the kernels load 93184 bytes, 175104 as int8 weights (before qdq_int4.py)."""
     model, feeds = _int4_qdq_mlp(tmp_path)
     assert sum(init.data_type == 22 for init in model.graph.initializer) == 4  # TensorProto.INT4
     expected = _onnxruntime(model, feeds)
@@ -112,7 +113,11 @@ def test_int4_qdq_weights_run_as_integer_kernels_bit_exact_to_onnxruntime(tmp_pa
     with npu_backend.profile() as prof:
         vm = tvm.relax.VirtualMachine(npu_backend.compile(npu_backend.from_onnx(model), "cgra-8x8"), tvm.cpu())
         outputs = vm["main"](tvm.runtime.tensor(feeds["x"]))
-    assert sum(ops[0] == "matmul" and "quantize" in ops for ops in (k.source_ops for k in prof.kernels)) == 2
+    packed = [k for k in prof.kernels if k.source_ops[0].startswith("call_tir qdq_int4_matmul")]
+    assert len(packed) == 2
+    weights = 512 * 256 + 256 * 128
+    # half a byte a weight, x once (8 rows of int8), 4 bytes of bias and of multiplier a channel
+    assert sum(k.dma_load_bytes for k in packed) == weights // 2 + 8 * (512 + 256) + 8 * (256 + 128)
     for out, want in zip(outputs, expected):
         assert np.array_equal(out.numpy(), want)
 
@@ -127,7 +132,7 @@ def test_a_decoder_steps_int4_qdq_matmuls_are_integer_kernels(tmp_path):
     expected = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"],
                                     disabled_optimizers=["QDQPropagationTransformer"]).run(None, feeds)[0]
     result = measure(q, feeds, "cgra-8x8")
-    assert sum(ops[0] == "matmul" and "quantize" in ops for ops in result["kernels"]) == 7
+    assert sum(ops[0].startswith("call_tir qdq_int4_matmul") for ops in result["kernels"]) == 7  # packed
     assert np.abs(result["output"] - expected).max() <= 1e-5 * np.abs(expected).max()
 
 

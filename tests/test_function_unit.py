@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from cgra_sim import cost, load_arch, special
 from cgra_sim.arch import ArchError, HardwareDescription
 from cgra_sim.function_unit import depth, stages
+from cgra_sim.isa import Unit
 
 UNIT = {"lanes": 2, "functions": ["gelu", "exp"]}
 
@@ -128,3 +129,44 @@ def test_a_compiled_gelu_and_softmax_run_faster_through_the_unit_with_the_same_b
             results.append((out.tobytes(), prof.kernels[0].cycles))
         (unit_bytes, unit_cycles), (lanes_bytes, lanes_cycles) = results
         assert unit_bytes == lanes_bytes and unit_cycles < lanes_cycles, (op, unit_cycles, lanes_cycles)
+
+
+def _vfuncs(arch, chained: bool):
+    """Two GELU VFUNCs over 256 elements each, the second reading the first's output (chained)
+    or its own input; returns their timeline."""
+    from cgra_sim import simulate_detailed
+    from cgra_sim.isa import DType, Op, VFunc, encode
+    from test_sim_functional import dma_record
+
+    x = np.random.default_rng(2).standard_normal(512).astype(np.float32)
+    arrays = [x.copy(), np.zeros(256, np.float32)]
+    vfunc = dict(func=VFunc.GELU, dtype=DType.FLOAT32, rows=16, cols=16, a_row_stride=16, a_col_stride=1,
+                 out_stride=16)
+    records = [dma_record(Op.DMA_LOAD, 0, 0, [(512, 0, 1, 1)]),
+               encode(Op.VFUNC, a_addr=0, out_addr=4096, **vfunc),
+               encode(Op.VFUNC, a_addr=4096 if chained else 1024, out_addr=8192, **vfunc),
+               dma_record(Op.DMA_STORE, 1, 8192, [(256, 0, 1, 1)])]
+    result = simulate_detailed(arch, np.array(records, dtype=np.int64), arrays)
+    expected = special.gelu(special.gelu(x[:256]) if chained else x[256:])
+    assert arrays[1].tobytes() == expected.tobytes()
+    return result.timeline
+
+
+def test_the_units_fill_delays_results_not_the_next_vfunc():
+    """A pipelined unit takes the next VFUNC's elements while the last one's are still in its
+    stages: the vector unit is busy for the issue (256 + 2 cycles), the results come depth - 1
+    later; a VFUNC reading them waits for them."""
+    arch = load_arch("cgra-8x8")
+    issue, fill = 256 + cost.VECTOR_OVERHEAD_CYCLES, depth("gelu") - 1
+    assert cost.vfunc_issue_cycles(arch, 256, "gelu") == issue
+    assert cost.vfunc_cycles(arch, 256, "gelu") == issue + fill
+    independent, chained = _vfuncs(arch, chained=False), _vfuncs(arch, chained=True)
+    assert independent.starts[2] - independent.starts[1] == issue  # back to back
+    assert independent.ends[2] - independent.starts[1] == 2 * issue + fill
+    assert chained.starts[2] - chained.starts[1] == issue + fill  # waits for the results
+    assert independent.busy_cycles(Unit.VECTOR) == chained.busy_cycles(Unit.VECTOR) == 2 * issue
+    # without the unit (cgra-4x4's case) a VFUNC keeps the lanes for its whole sequence
+    plain = HardwareDescription.from_dict(_without_unit())
+    assert cost.vfunc_issue_cycles(plain, 256, "gelu") == cost.vfunc_cycles(plain, 256, "gelu")
+    lanes = _vfuncs(plain, chained=False)
+    assert lanes.starts[2] - lanes.starts[1] == cost.vfunc_cycles(plain, 256, "gelu")

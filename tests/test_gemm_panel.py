@@ -8,6 +8,7 @@ A's per row tile, and a smooth activation's FABRIC bodies as PE-array work.
 
 from __future__ import annotations
 
+import collections
 import types
 
 import numpy as np
@@ -19,12 +20,27 @@ from cgra_sim.trace import command_args
 from models import matmul_model, run
 from npu_backend.kernels.common.spec import Tiling
 from npu_backend.kernels.gemm.epilogue_tail import tail_tile_cycles
+from npu_backend.kernels import registry
+from npu_backend.kernels.gemm import gemm
+from npu_backend.target import relax_ext
 from npu_backend.kernels.gemm.gemm import estimate_cycles
+
+
+@pytest.fixture
+def whole_tiles(monkeypatch):
+    """The tile search as it was before output tiles were finished in pieces (gemm.py's
+    `finishes_in_pieces`): on these shapes it holds A's panel, which is what is tested here (with
+    pieces the search streams shallow reduction steps instead: test_gemm_pieces.py)."""
+    monkeypatch.setattr(gemm, "finishes_in_pieces", lambda spec, arch: False)
+    monkeypatch.setattr(gemm, "_TILINGS", {})
+    monkeypatch.setattr(registry, "_TILINGS", {})
+    monkeypatch.setenv("CGRA_KERNEL_CACHE", "off")
+    monkeypatch.setattr(relax_ext, "_KERNEL_CACHE", collections.OrderedDict())  # nor the process's
 
 
 @pytest.mark.parametrize("arch", ["cgra-4x4", "cgra-8x8"])
 @pytest.mark.parametrize("m, n, k, dtype", [(32, 64, 64, "float32"), (64, 64, 64, "float32"), (40, 96, 72, "int8")])
-def test_each_a_tile_is_loaded_once_for_all_its_column_tiles(arch, m, n, k, dtype):
+def test_each_a_tile_is_loaded_once_for_all_its_column_tiles(arch, m, n, k, dtype, whole_tiles):
     mod, inputs, ref = matmul_model(m, n, k, dtype, bias=False, relu=False, transposed=True)
     with npu_backend.profile(keep_timelines=True) as prof:
         out = run(npu_backend.compile(mod, arch), inputs)

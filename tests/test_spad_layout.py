@@ -18,7 +18,8 @@ from cgra_codegen import device_call_positions
 from cgra_sim.banks import beat_slowdown, operand_slowdown
 from cgra_sim.decode import DepthwiseCommand, DmaCommand, FillCommand, GemmCommand, decode_stream
 from cgra_sim.stream_file import load_launch
-from npu_backend.kernels import KernelSpec
+from npu_backend.kernels import KernelSpec, registry
+from npu_backend.kernels.gemm import gemm as gemm_search
 from npu_backend.kernels.common.spad_layout import (a_row_stride, beat_rows_conflict_free, operand_rows_conflict_free,
                                              out_row_stride, storage_align_args)
 from npu_backend.options import CompileOptions
@@ -80,10 +81,14 @@ def _extern_calls(func, name):
     return calls
 
 
-def test_golden_a_row_stride_of_a_float32_gemm_tile_is_padded():
+def test_golden_a_row_stride_of_a_float32_gemm_tile_is_padded(monkeypatch):
     """matmul 64x64x64 float32 on cgra-8x8: tiles 32 x 16 x 64, A's rows 256 bytes (4 bank
     periods) padded to 65 elements; the DMA box writes A with that stride, and the doubled
-    allocation (one A panel per row tile, held across its column tiles) holds two padded tiles."""
+    allocation (one A panel per row tile, held across its column tiles) holds two padded tiles.
+    (The tile search as without epilogue pieces, which streams 16-deep steps here instead.)"""
+    monkeypatch.setattr(gemm_search, "finishes_in_pieces", lambda spec, arch: False)
+    monkeypatch.setattr(gemm_search, "_TILINGS", {})
+    monkeypatch.setattr(registry, "_TILINGS", {})
     arch = ARCHS["cgra-8x8"]
     spec = KernelSpec("matmul", "float32", "float32", (64, 64), (64, 64))
     kernel = Kernel("k", spec, {})

@@ -66,17 +66,21 @@ def _double_allocations(seq, loops, single):
              and str(stmt.buffer.name).removesuffix(_SUFFIX) not in single}
     if not remap:
         return tirx.SeqStmt(seq)
-    redirect = _ExprRedirect(remap, tirx.floormod(_iteration(loops), COPIES))
+    redirect = ExprRedirect(remap, tirx.floormod(_iteration(loops), COPIES))
     return tirx.SeqStmt([tirx.AllocBuffer(remap[stmt.buffer])
                          if isinstance(stmt, tirx.AllocBuffer) and stmt.buffer in remap
                          else redirect.stmt(stmt) for stmt in seq])
 
 
 def _doubled(buffer):
-    """`COPIES` copies of `buffer`, each spanning the buffer's padded size: its row strides
+    return with_copies(buffer, COPIES)
+
+
+def with_copies(buffer, copies: int):
+    """`copies` copies of `buffer`, each spanning the buffer's padded size: its row strides
     (storage_align's padding) are kept, so every copy has the layout the intrinsics expect."""
     strides = buffer_strides(buffer)
-    return tirx.decl_buffer((COPIES,) + tuple(buffer.shape), buffer.dtype, buffer.name + "_x2",
+    return tirx.decl_buffer((copies,) + tuple(buffer.shape), buffer.dtype, f"{buffer.name}_x{copies}",
                             strides=[buffer_elements(buffer)] + strides, scope=SPAD)
 
 
@@ -95,8 +99,9 @@ def _iteration(loops):
     return index
 
 
-class _ExprRedirect:
-    """Rewrites uses of the remapped buffers to copy `parity` of their doubled version."""
+class ExprRedirect:
+    """Rewrites uses of the remapped buffers to copy `parity` of their doubled (or multiplied:
+    hoist_allocs.py) version."""
 
     def __init__(self, remap, parity):
         self.remap, self.parity = remap, parity

@@ -11,7 +11,7 @@ frames), SqueezeBERT (grouped 1x1 conv1d for every dense layer) and Mamba's dept
 left 2-30% of their MACs on the host (85% for SqueezeBERT).
 
 The elementwise ops the conv2d kernels fuse into their epilogue (a bias or residual add, relu,
-clip) are widened with it when they read the conv's result: add(conv1d(x, w), b) becomes
+clip, GELU, SiLU, sigmoid) are widened with it when they read the conv's result: add(conv1d(x, w), b) becomes
 squeeze(add(conv2d(x', w'), b')), b' the bias with the same unit axis, so the add still fuses.
 A conv1d reading a widened value takes it as it is, so a stack of conv1d layers has no squeeze
 and expand_dims between them. What nothing reads any more goes with DeadCodeElimination.
@@ -29,7 +29,10 @@ from .rewrite import as_pass, rewrite_functions
 _CONV1D = tvm.ir.Op.get("relax.nn.conv1d")
 #: What the conv2d kernels' epilogue fuses, widened with the conv: op -> the positions of its
 #: tensor operands.
-_EPILOGUE_OPS = {"relax.add": (0, 1), "relax.nn.relu": (0,), "relax.clip": (0,)}
+_EPILOGUE_OPS = {"relax.add": (0, 1), "relax.nn.relu": (0,), "relax.clip": (0,),
+                 # the epilogue tail's activations (kernels/gemm/epilogue_tail.py: Whisper's GELU
+                 # after each of its two conv1ds ran as a kernel of its own behind the squeeze)
+                 "relax.nn.gelu": (0,), "relax.nn.gelu_tanh": (0,), "relax.nn.silu": (0,), "relax.sigmoid": (0,)}
 _HEIGHT = 2  # where the unit axis goes: NCW -> NC1W, OIW -> OI1W
 
 

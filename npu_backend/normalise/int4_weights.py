@@ -5,7 +5,9 @@ host PrimFuncs marked `cgra.matmul_nbits` (frontend/matmul_nbits.py). Out: the s
 which each such PrimFunc is the `cgra.kernel` of kernels/gemm/int4_matmul.py for `arch`: same
 parameters (X, packed weights, scales[, zero points], Y), the weights DMAed packed and unpacked
 in the scratchpad by UNPACK4. A layer whose tiles do not fit the chip keeps its host PrimFunc
-(explain says so: a PrimFunc of several blocks stays on the host).
+(explain says so: a PrimFunc of several blocks stays on the host). The same for the int8 x int4
+layers of QDQ models and `cgra-sim verify --weight-dtype int4 --dtype int8` (host PrimFuncs marked
+`cgra.qdq_int4`, kernels/gemm/int4_qmatmul.py: UNPACK4_INT8, int8 GEMM, requantising EPILOGUE).
 
 Why here and not at import: the kernel's tiles depend on the chip, which the importer does not
 know; the host PrimFunc keeps the imported module buildable for any target.
@@ -18,6 +20,8 @@ from tvm import tirx
 
 from ..errors import ScratchpadTooSmall
 from ..frontend.matmul_nbits import LAYER_ATTR
+from ..kernels.gemm.int4_qmatmul import LAYER_ATTR as QDQ_LAYER_ATTR
+from ..kernels.gemm.int4_qmatmul import QInt4Layer, int4_qmatmul_kernel
 
 
 def int4_weight_kernels(mod: tvm.IRModule, arch, kernel_of) -> tvm.IRModule:
@@ -29,14 +33,20 @@ def int4_weight_kernels(mod: tvm.IRModule, arch, kernel_of) -> tvm.IRModule:
         return mod
     updates = {}
     for gvar, func in mod.functions.items():
-        if not isinstance(func, tirx.PrimFunc) or func.attrs is None or LAYER_ATTR not in func.attrs:
+        if not isinstance(func, tirx.PrimFunc) or func.attrs is None:
             continue
-        m, k, n, block, zero_points = (int(v) for v in func.attrs[LAYER_ATTR])
         try:
-            kernel = kernel_of(m, k, n, block, bool(zero_points), arch)
+            if LAYER_ATTR in func.attrs:
+                m, k, n, block, zero_points = (int(v) for v in func.attrs[LAYER_ATTR])
+                kernel = kernel_of(m, k, n, block, bool(zero_points), arch)
+            elif QDQ_LAYER_ATTR in func.attrs:
+                kernel = int4_qmatmul_kernel(QInt4Layer(*(int(v) for v in func.attrs[QDQ_LAYER_ATTR])), arch)
+            else:
+                continue
         except ScratchpadTooSmall:
             continue
-        updates[gvar] = kernel.with_attr("global_symbol", func.attrs["global_symbol"])
+        symbol = func.attrs["global_symbol"] if "global_symbol" in func.attrs else gvar.name_hint
+        updates[gvar] = kernel.with_attr("global_symbol", symbol)
     if not updates:
         return mod
     mod = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(dict(mod.functions), attrs=mod.attrs)

@@ -159,7 +159,11 @@ class _MaskRewriter(relax.PyExprMutator):
     def twin(self, chain: Chain, expr, depth: int, dtype: str = "float32"):
         """B, the {0, 1} tensor of the boolean `expr` in `dtype` (float32 or int32), emitted
         once; None if `expr` is built by an op the table of the module docstring lacks."""
-        key = (chain.value(expr), dtype)
+        value = chain.value(expr)
+        cast = chain.call(value, "relax.astype")
+        # casts of one variable to bool are one mask, however many bindings wrote them
+        # (mask_positions.py's and the padding mask's of one attention_mask)
+        key = (("nonzero", cast.args[0]) if cast is not None and isinstance(cast.args[0], relax.Var) else value, dtype)
         if key in self.twins:
             return self.twins[key]
         twin = self._make_twin(chain, expr, depth, dtype) if depth < 16 and static_shape(expr) is not None else None

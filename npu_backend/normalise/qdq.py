@@ -55,6 +55,7 @@ from tvm import relax
 
 from ..frontend.provenance import with_span
 from .qdq_borders import border_correction
+from .qdq_int4 import added_functions, emit_int4_matmul
 
 _LAYOUTS = {"relax.nn.conv2d": ("NCHW", "OIHW", "NCHW"), "relax.nn.conv1d": ("NCW", "OIW", "NCW")}
 _QUANTIZED = ("int8", "uint8")
@@ -80,9 +81,11 @@ class _Layer:
 def canonicalize_qdq(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with its exact QDQ conv2d / matmul layers in integer form (see the module doc)."""
     updates = {}
-    for gvar, func in mod.functions.items():
+    for gvar, func in list(mod.functions.items()):
         if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
-            updates[gvar] = _QdqRewriter(mod, func).visit_expr(func)
+            rewriter = _QdqRewriter(mod, func)
+            updates[gvar] = rewriter.visit_expr(func)
+            updates.update(added_functions(rewriter.builder_, mod))  # packed int4 layers' PrimFuncs
     mod = mod.clone()
     for gvar, func in updates.items():
         mod[gvar] = func
@@ -323,6 +326,9 @@ class _QdqRewriter(relax.PyExprMutator):
         correction = None
         if layer.op == "conv1d":  # NCW -> NC1W, a view
             data = emit(relax.op.expand_dims(data, axis=2), conv_span)
+        packed = emit_int4_matmul(self.builder_, data, layer, multiplier, y_zero_point, conv_span)
+        if packed is not None:  # a matmul whose weights fit 4 bits: packed two per byte (qdq_int4.py)
+            return packed
         if layer.op in ("conv2d", "conv1d"):
             conv, correction = self._int_conv2d(layer, data)
             acc = emit(conv, conv_span)

@@ -39,18 +39,20 @@ from .rewrite import one_value, op_name, rewrite_each
 _MOVES = ("relax.reshape", "relax.strided_slice", "relax.nn.max_pool1d", "relax.nn.max_pool2d", "relax.concat")
 
 
-def _params(call):
-    """(scale, zero point) of a per-tensor quantize or dequantize between int8 and float32."""
-    scale, zero = one_value(call.args[1], "float32"), one_value(call.args[2], "int8")
+def _params(call, dtype: str = "int8"):
+    """(scale, zero point) of a per-tensor quantize or dequantize between `dtype` and float32."""
+    scale, zero = one_value(call.args[1], "float32"), one_value(call.args[2], dtype)
     return None if scale is None or zero is None else (scale, zero)
 
 
 @relax.expr_functor.mutator
 class _QuantizedLayouts(relax.PyExprMutator):
-    """Rewrites each quantize binding that ends a layout op or max pool of dequantized tensors."""
+    """Rewrites each quantize binding that ends a layout op or max pool of dequantized tensors
+    (of `dtype`: qlayouts16.py takes the int16 ones)."""
 
-    def __init__(self, mod, func):
+    def __init__(self, mod, func, dtype: str = "int8"):
         super().__init__(mod)
+        self.DTYPE = dtype
         self.values, self.users = {}, {}
         self.splits = {}  # float split var -> its int8 split (emitted)
         for block in func.body.blocks:
@@ -70,8 +72,8 @@ class _QuantizedLayouts(relax.PyExprMutator):
         dq = self.values.get(expr)
         if op_name(dq) != "relax.dequantize" or str(dq.attrs.out_dtype) != "float32":
             return None
-        data, params = dq.args[0], _params(dq)
-        if params is None or str(getattr(data.ty, "dtype", "")) != "int8":
+        data, params = dq.args[0], _params(dq, self.DTYPE)
+        if params is None or str(getattr(data.ty, "dtype", "")) != self.DTYPE:
             return None
         return data, params
 
@@ -80,9 +82,9 @@ class _QuantizedLayouts(relax.PyExprMutator):
         return self.values.get(expr) if len(self.users.get(expr, [])) == 1 else None
 
     def _plan(self, call):
-        if op_name(call) != "relax.quantize" or str(call.attrs.out_dtype) != "int8":
+        if op_name(call) != "relax.quantize" or str(call.attrs.out_dtype) != self.DTYPE:
             return None
-        target = _params(call)
+        target = _params(call, self.DTYPE)
         inner = self._single(call.args[0]) if target is not None else None
         if isinstance(inner, relax.TupleGetItem):
             return self._split_item(inner, target, call.span)
@@ -126,9 +128,9 @@ class _QuantizedLayouts(relax.PyExprMutator):
         if params == target:
             return data
         dq = self.builder_.emit(with_span(relax.op.dequantize(
-            data, relax.const(params[0], "float32"), relax.const(params[1], "int8"), out_dtype="float32"), span))
-        value = with_span(relax.op.quantize(dq, relax.const(target[0], "float32"), relax.const(target[1], "int8"),
-                                           out_dtype="int8"), span)
+            data, relax.const(params[0], "float32"), relax.const(params[1], self.DTYPE), out_dtype="float32"), span))
+        value = with_span(relax.op.quantize(dq, relax.const(target[0], "float32"), relax.const(target[1], self.DTYPE),
+                                           out_dtype=self.DTYPE), span)
         return self.builder_.emit(value) if bind else value
 
 

@@ -25,6 +25,7 @@ from .bool_scans import bool_scans_as_counts_pass
 from ..frontend.position_tables import tabulate_prefix
 from .bounded_shapes import resolve_bounded_shapes
 from .clips import canonicalize_clips_pass
+from .constant_adds import constant_adds_pass
 from .constant_indices import constant_indices_pass
 from .conv1ds import conv1ds_as_conv2ds_pass
 from .conv3ds import conv3ds_as_conv2ds_pass
@@ -39,21 +40,29 @@ from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
 from .large_pools import split_large_pools_pass
 from .length_masks import causal_masks_pass
+from .mask_positions import mask_positions_pass
+from .lookup_tables import lookup_tables_pass
 from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
+from .layer_scales import layer_scales_pass
 from .norm_folds import norm_folds_pass
+from .position_embeddings import position_embeddings_pass
 from .quick_gelus import quick_gelus_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .no_op_pads import no_op_pads_pass
+from .nhwc_convs import nhwc_convs_pass
 from .permute_chains import permute_chains_pass
 from .split_slices import split_slices_pass
 from .qdq import canonicalize_qdq
 from .qdq16 import canonicalize_qdq16
 from .qlayouts import quantized_layouts_pass
+from .qlayouts16 import quantized_layouts16_pass
+from .qkv_merges import qkv_merges_pass
 from .qlinear import integer_qlinear_adds_pass
 from .qlookups import quantized_lookups_pass
 from .rewrite import scans_shared
 from .rms_norms import rms_norms_pass
+from .rotary_pairs import rotary_pairs_pass
 from .rotations import rotations_pass
 from .scalars import scalar_operands_pass
 from .softmaxes import safe_softmaxes_pass
@@ -70,12 +79,8 @@ def normalise(mod, arch, options):
     # as UnsupportedOperator (bounded_shapes.py).
     mod = resolve_bounded_shapes(mod, dict(options.shape_bounds))
     # What a prefill computes from its length alone (RoPE's cos and sin of arange(s)) is the
-    # prefix of a table computed for the bound: an NPU slice, no host cos / sin (position_tables.py).
+    # prefix of a table computed for the bound: a view of it, no host cos / sin (position_tables.py).
     mod = tabulate_prefix(mod)
-    # MatMulNBits' host PrimFuncs (4-bit weights) become the chip's unpack-and-GEMM kernels, which
-    # keep the weights packed in DRAM (int4_weights.py).
-    mod = int4_weight_kernels(mod, arch, lambda m, k, n, block, zeros, chip: int4_matmul_kernel(
-        Int4Layer(m, k, n, block, zeros), chip))
     # QDQ layers (dequantize -> conv2d / matmul -> quantize) become int8 x int8 -> int32 with
     # an int32 bias and a requantisation to int8, onnxruntime's arithmetic (qdq.py);
     # first, while the quantized weights are still int8 constants under their dequantize.
@@ -83,6 +88,11 @@ def normalise(mod, arch, options):
     # The same with int16 activations and int8 weights: 16x8 GEMMs into int64, requantised to
     # int16 (qdq16.py).
     mod = canonicalize_qdq16(mod)
+    # MatMulNBits' host PrimFuncs (4-bit weights), and the QDQ matmuls whose weights qdq.py packed
+    # (qdq_int4.py), become the chip's unpack-and-GEMM kernels, which keep the weights packed in
+    # DRAM (int4_weights.py).
+    mod = int4_weight_kernels(mod, arch, lambda m, k, n, block, zeros, chip: int4_matmul_kernel(
+        Int4Layer(m, k, n, block, zeros), chip))
     # A bool cumsum counts, as PyTorch's does (bool_scans.py): as bool no target builds it, and
     # HF's causal mask, built from constants through one, would not fold.
     mod = bool_scans_as_counts_pass(mod)
@@ -131,9 +141,22 @@ def normalise_passes(arch=None) -> list:
         # An embedding lookup reads its int64 token ids as they are, not cast to int32 first: the
         # same rows for every index the lookup defines (index_casts.py).
         index_casts_pass,
+        # What those left constant under a lookup (RoBERTa's token types) folded, and a constant
+        # row added to a lookup (their embedding) added to its table instead (lookup_tables.py).
+        lookup_tables_pass,
         # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
         # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
         rms_norms_pass, gelus_pass, safe_softmaxes_pass,
+        # A linear's output times a constant per-channel vector (DINOv2's and ConvNeXt's layer scale) as the
+        # linear with that vector in its weights and bias: the residual add after it joins the
+        # GEMM's epilogue instead of running alone (layer_scales.py).
+        layer_scales_pass,
+        # (x + c1) + c2 as x + (c1 + c2): BERT's token-type and position embeddings, both
+        # constants, added as one elementwise kernel instead of two (constant_adds.py).
+        constant_adds_pass,
+        # A ViT's position embedding added to [CLS; patches] as a constant for the CLS row and
+        # the patch conv's residual add for the rest, exactly (position_embeddings.py).
+        position_embeddings_pass,
         # A pre-norm's gamma and beta folded into the linear layers that alone read it: the norm
         # kernel loses two of its full-tile steps, the GEMMs nothing (norm_folds.py).
         norm_folds_pass,
@@ -155,9 +178,16 @@ def normalise_passes(arch=None) -> list:
         # A pad of zero widths (Swin's to a multiple of a window that divides the map) is its
         # operand, not a copy (no_op_pads.py).
         no_op_pads_pass,
+        # A conv2d between transposes to and from channels-last (ConvNeXt's) reads and writes
+        # channels-last, a residual add of two transposed tensors is transposed once after it:
+        # the transposes cancel (nhwc_convs.py).
+        nhwc_convs_pass,
         # A transpose of a transpose is one (the attention form's output: three in a row, two
         # cancelling), a transpose that moves nothing its operand (permute_chains.py).
         permute_chains_pass,
+        # Attention's q, k and v projections of one input as one linear over their weights side
+        # by side, each part a slice of its view in heads (qkv_merges.py): one GEMM kernel, not three.
+        qkv_merges_pass,
         # A fused q / k / v projection's split as slices, each cut into heads after the slice:
         # the transposing copy or RoPE kernel after it reads its part (split_slices.py).
         split_slices_pass,
@@ -171,6 +201,10 @@ def normalise_passes(arch=None) -> list:
         # RoPE's rotate_half / rotate_every_two negation folded into the constant sine it
         # multiplies, exactly (rotations.py): no negative left on the host.
         rotations_pass,
+        # Integer arithmetic on an attention mask cast to float32 (Bloom's ALiBi positions:
+        # cumsum, subtract, multiply, astype in int64) as exact float32 arithmetic on its {0, 1}
+        # twin, under the mask's 0 / 1 contract (mask_positions.py); before masks.py builds the twin.
+        mask_positions_pass,
         # A boolean mask's where(m, 0, -inf) and casts as float32 {0, 1} arithmetic, exactly
         # (masks.py): the mask is built on the NPU, once for every layer.
         masks_pass,
@@ -187,8 +221,9 @@ def normalise_passes(arch=None) -> list:
         split_large_pools_pass,
         # A concat, split, reshape or max pool between quantized tensors runs on the int8 tensors,
         # an operand of another scale requantised, exactly (qlayouts.py): no float copy between
-        # the host's dequantizes and quantizes.
+        # the host's dequantizes and quantizes; the same on int16 tensors (qlayouts16.py).
         quantized_layouts_pass,
+        quantized_layouts16_pass,
         # A function of one quantized tensor through a sigmoid (QLinearSigmoid, a SiLU between
         # quantized layers) as its 256-entry table, exact (qlookups.py): one LOOKUP kernel instead
         # of a float sigmoid between the host's dequantize and quantize and a multiply kernel.
@@ -201,6 +236,10 @@ def normalise_passes(arch=None) -> list:
         # `lv53 = lv50`) gone, so that the patterns see their operands' calls (the KV cache's
         # slice under the matmul reading it).
         relax.transform.CanonicalizeBindings(),
+        # GPT-J's interleaved rotary as GPT-NeoX's half rotary, the rotated dims of the q and k
+        # heads reordered in the projection's weights (rotary_pairs.py): the RoPE kernel runs it;
+        # on the bindings canonicalised (its match reads operands' calls through no aliases).
+        rotary_pairs_pass,
         # What folding left unused (PyTorch's max_pool2d returns a tuple with zeros_like
         # indices that FoldConstant turns into a constant nobody reads).
         relax.transform.DeadCodeElimination(),

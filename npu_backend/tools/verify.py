@@ -10,7 +10,8 @@ of the output's scale, bfloat16 and float16 (matmul, conv2d) within `half_floats
 numpy's model of the NPU (float32 sums, rounded to nearest even on store): one ulp of the format
 at each result plus twice float32's summation error over its terms. `--weight-dtype int4` runs a
 matmul with 4-bit weights (MatMulNBits: packed in DRAM, unpacked by UNPACK4 in the scratchpad)
-against numpy.
+against numpy; with `--dtype int8` signed int4 weights (QDQ's) unpacked to int8, an int32 bias and a
+per-channel requantisation, exactly.
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ def run_verify(args) -> int:
 
 
 def _title(args) -> str:
-    weights = f" x int4 weights (block {args.block_size})" if getattr(args, "weight_dtype", None) == "int4" else ""
+    weights = ""
+    if getattr(args, "weight_dtype", None) == "int4":
+        weights = " x int4 weights" + ("" if args.dtype == "int8" else f" (block {args.block_size})")
     return f"{args.op} {'x'.join(str(d) for d in args.shape)} {args.dtype}{weights}"
 
 
@@ -158,8 +161,10 @@ def _matmul_int4(args, m: int, n: int, k: int) -> Case:
     from ..frontend.matmul_nbits import layer_module
 
     block = args.block_size
+    if args.dtype == "int8":
+        return _matmul_int8_int4(args, m, n, k)
     if args.dtype != "float32" or block < 16 or block & (block - 1):
-        raise UsageError(f"--weight-dtype int4 takes --dtype float32 activations and a --block-size that is a power "
+        raise UsageError(f"--weight-dtype int4 takes --dtype int8, or float32 activations and a --block-size that is a power "
                          f"of 2 >= 16 (got {args.dtype}, {block})")
     rng = np.random.default_rng(m * 1000003 + n * 1009 + k if args.seed is None else args.seed)
     groups = -(-k // block)
@@ -171,6 +176,43 @@ def _matmul_int4(args, m: int, n: int, k: int) -> Case:
     rows = np.arange(k) // block
     w = ((q[:, :k].astype(np.int32) - z[:, rows]).astype(np.float32) * s[:, rows]).T
     return Case(layer_module(m, k, block, packed, s, zeros), [x], x @ w, m * n * k, "call_tir matmul_int4", False)
+
+
+def _matmul_int8_int4(args, m: int, n: int, k: int) -> Case:
+    """int8 x @ W with W signed int4 (a QDQ layer's: packed two per byte, zero point 0), an int32
+    bias and a per-channel requantisation to int8, against numpy's integer sum and
+    rne(clamp(float32(acc) * M)) + zp (the EPILOGUE's and onnxruntime's QLinearMatMul order)."""
+    import numpy as np
+
+    from cgra_sim.unpack4 import pack_signed
+
+    from ..kernels.gemm.int4_qmatmul import QInt4Layer, host_prim_func
+
+    rng = np.random.default_rng(m * 1000003 + n * 1009 + k if args.seed is None else args.seed)
+    w = rng.integers(-8, 8, (k, n))
+    x = rng.integers(-128, 128, (m, k)).astype(np.int8)
+    bias = rng.integers(-2000, 2000, n).astype(np.int32) if not args.no_bias else np.zeros(n, np.int32)
+    scale = (rng.uniform(0.5, 2.0, n) / (8 * np.sqrt(k) * 16)).astype(np.float32)
+    zp = int(rng.integers(-20, 20))
+    acc = x.astype(np.int64) @ w + bias
+    ref = (np.rint(np.clip(acc.astype(np.float32) * scale, -128 - zp, 127 - zp)) + zp).astype(np.int8)
+    return Case(_int4_module(host_prim_func(QInt4Layer(m, k, n, zp)), x, [pack_signed(w), bias, scale], (m, n)),
+                [x], ref, m * n * k, "call_tir matmul_int8_int4", True)
+
+
+def _int4_module(func, x, consts: list, out_shape) -> "tvm.IRModule":
+    """main(x) = call_tir(func, [x, *consts]) with an int8 result of `out_shape`."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    var = relax.Var("x", relax.TensorType(x.shape, "int8"))
+    with bb.function("main", [var]):
+        with bb.dataflow():
+            gvar = bb.add_func(func.with_attr("global_symbol", "int4_layer"), "int4_layer")
+            out = bb.emit_output(relax.call_tir(gvar, [var] + [relax.const(c) for c in consts],
+                                                relax.TensorType(out_shape, "int8")))
+        bb.emit_func_output(out)
+    return bb.get()
 
 
 def _batch_matmul(args) -> Case:

@@ -274,8 +274,9 @@ void CheckDepthwise(const int64_t* w, const CheckContext& context) {
 void CheckPool(const int64_t* w, const CheckContext& context) {
   int32_t flags = Code(w[CGRA_POOL_FLAGS]), dtype = Code(w[CGRA_POOL_DTYPE]);
   CheckFlags(flags, CGRA_POOL_AVERAGE);
-  int64_t itemsize = VectorItemSize(dtype);
   bool average = (flags & CGRA_POOL_AVERAGE) != 0;
+  // A max pool also takes int16 (stream v11: the 16x8 mode's activations).
+  int64_t itemsize = !average && dtype == CGRA_DTYPE_INT16 ? 2 : VectorItemSize(dtype);
   if (average && dtype != CGRA_DTYPE_FLOAT32) Fail("an average pools float32, not ", DTypeName(dtype));
   const std::pair<int, const char*> steps[] = {{CGRA_POOL_STRIDE_Y, "stride_y"}, {CGRA_POOL_STRIDE_X, "stride_x"},
                                                {CGRA_POOL_DILATION_Y, "dilation_y"},
@@ -406,7 +407,7 @@ void CheckVfunc(const int64_t* w, const CheckContext& context) {
 
 void CheckUnpack4(const int64_t* w, const CheckContext& context) {
   int32_t flags = Code(w[CGRA_UNPACK4_FLAGS]);
-  CheckFlags(flags, CGRA_UNPACK4_ZERO_POINTS);
+  CheckFlags(flags, CGRA_UNPACK4_ZERO_POINTS | CGRA_UNPACK4_INT8);
   int64_t rows = w[CGRA_UNPACK4_ROWS], cols = w[CGRA_UNPACK4_COLS], group = w[CGRA_UNPACK4_GROUP];
   if (rows < 1 || cols < 1 || group < 1) Fail("rows ", rows, ", cols ", cols, " and group ", group, " must be >= 1");
   int64_t groups = (rows + group - 1) / group;
@@ -415,6 +416,15 @@ void CheckUnpack4(const int64_t* w, const CheckContext& context) {
     CheckRegion(name, Access::kRead, addr, cols, per_col, stride, itemsize, context.spad_bytes);
   };
   columns("A", w[CGRA_UNPACK4_A_ADDR], (rows + 1) / 2, w[CGRA_UNPACK4_A_COL_STRIDE], 1);
+  if (flags & CGRA_UNPACK4_INT8) {
+    if ((flags & CGRA_UNPACK4_ZERO_POINTS) || w[CGRA_UNPACK4_ZERO_ADDR] || w[CGRA_UNPACK4_ZERO_COL_STRIDE]) {
+      Fail("CGRA_UNPACK4_INT8 takes no zero points: CGRA_UNPACK4_ZERO_POINTS must be off and zero_addr, "
+           "zero_col_stride 0 (the scale arguments are not read)");
+    }
+    CheckRegion("out", Access::kWrite, w[CGRA_UNPACK4_OUT_ADDR], rows, cols, w[CGRA_UNPACK4_OUT_STRIDE], 1,
+                context.spad_bytes);
+    return;
+  }
   columns("scale", w[CGRA_UNPACK4_SCALE_ADDR], groups, w[CGRA_UNPACK4_SCALE_COL_STRIDE], CGRA_DTYPE_FLOAT32_BYTES);
   if (flags & CGRA_UNPACK4_ZERO_POINTS) {
     columns("zero", w[CGRA_UNPACK4_ZERO_ADDR], (groups + 1) / 2, w[CGRA_UNPACK4_ZERO_COL_STRIDE], 1);

@@ -19,7 +19,7 @@ from .isa import (BODY_FIRST_NODE, BODY_IMMEDIATE, BODY_INPUT_A, BODY_INPUT_B, B
                   EPILOGUE_REQUANTISE, EPILOGUE_RESIDUAL, FABRIC_INPUT_B, FABRIC_INT8, FIELDS, GEMM_ACCUMULATE, POOL_AVERAGE,
                   RECORD_WORDS, SLOT_FIELDS, SLOT_WORDS, STREAM_VERSION, BodyOp, CommandFunction, DType,
                   EltwiseFunc, Op, ParamKind, ReduceFunc, VFunc, VFUNC_OFFSET, VFUNC_SCALE,
-                  UNPACK4_ZERO_POINTS)
+                  UNPACK4_INT8, UNPACK4_ZERO_POINTS)
 
 
 def c_header() -> str:
@@ -46,6 +46,7 @@ def c_header() -> str:
         f"#define CGRA_VFUNC_SCALE {VFUNC_SCALE}",
         f"#define CGRA_VFUNC_OFFSET {VFUNC_OFFSET}",
         f"#define CGRA_UNPACK4_ZERO_POINTS {UNPACK4_ZERO_POINTS}",
+        f"#define CGRA_UNPACK4_INT8 {UNPACK4_INT8}",
         f"#define CGRA_BODY_INPUT_A {BODY_INPUT_A}",
         f"#define CGRA_BODY_INPUT_B {BODY_INPUT_B}",
         f"#define CGRA_BODY_FIRST_NODE {BODY_FIRST_NODE}",

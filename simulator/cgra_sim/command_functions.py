@@ -138,7 +138,7 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         "the valid rectangle [valid_y_lo, valid_y_hi) x [valid_x_lo, valid_x_hi), tap element "
         "A[py*a_row_stride + px*a_col_stride + c] past a_addr; count = taps inside the count "
         "rectangle (count_*: all 0 without CGRA_POOL_AVERAGE). y < oh, x < ow, c < n; out's "
-        "element at y*out_y_stride + x*out_x_stride + c. dtype: int8, int32 or float32 for max, "
+        "element at y*out_y_stride + x*out_x_stride + c. dtype: int8, int16 (stream v11), int32 or float32 for max, "
         "float32 for an average; out has the input dtype. The padding is never in the "
         "scratchpad: taps outside the valid rectangle are skipped.",
         ("flags", _I32), ("dtype", _I32), "oh", "ow", "n", "kh", "kw", ("a_addr", _ADDR),
@@ -200,7 +200,8 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         "group, out[i*out_stride + j] = float32(q - z) * S[j*scale_col_stride + g] (rounded once), "
         "S float32, z nibble g % 2 of byte Z[j*zero_col_stride + g/2] with CGRA_UNPACK4_ZERO_POINTS "
         "(zero_addr and zero_col_stride 0 without it), else 8. A and Z are bytes (int8 slots holding "
-        "uint8 bits).",
+        "uint8 bits). With CGRA_UNPACK4_INT8 (stream v11) q is the nibble as signed int4 (-8..7) and "
+        "out[i*out_stride + j] = int8 q, an int8 GEMM's B tile (QDQ int4 weights); scale unread, zero words 0.",
         ("flags", _I32), "rows", "cols", "group", ("a_addr", _ADDR), "a_col_stride", ("scale_addr", _ADDR),
         "scale_col_stride", ("zero_addr", _ADDR, UNPACK4_ZERO_POINTS),
         ("zero_col_stride", _I64, UNPACK4_ZERO_POINTS), ("out_addr", _ADDR), "out_stride"),

@@ -28,6 +28,11 @@ estimates cannot drift from what the simulator charges.
                  the lanes an element takes its sequence one operation a cycle; a chip whose
                  `function_unit` has the function pipelines it (function_unit.py): an element
                  a pipeline a cycle, plus the fill. The command runs where it ends first.
+                 On the unit the vector unit is busy only while it issues the elements,
+                 ceil(rows * cols / function_unit.lanes) + VECTOR_OVERHEAD_CYCLES
+                 (`vfunc_issue_cycles`); the fill delays the end (its results), as a DMA's
+                 latency does: the next command, a VFUNC into the same pipelines too, starts
+                 while the last elements are still in the stages.
     UNPACK4      ceil(rows * cols / vector_lanes) + VECTOR_OVERHEAD_CYCLES
                  a nibble a lane a cycle: select, subtract the zero point, convert, scale
     LOOKUP       ceil(rows * cols / vector_lanes) + VECTOR_OVERHEAD_CYCLES
@@ -133,6 +138,20 @@ def vfunc_cycles(arch: HardwareDescription, elements: int, func: str, scale: boo
     return cycles + VECTOR_OVERHEAD_CYCLES
 
 
+def vfunc_issue_cycles(arch: HardwareDescription, elements: int, func: str, scale: bool = False,
+                       offset: bool = False) -> int:
+    """Cycles a VFUNC keeps the vector unit busy: `vfunc_cycles` on the lanes; on the function
+    unit (where it ends first) only the issue of its elements, its pipelines' fill after that
+    delaying its end, not the next command."""
+    depth = function_unit.depth(func, scale, offset)
+    lanes = _ceil(elements * depth, arch.vector_lanes)
+    if function_unit.runs(arch.function_unit, func):
+        issue = _ceil(elements, arch.function_unit["lanes"])
+        if issue + depth - 1 < lanes:
+            return issue + VECTOR_OVERHEAD_CYCLES
+    return lanes + VECTOR_OVERHEAD_CYCLES
+
+
 def unpack4_cycles(arch: HardwareDescription, elements: int) -> int:
     """Cycles of an UNPACK4 writing `elements` float32 weights: a lane's pipeline takes a nibble a
     cycle (select, subtract the zero point, convert, multiply by the scale: stages, like the
@@ -155,7 +174,7 @@ def gemm_steady_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype:
                        slowdown: Fraction = ONE) -> int:
     """Cycles a GEMM streams operands through the array: its folds, k per MAC rate each, a MAC
     step (pe_array's `step`, 1 on the presets) apart, stretched when the scratchpad cannot feed
-    the array. `slowdown`: A's rows conflicting in the banks (timing.gemm_bank_slowdown of a
+    the array. `slowdown`: A's rows conflicting in the banks (command_cycles.gemm_bank_slowdown of a
     command; 1, the default, for a tile search that lays its tiles out conflict-free); the
     bandwidth bound (`gemm_bandwidth_slowdown`) is applied here, so a tile's sizes alone give its
     cycles."""

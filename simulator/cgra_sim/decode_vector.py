@@ -20,7 +20,8 @@ def decode_pool(check: Checker, index: int, op: Op, record: list[int], tensors) 
     fields = dict(zip(FIELDS[op], record))
     flags, average = fields["flags"], bool(fields["flags"] & POOL_AVERAGE)
     check.flags(flags, POOL_AVERAGE)
-    dtype = check.dtype("dtype", fields["dtype"], (DType.FLOAT32,) if average else VECTOR_DTYPES)
+    # A max pool also takes int16 (stream v11): the 16x8 mode's activations (qlayouts16.py).
+    dtype = check.dtype("dtype", fields["dtype"], (DType.FLOAT32,) if average else VECTOR_DTYPES + (DType.INT16,))
     oh, ow, n, kh, kw = (fields[name] for name in ("oh", "ow", "n", "kh", "kw"))
     check.positive(oh=oh, ow=ow, n=n, kh=kh, kw=kw, stride_y=fields["stride_y"], stride_x=fields["stride_x"],
                    dilation_y=fields["dilation_y"], dilation_x=fields["dilation_x"])

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 
-from .isa import HALF_FLOATS, Op
+from .isa import HALF_FLOATS, DType, Op
 from .special import OPS as VFUNC_OPS
 
 COMPONENTS = ("mac", "vector", "spad", "dram", "config", "leakage")
@@ -143,7 +143,9 @@ def launch_energy(arch, commands, cycles: int, config_slots: int) -> dict:
         elif cmd.op is Op.DEPTHWISE:
             energy["mac"] += cmd.macs * table["mac"][cmd.dtype.numpy_name]
         elif cmd.op is Op.POOL:
-            energy["vector"] += cmd.taps * table["vector_op"][cmd.dtype.numpy_name]
+            # An int16 max pool's compare is charged as an int32 one (the table has no int16 column).
+            dtype = "int32" if cmd.dtype is DType.INT16 else cmd.dtype.numpy_name
+            energy["vector"] += cmd.taps * table["vector_op"][dtype]
         elif cmd.op is Op.REDUCE:  # one lane operation per element folded (two for a sum of squares)
             energy["vector"] += cmd.elements * (1 + (cmd.func.name == "SUM_SQUARES")) * table["vector_op"]["float32"]
         elif cmd.op is Op.VFUNC:  # the lane operations of the function's sequence per element

@@ -16,7 +16,9 @@ square root 4 stages, as special.OPS counts them), and one stage each for VFUNC'
 offset. A function's depth is the length of its sequence; the pipeline has as many stages as
 the longest sequence it has (GELU's 85, + 2). A VFUNC over n elements then takes
 ceil(n / lanes) cycles once the pipe is full, plus its fill of depth - 1 cycles
-(cost.vfunc_cycles). The vector unit issues a VFUNC to whichever of its lanes and the function
+(cost.vfunc_cycles); the vector unit is busy only for the ceil(n / lanes) cycles of the issue
+(cost.vfunc_issue_cycles), so the next command, a VFUNC into the same pipelines too, starts
+while the last elements are still in the stages. The vector unit issues a VFUNC to whichever of its lanes and the function
 unit finishes it first: a column of a few elements is quicker through the lanes, which have
 no fill. Results are the same bits either way: only time changes.
 

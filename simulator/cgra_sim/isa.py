@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import enum
 
-STREAM_VERSION = 10
+STREAM_VERSION = 11
 #: The oldest stream version this simulator still runs: v3 only added a flag (DMA_FILL_LOWEST)
 #: that v2 streams never set, v4 an opcode (FABRIC), v5 two (REDUCE, VFUNC), v6 one (UNPACK4) and
 #: v7 two dtype codes (BFLOAT16, FLOAT16) that earlier streams never use, v8 three VFUNC functions
 #: (SIGMOID, SILU, GELU_TANH), v9 two dtype codes (INT16, INT64),
-#: v10 an opcode (LOOKUP).
+#: v10 an opcode (LOOKUP), v11 a flag (UNPACK4_INT8) and a max POOL's int16 dtype that earlier streams never use.
 OLDEST_STREAM_VERSION = 2
 RECORD_WORDS = 32
 #: Number of loop dimensions (and tensor dimensions) a DMA box can have.
@@ -226,6 +226,9 @@ VFUNC_OFFSET = 2  # VFUNC: t = t + offset (offset_bits) after the scale, before 
 # UNPACK4: the zero points are 4-bit values packed like the weights at zero_addr; without it every
 # zero point is 8 (onnxruntime's MatMulNBits default for 4 bits).
 UNPACK4_ZERO_POINTS = 1
+# UNPACK4: the nibbles are signed int4 (two's complement, -8..7) and the tile int8 q, unscaled (an
+# int8 x int4 GEMM's B operand: QDQ int4 weights, zero point 0); scale and zero-point words 0.
+UNPACK4_INT8 = 2
 
 
 def _dma_fields():

@@ -10,8 +10,8 @@ PE array), VECTOR (FILL, EPILOGUE, POOL, ELTWISE: the vector unit beside the arr
 a command's scratchpad dependencies are met: a scoreboard on byte ranges (scoreboard.py) gives
 read-after-write, write-after-read and write-after-write against earlier commands in stream
 order. A command starts at max(free, ready), free being when the previous command on its queue
-left the unit, and ends after its cycles, the closed forms of cost.py (the compiler's tile
-searches use the same ones): a DMA's latency and transfer, a vector command's lanes and
+left the unit, and ends after its cycles, the closed forms of cost.py read off the command
+(command_cycles.py; the compiler's tile searches use the same ones): a DMA's latency and transfer, a vector command's lanes and
 overhead, a GEMM's or DEPTHWISE's steady stream and fill, read off the decoded command here.
     PE array  After anything but a GEMM of the same dtype, operands enter at
             stream = max(ready, free + config)   (config: the systolic cell's configuration,
@@ -55,20 +55,18 @@ Occupancy. Each unit's cycles [0, kernel cycles) split exactly into busy, stalle
 from __future__ import annotations
 
 import dataclasses
-from fractions import Fraction
 from typing import NamedTuple
 
 import numpy as np
 
 from . import cost
 from .arch import HardwareDescription
-from .banks import beat_slowdown, operand_slowdown
+from .command_cycles import (depthwise_steady_cycles, dma_transfer_cycles, eltwise_reads, fabric_cycles,
+                             gemm_fill_cycles, gemm_steady_cycles, vector_cycles)
 from .commands import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FabricCommand,
                        FillCommand, GemmCommand, PoolCommand, ReduceCommand, VfuncCommand)
-from .fabric import Fabric
 from .errors import CycleLimitExceeded
 from .isa import DType, Op, Unit
-from .mapping import body as bodies
 from .regions import Region
 from .scoreboard import Scoreboard
 
@@ -177,60 +175,6 @@ def _region_key(region: Region) -> tuple:
     return region.addr, region.shape, region.strides
 
 
-def gemm_steady_cycles(arch: HardwareDescription, cmd: GemmCommand) -> int:
-    """Cycles the PE array streams a GEMM's operands, its bank slowdown included."""
-    return cost.gemm_steady_cycles(arch, cmd.m, cmd.n, cmd.k, cmd.dtype.numpy_name, gemm_bank_slowdown(arch, cmd))
-
-
-def gemm_bank_slowdown(arch: HardwareDescription, cmd: GemmCommand) -> Fraction:
-    """How much slower than its folds a GEMM's A column streams (one element of each of
-    min(m, rows) rows a cycle, a_stride apart) because its rows share banks; the scratchpad's
-    bandwidth bound is cost.gemm_steady_cycles' own."""
-    return operand_slowdown(min(cmd.m, arch.rows), cmd.a.strides[0], cmd.a.addr, cmd.dtype.itemsize,
-                            arch.spad_banks, arch.bank_width_bytes)
-
-
-def gemm_fill_cycles(arch: HardwareDescription, cmd: GemmCommand) -> int:
-    return cost.gemm_fill_cycles(arch, cmd.m, cmd.n)
-
-
-def depthwise_steady_cycles(arch: HardwareDescription, cmd: DepthwiseCommand) -> int:
-    """Cycles a DEPTHWISE streams, from its scratchpad traffic: the span of its input window once
-    (neighbouring outputs' taps are passed between PEs, not re-read), stretched by its bank
-    slowdown, the weights once, and the accumulator written (read too when accumulating)."""
-    acc_bytes = cmd.m * cmd.n * cmd.acc.dtype.itemsize * (2 if cmd.accumulate else 1)
-    width = arch.spad_banks * arch.bank_width_bytes
-    # The window streams at the scratchpad's full width, output pixels (x) apart: a pixel stride
-    # that is not the channels' compact size can put one beat's pixels in one bank.
-    size = cmd.dtype.itemsize
-    window = (cmd.a.hi - cmd.a.lo) * beat_slowdown(width, (cmd.ow, cmd.n), (cmd.a.strides[1], size), size,
-                                                    cmd.a.addr, arch.spad_banks, arch.bank_width_bytes)
-    return cost.depthwise_steady_cycles(arch, cmd.m, cmd.n, cmd.k, cmd.dtype.numpy_name,
-                                        window + cmd.k * cmd.n * size + acc_bytes)
-
-
-def dma_transfer_cycles(arch: HardwareDescription, cmd: DmaCommand) -> int:
-    """Cycles a DMA keeps its engine busy: the box, each beat (that many bytes of the box, in loop
-    order) taking as many cycles as its busiest scratchpad bank."""
-    return cost.dma_transfer_cycles(arch, cmd.box_bytes,
-                                    _region_slowdown(arch, arch.dma_bytes_per_cycle, cmd.region))
-
-
-def vector_cycles(arch: HardwareDescription, cmd: FillCommand | EpilogueCommand) -> int:
-    """Cycles of a FILL or EPILOGUE: its tiles through the lanes, the banks permitting."""
-    tiles = (cmd.region,) if isinstance(cmd, FillCommand) else \
-        tuple(r for r in (cmd.acc, cmd.residual, cmd.out) if r is not None)
-    rows, cols = tiles[-1].shape
-    streamed = 2 if isinstance(cmd, EpilogueCommand) and cmd.residual is not None else 1
-    slowdown = max(_region_slowdown(arch, arch.vector_lanes * tile.dtype.itemsize, tile) for tile in tiles)
-    return cost.vector_cycles(arch, rows, cols, streamed, slowdown)
-
-
-def _region_slowdown(arch: HardwareDescription, beat: int, region: Region) -> Fraction:
-    return beat_slowdown(beat, region.shape, region.strides, region.dtype.itemsize, region.addr,
-                         arch.spad_banks, arch.bank_width_bytes)
-
-
 def _cycles(arch: HardwareDescription, cmd: Command, compute: _ComputeQueue, cycles_fn) -> int:
     """`cycles_fn(arch, cmd)`, once per distinct record of the stream."""
     key = cmd.index if cmd.repeat_of < 0 else cmd.repeat_of
@@ -254,13 +198,6 @@ def _time_vector(arch: HardwareDescription, cmd: FillCommand | EpilogueCommand, 
     return start, end, end
 
 
-def eltwise_reads(cmd: EltwiseCommand) -> int:
-    """Elements an ELTWISE streams from the scratchpad: per operand, the extent of each axis it
-    walks (a zero-stride axis is read once and held in registers)."""
-    return sum(cost.eltwise_operand_reads(*operand.shape, bool(operand.strides[0]), bool(operand.strides[1]))
-               for operand in (cmd.a, cmd.b))
-
-
 def _time_eltwise(arch: HardwareDescription, cmd: EltwiseCommand, ready: int, free: int,
                   compute: _ComputeQueue) -> tuple[int, int, int]:
     start = max(free, ready)
@@ -278,9 +215,10 @@ def _time_reduce(arch: HardwareDescription, cmd: ReduceCommand, ready: int, free
 def _time_vfunc(arch: HardwareDescription, cmd: VfuncCommand, ready: int, free: int,
                 compute: _ComputeQueue) -> tuple[int, int, int]:
     start = max(free, ready)
-    end = start + cost.vfunc_cycles(arch, cmd.elements, cmd.func.name.lower(), cmd.scale is not None,
-                                    cmd.offset is not None)
-    return start, end, end
+    func, scale, offset = cmd.func.name.lower(), cmd.scale is not None, cmd.offset is not None
+    end = start + cost.vfunc_cycles(arch, cmd.elements, func, scale, offset)
+    # on the function unit the fill delays the results, not the next command (cost.py)
+    return start, end, start + cost.vfunc_issue_cycles(arch, cmd.elements, func, scale, offset)
 
 
 def _time_unpack4(arch: HardwareDescription, cmd, ready: int, free: int,
@@ -329,17 +267,6 @@ def _configured_start(free: int, ready: int, config: int) -> int:
     operands are still arriving, as soon as the array is free; the operands enter when both the
     configuration and they are in (at max(free + config, ready))."""
     return max(free, ready - config)
-
-
-def fabric_cycles(arch: HardwareDescription, cmd: FabricCommand) -> tuple[int, int, int]:
-    """(configuration load, run) cycles of a FABRIC, its body's program on the chip's fabric, and
-    the context slots that program takes in each PE (its II)."""
-    program = bodies.program(cmd.body, cmd.dtype.numpy_name, Fabric.of(arch))
-    rows, cols = cmd.out.shape
-    traffic = (rows * cols + sum(cost.eltwise_operand_reads(rows, cols, bool(r.strides[0]), bool(r.strides[1]))
-                                 for r in cmd.reads)) * (1 if cmd.int8 else cmd.dtype.itemsize)
-    run = cost.fabric_run_cycles(arch, program, cmd.elements, traffic)
-    return cost.fabric_config_cycles(arch, program.config_bytes), run, program.ii
 
 
 def _time_fabric(arch: HardwareDescription, cmd: FabricCommand, ready: int, free: int,

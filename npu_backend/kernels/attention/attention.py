@@ -1,6 +1,6 @@
 """The attention family: softmax(Q Kᵀ * scale + mask) V as one kernel, the scores never in DRAM.
 
-Stage: partition (its patterns and spec), kernel definition, tiling and schedule. Input: the
+Stage: partition (its patterns and spec), kernel definition (rows.py, flash.py), tiling. Input: the
 normal form of normalise/attentions.py, q (B, Hk, G, Sq, D), k and v (B, Hk, 1, Sk, D | Dv), a
 float32 mask broadcasting to (B, Hk, G, Sq, Sk) or none, a scalar scale, a safe softmax's guard
 or none. Per (batch, K / V head): Kᵀ (the DMA reads K with its strides swapped: no transpose
@@ -9,7 +9,9 @@ head and tile of tq query rows: the Q tile (times the scale, VFUNC identity), S 
 S + mask (ELTWISE, a broadcast row or column read with stride 0), the row max (FILL, REDUCE MAX),
 S - max (ELTWISE), exp (VFUNC), the row sum (REDUCE SUM), O = P V (GEMM over the unnormalised
 P), 1 / sum (VFUNC, a column) and O * 1 / sum (ELTWISE): the normalisation on tq x Dv, not on
-tq x Sk. Only Q, K, V, the mask and O cross DRAM (`attention_tiles.py` sizes tq).
+tq x Sk. Only Q, K, V, the mask and O cross DRAM (`attention_tiles.py` sizes tq). rows.py writes
+the kernel, each (head, query tile) with two copies of its buffers, so that the PE array computes
+the next one's scores while the vector unit runs this one's softmax.
 
 A row that is all -inf (a safe softmax, PyTorch's SDPA with a padding mask): its max starts at
 the lowest finite float32 instead of -inf, so S - max is -inf and exp gives 0, and the sum's
@@ -26,26 +28,16 @@ picks the kernel moving fewer DRAM bytes).
 
 from __future__ import annotations
 
-import functools
-
-import numpy as np
-from tvm import te, tirx
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from ...errors import UnsupportedOperator
 from ...normalise.attentions import causal_offset
 from ...relax_info import dtype_of, shape_dims
-from ..common.operands import padded, prim_func
-from ..common.spad_layout import a_row_stride, align_rows
-from ..common.spec import SINGLE_BUFFERED
 from ..family import OpFamily
-from ..intrinsics import SPAD, get_intrin
-from ..intrinsics.row_ops import vfunc_value
-from ..intrinsics.vector_unit import eltwise_value
-from .attention_tiles import LOWEST, TINY
 from .flash import flash_compute
 from .flash_length import choose_tiling, length_compute, length_spec
 from .flash_tiles import FlashTiling
+from .rows import rows_compute
 from . import head_layouts
 from .spec import F32, AttentionSpec
 
@@ -180,156 +172,17 @@ def _mask_shape(mask, full: tuple) -> tuple:
 
 # ------------------------------------------------------------------ kernel definition
 
-def _steps(spec: AttentionSpec) -> list:
-    """The blocks under a query tile, in order."""
-    return (["q_pad"] + (["q_scaled"] if spec.scale is not None else []) + ["scores"]
-            + (["mask_pad", "masked"] if spec.mask_shape else [])
-            + ["row_max", "shifted", "exps", "row_sum", "o_acc", "inverse", "o_norm"])
-
-
 def attention_compute(spec: AttentionSpec, tiling):
-    """The TensorIR: q viewed as (B, H, Sq, D), k and v as (B, Hk, Sk, D), the output as
-    (B, H, Sq, Dv), the mask as (Bm, Hm, Sqm, Skm); the intermediates per (b, hk, g, row). With a
-    FlashTiling, the key-tile kernel (flash.py), already lowered."""
+    """The kernel as lowered TIR: with a RowTiling the whole-row kernel (rows.py), with a
+    FlashTiling the key-tile kernel (flash.py; over a symbolic length flash_length.py)."""
     if isinstance(tiling, FlashTiling):
         return length_compute(spec, tiling) if spec.length is not None else flash_compute(spec, tiling)
-    b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
-    h, sqp = hk * g, tiling.mp
-    at = functools.partial(head_layouts.stored, spec)  # (B, H, S, D) -> where the role's tensor keeps it
-    q = te.placeholder(at("lhs", (b, h, sq, d)), F32, name="lhs")
-    k = te.placeholder(at("rhs", (b, hk, sk, d)), F32, name="rhs")
-    v = te.placeholder(at("value", (b, hk, sk, dv)), F32, name="value")
-    inputs = {head_layouts.param_name(spec.seq_major, role): x for role, x in zip(head_layouts.ROLES, (q, k, v))}
-    views = head_layouts.plain_views(spec, {"lhs": (b, hk, g, sq, d), "rhs": (b, hk, 1, sk, d),
-                                            "value": (b, hk, 1, sk, dv), "out": (b, hk, g, sq, dv)})
-    grid = (b, hk, g, sqp)
-    x = te.compute(grid + (d,), lambda n, c, j, i, e: padded(q, q.shape, at("lhs", (n, c * g + j, i, e))),
-                   name="q_pad")
-    kt = te.compute((b, hk, d, sk), lambda n, c, e, j: k[at("rhs", (n, c, j, e))], name="kt_pad")
-    vp = te.compute((b, hk, sk, dv), lambda n, c, j, e: v[at("value", (n, c, j, e))], name="v_pad")
-    if spec.scale is not None:
-        x = te.compute(grid + (d,), lambda n, c, j, i, e: vfunc_value("identity", x[n, c, j, i, e], spec.scale),
-                       name="q_scaled")
-    r = te.reduce_axis((0, d), name="r")
-    s = te.compute(grid + (sk,), lambda n, c, j, i, t: te.sum(x[n, c, j, i, r] * kt[n, c, r, t], axis=r),
-                   name="scores")
-    if spec.mask_shape:
-        s = _masked(spec, s, inputs, views, grid)
-    start = LOWEST if spec.safe else -np.inf
-    t = te.reduce_axis((0, sk), name="t")
-    fold = te.comm_reducer(lambda a, e: tirx.max(a, e), lambda dtype: tirx.const(start, dtype), name="max")
-    row_max = te.compute(grid + (1,), lambda n, c, j, i, z: fold(s[n, c, j, i, t], axis=t), name="row_max")
-    shifted = te.compute(grid + (sk,), lambda n, c, j, i, u: eltwise_value(
-        "subtract", s[n, c, j, i, u], row_max[n, c, j, i, 0]), name="shifted")
-    exps = te.compute(grid + (sk,), lambda n, c, j, i, u: vfunc_value("exp", shifted[n, c, j, i, u]), name="exps")
-    t2 = te.reduce_axis((0, sk), name="t2")
-    row_sum = te.compute(grid + (1,), lambda n, c, j, i, z: te.sum(exps[n, c, j, i, t2], axis=t2), name="row_sum")
-    t3 = te.reduce_axis((0, sk), name="t3")
-    o_acc = te.compute(grid + (dv,), lambda n, c, j, i, e: te.sum(exps[n, c, j, i, t3] * vp[n, c, t3, e], axis=t3),
-                       name="o_acc")
-    inverse = te.compute(grid + (1,), lambda n, c, j, i, z: vfunc_value(
-        "reciprocal", row_sum[n, c, j, i, 0], offset=TINY if spec.safe else None), name="inverse")
-    o_norm = te.compute(grid + (dv,), lambda n, c, j, i, e: eltwise_value(
-        "multiply", o_acc[n, c, j, i, e], inverse[n, c, j, i, 0]), name="o_norm")
-    out = te.compute((b, h, sq, dv), lambda n, hh, i, e: o_norm[n, hh // g, hh % g, i, e], name="out")
-    func = head_layouts.output_stored(prim_func(spec.param_roles, inputs, out, views), spec)
-    # K and V once: a head's are loaded while the tiles of the head before wait (they are the
-    # largest buffers, and doubling them would halve the sequence that fits).
-    single = [name for name in _steps(spec)[1:-1] if name != "mask_pad" or tiling.tw] + ["kt_pad", "v_pad"]
-    return func.with_attr(SINGLE_BUFFERED, single)
+    return rows_compute(spec, tiling)
 
-
-def _masked(spec: AttentionSpec, s, inputs: dict, views: dict, grid: tuple):
-    """scores + the mask tile, the mask read as (Bm, Hm, Sqm, Skm): a row (Sqm 1) or a column
-    (Skm 1) is loaded as one and broadcast by the ELTWISE's stride 0."""
-    mb, mhk, mg, msq, msk = spec.mask_shape
-    mh = mhk * mg
-    mask = te.placeholder((mb, mh, msq, msk), F32, name="mask")
-    inputs["mask"] = mask
-    views["mask"] = spec.mask_shape
-    g = spec.g
-    # A mask shared by the heads has no head axes here, so that the schedule can load it whole
-    # once per batch (tiling.tw) instead of a tile per query tile and head.
-    tile = (grid[0], grid[1] if mh > 1 else 1, grid[2] if mh > 1 else 1, grid[3] if msq > 1 else 1, msk)
-
-    def load(n, c, j, i, u):
-        index = (n if mb > 1 else 0, (c * g + j) if mh > 1 else 0, i if msq > 1 else 0, u if msk > 1 else 0)
-        return padded(mask, mask.shape, index)
-
-    mask_pad = te.compute(tile, load, name="mask_pad")
-    return te.compute(grid + (spec.sk,), lambda n, c, j, i, u: eltwise_value(
-        "add", s[n, c, j, i, u], mask_pad[n, c if mh > 1 else 0, j if mh > 1 else 0, i if msq > 1 else 0,
-                                          u if msk > 1 else 0]), name="masked")
-
-
-# ------------------------------------------------------------------ schedule
 
 def schedule_attention(sch, spec: AttentionSpec, tiling, arch) -> None:
-    """Per (b, hk): Kᵀ and V in the scratchpad; per (g, query tile): every step tensorized; a
-    mask shared by the heads whole per batch (tiling.tw), else a tile per query tile. The
-    flash kernel is written lowered: nothing to schedule."""
-    if isinstance(tiling, FlashTiling):
-        return
-    out = sch.get_sblock("out")
-    n, hh, i, _ = sch.get_loops(out)
-    c, _ = sch.split(hh, [spec.hk, spec.g])
-    tile, _ = sch.split(i, [None, tiling.tm])
-    for name in reversed(_steps(spec)):
-        block = sch.get_sblock(name)
-        sch.compute_at(block, n if name == "mask_pad" and tiling.tw else tile)
-        sch.set_scope(block, 0, SPAD)
-    for name in ("v_pad", "kt_pad"):
-        block = sch.get_sblock(name)
-        sch.compute_at(block, c)
-        sch.set_scope(block, 0, SPAD)
-    at = len(sch.get_loops(sch.get_sblock("q_pad"))) - 2  # the tile's row loop
-    tq, sk, d, dv = tiling.tm, spec.sk, spec.d, spec.dv
-    if spec.scale is not None:
-        sch.tensorize(sch.get_loops(sch.get_sblock("q_scaled"))[at],
-                      get_intrin("vfunc", tq, d, "identity", scale=spec.scale))
-    _gemm(sch, "scores", at, tq, sk, d)
-    if spec.mask_shape:
-        msq, msk = spec.mask_shape[3:]
-        sch.tensorize(sch.get_loops(sch.get_sblock("masked"))[at], get_intrin(
-            "eltwise", tq, sk, "add", F32, a_full=(True, True), b_full=(msq > 1, msk > 1)))
-    _reduce(sch, "row_max", at, tq, sk, "max", LOWEST if spec.safe else -np.inf)
-    _eltwise(sch, "shifted", at, tq, sk, "subtract", (True, False))
-    sch.tensorize(sch.get_loops(sch.get_sblock("exps"))[at], get_intrin("vfunc", tq, sk, "exp"))
-    _reduce(sch, "row_sum", at, tq, sk, "sum", 0.0)
-    _gemm(sch, "o_acc", at, tq, dv, sk)
-    inverse = sch.get_sblock("inverse")
-    sch.add_unit_loop(inverse)
-    sch.tensorize(sch.get_loops(inverse)[at], get_intrin("vfunc", tq, 1, "reciprocal",
-                                                         offset=TINY if spec.safe else None))
-    _eltwise(sch, "o_norm", at, tq, dv, "multiply", (True, False))
-    # The GEMMs' A tiles (Q, and P of the P V GEMM) with rows padded against bank conflicts, as
-    # gemm.py pads its A (the PE array reads one element of each row a cycle); a tensorized
-    # block is its blockized "_o" now.
-    for name, depth in (("q_scaled_o" if spec.scale is not None else "q_pad", d), ("exps_o", sk)):
-        align_rows(sch, sch.get_sblock(name), depth, a_row_stride(tq, depth, 4, arch), F32, arch)
-
-
-def _gemm(sch, name: str, at: int, rows: int, cols: int, depth: int) -> None:
-    block = sch.get_sblock(name)
-    init = sch.decompose_reduction(block, sch.get_loops(block)[at])
-    sch.tensorize(sch.get_loops(init)[at], get_intrin("fill", rows, cols, F32))
-    sch.tensorize(sch.get_loops(block)[at], get_intrin("gemm", rows, cols, depth, F32, F32))
-
-
-def _reduce(sch, name: str, at: int, rows: int, cols: int, func: str, start: float) -> None:
-    """FILL the column with `start`, then one REDUCE (rows.py's shape of the loops)."""
-    block = sch.get_sblock(name)
-    init = sch.decompose_reduction(block, sch.get_loops(block)[at])
-    sch.add_unit_loop(init)
-    sch.tensorize(sch.get_loops(init)[at], get_intrin("fill", rows, 1, F32, value=tirx.const(start, F32)))
-    loops = sch.get_loops(block)
-    sch.add_unit_loop(loops[at + 1])
-    sch.tensorize(sch.get_loops(block)[at], get_intrin("reduce", rows, cols, func))
-
-
-def _eltwise(sch, name: str, at: int, rows: int, cols: int, func: str, b_full: tuple) -> None:
-    sch.tensorize(sch.get_loops(sch.get_sblock(name))[at],
-                  get_intrin("eltwise", rows, cols, func, F32, a_full=(True, True), b_full=b_full))
+    """Nothing to schedule: both kernels are written lowered (their loops, scratchpad buffers
+    and device calls are the kernel's text)."""
 
 
 ATTENTION = OpFamily(

@@ -1,10 +1,11 @@
-"""The attention kernel's tile search: how many query rows a tile holds.
+"""The whole-row attention kernel's tile search: how many query rows a tile holds, how the mask is read.
 
-Stage: tiling. Per (batch, K / V head) the kernel holds Kᵀ and V whole, once (a head's load waits for
-the tiles of the head before); per tile of tq query rows the Q tile, the mask tile and
-the output twice, and each intermediate once (the vector unit and the PE array run the steps in
-order): the scores, the masked scores, S - max and exp of tq x Sk, the columns, O. The search
-takes the tq (halvings of Sq) with the fewest estimated cycles among those that fit.
+Stage: tiling (rows.py writes the kernel these tiles describe). The kernel holds Kᵀ and V of a
+K / V head whole (two copies: the next head's load runs under this one's items), and two copies
+of each per-item buffer (the Q tile, the scores of tq x Sk, the columns, O and its normalised
+copy: the items are software-pipelined, rows.py); the mask of the one batch whole ("whole",
+once per batch) or a tile per item ("tile"). The search takes a whole mask where
+one fits, then the fitting tiling of the fewest estimated cycles, then the larger tq.
 `choose_attention_tiling` takes this kernel where it fits and moves no more DRAM bytes than the
 key-tile kernel (flash_tiles.py), else that one; neither fitting refuses the attention
 (ScratchpadTooSmall), whose normal form then runs as separate kernels.
@@ -13,6 +14,7 @@ key-tile kernel (flash_tiles.py), else that one; neither fitting refuses the att
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -21,7 +23,7 @@ from cgra_sim.arch import HardwareDescription
 
 from ...errors import ScratchpadTooSmall
 from ..common.spad_layout import a_row_stride
-from ..common.spec import Tiling, aligned, round_up
+from ..common.spec import aligned, round_up
 from ..common.unary import halvings
 from .flash_tiles import choose_flash_tiling
 from .spec import AttentionSpec
@@ -31,57 +33,106 @@ TINY = float(np.finfo(np.float32).tiny)  # added to a safe softmax's sum before 
 F32_BYTES = 4
 
 
-def attention_footprint(spec, tq: int, whole_mask: bool = False, arch: HardwareDescription | None = None) -> int:
-    """Scratchpad bytes of the kernel with tiles of tq query rows (`whole_mask`: the mask held
-    whole, once, rather than a tile twice; `arch`: the GEMMs' A tiles, Q and exp(S - max), with
-    their rows padded against bank conflicts as the schedule lays them out)."""
+@dataclasses.dataclass(frozen=True)
+class RowTiling:
+    """tq query rows a tile over the padded mp; `mask` "none", "whole" (a batch's mask held
+    whole, loaded per batch) or "tile" (a tq x Sk tile per item); the GEMMs' A tiles' row strides (q_stride:
+    Q, p_stride: the scores, which become P in place); copies of K and V (1: a head's load waits
+    for the items of the head before)."""
+
+    tq: int
+    mp: int
+    mask: str = "none"
+    q_stride: int = 0
+    p_stride: int = 0
+    kv_copies: int = 2
+
+    @property
+    def tm(self) -> int:
+        return self.tq
+
+
+def mask_in_gemm(spec) -> bool:
+    """Whether the kernel adds the mask by copying it into S and accumulating Q Kᵀ onto it
+    (rows.py): for a mask of whole tiles, whose ELTWISE add reads two elements a score (a row or
+    a column broadcast reads about one, as the copy does: it stays an ELTWISE)."""
+    return bool(spec.mask_shape) and spec.mask_shape[3] > 1 and spec.mask_shape[4] > 1
+
+
+def scale_at(spec) -> str | None:
+    """Where the kernel multiplies by the scale (rows.py): "q" the Q tile of every item; a power
+    of two commutes with every rounding of S = Q Kᵀ, max and S - max (barring overflow and
+    underflow), so without a mask "exp" (the exp VFUNC's scale: one more pipeline stage,
+    exp((S - max) * scale) is exactly exp(S * scale - max(S * scale))), and with a mask and a
+    group of query heads "k" (Kᵀ once per K / V head); None without a scale."""
+    if spec.scale is None:
+        return None
+    if spec.scale > 0 and math.frexp(spec.scale)[0] == 0.5:
+        if not spec.mask_shape:
+            return "exp"
+        if spec.g > 1:
+            return "k"
+    return "q"
+
+
+def score_copies(spec) -> int:
+    """Copies of the scores the kernel keeps: two, three with the mask in the GEMM (rows.py
+    copies item t + 1's mask into its S while item t - 1's P V GEMM may still read its P)."""
+    return 3 if mask_in_gemm(spec) else 2
+
+
+def _mask_rows(spec, t: RowTiling) -> int:
+    """Rows of the mask the kernel holds: every head's whole (padded) mask, or a tile."""
+    mb, mhk, mg, msq, _ = spec.mask_shape
+    if t.mask == "whole":
+        return (2 if spec.mask_shape[0] > 1 else 1) * mhk * mg * (t.mp if msq > 1 else 1)
+    return 2 * (t.tq if msq > 1 else 1)
+
+
+def attention_footprint(spec, t: RowTiling) -> int:
+    """Scratchpad bytes of the kernel with tiling `t` (every buffer its own bytes)."""
+    tq, sk, d, dv = t.tq, spec.sk, spec.d, spec.dv
+    kv = aligned(t.kv_copies * d * sk * F32_BYTES) + aligned(t.kv_copies * sk * dv * F32_BYTES)
+    item = aligned(2 * tq * t.q_stride * F32_BYTES) + aligned(score_copies(spec) * tq * t.p_stride * F32_BYTES)
+    item += 3 * aligned(2 * tq * F32_BYTES) + 2 * aligned(2 * tq * dv * F32_BYTES)
+    mask = aligned(_mask_rows(spec, t) * spec.mask_shape[4] * F32_BYTES) if t.mask != "none" else 0
+    return kv + item + mask
+
+
+def attention_item_cycles(spec, arch: HardwareDescription, tq: int) -> tuple:
+    """(vector unit, PE array) cycles of one item: its softmax and scale, its two GEMMs."""
     sk, d, dv = spec.sk, spec.d, spec.dv
-    qd, pk = (a_row_stride(tq, d, F32_BYTES, arch), a_row_stride(tq, sk, F32_BYTES, arch)) if arch else (d, sk)
-    heads = aligned(d * sk * F32_BYTES) + aligned(sk * dv * F32_BYTES)
-    mask = 0
-    if spec.mask_shape:
-        msq, msk = spec.mask_shape[3:]
-        rows = (round_up(spec.sq, tq) if whole_mask else tq) if msq > 1 else 1
-        mask = (1 if whole_mask else 2) * aligned(rows * msk * F32_BYTES) + aligned(tq * sk * F32_BYTES)
-    tile = 2 * aligned(tq * d * F32_BYTES) + (aligned(tq * qd * F32_BYTES) if spec.scale is not None else 0)
-    scores = 2 * aligned(tq * sk * F32_BYTES) + aligned(tq * pk * F32_BYTES)  # scores, S - max, exp
-    columns = 3 * aligned(tq * F32_BYTES)
-    out = aligned(tq * dv * F32_BYTES) + 2 * aligned(tq * dv * F32_BYTES)
-    return heads + mask + tile + scores + columns + out
+    pe = cost.gemm_steady_cycles(arch, tq, sk, d, "float32") + cost.gemm_steady_cycles(arch, tq, dv, sk, "float32")
+    vector = 0
+    if scale_at(spec) == "q":
+        vector += cost.vfunc_cycles(arch, tq * d, "identity", scale=True)
+    elif scale_at(spec) == "k":
+        vector += cost.vfunc_cycles(arch, sk * d, "identity", scale=True) // spec.g
+    if mask_in_gemm(spec):  # copied into S, the GEMM accumulating onto it
+        vector += cost.vfunc_cycles(arch, tq * sk, "identity")
+    elif spec.mask_shape:
+        vector += cost.eltwise_cycles(arch, tq * sk, tq * sk + max(spec.mask_shape[3], spec.mask_shape[4]))
+    vector += 2 * (cost.reduce_cycles(arch, tq, sk) + cost.vector_cycles(arch, tq, 1))
+    vector += cost.eltwise_cycles(arch, tq * sk, tq * sk + tq) + cost.vfunc_cycles(arch, tq * sk, "exp")
+    vector += cost.vfunc_cycles(arch, tq, "reciprocal", offset=spec.safe) + cost.eltwise_cycles(arch, tq * dv, tq * dv + tq)
+    return vector, pe
 
 
-def attention_tile_cycles(spec, arch: HardwareDescription, tq: int) -> int:
-    """The PE array's and the vector unit's cycles on one tile of tq query rows."""
-    sk, d, dv = spec.sk, spec.d, spec.dv
-    work = cost.gemm_steady_cycles(arch, tq, sk, d, "float32") + cost.gemm_steady_cycles(arch, tq, dv, sk, "float32")
-    work += cost.vector_cycles(arch, tq, sk) + cost.vector_cycles(arch, tq, dv)  # the GEMMs' FILLs
-    if spec.scale is not None:
-        work += cost.vfunc_cycles(arch, tq * d, "identity", scale=True)
-    if spec.mask_shape:
-        work += cost.eltwise_cycles(arch, tq * sk, 2 * tq * sk)
-    work += 2 * (cost.reduce_cycles(arch, tq, sk) + cost.vector_cycles(arch, tq, 1))
-    work += cost.eltwise_cycles(arch, tq * sk, tq * sk + tq) + cost.vfunc_cycles(arch, tq * sk, "exp")
-    work += cost.vfunc_cycles(arch, tq, "reciprocal", offset=spec.safe) + cost.eltwise_cycles(arch, tq * dv, tq * dv + tq)
-    return work
-
-
-def estimate_attention_cycles(spec, arch: HardwareDescription, tq: int, whole_mask: bool = False) -> int:
-    """Tiles over every (b, hk, g), each loading Q (and a mask tile), working, storing O; a head's
-    K and V loads (and a whole mask per batch) wait for the tiles before (single-buffered), with
-    their latency."""
-    tiles = spec.b * spec.hk * spec.g * (-(-spec.sq // tq))
-    load = cost.dma_transfer_cycles(arch, tq * spec.d * F32_BYTES)
-    heads = spec.b * spec.hk * (2 * arch.dma_latency + cost.dma_transfer_cycles(arch, spec.sk * (spec.d + spec.dv) * F32_BYTES))
-    if spec.mask_shape:
-        msq, msk = spec.mask_shape[3:]
-        if whole_mask:
-            heads += spec.b * (arch.dma_latency + cost.dma_transfer_cycles(
-                arch, (round_up(spec.sq, tq) if msq > 1 else 1) * msk * F32_BYTES))
-        else:
-            load += cost.dma_transfer_cycles(arch, (tq if msq > 1 else 1) * msk * F32_BYTES)
-    store = cost.dma_transfer_cycles(arch, tq * spec.dv * F32_BYTES)
-    loop = cost.BufferedLoop(tiles, load, (attention_tile_cycles(spec, arch, tq),), store)
-    return cost.double_buffered_cycles(arch, loop).total + heads
+def estimate_attention_cycles(spec, arch: HardwareDescription, t: RowTiling) -> int:
+    """The items pipelined (rows.py): each the slowest of its vector work, its GEMMs and its
+    DMA (Q in, O out, its share of the K / V heads and mask tiles), plus the first item's loads
+    and GEMM and the last one's normalisation and store."""
+    items = spec.b * spec.hk * spec.g * (t.mp // t.tq)
+    vector, pe = attention_item_cycles(spec, arch, t.tq)
+    kv = cost.dma_transfer_cycles(arch, spec.sk * (spec.d + spec.dv) * F32_BYTES)
+    load = cost.dma_transfer_cycles(arch, t.tq * spec.d * F32_BYTES) + kv // (spec.g * (t.mp // t.tq))
+    if t.mask == "tile":
+        load += cost.dma_transfer_cycles(arch, (_mask_rows(spec, t) // 2) * spec.mask_shape[4] * F32_BYTES)
+    store = cost.dma_transfer_cycles(arch, t.tq * spec.dv * F32_BYTES)
+    if t.kv_copies == 1:  # a head's load after the last GEMM of the head before
+        load += (arch.dma_latency + kv + pe) // (spec.g * (t.mp // t.tq))
+    ends = 2 * arch.dma_latency + kv + pe + cost.eltwise_cycles(arch, t.tq * spec.dv, t.tq * spec.dv + t.tq) + store
+    return items * max(vector, pe, load, store) + ends
 
 
 def attention_fits(parts: dict, arch: HardwareDescription) -> bool:
@@ -121,32 +172,38 @@ def choose_attention_tiling(spec, arch: HardwareDescription):
         "separate matmul and softmax kernels")
 
 
-def whole_row_dma_bytes(spec, tiling: Tiling) -> int:
-    """DRAM bytes of the whole-row kernel: Q, K, V and O once, the mask once per batch when held
-    whole (tw), else once per head."""
+def whole_row_dma_bytes(spec, tiling: RowTiling) -> int:
+    """DRAM bytes of the whole-row kernel: Q, K, V and O once, the mask once ("whole") or a
+    tile per item."""
     heads = spec.b * spec.hk * spec.g
     moved = (heads * spec.sq + spec.b * spec.hk * spec.sk) * (spec.d + spec.dv) * F32_BYTES
-    if spec.mask_shape:
-        _, mhk, mg, msq, msk = spec.mask_shape
-        moved += spec.b * msq * msk * F32_BYTES * (mhk * mg if tiling.tw else heads // spec.b)
+    if tiling.mask == "whole":
+        moved += int(np.prod(spec.mask_shape)) * F32_BYTES
+    elif tiling.mask == "tile":
+        moved += heads * (tiling.mp // tiling.tq) * (_mask_rows(spec, tiling) // 2) * spec.mask_shape[4] * F32_BYTES
     return moved
 
 
-def whole_row_tiling(spec, arch: HardwareDescription) -> Tiling:
-    """tq query rows a tile, and (tw 1) whether a mask shared by the heads is held whole, loaded
-    once per batch: a whole mask whenever one fits (it crosses DRAM once instead of once per
-    head: bytes and energy; its load hides behind the heads' anyway), then the tq with the fewest
-    estimated cycles. A constant causal mask is not this kernel's: it has no mask operand."""
+def whole_row_tiling(spec, arch: HardwareDescription) -> RowTiling:
+    """A mask held whole whenever one fits (it crosses DRAM once instead of once per head), then
+    the fitting tiling of the fewest estimated cycles, then the larger tq. A constant causal mask is not this
+    kernel's: it has no mask operand."""
     if spec.causal is not None:
         raise ScratchpadTooSmall("a constant causal mask: the key-tile kernel builds it and skips the masked tiles")
-    shared = bool(spec.mask_shape) and spec.mask_shape[1] == 1
-    choices = [(tq, whole) for tq in halvings(spec.sq) for whole in ((True, False) if shared else (False,))
-               if attention_footprint(spec, tq, whole, arch) <= arch.spad_bytes]
+    modes = ["none"]
+    if spec.mask_shape:
+        modes = ["whole", "tile"]
+    choices = []
+    for tq in halvings(spec.sq):
+        q_stride, p_stride = a_row_stride(tq, spec.d, F32_BYTES, arch), a_row_stride(tq, spec.sk, F32_BYTES, arch)
+        for mode in modes:
+            for copies in (2, 1):
+                t = RowTiling(tq, round_up(spec.sq, tq), mode, q_stride, p_stride, copies)
+                if attention_footprint(spec, t) <= arch.spad_bytes:
+                    choices.append(t)
     if choices:
-        tq, whole = min(choices, key=lambda c: (not c[1], estimate_attention_cycles(spec, arch, *c), -c[0]))
-        return Tiling(tq, spec.sk, spec.d, round_up(spec.sq, tq), spec.sk, spec.d, int(whole))
+        return min(choices, key=lambda t: (t.mask == "tile", estimate_attention_cycles(spec, arch, t), -t.tq))
     raise ScratchpadTooSmall(
-        f"attention over {spec.sk} keys of {spec.d} + {spec.dv} dims: a K / V head and two rows of scores need "
-        f"{attention_footprint(spec, 2, arch=arch)} bytes, the scratchpad of '{arch.name}' has {arch.spad_bytes}; the "
-        "attention runs as separate matmul and softmax kernels")
-
+        f"attention over {spec.sk} keys of {spec.d} + {spec.dv} dims: a K / V head and two rows of scores do not "
+        f"fit the scratchpad of '{arch.name}' ({arch.spad_bytes} bytes); the attention runs as separate matmul and "
+        "softmax kernels")

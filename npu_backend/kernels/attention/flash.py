@@ -24,6 +24,10 @@ PyTorch's SDPA), a plain one of l (0 * inf = NaN, as PyTorch's softmax). A last 
 shorter than tk runs as its own copy of the loop body (peeled, with its own sizes); a last
 query tile shorter than tq is padded (zero rows, never stored).
 
+Two or more whole key tiles are software-pipelined (`_pipelined_keys`): iteration kt issues the
+loads and S = Q Kᵀ of the next tile before this tile's online step, each with its own copy (of
+two) of K, V, S, P and the mask block, so the PE array and the vector unit overlap.
+
 Under a constant causal mask (spec.causal: no mask operand) the kernel builds the triangles of
 the diagonal tiles once (`_band`) and runs per query tile only the key tiles up to its diagonal
 (`_causal_keys`): a skipped tile's scores are all -inf, which the step above leaves m, l and O
@@ -39,13 +43,14 @@ from ..common.spec import SINGLE_BUFFERED
 from ..intrinsics import SPAD
 from ..layout.copy_kernel import parse_script
 from .attention_tiles import LOWEST, TINY
-from .flash_tiles import FlashTiling
+from .flash_tiles import FlashTiling, pipelined
 from .head_layouts import stored
 
 F32 = int(DType.from_name("float32"))
 #: Buffers kept one copy of (lower/double_buffer.py doubles the rest): the running state, the
 #: scores, the mask's rows, and the last key tile's (it runs once per head).
-SINGLE = ["m", "l", "m_old", "alpha", "inv", "o", "s", "p", "mask_rows", "k_rest", "v_rest", "mask_rest", "band"]
+SINGLE = ["m", "l", "m_old", "alpha", "inv", "o", "s", "p", "mask_rows", "k_rest", "v_rest", "mask_rest", "band",
+          "kp", "vp", "sp", "pp", "mp"]  # the last five: two copies kept by hand (_pipelined_keys)
 
 
 def flash_compute(spec, t: FlashTiling):
@@ -218,7 +223,9 @@ def _head(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) 
     if spec.causal is not None:
         _causal_keys(w, spec, t, n, c, head, qt)
         keys = rest = 0
-    if keys:
+    if keys >= 2 and pipelined(spec, t):
+        _pipelined_keys(w, spec, t, n, c, head, row0, keys)
+    elif keys:
         depth = w.depth
         k0 = w.loop("kt", keys)
         _key_tile(w, spec, t, n, c, head, row0, f"{k0} * {t.tk}" if keys > 1 else "0", t.tk, "")
@@ -240,13 +247,16 @@ def _head(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) 
 
 
 def _causal_keys(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) -> None:
-    """Under a constant causal mask: the key tiles below the query tile's diagonal unmasked, the
-    r crossing it with their block of the band, none above."""
+    """Under a constant causal mask: the key tiles below the query tile's diagonal unmasked
+    (pipelined, their count a function of the query tile), the r crossing it with their block of
+    the band, none above."""
     tk, r, nk = t.tk, t.tq // t.tk, spec.sk // t.tk
     first = f"{qt} * {r} + {spec.causal // tk}"
     depth = w.depth
     count = f"T.min({first}, {nk})" if qt != "0" else min(spec.causal // tk, nk)
-    if count:
+    if pipelined(spec, t) and (not isinstance(count, int) or count >= 2):
+        _pipelined_keys(w, spec, t, n, c, head, "", count, mask=None)
+    elif count:
         below = w.loop("kt", count)
         _key_tile(w, spec, t, n, c, head, "", f"{below} * {tk}", tk, "", mask=None)
     w.depth = depth
@@ -260,27 +270,101 @@ def _key_tile(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0:
               suffix: str, mask="read") -> None:
     """One key tile of `cols` keys from key k0: K, V (and the mask block) in, the online step;
     `mask` an ELTWISE operand to add instead of the spec's mask, or None for no mask."""
-    tq, d, dv, tk = t.tq, spec.d, spec.dv, t.tk
     kb, vb = "k" + suffix, "v" + suffix
-    w.alloc(kb, (d, cols))
-    w.alloc(vb, (cols, dv))
-    w.add(f"for e, u in T.grid({d}, {cols}):", f"    {kb}[e, u] = {_element(spec, 'rhs', n, c, f'{k0} + u', 'e')}",
-          f"for u, e in T.grid({cols}, {dv}):", f"    {vb}[u, e] = {_element(spec, 'value', n, c, f'{k0} + u', 'e')}")
-    w.add(_gemm(False, tq, cols, d, ("q", 0, t.q_stride), (kb, 0, cols), ("s", 0, tk)))
+    w.alloc(kb, (spec.d, cols))
+    w.alloc(vb, (cols, spec.dv))
+    _load_k(w, spec, n, c, k0, cols, kb)
+    _load_v(w, spec, n, c, k0, cols, vb)
+    w.add(_gemm(False, t.tq, cols, spec.d, ("q", 0, t.q_stride), (kb, 0, cols), ("s", 0, t.tk)))
+    _online_step(w, spec, t, n, head, row0, k0, cols, suffix, mask, ("s", 0), ("p", 0), (vb, 0))
+
+
+def _load_k(w: _Writer, spec, n: str, c: str, k0: str, cols: int, kb: str, slot: str = "") -> None:
+    """Kᵀ of `cols` keys from k0 into `kb` (`slot`: its copy, a leading index)."""
+    at = f"{slot}, " if slot else ""
+    w.add(f"for e, u in T.grid({spec.d}, {cols}):", f"    {kb}[{at}e, u] = {_element(spec, 'rhs', n, c, f'{k0} + u', 'e')}")
+
+
+def _load_v(w: _Writer, spec, n: str, c: str, k0: str, cols: int, vb: str, slot: str = "") -> None:
+    at = f"{slot}, " if slot else ""
+    w.add(f"for u, e in T.grid({cols}, {spec.dv}):", f"    {vb}[{at}u, e] = {_element(spec, 'value', n, c, f'{k0} + u', 'e')}")
+
+
+def _online_step(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str, k0: str, cols: int, suffix: str,
+                 mask, s: tuple, p: tuple, v: tuple) -> None:
+    """The online softmax over the key tile's scores S (buffer, offset; row stride tk) into P
+    (row stride p_stride), O += P V (V: buffer, offset)."""
+    tq, dv, tk = t.tq, spec.dv, t.tk
+    s3, p3 = s + (tk,), p + (t.p_stride,)
     if mask == "read" and spec.mask_shape:
         mask = _mask_operand(w, spec, t, n, head, row0, k0, cols, suffix)
     if mask is not None and mask != "read":
-        w.add(_eltwise("add", tq, cols, ("s", 0, tk, 1), mask, ("s", 0, tk)))
+        w.add(_eltwise("add", tq, cols, s3 + (1,), mask, s3))
     w.add(_vfunc("identity", tq, 1, ("m", 0, 1), ("m_old", 0, 1)),
-          _reduce("max", tq, cols, ("s", 0, tk), ("m", 0)),
+          _reduce("max", tq, cols, s3, ("m", 0)),
           _eltwise("subtract", tq, 1, ("m_old", 0, 1, 1), ("m", 0, 1, 1), ("alpha", 0, 1)),
           _vfunc("exp", tq, 1, ("alpha", 0, 1), ("alpha", 0, 1)),
-          _eltwise("subtract", tq, cols, ("s", 0, tk, 1), ("m", 0, 1, 0), ("s", 0, tk)),
-          _vfunc("exp", tq, cols, ("s", 0, tk), ("p", 0, t.p_stride)),
+          _eltwise("subtract", tq, cols, s3 + (1,), ("m", 0, 1, 0), s3),
+          _vfunc("exp", tq, cols, s3, p3),
           _eltwise("multiply", tq, 1, ("l", 0, 1, 1), ("alpha", 0, 1, 1), ("l", 0, 1)),
-          _reduce("sum", tq, cols, ("p", 0, t.p_stride), ("l", 0)),
+          _reduce("sum", tq, cols, p3, ("l", 0)),
           _eltwise("multiply", tq, dv, ("o", 0, dv, 1), ("alpha", 0, 1, 0), ("o", 0, dv)),
-          _gemm(True, tq, dv, cols, ("p", 0, t.p_stride), (vb, 0, dv), ("o", 0, dv)))
+          _gemm(True, tq, dv, cols, p3, v + (dv,), ("o", 0, dv)))
+
+
+def _pipelined_keys(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0: str, keys,
+                    mask="read") -> None:
+    """Key tiles 0 .. keys - 1 (an int >= 2, or the text of a count, guarded), software-pipelined:
+    two copies of K, V, S and P (`kp`, `vp`, `sp`, `pp`, and the mask's blocks `mp`, by the
+    tile's parity), and iteration kt issues V [, the mask block] and S = Q Kᵀ of tile kt + 1 and
+    K of tile kt + 2 before tile kt's online step, so the PE array computes the next tile's
+    scores while the vector unit runs this one's softmax (in-order queues: S of tile kt + 1 must
+    come before P V of tile kt in the stream). K is loaded two tiles ahead so the GEMM never
+    waits for its DMA; each copy it replaces was read by a GEMM earlier in the stream (K by S of
+    tile kt, V by P V of tile kt - 1). `mask` as _online_step's (None: unmasked)."""
+    tq, d, dv, tk = t.tq, spec.d, spec.dv, t.tk
+    blocks = t.mask == "blocks" and mask == "read"
+    for name, shape in (("kp", (2, d, tk)), ("vp", (2, tk, dv)), ("sp", (2, tq, tk)), ("pp", (2, tq, t.p_stride))) \
+            + ((("mp", (2, tq, tk)),) if blocks else ()):
+        w.alloc(name, shape)
+    static = isinstance(keys, int)
+
+    def tile(ahead: int) -> str:  # tile kt + ahead, kept inside the keys (lower/dma.py bounds it)
+        return f"T.min(kt + {ahead}, {keys - 1})" if static else f"T.max(T.min(kt + {ahead}, {keys} - 1), 0)"
+
+    def scores(slot: str) -> None:
+        w.add(_gemm(False, tq, tk, d, ("q", 0, t.q_stride), ("kp", f"{slot} * {d * tk}", tk),
+                    ("sp", f"{slot} * {tq * tk}", tk)))
+
+    depth = w.depth
+    if not static:
+        w.add(f"if {keys} > 0:")
+        w.depth += 1
+    second = "1" if static else f"T.max(T.min(1, {keys} - 1), 0)"
+    _load_k(w, spec, n, c, "0", tk, "kp", "0")
+    _load_k(w, spec, n, c, f"{second} * {tk}", tk, "kp", "1")
+    _load_v(w, spec, n, c, "0", tk, "vp", "0")
+    if blocks:
+        _load_mask_block(w, spec, t, n, head, row0, "0", tk, "mp", "0")
+    scores("0")
+    w.depth = depth
+    w.add(f"for kt in range({keys}):", f"    if kt + 1 < {keys}:")
+    w.depth += 2
+    after = tile(1)
+    _load_v(w, spec, n, c, f"{after} * {tk}", tk, "vp", f"{after} % 2")
+    if blocks:
+        _load_mask_block(w, spec, t, n, head, row0, f"{after} * {tk}", tk, "mp", f"{after} % 2")
+    scores(f"{after} % 2")
+    if not static or keys > 2:
+        w.add(f"if kt + 2 < {keys}:")
+        w.depth += 1
+        _load_k(w, spec, n, c, f"{tile(2)} * {tk}", tk, "kp", f"{tile(2)} % 2")
+        w.depth -= 1
+    w.depth -= 1
+    mask = ("mp", f"kt % 2 * {tq * tk}", tk, 1) if blocks else mask
+    _online_step(w, spec, t, n, head, row0, f"kt * {tk}", tk, "", mask, ("sp", f"kt % 2 * {tq * tk}"),
+                 ("pp", f"kt % 2 * {tq * t.p_stride}"), ("vp", f"kt % 2 * {tk * dv}"))
+    w.depth = depth
 
 
 def _mask_operand(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str, k0: str, cols: int,
@@ -293,8 +377,15 @@ def _mask_operand(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str
         return ("mask_rows", offset, msk if msq > 1 else 0, 1 if msk > 1 else 0)
     name = "mask" + ("_rest" if suffix else "_block")
     w.alloc(name, (t.tq, cols))
-    row = f"{row0} + i"
+    _load_mask_block(w, spec, t, n, head, row0, k0, cols, name)
+    return (name, 0, cols, 1)
+
+
+def _load_mask_block(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str, k0: str, cols: int,
+                     name: str, slot: str = "") -> None:
+    """The tq x cols block of the mask from key k0 into `name` (`slot`: its copy)."""
+    mb = spec.mask_shape[0]
+    row, at = f"{row0} + i", f"{slot}, " if slot else ""
     heads = head if spec.mask_shape[1] * spec.mask_shape[2] > 1 else 0
     load = _guarded(row, spec.sq, t.tq, f"mask[{n if mb > 1 else 0}, {heads}, {row}, {k0} + u]")
-    w.add(f"for i, u in T.grid({t.tq}, {cols}):", f"    {name}[i, u] = {load}")
-    return (name, 0, cols, 1)
+    w.add(f"for i, u in T.grid({t.tq}, {cols}):", f"    {name}[{at}i, u] = {load}")

@@ -129,7 +129,7 @@ def _candidates(spec: AttentionSpec, arch) -> list:
             if tk < 2 or tq % tk:
                 continue
             p_stride = a_row_stride(tq, tk, F32_BYTES, arch)
-            tiles += [FlashTiling(tq, tk, "causal", lean, q_stride, p_stride) for lean in (False, True)]
+            tiles += [FlashTiling(tq, tk, "causal", lean, False, q_stride, p_stride) for lean in (False, True)]
         tq *= 2
     return tiles
 

@@ -32,13 +32,15 @@ MAX_QUERY_TILES = 256
 class FlashTiling:
     """tq query rows and tk keys a tile; `mask` "none", "rows" (a query tile's rows of the mask,
     held for all its heads) or "blocks" (a tq x tk block per key tile and head); `lean`: the Q
-    tile single-buffered and O normalised in place (more rows a tile, less overlap); the GEMMs'
+    tile single-buffered and O normalised in place (more rows a tile, less overlap); `pipeline`:
+    the key tiles software-pipelined where there are two or more (flash._pipelined_keys); the GEMMs'
     A tiles' row strides (q_stride, p_stride); the estimates the search chose by."""
 
     tq: int
     tk: int
     mask: str = "none"
     lean: bool = False
+    pipeline: bool = True
     q_stride: int = 0
     p_stride: int = 0
     dma_bytes: int = 0
@@ -73,6 +75,10 @@ def flash_footprint(spec, t: FlashTiling) -> int:
         block = aligned(tq * w * F32_BYTES) if t.mask == "blocks" else 0
         return aligned(d * w * F32_BYTES) + aligned(w * dv * F32_BYTES) + block
 
+    if pipelined(spec, t):  # two more copies of S and P (flash._pipelined_keys)
+        state += aligned(2 * tq * tk * F32_BYTES) + aligned(2 * tq * t.p_stride * F32_BYTES)
+        if spec.causal is not None:  # and the diagonal tiles' K and V beside the pipelined ones'
+            state += aligned(2 * d * tk * F32_BYTES) + aligned(2 * tk * dv * F32_BYTES)
     rows = 0
     if t.mask == "rows":
         msq, msk = spec.mask_shape[3:]
@@ -98,16 +104,26 @@ def flash_dma_bytes(spec, t: FlashTiling) -> int:
     return moved
 
 
-def flash_key_tile_cycles(spec, arch: HardwareDescription, tq: int, tk: int) -> int:
-    """The PE array's and the vector unit's cycles on one key tile of one query tile."""
+def pipelined(spec, t: FlashTiling) -> bool:
+    """Whether the kernel runs its whole key tiles software-pipelined (flash._pipelined_keys):
+    two or more of them (under a constant causal mask: those below the diagonal), unless the
+    tiling says not (two more copies of S and P did not fit; flash_length.py's kernel)."""
+    return t.pipeline and spec.sk // t.tk >= 2
+
+
+def flash_key_tile_cycles(spec, arch: HardwareDescription, tq: int, tk: int, overlap: bool = False) -> int:
+    """The PE array's and the vector unit's cycles on one key tile of one query tile: their sum,
+    or with `overlap` (pipelined key tiles) the longer."""
     d, dv = spec.d, spec.dv
-    work = cost.gemm_steady_cycles(arch, tq, tk, d, "float32") + cost.gemm_steady_cycles(arch, tq, dv, tk, "float32")
+    pe = cost.gemm_steady_cycles(arch, tq, tk, d, "float32") + cost.gemm_steady_cycles(arch, tq, dv, tk, "float32")
+    work = 0
     if spec.mask_shape:
         work += cost.eltwise_cycles(arch, tq * tk, 2 * tq * tk)
     work += 2 * cost.reduce_cycles(arch, tq, tk) + cost.eltwise_cycles(arch, tq * tk, tq * tk + tq)
     work += cost.vfunc_cycles(arch, tq * tk, "exp") + cost.eltwise_cycles(arch, tq * dv, tq * dv + tq)
     work += 3 * cost.eltwise_cycles(arch, tq, 2 * tq) + cost.vfunc_cycles(arch, tq, "exp")
-    return work + cost.vfunc_cycles(arch, tq, "identity")
+    work += cost.vfunc_cycles(arch, tq, "identity")
+    return max(work, pe) if overlap else work + pe
 
 
 def flash_cycles(spec, arch: HardwareDescription, t: FlashTiling) -> int:
@@ -116,7 +132,7 @@ def flash_cycles(spec, arch: HardwareDescription, t: FlashTiling) -> int:
     tq, tk = t.tq, t.tk
     keys = spec.sk // tk
     tile_bytes = tk * (spec.d + spec.dv) * F32_BYTES + (tq * tk * F32_BYTES if t.mask == "blocks" else 0)
-    step = max(flash_key_tile_cycles(spec, arch, tq, tk), cost.dma_transfer_cycles(arch, tile_bytes))
+    step = max(flash_key_tile_cycles(spec, arch, tq, tk, pipelined(spec, t)), cost.dma_transfer_cycles(arch, tile_bytes))
     if spec.sk % tk:
         rest = spec.sk % tk
         step_rest = flash_key_tile_cycles(spec, arch, tq, rest) + arch.dma_latency
@@ -126,7 +142,12 @@ def flash_cycles(spec, arch: HardwareDescription, t: FlashTiling) -> int:
     head = 3 * cost.vector_cycles(arch, tq, spec.dv)
     head += cost.dma_transfer_cycles(arch, tq * spec.d * F32_BYTES) * (2 if t.lean else 1)
     head += arch.dma_latency if t.lean else 0
-    steps = key_tiles(spec, t) * step if spec.causal is not None else tiles * (keys * step + step_rest)
+    if spec.causal is not None:  # the r tiles crossing each query tile's diagonal run one after the other
+        serial = max(flash_key_tile_cycles(spec, arch, tq, tk), cost.dma_transfer_cycles(arch, tile_bytes))
+        diagonal = tiles * (tq // tk)
+        steps = (key_tiles(spec, t) - diagonal) * step + diagonal * serial
+    else:
+        steps = tiles * (keys * step + step_rest)
     total = spec.b * spec.hk * spec.g * (tiles * head + steps)
     if t.mask == "rows":
         msq, msk = spec.mask_shape[3:]
@@ -179,9 +200,10 @@ def choose_flash_tiling(spec, arch: HardwareDescription) -> FlashTiling | None:
             p_stride = a_row_stride(tq, tk, F32_BYTES, arch)
             for mode in modes:
                 for lean in (False, True):
-                    t = FlashTiling(tq, tk, mode, lean, q_stride, p_stride)
-                    if flash_footprint(spec, t) <= arch.spad_bytes:
-                        fitting.append(dataclasses.replace(t, dma_bytes=flash_dma_bytes(spec, t)))
+                    for pipeline in (True, False):
+                        t = FlashTiling(tq, tk, mode, lean, pipeline, q_stride, p_stride)
+                        if flash_footprint(spec, t) <= arch.spad_bytes:
+                            fitting.append(dataclasses.replace(t, dma_bytes=flash_dma_bytes(spec, t)))
     if not fitting:
         return None
     fewest = min(t.dma_bytes for t in fitting)

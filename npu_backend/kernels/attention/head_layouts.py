@@ -19,7 +19,6 @@ sequence-major, (B, S, H, D), instead of (B, H, S, D). A "seq_major" role's para
 
 from __future__ import annotations
 
-from tvm import s_tir
 from tvm.relax.dpl import is_op, wildcard
 
 from ...errors import UnsupportedOperator
@@ -82,19 +81,3 @@ def stored(spec, role: str, shape: tuple) -> tuple:
     """A (B, H, S, D) shape or index of `role` as the kernel's tensor stores it."""
     b, h, s, d = shape
     return (b, s, h, d) if role in spec.seq_major else (b, h, s, d)
-
-
-def plain_views(spec, views: dict) -> dict:
-    """The caller's views (role -> rank-5 shape) of the roles not stored sequence-major: a
-    sequence-major tensor is passed as the kernel stores it."""
-    return {role: shape for role, shape in views.items() if role not in spec.seq_major}
-
-
-def output_stored(func, spec):
-    """The whole-row kernel `func`, its output stored (B, Sq, H, Dv) when the spec says: each
-    head's rows a box of the output (a layout transform of the output buffer)."""
-    if "out" not in spec.seq_major:
-        return func
-    sch = s_tir.Schedule(func)
-    sch.transform_layout(sch.get_sblock("out"), ("write", 0), lambda n, hh, i, e: (n, i, hh, e))
-    return sch.mod["main"]

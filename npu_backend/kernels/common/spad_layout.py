@@ -68,11 +68,25 @@ def operand_row_stride(row: int, itemsize: int, lanes: int, arch: HardwareDescri
                              lambda s: operand_rows_conflict_free(s, itemsize, lanes, arch))
 
 
+def beat_rows_slowdown(stride: int, itemsize: int, rows: int, arch: HardwareDescription) -> Fraction:
+    """How much slower than one beat a cycle a DMA beat reading one element of each of up to
+    `rows` rows, `stride` elements apart, runs (>= 1; 1 when the scratchpad's bandwidth allows)."""
+    slowdown = beat_slowdown(arch.dma_bytes_per_cycle, (rows,), (stride * itemsize,), itemsize, 0,
+                             arch.spad_banks, arch.bank_width_bytes)
+    return slowdown / max(Fraction(1), Fraction(arch.dma_bytes_per_cycle, arch.spad_banks * arch.bank_width_bytes))
+
+
 @functools.lru_cache(maxsize=8192)
 def store_row_stride(row: int, itemsize: int, rows: int, arch: HardwareDescription) -> int:
-    """Row stride (elements) of an output tile whose store reads one element per row."""
-    return padded_row_stride(row, itemsize, arch,
-                             lambda s: beat_rows_conflict_free(s, itemsize, rows, arch))
+    """Row stride (elements) of an output tile whose store reads one element per row: the
+    smallest with the least slowdown within one bank period. Conflict-free when some stride
+    is; an int8 tile never is when a beat reads more rows than there are banks (16 one-byte
+    rows over 8 banks: 2 words a bank at best), and then the least conflicted stride (rows a
+    word apart) still halves or quarters its store against the compact tile's one bank."""
+    period = _period(arch, itemsize)
+    if period is None:
+        return row
+    return min(range(row, row + period), key=lambda s: (beat_rows_slowdown(s, itemsize, rows, arch), s))
 
 
 def storage_align_args(row: int, stride: int, itemsize: int, arch: HardwareDescription):
@@ -97,8 +111,10 @@ def store_walks_rows(spec) -> int:
     if spec.op in ("conv2d", "depthwise") and spec.out_layout[-1] == "W":
         # Pixels in a row (in a column for a symbolic width: kernels/gemm/gemm.py's store walks
         # columns then; in a block's row when height and width are) are consecutive tile rows.
-        order = spec.pixel_order
-        return spec.row_step if order == "blocks" else spec.output_shape[2] if order == "xy" else spec.output_shape[3]
+        # One output row in the "xy" order (a conv1d, one pixel high): the store walks x, which
+        # is the tile's consecutive rows then (gemm._tile_output reorders only taller outputs).
+        order, (_, _, height, width) = spec.pixel_order, spec.output_shape
+        return spec.row_step if order == "blocks" else height if order == "xy" and height > 1 else width
     return 0
 
 
@@ -135,5 +151,7 @@ def align_output_rows(sch, spec, tiling, arch: HardwareDescription) -> None:
     rows a multiple of the banks' period apart would put each DMA beat in one bank. Called
     after tensorize, which blockizes "epi" into "epi_o" and would drop an annotation made
     before: "epi_o" writes the tile then."""
-    stride = out_row_stride(tiling.tn, DType.from_name(spec.acc_dtype).itemsize, store_walks_rows(spec), arch)
-    align_rows(sch, sch.get_sblock("epi_o"), tiling.tn, stride, spec.acc_dtype, arch)
+    block = sch.get_sblock("epi_o")
+    dtype = str(sch.get(block).writes[0].source.dtype)  # int8 when the epilogue requantises
+    stride = out_row_stride(tiling.tn, DType.from_name(dtype).itemsize, store_walks_rows(spec), arch)
+    align_rows(sch, block, tiling.tn, stride, dtype, arch)

@@ -27,6 +27,12 @@ PATCH_CHANNELS = 8
 #: (lower/double_buffer.py), because the kernel's own order of commands already keeps their
 #: writes and reads apart (inverted_residual.py); the tile search counts them once.
 SINGLE_BUFFERED = "cgra.single_buffered"
+#: A loop annotation: the scratchpad buffers allocated in the loop's body are allocated before it,
+#: with the enclosing tile's (lower/hoist_allocs.py; gemm.py's epilogue pieces)
+HOIST_ALLOCS = "cgra.hoist_allocs"
+#: A loop annotation: the reduction-step loop of a tile whose A panel is loaded a step at a time in
+#: the first column tile and held for the others (lower/stream_panel.py; Tiling.stream_panel)
+STREAM_PANEL = "cgra.stream_panel"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,6 +297,12 @@ class Tiling:
     #: GEMM-shaped kernels: the epilogue's smooth activation (sigmoid, SiLU, GELU's tanh form) runs as
     #: one VFUNC through the chip's function unit instead of FABRIC bodies (gemm/epilogue_tail.py)
     act_on_vector: bool = False
+    #: GEMM-shaped kernels: rows of the EPILOGUE commands and stores an output tile is finished in
+    #: (0: the whole tile at once; gemm.py's epilogue pieces)
+    epilogue_rows: int = 0
+    #: GEMM-shaped kernels: A's row panel (tm x the whole depth) is loaded one reduction step at a
+    #: time during the first column tile and held for the others (lower/stream_panel.py)
+    stream_panel: bool = False
 
 
 def round_up(value: int, multiple: int) -> int:

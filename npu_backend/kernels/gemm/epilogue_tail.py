@@ -7,7 +7,7 @@ trip through DRAM. Here, for each root of epilogue.py (matmul, linear, conv2d), 
 
     [* multiplier] ( act ( [+ residual] ( [reshape] ( root [+ bias] ) ) )  |  relu | clip of that )
 
-    act: sigmoid, nn.silu, multiply(x, sigmoid(x)) (either order), nn.gelu_tanh, nn.gelu (erf)
+    act: sigmoid, nn.silu, multiply(x, sigmoid(x)) (either order), nn.gelu_tanh, nn.gelu (erf), tanh
 
 is tried before the plain chains; each optional piece is an alternative the matcher takes when it
 is there. A match whose tail holds nothing the plain chains lack (no activation of the list, no
@@ -39,13 +39,13 @@ from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of, require_static_shape, shape_dims
 from ..common.chains import require_program
 from ..common.dynamic import read_shape, symbols_of
-from ..intrinsics.epilogue_tail import SMOOTH_ACTS, TAIL_ACTS, act_passes
+from ..intrinsics.epilogue_tail import SMOOTH_ACTS, TAIL_ACTS, VFUNC_ACTS, act_passes
 
 #: The pattern-name suffix of a root's tail pattern: "cgra.linear_epilogue".
 SUFFIX = "_epilogue"
 #: Relax op -> the activation it is (the multiply form of SiLU is read from its operands).
 _ACT_OPS = {"relax.sigmoid": "sigmoid", "relax.nn.silu": "silu", "relax.nn.gelu_tanh": "gelu_tanh",
-            "relax.nn.gelu": "gelu", "relax.multiply": "silu"}
+            "relax.nn.gelu": "gelu", "relax.tanh": "tanh", "relax.multiply": "silu"}
 
 
 def tail_graphs(roots) -> list[tuple]:
@@ -71,7 +71,7 @@ def tail_graphs(roots) -> list[tuple]:
         sigmoid = is_op("relax.sigmoid")(shifted)
         act = functools.reduce(lambda a, b: a | b, [
             sigmoid, is_op("relax.nn.silu")(shifted), is_op("relax.nn.gelu_tanh")(shifted),
-            is_op("relax.nn.gelu")(shifted), is_op("relax.multiply")(shifted, sigmoid),
+            is_op("relax.nn.gelu")(shifted), is_op("relax.tanh")(shifted), is_op("relax.multiply")(shifted, sigmoid),
             is_op("relax.multiply")(sigmoid, shifted)])
         relu = is_op("relax.nn.relu")(shifted)
         clip = is_op("relax.clip")(shifted, wildcard(), wildcard())
@@ -216,21 +216,22 @@ def tail_tile_cycles(spec, arch):
     work on one output tile, as their standalone kernels price it (sigmoid.py, special.py,
     eltwise.py); None without them. A smooth activation's FABRIC bodies run on the PE array
     (between two tiles' GEMMs), a VFUNC (GELU's, or a smooth one through the function unit:
-    act_on_vector) and the multiplies on the vector unit. A smooth activation's bodies must map
-    onto the chip's fabric."""
+    act_on_vector) and the multiplies on the vector unit, a VFUNC priced by its issue
+    (cost.vfunc_issue_cycles: on the function unit its fill overlaps the next tile's commands,
+    as the simulator times it). A smooth activation's bodies must map onto the chip's fabric."""
     if not spec.act and not spec.multiplier_shape:
         return None
     if spec.gated:  # gated.py: the VFUNC and the multiply over the tile's half of outputs
         return lambda elements: (0, cost.vfunc_cycles(arch, elements // 2, spec.act)
                                  + cost.eltwise_cycles(arch, elements // 2, elements))
-    vfunc = spec.act == "gelu" or act_on_vector(spec, arch)
+    vfunc = spec.act in VFUNC_ACTS or act_on_vector(spec, arch)
     programs = [(require_program(nodes, "float32", arch, spec.act), nodes) for nodes in act_passes(spec.act)] \
         if spec.act and not vfunc else []
 
     def cycles(elements: int) -> tuple[int, int]:
         array = sum(cost.fabric_run_cycles(arch, program, elements, (12 if reads_b(nodes) else 8) * elements)
                     for program, nodes in programs)
-        vector = cost.vfunc_cycles(arch, elements, spec.act) if vfunc else 0
+        vector = cost.vfunc_issue_cycles(arch, elements, spec.act) if vfunc else 0
         multiplies = (not vfunc and spec.act not in (None, "sigmoid")) + bool(spec.multiplier_shape)
         return array, vector + multiplies * cost.eltwise_cycles(arch, elements, 2 * elements)
 

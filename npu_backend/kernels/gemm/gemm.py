@@ -10,7 +10,15 @@ per reduction step and the residual tile once per output tile (these copies beco
 lower/dma.py; a static matmul whose reduction is one step loads A's row panel once per row tile,
 before its column tiles, which all read it: holds_a_panel), runs each reduction step as one GEMM over the tile (the PE array runs its folds),
 the accumulator's init as one FILL and the epilogue as one EPILOGUE per tile, and stores the
-valid region of each tile by DMA. A's rows, and the output tile's rows when the store reads one
+valid region of each tile by DMA. A static matmul of more rows than one PE-array fold (a
+transformer's prefill) may finish each output tile in pieces of the array's rows
+(`Tiling.epilogue_rows`): an EPILOGUE and a store per piece, each piece its own buffer
+(lower/hoist_allocs.py), so that piece i's EPILOGUE runs on the vector unit while piece i - 1 is
+stored and the kernel ends one piece's store after its last EPILOGUE; its tile search then also
+weighs reduction steps shallower than the deepest that fits (the first GEMM waits for a short
+load, not for a whole panel), with A's row panel loaded a step at a time by a row tile's first
+column tile and held for the others (Tiling.stream_panel, lower/stream_panel.py), and takes such
+a tiling only when the estimate finds it faster by more than its error bound (in_pieces). A's rows, and the output tile's rows when the store reads one
 element per row (NCHW), are padded with `storage_align` so the banks serve them without
 conflicts (spad_layout.py).
 """
@@ -29,8 +37,9 @@ from .epilogue import channel_rows, epilogue_intrin
 from .epilogue_tail import act_on_vector, check_tail_padding, tail_tile_cycles
 from ..intrinsics import SPAD, get_intrin
 from ..common.spad_layout import a_row_stride, align_output_rows, align_rows, out_row_stride, store_walks_rows
-from ..common.spec import KernelSpec, Tiling, aligned, round_up
+from ..common.spec import HOIST_ALLOCS, STREAM_PANEL, KernelSpec, Tiling, aligned, round_up
 from .gemm_estimate import estimate_cycles, holds_a_panel, may_hold_a_panel
+from .gemm_pieces import epilogue_piece_rows, finishes_in_pieces, in_pieces, streamed_candidates
 
 
 # ------------------------------------------------------------------ tile search
@@ -43,7 +52,7 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
            bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
            _any_rows(spec), spec.pixel_order, _taps(spec), spec.act, spec.gated, bool(spec.multiplier_shape),
            bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape), may_hold_a_panel(spec), spec.patch_channels,
-           arch.fingerprint)
+           finishes_in_pieces(spec, arch), arch.fingerprint)
     if spec.gated and spec.act != "gelu" and not act_on_vector(spec, arch):
         raise UnsupportedOperator(f"a gated linear unit's {spec.act} runs through a function unit that has it; "
                                   f"'{arch.name}' has none: its parts run as their own kernels")
@@ -57,7 +66,8 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
                                       ragged=spec.pixel_order != "blocks", has_multiplier=bool(spec.multiplier_shape),
                                       tail_cycles=tail_tile_cycles(spec, arch),
                                       extra_rows=bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape),
-                                      a_panel=may_hold_a_panel(spec), depth_step=spec.patch_channels or 1)
+                                      a_panel=may_hold_a_panel(spec), depth_step=spec.patch_channels or 1,
+                                      pieces=finishes_in_pieces(spec, arch))
         if act_on_vector(spec, arch):
             _TILINGS[key] = dataclasses.replace(_TILINGS[key], act_on_vector=True)
     check_tail_padding(spec, _TILINGS[key], arch)
@@ -85,7 +95,8 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                   has_bias: bool, arch: HardwareDescription, row_step: int = 1,
                   has_residual: bool = False, has_scale: bool = False, store_rows: int = 0,
                   any_rows: bool = False, taps: int = 1, ragged: bool = True, has_multiplier: bool = False,
-                  tail_cycles=None, extra_rows: int = 0, a_panel: bool = False, depth_step: int = 1) -> Tiling:
+                  tail_cycles=None, extra_rows: int = 0, a_panel: bool = False, depth_step: int = 1,
+                  pieces: bool = False) -> Tiling:
     """The tiling with the fewest estimated cycles among those that fit the scratchpad.
 
     With `any_rows` (symbolic rows, `rows` their bound) one tiling serves every size up to
@@ -107,7 +118,13 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     `tail_cycles(elements)`: the (PE array, vector unit) work of an epilogue's activation and
     multiply on a tile (epilogue_tail.py). `a_panel`: the kernel holds A's row
     panel across column tiles where the tiling lets it (holds_a_panel). `depth_step`: a depth
-    chunk divides the depth and is a multiple of it (a patch's channels, patchify.py).
+    chunk divides the depth and is a multiple of it (a patch's channels, patchify.py). `pieces`:
+    the kernel may finish an output tile in pieces of the PE array's rows (epilogue_rows), and
+    reduction steps shallower than the deepest that fits are weighed too: a shallow step lets
+    the first GEMM start early, a whole-width tile finished in pieces ends soon after its last
+    GEMM (transformer prefill: 16-128 rows, a few hundred columns); such a kernel's tilings are
+    priced as it runs, its FILL folded into the first GEMM (lower/fold_init.py), so that one tile
+    and many compare fairly.
     """
     row_step = row_step if row_step > 1 else arch.rows
     # A unit reduction extent would be elided by compute_at and leave nothing to tensorize
@@ -116,6 +133,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     in_bytes = DType.from_name(dtype).itemsize
     acc_bytes = DType.from_name(acc_dtype).itemsize
     candidates = []  # (tm, tn, tk) that fit the scratchpad
+    streamed = []  # with `pieces`: the same tiles with shallower reduction steps
     shallowest = min(_k_candidates(depth, depth_step))
     for tn in range(arch.cols, round_up(cols, arch.cols) + 1, arch.cols):
         out_row = out_row_stride(tn, acc_bytes, store_rows, arch)  # the same for every tm
@@ -131,6 +149,13 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                                     step=depth_step)
             if tk is not None:
                 candidates.append((tm, tn, tk))
+                if pieces:
+                    streamed += streamed_candidates(tm, tn, tk, depth, round_up(cols, tn) // tn, a_panel, arch, (
+                        lambda step, panel, tm=tm, tn=tn, out_row=out_row: gemm_footprint(
+                            tm, tn, step, in_bytes, acc_bytes, has_bias, has_residual, has_scale,
+                            a_row_stride(tm, step, in_bytes, arch), out_row, int(has_multiplier), extra_rows)
+                        + aligned(2 * tm * a_row_stride(tm, step, in_bytes, arch) * panel * in_bytes)
+                        <= arch.spad_bytes))
     candidates.sort()  # ties go to the smaller row tile, as they always have
     if not candidates:
         if row_step > arch.rows:  # a conv2d's tile holds whole output rows or columns
@@ -143,13 +168,15 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
             f"{arch.rows}x{arch.cols} tile of a {dtype} GEMM: describe a larger scratchpad")
 
     def tiling_for(candidate, size: int) -> Tiling:
-        tm, tn, tk = candidate
+        tm, tn, tk = candidate[:3]  # (and with `pieces`, whether A's panel streams: gemm_pieces.py)
         tm = min(tm, round_up(size, row_step))  # a tile past the rows is cut to them
-        return Tiling(tm, tn, tk, round_up(size, tm), round_up(cols, tn), round_up(depth, tk))
+        return Tiling(tm, tn, tk, round_up(size, tm), round_up(cols, tn), round_up(depth, tk),
+                      stream_panel=len(candidate) > 3 and candidate[3])
 
-    def cycles(candidate, size: int) -> int:
+    def cycles(candidate, size: int, piece_rows: int = 0, folded: bool = False) -> int:
         return estimate_cycles(tiling_for(candidate, size), dtype, in_bytes, acc_bytes, arch, has_residual, taps=taps,
-                               extra_tiles=int(has_multiplier), tail_cycles=tail_cycles, a_panel=a_panel)
+                               extra_tiles=int(has_multiplier), tail_cycles=tail_cycles, a_panel=a_panel,
+                               piece_rows=piece_rows, init_folded=folded)
 
     if not ragged:
         return _block_tiling(candidates, rows, cols, depth, row_step,
@@ -157,6 +184,8 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                                                        extra_tiles=int(has_multiplier), tail_cycles=tail_cycles))
     if not any_rows:
         best = min(candidates, key=lambda c: (cycles(c, rows), -c[0] * c[1]))
+        if pieces:
+            return in_pieces(best, candidates + streamed, rows, row_step, arch, tiling_for, cycles, a_panel)
         return tiling_for(best, rows)
     sizes = sorted({min(rows, row_step << k) for k in range(rows.bit_length() + 1)} | {rows})
     fastest = {size: min(cycles(c, size) for c in candidates if c[0] <= round_up(size, row_step)) for size in sizes}
@@ -358,6 +387,8 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
     # With the whole reduction in one step the A tile is the same for every column tile of a
     # row tile: it is loaded once per row tile (before the column loop), not per tile.
     a_at = _enclosing_loop(sch, acc, col_tile) if holds_a_panel(spec, tiling) else depth_outer
+    if tiling.stream_panel:  # loaded a step at a time by the first column tile (lower/stream_panel.py)
+        sch.annotate(depth_outer, STREAM_PANEL, 1)
     for name, at in (("a_pad", a_at), ("b_pad", depth_outer)):
         block = sch.get_sblock(name)
         sch.compute_at(block, at)
@@ -378,7 +409,12 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
     init = sch.decompose_reduction(acc, first_reduction)
     sch.tensorize(row, get_intrin("gemm", tiling.tm, tiling.tn, tiling.tk, spec.dtype, spec.acc_dtype))
     sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", tiling.tm, tiling.tn, spec.acc_dtype))
-    sch.tensorize(epi_row, epilogue_intrin(spec, tiling))
+    piece = epilogue_piece_rows(tiling)
+    if piece < tiling.tm:  # the epilogue and the store in pieces of rows (epilogue_piece_rows)
+        piece_loop, epi_row = sch.split(epi_row, [None, piece])
+        sch.annotate(piece_loop, HOIST_ALLOCS, 1)
+        sch.reverse_compute_at(sch.get_sblock("out"), piece_loop)
+    sch.tensorize(epi_row, epilogue_intrin(spec, tiling, rows=piece))
     if not spec.gated:  # (a matmul's store walks no rows: nothing to align)
         align_output_rows(sch, spec, tiling, arch)
 

@@ -37,7 +37,7 @@ def _panel_tiling(t: Tiling) -> bool:
 
 def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription,
                     has_residual: bool = False, taps: int = 1, init_folded: bool = False, extra_tiles: int = 0,
-                    tail_cycles=None, a_panel: bool = False) -> int:
+                    tail_cycles=None, a_panel: bool = False, piece_rows: int = 0) -> int:
     """A first-order estimate of a tiled GEMM's cycles, each unit's work priced by the simulator's
     cost model (cgra_sim.cost).
 
@@ -55,7 +55,11 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     `tail_cycles(elements)`: an epilogue activation's and multiply's work on a tile, (PE array,
     vector unit) cycles: a smooth activation's FABRICs take the array between two tiles' GEMMs. `a_panel`:
     the kernel holds A's row panel across the column tiles when the tiling lets it
-    (holds_a_panel): the loads of a step are B's tile, and A's once per row tile.
+    (holds_a_panel): the loads of a step are B's tile, and A's once per row tile. `piece_rows`:
+    the kernel finishes each output tile in EPILOGUEs and stores of that many rows (gemm.py's
+    epilogue_rows), so the last tile's epilogue overlaps its stores but the last piece's. A
+    tiling with `stream_panel` loads A's panel a step at a time in each row tile's first column
+    tile (lower/stream_panel.py): its first load is one step's A and B, later ones B's.
     """
     tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk * taps
     array_fill = cost.gemm_fill_cycles(arch, t.tm, t.tn)
@@ -72,6 +76,12 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
         loaded = tiles * tile_load + t.mp // t.tm * panel + tiles * residual_load
         panel_stalls = (t.mp // t.tm - 1) * _panel_stall(arch, cost.dma_transfer_cycles(arch, panel),
                                                          cost.dma_transfer_cycles(arch, tile_load), gemm, array_fill)
+    elif t.stream_panel and t.np > t.tn:  # A a step at a time in the first column tile, then held
+        tile_load, a_step = t.tk * t.tn * in_bytes, t.tm * t.tk * in_bytes
+        loaded = tiles * steps * tile_load + t.mp // t.tm * t.tm * t.kp * in_bytes + tiles * residual_load
+        # the first column tile's steps load A's step and B's: as long as the GEMM, or longer
+        late = cost.dma_transfer_cycles(arch, a_step + tile_load) - gemm
+        panel_stalls = t.mp // t.tm * steps * max(0, late)
     load = cost.dma_transfer_cycles(arch, loaded)
     # The PE array's configuration loads while the first operands arrive; only what it takes
     # beyond them delays the first GEMM.
@@ -92,10 +102,33 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     # on before it can be loaded again: two steps take at least latency + transfer + compute (the
     # "load" round trip). Short steps, or steps whose loads take as long as their GEMM, wait for
     # the DMA: a row tile cut to a few rows, or a thin conv2d tile reloading its weights every step.
+    last_store, last_work = cost.dma_transfer_cycles(arch, out_bytes), cost.vector_cycles(arch, t.tm, t.tn) + tail_array + tail_vector
+    if 0 < piece_rows < t.tm:
+        last_store, last_work, piece_vector = _pieces_tail(arch, t, piece_rows, acc_bytes, has_residual, tail_cycles)
+        whole = cost.vector_stream_cycles(arch, (1 + int(has_residual)) * t.tm * t.tn) + tail_vector
+        vector += tiles * ((t.tm // piece_rows) * piece_vector - whole)
+    if init_folded and t.tk < t.kp:
+        # a tile's residual loads after its last step's operands, ahead of the next tile's first
+        # ones: what the load engine's slack in a step does not absorb holds the next GEMM back
+        slack = gemm - cost.dma_transfer_cycles(arch, tile_load)
+        bubble += (tiles - 1) * max(0, cost.dma_transfer_cycles(arch, residual_load) - max(0, slack))
     return cost.double_buffered_cycles(arch, cost.BufferedLoop(
         tiles * steps, cost.dma_transfer_cycles(arch, tile_load), (gemm,), 0,
-        first_load=cost.dma_transfer_cycles(arch, first_load), last_store=cost.dma_transfer_cycles(arch, out_bytes), last_work=cost.vector_cycles(arch, t.tm, t.tn) + tail_array + tail_vector,
+        first_load=cost.dma_transfer_cycles(arch, first_load), last_store=last_store, last_work=last_work,
         others=max(compute, load, store, vector), stalls=bubble, round_trips=("load",), whole_last_step=True)).total
+
+
+def _pieces_tail(arch: HardwareDescription, t: Tiling, piece_rows: int, acc_bytes: int, has_residual: bool,
+                 tail_cycles) -> tuple[int, int, int]:
+    """(the last piece's store transfer, the last tile's epilogue work until that store starts, the
+    vector unit's cycles on one piece) of a tile finished in pieces of `piece_rows` rows: the
+    pieces' EPILOGUEs (and activation) back to back on the vector unit, each piece's store after
+    its EPILOGUE, the stores one after another on the store engine."""
+    pieces, elements = t.tm // piece_rows, piece_rows * t.tn
+    tail_vector = tail_cycles(elements)[1] if tail_cycles is not None else 0
+    piece_vector = cost.vector_cycles(arch, piece_rows, t.tn, 1 + int(has_residual)) + tail_vector
+    store = cost.dma_transfer_cycles(arch, elements * acc_bytes)
+    return store, max(pieces * piece_vector, piece_vector + (pieces - 1) * store), piece_vector
 
 
 def _panel_stall(arch: HardwareDescription, panel: int, b_tile: int, gemm: int, array_fill: int) -> int:

@@ -30,19 +30,21 @@ from .smooth import smooth_calls, smooth_value
 from .vector_unit import activation, eltwise_call, epilogue_call, epilogue_value
 from .vector_unit import epilogue_intrin as plain_epilogue_intrin
 
-#: Activations after the epilogue: the smooth family's (FABRIC bodies) and GELU's erf form (VFUNC).
+#: Activations after the epilogue: the smooth family's (FABRIC bodies) and those only a VFUNC
+#: computes, GELU's erf form and tanh (BERT's and ViT's pooler).
 SMOOTH_ACTS = ("sigmoid", "silu", "gelu_tanh")
-TAIL_ACTS = SMOOTH_ACTS + ("gelu",)
+VFUNC_ACTS = ("gelu", "tanh")
+TAIL_ACTS = SMOOTH_ACTS + VFUNC_ACTS
 
 
 def act_value(act: str, x, vfunc: bool = False):
     """The TIR of the activation of one element, as its standalone kernel's compute writes it, or
     (`vfunc`, a smooth activation) as the VFUNC of the function unit computes it."""
-    return vfunc_value(act, x) if act == "gelu" or vfunc else smooth_value(act, x)
+    return vfunc_value(act, x) if act in VFUNC_ACTS or vfunc else smooth_value(act, x)
 
 
 def act_passes(act: str) -> tuple:
-    """The FABRIC bodies a smooth activation runs (none for GELU's VFUNC)."""
+    """The FABRIC bodies a smooth activation runs (none for GELU's or tanh's VFUNC)."""
     return tuple(passes(act)) if act in SMOOTH_ACTS else ()
 
 
@@ -56,7 +58,7 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     the output tile in place; float32: with `channel_scale` (and `channel_shift`) the sum is
     multiplied by a row of cols (ELTWISE) and that row added (a second EPILOGUE, with the relu or
     clip) before the relu or clip; then with `act` a sigmoid, silu, gelu_tanh (FABRIC bodies)
-    or gelu (VFUNC) of it (`act_vfunc`: a smooth one as a VFUNC too, through the function unit) and
+    or gelu or tanh (VFUNC) of it (`act_vfunc`: a smooth one as a VFUNC too, through the function unit) and
     with `multiplier` an ELTWISE multiply by a rows x cols tile. bias: a
     row of cols; residual: a rows x cols tile; clip: None or (lo, hi); zero_point: None, or an int8
     output requantised with a float32 scale row (int32 accumulators only); out_dtype: None, or a

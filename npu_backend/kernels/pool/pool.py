@@ -53,7 +53,7 @@ POOL_OPS = {
     "cgra.mean": "relax.mean",
 }
 #: Input dtypes per kind: an average of integers would round, which POOL does not do.
-POOL_DTYPES = {"max": ("float32", "int8"), "avg": ("float32",)}
+POOL_DTYPES = {"max": ("float32", "int8", "int16"), "avg": ("float32",)}
 _KIND_NAMES = {"max": "a max pool", "avg": "an average"}
 
 

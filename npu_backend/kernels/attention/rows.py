@@ -1,0 +1,282 @@
+"""The whole-row attention kernel, software-pipelined over its heads and query tiles.
+
+Stage: kernel definition (the attention family's compute when its tile search chose a RowTiling:
+attention_tiles.py). In: the AttentionSpec. Out: the kernel as lowered TIR (TVMScript text, as
+flash.py writes its), whose commands compute what the whole-row softmax computes, bit for bit:
+
+    S = (Q * scale) Kᵀ [+ mask] (VFUNC identity, [the mask copied into S: VFUNC identity,] GEMM)
+    [S + a mask row or column (ELTWISE)]
+    m = row max of S (FILL, REDUCE MAX); P = exp(S - m) (ELTWISE, VFUNC); l = row sum of P
+    O = P V (GEMM); O * 1 / l (VFUNC reciprocal, ELTWISE), stored
+
+The items (batch, K / V head, query head of its group, tile of tq query rows) run as one flat
+loop t, in that order, each with its own copy (of two) of Q, S, the columns and O, so that the
+four queues overlap neighbouring items instead of waiting for each other (the commands of one
+item depend on each other all the way): in iteration t the stream holds
+
+    [K and V of item t + 1's K / V head, if it starts one] the scale of Q(t + 1) and S(t + 1) = Q Kᵀ,
+    the load of Q(t + 2); the softmax of item t, O(t) = P V; O(t - 1) normalised and stored
+
+so the PE array computes item t + 1's scores while the vector unit runs item t's softmax, and the
+vector unit normalises O(t - 1) (its GEMM long done) instead of waiting for O(t). K and V are held
+per K / V head (two copies where they fit: the next head's load runs under this one's items),
+shared by the G query heads of its group. A batch's mask is held whole where it fits (loaded
+once per batch: Swin's bias per head, a causal or padding mask shared by the heads), else a
+tile per item is loaded an item ahead.
+"""
+
+from __future__ import annotations
+
+from ..common.spec import SINGLE_BUFFERED
+from ..layout.copy_kernel import parse_script
+from cgra_sim.isa import GEMM_ACCUMULATE, VFunc
+
+from .attention_tiles import LOWEST, TINY, RowTiling, mask_in_gemm, scale_at, score_copies
+from .flash import F32, _call, _element, _eltwise, _fill, _gemm, _guarded, _reduce, _shapes, _vfunc, _Writer
+from .head_layouts import stored
+
+#: Every buffer: the kernel keeps its own two copies where it needs them (lower/double_buffer.py
+#: must leave them alone; they are allocated outside the loop anyway).
+BUFFERS = ["kt", "v", "q", "s", "m", "l", "inv", "o", "res", "mask_all", "mask_tile"]
+
+
+def rows_compute(spec, t: RowTiling):
+    """The kernel's PrimFunc: parameters as flash.py's, the caller's rank-5 views in
+    `cgra.arg_shapes`."""
+    func = parse_script(rows_script(spec, t))
+    b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
+    views = {"lhs": (b, hk, g, sq, d), "rhs": (b, hk, 1, sk, d), "value": (b, hk, 1, sk, dv),
+             "mask": spec.mask_shape, "out": (b, hk, g, sq, dv)}
+    views.update({role: stored(spec, role, shape) for role, shape in _shapes(spec).items() if role in spec.seq_major})
+    func = func.with_attr("cgra.arg_shapes", [list(views[role.removesuffix("_seq")])
+                                              for role in list(spec.param_roles) + ["out"]])
+    return func.with_attr(SINGLE_BUFFERED, BUFFERS)
+
+
+class _Item:
+    """Index expressions (text) of item `at` (a text expression of the flat loop variable, kept
+    inside the items with T.min / T.max where an `if` already does: lower/dma.py bounds the
+    copies' indices without reading the `if`)."""
+
+    def __init__(self, spec, t: RowTiling, at: str):
+        tiles = t.mp // t.tq
+        per_kv, per_batch = spec.g * tiles, spec.hk * spec.g * tiles
+        self.at = at
+        self.n = f"({at}) // {per_batch}" if spec.b > 1 else "0"
+        self.c = f"({at}) // {per_kv} % {spec.hk}" if spec.hk > 1 else "0"
+        j = f"({at}) // {tiles} % {spec.g}" if spec.g > 1 else "0"
+        self.head = f"{self.c} * {spec.g} + {j}" if spec.g > 1 else self.c
+        self.row0 = f"({at}) % {tiles} * {t.tq}" if tiles > 1 else "0"
+        self.kv = f"({at}) // {per_kv}"  # the flat (batch, K / V head)
+        self.slot = f"({at}) % 2"
+        self.s_slot = f"({at}) % {score_copies(spec)}"
+        self.kv_slot = f"({at}) // {per_kv} % 2" if t.kv_copies == 2 else "0"
+        self.new_kv = f"({at}) % {per_kv} == 0"
+        self.new_batch = f"({at}) % {per_batch} == 0"
+        mb = spec.mask_shape[0] if spec.mask_shape else 1
+        self.mask_slot = f"({at}) // {per_batch} % 2" if mb > 1 else "0"  # a mask per batch: two copies
+
+
+def rows_script(spec, t: RowTiling) -> str:
+    """The TVMScript text of the kernel (module docstring)."""
+    shapes = {role: stored(spec, role, shape) for role, shape in _shapes(spec).items()}
+    if spec.mask_shape:
+        mb, mhk, mg, msq, msk = spec.mask_shape
+        shapes["mask"] = (mb, mhk * mg, msq, msk)
+    params = [(role, shapes[role]) for role in (r.removesuffix("_seq") for r in spec.param_roles)]
+    params.append(("out", shapes["out"]))
+    args = ", ".join(f'{name}: T.Buffer(({", ".join(map(str, shape))},), "float32")' for name, shape in params)
+    w = _Writer()
+    w.lines = ["@T.prim_func", f"def attention({args}):", '    T.func_attr({"tirx.noalias": True})']
+    _allocate(w, spec, t)
+    items = spec.b * spec.hk * spec.g * (t.mp // t.tq)
+    first = _Item(spec, t, "0")
+    if t.mask == "whole":  # in the order the first S needs them (V only for its P V)
+        _load_whole_mask(w, spec, t, first)
+    _load_kv(w, spec, first, "k")
+    _load_q(w, spec, t, first)
+    _load_kv(w, spec, first, "v")
+    if items > 1:
+        _load_q(w, spec, t, _Item(spec, t, "1"))
+    _scores(w, spec, t, first, scale_k=scale_at(spec) == "k")
+    w.add(f"for t in range({items}):")
+    w.depth += 1
+    one_copy = t.kv_copies == 1 and spec.b * spec.hk > 1
+    if items > 1:
+        _next_items(w, spec, t, items, "same head" if one_copy else "")
+    _softmax(w, spec, t, _Item(spec, t, "t"))
+    if items > 1 and one_copy:
+        _next_items(w, spec, t, items, "new head")
+    if items > 1:
+        w.add("if t > 0:")
+        w.depth += 1
+        _normalise(w, spec, t, _Item(spec, t, "T.max(t - 1, 0)"))
+        w.depth -= 1
+    w.depth -= 1
+    _normalise(w, spec, t, _Item(spec, t, str(items - 1)))
+    return "\n".join(w.lines) + "\n"
+
+
+def _next_items(w: _Writer, spec, t: RowTiling, items: int, when: str = "") -> None:
+    """Iteration t's work for the items after it: [K and V of item t + 1's K / V head (of item
+    t + 2's when K is scaled: its scale then waits for nothing)], S of item t + 1, Q of t + 2.
+    With one copy of K and V, item t + 1 of the same head comes before item t's softmax
+    (`when` "same head") and one of a new head after it ("new head"): its K / V load replaces
+    what item t's P V GEMM reads."""
+    early = scale_at(spec) == "k" and t.kv_copies == 2  # then >= 2 items a group: two K / V copies stay apart
+    after, later = (_Item(spec, t, f"T.min(t + {k}, {items - 1})") for k in (1, 2))
+    per_kv = spec.g * (t.mp // t.tq)
+    only = {"": "", "same head": f" and (t + 1) % {per_kv} != 0", "new head": f" and (t + 1) % {per_kv} == 0"}[when]
+    w.add(f"if t + 1 < {items}{only}:")
+    w.depth += 1
+    if when != "same head":
+        w.add(f"if {after.new_kv}:")
+        w.depth += 1
+        if early:
+            _scale_k(w, spec, after)
+        else:
+            _load_kv(w, spec, after)
+            if scale_at(spec) == "k":
+                _scale_k(w, spec, after)
+        if t.mask == "whole" and spec.mask_shape[0] > 1:
+            w.add(f"if {after.new_batch}:")
+            _load_whole_mask(w, spec, t, after, indent="    ")
+        w.depth -= 1
+    _scores(w, spec, t, after)
+    if items > 2:
+        w.add(f"if t + 2 < {items}:")
+        w.depth += 1
+        _load_q(w, spec, t, later)
+        if early:
+            w.add(f"if {later.new_kv}:")
+            w.depth += 1
+            _load_kv(w, spec, later)
+            w.depth -= 1
+        w.depth -= 1
+    w.depth -= 1
+
+
+def _scale_k(w: _Writer, spec, item: _Item, indent: str = "") -> None:
+    """Kᵀ of the item's K / V head times the scale, once for the G query heads of its group."""
+    kt = ("kt", f"{item.kv_slot} * {spec.d * spec.sk}", spec.sk)
+    w.add(indent + _vfunc("identity", spec.d, spec.sk, kt, kt, scale=spec.scale))
+
+
+def _allocate(w: _Writer, spec, t: RowTiling) -> None:
+    """Two copies of every per-item buffer (a leading axis of 2), K and V per K / V head."""
+    tq, sk, d, dv = t.tq, spec.sk, spec.d, spec.dv
+    for name, shape in (("kt", (t.kv_copies, d, sk)), ("v", (t.kv_copies, sk, dv)), ("q", (2, tq, t.q_stride)),
+                        ("s", (score_copies(spec), tq, t.p_stride)), ("m", (2, tq)), ("l", (2, tq)), ("inv", (2, tq)),
+                        ("o", (2, tq, dv)), ("res", (2, tq, dv))):
+        w.alloc(name, shape)
+    if t.mask == "whole":
+        _, mhk, mg, msq, msk = spec.mask_shape
+        w.alloc("mask_all", (2 if spec.mask_shape[0] > 1 else 1, mhk * mg, t.mp if msq > 1 else 1, msk))
+    elif t.mask == "tile":
+        w.alloc("mask_tile", (2, tq if spec.mask_shape[3] > 1 else 1, spec.mask_shape[4]))
+
+
+def _load_kv(w: _Writer, spec, item: _Item, which: str = "kv") -> None:
+    """Kᵀ (the DMA reads K with its strides swapped) and V of the item's K / V head (`which`:
+    "k", "v" or both)."""
+    slot = item.kv_slot
+    if "k" in which:
+        w.add(f"for e, u in T.grid({spec.d}, {spec.sk}):",
+              f"    kt[{slot}, e, u] = {_element(spec, 'rhs', item.n, item.c, 'u', 'e')}")
+    if "v" in which:
+        w.add(f"for u, e in T.grid({spec.sk}, {spec.dv}):",
+              f"    v[{slot}, u, e] = {_element(spec, 'value', item.n, item.c, 'u', 'e')}")
+
+
+def _load_whole_mask(w: _Writer, spec, t: RowTiling, item: _Item, indent: str = "") -> None:
+    """The mask of the item's batch, every head's (Swin's bias) or the one shared, whole (two
+    copies for a mask per batch: the next batch's load runs under this one's items)."""
+    mb, mhk, mg, msq, msk = spec.mask_shape
+    rows = t.mp if msq > 1 else 1
+    load = f"mask[{item.n if mb > 1 else 0}, h, {'i' if msq > 1 else '0'}, e]"
+    w.add(indent + f"for h, i, e in T.grid({mhk * mg}, {rows}, {msk}):",
+          indent + f"    mask_all[{item.mask_slot}, h, i, e] = {_guarded('i', spec.sq, t.tq, load) if msq > 1 else load}")
+
+
+def _load_q(w: _Writer, spec, t: RowTiling, item: _Item) -> None:
+    """The item's Q tile (zero rows past the sequence) [and its mask tile]."""
+    row = f"{item.row0} + i"
+    w.add(f"for i, e in T.grid({t.tq}, {spec.d}):",
+          f"    q[{item.slot}, i, e] = {_guarded(row, spec.sq, t.tq, _element(spec, 'lhs', item.n, item.head, row, 'e'))}")
+    if t.mask == "tile":
+        _load_mask_tile(w, spec, t, item)
+
+
+def _load_mask_tile(w: _Writer, spec, t: RowTiling, item: _Item) -> None:
+    """The item's tile of the mask, loaded with its Q two items ahead."""
+    mb, mhk, mg, msq, msk = spec.mask_shape
+    rows, row = (t.tq if msq > 1 else 1), f"{item.row0} + i"
+    load = f"mask[{item.n if mb > 1 else 0}, {item.head if mhk * mg > 1 else 0}, {row if msq > 1 else 0}, e]"
+    w.add(f"for i, e in T.grid({rows}, {msk}):",
+          f"    mask_tile[{item.slot}, i, e] = {_guarded(row, spec.sq, t.tq, load) if msq > 1 else load}")
+
+
+def _scores(w: _Writer, spec, t: RowTiling, item: _Item, scale_k: bool = False) -> None:
+    """[Kᵀ * scale (`scale_k`), Q * scale (in place)] and S = Q Kᵀ of the item; with a mask of
+    whole tiles, S = mask + Q Kᵀ: the mask copied into S (VFUNC identity: one read a score, where
+    an ELTWISE add reads two) and the GEMM accumulating onto it, which rounds fl(Q Kᵀ) + mask as
+    the ELTWISE did. The copy comes first: the mask is the first load (rows_script)."""
+    tq, qs, ps = t.tq, t.q_stride, t.p_stride
+    q = ("q", f"{item.slot} * {tq * qs}", qs)
+    s = ("s", f"{item.s_slot} * {tq * ps}", ps)
+    if mask_in_gemm(spec):
+        a = _mask_operand(spec, t, item)
+        w.add(_call("cgra_vfunc", flags=0, func=int(VFunc.IDENTITY), dtype=F32, rows=tq, cols=spec.sk,
+                    a_addr=a[:2], a_row_stride=a[2], a_col_stride=a[3], out_addr=s[:2], out_stride=ps,
+                    scale_bits=0, offset_bits=0))
+    if scale_k:
+        _scale_k(w, spec, item)
+    if scale_at(spec) == "q":
+        w.add(_vfunc("identity", tq, spec.d, q, q, scale=spec.scale))
+    w.add(_call("cgra_gemm", flags=GEMM_ACCUMULATE if mask_in_gemm(spec) else 0, dtype=F32, m=tq, n=spec.sk,
+                k=spec.d, a_addr=q[:2], a_stride=qs, b_addr=("kt", f"{item.kv_slot} * {spec.d * spec.sk}"),
+                b_stride=spec.sk, acc_addr=s[:2], acc_stride=ps))
+
+
+def _mask_operand(spec, t: RowTiling, item: _Item) -> tuple:
+    """The ELTWISE operand (buffer, offset, row stride, column stride) of the item's mask."""
+    _, mhk, mg, msq, msk = spec.mask_shape
+    row_stride, col_stride = (msk if msq > 1 else 0), (1 if msk > 1 else 0)
+    if t.mask == "tile":
+        return ("mask_tile", f"{item.slot} * {(t.tq if msq > 1 else 1) * msk}", row_stride, col_stride)
+    rows = t.mp if msq > 1 else 1
+    batch = f"{item.mask_slot} * {mhk * mg * rows * msk}"
+    head = f"({item.head}) * {rows * msk}" if mhk * mg > 1 else "0"
+    row = f"({item.row0}) * {msk}" if msq > 1 else "0"
+    return ("mask_all", f"{batch} + {head} + {row}", row_stride, col_stride)
+
+
+def _softmax(w: _Writer, spec, t: RowTiling, item: _Item) -> None:
+    """[S + a mask row or column], the row max of S, exp(S - max) in place, the row sum, its reciprocal, O = P V."""
+    tq, sk, ps, dv = t.tq, spec.sk, t.p_stride, spec.dv
+    s = ("s", f"{item.s_slot} * {tq * ps}", ps)
+    column = {name: (name, f"{item.slot} * {tq}", 1) for name in ("m", "l", "inv")}
+    if spec.mask_shape and not mask_in_gemm(spec):
+        w.add(_eltwise("add", tq, sk, s + (1,), _mask_operand(spec, t, item), s))
+    w.add(_fill("m", tq, 1, 1, LOWEST if spec.safe else float("-inf"), offset=column["m"][1]),
+          _reduce("max", tq, sk, s, column["m"][:2]),
+          _eltwise("subtract", tq, sk, s + (1,), column["m"] + (0,), s),
+          _vfunc("exp", tq, sk, s, s, scale=spec.scale if scale_at(spec) == "exp" else None),
+          _fill("l", tq, 1, 1, 0.0, offset=column["l"][1]),
+          _reduce("sum", tq, sk, s, column["l"][:2]),
+          _vfunc("reciprocal", tq, 1, column["l"], column["inv"], offset=TINY if spec.safe else None),
+          _gemm(False, tq, dv, sk, s, ("v", f"{item.kv_slot} * {sk * dv}", dv), ("o", f"{item.slot} * {tq * dv}", dv)))
+
+
+def _normalise(w: _Writer, spec, t: RowTiling, item: _Item) -> None:
+    """O * 1 / l of the item, stored (its rows inside the sequence)."""
+    tq, dv = t.tq, spec.dv
+    at = f"{item.slot} * {tq * dv}"
+    w.add(_eltwise("multiply", tq, dv, ("o", at, dv, 1), ("inv", f"{item.slot} * {tq}", 1, 0), ("res", at, dv)))
+    row = f"{item.row0} + i"
+    stored_at = _element(spec, "out", item.n, item.head, row, "e")
+    w.add(f"for i, e in T.grid({tq}, {dv}):")
+    if spec.sq % tq:
+        w.add(f"    if {row} < {spec.sq}:", f"        {stored_at} = res[{item.slot}, i, e]")
+    else:
+        w.add(f"    {stored_at} = res[{item.slot}, i, e]")

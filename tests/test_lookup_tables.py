@@ -1,0 +1,55 @@
+"""Lookups of constants fold, and a constant row added to an embedding lookup joins its table
+(normalise/lookup_tables.py): RoBERTa's token-type embedding costs no kernel. Bit-equal to
+numpy's float32 W[ids] + row; a constant that differs between positions stays an add."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from hypothesis import given, settings, strategies as st
+from tvm import relax
+
+import npu_backend
+from npu_backend.normalise.lookup_tables import fold_lookup_tables
+
+
+def _embeddings(table, types, type_ids, tokens: int, addend=None):
+    """take(table, ids) + take(types, reshape(type_ids)) [+ addend], as RoBERTa writes its embeddings."""
+    bb = relax.BlockBuilder()
+    ids = relax.Var("input_ids", relax.TensorType((1, tokens), "int64"))
+    hidden = table.shape[1]
+    with bb.function("main", [ids]):
+        with bb.dataflow():
+            words = bb.emit(relax.op.take(relax.const(table), relax.op.reshape(ids, (tokens,)), axis=0))
+            words = bb.emit(relax.op.reshape(words, (1, tokens, hidden)))
+            index = bb.emit(relax.op.reshape(relax.const(type_ids), (tokens,)))
+            kinds = bb.emit(relax.op.reshape(bb.emit(relax.op.take(relax.const(types), index, axis=0)),
+                                             (1, tokens, hidden)))
+            out = bb.emit(relax.op.add(words, kinds))
+            out = bb.emit_output(relax.op.add(out, relax.const(addend)) if addend is not None else out)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@settings(max_examples=4, deadline=None)
+@given(tokens=st.integers(1, 40), hidden=st.sampled_from([16, 64]), kind=st.integers(0, 1), seed=st.integers(0, 99))
+def test_a_constant_token_type_joins_the_word_table(tokens, hidden, kind, seed):
+    rng = np.random.default_rng(seed)
+    table, types = (rng.standard_normal((n, hidden)).astype("float32") for n in (50, 2))
+    type_ids = np.full((1, tokens), kind, "int64")
+    ids = rng.integers(0, 50, (1, tokens))
+    mod = _embeddings(table, types, type_ids, tokens)
+    assert str(fold_lookup_tables(mod)["main"]).count("R.take(") == 1
+    with npu_backend.profile() as prof:
+        got = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())["main"](
+            tvm.runtime.tensor(ids)).numpy()
+    np.testing.assert_array_equal(got[0], table[ids[0]] + types[kind])  # float32, the same additions
+    assert len(prof.kernels) == 1 and "take" in prof.kernels[0].name, [k.name for k in prof.kernels]
+
+
+def test_mixed_token_types_stay_an_add():
+    rng = np.random.default_rng(1)
+    table, types = rng.standard_normal((50, 16)).astype("float32"), rng.standard_normal((2, 16)).astype("float32")
+    mixed = np.array([[0, 1, 0, 1]], "int64")  # rows differ: no one row to add to the table
+    folded = fold_lookup_tables(_embeddings(table, types, mixed, 4))["main"]
+    assert str(folded).count("R.take(") == 1 and str(folded).count("R.add(") == 1  # the types' lookup a constant

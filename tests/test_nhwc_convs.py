@@ -1,0 +1,95 @@
+"""A conv2d between transposes to and from channels-last reads and writes channels-last itself
+(normalise/nhwc_convs.py): ConvNeXt's block and downsampling, built in Relax, keep only the
+output's transpose and match the unrewritten module run on the host."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
+import npu_backend
+from npu_backend.normalise.nhwc_convs import nhwc_convs
+from npu_backend.normalise.permute_chains import permute_chains_composed
+
+TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
+
+
+def _convnext(channels: int, size: int, seed: int, bias: bool = True):
+    """main(x NCHW) -> NCHW: a 2 x 2 stride-2 downsampling conv of a channels-last norm, then a
+    7 x 7 depthwise conv, transposed to channels-last, normed, scaled, transposed back and added
+    to its input (HF's ConvNextLayer without the MLP)."""
+    rng = np.random.default_rng(seed)
+    const = lambda *shape: relax.const(rng.standard_normal(shape).astype(np.float32))  # noqa: E731
+    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
+    wide = 2 * channels
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.permute_dims(x, TO_NHWC))
+            h = bb.emit(relax.op.nn.layer_norm(h, const(channels), const(channels), axes=[-1]))
+            h = bb.emit(relax.op.permute_dims(h, TO_NCHW))
+            h = bb.emit(relax.op.nn.conv2d(h, const(wide, channels, 2, 2), strides=2))
+            if bias:
+                h = bb.emit(relax.op.add(h, const(1, wide, 1, 1)))
+            d = bb.emit(relax.op.nn.conv2d(h, const(wide, 1, 7, 7), padding=3, groups=wide))
+            if bias:
+                d = bb.emit(relax.op.add(d, const(1, wide, 1, 1)))
+            d = bb.emit(relax.op.permute_dims(d, TO_NHWC))
+            d = bb.emit(relax.op.nn.layer_norm(d, const(wide), const(wide), axes=[-1]))
+            d = bb.emit(relax.op.multiply(const(wide), d))
+            d = bb.emit(relax.op.permute_dims(d, TO_NCHW))
+            out = bb.emit_output(relax.op.add(h, d))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _host(mod, x):
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def _activation_permutes(mod) -> list:
+    found = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: found.append(e) if isinstance(e, relax.Call) and
+                                    e.op.same_as(tvm.ir.Op.get("relax.permute_dims")) else None)
+    return found
+
+
+def test_convnext_keeps_only_the_outputs_transpose():
+    rewritten = nhwc_convs(_convnext(8, 8, 0))
+    convs = []
+    relax.analysis.post_order_visit(rewritten["main"], lambda e: convs.append(e.attrs) if isinstance(e, relax.Call)
+                                    and e.op.same_as(tvm.ir.Op.get("relax.nn.conv2d")) else None)
+    assert [(str(a.data_layout), str(a.out_layout)) for a in convs] == [("NHWC", "NHWC")] * 2
+    assert len(_activation_permutes(rewritten)) == 2  # the input's (to the first norm) and the output's
+
+
+def test_a_dense_conv_of_nchw_data_keeps_its_output_transpose():
+    """The stem: storing NHWC from a dense conv costs the kernel more than the transpose after it."""
+    x = relax.Var("x", relax.TensorType((1, 3, 16, 16), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.nn.conv2d(x, relax.const(np.ones((8, 3, 4, 4), np.float32)), strides=4))
+            out = bb.emit_output(relax.op.permute_dims(h, TO_NHWC))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert nhwc_convs(mod).same_as(mod)
+
+
+@settings(max_examples=3, deadline=None, phases=[Phase.explicit, Phase.generate])
+@given(channels=st.sampled_from([4, 8, 16]), size=st.sampled_from([8, 12]), seed=st.integers(0, 2 ** 16),
+       bias=st.booleans())
+def test_the_rewritten_block_on_the_npu_matches_the_unrewritten_one_on_the_host(channels, size, seed, bias):
+    """(TVM's host conv2d takes no NHWC data with OIHW weights: the rewritten module runs on the NPU.)"""
+    mod = _convnext(channels, size, seed, bias)
+    x = np.random.default_rng(seed).standard_normal((1, channels, size, size)).astype(np.float32)
+    expected = _host(mod, x)
+    assert len(_activation_permutes(permute_chains_composed(nhwc_convs(mod)))) == 2
+    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    assert np.abs(out - expected).max() <= 1e-5 * np.abs(expected).max()
+    assert len([p for p in npu_backend.explain(mod, "cgra-8x8") if p.op == "permute_dims"]) <= 2
