@@ -39,7 +39,7 @@ class FamilyError(CGRAError, TypeError):
     family's module, caught when the family is made or its kernel defined, not at run time."""
 
 
-@tvm_ffi.register_error  # raised by compiled code too (a kernel's assert, device/length_checks.py)
+@tvm_ffi.register_error  # raised by compiled code too (a kernel's assert, frontend/length_checks.py)
 class LengthPastBound(CGRAError, ValueError):
     """A run given a symbolic dimension (a prompt's length) past the bound it was compiled for:
     the message names the bound and how to compile with a larger one."""

@@ -87,7 +87,7 @@ def test_a_packed_qdq_matmul_equals_the_int8_chain_it_replaces(m, k, n, zp, seed
     sum and rne(clamp(float32(acc) * M)) + zp, the int8 chain's arithmetic (qdq.py)."""
     import tvm
 
-    from npu_backend.kernels.gemm.int4_qmatmul import QInt4Layer, host_prim_func
+    from npu_backend.normalise.qdq_int4 import QInt4Layer, host_prim_func
 
     rng = np.random.default_rng(seed)
     w, x = rng.integers(-8, 8, (k, n)), rng.integers(-128, 128, (m, k)).astype(np.int8)

@@ -48,7 +48,7 @@ _VIEWS = frozenset({"runtime.TVMTensorCreateView"})
 #: Relax's assert_op: given shape values alone (a prefill's length against its caches' bound,
 #: frontend/kv_prefill.py), a check like the VM's own shape checks, not a host operator.
 _ASSERT = "relax.run.assert_op"
-#: A symbolic length checked against its bound on entry (length_checks.py): no host operator either.
+#: A symbolic length checked against its bound on entry (frontend/length_checks.py): no host operator either.
 _LENGTH_CHECK = "cgra.check_length"
 
 

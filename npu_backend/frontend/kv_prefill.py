@@ -26,7 +26,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, tirx
 
-from ..device.length_checks import length_check
+from .length_checks import length_check
 from ..errors import InvalidModel
 
 

@@ -20,15 +20,16 @@ from tvm import tirx
 
 from ..errors import ScratchpadTooSmall
 from ..frontend.matmul_nbits import LAYER_ATTR
-from ..kernels.gemm.int4_qmatmul import LAYER_ATTR as QDQ_LAYER_ATTR
-from ..kernels.gemm.int4_qmatmul import QInt4Layer, int4_qmatmul_kernel
+from .qdq_int4 import LAYER_ATTR as QDQ_LAYER_ATTR
+from .qdq_int4 import QInt4Layer
 
 
-def int4_weight_kernels(mod: tvm.IRModule, arch, kernel_of) -> tvm.IRModule:
+def int4_weight_kernels(mod: tvm.IRModule, arch, kernel_of, qdq_kernel_of) -> tvm.IRModule:
     """`mod` with every MatMulNBits PrimFunc replaced by its NPU kernel on `arch` (where it fits):
     `kernel_of(m, k, n, block, zero_points, arch)` builds it (kernels/gemm/int4_matmul.py; given
     by the stage's body, as the kernels come after normalise in the flow), raising
-    ScratchpadTooSmall where the layer does not fit."""
+    ScratchpadTooSmall where the layer does not fit; `qdq_kernel_of(layer, arch)` likewise for a
+    QDQ int8 x int4 layer (kernels/gemm/int4_qmatmul.py)."""
     if arch is None:
         return mod
     updates = {}
@@ -40,7 +41,7 @@ def int4_weight_kernels(mod: tvm.IRModule, arch, kernel_of) -> tvm.IRModule:
                 m, k, n, block, zero_points = (int(v) for v in func.attrs[LAYER_ATTR])
                 kernel = kernel_of(m, k, n, block, bool(zero_points), arch)
             elif QDQ_LAYER_ATTR in func.attrs:
-                kernel = int4_qmatmul_kernel(QInt4Layer(*(int(v) for v in func.attrs[QDQ_LAYER_ATTR])), arch)
+                kernel = qdq_kernel_of(QInt4Layer(*(int(v) for v in func.attrs[QDQ_LAYER_ATTR])), arch)
             else:
                 continue
         except ScratchpadTooSmall:

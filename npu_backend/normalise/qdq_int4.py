@@ -4,8 +4,8 @@ Stage: normalise (called by qdq.py while it rewrites a QDQ matmul into integers)
 matmul layer read off the graph (qdq._Layer: int8 activation, (K, N) int8 weights with zero point
 0, int32 bias, per-channel multiplier, output zero point). Out: where every weight lies in
 [-8, 7] and the activation's shape is static (onnxruntime's `quantize_static(..., weight_type=QuantType.QInt4)` writes its INT4
-initializers so; the importer reads them as int8 values), a call_tir of the host PrimFunc of
-kernels/gemm/int4_qmatmul.py over the packed weights (cgra_sim.unpack4.pack_signed), which
+initializers so; the importer reads them as int8 values), a call_tir of the layer's host PrimFunc
+(`host_prim_func`, below: the reference any target builds) over the packed weights (cgra_sim.unpack4.pack_signed), which
 normalise/int4_weights.py then swaps for the NPU kernel (UNPACK4_INT8, int8 GEMM, requantising
 EPILOGUE): the weights cross DRAM at half a byte each. Elsewhere None, and qdq.py emits the
 int8 x int8 chain as before.
@@ -19,13 +19,14 @@ this is the 4-bit storage choice on top of it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
-from tvm import relax
+from tvm import relax, te, tirx
 
 from cgra_sim.unpack4 import pack_signed
 
 from ..frontend.provenance import with_span
-from ..kernels.gemm.int4_qmatmul import QInt4Layer, host_prim_func
 from ..relax_info import shape_dims
 
 
@@ -67,3 +68,48 @@ def added_functions(builder, mod) -> dict:
     known = {gvar.name_hint for gvar in mod.functions}
     return {gvar: func for gvar, func in builder.get().functions.items() if gvar.name_hint not in known
             and not isinstance(func, relax.Function)}
+
+
+#: The PrimFunc attribute naming an int8 x int4 layer: [m, k, n, output zero point].
+LAYER_ATTR = "cgra.qdq_int4"
+
+
+@dataclasses.dataclass(frozen=True)
+class QInt4Layer:
+    """One int8 x int4 layer's sizes and output zero point."""
+
+    m: int
+    k: int
+    n: int
+    zero_point: int
+
+    @property
+    def packed_bytes(self) -> int:
+        """Bytes of one output column's packed weights."""
+        return -(-self.k // 2)
+
+
+def host_prim_func(layer: QInt4Layer) -> tirx.PrimFunc:
+    """The layer as plain host TensorIR, from the packed tensors (X, Q, B, M) -> Y, marked
+    LAYER_ATTR: the signed nibble, the int32 sum, then the requantisation rounded half to even."""
+    m, k, n, zp = layer.m, layer.k, layer.n, layer.zero_point
+    x = te.placeholder((m, k), "int8", "X")
+    q = te.placeholder((n, layer.packed_bytes), "int8", "Q")
+    b = te.placeholder((n,), "int32", "B")
+    s = te.placeholder((n,), "float32", "M")
+
+    def weight(r, j):
+        byte = q[j, r // 2].astype("int32")
+        return ((byte << (28 - (r % 2) * 4)) >> 28)  # the nibble, sign-extended
+
+    w = te.compute((k, n), weight, "W")
+    r = te.reduce_axis((0, k), "r")
+    acc = te.compute((m, n), lambda i, j: te.sum(x[i, r].astype("int32") * w[r, j], axis=r), "Acc")
+
+    def requantise(i, j):
+        scaled = (acc[i, j] + b[j]).astype("float32") * s[j]
+        clamped = tirx.max(tirx.min(scaled, tirx.const(127 - zp, "float32")), tirx.const(-128 - zp, "float32"))
+        return (tirx.nearbyint(clamped).astype("int32") + zp).astype("int8")
+
+    y = te.compute((m, n), requantise, "Y")
+    return te.create_prim_func([x, q, b, s, y]).with_attr(LAYER_ATTR, [m, k, n, zp])

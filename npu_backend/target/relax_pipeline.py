@@ -19,7 +19,8 @@ from .. import pipeline
 from ..collector import gc_paused
 from ..device.host_costs import with_host_costs
 from ..device.host_ops import with_host_anchor
-from ..device.length_checks import with_length_checks
+from ..device import length_checks  # noqa: F401  (registers the checks' host function)
+from ..frontend.length_checks import with_length_checks
 from ..errors import CGRAError, UnsupportedChip, remember_error
 from ..options import CompileOptions, clear_dump, dump
 from ..partition.call_tir import drop_unused_prim_funcs

@@ -186,7 +186,7 @@ def _matmul_int8_int4(args, m: int, n: int, k: int) -> Case:
 
     from cgra_sim.unpack4 import pack_signed
 
-    from ..kernels.gemm.int4_qmatmul import QInt4Layer, host_prim_func
+    from ..normalise.qdq_int4 import QInt4Layer, host_prim_func
 
     rng = np.random.default_rng(m * 1000003 + n * 1009 + k if args.seed is None else args.seed)
     w = rng.integers(-8, 8, (k, n))

@@ -1,7 +1,7 @@
 """int8 x int4 requantising matmul: a QDQ layer's int4 weights kept packed in DRAM.
 
-Stage: kernels (the host PrimFunc is what normalise/int4_weights.py finds and replaces). In: the
-sizes of one layer (M rows of int8 activations, K, N, the output zero point) and the chip. Out:
+Stage: kernels (normalise/int4_weights.py replaces normalise/qdq_int4.py's host PrimFunc with it).
+In: the sizes of one layer (M rows of int8 activations, K, N, the output zero point) and the chip. Out:
 a PrimFunc written for the NPU (`cgra.kernel`, docs/own-kernels.md)
 
     acc[m, n] = sum_k int32(X[m, k]) * int32(W[k, n]) + B[n]                     (int32)
@@ -22,64 +22,17 @@ tile; a layer whose whole-K tiles do not fit keeps its host PrimFunc (Scratchpad
 
 from __future__ import annotations
 
-import dataclasses
-
 import tvm.script
-from tvm import te, tirx
 
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import EPILOGUE_BIAS, EPILOGUE_REQUANTISE, UNPACK4_INT8, DType
 
 from ...errors import ScratchpadTooSmall
+from ...normalise.qdq_int4 import QInt4Layer
 from ..common.spad_layout import a_row_stride
 
 SPAD = "global.cgra_spad"
 _SPAD_SHARE = 0.9
-#: The PrimFunc attribute naming an int8 x int4 layer: [m, k, n, output zero point].
-LAYER_ATTR = "cgra.qdq_int4"
-
-
-@dataclasses.dataclass(frozen=True)
-class QInt4Layer:
-    """One int8 x int4 layer's sizes and output zero point."""
-
-    m: int
-    k: int
-    n: int
-    zero_point: int
-
-    @property
-    def packed_bytes(self) -> int:
-        """Bytes of one output column's packed weights."""
-        return -(-self.k // 2)
-
-
-def host_prim_func(layer: QInt4Layer) -> tirx.PrimFunc:
-    """The layer as plain host TensorIR, from the packed tensors (X, Q, B, M) -> Y, marked
-    LAYER_ATTR: the signed nibble, the int32 sum, then the requantisation rounded half to even."""
-    m, k, n, zp = layer.m, layer.k, layer.n, layer.zero_point
-    x = te.placeholder((m, k), "int8", "X")
-    q = te.placeholder((n, layer.packed_bytes), "int8", "Q")
-    b = te.placeholder((n,), "int32", "B")
-    s = te.placeholder((n,), "float32", "M")
-
-    def weight(r, j):
-        byte = q[j, r // 2].astype("int32")
-        return ((byte << (28 - (r % 2) * 4)) >> 28)  # the nibble, sign-extended
-
-    w = te.compute((k, n), weight, "W")
-    r = te.reduce_axis((0, k), "r")
-    acc = te.compute((m, n), lambda i, j: te.sum(x[i, r].astype("int32") * w[r, j], axis=r), "Acc")
-
-    def requantise(i, j):
-        scaled = (acc[i, j] + b[j]).astype("float32") * s[j]
-        clamped = tirx.max(tirx.min(scaled, tirx.const(127 - zp, "float32")), tirx.const(-128 - zp, "float32"))
-        return (tirx.nearbyint(clamped).astype("int32") + zp).astype("int8")
-
-    y = te.compute((m, n), requantise, "Y")
-    return te.create_prim_func([x, q, b, s, y]).with_attr(LAYER_ATTR, [m, k, n, zp])
-
-
 def _divisors(value: int) -> list[int]:
     return [d for d in range(value, 0, -1) if value % d == 0]
 
