@@ -6,8 +6,9 @@ Stage: normalise (before permute_chains.py). In: a Relax IRModule. Out: the same
 - `permute_dims(conv2d(x) [+ bias (1, C, 1, 1)], [0, 2, 3, 1])` (NCHW output) is
   `conv2d(x, out_layout="NHWC") [+ bias (1, 1, 1, C)]`, when the transpose alone reads the conv
   (and its bias add) and the conv is depthwise or reads NHWC data (see below for a dense one);
-- a conv2d of NHWC data writing NCHW (or its bias add) is `permute_dims(conv2d(out_layout="NHWC"),
-  [0, 3, 1, 2])`, the transpose left for its readers to absorb;
+- a conv2d of NHWC data writing NCHW (or its bias add), read only by transposes back to
+  channels-last, convs and adds, is `permute_dims(conv2d(out_layout="NHWC"), [0, 3, 1, 2])`, the
+  transpose left for its readers to absorb (read by anything else, it would be a copy of its own);
 - `add(permute_dims(a, p), permute_dims(b, p))` is `permute_dims(add(a, b), p)` for a 4-D p of
   `_TO_NCHW` (a residual add of two channels-last tensors in NCHW), so that the transpose meets
   the next one back to channels-last and both cancel (permute_chains.py).
@@ -145,8 +146,18 @@ def _nhwc_in_nchw_out(uses: _Uses, var, value, replace: dict):
         return None
     if op_name(value) == _CONV and any(op_name(v) == "relax.add" for _, v in uses.only(var) or ()):
         return None  # its bias add takes it whole
+    if not _absorbed(uses.only(var)):
+        return None  # the transpose would be a copy kernel of its own (the function's result, a pool)
     found = _channels_last(uses, var, replace)
     return None if found is None else (relax.op.permute_dims(found[0], _TO_NCHW), found[1])
+
+
+def _absorbed(readers) -> bool:
+    """Whether every reader of a conv's output could take the transpose left in front of it: a
+    transpose back to channels-last (the two cancel), a conv2d (it reads the channels-last data:
+    `_conv_of_nhwc`) or an add (`_add_then_permute`)."""
+    return bool(readers) and all(op_name(v) in ("relax.add", _CONV) or (op_name(v) == "relax.permute_dims" and
+                                                                         axes_of(v) == _TO_NHWC) for _, v in readers)
 
 
 def _add_then_permute(uses: _Uses, var, add):
