@@ -36,17 +36,13 @@ unchanged for.
 
 from __future__ import annotations
 
-from cgra_codegen import device_call_positions
-from cgra_sim.isa import GEMM_ACCUMULATE, VFUNC_OFFSET, VFUNC_SCALE, DType, EltwiseFunc, ReduceFunc, VFunc
-
 from ..common.spec import SINGLE_BUFFERED
-from ..intrinsics import SPAD
 from ..layout.copy_kernel import parse_script
 from .attention_tiles import LOWEST, TINY
 from .flash_tiles import FlashTiling, pipelined
 from .head_layouts import stored
+from .script_text import Writer, eltwise, element, fill, gemm, guarded, head_shapes, kernel_writer, reduce, vfunc
 
-F32 = int(DType.from_name("float32"))
 #: Buffers kept one copy of (lower/double_buffer.py doubles the rest): the running state, the
 #: scores, the mask's rows, and the last key tile's (it runs once per head).
 SINGLE = ["m", "l", "m_old", "alpha", "inv", "o", "s", "p", "mask_rows", "k_rest", "v_rest", "mask_rest", "band",
@@ -61,106 +57,16 @@ def flash_compute(spec, t: FlashTiling):
     b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
     views = {"lhs": (b, hk, g, sq, d), "rhs": (b, hk, 1, sk, d), "value": (b, hk, 1, sk, dv),
              "mask": spec.mask_shape, "out": (b, hk, g, sq, dv)}
-    views.update({role: stored(spec, role, shape) for role, shape in _shapes(spec).items() if role in spec.seq_major})
+    views.update({role: stored(spec, role, shape) for role, shape in head_shapes(spec).items() if role in spec.seq_major})
     func = func.with_attr("cgra.arg_shapes", [list(views[role.removesuffix("_seq")])
                                               for role in list(spec.param_roles) + ["out"]])
     return func.with_attr(SINGLE_BUFFERED, SINGLE + (["q"] if t.lean else []))
 
 
-def _shapes(spec) -> dict:
-    """role -> (B, H, S, D) of q, k, v and the output, heads before the sequence."""
-    b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
-    return {"lhs": (b, hk * g, sq, d), "rhs": (b, hk, sk, d), "value": (b, hk, sk, dv), "out": (b, hk * g, sq, dv)}
-
-
-def _element(spec, role: str, n: str, head: str, row: str, col: str) -> str:
-    """The text of `role`'s element (n, head, row, col) where its tensor keeps it."""
-    return f"{role}[{', '.join(map(str, stored(spec, role, (n, head, row, col))))}]"
-
-
-def _call(name: str, **operands) -> str:
-    """The text of device call `name`, its operands (text) in the table's order; a scratchpad
-    operand is (buffer, element offset)."""
-    positions = device_call_positions(name)
-    args = [""] * max(i for where in positions.values() for i in where)
-    for param, where in positions.items():
-        value = operands[param]
-        if len(where) == 2:
-            buffer, offset = value
-            value = [f"{buffer}.data", str(offset)]
-        for i, text in zip(where, value if isinstance(value, list) else [value]):
-            args[i - 1] = str(text)
-    return f'T.call_extern("int32", "{name}", {", ".join(args)})'
-
-
-def _f32(value: float) -> str:
-    value = float(value)
-    return f"T.float32({value!r})" if abs(value) != float("inf") else f'T.float32("{value}")'
-
-
-def _eltwise(func: str, rows, cols, a, b, out) -> str:
-    """ELTWISE: a, b (buffer, offset, row stride, column stride), out (buffer, offset, row stride)."""
-    return _call("cgra_eltwise", func=int(EltwiseFunc[func.upper()]), dtype=F32, rows=rows, cols=cols,
-                 a_addr=a[:2], a_row_stride=a[2], a_col_stride=a[3], b_addr=b[:2], b_row_stride=b[2],
-                 b_col_stride=b[3], out_addr=out[:2], out_stride=out[2])
-
-
-def _vfunc(func: str, rows, cols, a, out, scale=None, offset=None) -> str:
-    flags = (VFUNC_SCALE if scale is not None else 0) | (VFUNC_OFFSET if offset is not None else 0)
-    return _call("cgra_vfunc", flags=flags, func=int(VFunc[func.upper()]), dtype=F32, rows=rows, cols=cols,
-                 a_addr=a[:2], a_row_stride=a[2], a_col_stride=1, out_addr=out[:2], out_stride=out[2],
-                 scale_bits=_f32(scale) if scale is not None else 0,
-                 offset_bits=_f32(offset) if offset is not None else 0)
-
-
-def _reduce(func: str, rows, cols, a, out) -> str:
-    return _call("cgra_reduce", func=int(ReduceFunc[func.upper()]), dtype=F32, rows=rows, cols=cols,
-                 a_addr=a[:2], a_row_stride=a[2], a_col_stride=1, out_addr=out[:2], out_stride=1)
-
-
-def _fill(buffer: str, rows, cols, stride, value: float, offset=0) -> str:
-    return _call("cgra_fill", dtype=F32, addr=(buffer, offset), rows=rows, cols=cols, stride=stride,
-                 value_bits=_f32(value))
-
-
-def _gemm(accumulate: bool, m, n, k, a, b, c) -> str:
-    return _call("cgra_gemm", flags=GEMM_ACCUMULATE if accumulate else 0, dtype=F32, m=m, n=n, k=k,
-                 a_addr=a[:2], a_stride=a[2], b_addr=b[:2], b_stride=b[2], acc_addr=c[:2], acc_stride=c[2])
-
-
-class _Writer:
-    """Lines of TVMScript at an indentation."""
-
-    def __init__(self):
-        self.lines, self.depth = [], 1
-
-    def add(self, *lines: str) -> None:
-        self.lines += ["    " * self.depth + line for line in lines]
-
-    def loop(self, var: str, extent: int) -> str:
-        """A loop over `extent` (none for 1: its variable is then 0); the index text."""
-        if extent == 1:
-            return "0"
-        self.add(f"for {var} in range({extent}):")
-        self.depth += 1
-        return var
-
-    def alloc(self, name: str, shape: tuple) -> None:
-        self.add(f'{name} = T.alloc_buffer(({", ".join(str(s) for s in shape)},), "float32", scope="{SPAD}")')
-
-
 def flash_script(spec, t: FlashTiling) -> str:
     """The TVMScript text of the kernel (module docstring)."""
     b, hk, g, sq = spec.b, spec.hk, spec.g, spec.sq
-    shapes = {role: stored(spec, role, shape) for role, shape in _shapes(spec).items()}
-    if spec.mask_shape:
-        mb, mhk, mg, msq, msk = spec.mask_shape
-        shapes["mask"] = (mb, mhk * mg, msq, msk)
-    params = [(role, shapes[role]) for role in (r.removesuffix("_seq") for r in spec.param_roles)]
-    params.append(("out", shapes["out"]))
-    args = ", ".join(f'{name}: T.Buffer(({", ".join(map(str, shape))},), "float32")' for name, shape in params)
-    w = _Writer()
-    w.lines = ["@T.prim_func", f"def flash({args}):", '    T.func_attr({"tirx.noalias": True})']
+    w = kernel_writer(spec, "flash")
     if spec.causal is not None:
         _band(w, t)
     n = w.loop("n", b)
@@ -178,24 +84,20 @@ def flash_script(spec, t: FlashTiling) -> str:
     return "\n".join(w.lines) + "\n"
 
 
-def _band(w: _Writer, t: FlashTiling) -> None:
+def _band(w: Writer, t: FlashTiling) -> None:
     """A constant causal mask's diagonal key tiles, built once: r = tq / tk blocks of tk columns
     cross a query tile's diagonal, block s being rows (r - 1 - s) tk .. of `band`, which is -inf
     above the (r - 1) tk-th row, a triangle (0 where column <= row) in the next tk rows, 0 below:
     a FILL of -inf, a FILL of zeros and a FILL of a growing row prefix per triangle row."""
     tk, r = t.tk, t.tq // t.tk
     w.alloc("band", ((2 * r - 1) * tk, tk))
-    w.add(_fill("band", r * tk, tk, tk, float("-inf")))
+    w.add(fill("band", r * tk, tk, tk, float("-inf")))
     if r > 1:
-        w.add(_fill("band", (r - 1) * tk, tk, tk, 0.0, offset=r * tk * tk))
-    w.add(f"for z in range({tk}):", "    " + _fill("band", 1, "z + 1", tk, 0.0, offset=f"({(r - 1) * tk} + z) * {tk}"))
+        w.add(fill("band", (r - 1) * tk, tk, tk, 0.0, offset=r * tk * tk))
+    w.add(f"for z in range({tk}):", "    " + fill("band", 1, "z + 1", tk, 0.0, offset=f"({(r - 1) * tk} + z) * {tk}"))
 
 
-def _guarded(row: str, sq: int, tq: int, load: str) -> str:
-    return load if sq % tq == 0 else f"T.if_then_else({row} < {sq}, {load}, T.float32(0))"
-
-
-def _mask_rows(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str) -> None:
+def _mask_rows(w: Writer, spec, t: FlashTiling, n: str, head: str, row0: str) -> None:
     """The query tile's rows of the mask (one row for a mask broadcast along the queries)."""
     mb, _, _, msq, msk = spec.mask_shape
     rows = t.tq if msq > 1 else 1
@@ -203,22 +105,22 @@ def _mask_rows(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str) -
     row = f"{row0} + i" if msq > 1 else "0"
     load = f"mask[{n if mb > 1 else 0}, {head}, {row}, e]"
     w.add(f"for i, e in T.grid({rows}, {msk}):",
-          f"    mask_rows[i, e] = {_guarded(row, spec.sq, t.tq, load) if msq > 1 else load}")
+          f"    mask_rows[i, e] = {guarded(row, spec.sq, t.tq, load) if msq > 1 else load}")
 
 
-def _head(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) -> None:
+def _head(w: Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) -> None:
     """One head's query tile: the Q tile, the key tiles, the normalised output stored."""
     tq, d, dv, sq = t.tq, spec.d, spec.dv, spec.sq
     row0 = f"{qt} * {tq}"
     w.alloc("q", (tq, t.q_stride))
     w.add(f"for i, e in T.grid({tq}, {d}):",
-          f"    q[i, e] = {_guarded(f'{row0} + i', sq, tq, _element(spec, 'lhs', n, head, f'{row0} + i', 'e'))}")
+          f"    q[i, e] = {guarded(f'{row0} + i', sq, tq, element(spec, 'lhs', n, head, f'{row0} + i', 'e'))}")
     if spec.scale is not None:
-        w.add(_vfunc("identity", tq, d, ("q", 0, t.q_stride), ("q", 0, t.q_stride), scale=spec.scale))
+        w.add(vfunc("identity", tq, d, ("q", 0, t.q_stride), ("q", 0, t.q_stride), scale=spec.scale))
     for name, shape in (("m", (tq, 1)), ("l", (tq, 1)), ("m_old", (tq, 1)), ("alpha", (tq, 1)),
                         ("o", (tq, dv)), ("s", (tq, t.tk)), ("p", (tq, t.p_stride))):
         w.alloc(name, shape)
-    w.add(_fill("m", tq, 1, 1, LOWEST), _fill("l", tq, 1, 1, 0.0), _fill("o", tq, dv, dv, 0.0))
+    w.add(fill("m", tq, 1, 1, LOWEST), fill("l", tq, 1, 1, 0.0), fill("o", tq, dv, dv, 0.0))
     keys, rest = divmod(spec.sk, t.tk)
     if spec.causal is not None:
         _causal_keys(w, spec, t, n, c, head, qt)
@@ -233,20 +135,20 @@ def _head(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) 
     if rest:
         _key_tile(w, spec, t, n, c, head, row0, str(keys * t.tk), rest, "_rest")
     w.alloc("inv", (tq, 1))
-    w.add(_vfunc("reciprocal", tq, 1, ("l", 0, 1), ("inv", 0, 1), offset=TINY if spec.safe else None))
+    w.add(vfunc("reciprocal", tq, 1, ("l", 0, 1), ("inv", 0, 1), offset=TINY if spec.safe else None))
     res = "o" if t.lean else "res"
     if not t.lean:
         w.alloc("res", (tq, dv))
-    w.add(_eltwise("multiply", tq, dv, ("o", 0, dv, 1), ("inv", 0, 1, 0), (res, 0, dv)))
+    w.add(eltwise("multiply", tq, dv, ("o", 0, dv, 1), ("inv", 0, 1, 0), (res, 0, dv)))
     w.add(f"for i, e in T.grid({tq}, {dv}):")
-    stored_at = _element(spec, "out", n, head, f"{row0} + i", "e")
+    stored_at = element(spec, "out", n, head, f"{row0} + i", "e")
     if sq % tq:
         w.add(f"    if {row0} + i < {sq}:", f"        {stored_at} = {res}[i, e]")
     else:
         w.add(f"    {stored_at} = {res}[i, e]")
 
 
-def _causal_keys(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) -> None:
+def _causal_keys(w: Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) -> None:
     """Under a constant causal mask: the key tiles below the query tile's diagonal unmasked
     (pipelined, their count a function of the query tile), the r crossing it with their block of
     the band, none above."""
@@ -266,7 +168,7 @@ def _causal_keys(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt
     w.depth = depth
 
 
-def _key_tile(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0: str, k0: str, cols: int,
+def _key_tile(w: Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0: str, k0: str, cols: int,
               suffix: str, mask="read") -> None:
     """One key tile of `cols` keys from key k0: K, V (and the mask block) in, the online step;
     `mask` an ELTWISE operand to add instead of the spec's mask, or None for no mask."""
@@ -275,22 +177,22 @@ def _key_tile(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0:
     w.alloc(vb, (cols, spec.dv))
     _load_k(w, spec, n, c, k0, cols, kb)
     _load_v(w, spec, n, c, k0, cols, vb)
-    w.add(_gemm(False, t.tq, cols, spec.d, ("q", 0, t.q_stride), (kb, 0, cols), ("s", 0, t.tk)))
+    w.add(gemm(False, t.tq, cols, spec.d, ("q", 0, t.q_stride), (kb, 0, cols), ("s", 0, t.tk)))
     _online_step(w, spec, t, n, head, row0, k0, cols, suffix, mask, ("s", 0), ("p", 0), (vb, 0))
 
 
-def _load_k(w: _Writer, spec, n: str, c: str, k0: str, cols: int, kb: str, slot: str = "") -> None:
+def _load_k(w: Writer, spec, n: str, c: str, k0: str, cols: int, kb: str, slot: str = "") -> None:
     """Kᵀ of `cols` keys from k0 into `kb` (`slot`: its copy, a leading index)."""
     at = f"{slot}, " if slot else ""
-    w.add(f"for e, u in T.grid({spec.d}, {cols}):", f"    {kb}[{at}e, u] = {_element(spec, 'rhs', n, c, f'{k0} + u', 'e')}")
+    w.add(f"for e, u in T.grid({spec.d}, {cols}):", f"    {kb}[{at}e, u] = {element(spec, 'rhs', n, c, f'{k0} + u', 'e')}")
 
 
-def _load_v(w: _Writer, spec, n: str, c: str, k0: str, cols: int, vb: str, slot: str = "") -> None:
+def _load_v(w: Writer, spec, n: str, c: str, k0: str, cols: int, vb: str, slot: str = "") -> None:
     at = f"{slot}, " if slot else ""
-    w.add(f"for u, e in T.grid({cols}, {spec.dv}):", f"    {vb}[{at}u, e] = {_element(spec, 'value', n, c, f'{k0} + u', 'e')}")
+    w.add(f"for u, e in T.grid({cols}, {spec.dv}):", f"    {vb}[{at}u, e] = {element(spec, 'value', n, c, f'{k0} + u', 'e')}")
 
 
-def _online_step(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str, k0: str, cols: int, suffix: str,
+def _online_step(w: Writer, spec, t: FlashTiling, n: str, head: str, row0: str, k0: str, cols: int, suffix: str,
                  mask, s: tuple, p: tuple, v: tuple) -> None:
     """The online softmax over the key tile's scores S (buffer, offset; row stride tk) into P
     (row stride p_stride), O += P V (V: buffer, offset)."""
@@ -299,20 +201,20 @@ def _online_step(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str,
     if mask == "read" and spec.mask_shape:
         mask = _mask_operand(w, spec, t, n, head, row0, k0, cols, suffix)
     if mask is not None and mask != "read":
-        w.add(_eltwise("add", tq, cols, s3 + (1,), mask, s3))
-    w.add(_vfunc("identity", tq, 1, ("m", 0, 1), ("m_old", 0, 1)),
-          _reduce("max", tq, cols, s3, ("m", 0)),
-          _eltwise("subtract", tq, 1, ("m_old", 0, 1, 1), ("m", 0, 1, 1), ("alpha", 0, 1)),
-          _vfunc("exp", tq, 1, ("alpha", 0, 1), ("alpha", 0, 1)),
-          _eltwise("subtract", tq, cols, s3 + (1,), ("m", 0, 1, 0), s3),
-          _vfunc("exp", tq, cols, s3, p3),
-          _eltwise("multiply", tq, 1, ("l", 0, 1, 1), ("alpha", 0, 1, 1), ("l", 0, 1)),
-          _reduce("sum", tq, cols, p3, ("l", 0)),
-          _eltwise("multiply", tq, dv, ("o", 0, dv, 1), ("alpha", 0, 1, 0), ("o", 0, dv)),
-          _gemm(True, tq, dv, cols, p3, v + (dv,), ("o", 0, dv)))
+        w.add(eltwise("add", tq, cols, s3 + (1,), mask, s3))
+    w.add(vfunc("identity", tq, 1, ("m", 0, 1), ("m_old", 0, 1)),
+          reduce("max", tq, cols, s3, ("m", 0)),
+          eltwise("subtract", tq, 1, ("m_old", 0, 1, 1), ("m", 0, 1, 1), ("alpha", 0, 1)),
+          vfunc("exp", tq, 1, ("alpha", 0, 1), ("alpha", 0, 1)),
+          eltwise("subtract", tq, cols, s3 + (1,), ("m", 0, 1, 0), s3),
+          vfunc("exp", tq, cols, s3, p3),
+          eltwise("multiply", tq, 1, ("l", 0, 1, 1), ("alpha", 0, 1, 1), ("l", 0, 1)),
+          reduce("sum", tq, cols, p3, ("l", 0)),
+          eltwise("multiply", tq, dv, ("o", 0, dv, 1), ("alpha", 0, 1, 0), ("o", 0, dv)),
+          gemm(True, tq, dv, cols, p3, v + (dv,), ("o", 0, dv)))
 
 
-def _pipelined_keys(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0: str, keys,
+def _pipelined_keys(w: Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0: str, keys,
                     mask="read") -> None:
     """Key tiles 0 .. keys - 1 (an int >= 2, or the text of a count, guarded), software-pipelined:
     two copies of K, V, S and P (`kp`, `vp`, `sp`, `pp`, and the mask's blocks `mp`, by the
@@ -333,7 +235,7 @@ def _pipelined_keys(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str,
         return f"T.min(kt + {ahead}, {keys - 1})" if static else f"T.max(T.min(kt + {ahead}, {keys} - 1), 0)"
 
     def scores(slot: str) -> None:
-        w.add(_gemm(False, tq, tk, d, ("q", 0, t.q_stride), ("kp", f"{slot} * {d * tk}", tk),
+        w.add(gemm(False, tq, tk, d, ("q", 0, t.q_stride), ("kp", f"{slot} * {d * tk}", tk),
                     ("sp", f"{slot} * {tq * tk}", tk)))
 
     depth = w.depth
@@ -367,7 +269,7 @@ def _pipelined_keys(w: _Writer, spec, t: FlashTiling, n: str, c: str, head: str,
     w.depth = depth
 
 
-def _mask_operand(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str, k0: str, cols: int,
+def _mask_operand(w: Writer, spec, t: FlashTiling, n: str, head: str, row0: str, k0: str, cols: int,
                   suffix: str) -> tuple:
     """The ELTWISE operand of the mask over this key tile: a window of the held rows, or a
     block loaded here."""
@@ -381,11 +283,11 @@ def _mask_operand(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str
     return (name, 0, cols, 1)
 
 
-def _load_mask_block(w: _Writer, spec, t: FlashTiling, n: str, head: str, row0: str, k0: str, cols: int,
+def _load_mask_block(w: Writer, spec, t: FlashTiling, n: str, head: str, row0: str, k0: str, cols: int,
                      name: str, slot: str = "") -> None:
     """The tq x cols block of the mask from key k0 into `name` (`slot`: its copy)."""
     mb = spec.mask_shape[0]
     row, at = f"{row0} + i", f"{slot}, " if slot else ""
     heads = head if spec.mask_shape[1] * spec.mask_shape[2] > 1 else 0
-    load = _guarded(row, spec.sq, t.tq, f"mask[{n if mb > 1 else 0}, {heads}, {row}, {k0} + u]")
+    load = guarded(row, spec.sq, t.tq, f"mask[{n if mb > 1 else 0}, {heads}, {row}, {k0} + u]")
     w.add(f"for i, u in T.grid({t.tq}, {cols}):", f"    {name}[{at}i, u] = {load}")

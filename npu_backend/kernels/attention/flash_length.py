@@ -35,7 +35,8 @@ from ..common.spad_layout import a_row_stride
 from ..common.spec import SINGLE_BUFFERED, round_up
 from ..layout.copy_kernel import parse_script
 from .attention_tiles import LOWEST, TINY, choose_attention_tiling
-from .flash import SINGLE, _band, _eltwise, _fill, _gemm, _reduce, _vfunc, _Writer
+from .flash import SINGLE, _band
+from .script_text import Writer, eltwise, fill, gemm, reduce, vfunc
 from .flash_tiles import F32_BYTES, FlashTiling, flash_cycles, flash_footprint
 from .spec import F32, AttentionSpec
 
@@ -163,7 +164,7 @@ def length_script(spec: AttentionSpec, t: FlashTiling) -> str:
     b, hk, g, d, dv, s = spec.b, spec.hk, spec.g, spec.d, spec.dv, _variable(spec)
     shapes = {"lhs": (b, hk * g, s, d), "rhs": (b, hk, s, d), "value": (b, hk, s, dv), "out": (b, hk * g, s, dv)}
     roles = list(spec.param_roles) + ["out"]
-    w = _Writer()
+    w = Writer()
     w.lines = ["@T.prim_func", f"def flash({', '.join(f'{r}_handle: T.handle' for r in roles)}):",
                '    T.func_attr({"tirx.noalias": True})', f"    {s} = T.int32()"]
     w.lines += [f'    {r} = T.match_buffer({r}_handle, ({", ".join(map(str, shapes[r]))}), "float32")' for r in roles]
@@ -177,7 +178,7 @@ def length_script(spec: AttentionSpec, t: FlashTiling) -> str:
     return "\n".join(w.lines) + "\n"
 
 
-def _head(w: _Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, head: str) -> None:
+def _head(w: Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, head: str) -> None:
     """One head's query tile: Q, the key tiles up to the diagonal, the normalised output."""
     tq, tk, d, dv, s = t.tq, t.tk, spec.d, spec.dv, _variable(spec)
     r, rows = tq // tk, f"T.min({tq}, {s} - qt * {tq})"
@@ -185,11 +186,11 @@ def _head(w: _Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, head:
     w.add(f"for i, e in T.grid({tq}, {d}):",
           f"    q[i, e] = T.if_then_else(qt * {tq} + i < {s}, lhs[{n}, {head}, qt * {tq} + i, e], T.float32(0))")
     if spec.scale is not None:
-        w.add(_vfunc("identity", rows, d, ("q", 0, t.q_stride), ("q", 0, t.q_stride), scale=spec.scale))
+        w.add(vfunc("identity", rows, d, ("q", 0, t.q_stride), ("q", 0, t.q_stride), scale=spec.scale))
     for name, shape in (("m", (tq, 1)), ("l", (tq, 1)), ("m_old", (tq, 1)), ("alpha", (tq, 1)),
                         ("o", (tq, dv)), ("s", (tq, tk)), ("p", (tq, t.p_stride))):
         w.alloc(name, shape)
-    w.add(_fill("m", rows, 1, 1, LOWEST), _fill("l", rows, 1, 1, 0.0), _fill("o", rows, dv, dv, 0.0))
+    w.add(fill("m", rows, 1, 1, LOWEST), fill("l", rows, 1, 1, 0.0), fill("o", rows, dv, dv, 0.0))
     depth = w.depth
     w.add(f"for kt in range(qt * {r}):")
     w.depth += 1
@@ -201,16 +202,16 @@ def _head(w: _Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, head:
     _key_tile(w, spec, t, n, c, rows, f"qt * {r} + ks", f"T.min({tk}, {s} - (qt * {r} + ks) * {tk})", "_diag", band)
     w.depth = depth
     w.alloc("inv", (tq, 1))
-    w.add(_vfunc("reciprocal", rows, 1, ("l", 0, 1), ("inv", 0, 1), offset=TINY if spec.safe else None))
+    w.add(vfunc("reciprocal", rows, 1, ("l", 0, 1), ("inv", 0, 1), offset=TINY if spec.safe else None))
     res = "o" if t.lean else "res"
     if not t.lean:
         w.alloc("res", (tq, dv))
-    w.add(_eltwise("multiply", rows, dv, ("o", 0, dv, 1), ("inv", 0, 1, 0), (res, 0, dv)),
+    w.add(eltwise("multiply", rows, dv, ("o", 0, dv, 1), ("inv", 0, 1, 0), (res, 0, dv)),
           f"for i, e in T.grid({tq}, {dv}):",
           f"    if qt * {tq} + i < {s}:", f"        out[{n}, {head}, qt * {tq} + i, e] = {res}[i, e]")
 
 
-def _key_tile(w: _Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, rows: str, tile: str, cols,
+def _key_tile(w: Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, rows: str, tile: str, cols,
               suffix: str, mask) -> None:
     """Key tile `tile` (tk keys from tile * tk, `cols` of them computed): K and V in, the online
     step of flash.py, `mask` an ELTWISE operand added to the scores (the band) or None."""
@@ -222,17 +223,17 @@ def _key_tile(w: _Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, r
     guard = (lambda load: f"T.if_then_else({k0} + u < {s}, {load}, T.float32(0))") if mask else (lambda load: load)
     w.add(f"for e, u in T.grid({d}, {tk}):", f"    {kb}[e, u] = {guard(f'rhs[{n}, {c}, {k0} + u, e]')}",
           f"for u, e in T.grid({tk}, {dv}):", f"    {vb}[u, e] = {guard(f'value[{n}, {c}, {k0} + u, e]')}")
-    w.add(_gemm(False, rows, cols, d, ("q", 0, t.q_stride), (kb, 0, tk), ("s", 0, tk)))
+    w.add(gemm(False, rows, cols, d, ("q", 0, t.q_stride), (kb, 0, tk), ("s", 0, tk)))
     if mask is not None:
-        w.add(_eltwise("add", rows, cols, ("s", 0, tk, 1), mask, ("s", 0, tk)))
-    w.add(_vfunc("identity", rows, 1, ("m", 0, 1), ("m_old", 0, 1)),
-          _reduce("max", rows, cols, ("s", 0, tk), ("m", 0)),
-          _eltwise("subtract", rows, 1, ("m_old", 0, 1, 1), ("m", 0, 1, 1), ("alpha", 0, 1)),
-          _vfunc("exp", rows, 1, ("alpha", 0, 1), ("alpha", 0, 1)),
-          _eltwise("subtract", rows, cols, ("s", 0, tk, 1), ("m", 0, 1, 0), ("s", 0, tk)),
-          _vfunc("exp", rows, cols, ("s", 0, tk), ("p", 0, t.p_stride)),
-          _eltwise("multiply", rows, 1, ("l", 0, 1, 1), ("alpha", 0, 1, 1), ("l", 0, 1)),
-          _reduce("sum", rows, cols, ("p", 0, t.p_stride), ("l", 0)),
-          _eltwise("multiply", rows, dv, ("o", 0, dv, 1), ("alpha", 0, 1, 0), ("o", 0, dv)),
-          _gemm(True, rows, dv, cols, ("p", 0, t.p_stride), (vb, 0, dv), ("o", 0, dv)))
+        w.add(eltwise("add", rows, cols, ("s", 0, tk, 1), mask, ("s", 0, tk)))
+    w.add(vfunc("identity", rows, 1, ("m", 0, 1), ("m_old", 0, 1)),
+          reduce("max", rows, cols, ("s", 0, tk), ("m", 0)),
+          eltwise("subtract", rows, 1, ("m_old", 0, 1, 1), ("m", 0, 1, 1), ("alpha", 0, 1)),
+          vfunc("exp", rows, 1, ("alpha", 0, 1), ("alpha", 0, 1)),
+          eltwise("subtract", rows, cols, ("s", 0, tk, 1), ("m", 0, 1, 0), ("s", 0, tk)),
+          vfunc("exp", rows, cols, ("s", 0, tk), ("p", 0, t.p_stride)),
+          eltwise("multiply", rows, 1, ("l", 0, 1, 1), ("alpha", 0, 1, 1), ("l", 0, 1)),
+          reduce("sum", rows, cols, ("p", 0, t.p_stride), ("l", 0)),
+          eltwise("multiply", rows, dv, ("o", 0, dv, 1), ("alpha", 0, 1, 0), ("o", 0, dv)),
+          gemm(True, rows, dv, cols, ("p", 0, t.p_stride), (vb, 0, dv), ("o", 0, dv)))
 

@@ -32,7 +32,7 @@ from ..layout.copy_kernel import parse_script
 from cgra_sim.isa import GEMM_ACCUMULATE, VFunc
 
 from .attention_tiles import LOWEST, TINY, RowTiling, mask_in_gemm, scale_at, score_copies
-from .flash import F32, _call, _element, _eltwise, _fill, _gemm, _guarded, _reduce, _shapes, _vfunc, _Writer
+from .script_text import F32, Writer, call, eltwise, element, fill, gemm, guarded, head_shapes, kernel_writer, reduce, vfunc
 from .head_layouts import stored
 
 #: Every buffer: the kernel keeps its own two copies where it needs them (lower/double_buffer.py
@@ -47,7 +47,7 @@ def rows_compute(spec, t: RowTiling):
     b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
     views = {"lhs": (b, hk, g, sq, d), "rhs": (b, hk, 1, sk, d), "value": (b, hk, 1, sk, dv),
              "mask": spec.mask_shape, "out": (b, hk, g, sq, dv)}
-    views.update({role: stored(spec, role, shape) for role, shape in _shapes(spec).items() if role in spec.seq_major})
+    views.update({role: stored(spec, role, shape) for role, shape in head_shapes(spec).items() if role in spec.seq_major})
     func = func.with_attr("cgra.arg_shapes", [list(views[role.removesuffix("_seq")])
                                               for role in list(spec.param_roles) + ["out"]])
     return func.with_attr(SINGLE_BUFFERED, BUFFERS)
@@ -79,15 +79,7 @@ class _Item:
 
 def rows_script(spec, t: RowTiling) -> str:
     """The TVMScript text of the kernel (module docstring)."""
-    shapes = {role: stored(spec, role, shape) for role, shape in _shapes(spec).items()}
-    if spec.mask_shape:
-        mb, mhk, mg, msq, msk = spec.mask_shape
-        shapes["mask"] = (mb, mhk * mg, msq, msk)
-    params = [(role, shapes[role]) for role in (r.removesuffix("_seq") for r in spec.param_roles)]
-    params.append(("out", shapes["out"]))
-    args = ", ".join(f'{name}: T.Buffer(({", ".join(map(str, shape))},), "float32")' for name, shape in params)
-    w = _Writer()
-    w.lines = ["@T.prim_func", f"def attention({args}):", '    T.func_attr({"tirx.noalias": True})']
+    w = kernel_writer(spec, "attention")
     _allocate(w, spec, t)
     items = spec.b * spec.hk * spec.g * (t.mp // t.tq)
     first = _Item(spec, t, "0")
@@ -117,7 +109,7 @@ def rows_script(spec, t: RowTiling) -> str:
     return "\n".join(w.lines) + "\n"
 
 
-def _next_items(w: _Writer, spec, t: RowTiling, items: int, when: str = "") -> None:
+def _next_items(w: Writer, spec, t: RowTiling, items: int, when: str = "") -> None:
     """Iteration t's work for the items after it: [K and V of item t + 1's K / V head (of item
     t + 2's when K is scaled: its scale then waits for nothing)], S of item t + 1, Q of t + 2.
     With one copy of K and V, item t + 1 of the same head comes before item t's softmax
@@ -156,13 +148,13 @@ def _next_items(w: _Writer, spec, t: RowTiling, items: int, when: str = "") -> N
     w.depth -= 1
 
 
-def _scale_k(w: _Writer, spec, item: _Item, indent: str = "") -> None:
+def _scale_k(w: Writer, spec, item: _Item, indent: str = "") -> None:
     """Kᵀ of the item's K / V head times the scale, once for the G query heads of its group."""
     kt = ("kt", f"{item.kv_slot} * {spec.d * spec.sk}", spec.sk)
-    w.add(indent + _vfunc("identity", spec.d, spec.sk, kt, kt, scale=spec.scale))
+    w.add(indent + vfunc("identity", spec.d, spec.sk, kt, kt, scale=spec.scale))
 
 
-def _allocate(w: _Writer, spec, t: RowTiling) -> None:
+def _allocate(w: Writer, spec, t: RowTiling) -> None:
     """Two copies of every per-item buffer (a leading axis of 2), K and V per K / V head."""
     tq, sk, d, dv = t.tq, spec.sk, spec.d, spec.dv
     for name, shape in (("kt", (t.kv_copies, d, sk)), ("v", (t.kv_copies, sk, dv)), ("q", (2, tq, t.q_stride)),
@@ -176,47 +168,47 @@ def _allocate(w: _Writer, spec, t: RowTiling) -> None:
         w.alloc("mask_tile", (2, tq if spec.mask_shape[3] > 1 else 1, spec.mask_shape[4]))
 
 
-def _load_kv(w: _Writer, spec, item: _Item, which: str = "kv") -> None:
+def _load_kv(w: Writer, spec, item: _Item, which: str = "kv") -> None:
     """Kᵀ (the DMA reads K with its strides swapped) and V of the item's K / V head (`which`:
     "k", "v" or both)."""
     slot = item.kv_slot
     if "k" in which:
         w.add(f"for e, u in T.grid({spec.d}, {spec.sk}):",
-              f"    kt[{slot}, e, u] = {_element(spec, 'rhs', item.n, item.c, 'u', 'e')}")
+              f"    kt[{slot}, e, u] = {element(spec, 'rhs', item.n, item.c, 'u', 'e')}")
     if "v" in which:
         w.add(f"for u, e in T.grid({spec.sk}, {spec.dv}):",
-              f"    v[{slot}, u, e] = {_element(spec, 'value', item.n, item.c, 'u', 'e')}")
+              f"    v[{slot}, u, e] = {element(spec, 'value', item.n, item.c, 'u', 'e')}")
 
 
-def _load_whole_mask(w: _Writer, spec, t: RowTiling, item: _Item, indent: str = "") -> None:
+def _load_whole_mask(w: Writer, spec, t: RowTiling, item: _Item, indent: str = "") -> None:
     """The mask of the item's batch, every head's (Swin's bias) or the one shared, whole (two
     copies for a mask per batch: the next batch's load runs under this one's items)."""
     mb, mhk, mg, msq, msk = spec.mask_shape
     rows = t.mp if msq > 1 else 1
     load = f"mask[{item.n if mb > 1 else 0}, h, {'i' if msq > 1 else '0'}, e]"
     w.add(indent + f"for h, i, e in T.grid({mhk * mg}, {rows}, {msk}):",
-          indent + f"    mask_all[{item.mask_slot}, h, i, e] = {_guarded('i', spec.sq, t.tq, load) if msq > 1 else load}")
+          indent + f"    mask_all[{item.mask_slot}, h, i, e] = {guarded('i', spec.sq, t.tq, load) if msq > 1 else load}")
 
 
-def _load_q(w: _Writer, spec, t: RowTiling, item: _Item) -> None:
+def _load_q(w: Writer, spec, t: RowTiling, item: _Item) -> None:
     """The item's Q tile (zero rows past the sequence) [and its mask tile]."""
     row = f"{item.row0} + i"
     w.add(f"for i, e in T.grid({t.tq}, {spec.d}):",
-          f"    q[{item.slot}, i, e] = {_guarded(row, spec.sq, t.tq, _element(spec, 'lhs', item.n, item.head, row, 'e'))}")
+          f"    q[{item.slot}, i, e] = {guarded(row, spec.sq, t.tq, element(spec, 'lhs', item.n, item.head, row, 'e'))}")
     if t.mask == "tile":
         _load_mask_tile(w, spec, t, item)
 
 
-def _load_mask_tile(w: _Writer, spec, t: RowTiling, item: _Item) -> None:
+def _load_mask_tile(w: Writer, spec, t: RowTiling, item: _Item) -> None:
     """The item's tile of the mask, loaded with its Q two items ahead."""
     mb, mhk, mg, msq, msk = spec.mask_shape
     rows, row = (t.tq if msq > 1 else 1), f"{item.row0} + i"
     load = f"mask[{item.n if mb > 1 else 0}, {item.head if mhk * mg > 1 else 0}, {row if msq > 1 else 0}, e]"
     w.add(f"for i, e in T.grid({rows}, {msk}):",
-          f"    mask_tile[{item.slot}, i, e] = {_guarded(row, spec.sq, t.tq, load) if msq > 1 else load}")
+          f"    mask_tile[{item.slot}, i, e] = {guarded(row, spec.sq, t.tq, load) if msq > 1 else load}")
 
 
-def _scores(w: _Writer, spec, t: RowTiling, item: _Item, scale_k: bool = False) -> None:
+def _scores(w: Writer, spec, t: RowTiling, item: _Item, scale_k: bool = False) -> None:
     """[Kᵀ * scale (`scale_k`), Q * scale (in place)] and S = Q Kᵀ of the item; with a mask of
     whole tiles, S = mask + Q Kᵀ: the mask copied into S (VFUNC identity: one read a score, where
     an ELTWISE add reads two) and the GEMM accumulating onto it, which rounds fl(Q Kᵀ) + mask as
@@ -226,14 +218,14 @@ def _scores(w: _Writer, spec, t: RowTiling, item: _Item, scale_k: bool = False) 
     s = ("s", f"{item.s_slot} * {tq * ps}", ps)
     if mask_in_gemm(spec):
         a = _mask_operand(spec, t, item)
-        w.add(_call("cgra_vfunc", flags=0, func=int(VFunc.IDENTITY), dtype=F32, rows=tq, cols=spec.sk,
+        w.add(call("cgra_vfunc", flags=0, func=int(VFunc.IDENTITY), dtype=F32, rows=tq, cols=spec.sk,
                     a_addr=a[:2], a_row_stride=a[2], a_col_stride=a[3], out_addr=s[:2], out_stride=ps,
                     scale_bits=0, offset_bits=0))
     if scale_k:
         _scale_k(w, spec, item)
     if scale_at(spec) == "q":
-        w.add(_vfunc("identity", tq, spec.d, q, q, scale=spec.scale))
-    w.add(_call("cgra_gemm", flags=GEMM_ACCUMULATE if mask_in_gemm(spec) else 0, dtype=F32, m=tq, n=spec.sk,
+        w.add(vfunc("identity", tq, spec.d, q, q, scale=spec.scale))
+    w.add(call("cgra_gemm", flags=GEMM_ACCUMULATE if mask_in_gemm(spec) else 0, dtype=F32, m=tq, n=spec.sk,
                 k=spec.d, a_addr=q[:2], a_stride=qs, b_addr=("kt", f"{item.kv_slot} * {spec.d * spec.sk}"),
                 b_stride=spec.sk, acc_addr=s[:2], acc_stride=ps))
 
@@ -251,30 +243,30 @@ def _mask_operand(spec, t: RowTiling, item: _Item) -> tuple:
     return ("mask_all", f"{batch} + {head} + {row}", row_stride, col_stride)
 
 
-def _softmax(w: _Writer, spec, t: RowTiling, item: _Item) -> None:
+def _softmax(w: Writer, spec, t: RowTiling, item: _Item) -> None:
     """[S + a mask row or column], the row max of S, exp(S - max) in place, the row sum, its reciprocal, O = P V."""
     tq, sk, ps, dv = t.tq, spec.sk, t.p_stride, spec.dv
     s = ("s", f"{item.s_slot} * {tq * ps}", ps)
     column = {name: (name, f"{item.slot} * {tq}", 1) for name in ("m", "l", "inv")}
     if spec.mask_shape and not mask_in_gemm(spec):
-        w.add(_eltwise("add", tq, sk, s + (1,), _mask_operand(spec, t, item), s))
-    w.add(_fill("m", tq, 1, 1, LOWEST if spec.safe else float("-inf"), offset=column["m"][1]),
-          _reduce("max", tq, sk, s, column["m"][:2]),
-          _eltwise("subtract", tq, sk, s + (1,), column["m"] + (0,), s),
-          _vfunc("exp", tq, sk, s, s, scale=spec.scale if scale_at(spec) == "exp" else None),
-          _fill("l", tq, 1, 1, 0.0, offset=column["l"][1]),
-          _reduce("sum", tq, sk, s, column["l"][:2]),
-          _vfunc("reciprocal", tq, 1, column["l"], column["inv"], offset=TINY if spec.safe else None),
-          _gemm(False, tq, dv, sk, s, ("v", f"{item.kv_slot} * {sk * dv}", dv), ("o", f"{item.slot} * {tq * dv}", dv)))
+        w.add(eltwise("add", tq, sk, s + (1,), _mask_operand(spec, t, item), s))
+    w.add(fill("m", tq, 1, 1, LOWEST if spec.safe else float("-inf"), offset=column["m"][1]),
+          reduce("max", tq, sk, s, column["m"][:2]),
+          eltwise("subtract", tq, sk, s + (1,), column["m"] + (0,), s),
+          vfunc("exp", tq, sk, s, s, scale=spec.scale if scale_at(spec) == "exp" else None),
+          fill("l", tq, 1, 1, 0.0, offset=column["l"][1]),
+          reduce("sum", tq, sk, s, column["l"][:2]),
+          vfunc("reciprocal", tq, 1, column["l"], column["inv"], offset=TINY if spec.safe else None),
+          gemm(False, tq, dv, sk, s, ("v", f"{item.kv_slot} * {sk * dv}", dv), ("o", f"{item.slot} * {tq * dv}", dv)))
 
 
-def _normalise(w: _Writer, spec, t: RowTiling, item: _Item) -> None:
+def _normalise(w: Writer, spec, t: RowTiling, item: _Item) -> None:
     """O * 1 / l of the item, stored (its rows inside the sequence)."""
     tq, dv = t.tq, spec.dv
     at = f"{item.slot} * {tq * dv}"
-    w.add(_eltwise("multiply", tq, dv, ("o", at, dv, 1), ("inv", f"{item.slot} * {tq}", 1, 0), ("res", at, dv)))
+    w.add(eltwise("multiply", tq, dv, ("o", at, dv, 1), ("inv", f"{item.slot} * {tq}", 1, 0), ("res", at, dv)))
     row = f"{item.row0} + i"
-    stored_at = _element(spec, "out", item.n, item.head, row, "e")
+    stored_at = element(spec, "out", item.n, item.head, row, "e")
     w.add(f"for i, e in T.grid({tq}, {dv}):")
     if spec.sq % tq:
         w.add(f"    if {row} < {spec.sq}:", f"        {stored_at} = res[{item.slot}, i, e]")
