@@ -97,7 +97,7 @@ def schedule(kernel: Kernel, arch, options) -> Kernel:
     if bool((kernel.func.attrs or {}).get(KERNEL_ATTR, False)):
         function = _as_written  # written for the NPU: lowered as it is
     try:
-        function(sch, kernel.spec, kernel.tiling, arch)
+        function(sch, kernel.spec, kernel.tiling if builtin else _plain(kernel.tiling), arch)
     except s_tir.ScheduleError as err:
         raise ScheduleError(f"{where} failed: {one_line(err)}") from err
     except CGRAError:
@@ -109,6 +109,17 @@ def schedule(kernel: Kernel, arch, options) -> Kernel:
         raise ScheduleError(f"{where} raised {type(err).__name__}: {err}") from err
     check_scheduled(sch, where)
     return dataclasses.replace(kernel, func=sch.mod["main"])
+
+
+def _plain(tiling):
+    """The tiling a user's schedule gets: without the built-in GEMM schedule's own refinements
+    (an output tile finished in pieces of rows, A's panel streamed during the first column tile),
+    which assume its loop order; a user's tile sizes or loop order (columns outside rows) with
+    them computed wrong results (tests/test_user_schedules.py)."""
+    names = {field.name for field in dataclasses.fields(tiling)} if dataclasses.is_dataclass(tiling) else set()
+    if not {"epilogue_rows", "stream_panel"} <= names:
+        return tiling
+    return dataclasses.replace(tiling, epilogue_rows=0, stream_panel=False)
 
 
 def _as_written(sch, spec, tiling, arch) -> None:
