@@ -40,8 +40,7 @@ from ..common.spec import SINGLE_BUFFERED
 from ..layout.copy_kernel import parse_script
 from .attention_tiles import LOWEST, TINY
 from .flash_tiles import FlashTiling, pipelined
-from .head_layouts import stored
-from .script_text import Writer, eltwise, element, fill, gemm, guarded, head_shapes, kernel_writer, reduce, vfunc
+from .script_text import Writer, eltwise, element, fill, gemm, guarded, kernel_writer, reduce, vfunc, with_arg_shapes
 
 #: Buffers kept one copy of (lower/double_buffer.py doubles the rest): the running state, the
 #: scores, the mask's rows, and the last key tile's (it runs once per head).
@@ -54,12 +53,7 @@ def flash_compute(spec, t: FlashTiling):
     (B, Hk, Sk, Dv) [, mask (Bm, Hm, Sqm, Skm)], out (B, H, Sq, Dv); the caller's rank-5 views
     in `cgra.arg_shapes`."""
     func = parse_script(flash_script(spec, t))
-    b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
-    views = {"lhs": (b, hk, g, sq, d), "rhs": (b, hk, 1, sk, d), "value": (b, hk, 1, sk, dv),
-             "mask": spec.mask_shape, "out": (b, hk, g, sq, dv)}
-    views.update({role: stored(spec, role, shape) for role, shape in head_shapes(spec).items() if role in spec.seq_major})
-    func = func.with_attr("cgra.arg_shapes", [list(views[role.removesuffix("_seq")])
-                                              for role in list(spec.param_roles) + ["out"]])
+    func = with_arg_shapes(func, spec)
     return func.with_attr(SINGLE_BUFFERED, SINGLE + (["q"] if t.lean else []))
 
 

@@ -32,8 +32,7 @@ from ..layout.copy_kernel import parse_script
 from cgra_sim.isa import GEMM_ACCUMULATE, VFunc
 
 from .attention_tiles import LOWEST, TINY, RowTiling, mask_in_gemm, scale_at, score_copies
-from .script_text import F32, Writer, call, eltwise, element, fill, gemm, guarded, head_shapes, kernel_writer, reduce, vfunc
-from .head_layouts import stored
+from .script_text import F32, Writer, call, eltwise, element, fill, gemm, guarded, kernel_writer, reduce, vfunc, with_arg_shapes
 
 #: Every buffer: the kernel keeps its own two copies where it needs them (lower/double_buffer.py
 #: must leave them alone; they are allocated outside the loop anyway).
@@ -44,12 +43,7 @@ def rows_compute(spec, t: RowTiling):
     """The kernel's PrimFunc: parameters as flash.py's, the caller's rank-5 views in
     `cgra.arg_shapes`."""
     func = parse_script(rows_script(spec, t))
-    b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
-    views = {"lhs": (b, hk, g, sq, d), "rhs": (b, hk, 1, sk, d), "value": (b, hk, 1, sk, dv),
-             "mask": spec.mask_shape, "out": (b, hk, g, sq, dv)}
-    views.update({role: stored(spec, role, shape) for role, shape in head_shapes(spec).items() if role in spec.seq_major})
-    func = func.with_attr("cgra.arg_shapes", [list(views[role.removesuffix("_seq")])
-                                              for role in list(spec.param_roles) + ["out"]])
+    func = with_arg_shapes(func, spec)
     return func.with_attr(SINGLE_BUFFERED, BUFFERS)
 
 

@@ -117,3 +117,15 @@ def kernel_writer(spec, name: str) -> Writer:
     w = Writer()
     w.lines = ["@T.prim_func", f"def {name}({args}):", '    T.func_attr({"tirx.noalias": True})']
     return w
+
+
+def with_arg_shapes(func, spec):
+    """`func` with the caller's rank-5 views of its parameters in `cgra.arg_shapes`: q, k, v and
+    out as (B, Hk, G, S, D), K and V shared by a group's G heads, a sequence-major operand as it
+    is stored."""
+    b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
+    views = {"lhs": (b, hk, g, sq, d), "rhs": (b, hk, 1, sk, d), "value": (b, hk, 1, sk, dv),
+             "mask": spec.mask_shape, "out": (b, hk, g, sq, dv)}
+    views.update({role: stored(spec, role, shape) for role, shape in head_shapes(spec).items() if role in spec.seq_major})
+    return func.with_attr("cgra.arg_shapes", [list(views[role.removesuffix("_seq")])
+                                              for role in list(spec.param_roles) + ["out"]])
