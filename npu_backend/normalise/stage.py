@@ -47,6 +47,7 @@ from .masks import masks_pass
 from .negative_indices import wrap_negative_indices
 from .layer_scales import layer_scales_pass
 from .norm_folds import norm_folds_pass
+from .normed_linears import normed_linears_pass
 from .position_embeddings import position_embeddings_pass
 from .quick_gelus import quick_gelus_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
@@ -196,6 +197,9 @@ def normalise_passes(arch=None) -> list:
         # interleaved weights, the gated unit after it (gated_linears.py): one GEMM kernel, the
         # gate's activations never in DRAM; where the chip's function unit has the activation.
         gated_linears_pass(lambda act: arch is not None and function_unit.runs(arch.function_unit, act)),
+        # A plain RMSNorm (its weight folded) read only by linears: each gets its own copy as its
+        # left operand, which its GEMM normalises in the scratchpad (normed_linears.py).
+        normed_linears_pass,
         # A concat's empty operands (HF's partial-rotary pass-through when the rotary dims are the
         # whole head) left out, and a concat of one operand that operand (empty_operands.py).
         empty_operands_pass,

@@ -36,8 +36,9 @@ GATED_ACTS = {"relax.nn.silu": "silu", "relax.nn.gelu_tanh": "gelu_tanh", "relax
 def gated_graphs(roots) -> list[tuple]:
     """(name, pattern, annotations, root name) of the gated unit after a linear root."""
     graphs = []
-    for root in roots:
-        if "permute" not in root.roles or root.name != "linear":
+    # A linear reading an RMSNorm it normalises itself (row_norm.py) before one reading anything.
+    for root in sorted(roots, key=lambda root: "row_norm" not in root.roles):
+        if "permute" not in root.roles or root.name not in ("linear", "linear_rms_norm"):
             continue
         gate = is_op("relax.strided_slice")(root.pattern, varg_default_wildcard=True)
         up = is_op("relax.strided_slice")(root.pattern, varg_default_wildcard=True)

@@ -23,6 +23,7 @@ from ..common.dynamic import caller_dims, read_shape, symbols_of
 from ..family import OpFamily
 from .gated import gated_epilogue
 from .gemm import choose_gemm_tiling, schedule_gemm
+from .row_norm import normed_panel, normed_roots, with_row_norm
 from .symbolic_matmul import has_symbolic_operand, is_symbolic_matmul, symbolic_matmul_compute, symbolic_matmul_spec
 from ..common.operands import kernel_prim_func, padded
 from ..common.spec import KernelSpec, Tiling
@@ -33,7 +34,7 @@ def _roots() -> list[Root]:
     permute = is_op("relax.permute_dims")(weight)
     return [Root("matmul", is_op("relax.matmul")(lhs, rhs), {"lhs": lhs, "rhs": rhs}),
             Root("linear", is_op("relax.matmul")(lhs, permute), {"lhs": lhs, "rhs": weight, "permute": permute}),
-            *_cache_roots()]
+            *_cache_roots(), *normed_roots()]
 
 
 def _cache_roots() -> list[Root]:
@@ -97,7 +98,7 @@ def matmul_spec(name: str, annotated: dict) -> KernelSpec:
             raise UnsupportedOperator(f"the bias of shape {bias_shape} is not a row of {n} columns")
         spec = KernelSpec("matmul", lhs_shape=lhs_shape, rhs_shape=rhs_shape, rhs_transposed=permute is not None,
                           symbols=symbols, **common)
-    return with_epilogue_tail(spec, annotated, name)
+    return with_row_norm(with_epilogue_tail(spec, annotated, name), annotated)
 
 
 def _rank(expr) -> int:
@@ -177,10 +178,12 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
         b_pad = te.compute((tiling.kp, tiling.np), lambda r, j: padded(b, spec.rhs_shape, (j, r)), name="b_pad")
     else:
         b_pad = te.compute((tiling.kp, tiling.np), lambda r, j: padded(b, spec.rhs_shape, (r, j)), name="b_pad")
+    normed = {}
+    a_in = normed_panel(spec, a_pad, tiling, normed)  # an RMSNorm's rows normalised in the panel (row_norm.py)
     r = te.reduce_axis((0, tiling.kp), name="r")
     acc = te.compute(
         (mp, tiling.np),
-        lambda i, j: te.sum(a_pad[i, r].astype(spec.acc_dtype) * b_pad[r, j].astype(spec.acc_dtype), axis=r),
+        lambda i, j: te.sum(a_in[i, r].astype(spec.acc_dtype) * b_pad[r, j].astype(spec.acc_dtype), axis=r),
         name="acc")
     if spec.gated:  # act(even columns) * odd columns, (m, n / 2): gated.py
         operands, epi, n = {}, gated_epilogue(spec, acc, tiling), n // 2
@@ -188,7 +191,7 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
         operands = epilogue_operands(spec, (m, n))
         epi = epilogue_compute(spec, acc, tiling, operands, out_index=lambda i, j: (i, j))
     out = te.compute((m, n), lambda i, j: epi[i, j], name="out")
-    return kernel_prim_func(spec, {"lhs": a, "rhs": b, **operands}, out)
+    return kernel_prim_func(spec, {"lhs": a, "rhs": b, **operands, **normed}, out)
 
 
 def batch_matmul_compute(spec: KernelSpec, tiling: Tiling):

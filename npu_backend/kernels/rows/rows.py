@@ -142,7 +142,7 @@ def row_compute(spec, tiling: Tiling, steps, out_shape: tuple):
     (cols,), the last step's tile (or column) stored into the output viewed as (rows, cols) or
     (rows, 1); parameters in spec.param_roles order."""
     if tiling.tn < spec.cols:
-        return long_compute(spec, tiling, steps, _shapes(steps, spec.row_roles), out_shape, _stage, _row_load)
+        return long_compute(spec, tiling, steps, _shapes(steps, spec.row_roles), out_shape, stage_of, _row_load)
     rows, cols, mp = spec.rows, spec.cols, tiling.mp
     names = dict(spec.symbols)
     row_name = names.get(len(spec.shape) - 1)
@@ -159,7 +159,7 @@ def row_compute(spec, tiling: Tiling, steps, out_shape: tuple):
         tensors[role] = _row_load(inputs[role], cols, f"{role}_pad")
     kinds = _shapes(steps, spec.row_roles)
     for step in steps:
-        tensors[step.name] = _stage(step, tensors, kinds, mp, cols)
+        tensors[step.name] = stage_of(step, tensors, kinds, mp, cols)
     last = tensors[steps[-1].name]
     full = kinds[steps[-1].name] == "full"
     out = te.compute((rows, width_of if full else 1), lambda i, j: last[i, j], name="out")
@@ -188,7 +188,7 @@ def _row_load(vector, cols: int, name: str):
     return te.compute((1, cols), lambda z, j: vector[j], name=name)
 
 
-def _stage(step: Step, tensors: dict, kinds: dict, mp: int, cols: int, name: str = ""):
+def stage_of(step: Step, tensors: dict, kinds: dict, mp: int, cols: int, name: str = ""):
     """One step's TE stage (block `name`, default the step's), reading `tensors` by input name."""
     name = name or step.name
     if step.kind == "reduce":
