@@ -16,27 +16,30 @@ import npu_backend
 
 
 def _normed_linear(rows: int, cols: int, n: int, eps: float, bias: bool, seed: int, lead: bool = True,
-                   gamma: bool = True):
-    """main(x) = rms_norm(x, gamma) [viewed as rows] @ W^T [+ b], x (1, rows, cols) or (rows, cols)."""
+                   gamma: bool = True, kind: str = "rms_norm"):
+    """main(x) = norm(x, gamma [, beta]) [viewed as rows] @ W^T [+ b], x (1, rows, cols) or (rows, cols)."""
     rng = np.random.default_rng(seed)
     g = rng.uniform(0.5, 1.5, cols).astype(np.float32) if gamma else np.ones(cols, np.float32)
+    beta = rng.standard_normal(cols).astype(np.float32) if gamma else np.zeros(cols, np.float32)
     w = rng.standard_normal((n, cols)).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
     x = relax.Var("x", relax.TensorType((1, rows, cols) if lead else (rows, cols), "float32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
-            norm = bb.emit(relax.op.nn.rms_norm(x, relax.const(g), axes=[-1], epsilon=eps))
+            norm = bb.emit(relax.op.nn.rms_norm(x, relax.const(g), axes=[-1], epsilon=eps) if kind == "rms_norm"
+                           else relax.op.nn.layer_norm(x, relax.const(g), relax.const(beta), axes=[-1], epsilon=eps))
             flat = bb.emit(relax.op.reshape(norm, (rows, cols))) if lead else norm
             y = bb.emit(relax.op.matmul(flat, bb.emit(relax.op.permute_dims(relax.const(w)))))
             out = bb.emit_output(relax.op.add(y, relax.const(b)) if bias else y)
         bb.emit_func_output(out)
-    return bb.get(), (g, w, b if bias else np.zeros_like(b))
+    return bb.get(), (g, beta if kind == "layer_norm" else 0.0, w, b if bias else np.zeros_like(b))
 
 
-def _reference(x, eps, g, w, b):
+def _reference(x, eps, g, beta, w, b, kind="rms_norm"):
     d = x.reshape(-1, x.shape[-1]).astype(np.float64)
-    return (d / np.sqrt((d ** 2).mean(-1, keepdims=True) + eps) * g) @ w.T.astype(np.float64) + b
+    d = d - d.mean(-1, keepdims=True) if kind == "layer_norm" else d
+    return (d / np.sqrt((d ** 2).mean(-1, keepdims=True) + eps) * g + beta) @ w.T.astype(np.float64) + b
 
 
 def _kernels(mod, arch="cgra-8x8"):
@@ -50,20 +53,22 @@ def _run(mod, x, arch="cgra-8x8"):
     return got, prof
 
 
-@settings(max_examples=6, deadline=None)
-@given(rows=st.integers(1, 40), cols=st.sampled_from([8, 16, 24, 64, 96]), n=st.sampled_from([8, 24, 64, 128]),
+@settings(max_examples=8, deadline=None)
+@given(kind=st.sampled_from(["rms_norm", "layer_norm"]), rows=st.integers(1, 40),
+       cols=st.sampled_from([8, 16, 24, 64, 96]), n=st.sampled_from([8, 24, 64, 128]),
        eps=st.sampled_from([1e-6, 1e-5, 0.1]), bias=st.booleans(), seed=st.integers(0, 99),
-       scale=st.sampled_from([1e-3, 1.0, 30.0]))
-def test_a_linear_normalises_its_own_rows_within_float_rounding(rows, cols, n, eps, bias, seed, scale):
-    """Random rows, widths, eps, with and without a bias: one kernel, no norm kernel, within
-    1e-5 of float64 (rows of tiny and large magnitude too)."""
-    mod, (g, w, b) = _normed_linear(rows, cols, n, eps, bias, seed)
+       scale=st.sampled_from([1e-3, 1.0, 30.0]), offset=st.sampled_from([0.0, 20.0]))
+def test_a_linear_normalises_its_own_rows_within_float_rounding(kind, rows, cols, n, eps, bias, seed, scale, offset):
+    """Random rows, widths, eps, gamma and beta (folded into the linear first), with and without a
+    bias: one kernel, no norm kernel, within 1e-5 of float64 (rows of tiny and large magnitude,
+    and a layer norm's at a mean of 20 standard deviations)."""
+    mod, (g, beta, w, b) = _normed_linear(rows, cols, n, eps, bias, seed, kind=kind)
     kernels = _kernels(mod)
-    assert not any(k.startswith("cgra.rms_norm") for k in kernels), kernels
-    assert any(k.startswith("cgra.linear_rms_norm") for k in kernels), kernels
-    x = (np.random.default_rng(seed).standard_normal((1, rows, cols)) * scale).astype(np.float32)
+    assert not any(k.startswith(f"cgra.{kind}") for k in kernels), kernels
+    assert any(k.startswith(f"cgra.linear_{kind}") for k in kernels), kernels
+    x = ((np.random.default_rng(seed).standard_normal((1, rows, cols)) + offset) * scale).astype(np.float32)
     got, _ = _run(mod, x)
-    ref = _reference(x, eps, g, w, b)
+    ref = _reference(x, eps, g, beta, w, b, kind)
     assert np.abs(got.reshape(ref.shape) - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
@@ -72,7 +77,7 @@ def test_the_fold_matches_the_norm_kernel_and_costs_less():
     fused kernel agrees with the norm kernel and the GEMM apart (a norm with a second reader keeps
     its own kernel: the model output here) but for the GEMM's summation order (the fused kernel
     takes the reduction in one step, the plain one in four), in fewer cycles than both."""
-    mod, (g, w, _) = _normed_linear(32, 64, 128, 1e-6, False, 3, lead=False, gamma=False)
+    mod, (g, _, w, _) = _normed_linear(32, 64, 128, 1e-6, False, 3, lead=False, gamma=False)
     x = np.random.default_rng(3).standard_normal((32, 64)).astype(np.float32)
     fused, prof = _run(mod, x)
     bb = relax.BlockBuilder()
@@ -167,6 +172,6 @@ def test_a_norm_with_three_linears_keeps_its_kernel():
 def test_a_row_too_deep_for_one_step_keeps_the_norm_kernel(arch):
     """A tiling that steps through the reduction cannot see the whole row: the root is refused
     and the norm runs as its own kernel, the result unchanged (within 1e-5 of float64)."""
-    mod, (g, w, b) = _normed_linear(16, 4096, 32, 1e-6, True, 0, lead=False)
+    mod, _ = _normed_linear(16, 4096, 32, 1e-6, True, 0, lead=False)
     kernels = _kernels(mod, arch)
     assert "cgra.rms_norm_plain" in kernels and not any("linear_rms_norm" in k for k in kernels), kernels

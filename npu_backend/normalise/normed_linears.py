@@ -1,19 +1,20 @@
-"""Each linear layer reading a plain RMSNorm gets the norm as its own left operand.
+"""Each linear layer reading a plain RMSNorm or layer norm gets the norm as its own left operand.
 
 Stage: normalise (after norm_folds.py, qkv_merges.py and gated_linears.py, which decide which
-linears read the norm). In: a Relax IRModule. Out: the same module in which a plain RMSNorm
-(weight all ones: norm_folds.py has folded its gamma into the linears) of float32 rows of static
-shape, every reader of which is the left operand of a 2-D matmul (directly, or through reshapes
-that keep the last axis), becomes, for each such matmul,
+linears read the norm). In: a Relax IRModule. Out: the same module in which a plain RMSNorm or
+layer norm (gamma all ones, beta zeros: norm_folds.py has folded them into the linears) of
+float32 rows of static shape, every reader of which is the left operand of a 2-D matmul
+(directly, or through reshapes that keep the last axis), becomes, for each such matmul,
 
-    matmul(rms_norm(reshape(x, rows), ones, eps), W)
+    matmul(norm(reshape(x, rows), ones [, zeros], eps), W)
 
-so that the GEMM kernel's root `cgra.linear_rms_norm` takes the norm whole and normalises its own
-A panel (kernels/gemm/row_norm.py): Llama's and Qwen's pre-attention and pre-MLP norms, read by
-the merged q / k / v projection and the merged gate / up projection, reshaped from (1, s, d) to
-(s, d) between. A norm with more than `MAX_READERS` linears is left alone: each copy repeats the
-row statistics (a REDUCE, a VFUNC and an ELTWISE over the rows), which past two cost more than
-the one norm kernel. The model's final norm (its output) keeps its kernel.
+so that the GEMM kernel's roots (`cgra.linear_rms_norm`, `cgra.matmul_layer_norm`, ...) take the
+norm whole and normalise its own A panel (kernels/gemm/row_norm.py): Llama's and Qwen's
+pre-attention and pre-MLP norms, read by the merged q / k / v projection and the merged gate / up
+projection, reshaped from (1, s, d) to (s, d) between; GPT-2's and ViT's layer norms before
+q / k / v and the MLP. A norm with more than `MAX_READERS` linears is left alone: each copy
+repeats the row statistics over the panel, which past two cost more than the one norm kernel.
+The model's final norm (its output) keeps its kernel.
 """
 
 from __future__ import annotations
@@ -26,14 +27,16 @@ from .rewrite import as_pass, op_name, replace_functions
 
 #: The most linears one norm is copied into (module doc).
 MAX_READERS = 2
+#: The norms, with the plain values of their constants (gamma; beta).
+_NORMS = {"relax.nn.rms_norm": (1.0,), "relax.nn.layer_norm": (1.0, 0.0)}
 
 
 def norms_into_linears(mod: tvm.IRModule) -> tvm.IRModule:
-    """`mod` with every plain RMSNorm read only by linears copied into each of them (module doc)."""
+    """`mod` with every plain norm read only by linears copied into each of them (module doc)."""
     return replace_functions(mod, _rewrite_function)
 
 
-normed_linears_pass = as_pass(norms_into_linears, "cgra.NormsIntoLinears", ops=("relax.nn.rms_norm",))
+normed_linears_pass = as_pass(norms_into_linears, "cgra.NormsIntoLinears", ops=tuple(_NORMS))
 
 
 def _readers(func: relax.Function) -> dict:
@@ -55,15 +58,20 @@ def _readers(func: relax.Function) -> dict:
 
 
 def _plain_norm(value) -> bool:
-    """Whether `value` is a float32 RMSNorm over the last axis of a static shape, weight all 1."""
-    if op_name(value) != "relax.nn.rms_norm" or dtype_of(value) != "float32":
+    """Whether `value` is a float32 RMSNorm or layer norm over the last axis of a static shape,
+    gamma all 1 (and beta all 0)."""
+    name = op_name(value)
+    if name not in _NORMS or dtype_of(value) != "float32":
         return False
     dims = shape_dims(value)
-    weight = value.args[1]
-    if not dims or not all(isinstance(d, int) for d in dims) or not isinstance(weight, tvm.ir.GenericConst):
+    constants = list(zip(value.args[1:], _NORMS[name]))
+    if not dims or not all(isinstance(d, int) for d in dims) or \
+            not all(isinstance(c, tvm.ir.GenericConst) and (c.value.numpy() == v).all() for c, v in constants):
+        return False
+    if name == "relax.nn.layer_norm" and not (value.attrs.center and value.attrs.scale):
         return False
     axes = [int(a) % len(dims) for a in value.attrs.axes]
-    return axes == [len(dims) - 1] and bool((weight.value.numpy() == 1).all())
+    return axes == [len(dims) - 1]
 
 
 def _matmuls(readers: dict, norm_var, width: int):
@@ -89,7 +97,7 @@ def _matmuls(readers: dict, norm_var, width: int):
 
 
 def _rewrite_function(func: relax.Function):
-    """`func` with its plain RMSNorms copied into the linears reading them, or None."""
+    """`func` with its plain norms copied into the linears reading them, or None."""
     readers, values = _readers(func), {}
     for block in func.body.blocks:
         for binding in block.bindings:
@@ -111,8 +119,10 @@ def _rewrite_function(func: relax.Function):
                 source = var_class(f"{matmul_var.name}_rows", lhs.ty)
                 before.append((source, relax.op.reshape(x, rows)))
             norm_var = var_class(f"{matmul_var.name}_normed", lhs.ty)
-            before.append((norm_var, relax.op.nn.rms_norm(source, value.args[1], axes=[-1],
-                                                           epsilon=value.attrs.epsilon)))
+            norm = relax.op.nn.rms_norm(source, value.args[1], axes=[-1], epsilon=value.attrs.epsilon) \
+                if op_name(value) == "relax.nn.rms_norm" else \
+                relax.op.nn.layer_norm(source, value.args[1], value.args[2], axes=[-1], epsilon=value.attrs.epsilon)
+            before.append((norm_var, norm))
             new = relax.Call(matmul.op, [norm_var, matmul.args[1]], matmul.attrs, matmul.ty_args, matmul.span)
             insert[matmul_var] = (before, new)
     return _rebuilt(func, insert) if insert else None

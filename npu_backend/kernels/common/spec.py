@@ -93,10 +93,10 @@ class KernelSpec:
     # (roles "ch_scale", "ch_shift"), then an add of one: a batch norm written as Mul + Add.
     channel_scale_shape: tuple | None = None
     channel_shift_shape: tuple | None = None
-    # matmul, float32: the left operand is RMSNorm's input x (gamma folded into the weights,
-    # normalise/norm_folds.py); the kernel computes r = rsqrt(mean(x^2) + eps) per row from the
-    # A panel it holds and scales the sum by it before the bias (kernels/gemm/row_norm.py).
-    row_norm_eps: float | None = None
+    # matmul, float32: (kind, eps): the left operand is the input x of a plain RMSNorm or layer
+    # norm ("rms_norm", "layer_norm": gamma and beta folded into the weights and bias,
+    # normalise/norm_folds.py), which the kernel normalises in its A panel (kernels/gemm/row_norm.py).
+    row_norm: tuple | None = None
     # conv2d: how each tensor is stored. lhs_shape, rhs_shape and output_shape stay logical
     # (N, C, H, W) / (O, I, H, W); a layout is a permutation of those axes, e.g. "NHWC", "HWIO".
     data_layout: str = "NCHW"

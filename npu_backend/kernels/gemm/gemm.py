@@ -26,6 +26,7 @@ conflicts (spad_layout.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from cgra_sim.arch import HardwareDescription
@@ -39,7 +40,7 @@ from ..intrinsics import SPAD, get_intrin
 from ..common.spad_layout import a_row_stride, align_output_rows, align_rows, out_row_stride, store_walks_rows
 from ..common.spec import HOIST_ALLOCS, STREAM_PANEL, KernelSpec, Tiling, aligned, round_up
 from .gemm_estimate import estimate_cycles, holds_a_panel, may_hold_a_panel
-from .row_norm import check_row_norm, fits_normed_panel, place_row_norm, tensorize_row_norm
+from .row_norm import check_row_norm, panel_bytes, place_row_norm, tensorize_row_norm
 from .gemm_pieces import epilogue_piece_rows, finishes_in_pieces, in_pieces, streamed_candidates
 
 
@@ -53,7 +54,7 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
            bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
            _any_rows(spec), spec.pixel_order, _taps(spec), spec.act, spec.gated, bool(spec.multiplier_shape),
            bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape), may_hold_a_panel(spec), spec.patch_channels,
-           finishes_in_pieces(spec, arch), spec.row_norm_eps is not None, arch.fingerprint)
+           finishes_in_pieces(spec, arch), panel_bytes(spec, 1), arch.fingerprint)
     if spec.gated and spec.act != "gelu" and not act_on_vector(spec, arch):
         raise UnsupportedOperator(f"a gated linear unit's {spec.act} runs through a function unit that has it; "
                                   f"'{arch.name}' has none: its parts run as their own kernels")
@@ -69,7 +70,7 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
                                       extra_rows=bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape),
                                       a_panel=may_hold_a_panel(spec), depth_step=spec.patch_channels or 1,
                                       pieces=finishes_in_pieces(spec, arch),
-                                      whole_depth=spec.row_norm_eps is not None)
+                                      normed_panel=functools.partial(panel_bytes, spec) if spec.row_norm else None)
         if act_on_vector(spec, arch):
             _TILINGS[key] = dataclasses.replace(_TILINGS[key], act_on_vector=True)
     check_tail_padding(spec, _TILINGS[key], arch)
@@ -99,7 +100,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                   has_residual: bool = False, has_scale: bool = False, store_rows: int = 0,
                   any_rows: bool = False, taps: int = 1, ragged: bool = True, has_multiplier: bool = False,
                   tail_cycles=None, extra_rows: int = 0, a_panel: bool = False, depth_step: int = 1,
-                  pieces: bool = False, whole_depth: bool = False) -> Tiling:
+                  pieces: bool = False, normed_panel=None) -> Tiling:
     """The tiling with the fewest estimated cycles among those that fit the scratchpad.
 
     With `any_rows` (symbolic rows, `rows` their bound) one tiling serves every size up to
@@ -127,8 +128,8 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     the first GEMM start early, a whole-width tile finished in pieces ends soon after its last
     GEMM (transformer prefill: 16-128 rows, a few hundred columns); such a kernel's tilings are
     priced as it runs, its FILL folded into the first GEMM (lower/fold_init.py), so that one tile
-    and many compare fairly. `whole_depth`: only tiles holding the whole reduction, with room for
-    a normalised copy of A's panel and two columns (an RMSNorm's, row_norm.py).
+    and many compare fairly. `normed_panel(tm)`: only tiles holding the whole reduction, with room
+    for that many more bytes (a norm's program on A's panel and its result, row_norm.py).
     """
     row_step = row_step if row_step > 1 else arch.rows
     # A unit reduction extent would be elided by compute_at and leave nothing to tensorize
@@ -151,14 +152,13 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
             tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual, out_row,
                                     has_scale, extra_tiles=int(has_multiplier), extra_rows=extra_rows,
                                     step=depth_step)
-            if whole_depth and (tk is None or tk < depth or not fits_normed_panel(
-                    tm, tk, in_bytes, arch, gemm_footprint(tm, tn, tk, in_bytes, acc_bytes, has_bias, has_residual,
-                                                           has_scale, a_row_stride(tm, tk, in_bytes, arch), out_row,
-                                                           int(has_multiplier), extra_rows))):
+            if normed_panel and (tk is None or tk < depth or normed_panel(tm) + gemm_footprint(
+                    tm, tn, tk, in_bytes, acc_bytes, has_bias, has_residual, has_scale,
+                    a_row_stride(tm, tk, in_bytes, arch), out_row, int(has_multiplier), extra_rows) > arch.spad_bytes):
                 continue
             if tk is not None:
                 candidates.append((tm, tn, tk))
-                if pieces and not whole_depth:
+                if pieces and not normed_panel:
                     streamed += streamed_candidates(tm, tn, tk, depth, round_up(cols, tn) // tn, a_panel, arch, (
                         lambda step, panel, tm=tm, tn=tn, out_row=out_row: gemm_footprint(
                             tm, tn, step, in_bytes, acc_bytes, has_bias, has_residual, has_scale,

@@ -1,27 +1,31 @@
-"""RMSNorm folded into the linear layer that reads it: the GEMM normalises its own A panel.
+"""A pre-norm folded into the linear layer that reads it: the GEMM normalises its own A panel.
 
-Stage: partition (the roots `cgra.<matmul | linear>_rms_norm...` and the spec field they set) and
-kernel definition, tiling and schedule (the A panel's row program). A pre-norm transformer
-(Llama, Qwen, Mistral) feeds each RMSNorm's output only to linear layers, the norm's weight
-already in their weights (normalise/norm_folds.py) and each reader given its own copy of the
-norm (normalise/normed_linears.py). For such a
+Stage: partition (the roots `cgra.<matmul | linear>_<rms_norm | layer_norm>...` and the spec field
+they set) and kernel definition, tiling and schedule (the A panel's row program). A pre-norm
+transformer (Llama, Qwen: RMSNorm; GPT-2, ViT: layer norm) feeds each norm's output only to linear
+layers, the norm's gamma and beta already in their weights and bias (normalise/norm_folds.py) and
+each reader given its own copy of the norm (normalise/normed_linears.py). For such a
 
-    matmul(rms_norm(x, ones, eps), W)      x float32 (M, K), static, W a constant
+    matmul(norm(x, 1 [, 0], eps), W)       x float32 (M, K), static rows, W a constant
 
-the kernel takes x itself: per tile of rows, once its A panel (tm x K) is in the scratchpad,
+the kernel takes x itself: per tile of rows, once its A panel (tm x K) is in the scratchpad, the
+vector unit runs the plain norm kernel's own program on it (kernels/rows/norms.py):
 
-    REDUCE  s = sum_k x[i, k]^2                    (a FILL of 0 first)
-    VFUNC   r = rsqrt(s * (1 / K) + eps)           a column of tm
-    ELTWISE a = x * r                              the panel, r broadcast along the row
+    RMSNorm     FILL, REDUCE sum of squares, VFUNC r = rsqrt(s / K + eps), ELTWISE x * r
+    layer norm  the mean (REDUCE, VFUNC), x - mean (ELTWISE), the mean's rounding corrected
+                (REDUCE, VFUNC, ELTWISE), r as above of the centred rows, ELTWISE centred * r
 
-and the GEMMs read `a`: the very commands the norm kernel runs (kernels/rows/norms.py) on the
-same values, so the result is bit-exact to the two kernels it replaces, without the norm's
-launch, its store of the normed rows and the GEMM's load of them. The REDUCE and VFUNC run on
-the vector unit beside the PE array (the previous row tile's GEMMs); the ELTWISE is a pass over
-the panel, not over the wider output (Llama's q / k / v and gate / up outputs are 2-4x K).
+into a panel the GEMMs read: the same commands on the same values, so the result is the two
+kernels' but for the GEMM's summation order, without the norm's launch, its store of the normed
+rows and the GEMM's load of them. The row scale is applied to the panel, not the output: r (x W)
+would be a pass over tm x N a tile, 2-4x the panel's tm x K for q / k / v and gate / up, and the
+gated unit's act(r a) (r b) needs it before the activation; the layer norm's mean needs no
+colsum(W) correction (the rows are centred before the GEMMs, no cancellation).
 
-Only where the kernel holds the whole reduction in one step (tk = K): the row's statistics need
-the row whole. A tiling that splits K refuses the root and the norm runs as its own kernel.
+Only where the kernel holds the whole reduction in one step (tk = K, unpadded: a padded column
+would be -mean once centred): the row's statistics need
+the row whole, so the tile search keeps whole-depth tiles with room for the program's panels
+(`panel_bytes`); where none fits the root is refused and the norm runs as its own kernel.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 
 import tvm
-from tvm import relax, te
+from tvm import relax, te, tirx
 from tvm.relax.dpl import is_op, wildcard
 
 from ...errors import UnsupportedOperator
@@ -37,113 +41,142 @@ from ...relax_info import dtype_of
 from ..common.spec import KernelSpec, Tiling, aligned
 from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.row_ops import reduce_start
-from ..rows.rows import Step, stage_of
+from ..rows.norms import steps_of
+from ..rows.rows import RowSpec, Step, shapes_of, stage_of
 from .epilogue import Root
 
 F32 = "float32"
-#: The blocks of the panel's row program, in order.
-BLOCKS = ("row_sq", "row_scale", "a_normed")
+#: The prefix of the panel program's blocks (the GEMM's own are a_pad, b_pad, acc, epi, ...).
+PREFIX = "row_"
+#: Each norm's constant operands: the plain kernel's values of them.
+_CONSTANTS = {"rms_norm": (("norm_weight", 1.0),), "layer_norm": (("norm_weight", 1.0), ("norm_bias", 0.0))}
 
 
 def normed_roots() -> list[Root]:
-    """A matmul and a linear (permute_dims + matmul) whose left operand is a plain RMSNorm. Its
-    weight (ones) is a wildcard: inside the composite it is a parameter (role "norm_weight", which
-    the kernel takes and never reads); at partition it is the constant `with_row_norm` checks."""
+    """A matmul and a linear (permute_dims + matmul) whose left operand is a plain norm. Its
+    gamma / beta are wildcards: inside the composite they are parameters (roles "norm_weight",
+    "norm_bias", which the kernel takes and never reads); at partition they are the constants
+    `with_row_norm` checks."""
     roots = []
-    for name, permuted in (("matmul", False), ("linear", True)):
-        x, rhs, weight = wildcard(), wildcard(), wildcard()
-        norm = is_op("relax.nn.rms_norm")(x, weight)
-        operand = is_op("relax.permute_dims")(rhs) if permuted else rhs
-        roles = {"lhs": x, "rhs": rhs, "row_norm": norm, "norm_weight": weight, **({"permute": operand} if permuted else {})}
-        roots.append(Root(f"{name}_rms_norm", is_op("relax.matmul")(norm, operand), roles))
+    for kind in _CONSTANTS:
+        for name, permuted in (("matmul", False), ("linear", True)):
+            x, rhs, weight, bias = wildcard(), wildcard(), wildcard(), wildcard()
+            norm = is_op(f"relax.nn.{kind}")(x, weight, bias) if kind == "layer_norm" else \
+                is_op("relax.nn.rms_norm")(x, weight)
+            operand = is_op("relax.permute_dims")(rhs) if permuted else rhs
+            roles = {"lhs": x, "rhs": rhs, "row_norm": norm, "norm_weight": weight,
+                     **({"norm_bias": bias} if kind == "layer_norm" else {}),
+                     **({"permute": operand} if permuted else {})}
+            roots.append(Root(f"{name}_{kind}", is_op("relax.matmul")(norm, operand), roles))
     return roots
 
 
 def with_row_norm(spec: KernelSpec, annotated: dict) -> KernelSpec:
-    """`spec` normalising its left operand's rows (RMSNorm, weight ones) when the match has a
-    norm; raises UnsupportedOperator when the kernel cannot (the norm then runs on its own)."""
+    """`spec` normalising its left operand's rows when the match has a norm; raises
+    UnsupportedOperator when the kernel cannot (the norm then runs on its own)."""
     norm = annotated.get("row_norm")
     if norm is None:
         return spec
-    weight = norm.args[1]
-    if not isinstance(weight, (tvm.ir.GenericConst, relax.Var)) or \
-            isinstance(weight, tvm.ir.GenericConst) and not (weight.value.numpy() == 1).all():
-        raise UnsupportedOperator("rms_norm before a matmul: its weight is not all 1 (norm_folds.py folds it into "
-                                  "the weights where it can); the norm runs on its own")
+    kind = str(norm.op.name).removeprefix("relax.nn.")
+    for role, value in _CONSTANTS[kind]:
+        operand = annotated[role]
+        if not isinstance(operand, (tvm.ir.GenericConst, relax.Var)) or \
+                isinstance(operand, tvm.ir.GenericConst) and not (operand.value.numpy() == value).all():
+            raise UnsupportedOperator(f"{kind} before a matmul: its {role.removeprefix('norm_')} is not all {value:g} "
+                                      "(norm_folds.py folds it into the weights where it can); the norm runs on its own")
+    if kind == "layer_norm" and not (bool(norm.attrs.center) and bool(norm.attrs.scale)):
+        raise UnsupportedOperator("layer_norm without its center or scale runs on its own")
     if spec.op != "matmul" or spec.compute_name != "matmul" or spec.dtype != F32 or spec.symbols or spec.batch > 1:
-        raise UnsupportedOperator("rms_norm folded into a matmul: a 2-D float32 GEMM with static rows only; the "
+        raise UnsupportedOperator(f"{kind} folded into a matmul: a 2-D float32 GEMM with static rows only; the "
                                   "norm runs on its own")
     axes = [int(a) for a in norm.attrs.axes]
     if axes not in ([-1], [len(spec.lhs_shape) - 1]) or dtype_of(norm) != F32:
-        raise UnsupportedOperator("rms_norm folded into a matmul normalises the last axis of float32 rows")
-    return dataclasses.replace(spec, row_norm_eps=float(norm.attrs.epsilon))
+        raise UnsupportedOperator(f"{kind} folded into a matmul normalises the last axis of float32 rows")
+    return dataclasses.replace(spec, row_norm=(kind, float(norm.attrs.epsilon)))
 
 
 def check_row_norm(spec: KernelSpec, tiling: Tiling) -> None:
     """Refuse a tiling that does not hold whole rows of A: the statistics need the row whole."""
-    if spec.row_norm_eps is not None and (tiling.tk != tiling.kp or tiling.stream_panel):
-        raise UnsupportedOperator(f"rms_norm folded into a matmul of depth {spec.gemm_extents[2]}: the tiling "
-                                  f"steps through it {tiling.tk} at a time, and the row's statistics need the "
+    if spec.row_norm is not None and (tiling.tk != tiling.kp or tiling.kp != spec.gemm_extents[2] or
+                                      tiling.stream_panel):
+        raise UnsupportedOperator(f"{spec.row_norm[0]} folded into a matmul of depth {spec.gemm_extents[2]}: the "
+                                  f"tiling steps through it {tiling.tk} at a time, and the row's statistics need the "
                                   "row whole; the norm runs on its own")
 
 
 def _steps(spec: KernelSpec) -> tuple:
-    """The panel's row program (kernels/rows/norms.py's RMSNorm without its weight)."""
+    """The panel's row program: the plain norm kernel's (norms.steps_of), its blocks prefixed."""
+    kind, eps = spec.row_norm
     depth = spec.gemm_extents[2]
-    return (Step("row_sq", "reduce", "sum_squares", ("x",)),
-            Step("row_scale", "vfunc", "rsqrt", ("row_sq",), 1.0 / depth, spec.row_norm_eps),
-            Step("a_normed", "eltwise", "multiply", ("x", "row_scale")))
+    plain = steps_of(RowSpec(kind, kind, (depth,), (depth,), 1, depth, eps))
+    names = {step.name: PREFIX + step.name for step in plain}
+    return tuple(dataclasses.replace(step, name=names[step.name], inputs=tuple(names.get(i, i) for i in step.inputs))
+                 for step in plain)
+
+
+def panel_bytes(spec: KernelSpec, tm: int) -> int:
+    """Scratchpad bytes of the panel program of a tile of tm rows (every step's panel or column
+    once: the vector unit runs them in order), 0 without a norm."""
+    if spec.row_norm is None:
+        return 0
+    kinds = shapes_of(_steps(spec), ())
+    size = {"full": aligned(tm * spec.gemm_extents[2] * 4), "column": aligned(tm * 4)}
+    return sum(size[kinds[step.name]] for step in _steps(spec))
 
 
 def normed_panel(spec: KernelSpec, a_pad, tiling: Tiling, inputs: dict):
     """The A panel the GEMMs read: `a_pad` itself, or its rows normalised (module doc); the
-    norm's weight, a parameter the kernel never reads, joins `inputs`."""
-    if spec.row_norm_eps is None:
+    norm's constants, parameters the kernel never reads, join `inputs`."""
+    if spec.row_norm is None:
         return a_pad
-    inputs["norm_weight"] = te.placeholder((spec.gemm_extents[2],), F32, name="norm_weight")
+    depth = spec.gemm_extents[2]
+    for role, _ in _CONSTANTS[spec.row_norm[0]]:
+        inputs[role] = te.placeholder((depth,), F32, name=role)
     mp, kp = a_pad.shape
-    tensors, kinds = {"x": a_pad}, {"x": "full", "row_sq": "column", "row_scale": "column", "a_normed": "full"}
-    for step in _steps(spec):
+    steps = _steps(spec)
+    tensors, kinds = {"x": a_pad}, shapes_of(steps, ())
+    for step in steps:
         tensors[step.name] = stage_of(step, tensors, kinds, mp, int(kp))
-    return tensors["a_normed"]
+    return tensors[steps[-1].name]
 
 
 def place_row_norm(sch, spec: KernelSpec, at) -> None:
-    """The panel's row program under the loop `at`, where the A panel is loaded (before the
-    panel's own compute_at, which needs its readers there)."""
-    if spec.row_norm_eps is None:
+    """The panel program under the loop `at`, where the A panel is loaded (before the panel's own
+    compute_at, which needs its readers there)."""
+    if spec.row_norm is None:
         return
-    for name in reversed(BLOCKS):
-        block = sch.get_sblock(name)
+    for step in reversed(_steps(spec)):
+        block = sch.get_sblock(step.name)
         sch.compute_at(block, at)
         sch.set_scope(block, 0, SPAD)
 
 
 def tensorize_row_norm(sch, spec: KernelSpec, tiling: Tiling, align) -> None:
-    """Each step of the panel's row program tensorized onto its command; `align(block)` pads the
-    rows of the normalised panel as the GEMM schedule pads A's (after tensorize, which blockizes
-    "a_normed" into "a_normed_o" and would drop an annotation made before)."""
-    if spec.row_norm_eps is None:
+    """Each step of the panel program tensorized onto its command (as rows.schedule_rows does);
+    `align(block)` pads the rows of the panel the GEMMs read as the GEMM schedule pads A's (after
+    tensorize, which blockizes the block into "<name>_o" and would drop an annotation made before)."""
+    if spec.row_norm is None:
         return
-    tm, kp = tiling.tm, tiling.kp
-    block = sch.get_sblock("row_sq")
-    init = sch.decompose_reduction(block, sch.get_loops(block)[-2])
-    sch.add_unit_loop(init)
-    sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", tm, 1, F32, value=reduce_start("sum_squares")))
-    sch.add_unit_loop(sch.get_loops(block)[-1])
-    sch.tensorize(sch.get_loops(block)[-3], get_intrin("reduce", tm, kp, "sum_squares"))
-    scale = sch.get_sblock("row_scale")
-    sch.add_unit_loop(scale)
-    step = _steps(spec)[1]
-    sch.tensorize(sch.get_loops(scale)[-2], get_intrin("vfunc", tm, 1, "rsqrt", scale=step.scale, offset=step.offset))
-    normed = sch.get_sblock("a_normed")
-    sch.tensorize(sch.get_loops(normed)[-2], get_intrin("eltwise", tm, kp, "multiply", F32, a_full=(True, True),
-                                                           b_full=(True, False)))
-    align(sch.get_sblock("a_normed_o"))
-
-
-def fits_normed_panel(tm: int, depth: int, in_bytes: int, arch, footprint: int) -> bool:
-    """Whether a tile whose footprint (without the panel program) is `footprint` has room for the
-    normalised panel (tm x depth) and its two columns too."""
-    return footprint + aligned(tm * depth * in_bytes) + 2 * aligned(tm * 4) <= arch.spad_bytes
-
+    steps = _steps(spec)
+    kinds, tm, kp = shapes_of(steps, ()), tiling.tm, tiling.kp
+    for step in steps:
+        block = sch.get_sblock(step.name)
+        if step.kind == "reduce":
+            init = sch.decompose_reduction(block, sch.get_loops(block)[-2])
+            sch.add_unit_loop(init)
+            sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", tm, 1, F32,
+                                                              value=tirx.const(reduce_start(step.func), F32)))
+            sch.add_unit_loop(sch.get_loops(block)[-1])
+            sch.tensorize(sch.get_loops(block)[-3], get_intrin("reduce", tm, kp, step.func))
+            continue
+        width = kp if kinds[step.name] == "full" else 1
+        if width == 1:
+            sch.add_unit_loop(block)
+        row = sch.get_loops(block)[-2]
+        if step.kind == "vfunc":
+            sch.tensorize(row, get_intrin("vfunc", tm, width, step.func, scale=step.scale, offset=step.offset))
+            continue
+        full = {"full": (True, True), "column": (True, False)}
+        a_full, b_full = (full[kinds[i]] for i in step.inputs)
+        sch.tensorize(row, get_intrin("eltwise", tm, width, step.func, F32, a_full=a_full, b_full=b_full))
+    align(sch.get_sblock(steps[-1].name + "_o"))

@@ -120,7 +120,7 @@ def last_axis(axes, rank: int, what: str) -> None:
                                   "reduce the last axis only")
 
 
-def _shapes(steps, rows_roles) -> dict:
+def shapes_of(steps, rows_roles) -> dict:
     """Each step's and input's shape kind: "full" (rows x cols), "column" or "row"."""
     kinds = {"x": "full", **{role: "row" for role in rows_roles}}
     for step in steps:
@@ -142,7 +142,7 @@ def row_compute(spec, tiling: Tiling, steps, out_shape: tuple):
     (cols,), the last step's tile (or column) stored into the output viewed as (rows, cols) or
     (rows, 1); parameters in spec.param_roles order."""
     if tiling.tn < spec.cols:
-        return long_compute(spec, tiling, steps, _shapes(steps, spec.row_roles), out_shape, stage_of, _row_load)
+        return long_compute(spec, tiling, steps, shapes_of(steps, spec.row_roles), out_shape, stage_of, _row_load)
     rows, cols, mp = spec.rows, spec.cols, tiling.mp
     names = dict(spec.symbols)
     row_name = names.get(len(spec.shape) - 1)
@@ -157,7 +157,7 @@ def row_compute(spec, tiling: Tiling, steps, out_shape: tuple):
     for role in spec.row_roles:
         inputs[role] = te.placeholder((cols,), F32, name=role)
         tensors[role] = _row_load(inputs[role], cols, f"{role}_pad")
-    kinds = _shapes(steps, spec.row_roles)
+    kinds = shapes_of(steps, spec.row_roles)
     for step in steps:
         tensors[step.name] = stage_of(step, tensors, kinds, mp, cols)
     last = tensors[steps[-1].name]
@@ -211,7 +211,7 @@ def footprint(spec, steps, tm: int) -> int:
     """Scratchpad bytes of a tile of tm rows: x, the result and the row vectors twice (double
     buffering: the DMA of the next tile overlaps this one's steps), every other step's tile or
     column once (SINGLE_BUFFERED: the vector unit runs the steps in order anyway)."""
-    kinds = _shapes(steps, spec.row_roles)
+    kinds = shapes_of(steps, spec.row_roles)
     size = {"full": aligned(tm * spec.cols * 4), "column": aligned(tm * 4)}
     inner = sum(size[kinds[s.name]] for s in steps[:-1])
     return 2 * (size["full"] + size[kinds[steps[-1].name]] + len(spec.row_roles) * aligned(spec.cols * 4)) + inner
@@ -239,7 +239,7 @@ def choose_row_tiling(spec, arch: HardwareDescription, steps) -> Tiling:
     Rows too long for that: passes over tm x tn tiles (rows_long.py), tn the largest divisor of
     the row that fits."""
     fitting = [tm for tm in halvings(spec.rows) if footprint(spec, steps, tm) <= arch.spad_bytes]
-    kinds = _shapes(steps, spec.row_roles)
+    kinds = shapes_of(steps, spec.row_roles)
     if not fitting and spec.symbols:
         row = dict(spec.symbols).get(len(spec.shape) - 1)
         held = f" (its symbolic length {row} held at its bound)" if row is not None else ""
@@ -258,7 +258,7 @@ def estimate_row_cycles(spec, arch: HardwareDescription, steps, tm: int, tn: int
     """The tile search's estimate of tiles of tm rows (tn: the row, or a column tile of the
     passes, rows_long.py): the double-buffered loop over the row tiles (cost.double_buffered_cycles),
     loading x and the row vectors, running the steps and storing the result (a tile, or a column)."""
-    kinds = _shapes(steps, spec.row_roles)
+    kinds = shapes_of(steps, spec.row_roles)
     if tn < spec.cols:
         return long_cycles(arch, spec, steps, kinds, tm, tn, step_cycles)
     load = cost.dma_transfer_cycles(arch, tm * spec.cols * 4) + \
@@ -282,7 +282,7 @@ def _long_tiling(spec, arch: HardwareDescription, steps, kinds: dict) -> Tiling:
 
 def schedule_rows(sch, spec, tiling: Tiling, steps) -> None:
     """Per tile of tm rows: the loads, every step tensorized onto its command, the store."""
-    kinds = _shapes(steps, spec.row_roles)
+    kinds = shapes_of(steps, spec.row_roles)
     if tiling.tn < spec.cols:
         schedule_long(sch, spec, tiling, steps, kinds)
         return
