@@ -12,8 +12,10 @@ so that the GEMM kernel's roots (`cgra.linear_rms_norm`, `cgra.matmul_layer_norm
 norm whole and normalise its own A panel (kernels/gemm/row_norm.py): Llama's and Qwen's
 pre-attention and pre-MLP norms, read by the merged q / k / v projection and the merged gate / up
 projection, reshaped from (1, s, d) to (s, d) between; GPT-2's and ViT's layer norms before
-q / k / v and the MLP. A norm with more than `MAX_READERS` linears is left alone: each copy
-repeats the row statistics over the panel, which past two cost more than the one norm kernel.
+q / k / v and the MLP. A norm read by more linears (`MAX_READERS`) is left alone: each copy
+would repeat the program over the panel, and a GEMM may still refuse its copy (its tiling, or a
+vector unit its epilogue already keeps busy: kernels/gemm/row_norm.py), leaving two norm kernels
+where there was one.
 The model's final norm (its output) keeps its kernel.
 """
 
@@ -26,7 +28,7 @@ from ..relax_info import dtype_of, shape_dims
 from .rewrite import as_pass, op_name, replace_functions
 
 #: The most linears one norm is copied into (module doc).
-MAX_READERS = 2
+MAX_READERS = 1
 #: The norms, with the plain values of their constants (gamma; beta).
 _NORMS = {"relax.nn.rms_norm": (1.0,), "relax.nn.layer_norm": (1.0, 0.0)}
 

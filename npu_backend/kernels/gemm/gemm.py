@@ -74,7 +74,7 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
         if act_on_vector(spec, arch):
             _TILINGS[key] = dataclasses.replace(_TILINGS[key], act_on_vector=True)
     check_tail_padding(spec, _TILINGS[key], arch)
-    check_row_norm(spec, _TILINGS[key])
+    check_row_norm(spec, _TILINGS[key], arch)
     return _TILINGS[key]
 
 

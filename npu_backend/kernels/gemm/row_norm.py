@@ -42,7 +42,7 @@ from ..common.spec import KernelSpec, Tiling, aligned
 from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.row_ops import reduce_start
 from ..rows.norms import steps_of
-from ..rows.rows import RowSpec, Step, shapes_of, stage_of
+from ..rows.rows import RowSpec, choose_row_tiling, estimate_row_cycles, shapes_of, stage_of, step_cycles
 from .epilogue import Root
 
 F32 = "float32"
@@ -95,13 +95,28 @@ def with_row_norm(spec: KernelSpec, annotated: dict) -> KernelSpec:
     return dataclasses.replace(spec, row_norm=(kind, float(norm.attrs.epsilon)))
 
 
-def check_row_norm(spec: KernelSpec, tiling: Tiling) -> None:
-    """Refuse a tiling that does not hold whole rows of A: the statistics need the row whole."""
-    if spec.row_norm is not None and (tiling.tk != tiling.kp or tiling.kp != spec.gemm_extents[2] or
-                                      tiling.stream_panel):
-        raise UnsupportedOperator(f"{spec.row_norm[0]} folded into a matmul of depth {spec.gemm_extents[2]}: the "
-                                  f"tiling steps through it {tiling.tk} at a time, and the row's statistics need the "
-                                  "row whole; the norm runs on its own")
+def check_row_norm(spec: KernelSpec, tiling: Tiling, arch) -> None:
+    """Refuse a tiling that does not hold whole rows of A (the statistics need the row whole), and
+    a fold whose panel programs, priced as if none overlapped (the vector unit runs in order, and
+    a kernel whose epilogue keeps it busy, a GELU's over 256 rows of 16, hides none of them), cost
+    as much as the norm's own kernel: then the norm runs on its own."""
+    if spec.row_norm is None:
+        return
+    kind, depth = spec.row_norm[0], spec.gemm_extents[2]
+    if tiling.tk != tiling.kp or tiling.kp != depth or tiling.stream_panel:
+        raise UnsupportedOperator(f"{kind} folded into a matmul of depth {depth}: the tiling steps through it "
+                                  f"{tiling.tk} at a time, and the row's statistics need the row whole; the norm "
+                                  "runs on its own")
+    steps = _steps(spec)
+    program = tiling.mp // tiling.tm * step_cycles(arch, steps, shapes_of(steps, ()), tiling.tm, depth)
+    alone_spec = RowSpec(kind, kind, (spec.gemm_extents[0], depth), (spec.gemm_extents[0], depth),
+                         spec.gemm_extents[0], depth, spec.row_norm[1])
+    plain = steps_of(alone_spec)
+    alone = choose_row_tiling(alone_spec, arch, plain)
+    alone_cycles = estimate_row_cycles(alone_spec, arch, plain, alone.tm, alone.tn)
+    if program >= alone_cycles:
+        raise UnsupportedOperator(f"{kind} folded into a matmul: its program on the A panels ({program} cycles) "
+                                  f"costs as much as the norm's own kernel ({alone_cycles}); the norm runs on its own")
 
 
 def _steps(spec: KernelSpec) -> tuple:
