@@ -59,6 +59,13 @@ def mask_in_gemm(spec) -> bool:
     return bool(spec.mask_shape) and spec.mask_shape[3] > 1 and spec.mask_shape[4] > 1
 
 
+def mask_on_pe(spec) -> bool:
+    """Whether the kernel adds a mask row (per key) or column (per query) by a GEMM of k = 1
+    accumulating onto S (rows.py): 1 m or m 1, the product exact, rounds as the ELTWISE add does
+    and takes the PE array instead of the vector unit, which the softmax keeps busy."""
+    return bool(spec.mask_shape) and (spec.mask_shape[3] > 1) != (spec.mask_shape[4] > 1)
+
+
 def scale_at(spec) -> str | None:
     """Where the kernel multiplies by the scale (rows.py): "q" the Q tile of every item; a power
     of two commutes with every rounding of S = Q Kᵀ, max and S - max (barring overflow and
@@ -95,6 +102,7 @@ def attention_footprint(spec, t: RowTiling) -> int:
     kv = aligned(t.kv_copies * d * sk * F32_BYTES) + aligned(t.kv_copies * sk * dv * F32_BYTES)
     item = aligned(2 * tq * t.q_stride * F32_BYTES) + aligned(score_copies(spec) * tq * t.p_stride * F32_BYTES)
     item += 3 * aligned(2 * tq * F32_BYTES) + 2 * aligned(2 * tq * dv * F32_BYTES)
+    item += aligned(max(sk, tq) * F32_BYTES)  # the ones
     mask = aligned(_mask_rows(spec, t) * spec.mask_shape[4] * F32_BYTES) if t.mask != "none" else 0
     return kv + item + mask
 
@@ -103,6 +111,9 @@ def attention_item_cycles(spec, arch: HardwareDescription, tq: int) -> tuple:
     """(vector unit, PE array) cycles of one item: its softmax and scale, its two GEMMs."""
     sk, d, dv = spec.sk, spec.d, spec.dv
     pe = cost.gemm_steady_cycles(arch, tq, sk, d, "float32") + cost.gemm_steady_cycles(arch, tq, dv, sk, "float32")
+    pe += cost.gemm_steady_cycles(arch, tq, 1, sk, "float32") + cost.gemm_fill_cycles(arch, tq, 1)  # P 1
+    if mask_on_pe(spec):  # S + a mask row or column
+        pe += cost.gemm_steady_cycles(arch, tq, sk, 1, "float32") + cost.gemm_fill_cycles(arch, tq, sk)
     vector = 0
     if scale_at(spec) == "q":
         vector += cost.vfunc_cycles(arch, tq * d, "identity", scale=True)
@@ -110,9 +121,9 @@ def attention_item_cycles(spec, arch: HardwareDescription, tq: int) -> tuple:
         vector += cost.vfunc_cycles(arch, sk * d, "identity", scale=True) // spec.g
     if mask_in_gemm(spec):  # copied into S, the GEMM accumulating onto it
         vector += cost.vfunc_cycles(arch, tq * sk, "identity")
-    elif spec.mask_shape:
-        vector += cost.eltwise_cycles(arch, tq * sk, tq * sk + max(spec.mask_shape[3], spec.mask_shape[4]))
-    vector += 2 * (cost.reduce_cycles(arch, tq, sk) + cost.vector_cycles(arch, tq, 1))
+    elif spec.mask_shape and not mask_on_pe(spec):
+        vector += cost.eltwise_cycles(arch, tq * sk, tq * sk + 1)
+    vector += cost.reduce_cycles(arch, tq, sk) + cost.vector_cycles(arch, tq, 1)
     vector += cost.eltwise_cycles(arch, tq * sk, tq * sk + tq) + cost.vfunc_cycles(arch, tq * sk, "exp")
     vector += cost.vfunc_cycles(arch, tq, "reciprocal", offset=spec.safe) + cost.eltwise_cycles(arch, tq * dv, tq * dv + tq)
     return vector, pe
