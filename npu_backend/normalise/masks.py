@@ -63,7 +63,7 @@ from .chain_match import Chain
 from .rewrite import as_pass, rewrite_functions
 
 _WHERE, _ASTYPE = tvm.ir.Op.get("relax.where"), tvm.ir.Op.get("relax.astype")
-_CUMSUM = tvm.ir.Op.get("relax.cumsum")
+_CUMSUM, _ADD = tvm.ir.Op.get("relax.cumsum"), tvm.ir.Op.get("relax.add")
 _AND = ("relax.bitwise_and", "relax.logical_and")
 _OR = ("relax.bitwise_or", "relax.logical_or")
 _NOT = ("relax.logical_not", "relax.bitwise_not")
@@ -97,7 +97,7 @@ def _one(dtype: str) -> relax.Expr:
 class _MaskRewriter(relax.PyExprMutator):
     def __init__(self, mod=None):
         super().__init__(mod)
-        self.twins, self.selects, self.binary = {}, {}, set()
+        self.twins, self.selects, self.binary, self.broadcasts = {}, {}, set(), []
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
@@ -115,7 +115,33 @@ class _MaskRewriter(relax.PyExprMutator):
         if call.op.same_as(_WHERE) and dtype_of(call.args[0]) == "bool":
             select = self.select(chain, call)
             return with_span(select, call.span) if select is not None else call
+        if call.op.same_as(_ADD):
+            return self.unbroadcast(chain, call)
         return call
+
+    def unbroadcast(self, chain: Chain, call):
+        """add(x, reshape(broadcast_to(row))) of x's shape, the broadcast a select's (a padding row
+        over the queries: the attention form's scores plus its mask), as add(x, reshape(row)): the
+        add broadcasts the row itself, so the attention reads a row, not an s x s copy."""
+        x, mask = call.args
+        reshape = chain.call(mask, "relax.reshape")
+        source = reshape.args[0] if reshape is not None else None
+        for _ in range(4):  # through reshapes that keep the shape (HF's mask[:, :, :, :s])
+            inner = chain.call(source, "relax.reshape") if source is not None else None
+            if inner is None or static_shape(inner.args[0]) != static_shape(inner):
+                break
+            source = inner.args[0]
+        source = chain.value(source) if source is not None else None
+        if source is None or not any(source.same_as(b) for b in self.broadcasts) \
+                or static_shape(call) != static_shape(x):
+            return call
+        row, target, wanted = source.args[0], static_shape(source), static_shape(reshape)
+        shape = [1] * (len(target) - len(static_shape(row))) + list(static_shape(row))
+        if [t for t in target if t != 1] != [t for t in wanted if t != 1]:
+            return call
+        kept = iter(r for r, t in zip(shape, target) if t != 1)
+        row_shape = [1 if t == 1 else next(kept) for t in wanted]
+        return relax.op.add(x, self.emit(relax.op.reshape(row, row_shape)))
 
     def emit(self, expr):
         return self.builder_.emit(expr)
@@ -160,8 +186,12 @@ class _MaskRewriter(relax.PyExprMutator):
         twin = self.twin(chain, other, 0)
         if twin is None:
             return None
-        bias = relax.const(np.where(constant, 0, -np.inf).astype(np.float32))
-        return self.emit(relax.op.add(bias, self._additive(twin, -np.inf)))
+        row = self._additive(twin, -np.inf)
+        if constant.all():  # a bidirectional mask (BERT's): the row broadcast, which the attention reads as a row
+            broadcast = relax.op.broadcast_to(row, np.broadcast_shapes(constant.shape, tuple(static_shape(other))))
+            self.broadcasts.append(self.builder_.normalize(broadcast))
+            return self.emit(self.broadcasts[-1])
+        return self.emit(relax.op.add(relax.const(np.where(constant, 0, -np.inf).astype(np.float32)), row))
 
     def scan(self, call):
         """cumsum(B) along the last axis of an int32 twin B as B's low bytes (int8, a view and a

@@ -255,10 +255,11 @@ def _mask_operand(spec, t: RowTiling, item: _Item) -> tuple:
 
 def _softmax(w: Writer, spec, t: RowTiling, item: _Item) -> None:
     """[S + a scalar mask], the row max m of S, P = exp(S - m) in place, its row sums l = P 1 and
-    O = P V. The sums are a GEMM on the PE array, which the vector unit's softmax leaves idle (a
-    REDUCE took the vector unit a cycle a column); S - m stays an ELTWISE: a GEMM of k = 1 adding
-    m times a row of -1 would round the same, but the PE array's in-order queue holds it behind
-    the previous item's P V GEMM, and the exp would wait for that every item."""
+    O = P V. The sums are a GEMM on the PE array where the vector unit is the busier unit
+    (`RowTiling.sums_on_pe`: a REDUCE takes the vector unit a cycle a column), else a REDUCE.
+    S - m stays an ELTWISE: a GEMM of k = 1 adding m times a row of -1 would round the same, but
+    the PE array's in-order queue holds it behind the previous item's P V GEMM, and the exp would
+    wait for that every item."""
     tq, sk, ps, dv = t.tq, spec.sk, t.p_stride, spec.dv
     s = ("s", f"{item.s_slot} * {tq * ps}", ps)
     m = ("m", f"{item.slot} * {tq}", 1)
@@ -267,9 +268,13 @@ def _softmax(w: Writer, spec, t: RowTiling, item: _Item) -> None:
     w.add(fill("m", tq, 1, 1, LOWEST if spec.safe else float("-inf"), offset=m[1]),
           reduce("max", tq, sk, s, m[:2]),
           eltwise("subtract", tq, sk, s + (1,), m + (0,), s),
-          vfunc("exp", tq, sk, s, s, scale=spec.scale if scale_at(spec) == "exp" else None),
-          gemm(False, tq, 1, sk, s, ("ones", 0, 1), ("l", f"{item.slot} * {tq}", 1)),
-          gemm(False, tq, dv, sk, s, ("v", f"{item.kv_slot} * {sk * dv}", dv), ("o", f"{item.slot} * {tq * dv}", dv)))
+          vfunc("exp", tq, sk, s, s, scale=spec.scale if scale_at(spec) == "exp" else None))
+    l = ("l", f"{item.slot} * {tq}")
+    if t.sums_on_pe:
+        w.add(gemm(False, tq, 1, sk, s, ("ones", 0, 1), l + (1,)))
+    else:
+        w.add(fill("l", tq, 1, 1, 0.0, offset=l[1]), reduce("sum", tq, sk, s, l))
+    w.add(gemm(False, tq, dv, sk, s, ("v", f"{item.kv_slot} * {sk * dv}", dv), ("o", f"{item.slot} * {tq * dv}", dv)))
 
 
 def _normalise(w: Writer, spec, t: RowTiling, item: _Item) -> None:
