@@ -97,7 +97,7 @@ def rows_script(spec, t: RowTiling) -> str:
     one_copy = t.kv_copies == 1 and spec.b * spec.hk > 1
     if items > 1:
         _next_items(w, spec, t, items, "same head" if one_copy else "")
-    _softmax(w, spec, t, _Item(spec, t, "t"))
+    _softmax(w, spec, t, _Item(spec, t, "t"), items)
     if items > 1 and one_copy:
         _next_items(w, spec, t, items, "new head")
     if items > 1:
@@ -253,13 +253,14 @@ def _mask_operand(spec, t: RowTiling, item: _Item) -> tuple:
     return ("mask_all", f"{batch} + {head} + {row}", row_stride, col_stride)
 
 
-def _softmax(w: Writer, spec, t: RowTiling, item: _Item) -> None:
+def _softmax(w: Writer, spec, t: RowTiling, item: _Item, items: int) -> None:
     """[S + a scalar mask], the row max m of S, P = exp(S - m) in place, its row sums l = P 1 and
     O = P V. The sums are a GEMM on the PE array where the vector unit is the busier unit
     (`RowTiling.sums_on_pe`: a REDUCE takes the vector unit a cycle a column), else a REDUCE.
     S - m stays an ELTWISE: a GEMM of k = 1 adding m times a row of -1 would round the same, but
     the PE array's in-order queue holds it behind the previous item's P V GEMM, and the exp would
-    wait for that every item."""
+    wait for that every item. The last item's sums are a REDUCE all the same: the vector unit has
+    nothing else left to do, and its sums then run beside that item's P V GEMM, not before it."""
     tq, sk, ps, dv = t.tq, spec.sk, t.p_stride, spec.dv
     s = ("s", f"{item.s_slot} * {tq * ps}", ps)
     m = ("m", f"{item.slot} * {tq}", 1)
@@ -270,10 +271,14 @@ def _softmax(w: Writer, spec, t: RowTiling, item: _Item) -> None:
           eltwise("subtract", tq, sk, s + (1,), m + (0,), s),
           vfunc("exp", tq, sk, s, s, scale=spec.scale if scale_at(spec) == "exp" else None))
     l = ("l", f"{item.slot} * {tq}")
-    if t.sums_on_pe:
+    on_vector = [fill("l", tq, 1, 1, 0.0, offset=l[1]), reduce("sum", tq, sk, s, l)]
+    if t.sums_on_pe and items > 1:
+        w.add(f"if {item.at} < {items - 1}:", "    " + gemm(False, tq, 1, sk, s, ("ones", 0, 1), l + (1,)),
+              "else:", *("    " + line for line in on_vector))
+    elif t.sums_on_pe:
         w.add(gemm(False, tq, 1, sk, s, ("ones", 0, 1), l + (1,)))
     else:
-        w.add(fill("l", tq, 1, 1, 0.0, offset=l[1]), reduce("sum", tq, sk, s, l))
+        w.add(*on_vector)
     w.add(gemm(False, tq, dv, sk, s, ("v", f"{item.kv_slot} * {sk * dv}", dv), ("o", f"{item.slot} * {tq * dv}", dv)))
 
 
