@@ -88,7 +88,7 @@ def lowering_passes() -> list:
         func_pass(stream_panels, "cgra.StreamPanels"),
         # An output tile's epilogue pieces: one buffer each, allocated with the tile's.
         func_pass(hoist_allocations, "cgra.HoistAllocations"),
-        # Two copies of each scratchpad tile reused by a loop, so DMA overlaps compute.
+        # Two copies of each scratchpad tile reused by a loop (three where a loop asks), so DMA overlaps compute.
         func_pass(double_buffer, "cgra.DoubleBuffer"),
         s_tir.transform.StmtSimplify(),  # fold the index arithmetic of the remaining calls
         tirx.transform.FlattenBuffer(),  # N-d buffers -> 1-d, for the code generator

@@ -59,7 +59,8 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     the kernel finishes each output tile in EPILOGUEs and stores of that many rows (gemm.py's
     epilogue_rows), so the last tile's epilogue overlaps its stores but the last piece's. A
     tiling with `stream_panel` loads A's panel a step at a time in each row tile's first column
-    tile (lower/stream_panel.py): its first load is one step's A and B, later ones B's.
+    tile (lower/stream_panel.py): its first load is one step's A and B, later ones B's. A tiling's
+    `operand_copies` (gemm_copies.py) spread the loads' round trip over that many steps.
     """
     tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk * taps
     array_fill = cost.gemm_fill_cycles(arch, t.tm, t.tn)
@@ -83,6 +84,11 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
         late = cost.dma_transfer_cycles(arch, a_step + tile_load) - gemm
         panel_stalls = t.mp // t.tm * steps * max(0, late)
     load = cost.dma_transfer_cycles(arch, loaded)
+    if t.operand_copies > 2:
+        # Three copies keep the load engine streaming (no round trip gaps): load-bound, the kernel
+        # is the prologue's load, the rest of the loads, then the last step's GEMM (the tail
+        # follows), not the prologue and every load again.
+        load += gemm - cost.dma_transfer_cycles(arch, first_load)
     # The PE array's configuration loads while the first operands arrive; only what it takes
     # beyond them delays the first GEMM.
     compute += max(0, cost.pe_array_config_cycles(arch, dtype) - arch.dma_latency
@@ -115,7 +121,8 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     return cost.double_buffered_cycles(arch, cost.BufferedLoop(
         tiles * steps, cost.dma_transfer_cycles(arch, tile_load), (gemm,), 0,
         first_load=cost.dma_transfer_cycles(arch, first_load), last_store=last_store, last_work=last_work,
-        others=max(compute, load, store, vector), stalls=bubble, round_trips=("load",), whole_last_step=True)).total
+        others=max(compute, load, store, vector), stalls=bubble, round_trips=("load",), whole_last_step=True,
+        copies=t.operand_copies)).total
 
 
 def _pieces_tail(arch: HardwareDescription, t: Tiling, piece_rows: int, acc_bytes: int, has_residual: bool,
