@@ -36,6 +36,9 @@ STREAM_PANEL = "cgra.stream_panel"
 #: A loop annotation: {buffer name: copies} for scratchpad buffers allocated inside the loop that
 #: lowering gives more than two copies (lower/double_buffer.py; Tiling.operand_copies)
 BUFFER_COPIES = "cgra.buffer_copies"
+#: A loop annotation: the GEMMs inside run in pieces of that many rows (lower/gemm_rows.py; a
+#: matmul's output tiles finished in pieces, Tiling.epilogue_rows)
+GEMM_ROWS = "cgra.gemm_rows"
 
 
 @dataclasses.dataclass(frozen=True)

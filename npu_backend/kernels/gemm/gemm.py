@@ -13,8 +13,8 @@ the accumulator's init as one FILL and the epilogue as one EPILOGUE per tile, an
 valid region of each tile by DMA. A static matmul of more rows than one PE-array fold (a
 transformer's prefill) may finish each output tile in pieces of the array's rows
 (`Tiling.epilogue_rows`): an EPILOGUE and a store per piece, each piece its own buffer
-(lower/hoist_allocs.py), so that piece i's EPILOGUE runs on the vector unit while piece i - 1 is
-stored and the kernel ends one piece's store after its last EPILOGUE; its tile search then also
+(lower/hoist_allocs.py), its GEMMs in the same pieces (lower/gemm_rows.py), so that piece i's
+EPILOGUE runs on the vector unit while piece i - 1 is stored and the kernel ends one piece's store after its last EPILOGUE; its tile search then also
 weighs reduction steps shallower than the deepest that fits (the first GEMM waits for a short
 load, not for a whole panel), with A's row panel loaded a step at a time by a row tile's first
 column tile and held for the others (Tiling.stream_panel, lower/stream_panel.py), and takes such
@@ -37,7 +37,7 @@ from .epilogue import channel_rows, epilogue_intrin
 from .epilogue_tail import act_on_vector, check_tail_padding, tail_tile_cycles
 from ..intrinsics import SPAD, get_intrin
 from ..common.spad_layout import a_row_stride, align_output_rows, align_rows, out_row_stride, store_walks_rows
-from ..common.spec import HOIST_ALLOCS, STREAM_PANEL, KernelSpec, Tiling, aligned, round_up
+from ..common.spec import GEMM_ROWS, HOIST_ALLOCS, STREAM_PANEL, KernelSpec, Tiling, aligned, round_up
 from .gemm_copies import annotate_copies, may_take_copies, operand_copies
 from .gemm_estimate import estimate_cycles, holds_a_panel, may_hold_a_panel
 from .gemm_pieces import epilogue_piece_rows, finishes_in_pieces, in_pieces, streamed_candidates
@@ -424,6 +424,7 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
     if piece < tiling.tm:  # the epilogue and the store in pieces of rows (epilogue_piece_rows)
         piece_loop, epi_row = sch.split(epi_row, [None, piece])
         sch.annotate(piece_loop, HOIST_ALLOCS, 1)
+        sch.annotate(col_tile, GEMM_ROWS, piece)  # its GEMMs in the same pieces (lower/gemm_rows.py)
         sch.reverse_compute_at(sch.get_sblock("out"), piece_loop)
     sch.tensorize(epi_row, epilogue_intrin(spec, tiling, rows=piece))
     if not spec.gated:  # (a matmul's store walks no rows: nothing to align)
