@@ -42,15 +42,15 @@ def test_a_prefill_gemm_on_cgra_16x16_is_faster_with_a_third_copy(m, n, k, resid
     _fresh(monkeypatch)
     three = _cycles(m, n, k, residual, "cgra-16x16")
     tiling = gemm.choose_tiling(m, n, k, "float32", "float32", False, npu_backend.load_arch("cgra-16x16"),
-                                has_residual=residual, a_panel=True, more_copies=True)
+                                has_residual=residual, a_panel=True, pieces=True, more_copies=True)
     assert tiling.operand_copies == 3
     estimate = estimate_cycles(tiling, "float32", 4, 4, npu_backend.load_arch("cgra-16x16"), residual,
-                               init_folded=True, a_panel=True)
+                               init_folded=True, a_panel=True, piece_rows=tiling.epilogue_rows)
     assert abs(estimate - three) <= 0.05 * three, (tiling, estimate, three)
     _fresh(monkeypatch)
     monkeypatch.setattr(gemm_copies, "MORE_COPIES", 2)
     two = _cycles(m, n, k, residual, "cgra-16x16")
-    assert three < 0.9 * two, (three, two)  # 1,740 against 2,090 and 2,984 against 3,374
+    assert three < 0.9 * two, (three, two)
 
 
 @settings(max_examples=8, deadline=None)
