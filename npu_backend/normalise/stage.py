@@ -52,6 +52,7 @@ from .quick_gelus import quick_gelus_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .no_op_pads import no_op_pads_pass
 from .nhwc_convs import nhwc_convs_pass
+from .window_residuals import window_residuals_pass
 from .permute_chains import permute_chains_pass
 from .split_slices import split_slices_pass
 from .qdq import canonicalize_qdq
@@ -158,6 +159,10 @@ def normalise_passes(arch=None) -> list:
         # A ViT's position embedding added to [CLS; patches] as a constant for the CLS row and
         # the patch conv's residual add for the rest, exactly (position_embeddings.py).
         position_embeddings_pass,
+        # A residual add after Swin's window reverse of its attention output, and the window partition
+        # of its pre-attention norm, in window order: the add joins the output projection's
+        # epilogue, the norm reads the partitioned residual (window_residuals.py).
+        window_residuals_pass,
         # A pre-norm's gamma and beta folded into the linear layers that alone read it: the norm
         # kernel loses two of its full-tile steps, the GEMMs nothing (norm_folds.py).
         norm_folds_pass,
