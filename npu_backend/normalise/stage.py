@@ -52,6 +52,7 @@ from .quick_gelus import quick_gelus_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .no_op_pads import no_op_pads_pass
 from .nhwc_convs import nhwc_convs_pass
+from .patch_merges import patch_merges_pass
 from .window_residuals import window_residuals_pass
 from .permute_chains import permute_chains_pass
 from .split_slices import split_slices_pass
@@ -197,6 +198,10 @@ def normalise_passes(arch=None) -> list:
         # A fused q / k / v projection's split as slices, each cut into heads after the slice:
         # the transposing copy or RoPE kernel after it reads its part (split_slices.py).
         split_slices_pass,
+        # Swin's patch merging, a concat of every phase of a stride-2 slice (its slices merged
+        # just above), as one transpose of a view: one layout kernel instead of four slices and a
+        # concat (patch_merges.py).
+        patch_merges_pass,
         # A gate and an up projection of one input (SwiGLU, GeGLU) as one linear over their
         # interleaved weights, the gated unit after it (gated_linears.py): one GEMM kernel, the
         # gate's activations never in DRAM; where the chip's function unit has the activation.

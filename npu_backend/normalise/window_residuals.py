@@ -53,7 +53,7 @@ window_residuals_pass = as_pass(window_residuals, "cgra.WindowResiduals", ops=("
 def _rewrite_function(func: relax.Function):
     """`func` with every such residual add moved, or None when none is."""
     uses = _Uses(func)
-    edits = _Edits()
+    edits = Edits()
     partitioned = {}  # x -> (partition(x) var, its row order)
     for var, value in uses.values.items():
         if op_name(value) == "relax.add":
@@ -66,7 +66,7 @@ def _rewrite_function(func: relax.Function):
     return edits.rebuilt(func)
 
 
-class _Edits:
+class Edits:
     """Bindings to insert before or after a binding, and bindings' new values."""
 
     def __init__(self):
@@ -125,7 +125,7 @@ def _static(expr):
     return tuple(dims) if dims and all(isinstance(d, int) for d in dims) else None
 
 
-def _residual_add(uses: _Uses, var, add, edits: _Edits, partitioned: dict) -> None:
+def _residual_add(uses: _Uses, var, add, edits: Edits, partitioned: dict) -> None:
     """Record the rewrite of `var = add(x, reverse(o))` in `edits` where it applies."""
     for moved, other in ((add.args[1], add.args[0]), (add.args[0], add.args[1])):
         if not isinstance(moved, relax.Var) or not isinstance(other, relax.Var) or other not in uses.values:
@@ -145,7 +145,7 @@ def _residual_add(uses: _Uses, var, add, edits: _Edits, partitioned: dict) -> No
         part = _partition(other, permutes[0], _static(source), order, channels, partitioned)
         if part is None:
             continue
-        total = _var(links[0][0], "window", relax.op.add(source, part))
+        total = fresh_var(links[0][0], "window", relax.op.add(source, part))
         edits.before.setdefault(links[0][0], []).append((total, relax.op.add(source, part)))
         first_var, first = links[0]
         edits.replace[first_var] = relax.Call(first.op, [total] + list(first.args[1:]), first.attrs)
@@ -181,7 +181,7 @@ def _partition(x, permute, source_shape, order, channels, partitioned: dict):
                                   lambda v: relax.op.permute_dims(v, inverse),
                                   lambda v: relax.op.reshape(v, source_shape))):
         call = step(value)
-        value = _var(x, name, call)
+        value = fresh_var(x, name, call)
         bindings.append((value, call))
     partitioned[x] = (value, part_order, bindings)
     return value
@@ -196,7 +196,7 @@ def _order_of(shape, steps, channels: int):
     return rows[:, 0] // channels
 
 
-def _partitioned_norm(uses: _Uses, var, permute, edits: _Edits, partitioned: dict) -> None:
+def _partitioned_norm(uses: _Uses, var, permute, edits: Edits, partitioned: dict) -> None:
     """Record `var = layer_norm(partition(x))` for `var = partition(layer_norm(x))`."""
     found = _chain(uses, permute.args[0]) if isinstance(permute.args[0], relax.Var) else None
     if found is None or var in edits.replace:
@@ -217,12 +217,12 @@ def _partitioned_norm(uses: _Uses, var, permute, edits: _Edits, partitioned: dic
     attrs = norm.attrs
     call = relax.op.nn.layer_norm(part, norm.args[1], norm.args[2], axes=[-1], epsilon=float(attrs.epsilon),
                                   center=bool(attrs.center), scale=bool(attrs.scale))
-    normed = _var(var, "window_norm", call)
+    normed = fresh_var(var, "window_norm", call)
     edits.before.setdefault(var, []).append((normed, call))
     edits.replace[var] = relax.op.reshape(normed, shape)
 
 
-def _var(like, suffix: str, call):
+def fresh_var(like, suffix: str, call):
     """A variable of `like`'s kind (dataflow or not) typed as `call`'s result."""
     var_class = relax.DataflowVar if isinstance(like, relax.DataflowVar) else relax.Var
     return var_class(f"{like.name}_{suffix}", type_of(relax.BlockBuilder().normalize(call)))
