@@ -52,6 +52,7 @@ from .quick_gelus import quick_gelus_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .no_op_pads import no_op_pads_pass
 from .nhwc_convs import nhwc_convs_pass
+from .padding_taps import padding_taps_pass
 from .patch_merges import patch_merges_pass
 from .window_residuals import window_residuals_pass
 from .permute_chains import permute_chains_pass
@@ -189,6 +190,9 @@ def normalise_passes(arch=None) -> list:
         # channels-last, a residual add of two transposed tensors is transposed once after it:
         # the transposes cancel (nhwc_convs.py).
         nhwc_convs_pass,
+        # A conv2d's taps that only ever read padding (ConvNeXt's 7 x 7 depthwise conv on a 2 x 2
+        # map: all but the middle 3 x 3) cut from its weights and padding (padding_taps.py).
+        padding_taps_pass,
         # A transpose of a transpose is one (the attention form's output: three in a row, two
         # cancelling), a transpose that moves nothing its operand (permute_chains.py).
         permute_chains_pass,
