@@ -54,6 +54,7 @@ from .no_op_pads import no_op_pads_pass
 from .nhwc_convs import nhwc_convs_pass
 from .padding_taps import padding_taps_pass
 from .patch_merges import patch_merges_pass
+from .token_means import token_means_pass
 from .window_residuals import window_residuals_pass
 from .permute_chains import permute_chains_pass
 from .split_slices import split_slices_pass
@@ -193,6 +194,9 @@ def normalise_passes(arch=None) -> list:
         # A conv2d's taps that only ever read padding (ConvNeXt's 7 x 7 depthwise conv on a 2 x 2
         # map: all but the middle 3 x 3) cut from its weights and padding (padding_taps.py).
         padding_taps_pass,
+        # A mean over the tokens of a transposed activation (Swin's pooler, ConvNeXt's NCHW output)
+        # as the NPU's mean over the channels-last map: no transposing copy (token_means.py).
+        token_means_pass,
         # A transpose of a transpose is one (the attention form's output: three in a row, two
         # cancelling), a transpose that moves nothing its operand (permute_chains.py).
         permute_chains_pass,
