@@ -30,7 +30,7 @@ import tvm
 from tvm import relax
 
 from ..relax_info import static_shape
-from .rewrite import as_pass, op_name, rewrite_functions
+from .rewrite import as_pass, bound_values, op_name, rewrite_functions
 
 
 def rotary_pairs_rewritten(mod: tvm.IRModule) -> tvm.IRModule:
@@ -51,14 +51,7 @@ class _PairsRewriter(relax.PyExprMutator):
                 self._scan(func)
 
     def _scan(self, func):
-        bindings = [b for block in getattr(func.body, "blocks", ()) for b in block.bindings]
-        values = {b.var: b.value for b in bindings if isinstance(b, relax.VarBinding)}
-        uses = {}
-        for var, value in values.items():
-            for arg in getattr(value, "args", ()):
-                for leaf in (arg.fields if isinstance(arg, relax.Tuple) else (arg,)):
-                    if isinstance(leaf, relax.Var):
-                        uses.setdefault(leaf, []).append(var)
+        values, uses = bound_values(func)
         by_y = {}
         for var, value in values.items():
             unit = _unit(var, value, values)
