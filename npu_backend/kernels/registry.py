@@ -38,6 +38,7 @@ from .elementwise.eltwise import ELTWISE
 from .gemm.epilogue import chain_pattern_graphs
 from .gemm.epilogue_tail import tail_graphs
 from .gemm.gated import gated_graphs
+from .gemm.rope_epilogue import rope_graphs
 from .elementwise.fabric import FABRIC
 from .elementwise.rope import ROPE
 from .elementwise.qlinear import QLINEAR
@@ -147,6 +148,8 @@ def pattern_table() -> tuple[PatternEntry, ...]:
     owner = {root.name: family for root, family in roots}
     entries += [PatternEntry(name, pattern, roles, owner[root])
                 for name, pattern, roles, root in gated_graphs([root for root, _ in roots])]
+    entries += [PatternEntry(name, pattern, roles, owner[root])
+                for name, pattern, roles, root in rope_graphs([root for root, _ in roots])]
     entries += [PatternEntry(name, pattern, roles, owner[root])
                 for name, pattern, roles, root in tail_graphs([root for root, _ in roots])]
     entries += [PatternEntry(name, pattern, roles, owner[root])

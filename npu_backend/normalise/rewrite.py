@@ -54,14 +54,15 @@ def replace_functions(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
 
 def bound_values(func) -> tuple[dict, dict]:
     """(variable -> its bound value, variable -> the variables whose bindings read it, once per
-    argument: a tuple argument's fields each) over every binding of `func`'s body: the scan the
+    argument: a tuple argument's fields each, a tuple's fields too) over every binding of
+    `func`'s body: the scan the
     rewrites that look across a function (qkv_merges.py, rotary_pairs.py)
     start from."""
     bindings = [b for block in getattr(func.body, "blocks", ()) for b in block.bindings]
     values = {b.var: b.value for b in bindings if isinstance(b, relax.VarBinding)}
     uses = {}
     for var, value in values.items():
-        for arg in getattr(value, "args", ()):
+        for arg in value.fields if isinstance(value, relax.Tuple) else getattr(value, "args", ()):
             for leaf in (arg.fields if isinstance(arg, relax.Tuple) else (arg,)):
                 if isinstance(leaf, relax.Var):
                     uses.setdefault(leaf, []).append(var)

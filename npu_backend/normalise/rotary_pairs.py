@@ -160,7 +160,7 @@ def _matched(a, c, t, s, values):
         return None
     y, h0, _, h1, r, _ = box
     shape = static_shape(a)
-    cos, sin = _constant(c, values), _constant(s, values)
+    cos, sin = layout_constant(c, values), layout_constant(s, values)
     if cos is None or sin is None or r % 2 or shape is None or not _pairs_swapped(t, values, y, h0, h1, r):
         return None
     tables = []
@@ -256,7 +256,7 @@ def _linear(y, values, uses):
     return value.args[0], weights, bias
 
 
-def _constant(expr, values, depth=0):
+def layout_constant(expr, values, depth=0):
     """The numpy value of a constant or of expand_dims / broadcast_to / reshape of one, else None."""
     if isinstance(expr, tvm.ir.GenericConst):
         return expr.value.numpy()
@@ -264,7 +264,7 @@ def _constant(expr, values, depth=0):
     shape = static_shape(expr)
     if depth > 8 or shape is None or op_name(call) not in ("relax.expand_dims", "relax.broadcast_to", "relax.reshape"):
         return None
-    inner = _constant(call.args[0], values, depth + 1)
+    inner = layout_constant(call.args[0], values, depth + 1)
     if inner is None:
         return None
     return np.broadcast_to(inner, shape).copy() if op_name(call) == "relax.broadcast_to" else inner.reshape(shape)

@@ -31,7 +31,7 @@ def finishes_in_pieces(spec: KernelSpec, arch: HardwareDescription) -> bool:
     and pieces, estimated at 1,074, ran 1,032)."""
     return spec.op == "matmul" and spec.compute_name == "matmul" and not spec.symbols \
         and spec.gemm_extents[0] > 2 * arch.rows and not spec.fabric_body \
-        and not spec.multiplier_shape and not spec.channel_scale_shape \
+        and not spec.multiplier_shape and not spec.channel_scale_shape and not spec.rope_pattern \
         and (not spec.act or spec.act == "gelu" or act_on_vector(spec, arch))
 
 
