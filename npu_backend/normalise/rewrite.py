@@ -56,7 +56,7 @@ def bound_values(func) -> tuple[dict, dict]:
     """(variable -> its bound value, variable -> the variables whose bindings read it, once per
     argument: a tuple argument's fields each, a tuple's fields too) over every binding of
     `func`'s body: the scan the
-    rewrites that look across a function (qkv_merges.py, rotary_pairs.py)
+    rewrites that look across a function (qkv_merges.py, rotary_pairs.py, rope_epilogues.py)
     start from."""
     bindings = [b for block in getattr(func.body, "blocks", ()) for b in block.bindings]
     values = {b.var: b.value for b in bindings if isinstance(b, relax.VarBinding)}
