@@ -166,14 +166,12 @@ def combine_intrin(tiling, rows: int) -> str:
 
 def rope_tile_cycles(spec, arch):
     """cycles(elements) -> (PE array, vector unit) cycles of the epilogue on one output tile:
-    the rotated products, the multiply and the add (each ELTWISE streams two operands), the bias's
-    EPILOGUE, and one command's issue per run of the rotated products."""
-    runs = len(spec.rope_pattern.runs)
-
+    the rotated products, the multiply and the add (each ELTWISE streams two operands: the
+    products' runs priced as one command, their issue a few cycles each), the bias's EPILOGUE."""
     def cycles(elements: int) -> tuple[int, int]:
         eltwise = cost.eltwise_cycles(arch, elements, 2 * elements)
         bias = cost.vector_cycles(arch, 1, elements) if spec.bias_shape else 0
-        return 0, 3 * eltwise + bias + 2 * runs * max(1, elements // (spec.rope_pattern.period * arch.rows))
+        return 0, 3 * eltwise + bias
 
     return cycles
 
