@@ -7,6 +7,7 @@ computed, and no RoPE kernel is left.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tvm
 from hypothesis import given, settings, strategies as st
 from tvm import relax
@@ -164,3 +165,18 @@ def test_rope_intrinsics_three_ways(rows, heads, d, fraction, seed):
     np.testing.assert_array_equal(sim[3], expected_rot)
     np.testing.assert_array_equal(tir_out, x * cos + expected_rot)
     np.testing.assert_array_equal(sim[4], tir_out)
+
+
+def test_llama_has_no_rope_kernel():
+    """Hugging Face's Llama (transformer_models.py): each layer's q / k / v projection rotates its
+    q and k heads in its epilogue; no RoPE kernel (concat and multiplies) is left."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tvm.relax.frontend.torch import from_exported_program
+    from transformer_models import build
+    model, inputs = build("llama", tokens=16)
+    with torch.no_grad():
+        mod = from_exported_program(torch.export.export(model, inputs))
+    kernels = {p.kernel.split(" ")[0] for p in npu_backend.explain(mod, "cgra-8x8") if p.where != "host"}
+    assert "cgra.linear_rope" in kernels, kernels
+    assert not any(kernel.startswith("cgra.rope") for kernel in kernels), kernels
