@@ -86,7 +86,7 @@ def _extern_name(impl) -> str:
 
 def test_every_intrinsic_is_checked_here():
     assert set(INTRINSICS) == {"gemm", "depthwise", "fill", "epilogue", "eltwise", "pool", "accumulate", "fabric",
-                               "smooth", "reduce", "vfunc", "lookup"}
+                               "smooth", "reduce", "vfunc", "lookup", "rope_rotate", "rope_combine"}
 
 
 @given(rows=st.integers(1, 8), cols=st.integers(1, 8), depth=st.integers(1, 40),

@@ -30,7 +30,7 @@ import tvm
 from tvm import relax
 
 from ..relax_info import dtype_of, static_shape
-from .rewrite import as_pass, op_name, rewrite_functions
+from .rewrite import as_pass, bound_values, op_name, rewrite_functions
 
 
 def qkv_merged(mod: tvm.IRModule) -> tvm.IRModule:
@@ -62,9 +62,7 @@ class _MergeRewriter(relax.PyExprMutator):
                 self._scan(func)
 
     def _scan(self, func):
-        bindings = [b for block in getattr(func.body, "blocks", ()) for b in block.bindings]
-        values = {b.var: b.value for b in bindings if isinstance(b, relax.VarBinding)}
-        uses = _uses(values)
+        values, uses = bound_values(func)
         by_source = {}
         for var, value in values.items():
             member = _member(var, value, values, uses)
@@ -103,17 +101,6 @@ class _MergeRewriter(relax.PyExprMutator):
             y = emit(relax.op.add(y, relax.const(np.concatenate([m.bias for m in members]))))
         head_dim = members[0].head_dim
         return emit(relax.op.reshape(y, tuple(heads_shape[:-2]) + (weights.shape[0] // head_dim, head_dim)))
-
-
-def _uses(values: dict) -> dict:
-    """variable -> the variables whose bindings read it (once per argument)."""
-    uses = {}
-    for var, value in values.items():
-        for arg in getattr(value, "args", ()):
-            for leaf in (arg.fields if isinstance(arg, relax.Tuple) else (arg,)):
-                if isinstance(leaf, relax.Var):
-                    uses.setdefault(leaf, []).append(var)
-    return uses
 
 
 def _member(var, value, values, uses):

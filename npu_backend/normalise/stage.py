@@ -67,6 +67,7 @@ from .qlinear import integer_qlinear_adds_pass
 from .qlookups import quantized_lookups_pass
 from .rewrite import scans_shared
 from .rms_norms import rms_norms_pass
+from .rope_epilogues import rope_epilogues_pass
 from .rotary_pairs import rotary_pairs_pass
 from .rotations import rotations_pass
 from .scalars import scalar_operands_pass
@@ -259,6 +260,10 @@ def normalise_passes(arch=None) -> list:
         # heads reordered in the projection's weights (rotary_pairs.py): the RoPE kernel runs it;
         # on the bindings canonicalised (its match reads operands' calls through no aliases).
         rotary_pairs_pass,
+        # RoPE of a projection's q and k heads as one op over its output, x * C + x[:, perm] * S
+        # (rope_epilogues.py): the projection's GEMM runs it in its epilogue, the attention
+        # reads the heads as boxes of its output; after every rewrite of the rotary's form.
+        rope_epilogues_pass,
         # What folding left unused (PyTorch's max_pool2d returns a tuple with zeros_like
         # indices that FoldConstant turns into a constant nobody reads).
         relax.transform.DeadCodeElimination(),
