@@ -118,7 +118,7 @@ def rope_spec(name: str, annotated: dict) -> RopeSpec:
         axes = tuple(reversed(range(rank))) if given is None else tuple(int(a) % rank for a in given)
     origin = (0,) * rank
     if "part" in annotated:  # x is a slice of the parameter: its origin, unit steps
-        origin = _part_origin(annotated["part"], x_shape, what)
+        origin = part_origin(annotated["part"], x_shape, what)
         x_shape = static_shape(annotated["part"])
     if axes[-1] != rank - 1 or tuple(x_shape[a] for a in axes) != out_shape:
         raise UnsupportedOperator(f"{what} after a transpose {axes} that moves the last axis: a row of the tile "
@@ -135,10 +135,10 @@ def rope_spec(name: str, annotated: dict) -> RopeSpec:
     return RopeSpec(dtype, tuple(static_shape(x)), axes, tuple(out_shape), half, *tables, x_origin=origin)
 
 
-def _part_origin(part, shape: tuple, what: str) -> tuple:
+def part_origin(part, shape: tuple, what: str) -> tuple:
     """The origin of a unit-step slice with constant bounds (a fused projection's part)."""
     args = list(part.args[1:])
-    if len(shape) != len(static_shape(part) or ()) or len(args) < 3 or not all(
+    if len(shape) != len(shape_dims(part) or ()) or len(args) < 3 or not all(
             isinstance(a, (tvm.relax.Tuple, tvm.relax.ShapeExpr)) for a in args[:3]):
         raise UnsupportedOperator(f"{what} of a slice with bounds computed at run time")
     steps = _ints(args[3]) if len(args) > 3 and args[3] is not None else [1] * len(_ints(args[0]))

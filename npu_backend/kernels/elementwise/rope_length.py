@@ -30,21 +30,25 @@ _RESERVED = {"T", "rope", "ts", "i", "j", "c", "sn", "xs", "t", "r", "o", "lhs",
 def length_spec(annotated: dict, what: str):
     """rope.py's RopeSpec of a RoPE whose positions axis is symbolic (shapes at the bound, `length`
     the variable's name); raises UnsupportedOperator saying why not."""
-    from .rope import RopeSpec, check_halves  # rope.py imports this module
+    from .rope import RopeSpec, check_halves, part_origin  # rope.py imports this module
     root, x = annotated["root"], annotated["lhs"]
     dims = shape_dims(root)
     if dims is None or len(dims) not in (3, 4):
         raise UnsupportedOperator(f"{what} of shape {dims}: the NPU's rotary kernel takes ranks 3 and 4")
     rank = len(dims)
     prefix = f"{what} over a symbolic length: "
-    if "part" in annotated:
-        raise UnsupportedOperator(prefix + "x a slice of a fused projection: the kernel reads all of x")
     out_shape, names = read_shape(root, "output", symbolic_axes=(rank - 2,), prefix=prefix)
     axes = tuple(range(rank))
     if "transpose" in annotated:
         given = annotated["transpose"].attrs.axes
         axes = tuple(reversed(range(rank))) if given is None else tuple(int(a) % rank for a in given)
-    x_shape, x_names = read_shape(x, "x", symbolic_axes=(axes[rank - 2],), prefix=prefix)
+    param_shape, x_names = read_shape(x, "x", symbolic_axes=(axes[rank - 2],), prefix=prefix)
+    x_shape, origin = param_shape, (0,) * rank
+    if "part" in annotated:  # x a slice of a fused projection's heads (qkv_merges.py): its origin
+        x_shape, part_names = read_shape(annotated["part"], "x", symbolic_axes=(axes[rank - 2],), prefix=prefix)
+        origin = part_origin(annotated["part"], param_shape, what)
+        if part_names != x_names or origin[axes[rank - 2]] != 0:
+            raise UnsupportedOperator(prefix + "x a slice along the positions")
     name = names.get(rank - 2)
     if name is None or x_names != {axes[rank - 2]: name}:
         raise UnsupportedOperator(prefix + f"x and the output have the symbolic axes {x_names} and {names}: the "
@@ -63,8 +67,8 @@ def length_spec(annotated: dict, what: str):
         tables.append(tuple(shape))
     if dtype_of(annotated["cos"]) != dtype_of(root) or dtype_of(annotated["sin"]) != dtype_of(root):
         raise UnsupportedOperator(prefix + "cos and sin of another dtype than x")
-    return RopeSpec(dtype_of(root), tuple(x_shape), axes, tuple(out_shape), half, *tables,
-                     x_origin=(0,) * rank, length=name)
+    return RopeSpec(dtype_of(root), tuple(param_shape), axes, tuple(out_shape), half, *tables,
+                     x_origin=origin, length=name)
 
 
 def choose_length_rows(spec, arch, tiles: int, itemsize: int) -> int:
