@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 
 import tvm
 from tvm.relax.dpl import is_op, is_tuple, wildcard
@@ -108,7 +109,7 @@ def rope_spec(name: str, annotated: dict) -> RopeSpec:
         raise UnsupportedOperator(f"{what} on {dtype}: the NPU's rotary kernel computes {', '.join(DTYPES)}")
     out_shape, x_shape = static_shape(root), static_shape(x)
     if shape_dims(root) is not None and shape_dims(x) is not None and None in (out_shape, x_shape):
-        return length_spec(annotated, what)
+        return length_spec(annotated, what, sys.modules[__name__])
     if out_shape is None or x_shape is None or len(out_shape) not in (3, 4) or 0 in out_shape:
         raise UnsupportedOperator(f"{what} of shape {out_shape}: the NPU's rotary kernel takes static ranks 3 and 4")
     rank = len(out_shape)
@@ -199,7 +200,7 @@ def rope_compute(spec: RopeSpec, tiling: RopeTiling):
     """The kernel's PrimFunc (lowered TIR: copies the DMA pass makes boxes, ELTWISE calls)."""
     from tvm.script import tirx as T  # noqa: F401 (the script's T)
     if spec.length is not None:
-        return length_compute(spec, tiling)
+        return length_compute(spec, tiling, rope_body)
     func = tvm.script.from_source(rope_script(spec, tiling))
     table = spec.out_shape[-2:]
     views = {"cos": spec.cos_shape, "sin": spec.sin_shape}

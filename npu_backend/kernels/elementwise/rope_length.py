@@ -27,10 +27,10 @@ from ..common.dynamic import read_shape
 _RESERVED = {"T", "rope", "ts", "i", "j", "c", "sn", "xs", "t", "r", "o", "lhs", "cos", "sin", "out"}
 
 
-def length_spec(annotated: dict, what: str):
+def length_spec(annotated: dict, what: str, rope):
     """rope.py's RopeSpec of a RoPE whose positions axis is symbolic (shapes at the bound, `length`
-    the variable's name); raises UnsupportedOperator saying why not."""
-    from .rope import RopeSpec, check_halves, part_origin  # rope.py imports this module
+    the variable's name); raises UnsupportedOperator saying why not. `rope`: the rope.py module
+    (passed in: it imports this one)."""
     root, x = annotated["root"], annotated["lhs"]
     dims = shape_dims(root)
     if dims is None or len(dims) not in (3, 4):
@@ -46,7 +46,7 @@ def length_spec(annotated: dict, what: str):
     x_shape, origin = param_shape, (0,) * rank
     if "part" in annotated:  # x a slice of a fused projection's heads (qkv_merges.py): its origin
         x_shape, part_names = read_shape(annotated["part"], "x", symbolic_axes=(axes[rank - 2],), prefix=prefix)
-        origin = part_origin(annotated["part"], param_shape, what)
+        origin = rope.part_origin(annotated["part"], param_shape, what)
         if part_names != x_names or origin[axes[rank - 2]] != 0:
             raise UnsupportedOperator(prefix + "x a slice along the positions")
     name = names.get(rank - 2)
@@ -56,7 +56,7 @@ def length_spec(annotated: dict, what: str):
     if axes[-1] != rank - 1 or tuple(x_shape[a] for a in axes) != out_shape:
         raise UnsupportedOperator(f"{prefix}a transpose {axes} that moves the last axis: a row of the tile "
                                   "must be a run of x")
-    half = check_halves(annotated, out_shape, what, lambda expr: read_shape(expr, "half", (-2,), prefix)[0])
+    half = rope.check_halves(annotated, out_shape, what, lambda expr: read_shape(expr, "half", (-2,), prefix)[0])
     tables = []
     for role in ("cos", "sin"):
         shape, table_names = read_shape(annotated[role], role, symbolic_axes=(-2,), prefix=prefix)
@@ -67,7 +67,7 @@ def length_spec(annotated: dict, what: str):
         tables.append(tuple(shape))
     if dtype_of(annotated["cos"]) != dtype_of(root) or dtype_of(annotated["sin"]) != dtype_of(root):
         raise UnsupportedOperator(prefix + "cos and sin of another dtype than x")
-    return RopeSpec(dtype_of(root), tuple(param_shape), axes, tuple(out_shape), half, *tables,
+    return rope.RopeSpec(dtype_of(root), tuple(param_shape), axes, tuple(out_shape), half, *tables,
                      x_origin=origin, length=name)
 
 
@@ -91,13 +91,12 @@ def _variable(spec) -> str:
     return spec.length + "_length" if spec.length in _RESERVED else spec.length
 
 
-def length_compute(spec, tiling):
-    """The kernel's PrimFunc: rope.py's statements under ceildiv(s, St) position tiles, its
-    parameters' positions axis the variable s (bound from the tensors by the code generator)."""
+def length_compute(spec, tiling, rope_body):
+    """The kernel's PrimFunc: rope.py's statements (`rope_body`) under ceildiv(s, St) position
+    tiles, its parameters' positions axis the variable s (bound from the tensors by the code
+    generator)."""
     import tvm
     from tvm.script import tirx as T  # noqa: F401 (the script's T)
-
-    from .rope import rope_body
     s = _variable(spec)
     rows, width = tiling.rows, spec.out_shape[-1]
     x_shape = list(spec.x_shape)
