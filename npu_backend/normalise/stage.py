@@ -23,7 +23,7 @@ from ..kernels.gemm.int4_qmatmul import int4_qmatmul_kernel
 from .attentions import attentions_pass
 from .batch_norms import batch_norms_as_scale_shift
 from .bool_scans import bool_scans_as_counts_pass
-from ..frontend.position_tables import tabulate_prefix
+from ..frontend.position_tables import scale_prefix_tables, tabulate_prefix
 from .bounded_shapes import resolve_bounded_shapes
 from .clips import canonicalize_clips_pass
 from .constant_adds import constant_adds_pass
@@ -73,6 +73,7 @@ from .rotations import rotations_pass
 from .scalars import scalar_operands_pass
 from .softmaxes import safe_softmaxes_pass
 from .sums import sums_as_adds_pass
+from .rewrite import as_pass
 from .symbolic_rows import symbolic_rows_pass
 
 
@@ -233,6 +234,9 @@ def normalise_passes(arch=None) -> list:
         # An elementwise op on a (1, s, C) activation on its (s, C) rows: the kernels' symbolic
         # axis 0 (symbolic_rows.py).
         symbolic_rows_pass,
+        # A table prefix times a constant row (the sine's signs, rotations.py) is a view of the
+        # product table (position_tables.scale_prefix_tables): no kernel for it.
+        as_pass(scale_prefix_tables, "cgra.ScalePrefixTables", ops=("relax.memory.view",)),
         # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip
         # with constant bounds, as PyTorch's relu6 already is, so the epilogue can fuse them.
         canonicalize_clips_pass(),
