@@ -168,6 +168,20 @@ def test_max_pool1d_runs_on_the_npu(length, kernel, stride, pads):
     assert [c.name for c in prof.host_calls if c.ops] == []
 
 
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+def test_average_pool1d_runs_on_the_npu(count_include_pad):
+    model = _model([helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3], strides=[2], pads=[1, 1],
+                                     count_include_pad=count_include_pad)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 15])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    x = np.random.default_rng(3).normal(0, 1, (1, 8, 15)).astype(np.float32)
+    got, prof = _run(model, x)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    assert [k.source_ops for k in prof.kernels] == [("nn.avg_pool2d",)]
+    assert [c.name for c in prof.host_calls if c.ops] == []
+
+
 def text_cnn(length: int = 64, seed: int = 0):
     """bench_quantized's text_cnn as torch exports it (Conv1d 32 -> 64 -> 64 with ReLU, a max pool
     over the whole length, Flatten, Linear 64 -> 4), built with onnx.helper at random weights."""
