@@ -44,6 +44,7 @@ from .elementwise.rope import ROPE
 from .elementwise.qlinear import QLINEAR
 from .elementwise.qchain import QCHAIN
 from .elementwise.qlookup import QLOOKUP
+from .elementwise.quantize import QUANTIZE
 from .fused.inverted_residual import INVERTED_RESIDUAL
 from .family import OpFamily
 from .gemm.matmul import MATMUL
@@ -58,7 +59,7 @@ from .rows.softmax import SOFTMAX
 from .elementwise.special import SPECIAL
 
 FAMILIES: tuple[OpFamily, ...] = (ATTENTION, ROPE, INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, SOFTMAX, NORMS, SPECIAL,
-                                  ROW_REDUCE, QLINEAR, QCHAIN, QLOOKUP, FABRIC, ELTWISE, TIR, ACTIVATION, LAYOUT)
+                                  ROW_REDUCE, QLINEAR, QCHAIN, QLOOKUP, QUANTIZE, FABRIC, ELTWISE, TIR, ACTIVATION, LAYOUT)
 _PACKAGED = FAMILIES  # the package's own, not those of registered()
 
 

@@ -57,6 +57,7 @@ from .patch_merges import patch_merges_pass
 from .token_means import token_means_pass
 from .window_residuals import window_residuals_pass
 from .permute_chains import permute_chains_pass
+from .pool1ds import pool1ds_as_pool2ds_pass
 from .split_slices import split_slices_pass
 from .qdq import canonicalize_qdq
 from .qdq16 import canonicalize_qdq16
@@ -248,6 +249,9 @@ def normalise_passes(arch=None) -> list:
         # the host's dequantizes and quantizes; the same on int16 tensors (qlayouts16.py).
         quantized_layouts_pass,
         quantized_layouts16_pass,
+        # A max / avg pool1d as a pool2d one pixel high (pool1ds.py), after qlayouts.py moved a
+        # quantized one onto int8: the POOL kernel takes it (text_cnn's max pool over its tokens).
+        pool1ds_as_pool2ds_pass,
         # A function of one quantized tensor through a sigmoid (QLinearSigmoid, a SiLU between
         # quantized layers) as its 256-entry table, exact (qlookups.py): one LOOKUP kernel instead
         # of a float sigmoid between the host's dequantize and quantize and a multiply kernel.
