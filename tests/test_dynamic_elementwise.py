@@ -15,7 +15,7 @@ from tvm import relax
 from tvm.relax.transform import BindSymbolicVars
 
 import npu_backend
-from test_dynamic_shapes import PRESETS, check, data, module
+from dynamic_models import PRESETS, check, data, module
 
 #: name -> (operands' shapes, the op)
 CASES = {

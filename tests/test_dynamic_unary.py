@@ -17,7 +17,7 @@ from tvm import relax
 from tvm.relax.transform import BindSymbolicVars
 
 import npu_backend
-from test_dynamic_shapes import PRESETS, data, module
+from dynamic_models import PRESETS, data, module
 
 
 def _hardswish(x):

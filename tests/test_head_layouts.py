@@ -108,3 +108,49 @@ def test_a_transposed_k_read_elsewhere_leaves_the_plain_attention():
     expected = _reference(q, k, v, None, d ** -0.5, safe=False)
     assert np.abs(out[0].numpy() - expected).max() <= BOUND * np.abs(expected).max()
     np.testing.assert_array_equal(out[1].numpy(), k)
+
+
+def _parts_graph(b, h, hk, s, d, blocks):
+    """q, k and v as parts of one projection's output viewed as heads: `blocks` False, Llama's
+    merged q / k / v (heads q, then k, then v: slices of the head axis); True, GPT-NeoX's fused
+    form (each head's q, k and v side by side: slices of the last axis)."""
+    bb = relax.BlockBuilder()
+    width = h * d * 3 if blocks else (h + 2 * hk) * d
+    x = relax.Var("qkv", relax.TensorType((b, s, width), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            if blocks:
+                y = bb.emit(relax.op.reshape(x, (b, s, h, 3 * d)))
+                boxes = [([3], [i * d], [(i + 1) * d]) for i in range(3)]
+            else:
+                y = bb.emit(relax.op.reshape(x, (b, s, h + 2 * hk, d)))
+                boxes = [([2], [0], [h]), ([2], [h], [h + hk]), ([2], [h + hk], [h + 2 * hk])]
+            q, k, v = (bb.emit(relax.op.permute_dims(bb.emit(relax.op.strided_slice(y, *box)), [0, 2, 1, 3]))
+                       for box in boxes)
+            if not blocks and h > hk:
+                k, v = (bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(
+                    bb.emit(relax.op.expand_dims(t, [2])), (b, hk, h // hk, s, d))), (b, h, s, d))) for t in (k, v))
+            scores = bb.emit(relax.op.multiply(bb.emit(relax.op.matmul(q, bb.emit(relax.op.permute_dims(
+                k, [0, 1, 3, 2])))), relax.const(np.float32(d ** -0.5))))
+            o = bb.emit(relax.op.matmul(bb.emit(relax.op.nn.softmax(scores, axis=-1)), v))
+            o = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(o, [0, 2, 1, 3])), (b, s, h * d)))
+            out = bb.emit_output(o)
+        bb.emit_func_output(out)
+    return bb.get(), width
+
+
+@pytest.mark.parametrize("b, h, hk, s, d, blocks", [(1, 4, 2, 16, 16, False), (2, 4, 4, 9, 16, True)])
+def test_parts_of_one_projection_are_boxes_of_it(b, h, hk, s, d, blocks):
+    """The q / k / v parts (slices) of a merged projection's output are the attention kernel's
+    boxes of that one tensor: no slice copy kernel, the same numbers."""
+    mod, width = _parts_graph(b, h, hk, s, d, blocks)
+    x = np.random.default_rng(s).standard_normal((b, s, width)).astype(np.float32)
+    out, prof = _run(mod, [x], "cgra-8x8")
+    assert [kernel.name.count("softmax") for kernel in prof.kernels] == [1], [kernel.name for kernel in prof.kernels]
+    if blocks:
+        q, k, v = (x.reshape(b, s, h, 3 * d)[..., i * d:(i + 1) * d].transpose(0, 2, 1, 3) for i in range(3))
+    else:
+        y = x.reshape(b, s, h + 2 * hk, d).transpose(0, 2, 1, 3)
+        q, k, v = y[:, :h], y[:, h:h + hk], y[:, h + hk:]
+    expected = _reference(q, k, v, None, d ** -0.5, safe=False).transpose(0, 2, 1, 3).reshape(b, s, h * d)
+    assert np.abs(out - expected).max() <= BOUND * np.abs(expected).max()

@@ -86,7 +86,7 @@ def _extern_name(impl) -> str:
 
 def test_every_intrinsic_is_checked_here():
     assert set(INTRINSICS) == {"gemm", "depthwise", "fill", "epilogue", "eltwise", "pool", "accumulate", "fabric",
-                               "smooth", "reduce", "vfunc", "lookup"}
+                               "smooth", "reduce", "vfunc", "lookup", "rope_rotate", "rope_combine"}
 
 
 @given(rows=st.integers(1, 8), cols=st.integers(1, 8), depth=st.integers(1, 40),
@@ -417,6 +417,31 @@ def test_requantising_epilogue_three_ways(data, rows, cols, bias, relu, residual
         scale_addr=stream.addr[len(operands) - 2], out_zero_point=zero_point,
         out_addr=stream.addr[len(operands) - 1], out_stride=cols))
     stream.store(len(operands) - 1)
+    np.testing.assert_array_equal(stream.run()[-1], tir_out)
+    assert _extern_name(impl) == "cgra_" + Op.EPILOGUE.name.lower()
+
+
+@given(rows=st.integers(1, 16), cols=st.integers(1, 16), zero_point=st.integers(-128, 127), ties=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_quantising_epilogue_three_ways(rows, cols, zero_point, ties, seed):
+    """float32 -> int8 (onnxruntime's QuantizeLinear, the quantize family's EPILOGUE): TIR (the
+    host's fdiv and nearbyint) against the simulator; with `ties` the scales are powers of two and
+    the values half steps of them, many quotients exactly .5; wide values saturate."""
+    rng = np.random.default_rng(seed)
+    scale = (2.0 ** -rng.integers(1, 8, cols) if ties else rng.uniform(1e-3, 0.1, cols)).astype(np.float32)
+    acc = ((rng.integers(-200, 200, (rows, cols)) + 0.5) * scale).astype(np.float32)
+    acc[rng.random((rows, cols)) < 0.3] *= np.float32(3.0)
+    out = np.zeros((rows, cols), "int8")
+    desc, impl = INTRINSICS["epilogue"].factory(rows, cols, "float32", bias=False, relu=False, zero_point=zero_point,
+                                                scope="global")
+    tir_out = _tir_reference(desc, [acc, scale, out])[-1]
+    stream = _Stream([acc, scale, out])
+    stream.load(0, 1)
+    stream.commands.append(encode(
+        Op.EPILOGUE, flags=16, acc_dtype=int(DType.FLOAT32), out_dtype=int(DType.INT8), m=rows, n=cols, acc_addr=0,
+        acc_stride=cols, scale_addr=stream.addr[1], out_zero_point=zero_point, out_addr=stream.addr[2],
+        out_stride=cols))
+    stream.store(2)
     np.testing.assert_array_equal(stream.run()[-1], tir_out)
     assert _extern_name(impl) == "cgra_" + Op.EPILOGUE.name.lower()
 

@@ -1,5 +1,6 @@
 """What a prefill computes from its length alone (RoPE's cos and sin of arange(s)) is a view of the
-first s rows of a table computed for the bound (frontend/position_tables.py `tabulate_prefix`):
+first s rows of a table computed for the bound (frontend/position_tables.py `tabulate_prefix`;
+such a view times a constant row, a view of the product table: `scale_prefix_tables`):
 no arange, astype, cos or sin on the host at any length; a tensor that is not its table's prefix
 at a shorter length (reversed positions) is left as it was."""
 
@@ -11,7 +12,7 @@ import tvm
 from tvm import relax, tirx
 
 import npu_backend
-from npu_backend.frontend.position_tables import tabulate_prefix
+from npu_backend.frontend.position_tables import scale_prefix_tables, tabulate_prefix
 
 BOUND, WIDTH = 64, 16
 INVERSE = (1.0 / 10000 ** (np.arange(0, WIDTH, 2) / WIDTH)).astype("float32")
@@ -66,3 +67,35 @@ def test_reversed_positions_are_still_right(n):
     vm = relax.VirtualMachine(npu_backend.compile(_rotary_scale(reverse=True), "cgra-8x8"), tvm.cpu())
     x = np.random.default_rng(n).standard_normal((1, n, WIDTH)).astype("float32")
     np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), _expected(x, True), rtol=1e-5, atol=1e-6)
+
+
+def _signed_view(signs) -> tvm.IRModule:
+    """x (1, s, WIDTH) * (view(table)[:s] * signs), as rotations.py leaves RoPE's sine after
+    tabulate_prefix made it a view of the bound's table."""
+    s = tirx.Var("s", "int64")
+    x = relax.Var("x", relax.TensorType([1, s, WIDTH], "float32"))
+    table = np.random.default_rng(0).standard_normal((BOUND, WIDTH)).astype("float32")
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], attrs={"tir_var_upper_bound": {"s": BOUND}}):
+        with bb.dataflow():
+            view = bb.emit(relax.op.memory.view(relax.const(table), relax.ShapeExpr([s, WIDTH]), "float32",
+                                                tirx.IntImm("int64", 0)))
+            signed = bb.emit(relax.op.multiply(view, relax.const(signs)))
+            out = bb.emit_output(relax.op.multiply(x, bb.emit(relax.op.reshape(signed, relax.ShapeExpr([1, s, WIDTH])))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_table_prefix_times_a_constant_row_is_a_view_of_the_product_table():
+    """scale_prefix_tables: the sine's signs (rotations.py) multiply the table once at compile time
+    (float32, as the NPU's multiply rounds), no kernel per prefill; the same values at any length."""
+    signs = np.where(np.arange(WIDTH) < WIDTH // 2, -1.0, 1.0).astype("float32") * np.float32(1.5)
+    before = _signed_view(signs)
+    after = scale_prefix_tables(before)
+    multiplies = [mod.script().count("R.multiply(") for mod in (before, after)]
+    assert multiplies == [2, 1], multiplies
+    for n in (1, 6, BOUND):
+        x = np.random.default_rng(n).standard_normal((1, n, WIDTH)).astype("float32")
+        outs = [relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+                for mod in (before, after)]
+        np.testing.assert_array_equal(outs[0], outs[1])

@@ -86,11 +86,14 @@ def test_one_rotated_part_is_left_alone():
     assert ops(rotary_pairs_rewritten(mod)) == ops(mod)
 
 
-def test_the_rope_kernel_runs_each_rotated_part_on_the_npu():
+def test_the_rotated_parts_run_in_the_projections_epilogue_on_the_npu():
+    """As GPT-NeoX's half rotary, the q and k parts are rotated by the projection's GEMM kernel
+    (normalise/rope_epilogues.py: no RoPE kernel of their own)."""
     mod, xs = gptj_model(s=32, c=64, heads=4, d=16, r=8)
     ref = on_host(mod, xs)
     with npu_backend.profile() as prof:
         out = run(npu_backend.compile(mod, "cgra-8x8"), xs)
     np.testing.assert_allclose(out, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
-    assert sum("concat" in k.source_ops and "multiply" in k.source_ops for k in prof.kernels) == 2
+    assert sum("take" in k.source_ops and "matmul" in k.source_ops for k in prof.kernels) == 1
+    assert not any("concat" in k.source_ops and "multiply" in k.source_ops for k in prof.kernels)
     assert not any("expand_dims" in k.source_ops for k in prof.kernels)

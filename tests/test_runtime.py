@@ -464,8 +464,8 @@ VIOLATIONS = {
         "command 0 (EPILOGUE): clip bounds given without CGRA_EPILOGUE_CLIP"),
     "requantisation to int32": (
         [("cgra_epilogue", isa.EPILOGUE_REQUANTISE, I32, I32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0, 128, 0)],
-        "command 0 (EPILOGUE): requantisation takes an int32 accumulator to int8 or an int64 one to int16, "
-        "not int32 to int32"),
+        "command 0 (EPILOGUE): requantisation takes an int32 or float32 accumulator to int8 or an int64 one to "
+        "int16, not int32 to int32"),
     "requantisation zero point beyond int8": (
         [("cgra_epilogue", isa.EPILOGUE_REQUANTISE, I32, I8, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0, 128, -129)],
         "command 0 (EPILOGUE): out_zero_point -129 does not fit int8 [-128, 127]"),

@@ -268,3 +268,52 @@ class _Prefix(relax.PyExprMutator):
                                                            str(table.dtype), tvm.tirx.IntImm("int64", 0)))
             self.sliced.append((table, axis, same))
         self.set_var_remap(binding.var, same)
+
+
+def scale_prefix_tables(mod: tvm.IRModule) -> tvm.IRModule:
+    """`mod` whose multiplies of a table prefix (`tabulate_prefix`'s view, through reshapes) by a
+    constant row (normalise/rotations.py's signs on RoPE's sine at a symbolic length) are a view of
+    the product table, computed once here in float32 (the rounding the NPU's multiply makes): one
+    small kernel less per prefill."""
+    mutator = _ScaledPrefix(mod)
+    for gvar, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {}):
+            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+    return relax.transform.DeadCodeElimination()(mutator.builder_.get())
+
+
+@relax.expr_functor.mutator
+class _ScaledPrefix(relax.PyExprMutator):
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        if getattr(call.op, "name", "") != "relax.multiply":
+            return call
+        shape = list(call.ty.shape.values) if hasattr(call.ty, "shape") and call.ty.shape is not None else []
+        for table_side, row in (call.args, reversed(call.args)):
+            table = self._prefix_table(table_side)
+            scale = row.value.numpy() if isinstance(row, tvm.ir.GenericConst) else None
+            if table is None or scale is None or scale.dtype != table.dtype or scale.ndim == 0 or \
+                    scale.size != table.shape[-1] or any(d != 1 for d in scale.shape[:-1]) or \
+                    str(table_side.ty.shape) != str(call.ty.shape):
+                continue
+            product = (table * scale.reshape(-1)).astype(table.dtype)
+            return relax.op.memory.view(relax.const(product, str(product.dtype)), relax.ShapeExpr(shape),
+                                        str(product.dtype), tvm.tirx.IntImm("int64", 0))
+        return call
+
+    def _prefix_table(self, expr):
+        """The constant table whose first bytes `expr` views (a memory.view at offset 0, through
+        reshapes), else None."""
+        for _ in range(4):
+            value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+            name = getattr(getattr(value, "op", None), "name", "")
+            if name == "relax.reshape":
+                expr = value.args[0]
+                continue
+            if name == "relax.memory.view" and isinstance(value.args[0], tvm.ir.GenericConst):
+                offset = value.args[3] if len(value.args) > 3 else 0
+                while hasattr(offset, "value"):  # a PrimValue of an IntImm
+                    offset = offset.value
+                return value.args[0].value.numpy() if isinstance(offset, int) and offset == 0 else None
+            return None
+        return None

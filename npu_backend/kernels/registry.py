@@ -28,7 +28,7 @@ from tvm import relax
 
 from ..errors import CGRAError, FamilyError, UnsupportedCopy, UnsupportedOperator, stage_context
 from ..partition.call_tir import prim_func_of
-from ..partition.composite import composite_call, composite_name, composite_ops, matched_roles
+from ..partition.composite import SHARED_SOURCE, composite_call, composite_name, composite_ops, matched_roles
 from .attention.attention import ATTENTION
 from .elementwise.activation import ACTIVATION
 from .common.chains import require_program
@@ -38,11 +38,13 @@ from .elementwise.eltwise import ELTWISE
 from .gemm.epilogue import chain_pattern_graphs
 from .gemm.epilogue_tail import tail_graphs
 from .gemm.gated import gated_graphs
+from .gemm.rope_epilogue import rope_graphs
 from .elementwise.fabric import FABRIC
 from .elementwise.rope import ROPE
 from .elementwise.qlinear import QLINEAR
 from .elementwise.qchain import QCHAIN
 from .elementwise.qlookup import QLOOKUP
+from .elementwise.quantize import QUANTIZE
 from .fused.inverted_residual import INVERTED_RESIDUAL
 from .family import OpFamily
 from .gemm.matmul import MATMUL
@@ -57,7 +59,7 @@ from .rows.softmax import SOFTMAX
 from .elementwise.special import SPECIAL
 
 FAMILIES: tuple[OpFamily, ...] = (ATTENTION, ROPE, INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, SOFTMAX, NORMS, SPECIAL,
-                                  ROW_REDUCE, QLINEAR, QCHAIN, QLOOKUP, FABRIC, ELTWISE, TIR, ACTIVATION, LAYOUT)
+                                  ROW_REDUCE, QLINEAR, QCHAIN, QLOOKUP, QUANTIZE, FABRIC, ELTWISE, TIR, ACTIVATION, LAYOUT)
 _PACKAGED = FAMILIES  # the package's own, not those of registered()
 
 
@@ -147,6 +149,8 @@ def pattern_table() -> tuple[PatternEntry, ...]:
     owner = {root.name: family for root, family in roots}
     entries += [PatternEntry(name, pattern, roles, owner[root])
                 for name, pattern, roles, root in gated_graphs([root for root, _ in roots])]
+    entries += [PatternEntry(name, pattern, roles, owner[root])
+                for name, pattern, roles, root in rope_graphs([root for root, _ in roots])]
     entries += [PatternEntry(name, pattern, roles, owner[root])
                 for name, pattern, roles, root in tail_graphs([root for root, _ in roots])]
     entries += [PatternEntry(name, pattern, roles, owner[root])
@@ -268,10 +272,14 @@ def spec_from_composite(func):
             # width is (w - 1) // 2 + 1); the kernel reads its sizes from the tensors instead.
             shape_args.append(position)
             continue
-        if len(roles.get(param, [])) != 1:
-            raise UnsupportedOperator(f"parameter '{param.name}' of '{name}' plays {roles.get(param, [])} "
+        played = roles.get(param, [])
+        if len(played) > 1 and all(role.endswith(SHARED_SOURCE) for role in played):
+            param_roles.append("+".join(played))  # one tensor several boxes are read from (composite.py)
+            continue
+        if len(played) != 1:
+            raise UnsupportedOperator(f"parameter '{param.name}' of '{name}' plays {played} "
                                       "roles; each operand must be its own tensor")
-        param_roles.append(roles[param][0])
+        param_roles.append(played[0])
     source_ops = tuple(call.op.name.replace("relax.", "") for _, call in composite_ops(func))
     spec = dataclasses.replace(spec, param_roles=tuple(param_roles), source_ops=source_ops)
     if shape_args:

@@ -25,7 +25,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..relax_info import dtype_of, static_shape
+from ..relax_info import dtype_of, shape_dims
 from .chain_match import Chain
 from .rewrite import as_pass, op_name, rewrite_each
 
@@ -57,7 +57,7 @@ class _GatedRewriter(relax.PyExprMutator):
         act, y = self._activation(gate)
         if act is None or not self.fits(act):
             return None
-        pair = self._halves(y, up) if static_shape(y) == static_shape(up) else None
+        pair = self._halves(y, up) if _dims(y) == _dims(up) else None
         if pair is None:
             return None
         flat, gate_weights, up_weights = pair
@@ -68,9 +68,9 @@ class _GatedRewriter(relax.PyExprMutator):
         width = weights.shape[0]
         halves = [emit(relax.op.strided_slice(product, [1], [start], [width], [2])) for start in (0, 1)]
         unit = relax.op.multiply(emit(_ACT_OPS[act](halves[0])), halves[1])
-        shape = static_shape(call)
-        return unit if shape == static_shape(product)[:1] + (width // 2,) else \
-            relax.op.reshape(emit(unit), shape)
+        shape = shape_dims(call)  # its rows may be symbolic (a prefill's length)
+        return unit if _dims(call) == _dims(product)[:1] + (str(width // 2),) else \
+            relax.op.reshape(emit(unit), relax.ShapeExpr(shape))
 
     def _halves(self, y, up):
         """(the matmul's left operand, W_gate, W_up) of two linears of one input, or of the two
@@ -78,15 +78,15 @@ class _GatedRewriter(relax.PyExprMutator):
         (Phi-3's fused gate_up_proj, after split_slices.py), else None."""
         g, u = self._linear(y), self._linear(up)
         if g is not None and u is not None:
-            if g[0].same_as(u[0]) and g[2].shape == u[2].shape and static_shape(g[1]) == static_shape(u[1]):
+            if g[0].same_as(u[0]) and g[2].shape == u[2].shape and _dims(g[1]) == _dims(u[1]):
                 return g[1], g[2], u[2]
             return None
         first, second = self.chain.call(y, "relax.strided_slice"), self.chain.call(up, "relax.strided_slice")
         if first is None or second is None or not first.args[0].same_as(second.args[0]):
             return None
         whole = self._linear(first.args[0])
-        shape = static_shape(first.args[0])
-        if whole is None or shape is None or shape[-1] % 2:
+        shape = shape_dims(first.args[0])
+        if whole is None or shape is None or not isinstance(shape[-1], int) or shape[-1] % 2:
             return None
         half = shape[-1] // 2
         if _last_axis_range(first, shape) != (0, half) or _last_axis_range(second, shape) != (half, 2 * half):
@@ -112,7 +112,7 @@ class _GatedRewriter(relax.PyExprMutator):
         `[reshape](matmul([reshape](x), permute_dims(W)))` of a constant 2-D W, else None."""
         reshaped = self.chain.call(expr, "relax.reshape")
         matmul = self.chain.call(reshaped.args[0] if reshaped is not None else expr, "relax.matmul")
-        if matmul is None or dtype_of(matmul) != "float32" or len(static_shape(matmul) or ()) != 2:
+        if matmul is None or dtype_of(matmul) != "float32" or len(shape_dims(matmul) or ()) != 2:
             return None
         permute = self.chain.call(matmul.args[1], "relax.permute_dims")
         if permute is None or (permute.attrs.axes is not None and [int(a) for a in permute.attrs.axes] != [1, 0]):
@@ -125,11 +125,17 @@ class _GatedRewriter(relax.PyExprMutator):
         return (source.args[0] if source is not None else flat), flat, weights
 
 
+def _dims(expr) -> tuple | None:
+    """`expr`'s shape as text (a symbolic length by its variable's name), to compare."""
+    dims = shape_dims(expr)
+    return None if dims is None else tuple(str(d) for d in dims)
+
+
 def _last_axis_range(call, shape) -> tuple | None:
     """(begin, end) of a step-1 strided_slice of the last axis of a tensor of `shape`, else None."""
     args = list(call.args[1:])
-    out = static_shape(call)
-    if out is None or len(args) < 3 or not all(isinstance(a, relax.Tuple) for a in args[:3]):
+    out = shape_dims(call)
+    if out is None or not isinstance(out[-1], int) or len(args) < 3 or not all(isinstance(a, relax.Tuple) for a in args[:3]):
         return None
     axes, begin = ([int(getattr(f, "value", f)) for f in a.fields] for a in args[:2])
     steps = [int(getattr(f, "value", f)) for f in args[3].fields] if len(args) > 3 and isinstance(args[3], relax.Tuple) else [1]

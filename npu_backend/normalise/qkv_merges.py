@@ -29,8 +29,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..relax_info import dtype_of, static_shape
-from .rewrite import as_pass, op_name, rewrite_functions
+from ..relax_info import dtype_of, shape_dims
+from .rewrite import as_pass, bound_values, op_name, rewrite_functions
 
 
 def qkv_merged(mod: tvm.IRModule) -> tvm.IRModule:
@@ -62,9 +62,7 @@ class _MergeRewriter(relax.PyExprMutator):
                 self._scan(func)
 
     def _scan(self, func):
-        bindings = [b for block in getattr(func.body, "blocks", ()) for b in block.bindings]
-        values = {b.var: b.value for b in bindings if isinstance(b, relax.VarBinding)}
-        uses = _uses(values)
+        values, uses = bound_values(func)
         by_source = {}
         for var, value in values.items():
             member = _member(var, value, values, uses)
@@ -85,7 +83,7 @@ class _MergeRewriter(relax.PyExprMutator):
             return
         group, index = place
         if group not in self.merged:
-            self.merged[group] = self._emit_merged(self.groups[group], static_shape(binding.var))
+            self.merged[group] = self._emit_merged(self.groups[group], shape_dims(binding.var))
         members = self.groups[group]
         head_dim = members[0].head_dim
         begin = sum(m.weights.shape[0] for m in members[:index]) // head_dim
@@ -102,18 +100,7 @@ class _MergeRewriter(relax.PyExprMutator):
         if members[0].bias is not None:
             y = emit(relax.op.add(y, relax.const(np.concatenate([m.bias for m in members]))))
         head_dim = members[0].head_dim
-        return emit(relax.op.reshape(y, tuple(heads_shape[:-2]) + (weights.shape[0] // head_dim, head_dim)))
-
-
-def _uses(values: dict) -> dict:
-    """variable -> the variables whose bindings read it (once per argument)."""
-    uses = {}
-    for var, value in values.items():
-        for arg in getattr(value, "args", ()):
-            for leaf in (arg.fields if isinstance(arg, relax.Tuple) else (arg,)):
-                if isinstance(leaf, relax.Var):
-                    uses.setdefault(leaf, []).append(var)
-    return uses
+        return emit(relax.op.reshape(y, relax.ShapeExpr([*heads_shape[:-2], weights.shape[0] // head_dim, head_dim])))
 
 
 def _member(var, value, values, uses):
@@ -125,7 +112,7 @@ def _member(var, value, values, uses):
         if matmul_var is None or len(uses.get(matmul_var, ())) != 1:
             return None
         bias, value = bias_expr, values[matmul_var]
-    if op_name(value) != "relax.matmul" or dtype_of(value) != "float32" or len(static_shape(value) or ()) != 2:
+    if op_name(value) != "relax.matmul" or dtype_of(value) != "float32" or len(shape_dims(value) or ()) != 2:
         return None
     permute = values.get(value.args[1])
     if op_name(permute) != "relax.permute_dims" or (permute.attrs.axes is not None and
@@ -154,16 +141,17 @@ def _split_bias(add, values):
 def _heads_reshape(var, values, uses):
     """(the variable, head size) of the reshape (1, S, n) -> (1, S, H, D) that alone reads `var`
     (through one reshape to (1, S, n)), else None."""
-    shape = static_shape(var)
+    shape = shape_dims(var)  # its rows may be a symbolic length (a prefill's)
     for _ in range(2):
         readers = uses.get(var, ())
         if len(readers) != 1 or op_name(values[readers[0]]) != "relax.reshape":
             return None
         var = readers[0]
-        out = static_shape(var)
+        out = shape_dims(var)
         if out is None or shape is None:
             return None
-        if len(out) == 4 and out[0] == 1 and out[1] == shape[0] and out[2] * out[3] == shape[1]:
+        if len(out) == 4 and out[0] == 1 and str(out[1]) == str(shape[0]) and \
+                all(isinstance(d, int) for d in (out[2], out[3], shape[1])) and out[2] * out[3] == shape[1]:
             return var, out[3]
     return None
 
@@ -178,6 +166,12 @@ def _mergeable(members) -> bool:
     if len(members) < 2:
         return False
     first = members[0]
-    return all(static_shape(m.flat) == static_shape(first.flat) and m.head_dim == first.head_dim
+    return all(_dims(m.flat) == _dims(first.flat) and m.head_dim == first.head_dim
                and (m.bias is None) == (first.bias is None)
                and m.weights.shape[1] == first.weights.shape[1] for m in members)
+
+
+def _dims(expr) -> tuple | None:
+    """`expr`'s shape as text (a symbolic length by its variable's name), to compare."""
+    dims = shape_dims(expr)
+    return None if dims is None else tuple(str(d) for d in dims)

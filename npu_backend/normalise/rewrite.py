@@ -52,6 +52,23 @@ def replace_functions(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
 
 
+def bound_values(func) -> tuple[dict, dict]:
+    """(variable -> its bound value, variable -> the variables whose bindings read it, once per
+    argument: a tuple argument's fields each, a tuple's fields too) over every binding of
+    `func`'s body: the scan the
+    rewrites that look across a function (qkv_merges.py, rotary_pairs.py, rope_epilogues.py)
+    start from."""
+    bindings = [b for block in getattr(func.body, "blocks", ()) for b in block.bindings]
+    values = {b.var: b.value for b in bindings if isinstance(b, relax.VarBinding)}
+    uses = {}
+    for var, value in values.items():
+        for arg in value.fields if isinstance(value, relax.Tuple) else getattr(value, "args", ()):
+            for leaf in (arg.fields if isinstance(arg, relax.Tuple) else (arg,)):
+                if isinstance(leaf, relax.Var):
+                    uses.setdefault(leaf, []).append(var)
+    return values, uses
+
+
 def op_name(expr) -> str:
     """The operator's name of a call of a Relax operator ("relax.concat"), else ""."""
     return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else ""

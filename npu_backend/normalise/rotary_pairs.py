@@ -30,7 +30,7 @@ import tvm
 from tvm import relax
 
 from ..relax_info import static_shape
-from .rewrite import as_pass, op_name, rewrite_functions
+from .rewrite import as_pass, bound_values, op_name, rewrite_functions
 
 
 def rotary_pairs_rewritten(mod: tvm.IRModule) -> tvm.IRModule:
@@ -51,14 +51,7 @@ class _PairsRewriter(relax.PyExprMutator):
                 self._scan(func)
 
     def _scan(self, func):
-        bindings = [b for block in getattr(func.body, "blocks", ()) for b in block.bindings]
-        values = {b.var: b.value for b in bindings if isinstance(b, relax.VarBinding)}
-        uses = {}
-        for var, value in values.items():
-            for arg in getattr(value, "args", ()):
-                for leaf in (arg.fields if isinstance(arg, relax.Tuple) else (arg,)):
-                    if isinstance(leaf, relax.Var):
-                        uses.setdefault(leaf, []).append(var)
+        values, uses = bound_values(func)
         by_y = {}
         for var, value in values.items():
             unit = _unit(var, value, values)
@@ -167,7 +160,7 @@ def _matched(a, c, t, s, values):
         return None
     y, h0, _, h1, r, _ = box
     shape = static_shape(a)
-    cos, sin = _constant(c, values), _constant(s, values)
+    cos, sin = layout_constant(c, values), layout_constant(s, values)
     if cos is None or sin is None or r % 2 or shape is None or not _pairs_swapped(t, values, y, h0, h1, r):
         return None
     tables = []
@@ -263,7 +256,7 @@ def _linear(y, values, uses):
     return value.args[0], weights, bias
 
 
-def _constant(expr, values, depth=0):
+def layout_constant(expr, values, depth=0):
     """The numpy value of a constant or of expand_dims / broadcast_to / reshape of one, else None."""
     if isinstance(expr, tvm.ir.GenericConst):
         return expr.value.numpy()
@@ -271,7 +264,7 @@ def _constant(expr, values, depth=0):
     shape = static_shape(expr)
     if depth > 8 or shape is None or op_name(call) not in ("relax.expand_dims", "relax.broadcast_to", "relax.reshape"):
         return None
-    inner = _constant(call.args[0], values, depth + 1)
+    inner = layout_constant(call.args[0], values, depth + 1)
     if inner is None:
         return None
     return np.broadcast_to(inner, shape).copy() if op_name(call) == "relax.broadcast_to" else inner.reshape(shape)

@@ -23,7 +23,7 @@ from ..kernels.gemm.int4_qmatmul import int4_qmatmul_kernel
 from .attentions import attentions_pass
 from .batch_norms import batch_norms_as_scale_shift
 from .bool_scans import bool_scans_as_counts_pass
-from ..frontend.position_tables import tabulate_prefix
+from ..frontend.position_tables import scale_prefix_tables, tabulate_prefix
 from .bounded_shapes import resolve_bounded_shapes
 from .clips import canonicalize_clips_pass
 from .constant_adds import constant_adds_pass
@@ -58,6 +58,7 @@ from .patch_merges import patch_merges_pass
 from .token_means import token_means_pass
 from .window_residuals import window_residuals_pass
 from .permute_chains import permute_chains_pass
+from .pool1ds import pool1ds_as_pool2ds_pass
 from .split_slices import split_slices_pass
 from .qdq import canonicalize_qdq
 from .qdq16 import canonicalize_qdq16
@@ -68,11 +69,13 @@ from .qlinear import integer_qlinear_adds_pass
 from .qlookups import quantized_lookups_pass
 from .rewrite import scans_shared
 from .rms_norms import rms_norms_pass
+from .rope_epilogues import rope_epilogues_pass
 from .rotary_pairs import rotary_pairs_pass
 from .rotations import rotations_pass
 from .scalars import scalar_operands_pass
 from .softmaxes import safe_softmaxes_pass
 from .sums import sums_as_adds_pass
+from .rewrite import as_pass
 from .symbolic_rows import symbolic_rows_pass
 
 
@@ -236,6 +239,9 @@ def normalise_passes(arch=None) -> list:
         # An elementwise op on a (1, s, C) activation on its (s, C) rows: the kernels' symbolic
         # axis 0 (symbolic_rows.py).
         symbolic_rows_pass,
+        # A table prefix times a constant row (the sine's signs, rotations.py) is a view of the
+        # product table (position_tables.scale_prefix_tables): no kernel for it.
+        as_pass(scale_prefix_tables, "cgra.ScalePrefixTables", ops=("relax.memory.view",)),
         # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip
         # with constant bounds, as PyTorch's relu6 already is, so the epilogue can fuse them.
         canonicalize_clips_pass(),
@@ -247,6 +253,9 @@ def normalise_passes(arch=None) -> list:
         # the host's dequantizes and quantizes; the same on int16 tensors (qlayouts16.py).
         quantized_layouts_pass,
         quantized_layouts16_pass,
+        # A max / avg pool1d as a pool2d one pixel high (pool1ds.py), after qlayouts.py moved a
+        # quantized one onto int8: the POOL kernel takes it (text_cnn's max pool over its tokens).
+        pool1ds_as_pool2ds_pass,
         # A function of one quantized tensor through a sigmoid (QLinearSigmoid, a SiLU between
         # quantized layers) as its 256-entry table, exact (qlookups.py): one LOOKUP kernel instead
         # of a float sigmoid between the host's dequantize and quantize and a multiply kernel.
@@ -263,6 +272,10 @@ def normalise_passes(arch=None) -> list:
         # heads reordered in the projection's weights (rotary_pairs.py): the RoPE kernel runs it;
         # on the bindings canonicalised (its match reads operands' calls through no aliases).
         rotary_pairs_pass,
+        # RoPE of a projection's q and k heads as one op over its output, x * C + x[:, perm] * S
+        # (rope_epilogues.py): the projection's GEMM runs it in its epilogue, the attention
+        # reads the heads as boxes of its output; after every rewrite of the rotary's form.
+        rope_epilogues_pass,
         # What folding left unused (PyTorch's max_pool2d returns a tuple with zeros_like
         # indices that FoldConstant turns into a constant nobody reads).
         relax.transform.DeadCodeElimination(),

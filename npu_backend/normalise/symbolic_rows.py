@@ -68,11 +68,15 @@ def _row_axis(dims) -> int | None:
 class _RowsRewriter(relax.PyExprMutator):
     def __init__(self, mod=None):
         super().__init__(mod)
+        self.rope = _rope_vars(mod) if mod is not None else set()
         self.views = {}  # a variable -> its (s, C..) view (a rewritten op's own result, or a reshape)
 
     def visit_var_binding_(self, binding):
         value = binding.value
         if not (isinstance(value, relax.Call) and any(value.op.same_as(op) for op in _OPS.values())):
+            super().visit_var_binding_(binding)
+            return
+        if binding.var in self.rope:  # the rotary kernel takes it whole (rope_length.py)
             super().visit_var_binding_(binding)
             return
         dims = shape_dims(binding.var)
@@ -143,6 +147,32 @@ class _RowsRewriter(relax.PyExprMutator):
             if _key(shape_dims(node) or ()) == _key(shape):
                 return node
         return None
+
+
+def _rope_vars(mod: tvm.IRModule) -> set:
+    """The variables bound to RoPE's multiplies and add (add(multiply(x, cos), multiply(concat(slices
+    of x), sin)), in either order): kernels/elementwise/rope.py takes them as one kernel at a
+    symbolic length too, which a reshape between them would break."""
+    values = {}
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+            values.update({b.var: b.value for block in func.body.blocks for b in block.bindings})
+
+    def call(var, name):
+        value = values.get(var)
+        return value if isinstance(value, relax.Call) and getattr(value.op, "name", "") == name else None
+
+    found = set()
+    for var, value in values.items():
+        if not (isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.add"):
+            continue
+        products = [call(arg, "relax.multiply") for arg in value.args]
+        if None in products:
+            continue
+        rotated = [any(call(arg, "relax.concat") is not None for arg in p.args) for p in products]
+        if sorted(rotated) == [False, True]:
+            found |= {var, *value.args}
+    return found
 
 
 def _key(shape) -> str:

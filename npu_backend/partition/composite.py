@@ -67,13 +67,19 @@ def reads_what_it_computes(context, annotations: dict | None = None) -> bool:
     is a wildcard) with a call the match computes. A smaller pattern then takes the op, and the
     add runs on its own."""
     operands = {role for role, pattern in (annotations or {}).items() if isinstance(pattern, WildcardPattern)}
-    computed = [expr for role, expr in context.annotated_expr.items() if isinstance(expr, relax.Call)]
+    # One tensor several boxes are read from (roles "<x>_src": the attention's parts of a merged
+    # projection) is one operand in several roles, not a value computed twice.
+    computed = [expr for role, expr in context.annotated_expr.items()
+                if isinstance(expr, relax.Call) and not role.endswith(SHARED_SOURCE)]
     inside = list(context.matched_bindings.values())
     return any(not isinstance(expr, relax.Call) and any(expr.same_as(var) for var in context.matched_bindings)
                or isinstance(expr, relax.Call) and sum(expr.same_as(other) for other in computed) > 1
                or role in operands and any(expr.same_as(value) for value in inside)
                for role, expr in context.annotated_expr.items())
 
+
+#: The suffix of operand roles a kernel reads boxes of, several of which may be one tensor.
+SHARED_SOURCE = "_src"
 
 #: Operand roles that may be computed from the match's own result outside it (the residual or
 #: multiplier of `reshape(mm) * tanh(reshape(mm))`); `operand_depends_on_match` looks for that.

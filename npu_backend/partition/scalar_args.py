@@ -36,8 +36,10 @@ def bind_scalar_arguments(mod: tvm.IRModule, takes_immediates=lambda composite: 
                         if isinstance(func, relax.Function) and (func.attrs or {}).get("Codegen") == "cgra"),
                        key=lambda gvar: gvar.name_hint)
     variants = {}  # (global var, scalar key) -> {argument index: constant}
-    immediates = {gvar: "all" if takes_constants(_composite_of(mod[gvar])) else True for gvar in offloaded
-                  if takes_immediates(_composite_of(mod[gvar])) or takes_constants(_composite_of(mod[gvar]))}
+    modes = {gvar: takes_constants(_composite_of(mod[gvar])) or takes_immediates(_composite_of(mod[gvar]))
+             for gvar in offloaded}
+    immediates = {gvar: "all" if mode is True and takes_constants(_composite_of(mod[gvar])) else mode
+                  for gvar, mode in modes.items() if mode}
     for gvar, sites in _calls_of(mod, offloaded).items():
         for call in sites:
             bound = _bound(call, immediates.get(gvar, False))
@@ -100,10 +102,12 @@ def _composite_of(func) -> str:
 
 def _bound(call, every_one) -> dict:
     """Argument index -> constant, of the arguments of `call` to bind inside its callee: 0-d ones,
-    one-element ones with `every_one`, all with `every_one` "all"."""
+    one-element ones with `every_one` True, all with `every_one` "all", the integer ones (indices)
+    with "indices"."""
     return {i: arg for i, arg in enumerate(call.args)
-            if _is_scalar_constant(arg) or every_one and _is_one_element_constant(arg)
-            or every_one == "all" and isinstance(arg, tvm.ir.GenericConst)}
+            if _is_scalar_constant(arg) or every_one is True and _is_one_element_constant(arg)
+            or every_one == "all" and isinstance(arg, tvm.ir.GenericConst)
+            or every_one == "indices" and isinstance(arg, tvm.ir.GenericConst) and "int" in str(arg.ty.dtype)}
 
 
 def _is_one_element_constant(expr) -> bool:

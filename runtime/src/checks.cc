@@ -103,7 +103,7 @@ int32_t EpilogueOperandDType(const int64_t* w) {
   return IsHalfFloat(out_dtype) ? out_dtype : Code(w[CGRA_EPILOGUE_ACC_DTYPE]);
 }
 
-/*! \brief With CGRA_EPILOGUE_REQUANTISE: int32 -> int8 or int64 -> int16, the scale row and the zero point;
+/*! \brief With CGRA_EPILOGUE_REQUANTISE: int32 or float32 -> int8 or int64 -> int16, the scale row and the zero point;
  * without it: the dtypes as CheckEpilogueDTypes says and scale_addr, out_zero_point 0. */
 void CheckEpilogueRequantise(const int64_t* w, int64_t spad_bytes) {
   int32_t acc_dtype = Code(w[CGRA_EPILOGUE_ACC_DTYPE]), out_dtype = Code(w[CGRA_EPILOGUE_OUT_DTYPE]);
@@ -119,8 +119,10 @@ void CheckEpilogueRequantise(const int64_t* w, int64_t spad_bytes) {
   ItemSize(acc_dtype);  // rejects unknown codes first, with the list of known ones
   ItemSize(out_dtype);
   bool wide = acc_dtype == CGRA_DTYPE_INT64 && out_dtype == CGRA_DTYPE_INT16;
-  if (!wide && (acc_dtype != CGRA_DTYPE_INT32 || out_dtype != CGRA_DTYPE_INT8)) {
-    Fail("requantisation takes an int32 accumulator to int8 or an int64 one to int16, not ",
+  // A float32 accumulator quantises to int8 (x / scale, onnxruntime's QuantizeLinear; stream v12).
+  bool to_int8 = (acc_dtype == CGRA_DTYPE_INT32 || acc_dtype == CGRA_DTYPE_FLOAT32) && out_dtype == CGRA_DTYPE_INT8;
+  if (!wide && !to_int8) {
+    Fail("requantisation takes an int32 or float32 accumulator to int8 or an int64 one to int16, not ",
          DTypeName(acc_dtype), " to ", DTypeName(out_dtype));
   }
   int64_t lowest = wide ? -32768 : -128, highest = wide ? 32767 : 127;

@@ -112,7 +112,8 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         "tile, acc dtype, own stride), _RELU, _CLIP (clip_lo/hi_bits: acc-dtype value bits as for "
         "cgra_fill, lo <= hi), _REQUANTISE (int32 acc -> int8 out: rne(clamp(float(x) * scale[j], "
         "-128 - zp, 127 - zp)) + zp, scale a row of n float32 at scale_addr, zp = "
-        "out_zero_point; int64 acc -> int16 out alike, within [-32768, 32767]). out_dtype is acc_dtype, or with a float32 acc bfloat16 or float16: the "
+        "out_zero_point; int64 acc -> int16 out alike, within [-32768, 32767]; float32 acc -> int8 out "
+        "quantises: rne(clamp(x / scale[j], -128 - zp, 127 - zp)) + zp, onnxruntime's QuantizeLinear). out_dtype is acc_dtype, or with a float32 acc bfloat16 or float16: the "
         "result rounded to nearest even, the bias and residual then in out_dtype. A disabled "
         "operand's arguments must be 0. (ABI v2 added the last six arguments.)",
         ("flags", _I32), ("acc_dtype", _I32), ("out_dtype", _I32), "m", "n", ("acc_addr", _ADDR),

@@ -23,7 +23,7 @@ CLIP; int32 sums wrap modulo 2**32, float32 ones round after each add. With REQU
 x becomes int8 as onnxruntime's QLinearConv / QGemm requantise (MlasRequantizeOutput): f =
 float32(x) * scale[j] (int32 -> float32 and the product each rounded to nearest even), clamped
 to [-128 - zp, 127 - zp] (a NaN becomes the lower bound, as SSE's max does), rounded half to
-even, + zp. ELTWISE computes out = func(a, b) with numpy's elementwise function in the operands'
+even, + zp; from a float32 accumulator the same with x / scale[j] (onnxruntime's QuantizeLinear). ELTWISE computes out = func(a, b) with numpy's elementwise function in the operands'
 dtype: integer results wrap (int8 modulo 2**8, int32 modulo 2**32), float32 ones round once;
 maximum and minimum propagate NaN. REDUCE folds each row into its output element column by
 column, left to right, rounding every step to float32 (SUM_SQUARES rounds the square, then the
@@ -170,7 +170,8 @@ def _epilogue(cmd: EpilogueCommand, spad: np.ndarray) -> None:
     if cmd.clip is not None:
         values = np.minimum(np.maximum(values, cmd.clip[0]), cmd.clip[1])
     if cmd.scale is not None:
-        requant = requantise16 if cmd.out.dtype == np.int16 else requantise
+        requant = requantise16 if cmd.out.dtype == np.int16 else quantise if values.dtype == np.float32 \
+            else requantise
         values = requant(values, cmd.scale.view(spad), cmd.zero_point)
     if half:
         values = half_floats.narrow(values, half.numpy_name)  # rounded to nearest even on store
@@ -241,6 +242,19 @@ def requantise(acc: np.ndarray, scale: np.ndarray, zero_point: int) -> np.ndarra
     product = acc.astype(np.float32) * scale.astype(np.float32, copy=False)
     lo, hi = np.float32(-128 - zero_point), np.float32(127 - zero_point)
     clamped = np.fmin(np.fmax(product, lo), hi)
+    return (np.rint(clamped) + np.float32(zero_point)).astype(np.int8)
+
+
+def quantise(x: np.ndarray, scale: np.ndarray, zero_point: int) -> np.ndarray:
+    """float32 `x` (m, n) -> int8 with float32 `scale` (1, n) or (n,) and an int8 zero point, as
+    onnxruntime's QuantizeLinear (MlasQuantizeLinear): rne(clamp(x / scale, -128 - zp, 127 - zp)) + zp,
+    the quotient correctly rounded to float32 (x * (1 / scale) is not: it differs where x / scale
+    lies within an ulp of a half step). fmax / fmin send a NaN quotient to the lower bound, as
+    SSE's max does in onnxruntime's vector loop."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        quotient = x.astype(np.float32, copy=False) / scale.astype(np.float32, copy=False)
+    lo, hi = np.float32(-128 - zero_point), np.float32(127 - zero_point)
+    clamped = np.fmin(np.fmax(quotient, lo), hi)
     return (np.rint(clamped) + np.float32(zero_point)).astype(np.int8)
 
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import enum
 
-STREAM_VERSION = 11
+STREAM_VERSION = 12
 #: The oldest stream version this simulator still runs: v3 only added a flag (DMA_FILL_LOWEST)
 #: that v2 streams never set, v4 an opcode (FABRIC), v5 two (REDUCE, VFUNC), v6 one (UNPACK4) and
 #: v7 two dtype codes (BFLOAT16, FLOAT16) that earlier streams never use, v8 three VFUNC functions
 #: (SIGMOID, SILU, GELU_TANH), v9 two dtype codes (INT16, INT64),
-#: v10 an opcode (LOOKUP), v11 a flag (UNPACK4_INT8) and a max POOL's int16 dtype that earlier streams never use.
+#: v10 an opcode (LOOKUP), v11 a flag (UNPACK4_INT8) and a max POOL's int16 dtype, v12 a requantising
+#: EPILOGUE from a float32 accumulator (a QuantizeLinear), that earlier streams never use.
 OLDEST_STREAM_VERSION = 2
 RECORD_WORDS = 32
 #: Number of loop dimensions (and tensor dimensions) a DMA box can have.
@@ -211,6 +212,8 @@ EPILOGUE_RESIDUAL = 4  # add residual[i, j] (an m x n tile, acc dtype, own row s
 EPILOGUE_CLIP = 8  # min(max(x, clip_lo), clip_hi) last; bounds are acc-dtype value bits like FILL's
 # After all of the above, int32 -> int8: out = rne(clamp(f32(x) * scale[j], -128 - zp, 127 - zp)) + zp,
 # scale a row of n float32 at scale_addr, zp = out_zero_point (onnxruntime's QLinearConv arithmetic).
+# From a float32 accumulator (stream v12) it quantises: out = rne(clamp(x / scale[j], -128 - zp, 127 - zp)) + zp,
+# the quotient correctly rounded (onnxruntime's QuantizeLinear divides; x * (1 / scale) differs at ties).
 EPILOGUE_REQUANTISE = 16
 POOL_AVERAGE = 1  # POOL: sum of the valid taps / the taps inside the count rectangle; without it, max
 # DMA_LOAD: the halo holds the dtype's lowest value (-inf, -128, INT32_MIN) instead of 0: a max pool's

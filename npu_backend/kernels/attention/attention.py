@@ -148,9 +148,12 @@ def attention_spec(name: str, annotated: dict) -> AttentionSpec:
     elif "mask" in annotated:
         mask_shape = _mask_shape(annotated["mask"], (b, hk, g, sq, sk))
     seq_major = head_layouts.seq_major_roles(annotated, dict(zip(head_layouts.ROLES, shapes)))
+    parts = head_layouts.parts(annotated)
+    sliced = tuple(role for role, _, _ in parts)
     return AttentionSpec(b, hk, g, sq, sk, d, dv, scale=scale, mask_shape=mask_shape, safe="where" in annotated,
-                         causal=causal, seq_major=seq_major,
-                         param_roles=tuple(head_layouts.param_name(seq_major, role) for role in head_layouts.ROLES)
+                         causal=causal, seq_major=seq_major, parts=parts,
+                         param_roles=tuple(head_layouts.param_name(seq_major, role, sliced)
+                                           for role in head_layouts.ROLES)
                          + (("mask",) if mask_shape else ()))
 
 

@@ -13,7 +13,7 @@ from cgra_codegen import device_call_positions
 from cgra_sim.isa import GEMM_ACCUMULATE, VFUNC_OFFSET, VFUNC_SCALE, DType, EltwiseFunc, ReduceFunc, VFunc
 
 from ..intrinsics import SPAD
-from .head_layouts import stored
+from .head_layouts import base_role, buffer_of, stored, stored_shape
 
 F32 = int(DType.from_name("float32"))
 
@@ -26,7 +26,7 @@ def head_shapes(spec) -> dict:
 
 def element(spec, role: str, n: str, head: str, row: str, col: str) -> str:
     """The text of `role`'s element (n, head, row, col) where its tensor keeps it."""
-    return f"{role}[{', '.join(map(str, stored(spec, role, (n, head, row, col))))}]"
+    return f"{buffer_of(spec, role)}[{', '.join(map(str, stored(spec, role, (n, head, row, col))))}]"
 
 
 def call(name: str, **operands) -> str:
@@ -107,11 +107,11 @@ def guarded(row: str, sq: int, tq: int, load: str) -> str:
 def kernel_writer(spec, name: str) -> Writer:
     """A Writer opened with the prim_func `name`'s header: q, k, v [, mask] and out as flat float32
     buffers of their stored shapes (a mask's heads as Hk * G)."""
-    shapes = {role: stored(spec, role, shape) for role, shape in head_shapes(spec).items()}
+    shapes = {role: stored_shape(spec, role, shape) for role, shape in head_shapes(spec).items()}
     if spec.mask_shape:
         mb, mhk, mg, msq, msk = spec.mask_shape
         shapes["mask"] = (mb, mhk * mg, msq, msk)
-    params = [(role, shapes[role]) for role in (r.removesuffix("_seq") for r in spec.param_roles)]
+    params = [(role, shapes[role]) for role in (base_role(r) for r in spec.param_roles)]
     params.append(("out", shapes["out"]))
     args = ", ".join(f'{name}: T.Buffer(({", ".join(map(str, shape))},), "float32")' for name, shape in params)
     w = Writer()
@@ -126,6 +126,7 @@ def with_arg_shapes(func, spec):
     b, hk, g, sq, sk, d, dv = spec.b, spec.hk, spec.g, spec.sq, spec.sk, spec.d, spec.dv
     views = {"lhs": (b, hk, g, sq, d), "rhs": (b, hk, 1, sk, d), "value": (b, hk, 1, sk, dv),
              "mask": spec.mask_shape, "out": (b, hk, g, sq, dv)}
-    views.update({role: stored(spec, role, shape) for role, shape in head_shapes(spec).items() if role in spec.seq_major})
-    return func.with_attr("cgra.arg_shapes", [list(views[role.removesuffix("_seq")])
+    views.update({role: stored_shape(spec, role, shape) for role, shape in head_shapes(spec).items()
+                  if role in spec.seq_major})
+    return func.with_attr("cgra.arg_shapes", [list(views[base_role(role)])
                                               for role in list(spec.param_roles) + ["out"]])

@@ -31,6 +31,7 @@ class AttentionSpec:
     causal: int | None = None
     param_roles: tuple = ("lhs", "rhs", "value")
     seq_major: tuple = ()  # roles stored (B, S, H, D), not (B, H, S, D): head transposes folded (head_layouts.py)
+    parts: tuple = ()  # ((role, origin, source shape), ...): a seq-major role read as a box of a larger tensor
     source_ops: tuple = ()
     shape_args: tuple = ()
     length: str | None = None

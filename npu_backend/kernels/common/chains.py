@@ -46,10 +46,13 @@ def reads_immediates(composite: str) -> bool:
     return CHAIN_MARK in composite or composite.startswith((QLINEAR_PREFIX, ATTENTION_PATTERN))
 
 
-def reads_constants(composite: str) -> bool:
+def reads_constants(composite: str) -> bool | str:
     """Whether the kernel of pattern `composite` builds what its constants hold instead of loading
     them (an attention's constant causal mask; a plain norm's gamma of ones and beta of zeros,
-    which it does not read): partition/scalar_args.py binds them all inside it."""
+    which it does not read): partition/scalar_args.py binds them all inside it; "indices": its
+    integer constants only (RoPE's partners in a linear's epilogue: gemm/rope_epilogue.py)."""
+    if composite.endswith("_rope"):
+        return "indices"
     return composite.startswith(ATTENTION_PATTERN) and "_causal" in composite or \
         composite in ("cgra.layer_norm_plain", "cgra.rms_norm_plain")
 

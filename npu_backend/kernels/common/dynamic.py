@@ -167,6 +167,18 @@ def _axes_text(allowed: set, rank: int) -> str:
     return "axis " + " and ".join(str(a) for a in sorted(allowed)) + f" (of {rank})"
 
 
+def least_regret(candidates, cycles, bound: int):
+    """The candidate tile whose estimated cycles (`cycles(candidate, size)`) at the worst of the
+    sizes 1, 2, 4, ..., `bound` are the closest to the best candidate's at that size (minimax
+    regret, as flash_length.py's and symbolic_take.py's searches); ties go to the fastest at the
+    bound. A tile chosen for the bound alone is one unpipelined ragged tile at a short length."""
+    candidates = list(candidates)
+    sizes = sorted({min(2 ** k, bound) for k in range(bound.bit_length() + 1)})
+    table = {c: [cycles(c, n) for n in sizes] for c in candidates}
+    best = [min(t[i] for t in table.values()) for i in range(len(sizes))]
+    return min(candidates, key=lambda c: (round(max(x / b for x, b in zip(table[c], best)), 3), table[c][-1]))
+
+
 def padded_extent(name: str | None, extent: int, tile: int, padded: int):
     """The padded extent of an axis tiled by `tile`: `padded` when static, else the symbolic
     whole number of tiles covering the variable."""

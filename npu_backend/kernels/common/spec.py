@@ -95,6 +95,10 @@ class KernelSpec:
     # matmul: a gated linear unit (gemm/gated.py): the output is act(acc[:, 0::2]) * acc[:, 1::2],
     # (M, N / 2), the weights' rows the gate's and the up projection's interleaved.
     gated: bool = False
+    # matmul: RoPE in the epilogue (gemm/rope_epilogue.py): out = x * cos + x[:, partner] * sin, x the
+    # linear's output [+ bias], cos and sin (M, N) tables (roles "cos", "sin"), the partners by this
+    # RotaryPattern of periods of columns (the constant indices of the match's take).
+    rope_pattern: object = None
     # Before the relu / clip / activation, float32: a multiply by a constant per output channel
     # (roles "ch_scale", "ch_shift"), then an add of one: a batch norm written as Mul + Add.
     channel_scale_shape: tuple | None = None
@@ -153,6 +157,7 @@ class KernelSpec:
     @property
     def roles(self) -> tuple:
         return self.param_roles or (("lhs", "rhs") + (("bias",) if self.bias_shape else ())
+                                    + (("cos", "sin") if self.rope_pattern else ())
                                     + (("residual",) if self.residual_shape else ())
                                     + (("multiplier",) if self.multiplier_shape else ())
                                     + (("ch_scale",) if self.channel_scale_shape else ())

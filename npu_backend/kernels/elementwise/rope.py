@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 
 import tvm
 from tvm.relax.dpl import is_op, is_tuple, wildcard
@@ -34,8 +35,9 @@ from tvm.relax.dpl import is_op, is_tuple, wildcard
 from cgra_sim.isa import DType, EltwiseFunc
 
 from ...errors import ScratchpadTooSmall, UnsupportedOperator
-from ...relax_info import dtype_of, static_shape
+from ...relax_info import dtype_of, shape_dims, static_shape
 from ..family import OpFamily
+from .rope_length import choose_length_rows, length_compute, length_spec
 
 SPAD = "global.cgra_spad"
 PREFIX = "cgra.rope"
@@ -61,6 +63,7 @@ class RopeSpec:
     param_roles: tuple = ("lhs", "cos", "sin")
     source_ops: tuple = ()
     shape_args: tuple = ()
+    length: str | None = None  # the positions axis' variable when symbolic (rope_length.py), shapes at its bound
     op = "rope"
     macs = 0
     acc_dtype = property(lambda self: self.dtype)
@@ -105,6 +108,8 @@ def rope_spec(name: str, annotated: dict) -> RopeSpec:
     if dtype not in DTYPES:
         raise UnsupportedOperator(f"{what} on {dtype}: the NPU's rotary kernel computes {', '.join(DTYPES)}")
     out_shape, x_shape = static_shape(root), static_shape(x)
+    if shape_dims(root) is not None and shape_dims(x) is not None and None in (out_shape, x_shape):
+        return length_spec(annotated, what, sys.modules[__name__])
     if out_shape is None or x_shape is None or len(out_shape) not in (3, 4) or 0 in out_shape:
         raise UnsupportedOperator(f"{what} of shape {out_shape}: the NPU's rotary kernel takes static ranks 3 and 4")
     rank = len(out_shape)
@@ -114,12 +119,12 @@ def rope_spec(name: str, annotated: dict) -> RopeSpec:
         axes = tuple(reversed(range(rank))) if given is None else tuple(int(a) % rank for a in given)
     origin = (0,) * rank
     if "part" in annotated:  # x is a slice of the parameter: its origin, unit steps
-        origin = _part_origin(annotated["part"], x_shape, what)
+        origin = part_origin(annotated["part"], x_shape, what)
         x_shape = static_shape(annotated["part"])
     if axes[-1] != rank - 1 or tuple(x_shape[a] for a in axes) != out_shape:
         raise UnsupportedOperator(f"{what} after a transpose {axes} that moves the last axis: a row of the tile "
                                   "must be a run of x")
-    half = _check_halves(annotated, out_shape, what)
+    half = check_halves(annotated, out_shape, what)
     tables = []
     for role in ("cos", "sin"):
         shape = static_shape(annotated[role])
@@ -131,10 +136,10 @@ def rope_spec(name: str, annotated: dict) -> RopeSpec:
     return RopeSpec(dtype, tuple(static_shape(x)), axes, tuple(out_shape), half, *tables, x_origin=origin)
 
 
-def _part_origin(part, shape: tuple, what: str) -> tuple:
+def part_origin(part, shape: tuple, what: str) -> tuple:
     """The origin of a unit-step slice with constant bounds (a fused projection's part)."""
     args = list(part.args[1:])
-    if len(shape) != len(static_shape(part) or ()) or len(args) < 3 or not all(
+    if len(shape) != len(shape_dims(part) or ()) or len(args) < 3 or not all(
             isinstance(a, (tvm.relax.Tuple, tvm.relax.ShapeExpr)) for a in args[:3]):
         raise UnsupportedOperator(f"{what} of a slice with bounds computed at run time")
     steps = _ints(args[3]) if len(args) > 3 and args[3] is not None else [1] * len(_ints(args[0]))
@@ -147,8 +152,9 @@ def _part_origin(part, shape: tuple, what: str) -> tuple:
     return tuple(origin)
 
 
-def _check_halves(annotated: dict, out_shape: tuple, what: str) -> int:
-    """h, where the match is concat((x[..., h:], x[..., :h]), axis=-1), else the reason."""
+def check_halves(annotated: dict, out_shape: tuple, what: str, shape_of=static_shape) -> int:
+    """h, where the match is concat((x[..., h:], x[..., :h]), axis=-1), else the reason
+    (`shape_of`: a slice's shape, symbolic axes at their bound for rope_length.py)."""
     width, halves = out_shape[-1], []
     for role in ("lo", "hi"):
         call = annotated[role]
@@ -157,7 +163,7 @@ def _check_halves(annotated: dict, out_shape: tuple, what: str) -> int:
             raise UnsupportedOperator(f"{what} whose slices have bounds computed at run time")
         axes, begin = _ints(args[0]), _ints(args[1])
         steps = _ints(args[3]) if len(args) > 3 and args[3] is not None else [1] * len(axes)
-        shape = static_shape(call)
+        shape = shape_of(call)
         if [a % len(out_shape) for a in axes] != [len(out_shape) - 1] or steps != [1] or shape is None:
             raise UnsupportedOperator(f"{what} whose halves are not unit-step slices of the last axis")
         start = begin[0] + width if begin[0] < 0 else begin[0]
@@ -176,7 +182,10 @@ def _ints(expr) -> list:
 
 
 def choose_rope_tiling(spec: RopeSpec, arch) -> RopeTiling:
-    """The most positions per tile whose TILES double-buffered tiles fit half the scratchpad."""
+    """The most positions per tile whose TILES double-buffered tiles fit half the scratchpad
+    (a symbolic length's: rope_length.py)."""
+    if spec.length is not None:
+        return RopeTiling(rows=choose_length_rows(spec, arch, TILES, DType.from_name(spec.dtype).itemsize))
     positions, width = spec.out_shape[-2:]
     row = width * DType.from_name(spec.dtype).itemsize
     fits = [rows for rows in range(1, positions + 1)
@@ -190,6 +199,8 @@ def choose_rope_tiling(spec: RopeSpec, arch) -> RopeTiling:
 def rope_compute(spec: RopeSpec, tiling: RopeTiling):
     """The kernel's PrimFunc (lowered TIR: copies the DMA pass makes boxes, ELTWISE calls)."""
     from tvm.script import tirx as T  # noqa: F401 (the script's T)
+    if spec.length is not None:
+        return length_compute(spec, tiling, rope_body)
     func = tvm.script.from_source(rope_script(spec, tiling))
     table = spec.out_shape[-2:]
     views = {"cos": spec.cos_shape, "sin": spec.sin_shape}
@@ -202,21 +213,30 @@ def rope_compute(spec: RopeSpec, tiling: RopeTiling):
 def rope_script(spec: RopeSpec, tiling: RopeTiling) -> str:
     """The TVMScript text of the kernel (parameters in spec.param_roles order, then out)."""
     positions, width = spec.out_shape[-2:]
-    rows, h, dtype = tiling.rows, spec.half, spec.dtype
+    dtype = spec.dtype
     shapes = {"lhs": spec.x_shape, "cos": (positions, width), "sin": (positions, width)}
     params = ", ".join(f"{role}: T.Buffer({_tuple(shapes[role])}, \"{dtype}\")" for role in spec.param_roles)
     lines = ["@T.prim_func", f"def rope({params}, out: T.Buffer({_tuple(spec.out_shape)}, \"{dtype}\")):",
              "    T.func_attr({\"tirx.noalias\": True})"]
-    indent, position = "    ", []
-    tiles = positions // rows
-    if tiles > 1:
+    return "\n".join(lines + rope_body(spec, tiling, positions // tiling.rows)) + "\n"
+
+
+def rope_body(spec: RopeSpec, tiling: RopeTiling, tiles, length: str | None = None) -> list:
+    """The kernel's statements: `tiles` position tiles (an int, or the text of a symbolic count;
+    then `length` names the positions, which guard every load and store of a row past them)."""
+    width = spec.out_shape[-1]
+    rows, h, dtype = tiling.rows, spec.half, spec.dtype
+    lines, indent, position = [], "    ", []
+    if not isinstance(tiles, int) or tiles > 1:
         lines.append(f"{indent}for ts in range({tiles}):")
         indent += "    "
-    at = f"ts * {rows} + i" if tiles > 1 else "i"
+    at = "i" if tiles == 1 else f"ts * {rows} + i"
+    load = (lambda text: text) if length is None else \
+        (lambda text: f"T.if_then_else({at} < {length}, {text}, T.{dtype}(0))")
     for name, role in (("c", "cos"), ("sn", "sin")):
         lines += [f"{indent}{name} = T.alloc_buffer(({rows}, {width}), \"{dtype}\", scope=\"{SPAD}\")",
                   f"{indent}for i, j in T.grid({rows}, {width}):",
-                  f"{indent}    {name}[i, j] = {role}[{at}, j]"]
+                  f"{indent}    {name}[i, j] = {load(f'{role}[{at}, j]')}"]
     for axis, extent in enumerate(spec.out_shape[:-2]):
         if extent == 1:
             position.append("0")
@@ -231,15 +251,17 @@ def rope_script(spec: RopeSpec, tiling: RopeTiling) -> str:
         x_index[walked] = f"{start} + {position[axis]}" if start else position[axis]
     for name in ("xs", "t", "r", "o"):
         lines.append(f"{indent}{name} = T.alloc_buffer(({rows}, {width}), \"{dtype}\", scope=\"{SPAD}\")")
-    lines += [f"{indent}for i, j in T.grid({rows}, {width}):", f"{indent}    xs[i, j] = lhs[{', '.join(x_index)}]"]
+    x_read = f"lhs[{', '.join(x_index)}]"
+    lines += [f"{indent}for i, j in T.grid({rows}, {width}):", f"{indent}    xs[i, j] = {load(x_read)}"]
     mul, add = int(EltwiseFunc.MULTIPLY), int(EltwiseFunc.ADD)
     lines += [f"{indent}{_eltwise(mul, dtype, rows, width, ('xs', 0), ('c', 0), ('t', 0), width)}",
               f"{indent}{_eltwise(mul, dtype, rows, width - h, ('xs', h), ('sn', 0), ('r', 0), width)}",
               f"{indent}{_eltwise(mul, dtype, rows, h, ('xs', 0), ('sn', width - h), ('r', width - h), width)}",
               f"{indent}{_eltwise(add, dtype, rows, width, ('t', 0), ('r', 0), ('o', 0), width)}",
-              f"{indent}for i, j in T.grid({rows}, {width}):",
-              f"{indent}    out[{', '.join(position)}] = o[i, j]"]
-    return "\n".join(lines) + "\n"
+              f"{indent}for i, j in T.grid({rows}, {width}):"]
+    store = f"out[{', '.join(position)}] = o[i, j]"
+    lines += [f"{indent}    {store}"] if length is None else [f"{indent}    if {at} < {length}:", f"{indent}        {store}"]
+    return lines
 
 
 def _eltwise(func: int, dtype: str, rows: int, cols: int, a, b, out, stride: int) -> str:

@@ -35,6 +35,7 @@ from ..common.operands import padded
 from ..common.spec import KernelSpec
 from .epilogue_tail import caller_out_shape, is_tail_pattern, with_float_tail, with_reshape
 from .gated import is_gated_pattern, with_gated
+from .rope_epilogue import combine_intrin, is_rope_pattern, with_rope
 
 #: The accumulator dtype of each input dtype of a PE-array kernel: also its output's, but for the
 #: 16-bit floats, whose kernels store their own dtype (the EPILOGUE rounds to nearest even).
@@ -200,6 +201,8 @@ def with_epilogue_tail(spec: KernelSpec, annotated: dict, name: str = "") -> Ker
     activation and multiplier."""
     if is_gated_pattern(name):
         return with_gated(spec, annotated)
+    if is_rope_pattern(name):
+        return with_rope(spec, annotated)
     tail = is_tail_pattern(name)
     if spec.half_out and (tail or "n1" in annotated or "requant" in annotated):
         raise UnsupportedOperator(f"a {spec.dtype} {spec.op} fuses [+ bias] [+ residual] [relu | clip]; the ops "
@@ -397,6 +400,8 @@ def channel_rows(spec: KernelSpec) -> tuple:
 def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
     """The EPILOGUE intrinsic for a tile of `rows` (tiling.tm by default) x tiling.tn."""
     rows = tiling.tm if rows is None else rows
+    if spec.rope_pattern:  # rope_epilogue.py: x * C + the rotated products
+        return combine_intrin(tiling, rows)
     if spec.gated:  # gated.py: a tile of tn / 2 outputs from the tn accumulator columns
         return get_intrin("epilogue", rows, tiling.tn // 2, "float32", bias=False, relu=False, act=spec.act,
                           gated=True)

@@ -40,6 +40,7 @@ from ...relax_info import dtype_of, require_static_shape, shape_dims
 from ..common.chains import require_program
 from ..common.dynamic import read_shape, symbols_of
 from ..intrinsics.epilogue_tail import SMOOTH_ACTS, TAIL_ACTS, VFUNC_ACTS, act_passes
+from .rope_epilogue import rope_tile_cycles
 
 #: The pattern-name suffix of a root's tail pattern: "cgra.linear_epilogue".
 SUFFIX = "_epilogue"
@@ -219,6 +220,8 @@ def tail_tile_cycles(spec, arch):
     act_on_vector) and the multiplies on the vector unit, a VFUNC priced by its issue
     (cost.vfunc_issue_cycles: on the function unit its fill overlaps the next tile's commands,
     as the simulator times it). A smooth activation's bodies must map onto the chip's fabric."""
+    if getattr(spec, "rope_pattern", None):  # rope_epilogue.py
+        return rope_tile_cycles(spec, arch)
     if not spec.act and not spec.multiplier_shape:
         return None
     if spec.gated:  # gated.py: the VFUNC and the multiply over the tile's half of outputs

@@ -24,7 +24,7 @@ from tvm import relax, te
 from tvm.relax.dpl import is_op
 
 from ...errors import UnsupportedOperator
-from ...relax_info import static_shape
+from ...relax_info import shape_dims
 from ..intrinsics.epilogue_tail import act_value
 
 #: The pattern-name suffix: "cgra.linear_gated".
@@ -56,10 +56,11 @@ def is_gated_pattern(name: str) -> bool:
 def with_gated(spec, annotated: dict):
     """`spec` as the gated unit of its matmul's output (module doc); refuses what the kernel
     does not compute."""
-    if spec.op != "matmul" or spec.batch > 1 or spec.symbols or spec.acc_dtype != "float32" \
+    rows_only = all(role in ("lhs", "out") and axis == 0 for role, axis, _ in spec.symbols)
+    if spec.op != "matmul" or spec.batch > 1 or not rows_only or spec.acc_dtype != "float32" \
             or spec.bias_shape or spec.half_out or not spec.rhs_transposed:
         raise UnsupportedOperator("a gated linear unit is fused after a float32 2-D linear without a bias, with "
-                                  "static sizes: this one runs as its parts")
+                                  "static columns and reduction (its rows may be symbolic): this one runs as its parts")
     n = spec.gemm_extents[1]
     for role, start in (("gate", 0), ("up", 1)):
         if n % 2 or _slice_of(annotated[role]) != (start, 2, n // 2):
@@ -70,9 +71,9 @@ def with_gated(spec, annotated: dict):
 
 def _slice_of(call) -> tuple | None:
     """(begin, step, extent) of a strided_slice of a 2-D tensor's last axis, else None."""
-    shape, out = static_shape(call.args[0]), static_shape(call)
+    shape, out = shape_dims(call.args[0]), shape_dims(call)  # the rows may be symbolic
     args = list(call.args[1:])
-    if shape is None or out is None or len(shape) != 2 or len(args) < 4 or \
+    if shape is None or out is None or len(shape) != 2 or not isinstance(out[1], int) or len(args) < 4 or \
             not all(isinstance(a, relax.Tuple) for a in args[:4]):
         return None
     axes, begin, steps = (_ints(args[i]) for i in (0, 1, 3))
@@ -86,6 +87,7 @@ def _ints(expr) -> list:
 
 
 def gated_epilogue(spec, acc, tiling):
-    """epi[i, j] = act(acc[i, 2j]) * acc[i, 2j + 1] over the padded (mp, np / 2) output."""
-    return te.compute((tiling.mp, tiling.np // 2), lambda i, j: act_value(spec.act, acc[i, 2 * j], True)
+    """epi[i, j] = act(acc[i, 2j]) * acc[i, 2j + 1] over the padded (mp, np / 2) output (mp
+    symbolic with symbolic rows: acc's)."""
+    return te.compute((acc.shape[0], tiling.np // 2), lambda i, j: act_value(spec.act, acc[i, 2 * j], True)
                       * acc[i, 2 * j + 1], name="epi")

@@ -43,6 +43,7 @@ from .gemm_copies import annotate_copies, may_take_copies, operand_copies
 from .gemm_estimate import estimate_cycles, holds_a_panel, may_hold_a_panel
 from .row_norm import check_row_norm, panel_bytes, place_row_norm, tensorize_row_norm
 from .gemm_pieces import epilogue_piece_rows, finishes_in_pieces, in_pieces, streamed_candidates
+from .rope_epilogue import EXTRA_TILES, col_step, stage_rope_blocks, tensorize_rope_blocks
 
 
 # ------------------------------------------------------------------ tile search
@@ -55,7 +56,8 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
            bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
            _any_rows(spec), spec.pixel_order, _taps(spec), spec.act, spec.gated, bool(spec.multiplier_shape),
            bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape), may_hold_a_panel(spec), spec.patch_channels,
-           finishes_in_pieces(spec, arch), may_take_copies(spec), panel_bytes(spec, 1), arch.fingerprint)
+           finishes_in_pieces(spec, arch), may_take_copies(spec), spec.rope_pattern, panel_bytes(spec, 1),
+           arch.fingerprint)
     if spec.gated and spec.act != "gelu" and not act_on_vector(spec, arch):
         raise UnsupportedOperator(f"a gated linear unit's {spec.act} runs through a function unit that has it; "
                                   f"'{arch.name}' has none: its parts run as their own kernels")
@@ -73,6 +75,8 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
                                       pieces=finishes_in_pieces(spec, arch),
                                       # (the panel program's room is not in gemm_copies' check)
                                       more_copies=may_take_copies(spec) and spec.row_norm is None,
+                                      extra_tiles=(EXTRA_TILES + bool(spec.bias_shape), 2) if spec.rope_pattern else (0, 0),
+                                      col_step=col_step(spec),
                                       normed_panel=functools.partial(panel_bytes, spec) if spec.row_norm else None)
         if act_on_vector(spec, arch):
             _TILINGS[key] = dataclasses.replace(_TILINGS[key], act_on_vector=True)
@@ -103,7 +107,8 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                   has_residual: bool = False, has_scale: bool = False, store_rows: int = 0,
                   any_rows: bool = False, taps: int = 1, ragged: bool = True, has_multiplier: bool = False,
                   tail_cycles=None, extra_rows: int = 0, a_panel: bool = False, depth_step: int = 1,
-                  pieces: bool = False, more_copies: bool = False, normed_panel=None) -> Tiling:
+                  pieces: bool = False, more_copies: bool = False, extra_tiles: tuple = (0, 0),
+                  col_step: int = 1, normed_panel=None) -> Tiling:
     """The tiling with the fewest estimated cycles among those that fit the scratchpad.
 
     With `any_rows` (symbolic rows, `rows` their bound) one tiling serves every size up to
@@ -132,9 +137,11 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     GEMM (transformer prefill: 16-128 rows, a few hundred columns); such a kernel's tilings are
     priced as it runs, its FILL folded into the first GEMM (lower/fold_init.py), so that one tile
     and many compare fairly. `more_copies`: a tiling whose scratchpad has room gives its per-step
-    operand tiles a third copy (gemm_copies.py), priced so. `normed_panel(tm)`: only tiles holding
-    the whole reduction, with room for that many more bytes (a norm's program on A's panel and its
-    result, row_norm.py).
+    operand tiles a third copy (gemm_copies.py), priced so. `extra_tiles`: (held in the scratchpad,
+    loaded per output tile) more output-sized tiles (RoPE's tables, loaded, and its products);
+    `col_step`: a column tile holds a whole number of these columns (RoPE's periods).
+    `normed_panel(tm)`: only tiles holding the whole reduction, with room for that many more bytes
+    (a norm's program on A's panel and its result, row_norm.py).
     """
     row_step = row_step if row_step > 1 else arch.rows
     # A unit reduction extent would be elided by compute_at and leave nothing to tensorize
@@ -145,21 +152,23 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     candidates = []  # (tm, tn, tk) that fit the scratchpad
     streamed = []  # with `pieces`: the same tiles with shallower reduction steps
     shallowest = min(_k_candidates(depth, depth_step))
-    for tn in range(arch.cols, round_up(cols, arch.cols) + 1, arch.cols):
+    held, loaded = extra_tiles[0] + int(has_multiplier), extra_tiles[1] + int(has_multiplier)
+    tn_step = math.lcm(arch.cols, col_step)
+    for tn in range(tn_step, round_up(cols, tn_step) + 1, tn_step):
         out_row = out_row_stride(tn, acc_bytes, store_rows, arch)  # the same for every tm
         for tm in range(row_step, round_up(rows, row_step) + 1, row_step):
             # The compact footprint only grows with tm: past the first tm whose shallowest tile
             # cannot fit even unpadded, none fits (this keeps a large bound, e.g. a symbolic
             # batch x sequence, from enumerating a million row tiles).
             if gemm_footprint(tm, tn, shallowest, in_bytes, acc_bytes, has_bias, has_residual,
-                              has_scale, extra_tiles=int(has_multiplier), extra_rows=extra_rows) > arch.spad_bytes:
+                              has_scale, extra_tiles=held, extra_rows=extra_rows) > arch.spad_bytes:
                 break
             tk = _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_residual, out_row,
-                                    has_scale, extra_tiles=int(has_multiplier), extra_rows=extra_rows,
+                                    has_scale, extra_tiles=held, extra_rows=extra_rows,
                                     step=depth_step)
             if normed_panel and (tk is None or tk < depth or normed_panel(tm) + gemm_footprint(
                     tm, tn, tk, in_bytes, acc_bytes, has_bias, has_residual, has_scale,
-                    a_row_stride(tm, tk, in_bytes, arch), out_row, int(has_multiplier), extra_rows) > arch.spad_bytes):
+                    a_row_stride(tm, tk, in_bytes, arch), out_row, held, extra_rows) > arch.spad_bytes):
                 continue
             if tk is not None:
                 candidates.append((tm, tn, tk))
@@ -167,7 +176,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                     streamed += streamed_candidates(tm, tn, tk, depth, round_up(cols, tn) // tn, a_panel, arch, (
                         lambda step, panel, tm=tm, tn=tn, out_row=out_row: gemm_footprint(
                             tm, tn, step, in_bytes, acc_bytes, has_bias, has_residual, has_scale,
-                            a_row_stride(tm, step, in_bytes, arch), out_row, int(has_multiplier), extra_rows)
+                            a_row_stride(tm, step, in_bytes, arch), out_row, held, extra_rows)
                         + aligned(2 * tm * a_row_stride(tm, step, in_bytes, arch) * panel * in_bytes)
                         <= arch.spad_bytes))
     candidates.sort()  # ties go to the smaller row tile, as they always have
@@ -189,7 +198,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
         if more_copies:
             a_row = a_row_stride(tm, tk, in_bytes, arch)
             footprint = gemm_footprint(tm, tn, tk, in_bytes, acc_bytes, has_bias, has_residual, has_scale, a_row,
-                                       out_row_stride(tn, acc_bytes, store_rows, arch), int(has_multiplier), extra_rows)
+                                       out_row_stride(tn, acc_bytes, store_rows, arch), held, extra_rows)
             footprint += aligned(2 * tm * a_row * (round_up(depth, tk) // tk) * in_bytes) if stream else 0
             copies = operand_copies(footprint, tm, a_row, tk, tn, in_bytes, arch.spad_bytes)
         return Tiling(tm, tn, tk, round_up(size, tm), round_up(cols, tn), round_up(depth, tk),
@@ -197,13 +206,13 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
 
     def cycles(candidate, size: int, piece_rows: int = 0, folded: bool = False) -> int:
         return estimate_cycles(tiling_for(candidate, size), dtype, in_bytes, acc_bytes, arch, has_residual, taps=taps,
-                               extra_tiles=int(has_multiplier), tail_cycles=tail_cycles, a_panel=a_panel,
+                               extra_tiles=loaded, tail_cycles=tail_cycles, a_panel=a_panel,
                                piece_rows=piece_rows, init_folded=folded)
 
     if not ragged:
         return _block_tiling(candidates, rows, cols, depth, row_step,
                              lambda t: estimate_cycles(t, dtype, in_bytes, acc_bytes, arch, has_residual, taps=taps,
-                                                       extra_tiles=int(has_multiplier), tail_cycles=tail_cycles))
+                                                       extra_tiles=loaded, tail_cycles=tail_cycles))
     if not any_rows:
         best = min(candidates, key=lambda c: (cycles(c, rows), -c[0] * c[1]))
         if pieces:
@@ -364,6 +373,8 @@ def stage_output_tile(sch, spec: KernelSpec, tile_loop, store: bool = True):
     (unless `store` is False: the store is already there); the accumulator and the epilogue's
     output in the scratchpad. Returns the acc block."""
     acc, epi = sch.get_sblock("acc"), sch.get_sblock("epi")
+    if spec.op == "matmul" and spec.rope_pattern:  # rope_epilogue.py's blocks, acc's readers
+        stage_rope_blocks(sch, spec, tile_loop)
     sch.compute_at(acc, tile_loop)
     for name in channel_rows(spec):
         block = sch.get_sblock(name)
@@ -434,6 +445,8 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
     init = sch.decompose_reduction(acc, first_reduction)
     sch.tensorize(row, get_intrin("gemm", tiling.tm, tiling.tn, tiling.tk, spec.dtype, spec.acc_dtype))
     sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", tiling.tm, tiling.tn, spec.acc_dtype))
+    if spec.op == "matmul" and spec.rope_pattern:
+        tensorize_rope_blocks(sch, spec, tiling)
     piece = epilogue_piece_rows(tiling)
     if piece < tiling.tm:  # the epilogue and the store in pieces of rows (epilogue_piece_rows)
         piece_loop, epi_row = sch.split(epi_row, [None, piece])

@@ -31,7 +31,7 @@ def finishes_in_pieces(spec: KernelSpec, arch: HardwareDescription) -> bool:
     with its GEMMs in pieces (lower/gemm_rows.py) and three copies (gemm_copies.py) 968 and 920."""
     return spec.op == "matmul" and spec.compute_name == "matmul" and not spec.symbols \
         and spec.gemm_extents[0] > arch.rows and not spec.fabric_body \
-        and not spec.multiplier_shape and not spec.channel_scale_shape \
+        and not spec.multiplier_shape and not spec.channel_scale_shape and not spec.rope_pattern \
         and (not spec.act or spec.act == "gelu" or act_on_vector(spec, arch))
 
 

@@ -22,6 +22,7 @@ from ...relax_info import shape_dims
 from ..common.dynamic import caller_dims, read_shape, symbols_of
 from ..family import OpFamily
 from .gated import gated_epilogue
+from .rope_epilogue import rope_epilogue, rope_operands
 from .gemm import choose_gemm_tiling, schedule_gemm
 from .row_norm import normed_panel, normed_roots, with_row_norm
 from .symbolic_matmul import has_symbolic_operand, is_symbolic_matmul, symbolic_matmul_compute, symbolic_matmul_spec
@@ -187,6 +188,10 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
         name="acc")
     if spec.gated:  # act(even columns) * odd columns, (m, n / 2): gated.py
         operands, epi, n = {}, gated_epilogue(spec, acc, tiling), n // 2
+    elif spec.rope_pattern:  # x * C + x[:, partner] * S: rope_epilogue.py
+        operands = rope_operands(spec)
+        epi = rope_epilogue(spec, acc, tiling, operands)
+        operands = {role: value for role, value in operands.items() if value is not None}
     else:
         operands = epilogue_operands(spec, (m, n))
         epi = epilogue_compute(spec, acc, tiling, operands, out_index=lambda i, j: (i, j))

@@ -32,6 +32,7 @@ from .row_ops import reduce_intrin, vfunc_intrin
 from .smooth import smooth_intrin
 from .vector_unit import PoolWindow
 from .epilogue_tail import epilogue_intrin
+from .rope_epilogue import RotaryPattern, rope_combine_intrin, rope_rotate_intrin
 from .vector_unit import accumulate_intrin, eltwise_intrin, fill_intrin, pool_intrin
 
 __all__ = ["INTRINSICS", "SPAD", "Intrinsic", "get_intrin", "intrin_name"]
@@ -56,6 +57,8 @@ INTRINSICS = {
     "reduce": Intrinsic(Op.REDUCE, reduce_intrin),
     "vfunc": Intrinsic(Op.VFUNC, vfunc_intrin),
     "lookup": Intrinsic(Op.LOOKUP, lookup_intrin),
+    "rope_rotate": Intrinsic(Op.ELTWISE, rope_rotate_intrin),  # RoPE in a GEMM's epilogue
+    "rope_combine": Intrinsic(Op.ELTWISE, rope_combine_intrin),
 }
 
 
@@ -88,7 +91,7 @@ def _param_name(param) -> str:
     operand's (walks rows, walks cols) as "full_True_False", a pooling window as its fields, a
     FILL's run-time value as its expression (punctuation squeezed), a FABRIC body as its
     dtype and a digest of its nodes."""
-    if isinstance(param, (PoolWindow, FabricBody)):
+    if isinstance(param, (PoolWindow, FabricBody, RotaryPattern)):
         return param.name
     if isinstance(param, tvm.ir.expr.Expr):
         return "value_" + re.sub(r"\W+", "_", str(param)).strip("_")

@@ -37,9 +37,10 @@ def activation(value, dtype: str, relu: bool, clip):
 
 def requantise(value, scale, zero_point: int, out_dtype: str = "int8"):
     """int32 `value` -> int8 (int64 -> int16 with `out_dtype` "int16"): nearbyint(clamp(
-    float32(value) * scale, lowest - zp, highest - zp)) + zp, onnxruntime's arithmetic (docs/simulator.md)."""
+    float32(value) * scale, lowest - zp, highest - zp)) + zp, onnxruntime's arithmetic (docs/simulator.md);
+    a float32 `value` is quantised: value / scale in place of the product (onnxruntime's QuantizeLinear)."""
     bits = 16 if out_dtype == "int16" else 8
-    product = tirx.Cast("float32", value) * scale
+    product = value / scale if str(value.ty) == "float32" else tirx.Cast("float32", value) * scale
     lowest, highest = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     lo, hi = (tirx.const(float(bound), "float32") for bound in (lowest - zero_point, highest - zero_point))
     clamped = tirx.min(tirx.max(product, lo), hi)
@@ -113,7 +114,8 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     out = requantise?(clip?(relu?(acc + bias? + residual?)), scale, zero_point), then with `body`
     (a FabricBody) a FABRIC runs it over the output tile in place. bias: a row of
     cols; residual: a rows x cols tile; clip: None or (lo, hi); zero_point: None, or an int8
-    output requantised with a float32 scale row (int32 accumulators only); out_dtype: None, or a
+    output requantised with a float32 scale row (an int32 accumulator multiplied by it, a float32
+    one divided: a QuantizeLinear); out_dtype: None, or a
     16-bit float ("bfloat16", "float16") a float32 result is rounded to (nearest even), the bias
     and residual then in that dtype too (widened exactly into the sum)."""
     requant = zero_point is not None

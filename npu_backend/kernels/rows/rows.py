@@ -28,7 +28,7 @@ from cgra_sim.arch import HardwareDescription
 
 from ...errors import ScratchpadTooSmall, UnsupportedOperator
 from ...relax_info import dtype_of, shape_dims
-from ..common.dynamic import BOUNDED, CUT_EXTENTS, CUT_PARAMS, dim_var, read_shape, with_vars
+from ..common.dynamic import BOUNDED, CUT_EXTENTS, CUT_PARAMS, dim_var, least_regret, read_shape, with_vars
 from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.row_ops import reducer, reduce_start, vfunc_value
 from ..intrinsics.vector_unit import eltwise_value
@@ -250,7 +250,11 @@ def choose_row_tiling(spec, arch: HardwareDescription, steps) -> Tiling:
     if not fitting:
         return _long_tiling(spec, arch, steps, kinds)
 
-    tm = min(fitting, key=lambda tm: estimate_row_cycles(spec, arch, steps, tm, spec.cols))
+    if any(axis < len(spec.shape) - 1 for axis, _ in spec.symbols):  # a symbolic row count (dynamic.least_regret)
+        tm = least_regret(fitting, lambda tm, n: estimate_row_cycles(
+            dataclasses.replace(spec, rows=n), arch, steps, min(tm, n), spec.cols), spec.rows)
+    else:
+        tm = min(fitting, key=lambda tm: estimate_row_cycles(spec, arch, steps, tm, spec.cols))
     return Tiling(tm, spec.cols, 1, round_up(spec.rows, tm), spec.cols, 1)
 
 

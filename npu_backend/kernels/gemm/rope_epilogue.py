@@ -1,0 +1,181 @@
+"""RoPE in a linear's epilogue: the merged q / k / v projection writes its heads rotated.
+
+Stage: partition (the pattern and the spec fields a match fixes), kernel definition (the
+epilogue's TE blocks) and schedule (their intrinsics, kernels/intrinsics/rope_epilogue.py).
+normalise/rope_epilogues.py writes the rotary embedding of the q and k heads of one projection
+y = x W^T [+ b] (S, N) as
+
+    add(multiply(y, C), multiply(take(y, perm, axis=1), S))        C, S: (S, N) constants
+
+perm a column permutation that repeats every P columns (a head of the merged view: rotate_half's
+partner inside a rotated head's rotated dims, the column itself elsewhere), C the cosine and S
+the signed sine there, 1 and 0 elsewhere. Here that chain is the GEMM kernel's epilogue: each
+output tile of tm x tn (tn whole periods, so every partner lies in the tile) is
+
+    [x = acc + bias]                      EPILOGUE, its own tile
+    rot = x[:, partner] * S               one ELTWISE per run of columns of one partner offset
+    out = x * C + rot                     ELTWISE multiply, ELTWISE add
+
+with the C and S tiles loaded per output tile like a residual. The products and the sum are the
+RoPE kernel's (kernels/elementwise/rope.py) on the same values, in the same order: the same bits.
+Two RoPE kernels a layer (q's and k's: Llama at 32 tokens on cgra-8x8 2,240 + 1,456 cycles) are
+gone, and the heads are read by the attention kernel as boxes of the projection's output
+(attention/head_layouts.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import tvm
+from tvm import te
+from tvm.relax.dpl import is_const, is_op, wildcard
+
+from cgra_sim import cost
+
+from ...errors import UnsupportedOperator
+from ...relax_info import dtype_of, static_shape
+from ..common.operands import padded
+from ..intrinsics import SPAD, get_intrin
+from ..intrinsics.rope_epilogue import RotaryPattern
+
+#: The pattern-name suffix: "cgra.linear_rope".
+SUFFIX = "_rope"
+#: Output-sized scratchpad tiles the epilogue adds to the GEMM's: C, S and the rotated products
+#: (and with a bias the biased accumulator).
+EXTRA_TILES = 3
+
+
+def rope_graphs(roots) -> list[tuple]:
+    """(name, pattern, annotations, root name) of RoPE after a linear root [+ bias]."""
+    graphs = []
+    for root in roots:
+        if "permute" not in root.roles or root.name != "linear":
+            continue
+        bias, perm, cos, sin = wildcard(), is_const(), wildcard(), wildcard()
+        biased = is_op("relax.add")(root.pattern, bias)
+        x = biased | root.pattern
+        rotated = is_op("relax.take")(x, perm)
+        top = is_op("relax.add")(is_op("relax.multiply")(x, cos), is_op("relax.multiply")(rotated, sin))
+        annotations = {"root": root.pattern, **root.roles, "bias": bias, "perm": perm, "cos": cos, "sin": sin,
+                       "rotated": rotated}
+        graphs.append((f"cgra.{root.name}{SUFFIX}", top, annotations, root.name))
+    return graphs
+
+
+def is_rope_pattern(name: str) -> bool:
+    return name.endswith(SUFFIX)
+
+
+def with_rope(spec, annotated: dict):
+    """`spec` with RoPE in its epilogue (module doc); refuses what the kernel does not compute."""
+    if spec.op != "matmul" or spec.batch > 1 or spec.symbols or spec.acc_dtype != "float32" or spec.half_out \
+            or not spec.rhs_transposed:
+        raise UnsupportedOperator("RoPE is fused after a float32 2-D linear with static sizes: this one runs as its "
+                                  "parts")
+    m, n, _ = spec.gemm_extents
+    perm = _constant(annotated["perm"])
+    if perm is None or perm.shape != (n,) or int(annotated["rotated"].attrs.axis) % 2 != 1:
+        raise UnsupportedOperator("RoPE's rotation in a linear's epilogue is a take of constant columns")
+    for role in ("cos", "sin"):
+        if tuple(static_shape(annotated[role]) or ()) != (m, n) or dtype_of(annotated[role]) != "float32":
+            raise UnsupportedOperator(f"RoPE's {role} table in a linear's epilogue is a float32 ({m}, {n}) tensor")
+    pattern = rotary_pattern(perm)
+    if pattern is None:
+        raise UnsupportedOperator("RoPE's partners do not repeat in periods of columns that hold them")
+    return dataclasses.replace(spec, rope_pattern=pattern)
+
+
+def _constant(expr):
+    return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
+
+
+def rotary_pattern(perm: np.ndarray) -> RotaryPattern | None:
+    """The RotaryPattern of the smallest period that divides the columns and holds every
+    column's partner, else None."""
+    n = len(perm)
+    offsets = perm.astype(np.int64) - np.arange(n)
+    for period in (p for p in range(1, n + 1) if n % p == 0):
+        first = offsets[:period]
+        local = np.arange(period) + first
+        if (offsets.reshape(-1, period) == first).all() and local.min() >= 0 and local.max() < period:
+            runs, start = [], 0
+            for j in range(1, period + 1):
+                if j == period or first[j] != first[start]:
+                    runs.append((start, j - start, int(first[start])))
+                    start = j
+            return RotaryPattern(period, tuple(runs))
+    return None
+
+
+def rope_epilogue(spec, acc, tiling, operands: dict):
+    """epi = x * C + x[:, partner] * S over the padded (mp, np) tiles, x = acc [+ bias] (blocks
+    [bias_pad, biased], cos_pad, sin_pad, rot, epi)."""
+    m, n, _ = spec.gemm_extents
+    pattern = spec.rope_pattern
+    x = acc
+    if spec.bias_shape:
+        bias, shape = operands["bias"], spec.bias_shape
+        bias_pad = te.compute((tiling.np,), lambda j: padded(bias, shape, [0] * (len(shape) - 1) + [j]),
+                              name="bias_pad")
+        x = te.compute(acc.shape, lambda i, j: acc[i, j] + bias_pad[j], name="biased")
+    cos_pad, sin_pad = (_table_tile(acc, operands[role], (m, n), f"{role}_pad") for role in ("cos", "sin"))
+    rot = te.compute(acc.shape, lambda i, j: x[i, pattern.partner(j)] * sin_pad[i, j], name="rot")
+    return te.compute(acc.shape, lambda i, j: x[i, j] * cos_pad[i, j] + rot[i, j], name="epi")
+
+
+def _table_tile(acc, table, shape, name):
+    """A table's padded tile, loaded like a residual."""
+    return te.compute(acc.shape, lambda i, j: padded(table, shape, (i, j)), name=name)
+
+
+def rope_operands(spec) -> dict:
+    """The epilogue's parameters as placeholders: the bias (or None) and the tables (the
+    partners' indices are a constant of the match, read into the spec's pattern)."""
+    m, n, _ = spec.gemm_extents
+    return {"bias": te.placeholder(spec.bias_shape, "float32", name="bias") if spec.bias_shape else None,
+            "cos": te.placeholder((m, n), "float32", name="cos"), "sin": te.placeholder((m, n), "float32", name="sin")}
+
+
+def stage_rope_blocks(sch, spec, tile_loop) -> None:
+    """The rotated products (and the biased accumulator) under the output tile loop, in the
+    scratchpad, before the accumulator is (compute_at needs its readers there first)."""
+    for name in ("rot", "biased") if spec.bias_shape else ("rot",):
+        block = sch.get_sblock(name)
+        sch.compute_at(block, tile_loop)
+        sch.set_scope(block, 0, SPAD)
+    for name in ("cos_pad", "sin_pad"):
+        block = sch.get_sblock(name)
+        sch.compute_at(block, tile_loop)
+        sch.set_scope(block, 0, SPAD)
+
+
+def tensorize_rope_blocks(sch, spec, tiling) -> None:
+    """The biased accumulator's EPILOGUE and the rotated products' ELTWISEs, a tile each."""
+    if spec.bias_shape:
+        sch.tensorize(sch.get_loops(sch.get_sblock("biased"))[-2],
+                      get_intrin("epilogue", tiling.tm, tiling.tn, "float32", bias=True, relu=False))
+    sch.tensorize(sch.get_loops(sch.get_sblock("rot"))[-2],
+                  get_intrin("rope_rotate", tiling.tm, tiling.tn, spec.rope_pattern))
+
+
+def combine_intrin(tiling, rows: int) -> str:
+    return get_intrin("rope_combine", rows, tiling.tn)
+
+
+def rope_tile_cycles(spec, arch):
+    """cycles(elements) -> (PE array, vector unit) cycles of the epilogue on one output tile:
+    the rotated products, the multiply and the add (each ELTWISE streams two operands: the
+    products' runs priced as one command, their issue a few cycles each), the bias's EPILOGUE."""
+    def cycles(elements: int) -> tuple[int, int]:
+        eltwise = cost.eltwise_cycles(arch, elements, 2 * elements)
+        bias = cost.vector_cycles(arch, 1, elements) if spec.bias_shape else 0
+        return 0, 3 * eltwise + bias
+
+    return cycles
+
+
+def col_step(spec) -> int:
+    """A column tile holds whole periods of the rotary pattern (1 without one)."""
+    return spec.rope_pattern.period if spec.rope_pattern else 1
