@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import enum
 
-STREAM_VERSION = 11
+STREAM_VERSION = 12
 #: The oldest stream version this simulator still runs: v3 only added a flag (DMA_FILL_LOWEST)
 #: that v2 streams never set, v4 an opcode (FABRIC), v5 two (REDUCE, VFUNC), v6 one (UNPACK4) and
 #: v7 two dtype codes (BFLOAT16, FLOAT16) that earlier streams never use, v8 three VFUNC functions
 #: (SIGMOID, SILU, GELU_TANH), v9 two dtype codes (INT16, INT64),
-#: v10 an opcode (LOOKUP), v11 a flag (UNPACK4_INT8) and a max POOL's int16 dtype that earlier streams never use.
+#: v10 an opcode (LOOKUP), v11 a flag (UNPACK4_INT8) and a max POOL's int16 dtype, v12 an EPILOGUE's 16-bit
+#: float accumulator (widened to float32: a cast), that earlier streams never use.
 OLDEST_STREAM_VERSION = 2
 RECORD_WORDS = 32
 #: Number of loop dimensions (and tensor dimensions) a DMA box can have.
