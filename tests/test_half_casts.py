@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+import tvm
 from tvm import relax
 
 import npu_backend
@@ -21,6 +22,9 @@ from cgra_sim import half_floats
 from npu_backend.tools.workloads import numpy_dtype, relax_module, run
 
 HALVES = ["bfloat16", "float16"]
+#: Casting specials and huge float32 values to 16 bits is the point here: numpy's warnings say so.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
+                                        "ignore:invalid value encountered:RuntimeWarning")
 
 
 def _float32_bits(rng, shape, specials: bool):
@@ -89,3 +93,50 @@ def test_a_widening_epilogue_takes_no_other_step():
                     acc_addr=0, acc_stride=4, out_addr=64, out_stride=4)
     with pytest.raises(Exception, match="only widened to float32"):
         simulate(load_arch("cgra-8x8"), np.array([record], dtype=np.int64), [])
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_a_matmul_cast_to_its_inputs_16_bit_float_is_the_gemms_rounding_store(dtype):
+    """astype(matmul(x, w, out_dtype="float32"), h) (TVM's importer's bfloat16 linear, cast back):
+    one GEMM kernel rounding its float32 sum to h on store, within one rounding of the exact sum."""
+    from cgra_sim.half_floats import error_bound
+
+    m, k, n = 24, 40, 16
+    specs = [("x", (m, k), dtype), ("w", (k, n), dtype)]
+    mod = relax_module(specs, lambda bb, x, w: bb.emit(relax.op.astype(
+        bb.emit(relax.op.matmul(x, w, out_dtype="float32")), dtype)))
+    rng = np.random.default_rng(2)
+    x, w = (rng.standard_normal(shape).astype(np.float32).astype(numpy_dtype(dtype)) for _, shape, _ in specs)
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(mod, "cgra-8x8"), [x, w])
+    assert [k.source_ops for k in prof.kernels] == [("matmul",)] and out.dtype == numpy_dtype(dtype)
+    exact = x.astype(np.float64) @ w.astype(np.float64)
+    terms = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64))
+    assert np.all(np.abs(out.astype(np.float64) - exact) <= error_bound(exact.astype(np.float32), terms, k, dtype))
+
+
+def test_constants_under_a_widening_cast_are_widened_at_compile_time():
+    """astype(take(table, ids), float32) of a bfloat16 table is a lookup in its float32 widening,
+    astype(where(m, a, b), float32) of bfloat16 constants a where of theirs, astype to the dtype
+    a tensor has nothing: exact, and no cast kernel."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(3)
+    table = rng.standard_normal((10, 8)).astype(ml_dtypes.bfloat16)
+
+    def body(bb, ids, mask):
+        rows = bb.emit(relax.op.take(relax.const(table, "bfloat16"), ids, axis=0))
+        wide = bb.emit(relax.op.astype(bb.emit(relax.op.reshape(rows, (1, 4, 8))), "float32"))
+        picked = bb.emit(relax.op.where(mask, relax.const(np.full((1, 4, 8), -3.5, ml_dtypes.bfloat16), "bfloat16"),
+                                        relax.const(np.zeros((1, 4, 8), ml_dtypes.bfloat16), "bfloat16")))
+        same = bb.emit(relax.op.astype(wide, "float32"))
+        return bb.emit(relax.op.add(same, bb.emit(relax.op.astype(picked, "float32"))))
+
+    mod = relax_module([("ids", (4,), "int64"), ("mask", (1, 4, 8), "bool")], body)
+    from npu_backend.normalise.half_casts import half_casts_folded
+
+    folded = half_casts_folded(mod)
+    assert "astype" not in folded.script()
+    ids, mask = np.array([3, 0, 9, 3]), rng.integers(0, 2, (1, 4, 8)).astype(bool)
+    expected = table[ids].astype(np.float32).reshape(1, 4, 8) + np.where(mask, np.float32(-3.5), np.float32(0))
+    np.testing.assert_array_equal(run(tvm.compile(folded, "llvm"), [ids, mask]), expected)
