@@ -10,6 +10,11 @@ Stage: normalise (before partition). In: a Relax IRModule. Out: the same module 
 - `astype(where(m, C1, C2), float32)` of 16-bit float constants is `where(m, float32(C1),
   float32(C2))` (HF's attention mask min / 0 in the model's dtype, widened for the softmax): the
   float32 mask rewrites (masks.py) then build it on the NPU as they do a float32 model's;
+- a layer norm of a 16-bit float x with 16-bit constant gamma and beta runs in float32 on x
+  widened, the constants widened, the result rounded to x's dtype (PyTorch's CPU kernel's
+  arithmetic; TVM's own layer norm refuses bfloat16), so the norm kernel takes it; so does a
+  GELU, tanh, sigmoid, SiLU, exp or softmax of a 16-bit float (the vector unit and the fabric
+  compute them in float32 only);
 - `astype(matmul(a, b, out_dtype="float32"), h)` of 16-bit float a, b and h is
   `matmul(a, b, out_dtype=h)`: the GEMM rounds its float32 sum to h on store (its EPILOGUE's
   rounding store, kernels/gemm/epilogue.py's half_out), the same value the two ops compute.
@@ -30,6 +35,10 @@ from .rewrite import as_pass, rewrite_functions
 
 HALF_FLOATS = ("bfloat16", "float16")
 _OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in ("astype", "take", "where", "matmul", "reshape")}
+_OPS["layer_norm"] = tvm.ir.Op.get("relax.nn.layer_norm")
+#: One-input float functions the vector unit computes in float32 only.
+_FLOAT32_UNARY = tuple(tvm.ir.Op.get(f"relax.{name}") for name in
+                       ("nn.gelu", "nn.gelu_tanh", "tanh", "sigmoid", "nn.silu", "exp", "nn.softmax"))
 
 
 def half_casts_folded(mod: tvm.IRModule) -> tvm.IRModule:
@@ -37,7 +46,9 @@ def half_casts_folded(mod: tvm.IRModule) -> tvm.IRModule:
     return rewrite_functions(mod, _CastRewriter)
 
 
-half_casts_pass = as_pass(half_casts_folded, "cgra.HalfCasts", ops=("relax.astype",))
+half_casts_pass = as_pass(half_casts_folded, "cgra.HalfCasts", ops=("relax.astype", "relax.nn.layer_norm", "relax.nn.gelu",
+                                                                      "relax.nn.gelu_tanh", "relax.tanh", "relax.sigmoid",
+                                                                      "relax.nn.silu", "relax.exp", "relax.nn.softmax"))
 
 
 def _is(expr, name: str) -> bool:
@@ -53,6 +64,21 @@ def _widened(expr):
     return None
 
 
+def _float32_layer_norm(builder, call):
+    """A 16-bit float layer norm with constant gamma and beta as PyTorch computes it: in float32
+    (x and the constants widened exactly), the result rounded once to the 16-bit float; else the call."""
+    x, gamma, beta = call.args
+    dtype = dtype_of(x)
+    gamma32, beta32 = _widened(gamma), _widened(beta)
+    if dtype not in HALF_FLOATS or gamma32 is None or beta32 is None:
+        return call
+    wide = builder.emit(relax.op.astype(x, "float32"))
+    normed = builder.emit(relax.op.nn.layer_norm(wide, gamma32, beta32, axes=call.attrs.axes,
+                                                 epsilon=call.attrs.epsilon, center=call.attrs.center,
+                                                 scale=call.attrs.scale))
+    return relax.op.astype(normed, dtype)
+
+
 @relax.expr_functor.mutator
 class _CastRewriter(relax.PyExprMutator):
     def __init__(self, mod):
@@ -61,6 +87,13 @@ class _CastRewriter(relax.PyExprMutator):
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
+        if _is(call, "layer_norm"):
+            return _float32_layer_norm(self.builder_, call)
+        if isinstance(call, relax.Call) and any(call.op.same_as(op) for op in _FLOAT32_UNARY) \
+                and dtype_of(call.args[0]) in HALF_FLOATS:  # PyTorch's CPU kernels: in float32, rounded once
+            wide = self.builder_.emit(relax.op.astype(call.args[0], "float32"))
+            inner = self.builder_.emit(relax.Call(call.op, [wide, *call.args[1:]], call.attrs))
+            return relax.op.astype(inner, dtype_of(call.args[0]))
         if not _is(call, "astype"):
             return call
         source, target = call.args[0], str(call.attrs.dtype)
