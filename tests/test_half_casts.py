@@ -140,3 +140,29 @@ def test_constants_under_a_widening_cast_are_widened_at_compile_time():
     ids, mask = np.array([3, 0, 9, 3]), rng.integers(0, 2, (1, 4, 8)).astype(bool)
     expected = table[ids].astype(np.float32).reshape(1, 4, 8) + np.where(mask, np.float32(-3.5), np.float32(0))
     np.testing.assert_array_equal(run(tvm.compile(folded, "llvm"), [ids, mask]), expected)
+
+
+@pytest.mark.parametrize("ones", [True, False])
+def test_a_bfloat16_rmsnorm_as_pytorch_writes_it_is_one_norm_kernel(ones):
+    """HF's `weight * rms_norm(x.float()).to(bfloat16)` (multiply(g, astype(rms_norm(x, w), bf16)))
+    is one norm kernel (kernels/rows/half_norms.py): the float32 norm (times w unless it is HF's ones),
+    rounded to bfloat16, times g in bfloat16; within one bfloat16 rounding of each of the two steps
+    of numpy's float64 model."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(4)
+    g = rng.standard_normal(64).astype(ml_dtypes.bfloat16)
+    w = np.ones(64, np.float32) if ones else (1 + 0.1 * rng.standard_normal(64)).astype(np.float32)
+
+    def body(bb, x):
+        normed = bb.emit(relax.op.nn.rms_norm(x, relax.const(w), axes=[-1], epsilon=1e-6))
+        return bb.emit(relax.op.multiply(relax.const(g, "bfloat16"), bb.emit(relax.op.astype(normed, "bfloat16"))))
+
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(relax_module([("x", (16, 64), "float32")], body), "cgra-8x8"), [x])
+    assert len(prof.kernels) == 1 and out.dtype == numpy_dtype("bfloat16")
+    normed = x.astype(np.float64) / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * w
+    expected = normed * g.astype(np.float64)
+    bound = (2 * 2.0 ** -8 + 2.0 ** -16) * np.abs(normed * g.astype(np.float64)) + 1e-30
+    assert np.all(np.abs(out.astype(np.float64) - expected) <= bound)
