@@ -166,3 +166,26 @@ def test_a_bfloat16_rmsnorm_as_pytorch_writes_it_is_one_norm_kernel(ones):
     expected = normed * g.astype(np.float64)
     bound = (2 * 2.0 ** -8 + 2.0 ** -16) * np.abs(normed * g.astype(np.float64)) + 1e-30
     assert np.all(np.abs(out.astype(np.float64) - expected) <= bound)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("kind", ["max", "avg", "global"])
+def test_a_16_bit_pool_runs_in_float32_on_the_npu_between_casts(dtype, kind):
+    """A bfloat16 / float16 max, average or global average pool: widened, pooled in float32 by
+    POOL, rounded once (PyTorch's CPU arithmetic): a max bit-exact, an average within one
+    rounding of numpy's float64 mean; nothing on the host."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 8, 6, 6)).astype(np.float32).astype(numpy_dtype(dtype))
+    pool = {"max": lambda a: relax.op.nn.max_pool2d(a, (2, 2), (2, 2)),
+            "avg": lambda a: relax.op.nn.avg_pool2d(a, (3, 3), (3, 3)),
+            "global": lambda a: relax.op.nn.adaptive_avg_pool2d(a, (1, 1))}[kind]
+    mod = relax_module([("x", (1, 8, 6, 6), dtype)], lambda bb, a: bb.emit(pool(a)))
+    assert not [p for p in npu_backend.explain(mod, "cgra-8x8") if p.where == "host" and p.op != "reshape"]
+    out = run(npu_backend.compile(mod, "cgra-8x8"), [x]).astype(np.float64)
+    wide = x.astype(np.float64)
+    if kind == "max":
+        np.testing.assert_array_equal(out, wide.reshape(1, 8, 3, 2, 3, 2).max((3, 5)))
+        return
+    size = 3 if kind == "avg" else 6
+    mean = wide.reshape(1, 8, 6 // size, size, 6 // size, size).mean((3, 5))
+    assert np.all(np.abs(out - mean) <= 2.0 ** (1 - {"bfloat16": 8, "float16": 11}[dtype]) * np.abs(mean) + 1e-6)

@@ -13,8 +13,9 @@ Stage: normalise (before partition). In: a Relax IRModule. Out: the same module 
 - a layer norm of a 16-bit float x with 16-bit constant gamma and beta runs in float32 on x
   widened, the constants widened, the result rounded to x's dtype (PyTorch's CPU kernel's
   arithmetic; TVM's own layer norm refuses bfloat16), so the norm kernel takes it; so does a
-  GELU, tanh, sigmoid, SiLU, exp or softmax of a 16-bit float (the vector unit and the fabric
-  compute them in float32 only);
+  GELU, tanh, sigmoid, SiLU, exp, softmax or 2-d pool of a 16-bit float (the vector unit, the
+  fabric and POOL compute them in float32 only; a max is exact either way, an average PyTorch
+  also sums in float32 and rounds once);
 - `astype(matmul(a, b, out_dtype="float32"), h)` of 16-bit float a, b and h is
   `matmul(a, b, out_dtype=h)`: the GEMM rounds its float32 sum to h on store (its EPILOGUE's
   rounding store, kernels/gemm/epilogue.py's half_out), the same value the two ops compute.
@@ -38,7 +39,8 @@ _OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in ("astype", "take", "whe
 _OPS["layer_norm"] = tvm.ir.Op.get("relax.nn.layer_norm")
 #: One-input float functions the vector unit computes in float32 only.
 _FLOAT32_UNARY = tuple(tvm.ir.Op.get(f"relax.{name}") for name in
-                       ("nn.gelu", "nn.gelu_tanh", "tanh", "sigmoid", "nn.silu", "exp", "nn.softmax"))
+                       ("nn.gelu", "nn.gelu_tanh", "tanh", "sigmoid", "nn.silu", "exp", "nn.softmax",
+                        "nn.max_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d"))
 
 
 def half_casts_folded(mod: tvm.IRModule) -> tvm.IRModule:
@@ -48,7 +50,9 @@ def half_casts_folded(mod: tvm.IRModule) -> tvm.IRModule:
 
 half_casts_pass = as_pass(half_casts_folded, "cgra.HalfCasts", ops=("relax.astype", "relax.nn.layer_norm", "relax.nn.gelu",
                                                                       "relax.nn.gelu_tanh", "relax.tanh", "relax.sigmoid",
-                                                                      "relax.nn.silu", "relax.exp", "relax.nn.softmax"))
+                                                                      "relax.nn.silu", "relax.exp", "relax.nn.softmax",
+                                                                      "relax.nn.max_pool2d", "relax.nn.avg_pool2d",
+                                                                      "relax.nn.adaptive_avg_pool2d"))
 
 
 def _is(expr, name: str) -> bool:
