@@ -4,7 +4,7 @@ tile, a run-time padding row, a run-time tile with whole rows of -inf under a sa
 head dims 16-128, cgra-4x4 and cgra-8x8.
 
 Stated bound: the output within 4e-6 of the largest |O| (measured up to 8e-7: the scores' GEMM
-in float32, exp within 1 ulp, the row sum's recursive summation over Sk, one reciprocal). A row
+in float32, exp within 1 ulp, the row sum over Sk (a REDUCE, or the GEMM P 1 of rows.py), one reciprocal). A row
 whose every score is -inf gives exactly 0 under a safe softmax (PyTorch's SDPA), NaN under a
 plain one (PyTorch's softmax). The kernel's DMA moves Q, K, V, the mask and O once each: the
 scores never leave the scratchpad.

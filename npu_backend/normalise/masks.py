@@ -11,10 +11,13 @@ whose boolean `b` is built from constants and integer casts by the ops below is 
 
     b                                   B
     a constant                          the constant as float32
-    astype(x, "bool"), x int32, int64   in int32: per 32-bit word w of x (an int64 viewed as its
-                                        two words, little-endian), s = max(min(w, 1), -1); N the
-                                        maximum of the max(s, -s); as float32 N times 0x3F800000
-                                        (1.0f's bits) viewed as float32
+    astype(x, "bool"), x int32, int64   per 32-bit word w of x (an int64 viewed as pairs of words,
+                                        little-endian), s = max(min(w, 1), -1) in int32; as float32
+                                        s times 0x3F800000 (1.0f's bits) viewed as float32 (-4.0,
+                                        +0.0 or 1.0), min(f * f, 1), an int64's pair's maximum (a
+                                        row max): three kernels (two slices and six clamps,
+                                        magnitudes and maxima were eight); as int32 N, the maximum
+                                        over the words of max(s, -s)
     not_equal(x, c), c an int constant  N of the words of x - c (wrapping int32 subtracts)
     equal(x, c)                         1 - that
     bitwise_and / logical_and(a, c)     A * C
@@ -30,6 +33,8 @@ adds a row; the matmul is one GEMM kernel and sums in any order as exactly.
 
 And then where(b, 0, y) = (B - 1) * -y (B - 1 is -1 or +0), for y = -inf (B - 1) * 2 * FLT_MAX
 (-2 * FLT_MAX overflows to -inf, 0 * FLT_MAX is 0); astype(b, "float32" or "int32") = B.
+where(c & r, 0, -inf) of a constant c and a run-time r is where(c, 0, -inf) (a constant) plus
+r's select on r's own shape: HF's causal triangle and padding row make the s x s mask in one add.
 
 Exact: every value above is 0, 1 or -1 until the last step, and each step's float32 result is
 exactly the integer one; an int64 is nonzero exactly when one of its words is, a word minus
@@ -58,7 +63,7 @@ from .chain_match import Chain
 from .rewrite import as_pass, rewrite_functions
 
 _WHERE, _ASTYPE = tvm.ir.Op.get("relax.where"), tvm.ir.Op.get("relax.astype")
-_CUMSUM = tvm.ir.Op.get("relax.cumsum")
+_CUMSUM, _ADD = tvm.ir.Op.get("relax.cumsum"), tvm.ir.Op.get("relax.add")
 _AND = ("relax.bitwise_and", "relax.logical_and")
 _OR = ("relax.bitwise_or", "relax.logical_or")
 _NOT = ("relax.logical_not", "relax.bitwise_not")
@@ -92,7 +97,7 @@ def _one(dtype: str) -> relax.Expr:
 class _MaskRewriter(relax.PyExprMutator):
     def __init__(self, mod=None):
         super().__init__(mod)
-        self.twins, self.selects, self.binary = {}, {}, set()
+        self.twins, self.selects, self.binary, self.broadcasts = {}, {}, set(), []
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
@@ -110,7 +115,33 @@ class _MaskRewriter(relax.PyExprMutator):
         if call.op.same_as(_WHERE) and dtype_of(call.args[0]) == "bool":
             select = self.select(chain, call)
             return with_span(select, call.span) if select is not None else call
+        if call.op.same_as(_ADD):
+            return self.unbroadcast(chain, call)
         return call
+
+    def unbroadcast(self, chain: Chain, call):
+        """add(x, reshape(broadcast_to(row))) of x's shape, the broadcast a select's (a padding row
+        over the queries: the attention form's scores plus its mask), as add(x, reshape(row)): the
+        add broadcasts the row itself, so the attention reads a row, not an s x s copy."""
+        x, mask = call.args
+        reshape = chain.call(mask, "relax.reshape")
+        source = reshape.args[0] if reshape is not None else None
+        for _ in range(4):  # through reshapes that keep the shape (HF's mask[:, :, :, :s])
+            inner = chain.call(source, "relax.reshape") if source is not None else None
+            if inner is None or static_shape(inner.args[0]) != static_shape(inner):
+                break
+            source = inner.args[0]
+        source = chain.value(source) if source is not None else None
+        if source is None or not any(source.same_as(b) for b in self.broadcasts) \
+                or static_shape(call) != static_shape(x):
+            return call
+        row, target, wanted = source.args[0], static_shape(source), static_shape(reshape)
+        shape = [1] * (len(target) - len(static_shape(row))) + list(static_shape(row))
+        if [t for t in target if t != 1] != [t for t in wanted if t != 1]:
+            return call
+        kept = iter(r for r, t in zip(shape, target) if t != 1)
+        row_shape = [1 if t == 1 else next(kept) for t in wanted]
+        return relax.op.add(x, self.emit(relax.op.reshape(row, row_shape)))
 
     def emit(self, expr):
         return self.builder_.emit(expr)
@@ -123,16 +154,44 @@ class _MaskRewriter(relax.PyExprMutator):
             return None
         key = (chain.value(cond), float(y))
         if key not in self.selects:
-            twin = self.twin(chain, cond, 0)
-            if twin is None:
+            split = self._split_select(chain, cond) if not np.isfinite(y) else None
+            twin = self.twin(chain, cond, 0) if split is None else None
+            if split is None and twin is None:
                 return None
-            less_one = self.emit(relax.op.subtract(twin, _f32(1)))
-            if np.isfinite(y):
-                self.selects[key] = self.emit(relax.op.multiply(less_one, _f32(-y)))
-            else:
-                doubled = self.emit(relax.op.multiply(less_one, _f32(2)))
-                self.selects[key] = self.emit(relax.op.multiply(doubled, _f32(_FLT_MAX)))
+            self.selects[key] = split if split is not None else self._additive(twin, y)
         return self.selects[key]
+
+    def _additive(self, twin, y: float):
+        """where(b, 0, y) from b's twin: (B - 1) * -y, for -inf (B - 1) * 2 * FLT_MAX."""
+        less_one = self.emit(relax.op.subtract(twin, _f32(1)))
+        if np.isfinite(y):
+            return self.emit(relax.op.multiply(less_one, _f32(-y)))
+        return self.emit(relax.op.multiply(self.emit(relax.op.multiply(less_one, _f32(2))), _f32(_FLT_MAX)))
+
+    def _split_select(self, chain: Chain, cond):
+        """where(c & r, 0, -inf) of a constant c and a run-time r as where(c, 0, -inf) (a constant)
+        + where(r, 0, -inf) of r's own shape (HF's causal & padding row: the row's arithmetic on
+        1 x s, one add makes the s x s mask, where c * R and three ops on it took two s x s
+        kernels), else None. Exact: 0 + 0 = +0, and -inf plus 0 or -inf is -inf (a finite y
+        would be 2y there)."""
+        call = chain.call(cond, *_AND)
+        if call is None:
+            return None
+        arrays = [chain.array(arg) for arg in call.args[:2]]
+        if sum(array is not None for array in arrays) != 1:
+            return None
+        constant, other = (arrays[0], call.args[1]) if arrays[0] is not None else (arrays[1], call.args[0])
+        if constant.dtype != np.bool_ or static_shape(other) is None:
+            return None
+        twin = self.twin(chain, other, 0)
+        if twin is None:
+            return None
+        row = self._additive(twin, -np.inf)
+        if constant.all():  # a bidirectional mask (BERT's): the row broadcast, which the attention reads as a row
+            broadcast = relax.op.broadcast_to(row, np.broadcast_shapes(constant.shape, tuple(static_shape(other))))
+            self.broadcasts.append(self.builder_.normalize(broadcast))
+            return self.emit(self.broadcasts[-1])
+        return self.emit(relax.op.add(relax.const(np.where(constant, 0, -np.inf).astype(np.float32)), row))
 
     def scan(self, call):
         """cumsum(B) along the last axis of an int32 twin B as B's low bytes (int8, a view and a
@@ -199,6 +258,22 @@ class _MaskRewriter(relax.PyExprMutator):
             return nonzero
         return relax.op.memory.view(self.emit(relax.op.multiply(nonzero, _i32(_ONE_BITS))), dtype="float32")
 
+    def _nonzero_float(self, source):
+        """1.0 where the int32 or int64 `source` is nonzero, else +0.0 (float32), in three
+        kernels where `_nonzero` took eight for an int64 (two slices, two clamps and two
+        magnitudes, a maximum, a multiply): its words as pairs (a view), s = max(min(w, 1), -1)
+        times 0x3F800000 viewed as float32 (-4.0, +0.0 or 1.0: an int32 chain), min(f * f, 1)
+        (a float32 chain: 1.0 or +0.0), the maximum of each pair (a row reduction)."""
+        shape = static_shape(source)
+        if not shape:
+            return None
+        pairs = dtype_of(source) == "int64"
+        words = self.emit(relax.op.memory.view(source, shape=(*shape, 2), dtype="int32")) if pairs else source
+        sign = self.emit(relax.op.maximum(self.emit(relax.op.minimum(words, _i32(1))), _i32(-1)))
+        bits = self.emit(relax.op.memory.view(self.emit(relax.op.multiply(sign, _i32(_ONE_BITS))), dtype="float32"))
+        nonzero = relax.op.minimum(self.emit(relax.op.multiply(bits, bits)), _f32(1))
+        return relax.op.max(self.emit(nonzero), axis=[-1]) if pairs else nonzero
+
     def _differs(self, chain: Chain, call):
         """The words of x - c for not_equal / equal(x, c), c an integer constant of one value
         (x differs from c exactly where a word of x differs from c's), else None."""
@@ -219,6 +294,8 @@ class _MaskRewriter(relax.PyExprMutator):
             return None
         name = call.op.name
         if name == "relax.astype":
+            if dtype == "float32" and dtype_of(call.args[0]) in ("int32", "int64"):
+                return self._nonzero_float(call.args[0])
             words = self._words(call.args[0])
             return None if words is None else self._nonzero(words, dtype)
         if name in ("relax.not_equal", "relax.equal"):

@@ -38,7 +38,7 @@ class RowTiling:
     """tq query rows a tile over the padded mp; `mask` "none", "whole" (a batch's mask held
     whole, loaded per batch) or "tile" (a tq x Sk tile per item); the GEMMs' A tiles' row strides (q_stride:
     Q, p_stride: the scores, which become P in place); copies of K and V (1: a head's load waits
-    for the items of the head before)."""
+    for the items of the head before); whether the row sums are the PE array's GEMM (sums_on_pe)."""
 
     tq: int
     mp: int
@@ -46,6 +46,7 @@ class RowTiling:
     q_stride: int = 0
     p_stride: int = 0
     kv_copies: int = 2
+    sums_on_pe: bool = False
 
     @property
     def tm(self) -> int:
@@ -57,6 +58,13 @@ def mask_in_gemm(spec) -> bool:
     (rows.py): for a mask of whole tiles, whose ELTWISE add reads two elements a score (a row or
     a column broadcast reads about one, as the copy does: it stays an ELTWISE)."""
     return bool(spec.mask_shape) and spec.mask_shape[3] > 1 and spec.mask_shape[4] > 1
+
+
+def mask_on_pe(spec) -> bool:
+    """Whether the kernel adds a mask row (per key) or column (per query) by a GEMM of k = 1
+    accumulating onto S (rows.py): 1 m or m 1, the product exact, rounds as the ELTWISE add does
+    and takes the PE array instead of the vector unit, which the softmax keeps busy."""
+    return bool(spec.mask_shape) and (spec.mask_shape[3] > 1) != (spec.mask_shape[4] > 1)
 
 
 def scale_at(spec) -> str | None:
@@ -95,14 +103,20 @@ def attention_footprint(spec, t: RowTiling) -> int:
     kv = aligned(t.kv_copies * d * sk * F32_BYTES) + aligned(t.kv_copies * sk * dv * F32_BYTES)
     item = aligned(2 * tq * t.q_stride * F32_BYTES) + aligned(score_copies(spec) * tq * t.p_stride * F32_BYTES)
     item += 3 * aligned(2 * tq * F32_BYTES) + 2 * aligned(2 * tq * dv * F32_BYTES)
+    item += aligned(max(sk, tq) * F32_BYTES)  # the ones
     mask = aligned(_mask_rows(spec, t) * spec.mask_shape[4] * F32_BYTES) if t.mask != "none" else 0
     return kv + item + mask
 
 
-def attention_item_cycles(spec, arch: HardwareDescription, tq: int) -> tuple:
-    """(vector unit, PE array) cycles of one item: its softmax and scale, its two GEMMs."""
+def attention_item_cycles(spec, arch: HardwareDescription, tq: int, sums_on_pe: bool = False) -> tuple:
+    """(vector unit, PE array) cycles of one item: its softmax and scale, its two GEMMs [and the
+    row sums' GEMM P 1, else a REDUCE]."""
     sk, d, dv = spec.sk, spec.d, spec.dv
     pe = cost.gemm_steady_cycles(arch, tq, sk, d, "float32") + cost.gemm_steady_cycles(arch, tq, dv, sk, "float32")
+    if sums_on_pe:
+        pe += cost.gemm_steady_cycles(arch, tq, 1, sk, "float32") + cost.gemm_fill_cycles(arch, tq, 1)
+    if mask_on_pe(spec):  # S + a mask row or column
+        pe += cost.gemm_steady_cycles(arch, tq, sk, 1, "float32") + cost.gemm_fill_cycles(arch, tq, sk)
     vector = 0
     if scale_at(spec) == "q":
         vector += cost.vfunc_cycles(arch, tq * d, "identity", scale=True)
@@ -110,12 +124,19 @@ def attention_item_cycles(spec, arch: HardwareDescription, tq: int) -> tuple:
         vector += cost.vfunc_cycles(arch, sk * d, "identity", scale=True) // spec.g
     if mask_in_gemm(spec):  # copied into S, the GEMM accumulating onto it
         vector += cost.vfunc_cycles(arch, tq * sk, "identity")
-    elif spec.mask_shape:
-        vector += cost.eltwise_cycles(arch, tq * sk, tq * sk + max(spec.mask_shape[3], spec.mask_shape[4]))
-    vector += 2 * (cost.reduce_cycles(arch, tq, sk) + cost.vector_cycles(arch, tq, 1))
+    elif spec.mask_shape and not mask_on_pe(spec):
+        vector += cost.eltwise_cycles(arch, tq * sk, tq * sk + 1)
+    vector += (1 + (not sums_on_pe)) * (cost.reduce_cycles(arch, tq, sk) + cost.vector_cycles(arch, tq, 1))
     vector += cost.eltwise_cycles(arch, tq * sk, tq * sk + tq) + cost.vfunc_cycles(arch, tq * sk, "exp")
     vector += cost.vfunc_cycles(arch, tq, "reciprocal", offset=spec.safe) + cost.eltwise_cycles(arch, tq * dv, tq * dv + tq)
     return vector, pe
+
+
+def sums_on_pe(spec, arch: HardwareDescription, tq: int) -> bool:
+    """Whether an item's row sums are the PE array's GEMM P 1 (rows.py): where the vector unit is
+    the busier unit with them on it (a short head dim: Llama's 16), not where the PE array is
+    (64 dims at 128 tokens: a GEMM of one column there made the layer 6% slower)."""
+    return max(attention_item_cycles(spec, arch, tq, True)) < max(attention_item_cycles(spec, arch, tq, False))
 
 
 def estimate_attention_cycles(spec, arch: HardwareDescription, t: RowTiling) -> int:
@@ -123,7 +144,7 @@ def estimate_attention_cycles(spec, arch: HardwareDescription, t: RowTiling) -> 
     DMA (Q in, O out, its share of the K / V heads and mask tiles), plus the first item's loads
     and GEMM and the last one's normalisation and store."""
     items = spec.b * spec.hk * spec.g * (t.mp // t.tq)
-    vector, pe = attention_item_cycles(spec, arch, t.tq)
+    vector, pe = attention_item_cycles(spec, arch, t.tq, t.sums_on_pe)
     kv = cost.dma_transfer_cycles(arch, spec.sk * (spec.d + spec.dv) * F32_BYTES)
     load = cost.dma_transfer_cycles(arch, t.tq * spec.d * F32_BYTES) + kv // (spec.g * (t.mp // t.tq))
     if t.mask == "tile":
@@ -198,7 +219,7 @@ def whole_row_tiling(spec, arch: HardwareDescription) -> RowTiling:
         q_stride, p_stride = a_row_stride(tq, spec.d, F32_BYTES, arch), a_row_stride(tq, spec.sk, F32_BYTES, arch)
         for mode in modes:
             for copies in (2, 1):
-                t = RowTiling(tq, round_up(spec.sq, tq), mode, q_stride, p_stride, copies)
+                t = RowTiling(tq, round_up(spec.sq, tq), mode, q_stride, p_stride, copies, sums_on_pe(spec, arch, tq))
                 if attention_footprint(spec, t) <= arch.spad_bytes:
                     choices.append(t)
     if choices:

@@ -2,12 +2,18 @@
 
 Stage: kernel definition (the attention family's compute when its tile search chose a RowTiling:
 attention_tiles.py). In: the AttentionSpec. Out: the kernel as lowered TIR (TVMScript text, as
-flash.py writes its), whose commands compute what the whole-row softmax computes, bit for bit:
+flash.py writes its), whose commands compute what the whole-row softmax computes:
 
     S = (Q * scale) Kᵀ [+ mask] (VFUNC identity, [the mask copied into S: VFUNC identity,] GEMM)
-    [S + a mask row or column (ELTWISE)]
-    m = row max of S (FILL, REDUCE MAX); P = exp(S - m) (ELTWISE, VFUNC); l = row sum of P
+    [S + a mask row or column: 1 m or m 1 (GEMM of k = 1, accumulating)]
+    m = row max of S (FILL, REDUCE MAX); P = exp(S - m) (ELTWISE, VFUNC); l = P 1 (GEMM)
     O = P V (GEMM); O * 1 / l (VFUNC reciprocal, ELTWISE), stored
+
+The vector unit is the kernel's bottleneck (the exp on the function unit alone is an element a
+cycle on cgra-8x8), so whatever the PE array can do exactly goes there: the row sums as a GEMM
+with a column of ones (summed in the GEMM's order, not the REDUCE's left to right: within the
+same bound, not the same bits), a mask row or column as a GEMM of k = 1 whose products are
+exact, so S + m rounds once as the ELTWISE add did.
 
 The items (batch, K / V head, query head of its group, tile of tq query rows) run as one flat
 loop t, in that order, each with its own copy (of two) of Q, S, the columns and O, so that the
@@ -15,7 +21,8 @@ four queues overlap neighbouring items instead of waiting for each other (the co
 item depend on each other all the way): in iteration t the stream holds
 
     [K and V of item t + 1's K / V head, if it starts one] the scale of Q(t + 1) and S(t + 1) = Q Kᵀ,
-    the load of Q(t + 2); the softmax of item t, O(t) = P V; O(t - 1) normalised and stored
+    the load of Q(t + 2); the softmax of item t, l(t) = P 1, O(t) = P V; 1 / l(t - 1), O(t - 1)
+    normalised and stored
 
 so the PE array computes item t + 1's scores while the vector unit runs item t's softmax, and the
 vector unit normalises O(t - 1) (its GEMM long done) instead of waiting for O(t). K and V are held
@@ -31,12 +38,12 @@ from ..common.spec import SINGLE_BUFFERED
 from ..layout.copy_kernel import parse_script
 from cgra_sim.isa import GEMM_ACCUMULATE, VFunc
 
-from .attention_tiles import LOWEST, TINY, RowTiling, mask_in_gemm, scale_at, score_copies
+from .attention_tiles import LOWEST, TINY, RowTiling, mask_in_gemm, mask_on_pe, scale_at, score_copies
 from .script_text import F32, Writer, call, eltwise, element, fill, gemm, guarded, kernel_writer, reduce, vfunc, with_arg_shapes
 
 #: Every buffer: the kernel keeps its own two copies where it needs them (lower/double_buffer.py
 #: must leave them alone; they are allocated outside the loop anyway).
-BUFFERS = ["kt", "v", "q", "s", "m", "l", "inv", "o", "res", "mask_all", "mask_tile"]
+BUFFERS = ["kt", "v", "q", "s", "m", "l", "inv", "o", "res", "mask_all", "mask_tile", "ones"]
 
 
 def rows_compute(spec, t: RowTiling):
@@ -90,7 +97,7 @@ def rows_script(spec, t: RowTiling) -> str:
     one_copy = t.kv_copies == 1 and spec.b * spec.hk > 1
     if items > 1:
         _next_items(w, spec, t, items, "same head" if one_copy else "")
-    _softmax(w, spec, t, _Item(spec, t, "t"))
+    _softmax(w, spec, t, _Item(spec, t, "t"), items)
     if items > 1 and one_copy:
         _next_items(w, spec, t, items, "new head")
     if items > 1:
@@ -160,6 +167,9 @@ def _allocate(w: Writer, spec, t: RowTiling) -> None:
         w.alloc("mask_all", (2 if spec.mask_shape[0] > 1 else 1, mhk * mg, t.mp if msq > 1 else 1, msk))
     elif t.mask == "tile":
         w.alloc("mask_tile", (2, tq if spec.mask_shape[3] > 1 else 1, spec.mask_shape[4]))
+    # the PE array's other operand: ones (the row sums P 1; a mask row 1 m or column m 1)
+    w.alloc("ones", (max(sk, tq),))
+    w.add(fill("ones", 1, max(sk, tq), max(sk, tq), 1.0))
 
 
 def _load_kv(w: Writer, spec, item: _Item, which: str = "kv") -> None:
@@ -222,6 +232,12 @@ def _scores(w: Writer, spec, t: RowTiling, item: _Item, scale_k: bool = False) -
     w.add(call("cgra_gemm", flags=GEMM_ACCUMULATE if mask_in_gemm(spec) else 0, dtype=F32, m=tq, n=spec.sk,
                 k=spec.d, a_addr=q[:2], a_stride=qs, b_addr=("kt", f"{item.kv_slot} * {spec.d * spec.sk}"),
                 b_stride=spec.sk, acc_addr=s[:2], acc_stride=ps))
+    if mask_on_pe(spec):  # S + a mask row (1 m) or column (m 1): fl(S + m), as the ELTWISE add rounds
+        mask = _mask_operand(spec, t, item)
+        ones = ("ones", 0)
+        row = spec.mask_shape[3] == 1
+        w.add(gemm(True, tq, spec.sk, 1, ones + (1,) if row else mask[:2] + (1,), mask[:2] + (spec.sk,) if row
+                   else ones + (spec.sk,), s))
 
 
 def _mask_operand(spec, t: RowTiling, item: _Item) -> tuple:
@@ -237,27 +253,41 @@ def _mask_operand(spec, t: RowTiling, item: _Item) -> tuple:
     return ("mask_all", f"{batch} + {head} + {row}", row_stride, col_stride)
 
 
-def _softmax(w: Writer, spec, t: RowTiling, item: _Item) -> None:
-    """[S + a mask row or column], the row max of S, exp(S - max) in place, the row sum, its reciprocal, O = P V."""
+def _softmax(w: Writer, spec, t: RowTiling, item: _Item, items: int) -> None:
+    """[S + a scalar mask], the row max m of S, P = exp(S - m) in place, its row sums l = P 1 and
+    O = P V. The sums are a GEMM on the PE array where the vector unit is the busier unit
+    (`RowTiling.sums_on_pe`: a REDUCE takes the vector unit a cycle a column), else a REDUCE.
+    S - m stays an ELTWISE: a GEMM of k = 1 adding m times a row of -1 would round the same, but
+    the PE array's in-order queue holds it behind the previous item's P V GEMM, and the exp would
+    wait for that every item. The last item's sums are a REDUCE all the same: the vector unit has
+    nothing else left to do, and its sums then run beside that item's P V GEMM, not before it."""
     tq, sk, ps, dv = t.tq, spec.sk, t.p_stride, spec.dv
     s = ("s", f"{item.s_slot} * {tq * ps}", ps)
-    column = {name: (name, f"{item.slot} * {tq}", 1) for name in ("m", "l", "inv")}
-    if spec.mask_shape and not mask_in_gemm(spec):
+    m = ("m", f"{item.slot} * {tq}", 1)
+    if spec.mask_shape and not mask_in_gemm(spec) and not mask_on_pe(spec):
         w.add(eltwise("add", tq, sk, s + (1,), _mask_operand(spec, t, item), s))
-    w.add(fill("m", tq, 1, 1, LOWEST if spec.safe else float("-inf"), offset=column["m"][1]),
-          reduce("max", tq, sk, s, column["m"][:2]),
-          eltwise("subtract", tq, sk, s + (1,), column["m"] + (0,), s),
-          vfunc("exp", tq, sk, s, s, scale=spec.scale if scale_at(spec) == "exp" else None),
-          fill("l", tq, 1, 1, 0.0, offset=column["l"][1]),
-          reduce("sum", tq, sk, s, column["l"][:2]),
-          vfunc("reciprocal", tq, 1, column["l"], column["inv"], offset=TINY if spec.safe else None),
-          gemm(False, tq, dv, sk, s, ("v", f"{item.kv_slot} * {sk * dv}", dv), ("o", f"{item.slot} * {tq * dv}", dv)))
+    w.add(fill("m", tq, 1, 1, LOWEST if spec.safe else float("-inf"), offset=m[1]),
+          reduce("max", tq, sk, s, m[:2]),
+          eltwise("subtract", tq, sk, s + (1,), m + (0,), s),
+          vfunc("exp", tq, sk, s, s, scale=spec.scale if scale_at(spec) == "exp" else None))
+    l = ("l", f"{item.slot} * {tq}")
+    on_vector = [fill("l", tq, 1, 1, 0.0, offset=l[1]), reduce("sum", tq, sk, s, l)]
+    if t.sums_on_pe and items > 1:
+        w.add(f"if {item.at} < {items - 1}:", "    " + gemm(False, tq, 1, sk, s, ("ones", 0, 1), l + (1,)),
+              "else:", *("    " + line for line in on_vector))
+    elif t.sums_on_pe:
+        w.add(gemm(False, tq, 1, sk, s, ("ones", 0, 1), l + (1,)))
+    else:
+        w.add(*on_vector)
+    w.add(gemm(False, tq, dv, sk, s, ("v", f"{item.kv_slot} * {sk * dv}", dv), ("o", f"{item.slot} * {tq * dv}", dv)))
 
 
 def _normalise(w: Writer, spec, t: RowTiling, item: _Item) -> None:
     """O * 1 / l of the item, stored (its rows inside the sequence)."""
     tq, dv = t.tq, spec.dv
     at = f"{item.slot} * {tq * dv}"
+    column = ("l", f"{item.slot} * {tq}", 1)
+    w.add(vfunc("reciprocal", tq, 1, column, ("inv",) + column[1:], offset=TINY if spec.safe else None))
     w.add(eltwise("multiply", tq, dv, ("o", at, dv, 1), ("inv", f"{item.slot} * {tq}", 1, 0), ("res", at, dv)))
     row = f"{item.row0} + i"
     stored_at = element(spec, "out", item.n, item.head, row, "e")

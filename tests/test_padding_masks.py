@@ -1,0 +1,57 @@
+"""A padding mask over the keys stays a row (normalise/masks.py): HF's bidirectional mask (BERT's
+`where(ones & mask[None, None, None, :], 0, -inf)`, broadcast over the queries) added to scores
+reads the row itself, so the attention kernel takes it as a row (a GEMM of k = 1 on the PE array,
+kernels/attention/rows.py), no s x s copy; the causal form (a constant triangle & the row) is the
+constant where(c, 0, -inf) plus the row's select. Both exact: the same bits as before.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from tvm import relax
+
+from npu_backend.normalise.masks import masks_as_float
+from test_host_op_rewrites import _identical
+from test_transformer_rewrites import _module, _ops
+
+op = relax.op
+WORDS = st.sampled_from([0, 1, -1, 2, 1 << 40, -(1 << 63), 1 << 31])
+
+
+def _scores_plus_mask(keep):
+    """scores (1, 2, 1, 8, 8) + reshape(where(keep & mask row, 0, -inf)), the attention form's add."""
+    def build(bb, scores, mask):
+        row = bb.emit(op.reshape(bb.emit(op.astype(mask, "bool")), (1, 1, 1, 8)))
+        both = bb.emit(op.bitwise_and(relax.const(keep), row))
+        additive = bb.emit(op.where(both, relax.const(np.float32(0)), relax.const(np.float32(-np.inf))))
+        same = bb.emit(op.reshape(additive, (1, 1, 8, 8)))  # HF's mask[:, :, :, :s]
+        return op.add(scores, bb.emit(op.reshape(same, (1, 1, 1, 8, 8))))
+    return _module(build, shapes=((1, 2, 1, 8, 8), (1, 8)), dtypes=["float32", "int64"])
+
+
+@settings(max_examples=10, deadline=None)
+@given(mask=hnp.arrays(np.int64, (1, 8), elements=WORDS), scores=hnp.arrays(np.float32, (1, 2, 1, 8, 8),
+                                                                            elements=st.floats(-4, 4, width=32)))
+def test_a_bidirectional_padding_mask_is_added_as_a_row(mask, scores):
+    before = _scores_plus_mask(np.ones((1, 1, 8, 1), bool))
+    after = masks_as_float(before)
+    ops = _ops(after)
+    assert "broadcast_to" not in ops and "where" not in ops, ops
+    (add,) = [b.value for b in after["main"].body.blocks[0].bindings
+              if isinstance(b.value, relax.Call) and b.value.op.name == "relax.add"]
+    assert [int(d) for d in add.args[1].ty.shape] == [1, 1, 1, 1, 8]  # the attention's mask is a row
+    _identical(before, after, scores, mask)
+
+
+@settings(max_examples=10, deadline=None)
+@given(mask=hnp.arrays(np.int64, (1, 8), elements=WORDS), scores=hnp.arrays(np.float32, (1, 2, 1, 8, 8),
+                                                                            elements=st.floats(-4, 4, width=32)))
+def test_a_causal_padding_mask_is_a_constant_plus_the_rows_select(mask, scores):
+    before = _scores_plus_mask(np.tril(np.ones((8, 8), bool)).reshape(1, 1, 8, 8))
+    after = masks_as_float(before)
+    ops = _ops(after)
+    assert ops["add"] == 2 and ops["multiply"] == 4 and "where" not in ops, ops  # no causal * row product
+    _identical(before, after, scores, mask)
