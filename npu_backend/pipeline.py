@@ -18,6 +18,7 @@ from .kernels.common.dynamic import rebind_dimensions
 from .kernels.stage import choose_tiling, define, schedule
 from .lower.dma import lower_copies_to_dma
 from .lower.double_buffer import double_buffer
+from .lower.gemm_rows import split_gemm_rows
 from .lower.hoist_allocs import hoist_allocations
 from .lower.stream_panel import stream_panels
 from .lower.fold_init import fold_accumulator_init
@@ -88,7 +89,9 @@ def lowering_passes() -> list:
         func_pass(stream_panels, "cgra.StreamPanels"),
         # An output tile's epilogue pieces: one buffer each, allocated with the tile's.
         func_pass(hoist_allocations, "cgra.HoistAllocations"),
-        # Two copies of each scratchpad tile reused by a loop, so DMA overlaps compute.
+        # Such a tile's GEMMs in the same pieces of rows, so its first EPILOGUE starts early.
+        func_pass(split_gemm_rows, "cgra.SplitGemmRows"),
+        # Two copies of each scratchpad tile reused by a loop (three where a loop asks), so DMA overlaps compute.
         func_pass(double_buffer, "cgra.DoubleBuffer"),
         s_tir.transform.StmtSimplify(),  # fold the index arithmetic of the remaining calls
         tirx.transform.FlattenBuffer(),  # N-d buffers -> 1-d, for the code generator

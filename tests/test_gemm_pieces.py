@@ -4,8 +4,9 @@ _in_pieces; lower/hoist_allocs.py gives each piece its own buffer).
 
 End to end on the simulator: results match numpy within float32's rounding (a shallower step
 sums the reduction in another order), the chosen tiling beats the one without pieces, and the
-last tile's pieces are a pipeline: each EPILOGUE starts when the one before it ends, not after
-the store before it; the tile search's estimate is the simulator's cycles.
+last tile's pieces are a pipeline: its GEMMs run in the same pieces of rows (lower/gemm_rows.py),
+each EPILOGUE starts when its rows' GEMM and the EPILOGUE before it are done, not after the
+store before it; the tile search's estimate is the simulator's cycles.
 """
 
 from __future__ import annotations
@@ -50,7 +51,12 @@ def test_a_prefill_matmul_finishes_its_tiles_in_pipelined_pieces(arch, monkeypat
     epilogues = [i for i, op in enumerate(ops) if op == Op.EPILOGUE]
     last = epilogues[-tiling.tm // tiling.epilogue_rows:]  # the last tile's pieces
     starts, ends = launch.timeline.starts, launch.timeline.ends
-    assert all(starts[b] == ends[a] for a, b in zip(last, last[1:]))  # back to back on the vector unit
+    gemms = [i for i, op in enumerate(ops) if op == Op.GEMM]
+    # its GEMMs in the same pieces (lower/gemm_rows.py): each EPILOGUE starts when its rows' GEMM
+    # and the EPILOGUE before it are done, all but the last before the kernel's last GEMM ends
+    last_gemms = gemms[-len(last):]
+    assert all(starts[e] == max(ends[g], ends[p]) for e, g, p in zip(last[1:], last_gemms[1:], last))
+    assert all(starts[e] < ends[gemms[-1]] for e in last[:-1])
     assert sum(op == Op.DMA_STORE for op in ops) == len(epilogues)  # a store per piece
 
     monkeypatch.setattr(gemm, "finishes_in_pieces", lambda spec, arch: False)

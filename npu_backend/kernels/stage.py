@@ -113,13 +113,14 @@ def schedule(kernel: Kernel, arch, options) -> Kernel:
 
 def _plain(tiling):
     """The tiling a user's schedule gets: without the built-in GEMM schedule's own refinements
-    (an output tile finished in pieces of rows, A's panel streamed during the first column tile),
+    (an output tile finished in pieces of rows, A's panel streamed during the first column tile,
+    a third copy of the operand tiles sized for the built-in tiles),
     which assume its loop order; a user's tile sizes or loop order (columns outside rows) with
     them computed wrong results (tests/test_user_schedules.py)."""
     names = {field.name for field in dataclasses.fields(tiling)} if dataclasses.is_dataclass(tiling) else set()
     if not {"epilogue_rows", "stream_panel"} <= names:
         return tiling
-    return dataclasses.replace(tiling, epilogue_rows=0, stream_panel=False)
+    return dataclasses.replace(tiling, epilogue_rows=0, stream_panel=False, operand_copies=2)
 
 
 def _as_written(sch, spec, tiling, arch) -> None:

@@ -9,7 +9,9 @@ Why: with one copy, the DMA for tile t+1 must wait until the PE array has finish
 t (a write-after-read on the same scratchpad bytes). With two, the load of t+1 runs while t is
 computed, and the epilogue and store of t while t+1 is computed; the simulator's scoreboard
 sees disjoint byte ranges and overlaps them. The tiling budgets twice each buffer for this,
-except the buffers of the blocks a kernel names in its SINGLE_BUFFERED attribute (one copy).
+except the buffers of the blocks a kernel names in its SINGLE_BUFFERED attribute (one copy) and
+those an enclosing loop's BUFFER_COPIES annotation gives more (a GEMM's operand tiles whose
+loads take longer than two steps: kernels/gemm/gemm_copies.py).
 
 Uses of a buffer are (data, element offset) argument pairs of `cgra_*` calls (the convention of
 the intrinsics and of the DMA pass) and, rarely, BufferLoad/BufferStore; both are rewritten.
@@ -23,7 +25,7 @@ from tvm import ir, tirx
 
 from cgra_codegen import SPAD_SCOPE as SPAD
 
-from ..kernels.common.spec import SINGLE_BUFFERED
+from ..kernels.common.spec import BUFFER_COPIES, SINGLE_BUFFERED
 from .dma import buffer_elements, buffer_strides
 
 _BUFFER_DATA = ir.Op.get("tirx.buffer_data")
@@ -54,22 +56,43 @@ def _rewrite(stmt, loops, single):
 
 
 def _double_allocations(seq, loops, single):
-    """Give the spad allocations of this sequence two copies indexed by the loops' parity.
+    """Give the spad allocations of this sequence two copies indexed by the loops' parity (or
+    the copies an enclosing loop's BUFFER_COPIES annotation asks for, the iteration modulo them).
 
     The allocation stays where it is: the code generator places it at a fixed scratchpad
     address for the whole loop, so copy `t % 2` of iteration t is still there in iteration
     t + 2, which is all double buffering needs."""
     if not loops or _trip_count(loops) < 2:
         return tirx.SeqStmt(seq)
-    remap = {stmt.buffer: _doubled(stmt.buffer)
-             for stmt in seq if isinstance(stmt, tirx.AllocBuffer) and stmt.buffer.scope() == SPAD
-             and str(stmt.buffer.name).removesuffix(_SUFFIX) not in single}
+    asked = _copies_asked(loops)
+    remap = {}  # copies -> {buffer: its copies}
+    for stmt in seq:
+        if isinstance(stmt, tirx.AllocBuffer) and stmt.buffer.scope() == SPAD:
+            name = str(stmt.buffer.name).removesuffix(_SUFFIX)
+            if name not in single:
+                copies = asked.get(name, COPIES)
+                remap.setdefault(copies, {})[stmt.buffer] = with_copies(stmt.buffer, copies)
     if not remap:
         return tirx.SeqStmt(seq)
-    redirect = ExprRedirect(remap, tirx.floormod(_iteration(loops), COPIES))
-    return tirx.SeqStmt([tirx.AllocBuffer(remap[stmt.buffer])
-                         if isinstance(stmt, tirx.AllocBuffer) and stmt.buffer in remap
-                         else redirect.stmt(stmt) for stmt in seq])
+    every = {buffer: copy for group in remap.values() for buffer, copy in group.items()}
+    out = []
+    for stmt in seq:
+        if isinstance(stmt, tirx.AllocBuffer) and stmt.buffer in every:
+            out.append(tirx.AllocBuffer(every[stmt.buffer]))
+            continue
+        for copies, group in remap.items():
+            stmt = ExprRedirect(group, tirx.floormod(_iteration(loops), copies)).stmt(stmt)
+        out.append(stmt)
+    return tirx.SeqStmt(out)
+
+
+def _copies_asked(loops) -> dict:
+    """{block name: copies} from the BUFFER_COPIES annotations of the enclosing loops."""
+    asked = {}
+    for loop in loops:
+        for name, copies in dict((loop.annotations or {}).get(BUFFER_COPIES, {})).items():
+            asked[str(name)] = int(copies)
+    return asked
 
 
 def _doubled(buffer):

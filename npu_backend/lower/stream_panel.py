@@ -16,6 +16,7 @@ the first still load only B.
 from __future__ import annotations
 
 from tvm import tirx
+from tvm.tirx.analysis import undefined_vars
 
 from cgra_codegen import SPAD_SCOPE as SPAD
 
@@ -35,8 +36,9 @@ def _visit(stmt, loops):
     """(stmt rebuilt, [(column loop var, the panel's allocation to place before that loop)])."""
     if isinstance(stmt, tirx.For):
         body, pending = _visit(stmt.body, loops + [stmt])
-        if STREAM_PANEL in (stmt.annotations or {}) and loops:
-            body, alloc = _stream(body, stmt, loops[-1])
+        streamed = _stream(body, stmt, loops[-1]) if STREAM_PANEL in (stmt.annotations or {}) and loops else None
+        if streamed is not None:
+            body, alloc = streamed
             pending = pending + [(loops[-1].loop_var, alloc)]
         body, pending = _place(body, pending)
         return with_body(stmt, body), pending
@@ -69,18 +71,50 @@ def _is_loop_of(stmt, var) -> bool:
 
 def _stream(body, step_loop, column_loop):
     """The step loop's body with A as one copy per step, its load only in the first column tile;
-    and the allocation of those copies."""
-    seq = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
-    a_tile = [s.buffer for s in seq if isinstance(s, tirx.AllocBuffer) and s.buffer.scope() == SPAD
-              and str(s.buffer.name).startswith("a_pad")]
-    if len(a_tile) != 1:
-        raise ValueError(f"STREAM_PANEL loop without exactly one A tile allocation: {a_tile}")
-    panel = with_copies(a_tile[0], int(step_loop.extent))
-    rest = [s for s in seq if not (isinstance(s, tirx.AllocBuffer) and s.buffer.same_as(a_tile[0]))]
-    rest = ExprRedirect({a_tile[0]: panel}, step_loop.loop_var - step_loop.min).stmt(tirx.SeqStmt(rest))
+    and the allocation of those copies. None for a nest it does not recognise (`_a_tile`)."""
+    a_tile = _a_tile(body, step_loop, column_loop)
+    if a_tile is None:
+        return None
+    seq = list(body.seq)
+    panel = with_copies(a_tile, int(step_loop.extent))
+    rest = [s for s in seq if not (isinstance(s, tirx.AllocBuffer) and s.buffer.same_as(a_tile))]
+    rest = ExprRedirect({a_tile: panel}, step_loop.loop_var - step_loop.min).stmt(tirx.SeqStmt(rest))
     first = tirx.EQ(column_loop.loop_var, column_loop.min)
     guarded = [tirx.IfThenElse(first, s, None) if _loads(s, panel) else s for s in rest.seq]
     return tirx.SeqStmt(guarded), tirx.AllocBuffer(panel)
+
+
+def _a_tile(body, step_loop, column_loop):
+    """The A tile of a step loop whose panel may be streamed, or None: constant extents, exactly
+    one scratchpad A tile allocated in the step's body, written by exactly one DMA load (at the
+    top level of the body, so that guarding it guards every write) whose source does not depend
+    on `column_loop`, the loop directly around the step loop. That independence is what makes
+    every iteration of `column_loop` read the panel its first iteration loaded: it fails when
+    that loop walks rows (columns outside rows) or a kernel window's taps."""
+    if not (isinstance(step_loop.extent, tirx.IntImm) and isinstance(column_loop.min, tirx.IntImm)
+            and column_loop.kind == tirx.ForKind.SERIAL and isinstance(body, tirx.SeqStmt)):
+        return None
+    tiles = [s.buffer for s in body.seq if isinstance(s, tirx.AllocBuffer) and s.buffer.scope() == SPAD
+             and str(s.buffer.name).startswith("a_pad")]
+    if len(tiles) != 1:
+        return None
+    loads = [s for s in body.seq if _loads(s, tiles[0])]
+    if len(loads) != 1 or sum(_loads_within(s, tiles[0]) for s in body.seq) != 1 \
+            or any(var.same_as(column_loop.loop_var) for var in undefined_vars(loads[0])):
+        return None
+    return tiles[0]
+
+
+def _loads_within(stmt, buffer) -> int:
+    """DMA loads into `buffer` anywhere in `stmt`."""
+    if isinstance(stmt, tirx.SeqStmt):
+        return sum(_loads_within(s, buffer) for s in stmt.seq)
+    if isinstance(stmt, tirx.For):
+        return _loads_within(stmt.body, buffer)
+    if isinstance(stmt, tirx.IfThenElse):
+        return _loads_within(stmt.then_case, buffer) + \
+            (_loads_within(stmt.else_case, buffer) if stmt.else_case is not None else 0)
+    return int(_loads(stmt, buffer))
 
 
 def _loads(stmt, buffer) -> bool:

@@ -53,6 +53,10 @@ from .quick_gelus import quick_gelus_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
 from .no_op_pads import no_op_pads_pass
 from .nhwc_convs import nhwc_convs_pass
+from .padding_taps import padding_taps_pass
+from .patch_merges import patch_merges_pass
+from .token_means import token_means_pass
+from .window_residuals import window_residuals_pass
 from .permute_chains import permute_chains_pass
 from .split_slices import split_slices_pass
 from .qdq import canonicalize_qdq
@@ -166,6 +170,10 @@ def normalise_passes(arch=None) -> list:
         # A ViT's position embedding added to [CLS; patches] as a constant for the CLS row and
         # the patch conv's residual add for the rest, exactly (position_embeddings.py).
         position_embeddings_pass,
+        # A residual add after Swin's window reverse of its attention output, and the window partition
+        # of its pre-attention norm, in window order: the add joins the output projection's
+        # epilogue, the norm reads the partitioned residual (window_residuals.py).
+        window_residuals_pass,
         # A pre-norm's gamma and beta folded into the linear layers that alone read it: the norm
         # kernel loses two of its full-tile steps, the GEMMs nothing (norm_folds.py).
         norm_folds_pass,
@@ -191,6 +199,12 @@ def normalise_passes(arch=None) -> list:
         # channels-last, a residual add of two transposed tensors is transposed once after it:
         # the transposes cancel (nhwc_convs.py).
         nhwc_convs_pass,
+        # A conv2d's taps that only ever read padding (ConvNeXt's 7 x 7 depthwise conv on a 2 x 2
+        # map: all but the middle 3 x 3) cut from its weights and padding (padding_taps.py).
+        padding_taps_pass,
+        # A mean over the tokens of a transposed activation (Swin's pooler, ConvNeXt's NCHW output)
+        # as the NPU's mean over the channels-last map: no transposing copy (token_means.py).
+        token_means_pass,
         # A transpose of a transpose is one (the attention form's output: three in a row, two
         # cancelling), a transpose that moves nothing its operand (permute_chains.py).
         permute_chains_pass,
@@ -200,6 +214,10 @@ def normalise_passes(arch=None) -> list:
         # A fused q / k / v projection's split as slices, each cut into heads after the slice:
         # the transposing copy or RoPE kernel after it reads its part (split_slices.py).
         split_slices_pass,
+        # Swin's patch merging, a concat of every phase of a stride-2 slice (its slices merged
+        # just above), as one transpose of a view: one layout kernel instead of four slices and a
+        # concat (patch_merges.py).
+        patch_merges_pass,
         # A gate and an up projection of one input (SwiGLU, GeGLU) as one linear over their
         # interleaved weights, the gated unit after it (gated_linears.py): one GEMM kernel, the
         # gate's activations never in DRAM; where the chip's function unit has the activation.

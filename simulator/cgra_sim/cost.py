@@ -284,6 +284,8 @@ class BufferedLoop:
         EPILOGUE); steady: the loop's steady cycles when its steps are not alike (a symbolic
         extent's cut last block: the caller sums each kind's `step`), replacing steps * step.
     round_trips: the buffer round trips (ROUND_TRIPS) that bound a step beside the busiest unit.
+    copies: the buffers each step's data rotates through (2: double buffered); a round trip bounds
+        `copies` steps, so a third copy shortens the bound on a step to a third of it.
     whole_last_step: price the last step as a whole steady step (then last_work follows it)
         rather than as its work: the coarser form the GEMM, pool, global pool, depthwise,
         separable and inverted residual searches were tuned with (the plain tail picks slower
@@ -303,6 +305,7 @@ class BufferedLoop:
     steady: int | None = None
     round_trips: tuple = ("load", "store")
     whole_last_step: bool = False
+    copies: int = 2
 
     def __post_init__(self):
         unknown = set(self.round_trips) - set(ROUND_TRIPS)
@@ -323,11 +326,11 @@ class LoopCycles:
 
 
 def buffered_step_cycles(arch: HardwareDescription, loop: BufferedLoop) -> int:
-    """Cycles between steps in the steady state: the busiest unit, or half a buffer's round trip
-    (ROUND_TRIPS) when that is longer."""
+    """Cycles between steps in the steady state: the busiest unit, or a buffer's round trip
+    (ROUND_TRIPS) over its copies (half of it, double buffered) when that is longer."""
     work, latency = sum(loop.work), arch.dma_latency
     trips = {"load": latency + loop.load + loop.work[0], "store": work + latency + loop.store}
-    return max(loop.load, *loop.work, loop.store, *(_ceil(trips[name], 2) for name in loop.round_trips))
+    return max(loop.load, *loop.work, loop.store, *(_ceil(trips[name], loop.copies) for name in loop.round_trips))
 
 
 def double_buffered_cycles(arch: HardwareDescription, loop: BufferedLoop) -> LoopCycles:

@@ -33,6 +33,12 @@ HOIST_ALLOCS = "cgra.hoist_allocs"
 #: A loop annotation: the reduction-step loop of a tile whose A panel is loaded a step at a time in
 #: the first column tile and held for the others (lower/stream_panel.py; Tiling.stream_panel)
 STREAM_PANEL = "cgra.stream_panel"
+#: A loop annotation: {buffer name: copies} for scratchpad buffers allocated inside the loop that
+#: lowering gives more than two copies (lower/double_buffer.py; Tiling.operand_copies)
+BUFFER_COPIES = "cgra.buffer_copies"
+#: A loop annotation: the GEMMs inside run in pieces of that many rows (lower/gemm_rows.py; a
+#: matmul's output tiles finished in pieces, Tiling.epilogue_rows)
+GEMM_ROWS = "cgra.gemm_rows"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,6 +309,11 @@ class Tiling:
     #: GEMM-shaped kernels: A's row panel (tm x the whole depth) is loaded one reduction step at a
     #: time during the first column tile and held for the others (lower/stream_panel.py)
     stream_panel: bool = False
+    #: GEMM-shaped kernels: copies of the operand tiles loaded per reduction step (A's, unless its
+    #: panel is held or streamed, and B's): two (double buffered) or three, so that a load whose
+    #: round trip is longer than two steps' GEMMs does not wait for the GEMM two steps back
+    #: (gemm_copies.py)
+    operand_copies: int = 2
 
 
 def round_up(value: int, multiple: int) -> int:

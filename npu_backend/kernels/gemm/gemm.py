@@ -13,8 +13,8 @@ the accumulator's init as one FILL and the epilogue as one EPILOGUE per tile, an
 valid region of each tile by DMA. A static matmul of more rows than one PE-array fold (a
 transformer's prefill) may finish each output tile in pieces of the array's rows
 (`Tiling.epilogue_rows`): an EPILOGUE and a store per piece, each piece its own buffer
-(lower/hoist_allocs.py), so that piece i's EPILOGUE runs on the vector unit while piece i - 1 is
-stored and the kernel ends one piece's store after its last EPILOGUE; its tile search then also
+(lower/hoist_allocs.py), its GEMMs in the same pieces (lower/gemm_rows.py), so that piece i's
+EPILOGUE runs on the vector unit while piece i - 1 is stored and the kernel ends one piece's store after its last EPILOGUE; its tile search then also
 weighs reduction steps shallower than the deepest that fits (the first GEMM waits for a short
 load, not for a whole panel), with A's row panel loaded a step at a time by a row tile's first
 column tile and held for the others (Tiling.stream_panel, lower/stream_panel.py), and takes such
@@ -37,7 +37,8 @@ from .epilogue import channel_rows, epilogue_intrin
 from .epilogue_tail import act_on_vector, check_tail_padding, tail_tile_cycles
 from ..intrinsics import SPAD, get_intrin
 from ..common.spad_layout import a_row_stride, align_output_rows, align_rows, out_row_stride, store_walks_rows
-from ..common.spec import HOIST_ALLOCS, STREAM_PANEL, KernelSpec, Tiling, aligned, round_up
+from ..common.spec import GEMM_ROWS, HOIST_ALLOCS, STREAM_PANEL, KernelSpec, Tiling, aligned, round_up
+from .gemm_copies import annotate_copies, may_take_copies, operand_copies
 from .gemm_estimate import estimate_cycles, holds_a_panel, may_hold_a_panel
 from .gemm_pieces import epilogue_piece_rows, finishes_in_pieces, in_pieces, streamed_candidates
 
@@ -52,7 +53,7 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
            bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
            _any_rows(spec), spec.pixel_order, _taps(spec), spec.act, spec.gated, bool(spec.multiplier_shape),
            bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape), may_hold_a_panel(spec), spec.patch_channels,
-           finishes_in_pieces(spec, arch), arch.fingerprint)
+           finishes_in_pieces(spec, arch), may_take_copies(spec), arch.fingerprint)
     if spec.gated and spec.act != "gelu" and not act_on_vector(spec, arch):
         raise UnsupportedOperator(f"a gated linear unit's {spec.act} runs through a function unit that has it; "
                                   f"'{arch.name}' has none: its parts run as their own kernels")
@@ -67,7 +68,7 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
                                       tail_cycles=tail_tile_cycles(spec, arch),
                                       extra_rows=bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape),
                                       a_panel=may_hold_a_panel(spec), depth_step=spec.patch_channels or 1,
-                                      pieces=finishes_in_pieces(spec, arch))
+                                      pieces=finishes_in_pieces(spec, arch), more_copies=may_take_copies(spec))
         if act_on_vector(spec, arch):
             _TILINGS[key] = dataclasses.replace(_TILINGS[key], act_on_vector=True)
     check_tail_padding(spec, _TILINGS[key], arch)
@@ -96,7 +97,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                   has_residual: bool = False, has_scale: bool = False, store_rows: int = 0,
                   any_rows: bool = False, taps: int = 1, ragged: bool = True, has_multiplier: bool = False,
                   tail_cycles=None, extra_rows: int = 0, a_panel: bool = False, depth_step: int = 1,
-                  pieces: bool = False) -> Tiling:
+                  pieces: bool = False, more_copies: bool = False) -> Tiling:
     """The tiling with the fewest estimated cycles among those that fit the scratchpad.
 
     With `any_rows` (symbolic rows, `rows` their bound) one tiling serves every size up to
@@ -124,7 +125,8 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     the first GEMM start early, a whole-width tile finished in pieces ends soon after its last
     GEMM (transformer prefill: 16-128 rows, a few hundred columns); such a kernel's tilings are
     priced as it runs, its FILL folded into the first GEMM (lower/fold_init.py), so that one tile
-    and many compare fairly.
+    and many compare fairly. `more_copies`: a tiling whose scratchpad has room gives its per-step
+    operand tiles a third copy (gemm_copies.py), priced so.
     """
     row_step = row_step if row_step > 1 else arch.rows
     # A unit reduction extent would be elided by compute_at and leave nothing to tensorize
@@ -170,8 +172,16 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     def tiling_for(candidate, size: int) -> Tiling:
         tm, tn, tk = candidate[:3]  # (and with `pieces`, whether A's panel streams: gemm_pieces.py)
         tm = min(tm, round_up(size, row_step))  # a tile past the rows is cut to them
+        stream = len(candidate) > 3 and candidate[3]
+        copies = 2
+        if more_copies:
+            a_row = a_row_stride(tm, tk, in_bytes, arch)
+            footprint = gemm_footprint(tm, tn, tk, in_bytes, acc_bytes, has_bias, has_residual, has_scale, a_row,
+                                       out_row_stride(tn, acc_bytes, store_rows, arch), int(has_multiplier), extra_rows)
+            footprint += aligned(2 * tm * a_row * (round_up(depth, tk) // tk) * in_bytes) if stream else 0
+            copies = operand_copies(footprint, tm, a_row, tk, tn, in_bytes, arch.spad_bytes)
         return Tiling(tm, tn, tk, round_up(size, tm), round_up(cols, tn), round_up(depth, tk),
-                      stream_panel=len(candidate) > 3 and candidate[3])
+                      stream_panel=stream, operand_copies=copies)
 
     def cycles(candidate, size: int, piece_rows: int = 0, folded: bool = False) -> int:
         return estimate_cycles(tiling_for(candidate, size), dtype, in_bytes, acc_bytes, arch, has_residual, taps=taps,
@@ -389,6 +399,7 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
     a_at = _enclosing_loop(sch, acc, col_tile) if holds_a_panel(spec, tiling) else depth_outer
     if tiling.stream_panel:  # loaded a step at a time by the first column tile (lower/stream_panel.py)
         sch.annotate(depth_outer, STREAM_PANEL, 1)
+    annotate_copies(sch, tiling, col_tile)
     for name, at in (("a_pad", a_at), ("b_pad", depth_outer)):
         block = sch.get_sblock(name)
         sch.compute_at(block, at)
@@ -413,6 +424,7 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
     if piece < tiling.tm:  # the epilogue and the store in pieces of rows (epilogue_piece_rows)
         piece_loop, epi_row = sch.split(epi_row, [None, piece])
         sch.annotate(piece_loop, HOIST_ALLOCS, 1)
+        sch.annotate(col_tile, GEMM_ROWS, piece)  # its GEMMs in the same pieces (lower/gemm_rows.py)
         sch.reverse_compute_at(sch.get_sblock("out"), piece_loop)
     sch.tensorize(epi_row, epilogue_intrin(spec, tiling, rows=piece))
     if not spec.gated:  # (a matmul's store walks no rows: nothing to align)

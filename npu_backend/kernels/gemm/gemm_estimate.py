@@ -59,7 +59,8 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     the kernel finishes each output tile in EPILOGUEs and stores of that many rows (gemm.py's
     epilogue_rows), so the last tile's epilogue overlaps its stores but the last piece's. A
     tiling with `stream_panel` loads A's panel a step at a time in each row tile's first column
-    tile (lower/stream_panel.py): its first load is one step's A and B, later ones B's.
+    tile (lower/stream_panel.py): its first load is one step's A and B, later ones B's. A tiling's
+    `operand_copies` (gemm_copies.py) spread the loads' round trip over that many steps.
     """
     tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk * taps
     array_fill = cost.gemm_fill_cycles(arch, t.tm, t.tn)
@@ -83,6 +84,11 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
         late = cost.dma_transfer_cycles(arch, a_step + tile_load) - gemm
         panel_stalls = t.mp // t.tm * steps * max(0, late)
     load = cost.dma_transfer_cycles(arch, loaded)
+    if t.operand_copies > 2:
+        # Three copies keep the load engine streaming (no round trip gaps): load-bound, the kernel
+        # is the prologue's load, the rest of the loads, then the last step's GEMM (the tail
+        # follows), not the prologue and every load again.
+        load += gemm - cost.dma_transfer_cycles(arch, first_load)
     # The PE array's configuration loads while the first operands arrive; only what it takes
     # beyond them delays the first GEMM.
     compute += max(0, cost.pe_array_config_cycles(arch, dtype) - arch.dma_latency
@@ -104,7 +110,8 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     # the DMA: a row tile cut to a few rows, or a thin conv2d tile reloading its weights every step.
     last_store, last_work = cost.dma_transfer_cycles(arch, out_bytes), cost.vector_cycles(arch, t.tm, t.tn) + tail_array + tail_vector
     if 0 < piece_rows < t.tm:
-        last_store, last_work, piece_vector = _pieces_tail(arch, t, piece_rows, acc_bytes, has_residual, tail_cycles)
+        last_store, last_work, piece_vector = _pieces_tail(arch, t, piece_rows, acc_bytes, has_residual, tail_cycles,
+                                                           gemm)
         whole = cost.vector_stream_cycles(arch, (1 + int(has_residual)) * t.tm * t.tn) + tail_vector
         vector += tiles * ((t.tm // piece_rows) * piece_vector - whole)
     if init_folded and t.tk < t.kp:
@@ -115,20 +122,25 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     return cost.double_buffered_cycles(arch, cost.BufferedLoop(
         tiles * steps, cost.dma_transfer_cycles(arch, tile_load), (gemm,), 0,
         first_load=cost.dma_transfer_cycles(arch, first_load), last_store=last_store, last_work=last_work,
-        others=max(compute, load, store, vector), stalls=bubble, round_trips=("load",), whole_last_step=True)).total
+        others=max(compute, load, store, vector), stalls=bubble, round_trips=("load",), whole_last_step=True,
+        copies=t.operand_copies)).total
 
 
 def _pieces_tail(arch: HardwareDescription, t: Tiling, piece_rows: int, acc_bytes: int, has_residual: bool,
-                 tail_cycles) -> tuple[int, int, int]:
-    """(the last piece's store transfer, the last tile's epilogue work until that store starts, the
-    vector unit's cycles on one piece) of a tile finished in pieces of `piece_rows` rows: the
-    pieces' EPILOGUEs (and activation) back to back on the vector unit, each piece's store after
-    its EPILOGUE, the stores one after another on the store engine."""
+                 tail_cycles, gemm: int) -> tuple[int, int, int]:
+    """(the last piece's store transfer, the last tile's epilogue work after its last GEMM until
+    that store starts, the vector unit's cycles on one piece) of a tile finished in pieces of
+    `piece_rows` rows: its GEMMs in the same pieces (lower/gemm_rows.py; a step's `gemm` cycles
+    split evenly), piece i's EPILOGUE (and activation) when its GEMM ends and the one before it is
+    done, its store after it, the stores one after another on the store engine: after the last
+    GEMM, one piece's EPILOGUE and store, plus what the vector unit or the store engine fell
+    behind the GEMMs over the pieces before."""
     pieces, elements = t.tm // piece_rows, piece_rows * t.tn
     tail_vector = tail_cycles(elements)[1] if tail_cycles is not None else 0
     piece_vector = cost.vector_cycles(arch, piece_rows, t.tn, 1 + int(has_residual)) + tail_vector
     store = cost.dma_transfer_cycles(arch, elements * acc_bytes)
-    return store, max(pieces * piece_vector, piece_vector + (pieces - 1) * store), piece_vector
+    behind = (pieces - 1) * max(0, max(piece_vector, store) - gemm // pieces)
+    return store, piece_vector + behind, piece_vector
 
 
 def _panel_stall(arch: HardwareDescription, panel: int, b_tile: int, gemm: int, array_fill: int) -> int:

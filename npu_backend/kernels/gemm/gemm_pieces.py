@@ -24,13 +24,13 @@ def finishes_in_pieces(spec: KernelSpec, arch: HardwareDescription) -> bool:
     (static: its tile loops are not cut by lower/ragged.py) whose epilogue runs on the vector
     unit alone (no FABRIC body or activation between two tiles' GEMMs) and reads no operand tile
     but a residual (a multiplier's or a per-channel scale's cost in pieces the estimate does not
-    price: BERT's residual x scale went 2% slower), with more rows than two folds of the PE array
+    price: BERT's residual x scale went 2% slower), with more rows than one fold of the PE array
     (a prefill's tokens; one row, a decode step's, streams B's panel and is bound by its loads
-    whatever the tiling; with one or two folds the estimate of the whole-tile choice is off by
-    more than pieces gain: 32 x 64 x 32 on cgra-16x16 ran 968 cycles against an estimate of 1,194,
-    and pieces, estimated at 1,074, ran 1,032)."""
+    whatever the tiling). Two folds were left out while a tile's GEMM ran whole and its operand
+    tiles had two copies: 32 x 64 x 32 on cgra-16x16 ran 968 cycles whole and 1,032 in pieces;
+    with its GEMMs in pieces (lower/gemm_rows.py) and three copies (gemm_copies.py) 968 and 920."""
     return spec.op == "matmul" and spec.compute_name == "matmul" and not spec.symbols \
-        and spec.gemm_extents[0] > 2 * arch.rows and not spec.fabric_body \
+        and spec.gemm_extents[0] > arch.rows and not spec.fabric_body \
         and not spec.multiplier_shape and not spec.channel_scale_shape \
         and (not spec.act or spec.act == "gelu" or act_on_vector(spec, arch))
 
