@@ -46,7 +46,7 @@ __all__ = [
     "__version__", "CGRAError", "CompileOptions", "DEFAULT_ARCH", "DamagedArtifact", "HardwareDescription", "InvalidModel",
     "LengthPastBound", "Placement", "Profile",
     "STAGES", "ScheduleError", "ScratchpadTooSmall", "UnsupportedCopy", "UnsupportedOperator",
-    "compile", "explain", "format_placements", "from_onnx", "load_arch", "npu_mac_fraction", "preset_names",
+    "compile", "explain", "format_placements", "from_exported_program", "from_onnx", "load_arch", "npu_mac_fraction", "preset_names",
     "profile", "register_arch",
 ]
 
@@ -76,6 +76,16 @@ def compile(mod: tvm.IRModule, arch=None, *, dump_dir: str | None = None,  # noq
         if ours is err:
             raise
         raise ours from ours.__cause__  # e.g. the exception a user's schedule raised, with its traceback
+
+
+def from_exported_program(exported_program, *args, **kwargs) -> tvm.IRModule:
+    """`tvm.relax.frontend.torch.from_exported_program`, the same arguments, for a bfloat16 / float16
+    model too: TVM's importer adds a 16-bit bias to a float32 conv / linear result and raises;
+    here the bias is widened and the biased result rounded to the model's dtype, as PyTorch's
+    layer computes it (frontend/torch_import.py; needs torch)."""
+    from .frontend.torch_import import from_exported_program as import_program
+
+    return import_program(exported_program, *args, **kwargs)
 
 
 def from_onnx(model, shape_dict=None, dtype_dict="float32", opset=None, custom_ops=None) -> tvm.IRModule:

@@ -18,6 +18,7 @@ chip cannot do in these formats stays on the host with its reason.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -175,11 +176,13 @@ def test_what_the_chip_lacks_in_16_bit_floats_stays_on_the_host_saying_why():
     x, w = ("x", (1, 8, 6, 6), "bfloat16"), ("w", (8, 1, 3, 3), "bfloat16")
     mod = relax_module([x, w], lambda bb, a, b: bb.emit(relax.op.nn.conv2d(a, b, groups=8)))
     assert "depthwise" in _host_reasons(mod)["nn.conv2d"]
-    # A sigmoid after a matmul: the vector unit has no 16-bit floats but ELTWISE's; the matmul still runs.
+    # A sigmoid after a matmul: computed in float32 between cast kernels (normalise/half_casts.py),
+    # as PyTorch's CPU kernel does; a standalone relu: the EPILOGUE's relu takes float32 or int32.
     specs = [("x", (8, 16), "float16"), ("w", (16, 8), "float16")]
     mod = relax_module(specs, lambda bb, a, b: bb.emit(relax.op.sigmoid(bb.emit(relax.op.matmul(a, b)))))
-    reasons = _host_reasons(mod)
-    assert "matmul" not in reasons and "sigmoid" in reasons
+    assert _host_reasons(mod) == {}
+    mod = relax_module([("x", (8, 16), "bfloat16")], lambda bb, a: bb.emit(relax.op.nn.relu(a)))
+    assert "the EPILOGUE computes float32 or int32" in _host_reasons(mod)["nn.relu"]
     # A chip whose description leaves bfloat16 out of macs_per_pe.
     arch = npu_backend.load_arch("cgra-8x8")
     plain = type(arch).from_dict({**arch.to_dict(), "name": "no-bf16", "macs_per_pe": {"float32": 1, "int8": 1},
@@ -241,21 +244,11 @@ def test_a_float16_onnx_cnn_runs_its_convs_and_gemm_on_the_npu_within_tolerance_
     assert prof.total_cycles < figures["float32"][1].total_cycles
 
 
-@pytest.mark.slow  # about 70 s: torch, two exports and two compiles
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 37: since float32 Llama's SwiGLU, norm folds, attention and GEMM pipelining (2026-11-28) its "
-    "float32 run (44.3 k cycles) beats the bfloat16 one (16.6 k NPU + 29.9 k modelled host cycles): "
-    "HF's bfloat16 Llama casts to float32 around every norm, softmax and matmul and the NPU has no "
-    "float32 <-> 16-bit float cast kernel, so 18 astypes run on the host; fold matmul + astype into the "
-    "GEMM's rounding store (out_dtype) and add a cast on the vector unit"))
-def test_a_bfloat16_pytorch_llama_runs_its_matmuls_on_the_npu_within_tolerance_of_pytorch():
-    """tests/transformer_models.py's Llama-style decoder after .to(torch.bfloat16): every matmul
-    (the projections, SwiGLU's, attention's) a bfloat16 NPU kernel storing its float32 sum (TVM's
-    importer writes matmul(..., out_dtype="float32") then astype); the rest in bfloat16 on the host
-    (the vector unit computes float32). Within 2 ** -5 of the output's scale of PyTorch's own
-    bfloat16 run (measured 0.0093, stock llvm the same 0.0093), in fewer cycles than float32."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+@functools.lru_cache(maxsize=None)
+def _llama_runs():
+    """{dtype: (output, PyTorch's output, profile, module)} of tests/transformer_models.py's Llama
+    in bfloat16 and float32 at 16 tokens on cgra-8x8 (once for the tests below)."""
+    import torch
     from tvm.relax.frontend.torch import from_exported_program
     from transformer_models import build, first_output
 
@@ -271,25 +264,65 @@ def test_a_bfloat16_pytorch_llama_runs_its_matmuls_on_the_npu_within_tolerance_o
             vm = tvm.relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
             out = first_output(vm["main"](*[tvm.runtime.tensor(x.numpy()) for x in inputs])).numpy()
         results[name] = out.astype(np.float64), expected, prof, mod
-    out, expected, prof, mod = results["bfloat16"]
-    assert not [p for p in npu_backend.explain(mod, "cgra-8x8") if p.where == "host" and p.op == "matmul"]
-    assert sum("matmul" in k.source_ops for k in prof.kernels) == 16
+    return results
+
+
+@pytest.mark.slow  # about 70 s: torch, two exports and two compiles
+def test_a_bfloat16_pytorch_llama_runs_its_matmuls_on_the_npu_within_tolerance_of_pytorch():
+    """tests/transformer_models.py's Llama-style decoder after .to(torch.bfloat16): every matmul
+    (the projections, SwiGLU's, attention's) a bfloat16 NPU kernel storing its float32 sum (TVM's
+    importer writes matmul(..., out_dtype="float32")), and no compute op on the host: HF's casts
+    to float32 around every norm, softmax and activation are folded (normalise/half_casts.py),
+    written by the norm kernel (kernels/rows/half_norms.py) or run as cast kernels
+    (kernels/elementwise/cast.py); before, 18 casts ran on the host. Within 2 ** -5 of the
+    output's scale of PyTorch's own bfloat16 run (measured 0.0093, stock llvm the same 0.0093)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformer_models import host_op_counts
+
+    out, expected, prof, mod = _llama_runs()["bfloat16"]
+    computed, _, names = host_op_counts(npu_backend.explain(mod, "cgra-8x8"))
+    assert computed == 0, names
+    # Per layer q / k / v as one GEMM (qkv_merges.py), o, gate, up, down and the attention kernel.
+    assert sum("matmul" in k.source_ops for k in prof.kernels) == 12
     assert np.abs(out - expected).max() <= 2.0 ** -5 * np.abs(expected).max()
-    assert prof.total_cycles < results["float32"][2].total_cycles
 
 
-def test_cgra_sim_run_checks_a_float16_onnx_model(tmp_path, capsys):
-    """`cgra-sim run --check` makes float16 inputs and holds a float16 output to 4 ulps of its
-    scale (run_model.CHECK_TOLERANCE)."""
-    onnx = pytest.importorskip("onnx")
-    import json
-    from pathlib import Path
+@pytest.mark.slow  # shares the runs above
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 37: the bf16 Llama beat float32 on this branch (41,676 against 42,836 cycles at 16 tokens, "
+    "46,489 before with 18 host casts) until main's float32 GEMM work (gemmeff, 2026-11-28) made float32 "
+    "40,244 against bf16's 40,708: the bf16 run still has its casts (attention's output 2 x 532 and its "
+    "transpose 2 x 352, SwiGLU's round trip 2 x 954) and a float32 down projection (TVM widens its weight)"))
+def test_a_bfloat16_pytorch_llama_takes_fewer_cycles_than_float32():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    runs = _llama_runs()
+    assert runs["bfloat16"][2].total_cycles < runs["float32"][2].total_cycles
 
-    from npu_backend.tools.cli import main
 
-    path = tmp_path / "tiny16.onnx"
-    onnx.save(_to_float16(onnx.load(Path(__file__).resolve().parent.parent / "examples" / "tiny_cnn.onnx")), path)
-    assert main(["run", str(path), "--check", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["check"]["passed"] and 0 < report["check"]["max_rel_error"] <= 4 * 2.0 ** -10
-    assert report["npu_mac_fraction"] == 1.0
+@pytest.mark.slow  # about 60 s: torch, an export and a compile
+def test_a_bfloat16_pytorch_vit_imports_and_runs_on_the_npu_within_tolerance_of_pytorch():
+    """tests/transformer_models.py's ViT after .to(torch.bfloat16), imported with
+    npu_backend.from_exported_program (TVM's importer raises on the patch conv's bfloat16 bias:
+    frontend/torch_import.py): no compute op on the host (layer norms, GELUs and the pooler's tanh
+    in float32 between casts, normalise/half_casts.py), within 2 ** -5 of the output's scale of
+    PyTorch's own bfloat16 run (measured 0.0055)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import ml_dtypes
+    from transformer_models import build, first_output, host_op_counts
+
+    model, inputs = build("vit")
+    model = model.to(torch.bfloat16)
+    inputs = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
+    with torch.no_grad():
+        expected = first_output(model(*inputs)).float().numpy().astype(np.float64)
+        mod = npu_backend.from_exported_program(torch.export.export(model, inputs))
+    computed, _, names = host_op_counts(npu_backend.explain(mod, "cgra-8x8"))
+    assert computed == 0, names
+    vm = tvm.relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+    args = [tvm.runtime.tensor(x.float().numpy().astype(ml_dtypes.bfloat16) if x.is_floating_point() else x.numpy())
+            for x in inputs]
+    out = first_output(vm["main"](*args)).numpy().astype(np.float64)
+    assert np.abs(out - expected).max() <= 2.0 ** -5 * np.abs(expected).max()

@@ -31,6 +31,7 @@ from ..partition.call_tir import prim_func_of
 from ..partition.composite import SHARED_SOURCE, composite_call, composite_name, composite_ops, matched_roles
 from .attention.attention import ATTENTION
 from .elementwise.activation import ACTIVATION
+from .elementwise.cast import CAST
 from .common.chains import require_program
 from .gemm.conv2d import CONV2D
 from .gemm.depthwise import DEPTHWISE
@@ -59,7 +60,8 @@ from .rows.softmax import SOFTMAX
 from .elementwise.special import SPECIAL
 
 FAMILIES: tuple[OpFamily, ...] = (ATTENTION, ROPE, INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, SOFTMAX, NORMS, SPECIAL,
-                                  ROW_REDUCE, QLINEAR, QCHAIN, QLOOKUP, QUANTIZE, FABRIC, ELTWISE, TIR, ACTIVATION, LAYOUT)
+                                  ROW_REDUCE, QLINEAR, QCHAIN, QLOOKUP, QUANTIZE, FABRIC, ELTWISE, TIR, ACTIVATION,
+                                  CAST, LAYOUT)
 _PACKAGED = FAMILIES  # the package's own, not those of registered()
 
 

@@ -96,7 +96,8 @@ class _MergeRewriter(relax.PyExprMutator):
         emit = self.builder_.emit
         weights = np.concatenate([m.weights for m in members])
         flat = self.visit_expr(members[0].flat)
-        y = emit(relax.op.matmul(flat, emit(relax.op.permute_dims(relax.const(weights))), out_dtype="float32"))
+        y = emit(relax.op.matmul(flat, emit(relax.op.permute_dims(relax.const(weights, str(weights.dtype)))),
+                                 out_dtype="float32"))
         if members[0].bias is not None:
             y = emit(relax.op.add(y, relax.const(np.concatenate([m.bias for m in members]))))
         head_dim = members[0].head_dim
@@ -119,7 +120,9 @@ def _member(var, value, values, uses):
                                                     [int(a) for a in permute.attrs.axes] != [1, 0]):
         return None
     weights = _array(permute.args[0])
-    if weights is None or weights.ndim != 2 or weights.dtype != np.float32:
+    # float32, or a 16-bit float model's weights under TVM's matmul(..., out_dtype="float32")
+    if weights is None or weights.ndim != 2 or str(weights.dtype) not in ("float32", "bfloat16", "float16") \
+            or str(weights.dtype) != dtype_of(value.args[0]):
         return None
     if bias is not None and (bias.dtype != np.float32 or bias.shape != (weights.shape[0],)):
         return None

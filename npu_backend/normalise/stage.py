@@ -37,6 +37,7 @@ from .fold_constants import fold_remaining_constants
 from .fold_weights import fold_weights, restore_kept_transposes
 from .gated_linears import gated_linears_pass
 from .gelus import gelus_pass
+from .half_casts import half_casts_pass, half_norm_ones_pass
 from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
 from .large_pools import split_large_pools_pass
@@ -133,6 +134,10 @@ def normalise_passes(arch=None) -> list:
         tvm.transform.module_pass(lambda m, _ctx: restore_kept_transposes(m), opt_level=0,
                                   name="cgra.RestoreTransposes"),
         relax.transform.CanonicalizeBindings(),
+        # A bfloat16 / float16 model's casts the graph can do without, exactly: one to the dtype its
+        # operand has, widened constant lookups and masks, matmul + astype as the GEMM's rounding
+        # store (half_casts.py); the conversions left run as NPU cast kernels.
+        half_casts_pass,
         # onnxruntime's dynamically quantized MatMulInteger (int32 operands minus zero points) as
         # the int8 x int8 -> int32 matmul the GEMM kernels compute, exactly (dynamic_quant.py).
         dynamic_quant_pass,
@@ -156,6 +161,9 @@ def normalise_passes(arch=None) -> list:
         # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
         # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
         rms_norms_pass, gelus_pass, safe_softmaxes_pass,
+        # A 16-bit float model's RMSNorm applies its weight after the cast: its float32 weight of
+        # ones as R.ones, which the norm kernel's pattern reads and skips (half_casts.py).
+        half_norm_ones_pass,
         # A linear's output times a constant per-channel vector (DINOv2's and ConvNeXt's layer scale) as the
         # linear with that vector in its weights and bias: the residual add after it joins the
         # GEMM's epilogue instead of running alone (layer_scales.py).

@@ -110,6 +110,10 @@ void CheckEpilogueRequantise(const int64_t* w, int64_t spad_bytes) {
   int64_t scale_addr = w[CGRA_EPILOGUE_SCALE_ADDR], zero_point = w[CGRA_EPILOGUE_OUT_ZERO_POINT];
   if (!(w[CGRA_EPILOGUE_FLAGS] & CGRA_EPILOGUE_REQUANTISE)) {
     CheckEpilogueDTypes(acc_dtype, out_dtype);
+    if (IsHalfFloat(acc_dtype) && w[CGRA_EPILOGUE_FLAGS] != 0) {
+      Fail("a ", DTypeName(acc_dtype), " accumulator is only widened to float32 (a cast): flags must be 0, got ",
+           w[CGRA_EPILOGUE_FLAGS]);
+    }
     if (scale_addr != 0 || zero_point != 0) {
       Fail("scale_addr ", scale_addr, " / out_zero_point ", zero_point,
            " given without CGRA_EPILOGUE_REQUANTISE: a disabled operand's arguments must be 0");

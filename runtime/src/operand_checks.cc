@@ -86,8 +86,10 @@ int32_t AccumulatorDType(int32_t input_dtype) {
 void CheckEpilogueDTypes(int32_t acc_dtype, int32_t out_dtype) {
   ItemSize(acc_dtype);  // rejects unknown codes first, with the list of known ones
   ItemSize(out_dtype);
+  if (IsHalfFloat(acc_dtype) && out_dtype == CGRA_DTYPE_FLOAT32) return;  // widened exactly (a cast)
   if (acc_dtype != CGRA_DTYPE_INT32 && acc_dtype != CGRA_DTYPE_INT64 && acc_dtype != CGRA_DTYPE_FLOAT32) {
-    Fail(DTypeName(acc_dtype), " is not an accumulator dtype (int32, int64, float32)");
+    Fail(DTypeName(acc_dtype), " is not an accumulator dtype (int32, int64, float32; bfloat16 or float16 only "
+         "widened to float32)");
   }
   if (acc_dtype == CGRA_DTYPE_FLOAT32 && IsHalfFloat(out_dtype)) return;  // rounded to nearest even
   if (out_dtype != acc_dtype) {

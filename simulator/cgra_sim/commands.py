@@ -134,9 +134,10 @@ class EpilogueCommand(Command):
     their flag, `clip` is None or the (lo, hi) bounds as numpy scalars of the accumulator dtype,
     `scale` None or the (1, n) float32 row of a requantisation to int8 around `zero_point`;
     `half` the 16-bit float (DType) a float32 accumulator is rounded to on store, whose dtype the
-    bias and residual then have (widened exactly), else None."""
+    bias and residual then have (widened exactly), else None; `widen` the 16-bit float (DType) of an
+    accumulator that is only widened exactly to a float32 out (a cast: no other step), else None."""
 
-    __slots__ = ("acc", "bias", "residual", "out", "relu", "clip", "scale", "zero_point", "half")
+    __slots__ = ("acc", "bias", "residual", "out", "relu", "clip", "scale", "zero_point", "half", "widen")
 
 
 class EltwiseCommand(Command):

@@ -96,16 +96,22 @@ def decode_epilogue(check: Checker, index: int, op: Op, record: list[int],
      out_stride) = record[:11]
     check.flags(flags, EPILOGUE_BIAS | EPILOGUE_RELU | EPILOGUE_RESIDUAL | EPILOGUE_CLIP | EPILOGUE_REQUANTISE)
     requantise = bool(flags & EPILOGUE_REQUANTISE)
-    acc_dtype = check.dtype("acc_dtype", acc_code, (DType.INT32, DType.INT64, DType.FLOAT32))
+    acc_dtype = check.dtype("acc_dtype", acc_code, (DType.INT32, DType.INT64, DType.FLOAT32) if requantise
+                            else (DType.INT32, DType.INT64, DType.FLOAT32) + HALF_FLOATS)
     # A float32 accumulator may be stored rounded to a 16-bit float, whose bias and residual are in that dtype;
     # an int32 one requantises to int8, an int64 one (16x8 GEMM) to int16, a float32 one quantises to int8
-    # (stream v12: x / scale, onnxruntime's QuantizeLinear).
+    # (x / scale, onnxruntime's QuantizeLinear); a 16-bit float one is only widened to float32 (a cast: no flags).
     narrow = {DType.INT32: DType.INT8, DType.INT64: DType.INT16, DType.FLOAT32: DType.INT8}
-    outs = (narrow[acc_dtype],) if requantise else (acc_dtype,) + (HALF_FLOATS if acc_dtype is DType.FLOAT32 else ())
+    outs = (narrow[acc_dtype],) if requantise else (DType.FLOAT32,) if acc_dtype in HALF_FLOATS else \
+        (acc_dtype,) + (HALF_FLOATS if acc_dtype is DType.FLOAT32 else ())
     out_dtype = check.dtype("out_dtype", out_code, outs)
+    if acc_dtype in HALF_FLOATS and flags:
+        check.fail(f"a {acc_dtype.numpy_name} accumulator is only widened to float32 (a cast): flags must be 0, "
+                   f"got {flags}")
     check.positive(m=m, n=n)
     cmd = EpilogueCommand(index, op)
     cmd.half = out_dtype if out_dtype in HALF_FLOATS else None
+    cmd.widen = acc_dtype if acc_dtype in HALF_FLOATS else None
     operand_dtype = cmd.half or acc_dtype
     cmd.acc = check.matrix("acc", acc_addr, m, n, acc_stride, acc_dtype, written=False)
     cmd.bias = None

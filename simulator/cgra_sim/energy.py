@@ -168,10 +168,10 @@ def launch_energy(arch, commands, cycles: int, config_slots: int) -> dict:
 
 
 def _vector_dtype(cmd, out) -> str:
-    """The dtype a vector command computes in: an EPILOGUE's accumulator, a 16-bit float ELTWISE's
-    float32, else its output's."""
+    """The dtype a vector command computes in: an EPILOGUE's accumulator (a widening one's float32
+    output), a 16-bit float ELTWISE's float32, else its output's."""
     if cmd.op is Op.EPILOGUE:
-        return cmd.acc.dtype.name
+        return "float32" if cmd.widen is not None else cmd.acc.dtype.name
     if cmd.op is Op.ELTWISE and cmd.dtype in HALF_FLOATS:
         return "float32"
     return out.dtype.name

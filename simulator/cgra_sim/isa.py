@@ -24,7 +24,8 @@ STREAM_VERSION = 12
 #: v7 two dtype codes (BFLOAT16, FLOAT16) that earlier streams never use, v8 three VFUNC functions
 #: (SIGMOID, SILU, GELU_TANH), v9 two dtype codes (INT16, INT64),
 #: v10 an opcode (LOOKUP), v11 a flag (UNPACK4_INT8) and a max POOL's int16 dtype, v12 a requantising
-#: EPILOGUE from a float32 accumulator (a QuantizeLinear), that earlier streams never use.
+#: EPILOGUE from a float32 accumulator (a QuantizeLinear) and an EPILOGUE's 16-bit float accumulator
+#: (widened to float32: a cast), that earlier streams never use.
 OLDEST_STREAM_VERSION = 2
 RECORD_WORDS = 32
 #: Number of loop dimensions (and tensor dimensions) a DMA box can have.

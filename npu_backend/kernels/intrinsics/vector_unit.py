@@ -24,6 +24,8 @@ from .builder import SPAD, Tile, intrinsic
 from .fabric import body_value, fabric_call
 from .pe_array import dtype_code
 
+HALF_FLOATS = ("bfloat16", "float16")
+
 
 def activation(value, dtype: str, relu: bool, clip):
     """relu, then clip to (lo, hi): the tail of an epilogue, in `dtype`."""
@@ -117,10 +119,19 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     output requantised with a float32 scale row (an int32 accumulator multiplied by it, a float32
     one divided: a QuantizeLinear); out_dtype: None, or a
     16-bit float ("bfloat16", "float16") a float32 result is rounded to (nearest even), the bias
-    and residual then in that dtype too (widened exactly into the sum)."""
+    and residual then in that dtype too (widened exactly into the sum); or, a 16-bit float `dtype`,
+    "float32": the accumulator widened exactly, nothing else (a cast)."""
     requant = zero_point is not None
     half = out_dtype is not None and out_dtype != dtype
-    if half and (dtype != "float32" or requant or body is not None or out_dtype not in ("bfloat16", "float16")):
+    if half and dtype in HALF_FLOATS and out_dtype == "float32":
+        if bias or relu or residual or clip is not None or requant or body is not None:
+            raise ValueError(f"an EPILOGUE only widens a {dtype} accumulator to float32: no other step")
+        return intrinsic([Tile("Acc", (rows, cols), dtype)], Tile("Out", (rows, cols), "float32"), "epi",
+                         lambda buffers, i, j: buffers["Acc"][i, j].astype("float32"),
+                         lambda buffers, strides: epilogue_call(buffers, strides, rows, cols, dtype, "float32",
+                                                                bias=False, relu=False, residual=False, clip=None),
+                         scope=scope)
+    if half and (dtype != "float32" or requant or body is not None or out_dtype not in HALF_FLOATS):
         raise ValueError(f"an EPILOGUE rounds a float32 sum to bfloat16 or float16 without requantisation or a "
                          f"body, not {dtype} to {out_dtype}")
     operand = out_dtype if half else dtype

@@ -26,6 +26,7 @@ from tvm.relax.dpl import is_const, is_op, wildcard
 
 from ...errors import UnsupportedOperator
 from ..family import OpFamily
+from .half_norms import half_norm_dtype, half_norm_patterns, half_steps
 from .rows import RowSpec, Step, choose_row_tiling, last_axis, read_rows, row_compute, schedule_rows
 
 
@@ -36,6 +37,8 @@ def steps_of(spec: RowSpec) -> tuple:
         steps = (Step("squares", "reduce", "sum_squares", ("x",)),
                  Step("scale", "vfunc", "rsqrt", ("squares",), inverse_n, spec.eps),
                  Step("normed", "eltwise", "multiply", ("x", "scale")))
+        if spec.out_dtype != "float32":  # a 16-bit float model's norm (half_norms.py)
+            return half_steps(steps, spec.out_dtype, "norm_weight" not in spec.row_roles)
         return steps + ((Step("rms_norm", "eltwise", "multiply", ("normed", "weight")),) if spec.row_roles else ())
     steps = (Step("total", "reduce", "sum", ("x",)),
             Step("mean", "vfunc", "identity", ("total",), inverse_n),
@@ -58,7 +61,7 @@ def _patterns() -> list:
     x1, gamma1, beta1, weight1 = wildcard(), is_const(), is_const(), is_const()
     layer1 = is_op("relax.nn.layer_norm")(x1, gamma1, beta1)
     rms1 = is_op("relax.nn.rms_norm")(x1, weight1)
-    return [("cgra.layer_norm_plain", layer1, {"root": layer1, "lhs": x1, "gamma": gamma1, "beta": beta1}),
+    return half_norm_patterns() + [("cgra.layer_norm_plain", layer1, {"root": layer1, "lhs": x1, "gamma": gamma1, "beta": beta1}),
             ("cgra.rms_norm_plain", rms1, {"root": rms1, "lhs": x1, "weight": weight1}),
             ("cgra.layer_norm", layer, {"root": layer, "lhs": x, "gamma": gamma, "beta": beta}),
             ("cgra.rms_norm", rms, {"root": rms, "lhs": x, "weight": weight})]
@@ -76,13 +79,18 @@ def _plain(kind: str, annotated: dict, roles: tuple) -> None:
 
 def norm_spec(name: str, annotated: dict) -> RowSpec:
     """The RowSpec of a layer norm or RMSNorm over the last axis, its row operands one value a column."""
+    half = half_norm_dtype(annotated) if name.startswith("cgra.rms_norm_half") else "float32"
+    if half != "float32":
+        annotated = dict(annotated, root=annotated["norm"])
+        name = "cgra.rms_norm"
     kind = name.removeprefix("cgra.").removesuffix("_plain")
     x, root = annotated["lhs"], annotated["root"]
     shape, rows, cols, symbols = read_rows(x, kind)
     last_axis(list(root.attrs.axes), len(shape), kind)
-    roles = ("gamma", "beta") if kind == "layer_norm" else ("weight",)
+    roles = ("gamma", "beta") if kind == "layer_norm" else ("weight",) if half == "float32" else \
+        ("weight",) if "ones" in annotated else ("norm_weight", "weight")
     for role in roles:
-        vector_shape, *_ = read_rows(annotated[role], f"{kind}'s {role}")
+        vector_shape, *_ = read_rows(annotated[role], f"{kind}'s {role}", dtype=half if role == "weight" else "float32")
         if vector_shape != (cols,):
             raise UnsupportedOperator(f"{kind}: its {role} of shape {vector_shape} is not one value per column "
                                       f"({cols},)")
@@ -92,7 +100,8 @@ def norm_spec(name: str, annotated: dict) -> RowSpec:
         _plain(kind, annotated, roles)
     row_roles = () if name.endswith("_plain") else roles
     spec = RowSpec(kind, kind, shape, shape, rows, cols, float(root.attrs.epsilon), row_roles,
-                   param_roles=("lhs", *roles), source_ops=(f"nn.{kind}",), symbols=symbols)
+                   param_roles=("lhs", *roles), source_ops=(f"nn.{kind}",), symbols=symbols, out_dtype=half,
+                   role_dtypes=(("weight", half),) if half != "float32" else ())
     return dataclasses.replace(spec)
 
 

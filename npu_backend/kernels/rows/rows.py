@@ -44,7 +44,9 @@ F32 = "float32"
 class Step:
     """One vector-unit command per tile: `kind` "reduce" (func sum / max / sum_squares of one
     input into a column), "vfunc" (func of one input, `scale` and `offset` optional) or
-    "eltwise" (func of two inputs). Inputs name earlier steps, "x" (the tile) or a row role."""
+    "eltwise" (func of two inputs), or "cast" (an EPILOGUE rounding its float32 input to `dtype`, a
+    16-bit float). Inputs name earlier steps, "x" (the tile) or a row role. `dtype`: what an
+    eltwise step computes in (a 16-bit float's: widened, rounded to nearest even) or a cast's result."""
 
     name: str
     kind: str
@@ -52,6 +54,7 @@ class Step:
     inputs: tuple
     scale: float | None = None
     offset: float | None = None
+    dtype: str = F32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +75,10 @@ class RowSpec:
     source_ops: tuple = ()
     shape_args: tuple = ()
     symbols: tuple = ()  # ((axis, variable name), ...): x's symbolic leading axes (kernels/dynamic.py)
+    # The output's dtype: float32, or a 16-bit float (half_norms.py); ((row role, dtype), ...) of
+    # the row roles not float32.
+    out_dtype: str = F32
+    role_dtypes: tuple = ()
     dtype = F32
     acc_dtype = F32
     macs = 0
@@ -90,13 +97,13 @@ class RowSpec:
         return self.symbolic_row or any(math.prod(self.shape[:-1]) != self.shape[axis] for axis in leading)
 
 
-def read_rows(x, what: str, symbolic_row: bool = False) -> tuple:
-    """(shape, rows, cols, symbols) of a float32 operand reduced or normalised along its last
+def read_rows(x, what: str, symbolic_row: bool = False, dtype: str = F32) -> tuple:
+    """(shape, rows, cols, symbols) of a float32 (`dtype`) operand reduced or normalised along its last
     axis, symbolic axes at their bounds and named in `symbols` ((axis, variable), ...): one
     leading axis (the rows: its product with the static ones), and with `symbolic_row` the last
     (a row of symbolic length, held whole in a tile as wide as its bound: `row_compute`); raises
     UnsupportedOperator saying why it stays on the host."""
-    if dtype_of(x) != F32:
+    if dtype_of(x) != dtype:
         raise UnsupportedOperator(f"{what} on {dtype_of(x) or 'an unknown dtype'}: the vector unit's REDUCE "
                                   "and VFUNC compute float32")
     dims = shape_dims(x) or ()
@@ -155,7 +162,7 @@ def row_compute(spec, tiling: Tiling, steps, out_shape: tuple):
     inputs, tensors = {"lhs": x}, {"x": te.compute((mp, cols), lambda i, j: padded(x, (rows, width_of), (i, j)),
                                                    name="a_pad")}
     for role in spec.row_roles:
-        inputs[role] = te.placeholder((cols,), F32, name=role)
+        inputs[role] = te.placeholder((cols,), dict(getattr(spec, "role_dtypes", ())).get(role, F32), name=role)
         tensors[role] = _row_load(inputs[role], cols, f"{role}_pad")
     kinds = shapes_of(steps, spec.row_roles)
     for step in steps:
@@ -200,6 +207,9 @@ def stage_of(step: Step, tensors: dict, kinds: dict, mp: int, cols: int, name: s
         kind = kinds[step.inputs[0]]
         return te.compute((mp, cols if kind == "full" else 1), lambda i, j: vfunc_value(
             step.func, _read(src, kind, i, j), step.scale, step.offset), name=name)
+    if step.kind == "cast":
+        src = tensors[step.inputs[0]]
+        return te.compute((mp, cols), lambda i, j: src[i, j].astype(step.dtype), name=name)
     a, b = (tensors[name] for name in step.inputs)
     ka, kb = (kinds[name] for name in step.inputs)
     width = cols if kinds[step.name] == "full" else 1
@@ -247,6 +257,10 @@ def choose_row_tiling(spec, arch: HardwareDescription, steps) -> Tiling:
         raise ScratchpadTooSmall(f"{spec.kind}: a row of {spec.cols} float32{held} does not fit the "
                                  f"{arch.spad_bytes}-byte scratchpad of '{arch.name}' with its intermediates; the "
                                  f"passes over column tiles take static shapes only ({fix}bind the symbolic sizes)")
+    if not fitting and getattr(spec, "out_dtype", F32) != F32:
+        raise ScratchpadTooSmall(f"{spec.kind}: a row of {spec.cols} float32 written as {spec.out_dtype} does not "
+                                 f"fit the {arch.spad_bytes}-byte scratchpad of '{arch.name}' whole (the passes "
+                                 "over column tiles write float32): describe a larger scratchpad")
     if not fitting:
         return _long_tiling(spec, arch, steps, kinds)
 
@@ -327,7 +341,10 @@ def schedule_rows(sch, spec, tiling: Tiling, steps) -> None:
         first = sch.get_loops(block)[1]
         if step.kind == "vfunc":
             sch.tensorize(first, get_intrin("vfunc", tm, width, step.func, scale=step.scale, offset=step.offset))
+        elif step.kind == "cast":
+            sch.tensorize(first, get_intrin("epilogue", tm, width, F32, bias=False, relu=False, residual=False,
+                                            clip=None, zero_point=None, out_dtype=step.dtype))
         else:
             full = {"full": (True, True), "column": (True, False), "row": (False, True)}
             a_full, b_full = (full[kinds[i]] for i in step.inputs)
-            sch.tensorize(first, get_intrin("eltwise", tm, width, step.func, F32, a_full=a_full, b_full=b_full))
+            sch.tensorize(first, get_intrin("eltwise", tm, width, step.func, step.dtype, a_full=a_full, b_full=b_full))
