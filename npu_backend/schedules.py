@@ -18,7 +18,7 @@ a tile) or a copy between a tensor and the scratchpad (scope `SPAD`); the compil
 
 from __future__ import annotations
 
-from .kernels.gemm.gemm import loops_after, stage_output_tile, tensorize_tile
+from .kernels.gemm.gemm_schedule import loops_after, stage_output_tile, tensorize_tile
 from .kernels.intrinsics import INTRINSICS, SPAD
 from .kernels.intrinsics import get_intrin as intrinsic
 from .kernels.registry import builtin_schedule as builtin

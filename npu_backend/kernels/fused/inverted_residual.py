@@ -48,7 +48,7 @@ from ...relax_info import dtype_of
 from ..gemm.conv2d import conv2d_spec
 from ..gemm.epilogue import channel_axis
 from ..family import OpFamily
-from ..gemm.gemm import loops_after
+from ..gemm.gemm_schedule import loops_after
 from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.vector_unit import activation, lowest_value
 from .inverted_residual_tiles import (SINGLE, choose_inverted_residual_tiling, column_padding, expand_depth,

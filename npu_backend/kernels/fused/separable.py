@@ -33,7 +33,7 @@ from ...relax_info import dtype_of
 from ..gemm.conv2d import conv2d_spec
 from ..gemm.epilogue import Root, chain_pattern_graphs, channel_axis, epilogue_compute, epilogue_intrin, epilogue_operands
 from ..family import OpFamily
-from ..gemm.gemm import loops_after
+from ..gemm.gemm_schedule import loops_after
 from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.pe_array import window_extent, window_sum
 from ..intrinsics.vector_unit import activation

@@ -1,7 +1,7 @@
 """The conv2d family: conv2d in any order of the axes, any stride, padding, dilation and groups.
 
 Stage: partition (its root and its spec) and kernel definition (its TE computes); tiling and
-schedule are the GEMM's (gemm.py). A conv2d is a GEMM per image: rows are output pixels
+schedule are the GEMM's (gemm.py, gemm_schedule.py). A conv2d is a GEMM per image: rows are output pixels
 p = y * OW + ox (whole output rows per tile; whole columns, p = x * OH + y, for an NCHW image
 wider than tall or of symbolic width: KernelSpec.pixel_order), columns output channels f, and the reduction runs
 over (ry, rx, c), the left operand gathered by a strided DMA box. A grouped conv2d is the same
@@ -23,7 +23,8 @@ from .epilogue import (HALF_FLOATS, Root, epilogue_compute, epilogue_fields, epi
                        with_epilogue_tail)
 from ..common.dynamic import GATHERS, BLOCKS, batch_extent, read_shape, spatial_extents, symbols_of, with_vars
 from ..family import OpFamily
-from .gemm import choose_gemm_tiling, schedule_gemm
+from .gemm import choose_gemm_tiling
+from .gemm_schedule import schedule_gemm
 from .patchify import patchify_compute
 from ..common.operands import kernel_prim_func, logical, padded, stored
 from ..common.spec import CONV2D_LAYOUTS, KernelSpec, Tiling

@@ -22,7 +22,7 @@ from ...errors import ScratchpadTooSmall
 from .epilogue import channel_rows, epilogue_compute, epilogue_intrin, epilogue_operands
 from ..common.dynamic import CUT_LOOP, CUT_PARAMS, GATHERS, batch_extent, dim_var, spatial_extents
 from ..family import OpFamily
-from .gemm import loops_after
+from .gemm_schedule import loops_after
 from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.pe_array import window_extent, window_sum
 from ..common.operands import kernel_prim_func, padded, stored

@@ -1,7 +1,7 @@
 """The GEMM tile search's estimate of a tiling's cycles, and when a kernel holds A's row panel.
 
 Stage: tiling (gemm.py's tile search, the fused families' searches and the overlap tests call
-`estimate_cycles`; gemm.py's schedule asks `holds_a_panel`). In: a `Tiling`, the operands'
+`estimate_cycles`; gemm_schedule.py asks `holds_a_panel`). In: a `Tiling`, the operands'
 sizes, the chip. Out: cycles, each unit's work priced by the simulator's cost model
 (cgra_sim.cost), overlapped by cost.double_buffered_cycles.
 """

@@ -1,7 +1,7 @@
 """The matmul family: 2-D and batched matmul, and PyTorch's Linear (permute_dims + matmul).
 
 Stage: partition (its roots and their spec) and kernel definition (its TE computes); tiling and
-schedule are the GEMM's (gemm.py). A 2-D matmul is one GEMM: C[M, N] = act(A[M, K] @ B[K, N] +
+schedule are the GEMM's (gemm.py, gemm_schedule.py). A 2-D matmul is one GEMM: C[M, N] = act(A[M, K] @ B[K, N] +
 bias) over padded tiles (blocks a_pad, b_pad, acc, epi, out and the epilogue's). A batched matmul
 runs one GEMM per batch element under an outer images loop, the left operand batched alike or
 shared (`batch_matmul_compute`); with shared weights the batch folds into the rows of one 2-D
@@ -23,7 +23,8 @@ from ..common.dynamic import caller_dims, read_shape, symbols_of
 from ..family import OpFamily
 from .gated import gated_epilogue
 from .rope_epilogue import rope_epilogue, rope_operands
-from .gemm import choose_gemm_tiling, schedule_gemm
+from .gemm import choose_gemm_tiling
+from .gemm_schedule import schedule_gemm
 from .row_norm import normed_panel, normed_roots, with_row_norm
 from .symbolic_matmul import has_symbolic_operand, is_symbolic_matmul, symbolic_matmul_compute, symbolic_matmul_spec
 from ..common.operands import kernel_prim_func, padded

@@ -1,7 +1,7 @@
 """A matmul of two activations with symbolic lengths: attention's Q Kᵀ and P V over a sequence.
 
 Stage: partition (the spec, from matmul.py's reader) and kernel definition (the TE compute);
-tiling and schedule are the GEMM's (gemm.py). The right operand is an activation whose last two
+tiling and schedule are the GEMM's (gemm.py, gemm_schedule.py). The right operand is an activation whose last two
 axes may be symbolic (a key length, a query length), so the GEMM's rows M, columns N and
 reduction K may each be a variable: Q (B, s, d) @ Kᵀ (B, d, s) has M = N = s, P (B, s, s) @ V
 (B, s, d) has M = K = s, a decode step's q (B, 1, d) @ Kᵀ (B, d, t) has N = t. The batch axes (the

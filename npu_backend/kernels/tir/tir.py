@@ -19,7 +19,7 @@ own scratchpad buffers, copies and tensorized blocks or device calls), which goe
 it is. The kernel IS the user's PrimFunc: its GEMM block is tiled to the PE array and the
 scratchpad with TVM's `tile_with_tensor_intrin` (padding the extents to whole tiles), its
 operand tiles are staged into the scratchpad, and the tile is tensorized, the way the built-in
-families' schedules do it (gemm.py); the DMA pass, double buffering, codegen and the simulator
+families' schedules do it (gemm_schedule.py); the DMA pass, double buffering, codegen and the simulator
 are the same path as every other kernel's.
 """
 
@@ -42,7 +42,7 @@ from ..elementwise import eltwise
 from ..common.chains import require_program
 from ..family import OpFamily
 from ..gemm.gemm import choose_tiling as choose_gemm_tiling
-from ..gemm.gemm import loops_after
+from ..gemm.gemm_schedule import loops_after
 from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.fabric import FabricBody
 from .tir_exprs import EPILOGUE_DTYPES, fabric_op, indexes_by, vector_op
