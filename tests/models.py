@@ -6,8 +6,8 @@ from npu_backend.tools.workloads import (conv2d_model, conv2d_reference, matmul_
 import tvm
 from tvm import relax
 
-__all__ = ["assert_matches", "conv2d_model", "conv2d_reference", "conv_stack", "matmul_model", "pool_model",
-           "relax_module", "run"]
+__all__ = ["assert_matches", "conv2d_model", "conv2d_reference", "conv_stack", "host_output", "main_op_names",
+           "matmul_model", "pool_model", "relax_module", "run"]
 
 
 def assert_matches(out, ref, dtype):
@@ -33,3 +33,17 @@ def conv_stack(x_shape, conv, layers, dtype="float32") -> tvm.IRModule:
             out = bb.emit_output(y)
         bb.emit_func_output(out)
     return bb.get()
+
+
+def host_output(mod: tvm.IRModule, x):
+    """main(x) of `mod` compiled for the host (target llvm) alone, as numpy: a rewrite's reference."""
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def main_op_names(mod: tvm.IRModule) -> list:
+    """The operators main calls, in post order (names as normalise.rewrite.op_name gives them)."""
+    from npu_backend.normalise.rewrite import op_name
+    found = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: found.append(op_name(e)) if op_name(e) else None)
+    return found

@@ -13,6 +13,7 @@ from tvm import relax
 import npu_backend
 from npu_backend.normalise.padding_taps import padding_taps_cut, used_taps
 from npu_backend.normalise.rewrite import op_name
+from models import host_output
 
 
 @given(size=st.integers(1, 6), taps=st.integers(1, 7), before=st.integers(0, 4), stride=st.integers(1, 3),
@@ -41,11 +42,6 @@ def _conv(shape: tuple, channels: int, taps: tuple, padding: list, stride: int, 
     return bb.get(), rng.standard_normal(data).astype(np.float32)
 
 
-def _host(mod, x):
-    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-    return vm["main"](tvm.runtime.tensor(x)).numpy()
-
-
 def _weight_shape(mod) -> tuple:
     found = []
     relax.analysis.post_order_visit(mod["main"], lambda e: found.append(e) if op_name(e) == "relax.nn.conv2d" else None)
@@ -61,7 +57,7 @@ def test_the_cut_conv_matches_the_uncut_one(shape, channels, taps, padding, stri
         return  # no output
     mod, x = _conv(shape, channels, taps, padding, stride, depthwise, layout)
     cut = padding_taps_cut(mod)
-    np.testing.assert_allclose(_host(cut, x), _host(mod, x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(host_output(cut, x), host_output(mod, x), rtol=1e-5, atol=1e-5)
     assert _weight_shape(cut)[2:] <= _weight_shape(mod)[2:]
 
 
@@ -70,4 +66,4 @@ def test_convnexts_last_depthwise_conv_keeps_its_middle_taps_on_the_npu():
     cut = padding_taps_cut(mod)
     assert _weight_shape(cut) == (16, 1, 3, 3)
     vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
-    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), _host(mod, x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), host_output(mod, x), rtol=1e-5, atol=1e-5)

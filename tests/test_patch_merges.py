@@ -14,7 +14,7 @@ from tvm import relax
 
 import npu_backend
 from npu_backend.normalise.patch_merges import merged_axes, patch_merges
-from npu_backend.normalise.rewrite import op_name
+from models import host_output, main_op_names
 
 
 def _merging(shape: tuple, steps: tuple, phases: list):
@@ -30,17 +30,6 @@ def _merging(shape: tuple, steps: tuple, phases: list):
     return bb.get()
 
 
-def _host(mod, x):
-    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-    return vm["main"](tvm.runtime.tensor(x)).numpy()
-
-
-def _ops(mod) -> list:
-    found = []
-    relax.analysis.post_order_visit(mod["main"], lambda e: found.append(op_name(e)) if op_name(e) else None)
-    return found
-
-
 @settings(max_examples=8)
 @given(cells=st.tuples(st.integers(1, 3), st.integers(1, 3)), steps=st.tuples(st.integers(1, 3), st.integers(1, 3)),
        channels=st.integers(1, 4), data=st.data())
@@ -53,9 +42,9 @@ def test_the_phases_become_one_transpose_in_either_order(cells, steps, channels,
     mod = _merging(shape, steps, phases)
     rewritten = patch_merges(mod)
     by_rows = sorted(grid) == phases or sorted(grid, key=lambda p: (p[1], p[0])) == phases
-    assert ("relax.concat" not in _ops(rewritten)) == by_rows, (phases, rewritten)
+    assert ("relax.concat" not in main_op_names(rewritten)) == by_rows, (phases, rewritten)
     x = np.random.default_rng(0).standard_normal((1, *shape)).astype(np.float32)
-    np.testing.assert_array_equal(_host(rewritten, x), _host(mod, x))
+    np.testing.assert_array_equal(host_output(rewritten, x), host_output(mod, x))
 
 
 def test_a_concat_missing_a_phase_is_left_alone():
@@ -78,4 +67,4 @@ def test_swins_patch_merging_is_one_layout_kernel_on_the_npu():
         vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
         out = vm["main"](tvm.runtime.tensor(x)).numpy()
     assert [k.name.split("_cgra")[0] for k in prof.kernels] == ["fused_relax_permute_dims"], prof.kernels
-    np.testing.assert_array_equal(out, _host(mod, x))
+    np.testing.assert_array_equal(out, host_output(mod, x))

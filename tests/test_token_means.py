@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import npu_backend
-from npu_backend.normalise.rewrite import op_name
 from npu_backend.normalise.token_means import token_means
+from models import host_output, main_op_names
 
 
 def _pooled(shape: tuple, form: str):
@@ -34,17 +34,6 @@ def _pooled(shape: tuple, form: str):
     return bb.get()
 
 
-def _host(mod, x):
-    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-    return vm["main"](tvm.runtime.tensor(x)).numpy()
-
-
-def _ops(mod) -> list:
-    found = []
-    relax.analysis.post_order_visit(mod["main"], lambda e: found.append(op_name(e)) if op_name(e) else None)
-    return found
-
-
 @settings(max_examples=8)
 @given(form=st.sampled_from(["swin", "nchw", "channels"]), sizes=st.tuples(st.integers(1, 5), st.integers(1, 5)),
        channels=st.integers(1, 6))
@@ -54,9 +43,9 @@ def test_a_mean_over_tokens_loses_its_transpose(form, sizes, channels):
     rewritten = token_means(mod)
     # A mean over the channels keeps its transpose (unless there is one channel and one token).
     kept = form == "channels" and (channels, sizes) != (1, (1, 1))
-    assert ("relax.permute_dims" in _ops(rewritten)) == kept, rewritten
+    assert ("relax.permute_dims" in main_op_names(rewritten)) == kept, rewritten
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    np.testing.assert_allclose(_host(rewritten, x), _host(mod, x), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(host_output(rewritten, x), host_output(mod, x), rtol=1e-6, atol=1e-6)
 
 
 def test_swins_pooler_is_one_mean_kernel_on_the_npu():
@@ -66,4 +55,4 @@ def test_swins_pooler_is_one_mean_kernel_on_the_npu():
         vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
         out = vm["main"](tvm.runtime.tensor(x)).numpy()
     assert [k.name.split("_cgra")[0] for k in prof.kernels] == ["fused_relax_mean"], prof.kernels
-    np.testing.assert_allclose(out, _host(mod, x), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out, host_output(mod, x), rtol=1e-6, atol=1e-6)

@@ -14,6 +14,7 @@ import npu_backend
 from npu_backend.normalise.rewrite import op_name
 from npu_backend.relax_info import type_of
 from npu_backend.normalise.window_residuals import row_order, window_residuals
+from models import host_output
 
 WINDOW_AXES = [0, 1, 3, 2, 4, 5]
 
@@ -46,11 +47,6 @@ def _swin_block(windows: tuple, window: int, channels: int, seed: int, moved=WIN
     return bb.get()
 
 
-def _host(mod, x):
-    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-    return vm["main"](tvm.runtime.tensor(x)).numpy()
-
-
 def _calls(mod, name: str) -> list:
     found = []
     relax.analysis.post_order_visit(mod["main"], lambda e: found.append(e) if op_name(e) == name else None)
@@ -76,7 +72,7 @@ def test_the_residual_joins_the_projection_and_the_result_is_unchanged(windows, 
     assert sorted(op_name(values.get(n.args[0])) for n in norms) == ["", "relax.reshape"], rewritten
     x = np.random.default_rng(seed).standard_normal((1, windows[0] * windows[1] * window**2, channels))
     x = x.astype(np.float32)
-    np.testing.assert_allclose(_host(rewritten, x), _host(mod, x), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(host_output(rewritten, x), host_output(mod, x), rtol=1e-6, atol=1e-6)
 
 
 def test_a_reverse_that_moves_elements_inside_a_row_is_left_alone():
@@ -94,7 +90,7 @@ def test_a_partition_that_is_not_the_reverses_inverse_keeps_its_norm():
     norms = _calls(rewritten, "relax.nn.layer_norm")
     assert sorted(op_name(values.get(n.args[0])) for n in norms) == ["", "relax.nn.layer_norm"], rewritten
     x = np.random.default_rng(0).standard_normal((1, 16, 4)).astype(np.float32)
-    np.testing.assert_allclose(_host(rewritten, x), _host(mod, x), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(host_output(rewritten, x), host_output(mod, x), rtol=1e-6, atol=1e-6)
 
 
 @settings(max_examples=25)
@@ -123,4 +119,4 @@ def test_swins_residual_add_runs_in_the_projection_kernel_on_the_npu():
         out = vm["main"](tvm.runtime.tensor(x)).numpy()
     names = [k.name for k in prof.kernels]
     assert not [n for n in names if n.startswith("fused_relax_add")], names
-    np.testing.assert_allclose(out, _host(mod, x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, host_output(mod, x), rtol=1e-5, atol=1e-5)
