@@ -24,10 +24,11 @@ from cgra_sim.arch import HardwareDescription
 from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of
 from ..family import OpFamily
-from ..intrinsics import SPAD, get_intrin
+from ..intrinsics import get_intrin
 from ..common.operands import padded, prim_func
 from ..common.spec import Tiling
 from ..common.unary import ReadsOperand, UnaryOperand, fastest_tiling, read_operand, schedule_unary, unary_compute
+from .eltwise import tile_two_operands
 
 HALF_FLOATS = ("bfloat16", "float16")
 #: (input dtype, output dtype) pairs the EPILOGUE converts.
@@ -118,17 +119,8 @@ def schedule_cast(sch, spec: CastSpec, tiling: Tiling, arch: HardwareDescription
     if spec.via is None:
         schedule_unary(sch, tiling, "epi", _epilogue(tiling, spec.dtype, spec.out_dtype))
         return
-    wide = sch.get_sblock("wide")
-    rows, cols = sch.get_loops(wide)
-    row_outer, row_inner = sch.split(rows, [None, tiling.tm])
-    col_outer, col_inner = sch.split(cols, [None, tiling.tn])
-    sch.reorder(row_outer, col_outer, row_inner, col_inner)
-    for name in ("epi", "a_pad"):
-        block = sch.get_sblock(name)
-        sch.compute_at(block, col_outer)
-        sch.set_scope(block, 0, SPAD)
-    sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
-    sch.set_scope(wide, 0, SPAD)
+    # The widened tile ("wide") is the store's input; the first EPILOGUE ("epi") and A per tile.
+    row_inner = tile_two_operands(sch, tiling, "wide", ("epi", "a_pad"))
     sch.tensorize(sch.get_loops(sch.get_sblock("epi"))[2], _epilogue(tiling, spec.dtype, spec.via))
     sch.tensorize(row_inner, _epilogue(tiling, spec.via, spec.out_dtype))
 

@@ -301,20 +301,20 @@ def eltwise_compute(spec: EltwiseSpec, tiling: Tiling):
     return func.with_attr(CUT_PARAMS, {"cgra_eltwise": cut_levels(spec, tiling, extents)}) if spec.tail else func
 
 
-def tile_two_operands(sch, tiling: Tiling):
-    """Splits block "elt" into tm x tn tiles, loads "a_pad" and "b_pad" into the scratchpad per
-    tile and stores "out" after it; returns the tile's row loop, the one to tensorize."""
-    elt = sch.get_sblock("elt")
-    *_, rows, cols = sch.get_loops(elt)
+def tile_two_operands(sch, tiling: Tiling, block: str = "elt", operands: tuple = ("a_pad", "b_pad")):
+    """Splits `block` into tm x tn tiles, computes its `operands` into the scratchpad per tile and
+    stores "out" after it; returns the tile's row loop, the one to tensorize."""
+    tiled = sch.get_sblock(block)
+    *_, rows, cols = sch.get_loops(tiled)
     row_outer, row_inner = sch.split(rows, [None, tiling.tm])
     col_outer, col_inner = sch.split(cols, [None, tiling.tn])
     sch.reorder(row_outer, col_outer, row_inner, col_inner)
-    for name in ("a_pad", "b_pad"):
-        block = sch.get_sblock(name)
-        sch.compute_at(block, col_outer)
-        sch.set_scope(block, 0, SPAD)
+    for name in operands:
+        operand = sch.get_sblock(name)
+        sch.compute_at(operand, col_outer)
+        sch.set_scope(operand, 0, SPAD)
     sch.reverse_compute_at(sch.get_sblock("out"), col_outer)
-    sch.set_scope(elt, 0, SPAD)
+    sch.set_scope(tiled, 0, SPAD)
     return row_inner
 
 
