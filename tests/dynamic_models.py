@@ -82,3 +82,9 @@ def onnx_model_run(model, dims: dict):
     placements = npu_backend.explain(mod, "cgra-8x8", dims=dims)
     vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
     return placements, vm, onnxruntime.InferenceSession(model.SerializeToString())
+
+
+def npu_and_host(mod: tvm.IRModule, arch) -> tuple:
+    """`mod` compiled for `arch` and for the host (target llvm), each in a VirtualMachine."""
+    return (relax.VirtualMachine(npu_backend.compile(mod, arch), tvm.cpu()),
+            relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()))

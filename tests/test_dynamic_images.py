@@ -15,7 +15,7 @@ from tvm import relax
 from tvm.relax.transform import BindSymbolicVars
 
 import npu_backend
-from dynamic_models import PRESETS, onnx_model_run, check, data, module
+from dynamic_models import PRESETS, onnx_model_run, check, data, module, npu_and_host
 
 
 def _conv(layout, groups, channels, out_channels):
@@ -56,8 +56,7 @@ def _conv_image(axis, stride, dtype):
 @functools.cache
 def _conv_image_vms(arch, axis, stride, dtype):
     mod, shape = _conv_image(axis, stride, dtype)
-    return (relax.VirtualMachine(npu_backend.compile(mod, arch), tvm.cpu()),
-            relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), shape)
+    return (*npu_and_host(mod, arch), shape)
 
 
 @settings(deadline=None, max_examples=30)
@@ -98,8 +97,7 @@ POOLS = {
 def _pool_vms(arch, pool, axis, dtype):
     shape = {"w": (1, 6, 9, "w"), "h": (2, 5, "h", 7), "hw": (1, 5, "h", "w")}[axis]
     mod = module({"x": (shape, dtype)}, POOLS[pool])
-    return (relax.VirtualMachine(npu_backend.compile(mod, arch), tvm.cpu()),
-            relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), shape)
+    return (*npu_and_host(mod, arch), shape)
 
 
 @settings(deadline=None, max_examples=30)
@@ -139,8 +137,7 @@ def _conv_hw(stride, dtype, residual):
 @functools.cache
 def _conv_hw_vms(arch, stride, dtype, residual):
     mod, params = _conv_hw(stride, dtype, residual)
-    return (relax.VirtualMachine(npu_backend.compile(mod, arch), tvm.cpu()),
-            relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()), params)
+    return (*npu_and_host(mod, arch), params)
 
 
 @settings(deadline=None, max_examples=30)
@@ -250,8 +247,7 @@ def _depthwise_hw(stride, dtype, residual):
 @functools.cache
 def _depthwise_hw_vms(arch, stride, dtype, residual):
     mod = _depthwise_hw(stride, dtype, residual)
-    return (relax.VirtualMachine(npu_backend.compile(mod, arch), tvm.cpu()),
-            relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu()))
+    return npu_and_host(mod, arch)
 
 
 @settings(deadline=None, max_examples=30)
