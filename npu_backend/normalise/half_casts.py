@@ -23,7 +23,11 @@ Stage: normalise (before partition). In: a Relax IRModule. Out: the same module 
   through layout ops (an attention's P V, HF's `attn_output.to(h)` before its head merge), is
   `astype(layout(o), h)`: a conversion commutes with moving elements, exactly, and the attention
   kernel then writes the merged (B, S, H, D) layout itself (kernels/attention/head_layouts.py)
-  instead of a transposing copy of the 16-bit output running after the cast.
+  instead of a transposing copy of the 16-bit output running after the cast;
+- `astype(layout(astype(z, h)), float32)` of a float32 z (a biased linear's output rounded to h,
+  split into heads, widened for the attention: ViT's q, k and v) is `layout(astype(astype(z, h),
+  float32))`: widening commutes with moving elements too, exactly; the two casts are one
+  round-trip kernel and the attention kernel reads the head split itself.
 
 Why: HF's bfloat16 Llama casts to float32 around every norm, softmax and activation, and TVM's
 importer writes each bfloat16 linear as matmul(out_dtype="float32"); every astype ran on the host
@@ -103,7 +107,7 @@ class _CastRewriter(relax.PyExprMutator):
             return _float32_layer_norm(self.builder_, call)
         if isinstance(call, relax.Call) and any(call.op.same_as(op) for op in _FLOAT32_UNARY) \
                 and dtype_of(call.args[0]) in HALF_FLOATS:  # PyTorch's CPU kernels: in float32, rounded once
-            wide = self.builder_.emit(relax.op.astype(call.args[0], "float32"))
+            wide = self._cast(call.args[0], "float32")
             inner = self.builder_.emit(relax.Call(call.op, [wide, *call.args[1:]], call.attrs))
             return relax.op.astype(inner, dtype_of(call.args[0]))
         if not _is(call, "astype"):
@@ -111,11 +115,17 @@ class _CastRewriter(relax.PyExprMutator):
         source, target = call.args[0], str(call.attrs.dtype)
         if dtype_of(source) == target:
             return source
+        return self._cast(source, target, call)
+
+    def _cast(self, source, target: str, call=None):
+        """astype(source, target) folded (module doc), else `call` (or that astype, emitted)."""
         key = (source, target)
         if key not in self.folds:  # HF widens the embedding twice (the norm's input, the residual): one lookup
             folded = self._fold(source, dtype_of(source), target)
             self.folds[key] = None if folded is None else self.builder_.emit(folded)
-        return call if self.folds[key] is None else self.folds[key]
+        if self.folds[key] is not None:
+            return self.folds[key]
+        return call if call is not None else self.builder_.emit(relax.op.astype(source, target))
 
     def _layout_before_cast(self, call):
         """`layout(astype(o, h))` as `astype(layout(o), h)` where o is a float32 batched matmul's
@@ -131,6 +141,20 @@ class _CastRewriter(relax.PyExprMutator):
         moved = self.builder_.emit(relax.Call(call.op, [cast.args[0], *call.args[1:]], call.attrs))
         return relax.op.astype(moved, str(cast.attrs.dtype))
 
+    def _widen_before_layout(self, value):
+        """`layout(astype(z, h))` widened to float32, z float32, as `layout(astype(astype(z, h),
+        float32))` (module doc), else None."""
+        layouts = []
+        while _is(value, "permute_dims") or _is(value, "reshape"):
+            layouts.append(value)
+            value = self._bound(value.args[0])
+        if not layouts or not _is(value, "astype") or dtype_of(value.args[0]) != "float32":
+            return None
+        moved = relax.op.astype(layouts[-1].args[0], "float32")
+        for layout in reversed(layouts):
+            moved = relax.Call(layout.op, [self.builder_.emit(moved), *layout.args[1:]], layout.attrs)
+        return moved
+
     def _bound(self, expr):
         """The call a variable is bound to, else the expression."""
         if isinstance(expr, relax.Var):
@@ -142,7 +166,8 @@ class _CastRewriter(relax.PyExprMutator):
         """The value astype(source, target) computes without the cast, or None."""
         value = self._bound(source)
         if dtype in HALF_FLOATS and target == "float32":
-            return self._widen(value)
+            widened = self._widen(value)
+            return widened if widened is not None else self._widen_before_layout(value)
         if dtype == "float32" and target in HALF_FLOATS and _is(value, "matmul") \
                 and str(value.attrs.out_dtype) == "float32" \
                 and all(dtype_of(arg) == target for arg in value.args):
