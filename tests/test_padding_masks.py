@@ -2,7 +2,8 @@
 `where(ones & mask[None, None, None, :], 0, -inf)`, broadcast over the queries) added to scores
 reads the row itself, so the attention kernel takes it as a row (a GEMM of k = 1 on the PE array,
 kernels/attention/rows.py), no s x s copy; the causal form (a constant triangle & the row) is the
-constant where(c, 0, -inf) plus the row's select. Both exact: the same bits as before.
+constant where(c, 0, -inf) plus the row's select, added to the scores one after the other
+(causal_rows.py: the kernel builds the triangle). Both exact: the same bits as before.
 """
 
 from __future__ import annotations
@@ -54,4 +55,9 @@ def test_a_causal_padding_mask_is_a_constant_plus_the_rows_select(mask, scores):
     after = masks_as_float(before)
     ops = _ops(after)
     assert ops["add"] == 2 and ops["multiply"] == 4 and "where" not in ops, ops  # no causal * row product
+    # the scores take the triangle (a constant) and the row one at a time (causal_rows.py): no s x s mask
+    causal, row = [b.value for b in after["main"].body.blocks[0].bindings
+                   if isinstance(b.value, relax.Call) and b.value.op.name == "relax.add"]
+    assert causal.args[1].value.numpy().shape == (1, 1, 1, 8, 8)  # a constant
+    assert [int(d) for d in row.args[1].ty.shape] == [1, 1, 1, 1, 8]
     _identical(before, after, scores, mask)

@@ -59,6 +59,7 @@ from tvm import relax
 
 from ..frontend.provenance import with_span
 from ..relax_info import dtype_of, static_shape
+from .causal_rows import causal_row_add
 from .chain_match import Chain
 from .rewrite import as_pass, rewrite_functions
 
@@ -98,6 +99,7 @@ class _MaskRewriter(relax.PyExprMutator):
     def __init__(self, mod=None):
         super().__init__(mod)
         self.twins, self.selects, self.binary, self.broadcasts = {}, {}, set(), []
+        self.splits = {}  # a split select's add(causal constant, row) -> (the constant, the row)
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
@@ -116,7 +118,8 @@ class _MaskRewriter(relax.PyExprMutator):
             select = self.select(chain, call)
             return with_span(select, call.span) if select is not None else call
         if call.op.same_as(_ADD):
-            return self.unbroadcast(chain, call)
+            split = causal_row_add(self, chain, call)
+            return split if split is not None else self.unbroadcast(chain, call)
         return call
 
     def unbroadcast(self, chain: Chain, call):
@@ -191,7 +194,10 @@ class _MaskRewriter(relax.PyExprMutator):
             broadcast = relax.op.broadcast_to(row, np.broadcast_shapes(constant.shape, tuple(static_shape(other))))
             self.broadcasts.append(self.builder_.normalize(broadcast))
             return self.emit(self.broadcasts[-1])
-        return self.emit(relax.op.add(relax.const(np.where(constant, 0, -np.inf).astype(np.float32)), row))
+        additive = np.where(constant, 0, -np.inf).astype(np.float32)
+        split = self.emit(relax.op.add(relax.const(additive), row))
+        self.splits[split] = (additive, row)  # an attention's scores take them one at a time (causal_rows.py)
+        return split
 
     def scan(self, call):
         """cumsum(B) along the last axis of an int32 twin B as B's low bytes (int8, a view and a

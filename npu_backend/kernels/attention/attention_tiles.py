@@ -97,6 +97,22 @@ def _mask_rows(spec, t: RowTiling) -> int:
     return 2 * (t.tq if msq > 1 else 1)
 
 
+def tile_keys(spec, tq: int, tile: int) -> int:
+    """Keys the kernel computes for query tile `tile` of tq rows: every one, or under a causal
+    triangle of offset c those up to its last row's diagonal (rows.py)."""
+    if spec.causal is None:
+        return spec.sk
+    return min(spec.sk, (tile + 1) * tq + spec.causal)
+
+
+def band_width(spec, tq: int, tile: int) -> int:
+    """Columns of the causal triangle the kernel adds to query tile `tile`'s scores (rows.py):
+    those from its first row's diagonal + 1 to its last row's, inside the keys."""
+    if spec.causal is None:
+        return 0
+    return max(0, min(tq - 1, spec.sk - tile * tq - spec.causal - 1))
+
+
 def attention_footprint(spec, t: RowTiling) -> int:
     """Scratchpad bytes of the kernel with tiling `t` (every buffer its own bytes)."""
     tq, sk, d, dv = t.tq, spec.sk, spec.d, spec.dv
@@ -105,13 +121,15 @@ def attention_footprint(spec, t: RowTiling) -> int:
     item += 3 * aligned(2 * tq * F32_BYTES) + 2 * aligned(2 * tq * dv * F32_BYTES)
     item += aligned(max(sk, tq) * F32_BYTES)  # the ones
     mask = aligned(_mask_rows(spec, t) * spec.mask_shape[4] * F32_BYTES) if t.mask != "none" else 0
+    if spec.causal is not None and tq > 1:  # the triangle (rows.py)
+        mask += aligned(tq * (tq - 1) * F32_BYTES)
     return kv + item + mask
 
 
-def attention_item_cycles(spec, arch: HardwareDescription, tq: int, sums_on_pe: bool = False) -> tuple:
+def attention_item_cycles(spec, arch: HardwareDescription, tq: int, sums_on_pe: bool = False, tile: int = -1) -> tuple:
     """(vector unit, PE array) cycles of one item: its softmax and scale, its two GEMMs [and the
-    row sums' GEMM P 1, else a REDUCE]."""
-    sk, d, dv = spec.sk, spec.d, spec.dv
+    row sums' GEMM P 1, else a REDUCE] [, the triangle]; over query tile `tile`'s keys (-1: all)."""
+    sk, d, dv = (spec.sk if tile < 0 else tile_keys(spec, tq, tile)), spec.d, spec.dv
     pe = cost.gemm_steady_cycles(arch, tq, sk, d, "float32") + cost.gemm_steady_cycles(arch, tq, dv, sk, "float32")
     if sums_on_pe:
         pe += cost.gemm_steady_cycles(arch, tq, 1, sk, "float32") + cost.gemm_fill_cycles(arch, tq, 1)
@@ -121,7 +139,10 @@ def attention_item_cycles(spec, arch: HardwareDescription, tq: int, sums_on_pe: 
     if scale_at(spec) == "q":
         vector += cost.vfunc_cycles(arch, tq * d, "identity", scale=True)
     elif scale_at(spec) == "k":
-        vector += cost.vfunc_cycles(arch, sk * d, "identity", scale=True) // spec.g
+        vector += cost.vfunc_cycles(arch, spec.sk * d, "identity", scale=True) // spec.g
+    band = band_width(spec, tq, tile) if tile >= 0 else 0
+    if band:
+        vector += cost.eltwise_cycles(arch, tq * band, 2 * tq * band)
     if mask_in_gemm(spec):  # copied into S, the GEMM accumulating onto it
         vector += cost.vfunc_cycles(arch, tq * sk, "identity")
     elif spec.mask_shape and not mask_on_pe(spec):
@@ -143,17 +164,20 @@ def estimate_attention_cycles(spec, arch: HardwareDescription, t: RowTiling) -> 
     """The items pipelined (rows.py): each the slowest of its vector work, its GEMMs and its
     DMA (Q in, O out, its share of the K / V heads and mask tiles), plus the first item's loads
     and GEMM and the last one's normalisation and store."""
-    items = spec.b * spec.hk * spec.g * (t.mp // t.tq)
-    vector, pe = attention_item_cycles(spec, arch, t.tq, t.sums_on_pe)
+    tiles = t.mp // t.tq
+    items = spec.b * spec.hk * spec.g * tiles
     kv = cost.dma_transfer_cycles(arch, spec.sk * (spec.d + spec.dv) * F32_BYTES)
-    load = cost.dma_transfer_cycles(arch, t.tq * spec.d * F32_BYTES) + kv // (spec.g * (t.mp // t.tq))
+    load = cost.dma_transfer_cycles(arch, t.tq * spec.d * F32_BYTES) + kv // (spec.g * tiles)
     if t.mask == "tile":
         load += cost.dma_transfer_cycles(arch, (_mask_rows(spec, t) // 2) * spec.mask_shape[4] * F32_BYTES)
     store = cost.dma_transfer_cycles(arch, t.tq * spec.dv * F32_BYTES)
-    if t.kv_copies == 1:  # a head's load after the last GEMM of the head before
-        load += (arch.dma_latency + kv + pe) // (spec.g * (t.mp // t.tq))
+    steps = []
+    for tile in range(tiles):  # under a causal triangle each query tile its own keys
+        vector, pe = attention_item_cycles(spec, arch, t.tq, t.sums_on_pe, tile if spec.causal is not None else -1)
+        waits = (arch.dma_latency + kv + pe) // (spec.g * tiles) if t.kv_copies == 1 else 0  # a head's load
+        steps.append(max(vector, pe, load + waits, store))  # after the last GEMM of the head before
     ends = 2 * arch.dma_latency + kv + pe + cost.eltwise_cycles(arch, t.tq * spec.dv, t.tq * spec.dv + t.tq) + store
-    return items * max(vector, pe, load, store) + ends
+    return items // tiles * sum(steps) + ends
 
 
 def attention_fits(parts: dict, arch: HardwareDescription) -> bool:
@@ -207,10 +231,8 @@ def whole_row_dma_bytes(spec, tiling: RowTiling) -> int:
 
 def whole_row_tiling(spec, arch: HardwareDescription) -> RowTiling:
     """A mask held whole whenever one fits (it crosses DRAM once instead of once per head), then
-    the fitting tiling of the fewest estimated cycles, then the larger tq. A constant causal mask is not this
-    kernel's: it has no mask operand."""
-    if spec.causal is not None:
-        raise ScratchpadTooSmall("a constant causal mask: the key-tile kernel builds it and skips the masked tiles")
+    the fitting tiling of the fewest estimated cycles, then the larger tq. A constant causal mask the kernel
+    builds (no mask operand) and skips the keys above each tile's diagonal (rows.py)."""
     modes = ["none"]
     if spec.mask_shape:
         modes = ["whole", "tile"]

@@ -30,6 +30,17 @@ per K / V head (two copies where they fit: the next head's load runs under this 
 shared by the G query heads of its group. A batch's mask is held whole where it fits (loaded
 once per batch: Swin's bias per head, a causal or padding mask shared by the heads), else a
 tile per item is loaded an item ahead.
+
+Under a causal triangle of offset c (spec.causal: no mask operand for it; a padding row may come
+with it, normalise/causal_rows.py) the kernel builds the triangle once, band[i, z] = -inf where
+z >= i else 0 (tq x (tq - 1): a FILL of -inf and a FILL of a growing row prefix per row), and an
+item of query rows row0 .. row0 + tq - 1 computes only keys 0 .. min(Sk, row0 + tq + c) - 1 (its
+last row's diagonal): S = Q Kᵀ, the row's GEMM, the max, S - m, the exp, the sums and P V all on
+those columns (their sizes expressions of the loop variable), and adds the band to the columns
+row0 + c + 1 .. (those its first row does not see) at the start of its softmax. A key above every
+row's diagonal would have scored -inf, given exp 0 and added +0 to the sums and to P V: leaving
+it out gives the same bits. A row that sees no key (a padding row over its visible keys) gives
+what the mask's kernel gave: 0 under a safe softmax, NaN under a plain one.
 """
 
 from __future__ import annotations
@@ -43,7 +54,7 @@ from .script_text import F32, Writer, call, eltwise, element, fill, gemm, guarde
 
 #: Every buffer: the kernel keeps its own two copies where it needs them (lower/double_buffer.py
 #: must leave them alone; they are allocated outside the loop anyway).
-BUFFERS = ["kt", "v", "q", "s", "m", "l", "inv", "o", "res", "mask_all", "mask_tile", "ones"]
+BUFFERS = ["kt", "v", "q", "s", "m", "l", "inv", "o", "res", "mask_all", "mask_tile", "ones", "band"]
 
 
 def rows_compute(spec, t: RowTiling):
@@ -76,6 +87,14 @@ class _Item:
         self.new_batch = f"({at}) % {per_batch} == 0"
         mb = spec.mask_shape[0] if spec.mask_shape else 1
         self.mask_slot = f"({at}) // {per_batch} % 2" if mb > 1 else "0"  # a mask per batch: two copies
+        # under a causal triangle of offset c: the keys up to the last row's diagonal, and the
+        # triangle's columns from the first row's diagonal + 1 (attention_tiles.tile_keys, band_width)
+        c, sk, tq = spec.causal, spec.sk, t.tq
+        self.keys = str(sk)
+        if c is not None:
+            self.keys = str(min(sk, tq + c)) if tiles == 1 else f"T.min({sk}, {self.row0} + {tq + c})"
+            self.band_at = f"{self.row0} + {c + 1}"
+            self.band = str(min(tq - 1, sk - c - 1)) if tiles == 1 else f"T.min({tq - 1}, {sk - c - 1} - {self.row0})"
 
 
 def rows_script(spec, t: RowTiling) -> str:
@@ -170,6 +189,10 @@ def _allocate(w: Writer, spec, t: RowTiling) -> None:
     # the PE array's other operand: ones (the row sums P 1; a mask row 1 m or column m 1)
     w.alloc("ones", (max(sk, tq),))
     w.add(fill("ones", 1, max(sk, tq), max(sk, tq), 1.0))
+    if spec.causal is not None and tq > 1:  # the triangle: band[i, z] = -inf where z >= i, else 0
+        w.alloc("band", (tq, tq - 1))
+        w.add(fill("band", tq, tq - 1, tq - 1, float("-inf")),
+              f"for z in range({tq - 1}):", "    " + fill("band", 1, "z + 1", tq - 1, 0.0, offset=f"(z + 1) * {tq - 1}"))
 
 
 def _load_kv(w: Writer, spec, item: _Item, which: str = "kv") -> None:
@@ -229,14 +252,14 @@ def _scores(w: Writer, spec, t: RowTiling, item: _Item, scale_k: bool = False) -
         _scale_k(w, spec, item)
     if scale_at(spec) == "q":
         w.add(vfunc("identity", tq, spec.d, q, q, scale=spec.scale))
-    w.add(call("cgra_gemm", flags=GEMM_ACCUMULATE if mask_in_gemm(spec) else 0, dtype=F32, m=tq, n=spec.sk,
+    w.add(call("cgra_gemm", flags=GEMM_ACCUMULATE if mask_in_gemm(spec) else 0, dtype=F32, m=tq, n=item.keys,
                 k=spec.d, a_addr=q[:2], a_stride=qs, b_addr=("kt", f"{item.kv_slot} * {spec.d * spec.sk}"),
                 b_stride=spec.sk, acc_addr=s[:2], acc_stride=ps))
     if mask_on_pe(spec):  # S + a mask row (1 m) or column (m 1): fl(S + m), as the ELTWISE add rounds
         mask = _mask_operand(spec, t, item)
         ones = ("ones", 0)
         row = spec.mask_shape[3] == 1
-        w.add(gemm(True, tq, spec.sk, 1, ones + (1,) if row else mask[:2] + (1,), mask[:2] + (spec.sk,) if row
+        w.add(gemm(True, tq, item.keys, 1, ones + (1,) if row else mask[:2] + (1,), mask[:2] + (spec.sk,) if row
                    else ones + (spec.sk,), s))
 
 
@@ -261,11 +284,13 @@ def _softmax(w: Writer, spec, t: RowTiling, item: _Item, items: int) -> None:
     the PE array's in-order queue holds it behind the previous item's P V GEMM, and the exp would
     wait for that every item. The last item's sums are a REDUCE all the same: the vector unit has
     nothing else left to do, and its sums then run beside that item's P V GEMM, not before it."""
-    tq, sk, ps, dv = t.tq, spec.sk, t.p_stride, spec.dv
+    tq, sk, ps, dv = t.tq, item.keys, t.p_stride, spec.dv
     s = ("s", f"{item.s_slot} * {tq * ps}", ps)
     m = ("m", f"{item.slot} * {tq}", 1)
     if spec.mask_shape and not mask_in_gemm(spec) and not mask_on_pe(spec):
         w.add(eltwise("add", tq, sk, s + (1,), _mask_operand(spec, t, item), s))
+    if spec.causal is not None and tq > 1:
+        _add_band(w, spec, t, item, s)
     w.add(fill("m", tq, 1, 1, LOWEST if spec.safe else float("-inf"), offset=m[1]),
           reduce("max", tq, sk, s, m[:2]),
           eltwise("subtract", tq, sk, s + (1,), m + (0,), s),
@@ -279,7 +304,22 @@ def _softmax(w: Writer, spec, t: RowTiling, item: _Item, items: int) -> None:
         w.add(gemm(False, tq, 1, sk, s, ("ones", 0, 1), l + (1,)))
     else:
         w.add(*on_vector)
-    w.add(gemm(False, tq, dv, sk, s, ("v", f"{item.kv_slot} * {sk * dv}", dv), ("o", f"{item.slot} * {tq * dv}", dv)))
+    w.add(gemm(False, tq, dv, sk, s, ("v", f"{item.kv_slot} * {spec.sk * dv}", dv), ("o", f"{item.slot} * {tq * dv}", dv)))
+
+
+def _add_band(w: Writer, spec, t: RowTiling, item: _Item, s: tuple) -> None:
+    """The causal triangle added to the item's scores where it crosses their columns (none for a
+    tile whose rows all see every key): -inf above the diagonal, exactly as the mask's add."""
+    tq, c = t.tq, spec.causal
+    band = eltwise("add", tq, item.band, ("s", f"{s[1]} + {item.band_at}", s[2], 1), ("band", 0, tq - 1, 1),
+                   ("s", f"{s[1]} + {item.band_at}", s[2]))
+    if (t.mp // tq) * tq + c <= spec.sk:  # every tile's triangle whole inside the keys
+        w.add(band)
+    elif t.mp // tq == 1:
+        if spec.sk - c - 1 > 0:
+            w.add(band)
+    else:
+        w.add(f"if {item.row0} < {spec.sk - c - 1}:", "    " + band)
 
 
 def _normalise(w: Writer, spec, t: RowTiling, item: _Item) -> None:
