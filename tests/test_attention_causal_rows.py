@@ -10,6 +10,8 @@ see no key (left padding: those give 0 under the safe softmax, as PyTorch's SDPA
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
@@ -17,6 +19,8 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import npu_backend
+from npu_backend.kernels.attention import attention_tiles
+from npu_backend.kernels.common.spad_layout import a_row_stride
 from npu_backend.kernels.attention.attention_tiles import RowTiling, band_width, choose_attention_tiling, tile_keys
 from npu_backend.kernels.attention.spec import AttentionSpec
 from test_attention import BOUND, _attention_kernels, _reference, _run
@@ -111,8 +115,25 @@ def test_each_query_tile_computes_the_keys_up_to_its_diagonal(sq, cache, tq):
 
 def test_llamas_attention_skips_the_masked_keys():
     """Llama's shape at 32 tokens: the whole-row kernel with query tiles shorter than the keys
-    (the exps above the diagonal skipped), the row read on the PE array."""
+    (the exps above the diagonal skipped), a group's two heads stacked in an item."""
     arch = npu_backend.load_arch("cgra-8x8")
     spec = AttentionSpec(1, 2, 2, 32, 32, 16, 16, scale=0.25, mask_shape=(1, 1, 1, 1, 32), safe=True, causal=0)
     tiling = choose_attention_tiling(spec, arch)
-    assert isinstance(tiling, RowTiling) and tiling.tq < 32, tiling
+    assert isinstance(tiling, RowTiling) and tiling.tq < 32 and tiling.stack == 2, tiling
+
+
+@pytest.mark.parametrize("b, kv, group, sq, cache, d, padding, tq", [
+    (1, 2, 2, 32, 0, 16, "left", 4), (2, 1, 3, 13, 5, 8, "random", 4), (1, 1, 4, 9, 0, 32, "left", 8),
+    (1, 2, 2, 7, 20, 16, "none", 2)])
+def test_stacked_heads_of_a_group(monkeypatch, b, kv, group, sq, cache, d, padding, tq):
+    """Items that stack a group's query heads (RowTiling.stack), forced whatever the search says."""
+    found = attention_tiles.whole_row_tiling
+
+    def stacked(spec, arch):
+        t, rows = found(spec, arch), tq * spec.g
+        return dataclasses.replace(t, tq=tq, mp=-(-spec.sq // tq) * tq, stack=spec.g,
+                                   q_stride=a_row_stride(rows, spec.d, 4, arch), p_stride=a_row_stride(rows, spec.sk, 4, arch),
+                                   sums_on_pe=attention_tiles.sums_on_pe(spec, arch, rows))
+    monkeypatch.setattr(attention_tiles, "whole_row_tiling", stacked)
+    monkeypatch.setenv("CGRA_KERNEL_CACHE", "off")  # the session's cache holds the search's kernels
+    _check(b, kv, group, sq, cache, d, padding, "cgra-8x8", 5)

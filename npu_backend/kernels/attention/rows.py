@@ -71,13 +71,14 @@ class _Item:
     copies' indices without reading the `if`)."""
 
     def __init__(self, spec, t: RowTiling, at: str):
-        tiles = t.mp // t.tq
-        per_kv, per_batch = spec.g * tiles, spec.hk * spec.g * tiles
+        tiles, groups = t.mp // t.tq, spec.g // t.stack  # items of a K / V head: groups x tiles
+        per_kv, per_batch = groups * tiles, spec.hk * groups * tiles
         self.at = at
         self.n = f"({at}) // {per_batch}" if spec.b > 1 else "0"
         self.c = f"({at}) // {per_kv} % {spec.hk}" if spec.hk > 1 else "0"
-        j = f"({at}) // {tiles} % {spec.g}" if spec.g > 1 else "0"
-        self.head = f"{self.c} * {spec.g} + {j}" if spec.g > 1 else self.c
+        j = f"({at}) // {tiles} % {groups}" if groups > 1 else "0"
+        j = f"{j} * {t.stack}" if t.stack > 1 and groups > 1 else j
+        self.head = f"{self.c} * {spec.g} + {j}" if spec.g > 1 else self.c  # the first of its stack
         self.row0 = f"({at}) % {tiles} * {t.tq}" if tiles > 1 else "0"
         self.kv = f"({at}) // {per_kv}"  # the flat (batch, K / V head)
         self.slot = f"({at}) % 2"
@@ -101,7 +102,7 @@ def rows_script(spec, t: RowTiling) -> str:
     """The TVMScript text of the kernel (module docstring)."""
     w = kernel_writer(spec, "attention")
     _allocate(w, spec, t)
-    items = spec.b * spec.hk * spec.g * (t.mp // t.tq)
+    items = spec.b * spec.hk * spec.g // t.stack * (t.mp // t.tq)
     first = _Item(spec, t, "0")
     if t.mask == "whole":  # in the order the first S needs them (V only for its P V)
         _load_whole_mask(w, spec, t, first)
@@ -135,9 +136,9 @@ def _next_items(w: Writer, spec, t: RowTiling, items: int, when: str = "") -> No
     With one copy of K and V, item t + 1 of the same head comes before item t's softmax
     (`when` "same head") and one of a new head after it ("new head"): its K / V load replaces
     what item t's P V GEMM reads."""
-    early = scale_at(spec) == "k" and t.kv_copies == 2  # then >= 2 items a group: two K / V copies stay apart
+    per_kv = spec.g // t.stack * (t.mp // t.tq)
+    early = scale_at(spec) == "k" and t.kv_copies == 2 and per_kv > 1  # two K / V copies stay apart
     after, later = (_Item(spec, t, f"T.min(t + {k}, {items - 1})") for k in (1, 2))
-    per_kv = spec.g * (t.mp // t.tq)
     only = {"": "", "same head": f" and (t + 1) % {per_kv} != 0", "new head": f" and (t + 1) % {per_kv} == 0"}[when]
     w.add(f"if t + 1 < {items}{only}:")
     w.depth += 1
@@ -176,7 +177,7 @@ def _scale_k(w: Writer, spec, item: _Item, indent: str = "") -> None:
 
 def _allocate(w: Writer, spec, t: RowTiling) -> None:
     """Two copies of every per-item buffer (a leading axis of 2), K and V per K / V head."""
-    tq, sk, d, dv = t.tq, spec.sk, spec.d, spec.dv
+    tq, sk, d, dv = t.rows, spec.sk, spec.d, spec.dv
     for name, shape in (("kt", (t.kv_copies, d, sk)), ("v", (t.kv_copies, sk, dv)), ("q", (2, tq, t.q_stride)),
                         ("s", (score_copies(spec), tq, t.p_stride)), ("m", (2, tq)), ("l", (2, tq)), ("inv", (2, tq)),
                         ("o", (2, tq, dv)), ("res", (2, tq, dv))):
@@ -185,14 +186,19 @@ def _allocate(w: Writer, spec, t: RowTiling) -> None:
         _, mhk, mg, msq, msk = spec.mask_shape
         w.alloc("mask_all", (2 if spec.mask_shape[0] > 1 else 1, mhk * mg, t.mp if msq > 1 else 1, msk))
     elif t.mask == "tile":
-        w.alloc("mask_tile", (2, tq if spec.mask_shape[3] > 1 else 1, spec.mask_shape[4]))
+        w.alloc("mask_tile", (2, t.tq if spec.mask_shape[3] > 1 else 1, spec.mask_shape[4]))
     # the PE array's other operand: ones (the row sums P 1; a mask row 1 m or column m 1)
     w.alloc("ones", (max(sk, tq),))
     w.add(fill("ones", 1, max(sk, tq), max(sk, tq), 1.0))
-    if spec.causal is not None and tq > 1:  # the triangle: band[i, z] = -inf where z >= i, else 0
-        w.alloc("band", (tq, tq - 1))
-        w.add(fill("band", tq, tq - 1, tq - 1, float("-inf")),
-              f"for z in range({tq - 1}):", "    " + fill("band", 1, "z + 1", tq - 1, 0.0, offset=f"(z + 1) * {tq - 1}"))
+    if spec.causal is not None and t.tq > 1:  # the triangle: band[i, z] = -inf where z >= i, else 0
+        q = t.tq  # (once per head of a stack: rows y q + i)
+        w.alloc("band", (tq, q - 1))
+        w.add(fill("band", tq, q - 1, q - 1, float("-inf")))
+        if t.stack == 1:
+            w.add(f"for z in range({q - 1}):", "    " + fill("band", 1, "z + 1", q - 1, 0.0, offset=f"(z + 1) * {q - 1}"))
+        else:
+            w.add(f"for y, z in T.grid({t.stack}, {q - 1}):",
+                  "    " + fill("band", 1, "z + 1", q - 1, 0.0, offset=f"(y * {q} + z + 1) * {q - 1}"))
 
 
 def _load_kv(w: Writer, spec, item: _Item, which: str = "kv") -> None:
@@ -220,8 +226,12 @@ def _load_whole_mask(w: Writer, spec, t: RowTiling, item: _Item, indent: str = "
 def _load_q(w: Writer, spec, t: RowTiling, item: _Item) -> None:
     """The item's Q tile (zero rows past the sequence) [and its mask tile]."""
     row = f"{item.row0} + i"
-    w.add(f"for i, e in T.grid({t.tq}, {spec.d}):",
-          f"    q[{item.slot}, i, e] = {guarded(row, spec.sq, t.tq, element(spec, 'lhs', item.n, item.head, row, 'e'))}")
+    if t.stack == 1:
+        w.add(f"for i, e in T.grid({t.tq}, {spec.d}):",
+              f"    q[{item.slot}, i, e] = {guarded(row, spec.sq, t.tq, element(spec, 'lhs', item.n, item.head, row, 'e'))}")
+    else:  # the stack's heads one under the other
+        load = guarded(row, spec.sq, t.tq, element(spec, 'lhs', item.n, f"{item.head} + y", row, 'e'))
+        w.add(f"for y, i, e in T.grid({t.stack}, {t.tq}, {spec.d}):", f"    q[{item.slot}, y * {t.tq} + i, e] = {load}")
     if t.mask == "tile":
         _load_mask_tile(w, spec, t, item)
 
@@ -240,7 +250,7 @@ def _scores(w: Writer, spec, t: RowTiling, item: _Item, scale_k: bool = False) -
     whole tiles, S = mask + Q Kᵀ: the mask copied into S (VFUNC identity: one read a score, where
     an ELTWISE add reads two) and the GEMM accumulating onto it, which rounds fl(Q Kᵀ) + mask as
     the ELTWISE did. The copy comes first: the mask is the first load (rows_script)."""
-    tq, qs, ps = t.tq, t.q_stride, t.p_stride
+    tq, qs, ps = t.rows, t.q_stride, t.p_stride
     q = ("q", f"{item.slot} * {tq * qs}", qs)
     s = ("s", f"{item.s_slot} * {tq * ps}", ps)
     if mask_in_gemm(spec):
@@ -284,12 +294,12 @@ def _softmax(w: Writer, spec, t: RowTiling, item: _Item, items: int) -> None:
     the PE array's in-order queue holds it behind the previous item's P V GEMM, and the exp would
     wait for that every item. The last item's sums are a REDUCE all the same: the vector unit has
     nothing else left to do, and its sums then run beside that item's P V GEMM, not before it."""
-    tq, sk, ps, dv = t.tq, item.keys, t.p_stride, spec.dv
+    tq, sk, ps, dv = t.rows, item.keys, t.p_stride, spec.dv
     s = ("s", f"{item.s_slot} * {tq * ps}", ps)
     m = ("m", f"{item.slot} * {tq}", 1)
     if spec.mask_shape and not mask_in_gemm(spec) and not mask_on_pe(spec):
         w.add(eltwise("add", tq, sk, s + (1,), _mask_operand(spec, t, item), s))
-    if spec.causal is not None and tq > 1:
+    if spec.causal is not None and t.tq > 1:
         _add_band(w, spec, t, item, s)
     w.add(fill("m", tq, 1, 1, LOWEST if spec.safe else float("-inf"), offset=m[1]),
           reduce("max", tq, sk, s, m[:2]),
@@ -311,7 +321,7 @@ def _add_band(w: Writer, spec, t: RowTiling, item: _Item, s: tuple) -> None:
     """The causal triangle added to the item's scores where it crosses their columns (none for a
     tile whose rows all see every key): -inf above the diagonal, exactly as the mask's add."""
     tq, c = t.tq, spec.causal
-    band = eltwise("add", tq, item.band, ("s", f"{s[1]} + {item.band_at}", s[2], 1), ("band", 0, tq - 1, 1),
+    band = eltwise("add", t.rows, item.band, ("s", f"{s[1]} + {item.band_at}", s[2], 1), ("band", 0, tq - 1, 1),
                    ("s", f"{s[1]} + {item.band_at}", s[2]))
     if (t.mp // tq) * tq + c <= spec.sk:  # every tile's triangle whole inside the keys
         w.add(band)
@@ -324,15 +334,20 @@ def _add_band(w: Writer, spec, t: RowTiling, item: _Item, s: tuple) -> None:
 
 def _normalise(w: Writer, spec, t: RowTiling, item: _Item) -> None:
     """O * 1 / l of the item, stored (its rows inside the sequence)."""
-    tq, dv = t.tq, spec.dv
+    tq, dv = t.rows, spec.dv
     at = f"{item.slot} * {tq * dv}"
     column = ("l", f"{item.slot} * {tq}", 1)
     w.add(vfunc("reciprocal", tq, 1, column, ("inv",) + column[1:], offset=TINY if spec.safe else None))
     w.add(eltwise("multiply", tq, dv, ("o", at, dv, 1), ("inv", f"{item.slot} * {tq}", 1, 0), ("res", at, dv)))
     row = f"{item.row0} + i"
-    stored_at = element(spec, "out", item.n, item.head, row, "e")
-    w.add(f"for i, e in T.grid({tq}, {dv}):")
-    if spec.sq % tq:
-        w.add(f"    if {row} < {spec.sq}:", f"        {stored_at} = res[{item.slot}, i, e]")
+    q = t.tq
+    if t.stack == 1:
+        stored_at, res = element(spec, "out", item.n, item.head, row, "e"), f"res[{item.slot}, i, e]"
+        w.add(f"for i, e in T.grid({q}, {dv}):")
+    else:  # the stack's heads one under the other
+        stored_at, res = element(spec, "out", item.n, f"{item.head} + y", row, "e"), f"res[{item.slot}, y * {q} + i, e]"
+        w.add(f"for y, i, e in T.grid({t.stack}, {q}, {dv}):")
+    if spec.sq % q:
+        w.add(f"    if {row} < {spec.sq}:", f"        {stored_at} = {res}")
     else:
-        w.add(f"    {stored_at} = res[{item.slot}, i, e]")
+        w.add(f"    {stored_at} = {res}")
