@@ -40,7 +40,10 @@ those columns (their sizes expressions of the loop variable), and adds the band 
 row0 + c + 1 .. (those its first row does not see) at the start of its softmax. A key above every
 row's diagonal would have scored -inf, given exp 0 and added +0 to the sums and to P V: leaving
 it out gives the same bits. A row that sees no key (a padding row over its visible keys) gives
-what the mask's kernel gave: 0 under a safe softmax, NaN under a plain one.
+what the mask's kernel gave: 0 under a safe softmax, NaN under a plain one. An item may take
+the same query tile of `RowTiling.stack` heads of a group (their K shared), their rows one under
+the other (y tq + i) in Q, S and O, the band built once per head of the stack: each command then
+covers the group's rows (its fixed costs once), and each row's arithmetic is what it was alone.
 """
 
 from __future__ import annotations
