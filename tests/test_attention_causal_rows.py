@@ -137,3 +137,14 @@ def test_stacked_heads_of_a_group(monkeypatch, b, kv, group, sq, cache, d, paddi
     monkeypatch.setattr(attention_tiles, "whole_row_tiling", stacked)
     monkeypatch.setenv("CGRA_KERNEL_CACHE", "off")  # the session's cache holds the search's kernels
     _check(b, kv, group, sq, cache, d, padding, "cgra-8x8", 5)
+
+
+def test_a_triangle_no_kernel_can_follow_keeps_the_square_mask():
+    """317 queries (a prime) of 64 dims on cgra-4x4: no whole-row tile fits, and no key tile
+    follows the diagonal; the mask stays one s x s operand, which the key-tile kernel reads, rather
+    than an attention no kernel takes (its softmax and where on the host)."""
+    mod, _ = _decoder_attention(1, 2, 2, 317, 317, 64, 0.125)
+    placements = npu_backend.explain(mod, "cgra-4x4")
+    host = [p.op for p in placements if p.where == "host" and p.op not in ("reshape", "memory.view")]
+    attentions = {p.kernel.split(" ")[0] for p in placements if "attention" in p.kernel}
+    assert not host and attentions == {"cgra.attention_scale_mask_safe"}, (host, attentions)

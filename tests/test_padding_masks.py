@@ -22,9 +22,13 @@ op = relax.op
 WORDS = st.sampled_from([0, 1, -1, 2, 1 << 40, -(1 << 63), 1 << 31])
 
 
-def _scores_plus_mask(keep):
-    """scores (1, 2, 1, 8, 8) + reshape(where(keep & mask row, 0, -inf)), the attention form's add."""
+def _scores_plus_mask(keep, attention: bool = False):
+    """scores (1, 2, 1, 8, 8) + reshape(where(keep & mask row, 0, -inf)), the attention form's add
+    (`attention`: the scores a matmul(q, kᵀ) as the form's, here the input times I, exactly)."""
     def build(bb, scores, mask):
+        if attention:
+            eye = bb.emit(op.permute_dims(relax.const(np.eye(8, dtype=np.float32).reshape(1, 1, 1, 8, 8)), [0, 1, 2, 4, 3]))
+            scores = bb.emit(op.matmul(scores, eye))
         row = bb.emit(op.reshape(bb.emit(op.astype(mask, "bool")), (1, 1, 1, 8)))
         both = bb.emit(op.bitwise_and(relax.const(keep), row))
         additive = bb.emit(op.where(both, relax.const(np.float32(0)), relax.const(np.float32(-np.inf))))
@@ -51,7 +55,7 @@ def test_a_bidirectional_padding_mask_is_added_as_a_row(mask, scores):
 @given(mask=hnp.arrays(np.int64, (1, 8), elements=WORDS), scores=hnp.arrays(np.float32, (1, 2, 1, 8, 8),
                                                                             elements=st.floats(-4, 4, width=32)))
 def test_a_causal_padding_mask_is_a_constant_plus_the_rows_select(mask, scores):
-    before = _scores_plus_mask(np.tril(np.ones((8, 8), bool)).reshape(1, 1, 8, 8))
+    before = _scores_plus_mask(np.tril(np.ones((8, 8), bool)).reshape(1, 1, 8, 8), attention=True)
     after = masks_as_float(before)
     ops = _ops(after)
     assert ops["add"] == 2 and ops["multiply"] == 4 and "where" not in ops, ops  # no causal * row product

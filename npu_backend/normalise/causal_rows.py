@@ -22,6 +22,9 @@ from __future__ import annotations
 
 from tvm import relax
 
+from ..errors import ScratchpadTooSmall
+from ..kernels.attention.attention_tiles import choose_attention_tiling
+from ..kernels.attention.spec import AttentionSpec
 from ..relax_info import static_shape
 from .attentions import causal_offset
 from .chain_match import Chain
@@ -30,7 +33,7 @@ _DEPTH = 4
 
 
 def causal_row_add(rewriter, chain: Chain, call):
-    """add(add(x, C'), R') for add(x, view(add(C, R))) (module docstring) of x's shape, the
+    """add(add(x, C'), R') for add(x, view(add(C, R))) (module docstring), x an attention's scores, the
     rewriter's `splits` holding (C, R) of the inner add; else None."""
     x, mask = call.args
     shape, wanted = static_shape(call), static_shape(mask)
@@ -46,11 +49,41 @@ def causal_row_add(rewriter, chain: Chain, call):
     row_shape = _carried(static_shape(row), target, wanted)
     causal_shape = _carried(constant.shape, target, wanted)
     sq, sk = shape[-2:]
-    if row_shape[-2] != 1 or causal_offset(constant, sq, sk) is None:  # a row the kernel reads, a triangle it builds
+    offset = causal_offset(constant, sq, sk)
+    if row_shape[-2] != 1 or offset is None:  # a row the kernel reads, a triangle it builds
+        return None
+    q_shape = _query_shape(chain, x)
+    if q_shape is None or (rewriter.arch is not None and not _fits(q_shape, shape, offset, row_shape, rewriter.arch)):
         return None
     causal = relax.const(constant.reshape(causal_shape))
     masked = rewriter.emit(relax.op.add(x, causal))
     return relax.op.add(masked, rewriter.emit(relax.op.reshape(row, row_shape)))
+
+
+def _query_shape(chain: Chain, x):
+    """Q's (B, Hk, G, Sq, D) for the scores x = matmul(q, kᵀ) [* scale] of the attention form
+    (normalise/attentions.py), else None (no attention's scores: nothing to split for)."""
+    scores = chain.call(x, "relax.matmul")
+    scaled = chain.call(x, "relax.multiply") if scores is None else None
+    scores = chain.call(scaled.args[0], "relax.matmul") if scaled is not None else scores
+    q_shape = static_shape(scores.args[0]) if scores is not None else None
+    return q_shape if q_shape is not None and len(q_shape) == 5 and len(static_shape(x)) == 5 else None
+
+
+def _fits(q_shape, shape, offset: int, row_shape, arch) -> bool:
+    """Whether the attention of Q's `q_shape` and the scores' `shape` runs as one kernel on `arch`
+    under the triangle and the row (the key-tile kernel needs key tiles that follow the diagonal,
+    kernels/attention/flash_tiles.py; where none does the s x s mask is kept, which it reads as any
+    mask). V's dims are taken as Q's (the partition's own tile search has the real ones)."""
+    if len(row_shape) != 5:
+        return False
+    b, hk, g, sq, d = q_shape
+    spec = AttentionSpec(b, hk, g, sq, shape[4], d, d, mask_shape=tuple(row_shape), safe=True, causal=offset)
+    try:
+        choose_attention_tiling(spec, arch)
+    except ScratchpadTooSmall:
+        return False
+    return True
 
 
 def _split_source(rewriter, chain: Chain, mask):
