@@ -36,7 +36,7 @@ cgra-8x8: 4,510 cycles against 3,061 + 2,125 apart.
 Refused (the norm keeps its own kernel; explain gives the reason, tools/post_norm_reasons.py):
 N not a whole number of the PE array's columns (a padded column would join the row's variance),
 a row too wide for a tile of the array's rows with the program's intermediates, and a fold whose
-estimate is no cheaper than the GEMM's best tiling and the norm kernel apart (`check_post_norm`).
+estimate is no cheaper than the GEMM's best tiling and the plain norm kernel apart (`check_post_norm`).
 """
 
 from __future__ import annotations
@@ -366,15 +366,16 @@ def _held_b_cycles(spec, t, arch) -> int:
 
 def check_post_norm(spec, tiling, arch) -> None:
     """Refuse a fold whose estimate is no cheaper than the GEMM's best tiling without it plus
-    the norm kernel's own estimate: then the norm runs on its own."""
+    the plain norm kernel's estimate (the cheaper norm kernel: a plain norm refused by its own
+    pattern is then refused by the one with gamma and beta too, whatever the partition's plan
+    tries, partition/plans.py): then the norm runs on its own."""
     if not spec.post_norm:
         return
     from .gemm import choose_gemm_tiling  # (gemm.py calls this module's hooks)
 
     apart_spec = dataclasses.replace(spec, post_norm=None)
     m, n, _ = spec.gemm_extents
-    eps, affine = spec.post_norm
-    norm = RowSpec("layer_norm", "layer_norm", (m, n), (m, n), m, n, eps, ("gamma", "beta") if affine else ())
+    norm = RowSpec("layer_norm", "layer_norm", (m, n), (m, n), m, n, spec.post_norm[0])
     steps = steps_of(norm)
     norm_tiling = choose_row_tiling(norm, arch, steps)
     alone = post_norm_cycles(apart_spec, choose_gemm_tiling(apart_spec, arch), arch) + \
