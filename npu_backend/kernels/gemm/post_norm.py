@@ -290,10 +290,17 @@ def post_norm_tile_cycles(spec, arch):
     return lambda elements: (0, step_cycles(arch, steps, kinds, max(elements // n, 1), n))
 
 
-def require_whole_rows(spec, arch, footprint) -> None:
+def _footprint(spec, tm: int, depth: int) -> int:
+    """gemm.gemm_footprint of a tile of tm whole rows, `depth` deep, with the program's tiles."""
+    from .gemm import gemm_footprint  # (gemm.py calls this module's hooks)
+
+    return gemm_footprint(tm, spec.gemm_extents[1], depth, 4, 4, True, True, extra_tiles=post_norm_tiles(spec)[0])
+
+
+def require_whole_rows(spec, arch) -> None:
     """Refuse a post-norm whose rows the tiles cannot hold whole: N not whole PE-array columns,
     or one PE-array fold of rows of N columns (and the program's tiles) too big for the
-    scratchpad (`footprint(tm, tn, tk, extra_tiles)`: gemm.gemm_footprint)."""
+    scratchpad."""
     if not spec.post_norm:
         return
     m, n, depth = spec.gemm_extents
@@ -301,7 +308,7 @@ def require_whole_rows(spec, arch, footprint) -> None:
         raise UnsupportedOperator(f"layer_norm after the {spec.op}: its {n} columns pad to whole columns of the "
                                   f"{arch.rows}x{arch.cols} PE array, and a padded column would join the row's "
                                   "variance; the norm runs as its own kernel")
-    if footprint(arch.rows, n, min(depth, 8), post_norm_tiles(spec)[0]) > arch.spad_bytes:
+    if _footprint(spec, arch.rows, min(depth, 8)) > arch.spad_bytes:
         raise UnsupportedOperator(f"layer_norm after the {spec.op}: a tile of whole rows of {n} columns, with the "
                                   f"norm's intermediates, does not fit the {arch.spad_bytes}-byte scratchpad of "
                                   f"'{arch.name}'; the norm runs as its own kernel")
@@ -315,16 +322,15 @@ def holds_b(spec, tiling) -> bool:
     return bool(spec.post_norm) and tiling.tk == tiling.kp and tiling.tn == tiling.np and tiling.mp > tiling.tm
 
 
-def post_norm_tiling(spec, tiling, arch, fits) -> object:
+def post_norm_tiling(spec, tiling, arch) -> Tiling:
     """The tile search's choice `tiling` (its estimate: the GEMM's, with the program on every
     tile), or a tiling of whole-depth row tiles holding B (`holds_b`, priced by
-    `_held_b_cycles`) when one that `fits(tm)` is estimated faster."""
+    `_held_b_cycles`) when one that fits is estimated faster."""
     if not spec.post_norm:
         return tiling
-    m, n, depth = spec.gemm_extents
     best, fastest = tiling, post_norm_cycles(spec, tiling, arch)
     for tm in range(arch.rows, tiling.mp, arch.rows):
-        if tiling.mp % tm or not fits(tm):
+        if tiling.mp % tm or _footprint(spec, tm, tiling.kp) > arch.spad_bytes:
             continue
         held = Tiling(tm, tiling.np, tiling.kp, tiling.mp, tiling.np, tiling.kp, operand_copies=2)
         cycles = _held_b_cycles(spec, held, arch)
