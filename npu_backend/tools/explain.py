@@ -186,7 +186,10 @@ def _host_reason(mod, call, arch) -> str:
     pattern = host_patterns().get(call.op.name)
     if pattern is None:
         return f"no NPU kernel for {_op_name(call)} ({kernel_ops_text()})"
-    annotated = {"root": call, "lhs": call.args[0], **({"rhs": call.args[1]} if len(call.args) > 1 else {})}
+    # The roles a pattern names: lhs and rhs, and the operator's own argument names (a norm's
+    # gamma, beta or weight), which the op families read by name.
+    named = {str(arg.name): value for arg, value in zip(call.op.arguments, call.args)}
+    annotated = {**named, "root": call, "lhs": call.args[0], **({"rhs": call.args[1]} if len(call.args) > 1 else {})}
     reason = offload_reason(pattern, annotated, arch)
     return reason or "matched no cgra pattern (its operands are produced in a form the patterns do not take)"
 
