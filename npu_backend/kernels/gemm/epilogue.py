@@ -21,7 +21,7 @@ import dataclasses
 
 import tvm
 from tvm import te
-from tvm.relax.dpl import DFPattern, is_op, wildcard
+from tvm.relax.dpl import is_op, wildcard
 
 from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of, require_static_shape
@@ -36,6 +36,7 @@ from ..common.spec import KernelSpec
 from .epilogue_tail import caller_out_shape, is_tail_pattern, with_float_tail, with_reshape
 from .gated import is_gated_pattern, with_gated
 from .rope_epilogue import combine_intrin, is_rope_pattern, with_rope
+from .roots import Root  # noqa: F401  (the families import it from here)
 
 #: The accumulator dtype of each input dtype of a PE-array kernel: also its output's, but for the
 #: 16-bit floats, whose kernels store their own dtype (the EPILOGUE rounds to nearest even).
@@ -46,15 +47,6 @@ RHS_DTYPE = {"int16": "int8"}
 REQUANT_DTYPE = {"int32": "int8", "int64": "int16"}
 #: Input dtypes whose kernels accumulate in float32 and store the input's 16-bit format.
 HALF_FLOATS = ("bfloat16", "float16")
-
-
-@dataclasses.dataclass(frozen=True)
-class Root:
-    """An op a family offloads with an epilogue after it: patterns `cgra.<name>[_chain]`."""
-
-    name: str  # "matmul", "linear", "conv2d"
-    pattern: DFPattern  # the op's call
-    roles: dict  # role ("lhs", "rhs", "permute") -> the pattern of that operand
 
 
 #: Activation suffix -> (pattern around x, its role or None).
