@@ -67,3 +67,25 @@ def test_a_gemm_adds_its_own_input_in_its_epilogue(kind, rows, width, k, relu_fi
     assert len(prof.kernels) == 1 + relu_first, [kernel.name for kernel in prof.kernels]
     want = _reference(kind, data, weight, relu_first, b)
     assert np.abs(got - want).max() <= 2e-6 * max(1.0, np.abs(want).max())
+
+
+def test_a_normed_linear_adds_the_norms_input_not_its_output():
+    """x + rms_norm(x) @ W^T: the normed root's left operand is x (row_norm.py normalises its A
+    panel), and the residual read from it is x itself, not the normalised rows."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    x = relax.Var("x", relax.TensorType((32, 64), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            n = bb.emit(relax.op.nn.rms_norm(x, relax.const(np.ones(64, np.float32)), axes=[-1], epsilon=1e-6))
+            y = bb.emit(relax.op.matmul(n, bb.emit(relax.op.permute_dims(relax.const(w)))))
+            out = bb.emit_output(relax.op.add(y, x))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert {p.kernel.split(" ")[0] for p in npu_backend.explain(mod, "cgra-8x8")} == {"cgra.linear_rms_norm_residual"}
+    data = (rng.standard_normal((32, 64)) * 3).astype(np.float32)
+    got = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())["main"](tvm.runtime.tensor(data)).numpy()
+    d = data.astype(np.float64)
+    want = d / np.sqrt((d ** 2).mean(-1, keepdims=True) + 1e-6) @ w.T.astype(np.float64) + d
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
