@@ -136,7 +136,8 @@ def normalise_passes(arch=None) -> list:
         relax.transform.CanonicalizeBindings(),
         # A bfloat16 / float16 model's casts the graph can do without, exactly: one to the dtype its
         # operand has, widened constant lookups and masks, matmul + astype as the GEMM's rounding
-        # store (half_casts.py); the conversions left run as NPU cast kernels.
+        # store; casts moved across an attention's head split and merge, so its kernel reads and
+        # writes them (half_casts.py); the conversions left run as NPU cast kernels.
         half_casts_pass,
         # onnxruntime's dynamically quantized MatMulInteger (int32 operands minus zero points) as
         # the int8 x int8 -> int32 matmul the GEMM kernels compute, exactly (dynamic_quant.py).
