@@ -242,7 +242,7 @@ def normalise_passes(arch=None) -> list:
         mask_positions_pass,
         # A boolean mask's where(m, 0, -inf) and casts as float32 {0, 1} arithmetic, exactly
         # (masks.py): the mask is built on the NPU, once for every layer.
-        masks_pass,
+        masks_pass(arch),
         # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast (scalars.py).
         scalar_operands_pass,
         # An elementwise op on a (1, s, C) activation on its (s, C) rows: the kernels' symbolic
