@@ -278,6 +278,9 @@ def spec_from_composite(func):
             shape_args.append(position)
             continue
         played = roles.get(param, [])
+        if sorted(played) == ["lhs", "residual"] and getattr(spec, "residual_is_lhs", False):
+            param_roles.append("lhs")  # x @ W + x: the residual is read from the lhs (gemm/residual_lhs.py)
+            continue
         if len(played) > 1 and all(role.endswith(SHARED_SOURCE) for role in played):
             param_roles.append("+".join(played))  # one tensor several boxes are read from (composite.py)
             continue

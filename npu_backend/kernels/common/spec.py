@@ -83,6 +83,7 @@ class KernelSpec:
     source_ops: tuple = ()  # names of the model operators fused into this kernel
     param_roles: tuple = ()  # role ("lhs", "rhs", "bias", "residual") of each parameter, in call order
     residual_shape: tuple | None = None  # the output's shape: a tensor added after the bias
+    residual_is_lhs: bool = False  # the residual is the left operand itself (x @ W + x): no parameter of its own
     clip: tuple | None = None  # (lo, hi) in the acc dtype, applied last (after relu)
     # A chain of elementwise ops after the epilogue (a leaky relu, a hard-swish): the nodes of a
     # FABRIC body (cgra_sim/mapping/body.py) each output tile runs through in place (chains.py).
@@ -162,7 +163,7 @@ class KernelSpec:
     def roles(self) -> tuple:
         return self.param_roles or (("lhs", "rhs") + (("bias",) if self.bias_shape else ())
                                     + (("cos", "sin") if self.rope_pattern else ())
-                                    + (("residual",) if self.residual_shape else ())
+                                    + (("residual",) if self.residual_shape and not self.residual_is_lhs else ())
                                     + (("multiplier",) if self.multiplier_shape else ())
                                     + (("ch_scale",) if self.channel_scale_shape else ())
                                     + (("ch_shift",) if self.channel_shift_shape else ())

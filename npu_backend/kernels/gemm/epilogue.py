@@ -21,7 +21,7 @@ import dataclasses
 
 import tvm
 from tvm import te
-from tvm.relax.dpl import DFPattern, is_op, wildcard
+from tvm.relax.dpl import is_op, wildcard
 
 from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of, require_static_shape
@@ -37,6 +37,8 @@ from .epilogue_tail import caller_out_shape, is_tail_pattern, with_float_tail, w
 from .gated import is_gated_pattern, with_gated
 from .post_norm import is_post_norm_pattern, post_norm_intrin, with_post_norm
 from .rope_epilogue import combine_intrin, is_rope_pattern, with_rope
+from .residual_lhs import reads_lhs_twice, with_lhs_residual
+from .roots import Root  # noqa: F401  (the families import it from here)
 
 #: The accumulator dtype of each input dtype of a PE-array kernel: also its output's, but for the
 #: 16-bit floats, whose kernels store their own dtype (the EPILOGUE rounds to nearest even).
@@ -47,15 +49,6 @@ RHS_DTYPE = {"int16": "int8"}
 REQUANT_DTYPE = {"int32": "int8", "int64": "int16"}
 #: Input dtypes whose kernels accumulate in float32 and store the input's 16-bit format.
 HALF_FLOATS = ("bfloat16", "float16")
-
-
-@dataclasses.dataclass(frozen=True)
-class Root:
-    """An op a family offloads with an epilogue after it: patterns `cgra.<name>[_chain]`."""
-
-    name: str  # "matmul", "linear", "conv2d"
-    pattern: DFPattern  # the op's call
-    roles: dict  # role ("lhs", "rhs", "permute") -> the pattern of that operand
 
 
 #: Activation suffix -> (pattern around x, its role or None).
@@ -237,9 +230,10 @@ def _with_residual(spec: KernelSpec, annotated: dict) -> KernelSpec:
     """`spec` with the residual add: a tensor of the output's exact shape in the acc dtype."""
     residual = annotated["residual"]
     for role in ("lhs", "rhs", "bias"):
-        if role in annotated and annotated[role].same_as(residual):
+        if role in annotated and annotated[role].same_as(residual) and not (role == "lhs" and reads_lhs_twice(spec)):
             raise UnsupportedOperator(f"the residual is also the {spec.op}'s {role}: each operand of an NPU "
-                                      "kernel must be its own tensor")
+                                      "kernel must be its own tensor (but a static 2-D matmul's or NCHW conv2d's "
+                                      "left operand, residual_lhs.py)")
     if spec.compute_name in ("conv2d_layout", "batch_matmul"):
         form = "batched matmul" if spec.compute_name == "batch_matmul" else \
             f"{spec.data_layout}/{spec.kernel_layout} conv2d"
@@ -256,6 +250,8 @@ def _with_residual(spec: KernelSpec, annotated: dict) -> KernelSpec:
     if shape != out:
         raise UnsupportedOperator(f"the added tensor of shape {shape} is neither a bias (one value per output "
                                   f"channel) nor a residual of the output's shape {out}")
+    if "lhs" in annotated and annotated["lhs"].same_as(residual):
+        return with_lhs_residual(spec, shape)
     view = (("residual", shape),) if spec.op == "matmul" and shape != tuple(spec.output_shape) else ()
     return dataclasses.replace(spec, residual_shape=shape, symbols=spec.symbols + symbols_of("residual", names),
                                caller_shapes=spec.caller_shapes + view)
