@@ -26,7 +26,7 @@ from .epilogue_tail import act_on_vector, check_tail_padding, tail_tile_cycles
 from ..common.spad_layout import a_row_stride, out_row_stride, store_walks_rows
 from ..common.spec import KernelSpec, Tiling, aligned, round_up
 from .gemm_copies import may_take_copies, operand_copies
-from .gemm_estimate import estimate_cycles, may_hold_a_panel
+from .gemm_estimate import estimate_cycles, gemm_footprint, may_hold_a_panel
 from .post_norm import (check_post_norm, post_norm_col_step, post_norm_pieces, post_norm_tiles, post_norm_tiling,
                         require_whole_rows)
 from .row_norm import check_row_norm, panel_bytes
@@ -73,7 +73,7 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
         _TILINGS[key] = post_norm_tiling(spec, _TILINGS[key], arch)  # or row tiles holding B (post_norm.py)
     check_tail_padding(spec, _TILINGS[key], arch)
     check_row_norm(spec, _TILINGS[key], arch)
-    check_post_norm(spec, _TILINGS[key], arch)
+    check_post_norm(spec, _TILINGS[key], arch, choose_gemm_tiling)
     return _TILINGS[key]
 
 
@@ -265,27 +265,6 @@ def _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_r
                           extra_tiles, extra_rows) <= arch.spad_bytes:
             return tk
     return None
-
-
-def gemm_footprint(tm: int, tn: int, tk: int, in_bytes: int, acc_bytes: int, has_bias: bool,
-                   has_residual: bool = False, has_scale: bool = False, a_row: int | None = None,
-                   out_row: int | None = None, extra_tiles: int = 0, extra_rows: int = 0) -> int:
-    """Scratchpad bytes a GEMM kernel's buffers take (operand tiles, accumulator, output, bias,
-    residual tile, requantisation scale row), each twice: every tile is double-buffered
-    (lower/double_buffer.py). An int8 output is counted at the accumulator's size. `a_row` and
-    `out_row`: the row strides (elements) of the A tile and the output tile when the schedule
-    pads them against bank conflicts (spad_layout.py); compact by default. `extra_tiles`: more
-    output-sized operand tiles (a multiplier); `extra_rows`: more rows of tn (a per-channel scale, shift)."""
-    a_row, out_row = a_row or tk, out_row or tn
-    total = aligned(2 * tm * a_row * in_bytes) + aligned(2 * tk * tn * in_bytes)
-    total += (2 if has_residual else 1) * aligned(2 * tm * tn * acc_bytes) + extra_tiles * aligned(2 * tm * tn * acc_bytes)
-    total += aligned(2 * tm * out_row * acc_bytes)
-    if has_bias:
-        total += aligned(2 * tn * acc_bytes)
-    if has_scale:
-        total += aligned(2 * tn * 4)
-    total += extra_rows * aligned(2 * tn * acc_bytes)
-    return total
 
 
 def _k_candidates(depth: int, step: int = 1):

@@ -13,7 +13,7 @@ import functools
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 
-from ..common.spec import KernelSpec, Tiling
+from ..common.spec import KernelSpec, Tiling, aligned
 
 
 def holds_a_panel(spec: KernelSpec, tiling: Tiling) -> bool:
@@ -160,3 +160,24 @@ def _panel_stall(arch: HardwareDescription, panel: int, b_tile: int, gemm: int, 
 def _gemm_step_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype: str) -> int:
     """cost.gemm_steady_cycles, remembered: the tile searches ask for the same tiles often."""
     return cost.gemm_steady_cycles(arch, m, n, k, dtype)
+
+
+def gemm_footprint(tm: int, tn: int, tk: int, in_bytes: int, acc_bytes: int, has_bias: bool,
+                   has_residual: bool = False, has_scale: bool = False, a_row: int | None = None,
+                   out_row: int | None = None, extra_tiles: int = 0, extra_rows: int = 0) -> int:
+    """Scratchpad bytes a GEMM kernel's buffers take (operand tiles, accumulator, output, bias,
+    residual tile, requantisation scale row), each twice: every tile is double-buffered
+    (lower/double_buffer.py). An int8 output is counted at the accumulator's size. `a_row` and
+    `out_row`: the row strides (elements) of the A tile and the output tile when the schedule
+    pads them against bank conflicts (spad_layout.py); compact by default. `extra_tiles`: more
+    output-sized operand tiles (a multiplier); `extra_rows`: more rows of tn (a per-channel scale, shift)."""
+    a_row, out_row = a_row or tk, out_row or tn
+    total = aligned(2 * tm * a_row * in_bytes) + aligned(2 * tk * tn * in_bytes)
+    total += (2 if has_residual else 1) * aligned(2 * tm * tn * acc_bytes) + extra_tiles * aligned(2 * tm * tn * acc_bytes)
+    total += aligned(2 * tm * out_row * acc_bytes)
+    if has_bias:
+        total += aligned(2 * tn * acc_bytes)
+    if has_scale:
+        total += aligned(2 * tn * 4)
+    total += extra_rows * aligned(2 * tn * acc_bytes)
+    return total

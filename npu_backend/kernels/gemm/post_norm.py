@@ -57,7 +57,7 @@ from ..common.spec import Tiling
 from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.row_ops import reduce_start
 from ..rows.norms import steps_of
-from .gemm_estimate import estimate_cycles, may_hold_a_panel
+from .gemm_estimate import estimate_cycles, gemm_footprint, may_hold_a_panel
 from ..rows.rows import RowSpec, Step, choose_row_tiling, estimate_row_cycles, shapes_of, stage_of, step_cycles
 
 F32 = "float32"
@@ -291,9 +291,7 @@ def post_norm_tile_cycles(spec, arch):
 
 
 def _footprint(spec, tm: int, depth: int) -> int:
-    """gemm.gemm_footprint of a tile of tm whole rows, `depth` deep, with the program's tiles."""
-    from .gemm import gemm_footprint  # (gemm.py calls this module's hooks)
-
+    """gemm_footprint of a tile of tm whole rows, `depth` deep, with the program's tiles."""
     return gemm_footprint(tm, spec.gemm_extents[1], depth, 4, 4, True, True, extra_tiles=post_norm_tiles(spec)[0])
 
 
@@ -370,15 +368,14 @@ def _held_b_cycles(spec, t, arch) -> int:
     return stored + arch.dma_latency
 
 
-def check_post_norm(spec, tiling, arch) -> None:
+def check_post_norm(spec, tiling, arch, choose_gemm_tiling) -> None:
     """Refuse a fold whose estimate is no cheaper than the GEMM's best tiling without it plus
     the plain norm kernel's estimate (the cheaper norm kernel: a plain norm refused by its own
     pattern is then refused by the one with gamma and beta too, whatever the partition's plan
-    tries, partition/plans.py): then the norm runs on its own."""
+    tries, partition/plans.py): then the norm runs on its own. `choose_gemm_tiling`: gemm.py's,
+    which calls this."""
     if not spec.post_norm:
         return
-    from .gemm import choose_gemm_tiling  # (gemm.py calls this module's hooks)
-
     apart_spec = dataclasses.replace(spec, post_norm=None)
     m, n, _ = spec.gemm_extents
     norm = RowSpec("layer_norm", "layer_norm", (m, n), (m, n), m, n, spec.post_norm[0])
