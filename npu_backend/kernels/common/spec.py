@@ -107,6 +107,10 @@ class KernelSpec:
     # norm ("rms_norm", "layer_norm": gamma and beta folded into the weights and bias,
     # normalise/norm_folds.py), which the kernel normalises in its A panel (kernels/gemm/row_norm.py).
     row_norm: tuple | None = None
+    # matmul, float32: (eps, affine): the output is the layer norm of the epilogue's sum over its
+    # rows (a post-norm, LayerNorm(x + proj(h)): kernels/gemm/post_norm.py), gamma and beta
+    # (roles "norm_gamma", "norm_beta") applied when `affine`, else all ones and zeros.
+    post_norm: tuple | None = None
     # conv2d: how each tensor is stored. lhs_shape, rhs_shape and output_shape stay logical
     # (N, C, H, W) / (O, I, H, W); a layout is a permutation of those axes, e.g. "NHWC", "HWIO".
     data_layout: str = "NCHW"
