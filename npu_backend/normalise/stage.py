@@ -58,6 +58,8 @@ from .padding_taps import padding_taps_pass
 from .patch_merges import patch_merges_pass
 from .token_means import token_means_pass
 from .window_residuals import window_residuals_pass
+from .window_sinks import window_sinks_pass
+from .window_stems import window_stems_pass
 from .permute_chains import permute_chains_pass
 from .pool1ds import pool1ds_as_pool2ds_pass
 from .split_slices import split_slices_pass
@@ -223,6 +225,12 @@ def normalise_passes(arch=None) -> list:
         # just above), as one transpose of a view: one layout kernel instead of four slices and a
         # concat (patch_merges.py).
         patch_merges_pass,
+        # A window reverse before row-by-row work (Swin's MLP) moved after it and composed with
+        # the copy that follows (its patch merging: window_sinks.py); a partition after row-by-row
+        # work composed with the copy before that work (Swin's stem: window_stems.py). One copy
+        # each instead of two.
+        window_sinks_pass,
+        window_stems_pass,
         # A gate and an up projection of one input (SwiGLU, GeGLU) as one linear over their
         # interleaved weights, the gated unit after it (gated_linears.py): one GEMM kernel, the
         # gate's activations never in DRAM; where the chip's function unit has the activation.
