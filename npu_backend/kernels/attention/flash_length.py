@@ -36,6 +36,9 @@ from ..common.spec import SINGLE_BUFFERED, round_up
 from ..layout.copy_kernel import parse_script
 from .attention_tiles import LOWEST, TINY, choose_attention_tiling
 from .flash import SINGLE, _band
+from .head_layouts import ROLES, base_role, operand_of, param_name
+from .length_layouts import length_layouts, length_shapes, length_views
+from .script_text import element as stored_at
 from .script_text import Writer, eltwise, fill, gemm, reduce, vfunc
 from .flash_tiles import F32_BYTES, FlashTiling, flash_cycles, flash_footprint
 from .spec import F32, AttentionSpec
@@ -52,9 +55,10 @@ def length_spec(annotated: dict, scale, safe: bool) -> AttentionSpec:
     sq and sk its bound); raises UnsupportedOperator saying why not."""
     prefix = "causal attention over a symbolic length: "
     shapes, names = [], set()
-    for role in ("lhs", "rhs", "value"):
-        shape, symbolic = read_shape(annotated[role], role, symbolic_axes=(3,), prefix=prefix)
-        if dtype_of(annotated[role]) != F32:
+    for role in ROLES:
+        operand = operand_of(annotated, role)
+        shape, symbolic = read_shape(operand, role, symbolic_axes=(3,), prefix=prefix)
+        if dtype_of(operand) != F32:
             raise UnsupportedOperator(prefix + "another dtype than float32: the vector unit computes float32")
         shapes.append(shape)
         names |= set(symbolic.values()) if symbolic else {None}
@@ -68,7 +72,10 @@ def length_spec(annotated: dict, scale, safe: bool) -> AttentionSpec:
         raise UnsupportedOperator(prefix + f"q {shapes[0]}, k {shapes[1]}, v {shapes[2]}: not the normal form "
                                   "(normalise/attentions.py)")
     _check_mask(annotated, name, prefix)
-    return AttentionSpec(b, hk, g, sq, sq, d, dv, scale=scale, safe=safe, causal=0, length=name)
+    seq_major, parts = length_layouts(annotated, name, (b, hk, g, d, dv))
+    sliced = tuple(role for role, _, _ in parts)
+    return AttentionSpec(b, hk, g, sq, sq, d, dv, scale=scale, safe=safe, causal=0, length=name, seq_major=seq_major,
+                         parts=parts, param_roles=tuple(param_name(seq_major, role, sliced) for role in ROLES))
 
 
 def _check_mask(annotated: dict, name: str, prefix: str) -> None:
@@ -145,10 +152,10 @@ def length_compute(spec: AttentionSpec, t: FlashTiling):
     """The kernel's PrimFunc: parameters lhs (B, H, s, D), rhs (B, Hk, s, D), value (B, Hk, s, Dv),
     out (B, H, s, Dv); the caller's rank-5 views in `cgra.arg_shapes`."""
     func = parse_script(length_script(spec, t))
-    s = next(e for e in func.params[0].ty.shape if not isinstance(e, int) and not hasattr(e, "value"))
-    b, hk, g, d, dv = spec.b, spec.hk, spec.g, spec.d, spec.dv
-    views = {"lhs": (b, hk, g, s, d), "rhs": (b, hk, 1, s, d), "value": (b, hk, 1, s, dv), "out": (b, hk, g, s, dv)}
-    func = func.with_attr("cgra.arg_shapes", [list(views[role]) for role in list(spec.param_roles) + ["out"]])
+    s = next(e for param in func.params for e in param.ty.shape
+             if not isinstance(e, int) and not hasattr(e, "value"))
+    views = length_views(spec, s)
+    func = func.with_attr("cgra.arg_shapes", [list(views[base_role(role)]) for role in list(spec.param_roles) + ["out"]])
     if spec.shape_args:
         func = func.with_attr("cgra.shape_args", list(spec.shape_args))
     return func.with_attr(SINGLE_BUFFERED, SINGLE + (["q"] if t.lean else []))
@@ -161,9 +168,9 @@ def _variable(spec: AttentionSpec) -> str:
 
 def length_script(spec: AttentionSpec, t: FlashTiling) -> str:
     """The TVMScript text of the kernel (module docstring)."""
-    b, hk, g, d, dv, s = spec.b, spec.hk, spec.g, spec.d, spec.dv, _variable(spec)
-    shapes = {"lhs": (b, hk * g, s, d), "rhs": (b, hk, s, d), "value": (b, hk, s, dv), "out": (b, hk * g, s, dv)}
-    roles = list(spec.param_roles) + ["out"]
+    b, hk, g, s = spec.b, spec.hk, spec.g, _variable(spec)
+    shapes = length_shapes(spec, s)
+    roles = [base_role(r) for r in spec.param_roles] + ["out"]
     w = Writer()
     w.lines = ["@T.prim_func", f"def flash({', '.join(f'{r}_handle: T.handle' for r in roles)}):",
                '    T.func_attr({"tirx.noalias": True})', f"    {s} = T.int32()"]
@@ -184,7 +191,8 @@ def _head(w: Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, head: 
     r, rows = tq // tk, f"T.min({tq}, {s} - qt * {tq})"
     w.alloc("q", (tq, t.q_stride))
     w.add(f"for i, e in T.grid({tq}, {d}):",
-          f"    q[i, e] = T.if_then_else(qt * {tq} + i < {s}, lhs[{n}, {head}, qt * {tq} + i, e], T.float32(0))")
+          f"    q[i, e] = T.if_then_else(qt * {tq} + i < {s}, {stored_at(spec, 'lhs', n, head, f'qt * {tq} + i', 'e')}, "
+          "T.float32(0))")
     if spec.scale is not None:
         w.add(vfunc("identity", rows, d, ("q", 0, t.q_stride), ("q", 0, t.q_stride), scale=spec.scale))
     for name, shape in (("m", (tq, 1)), ("l", (tq, 1)), ("m_old", (tq, 1)), ("alpha", (tq, 1)),
@@ -208,7 +216,7 @@ def _head(w: Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, head: 
         w.alloc("res", (tq, dv))
     w.add(eltwise("multiply", rows, dv, ("o", 0, dv, 1), ("inv", 0, 1, 0), (res, 0, dv)),
           f"for i, e in T.grid({tq}, {dv}):",
-          f"    if qt * {tq} + i < {s}:", f"        out[{n}, {head}, qt * {tq} + i, e] = {res}[i, e]")
+          f"    if qt * {tq} + i < {s}:", f"        {stored_at(spec, 'out', n, head, f'qt * {tq} + i', 'e')} = {res}[i, e]")
 
 
 def _key_tile(w: Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, rows: str, tile: str, cols,
@@ -221,8 +229,9 @@ def _key_tile(w: Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, ro
     w.alloc(kb, (d, tk))
     w.alloc(vb, (tk, dv))
     guard = (lambda load: f"T.if_then_else({k0} + u < {s}, {load}, T.float32(0))") if mask else (lambda load: load)
-    w.add(f"for e, u in T.grid({d}, {tk}):", f"    {kb}[e, u] = {guard(f'rhs[{n}, {c}, {k0} + u, e]')}",
-          f"for u, e in T.grid({tk}, {dv}):", f"    {vb}[u, e] = {guard(f'value[{n}, {c}, {k0} + u, e]')}")
+    key, value = (stored_at(spec, role, n, c, f"{k0} + u", "e") for role in ("rhs", "value"))
+    w.add(f"for e, u in T.grid({d}, {tk}):", f"    {kb}[e, u] = {guard(key)}",
+          f"for u, e in T.grid({tk}, {dv}):", f"    {vb}[u, e] = {guard(value)}")
     w.add(gemm(False, rows, cols, d, ("q", 0, t.q_stride), (kb, 0, tk), ("s", 0, tk)))
     if mask is not None:
         w.add(eltwise("add", rows, cols, ("s", 0, tk, 1), mask, ("s", 0, tk)))
