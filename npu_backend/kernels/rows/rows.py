@@ -244,11 +244,12 @@ def step_cycles(arch: HardwareDescription, steps, kinds: dict, tm: int, cols: in
 
 
 def choose_row_tiling(spec, arch: HardwareDescription, steps) -> Tiling:
-    """tm whole rows a tile: the fitting tm with the fewest estimated cycles (the first tile's
-    load, steps and store, then per further tile the slowest of the DMA and the vector unit).
+    """tm whole rows a tile: the fitting tm (the row count, its halvings, or one row: a decode
+    step's scores over a long cache) with the fewest estimated cycles (the first tile's load,
+    steps and store, then per further tile the slowest of the DMA and the vector unit).
     Rows too long for that: passes over tm x tn tiles (rows_long.py), tn the largest divisor of
     the row that fits."""
-    fitting = [tm for tm in halvings(spec.rows) if footprint(spec, steps, tm) <= arch.spad_bytes]
+    fitting = [tm for tm in (*halvings(spec.rows), 1) if footprint(spec, steps, tm) <= arch.spad_bytes]
     kinds = shapes_of(steps, spec.row_roles)
     if not fitting and spec.symbols:
         row = dict(spec.symbols).get(len(spec.shape) - 1)
@@ -321,6 +322,12 @@ def schedule_rows(sch, spec, tiling: Tiling, steps) -> None:
         sch.compute_at(block, outer)
         sch.set_scope(block, 0, SPAD)
     tm, cols = tiling.tm, spec.cols
+    if tm == 1:  # compute_at dropped the tile's row loop too: a unit loop in its place
+        for step in steps:
+            block, full = sch.get_sblock(step.name), step.kind == "reduce" or kinds[step.name] == "full"
+            loops = sch.get_loops(block)
+            if len(loops) < (3 if full and cols > 1 else 2):
+                sch.add_unit_loop(loops[1] if len(loops) > 1 else block)
     # A column's tile has a column loop of extent 1, which compute_at dropped: a unit loop
     # above the block (or above the reduction's column loop) gives each nest the intrinsic's.
     for step in steps:
@@ -328,7 +335,8 @@ def schedule_rows(sch, spec, tiling: Tiling, steps) -> None:
         width = cols if kinds[step.name] == "full" else 1
         if step.kind == "reduce":
             init = sch.decompose_reduction(block, sch.get_loops(block)[1])
-            sch.add_unit_loop(init)
+            while len(sch.get_loops(init)) < 3:  # its (tm, 1) tile: a unit column, and a unit row at tm 1
+                sch.add_unit_loop(init)
             sch.tensorize(sch.get_loops(init)[1], get_intrin("fill", tm, 1, F32,
                                                              value=tirx.const(reduce_start(step.func), F32)))
             loops = sch.get_loops(block)
