@@ -79,6 +79,7 @@ class RowSpec:
     # the row roles not float32.
     out_dtype: str = F32
     role_dtypes: tuple = ()
+    in_dtype: str = F32  # x's: float32, or a 16-bit float a first "cast" step widens (half_norms.py)
     dtype = F32
     acc_dtype = F32
     macs = 0
@@ -158,7 +159,7 @@ def row_compute(spec, tiling: Tiling, steps, out_shape: tuple):
         rows = math.prod(dim_var(names[axis]) if axis in names else extent
                          for axis, extent in enumerate(spec.shape[:-1]))
         mp = tirx.ceildiv(rows, tiling.tm) * tiling.tm
-    x = te.placeholder((rows, width_of), F32, name="lhs")
+    x = te.placeholder((rows, width_of), getattr(spec, "in_dtype", F32), name="lhs")
     inputs, tensors = {"lhs": x}, {"x": te.compute((mp, cols), lambda i, j: padded(x, (rows, width_of), (i, j)),
                                                    name="a_pad")}
     for role in spec.row_roles:
@@ -258,7 +259,7 @@ def choose_row_tiling(spec, arch: HardwareDescription, steps) -> Tiling:
         raise ScratchpadTooSmall(f"{spec.kind}: a row of {spec.cols} float32{held} does not fit the "
                                  f"{arch.spad_bytes}-byte scratchpad of '{arch.name}' with its intermediates; the "
                                  f"passes over column tiles take static shapes only ({fix}bind the symbolic sizes)")
-    if not fitting and getattr(spec, "out_dtype", F32) != F32:
+    if not fitting and (getattr(spec, "out_dtype", F32) != F32 or getattr(spec, "in_dtype", F32) != F32):
         raise ScratchpadTooSmall(f"{spec.kind}: a row of {spec.cols} float32 written as {spec.out_dtype} does not "
                                  f"fit the {arch.spad_bytes}-byte scratchpad of '{arch.name}' whole (the passes "
                                  "over column tiles write float32): describe a larger scratchpad")
@@ -349,8 +350,9 @@ def schedule_rows(sch, spec, tiling: Tiling, steps) -> None:
         first = sch.get_loops(block)[1]
         if step.kind == "vfunc":
             sch.tensorize(first, get_intrin("vfunc", tm, width, step.func, scale=step.scale, offset=step.offset))
-        elif step.kind == "cast":
-            sch.tensorize(first, get_intrin("epilogue", tm, width, F32, bias=False, relu=False, residual=False,
+        elif step.kind == "cast":  # of x loaded in a 16-bit float, or of a float32 step
+            source = getattr(spec, "in_dtype", F32) if step.inputs[0] == "x" else F32
+            sch.tensorize(first, get_intrin("epilogue", tm, width, source, bias=False, relu=False, residual=False,
                                             clip=None, zero_point=None, out_dtype=step.dtype))
         else:
             full = {"full": (True, True), "column": (True, False), "row": (False, True)}
