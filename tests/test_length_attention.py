@@ -175,30 +175,24 @@ def test_head_splits_and_merge_over_a_symbolic_length_are_the_kernels_boxes(n):
     np.testing.assert_allclose(out, _expected(q, k, v).transpose(0, 2, 1, 3), rtol=2e-5, atol=2e-6)
 
 
-def test_a_prompt_of_one_query_tile_costs_what_a_static_compile_does():
-    """At 16 tokens (one query tile; bound 2048, Llama's) the kernel takes a static compile's
-    cycles: its output buffers were allocated after the diagonal key tile's `if`, on the bytes
-    of its K and V tiles (the code generator's stack), so each head's K load waited for the
-    head before it to be stored (3,918 cycles against 3,396 in Llama's layer)."""
-    x = np.random.default_rng(16).standard_normal((1, 16, HEADS + 2 * KV_HEADS, DEPTH)).astype("float32")
-    cycles = []
-    for mod in (_projected_attention(2048), _projected_attention(length=16)):
-        with npu_backend.profile() as prof:
-            relax.VirtualMachine(npu_backend.compile(mod, ARCH), tvm.cpu())["main"](tvm.runtime.tensor(x))
-        assert len(prof.kernels) == 1
-        cycles.append(prof.total_cycles)
-    assert cycles[0] <= cycles[1], cycles
+def _cycles(mod, n: int) -> int:
+    """The cycles of `mod` (one kernel) at length n on ARCH."""
+    x = np.random.default_rng(n).standard_normal((1, n, HEADS + 2 * KV_HEADS, DEPTH)).astype("float32")
+    with npu_backend.profile() as prof:
+        relax.VirtualMachine(npu_backend.compile(mod, ARCH), tvm.cpu())["main"](tvm.runtime.tensor(x))
+    assert len(prof.kernels) == 1
+    return prof.total_cycles
 
 
-def test_key_tiles_below_the_diagonal_are_pipelined_as_a_static_compiles_are():
-    """At 128 tokens (eight query tiles of 16 at bound 2048) the kernel takes 79.8 k cycles, a
-    static compile 108.3 k (its tile search weighs DRAM bytes first: tiles of 64 x 64); unpipelined,
-    the PE array and the vector unit took turns on every key tile: 91 k
-    (kernels/attention/length_pipeline.py)."""
-    x = np.random.default_rng(128).standard_normal((1, 128, HEADS + 2 * KV_HEADS, DEPTH)).astype("float32")
-    cycles = []
-    for mod in (_projected_attention(2048), _projected_attention(length=128)):
-        with npu_backend.profile() as prof:
-            relax.VirtualMachine(npu_backend.compile(mod, ARCH), tvm.cpu())["main"](tvm.runtime.tensor(x))
-        cycles.append(prof.total_cycles)
-    assert cycles[0] <= 0.8 * cycles[1], cycles
+def test_a_prompt_of_one_query_tile_runs_its_heads_back_to_back():
+    """At 16 tokens (one query tile; bound 2048, Llama's) 3,396 cycles, what flash.py's static
+    kernel of these tiles took: the output buffers were allocated after the diagonal key tile's
+    `if`, on the bytes of its K and V tiles (the code generator's stack), so each head's K load
+    waited for the head before it to be stored (3,918)."""
+    assert _cycles(_projected_attention(2048), 16) <= 3_500
+
+
+def test_key_tiles_below_the_diagonal_are_pipelined():
+    """At 128 tokens (eight query tiles of 16 at bound 2048) 79.8 k cycles; unpipelined, the PE
+    array and the vector unit took turns on every key tile: 91 k (length_pipeline.py)."""
+    assert _cycles(_projected_attention(2048), 128) <= 85_000
