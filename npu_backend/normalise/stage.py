@@ -16,7 +16,7 @@ from tvm import relax
 
 from cgra_sim import function_unit
 
-from ..kernels.attention.attention_tiles import attention_fits
+from ..kernels.attention.attention_tiles import attention_fits, causal_row_fits
 from ..kernels.attention.flash_length import length_fits
 from ..kernels.gemm.int4_matmul import Int4Layer, int4_matmul_kernel
 from ..kernels.gemm.int4_qmatmul import int4_qmatmul_kernel
@@ -242,7 +242,7 @@ def normalise_passes(arch=None) -> list:
         mask_positions_pass,
         # A boolean mask's where(m, 0, -inf) and casts as float32 {0, 1} arithmetic, exactly
         # (masks.py): the mask is built on the NPU, once for every layer.
-        masks_pass(arch),
+        masks_pass(None if arch is None else lambda *shapes: causal_row_fits(*shapes, arch)),
         # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast (scalars.py).
         scalar_operands_pass,
         # An elementwise op on a (1, s, C) activation on its (s, C) rows: the kernels' symbolic

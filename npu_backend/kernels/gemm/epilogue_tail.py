@@ -40,6 +40,7 @@ from ...relax_info import dtype_of, require_static_shape, shape_dims
 from ..common.chains import require_program
 from ..common.dynamic import read_shape, symbols_of
 from ..intrinsics.epilogue_tail import SMOOTH_ACTS, TAIL_ACTS, VFUNC_ACTS, act_passes
+from .post_norm import post_norm_tile_cycles
 from .rope_epilogue import rope_tile_cycles
 
 #: The pattern-name suffix of a root's tail pattern: "cgra.linear_epilogue".
@@ -222,6 +223,8 @@ def tail_tile_cycles(spec, arch):
     as the simulator times it). A smooth activation's bodies must map onto the chip's fabric."""
     if getattr(spec, "rope_pattern", None):  # rope_epilogue.py
         return rope_tile_cycles(spec, arch)
+    if getattr(spec, "post_norm", None):  # post_norm.py
+        return post_norm_tile_cycles(spec, arch)
     if not spec.act and not spec.multiplier_shape:
         return None
     if spec.gated:  # gated.py: the VFUNC and the multiply over the tile's half of outputs

@@ -43,7 +43,7 @@ from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.row_ops import reduce_start
 from ..rows.norms import steps_of
 from ..rows.rows import RowSpec, choose_row_tiling, estimate_row_cycles, shapes_of, stage_of, step_cycles
-from .epilogue import Root
+from .roots import Root
 
 F32 = "float32"
 #: The prefix of the panel program's blocks (the GEMM's own are a_pad, b_pad, acc, epi, ...).
