@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -70,8 +71,17 @@ def dump(options: CompileOptions, name: str, content) -> None:
     """Write one stage's output (an IRModule, a PrimFunc, LLVM IR, ...) when dumping is on."""
     if options.dump_dir is None:
         return
-    path = os.path.join(options.dump_dir, name)
+    path = os.path.join(options.dump_dir, *(_short(part) for part in name.split("/")))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     text = content.script() if hasattr(content, "script") else str(content)
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(text)
+
+
+def _short(part: str, most: int = 120) -> str:
+    """A path component of at most `most` characters: a fused kernel's symbol names every op it
+    holds (Llama's attention: over 400 characters, past the 255 a file name may have), so a long
+    one keeps its start and a digest of the whole, which tells kernels apart."""
+    if len(part) <= most:
+        return part
+    return f"{part[:most - 17]}_{hashlib.sha1(part.encode()).hexdigest()[:16]}"

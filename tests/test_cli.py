@@ -197,6 +197,20 @@ def test_run_dump_dir_writes_every_stage(tmp_path):
     assert any(line.split()[1] == "GEMM" and "accumulate=" in line for line in listing[1:])
 
 
+def test_a_kernel_whose_symbol_is_longer_than_a_file_name_is_dumped_under_a_short_one(tmp_path):
+    """Llama's attention kernel's symbol names its 26 ops (over 400 characters): `--dump-dir` failed
+    with "File name too long". Long components keep their start and a digest of the whole."""
+    from npu_backend.options import CompileOptions, dump
+
+    options = CompileOptions(dump_dir=str(tmp_path))
+    names = ["fused_relax_" + "relax_strided_slice_" * 20 + tail for tail in ("a_cgra", "b_cgra")]
+    for name in names:
+        dump(options, f"kernels/{name}/1_s_tir.py", "text")
+    folders = os.listdir(tmp_path / "kernels")
+    assert len(folders) == 2 and all(len(folder) <= 120 and folder.startswith("fused_relax_") for folder in folders)
+    assert all((tmp_path / "kernels" / folder / "1_s_tir.py").read_text() == "text" for folder in folders)
+
+
 def test_a_second_model_dumped_in_the_same_folder_replaces_the_first(tmp_path, capsys):
     import onnx
 
