@@ -60,6 +60,7 @@ from .token_means import token_means_pass
 from .window_residuals import window_residuals_pass
 from .permute_chains import permute_chains_pass
 from .pool1ds import pool1ds_as_pool2ds_pass
+from .pool_taps import pool_taps_pass
 from .split_slices import split_slices_pass
 from .qdq import canonicalize_qdq
 from .qdq16 import canonicalize_qdq16
@@ -253,6 +254,9 @@ def normalise_passes(arch=None) -> list:
         # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip
         # with constant bounds, as PyTorch's relu6 already is, so the epilogue can fuse them.
         canonicalize_clips_pass(),
+        # A pool's window taps that only ever read padding cut from its window and padding (YOLO's
+        # SPPF 5 x 5 max pools on a 2 x 2 map: 3 x 3), which the POOL kernel then takes (pool_taps.py).
+        pool_taps_pass,
         # A pooling window of more than 256 taps becomes a row pass and a column pass: the POOL
         # command's window expression must not grow with the window (large_pools.py).
         split_large_pools_pass,
