@@ -268,9 +268,10 @@ def normalise_passes(arch=None) -> list:
         # A max / avg pool1d as a pool2d one pixel high (pool1ds.py), after qlayouts.py moved a
         # quantized one onto int8: the POOL kernel takes it (text_cnn's max pool over its tokens).
         pool1ds_as_pool2ds_pass,
-        # A function of one quantized tensor through a sigmoid (QLinearSigmoid, a SiLU between
-        # quantized layers) as its 256-entry table, exact (qlookups.py): one LOOKUP kernel instead
-        # of a float sigmoid between the host's dequantize and quantize and a multiply kernel.
+        # A function of one quantized tensor through a sigmoid or an inner requantisation
+        # (QLinearSigmoid, a SiLU or hard-swish between quantized layers) as its 256-entry table,
+        # exact (qlookups.py): one LOOKUP kernel instead of a float sigmoid between the host's
+        # dequantize and quantize, or a chain kernel, and a multiply kernel.
         quantized_lookups_pass,
         # A residual add between quantized tensors (dequantize, add, quantize) is onnxruntime's
         # fixed-point QLinearAdd on int32, one FABRIC_INT8 kernel (qlinear.py); last, so that its
