@@ -69,6 +69,7 @@ from .qlayouts16 import quantized_layouts16_pass
 from .qkv_merges import qkv_merges_pass
 from .qlinear import integer_qlinear_adds_pass
 from .qlookups import quantized_lookups_pass
+from .qpools import quantized_pools_pass
 from .rewrite import scans_shared
 from .rms_norms import rms_norms_pass
 from .rope_epilogues import rope_epilogues_pass
@@ -254,6 +255,10 @@ def normalise_passes(arch=None) -> list:
         # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip
         # with constant bounds, as PyTorch's relu6 already is, so the epilogue can fuse them.
         canonicalize_clips_pass(),
+        # A global average pool between quantized tensors is onnxruntime's integer one: an int8
+        # GEMM of the map by a column of ones requantised in its EPILOGUE, one kernel (qpools.py),
+        # before the float mean of a large map is split below.
+        quantized_pools_pass,
         # A pool's window taps that only ever read padding cut from its window and padding (YOLO's
         # SPPF 5 x 5 max pools on a 2 x 2 map: 3 x 3), which the POOL kernel then takes (pool_taps.py).
         pool_taps_pass,
