@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import npu_backend
 from npu_backend.errors import ScratchpadTooSmall
 from npu_backend.kernels.attention import attention_tiles
-from npu_backend.kernels.attention.attention_tiles import choose_attention_tiling
+from npu_backend.kernels.attention.attention_tiles import RowTiling, choose_attention_tiling, whole_row_dma_bytes
 from npu_backend.kernels.attention.flash_tiles import BYTES_SLACK, FlashTiling, flash_dma_bytes
 from npu_backend.kernels.attention.spec import AttentionSpec
 from test_attention import BOUND, _attention_kernels, _graph, _reference, _run
@@ -168,11 +168,14 @@ def test_a_long_sequence_on_a_small_chip():
     assert np.abs(out - expected).max() <= BOUND * np.abs(expected).max()
 
 
-@pytest.mark.parametrize("sq, sk, chip", [(64, 64, "cgra-4x4"), (48, 112, "cgra-4x4"), (512, 512, "cgra-8x8")])
+@pytest.mark.parametrize("sq, sk, chip", [(64, 64, "cgra-4x4"), (48, 112, "cgra-4x4"), (512, 512, "cgra-8x8"),
+                                          (256, 256, "cgra-4x4")])
 def test_a_constant_causal_mask_is_built_and_its_masked_tiles_skipped(sq, sk, chip):
     """torch's is_causal (top-left, Sq = Sk) and the last Sq queries of Sk keys (bottom-right):
-    no mask operand (the kernel builds the diagonal tiles' triangles), K and V read only up to
-    each query tile's diagonal: fewer bytes than one pass over them per query tile."""
+    no mask operand (the kernel builds the diagonal tiles' triangles). The key-tile kernel reads
+    K and V only up to each query tile's diagonal: fewer bytes than one pass over them per query
+    tile; the whole-row kernel (where its K and V fit: it reads them once, which moves fewer
+    bytes) computes each query tile's keys up to its diagonal (test_attention_causal_rows.py)."""
     rng = np.random.default_rng(sq)
     h, d = 2, 32
     arrays = _inputs(rng, 1, h, h, sq, sk, d)
@@ -182,9 +185,13 @@ def test_a_constant_causal_mask_is_built_and_its_masked_tiles_skipped(sq, sk, ch
     spec = AttentionSpec(1, h, 1, sq, sk, d, d, 0.2, causal=sk - sq)
     tiling = choose_attention_tiling(spec, npu_backend.load_arch(chip))
     moved = kernel.dma_load_bytes + kernel.dma_store_bytes
-    assert tiling.mask == "causal" and moved == flash_dma_bytes(spec, tiling)
-    every_tile = -(-sq // tiling.tq) * sum(x.nbytes for x in arrays[1:]) + 2 * arrays[0].nbytes
-    assert moved < every_tile if sq > tiling.tq else moved == every_tile
+    if isinstance(tiling, RowTiling):
+        assert tiling.mask == "none" and moved == whole_row_dma_bytes(spec, tiling) == sum(x.nbytes for x in arrays) + arrays[0].nbytes
+    else:
+        assert tiling.mask == "causal" and moved == flash_dma_bytes(spec, tiling)
+        every_tile = -(-sq // tiling.tq) * sum(x.nbytes for x in arrays[1:]) + 2 * arrays[0].nbytes
+        assert moved < every_tile if sq > tiling.tq else moved == every_tile
+    assert isinstance(tiling, RowTiling) == (chip != "cgra-4x4" or sq < 256)
     expected = _reference(*arrays, mask, 0.2, safe=False)
     assert np.abs(out - expected).max() <= BOUND * np.abs(expected).max()
 

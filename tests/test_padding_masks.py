@@ -2,7 +2,8 @@
 `where(ones & mask[None, None, None, :], 0, -inf)`, broadcast over the queries) added to scores
 reads the row itself, so the attention kernel takes it as a row (a GEMM of k = 1 on the PE array,
 kernels/attention/rows.py), no s x s copy; the causal form (a constant triangle & the row) is the
-constant where(c, 0, -inf) plus the row's select. Both exact: the same bits as before.
+constant where(c, 0, -inf) plus the row's select, added to the scores one after the other
+(causal_rows.py: the kernel builds the triangle). Both exact: the same bits as before.
 """
 
 from __future__ import annotations
@@ -21,9 +22,13 @@ op = relax.op
 WORDS = st.sampled_from([0, 1, -1, 2, 1 << 40, -(1 << 63), 1 << 31])
 
 
-def _scores_plus_mask(keep):
-    """scores (1, 2, 1, 8, 8) + reshape(where(keep & mask row, 0, -inf)), the attention form's add."""
+def _scores_plus_mask(keep, attention: bool = False):
+    """scores (1, 2, 1, 8, 8) + reshape(where(keep & mask row, 0, -inf)), the attention form's add
+    (`attention`: the scores a matmul(q, kᵀ) as the form's, here the input times I, exactly)."""
     def build(bb, scores, mask):
+        if attention:
+            eye = bb.emit(op.permute_dims(relax.const(np.eye(8, dtype=np.float32).reshape(1, 1, 1, 8, 8)), [0, 1, 2, 4, 3]))
+            scores = bb.emit(op.matmul(scores, eye))
         row = bb.emit(op.reshape(bb.emit(op.astype(mask, "bool")), (1, 1, 1, 8)))
         both = bb.emit(op.bitwise_and(relax.const(keep), row))
         additive = bb.emit(op.where(both, relax.const(np.float32(0)), relax.const(np.float32(-np.inf))))
@@ -50,8 +55,13 @@ def test_a_bidirectional_padding_mask_is_added_as_a_row(mask, scores):
 @given(mask=hnp.arrays(np.int64, (1, 8), elements=WORDS), scores=hnp.arrays(np.float32, (1, 2, 1, 8, 8),
                                                                             elements=st.floats(-4, 4, width=32)))
 def test_a_causal_padding_mask_is_a_constant_plus_the_rows_select(mask, scores):
-    before = _scores_plus_mask(np.tril(np.ones((8, 8), bool)).reshape(1, 1, 8, 8))
+    before = _scores_plus_mask(np.tril(np.ones((8, 8), bool)).reshape(1, 1, 8, 8), attention=True)
     after = masks_as_float(before)
     ops = _ops(after)
     assert ops["add"] == 2 and ops["multiply"] == 4 and "where" not in ops, ops  # no causal * row product
+    # the scores take the triangle (a constant) and the row one at a time (causal_rows.py): no s x s mask
+    causal, row = [b.value for b in after["main"].body.blocks[0].bindings
+                   if isinstance(b.value, relax.Call) and b.value.op.name == "relax.add"]
+    assert causal.args[1].value.numpy().shape == (1, 1, 1, 8, 8)  # a constant
+    assert [int(d) for d in row.args[1].ty.shape] == [1, 1, 1, 1, 8]
     _identical(before, after, scores, mask)

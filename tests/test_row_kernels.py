@@ -155,11 +155,12 @@ def test_a_special_function_of_a_symbolic_batch_runs_on_the_npu():
 
 @settings(max_examples=4, deadline=None)
 @given(kind=st.sampled_from(["softmax", "layer_norm", "rms_norm", "sum", "max"]), rows=st.integers(1, 5),
-       cols=st.sampled_from([1500, 2048, 3000]))
+       cols=st.sampled_from([3000, 4000, 6000]))
 def test_rows_longer_than_the_scratchpad_run_in_passes_over_column_tiles(kind, rows, cols):
-    """On cgra-4x4 (64 KiB) a softmax row of more than 1,360 float32 does not fit whole: the
-    kernel makes passes over column tiles (rows_long.py: max, then exp and its sum, then the
-    output), within the bounds of the one-tile form."""
+    """On cgra-4x4 (64 KiB) a softmax row of more than 2,730 float32 does not fit whole even one
+    row a tile (x and the output twice, two intermediates): the kernel makes passes over column
+    tiles (rows_long.py: max, then exp and its sum, then the output), within the bounds of the
+    one-tile form."""
     rng = np.random.default_rng(cols + rows)
     x = (rng.standard_normal((rows, cols)) * 3).astype(np.float32)
     gamma, beta = rng.standard_normal(cols).astype(np.float32), rng.standard_normal(cols).astype(np.float32)
@@ -181,6 +182,31 @@ def test_rows_longer_than_the_scratchpad_run_in_passes_over_column_tiles(kind, r
     got = _run(mod, args, "cgra-4x4")
     bound = cols * 2.0**-24 * np.abs(d).sum(-1, keepdims=True) if kind == "sum" else 4e-6 * np.abs(ref).max()
     assert np.all(np.abs(got - ref) <= bound)
+
+
+def test_a_decode_steps_scores_over_a_long_cache_are_one_row_a_tile_on_a_small_scratchpad():
+    """A decode step's scores (1, KV heads, queries a KV head, t) over a cache of up to 2048 on
+    cgra-4x4: two rows of 2048 float32 a tile do not fit its 64 KiB with the softmax's
+    intermediates, one row does; a symbolic row has no passes over column tiles, so before
+    one-row tiles this softmax stayed on the host and the step's scores crossed to it and back
+    (benchmarks/bench_decode.py: 4 crossings a step). Static rows of 2048 take that tile too:
+    80,081 cycles for (4, 2048), 130,613 in passes over column tiles."""
+    s = tvm.tirx.Var("s", "int64")
+    x = relax.Var("x", relax.TensorType((1, 2, 2, s), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], attrs={"tir_var_upper_bound": {"s": 2048}}):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.softmax(x, axis=-1))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    _on_npu(mod, "cgra-4x4")
+    vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-4x4"), tvm.cpu())
+    for n in (1, 7, 2048):
+        a = np.random.default_rng(n).standard_normal((1, 2, 2, n)).astype(np.float32) * 3
+        with npu_backend.profile() as prof:
+            got = vm["main"](tvm.runtime.tensor(a)).numpy()
+        np.testing.assert_allclose(got, _softmax64(a), rtol=4e-6, atol=1e-7)
+        assert len(prof.kernels) == 1 and prof.host_cycles == 0
 
 
 @pytest.mark.parametrize("kind", ["softmax", "layer_norm", "max"])

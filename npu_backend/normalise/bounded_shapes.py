@@ -30,6 +30,7 @@ from tvm import relax, sym, tirx
 from ..errors import UnsupportedOperator
 from ..frontend.provenance import with_span
 from ..relax_info import expression_name, shape_dims
+from .rewrite import with_updates
 
 _SLICE = tvm.ir.Op.get("relax.strided_slice")
 #: Broadcasting elementwise ops whose result has no shape when their operands' cannot be compared.
@@ -51,12 +52,7 @@ def resolve_bounded_shapes(mod: tvm.IRModule, shape_bounds: dict | None = None) 
         _refuse_undecided(rewritten, gvar.name_hint, _bounds_text(func, shape_bounds or {}))
         if not rewritten.same_as(func):
             updates[gvar] = rewritten
-    if not updates:
-        return mod
-    mod = mod.clone()
-    for gvar, func in updates.items():
-        mod[gvar] = func
-    return mod
+    return with_updates(mod, updates)
 
 
 def _symbolic_params(func) -> list:

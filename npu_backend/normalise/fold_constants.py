@@ -13,6 +13,7 @@ from tvm import relax
 
 from ..relax_info import dtype_of, static_shape
 from .fold_weights import folded_or
+from .rewrite import with_updates
 
 
 def fold_remaining_constants(mod: tvm.IRModule) -> tvm.IRModule:
@@ -29,12 +30,7 @@ def fold_remaining_constants(mod: tvm.IRModule) -> tvm.IRModule:
             folded = _folded_closure(mod, func)
             if folded:
                 updates[gvar] = _ClosureFolder(mod, func, folded).visit_expr(func)
-    if not updates:
-        return mod
-    mod = mod.clone()
-    for gvar, func in updates.items():
-        mod[gvar] = func
-    return mod
+    return with_updates(mod, updates)
 
 
 def _constant_closure(func) -> dict:

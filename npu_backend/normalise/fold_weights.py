@@ -27,6 +27,8 @@ from ..frontend.provenance import with_span
 from ..relax_info import dtype_of, static_shape
 from .arrays import aligned_empty, read_only_view, shared_const
 from .numpy_ops import FLOAT, NUMPY_OPS
+from .rewrite import with_updates
+
 
 def fold_weights(mod: tvm.IRModule) -> tvm.IRModule:
     """Every Relax function of `mod` (not composites or primitives) with its constants folded."""
@@ -36,12 +38,7 @@ def fold_weights(mod: tvm.IRModule) -> tvm.IRModule:
             continue
         func = relax.analysis.remove_all_unused(func)  # the unused mean/var outputs of batch_norm
         updates[gvar] = _WeightFolder(mod, func).visit_expr(func)
-    if not updates:
-        return mod
-    mod = mod.clone()  # the caller's module stays as it was
-    for gvar, func in updates.items():
-        mod[gvar] = func
-    return mod
+    return with_updates(mod, updates)
 
 
 def folded_or(constants: dict, var, visit):
@@ -304,10 +301,7 @@ def restore_kept_transposes(mod: tvm.IRModule) -> tvm.IRModule:
     """Every KEPT_TRANSPOSE call back to the permute_dims it stands for."""
     updates = {gvar: _TransposeRestorer(mod).visit_expr(func) for gvar, func in mod.functions.items()
                if isinstance(func, relax.Function)}
-    mod = mod.clone()
-    for gvar, func in updates.items():
-        mod[gvar] = func
-    return mod
+    return with_updates(mod, updates)
 
 
 @relax.expr_functor.mutator

@@ -18,7 +18,16 @@ Stage: normalise (before partition). In: a Relax IRModule. Out: the same module 
   also sums in float32 and rounds once);
 - `astype(matmul(a, b, out_dtype="float32"), h)` of 16-bit float a, b and h is
   `matmul(a, b, out_dtype=h)`: the GEMM rounds its float32 sum to h on store (its EPILOGUE's
-  rounding store, kernels/gemm/epilogue.py's half_out), the same value the two ops compute.
+  rounding store, kernels/gemm/epilogue.py's half_out), the same value the two ops compute;
+- a layout op (permute_dims, reshape) of `astype(o, h)`, o a float32 batched matmul's result
+  through layout ops (an attention's P V, HF's `attn_output.to(h)` before its head merge), is
+  `astype(layout(o), h)`: a conversion commutes with moving elements, exactly, and the attention
+  kernel then writes the merged (B, S, H, D) layout itself (kernels/attention/head_layouts.py)
+  instead of a transposing copy of the 16-bit output running after the cast;
+- `astype(layout(astype(z, h)), float32)` of a float32 z (a biased linear's output rounded to h,
+  split into heads, widened for the attention: ViT's q, k and v) is `layout(astype(astype(z, h),
+  float32))`: widening commutes with moving elements too, exactly; the two casts are one
+  round-trip kernel and the attention kernel reads the head split itself.
 
 Why: HF's bfloat16 Llama casts to float32 around every norm, softmax and activation, and TVM's
 importer writes each bfloat16 linear as matmul(out_dtype="float32"); every astype ran on the host
@@ -31,11 +40,12 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from ..relax_info import dtype_of
+from ..relax_info import dtype_of, shape_dims
 from .rewrite import as_pass, rewrite_functions
 
 HALF_FLOATS = ("bfloat16", "float16")
-_OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in ("astype", "take", "where", "matmul", "reshape")}
+_OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in ("astype", "take", "where", "matmul", "reshape",
+                                                            "permute_dims")}
 _OPS["layer_norm"] = tvm.ir.Op.get("relax.nn.layer_norm")
 #: One-input float functions the vector unit computes in float32 only.
 _FLOAT32_UNARY = tuple(tvm.ir.Op.get(f"relax.{name}") for name in
@@ -91,11 +101,13 @@ class _CastRewriter(relax.PyExprMutator):
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
+        if _is(call, "permute_dims") or _is(call, "reshape"):
+            return self._layout_before_cast(call)
         if _is(call, "layer_norm"):
             return _float32_layer_norm(self.builder_, call)
         if isinstance(call, relax.Call) and any(call.op.same_as(op) for op in _FLOAT32_UNARY) \
                 and dtype_of(call.args[0]) in HALF_FLOATS:  # PyTorch's CPU kernels: in float32, rounded once
-            wide = self.builder_.emit(relax.op.astype(call.args[0], "float32"))
+            wide = self._cast(call.args[0], "float32")
             inner = self.builder_.emit(relax.Call(call.op, [wide, *call.args[1:]], call.attrs))
             return relax.op.astype(inner, dtype_of(call.args[0]))
         if not _is(call, "astype"):
@@ -103,11 +115,45 @@ class _CastRewriter(relax.PyExprMutator):
         source, target = call.args[0], str(call.attrs.dtype)
         if dtype_of(source) == target:
             return source
+        return self._cast(source, target, call)
+
+    def _cast(self, source, target: str, call=None):
+        """astype(source, target) folded (module doc), else `call` (or that astype, emitted)."""
         key = (source, target)
         if key not in self.folds:  # HF widens the embedding twice (the norm's input, the residual): one lookup
             folded = self._fold(source, dtype_of(source), target)
             self.folds[key] = None if folded is None else self.builder_.emit(folded)
-        return call if self.folds[key] is None else self.folds[key]
+        if self.folds[key] is not None:
+            return self.folds[key]
+        return call if call is not None else self.builder_.emit(relax.op.astype(source, target))
+
+    def _layout_before_cast(self, call):
+        """`layout(astype(o, h))` as `astype(layout(o), h)` where o is a float32 batched matmul's
+        result through layout ops (module doc), else the call."""
+        cast = self._bound(call.args[0])
+        if not _is(cast, "astype") or str(cast.attrs.dtype) not in HALF_FLOATS or dtype_of(cast.args[0]) != "float32":
+            return call
+        source = self._bound(cast.args[0])
+        while _is(source, "permute_dims") or _is(source, "reshape"):
+            source = self._bound(source.args[0])
+        if not _is(source, "matmul") or len(shape_dims(source) or ()) < 3:
+            return call
+        moved = self.builder_.emit(relax.Call(call.op, [cast.args[0], *call.args[1:]], call.attrs))
+        return relax.op.astype(moved, str(cast.attrs.dtype))
+
+    def _widen_before_layout(self, value):
+        """`layout(astype(z, h))` widened to float32, z float32, as `layout(astype(astype(z, h),
+        float32))` (module doc), else None."""
+        layouts = []
+        while _is(value, "permute_dims") or _is(value, "reshape"):
+            layouts.append(value)
+            value = self._bound(value.args[0])
+        if not layouts or not _is(value, "astype") or dtype_of(value.args[0]) != "float32":
+            return None
+        moved = relax.op.astype(layouts[-1].args[0], "float32")
+        for layout in reversed(layouts):
+            moved = relax.Call(layout.op, [self.builder_.emit(moved), *layout.args[1:]], layout.attrs)
+        return moved
 
     def _bound(self, expr):
         """The call a variable is bound to, else the expression."""
@@ -120,7 +166,8 @@ class _CastRewriter(relax.PyExprMutator):
         """The value astype(source, target) computes without the cast, or None."""
         value = self._bound(source)
         if dtype in HALF_FLOATS and target == "float32":
-            return self._widen(value)
+            widened = self._widen(value)
+            return widened if widened is not None else self._widen_before_layout(value)
         if dtype == "float32" and target in HALF_FLOATS and _is(value, "matmul") \
                 and str(value.attrs.out_dtype) == "float32" \
                 and all(dtype_of(arg) == target for arg in value.args):

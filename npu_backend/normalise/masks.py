@@ -59,6 +59,7 @@ from tvm import relax
 
 from ..frontend.provenance import with_span
 from ..relax_info import dtype_of, static_shape
+from .causal_rows import causal_row_add
 from .chain_match import Chain
 from .rewrite import as_pass, rewrite_functions
 
@@ -72,13 +73,19 @@ _FLT_MAX = np.finfo(np.float32).max
 _ONE_BITS = int(np.float32(1).view(np.int32))  # 0x3F800000
 
 
-def masks_as_float(mod: tvm.IRModule) -> tvm.IRModule:
+def masks_as_float(mod: tvm.IRModule, arch=None) -> tvm.IRModule:
     """`mod` with every boolean mask's where and cast computed from its float twin (the boolean
-    ops removed when nothing else reads them)."""
-    return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _MaskRewriter))
+    ops removed when nothing else reads them); with `arch`, a causal & padding mask is split into
+    an attention's triangle and row only where the attention kernel takes them on it
+    (causal_rows.py)."""
+    rewriter = lambda module: _MaskRewriter(module, arch)  # noqa: E731
+    return relax.transform.DeadCodeElimination()(rewrite_functions(mod, rewriter))
 
 
-masks_pass = as_pass(masks_as_float, "cgra.MasksAsFloat", ops=("relax.where", "relax.astype", "relax.cumsum"))
+def masks_pass(arch=None) -> tvm.transform.Pass:
+    """masks_as_float as a normalise pass for `arch`."""
+    return as_pass(lambda mod: masks_as_float(mod, arch), "cgra.MasksAsFloat",
+                   ops=("relax.where", "relax.astype", "relax.cumsum"))
 
 
 def _i32(value) -> relax.Expr:
@@ -95,9 +102,11 @@ def _one(dtype: str) -> relax.Expr:
 
 @relax.expr_functor.mutator
 class _MaskRewriter(relax.PyExprMutator):
-    def __init__(self, mod=None):
+    def __init__(self, mod=None, arch=None):
         super().__init__(mod)
+        self.arch = arch
         self.twins, self.selects, self.binary, self.broadcasts = {}, {}, set(), []
+        self.splits = {}  # a split select's add(causal constant, row) -> (the constant, the row)
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
@@ -116,7 +125,8 @@ class _MaskRewriter(relax.PyExprMutator):
             select = self.select(chain, call)
             return with_span(select, call.span) if select is not None else call
         if call.op.same_as(_ADD):
-            return self.unbroadcast(chain, call)
+            split = causal_row_add(self, chain, call)
+            return split if split is not None else self.unbroadcast(chain, call)
         return call
 
     def unbroadcast(self, chain: Chain, call):
@@ -191,7 +201,10 @@ class _MaskRewriter(relax.PyExprMutator):
             broadcast = relax.op.broadcast_to(row, np.broadcast_shapes(constant.shape, tuple(static_shape(other))))
             self.broadcasts.append(self.builder_.normalize(broadcast))
             return self.emit(self.broadcasts[-1])
-        return self.emit(relax.op.add(relax.const(np.where(constant, 0, -np.inf).astype(np.float32)), row))
+        additive = np.where(constant, 0, -np.inf).astype(np.float32)
+        split = self.emit(relax.op.add(relax.const(additive), row))
+        self.splits[split] = (additive, row)  # an attention's scores take them one at a time (causal_rows.py)
+        return split
 
     def scan(self, call):
         """cumsum(B) along the last axis of an int32 twin B as B's low bytes (int8, a view and a

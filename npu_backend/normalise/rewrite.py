@@ -13,6 +13,17 @@ import tvm
 from tvm import relax
 
 
+def with_updates(mod: tvm.IRModule, updates: dict) -> tvm.IRModule:
+    """`mod` with the functions of `updates` (global var -> function) put in: a copy, so the
+    caller's module stays as it was; `mod` itself when there is nothing to put in."""
+    if not updates:
+        return mod
+    mod = mod.clone()
+    for gvar, func in updates.items():
+        mod[gvar] = func
+    return mod
+
+
 def rewrite_functions(mod: tvm.IRModule, mutator_class) -> tvm.IRModule:
     """`mod` with every Relax function visited by one `mutator_class(mod)` (a PyExprMutator)."""
     mutator = mutator_class(mod)
@@ -27,12 +38,7 @@ def rewrite_each(mod: tvm.IRModule, rewriter_of) -> tvm.IRModule:
     `rewriter_of(mod, func)` (a PyExprMutator), then what they left unread removed."""
     updates = {gvar: rewriter_of(mod, func).visit_expr(func) for gvar, func in mod.functions.items()
                if isinstance(func, relax.Function) and "Composite" not in (func.attrs or {})}
-    if not updates:
-        return mod
-    mod = mod.clone()
-    for gvar, func in updates.items():
-        mod[gvar] = func
-    return relax.transform.DeadCodeElimination()(mod)
+    return relax.transform.DeadCodeElimination()(with_updates(mod, updates)) if updates else mod
 
 
 def replace_functions(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
@@ -46,10 +52,7 @@ def replace_functions(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
                 updates[gvar] = rewritten
     if not updates:
         return mod
-    mod = mod.clone()
-    for gvar, func in updates.items():
-        mod[gvar] = func
-    return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
+    return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(with_updates(mod, updates)))
 
 
 def bound_values(func) -> tuple[dict, dict]:

@@ -138,7 +138,8 @@ def normalise_passes(arch=None) -> list:
         relax.transform.CanonicalizeBindings(),
         # A bfloat16 / float16 model's casts the graph can do without, exactly: one to the dtype its
         # operand has, widened constant lookups and masks, matmul + astype as the GEMM's rounding
-        # store (half_casts.py); the conversions left run as NPU cast kernels.
+        # store; casts moved across an attention's head split and merge, so its kernel reads and
+        # writes them (half_casts.py); the conversions left run as NPU cast kernels.
         half_casts_pass,
         # onnxruntime's dynamically quantized MatMulInteger (int32 operands minus zero points) as
         # the int8 x int8 -> int32 matmul the GEMM kernels compute, exactly (dynamic_quant.py).
@@ -243,7 +244,7 @@ def normalise_passes(arch=None) -> list:
         mask_positions_pass,
         # A boolean mask's where(m, 0, -inf) and casts as float32 {0, 1} arithmetic, exactly
         # (masks.py): the mask is built on the NPU, once for every layer.
-        masks_pass,
+        masks_pass(arch),
         # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast (scalars.py).
         scalar_operands_pass,
         # An elementwise op on a (1, s, C) activation on its (s, C) rows: the kernels' symbolic

@@ -11,7 +11,9 @@ S - max (ELTWISE), exp (VFUNC), the row sum (REDUCE SUM), O = P V (GEMM over the
 P), 1 / sum (VFUNC, a column) and O * 1 / sum (ELTWISE): the normalisation on tq x Dv, not on
 tq x Sk. Only Q, K, V, the mask and O cross DRAM (`attention_tiles.py` sizes tq). rows.py writes
 the kernel, each (head, query tile) with two copies of its buffers, so that the PE array computes
-the next one's scores while the vector unit runs this one's softmax.
+the next one's scores while the vector unit runs this one's softmax. A constant causal triangle
+(with a padding row after it or alone) is no operand: both kernels build it and skip the keys
+above each query tile's diagonal (rows.py, flash.py).
 
 A row that is all -inf (a safe softmax, PyTorch's SDPA with a padding mask): its max starts at
 the lowest finite float32 instead of -inf, so S - max is -inf and exp gives 0, and the sum's
@@ -47,7 +49,8 @@ from .spec import F32, AttentionSpec
 
 def _patterns() -> list:
     """matmul(q, permute_dims(k)) [* scale] [+ mask] -> softmax [-> where(kept, ., 0)] -> matmul(., v):
-    the normal form, each optional piece an alternative (sixteen patterns: the mask a constant
+    the normal form, each optional piece an alternative (the mask a constant causal triangle and
+    a padding row added after it (normalise/causal_rows.py), a constant
     causal triangle, the causal mask over a symbolic length that normalise/attention_lengths.py
     builds from arange, less_equal and where (flash_length.py), any tensor, or none); each first with q, k and v maybe head splits of
     sequence-major tensors and the result transposed back (`_merged`), then with the head splits
@@ -56,7 +59,7 @@ def _patterns() -> list:
     entries = []
     for form in ("merged", "heads", ""):
         for scaled in (True, False):
-            for masked in ("causal", "length", "mask", ""):  # a causal mask first: the kernel builds it
+            for masked in ("causal_row", "causal", "length", "mask", ""):  # a causal mask first: the kernel builds it
                 for safe in (True, False):
                     if not (form and masked == "length"):  # a symbolic length: plain operands (flash_length.py)
                         entries.append(_pattern(form, scaled, masked, safe))
@@ -70,8 +73,8 @@ def _pattern(form: str, scaled: bool, masked: str, safe: bool) -> tuple:
     else:
         q, k, v = wildcard(), wildcard(), wildcard()
         q_roles, k_roles, v_roles = {"lhs": q}, {"rhs": k}, {"value": v}
-    mask = is_const() if masked == "causal" else wildcard()
-    role = "causal" if masked == "causal" else "mask"
+    mask = is_const() if masked.startswith("causal") else wildcard()
+    role = "causal" if masked.startswith("causal") else "mask"
     kt = is_op("relax.permute_dims")(k)
     scores = is_op("relax.matmul")(q, kt)
     roles = {**q_roles, **k_roles, **v_roles, "transpose": kt, "scores": scores}
@@ -85,6 +88,9 @@ def _pattern(form: str, scaled: bool, masked: str, safe: bool) -> tuple:
     if masked:
         x = roles["masked"] = is_op("relax.add")(x, mask)
         roles[role] = mask
+    if masked == "causal_row":  # and a padding row after the triangle (normalise/causal_rows.py)
+        roles["mask"] = wildcard()
+        x = roles["row_masked"] = is_op("relax.add")(x, roles["mask"])
     p = roles["softmax"] = is_op("relax.nn.softmax")(x)
     if safe:
         finite = is_op("relax.astype")(is_op("relax.not_equal")(x, is_const()))
@@ -145,8 +151,11 @@ def attention_spec(name: str, annotated: dict) -> AttentionSpec:
         if causal is None:
             raise UnsupportedOperator("attention with a constant mask that is no causal triangle: the kernel reads it "
                                       "as a mask operand (the next pattern)")
-    elif "mask" in annotated:
+    if "mask" in annotated:
         mask_shape = _mask_shape(annotated["mask"], (b, hk, g, sq, sk))
+        if causal is not None and (mask_shape[3] != 1 or mask_shape[1] * mask_shape[2] != 1):
+            raise UnsupportedOperator(f"attention with a causal triangle and a mask of shape {mask_shape}: the kernel "
+                                      "takes a padding row (one per batch) after the triangle")
     seq_major = head_layouts.seq_major_roles(annotated, dict(zip(head_layouts.ROLES, shapes)))
     parts = head_layouts.parts(annotated)
     sliced = tuple(role for role, _, _ in parts)

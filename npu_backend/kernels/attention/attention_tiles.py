@@ -47,10 +47,17 @@ class RowTiling:
     p_stride: int = 0
     kv_copies: int = 2
     sums_on_pe: bool = False
+    stack: int = 1
 
     @property
     def tm(self) -> int:
         return self.tq
+
+    @property
+    def rows(self) -> int:
+        """Score rows an item holds: its tq query rows of each of the `stack` query heads of a
+        group it takes (their K shared; rows.py stacks them one under the other)."""
+        return self.tq * self.stack
 
 
 def mask_in_gemm(spec) -> bool:
@@ -97,21 +104,43 @@ def _mask_rows(spec, t: RowTiling) -> int:
     return 2 * (t.tq if msq > 1 else 1)
 
 
+def tile_keys(spec, tq: int, tile: int) -> int:
+    """Keys the kernel computes for query tile `tile` of tq rows: every one, or under a causal
+    triangle of offset c those up to its last row's diagonal (rows.py)."""
+    if spec.causal is None:
+        return spec.sk
+    return min(spec.sk, (tile + 1) * tq + spec.causal)
+
+
+def band_width(spec, tq: int, tile: int) -> int:
+    """Columns of the causal triangle the kernel adds to query tile `tile`'s scores (rows.py):
+    those from its first row's diagonal + 1 to its last row's, inside the keys."""
+    if spec.causal is None:
+        return 0
+    return max(0, min(tq - 1, spec.sk - tile * tq - spec.causal - 1))
+
+
 def attention_footprint(spec, t: RowTiling) -> int:
     """Scratchpad bytes of the kernel with tiling `t` (every buffer its own bytes)."""
-    tq, sk, d, dv = t.tq, spec.sk, spec.d, spec.dv
+    tq, sk, d, dv = t.rows, spec.sk, spec.d, spec.dv
     kv = aligned(t.kv_copies * d * sk * F32_BYTES) + aligned(t.kv_copies * sk * dv * F32_BYTES)
     item = aligned(2 * tq * t.q_stride * F32_BYTES) + aligned(score_copies(spec) * tq * t.p_stride * F32_BYTES)
     item += 3 * aligned(2 * tq * F32_BYTES) + 2 * aligned(2 * tq * dv * F32_BYTES)
     item += aligned(max(sk, tq) * F32_BYTES)  # the ones
     mask = aligned(_mask_rows(spec, t) * spec.mask_shape[4] * F32_BYTES) if t.mask != "none" else 0
+    if spec.causal is not None and t.tq > 1:  # the triangle (rows.py)
+        mask += aligned(tq * (t.tq - 1) * F32_BYTES)
     return kv + item + mask
 
 
-def attention_item_cycles(spec, arch: HardwareDescription, tq: int, sums_on_pe: bool = False) -> tuple:
+def attention_item_cycles(spec, arch: HardwareDescription, tq: int, sums_on_pe: bool = False, tile: int = -1,
+                          stack: int = 1, per_kv: int = 0) -> tuple:
     """(vector unit, PE array) cycles of one item: its softmax and scale, its two GEMMs [and the
-    row sums' GEMM P 1, else a REDUCE]."""
-    sk, d, dv = spec.sk, spec.d, spec.dv
+    row sums' GEMM P 1, else a REDUCE] [, the triangle]; over query tile `tile`'s keys (-1: all),
+    the tq rows of `stack` query heads; `per_kv` items of a K / V head share its scale (0: G)."""
+    sk, d, dv = (spec.sk if tile < 0 else tile_keys(spec, tq, tile)), spec.d, spec.dv
+    band = band_width(spec, tq, tile) if tile >= 0 else 0
+    tq *= stack
     pe = cost.gemm_steady_cycles(arch, tq, sk, d, "float32") + cost.gemm_steady_cycles(arch, tq, dv, sk, "float32")
     if sums_on_pe:
         pe += cost.gemm_steady_cycles(arch, tq, 1, sk, "float32") + cost.gemm_fill_cycles(arch, tq, 1)
@@ -121,13 +150,19 @@ def attention_item_cycles(spec, arch: HardwareDescription, tq: int, sums_on_pe: 
     if scale_at(spec) == "q":
         vector += cost.vfunc_cycles(arch, tq * d, "identity", scale=True)
     elif scale_at(spec) == "k":
-        vector += cost.vfunc_cycles(arch, sk * d, "identity", scale=True) // spec.g
+        vector += cost.vfunc_cycles(arch, spec.sk * d, "identity", scale=True) // (per_kv or spec.g)
+    if band:
+        vector += cost.eltwise_cycles(arch, tq * band, 2 * tq * band)
     if mask_in_gemm(spec):  # copied into S, the GEMM accumulating onto it
         vector += cost.vfunc_cycles(arch, tq * sk, "identity")
     elif spec.mask_shape and not mask_on_pe(spec):
         vector += cost.eltwise_cycles(arch, tq * sk, tq * sk + 1)
     vector += (1 + (not sums_on_pe)) * (cost.reduce_cycles(arch, tq, sk) + cost.vector_cycles(arch, tq, 1))
-    vector += cost.eltwise_cycles(arch, tq * sk, tq * sk + tq) + cost.vfunc_cycles(arch, tq * sk, "exp")
+    # The exp keeps the vector unit for its issue alone where a function unit computes it (its
+    # pipeline's fill delays the P V GEMM, not the next vector command): so counted under a causal
+    # triangle, whose items are many and short (the other kernels' tilings keep the older count).
+    exp = cost.vfunc_issue_cycles if spec.causal is not None else cost.vfunc_cycles
+    vector += cost.eltwise_cycles(arch, tq * sk, tq * sk + tq) + exp(arch, tq * sk, "exp")
     vector += cost.vfunc_cycles(arch, tq, "reciprocal", offset=spec.safe) + cost.eltwise_cycles(arch, tq * dv, tq * dv + tq)
     return vector, pe
 
@@ -143,17 +178,22 @@ def estimate_attention_cycles(spec, arch: HardwareDescription, t: RowTiling) -> 
     """The items pipelined (rows.py): each the slowest of its vector work, its GEMMs and its
     DMA (Q in, O out, its share of the K / V heads and mask tiles), plus the first item's loads
     and GEMM and the last one's normalisation and store."""
-    items = spec.b * spec.hk * spec.g * (t.mp // t.tq)
-    vector, pe = attention_item_cycles(spec, arch, t.tq, t.sums_on_pe)
+    tiles, groups = t.mp // t.tq, spec.g // t.stack
+    items = spec.b * spec.hk * groups * tiles
     kv = cost.dma_transfer_cycles(arch, spec.sk * (spec.d + spec.dv) * F32_BYTES)
-    load = cost.dma_transfer_cycles(arch, t.tq * spec.d * F32_BYTES) + kv // (spec.g * (t.mp // t.tq))
+    load = cost.dma_transfer_cycles(arch, t.rows * spec.d * F32_BYTES) + kv // (groups * tiles)
     if t.mask == "tile":
         load += cost.dma_transfer_cycles(arch, (_mask_rows(spec, t) // 2) * spec.mask_shape[4] * F32_BYTES)
-    store = cost.dma_transfer_cycles(arch, t.tq * spec.dv * F32_BYTES)
-    if t.kv_copies == 1:  # a head's load after the last GEMM of the head before
-        load += (arch.dma_latency + kv + pe) // (spec.g * (t.mp // t.tq))
-    ends = 2 * arch.dma_latency + kv + pe + cost.eltwise_cycles(arch, t.tq * spec.dv, t.tq * spec.dv + t.tq) + store
-    return items * max(vector, pe, load, store) + ends
+    store = cost.dma_transfer_cycles(arch, t.rows * spec.dv * F32_BYTES)
+    steps = []
+    for tile in range(tiles):  # under a causal triangle each query tile its own keys
+        causal = spec.causal is not None
+        vector, pe = attention_item_cycles(spec, arch, t.tq, t.sums_on_pe, tile if causal else -1, t.stack,
+                                           groups * tiles if causal else 0)
+        waits = (arch.dma_latency + kv + pe) // (groups * tiles) if t.kv_copies == 1 else 0  # a head's load
+        steps.append(max(vector, pe, load + waits, store))  # after the last GEMM of the head before
+    ends = 2 * arch.dma_latency + kv + pe + cost.eltwise_cycles(arch, t.rows * spec.dv, t.rows * spec.dv + t.rows) + store
+    return items // tiles * sum(steps) + ends
 
 
 def attention_fits(parts: dict, arch: HardwareDescription) -> bool:
@@ -201,25 +241,33 @@ def whole_row_dma_bytes(spec, tiling: RowTiling) -> int:
     if tiling.mask == "whole":
         moved += int(np.prod(spec.mask_shape)) * F32_BYTES
     elif tiling.mask == "tile":
-        moved += heads * (tiling.mp // tiling.tq) * (_mask_rows(spec, tiling) // 2) * spec.mask_shape[4] * F32_BYTES
+        moved += heads // tiling.stack * (tiling.mp // tiling.tq) * (_mask_rows(spec, tiling) // 2) * spec.mask_shape[4] * F32_BYTES
     return moved
+
+
+def stacks(spec) -> tuple:
+    """Query heads of a group an item may take (rows.py stacks their rows): 1, or under a causal
+    triangle with no mask or one padding row shared by the heads the whole group (each item's
+    commands then cover the group's rows, their fixed costs paid once: the exp's pipeline depth)."""
+    shared = not spec.mask_shape or (spec.mask_shape[3] == 1 and spec.mask_shape[1] * spec.mask_shape[2] == 1)
+    return (1, spec.g) if spec.causal is not None and spec.g > 1 and shared else (1,)
 
 
 def whole_row_tiling(spec, arch: HardwareDescription) -> RowTiling:
     """A mask held whole whenever one fits (it crosses DRAM once instead of once per head), then
-    the fitting tiling of the fewest estimated cycles, then the larger tq. A constant causal mask is not this
-    kernel's: it has no mask operand."""
-    if spec.causal is not None:
-        raise ScratchpadTooSmall("a constant causal mask: the key-tile kernel builds it and skips the masked tiles")
+    the fitting tiling of the fewest estimated cycles, then the larger tq. A constant causal mask the kernel
+    builds (no mask operand) and skips the keys above each tile's diagonal (rows.py)."""
     modes = ["none"]
     if spec.mask_shape:
         modes = ["whole", "tile"]
     choices = []
-    for tq in halvings(spec.sq):
-        q_stride, p_stride = a_row_stride(tq, spec.d, F32_BYTES, arch), a_row_stride(tq, spec.sk, F32_BYTES, arch)
+    for tq, stack in ((tq, stack) for tq in halvings(spec.sq) for stack in stacks(spec)):
+        rows = tq * stack
+        q_stride, p_stride = a_row_stride(rows, spec.d, F32_BYTES, arch), a_row_stride(rows, spec.sk, F32_BYTES, arch)
         for mode in modes:
             for copies in (2, 1):
-                t = RowTiling(tq, round_up(spec.sq, tq), mode, q_stride, p_stride, copies, sums_on_pe(spec, arch, tq))
+                t = RowTiling(tq, round_up(spec.sq, tq), mode, q_stride, p_stride, copies, sums_on_pe(spec, arch, rows),
+                              stack)
                 if attention_footprint(spec, t) <= arch.spad_bytes:
                     choices.append(t)
     if choices:

@@ -150,29 +150,31 @@ def _causal_keys(w: Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt:
     first = f"{qt} * {r} + {spec.causal // tk}"
     depth = w.depth
     count = f"T.min({first}, {nk})" if qt != "0" else min(spec.causal // tk, nk)
+    row = "read" if spec.mask_shape else None  # a padding row (t.mask "rows") beside the triangle
     if pipelined(spec, t) and (not isinstance(count, int) or count >= 2):
-        _pipelined_keys(w, spec, t, n, c, head, "", count, mask=None)
+        _pipelined_keys(w, spec, t, n, c, head, "", count, mask=row)
     elif count:
         below = w.loop("kt", count)
-        _key_tile(w, spec, t, n, c, head, "", f"{below} * {tk}", tk, "", mask=None)
+        _key_tile(w, spec, t, n, c, head, "", f"{below} * {tk}", tk, "", mask=row)
     w.depth = depth
     ks = w.loop("ks", r)  # the tile search keeps them inside the keys (flash_tiles._key_tiles)
     band = ("band", f"({r - 1} - {ks}) * {tk * tk}", tk, 1)
-    _key_tile(w, spec, t, n, c, head, "", f"({first} + {ks}) * {tk}", tk, "_diag", mask=band)
+    _key_tile(w, spec, t, n, c, head, "", f"({first} + {ks}) * {tk}", tk, "_diag", mask=band, row=row)
     w.depth = depth
 
 
 def _key_tile(w: Writer, spec, t: FlashTiling, n: str, c: str, head: str, row0: str, k0: str, cols: int,
-              suffix: str, mask="read") -> None:
+              suffix: str, mask="read", row=None) -> None:
     """One key tile of `cols` keys from key k0: K, V (and the mask block) in, the online step;
-    `mask` an ELTWISE operand to add instead of the spec's mask, or None for no mask."""
+    `mask` an ELTWISE operand to add instead of the spec's mask, or None for no mask [and `row`
+    "read": the spec's mask row added first]."""
     kb, vb = "k" + suffix, "v" + suffix
     w.alloc(kb, (spec.d, cols))
     w.alloc(vb, (cols, spec.dv))
     _load_k(w, spec, n, c, k0, cols, kb)
     _load_v(w, spec, n, c, k0, cols, vb)
     w.add(gemm(False, t.tq, cols, spec.d, ("q", 0, t.q_stride), (kb, 0, cols), ("s", 0, t.tk)))
-    _online_step(w, spec, t, n, head, row0, k0, cols, suffix, mask, ("s", 0), ("p", 0), (vb, 0))
+    _online_step(w, spec, t, n, head, row0, k0, cols, suffix, mask, ("s", 0), ("p", 0), (vb, 0), row)
 
 
 def _load_k(w: Writer, spec, n: str, c: str, k0: str, cols: int, kb: str, slot: str = "") -> None:
@@ -187,11 +189,14 @@ def _load_v(w: Writer, spec, n: str, c: str, k0: str, cols: int, vb: str, slot: 
 
 
 def _online_step(w: Writer, spec, t: FlashTiling, n: str, head: str, row0: str, k0: str, cols: int, suffix: str,
-                 mask, s: tuple, p: tuple, v: tuple) -> None:
+                 mask, s: tuple, p: tuple, v: tuple, row=None) -> None:
     """The online softmax over the key tile's scores S (buffer, offset; row stride tk) into P
-    (row stride p_stride), O += P V (V: buffer, offset)."""
+    (row stride p_stride), O += P V (V: buffer, offset); `row` "read": the mask's row added
+    before `mask` (a causal diagonal tile's band)."""
     tq, dv, tk = t.tq, spec.dv, t.tk
     s3, p3 = s + (tk,), p + (t.p_stride,)
+    if row == "read":
+        w.add(eltwise("add", tq, cols, s3 + (1,), _mask_operand(w, spec, t, n, head, row0, k0, cols, suffix), s3))
     if mask == "read" and spec.mask_shape:
         mask = _mask_operand(w, spec, t, n, head, row0, k0, cols, suffix)
     if mask is not None and mask != "read":

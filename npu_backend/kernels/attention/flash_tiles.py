@@ -83,8 +83,8 @@ def flash_footprint(spec, t: FlashTiling) -> int:
     if t.mask == "rows":
         msq, msk = spec.mask_shape[3:]
         rows = aligned((tq if msq > 1 else 1) * msk * F32_BYTES)
-    if t.mask == "causal":  # the band of triangles (flash.py), built once
-        rows = aligned((2 * (tq // tk) - 1) * tk * tk * F32_BYTES)
+    if spec.causal is not None:  # the band of triangles (flash.py), built once
+        rows += aligned((2 * (tq // tk) - 1) * tk * tk * F32_BYTES)
     return state + 2 * keys(tk) + (keys(rest) if rest else 0) + rows
 
 

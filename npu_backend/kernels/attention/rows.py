@@ -30,6 +30,20 @@ per K / V head (two copies where they fit: the next head's load runs under this 
 shared by the G query heads of its group. A batch's mask is held whole where it fits (loaded
 once per batch: Swin's bias per head, a causal or padding mask shared by the heads), else a
 tile per item is loaded an item ahead.
+
+Under a causal triangle of offset c (spec.causal: no mask operand for it; a padding row may come
+with it, normalise/causal_rows.py) the kernel builds the triangle once, band[i, z] = -inf where
+z >= i else 0 (tq x (tq - 1): a FILL of -inf and a FILL of a growing row prefix per row), and an
+item of query rows row0 .. row0 + tq - 1 computes only keys 0 .. min(Sk, row0 + tq + c) - 1 (its
+last row's diagonal): S = Q Kᵀ, the row's GEMM, the max, S - m, the exp, the sums and P V all on
+those columns (their sizes expressions of the loop variable), and adds the band to the columns
+row0 + c + 1 .. (those its first row does not see) at the start of its softmax. A key above every
+row's diagonal would have scored -inf, given exp 0 and added +0 to the sums and to P V: leaving
+it out gives the same bits. A row that sees no key (a padding row over its visible keys) gives
+what the mask's kernel gave: 0 under a safe softmax, NaN under a plain one. An item may take
+the same query tile of `RowTiling.stack` heads of a group (their K shared), their rows one under
+the other (y tq + i) in Q, S and O, the band built once per head of the stack: each command then
+covers the group's rows (its fixed costs once), and each row's arithmetic is what it was alone.
 """
 
 from __future__ import annotations
@@ -43,7 +57,7 @@ from .script_text import F32, Writer, call, eltwise, element, fill, gemm, guarde
 
 #: Every buffer: the kernel keeps its own two copies where it needs them (lower/double_buffer.py
 #: must leave them alone; they are allocated outside the loop anyway).
-BUFFERS = ["kt", "v", "q", "s", "m", "l", "inv", "o", "res", "mask_all", "mask_tile", "ones"]
+BUFFERS = ["kt", "v", "q", "s", "m", "l", "inv", "o", "res", "mask_all", "mask_tile", "ones", "band"]
 
 
 def rows_compute(spec, t: RowTiling):
@@ -60,13 +74,14 @@ class _Item:
     copies' indices without reading the `if`)."""
 
     def __init__(self, spec, t: RowTiling, at: str):
-        tiles = t.mp // t.tq
-        per_kv, per_batch = spec.g * tiles, spec.hk * spec.g * tiles
+        tiles, groups = t.mp // t.tq, spec.g // t.stack  # items of a K / V head: groups x tiles
+        per_kv, per_batch = groups * tiles, spec.hk * groups * tiles
         self.at = at
         self.n = f"({at}) // {per_batch}" if spec.b > 1 else "0"
         self.c = f"({at}) // {per_kv} % {spec.hk}" if spec.hk > 1 else "0"
-        j = f"({at}) // {tiles} % {spec.g}" if spec.g > 1 else "0"
-        self.head = f"{self.c} * {spec.g} + {j}" if spec.g > 1 else self.c
+        j = f"({at}) // {tiles} % {groups}" if groups > 1 else "0"
+        j = f"{j} * {t.stack}" if t.stack > 1 and groups > 1 else j
+        self.head = f"{self.c} * {spec.g} + {j}" if spec.g > 1 else self.c  # the first of its stack
         self.row0 = f"({at}) % {tiles} * {t.tq}" if tiles > 1 else "0"
         self.kv = f"({at}) // {per_kv}"  # the flat (batch, K / V head)
         self.slot = f"({at}) % 2"
@@ -76,13 +91,21 @@ class _Item:
         self.new_batch = f"({at}) % {per_batch} == 0"
         mb = spec.mask_shape[0] if spec.mask_shape else 1
         self.mask_slot = f"({at}) // {per_batch} % 2" if mb > 1 else "0"  # a mask per batch: two copies
+        # under a causal triangle of offset c: the keys up to the last row's diagonal, and the
+        # triangle's columns from the first row's diagonal + 1 (attention_tiles.tile_keys, band_width)
+        c, sk, tq = spec.causal, spec.sk, t.tq
+        self.keys = str(sk)
+        if c is not None:
+            self.keys = str(min(sk, tq + c)) if tiles == 1 else f"T.min({sk}, {self.row0} + {tq + c})"
+            self.band_at = f"{self.row0} + {c + 1}"
+            self.band = str(min(tq - 1, sk - c - 1)) if tiles == 1 else f"T.min({tq - 1}, {sk - c - 1} - {self.row0})"
 
 
 def rows_script(spec, t: RowTiling) -> str:
     """The TVMScript text of the kernel (module docstring)."""
     w = kernel_writer(spec, "attention")
     _allocate(w, spec, t)
-    items = spec.b * spec.hk * spec.g * (t.mp // t.tq)
+    items = spec.b * spec.hk * spec.g // t.stack * (t.mp // t.tq)
     first = _Item(spec, t, "0")
     if t.mask == "whole":  # in the order the first S needs them (V only for its P V)
         _load_whole_mask(w, spec, t, first)
@@ -116,9 +139,9 @@ def _next_items(w: Writer, spec, t: RowTiling, items: int, when: str = "") -> No
     With one copy of K and V, item t + 1 of the same head comes before item t's softmax
     (`when` "same head") and one of a new head after it ("new head"): its K / V load replaces
     what item t's P V GEMM reads."""
-    early = scale_at(spec) == "k" and t.kv_copies == 2  # then >= 2 items a group: two K / V copies stay apart
+    per_kv = spec.g // t.stack * (t.mp // t.tq)
+    early = scale_at(spec) == "k" and t.kv_copies == 2 and per_kv > 1  # two K / V copies stay apart
     after, later = (_Item(spec, t, f"T.min(t + {k}, {items - 1})") for k in (1, 2))
-    per_kv = spec.g * (t.mp // t.tq)
     only = {"": "", "same head": f" and (t + 1) % {per_kv} != 0", "new head": f" and (t + 1) % {per_kv} == 0"}[when]
     w.add(f"if t + 1 < {items}{only}:")
     w.depth += 1
@@ -157,7 +180,7 @@ def _scale_k(w: Writer, spec, item: _Item, indent: str = "") -> None:
 
 def _allocate(w: Writer, spec, t: RowTiling) -> None:
     """Two copies of every per-item buffer (a leading axis of 2), K and V per K / V head."""
-    tq, sk, d, dv = t.tq, spec.sk, spec.d, spec.dv
+    tq, sk, d, dv = t.rows, spec.sk, spec.d, spec.dv
     for name, shape in (("kt", (t.kv_copies, d, sk)), ("v", (t.kv_copies, sk, dv)), ("q", (2, tq, t.q_stride)),
                         ("s", (score_copies(spec), tq, t.p_stride)), ("m", (2, tq)), ("l", (2, tq)), ("inv", (2, tq)),
                         ("o", (2, tq, dv)), ("res", (2, tq, dv))):
@@ -166,10 +189,19 @@ def _allocate(w: Writer, spec, t: RowTiling) -> None:
         _, mhk, mg, msq, msk = spec.mask_shape
         w.alloc("mask_all", (2 if spec.mask_shape[0] > 1 else 1, mhk * mg, t.mp if msq > 1 else 1, msk))
     elif t.mask == "tile":
-        w.alloc("mask_tile", (2, tq if spec.mask_shape[3] > 1 else 1, spec.mask_shape[4]))
+        w.alloc("mask_tile", (2, t.tq if spec.mask_shape[3] > 1 else 1, spec.mask_shape[4]))
     # the PE array's other operand: ones (the row sums P 1; a mask row 1 m or column m 1)
     w.alloc("ones", (max(sk, tq),))
     w.add(fill("ones", 1, max(sk, tq), max(sk, tq), 1.0))
+    if spec.causal is not None and t.tq > 1:  # the triangle: band[i, z] = -inf where z >= i, else 0
+        q = t.tq  # (once per head of a stack: rows y q + i)
+        w.alloc("band", (tq, q - 1))
+        w.add(fill("band", tq, q - 1, q - 1, float("-inf")))
+        if t.stack == 1:
+            w.add(f"for z in range({q - 1}):", "    " + fill("band", 1, "z + 1", q - 1, 0.0, offset=f"(z + 1) * {q - 1}"))
+        else:
+            w.add(f"for y, z in T.grid({t.stack}, {q - 1}):",
+                  "    " + fill("band", 1, "z + 1", q - 1, 0.0, offset=f"(y * {q} + z + 1) * {q - 1}"))
 
 
 def _load_kv(w: Writer, spec, item: _Item, which: str = "kv") -> None:
@@ -197,8 +229,12 @@ def _load_whole_mask(w: Writer, spec, t: RowTiling, item: _Item, indent: str = "
 def _load_q(w: Writer, spec, t: RowTiling, item: _Item) -> None:
     """The item's Q tile (zero rows past the sequence) [and its mask tile]."""
     row = f"{item.row0} + i"
-    w.add(f"for i, e in T.grid({t.tq}, {spec.d}):",
-          f"    q[{item.slot}, i, e] = {guarded(row, spec.sq, t.tq, element(spec, 'lhs', item.n, item.head, row, 'e'))}")
+    if t.stack == 1:
+        w.add(f"for i, e in T.grid({t.tq}, {spec.d}):",
+              f"    q[{item.slot}, i, e] = {guarded(row, spec.sq, t.tq, element(spec, 'lhs', item.n, item.head, row, 'e'))}")
+    else:  # the stack's heads one under the other
+        load = guarded(row, spec.sq, t.tq, element(spec, 'lhs', item.n, f"{item.head} + y", row, 'e'))
+        w.add(f"for y, i, e in T.grid({t.stack}, {t.tq}, {spec.d}):", f"    q[{item.slot}, y * {t.tq} + i, e] = {load}")
     if t.mask == "tile":
         _load_mask_tile(w, spec, t, item)
 
@@ -217,7 +253,7 @@ def _scores(w: Writer, spec, t: RowTiling, item: _Item, scale_k: bool = False) -
     whole tiles, S = mask + Q Kᵀ: the mask copied into S (VFUNC identity: one read a score, where
     an ELTWISE add reads two) and the GEMM accumulating onto it, which rounds fl(Q Kᵀ) + mask as
     the ELTWISE did. The copy comes first: the mask is the first load (rows_script)."""
-    tq, qs, ps = t.tq, t.q_stride, t.p_stride
+    tq, qs, ps = t.rows, t.q_stride, t.p_stride
     q = ("q", f"{item.slot} * {tq * qs}", qs)
     s = ("s", f"{item.s_slot} * {tq * ps}", ps)
     if mask_in_gemm(spec):
@@ -229,14 +265,14 @@ def _scores(w: Writer, spec, t: RowTiling, item: _Item, scale_k: bool = False) -
         _scale_k(w, spec, item)
     if scale_at(spec) == "q":
         w.add(vfunc("identity", tq, spec.d, q, q, scale=spec.scale))
-    w.add(call("cgra_gemm", flags=GEMM_ACCUMULATE if mask_in_gemm(spec) else 0, dtype=F32, m=tq, n=spec.sk,
+    w.add(call("cgra_gemm", flags=GEMM_ACCUMULATE if mask_in_gemm(spec) else 0, dtype=F32, m=tq, n=item.keys,
                 k=spec.d, a_addr=q[:2], a_stride=qs, b_addr=("kt", f"{item.kv_slot} * {spec.d * spec.sk}"),
                 b_stride=spec.sk, acc_addr=s[:2], acc_stride=ps))
     if mask_on_pe(spec):  # S + a mask row (1 m) or column (m 1): fl(S + m), as the ELTWISE add rounds
         mask = _mask_operand(spec, t, item)
         ones = ("ones", 0)
         row = spec.mask_shape[3] == 1
-        w.add(gemm(True, tq, spec.sk, 1, ones + (1,) if row else mask[:2] + (1,), mask[:2] + (spec.sk,) if row
+        w.add(gemm(True, tq, item.keys, 1, ones + (1,) if row else mask[:2] + (1,), mask[:2] + (spec.sk,) if row
                    else ones + (spec.sk,), s))
 
 
@@ -261,11 +297,13 @@ def _softmax(w: Writer, spec, t: RowTiling, item: _Item, items: int) -> None:
     the PE array's in-order queue holds it behind the previous item's P V GEMM, and the exp would
     wait for that every item. The last item's sums are a REDUCE all the same: the vector unit has
     nothing else left to do, and its sums then run beside that item's P V GEMM, not before it."""
-    tq, sk, ps, dv = t.tq, spec.sk, t.p_stride, spec.dv
+    tq, sk, ps, dv = t.rows, item.keys, t.p_stride, spec.dv
     s = ("s", f"{item.s_slot} * {tq * ps}", ps)
     m = ("m", f"{item.slot} * {tq}", 1)
     if spec.mask_shape and not mask_in_gemm(spec) and not mask_on_pe(spec):
         w.add(eltwise("add", tq, sk, s + (1,), _mask_operand(spec, t, item), s))
+    if spec.causal is not None and t.tq > 1:
+        _add_band(w, spec, t, item, s)
     w.add(fill("m", tq, 1, 1, LOWEST if spec.safe else float("-inf"), offset=m[1]),
           reduce("max", tq, sk, s, m[:2]),
           eltwise("subtract", tq, sk, s + (1,), m + (0,), s),
@@ -279,20 +317,40 @@ def _softmax(w: Writer, spec, t: RowTiling, item: _Item, items: int) -> None:
         w.add(gemm(False, tq, 1, sk, s, ("ones", 0, 1), l + (1,)))
     else:
         w.add(*on_vector)
-    w.add(gemm(False, tq, dv, sk, s, ("v", f"{item.kv_slot} * {sk * dv}", dv), ("o", f"{item.slot} * {tq * dv}", dv)))
+    w.add(gemm(False, tq, dv, sk, s, ("v", f"{item.kv_slot} * {spec.sk * dv}", dv), ("o", f"{item.slot} * {tq * dv}", dv)))
+
+
+def _add_band(w: Writer, spec, t: RowTiling, item: _Item, s: tuple) -> None:
+    """The causal triangle added to the item's scores where it crosses their columns (none for a
+    tile whose rows all see every key): -inf above the diagonal, exactly as the mask's add."""
+    tq, c = t.tq, spec.causal
+    band = eltwise("add", t.rows, item.band, ("s", f"{s[1]} + {item.band_at}", s[2], 1), ("band", 0, tq - 1, 1),
+                   ("s", f"{s[1]} + {item.band_at}", s[2]))
+    if (t.mp // tq) * tq + c <= spec.sk:  # every tile's triangle whole inside the keys
+        w.add(band)
+    elif t.mp // tq == 1:
+        if spec.sk - c - 1 > 0:
+            w.add(band)
+    else:
+        w.add(f"if {item.row0} < {spec.sk - c - 1}:", "    " + band)
 
 
 def _normalise(w: Writer, spec, t: RowTiling, item: _Item) -> None:
     """O * 1 / l of the item, stored (its rows inside the sequence)."""
-    tq, dv = t.tq, spec.dv
+    tq, dv = t.rows, spec.dv
     at = f"{item.slot} * {tq * dv}"
     column = ("l", f"{item.slot} * {tq}", 1)
     w.add(vfunc("reciprocal", tq, 1, column, ("inv",) + column[1:], offset=TINY if spec.safe else None))
     w.add(eltwise("multiply", tq, dv, ("o", at, dv, 1), ("inv", f"{item.slot} * {tq}", 1, 0), ("res", at, dv)))
     row = f"{item.row0} + i"
-    stored_at = element(spec, "out", item.n, item.head, row, "e")
-    w.add(f"for i, e in T.grid({tq}, {dv}):")
-    if spec.sq % tq:
-        w.add(f"    if {row} < {spec.sq}:", f"        {stored_at} = res[{item.slot}, i, e]")
+    q = t.tq
+    if t.stack == 1:
+        stored_at, res = element(spec, "out", item.n, item.head, row, "e"), f"res[{item.slot}, i, e]"
+        w.add(f"for i, e in T.grid({q}, {dv}):")
+    else:  # the stack's heads one under the other
+        stored_at, res = element(spec, "out", item.n, f"{item.head} + y", row, "e"), f"res[{item.slot}, y * {q} + i, e]"
+        w.add(f"for y, i, e in T.grid({t.stack}, {q}, {dv}):")
+    if spec.sq % q:
+        w.add(f"    if {row} < {spec.sq}:", f"        {stored_at} = {res}")
     else:
-        w.add(f"    {stored_at} = res[{item.slot}, i, e]")
+        w.add(f"    {stored_at} = {res}")

@@ -26,7 +26,8 @@ from tvm.relax.dpl import is_const, is_op, wildcard
 
 from ...errors import UnsupportedOperator
 from ..family import OpFamily
-from .half_norms import half_norm_dtype, half_norm_patterns, half_steps
+from .half_norms import (half_layer_norm_dtype, half_layer_norm_input, half_layer_norm_patterns, half_layer_steps,
+                         half_norm_dtype, half_norm_patterns, half_steps)
 from .rows import RowSpec, Step, choose_row_tiling, last_axis, read_rows, row_compute, schedule_rows
 
 
@@ -49,8 +50,9 @@ def steps_of(spec: RowSpec) -> tuple:
             Step("squares", "reduce", "sum_squares", ("centred",)),
             Step("scale", "vfunc", "rsqrt", ("squares",), inverse_n, spec.eps),
             Step("normed", "eltwise", "multiply", ("centred", "scale")))
-    return steps + ((Step("scaled", "eltwise", "multiply", ("normed", "gamma")),
-                     Step("layer_norm", "eltwise", "add", ("scaled", "beta"))) if spec.row_roles else ())
+    steps += ((Step("scaled", "eltwise", "multiply", ("normed", "gamma")),
+               Step("layer_norm", "eltwise", "add", ("scaled", "beta"))) if spec.row_roles else ())
+    return half_layer_steps(steps, spec.out_dtype, spec.in_dtype) if spec.out_dtype != "float32" else steps
 
 
 def _patterns() -> list:
@@ -61,7 +63,7 @@ def _patterns() -> list:
     x1, gamma1, beta1, weight1 = wildcard(), is_const(), is_const(), is_const()
     layer1 = is_op("relax.nn.layer_norm")(x1, gamma1, beta1)
     rms1 = is_op("relax.nn.rms_norm")(x1, weight1)
-    return half_norm_patterns() + [("cgra.layer_norm_plain", layer1, {"root": layer1, "lhs": x1, "gamma": gamma1, "beta": beta1}),
+    return half_norm_patterns() + half_layer_norm_patterns() + [("cgra.layer_norm_plain", layer1, {"root": layer1, "lhs": x1, "gamma": gamma1, "beta": beta1}),
             ("cgra.rms_norm_plain", rms1, {"root": rms1, "lhs": x1, "weight": weight1}),
             ("cgra.layer_norm", layer, {"root": layer, "lhs": x, "gamma": gamma, "beta": beta}),
             ("cgra.rms_norm", rms, {"root": rms, "lhs": x, "weight": weight})]
@@ -79,13 +81,15 @@ def _plain(kind: str, annotated: dict, roles: tuple) -> None:
 
 def norm_spec(name: str, annotated: dict) -> RowSpec:
     """The RowSpec of a layer norm or RMSNorm over the last axis, its row operands one value a column."""
-    half = half_norm_dtype(annotated) if name.startswith("cgra.rms_norm_half") else "float32"
+    half = half_norm_dtype(annotated) if name.startswith("cgra.rms_norm_half") else \
+        half_layer_norm_dtype(annotated) if name.startswith("cgra.layer_norm_half") else "float32"
+    in_dtype = half_layer_norm_input(annotated) if name.startswith("cgra.layer_norm_half") else "float32"
     if half != "float32":
         annotated = dict(annotated, root=annotated["norm"])
-        name = "cgra.rms_norm"
+        name = name.partition("_half")[0]
     kind = name.removeprefix("cgra.").removesuffix("_plain")
     x, root = annotated["lhs"], annotated["root"]
-    shape, rows, cols, symbols = read_rows(x, kind)
+    shape, rows, cols, symbols = read_rows(x, kind, dtype=in_dtype)
     last_axis(list(root.attrs.axes), len(shape), kind)
     roles = ("gamma", "beta") if kind == "layer_norm" else ("weight",) if half == "float32" else \
         ("weight",) if "ones" in annotated else ("norm_weight", "weight")
@@ -101,7 +105,8 @@ def norm_spec(name: str, annotated: dict) -> RowSpec:
     row_roles = () if name.endswith("_plain") else roles
     spec = RowSpec(kind, kind, shape, shape, rows, cols, float(root.attrs.epsilon), row_roles,
                    param_roles=("lhs", *roles), source_ops=(f"nn.{kind}",), symbols=symbols, out_dtype=half,
-                   role_dtypes=(("weight", half),) if half != "float32" else ())
+                   role_dtypes=(("weight", half),) if half != "float32" and kind == "rms_norm" else (),
+                   in_dtype=in_dtype)
     return dataclasses.replace(spec)
 
 

@@ -79,6 +79,7 @@ class RowSpec:
     # the row roles not float32.
     out_dtype: str = F32
     role_dtypes: tuple = ()
+    in_dtype: str = F32  # x's: float32, or a 16-bit float a first "cast" step widens (half_norms.py)
     dtype = F32
     acc_dtype = F32
     macs = 0
@@ -158,7 +159,7 @@ def row_compute(spec, tiling: Tiling, steps, out_shape: tuple):
         rows = math.prod(dim_var(names[axis]) if axis in names else extent
                          for axis, extent in enumerate(spec.shape[:-1]))
         mp = tirx.ceildiv(rows, tiling.tm) * tiling.tm
-    x = te.placeholder((rows, width_of), F32, name="lhs")
+    x = te.placeholder((rows, width_of), getattr(spec, "in_dtype", F32), name="lhs")
     inputs, tensors = {"lhs": x}, {"x": te.compute((mp, cols), lambda i, j: padded(x, (rows, width_of), (i, j)),
                                                    name="a_pad")}
     for role in spec.row_roles:
@@ -244,11 +245,12 @@ def step_cycles(arch: HardwareDescription, steps, kinds: dict, tm: int, cols: in
 
 
 def choose_row_tiling(spec, arch: HardwareDescription, steps) -> Tiling:
-    """tm whole rows a tile: the fitting tm with the fewest estimated cycles (the first tile's
-    load, steps and store, then per further tile the slowest of the DMA and the vector unit).
+    """tm whole rows a tile: the fitting tm (the row count, its halvings, or one row: a decode
+    step's scores over a long cache) with the fewest estimated cycles (the first tile's load,
+    steps and store, then per further tile the slowest of the DMA and the vector unit).
     Rows too long for that: passes over tm x tn tiles (rows_long.py), tn the largest divisor of
     the row that fits."""
-    fitting = [tm for tm in halvings(spec.rows) if footprint(spec, steps, tm) <= arch.spad_bytes]
+    fitting = [tm for tm in (*halvings(spec.rows), 1) if footprint(spec, steps, tm) <= arch.spad_bytes]
     kinds = shapes_of(steps, spec.row_roles)
     if not fitting and spec.symbols:
         row = dict(spec.symbols).get(len(spec.shape) - 1)
@@ -257,7 +259,7 @@ def choose_row_tiling(spec, arch: HardwareDescription, steps) -> Tiling:
         raise ScratchpadTooSmall(f"{spec.kind}: a row of {spec.cols} float32{held} does not fit the "
                                  f"{arch.spad_bytes}-byte scratchpad of '{arch.name}' with its intermediates; the "
                                  f"passes over column tiles take static shapes only ({fix}bind the symbolic sizes)")
-    if not fitting and getattr(spec, "out_dtype", F32) != F32:
+    if not fitting and (getattr(spec, "out_dtype", F32) != F32 or getattr(spec, "in_dtype", F32) != F32):
         raise ScratchpadTooSmall(f"{spec.kind}: a row of {spec.cols} float32 written as {spec.out_dtype} does not "
                                  f"fit the {arch.spad_bytes}-byte scratchpad of '{arch.name}' whole (the passes "
                                  "over column tiles write float32): describe a larger scratchpad")
@@ -321,6 +323,12 @@ def schedule_rows(sch, spec, tiling: Tiling, steps) -> None:
         sch.compute_at(block, outer)
         sch.set_scope(block, 0, SPAD)
     tm, cols = tiling.tm, spec.cols
+    if tm == 1:  # compute_at dropped the tile's row loop too: a unit loop in its place
+        for step in steps:
+            block, full = sch.get_sblock(step.name), step.kind == "reduce" or kinds[step.name] == "full"
+            loops = sch.get_loops(block)
+            if len(loops) < (3 if full and cols > 1 else 2):
+                sch.add_unit_loop(loops[1] if len(loops) > 1 else block)
     # A column's tile has a column loop of extent 1, which compute_at dropped: a unit loop
     # above the block (or above the reduction's column loop) gives each nest the intrinsic's.
     for step in steps:
@@ -328,7 +336,8 @@ def schedule_rows(sch, spec, tiling: Tiling, steps) -> None:
         width = cols if kinds[step.name] == "full" else 1
         if step.kind == "reduce":
             init = sch.decompose_reduction(block, sch.get_loops(block)[1])
-            sch.add_unit_loop(init)
+            while len(sch.get_loops(init)) < 3:  # its (tm, 1) tile: a unit column, and a unit row at tm 1
+                sch.add_unit_loop(init)
             sch.tensorize(sch.get_loops(init)[1], get_intrin("fill", tm, 1, F32,
                                                              value=tirx.const(reduce_start(step.func), F32)))
             loops = sch.get_loops(block)
@@ -341,8 +350,9 @@ def schedule_rows(sch, spec, tiling: Tiling, steps) -> None:
         first = sch.get_loops(block)[1]
         if step.kind == "vfunc":
             sch.tensorize(first, get_intrin("vfunc", tm, width, step.func, scale=step.scale, offset=step.offset))
-        elif step.kind == "cast":
-            sch.tensorize(first, get_intrin("epilogue", tm, width, F32, bias=False, relu=False, residual=False,
+        elif step.kind == "cast":  # of x loaded in a 16-bit float, or of a float32 step
+            source = getattr(spec, "in_dtype", F32) if step.inputs[0] == "x" else F32
+            sch.tensorize(first, get_intrin("epilogue", tm, width, source, bias=False, relu=False, residual=False,
                                             clip=None, zero_point=None, out_dtype=step.dtype))
         else:
             full = {"full": (True, True), "column": (True, False), "row": (False, True)}
