@@ -18,6 +18,8 @@ from .kernels.common.dynamic import rebind_dimensions
 from .kernels.stage import choose_tiling, define, schedule
 from .lower.dma import lower_copies_to_dma
 from .lower.double_buffer import double_buffer
+from .lower.late_residual import late_residuals
+from .lower.operands_first import operands_first
 from .lower.gemm_rows import split_gemm_rows
 from .lower.hoist_allocs import hoist_allocations
 from .lower.stream_panel import stream_panels
@@ -93,6 +95,10 @@ def lowering_passes() -> list:
         func_pass(split_gemm_rows, "cgra.SplitGemmRows"),
         # Two copies of each scratchpad tile reused by a loop (three where a loop asks), so DMA overlaps compute.
         func_pass(double_buffer, "cgra.DoubleBuffer"),
+        # A tile's residual loads, and its epilogue runs, in the next tile, where the load engine has room.
+        func_pass(late_residuals, "cgra.LateResiduals"),
+        # The loads a tile's GEMM reads ahead of those only its epilogue reads (RoPE's tables).
+        func_pass(operands_first, "cgra.OperandsFirst"),
         s_tir.transform.StmtSimplify(),  # fold the index arithmetic of the remaining calls
         tirx.transform.FlattenBuffer(),  # N-d buffers -> 1-d, for the code generator
         tirx.transform.StmtSimplify(),

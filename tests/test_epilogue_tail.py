@@ -374,3 +374,16 @@ def test_a_linear_then_tanh_is_one_kernel():
         out = run(npu_backend.compile(mod, "cgra-8x8"), inputs)
     _check(out, ref, "tanh")
     assert [k.name for k in prof.kernels] == ["fused_relax_permute_dims_relax_matmul_relax_add_relax_tanh_cgra"]
+
+
+@pytest.mark.parametrize("s, k, n, act", [(4, 128, 512, "gelu"), (1, 64, 64, "tanh"), (2, 64, 64, "gelu")])
+def test_a_few_rows_activation_hidden_by_the_weight_load_is_one_kernel(s, k, n, act):
+    """A linear of a few rows (ConvNeXt's last stage: 4 tokens, fc1 + GELU; a pooler's one row +
+    tanh) pads its rows to a whole tile, and the activation over the padding costs more than the
+    activation alone; but its weights' load is longer than the whole padded tail, which runs beside
+    it: one kernel (4 x 128 x 512: 17,442 cycles against 17,228 + 2,556 as two on cgra-8x8)."""
+    mod, inputs, ref = linear_model(s, k, n, act=act, bias=True)
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(mod, "cgra-8x8"), inputs)
+    _check(out, ref, act)
+    assert len(prof.kernels) == 1, [k.name for k in prof.kernels]

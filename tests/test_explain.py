@@ -162,3 +162,22 @@ def test_a_host_op_without_a_kernel_names_every_registered_familys_ops():
     with registry.registered(extra):
         (placement,) = npu_backend.explain(mod, "cgra-8x8")
     assert "test_cos: cos" in placement.reason
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_the_host_reason_of_a_norm_reads_its_gamma_beta_and_weight_by_name(op):
+    """A norm left on the host (here asked directly) is priced by its family's spec, which reads
+    gamma / beta / weight by name: explain gave only lhs and rhs and raised KeyError 'gamma'."""
+    from npu_backend.tools.explain import _host_reason
+
+    x = relax.Var("x", relax.TensorType((4, 6, 8), "float32"))
+    g, b = (relax.Var(n, relax.TensorType((8,), "float32")) for n in "gb")
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, g, b]):
+        with bb.dataflow():
+            norm = relax.op.nn.layer_norm(x, g, b, axes=[-1]) if op == "layer_norm" else relax.op.nn.rms_norm(x, g)
+            out = bb.emit_output(norm)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    call = mod["main"].body.blocks[0].bindings[0].value
+    assert isinstance(_host_reason(mod, call, npu_backend.load_arch("cgra-8x8")), str)

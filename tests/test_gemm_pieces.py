@@ -75,7 +75,7 @@ def test_the_estimate_in_pieces_is_the_simulators_cycles(m, n, k, residual):
     _, prof = _profiled(mod, inputs, "cgra-8x8")
     tiling = _tiling(m, n, k, residual, "cgra-8x8")
     estimate = estimate_cycles(tiling, "float32", 4, 4, npu_backend.load_arch("cgra-8x8"), residual,
-                               init_folded=True, a_panel=True, piece_rows=tiling.epilogue_rows)
+                               init_folded=True, a_panel=True, piece_rows=tiling.epilogue_rows, as_lowered=True)
     assert abs(estimate - prof.total_cycles) <= 0.015 * prof.total_cycles, (tiling, estimate, prof.total_cycles)
 
 
@@ -91,7 +91,8 @@ def test_matmuls_in_pieces_match_numpy(m, n, k, residual, relu):
 def test_a_streamed_panel_loads_each_a_step_once_in_the_first_column_tile():
     """32 x 64 x 64 float32 on cgra-8x8 (a transformer's q / o projection at 32 tokens): A's panel
     comes a 16-deep step at a time with the first column tile's B steps (lower/stream_panel.py),
-    so the first GEMM waits for one step, and the second column tile loads only B."""
+    so the first GEMM waits for one step's B and its first rows of A, and the second column tile
+    loads only B."""
     mod, inputs, ref = matmul_model(32, 64, 64, bias=False, relu=False, transposed=True)
     out, prof = _profiled(mod, inputs, "cgra-8x8")
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
@@ -104,7 +105,11 @@ def test_a_streamed_panel_loads_each_a_step_once_in_the_first_column_tile():
             args = command_args(record)
             loads.setdefault(args["slot"], []).append(tuple(args["origin"]))
     a_boxes, b_boxes = loads[1], loads[0]
-    assert len(a_boxes) == len(set(a_boxes)) == 64 // tiling.tk  # each step of A once
+    # each step of A once, in pieces of the epilogue's rows (lower/gemm_rows.py)
+    assert len(a_boxes) == len(set(a_boxes)) == 64 // tiling.tk * (tiling.tm // tiling.epilogue_rows)
     assert len(b_boxes) == (64 // tiling.tn) * (64 // tiling.tk)
     first_gemm = [i for i, record in enumerate(launch.commands) if int(record[0]) == Op.GEMM][0]
-    assert sum(int(record[0]) == Op.DMA_LOAD for record in launch.commands[:first_gemm]) == 2  # one step's A and B
+    # one step's B, then its A a piece of rows at a time (lower/gemm_rows.py)
+    first = [command_args(record) for record in launch.commands[:first_gemm] if int(record[0]) == Op.DMA_LOAD]
+    assert [args["slot"] for args in first] == [0] + [1] * (tiling.tm // tiling.epilogue_rows)
+    assert [args["origin"][0] for args in first[1:]] == list(range(0, tiling.tm, tiling.epilogue_rows))

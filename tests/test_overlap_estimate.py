@@ -104,7 +104,7 @@ def _estimate(spec, tiling, arch, inputs) -> int:
         taps = spec.rhs_shape[2] * spec.rhs_shape[3] if spec.op == "conv2d" else 1
         return gemm_estimate_cycles(tiling, spec.dtype, _itemsize(spec.dtype), _itemsize(spec.acc_dtype), arch,
                                     bool(spec.residual_shape), taps=taps, init_folded=True,
-                                    a_panel=may_hold_a_panel(spec), piece_rows=tiling.epilogue_rows)
+                                    a_panel=may_hold_a_panel(spec), piece_rows=tiling.epilogue_rows, as_lowered=True)
     if isinstance(spec, KernelSpec) and spec.op == "depthwise":
         return estimate_depthwise_cycles(spec, tiling, arch)
     if isinstance(spec, KernelSpec) and spec.pool is not None and spec.symbolic_image:

@@ -83,6 +83,30 @@ def test_the_key_holds_the_small_constants_not_the_weights():
     assert key(weight, 2.0) != key(weight[:4], 2.0)  # and every shape
 
 
+def _layer_norm(gamma):
+    """layer_norm over (32, 128) with a constant gamma of 128 values and zero beta."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((32, 128), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.layer_norm(x, relax.const(gamma), relax.const(np.zeros(128, "float32")),
+                                                        axes=[-1]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_norm_with_weights_after_the_same_norm_with_ones_keeps_its_kernel(tried):
+    """The plain norm's check reads whether gamma is all ones (128 values, more than the 64 of a
+    small constant): vectors are in the key, so the plan made with ones (the plain pattern
+    only) is not the weighted norm's, which stayed on the host after it."""
+    ones, weights = np.ones(128, "float32"), RNG.standard_normal(128).astype(np.float32)
+    assert fingerprint(_layer_norm(ones), ModuleCalls(_layer_norm(ones))) != \
+        fingerprint(_layer_norm(weights), ModuleCalls(_layer_norm(weights)))
+    for gamma in (ones, weights):
+        placements = npu_backend.explain(_layer_norm(gamma), "cgra-8x8")
+        assert all(p.where == "npu" for p in placements), [(p.op, p.reason) for p in placements]
+
+
 def test_a_damaged_plan_is_ignored_and_a_wrong_one_costs_kernels_not_results(tried, tmp_path):
     mod = _conv_divide(_weight(), 4.0)
     _partition(mod)

@@ -17,11 +17,12 @@ from models import run
 from npu_backend.normalise.qkv_merges import qkv_merged
 
 
-def projections_model(heads, s=8, k=16, d=4, bias=False, inputs=1, extra_reader=False, seed=0):
+def projections_model(heads, s=8, k=16, d=4, bias=False, inputs=1, extra_reader=False, seed=0, windows=1):
     """main(x[, x2]): for each entry of `heads`, linear(x, W_i [+ b_i]) cut into heads_i heads of
     `d` and transposed to (1, heads_i, s, d) as torch.export writes HF's q / k / v projections;
     out: the parts concatenated along the head axis (with `extra_reader`, plus the first
-    projection's output read once more). Returns (module, input arrays)."""
+    projection's output read once more; `windows`: the s rows cut into that many windows of
+    tokens, (windows, s / windows, heads_i, d), as Swin's are). Returns (module, input arrays)."""
     rng = np.random.default_rng(seed)
     xs = [rng.standard_normal((1, s, k)).astype("float32") for _ in range(inputs)]
     params = [relax.Var(f"x{i}", relax.TensorType((1, s, k), "float32")) for i in range(inputs)]
@@ -36,8 +37,8 @@ def projections_model(heads, s=8, k=16, d=4, bias=False, inputs=1, extra_reader=
                 if bias:
                     y = bb.emit(relax.op.add(relax.const(rng.standard_normal(h * d).astype("float32")), y))
                 first = y if first is None else first
-                y3 = bb.emit(relax.op.reshape(y, (1, s, h * d)))
-                y4 = bb.emit(relax.op.reshape(y3, (1, s, h, d)))
+                y3 = bb.emit(relax.op.reshape(y, (windows, s // windows, h * d)))
+                y4 = bb.emit(relax.op.reshape(y3, (windows, s // windows, h, d)))
                 parts.append(bb.emit(relax.op.permute_dims(y4, [0, 2, 1, 3])))
             out = bb.emit(relax.op.concat(parts, axis=1))
             if extra_reader:
@@ -64,6 +65,16 @@ def test_merged_projections_equal_the_separate_ones(heads, d, s, bias, seed):
     mod, xs = projections_model(heads, s=s, d=d, bias=bias, seed=seed)
     merged = qkv_merged(mod)
     assert matmuls(mod) == len(heads) and matmuls(merged) == 1
+    np.testing.assert_allclose(on_host(merged, xs), on_host(mod, xs), rtol=1e-6, atol=1e-6)
+
+
+@given(heads=st.lists(st.integers(1, 3), min_size=2, max_size=3), windows=st.sampled_from([2, 4]),
+       tokens=st.integers(1, 4), bias=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_swins_windowed_projections_merge_too(heads, windows, tokens, bias, seed):
+    """Swin's projections of windows of tokens, read as (windows, tokens, heads, d)."""
+    mod, xs = projections_model(heads, s=windows * tokens, d=4, bias=bias, seed=seed, windows=windows)
+    merged = qkv_merged(mod)
+    assert matmuls(merged) == 1
     np.testing.assert_allclose(on_host(merged, xs), on_host(mod, xs), rtol=1e-6, atol=1e-6)
 
 

@@ -30,21 +30,27 @@ def _tables(positions, rotary, base=10000.0):
     return cos, sin, signed
 
 
-def _graph(s, k, heads, kv_heads, d, rotary, bias, positions, seed, leak=False):
+def _graph(s, k, heads, kv_heads, d, rotary, bias, positions, seed, leak=False, norm=None, offset=0.0):
     """The merged projection (q heads, then k, then v) and its rotary as normalise leaves it: per
     q / k part x * cos + concat(x[h:], x[:h]) * signed sin over the first `rotary` dims, the rest
-    passed through (concat), v a plain part; `leak`: q's unrotated part is an output too.
-    Returns (module, input, expected outputs)."""
+    passed through (concat), v a plain part; `leak`: q's unrotated part is an output too; `norm`
+    ("rms_norm", "layer_norm"): the projection reads x's pre-norm (random gamma and beta), x
+    drawn around `offset`. Returns (module, input, expected outputs: float64)."""
     rng = np.random.default_rng(seed)
     total = heads + 2 * kv_heads
     w = rng.standard_normal((total * d, k)).astype(np.float32)
     b = rng.standard_normal(total * d).astype(np.float32)
+    gamma = rng.uniform(0.5, 1.5, k).astype(np.float32)
+    beta = rng.standard_normal(k).astype(np.float32) if norm == "layer_norm" else np.zeros(k, np.float32)
     cos, sin, signed = _tables(positions, rotary)
     x = relax.Var("x", relax.TensorType((s, k), "float32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
-            y = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(relax.const(w))), out_dtype="float32"))
+            lhs = x if norm is None else bb.emit(
+                relax.op.nn.rms_norm(x, relax.const(gamma), axes=[-1], epsilon=1e-6) if norm == "rms_norm" else
+                relax.op.nn.layer_norm(x, relax.const(gamma), relax.const(beta), axes=[-1], epsilon=1e-5))
+            y = bb.emit(relax.op.matmul(lhs, bb.emit(relax.op.permute_dims(relax.const(w))), out_dtype="float32"))
             if bias:
                 y = bb.emit(relax.op.add(y, relax.const(b)))
             y4 = bb.emit(relax.op.reshape(y, (1, s, total, d)))
@@ -68,8 +74,13 @@ def _graph(s, k, heads, kv_heads, d, rotary, bias, positions, seed, leak=False):
                 y4, [2], [heads + kv_heads], [total])), [0, 2, 1, 3])))
             out = bb.emit_output(relax.Tuple(outs))
         bb.emit_func_output(out)
-    data = rng.standard_normal((s, k)).astype(np.float32)
-    heads_first = (data @ w.T + (b if bias else 0)).reshape(s, total, d).transpose(1, 0, 2).astype(np.float64)
+    data = (rng.standard_normal((s, k)) + offset).astype(np.float32)
+    rows = data.astype(np.float64)
+    if norm is not None:
+        rows = rows - rows.mean(-1, keepdims=True) if norm == "layer_norm" else rows
+        eps = 1e-6 if norm == "rms_norm" else 1e-5
+        rows = rows / np.sqrt((rows ** 2).mean(-1, keepdims=True) + eps) * gamma + beta
+    heads_first = (rows @ w.T.astype(np.float64) + (b if bias else 0)).reshape(s, total, d).transpose(1, 0, 2)
     expected = []
     for h0, h1 in ((0, heads), (heads, heads + kv_heads)):
         part = heads_first[h0:h1].copy()
@@ -103,6 +114,31 @@ def test_the_epilogue_matches_numpy(s, heads, kv, d, fraction, bias, start, seed
     assert not any("concat" in name for name in names), names
     for got, want in zip(out, expected):
         assert np.abs(got - want).max() <= 2e-6 * max(1.0, np.abs(want).max()), np.abs(got - want).max()
+
+
+@settings(max_examples=8, deadline=None)
+@given(norm=st.sampled_from(["rms_norm", "layer_norm"]), s=st.integers(1, 40), k=st.sampled_from([16, 64]),
+       heads=st.integers(1, 4), kv=st.integers(1, 2), d=st.sampled_from([8, 16, 32, 64]),
+       fraction=st.sampled_from([1.0, 0.5, 0.25]), bias=st.booleans(), start=st.integers(0, 500),
+       offset=st.sampled_from([0.0, 20.0]), seed=st.integers(0, 2 ** 16))
+def test_a_normed_projection_rotates_its_heads_within_float_rounding(norm, s, k, heads, kv, d, fraction, bias, start,
+                                                                     offset, seed):
+    """The projection reading a pre-norm (RMSNorm, or a layer norm of rows at a mean of 20
+    standard deviations; gamma and beta folded into W and b first) normalises its own A panel
+    and rotates its q and k heads in the epilogue: one kernel, no norm and no RoPE kernel,
+    within 1e-5 of float64 (the norm's bound, test_normed_linears.py)."""
+    rotary = max(2, int(d * fraction)) // 2 * 2
+    mod, data, expected = _graph(s, k, heads, kv, d, rotary, bias, np.arange(start, start + s), seed, norm=norm,
+                                 offset=offset)
+    kernels = {p.kernel.split(" ")[0] for p in npu_backend.explain(mod, "cgra-8x8") if p.kernel}
+    assert f"cgra.linear_{norm}_rope" in kernels, kernels
+    assert not any(kernel.startswith((f"cgra.{norm}", "cgra.rope")) for kernel in kernels), kernels
+    out, prof = _run(mod, data)
+    names = [kernel.name for kernel in prof.kernels]
+    fused = [name for name in names if norm in name or "take" in name]
+    assert len(fused) == 1 and all(op in fused[0] for op in (norm, "matmul", "take")), names
+    for got, want in zip(out, expected):
+        assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), np.abs(got - want).max()
 
 
 def test_the_rotary_becomes_one_op_over_the_projection():
@@ -167,16 +203,22 @@ def test_rope_intrinsics_three_ways(rows, heads, d, fraction, seed):
     np.testing.assert_array_equal(sim[4], tir_out)
 
 
-def test_llama_has_no_rope_kernel():
-    """Hugging Face's Llama (transformer_models.py): each layer's q / k / v projection rotates its
-    q and k heads in its epilogue; no RoPE kernel (concat and multiplies) is left."""
+@pytest.mark.parametrize("name, norm", [("llama", "rms_norm"), ("gpt_neox", "layer_norm")])
+def test_a_decoder_layer_has_no_rope_and_no_pre_norm_kernel(name, norm):
+    """Hugging Face's Llama and GPT-NeoX (transformer_models.py): each layer's q / k / v projection
+    normalises its rows (the layer's first norm) and rotates its q and k heads in one kernel,
+    cgra.linear_<norm>_rope; no RoPE kernel is left, and the only norm kernel is the model's
+    output (its final norm, read by no linear)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from tvm.relax.frontend.torch import from_exported_program
     from transformer_models import build
-    model, inputs = build("llama", tokens=16)
+    model, inputs = build(name, tokens=16)
     with torch.no_grad():
         mod = from_exported_program(torch.export.export(model, inputs))
-    kernels = {p.kernel.split(" ")[0] for p in npu_backend.explain(mod, "cgra-8x8") if p.where != "host"}
-    assert "cgra.linear_rope" in kernels, kernels
+    placements = npu_backend.explain(mod, "cgra-8x8")
+    kernels = {p.kernel.split(" ")[0] for p in placements if p.where != "host"}
+    assert f"cgra.linear_{norm}_rope" in kernels and "cgra.linear_rope" not in kernels, kernels
     assert not any(kernel.startswith("cgra.rope") for kernel in kernels), kernels
+    alone = {p.kernel for p in placements if (p.kernel or "").startswith(f"cgra.{norm}")}
+    assert len(alone) == 1, alone

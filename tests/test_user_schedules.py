@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import npu_backend
 from npu_backend import schedules
 from npu_backend.errors import ScheduleError, ScratchpadTooSmall, UnsupportedOperator
-from npu_backend.kernels.gemm.gemm import gemm_footprint
+from npu_backend.kernels.gemm.gemm_estimate import gemm_footprint
 from npu_backend.tools.workloads import conv2d_model, matmul_model, mismatch, run
 
 ROOT = pathlib.Path(__file__).parent.parent

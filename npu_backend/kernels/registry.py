@@ -39,6 +39,7 @@ from .elementwise.eltwise import ELTWISE
 from .gemm.epilogue import chain_pattern_graphs
 from .gemm.epilogue_tail import tail_graphs
 from .gemm.gated import gated_graphs
+from .gemm.post_norm import post_norm_graphs
 from .gemm.rope_epilogue import rope_graphs
 from .elementwise.fabric import FABRIC
 from .elementwise.rope import ROPE
@@ -153,6 +154,8 @@ def pattern_table() -> tuple[PatternEntry, ...]:
                 for name, pattern, roles, root in gated_graphs([root for root, _ in roots])]
     entries += [PatternEntry(name, pattern, roles, owner[root])
                 for name, pattern, roles, root in rope_graphs([root for root, _ in roots])]
+    entries += [PatternEntry(name, pattern, roles, owner[root])  # before the tails, which would take its sum
+                for name, pattern, roles, root in post_norm_graphs([root for root, _ in roots])]
     entries += [PatternEntry(name, pattern, roles, owner[root])
                 for name, pattern, roles, root in tail_graphs([root for root, _ in roots])]
     entries += [PatternEntry(name, pattern, roles, owner[root])
@@ -275,6 +278,9 @@ def spec_from_composite(func):
             shape_args.append(position)
             continue
         played = roles.get(param, [])
+        if sorted(played) == ["lhs", "residual"] and getattr(spec, "residual_is_lhs", False):
+            param_roles.append("lhs")  # x @ W + x: the residual is read from the lhs (gemm/residual_lhs.py)
+            continue
         if len(played) > 1 and all(role.endswith(SHARED_SOURCE) for role in played):
             param_roles.append("+".join(played))  # one tensor several boxes are read from (composite.py)
             continue

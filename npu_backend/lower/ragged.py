@@ -34,7 +34,8 @@ from ..kernels.common.dynamic import BLOCKS, BOUNDED, CUT_EXTENTS, CUT_LOOP, CUT
 _CALL_EXTERN = "tirx.call_extern"
 #: Device call -> its parameter that counts the tile's rows (the tile loop's axis).
 _ROW_PARAMS = {"cgra_gemm": "m", "cgra_fill": "rows", "cgra_epilogue": "m", "cgra_eltwise": "rows",
-               "cgra_fabric": "rows", "cgra_vfunc": "rows"}  # the last two: a GEMM's activation (epilogue_tail.py)
+               "cgra_fabric": "rows", "cgra_vfunc": "rows",  # these two: a GEMM's activation (epilogue_tail.py)
+               "cgra_reduce": "rows"}  # a GEMM's norm of its A panel's rows (kernels/gemm/row_norm.py)
 _DMA = ("cgra_dma_load", "cgra_dma_store")
 
 

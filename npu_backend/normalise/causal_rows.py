@@ -1,7 +1,9 @@
 """An attention's causal triangle and padding row added to its scores one at a time, not as one
 s x s mask.
 
-Stage: normalise (masks.py calls it, after attentions.py wrote the attention's normal form). In:
+Stage: normalise (masks.py calls it, after attentions.py wrote the attention's normal form; the
+stage passes kernels/attention/attention_tiles.causal_row_fits, whether the chip's attention
+kernel takes the triangle and the row). In:
 `add(x, view(M))` of x's shape where M = add(C, R) is masks.py's split select: C a constant
 causal triangle (0 where key j <= query i + k, -inf elsewhere: attentions.causal_offset) and R
 a padding row of +0 and -inf broadcast along the queries. Out:
@@ -22,9 +24,6 @@ from __future__ import annotations
 
 from tvm import relax
 
-from ..errors import ScratchpadTooSmall
-from ..kernels.attention.attention_tiles import choose_attention_tiling
-from ..kernels.attention.spec import AttentionSpec
 from ..relax_info import static_shape
 from .attentions import causal_offset
 from .chain_match import Chain
@@ -53,7 +52,8 @@ def causal_row_add(rewriter, chain: Chain, call):
     if row_shape[-2] != 1 or offset is None:  # a row the kernel reads, a triangle it builds
         return None
     q_shape = _query_shape(chain, x)
-    if q_shape is None or (rewriter.arch is not None and not _fits(q_shape, shape, offset, row_shape, rewriter.arch)):
+    fits = rewriter.causal_fits  # kernels/attention/attention_tiles.causal_row_fits for the chip
+    if q_shape is None or (fits is not None and not fits(q_shape, shape, offset, row_shape)):
         return None
     causal = relax.const(constant.reshape(causal_shape))
     masked = rewriter.emit(relax.op.add(x, causal))
@@ -68,22 +68,6 @@ def _query_shape(chain: Chain, x):
     scores = chain.call(scaled.args[0], "relax.matmul") if scaled is not None else scores
     q_shape = static_shape(scores.args[0]) if scores is not None else None
     return q_shape if q_shape is not None and len(q_shape) == 5 and len(static_shape(x)) == 5 else None
-
-
-def _fits(q_shape, shape, offset: int, row_shape, arch) -> bool:
-    """Whether the attention of Q's `q_shape` and the scores' `shape` runs as one kernel on `arch`
-    under the triangle and the row (the key-tile kernel needs key tiles that follow the diagonal,
-    kernels/attention/flash_tiles.py; where none does the s x s mask is kept, which it reads as any
-    mask). V's dims are taken as Q's (the partition's own tile search has the real ones)."""
-    if len(row_shape) != 5:
-        return False
-    b, hk, g, sq, d = q_shape
-    spec = AttentionSpec(b, hk, g, sq, shape[4], d, d, mask_shape=tuple(row_shape), safe=True, causal=offset)
-    try:
-        choose_attention_tiling(spec, arch)
-    except ScratchpadTooSmall:
-        return False
-    return True
 
 
 def _split_source(rewriter, chain: Chain, mask):

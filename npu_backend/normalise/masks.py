@@ -73,18 +73,18 @@ _FLT_MAX = np.finfo(np.float32).max
 _ONE_BITS = int(np.float32(1).view(np.int32))  # 0x3F800000
 
 
-def masks_as_float(mod: tvm.IRModule, arch=None) -> tvm.IRModule:
+def masks_as_float(mod: tvm.IRModule, causal_fits=None) -> tvm.IRModule:
     """`mod` with every boolean mask's where and cast computed from its float twin (the boolean
-    ops removed when nothing else reads them); with `arch`, a causal & padding mask is split into
-    an attention's triangle and row only where the attention kernel takes them on it
-    (causal_rows.py)."""
-    rewriter = lambda module: _MaskRewriter(module, arch)  # noqa: E731
+    ops removed when nothing else reads them); with `causal_fits(q_shape, scores_shape, offset,
+    row_shape)` (the chip's attention kernel takes a causal triangle and a mask row), a causal &
+    padding mask is split into an attention's triangle and row where it says so (causal_rows.py)."""
+    rewriter = lambda module: _MaskRewriter(module, causal_fits)  # noqa: E731
     return relax.transform.DeadCodeElimination()(rewrite_functions(mod, rewriter))
 
 
-def masks_pass(arch=None) -> tvm.transform.Pass:
-    """masks_as_float as a normalise pass for `arch`."""
-    return as_pass(lambda mod: masks_as_float(mod, arch), "cgra.MasksAsFloat",
+def masks_pass(causal_fits=None) -> tvm.transform.Pass:
+    """masks_as_float as a normalise pass (`causal_fits`: masks_as_float's)."""
+    return as_pass(lambda mod: masks_as_float(mod, causal_fits), "cgra.MasksAsFloat",
                    ops=("relax.where", "relax.astype", "relax.cumsum"))
 
 
@@ -102,9 +102,9 @@ def _one(dtype: str) -> relax.Expr:
 
 @relax.expr_functor.mutator
 class _MaskRewriter(relax.PyExprMutator):
-    def __init__(self, mod=None, arch=None):
+    def __init__(self, mod=None, causal_fits=None):
         super().__init__(mod)
-        self.arch = arch
+        self.causal_fits = causal_fits
         self.twins, self.selects, self.binary, self.broadcasts = {}, {}, set(), []
         self.splits = {}  # a split select's add(causal constant, row) -> (the constant, the row)
 

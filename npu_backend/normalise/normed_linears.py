@@ -22,7 +22,7 @@ The model's final norm (its output) keeps its kernel.
 from __future__ import annotations
 
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 
 from ..relax_info import dtype_of, shape_dims
 from .rewrite import as_pass, op_name, replace_functions
@@ -67,13 +67,19 @@ def _plain_norm(value) -> bool:
         return False
     dims = shape_dims(value)
     constants = list(zip(value.args[1:], _NORMS[name]))
-    if not dims or not all(isinstance(d, int) for d in dims) or \
+    if not dims or not all(isinstance(d, int) for d in dims[-1:]) or not _rows_static_or_one_length(dims) or \
             not all(isinstance(c, tvm.ir.GenericConst) and (c.value.numpy() == v).all() for c, v in constants):
         return False
     if name == "relax.nn.layer_norm" and not (value.attrs.center and value.attrs.scale):
         return False
     axes = [int(a) % len(dims) for a in value.attrs.axes]
     return axes == [len(dims) - 1]
+
+
+def _rows_static_or_one_length(dims) -> bool:
+    """Static rows, or one symbolic length among them (a prefill's (1, s, C): the GEMM's rows,
+    symbolic_rows.py, which kernels/gemm/row_norm.py normalises as it does static ones)."""
+    return sum(not isinstance(d, int) for d in dims) <= 1 and all(isinstance(d, (int, tirx.Var)) for d in dims)
 
 
 def _matmuls(readers: dict, norm_var, width: int):

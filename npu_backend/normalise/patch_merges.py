@@ -29,8 +29,8 @@ from .norm_folds import _Uses
 from .rewrite import as_pass, op_name, replace_functions
 from .split_slices import strided_box
 from .window_residuals import Edits, fresh_var
+from .window_stems import MAX_AXES  # the most axes a layout copy walks
 
-MAX_AXES = 4  # kernels/layout/layout.py's MAX_RANK: the DMA's tensors
 
 
 def patch_merges(mod: tvm.IRModule) -> tvm.IRModule:

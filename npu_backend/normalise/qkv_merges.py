@@ -142,8 +142,9 @@ def _split_bias(add, values):
 
 
 def _heads_reshape(var, values, uses):
-    """(the variable, head size) of the reshape (1, S, n) -> (1, S, H, D) that alone reads `var`
-    (through one reshape to (1, S, n)), else None."""
+    """(the variable, head size) of the reshape (1, S, n) -> (1, S, H, D) (or, static, (B, T, n) ->
+    (B, T, H, D), B x T = S: Swin's windows of tokens) that alone reads `var` (through one reshape
+    to (1, S, n)), else None."""
     shape = shape_dims(var)  # its rows may be a symbolic length (a prefill's)
     for _ in range(2):
         readers = uses.get(var, ())
@@ -153,10 +154,16 @@ def _heads_reshape(var, values, uses):
         out = shape_dims(var)
         if out is None or shape is None:
             return None
-        if len(out) == 4 and out[0] == 1 and str(out[1]) == str(shape[0]) and \
+        rows = str(shape[0]) if out[0] == 1 else _product(out[0], out[1])  # Swin's (windows, tokens, H, D)
+        if len(out) == 4 and rows == str(shape[0]) and \
                 all(isinstance(d, int) for d in (out[2], out[3], shape[1])) and out[2] * out[3] == shape[1]:
             return var, out[3]
     return None
+
+
+def _product(windows, tokens) -> str | None:
+    """windows x tokens as text, when both are static (else no match)."""
+    return str(windows * tokens) if isinstance(windows, int) and isinstance(tokens, int) else None
 
 
 def _array(expr):

@@ -16,7 +16,7 @@ from tvm import relax
 
 from cgra_sim import function_unit
 
-from ..kernels.attention.attention_tiles import attention_fits
+from ..kernels.attention.attention_tiles import attention_fits, causal_row_fits
 from ..kernels.attention.flash_length import length_fits
 from ..kernels.gemm.int4_matmul import Int4Layer, int4_matmul_kernel
 from ..kernels.gemm.int4_qmatmul import int4_qmatmul_kernel
@@ -58,6 +58,8 @@ from .padding_taps import padding_taps_pass
 from .patch_merges import patch_merges_pass
 from .token_means import token_means_pass
 from .window_residuals import window_residuals_pass
+from .window_sinks import window_sinks_pass
+from .window_stems import window_stems_pass
 from .permute_chains import permute_chains_pass
 from .pool1ds import pool1ds_as_pool2ds_pass
 from .pool_taps import pool_taps_pass
@@ -225,6 +227,12 @@ def normalise_passes(arch=None) -> list:
         # just above), as one transpose of a view: one layout kernel instead of four slices and a
         # concat (patch_merges.py).
         patch_merges_pass,
+        # A window reverse before row-by-row work (Swin's MLP) moved after it and composed with
+        # the copy that follows (its patch merging: window_sinks.py); a partition after row-by-row
+        # work composed with the copy before that work (Swin's stem: window_stems.py). One copy
+        # each instead of two.
+        window_sinks_pass,
+        window_stems_pass,
         # A gate and an up projection of one input (SwiGLU, GeGLU) as one linear over their
         # interleaved weights, the gated unit after it (gated_linears.py): one GEMM kernel, the
         # gate's activations never in DRAM; where the chip's function unit has the activation.
@@ -244,7 +252,7 @@ def normalise_passes(arch=None) -> list:
         mask_positions_pass,
         # A boolean mask's where(m, 0, -inf) and casts as float32 {0, 1} arithmetic, exactly
         # (masks.py): the mask is built on the NPU, once for every layer.
-        masks_pass(arch),
+        masks_pass(None if arch is None else lambda *shapes: causal_row_fits(*shapes, arch)),
         # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast (scalars.py).
         scalar_operands_pass,
         # An elementwise op on a (1, s, C) activation on its (s, C) rows: the kernels' symbolic

@@ -69,8 +69,11 @@ def reads_what_it_computes(context, annotations: dict | None = None) -> bool:
     operands = {role for role, pattern in (annotations or {}).items() if isinstance(pattern, WildcardPattern)}
     # One tensor several boxes are read from (roles "<x>_src": the attention's parts of a merged
     # projection) is one operand in several roles, not a value computed twice.
-    computed = [expr for role, expr in context.annotated_expr.items()
-                if isinstance(expr, relax.Call) and not role.endswith(SHARED_SOURCE)]
+    # Nor is a GEMM's left operand that is also its residual (x @ W + x: kernels/gemm/residual_lhs.py).
+    annotated = context.annotated_expr
+    computed = [expr for role, expr in annotated.items()
+                if isinstance(expr, relax.Call) and not role.endswith(SHARED_SOURCE)
+                and not (role == "residual" and "lhs" in annotated and expr.same_as(annotated["lhs"]))]
     inside = list(context.matched_bindings.values())
     return any(not isinstance(expr, relax.Call) and any(expr.same_as(var) for var in context.matched_bindings)
                or isinstance(expr, relax.Call) and sum(expr.same_as(other) for other in computed) > 1

@@ -41,7 +41,8 @@ class ModuleCalls:
     they call, whether a conv2d among them has groups > 1, and each binding's operands (a
     call's; a tuple's fields and an item's tuple pass through, as the matcher looks through
     them) for the longest run of calls to some operators; and the contents of its constants of
-    at most `small` elements (`small_constants`, for the partition's plan: partition/plans.py)."""
+    at most `small` elements and of its vectors (`small_constants`, for the partition's plan:
+    partition/plans.py)."""
 
     def __init__(self, mod: tvm.IRModule, small: int = 64):
         ops, self.grouped_conv2d = set(), False
@@ -74,7 +75,10 @@ class ModuleCalls:
         tensor = const.value
         if not hasattr(tensor, "shape"):  # a dtype or a shape argument (memory.view's), not a tensor
             return
-        if math.prod(tensor.shape) <= self._small:
+        # Vectors whole as well: a plain norm's check reads whether its gamma is all ones, and
+        # a plan made for gamma = ones would leave out the weighted norm's pattern (its layer to
+        # the host) for a model that differs only there. Vectors are few bytes next to weights.
+        if math.prod(tensor.shape) <= self._small or len(tensor.shape) <= 1:
             self._constants.append(f"{tensor.dtype}{tensor.shape}".encode() + tensor.numpy().tobytes())
 
     @staticmethod

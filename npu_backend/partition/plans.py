@@ -10,8 +10,8 @@ found their operators taken by earlier patterns, which no test short of running 
 In: the module and what `ModuleCalls` read of it. The plan's key (`fingerprint`) is the module's
 structure with every shape and dtype (TVM's structural hash, tensor contents left out: hashing
 VGG-19's 548 MB of weights takes 0.26 s) and the contents of its small constants (a check reads
-a one-element constant: a divisor, a zero point; `ModuleCalls` keeps those of up to 64
-elements); the caller (partition/stage.py) adds the patterns it would try, the chip, the
+a one-element constant: a divisor, a zero point; a plain norm's, whether its gamma is all ones:
+`ModuleCalls` keeps those of up to 64 elements and every vector); the caller (partition/stage.py) adds the patterns it would try, the chip, the
 options, the fabric mapper and the compiler's version. Out: the plan's payload (`plan_payload`),
 read back by `read_plan`. A plan that were stale could only leave out a pattern (its check
 still decides every group that is made): a layer left to a smaller kernel or the host, never a

@@ -29,6 +29,7 @@ from ..partition.stage import bounds_of, tir_offload_reason
 from ..pipeline import KERNEL_STAGES, STAGES
 from ..relax_info import shape_dims, static_shape
 from ..target.relax_pipeline import run_stages
+from .post_norm_reasons import post_norm_reasons
 
 #: Operators that count multiply-accumulates (`Placement.macs`): every convolution, NPU or not
 #: (a conv1d or conv3d on the host is work the NPU share must count).
@@ -45,7 +46,9 @@ class Placement:
     output: str  # its output type, e.g. "(1, 16, 32, 32) float32"
     where: str  # "npu" or "host"
     kernel: str  # the NPU kernel it is part of ("" on the host)
-    reason: str  # why it stays on the host ("" on the NPU)
+    # why it stays on the host; on the NPU "", or why a layer norm is a kernel of its own rather
+    # than the epilogue of the GEMM before it (post_norm_reasons.py)
+    reason: str
     macs: int = 0  # multiply-accumulates of the operator (conv2d, matmul; 0 for the others)
     nodes: str = ""  # the model nodes (ONNX node names, "+"-joined) it came from, "" if unknown
     site: int = -1  # which call of the model it belongs to: the operators of one kernel share it
@@ -102,7 +105,7 @@ def format_placements(placements: list[Placement]) -> str:
     """A table of the placements, one operator a line, and the share of MACs on the NPU."""
     lines = [f"{'op':<16} {'output':<28} {'runs on':<8} {'MACs':>10}  detail"]
     for p in placements:
-        detail = p.kernel if p.where == "npu" else p.reason
+        detail = (f"{p.kernel}: {p.reason}" if p.reason else p.kernel) if p.where == "npu" else p.reason
         lines.append(f"{p.op:<16} {p.output:<28} {p.where:<8} {p.macs:>10}  {detail}")
     total = sum(p.macs for p in placements)
     lines.append(f"{npu_mac_fraction(placements):.2%} of {total} MACs run on the NPU" if total else
@@ -118,13 +121,16 @@ def _attr(func, key):
 def _placements(mod, func, arch, start: int, dims: dict):
     """The placements of every operator `func` calls, on the NPU (each kernel's ops) or the host."""
     placements = []
+    refused = post_norm_reasons(mod, func, arch)
     for block in func.body.blocks:
         for binding in block.bindings:
             call = binding.value
             if not isinstance(call, relax.Call):
                 continue
             if isinstance(call.op, tvm.ir.GlobalVar) and _attr(mod[call.op], "Codegen") == "cgra":
-                placements += _kernel_ops(mod[call.op], start + len(placements), dims)
+                ops = _kernel_ops(mod[call.op], start + len(placements), dims)
+                placements += [dataclasses.replace(p, reason=refused[binding.var]) for p in ops] \
+                    if binding.var in refused else ops
             elif isinstance(call.op, tvm.ir.Op):
                 placements.append(Placement(_op_name(call), _type_of(binding.var, dims), "host", "",
                                             _host_reason(mod, call, arch), _macs(call, binding.var, dims),
@@ -180,7 +186,10 @@ def _host_reason(mod, call, arch) -> str:
     pattern = host_patterns().get(call.op.name)
     if pattern is None:
         return f"no NPU kernel for {_op_name(call)} ({kernel_ops_text()})"
-    annotated = {"root": call, "lhs": call.args[0], **({"rhs": call.args[1]} if len(call.args) > 1 else {})}
+    # The roles a pattern names: lhs and rhs, and the operator's own argument names (a norm's
+    # gamma, beta or weight), which the op families read by name.
+    named = {str(arg.name): value for arg, value in zip(call.op.arguments, call.args)}
+    annotated = {**named, "root": call, "lhs": call.args[0], **({"rhs": call.args[1]} if len(call.args) > 1 else {})}
     reason = offload_reason(pattern, annotated, arch)
     return reason or "matched no cgra pattern (its operands are produced in a form the patterns do not take)"
 

@@ -61,8 +61,7 @@ def _patterns() -> list:
         for scaled in (True, False):
             for masked in ("causal_row", "causal", "length", "mask", ""):  # a causal mask first: the kernel builds it
                 for safe in (True, False):
-                    if not (form and masked == "length"):  # a symbolic length: plain operands (flash_length.py)
-                        entries.append(_pattern(form, scaled, masked, safe))
+                    entries.append(_pattern(form, scaled, masked, safe))
     return entries
 
 

@@ -196,6 +196,23 @@ def estimate_attention_cycles(spec, arch: HardwareDescription, t: RowTiling) -> 
     return items // tiles * sum(steps) + ends
 
 
+def causal_row_fits(q_shape, scores_shape, offset: int, row_shape, arch: HardwareDescription) -> bool:
+    """Whether the attention of Q's `q_shape` (B, Hk, G, Sq, D) and the scores' `scores_shape` runs
+    as one kernel on `arch` under a causal triangle of `offset` and a mask row of `row_shape`
+    (normalise/causal_rows.py asks: the key-tile kernel needs key tiles that follow the diagonal,
+    flash_tiles.py; where none does the s x s mask is kept, which it reads as any mask). V's dims
+    are taken as Q's (the partition's own tile search has the real ones)."""
+    if len(row_shape) != 5:
+        return False
+    b, hk, g, sq, d = q_shape
+    spec = AttentionSpec(b, hk, g, sq, scores_shape[4], d, d, mask_shape=tuple(row_shape), safe=True, causal=offset)
+    try:
+        choose_attention_tiling(spec, arch)
+    except ScratchpadTooSmall:
+        return False
+    return True
+
+
 def attention_fits(parts: dict, arch: HardwareDescription) -> bool:
     """Whether an attention (normalise/attentions.read_attention's parts: sizes, masks, scale,
     safe) runs as one kernel on `arch`: with whole score rows, or over key tiles (flash.py)."""

@@ -3,11 +3,13 @@
 Stage: partition (`length_spec` reads the pattern normalise/attention_lengths.py writes: the
 attention with its causal mask built from arange, less_equal and where), tiling
 (`choose_length_tiling`) and kernel definition (`length_compute`, lowered TIR as flash.py's).
-In: q (B, Hk, G, s, D), k and v (B, Hk, 1, s, D | Dv), s symbolic. Per batch, query tile of tq
-rows (ceildiv(s, tq) of them) and head, as flash.py under a constant causal mask:
+In: q (B, Hk, G, s, D), k and v (B, Hk, 1, s, D | Dv), s symbolic, or head splits and boxes of
+sequence-major (B, s, H, D) tensors, the result maybe merged back (length_layouts.py). Per batch,
+query tile of tq rows (ceildiv(s, tq) of them) and head, as flash.py under a constant causal mask:
 
     Q tile [* scale]; FILL m, l, O
     key tiles below the diagonal (qt * tq / tk of them, all inside s): the online step, unmasked
+    (software-pipelined where the tiling says so: length_pipeline.py)
     the tq / tk key tiles crossing the diagonal that start inside s: K, V read up to s, the
     online step with the band's triangle added, its columns cut to min(tk, s - k0)
     O * 1 / l, stored up to s
@@ -36,7 +38,11 @@ from ..common.spec import SINGLE_BUFFERED, round_up
 from ..layout.copy_kernel import parse_script
 from .attention_tiles import LOWEST, TINY, choose_attention_tiling
 from .flash import SINGLE, _band
-from .script_text import Writer, eltwise, fill, gemm, reduce, vfunc
+from .head_layouts import ROLES, base_role, operand_of, param_name
+from .length_layouts import length_layouts, length_shapes, length_views
+from .length_pipeline import load_keys, online_step, pipelined_keys
+from .script_text import element as stored_at
+from .script_text import Writer, eltwise, fill, gemm, vfunc
 from .flash_tiles import F32_BYTES, FlashTiling, flash_cycles, flash_footprint
 from .spec import F32, AttentionSpec
 
@@ -52,9 +58,10 @@ def length_spec(annotated: dict, scale, safe: bool) -> AttentionSpec:
     sq and sk its bound); raises UnsupportedOperator saying why not."""
     prefix = "causal attention over a symbolic length: "
     shapes, names = [], set()
-    for role in ("lhs", "rhs", "value"):
-        shape, symbolic = read_shape(annotated[role], role, symbolic_axes=(3,), prefix=prefix)
-        if dtype_of(annotated[role]) != F32:
+    for role in ROLES:
+        operand = operand_of(annotated, role)
+        shape, symbolic = read_shape(operand, role, symbolic_axes=(3,), prefix=prefix)
+        if dtype_of(operand) != F32:
             raise UnsupportedOperator(prefix + "another dtype than float32: the vector unit computes float32")
         shapes.append(shape)
         names |= set(symbolic.values()) if symbolic else {None}
@@ -68,7 +75,10 @@ def length_spec(annotated: dict, scale, safe: bool) -> AttentionSpec:
         raise UnsupportedOperator(prefix + f"q {shapes[0]}, k {shapes[1]}, v {shapes[2]}: not the normal form "
                                   "(normalise/attentions.py)")
     _check_mask(annotated, name, prefix)
-    return AttentionSpec(b, hk, g, sq, sq, d, dv, scale=scale, safe=safe, causal=0, length=name)
+    seq_major, parts = length_layouts(annotated, name, (b, hk, g, d, dv))
+    sliced = tuple(role for role, _, _ in parts)
+    return AttentionSpec(b, hk, g, sq, sq, d, dv, scale=scale, safe=safe, causal=0, length=name, seq_major=seq_major,
+                         parts=parts, param_roles=tuple(param_name(seq_major, role, sliced) for role in ROLES))
 
 
 def _check_mask(annotated: dict, name: str, prefix: str) -> None:
@@ -111,8 +121,9 @@ def choose_length_tiling(spec: AttentionSpec, arch) -> FlashTiling | None:
     docstring); None if none fits."""
     bound = spec.sq
     lengths = sorted({n for n in _LENGTHS if n < bound} | {bound})
+    # (two query tiles' keys: a pipelined tiling's footprint counts its copies of S, P, K and V)
     fitting = [t for t in _candidates(spec, arch)
-               if flash_footprint(dataclasses.replace(spec, sq=t.tq, sk=t.tq), t) <= arch.spad_bytes]
+               if flash_footprint(dataclasses.replace(spec, sq=t.tq, sk=2 * t.tq), t) <= arch.spad_bytes]
     if not fitting:
         return None
     cycles = {t: [_cycles_at(spec, arch, t, n) for n in lengths] for t in fitting}
@@ -130,7 +141,8 @@ def _candidates(spec: AttentionSpec, arch) -> list:
             if tk < 2 or tq % tk:
                 continue
             p_stride = a_row_stride(tq, tk, F32_BYTES, arch)
-            tiles += [FlashTiling(tq, tk, "causal", lean, False, q_stride, p_stride) for lean in (False, True)]
+            tiles += [FlashTiling(tq, tk, "causal", lean, pipeline, q_stride, p_stride)
+                      for lean in (False, True) for pipeline in (False, True)]
         tq *= 2
     return tiles
 
@@ -145,10 +157,10 @@ def length_compute(spec: AttentionSpec, t: FlashTiling):
     """The kernel's PrimFunc: parameters lhs (B, H, s, D), rhs (B, Hk, s, D), value (B, Hk, s, Dv),
     out (B, H, s, Dv); the caller's rank-5 views in `cgra.arg_shapes`."""
     func = parse_script(length_script(spec, t))
-    s = next(e for e in func.params[0].ty.shape if not isinstance(e, int) and not hasattr(e, "value"))
-    b, hk, g, d, dv = spec.b, spec.hk, spec.g, spec.d, spec.dv
-    views = {"lhs": (b, hk, g, s, d), "rhs": (b, hk, 1, s, d), "value": (b, hk, 1, s, dv), "out": (b, hk, g, s, dv)}
-    func = func.with_attr("cgra.arg_shapes", [list(views[role]) for role in list(spec.param_roles) + ["out"]])
+    s = next(e for param in func.params for e in param.ty.shape
+             if not isinstance(e, int) and not hasattr(e, "value"))
+    views = length_views(spec, s)
+    func = func.with_attr("cgra.arg_shapes", [list(views[base_role(role)]) for role in list(spec.param_roles) + ["out"]])
     if spec.shape_args:
         func = func.with_attr("cgra.shape_args", list(spec.shape_args))
     return func.with_attr(SINGLE_BUFFERED, SINGLE + (["q"] if t.lean else []))
@@ -161,9 +173,9 @@ def _variable(spec: AttentionSpec) -> str:
 
 def length_script(spec: AttentionSpec, t: FlashTiling) -> str:
     """The TVMScript text of the kernel (module docstring)."""
-    b, hk, g, d, dv, s = spec.b, spec.hk, spec.g, spec.d, spec.dv, _variable(spec)
-    shapes = {"lhs": (b, hk * g, s, d), "rhs": (b, hk, s, d), "value": (b, hk, s, dv), "out": (b, hk * g, s, dv)}
-    roles = list(spec.param_roles) + ["out"]
+    b, hk, g, s = spec.b, spec.hk, spec.g, _variable(spec)
+    shapes = length_shapes(spec, s)
+    roles = [base_role(r) for r in spec.param_roles] + ["out"]
     w = Writer()
     w.lines = ["@T.prim_func", f"def flash({', '.join(f'{r}_handle: T.handle' for r in roles)}):",
                '    T.func_attr({"tirx.noalias": True})', f"    {s} = T.int32()"]
@@ -184,56 +196,49 @@ def _head(w: Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, head: 
     r, rows = tq // tk, f"T.min({tq}, {s} - qt * {tq})"
     w.alloc("q", (tq, t.q_stride))
     w.add(f"for i, e in T.grid({tq}, {d}):",
-          f"    q[i, e] = T.if_then_else(qt * {tq} + i < {s}, lhs[{n}, {head}, qt * {tq} + i, e], T.float32(0))")
+          f"    q[i, e] = T.if_then_else(qt * {tq} + i < {s}, {stored_at(spec, 'lhs', n, head, f'qt * {tq} + i', 'e')}, "
+          "T.float32(0))")
     if spec.scale is not None:
         w.add(vfunc("identity", rows, d, ("q", 0, t.q_stride), ("q", 0, t.q_stride), scale=spec.scale))
     for name, shape in (("m", (tq, 1)), ("l", (tq, 1)), ("m_old", (tq, 1)), ("alpha", (tq, 1)),
                         ("o", (tq, dv)), ("s", (tq, tk)), ("p", (tq, t.p_stride))):
         w.alloc(name, shape)
+    # The output's buffers before the key tiles: the code generator plans scratchpad addresses as a
+    # stack, and allocated after the diagonal's `if`, they took its K and V tiles' bytes, so the next
+    # head's K load waited for this head's store (Llama at 16 tokens: 522 cycles a layer).
+    res = "o" if t.lean else "res"
+    w.alloc("inv", (tq, 1))
+    if not t.lean:
+        w.alloc("res", (tq, dv))
     w.add(fill("m", rows, 1, 1, LOWEST), fill("l", rows, 1, 1, 0.0), fill("o", rows, dv, dv, 0.0))
     depth = w.depth
-    w.add(f"for kt in range(qt * {r}):")
-    w.depth += 1
-    _key_tile(w, spec, t, n, c, rows, "kt", tk, "", None)
+    if t.pipeline:  # the key tiles below the diagonal, all inside s: flash.py's pipeline, unmasked
+        pipelined_keys(w, spec, t, n, c, rows, f"qt * {r}", _variable(spec))
+    else:
+        w.add(f"for kt in range(qt * {r}):")
+        w.depth += 1
+        _key_tile(w, spec, t, n, c, rows, "kt", tk, "", None)
     w.depth = depth
     w.add(f"for ks in range({r}):", f"    if (qt * {r} + ks) * {tk} < {s}:")
     w.depth += 2
     band = ("band", f"({r - 1} - ks) * {tk * tk}", tk, 1)
     _key_tile(w, spec, t, n, c, rows, f"qt * {r} + ks", f"T.min({tk}, {s} - (qt * {r} + ks) * {tk})", "_diag", band)
     w.depth = depth
-    w.alloc("inv", (tq, 1))
     w.add(vfunc("reciprocal", rows, 1, ("l", 0, 1), ("inv", 0, 1), offset=TINY if spec.safe else None))
-    res = "o" if t.lean else "res"
-    if not t.lean:
-        w.alloc("res", (tq, dv))
     w.add(eltwise("multiply", rows, dv, ("o", 0, dv, 1), ("inv", 0, 1, 0), (res, 0, dv)),
           f"for i, e in T.grid({tq}, {dv}):",
-          f"    if qt * {tq} + i < {s}:", f"        out[{n}, {head}, qt * {tq} + i, e] = {res}[i, e]")
+          f"    if qt * {tq} + i < {s}:", f"        {stored_at(spec, 'out', n, head, f'qt * {tq} + i', 'e')} = {res}[i, e]")
 
 
 def _key_tile(w: Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, rows: str, tile: str, cols,
               suffix: str, mask) -> None:
     """Key tile `tile` (tk keys from tile * tk, `cols` of them computed): K and V in, the online
     step of flash.py, `mask` an ELTWISE operand added to the scores (the band) or None."""
-    d, dv, tk, s = spec.d, spec.dv, t.tk, _variable(spec)
+    d, dv, tk = spec.d, spec.dv, t.tk
     k0 = f"{tile} * {tk}" if suffix == "" else f"({tile}) * {tk}"
     kb, vb = "k" + suffix, "v" + suffix
     w.alloc(kb, (d, tk))
     w.alloc(vb, (tk, dv))
-    guard = (lambda load: f"T.if_then_else({k0} + u < {s}, {load}, T.float32(0))") if mask else (lambda load: load)
-    w.add(f"for e, u in T.grid({d}, {tk}):", f"    {kb}[e, u] = {guard(f'rhs[{n}, {c}, {k0} + u, e]')}",
-          f"for u, e in T.grid({tk}, {dv}):", f"    {vb}[u, e] = {guard(f'value[{n}, {c}, {k0} + u, e]')}")
+    load_keys(w, spec, tk, n, c, k0, kb, vb, _variable(spec) if mask is not None else None)
     w.add(gemm(False, rows, cols, d, ("q", 0, t.q_stride), (kb, 0, tk), ("s", 0, tk)))
-    if mask is not None:
-        w.add(eltwise("add", rows, cols, ("s", 0, tk, 1), mask, ("s", 0, tk)))
-    w.add(vfunc("identity", rows, 1, ("m", 0, 1), ("m_old", 0, 1)),
-          reduce("max", rows, cols, ("s", 0, tk), ("m", 0)),
-          eltwise("subtract", rows, 1, ("m_old", 0, 1, 1), ("m", 0, 1, 1), ("alpha", 0, 1)),
-          vfunc("exp", rows, 1, ("alpha", 0, 1), ("alpha", 0, 1)),
-          eltwise("subtract", rows, cols, ("s", 0, tk, 1), ("m", 0, 1, 0), ("s", 0, tk)),
-          vfunc("exp", rows, cols, ("s", 0, tk), ("p", 0, t.p_stride)),
-          eltwise("multiply", rows, 1, ("l", 0, 1, 1), ("alpha", 0, 1, 1), ("l", 0, 1)),
-          reduce("sum", rows, cols, ("p", 0, t.p_stride), ("l", 0)),
-          eltwise("multiply", rows, dv, ("o", 0, dv, 1), ("alpha", 0, 1, 0), ("o", 0, dv)),
-          gemm(True, rows, dv, cols, ("p", 0, t.p_stride), (vb, 0, dv), ("o", 0, dv)))
-
+    online_step(w, spec, t, rows, cols, ("s", 0), ("p", 0), (vb, 0), mask)

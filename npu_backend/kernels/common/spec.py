@@ -83,6 +83,7 @@ class KernelSpec:
     source_ops: tuple = ()  # names of the model operators fused into this kernel
     param_roles: tuple = ()  # role ("lhs", "rhs", "bias", "residual") of each parameter, in call order
     residual_shape: tuple | None = None  # the output's shape: a tensor added after the bias
+    residual_is_lhs: bool = False  # the residual is the left operand itself (x @ W + x): no parameter of its own
     clip: tuple | None = None  # (lo, hi) in the acc dtype, applied last (after relu)
     # A chain of elementwise ops after the epilogue (a leaky relu, a hard-swish): the nodes of a
     # FABRIC body (cgra_sim/mapping/body.py) each output tile runs through in place (chains.py).
@@ -107,6 +108,10 @@ class KernelSpec:
     # norm ("rms_norm", "layer_norm": gamma and beta folded into the weights and bias,
     # normalise/norm_folds.py), which the kernel normalises in its A panel (kernels/gemm/row_norm.py).
     row_norm: tuple | None = None
+    # matmul, float32: (eps, affine): the output is the layer norm of the epilogue's sum over its
+    # rows (a post-norm, LayerNorm(x + proj(h)): kernels/gemm/post_norm.py), gamma and beta
+    # (roles "norm_gamma", "norm_beta") applied when `affine`, else all ones and zeros.
+    post_norm: tuple | None = None
     # conv2d: how each tensor is stored. lhs_shape, rhs_shape and output_shape stay logical
     # (N, C, H, W) / (O, I, H, W); a layout is a permutation of those axes, e.g. "NHWC", "HWIO".
     data_layout: str = "NCHW"
@@ -158,7 +163,7 @@ class KernelSpec:
     def roles(self) -> tuple:
         return self.param_roles or (("lhs", "rhs") + (("bias",) if self.bias_shape else ())
                                     + (("cos", "sin") if self.rope_pattern else ())
-                                    + (("residual",) if self.residual_shape else ())
+                                    + (("residual",) if self.residual_shape and not self.residual_is_lhs else ())
                                     + (("multiplier",) if self.multiplier_shape else ())
                                     + (("ch_scale",) if self.channel_scale_shape else ())
                                     + (("ch_shift",) if self.channel_shift_shape else ())

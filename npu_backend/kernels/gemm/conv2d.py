@@ -19,6 +19,7 @@ from tvm.relax.dpl import is_op, wildcard
 
 from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of
+from .residual_lhs import lhs_as_residual
 from .epilogue import (HALF_FLOATS, Root, epilogue_compute, epilogue_fields, epilogue_operands, static_shape,
                        with_epilogue_tail)
 from ..common.dynamic import GATHERS, BLOCKS, batch_extent, read_shape, spatial_extents, symbols_of, with_vars
@@ -183,7 +184,7 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
         def weight(b_, ry, rx, rc, f):
             return b_pad[ry, rx, rc, f]
     acc = _accumulate(spec, tiling, a_pad, weight, images, mp)
-    operands = epilogue_operands(spec, out_shape)
+    operands = lhs_as_residual(spec, epilogue_operands(spec, out_shape), x)  # relu(conv(x) + x): residual_lhs.py
     epi = epilogue_compute(spec, acc, tiling, operands, out_index=lambda b_, p, f: (b_, f, *pixel(p)))
     out = te.compute(out_shape, lambda b_, f, y, ox: epi[b_, pixel_row(y, ox), f], name="out")
     logical_out = (batch,) + tuple(spec.output_shape[1:])

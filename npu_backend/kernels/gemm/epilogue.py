@@ -21,7 +21,7 @@ import dataclasses
 
 import tvm
 from tvm import te
-from tvm.relax.dpl import DFPattern, is_op, wildcard
+from tvm.relax.dpl import is_op, wildcard
 
 from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of, require_static_shape
@@ -35,7 +35,10 @@ from ..common.operands import padded
 from ..common.spec import KernelSpec
 from .epilogue_tail import caller_out_shape, is_tail_pattern, with_float_tail, with_reshape
 from .gated import is_gated_pattern, with_gated
+from .post_norm import is_post_norm_pattern, post_norm_intrin, with_post_norm
 from .rope_epilogue import combine_intrin, is_rope_pattern, with_rope
+from .residual_lhs import reads_lhs_twice, with_lhs_residual
+from .roots import Root  # noqa: F401  (the families import it from here)
 
 #: The accumulator dtype of each input dtype of a PE-array kernel: also its output's, but for the
 #: 16-bit floats, whose kernels store their own dtype (the EPILOGUE rounds to nearest even).
@@ -46,15 +49,6 @@ RHS_DTYPE = {"int16": "int8"}
 REQUANT_DTYPE = {"int32": "int8", "int64": "int16"}
 #: Input dtypes whose kernels accumulate in float32 and store the input's 16-bit format.
 HALF_FLOATS = ("bfloat16", "float16")
-
-
-@dataclasses.dataclass(frozen=True)
-class Root:
-    """An op a family offloads with an epilogue after it: patterns `cgra.<name>[_chain]`."""
-
-    name: str  # "matmul", "linear", "conv2d"
-    pattern: DFPattern  # the op's call
-    roles: dict  # role ("lhs", "rhs", "permute") -> the pattern of that operand
 
 
 #: Activation suffix -> (pattern around x, its role or None).
@@ -203,6 +197,8 @@ def with_epilogue_tail(spec: KernelSpec, annotated: dict, name: str = "") -> Ker
         return with_gated(spec, annotated)
     if is_rope_pattern(name):
         return with_rope(spec, annotated)
+    if is_post_norm_pattern(name):  # post_norm.py: this chain, then a layer norm of its rows
+        return with_post_norm(spec, annotated, name, with_epilogue_tail)
     tail = is_tail_pattern(name)
     if spec.half_out and (tail or "n1" in annotated or "requant" in annotated):
         raise UnsupportedOperator(f"a {spec.dtype} {spec.op} fuses [+ bias] [+ residual] [relu | clip]; the ops "
@@ -234,9 +230,10 @@ def _with_residual(spec: KernelSpec, annotated: dict) -> KernelSpec:
     """`spec` with the residual add: a tensor of the output's exact shape in the acc dtype."""
     residual = annotated["residual"]
     for role in ("lhs", "rhs", "bias"):
-        if role in annotated and annotated[role].same_as(residual):
+        if role in annotated and annotated[role].same_as(residual) and not (role == "lhs" and reads_lhs_twice(spec)):
             raise UnsupportedOperator(f"the residual is also the {spec.op}'s {role}: each operand of an NPU "
-                                      "kernel must be its own tensor")
+                                      "kernel must be its own tensor (but a static 2-D matmul's or NCHW conv2d's "
+                                      "left operand, residual_lhs.py)")
     if spec.compute_name in ("conv2d_layout", "batch_matmul"):
         form = "batched matmul" if spec.compute_name == "batch_matmul" else \
             f"{spec.data_layout}/{spec.kernel_layout} conv2d"
@@ -253,6 +250,8 @@ def _with_residual(spec: KernelSpec, annotated: dict) -> KernelSpec:
     if shape != out:
         raise UnsupportedOperator(f"the added tensor of shape {shape} is neither a bias (one value per output "
                                   f"channel) nor a residual of the output's shape {out}")
+    if "lhs" in annotated and annotated["lhs"].same_as(residual):
+        return with_lhs_residual(spec, shape)
     view = (("residual", shape),) if spec.op == "matmul" and shape != tuple(spec.output_shape) else ()
     return dataclasses.replace(spec, residual_shape=shape, symbols=spec.symbols + symbols_of("residual", names),
                                caller_shapes=spec.caller_shapes + view)
@@ -320,14 +319,16 @@ def epilogue_operands(spec: KernelSpec, out_shape) -> dict:
             **({"ch_scale": multiplier} if multiplier is not None and not spec.channel_scale_shape else {})}
 
 
-def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=None, residual_tile=None):
+def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=None, residual_tile=None,
+                     name: str = "epi"):
     """epi = requantise(clip(relu(acc + bias[col] + residual)), scale[col]) over the padded tile
     grid (the expression of the EPILOGUE intrinsic, so tensorize matches it). A grouped conv2d's
     image b holds group b % G, whose channels start at (b % G) * F/G. The residual is read
     through `out_index(*acc_indices)`, the output element an accumulator element becomes;
     outside the output (tile padding) it reads zero. The bias and the scale are staged in the
     scratchpad as rows (blocks bias_pad, scale_pad), the residual as a tile (res_pad), or
-    `residual_tile`, a tile of acc's shape the kernel computes from what it already holds."""
+    `residual_tile`, a tile of acc's shape the kernel computes from what it already holds.
+    `name`: the block's (a post-norm's program reads it: post_norm.py)."""
     bias_pad = _channel_row(spec, acc, tiling, operands["bias"], spec.bias_shape, "bias_pad")
     scale_pad = _channel_row(spec, acc, tiling, operands["scale"], spec.scale_shape, "scale_pad")
     cscale_pad = _channel_row(spec, acc, tiling, operands.get("ch_scale") if spec.channel_scale_shape else None,
@@ -365,7 +366,7 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
             return value
         return requantise(value, row(scale_pad, idx), spec.requant_zero_point, REQUANT_DTYPE[spec.acc_dtype])
 
-    return te.compute(acc.shape, epi_value, name="epi")
+    return te.compute(acc.shape, epi_value, name=name)
 
 
 def _channel_row(spec: KernelSpec, acc, tiling, tensor, shape, name: str):
@@ -392,14 +393,19 @@ def channel_axis(shape) -> int:
 
 
 def channel_rows(spec: KernelSpec) -> tuple:
-    """The blocks of the per-channel rows the epilogue reads (bias, requantisation scale)."""
+    """The blocks of the per-channel rows the epilogue reads (bias, requantisation scale; a
+    post-norm's program reads its channel scale and shift itself, post_norm.py)."""
+    affine = not spec.post_norm
     return (("bias_pad",) if spec.bias_shape else ()) + (("scale_pad",) if spec.scale_shape else ()) + \
-        (("cscale_pad",) if spec.channel_scale_shape else ()) + (("cshift_pad",) if spec.channel_shift_shape else ())
+        (("cscale_pad",) if spec.channel_scale_shape and affine else ()) + \
+        (("cshift_pad",) if spec.channel_shift_shape and affine else ())
 
 
 def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
     """The EPILOGUE intrinsic for a tile of `rows` (tiling.tm by default) x tiling.tn."""
     rows = tiling.tm if rows is None else rows
+    if spec.post_norm:  # post_norm.py: the norm's last command (its sum's EPILOGUE is this without it)
+        return post_norm_intrin(spec, tiling, rows)
     if spec.rope_pattern:  # rope_epilogue.py: x * C + the rotated products
         return combine_intrin(tiling, rows)
     if spec.gated:  # gated.py: a tile of tn / 2 outputs from the tn accumulator columns

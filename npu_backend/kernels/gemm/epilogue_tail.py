@@ -33,6 +33,7 @@ import math
 from tvm.relax.dpl import is_op, wildcard
 
 from cgra_sim import cost, function_unit
+from cgra_sim.isa import DType
 from cgra_sim.mapping.body import reads_b
 
 from ...errors import UnsupportedOperator
@@ -40,6 +41,7 @@ from ...relax_info import dtype_of, require_static_shape, shape_dims
 from ..common.chains import require_program
 from ..common.dynamic import read_shape, symbols_of
 from ..intrinsics.epilogue_tail import SMOOTH_ACTS, TAIL_ACTS, VFUNC_ACTS, act_passes
+from .post_norm import post_norm_tile_cycles
 from .rope_epilogue import rope_tile_cycles
 
 #: The pattern-name suffix of a root's tail pattern: "cgra.linear_epilogue".
@@ -222,6 +224,8 @@ def tail_tile_cycles(spec, arch):
     as the simulator times it). A smooth activation's bodies must map onto the chip's fabric."""
     if getattr(spec, "rope_pattern", None):  # rope_epilogue.py
         return rope_tile_cycles(spec, arch)
+    if getattr(spec, "post_norm", None):  # post_norm.py
+        return post_norm_tile_cycles(spec, arch)
     if not spec.act and not spec.multiplier_shape:
         return None
     if spec.gated:  # gated.py: the VFUNC and the multiply over the tile's half of outputs
@@ -244,12 +248,24 @@ def tail_tile_cycles(spec, arch):
 def check_tail_padding(spec, tiling, arch) -> None:
     """Refuse an activation whose run over the padded tiles (rows and columns rounded up to
     whole tiles: 17 tokens are 24 rows) costs more than its own kernel would over the real
-    elements, whose extra cost is the round trip of the tensor through DRAM."""
+    elements, whose extra cost is the round trip of the tensor through DRAM; unless the whole
+    padded tail, with the epilogue's own streams, fits beside the kernel's weight load
+    (`hidden_by_weights`: ConvNeXt's 4-row fc1 + GELU reads 256 KB of weights)."""
     tail = tail_tile_cycles(spec, arch) if spec.act else None
     if tail is None:
         return
     rows, cols, _ = spec.gemm_extents
     real, padded = rows * cols * max(spec.batch, 1), tiling.mp * tiling.np * max(spec.batch, 1)
-    if sum(tail(padded)) > sum(tail(real)) + cost.dma_transfer_cycles(arch, 8 * real):
+    if sum(tail(padded)) > sum(tail(real)) + cost.dma_transfer_cycles(arch, 8 * real) and \
+            not hidden_by_weights(spec, arch, sum(tail(padded)) + cost.vector_stream_cycles(arch, 2 * padded)):
         raise UnsupportedOperator(f"{spec.act} after the {spec.op}: its tiles pad {rows} x {cols} to {tiling.mp} x "
                                   f"{tiling.np}, and the activation over the padding costs more than its own kernel")
+
+
+def hidden_by_weights(spec, arch, work: int) -> bool:
+    """Whether `work` cycles of the vector unit and the PE array's tail fit in the time the load
+    engine needs for the kernel's weights alone (B, read at least once: a bound no tiling
+    beats), so that they cost the kernel nothing."""
+    _, cols, depth = spec.gemm_extents
+    weights = depth * cols * DType.from_name(spec.dtype).itemsize
+    return work <= cost.dma_transfer_cycles(arch, weights)

@@ -26,6 +26,7 @@ from tvm.relax.dpl import is_op
 from ...errors import UnsupportedOperator
 from ...relax_info import shape_dims
 from ..intrinsics.epilogue_tail import act_value
+from .roots import linear_roots
 
 #: The pattern-name suffix: "cgra.linear_gated".
 SUFFIX = "_gated"
@@ -36,10 +37,7 @@ GATED_ACTS = {"relax.nn.silu": "silu", "relax.nn.gelu_tanh": "gelu_tanh", "relax
 def gated_graphs(roots) -> list[tuple]:
     """(name, pattern, annotations, root name) of the gated unit after a linear root."""
     graphs = []
-    # A linear reading an RMSNorm it normalises itself (row_norm.py) before one reading anything.
-    for root in sorted(roots, key=lambda root: "row_norm" not in root.roles):
-        if "permute" not in root.roles or root.name not in ("linear", "linear_rms_norm"):
-            continue
+    for root in linear_roots(roots, ("rms_norm",)):  # a linear normalising its own rows (row_norm.py) first
         gate = is_op("relax.strided_slice")(root.pattern, varg_default_wildcard=True)
         up = is_op("relax.strided_slice")(root.pattern, varg_default_wildcard=True)
         act = is_op("relax.nn.silu")(gate) | is_op("relax.nn.gelu_tanh")(gate) | is_op("relax.nn.gelu")(gate)

@@ -26,7 +26,9 @@ from .epilogue_tail import act_on_vector, check_tail_padding, tail_tile_cycles
 from ..common.spad_layout import a_row_stride, out_row_stride, store_walks_rows
 from ..common.spec import KernelSpec, Tiling, aligned, round_up
 from .gemm_copies import may_take_copies, operand_copies
-from .gemm_estimate import estimate_cycles, may_hold_a_panel
+from .gemm_estimate import estimate_cycles, gemm_footprint, may_hold_a_panel
+from .post_norm import (check_post_norm, post_norm_col_step, post_norm_pieces, post_norm_tiles, post_norm_tiling,
+                        require_whole_rows)
 from .row_norm import check_row_norm, panel_bytes
 from .gemm_pieces import finishes_in_pieces, in_pieces, streamed_candidates
 from .rope_epilogue import EXTRA_TILES, col_step
@@ -38,15 +40,16 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     """The tiling of a GEMM-shaped kernel (its GEMM extents, dtypes and epilogue operands); with
     symbolic rows, the one that is never far from the best tiling of the size that runs. Searched
     once per problem and chip: partitioning asks (does it fit?) and then the kernel stage."""
+    pieces = finishes_in_pieces(spec, arch) or post_norm_pieces(spec, arch)
     key = (spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), spec.row_step,
            bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
            _any_rows(spec), spec.pixel_order, _taps(spec), spec.act, spec.gated, bool(spec.multiplier_shape),
            bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape), may_hold_a_panel(spec), spec.patch_channels,
-           finishes_in_pieces(spec, arch), may_take_copies(spec), spec.rope_pattern, panel_bytes(spec, 1),
-           arch.fingerprint)
+           pieces, may_take_copies(spec), spec.rope_pattern, panel_bytes(spec, 1), spec.post_norm, arch.fingerprint)
     if spec.gated and spec.act != "gelu" and not act_on_vector(spec, arch):
         raise UnsupportedOperator(f"a gated linear unit's {spec.act} runs through a function unit that has it; "
                                   f"'{arch.name}' has none: its parts run as their own kernels")
+    require_whole_rows(spec, arch)  # a post-norm's tiles hold whole rows (post_norm.py)
     if key not in _TILINGS:
         if len(_TILINGS) >= 4096:
             _TILINGS.clear()
@@ -58,16 +61,19 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
                                       tail_cycles=tail_tile_cycles(spec, arch),
                                       extra_rows=bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape),
                                       a_panel=may_hold_a_panel(spec), depth_step=spec.patch_channels or 1,
-                                      pieces=finishes_in_pieces(spec, arch),
+                                      pieces=pieces,
                                       # (the panel program's room is not in gemm_copies' check)
                                       more_copies=may_take_copies(spec) and spec.row_norm is None,
-                                      extra_tiles=(EXTRA_TILES + bool(spec.bias_shape), 2) if spec.rope_pattern else (0, 0),
-                                      col_step=col_step(spec),
+                                      extra_tiles=(EXTRA_TILES + bool(spec.bias_shape), 2) if spec.rope_pattern
+                                      else post_norm_tiles(spec),  # a post-norm's program: post_norm.py
+                                      col_step=col_step(spec) * post_norm_col_step(spec),
                                       normed_panel=functools.partial(panel_bytes, spec) if spec.row_norm else None)
         if act_on_vector(spec, arch):
             _TILINGS[key] = dataclasses.replace(_TILINGS[key], act_on_vector=True)
+        _TILINGS[key] = post_norm_tiling(spec, _TILINGS[key], arch)  # or row tiles holding B (post_norm.py)
     check_tail_padding(spec, _TILINGS[key], arch)
     check_row_norm(spec, _TILINGS[key], arch)
+    check_post_norm(spec, _TILINGS[key], arch, choose_gemm_tiling)
     return _TILINGS[key]
 
 
@@ -259,27 +265,6 @@ def _deepest_fitting_k(tm, tn, depth, in_bytes, acc_bytes, has_bias, arch, has_r
                           extra_tiles, extra_rows) <= arch.spad_bytes:
             return tk
     return None
-
-
-def gemm_footprint(tm: int, tn: int, tk: int, in_bytes: int, acc_bytes: int, has_bias: bool,
-                   has_residual: bool = False, has_scale: bool = False, a_row: int | None = None,
-                   out_row: int | None = None, extra_tiles: int = 0, extra_rows: int = 0) -> int:
-    """Scratchpad bytes a GEMM kernel's buffers take (operand tiles, accumulator, output, bias,
-    residual tile, requantisation scale row), each twice: every tile is double-buffered
-    (lower/double_buffer.py). An int8 output is counted at the accumulator's size. `a_row` and
-    `out_row`: the row strides (elements) of the A tile and the output tile when the schedule
-    pads them against bank conflicts (spad_layout.py); compact by default. `extra_tiles`: more
-    output-sized operand tiles (a multiplier); `extra_rows`: more rows of tn (a per-channel scale, shift)."""
-    a_row, out_row = a_row or tk, out_row or tn
-    total = aligned(2 * tm * a_row * in_bytes) + aligned(2 * tk * tn * in_bytes)
-    total += (2 if has_residual else 1) * aligned(2 * tm * tn * acc_bytes) + extra_tiles * aligned(2 * tm * tn * acc_bytes)
-    total += aligned(2 * tm * out_row * acc_bytes)
-    if has_bias:
-        total += aligned(2 * tn * acc_bytes)
-    if has_scale:
-        total += aligned(2 * tn * 4)
-    total += extra_rows * aligned(2 * tn * acc_bytes)
-    return total
 
 
 def _k_candidates(depth: int, step: int = 1):

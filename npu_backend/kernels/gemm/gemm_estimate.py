@@ -13,7 +13,7 @@ import functools
 from cgra_sim import cost
 from cgra_sim.arch import HardwareDescription
 
-from ..common.spec import KernelSpec, Tiling
+from ..common.spec import KernelSpec, Tiling, aligned
 
 
 def holds_a_panel(spec: KernelSpec, tiling: Tiling) -> bool:
@@ -37,7 +37,7 @@ def _panel_tiling(t: Tiling) -> bool:
 
 def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription,
                     has_residual: bool = False, taps: int = 1, init_folded: bool = False, extra_tiles: int = 0,
-                    tail_cycles=None, a_panel: bool = False, piece_rows: int = 0) -> int:
+                    tail_cycles=None, a_panel: bool = False, piece_rows: int = 0, as_lowered: bool = False) -> int:
     """A first-order estimate of a tiled GEMM's cycles, each unit's work priced by the simulator's
     cost model (cgra_sim.cost).
 
@@ -67,12 +67,16 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     gemm = _gemm_step_cycles(arch, t.tm, t.tn, t.tk, dtype)  # one tile's reduction step
     compute = tiles * steps * gemm + array_fill
     tile_load = (t.tm * t.tk + t.tk * t.tn) * in_bytes
-    first_load = tile_load
+    pieces_lowered = as_lowered and 0 < piece_rows < t.tm
+    held = a_panel and _panel_tiling(t)
+    # in pieces, a step loads B's tile, then A's a piece of rows at a time (lower/gemm_rows.py):
+    # the first GEMM waits for B's tile and one piece of A's rows
+    first_load = (piece_rows * t.tk + t.tk * t.tn) * in_bytes if pieces_lowered and not held else tile_load
     residual_load = t.tm * t.tn * acc_bytes * (int(has_residual) + extra_tiles)
     out_bytes = t.tm * t.tn * acc_bytes
     loaded = tiles * steps * tile_load + tiles * residual_load
     panel_stalls = 0
-    if a_panel and _panel_tiling(t):  # A once per row tile (holds_a_panel), B per column tile
+    if held:  # A once per row tile (holds_a_panel), B per column tile
         tile_load, panel = t.tk * t.tn * in_bytes, t.tm * t.tk * in_bytes
         loaded = tiles * tile_load + t.mp // t.tm * panel + tiles * residual_load
         panel_stalls = (t.mp // t.tm - 1) * _panel_stall(arch, cost.dma_transfer_cycles(arch, panel),
@@ -114,9 +118,10 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
                                                            gemm)
         whole = cost.vector_stream_cycles(arch, (1 + int(has_residual)) * t.tm * t.tn) + tail_vector
         vector += tiles * ((t.tm // piece_rows) * piece_vector - whole)
-    if init_folded and t.tk < t.kp:
+    if init_folded and t.tk < t.kp and not pieces_lowered:
         # a tile's residual loads after its last step's operands, ahead of the next tile's first
         # ones: what the load engine's slack in a step does not absorb holds the next GEMM back
+        # (in pieces it loads halfway through the next tile: lower/late_residual.py)
         slack = gemm - cost.dma_transfer_cycles(arch, tile_load)
         bubble += (tiles - 1) * max(0, cost.dma_transfer_cycles(arch, residual_load) - max(0, slack))
     return cost.double_buffered_cycles(arch, cost.BufferedLoop(
@@ -155,3 +160,24 @@ def _panel_stall(arch: HardwareDescription, panel: int, b_tile: int, gemm: int, 
 def _gemm_step_cycles(arch: HardwareDescription, m: int, n: int, k: int, dtype: str) -> int:
     """cost.gemm_steady_cycles, remembered: the tile searches ask for the same tiles often."""
     return cost.gemm_steady_cycles(arch, m, n, k, dtype)
+
+
+def gemm_footprint(tm: int, tn: int, tk: int, in_bytes: int, acc_bytes: int, has_bias: bool,
+                   has_residual: bool = False, has_scale: bool = False, a_row: int | None = None,
+                   out_row: int | None = None, extra_tiles: int = 0, extra_rows: int = 0) -> int:
+    """Scratchpad bytes a GEMM kernel's buffers take (operand tiles, accumulator, output, bias,
+    residual tile, requantisation scale row), each twice: every tile is double-buffered
+    (lower/double_buffer.py). An int8 output is counted at the accumulator's size. `a_row` and
+    `out_row`: the row strides (elements) of the A tile and the output tile when the schedule
+    pads them against bank conflicts (spad_layout.py); compact by default. `extra_tiles`: more
+    output-sized operand tiles (a multiplier); `extra_rows`: more rows of tn (a per-channel scale, shift)."""
+    a_row, out_row = a_row or tk, out_row or tn
+    total = aligned(2 * tm * a_row * in_bytes) + aligned(2 * tk * tn * in_bytes)
+    total += (2 if has_residual else 1) * aligned(2 * tm * tn * acc_bytes) + extra_tiles * aligned(2 * tm * tn * acc_bytes)
+    total += aligned(2 * tm * out_row * acc_bytes)
+    if has_bias:
+        total += aligned(2 * tn * acc_bytes)
+    if has_scale:
+        total += aligned(2 * tn * 4)
+    total += extra_rows * aligned(2 * tn * acc_bytes)
+    return total

@@ -29,6 +29,7 @@ from .epilogue import channel_rows, epilogue_intrin
 from .gemm_copies import annotate_copies
 from .gemm_estimate import holds_a_panel
 from .gemm_pieces import epilogue_piece_rows
+from .post_norm import holds_b, stage_post_norm, summed_spec, tensorize_post_norm
 from .rope_epilogue import stage_rope_blocks, tensorize_rope_blocks
 from .row_norm import place_row_norm, tensorize_row_norm
 
@@ -90,6 +91,8 @@ def stage_output_tile(sch, spec: KernelSpec, tile_loop, store: bool = True):
     acc, epi = sch.get_sblock("acc"), sch.get_sblock("epi")
     if spec.op == "matmul" and spec.rope_pattern:  # rope_epilogue.py's blocks, acc's readers
         stage_rope_blocks(sch, spec, tile_loop)
+    if spec.op == "matmul" and spec.post_norm:  # post_norm.py's sum and program, acc's readers
+        stage_post_norm(sch, spec, tile_loop)
     sch.compute_at(acc, tile_loop)
     for name in channel_rows(spec):
         block = sch.get_sblock(name)
@@ -141,7 +144,8 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
     place_row_norm(sch, spec, a_at)  # a pre-norm's program on the panel (row_norm.py)
     for name, at in (("a_pad", a_at), ("b_pad", depth_outer)):
         block = sch.get_sblock(name)
-        sch.compute_at(block, at)
+        if not (name == "b_pad" and holds_b(spec, tiling)):  # (held: loaded once, outside the tiles)
+            sch.compute_at(block, at)
         sch.set_scope(block, 0, SPAD)
     # The PE array reads one element of each of A's rows a cycle: rows a multiple of the
     # banks' period apart would all sit in one bank.
@@ -168,6 +172,9 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
         sch.annotate(piece_loop, HOIST_ALLOCS, 1)
         sch.annotate(col_tile, GEMM_ROWS, piece)  # its GEMMs in the same pieces (lower/gemm_rows.py)
         sch.reverse_compute_at(sch.get_sblock("out"), piece_loop)
+    if spec.op == "matmul" and spec.post_norm:  # the sum and the norm a piece at a time (post_norm.py)
+        tensorize_post_norm(sch, spec, piece, piece_loop if piece < tiling.tm else None,
+                            epilogue_intrin(summed_spec(spec), tiling, rows=piece))
     sch.tensorize(epi_row, epilogue_intrin(spec, tiling, rows=piece))
     if not spec.gated:  # (a matmul's store walks no rows: nothing to align)
         align_output_rows(sch, spec, tiling, arch)

@@ -22,13 +22,15 @@ from ...relax_info import shape_dims
 from ..common.dynamic import caller_dims, read_shape, symbols_of
 from ..family import OpFamily
 from .gated import gated_epilogue
+from .post_norm import post_norm_epilogue, single_buffered, summed_spec
 from .rope_epilogue import rope_epilogue, rope_operands
 from .gemm import choose_gemm_tiling
 from .gemm_schedule import schedule_gemm
+from .residual_lhs import lhs_as_residual
 from .row_norm import normed_panel, normed_roots, with_row_norm
 from .symbolic_matmul import has_symbolic_operand, is_symbolic_matmul, symbolic_matmul_compute, symbolic_matmul_spec
 from ..common.operands import kernel_prim_func, padded
-from ..common.spec import KernelSpec, Tiling
+from ..common.spec import SINGLE_BUFFERED, KernelSpec, Tiling
 
 
 def _roots() -> list[Root]:
@@ -194,10 +196,14 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
         epi = rope_epilogue(spec, acc, tiling, operands)
         operands = {role: value for role, value in operands.items() if value is not None}
     else:
-        operands = epilogue_operands(spec, (m, n))
-        epi = epilogue_compute(spec, acc, tiling, operands, out_index=lambda i, j: (i, j))
+        operands = lhs_as_residual(spec, epilogue_operands(spec, (m, n)), a)  # x @ W + x: residual_lhs.py
+        epi = epilogue_compute(summed_spec(spec) if spec.post_norm else spec, acc, tiling, operands,
+                               out_index=lambda i, j: (i, j), name="post_summed" if spec.post_norm else "epi")
+        if spec.post_norm:  # the layer norm of the sum's rows: post_norm.py
+            epi = post_norm_epilogue(spec, epi, tiling, operands)
     out = te.compute((m, n), lambda i, j: epi[i, j], name="out")
-    return kernel_prim_func(spec, {"lhs": a, "rhs": b, **operands, **normed}, out)
+    func = kernel_prim_func(spec, {"lhs": a, "rhs": b, **operands, **normed}, out)
+    return func.with_attr(SINGLE_BUFFERED, single_buffered(spec)) if spec.post_norm else func
 
 
 def batch_matmul_compute(spec: KernelSpec, tiling: Tiling):

@@ -20,7 +20,9 @@ with the C and S tiles loaded per output tile like a residual. The products and 
 RoPE kernel's (kernels/elementwise/rope.py) on the same values, in the same order: the same bits.
 Two RoPE kernels a layer (q's and k's: Llama at 32 tokens on cgra-8x8 2,240 + 1,456 cycles) are
 gone, and the heads are read by the attention kernel as boxes of the projection's output
-(attention/head_layouts.py).
+(attention/head_layouts.py). A projection reading the layer's pre-norm (normed_linears.py) has
+the same epilogue after the normed roots (`cgra.linear_rms_norm_rope`, `cgra.linear_layer_norm_rope`):
+row_norm.py normalises its A panels, so the norm's kernel goes too.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ...relax_info import dtype_of, static_shape
 from ..common.operands import padded
 from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.rope_epilogue import RotaryPattern
+from .roots import linear_roots
 
 #: The pattern-name suffix: "cgra.linear_rope".
 SUFFIX = "_rope"
@@ -50,9 +53,7 @@ EXTRA_TILES = 3
 def rope_graphs(roots) -> list[tuple]:
     """(name, pattern, annotations, root name) of RoPE after a linear root [+ bias]."""
     graphs = []
-    for root in roots:
-        if "permute" not in root.roles or root.name != "linear":
-            continue
+    for root in linear_roots(roots):  # a linear normalising its own rows (row_norm.py) first
         bias, perm, cos, sin = wildcard(), is_const(), wildcard(), wildcard()
         biased = is_op("relax.add")(root.pattern, bias)
         x = biased | root.pattern

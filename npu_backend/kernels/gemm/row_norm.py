@@ -43,7 +43,7 @@ from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.row_ops import reduce_start
 from ..rows.norms import steps_of
 from ..rows.rows import RowSpec, choose_row_tiling, estimate_row_cycles, shapes_of, stage_of, step_cycles
-from .epilogue import Root
+from .roots import Root
 
 F32 = "float32"
 #: The prefix of the panel program's blocks (the GEMM's own are a_pad, b_pad, acc, epi, ...).
@@ -86,9 +86,10 @@ def with_row_norm(spec: KernelSpec, annotated: dict) -> KernelSpec:
                                       "(norm_folds.py folds it into the weights where it can); the norm runs on its own")
     if kind == "layer_norm" and not (bool(norm.attrs.center) and bool(norm.attrs.scale)):
         raise UnsupportedOperator("layer_norm without its center or scale runs on its own")
-    if spec.op != "matmul" or spec.compute_name != "matmul" or spec.dtype != F32 or spec.symbols or spec.batch > 1:
-        raise UnsupportedOperator(f"{kind} folded into a matmul: a 2-D float32 GEMM with static rows only; the "
-                                  "norm runs on its own")
+    rows_only = all(role in ("lhs", "out") and axis == 0 for role, axis, _ in spec.symbols)  # symbolic_rows.py
+    if spec.op != "matmul" or spec.compute_name != "matmul" or spec.dtype != F32 or not rows_only or spec.batch > 1:
+        raise UnsupportedOperator(f"{kind} folded into a matmul: a 2-D float32 GEMM with static columns and "
+                                  "reduction only; the norm runs on its own")
     axes = [int(a) for a in norm.attrs.axes]
     if axes not in ([-1], [len(spec.lhs_shape) - 1]) or dtype_of(norm) != F32:
         raise UnsupportedOperator(f"{kind} folded into a matmul normalises the last axis of float32 rows")

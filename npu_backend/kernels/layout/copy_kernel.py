@@ -22,7 +22,10 @@ import math
 
 import tvm
 
+from cgra_sim.isa import BOX_DIMS
+
 from ...errors import ScratchpadTooSmall
+from .folds import folded_targets
 
 SPAD = "global.cgra_spad"
 #: The largest tile: at most a quarter of the scratchpad (each tile double-buffered, with room).
@@ -111,7 +114,8 @@ def choose_splits(arch, pieces, itemsize: int, symbolic_axes: tuple = ()) -> tup
     such (timing thousands of small tiles at the bound took seconds per kernel)."""
     budget, chosen = budget_of(arch), []
     for index, piece in enumerate(pieces):
-        options = list(splits(piece.extent, itemsize, budget))
+        # a tile is one DMA box: at most BOX_DIMS loops (a copy of more axes, folds.py)
+        options = [o for o in splits(piece.extent, itemsize, budget) if len(piece.extent) - o[0] <= BOX_DIMS]
         if symbolic_axes:
             options = [o for o in options if o[0] <= min(symbolic_axes)] or options
             options = [o for o in options if o[3] * 8 >= budget] or options
@@ -137,12 +141,13 @@ def gather_rows(arch, gather: Gather, itemsize: int) -> tuple[int, int]:
 
 
 def copy_script(params: list, out_shape: tuple, dtype: str, pieces, tiling: LayoutTiling,
-                gather: Gather | None = None, symbolic: dict | None = None) -> str:
+                gather: Gather | None = None, symbolic: dict | None = None, groups: tuple = ()) -> str:
     """The TVMScript of the kernel: `params` [(name, shape, dtype)] then `out`; `pieces` (or one
     `gather`) say what each tile copies, `tiling` in what tiles. `symbolic` {(name or "out",
     axis): variable name}: those axes are the variable (int32, bound from the tensor), the other
     shapes hold them at their bound; a tile loop along one runs ceildiv(length, tile) tiles, whose
-    last one lower/ragged.py cuts."""
+    last one lower/ragged.py cuts. `groups`: the pieces' axes in each dimension of `out_shape`
+    (folds.fold_output: a view of fewer axes than the pieces walk)."""
     symbolic = symbolic or {}
     if symbolic:
         return _symbolic_script(params, out_shape, dtype, pieces, tiling, symbolic, gather)
@@ -153,7 +158,7 @@ def copy_script(params: list, out_shape: tuple, dtype: str, pieces, tiling: Layo
         lines += _gather_lines(params, dtype, gather, tiling.rows)
     for index, (piece, split) in enumerate(zip(pieces, tiling.splits)):
         source = dict((name, shape) for name, shape, _ in params)[piece.role]
-        lines += _piece_lines(index, piece, source, dtype, split)
+        lines += _piece_lines(index, piece, source, dtype, split, groups=groups)
     return "\n".join(lines) + "\n"
 
 
@@ -181,7 +186,8 @@ def _tuple(values) -> str:
     return "(" + ", ".join(str(int(v)) for v in values) + ("," if len(values) == 1 else "") + ")" if values else "()"
 
 
-def _piece_lines(index: int, piece: Piece, source: tuple, dtype: str, split: tuple, variables: dict | None = None) -> list:
+def _piece_lines(index: int, piece: Piece, source: tuple, dtype: str, split: tuple, variables: dict | None = None,
+                 groups: tuple = ()) -> list:
     """One piece's tile loops: per tile a scratchpad buffer, its load nest and its store nest
     (`variables` {(tensor, axis): variable}: loops over the output's run to the variable, in whole
     tiles, and the copies along them are guarded by the variable: the DMA's halo)."""
@@ -223,7 +229,7 @@ def _piece_lines(index: int, piece: Piece, source: tuple, dtype: str, split: tup
         load = f"T.if_then_else({' and '.join(tests)}, {load}, T.{dtype}(0))"
     lines += [f"{indent}{grid}", f"{indent}    {spad}[{', '.join(names)}] = {load}"]
     targets = [f"{off} + {pos}" for off, pos in zip(piece.offset, position)]
-    store = f"out[{', '.join(targets)}] = {spad}[{', '.join(names)}]"
+    store = f"out[{', '.join(folded_targets(targets, piece.extent, groups))}] = {spad}[{', '.join(names)}]"
     inside = [f"{targets[a]} < {var}" for a, var in sorted(symbolic.items())]
     lines += [f"{indent}{grid}"]
     lines += [f"{indent}    if {' and '.join(inside)}:", f"{indent}        {store}"] if inside else [f"{indent}    {store}"]

@@ -9,6 +9,7 @@ the same bytes at the engine's rate, its loads and stores overlapped. A reshape 
 expand_dims, squeeze, flatten) is a view in the VM and no call at all (host_calls.py).
 
 Ops taken (static shapes or symbolic variables (`s`), of at most 4 axes once those moved alike are merged, any rank for a concat;
+a static one-input copy of up to 8 (folds.py: its tensors seen through views of 4);
 int8 / int32 / float32 data): permute_dims (any axis order),
 strided_slice (positive steps), broadcast_to, concat (2-8 inputs), nn.pad (constant zero,
 non-negative widths), a transpose of a slice (one box: a fused projection's part cut into heads,
@@ -49,6 +50,7 @@ from ..common.dynamic import bound_of
 from ..family import OpFamily
 from .cache_write import PATTERNS as CACHE_WRITES, cache_write_patterns, cache_write_spec, write_func, write_tiling
 from .copy_kernel import Gather, LayoutTiling, Piece, choose_splits, copy_script, gather_rows, parse_script
+from .folds import MAX_AXES, fold_input, fold_output
 from .index_maps import READERS, concat_views, kept_names, symbolic_concat_views
 from .symbolic_take import symbolic_gather_rows, symbolic_take_parts
 
@@ -82,6 +84,7 @@ class LayoutSpec:
     source_ops: tuple = ()
     shape_args: tuple = ()
     write: object = None  # a KV cache's row(s) written in place (cache_write.py's RowWrite, RowsWrite)
+    out_groups: tuple = ()  # the piece's axes in each dimension of `out_shape`, a view of fewer (folds.py)
     macs = 0
     acc_dtype = property(lambda self: self.dtype)
 
@@ -146,25 +149,30 @@ def layout_spec(name: str, annotated: dict) -> LayoutSpec:
             in_shapes, out_shape, pieces, views, names = symbolic_concat_views(axis, in_shapes, out_shape, names)
         else:
             in_shapes, out_shape, pieces, views = concat_views(axis, in_shapes, out_shape)
+    groups = ()
     if len(pieces) == 1 and op != "concat":  # one input: its view and the output's made compact
         (role, shape, kind), = in_shapes
         if symbolic:
             _check_walks(op, pieces[0], names[role], names["out"])
         fixed = (set(names[role]), set(names["out"]))
         compact_in, compact_out, piece, kept = compact(pieces[0], shape, out_shape, fixed)
+        if not symbolic and MAX_RANK < max(len(compact_in), len(compact_out)) <= MAX_AXES:
+            compact_in, piece = fold_input(piece, compact_in, MAX_RANK, op)
+            compact_out, groups = fold_output(compact_out, MAX_RANK)
         views = tuple((r, caller) for r, caller, view in ((role, shape, compact_in), ("out", out_shape, compact_out))
                       if caller != view)
         names = {**names, role: kept_names(names[role], kept[0]), "out": kept_names(names["out"], kept[1])}
         in_shapes, out_shape, pieces = ((role, compact_in, kind),), compact_out, [piece]
     for _, shape, _ in in_shapes if gather is None else ():  # a lookup reads (P, V, Q) views
         if len(shape) > MAX_RANK or len(out_shape) > MAX_RANK:
-            raise UnsupportedOperator(f"{op} of {shape} into {out_shape}: more than {MAX_RANK} axes after merging "
-                                      f"those it moves alike, and the NPU's DMA moves tensors of rank 1..{MAX_RANK}")
+            raise UnsupportedOperator(f"{op} of {shape} into {out_shape}: more than {MAX_AXES if len(pieces) == 1 else MAX_RANK} "
+                                      f"axes after merging those it moves alike, and the NPU's DMA moves tensors of "
+                                      f"rank 1..{MAX_RANK}")
     symbols = tuple((role, axis, var) for role in (*roles, "out") for axis, var in sorted(names.get(role, {}).items()))
     callers = tuple((role, axis, var) for role in (*roles, "out") for axis, var in sorted(read.get(role, (0, out_names))[1].items())
                     if role in dict(views))
     return LayoutSpec(op, dtype, in_shapes, out_shape, tuple(pieces), gather, tuple(views), param_roles=tuple(roles),
-                      symbols=symbols, caller_symbols=callers)
+                      symbols=symbols, caller_symbols=callers, out_groups=groups)
 
 
 def _check_walks(op: str, piece: Piece, in_names: dict, out_names: dict) -> None:
@@ -307,7 +315,8 @@ def layout_compute(spec: LayoutSpec, tiling: LayoutTiling):
         out_shape = (g.table[0], g.count, g.table[2])
     params = [(role, *shapes[role]) for role in spec.param_roles]  # a constant operand is no parameter
     symbolic = {(role, axis): name for role, axis, name in spec.symbols}
-    func = parse_script(copy_script(params, out_shape, spec.dtype, spec.pieces, tiling, spec.gather, symbolic))
+    func = parse_script(copy_script(params, out_shape, spec.dtype, spec.pieces, tiling, spec.gather, symbolic,
+                                    spec.out_groups))
     if spec.views:  # the caller's shapes of the operands read through a view (operands.prim_func)
         variables = {extent.name: extent for param in func.params for extent in param.ty.shape
                      if isinstance(extent, tirx.Var)}  # the script's own: the code generator compares them
