@@ -66,6 +66,40 @@ def test_tables_equal_onnxruntimes_qlinear_sigmoid_and_mul_bit_for_bit(silu, sx,
     np.testing.assert_array_equal(table, expected)
 
 
+def _hard_swish_model(sx, zx, sg, zg, sy, zy):
+    """x (int8, 256) -> DequantizeLinear -> HardSigmoid -> QDQ -> Mul by x -> QuantizeLinear: a
+    hard-swish between quantized layers as onnxruntime's quantizer writes MobileNetV3's."""
+    g = QdqGraph(0)
+    x = g.node("DequantizeLinear", ["x", g.const(sx, np.float32), g.const(zx, np.int8)])
+    gate = g.node("QuantizeLinear", [g.node("HardSigmoid", [x], alpha=1 / 6, beta=0.5), g.const(sg, np.float32),
+                                     g.const(zg, np.int8)])
+    gate = g.node("DequantizeLinear", [gate, g.const(sg, np.float32), g.const(zg, np.int8)])
+    out = g.node("QuantizeLinear", [g.node("Mul", [x, gate]), g.const(sy, np.float32), g.const(zy, np.int8)])
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(g.nodes, "hswish", [helper.make_tensor_value_info("x", TensorProto.INT8, [256])],
+                              [helper.make_tensor_value_info(out, TensorProto.INT8, [256])], g.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+@settings(max_examples=40, deadline=None)
+@given(sx=st.floats(0.003, 0.3), zx=st.integers(-40, 40), sg=st.sampled_from([1 / 255, 0.0039215688593685627]),
+       zg=st.integers(-128, -120), sy=st.floats(0.003, 0.3), zy=st.integers(-128, 20), integer=st.booleans())
+def test_a_requantised_hard_swish_is_one_table_equal_to_onnxruntime(sx, zx, sg, zg, sy, zy, integer):
+    """The gate's quantize inside the chain makes it a table (two kernels otherwise): equal to
+    onnxruntime's float HardSigmoid, QuantizeLinear and QLinearMul (its integer kernels with
+    session.qdqisint8allowed, and its default float path) over all 256 inputs."""
+    model = _hard_swish_model(sx, zx, sg, zg, sy, zy)
+    options = ort.SessionOptions()
+    if integer:
+        options.add_session_config_entry("session.qdqisint8allowed", "1")
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    table = _table(quantized_lookups(npu_backend.from_onnx(model)))
+    np.testing.assert_array_equal(table, session.run(None, {"x": INPUTS})[0])
+
+
 def test_a_chain_without_a_sigmoid_is_left_to_the_qchain_kernel():
     """HardSigmoid-like clip of an int8 tensor: exact FABRIC_INT8 kernels exist for it; no table."""
     @tvm.script.ir_module

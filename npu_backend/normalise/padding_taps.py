@@ -42,8 +42,9 @@ def used_taps(size: int, taps: int, before: int, stride: int, outputs: int) -> t
     return (used[0], used[-1]) if used else None
 
 
-def _axis_cut(size, taps, before, stride, outputs):
-    """(first tap, taps kept, padding before, padding after) of one axis, or None: nothing to cut."""
+def axis_cut(size, taps, before, stride, outputs):
+    """(first tap, taps kept, padding before, padding after) of one axis, or None: nothing to cut
+    (also normalise/pool_taps.py's, for a pool's window)."""
     found = used_taps(size, taps, before, stride, outputs)
     if found is None:
         return None  # the conv adds no product at all: left as it is
@@ -66,7 +67,7 @@ def _cut(call):
     if sorted(layout) != sorted("NCHW") or sorted(kernel_layout) != sorted("OIHW"):
         return None
     padding = [int(p) for p in attrs.padding]
-    cuts = [_axis_cut(data[layout.index(axis)], weight.value.shape[kernel_layout.index(axis)], padding[i],
+    cuts = [axis_cut(data[layout.index(axis)], weight.value.shape[kernel_layout.index(axis)], padding[i],
                       int(attrs.strides[i]), out[out_layout.index(axis)]) for i, axis in enumerate("HW")]
     if cuts == [None, None]:
         return None

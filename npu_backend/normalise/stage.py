@@ -62,6 +62,7 @@ from .window_sinks import window_sinks_pass
 from .window_stems import window_stems_pass
 from .permute_chains import permute_chains_pass
 from .pool1ds import pool1ds_as_pool2ds_pass
+from .pool_taps import pool_taps_pass
 from .split_slices import split_slices_pass
 from .qdq import canonicalize_qdq
 from .qdq16 import canonicalize_qdq16
@@ -70,6 +71,7 @@ from .qlayouts16 import quantized_layouts16_pass
 from .qkv_merges import qkv_merges_pass
 from .qlinear import integer_qlinear_adds_pass
 from .qlookups import quantized_lookups_pass
+from .qpools import quantized_pools_pass
 from .rewrite import scans_shared
 from .rms_norms import rms_norms_pass
 from .rope_epilogues import rope_epilogues_pass
@@ -262,6 +264,13 @@ def normalise_passes(arch=None) -> list:
         # ONNX Clip (relu6) imports as opaque maximum / minimum PrimFunc calls: make them R.clip
         # with constant bounds, as PyTorch's relu6 already is, so the epilogue can fuse them.
         canonicalize_clips_pass(),
+        # A global average pool between quantized tensors is onnxruntime's integer one: an int8
+        # GEMM of the map by a column of ones requantised in its EPILOGUE, one kernel (qpools.py),
+        # before the float mean of a large map is split below.
+        quantized_pools_pass,
+        # A pool's window taps that only ever read padding cut from its window and padding (YOLO's
+        # SPPF 5 x 5 max pools on a 2 x 2 map: 3 x 3), which the POOL kernel then takes (pool_taps.py).
+        pool_taps_pass,
         # A pooling window of more than 256 taps becomes a row pass and a column pass: the POOL
         # command's window expression must not grow with the window (large_pools.py).
         split_large_pools_pass,
@@ -273,9 +282,10 @@ def normalise_passes(arch=None) -> list:
         # A max / avg pool1d as a pool2d one pixel high (pool1ds.py), after qlayouts.py moved a
         # quantized one onto int8: the POOL kernel takes it (text_cnn's max pool over its tokens).
         pool1ds_as_pool2ds_pass,
-        # A function of one quantized tensor through a sigmoid (QLinearSigmoid, a SiLU between
-        # quantized layers) as its 256-entry table, exact (qlookups.py): one LOOKUP kernel instead
-        # of a float sigmoid between the host's dequantize and quantize and a multiply kernel.
+        # A function of one quantized tensor through a sigmoid or an inner requantisation
+        # (QLinearSigmoid, a SiLU or hard-swish between quantized layers) as its 256-entry table,
+        # exact (qlookups.py): one LOOKUP kernel instead of a float sigmoid between the host's
+        # dequantize and quantize, or a chain kernel, and a multiply kernel.
         quantized_lookups_pass,
         # A residual add between quantized tensors (dequantize, add, quantize) is onnxruntime's
         # fixed-point QLinearAdd on int32, one FABRIC_INT8 kernel (qlinear.py); last, so that its
