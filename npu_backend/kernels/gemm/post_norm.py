@@ -46,7 +46,7 @@ import functools
 
 import numpy as np
 import tvm
-from tvm import te, tirx
+from tvm import te
 from tvm.relax.dpl import is_op, wildcard
 
 from cgra_sim import cost
@@ -55,9 +55,9 @@ from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of, static_shape
 from ..common.spec import Tiling
 from ..intrinsics import SPAD, get_intrin
-from ..intrinsics.row_ops import reduce_start
 from ..rows.norms import steps_of
 from .gemm_estimate import estimate_cycles, gemm_footprint, may_hold_a_panel
+from .row_norm import tensorize_row_reduce
 from ..rows.rows import RowSpec, Step, choose_row_tiling, estimate_row_cycles, shapes_of, stage_of, step_cycles
 
 F32 = "float32"
@@ -228,12 +228,7 @@ def tensorize_post_norm(sch, spec, rows: int, piece_loop, epilogue) -> None:
     for step in steps[:-1]:
         block = sch.get_sblock(step.name)
         if step.kind == "reduce":
-            init = sch.decompose_reduction(block, sch.get_loops(block)[-2])
-            sch.add_unit_loop(init)
-            sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", tm, 1, F32,
-                                                              value=tirx.const(reduce_start(step.func), F32)))
-            sch.add_unit_loop(sch.get_loops(block)[-1])
-            sch.tensorize(sch.get_loops(block)[-3], get_intrin("reduce", tm, width, step.func))
+            tensorize_row_reduce(sch, block, step.func, tm, width)
             continue
         if kinds[step.name] != "full":
             sch.add_unit_loop(block)

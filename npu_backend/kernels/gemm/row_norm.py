@@ -178,12 +178,7 @@ def tensorize_row_norm(sch, spec: KernelSpec, tiling: Tiling, align) -> None:
     for step in steps:
         block = sch.get_sblock(step.name)
         if step.kind == "reduce":
-            init = sch.decompose_reduction(block, sch.get_loops(block)[-2])
-            sch.add_unit_loop(init)
-            sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", tm, 1, F32,
-                                                              value=tirx.const(reduce_start(step.func), F32)))
-            sch.add_unit_loop(sch.get_loops(block)[-1])
-            sch.tensorize(sch.get_loops(block)[-3], get_intrin("reduce", tm, kp, step.func))
+            tensorize_row_reduce(sch, block, step.func, tm, kp)
             continue
         width = kp if kinds[step.name] == "full" else 1
         if width == 1:
@@ -196,3 +191,13 @@ def tensorize_row_norm(sch, spec: KernelSpec, tiling: Tiling, align) -> None:
         a_full, b_full = (full[kinds[i]] for i in step.inputs)
         sch.tensorize(row, get_intrin("eltwise", tm, width, step.func, F32, a_full=a_full, b_full=b_full))
     align(sch.get_sblock(steps[-1].name + "_o"))
+
+
+def tensorize_row_reduce(sch, block, func: str, tm: int, width: int) -> None:
+    """A (tm, width) tile's row reduction `block` (innermost loops: rows, columns) as the FILL of
+    its (tm, 1) result and the REDUCE (this module's panel program and post_norm.py's tile program)."""
+    init = sch.decompose_reduction(block, sch.get_loops(block)[-2])
+    sch.add_unit_loop(init)
+    sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", tm, 1, F32, value=tirx.const(reduce_start(func), F32)))
+    sch.add_unit_loop(sch.get_loops(block)[-1])
+    sch.tensorize(sch.get_loops(block)[-3], get_intrin("reduce", tm, width, func))
