@@ -14,6 +14,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ..errors import UnsupportedOperator
 from ..kernels import offload_reason
 from ..kernels.gemm.post_norm import SUFFIX
 from ..kernels.registry import entries_named
@@ -53,11 +54,15 @@ def post_norm_reasons(mod: tvm.IRModule, func: relax.Function, arch) -> dict:
 
 
 def _offloaded(mod: tvm.IRModule, call):
-    """The offloaded function `call` calls (attribute Codegen "cgra"), else None."""
+    """The offloaded function `call` calls (attribute Codegen "cgra") holding a composite, else
+    None (a user's call_tir kernel is offloaded without one: partition/call_tir.py)."""
     if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.GlobalVar):
         return None
     func = mod[call.op]
     if (func.attrs or {}).get("Codegen") != "cgra":
         return None
-    composite_call(func)
+    try:
+        composite_call(func)
+    except UnsupportedOperator:
+        return None
     return func
