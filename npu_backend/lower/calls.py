@@ -49,16 +49,22 @@ def buffer_args(call) -> list:
     return [buffer for buffer in map(buffer_of, call.args) if buffer is not None]
 
 
+def any_leaf(stmt, test) -> bool:
+    """Whether `test` holds for a statement of `stmt` below its sequences, loops and branches."""
+    if isinstance(stmt, tirx.SeqStmt):
+        return any(any_leaf(s, test) for s in stmt.seq)
+    if isinstance(stmt, tirx.For):
+        return any_leaf(stmt.body, test)
+    if isinstance(stmt, tirx.IfThenElse):
+        return any_leaf(stmt.then_case, test) or (stmt.else_case is not None and any_leaf(stmt.else_case, test))
+    return test(stmt)
+
+
 def touches(stmt, buffer) -> bool:
     """Whether `stmt` passes `buffer` to any device call (or stores to it)."""
-    if isinstance(stmt, tirx.SeqStmt):
-        return any(touches(s, buffer) for s in stmt.seq)
-    if isinstance(stmt, tirx.For):
-        return touches(stmt.body, buffer)
-    if isinstance(stmt, tirx.IfThenElse):
-        return touches(stmt.then_case, buffer) or (stmt.else_case is not None and touches(stmt.else_case, buffer))
-    if isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, ir.Call):
-        return any(b.same_as(buffer) for b in buffer_args(stmt.value))
-    if isinstance(stmt, tirx.BufferStore):
-        return stmt.buffer.same_as(buffer)
-    return False
+    def leaf(stmt) -> bool:
+        if isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, ir.Call):
+            return any(b.same_as(buffer) for b in buffer_args(stmt.value))
+        return isinstance(stmt, tirx.BufferStore) and stmt.buffer.same_as(buffer)
+
+    return any_leaf(stmt, leaf)

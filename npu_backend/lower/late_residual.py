@@ -24,7 +24,7 @@ from tvm import tirx
 from cgra_codegen import SPAD_SCOPE as SPAD
 
 from ..kernels.common.spec import GEMM_ROWS
-from .calls import extern_call, with_body
+from .calls import any_leaf, extern_call, with_body
 from .row_loads import load_target
 
 
@@ -85,13 +85,7 @@ def _after_loads(seq: list):
 
 def _has(stmt, name: str) -> bool:
     """Whether `stmt` makes the device call `name` anywhere."""
-    if isinstance(stmt, tirx.SeqStmt):
-        return any(_has(s, name) for s in stmt.seq)
-    if isinstance(stmt, tirx.For):
-        return _has(stmt.body, name)
-    if isinstance(stmt, tirx.IfThenElse):
-        return _has(stmt.then_case, name) or (stmt.else_case is not None and _has(stmt.else_case, name))
-    return extern_call(stmt, name) is not None
+    return any_leaf(stmt, lambda leaf: extern_call(leaf, name) is not None)
 
 
 def _substituted(stmt, var, value):
