@@ -260,9 +260,10 @@ def choose_row_tiling(spec, arch: HardwareDescription, steps) -> Tiling:
                                  f"{arch.spad_bytes}-byte scratchpad of '{arch.name}' with its intermediates; the "
                                  f"passes over column tiles take static shapes only ({fix}bind the symbolic sizes)")
     if not fitting and (getattr(spec, "out_dtype", F32) != F32 or getattr(spec, "in_dtype", F32) != F32):
-        raise ScratchpadTooSmall(f"{spec.kind}: a row of {spec.cols} float32 written as {spec.out_dtype} does not "
-                                 f"fit the {arch.spad_bytes}-byte scratchpad of '{arch.name}' whole (the passes "
-                                 "over column tiles write float32): describe a larger scratchpad")
+        raise ScratchpadTooSmall(f"{spec.kind}: a row of {spec.cols} {getattr(spec, 'in_dtype', F32)} written as "
+                                 f"{spec.out_dtype} does not fit the {arch.spad_bytes}-byte scratchpad of "
+                                 f"'{arch.name}' whole (the passes over column tiles read and write float32): "
+                                 "describe a larger scratchpad")
     if not fitting:
         return _long_tiling(spec, arch, steps, kinds)
 
