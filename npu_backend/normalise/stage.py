@@ -19,6 +19,7 @@ from cgra_sim import function_unit
 from ..kernels.attention.attention_tiles import attention_fits, causal_row_fits
 from ..kernels.attention.flash_length import length_fits
 from ..kernels.gemm.int4_matmul import Int4Layer, int4_matmul_kernel
+from ..kernels.gemm.int4_conv import int4_conv_kernel
 from ..kernels.gemm.int4_qmatmul import int4_qmatmul_kernel
 from .attentions import attentions_pass
 from .batch_norms import batch_norms_as_scale_shift
@@ -102,11 +103,11 @@ def normalise(mod, arch, options):
     # The same with int16 activations and int8 weights: 16x8 GEMMs into int64, requantised to
     # int16 (qdq16.py).
     mod = canonicalize_qdq16(mod)
-    # MatMulNBits' host PrimFuncs (4-bit weights), and the QDQ matmuls whose weights qdq.py packed
-    # (qdq_int4.py), become the chip's unpack-and-GEMM kernels, which keep the weights packed in
+    # MatMulNBits' host PrimFuncs (4-bit weights), and the QDQ matmuls and convs whose weights qdq.py
+    # packed (qdq_int4.py, int4_convs.py), become the chip's unpack-and-GEMM kernels, which keep the weights packed in
     # DRAM (int4_weights.py).
     mod = int4_weight_kernels(mod, arch, lambda m, k, n, block, zeros, chip: int4_matmul_kernel(
-        Int4Layer(m, k, n, block, zeros), chip), int4_qmatmul_kernel)
+        Int4Layer(m, k, n, block, zeros), chip), int4_qmatmul_kernel, int4_conv_kernel)
     # A bool cumsum counts, as PyTorch's does (bool_scans.py): as bool no target builds it, and
     # HF's causal mask, built from constants through one, would not fold.
     mod = bool_scans_as_counts_pass(mod)

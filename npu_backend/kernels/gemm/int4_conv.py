@@ -1,0 +1,188 @@
+"""conv2d with 4-bit weights packed in DRAM: UNPACK4 on the way into the PE array, a GEMM a tap.
+
+Stage: kernels (normalise/int4_weights.py replaces normalise/int4_convs.py's host PrimFunc with it).
+In: one layer's sizes and arithmetic (int4_convs.Int4ConvLayer: NCHW / OIHW, groups 1, any stride,
+padding and dilation; "int8" requantising or "float32" weight-only) and the chip. Out: a PrimFunc
+written for the NPU (`cgra.kernel`, docs/own-kernels.md).
+
+Per tile of nt output channels the kernel DMAs the packed bytes (half a byte a weight, tap-major:
+r = (ry * KW + rx) * C + c) with the int32 bias and float32 multipliers (int8) or the scales
+(float32), and UNPACK4 writes the (K, nt) weight tile in the scratchpad: int8 with UNPACK4_INT8,
+else float32(u - 8) * s per `group` rows. Then per tile of th whole output rows of an image (mt =
+th * OW GEMM rows) it FILLs the accumulator and, per tap (ry, rx), gathers the tap's (mt, C)
+operand with one strided DMA box (the padding is the box's halo: zero, or -128 when that is the
+int8 activation's zero point) and runs a GEMM of depth C into the accumulator against the tap's C
+consecutive rows of the weight tile. int8: one EPILOGUE adds the bias and requantises (qdq.py's
+arithmetic); float32: the accumulator is the output. The weight tiles alternate between two
+buffers and tile t + 1 is loaded and unpacked before tile t's GEMMs are issued, so the vector
+unit unpacks while the PE array multiplies; the gathers alternate between two buffers too.
+
+Why hand-written: as int4_matmul.py (a step between the weight's DMA and the GEMM, on the packed
+layout). Why a GEMM a tap rather than one over the whole im2col row: a tap's operand is one DMA
+box of the image (C channels x th rows x OW columns), the whole row would be KH * KW boxes
+scattered into one tile, and the tap's weight rows are consecutive in the unpacked tile.
+"""
+
+from __future__ import annotations
+
+import tvm.script
+
+from cgra_sim.arch import HardwareDescription
+from cgra_sim.isa import EPILOGUE_BIAS, EPILOGUE_REQUANTISE, GEMM_ACCUMULATE, UNPACK4_INT8, DType
+
+from ...errors import ScratchpadTooSmall
+from ...normalise.int4_convs import Int4ConvLayer
+from ..common.spad_layout import a_row_stride
+
+SPAD = "global.cgra_spad"
+_SPAD_SHARE = 0.9
+_ISSUE = 8  # cycles of issue a command, as int4_qmatmul.py counts them
+
+
+def _divisors(value: int) -> list[int]:
+    return [d for d in range(value, 0, -1) if value % d == 0]
+
+
+def _itemsize(layer: Int4ConvLayer) -> int:
+    return 1 if layer.mode == "int8" else 4
+
+
+def _tile_bytes(layer: Int4ConvLayer, th: int, nt: int, arch: HardwareDescription) -> int:
+    """Two buffers of each weight tile (packed, unpacked, bias + multiplier or scales), two of
+    the taps' gathered operands, the accumulator and (int8) the output tile."""
+    item, mt = _itemsize(layer), th * layer.ow
+    extra = 8 if layer.mode == "int8" else 4 * layer.groups
+    weights = nt * (layer.packed_bytes + item * layer.k + extra)
+    gathered = 2 * layer.kh * layer.kw * mt * a_row_stride(mt, layer.c, item, arch) * item
+    return 2 * weights + gathered + 4 * mt * nt + (mt * nt if layer.mode == "int8" else 0)
+
+
+def estimated_cycles(layer: Int4ConvLayer, th: int, nt: int, arch: HardwareDescription) -> int:
+    """The busiest unit's cycles (DMA: packed weights once, the image once a weight tile, the
+    output; PE array: a GEMM a tap and tile; vector unit: UNPACK4, FILL, EPILOGUE), plus the first
+    weight tile's unpack, which nothing overlaps, plus a few cycles of issue per command."""
+    item, mt, taps = _itemsize(layer), th * layer.ow, layer.kh * layer.kw
+    weight_tiles, pixel_tiles = layer.f // nt, layer.n * layer.oh // th
+    extra = 8 if layer.mode == "int8" else 4 * layer.groups
+    image = layer.n * layer.oh * layer.ow * taps * layer.c * item
+    dma = -(-(layer.f * (layer.packed_bytes + extra) + weight_tiles * image + layer.n * layer.f * layer.oh * layer.ow
+              * item) // arch.dma_bytes_per_cycle)
+    gemm = weight_tiles * pixel_tiles * taps * -(-mt // arch.rows) * -(-nt // arch.cols) * layer.c
+    passes = 2 if layer.mode == "int8" else 1
+    vector = -(-(layer.k * layer.f + passes * layer.n * layer.oh * layer.ow * layer.f) // arch.vector_lanes)
+    first = -(-layer.k * nt // arch.vector_lanes)
+    commands = weight_tiles * (4 + pixel_tiles * (2 * taps + 3))
+    return max(dma, gemm, vector) + first + _ISSUE * commands
+
+
+def choose_tiles(layer: Int4ConvLayer, arch: HardwareDescription) -> tuple[int, int]:
+    """(th, nt): divisors of OH and F whose tiles fit the scratchpad, the fewest estimated cycles."""
+    budget = int(arch.spad_bytes * _SPAD_SHARE)
+    best = None
+    for nt in _divisors(layer.f):
+        for th in _divisors(layer.oh):
+            if _tile_bytes(layer, th, nt, arch) > budget:
+                continue
+            key = (estimated_cycles(layer, th, nt, arch), -nt, -th)
+            if best is None or key < best[0]:
+                best = (key, (th, nt))
+    if best is None:
+        raise ScratchpadTooSmall(f"conv2d with int4 weights (C {layer.c}, F {layer.f}, {layer.kh}x{layer.kw}): no tile "
+                                 f"of one output row and one channel fits {budget} bytes of the {arch.spad_bytes}-byte "
+                                 "scratchpad; use a chip with a larger one")
+    return best[1]
+
+
+_TEMPLATE = """
+@T.prim_func
+def kernel(X: T.Buffer(({n}, {c}, {h}, {w}), "{dt}"), Q: T.Buffer(({f}, {kb}), "int8"),{params}
+           Y: T.Buffer(({n}, {f}, {oh}, {ow}), "{dt}")):
+    T.func_attr({{"cgra.kernel": True, "cgra.macs": {macs}}})
+    Q_s = T.alloc_buffer((2, {nt}, {kb}), "int8", scope="{spad}")
+{allocs}    W_s = T.alloc_buffer((2, {k}, {nt}), "{dt}", scope="{spad}")
+    X_s = T.alloc_buffer((2, {taps}, {mt}, {ks}), "{dt}", scope="{spad}")
+    A_s = T.alloc_buffer(({mt}, {nt}), "{acc}", scope="{spad}")
+{load0}{steady}{last}"""
+
+_INT8 = dict(
+    params=' B: T.Buffer(({f},), "int32"), M: T.Buffer(({f},), "float32"),',
+    allocs=('    B_s = T.alloc_buffer((2, {nt}), "int32", scope="{spad}")\n'
+            '    M_s = T.alloc_buffer((2, {nt}), "float32", scope="{spad}")\n'
+            '    Y_s = T.alloc_buffer(({mt}, {nt}), "int8", scope="{spad}")\n'),
+    operands=("{pad}for j in range({nt}):\n{pad}    B_s[{t} % 2, j] = B[{t} * {nt} + j]\n"
+              "{pad}for j in range({nt}):\n{pad}    M_s[{t} % 2, j] = M[{t} * {nt} + j]\n"),
+    unpack_args="Q_s.data, 0, 0, 0, 0, 0",
+    finish=('{pad}    T.evaluate(T.call_extern("int32", "cgra_epilogue", {flags}, {i32}, {i8}, {mt}, {nt}, A_s.data, 0,\n'
+            '{pad}        {nt}, B_s.data, {t} % 2 * {nt}, Y_s.data, 0, {nt}, 0, 0, 0, 0, 0, M_s.data, {t} % 2 * {nt},\n'
+            '{pad}        {zp}))\n'
+            '{pad}    for j, yy, xx in T.grid({nt}, {th}, {ow}):\n'
+            '{pad}        Y[b, {t} * {nt} + j, yb * {th} + yy, xx] = Y_s[yy * {ow} + xx, j]\n'))
+_FLOAT32 = dict(
+    params=' S: T.Buffer(({f}, {g}), "float32"),',
+    allocs='    S_s = T.alloc_buffer((2, {nt}, {g}), "float32", scope="{spad}")\n',
+    operands="{pad}for j, s in T.grid({nt}, {g}):\n{pad}    S_s[{t} % 2, j, s] = S[{t} * {nt} + j, s]\n",
+    unpack_args="S_s.data, {t} % 2 * {nt} * {g}, {g}, 0, 0, 0",
+    finish=('{pad}    for j, yy, xx in T.grid({nt}, {th}, {ow}):\n'
+            '{pad}        Y[b, {t} * {nt} + j, yb * {th} + yy, xx] = A_s[yy * {ow} + xx, j]\n'))
+
+_LOAD = """{pad}for j, q in T.grid({nt}, {kb}):
+{pad}    Q_s[{t} % 2, j, q] = Q[{t} * {nt} + j, q]
+{operands}{pad}T.evaluate(T.call_extern("int32", "cgra_unpack4", {unpack}, {k}, {nt}, {group}, Q_s.data, {t} % 2 * {nt} * {kb}, {kb},
+{pad}    {unpack_args}, W_s.data, {t} % 2 * {k} * {nt}, {nt}))
+"""
+
+_COMPUTE = """{pad}for b, yb in T.grid({n}, {oh} // {th}):
+{pad}    T.evaluate(T.call_extern("int32", "cgra_fill", {accd}, A_s.data, 0, {mt}, {nt}, {nt}, 0))
+{pad}    for ry, rx in T.grid({kh}, {kw}):
+{pad}        for yy, xx, ci in T.grid({th}, {ow}, {c}):
+{pad}            X_s[(b * {yt} + yb) % 2, ry * {kw} + rx, yy * {ow} + xx, ci] = {value}
+{pad}        T.evaluate(T.call_extern("int32", "cgra_gemm", {accumulate}, {gemmd}, {mt}, {nt}, {c}, X_s.data,
+{pad}            ((b * {yt} + yb) % 2 * {taps} + ry * {kw} + rx) * {mt} * {ks}, {ks}, W_s.data,
+{pad}            {t} % 2 * {k} * {nt} + (ry * {kw} + rx) * {c} * {nt}, {nt}, A_s.data, 0, {nt}))
+{finish}"""
+
+
+def _gather_value(layer: Int4ConvLayer) -> str:
+    """The gathered element: X at the tap's pixel, the halo's value outside the image."""
+    (sh, sw), (dh, dw), (top, left, _, _) = layer.stride, layer.dilation, layer.padding
+    y = f"(yb * {{th}} + yy) * {sh} + ry * {dh} - {top}"
+    x = f"xx * {sw} + rx * {dw} - {left}"
+    load = f"X[b, ci, {y}, {x}]"
+    if not any(layer.padding):
+        return load
+    fill = f'T.{layer.mode}({layer.fill if layer.mode == "int8" else 0})'
+    guard = f"0 <= {y} and {y} < {layer.h} and 0 <= {x} and {x} < {layer.w}"
+    return f"T.if_then_else({guard}, {load}, {fill})"
+
+
+def int4_conv_kernel(layer: Int4ConvLayer, arch: HardwareDescription):
+    """The `cgra.kernel` PrimFunc of `layer` on `arch`: (X, Q, B, M, Y) for int8, (X, Q, S, Y)
+    for float32 (int4_convs.host_prim_func's parameters)."""
+    th, nt = choose_tiles(layer, arch)
+    int8 = layer.mode == "int8"
+    parts = _INT8 if int8 else _FLOAT32
+    mt = th * layer.ow
+    fields = dict(n=layer.n, c=layer.c, h=layer.h, w=layer.w, f=layer.f, kh=layer.kh, kw=layer.kw, oh=layer.oh,
+                  ow=layer.ow, k=layer.k, kb=layer.packed_bytes, g=layer.groups, group=1 if int8 else layer.group,
+                  taps=layer.kh * layer.kw, th=th, yt=layer.oh // th, mt=mt, nt=nt, spad=SPAD, macs=layer.macs,
+                  ks=a_row_stride(mt, layer.c, _itemsize(layer), arch), dt=layer.mode, acc="int32" if int8 else "float32",
+                  accd=int(DType.INT32 if int8 else DType.FLOAT32), gemmd=int(DType.INT8 if int8 else DType.FLOAT32),
+                  accumulate=GEMM_ACCUMULATE, unpack=UNPACK4_INT8 if int8 else 0, i8=int(DType.INT8),
+                  i32=int(DType.INT32), zp=layer.zero_point, flags=EPILOGUE_BIAS | EPILOGUE_REQUANTISE)
+    fields["value"] = _gather_value(layer).format(**fields)
+
+    def load(t: str, pad: str) -> str:
+        local = dict(fields, t=t, pad=pad)
+        return _LOAD.format(operands=parts["operands"].format(**local), unpack_args=parts["unpack_args"].format(**local),
+                            **local)
+
+    def compute(t: str, pad: str) -> str:
+        local = dict(fields, t=t, pad=pad)
+        return _COMPUTE.format(finish=parts["finish"].format(**local), **local)
+
+    tiles = layer.f // nt
+    steady = (f"    for nb in range({tiles - 1}):\n" + load("(nb + 1)", "        ") + compute("nb", "        ")) \
+        if tiles > 1 else ""
+    text = _TEMPLATE.format(params=parts["params"].format(**fields), allocs=parts["allocs"].format(**fields),
+                            load0=load("0", "    "), steady=steady, last=compute(str(tiles - 1), "    "), **fields)
+    return tvm.script.from_source(text)
