@@ -36,6 +36,7 @@ from cgra_sim.unpack4 import pack_signed
 
 from ..frontend.provenance import with_span
 from ..relax_info import shape_dims
+from .qdq_int4 import fits_int4
 
 #: The PrimFunc attribute naming an int4 conv2d layer: `Int4ConvLayer.words()`.
 LAYER_ATTR = "cgra.int4_conv"
@@ -191,15 +192,16 @@ def call_layer(builder, layer: Int4ConvLayer, data, consts: list, span=None):
 
 def emit_int4_conv(builder, data, layer, multiplier: np.ndarray, y_zero_point: int, span):
     """The int8 result of a QDQ conv2d `layer` (qdq._Layer; `data` its int8 NCHW activation,
-    emitted) from packed weights, or None where they do not fit 4 bits, the groups are not 1, the
-    image is not static, or it pads with a zero point other than 0 and -128 (the halo's values)."""
-    from .qdq_int4 import fits_int4
-
-    dims = shape_dims(data)
-    attrs = layer.conv.attrs
+    emitted) from packed weights, or None where they do not fit 4 bits, a channel has one weight
+    (packing saves nothing), the groups are not 1, the image is not static, or it pads with a
+    zero point other than 0 and -128 (the halo's values)."""
+    if layer.op not in ("conv2d", "conv1d"):
+        return None
+    dims, attrs = shape_dims(data), layer.conv.attrs
     relu_is_clamp = not layer.relu or (y_zero_point == -128 and bool(np.all(multiplier > 0)))
-    if layer.op not in ("conv2d", "conv1d") or not relu_is_clamp or not fits_int4(layer.weight) \
-            or int(attrs.groups) != 1 or dims is None or not all(isinstance(d, int) for d in dims):
+    # One weight a channel (a 1x1 conv of one channel) packs into as many bytes as it has weights.
+    if not relu_is_clamp or not fits_int4(layer.weight) or layer.weight[0].size < 2 or int(attrs.groups) != 1 \
+            or dims is None or not all(isinstance(d, int) for d in dims):
         return None
     strides, padding, dilation = ([int(v) for v in attrs.strides], [int(p) for p in attrs.padding],
                                   [int(d) for d in attrs.dilation])

@@ -47,14 +47,20 @@ def _itemsize(layer: Int4ConvLayer) -> int:
     return 1 if layer.mode == "int8" else 4
 
 
+def _buffers(layer: Int4ConvLayer, th: int, nt: int) -> tuple[int, int]:
+    """(weight tile buffers, gather buffers): two, to alternate, unless there is one tile."""
+    return (1 if nt == layer.f else 2), (1 if layer.n * layer.oh == th else 2)
+
+
 def _tile_bytes(layer: Int4ConvLayer, th: int, nt: int, arch: HardwareDescription) -> int:
-    """Two buffers of each weight tile (packed, unpacked, bias + multiplier or scales), two of
-    the taps' gathered operands, the accumulator and (int8) the output tile."""
+    """The weight tiles' buffers (packed, unpacked, bias + multiplier or scales), the taps'
+    gathered operands' buffers, the accumulator and (int8) the output tile."""
     item, mt = _itemsize(layer), th * layer.ow
     extra = 8 if layer.mode == "int8" else 4 * layer.groups
     weights = nt * (layer.packed_bytes + item * layer.k + extra)
-    gathered = 2 * layer.kh * layer.kw * mt * a_row_stride(mt, layer.c, item, arch) * item
-    return 2 * weights + gathered + 4 * mt * nt + (mt * nt if layer.mode == "int8" else 0)
+    gathered = layer.kh * layer.kw * mt * a_row_stride(mt, layer.c, item, arch) * item
+    wb, xb = _buffers(layer, th, nt)
+    return wb * weights + xb * gathered + 4 * mt * nt + (mt * nt if layer.mode == "int8" else 0)
 
 
 def estimated_cycles(layer: Int4ConvLayer, th: int, nt: int, arch: HardwareDescription) -> int:
@@ -98,16 +104,16 @@ _TEMPLATE = """
 def kernel(X: T.Buffer(({n}, {c}, {h}, {w}), "{dt}"), Q: T.Buffer(({f}, {kb}), "int8"),{params}
            Y: T.Buffer(({n}, {f}, {oh}, {ow}), "{dt}")):
     T.func_attr({{"cgra.kernel": True, "cgra.macs": {macs}}})
-    Q_s = T.alloc_buffer((2, {nt}, {kb}), "int8", scope="{spad}")
-{allocs}    W_s = T.alloc_buffer((2, {k}, {nt}), "{dt}", scope="{spad}")
-    X_s = T.alloc_buffer((2, {taps}, {mt}, {ks}), "{dt}", scope="{spad}")
+    Q_s = T.alloc_buffer(({wb}, {nt}, {kb}), "int8", scope="{spad}")
+{allocs}    W_s = T.alloc_buffer(({wb}, {k}, {nt}), "{dt}", scope="{spad}")
+    X_s = T.alloc_buffer(({xb}, {taps}, {mt}, {ks}), "{dt}", scope="{spad}")
     A_s = T.alloc_buffer(({mt}, {nt}), "{acc}", scope="{spad}")
 {load0}{steady}{last}"""
 
 _INT8 = dict(
     params=' B: T.Buffer(({f},), "int32"), M: T.Buffer(({f},), "float32"),',
-    allocs=('    B_s = T.alloc_buffer((2, {nt}), "int32", scope="{spad}")\n'
-            '    M_s = T.alloc_buffer((2, {nt}), "float32", scope="{spad}")\n'
+    allocs=('    B_s = T.alloc_buffer(({wb}, {nt}), "int32", scope="{spad}")\n'
+            '    M_s = T.alloc_buffer(({wb}, {nt}), "float32", scope="{spad}")\n'
             '    Y_s = T.alloc_buffer(({mt}, {nt}), "int8", scope="{spad}")\n'),
     operands=("{pad}for j in range({nt}):\n{pad}    B_s[{t} % 2, j] = B[{t} * {nt} + j]\n"
               "{pad}for j in range({nt}):\n{pad}    M_s[{t} % 2, j] = M[{t} * {nt} + j]\n"),
@@ -119,7 +125,7 @@ _INT8 = dict(
             '{pad}        Y[b, {t} * {nt} + j, yb * {th} + yy, xx] = Y_s[yy * {ow} + xx, j]\n'))
 _FLOAT32 = dict(
     params=' S: T.Buffer(({f}, {g}), "float32"),',
-    allocs='    S_s = T.alloc_buffer((2, {nt}, {g}), "float32", scope="{spad}")\n',
+    allocs='    S_s = T.alloc_buffer(({wb}, {nt}, {g}), "float32", scope="{spad}")\n',
     operands="{pad}for j, s in T.grid({nt}, {g}):\n{pad}    S_s[{t} % 2, j, s] = S[{t} * {nt} + j, s]\n",
     unpack_args="S_s.data, {t} % 2 * {nt} * {g}, {g}, 0, 0, 0",
     finish=('{pad}    for j, yy, xx in T.grid({nt}, {th}, {ow}):\n'
@@ -162,7 +168,8 @@ def int4_conv_kernel(layer: Int4ConvLayer, arch: HardwareDescription):
     int8 = layer.mode == "int8"
     parts = _INT8 if int8 else _FLOAT32
     mt = th * layer.ow
-    fields = dict(n=layer.n, c=layer.c, h=layer.h, w=layer.w, f=layer.f, kh=layer.kh, kw=layer.kw, oh=layer.oh,
+    wb, xb = _buffers(layer, th, nt)
+    fields = dict(wb=wb, xb=xb, n=layer.n, c=layer.c, h=layer.h, w=layer.w, f=layer.f, kh=layer.kh, kw=layer.kw, oh=layer.oh,
                   ow=layer.ow, k=layer.k, kb=layer.packed_bytes, g=layer.groups, group=1 if int8 else layer.group,
                   taps=layer.kh * layer.kw, th=th, yt=layer.oh // th, mt=mt, nt=nt, spad=SPAD, macs=layer.macs,
                   ks=a_row_stride(mt, layer.c, _itemsize(layer), arch), dt=layer.mode, acc="int32" if int8 else "float32",
