@@ -174,3 +174,22 @@ def test_a_qdq_conv_with_int4_weights_loads_half_the_weight_bytes_equal_to_onnxr
     assert convs[0].dma_load_bytes <= weights + 8 * 6 + 9 * 5 * 64  # + bias, multiplier, the 9 taps' gathers
     np.testing.assert_array_equal(outputs[1].numpy(), expected[1])
     np.testing.assert_array_equal(outputs[0].numpy(), expected[0])
+
+
+@pytest.mark.parametrize("mode", ["int8", "float32"])
+@pytest.mark.parametrize("pixels_outer", [False, True])
+def test_both_loop_orders_over_several_weight_and_pixel_tiles_equal_numpy(mode, pixels_outer, monkeypatch):
+    """Weight tiles outer (the image gathered once a weight tile) and pixel tiles outer (the
+    weights loaded and unpacked once a pixel tile), each over 3 weight tiles and 4 pixel tiles of
+    2 images, so both alternating buffers and the last tile's are used."""
+    from npu_backend.kernels.gemm import int4_conv
+
+    monkeypatch.setattr(int4_conv, "choose_tiles", lambda layer, arch: (2, 2, pixels_outer))
+    layer = Int4ConvLayer(mode, 2, 3, 4, 5, 6, 3, 2, (1, 2), (1, 1), (1, 0, 1, 1), 7, -128, 4)
+    x, consts, want = _case(layer, 5)
+    vm = tvm.relax.VirtualMachine(npu_backend.compile(layer_module(layer, consts), "cgra-8x8"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    if mode == "int8":
+        np.testing.assert_array_equal(got, want)
+    else:
+        assert np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
