@@ -118,7 +118,7 @@ def test_verify_conv2d_with_int4_weights_passes(arch, dtype, capsys):
     assert capsys.readouterr().out.startswith(f"PASS conv2d 1x5x9x7x6x3x3 {dtype} x int4 weights")
 
 
-def _int4_qdq_conv_model(seed: int = 0, channels=(5, 6), kernel=3, pad=1, relu=True):
+def _int4_qdq_conv_model(seed: int = 0, channels=(5, 6), kernel=3, pad=1, relu=True, rank=2):
     """input -> Q/DQ (int8, zero point -128 after a relu-like range) -> Conv(DQ(INT4 weights per
     output channel), DQ(int32 bias)) [-> Relu] -> Q/DQ: opset 21, onnx.helper."""
     rng = np.random.default_rng(seed)
@@ -131,7 +131,7 @@ def _int4_qdq_conv_model(seed: int = 0, channels=(5, 6), kernel=3, pad=1, relu=T
         return name
 
     xs, ws = np.float32(0.02), rng.uniform(0.01, 0.05, cout).astype(np.float32)
-    w = rng.integers(-8, 8, (cout, cin, kernel, kernel))
+    w = rng.integers(-8, 8, (cout, cin) + (kernel,) * rank)
     bias = rng.integers(-400, 400, cout).astype(np.int32)
     init("xs", xs), init("xz", np.int8(-128)), init("ys", np.float32(0.05)), init("yz", np.int8(-128 if relu else 3))
     init("w", w, TensorProto.INT4), init("ws", ws), init("wz", np.zeros(cout, np.int64), TensorProto.INT4)
@@ -140,38 +140,40 @@ def _int4_qdq_conv_model(seed: int = 0, channels=(5, 6), kernel=3, pad=1, relu=T
               helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
               helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
               helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["bd"], axis=0),
-              helper.make_node("Conv", ["xd", "wd", "bd"], ["conv"], pads=[pad] * 4, kernel_shape=[kernel] * 2)]
+              helper.make_node("Conv", ["xd", "wd", "bd"], ["conv"], pads=[pad] * 2 * rank,
+                               kernel_shape=[kernel] * rank)]
     last = "conv"
     if relu:
         nodes.append(helper.make_node("Relu", ["conv"], ["relu"]))
         last = "relu"
     nodes += [helper.make_node("QuantizeLinear", [last, "ys", "yz"], ["yq"]),
               helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["output"])]
-    shape = [1, cin, 8, 8]
+    shape, out = [1, cin] + [8] * rank, [1, cout] + [8 + 2 * pad - kernel + 1] * rank
     graph = helper.make_graph(nodes, "int4conv", [helper.make_tensor_value_info("input", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, cout, 8, 8]),
-                               helper.make_tensor_value_info("yq", TensorProto.INT8, [1, cout, 8, 8])], inits)
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, out),
+                               helper.make_tensor_value_info("yq", TensorProto.INT8, out)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10
     onnx.checker.check_model(model)
     return model, {"input": rng.uniform(0, 2.5, shape).astype(np.float32)}
 
 
-@pytest.mark.parametrize("relu", [True, False])
-def test_a_qdq_conv_with_int4_weights_loads_half_the_weight_bytes_equal_to_onnxruntime(relu):
-    """The conv is one NPU kernel over the packed weights (ceil(C * 9 / 2) bytes a channel, not
-    C * 9), its int8 output equal to onnxruntime's."""
+@pytest.mark.parametrize("relu, rank", [(True, 2), (False, 2), (True, 1)])
+def test_a_qdq_conv_with_int4_weights_loads_half_the_weight_bytes_equal_to_onnxruntime(relu, rank):
+    """The conv (a conv1d: one pixel high) is one NPU kernel over the packed weights
+    (ceil(C * taps / 2) bytes a channel, not C * taps), its int8 output equal to onnxruntime's."""
     import onnxruntime as ort
 
-    model, feeds = _int4_qdq_conv_model(relu=relu)
+    model, feeds = _int4_qdq_conv_model(relu=relu, rank=rank)
     expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     with npu_backend.profile() as prof:
         vm = tvm.relax.VirtualMachine(npu_backend.compile(npu_backend.from_onnx(model), "cgra-8x8"), tvm.cpu())
         outputs = vm["main"](tvm.runtime.tensor(feeds["input"]))
     convs = [k for k in prof.kernels if k.name == "cgra_tir_qdq_int4_conv2d"]
     assert len(convs) == 1
-    weights = 6 * -(-5 * 9 // 2)  # 6 channels of 45 nibbles: 23 bytes each
-    assert convs[0].dma_load_bytes <= weights + 8 * 6 + 9 * 5 * 64  # + bias, multiplier, the 9 taps' gathers
+    taps = 3 ** rank
+    weights = 6 * -(-5 * taps // 2)  # 6 channels of 45 nibbles (23 bytes) or 15 (8 bytes)
+    assert convs[0].dma_load_bytes <= weights + 8 * 6 + taps * 5 * 8 ** rank  # + bias, multiplier, the taps' gathers
     np.testing.assert_array_equal(outputs[1].numpy(), expected[1])
     np.testing.assert_array_equal(outputs[0].numpy(), expected[0])
 
