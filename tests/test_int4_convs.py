@@ -187,7 +187,7 @@ def test_both_loop_orders_over_several_weight_and_pixel_tiles_equal_numpy(mode, 
     from npu_backend.kernels.gemm import int4_conv
 
     monkeypatch.setattr(int4_conv, "choose_tiles", lambda layer, arch: (2, 2, pixels_outer))
-    layer = Int4ConvLayer(mode, 2, 3, 4, 5, 6, 3, 2, (1, 2), (1, 1), (1, 0, 1, 1), 7, -128, 4)
+    layer = Int4ConvLayer(mode, 2, 4, 4, 5, 6, 3, 2, (1, 2), (1, 1), (1, 0, 1, 1), 7, -128, 4)  # a tap an UNPACK4
     x, consts, want = _case(layer, 5)
     vm = tvm.relax.VirtualMachine(npu_backend.compile(layer_module(layer, consts), "cgra-8x8"), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(x)).numpy()

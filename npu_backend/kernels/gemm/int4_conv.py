@@ -15,7 +15,11 @@ int8 activation's zero point) and runs a GEMM of depth C into the accumulator ag
 consecutive rows of the weight tile. int8: one EPILOGUE adds the bias and requantises (qdq.py's
 arithmetic); float32: the accumulator is the output. The weight tiles alternate between two
 buffers and tile t + 1 is loaded and unpacked before tile t's GEMMs are issued, so the vector
-unit unpacks while the PE array multiplies; the gathers alternate between two buffers too.
+unit unpacks while the PE array multiplies; the gathers alternate between two buffers too. With
+C even (a tap's rows start on a whole byte) UNPACK4 runs a tap at a time, so tap 0's GEMM waits for
+its rows only. Where the estimate says so, pixel tiles go outside the weight tiles instead (the
+weights reloaded and unpacked per pixel tile, the image gathered once: a chip whose scratchpad
+holds few float32 weight columns).
 
 Why hand-written: as int4_matmul.py (a step between the weight's DMA and the GEMM, on the packed
 layout). Why a GEMM a tap rather than one over the whole im2col row: a tap's operand is one DMA
@@ -88,8 +92,11 @@ def estimated_cycles(layer: Int4ConvLayer, th: int, nt: int, arch: HardwareDescr
     passes = 2 if layer.mode == "int8" else 1
     vector = -(-(unpacks + passes * layer.n * layer.oh * layer.ow * layer.f) // arch.vector_lanes)
     first = -(-layer.k * nt // arch.vector_lanes)
+    # What nothing overlaps at the ends: the first tap's gather before the first GEMM, the last
+    # tile's EPILOGUE and store after the last.
+    ends = -(-(mt * layer.c * item + mt * nt * item) // arch.dma_bytes_per_cycle) + -(-mt * nt // arch.vector_lanes)
     commands = weight_tiles * pixel_tiles * (2 * taps + 3) + (pixel_tiles if pixels_outer else 1) * 4 * weight_tiles
-    return max(dma, gemm, vector) + first + _ISSUE * commands
+    return max(dma, gemm, vector) + first + ends + _ISSUE * commands
 
 
 def choose_tiles(layer: Int4ConvLayer, arch: HardwareDescription) -> tuple[int, int, bool]:
@@ -142,14 +149,16 @@ _FLOAT32 = dict(
     params=' S: T.Buffer(({f}, {g}), "float32"),',
     allocs='    S_s = T.alloc_buffer(({wb}, {nt}, {g}), "float32", scope="{spad}")\n',
     operands="{pad}for j, s in T.grid({nt}, {g}):\n{pad}    S_s[{t} % 2, j, s] = S[{t} * {nt} + j, s]\n",
-    unpack_args="S_s.data, {t} % 2 * {nt} * {g}, {g}, 0, 0, 0",
+    unpack_args="S_s.data, {t} % 2 * {nt} * {g} + u * {chunk_groups}, {g}, 0, 0, 0",
     finish=('{pad}    for j, yy, xx in T.grid({nt}, {th}, {ow}):\n'
             '{pad}        Y[b, {t} * {nt} + j, yb * {th} + yy, xx] = A_s[yy * {ow} + xx, j]\n'))
 
 _LOAD = """{pad}for j, q in T.grid({nt}, {kb}):
 {pad}    Q_s[{t} % 2, j, q] = Q[{t} * {nt} + j, q]
-{operands}{pad}T.evaluate(T.call_extern("int32", "cgra_unpack4", {unpack}, {k}, {nt}, {group}, Q_s.data, {t} % 2 * {nt} * {kb}, {kb},
-{pad}    {unpack_args}, W_s.data, {t} % 2 * {k} * {nt}, {nt}))
+{operands}{pad}for u in range({chunks}):
+{pad}    T.evaluate(T.call_extern("int32", "cgra_unpack4", {unpack}, {chunk}, {nt}, {group}, Q_s.data,
+{pad}        {t} % 2 * {nt} * {kb} + u * {chunk} // 2, {kb}, {unpack_args}, W_s.data, {t} % 2 * {k} * {nt} + u * {chunk} * {nt},
+{pad}        {nt}))
 """
 
 _COMPUTE = """{pad}for b, yb in T.grid({n}, {oh} // {th}):
@@ -190,6 +199,15 @@ def _gather_value(layer: Int4ConvLayer) -> str:
     return f"T.if_then_else({guard}, {load}, {fill})"
 
 
+def _unpack_rows(layer: Int4ConvLayer) -> int:
+    """Rows of the weight tile one UNPACK4 writes: a tap's C when they start on a whole byte and
+    a whole scale group (so tap 0's GEMMs wait for its rows only, not the whole tile's), else K."""
+    c, group = layer.c, layer.group
+    if c % 2 == 0 and c < layer.k and (layer.mode == "int8" or group >= layer.k or c % group == 0):
+        return c
+    return layer.k
+
+
 def int4_conv_kernel(layer: Int4ConvLayer, arch: HardwareDescription):
     """The `cgra.kernel` PrimFunc of `layer` on `arch`: (X, Q, B, M, Y) for int8, (X, Q, S, Y)
     for float32 (int4_convs.host_prim_func's parameters). Weight tiles outer (the image gathered
@@ -208,6 +226,8 @@ def int4_conv_kernel(layer: Int4ConvLayer, arch: HardwareDescription):
                   unpack=UNPACK4_INT8 if int8 else 0, i8=int(DType.INT8), i32=int(DType.INT32), zp=layer.zero_point,
                   flags=EPILOGUE_BIAS | EPILOGUE_REQUANTISE)
     fields["value"] = _gather_value(layer).format(**fields)
+    fields["chunk"] = chunk = _unpack_rows(layer)
+    fields.update(chunks=layer.k // chunk, chunk_groups=0 if layer.group >= layer.k else chunk // layer.group)
 
     def text(template: str, pad: str, t: str = "0", **parts_) -> str:
         return template.format(**dict(fields, t=t, pad=pad, **parts_))
