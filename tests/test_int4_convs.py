@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx.version_converter
 import pytest
 import tvm
 from hypothesis import given, settings
@@ -195,3 +196,28 @@ def test_both_loop_orders_over_several_weight_and_pixel_tiles_equal_numpy(mode, 
         np.testing.assert_array_equal(got, want)
     else:
         assert np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
+
+
+def test_a_resnet_quantized_by_onnxruntime_with_int4_weights_packs_its_convs_bit_exact(tmp_path):
+    """onnxruntime's quantize_static with QInt4 weights per channel on a ResNet: the convs whose
+    input zero point pads as the halo (after a relu: -128) are packed int4 kernels (5 of 6), named after
+    their ONNX nodes, and every quantized tensor equals onnxruntime's (which computes an int4 layer
+    as DequantizeLinear + a float32 conv: a tie could round a step apart; none did here)."""
+    import onnxruntime as ort
+    from onnx_models import resnet
+    from qdq_models import onnxruntime_quantized, with_quantized_outputs
+
+    float_model = onnx.version_converter.convert_version(resnet(size=16), 21)  # INT4 QDQ in the onnx domain
+    model = onnxruntime_quantized(float_model, tmp_path, "QInt8", "QInt4", per_channel=True)
+    assert sum(init.data_type == TensorProto.INT4 for init in model.graph.initializer) >= 7
+    model, names = with_quantized_outputs(model)
+    vm = tvm.relax.VirtualMachine(npu_backend.compile(npu_backend.from_onnx(model), "cgra-8x8"), tvm.cpu())
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(3).normal(0, 1, (1, 3, 16, 16)).astype(np.float32)
+    with npu_backend.profile() as prof:
+        got = dict(zip(names, (t.numpy() for t in vm["main"](tvm.runtime.tensor(x)))))
+    theirs = dict(zip(names, session.run(None, {"input": x})))
+    packed = [k for k in prof.kernels if k.name.startswith("cgra_tir_qdq_int4_conv2d")]
+    assert len(packed) == 5 and all(k.model_nodes for k in packed)  # all but the stem (input zero point 15)
+    for name in names:  # every quantized tensor (and the dequantized output)
+        np.testing.assert_array_equal(got[name], theirs[name], err_msg=name)
