@@ -60,7 +60,13 @@ def _case(draw_layer: Int4ConvLayer, seed: int):
         acc = conv_numpy(x, values, layer.stride, layer.dilation, layer.padding, layer.fill) + bias.reshape(1, -1, 1, 1)
         zp = layer.zero_point
         want = (np.rint(np.clip(acc.astype(np.float32) * scale.reshape(1, -1, 1, 1), -128 - zp, 127 - zp)) + zp)
-        return x, [pack_conv_weights(values, "int8"), bias, scale], want.astype(np.int8)
+        consts = [pack_conv_weights(values, "int8"), bias, scale]
+        if layer.corrected:  # a zero point the halo cannot hold: -128 and the correction
+            from npu_backend.normalise.qdq_borders import border_correction
+
+            consts.append(border_correction(values, layer.fill, (layer.c, layer.h, layer.w), layer.padding,
+                                            layer.stride, layer.dilation, 1)[0])
+        return x, consts, want.astype(np.int8)
     x = rng.standard_normal((layer.n, layer.c, layer.h, layer.w)).astype(np.float32)
     scales = rng.uniform(0.01, 0.1, (layer.f, layer.groups)).astype(np.float32)
     rows = np.arange(layer.k) // layer.group  # tap-major row r -> its scale
@@ -79,7 +85,7 @@ def _layers(draw):
     h = draw(st.integers(dilation[0] * (kh - 1) + 1, 9))
     w = draw(st.integers(dilation[1] * (kw - 1) + 1, 9))
     return Int4ConvLayer(mode, draw(st.integers(1, 2)), draw(st.integers(1, 7)), h, w, draw(st.integers(1, 9)), kh, kw,
-                         stride, dilation, padding, draw(st.integers(-128, 127)), draw(st.sampled_from([0, -128])),
+                         stride, dilation, padding, draw(st.integers(-128, 127)), draw(st.sampled_from([0, -128, 37, -5])),
                          draw(st.sampled_from([0, 4, 5, 8])))
 
 
@@ -184,11 +190,13 @@ def test_a_qdq_conv_with_int4_weights_loads_half_the_weight_bytes_equal_to_onnxr
 def test_both_loop_orders_over_several_weight_and_pixel_tiles_equal_numpy(mode, pixels_outer, monkeypatch):
     """Weight tiles outer (the image gathered once a weight tile) and pixel tiles outer (the
     weights loaded and unpacked once a pixel tile), each over 3 weight tiles and 4 pixel tiles of
-    2 images, so both alternating buffers and the last tile's are used."""
+    2 images, so both alternating buffers and the last tile's are used, and the int8 padding's
+    correction tile is the output tile's."""
     from npu_backend.kernels.gemm import int4_conv
 
     monkeypatch.setattr(int4_conv, "choose_tiles", lambda layer, arch: (2, 2, pixels_outer))
-    layer = Int4ConvLayer(mode, 2, 4, 4, 5, 6, 3, 2, (1, 2), (1, 1), (1, 0, 1, 1), 7, -128, 4)  # a tap an UNPACK4
+    # C 4: a tap an UNPACK4; zero point 37: int8's padding corrected (halo -128 + R per output tile)
+    layer = Int4ConvLayer(mode, 2, 4, 4, 5, 6, 3, 2, (1, 2), (1, 1), (1, 0, 1, 1), 7, 37, 4)
     x, consts, want = _case(layer, 5)
     vm = tvm.relax.VirtualMachine(npu_backend.compile(layer_module(layer, consts), "cgra-8x8"), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(x)).numpy()
@@ -200,7 +208,8 @@ def test_both_loop_orders_over_several_weight_and_pixel_tiles_equal_numpy(mode, 
 
 def test_a_resnet_quantized_by_onnxruntime_with_int4_weights_packs_its_convs_bit_exact(tmp_path):
     """onnxruntime's quantize_static with QInt4 weights per channel on a ResNet: the convs whose
-    input zero point pads as the halo (after a relu: -128) are packed int4 kernels (5 of 6), named after
+    input zero point pads as the halo (after a relu: -128), and the stem's (zero point 15: -128 and
+    a correction) are packed int4 kernels, named after
     their ONNX nodes, and every quantized tensor equals onnxruntime's (which computes an int4 layer
     as DequantizeLinear + a float32 conv: a tie could round a step apart; none did here)."""
     import onnxruntime as ort
@@ -218,6 +227,6 @@ def test_a_resnet_quantized_by_onnxruntime_with_int4_weights_packs_its_convs_bit
         got = dict(zip(names, (t.numpy() for t in vm["main"](tvm.runtime.tensor(x)))))
     theirs = dict(zip(names, session.run(None, {"input": x})))
     packed = [k for k in prof.kernels if k.name.startswith("cgra_tir_qdq_int4_conv2d")]
-    assert len(packed) == 5 and all(k.model_nodes for k in packed)  # all but the stem (input zero point 15)
+    assert len(packed) == 6 and all(k.model_nodes for k in packed)  # the stem's input zero point 15 corrected
     for name in names:  # every quantized tensor (and the dequantized output)
         np.testing.assert_array_equal(got[name], theirs[name], err_msg=name)

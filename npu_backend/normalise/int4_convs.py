@@ -11,7 +11,9 @@ weight, UNPACK4 into the scratchpad, a GEMM per kernel tap).
 Two arithmetics, as the int4 matmuls have:
 - "int8" (QDQ, int8 activations x int4 weights, zero point 0): acc = sum int32(x) * w + B[f] in
   int32, Y = rne(clamp(float32(acc) * M[f], -128 - zp, 127 - zp)) + zp (qdq.py's; the padding
-  holds `fill`, the activation's zero point, 0 or -128: the DMA halo's two values).
+  holds `fill`, the activation's zero point. The DMA halo holds 0 or -128: for another zero point
+  it holds -128 and an int32 correction R (F, OH, OW), (fill + 128) times the padded taps' weight
+  sums (qdq_borders.border_correction), is added to acc, as qdq.py does for the int8 kernels).
 - "float32" (weight-only: float32 activations): W = float32(u - 8) * S[f, r // block], u the
   unsigned nibble (the signed value + 8, MatMulNBits' default zero point), Y the float32 sum;
   `block` rows of a channel's reduction per scale (>= K: one scale per output channel).
@@ -36,6 +38,7 @@ from cgra_sim.unpack4 import pack_signed
 
 from ..frontend.provenance import with_span
 from ..relax_info import shape_dims
+from .qdq_borders import border_correction
 from .qdq_int4 import fits_int4
 
 #: The PrimFunc attribute naming an int4 conv2d layer: `Int4ConvLayer.words()`.
@@ -59,7 +62,7 @@ class Int4ConvLayer:
     dilation: tuple = (1, 1)
     padding: tuple = (0, 0, 0, 0)  # top, left, bottom, right
     zero_point: int = 0  # int8: the output's
-    fill: int = 0  # int8: the padding's value (the activation's zero point: 0 or -128)
+    fill: int = 0  # int8: the padding's value (the activation's zero point)
     block: int = 0  # float32: reduction rows per scale (0: the whole K, one scale a channel)
 
     @property
@@ -71,6 +74,16 @@ class Int4ConvLayer:
     def ow(self) -> int:
         _, left, _, right = self.padding
         return (self.w + left + right - self.dilation[1] * (self.kw - 1) - 1) // self.stride[1] + 1
+
+    @property
+    def corrected(self) -> bool:
+        """An int8 layer padded with a zero point the halo cannot hold: -128 and a correction R."""
+        return self.mode == "int8" and any(self.padding) and self.fill not in (0, -128)
+
+    @property
+    def halo(self) -> int:
+        """The value the kernel's DMA halo (and the host PrimFunc's padding) holds."""
+        return 0 if self.mode != "int8" else -128 if self.corrected else self.fill
 
     @property
     def k(self) -> int:
@@ -119,12 +132,12 @@ def pack_conv_weights(weight: np.ndarray, mode: str) -> np.ndarray:
 
 def host_prim_func(layer: Int4ConvLayer) -> tirx.PrimFunc:
     """The layer as plain host TensorIR over the packed tensors, marked LAYER_ATTR: int8
-    (X, Q, B, M) -> Y, float32 (X, Q, S) -> Y (module doc)."""
+    (X, Q, B, M[, R]) -> Y, float32 (X, Q, S) -> Y (module doc)."""
     dtype = layer.mode
     x = te.placeholder((layer.n, layer.c, layer.h, layer.w), dtype, "X")
     q = te.placeholder((layer.f, layer.packed_bytes), "int8", "Q")
     (sh, sw), (dh, dw), (top, left, _, _) = layer.stride, layer.dilation, layer.padding
-    fill = tirx.const(layer.fill if dtype == "int8" else 0, dtype)
+    fill = tirx.const(layer.halo, dtype)
 
     def nibble(f, r):
         byte = q[f, r // 2].astype("int32")
@@ -144,14 +157,16 @@ def host_prim_func(layer: Int4ConvLayer) -> tirx.PrimFunc:
             data(n, rc, y * sh + ry * dh - top, x_ * sw + rx * dw - left).astype("int32")
             * nibble(f, (ry * layer.kw + rx) * layer.c + rc), axis=[ry, rx, rc]), "Acc")
         zp = layer.zero_point
+        r = te.placeholder((layer.f, layer.oh, layer.ow), "int32", "R") if layer.corrected else None
 
         def requantise(n, f, y, x_):
-            scaled = (acc[n, f, y, x_] + b[f]).astype("float32") * m[f]
+            total = acc[n, f, y, x_] + b[f] + (r[f, y, x_] if r is not None else 0)
+            scaled = total.astype("float32") * m[f]
             clamped = tirx.max(tirx.min(scaled, tirx.const(127 - zp, "float32")), tirx.const(-128 - zp, "float32"))
             return (tirx.nearbyint(clamped).astype("int32") + zp).astype("int8")
 
         out = te.compute(shape, requantise, "Y")
-        params = [x, q, b, m, out]
+        params = [x, q, b, m] + ([r] if r is not None else []) + [out]
     else:
         s = te.placeholder((layer.f, layer.groups), "float32", "S")
 
@@ -193,8 +208,7 @@ def call_layer(builder, layer: Int4ConvLayer, data, consts: list, span=None):
 def emit_int4_conv(builder, data, layer, multiplier: np.ndarray, y_zero_point: int, span):
     """The int8 result of a QDQ conv2d `layer` (qdq._Layer; `data` its int8 NCHW activation,
     emitted) from packed weights, or None where they do not fit 4 bits, a channel has one weight
-    (packing saves nothing), the groups are not 1, the image is not static, or it pads with a
-    zero point other than 0 and -128 (the halo's values)."""
+    (packing saves nothing), the groups are not 1 or the image is not static."""
     if layer.op not in ("conv2d", "conv1d"):
         return None
     dims, attrs = shape_dims(data), layer.conv.attrs
@@ -208,8 +222,6 @@ def emit_int4_conv(builder, data, layer, multiplier: np.ndarray, y_zero_point: i
     if layer.op == "conv1d":  # one pixel high: (left, right) -> (0, left, 0, right)
         strides, padding, dilation = [1] + strides, [0, padding[0], 0, padding[1]], [1] + dilation
     padding = padding * 2 if len(padding) == 2 else padding
-    if any(padding) and layer.x_zero_point not in (0, -128):
-        return None
     f, c, kh, kw = layer.weight.shape
     conv = Int4ConvLayer("int8", dims[0], c, dims[2], dims[3], f, kh, kw, tuple(strides), tuple(dilation),
                          tuple(padding), int(y_zero_point), int(layer.x_zero_point))
@@ -219,4 +231,7 @@ def emit_int4_conv(builder, data, layer, multiplier: np.ndarray, y_zero_point: i
     bias = ((bias + 2**31) % 2**32 - 2**31).astype(np.int32)
     consts = [pack_conv_weights(layer.weight, "int8"), np.broadcast_to(bias, (f,)).copy(),
               np.broadcast_to(multiplier.astype(np.float32).reshape(-1), (f,)).copy()]
+    if conv.corrected:  # the padding's taps, held as -128 by the halo, corrected to the zero point
+        consts.append(border_correction(layer.weight, conv.fill, (c, dims[2], dims[3]), conv.padding, conv.stride,
+                                        conv.dilation, 1)[0])
     return call_layer(builder, conv, data, consts, span)

@@ -7,7 +7,7 @@ and numpy's result:
 - `--dtype int8`: signed int4 weights (a QDQ model's, zero point 0), an int32 bias (unless
   --no-bias), a per-channel float32 multiplier and an output zero point: the integer sum and
   rne(clamp(float32(acc) * M, -128 - zp, 127 - zp)) + zp, exactly. The padding holds the
-  activation's zero point, 0 or -128 (random).
+  activation's zero point (random: 0 or -128, the halo's values, or another, corrected).
 - `--dtype float32`: float32 activations times (u - 8) * s, s one float32 scale per --block-size
   rows of a channel's (KH, KW, C) reduction (0: one per channel), within 1e-5 of the output's
   scale (float32 summation order). No bias, no relu (as MatMulNBits' verify).
@@ -51,7 +51,7 @@ def conv2d_int4_case(args, shape, stride, pad, dilation, case_type):
     values = rng.integers(-8, 8, (f, c, kh, kw))
     k = c * kh * kw
     if args.dtype == "int8":
-        fill = int(rng.choice([0, -128]))
+        fill = int(rng.choice([0, -128, int(rng.integers(-128, 128))]))  # the halo's values, or a correction
         layer = Int4ConvLayer("int8", n, c, h, w, f, kh, kw, stride, dilation, pad, int(rng.integers(-20, 20)), fill)
         x = rng.integers(-128, 128, (n, c, h, w)).astype(np.int8)
         bias = rng.integers(-2000, 2000, f).astype(np.int32) if not args.no_bias else np.zeros(f, np.int32)
@@ -61,6 +61,10 @@ def conv2d_int4_case(args, shape, stride, pad, dilation, case_type):
         ref = (np.rint(np.clip(acc.astype(np.float32) * scale.reshape(1, -1, 1, 1), -128 - zp, 127 - zp))
                + zp).astype(np.int8)
         consts = [pack_conv_weights(values, "int8"), bias, scale]
+        if layer.corrected:
+            from ..normalise.qdq_borders import border_correction
+
+            consts.append(border_correction(values, fill, (c, h, w), pad, stride, dilation, 1)[0])
     else:
         layer = Int4ConvLayer("float32", n, c, h, w, f, kh, kw, stride, dilation, pad, block=args.block_size)
         x = rng.standard_normal((n, c, h, w)).astype(np.float32)

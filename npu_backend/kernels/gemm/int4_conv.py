@@ -32,7 +32,7 @@ from __future__ import annotations
 import tvm.script
 
 from cgra_sim.arch import HardwareDescription
-from cgra_sim.isa import EPILOGUE_BIAS, EPILOGUE_REQUANTISE, GEMM_ACCUMULATE, UNPACK4_INT8, DType
+from cgra_sim.isa import EPILOGUE_BIAS, EPILOGUE_REQUANTISE, EPILOGUE_RESIDUAL, GEMM_ACCUMULATE, UNPACK4_INT8, DType
 
 from ...errors import ScratchpadTooSmall
 from ...normalise.int4_convs import Int4ConvLayer
@@ -133,15 +133,15 @@ def kernel(X: T.Buffer(({n}, {c}, {h}, {w}), "{dt}"), Q: T.Buffer(({f}, {kb}), "
 {load0}{steady}{last}"""
 
 _INT8 = dict(
-    params=' B: T.Buffer(({f},), "int32"), M: T.Buffer(({f},), "float32"),',
+    params=' B: T.Buffer(({f},), "int32"), M: T.Buffer(({f},), "float32"),{r_param}',
     allocs=('    B_s = T.alloc_buffer(({wb}, {nt}), "int32", scope="{spad}")\n'
             '    M_s = T.alloc_buffer(({wb}, {nt}), "float32", scope="{spad}")\n'
-            '    Y_s = T.alloc_buffer(({mt}, {nt}), "int8", scope="{spad}")\n'),
+            '    Y_s = T.alloc_buffer(({mt}, {nt}), "int8", scope="{spad}")\n{r_alloc}'),
     operands=("{pad}for j in range({nt}):\n{pad}    B_s[{t} % 2, j] = B[{t} * {nt} + j]\n"
               "{pad}for j in range({nt}):\n{pad}    M_s[{t} % 2, j] = M[{t} * {nt} + j]\n"),
     unpack_args="Q_s.data, 0, 0, 0, 0, 0",
-    finish=('{pad}    T.evaluate(T.call_extern("int32", "cgra_epilogue", {flags}, {i32}, {i8}, {mt}, {nt}, A_s.data, 0,\n'
-            '{pad}        {nt}, B_s.data, {t} % 2 * {nt}, Y_s.data, 0, {nt}, 0, 0, 0, 0, 0, M_s.data, {t} % 2 * {nt},\n'
+    finish=('{r_load}{pad}    T.evaluate(T.call_extern("int32", "cgra_epilogue", {flags}, {i32}, {i8}, {mt}, {nt}, A_s.data, 0,\n'
+            '{pad}        {nt}, B_s.data, {t} % 2 * {nt}, Y_s.data, 0, {nt}, {residual}, 0, 0, M_s.data, {t} % 2 * {nt},\n'
             '{pad}        {zp}))\n'
             '{pad}    for j, yy, xx in T.grid({nt}, {th}, {ow}):\n'
             '{pad}        Y[b, {t} * {nt} + j, yb * {th} + yy, xx] = Y_s[yy * {ow} + xx, j]\n'))
@@ -194,9 +194,20 @@ def _gather_value(layer: Int4ConvLayer) -> str:
     load = f"X[b, ci, {y}, {x}]"
     if not any(layer.padding):
         return load
-    fill = f'T.{layer.mode}({layer.fill if layer.mode == "int8" else 0})'
+    fill = f'T.{layer.mode}({layer.halo})'
     guard = f"0 <= {y} and {y} < {layer.h} and 0 <= {x} and {x} < {layer.w}"
     return f"T.if_then_else({guard}, {load}, {fill})"
+
+
+def _correction(layer: Int4ConvLayer, fields: dict) -> dict:
+    """The template's parts of an int8 layer's padding correction R (int4_convs.py): its
+    parameter, its (mt, nt) int32 tile, loaded per output tile before the EPILOGUE adds it."""
+    if not layer.corrected:
+        return dict(r_param="", r_alloc="", r_load="")
+    return dict(r_param=' R: T.Buffer(({f}, {oh}, {ow}), "int32"),'.format(**fields),
+                r_alloc='    R_s = T.alloc_buffer(({mt}, {nt}), "int32", scope="{spad}")\n'.format(**fields),
+                r_load=("{pad}    for j, yy, xx in T.grid({nt}, {th}, {ow}):\n"
+                        "{pad}        R_s[yy * {ow} + xx, j] = R[{t} * {nt} + j, yb * {th} + yy, xx]\n"))
 
 
 def _unpack_rows(layer: Int4ConvLayer) -> int:
@@ -224,7 +235,9 @@ def int4_conv_kernel(layer: Int4ConvLayer, arch: HardwareDescription):
                   acc="int32" if int8 else "float32", accd=int(DType.INT32 if int8 else DType.FLOAT32),
                   gemmd=int(DType.INT8 if int8 else DType.FLOAT32), accumulate=GEMM_ACCUMULATE,
                   unpack=UNPACK4_INT8 if int8 else 0, i8=int(DType.INT8), i32=int(DType.INT32), zp=layer.zero_point,
-                  flags=EPILOGUE_BIAS | EPILOGUE_REQUANTISE)
+                  flags=EPILOGUE_BIAS | EPILOGUE_REQUANTISE | (EPILOGUE_RESIDUAL if layer.corrected else 0),
+                  residual="R_s.data, 0, {}".format(nt) if layer.corrected else "0, 0, 0")
+    fields.update(_correction(layer, fields))
     fields["value"] = _gather_value(layer).format(**fields)
     fields["chunk"] = chunk = _unpack_rows(layer)
     fields.update(chunks=layer.k // chunk, chunk_groups=0 if layer.group >= layer.k else chunk // layer.group)
@@ -237,10 +250,10 @@ def int4_conv_kernel(layer: Int4ConvLayer, arch: HardwareDescription):
 
     def compute(t: str, pad: str) -> str:  # weights outer: a pixel loop per weight tile
         return text(_COMPUTE, pad, t, gather=text(_GATHER, pad + "        "), gemm=text(_GEMM, pad + "        ", t),
-                    finish=text(parts["finish"], pad, t))
+                    finish=text(text(parts["finish"], pad, t), pad, t))  # twice: r_load's fields
 
     def tile(t: str, pad: str) -> str:  # pixels outer: one weight tile's GEMMs (finish is indented from pad - 4)
-        return text(_TILE, pad, t, gemm=text(_GEMM, pad + "    ", t), finish=text(parts["finish"], pad[:-4], t))
+        return text(_TILE, pad, t, gemm=text(_GEMM, pad + "    ", t), finish=text(text(parts["finish"], pad[:-4], t), pad[:-4], t))
 
     tiles = layer.f // nt
     if pixels_outer:
