@@ -9,10 +9,12 @@ Per tile of nt output channels the kernel DMAs the packed bytes (half a byte a w
 r = (ry * KW + rx) * C + c) with the int32 bias and float32 multipliers (int8) or the scales
 (float32), and UNPACK4 writes the (K, nt) weight tile in the scratchpad: int8 with UNPACK4_INT8,
 else float32(u - 8) * s per `group` rows. Then per tile of th whole output rows of an image (mt =
-th * OW GEMM rows) it FILLs the accumulator and, per tap (ry, rx), gathers the tap's (mt, C)
+th * OW GEMM rows), per tap (ry, rx), it gathers the tap's (mt, C)
 operand with one strided DMA box (the padding is the box's halo: zero, or -128 when that is the
 int8 activation's zero point) and runs a GEMM of depth C into the accumulator against the tap's C
-consecutive rows of the weight tile. int8: one EPILOGUE adds the bias and requantises (qdq.py's
+consecutive rows of the weight tile (the first tap overwrites the accumulator, the others add;
+the accumulator and output tiles alternate between two buffers, so the next tile's GEMMs do not
+wait for this one's EPILOGUE). int8: one EPILOGUE adds the bias and requantises (qdq.py's
 arithmetic); float32: the accumulator is the output. The weight tiles alternate between two
 buffers and tile t + 1 is loaded and unpacked before tile t's GEMMs are issued, so the vector
 unit unpacks while the PE array multiplies; the gathers alternate between two buffers too. With
@@ -63,20 +65,20 @@ def _buffers(layer: Int4ConvLayer, th: int, nt: int) -> tuple[int, int]:
 
 def _tile_bytes(layer: Int4ConvLayer, th: int, nt: int, arch: HardwareDescription) -> int:
     """The weight tiles' buffers (packed, unpacked, bias + multiplier or scales), the taps'
-    gathered operands' buffers, the accumulator and (int8) the output tile."""
+    gathered operands' buffers, and two of the accumulator, (int8) output and correction tiles."""
     item, mt = _itemsize(layer), th * layer.ow
     extra = 8 if layer.mode == "int8" else 4 * layer.groups
     weights = nt * (layer.packed_bytes + item * layer.k + extra)
     gathered = layer.kh * layer.kw * mt * a_row_stride(mt, layer.c, item, arch) * item
     wb, xb = _buffers(layer, th, nt)
-    return wb * weights + xb * gathered + 4 * mt * nt + (mt * nt if layer.mode == "int8" else 0)
+    return wb * weights + xb * gathered + 2 * mt * nt * (4 + (1 + 4 * layer.corrected if layer.mode == "int8" else 0))
 
 
 def estimated_cycles(layer: Int4ConvLayer, th: int, nt: int, arch: HardwareDescription,
                      pixels_outer: bool = False) -> int:
     """The busiest unit's cycles (DMA: the packed weights and the image, one of them once and the
     other once per tile of the other, and the output; PE array: a GEMM a tap and tile; vector
-    unit: UNPACK4, FILL, EPILOGUE), plus the first weight tile's unpack, which nothing overlaps,
+    unit: UNPACK4, EPILOGUE), plus the first weight tile's unpack, which nothing overlaps,
     plus a few cycles of issue per command. `pixels_outer`: the loop order of `int4_conv_kernel`."""
     item, mt, taps = _itemsize(layer), th * layer.ow, layer.kh * layer.kw
     weight_tiles, pixel_tiles = layer.f // nt, layer.n * layer.oh // th
@@ -129,29 +131,30 @@ def kernel(X: T.Buffer(({n}, {c}, {h}, {w}), "{dt}"), Q: T.Buffer(({f}, {kb}), "
     Q_s = T.alloc_buffer(({wb}, {nt}, {kb}), "int8", scope="{spad}")
 {allocs}    W_s = T.alloc_buffer(({wb}, {k}, {nt}), "{dt}", scope="{spad}")
     X_s = T.alloc_buffer(({xb}, {taps}, {mt}, {ks}), "{dt}", scope="{spad}")
-    A_s = T.alloc_buffer(({mt}, {nt}), "{acc}", scope="{spad}")
+    A_s = T.alloc_buffer((2, {mt}, {nt}), "{acc}", scope="{spad}")
 {load0}{steady}{last}"""
 
 _INT8 = dict(
     params=' B: T.Buffer(({f},), "int32"), M: T.Buffer(({f},), "float32"),{r_param}',
     allocs=('    B_s = T.alloc_buffer(({wb}, {nt}), "int32", scope="{spad}")\n'
             '    M_s = T.alloc_buffer(({wb}, {nt}), "float32", scope="{spad}")\n'
-            '    Y_s = T.alloc_buffer(({mt}, {nt}), "int8", scope="{spad}")\n{r_alloc}'),
+            '    Y_s = T.alloc_buffer((2, {mt}, {nt}), "int8", scope="{spad}")\n{r_alloc}'),
     operands=("{pad}for j in range({nt}):\n{pad}    B_s[{t} % 2, j] = B[{t} * {nt} + j]\n"
               "{pad}for j in range({nt}):\n{pad}    M_s[{t} % 2, j] = M[{t} * {nt} + j]\n"),
     unpack_args="Q_s.data, 0, 0, 0, 0, 0",
-    finish=('{r_load}{pad}    T.evaluate(T.call_extern("int32", "cgra_epilogue", {flags}, {i32}, {i8}, {mt}, {nt}, A_s.data, 0,\n'
-            '{pad}        {nt}, B_s.data, {t} % 2 * {nt}, Y_s.data, 0, {nt}, {residual}, 0, 0, M_s.data, {t} % 2 * {nt},\n'
+    finish=('{r_load}{pad}    T.evaluate(T.call_extern("int32", "cgra_epilogue", {flags}, {i32}, {i8}, {mt}, {nt}, A_s.data,\n'
+            '{pad}        {par} * {mt} * {nt}, {nt}, B_s.data, {t} % 2 * {nt}, Y_s.data, {par} * {mt} * {nt}, {nt}, {residual},\n'
+            '{pad}        0, 0, M_s.data, {t} % 2 * {nt},\n'
             '{pad}        {zp}))\n'
             '{pad}    for j, yy, xx in T.grid({nt}, {th}, {ow}):\n'
-            '{pad}        Y[b, {t} * {nt} + j, yb * {th} + yy, xx] = Y_s[yy * {ow} + xx, j]\n'))
+            '{pad}        Y[b, {t} * {nt} + j, yb * {th} + yy, xx] = Y_s[{par}, yy * {ow} + xx, j]\n'))
 _FLOAT32 = dict(
     params=' S: T.Buffer(({f}, {g}), "float32"),',
     allocs='    S_s = T.alloc_buffer(({wb}, {nt}, {g}), "float32", scope="{spad}")\n',
     operands="{pad}for j, s in T.grid({nt}, {g}):\n{pad}    S_s[{t} % 2, j, s] = S[{t} * {nt} + j, s]\n",
     unpack_args="S_s.data, {t} % 2 * {nt} * {g} + u * {chunk_groups}, {g}, 0, 0, 0",
     finish=('{pad}    for j, yy, xx in T.grid({nt}, {th}, {ow}):\n'
-            '{pad}        Y[b, {t} * {nt} + j, yb * {th} + yy, xx] = A_s[yy * {ow} + xx, j]\n'))
+            '{pad}        Y[b, {t} * {nt} + j, yb * {th} + yy, xx] = A_s[{par}, yy * {ow} + xx, j]\n'))
 
 _LOAD = """{pad}for j, q in T.grid({nt}, {kb}):
 {pad}    Q_s[{t} % 2, j, q] = Q[{t} * {nt} + j, q]
@@ -162,7 +165,6 @@ _LOAD = """{pad}for j, q in T.grid({nt}, {kb}):
 """
 
 _COMPUTE = """{pad}for b, yb in T.grid({n}, {oh} // {th}):
-{pad}    T.evaluate(T.call_extern("int32", "cgra_fill", {accd}, A_s.data, 0, {mt}, {nt}, {nt}, 0))
 {pad}    for ry, rx in T.grid({kh}, {kw}):
 {gather}{gemm}{finish}"""
 
@@ -170,9 +172,9 @@ _GATHER = """{pad}for yy, xx, ci in T.grid({th}, {ow}, {c}):
 {pad}    X_s[(b * {yt} + yb) % 2, ry * {kw} + rx, yy * {ow} + xx, ci] = {value}
 """
 
-_GEMM = """{pad}T.evaluate(T.call_extern("int32", "cgra_gemm", {accumulate}, {gemmd}, {mt}, {nt}, {c}, X_s.data,
+_GEMM = """{pad}T.evaluate(T.call_extern("int32", "cgra_gemm", T.min(ry * {kw} + rx, {accumulate}), {gemmd}, {mt}, {nt}, {c}, X_s.data,
 {pad}    ((b * {yt} + yb) % 2 * {taps} + ry * {kw} + rx) * {mt} * {ks}, {ks}, W_s.data,
-{pad}    {t} % 2 * {k} * {nt} + (ry * {kw} + rx) * {c} * {nt}, {nt}, A_s.data, 0, {nt}))
+{pad}    {t} % 2 * {k} * {nt} + (ry * {kw} + rx) * {c} * {nt}, {nt}, A_s.data, {par} * {mt} * {nt}, {nt}))
 """
 
 #: The other loop order: per tile of output rows, the taps gathered once, then every weight tile
@@ -181,8 +183,7 @@ _PIXELS_OUTER = """{pad}for b, yb in T.grid({n}, {oh} // {th}):
 {pad}    for ry, rx in T.grid({kh}, {kw}):
 {gather}{load0}{steady}{last}"""
 
-_TILE = """{pad}T.evaluate(T.call_extern("int32", "cgra_fill", {accd}, A_s.data, 0, {mt}, {nt}, {nt}, 0))
-{pad}for ry, rx in T.grid({kh}, {kw}):
+_TILE = """{pad}for ry, rx in T.grid({kh}, {kw}):
 {gemm}{finish}"""
 
 
@@ -205,9 +206,9 @@ def _correction(layer: Int4ConvLayer, fields: dict) -> dict:
     if not layer.corrected:
         return dict(r_param="", r_alloc="", r_load="")
     return dict(r_param=' R: T.Buffer(({f}, {oh}, {ow}), "int32"),'.format(**fields),
-                r_alloc='    R_s = T.alloc_buffer(({mt}, {nt}), "int32", scope="{spad}")\n'.format(**fields),
+                r_alloc='    R_s = T.alloc_buffer((2, {mt}, {nt}), "int32", scope="{spad}")\n'.format(**fields),
                 r_load=("{pad}    for j, yy, xx in T.grid({nt}, {th}, {ow}):\n"
-                        "{pad}        R_s[yy * {ow} + xx, j] = R[{t} * {nt} + j, yb * {th} + yy, xx]\n"))
+                        "{pad}        R_s[{par}, yy * {ow} + xx, j] = R[{t} * {nt} + j, yb * {th} + yy, xx]\n"))
 
 
 def _unpack_rows(layer: Int4ConvLayer) -> int:
@@ -236,24 +237,30 @@ def int4_conv_kernel(layer: Int4ConvLayer, arch: HardwareDescription):
                   gemmd=int(DType.INT8 if int8 else DType.FLOAT32), accumulate=GEMM_ACCUMULATE,
                   unpack=UNPACK4_INT8 if int8 else 0, i8=int(DType.INT8), i32=int(DType.INT32), zp=layer.zero_point,
                   flags=EPILOGUE_BIAS | EPILOGUE_REQUANTISE | (EPILOGUE_RESIDUAL if layer.corrected else 0),
-                  residual="R_s.data, 0, {}".format(nt) if layer.corrected else "0, 0, 0")
+                  residual="R_s.data, {par} * {mt} * {nt}, {nt}" if layer.corrected else "0, 0, 0")
     fields.update(_correction(layer, fields))
     fields["value"] = _gather_value(layer).format(**fields)
     fields["chunk"] = chunk = _unpack_rows(layer)
     fields.update(chunks=layer.k // chunk, chunk_groups=0 if layer.group >= layer.k else chunk // layer.group)
 
-    def text(template: str, pad: str, t: str = "0", **parts_) -> str:
-        return template.format(**dict(fields, t=t, pad=pad, **parts_))
+    def text(template: str, pad: str, t: str = "0", par: str = "0", **parts_) -> str:
+        return template.format(**dict(fields, t=t, pad=pad, par=par, **parts_))
 
     def load(t: str, pad: str) -> str:
         return text(_LOAD, pad, t, operands=text(parts["operands"], pad, t), unpack_args=text(parts["unpack_args"], pad, t))
 
+    # The accumulator (and output, correction) tiles alternate: by pixel tile when weight tiles are
+    # outer, by weight tile when pixel tiles are; a tile's first tap overwrites its accumulator.
     def compute(t: str, pad: str) -> str:  # weights outer: a pixel loop per weight tile
-        return text(_COMPUTE, pad, t, gather=text(_GATHER, pad + "        "), gemm=text(_GEMM, pad + "        ", t),
-                    finish=text(text(parts["finish"], pad, t), pad, t))  # twice: r_load's fields
+        par = "(b * {} + yb) % 2".format(fields["yt"])
+        return text(_COMPUTE, pad, t, par, gather=text(_GATHER, pad + "        "),
+                    gemm=text(_GEMM, pad + "        ", t, par),
+                    finish=text(text(parts["finish"], pad, t, par), pad, t, par))  # twice: r_load's fields
 
     def tile(t: str, pad: str) -> str:  # pixels outer: one weight tile's GEMMs (finish is indented from pad - 4)
-        return text(_TILE, pad, t, gemm=text(_GEMM, pad + "    ", t), finish=text(text(parts["finish"], pad[:-4], t), pad[:-4], t))
+        par = f"{t} % 2"
+        return text(_TILE, pad, t, par, gemm=text(_GEMM, pad + "    ", t, par),
+                    finish=text(text(parts["finish"], pad[:-4], t, par), pad[:-4], t, par))
 
     tiles = layer.f // nt
     if pixels_outer:
