@@ -37,6 +37,7 @@ from .fold_constants import fold_remaining_constants
 from .fold_weights import fold_weights, restore_kept_transposes
 from .gated_linears import gated_linears_pass
 from .gelus import gelus_pass
+from .head_qkv import head_qkv_pass
 from .half_casts import half_casts_pass, half_norm_ones_pass
 from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
@@ -163,6 +164,10 @@ def normalise_passes(arch=None) -> list:
         # What those left constant under a lookup (RoBERTa's token types) folded, and a constant
         # row added to a lookup (their embedding) added to its table instead (lookup_tables.py).
         lookup_tables_pass,
+        # A fused q / k / v projection laid out per head (Bloom's), read by a take of each part,
+        # with its columns in part order: each part a box the attention reads, no gather kernel
+        # (head_qkv.py).
+        head_qkv_pass,
         # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
         # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
         rms_norms_pass, gelus_pass, safe_softmaxes_pass,
