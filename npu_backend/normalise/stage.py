@@ -258,6 +258,10 @@ def normalise_passes(arch=None) -> list:
         # A boolean mask's where(m, 0, -inf) and casts as float32 {0, 1} arithmetic, exactly
         # (masks.py): the mask is built on the NPU, once for every layer.
         masks_pass(None if arch is None else lambda *shapes: causal_row_fits(*shapes, arch)),
+        # What two bindings compute alike is computed once: every layer of Bloom adds its ALiBi
+        # rows to the padding mask in the attention form's own add (attentions.py), the same
+        # (1, H, s, s) sum per layer; one add kernel instead of one a layer.
+        relax.transform.EliminateCommonSubexpr(),
         # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast (scalars.py).
         scalar_operands_pass,
         # An elementwise op on a (1, s, C) activation on its (s, C) rows: the kernels' symbolic
