@@ -92,3 +92,19 @@ def test_a_scale_that_differs_between_positions_stays_a_multiply():
     scale = np.arange(4 * 16, dtype="float32").reshape(1, 4, 16)  # rows differ
     folded = str(fold_lookup_tables(_scaled_lookup(table, 4, scale))["main"])
     assert folded.count("R.multiply(") == 1
+
+
+def test_a_scale_over_a_symbolic_length_joins_the_table_too():
+    """A prefill's (1, s, H) lookup (Gemma exported with a symbolic length): the scalar still folds."""
+    table = np.random.default_rng(4).standard_normal((50, 16)).astype("float32")
+    s = tvm.tirx.Var("s", "int64")
+    bb = relax.BlockBuilder()
+    ids = relax.Var("input_ids", relax.TensorType((1, s), "int64"))
+    with bb.function("main", [ids]):
+        with bb.dataflow():
+            words = bb.emit(relax.op.take(relax.const(table), relax.op.reshape(ids, (s,)), axis=0))
+            words = bb.emit(relax.op.reshape(words, (1, s, 16)))
+            out = bb.emit_output(relax.op.multiply(words, relax.const(np.float32(4.0))))
+        bb.emit_func_output(out)
+    folded = str(fold_lookup_tables(bb.get())["main"])
+    assert folded.count("R.take(") == 1 and "R.multiply(" not in folded

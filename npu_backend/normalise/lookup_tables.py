@@ -25,7 +25,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..relax_info import dtype_of, static_shape
+from ..relax_info import dtype_of, shape_dims, static_shape
 from .norm_folds import _Uses, _const, _rebuilt
 from .numpy_ops import NUMPY_OPS
 from .rewrite import as_pass, op_name, replace_functions
@@ -70,6 +70,16 @@ def _uniform_row(array: np.ndarray, width: int):
 _TABLE_OPS = {"relax.add": np.add, "relax.multiply": np.multiply}
 
 
+def _broadcast_row(array: np.ndarray, value, width: int):
+    """The row r when `array`, broadcast as `value` reads it, holds r along every other axis; over a
+    symbolic length (a prefill's (1, s, H)) `array`'s own rows, which a scalar or a row of one
+    value broadcast to `width`; else None."""
+    shape, dims = static_shape(value), shape_dims(value) or ()
+    if array.ndim > len(dims) or array.shape[-1:] not in ((), (1,), (width,)):
+        return None
+    return _uniform_row(np.broadcast_to(array, shape or array.shape[:-1] + (width,)), width)
+
+
 def _table_op(uses: _Uses, value, constants: dict):
     """(the op's lookup operand, the take's var, the take, the row) when `value` adds a uniform
     constant row to (or multiplies by one) a lookup of a constant table (through a reshape), each
@@ -90,7 +100,7 @@ def _table_op(uses: _Uses, value, constants: dict):
         if table is None or table.ndim != 2 or table.dtype != np.float32 or bound.attrs.axis is None or \
                 int(bound.attrs.axis) != 0:
             continue
-        row = _uniform_row(np.broadcast_to(array, static_shape(value)), table.shape[1])
+        row = _broadcast_row(array, value, table.shape[1])
         if row is not None:
             return operand, lookup, bound, row
     return None
