@@ -38,6 +38,7 @@ from .fold_weights import fold_weights, restore_kept_transposes
 from .gated_linears import gated_linears_pass
 from .gelus import gelus_pass
 from .head_qkv import head_qkv_pass
+from .table_norms import table_norms_pass
 from .half_casts import half_casts_pass, half_norm_ones_pass
 from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
@@ -164,6 +165,9 @@ def normalise_passes(arch=None) -> list:
         # What those left constant under a lookup (RoBERTa's token types) folded, and a constant
         # row added to a lookup (their embedding) added to its table instead (lookup_tables.py).
         lookup_tables_pass,
+        # A layer norm of a lookup (Bloom's word_embeddings_layernorm) as a lookup of the table
+        # normalised when compiling: no norm kernel (table_norms.py).
+        table_norms_pass,
         # A fused q / k / v projection laid out per head (Bloom's), read by a take of each part,
         # with its columns in part order: each part a box the attention reads, no gather kernel
         # (head_qkv.py).
