@@ -38,6 +38,8 @@ from .fold_constants import fold_remaining_constants
 from .fold_weights import fold_weights, restore_kept_transposes
 from .gated_linears import gated_linears_pass
 from .gelus import gelus_pass
+from .head_qkv import head_qkv_pass
+from .table_norms import table_norms_pass
 from .half_casts import half_casts_pass, half_norm_ones_pass
 from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
@@ -164,6 +166,13 @@ def normalise_passes(arch=None) -> list:
         # What those left constant under a lookup (RoBERTa's token types) folded, and a constant
         # row added to a lookup (their embedding) added to its table instead (lookup_tables.py).
         lookup_tables_pass,
+        # A layer norm of a lookup (Bloom's word_embeddings_layernorm) as a lookup of the table
+        # normalised when compiling: no norm kernel (table_norms.py).
+        table_norms_pass,
+        # A fused q / k / v projection laid out per head (Bloom's), read by a take of each part,
+        # with its columns in part order: each part a box the attention reads, no gather kernel
+        # (head_qkv.py).
+        head_qkv_pass,
         # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
         # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
         rms_norms_pass, gelus_pass, safe_softmaxes_pass,
@@ -254,6 +263,10 @@ def normalise_passes(arch=None) -> list:
         # A boolean mask's where(m, 0, -inf) and casts as float32 {0, 1} arithmetic, exactly
         # (masks.py): the mask is built on the NPU, once for every layer.
         masks_pass(None if arch is None else lambda *shapes: causal_row_fits(*shapes, arch)),
+        # What two bindings compute alike is computed once: every layer of Bloom adds its ALiBi
+        # rows to the padding mask in the attention form's own add (attentions.py), the same
+        # (1, H, s, s) sum per layer; one add kernel instead of one a layer.
+        relax.transform.EliminateCommonSubexpr(),
         # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast (scalars.py).
         scalar_operands_pass,
         # An elementwise op on a (1, s, C) activation on its (s, C) rows: the kernels' symbolic
