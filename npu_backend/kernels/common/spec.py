@@ -39,6 +39,10 @@ BUFFER_COPIES = "cgra.buffer_copies"
 #: A loop annotation: the GEMMs inside run in pieces of that many rows (lower/gemm_rows.py; a
 #: matmul's output tiles finished in pieces, Tiling.epilogue_rows)
 GEMM_ROWS = "cgra.gemm_rows"
+#: PrimFunc attribute [valid rows, tile rows, piece rows]: a static matmul of one row tile padded
+#: past its rows (17 tokens in a tile of 24); its epilogue's vector commands run on the valid rows
+#: only (lower/padded_rows.py)
+VALID_ROWS = "cgra.valid_rows"
 
 
 @dataclasses.dataclass(frozen=True)

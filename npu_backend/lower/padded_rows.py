@@ -1,0 +1,86 @@
+"""A static matmul's epilogue over the rows that exist, not its padded tile's.
+
+Stage: lowering, the last pass (calls are plain, their row counts constants). Input: a kernel
+with the PrimFunc attribute VALID_ROWS = [valid, tile, piece] (kernels/gemm/matmul.py: a static
+2-D matmul whose M rows fit one row tile of `tile` rows, valid < tile: 17 tokens in a tile of 24
+on an array of 8 rows), finished in EPILOGUEs of `piece` rows (the whole tile, or pieces under
+a loop annotated HOIST_ALLOCS: kernels/gemm/gemm_schedule.py). Output: the same kernel in which
+each vector-unit command of the output tile (EPILOGUE, VFUNC, ELTWISE, FABRIC, REDUCE, FILL)
+runs on the valid rows: `valid` for a whole tile's, min(piece, valid - i * piece) for piece i's.
+The GEMMs are left as they are (a fold of 1 row costs what a fold of 8 does), and so is a
+pre-norm's program on the A panel (kernels/gemm/row_norm.py, buffers `row_*`): the GEMMs read
+every row of the panel, which the simulator requires written.
+
+Why: a tile's padded rows are computed and never stored (the store's box already stops at the
+valid rows, lower/dma.py), and the vector unit pays for them per element: a GELU or SiLU VFUNC
+through the function unit's one lane takes an element a cycle, so a ViT's MLP epilogue over
+17 tokens spent 24 / 17 of its time on its tiles (tail_tile_cycles prices the padding too:
+epilogue_tail.check_tail_padding). The output tile's padded rows keep what the GEMM wrote
+there; no command after the cut ones reads them and the store drops them, so every stored
+element is the same bits.
+"""
+
+from __future__ import annotations
+
+from tvm import ir, tirx
+
+from cgra_codegen import device_call_positions
+
+from ..kernels.common.spec import HOIST_ALLOCS, VALID_ROWS
+from .calls import buffer_args
+
+#: The A panel's row program's blocks (row_norm.PREFIX): rows the GEMM reads, not the output's.
+_PANEL_PREFIX = "row_"
+#: Device call -> the position of its row count in the call's arguments.
+_ROWS = {name: device_call_positions(name)[param][0] for name, param in (
+    ("cgra_epilogue", "m"), ("cgra_vfunc", "rows"), ("cgra_eltwise", "rows"), ("cgra_fabric", "rows"),
+    ("cgra_reduce", "rows"), ("cgra_fill", "rows"))}
+
+
+def cut_padded_rows(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """`func` with its output tile's vector commands cut to the valid rows (module doc)."""
+    valid_rows = (func.attrs or {}).get(VALID_ROWS)
+    if valid_rows is None:
+        return func
+    valid, tile, piece = (int(v) for v in valid_rows)
+    return func.with_body(_Cut(valid, tile, piece).stmt(func.body, None))
+
+
+class _Cut:
+    def __init__(self, valid: int, tile: int, piece: int):
+        self.valid, self.tile, self.piece = valid, tile, piece
+
+    def stmt(self, stmt, piece_var):
+        """`stmt` with its calls cut; `piece_var` the enclosing piece loop's variable, or None."""
+        if isinstance(stmt, tirx.For):
+            inner = stmt.loop_var if HOIST_ALLOCS in (stmt.annotations or {}) else piece_var
+            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, self.stmt(stmt.body, inner),
+                            stmt.thread_binding, stmt.annotations)
+        if isinstance(stmt, tirx.SeqStmt):
+            return tirx.SeqStmt([self.stmt(s, piece_var) for s in stmt.seq])
+        if isinstance(stmt, tirx.IfThenElse):
+            else_case = self.stmt(stmt.else_case, piece_var) if stmt.else_case is not None else None
+            return tirx.IfThenElse(stmt.condition, self.stmt(stmt.then_case, piece_var), else_case)
+        if isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, ir.Call) and \
+                getattr(stmt.value.op, "name", "") == "tirx.call_extern":
+            return tirx.Evaluate(self.call(stmt.value, piece_var))
+        return stmt
+
+    def call(self, call, piece_var):
+        """`call` with its row count cut, when it is a vector command over the output tile's rows."""
+        position = _ROWS.get(str(call.args[0].value))
+        if position is None or any(b.name.startswith(_PANEL_PREFIX) for b in buffer_args(call)):
+            return call
+        rows = call.args[position]
+        if not isinstance(rows, tirx.IntImm):
+            return call
+        if int(rows.value) == self.tile:
+            cut = tirx.IntImm(str(rows.ty), self.valid)
+        elif int(rows.value) == self.piece < self.tile and piece_var is not None:
+            left = tirx.IntImm(str(piece_var.ty), self.valid) - piece_var * self.piece
+            cut = tirx.min(tirx.IntImm(str(piece_var.ty), self.piece), left).astype(str(rows.ty))
+        else:
+            return call
+        args = list(call.args)
+        args[position] = cut
+        return ir.Call(call.op, args, call.attrs, call.ty_args, call.span, call.ty)
