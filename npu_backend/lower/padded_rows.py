@@ -27,28 +27,67 @@ from tvm import ir, tirx
 from cgra_codegen import device_call_positions
 
 from ..kernels.common.spec import HOIST_ALLOCS, VALID_ROWS
-from .calls import buffer_args
+from .calls import buffer_args, buffer_of
 
 #: The A panel's row program's blocks (row_norm.PREFIX): rows the GEMM reads, not the output's.
 _PANEL_PREFIX = "row_"
 #: Device call -> the position of its row count in the call's arguments.
+_GEMM = device_call_positions("cgra_gemm")
+(_GEMM_M,), (_GEMM_A, _), (_GEMM_A_STRIDE,) = _GEMM["m"], _GEMM["a_addr"], _GEMM["a_stride"]
 _ROWS = {name: device_call_positions(name)[param][0] for name, param in (
     ("cgra_epilogue", "m"), ("cgra_vfunc", "rows"), ("cgra_eltwise", "rows"), ("cgra_fabric", "rows"),
     ("cgra_reduce", "rows"), ("cgra_fill", "rows"))}
 
 
 def cut_padded_rows(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """`func` with its output tile's vector commands cut to the valid rows (module doc)."""
+    """`func` with its output tile's commands cut to the valid rows (module doc)."""
     valid_rows = (func.attrs or {}).get(VALID_ROWS)
     if valid_rows is None:
         return func
     valid, tile, piece = (int(v) for v in valid_rows)
-    return func.with_body(_Cut(valid, tile, piece).stmt(func.body, None))
+    panel_gemms = []
+    _visit_calls(func.body, lambda call: panel_gemms.append(call) if _panel_start(call) is not False else None)
+    # The panel's program is cut only when no GEMM reads its padded rows (each reads a constant
+    # row range of it, cut to the valid rows): the simulator requires every byte read written.
+    cut_panel = all(start is not None and start < valid for start in map(_panel_start, panel_gemms))
+    return func.with_body(_Cut(valid, tile, piece, cut_panel).stmt(func.body, None))
+
+
+def _visit_calls(stmt, visit) -> None:
+    if isinstance(stmt, tirx.SeqStmt):
+        for s in stmt.seq:
+            _visit_calls(s, visit)
+    elif isinstance(stmt, tirx.For):
+        _visit_calls(stmt.body, visit)
+    elif isinstance(stmt, tirx.IfThenElse):
+        _visit_calls(stmt.then_case, visit)
+        if stmt.else_case is not None:
+            _visit_calls(stmt.else_case, visit)
+    elif isinstance(stmt, tirx.Evaluate) and _is_extern(stmt.value):
+        visit(stmt.value)
+
+
+def _is_extern(value) -> bool:
+    return isinstance(value, ir.Call) and getattr(value.op, "name", "") == "tirx.call_extern"
+
+
+def _panel_start(call):
+    """For a GEMM whose A is the panel (row_norm.py's `row_*` buffer): the first panel row it reads
+    (None when the offset is no constant number of rows); False for any other call."""
+    if str(call.args[0].value) != "cgra_gemm":
+        return False
+    buffer = buffer_of(call.args[_GEMM_A])
+    if buffer is None or not buffer.name.startswith(_PANEL_PREFIX):
+        return False
+    offset, stride = call.args[_GEMM_A + 1], call.args[_GEMM_A_STRIDE]
+    if not (isinstance(offset, tirx.IntImm) and isinstance(stride, tirx.IntImm)) or int(offset.value) % int(stride.value):
+        return None
+    return int(offset.value) // int(stride.value)
 
 
 class _Cut:
-    def __init__(self, valid: int, tile: int, piece: int):
-        self.valid, self.tile, self.piece = valid, tile, piece
+    def __init__(self, valid: int, tile: int, piece: int, cut_panel: bool):
+        self.valid, self.tile, self.piece, self.cut_panel = valid, tile, piece, cut_panel
 
     def stmt(self, stmt, piece_var):
         """`stmt` with its calls cut; `piece_var` the enclosing piece loop's variable, or None."""
@@ -61,26 +100,37 @@ class _Cut:
         if isinstance(stmt, tirx.IfThenElse):
             else_case = self.stmt(stmt.else_case, piece_var) if stmt.else_case is not None else None
             return tirx.IfThenElse(stmt.condition, self.stmt(stmt.then_case, piece_var), else_case)
-        if isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, ir.Call) and \
-                getattr(stmt.value.op, "name", "") == "tirx.call_extern":
+        if isinstance(stmt, tirx.Evaluate) and _is_extern(stmt.value):
             return tirx.Evaluate(self.call(stmt.value, piece_var))
         return stmt
 
     def call(self, call, piece_var):
-        """`call` with its row count cut, when it is a vector command over the output tile's rows."""
-        position = _ROWS.get(str(call.args[0].value))
-        if position is None or any(b.name.startswith(_PANEL_PREFIX) for b in buffer_args(call)):
+        """`call` with its row count cut, when it is a command over the output tile's rows (or
+        the panel's, or a GEMM reading a constant row range of the panel)."""
+        name = str(call.args[0].value)
+        start = _panel_start(call) if name == "cgra_gemm" else False
+        if name == "cgra_gemm" and start is not False:
+            if not self.cut_panel:
+                return call
+            rows = call.args[_GEMM_M]
+            return _with_arg(call, _GEMM_M, tirx.IntImm(str(rows.ty), min(int(rows.value), self.valid - start)))
+        position = _GEMM_M if name == "cgra_gemm" else _ROWS.get(name)
+        if position is None or (not self.cut_panel and any(b.name.startswith(_PANEL_PREFIX)
+                                                           for b in buffer_args(call))):
             return call
         rows = call.args[position]
         if not isinstance(rows, tirx.IntImm):
             return call
         if int(rows.value) == self.tile:
-            cut = tirx.IntImm(str(rows.ty), self.valid)
-        elif int(rows.value) == self.piece < self.tile and piece_var is not None:
+            return _with_arg(call, position, tirx.IntImm(str(rows.ty), self.valid))
+        if int(rows.value) == self.piece < self.tile and piece_var is not None and name != "cgra_gemm":
             left = tirx.IntImm(str(piece_var.ty), self.valid) - piece_var * self.piece
-            cut = tirx.min(tirx.IntImm(str(piece_var.ty), self.piece), left).astype(str(rows.ty))
-        else:
-            return call
-        args = list(call.args)
-        args[position] = cut
-        return ir.Call(call.op, args, call.attrs, call.ty_args, call.span, call.ty)
+            return _with_arg(call, position, tirx.min(tirx.IntImm(str(piece_var.ty), self.piece), left)
+                             .astype(str(rows.ty)))
+        return call
+
+
+def _with_arg(call, position: int, value):
+    args = list(call.args)
+    args[position] = value
+    return ir.Call(call.op, args, call.attrs, call.ty_args, call.span, call.ty)
