@@ -72,3 +72,19 @@ def test_the_rewrite_is_the_channels_last_conv():
 def test_overlapping_patches_or_many_channels_keep_their_transpose():
     for mod in (_embedding(3, 16, 4, 16, False, stride=2)[0], _embedding(16, 16, 4, 16, False)[0]):
         tvm.ir.assert_structural_equal(patch_embeddings_pass(8)(mod), mod)
+
+
+def test_vits_patches_are_finished_in_pieces_of_the_arrays_rows():
+    """16 patches of 3 x 16 x 16 px: the kernel is bound by its weights' load; its tile is added
+    and stored in two pieces of 8 rows (gemm_pieces.patch_pieces), the first while the array
+    computes the second."""
+    from cgra_sim import isa
+
+    mod, x, expected = _embedding(3, 64, 16, 64, True)
+    with npu_backend.profile(keep_timelines=True) as prof:
+        vm = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())
+        out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    fields = isa.FIELDS[isa.Op.EPILOGUE]
+    rows = [int(r[fields.index("m")]) for r in prof.timelines[0].commands if int(r[0]) == isa.Op.EPILOGUE]
+    assert rows == [8, 8], rows
