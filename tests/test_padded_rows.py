@@ -79,8 +79,10 @@ def test_the_activation_runs_on_the_valid_rows_only(act, normed):
     # (a GEMM piece of 8 rows of a tile loaded by DMA reads its zero padding: left as it is)
     assert rows["EPILOGUE"] in ({17}, {8, 1}) and rows["GEMM"] in ({17}, {8, 1}, {8}), rows
     assert rows["VFUNC"] - {17} <= rows["EPILOGUE"], rows
-    if normed:
+    if normed:  # and A's load streams no zero halo for the padding: its 17 rows
         assert rows["REDUCE"] == {17} and rows["ELTWISE"] == {17} and rows["GEMM"] != {8}, rows
+        (kernel,) = prof.kernels
+        assert kernel.dma_load_box_bytes == kernel.dma_load_bytes, (kernel.dma_load_box_bytes, kernel.dma_load_bytes)
 
 
 def test_a_kernel_without_the_attribute_is_left_as_it_is():

@@ -7,17 +7,20 @@ on an array of 8 rows), finished in EPILOGUEs of `piece` rows (the whole tile, o
 a loop annotated HOIST_ALLOCS: kernels/gemm/gemm_schedule.py). Output: the same kernel in which
 each vector-unit command of the output tile (EPILOGUE, VFUNC, ELTWISE, FABRIC, REDUCE, FILL)
 runs on the valid rows: `valid` for a whole tile's, min(piece, valid - i * piece) for piece i's.
-The GEMMs are left as they are (a fold of 1 row costs what a fold of 8 does), and so is a
-pre-norm's program on the A panel (kernels/gemm/row_norm.py, buffers `row_*`): the GEMMs read
-every row of the panel, which the simulator requires written.
+A whole tile's GEMM computes the valid rows too (a fold of 1 row costs what a fold of 8 does,
+but reads no padding). A pre-norm's program on the A panel (kernels/gemm/row_norm.py, buffers
+`row_*`), and the DMA load of the A tile it reads (without the zero halo past the tensor's rows),
+are cut when every GEMM reading the panel reads a constant range of its rows (the pieces
+lower/gemm_rows.py made: 8, 8, 1 of them cut then), so that no command reads a panel row
+nothing wrote (the simulator refuses that). A GEMM piece of a DMA-loaded tile is left as it is.
 
 Why: a tile's padded rows are computed and never stored (the store's box already stops at the
 valid rows, lower/dma.py), and the vector unit pays for them per element: a GELU or SiLU VFUNC
 through the function unit's one lane takes an element a cycle, so a ViT's MLP epilogue over
 17 tokens spent 24 / 17 of its time on its tiles (tail_tile_cycles prices the padding too:
-epilogue_tail.check_tail_padding). The output tile's padded rows keep what the GEMM wrote
-there; no command after the cut ones reads them and the store drops them, so every stored
-element is the same bits.
+epilogue_tail.check_tail_padding), and a pre-norm's ELTWISEs before the first GEMM as much. The
+padded rows of the tiles keep whatever they held; no command after the cut ones reads them and
+the store drops them, so every stored element is the same bits.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 from tvm import ir, tirx
 
 from cgra_codegen import device_call_positions
+from cgra_sim.isa import BOX_DIMS
 
 from ..kernels.common.spec import HOIST_ALLOCS, VALID_ROWS
 from .calls import buffer_args, buffer_of
@@ -32,6 +36,8 @@ from .calls import buffer_args, buffer_of
 #: The A panel's row program's blocks (row_norm.PREFIX): rows the GEMM reads, not the output's.
 _PANEL_PREFIX = "row_"
 #: Device call -> the position of its row count in the call's arguments.
+_LOAD = device_call_positions("cgra_dma_load")
+_LOAD_SPAD, _BOX = _LOAD["spad_addr"][0], _LOAD["box"]
 _GEMM = device_call_positions("cgra_gemm")
 (_GEMM_M,), (_GEMM_A, _), (_GEMM_A_STRIDE,) = _GEMM["m"], _GEMM["a_addr"], _GEMM["a_stride"]
 _ROWS = {name: device_call_positions(name)[param][0] for name, param in (
@@ -50,7 +56,13 @@ def cut_padded_rows(func: tirx.PrimFunc) -> tirx.PrimFunc:
     # The panel's program is cut only when no GEMM reads its padded rows (each reads a constant
     # row range of it, cut to the valid rows): the simulator requires every byte read written.
     cut_panel = all(start is not None and start < valid for start in map(_panel_start, panel_gemms))
-    return func.with_body(_Cut(valid, tile, piece, cut_panel).stmt(func.body, None))
+    # The tiles the panel's program reads (A, loaded by DMA): only its valid rows are read then.
+    sources = set()
+    _visit_calls(func.body, lambda call: sources.update(
+        b.name for b in buffer_args(call) if not b.name.startswith(_PANEL_PREFIX))
+        if str(call.args[0].value) != "cgra_gemm" and any(b.name.startswith(_PANEL_PREFIX) for b in buffer_args(call))
+        else None)
+    return func.with_body(_Cut(valid, tile, piece, cut_panel, sources if cut_panel else set()).stmt(func.body, None))
 
 
 def _visit_calls(stmt, visit) -> None:
@@ -86,8 +98,8 @@ def _panel_start(call):
 
 
 class _Cut:
-    def __init__(self, valid: int, tile: int, piece: int, cut_panel: bool):
-        self.valid, self.tile, self.piece, self.cut_panel = valid, tile, piece, cut_panel
+    def __init__(self, valid: int, tile: int, piece: int, cut_panel: bool, sources: set):
+        self.valid, self.tile, self.piece, self.cut_panel, self.sources = valid, tile, piece, cut_panel, sources
 
     def stmt(self, stmt, piece_var):
         """`stmt` with its calls cut; `piece_var` the enclosing piece loop's variable, or None."""
@@ -108,6 +120,8 @@ class _Cut:
         """`call` with its row count cut, when it is a command over the output tile's rows (or
         the panel's, or a GEMM reading a constant row range of the panel)."""
         name = str(call.args[0].value)
+        if name == "cgra_dma_load":
+            return self.load(call)
         start = _panel_start(call) if name == "cgra_gemm" else False
         if name == "cgra_gemm" and start is not False:
             if not self.cut_panel:
@@ -127,6 +141,26 @@ class _Cut:
             left = tirx.IntImm(str(piece_var.ty), self.valid) - piece_var * self.piece
             return _with_arg(call, position, tirx.min(tirx.IntImm(str(piece_var.ty), self.piece), left)
                              .astype(str(rows.ty)))
+        return call
+
+
+    def load(self, call):
+        """A DMA load of a tile the panel's program reads, without the rows past the tensor's
+        end (its zero halo: DMA beats for rows no command reads once the program is cut)."""
+        buffer = buffer_of(call.args[_LOAD_SPAD])
+        if buffer is None or buffer.name not in self.sources:
+            return call
+        for loop in range(BOX_DIMS):
+            extent_at, dim_at, step_at, _ = (_BOX[3 * BOX_DIMS + 4 * loop + k] for k in range(4))
+            extent, dim, step = call.args[extent_at], call.args[dim_at], call.args[step_at]
+            if not all(isinstance(v, tirx.IntImm) for v in (extent, dim, step)) or int(step.value) != 1 or \
+                    int(extent.value) != self.tile or int(dim.value) >= BOX_DIMS:
+                continue
+            pad_at = _BOX[2 * BOX_DIMS + int(dim.value)]
+            pad = call.args[pad_at]
+            if isinstance(pad, tirx.IntImm) and int(pad.value) == self.tile - self.valid:
+                call = _with_arg(call, extent_at, tirx.IntImm(str(extent.ty), self.valid))
+                return _with_arg(call, pad_at, tirx.IntImm(str(pad.ty), 0))
         return call
 
 
