@@ -18,6 +18,7 @@ from cgra_sim import function_unit
 
 from ..kernels.attention.attention_tiles import attention_fits, causal_row_fits
 from ..kernels.attention.flash_length import length_fits
+from ..kernels.common.spec import PATCH_CHANNELS
 from ..kernels.gemm.int4_matmul import Int4Layer, int4_matmul_kernel
 from ..kernels.gemm.int4_conv import int4_conv_kernel
 from ..kernels.gemm.int4_qmatmul import int4_qmatmul_kernel
@@ -52,6 +53,7 @@ from .negative_indices import wrap_negative_indices
 from .layer_scales import layer_scales_pass
 from .norm_folds import norm_folds_pass
 from .normed_linears import normed_linears_pass
+from .patch_embeddings import patch_embeddings_pass
 from .position_embeddings import position_embeddings_pass
 from .quick_gelus import quick_gelus_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
@@ -189,6 +191,9 @@ def normalise_passes(arch=None) -> list:
         # A ViT's position embedding added to [CLS; patches] as a constant for the CLS row and
         # the patch conv's residual add for the rest, exactly (position_embeddings.py).
         position_embeddings_pass,
+        # Its patches' flatten and transpose as the patch conv's channels-last output: the conv
+        # stores tokens, no transposing copy (patch_embeddings.py).
+        patch_embeddings_pass(PATCH_CHANNELS),
         # A residual add after Swin's window reverse of its attention output, and the window partition
         # of its pre-attention norm, in window order: the add joins the output projection's
         # epilogue, the norm reads the partitioned residual (window_residuals.py).

@@ -30,7 +30,7 @@ from .gemm_estimate import estimate_cycles, gemm_footprint, may_hold_a_panel
 from .post_norm import (check_post_norm, post_norm_col_step, post_norm_pieces, post_norm_tiles, post_norm_tiling,
                         require_whole_rows)
 from .row_norm import check_row_norm, panel_bytes
-from .gemm_pieces import finishes_in_pieces, in_pieces, streamed_candidates
+from .gemm_pieces import finishes_in_pieces, in_pieces, patch_pieces, streamed_candidates
 from .rope_epilogue import EXTRA_TILES, col_step
 
 
@@ -71,6 +71,7 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
         if act_on_vector(spec, arch):
             _TILINGS[key] = dataclasses.replace(_TILINGS[key], act_on_vector=True)
         _TILINGS[key] = post_norm_tiling(spec, _TILINGS[key], arch)  # or row tiles holding B (post_norm.py)
+    _TILINGS[key] = patch_pieces(spec, _TILINGS[key], arch)  # a patch conv storing tokens (gemm_pieces.py)
     check_tail_padding(spec, _TILINGS[key], arch)
     check_row_norm(spec, _TILINGS[key], arch)
     check_post_norm(spec, _TILINGS[key], arch, choose_gemm_tiling)
