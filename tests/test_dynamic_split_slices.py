@@ -71,3 +71,37 @@ def test_the_parts_match_numpy_at_every_length(n):
     for index, got in enumerate(out):
         want = y[:, index].transpose(1, 0, 2)[None]
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def _heads_taken():
+    """Falcon's key head as qkv[:, :, [HEADS]] (a take of one constant index) from the heads of
+    y = x @ W^T (1, s, 3 H, D), s symbolic (normalise/take_slices.py makes it a slice)."""
+    s = tirx.Var("s", "int64")
+    x = relax.Var("x", relax.TensorType((1, s, K), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], attrs={"tir_var_upper_bound": {"s": BOUND}, "tir_var_lower_bound": {"s": 1}}):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(relax.const(_weight()))), out_dtype="float32"))
+            heads = bb.emit(relax.op.reshape(y, relax.ShapeExpr([1, s, 3 * HEADS, D])))
+            taken = bb.emit(relax.op.take(heads, relax.const(np.array([HEADS, HEADS + 1], "int64")), axis=2))
+            out = bb.emit_output(relax.op.permute_dims(taken, [0, 2, 1, 3]))
+        bb.emit_func_output(out)
+    return relax.transform.Normalize()(bb.get())
+
+
+@settings(max_examples=4, deadline=None)
+@given(n=st.integers(1, 300))
+@example(n=1)
+def test_a_take_of_consecutive_constant_heads_is_a_slice_on_the_npu(n):
+    data = np.random.default_rng(n).standard_normal((1, n, K)).astype(np.float32)
+    with npu_backend.profile() as prof:
+        out = _taken_vm()["main"](tvm.runtime.tensor(data)).numpy()
+    assert prof.host_cycles == 0, prof.host_calls
+    y = (data[0].astype(np.float64) @ _weight().T.astype(np.float64)).reshape(n, 3 * HEADS, D)
+    want = y[:, HEADS:HEADS + 2].transpose(1, 0, 2)[None]
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@functools.lru_cache(maxsize=1)
+def _taken_vm():
+    return relax.VirtualMachine(npu_backend.compile(_heads_taken(), ARCH), tvm.cpu())
