@@ -69,6 +69,7 @@ from .permute_chains import permute_chains_pass
 from .pool1ds import pool1ds_as_pool2ds_pass
 from .pool_taps import pool_taps_pass
 from .split_slices import split_slices_pass
+from .take_slices import take_slices_pass
 from .qdq import canonicalize_qdq
 from .qdq16 import canonicalize_qdq16
 from .qlayouts import quantized_layouts_pass
@@ -235,6 +236,9 @@ def normalise_passes(arch=None) -> list:
         # Attention's q, k and v projections of one input as one linear over their weights side
         # by side, each part a slice of its view in heads (qkv_merges.py): one GEMM kernel, not three.
         qkv_merges_pass,
+        # A take of constant consecutive indices from a tensor of symbolic shape (Falcon's key
+        # and value heads, qkv[:, :, [-2]]) as a slice (take_slices.py), merged by the next pass.
+        take_slices_pass,
         # A fused q / k / v projection's split as slices, each cut into heads after the slice:
         # the transposing copy or RoPE kernel after it reads its part (split_slices.py).
         split_slices_pass,

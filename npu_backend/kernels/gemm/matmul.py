@@ -193,8 +193,8 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
     if spec.gated:  # act(even columns) * odd columns, (m, n / 2): gated.py
         operands, epi, n = {}, gated_epilogue(spec, acc, tiling), n // 2
     elif spec.rope_pattern:  # x * C + x[:, partner] * S: rope_epilogue.py
-        operands = rope_operands(spec)
-        epi = rope_epilogue(spec, acc, tiling, operands)
+        operands = rope_operands(spec, m)
+        epi = rope_epilogue(spec, acc, tiling, operands, m)
         operands = {role: value for role, value in operands.items() if value is not None}
     else:
         operands = lhs_as_residual(spec, epilogue_operands(spec, (m, n)), a)  # x @ W + x: residual_lhs.py
