@@ -1,5 +1,4 @@
-"""What two bindings compute alike runs once (normalise/stage.py's EliminateCommonSubexpr after
-masks.py): Bloom's attention form adds the ALiBi rows to the padding mask in every layer, the same
+"""What two bindings compute alike runs once (normalise/shared_sums.py, after masks.py): Bloom's attention form adds the ALiBi rows to the padding mask in every layer, the same
 (1, H, s, s) sum each time, which ran as one add kernel a layer."""
 
 from __future__ import annotations

@@ -68,6 +68,7 @@ from .window_stems import window_stems_pass
 from .permute_chains import permute_chains_pass
 from .pool1ds import pool1ds_as_pool2ds_pass
 from .pool_taps import pool_taps_pass
+from .shared_sums import shared_sums_pass
 from .split_slices import split_slices_pass
 from .take_slices import take_slices_pass
 from .qdq import canonicalize_qdq
@@ -272,10 +273,11 @@ def normalise_passes(arch=None) -> list:
         # A boolean mask's where(m, 0, -inf) and casts as float32 {0, 1} arithmetic, exactly
         # (masks.py): the mask is built on the NPU, once for every layer.
         masks_pass(None if arch is None else lambda *shapes: causal_row_fits(*shapes, arch)),
-        # What two bindings compute alike is computed once: every layer of Bloom adds its ALiBi
-        # rows to the padding mask in the attention form's own add (attentions.py), the same
-        # (1, H, s, s) sum per layer; one add kernel instead of one a layer.
-        relax.transform.EliminateCommonSubexpr(),
+        # A reshape or add of the same operands as an earlier one is read from it: every layer of
+        # Bloom adds its ALiBi rows to the padding mask in the attention form's own add
+        # (attentions.py), the same (1, H, s, s) sum per layer; one add kernel instead of one a
+        # layer (shared_sums.py; a general CSE broke symbolic attention and cache writes).
+        shared_sums_pass,
         # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast (scalars.py).
         scalar_operands_pass,
         # An elementwise op on a (1, s, C) activation on its (s, C) rows: the kernels' symbolic
