@@ -175,24 +175,79 @@ def test_head_splits_and_merge_over_a_symbolic_length_are_the_kernels_boxes(n):
     np.testing.assert_allclose(out, _expected(q, k, v).transpose(0, 2, 1, 3), rtol=2e-5, atol=2e-6)
 
 
-def _cycles(mod, n: int) -> int:
-    """The cycles of `mod` (one kernel) at length n on ARCH."""
+def _cycles(mod, n: int, arch: str = ARCH) -> int:
+    """The cycles of `mod` (one kernel) at length n on `arch`."""
     x = np.random.default_rng(n).standard_normal((1, n, HEADS + 2 * KV_HEADS, DEPTH)).astype("float32")
     with npu_backend.profile() as prof:
-        relax.VirtualMachine(npu_backend.compile(mod, ARCH), tvm.cpu())["main"](tvm.runtime.tensor(x))
+        relax.VirtualMachine(npu_backend.compile(mod, arch), tvm.cpu())["main"](tvm.runtime.tensor(x))
     assert len(prof.kernels) == 1
     return prof.total_cycles
 
 
-def test_a_prompt_of_one_query_tile_runs_its_heads_back_to_back():
-    """At 16 tokens (one query tile; bound 2048, Llama's) 3,396 cycles, what flash.py's static
-    kernel of these tiles took: the output buffers were allocated after the diagonal key tile's
-    `if`, on the bytes of its K and V tiles (the code generator's stack), so each head's K load
-    waited for the head before it to be stored (3,918)."""
+@pytest.mark.parametrize("n", [16, 128])
+def test_a_prompt_whose_keys_fit_whole_costs_what_a_static_compile_does(n):
+    """Up to the length whose K and V head fit the scratchpad whole (1,024 on cgra-8x8) the kernel
+    runs rows.py's whole-row items (rows_length.py: keys to each tile's diagonal, a group's heads
+    stacked, the items pipelined), the command stream of a static compile for that length: at
+    bound 2048, 1,523 / 46,784 cycles at 16 / 128 tokens, as static. Over key tiles at every
+    length it took 3,396 / 79,752."""
+    assert _cycles(_projected_attention(2048), n) == _cycles(_projected_attention(length=n), n)
+
+
+def test_the_whole_row_limits_follow_the_tiling():
+    """One whole-row branch per tiling, each at the longest length it fits: a short prompt's two
+    copies of K and V up to 512 on cgra-8x8, one copy up to 1,024 (a branch at 1,024 alone held
+    one copy at 16 tokens: 1,565 cycles against 1,523), the key tiles past it."""
+    from npu_backend.kernels.attention.flash_length import choose_length_tiling
+    from npu_backend.kernels.attention.spec import AttentionSpec
+
+    spec = AttentionSpec(1, KV_HEADS, HEADS // KV_HEADS, 2048, 2048, DEPTH, DEPTH, scale=0.25, causal=0, length="s")
+    rows = choose_length_tiling(spec, npu_backend.load_arch(ARCH)).rows
+    assert [(limit, t.kv_copies, t.stack) for limit, t in rows] == [(512, 2, 2), (1024, 1, 2)]
+
+
+_BRANCHES: dict = {}
+
+
+@settings(max_examples=5, deadline=None)
+@given(n=st.integers(1, 300))
+@example(n=1)
+@example(n=129)  # past the first whole-row branch (cgra-4x4, bound 512: 128 and 256)
+@example(n=257)  # past the last: the key tiles
+def test_every_branch_of_the_kernel_equals_numpy(n):
+    """cgra-4x4 at bound 512 holds K and V whole up to 128 tokens with two copies, up to 256 with
+    one, and runs key tiles past that: each branch, its ragged last query tile (a FILL of the Q
+    rows past the length) and its boundaries equal numpy, one kernel."""
+    if not _BRANCHES:
+        _BRANCHES["vm"] = relax.VirtualMachine(npu_backend.compile(_projected_attention(512), "cgra-4x4"), tvm.cpu())
+    x = np.random.default_rng(n).standard_normal((1, n, HEADS + 2 * KV_HEADS, DEPTH)).astype("float32")
+    with npu_backend.profile() as prof:
+        out = _BRANCHES["vm"]["main"](tvm.runtime.tensor(x)).numpy()
+    assert len(prof.kernels) == 1
+    q, k, v = (x[:, :, a:b].transpose(0, 2, 1, 3) for a, b in
+               ((0, HEADS), (HEADS, HEADS + KV_HEADS), (HEADS + KV_HEADS, HEADS + 2 * KV_HEADS)))
+    np.testing.assert_allclose(out, _expected(q, k, v).transpose(0, 2, 1, 3), rtol=2e-5, atol=2e-6)
+
+
+@pytest.fixture
+def key_tiles_only(monkeypatch):
+    """The kernel over key tiles at every length (no whole-row branch), compiled afresh."""
+    from npu_backend.kernels.attention import flash_length
+
+    monkeypatch.setattr(flash_length, "choose_row_limits", lambda spec, arch: ())
+    monkeypatch.setenv("CGRA_KERNEL_CACHE", "off")
+
+
+def test_a_prompt_of_one_query_tile_runs_its_heads_back_to_back(key_tiles_only):
+    """Over key tiles at 16 tokens (one query tile; bound 2048, Llama's) 3,396 cycles, what
+    flash.py's static kernel of these tiles took: the output buffers were allocated after the
+    diagonal key tile's `if`, on the bytes of its K and V tiles (the code generator's stack), so
+    each head's K load waited for the head before it to be stored (3,918)."""
     assert _cycles(_projected_attention(2048), 16) <= 3_500
 
 
-def test_key_tiles_below_the_diagonal_are_pipelined():
-    """At 128 tokens (eight query tiles of 16 at bound 2048) 79.8 k cycles; unpipelined, the PE
-    array and the vector unit took turns on every key tile: 91 k (length_pipeline.py)."""
+def test_key_tiles_below_the_diagonal_are_pipelined(key_tiles_only):
+    """Over key tiles at 128 tokens (eight query tiles of 16 at bound 2048) 79.8 k cycles;
+    unpipelined, the PE array and the vector unit took turns on every key tile: 91 k
+    (length_pipeline.py)."""
     assert _cycles(_projected_attention(2048), 128) <= 85_000
