@@ -37,6 +37,7 @@ commands are a static compile's for that length (Llama's attention on cgra-8x8 a
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -130,15 +131,26 @@ def choose_tiling(spec: AttentionSpec, arch):
 
 def length_fits(parts: dict, arch) -> bool:
     """Whether an attention over a symbolic length (normalise/attention_lengths.py's parts) runs
-    as one kernel on `arch`: its tiles do not depend on the length."""
+    as one kernel on `arch`: its key tiles do not depend on the length."""
     spec = AttentionSpec(parts["B"], parts["Hk"], parts["G"], 256, 256, parts["D"], parts["Dv"], causal=0,
                          length=str(parts["length"]))
-    return choose_length_tiling(spec, arch) is not None
+    return _key_tiling(spec, arch) is not None
 
 
-def choose_length_tiling(spec: AttentionSpec, arch) -> FlashTiling | None:
-    """The fitting tiling of least worst regret over the lengths up to the bound (module
-    docstring); None if none fits."""
+@functools.lru_cache(maxsize=256)
+def choose_length_tiling(spec: AttentionSpec, arch) -> LengthTiling | None:
+    """The key tiles of least worst regret over the lengths up to the bound and the whole-row
+    branches below them (module docstring); None if no key tiles fit."""
+    chosen = _key_tiling(spec, arch)
+    if chosen is None:
+        return None
+    return LengthTiling(**dataclasses.asdict(chosen),
+                        rows=choose_row_limits(spec, arch, lambda n: _cycles_at(spec, arch, chosen, n)))
+
+
+def _key_tiling(spec: AttentionSpec, arch) -> FlashTiling | None:
+    """The fitting key tiling of least worst regret over the lengths up to the bound; None if
+    none fits."""
     bound = spec.sq
     lengths = sorted({n for n in _LENGTHS if n < bound} | {bound})
     # (two query tiles' keys: a pipelined tiling's footprint counts its copies of S, P, K and V)
@@ -150,8 +162,7 @@ def choose_length_tiling(spec: AttentionSpec, arch) -> FlashTiling | None:
     best = [min(c[i] for c in cycles.values()) for i in range(len(lengths))]
     worst = {t: max(c / b for c, b in zip(cycles[t], best)) for t in fitting}
     chosen = min(fitting, key=lambda t: (round(worst[t], 3), cycles[t][-1]))
-    return LengthTiling(**{**dataclasses.asdict(chosen), "cycles": cycles[chosen][-1]},
-                        rows=choose_row_limits(spec, arch))
+    return dataclasses.replace(chosen, cycles=cycles[chosen][-1])
 
 
 def _candidates(spec: AttentionSpec, arch) -> list:

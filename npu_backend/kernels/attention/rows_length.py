@@ -26,13 +26,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from .attention_tiles import LOWEST, TINY, RowTiling, scale_at, whole_row_tiling
+from .attention_tiles import LOWEST, TINY, RowTiling, estimate_attention_cycles, scale_at, whole_row_tiling
 from .script_text import F32, Writer, call, eltwise, element, fill, gemm, reduce, vfunc
 
 from ...errors import ScratchpadTooSmall
 
 #: The kernel's buffers (rows.py keeps its own two copies: the double-buffering pass leaves them).
 BUFFERS = ["w_kt", "w_v", "w_q", "w_s", "w_m", "w_l", "w_inv", "w_o", "w_res", "w_ones", "w_band"]
+#: Past the last power of two whose K and V fit whole, the whole-row limits are tried at each
+#: 1 / STEPS of it more (cgra-8x8 at bound 2048: 1,152, 1,280, ... while they fit).
+STEPS = 8
 #: Names of the kernel's loop and item variables: a length named like one is renamed (flash_length).
 NAMES = {"it"} | set(BUFFERS)
 
@@ -42,25 +45,46 @@ def _static(spec, length: int):
     return dataclasses.replace(spec, sq=length, sk=length, causal=0, length=None)
 
 
-def choose_row_limits(spec, arch) -> tuple:
+def choose_row_limits(spec, arch, key_tiles=None) -> tuple:
     """((limit, RowTiling), ...) by growing limit: the whole-row tilings of 16 times the powers of
-    two below the bound and of the bound, where they fit the scratchpad, each run of lengths of
-    one tiling (tq, stack, K / V copies, the sums' unit) taken at its longest length; () if none
-    fits. (One branch at the longest length alone holds one copy of K and V where a short
-    prompt's static compile holds two: Llama at 16 tokens, 1,741 cycles a layer against 1,565.
-    A limit between the powers takes the tiling of fewer rows a tile that more keys leave room
-    for: cgra-8x8's 1,760 at bound 2048 took tq 2 unstacked, slower at every length.)"""
+    two below the bound and of the bound, then past the last that fits of its STEPS-ths up to
+    twice it, those that fit, each run of lengths of one tiling (tq, stack, K / V copies,
+    the sums' unit) taken at its longest length; () if none fits. With `key_tiles` (length ->
+    the key-tile kernel's estimated cycles) a branch is kept only while its estimate at its limit
+    is no more than the key tiles' (cgra-8x8 at bound 2048: one query head a tile past 1,500
+    keys, 11 M cycles at 1,600 where the key tiles take about 9 M). (One branch at the longest
+    length alone would hold one copy of K and V where a short prompt's static compile holds two:
+    Llama at 16 tokens, 1,565 cycles a layer against 1,523.)"""
     found = []
     for length in [16 << i for i in range(16) if 16 << i < spec.sq] + [spec.sq]:
-        try:
-            tiling = whole_row_tiling(_static(spec, length), arch)
-        except ScratchpadTooSmall:
+        if not _fits(spec, arch, length, found):
             break
+    if found and found[-1][0] < spec.sq:  # past the last power that fits: eighths of it, while they fit
+        last = found[-1][0]
+        for length in range(last + last // STEPS, min(2 * last, spec.sq + 1), last // STEPS):
+            if not _fits(spec, arch, length, found):
+                break
+    runs = []
+    for length, tiling in found:
         kind = (tiling.tq, tiling.stack, tiling.kv_copies, tiling.sums_on_pe)
-        if found and found[-1][0] == kind:
-            found.pop()
-        found.append((kind, length, tiling))
-    return tuple((length, tiling) for _, length, tiling in found)
+        if runs and runs[-1][0] == kind:
+            runs.pop()
+        runs.append((kind, length, tiling))
+    kept = []
+    for _, length, tiling in runs:
+        if key_tiles is not None and estimate_attention_cycles(_static(spec, length), arch, tiling) > key_tiles(length):
+            break
+        kept.append((length, tiling))
+    return tuple(kept)
+
+
+def _fits(spec, arch, length: int, found: list) -> bool:
+    """Whether the whole-row kernel fits at `length`; if so (length, its tiling) joins `found`."""
+    try:
+        found.append((length, whole_row_tiling(_static(spec, length), arch)))
+    except ScratchpadTooSmall:
+        return False
+    return True
 
 
 class _Item:
