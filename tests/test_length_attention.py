@@ -194,7 +194,7 @@ def test_a_prompt_whose_keys_fit_whole_costs_what_a_static_compile_does(n):
     assert _cycles(_projected_attention(2048), n) == _cycles(_projected_attention(length=n), n)
 
 
-def test_the_whole_row_limits_follow_the_tiling():
+def test_the_whole_row_limits_follow_the_tiling_and_the_key_tiles_the_lengths_past_them():
     """One whole-row branch per tiling, each at the longest length it fits: a short prompt's two
     copies of K and V up to 512 on cgra-8x8, one copy up to 1,024 (a branch at 1,024 alone held
     one copy at 16 tokens: 1,565 cycles against 1,523), tiles of 3 and 2 rows up to 1,408 and
@@ -204,8 +204,12 @@ def test_the_whole_row_limits_follow_the_tiling():
     from npu_backend.kernels.attention.spec import AttentionSpec
 
     spec = AttentionSpec(1, KV_HEADS, HEADS // KV_HEADS, 2048, 2048, DEPTH, DEPTH, scale=0.25, causal=0, length="s")
-    rows = choose_length_tiling(spec, npu_backend.load_arch(ARCH)).rows
-    assert [(limit, t.kv_copies, t.stack) for limit, t in rows] == [(512, 2, 2), (1024, 1, 2), (1408, 1, 2), (1536, 1, 2)]
+    tiling = choose_length_tiling(spec, npu_backend.load_arch(ARCH))
+    assert [(limit, t.kv_copies, t.stack) for limit, t in tiling.rows] == \
+        [(512, 2, 2), (1024, 1, 2), (1408, 1, 2), (1536, 1, 2)]
+    # the key tiles chosen for the lengths past the whole rows: 64 x 64 (at 1,600 / 2,048 tokens
+    # 8.23 M / 13.18 M cycles), not the 16 x 16 of every length from 16 (9.34 M / 15.20 M)
+    assert (tiling.tq, tiling.tk) == (64, 64)
 
 
 _BRANCHES: dict = {}
@@ -228,6 +232,19 @@ def test_every_branch_of_the_kernel_equals_numpy(n):
     with npu_backend.profile() as prof:
         out = _BRANCHES["vm"]["main"](tvm.runtime.tensor(x)).numpy()
     assert len(prof.kernels) == 1
+    q, k, v = (x[:, :, a:b].transpose(0, 2, 1, 3) for a, b in
+               ((0, HEADS), (HEADS, HEADS + KV_HEADS), (HEADS + KV_HEADS, HEADS + 2 * KV_HEADS)))
+    np.testing.assert_allclose(out, _expected(q, k, v).transpose(0, 2, 1, 3), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.slow
+def test_the_key_tiles_past_the_whole_rows_equal_numpy():
+    """At bound 2048 on cgra-8x8, 1,537 tokens: one past the last whole-row branch, the key tiles
+    of 64 x 64 chosen for the lengths past it, their last query tile ragged (about 30 s)."""
+    n = 1537
+    x = np.random.default_rng(n).standard_normal((1, n, HEADS + 2 * KV_HEADS, DEPTH)).astype("float32")
+    out = relax.VirtualMachine(npu_backend.compile(_projected_attention(2048), ARCH), tvm.cpu())["main"](
+        tvm.runtime.tensor(x)).numpy()
     q, k, v = (x[:, :, a:b].transpose(0, 2, 1, 3) for a, b in
                ((0, HEADS), (HEADS, HEADS + KV_HEADS), (HEADS + KV_HEADS, HEADS + 2 * KV_HEADS)))
     np.testing.assert_allclose(out, _expected(q, k, v).transpose(0, 2, 1, 3), rtol=2e-5, atol=2e-6)

@@ -21,7 +21,8 @@ band masks it; cutting the diagonal tile's columns leaves it out of the GEMMs al
 
 The tiles come from the bound (`shape_bounds`, `tir_var_upper_bound`, torch.export's
 `Dim(max=...)`): the tiling whose estimated cycles at the worst of the lengths 16, 32, ..., the
-bound is the closest to the best tiling for that length (minimax regret, as the GEMMs' search).
+bound is the closest to the best tiling for that length (minimax regret, as the GEMMs' search);
+with whole-row branches below (next paragraph), over the lengths past them only.
 
 Where a head's K and V fit the scratchpad whole at a shorter length, the kernel first branches
 on the run-time length: `if s <= limit` runs rows.py's whole-row items (rows_length.py: keys to
@@ -31,7 +32,8 @@ past the last limit. The branches' buffers share scratchpad bytes (disjoint scop
 branch is the host's: the device sees the commands of the one taken. Up to the limit the
 commands are a static compile's for that length (Llama's attention on cgra-8x8 at 16 / 128 /
 1024 tokens: 1,523 / 46,784 / 2.67 M cycles a layer, as static; over key tiles 3,396 / 79,752 /
-3.89 M).
+3.89 M). Past the whole rows (1,536 there) the key tiles are 64 x 64 instead of 16 x 16: 8.23 M /
+13.18 M cycles at 1,600 / 2,048 tokens instead of 9.34 M / 15.20 M.
 """
 
 from __future__ import annotations
@@ -144,15 +146,18 @@ def choose_length_tiling(spec: AttentionSpec, arch) -> LengthTiling | None:
     chosen = _key_tiling(spec, arch)
     if chosen is None:
         return None
-    return LengthTiling(**dataclasses.asdict(chosen),
-                        rows=choose_row_limits(spec, arch, lambda n: _cycles_at(spec, arch, chosen, n)))
+    rows = choose_row_limits(spec, arch, lambda n: _cycles_at(spec, arch, chosen, n))
+    if rows and rows[-1][0] < spec.sq:  # the key tiles for the lengths past the whole rows only
+        chosen = _key_tiling(spec, arch, rows[-1][0])
+    return LengthTiling(**dataclasses.asdict(chosen), rows=rows)
 
 
-def _key_tiling(spec: AttentionSpec, arch) -> FlashTiling | None:
-    """The fitting key tiling of least worst regret over the lengths up to the bound; None if
-    none fits."""
+def _key_tiling(spec: AttentionSpec, arch, above: int = 0) -> FlashTiling | None:
+    """The fitting key tiling of least worst regret over the lengths past `above` up to the
+    bound (cgra-8x8 at bound 2048: 16 x 16 tiles over them all, 64 x 64 past the whole rows'
+    1,536, an estimated fifth fewer cycles at 2,048); None if none fits."""
     bound = spec.sq
-    lengths = sorted({n for n in _LENGTHS if n < bound} | {bound})
+    lengths = sorted({n for n in _LENGTHS if above < n < bound} | {bound} | ({above + 1} if above else set()))
     # (two query tiles' keys: a pipelined tiling's footprint counts its copies of S, P, K and V)
     fitting = [t for t in _candidates(spec, arch)
                if flash_footprint(dataclasses.replace(spec, sq=t.tq, sk=2 * t.tq), t) <= arch.spad_bytes]
