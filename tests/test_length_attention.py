@@ -17,22 +17,22 @@ ARCH = "cgra-8x8"
 HEADS, KV_HEADS, DEPTH = 4, 2, 16
 
 
-def _attention(causal: bool = True, bound: int = 256, scale: float | None = 0.25):
+def _attention(causal: bool = True, bound: int = 256, scale: float | None = 0.25, batch: int = 1):
     """Hugging Face's eager grouped-query attention over (1, H, s, d) with repeat_kv, the scale
     after Q Kᵀ and the causal mask as length_masks.py computes it (arange, less_equal, where);
     `causal` False: a mask that keeps j < i, which is not causal (its diagonal is masked)."""
     s = tirx.Var("s", "int64")
-    q = relax.Var("q", relax.TensorType([1, HEADS, s, DEPTH], "float32"))
-    k = relax.Var("k", relax.TensorType([1, KV_HEADS, s, DEPTH], "float32"))
-    v = relax.Var("v", relax.TensorType([1, KV_HEADS, s, DEPTH], "float32"))
+    q = relax.Var("q", relax.TensorType([batch, HEADS, s, DEPTH], "float32"))
+    k = relax.Var("k", relax.TensorType([batch, KV_HEADS, s, DEPTH], "float32"))
+    v = relax.Var("v", relax.TensorType([batch, KV_HEADS, s, DEPTH], "float32"))
     bb = relax.BlockBuilder()
     op = relax.op
     with bb.function("main", [q, k, v], attrs={"tir_var_upper_bound": {"s": bound}, "tir_var_lower_bound": {"s": 1}}):
         with bb.dataflow():
             def repeat(x):
                 x = bb.emit(op.expand_dims(x, [2]))
-                x = bb.emit(op.broadcast_to(x, relax.ShapeExpr([1, KV_HEADS, HEADS // KV_HEADS, s, DEPTH])))
-                return bb.emit(op.reshape(x, relax.ShapeExpr([1, HEADS, s, DEPTH])))
+                x = bb.emit(op.broadcast_to(x, relax.ShapeExpr([batch, KV_HEADS, HEADS // KV_HEADS, s, DEPTH])))
+                return bb.emit(op.reshape(x, relax.ShapeExpr([batch, HEADS, s, DEPTH])))
             positions = bb.emit(op.arange(tirx.IntImm("int64", 0), s, tirx.IntImm("int64", 1), dtype="int64"))
             rows = bb.emit(op.reshape(positions, relax.ShapeExpr([s, 1])))
             columns = bb.emit(op.reshape(positions, relax.ShapeExpr([1, s])))
@@ -78,6 +78,18 @@ def test_a_causal_attention_of_symbolic_length_is_one_kernel_equal_at_every_leng
             out = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy()
         np.testing.assert_allclose(out, _expected(q, k, v, scale), rtol=2e-5, atol=2e-6, err_msg=f"s = {n}")
         assert len(prof.kernels) == 1, n
+
+
+def test_a_batch_of_prompts_runs_the_whole_row_items_of_each():
+    """Two prompts a call: the items' batch index, a quotient by the length's expression, is
+    clamped to the batch (lower/dma.py could not bound it: 'reaches outside dimension 0')."""
+    vm = relax.VirtualMachine(npu_backend.compile(_attention(batch=2), ARCH), tvm.cpu())
+    rng = np.random.default_rng(2)
+    for n in (1, 7, 64):
+        q = rng.standard_normal((2, HEADS, n, DEPTH)).astype("float32")
+        k, v = (rng.standard_normal((2, KV_HEADS, n, DEPTH)).astype("float32") for _ in range(2))
+        out = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy()
+        np.testing.assert_allclose(out, _expected(q, k, v), rtol=2e-5, atol=2e-6, err_msg=f"s = {n}")
 
 
 def test_the_ragged_last_tile_costs_what_its_rows_do():

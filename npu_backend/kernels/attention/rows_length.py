@@ -95,7 +95,8 @@ class _Item:
         tiles = f"T.floordiv({s} + {t.tq - 1}, {t.tq})"
         per_kv = f"{tiles} * {groups}" if groups > 1 else tiles
         self.at = at
-        self.n = f"({at}) // ({per_kv} * {spec.hk})" if spec.b > 1 else "0"
+        # (clamped: lower/dma.py cannot bound a quotient by the length's expression)
+        self.n = f"T.max(T.min(({at}) // ({per_kv} * {spec.hk}), {spec.b - 1}), 0)" if spec.b > 1 else "0"
         self.c = f"({at}) // ({per_kv}) % {spec.hk}" if spec.hk > 1 else "0"
         j = f"({at}) // {tiles} % {groups}" if groups > 1 else "0"
         j = f"{j} * {t.stack}" if t.stack > 1 and groups > 1 else j
