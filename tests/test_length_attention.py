@@ -17,22 +17,22 @@ ARCH = "cgra-8x8"
 HEADS, KV_HEADS, DEPTH = 4, 2, 16
 
 
-def _attention(causal: bool = True, bound: int = 256, scale: float | None = 0.25):
+def _attention(causal: bool = True, bound: int = 256, scale: float | None = 0.25, batch: int = 1):
     """Hugging Face's eager grouped-query attention over (1, H, s, d) with repeat_kv, the scale
     after Q Kᵀ and the causal mask as length_masks.py computes it (arange, less_equal, where);
     `causal` False: a mask that keeps j < i, which is not causal (its diagonal is masked)."""
     s = tirx.Var("s", "int64")
-    q = relax.Var("q", relax.TensorType([1, HEADS, s, DEPTH], "float32"))
-    k = relax.Var("k", relax.TensorType([1, KV_HEADS, s, DEPTH], "float32"))
-    v = relax.Var("v", relax.TensorType([1, KV_HEADS, s, DEPTH], "float32"))
+    q = relax.Var("q", relax.TensorType([batch, HEADS, s, DEPTH], "float32"))
+    k = relax.Var("k", relax.TensorType([batch, KV_HEADS, s, DEPTH], "float32"))
+    v = relax.Var("v", relax.TensorType([batch, KV_HEADS, s, DEPTH], "float32"))
     bb = relax.BlockBuilder()
     op = relax.op
     with bb.function("main", [q, k, v], attrs={"tir_var_upper_bound": {"s": bound}, "tir_var_lower_bound": {"s": 1}}):
         with bb.dataflow():
             def repeat(x):
                 x = bb.emit(op.expand_dims(x, [2]))
-                x = bb.emit(op.broadcast_to(x, relax.ShapeExpr([1, KV_HEADS, HEADS // KV_HEADS, s, DEPTH])))
-                return bb.emit(op.reshape(x, relax.ShapeExpr([1, HEADS, s, DEPTH])))
+                x = bb.emit(op.broadcast_to(x, relax.ShapeExpr([batch, KV_HEADS, HEADS // KV_HEADS, s, DEPTH])))
+                return bb.emit(op.reshape(x, relax.ShapeExpr([batch, HEADS, s, DEPTH])))
             positions = bb.emit(op.arange(tirx.IntImm("int64", 0), s, tirx.IntImm("int64", 1), dtype="int64"))
             rows = bb.emit(op.reshape(positions, relax.ShapeExpr([s, 1])))
             columns = bb.emit(op.reshape(positions, relax.ShapeExpr([1, s])))
@@ -78,6 +78,18 @@ def test_a_causal_attention_of_symbolic_length_is_one_kernel_equal_at_every_leng
             out = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy()
         np.testing.assert_allclose(out, _expected(q, k, v, scale), rtol=2e-5, atol=2e-6, err_msg=f"s = {n}")
         assert len(prof.kernels) == 1, n
+
+
+def test_a_batch_of_prompts_runs_the_whole_row_items_of_each():
+    """Two prompts a call: the items' batch index, a quotient by the length's expression, is
+    clamped to the batch (lower/dma.py could not bound it: 'reaches outside dimension 0')."""
+    vm = relax.VirtualMachine(npu_backend.compile(_attention(batch=2), ARCH), tvm.cpu())
+    rng = np.random.default_rng(2)
+    for n in (1, 7, 64):
+        q = rng.standard_normal((2, HEADS, n, DEPTH)).astype("float32")
+        k, v = (rng.standard_normal((2, KV_HEADS, n, DEPTH)).astype("float32") for _ in range(2))
+        out = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy()
+        np.testing.assert_allclose(out, _expected(q, k, v), rtol=2e-5, atol=2e-6, err_msg=f"s = {n}")
 
 
 def test_the_ragged_last_tile_costs_what_its_rows_do():
@@ -175,24 +187,103 @@ def test_head_splits_and_merge_over_a_symbolic_length_are_the_kernels_boxes(n):
     np.testing.assert_allclose(out, _expected(q, k, v).transpose(0, 2, 1, 3), rtol=2e-5, atol=2e-6)
 
 
-def _cycles(mod, n: int) -> int:
-    """The cycles of `mod` (one kernel) at length n on ARCH."""
+def _cycles(mod, n: int, arch: str = ARCH) -> int:
+    """The cycles of `mod` (one kernel) at length n on `arch`."""
     x = np.random.default_rng(n).standard_normal((1, n, HEADS + 2 * KV_HEADS, DEPTH)).astype("float32")
     with npu_backend.profile() as prof:
-        relax.VirtualMachine(npu_backend.compile(mod, ARCH), tvm.cpu())["main"](tvm.runtime.tensor(x))
+        relax.VirtualMachine(npu_backend.compile(mod, arch), tvm.cpu())["main"](tvm.runtime.tensor(x))
     assert len(prof.kernels) == 1
     return prof.total_cycles
 
 
-def test_a_prompt_of_one_query_tile_runs_its_heads_back_to_back():
-    """At 16 tokens (one query tile; bound 2048, Llama's) 3,396 cycles, what flash.py's static
-    kernel of these tiles took: the output buffers were allocated after the diagonal key tile's
-    `if`, on the bytes of its K and V tiles (the code generator's stack), so each head's K load
-    waited for the head before it to be stored (3,918)."""
+@pytest.mark.parametrize("n", [16, 128])
+def test_a_prompt_whose_keys_fit_whole_costs_what_a_static_compile_does(n):
+    """Up to the length whose K and V head fit the scratchpad whole (1,024 on cgra-8x8) the kernel
+    runs rows.py's whole-row items (rows_length.py: keys to each tile's diagonal, a group's heads
+    stacked, the items pipelined), the command stream of a static compile for that length: at
+    bound 2048, 1,523 / 46,784 cycles at 16 / 128 tokens, as static. Over key tiles at every
+    length it took 3,396 / 79,752."""
+    assert _cycles(_projected_attention(2048), n) == _cycles(_projected_attention(length=n), n)
+
+
+def test_the_whole_row_limits_follow_the_tiling_and_the_key_tiles_the_lengths_past_them():
+    """One whole-row branch per tiling, each at the longest length it fits: a short prompt's two
+    copies of K and V up to 512 on cgra-8x8, one copy up to 1,024 (a branch at 1,024 alone held
+    one copy at 16 tokens: 1,565 cycles against 1,523), tiles of 3 and 2 rows up to 1,408 and
+    1,536 (at 1,100 tokens as a static compile's against the key tiles' 4.48 M), the key tiles
+    past it (one query head a tile, which fits to 1,760, estimated slower than they are)."""
+    from npu_backend.kernels.attention.flash_length import choose_length_tiling
+    from npu_backend.kernels.attention.spec import AttentionSpec
+
+    spec = AttentionSpec(1, KV_HEADS, HEADS // KV_HEADS, 2048, 2048, DEPTH, DEPTH, scale=0.25, causal=0, length="s")
+    tiling = choose_length_tiling(spec, npu_backend.load_arch(ARCH))
+    assert [(limit, t.kv_copies, t.stack) for limit, t in tiling.rows] == \
+        [(512, 2, 2), (1024, 1, 2), (1408, 1, 2), (1536, 1, 2)]
+    # the key tiles chosen for the lengths past the whole rows: 64 x 64 (at 1,600 / 2,048 tokens
+    # 8.23 M / 13.18 M cycles), not the 16 x 16 of every length from 16 (9.34 M / 15.20 M)
+    assert (tiling.tq, tiling.tk) == (64, 64)
+
+
+_BRANCHES: dict = {}
+
+
+@settings(max_examples=5, deadline=None)
+@given(n=st.integers(1, 200))
+@example(n=1)
+@example(n=129)  # past the first whole-row branch (cgra-4x4, bound 512: 128, 384 and 416)
+@example(n=400)  # the third: one query head a tile
+@example(n=417)  # past the last: the key tiles
+def test_every_branch_of_the_kernel_equals_numpy(n):
+    """cgra-4x4 at bound 512 holds K and V whole up to 128 tokens with two copies, up to 384 with
+    one, up to 416 one query head a tile, and runs key tiles past that: each branch, its ragged
+    last query tile (a FILL of the Q rows past the length) and its boundaries equal numpy, one
+    kernel."""
+    if not _BRANCHES:
+        _BRANCHES["vm"] = relax.VirtualMachine(npu_backend.compile(_projected_attention(512), "cgra-4x4"), tvm.cpu())
+    x = np.random.default_rng(n).standard_normal((1, n, HEADS + 2 * KV_HEADS, DEPTH)).astype("float32")
+    with npu_backend.profile() as prof:
+        out = _BRANCHES["vm"]["main"](tvm.runtime.tensor(x)).numpy()
+    assert len(prof.kernels) == 1
+    q, k, v = (x[:, :, a:b].transpose(0, 2, 1, 3) for a, b in
+               ((0, HEADS), (HEADS, HEADS + KV_HEADS), (HEADS + KV_HEADS, HEADS + 2 * KV_HEADS)))
+    np.testing.assert_allclose(out, _expected(q, k, v).transpose(0, 2, 1, 3), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.slow
+def test_the_key_tiles_past_the_whole_rows_equal_numpy():
+    """At bound 2048 on cgra-8x8, 1,537 tokens: one past the last whole-row branch, the key tiles
+    of 64 x 64 chosen for the lengths past it, their last query tile ragged (about 30 s)."""
+    n = 1537
+    x = np.random.default_rng(n).standard_normal((1, n, HEADS + 2 * KV_HEADS, DEPTH)).astype("float32")
+    out = relax.VirtualMachine(npu_backend.compile(_projected_attention(2048), ARCH), tvm.cpu())["main"](
+        tvm.runtime.tensor(x)).numpy()
+    q, k, v = (x[:, :, a:b].transpose(0, 2, 1, 3) for a, b in
+               ((0, HEADS), (HEADS, HEADS + KV_HEADS), (HEADS + KV_HEADS, HEADS + 2 * KV_HEADS)))
+    np.testing.assert_allclose(out, _expected(q, k, v).transpose(0, 2, 1, 3), rtol=2e-5, atol=2e-6)
+
+
+@pytest.fixture
+def key_tiles_only(monkeypatch):
+    """The kernel over key tiles at every length (no whole-row branch), compiled afresh."""
+    from npu_backend.kernels.attention import flash_length
+
+    monkeypatch.setattr(flash_length, "choose_row_limits", lambda spec, arch, key_tiles: ())
+    monkeypatch.setenv("CGRA_KERNEL_CACHE", "off")
+    flash_length.choose_length_tiling.cache_clear()
+    yield
+    flash_length.choose_length_tiling.cache_clear()
+
+
+def test_a_prompt_of_one_query_tile_runs_its_heads_back_to_back(key_tiles_only):
+    """Over key tiles at 16 tokens (one query tile; bound 2048, Llama's) 3,396 cycles, what
+    flash.py's static kernel of these tiles took: the output buffers were allocated after the
+    diagonal key tile's `if`, on the bytes of its K and V tiles (the code generator's stack), so
+    each head's K load waited for the head before it to be stored (3,918)."""
     assert _cycles(_projected_attention(2048), 16) <= 3_500
 
 
-def test_key_tiles_below_the_diagonal_are_pipelined():
-    """At 128 tokens (eight query tiles of 16 at bound 2048) 79.8 k cycles; unpipelined, the PE
-    array and the vector unit took turns on every key tile: 91 k (length_pipeline.py)."""
+def test_key_tiles_below_the_diagonal_are_pipelined(key_tiles_only):
+    """Over key tiles at 128 tokens (eight query tiles of 16 at bound 2048) 79.8 k cycles;
+    unpipelined, the PE array and the vector unit took turns on every key tile: 91 k
+    (length_pipeline.py)."""
     assert _cycles(_projected_attention(2048), 128) <= 85_000

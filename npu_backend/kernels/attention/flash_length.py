@@ -21,12 +21,25 @@ band masks it; cutting the diagonal tile's columns leaves it out of the GEMMs al
 
 The tiles come from the bound (`shape_bounds`, `tir_var_upper_bound`, torch.export's
 `Dim(max=...)`): the tiling whose estimated cycles at the worst of the lengths 16, 32, ..., the
-bound is the closest to the best tiling for that length (minimax regret, as the GEMMs' search).
+bound is the closest to the best tiling for that length (minimax regret, as the GEMMs' search);
+with whole-row branches below (next paragraph), over the lengths past them only.
+
+Where a head's K and V fit the scratchpad whole at a shorter length, the kernel first branches
+on the run-time length: `if s <= limit` runs rows.py's whole-row items (rows_length.py: keys to
+each tile's diagonal, a group's heads stacked, the items pipelined), one branch per whole-row
+tiling up to the longest length it fits (`LengthTiling.rows`), and the key tiles above run only
+past the last limit. The branches' buffers share scratchpad bytes (disjoint scopes), and the
+branch is the host's: the device sees the commands of the one taken. Up to the limit the
+commands are a static compile's for that length (Llama's attention on cgra-8x8 at 16 / 128 /
+1024 tokens: 1,523 / 46,784 / 2.67 M cycles a layer, as static; over key tiles 3,396 / 79,752 /
+3.89 M). Past the whole rows (1,536 there) the key tiles are 64 x 64 instead of 16 x 16: 8.23 M /
+13.18 M cycles at 1,600 / 2,048 tokens instead of 9.34 M / 15.20 M.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -41,6 +54,7 @@ from .flash import SINGLE, _band
 from .head_layouts import ROLES, base_role, operand_of, param_name
 from .length_layouts import length_layouts, length_shapes, length_views
 from .length_pipeline import load_keys, online_step, pipelined_keys
+from .rows_length import BUFFERS as ROW_BUFFERS, NAMES as ROW_NAMES, choose_row_limits, rows_branch
 from .script_text import element as stored_at
 from .script_text import Writer, eltwise, fill, gemm, vfunc
 from .flash_tiles import F32_BYTES, FlashTiling, flash_cycles, flash_footprint
@@ -48,9 +62,18 @@ from .spec import F32, AttentionSpec
 
 #: Names the kernel's text uses for its own buffers and loops: a length variable named like one is renamed.
 _RESERVED = {"n", "qt", "c", "j", "kt", "ks", "i", "e", "u", "z", "q", "m", "l", "m_old", "alpha", "o", "s", "p",
-             "inv", "res", "band", "k", "v", "k_diag", "v_diag", "lhs", "rhs", "value", "out", "T", "flash"}
+             "inv", "res", "band", "k", "v", "k_diag", "v_diag", "lhs", "rhs", "value", "out", "T", "flash"} | ROW_NAMES
 #: The lengths the tile search weighs, up to the bound.
 _LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthTiling(FlashTiling):
+    """The key-tile kernel's tiling, and the whole-row kernel's (rows_length.py): ((limit,
+    RowTiling), ...) by growing limit, each for the lengths up to its limit and past the one
+    before (none: the key tiles at every length)."""
+
+    rows: tuple = ()
 
 
 def length_spec(annotated: dict, scale, safe: bool) -> AttentionSpec:
@@ -110,17 +133,31 @@ def choose_tiling(spec: AttentionSpec, arch):
 
 def length_fits(parts: dict, arch) -> bool:
     """Whether an attention over a symbolic length (normalise/attention_lengths.py's parts) runs
-    as one kernel on `arch`: its tiles do not depend on the length."""
+    as one kernel on `arch`: its key tiles do not depend on the length."""
     spec = AttentionSpec(parts["B"], parts["Hk"], parts["G"], 256, 256, parts["D"], parts["Dv"], causal=0,
                          length=str(parts["length"]))
-    return choose_length_tiling(spec, arch) is not None
+    return _key_tiling(spec, arch) is not None
 
 
-def choose_length_tiling(spec: AttentionSpec, arch) -> FlashTiling | None:
-    """The fitting tiling of least worst regret over the lengths up to the bound (module
-    docstring); None if none fits."""
+@functools.lru_cache(maxsize=256)
+def choose_length_tiling(spec: AttentionSpec, arch) -> LengthTiling | None:
+    """The key tiles of least worst regret over the lengths up to the bound and the whole-row
+    branches below them (module docstring); None if no key tiles fit."""
+    chosen = _key_tiling(spec, arch)
+    if chosen is None:
+        return None
+    rows = choose_row_limits(spec, arch, lambda n: _cycles_at(spec, arch, chosen, n))
+    if rows and rows[-1][0] < spec.sq:  # the key tiles for the lengths past the whole rows only
+        chosen = _key_tiling(spec, arch, rows[-1][0])
+    return LengthTiling(**dataclasses.asdict(chosen), rows=rows)
+
+
+def _key_tiling(spec: AttentionSpec, arch, above: int = 0) -> FlashTiling | None:
+    """The fitting key tiling of least worst regret over the lengths past `above` up to the
+    bound (cgra-8x8 at bound 2048: 16 x 16 tiles over them all, 64 x 64 past the whole rows'
+    1,536, an estimated fifth fewer cycles at 2,048); None if none fits."""
     bound = spec.sq
-    lengths = sorted({n for n in _LENGTHS if n < bound} | {bound})
+    lengths = sorted({n for n in _LENGTHS if above < n < bound} | {bound} | ({above + 1} if above else set()))
     # (two query tiles' keys: a pipelined tiling's footprint counts its copies of S, P, K and V)
     fitting = [t for t in _candidates(spec, arch)
                if flash_footprint(dataclasses.replace(spec, sq=t.tq, sk=2 * t.tq), t) <= arch.spad_bytes]
@@ -163,7 +200,7 @@ def length_compute(spec: AttentionSpec, t: FlashTiling):
     func = func.with_attr("cgra.arg_shapes", [list(views[base_role(role)]) for role in list(spec.param_roles) + ["out"]])
     if spec.shape_args:
         func = func.with_attr("cgra.shape_args", list(spec.shape_args))
-    return func.with_attr(SINGLE_BUFFERED, SINGLE + (["q"] if t.lean else []))
+    return func.with_attr(SINGLE_BUFFERED, SINGLE + ROW_BUFFERS + (["q"] if t.lean else []))
 
 
 def _variable(spec: AttentionSpec) -> str:
@@ -180,6 +217,15 @@ def length_script(spec: AttentionSpec, t: FlashTiling) -> str:
     w.lines = ["@T.prim_func", f"def flash({', '.join(f'{r}_handle: T.handle' for r in roles)}):",
                '    T.func_attr({"tirx.noalias": True})', f"    {s} = T.int32()"]
     w.lines += [f'    {r} = T.match_buffer({r}_handle, ({", ".join(map(str, shapes[r]))}), "float32")' for r in roles]
+    for limit, rows in getattr(t, "rows", ()):  # the whole-row kernel up to its limits, the key tiles past them
+        w.add(f"if {s} <= {limit}:")
+        w.depth += 1
+        rows_branch(w, spec, rows, limit, s)
+        w.depth -= 1
+        if limit >= spec.sq:
+            return "\n".join(w.lines) + "\n"
+        w.add("else:")
+        w.depth += 1
     _band(w, t)
     n = w.loop("n", b)
     w.add(f"for qt in range(T.floordiv({s} + {t.tq - 1}, {t.tq})):")
