@@ -78,6 +78,7 @@ from .rope_epilogues import rope_epilogues_pass
 from .rotary_pairs import rotary_pairs_pass
 from .rotations import rotations_pass
 from .scalars import scalar_operands_pass
+from .shared_weights import shared_weights_pass
 from .softmaxes import safe_softmaxes_pass
 from .sums import sums_as_adds_pass
 from .rewrite import as_pass
@@ -201,6 +202,10 @@ def normalise_passes(arch=None) -> list:
         # A broadcast_to the shape its operand has (torch.export's expand before a batched
         # matmul) is its operand, not a host copy (no_op_broadcasts.py).
         no_op_broadcasts_pass,
+        # A batched matmul of a constant repeating one matrix (torch.export's linear of a 3-D
+        # input, its weight's broadcast folded) reads the matrix once: one GEMM, its residual add
+        # in the epilogue (shared_weights.py).
+        shared_weights_pass,
         # A pad of zero widths (Swin's to a multiple of a window that divides the map) is its
         # operand, not a copy (no_op_pads.py).
         no_op_pads_pass,
