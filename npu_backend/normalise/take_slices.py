@@ -1,0 +1,64 @@
+"""A take of constant consecutive indices from a tensor of symbolic shape is a slice.
+
+Stage: normalise (after negative_indices.py has counted negative indices from the end; before
+split_slices.py, which merges the slice with the ones around it). In: a Relax IRModule. Out: the
+same module in which every `take(x, c, axis)`, c a constant 1-D array of consecutive ascending
+in-range indices a, a + 1, .., a + k - 1, x's `axis` static and another of its axes symbolic, is
+`strided_slice(x, [axis], [a], [a + k])`.
+
+Exact: both read x's elements a .. a + k - 1 along the axis, in that order.
+Why: Falcon's attention takes its key and value heads as `qkv[:, :, [-2]]`, `qkv[:, :, [-1]]` (a
+take of one constant index); at a symbolic length the NPU's lookup, which takes a static table
+(kernels/layout/symbolic_take.py), refused it and the takes ran on the host (Falcon's prefill at
+5 tokens on cgra-8x8: 4,396 host cycles). A static compile keeps its take (a gather copy kernel).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..relax_info import shape_dims
+from .rewrite import as_pass, rewrite_functions
+
+_TAKE = tvm.ir.Op.get("relax.take")
+
+
+def take_slices(mod: tvm.IRModule) -> tvm.IRModule:
+    """`mod` with the takes of the module doc as slices."""
+    return rewrite_functions(mod, _TakeRewriter)
+
+
+take_slices_pass = as_pass(take_slices, "cgra.TakeSlices", ops=("relax.take",))
+
+
+def consecutive_range(call) -> tuple[int, int, int] | None:
+    """(axis, begin, end) of a take of constant consecutive ascending indices along a static axis
+    of a tensor with a symbolic axis, else None."""
+    data, indices = call.args[0], call.args[1]
+    dims = shape_dims(data)
+    if not isinstance(indices, tvm.ir.GenericConst) or not dims or call.attrs.axis is None \
+            or all(isinstance(d, int) for d in dims):
+        return None
+    axis = int(call.attrs.axis) % len(dims)
+    values = indices.value.numpy()
+    if values.ndim != 1 or not values.size or values.dtype.kind not in "iu" or not isinstance(dims[axis], int):
+        return None
+    begin = int(values[0])
+    if not (values == np.arange(begin, begin + values.size)).all() or begin < 0 or begin + values.size > dims[axis]:
+        return None
+    return axis, begin, begin + int(values.size)
+
+
+@relax.expr_functor.mutator
+class _TakeRewriter(relax.PyExprMutator):
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        if not (isinstance(call, relax.Call) and call.op.same_as(_TAKE)):
+            return call
+        found = consecutive_range(call)
+        if found is None:
+            return call
+        axis, begin, end = found
+        return relax.op.strided_slice(call.args[0], [axis], [begin], [end])
