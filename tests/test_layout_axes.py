@@ -1,6 +1,6 @@
 """Layout copies of 5 to 8 axes (kernels/layout/folds.py): a transpose whose axes do not merge
 into 4 walks them all, its tensors seen through views of at most 4 axes (the DMA's), each tile
-one 4-loop box: exact against numpy on random shapes, permutations, slices and chips."""
+a loop of 4-loop boxes: exact against numpy on random shapes, permutations, slices and chips."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 from tvm import relax
 
-from npu_backend.kernels.layout.copy_kernel import Piece
+from npu_backend.kernels.layout.copy_kernel import Piece, tile_transfers
 from npu_backend.kernels.layout.folds import MAX_AXES, fold_input, fold_output, folded_targets
 from test_layout_copies import DTYPES, PRESETS, _check, _data, _run
 
@@ -72,3 +72,23 @@ def test_folding_keeps_every_element_where_it_was():
 def test_normalise_composes_no_copy_the_layout_kernel_cannot_walk():
     from npu_backend.normalise import patch_merges, window_stems
     assert window_stems.MAX_AXES == patch_merges.MAX_AXES == MAX_AXES
+
+
+def test_a_tile_of_more_axes_than_a_box_is_a_loop_of_boxes():
+    """Swin's window reverse, patch merge and next partition as one copy of 8 axes: a tile may
+    hold more axes than a DMA box walks (a loop of 4-loop boxes into one scratchpad tile), so
+    the DMA's latency is paid per tile of several boxes, not per box: exact, and 2,368 cycles on
+    cgra-8x8 with tiles of one box each -> under 1,300."""
+    perm = (0, 2, 1, 4, 3, 6, 5, 7)
+    x = _data(np.random.default_rng(5), (2, 2, 2, 2, 2, 2, 4, 16), "float32")
+    out, prof = _run(lambda a: relax.op.permute_dims(a, perm), [x], "cgra-8x8")
+    np.testing.assert_array_equal(out, np.transpose(x, perm))
+    assert len(prof.kernels) == 1 and prof.kernels[0].cycles < 1300, [k.cycles for k in prof.kernels]
+
+
+def test_tile_transfers_counts_a_box_per_index_of_the_outer_axes():
+    extent = (2, 3, 4, 5, 6, 7)
+    whole = 2 * 3 * 4 * 5 * 6 * 7 * 4
+    assert tile_transfers(extent, (0, 2, 1, whole)) == ((whole // 6,) * 6, whole)
+    assert tile_transfers(extent, (1, 3, 2, 3 * 4 * 5 * 6 * 7 * 4)) == ((4 * 5 * 6 * 7 * 4,) * 3, 3 * 4 * 5 * 6 * 7 * 4)
+    assert tile_transfers(extent, (2, 4, 6, 4 * 5 * 6 * 7 * 4)) == ((4 * 5 * 6 * 7 * 4,), 4 * 5 * 6 * 7 * 4)

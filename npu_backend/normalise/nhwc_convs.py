@@ -5,7 +5,7 @@ Stage: normalise (before permute_chains.py). In: a Relax IRModule. Out: the same
 - `conv2d(permute_dims(y, [0, 3, 1, 2]))` (NCHW data) is `conv2d(y, data_layout="NHWC")`;
 - `permute_dims(conv2d(x) [+ bias (1, C, 1, 1)], [0, 2, 3, 1])` (NCHW output) is
   `conv2d(x, out_layout="NHWC") [+ bias (1, 1, 1, C)]`, when the transpose alone reads the conv
-  (and its bias add) and the conv is depthwise or reads NHWC data (see below for a dense one);
+  (and its bias add);
 - a conv2d of NHWC data writing NCHW (or its bias add), read only by transposes back to
   channels-last, convs and adds, is `permute_dims(conv2d(out_layout="NHWC"), [0, 3, 1, 2])`, the
   transpose left for its readers to absorb (read by anything else, it would be a copy of its own);
@@ -19,9 +19,9 @@ same products summed in the same order; an add is elementwise. Why: ConvNeXt's b
 `x + permute(gamma * mlp(norm(permute(dwconv(x)))))`, its downsampling `conv(permute(norm(permute
 (x))))`, each transpose a layout copy kernel (8 kernels, 11.5 k of the 178 k cycles of tests/
 transformer_models.py's ConvNeXt at 64 x 64 on cgra-8x8); rewritten, its residual stream stays
-channels-last from the stem to the output, and only the stem's and the output's transposes stay
-(a dense conv of NCHW data storing NHWC cost the stem 4.9 k -> 8.8 k cycles, more than the
-transpose's 1.6 k).
+channels-last from the stem to the output, and only the output's transpose stays. The stem (a
+dense conv of NCHW data) stores NHWC too since its store walks the channels innermost
+(kernels/gemm/gemm_schedule.py): 4,922 + 1,600 cycles for the conv and the transpose before.
 """
 
 from __future__ import annotations
@@ -109,11 +109,7 @@ def _nhwc_conv_output(uses: _Uses, operand, replace: dict):
     read by the transpose alone, is an NCHW conv2d or its add of a (1, C, 1, 1) constant bias."""
     if not isinstance(operand, relax.Var) or len(uses.only(operand) or ()) != 1 or operand in replace:
         return None
-    found = _channels_last(uses, operand, replace)
-    conv = found[1][1] if found is not None else None
-    if conv is not None and int(conv.attrs.groups) == 1 and str(conv.attrs.data_layout) == "NCHW":
-        return None  # a dense conv of NCHW data storing NHWC costs more than the transpose (the stem)
-    return found
+    return _channels_last(uses, operand, replace)
 
 
 def _channels_last(uses: _Uses, var, replace: dict):

@@ -79,12 +79,14 @@ from .qkv_merges import qkv_merges_pass
 from .qlinear import integer_qlinear_adds_pass
 from .qlookups import quantized_lookups_pass
 from .qpools import quantized_pools_pass
+from .query_scales import query_scales_pass
 from .rewrite import scans_shared
 from .rms_norms import rms_norms_pass
 from .rope_epilogues import rope_epilogues_pass
 from .rotary_pairs import rotary_pairs_pass
 from .rotations import rotations_pass
 from .scalars import scalar_operands_pass
+from .shared_weights import shared_weights_pass
 from .softmaxes import safe_softmaxes_pass
 from .sums import sums_as_adds_pass
 from .rewrite import as_pass
@@ -215,9 +217,16 @@ def normalise_passes(arch=None) -> list:
         # search says), so a longer one keeps the matmul and softmax kernels it had.
         attentions_pass(lambda parts: arch is None or (attention_fits if parts.get("length") is None
                                                        else length_fits)(parts, arch)),
+        # Its score scale, when no power of two (Swin's 8^-1/2), in the query projection's weights:
+        # the kernel no longer scales every item's Q tile on the vector unit (query_scales.py).
+        query_scales_pass,
         # A broadcast_to the shape its operand has (torch.export's expand before a batched
         # matmul) is its operand, not a host copy (no_op_broadcasts.py).
         no_op_broadcasts_pass,
+        # A batched matmul of a constant repeating one matrix (torch.export's linear of a 3-D
+        # input, its weight's broadcast folded) reads the matrix once: one GEMM, its residual add
+        # in the epilogue (shared_weights.py).
+        shared_weights_pass,
         # A pad of zero widths (Swin's to a multiple of a window that divides the map) is its
         # operand, not a copy (no_op_pads.py).
         no_op_pads_pass,

@@ -18,6 +18,8 @@ conflicts (spad_layout.py). A normed linear's row norm (row_norm.py) and RoPE's 
 
 from __future__ import annotations
 
+from tvm.s_tir.schedule.schedule import ScheduleError
+
 from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
@@ -57,6 +59,17 @@ def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
         # (One output row: nothing to walk, and its unit loop may not be where reorder wants it.)
         *_, y, x = sch.get_loops(sch.get_sblock("out"))
         sch.reorder(x, y)
+    if spec.op == "conv2d" and spec.out_layout.endswith("C") and spec.groups == 1 and not spec.patch_channels:
+        # A channels-last output (nhwc_convs.py): its channels are the contiguous run in DRAM and
+        # in the tile's rows, so the store walks them innermost; walked outermost, each beat read
+        # elements a tile row apart from one scratchpad bank (ConvNeXt's 2 x 2 downsampling conv
+        # on cgra-8x8 stored 8 KiB in 2,048 cycles instead of 512).
+        # (Loops that form no chain keep their order; patchify.py orders its own NHWC store.)
+        *_, f, y, x = sch.get_loops(sch.get_sblock("out"))
+        try:
+            sch.reorder(y, x, f) if spec.pixel_order != "xy" else sch.reorder(x, y, f)
+        except ScheduleError:
+            pass
     return acc, row_inner, col_outer
 
 

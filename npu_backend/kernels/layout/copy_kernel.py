@@ -114,18 +114,33 @@ def choose_splits(arch, pieces, itemsize: int, symbolic_axes: tuple = ()) -> tup
     such (timing thousands of small tiles at the bound took seconds per kernel)."""
     budget, chosen = budget_of(arch), []
     for index, piece in enumerate(pieces):
-        # a tile is one DMA box: at most BOX_DIMS loops (a copy of more axes, folds.py)
-        options = [o for o in splits(piece.extent, itemsize, budget) if len(piece.extent) - o[0] <= BOX_DIMS]
+        options = list(splits(piece.extent, itemsize, budget))
         if symbolic_axes:
+            # a symbolic copy's tile is one DMA box: at most BOX_DIMS loops (a copy of more axes, folds.py)
+            options = [o for o in options if len(piece.extent) - o[0] <= BOX_DIMS]
             options = [o for o in options if o[0] <= min(symbolic_axes)] or options
             options = [o for o in options if o[3] * 8 >= budget] or options
         if not options:
             raise ScratchpadTooSmall(f"a layout copy's last axis of {piece.extent[-1]} elements does not fit a "
                                      f"{budget}-byte tile")
-        best = min(options, key=lambda o: (pipeline_cycles(arch, [(index, (o[3],), o[3])] * o[2]), -o[3]))
+        best = min(options, key=lambda o: (pipeline_cycles(arch, [(index,) + tile_transfers(piece.extent, o)] * o[2]),
+                                           -o[3]))
         chosen.append(best)
-    cycles = pipeline_cycles(arch, [(index, (o[3],), o[3]) for index, o in enumerate(chosen) for _ in range(o[2])])
+    cycles = pipeline_cycles(arch, [(index,) + tile_transfers(piece.extent, o)
+                                    for index, (piece, o) in enumerate(zip(pieces, chosen)) for _ in range(o[2])])
     return tuple((axis, tile) for axis, tile, _, _ in chosen), cycles
+
+
+def tile_transfers(extent: tuple, option: tuple) -> tuple:
+    """(the bytes of each DMA_LOAD of a tile, the bytes it stores) for a `splits` option: a tile
+    of more than BOX_DIMS axes is a loop of boxes over its innermost BOX_DIMS (lower/dma.py),
+    each box's load in flight beside the others', so one tile of several boxes pays the DMA's
+    latency once where tiles of one box each paid it per box (Swin's window reverse, patch
+    merge and partition in one copy of 8 axes: 16 tiles of 1 KiB, two buffers, 2,368 cycles)."""
+    axis, tile, _, nbytes = option
+    box = (tile,) + tuple(extent[axis + 1:])
+    boxes = math.prod(box[:-BOX_DIMS]) if len(box) > BOX_DIMS else 1
+    return (nbytes // boxes,) * boxes, nbytes
 
 
 def gather_rows(arch, gather: Gather, itemsize: int) -> tuple[int, int]:

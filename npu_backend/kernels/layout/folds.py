@@ -13,9 +13,10 @@ it: 5 to 8 axes) keeps its axes as the copy's loops, and only its tensors are vi
 - the output: neighbouring axes grouped into one dimension, each axis's coordinate times the
   extents after it in its group (`fold_output`, `folded_targets`).
 
-Each tile of the copy is at most 4 loops (copy_kernel.choose_splits: the axes before its split
-are the kernel's control loops), so each tile is one DMA_LOAD and one DMA_STORE of the format the
-simulator and the C++ runtime already run: nothing new on the device.
+Each DMA box of the copy is at most 4 loops (copy_kernel.choose_splits: the axes before its
+split are the kernel's control loops; a tile of more axes is a loop of boxes over its innermost
+4, lower/dma.py), so each box is one DMA_LOAD and one DMA_STORE of the format the simulator and
+the C++ runtime already run: nothing new on the device.
 """
 
 from __future__ import annotations
