@@ -49,6 +49,7 @@ from .negative_indices import wrap_negative_indices
 from .layer_scales import layer_scales_pass
 from .norm_folds import norm_folds_pass
 from .normed_linears import normed_linears_pass
+from .parallel_residuals import parallel_residuals_pass
 from .position_embeddings import position_embeddings_pass
 from .quick_gelus import quick_gelus_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
@@ -56,6 +57,7 @@ from .no_op_pads import no_op_pads_pass
 from .nhwc_convs import nhwc_convs_pass
 from .padding_taps import padding_taps_pass
 from .patch_merges import patch_merges_pass
+from .take_slices import take_slices_pass
 from .token_means import token_means_pass
 from .window_residuals import window_residuals_pass
 from .window_sinks import window_sinks_pass
@@ -223,6 +225,10 @@ def normalise_passes(arch=None) -> list:
         # A fused q / k / v projection's split as slices, each cut into heads after the slice:
         # the transposing copy or RoPE kernel after it reads its part (split_slices.py).
         split_slices_pass,
+        # A take of consecutive constant indices (Falcon's multi-query k and v heads,
+        # qkv[..., [-2], :]) as the slice it is: a box RoPE's epilogue and attention read
+        # as views, no copy kernel (take_slices.py).
+        take_slices_pass,
         # Swin's patch merging, a concat of every phase of a stride-2 slice (its slices merged
         # just above), as one transpose of a view: one layout kernel instead of four slices and a
         # concat (patch_merges.py).
@@ -240,6 +246,9 @@ def normalise_passes(arch=None) -> list:
         # A plain RMSNorm (its weight folded) read only by linears: each gets its own copy as its
         # left operand, which its GEMM normalises in the scratchpad (normed_linears.py).
         normed_linears_pass,
+        # A parallel block's (attn + mlp) + x as attn + (mlp + x): each add in a GEMM's epilogue,
+        # none a kernel of its own (parallel_residuals.py).
+        parallel_residuals_pass,
         # A concat's empty operands (HF's partial-rotary pass-through when the rotary dims are the
         # whole head) left out, and a concat of one operand that operand (empty_operands.py).
         empty_operands_pass,
