@@ -25,6 +25,7 @@ from .batch_norms import batch_norms_as_scale_shift
 from .bool_scans import bool_scans_as_counts_pass
 from ..frontend.position_tables import scale_prefix_tables, tabulate_prefix
 from .bounded_shapes import resolve_bounded_shapes
+from .centred_streams import centred_streams_pass
 from .clips import canonicalize_clips_pass
 from .constant_adds import constant_adds_pass
 from .constant_indices import constant_indices_pass
@@ -188,6 +189,10 @@ def normalise_passes(arch=None) -> list:
         # A pre-norm's gamma and beta folded into the linear layers that alone read it: the norm
         # kernel loses two of its full-tile steps, the GEMMs nothing (norm_folds.py).
         norm_folds_pass,
+        # A residual stream read only by layer norms (GPT-J's, GPT-NeoX's, Falcon's) carried
+        # centred, its table and the linears adding to it centred: its plain layer norms are
+        # RMSNorms, whose program a GEMM runs on its A panel at a third of the cost (centred_streams.py).
+        centred_streams_pass,
         # CLIP's quick GELU x * sigmoid(1.702 x) as silu(1.702 x), 1 / 1.702 in the next linear's
         # weights: the linear before it takes the scale and the SiLU in its epilogue (quick_gelus.py).
         quick_gelus_pass,
