@@ -39,8 +39,8 @@ EXPECTED = {
     "llama": {"nn.rms_norm": 5, "nn.softmax": 2},
     "bloom": {"nn.gelu_tanh": 2, "nn.softmax": 2, "nn.layer_norm": 6},
     # its residual stream carried centred: each layer's norm an RMSNorm copied into q/k/v and the
-    # MLP (centred_streams.py, normed_linears.py), the final one a layer norm
-    "falcon": {"nn.gelu": 2, "nn.softmax": 2, "nn.layer_norm": 1, "nn.rms_norm": 4},
+    # MLP (centred_streams.py, normed_linears.py), the final one an RMSNorm plus beta
+    "falcon": {"nn.gelu": 2, "nn.softmax": 2, "nn.layer_norm": 0, "nn.rms_norm": 5},
 }
 
 
