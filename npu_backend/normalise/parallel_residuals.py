@@ -74,6 +74,14 @@ def _through_reshapes(uses: _Uses, var):
     return None
 
 
+def _same_dims(a, b) -> bool:
+    """Whether two shapes (ints or symbolic dims, as shape_dims gives them) are known equal."""
+    if a is None or b is None or len(a) != len(b):
+        return False
+    return all(x == y if isinstance(x, int) and isinstance(y, int) else
+               not isinstance(x, int) and not isinstance(y, int) and tvm.ir.structural_equal(x, y) for x, y in zip(a, b))
+
+
 def _rewrite_function(func: relax.Function):
     """`func` with its parallel blocks' residual adds reassociated, or None when it has none."""
     uses = _Uses(func)
@@ -86,7 +94,7 @@ def _rewrite_function(func: relax.Function):
         x, inner = found
         dims = [shape_dims(e) for e in (value, x, *inner.args)]
         positions = [_linear_position(uses, order, arg) for arg in inner.args]
-        if None in positions or any(d is None or tuple(d) != tuple(dims[0]) for d in dims) or \
+        if None in positions or any(not _same_dims(d, dims[0]) for d in dims) or \
                 any(dtype_of(arg) != "float32" for arg in (x, *inner.args)):
             continue
         first, later = inner.args if positions[0] < positions[1] else inner.args[::-1]
