@@ -7,8 +7,8 @@ The models (benchmarks/format_models.py): a Llama-style decoder step (one token,
 converted as a user gets each format: bfloat16 and float16 (every tensor in the format), int8
 (the decoder by onnxruntime's `quantize_dynamic`, the CNN by `quantize_static` QDQ per channel),
 int16 x int8 (the CNN by `quantize_static` with int16 activations, the 16x8 mode: normalise/qdq16.py,
-its max pools and flattens on int16 by qlayouts16.py), int8 x int4 (`quantize_static` QDQ with int4 weights per channel; a matmul's cross DRAM packed two
-per byte, a conv's a byte each: docs/int4-weights.md), 4-bit weights (onnxruntime's MatMulNBits, block 32, zero
+its max pools and flattens on int16 by qlayouts16.py), int8 x int4 (`quantize_static` QDQ with int4 weights per channel; a matmul's and a conv's cross
+DRAM packed two per byte: docs/int4-weights.md), 4-bit weights (onnxruntime's MatMulNBits, block 32, zero
 points; float32 activations; the CNN has no such form: MatMulNBits is a matmul). Each is
 compiled for the chip, run once on the same random inputs, and printed as a row:
 

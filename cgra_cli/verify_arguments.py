@@ -32,8 +32,11 @@ def add_verify_arguments(verify) -> None:
                              "DRAM, a float32 scale and a 4-bit zero point per --block-size rows), unpacked on "
                              "the NPU; float32 activations, no bias or relu; with --dtype int8 signed int4 weights (a QDQ "
                              "model's, zero point 0) packed likewise, an int32 bias and a per-channel requantisation "
-                             "to int8, checked exactly (default: weights of --dtype)")
-    verify.add_argument("--block-size", type=int, default=32, help="--weight-dtype int4: rows per scale (default 32)")
+                             "to int8, checked exactly. conv2d (NCHW, groups 1): the same two, the weights of a "
+                             "channel packed in (KH, KW, C) order, a GEMM a kernel tap (default: weights of --dtype)")
+    verify.add_argument("--block-size", type=int, default=32,
+                        help="--weight-dtype int4, float32: rows per scale (conv2d: of a channel's KH*KW*C "
+                             "reduction, 0 for one scale a channel; default 32)")
     verify.add_argument("--arch", default="cgra-8x8", help="preset name or JSON file (default cgra-8x8)")
     verify.add_argument("--seed", type=int, default=None, help="seed of the random inputs (default: from the shape)")
     verify.add_argument("--layout", default="NCHW",

@@ -24,6 +24,7 @@ from .lower.gemm_rows import split_gemm_rows
 from .lower.hoist_allocs import hoist_allocations
 from .lower.stream_panel import stream_panels
 from .lower.fold_init import fold_accumulator_init
+from .lower.padded_rows import cut_padded_rows
 from .lower.ragged import cut_ragged_tiles
 from .lower.stage import func_pass, lower
 from .lower.trim_fills import trim_overwritten_fills
@@ -105,4 +106,6 @@ def lowering_passes() -> list:
         tirx.transform.RemoveNoOp(),
         # An intrinsic's copy of a symbolic dimension (tensorize copies implementations): bound.
         func_pass(rebind_dimensions, "cgra.RebindDimensions"),
+        # A static matmul's padded rows (17 tokens in a tile of 24): its epilogue skips them.
+        func_pass(cut_padded_rows, "cgra.CutPaddedRows"),
     ]

@@ -150,11 +150,13 @@ def test_verify_matmul_with_int4_weights_passes(capsys):
     assert capsys.readouterr().out.startswith("PASS matmul 3x40x72 float32 x int4 weights (block 32) on cgra-4x4")
 
 
-def test_verify_refuses_int4_weights_outside_matmul(capsys):
+def test_verify_refuses_int4_weights_outside_matmul_and_conv2d(capsys):
     from cgra_cli.cli import main
 
-    assert main(["verify", "--op", "conv2d", "--shape", "1,3,8,8,4,3,3", "--weight-dtype", "int4"]) == 2
-    assert "--weight-dtype int4 is for --op matmul" in capsys.readouterr().err
+    assert main(["verify", "--op", "pool", "--shape", "1,3,8,8", "--window", "2,2", "--weight-dtype", "int4"]) == 2
+    assert "--weight-dtype int4 is for --op matmul and conv2d" in capsys.readouterr().err
+    assert main(["verify", "--op", "conv2d", "--shape", "1,4,8,8,4,3,3", "--groups", "2", "--weight-dtype", "int4"]) == 2
+    assert "NCHW data, OIHW weights, --groups 1" in capsys.readouterr().err
 
 
 def test_the_int4_mlp_example_runs_equal_to_onnxruntime(capsys):

@@ -53,3 +53,58 @@ def test_mixed_token_types_stay_an_add():
     mixed = np.array([[0, 1, 0, 1]], "int64")  # rows differ: no one row to add to the table
     folded = fold_lookup_tables(_embeddings(table, types, mixed, 4))["main"]
     assert str(folded).count("R.take(") == 1 and str(folded).count("R.add(") == 1  # the types' lookup a constant
+
+
+def _scaled_lookup(table, tokens: int, scale):
+    """take(table, ids) * scale, as Gemma scales its embeddings by sqrt(hidden)."""
+    bb = relax.BlockBuilder()
+    ids = relax.Var("input_ids", relax.TensorType((1, tokens), "int64"))
+    with bb.function("main", [ids]):
+        with bb.dataflow():
+            words = bb.emit(relax.op.take(relax.const(table), relax.op.reshape(ids, (tokens,)), axis=0))
+            words = bb.emit(relax.op.reshape(words, (1, tokens, table.shape[1])))
+            out = bb.emit_output(relax.op.multiply(words, relax.const(scale)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@settings(max_examples=4, deadline=None)
+@given(tokens=st.integers(1, 40), hidden=st.sampled_from([16, 64]), per_channel=st.booleans(), seed=st.integers(0, 99))
+def test_a_constant_scale_joins_the_word_table(tokens, hidden, per_channel, seed):
+    """Gemma's embedding times sqrt(hidden) (or a per-channel row): one lookup of the scaled table,
+    bit-equal to numpy's float32 W[ids] * c, no multiply kernel."""
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((50, hidden)).astype("float32")
+    scale = rng.standard_normal(hidden).astype("float32") if per_channel else np.float32(np.sqrt(hidden))
+    ids = rng.integers(0, 50, (1, tokens))
+    mod = _scaled_lookup(table, tokens, scale)
+    folded = str(fold_lookup_tables(mod)["main"])
+    assert folded.count("R.take(") == 1 and "R.multiply(" not in folded
+    with npu_backend.profile() as prof:
+        got = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())["main"](
+            tvm.runtime.tensor(ids)).numpy()
+    np.testing.assert_array_equal(got[0], table[ids[0]] * scale)
+    assert len(prof.kernels) == 1 and "take" in prof.kernels[0].name, [k.name for k in prof.kernels]
+
+
+def test_a_scale_that_differs_between_positions_stays_a_multiply():
+    table = np.random.default_rng(2).standard_normal((50, 16)).astype("float32")
+    scale = np.arange(4 * 16, dtype="float32").reshape(1, 4, 16)  # rows differ
+    folded = str(fold_lookup_tables(_scaled_lookup(table, 4, scale))["main"])
+    assert folded.count("R.multiply(") == 1
+
+
+def test_a_scale_over_a_symbolic_length_joins_the_table_too():
+    """A prefill's (1, s, H) lookup (Gemma exported with a symbolic length): the scalar still folds."""
+    table = np.random.default_rng(4).standard_normal((50, 16)).astype("float32")
+    s = tvm.tirx.Var("s", "int64")
+    bb = relax.BlockBuilder()
+    ids = relax.Var("input_ids", relax.TensorType((1, s), "int64"))
+    with bb.function("main", [ids]):
+        with bb.dataflow():
+            words = bb.emit(relax.op.take(relax.const(table), relax.op.reshape(ids, (s,)), axis=0))
+            words = bb.emit(relax.op.reshape(words, (1, s, 16)))
+            out = bb.emit_output(relax.op.multiply(words, relax.const(np.float32(4.0))))
+        bb.emit_func_output(out)
+    folded = str(fold_lookup_tables(bb.get())["main"])
+    assert folded.count("R.take(") == 1 and "R.multiply(" not in folded

@@ -83,3 +83,24 @@ def test_a_quick_gelu_read_elsewhere_stays_as_written():
     np.testing.assert_allclose(act.numpy().reshape(8, 32), h / (1 + np.exp(-C * h)), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out.numpy(), _reference(x, w1, b1, w2, b2), rtol=1e-4, atol=1e-4)
     assert any("sigmoid" in kernel.name for kernel in prof.kernels), [k.name for k in prof.kernels]
+
+
+def test_the_scale_before_the_silu_is_no_copy_of_the_tile_onto_itself():
+    """The per-channel scale's ELTWISE writes the tile in place; with no shift, relu or clip after
+    it no EPILOGUE follows (it would copy the tile onto itself: 26 cycles a tile of CLIP's MLP)."""
+    from cgra_sim import isa
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((17, 64)).astype("float32")
+    w1, b1 = (rng.standard_normal((64, 128)) / 8).astype("float32"), rng.standard_normal(128).astype("float32")
+    w2, b2 = (rng.standard_normal((128, 64)) / 8).astype("float32"), rng.standard_normal(64).astype("float32")
+    with npu_backend.profile(keep_timelines=True) as prof:
+        vm = relax.VirtualMachine(npu_backend.compile(_mlp(x, w1, b1, w2, b2), "cgra-8x8"), tvm.cpu())
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    expected = _reference(x, w1, b1, w2, b2)
+    assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
+    fields = isa.FIELDS[isa.Op.EPILOGUE]
+    copies = [record for record in prof.timelines[0].commands if int(record[0]) == isa.Op.EPILOGUE and
+              int(record[fields.index("flags")]) == 0 and
+              int(record[fields.index("acc_addr")]) == int(record[fields.index("out_addr")])]
+    assert not copies, len(copies)

@@ -43,7 +43,9 @@ def test_symbolic_layout_copies_run_on_the_npu_at_every_length():
         with npu_backend.profile() as prof:
             got = vm["main"](tvm.runtime.tensor(x)).numpy()
         np.testing.assert_array_equal(got, expected)
-        assert len(prof.kernels) == 5 and not prof.host_calls
+        # 4: each half's slice of the transpose is a transpose of a slice of x (split_slices.py
+        # at a symbolic length too), a copy each, the transpose of the whole no kernel of its own
+        assert len(prof.kernels) == 4 and not prof.host_calls
         cycles[n] = prof.total_cycles
     assert cycles[1] < cycles[9] < cycles[64] < cycles[200]  # the last tile cut: a short length costs less
     assert cycles[1] * 4 < cycles[200]

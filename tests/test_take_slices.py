@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from tvm import relax
 
 import npu_backend
-from npu_backend.normalise.take_slices import takes_as_slices
+from npu_backend.normalise.take_slices import take_slices as takes_as_slices
 
 
 def _take_then_scale(shape, indices, axis):

@@ -13,9 +13,10 @@ fifth of the run). Dropping the operand leaves the slice unused, and dead code g
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm import relax
 
-from ..relax_info import static_shape
+from ..relax_info import shape_dims
 from .rewrite import as_pass, rewrite_functions
 
 _CONCAT = tvm.ir.Op.get("relax.concat")
@@ -30,8 +31,8 @@ empty_operands_pass = as_pass(empty_operands_dropped, "cgra.EmptyConcatOperands"
 
 
 def _is_empty(expr, axis: int) -> bool:
-    shape = static_shape(expr)
-    return shape is not None and len(shape) > axis and shape[axis] == 0
+    shape = shape_dims(expr)  # (the other axes may be symbolic: a prefill's length)
+    return shape is not None and len(shape) > axis and isinstance(shape[axis], int) and shape[axis] == 0
 
 
 @relax.expr_functor.mutator
@@ -40,8 +41,8 @@ class _ConcatRewriter(relax.PyExprMutator):
         call = self.visit_expr_post_order(call)
         if not (isinstance(call, relax.Call) and call.op.same_as(_CONCAT) and isinstance(call.args[0], relax.Tuple)):
             return call
-        shape = static_shape(call)
-        if shape is None or call.attrs.axis is None:
+        shape = shape_dims(call)
+        if not shape or call.attrs.axis is None:
             return call
         axis = int(call.attrs.axis) % len(shape)
         kept = [field for field in call.args[0].fields if not _is_empty(field, axis)]
@@ -49,6 +50,6 @@ class _ConcatRewriter(relax.PyExprMutator):
             return call
         if len(kept) == 1:
             only = kept[0]
-            same = static_shape(only) == shape and str(only.ty.dtype) == str(call.ty.dtype)
+            same = tvm_ffi.structural_equal(only.ty.shape, call.ty.shape) and str(only.ty.dtype) == str(call.ty.dtype)
             return only if same else call
         return relax.op.concat(relax.Tuple(kept), axis=axis)

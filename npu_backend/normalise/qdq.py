@@ -55,6 +55,7 @@ from tvm import relax
 
 from ..frontend.provenance import with_span
 from .qdq_borders import border_correction
+from .int4_convs import emit_int4_conv
 from .qdq_int4 import added_functions, emit_int4_matmul
 
 _LAYOUTS = {"relax.nn.conv2d": ("NCHW", "OIHW", "NCHW"), "relax.nn.conv1d": ("NCW", "OIW", "NCW")}
@@ -329,6 +330,9 @@ class _QdqRewriter(relax.PyExprMutator):
         packed = emit_int4_matmul(self.builder_, data, layer, multiplier, y_zero_point, conv_span)
         if packed is not None:  # a matmul whose weights fit 4 bits: packed two per byte (qdq_int4.py)
             return packed
+        packed = emit_int4_conv(self.builder_, data, layer, multiplier, y_zero_point, conv_span)
+        if packed is not None:  # a conv2d whose weights fit 4 bits: likewise (int4_convs.py)
+            return relax.op.squeeze(emit(packed, conv_span), axis=[2]) if layer.op == "conv1d" else packed
         if layer.op in ("conv2d", "conv1d"):
             conv, correction = self._int_conv2d(layer, data)
             acc = emit(conv, conv_span)

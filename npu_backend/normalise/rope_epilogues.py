@@ -20,6 +20,10 @@ its place (the heads alike: the partners repeat every D columns, so a GEMM tile 
 holds them all) or, when the units differ, itself. kernels/gemm/rope_epilogue.py runs Y' as the
 linear's epilogue and the attention kernel reads the units as boxes of y4.
 
+At a symbolic length (y4 (1, s, H, D), the units' tables views of the first s rows of tables for
+the bound: rope_units.py) C' and S' are views of the first s rows of (bound, N) tables, which the
+GEMM's epilogue loads like a residual, its last tile cut to the rows that exist (lower/ragged.py).
+
 Exact: a rotated element is the same two products and add (x * cos + partner * sin, in that
 order); any other is x * 1 + partner * 0, which is x for finite values (an infinite or NaN partner
 makes it NaN; -0 reads +0).
@@ -33,9 +37,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..relax_info import static_shape
+from ..relax_info import shape_dims
 from .rewrite import as_pass, bound_values, op_name, rewrite_functions
-from .rope_units import rope_unit, slice_box
+from .rope_units import positions_dims, rope_unit, slice_box
 from .rotary_pairs import layout_constant
 
 
@@ -103,16 +107,26 @@ class _EpilogueRewriter(relax.PyExprMutator):
         emit = self.builder_.emit
         y = self.visit_expr(group.linear_out)
         turned = emit(relax.op.take(y, relax.const(group.perm), axis=1))
-        return emit(relax.op.add(emit(relax.op.multiply(y, relax.const(group.cos))),
-                                 emit(relax.op.multiply(turned, relax.const(group.sin)))))
+        cos, sin = (_rows_of(table, shape_dims(y)) for table in (group.cos, group.sin))
+        return emit(relax.op.add(emit(relax.op.multiply(y, cos)), emit(relax.op.multiply(turned, sin))))
 
 
 def _view_key(y4, values):
-    """(the tensor y4 is a reshape of, y4's shape) for a static (1, S, H, D) view, else None."""
-    value, shape = values.get(y4), static_shape(y4)
-    if op_name(value) != "relax.reshape" or shape is None or len(shape) != 4 or shape[0] != 1:
+    """(the tensor y4 is a reshape of, y4's shape) for a (1, S, H, D) view, S static or a
+    symbolic length, else None."""
+    value, shape = values.get(y4), positions_dims(y4, 1)
+    if op_name(value) != "relax.reshape" or shape is None or shape[0] != 1:
         return None
     return value.args[0], tuple(shape)
+
+
+def _rows_of(table, dims):
+    """A (positions, N) table as the operand of an (S, N) product: the constant, or at a
+    symbolic length S the view of its first S rows (rope_units.py)."""
+    if isinstance(dims[0], int):
+        return relax.const(table)
+    return relax.op.memory.view(relax.const(table), relax.ShapeExpr(list(dims)), "float32",
+                                tvm.tirx.IntImm("int64", 0))
 
 
 def _group(key, views, units, values, uses):
@@ -134,7 +148,8 @@ def _group(key, views, units, values, uses):
     for unit in units:  # nothing else reads a unit's pieces (they would read the rotated y4)
         if any(reader not in unit["inner"] for var in unit["inner"] - {unit["var"]} for reader in uses.get(var, ())):
             return None
-    tables = _tables(units, shape[1], heads, width)
+    positions = shape[1] if isinstance(shape[1], int) else min(len(unit["cos"]) for unit in units)
+    tables = _tables(units, positions, heads, width)
     return None if tables is None else _Group(linear_out, shape, tables)
 
 
@@ -149,8 +164,8 @@ def _tables(units, positions, heads, width):
         turned = d0 + (np.arange(r) + half) % r
         for head in (range(heads) if alike else range(unit["h0"], unit["h1"])):
             local[head, d0:d0 + r] = turned
-        cos[:, unit["h0"]:unit["h1"], d0:d0 + r] = unit["cos"][:, None, :]
-        sin[:, unit["h0"]:unit["h1"], d0:d0 + r] = unit["sin"][:, None, :]
+        cos[:, unit["h0"]:unit["h1"], d0:d0 + r] = unit["cos"][:positions, None, :]
+        sin[:, unit["h0"]:unit["h1"], d0:d0 + r] = unit["sin"][:positions, None, :]
     perm = (local + np.arange(heads)[:, None] * width).reshape(-1)
     return cos.reshape(positions, -1), sin.reshape(positions, -1), perm.astype(np.int64)
 
@@ -172,7 +187,8 @@ def _linear_out(source, values, uses):
         if len(uses.get(var, ())) != 1:
             return None
     value = values.get(var)
-    if len(static_shape(var) or ()) != 2:
+    dims = shape_dims(var) or ()
+    if len(dims) != 2 or not isinstance(dims[1], int):
         return None
     if op_name(value) == "relax.add":
         inner = [a for a in value.args if op_name(values.get(a)) == "relax.matmul" and len(uses.get(a, ())) == 1]

@@ -9,15 +9,18 @@ function's bindings. Out: what the unit rotates, as a dict, or None. The unit is
 
 C and S constants (through expand_dims, broadcast_to, reshape) of one (S, r) table for every
 head: rotate_half after rotations.py (Llama, Qwen2, Mistral, Gemma, Phi-3) and GPT-NeoX's partial
-rotary, GPT-J's after rotary_pairs.py.
+rotary, GPT-J's after rotary_pairs.py. At a symbolic length S (y4 (1, s, H, D)) C and S are views
+of the first s rows of (bound, r) tables (position_tables.tabulate_prefix's memory.view, through
+reshapes): the unit's tables are then those (bound, r) tables.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from tvm import relax
+import tvm
+from tvm import relax, tirx
 
-from ..relax_info import static_shape
+from ..relax_info import shape_dims
 from .rewrite import op_name
 from .rotary_pairs import layout_constant
 
@@ -74,13 +77,16 @@ def _rotated(add, values):
 def _matched(p, c, t, s, values):
     """(box, h, cos, sin, variables read) when p is a head box, t its halves swapped, c and s tables."""
     box = _heads_box(p, values)
-    shape = static_shape(p)
+    shape = positions_dims(p, 2)
     if box is None or shape is None:
         return None
     half, halves = _swapped_halves(t, p, values, shape[-1])
     if half is None:
         return None
-    tables = [_table(layout_constant(expr, values), shape) for expr in (c, s)]
+    if isinstance(shape[2], int):
+        tables = [_table(layout_constant(expr, values), shape) for expr in (c, s)]
+    else:  # a symbolic length: views of the first s rows of (bound, r) tables
+        tables = [_prefix_rows(expr, values, shape) for expr in (c, s)]
     if any(table is None for table in tables):
         return None
     return box[:6], half, tables[0], tables[1], {box[6]} | halves
@@ -109,7 +115,9 @@ def _last_axis_slice(call, p, width):
     fields = _slice_fields(call)
     if fields is None or [a % 4 for a in fields[0]] != [3]:
         return None
-    out = static_shape(call)
+    out = positions_dims(call, 2)
+    if out is None:
+        return None
     begin = fields[1][0] + width if fields[1][0] < 0 else fields[1][0]
     return begin, begin + out[3]
 
@@ -123,6 +131,45 @@ def _table(value, shape):
     except ValueError:
         return None
     return np.ascontiguousarray(full[0, 0]) if (full == full[:, :1]).all() else None
+
+
+def _prefix_rows(expr, values, shape):
+    """The (bound, r) table whose first s rows `expr` (a (1, 1, s, r) or (s, r) tensor, s the
+    symbolic length of `shape` (1, H, s, r)) views: a memory.view at offset 0 of a float32
+    constant, through reshapes; else None."""
+    dims = shape_dims(expr)
+    width = shape[-1]
+    if dims is None or len(dims) < 2 or dims[-1] != width or any(d != 1 for d in dims[:-2]) \
+            or not _same(dims[-2], shape[2]):
+        return None
+    for _ in range(4):
+        value = values.get(expr)
+        if op_name(value) == "relax.reshape":
+            expr = value.args[0]
+            continue
+        if op_name(value) != "relax.memory.view" or not isinstance(value.args[0], tvm.ir.GenericConst):
+            return None
+        offset = value.args[3] if len(value.args) > 3 else 0
+        while hasattr(offset, "value"):  # a PrimValue of an IntImm
+            offset = offset.value
+        table = value.args[0].value.numpy()
+        if offset != 0 or table.dtype != np.float32 or table.size % width:
+            return None
+        return np.ascontiguousarray(table.reshape(-1, width))
+    return None
+
+
+def _same(a, b) -> bool:
+    return a == b if isinstance(a, int) or isinstance(b, int) else a.same_as(b)
+
+
+def positions_dims(expr, axis: int):
+    """The rank-4 shape of `expr` whose axes are static but `axis` (the positions: 1 of
+    (1, S, H, D), 2 of (1, H, S, D)), which may be a symbolic length; else None."""
+    dims = shape_dims(expr)
+    if dims is None or len(dims) != 4 or any(not isinstance(d, int) for a, d in enumerate(dims) if a != axis):
+        return None
+    return dims if isinstance(dims[axis], (int, tirx.Var)) else None
 
 
 def _heads_box(expr, values):
@@ -140,7 +187,7 @@ def slice_bounds(call):
     and dim axes only, else None."""
     if op_name(call) != "relax.strided_slice":
         return None
-    shape, out, fields = static_shape(call.args[0]), static_shape(call), _slice_fields(call)
+    shape, out, fields = positions_dims(call.args[0], 1), positions_dims(call, 1), _slice_fields(call)
     if shape is None or out is None or fields is None or len(shape) != 4:
         return None
     axes, begins, steps = [a % 4 for a in fields[0]], fields[1], fields[3]

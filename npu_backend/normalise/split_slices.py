@@ -23,9 +23,10 @@ copy or the RoPE kernel after it reads as its box's origin (kernels/layout/layou
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm import relax
 
-from ..relax_info import static_shape
+from ..relax_info import shape_dims, static_shape
 from .rewrite import as_pass, rewrite_functions
 
 _SPLIT = tvm.ir.Op.get("relax.split")
@@ -43,11 +44,14 @@ split_slices_pass = as_pass(split_slices_rewritten, "cgra.SplitSlices", ops=("re
 
 
 def split_bounds(call, index: int) -> tuple[int, int, int] | None:
-    """(axis, begin, end) of part `index` of a split with static shapes, else None."""
-    shape = static_shape(call.args[0])
-    if shape is None:
+    """(axis, begin, end) of part `index` of a split of a static axis (the others may be
+    symbolic: a prefill's fused q / k / v projection), else None."""
+    shape = shape_dims(call.args[0])
+    if not shape:
         return None
     axis = int(call.attrs.axis) % len(shape)
+    if not isinstance(shape[axis], int):
+        return None
     sections = call.attrs.indices_or_sections
     if isinstance(sections, (int, tvm.tirx.IntImm)):
         count = int(sections)
@@ -63,14 +67,14 @@ def split_bounds(call, index: int) -> tuple[int, int, int] | None:
 
 
 def unit_slice(call) -> tuple[int, int, int] | None:
-    """(axis, begin, end) of a strided_slice of one axis, step 1, constant in-range bounds."""
-    shape, out = static_shape(call.args[0]), static_shape(call)
+    """(axis, begin, end) of a strided_slice of one static axis, step 1, constant in-range bounds."""
+    shape, out = shape_dims(call.args[0]), shape_dims(call)
     args = list(call.args[1:])
-    if shape is None or out is None or len(args) < 3 or not all(isinstance(a, relax.Tuple) for a in args[:3]):
+    if not shape or out is None or len(args) < 3 or not all(isinstance(a, relax.Tuple) for a in args[:3]):
         return None
     axes, begin = _ints(args[0]), _ints(args[1])
     steps = _ints(args[3]) if len(args) > 3 and isinstance(args[3], relax.Tuple) else [1]
-    if len(axes) != 1 or steps != [1]:
+    if len(axes) != 1 or steps != [1] or not _static_at(shape, out, axes):
         return None
     axis = axes[0] % len(shape)
     start = begin[0] + shape[axis] if begin[0] < 0 else begin[0]
@@ -152,13 +156,15 @@ class _SliceRewriter(relax.PyExprMutator):
         inner = self.lookup_binding(call.args[0])
         if not (isinstance(inner, relax.Call) and inner.op.same_as(_SLICE)):
             return call
-        bounds, data_shape = unit_slice(inner), static_shape(inner.args[0])
-        sliced, target = static_shape(inner), static_shape(call)
+        # (axes other than the sliced one may be symbolic: a prefill's length)
+        bounds, data_shape = unit_slice(inner), _dims(inner.args[0])
+        sliced, target = _dims(inner), _dims(call)
         if bounds is None or data_shape is None or target is None:
             return call
         axis, begin, end = bounds
         cut = target[axis + 1] if len(target) == len(sliced) + 1 and axis + 1 < len(target) else 0
-        if (not cut or target[:axis] != sliced[:axis] or target[axis + 2:] != sliced[axis + 1:]
+        if (not isinstance(cut, int) or not cut or not isinstance(target[axis], int)
+                or not _same(target[:axis], sliced[:axis]) or not _same(target[axis + 2:], sliced[axis + 1:])
                 or target[axis] * cut != sliced[axis] or begin % cut or data_shape[axis] % cut):
             return call
         whole = data_shape[:axis] + (data_shape[axis] // cut, cut) + data_shape[axis + 1:]
@@ -202,14 +208,16 @@ class _SliceRewriter(relax.PyExprMutator):
 
 
 def unit_box(call) -> dict | None:
-    """{axis: (begin, end)} of a strided_slice with unit steps and constant bounds, else None."""
-    shape, out = static_shape(call.args[0]), static_shape(call)
+    """{axis: (begin, end)} of a strided_slice with unit steps and constant bounds along static
+    axes, else None."""
+    shape, out = shape_dims(call.args[0]), shape_dims(call)
     args = list(call.args[1:])
-    if shape is None or out is None or len(args) < 3 or not all(isinstance(a, relax.Tuple) for a in args[:3]):
+    if not shape or out is None or len(args) < 3 or not all(isinstance(a, relax.Tuple) for a in args[:3]):
         return None
     axes, begin = _ints(args[0]), _ints(args[1])
     steps = _ints(args[3]) if len(args) > 3 and isinstance(args[3], relax.Tuple) else [1] * len(axes)
-    if any(step != 1 for step in steps) or len(set(a % len(shape) for a in axes)) != len(axes):
+    if any(step != 1 for step in steps) or len(set(a % len(shape) for a in axes)) != len(axes) \
+            or not _static_at(shape, out, axes):
         return None
     box = {}
     for axis, start in zip(axes, begin):
@@ -217,6 +225,24 @@ def unit_box(call) -> dict | None:
         start = min(max(start + shape[axis] if start < 0 else start, 0), shape[axis])
         box[axis] = (start, start + out[axis])
     return box
+
+
+def _dims(expr):
+    """The shape as a tuple (ints, symbolic dims as their expressions), or None."""
+    dims = shape_dims(expr)
+    return None if dims is None else tuple(dims)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x == y if isinstance(x, int) and isinstance(y, int)
+                                    else not isinstance(x, int) and not isinstance(y, int)
+                                    and tvm_ffi.structural_equal(x, y) for x, y in zip(a, b))
+
+
+def _static_at(shape, out, axes) -> bool:
+    """Whether the slice's operand and result are static along `axes` (symbolic elsewhere)."""
+    return len(out) == len(shape) and all(isinstance(shape[a % len(shape)], int)
+                                          and isinstance(out[a % len(shape)], int) for a in axes)
 
 
 def strided_box(call) -> dict | None:
@@ -257,7 +283,7 @@ def strided_composed(inner, outer):
 
 def permute_axes(call) -> list[int] | None:
     """The axis order of a permute_dims of known rank."""
-    shape = static_shape(call)
+    shape = shape_dims(call)
     if shape is None:
         return None
     given = call.attrs.axes

@@ -18,7 +18,9 @@ from cgra_sim import function_unit
 
 from ..kernels.attention.attention_tiles import attention_fits, causal_row_fits
 from ..kernels.attention.flash_length import length_fits
+from ..kernels.common.spec import PATCH_CHANNELS
 from ..kernels.gemm.int4_matmul import Int4Layer, int4_matmul_kernel
+from ..kernels.gemm.int4_conv import int4_conv_kernel
 from ..kernels.gemm.int4_qmatmul import int4_qmatmul_kernel
 from .attentions import attentions_pass
 from .batch_norms import batch_norms_as_scale_shift
@@ -38,6 +40,8 @@ from .fold_constants import fold_remaining_constants
 from .fold_weights import fold_weights, restore_kept_transposes
 from .gated_linears import gated_linears_pass
 from .gelus import gelus_pass
+from .head_qkv import head_qkv_pass
+from .table_norms import table_norms_pass
 from .half_casts import half_casts_pass, half_norm_ones_pass
 from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
@@ -51,6 +55,7 @@ from .layer_scales import layer_scales_pass
 from .norm_folds import norm_folds_pass
 from .normed_linears import normed_linears_pass
 from .parallel_residuals import parallel_residuals_pass
+from .patch_embeddings import patch_embeddings_pass
 from .position_embeddings import position_embeddings_pass
 from .quick_gelus import quick_gelus_pass
 from .no_op_broadcasts import no_op_broadcasts_pass
@@ -105,11 +110,11 @@ def normalise(mod, arch, options):
     # The same with int16 activations and int8 weights: 16x8 GEMMs into int64, requantised to
     # int16 (qdq16.py).
     mod = canonicalize_qdq16(mod)
-    # MatMulNBits' host PrimFuncs (4-bit weights), and the QDQ matmuls whose weights qdq.py packed
-    # (qdq_int4.py), become the chip's unpack-and-GEMM kernels, which keep the weights packed in
+    # MatMulNBits' host PrimFuncs (4-bit weights), and the QDQ matmuls and convs whose weights qdq.py
+    # packed (qdq_int4.py, int4_convs.py), become the chip's unpack-and-GEMM kernels, which keep the weights packed in
     # DRAM (int4_weights.py).
     mod = int4_weight_kernels(mod, arch, lambda m, k, n, block, zeros, chip: int4_matmul_kernel(
-        Int4Layer(m, k, n, block, zeros), chip), int4_qmatmul_kernel)
+        Int4Layer(m, k, n, block, zeros), chip), int4_qmatmul_kernel, int4_conv_kernel)
     # A bool cumsum counts, as PyTorch's does (bool_scans.py): as bool no target builds it, and
     # HF's causal mask, built from constants through one, would not fold.
     mod = bool_scans_as_counts_pass(mod)
@@ -166,6 +171,13 @@ def normalise_passes(arch=None) -> list:
         # What those left constant under a lookup (RoBERTa's token types) folded, and a constant
         # row added to a lookup (their embedding) added to its table instead (lookup_tables.py).
         lookup_tables_pass,
+        # A layer norm of a lookup (Bloom's word_embeddings_layernorm) as a lookup of the table
+        # normalised when compiling: no norm kernel (table_norms.py).
+        table_norms_pass,
+        # A fused q / k / v projection laid out per head (Bloom's), read by a take of each part,
+        # with its columns in part order: each part a box the attention reads, no gather kernel
+        # (head_qkv.py).
+        head_qkv_pass,
         # Hand-written RMSNorm, GELU and PyTorch's safe softmax as the one op each computes
         # (rms_norms.py, gelus.py, softmaxes.py), before scalars become tensors.
         rms_norms_pass, gelus_pass, safe_softmaxes_pass,
@@ -182,6 +194,9 @@ def normalise_passes(arch=None) -> list:
         # A ViT's position embedding added to [CLS; patches] as a constant for the CLS row and
         # the patch conv's residual add for the rest, exactly (position_embeddings.py).
         position_embeddings_pass,
+        # Its patches' flatten and transpose as the patch conv's channels-last output: the conv
+        # stores tokens, no transposing copy (patch_embeddings.py).
+        patch_embeddings_pass(PATCH_CHANNELS),
         # A residual add after Swin's window reverse of its attention output, and the window partition
         # of its pre-attention norm, in window order: the add joins the output projection's
         # epilogue, the norm reads the partitioned residual (window_residuals.py).
@@ -227,13 +242,13 @@ def normalise_passes(arch=None) -> list:
         # Attention's q, k and v projections of one input as one linear over their weights side
         # by side, each part a slice of its view in heads (qkv_merges.py): one GEMM kernel, not three.
         qkv_merges_pass,
+        # A take of constant consecutive indices (Falcon's key and value heads, qkv[:, :, [-2]])
+        # as a slice (take_slices.py), merged by the next pass: a box RoPE's epilogue and the
+        # attention read as views, no copy kernel.
+        take_slices_pass,
         # A fused q / k / v projection's split as slices, each cut into heads after the slice:
         # the transposing copy or RoPE kernel after it reads its part (split_slices.py).
         split_slices_pass,
-        # A take of consecutive constant indices (Falcon's multi-query k and v heads,
-        # qkv[..., [-2], :]) as the slice it is: a box RoPE's epilogue and attention read
-        # as views, no copy kernel (take_slices.py).
-        take_slices_pass,
         # Swin's patch merging, a concat of every phase of a stride-2 slice (its slices merged
         # just above), as one transpose of a view: one layout kernel instead of four slices and a
         # concat (patch_merges.py).
@@ -267,6 +282,10 @@ def normalise_passes(arch=None) -> list:
         # A boolean mask's where(m, 0, -inf) and casts as float32 {0, 1} arithmetic, exactly
         # (masks.py): the mask is built on the NPU, once for every layer.
         masks_pass(None if arch is None else lambda *shapes: causal_row_fits(*shapes, arch)),
+        # What two bindings compute alike is computed once: every layer of Bloom adds its ALiBi
+        # rows to the padding mask in the attention form's own add (attentions.py), the same
+        # (1, H, s, s) sum per layer; one add kernel instead of one a layer.
+        relax.transform.EliminateCommonSubexpr(),
         # x * 0.5: a scalar constant operand as a (1, ..., 1) tensor, an ELTWISE broadcast (scalars.py).
         scalar_operands_pass,
         # An elementwise op on a (1, s, C) activation on its (s, C) rows: the kernels' symbolic

@@ -1,19 +1,19 @@
-"""A take of a constant run of consecutive indices as the strided_slice it is.
+"""A take of constant consecutive indices is a slice.
 
-Stage: normalise (before split_slices.py and rope_epilogues.py; after negative_indices.py has
-counted negative entries from the end). In: a Relax IRModule. Out: the same module in which
+Stage: normalise (after negative_indices.py has counted negative indices from the end; before
+split_slices.py, which merges the slice with the ones around it). In: a Relax IRModule. Out: the
+same module in which every `take(x, c, axis)`, c a constant 1-D array of consecutive ascending
+in-range indices a, a + 1, .., a + k - 1 along a static axis of x, is
+`strided_slice(x, [axis], [a], [a + k])`.
 
-    take(x, [i, i + 1, ..., i + n - 1], axis)      x float32 of static shape, the indices a 1-D
-                                                   constant within the axis
-
-is `strided_slice(x, [axis], [i], [i + n])`: the same elements in the same order and shape.
-
-Why: Falcon's multi-query attention cuts its fused q / k / v heads as `qkv[..., :-2, :]`,
-`qkv[..., [-2], :]` and `qkv[..., [-1], :]`: the query heads a slice, the key and value heads a
-take each. A take is a copy kernel of its own (416 cycles each, four a model at 32 tokens on
-cgra-8x8) and no head box RoPE's epilogue (rope_epilogues.py) or the attention kernel reads as a
-view of the projection's output; as slices, the key's RoPE joins the query's in the projection's
-epilogue and attention reads k and v as boxes of it.
+Exact: both read x's elements a .. a + k - 1 along the axis, in that order.
+Why: Falcon's attention takes its key and value heads as `qkv[:, :, [-2]]`, `qkv[:, :, [-1]]` (a
+take of one constant index); at a symbolic length the NPU's lookup, which takes a static table
+(kernels/layout/symbolic_take.py), refused it and the takes ran on the host (Falcon's prefill at
+5 tokens on cgra-8x8: 4,396 host cycles). At a static length each take was a gather copy kernel
+(416 cycles, four a model at 32 tokens) and no head box for RoPE's epilogue (rope_epilogues.py)
+or the attention: as slices the key's RoPE joins the query's in the projection's epilogue and
+the attention reads k and v as boxes (Falcon at 32 tokens on cgra-8x8: 75,491 -> 69,451 cycles).
 """
 
 from __future__ import annotations
@@ -22,40 +22,45 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..relax_info import dtype_of, static_shape
-from .norm_folds import _const, _rebuilt, _Uses
-from .rewrite import as_pass, op_name, replace_functions
+from ..relax_info import shape_dims
+from .rewrite import as_pass, rewrite_functions
+
+_TAKE = tvm.ir.Op.get("relax.take")
 
 
-def takes_as_slices(mod: tvm.IRModule) -> tvm.IRModule:
-    """`mod` with every take of consecutive constant indices as a strided_slice (module doc)."""
-    return replace_functions(mod, _rewrite_function)
+def take_slices(mod: tvm.IRModule) -> tvm.IRModule:
+    """`mod` with the takes of the module doc as slices."""
+    return rewrite_functions(mod, _TakeRewriter)
 
 
-take_slices_pass = as_pass(takes_as_slices, "cgra.TakeSlices", ops=("relax.take",))
+take_slices_pass = as_pass(take_slices, "cgra.TakeSlices", ops=("relax.take",))
 
 
-def _as_slice(value):
-    """The strided_slice a take of consecutive constant indices is, else None."""
-    if op_name(value) != "relax.take" or dtype_of(value) != "float32":
+def consecutive_range(call) -> tuple[int, int, int] | None:
+    """(axis, begin, end) of a take of constant consecutive ascending indices along a static axis,
+    else None."""
+    data, indices = call.args[0], call.args[1]
+    dims = shape_dims(data)
+    if not isinstance(indices, tvm.ir.GenericConst) or not dims or call.attrs.axis is None:
         return None
-    shape, indices = static_shape(value.args[0]), _const(value.args[1])
-    if shape is None or indices is None or indices.ndim != 1 or indices.size == 0 or \
-            not np.issubdtype(indices.dtype, np.integer):
+    axis = int(call.attrs.axis) % len(dims)
+    values = indices.value.numpy()
+    if values.ndim != 1 or not values.size or values.dtype.kind not in "iu" or not isinstance(dims[axis], int):
         return None
-    axis = int(value.attrs.axis) % len(shape)
-    begin = int(indices[0])
-    if not (0 <= begin and begin + indices.size <= shape[axis]) or \
-            not (indices == np.arange(begin, begin + indices.size)).all():
+    begin = int(values[0])
+    if not (values == np.arange(begin, begin + values.size)).all() or begin < 0 or begin + values.size > dims[axis]:
         return None
-    return relax.op.strided_slice(value.args[0], [axis], [begin], [begin + indices.size])
+    return axis, begin, begin + int(values.size)
 
 
-def _rewrite_function(func: relax.Function):
-    """`func` with its takes of consecutive constant indices as slices, or None when it has none."""
-    replace = {}
-    for var, value in _Uses(func).values.items():
-        sliced = _as_slice(value)
-        if sliced is not None:
-            replace[var] = sliced
-    return _rebuilt(func, replace, {}) if replace else None
+@relax.expr_functor.mutator
+class _TakeRewriter(relax.PyExprMutator):
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        if not (isinstance(call, relax.Call) and call.op.same_as(_TAKE)):
+            return call
+        found = consecutive_range(call)
+        if found is None:
+            return call
+        axis, begin, end = found
+        return relax.op.strided_slice(call.args[0], [axis], [begin], [end])

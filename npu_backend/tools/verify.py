@@ -11,7 +11,8 @@ numpy's model of the NPU (float32 sums, rounded to nearest even on store): one u
 at each result plus twice float32's summation error over its terms. `--weight-dtype int4` runs a
 matmul with 4-bit weights (MatMulNBits: packed in DRAM, unpacked by UNPACK4 in the scratchpad)
 against numpy; with `--dtype int8` signed int4 weights (QDQ's) unpacked to int8, an int32 bias and a
-per-channel requantisation, exactly.
+per-channel requantisation, exactly; `--op conv2d --weight-dtype int4` the same two for a conv2d
+(verify_int4.py, kernels/gemm/int4_conv.py).
 """
 
 from __future__ import annotations
@@ -96,8 +97,8 @@ def build_case(args, arch) -> Case:
     if args.dtype in HALF_FLOATS + ("int16",) and args.op not in ("matmul", "conv2d"):
         raise UsageError(f"--dtype {args.dtype} is for --op matmul and conv2d (the vector unit computes "
                          "float32, int32 and int8)")
-    if getattr(args, "weight_dtype", None) == "int4" and args.op != "matmul":
-        raise UsageError(f"--weight-dtype int4 is for --op matmul (MatMulNBits), not --op {args.op}")
+    if getattr(args, "weight_dtype", None) == "int4" and args.op not in ("matmul", "conv2d"):
+        raise UsageError(f"--weight-dtype int4 is for --op matmul and conv2d, not --op {args.op}")
     if args.op in ("matmul", "batch_matmul", "conv2d") and args.dtype not in arch.dtypes:
         raise UsageError(f"--dtype {args.dtype}: architecture '{arch.name}' computes {', '.join(arch.dtypes)} "
                          "(its macs_per_pe); pick one of those or describe a chip that computes it")
@@ -235,6 +236,10 @@ def _conv2d(args) -> Case:
         raise UsageError(f"--groups {args.groups}: the input channels C={c} and the output channels F={f} must "
                          "both be multiples of it")
     _window_fits(h, w, (kh, kw), stride, pad, dilation)
+    if getattr(args, "weight_dtype", None) == "int4":
+        from .verify_int4 import conv2d_int4_case
+
+        return conv2d_int4_case(args, (n, c, h, w, f, kh, kw), stride, pad, dilation, Case)
     mod, inputs, ref = conv2d_model(n, c, h, w, f, kh, kw, stride=stride, pad=pad, dtype=args.dtype,
                                     bias=not args.no_bias, relu=not args.no_relu, dilation=dilation,
                                     groups=args.groups, layouts=_conv2d_layouts(args.layout), seed=args.seed)

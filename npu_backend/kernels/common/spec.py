@@ -23,6 +23,9 @@ CONV2D_LAYOUTS = ("NCHW", "OIHW", "NCHW")
 #: (on cgra-8x8, 3 channels 20.3 k -> 13.0 k cycles, 8 channels 3.7 k -> 3.5 k), not above it
 #: (16-64 channels of 2 x 2 patches: 2-9% slower).
 PATCH_CHANNELS = 8
+#: The output layouts such a conv2d stores: NCHW, or NHWC (a ViT's patches as tokens: its GEMM's
+#: rows are the pixels, a stored row each; normalise/patch_embeddings.py).
+PATCH_OUT_LAYOUTS = ("NCHW", "NHWC")
 #: PrimFunc attribute: the blocks whose scratchpad buffers lowering keeps one copy of
 #: (lower/double_buffer.py), because the kernel's own order of commands already keeps their
 #: writes and reads apart (inverted_residual.py); the tile search counts them once.
@@ -39,6 +42,10 @@ BUFFER_COPIES = "cgra.buffer_copies"
 #: A loop annotation: the GEMMs inside run in pieces of that many rows (lower/gemm_rows.py; a
 #: matmul's output tiles finished in pieces, Tiling.epilogue_rows)
 GEMM_ROWS = "cgra.gemm_rows"
+#: PrimFunc attribute [valid rows, tile rows, piece rows]: a static matmul of one row tile padded
+#: past its rows (17 tokens in a tile of 24); its epilogue's vector commands run on the valid rows
+#: only (lower/padded_rows.py)
+VALID_ROWS = "cgra.valid_rows"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,10 +210,10 @@ class KernelSpec:
     def patch_channels(self) -> int:
         """A conv2d over non-overlapping patches of few channels (a ViT's patch embedding, a
         ConvNeXt stem: kernel == stride, wider than 1, no padding, dilation 1, no groups, NCHW /
-        OIHW, static, C <= PATCH_CHANNELS): its channels C, whose GEMM reduces over a kernel row's
+        OIHW, an NCHW or NHWC output, static, C <= PATCH_CHANNELS): its channels C, whose GEMM reduces over a kernel row's
         (column, channel) pairs at once (kernels/gemm/patchify.py); 0 for any other kernel."""
-        if self.op != "conv2d" or self.groups != 1 or (self.data_layout, self.kernel_layout, self.out_layout) \
-                != CONV2D_LAYOUTS or self.symbolic("lhs") or self.symbolic("out"):
+        if self.op != "conv2d" or self.groups != 1 or (self.data_layout, self.kernel_layout) != CONV2D_LAYOUTS[:2] \
+                or self.out_layout not in PATCH_OUT_LAYOUTS or self.symbolic("lhs") or self.symbolic("out"):
             return 0
         _, c, kh, kw = self.rhs_shape
         patch = tuple(self.strides) == (kh, kw) and kw > 1 and not any(self.padding) and \
@@ -281,7 +288,8 @@ class KernelSpec:
     @property
     def compute_name(self) -> str:
         """The form of the kernel its family builds: the op, or its layout / batched form."""
-        if self.op == "conv2d" and (self.data_layout, self.kernel_layout, self.out_layout) != CONV2D_LAYOUTS:
+        if self.op == "conv2d" and (self.data_layout, self.kernel_layout, self.out_layout) != CONV2D_LAYOUTS \
+                and not self.patch_channels:  # (patchify.py stores NHWC itself, its epilogue whole)
             return "conv2d_layout"
         if self.op == "matmul" and self.batch > 1:
             return "batch_matmul"

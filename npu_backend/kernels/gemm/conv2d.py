@@ -152,12 +152,12 @@ def conv2d_compute(spec: KernelSpec, tiling: Tiling):
     A grouped conv2d is the same kernel over N * G images of C / G channels (a view of the
     data), image b using the weights and bias of group b % G; the padding of the reduction then
     stays inside its group (it reads the view's zero halo, never the next group's channels)."""
+    if spec.patch_channels:  # non-overlapping patches: a kernel row's depth per GEMM
+        return patchify_compute(spec, tiling, _pixel_order)
     if (spec.data_layout, spec.kernel_layout, spec.out_layout) != CONV2D_LAYOUTS:
         return conv2d_layout_compute(spec, tiling)
     if spec.pixel_order == "blocks":
         return _blocks_compute(spec, tiling)
-    if spec.patch_channels:  # non-overlapping patches: a kernel row's depth per GEMM
-        return patchify_compute(spec, tiling, _pixel_order)
     _, _, kh, kw = spec.rhs_shape
     data_shape, out_shape = spec.grouped_shapes
     batch, g = batch_extent(spec), spec.groups

@@ -19,10 +19,12 @@ MORE_COPIES = 3
 
 
 def may_take_copies(spec: KernelSpec) -> bool:
-    """Whether the kernel's operand tiles may get a third copy: a static matmul (its tile
-    search prices it: gemm_estimate.estimate_cycles; a conv2d's, a symbolic matmul's and the fused
-    families' searches do not)."""
-    return spec.op == "matmul" and spec.compute_name == "matmul" and not spec.symbols
+    """Whether the kernel's operand tiles may get a third copy: a matmul, static or of symbolic
+    rows (its tile search prices it: gemm_estimate.estimate_cycles; with symbolic rows the tiles
+    are chosen double buffered and the copies given where they fit: gemm.choose_tiling; a
+    conv2d's, a symbolic reduction's or columns' and the fused families' searches do not)."""
+    return spec.op == "matmul" and spec.compute_name == "matmul" and \
+        all(axis == 0 and role != "rhs" for role, axis, _ in spec.symbols)
 
 
 def operand_copies(footprint: int, tm: int, a_row: int, tk: int, tn: int, in_bytes: int, spad_bytes: int) -> int:

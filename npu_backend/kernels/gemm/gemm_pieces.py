@@ -35,6 +35,19 @@ def finishes_in_pieces(spec: KernelSpec, arch: HardwareDescription) -> bool:
         and (not spec.act or spec.act == "gelu" or act_on_vector(spec, arch))
 
 
+def patch_pieces(spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> Tiling:
+    """`tiling`, for a patch conv storing NHWC (patchify.py: a ViT's patch embedding), finished in
+    pieces of the PE array's rows when they are whole output rows and split its tile evenly: its
+    kernel is bound by its weights' load (196 KB at 16 patches of 768 x 64), and in pieces the last
+    reduction step's first piece is added, its bias and positions too, and stored while the array
+    computes the second (ViT's at 64 x 64 px on cgra-8x8: 16,816 -> 16,560 cycles)."""
+    rows = spec.gemm_extents[0]
+    if not (spec.patch_channels and spec.out_layout == "NHWC") or tiling.epilogue_rows or \
+            tiling.tm != tiling.mp or tiling.tm <= arch.rows or rows % arch.rows or arch.rows % spec.row_step:
+        return tiling
+    return dataclasses.replace(tiling, epilogue_rows=arch.rows)
+
+
 #: How much faster than the tiling chosen without pieces the estimate must find one with them: the
 #: estimate's error bound on GEMM kernels (tests/test_overlap_estimate.py), so that a choice moves
 #: only where the estimate is sure it gains.

@@ -51,7 +51,7 @@ def _tile_output(sch, spec: KernelSpec, tiling: Tiling):
     col_outer, col_inner = sch.split(col, [None, tiling.tn // 2 if spec.gated else tiling.tn])
     sch.reorder(row_outer, col_outer, row_inner, col_inner)
     acc = stage_output_tile(sch, spec, col_outer)
-    if spec.pixel_order == "xy" and spec.output_shape[2] > 1:
+    if spec.pixel_order == "xy" and spec.output_shape[2] > 1 and not (spec.patch_channels and spec.out_layout == "NHWC"):
         # Tile rows run down output columns: the store walks them (y) innermost, so that a DMA
         # beat reads consecutive rows of the tile as it does for rows along x (spad_layout.py).
         # (One output row: nothing to walk, and its unit loop may not be where reorder wants it.)

@@ -25,12 +25,13 @@ from .gated import gated_epilogue
 from .post_norm import post_norm_epilogue, single_buffered, summed_spec
 from .rope_epilogue import rope_epilogue, rope_operands
 from .gemm import choose_gemm_tiling
+from .gemm_pieces import epilogue_piece_rows
 from .gemm_schedule import schedule_gemm
 from .residual_lhs import lhs_as_residual
 from .row_norm import normed_panel, normed_roots, with_row_norm
 from .symbolic_matmul import has_symbolic_operand, is_symbolic_matmul, symbolic_matmul_compute, symbolic_matmul_spec
 from ..common.operands import kernel_prim_func, padded
-from ..common.spec import SINGLE_BUFFERED, KernelSpec, Tiling
+from ..common.spec import SINGLE_BUFFERED, VALID_ROWS, KernelSpec, Tiling
 
 
 def _roots() -> list[Root]:
@@ -192,8 +193,8 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
     if spec.gated:  # act(even columns) * odd columns, (m, n / 2): gated.py
         operands, epi, n = {}, gated_epilogue(spec, acc, tiling), n // 2
     elif spec.rope_pattern:  # x * C + x[:, partner] * S: rope_epilogue.py
-        operands = rope_operands(spec)
-        epi = rope_epilogue(spec, acc, tiling, operands)
+        operands = rope_operands(spec, m)
+        epi = rope_epilogue(spec, acc, tiling, operands, m)
         operands = {role: value for role, value in operands.items() if value is not None}
     else:
         operands = lhs_as_residual(spec, epilogue_operands(spec, (m, n)), a)  # x @ W + x: residual_lhs.py
@@ -203,6 +204,8 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
             epi = post_norm_epilogue(spec, epi, tiling, operands)
     out = te.compute((m, n), lambda i, j: epi[i, j], name="out")
     func = kernel_prim_func(spec, {"lhs": a, "rhs": b, **operands, **normed}, out)
+    if isinstance(m, int) and m < tiling.tm == mp:  # one row tile, padded: lower/padded_rows.py
+        func = func.with_attr(VALID_ROWS, [m, tiling.tm, epilogue_piece_rows(tiling)])
     return func.with_attr(SINGLE_BUFFERED, single_buffered(spec)) if spec.post_norm else func
 
 

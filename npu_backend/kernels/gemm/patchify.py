@@ -10,7 +10,8 @@ k = rx * C + c: kh GEMMs of depth kw * C. The gather stays one DMA box per tile:
 the output rows and columns (steps of the kernel's height and width), the kernel columns and
 the channels (the schedule splits k by C, so the box reads x[c, y * kh + ry, ox * kw + rx]); the
 weights' box reads w[f, c, ry, rx] the same way. Depth chunks are multiples of C dividing kw * C
-(gemm._k_candidates' step), so no chunk reaches past a patch.
+(gemm._k_candidates' step), so no chunk reaches past a patch. The output is NCHW, or NHWC: each
+GEMM row (a patch) stored as a row of channels, the tokens a ViT's encoder reads.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ def patchify_compute(spec: KernelSpec, tiling: Tiling, pixel_order):
     acc = te.compute((batch, tiling.mp, tiling.np), lambda b_, p, f: te.sum(
         a_pad[b_, ry, p, rk].astype(spec.acc_dtype) * b_pad[ry, rk, f].astype(spec.acc_dtype), axis=[ry, rk]),
         name="acc")
+    if spec.out_layout == "NHWC":  # a stored row per GEMM row (normalise/patch_embeddings.py)
+        out_shape = (batch, oh, ow, filters)
+        operands = epilogue_operands(spec, out_shape)
+        epi = epilogue_compute(spec, acc, tiling, operands, out_index=lambda b_, p, f: (b_, *pixel(p), f))
+        out = te.compute(out_shape, lambda b_, y, ox, f: epi[b_, pixel_row(y, ox), f], name="out")
+        return kernel_prim_func(spec, {"lhs": x, "rhs": w, **operands}, out)
     out_shape = (batch, filters, oh, ow)
     operands = epilogue_operands(spec, out_shape)
     epi = epilogue_compute(spec, acc, tiling, operands, out_index=lambda b_, p, f: (b_, f, *pixel(p)))

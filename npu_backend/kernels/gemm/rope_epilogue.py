@@ -37,7 +37,8 @@ from tvm.relax.dpl import is_const, is_op, wildcard
 from cgra_sim import cost
 
 from ...errors import UnsupportedOperator
-from ...relax_info import dtype_of, static_shape
+from ...relax_info import dtype_of
+from ..common.dynamic import read_shape, symbols_of
 from ..common.operands import padded
 from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.rope_epilogue import RotaryPattern
@@ -71,21 +72,26 @@ def is_rope_pattern(name: str) -> bool:
 
 def with_rope(spec, annotated: dict):
     """`spec` with RoPE in its epilogue (module doc); refuses what the kernel does not compute."""
-    if spec.op != "matmul" or spec.batch > 1 or spec.symbols or spec.acc_dtype != "float32" or spec.half_out \
-            or not spec.rhs_transposed:
-        raise UnsupportedOperator("RoPE is fused after a float32 2-D linear with static sizes: this one runs as its "
-                                  "parts")
+    rows = spec.symbolic("out")  # symbolic rows (a prefill's length): the tables' rows are that length
+    if spec.op != "matmul" or spec.batch > 1 or spec.acc_dtype != "float32" or spec.half_out \
+            or not spec.rhs_transposed or set(rows) - {0} \
+            or any(axis != 0 or role not in ("lhs", "out") for role, axis, _ in spec.symbols):
+        raise UnsupportedOperator("RoPE is fused after a float32 2-D linear with static sizes (or symbolic rows): "
+                                  "this one runs as its parts")
     m, n, _ = spec.gemm_extents
     perm = _constant(annotated["perm"])
     if perm is None or perm.shape != (n,) or int(annotated["rotated"].attrs.axis) % 2 != 1:
         raise UnsupportedOperator("RoPE's rotation in a linear's epilogue is a take of constant columns")
+    symbols = ()
     for role in ("cos", "sin"):
-        if tuple(static_shape(annotated[role]) or ()) != (m, n) or dtype_of(annotated[role]) != "float32":
+        shape, names = read_shape(annotated[role], role, symbolic_axes=tuple(rows), prefix="RoPE in a linear's epilogue: ")
+        if shape != (m, n) or names != rows or dtype_of(annotated[role]) != "float32":
             raise UnsupportedOperator(f"RoPE's {role} table in a linear's epilogue is a float32 ({m}, {n}) tensor")
+        symbols += symbols_of(role, names)
     pattern = rotary_pattern(perm)
     if pattern is None:
         raise UnsupportedOperator("RoPE's partners do not repeat in periods of columns that hold them")
-    return dataclasses.replace(spec, rope_pattern=pattern)
+    return dataclasses.replace(spec, rope_pattern=pattern, symbols=spec.symbols + symbols)
 
 
 def _constant(expr):
@@ -110,10 +116,12 @@ def rotary_pattern(perm: np.ndarray) -> RotaryPattern | None:
     return None
 
 
-def rope_epilogue(spec, acc, tiling, operands: dict):
+def rope_epilogue(spec, acc, tiling, operands: dict, m=None):
     """epi = x * C + x[:, partner] * S over the padded (mp, np) tiles, x = acc [+ bias] (blocks
-    [bias_pad, biased], cos_pad, sin_pad, rot, epi)."""
-    m, n, _ = spec.gemm_extents
+    [bias_pad, biased], cos_pad, sin_pad, rot, epi); `m`: the rows, symbolic ones as their
+    expression (the tables have as many)."""
+    n = spec.gemm_extents[1]
+    m = spec.gemm_extents[0] if m is None else m
     pattern = spec.rope_pattern
     x = acc
     if spec.bias_shape:
@@ -131,10 +139,12 @@ def _table_tile(acc, table, shape, name):
     return te.compute(acc.shape, lambda i, j: padded(table, shape, (i, j)), name=name)
 
 
-def rope_operands(spec) -> dict:
-    """The epilogue's parameters as placeholders: the bias (or None) and the tables (the
-    partners' indices are a constant of the match, read into the spec's pattern)."""
-    m, n, _ = spec.gemm_extents
+def rope_operands(spec, m=None) -> dict:
+    """The epilogue's parameters as placeholders: the bias (or None) and the (m, n) tables (the
+    partners' indices are a constant of the match, read into the spec's pattern); `m` as in
+    rope_epilogue."""
+    n = spec.gemm_extents[1]
+    m = spec.gemm_extents[0] if m is None else m
     return {"bias": te.placeholder(spec.bias_shape, "float32", name="bias") if spec.bias_shape else None,
             "cos": te.placeholder((m, n), "float32", name="cos"), "sin": te.placeholder((m, n), "float32", name="sin")}
 

@@ -86,7 +86,8 @@ def with_row_norm(spec: KernelSpec, annotated: dict) -> KernelSpec:
                                       "(norm_folds.py folds it into the weights where it can); the norm runs on its own")
     if kind == "layer_norm" and not (bool(norm.attrs.center) and bool(norm.attrs.scale)):
         raise UnsupportedOperator("layer_norm without its center or scale runs on its own")
-    rows_only = all(role in ("lhs", "out") and axis == 0 for role, axis, _ in spec.symbols)  # symbolic_rows.py
+    # symbolic rows (symbolic_rows.py), and RoPE's tables of as many rows (rope_epilogue.py)
+    rows_only = all(role in ("lhs", "out", "cos", "sin") and axis == 0 for role, axis, _ in spec.symbols)
     if spec.op != "matmul" or spec.compute_name != "matmul" or spec.dtype != F32 or not rows_only or spec.batch > 1:
         raise UnsupportedOperator(f"{kind} folded into a matmul: a 2-D float32 GEMM with static columns and "
                                   "reduction only; the norm runs on its own")

@@ -106,8 +106,9 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
                                    residual=residual, clip=None, out=first),
                      eltwise_call("multiply", dtype, rows, cols, (*first, 1), (buffers["CScale"], 0, 1), first)]
             shift = {"Acc": first[0], **({"Bias": buffers["CShift"]} if channel_shift else {})}
-            calls.append(epilogue_call(shift, {"Acc": (first[1],)}, rows, cols, dtype, dtype, bias=channel_shift,
-                                       relu=relu, residual=False, clip=clip, out=first))
+            if channel_shift or relu or clip is not None:  # (else it would copy the tile onto itself)
+                calls.append(epilogue_call(shift, {"Acc": (first[1],)}, rows, cols, dtype, dtype, bias=channel_shift,
+                                           relu=relu, residual=False, clip=clip, out=first))
         else:
             calls = [epilogue_call(buffers, strides, rows, cols, dtype, dtype, bias=bias, relu=relu,
                                    residual=residual, clip=clip, out=first)]
