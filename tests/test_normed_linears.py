@@ -155,19 +155,26 @@ def test_a_llama_style_layer_keeps_only_its_output_norm():
     assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
-def test_a_norm_with_two_linears_keeps_its_kernel():
-    """Each copy would repeat the panel program, and a GEMM may refuse its copy: one kernel stays."""
+@pytest.mark.parametrize("kind, readers, kernels", [
+    ("rms_norm", 2, {"cgra.matmul_rms_norm"}),  # cheap enough twice (GPT-J's after centred_streams.py)
+    ("rms_norm", 3, {"cgra.rms_norm_plain", "cgra.matmul"}),
+    ("layer_norm", 2, {"cgra.layer_norm_plain", "cgra.matmul"})])
+def test_a_norm_with_more_linears_keeps_its_kernel(kind, readers, kernels):
+    """Each copy repeats the panel program, and a GEMM may refuse its copy: an RMSNorm goes into
+    two linears, a layer norm (three times the program) into one; with more the kernel stays."""
     rng = np.random.default_rng(0)
     x = relax.Var("x", relax.TensorType((8, 16), "float32"))
+    ones, zeros = relax.const(np.ones(16, np.float32)), relax.const(np.zeros(16, np.float32))
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
-            norm = bb.emit(relax.op.nn.rms_norm(x, relax.const(np.ones(16, np.float32)), axes=[-1], epsilon=1e-6))
+            norm = bb.emit(relax.op.nn.rms_norm(x, ones, axes=[-1], epsilon=1e-6) if kind == "rms_norm" else
+                           relax.op.nn.layer_norm(x, ones, zeros, axes=[-1], epsilon=1e-5))
             outs = [bb.emit(relax.op.matmul(norm, relax.const(rng.standard_normal((16, 8)).astype(np.float32))))
-                    for _ in range(2)]
+                    for _ in range(readers)]
             out = bb.emit_output(relax.Tuple(outs))
         bb.emit_func_output(out)
-    assert "cgra.rms_norm_plain" in _kernels(bb.get())
+    assert _kernels(bb.get()) == kernels
 
 
 @pytest.mark.parametrize("arch", ["cgra-4x4"])

@@ -203,7 +203,8 @@ def test_rope_intrinsics_three_ways(rows, heads, d, fraction, seed):
     np.testing.assert_array_equal(sim[4], tir_out)
 
 
-@pytest.mark.parametrize("name, norm", [("llama", "rms_norm"), ("gpt_neox", "layer_norm")])
+# GPT-NeoX's layer norms read a residual stream carried centred: RMSNorms (centred_streams.py)
+@pytest.mark.parametrize("name, norm", [("llama", "rms_norm"), ("gpt_neox", "rms_norm")])
 def test_a_decoder_layer_has_no_rope_and_no_pre_norm_kernel(name, norm):
     """Hugging Face's Llama and GPT-NeoX (transformer_models.py): each layer's q / k / v projection
     normalises its rows (the layer's first norm) and rotates its q and k heads in one kernel,

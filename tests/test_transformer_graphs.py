@@ -39,7 +39,9 @@ EXPECTED = {
     "llama": {"nn.rms_norm": 5, "nn.softmax": 2},
     # (its embedding's layer norm is a lookup of the normalised table: normalise/table_norms.py)
     "bloom": {"nn.gelu_tanh": 2, "nn.softmax": 2, "nn.layer_norm": 5},
-    "falcon": {"nn.gelu": 2, "nn.softmax": 2, "nn.layer_norm": 3},
+    # its residual stream carried centred: each layer's norm an RMSNorm copied into q/k/v and the
+    # MLP (centred_streams.py, normed_linears.py), the final one an RMSNorm plus beta
+    "falcon": {"nn.gelu": 2, "nn.softmax": 2, "nn.layer_norm": 0, "nn.rms_norm": 5},
 }
 
 

@@ -12,10 +12,13 @@ so that the GEMM kernel's roots (`cgra.linear_rms_norm`, `cgra.matmul_layer_norm
 norm whole and normalise its own A panel (kernels/gemm/row_norm.py): Llama's and Qwen's
 pre-attention and pre-MLP norms, read by the merged q / k / v projection and the merged gate / up
 projection, reshaped from (1, s, d) to (s, d) between; GPT-2's and ViT's layer norms before
-q / k / v and the MLP. A norm read by more linears (`MAX_READERS`) is left alone: each copy
-would repeat the program over the panel, and a GEMM may still refuse its copy (its tiling, or a
-vector unit its epilogue already keeps busy: kernels/gemm/row_norm.py), leaving two norm kernels
-where there was one.
+q / k / v and the MLP; GPT-J's and Falcon's one RMSNorm a layer (a layer norm of a centred
+stream, centred_streams.py), read by q / k / v and the MLP. A norm read by more linears
+(`MAX_READERS`: two RMSNorm readers, one layer norm reader) is left alone: each copy repeats
+the program over the panel (a layer norm's about 1,700 cycles at 32 x 64 on cgra-8x8, more than
+its own kernel saves twice), and a GEMM may still refuse its copy (its tiling, or a vector unit
+its epilogue already keeps busy: kernels/gemm/row_norm.py), leaving two norm kernels where there
+was one.
 The model's final norm (its output) keeps its kernel.
 """
 
@@ -27,8 +30,9 @@ from tvm import relax, tirx
 from ..relax_info import dtype_of, shape_dims
 from .rewrite import as_pass, op_name, replace_functions
 
-#: The most linears one norm is copied into (module doc).
-MAX_READERS = 1
+#: The most linears one norm is copied into (module doc): an RMSNorm's program is cheap enough
+#: to run in two (GPT-J's and Falcon's q / k / v and MLP after centred_streams.py).
+MAX_READERS = {"relax.nn.rms_norm": 2, "relax.nn.layer_norm": 1}
 #: The norms, with the plain values of their constants (gamma; beta).
 _NORMS = {"relax.nn.rms_norm": (1.0,), "relax.nn.layer_norm": (1.0, 0.0)}
 
@@ -115,7 +119,7 @@ def _rewrite_function(func: relax.Function):
         if not _plain_norm(value):
             continue
         matmuls = _matmuls(readers, var, shape_dims(value)[-1])
-        if not matmuls or len(matmuls) > MAX_READERS or \
+        if not matmuls or len(matmuls) > MAX_READERS[op_name(value)] or \
                 (len(matmuls) == 1 and values.get(matmuls[0][1].args[0]) is value):
             continue  # not all linears, too many, or one reading the norm directly already
         x = value.args[0]

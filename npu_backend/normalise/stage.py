@@ -27,6 +27,7 @@ from .batch_norms import batch_norms_as_scale_shift
 from .bool_scans import bool_scans_as_counts_pass
 from ..frontend.position_tables import scale_prefix_tables, tabulate_prefix
 from .bounded_shapes import resolve_bounded_shapes
+from .centred_streams import centred_streams_pass
 from .clips import canonicalize_clips_pass
 from .constant_adds import constant_adds_pass
 from .constant_indices import constant_indices_pass
@@ -53,6 +54,7 @@ from .negative_indices import wrap_negative_indices
 from .layer_scales import layer_scales_pass
 from .norm_folds import norm_folds_pass
 from .normed_linears import normed_linears_pass
+from .parallel_residuals import parallel_residuals_pass
 from .patch_embeddings import patch_embeddings_pass
 from .position_embeddings import position_embeddings_pass
 from .quick_gelus import quick_gelus_pass
@@ -61,6 +63,7 @@ from .no_op_pads import no_op_pads_pass
 from .nhwc_convs import nhwc_convs_pass
 from .padding_taps import padding_taps_pass
 from .patch_merges import patch_merges_pass
+from .take_slices import take_slices_pass
 from .token_means import token_means_pass
 from .window_residuals import window_residuals_pass
 from .window_sinks import window_sinks_pass
@@ -70,7 +73,6 @@ from .pool1ds import pool1ds_as_pool2ds_pass
 from .pool_taps import pool_taps_pass
 from .shared_sums import shared_sums_pass
 from .split_slices import split_slices_pass
-from .take_slices import take_slices_pass
 from .qdq import canonicalize_qdq
 from .qdq16 import canonicalize_qdq16
 from .qlayouts import quantized_layouts_pass
@@ -205,6 +207,10 @@ def normalise_passes(arch=None) -> list:
         # A pre-norm's gamma and beta folded into the linear layers that alone read it: the norm
         # kernel loses two of its full-tile steps, the GEMMs nothing (norm_folds.py).
         norm_folds_pass,
+        # A residual stream read only by layer norms (GPT-J's, GPT-NeoX's, Falcon's) carried
+        # centred, its table and the linears adding to it centred: its plain layer norms are
+        # RMSNorms, whose program a GEMM runs on its A panel at a third of the cost (centred_streams.py).
+        centred_streams_pass,
         # CLIP's quick GELU x * sigmoid(1.702 x) as silu(1.702 x), 1 / 1.702 in the next linear's
         # weights: the linear before it takes the scale and the SiLU in its epilogue (quick_gelus.py).
         quick_gelus_pass,
@@ -246,8 +252,9 @@ def normalise_passes(arch=None) -> list:
         # Attention's q, k and v projections of one input as one linear over their weights side
         # by side, each part a slice of its view in heads (qkv_merges.py): one GEMM kernel, not three.
         qkv_merges_pass,
-        # A take of constant consecutive indices from a tensor of symbolic shape (Falcon's key
-        # and value heads, qkv[:, :, [-2]]) as a slice (take_slices.py), merged by the next pass.
+        # A take of constant consecutive indices (Falcon's key and value heads, qkv[:, :, [-2]])
+        # as a slice (take_slices.py), merged by the next pass: a box RoPE's epilogue and the
+        # attention read as views, no copy kernel.
         take_slices_pass,
         # A fused q / k / v projection's split as slices, each cut into heads after the slice:
         # the transposing copy or RoPE kernel after it reads its part (split_slices.py).
@@ -269,6 +276,9 @@ def normalise_passes(arch=None) -> list:
         # A plain RMSNorm (its weight folded) read only by linears: each gets its own copy as its
         # left operand, which its GEMM normalises in the scratchpad (normed_linears.py).
         normed_linears_pass,
+        # A parallel block's (attn + mlp) + x as attn + (mlp + x): each add in a GEMM's epilogue,
+        # none a kernel of its own (parallel_residuals.py).
+        parallel_residuals_pass,
         # A concat's empty operands (HF's partial-rotary pass-through when the rotary dims are the
         # whole head) left out, and a concat of one operand that operand (empty_operands.py).
         empty_operands_pass,

@@ -1,0 +1,178 @@
+"""A residual stream read only by layer norms carried centred: its layer norms become RMSNorms.
+
+Stage: normalise (after norm_folds.py, before normed_linears.py). In: a Relax IRModule. Out: the
+same module in which a residual stream, the variables
+
+    x = take(T, ids, axis=0)  |  reshape(x')  |  add(u, v)    u, v stream variables or linear
+                                                              outputs: matmul(h, W) [+ b]
+                                                              [reshaped], each read once
+
+whose every reader is a layer norm over the last axis or the stream itself, holds its values
+minus their mean over the last axis: the table T, each such linear's weight columns W and bias
+b centred (T - mean_c T, W - mean_n W, b - mean b: centring is linear, so the stream's adds keep
+it centred), and each plain layer norm of it (gamma 1, beta 0: norm_folds.py has folded them)
+an RMSNorm, which is the layer norm of a row whose mean is 0. A layer norm with its own gamma
+and beta (the model's final one, its output) becomes `add(rms_norm(x, gamma), beta)`: at 32 x 64
+on cgra-8x8 the RMSNorm kernel (1,301 cycles) and an add (900) against the layer norm's 2,717.
+
+Why: GPT-J, GPT-NeoX and Falcon read their residual stream only through layer norms (each layer's
+one or two, and the final one). A layer norm in a GEMM's A panel (kernels/gemm/row_norm.py) costs
+about 1,700 cycles a panel at 32 x 64 on cgra-8x8 (the mean, the centring and its correction
+before RMSNorm's program), an RMSNorm about 570; GPT-J's and Falcon's one norm a layer feeds two
+linears, too costly to run twice as a layer norm (normed_linears.py), cheap enough as an RMSNorm.
+
+Error: the centred constants are computed in float64 and rounded once; the stream's values differ
+from x - mean(x) by the roundings of the GEMMs' sums of the centred terms, and the RMSNorm skips
+the layer norm's rounding of a mean it computes as about 0 (tests/test_centred_streams.py: within
+1e-5 of the layer-norm model).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..relax_info import dtype_of, static_shape
+from .norm_folds import _bias_add, _const, _rebuilt, _Uses, _weight
+from .rewrite import as_pass, op_name, replace_functions
+
+
+def centre_streams(mod: tvm.IRModule) -> tvm.IRModule:
+    """`mod` with every residual stream read only by layer norms carried centred (module doc)."""
+    return replace_functions(mod, _rewrite_function)
+
+
+centred_streams_pass = as_pass(centre_streams, "cgra.CentredStreams", ops=("relax.nn.layer_norm",))
+
+
+def _width(var):
+    shape = static_shape(var)
+    return shape[-1] if shape else None
+
+
+def _is_norm_of(value, var) -> bool:
+    """Whether `value` is a float32 layer norm of `var` over its last axis."""
+    if op_name(value) != "relax.nn.layer_norm" or not value.args[0].same_as(var) or dtype_of(value) != "float32":
+        return False
+    rank = len(static_shape(var) or ())
+    return rank > 0 and [int(a) % rank for a in value.attrs.axes] == [rank - 1] and value.attrs.center
+
+
+def _linear(uses: _Uses, var, width: int):
+    """(matmul var, matmul, weight, bias) of the linear whose output `var` is (through a constant
+    bias add and reshapes, each read once), else None."""
+    while isinstance(var, relax.Var) and len(uses.only(var) or ()) == 1:
+        value = uses.values.get(var)
+        if op_name(value) == "relax.reshape" and _width(value.args[0]) == width:
+            var = value.args[0]
+        elif op_name(value) == "relax.add" and sum(_const(a) is not None for a in value.args) == 1:
+            var = next(a for a in value.args if _const(a) is None)
+        elif op_name(value) == "relax.matmul":
+            weight = _weight(uses, value, value.args[0])
+            if weight is None or weight[1].shape[1] != width:
+                return None
+            return var, value, weight, _bias_add(uses, var, width)
+        else:
+            return None
+    return None
+
+
+def _table(value, width: int):
+    """The (V, width) float32 constant a take of rows reads, else None."""
+    table = _const(value.args[0]) if op_name(value) == "relax.take" else None
+    if table is None or table.dtype != np.float32 or table.ndim != 2 or table.shape[1] != width or \
+            int(value.attrs.axis) % 2 != 0:
+        return None
+    return table
+
+
+def _stream(uses: _Uses):
+    """(stream variables, {linear output var: its _linear}) of the function's centrable streams."""
+    candidates = {var for var, value in uses.values.items()
+                  if op_name(value) in ("relax.reshape", "relax.add", "relax.take") and dtype_of(value) == "float32"
+                  and isinstance(_width(var), int)}
+    linears = {}
+    changed = True
+    while changed:
+        changed = False
+        for var in list(candidates):
+            if not _produced(uses, var, candidates, linears) or not _read_by_norms(uses, var, candidates):
+                candidates.discard(var)
+                changed = True
+    return candidates, linears
+
+
+def _produced(uses: _Uses, var, candidates, linears) -> bool:
+    """Whether `var`'s value keeps the stream centred given `candidates` (module doc)."""
+    value, width = uses.values[var], _width(var)
+    name = op_name(value)
+    if name == "relax.take":
+        return _table(value, width) is not None
+    if name == "relax.reshape":
+        return value.args[0] in candidates and _width(value.args[0]) == width
+    for arg in value.args:
+        if arg in candidates and tuple(static_shape(arg) or ()) == tuple(static_shape(var)):
+            continue
+        linear = _linear(uses, arg, width) if tuple(static_shape(arg) or ()) == tuple(static_shape(var)) else None
+        if linear is None:
+            return False
+        linears[arg] = linear
+    return True
+
+
+def _read_by_norms(uses: _Uses, var, candidates) -> bool:
+    """Whether every reader of `var` is a layer norm of it or a stream variable."""
+    readers = uses.only(var)
+    return readers is not None and all(reader in candidates or _is_norm_of(value, var) for reader, value in readers)
+
+
+def _rewrite_function(func: relax.Function):
+    """`func` with its streams centred and their layer norms RMSNorms (plus beta), or None."""
+    uses = _Uses(func)
+    stream, linears = _stream(uses)
+    norms = {var: value for var, value in uses.values.items()
+             if op_name(value) == "relax.nn.layer_norm" and value.args[0] in stream and _is_norm_of(value, value.args[0])}
+    if not norms:
+        return None
+    replace, insert = {}, {}
+    for var in stream:
+        value = uses.values[var]
+        if op_name(value) == "relax.take":
+            table = _table(value, _width(var)).astype(np.float64)
+            centred = relax.const((table - table.mean(axis=1, keepdims=True)).astype(np.float32))
+            replace[var] = relax.op.take(centred, value.args[1], axis=0)
+    used = {linear[0]: linear for arg, linear in linears.items() if _in_stream_add(uses, arg, stream)}
+    for matmul_var, matmul, (kind, weight, permute_var), bias in used.values():
+        w64 = weight.astype(np.float64)
+        centred = (w64 - w64.mean(axis=1, keepdims=True)).astype(np.float32)
+        if kind == "const":
+            replace[matmul_var] = relax.op.matmul(matmul.args[0], relax.const(centred), out_dtype="float32")
+        else:
+            replace[permute_var] = relax.op.permute_dims(relax.const(np.ascontiguousarray(centred.T)))
+        if bias is not None:
+            add_var, add, position = bias
+            old = _const(add.args[position]).astype(np.float64)
+            args = [add.args[0], add.args[1]]
+            args[position] = relax.const((old - old.mean()).astype(np.float32))
+            replace[add_var] = relax.op.add(*args)
+    for var, value in norms.items():
+        if _plain(value):
+            replace[var] = relax.op.nn.rms_norm(value.args[0], value.args[1], axes=[-1], epsilon=value.attrs.epsilon)
+        else:
+            var_class = relax.DataflowVar if isinstance(var, relax.DataflowVar) else relax.Var
+            inner = var_class(f"{var.name}_rms", var.ty)
+            insert[var] = (inner, relax.op.nn.rms_norm(value.args[0], value.args[1], axes=[-1], epsilon=value.attrs.epsilon))
+            replace[var] = relax.op.add(inner, value.args[2])
+    return _rebuilt(func, replace, insert)
+
+
+def _in_stream_add(uses: _Uses, arg, stream) -> bool:
+    """Whether a linear output `arg` is read by an add of the stream (not only recorded on the way)."""
+    return any(reader in stream for reader, _ in uses.only(arg) or ())
+
+
+def _plain(value) -> bool:
+    """A layer norm with gamma all 1 and beta all 0."""
+    gamma, beta = _const(value.args[1]), _const(value.args[2])
+    return gamma is not None and beta is not None and (gamma == 1).all() and (beta == 0).all() and value.attrs.scale
