@@ -43,3 +43,28 @@ def test_a_sum_every_layer_repeats_runs_once(heads, tokens, seed):
     np.testing.assert_array_equal(got, scores * bias * bias)
     adds = [k.name for k in prof.kernels if "add" in k.name]
     assert len(adds) == 1, [k.name for k in prof.kernels]
+
+
+def test_each_layers_causal_mask_and_other_ops_stay_its_own():
+    """Only reshapes and adds of the same operands are shared: each layer's causal mask from
+    arange(s) (its attention pattern computes it inside) and each cache write's broadcast position
+    stay apart. A general CSE merged them and sent a symbolic Llama's attention and a decode step's
+    cache writes to the host."""
+    from npu_backend.normalise.shared_sums import shared_sums
+
+    s = tvm.tirx.Var("s", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((s, s), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = x
+            for _ in range(2):
+                rows = bb.emit(relax.op.arange(0, s, 1, "int64"))
+                upper = bb.emit(relax.op.less_equal(bb.emit(relax.op.reshape(rows, (1, s))),
+                                                    bb.emit(relax.op.reshape(rows, (s, 1)))))
+                mask = bb.emit(relax.op.where(upper, relax.const(0.0), relax.const(float("-inf"))))
+                out = bb.emit(relax.op.add(out, mask))
+            out = bb.emit_output(out)
+        bb.emit_func_output(out)
+    text = shared_sums(bb.get())["main"].script()
+    assert text.count("R.arange") == 2 and text.count("R.less_equal") == 2 and text.count("R.where") == 2
