@@ -410,7 +410,7 @@ def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
         return combine_intrin(tiling, rows)
     if spec.gated:  # gated.py: a tile of tn / 2 outputs from the tn accumulator columns
         return get_intrin("epilogue", rows, tiling.tn // 2, "float32", bias=False, relu=False, act=spec.act,
-                          gated=True)
+                          gated=True, **({"gated_via": spec.gated_via} if spec.gated_via else {}))
     body = FabricBody(spec.fabric_body, spec.acc_dtype) if spec.fabric_body else None
     tail = dict(act=spec.act, multiplier=bool(spec.multiplier_shape)) if spec.act or spec.multiplier_shape else {}
     if spec.act and tiling.act_on_vector:
