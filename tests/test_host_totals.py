@@ -12,12 +12,15 @@ import sys
 import numpy as np
 import pytest
 import tvm
+from hypothesis import given
+from hypothesis import strategies as st
 from tvm import relax
 from tvm.script import relax as R
 
 import npu_backend
 from cgra_sim.host import default_host, host_call_cycles
 from npu_backend.device.host_costs import TRANSCENDENTAL_OPS, host_ops_per_element
+from npu_backend.device.profile import elide
 from npu_backend.tools.layers import format_layers, model_layers
 from npu_backend.tools.workloads import relax_module
 
@@ -262,3 +265,16 @@ def test_threads_each_count_their_own_host_side(bounce):
     for thread in threads:
         thread.join()
     assert not errors and results == {0: (2, 2, 3072), 1: (4, 4, 6144)}
+
+
+@given(st.text(alphabet="abcdefghij_0123456789", min_size=1, max_size=300), st.integers(8, 80))
+def test_long_kernel_names_keep_their_start_and_end_in_the_table(name, width):
+    """A fused kernel's symbol runs past 400 characters (Llama's attention names 26 ops); the
+    profile table's column keeps its start and its end (what tells its copies apart: "_cgra_3")."""
+    shown = elide(name, width)
+    assert len(shown) <= width
+    if len(name) <= width:
+        assert shown == name
+    else:
+        head, tail = shown.split("~")
+        assert name.startswith(head) and name.endswith(tail) and len(tail) >= width // 3

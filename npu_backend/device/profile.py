@@ -132,7 +132,7 @@ class Profile:
         for k in self.kernels:
             dma = k.dma_load_bytes + k.dma_store_bytes
             output = "x".join(str(d) for d in k.tensor_shapes[-1]) if k.tensor_shapes else ""
-            lines.append(f"{k.name[:44]:<44} {','.join(k.source_ops)[:26]:<26} {output[:14]:>14} {k.cycles:>10} "
+            lines.append(f"{elide(k.name, 44):<44} {','.join(k.source_ops)[:26]:<26} {output[:14]:>14} {k.cycles:>10} "
                          f"{k.macs:>12} {k.padded_macs:>12} {k.utilisation:>6.1%} {dma:>10} "
                          f"{k.energy_pj / 1000:>9.1f}  {','.join(k.model_nodes)}".rstrip())
         lines.append(f"{'total':<44} {'':<26} {'':>14} {self.total_cycles:>10} {self.total_macs:>12} "
@@ -178,6 +178,15 @@ class Profile:
             self.recorded.append(path)
         if self.on_launch is not None:
             self.on_launch(result.stats)
+
+
+def elide(name: str, width: int) -> str:
+    """`name` in at most `width` characters: a longer one keeps its start and its end (a fused
+    kernel's symbol ends in what tells its copies apart, "..._cgra_3") around a "~"."""
+    if len(name) <= width:
+        return name
+    tail = width // 3
+    return name[:width - tail - 1] + "~" + name[-tail:]
 
 
 @contextlib.contextmanager
