@@ -12,6 +12,12 @@ along the last axis, of one such linear's output: Phi-3's fused gate_up_proj) is
     y = matmul(flat(x), permute_dims(W)),  W[2j] = W_gate[j], W[2j + 1] = W_up[j]
     [reshape](act(strided_slice(y, [0::2])) * strided_slice(y, [1::2]))
 
+A bfloat16 / float16 model's unit (TVM's importer: each linear matmul(x_h, W_h^T,
+out_dtype="float32"), HF's activation rounded to h and widened back for the multiply) keeps its
+rounding: `astype(astype(act(g), h), float32) * u` of two such linears (W and x in h) is the
+same with `astype(astype(act(...), h), float32)` of the even columns, W interleaved in h (exact),
+which the gated kernel rounds in its epilogue (kernels/gemm/gated.py).
+
 which kernels/gemm/gated.py runs as one GEMM kernel: the input is read once for both
 projections and the gate's activations stay in the scratchpad (they went through DRAM between
 two kernels). Every output element is the same arithmetic as before (each column's dot product
@@ -29,6 +35,7 @@ from ..relax_info import dtype_of, shape_dims
 from .chain_match import Chain
 from .rewrite import as_pass, op_name, rewrite_each
 
+_HALF_FLOATS = ("bfloat16", "float16")
 _ACT_OPS = {"silu": relax.op.nn.silu, "gelu_tanh": relax.op.nn.gelu_tanh, "gelu": relax.op.nn.gelu}
 
 
@@ -54,6 +61,7 @@ class _GatedRewriter(relax.PyExprMutator):
         return call
 
     def _fused(self, gate, up, call):
+        via, gate = self._round_trip(gate)
         act, y = self._activation(gate)
         if act is None or not self.fits(act):
             return None
@@ -61,16 +69,30 @@ class _GatedRewriter(relax.PyExprMutator):
         if pair is None:
             return None
         flat, gate_weights, up_weights = pair
-        weights = np.empty((2 * gate_weights.shape[0], gate_weights.shape[1]), np.float32)
+        weights = np.empty((2 * gate_weights.shape[0], gate_weights.shape[1]), gate_weights.dtype)
         weights[0::2], weights[1::2] = gate_weights, up_weights
         emit = self.builder_.emit
-        product = emit(relax.op.matmul(flat, emit(relax.op.permute_dims(relax.const(weights))), out_dtype="float32"))
+        constant = relax.const(weights, str(np.dtype(weights.dtype)))
+        product = emit(relax.op.matmul(flat, emit(relax.op.permute_dims(constant)), out_dtype="float32"))
         width = weights.shape[0]
         halves = [emit(relax.op.strided_slice(product, [1], [start], [width], [2])) for start in (0, 1)]
-        unit = relax.op.multiply(emit(_ACT_OPS[act](halves[0])), halves[1])
+        activated = emit(_ACT_OPS[act](halves[0]))
+        if via:  # rounded to the 16-bit float and widened back, as the model does
+            activated = emit(relax.op.astype(emit(relax.op.astype(activated, via)), "float32"))
+        unit = relax.op.multiply(activated, halves[1])
         shape = shape_dims(call)  # its rows may be symbolic (a prefill's length)
         return unit if _dims(call) == _dims(product)[:1] + (str(width // 2),) else \
             relax.op.reshape(emit(unit), relax.ShapeExpr(shape))
+
+    def _round_trip(self, gate):
+        """(h, the rounded value) of `astype(astype(v, h), float32)`, v float32 and h a 16-bit float,
+        else (None, gate)."""
+        wide = self.chain.call(gate, "relax.astype")
+        narrow = None if wide is None or str(wide.attrs.dtype) != "float32" else \
+            self.chain.call(wide.args[0], "relax.astype")
+        if narrow is None or str(narrow.attrs.dtype) not in _HALF_FLOATS or dtype_of(narrow.args[0]) != "float32":
+            return None, gate
+        return str(narrow.attrs.dtype), narrow.args[0]
 
     def _halves(self, y, up):
         """(the matmul's left operand, W_gate, W_up) of two linears of one input, or of the two
@@ -78,7 +100,8 @@ class _GatedRewriter(relax.PyExprMutator):
         (Phi-3's fused gate_up_proj, after split_slices.py), else None."""
         g, u = self._linear(y), self._linear(up)
         if g is not None and u is not None:
-            if g[0].same_as(u[0]) and g[2].shape == u[2].shape and _dims(g[1]) == _dims(u[1]):
+            if g[0].same_as(u[0]) and g[2].shape == u[2].shape and g[2].dtype == u[2].dtype and \
+                    _dims(g[1]) == _dims(u[1]):
                 return g[1], g[2], u[2]
             return None
         first, second = self.chain.call(y, "relax.strided_slice"), self.chain.call(up, "relax.strided_slice")
@@ -109,7 +132,8 @@ class _GatedRewriter(relax.PyExprMutator):
 
     def _linear(self, expr):
         """(the input's source, the matmul's left operand, W) of a bias-free float32 linear
-        `[reshape](matmul([reshape](x), permute_dims(W)))` of a constant 2-D W, else None."""
+        `[reshape](matmul([reshape](x), permute_dims(W)))` of a constant 2-D W (float32, or a
+        16-bit float as x is: TVM's importer's bfloat16 linear), else None."""
         reshaped = self.chain.call(expr, "relax.reshape")
         matmul = self.chain.call(reshaped.args[0] if reshaped is not None else expr, "relax.matmul")
         if matmul is None or dtype_of(matmul) != "float32" or len(shape_dims(matmul) or ()) != 2:
@@ -118,9 +142,10 @@ class _GatedRewriter(relax.PyExprMutator):
         if permute is None or (permute.attrs.axes is not None and [int(a) for a in permute.attrs.axes] != [1, 0]):
             return None
         weights = self.chain.array(permute.args[0])
-        if weights is None or weights.ndim != 2 or weights.dtype != np.float32:
-            return None
         flat = matmul.args[0]
+        if weights is None or weights.ndim != 2 or \
+                str(np.dtype(weights.dtype)) not in ("float32", dtype_of(flat)) or dtype_of(flat) != dtype_of(permute):
+            return None
         source = self.chain.call(flat, "relax.reshape")
         return (source.args[0] if source is not None else flat), flat, weights
 

@@ -16,6 +16,10 @@ Stage: normalise (before partition). In: a Relax IRModule. Out: the same module 
   GELU, tanh, sigmoid, SiLU, exp, softmax or 2-d pool of a 16-bit float (the vector unit, the
   fabric and POOL compute them in float32 only; a max is exact either way, an average PyTorch
   also sums in float32 and rounds once);
+- a float32 constant C of 16-bit float values added to `matmul(a_h, b_h, out_dtype="float32")` or a conv2d's
+  (the bias TVM's importer widened: frontend/torch_import.py) is `astype(C_h, float32)`, exactly,
+  so that the GEMM's pattern takes it as its bias in h and rounds the biased sum once on store
+  where the model casts it to h (kernels/gemm/half_bias.py);
 - `astype(matmul(a, b, out_dtype="float32"), h)` of 16-bit float a, b and h is
   `matmul(a, b, out_dtype=h)`: the GEMM rounds its float32 sum to h on store (its EPILOGUE's
   rounding store, kernels/gemm/epilogue.py's half_out), the same value the two ops compute;
@@ -45,7 +49,8 @@ from .rewrite import as_pass, rewrite_functions
 
 HALF_FLOATS = ("bfloat16", "float16")
 _OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in ("astype", "take", "where", "matmul", "reshape",
-                                                            "permute_dims")}
+                                                            "permute_dims", "add")}
+_OPS["conv2d"] = tvm.ir.Op.get("relax.nn.conv2d")
 _OPS["layer_norm"] = tvm.ir.Op.get("relax.nn.layer_norm")
 #: One-input float functions the vector unit computes in float32 only.
 _FLOAT32_UNARY = tuple(tvm.ir.Op.get(f"relax.{name}") for name in
@@ -78,6 +83,18 @@ def _widened(expr):
     return None
 
 
+def _narrowed(constant, dtype: str):
+    """A float32 constant as a `dtype` one where every value is one of `dtype`'s (exact), else None."""
+    import ml_dtypes
+    import numpy as np
+
+    value = constant.value.numpy()
+    half = value.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16)
+    if not np.array_equal(half.astype(np.float32), value):  # (a NaN is never equal: left alone)
+        return None
+    return relax.const(half, dtype)
+
+
 def _float32_layer_norm(builder, call):
     """A 16-bit float layer norm with constant gamma and beta as PyTorch computes it: in float32
     (x and the constants widened exactly), the result rounded once to the 16-bit float; else the call."""
@@ -105,6 +122,8 @@ class _CastRewriter(relax.PyExprMutator):
             return self._layout_before_cast(call)
         if _is(call, "layer_norm"):
             return _float32_layer_norm(self.builder_, call)
+        if _is(call, "add"):
+            return self._half_bias(call)
         if isinstance(call, relax.Call) and any(call.op.same_as(op) for op in _FLOAT32_UNARY) \
                 and dtype_of(call.args[0]) in HALF_FLOATS:  # PyTorch's CPU kernels: in float32, rounded once
             wide = self._cast(call.args[0], "float32")
@@ -126,6 +145,25 @@ class _CastRewriter(relax.PyExprMutator):
         if self.folds[key] is not None:
             return self.folds[key]
         return call if call is not None else self.builder_.emit(relax.op.astype(source, target))
+
+    def _half_bias(self, call):
+        """add(matmul(a_h, b_h, out_dtype=float32), C) with C a float32 constant of h values as
+        add(., astype(C_h, float32)) (module doc), else the call."""
+        for index in (0, 1):
+            matmul, constant = self._bound(call.args[1 - index]), call.args[index]
+            if not isinstance(constant, tvm.ir.GenericConst) or dtype_of(constant) != "float32" \
+                    or not (_is(matmul, "matmul") or _is(matmul, "conv2d")) or str(matmul.attrs.out_dtype) != "float32":
+                continue
+            half = {dtype_of(arg) for arg in matmul.args}
+            if len(half) != 1 or not half <= set(HALF_FLOATS):
+                continue
+            narrowed = _narrowed(constant, half.pop())
+            if narrowed is None:
+                continue
+            args = list(call.args)
+            args[index] = self.builder_.emit(relax.op.astype(narrowed, "float32"))
+            return relax.Call(call.op, args, call.attrs)
+        return call
 
     def _layout_before_cast(self, call):
         """`layout(astype(o, h))` as `astype(layout(o), h)` where o is a float32 batched matmul's

@@ -103,6 +103,9 @@ class KernelSpec:
     # matmul: a gated linear unit (gemm/gated.py): the output is act(acc[:, 0::2]) * acc[:, 1::2],
     # (M, N / 2), the weights' rows the gate's and the up projection's interleaved.
     gated: bool = False
+    # A gated unit whose activation is rounded to this 16-bit float and widened back before the
+    # multiply (a bfloat16 model's SwiGLU: gemm/gated.py), else None.
+    gated_via: str | None = None
     # matmul: RoPE in the epilogue (gemm/rope_epilogue.py): out = x * cos + x[:, partner] * sin, x the
     # linear's output [+ bias], cos and sin (M, N) tables (roles "cos", "sin"), the partners by this
     # RotaryPattern of periods of columns (the constant indices of the match's take).

@@ -35,6 +35,7 @@ from ..common.operands import padded
 from ..common.spec import KernelSpec
 from .epilogue_tail import caller_out_shape, is_tail_pattern, with_float_tail, with_reshape
 from .gated import is_gated_pattern, with_gated
+from .half_bias import half_bias_graphs, stored_dtype
 from .post_norm import is_post_norm_pattern, post_norm_intrin, with_post_norm
 from .rope_epilogue import combine_intrin, is_rope_pattern, with_rope
 from .residual_lhs import reads_lhs_twice, with_lhs_residual
@@ -88,6 +89,7 @@ def chain_pattern_graphs(roots: list[Root]) -> list[tuple]:
                                root.name))
     graphs += _requant_graphs(roots, bias)
     graphs += _tail_graphs(roots, bias)
+    graphs += half_bias_graphs(roots)  # a 16-bit linear's bias, its sum rounded once (half_bias.py)
     graphs.sort(key=lambda graph: graph[0])  # stable: keeps the tie order above
     return [graph[1:] for graph in reversed(graphs)]
 
@@ -172,7 +174,7 @@ def epilogue_fields(op: str, annotated: dict) -> dict:
                                   "int32 output, or int16 x int8 with int64 output)")
     acc_dtype = ACC_DTYPE[dtype]
     # A 16-bit float's product may be stored in its format (rounded) or as the float32 sum itself.
-    stored = dtype_of(annotated["root"])
+    stored = stored_dtype(annotated, dtype_of(annotated["root"]))
     if stored not in ((dtype, acc_dtype) if dtype in HALF_FLOATS else (acc_dtype,)):
         raise UnsupportedOperator(f"{op} of {dtype} must produce {acc_dtype}, this one produces {stored} "
                                   f"(use out_dtype=\"{acc_dtype}\")")
@@ -410,7 +412,7 @@ def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
         return combine_intrin(tiling, rows)
     if spec.gated:  # gated.py: a tile of tn / 2 outputs from the tn accumulator columns
         return get_intrin("epilogue", rows, tiling.tn // 2, "float32", bias=False, relu=False, act=spec.act,
-                          gated=True)
+                          gated=True, **({"gated_via": spec.gated_via} if spec.gated_via else {}))
     body = FabricBody(spec.fabric_body, spec.acc_dtype) if spec.fabric_body else None
     tail = dict(act=spec.act, multiplier=bool(spec.multiplier_shape)) if spec.act or spec.multiplier_shape else {}
     if spec.act and tiling.act_on_vector:

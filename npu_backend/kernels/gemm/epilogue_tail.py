@@ -230,7 +230,8 @@ def tail_tile_cycles(spec, arch):
         return None
     if spec.gated:  # gated.py: the VFUNC and the multiply over the tile's half of outputs
         return lambda elements: (0, cost.vfunc_cycles(arch, elements // 2, spec.act)
-                                 + cost.eltwise_cycles(arch, elements // 2, elements))
+                                 + cost.eltwise_cycles(arch, elements // 2, elements)
+                                 + 2 * bool(spec.gated_via) * cost.vector_cycles(arch, 1, elements // 2))
     vfunc = spec.act in VFUNC_ACTS or act_on_vector(spec, arch)
     programs = [(require_program(nodes, "float32", arch, spec.act), nodes) for nodes in act_passes(spec.act)] \
         if spec.act and not vfunc else []

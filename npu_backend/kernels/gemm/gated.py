@@ -14,6 +14,14 @@ tile search takes. The epilogue runs act over the even columns (one VFUNC readin
 accumulator with a column stride of 2, through the chip's function unit) into the output tile,
 and an ELTWISE multiplies that by the odd columns: the gate's activations never leave the
 scratchpad, and the input is read once for both projections.
+
+A bfloat16 / float16 model's unit rounds the activation to its format and widens it back before
+the multiply (normalise/gated_linears.py: `astype(astype(act(.), h), float32) * up`): the
+epilogue then runs an EPILOGUE rounding the activations to h, into the upper half of each output
+row (a row of h is half a float32 row: the widening that follows writes element j over bytes its
+reads have passed), and one widening them back in place, before the multiply: the model's one
+rounding, where the unit fused without it (or the model's round trip as a cast kernel between
+two GEMMs) would drop it or cost a kernel.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from .roots import linear_roots
 
 #: The pattern-name suffix: "cgra.linear_gated".
 SUFFIX = "_gated"
+HALF_FLOATS = ("bfloat16", "float16")
 #: Relax op of the activation -> its name (kernels/intrinsics/row_ops.py's VFUNC functions).
 GATED_ACTS = {"relax.nn.silu": "silu", "relax.nn.gelu_tanh": "gelu_tanh", "relax.nn.gelu": "gelu"}
 
@@ -41,9 +50,13 @@ def gated_graphs(roots) -> list[tuple]:
         gate = is_op("relax.strided_slice")(root.pattern, varg_default_wildcard=True)
         up = is_op("relax.strided_slice")(root.pattern, varg_default_wildcard=True)
         act = is_op("relax.nn.silu")(gate) | is_op("relax.nn.gelu_tanh")(gate) | is_op("relax.nn.gelu")(gate)
-        top = is_op("relax.multiply")(act, up) | is_op("relax.multiply")(up, act)
+        narrow = is_op("relax.astype")(act)
+        wide = is_op("relax.astype")(narrow)
         annotations = {"root": root.pattern, **root.roles, "gate": gate, "up": up, "act": act}
-        graphs.append((f"cgra.{root.name}{SUFFIX}", top, annotations, root.name))
+        for rounded, factor in ((True, wide), (False, act)):  # module doc: a 16-bit model's rounding
+            top = is_op("relax.multiply")(factor, up) | is_op("relax.multiply")(up, factor)
+            graphs.append((f"cgra.{root.name}{'_rounded' * rounded}{SUFFIX}", top,
+                           annotations | ({"narrow": narrow, "wide": wide} if rounded else {}), root.name))
     return graphs
 
 
@@ -64,7 +77,19 @@ def with_gated(spec, annotated: dict):
         if n % 2 or _slice_of(annotated[role]) != (start, 2, n // 2):
             raise UnsupportedOperator(f"the {role} of a gated linear unit must be the linear's "
                                       f"{'even' if start == 0 else 'odd'} columns")
-    return dataclasses.replace(spec, act=GATED_ACTS[str(annotated["act"].op.name)], gated=True)
+    return dataclasses.replace(spec, act=GATED_ACTS[str(annotated["act"].op.name)], gated=True,
+                               gated_via=_rounding(annotated))
+
+
+def _rounding(annotated: dict) -> str | None:
+    """The 16-bit float a matched unit rounds its activations to (module doc), else None."""
+    if "narrow" not in annotated:
+        return None
+    via, back = str(annotated["narrow"].attrs.dtype), str(annotated["wide"].attrs.dtype)
+    if via not in HALF_FLOATS or back != "float32":
+        raise UnsupportedOperator(f"a gated linear unit's activation cast to {via}, then {back}: the kernel rounds it "
+                                  "to bfloat16 / float16 and widens it back")
+    return via
 
 
 def _slice_of(call) -> tuple | None:
@@ -86,6 +111,11 @@ def _ints(expr) -> list:
 
 def gated_epilogue(spec, acc, tiling):
     """epi[i, j] = act(acc[i, 2j]) * acc[i, 2j + 1] over the padded (mp, np / 2) output (mp
-    symbolic with symbolic rows: acc's)."""
-    return te.compute((acc.shape[0], tiling.np // 2), lambda i, j: act_value(spec.act, acc[i, 2 * j], True)
-                      * acc[i, 2 * j + 1], name="epi")
+    symbolic with symbolic rows: acc's); the activation rounded to spec.gated_via and widened back."""
+    def value(i, j):
+        activated = act_value(spec.act, acc[i, 2 * j], True)
+        if spec.gated_via:
+            activated = activated.astype(spec.gated_via).astype("float32")
+        return activated * acc[i, 2 * j + 1]
+
+    return te.compute((acc.shape[0], tiling.np // 2), value, name="epi")

@@ -52,7 +52,7 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
                     clip=None, zero_point: int | None = None, body=None, act: str | None = None,
                     multiplier: bool = False, channel_scale: bool = False, channel_shift: bool = False,
                     out_dtype: str | None = None, act_vfunc: bool = False, gated: bool = False,
-                    scope: str = SPAD):
+                    gated_via: str | None = None, scope: str = SPAD):
     """EPILOGUE over a rows x cols tile of the accumulator (`dtype`): out = requantise?(clip?(relu?(acc +
     bias? + residual?)), scale, zero_point), then with `body` (a FabricBody) a FABRIC runs it over
     the output tile in place; float32: with `channel_scale` (and `channel_shift`) the sum is
@@ -64,7 +64,7 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     output requantised with a float32 scale row (int32 accumulators only); out_dtype: None, or a
     16-bit float the float32 result is rounded to (vector_unit.epilogue_intrin; no tail then)."""
     if gated:
-        return gated_intrin(rows, cols, act, scope=scope)
+        return gated_intrin(rows, cols, act, gated_via, scope=scope)
     plain = dict(bias=bias, relu=relu, residual=residual, clip=clip, zero_point=zero_point, body=body)
     if act is None and not multiplier and not channel_scale:
         return plain_epilogue_intrin(rows, cols, dtype, **plain, out_dtype=out_dtype, scope=scope)
@@ -126,24 +126,41 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     return intrinsic(inputs, Tile("Out", (rows, cols), dtype), "epi", value, call, scope=scope)
 
 
-def gated_intrin(rows: int, cols: int, act: str, scope: str = SPAD):
+def gated_intrin(rows: int, cols: int, act: str, via: str | None = None, scope: str = SPAD):
     """A gated linear unit's epilogue (kernels/gemm/gated.py): Out[i, j] = act(Acc[i, 2j]) *
     Acc[i, 2j + 1] from a rows x 2 cols accumulator tile, float32: one VFUNC of the even columns
-    (column stride 2) into the output tile, one ELTWISE multiplying it by the odd columns."""
+    (column stride 2) into the output tile, one ELTWISE multiplying it by the odd columns. With
+    `via` (a 16-bit float) the activation is rounded to it and widened back before the multiply:
+    an EPILOGUE writes it rounded into the upper half of each output row (cols even: a row of
+    cols 16-bit values is the second half of a float32 row), one widens it back over the row (its
+    writes of element j end before the bytes of elements it has not read yet)."""
     if act not in TAIL_ACTS:
         raise ValueError(f"a gated unit's activation is one of {TAIL_ACTS}, not {act}")
+    if via is not None and (via not in ("bfloat16", "float16") or cols % 2):
+        raise ValueError(f"a gated unit rounds its activation to bfloat16 or float16 over an even number of "
+                         f"columns, not {via} over {cols}")
 
     def value(buffers, i, j):
-        return act_value(act, buffers["Acc"][i, 2 * j], True) * buffers["Acc"][i, 2 * j + 1]
+        activated = act_value(act, buffers["Acc"][i, 2 * j], True)
+        if via is not None:
+            activated = activated.astype(via).astype("float32")
+        return activated * buffers["Acc"][i, 2 * j + 1]
 
     def call(buffers, strides):
         acc, out = buffers["Acc"], buffers["Out"]
         odd = (acc.data, acc.elem_offset + 1)
-        return [device_call("cgra_vfunc", flags=0, func=int(VFUNCS[act][0]), dtype=dtype_code("float32"), rows=rows,
-                            cols=cols, a_addr=acc, a_row_stride=strides["Acc"][0], a_col_stride=2, out_addr=out,
-                            out_stride=strides["Out"][0], scale_bits=0, offset_bits=0),
-                eltwise_call("multiply", "float32", rows, cols, (out, strides["Out"][0], 1),
-                             (odd, strides["Acc"][0], 2), (out, strides["Out"][0]))]
+        calls = [device_call("cgra_vfunc", flags=0, func=int(VFUNCS[act][0]), dtype=dtype_code("float32"), rows=rows,
+                             cols=cols, a_addr=acc, a_row_stride=strides["Acc"][0], a_col_stride=2, out_addr=out,
+                             out_stride=strides["Out"][0], scale_bits=0, offset_bits=0)]
+        if via is not None:
+            stride = strides["Out"][0]
+            upper = ((out.data, out.elem_offset + cols // 2), 2 * stride)  # in via's elements
+            calls += [epilogue_call({"Acc": out}, {"Acc": (stride,)}, rows, cols, "float32", via, bias=False,
+                                    relu=False, residual=False, clip=None, out=upper),
+                      epilogue_call({"Acc": upper[0]}, {"Acc": (2 * stride,)}, rows, cols, via, "float32",
+                                    bias=False, relu=False, residual=False, clip=None, out=(out, stride))]
+        return calls + [eltwise_call("multiply", "float32", rows, cols, (out, strides["Out"][0], 1),
+                                     (odd, strides["Acc"][0], 2), (out, strides["Out"][0]))]
 
     return intrinsic([Tile("Acc", (rows, 2 * cols), "float32")], Tile("Out", (rows, cols), "float32"), "epi", value,
                      call, scope=scope)
