@@ -64,3 +64,19 @@ def test_a_sum_read_elsewhere_stays():
     tvm.ir.assert_structural_equal(reassociate_parallel_residuals(exposed), exposed)
     rewritten = str(reassociate_parallel_residuals(_parallel_block((1, 4, 8), w, w, np.zeros(8, "float32")))["main"])
     assert "_residual" in rewritten and rewritten.count("R.add") == 3  # bias, a + x, m + (a + x)
+
+
+def test_a_block_of_symbolic_length_reassociates():
+    """Symbolic dims compare as expressions (a symbolic Falcon's export raised AttributeError:
+    tvm.ir has no structural_equal in this TVM)."""
+    s = tvm.tirx.Var("s", "int64")
+    w = relax.const(np.eye(8, dtype="float32"))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, s, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            rows = bb.emit(relax.op.reshape(x, (s, 8)))
+            a, m = (bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(rows, w)), (1, s, 8))) for _ in range(2))
+            y = bb.emit_output(bb.emit(relax.op.add(bb.emit(relax.op.add(a, m)), x)))
+        bb.emit_func_output(y)
+    assert "_residual" in str(reassociate_parallel_residuals(bb.get())["main"])

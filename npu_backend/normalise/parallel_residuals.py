@@ -20,6 +20,7 @@ Error: float32 addition is not associative. Each result is within 2^-24 (|A + B|
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from ..relax_info import dtype_of, shape_dims
@@ -79,7 +80,7 @@ def _same_dims(a, b) -> bool:
     if a is None or b is None or len(a) != len(b):
         return False
     return all(x == y if isinstance(x, int) and isinstance(y, int) else
-               not isinstance(x, int) and not isinstance(y, int) and tvm.ir.structural_equal(x, y) for x, y in zip(a, b))
+               not isinstance(x, int) and not isinstance(y, int) and tvm_ffi.structural_equal(x, y) for x, y in zip(a, b))
 
 
 def _rewrite_function(func: relax.Function):
