@@ -34,7 +34,7 @@ import tvm
 from tvm import relax
 
 from ..relax_info import dtype_of, static_shape
-from .norm_folds import _bias_add, _const, _rebuilt, _Uses, _weight
+from .norm_folds import _bias_add, _const, _rebuilt, _Uses, _weight, refit_linear
 from .rewrite import as_pass, op_name, replace_functions
 
 
@@ -143,19 +143,8 @@ def _rewrite_function(func: relax.Function):
             centred = relax.const((table - table.mean(axis=1, keepdims=True)).astype(np.float32))
             replace[var] = relax.op.take(centred, value.args[1], axis=0)
     used = {linear[0]: linear for arg, linear in linears.items() if _in_stream_add(uses, arg, stream)}
-    for matmul_var, matmul, (kind, weight, permute_var), bias in used.values():
-        w64 = weight.astype(np.float64)
-        centred = (w64 - w64.mean(axis=1, keepdims=True)).astype(np.float32)
-        if kind == "const":
-            replace[matmul_var] = relax.op.matmul(matmul.args[0], relax.const(centred), out_dtype="float32")
-        else:
-            replace[permute_var] = relax.op.permute_dims(relax.const(np.ascontiguousarray(centred.T)))
-        if bias is not None:
-            add_var, add, position = bias
-            old = _const(add.args[position]).astype(np.float64)
-            args = [add.args[0], add.args[1]]
-            args[position] = relax.const((old - old.mean()).astype(np.float32))
-            replace[add_var] = relax.op.add(*args)
+    for linear in used.values():
+        refit_linear(linear, lambda w: w - w.mean(axis=1, keepdims=True), lambda b: b - b.mean(), replace)
     for var, value in norms.items():
         if _plain(value):
             replace[var] = relax.op.nn.rms_norm(value.args[0], value.args[1], axes=[-1], epsilon=value.attrs.epsilon)

@@ -32,7 +32,7 @@ import tvm
 from tvm import relax
 
 from ..relax_info import dtype_of, shape_dims
-from .norm_folds import _Uses, _bias_add, _const, _rebuilt, _weight
+from .norm_folds import _Uses, _bias_add, _const, _rebuilt, _weight, refit_linear
 from .rewrite import as_pass, op_name, replace_functions
 
 
@@ -93,18 +93,8 @@ def _shifted(uses: _Uses, var) -> bool:
 
 def _fold(linear, scale, replace: dict) -> None:
     """Into `replace`: the linear's weight and bias scaled by `scale`."""
-    matmul_var, matmul, (kind, weight, permute_var), bias = linear
-    scaled = (weight.astype(np.float64) * scale.astype(np.float64)[None, :]).astype(np.float32)
-    if kind == "const":
-        replace[matmul_var] = relax.op.matmul(matmul.args[0], relax.const(scaled), out_dtype="float32")
-    else:
-        replace[permute_var] = relax.op.permute_dims(relax.const(np.ascontiguousarray(scaled.T)))
-    if bias is not None:
-        add_var, add, position = bias
-        old = _const(add.args[position])
-        args = [add.args[0], add.args[1]]
-        args[position] = relax.const((old.astype(np.float64) * scale.reshape(old.shape)).astype(np.float32))
-        replace[add_var] = relax.op.add(*args)
+    scale = scale.astype(np.float64)
+    refit_linear(linear, lambda w: w * scale[None, :], lambda b: b * scale.reshape(b.shape), replace)
 
 
 def _rewrite_function(func: relax.Function):

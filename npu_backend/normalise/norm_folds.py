@@ -153,6 +153,23 @@ def _weight(uses: _Uses, matmul, lhs):
     return ("permuted", source.T, rhs)
 
 
+def refit_linear(linear, weight_of, bias_of, replace: dict) -> None:
+    """Into `replace`: a linear (matmul var, matmul, _weight's (kind, W (K, N), permute var), _bias_add's
+    bias or None) with weight `weight_of(W)` and bias `bias_of(b)`, both computed on float64 copies
+    and rounded once to float32 (layer_scales.py scales them, centred_streams.py centres them)."""
+    matmul_var, matmul, (kind, weight, permute_var), bias = linear
+    new = weight_of(weight.astype(np.float64)).astype(np.float32)
+    if kind == "const":
+        replace[matmul_var] = relax.op.matmul(matmul.args[0], relax.const(new), out_dtype="float32")
+    else:
+        replace[permute_var] = relax.op.permute_dims(relax.const(np.ascontiguousarray(new.T)))
+    if bias is not None:
+        add_var, add, position = bias
+        args = [add.args[0], add.args[1]]
+        args[position] = relax.const(bias_of(_const(add.args[position]).astype(np.float64)).astype(np.float32))
+        replace[add_var] = relax.op.add(*args)
+
+
 def _bias_add(uses: _Uses, matmul_var, n: int):
     """(add var, add value, position of the constant) when the matmul's one reader adds a
     constant bias of n values (shape (n,) or (1, ..., n)), else None."""
