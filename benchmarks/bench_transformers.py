@@ -8,9 +8,14 @@ the host (the views, reshapes the VM runs without a copy or a call, not counted)
 description's host entry when the profile has it, "+host" marks that total); the NPU's share of
 the modelled run time (or of the MACs, "mac", on a profile without host time); DRAM bytes moved
 by the NPU's DMA; energy (uJ); compile seconds for cgra (kernel cache off) and llvm, and their
-ratio; the largest difference to PyTorch relative to PyTorch's largest output.
+ratio; the largest difference to PyTorch relative to PyTorch's largest output. `--units` adds a
+line per model of each unit's busy cycles over ideal (DMA load, PE array, DMA store, vector unit:
+the stats' busy_cycles summed over the launches) and the floor: each launch's busiest unit summed,
+the cycles were every kernel's units perfectly overlapped. A model whose vector unit alone is
+above the goal (Swin on cgra-8x8: its GELUs and exps through the one-lane function unit, its norms)
+cannot reach it by scheduling; docs/transformer-ops.md, "Where Swin's and ConvNeXt's cycles go".
 
-    python benchmarks/bench_transformers.py [--arch cgra-8x8 ...] [--models llama vit ...] [--tokens 32] [--why] [--kernels 10]
+    python benchmarks/bench_transformers.py [--arch cgra-8x8 ...] [--models llama vit ...] [--tokens 32] [--why] [--kernels 10] [--units]
 
 Needs torch and transformers (`pip install -e ".[hf]"`).
 """
@@ -26,9 +31,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the builders (transformer_models.py) are test-side
 
-def figures(name: str, arch_name: str, tokens: int) -> tuple[str, list[str], list[str]]:
-    """One row of the table, the names of the compute ops left on the host, and a line per NPU
-    kernel (the same fused function's launches summed), most cycles first."""
+def figures(name: str, arch_name: str, tokens: int) -> tuple[str, list[str], list[str], str]:
+    """One row of the table, the names of the compute ops left on the host, a line per NPU
+    kernel (the same fused function's launches summed), most cycles first, and the units line."""
     import numpy as np
     import torch
     import tvm
@@ -63,7 +68,21 @@ def figures(name: str, arch_name: str, tokens: int) -> tuple[str, list[str], lis
     row = (f"{name:<10} {host_compute:>5} {host_layout:>6} {cycles / ideal:>7.2f}{'+h' if host_cycles is not None else '  '}"
            f" {share:>7} {dram / 1e6:>8.2f} {prof.total_energy_pj / 1e6:>8.2f} {cgra_s:>6.2f} {llvm_s:>6.2f}"
            f" {cgra_s / llvm_s:>5.2f} {error:>8.1e}")
-    return row, names, kernel_lines(prof)
+    return row, names, kernel_lines(prof), unit_line(prof.kernels, ideal)
+
+
+#: The stats' units (cgra_sim/stats.py busy_cycles), as the units line names them.
+UNITS = (("load", "load"), ("compute", "PE"), ("store", "store"), ("vector", "vector"))
+
+
+def unit_line(kernels, ideal: float) -> str:
+    """Each unit's busy cycles over all launches as x ideal, and the floor (each launch's busiest
+    unit summed) as x ideal: what perfect overlap inside every kernel would leave."""
+    busy = {unit: sum(k.busy_cycles.get(unit, 0) for k in kernels) for unit, _ in UNITS}
+    floor = sum(max(k.busy_cycles.values(), default=0) for k in kernels)
+    ideal = max(ideal, 1)
+    return ("units busy x ideal: " + ", ".join(f"{label} {busy[unit] / ideal:.2f}" for unit, label in UNITS)
+            + f"; floor (busiest unit a launch) {floor / ideal:.2f}")
 
 
 def kernel_lines(prof) -> list[str]:
@@ -83,6 +102,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", help="default: every architecture of tests/transformer_models.py")
     parser.add_argument("--tokens", type=int, default=32, help="tokens of text per prompt (default 32)")
     parser.add_argument("--why", action="store_true", help="also list the compute ops left on the host")
+    parser.add_argument("--units", action="store_true",
+                        help="also print each unit's busy cycles and the overlap floor, x ideal")
     parser.add_argument("--kernels", type=int, default=0, metavar="N",
                         help="also list each model's N costliest NPU kernels (cycles, share, launches)")
     args = parser.parse_args()
@@ -96,7 +117,7 @@ def main() -> None:
               f"{'cgra s':>6} {'llvm s':>6} {'ratio':>5} {'error':>8}")
         for name in args.models or list(ARCHITECTURES):
             try:
-                row, names, kernels = figures(name, arch, args.tokens)
+                row, names, kernels, units = figures(name, arch, args.tokens)
             except Exception as err:  # noqa: BLE001  (a model that fails is a row, not the end of the table)
                 print(f"{name:<10} fails: {type(err).__name__}: {str(err).splitlines()[0][:120]}", flush=True)
                 continue
@@ -104,6 +125,8 @@ def main() -> None:
             if args.why and names:
                 counts = {op: names.count(op) for op in sorted(set(names))}
                 print("           host: " + ", ".join(f"{op} x{n}" for op, n in counts.items()), flush=True)
+            if args.units:
+                print("           " + units, flush=True)
             for line in kernels[:args.kernels]:
                 print("          " + line, flush=True)
 
