@@ -17,7 +17,8 @@ it centred; a constant added to it, GPT-2's position rows, centred over its chan
 and each plain layer norm of it (gamma 1, beta 0: norm_folds.py has folded them)
 an RMSNorm, which is the layer norm of a row whose mean is 0. A layer norm with its own gamma
 and beta (the model's final one, its output) becomes `add(rms_norm(x, gamma), beta)`: at 32 x 64
-on cgra-8x8 the RMSNorm kernel (1,301 cycles) and an add (900) against the layer norm's 2,717.
+on cgra-8x8 one RMSNorm kernel adding beta (1,597 cycles, kernels/rows/norms.py) against the layer
+norm's 2,717.
 
 Why: GPT-2, GPT-J, GPT-NeoX and Falcon read their residual stream only through layer norms (each layer's
 one or two, and the final one). A layer norm in a GEMM's A panel (kernels/gemm/row_norm.py) costs
