@@ -102,6 +102,26 @@ def test_norms_match_float64(rows, cols, kind, offset):
     assert np.abs(got - ref).max() <= 3e-6 * max(1.0, np.abs(ref).max())
 
 
+@settings(max_examples=4, deadline=None)
+@given(rows=st.lists(st.integers(1, 12), min_size=0, max_size=2).map(tuple), cols=st.integers(2, 80),
+       beta_first=st.booleans())
+def test_an_rms_norm_and_its_beta_are_one_kernel(rows, cols, beta_first):
+    """add(rms_norm(x, w), beta) (a centred stream's final layer norm: normalise/centred_streams.py)
+    runs as one norm kernel, its beta added in the program; within 3e-6 of float64."""
+    shape = rows + (cols,)
+    rng = np.random.default_rng(cols)
+    x = rng.standard_normal(shape).astype(np.float32)
+    weight, beta = (rng.standard_normal(cols).astype(np.float32) for _ in range(2))
+    mod = _module([("x", shape), ("w", (cols,)), ("b", (cols,))], lambda bb, x, w, b: (lambda n: relax.op.add(
+        *((b, n) if beta_first else (n, b))))(bb.emit(relax.op.nn.rms_norm(x, w, axes=[-1], epsilon=1e-5))))
+    placements = _on_npu(mod)
+    assert all(p.kernel.startswith("cgra.rms_norm_bias ") for p in placements), [p.kernel for p in placements]
+    d = x.astype(np.float64)
+    ref = d / np.sqrt((d ** 2).mean(-1, keepdims=True) + 1e-5) * weight + beta
+    got = _run(mod, [x, weight, beta])
+    assert np.abs(got - ref).max() <= 3e-6 * max(1.0, np.abs(ref).max())
+
+
 @settings(max_examples=6, deadline=None)
 @given(shape=st.lists(st.integers(1, 30), min_size=1, max_size=3).map(tuple), op=st.sampled_from(["sum", "mean", "max"]),
        keepdims=st.booleans())

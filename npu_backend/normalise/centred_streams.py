@@ -5,17 +5,22 @@ same module in which a residual stream, the variables
 
     x = take(T, ids, axis=0)  |  reshape(x')  |  add(u, v)    u, v stream variables or linear
                                                               outputs: matmul(h, W) [+ b]
-                                                              [reshaped], each read once
+                                                              [reshaped], each read once; or
+                                                              u a stream variable, v a constant
+                                                              of values per channel (GPT-2's
+                                                              position rows)
 
 whose every reader is a layer norm over the last axis or the stream itself, holds its values
 minus their mean over the last axis: the table T, each such linear's weight columns W and bias
 b centred (T - mean_c T, W - mean_n W, b - mean b: centring is linear, so the stream's adds keep
-it centred), and each plain layer norm of it (gamma 1, beta 0: norm_folds.py has folded them)
+it centred; a constant added to it, GPT-2's position rows, centred over its channels too),
+and each plain layer norm of it (gamma 1, beta 0: norm_folds.py has folded them)
 an RMSNorm, which is the layer norm of a row whose mean is 0. A layer norm with its own gamma
 and beta (the model's final one, its output) becomes `add(rms_norm(x, gamma), beta)`: at 32 x 64
-on cgra-8x8 the RMSNorm kernel (1,301 cycles) and an add (900) against the layer norm's 2,717.
+on cgra-8x8 one RMSNorm kernel adding beta (1,597 cycles, kernels/rows/norms.py) against the layer
+norm's 2,717.
 
-Why: GPT-J, GPT-NeoX and Falcon read their residual stream only through layer norms (each layer's
+Why: GPT-2, GPT-J, GPT-NeoX and Falcon read their residual stream only through layer norms (each layer's
 one or two, and the final one). A layer norm in a GEMM's A panel (kernels/gemm/row_norm.py) costs
 about 1,700 cycles a panel at 32 x 64 on cgra-8x8 (the mean, the centring and its correction
 before RMSNorm's program), an RMSNorm about 570; GPT-J's and Falcon's one norm a layer feeds two
@@ -111,14 +116,27 @@ def _produced(uses: _Uses, var, candidates, linears) -> bool:
         return _table(value, width) is not None
     if name == "relax.reshape":
         return value.args[0] in candidates and _width(value.args[0]) == width
-    for arg in value.args:
+    for position, arg in enumerate(value.args):
         if arg in candidates and tuple(static_shape(arg) or ()) == tuple(static_shape(var)):
             continue
+        if _row_constant(arg, var) is not None and value.args[1 - position] in candidates:
+            continue  # GPT-2's position rows added to its token rows: centred with them
         linear = _linear(uses, arg, width) if tuple(static_shape(arg) or ()) == tuple(static_shape(var)) else None
         if linear is None:
             return False
         linears[arg] = linear
     return True
+
+
+def _row_constant(arg, var):
+    """The float32 constant `arg` when adding it to a tensor of `var`'s shape gives that shape and
+    it has a value per channel (its last axis `var`'s width), else None."""
+    array = _const(arg)
+    shape = tuple(static_shape(var) or ())
+    if array is None or array.dtype != np.float32 or not 0 < array.ndim <= len(shape) or \
+            array.shape[-1] != shape[-1] or any(a not in (1, b) for a, b in zip(array.shape[::-1], shape[::-1])):
+        return None
+    return array
 
 
 def _read_by_norms(uses: _Uses, var, candidates) -> bool:
@@ -142,6 +160,8 @@ def _rewrite_function(func: relax.Function):
             table = _table(value, _width(var)).astype(np.float64)
             centred = relax.const((table - table.mean(axis=1, keepdims=True)).astype(np.float32))
             replace[var] = relax.op.take(centred, value.args[1], axis=0)
+        elif op_name(value) == "relax.add" and any(_row_constant(arg, var) is not None for arg in value.args):
+            replace[var] = relax.op.add(*(_centred(arg, var) for arg in value.args))
     used = {linear[0]: linear for arg, linear in linears.items() if _in_stream_add(uses, arg, stream)}
     for linear in used.values():
         refit_linear(linear, lambda w: w - w.mean(axis=1, keepdims=True), lambda b: b - b.mean(), replace)
@@ -154,6 +174,16 @@ def _rewrite_function(func: relax.Function):
             insert[var] = (inner, relax.op.nn.rms_norm(value.args[0], value.args[1], axes=[-1], epsilon=value.attrs.epsilon))
             replace[var] = relax.op.add(inner, value.args[2])
     return _rebuilt(func, replace, insert)
+
+
+def _centred(arg, var):
+    """A stream add's operand: a constant of values per channel centred over them (float64, rounded
+    once); a stream variable as it is."""
+    array = _row_constant(arg, var)
+    if array is None:
+        return arg
+    wide = array.astype(np.float64)
+    return relax.const((wide - wide.mean(axis=-1, keepdims=True)).astype(np.float32))
 
 
 def _in_stream_add(uses: _Uses, arg, stream) -> bool:

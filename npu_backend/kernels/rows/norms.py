@@ -9,7 +9,8 @@ chains into `nn.rms_norm`). Per tile of whole rows (rows.py):
                 of squares, VFUNC rsqrt(ss / n + eps), ELTWISE multiply, multiply by gamma,
                 add beta
     RMSNorm     REDUCE sum of squares, VFUNC rsqrt(ss / n + eps), ELTWISE multiply, multiply
-                by the weight
+                by the weight [, add a beta: `add(rms_norm(x, w), beta)`, a centred stream's
+                final layer norm (normalise/centred_streams.py), one kernel]
 the variance two-pass (centred, the centring corrected once), so no cancellation even at a mean
 of 50 standard deviations. Within 3e-6 of float64 relative to the output's scale
 (tests/test_row_kernels.py). A row that does not fit the scratchpad stays on the
@@ -40,7 +41,10 @@ def steps_of(spec: RowSpec) -> tuple:
                  Step("normed", "eltwise", "multiply", ("x", "scale")))
         if spec.out_dtype != "float32":  # a 16-bit float model's norm (half_norms.py)
             return half_steps(steps, spec.out_dtype, "norm_weight" not in spec.row_roles)
-        return steps + ((Step("rms_norm", "eltwise", "multiply", ("normed", "weight")),) if spec.row_roles else ())
+        steps += (Step("rms_norm", "eltwise", "multiply", ("normed", "weight")),) if spec.row_roles else ()
+        # a centred stream's final layer norm: its beta added in the same program (centred_streams.py)
+        return steps + ((Step("rms_norm_bias", "eltwise", "add", ("rms_norm", "beta")),)
+                        if "beta" in spec.row_roles else ())
     steps = (Step("total", "reduce", "sum", ("x",)),
             Step("mean", "vfunc", "identity", ("total",), inverse_n),
             Step("centred0", "eltwise", "subtract", ("x", "mean")),
@@ -63,7 +67,13 @@ def _patterns() -> list:
     x1, gamma1, beta1, weight1 = wildcard(), is_const(), is_const(), is_const()
     layer1 = is_op("relax.nn.layer_norm")(x1, gamma1, beta1)
     rms1 = is_op("relax.nn.rms_norm")(x1, weight1)
-    return half_norm_patterns() + half_layer_norm_patterns() + [("cgra.layer_norm_plain", layer1, {"root": layer1, "lhs": x1, "gamma": gamma1, "beta": beta1}),
+    x2, weight2, beta2 = wildcard(), wildcard(), wildcard()
+    rms2 = is_op("relax.nn.rms_norm")(x2, weight2)
+    biased = {"root": rms2, "lhs": x2, "weight": weight2, "beta": beta2}
+    return half_norm_patterns() + half_layer_norm_patterns() + [
+            ("cgra.rms_norm_bias", is_op("relax.add")(rms2, beta2), biased),
+            ("cgra.rms_norm_bias", is_op("relax.add")(beta2, rms2), biased),
+            ("cgra.layer_norm_plain", layer1, {"root": layer1, "lhs": x1, "gamma": gamma1, "beta": beta1}),
             ("cgra.rms_norm_plain", rms1, {"root": rms1, "lhs": x1, "weight": weight1}),
             ("cgra.layer_norm", layer, {"root": layer, "lhs": x, "gamma": gamma, "beta": beta}),
             ("cgra.rms_norm", rms, {"root": rms, "lhs": x, "weight": weight})]
@@ -87,12 +97,13 @@ def norm_spec(name: str, annotated: dict) -> RowSpec:
     if half != "float32":
         annotated = dict(annotated, root=annotated["norm"])
         name = name.partition("_half")[0]
-    kind = name.removeprefix("cgra.").removesuffix("_plain")
+    biased = name == "cgra.rms_norm_bias"
+    kind = name.removeprefix("cgra.").removesuffix("_plain").removesuffix("_bias")
     x, root = annotated["lhs"], annotated["root"]
     shape, rows, cols, symbols = read_rows(x, kind, dtype=in_dtype)
     last_axis(list(root.attrs.axes), len(shape), kind)
-    roles = ("gamma", "beta") if kind == "layer_norm" else ("weight",) if half == "float32" else \
-        ("weight",) if "ones" in annotated else ("norm_weight", "weight")
+    roles = ("gamma", "beta") if kind == "layer_norm" else ("weight", "beta") if biased else \
+        ("weight",) if half == "float32" else ("weight",) if "ones" in annotated else ("norm_weight", "weight")
     for role in roles:
         vector_shape, *_ = read_rows(annotated[role], f"{kind}'s {role}", dtype=half if role == "weight" else "float32")
         if vector_shape != (cols,):
@@ -104,7 +115,8 @@ def norm_spec(name: str, annotated: dict) -> RowSpec:
         _plain(kind, annotated, roles)
     row_roles = () if name.endswith("_plain") else roles
     spec = RowSpec(kind, kind, shape, shape, rows, cols, float(root.attrs.epsilon), row_roles,
-                   param_roles=("lhs", *roles), source_ops=(f"nn.{kind}",), symbols=symbols, out_dtype=half,
+                   param_roles=("lhs", *roles), source_ops=(f"nn.{kind}",) + (("add",) if biased else ()),
+                   symbols=symbols, out_dtype=half,
                    role_dtypes=(("weight", half),) if half != "float32" and kind == "rms_norm" else (),
                    in_dtype=in_dtype)
     return dataclasses.replace(spec)
