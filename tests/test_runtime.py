@@ -472,6 +472,18 @@ VIOLATIONS = {
     "requantisation scale beyond the scratchpad": (
         [("cgra_epilogue", isa.EPILOGUE_REQUANTISE, I32, I8, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0, SPAD - 8, 0)],
         f"command 0 (EPILOGUE): scale: scratchpad bytes [{SPAD - 8}, {SPAD + 8}) exceed"),
+    "dequantisation without requantisation": (
+        [("cgra_epilogue", isa.EPILOGUE_DEQUANTISE, I32, F32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0, 128, 0)],
+        "command 0 (EPILOGUE): CGRA_EPILOGUE_DEQUANTISE dequantises a requantised result"),
+    "dequantisation to int8": (
+        [("cgra_epilogue", isa.EPILOGUE_REQUANTISE | isa.EPILOGUE_DEQUANTISE, I32, I8, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0,
+          0, 128, 0)],
+        "command 0 (EPILOGUE): CGRA_EPILOGUE_DEQUANTISE takes an int32 accumulator to a float32 output, not int32 "
+        "to int8"),
+    "dequantisation scales beyond the scratchpad": (  # a row of 2n: the requantisation's n would fit
+        [("cgra_epilogue", isa.EPILOGUE_REQUANTISE | isa.EPILOGUE_DEQUANTISE, I32, F32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0,
+          0, SPAD - 16, 0)],
+        f"command 0 (EPILOGUE): scale: scratchpad bytes [{SPAD - 16}, {SPAD + 16}) exceed"),
     "scale without the requantise flag": (
         [("cgra_epilogue", 0, I32, I32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0, 128, 0)],
         "command 0 (EPILOGUE): scale_addr 128 / out_zero_point 0 given without CGRA_EPILOGUE_REQUANTISE"),
