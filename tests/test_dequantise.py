@@ -43,7 +43,7 @@ def _onnxruntime_model(acc, bias, multiplier, dscale, zero_point, relu):
 def test_dequantising_epilogue_three_ways(rows, cols, zero_point, relu, ties, per_tensor, seed):
     rng = np.random.default_rng(seed)
     acc, bias, multiplier, dscale = _operands(rng, rows, cols, ties, per_tensor)
-    scale = np.concatenate([multiplier, dscale])
+    scale = np.stack([multiplier, dscale], axis=1).reshape(-1)  # per channel (multiplier, scale)
     out = np.zeros((rows, cols), np.float32)
     desc, impl = INTRINSICS["epilogue"].factory(rows, cols, "int32", bias=True, relu=relu, zero_point=zero_point,
                                                 dequantise=True, scope="global")

@@ -128,7 +128,7 @@ void CheckEpilogueRequantise(const int64_t* w, int64_t spad_bytes) {
   ItemSize(out_dtype);
   int64_t n = w[CGRA_EPILOGUE_N];
   if (w[CGRA_EPILOGUE_FLAGS] & CGRA_EPILOGUE_DEQUANTISE) {
-    // int32 -> int8 q -> float32(q - zp) * scale[n + j] (stream v13): the scale row holds 2n float32.
+    // int32 -> int8 q -> float32(q - zp) * scale[2j + 1] (stream v13): the scale row holds n pairs.
     if (acc_dtype != CGRA_DTYPE_INT32 || out_dtype != CGRA_DTYPE_FLOAT32) {
       Fail("CGRA_EPILOGUE_DEQUANTISE takes an int32 accumulator to a float32 output, not ", DTypeName(acc_dtype),
            " to ", DTypeName(out_dtype));

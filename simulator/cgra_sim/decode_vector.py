@@ -203,7 +203,7 @@ def _epilogue_dequantise(check: Checker, flags: int, acc_code: int) -> bool:
 def _epilogue_requantise(check: Checker, flags: int, record: list[int], n: int, out_dtype: DType):
     """(scale row, zero point) of a requantisation to int8 or int16, or (None, 0) without
     EPILOGUE_REQUANTISE: the scale a (1, n) float32 region, the zero point an `out_dtype` value;
-    with EPILOGUE_DEQUANTISE a (1, 2n) region, the dequantisation's scales after the requantisation's."""
+    with EPILOGUE_DEQUANTISE a (1, 2n) region, per channel (multiplier, dequantisation scale)."""
     names = ("scale_addr", "out_zero_point")
     if not _unused_when_off(check, flags, EPILOGUE_REQUANTISE, record, names):
         return None, 0

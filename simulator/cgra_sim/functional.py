@@ -178,10 +178,10 @@ def _epilogue(cmd: EpilogueCommand, spad: np.ndarray) -> None:
         requant = requantise16 if cmd.out.dtype == np.int16 else quantise if values.dtype == np.float32 \
             else requantise
         scale = cmd.scale.view(spad)
-        n = values.shape[1]
-        values = requant(values, scale[:, :n], cmd.zero_point)
-        if cmd.dequantise:
-            values = dequantise(values, scale[:, n:], cmd.zero_point)
+        if cmd.dequantise:  # (multiplier, dequantisation scale) pairs
+            values = dequantise(requant(values, scale[:, 0::2], cmd.zero_point), scale[:, 1::2], cmd.zero_point)
+        else:
+            values = requant(values, scale, cmd.zero_point)
     if half:
         values = half_floats.narrow(values, half.numpy_name)  # rounded to nearest even on store
     cmd.out.view(spad)[...] = values

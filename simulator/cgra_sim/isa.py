@@ -217,8 +217,9 @@ EPILOGUE_CLIP = 8  # min(max(x, clip_lo), clip_hi) last; bounds are acc-dtype va
 # the quotient correctly rounded (onnxruntime's QuantizeLinear divides; x * (1 / scale) differs at ties).
 EPILOGUE_REQUANTISE = 16
 # With REQUANTISE from an int32 accumulator (stream v13), the int8 result q is dequantised to a float32
-# out: out = float32(q - zp) * dscale[j], dscale the n float32 after the requantisation's n at scale_addr
-# (a row of 2n): onnxruntime's QuantizeLinear -> DequantizeLinear at a quantized model's float output.
+# out: out = float32(q - zp) * dscale[j]; the row at scale_addr then holds 2n float32, channel j's pair
+# (multiplier, dscale) at 2j, 2j + 1 (so a tile of channels is one contiguous slice of a per-layer row):
+# onnxruntime's QuantizeLinear -> DequantizeLinear at a quantized model's float output.
 EPILOGUE_DEQUANTISE = 32
 POOL_AVERAGE = 1  # POOL: sum of the valid taps / the taps inside the count rectangle; without it, max
 # DMA_LOAD: the halo holds the dtype's lowest value (-inf, -128, INT32_MIN) instead of 0: a max pool's

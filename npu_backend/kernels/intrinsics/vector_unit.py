@@ -128,8 +128,8 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     16-bit float ("bfloat16", "float16") a float32 result is rounded to (nearest even), the bias
     and residual then in that dtype too (widened exactly into the sum); or, a 16-bit float `dtype`,
     "float32": the accumulator widened exactly, nothing else (a cast). dequantise: the requantised
-    int8 result of an int32 accumulator becomes float32 (q - zp) * Scale[cols + j], Scale then a row
-    of 2 * cols (the requantisation's multipliers, then the dequantisation's scales)."""
+    int8 result of an int32 accumulator becomes float32 (q - zp) * Scale[2j + 1], Scale then a row
+    of 2 * cols, per channel (the requantisation's multiplier, the dequantisation's scale)."""
     requant = zero_point is not None
     if dequantise and (not requant or dtype != "int32" or body is not None or out_dtype not in (None, "float32")):
         raise ValueError("an EPILOGUE dequantises the requantised int8 result of an int32 accumulator to float32 "
@@ -161,8 +161,10 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
             return total.astype(out_dtype)
         if not requant:
             return total
-        quantised = requantise(total, buffers["Scale"][j], zero_point, narrow)
-        return dequantise_value(quantised, buffers["Scale"][cols + j], zero_point) if dequantise else quantised
+        if dequantise:
+            quantised = requantise(total, buffers["Scale"][2 * j], zero_point, narrow)
+            return dequantise_value(quantised, buffers["Scale"][2 * j + 1], zero_point)
+        return requantise(total, buffers["Scale"][j], zero_point, narrow)
 
     def call(buffers, strides):
         return epilogue_call(buffers, strides, rows, cols, dtype, output.dtype, bias=bias, relu=relu,
