@@ -257,6 +257,9 @@ def test_records_match_isa_encode(lib, on_device, submitted):
         ("cgra_epilogue", FULL_EPILOGUE, F32, F32, 8, 4, 1024, 4, 1152, 3072, 4, 2048, 6, 0,
          0x40C00000, 0, 0),
         ("cgra_epilogue", REQUANTISING, I32, I8, 8, 4, 1024, 4, 1152, 3072, 4, 0, 0, 0, 0, 4096, -3),
+        # stream v13: requantised, then dequantised to float32 (a scale row of 2n: (multiplier, scale) pairs)
+        ("cgra_epilogue", REQUANTISING | isa.EPILOGUE_DEQUANTISE, I32, F32, 8, 4, 1024, 4, 1152, 3072, 4, 0, 0, 0, 0,
+         4096, -3),
         ("cgra_eltwise", int(isa.EltwiseFunc.MAXIMUM), F32, 8, 4, 1024, 4, 1, 1152, 0, 1, 3072, 4),
         ("cgra_pool", isa.POOL_AVERAGE, F32, 2, 3, 4, 3, 3, 4096, 28, 4, 2, 2, 1, 1, 6000, 12, 4,
          1, 6, 1, 7, 0, 7, 0, 8),
@@ -291,6 +294,9 @@ def test_records_match_isa_encode(lib, on_device, submitted):
                    residual_addr=2048, residual_stride=6, clip_lo_bits=0, clip_hi_bits=0x40C00000),
         isa.encode(Op.EPILOGUE, flags=REQUANTISING, acc_dtype=I32, out_dtype=I8, m=8, n=4,
                    acc_addr=1024, acc_stride=4, bias_addr=1152, out_addr=3072, out_stride=4,
+                   scale_addr=4096, out_zero_point=-3),
+        isa.encode(Op.EPILOGUE, flags=REQUANTISING | isa.EPILOGUE_DEQUANTISE, acc_dtype=I32, out_dtype=F32, m=8,
+                   n=4, acc_addr=1024, acc_stride=4, bias_addr=1152, out_addr=3072, out_stride=4,
                    scale_addr=4096, out_zero_point=-3),
         isa.encode(Op.ELTWISE, func=isa.EltwiseFunc.MAXIMUM, dtype=F32, rows=8, cols=4, a_addr=1024,
                    a_row_stride=4, a_col_stride=1, b_addr=1152, b_row_stride=0, b_col_stride=1,
@@ -472,6 +478,18 @@ VIOLATIONS = {
     "requantisation scale beyond the scratchpad": (
         [("cgra_epilogue", isa.EPILOGUE_REQUANTISE, I32, I8, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0, SPAD - 8, 0)],
         f"command 0 (EPILOGUE): scale: scratchpad bytes [{SPAD - 8}, {SPAD + 8}) exceed"),
+    "dequantisation without requantisation": (
+        [("cgra_epilogue", isa.EPILOGUE_DEQUANTISE, I32, F32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0, 128, 0)],
+        "command 0 (EPILOGUE): CGRA_EPILOGUE_DEQUANTISE dequantises a requantised result"),
+    "dequantisation to int8": (
+        [("cgra_epilogue", isa.EPILOGUE_REQUANTISE | isa.EPILOGUE_DEQUANTISE, I32, I8, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0,
+          0, 128, 0)],
+        "command 0 (EPILOGUE): CGRA_EPILOGUE_DEQUANTISE takes an int32 accumulator to a float32 output, not int32 "
+        "to int8"),
+    "dequantisation scales beyond the scratchpad": (  # a row of 2n: the requantisation's n would fit
+        [("cgra_epilogue", isa.EPILOGUE_REQUANTISE | isa.EPILOGUE_DEQUANTISE, I32, F32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0,
+          0, SPAD - 16, 0)],
+        f"command 0 (EPILOGUE): scale: scratchpad bytes [{SPAD - 16}, {SPAD + 16}) exceed"),
     "scale without the requantise flag": (
         [("cgra_epilogue", 0, I32, I32, 2, 4, 0, 4, 0, 64, 4, 0, 0, 0, 0, 128, 0)],
         "command 0 (EPILOGUE): scale_addr 128 / out_zero_point 0 given without CGRA_EPILOGUE_REQUANTISE"),

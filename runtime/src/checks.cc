@@ -103,11 +103,15 @@ int32_t EpilogueOperandDType(const int64_t* w) {
   return IsHalfFloat(out_dtype) ? out_dtype : Code(w[CGRA_EPILOGUE_ACC_DTYPE]);
 }
 
-/*! \brief With CGRA_EPILOGUE_REQUANTISE: int32 or float32 -> int8 or int64 -> int16, the scale row and the zero point;
+/*! \brief With CGRA_EPILOGUE_REQUANTISE: int32 or float32 -> int8 or int64 -> int16 (with _DEQUANTISE int32 ->
+ * int8 -> float32, a scale row of 2n), the scale row and the zero point;
  * without it: the dtypes as CheckEpilogueDTypes says and scale_addr, out_zero_point 0. */
 void CheckEpilogueRequantise(const int64_t* w, int64_t spad_bytes) {
   int32_t acc_dtype = Code(w[CGRA_EPILOGUE_ACC_DTYPE]), out_dtype = Code(w[CGRA_EPILOGUE_OUT_DTYPE]);
   int64_t scale_addr = w[CGRA_EPILOGUE_SCALE_ADDR], zero_point = w[CGRA_EPILOGUE_OUT_ZERO_POINT];
+  if (w[CGRA_EPILOGUE_FLAGS] & CGRA_EPILOGUE_DEQUANTISE && !(w[CGRA_EPILOGUE_FLAGS] & CGRA_EPILOGUE_REQUANTISE)) {
+    Fail("CGRA_EPILOGUE_DEQUANTISE dequantises a requantised result: it needs CGRA_EPILOGUE_REQUANTISE");
+  }
   if (!(w[CGRA_EPILOGUE_FLAGS] & CGRA_EPILOGUE_REQUANTISE)) {
     CheckEpilogueDTypes(acc_dtype, out_dtype);
     if (IsHalfFloat(acc_dtype) && w[CGRA_EPILOGUE_FLAGS] != 0) {
@@ -122,6 +126,17 @@ void CheckEpilogueRequantise(const int64_t* w, int64_t spad_bytes) {
   }
   ItemSize(acc_dtype);  // rejects unknown codes first, with the list of known ones
   ItemSize(out_dtype);
+  int64_t n = w[CGRA_EPILOGUE_N];
+  if (w[CGRA_EPILOGUE_FLAGS] & CGRA_EPILOGUE_DEQUANTISE) {
+    // int32 -> int8 q -> float32(q - zp) * scale[2j + 1] (stream v13): the scale row holds n pairs.
+    if (acc_dtype != CGRA_DTYPE_INT32 || out_dtype != CGRA_DTYPE_FLOAT32) {
+      Fail("CGRA_EPILOGUE_DEQUANTISE takes an int32 accumulator to a float32 output, not ", DTypeName(acc_dtype),
+           " to ", DTypeName(out_dtype));
+    }
+    if (zero_point < -128 || zero_point > 127) Fail("out_zero_point ", zero_point, " does not fit int8 [-128, 127]");
+    CheckRegion("scale", Access::kRead, scale_addr, 1, 2 * n, 2 * n, CGRA_DTYPE_FLOAT32_BYTES, spad_bytes);
+    return;
+  }
   bool wide = acc_dtype == CGRA_DTYPE_INT64 && out_dtype == CGRA_DTYPE_INT16;
   // A float32 accumulator quantises to int8 (x / scale, onnxruntime's QuantizeLinear; stream v12).
   bool to_int8 = (acc_dtype == CGRA_DTYPE_INT32 || acc_dtype == CGRA_DTYPE_FLOAT32) && out_dtype == CGRA_DTYPE_INT8;
@@ -133,7 +148,6 @@ void CheckEpilogueRequantise(const int64_t* w, int64_t spad_bytes) {
   if (zero_point < lowest || zero_point > highest) {
     Fail("out_zero_point ", zero_point, " does not fit ", DTypeName(out_dtype), " [", lowest, ", ", highest, "]");
   }
-  int64_t n = w[CGRA_EPILOGUE_N];
   CheckRegion("scale", Access::kRead, scale_addr, 1, n, n, CGRA_DTYPE_FLOAT32_BYTES, spad_bytes);
 }
 
@@ -240,7 +254,7 @@ void CheckFill(const int64_t* w, const CheckContext& context) {
 void CheckEpilogue(const int64_t* w, const CheckContext& context) {
   int32_t flags = Code(w[CGRA_EPILOGUE_FLAGS]);
   CheckFlags(flags, CGRA_EPILOGUE_BIAS | CGRA_EPILOGUE_RELU | CGRA_EPILOGUE_RESIDUAL |
-                        CGRA_EPILOGUE_CLIP | CGRA_EPILOGUE_REQUANTISE);
+                        CGRA_EPILOGUE_CLIP | CGRA_EPILOGUE_REQUANTISE | CGRA_EPILOGUE_DEQUANTISE);
   CheckEpilogueRequantise(w, context.spad_bytes);
   int64_t acc_size = ItemSize(Code(w[CGRA_EPILOGUE_ACC_DTYPE]));
   int64_t m = w[CGRA_EPILOGUE_M], n = w[CGRA_EPILOGUE_N];

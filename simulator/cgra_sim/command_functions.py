@@ -113,7 +113,9 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         "cgra_fill, lo <= hi), _REQUANTISE (int32 acc -> int8 out: rne(clamp(float(x) * scale[j], "
         "-128 - zp, 127 - zp)) + zp, scale a row of n float32 at scale_addr, zp = "
         "out_zero_point; int64 acc -> int16 out alike, within [-32768, 32767]; float32 acc -> int8 out "
-        "quantises: rne(clamp(x / scale[j], -128 - zp, 127 - zp)) + zp, onnxruntime's QuantizeLinear). out_dtype is acc_dtype, or with a float32 acc bfloat16 or float16: the "
+        "quantises: rne(clamp(x / scale[j], -128 - zp, 127 - zp)) + zp, onnxruntime's QuantizeLinear), "
+        "_DEQUANTISE (with _REQUANTISE of an int32 acc: the int8 q becomes a float32 out, "
+        "float32(q - zp) * scale[2j + 1], scale then a row of 2n float32, per channel its multiplier at 2j; DequantizeLinear). out_dtype is acc_dtype, or with a float32 acc bfloat16 or float16: the "
         "result rounded to nearest even, the bias and residual then in out_dtype; a bfloat16 or float16 acc is "
         "only widened exactly to a float32 out (a cast, flags 0). A disabled "
         "operand's arguments must be 0. (ABI v2 added the last six arguments.)",

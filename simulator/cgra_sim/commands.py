@@ -135,9 +135,12 @@ class EpilogueCommand(Command):
     `scale` None or the (1, n) float32 row of a requantisation to int8 around `zero_point`;
     `half` the 16-bit float (DType) a float32 accumulator is rounded to on store, whose dtype the
     bias and residual then have (widened exactly), else None; `widen` the 16-bit float (DType) of an
-    accumulator that is only widened exactly to a float32 out (a cast: no other step), else None."""
+    accumulator that is only widened exactly to a float32 out (a cast: no other step), else None;
+    `dequantise` whether the int8 result is dequantised to float32 (`scale` then (1, 2n): per
+    channel the requantisation's multiplier, then the dequantisation's scale)."""
 
-    __slots__ = ("acc", "bias", "residual", "out", "relu", "clip", "scale", "zero_point", "half", "widen")
+    __slots__ = ("acc", "bias", "residual", "out", "relu", "clip", "scale", "zero_point", "half", "widen",
+                 "dequantise")
 
 
 class EltwiseCommand(Command):

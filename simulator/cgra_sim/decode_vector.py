@@ -11,7 +11,7 @@ import numpy as np
 
 from .commands import (NUMPY_DTYPE, Checker, EltwiseCommand, EpilogueCommand, FillCommand, PoolCommand,
                        ReduceCommand, VfuncCommand)
-from .isa import (EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_REQUANTISE, EPILOGUE_RESIDUAL,
+from .isa import (EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_DEQUANTISE, EPILOGUE_RELU, EPILOGUE_REQUANTISE, EPILOGUE_RESIDUAL,
                   FIELDS, HALF_FLOATS, POOL_AVERAGE, VECTOR_DTYPES, VFUNC_OFFSET, VFUNC_SCALE, DType, EltwiseFunc, Op, ReduceFunc, VFunc)
 from .regions import Region
 
@@ -94,15 +94,17 @@ def decode_epilogue(check: Checker, index: int, op: Op, record: list[int],
                      tensors) -> EpilogueCommand:
     (_, flags, acc_code, out_code, m, n, acc_addr, acc_stride, bias_addr, out_addr,
      out_stride) = record[:11]
-    check.flags(flags, EPILOGUE_BIAS | EPILOGUE_RELU | EPILOGUE_RESIDUAL | EPILOGUE_CLIP | EPILOGUE_REQUANTISE)
+    check.flags(flags, EPILOGUE_BIAS | EPILOGUE_RELU | EPILOGUE_RESIDUAL | EPILOGUE_CLIP | EPILOGUE_REQUANTISE
+                | EPILOGUE_DEQUANTISE)
     requantise = bool(flags & EPILOGUE_REQUANTISE)
+    dequantise = _epilogue_dequantise(check, flags, acc_code)
     acc_dtype = check.dtype("acc_dtype", acc_code, (DType.INT32, DType.INT64, DType.FLOAT32) if requantise
                             else (DType.INT32, DType.INT64, DType.FLOAT32) + HALF_FLOATS)
     # A float32 accumulator may be stored rounded to a 16-bit float, whose bias and residual are in that dtype;
     # an int32 one requantises to int8, an int64 one (16x8 GEMM) to int16, a float32 one quantises to int8
     # (x / scale, onnxruntime's QuantizeLinear); a 16-bit float one is only widened to float32 (a cast: no flags).
     narrow = {DType.INT32: DType.INT8, DType.INT64: DType.INT16, DType.FLOAT32: DType.INT8}
-    outs = (narrow[acc_dtype],) if requantise else (DType.FLOAT32,) if acc_dtype in HALF_FLOATS else \
+    outs = (DType.FLOAT32,) if dequantise else (narrow[acc_dtype],) if requantise else (DType.FLOAT32,) if acc_dtype in HALF_FLOATS else \
         (acc_dtype,) + (HALF_FLOATS if acc_dtype is DType.FLOAT32 else ())
     out_dtype = check.dtype("out_dtype", out_code, outs)
     if acc_dtype in HALF_FLOATS and flags:
@@ -119,7 +121,9 @@ def decode_epilogue(check: Checker, index: int, op: Op, record: list[int],
         cmd.bias = check.matrix("bias", bias_addr, 1, n, n, operand_dtype, written=False)
     cmd.residual = _epilogue_residual(check, flags, record, m, n, operand_dtype)
     cmd.clip = _epilogue_clip(check, flags, record, acc_dtype)
-    cmd.scale, cmd.zero_point = _epilogue_requantise(check, flags, record, n, out_dtype)
+    cmd.scale, cmd.zero_point = _epilogue_requantise(check, flags, record, n,
+                                                     DType.INT8 if dequantise else out_dtype)
+    cmd.dequantise = dequantise
     cmd.out = check.matrix("out", out_addr, m, n, out_stride, out_dtype, written=True)
     cmd.relu = bool(flags & EPILOGUE_RELU)
     cmd.reads = tuple(r for r in (cmd.acc, cmd.bias, cmd.residual, cmd.scale) if r is not None)
@@ -184,9 +188,22 @@ def decode_eltwise(check: Checker, index: int, op: Op, record: list[int], tensor
     return cmd
 
 
+def _epilogue_dequantise(check: Checker, flags: int, acc_code: int) -> bool:
+    """Whether EPILOGUE_DEQUANTISE is set (stream v13): only after a requantisation of an int32
+    accumulator, whose int8 result it dequantises to a float32 out."""
+    if not flags & EPILOGUE_DEQUANTISE:
+        return False
+    if not flags & EPILOGUE_REQUANTISE or acc_code != DType.INT32:
+        check.fail(f"EPILOGUE_DEQUANTISE ({EPILOGUE_DEQUANTISE:#x}) dequantises the int8 result of a "
+                   f"requantised int32 accumulator: it needs EPILOGUE_REQUANTISE and acc_dtype int32 "
+                   f"(flags {flags:#x}, acc_dtype {acc_code})")
+    return True
+
+
 def _epilogue_requantise(check: Checker, flags: int, record: list[int], n: int, out_dtype: DType):
     """(scale row, zero point) of a requantisation to int8 or int16, or (None, 0) without
-    EPILOGUE_REQUANTISE: the scale a (1, n) float32 region, the zero point an `out_dtype` value."""
+    EPILOGUE_REQUANTISE: the scale a (1, n) float32 region, the zero point an `out_dtype` value;
+    with EPILOGUE_DEQUANTISE a (1, 2n) region, per channel (multiplier, dequantisation scale)."""
     names = ("scale_addr", "out_zero_point")
     if not _unused_when_off(check, flags, EPILOGUE_REQUANTISE, record, names):
         return None, 0
@@ -194,7 +211,8 @@ def _epilogue_requantise(check: Checker, flags: int, record: list[int], n: int, 
     info = np.iinfo(out_dtype.numpy_name)
     if not info.min <= zero_point <= info.max:
         check.fail(f"out_zero_point {zero_point} does not fit {out_dtype.numpy_name} [{info.min}, {info.max}]")
-    return check.matrix("scale", addr, 1, n, n, DType.FLOAT32, written=False), zero_point
+    width = 2 * n if flags & EPILOGUE_DEQUANTISE else n
+    return check.matrix("scale", addr, 1, width, width, DType.FLOAT32, written=False), zero_point
 
 
 def _strided_input(check: Checker, fields: dict, rows: int, cols: int) -> Region:

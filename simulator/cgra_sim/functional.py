@@ -23,7 +23,9 @@ CLIP; int32 sums wrap modulo 2**32, float32 ones round after each add. With REQU
 x becomes int8 as onnxruntime's QLinearConv / QGemm requantise (MlasRequantizeOutput): f =
 float32(x) * scale[j] (int32 -> float32 and the product each rounded to nearest even), clamped
 to [-128 - zp, 127 - zp] (a NaN becomes the lower bound, as SSE's max does), rounded half to
-even, + zp; from a float32 accumulator the same with x / scale[j] (onnxruntime's QuantizeLinear). ELTWISE computes out = func(a, b) with numpy's elementwise function in the operands'
+even, + zp; from a float32 accumulator the same with x / scale[j] (onnxruntime's QuantizeLinear);
+with DEQUANTISE the int8 result q becomes float32(q - zp) * dscale[j] (DequantizeLinear).
+ELTWISE computes out = func(a, b) with numpy's elementwise function in the operands'
 dtype: integer results wrap (int8 modulo 2**8, int32 modulo 2**32), float32 ones round once;
 maximum and minimum propagate NaN. REDUCE folds each row into its output element column by
 column, left to right, rounding every step to float32 (SUM_SQUARES rounds the square, then the
@@ -175,7 +177,11 @@ def _epilogue(cmd: EpilogueCommand, spad: np.ndarray) -> None:
     if cmd.scale is not None:
         requant = requantise16 if cmd.out.dtype == np.int16 else quantise if values.dtype == np.float32 \
             else requantise
-        values = requant(values, cmd.scale.view(spad), cmd.zero_point)
+        scale = cmd.scale.view(spad)
+        if cmd.dequantise:  # (multiplier, dequantisation scale) pairs
+            values = dequantise(requant(values, scale[:, 0::2], cmd.zero_point), scale[:, 1::2], cmd.zero_point)
+        else:
+            values = requant(values, scale, cmd.zero_point)
     if half:
         values = half_floats.narrow(values, half.numpy_name)  # rounded to nearest even on store
     cmd.out.view(spad)[...] = values
@@ -259,6 +265,14 @@ def quantise(x: np.ndarray, scale: np.ndarray, zero_point: int) -> np.ndarray:
     lo, hi = np.float32(-128 - zero_point), np.float32(127 - zero_point)
     clamped = np.fmin(np.fmax(quotient, lo), hi)
     return (np.rint(clamped) + np.float32(zero_point)).astype(np.int8)
+
+
+def dequantise(q: np.ndarray, scale: np.ndarray, zero_point: int) -> np.ndarray:
+    """int8 `q` (m, n) -> float32 with float32 `scale` (1, n) and the int8 zero point, as
+    onnxruntime's DequantizeLinear: float32(int32(q) - zp) * scale, the difference exact (it fits
+    9 bits) and the product rounded once."""
+    difference = q.astype(np.int32) - np.int32(zero_point)
+    return difference.astype(np.float32) * scale.astype(np.float32, copy=False)
 
 
 _EXECUTORS = {

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import enum
 
-STREAM_VERSION = 12
+STREAM_VERSION = 13
 #: The oldest stream version this simulator still runs: v3 only added a flag (DMA_FILL_LOWEST)
 #: that v2 streams never set, v4 an opcode (FABRIC), v5 two (REDUCE, VFUNC), v6 one (UNPACK4) and
 #: v7 two dtype codes (BFLOAT16, FLOAT16) that earlier streams never use, v8 three VFUNC functions
 #: (SIGMOID, SILU, GELU_TANH), v9 two dtype codes (INT16, INT64),
 #: v10 an opcode (LOOKUP), v11 a flag (UNPACK4_INT8) and a max POOL's int16 dtype, v12 a requantising
 #: EPILOGUE from a float32 accumulator (a QuantizeLinear) and an EPILOGUE's 16-bit float accumulator
-#: (widened to float32: a cast), that earlier streams never use.
+#: (widened to float32: a cast), v13 a flag (EPILOGUE_DEQUANTISE), that earlier streams never use.
 OLDEST_STREAM_VERSION = 2
 RECORD_WORDS = 32
 #: Number of loop dimensions (and tensor dimensions) a DMA box can have.
@@ -216,6 +216,11 @@ EPILOGUE_CLIP = 8  # min(max(x, clip_lo), clip_hi) last; bounds are acc-dtype va
 # From a float32 accumulator (stream v12) it quantises: out = rne(clamp(x / scale[j], -128 - zp, 127 - zp)) + zp,
 # the quotient correctly rounded (onnxruntime's QuantizeLinear divides; x * (1 / scale) differs at ties).
 EPILOGUE_REQUANTISE = 16
+# With REQUANTISE from an int32 accumulator (stream v13), the int8 result q is dequantised to a float32
+# out: out = float32(q - zp) * dscale[j]; the row at scale_addr then holds 2n float32, channel j's pair
+# (multiplier, dscale) at 2j, 2j + 1 (so a tile of channels is one contiguous slice of a per-layer row):
+# onnxruntime's QuantizeLinear -> DequantizeLinear at a quantized model's float output.
+EPILOGUE_DEQUANTISE = 32
 POOL_AVERAGE = 1  # POOL: sum of the valid taps / the taps inside the count rectangle; without it, max
 # DMA_LOAD: the halo holds the dtype's lowest value (-inf, -128, INT32_MIN) instead of 0: a max pool's
 # padding, loaded with the window when where the padding lies depends on a run-time size.

@@ -23,7 +23,7 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
-from .isa import (BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_REQUANTISE,
+from .isa import (BOX_DIMS, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_DEQUANTISE, EPILOGUE_RELU, EPILOGUE_REQUANTISE,
                   EPILOGUE_RESIDUAL, FIELDS, GEMM_ACCUMULATE, POOL_AVERAGE, DType, EltwiseFunc, Op, ReduceFunc, Unit, VFunc)
 from .renamed import renamed_property
 from .timing import Timeline
@@ -79,7 +79,7 @@ def _epilogue_args(op: Op, record) -> dict:
     args = _fields(op, record, "m", "n", "acc_addr", "out_addr")
     args.update(bias=bool(record[1] & EPILOGUE_BIAS), relu=bool(record[1] & EPILOGUE_RELU),
                 residual=bool(record[1] & EPILOGUE_RESIDUAL), clip=bool(record[1] & EPILOGUE_CLIP),
-                requantise=bool(record[1] & EPILOGUE_REQUANTISE))
+                requantise=bool(record[1] & EPILOGUE_REQUANTISE), dequantise=bool(record[1] & EPILOGUE_DEQUANTISE))
     return args
 
 

@@ -52,7 +52,7 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
                     clip=None, zero_point: int | None = None, body=None, act: str | None = None,
                     multiplier: bool = False, channel_scale: bool = False, channel_shift: bool = False,
                     out_dtype: str | None = None, act_vfunc: bool = False, gated: bool = False,
-                    gated_via: str | None = None, scope: str = SPAD):
+                    gated_via: str | None = None, dequantise: bool = False, scope: str = SPAD):
     """EPILOGUE over a rows x cols tile of the accumulator (`dtype`): out = requantise?(clip?(relu?(acc +
     bias? + residual?)), scale, zero_point), then with `body` (a FabricBody) a FABRIC runs it over
     the output tile in place; float32: with `channel_scale` (and `channel_shift`) the sum is
@@ -62,13 +62,15 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     with `multiplier` an ELTWISE multiply by a rows x cols tile. bias: a
     row of cols; residual: a rows x cols tile; clip: None or (lo, hi); zero_point: None, or an int8
     output requantised with a float32 scale row (int32 accumulators only); out_dtype: None, or a
-    16-bit float the float32 result is rounded to (vector_unit.epilogue_intrin; no tail then)."""
+    16-bit float the float32 result is rounded to (vector_unit.epilogue_intrin; no tail then);
+    dequantise: the requantised int8 dequantised to float32 (vector_unit.epilogue_intrin; no tail)."""
     if gated:
         return gated_intrin(rows, cols, act, gated_via, scope=scope)
     plain = dict(bias=bias, relu=relu, residual=residual, clip=clip, zero_point=zero_point, body=body)
     if act is None and not multiplier and not channel_scale:
-        return plain_epilogue_intrin(rows, cols, dtype, **plain, out_dtype=out_dtype, scope=scope)
-    if dtype != "float32" or zero_point is not None or (act is not None and act not in TAIL_ACTS) or \
+        return plain_epilogue_intrin(rows, cols, dtype, **plain, out_dtype=out_dtype, dequantise=dequantise,
+                                     scope=scope)
+    if dtype != "float32" or zero_point is not None or dequantise or (act is not None and act not in TAIL_ACTS) or \
             (channel_shift and not channel_scale) or out_dtype is not None:
         raise ValueError(f"an epilogue's activation {act} and multiplier are float32 ({dtype}, requantising: "
                          f"{zero_point is not None}); activations {TAIL_ACTS}")

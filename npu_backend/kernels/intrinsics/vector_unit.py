@@ -17,7 +17,7 @@ import dataclasses
 from tvm import tirx
 
 from cgra_codegen import device_call
-from cgra_sim.isa import (EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU, EPILOGUE_REQUANTISE,
+from cgra_sim.isa import (EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_DEQUANTISE, EPILOGUE_RELU, EPILOGUE_REQUANTISE,
                           EPILOGUE_RESIDUAL, POOL_AVERAGE, EltwiseFunc)
 
 from .builder import SPAD, Tile, intrinsic
@@ -75,10 +75,17 @@ def accumulate_intrin(rows: int, cols: int, dtype: str, *, scope: str = SPAD):
                      lambda buffers, i, j: buffers["B"][i, j], call, accumulate=True, scope=scope)
 
 
-def epilogue_flags(bias: bool, relu: bool, residual: bool, clip, zero_point) -> int:
+def epilogue_flags(bias: bool, relu: bool, residual: bool, clip, zero_point, dequantise: bool = False) -> int:
     return ((EPILOGUE_BIAS if bias else 0) | (EPILOGUE_RELU if relu else 0)
             | (EPILOGUE_RESIDUAL if residual else 0) | (EPILOGUE_CLIP if clip is not None else 0)
-            | (EPILOGUE_REQUANTISE if zero_point is not None else 0))
+            | (EPILOGUE_REQUANTISE if zero_point is not None else 0) | (EPILOGUE_DEQUANTISE if dequantise else 0))
+
+
+def dequantise_value(value, scale, zero_point: int):
+    """int8 `value` -> float32(int32(value) - zp) * scale: onnxruntime's DequantizeLinear, the
+    EPILOGUE's last step with EPILOGUE_DEQUANTISE (docs/command-stream.md)."""
+    difference = tirx.Cast("int32", value) - tirx.const(zero_point, "int32")
+    return tirx.Cast("float32", difference) * scale
 
 
 def epilogue_value(buffers, i, j, dtype: str, *, bias: bool, relu: bool, residual: bool, clip):
@@ -94,13 +101,13 @@ def epilogue_value(buffers, i, j, dtype: str, *, bias: bool, relu: bool, residua
 
 
 def epilogue_call(buffers, strides, rows: int, cols: int, dtype: str, out_dtype: str, *, bias: bool, relu: bool,
-                  residual: bool, clip, zero_point=None, out=None):
+                  residual: bool, clip, zero_point=None, out=None, dequantise: bool = False):
     """The device call of one EPILOGUE over tiles named as epilogue_intrin names them; `out`
     (address, row stride) writes elsewhere than Out."""
     lo, hi = (tirx.const(bound, dtype) for bound in clip) if clip is not None else (0, 0)
     out_addr, out_stride = out if out is not None else (buffers["Out"], strides["Out"][0])
     return device_call(
-        "cgra_epilogue", flags=epilogue_flags(bias, relu, residual, clip, zero_point),
+        "cgra_epilogue", flags=epilogue_flags(bias, relu, residual, clip, zero_point, dequantise),
         acc_dtype=dtype_code(dtype), out_dtype=dtype_code(out_dtype), m=rows, n=cols,
         acc_addr=buffers["Acc"], acc_stride=strides["Acc"][0],
         bias_addr=buffers.get("Bias", 0), out_addr=out_addr, out_stride=out_stride,
@@ -111,7 +118,7 @@ def epilogue_call(buffers, strides, rows: int, cols: int, dtype: str, out_dtype:
 
 def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool, residual: bool = False,
                     clip=None, zero_point: int | None = None, body=None, out_dtype: str | None = None,
-                    scope: str = SPAD):
+                    dequantise: bool = False, scope: str = SPAD):
     """EPILOGUE over a rows x cols tile of the accumulator (`dtype`):
     out = requantise?(clip?(relu?(acc + bias? + residual?)), scale, zero_point), then with `body`
     (a FabricBody) a FABRIC runs it over the output tile in place. bias: a row of
@@ -120,9 +127,14 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     one divided: a QuantizeLinear); out_dtype: None, or a
     16-bit float ("bfloat16", "float16") a float32 result is rounded to (nearest even), the bias
     and residual then in that dtype too (widened exactly into the sum); or, a 16-bit float `dtype`,
-    "float32": the accumulator widened exactly, nothing else (a cast)."""
+    "float32": the accumulator widened exactly, nothing else (a cast). dequantise: the requantised
+    int8 result of an int32 accumulator becomes float32 (q - zp) * Scale[2j + 1], Scale then a row
+    of 2 * cols, per channel (the requantisation's multiplier, the dequantisation's scale)."""
     requant = zero_point is not None
-    half = out_dtype is not None and out_dtype != dtype
+    if dequantise and (not requant or dtype != "int32" or body is not None or out_dtype not in (None, "float32")):
+        raise ValueError("an EPILOGUE dequantises the requantised int8 result of an int32 accumulator to float32 "
+                         f"(no body), not {dtype} with zero point {zero_point} to {out_dtype}")
+    half = out_dtype is not None and out_dtype != dtype and not dequantise
     if half and dtype in HALF_FLOATS and out_dtype == "float32":
         if bias or relu or residual or clip is not None or requant or body is not None:
             raise ValueError(f"an EPILOGUE only widens a {dtype} accumulator to float32: no other step")
@@ -137,9 +149,9 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     operand = out_dtype if half else dtype
     inputs = [Tile("Acc", (rows, cols), dtype)] + ([Tile("Bias", (cols,), operand)] if bias else []) \
         + ([Tile("Res", (rows, cols), operand)] if residual else []) \
-        + ([Tile("Scale", (cols,), "float32")] if requant else [])
+        + ([Tile("Scale", ((2 if dequantise else 1) * cols,), "float32")] if requant else [])
     narrow = "int16" if dtype == "int64" else "int8"  # a requantisation's output
-    output = Tile("Out", (rows, cols), narrow if requant else operand)
+    output = Tile("Out", (rows, cols), "float32" if dequantise else narrow if requant else operand)
 
     def value(buffers, i, j):
         total = epilogue_value(buffers, i, j, dtype, bias=bias, relu=relu, residual=residual, clip=clip)
@@ -147,11 +159,16 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
             total = body_value(body, total)
         if half:
             return total.astype(out_dtype)
-        return requantise(total, buffers["Scale"][j], zero_point, narrow) if requant else total
+        if not requant:
+            return total
+        if dequantise:
+            quantised = requantise(total, buffers["Scale"][2 * j], zero_point, narrow)
+            return dequantise_value(quantised, buffers["Scale"][2 * j + 1], zero_point)
+        return requantise(total, buffers["Scale"][j], zero_point, narrow)
 
     def call(buffers, strides):
         return epilogue_call(buffers, strides, rows, cols, dtype, output.dtype, bias=bias, relu=relu,
-                             residual=residual, clip=clip, zero_point=zero_point)
+                             residual=residual, clip=clip, zero_point=zero_point, dequantise=dequantise)
 
     def call_with_body(buffers, strides):  # then the body over the output tile, in place
         return [call(buffers, strides), fabric_call(body, rows, cols, buffers["Out"], strides["Out"][0],
