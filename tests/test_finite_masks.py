@@ -137,3 +137,30 @@ def test_bloom_over_key_tiles_with_left_padding_matches_pytorch():
     assert attention and all("where" in name for name in attention), attention
     error = np.abs(out.astype(np.float64) - expected).max() / np.abs(expected).max()
     assert error < 1e-5, error
+
+
+@pytest.mark.parametrize("masked, rewritten", [(FLT_MIN, True), (-1e9, False)])
+def test_a_causal_mask_of_float32s_minimum_at_a_symbolic_length_is_the_minus_inf_one(masked, rewritten):
+    """Bloom's input_ids export: where(j <= i, 0, finfo.min) over a symbolic length, every row
+    keeping its diagonal, becomes the causal mask of -inf (normalise/length_masks.py); another
+    finite value stays (x + y need not round to y)."""
+    import tvm
+    from tvm import relax, tirx
+
+    from npu_backend.normalise.length_masks import causal_masks_built_from_length
+
+    s = tirx.Var("s", "int64")
+    x = relax.Var("x", relax.TensorType((1, s), "int64"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            positions = bb.emit(relax.op.arange(0, s, 1, "int64"))
+            mask = bb.emit(relax.op.less_equal(bb.emit(relax.op.expand_dims(positions, [0])),
+                                               bb.emit(relax.op.expand_dims(positions, [1]))))
+            out = bb.emit_output(relax.op.where(mask, relax.const(F32(0)), relax.const(F32(masked))))
+        bb.emit_func_output(out)
+    rebuilt = causal_masks_built_from_length(bb.get())
+    vm = relax.VirtualMachine(tvm.compile(rebuilt, "llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(np.zeros((1, 5), "int64"))).numpy()
+    i, j = np.indices((5, 5))
+    np.testing.assert_array_equal(got, np.where(j <= i, F32(0), F32(-np.inf) if rewritten else F32(masked)))
