@@ -10,7 +10,9 @@ a padding row of +0 and -inf broadcast along the queries. Out:
 
     add(add(x, C'), R')      C' and R' the views of C and R the view of M had made
 
-which the attention family reads as its causal pattern with a mask row (kernels/attention/:
+(for add(x, view(add(view(M), A))), A a row per head along the keys: Bloom's ALiBi added to
+its mask, R' is the view of R + A: a row per head) which the attention family reads as its
+causal pattern with a mask row (kernels/attention/:
 the kernel builds the triangle, skips the keys above each query tile's diagonal, and adds the
 row on the PE array). Exact: every value of C and R is +0 or -inf, and x + +0 + +0 = x + +0,
 x + -inf = -inf in either order.
@@ -38,11 +40,18 @@ def causal_row_add(rewriter, chain: Chain, call):
     shape, wanted = static_shape(call), static_shape(mask)
     if shape is None or wanted is None or static_shape(x) != shape or len(shape) < 2:
         return None
-    source = _split_source(rewriter, chain, mask)
+    source, extra = _split_source(rewriter, chain, mask), None
     if source is None:
-        return None
+        found = _split_plus_row(rewriter, chain, mask)
+        if found is None:
+            return None
+        source, extra = found
     constant, row = rewriter.splits[source]
     target = static_shape(source)
+    if extra is not None:  # ALiBi's rows added to the split (Bloom): the row is their sum
+        target = static_shape(extra[0])
+        row = rewriter.emit(relax.op.add(rewriter.emit(relax.op.reshape(row, _carried(
+            static_shape(row), static_shape(source), static_shape(extra[1])))), extra[2]))
     if [t for t in target if t != 1] != [w for w in wanted if w != 1]:
         return None
     row_shape = _carried(static_shape(row), target, wanted)
@@ -57,6 +66,9 @@ def causal_row_add(rewriter, chain: Chain, call):
         return None
     causal = relax.const(constant.reshape(causal_shape))
     masked = rewriter.emit(relax.op.add(x, causal))
+    if source in rewriter.seen:  # a finite split: its rows that see no key are put back (finite_masks.py)
+        rewriter.unseen[masked] = True
+        rewriter.seen_of[masked] = rewriter.seen[source]
     return relax.op.add(masked, rewriter.emit(relax.op.reshape(row, row_shape)))
 
 
@@ -87,6 +99,30 @@ def _split_source(rewriter, chain: Chain, mask):
         if reshape is None:
             return None
         expr = reshape.args[0]
+    return None
+
+
+def _split_plus_row(rewriter, chain: Chain, mask):
+    """(split, (the add, the split's view, the other row)) for `mask` a view of add(view(split),
+    row), the row broadcast along the queries (Bloom's mask plus ALiBi), else None."""
+    expr = mask
+    for _ in range(_DEPTH):
+        reshape = chain.call(expr, "relax.reshape")
+        if reshape is None:
+            break
+        expr = reshape.args[0]
+    add = chain.call(expr, "relax.add")
+    if add is None:
+        return None
+    for view, row in (add.args, reversed(add.args)):
+        source = _split_source(rewriter, chain, view)
+        row_shape, add_shape = static_shape(row), static_shape(add)
+        if source is None or row_shape is None or add_shape is None or len(row_shape) < 2 or \
+                row_shape[-2] != 1 or len(row_shape) > len(add_shape) or static_shape(view) is None:
+            continue
+        if [t for t in static_shape(source) if t != 1] != [t for t in static_shape(view) if t != 1]:
+            continue
+        return source, (add, view, row)
     return None
 
 

@@ -33,6 +33,7 @@ from .chain_match import Chain
 from .rewrite import as_pass, rewrite_functions
 
 _DEPTH = 48
+FLT_MIN = float(np.finfo(np.float32).min)
 _WHERE = tvm.ir.Op.get("relax.where")
 _COMPARE = {"relax.less": tirx.LT, "relax.less_equal": tirx.LE, "relax.greater": tirx.GT,
             "relax.greater_equal": tirx.GE, "relax.equal": tirx.EQ, "relax.not_equal": tirx.NE}
@@ -307,7 +308,11 @@ class _CausalRewriter(relax.PyExprMutator):
         chain = Chain(self)
         cond, kept, masked = call.args[0], chain.scalar(call.args[1]), chain.scalar(call.args[2])
         dims = shape_dims(call)
-        if kept is None or masked != -np.inf or not np.isfinite(kept) or dims is None \
+        # float32's minimum (Bloom's) is -inf here: every row keeps its diagonal key, so a masked
+        # score x + min rounds to min (|x| < 2^103) and exp(min - max) is +0, as exp(-inf - max)
+        # (normalise/finite_masks.py states it whole; there a padding row may mask a row whole)
+        finite_min = masked == FLT_MIN and kept == 0.0
+        if kept is None or (masked != -np.inf and not finite_min) or not np.isfinite(kept) or dims is None \
                 or str(dims) != str(shape_dims(cond)) or not is_causal(chain, cond):
             return call
         key = (str(dims), kept)

@@ -61,10 +61,12 @@ from ..frontend.provenance import with_span
 from ..relax_info import dtype_of, static_shape
 from .causal_rows import causal_row_add
 from .chain_match import Chain
+from .finite_masks import put_back_unseen_rows, safe_softmax, splits_finite, unseen_rows
 from .rewrite import as_pass, rewrite_functions
 
 _WHERE, _ASTYPE = tvm.ir.Op.get("relax.where"), tvm.ir.Op.get("relax.astype")
 _CUMSUM, _ADD = tvm.ir.Op.get("relax.cumsum"), tvm.ir.Op.get("relax.add")
+_PERMUTE, _SOFTMAX = tvm.ir.Op.get("relax.permute_dims"), tvm.ir.Op.get("relax.nn.softmax")
 _AND = ("relax.bitwise_and", "relax.logical_and")
 _OR = ("relax.bitwise_or", "relax.logical_or")
 _NOT = ("relax.logical_not", "relax.bitwise_not")
@@ -78,8 +80,16 @@ def masks_as_float(mod: tvm.IRModule, causal_fits=None) -> tvm.IRModule:
     ops removed when nothing else reads them); with `causal_fits(q_shape, scores_shape, offset,
     row_shape)` (the chip's attention kernel takes a causal triangle and a mask row), a causal &
     padding mask is split into an attention's triangle and row where it says so (causal_rows.py)."""
-    rewriter = lambda module: _MaskRewriter(module, causal_fits)  # noqa: E731
-    return relax.transform.DeadCodeElimination()(rewrite_functions(mod, rewriter))
+    made = []
+
+    def rewriter(module, finite=True):
+        made.append(_MaskRewriter(module, causal_fits, finite))
+        return made[-1]
+
+    rewritten = rewrite_functions(mod, rewriter)
+    if made[-1].unseen:  # an attention of a finite split whose unseen rows had no place to go back
+        rewritten = rewrite_functions(mod, lambda module: rewriter(module, finite=False))
+    return relax.transform.DeadCodeElimination()(rewritten)
 
 
 def masks_pass(causal_fits=None) -> tvm.transform.Pass:
@@ -102,11 +112,14 @@ def _one(dtype: str) -> relax.Expr:
 
 @relax.expr_functor.mutator
 class _MaskRewriter(relax.PyExprMutator):
-    def __init__(self, mod=None, causal_fits=None):
+    def __init__(self, mod=None, causal_fits=None, finite=True):
         super().__init__(mod)
-        self.causal_fits = causal_fits
+        self.causal_fits, self.finite = causal_fits, finite
         self.twins, self.selects, self.binary, self.broadcasts = {}, {}, set(), []
         self.splits = {}  # a split select's add(causal constant, row) -> (the constant, the row)
+        self.seen = {}  # a finite split (finite_masks.py) -> D, fl(1 / Sk) in the rows that see no key
+        self.unseen = {}  # an attention's add(scores, causal constant) of a finite split: rows to put back
+        self.seen_of = {}  # such an add -> its split's D
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
@@ -127,6 +140,12 @@ class _MaskRewriter(relax.PyExprMutator):
         if call.op.same_as(_ADD):
             split = causal_row_add(self, chain, call)
             return split if split is not None else self.unbroadcast(chain, call)
+        if call.op.same_as(_PERMUTE) and self.unseen:
+            put_back = put_back_unseen_rows(self, chain, call)
+            return put_back if put_back is not None else call
+        if call.op.same_as(_SOFTMAX) and self.unseen:
+            safe = safe_softmax(self, chain, call)
+            return safe if safe is not None else call
         return call
 
     def unbroadcast(self, chain: Chain, call):
@@ -164,7 +183,7 @@ class _MaskRewriter(relax.PyExprMutator):
             return None
         key = (chain.value(cond), float(y))
         if key not in self.selects:
-            split = self._split_select(chain, cond) if not np.isfinite(y) else None
+            split = self._split_select(chain, cond, y)
             twin = self.twin(chain, cond, 0) if split is None else None
             if split is None and twin is None:
                 return None
@@ -178,12 +197,15 @@ class _MaskRewriter(relax.PyExprMutator):
             return self.emit(relax.op.multiply(less_one, _f32(-y)))
         return self.emit(relax.op.multiply(self.emit(relax.op.multiply(less_one, _f32(2))), _f32(_FLT_MAX)))
 
-    def _split_select(self, chain: Chain, cond):
+    def _split_select(self, chain: Chain, cond, y: float):
         """where(c & r, 0, -inf) of a constant c and a run-time r as where(c, 0, -inf) (a constant)
         + where(r, 0, -inf) of r's own shape (HF's causal & padding row: the row's arithmetic on
         1 x s, one add makes the s x s mask, where c * R and three ops on it took two s x s
-        kernels), else None. Exact: 0 + 0 = +0, and -inf plus 0 or -inf is -inf (a finite y
-        would be 2y there)."""
+        kernels), else None. Exact: 0 + 0 = +0, and -inf plus 0 or -inf is -inf. A finite y
+        (float32's minimum, Bloom's) splits so for a causal c only, its softmax made safe and
+        its rows that see no key put back after the attention (finite_masks.py)."""
+        if np.isfinite(y):
+            return self._split_finite(chain, cond, y) if self.finite else None
         call = chain.call(cond, *_AND)
         if call is None:
             return None
@@ -201,9 +223,32 @@ class _MaskRewriter(relax.PyExprMutator):
             broadcast = relax.op.broadcast_to(row, np.broadcast_shapes(constant.shape, tuple(static_shape(other))))
             self.broadcasts.append(self.builder_.normalize(broadcast))
             return self.emit(self.broadcasts[-1])
+        return self._split_add(constant, row)
+
+    def _split_add(self, constant: np.ndarray, row):
+        """where(constant, 0, -inf) + row, recorded for an attention's scores to take one at a time
+        (causal_rows.py)."""
         additive = np.where(constant, 0, -np.inf).astype(np.float32)
         split = self.emit(relax.op.add(relax.const(additive), row))
-        self.splits[split] = (additive, row)  # an attention's scores take them one at a time (causal_rows.py)
+        self.splits[split] = (additive, row)
+        return split
+
+    def _split_finite(self, chain: Chain, cond, y: float):
+        """where(c & r, 0, y) as where(c, 0, -inf) + where(r, 0, -inf), with D, the rows that see
+        no key put back (finite_masks.py), else None."""
+        call = chain.call(cond, *_AND)
+        arrays = [chain.array(arg) for arg in call.args[:2]] if call is not None else [None, None]
+        if sum(array is not None for array in arrays) != 1:
+            return None
+        constant, other = (arrays[0], call.args[1]) if arrays[0] is not None else (arrays[1], call.args[0])
+        if not splits_finite(constant, y) or static_shape(other) is None:
+            return None
+        twin = self.twin(chain, other, 0)
+        unseen = unseen_rows(self, constant, twin) if twin is not None else None
+        if unseen is None:
+            return None
+        split = self._split_add(constant, self._additive(twin, -np.inf))
+        self.seen[split] = unseen
         return split
 
     def scan(self, call):

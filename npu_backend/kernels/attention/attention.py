@@ -152,9 +152,9 @@ def attention_spec(name: str, annotated: dict) -> AttentionSpec:
                                       "as a mask operand (the next pattern)")
     if "mask" in annotated:
         mask_shape = _mask_shape(annotated["mask"], (b, hk, g, sq, sk))
-        if causal is not None and (mask_shape[3] != 1 or mask_shape[1] * mask_shape[2] != 1):
+        if causal is not None and mask_shape[3] != 1:
             raise UnsupportedOperator(f"attention with a causal triangle and a mask of shape {mask_shape}: the kernel "
-                                      "takes a padding row (one per batch) after the triangle")
+                                      "takes a row (padding, ALiBi's per head) after the triangle")
     seq_major = head_layouts.seq_major_roles(annotated, dict(zip(head_layouts.ROLES, shapes)))
     parts = head_layouts.parts(annotated)
     sliced = tuple(role for role, _, _ in parts)
