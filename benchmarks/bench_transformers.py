@@ -4,7 +4,8 @@ weights) through torch.export -> from_exported_program -> the NPU.
 
 Columns: architecture; host ops that compute (what `explain` leaves on the host, less views,
 reshapes, layout copies and the embedding lookup), then the layout copies and lookups left on
-the host (the views, reshapes the VM runs without a copy or a call, not counted); NPU cycles over ideal (the model's MACs / PEs; with host time modelled by the hardware
+the host (the views, reshapes the VM runs without a copy or a call, not counted); NPU cycles over ideal (the model's MACs as imported, before
+any rewrite adds or drops one, / PEs; with host time modelled by the hardware
 description's host entry when the profile has it, "+host" marks that total); the NPU's share of
 the modelled run time (or of the MACs, "mac", on a profile without host time); DRAM bytes moved
 by the NPU's DMA; energy (uJ); compile seconds for cgra (kernel cache off) and llvm, and their
@@ -49,7 +50,7 @@ def figures(name: str, arch_name: str, tokens: int) -> tuple[str, list[str], lis
     arch = npu_backend.load_arch(arch_name)
     placements = npu_backend.explain(mod, arch)
     host_compute, host_layout, names = host_op_counts(placements)
-    ideal = sum(p.macs for p in placements) / arch.num_pes
+    ideal = npu_backend.model_macs(mod) / arch.num_pes
     started = time.perf_counter()
     executable = npu_backend.compile(mod, arch)
     cgra_s = time.perf_counter() - started

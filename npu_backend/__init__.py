@@ -32,7 +32,7 @@ from .pipeline import STAGES
 from .target.relax_ext import register_target_hook
 from .target.relax_pipeline import cgra_pipeline
 from .target.tags import cgra_target, install_default_pipeline, register_arch, register_target_tags
-from .tools.explain import Placement, explain, format_placements, npu_mac_fraction
+from .tools.explain import Placement, explain, format_placements, model_macs, npu_mac_fraction
 
 try:
     from importlib.metadata import PackageNotFoundError
@@ -46,7 +46,7 @@ __all__ = [
     "__version__", "CGRAError", "CompileOptions", "DEFAULT_ARCH", "DamagedArtifact", "HardwareDescription", "InvalidModel",
     "LengthPastBound", "Placement", "Profile",
     "STAGES", "ScheduleError", "ScratchpadTooSmall", "UnsupportedCopy", "UnsupportedOperator",
-    "compile", "explain", "format_placements", "from_exported_program", "from_onnx", "load_arch", "npu_mac_fraction", "preset_names",
+    "compile", "explain", "format_placements", "from_exported_program", "from_onnx", "load_arch", "model_macs", "npu_mac_fraction", "preset_names",
     "profile", "register_arch",
 ]
 

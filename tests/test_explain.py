@@ -181,3 +181,18 @@ def test_the_host_reason_of_a_norm_reads_its_gamma_beta_and_weight_by_name(op):
     mod = bb.get()
     call = mod["main"].body.blocks[0].bindings[0].value
     assert isinstance(_host_reason(mod, call, npu_backend.load_arch("cgra-8x8")), str)
+
+
+def test_model_macs_count_the_imported_graph_at_the_given_sizes():
+    """The benchmarks' ideal: the model's own matmuls and convolutions, counted before normalise
+    (a rewrite that adds a correcting GEMM must not raise the ideal it is measured against)."""
+    seq = tirx.Var("s58", "int64")
+    mod = relax_module([("x", (seq, 16), "float32"), ("img", (1, 8, 10, 10), "float32")],
+                       lambda bb, x, img: bb.emit(relax.Tuple([
+                           bb.emit(relax.op.matmul(x, relax.const(np.ones((16, 8), np.float32)))),
+                           bb.emit(relax.op.nn.conv2d(img, relax.const(np.ones((4, 8, 3, 3), np.float32)), padding=1))])))
+    conv = 10 * 10 * 4 * 8 * 9
+    assert npu_backend.model_macs(mod, {"s58": 48}) == 48 * 16 * 8 + conv
+    assert npu_backend.model_macs(mod) == conv  # a symbolic size not given counts 0, as in explain
+    with pytest.raises(ValueError, match="dims names 's'"):
+        npu_backend.model_macs(mod, {"s": 48})

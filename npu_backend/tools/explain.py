@@ -81,6 +81,21 @@ def explain(mod: tvm.IRModule, arch=None, dims: dict | None = None, fuse_chains:
     return placements
 
 
+def model_macs(mod: tvm.IRModule, dims: dict | None = None) -> int:
+    """The multiply-accumulates of `mod` as imported (its matmuls and convolutions, before
+    normalise): the model's own work, which a rewrite that adds a GEMM (a correction, a
+    put-back) does not raise. Benchmarks divide it by the PEs for their ideal cycles."""
+    _check_dims(mod, dims or {})
+    total = 0
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            for block in func.body.blocks:
+                for binding in block.bindings:
+                    if isinstance(binding.value, relax.Call) and isinstance(binding.value.op, tvm.ir.Op):
+                        total += _macs(binding.value, binding.var, dims or {})
+    return total
+
+
 def dimension_names(mod: tvm.IRModule) -> set[str]:
     """The names of the symbolic dimensions `mod`'s Relax functions use (torch.export's "s58")."""
     names = set()
