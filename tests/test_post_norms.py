@@ -166,3 +166,56 @@ def test_bert_runs_no_norm_kernel_after_its_attention_output_or_its_mlp():
     norms = [k for k in kernels if k.startswith("cgra.layer_norm")]
     post = {k for k in kernels if "_post_norm" in k}
     assert len(norms) == 1 and post == {"cgra.linear_post_norm", "cgra.linear_post_norm_plain"}, (norms, post)
+
+
+def _rms_post_norm(rows, hidden, depth, eps, seed, beta=True):
+    """main(h, x) = rms_norm(reshape(h @ W^T + b) + x, gamma) [+ beta]: a centred stream's final
+    layer norm (normalise/centred_streams.py: GPT-J's and GPT-NeoX's ln_f after their last MLP)."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((hidden, depth)) / np.sqrt(depth)).astype(np.float32)
+    b, gamma, shift = (rng.standard_normal(hidden).astype(np.float32) for _ in range(3))
+    h = relax.Var("h", relax.TensorType((rows, depth), "float32"))
+    x = relax.Var("x", relax.TensorType((1, rows, hidden), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [h, x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.add(bb.emit(relax.op.matmul(h, bb.emit(relax.op.permute_dims(relax.const(w))))),
+                                     relax.const(b)))
+            total = bb.emit(relax.op.add(bb.emit(relax.op.reshape(y, (1, rows, hidden))), x))
+            out = bb.emit(relax.op.nn.rms_norm(total, relax.const(gamma), axes=[-1], epsilon=eps))
+            out = bb.emit_output(relax.op.add(out, relax.const(shift)) if beta else out)
+        bb.emit_func_output(out)
+    return bb.get(), (w, b, gamma, shift if beta else np.zeros(hidden, np.float32))
+
+
+@settings(max_examples=6, deadline=None)
+@given(rows=st.integers(1, 40), hidden=st.sampled_from([8, 32, 64]), depth=st.sampled_from([8, 64, 128]),
+       eps=st.sampled_from([1e-12, 1e-5, 0.1]), beta=st.booleans(), seed=st.integers(0, 99),
+       scale=st.sampled_from([1e-3, 1.0, 30.0]))
+def test_an_rms_post_norm_and_its_beta_run_within_float_rounding(rows, hidden, depth, eps, beta, seed, scale):
+    """An RMSNorm [+ beta] after a linear and its residual, in the GEMM's epilogue or (refused as
+    no cheaper) apart: within 1e-5 of float64."""
+    mod, (w, b, gamma, shift) = _rms_post_norm(rows, hidden, depth, eps, seed, beta)
+    with _no_plans():
+        h, x = _inputs(rows, hidden, depth, seed, scale=scale)
+        got, _ = _run(mod, h, x)
+    total = h.astype(np.float64) @ w.T.astype(np.float64) + b + x[0]
+    ref = total / np.sqrt((total ** 2).mean(-1, keepdims=True) + eps) * gamma + shift
+    assert np.abs(got[0] - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("beta", [True, False])
+def test_gptjs_final_norm_runs_in_its_last_gemm_in_fewer_cycles(beta):
+    """GPT-J's last MLP projection (32 tokens, 256 -> 64), its residual and ln_f as a centred
+    stream's RMSNorm + beta: one kernel (no norm kernel, no add kernel), within 1e-5 of float64,
+    and cheaper than the GEMM, the norm and the add apart."""
+    rows, hidden, depth, eps = 32, 64, 256, 1e-5
+    mod, (w, b, gamma, shift) = _rms_post_norm(rows, hidden, depth, eps, 5, beta)
+    with _no_plans():
+        assert {k for k in _kernels(mod) if k} == {"cgra.linear_post_norm_rms" + ("_beta" if beta else "")}
+        h, x = _inputs(rows, hidden, depth, 5)
+        got, prof = _run(mod, h, x)
+    total = h.astype(np.float64) @ w.T.astype(np.float64) + b + x[0]
+    ref = total / np.sqrt((total ** 2).mean(-1, keepdims=True) + eps) * gamma + shift
+    assert np.abs(got[0] - ref).max() <= 1e-5 * np.abs(ref).max()
+    assert len(prof.kernels) == 1, [k.name for k in prof.kernels]

@@ -17,8 +17,11 @@ become one op over Y and views of it:
 perm: a rotated column's partner (d0 + (c + h) mod r of its head), C', S': the tables there.
 Every other column gets C' = 1, S' = 0 and the same partner as the column of a rotated head at
 its place (the heads alike: the partners repeat every D columns, so a GEMM tile of whole heads
-holds them all) or, when the units differ, itself. kernels/gemm/rope_epilogue.py runs Y' as the
-linear's epilogue and the attention kernel reads the units as boxes of y4.
+holds them all), or, when the units differ but rotate the same dims of blocks of p columns
+(GPT-NeoX's q, k and v of a head, 16 columns each, the first 8 rotated: p = 8), as the column
+at its place in a rotated block (the partners repeat every p columns: the GEMM's column tiles
+may be p wide), else itself. kernels/gemm/rope_epilogue.py runs Y' as the linear's epilogue and
+the attention kernel reads the units as boxes of y4.
 
 At a symbolic length (y4 (1, s, H, D), the units' tables views of the first s rows of tables for
 the bound: rope_units.py) C' and S' are views of the first s rows of (bound, N) tables, which the
@@ -159,15 +162,31 @@ def _tables(units, positions, heads, width):
     sin = np.zeros((positions, heads, width), np.float32)
     local = np.tile(np.arange(width), (heads, 1))
     alike = len({(u["d0"], u["r"], u["half"]) for u in units}) == 1
+    block = None if alike else _sub_period(units, width)
+    if block is not None:  # every block of a head partnered as its rotated blocks are (module doc)
+        d0, r, half = units[0]["d0"] % block, units[0]["r"], units[0]["half"]
+        for start in range(0, width, block):
+            local[:, start + d0:start + d0 + r] = start + d0 + (np.arange(r) + half) % r
     for unit in units:
         d0, r, half = unit["d0"], unit["r"], unit["half"]
         turned = d0 + (np.arange(r) + half) % r
-        for head in (range(heads) if alike else range(unit["h0"], unit["h1"])):
+        for head in (range(heads) if alike else range(unit["h0"], unit["h1"])) if block is None else ():
             local[head, d0:d0 + r] = turned
         cos[:, unit["h0"]:unit["h1"], d0:d0 + r] = unit["cos"][:positions, None, :]
         sin[:, unit["h0"]:unit["h1"], d0:d0 + r] = unit["sin"][:positions, None, :]
     perm = (local + np.arange(heads)[:, None] * width).reshape(-1)
     return cos.reshape(positions, -1), sin.reshape(positions, -1), perm.astype(np.int64)
+
+
+def _sub_period(units, width):
+    """The fewest columns p dividing a head's width in which every unit rotates the same dims,
+    (d0 mod p, r, half) alike and inside the block (GPT-NeoX's q, k, v of a head, 16 columns
+    each, q's and k's first 8 rotated: 8), else None."""
+    for p in range(max(u["r"] for u in units), width + 1):
+        keys = {(u["d0"] % p, u["r"], u["half"]) for u in units}
+        if width % p == 0 and len(keys) == 1 and sum(next(iter(keys))[:2]) <= p:
+            return p
+    return None
 
 
 def _clear_of(call, rotated) -> bool:

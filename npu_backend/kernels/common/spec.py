@@ -118,7 +118,8 @@ class KernelSpec:
     # norm ("rms_norm", "layer_norm": gamma and beta folded into the weights and bias,
     # normalise/norm_folds.py), which the kernel normalises in its A panel (kernels/gemm/row_norm.py).
     row_norm: tuple | None = None
-    # matmul, float32: (eps, affine): the output is the layer norm of the epilogue's sum over its
+    # matmul, float32: (eps, affine, kind): the output is the layer norm ("layer_norm"), the RMSNorm
+    # ("rms_norm") or the RMSNorm + beta ("rms_norm_beta") of the epilogue's sum over its
     # rows (a post-norm, LayerNorm(x + proj(h)): kernels/gemm/post_norm.py), gamma and beta
     # (roles "norm_gamma", "norm_beta") applied when `affine`, else all ones and zeros.
     post_norm: tuple | None = None

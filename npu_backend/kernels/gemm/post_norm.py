@@ -17,6 +17,12 @@ REDUCE sum of squares, VFUNC rsqrt(ss / N + eps), ELTWISE multiply, [* gamma, + 
 its last command the tile's `epi`. `_plain` (gamma all ones, beta all zeros: the norms
 norm_folds.py folded into the linears after them) stops at the multiply.
 
+A centred stream's final norm (normalise/centred_streams.py: GPT-J's and GPT-NeoX's ln_f after
+their last MLP), add(rms_norm(sum, gamma), beta), matches `..._post_norm_rms_beta` (without beta
+`..._post_norm_rms`): the RMSNorm kernel's program (REDUCE sum of squares, VFUNC rsqrt, ELTWISE
+multiply, * gamma) and the add kernel's ELTWISE + beta, so neither keeps a kernel (GPT-J at 32
+tokens on cgra-8x8: 8,894 + 1,301 + 900 cycles -> 10,006).
+
 Error: the same commands on the same values as the GEMM kernel followed by the norm kernel, so
 the same bits but for the GEMM's summation order (its depth steps may differ): the norm
 kernel's bound (3e-6 of the output's scale at a row mean of 50 standard deviations) plus the
@@ -67,6 +73,8 @@ SUFFIX = "_post_norm"
 SUMMED, PREFIX = "post_summed", "post_"
 #: The norm's constant operands: roles, and the value each has in a plain norm.
 ROLES = (("norm_gamma", 1.0), ("norm_beta", 0.0))
+#: The pattern-name ends of an RMSNorm's post-norm, with beta added after it and without.
+RMS_BETA, RMS = "_rms_beta", "_rms"
 #: The roots a post-norm follows: a 2-D matmul or a linear.
 _ROOTS = ("matmul", "linear")
 
@@ -92,6 +100,17 @@ def post_norm_graphs(roots) -> list[tuple]:
                            "ch_scale": ch_scale, "ch_shift": ch_shift, "post_norm": norm, "norm_gamma": gamma,
                            "norm_beta": beta}
             graphs.append((f"cgra.{root.name}{SUFFIX}{plain}", norm, annotations, root.name))
+            if plain:
+                continue
+            # An RMSNorm [+ beta] (a centred stream's layer norm: normalise/centred_streams.py):
+            # beta's add first, so that it joins the norm rather than run on its own.
+            rms = is_op("relax.nn.rms_norm")(shifted, gamma)
+            with_beta = is_op("relax.add")(rms, beta) | is_op("relax.add")(beta, rms)
+            for top, suffix in ((with_beta, RMS_BETA), (rms, RMS)):
+                roles = {**annotations, "post_norm": rms, **({"post_beta": top} if top is with_beta else {})}
+                if top is rms:
+                    del roles["norm_beta"]
+                graphs.append((f"cgra.{root.name}{SUFFIX}{suffix}", top, roles, root.name))
     return graphs
 
 
@@ -104,7 +123,8 @@ def with_post_norm(spec, annotated: dict, name: str, tail):
     plain or the tail patterns take) and the layer norm after it; refuses what the kernel does
     not compute (the norm then runs on its own)."""
     norm = annotated["post_norm"]
-    inner = {role: expr for role, expr in annotated.items() if role not in ("post_norm", "norm_gamma", "norm_beta")}
+    inner = {role: expr for role, expr in annotated.items()
+             if role not in ("post_norm", "post_beta", "norm_gamma", "norm_beta")}
     root = name.removeprefix("cgra.").split(SUFFIX)[0]
     tail_like = any(role in inner for role in ("reshape", "ch_scale", "ch_shift"))
     spec = tail(spec, inner, f"cgra.{root}_epilogue" if tail_like else f"cgra.{root}_residual")
@@ -117,19 +137,24 @@ def with_post_norm(spec, annotated: dict, name: str, tail):
     n = spec.gemm_extents[1]
     dims = static_shape(norm) or ()
     axes = [int(a) % max(len(dims), 1) for a in norm.attrs.axes]
+    kind = "rms_norm_beta" if name.endswith(RMS_BETA) else "rms_norm" if name.endswith(RMS) else "layer_norm"
     if dtype_of(norm) != F32 or axes != [len(dims) - 1] or not dims or dims[-1] != n or \
-            not (bool(norm.attrs.center) and bool(norm.attrs.scale)):
+            (kind == "layer_norm" and not (bool(norm.attrs.center) and bool(norm.attrs.scale))):
         raise UnsupportedOperator(f"{what}: the epilogue normalises the last axis of float32 rows, centred and "
                                   "scaled; the norm runs on its own")
+    if kind == "rms_norm_beta" and tuple(static_shape(annotated["post_beta"]) or ()) != tuple(dims):
+        raise UnsupportedOperator(f"{what}: beta's add broadcasts the norm's rows; the add runs on its own")
     plain = name.endswith("_plain")
     for role, value in ROLES:
+        if role not in annotated:  # an RMSNorm without beta
+            continue
         operand = annotated[role]
         if tuple(static_shape(operand) or ()) != (n,) or dtype_of(operand) != F32:
             raise UnsupportedOperator(f"{what}: its {role.removeprefix('norm_')} is not {n} float32 values")
         if plain and isinstance(operand, tvm.ir.GenericConst) and not np.all(operand.value.numpy() == value):
             raise UnsupportedOperator(f"{what}: its {role.removeprefix('norm_')} is not all {value:g} (the plain "
                                       "form applies none)")
-    return dataclasses.replace(spec, post_norm=(float(norm.attrs.epsilon), not plain))
+    return dataclasses.replace(spec, post_norm=(float(norm.attrs.epsilon), not plain, kind))
 
 
 # ------------------------------------------------------------------ the program
@@ -139,7 +164,7 @@ def _steps(spec) -> tuple:
     (ELTWISEs by rows: the sum's EPILOGUE is then the plain one, a command fewer than the
     EPILOGUE's own channel scale takes), then the norm kernel's program (norms.steps_of), its
     blocks prefixed, the last one `epi`."""
-    eps, affine = spec.post_norm
+    eps, affine, kind = spec.post_norm
     n = spec.gemm_extents[1]
     before, x = [], "x"
     for role, func, present in (("ch_scale", "multiply", spec.channel_scale_shape),
@@ -147,7 +172,7 @@ def _steps(spec) -> tuple:
         if present:
             before.append(Step(f"{PREFIX}{role}d", "eltwise", func, (x, role)))
             x = before[-1].name
-    plain = steps_of(RowSpec("layer_norm", "layer_norm", (n,), (n,), 1, n, eps, ("gamma", "beta") if affine else ()))
+    plain = _norm_steps(kind, n, eps, affine)
     names = {step.name: PREFIX + step.name for step in plain}
     names[plain[-1].name] = "epi"
     names["x"] = x
@@ -156,10 +181,22 @@ def _steps(spec) -> tuple:
                                  for step in plain)
 
 
+def _norm_steps(kind: str, n: int, eps: float, affine: bool) -> tuple:
+    """The norm kernel's program (norms.steps_of); an RMSNorm's beta as one ELTWISE add after
+    it, the add kernel's (centred_streams.py writes a layer norm so)."""
+    if kind == "layer_norm":
+        return steps_of(RowSpec("layer_norm", "layer_norm", (n,), (n,), 1, n, eps, ("gamma", "beta") if affine else ()))
+    steps = steps_of(RowSpec("rms_norm", "rms_norm", (n,), (n,), 1, n, eps, ("weight",)))
+    return steps + ((Step("beta_added", "eltwise", "add", (steps[-1].name, "beta")),) if kind == "rms_norm_beta" else ())
+
+
 def _rows(spec) -> dict:
     """{row input of the program: the operand's role} (a (1, N) row read from a parameter)."""
     rows = {role: role for role, present in (("ch_scale", spec.channel_scale_shape),
                                              ("ch_shift", spec.channel_shift_shape)) if present}
+    kind = spec.post_norm[2]
+    if kind != "layer_norm":  # an RMSNorm's weight, and beta after it
+        return {**rows, "weight": "norm_gamma", **({"beta": "norm_beta"} if kind == "rms_norm_beta" else {})}
     return {**rows, **({"gamma": "norm_gamma", "beta": "norm_beta"} if spec.post_norm[1] else {})}
 
 
@@ -183,7 +220,7 @@ def post_norm_epilogue(spec, summed, tiling, operands: dict):
     """The norm of the padded (mp, np) sum `summed` (block post_summed), ending in block `epi`;
     gamma and beta, (N,) parameters (read as rows when the norm applies them), join `operands`."""
     n = spec.gemm_extents[1]
-    for role, _ in ROLES:
+    for role, _ in ROLES:  # (an RMSNorm without beta has no norm_beta parameter: its placeholder goes unused)
         operands[role] = te.placeholder((n,), F32, name=role)
     tensors = {"x": summed}
     for row, role in _rows(spec).items():
@@ -373,7 +410,8 @@ def check_post_norm(spec, tiling, arch, choose_gemm_tiling) -> None:
         return
     apart_spec = dataclasses.replace(spec, post_norm=None)
     m, n, _ = spec.gemm_extents
-    norm = RowSpec("layer_norm", "layer_norm", (m, n), (m, n), m, n, spec.post_norm[0])
+    kind = "layer_norm" if spec.post_norm[2] == "layer_norm" else "rms_norm"
+    norm = RowSpec(kind, kind, (m, n), (m, n), m, n, spec.post_norm[0], ("weight",) if kind == "rms_norm" else ())
     steps = steps_of(norm)
     norm_tiling = choose_row_tiling(norm, arch, steps)
     alone = post_norm_cycles(apart_spec, choose_gemm_tiling(apart_spec, arch), arch) + \
