@@ -99,3 +99,35 @@ def test_a_table_prefix_times_a_constant_row_is_a_view_of_the_product_table():
         outs = [relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
                 for mod in (before, after)]
         np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def _split_table() -> tvm.IRModule:
+    """GPT-J's sincos rows split into sin and cos, each repeated pairwise (repeat_interleave) and
+    multiplied into x (1, s, WIDTH): the split's parts are what the layers read."""
+    s = tirx.Var("s", "int64")
+    x = relax.Var("x", relax.TensorType([1, s, WIDTH], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], attrs={"tir_var_upper_bound": {"s": BOUND}}):
+        with bb.dataflow():
+            positions = bb.emit(relax.op.astype(relax.op.reshape(relax.op.arange(0, s, 1, "int64"),
+                                                                 relax.ShapeExpr([1, s, 1])), "float32"))
+            angles = bb.emit(relax.op.multiply(positions, relax.const(INVERSE)))
+            sincos = bb.emit(relax.op.concat([relax.op.sin(angles), relax.op.cos(angles)], axis=-1))
+            parts = bb.emit(relax.op.split(sincos, [WIDTH // 2], axis=-1))
+            sin, cos = (bb.emit(relax.op.repeat(relax.TupleGetItem(parts, i), 2, axis=-1)) for i in (0, 1))
+            out = bb.emit_output(relax.op.add(relax.op.multiply(x, cos), relax.op.multiply(x, sin)))
+        bb.emit_func_output(out)
+    return relax.transform.Normalize()(bb.get())
+
+
+def test_a_split_tables_parts_are_views_of_bound_tables():
+    mod = tabulate_prefix(_split_table())
+    ops = {b.value.op.name for b in mod["main"].body.blocks[0].bindings if isinstance(b.value, relax.Call)}
+    assert not ops & {"relax.split", "relax.repeat", "relax.sin", "relax.arange"}, ops
+    assert "relax.memory.view" in ops
+    vm = relax.VirtualMachine(npu_backend.compile(_split_table(), "cgra-8x8"), tvm.cpu())
+    for n in (2, 7, BOUND):
+        x = np.random.default_rng(n).standard_normal((1, n, WIDTH)).astype("float32")
+        angles = np.arange(n, dtype="float32")[:, None] * INVERSE
+        sin, cos = (np.repeat(f(angles), 2, axis=-1)[None] for f in (np.sin, np.cos))
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), x * cos + x * sin, rtol=1e-5, atol=1e-6)

@@ -170,6 +170,8 @@ def tabulate_prefix(mod: tvm.IRModule) -> tvm.IRModule:
     closure = _length_closure(bound_values, bounds)
     frontier = []
     for var in _frontier(func, bound_values, closure):
+        if not hasattr(var.ty, "shape"):  # a split read whole: its parts stay as they are
+            continue
         axes = [axis for axis, dim in enumerate(var.ty.shape.values) if isinstance(dim, tvm.tirx.Var)]
         rest = [dim for dim in var.ty.shape.values if not isinstance(dim, tvm.tirx.Var)]
         leading = var.ty.shape.values[:axes[0]] if len(axes) == 1 else ()
@@ -205,8 +207,13 @@ def _length_closure(bound_values: dict, bounds: dict) -> dict:
         return isinstance(expr, (tvm.tirx.IntImm, tvm.tirx.FloatImm, tvm.ir.GenericConst))
 
     for var, value in bound_values.items():
-        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name not in (
-                "relax.call_pure_packed", "relax.tensor_to_shape") and hasattr(var.ty, "shape") \
+        # A split's parts too (GPT-J's torch.split of its sincos rows into sin and cos): the
+        # tuple and each part read from it, so that the frontier is what the layers read.
+        if isinstance(value, relax.TupleGetItem) and value.tuple_value in closure:
+            closure[var] = value
+        elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name not in (
+                "relax.call_pure_packed", "relax.tensor_to_shape") and (
+                hasattr(var.ty, "shape") or value.op.name == "relax.split") \
                 and all(free(arg) for arg in value.args):
             closure[var] = value
     return closure
@@ -224,6 +231,9 @@ def _prefix_tables(mod, closure: dict, frontier: list, bounds: dict) -> dict:
         with builder.dataflow():
             copies = {}
             for var, call in closure.items():
+                if isinstance(call, relax.TupleGetItem):
+                    copies[var] = builder.emit(relax.TupleGetItem(copies[call.tuple_value], call.index))
+                    continue
                 args = [_copied(arg, copies, builder) for arg in call.args]
                 copies[var] = builder.emit(relax.Call(call.op, args, call.attrs, call.ty_args, call.span))
             out = builder.emit_output(relax.Tuple([copies[var] for var, _, _ in frontier]))

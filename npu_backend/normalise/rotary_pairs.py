@@ -19,6 +19,9 @@ same two products and add as before (pair i: dims 2i, 2i + 1 are now i, r/2 + i)
 reordered alike, so every score q . k is the same sum in another order (within float32 rounding,
 not bit for bit); V's heads and the pass dims keep their places. Only when at least two rotary
 units (q and k) read y and nothing else reads the rotated dims of their heads.
+At a symbolic length S (y (1, s, H, D)) C and S are views of the first s rows of (bound, r) tables
+(position_tables.tabulate_prefix's memory.view, through reshapes): C' and S' are then views of those
+tables with their columns reordered, which rope_epilogues.py reads as it reads Llama's.
 Why: GPT-J's rotary was 8 multiply kernels, 8 concats, 16 slices, 4 broadcasts and 4 adds for 2
 layers (about 25 k of its 135 k cycles at 32 tokens on cgra-8x8).
 """
@@ -29,7 +32,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..relax_info import static_shape
+from ..relax_info import shape_dims, static_shape
 from .rewrite import as_pass, bound_values, op_name, rewrite_functions
 
 
@@ -83,7 +86,7 @@ class _PairsRewriter(relax.PyExprMutator):
     def _reordered(self, y):
         """y over the linear with each rotated head's first r outputs reordered (evens, odds)."""
         (flat, weights, bias), heads, r = self.heads[y]
-        d = static_shape(y)[-1]
+        d = _dims(y)[-1]
         order = np.arange(weights.shape[0])
         for h in heads:
             order[h * d:h * d + r] = h * d + _perm(r)
@@ -92,12 +95,12 @@ class _PairsRewriter(relax.PyExprMutator):
                                    out_dtype="float32"))
         if bias is not None:
             out = emit(relax.op.add(out, relax.const(bias[order])))
-        return relax.op.reshape(out, static_shape(y))
+        return relax.op.reshape(out, relax.ShapeExpr(_dims(y)))
 
     def _half_rotary(self, unit):
         """GPT-NeoX's form of one unit, heads first (module doc)."""
         emit, y = self.builder_.emit, self.visit_expr(unit["y"])
-        h0, h1, r, d = unit["h0"], unit["h1"], unit["r"], static_shape(unit["y"])[-1]
+        h0, h1, r, d = unit["h0"], unit["h1"], unit["r"], _dims(unit["y"])[-1]
 
         def part(begin, end):
             return emit(relax.op.permute_dims(emit(relax.op.strided_slice(y, [2, 3], [h0, begin], [h1, end])),
@@ -106,9 +109,27 @@ class _PairsRewriter(relax.PyExprMutator):
         x = part(0, r)
         halves = [emit(relax.op.strided_slice(x, [3], [b], [e])) for b, e in ((r // 2, r), (0, r // 2))]
         turned = emit(relax.op.concat(halves, axis=-1))
-        rope = relax.op.add(emit(relax.op.multiply(x, relax.const(unit["cos"]))),
-                            emit(relax.op.multiply(turned, relax.const(unit["sin"]))))
+        rope = relax.op.add(emit(relax.op.multiply(x, _table_expr(unit["cos"], unit["y"]))),
+                            emit(relax.op.multiply(turned, _table_expr(unit["sin"], unit["y"]))))
         return rope if r == d else relax.op.concat([emit(rope), part(r, d)], axis=-1)
+
+
+def _table_expr(table, y):
+    """A (1, 1, S, r) constant, or at a symbolic length (a (bound, r) table) the view of its
+    first s rows (y (1, s, H, D))."""
+    if table.ndim == 4:
+        return relax.const(table)
+    shape = relax.ShapeExpr([1, 1, _dims(y)[1], table.shape[-1]])
+    return relax.op.memory.view(relax.const(table), shape, "float32", tvm.tirx.IntImm("int64", 0))
+
+
+def _dims(expr):
+    """The shape of `expr`, every axis static but axis 1 (the positions), which may be a symbolic
+    length; else None."""
+    dims = shape_dims(expr)
+    if dims is None or any(not isinstance(d, int) for a, d in enumerate(dims) if a != 1):
+        return None
+    return dims
 
 
 def _perm(r: int) -> np.ndarray:
@@ -127,7 +148,7 @@ def _unit(var, value, values):
     if found is None or len(parts) > 2:
         return None
     found.update(var=var)
-    d = static_shape(found["y"])[-1]
+    d = _dims(found["y"])[-1]
     if len(parts) == 2:
         rest = _box(values.get(parts[1]), values)
         if rest is None or not rest[0].same_as(found["y"]) or rest[1:] != (found["h0"], found["r"], found["h1"], d, 1):
@@ -159,7 +180,12 @@ def _matched(a, c, t, s, values):
     if box is None or box[2] != 0 or box[5] != 1:
         return None
     y, h0, _, h1, r, _ = box
-    shape = static_shape(a)
+    shape = _dims(a)
+    if shape is not None and not isinstance(shape[1], int):  # a symbolic length
+        tables = [_prefix_table(e, values, shape) for e in (c, s)]
+        if any(table is None for table in tables) or r % 2 or not _pairs_swapped(t, values, y, h0, h1, r):
+            return None
+        return _found(y, h0, h1, r, [table[:, _perm(r)].copy() for table in tables], a, t, values)
     cos, sin = layout_constant(c, values), layout_constant(s, values)
     if cos is None or sin is None or r % 2 or shape is None or not _pairs_swapped(t, values, y, h0, h1, r):
         return None
@@ -172,11 +198,41 @@ def _matched(a, c, t, s, values):
         if table.dtype != np.float32 or not (full == full[:, :, :1, :]).all():
             return None
         tables.append(np.ascontiguousarray(full[0, :, 0, :][:, _perm(r)]).reshape(1, 1, shape[1], r))
+    return _found(y, h0, h1, r, tables, a, t, values)
+
+
+def _found(y, h0, h1, r, tables, a, t, values):
     reads = {a}
     reshape = values.get(t)
     concat = values.get(reshape.args[0])
     reads |= {values[f].args[0] for f in concat.args[0].fields}
     return dict(y=y, h0=h0, h1=h1, r=r, cos=tables[0], sin=tables[1], reads=reads)
+
+
+def _prefix_table(expr, values, shape):
+    """The (bound, r) float32 table whose first s rows `expr` (a (1, s, 1, r) tensor, s the
+    symbolic length of `shape` (1, s, h, r)) views: a memory.view at offset 0 of a constant,
+    through reshapes; else None."""
+    dims = shape_dims(expr)
+    r = shape[-1]
+    if dims is None or len(dims) != 4 or dims[0] != 1 or dims[2] != 1 or dims[3] != r \
+            or isinstance(dims[1], int) or not dims[1].same_as(shape[1]):
+        return None
+    for _ in range(4):
+        value = values.get(expr)
+        if op_name(value) == "relax.reshape":
+            expr = value.args[0]
+            continue
+        if op_name(value) != "relax.memory.view" or not isinstance(value.args[0], tvm.ir.GenericConst):
+            return None
+        offset = value.args[3] if len(value.args) > 3 else 0
+        while hasattr(offset, "value"):  # a PrimValue of an IntImm
+            offset = offset.value
+        table = value.args[0].value.numpy()
+        if offset != 0 or table.dtype != np.float32 or table.size % r:
+            return None
+        return table.reshape(-1, r)
+    return None
 
 
 def _pairs_swapped(t, values, y, h0, h1, r) -> bool:
@@ -194,7 +250,7 @@ def _pairs_swapped(t, values, y, h0, h1, r) -> bool:
         if box is None or not box[0].same_as(y) or (box[1], box[3], box[5]) != (h0, h1, 2) or box[4] > r:
             return False
         starts.append(box[2])
-    return starts == [1, 0] and static_shape(t)[-1] == r
+    return starts == [1, 0] and _dims(t) is not None and _dims(t)[-1] == r
 
 
 def _box(call, values):
@@ -203,7 +259,7 @@ def _box(call, values):
     if op_name(call) != "relax.strided_slice" or len(call.args) < 4:
         return None
     y = call.args[0]
-    shape, out = static_shape(y), static_shape(call)
+    shape, out = _dims(y), _dims(call)
     if shape is None or out is None or len(shape) != 4:
         return None
     fields = [[int(getattr(f, "value", f)) for f in a.fields] if isinstance(a, relax.Tuple) else None
@@ -219,10 +275,12 @@ def _clear_of(call, heads, r) -> bool:
     """Whether a slice of y reads none of the first r dims of `heads`."""
     if op_name(call) != "relax.strided_slice":
         return False
-    shape = static_shape(call.args[0])
+    shape = _dims(call.args[0])
     fields = [[int(getattr(f, "value", f)) for f in a.fields] for a in call.args[1:3]]
     bounds = {axis % 4: (b, b + n) for axis, b, n in zip(fields[0], fields[1], [0] * len(fields[0]))}
-    out = static_shape(call)
+    out = _dims(call)
+    if shape is None or out is None:
+        return False
     h = (bounds[2][0], bounds[2][0] + out[2]) if 2 in bounds else (0, shape[2])
     d0 = bounds[3][0] if 3 in bounds else 0
     steps = [int(getattr(f, "value", f)) for f in call.args[4].fields] \

@@ -26,7 +26,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from ..relax_info import shape_dims, static_shape
+from ..relax_info import shape_dims
 from .rewrite import as_pass, rewrite_functions
 
 _SPLIT = tvm.ir.Op.get("relax.split")
@@ -247,14 +247,16 @@ def _static_at(shape, out, axes) -> bool:
 
 def strided_box(call) -> dict | None:
     """{axis: (begin, step, count)} of a strided_slice with positive steps and constant bounds,
-    else None."""
-    shape, out = static_shape(call.args[0]), static_shape(call)
+    else None. The axes it cuts static, others may be symbolic (GPT-J's rotate_every_two at a
+    symbolic length: every other dim of a head's slice, its positions axis s)."""
+    shape, out = shape_dims(call.args[0]), shape_dims(call)
     args = list(call.args[1:])
     if shape is None or out is None or len(args) < 3 or not all(isinstance(a, relax.Tuple) for a in args[:3]):
         return None
     axes, begin = _ints(args[0]), _ints(args[1])
     steps = _ints(args[3]) if len(args) > 3 and isinstance(args[3], relax.Tuple) else [1] * len(axes)
-    if any(step <= 0 for step in steps) or len(set(a % len(shape) for a in axes)) != len(axes) or 0 in out:
+    if any(step <= 0 for step in steps) or len(set(a % len(shape) for a in axes)) != len(axes) \
+            or not _static_at(shape, out, axes) or 0 in [out[a % len(shape)] for a in axes]:
         return None
     box = {}
     for axis, start, step in zip(axes, begin, steps):

@@ -152,7 +152,8 @@ class _RowsRewriter(relax.PyExprMutator):
 def _rope_vars(mod: tvm.IRModule) -> set:
     """The variables bound to RoPE's multiplies and add (add(multiply(x, cos), multiply(concat(slices
     of x), sin)), in either order): kernels/elementwise/rope.py takes them as one kernel at a
-    symbolic length too, which a reshape between them would break."""
+    symbolic length too, which a reshape between them would break (and GPT-J's, whose concat is
+    reshaped, rotary_pairs.py makes that form)."""
     values = {}
     for func in mod.functions.values():
         if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
@@ -169,10 +170,18 @@ def _rope_vars(mod: tvm.IRModule) -> set:
         products = [call(arg, "relax.multiply") for arg in value.args]
         if None in products:
             continue
-        rotated = [any(call(arg, "relax.concat") is not None for arg in p.args) for p in products]
+        rotated = [any(_swapped(arg, call) for arg in p.args) for p in products]
         if sorted(rotated) == [False, True]:
             found |= {var, *value.args}
     return found
+
+
+def _swapped(arg, call) -> bool:
+    """Whether `arg` is a concat, or a reshape of one (GPT-J's rotate_every_two: its pairs
+    swapped as concat((odds, evens)) on a new last axis, reshaped back; rotary_pairs.py)."""
+    reshape = call(arg, "relax.reshape")
+    return call(arg, "relax.concat") is not None or (reshape is not None and
+                                                     call(reshape.args[0], "relax.concat") is not None)
 
 
 def _key(shape) -> str:
