@@ -102,3 +102,33 @@ def test_a_16_bit_biased_conv2d_rounds_once_on_store_bit_exactly(dtype):
     expected = (total + bias).astype(HALVES[dtype])
     assert len(prof.kernels) == 1
     np.testing.assert_array_equal(out.view(np.uint16), expected.view(np.uint16))
+
+
+def _wide_module(x_shape, weights, bias, dtype: str, bias_first: bool):
+    def body(bb, x):
+        product = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(relax.const(weights, dtype))),
+                                          out_dtype="float32"))
+        summed = relax.op.add(relax.const(bias), product) if bias_first else relax.op.add(product, relax.const(bias))
+        return bb.emit(relax.op.astype(bb.emit(relax.op.astype(bb.emit(summed), dtype)), "float32"))
+
+    return relax_module([("x", x_shape, dtype)], body)
+
+
+@settings(max_examples=8, deadline=None)  # a compile each: about 4 s
+@given(m=st.integers(1, 40), k=st.integers(1, 96), n=st.integers(1, 48), dtype=st.sampled_from(sorted(HALVES)),
+       arch=st.sampled_from(npu_backend.preset_names()), bias_first=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_16_bit_biased_linear_rounded_and_widened_back_is_one_kernel_bit_exactly(m, k, n, dtype, arch, bias_first,
+                                                                                   seed):
+    """HF's bf16 ViT's q / k / v and fc1: astype(astype(linear(x) + b, h), float32), one GEMM
+    kernel storing float32 (before: the GEMM storing h, then a widening cast kernel)."""
+    rng = np.random.default_rng(seed)
+    x = _exact_values(rng, (m, k), dtype, 8)
+    weights = _exact_values(rng, (n, k), dtype, 16)
+    bias = rng.standard_normal(n).astype(np.float32).astype(HALVES[dtype]).astype(np.float32)
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(_wide_module((m, k), weights, bias, dtype, bias_first), arch), [x])
+    expected = biased_model(x, weights, bias, dtype).astype(np.float32)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
+    (kernel,) = prof.kernels
+    assert kernel.source_ops.count("astype") == 3, kernel.source_ops

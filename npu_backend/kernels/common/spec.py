@@ -158,6 +158,9 @@ class KernelSpec:
     # bfloat16 / float16 inputs stored in their format: the float32 sum rounded to nearest even on
     # store, the bias and residual in that format (None: the accumulator dtype is stored).
     half_out: str | None = None
+    # A float32 output rounded to this 16-bit float and widened straight back on store
+    # (half_bias.py), the bias in that format (None: no rounding).
+    half_via: str | None = None
 
     @property
     def image_fill(self) -> int:
@@ -197,7 +200,7 @@ class KernelSpec:
     def operand_dtype(self) -> str:
         """The dtype of the epilogue's bias and residual: the output's for a 16-bit float kernel
         (widened exactly into the float32 sum), else the accumulator's."""
-        return self.half_out or self.acc_dtype
+        return self.half_out or self.half_via or self.acc_dtype
 
     @property
     def gemm_extents(self) -> tuple[int, int, int]:

@@ -35,7 +35,7 @@ from ..common.operands import padded
 from ..common.spec import KernelSpec
 from .epilogue_tail import caller_out_shape, is_tail_pattern, with_float_tail, with_reshape
 from .gated import is_gated_pattern, with_gated
-from .half_bias import half_bias_graphs, stored_dtype
+from .half_bias import half_bias_graphs, rounded_via, stored_dtype
 from .post_norm import is_post_norm_pattern, post_norm_intrin, with_post_norm
 from .rope_epilogue import combine_intrin, is_rope_pattern, with_rope
 from .residual_lhs import reads_lhs_twice, with_lhs_residual
@@ -184,11 +184,11 @@ def epilogue_fields(op: str, annotated: dict) -> dict:
         if len(bias_shape) == 0:  # a scalar input (a constant one is reshaped: normalise/scalars.py)
             raise UnsupportedOperator(f"the bias of {op} is a scalar (shape ()): the NPU's DMA moves tensors of rank "
                                       "1..4; the add runs on its own")
-        if dtype_of(annotated["bias"]) != stored:
+        if dtype_of(annotated["bias"]) != (rounded_via(annotated) or stored):
             raise UnsupportedOperator(f"the bias is {dtype_of(annotated['bias'])}, the kernel's output {stored}")
     clip = clip_bounds(annotated["clip"], acc_dtype) if "clip" in annotated else None
     return dict(dtype=dtype, acc_dtype=acc_dtype, bias_shape=bias_shape, relu="relu" in annotated, clip=clip,
-                half_out=stored if stored in HALF_FLOATS else None)
+                half_out=stored if stored in HALF_FLOATS else None, half_via=rounded_via(annotated))
 
 
 def with_epilogue_tail(spec: KernelSpec, annotated: dict, name: str = "") -> KernelSpec:
@@ -202,7 +202,7 @@ def with_epilogue_tail(spec: KernelSpec, annotated: dict, name: str = "") -> Ker
     if is_post_norm_pattern(name):  # post_norm.py: this chain, then a layer norm of its rows
         return with_post_norm(spec, annotated, name, with_epilogue_tail)
     tail = is_tail_pattern(name)
-    if spec.half_out and (tail or "n1" in annotated or "requant" in annotated):
+    if (spec.half_out or spec.half_via) and (tail or "n1" in annotated or "requant" in annotated):
         raise UnsupportedOperator(f"a {spec.dtype} {spec.op} fuses [+ bias] [+ residual] [relu | clip]; the ops "
                                   "after them run on their own (the vector unit computes float32, int32 and int8)")
     spec = with_reshape(spec, annotated) if tail else spec
@@ -349,7 +349,7 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
         return pad(idx[0], idx[-1]) if spec.grouped else pad(idx[-1])
 
     def widened(value):  # a 16-bit float operand, exactly as float32 (the EPILOGUE's sum)
-        return value.astype(spec.acc_dtype) if spec.half_out else value
+        return value.astype(spec.acc_dtype) if spec.half_out or spec.half_via else value
 
     def epi_value(*idx):
         value = acc(*idx)
@@ -364,6 +364,8 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
         value = value * mul_pad(*idx) if mul_pad is not None else value
         if spec.half_out:
             return value.astype(spec.half_out)  # rounded to nearest even on store
+        if spec.half_via:  # rounded so, and widened straight back (half_bias.py)
+            return value.astype(spec.half_via).astype(spec.acc_dtype)
         if scale_pad is None:
             return value
         return requantise(value, row(scale_pad, idx), spec.requant_zero_point, REQUANT_DTYPE[spec.acc_dtype])
@@ -421,6 +423,8 @@ def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
         tail = dict(tail, channel_scale=True, channel_shift=bool(spec.channel_shift_shape))
     if spec.half_out:
         tail = dict(tail, out_dtype=spec.half_out)
+    if spec.half_via:
+        tail = dict(tail, round_via=spec.half_via)
     return get_intrin("epilogue", rows, tiling.tn, spec.acc_dtype, bias=bool(spec.bias_shape), relu=spec.relu,
                       residual=bool(spec.residual_shape), clip=spec.clip, zero_point=spec.requant_zero_point,
                       body=body, **tail)

@@ -11,6 +11,12 @@ the float32 sum, rounded once (kernels/gemm/epilogue.py's half_out): one GEMM ke
 (ViT's q / k / v, output and MLP projections). Before, the GEMM stored the float32 sum and a cast
 kernel rounded it: the same single rounding, a kernel and a float32 round trip through DRAM more.
 Rounding the sum in the graph first and adding the bias in h would round twice.
+
+HF's bf16 ViT widens that rounded output straight back (q / k / v, fc1:
+astype(astype(linear(x) + b, h), float32)): cgra.<root>_bias_rounded_wide is the same EPILOGUE
+rounding into the upper half of each output row, and a second EPILOGUE widening it back in place
+(KernelSpec.half_via; epilogue_tail.epilogue_intrin's round_via): one kernel storing float32,
+instead of the GEMM and a cast kernel.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from tvm.relax.dpl import is_op, wildcard
 
 #: The patterns' suffix: "cgra.linear_bias_rounded".
 SUFFIX = "_bias_rounded"
+#: The suffix of the chain widened back to float32 after its rounding.
+WIDE_SUFFIX = "_bias_rounded_wide"
 
 
 def half_bias_graphs(roots) -> list[tuple]:
@@ -33,10 +41,21 @@ def half_bias_graphs(roots) -> list[tuple]:
             cast = is_op("relax.astype")(summed)
             annotations = {"root": root.pattern, **root.roles, "bias": bias, "bias_wide": wide, "half_cast": cast}
             graphs.append((4, f"cgra.{root.name}{SUFFIX}", cast, annotations, root.name))
+            back = is_op("relax.astype")(cast)
+            graphs.append((5, f"cgra.{root.name}{WIDE_SUFFIX}", back, {**annotations, "half_back": back},
+                           root.name))
     return graphs
 
 
 def stored_dtype(annotated: dict, root_dtype: str) -> str:
-    """The dtype a matched chain stores: the rounding cast's where it ends in one."""
-    cast = annotated.get("half_cast")
+    """The dtype a matched chain stores: the rounding cast's where it ends in one (the float32 it
+    widens back to where it ends in that too)."""
+    cast = annotated.get("half_back", annotated.get("half_cast"))
     return root_dtype if cast is None else str(cast.attrs.dtype)
+
+
+def rounded_via(annotated: dict) -> str | None:
+    """The 16-bit float a chain widened back after its rounding is rounded to, else None."""
+    if "half_back" not in annotated:
+        return None
+    return str(annotated["half_cast"].attrs.dtype)

@@ -52,7 +52,8 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
                     clip=None, zero_point: int | None = None, body=None, act: str | None = None,
                     multiplier: bool = False, channel_scale: bool = False, channel_shift: bool = False,
                     out_dtype: str | None = None, act_vfunc: bool = False, gated: bool = False,
-                    gated_via: str | None = None, dequantise: bool = False, scope: str = SPAD):
+                    gated_via: str | None = None, round_via: str | None = None, dequantise: bool = False,
+                    scope: str = SPAD):
     """EPILOGUE over a rows x cols tile of the accumulator (`dtype`): out = requantise?(clip?(relu?(acc +
     bias? + residual?)), scale, zero_point), then with `body` (a FabricBody) a FABRIC runs it over
     the output tile in place; float32: with `channel_scale` (and `channel_shift`) the sum is
@@ -63,10 +64,17 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     row of cols; residual: a rows x cols tile; clip: None or (lo, hi); zero_point: None, or an int8
     output requantised with a float32 scale row (int32 accumulators only); out_dtype: None, or a
     16-bit float the float32 result is rounded to (vector_unit.epilogue_intrin; no tail then);
-    dequantise: the requantised int8 dequantised to float32 (vector_unit.epilogue_intrin; no tail)."""
+    round_via: None, or a 16-bit float the float32 result is rounded to and widened straight back
+    (round_trip_intrin); dequantise: the requantised int8 dequantised to float32
+    (vector_unit.epilogue_intrin; no tail)."""
     if gated:
         return gated_intrin(rows, cols, act, gated_via, scope=scope)
     plain = dict(bias=bias, relu=relu, residual=residual, clip=clip, zero_point=zero_point, body=body)
+    if round_via is not None:
+        if act is not None or multiplier or channel_scale or out_dtype is not None or dequantise:
+            raise ValueError("an epilogue rounded and widened back fuses [+ bias] [+ residual] [relu | clip] only")
+        return round_trip_intrin(rows, cols, round_via, bias=bias, relu=relu, residual=residual, clip=clip,
+                                 scope=scope)
     if act is None and not multiplier and not channel_scale:
         return plain_epilogue_intrin(rows, cols, dtype, **plain, out_dtype=out_dtype, dequantise=dequantise,
                                      scope=scope)
@@ -166,3 +174,32 @@ def gated_intrin(rows: int, cols: int, act: str, via: str | None = None, scope: 
 
     return intrinsic([Tile("Acc", (rows, 2 * cols), "float32")], Tile("Out", (rows, cols), "float32"), "epi", value,
                      call, scope=scope)
+
+
+def round_trip_intrin(rows: int, cols: int, via: str, *, bias: bool, relu: bool, residual: bool, clip,
+                      scope: str = SPAD):
+    """A float32 EPILOGUE whose result is rounded to `via` (a 16-bit float) and widened straight
+    back (kernels/gemm/half_bias.py: HF's bf16 ViT's q / k / v and fc1): one EPILOGUE rounds
+    acc + bias? + residual? (those in `via`, widened exactly) into the upper half of each output
+    row (cols even: a row of cols 16-bit values is the second half of a float32 row), a second
+    widens it back over the row (its writes of element j end before the bytes of elements it has
+    not read yet), as gated_intrin's rounding does."""
+    if via not in ("bfloat16", "float16") or cols % 2:
+        raise ValueError(f"an epilogue rounds to bfloat16 or float16 and back over an even number of columns, "
+                         f"not {via} over {cols}")
+    inputs = [Tile("Acc", (rows, cols), "float32")] + ([Tile("Bias", (cols,), via)] if bias else []) \
+        + ([Tile("Res", (rows, cols), via)] if residual else [])
+
+    def value(buffers, i, j):
+        total = epilogue_value(buffers, i, j, "float32", bias=bias, relu=relu, residual=residual, clip=clip)
+        return total.astype(via).astype("float32")
+
+    def call(buffers, strides):
+        out, stride = buffers["Out"], strides["Out"][0]
+        upper = ((out.data, out.elem_offset + cols // 2), 2 * stride)  # in via's elements
+        return [epilogue_call(buffers, strides, rows, cols, "float32", via, bias=bias, relu=relu,
+                              residual=residual, clip=clip, out=upper),
+                epilogue_call({"Acc": upper[0]}, {"Acc": (2 * stride,)}, rows, cols, via, "float32",
+                              bias=False, relu=False, residual=False, clip=None, out=(out, stride))]
+
+    return intrinsic(inputs, Tile("Out", (rows, cols), "float32"), "epi", value, call, scope=scope)
