@@ -79,6 +79,7 @@ from .qlayouts import quantized_layouts_pass
 from .qlayouts16 import quantized_layouts16_pass
 from .qkv_merges import qkv_merges_pass
 from .qlinear import integer_qlinear_adds_pass
+from .qdq_outputs import dequantized_outputs_pass
 from .qlookups import quantized_lookups_pass
 from .qpools import quantized_pools_pass
 from .query_scales import query_scales_pass
@@ -335,6 +336,9 @@ def normalise_passes(arch=None) -> list:
         # fixed-point QLinearAdd on int32, one FABRIC_INT8 kernel (qlinear.py); last, so that its
         # constants stay 0-d (immediates of the kernel's body).
         integer_qlinear_adds_pass,
+        # A requantised layer's output dequantized to float32 with its multipliers and
+        # dequantisation scale in one interleaved table: the GEMM's EPILOGUE dequantises (qdq_outputs.py).
+        dequantized_outputs_pass,
         # The aliases rewrites leave (a broadcast_to that repeats nothing, a dropped softmax guard:
         # `lv53 = lv50`) gone, so that the patterns see their operands' calls (the KV cache's
         # slice under the matmul reading it).

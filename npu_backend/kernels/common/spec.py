@@ -140,6 +140,9 @@ class KernelSpec:
     # like a bias). None: the kernel writes its accumulator dtype.
     requant_zero_point: int | None = None
     scale_shape: tuple | None = None
+    # ... then dequantized to float32 (EPILOGUE_DEQUANTISE, kernels/gemm/dequant_epilogue.py): the
+    # scale parameter a flat row of 2n, channel j's multiplier and dequantisation scale at 2j, 2j + 1.
+    dequantise: bool = False
     # conv2d, depthwise: the image's padding holds the dtype's lowest value instead of 0 (the
     # DMA's DMA_FILL_LOWEST halo): an int8 activation whose zero point is -128 padded with it,
     # the real value 0 (a QDQ layer after a relu: normalise/qdq.py), read from conv2d(pad(x)).
@@ -187,6 +190,8 @@ class KernelSpec:
     def out_dtype(self) -> str:
         """What the kernel stores: int8 when it requantises, a 16-bit float input's own dtype
         (its float32 sum rounded to nearest even), else the accumulator dtype."""
+        if self.dequantise:
+            return "float32"
         if self.requant_zero_point is not None:
             return "int16" if self.acc_dtype == "int64" else "int8"
         return self.half_out or self.acc_dtype

@@ -33,6 +33,7 @@ from ..intrinsics.epilogue_tail import act_value
 from ..intrinsics.vector_unit import activation, requantise
 from ..common.operands import padded
 from ..common.spec import KernelSpec
+from .dequant_epilogue import dequant_row, dequant_tail, dequant_value, with_dequant
 from .epilogue_tail import caller_out_shape, is_tail_pattern, with_float_tail, with_reshape
 from .gated import is_gated_pattern, with_gated
 from .half_bias import half_bias_graphs, rounded_via, stored_dtype
@@ -113,6 +114,9 @@ def _requant_graphs(roots: list[Root], bias) -> list[tuple]:
                                "requant": tail, "requant_multiply": multiply, "scale": scale}
                 graphs.append((ops + (act != "") + 3, f"cgra.{root.name}{suffix}{act}_requant", tail, annotations,
                                root.name))
+                tail, dequant = dequant_tail(value)  # then dequantized to float32 (dequant_epilogue.py)
+                graphs.append((ops + (act != "") + 6, f"cgra.{root.name}{suffix}{act}_requant_dequant", tail,
+                               {**annotations, **dequant}, root.name))
     return graphs
 
 
@@ -209,7 +213,8 @@ def with_epilogue_tail(spec: KernelSpec, annotated: dict, name: str = "") -> Ker
     spec = _with_residual(spec, annotated) if "residual" in annotated else spec
     spec = _with_fabric_tail(spec, annotated) if "n1" in annotated else spec
     spec = with_float_tail(spec, annotated, name) if tail else spec
-    return _with_requant(spec, annotated) if "requant" in annotated else spec
+    spec = _with_requant(spec, annotated) if "requant" in annotated else spec
+    return with_dequant(spec, annotated) if "dequant" in annotated else spec
 
 
 def _with_fabric_tail(spec: KernelSpec, annotated: dict) -> KernelSpec:
@@ -311,10 +316,12 @@ def epilogue_operands(spec: KernelSpec, out_shape) -> dict:
     residual and the multiplier (shaped as the kernel stores its output, `out_shape`), the
     requantisation scale."""
     multiplier = te.placeholder(out_shape, spec.acc_dtype, name="multiplier") if spec.multiplier_shape else None
-    return {"bias": te.placeholder(spec.bias_shape, spec.operand_dtype, name="bias") if spec.bias_shape else None,
+    scale = te.placeholder(spec.scale_shape, "float32", name="scale") if spec.scale_shape else None
+    return {**({"dequant_table": scale} if spec.dequantise else {}),  # the parameter's role (dequant_epilogue.py)
+            "bias": te.placeholder(spec.bias_shape, spec.operand_dtype, name="bias") if spec.bias_shape else None,
             "residual": te.placeholder(out_shape, spec.operand_dtype, name="residual") if spec.residual_shape else None,
             "multiplier": multiplier,
-            "scale": te.placeholder(spec.scale_shape, "float32", name="scale") if spec.scale_shape else None,
+            "scale": scale,
             **{role: te.placeholder(shape, spec.acc_dtype, name=role) if shape else None
                for role, shape in (("ch_scale", spec.channel_scale_shape), ("ch_shift", spec.channel_shift_shape))},
             # a multiply by a tensor matched as the scale's pattern passes it as "ch_scale"
@@ -332,7 +339,8 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
     `residual_tile`, a tile of acc's shape the kernel computes from what it already holds.
     `name`: the block's (a post-norm's program reads it: post_norm.py)."""
     bias_pad = _channel_row(spec, acc, tiling, operands["bias"], spec.bias_shape, "bias_pad")
-    scale_pad = _channel_row(spec, acc, tiling, operands["scale"], spec.scale_shape, "scale_pad")
+    scale_pad = dequant_row(tiling, operands["scale"]) if spec.dequantise else \
+        _channel_row(spec, acc, tiling, operands["scale"], spec.scale_shape, "scale_pad")
     cscale_pad = _channel_row(spec, acc, tiling, operands.get("ch_scale") if spec.channel_scale_shape else None,
                               spec.channel_scale_shape, "cscale_pad")
     cshift_pad = _channel_row(spec, acc, tiling, operands.get("ch_shift"), spec.channel_shift_shape, "cshift_pad")
@@ -368,6 +376,8 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
             return value.astype(spec.half_via).astype(spec.acc_dtype)
         if scale_pad is None:
             return value
+        if spec.dequantise:  # channel j's (multiplier, scale) at 2j, 2j + 1 (dequant_epilogue.py)
+            return dequant_value(value, scale_pad, idx[-1], spec.requant_zero_point)
         return requantise(value, row(scale_pad, idx), spec.requant_zero_point, REQUANT_DTYPE[spec.acc_dtype])
 
     return te.compute(acc.shape, epi_value, name=name)
@@ -427,4 +437,4 @@ def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
         tail = dict(tail, round_via=spec.half_via)
     return get_intrin("epilogue", rows, tiling.tn, spec.acc_dtype, bias=bool(spec.bias_shape), relu=spec.relu,
                       residual=bool(spec.residual_shape), clip=spec.clip, zero_point=spec.requant_zero_point,
-                      body=body, **tail)
+                      body=body, **tail, **({"dequantise": True} if spec.dequantise else {}))

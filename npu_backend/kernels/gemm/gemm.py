@@ -44,7 +44,7 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     key = (spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), spec.row_step,
            bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
            _any_rows(spec), spec.pixel_order, _taps(spec), spec.act, spec.gated, bool(spec.multiplier_shape),
-           bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape), may_hold_a_panel(spec), spec.patch_channels,
+           _extra_rows(spec), may_hold_a_panel(spec), spec.patch_channels,
            pieces, may_take_copies(spec), spec.rope_pattern, panel_bytes(spec, 1), spec.post_norm, arch.fingerprint)
     if spec.gated and spec.act != "gelu" and not act_on_vector(spec, arch):
         raise UnsupportedOperator(f"a gated linear unit's {spec.act} runs through a function unit that has it; "
@@ -59,7 +59,7 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
                                       any_rows=_any_rows(spec), taps=_taps(spec),
                                       ragged=spec.pixel_order != "blocks", has_multiplier=bool(spec.multiplier_shape),
                                       tail_cycles=tail_tile_cycles(spec, arch),
-                                      extra_rows=bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape),
+                                      extra_rows=_extra_rows(spec),
                                       a_panel=may_hold_a_panel(spec), depth_step=spec.patch_channels or 1,
                                       pieces=pieces,
                                       # (the panel program's room is not in gemm_copies' check)
@@ -84,6 +84,12 @@ def _taps(spec: KernelSpec) -> int:
     if spec.op != "conv2d":
         return 1
     return spec.rhs_shape[2] * (1 if spec.patch_channels else spec.rhs_shape[3])
+
+
+def _extra_rows(spec: KernelSpec) -> int:
+    """Rows of tn values the epilogue stages beside the bias and scale: a batch norm's scale and
+    shift, a dequantising EPILOGUE's second scale per channel (dequant_epilogue.py)."""
+    return bool(spec.channel_scale_shape) + bool(spec.channel_shift_shape) + spec.dequantise
 
 
 def _any_rows(spec: KernelSpec) -> bool:
