@@ -93,7 +93,9 @@ def test_the_fold_matches_the_norm_kernel_and_costs_less():
     vm = relax.VirtualMachine(npu_backend.compile(apart, "cgra-8x8"), tvm.cpu())
     with npu_backend.profile() as prof_apart:
         separate = vm["main"](tvm.runtime.tensor(x))[0].numpy()
-    assert np.abs(fused - separate).max() <= 2e-7 * np.abs(separate).max()
+    # Summation order only: a few float32 ulps of the largest output (2.6e-7 with the AVX2 BLAS
+    # numpy uses on one machine, under 2e-7 on another; the simulator's float GEMM is numpy's).
+    assert np.abs(fused - separate).max() <= 1e-6 * np.abs(separate).max()
     norm_cycles = sum(k.cycles for k in prof_apart.kernels if "rms_norm" in k.name)
     # 5,442 against 5,590 (norm 1,062): the GEMM apart gained 96 cycles from loading B before A's
     # row pieces (lower/row_loads.py), which the fused kernel's normalised panel does not use.
@@ -141,16 +143,17 @@ def _llama_block(rows: int = 16, cols: int = 32, seed: int = 0):
     return bb.get(), reference
 
 
-def test_a_llama_style_layer_keeps_only_its_output_norm():
-    """Structure: the two pre-norms are gone into the q/k/v linear and the gated gate/up linear;
-    only the final norm (the model's output) is a norm kernel. Within 1e-5 of float64."""
+def test_a_llama_style_layer_runs_every_norm_inside_a_gemm():
+    """Structure: the two pre-norms are gone into the q/k/v linear and the gated gate/up linear,
+    the final norm (the model's output) into the down linear's epilogue after its residual add
+    (kernels/gemm/post_norm.py): no norm kernel of its own. Within 1e-5 of float64."""
     mod, reference = _llama_block()
     placements = npu_backend.explain(mod, "cgra-8x8")
     norms = [(p.kernel or "").split(" ")[0] for p in placements if p.op == "nn.rms_norm"]
-    assert sorted(norms) == ["cgra.linear_rms_norm", "cgra.linear_rms_norm_gated", "cgra.rms_norm"], norms
+    assert sorted(norms) == ["cgra.linear_post_norm_rms", "cgra.linear_rms_norm", "cgra.linear_rms_norm_gated"], norms
     x = np.random.default_rng(1).standard_normal((1, 16, 32)).astype(np.float32)
     got, prof = _run(mod, x)
-    assert sum("rms_norm_cgra" in k.name and "matmul" not in k.name for k in prof.kernels) == 1
+    assert not any("rms_norm" in k.name and "matmul" not in k.name for k in prof.kernels)
     ref = reference(x)
     assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
 
