@@ -397,8 +397,8 @@ def _two_loads_and_a_bad_one(bad_record):
     (encode(Op.EPILOGUE, flags=EPILOGUE_CLIP, acc_dtype=DType.INT32, out_dtype=DType.INT32, m=1, n=4,
             acc_addr=0, acc_stride=4, out_addr=0, out_stride=4, clip_hi_bits=2**31), "EPILOGUE",
      ["2147483648 does not fit int32"]),
-    (encode(Op.EPILOGUE, flags=32, acc_dtype=DType.INT32, out_dtype=DType.INT32, m=1, n=1),
-     "EPILOGUE", ["unknown bits 0x20"]),
+    (encode(Op.EPILOGUE, flags=64, acc_dtype=DType.INT32, out_dtype=DType.INT32, m=1, n=1),
+     "EPILOGUE", ["unknown bits 0x40"]),
 ])
 def test_invalid_command_is_refused_before_anything_runs(bad_record, op_name, words):
     source = np.arange(4, dtype=np.int32)
