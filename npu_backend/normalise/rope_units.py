@@ -17,12 +17,11 @@ reshapes): the unit's tables are then those (bound, r) tables.
 from __future__ import annotations
 
 import numpy as np
-import tvm
 from tvm import relax, tirx
 
 from ..relax_info import shape_dims
 from .rewrite import op_name
-from .rotary_pairs import layout_constant
+from .rotary_pairs import layout_constant, viewed_table
 
 HEADS_FIRST = [0, 2, 1, 3]
 
@@ -142,21 +141,7 @@ def _prefix_rows(expr, values, shape):
     if dims is None or len(dims) < 2 or dims[-1] != width or any(d != 1 for d in dims[:-2]) \
             or not _same(dims[-2], shape[2]):
         return None
-    for _ in range(4):
-        value = values.get(expr)
-        if op_name(value) == "relax.reshape":
-            expr = value.args[0]
-            continue
-        if op_name(value) != "relax.memory.view" or not isinstance(value.args[0], tvm.ir.GenericConst):
-            return None
-        offset = value.args[3] if len(value.args) > 3 else 0
-        while hasattr(offset, "value"):  # a PrimValue of an IntImm
-            offset = offset.value
-        table = value.args[0].value.numpy()
-        if offset != 0 or table.dtype != np.float32 or table.size % width:
-            return None
-        return np.ascontiguousarray(table.reshape(-1, width))
-    return None
+    return viewed_table(expr, values, width)
 
 
 def _same(a, b) -> bool:

@@ -218,6 +218,12 @@ def _prefix_table(expr, values, shape):
     if dims is None or len(dims) != 4 or dims[0] != 1 or dims[2] != 1 or dims[3] != r \
             or isinstance(dims[1], int) or not dims[1].same_as(shape[1]):
         return None
+    return viewed_table(expr, values, r)
+
+
+def viewed_table(expr, values, width: int):
+    """The (bound, width) float32 table `expr` views from its first row: a memory.view at offset 0
+    of a constant, through up to three reshapes (position_tables.py's prefix views); else None."""
     for _ in range(4):
         value = values.get(expr)
         if op_name(value) == "relax.reshape":
@@ -229,9 +235,9 @@ def _prefix_table(expr, values, shape):
         while hasattr(offset, "value"):  # a PrimValue of an IntImm
             offset = offset.value
         table = value.args[0].value.numpy()
-        if offset != 0 or table.dtype != np.float32 or table.size % r:
+        if offset != 0 or table.dtype != np.float32 or table.size % width:
             return None
-        return table.reshape(-1, r)
+        return np.ascontiguousarray(table.reshape(-1, width))
     return None
 
 
