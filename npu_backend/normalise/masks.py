@@ -86,10 +86,26 @@ def masks_as_float(mod: tvm.IRModule, causal_fits=None) -> tvm.IRModule:
         made.append(_MaskRewriter(module, causal_fits, finite))
         return made[-1]
 
-    rewritten = rewrite_functions(mod, rewriter)
-    if made[-1].unseen:  # an attention of a finite split whose unseen rows had no place to go back
-        rewritten = rewrite_functions(mod, lambda module: rewriter(module, finite=False))
-    return relax.transform.DeadCodeElimination()(rewritten)
+    rewritten = relax.transform.DeadCodeElimination()(rewrite_functions(mod, rewriter))
+    # A finite split is exact only inside an attention that put its unseen rows back: redo without
+    # splits if an attention's rows had no place to go back or anything else reads a split (a
+    # mask that is itself an output holds float32's minimum, not -inf).
+    if any(m.unseen for m in made) or _reads_finite_split(rewritten, [s for m in made for s in m.seen]):
+        rewritten = relax.transform.DeadCodeElimination()(
+            rewrite_functions(mod, lambda module: rewriter(module, finite=False)))
+    return rewritten
+
+
+def _reads_finite_split(mod: tvm.IRModule, splits: list) -> bool:
+    """Whether a binding of `mod` still reads one of `splits` (after dead code elimination, an
+    attention that took its split reads the triangle and row instead)."""
+    if not splits:
+        return False
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            if any(var.same_as(split) for var in relax.analysis.all_vars(func) for split in splits):
+                return True
+    return False
 
 
 def masks_pass(causal_fits=None) -> tvm.transform.Pass:
