@@ -108,6 +108,29 @@ def test_a_process_with_other_threads_compiles_in_itself(model, monkeypatch):
     assert forked == []
 
 
+def test_tqdms_monitor_thread_does_not_keep_the_compile_in_one_process(model, monkeypatch):
+    """Every process that built a Hugging Face model runs tqdm's monitor (a daemon that sleeps):
+    its compiles fork workers all the same (another thread does not: the test above)."""
+    import threading
+
+    class TMonitor(threading.Thread):  # as tqdm._monitor names it
+        pass
+
+    TMonitor.__module__ = "tqdm._monitor"
+    forked, pool = [], parallel.concurrent.futures.ProcessPoolExecutor
+    monkeypatch.setattr(parallel.concurrent.futures, "ProcessPoolExecutor", lambda *a, **k: forked.append(1) or pool(*a, **k))
+    release = threading.Event()
+    monitor = TMonitor(target=release.wait, daemon=True)
+    monitor.start()
+    try:
+        mod, x = model
+        _compile_and_run(mod, x, monkeypatch, 2)
+    finally:
+        release.set()
+        monitor.join()
+    assert forked == [1]
+
+
 def test_the_garbage_collector_pauses_for_the_compile_and_comes_back_as_it_was(model, monkeypatch):
     """collector.gc_paused: off while the stages run (in this process and its forked workers),
     restored after, a failed compile included; a collector the caller turned off stays off."""

@@ -11,7 +11,7 @@ A kernel that fails in a worker is compiled again here, so that its error is rai
 process with its own type, message and traceback. CGRA_COMPILE_JOBS sets the number of
 processes (default: the cores this process may use; 1 compiles everything here). Fewer than
 MIN_PARALLEL_KERNELS kernels are not worth the workers' start; a process running other threads
-compiles everything itself (see `_may_fork`).
+compiles everything itself, unless those are threads known to be harmless (see `_may_fork`).
 """
 
 from __future__ import annotations
@@ -72,10 +72,18 @@ def compile_all(items: list, compile_one, on_progress=None) -> list:
     return [result if result is not None else compile_one(item) for item, result in zip(items, results)]
 
 
+# Threads a fork may leave behind: their locks are never taken by a compile. tqdm's monitor
+# (a daemon that wakes every 10 s to check its progress bars) runs in every process that built a
+# Hugging Face model, whose compiles would otherwise never use a second core.
+HARMLESS_THREADS = frozenset({("tqdm._monitor", "TMonitor")})
+
+
 def _may_fork() -> bool:
-    """Fork only a process whose one thread is this one: a child gets a copy of every lock, and
-    one that another thread held when it forked would stay held forever."""
-    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+    """Fork only a process whose other threads are harmless to its child: a child gets a copy of
+    every lock, and one that another thread held when it forked would stay held forever."""
+    others = [thread for thread in threading.enumerate() if thread is not threading.current_thread()]
+    return "fork" in multiprocessing.get_all_start_methods() and \
+        all((type(thread).__module__, type(thread).__name__) in HARMLESS_THREADS for thread in others)
 
 
 def _compile_here(compile_one, item, index: int, on_progress):
