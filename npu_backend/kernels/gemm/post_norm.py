@@ -39,7 +39,8 @@ reduction in one step, are row tiles that all read one B, which the kernel loads
 pipeline). At 32 x 64 x 64 (BERT's out-projection plus its residual and folded gamma) on
 cgra-8x8: 4,510 cycles against 3,061 + 2,125 apart.
 
-Refused (the norm keeps its own kernel; explain gives the reason, tools/post_norm_reasons.py):
+A patch embedding's norm after its patch conv, without a residual, is patch_norm.py's (its checks;
+this program). Refused (the norm keeps its own kernel; explain gives the reason, tools/post_norm_reasons.py):
 N not a whole number of the PE array's columns (a padded column would join the row's variance),
 a row too wide for a tile of the array's rows with the program's intermediates, and a fold whose
 estimate is no cheaper than the GEMM's best tiling and the plain norm kernel apart (`check_post_norm`).
@@ -302,7 +303,7 @@ def post_norm_pieces(spec, arch) -> bool:
     (gemm_pieces.py), the norm run a piece at a time while the array computes the next piece's
     rows: a tile of more rows than one fold (a per-channel scale, which keeps other kernels
     whole, included: the norm's work is what the pieces hide)."""
-    whole_rows = not spec.patch_channels or spec.row_step % arch.rows == 0  # pieces that split a patch row's tile
+    whole_rows = not spec.patch_channels or spec.row_step % arch.rows == 0  # (a patch conv's tiles: output rows)
     return bool(spec.post_norm) and spec.gemm_extents[0] > arch.rows and whole_rows
 
 
@@ -353,7 +354,9 @@ def holds_b(spec, tiling) -> bool:
     whole rows, so with the whole reduction in one step every row tile reads the same B (the
     schedule leaves B's copy outside the tile loops). The norm of one row tile then runs while
     the PE array computes the next, whose B is already there."""
-    return bool(spec.post_norm) and not spec.patch_channels and tiling.tk == tiling.kp and tiling.tn == tiling.np and tiling.mp > tiling.tm
+    if spec.patch_channels:  # (a patch conv reduces over kh kernel rows too: its B is loaded per step)
+        return False
+    return bool(spec.post_norm) and tiling.tk == tiling.kp and tiling.tn == tiling.np and tiling.mp > tiling.tm
 
 
 def post_norm_tiling(spec, tiling, arch) -> Tiling:
