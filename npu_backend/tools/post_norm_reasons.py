@@ -1,4 +1,4 @@
-"""Why a layer norm after a GEMM's residual add runs as its own kernel (for `explain`).
+"""Why a layer norm after a GEMM's residual add, or a patch conv, runs as its own kernel (for `explain`).
 
 Stage: tools (read-only, on the partitioned module). A post-norm, LayerNorm(x + proj(h)), runs in
 the epilogue of the GEMM that computes its input (kernels/gemm/post_norm.py) unless that kernel
@@ -34,15 +34,15 @@ def post_norm_reasons(mod: tvm.IRModule, func: relax.Function, arch) -> dict:
         norm_wrapper = _offloaded(mod, call)
         if norm_wrapper is None or composite_name(norm_wrapper) not in _NORMS:
             continue
-        producer = _offloaded(mod, values.get(call.args[0]) if isinstance(call.args[0], relax.Var) else None)
+        producer = _offloaded(mod, _through_reshape(values, call.args[0]))
         if producer is None:
             continue
         name = composite_name(producer)
         root = name.removeprefix("cgra.").split("_")[0]
-        if root not in _ROOTS:
+        if root not in _ROOTS + ("conv2d",):
             continue
         roles = matched_roles(producer, [(entry.pattern, entry.annotations) for entry in entries_named(name)])
-        if "residual" not in roles:
+        if "residual" not in roles and root != "conv2d":  # (a patch conv's norm: kernels/gemm/patch_norm.py)
             continue
         norm = composite_ops(norm_wrapper)[-1][1]
         plain = "_plain" if composite_name(norm_wrapper).endswith("_plain") else ""
@@ -51,6 +51,15 @@ def post_norm_reasons(mod: tvm.IRModule, func: relax.Function, arch) -> dict:
         if reason:
             reasons[var] = f"its own kernel, not in the {root}'s epilogue: {reason}"
     return reasons
+
+
+def _through_reshape(values: dict, arg):
+    """The call computing `arg`, through one reshape (a view of a patch conv's NHWC output)."""
+    value = values.get(arg) if isinstance(arg, relax.Var) else None
+    if isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.reshape" and \
+            isinstance(value.args[0], relax.Var):
+        return values.get(value.args[0])
+    return value
 
 
 def _offloaded(mod: tvm.IRModule, call):

@@ -104,7 +104,7 @@ def stage_output_tile(sch, spec: KernelSpec, tile_loop, store: bool = True):
     acc, epi = sch.get_sblock("acc"), sch.get_sblock("epi")
     if spec.op == "matmul" and spec.rope_pattern:  # rope_epilogue.py's blocks, acc's readers
         stage_rope_blocks(sch, spec, tile_loop)
-    if spec.op == "matmul" and spec.post_norm:  # post_norm.py's sum and program, acc's readers
+    if spec.post_norm:  # post_norm.py's sum and program, acc's readers
         stage_post_norm(sch, spec, tile_loop)
     sch.compute_at(acc, tile_loop)
     for name in channel_rows(spec):
@@ -185,7 +185,7 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
         sch.annotate(piece_loop, HOIST_ALLOCS, 1)
         sch.annotate(col_tile, GEMM_ROWS, piece)  # its GEMMs in the same pieces (lower/gemm_rows.py)
         sch.reverse_compute_at(sch.get_sblock("out"), piece_loop)
-    if spec.op == "matmul" and spec.post_norm:  # the sum and the norm a piece at a time (post_norm.py)
+    if spec.post_norm:  # the sum and the norm a piece at a time (post_norm.py)
         tensorize_post_norm(sch, spec, piece, piece_loop if piece < tiling.tm else None,
                             epilogue_intrin(summed_spec(spec), tiling, rows=piece))
     sch.tensorize(epi_row, epilogue_intrin(spec, tiling, rows=piece))

@@ -39,7 +39,8 @@ reduction in one step, are row tiles that all read one B, which the kernel loads
 pipeline). At 32 x 64 x 64 (BERT's out-projection plus its residual and folded gamma) on
 cgra-8x8: 4,510 cycles against 3,061 + 2,125 apart.
 
-Refused (the norm keeps its own kernel; explain gives the reason, tools/post_norm_reasons.py):
+A patch embedding's norm after its patch conv, without a residual, is patch_norm.py's (its checks;
+this program). Refused (the norm keeps its own kernel; explain gives the reason, tools/post_norm_reasons.py):
 N not a whole number of the PE array's columns (a padded column would join the row's variance),
 a row too wide for a tile of the array's rows with the program's intermediates, and a fold whose
 estimate is no cheaper than the GEMM's best tiling and the plain norm kernel apart (`check_post_norm`).
@@ -62,6 +63,7 @@ from ...relax_info import dtype_of, static_shape
 from ..common.spec import Tiling
 from ..intrinsics import SPAD, get_intrin
 from ..rows.norms import steps_of
+from .patch_norm import patch_norm_graphs, with_patch_norm
 from .gemm_estimate import estimate_cycles, gemm_footprint, may_hold_a_panel
 from .row_norm import tensorize_row_reduce
 from ..rows.rows import RowSpec, Step, choose_row_tiling, estimate_row_cycles, shapes_of, stage_of, step_cycles
@@ -111,7 +113,7 @@ def post_norm_graphs(roots) -> list[tuple]:
                 if top is rms:
                     del roles["norm_beta"]
                 graphs.append((f"cgra.{root.name}{SUFFIX}{suffix}", top, roles, root.name))
-    return graphs
+    return graphs + patch_norm_graphs(roots)  # a patch conv's norm, without a residual: patch_norm.py
 
 
 def is_post_norm_pattern(name: str) -> bool:
@@ -122,6 +124,8 @@ def with_post_norm(spec, annotated: dict, name: str, tail):
     """`spec` with the sum's epilogue (`tail`: epilogue.with_epilogue_tail, read as the chain the
     plain or the tail patterns take) and the layer norm after it; refuses what the kernel does
     not compute (the norm then runs on its own)."""
+    if spec.op == "conv2d":  # a patch embedding's norm (patch_norm.py)
+        return with_patch_norm(spec, annotated)
     norm = annotated["post_norm"]
     inner = {role: expr for role, expr in annotated.items()
              if role not in ("post_norm", "post_beta", "norm_gamma", "norm_beta")}
@@ -299,7 +303,8 @@ def post_norm_pieces(spec, arch) -> bool:
     (gemm_pieces.py), the norm run a piece at a time while the array computes the next piece's
     rows: a tile of more rows than one fold (a per-channel scale, which keeps other kernels
     whole, included: the norm's work is what the pieces hide)."""
-    return bool(spec.post_norm) and spec.gemm_extents[0] > arch.rows
+    whole_rows = not spec.patch_channels or spec.row_step % arch.rows == 0  # (a patch conv's tiles: output rows)
+    return bool(spec.post_norm) and spec.gemm_extents[0] > arch.rows and whole_rows
 
 
 def post_norm_tiles(spec) -> tuple:
@@ -349,6 +354,8 @@ def holds_b(spec, tiling) -> bool:
     whole rows, so with the whole reduction in one step every row tile reads the same B (the
     schedule leaves B's copy outside the tile loops). The norm of one row tile then runs while
     the PE array computes the next, whose B is already there."""
+    if spec.patch_channels:  # (a patch conv reduces over kh kernel rows too: its B is loaded per step)
+        return False
     return bool(spec.post_norm) and tiling.tk == tiling.kp and tiling.tn == tiling.np and tiling.mp > tiling.tm
 
 
@@ -356,7 +363,7 @@ def post_norm_tiling(spec, tiling, arch) -> Tiling:
     """The tile search's choice `tiling` (its estimate: the GEMM's, with the program on every
     tile), or a tiling of whole-depth row tiles holding B (`holds_b`, priced by
     `_held_b_cycles`) when one that fits is estimated faster."""
-    if not spec.post_norm:
+    if not spec.post_norm or spec.patch_channels:  # (a patch conv's tiles are whole output rows)
         return tiling
     best, fastest = tiling, post_norm_cycles(spec, tiling, arch)
     for tm in range(arch.rows, tiling.mp, arch.rows):
@@ -405,8 +412,8 @@ def check_post_norm(spec, tiling, arch, choose_gemm_tiling) -> None:
     the plain norm kernel's estimate (the cheaper norm kernel: a plain norm refused by its own
     pattern is then refused by the one with gamma and beta too, whatever the partition's plan
     tries, partition/plans.py): then the norm runs on its own. `choose_gemm_tiling`: gemm.py's,
-    which calls this."""
-    if not spec.post_norm:
+    which calls this. A patch conv's norm is not priced (patch_norm.py: measured cheaper fused)."""
+    if not spec.post_norm or spec.patch_channels:
         return
     apart_spec = dataclasses.replace(spec, post_norm=None)
     m, n, _ = spec.gemm_extents
