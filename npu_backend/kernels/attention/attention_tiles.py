@@ -130,6 +130,8 @@ def attention_footprint(spec, t: RowTiling) -> int:
     mask = aligned(_mask_rows(spec, t) * spec.mask_shape[4] * F32_BYTES) if t.mask != "none" else 0
     if spec.causal is not None and t.tq > 1:  # the triangle (rows.py)
         mask += aligned(tq * (t.tq - 1) * F32_BYTES)
+    if spec.unseen:  # c 1ᵀ V per K / V head, the row of c and the unseen rows' flags (rows.py)
+        item += aligned(t.kv_copies * dv * F32_BYTES) + aligned(sk * F32_BYTES) + aligned(2 * tq * F32_BYTES)
     return kv + item + mask
 
 
@@ -239,7 +241,7 @@ def choose_attention_tiling(spec, arch: HardwareDescription):
         rows = whole_row_tiling(spec, arch)
     except ScratchpadTooSmall:
         rows = None
-    flash = choose_flash_tiling(spec, arch)
+    flash = choose_flash_tiling(spec, arch) if not spec.unseen else None  # c 1ᵀ V: rows.py only
     if rows is not None and (flash is None or whole_row_dma_bytes(spec, rows) <= flash.dma_bytes):
         return rows
     if flash is not None:
