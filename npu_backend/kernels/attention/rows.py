@@ -58,7 +58,7 @@ from .script_text import F32, Writer, call, eltwise, element, fill, gemm, guarde
 #: Every buffer: the kernel keeps its own two copies where it needs them (lower/double_buffer.py
 #: must leave them alone; they are allocated outside the loop anyway).
 BUFFERS = ["kt", "v", "q", "s", "m", "l", "inv", "o", "res", "mask_all", "mask_tile", "ones", "band",
-           "weights", "cv", "u"]
+           "weights", "cv", "u", "factor"]
 
 
 
@@ -178,7 +178,14 @@ def _next_items(w: Writer, spec, t: RowTiling, items: int, when: str = "") -> No
 def _scale_k(w: Writer, spec, item: _Item, indent: str = "") -> None:
     """Kᵀ of the item's K / V head times the scale, once for the G query heads of its group."""
     kt = ("kt", f"{item.kv_slot} * {spec.d * spec.sk}", spec.sk)
-    w.add(indent + vfunc("identity", spec.d, spec.sk, kt, kt, scale=spec.scale))
+    w.add(indent + _scaled(spec.d, spec.sk, kt))
+
+
+def _scaled(rows, cols, x: tuple) -> str:
+    """x (buffer, offset, row stride) times the scale in place: an ELTWISE multiply by the scale
+    held in `factor` (read once, stride 0), the one rounding a VFUNC identity's scale makes, at
+    the lanes' width where that VFUNC takes two steps an element (scale, then identity)."""
+    return eltwise("multiply", rows, cols, x + (1,), ("factor", 0, 0, 0), x)
 
 
 def _allocate(w: Writer, spec, t: RowTiling) -> None:
@@ -196,6 +203,9 @@ def _allocate(w: Writer, spec, t: RowTiling) -> None:
     # the PE array's other operand: ones (the row sums P 1; a mask row 1 m or column m 1)
     w.alloc("ones", (max(sk, tq),))
     w.add(fill("ones", 1, max(sk, tq), max(sk, tq), 1.0))
+    if scale_at(spec) in ("q", "k"):
+        w.alloc("factor", (1,))
+        w.add(fill("factor", 1, 1, 1, spec.scale))
     if spec.unseen:  # a row of c (each key's weight in a row that sees none), c 1ᵀ V, the rows' flags
         w.alloc("weights", (sk,))
         w.add(fill("weights", 1, sk, sk, spec.unseen))
@@ -275,7 +285,7 @@ def _scores(w: Writer, spec, t: RowTiling, item: _Item, scale_k: bool = False) -
     if scale_k:
         _scale_k(w, spec, item)
     if scale_at(spec) == "q":
-        w.add(vfunc("identity", tq, spec.d, q, q, scale=spec.scale))
+        w.add(_scaled(tq, spec.d, q))
     w.add(call("cgra_gemm", flags=GEMM_ACCUMULATE if mask_in_gemm(spec) else 0, dtype=F32, m=tq, n=item.keys,
                 k=spec.d, a_addr=q[:2], a_stride=qs, b_addr=("kt", f"{item.kv_slot} * {spec.d * spec.sk}"),
                 b_stride=spec.sk, acc_addr=s[:2], acc_stride=ps))
