@@ -28,8 +28,10 @@ from test_attention import BOUND, _attention_kernels, _reference, _run
 op = relax.op
 
 
-def _decoder_attention(b, h, hk, sq, sk, d, scale):
-    """HF's eager grouped attention under its causal & padding mask (int64 attention_mask), safe."""
+def _decoder_attention(b, h, hk, sq, sk, d, scale, unseen=0.0):
+    """HF's eager grouped attention under its causal & padding mask (int64 attention_mask), safe:
+    a row that sees no key gives 0, or with `unseen` = c each key's weight there is c
+    (where(kept, P, c): a finite mask's split, normalise/finite_masks.py)."""
     bb = relax.BlockBuilder()
     q = relax.Var("q", relax.TensorType((b, h, sq, d), "float32"))
     k = relax.Var("k", relax.TensorType((b, hk, sk, d), "float32"))
@@ -51,7 +53,7 @@ def _decoder_attention(b, h, hk, sq, sk, d, scale):
             p = bb.emit(op.nn.softmax(s, axis=-1))
             finite = bb.emit(op.astype(bb.emit(op.not_equal(s, relax.const(-np.inf, "float32"))), "float32"))
             kept = bb.emit(op.greater(bb.emit(op.max(finite, axis=[-1], keepdims=True)), relax.const(0.0, "float32")))
-            o = bb.emit_output(op.matmul(bb.emit(op.where(kept, p, relax.const(0.0, "float32"))), vv))
+            o = bb.emit_output(op.matmul(bb.emit(op.where(kept, p, relax.const(np.float32(unseen)))), vv))
         bb.emit_func_output(o)
     return bb.get(), causal
 

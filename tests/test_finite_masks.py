@@ -57,12 +57,12 @@ def test_the_minus_inf_form_is_exact_in_every_row_that_sees_a_key(s, heads, magn
     hf, split, seen = _forms(scores, alibi, keep[None].repeat(heads, 0), causal)
     assert np.array_equal(hf[:, seen[0]], split[:, seen[0]])  # the same bits
     unseen = ~seen[0]
-    # a row that sees no key: HF's is uniform over every key, the -inf form's 0 (NaN unsafe): not
-    # rewritten as such, put back as D V (D's row fl(1 / s) where it sees none)
+    # a row that sees no key: HF's is uniform over every key, the -inf form's 0 (NaN unsafe): the
+    # safe softmax's where(kept, P, c) gives it c = fl(1 / s) for every key (the kernel: c 1ᵀ V)
     assert np.all(hf[:, unseen] == F32(1) / F32(s)) and np.all(split[:, unseen] == 0)
     v = rng.standard_normal((heads, s, 4)).astype(F32)
     d = np.where(unseen[:, None], F32(1) / F32(s), F32(0)) * np.ones((1, s), F32)
-    put_back = (split @ v + d[None] @ v).astype(F32)
+    put_back = (np.where(unseen[:, None], d, split) @ v).astype(F32)
     expected = hf.astype(np.float64) @ v
     assert np.abs(put_back - expected).max() <= 1e-6 * max(np.abs(expected).max(), 1.0)
 

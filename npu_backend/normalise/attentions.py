@@ -108,7 +108,7 @@ class _AttentionRewriter(relax.PyExprMutator):
             finite = emit(relax.op.astype(emit(relax.op.not_equal(s, relax.const(-np.inf, "float32"))), "float32"))
             kept = emit(relax.op.greater(emit(relax.op.max(finite, axis=[-1], keepdims=True)),
                                          relax.const(0.0, "float32")))
-            p = emit(relax.op.where(kept, p, relax.const(0.0, "float32")))
+            p = emit(relax.op.where(kept, p, relax.const(np.float32(a.get("unseen", 0.0)))))
         out = emit(relax.op.matmul(p, v5))
         return relax.op.reshape(out, out_shape)
 
@@ -118,7 +118,7 @@ def read_attention(chain: Chain, call) -> dict | None:
     None) and its rank-5 shape, the scale, whether the softmax is safe, and the sizes."""
     p_operand, v_operand = call.args
     p_nodes, p_ops = walk(chain, p_operand, scales=False)
-    softmax, safe = _softmax_of(chain, p_nodes[-1])
+    softmax, safe, unseen = _softmax_of(chain, p_nodes[-1])
     if softmax is None:
         return None
     x = softmax.args[0]
@@ -129,7 +129,8 @@ def read_attention(chain: Chain, call) -> dict | None:
     scores, biases = _scores_and_biases(chain, x)
     if scores is None:
         return None
-    return _parts(chain, scores, biases, x_shape, v_operand, safe)
+    parts = _parts(chain, scores, biases, x_shape, v_operand, safe)
+    return dict(parts, unseen=unseen) if parts is not None else None
 
 
 def _parts(chain: Chain, scores, biases, x_shape, v_operand, safe: bool) -> dict | None:
@@ -257,21 +258,24 @@ def _is_plain_view(nodes, ops, inner_shape, outer_shape) -> bool:
 
 
 def _softmax_of(chain: Chain, expr):
-    """(softmax call over the last axis, safe) for softmax(x) or a guarded where(kept, softmax(x), 0)."""
-    safe = False
+    """(softmax call over the last axis, safe, c) for softmax(x) or a guarded where(kept, softmax(x), c),
+    c a finite scalar: 0, or fl(1 / Sk), the weight of every key in a row a finite mask's split
+    left without one (normalise/finite_masks.py)."""
+    safe, unseen = False, 0.0
     where = chain.call(expr, "relax.where")
     if where is not None:
         cond, picked, zeros = where.args
-        if chain.scalar(zeros) != 0.0:
-            return None, False
+        unseen = chain.scalar(zeros)
+        if unseen is None or not np.isfinite(unseen):
+            return None, False, 0.0
         expr, safe = picked, True
     softmax = chain.call(expr, "relax.nn.softmax")
     rank = len(_dims(softmax) or ()) if softmax is not None else 0
     if softmax is None or not rank or int(softmax.attrs.axis) % rank != rank - 1 or dtype_of(softmax) != "float32":
-        return None, False
+        return None, False, 0.0
     if safe and not _row_has_finite_entry(chain, where.args[0], softmax.args[0]):
-        return None, False
-    return softmax, safe
+        return None, False, 0.0
+    return softmax, safe, float(unseen)
 
 
 def _row_has_finite_entry(chain: Chain, cond, x) -> bool:

@@ -61,12 +61,12 @@ from ..frontend.provenance import with_span
 from ..relax_info import dtype_of, static_shape
 from .causal_rows import causal_row_add
 from .chain_match import Chain
-from .finite_masks import put_back_unseen_rows, safe_softmax, splits_finite, unseen_rows
+from .finite_masks import safe_softmax, splits_finite, unseen_rows
 from .rewrite import as_pass, rewrite_functions
 
 _WHERE, _ASTYPE = tvm.ir.Op.get("relax.where"), tvm.ir.Op.get("relax.astype")
 _CUMSUM, _ADD = tvm.ir.Op.get("relax.cumsum"), tvm.ir.Op.get("relax.add")
-_PERMUTE, _SOFTMAX = tvm.ir.Op.get("relax.permute_dims"), tvm.ir.Op.get("relax.nn.softmax")
+_SOFTMAX = tvm.ir.Op.get("relax.nn.softmax")
 _AND = ("relax.bitwise_and", "relax.logical_and")
 _OR = ("relax.bitwise_or", "relax.logical_or")
 _NOT = ("relax.logical_not", "relax.bitwise_not")
@@ -87,9 +87,10 @@ def masks_as_float(mod: tvm.IRModule, causal_fits=None) -> tvm.IRModule:
         return made[-1]
 
     rewritten = relax.transform.DeadCodeElimination()(rewrite_functions(mod, rewriter))
-    # A finite split is exact only inside an attention that put its unseen rows back: redo without
-    # splits if an attention's rows had no place to go back or anything else reads a split (a
-    # mask that is itself an output holds float32's minimum, not -inf).
+    # A finite split is exact only inside an attention whose softmax gives its rows that see no key
+    # HF's weights (finite_masks.safe_softmax): redo without splits if an attention's softmax did
+    # not, or anything else reads a split (a mask that is itself an output holds float32's minimum,
+    # not -inf).
     if any(m.unseen for m in made) or _reads_finite_split(rewritten, [s for m in made for s in m.seen]):
         rewritten = relax.transform.DeadCodeElimination()(
             rewrite_functions(mod, lambda module: rewriter(module, finite=False)))
@@ -133,9 +134,9 @@ class _MaskRewriter(relax.PyExprMutator):
         self.causal_fits, self.finite = causal_fits, finite
         self.twins, self.selects, self.binary, self.broadcasts = {}, {}, set(), []
         self.splits = {}  # a split select's add(causal constant, row) -> (the constant, the row)
-        self.seen = {}  # a finite split (finite_masks.py) -> D, fl(1 / Sk) in the rows that see no key
-        self.unseen = {}  # an attention's add(scores, causal constant) of a finite split: rows to put back
-        self.seen_of = {}  # such an add -> its split's D
+        self.seen = {}  # a finite split (finite_masks.py) -> c, fl(1 / Sk): the weights of a row that sees no key
+        self.unseen = {}  # an attention's add(scores, causal constant) of a finite split: its softmax to guard
+        self.seen_of = {}  # such an add -> its split's c
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
@@ -156,9 +157,6 @@ class _MaskRewriter(relax.PyExprMutator):
         if call.op.same_as(_ADD):
             split = causal_row_add(self, chain, call)
             return split if split is not None else self.unbroadcast(chain, call)
-        if call.op.same_as(_PERMUTE) and self.unseen:
-            put_back = put_back_unseen_rows(self, chain, call)
-            return put_back if put_back is not None else call
         if call.op.same_as(_SOFTMAX) and self.unseen:
             safe = safe_softmax(self, chain, call)
             return safe if safe is not None else call

@@ -30,6 +30,7 @@ picks the kernel moving fewer DRAM bytes).
 
 from __future__ import annotations
 
+import numpy as np
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from ...errors import UnsupportedOperator
@@ -124,7 +125,11 @@ def _scale(annotated: dict) -> float | None:
 
 def attention_spec(name: str, annotated: dict) -> AttentionSpec:
     """The AttentionSpec of a matched normal form; raises UnsupportedOperator saying why not."""
+    unseen = _unseen(annotated)
     if "length_mask" in annotated:
+        if unseen:
+            raise UnsupportedOperator("attention over a symbolic length whose rows that see no key take a value: "
+                                      "the symbolic-length kernel gives them 0")
         return length_spec(annotated, _scale(annotated), "where" in annotated)
     q, k, v = (head_layouts.operand_of(annotated, role) for role in head_layouts.ROLES)
     shapes = [shape_dims(x) for x in (q, k, v)]
@@ -159,10 +164,21 @@ def attention_spec(name: str, annotated: dict) -> AttentionSpec:
     parts = head_layouts.parts(annotated)
     sliced = tuple(role for role, _, _ in parts)
     return AttentionSpec(b, hk, g, sq, sk, d, dv, scale=scale, mask_shape=mask_shape, safe="where" in annotated,
-                         causal=causal, seq_major=seq_major, parts=parts,
+                         causal=causal, unseen=unseen, seq_major=seq_major, parts=parts,
                          param_roles=tuple(head_layouts.param_name(seq_major, role, sliced)
                                            for role in head_layouts.ROLES)
                          + (("mask",) if mask_shape else ()))
+
+
+def _unseen(annotated: dict) -> float:
+    """c of a safe softmax's where(kept, p, c): each key's weight in a row that sees none (0, or a
+    finite mask split's fl(1 / Sk), normalise/finite_masks.py)."""
+    if "where" not in annotated:
+        return 0.0
+    value = annotated["where"].args[2].value.numpy()
+    if value.size != 1 or not np.isfinite(value).all():
+        raise UnsupportedOperator("safe softmax whose rows that see no key take a tensor or a non-finite value")
+    return float(value.reshape(()))
 
 
 def _mask_shape(mask, full: tuple) -> tuple:

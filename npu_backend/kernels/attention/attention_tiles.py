@@ -126,10 +126,12 @@ def attention_footprint(spec, t: RowTiling) -> int:
     kv = aligned(t.kv_copies * d * sk * F32_BYTES) + aligned(t.kv_copies * sk * dv * F32_BYTES)
     item = aligned(2 * tq * t.q_stride * F32_BYTES) + aligned(score_copies(spec) * tq * t.p_stride * F32_BYTES)
     item += 3 * aligned(2 * tq * F32_BYTES) + 2 * aligned(2 * tq * dv * F32_BYTES)
-    item += aligned(max(sk, tq) * F32_BYTES)  # the ones
+    item += aligned(max(sk, tq) * F32_BYTES) + aligned(F32_BYTES)  # the ones, the scale
     mask = aligned(_mask_rows(spec, t) * spec.mask_shape[4] * F32_BYTES) if t.mask != "none" else 0
     if spec.causal is not None and t.tq > 1:  # the triangle (rows.py)
         mask += aligned(tq * (t.tq - 1) * F32_BYTES)
+    if spec.unseen:  # c 1ᵀ V per K / V head, the row of c and the unseen rows' flags (rows.py)
+        item += aligned(t.kv_copies * dv * F32_BYTES) + aligned(sk * F32_BYTES) + aligned(2 * tq * F32_BYTES)
     return kv + item + mask
 
 
@@ -147,10 +149,10 @@ def attention_item_cycles(spec, arch: HardwareDescription, tq: int, sums_on_pe: 
     if mask_on_pe(spec):  # S + a mask row or column
         pe += cost.gemm_steady_cycles(arch, tq, sk, 1, "float32") + cost.gemm_fill_cycles(arch, tq, sk)
     vector = 0
-    if scale_at(spec) == "q":
-        vector += cost.vfunc_cycles(arch, tq * d, "identity", scale=True)
+    if scale_at(spec) == "q":  # an ELTWISE multiply by the scale (rows.py)
+        vector += cost.eltwise_cycles(arch, tq * d, tq * d + 1)
     elif scale_at(spec) == "k":
-        vector += cost.vfunc_cycles(arch, spec.sk * d, "identity", scale=True) // (per_kv or spec.g)
+        vector += cost.eltwise_cycles(arch, spec.sk * d, spec.sk * d + 1) // (per_kv or spec.g)
     if band:
         vector += cost.eltwise_cycles(arch, tq * band, 2 * tq * band)
     if mask_in_gemm(spec):  # copied into S, the GEMM accumulating onto it
@@ -239,7 +241,7 @@ def choose_attention_tiling(spec, arch: HardwareDescription):
         rows = whole_row_tiling(spec, arch)
     except ScratchpadTooSmall:
         rows = None
-    flash = choose_flash_tiling(spec, arch)
+    flash = choose_flash_tiling(spec, arch) if not spec.unseen else None  # c 1ᵀ V: rows.py only
     if rows is not None and (flash is None or whole_row_dma_bytes(spec, rows) <= flash.dma_bytes):
         return rows
     if flash is not None:

@@ -57,7 +57,10 @@ from .script_text import F32, Writer, call, eltwise, element, fill, gemm, guarde
 
 #: Every buffer: the kernel keeps its own two copies where it needs them (lower/double_buffer.py
 #: must leave them alone; they are allocated outside the loop anyway).
-BUFFERS = ["kt", "v", "q", "s", "m", "l", "inv", "o", "res", "mask_all", "mask_tile", "ones", "band"]
+BUFFERS = ["kt", "v", "q", "s", "m", "l", "inv", "o", "res", "mask_all", "mask_tile", "ones", "band",
+           "weights", "cv", "u", "factor"]
+
+
 
 
 def rows_compute(spec, t: RowTiling):
@@ -175,7 +178,14 @@ def _next_items(w: Writer, spec, t: RowTiling, items: int, when: str = "") -> No
 def _scale_k(w: Writer, spec, item: _Item, indent: str = "") -> None:
     """Kᵀ of the item's K / V head times the scale, once for the G query heads of its group."""
     kt = ("kt", f"{item.kv_slot} * {spec.d * spec.sk}", spec.sk)
-    w.add(indent + vfunc("identity", spec.d, spec.sk, kt, kt, scale=spec.scale))
+    w.add(indent + _scaled(spec.d, spec.sk, kt))
+
+
+def _scaled(rows, cols, x: tuple) -> str:
+    """x (buffer, offset, row stride) times the scale in place: an ELTWISE multiply by the scale
+    held in `factor` (read once, stride 0), the one rounding a VFUNC identity's scale makes, at
+    the lanes' width where that VFUNC takes two steps an element (scale, then identity)."""
+    return eltwise("multiply", rows, cols, x + (1,), ("factor", 0, 0, 0), x)
 
 
 def _allocate(w: Writer, spec, t: RowTiling) -> None:
@@ -193,6 +203,14 @@ def _allocate(w: Writer, spec, t: RowTiling) -> None:
     # the PE array's other operand: ones (the row sums P 1; a mask row 1 m or column m 1)
     w.alloc("ones", (max(sk, tq),))
     w.add(fill("ones", 1, max(sk, tq), max(sk, tq), 1.0))
+    if scale_at(spec) in ("q", "k"):
+        w.alloc("factor", (1,))
+        w.add(fill("factor", 1, 1, 1, spec.scale))
+    if spec.unseen:  # a row of c (each key's weight in a row that sees none), c 1ᵀ V, the rows' flags
+        w.alloc("weights", (sk,))
+        w.add(fill("weights", 1, sk, sk, spec.unseen))
+        w.alloc("cv", (t.kv_copies, dv))
+        w.alloc("u", (2, tq))
     if spec.causal is not None and t.tq > 1:  # the triangle: band[i, z] = -inf where z >= i, else 0
         q = t.tq  # (once per head of a stack: rows y q + i)
         w.alloc("band", (tq, q - 1))
@@ -214,6 +232,9 @@ def _load_kv(w: Writer, spec, item: _Item, which: str = "kv") -> None:
     if "v" in which:
         w.add(f"for u, e in T.grid({spec.sk}, {spec.dv}):",
               f"    v[{slot}, u, e] = {element(spec, 'value', item.n, item.c, 'u', 'e')}")
+        if spec.unseen:  # c 1ᵀ V = sum_j fl(c v_j): HF's P V in a row of uniform weights c, the same products
+            w.add(gemm(False, 1, spec.dv, spec.sk, ("weights", 0, spec.sk), ("v", f"{slot} * {spec.sk * spec.dv}", spec.dv),
+                       ("cv", f"{slot} * {spec.dv}", spec.dv)))
 
 
 def _load_whole_mask(w: Writer, spec, t: RowTiling, item: _Item, indent: str = "") -> None:
@@ -264,7 +285,7 @@ def _scores(w: Writer, spec, t: RowTiling, item: _Item, scale_k: bool = False) -
     if scale_k:
         _scale_k(w, spec, item)
     if scale_at(spec) == "q":
-        w.add(vfunc("identity", tq, spec.d, q, q, scale=spec.scale))
+        w.add(_scaled(tq, spec.d, q))
     w.add(call("cgra_gemm", flags=GEMM_ACCUMULATE if mask_in_gemm(spec) else 0, dtype=F32, m=tq, n=item.keys,
                 k=spec.d, a_addr=q[:2], a_stride=qs, b_addr=("kt", f"{item.kv_slot} * {spec.d * spec.sk}"),
                 b_stride=spec.sk, acc_addr=s[:2], acc_stride=ps))
@@ -308,6 +329,8 @@ def _softmax(w: Writer, spec, t: RowTiling, item: _Item, items: int) -> None:
           reduce("max", tq, sk, s, m[:2]),
           eltwise("subtract", tq, sk, s + (1,), m + (0,), s),
           vfunc("exp", tq, sk, s, s, scale=spec.scale if scale_at(spec) == "exp" else None))
+    if spec.unseen:  # after the exp: the P V GEMM waits for nothing new
+        _flag_unseen(w, spec, t, item, m)
     l = ("l", f"{item.slot} * {tq}")
     on_vector = [fill("l", tq, 1, 1, 0.0, offset=l[1]), reduce("sum", tq, sk, s, l)]
     if t.sums_on_pe and items > 1:
@@ -318,6 +341,31 @@ def _softmax(w: Writer, spec, t: RowTiling, item: _Item, items: int) -> None:
     else:
         w.add(*on_vector)
     w.add(gemm(False, tq, dv, sk, s, ("v", f"{item.kv_slot} * {spec.sk * dv}", dv), ("o", f"{item.slot} * {tq * dv}", dv)))
+    if spec.unseen:
+        _give_unseen(w, spec, t, item, l)
+
+
+def _flag_unseen(w: Writer, spec, t: RowTiling, item: _Item, m: tuple) -> None:
+    """u = 1 in the item's rows that see no key, else +0, from their max m: the safe softmax's
+    max starts at LOWEST and stays there only in such a row (a seen row's max is a score, at
+    least ulp(LOWEST) = 2^104 above it). m + FLT_MAX is 0 there, else at least 2^104: its minimum
+    with 1 is 0 or 1, and 1 - that is u, each step exact. Three short vector commands right
+    after the max, nothing waited for (the sums' GEMM comes later)."""
+    tq = t.rows
+    u = ("u", f"{item.slot} * {tq}", 1)
+    w.add(vfunc("identity", tq, 1, m, u, offset=-LOWEST),
+          eltwise("minimum", tq, 1, u + (0,), ("ones", 0, 0, 0), u),
+          vfunc("identity", tq, 1, u, u, scale=-1.0, offset=1.0))
+
+
+def _give_unseen(w: Writer, spec, t: RowTiling, item: _Item, l: tuple) -> None:
+    """The rows u flags take c 1ᵀ V, where(kept, P, c)'s output there: l += u 1 and O += u (c 1ᵀ V)
+    on the PE array after P V, GEMMs of k = 1 whose products are exact: such a row's O = 0 + c 1ᵀ V
+    and l = 1 (its reciprocal 1: O * 1 unchanged), every other row's O + 0 and l + 0."""
+    tq, dv = t.rows, spec.dv
+    u = ("u", f"{item.slot} * {tq}", 1)
+    w.add(gemm(True, tq, 1, 1, u, ("ones", 0, 1), l + (1,)),
+          gemm(True, tq, dv, 1, u, ("cv", f"{item.kv_slot} * {dv}", dv), ("o", f"{item.slot} * {tq * dv}", dv)))
 
 
 def _add_band(w: Writer, spec, t: RowTiling, item: _Item, s: tuple) -> None:

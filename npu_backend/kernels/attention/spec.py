@@ -16,7 +16,10 @@ class AttentionSpec:
     """One attention: sizes, the scale (None for 1), the mask's rank-5 broadcast shape (() for
     none), whether the softmax is safe (an all -inf row gives 0), and for a constant causal mask
     (no mask operand then) its offset k: key j is seen by query i where j <= i + k; `length`: the
-    variable of a symbolic length (sq = sk = its bound, causal 0: flash_length.py)."""
+    variable of a symbolic length (sq = sk = its bound, causal 0: flash_length.py); `unseen`: a safe
+    softmax's value in the rows that see no key (where(kept, softmax, c)'s c: 0, or fl(1 / Sk) for
+    a finite mask's split, normalise/finite_masks.py: every key's weight, the rows' output c 1ᵀ V;
+    the whole-row kernel only, rows.py)."""
 
     b: int
     hk: int
@@ -35,6 +38,7 @@ class AttentionSpec:
     source_ops: tuple = ()
     shape_args: tuple = ()
     length: str | None = None
+    unseen: float = 0.0
     op = "attention"
     dtype = F32
     acc_dtype = F32
