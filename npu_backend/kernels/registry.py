@@ -30,6 +30,7 @@ from ..errors import CGRAError, FamilyError, UnsupportedCopy, UnsupportedOperato
 from ..partition.call_tir import prim_func_of
 from ..partition.composite import SHARED_SOURCE, composite_call, composite_name, composite_ops, matched_roles
 from .attention.attention import ATTENTION
+from .attention.length_rows import LENGTH_ROWS
 from .elementwise.activation import ACTIVATION
 from .elementwise.cast import CAST
 from .common.chains import require_program
@@ -60,7 +61,7 @@ from .rows.row_reduce import ROW_REDUCE
 from .rows.softmax import SOFTMAX
 from .elementwise.special import SPECIAL
 
-FAMILIES: tuple[OpFamily, ...] = (ATTENTION, ROPE, INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, SOFTMAX, NORMS, SPECIAL,
+FAMILIES: tuple[OpFamily, ...] = (ATTENTION, LENGTH_ROWS, ROPE, INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, SOFTMAX, NORMS, SPECIAL,
                                   ROW_REDUCE, QLINEAR, QCHAIN, QLOOKUP, QUANTIZE, FABRIC, ELTWISE, TIR, ACTIVATION,
                                   CAST, LAYOUT)
 _PACKAGED = FAMILIES  # the package's own, not those of registered()
@@ -175,7 +176,8 @@ def pair_pattern_names() -> frozenset:
     """The names of the patterns that fuse several roots around a depthwise conv2d (OpFamily.pairs:
     separable.py, inverted_residual.py), which their checks require. (The attention's pairs,
     matmul -> softmax -> matmul, are tried whenever their operators are called.)"""
-    return frozenset(name for family in FAMILIES if family is not ATTENTION for name, _, _ in family.pairs())
+    return frozenset(name for family in FAMILIES if family not in (ATTENTION, LENGTH_ROWS)
+                     for name, _, _ in family.pairs())
 
 
 def entries_named(name: str) -> list[PatternEntry]:

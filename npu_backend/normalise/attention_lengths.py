@@ -12,7 +12,9 @@ lengths that are prime and unlike any static extent of a head split, so no view 
 mixing s with a static axis. The one mask it takes is the causal one, proven for every length
 (length_masks.is_causal, normalise's Z3-backed prover, on the where(b, 0, -inf) it adds): the
 form then holds a causal mask the kernel's pattern matches whole, `length_causal`, and the
-attention kernel builds it in the scratchpad (kernels/attention/flash_length.py).
+attention kernel builds it in the scratchpad (kernels/attention/flash_length.py). Besides it a
+bias row per head over the keys (Bloom's ALiBi) is taken where it is the prefix of a constant table
+at the bound (length_rows.py): the kernel reads that table's first s columns.
 
 Why: with a symbolic length the attention ran as five kernels (Q Kᵀ, the scale, the mask add,
 a softmax whose rows were held at the bound's width, P V), the scores crossing DRAM between them.
@@ -27,7 +29,9 @@ import numpy as np
 from tvm import relax, sym, tirx
 
 from ..relax_info import dtype_of, shape_dims
+from ..kernels.common.dynamic import _BOUNDS
 from .length_masks import is_causal
+from .length_rows import module_bounds, row_table
 
 #: The lengths a symbolic attention is read at: primes, unlike each other and every head split's
 #: static extent (heads, head dims: powers of two and their multiples).
@@ -74,8 +78,9 @@ def _at(dim, lengths: dict):
 
 def read_at_lengths(chain, call, read):
     """`read(chain, call)` (attentions.read_attention) for static scores; for (.., s, s) scores of
-    a symbolic s, the parts found alike at every trial length with one causal mask, Sq = Sk = s
-    and `length` s; else None."""
+    a symbolic s, the parts found alike at every trial length with one causal mask (and maybe a
+    bias row per head: `row` its (1, Hk, G, 1, bound) table, length_rows.py), Sq = Sk = s and
+    `length` s; else None."""
     scores = shape_dims(call.args[0])
     if scores is None or len(scores) < 2 or all(isinstance(d, int) for d in scores):
         return read(chain, call)
@@ -90,17 +95,49 @@ def read_at_lengths(chain, call, read):
             parts = read(chain, call)
         finally:
             _LENGTHS.reset(token)
-        if parts is None or parts["Sq"] != length or parts["Sk"] != length or len(parts["masks"]) != 1 or \
-                tuple(parts["masks"][0][1]) != (1, 1, 1, length, length):
+        causal = _causal_mask(parts, length)
+        if causal is None:
             return None
-        readings.append(parts)
-    first, second = readings
+        readings.append((parts, causal))
+    (first, causal), (second, other) = readings
+    rows = [m for i, m in enumerate(first["masks"]) if i != causal]
     if any(not first[role].same_as(second[role]) for role in ("q", "k", "v")) or \
-            any(first[key] != second[key] for key in _SAME) or \
-            not first["masks"][0][0].same_as(second["masks"][0][0]) or \
-            not _proven_causal(chain, first["masks"][0][0], sq):
+            any(first[key] != second[key] for key in _SAME) or causal != other or \
+            any(not a[0].same_as(b[0]) for a, b in zip(first["masks"], second["masks"])) or \
+            not _proven_causal(chain, first["masks"][causal][0], sq):
         return None
-    return dict(first, masks=[], causal=None, length=sq, Sq=sq, Sk=sk)
+    row = None
+    if rows:  # a bias row per head besides (Bloom's ALiBi): the prefix of a table (length_rows.py)
+        bound = _bound(chain, sq.name)
+        row = row_table(chain, rows[0][0], sq, bound, tuple(rows[0][1]), TRIAL_LENGTHS) if bound else None
+        if row is None:
+            return None
+        full = (1, first["Hk"], first["G"], 1, bound)
+        row = np.ascontiguousarray(np.broadcast_to(row, full)) if row.shape != full and \
+            all(r in (1, f) for r, f in zip(row.shape, full)) else row
+        if row.shape != full:
+            return None
+    return dict(first, masks=[], causal=None, length=sq, Sq=sq, Sk=sk, row=row)
+
+
+def _causal_mask(parts, length: int) -> int | None:
+    """The index of the (1, 1, 1, s, s) mask of a reading at `length` with Sq = Sk = s and that
+    mask alone or with one row per head (1, Hk | 1, G | 1, 1, s); else None."""
+    if parts is None or parts["Sq"] != length or parts["Sk"] != length or len(parts["masks"]) not in (1, 2):
+        return None
+    square = [i for i, (_, shape) in enumerate(parts["masks"]) if tuple(shape) == (1, 1, 1, length, length)]
+    if len(square) != 1:
+        return None
+    rows = [shape for i, (_, shape) in enumerate(parts["masks"]) if i != square[0]]
+    if any(tuple(shape[i] for i in (0, 3, 4)) != (1, 1, length) for shape in rows):
+        return None
+    return square[0]
+
+
+def _bound(chain, name: str) -> int | None:
+    """The bound of symbolic variable `name`: the compile's shape_bounds, else the module's."""
+    bound = _BOUNDS.get().get(name)
+    return int(bound) if bound is not None else module_bounds(chain.mutator.builder_.get()).get(name)
 
 
 def _proven_causal(chain, mask, length) -> bool:

@@ -41,6 +41,7 @@ from tvm import relax
 from ..frontend.provenance import with_span
 from ..relax_info import dtype_of, shape_dims
 from .attention_lengths import dims as _dims, length_causal, read_at_lengths
+from .length_rows import length_row
 from .chain_match import Chain
 from .rewrite import as_pass, rewrite_functions
 from .softmaxes import kept_condition
@@ -93,6 +94,8 @@ class _AttentionRewriter(relax.PyExprMutator):
             s = emit(relax.op.multiply(s, relax.const(np.float32(a["scale"]))))
         if a.get("length") is not None:  # causal at any length: a mask the kernel's pattern holds
             s = emit(relax.op.add(s, length_causal(emit, sq)))
+            if a.get("row") is not None:  # and a bias row per head (Bloom's ALiBi): a table's prefix
+                s = emit(relax.op.add(s, length_row(emit, a["row"], sq)))
         elif a.get("causal") is not None:  # a constant causal triangle: the kernel reads its offset
             mask = self.builder_.normalize(relax.const(Chain(self).array(a["masks"][0][0]).reshape(1, 1, 1, sq, sk)))
             s = emit(relax.op.add(s, mask))

@@ -63,6 +63,7 @@ from .no_op_pads import no_op_pads_pass
 from .nhwc_convs import nhwc_convs_pass
 from .padding_taps import padding_taps_pass
 from .patch_merges import patch_merges_pass
+from .take_boxes import take_boxes_pass
 from .take_slices import take_slices_pass
 from .token_means import token_means_pass
 from .window_residuals import window_residuals_pass
@@ -257,6 +258,9 @@ def normalise_passes(arch=None) -> list:
         # as a slice (take_slices.py), merged by the next pass: a box RoPE's epilogue and the
         # attention read as views, no copy kernel.
         take_slices_pass,
+        # A take of one index on the next-to-last axis at a symbolic length (Bloom's q / k / v of
+        # its (B, s, H, 3, D) view) as a slice of a (.., N, M D) view: a box (take_boxes.py).
+        take_boxes_pass,
         # A fused q / k / v projection's split as slices, each cut into heads after the slice:
         # the transposing copy or RoPE kernel after it reads its part (split_slices.py).
         split_slices_pass,

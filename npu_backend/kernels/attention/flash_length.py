@@ -54,7 +54,8 @@ from .flash import SINGLE, _band
 from .head_layouts import ROLES, base_role, operand_of, param_name
 from .length_layouts import length_layouts, length_shapes, length_views
 from .length_pipeline import load_keys, online_step, pipelined_keys
-from .rows_length import BUFFERS as ROW_BUFFERS, NAMES as ROW_NAMES, choose_row_limits, rows_branch
+from .rows_length import BUFFERS as ROW_BUFFERS, NAMES as ROW_NAMES, choose_row_limits, load_row_chunks, row_gemm, \
+    rows_branch
 from .script_text import element as stored_at
 from .script_text import Writer, eltwise, fill, gemm, vfunc
 from .flash_tiles import F32_BYTES, FlashTiling, flash_cycles, flash_footprint
@@ -62,7 +63,8 @@ from .spec import F32, AttentionSpec
 
 #: Names the kernel's text uses for its own buffers and loops: a length variable named like one is renamed.
 _RESERVED = {"n", "qt", "c", "j", "kt", "ks", "i", "e", "u", "z", "q", "m", "l", "m_old", "alpha", "o", "s", "p",
-             "inv", "res", "band", "k", "v", "k_diag", "v_diag", "lhs", "rhs", "value", "out", "T", "flash"} | ROW_NAMES
+             "inv", "res", "band", "k", "v", "k_diag", "v_diag", "lhs", "rhs", "value", "out", "T", "flash", "mask",
+             "rowb", "ones_c"} | ROW_NAMES
 #: The lengths the tile search weighs, up to the bound.
 _LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -160,7 +162,8 @@ def _key_tiling(spec: AttentionSpec, arch, above: int = 0) -> FlashTiling | None
     lengths = sorted({n for n in _LENGTHS if above < n < bound} | {bound} | ({above + 1} if above else set()))
     # (two query tiles' keys: a pipelined tiling's footprint counts its copies of S, P, K and V)
     fitting = [t for t in _candidates(spec, arch)
-               if flash_footprint(dataclasses.replace(spec, sq=t.tq, sk=2 * t.tq), t) <= arch.spad_bytes]
+               if flash_footprint(dataclasses.replace(spec, sq=t.tq, sk=2 * t.tq, mask_shape=()), t) +
+               _row_bytes(spec, t) <= arch.spad_bytes]
     if not fitting:
         return None
     cycles = {t: [_cycles_at(spec, arch, t, n) for n in lengths] for t in fitting}
@@ -168,6 +171,12 @@ def _key_tiling(spec: AttentionSpec, arch, above: int = 0) -> FlashTiling | None
     worst = {t: max(c / b for c, b in zip(cycles[t], best)) for t in fitting}
     chosen = min(fitting, key=lambda t: (round(worst[t], 3), cycles[t][-1]))
     return dataclasses.replace(chosen, cycles=cycles[chosen][-1])
+
+
+def _row_bytes(spec: AttentionSpec, t: FlashTiling) -> int:
+    """The key tiles' buffers for a bias row (length_rows.py): a head's row to the bound, a
+    column of ones."""
+    return (round_up(spec.sq, t.tq) + t.tq) * F32_BYTES if spec.mask_shape else 0
 
 
 def _candidates(spec: AttentionSpec, arch) -> list:
@@ -200,7 +209,7 @@ def length_compute(spec: AttentionSpec, t: FlashTiling):
     func = func.with_attr("cgra.arg_shapes", [list(views[base_role(role)]) for role in list(spec.param_roles) + ["out"]])
     if spec.shape_args:
         func = func.with_attr("cgra.shape_args", list(spec.shape_args))
-    return func.with_attr(SINGLE_BUFFERED, SINGLE + ROW_BUFFERS + (["q"] if t.lean else []))
+    return func.with_attr(SINGLE_BUFFERED, SINGLE + ROW_BUFFERS + ["rowb", "ones_c"] + (["q"] if t.lean else []))
 
 
 def _variable(spec: AttentionSpec) -> str:
@@ -257,18 +266,20 @@ def _head(w: Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, head: 
     if not t.lean:
         w.alloc("res", (tq, dv))
     w.add(fill("m", rows, 1, 1, LOWEST), fill("l", rows, 1, 1, 0.0), fill("o", rows, dv, dv, 0.0))
+    row = _bias_row(w, spec, t, c, head)
     depth = w.depth
     if t.pipeline:  # the key tiles below the diagonal, all inside s: flash.py's pipeline, unmasked
-        pipelined_keys(w, spec, t, n, c, rows, f"qt * {r}", _variable(spec))
+        pipelined_keys(w, spec, t, n, c, rows, f"qt * {r}", _variable(spec), row)
     else:
         w.add(f"for kt in range(qt * {r}):")
         w.depth += 1
-        _key_tile(w, spec, t, n, c, rows, "kt", tk, "", None)
+        _key_tile(w, spec, t, n, c, rows, "kt", tk, "", None, row)
     w.depth = depth
     w.add(f"for ks in range({r}):", f"    if (qt * {r} + ks) * {tk} < {s}:")
     w.depth += 2
     band = ("band", f"({r - 1} - ks) * {tk * tk}", tk, 1)
-    _key_tile(w, spec, t, n, c, rows, f"qt * {r} + ks", f"T.min({tk}, {s} - (qt * {r} + ks) * {tk})", "_diag", band)
+    _key_tile(w, spec, t, n, c, rows, f"qt * {r} + ks", f"T.min({tk}, {s} - (qt * {r} + ks) * {tk})", "_diag", band,
+              row)
     w.depth = depth
     w.add(vfunc("reciprocal", rows, 1, ("l", 0, 1), ("inv", 0, 1), offset=TINY if spec.safe else None))
     w.add(eltwise("multiply", rows, dv, ("o", 0, dv, 1), ("inv", 0, 1, 0), (res, 0, dv)),
@@ -276,10 +287,24 @@ def _head(w: Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, head: 
           f"    if qt * {tq} + i < {s}:", f"        {stored_at(spec, 'out', n, head, f'qt * {tq} + i', 'e')} = {res}[i, e]")
 
 
+def _bias_row(w: Writer, spec: AttentionSpec, t: FlashTiling, c: str, head: str) -> int | None:
+    """With a bias row (length_rows.py): the head's keys 0 .. s - 1 into `rowb` and a column of
+    ones, and the row's width; else None."""
+    if not spec.mask_shape:
+        return None
+    width = round_up(spec.sq, t.tq)
+    w.alloc("rowb", (width,))
+    w.alloc("ones_c", (t.tq,))
+    w.add(fill("ones_c", 1, t.tq, t.tq, 1.0))
+    load_row_chunks(w, "rowb", 1, f"(qt + 1) * {t.tq // t.tk}", t.tk, f"mask[{head}, {{}}]", spec.mask_shape[4])
+    return width
+
+
 def _key_tile(w: Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, rows: str, tile: str, cols,
-              suffix: str, mask) -> None:
+              suffix: str, mask, row: int | None = None) -> None:
     """Key tile `tile` (tk keys from tile * tk, `cols` of them computed): K and V in, the online
-    step of flash.py, `mask` an ELTWISE operand added to the scores (the band) or None."""
+    step of flash.py, `mask` an ELTWISE operand added to the scores (the band) or None; `row`:
+    `rowb`'s width, its columns of the tile added to the scores first (a bias row), or None."""
     d, dv, tk = spec.d, spec.dv, t.tk
     k0 = f"{tile} * {tk}" if suffix == "" else f"({tile}) * {tk}"
     kb, vb = "k" + suffix, "v" + suffix
@@ -287,4 +312,6 @@ def _key_tile(w: Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, ro
     w.alloc(vb, (tk, dv))
     load_keys(w, spec, tk, n, c, k0, kb, vb, _variable(spec) if mask is not None else None)
     w.add(gemm(False, rows, cols, d, ("q", 0, t.q_stride), (kb, 0, tk), ("s", 0, tk)))
+    if row is not None:
+        w.add(row_gemm(rows, cols, ("ones_c", 0), ("rowb", k0, row), ("s", 0, tk)))
     online_step(w, spec, t, rows, cols, ("s", 0), ("p", 0), (vb, 0), mask)

@@ -90,16 +90,23 @@ def _stored(spec, role: str, length) -> tuple:
 
 def length_shapes(spec, length: str) -> dict:
     """Kernel buffer name (a parameter's base role, and "out") -> its shape, the length as text."""
-    return {base_role(p): _stored(spec, _role_read(spec, p), length) for p in list(spec.param_roles) + ["out"]}
+    shapes = {base_role(p): _stored(spec, _role_read(spec, p), length) for p in list(spec.param_roles) + ["out"]
+              if p != "mask"}
+    # a bias row's table (1, Hk, G, 1, T) read as (Hk G, T): the DMA boxes take up to four dimensions
+    rows = (spec.mask_shape[1] * spec.mask_shape[2], spec.mask_shape[4]) if spec.mask_shape else ()
+    return {**shapes, "mask": rows} if "mask" in spec.param_roles else shapes
 
 
 def length_views(spec, length) -> dict:
     """Kernel buffer name -> the caller's view of it (`cgra.arg_shapes`): a plain role as the
-    normal form's (B, Hk, G, s, D) (K and V: G 1), a sequence-major one as it is stored."""
+    normal form's (B, Hk, G, s, D) (K and V: G 1), a sequence-major one as it is stored, a bias
+    row's table as it is."""
     views = {}
     for param in list(spec.param_roles) + ["out"]:
         role = _role_read(spec, param)
-        if role in spec.seq_major:
+        if param == "mask":  # a bias row's (1, Hk, G, 1, bound) table, read whole (length_rows.py)
+            views["mask"] = tuple(spec.mask_shape)
+        elif role in spec.seq_major:
             views[base_role(param)] = _stored(spec, role, length)
         else:
             g = spec.g if role in ("lhs", "out") else 1

@@ -16,12 +16,15 @@ attention at 1024 tokens on cgra-8x8: 5.0 M cycles a layer).
 from __future__ import annotations
 
 from .flash_tiles import FlashTiling
+from .rows_length import row_gemm
 from .script_text import Writer, eltwise, element as stored_at, gemm, reduce, vfunc
 
 
-def pipelined_keys(w: Writer, spec, t: FlashTiling, n: str, c: str, rows: str, keys: str, length: str) -> None:
+def pipelined_keys(w: Writer, spec, t: FlashTiling, n: str, c: str, rows: str, keys: str, length: str,
+                   row: int | None = None) -> None:
     """Key tiles 0 .. keys - 1 (`keys` the text of a count, maybe 0) of a query tile of `rows`
-    rows, pipelined (module doc); `length`: the length variable's text."""
+    rows, pipelined (module doc); `length`: the length variable's text; `row`: with a bias row
+    (length_rows.py) the width of the buffer `rowb` holding the head's, added to each tile's S."""
     tq, d, dv, tk = t.tq, spec.d, spec.dv, t.tk
     for name, shape in (("kp", (2, d, tk)), ("vp", (2, tk, dv)), ("sp", (2, tq, tk)), ("pp", (2, tq, t.p_stride))):
         w.alloc(name, shape)
@@ -29,9 +32,11 @@ def pipelined_keys(w: Writer, spec, t: FlashTiling, n: str, c: str, rows: str, k
     def tile(ahead: int) -> str:  # tile kt + ahead, kept inside the keys
         return f"T.max(T.min(kt + {ahead}, {keys} - 1), 0)"
 
-    def scores(slot: str) -> None:
+    def scores(slot: str, tile_at: str) -> None:
         w.add(gemm(False, rows, tk, d, ("q", 0, t.q_stride), ("kp", f"{slot} * {d * tk}", tk),
                    ("sp", f"{slot} * {tq * tk}", tk)))
+        if row is not None:
+            w.add(row_gemm(rows, tk, ("ones_c", 0), ("rowb", f"{tile_at} * {tk}", row), ("sp", f"{slot} * {tq * tk}", tk)))
 
     depth = w.depth
     w.add(f"if {keys} > 0:")
@@ -39,13 +44,13 @@ def pipelined_keys(w: Writer, spec, t: FlashTiling, n: str, c: str, rows: str, k
     second = f"T.max(T.min(1, {keys} - 1), 0)"
     load_keys(w, spec, tk, n, c, "0", "kp", "vp", length, "0")
     load_keys(w, spec, tk, n, c, f"{second} * {tk}", "kp", None, length, "1")
-    scores("0")
+    scores("0", "0")
     w.depth = depth
     w.add(f"for kt in range({keys}):", f"    if kt + 1 < {keys}:")
     w.depth += 2
     after = tile(1)
     load_keys(w, spec, tk, n, c, f"{after} * {tk}", None, "vp", length, f"{after} % 2")
-    scores(f"{after} % 2")
+    scores(f"{after} % 2", after)
     w.add(f"if kt + 2 < {keys}:")
     w.depth += 1
     load_keys(w, spec, tk, n, c, f"{tile(2)} * {tk}", "kp", None, length, f"{tile(2)} % 2")

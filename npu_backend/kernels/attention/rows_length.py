@@ -29,20 +29,47 @@ import dataclasses
 from .attention_tiles import LOWEST, TINY, RowTiling, estimate_attention_cycles, scale_at, whole_row_tiling
 from .script_text import F32, Writer, call, eltwise, element, fill, gemm, reduce, vfunc
 
+
+def _chunk(limit: int) -> int:
+    """Columns of the bias row a DMA box moves: the largest power of two up to 64 dividing `limit`."""
+    return next(c for c in (64, 32, 16, 8, 4, 2, 1) if limit % c == 0)
+
+
+def load_row_chunks(w: Writer, buffer: str, heads: int, count: str, chunk: int, element: str, width: int) -> None:
+    """`count` boxes of `chunk` columns of the bias row table (`element` the text of its element,
+    `{}` its column; `width` its columns) into `buffer` ((heads, .) or (.,) for one head): the
+    lowering cuts no box of a static tensor at the length, so the row comes in chunks covering
+    it, each guarded inside the table."""
+    at = "kc * {0} + u".format(chunk)
+    target = f"{buffer}[h, {at}]" if heads > 1 else f"{buffer}[{at}]"
+    loops = f"T.grid({heads}, {chunk})" if heads > 1 else f"range({chunk})"
+    index = "h, u" if heads > 1 else "u"
+    # (the `if` keeps the chunk loop out of the box: the DMA lowering takes static extents)
+    w.add(f"for kc in range({count}):", f"    if kc * {chunk} < {width}:", f"        for {index} in {loops}:",
+          f"            {target} = T.if_then_else({at} < {width}, {element.format(at)}, T.float32(0))")
+
+
+def row_gemm(rows, cols, ones: tuple, row: tuple, scores: tuple) -> str:
+    """S (buffer, offset, row stride) += a column of `rows` ones (buffer, offset) times the bias
+    row's `cols` columns (buffer, offset, row stride): fl(S + r) on the PE array (length_rows.py)."""
+    return gemm(True, rows, cols, 1, ones + (1,), row, scores)
+
 from ...errors import ScratchpadTooSmall
 
 #: The kernel's buffers (rows.py keeps its own two copies: the double-buffering pass leaves them).
-BUFFERS = ["w_kt", "w_v", "w_q", "w_s", "w_m", "w_l", "w_inv", "w_o", "w_res", "w_ones", "w_band"]
+BUFFERS = ["w_kt", "w_v", "w_q", "w_s", "w_m", "w_l", "w_inv", "w_o", "w_res", "w_ones", "w_band", "w_row"]
 #: Past the last power of two whose K and V fit whole, the whole-row limits are tried at each
 #: 1 / STEPS of it more (cgra-8x8 at bound 2048: 1,152, 1,280, ... while they fit).
 STEPS = 8
 #: Names of the kernel's loop and item variables: a length named like one is renamed (flash_length).
-NAMES = {"it"} | set(BUFFERS)
+NAMES = {"it", "h", "kc"} | set(BUFFERS)
 
 
 def _static(spec, length: int):
-    """The spec at a static length (the causal triangle of offset 0 the kernel builds)."""
-    return dataclasses.replace(spec, sq=length, sk=length, causal=0, length=None)
+    """The spec at a static length (the causal triangle of offset 0 the kernel builds; a bias
+    row's table, length_rows.py, as a mask row of that length)."""
+    mask = tuple(spec.mask_shape[:4]) + (length,) if spec.mask_shape else ()
+    return dataclasses.replace(spec, sq=length, sk=length, causal=0, length=None, mask_shape=mask)
 
 
 def choose_row_limits(spec, arch, key_tiles=None) -> tuple:
@@ -81,9 +108,12 @@ def choose_row_limits(spec, arch, key_tiles=None) -> tuple:
 def _fits(spec, arch, length: int, found: list) -> bool:
     """Whether the whole-row kernel fits at `length`; if so (length, its tiling) joins `found`."""
     try:
-        found.append((length, whole_row_tiling(_static(spec, length), arch)))
+        tiling = whole_row_tiling(_static(spec, length), arch)
     except ScratchpadTooSmall:
         return False
+    if spec.mask_shape and tiling.mask != "whole":  # the kernel holds every head's bias row whole
+        return False
+    found.append((length, tiling))
     return True
 
 
@@ -165,6 +195,11 @@ def _allocate(w: Writer, spec, t: RowTiling, limit: int, s: str) -> None:
     ones = max(limit, rows)  # (filled to the length: a FILL of the limit's cost Llama 42 cycles at 16 tokens)
     w.alloc("w_ones", (ones,))
     w.add(fill("w_ones", 1, f"T.max({s}, {rows})", ones, 1.0))
+    if spec.mask_shape:  # every head's bias row (length_rows.py), keys 0 .. s - 1
+        h = spec.hk * spec.g
+        w.alloc("w_row", (h, limit))
+        load_row_chunks(w, "w_row", h, f"T.floordiv({s} + {_chunk(limit) - 1}, {_chunk(limit)})", _chunk(limit),
+                        "mask[h, {}]", spec.mask_shape[4])
     if t.tq > 1:  # band[y q + i, z] = -inf where z >= i, else 0
         q = t.tq
         w.alloc("w_band", (rows, q - 1))
@@ -204,11 +239,15 @@ def _scores(w: Writer, spec, t: RowTiling, item: _Item, limit: int) -> None:
     """[Q * scale in place] and S = Q Kᵀ over the item's keys."""
     rows, qs, ps = t.rows, t.q_stride, t.p_stride
     q = ("w_q", f"{item.slot} * {rows * qs}", qs)
-    if scale_at(spec) == "q":
+    if scale_at(spec) in ("q", "k"):  # (a power of two with a bias row: on Q too, as exact)
         w.add(vfunc("identity", rows, spec.d, q, q, scale=spec.scale))
     w.add(call("cgra_gemm", flags=0, dtype=F32, m=rows, n=item.keys, k=spec.d, a_addr=q[:2], a_stride=qs,
                b_addr=("w_kt", f"{item.kv_slot} * {spec.d * limit}"), b_stride=limit,
                acc_addr=("w_s", f"{item.slot} * {rows * ps}"), acc_stride=ps))
+    for y in range(t.stack if spec.mask_shape else 0):  # each stacked head's bias row
+        head = f"{item.head} + {y}" if y else item.head
+        w.add(row_gemm(t.tq, item.keys, ("w_ones", 0), ("w_row", f"({head}) * {limit}", limit),
+                       ("w_s", f"{item.slot} * {rows * ps} + {y * t.tq * ps}", ps)))
 
 
 def _softmax(w: Writer, spec, t: RowTiling, item: _Item, items: str, limit: int) -> None:
