@@ -24,6 +24,7 @@ from ..kernels.gemm.int4_conv import int4_conv_kernel
 from ..kernels.gemm.int4_qmatmul import int4_qmatmul_kernel
 from .attentions import attentions_pass
 from .batch_norms import batch_norms_as_scale_shift
+from .half_powers import half_powers_in_float32
 from .bool_scans import bool_scans_as_counts_pass
 from ..frontend.position_tables import scale_prefix_tables, tabulate_prefix
 from .bounded_shapes import resolve_bounded_shapes
@@ -130,6 +131,9 @@ def normalise(mod, arch, options):
     # A batch norm no conv2d took (after a pool or an add) becomes x * scale + shift with numpy
     # constants: two elementwise kernels instead of a host op (batch_norms.py).
     mod = batch_norms_as_scale_shift(mod)
+    # A bfloat16 power (GPT-2's NewGELU) in float32, rounded once, as PyTorch computes it: TVM
+    # cannot build one (half_powers.py).
+    mod = half_powers_in_float32(mod)
     # Constant negative indices count from the end (TVM reads before the tensor), before
     # FoldConstant evaluates any such read; outside the pass list, so that an index out of range
     # is refused as UnsupportedOperator, not a RuntimeError (negative_indices.py).

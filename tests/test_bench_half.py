@@ -1,0 +1,42 @@
+"""benchmarks/bench_half.py (issue 37): a transformer in float32, bfloat16 and float16 as the
+benchmark builds it (weights and float inputs in the format, token ids integers) and, slow, one
+run's cycles and error against PyTorch's own run in that format."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+from bench_half import _numpy_dtype, half_model, run  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_model_holds_its_weights_and_float_inputs_in_the_format(dtype):
+    """ViT: its pixels are a float input, cast with the weights."""
+    model, inputs = half_model("vit", dtype, tokens=8)
+    assert {p.dtype for p in model.parameters()} == {getattr(torch, dtype)}
+    for x in inputs:
+        assert x.dtype == (getattr(torch, dtype) if x.is_floating_point() else torch.int64)
+    # The input TVM is handed is the same bits (float32 holds every bfloat16 / float16 value).
+    floats = [x for x in inputs if x.is_floating_point()]
+    for x in floats:
+        assert np.array_equal(x.float().numpy().astype(_numpy_dtype(dtype)).astype(np.float32), x.float().numpy())
+
+
+def test_float32_is_the_model_as_built():
+    model, inputs = half_model("gpt2", "float32", tokens=8)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert all(x.dtype == torch.int64 for x in inputs)
+
+
+@pytest.mark.slow  # about 30 s: an export and a compile
+def test_a_bfloat16_gpt2_run_is_within_the_formats_tolerance_of_pytorch():
+    cycles, dram, error, prof = run("gpt2", "bfloat16", "cgra-8x8", 8)
+    assert cycles == prof.total_cycles > 0 and dram > 0
+    assert error <= 2.0 ** -5
