@@ -13,7 +13,9 @@ Out: the same with M and ys read from one constant T of shape (N, 2), T[j] = (M[
     s = multiply(astype(acc, "float32"), take(T, 0, axis=1))
     y = dequantize(quantize(s, 1.0, zp), take(T, 1, axis=1), zp, axis=-1)
 
-the same values (ys broadcast per channel). Why: the EPILOGUE's dequantising form
+the same values (ys broadcast per channel). A conv2d's multiplier, a (1, F, 1, 1) row, is read as
+reshape(take(T, 0, axis=1), (1, F, 1, 1)) and the quantize and dequantize run along its channel
+axis (axis=1 of NCHW): a YOLO's or SqueezeNet's last conv dequantises in its EPILOGUE too. Why: the EPILOGUE's dequantising form
 (EPILOGUE_DEQUANTISE, docs/command-stream.md) reads channel j's multiplier and dequantisation scale
 at 2j and 2j + 1 of one row; the matmul kernel's chain pattern (kernels/gemm/dequant_epilogue.py)
 takes T as that row, one DMA, and the model has no float op left on the host. Where the pattern is
@@ -44,7 +46,7 @@ class _DequantizedOutputs(relax.PyExprMutator):
                 self.users.update(relax.analysis.udchain(block))
 
     def visit_var_binding_(self, binding):
-        plan = self._plan(binding.value)
+        plan = None if self._requantised(binding.var) else self._plan(binding.value)
         if plan is None:
             super().visit_var_binding_(binding)
             return
@@ -72,22 +74,50 @@ class _DequantizedOutputs(relax.PyExprMutator):
         values = multiplier.value.numpy() if isinstance(multiplier, tvm.ir.GenericConst) else None
         shape = static_shape(acc) if acc is not None else None
         if shape is None or len(shape) < 2 or str(acc.ty.dtype) != "int32" or values is None \
-                or values.dtype != np.float32 or values.shape != (shape[-1],):
-            return None  # a conv2d's (1, F, 1, 1) row: not yet (the conv2d kernels' staging)
-        return acc, values, np.float32(y_scale), zero_point, scaled.span, quantize.span
+                or values.dtype != np.float32:
+            return None
+        axis = _channel_axis(shape, values.shape)
+        if axis is None:
+            return None
+        return acc, values, axis, np.float32(y_scale), zero_point, scaled.span, quantize.span
 
-    def _emit(self, acc, multiplier, y_scale, zero_point: int, multiply_span, quantize_span, span):
+    def _requantised(self, var) -> bool:
+        """Whether every reader of `var` (a dequantize's result) quantizes it again (qlayouts.py's
+        requantisation of a concat operand to the concat's scale): that kernel reads int8, which
+        a float32 store here would quadruple (SqueezeNet: +492 cycles)."""
+        readers = [self.values.get(user) for user in self.users.get(var, [])]
+        return bool(readers) and all(op_name(reader) == "relax.quantize" for reader in readers)
+
+    def _emit(self, acc, multiplier, axis: int, y_scale, zero_point: int, multiply_span, quantize_span, span):
         def emit(value, where):
             return self.builder_.emit(with_span(value, where) if where is not None else value)
 
-        table = relax.const(np.stack([multiplier, np.full_like(multiplier, y_scale)], axis=1))
+        row = multiplier.reshape(-1)
+        table = relax.const(np.stack([row, np.full_like(row, y_scale)], axis=1))
         part = [emit(relax.op.take(table, relax.const(column, "int64"), axis=1), span) for column in (0, 1)]
-        scaled = emit(relax.op.multiply(relax.op.astype(self.visit_expr(acc), "float32"), part[0]), multiply_span)
+        # a conv2d's row broadcasts as (1, F, 1, 1): a view of the taken column (no copy)
+        factor = part[0] if multiplier.ndim == 1 else emit(relax.op.reshape(part[0], multiplier.shape), span)
+        scaled = emit(relax.op.multiply(relax.op.astype(self.visit_expr(acc), "float32"), factor), multiply_span)
         zp = relax.const(zero_point, "int8")
-        quantized = emit(relax.op.quantize(scaled, relax.const(1.0, "float32"), zp, axis=-1, out_dtype="int8"),
+        quantized = emit(relax.op.quantize(scaled, relax.const(1.0, "float32"), zp, axis=axis, out_dtype="int8"),
                          quantize_span)
-        value = relax.op.dequantize(quantized, part[1], zp, axis=-1, out_dtype="float32")
+        value = relax.op.dequantize(quantized, part[1], zp, axis=axis, out_dtype="float32")
         return with_span(value, span) if span is not None else value
+
+
+def _channel_axis(shape, row_shape) -> int | None:
+    """The output axis a requantisation row of `row_shape` runs along (-1 for a matmul's (N,), the
+    channel axis of a conv2d's (1, F, 1, 1)); None for any other broadcast."""
+    if row_shape == (shape[-1],):
+        return -1
+    if len(row_shape) != len(shape):
+        return None
+    carriers = [axis for axis, extent in enumerate(row_shape) if extent != 1]
+    if not carriers:  # one channel: any axis of extent 1 gives the same values; NCHW's C where it can
+        carriers = [1] if shape[1] == 1 else [axis for axis, extent in enumerate(shape) if extent == 1][-1:]
+    if len(carriers) != 1 or row_shape[carriers[0]] != shape[carriers[0]]:
+        return None
+    return carriers[0] - len(shape)
 
 
 def dequantized_outputs(mod: tvm.IRModule) -> tvm.IRModule:

@@ -114,7 +114,8 @@ def _requant_graphs(roots: list[Root], bias) -> list[tuple]:
                                "requant": tail, "requant_multiply": multiply, "scale": scale}
                 graphs.append((ops + (act != "") + 3, f"cgra.{root.name}{suffix}{act}_requant", tail, annotations,
                                root.name))
-                tail, dequant = dequant_tail(value)  # then dequantized to float32 (dequant_epilogue.py)
+                # then dequantized to float32, a conv2d's multiplier a (1, F, 1, 1) view (dequant_epilogue.py)
+                tail, dequant = dequant_tail(value, reshaped=root.name.startswith("conv2d"))
                 graphs.append((ops + (act != "") + 6, f"cgra.{root.name}{suffix}{act}_requant_dequant", tail,
                                {**annotations, **dequant}, root.name))
     return graphs
