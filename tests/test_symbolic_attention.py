@@ -16,13 +16,13 @@ ARCH = "cgra-8x8"
 HEADS, DEPTH = 4, 16
 
 
-def _matmul(kind: str, s, bound: int | None = 512, transposed: bool = False):
+def _matmul(kind: str, s, bound: int | None = 512, transposed: bool = False, heads: int = HEADS):
     """(H, s, d) @ (H, d, s) for "qk", (H, s, s) @ (H, s, d) for "pv", (H, 1, d) @ (H, d, s) for
     "decode"; `transposed`: the right operand stored (H, s, d) and permuted (PyTorch's k.transpose)."""
-    lhs = {"qk": (HEADS, s, DEPTH), "pv": (HEADS, s, s), "decode": (HEADS, 1, DEPTH)}[kind]
-    rhs = (HEADS, DEPTH, s) if kind != "pv" else (HEADS, s, DEPTH)
+    lhs = {"qk": (heads, s, DEPTH), "pv": (heads, s, s), "decode": (heads, 1, DEPTH)}[kind]
+    rhs = (heads, DEPTH, s) if kind != "pv" else (heads, s, DEPTH)
     if transposed:
-        rhs = (HEADS, s, DEPTH)
+        rhs = (heads, s, DEPTH)
     a = relax.Var("a", relax.TensorType(lhs, "float32"))
     b = relax.Var("b", relax.TensorType(rhs, "float32"))
     bb = relax.BlockBuilder()
@@ -45,6 +45,20 @@ def _run(vm, arrays):
     with npu_backend.profile() as prof:
         out = vm["main"](*(tvm.runtime.tensor(a) for a in arrays)).numpy()
     return out, prof
+
+
+@pytest.mark.parametrize("kind,transposed", [("qk", False), ("pv", False), ("decode", False), ("qk", True)])
+def test_one_head_s_symbolic_matmul_is_right_at_every_length(kind, transposed):
+    """A batch of one: the kernel's output keeps the caller's rank (1, s, n), not the spec's 2-D
+    output shape. P V's static columns were read as the symbolic length there, and every length but
+    the head dim was refused at run time ("rhs dimension 2: expected 5, got 16"; a one-head Bloom)."""
+    s = tirx.Var("s", "int64")
+    mod = _matmul(kind, s, transposed=transposed, heads=1)
+    vm = relax.VirtualMachine(npu_backend.compile(mod, ARCH), tvm.cpu())
+    for n in (1, 5, DEPTH, 37):
+        a, b = _operands(mod, n, n)
+        out, _ = _run(vm, (a, b))
+        np.testing.assert_allclose(out, a @ (b.transpose(0, 2, 1) if transposed else b), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind,transposed", [("qk", False), ("pv", False), ("decode", False), ("qk", True)])

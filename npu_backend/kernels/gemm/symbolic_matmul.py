@@ -173,7 +173,9 @@ def symbolic_reduction(spec) -> bool:
 def _axis_names(spec: KernelSpec) -> tuple:
     """The variable names (None: static) of the GEMM's rows, columns and reduction."""
     lhs_rank = len(dict(spec.caller_shapes).get("lhs", spec.lhs_shape))
-    out_rank = len(dict(spec.caller_shapes).get("out", spec.output_shape))
+    # The output has the caller's left operand's rank (symbolic_matmul_spec numbers its symbols
+    # so); not spec.output_shape's, which drops a batch of one: (m, n) where the caller has (1, s, n).
+    out_rank = len(dict(spec.caller_shapes).get("out", ())) or lhs_rank
     lhs, out = spec.symbolic("lhs"), spec.symbolic("out")
     return lhs.get(lhs_rank - 2), out.get(out_rank - 1), lhs.get(lhs_rank - 1)
 
