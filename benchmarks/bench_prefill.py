@@ -41,6 +41,17 @@ def _run(vm, ids):
     return prof, (out[0] if not hasattr(out, "numpy") else out).numpy()
 
 
+def _positions_for(name: str, length: int) -> None:
+    """Give the test-side family (transformer_models, 256 positions) position tables of at least
+    `length` rows, so that a 1024-token prefill is a valid input; the same model otherwise."""
+    import transformer_models
+
+    arguments = transformer_models.ARCHITECTURES[name][2]
+    for key in ("max_position_embeddings", "n_positions"):
+        if key in arguments and arguments[key] < length:
+            arguments[key] = length
+
+
 def _model_rows(name, args, named: bool) -> None:
     """Compile `name` exported with a symbolic length once, then per length compile it for that
     length, run both and print a row (and with args.kernels both per-kernel tables)."""
@@ -53,6 +64,7 @@ def _model_rows(name, args, named: bool) -> None:
     import npu_backend
     from test_symbolic_exports import _export
 
+    _positions_for(name, max(args.lengths))
     model, mod = _export(name, args.bound)
     (length,) = relax.analysis.defined_symbolic_vars(mod["main"])
     symbolic = relax.VirtualMachine(npu_backend.compile(mod, args.arch), tvm.cpu())

@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
-from ..relax_info import dtype_of, static_shape
+from ..relax_info import dtype_of, shape_dims
 from .norm_folds import _bias_add, _const, _rebuilt, _Uses, _weight, refit_linear
 from .rewrite import as_pass, op_name, replace_functions
 
@@ -52,15 +53,26 @@ centred_streams_pass = as_pass(centre_streams, "cgra.CentredStreams", ops=("rela
 
 
 def _width(var):
-    shape = static_shape(var)
-    return shape[-1] if shape else None
+    """The static last (channel) axis of `var`, else None: only it must be static, since the
+    centring is per channel; the sequence axis may be symbolic (a prefill compiled once)."""
+    shape = shape_dims(var)
+    return shape[-1] if shape and isinstance(shape[-1], int) else None
+
+
+def _same_shape(a, b) -> bool:
+    """Whether `a` and `b` have one shape, symbolic dimensions the same expression."""
+    dims_a, dims_b = shape_dims(a), shape_dims(b)
+    return dims_a is not None and dims_b is not None and len(dims_a) == len(dims_b) and \
+        all(x == y if isinstance(x, int) and isinstance(y, int) else
+            not isinstance(x, int) and not isinstance(y, int) and tvm_ffi.structural_equal(x, y)
+            for x, y in zip(dims_a, dims_b))
 
 
 def _is_norm_of(value, var) -> bool:
     """Whether `value` is a float32 layer norm of `var` over its last axis."""
     if op_name(value) != "relax.nn.layer_norm" or not value.args[0].same_as(var) or dtype_of(value) != "float32":
         return False
-    rank = len(static_shape(var) or ())
+    rank = len(shape_dims(var) or ())
     return rank > 0 and [int(a) % rank for a in value.attrs.axes] == [rank - 1] and value.attrs.center
 
 
@@ -117,11 +129,11 @@ def _produced(uses: _Uses, var, candidates, linears) -> bool:
     if name == "relax.reshape":
         return value.args[0] in candidates and _width(value.args[0]) == width
     for position, arg in enumerate(value.args):
-        if arg in candidates and tuple(static_shape(arg) or ()) == tuple(static_shape(var)):
+        if arg in candidates and _same_shape(arg, var):
             continue
         if _row_constant(arg, var) is not None and value.args[1 - position] in candidates:
             continue  # GPT-2's position rows added to its token rows: centred with them
-        linear = _linear(uses, arg, width) if tuple(static_shape(arg) or ()) == tuple(static_shape(var)) else None
+        linear = _linear(uses, arg, width) if _same_shape(arg, var) else None
         if linear is None:
             return False
         linears[arg] = linear
@@ -130,11 +142,13 @@ def _produced(uses: _Uses, var, candidates, linears) -> bool:
 
 def _row_constant(arg, var):
     """The float32 constant `arg` when adding it to a tensor of `var`'s shape gives that shape and
-    it has a value per channel (its last axis `var`'s width), else None."""
+    it has a value per channel (its last axis `var`'s width), else None. Against a symbolic axis
+    of `var` the constant's axis must be 1."""
     array = _const(arg)
-    shape = tuple(static_shape(var) or ())
+    shape = tuple(shape_dims(var) or ())
     if array is None or array.dtype != np.float32 or not 0 < array.ndim <= len(shape) or \
-            array.shape[-1] != shape[-1] or any(a not in (1, b) for a, b in zip(array.shape[::-1], shape[::-1])):
+            array.shape[-1] != shape[-1] or \
+            any(a != 1 and a != (b if isinstance(b, int) else 1) for a, b in zip(array.shape[::-1], shape[::-1])):
         return None
     return array
 
