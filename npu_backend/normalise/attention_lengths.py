@@ -29,7 +29,6 @@ import numpy as np
 from tvm import relax, sym, tirx
 
 from ..relax_info import dtype_of, shape_dims
-from ..kernels.common.dynamic import _BOUNDS
 from .length_masks import is_causal
 from .length_rows import module_bounds, row_table
 
@@ -135,9 +134,10 @@ def _causal_mask(parts, length: int) -> int | None:
 
 
 def _bound(chain, name: str) -> int | None:
-    """The bound of symbolic variable `name`: the compile's shape_bounds, else the module's."""
-    bound = _BOUNDS.get().get(name)
-    return int(bound) if bound is not None else module_bounds(chain.mutator.builder_.get()).get(name)
+    """The bound of symbolic variable `name`: the module's (normalise runs before any kernel's
+    shape_bounds context, so the module's tir_var_upper_bound is what it has; a normalise module
+    must not read the kernels' context either: tests/test_layout.py)."""
+    return module_bounds(chain.mutator.builder_.get()).get(name)
 
 
 def _proven_causal(chain, mask, length) -> bool:
