@@ -3,12 +3,16 @@
 Stage: normalise (after norm_folds.py, before normed_linears.py). In: a Relax IRModule. Out: the
 same module in which a residual stream, the variables
 
-    x = take(T, ids, axis=0)  |  reshape(x')  |  add(u, v)    u, v stream variables or linear
+    x = take(T, ids, axis=0)  |  view(P)  |  reshape(x')  |  add(u, v)    u, v stream variables or linear
                                                               outputs: matmul(h, W) [+ b]
                                                               [reshaped], each read once; or
                                                               u a stream variable, v a constant
                                                               of values per channel (GPT-2's
                                                               position rows)
+
+(view(P): memory.view of a constant P from its start, with P's rows as wide as the stream: the
+first s rows of a position table at a symbolic length, position_tables.py's prefix; P's rows
+centred as T's.)
 
 whose every reader is a layer norm over the last axis or the stream itself, holds its values
 minus their mean over the last axis: the table T, each such linear's weight columns W and bias
@@ -104,10 +108,22 @@ def _table(value, width: int):
     return table
 
 
+def _prefix_table(value, width: int):
+    """The float32 constant a memory.view reads from its start, as (rows, `width`), else None."""
+    table = _const(value.args[0])
+    offset = value.args[3] if len(value.args) > 3 else 0
+    while hasattr(offset, "value"):  # a PrimValue of an IntImm
+        offset = offset.value
+    if table is None or table.dtype != np.float32 or table.size % width or int(offset) != 0:
+        return None
+    return table.reshape(-1, width)
+
+
 def _stream(uses: _Uses):
     """(stream variables, {linear output var: its _linear}) of the function's centrable streams."""
     candidates = {var for var, value in uses.values.items()
-                  if op_name(value) in ("relax.reshape", "relax.add", "relax.take") and dtype_of(value) == "float32"
+                  if op_name(value) in ("relax.reshape", "relax.add", "relax.take", "relax.memory.view")
+                  and dtype_of(value) == "float32"
                   and isinstance(_width(var), int)}
     linears = {}
     changed = True
@@ -126,6 +142,8 @@ def _produced(uses: _Uses, var, candidates, linears) -> bool:
     name = op_name(value)
     if name == "relax.take":
         return _table(value, width) is not None
+    if name == "relax.memory.view":
+        return _prefix_table(value, width) is not None
     if name == "relax.reshape":
         return value.args[0] in candidates and _width(value.args[0]) == width
     for position, arg in enumerate(value.args):
@@ -174,6 +192,11 @@ def _rewrite_function(func: relax.Function):
             table = _table(value, _width(var)).astype(np.float64)
             centred = relax.const((table - table.mean(axis=1, keepdims=True)).astype(np.float32))
             replace[var] = relax.op.take(centred, value.args[1], axis=0)
+        elif op_name(value) == "relax.memory.view":
+            table = _prefix_table(value, _width(var)).astype(np.float64)
+            shape = _const(value.args[0]).shape
+            centred = relax.const((table - table.mean(axis=-1, keepdims=True)).astype(np.float32).reshape(shape))
+            replace[var] = relax.Call(value.op, [centred, *value.args[1:]], value.attrs, value.ty_args)
         elif op_name(value) == "relax.add" and any(_row_constant(arg, var) is not None for arg in value.args):
             replace[var] = relax.op.add(*(_centred(arg, var) for arg in value.args))
     used = {linear[0]: linear for arg, linear in linears.items() if _in_stream_add(uses, arg, stream)}
