@@ -58,6 +58,9 @@ def _conv1d_layer(input_zero_point: int):
     weight, scales = g.weight(w, per_channel=True)
     y = g.node("Conv", [x, weight, g.bias(64, 0.04, scales)], kernel_shape=[1, 3], pads=[0, 1, 0, 1])
     out = g.qdq(g.node("Relu", [y]), 0.02, -128)
+    # Requantised once more, so that the layer stores int8 (the model's last dequantize alone would
+    # run in the layer's EPILOGUE, qdq_outputs.py, and the layer store float32).
+    out = g.qdq(out, 0.02, -128)
     return g.model("input", [1, 32, 1, 64], out, [1, 64, 1, 64])
 
 
@@ -77,7 +80,7 @@ def test_a_qdq_conv1d_layer_stores_two_words_a_bank_and_stays_exact(input_zero_p
         launch = load_launch(path)
         stores += [cmd for cmd in decode_stream(arch, launch.commands, launch.fresh_tensors())
                    if isinstance(cmd, DmaCommand) and cmd.op is Op.DMA_STORE and cmd.region.dtype.itemsize == 1]
-    assert stores and [k.source_ops[-1] for k in prof.kernels] == ["quantize"] * 2  # the input's, the layer
+    assert stores and [k.source_ops[-1] for k in prof.kernels] == ["quantize"] * 3  # the input's, the layer, the requantisation
     for cmd in stores:
         region = cmd.region
         assert beat_slowdown(arch.dma_bytes_per_cycle, region.shape, region.strides, 1, region.addr,

@@ -77,9 +77,20 @@ class _DequantizedOutputs(relax.PyExprMutator):
                 or values.dtype != np.float32:
             return None
         axis = _channel_axis(shape, values.shape)
-        if axis is None:
+        if axis is None or (values.ndim > 1 and not self._one_group_conv(acc)):
             return None
         return acc, values, axis, np.float32(y_scale), zero_point, scaled.span, quantize.span
+
+    def _one_group_conv(self, acc) -> bool:
+        """Whether `acc` is a conv2d of one group (+ its bias adds): the only conv the dequantising
+        EPILOGUE kernel takes (kernels/gemm/dequant_epilogue.py). Any other producer (a depthwise
+        conv2d) would keep the rewrite's table takes on the host beside the dequantize."""
+        value = self.values.get(acc)
+        for _ in range(4):
+            if op_name(value) != "relax.add":
+                break
+            value = self.values.get(value.args[0])
+        return op_name(value) == "relax.nn.conv2d" and int(value.attrs.groups) == 1
 
     def _requantised(self, var) -> bool:
         """Whether every reader of `var` (a dequantize's result) quantizes it again (qlayouts.py's
