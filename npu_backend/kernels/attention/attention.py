@@ -91,19 +91,24 @@ def _pattern(form: str, scaled: bool, masked: str, safe: bool) -> tuple:
     if masked == "causal_row":  # and a padding row after the triangle (normalise/causal_rows.py)
         roles["mask"] = wildcard()
         x = roles["row_masked"] = is_op("relax.add")(x, roles["mask"])
+    root = softmax_times_v(x, v, roles, safe, form)
+    # The head splits' form shares the plain form's name (both make the same kernel; the plain
+    # one is there for when the splits' transposes are read elsewhere too).
+    name = "cgra.attention" + "_scale" * scaled + f"_{masked}" * bool(masked) + "_safe" * safe \
+        + "_merged" * (form == "merged")
+    return name, root, {"root": root, **roles}
+
+
+def softmax_times_v(x, v, roles: dict, safe: bool, form: str):
+    """The tail of every attention pattern: softmax(x) (guarded by a safe softmax's where), times
+    V, its heads merged in the "merged" form; the softmax and where recorded in `roles`."""
     p = roles["softmax"] = is_op("relax.nn.softmax")(x)
     if safe:
         finite = is_op("relax.astype")(is_op("relax.not_equal")(x, is_const()))
         kept = is_op("relax.greater")(is_op("relax.max")(finite), is_const())
         p = roles["where"] = is_op("relax.where")(kept, p, is_const())
     root = is_op("relax.matmul")(p, v)
-    if form == "merged":
-        root = head_layouts.merged(root)
-    # The head splits' form shares the plain form's name (both make the same kernel; the plain
-    # one is there for when the splits' transposes are read elsewhere too).
-    name = "cgra.attention" + "_scale" * scaled + f"_{masked}" * bool(masked) + "_safe" * safe \
-        + "_merged" * (form == "merged")
-    return name, root, {"root": root, **roles}
+    return head_layouts.merged(root) if form == "merged" else root
 
 
 def _length_mask(roles: dict):

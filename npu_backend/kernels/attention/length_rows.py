@@ -28,7 +28,7 @@ from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of, shape_dims
 from ..family import OpFamily
 from . import head_layouts
-from .attention import _length_mask, _scale, attention_compute, schedule_attention
+from .attention import _length_mask, _scale, attention_compute, schedule_attention, softmax_times_v
 from .flash_length import choose_tiling, length_spec
 from .spec import AttentionSpec
 
@@ -65,14 +65,7 @@ def _pattern(form: str, scaled: bool, safe: bool) -> tuple:
     table = roles["mask"] = wildcard()  # (a constant, a parameter of the composite by then)
     roles["row"] = is_op("relax.strided_slice")(table, wildcard(), wildcard(), wildcard())
     x = roles["row_masked"] = is_op("relax.add")(x, roles["row"])
-    p = roles["softmax"] = is_op("relax.nn.softmax")(x)
-    if safe:
-        finite = is_op("relax.astype")(is_op("relax.not_equal")(x, is_const()))
-        kept = is_op("relax.greater")(is_op("relax.max")(finite), is_const())
-        p = roles["where"] = is_op("relax.where")(kept, p, is_const())
-    root = is_op("relax.matmul")(p, v)
-    if form == "merged":
-        root = head_layouts.merged(root)
+    root = softmax_times_v(x, v, roles, safe, form)
     name = "cgra.attention" + "_scale" * scaled + "_length_row" + "_safe" * safe + "_merged" * (form == "merged")
     return name, root, {"root": root, **roles}
 
