@@ -17,8 +17,22 @@ GELU's polynomials, every coefficient within 1e-6 relative of GELU's (float32 ro
 written constants: Bloom's 0.79788456 for sqrt(2 / pi) is 1e-9 off) and no other term. A chain
 that computes anything else is left as it is.
 
+A bfloat16 / float16 model's chain (`.to(torch.bfloat16)`: every PyTorch op rounds its result
+to h; half_powers.py and half_casts.py have written its power and tanh as float32 between casts)
+is expanded the same way with its casts between h and float32 read as the identity and its
+constants within 2 u of GELU's (u = 2^-8 for bfloat16, 2^-11 for float16: the importer rounds
+each scalar to h, a coefficient is a product of two). It becomes `astype(gelu_tanh(astype(x,
+float32)), h)`: GELU in float32 with its true constants (PyTorch's scalars are float32 in its
+bfloat16 arithmetic), rounded once, where PyTorch rounds after each of its eight ops. Not bit-exact
+to PyTorch, then: `half_gelu_bound` states the bound, |NPU - PyTorch| <= 2 u |x| + the smallest
+subnormal of h, which tests/test_gelu_half.py checks for every finite bfloat16 and float16 x
+against PyTorch's per-op rounding (modelled with ml_dtypes, the model checked bit-exact against
+PyTorch itself: its bfloat16 pow(x, 3) rounds x * x, then the product) and on the NPU on every
+preset.
+
 Why: tanh and power had no NPU kernel, so GPT-2's MLP crossed to the host and back, and the
-host's tanh is the GELU-tanh op the NPU has.
+host's tanh is the GELU-tanh op the NPU has. A bfloat16 GPT-2 ran its GELU as twelve elementwise
+kernels per layer (tanh, six multiplies, adds, four casts): now the up projection's epilogue.
 """
 
 from __future__ import annotations
@@ -35,6 +49,11 @@ from .chain_match import Chain
 from .rewrite import as_pass, rewrite_functions
 
 _TOLERANCE = 1e-6
+HALF_FLOATS = ("bfloat16", "float16")
+#: A 16-bit float chain's tolerance: 2 u, its constants rounded to h (a coefficient: two of them).
+_HALF_TOLERANCE = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}
+#: h -> (2 u, the smallest subnormal): half_gelu_bound's terms.
+_HALF_BOUND = {"bfloat16": (2.0 ** -7, 2.0 ** -133), "float16": (2.0 ** -10, 2.0 ** -24)}
 _MAX_NODES = 24  # a GELU is about ten operators; a longer chain is something else
 _ROOT_OPS = {tvm.ir.Op.get(f"relax.{name}") for name in ("multiply", "add", "divide")}
 _ELEMENTWISE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.negative", "relax.power",
@@ -62,7 +81,7 @@ class _GeluRewriter(relax.PyExprMutator):
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
         if not (isinstance(call, relax.Call) and any(call.op.same_as(op) for op in _ROOT_OPS)
-                and dtype_of(call) in ("float32", "float16")):
+                and dtype_of(call) in ("float32", *HALF_FLOATS)):
             return call
         gelu = _as_gelu(Chain(self), call)
         return with_span(gelu, call.span) if gelu is not None else call
@@ -81,9 +100,32 @@ def _as_gelu(chain: Chain, call):
         if whole is None or expansion.function is None:
             continue
         argument, op = _FORMS[expansion.function]
-        if _close(whole, _GELU) and _close(expansion.argument, {(power, 0): c for power, c in argument.items()}):
-            return op(leaf)
+        tolerance = _HALF_TOLERANCE.get(dtype_of(leaf), _TOLERANCE)
+        if _close(whole, _GELU, tolerance) and \
+                _close(expansion.argument, {(power, 0): c for power, c in argument.items()}, tolerance):
+            return op(leaf) if dtype_of(leaf) == "float32" else _in_float32(chain, op, leaf)
     return None
+
+
+def half_gelu_bound(x, dtype: str):
+    """The largest difference between the rewritten 16-bit GELU (float32, rounded once to `dtype`)
+    and PyTorch's NewGELU run in `dtype` (each op rounded) at the values `x` (module doc)."""
+    relative, tiny = _HALF_BOUND[dtype]
+    return relative * abs(x) + tiny
+
+
+def _in_float32(chain: Chain, op, leaf):
+    """op(leaf) of a 16-bit float leaf as PyTorch's kernels compute one: in float32 of the leaf
+    widened (exactly), rounded once to its dtype. A leaf that is a reshape is widened before it,
+    so the cast meets the rounding that made it (a GEMM's rounded-and-widened store: half_bias.py)."""
+    builder, dtype = chain.mutator.builder_, dtype_of(leaf)
+    reshape = chain.call(leaf, "relax.reshape")
+    if reshape is not None and dtype_of(reshape.args[0]) == dtype:
+        wide = builder.emit(relax.op.astype(reshape.args[0], "float32"))
+        wide = builder.emit(relax.op.reshape(wide, reshape.args[1]))
+    else:
+        wide = builder.emit(relax.op.astype(leaf, "float32"))
+    return relax.op.astype(builder.emit(op(wide)), dtype)
 
 
 def _same_shape(a, b) -> bool:
@@ -109,35 +151,55 @@ def _candidates(chain: Chain, call) -> list:
     return found
 
 
-def _close(poly: dict, expected: dict) -> bool:
-    """Same terms (exact zeros dropped), each coefficient within _TOLERANCE relative."""
+def _close(poly: dict, expected: dict, tolerance: float = _TOLERANCE) -> bool:
+    """Same terms (exact zeros dropped), each coefficient within `tolerance` relative."""
     terms = {key: c for key, c in poly.items() if c != 0}
     return terms.keys() == expected.keys() and \
-        all(abs(terms[key] - c) <= _TOLERANCE * abs(c) for key, c in expected.items())
+        all(abs(terms[key] - c) <= tolerance * abs(c) for key, c in expected.items())
 
 
 class _Expansion:
     """The value of an expression as a polynomial in `leaf` and t = f(p(leaf)), f tanh or erf,
-    {(power of leaf, power of t): coefficient}; None where it is not one."""
+    {(power of leaf, power of t): coefficient}; None where it is not one. A 16-bit float leaf's
+    chain may compute in float32 between casts (module doc)."""
 
     def __init__(self, chain: Chain, leaf):
         self.chain, self.leaf = chain, leaf
         self.function, self.argument = None, None  # f's op name and p, once met
         self.nodes = 0
+        half = dtype_of(leaf) in HALF_FLOATS
+        self.dtypes = (dtype_of(leaf), "float32") if half else (dtype_of(leaf),)
 
     def poly(self, expr):
         self.nodes += 1
         if self.nodes > _MAX_NODES:
             return None
-        if isinstance(expr, relax.Var) and expr.same_as(self.leaf):
+        if isinstance(expr, relax.Var) and (expr.same_as(self.leaf) or self._is_leaf(expr)):
             return {(1, 0): 1.0}
-        scalar = self.chain.scalar(expr)
+        scalar = _scalar(self.chain, expr)
         if scalar is not None:
             return {(0, 0): scalar}
         call = self.chain.call(expr, *_ELEMENTWISE)
-        if call is None or dtype_of(call) != dtype_of(self.leaf):
+        if call is None or dtype_of(call) not in self.dtypes:
             return None
         return getattr(self, "_" + call.op.name.split(".")[-1])(call)
+
+    def _is_leaf(self, expr) -> bool:
+        """Whether a 16-bit chain's `expr` is its leaf widened: the same value through casts to
+        float32 and reshapes (half_casts.py widens a linear's output before its reshape), in the
+        leaf's shape."""
+        if len(self.dtypes) == 1 or not _same_shape(expr, self.leaf):
+            return False
+        return self._core(expr).same_as(self._core(self.leaf))
+
+    def _core(self, expr):
+        """`expr` under its reshapes and casts between h and float32."""
+        for _ in range(8):
+            call = self.chain.call(expr, "relax.reshape", "relax.astype")
+            if call is None or dtype_of(call.args[0]) not in self.dtypes:
+                return expr
+            expr = call.args[0]
+        return expr
 
     def _operands(self, call):
         polys = [self.poly(arg) for arg in call.args[:2]]
@@ -156,7 +218,7 @@ class _Expansion:
         return None if polys is None else _product(polys[0], polys[1])
 
     def _divide(self, call):
-        divisor = self.chain.scalar(call.args[1])
+        divisor = _scalar(self.chain, call.args[1])
         numerator = self.poly(call.args[0])
         return None if numerator is None or not divisor else _scaled(numerator, 1.0 / divisor)
 
@@ -164,11 +226,18 @@ class _Expansion:
         operand = self.poly(call.args[0])
         return None if operand is None else _scaled(operand, -1.0)
 
-    def _astype(self, call):  # a cast to the value's own dtype (the caller checked the dtype)
-        return self.poly(call.args[0]) if dtype_of(call.args[0]) == dtype_of(call) else None
+    def _astype(self, call):
+        """A cast to the value's own dtype; in a 16-bit chain also one between h and float32 (the
+        rounding PyTorch does per op, which the rewrite does once: module doc)."""
+        source = dtype_of(call.args[0])
+        if source == dtype_of(call):
+            return self.poly(call.args[0])
+        if source not in self.dtypes:
+            return None
+        return self.poly(call.args[0])
 
     def _power(self, call):
-        exponent, base = self.chain.scalar(call.args[1]), self.poly(call.args[0])
+        exponent, base = _scalar(self.chain, call.args[1]), self.poly(call.args[0])
         if base is None or exponent not in (1.0, 2.0, 3.0, 4.0):
             return None
         result = {(0, 0): 1.0}
@@ -189,6 +258,17 @@ class _Expansion:
             return None
         self.function, self.argument = call.op.name, argument
         return {(0, 1): 1.0}
+
+
+def _scalar(chain: Chain, expr) -> float | None:
+    """Chain.scalar, also of a 16-bit float constant (ml_dtypes' bfloat16 is no numpy float kind)
+    and of a constant cast (half_powers.py widens a bfloat16 power's exponent)."""
+    cast = chain.call(expr, "relax.astype")
+    expr = cast.args[0] if cast is not None and dtype_of(cast) in ("float32", *HALF_FLOATS) else expr
+    array = chain.array(expr)
+    if array is not None and array.size == 1 and str(array.dtype) in HALF_FLOATS:
+        return float(array.astype("float32").reshape(()))
+    return chain.scalar(expr)
 
 
 def _sum(a: dict, b: dict) -> dict:

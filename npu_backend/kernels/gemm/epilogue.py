@@ -36,7 +36,7 @@ from ..common.spec import KernelSpec
 from .dequant_epilogue import dequant_row, dequant_tail, dequant_value, with_dequant
 from .epilogue_tail import caller_out_shape, is_tail_pattern, with_float_tail, with_reshape
 from .gated import is_gated_pattern, with_gated
-from .half_bias import half_bias_graphs, rounded_via, stored_dtype
+from .half_bias import half_bias_graphs, rounded_via, stored_dtype, with_rounded_act
 from .post_norm import is_post_norm_pattern, post_norm_intrin, with_post_norm
 from .rope_epilogue import combine_intrin, is_rope_pattern, with_rope
 from .residual_lhs import reads_lhs_twice, with_lhs_residual
@@ -206,6 +206,8 @@ def with_epilogue_tail(spec: KernelSpec, annotated: dict, name: str = "") -> Ker
         return with_rope(spec, annotated)
     if is_post_norm_pattern(name):  # post_norm.py: this chain, then a layer norm of its rows
         return with_post_norm(spec, annotated, name, with_epilogue_tail)
+    if "half_act_cast" in annotated:  # half_bias.py: a rounded linear's activation, rounded
+        return with_rounded_act(spec, annotated)
     tail = is_tail_pattern(name)
     if (spec.half_out or spec.half_via) and (tail or "n1" in annotated or "requant" in annotated):
         raise UnsupportedOperator(f"a {spec.dtype} {spec.op} fuses [+ bias] [+ residual] [relu | clip]; the ops "
@@ -369,6 +371,8 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
         value = activation(value, spec.acc_dtype, spec.relu, spec.clip)
         if spec.fabric_body:
             value = body_value(FabricBody(spec.fabric_body, spec.acc_dtype), value)
+        if spec.half_via and spec.half_out:  # the linear's value rounded before its activation (half_bias.py)
+            value = value.astype(spec.half_via).astype(spec.acc_dtype)
         value = act_value(spec.act, value, tiling.act_on_vector) if spec.act else value
         value = value * mul_pad(*idx) if mul_pad is not None else value
         if spec.half_out:
@@ -434,7 +438,7 @@ def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
         tail = dict(tail, channel_scale=True, channel_shift=bool(spec.channel_shift_shape))
     if spec.half_out:
         tail = dict(tail, out_dtype=spec.half_out)
-    if spec.half_via:
+    if spec.half_via:  # (with half_out too: rounded before its activation, half_bias.py)
         tail = dict(tail, round_via=spec.half_via)
     return get_intrin("epilogue", rows, tiling.tn, spec.acc_dtype, bias=bool(spec.bias_shape), relu=spec.relu,
                       residual=bool(spec.residual_shape), clip=spec.clip, zero_point=spec.requant_zero_point,

@@ -233,6 +233,8 @@ def tail_tile_cycles(spec, arch):
                                  + cost.eltwise_cycles(arch, elements // 2, elements)
                                  + 2 * bool(spec.gated_via) * cost.vector_cycles(arch, 1, elements // 2))
     vfunc = spec.act in VFUNC_ACTS or act_on_vector(spec, arch)
+    # A 16-bit linear's value rounded and widened back before its activation (half_bias.py): two passes.
+    rounding = 2 * bool(spec.half_via and spec.half_out and spec.act)
     programs = [(require_program(nodes, "float32", arch, spec.act), nodes) for nodes in act_passes(spec.act)] \
         if spec.act and not vfunc else []
 
@@ -241,7 +243,8 @@ def tail_tile_cycles(spec, arch):
                     for program, nodes in programs)
         vector = cost.vfunc_issue_cycles(arch, elements, spec.act) if vfunc else 0
         multiplies = (not vfunc and spec.act not in (None, "sigmoid")) + bool(spec.multiplier_shape)
-        return array, vector + multiplies * cost.eltwise_cycles(arch, elements, 2 * elements)
+        return array, vector + multiplies * cost.eltwise_cycles(arch, elements, 2 * elements) \
+            + rounding * cost.vector_cycles(arch, 1, elements)
 
     return cycles
 

@@ -23,6 +23,7 @@ from cgra_sim.isa import DType
 
 from ...errors import ScratchpadTooSmall, UnsupportedOperator
 from .epilogue_tail import act_on_vector, check_tail_padding, tail_tile_cycles
+from ..intrinsics.epilogue_tail import VFUNC_ACTS
 from ..common.spad_layout import a_row_stride, out_row_stride, store_walks_rows
 from ..common.spec import KernelSpec, Tiling, aligned, round_up
 from .gemm_copies import may_take_copies, operand_copies
@@ -49,6 +50,9 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     if spec.gated and spec.act != "gelu" and not act_on_vector(spec, arch):
         raise UnsupportedOperator(f"a gated linear unit's {spec.act} runs through a function unit that has it; "
                                   f"'{arch.name}' has none: its parts run as their own kernels")
+    if spec.half_via and spec.half_out and spec.act not in VFUNC_ACTS and not act_on_vector(spec, arch):
+        raise UnsupportedOperator(f"a rounded linear's {spec.act} runs as a VFUNC of a function unit that has it; "
+                                  f"'{arch.name}' has none: the activation and its cast run as their own kernels")
     require_whole_rows(spec, arch)  # a post-norm's tiles hold whole rows (post_norm.py)
     if key not in _TILINGS:
         if len(_TILINGS) >= 4096:

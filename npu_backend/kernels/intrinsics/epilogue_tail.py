@@ -70,6 +70,11 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     if gated:
         return gated_intrin(rows, cols, act, gated_via, scope=scope)
     plain = dict(bias=bias, relu=relu, residual=residual, clip=clip, zero_point=zero_point, body=body)
+    if round_via is not None and act is not None and out_dtype == round_via:
+        if multiplier or channel_scale or dequantise or residual or body is not None:
+            raise ValueError("a rounded epilogue's activation fuses [+ bias] [relu | clip] before it only")
+        return rounded_act_intrin(rows, cols, round_via, act, bias=bias, relu=relu, clip=clip,
+                                  act_vfunc=act_vfunc, scope=scope)
     if round_via is not None:
         if act is not None or multiplier or channel_scale or out_dtype is not None or dequantise:
             raise ValueError("an epilogue rounded and widened back fuses [+ bias] [+ residual] [relu | clip] only")
@@ -203,3 +208,32 @@ def round_trip_intrin(rows: int, cols: int, via: str, *, bias: bool, relu: bool,
                               bias=False, relu=False, residual=False, clip=None, out=(out, stride))]
 
     return intrinsic(inputs, Tile("Out", (rows, cols), "float32"), "epi", value, call, scope=scope)
+
+
+def rounded_act_intrin(rows: int, cols: int, via: str, act: str, *, bias: bool, relu: bool, clip,
+                       act_vfunc: bool = False, scope: str = SPAD):
+    """A float32 EPILOGUE rounded to `via` (a 16-bit float), widened back, its activation, rounded
+    to `via` on store (kernels/gemm/half_bias.py: a bfloat16 GPT-2's GELU after its up projection):
+    an EPILOGUE rounds acc + bias? (bias in `via`) into the output tile, a second widens it back
+    over the accumulator tile (dead after the first), the activation runs as one VFUNC there in
+    place (a smooth one through the function unit: `act_vfunc`), a third EPILOGUE rounds it into
+    the output tile. The values the GEMM, the activation and the cast kernels compute apart."""
+    if via not in ("bfloat16", "float16") or act not in TAIL_ACTS or not (act in VFUNC_ACTS or act_vfunc):
+        raise ValueError(f"a rounded epilogue's activation runs as a VFUNC, rounded to bfloat16 or float16, "
+                         f"not {act} to {via}")
+    inputs = [Tile("Acc", (rows, cols), "float32")] + ([Tile("Bias", (cols,), via)] if bias else [])
+
+    def value(buffers, i, j):
+        total = epilogue_value(buffers, i, j, "float32", bias=bias, relu=relu, residual=False, clip=clip)
+        return act_value(act, total.astype(via).astype("float32"), act_vfunc).astype(via)
+
+    def call(buffers, strides):
+        acc, out = (buffers["Acc"], strides["Acc"][0]), (buffers["Out"], strides["Out"][0])
+        plain = dict(bias=False, relu=False, residual=False, clip=None)
+        return [epilogue_call(buffers, strides, rows, cols, "float32", via, bias=bias, relu=relu, residual=False,
+                              clip=clip, out=out),
+                epilogue_call({"Acc": out[0]}, {"Acc": (out[1],)}, rows, cols, via, "float32", **plain, out=acc),
+                vfunc_call(act, rows, cols, acc, acc),
+                epilogue_call({"Acc": acc[0]}, {"Acc": (acc[1],)}, rows, cols, "float32", via, **plain, out=out)]
+
+    return intrinsic(inputs, Tile("Out", (rows, cols), via), "epi", value, call, scope=scope)
