@@ -29,32 +29,27 @@ from tvm import relax
 
 from ..relax_info import dtype_of
 from .chain_match import Chain
-from .rewrite import as_pass, rewrite_functions
+from .rewrite import as_pass, rewrite_calls
 
-_TAKE = tvm.ir.Op.get("relax.take")
 _INTEGERS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")
 
 
 def index_casts_removed(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with every take reading its integer index uncast (the cast removed if unused)."""
-    return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _TakeRewriter))
+    return relax.transform.DeadCodeElimination()(rewrite_calls(mod, "relax.take", _uncast_index))
 
 
 index_casts_pass = as_pass(index_casts_removed, "cgra.TakeIndexCastsRemoved", ops=("relax.take",))
 
 
-@relax.expr_functor.mutator
-class _TakeRewriter(relax.PyExprMutator):
-    def visit_call_(self, call):
-        call = self.visit_expr_post_order(call)
-        if not (isinstance(call, relax.Call) and call.op.same_as(_TAKE)):
-            return call
-        chain = Chain(self)
-        narrowed = _narrowed(self, chain, call.args[1], 0) if dtype_of(call.args[1]) == "int32" else None
-        index = narrowed[0] if narrowed is not None and narrowed[1] else _uncast(self, chain, call.args[1])
-        if index is None:
-            return call
-        return relax.Call(call.op, [call.args[0], index], call.attrs, call.ty_args, call.span)
+def _uncast_index(mutator, call):
+    """The take reading its index uncast, else None."""
+    chain = Chain(mutator)
+    narrowed = _narrowed(mutator, chain, call.args[1], 0) if dtype_of(call.args[1]) == "int32" else None
+    index = narrowed[0] if narrowed is not None and narrowed[1] else _uncast(mutator, chain, call.args[1])
+    if index is None:
+        return None
+    return relax.Call(call.op, [call.args[0], index], call.attrs, call.ty_args, call.span)
 
 
 def _uncast(mutator, chain: Chain, index):

@@ -33,6 +33,28 @@ def rewrite_functions(mod: tvm.IRModule, mutator_class) -> tvm.IRModule:
     return mutator.builder_.get()
 
 
+def rewrite_calls(mod: tvm.IRModule, op: str, rewrite) -> tvm.IRModule:
+    """`mod` with every call of operator `op` (its arguments rewritten first) replaced by
+    `rewrite(mutator, call)` where that is not None (`mutator.builder_` emits what it needs)."""
+    return rewrite_functions(mod, lambda module: _CallRewriter(module, tvm.ir.Op.get(op), rewrite))
+
+
+@relax.expr_functor.mutator
+class _CallRewriter(relax.PyExprMutator):
+    """rewrite_calls' mutator: the shell of a rewrite of one operator's calls."""
+
+    def __init__(self, mod, op, rewrite):
+        super().__init__(mod)
+        self.op, self.rewrite = op, rewrite
+
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        if not (isinstance(call, relax.Call) and call.op.same_as(self.op)):
+            return call
+        rewritten = self.rewrite(self, call)
+        return call if rewritten is None else rewritten
+
+
 def rewrite_each(mod: tvm.IRModule, rewriter_of) -> tvm.IRModule:
     """`mod` with every Relax function but the composites visited by its own
     `rewriter_of(mod, func)` (a PyExprMutator), then what they left unread removed."""

@@ -22,14 +22,12 @@ import tvm
 from tvm import relax
 
 from ..relax_info import shape_dims
-from .rewrite import as_pass, rewrite_functions
-
-_TAKE = tvm.ir.Op.get("relax.take")
+from .rewrite import as_pass, rewrite_calls
 
 
 def take_boxes(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with the takes of the module doc as boxes."""
-    return rewrite_functions(mod, _TakeRewriter)
+    return rewrite_calls(mod, "relax.take", _as_box)
 
 
 take_boxes_pass = as_pass(take_boxes, "cgra.TakeBoxes", ops=("relax.take",))
@@ -53,15 +51,11 @@ def _box(call) -> tuple | None:
     return tuple(dims[:-2]) + (m * d,), c * d, (c + 1) * d
 
 
-@relax.expr_functor.mutator
-class _TakeRewriter(relax.PyExprMutator):
-    def visit_call_(self, call):
-        call = self.visit_expr_post_order(call)
-        if not (isinstance(call, relax.Call) and call.op.same_as(_TAKE)):
-            return call
-        found = _box(call)
-        if found is None:
-            return call
-        shape, begin, end = found
-        merged = self.builder_.emit(relax.op.reshape(call.args[0], relax.ShapeExpr(list(shape))))
-        return relax.op.strided_slice(merged, [len(shape) - 1], [begin], [end], assume_inbound=True)
+def _as_box(mutator, call):
+    """The take as a slice of the merged view, else None."""
+    found = _box(call)
+    if found is None:
+        return None
+    shape, begin, end = found
+    merged = mutator.builder_.emit(relax.op.reshape(call.args[0], relax.ShapeExpr(list(shape))))
+    return relax.op.strided_slice(merged, [len(shape) - 1], [begin], [end], assume_inbound=True)

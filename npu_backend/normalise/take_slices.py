@@ -23,14 +23,12 @@ import tvm
 from tvm import relax
 
 from ..relax_info import shape_dims
-from .rewrite import as_pass, rewrite_functions
-
-_TAKE = tvm.ir.Op.get("relax.take")
+from .rewrite import as_pass, rewrite_calls
 
 
 def take_slices(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with the takes of the module doc as slices."""
-    return rewrite_functions(mod, _TakeRewriter)
+    return rewrite_calls(mod, "relax.take", _as_slice)
 
 
 take_slices_pass = as_pass(take_slices, "cgra.TakeSlices", ops=("relax.take",))
@@ -53,14 +51,10 @@ def consecutive_range(call) -> tuple[int, int, int] | None:
     return axis, begin, begin + int(values.size)
 
 
-@relax.expr_functor.mutator
-class _TakeRewriter(relax.PyExprMutator):
-    def visit_call_(self, call):
-        call = self.visit_expr_post_order(call)
-        if not (isinstance(call, relax.Call) and call.op.same_as(_TAKE)):
-            return call
-        found = consecutive_range(call)
-        if found is None:
-            return call
-        axis, begin, end = found
-        return relax.op.strided_slice(call.args[0], [axis], [begin], [end])
+def _as_slice(_mutator, call):
+    """The take as a strided slice, else None."""
+    found = consecutive_range(call)
+    if found is None:
+        return None
+    axis, begin, end = found
+    return relax.op.strided_slice(call.args[0], [axis], [begin], [end])

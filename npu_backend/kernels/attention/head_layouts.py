@@ -145,13 +145,15 @@ def buffer_of(spec, role: str) -> str:
     return role
 
 
-def stored(spec, role: str, index: tuple) -> tuple:
-    """A (B, H, S, D) index of `role` where the kernel's tensor stores it (a box's origin added)."""
+def stored(spec, role: str, index: tuple, plus=None) -> tuple:
+    """A (B, H, S, D) index of `role` where the kernel's tensor stores it (a box's origin added:
+    as text, or by `plus(origin, index)` for expressions, prim_build.py)."""
     b, h, s, d = index
     place = (b, s, h, d) if role in spec.seq_major else (b, h, s, d)
+    plus = plus or (lambda o, p: f"{o} + {p}")
     for part_role, origin, _ in spec.parts:
         if part_role == role:
-            return tuple(p if o == 0 else f"{o} + {p}" for p, o in zip(place, origin))
+            return tuple(p if o == 0 else plus(o, p) for p, o in zip(place, origin))
     return place
 
 

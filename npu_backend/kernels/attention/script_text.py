@@ -12,6 +12,8 @@ from __future__ import annotations
 from cgra_codegen import device_call_positions
 from cgra_sim.isa import GEMM_ACCUMULATE, VFUNC_OFFSET, VFUNC_SCALE, DType, EltwiseFunc, ReduceFunc, VFunc
 
+from tvm.script.ir_builder import tirx as T
+
 from ..intrinsics import SPAD
 from .head_layouts import base_role, buffer_of, stored, stored_shape
 
@@ -29,23 +31,32 @@ def element(spec, role: str, n: str, head: str, row: str, col: str) -> str:
     return f"{buffer_of(spec, role)}[{', '.join(map(str, stored(spec, role, (n, head, row, col))))}]"
 
 
-def call(name: str, **operands) -> str:
-    """The text of device call `name`, its operands (text) in the table's order; a scratchpad
-    operand is (buffer, element offset)."""
+def call(name: str, **operands):
+    """Device call `name`, its operands in the table's order: a scratchpad operand is (buffer,
+    element offset), a float an operand's bits (f32). Buffers given by name (text) give the text
+    of the call; tirx Buffers (prim_build.py) give the call itself, a PrimExpr."""
     positions = device_call_positions(name)
-    args = [""] * max(i for where in positions.values() for i in where)
+    args = [None] * max(i for where in positions.values() for i in where)
+    built = False
     for param, where in positions.items():
         value = operands[param]
         if len(where) == 2:
             buffer, offset = value
-            value = [f"{buffer}.data", str(offset)]
-        for i, text in zip(where, value if isinstance(value, list) else [value]):
-            args[i - 1] = str(text)
+            built = not isinstance(buffer, str)
+            value = [buffer.data if built else f"{buffer}.data", offset]
+        for i, arg in zip(where, value if isinstance(value, list) else [value]):
+            args[i - 1] = arg
+    if built:
+        return T.call_extern("int32", name, *(f32(a, built) if isinstance(a, float) else a for a in args))
+    args = [f32(a) if isinstance(a, float) else str(a) for a in args]
     return f'T.call_extern("int32", "{name}", {", ".join(args)})'
 
 
-def f32(value: float) -> str:
+def f32(value: float, built: bool = False):
+    """A float32 constant: its text, or (`built`) the FloatImm the text parses to."""
     value = float(value)
+    if built:
+        return T.float32(value if abs(value) != float("inf") else str(value))
     return f"T.float32({value!r})" if abs(value) != float("inf") else f'T.float32("{value}")'
 
 
@@ -60,8 +71,8 @@ def vfunc(func: str, rows, cols, a, out, scale=None, offset=None) -> str:
     flags = (VFUNC_SCALE if scale is not None else 0) | (VFUNC_OFFSET if offset is not None else 0)
     return call("cgra_vfunc", flags=flags, func=int(VFunc[func.upper()]), dtype=F32, rows=rows, cols=cols,
                  a_addr=a[:2], a_row_stride=a[2], a_col_stride=1, out_addr=out[:2], out_stride=out[2],
-                 scale_bits=f32(scale) if scale is not None else 0,
-                 offset_bits=f32(offset) if offset is not None else 0)
+                 scale_bits=float(scale) if scale is not None else 0,
+                 offset_bits=float(offset) if offset is not None else 0)
 
 
 def reduce(func: str, rows, cols, a, out) -> str:
@@ -71,7 +82,7 @@ def reduce(func: str, rows, cols, a, out) -> str:
 
 def fill(buffer: str, rows, cols, stride, value: float, offset=0) -> str:
     return call("cgra_fill", dtype=F32, addr=(buffer, offset), rows=rows, cols=cols, stride=stride,
-                 value_bits=f32(value))
+                 value_bits=float(value))
 
 
 def gemm(accumulate: bool, m, n, k, a, b, c) -> str:

@@ -49,6 +49,7 @@ from ...relax_info import dtype_of, expression_name, shape_dims
 from ..common.dynamic import bound_of
 from ..family import OpFamily
 from .cache_write import PATTERNS as CACHE_WRITES, cache_write_patterns, cache_write_spec, write_func, write_tiling
+from .copy_build import copy_func
 from .copy_kernel import Gather, LayoutTiling, Piece, choose_splits, copy_script, gather_rows, parse_script
 from .folds import MAX_AXES, fold_input, fold_output
 from .index_maps import READERS, concat_views, kept_names, symbolic_concat_views
@@ -315,8 +316,11 @@ def layout_compute(spec: LayoutSpec, tiling: LayoutTiling):
         out_shape = (g.table[0], g.count, g.table[2])
     params = [(role, *shapes[role]) for role in spec.param_roles]  # a constant operand is no parameter
     symbolic = {(role, axis): name for role, axis, name in spec.symbols}
-    func = parse_script(copy_script(params, out_shape, spec.dtype, spec.pieces, tiling, spec.gather, symbolic,
-                                    spec.out_groups))
+    if symbolic:
+        func = parse_script(copy_script(params, out_shape, spec.dtype, spec.pieces, tiling, spec.gather, symbolic,
+                                        spec.out_groups))
+    else:  # built (copy_build.py): no text parsed
+        func = copy_func(params, out_shape, spec.dtype, spec.pieces, tiling, spec.gather, spec.out_groups)
     if spec.views:  # the caller's shapes of the operands read through a view (operands.prim_func)
         variables = {extent.name: extent for param in func.params for extent in param.ty.shape
                      if isinstance(extent, tirx.Var)}  # the script's own: the code generator compares them
