@@ -206,3 +206,15 @@ def test_a_conv2d_plus_a_scalar_input_is_no_bias():
     params = {"x": ((1, 4, 6, 6), "float32"), "w": ((8, 4, 3, 3), "float32"), "c": ((), "float32")}
     mod = module(params, lambda bb, x, w, c: relax.op.add(bb.emit(relax.op.nn.conv2d(x, w, padding=1)), c))
     matches_host(mod, params, "cgra-4x4")
+
+
+@pytest.mark.parametrize("bias_shape", [(1, 1, 16), (1, 1, 1, 16)])
+def test_a_2d_matmul_plus_a_bias_of_more_axes(bias_shape):
+    """(8, 16) @ (16, 16) + a (1, 1, 16) bias is (1, 8, 16): the kernel's spec did not record the
+    output's view and the compile failed ("the output of the matmul kernel is (8, 16) but the caller
+    passes (1, 8, 16)"; found by the house engineer, 2026-11-29)."""
+    params = {"x": ((8, 16), "float32"), "w": ((16, 16), "float32"), "b": (bias_shape, "float32")}
+    mod = module(params, lambda bb, x, w, b: relax.op.add(bb.emit(relax.op.matmul(x, w)), b))
+    matches_host(mod, params, "cgra-8x8")
+    placements = npu_backend.explain(mod, "cgra-8x8")
+    assert [p.where for p in placements] == ["npu", "npu"] and len({p.kernel for p in placements}) == 1

@@ -102,8 +102,19 @@ def matmul_spec(name: str, annotated: dict) -> KernelSpec:
         if bias_shape is not None and (bias_shape[-1] != n or any(d != 1 for d in bias_shape[:-1])):
             raise UnsupportedOperator(f"the bias of shape {bias_shape} is not a row of {n} columns")
         spec = KernelSpec("matmul", lhs_shape=lhs_shape, rhs_shape=rhs_shape, rhs_transposed=permute is not None,
-                          symbols=symbols, **common)
+                          symbols=symbols, caller_shapes=_bias_ranked_out(lhs_shape, n, bias_shape), **common)
     return with_row_norm(with_epilogue_tail(spec, annotated, name), annotated)
+
+
+def _bias_ranked_out(lhs_shape, n, bias_shape) -> tuple:
+    """The caller's view of a 2-D GEMM's output when a bias of more axes (1, 1, N) makes it
+    (1, 1, M, N) (numpy's broadcast); the kernel stores (M, N) under it."""
+    if bias_shape is None or len(bias_shape) <= 2:
+        return ()
+    if not all(isinstance(d, int) for d in lhs_shape):
+        raise UnsupportedOperator(f"a bias of shape {bias_shape} adds axes to a matmul of symbolic rows: "
+                                  "reshape the bias to ({n},)")
+    return (("out", (1,) * (len(bias_shape) - 2) + (lhs_shape[0], n)),)
 
 
 def _rank(expr) -> int:
