@@ -33,7 +33,7 @@ from cgra_sim.isa import DType
 from ..common.spad_layout import a_row_stride
 from ..common.spec import BIAS_IN_ACC, BUFFER_COPIES, KernelSpec, Tiling, aligned
 from ..intrinsics.epilogue_tail import VFUNC_ACTS
-from .gemm_estimate import gemm_footprint
+from .gemm_estimate import gemm_footprint, holds_a_panel
 from .row_norm import panel_bytes
 
 #: Copies of the accumulator tile (the VFUNC reads it: tile t + 1's bias load waits for tile
@@ -45,9 +45,9 @@ ACC_COPIES = 3
 
 def accumulates_bias(spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> bool:
     """Whether the kernel's bias goes into its accumulator (module doc): a static float32 2-D
-    matmul, its whole reduction one step, finished whole tiles at a time, whose epilogue is the
-    bias and then a VFUNC (nothing else added, clipped, scaled or multiplied), with room for the
-    accumulator's third copy."""
+    matmul, its reduction one step, finished whole tiles at a time, whose epilogue is the bias and
+    then a VFUNC (nothing else added, clipped, scaled or multiplied), where that pays and the
+    accumulator's third copy fits."""
     vfunc = spec.act in VFUNC_ACTS or (spec.act is not None and tiling.act_on_vector)
     plain = spec.op == "matmul" and spec.compute_name == "matmul" and spec.dtype == "float32" and \
         spec.acc_dtype == "float32" and spec.out_dtype == "float32" and not spec.symbols and spec.batch <= 1
@@ -55,6 +55,8 @@ def accumulates_bias(spec: KernelSpec, tiling: Tiling, arch: HardwareDescription
         spec.relu or spec.clip or spec.residual_shape or spec.multiplier_shape or spec.channel_scale_shape
         or spec.gated or spec.rope_pattern or spec.post_norm or spec.fabric_body or spec.scale_shape
         or spec.half_out or spec.half_via or spec.requant_zero_point is not None)
+    # One reduction step: with more, the bias would enter the first step's sum, not the last (a
+    # different rounding; and BERT's streamed GELU up-projection gained 58 of 5,698 cycles).
     tiles = tiling.tk == tiling.kp and not tiling.stream_panel and not 0 < tiling.epilogue_rows < tiling.tm
     return plain and epilogue and tiles and _pays(spec, tiling, arch) and _fits(spec, tiling, arch)
 
@@ -63,12 +65,13 @@ def _pays(spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> bool:
     """Whether a tile's busiest unit, in the steady state of the tile loop, is no busier with the
     bias in the accumulator: the load engine streams tm rows of bias instead of one (BERT's
     pooler, one token in a tile of eight rows whose tanh takes 10 cycles, is load-bound: 1,456 ->
-    1,567 cycles with it), the vector unit skips the EPILOGUE. A's panel is held (its reduction is
-    one step), so a tile loads B's tile and the bias."""
+    1,567 cycles with it), the vector unit skips the EPILOGUE. A tile loads B's tile and the
+    bias, and A's tile unless its panel is held (gemm_estimate.holds_a_panel)."""
     tm, tn, tk = tiling.tm, tiling.tn, tiling.tk
     rows = min(spec.gemm_extents[0], tm)  # (the VFUNC runs on the valid rows: lower/padded_rows.py)
     size = DType.FLOAT32.itemsize
-    load = cost.dma_transfer_cycles(arch, tk * tn * size)
+    a_tile = 0 if holds_a_panel(spec, tiling) else tm * tk * size  # (one column tile: A's per tile)
+    load = cost.dma_transfer_cycles(arch, tk * tn * size + a_tile)
     pe = cost.gemm_steady_cycles(arch, tm, tn, tk, "float32")
     vfunc = cost.vfunc_issue_cycles(arch, rows * tn, spec.act)
     before = max(load + cost.dma_transfer_cycles(arch, tn * size), pe, vfunc + cost.vector_cycles(arch, rows, tn))
@@ -92,10 +95,8 @@ def _fits(spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> bool:
 def annotate_tile(sch, tiling: Tiling, tile_loop) -> None:
     """Ask lowering to load the bias into the accumulator tiles allocated under `tile_loop` (the
     innermost loop over output tiles), three copies of them and of B's tiles
-    (lower/bias_accumulator.py); after
-    gemm_copies.annotate_copies, whose operand copies it keeps."""
-    if not tiling.bias_in_acc:
-        return
+    (lower/bias_accumulator.py), and A's tiles' copies (instead of gemm_copies.annotate_copies: a
+    loop keeps the first BUFFER_COPIES annotation it gets)."""
     copies = {"a_pad": tiling.operand_copies} if tiling.operand_copies > 2 else {}
     sch.annotate(tile_loop, BUFFER_COPIES, {**copies, "b_pad": ACC_COPIES, "acc": ACC_COPIES})
     sch.annotate(tile_loop, BIAS_IN_ACC, 1)

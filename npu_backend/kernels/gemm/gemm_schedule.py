@@ -154,8 +154,10 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
     a_at = _enclosing_loop(sch, acc, col_tile) if holds_a_panel(spec, tiling) else depth_outer
     if tiling.stream_panel:  # loaded a step at a time by the first column tile (lower/stream_panel.py)
         sch.annotate(depth_outer, STREAM_PANEL, 1)
-    annotate_copies(sch, tiling, col_tile)
-    annotate_tile(sch, tiling, col_tile)  # the bias in the accumulator (bias_acc.py)
+    if tiling.bias_in_acc:  # the bias in the accumulator, with the operand tiles' copies (bias_acc.py)
+        annotate_tile(sch, tiling, col_tile)
+    else:
+        annotate_copies(sch, tiling, col_tile)
     place_row_norm(sch, spec, a_at)  # a pre-norm's program on the panel (row_norm.py)
     for name, at in (("a_pad", a_at), ("b_pad", depth_outer)):
         block = sch.get_sblock(name)
