@@ -24,6 +24,7 @@ from .lower.gemm_rows import split_gemm_rows
 from .lower.hoist_allocs import hoist_allocations
 from .lower.stream_panel import stream_panels
 from .lower.fold_init import fold_accumulator_init
+from .lower.bias_accumulator import accumulate_bias
 from .lower.padded_rows import cut_padded_rows
 from .lower.ragged import cut_ragged_tiles
 from .lower.stage import func_pass, lower
@@ -84,6 +85,8 @@ def lowering_passes() -> list:
         func_pass(lower_copies_to_dma, "cgra.LowerCopiesToDMA"),
         # The accumulator's zero-fill becomes the first reduction step's overwriting GEMM.
         func_pass(fold_accumulator_init, "cgra.FoldAccumulatorInit"),
+        # A bias before a VFUNC starts the accumulator (DMA), not an EPILOGUE's pass over the tile.
+        func_pass(accumulate_bias, "cgra.AccumulateBias"),
         # A FILL the EPILOGUE after it partly overwrites (a window's padding) fills only the rest.
         func_pass(trim_overwritten_fills, "cgra.TrimOverwrittenFills"),
         # The last tile of a symbolic axis moves and computes only the rows that exist.

@@ -46,6 +46,9 @@ GEMM_ROWS = "cgra.gemm_rows"
 #: past its rows (17 tokens in a tile of 24); its epilogue's vector commands run on the valid rows
 #: only (lower/padded_rows.py)
 VALID_ROWS = "cgra.valid_rows"
+#: A loop annotation: the accumulator tiles allocated inside start from the bias, loaded by DMA,
+#: and the activation reads them (lower/bias_accumulator.py; Tiling.bias_in_acc)
+BIAS_IN_ACC = "cgra.bias_in_acc"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,6 +351,9 @@ class Tiling:
     #: round trip is longer than two steps' GEMMs does not wait for the GEMM two steps back
     #: (gemm_copies.py)
     operand_copies: int = 2
+    #: GEMM-shaped kernels: the bias is loaded into each accumulator tile before its GEMM and the
+    #: activation's VFUNC reads the sum, no EPILOGUE between them (gemm/bias_acc.py)
+    bias_in_acc: bool = False
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -26,6 +26,7 @@ from .epilogue_tail import act_on_vector, check_tail_padding, tail_tile_cycles
 from ..intrinsics.epilogue_tail import VFUNC_ACTS
 from ..common.spad_layout import a_row_stride, out_row_stride, store_walks_rows
 from ..common.spec import KernelSpec, Tiling, aligned, round_up
+from .bias_acc import accumulates_bias
 from .gemm_copies import may_take_copies, operand_copies
 from .gemm_estimate import estimate_cycles, gemm_footprint, may_hold_a_panel
 from .post_norm import (check_post_norm, post_norm_col_step, post_norm_pieces, post_norm_tiles, post_norm_tiling,
@@ -79,6 +80,9 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     check_tail_padding(spec, _TILINGS[key], arch)
     check_row_norm(spec, _TILINGS[key], arch)
     check_post_norm(spec, _TILINGS[key], arch, choose_gemm_tiling)
+    # (decided per spec, not cached: the key leaves out epilogue pieces that forbid it)
+    if accumulates_bias(spec, _TILINGS[key], arch):  # the VFUNC reads acc + bias (bias_acc.py)
+        return dataclasses.replace(_TILINGS[key], bias_in_acc=True)
     return _TILINGS[key]
 
 

@@ -27,6 +27,7 @@ from ..common.dynamic import TILE_OF
 from ..common.spad_layout import a_row_stride, align_output_rows, align_rows
 from ..common.spec import GEMM_ROWS, HOIST_ALLOCS, STREAM_PANEL, KernelSpec, Tiling
 from ..intrinsics import SPAD, get_intrin
+from .bias_acc import annotate_tile
 from .epilogue import channel_rows, epilogue_intrin
 from .gemm_copies import annotate_copies
 from .gemm_estimate import holds_a_panel
@@ -153,7 +154,10 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
     a_at = _enclosing_loop(sch, acc, col_tile) if holds_a_panel(spec, tiling) else depth_outer
     if tiling.stream_panel:  # loaded a step at a time by the first column tile (lower/stream_panel.py)
         sch.annotate(depth_outer, STREAM_PANEL, 1)
-    annotate_copies(sch, tiling, col_tile)
+    if tiling.bias_in_acc:  # the bias in the accumulator, with the operand tiles' copies (bias_acc.py)
+        annotate_tile(sch, tiling, col_tile)
+    else:
+        annotate_copies(sch, tiling, col_tile)
     place_row_norm(sch, spec, a_at)  # a pre-norm's program on the panel (row_norm.py)
     for name, at in (("a_pad", a_at), ("b_pad", depth_outer)):
         block = sch.get_sblock(name)
