@@ -1,0 +1,148 @@
+"""A bfloat16 / float16 model's RMSNorm folded into the linear that reads it
+(normalise/half_normed_linears.py, kernels/gemm/half_row_norm.py).
+
+HF's `weight * rms_norm(x.float()).to(h)` before a linear, multiply(g, astype(rms_norm(x, ones),
+h)) @ W, is one GEMM kernel whose A panel runs the norm kernel's half program: the float32 norm,
+rounded to h (nearest even), times g in h (the exact float32 product, rounded). Hypothesis holds
+it, on every preset, bit for bit to numpy's model of that arithmetic (ml_dtypes' rounding of the
+float32 norm kernel's result) followed by the NPU's own GEMM of that panel; and the model to
+float64 within the format's bound.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
+import npu_backend
+from npu_backend.normalise.half_normed_linears import half_norms_into_linears
+from npu_backend.tools.workloads import numpy_dtype, relax_module, run
+
+PRESETS = ["cgra-4x4", "cgra-8x8", "cgra-16x16"]
+HALVES = ["bfloat16", "float16"]
+#: The unit roundoff of each format: half the distance from 1 to the next value.
+UNIT = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+
+
+def _module(dtype: str, rows: int, cols: int, n: int, eps: float, g, w, gamma_first: bool, lead: bool):
+    """main(x) = reshape(g * astype(rms_norm(x, ones), h)) @ W^T in float32, x float32 (1, rows, cols)
+    or (rows, cols): the graph rms_norms.py and half_casts.py leave of HF's 16-bit norm and linear."""
+    def body(bb, x):
+        normed = bb.emit(relax.op.nn.rms_norm(x, relax.const(np.ones(cols, np.float32)), axes=[-1], epsilon=eps))
+        rounded = bb.emit(relax.op.astype(normed, dtype))
+        gamma = relax.const(g, dtype)
+        scaled = bb.emit(relax.op.multiply(gamma, rounded) if gamma_first else relax.op.multiply(rounded, gamma))
+        flat = bb.emit(relax.op.reshape(scaled, (rows, cols))) if lead else scaled
+        return bb.emit(relax.op.matmul(flat, bb.emit(relax.op.permute_dims(relax.const(w, dtype))), out_dtype="float32"))
+    return relax_module([("x", (1, rows, cols) if lead else (rows, cols), "float32")], body)
+
+
+def _panel_model(wide, g, dtype: str):
+    """numpy's model of the panel: the float32 norm rounded to h, times g (exact in float32), rounded."""
+    half = numpy_dtype(dtype)
+    return (wide.astype(half).astype(np.float32) * g.astype(np.float32)).astype(half)
+
+
+def _npu(mod, x, arch: str):
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(mod, arch), [x])
+    return out, prof
+
+
+@settings(max_examples=6, deadline=None)  # three compiles each: about 5 s
+@given(arch=st.sampled_from(PRESETS), dtype=st.sampled_from(HALVES), rows=st.integers(1, 40),
+       cols=st.sampled_from([16, 32, 64]), n=st.sampled_from([16, 64, 128, 256]), eps=st.sampled_from([1e-6, 1e-5]),
+       gamma_first=st.booleans(), lead=st.booleans(), scale=st.sampled_from([1e-2, 1.0, 30.0]),
+       seed=st.integers(0, 2**16))
+@example(arch="cgra-8x8", dtype="bfloat16", rows=32, cols=64, n=128, eps=1e-6, gamma_first=True, lead=True,
+         scale=1.0, seed=0)  # Llama's q / k / v
+@example(arch="cgra-16x16", dtype="float16", rows=32, cols=64, n=256, eps=1e-6, gamma_first=False, lead=True,
+         scale=30.0, seed=1)  # its gate / up
+@example(arch="cgra-4x4", dtype="bfloat16", rows=7, cols=16, n=16, eps=1e-5, gamma_first=True, lead=False,
+         scale=1e-2, seed=2)
+def test_a_16_bit_rmsnorm_before_a_linear_is_the_gemms_panel_bit_for_bit(arch, dtype, rows, cols, n, eps, gamma_first,
+                                                                          lead, scale, seed):
+    """Through a signed permutation W every output is one panel value (its sum exact in any order):
+    bit for bit numpy's model of the panel. Through a random W, within float32's summation bound
+    of the model's panel times W (the products of two 16-bit floats are exact in float32); the
+    panel model itself within two roundings of float64's norm times g."""
+    rng = np.random.default_rng(seed)
+    half = numpy_dtype(dtype)
+    g = rng.uniform(-2, 2, cols).astype(half)
+    x = (rng.standard_normal((1, rows, cols) if lead else (rows, cols)) * scale).astype(np.float32)
+    # numpy's model of the panel, from the float32 norm kernel's own result
+    norm = relax_module([("x", (rows, cols), "float32")], lambda bb, v: bb.emit(relax.op.nn.rms_norm(
+        v, relax.const(np.ones(cols, np.float32)), axes=[-1], epsilon=eps)))
+    panel = _panel_model(run(npu_backend.compile(norm, arch), [x.reshape(rows, cols)]), g, dtype)
+    perm = rng.permutation(cols)
+    signs = rng.choice([-1.0, 1.0], cols)
+    picks = np.zeros((cols, cols), np.float32)
+    picks[np.arange(cols), perm] = signs  # output column j reads panel column perm[j], signed
+    out, prof = _npu(_module(dtype, rows, cols, cols, eps, g, picks.astype(half), gamma_first, lead), x, arch)
+    assert len(prof.kernels) == 1, [k.name for k in prof.kernels]  # the norm runs in the GEMM's panel
+    np.testing.assert_array_equal(out, panel.astype(np.float32)[:, perm] * signs.astype(np.float32))
+    w = (rng.standard_normal((n, cols)) / np.sqrt(cols)).astype(half)
+    out, prof = _npu(_module(dtype, rows, cols, n, eps, g, w, gamma_first, lead), x, arch)
+    assert len(prof.kernels) == 1
+    exact, magnitude = (p.astype(np.float64) @ q.astype(np.float64).T for p, q in ((panel, w), (np.abs(panel), np.abs(w))))
+    assert np.all(np.abs(out.astype(np.float64) - exact) <= cols * 2.0 ** -24 * magnitude + 1e-38)
+    # and the model against float64: each panel value within two roundings of the exact norm times g
+    normed = x.reshape(rows, cols).astype(np.float64)
+    normed = normed / np.sqrt((normed ** 2).mean(-1, keepdims=True) + eps) * g.astype(np.float64)
+    bound = (2 * UNIT[dtype] + UNIT[dtype] ** 2 + 1e-5) * np.abs(normed) + 1e-30
+    assert np.all(np.abs(panel.astype(np.float64) - normed) <= bound)
+
+
+@pytest.mark.parametrize("readers", [1, 2])
+def test_the_rewrite_writes_the_norm_into_its_one_linear_and_leaves_float32_alone(readers):
+    """Read by one linear, the 16-bit norm (g on its right) becomes that linear's left operand,
+    multiply(g, astype(rms_norm(reshape(x), R.ones), h)); read by two (the half program twice costs
+    more than its own kernel once: cgra-4x4's gate and up), and in a float32 graph, nothing changes."""
+    rng = np.random.default_rng(0)
+    g = rng.uniform(0.5, 1.5, 16).astype(ml_dtypes.bfloat16)
+    ws = [rng.standard_normal((8, 16)).astype(ml_dtypes.bfloat16) for _ in range(readers)]
+
+    def body(dtype):
+        def emit(bb, x):
+            normed = bb.emit(relax.op.nn.rms_norm(x, relax.const(np.ones(16, np.float32)), axes=[-1], epsilon=1e-6))
+            if dtype == "float32":
+                scaled = bb.emit(relax.op.multiply(relax.const(g.astype(np.float32)), normed))
+            else:
+                scaled = bb.emit(relax.op.multiply(bb.emit(relax.op.astype(normed, dtype)), relax.const(g, dtype)))
+            flat = bb.emit(relax.op.reshape(scaled, (4, 16)))
+            outs = [bb.emit(relax.op.matmul(flat, bb.emit(relax.op.permute_dims(relax.const(w.astype(
+                numpy_dtype(dtype)), dtype))), out_dtype="float32")) for w in ws]
+            return bb.emit(relax.op.add(*outs)) if readers == 2 else outs[0]
+        return emit
+
+    mod = relax_module([("x", (1, 4, 16), "float32")], body("bfloat16"))
+    if readers == 1:
+        text = half_norms_into_linears(mod).script()
+        assert text.count("R.nn.rms_norm") == 1 and text.count("R.ones") == 1 and text.count("R.astype(") == 1
+        assert "R.reshape(x, R.shape([4, 16]))" in text and "R.multiply(metadata" in text
+    else:
+        tvm.ir.assert_structural_equal(half_norms_into_linears(mod), mod)
+    float32 = relax_module([("x", (1, 4, 16), "float32")], body("float32"))
+    tvm.ir.assert_structural_equal(half_norms_into_linears(float32), float32)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_a_norm_read_by_more_than_linears_keeps_its_kernel(dtype):
+    """A 16-bit norm also read by an add (a residual) is not copied: it stays one norm kernel."""
+    rng = np.random.default_rng(1)
+    half = numpy_dtype(dtype)
+    g, w = rng.uniform(0.5, 1.5, 16).astype(half), rng.standard_normal((8, 16)).astype(half)
+
+    def body(bb, x):
+        normed = bb.emit(relax.op.nn.rms_norm(x, relax.const(np.ones(16, np.float32)), axes=[-1], epsilon=1e-6))
+        scaled = bb.emit(relax.op.multiply(relax.const(g, dtype), bb.emit(relax.op.astype(normed, dtype))))
+        y = bb.emit(relax.op.matmul(scaled, bb.emit(relax.op.permute_dims(relax.const(w, dtype))), out_dtype=dtype))
+        return bb.emit(relax.op.concat([y, scaled], axis=-1))
+
+    mod = relax_module([("x", (4, 16), "float32")], body)
+    tvm.ir.assert_structural_equal(half_norms_into_linears(mod), mod)
