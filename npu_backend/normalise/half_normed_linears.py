@@ -1,4 +1,4 @@
-"""A bfloat16 / float16 model's RMSNorm, read only by one linear, written as that linear's left operand.
+"""A bfloat16 / float16 model's RMSNorm or layer norm, read only by one linear, written as its left operand.
 
 Stage: normalise (after normed_linears.py, which does this for float32's plain norms). In: a
 Relax IRModule. Out: the same module in which HF's 16-bit RMSNorm, as rms_norms.py and
@@ -17,6 +17,11 @@ and pre-MLP norms, read by the merged q / k / v and gate / up projections. The v
 norm kernel's: the same float32 normalisation, the same rounding to h, the same product by g
 rounded, only no longer stored and loaded between two kernels. A float32 model has no such
 chain: it is left as it was.
+
+A 16-bit layer norm as half_casts.py writes PyTorch's, `astype(layer_norm(astype(x_h, float32) or
+x, gamma, beta), h)` with float32 constants gamma and beta (widened), the same way: the linear
+reads `astype(layer_norm(astype(reshape(x_h, rows), float32), gamma, beta), h)`, its GEMM the
+layer norm kernel's half program (ViT's pre-MLP norms; its q / k / v projections stay three).
 """
 
 from __future__ import annotations
@@ -41,7 +46,30 @@ def half_norms_into_linears(mod: tvm.IRModule) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination()(replace_functions(mod, _rewrite_function))
 
 
-half_normed_linears_pass = as_pass(half_norms_into_linears, "cgra.HalfNormsIntoLinears", ops=("relax.nn.rms_norm",))
+half_normed_linears_pass = as_pass(half_norms_into_linears, "cgra.HalfNormsIntoLinears",
+                                   ops=("relax.nn.rms_norm", "relax.nn.layer_norm"))
+
+
+def half_layer_norm(value, values: dict):
+    """(x, gamma, beta, the layer_norm call, h, widened) when `value` is astype(layer_norm(
+    astype(x_h, float32) or x, gamma, beta), h) with constant float32 gamma and beta of shape (K,)
+    (module doc), else None."""
+    if op_name(value) != "relax.astype" or str(value.attrs.dtype) not in HALF_FLOATS:
+        return None
+    norm = values.get(value.args[0], value.args[0])
+    if op_name(norm) != "relax.nn.layer_norm" or dtype_of(norm) != "float32" or \
+            not (bool(norm.attrs.center) and bool(norm.attrs.scale)):
+        return None
+    dims, x = shape_dims(norm), norm.args[0]
+    source = values.get(x, x)
+    wide = op_name(source) == "relax.astype" and dtype_of(source.args[0]) == str(value.attrs.dtype)
+    x = source.args[0] if wide else x
+    if not dims or not isinstance(dims[-1], int) or not _rows_static_or_one_length(dims) or \
+            [int(a) % len(dims) for a in norm.attrs.axes] != [len(dims) - 1] or \
+            not all(isinstance(c, tvm.ir.GenericConst) and dtype_of(c) == "float32" and
+                    tuple(c.value.numpy().shape) == (dims[-1],) for c in norm.args[1:]):
+        return None
+    return x, norm, str(value.attrs.dtype), wide
 
 
 def half_rms_norm(value, values: dict):
@@ -94,14 +122,15 @@ def _rewrite_function(func: relax.Function):
             values[binding.var] = binding.value
     insert = {}
     for var, value in values.items():
-        found = half_rms_norm(value, values)
-        if found is None:
+        rms, layer = half_rms_norm(value, values), half_layer_norm(value, values)
+        if rms is None and layer is None:
             continue
         matmuls = _matmuls(readers, var, shape_dims(value)[-1])
         if not matmuls or len(matmuls) > MAX_READERS:
             continue
         for matmul_var, matmul, lhs in matmuls:
-            insert[matmul_var] = _copy(found, matmul_var, matmul, lhs)
+            insert[matmul_var] = _copy(rms, matmul_var, matmul, lhs) if rms else \
+                _copy_layer_norm(layer, matmul_var, matmul, lhs)
     return _rebuilt(func, insert) if insert else None
 
 
@@ -123,4 +152,26 @@ def _copy(found: tuple, matmul_var, matmul, lhs) -> tuple:
                (rounded, relax.op.astype(normed, half)),
                (scaled, relax.op.multiply(gamma, rounded))]
     new = relax.Call(matmul.op, [scaled, matmul.args[1]], matmul.attrs, matmul.ty_args, matmul.span)
+    return before, new
+
+
+def _copy_layer_norm(found: tuple, matmul_var, matmul, lhs) -> tuple:
+    """(new bindings, new matmul) of the 16-bit layer norm `found` copied as `matmul`'s left operand."""
+    x, norm, half, wide = found
+    var_class = relax.DataflowVar if isinstance(matmul_var, relax.DataflowVar) else relax.Var
+    rows = tuple(shape_dims(lhs))
+    before, source = [], x
+    if tuple(shape_dims(x) or ()) != rows:
+        source = var_class(f"{matmul_var.name}_rows", relax.TensorType(rows, dtype_of(x)))
+        before.append((source, relax.op.reshape(x, rows)))
+    if wide:
+        widened = var_class(f"{matmul_var.name}_wide", relax.TensorType(rows, "float32"))
+        before.append((widened, relax.op.astype(source, "float32")))
+        source = widened
+    normed = var_class(f"{matmul_var.name}_normed", relax.TensorType(rows, "float32"))
+    rounded = var_class(f"{matmul_var.name}_rounded", lhs.ty)
+    before += [(normed, relax.op.nn.layer_norm(source, norm.args[1], norm.args[2], axes=[-1],
+                                               epsilon=norm.attrs.epsilon)),
+               (rounded, relax.op.astype(normed, half))]
+    new = relax.Call(matmul.op, [rounded, matmul.args[1]], matmul.attrs, matmul.ty_args, matmul.span)
     return before, new

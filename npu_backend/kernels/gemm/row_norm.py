@@ -47,7 +47,7 @@ from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.row_ops import reduce_start
 from ..rows.norms import steps_of
 from ..rows.rows import RowSpec, choose_row_tiling, estimate_row_cycles, shapes_of, stage_of, step_cycles
-from .half_row_norm import GAMMA, half_normed_roots, half_row_roles, panel_input_bytes, with_half_row_norm
+from .half_row_norm import SCALED, half_normed_roots, half_row_roles, lhs_dtype, panel_input_bytes, panel_rows, with_half_row_norm
 from .roots import Root
 
 F32 = "float32"
@@ -82,7 +82,7 @@ def with_row_norm(spec: KernelSpec, annotated: dict) -> KernelSpec:
     norm = annotated.get("row_norm")
     if norm is None:
         return spec
-    if GAMMA in annotated:  # a bfloat16 / float16 model's norm, rounded, times its gamma (half_row_norm.py)
+    if SCALED in annotated:  # a bfloat16 / float16 model's norm, rounded (half_row_norm.py)
         return with_half_row_norm(spec, annotated)
     kind = str(norm.op.name).removeprefix("relax.nn.")
     for role, value in _CONSTANTS[kind]:
@@ -151,7 +151,7 @@ def panel_bytes(spec: KernelSpec, tm: int) -> int:
 
 def _kinds(spec: KernelSpec, steps) -> dict:
     """rows.shapes_of the panel program: its gamma (a 16-bit model's, half_row_norm.py) a row."""
-    return shapes_of(steps, ("weight",) if len(spec.row_norm) > 2 else ())
+    return shapes_of(steps, tuple(name for name, _, _ in panel_rows(spec)))
 
 
 def normed_panel(spec: KernelSpec, a_pad, tiling: Tiling, inputs: dict):
@@ -162,9 +162,9 @@ def normed_panel(spec: KernelSpec, a_pad, tiling: Tiling, inputs: dict):
     depth = spec.gemm_extents[2]
     steps = _steps(spec)
     tensors, kinds = {"x": a_pad}, _kinds(spec, steps)
-    if len(spec.row_norm) > 2:  # gamma, read: a (1, depth) row the ELTWISE broadcasts (half_row_norm.py)
-        inputs[GAMMA] = te.placeholder((depth,), spec.dtype, name=GAMMA)
-        tensors["weight"] = te.compute((1, depth), lambda z, j: inputs[GAMMA][j], name=PREFIX + "weight_pad")
+    for name, role, dtype in panel_rows(spec):  # a 16-bit norm's gamma [, beta], read: (1, depth) rows
+        inputs[role] = te.placeholder((depth,), dtype, name=role)
+        tensors[name] = _row_of(inputs[role], depth, f"{PREFIX}{name}_pad")
     for role, _ in _CONSTANTS[spec.row_norm[0]] if len(spec.row_norm) == 2 else ():
         inputs[role] = te.placeholder((depth,), F32, name=role)
     mp, kp = a_pad.shape
@@ -173,13 +173,18 @@ def normed_panel(spec: KernelSpec, a_pad, tiling: Tiling, inputs: dict):
     return tensors[steps[-1].name]
 
 
+def _row_of(vector, depth: int, name: str):
+    """A (depth,) operand as the (1, depth) row its ELTWISE broadcasts along the panel's rows."""
+    return te.compute((1, depth), lambda z, j: vector[j], name=name)
+
+
 def place_row_norm(sch, spec: KernelSpec, at) -> None:
     """The panel program under the loop `at`, where the A panel is loaded (before the panel's own
     compute_at, which needs its readers there)."""
     if spec.row_norm is None:
         return
-    names = [step.name for step in _steps(spec)]
-    for name in reversed(names if len(spec.row_norm) == 2 else [PREFIX + "weight_pad", *names]):
+    names = [f"{PREFIX}{name}_pad" for name, _, _ in panel_rows(spec)] + [step.name for step in _steps(spec)]
+    for name in reversed(names):
         block = sch.get_sblock(name)
         sch.compute_at(block, at)
         sch.set_scope(block, 0, SPAD)
@@ -205,8 +210,9 @@ def tensorize_row_norm(sch, spec: KernelSpec, tiling: Tiling, align) -> None:
         if step.kind == "vfunc":
             sch.tensorize(row, get_intrin("vfunc", tm, width, step.func, scale=step.scale, offset=step.offset))
             continue
-        if step.kind == "cast":  # the float32 norm rounded to the 16-bit float (an EPILOGUE)
-            sch.tensorize(row, get_intrin("epilogue", tm, width, F32, bias=False, relu=False, residual=False,
+        if step.kind == "cast":  # x_h widened, or the float32 norm rounded to h (an EPILOGUE)
+            source = lhs_dtype(spec) if step.inputs[0] == "x" else F32
+            sch.tensorize(row, get_intrin("epilogue", tm, width, source, bias=False, relu=False, residual=False,
                                           clip=None, zero_point=None, out_dtype=step.dtype))
             continue
         full = {"full": (True, True), "column": (True, False), "row": (False, True)}
