@@ -55,6 +55,7 @@ from .negative_indices import wrap_negative_indices
 from .layer_scales import layer_scales_pass
 from .norm_folds import norm_folds_pass
 from .normed_linears import normed_linears_pass
+from .half_normed_linears import half_normed_linears_pass
 from .parallel_residuals import parallel_residuals_pass
 from .patch_embeddings import patch_embeddings_pass
 from .position_embeddings import position_embeddings_pass
@@ -285,6 +286,9 @@ def normalise_passes(arch=None) -> list:
         # A plain RMSNorm (its weight folded) read only by linears: each gets its own copy as its
         # left operand, which its GEMM normalises in the scratchpad (normed_linears.py).
         normed_linears_pass,
+        # A 16-bit model's RMSNorm (rounded, times its gamma) the same: its GEMMs run it on their A
+        # panels with both roundings (kernels/gemm/half_row_norm.py)
+        half_normed_linears_pass,
         # A parallel block's (attn + mlp) + x as attn + (mlp + x): each add in a GEMM's epilogue,
         # none a kernel of its own (parallel_residuals.py).
         parallel_residuals_pass,

@@ -34,6 +34,7 @@ from .gemm_estimate import holds_a_panel
 from .gemm_pieces import epilogue_piece_rows
 from .post_norm import holds_b, stage_post_norm, summed_spec, tensorize_post_norm
 from .rope_epilogue import stage_rope_blocks, tensorize_rope_blocks
+from .half_row_norm import lhs_dtype
 from .row_norm import place_row_norm, tensorize_row_norm
 
 
@@ -167,7 +168,9 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
     # The PE array reads one element of each of A's rows a cycle: rows a multiple of the
     # banks' period apart would all sit in one bank.
     a_row = a_row_stride(tiling.tm, tiling.tk, DType.from_name(spec.dtype).itemsize, arch)
-    align_rows(sch, sch.get_sblock("a_pad"), tiling.tk, a_row, spec.dtype, arch)
+    a_dtype = lhs_dtype(spec)  # float32 rows a 16-bit norm's panel rounds (half_row_norm.py)
+    align_rows(sch, sch.get_sblock("a_pad"), tiling.tk, a_row if a_dtype == spec.dtype else a_row_stride(
+        tiling.tm, tiling.tk, DType.from_name(a_dtype).itemsize, arch), a_dtype, arch)
     tensorize_row_norm(sch, spec, tiling, lambda block: align_rows(sch, block, tiling.tk, a_row, spec.dtype, arch))
     if spec.row_step > 1:
         # The operand copy walks output pixels p = y * OW + ox; split p into (y, ox) so the

@@ -28,6 +28,7 @@ from .gemm import choose_gemm_tiling
 from .gemm_pieces import epilogue_piece_rows
 from .gemm_schedule import schedule_gemm
 from .residual_lhs import lhs_as_residual
+from .half_row_norm import gemm_operands, lhs_dtype
 from .row_norm import normed_panel, normed_roots, with_row_norm
 from .symbolic_matmul import has_symbolic_operand, is_symbolic_matmul, symbolic_matmul_compute, symbolic_matmul_spec
 from ..common.operands import kernel_prim_func, padded
@@ -71,6 +72,7 @@ def _cache_roots() -> list[Root]:
 
 def matmul_spec(name: str, annotated: dict) -> KernelSpec:
     """The kernel a matched matmul chain becomes; raises UnsupportedOperator with the reason."""
+    normed, annotated = annotated, gemm_operands(annotated)  # a 16-bit norm's panel: the GEMM's lhs
     common = epilogue_fields("matmul", annotated)
     if has_symbolic_operand(annotated) and common["dtype"] in HALF_FLOATS:
         raise UnsupportedOperator(f"a {common['dtype']} matmul of two operands of symbolic length runs on the host "
@@ -103,7 +105,7 @@ def matmul_spec(name: str, annotated: dict) -> KernelSpec:
             raise UnsupportedOperator(f"the bias of shape {bias_shape} is not a row of {n} columns")
         spec = KernelSpec("matmul", lhs_shape=lhs_shape, rhs_shape=rhs_shape, rhs_transposed=permute is not None,
                           symbols=symbols, caller_shapes=_bias_ranked_out(lhs_shape, n, bias_shape), **common)
-    return with_row_norm(with_epilogue_tail(spec, annotated, name), annotated)
+    return with_row_norm(with_epilogue_tail(spec, annotated, name), normed)
 
 
 def _bias_ranked_out(lhs_shape, n, bias_shape) -> tuple:
@@ -113,7 +115,7 @@ def _bias_ranked_out(lhs_shape, n, bias_shape) -> tuple:
         return ()
     if not all(isinstance(d, int) for d in lhs_shape):
         raise UnsupportedOperator(f"a bias of shape {bias_shape} adds axes to a matmul of symbolic rows: "
-                                  "reshape the bias to ({n},)")
+                                  f"reshape the bias to ({n},)")
     return (("out", (1,) * (len(bias_shape) - 2) + (lhs_shape[0], n)),)
 
 
@@ -187,7 +189,7 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
     else:
         mp = tiling.mp
     lhs_shape = (m, spec.lhs_shape[1])
-    a = te.placeholder(lhs_shape, spec.dtype, name="lhs")
+    a = te.placeholder(lhs_shape, lhs_dtype(spec), name="lhs")  # float32 rows a 16-bit norm's panel rounds
     b = te.placeholder(spec.rhs_shape, spec.rhs_dtype, name="rhs")
     a_pad = te.compute((mp, tiling.kp), lambda i, r: padded(a, lhs_shape, (i, r)), name="a_pad")
     if spec.rhs_transposed:

@@ -27,6 +27,6 @@ class Root:
 def linear_roots(roots, norms: tuple = ("rms_norm", "layer_norm")) -> list:
     """The linear roots (matmul of permute_dims(W)) among `roots`: those normalising their own
     rows with one of `norms` (row_norm.py's `linear_<norm>`) first, then the plain `linear`."""
-    names = [f"linear_{norm}" for norm in norms] + ["linear"]
+    names = [f"linear_{norm}{half}" for norm in norms for half in ("", "_half", "_half_wide")] + ["linear"]
     found = [root for root in roots if "permute" in root.roles and root.name in names]
     return sorted(found, key=lambda root: "row_norm" not in root.roles)

@@ -22,6 +22,10 @@ would be a pass over tm x N a tile, 2-4x the panel's tm x K for q / k / v and ga
 gated unit's act(r a) (r b) needs it before the activation; the layer norm's mean needs no
 colsum(W) correction (the rows are centred before the GEMMs, no cancellation).
 
+A bfloat16 / float16 model's RMSNorm, rounded and times its gamma in h (which no weight can take
+exactly), is half_row_norm.py's: the same panel program with the norm kernel's two roundings and
+gamma's row, into an h panel (`row_norm` then names h too).
+
 Only where the kernel holds the whole reduction in one step (tk = K, unpadded: a padded column
 would be -mean once centred): the row's statistics need
 the row whole, so the tile search keeps whole-depth tiles with room for the program's panels
@@ -43,6 +47,7 @@ from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.row_ops import reduce_start
 from ..rows.norms import steps_of
 from ..rows.rows import RowSpec, choose_row_tiling, estimate_row_cycles, shapes_of, stage_of, step_cycles
+from .half_row_norm import SCALED, half_normed_roots, half_row_roles, lhs_dtype, panel_input_bytes, panel_rows, with_half_row_norm
 from .roots import Root
 
 F32 = "float32"
@@ -68,7 +73,7 @@ def normed_roots() -> list[Root]:
                      **({"norm_bias": bias} if kind == "layer_norm" else {}),
                      **({"permute": operand} if permuted else {})}
             roots.append(Root(f"{name}_{kind}", is_op("relax.matmul")(norm, operand), roles))
-    return roots
+    return roots + half_normed_roots()
 
 
 def with_row_norm(spec: KernelSpec, annotated: dict) -> KernelSpec:
@@ -77,6 +82,8 @@ def with_row_norm(spec: KernelSpec, annotated: dict) -> KernelSpec:
     norm = annotated.get("row_norm")
     if norm is None:
         return spec
+    if SCALED in annotated:  # a bfloat16 / float16 model's norm, rounded (half_row_norm.py)
+        return with_half_row_norm(spec, annotated)
     kind = str(norm.op.name).removeprefix("relax.nn.")
     for role, value in _CONSTANTS[kind]:
         operand = annotated[role]
@@ -110,9 +117,9 @@ def check_row_norm(spec: KernelSpec, tiling: Tiling, arch) -> None:
                                   f"{tiling.tk} at a time, and the row's statistics need the row whole; the norm "
                                   "runs on its own")
     steps = _steps(spec)
-    program = tiling.mp // tiling.tm * step_cycles(arch, steps, shapes_of(steps, ()), tiling.tm, depth)
+    program = tiling.mp // tiling.tm * step_cycles(arch, steps, _kinds(spec, steps), tiling.tm, depth)
     alone_spec = RowSpec(kind, kind, (spec.gemm_extents[0], depth), (spec.gemm_extents[0], depth),
-                         spec.gemm_extents[0], depth, spec.row_norm[1])
+                         spec.gemm_extents[0], depth, spec.row_norm[1], **half_row_roles(spec))
     plain = steps_of(alone_spec)
     alone = choose_row_tiling(alone_spec, arch, plain)
     alone_cycles = estimate_row_cycles(alone_spec, arch, plain, alone.tm, alone.tn)
@@ -123,9 +130,9 @@ def check_row_norm(spec: KernelSpec, tiling: Tiling, arch) -> None:
 
 def _steps(spec: KernelSpec) -> tuple:
     """The panel's row program: the plain norm kernel's (norms.steps_of), its blocks prefixed."""
-    kind, eps = spec.row_norm
+    kind, eps = spec.row_norm[:2]
     depth = spec.gemm_extents[2]
-    plain = steps_of(RowSpec(kind, kind, (depth,), (depth,), 1, depth, eps))
+    plain = steps_of(RowSpec(kind, kind, (depth,), (depth,), 1, depth, eps, **half_row_roles(spec)))
     names = {step.name: PREFIX + step.name for step in plain}
     return tuple(dataclasses.replace(step, name=names[step.name], inputs=tuple(names.get(i, i) for i in step.inputs))
                  for step in plain)
@@ -136,9 +143,15 @@ def panel_bytes(spec: KernelSpec, tm: int) -> int:
     once: the vector unit runs them in order), 0 without a norm."""
     if spec.row_norm is None:
         return 0
-    kinds = shapes_of(_steps(spec), ())
+    steps = _steps(spec)
+    kinds = _kinds(spec, steps)
     size = {"full": aligned(tm * spec.gemm_extents[2] * 4), "column": aligned(tm * 4)}
-    return sum(size[kinds[step.name]] for step in _steps(spec))
+    return sum(size[kinds[step.name]] for step in steps) + panel_input_bytes(spec, tm)
+
+
+def _kinds(spec: KernelSpec, steps) -> dict:
+    """rows.shapes_of the panel program: its gamma (a 16-bit model's, half_row_norm.py) a row."""
+    return shapes_of(steps, tuple(name for name, _, _ in panel_rows(spec)))
 
 
 def normed_panel(spec: KernelSpec, a_pad, tiling: Tiling, inputs: dict):
@@ -147,14 +160,22 @@ def normed_panel(spec: KernelSpec, a_pad, tiling: Tiling, inputs: dict):
     if spec.row_norm is None:
         return a_pad
     depth = spec.gemm_extents[2]
-    for role, _ in _CONSTANTS[spec.row_norm[0]]:
+    steps = _steps(spec)
+    tensors, kinds = {"x": a_pad}, _kinds(spec, steps)
+    for name, role, dtype in panel_rows(spec):  # a 16-bit norm's gamma [, beta], read: (1, depth) rows
+        inputs[role] = te.placeholder((depth,), dtype, name=role)
+        tensors[name] = _row_of(inputs[role], depth, f"{PREFIX}{name}_pad")
+    for role, _ in _CONSTANTS[spec.row_norm[0]] if len(spec.row_norm) == 2 else ():
         inputs[role] = te.placeholder((depth,), F32, name=role)
     mp, kp = a_pad.shape
-    steps = _steps(spec)
-    tensors, kinds = {"x": a_pad}, shapes_of(steps, ())
     for step in steps:
         tensors[step.name] = stage_of(step, tensors, kinds, mp, int(kp))
     return tensors[steps[-1].name]
+
+
+def _row_of(vector, depth: int, name: str):
+    """A (depth,) operand as the (1, depth) row its ELTWISE broadcasts along the panel's rows."""
+    return te.compute((1, depth), lambda z, j: vector[j], name=name)
 
 
 def place_row_norm(sch, spec: KernelSpec, at) -> None:
@@ -162,8 +183,9 @@ def place_row_norm(sch, spec: KernelSpec, at) -> None:
     compute_at, which needs its readers there)."""
     if spec.row_norm is None:
         return
-    for step in reversed(_steps(spec)):
-        block = sch.get_sblock(step.name)
+    names = [f"{PREFIX}{name}_pad" for name, _, _ in panel_rows(spec)] + [step.name for step in _steps(spec)]
+    for name in reversed(names):
+        block = sch.get_sblock(name)
         sch.compute_at(block, at)
         sch.set_scope(block, 0, SPAD)
 
@@ -175,7 +197,7 @@ def tensorize_row_norm(sch, spec: KernelSpec, tiling: Tiling, align) -> None:
     if spec.row_norm is None:
         return
     steps = _steps(spec)
-    kinds, tm, kp = shapes_of(steps, ()), tiling.tm, tiling.kp
+    kinds, tm, kp = _kinds(spec, steps), tiling.tm, tiling.kp
     for step in steps:
         block = sch.get_sblock(step.name)
         if step.kind == "reduce":
@@ -188,9 +210,14 @@ def tensorize_row_norm(sch, spec: KernelSpec, tiling: Tiling, align) -> None:
         if step.kind == "vfunc":
             sch.tensorize(row, get_intrin("vfunc", tm, width, step.func, scale=step.scale, offset=step.offset))
             continue
-        full = {"full": (True, True), "column": (True, False)}
+        if step.kind == "cast":  # x_h widened, or the float32 norm rounded to h (an EPILOGUE)
+            source = lhs_dtype(spec) if step.inputs[0] == "x" else F32
+            sch.tensorize(row, get_intrin("epilogue", tm, width, source, bias=False, relu=False, residual=False,
+                                          clip=None, zero_point=None, out_dtype=step.dtype))
+            continue
+        full = {"full": (True, True), "column": (True, False), "row": (False, True)}
         a_full, b_full = (full[kinds[i]] for i in step.inputs)
-        sch.tensorize(row, get_intrin("eltwise", tm, width, step.func, F32, a_full=a_full, b_full=b_full))
+        sch.tensorize(row, get_intrin("eltwise", tm, width, step.func, step.dtype, a_full=a_full, b_full=b_full))
     align(sch.get_sblock(steps[-1].name + "_o"))
 
 
