@@ -52,6 +52,7 @@ from .mask_positions import mask_positions_pass
 from .lookup_tables import lookup_tables_pass
 from .masks import masks_pass
 from .constant_rows import constant_rows_pass
+from .alibi_rows import alibi_rows_pass
 from .negative_indices import wrap_negative_indices
 from .layer_scales import layer_scales_pass
 from .norm_folds import norm_folds_pass
@@ -306,6 +307,9 @@ def normalise_passes(arch=None) -> list:
         # as the kernel's triangle and a mask row, not a (1, H, s, s) add read whole by every
         # layer (constant_rows.py).
         constant_rows_pass(None if arch is None else lambda *shapes: causal_row_fits(*shapes, arch)),
+        # Bloom's padding row plus ALiBi rows from the mask's twin as two GEMMs, not six kernels
+        # on 1 x s rows (alibi_rows.py).
+        alibi_rows_pass,
         # A reshape or add of the same operands as an earlier one is read from it: every layer of
         # Bloom adds its ALiBi rows to the padding mask in the attention form's own add
         # (attentions.py), the same (1, H, s, s) sum per layer; one add kernel instead of one a
