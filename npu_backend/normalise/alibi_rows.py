@@ -55,7 +55,8 @@ def _base(chain: Chain, expr):
         if view is None:
             break
         expr = view.args[0]
-    return chain.value(expr) if not isinstance(chain.value(expr), relax.Call) else expr
+    value = chain.value(expr)  # the variable bound to a call, else the value (a parameter, a constant)
+    return expr if isinstance(value, relax.Call) else value
 
 
 def _operands(chain: Chain, call, name: str):
@@ -142,10 +143,11 @@ class _AlibiRewriter(relax.PyExprMutator):
         h = int(np.prod(heads))
         head_axes = [i for i, d in enumerate(heads) if d != 1]
         batch_axes = [i for i, d in enumerate(p_shape) if d != 1][:-1]
-        if int(np.prod(m_shape)) != n * s or heads[-1] != 1 or len(head_axes) > 1 or any(p_shape[i] != 1 for i in head_axes) \
-                or (head_axes and batch_axes and batch_axes[-1] > head_axes[0]) or int(np.prod(shape)) != n * h * s \
-                or int(np.prod(static_shape(call))) != n * h * s or s >= 1 << 24:
-            return None
+        if int(np.prod(m_shape)) != n * s or p_shape[-1] != s or heads[-1] != 1 or len(head_axes) > 1 \
+                or any(p_shape[i] != 1 for i in head_axes) or s >= 1 << 24 \
+                or (head_axes and batch_axes and batch_axes[-1] > head_axes[0]) \
+                or int(np.prod(shape)) != n * h * s or int(np.prod(static_shape(call))) != n * h * s:
+            return None  # rows (N, H, S) in this order, the add's output a view of them
         emit = self.builder_.emit
         weights = np.concatenate([np.triu(np.ones((s, s), np.float32)), np.eye(s, dtype=np.float32) * HUGE], axis=1)
         bias = np.concatenate([np.full(s, -1, np.float32), np.full(s, -HUGE, np.float32)])
