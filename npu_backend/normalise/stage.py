@@ -51,6 +51,8 @@ from .length_masks import causal_masks_pass
 from .mask_positions import mask_positions_pass
 from .lookup_tables import lookup_tables_pass
 from .masks import masks_pass
+from .constant_rows import constant_rows_pass
+from .alibi_rows import alibi_rows_pass
 from .negative_indices import wrap_negative_indices
 from .layer_scales import layer_scales_pass
 from .norm_folds import norm_folds_pass
@@ -305,6 +307,13 @@ def normalise_passes(arch=None) -> list:
         # A boolean mask's where(m, 0, -inf) and casts as float32 {0, 1} arithmetic, exactly
         # (masks.py): the mask is built on the NPU, once for every layer.
         masks_pass(None if arch is None else lambda *shapes: causal_row_fits(*shapes, arch)),
+        # A constant causal mask plus constant ALiBi rows (a static Bloom without a padding mask)
+        # as the kernel's triangle and a mask row, not a (1, H, s, s) add read whole by every
+        # layer (constant_rows.py).
+        constant_rows_pass(None if arch is None else lambda *shapes: causal_row_fits(*shapes, arch)),
+        # Bloom's padding row plus ALiBi rows from the mask's twin as two GEMMs, not six kernels
+        # on 1 x s rows (alibi_rows.py).
+        alibi_rows_pass,
         # A reshape or add of the same operands as an earlier one is read from it: every layer of
         # Bloom adds its ALiBi rows to the padding mask in the attention form's own add
         # (attentions.py), the same (1, H, s, s) sum per layer; one add kernel instead of one a

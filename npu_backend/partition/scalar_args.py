@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -103,11 +104,21 @@ def _composite_of(func) -> str:
 def _bound(call, every_one) -> dict:
     """Argument index -> constant, of the arguments of `call` to bind inside its callee: 0-d ones,
     one-element ones with `every_one` True, all with `every_one` "all", the integer ones (indices)
-    with "indices"."""
+    with "indices", one-element ones and those of only 0 and -inf with "triangles"."""
     return {i: arg for i, arg in enumerate(call.args)
             if _is_scalar_constant(arg) or every_one is True and _is_one_element_constant(arg)
             or every_one == "all" and isinstance(arg, tvm.ir.GenericConst)
-            or every_one == "indices" and isinstance(arg, tvm.ir.GenericConst) and "int" in str(arg.ty.dtype)}
+            or every_one == "indices" and isinstance(arg, tvm.ir.GenericConst) and "int" in str(arg.ty.dtype)
+            or every_one == "triangles" and (_is_one_element_constant(arg) or _is_triangle_like(arg))}
+
+
+def _is_triangle_like(expr) -> bool:
+    """A constant of only +-0 and -inf (a causal triangle the kernel builds); a constant mask row
+    of other values (a static Bloom's ALiBi, normalise/constant_rows.py) stays an operand."""
+    if not isinstance(expr, tvm.ir.GenericConst):
+        return False
+    values = expr.value.numpy()
+    return values.dtype.kind == "f" and bool(np.all((values == 0) | (values == -np.inf)))
 
 
 def _is_one_element_constant(expr) -> bool:

@@ -50,11 +50,13 @@ def reads_constants(composite: str) -> bool | str:
     """Whether the kernel of pattern `composite` builds what its constants hold instead of loading
     them (an attention's constant causal mask; a plain norm's gamma of ones and beta of zeros,
     which it does not read): partition/scalar_args.py binds them all inside it; "indices": its
-    integer constants only (RoPE's partners in a linear's epilogue: gemm/rope_epilogue.py)."""
+    integer constants only (RoPE's partners in a linear's epilogue: gemm/rope_epilogue.py);
+    "triangles": its one-element constants and those of only 0 and -inf (an attention's triangle)."""
     if composite.endswith("_rope"):
         return "indices"
-    return composite.startswith(ATTENTION_PATTERN) and "_causal" in composite or \
-        composite in ("cgra.layer_norm_plain", "cgra.rms_norm_plain")
+    if composite.startswith(ATTENTION_PATTERN) and "_causal" in composite:
+        return "triangles"  # the triangle, not a constant mask row beside it (normalise/constant_rows.py)
+    return composite in ("cgra.layer_norm_plain", "cgra.rms_norm_plain")
 
 
 _COMMUTATIVE = {"relax.add": "add", "relax.multiply": "mul", "relax.maximum": "max", "relax.minimum": "min"}
