@@ -22,6 +22,7 @@ from .lower.late_residual import late_residuals
 from .lower.operands_first import operands_first
 from .lower.gemm_rows import split_gemm_rows
 from .lower.hoist_allocs import hoist_allocations
+from .lower.held_tables import hold_tables
 from .lower.stream_panel import stream_panels
 from .lower.fold_init import fold_accumulator_init
 from .lower.bias_accumulator import accumulate_bias
@@ -93,6 +94,8 @@ def lowering_passes() -> list:
         func_pass(cut_ragged_tiles, "cgra.CutRaggedTiles"),
         # A row panel streamed a step at a time by the first column tile, held by the others.
         func_pass(stream_panels, "cgra.StreamPanels"),
+        # RoPE's compact tables: a slice loaded by each column tile of the first period, held by the rest.
+        func_pass(hold_tables, "cgra.HoldTables"),
         # An output tile's epilogue pieces: one buffer each, allocated with the tile's.
         func_pass(hoist_allocations, "cgra.HoistAllocations"),
         # Such a tile's GEMMs in the same pieces of rows, so its first EPILOGUE starts early.

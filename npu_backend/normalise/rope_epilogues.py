@@ -23,6 +23,12 @@ at its place in a rotated block (the partners repeat every p columns: the GEMM's
 may be p wide), else itself. kernels/gemm/rope_epilogue.py runs Y' as the linear's epilogue and
 the attention kernel reads the units as boxes of y4.
 
+When C', S' and the partners repeat every W < N columns (GPT-NeoX's heads alike: W = 3 D, 48 of
+192), C' and S' are compact (S, W) tables whose columns a take repeats,
+take(C, arange(N) mod W, axis=1): the kernel holds them once per row tile instead of loading
+a tile of each per output tile (NeoX's q / k / v at 32 tokens on cgra-8x8: 49,152 bytes of
+tables, now 12,288).
+
 At a symbolic length (y4 (1, s, H, D), the units' tables views of the first s rows of tables for
 the bound: rope_units.py) C' and S' are views of the first s rows of (bound, N) tables, which the
 GEMM's epilogue loads like a residual, its last tile cut to the rows that exist (lower/ragged.py).
@@ -110,8 +116,32 @@ class _EpilogueRewriter(relax.PyExprMutator):
         emit = self.builder_.emit
         y = self.visit_expr(group.linear_out)
         turned = emit(relax.op.take(y, relax.const(group.perm), axis=1))
-        cos, sin = (_rows_of(table, shape_dims(y)) for table in (group.cos, group.sin))
+        dims = shape_dims(y)
+        width = table_period(group, dims[1]) if isinstance(dims[0], int) else dims[1]
+        if width < dims[1] and width % COLUMN_TILE_STEP == 0:  # compact tables, columns repeated (module doc)
+            cols = relax.const(np.arange(dims[1]) % width)
+            cos, sin = (emit(relax.op.take(relax.const(np.ascontiguousarray(table[:, :width])), cols, axis=1))
+                        for table in (group.cos, group.sin))
+        else:
+            cos, sin = (_rows_of(table, dims) for table in (group.cos, group.sin))
         return emit(relax.op.add(emit(relax.op.multiply(y, cos)), emit(relax.op.multiply(turned, sin))))
+
+
+#: Compact tables only of a multiple of this many columns: the kernel's column tiles must divide
+#: them, and a tile is a multiple of the PE array's columns (16 on the largest preset); others
+#: keep whole tables.
+COLUMN_TILE_STEP = 16
+
+
+def table_period(group, n: int) -> int:
+    """The fewest columns W dividing n after which C', S' and the partners' offsets repeat
+    (GPT-NeoX: a head's q, k and v), n when they do not."""
+    offsets = group.perm - np.arange(n)
+    for width in (w for w in range(1, n) if n % w == 0):
+        if all((t.reshape(len(t), n // width, width) == t[:, None, :width]).all() for t in (group.cos, group.sin)) \
+                and (offsets.reshape(-1, width) == offsets[:width]).all():
+            return width
+    return n
 
 
 def _view_key(y4, values):

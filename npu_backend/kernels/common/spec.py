@@ -36,6 +36,8 @@ HOIST_ALLOCS = "cgra.hoist_allocs"
 #: A loop annotation: the reduction-step loop of a tile whose A panel is loaded a step at a time in
 #: the first column tile and held for the others (lower/stream_panel.py; Tiling.stream_panel)
 STREAM_PANEL = "cgra.stream_panel"
+#: A column tile loop whose RoPE tables repeat every that many tiles (lower/held_tables.py)
+HOLD_TABLES = "cgra.hold_tables"
 #: A loop annotation: {buffer name: copies} for scratchpad buffers allocated inside the loop that
 #: lowering gives more than two copies (lower/double_buffer.py; Tiling.operand_copies)
 BUFFER_COPIES = "cgra.buffer_copies"
@@ -113,6 +115,9 @@ class KernelSpec:
     # linear's output [+ bias], cos and sin (M, N) tables (roles "cos", "sin"), the partners by this
     # RotaryPattern of periods of columns (the constant indices of the match's take).
     rope_pattern: object = None
+    # The fewest columns, a whole number of the pattern's periods dividing N, after which the cos and
+    # sin tables repeat (GPT-NeoX's q / k / v of a head: 48 of 192); N when they do not.
+    rope_table_period: int = 0
     # Before the relu / clip / activation, float32: a multiply by a constant per output channel
     # (roles "ch_scale", "ch_shift"), then an add of one: a batch norm written as Mul + Add.
     channel_scale_shape: tuple | None = None
@@ -354,6 +359,10 @@ class Tiling:
     #: GEMM-shaped kernels: the bias is loaded into each accumulator tile before its GEMM and the
     #: activation's VFUNC reads the sum, no EPILOGUE between them (gemm/bias_acc.py)
     bias_in_acc: bool = False
+    #: RoPE in a GEMM's epilogue (gemm/rope_epilogue.py): the columns of compact cos / sin tables
+    #: (they repeat every that many), loaded once per row tile (lower/held_tables.py); 0: full
+    #: tables, a tile of each per output tile
+    table_cols: int = 0
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -33,7 +33,7 @@ from .post_norm import (check_post_norm, post_norm_col_step, post_norm_pieces, p
                         require_whole_rows)
 from .row_norm import check_row_norm, panel_bytes
 from .gemm_pieces import finishes_in_pieces, in_pieces, patch_pieces, streamed_candidates
-from .rope_epilogue import EXTRA_TILES, col_step
+from .rope_epilogue import EXTRA_TILES, col_step, rope_tables
 
 
 # ------------------------------------------------------------------ tile search
@@ -47,7 +47,7 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
            bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
            _any_rows(spec), spec.pixel_order, _taps(spec), spec.act, spec.gated, bool(spec.multiplier_shape),
            _extra_rows(spec), may_hold_a_panel(spec), spec.patch_channels,
-           pieces, may_take_copies(spec), spec.rope_pattern, panel_bytes(spec, 1), spec.post_norm, arch.fingerprint)
+           pieces, may_take_copies(spec), spec.rope_pattern, spec.rope_table_period, panel_bytes(spec, 1), spec.post_norm, arch.fingerprint)
     if spec.gated and spec.act != "gelu" and not act_on_vector(spec, arch):
         raise UnsupportedOperator(f"a gated linear unit's {spec.act} runs through a function unit that has it; "
                                   f"'{arch.name}' has none: its parts run as their own kernels")
@@ -69,13 +69,18 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
                                       pieces=pieces,
                                       # (the panel program's room is not in gemm_copies' check)
                                       more_copies=may_take_copies(spec) and spec.row_norm is None,
-                                      extra_tiles=(EXTRA_TILES + bool(spec.bias_shape), 2) if spec.rope_pattern
+                                      # (RoPE's compact tables: held per row tile, not loaded per tile)
+                                      extra_tiles=(EXTRA_TILES + bool(spec.bias_shape),
+                                                   0 if spec.rope_table_period else 2) if spec.rope_pattern
                                       else post_norm_tiles(spec),  # a post-norm's program: post_norm.py
                                       col_step=col_step(spec) * post_norm_col_step(spec),
+                                      col_divides=spec.rope_table_period,
                                       normed_panel=functools.partial(panel_bytes, spec) if spec.row_norm else None)
         if act_on_vector(spec, arch):
             _TILINGS[key] = dataclasses.replace(_TILINGS[key], act_on_vector=True)
         _TILINGS[key] = post_norm_tiling(spec, _TILINGS[key], arch)  # or row tiles holding B (post_norm.py)
+        # RoPE's tables held per row tile when they repeat (rope_epilogue.py)
+        _TILINGS[key] = rope_tables(spec, _TILINGS[key], arch, _footprint(spec, _TILINGS[key], arch))
     _TILINGS[key] = patch_pieces(spec, _TILINGS[key], arch)  # a patch conv storing tokens (gemm_pieces.py)
     check_tail_padding(spec, _TILINGS[key], arch)
     check_row_norm(spec, _TILINGS[key], arch)
@@ -84,6 +89,18 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     if accumulates_bias(spec, _TILINGS[key], arch):  # the VFUNC reads acc + bias (bias_acc.py)
         return dataclasses.replace(_TILINGS[key], bias_in_acc=True)
     return _TILINGS[key]
+
+
+def _footprint(spec: KernelSpec, t: Tiling, arch: HardwareDescription) -> int:
+    """Scratchpad bytes of a RoPE epilogue's GEMM as its tiling was searched (choose_tiling: its
+    padded rows, the epilogue's tiles, a normed panel, third operand copies)."""
+    in_bytes = DType.from_name(spec.dtype).itemsize
+    a_row = a_row_stride(t.tm, t.tk, in_bytes, arch)
+    total = gemm_footprint(t.tm, t.tn, t.tk, in_bytes, 4, bool(spec.bias_shape), a_row=a_row,
+                           out_row=out_row_stride(t.tn, 4, store_walks_rows(spec), arch),
+                           extra_tiles=EXTRA_TILES + bool(spec.bias_shape), extra_rows=_extra_rows(spec))
+    total += panel_bytes(spec, t.tm) if spec.row_norm else 0
+    return total + (t.operand_copies - 2) * (aligned(t.tm * a_row * in_bytes) + aligned(t.tk * t.tn * in_bytes))
 
 
 def _taps(spec: KernelSpec) -> int:
@@ -115,7 +132,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                   any_rows: bool = False, taps: int = 1, ragged: bool = True, has_multiplier: bool = False,
                   tail_cycles=None, extra_rows: int = 0, a_panel: bool = False, depth_step: int = 1,
                   pieces: bool = False, more_copies: bool = False, extra_tiles: tuple = (0, 0),
-                  col_step: int = 1, normed_panel=None) -> Tiling:
+                  col_step: int = 1, normed_panel=None, col_divides: int = 0) -> Tiling:
     """The tiling with the fewest estimated cycles among those that fit the scratchpad.
 
     With `any_rows` (symbolic rows, `rows` their bound) one tiling serves every size up to
@@ -146,7 +163,8 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     and many compare fairly. `more_copies`: a tiling whose scratchpad has room gives its per-step
     operand tiles a third copy (gemm_copies.py), priced so. `extra_tiles`: (held in the scratchpad,
     loaded per output tile) more output-sized tiles (RoPE's tables, loaded, and its products);
-    `col_step`: a column tile holds a whole number of these columns (RoPE's periods).
+    `col_step`: a column tile holds a whole number of these columns (RoPE's periods);
+    `col_divides`: and lies inside one period of that many (RoPE's compact tables).
     `normed_panel(tm)`: only tiles holding the whole reduction, with room for that many more bytes
     (a norm's program on A's panel and its result, row_norm.py).
     """
@@ -162,6 +180,8 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     held, loaded = extra_tiles[0] + int(has_multiplier), extra_tiles[1] + int(has_multiplier)
     tn_step = math.lcm(arch.cols, col_step)
     for tn in range(tn_step, round_up(cols, tn_step) + 1, tn_step):
+        if col_divides and col_divides % tn:
+            continue
         out_row = out_row_stride(tn, acc_bytes, store_rows, arch)  # the same for every tm
         for tm in range(row_step, round_up(rows, row_step) + 1, row_step):
             # The compact footprint only grows with tm: past the first tm whose shallowest tile
@@ -188,6 +208,9 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                         <= arch.spad_bytes))
     candidates.sort()  # ties go to the smaller row tile, as they always have
     if not candidates:
+        if col_divides:
+            raise UnsupportedOperator(f"no column tile of '{arch.name}' ({tn_step} columns a step) divides RoPE's "
+                                      f"compact tables of {col_divides} columns: the rotary runs as its parts")
         if row_step > arch.rows:  # a conv2d's tile holds whole output rows or columns
             raise ScratchpadTooSmall(
                 f"the {arch.spad_bytes}-byte scratchpad of '{arch.name}' cannot hold one tile of {row_step} "

@@ -16,7 +16,11 @@ output tile of tm x tn (tn whole periods, so every partner lies in the tile) is
     rot = x[:, partner] * S               one ELTWISE per run of columns of one partner offset
     out = x * C + rot                     ELTWISE multiply, ELTWISE add
 
-with the C and S tiles loaded per output tile like a residual. The products and the sum are the
+with the C and S tiles loaded per output tile like a residual, or, when the tables repeat every
+W columns (GPT-NeoX: a head's q, k and v, 48 of 192) and a column tile lies inside one such
+period, their first W columns loaded once per row tile and held: tile c reads columns
+(c mod W / tn) * tn .. + tn of them (`rope_tables`; NeoX's q / k / v kernel at 32 tokens on
+cgra-8x8 loaded 49,152 bytes of tables, now 12,288). The products and the sum are the
 RoPE kernel's (kernels/elementwise/rope.py) on the same values, in the same order: the same bits.
 Two RoPE kernels a layer (q's and k's: Llama at 32 tokens on cgra-8x8 2,240 + 1,456 cycles) are
 gone, and the heads are read by the attention kernel as boxes of the projection's output
@@ -31,14 +35,15 @@ import dataclasses
 
 import numpy as np
 import tvm
-from tvm import te
+from tvm import te, tirx
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from cgra_sim import cost
 
 from ...errors import UnsupportedOperator
-from ...relax_info import dtype_of
+from ...relax_info import dtype_of, shape_dims
 from ..common.dynamic import read_shape, symbols_of
+from ..common.spec import HOLD_TABLES, aligned
 from ..common.operands import padded
 from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.rope_epilogue import RotaryPattern
@@ -55,13 +60,15 @@ def rope_graphs(roots) -> list[tuple]:
     """(name, pattern, annotations, root name) of RoPE after a linear root [+ bias]."""
     graphs = []
     for root in linear_roots(roots):  # a linear normalising its own rows (row_norm.py) first
-        bias, perm, cos, sin = wildcard(), is_const(), wildcard(), wildcard()
+        bias, perm, cos, sin, cols = wildcard(), is_const(), wildcard(), wildcard(), (is_const(), is_const())
+        # a table, or a compact one's columns repeated (normalise/rope_epilogues.py)
+        cos_in, sin_in = (is_op("relax.take")(t, c) | t for t, c in zip((cos, sin), cols))
         biased = is_op("relax.add")(root.pattern, bias)
         x = biased | root.pattern
         rotated = is_op("relax.take")(x, perm)
-        top = is_op("relax.add")(is_op("relax.multiply")(x, cos), is_op("relax.multiply")(rotated, sin))
+        top = is_op("relax.add")(is_op("relax.multiply")(x, cos_in), is_op("relax.multiply")(rotated, sin_in))
         annotations = {"root": root.pattern, **root.roles, "bias": bias, "perm": perm, "cos": cos, "sin": sin,
-                       "rotated": rotated}
+                       "rotated": rotated, "cos_cols": cols[0], "sin_cols": cols[1]}
         graphs.append((f"cgra.{root.name}{SUFFIX}", top, annotations, root.name))
     return graphs
 
@@ -82,16 +89,49 @@ def with_rope(spec, annotated: dict):
     perm = _constant(annotated["perm"])
     if perm is None or perm.shape != (n,) or int(annotated["rotated"].attrs.axis) % 2 != 1:
         raise UnsupportedOperator("RoPE's rotation in a linear's epilogue is a take of constant columns")
-    symbols = ()
-    for role in ("cos", "sin"):
-        shape, names = read_shape(annotated[role], role, symbolic_axes=tuple(rows), prefix="RoPE in a linear's epilogue: ")
-        if shape != (m, n) or names != rows or dtype_of(annotated[role]) != "float32":
-            raise UnsupportedOperator(f"RoPE's {role} table in a linear's epilogue is a float32 ({m}, {n}) tensor")
-        symbols += symbols_of(role, names)
     pattern = rotary_pattern(perm)
     if pattern is None:
         raise UnsupportedOperator("RoPE's partners do not repeat in periods of columns that hold them")
-    return dataclasses.replace(spec, rope_pattern=pattern, symbols=spec.symbols + symbols)
+    width = _table_width(annotated, n, pattern)
+    symbols = ()
+    for role in ("cos", "sin"):
+        shape, names = read_shape(annotated[role], role, symbolic_axes=tuple(rows), prefix="RoPE in a linear's epilogue: ")
+        if shape != (m, width or n) or names != rows or dtype_of(annotated[role]) != "float32":
+            raise UnsupportedOperator(f"RoPE's {role} table in a linear's epilogue is a float32 ({m}, {n}) tensor")
+        symbols += symbols_of(role, names)
+    return dataclasses.replace(spec, rope_pattern=pattern, rope_table_period=width, symbols=spec.symbols + symbols)
+
+
+def _table_width(annotated, n, pattern) -> int:
+    """W of compact (rows, W) tables read as table[:, j mod W] (normalise/rope_epilogues.py's take
+    of their columns: W a whole number of the pattern's periods dividing n), 0 for (rows, n) ones."""
+    if "cos_cols" not in annotated and "sin_cols" not in annotated:
+        return 0
+    widths = {shape_dims(annotated[role])[-1] for role in ("cos", "sin")}
+    width = widths.pop()
+    for role in ("cos", "sin"):
+        cols = _constant(annotated[f"{role}_cols"]) if f"{role}_cols" in annotated else None
+        if widths or not isinstance(width, int) or width >= n or n % width or width % pattern.period \
+                or cols is None or not np.array_equal(cols, np.arange(n) % width):
+            raise UnsupportedOperator("RoPE's tables in a linear's epilogue are (rows, N) tables or compact ones "
+                                      "repeated every whole number of rotary periods")
+    return width
+
+
+def rope_tables(spec, tiling, arch, footprint: int):
+    """`tiling` with `table_cols` W for compact (m, W) tables (spec.rope_table_period: a column
+    tile lies inside one period, the tiling search saw to it), held per row tile, if the two (tm, W)
+    tables fit beside the kernel's `footprint` bytes; else UnsupportedOperator."""
+    width = spec.rope_table_period
+    if not spec.rope_pattern or not width:
+        return tiling
+    if width % tiling.tn:
+        raise UnsupportedOperator(f"RoPE's compact tables of {width} columns need column tiles dividing them")
+    # (the held copies, one of each slice, replace the double-buffered table tiles the search counted)
+    if footprint - 2 * aligned(2 * tiling.tm * tiling.tn * 4) + 2 * aligned(tiling.tm * width * 4) > arch.spad_bytes:
+        raise UnsupportedOperator(f"RoPE's tables of {width} columns do not fit beside the GEMM's tiles in "
+                                  f"'{arch.name}''s scratchpad: the rotary runs as its parts")
+    return dataclasses.replace(tiling, table_cols=width)
 
 
 def _constant(expr):
@@ -129,14 +169,16 @@ def rope_epilogue(spec, acc, tiling, operands: dict, m=None):
         bias_pad = te.compute((tiling.np,), lambda j: padded(bias, shape, [0] * (len(shape) - 1) + [j]),
                               name="bias_pad")
         x = te.compute(acc.shape, lambda i, j: acc[i, j] + bias_pad[j], name="biased")
-    cos_pad, sin_pad = (_table_tile(acc, operands[role], (m, n), f"{role}_pad") for role in ("cos", "sin"))
-    rot = te.compute(acc.shape, lambda i, j: x[i, pattern.partner(j)] * sin_pad[i, j], name="rot")
-    return te.compute(acc.shape, lambda i, j: x[i, j] * cos_pad[i, j] + rot[i, j], name="epi")
+    width, tn = tiling.table_cols, tiling.tn
+    cos_pad, sin_pad = (te.compute((acc.shape[0], width or acc.shape[1]),
+                                   lambda i, j: padded(operands[role], (m, width or n), (i, j)), name=f"{role}_pad")
+                        for role in ("cos", "sin"))
 
+    def column(j):  # the held tables' column of output column j: the same in its tile's period
+        return tirx.floormod(tirx.floordiv(j, tn), width // tn) * tn + tirx.floormod(j, tn) if width else j
 
-def _table_tile(acc, table, shape, name):
-    """A table's padded tile, loaded like a residual."""
-    return te.compute(acc.shape, lambda i, j: padded(table, shape, (i, j)), name=name)
+    rot = te.compute(acc.shape, lambda i, j: x[i, pattern.partner(j)] * sin_pad[i, column(j)], name="rot")
+    return te.compute(acc.shape, lambda i, j: x[i, j] * cos_pad[i, column(j)] + rot[i, j], name="epi")
 
 
 def rope_operands(spec, m=None) -> dict:
@@ -146,7 +188,7 @@ def rope_operands(spec, m=None) -> dict:
     n = spec.gemm_extents[1]
     m = spec.gemm_extents[0] if m is None else m
     return {"bias": te.placeholder(spec.bias_shape, "float32", name="bias") if spec.bias_shape else None,
-            "cos": te.placeholder((m, n), "float32", name="cos"), "sin": te.placeholder((m, n), "float32", name="sin")}
+            **{role: te.placeholder((m, spec.rope_table_period or n), "float32", name=role) for role in ("cos", "sin")}}
 
 
 def stage_rope_blocks(sch, spec, tile_loop) -> None:
@@ -160,6 +202,14 @@ def stage_rope_blocks(sch, spec, tile_loop) -> None:
         block = sch.get_sblock(name)
         sch.compute_at(block, tile_loop)
         sch.set_scope(block, 0, SPAD)
+
+
+def hold_rope_tables(sch, tiling, tile_loop) -> None:
+    """Compact tables (rope_tables): the column tile loop says how many column tiles a period
+    holds, and lower/held_tables.py keeps one tile of each table per column tile of the first
+    period, loaded there, for the later periods to read."""
+    if tiling.table_cols:
+        sch.annotate(tile_loop, HOLD_TABLES, tiling.table_cols // tiling.tn)
 
 
 def tensorize_rope_blocks(sch, spec, tiling) -> None:
