@@ -121,7 +121,7 @@ def _requant_graphs(roots: list[Root], bias) -> list[tuple]:
                                {**annotations, **dequant}, root.name))
                 graphs += [(ops + (act != "") + 15, f"cgra.{root.name}{suffix}{act}_requant_qadd", qadd, {
                     **annotations, **more}, root.name) for qadd, more in qadd_tail(annotations["requant"])
-                    if "residual" not in extra]  # (a padding correction's residual is the EPILOGUE's)
+                    if "residual" not in extra and root.name.startswith("conv2d")]  # (qadd_epilogue.py)
     return graphs
 
 

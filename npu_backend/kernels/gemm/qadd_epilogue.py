@@ -1,4 +1,4 @@
-"""A requantising conv2d / matmul whose int8 result is one operand of a QLinearAdd: the add in its epilogue.
+"""A requantising conv2d whose int8 result is one operand of a QLinearAdd: the add in its epilogue.
 
 Stage: partition (the chain's pattern tail, the KernelSpec fields) and kernel definition (the TE
 value the EPILOGUE intrinsic is tensorized onto). The normalise stage writes a QDQ ResNet's residual
@@ -62,12 +62,11 @@ def _constant(expr, role: str) -> int:
 def with_qadd(spec, annotated: dict, out_shape: tuple):
     """`spec` (requantising to int8) ending in the QLinearAdd with the "residual" role's int8 tensor
     of the output's shape `out_shape`. Raises UnsupportedOperator where the kernel cannot."""
-    matmul = spec.op == "matmul" and len(spec.lhs_shape) == 2
     conv = spec.op == "conv2d" and spec.compute_name != "conv2d_layout"
-    if not (matmul or conv) or spec.grouped or spec.symbols or spec.residual_shape or spec.dequantise \
+    if not conv or spec.grouped or spec.symbols or spec.residual_shape or spec.dequantise \
             or spec.acc_dtype != "int32" or spec.requant_zero_point is None or spec.fabric_body:
-        raise UnsupportedOperator("a QLinearAdd is fused after a static requantising 2-D matmul or conv2d of one "
-                                  "group; the add runs as its own kernel")
+        raise UnsupportedOperator("a QLinearAdd is fused after a static requantising NCHW conv2d of one group (a "
+                                  "matmul's is not tested yet); the add runs as its own kernel")
     residual, clip = annotated["residual"], annotated["qadd_clip"]
     if dtype_of(residual) != "int8" or dtype_of(annotated["qadd"]) != "int8":
         raise UnsupportedOperator("the epilogue's QLinearAdd reads and writes int8")
