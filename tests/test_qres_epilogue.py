@@ -1,4 +1,5 @@
-"""A QDQ residual add in the second conv's epilogue (kernels/gemm/qadd_epilogue.py, issue 37 item 0).
+"""A QDQ residual add in the second conv's epilogue (kernels/gemm/qadd_epilogue.py, issue 37 item 0),
+compiled with fuse_chains (the fusion's switch; without it the add is its own kernel, test 1 checks).
 
 1. A residual block (two convs, Add [, Relu]) at random scales, zero points, shapes and operand
    orders: the add runs inside a conv kernel (no kernel of its own), and the output is the numpy
@@ -50,8 +51,9 @@ def _integer_session(model):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def _run(model, x):
-    vm = relax.VirtualMachine(tvm.compile(npu_backend.from_onnx(model), target="cgra"), tvm.cpu())
+def _run(model, x, fuse_chains=True):
+    executable = npu_backend.compile(npu_backend.from_onnx(model), ARCH, fuse_chains=fuse_chains)
+    vm = relax.VirtualMachine(executable, tvm.cpu())
     with npu_backend.profile() as prof:
         got = vm["main"](tvm.runtime.tensor(x))
     return (got.numpy() if hasattr(got, "numpy") else got[0].numpy()), prof
@@ -94,13 +96,22 @@ def test_a_residual_add_in_the_conv_epilogue_is_qlinear_adds_fixed_point_bit_for
     assert steps.max() <= 1 and np.count_nonzero(steps) <= max(1, got.size // 100)
 
 
+def test_without_fuse_chains_the_add_is_its_own_kernel_with_the_same_result():
+    model = _block(2, 8, 6, (0.0713, 0.0387, 0.0617), (-3, -128, -128), True, False)
+    x = np.random.default_rng(0).normal(0, 1.5, (1, 3, 6, 6)).astype(np.float32)
+    (fused, with_chains), (alone, without) = _run(model, x), _run(model, x, fuse_chains=False)
+    assert len(_fused(with_chains)) == 1 and _add_kernels(with_chains) == []
+    assert _fused(without) == [] and len(_add_kernels(without)) == 1
+    np.testing.assert_array_equal(fused, alone)
+
+
 def test_the_add_stays_its_own_kernel_where_the_conv_outputs_are_read_elsewhere():
     scales, zeros = (0.0713, 0.0387, 0.0617), (-3, -128, -128)
     model = _block(2, 8, 6, scales, zeros, True, False, reuse=True)
     x = np.random.default_rng(0).normal(0, 1.5, (1, 3, 6, 6)).astype(np.float32)
-    vm = relax.VirtualMachine(tvm.compile(npu_backend.from_onnx(model), target="cgra"), tvm.cpu())
+    executable = npu_backend.compile(npu_backend.from_onnx(model), ARCH, fuse_chains=True)
     with npu_backend.profile() as prof:
-        got = [t.numpy() for t in vm["main"](tvm.runtime.tensor(x))]
+        got = [t.numpy() for t in relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x))]
     assert len(_add_kernels(prof)) == 1
     session = _integer_session(model)
     for mine, theirs, scale in zip(got, session.run(None, {"input": x}), (0.0617, 0.0713, 0.0387)):

@@ -119,7 +119,7 @@ def _requant_graphs(roots: list[Root], bias) -> list[tuple]:
                 tail, dequant = dequant_tail(value, reshaped=root.name.startswith("conv2d"))
                 graphs.append((ops + (act != "") + 6, f"cgra.{root.name}{suffix}{act}_requant_dequant", tail,
                                {**annotations, **dequant}, root.name))
-                graphs += [(ops + (act != "") + 15, f"cgra.{root.name}{suffix}{act}_requant_qadd", qadd, {
+                graphs += [(ops + (act != "") + 15, f"cgra.{root.name}{suffix}{act}_requant{CHAIN_MARK}_qadd", qadd, {
                     **annotations, **more}, root.name) for qadd, more in qadd_tail(annotations["requant"])
                     if "residual" not in extra and root.name.startswith("conv2d")]  # (qadd_epilogue.py)
     return graphs
