@@ -151,6 +151,10 @@ class KernelSpec:
     # ... then dequantized to float32 (EPILOGUE_DEQUANTISE, kernels/gemm/dequant_epilogue.py): the
     # scale parameter a flat row of 2n, channel j's multiplier and dequantisation scale at 2j, 2j + 1.
     dequantise: bool = False
+    # ... then one operand of a fixed-point QLinearAdd (kernels/gemm/qadd_epilogue.py): the int32 FABRIC_INT8
+    # body run on the requantised tile and the other operand (role "residual", int8), A the other's when swapped.
+    qadd_body: tuple = ()
+    qadd_swapped: bool = False
     # conv2d, depthwise: the image's padding holds the dtype's lowest value instead of 0 (the
     # DMA's DMA_FILL_LOWEST halo): an int8 activation whose zero point is -128 padded with it,
     # the real value 0 (a QDQ layer after a relu: normalise/qdq.py), read from conv2d(pad(x)).

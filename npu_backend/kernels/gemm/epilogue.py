@@ -37,6 +37,7 @@ from .dequant_epilogue import dequant_row, dequant_tail, dequant_value, with_deq
 from .epilogue_tail import caller_out_shape, is_tail_pattern, with_float_tail, with_reshape
 from .gated import is_gated_pattern, with_gated
 from .half_bias import half_bias_graphs, rounded_via, stored_dtype, with_rounded_act
+from .qadd_epilogue import qadd_body, qadd_tail, qadd_value, with_qadd
 from .post_norm import is_post_norm_pattern, post_norm_intrin, with_post_norm
 from .rope_epilogue import combine_intrin, is_rope_pattern, with_rope
 from .residual_lhs import reads_lhs_twice, with_lhs_residual
@@ -118,6 +119,9 @@ def _requant_graphs(roots: list[Root], bias) -> list[tuple]:
                 tail, dequant = dequant_tail(value, reshaped=root.name.startswith("conv2d"))
                 graphs.append((ops + (act != "") + 6, f"cgra.{root.name}{suffix}{act}_requant_dequant", tail,
                                {**annotations, **dequant}, root.name))
+                graphs += [(ops + (act != "") + 15, f"cgra.{root.name}{suffix}{act}_requant{CHAIN_MARK}_qadd", qadd, {
+                    **annotations, **more}, root.name) for qadd, more in qadd_tail(annotations["requant"])
+                    if "residual" not in extra and root.name.startswith("conv2d")]  # (qadd_epilogue.py)
     return graphs
 
 
@@ -213,10 +217,11 @@ def with_epilogue_tail(spec: KernelSpec, annotated: dict, name: str = "") -> Ker
         raise UnsupportedOperator(f"a {spec.dtype} {spec.op} fuses [+ bias] [+ residual] [relu | clip]; the ops "
                                   "after them run on their own (the vector unit computes float32, int32 and int8)")
     spec = with_reshape(spec, annotated) if tail else spec
-    spec = _with_residual(spec, annotated) if "residual" in annotated else spec
+    spec = _with_residual(spec, annotated) if "residual" in annotated and "qadd" not in annotated else spec
     spec = _with_fabric_tail(spec, annotated) if "n1" in annotated else spec
     spec = with_float_tail(spec, annotated, name) if tail else spec
     spec = _with_requant(spec, annotated) if "requant" in annotated else spec
+    spec = with_qadd(spec, annotated, caller_out_shape(spec)) if "qadd" in annotated else spec
     return with_dequant(spec, annotated) if "dequant" in annotated else spec
 
 
@@ -322,7 +327,8 @@ def epilogue_operands(spec: KernelSpec, out_shape) -> dict:
     scale = te.placeholder(spec.scale_shape, "float32", name="scale") if spec.scale_shape else None
     return {**({"dequant_table": scale} if spec.dequantise else {}),  # the parameter's role (dequant_epilogue.py)
             "bias": te.placeholder(spec.bias_shape, spec.operand_dtype, name="bias") if spec.bias_shape else None,
-            "residual": te.placeholder(out_shape, spec.operand_dtype, name="residual") if spec.residual_shape else None,
+            "residual": te.placeholder(out_shape, "int8" if spec.qadd_body else spec.operand_dtype, name="residual")
+            if spec.residual_shape else None,
             "multiplier": multiplier,
             "scale": scale,
             **{role: te.placeholder(shape, spec.acc_dtype, name=role) if shape else None
@@ -365,7 +371,7 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
     def epi_value(*idx):
         value = acc(*idx)
         value = value + widened(row(bias_pad, idx)) if bias_pad is not None else value
-        value = value + widened(res_pad(*idx)) if res_pad is not None else value
+        value = value + widened(res_pad(*idx)) if res_pad is not None and not spec.qadd_body else value
         value = value * row(cscale_pad, idx) if cscale_pad is not None else value
         value = value + row(cshift_pad, idx) if cshift_pad is not None else value
         value = activation(value, spec.acc_dtype, spec.relu, spec.clip)
@@ -383,7 +389,8 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
             return value
         if spec.dequantise:  # channel j's (multiplier, scale) at 2j, 2j + 1 (dequant_epilogue.py)
             return dequant_value(value, scale_pad, idx[-1], spec.requant_zero_point)
-        return requantise(value, row(scale_pad, idx), spec.requant_zero_point, REQUANT_DTYPE[spec.acc_dtype])
+        value = requantise(value, row(scale_pad, idx), spec.requant_zero_point, REQUANT_DTYPE[spec.acc_dtype])
+        return qadd_value(qadd_body(spec), spec.qadd_swapped, value, res_pad(*idx)) if spec.qadd_body else value
 
     return te.compute(acc.shape, epi_value, name=name)
 
@@ -441,5 +448,7 @@ def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
     if spec.half_via:  # (with half_out too: rounded before its activation, half_bias.py)
         tail = dict(tail, round_via=spec.half_via)
     return get_intrin("epilogue", rows, tiling.tn, spec.acc_dtype, bias=bool(spec.bias_shape), relu=spec.relu,
-                      residual=bool(spec.residual_shape), clip=spec.clip, zero_point=spec.requant_zero_point,
-                      body=body, **tail, **({"dequantise": True} if spec.dequantise else {}))
+                      residual=bool(spec.residual_shape) and not spec.qadd_body, clip=spec.clip,
+                      zero_point=spec.requant_zero_point, body=body, **tail,
+                      **({"dequantise": True} if spec.dequantise else {}),
+                      **({"qadd": qadd_body(spec), "qadd_swapped": spec.qadd_swapped} if spec.qadd_body else {}))

@@ -53,7 +53,7 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
                     multiplier: bool = False, channel_scale: bool = False, channel_shift: bool = False,
                     out_dtype: str | None = None, act_vfunc: bool = False, gated: bool = False,
                     gated_via: str | None = None, round_via: str | None = None, dequantise: bool = False,
-                    scope: str = SPAD):
+                    qadd=None, qadd_swapped: bool = False, scope: str = SPAD):
     """EPILOGUE over a rows x cols tile of the accumulator (`dtype`): out = requantise?(clip?(relu?(acc +
     bias? + residual?)), scale, zero_point), then with `body` (a FabricBody) a FABRIC runs it over
     the output tile in place; float32: with `channel_scale` (and `channel_shift`) the sum is
@@ -66,7 +66,8 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     16-bit float the float32 result is rounded to (vector_unit.epilogue_intrin; no tail then);
     round_via: None, or a 16-bit float the float32 result is rounded to and widened straight back
     (round_trip_intrin); dequantise: the requantised int8 dequantised to float32
-    (vector_unit.epilogue_intrin; no tail)."""
+    (vector_unit.epilogue_intrin; no tail); qadd, qadd_swapped: the requantised int8 result's QLinearAdd
+    with an int8 tile (vector_unit.epilogue_intrin; no tail)."""
     if gated:
         return gated_intrin(rows, cols, act, gated_via, scope=scope)
     plain = dict(bias=bias, relu=relu, residual=residual, clip=clip, zero_point=zero_point, body=body)
@@ -82,8 +83,8 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
                                  scope=scope)
     if act is None and not multiplier and not channel_scale:
         return plain_epilogue_intrin(rows, cols, dtype, **plain, out_dtype=out_dtype, dequantise=dequantise,
-                                     scope=scope)
-    if dtype != "float32" or zero_point is not None or dequantise or (act is not None and act not in TAIL_ACTS) or \
+                                     qadd=qadd, qadd_swapped=qadd_swapped, scope=scope)
+    if dtype != "float32" or zero_point is not None or dequantise or qadd is not None or (act is not None and act not in TAIL_ACTS) or \
             (channel_shift and not channel_scale) or out_dtype is not None:
         raise ValueError(f"an epilogue's activation {act} and multiplier are float32 ({dtype}, requantising: "
                          f"{zero_point is not None}); activations {TAIL_ACTS}")

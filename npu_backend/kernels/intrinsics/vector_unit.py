@@ -21,7 +21,7 @@ from cgra_sim.isa import (EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_DEQUANTISE, EPI
                           EPILOGUE_RESIDUAL, POOL_AVERAGE, EltwiseFunc)
 
 from .builder import SPAD, Tile, intrinsic
-from .fabric import body_value, fabric_call
+from .fabric import body_value, fabric_call, int8_body_value
 from .pe_array import dtype_code
 
 HALF_FLOATS = ("bfloat16", "float16")
@@ -118,7 +118,7 @@ def epilogue_call(buffers, strides, rows: int, cols: int, dtype: str, out_dtype:
 
 def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool, residual: bool = False,
                     clip=None, zero_point: int | None = None, body=None, out_dtype: str | None = None,
-                    dequantise: bool = False, scope: str = SPAD):
+                    dequantise: bool = False, qadd=None, qadd_swapped: bool = False, scope: str = SPAD):
     """EPILOGUE over a rows x cols tile of the accumulator (`dtype`):
     out = requantise?(clip?(relu?(acc + bias? + residual?)), scale, zero_point), then with `body`
     (a FabricBody) a FABRIC runs it over the output tile in place. bias: a row of
@@ -129,8 +129,14 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     and residual then in that dtype too (widened exactly into the sum); or, a 16-bit float `dtype`,
     "float32": the accumulator widened exactly, nothing else (a cast). dequantise: the requantised
     int8 result of an int32 accumulator becomes float32 (q - zp) * Scale[2j + 1], Scale then a row
-    of 2 * cols, per channel (the requantisation's multiplier, the dequantisation's scale)."""
+    of 2 * cols, per channel (the requantisation's multiplier, the dequantisation's scale). qadd: a
+    FABRIC_INT8 body (kernels/gemm/qadd_epilogue.py) a FABRIC then runs over the requantised int8 output
+    tile in place and an int8 rows x cols tile QRes (input A: QRes when `qadd_swapped`, else the output)."""
     requant = zero_point is not None
+    if qadd is not None and (not requant or dtype != "int32" or body is not None or dequantise or residual
+                             or out_dtype is not None):
+        raise ValueError("an EPILOGUE's QLinearAdd follows its requantisation of an int32 accumulator to int8, with "
+                         "no body, residual or dequantisation")
     if dequantise and (not requant or dtype != "int32" or body is not None or out_dtype not in (None, "float32")):
         raise ValueError("an EPILOGUE dequantises the requantised int8 result of an int32 accumulator to float32 "
                          f"(no body), not {dtype} with zero point {zero_point} to {out_dtype}")
@@ -150,6 +156,9 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     inputs = [Tile("Acc", (rows, cols), dtype)] + ([Tile("Bias", (cols,), operand)] if bias else []) \
         + ([Tile("Res", (rows, cols), operand)] if residual else []) \
         + ([Tile("Scale", ((2 if dequantise else 1) * cols,), "float32")] if requant else [])
+    if qadd is not None:  # read in the value's order (the outer block's reads are matched in order)
+        inputs = [Tile("QRes", (rows, cols), "int8")] + inputs if qadd_swapped else \
+            inputs + [Tile("QRes", (rows, cols), "int8")]
     narrow = "int16" if dtype == "int64" else "int8"  # a requantisation's output
     output = Tile("Out", (rows, cols), "float32" if dequantise else narrow if requant else operand)
 
@@ -164,7 +173,11 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
         if dequantise:
             quantised = requantise(total, buffers["Scale"][2 * j], zero_point, narrow)
             return dequantise_value(quantised, buffers["Scale"][2 * j + 1], zero_point)
-        return requantise(total, buffers["Scale"][j], zero_point, narrow)
+        quantised = requantise(total, buffers["Scale"][j], zero_point, narrow)
+        if qadd is None:
+            return quantised
+        other = buffers["QRes"][i, j]
+        return int8_body_value(qadd, *((other, quantised) if qadd_swapped else (quantised, other)))
 
     def call(buffers, strides):
         return epilogue_call(buffers, strides, rows, cols, dtype, output.dtype, bias=bias, relu=relu,
@@ -174,7 +187,13 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
         return [call(buffers, strides), fabric_call(body, rows, cols, buffers["Out"], strides["Out"][0],
                                                     buffers["Out"], strides["Out"][0])]
 
-    return intrinsic(inputs, output, "epi", value, call if body is None else call_with_body, scope=scope)
+    def call_with_qadd(buffers, strides):  # then the add over the output tile, in place
+        out, other = (buffers["Out"], strides["Out"][0]), (buffers["QRes"], strides["QRes"][0])
+        a, b = (other, out) if qadd_swapped else (out, other)
+        return [call(buffers, strides), fabric_call(qadd, rows, cols, *a, *out, (*b, 1))]
+
+    implementation = call_with_qadd if qadd is not None else call if body is None else call_with_body
+    return intrinsic(inputs, output, "epi", value, implementation, scope=scope)
 
 
 #: ELTWISE function name -> (ISA func, the TIR expression of one output element).
