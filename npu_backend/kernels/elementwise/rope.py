@@ -26,7 +26,6 @@ bit for bit.
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 
 import tvm

@@ -46,7 +46,7 @@ from cgra_sim.isa import DType
 from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of
 from ..gemm.conv2d import conv2d_spec
-from ..gemm.epilogue import channel_axis
+from ..gemm.channel_rows import channel_axis
 from ..family import OpFamily
 from ..gemm.gemm_schedule import loops_after
 from ..intrinsics import SPAD, get_intrin

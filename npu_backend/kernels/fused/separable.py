@@ -31,7 +31,8 @@ from cgra_sim.isa import DType
 from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of
 from ..gemm.conv2d import conv2d_spec
-from ..gemm.epilogue import Root, chain_pattern_graphs, channel_axis, epilogue_compute, epilogue_intrin, epilogue_operands
+from ..gemm.channel_rows import channel_axis
+from ..gemm.epilogue import Root, chain_pattern_graphs, epilogue_compute, epilogue_intrin, epilogue_operands
 from ..family import OpFamily
 from ..gemm.gemm_schedule import loops_after
 from ..intrinsics import SPAD, get_intrin

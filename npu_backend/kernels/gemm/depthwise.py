@@ -19,7 +19,8 @@ from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
 from ...errors import ScratchpadTooSmall
-from .epilogue import channel_rows, epilogue_compute, epilogue_intrin, epilogue_operands
+from .channel_rows import channel_rows
+from .epilogue import epilogue_compute, epilogue_intrin, epilogue_operands
 from ..common.dynamic import CUT_LOOP, CUT_PARAMS, GATHERS, batch_extent, dim_var, spatial_extents
 from ..family import OpFamily
 from .gemm_schedule import loops_after

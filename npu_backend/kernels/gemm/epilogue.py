@@ -35,6 +35,7 @@ from ..common.operands import padded
 from ..common.spec import KernelSpec
 from .dequant_epilogue import dequant_row, dequant_tail, dequant_value, with_dequant
 from .epilogue_tail import caller_out_shape, is_tail_pattern, with_float_tail, with_reshape
+from .channel_rows import channel_row
 from .gated import is_gated_pattern, with_gated
 from .half_bias import half_bias_graphs, rounded_via, stored_dtype, with_rounded_act
 from .qadd_epilogue import qadd_body, qadd_tail, qadd_value, with_qadd
@@ -347,12 +348,12 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
     scratchpad as rows (blocks bias_pad, scale_pad), the residual as a tile (res_pad), or
     `residual_tile`, a tile of acc's shape the kernel computes from what it already holds.
     `name`: the block's (a post-norm's program reads it: post_norm.py)."""
-    bias_pad = _channel_row(spec, acc, tiling, operands["bias"], spec.bias_shape, "bias_pad")
+    bias_pad = channel_row(spec, acc, tiling, operands["bias"], spec.bias_shape, "bias_pad")
     scale_pad = dequant_row(tiling, operands["scale"]) if spec.dequantise else \
-        _channel_row(spec, acc, tiling, operands["scale"], spec.scale_shape, "scale_pad")
-    cscale_pad = _channel_row(spec, acc, tiling, operands.get("ch_scale") if spec.channel_scale_shape else None,
+        channel_row(spec, acc, tiling, operands["scale"], spec.scale_shape, "scale_pad")
+    cscale_pad = channel_row(spec, acc, tiling, operands.get("ch_scale") if spec.channel_scale_shape else None,
                               spec.channel_scale_shape, "cscale_pad")
-    cshift_pad = _channel_row(spec, acc, tiling, operands.get("ch_shift"), spec.channel_shift_shape, "cshift_pad")
+    cshift_pad = channel_row(spec, acc, tiling, operands.get("ch_shift"), spec.channel_shift_shape, "cshift_pad")
     residual, res_pad = operands["residual"], residual_tile
     if residual is not None and res_pad is None:
         shape = list(residual.shape)  # ints, or a symbolic axis's variable
@@ -393,38 +394,6 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
         return qadd_value(qadd_body(spec), spec.qadd_swapped, value, res_pad(*idx)) if spec.qadd_body else value
 
     return te.compute(acc.shape, epi_value, name=name)
-
-
-def _channel_row(spec: KernelSpec, acc, tiling, tensor, shape, name: str):
-    """The padded scratchpad row of a per-output-channel parameter (bias, requantisation scale),
-    one per group for a grouped conv2d; None without the parameter."""
-    if tensor is None:
-        return None
-    carrier = channel_axis(shape)
-
-    def index(channel):
-        return [channel if axis == carrier else 0 for axis in range(len(shape))]
-
-    if spec.grouped:
-        per_group = spec.gemm_extents[1]
-        return te.compute((acc.shape[0], tiling.np), lambda b_, j: padded(
-            tensor, shape, index(b_ % spec.groups * per_group + j)), name=name)
-    return te.compute((tiling.np,), lambda j: padded(tensor, shape, index(j)), name=name)
-
-
-def channel_axis(shape) -> int:
-    """The axis of a broadcast channel row that carries the channels: the one whose extent is not 1."""
-    axes = [axis for axis, extent in enumerate(shape) if extent != 1]
-    return axes[0] if axes else len(shape) - 1
-
-
-def channel_rows(spec: KernelSpec) -> tuple:
-    """The blocks of the per-channel rows the epilogue reads (bias, requantisation scale; a
-    post-norm's program reads its channel scale and shift itself, post_norm.py)."""
-    affine = not spec.post_norm
-    return (("bias_pad",) if spec.bias_shape else ()) + (("scale_pad",) if spec.scale_shape else ()) + \
-        (("cscale_pad",) if spec.channel_scale_shape and affine else ()) + \
-        (("cshift_pad",) if spec.channel_shift_shape and affine else ())
 
 
 def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:

@@ -28,7 +28,8 @@ from ..common.spad_layout import a_row_stride, align_output_rows, align_rows
 from ..common.spec import GEMM_ROWS, HOIST_ALLOCS, STREAM_PANEL, KernelSpec, Tiling
 from ..intrinsics import SPAD, get_intrin
 from .bias_acc import annotate_tile
-from .epilogue import channel_rows, epilogue_intrin
+from .channel_rows import channel_rows
+from .epilogue import epilogue_intrin
 from .gemm_copies import annotate_copies
 from .gemm_estimate import holds_a_panel
 from .gemm_pieces import epilogue_piece_rows
