@@ -29,16 +29,13 @@ from ..common.spec import Tiling, round_up
 
 
 def rows_only(spec) -> bool:
-    """Whether every symbolic axis of the spec is a row axis (not the last axis of its role) of
-    the left operand, the output or the residual, and the right operand is static (no KV
-    cache): the norm's rows are then whole in every tile at every length."""
-    return not spec.rhs_capacity and all(
-        role != "rhs" and axis < len(dict(spec.caller_shapes).get(role, ()) or _role_shape(spec, role)) - 1
-        for role, axis, _ in spec.symbols)
-
-
-def _role_shape(spec, role: str) -> tuple:
-    return {"lhs": spec.lhs_shape, "out": spec.output_shape, "residual": spec.residual_shape or ()}.get(role, ())
+    """Whether the spec's only symbolic axes are rows: none of the right operand's (no KV
+    cache either), not the left operand's last (the reduction) nor the output's last (the
+    columns); the other operands' (a residual, RoPE's tables) follow the output's rows. The
+    norm's rows are then whole in every tile at every length."""
+    last = {role: len(dict(spec.caller_shapes).get(role, ()) or shape) - 1
+            for role, shape in (("lhs", spec.lhs_shape), ("out", spec.output_shape))}
+    return not spec.rhs_capacity and all(role != "rhs" and axis != last.get(role) for role, axis, _ in spec.symbols)
 
 
 def lengths(bound: int, fold: int) -> list[int]:
