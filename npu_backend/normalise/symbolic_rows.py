@@ -8,6 +8,11 @@ lower rank (a (C,) bias, a (1, C) scale) are left as they are; an operand's view
 and an op reading another rewritten op's result reads that op's (s, C...) result itself, so that
 SiLU's `x * sigmoid(x)` still reads one tensor twice (sigmoid.py's pattern).
 
+A layer norm or RMSNorm over the last axis of (1, s, C) whose input is a reshape of (s, C)
+rows (a residual sum) computes on those rows the same way (`_norm_rows`): a decoder's final norm
+then reads its last down projection's sum directly, which joins that GEMM's epilogue
+(kernels/gemm/post_norm.py), and its beta's add reads the norm's rows (one kernel, not three).
+
 An op whose output is (1.., P.., s, C..) with static axes P before the length (RoPE's (1, H, s, d)
 against cos's (1, 1, s, d)) computes on (prod(P), s * prod(C)) views, each operand walking P or
 broadcasting along it (`_flat_views`): the length in the trailing axis, which the kernels also
@@ -35,7 +40,10 @@ from .rewrite import as_pass, rewrite_functions
 #: The elementwise ops rewritten (those an NPU family takes with a symbolic axis 0).
 ROW_OPS = ("relax.add", "relax.subtract", "relax.multiply", "relax.maximum", "relax.minimum", "relax.sigmoid",
            "relax.nn.silu", "relax.nn.relu", "relax.exp", "relax.tanh", "relax.nn.gelu", "relax.nn.gelu_tanh")
+#: Norms over the last axis, rewritten when their input is a view of (s, C) rows (`_norm_rows`).
+NORM_OPS = ("relax.nn.rms_norm", "relax.nn.layer_norm")
 _OPS = {name: tvm.ir.Op.get(name) for name in ROW_OPS}
+_NORMS = {name: tvm.ir.Op.get(name) for name in NORM_OPS}
 _RESHAPE = tvm.ir.Op.get("relax.reshape")
 #: Ops whose kernels fuse elementwise ops after them (epilogues): an op reading one stays as it is.
 _ROOTS = ("relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.conv1d_transpose",
@@ -47,7 +55,7 @@ def symbolic_rows(mod: tvm.IRModule) -> tvm.IRModule:
     return rewrite_functions(mod, _RowsRewriter)
 
 
-symbolic_rows_pass = as_pass(symbolic_rows, "cgra.SymbolicRows", ops=ROW_OPS)
+symbolic_rows_pass = as_pass(symbolic_rows, "cgra.SymbolicRows", ops=ROW_OPS + NORM_OPS)
 
 
 def _row_axis(dims) -> int | None:
@@ -73,6 +81,9 @@ class _RowsRewriter(relax.PyExprMutator):
 
     def visit_var_binding_(self, binding):
         value = binding.value
+        if isinstance(value, relax.Call) and any(value.op.same_as(op) for op in _NORMS.values()):
+            self._norm_rows(binding)
+            return
         if not (isinstance(value, relax.Call) and any(value.op.same_as(op) for op in _OPS.values())):
             super().visit_var_binding_(binding)
             return
@@ -99,6 +110,34 @@ class _RowsRewriter(relax.PyExprMutator):
         back = self.builder_.normalize(relax.op.reshape(rows, relax.ShapeExpr(dims)))
         self.builder_.emit_normalized(relax.VarBinding(binding.var, back))
         self.views[(binding.var, _key(out_view))] = rows
+
+    def _norm_rows(self, binding) -> None:
+        """A norm over the last axis of (1, .., 1, s, C) whose input is a reshape of (s, C) rows
+        (a residual stream's sum, which this pass computes on its rows) on those rows: the
+        final norm after a decoder's last MLP then reads its sum directly, and the down
+        projection's epilogue takes it as it does at a static length (kernels/gemm/post_norm.py).
+        Any other norm stays as it is (the norm kernel takes the (1, s, C) form alike)."""
+        value = binding.value
+        dims = shape_dims(binding.var)
+        axis = _row_axis(dims)
+        data = self.visit_expr(value.args[0])
+        axes = [int(a) % len(dims) for a in value.attrs.axes] if axis is not None else []
+        rows = self._unviewed(data, tuple(dims[axis:])) if axes == [len(dims) - 1] and axis == len(dims) - 2 \
+            else None
+        if rows is None:
+            super().visit_var_binding_(binding)
+            return
+        params = [self.visit_expr(arg) for arg in value.args[1:]]
+        attrs = value.attrs
+        if value.op.same_as(_NORMS["relax.nn.rms_norm"]):
+            normed = relax.op.nn.rms_norm(rows, *params, axes=[-1], epsilon=attrs.epsilon)
+        else:
+            normed = relax.op.nn.layer_norm(rows, *params, axes=[-1], epsilon=attrs.epsilon,
+                                            center=bool(attrs.center), scale=bool(attrs.scale))
+        normed = self.builder_.emit(normed)
+        back = self.builder_.normalize(relax.op.reshape(normed, relax.ShapeExpr(dims)))
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, back))
+        self.views[(binding.var, _key(dims[axis:]))] = normed
 
     def _after_a_root(self, arg) -> bool:
         """Whether `arg` is a GEMM's or pool's result, or an elementwise op's left as it is: the

@@ -29,6 +29,7 @@ from ..common.spec import KernelSpec, Tiling, aligned, round_up
 from .bias_acc import accumulates_bias
 from .gemm_copies import may_take_copies, operand_copies
 from .gemm_estimate import estimate_cycles, gemm_footprint, may_hold_a_panel
+from .post_norm_rows import rows_only
 from .post_norm import (check_post_norm, post_norm_col_step, post_norm_pieces, post_norm_tiles, post_norm_tiling,
                         require_whole_rows)
 from .row_norm import check_row_norm, panel_bytes
@@ -45,7 +46,7 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     pieces = finishes_in_pieces(spec, arch) or post_norm_pieces(spec, arch)
     key = (spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), spec.row_step,
            bool(spec.residual_shape), bool(spec.scale_shape), store_walks_rows(spec),
-           _any_rows(spec), spec.pixel_order, _taps(spec), spec.act, spec.gated, bool(spec.multiplier_shape),
+           _any_rows(spec), _rows_folded(spec), spec.pixel_order, _taps(spec), spec.act, spec.gated, bool(spec.multiplier_shape),
            _extra_rows(spec), may_hold_a_panel(spec), spec.patch_channels,
            pieces, may_take_copies(spec), spec.rope_pattern, spec.rope_table_period, panel_bytes(spec, 1), spec.post_norm, arch.fingerprint)
     if spec.gated and spec.act != "gelu" and not act_on_vector(spec, arch):
@@ -61,7 +62,7 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
         _TILINGS[key] = choose_tiling(*spec.gemm_extents, spec.dtype, spec.acc_dtype, bool(spec.bias_shape), arch,
                                       spec.row_step, has_residual=bool(spec.residual_shape),
                                       has_scale=bool(spec.scale_shape), store_rows=store_walks_rows(spec),
-                                      any_rows=_any_rows(spec), taps=_taps(spec),
+                                      any_rows=_any_rows(spec), rows_folded=_rows_folded(spec), taps=_taps(spec),
                                       ragged=spec.pixel_order != "blocks", has_multiplier=bool(spec.multiplier_shape),
                                       tail_cycles=tail_tile_cycles(spec, arch),
                                       extra_rows=_extra_rows(spec),
@@ -123,13 +124,20 @@ def _any_rows(spec: KernelSpec) -> bool:
     return (spec.op == "matmul" and bool(spec.symbolic("lhs"))) or spec.symbolic_image
 
 
+def _rows_folded(spec: KernelSpec) -> bool:
+    """Whether the search prices a symbolic-rows tiling with its FILL folded (choose_tiling's
+    `rows_folded`): a matmul whose only symbolic axes are its rows (post_norm_rows.rows_only),
+    not attention's Q Kᵀ or P V, whose symbolic columns or reduction the search does not weigh."""
+    return spec.op == "matmul" and bool(spec.symbols) and rows_only(spec)
+
+
 _TILINGS: dict = {}  # choose_gemm_tiling's results (Tiling is immutable)
 
 
 def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                   has_bias: bool, arch: HardwareDescription, row_step: int = 1,
                   has_residual: bool = False, has_scale: bool = False, store_rows: int = 0,
-                  any_rows: bool = False, taps: int = 1, ragged: bool = True, has_multiplier: bool = False,
+                  any_rows: bool = False, rows_folded: bool = False, taps: int = 1, ragged: bool = True, has_multiplier: bool = False,
                   tail_cycles=None, extra_rows: int = 0, a_panel: bool = False, depth_step: int = 1,
                   pieces: bool = False, more_copies: bool = False, extra_tiles: tuple = (0, 0),
                   col_step: int = 1, normed_panel=None, col_divides: int = 0) -> Tiling:
@@ -139,6 +147,8 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     `rows`: the one whose estimate, at sizes from one PE-array step to the bound, exceeds the
     best tiling of that size by the smallest factor (minimax regret). Its last tile is cut to the
     rows that exist (lower/ragged.py), so a small size does not pay for a large tile's rows.
+    `rows_folded`: those estimates with each tile's FILL folded into its first GEMM (a matmul
+    whose only symbolic axis is its rows: what its kernel runs).
     `ragged` False: the rows are an image's pixels in blocks of rows and `row_step` columns, the
     blocks past its last row or column cut to the pixels inside (`_block_tiling`). `taps`:
     reduction steps per depth chunk (a conv2d's kh * kw), so that the per-tile costs weigh
@@ -249,8 +259,15 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
             return in_pieces(best, candidates + streamed, rows, row_step, arch, tiling_for, cycles, a_panel)
         return tiling_for(best, rows)
     sizes = sorted({min(rows, row_step << k) for k in range(rows.bit_length() + 1)} | {rows})
-    fastest = {size: min(cycles(c, size) for c in candidates if c[0] <= round_up(size, row_step)) for size in sizes}
-    best = min(candidates, key=lambda c: (max(cycles(c, s) / fastest[s] for s in sizes), cycles(c, rows)))
+    # With `rows_folded`, priced as the kernel runs, each tile's FILL folded into its first GEMM
+    # (lower/fold_init.py folds it at symbolic rows too). Priced with the FILL and its bubble, a whole-depth tile
+    # looked no better than a 16-deep one at 16 rows, and GPT-NeoX's o-projection + residual took
+    # 256 x 32 x 16 tiles: 2,232 cycles at 16 tokens against 1,886 compiled for 16 (64 x 8 x 64
+    # now: 1,886).
+    fastest = {size: min(cycles(c, size, folded=rows_folded) for c in candidates if c[0] <= round_up(size, row_step))
+               for size in sizes}
+    best = min(candidates, key=lambda c: (max(cycles(c, s, folded=rows_folded) / fastest[s] for s in sizes),
+                                          cycles(c, rows)))
     # The tiles chosen double buffered, then the third copies where they fit: Llama's
     # o-projection at 128 tokens 11,406 -> 11,056 cycles. Weighed in the choice (priced at cut
     # tiles) they took 32 x 16 x 64 tiles there (9,680; 16 tokens 2,032 against 2,224 now), but

@@ -39,6 +39,7 @@ reduction in one step, are row tiles that all read one B, which the kernel loads
 pipeline). At 32 x 64 x 64 (BERT's out-projection plus its residual and folded gamma) on
 cgra-8x8: 4,510 cycles against 3,061 + 2,125 apart.
 
+The GEMM's rows may be symbolic (a prefill's length; post_norm_rows.py: which specs, which tiling).
 A patch embedding's norm after its patch conv, without a residual, is patch_norm.py's (its checks;
 this program). Refused (the norm keeps its own kernel; explain gives the reason, tools/post_norm_reasons.py):
 N not a whole number of the PE array's columns (a padded column would join the row's variance),
@@ -59,11 +60,12 @@ from tvm.relax.dpl import is_op, wildcard
 from cgra_sim import cost
 
 from ...errors import UnsupportedOperator
-from ...relax_info import dtype_of, static_shape
+from ...relax_info import dtype_of, shape_dims, static_shape
 from ..common.spec import Tiling
 from ..intrinsics import SPAD, get_intrin
 from ..rows.norms import steps_of
 from .patch_norm import patch_norm_graphs, with_patch_norm
+from .post_norm_rows import regret_tiling, rows_only
 from .gemm_estimate import estimate_cycles, gemm_footprint, may_hold_a_panel
 from .row_norm import tensorize_row_reduce
 from ..rows.rows import RowSpec, Step, choose_row_tiling, estimate_row_cycles, shapes_of, stage_of, step_cycles
@@ -133,20 +135,20 @@ def with_post_norm(spec, annotated: dict, name: str, tail):
     tail_like = any(role in inner for role in ("reshape", "ch_scale", "ch_shift"))
     spec = tail(spec, inner, f"cgra.{root}_epilogue" if tail_like else f"cgra.{root}_residual")
     what = f"layer_norm after the {spec.op}'s residual add"
-    if spec.op != "matmul" or spec.compute_name != "matmul" or spec.batch > 1 or spec.symbols or \
+    if spec.op != "matmul" or spec.compute_name != "matmul" or spec.batch > 1 or not rows_only(spec) or \
             spec.dtype != F32 or spec.acc_dtype != F32 or spec.half_out or spec.act or spec.fabric_body or \
             spec.multiplier_shape or spec.requant_zero_point is not None or spec.row_norm:
-        raise UnsupportedOperator(f"{what}: fused after a float32 2-D matmul with static sizes and a plain epilogue; "
-                                  "the norm runs on its own")
+        raise UnsupportedOperator(f"{what}: fused after a float32 2-D matmul with static columns and a plain "
+                                  "epilogue; the norm runs on its own")
     n = spec.gemm_extents[1]
-    dims = static_shape(norm) or ()
+    dims = tuple(shape_dims(norm) or ())
     axes = [int(a) % max(len(dims), 1) for a in norm.attrs.axes]
     kind = "rms_norm_beta" if name.endswith(RMS_BETA) else "rms_norm" if name.endswith(RMS) else "layer_norm"
     if dtype_of(norm) != F32 or axes != [len(dims) - 1] or not dims or dims[-1] != n or \
             (kind == "layer_norm" and not (bool(norm.attrs.center) and bool(norm.attrs.scale))):
         raise UnsupportedOperator(f"{what}: the epilogue normalises the last axis of float32 rows, centred and "
                                   "scaled; the norm runs on its own")
-    if kind == "rms_norm_beta" and tuple(static_shape(annotated["post_beta"]) or ()) != tuple(dims):
+    if kind == "rms_norm_beta" and str(shape_dims(annotated["post_beta"])) != str(list(dims)):
         raise UnsupportedOperator(f"{what}: beta's add broadcasts the norm's rows; the add runs on its own")
     plain = name.endswith("_plain")
     for role, value in ROLES:
@@ -304,7 +306,8 @@ def post_norm_pieces(spec, arch) -> bool:
     rows: a tile of more rows than one fold (a per-channel scale, which keeps other kernels
     whole, included: the norm's work is what the pieces hide)."""
     whole_rows = not spec.patch_channels or spec.row_step % arch.rows == 0  # (a patch conv's tiles: output rows)
-    return bool(spec.post_norm) and spec.gemm_extents[0] > arch.rows and whole_rows
+    # (symbolic rows: lower/ragged.py cuts the last tile's commands, not pieces of it)
+    return bool(spec.post_norm) and spec.gemm_extents[0] > arch.rows and whole_rows and not spec.symbols
 
 
 def post_norm_tiles(spec) -> tuple:
@@ -365,15 +368,12 @@ def post_norm_tiling(spec, tiling, arch) -> Tiling:
     `_held_b_cycles`) when one that fits is estimated faster."""
     if not spec.post_norm or spec.patch_channels:  # (a patch conv's tiles are whole output rows)
         return tiling
-    best, fastest = tiling, post_norm_cycles(spec, tiling, arch)
-    for tm in range(arch.rows, tiling.mp, arch.rows):
-        if tiling.mp % tm or _footprint(spec, tm, tiling.kp) > arch.spad_bytes:
-            continue
-        held = Tiling(tm, tiling.np, tiling.kp, tiling.mp, tiling.np, tiling.kp, operand_copies=2)
-        cycles = _held_b_cycles(spec, held, arch)
-        if cycles < fastest:
-            best, fastest = held, cycles
-    return best
+    held = [Tiling(tm, tiling.np, tiling.kp, tiling.mp, tiling.np, tiling.kp, operand_copies=2)
+            for tm in range(arch.rows, tiling.mp, arch.rows)
+            if not tiling.mp % tm and _footprint(spec, tm, tiling.kp) <= arch.spad_bytes]
+    if spec.symbols:  # symbolic rows: the closest to the fastest at every length (post_norm_rows.py)
+        return regret_tiling([tiling] + held, tiling.mp, arch.rows, lambda t: post_norm_cycles(spec, t, arch))
+    return min([tiling] + held, key=lambda t: post_norm_cycles(spec, t, arch))
 
 
 def post_norm_cycles(spec, tiling, arch) -> int:

@@ -66,6 +66,7 @@ class LayoutTiling:
     splits: tuple = ()
     rows: int = 0
     cycles: int = 0
+    head: int = 0  # a symbolic lookup's first tile's rows, before its tiles of `rows` (0: none)
 
 
 def budget_of(arch) -> int:
@@ -190,7 +191,7 @@ def _symbolic_script(params: list, out_shape: tuple, dtype: str, pieces, tiling:
         extents = [symbolic.get((name, axis), extent) for axis, extent in enumerate(shape)]
         lines.append(f"    {name} = T.match_buffer({name}_handle, ({', '.join(map(str, extents))},), \"{kind}\")")
     if gather is not None:
-        lines += _gather_lines(params, dtype, gather, tiling.rows, symbolic[("rhs", 0)])
+        lines += _gather_lines(params, dtype, gather, tiling.rows, symbolic[("rhs", 0)], tiling.head)
     for index, (piece, split) in enumerate(zip(pieces, tiling.splits)):
         source = dict((name, shape) for name, shape, _ in params)[piece.role]
         lines += _piece_lines(index, piece, source, dtype, split, symbolic)
@@ -251,28 +252,42 @@ def _piece_lines(index: int, piece: Piece, source: tuple, dtype: str, split: tup
     return lines
 
 
-def _gather_lines(params: list, dtype: str, gather: Gather, rows: int, count: str | None = None) -> list:
+def _gather_lines(params: list, dtype: str, gather: Gather, rows: int, count: str | None = None,
+                  head: int = 0) -> list:
     """Tiles of rows: per index one box of the table's row into the tile, then one store. A
     symbolic `count` (its variable): ceildiv(count, rows) tiles, the last one loading only the
-    rows inside the count (lower/ragged.py cuts its store to the count)."""
-    (p, v, q), n = gather.table, gather.count
-    indices = params[1][0] if gather.constants is None else None
+    rows inside the count (lower/ragged.py cuts its store to the count); with a `head`, a first
+    tile of that many rows (its own buffer), then ceildiv(count - head, rows) tiles after it."""
+    n = gather.count
+    if count and head:
+        return ["    for gh in range(1):"] + _gather_tile(params, dtype, gather, head, count, "0", "looked_up_head") + \
+            [f"    for gt in range(T.floordiv({count} + {rows - 1 - head}, {rows})):"] + \
+            _gather_tile(params, dtype, gather, rows, count, f"{head} + gt * {rows}", "looked_up")
     tiles = f"T.floordiv({count} + {rows - 1}, {rows})" if count else n // rows
-    lines = [f"    for gt in range({tiles}):",
-             f"        looked_up = T.alloc_buffer(({p}, {rows}, {q}), \"{dtype}\", scope=\"{SPAD}\")"]
+    return [f"    for gt in range({tiles}):"] + _gather_tile(params, dtype, gather, rows, count, f"gt * {rows}",
+                                                            "looked_up")
+
+
+def _gather_tile(params: list, dtype: str, gather: Gather, rows: int, count, origin: str, buffer: str) -> list:
+    """The body of one tile of `rows` rows from output row `origin` (an expression): its buffer,
+    a load per row (with a `count`, a row past it loads nothing; row 0 of a tile always exists)
+    and the store of the rows inside the count."""
+    (p, v, q) = gather.table
+    indices = params[1][0] if gather.constants is None else None
+    lines = [f"        {buffer} = T.alloc_buffer(({p}, {rows}, {q}), \"{dtype}\", scope=\"{SPAD}\")"]
     for r in range(rows):
-        index = f"{indices}[()]" if gather.scalar else f"{indices}[gt * {rows} + {r}]"
+        index = f"{indices}[()]" if gather.scalar else f"{indices}[{origin} + {r}]"
         row_index = f"T.min(T.max(T.Cast(\"int32\", {index}), 0), {v - 1})"
         if gather.constants is not None:  # the row of each tile's r-th index, chosen by the tile loop
             row_index = _constant_rows(gather.constants, rows, r)
         load = [f"for ga, gc in T.grid({p}, {q}):",
-                f"    looked_up[ga, {r}, gc] = {params[0][0]}[ga, {row_index}, gc]"]
-        if count and r:  # a row past the count loads nothing (row 0 of a tile always exists)
-            load = [f"if gt * {rows} + {r} < {count}:"] + ["    " + line for line in load]
+                f"    {buffer}[ga, {r}, gc] = {params[0][0]}[ga, {row_index}, gc]"]
+        if count and r:
+            load = [f"if {origin} + {r} < {count}:"] + ["    " + line for line in load]
         lines += ["        " + line for line in load]
-    store = f"out[ga, gt * {rows} + gr, gc] = looked_up[ga, gr, gc]"
+    store = f"out[ga, {origin} + gr, gc] = {buffer}[ga, gr, gc]"
     lines += [f"        for ga, gr, gc in T.grid({p}, {rows}, {q}):"]
-    lines += [f"            if gt * {rows} + gr < {count}:", f"                {store}"] if count else [f"            {store}"]
+    lines += [f"            if {origin} + gr < {count}:", f"                {store}"] if count else [f"            {store}"]
     return lines
 
 

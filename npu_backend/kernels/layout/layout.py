@@ -284,8 +284,11 @@ def choose_layout_tiling(spec: LayoutSpec, arch) -> LayoutTiling:
     if spec.write is not None:  # in place: the host would copy the whole cache
         return write_tiling(arch, spec.write, size)
     if spec.gather is not None:
-        rows, cycles = (symbolic_gather_rows if spec.symbols else gather_rows)(arch, spec.gather, size)
-        tiling = LayoutTiling(rows=rows, cycles=cycles)
+        if spec.symbols:  # a prompt of any length: tiles of rows after a first tile of `head` (symbolic_take.py)
+            rows, head, cycles = symbolic_gather_rows(arch, spec.gather, size)
+        else:
+            (rows, cycles), head = gather_rows(arch, spec.gather, size), 0
+        tiling = LayoutTiling(rows=rows, cycles=cycles, head=head)
     else:
         chosen, cycles = choose_splits(arch, spec.pieces, size, tuple(a for r, a, _ in spec.symbols if r == "out"))
         tiling = LayoutTiling(splits=chosen, cycles=cycles)
