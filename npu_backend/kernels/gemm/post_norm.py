@@ -151,6 +151,9 @@ def with_post_norm(spec, annotated: dict, name: str, tail):
     if kind == "rms_norm_beta" and str(shape_dims(annotated["post_beta"])) != str(list(dims)):
         raise UnsupportedOperator(f"{what}: beta's add broadcasts the norm's rows; the add runs on its own")
     plain = name.endswith("_plain")
+    if _is_ones_call(annotated.get("norm_gamma")):
+        raise UnsupportedOperator(f"{what}: its weight is R.ones, a 16-bit model's RMSNorm whose weight multiplies "
+                                  "after the cast (the half norm kernel takes norm, cast and weight as one)")
     for role, value in ROLES:
         if role not in annotated:  # an RMSNorm without beta
             continue
@@ -161,6 +164,13 @@ def with_post_norm(spec, annotated: dict, name: str, tail):
             raise UnsupportedOperator(f"{what}: its {role.removeprefix('norm_')} is not all {value:g} (the plain "
                                       "form applies none)")
     return dataclasses.replace(spec, post_norm=(float(norm.attrs.epsilon), not plain, kind))
+
+
+def _is_ones_call(expr) -> bool:
+    """Whether `expr` is R.ones(...): normalise/half_casts.py's mark of HF's bfloat16 / float16 RMSNorm,
+    whose float32 norm has no weight (a call the partition would leave on the host as the operand)."""
+    op = getattr(expr, "op", None)
+    return isinstance(op, tvm.ir.Op) and op.name == "relax.ones"
 
 
 # ------------------------------------------------------------------ the program
