@@ -73,7 +73,7 @@ def test_a_smooth_activation_is_pe_array_work_and_gelu_vector_work():
     """Without a function unit (cgra-4x4) SiLU is the fabric's bodies on the PE array, then x times
     the sigmoid on the vector unit; through cgra-8x8's unit it is one VFUNC, as GELU is."""
     def tail(arch_name, act):
-        spec = types.SimpleNamespace(act=act, multiplier_shape=None, gated=False)
+        spec = types.SimpleNamespace(act=act, multiplier_shape=None, gated=False, half_via=None, half_out=None)
         return tail_tile_cycles(spec, npu_backend.load_arch(arch_name))(512)
 
     silu, gelu = tail("cgra-4x4", "silu"), tail("cgra-8x8", "gelu")
