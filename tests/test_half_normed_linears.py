@@ -50,12 +50,14 @@ def _panel_model(wide, g, dtype: str):
     return (wide.astype(half).astype(np.float32) * g.astype(np.float32)).astype(half)
 
 
-def _folded(prof, rows: int) -> None:
+def _folded(prof, rows: int, arch: str) -> None:
     """The norm ran in the GEMM's panel: one kernel. At fewer rows than a model's 17 (ViT) or 32 the
     fold may be refused where its program costs as much as the norm's own kernel (row_norm.py's
-    check_row_norm: one row of 64 on cgra-4x4), and then the norm is a kernel of its own."""
+    check_row_norm: one row of 64 on cgra-4x4), and on cgra-4x4 where the program over every padded
+    row does not fit its scratchpad (gemm.py's _check_half_panel: 36 rows of 64, a widened layer
+    norm, failed to compile before); then the norm is a kernel of its own."""
     names = [k.name for k in prof.kernels]
-    assert len(names) == 1 or (rows < 17 and len(names) == 2), names
+    assert len(names) == 1 or ((rows < 17 or arch == "cgra-4x4") and len(names) == 2), names
 
 
 def _npu(mod, x, arch: str):
@@ -94,11 +96,11 @@ def test_a_16_bit_rmsnorm_before_a_linear_is_the_gemms_panel_bit_for_bit(arch, d
     picks = np.zeros((cols, cols), np.float32)
     picks[np.arange(cols), perm] = signs  # output column j reads panel column perm[j], signed
     out, prof = _npu(_module(dtype, rows, cols, cols, eps, g, picks.astype(half), gamma_first, lead), x, arch)
-    _folded(prof, rows)
+    _folded(prof, rows, arch)
     np.testing.assert_array_equal(out, panel.astype(np.float32)[:, perm] * signs.astype(np.float32))
     w = (rng.standard_normal((n, cols)) / np.sqrt(cols)).astype(half)
     out, prof = _npu(_module(dtype, rows, cols, n, eps, g, w, gamma_first, lead), x, arch)
-    _folded(prof, rows)
+    _folded(prof, rows, arch)
     exact, magnitude = (p.astype(np.float64) @ q.astype(np.float64).T for p, q in ((panel, w), (np.abs(panel), np.abs(w))))
     assert np.all(np.abs(out.astype(np.float64) - exact) <= cols * 2.0 ** -24 * magnitude + 1e-38)
     # and the model against float64: each panel value within two roundings of the exact norm times g
@@ -126,6 +128,7 @@ def _layer_module(dtype: str, rows: int, cols: int, n: int, eps: float, gamma, b
 @example(arch="cgra-8x8", dtype="bfloat16", rows=17, cols=64, n=128, widened=True, offset=0.0, seed=0)  # ViT's MLP
 @example(arch="cgra-16x16", dtype="float16", rows=17, cols=64, n=128, widened=False, offset=20.0, seed=1)
 @example(arch="cgra-4x4", dtype="bfloat16", rows=5, cols=16, n=16, widened=True, offset=0.0, seed=2)
+@example(arch="cgra-4x4", dtype="float16", rows=36, cols=64, n=16, widened=True, offset=20.0, seed=15845)  # the CI's
 def test_a_16_bit_layer_norm_before_a_linear_is_the_gemms_panel_bit_for_bit(arch, dtype, rows, cols, n, widened,
                                                                              offset, seed):
     """The panel is bit for bit the float32 layer norm kernel's result on x (x_h widened), rounded
@@ -143,11 +146,11 @@ def test_a_16_bit_layer_norm_before_a_linear_is_the_gemms_panel_bit_for_bit(arch
     picks = np.zeros((cols, cols), np.float32)
     picks[np.arange(cols), perm] = signs
     out, prof = _npu(_layer_module(dtype, rows, cols, cols, eps, gamma, beta, picks.astype(half), widened), x_in, arch)
-    _folded(prof, rows)  # no norm kernel, no cast kernel
+    _folded(prof, rows, arch)  # no norm kernel, no cast kernel
     np.testing.assert_array_equal(out, panel.astype(np.float32)[:, perm] * signs.astype(np.float32))
     w = (rng.standard_normal((n, cols)) / np.sqrt(cols)).astype(half)
     out, prof = _npu(_layer_module(dtype, rows, cols, n, eps, gamma, beta, w, widened), x_in, arch)
-    _folded(prof, rows)
+    _folded(prof, rows, arch)
     exact, magnitude = (p.astype(np.float64) @ q.astype(np.float64).T for p, q in ((panel, w), (np.abs(panel), np.abs(w))))
     assert np.all(np.abs(out.astype(np.float64) - exact) <= cols * 2.0 ** -24 * magnitude + 1e-38)
     centred = x.astype(np.float64) - x.astype(np.float64).mean(-1, keepdims=True)
