@@ -29,7 +29,7 @@ from cgra_codegen import device_call_positions
 from cgra_sim.isa import BOX_DIMS, EPILOGUE_BIAS, GEMM_ACCUMULATE, DType
 
 from ..kernels.common.spec import BIAS_IN_ACC
-from .calls import buffer_of, extern_call, touches
+from .calls import buffer_of, extern_call, map_loops, touches
 
 _GEMM, _EPI = device_call_positions("cgra_gemm"), device_call_positions("cgra_epilogue")
 _LOAD, _VFUNC = device_call_positions("cgra_dma_load"), device_call_positions("cgra_vfunc")
@@ -39,23 +39,17 @@ _LOOPS_AT = 3 * BOX_DIMS
 
 
 def accumulate_bias(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    return func.with_body(_rewrite(func.body))
+    return func.with_body(map_loops(func.body, _rewrite))
 
 
-def _rewrite(stmt):
-    if isinstance(stmt, tirx.For):
-        body = _rewrite(stmt.body)
-        annotations = dict(stmt.annotations or {})
-        if BIAS_IN_ACC in annotations and isinstance(body, tirx.SeqStmt):
-            body = _in_sequence(list(body.seq))
-            del annotations[BIAS_IN_ACC]
-        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding, annotations)
-    if isinstance(stmt, tirx.SeqStmt):
-        return tirx.SeqStmt([_rewrite(s) for s in stmt.seq])
-    if isinstance(stmt, tirx.IfThenElse):
-        else_case = _rewrite(stmt.else_case) if stmt.else_case is not None else None
-        return tirx.IfThenElse(stmt.condition, _rewrite(stmt.then_case), else_case)
-    return stmt
+def _rewrite(loop):
+    """An annotated tile loop with its bias in the accumulator (module doc), its mark dropped."""
+    annotations = dict(loop.annotations or {})
+    if BIAS_IN_ACC not in annotations or not isinstance(loop.body, tirx.SeqStmt):
+        return loop
+    del annotations[BIAS_IN_ACC]
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, _in_sequence(list(loop.body.seq)),
+                    loop.thread_binding, annotations)
 
 
 def _arg(call, table, name, word=0):

@@ -26,6 +26,19 @@ def map_sequences(stmt, on_sequence):
     return stmt
 
 
+def map_loops(stmt, on_loop):
+    """`stmt` rebuilt bottom-up through loops, sequences and ifs, each loop (its body rebuilt
+    first) replaced by `on_loop(loop)`."""
+    if isinstance(stmt, tirx.For):
+        return on_loop(with_body(stmt, map_loops(stmt.body, on_loop)))
+    if isinstance(stmt, tirx.SeqStmt):
+        return tirx.SeqStmt([map_loops(s, on_loop) for s in stmt.seq])
+    if isinstance(stmt, tirx.IfThenElse):
+        else_case = map_loops(stmt.else_case, on_loop) if stmt.else_case is not None else None
+        return tirx.IfThenElse(stmt.condition, map_loops(stmt.then_case, on_loop), else_case)
+    return stmt
+
+
 def with_body(loop, body):
     return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, loop.annotations)
 

@@ -22,7 +22,7 @@ from tvm import tirx
 from cgra_codegen import SPAD_SCOPE as SPAD
 
 from ..kernels.common.spec import HOLD_TABLES
-from .calls import with_body
+from .calls import map_loops, with_body
 from .double_buffer import ExprRedirect, with_copies
 from .stream_panel import _loads, _loads_within
 
@@ -30,22 +30,14 @@ TABLES = ("cos_pad", "sin_pad")
 
 
 def hold_tables(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    return func.with_body(_visit(func.body))
+    return func.with_body(map_loops(func.body, _held))
 
 
-def _visit(stmt):
-    """`stmt` with every annotated column loop's tables held (module doc)."""
-    if isinstance(stmt, tirx.For):
-        loop = with_body(stmt, _visit(stmt.body))
-        periods = (stmt.annotations or {}).get(HOLD_TABLES)
-        held = _hold(loop, int(periods)) if periods is not None else None
-        return loop if held is None else held
-    if isinstance(stmt, tirx.SeqStmt):
-        return tirx.SeqStmt([_visit(s) for s in stmt.seq])
-    if isinstance(stmt, tirx.IfThenElse):
-        else_case = _visit(stmt.else_case) if stmt.else_case is not None else None
-        return tirx.IfThenElse(stmt.condition, _visit(stmt.then_case), else_case)
-    return stmt
+def _held(loop):
+    """`loop` with its tables held where it is an annotated column loop (module doc)."""
+    periods = (loop.annotations or {}).get(HOLD_TABLES)
+    held = _hold(loop, int(periods)) if periods is not None else None
+    return loop if held is None else held
 
 
 def _hold(loop, periods: int):

@@ -24,24 +24,13 @@ from tvm import tirx
 from cgra_codegen import SPAD_SCOPE as SPAD
 
 from ..kernels.common.spec import GEMM_ROWS
-from .calls import any_leaf, extern_call, with_body
+from .calls import any_leaf, extern_call, map_loops, with_body
 from .row_loads import load_target
 
 
 def late_residuals(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    return func.with_body(_visit(func.body))
-
-
-def _visit(stmt):
-    if isinstance(stmt, tirx.For):
-        rebuilt = with_body(stmt, _visit(stmt.body))
-        return _deferred(rebuilt) if GEMM_ROWS in (stmt.annotations or {}) else rebuilt
-    if isinstance(stmt, tirx.SeqStmt):
-        return tirx.SeqStmt([_visit(s) for s in stmt.seq])
-    if isinstance(stmt, tirx.IfThenElse):
-        else_case = _visit(stmt.else_case) if stmt.else_case is not None else None
-        return tirx.IfThenElse(stmt.condition, _visit(stmt.then_case), else_case)
-    return stmt
+    return func.with_body(map_loops(func.body, lambda loop: _deferred(loop)
+                                    if GEMM_ROWS in (loop.annotations or {}) else loop))
 
 
 def _deferred(tiles: tirx.For):
