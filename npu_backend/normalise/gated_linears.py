@@ -28,7 +28,6 @@ the kernel does (`fits(act)`: its function unit has it), else the model keeps it
 from __future__ import annotations
 
 import numpy as np
-import tvm
 from tvm import relax
 
 from ..relax_info import dtype_of, shape_dims

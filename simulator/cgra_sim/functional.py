@@ -52,7 +52,7 @@ from .unpack4 import execute_unpack4
 
 from .commands import (Command, DepthwiseCommand, DmaCommand, EltwiseCommand, EpilogueCommand, FabricCommand,
                        FillCommand, GemmCommand, PoolCommand, ReduceCommand, VfuncCommand)
-from .isa import HALF_FLOATS, DType, EltwiseFunc, Op, ReduceFunc, VFunc
+from .isa import HALF_FLOATS, DType, EltwiseFunc, Op, ReduceFunc
 from .mapping import body
 from . import half_floats, special
 
