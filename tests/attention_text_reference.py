@@ -11,7 +11,7 @@ from cgra_sim.isa import GEMM_ACCUMULATE, VFunc
 from npu_backend.kernels.attention.attention_tiles import LOWEST, TINY, RowTiling, mask_in_gemm, mask_on_pe, \
     scale_at, score_copies
 from npu_backend.kernels.attention.script_text import F32, Writer, call, eltwise, element, fill, gemm, guarded, \
-    kernel_writer, reduce, vfunc
+    kernel_writer, reduce, rounded, vfunc
 
 
 class _Item:
@@ -136,8 +136,9 @@ def _allocate(w: Writer, spec, t: RowTiling) -> None:
     tq, sk, d, dv = t.rows, spec.sk, spec.d, spec.dv
     for name, shape in (("kt", (t.kv_copies, d, sk)), ("v", (t.kv_copies, sk, dv)), ("q", (2, tq, t.q_stride)),
                         ("s", (score_copies(spec), tq, t.p_stride)), ("m", (2, tq)), ("l", (2, tq)), ("inv", (2, tq)),
-                        ("o", (2, tq, dv)), ("res", (2, tq, dv))):
+                        ("o", (2, tq, dv))):
         w.alloc(name, shape)
+    w.alloc("res", (2, tq, dv), spec.half_out or "float32")
     if t.mask == "whole":
         _, mhk, mg, msq, msk = spec.mask_shape
         w.alloc("mask_all", (2 if spec.mask_shape[0] > 1 else 1, mhk * mg, t.mp if msq > 1 else 1, msk))
@@ -332,7 +333,10 @@ def _normalise(w: Writer, spec, t: RowTiling, item: _Item) -> None:
     at = f"{item.slot} * {tq * dv}"
     column = ("l", f"{item.slot} * {tq}", 1)
     w.add(vfunc("reciprocal", tq, 1, column, ("inv",) + column[1:], offset=TINY if spec.safe else None))
-    w.add(eltwise("multiply", tq, dv, ("o", at, dv, 1), ("inv", f"{item.slot} * {tq}", 1, 0), ("res", at, dv)))
+    product = ("o" if spec.half_out else "res", at, dv)
+    w.add(eltwise("multiply", tq, dv, ("o", at, dv, 1), ("inv", f"{item.slot} * {tq}", 1, 0), product))
+    if spec.half_out:
+        w.add(rounded(tq, dv, product, ("res", at, dv), spec.half_out))
     row = f"{item.row0} + i"
     q = t.tq
     if t.stack == 1:

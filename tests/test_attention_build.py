@@ -55,7 +55,8 @@ def kernels(draw):
     spec = AttentionSpec(b=b, hk=hk, g=g, sq=sq, sk=sk, d=d, dv=draw(st.sampled_from([d, 8])),
                          scale=draw(st.sampled_from([None, 0.125, 0.3])), mask_shape=shapes[mask],
                          safe=draw(st.booleans()), causal=causal, param_roles=roles,
-                         unseen=draw(st.sampled_from([0.0, 0.25])), **extra)
+                         unseen=draw(st.sampled_from([0.0, 0.25])),
+                         half_out=draw(st.sampled_from([None, "bfloat16", "float16"])), **extra)
     tq = draw(st.sampled_from([1, 4, 8, 16]))
     mp = -(-sq // tq) * tq
     stack = draw(st.sampled_from([s for s in (1, 2, 4) if g % s == 0]))
@@ -78,6 +79,10 @@ CASES = [
     (AttentionSpec(b=2, hk=2, g=1, sq=20, sk=20, d=8, dv=8, scale=0.3, mask_shape=(2, 1, 1, 20, 20),
                    param_roles=("lhs", "rhs", "value", "mask")),
      RowTiling(tq=8, mp=24, mask="whole", q_stride=8, p_stride=20)),
+    # bf16 Llama's (benchmarks/bench_half.py): the output rounded to bfloat16 on store, seq-major
+    (AttentionSpec(b=1, hk=2, g=2, sq=32, sk=32, d=16, dv=16, scale=0.25, causal=0, safe=True, half_out="bfloat16",
+                   param_roles=("lhs_seq", "rhs_seq", "value_seq"), seq_major=("lhs", "rhs", "value", "out")),
+     RowTiling(tq=32, mp=32, q_stride=16, p_stride=32, kv_copies=1, stack=2)),
 ]
 
 

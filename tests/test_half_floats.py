@@ -295,14 +295,19 @@ def test_a_bfloat16_pytorch_llama_takes_fewer_cycles_than_float32():
     tokens takes 32,703 cycles against float32's 34,827 (32 tokens: FIGURES32). Its SwiGLU is
     one gated GEMM kernel that rounds SiLU's output to bfloat16 in its epilogue (kernels/gemm/
     gated.py; before, two GEMMs and a round-trip cast kernel: 35,863 cycles, more than float32's
-    since float32's q / k / v and gate / up GEMMs took their layer's norms). What it still pays
-    beyond float32: its norms as kernels of their own (the normed roots take float32 GEMMs), the
-    attention output's cast (2 x 532), and a float32 down projection (TVM's importer widens its
-    weight: the product it reads is float32, unrounded)."""
+    since float32's q / k / v and gate / up GEMMs took their layer's norms). The attention kernel
+    rounds its output to bfloat16 on store (kernels/attention/rows.py; before, a cast kernel after
+    it: 2 x 532 cycles) and the down projection is a bfloat16 GEMM of its input rounded
+    (normalise/half_linears.py; before, a float32 GEMM: TVM's importer widens its weight). What it
+    still pays beyond float32: that rounding as a cast kernel, the final norm as a kernel of its own."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     runs = _llama_runs()
     assert runs["bfloat16"][2].total_cycles < runs["float32"][2].total_cycles
+    kernels = runs["bfloat16"][2].kernels
+    attentions = [k.source_ops for k in kernels if "nn.softmax" in k.source_ops]
+    assert len(attentions) == 2 and all(ops[-1] == "astype" for ops in attentions)  # the rounding store
+    assert [k.source_ops for k in kernels].count(("astype",)) == 2  # the down projections' inputs, rounded
 
 
 @pytest.mark.slow  # about 60 s: torch, an export and a compile

@@ -2,7 +2,7 @@
 
 Stage: normalise (pipeline.STAGES' first). In and out: a Relax IRModule. As a stage's body it may
 ask the kernels (attention_tiles.attention_fits: whether an attention fits the scratchpad;
-int4_matmul: a MatMulNBits layer's kernel for the chip). Six rewrites run
+int4_matmul: a MatMulNBits layer's kernel for the chip). Seven rewrites run
 first, outside any TVM pass (the bounded shapes, the bool scans, three numpy folds on the weights as the importer
 left them, the negative indices); then `normalise_passes`, one line each saying
 why, on a module that calls their operators (rewrite.scans_shared). The list lives here, not in
@@ -44,6 +44,8 @@ from .gelus import gelus_pass
 from .head_qkv import head_qkv_pass
 from .table_norms import table_norms_pass
 from .half_casts import half_casts_pass, half_norm_ones_pass
+from .half_linears import half_widened_linears
+from .half_attention_outputs import half_attention_outputs_pass
 from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
 from .large_pools import split_large_pools_pass
@@ -127,6 +129,9 @@ def normalise(mod, arch, options):
     # A bool cumsum counts, as PyTorch's does (bool_scans.py): as bool no target builds it, and
     # HF's causal mask, built from constants through one, would not fold.
     mod = bool_scans_as_counts_pass(mod)
+    # A 16-bit linear whose weight TVM's importer widened to its float32 input: the 16-bit GEMM
+    # PyTorch computes, the input rounded (half_linears.py); before fold_weights folds the widening.
+    mod = half_widened_linears(mod)
     # Inference batch norm after a conv2d with constant weights becomes scaled weights and a
     # bias add, and the constant arithmetic importers leave around weights (bias reshapes,
     # transposed Gemm weights) is folded, with numpy in milliseconds (fold_weights.py).
@@ -258,6 +263,9 @@ def normalise_passes(arch=None) -> list:
         # A transpose of a transpose is one (the attention form's output: three in a row, two
         # cancelling), a transpose that moves nothing its operand (permute_chains.py).
         permute_chains_pass,
+        # (after it: the head merge is one transpose) A 16-bit model's cast of an attention's output after the view to the next linear's rows,
+        # on the attention's result: the kernel rounds on store, no cast kernel (half_attention_outputs.py).
+        half_attention_outputs_pass,
         # Attention's q, k and v projections of one input as one linear over their weights side
         # by side, each part a slice of its view in heads (qkv_merges.py): one GEMM kernel, not three.
         qkv_merges_pass,

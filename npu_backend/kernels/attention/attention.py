@@ -44,6 +44,8 @@ from .rows import rows_compute
 from . import head_layouts
 from .spec import F32, AttentionSpec
 
+HALF_FLOATS = ("bfloat16", "float16")
+
 
 
 # ------------------------------------------------------------------ partition
@@ -58,15 +60,16 @@ def _patterns() -> list:
     alone (the attention's result read elsewhere too), then with plain operands (a transposed K or
     V read elsewhere too, a KV cache's) (head_layouts.py)."""
     entries = []
-    for form in ("merged", "heads", ""):
-        for scaled in (True, False):
-            for masked in ("causal_row", "causal", "length", "mask", ""):  # a causal mask first: the kernel builds it
-                for safe in (True, False):
-                    entries.append(_pattern(form, scaled, masked, safe))
+    for rounded in (True, False):  # the result's cast to a 16-bit float first: the kernel's rounding store
+        for form in ("merged", "heads", ""):
+            for scaled in (True, False):
+                for masked in ("causal_row", "causal", "length", "mask", ""):  # a causal mask first: the kernel builds it
+                    for safe in (True, False):
+                        entries.append(_pattern(form, scaled, masked, safe, rounded))
     return entries
 
 
-def _pattern(form: str, scaled: bool, masked: str, safe: bool) -> tuple:
+def _pattern(form: str, scaled: bool, masked: str, safe: bool, rounded: bool = False) -> tuple:
     """One (name, root, roles) of `_patterns`."""
     if form:
         (q, q_roles), (k, k_roles), (v, v_roles) = (head_layouts.operand(role) for role in head_layouts.ROLES)
@@ -92,11 +95,14 @@ def _pattern(form: str, scaled: bool, masked: str, safe: bool) -> tuple:
         roles["mask"] = wildcard()
         x = roles["row_masked"] = is_op("relax.add")(x, roles["mask"])
     root = softmax_times_v(x, v, roles, safe, form)
+    top = root
+    if rounded:  # astype(result, h): stored rounded to h (normalise/half_attention_outputs.py)
+        top = roles["half_cast"] = is_op("relax.astype")(root)
     # The head splits' form shares the plain form's name (both make the same kernel; the plain
     # one is there for when the splits' transposes are read elsewhere too).
     name = "cgra.attention" + "_scale" * scaled + f"_{masked}" * bool(masked) + "_safe" * safe \
-        + "_merged" * (form == "merged")
-    return name, root, {"root": root, **roles}
+        + "_merged" * (form == "merged") + "_rounded" * rounded
+    return name, top, {"root": root, **roles}
 
 
 def softmax_times_v(x, v, roles: dict, safe: bool, form: str):
@@ -131,7 +137,11 @@ def _scale(annotated: dict) -> float | None:
 def attention_spec(name: str, annotated: dict) -> AttentionSpec:
     """The AttentionSpec of a matched normal form; raises UnsupportedOperator saying why not."""
     unseen = _unseen(annotated)
+    half_out = _half_out(annotated)
     if "length_mask" in annotated:
+        if half_out:
+            raise UnsupportedOperator("attention over a symbolic length stored as a 16-bit float: its kernel stores "
+                                      "float32 (the cast runs on its own)")
         if unseen:
             raise UnsupportedOperator("attention over a symbolic length whose rows that see no key take a value: "
                                       "the symbolic-length kernel gives them 0")
@@ -172,7 +182,18 @@ def attention_spec(name: str, annotated: dict) -> AttentionSpec:
                          causal=causal, unseen=unseen, seq_major=seq_major, parts=parts,
                          param_roles=tuple(head_layouts.param_name(seq_major, role, sliced)
                                            for role in head_layouts.ROLES)
-                         + (("mask",) if mask_shape else ()))
+                         + (("mask",) if mask_shape else ()), half_out=half_out)
+
+
+def _half_out(annotated: dict) -> str | None:
+    """The 16-bit float a rounded pattern's result is cast to (the kernel's rounding store), else None."""
+    if "half_cast" not in annotated:
+        return None
+    dtype = str(annotated["half_cast"].attrs.dtype)
+    if dtype not in HALF_FLOATS:
+        raise UnsupportedOperator(f"attention result cast to {dtype}: the kernel rounds its float32 output to "
+                                  "bfloat16 or float16 on store (the cast runs on its own)")
+    return dtype
 
 
 def _unseen(annotated: dict) -> float:

@@ -15,7 +15,7 @@ the tile, once for all heads], per head:
         alpha = exp(m_old - m) (ELTWISE, VFUNC: a column)
         P = exp(S - m) (ELTWISE, VFUNC); l = l * alpha + row sum of P (ELTWISE, REDUCE SUM into l)
         O = O * alpha + P V (ELTWISE, accumulating GEMM)
-    O * 1 / l (VFUNC reciprocal, ELTWISE), stored.
+    O * 1 / l (VFUNC reciprocal, ELTWISE), stored [rounded to spec.half_out: EPILOGUE].
 
 The max starts at the lowest finite float32, not -inf, so a key tile whose scores are all -inf
 gives alpha = exp(0) = 1 and P = 0 rather than exp(-inf + inf) = NaN. A row with no finite score
@@ -40,7 +40,8 @@ from ..common.spec import SINGLE_BUFFERED
 from ..layout.copy_kernel import parse_script
 from .attention_tiles import LOWEST, TINY
 from .flash_tiles import FlashTiling, pipelined
-from .script_text import Writer, eltwise, element, fill, gemm, guarded, kernel_writer, reduce, vfunc, with_arg_shapes
+from .script_text import Writer, eltwise, element, fill, gemm, guarded, kernel_writer, reduce, rounded, vfunc, \
+    with_arg_shapes
 
 #: Buffers kept one copy of (lower/double_buffer.py doubles the rest): the running state, the
 #: scores, the mask's rows, and the last key tile's (it runs once per head).
@@ -130,10 +131,13 @@ def _head(w: Writer, spec, t: FlashTiling, n: str, c: str, head: str, qt: str) -
         _key_tile(w, spec, t, n, c, head, row0, str(keys * t.tk), rest, "_rest")
     w.alloc("inv", (tq, 1))
     w.add(vfunc("reciprocal", tq, 1, ("l", 0, 1), ("inv", 0, 1), offset=TINY if spec.safe else None))
-    res = "o" if t.lean else "res"
-    if not t.lean:
-        w.alloc("res", (tq, dv))
+    res = "o" if t.lean or spec.half_out else "res"
+    if not t.lean or spec.half_out:  # a 16-bit output: O * 1 / l in place, rounded on store (rows.py)
+        w.alloc("res", (tq, dv), spec.half_out or "float32")
     w.add(eltwise("multiply", tq, dv, ("o", 0, dv, 1), ("inv", 0, 1, 0), (res, 0, dv)))
+    if spec.half_out:
+        w.add(rounded(tq, dv, ("o", 0, dv), ("res", 0, dv), spec.half_out))
+        res = "res"
     w.add(f"for i, e in T.grid({tq}, {dv}):")
     stored_at = element(spec, "out", n, head, f"{row0} + i", "e")
     if sq % tq:

@@ -69,6 +69,7 @@ def flash_footprint(spec, t: FlashTiling) -> int:
     rest = spec.sk % tk
     state = (1 if t.lean else 2) * aligned(tq * t.q_stride * F32_BYTES) + 5 * aligned(tq * F32_BYTES)
     state += (1 if t.lean else 3) * aligned(tq * dv * F32_BYTES)
+    state += aligned(tq * dv * 2) if t.lean and spec.half_out else 0  # the rounded output (flash.py)
     state += aligned(tq * tk * F32_BYTES) + aligned(tq * t.p_stride * F32_BYTES)
 
     def keys(w: int) -> int:

@@ -70,7 +70,8 @@ class KernelBuilder:
 
     def __init__(self, spec, name: str):
         """Opens the prim_func `name`: q, k, v [, mask] and out as flat float32 buffers of their
-        stored shapes (a mask's heads as Hk * G), as script_text.kernel_writer's header."""
+        stored shapes (a mask's heads as Hk * G; out in spec.half_out where it is set), as
+        script_text.kernel_writer's header."""
         from .script_text import head_shapes
         self.spec = spec
         shapes = {role: stored_shape(spec, role, shape) for role, shape in head_shapes(spec).items()}
@@ -82,7 +83,9 @@ class KernelBuilder:
         self._builder = self._stack.enter_context(IRBuilder())
         self._stack.enter_context(T.prim_func())
         T.func_name(name)
-        self.buffers = {role: T.arg(role, T.Buffer(tuple(shapes[role]), "float32")) for role in params}
+        dtypes = {"out": spec.half_out or "float32"}  # a rounding store's output (rows.py's _normalise)
+        self.buffers = {role: T.arg(role, T.Buffer(tuple(shapes[role]), dtypes.get(role, "float32")))
+                        for role in params}
         T.func_attr({"tirx.noalias": True})
 
     def __getitem__(self, name: str):
@@ -93,9 +96,9 @@ class KernelBuilder:
         self._stack.close()
         return self._builder.get()
 
-    def alloc(self, name: str, shape: tuple):
-        """A float32 scratchpad buffer `name` from here to the end of the enclosing scope."""
-        buffer = T.alloc_buffer(tuple(shape), "float32", scope=SPAD)
+    def alloc(self, name: str, shape: tuple, dtype: str = "float32"):
+        """A scratchpad buffer `name` (float32 unless told) from here to the end of the enclosing scope."""
+        buffer = T.alloc_buffer(tuple(shape), dtype, scope=SPAD)
         IRBuilder.name(name, buffer)
         self.buffers[name] = buffer
         return buffer

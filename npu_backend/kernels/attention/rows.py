@@ -56,7 +56,7 @@ from cgra_sim.isa import GEMM_ACCUMULATE, VFunc
 
 from .attention_tiles import LOWEST, TINY, RowTiling, mask_in_gemm, mask_on_pe, scale_at, score_copies
 from .prim_build import KernelBuilder, both, eq, guarded, lt, ne, plus
-from .script_text import F32, call, eltwise, fill, gemm, reduce, vfunc, with_arg_shapes
+from .script_text import F32, call, eltwise, fill, gemm, reduce, rounded, vfunc, with_arg_shapes
 
 #: Every buffer: the kernel keeps its own two copies where it needs them (lower/double_buffer.py
 #: must leave them alone; they are allocated outside the loop anyway).
@@ -186,8 +186,9 @@ def _allocate(w: KernelBuilder, spec, t: RowTiling) -> None:
     tq, sk, d, dv = t.rows, spec.sk, spec.d, spec.dv
     for name, shape in (("kt", (t.kv_copies, d, sk)), ("v", (t.kv_copies, sk, dv)), ("q", (2, tq, t.q_stride)),
                         ("s", (score_copies(spec), tq, t.p_stride)), ("m", (2, tq)), ("l", (2, tq)), ("inv", (2, tq)),
-                        ("o", (2, tq, dv)), ("res", (2, tq, dv))):
+                        ("o", (2, tq, dv))):
         w.alloc(name, shape)
+    w.alloc("res", (2, tq, dv), spec.half_out or "float32")  # what is stored (_normalise)
     if t.mask == "whole":
         _, mhk, mg, msq, msk = spec.mask_shape
         w.alloc("mask_all", (2 if spec.mask_shape[0] > 1 else 1, mhk * mg, t.mp if msq > 1 else 1, msk))
@@ -382,12 +383,17 @@ def _add_band(w: KernelBuilder, spec, t: RowTiling, item: _Item, s: tuple) -> No
 
 
 def _normalise(w: KernelBuilder, spec, t: RowTiling, item: _Item) -> None:
-    """O * 1 / l of the item, stored (its rows inside the sequence)."""
+    """O * 1 / l of the item, stored (its rows inside the sequence); with spec.half_out the
+    product (in place in O, which nothing reads after it) rounded to nearest even into the stored
+    tile by an EPILOGUE: the float32 value rounded once, as the cast after the attention did."""
     tq, dv = t.rows, spec.dv
     at = item.slot * (tq * dv)
     column = (w["l"], item.slot * tq, 1)
     w.add(vfunc("reciprocal", tq, 1, column, (w["inv"],) + column[1:], offset=TINY if spec.safe else None))
-    w.add(eltwise("multiply", tq, dv, (w["o"], at, dv, 1), (w["inv"], item.slot * tq, 1, 0), (w["res"], at, dv)))
+    product = (w["o"] if spec.half_out else w["res"], at, dv)
+    w.add(eltwise("multiply", tq, dv, (w["o"], at, dv, 1), (w["inv"], item.slot * tq, 1, 0), product))
+    if spec.half_out:
+        w.add(rounded(tq, dv, product, (w["res"], at, dv), spec.half_out))
     q = t.tq
     if t.stack == 1:
         names, extents = "i, e", (q, dv)

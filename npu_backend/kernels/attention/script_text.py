@@ -40,7 +40,9 @@ def call(name: str, **operands):
     built = False
     for param, where in positions.items():
         value = operands[param]
-        if len(where) == 2:
+        if len(where) == 2 and isinstance(value, int) and value == 0:  # a disabled operand's placeholder
+            value = [0, 0]
+        elif len(where) == 2:
             buffer, offset = value
             built = not isinstance(buffer, str)
             value = [buffer.data if built else f"{buffer}.data", offset]
@@ -85,6 +87,14 @@ def fill(buffer: str, rows, cols, stride, value: float, offset=0) -> str:
                  value_bits=float(value))
 
 
+def rounded(rows, cols, a, out, dtype: str) -> str:
+    """EPILOGUE: a (buffer, offset, row stride) of float32 rounded to nearest even into out
+    (buffer, offset, row stride) of the 16-bit float `dtype`, nothing added: a rounding store."""
+    return call("cgra_epilogue", flags=0, acc_dtype=F32, out_dtype=int(DType.from_name(dtype)), m=rows, n=cols,
+                acc_addr=a[:2], acc_stride=a[2], bias_addr=0, out_addr=out[:2], out_stride=out[2], residual_addr=0,
+                residual_stride=0, clip_lo_bits=0, clip_hi_bits=0, scale_addr=0, out_zero_point=0)
+
+
 def gemm(accumulate: bool, m, n, k, a, b, c) -> str:
     return call("cgra_gemm", flags=GEMM_ACCUMULATE if accumulate else 0, dtype=F32, m=m, n=n, k=k,
                  a_addr=a[:2], a_stride=a[2], b_addr=b[:2], b_stride=b[2], acc_addr=c[:2], acc_stride=c[2])
@@ -107,8 +117,8 @@ class Writer:
         self.depth += 1
         return var
 
-    def alloc(self, name: str, shape: tuple) -> None:
-        self.add(f'{name} = T.alloc_buffer(({", ".join(str(s) for s in shape)},), "float32", scope="{SPAD}")')
+    def alloc(self, name: str, shape: tuple, dtype: str = "float32") -> None:
+        self.add(f'{name} = T.alloc_buffer(({", ".join(str(s) for s in shape)},), "{dtype}", scope="{SPAD}")')
 
 
 def guarded(row: str, sq: int, tq: int, load: str) -> str:
@@ -117,14 +127,16 @@ def guarded(row: str, sq: int, tq: int, load: str) -> str:
 
 def kernel_writer(spec, name: str) -> Writer:
     """A Writer opened with the prim_func `name`'s header: q, k, v [, mask] and out as flat float32
-    buffers of their stored shapes (a mask's heads as Hk * G)."""
+    buffers of their stored shapes (a mask's heads as Hk * G), out in spec.half_out where it is set."""
     shapes = {role: stored_shape(spec, role, shape) for role, shape in head_shapes(spec).items()}
     if spec.mask_shape:
         mb, mhk, mg, msq, msk = spec.mask_shape
         shapes["mask"] = (mb, mhk * mg, msq, msk)
     params = [(role, shapes[role]) for role in (base_role(r) for r in spec.param_roles)]
     params.append(("out", shapes["out"]))
-    args = ", ".join(f'{name}: T.Buffer(({", ".join(map(str, shape))},), "float32")' for name, shape in params)
+    dtypes = {"out": spec.half_out or "float32"}
+    args = ", ".join(f'{name}: T.Buffer(({", ".join(map(str, shape))},), "{dtypes.get(name, "float32")}")'
+                     for name, shape in params)
     w = Writer()
     w.lines = ["@T.prim_func", f"def {name}({args}):", '    T.func_attr({"tirx.noalias": True})']
     return w

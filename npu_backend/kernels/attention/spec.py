@@ -19,7 +19,9 @@ class AttentionSpec:
     variable of a symbolic length (sq = sk = its bound, causal 0: flash_length.py); `unseen`: a safe
     softmax's value in the rows that see no key (where(kept, softmax, c)'s c: 0, or fl(1 / Sk) for
     a finite mask's split, normalise/finite_masks.py: every key's weight, the rows' output c 1ᵀ V;
-    the whole-row kernel only, rows.py)."""
+    the whole-row kernel only, rows.py); `half_out`: None, or the 16-bit float the output is
+    stored in, the normalised float32 O rounded to nearest even on store (an EPILOGUE: HF's
+    `attn_output.to(h)`, normalise/half_attention_outputs.py)."""
 
     b: int
     hk: int
@@ -39,6 +41,7 @@ class AttentionSpec:
     shape_args: tuple = ()
     length: str | None = None
     unseen: float = 0.0
+    half_out: str | None = None
     op = "attention"
     dtype = F32
     acc_dtype = F32
