@@ -28,6 +28,7 @@ from .lower.fold_init import fold_accumulator_init
 from .lower.bias_accumulator import accumulate_bias
 from .lower.padded_rows import cut_padded_rows
 from .lower.ragged import cut_ragged_tiles
+from .lower.rope_skips import skip_pass_through
 from .lower.stage import func_pass, lower
 from .lower.trim_fills import trim_overwritten_fills
 from .normalise.stage import normalise
@@ -114,4 +115,6 @@ def lowering_passes() -> list:
         func_pass(rebind_dimensions, "cgra.RebindDimensions"),
         # A static matmul's padded rows (17 tokens in a tile of 24): its epilogue skips them.
         func_pass(cut_padded_rows, "cgra.CutPaddedRows"),
+        # RoPE's column tiles whose tables are ones and zeros: no rotation, no tables, x stored.
+        func_pass(skip_pass_through, "cgra.SkipPassThrough"),
     ]

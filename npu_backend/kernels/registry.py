@@ -41,7 +41,7 @@ from .gemm.epilogue import chain_pattern_graphs
 from .gemm.epilogue_tail import tail_graphs
 from .gemm.gated import gated_graphs
 from .gemm.post_norm import post_norm_graphs
-from .gemm.rope_epilogue import rope_graphs
+from .gemm.rope_epilogue import rope_graphs, with_pass_columns
 from .elementwise.fabric import FABRIC
 from .elementwise.rope import ROPE
 from .elementwise.qlinear import QLINEAR
@@ -292,6 +292,7 @@ def spec_from_composite(func):
         param_roles.append(played[0])
     source_ops = tuple(call.op.name.replace("relax.", "") for _, call in composite_ops(func))
     spec = dataclasses.replace(spec, param_roles=tuple(param_roles), source_ops=source_ops)
+    spec = with_pass_columns(spec, func)  # RoPE's tables' constant columns (partition/rope_tables.py)
     if shape_args:
         if "shape_args" not in {f.name for f in dataclasses.fields(spec)}:
             raise UnsupportedOperator(f"'{name}' is passed symbolic sizes beside its tensors (tir_vars); its NPU "

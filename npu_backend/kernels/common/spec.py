@@ -38,6 +38,10 @@ HOIST_ALLOCS = "cgra.hoist_allocs"
 STREAM_PANEL = "cgra.stream_panel"
 #: A column tile loop whose RoPE tables repeat every that many tiles (lower/held_tables.py)
 HOLD_TABLES = "cgra.hold_tables"
+#: A column tile loop of RoPE in a GEMM's epilogue whose tables pass some tiles through:
+#: [p, first, last, ...]: tile c rotates where c mod p lies in one of the [first, last) ranges
+#: (lower/rope_skips.py)
+ROPE_ROTATES = "cgra.rope_rotates"
 #: A loop annotation: {buffer name: copies} for scratchpad buffers allocated inside the loop that
 #: lowering gives more than two copies (lower/double_buffer.py; Tiling.operand_copies)
 BUFFER_COPIES = "cgra.buffer_copies"
@@ -118,6 +122,10 @@ class KernelSpec:
     # The fewest columns, a whole number of the pattern's periods dividing N, after which the cos and
     # sin tables repeat (GPT-NeoX's q / k / v of a head: 48 of 192); N when they do not.
     rope_table_period: int = 0
+    # The columns of the tables (their W columns when compact, else N) where C = 1 and S = 0 on
+    # every row: ((first column, columns), ...) runs where the epilogue rotates nothing (GPT-NeoX's
+    # unrotated dims and v heads; lower/rope_skips.py skips them on tiles wholly inside).
+    rope_pass_columns: tuple = ()
     # Before the relu / clip / activation, float32: a multiply by a constant per output channel
     # (roles "ch_scale", "ch_shift"), then an add of one: a batch norm written as Mul + Add.
     channel_scale_shape: tuple | None = None

@@ -34,7 +34,7 @@ from .gemm_copies import annotate_copies
 from .gemm_estimate import holds_a_panel
 from .gemm_pieces import epilogue_piece_rows
 from .post_norm import holds_b, stage_post_norm, summed_spec, tensorize_post_norm
-from .rope_epilogue import hold_rope_tables, stage_rope_blocks, tensorize_rope_blocks
+from .rope_epilogue import hold_rope_tables, mark_rotating_tiles, stage_rope_blocks, tensorize_rope_blocks
 from .half_row_norm import lhs_dtype
 from .row_norm import place_row_norm, tensorize_row_norm
 
@@ -188,6 +188,7 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
     if spec.op == "matmul" and spec.rope_pattern:
         tensorize_rope_blocks(sch, spec, tiling)
         hold_rope_tables(sch, tiling, col_tile)  # compact tables: loaded in the first period only
+        mark_rotating_tiles(sch, spec, tiling, col_tile)  # tiles that rotate nothing skip it (lower/rope_skips.py)
     piece = epilogue_piece_rows(tiling)
     if piece < tiling.tm:  # the epilogue and the store in pieces of rows (epilogue_piece_rows)
         piece_loop, epi_row = sch.split(epi_row, [None, piece])

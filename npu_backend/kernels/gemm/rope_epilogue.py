@@ -20,7 +20,10 @@ with the C and S tiles loaded per output tile like a residual, or, when the tabl
 W columns (GPT-NeoX: a head's q, k and v, 48 of 192) and a column tile lies inside one such
 period, their first W columns loaded once per row tile and held: tile c reads columns
 (c mod W / tn) * tn .. + tn of them (`rope_tables`; NeoX's q / k / v kernel at 32 tokens on
-cgra-8x8 loaded 49,152 bytes of tables, now 12,288). The products and the sum are the
+cgra-8x8 loaded 49,152 bytes of tables, now 12,288). A column tile whose tables are 1 and 0
+(GPT-NeoX's unrotated dims and v heads: four of a head's six 8-column tiles; Llama's v heads;
+partition/rope_tables.py reads the constants) runs no rotation and loads no tables: its store
+reads x (`mark_rotating_tiles`, lower/rope_skips.py). The products and the sum are the
 RoPE kernel's (kernels/elementwise/rope.py) on the same values, in the same order: the same bits.
 Two RoPE kernels a layer (q's and k's: Llama at 32 tokens on cgra-8x8 2,240 + 1,456 cycles) are
 gone, and the heads are read by the attention kernel as boxes of the projection's output
@@ -43,12 +46,15 @@ from cgra_sim import cost
 from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of, shape_dims
 from ..common.dynamic import read_shape, symbols_of
-from ..common.spec import HOLD_TABLES, aligned
+from ..common.spec import HOLD_TABLES, ROPE_ROTATES, aligned
 from ..common.operands import padded
 from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.rope_epilogue import RotaryPattern
 from .roots import linear_roots
 
+#: The offloaded function's attribute [first, columns, ...]: its tables' pass-through column runs
+#: (partition/rope_tables.py)
+ROPE_PASS_COLUMNS = "cgra.rope_pass_columns"
 #: The pattern-name suffix: "cgra.linear_rope".
 SUFFIX = "_rope"
 #: Output-sized scratchpad tiles the epilogue adds to the GEMM's: C, S and the rotated products
@@ -100,6 +106,36 @@ def with_rope(spec, annotated: dict):
             raise UnsupportedOperator(f"RoPE's {role} table in a linear's epilogue is a float32 ({m}, {n}) tensor")
         symbols += symbols_of(role, names)
     return dataclasses.replace(spec, rope_pattern=pattern, rope_table_period=width, symbols=spec.symbols + symbols)
+
+
+def with_pass_columns(spec, func):
+    """`spec` with the pass-through table columns partitioning found at every call site of its
+    function (partition/rope_tables.py: attribute ROPE_PASS_COLUMNS), if it has RoPE."""
+    flat = (func.attrs or {}).get(ROPE_PASS_COLUMNS) if getattr(spec, "rope_pattern", None) else None
+    if not flat:
+        return spec
+    values = [int(v) for v in flat]
+    return dataclasses.replace(spec, rope_pass_columns=tuple(zip(values[0::2], values[1::2])))
+
+
+def passing_columns(cos, sin):
+    """Per column of (rows, W) constant tables, whether C = 1 and S = 0 on every row; None when
+    a table is not such a constant."""
+    if cos is None or sin is None or cos.shape != sin.shape or cos.ndim != 2:
+        return None
+    return ((cos == 1) & (sin == 0)).all(axis=0)
+
+
+def table_runs(passing) -> tuple:
+    """((first column, columns), ...) of the True runs of `passing`."""
+    runs, start = [], None
+    for j, flag in enumerate(list(passing) + [False]):
+        if flag and start is None:
+            start = j
+        elif not flag and start is not None:
+            runs.append((start, j - start))
+            start = None
+    return tuple(runs)
 
 
 def _table_width(annotated, n, pattern) -> int:
@@ -210,6 +246,43 @@ def hold_rope_tables(sch, tiling, tile_loop) -> None:
     period, loaded there, for the later periods to read."""
     if tiling.table_cols:
         sch.annotate(tile_loop, HOLD_TABLES, tiling.table_cols // tiling.tn)
+
+
+def mark_rotating_tiles(sch, spec, tiling, tile_loop) -> None:
+    """Where whole column tiles of the tables pass through (C = 1, S = 0: spec.rope_pass_columns),
+    the column tile loop says which tiles rotate (ROPE_ROTATES, rotating_ranges), and
+    lower/rope_skips.py leaves the rotation out of the others."""
+    ranges = rotating_ranges(spec, tiling)
+    if ranges is not None:
+        sch.annotate(tile_loop, ROPE_ROTATES, [ranges[0]] + [t for pair in ranges[1] for t in pair])
+
+
+def rotating_ranges(spec, tiling):
+    """(p, [(first, last), ...]): column tile c rotates where c mod p lies in [first, last) of
+    one range, p the tiles of the tables' columns (their period when compact); None when every
+    tile rotates. Padded columns past the tables rotate nothing."""
+    width, tn = tiling.table_cols or tiling.np, tiling.tn
+    if not spec.rope_pass_columns or width % tn:
+        return None
+    columns = spec.rope_table_period or spec.gemm_extents[1]
+    passing = np.zeros(width, bool)
+    passing[columns:] = True
+    for start, length in spec.rope_pass_columns:
+        passing[start:start + length] = True
+    rotates = ~passing.reshape(-1, tn).all(axis=1)
+    if rotates.all():
+        return None
+    # the fewest tiles the flags repeat in (whole tables of heads alike: a head's tiles)
+    period = next(p for p in range(1, len(rotates) + 1)
+                  if len(rotates) % p == 0 and (rotates.reshape(-1, p) == rotates[:p]).all())
+    rotates = rotates[:period]
+    ranges = []
+    for t in np.flatnonzero(rotates).tolist():
+        if ranges and ranges[-1][1] == t:
+            ranges[-1] = (ranges[-1][0], t + 1)
+        else:
+            ranges.append((t, t + 1))
+    return len(rotates), ranges
 
 
 def tensorize_rope_blocks(sch, spec, tiling) -> None:
