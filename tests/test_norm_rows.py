@@ -50,12 +50,14 @@ def _panel(launch) -> tuple[list, list]:
 
 @settings(max_examples=6, deadline=None)  # two compiles each: a few seconds
 @given(arch=st.sampled_from(["cgra-8x8", "cgra-4x4"]), kind=st.sampled_from(["rms_norm", "layer_norm"]),
-       rows=st.integers(1, 40), cols=st.sampled_from([16, 64, 96]), n=st.sampled_from([8, 64, 192]),
+       rows=st.integers(1, 64), cols=st.sampled_from([16, 64, 96]), n=st.sampled_from([8, 64, 192]),
        seed=st.integers(0, 99))
 @example(arch="cgra-8x8", kind="layer_norm", rows=17, cols=64, n=64, seed=0)  # 8, 8, 1: a ViT's 17 tokens
 @example(arch="cgra-8x8", kind="rms_norm", rows=32, cols=64, n=192, seed=1)  # GPT-NeoX's q / k / v
 @example(arch="cgra-8x8", kind="rms_norm", rows=25, cols=16, n=8, seed=0)  # two row tiles of 16, the last padded
 @example(arch="cgra-8x8", kind="rms_norm", rows=9, cols=16, n=192, seed=0)  # 8 + 1: B's load the later
+@example(arch="cgra-4x4", kind="rms_norm", rows=64, cols=64, n=64, seed=0)  # four row tiles: the first in pieces
+@example(arch="cgra-8x8", kind="layer_norm", rows=48, cols=96, n=192, seed=0)  # 18,499 -> 18,165
 def test_the_panel_in_pieces_is_the_same_bits_in_no_more_cycles(arch, kind, rows, cols, n, seed):
     mod, (g, beta, w, b) = _normed_linear(rows, cols, n, 1e-5, True, seed, kind=kind)
     x = ((np.random.default_rng(seed).standard_normal((1, rows, cols)) + 3.0) * 2.0).astype(np.float32)
@@ -70,8 +72,9 @@ def test_the_panel_in_pieces_is_the_same_bits_in_no_more_cycles(arch, kind, rows
     reduces, _ = _panel(after)
     whole_reduces, _ = _panel(before)
     assert sum(reduces) == sum(whole_reduces)  # every row of the panel, once per REDUCE of the program
-    # (a panel loaded with a zero halo, the padded last of several row tiles, stays whole)
-    assert reduces == whole_reduces or max(reduces) <= lanes < max(whole_reduces)
+    # (a panel loaded with a zero halo, the padded last of several row tiles, stays whole; of
+    # several row tiles, only the first is in pieces)
+    assert reduces == whole_reduces or reduces[0] <= lanes < whole_reduces[0]
 
 
 def test_the_first_rows_are_normalised_while_the_rest_load():
