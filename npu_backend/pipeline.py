@@ -21,6 +21,7 @@ from .lower.double_buffer import double_buffer
 from .lower.late_residual import late_residuals
 from .lower.operands_first import operands_first
 from .lower.gemm_rows import split_gemm_rows
+from .lower.norm_rows import norm_in_rows
 from .lower.hoist_allocs import hoist_allocations
 from .lower.held_tables import hold_tables
 from .lower.stream_panel import stream_panels
@@ -117,4 +118,6 @@ def lowering_passes() -> list:
         func_pass(cut_padded_rows, "cgra.CutPaddedRows"),
         # RoPE's column tiles whose tables are ones and zeros: no rotation, no tables, x stored.
         func_pass(skip_pass_through, "cgra.SkipPassThrough"),
+        # A pre-norm's A panel loaded and normalised a few rows at a time, the first GEMM earlier.
+        func_pass(norm_in_rows, "cgra.NormInRows"),
     ]

@@ -53,9 +53,8 @@ def _panel_model(wide, g, dtype: str):
 def _folded(prof, rows: int, arch: str) -> None:
     """The norm ran in the GEMM's panel: one kernel. At fewer rows than a model's 17 (ViT) or 32 the
     fold may be refused where its program costs as much as the norm's own kernel (row_norm.py's
-    check_row_norm: one row of 64 on cgra-4x4), and on cgra-4x4 where the program over every padded
-    row does not fit its scratchpad (gemm.py's _check_half_panel: 36 rows of 64, a widened layer
-    norm, failed to compile before); then the norm is a kernel of its own."""
+    check_row_norm: one row of 64 on cgra-4x4), and on cgra-4x4 where no whole-depth tile has room
+    for the program (row_norm.panel_bytes); then the norm is a kernel of its own."""
     names = [k.name for k in prof.kernels]
     assert len(names) == 1 or ((rows < 17 or arch == "cgra-4x4") and len(names) == 2), names
 
@@ -207,3 +206,22 @@ def test_a_norm_read_by_more_than_linears_keeps_its_kernel(dtype):
 
     mod = relax_module([("x", (4, 16), "float32")], body)
     tvm.ir.assert_structural_equal(half_norms_into_linears(mod), mod)
+
+
+def test_a_program_over_several_row_tiles_fits_the_scratchpad_it_was_priced_in():
+    """The CI's input (cgra-4x4, a widened float16 layer norm of 36 rows of 64 before a linear, row
+    tiles of 20): every buffer of the panel program was double buffered while the search counted
+    one copy (78,464 bytes of 65,536: the codegen refused the kernel, then a guard ran the norm on
+    its own). The program's intermediates are one copy now, the panel the GEMMs read two, priced
+    so (row_norm.panel_bytes): one kernel, bit for bit the layer norm kernel's panel times W."""
+    rows, cols, n, eps = 36, 64, 16, 1e-5
+    rng = np.random.default_rng(0)
+    gamma, beta = rng.uniform(-2, 2, cols).astype(np.float32), rng.standard_normal(cols).astype(np.float32)
+    x_in = (rng.standard_normal((1, rows, cols)) * 3 + 20.0).astype(np.float16)
+    norm = relax_module([("x", (rows, cols), "float32")], lambda bb, v: bb.emit(relax.op.nn.layer_norm(
+        v, relax.const(gamma), relax.const(beta), axes=[-1], epsilon=eps)))
+    panel = run(npu_backend.compile(norm, "cgra-4x4"), [x_in.astype(np.float32).reshape(rows, cols)]).astype(np.float16)
+    picks = np.eye(cols, n, dtype=np.float16)  # the panel's first n columns
+    out, prof = _npu(_layer_module("float16", rows, cols, n, eps, gamma, beta, picks.T.copy(), True), x_in, "cgra-4x4")
+    assert len(prof.kernels) == 1, [k.name for k in prof.kernels]
+    np.testing.assert_array_equal(out, panel.astype(np.float32)[:, :n])

@@ -46,19 +46,20 @@ def load_into(stmt, buffer):
 
 
 def loads_in_row_pieces(stmt, buffer, rows: int, piece_rows: int, row_stride):
-    """`stmt` (a load into `buffer`, load_into) as rows / piece_rows loads of piece_rows rows."""
+    """`stmt` (a load into `buffer`, load_into) as loads of piece_rows rows (the last of what is
+    left when piece_rows does not divide rows)."""
     call = load_into(stmt, buffer)
     loop = _row_loop(call, rows, row_stride) if call is not None else None
     if loop is None:
         return None
     extent, tdim, tstep = (call.args[_LOOPS + 4 * loop + i] for i in range(3))
     pieces = []
-    for piece in range(rows // piece_rows):
+    for piece in range(-(-rows // piece_rows)):
         args = list(call.args)
         args[_SPAD_OFFSET] = args[_SPAD_OFFSET] + piece * piece_rows * row_stride
         origin = _ORIGIN + int(tdim.value)
         args[origin] = args[origin] + tirx.IntImm(str(tstep.ty), piece * piece_rows * tstep.value)
-        args[_LOOPS + 4 * loop] = tirx.IntImm(str(extent.ty), piece_rows)
+        args[_LOOPS + 4 * loop] = tirx.IntImm(str(extent.ty), min(piece_rows, rows - piece * piece_rows))
         pieces.append(tirx.Evaluate(ir.Call(call.op, args, call.attrs, call.ty_args, call.span, call.ty)))
     body = tirx.SeqStmt(pieces)
     return tirx.IfThenElse(stmt.condition, body, None) if isinstance(stmt, tirx.IfThenElse) else body

@@ -85,25 +85,11 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     _TILINGS[key] = patch_pieces(spec, _TILINGS[key], arch)  # a patch conv storing tokens (gemm_pieces.py)
     check_tail_padding(spec, _TILINGS[key], arch)
     check_row_norm(spec, _TILINGS[key], arch)
-    _check_half_panel(spec, _TILINGS[key], arch)
     check_post_norm(spec, _TILINGS[key], arch, choose_gemm_tiling)
     # (decided per spec, not cached: the key leaves out epilogue pieces that forbid it)
     if accumulates_bias(spec, _TILINGS[key], arch):  # the VFUNC reads acc + bias (bias_acc.py)
         return dataclasses.replace(_TILINGS[key], bias_in_acc=True)
     return _TILINGS[key]
-
-
-def _check_half_panel(spec: KernelSpec, t: Tiling, arch: HardwareDescription) -> None:
-    """A 16-bit norm's panel program (half_row_norm.py) can be placed over every padded row, not a
-    row tile's (seen: cgra-4x4, 36 rows of 64, tm 20: 78,464 bytes for 65,536); where the program
-    over all rows does not fit beside the GEMM's tiles, the norm runs on its own."""
-    if spec.row_norm is None or len(spec.row_norm) == 2 or t.mp == t.tm:
-        return
-    need = _footprint(spec, t, arch) - panel_bytes(spec, t.tm) + panel_bytes(spec, t.mp)
-    if need > arch.spad_bytes:
-        raise UnsupportedOperator(f"{spec.row_norm[0]} folded into a {spec.dtype} matmul: its panel program over "
-                                  f"{t.mp} rows needs {need} bytes of the {arch.spad_bytes}-byte scratchpad; the "
-                                  "norm runs on its own")
 
 
 def _footprint(spec: KernelSpec, t: Tiling, arch: HardwareDescription) -> int:

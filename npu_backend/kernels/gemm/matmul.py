@@ -30,6 +30,7 @@ from .gemm_schedule import schedule_gemm
 from .residual_lhs import lhs_as_residual
 from .half_row_norm import gemm_operands, lhs_dtype
 from .row_norm import normed_panel, normed_roots, with_row_norm
+from .row_norm import single_buffered as panel_single_buffered
 from .symbolic_matmul import has_symbolic_operand, is_symbolic_matmul, symbolic_matmul_compute, symbolic_matmul_spec
 from ..common.operands import kernel_prim_func, padded
 from ..common.spec import SINGLE_BUFFERED, VALID_ROWS, KernelSpec, Tiling
@@ -219,7 +220,9 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
     func = kernel_prim_func(spec, {"lhs": a, "rhs": b, **operands, **normed}, out)
     if isinstance(m, int) and m < tiling.tm == mp:  # one row tile, padded: lower/padded_rows.py
         func = func.with_attr(VALID_ROWS, [m, tiling.tm, epilogue_piece_rows(tiling)])
-    return func.with_attr(SINGLE_BUFFERED, single_buffered(spec)) if spec.post_norm else func
+    # a post-norm's and a pre-norm's program intermediates: one copy each (post_norm.py, row_norm.py)
+    single = (single_buffered(spec) if spec.post_norm else []) + panel_single_buffered(spec)
+    return func.with_attr(SINGLE_BUFFERED, single) if single else func
 
 
 def batch_matmul_compute(spec: KernelSpec, tiling: Tiling):

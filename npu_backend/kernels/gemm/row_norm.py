@@ -42,7 +42,7 @@ from tvm.relax.dpl import is_op, wildcard
 
 from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of
-from ..common.spec import KernelSpec, Tiling, aligned
+from ..common.spec import KernelSpec, Tiling, aligned, round_up
 from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.row_ops import reduce_start
 from ..rows.norms import steps_of
@@ -139,14 +139,27 @@ def _steps(spec: KernelSpec) -> tuple:
 
 
 def panel_bytes(spec: KernelSpec, tm: int) -> int:
-    """Scratchpad bytes of the panel program of a tile of tm rows (every step's panel or column
-    once: the vector unit runs them in order), 0 without a norm."""
+    """Scratchpad bytes of the panel program of a tile of tm rows, 0 without a norm: every
+    intermediate step's panel or column once (the vector unit runs them in order: one copy each,
+    `single_buffered`); the panel the GEMMs read, the wider rows loaded and the norm's rows twice
+    where there are several row tiles (double buffered: the next tile's program and loads run
+    while the GEMMs read this one's; until 2026-11 counted once, and a widened float16 layer norm
+    of 36 rows of 64 on cgra-4x4, every buffer of its program doubled, needed 78,464 bytes of the
+    65,536 the search had fitted)."""
     if spec.row_norm is None:
         return 0
     steps = _steps(spec)
     kinds = _kinds(spec, steps)
+    copies = 2 if round_up(spec.gemm_extents[0], tm) > tm else 1
     size = {"full": aligned(tm * spec.gemm_extents[2] * 4), "column": aligned(tm * 4)}
-    return sum(size[kinds[step.name]] for step in steps) + panel_input_bytes(spec, tm)
+    return sum(size[kinds[step.name]] for step in steps[:-1]) + \
+        copies * (size[kinds[steps[-1].name]] + panel_input_bytes(spec, tm))
+
+
+def single_buffered(spec: KernelSpec) -> list:
+    """The panel program's intermediate blocks: one copy each (lower/double_buffer.py), the
+    vector unit running a row tile's program after the one before's; [] without a norm."""
+    return [step.name for step in _steps(spec)[:-1]] if spec.row_norm is not None else []
 
 
 def _kinds(spec: KernelSpec, steps) -> dict:
