@@ -32,7 +32,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the builders (transformer_models.py) are test-side
 
-def figures(name: str, arch_name: str, tokens: int) -> tuple[str, list[str], list[str], str]:
+def figures(name: str, arch_name: str, tokens: int, units: bool = False) -> tuple[str, list[str], list[str], str]:
     """One row of the table, the names of the compute ops left on the host, a line per NPU
     kernel (the same fused function's launches summed), most cycles first, and the units line."""
     import numpy as np
@@ -69,7 +69,7 @@ def figures(name: str, arch_name: str, tokens: int) -> tuple[str, list[str], lis
     row = (f"{name:<10} {host_compute:>5} {host_layout:>6} {cycles / ideal:>7.2f}{'+h' if host_cycles is not None else '  '}"
            f" {share:>7} {dram / 1e6:>8.2f} {prof.total_energy_pj / 1e6:>8.2f} {cgra_s:>6.2f} {llvm_s:>6.2f}"
            f" {cgra_s / llvm_s:>5.2f} {error:>8.1e}")
-    return row, names, kernel_lines(prof), unit_line(prof.kernels, ideal)
+    return row, names, kernel_lines(prof, arch.num_pes if units else 0), unit_line(prof.kernels, ideal)
 
 
 #: The stats' units (cgra_sim/stats.py busy_cycles), as the units line names them.
@@ -86,15 +86,27 @@ def unit_line(kernels, ideal: float) -> str:
             + f"; floor (busiest unit a launch) {floor / ideal:.2f}")
 
 
-def kernel_lines(prof) -> list[str]:
-    """`prof`'s NPU cycles by kernel (launches of one fused function summed), most first."""
-    cycles, launches = collections.Counter(), collections.Counter()
+def kernel_lines(prof, pes: int = 0) -> list[str]:
+    """`prof`'s NPU cycles by kernel (launches of one fused function summed), most first; given
+    the chip's `pes` (--units), each kernel's ideal cycles (its MACs / PEs) and its units' busy cycles, so
+    that a kernel far from its ideal shows which unit holds it (the busiest) and how much of its
+    time no unit is the limit (cycles over the busiest unit: start-up, tail, dependences)."""
+    cycles, launches, macs = collections.Counter(), collections.Counter(), collections.Counter()
+    busy = collections.defaultdict(collections.Counter)
     for kernel in prof.kernels:
         cycles[kernel.name] += kernel.cycles
         launches[kernel.name] += 1
+        macs[kernel.name] += kernel.macs
+        busy[kernel.name].update(kernel.busy_cycles)
     total = max(prof.total_cycles, 1)
-    return [f"{count:>10,} {count / total:>6.1%} x{launches[kernel]:<3} {kernel}"
-            for kernel, count in cycles.most_common()]
+    lines = []
+    for kernel, count in cycles.most_common():
+        line = f"{count:>10,} {count / total:>6.1%} x{launches[kernel]:<3} {kernel}"
+        if pes:
+            line += ("\n" + " " * 22 + f"ideal {macs[kernel] / pes:,.0f}, busy: " +
+                     ", ".join(f"{label} {busy[kernel].get(unit, 0):,}" for unit, label in UNITS))
+        lines.append(line)
+    return lines
 
 
 def main() -> None:
@@ -118,7 +130,7 @@ def main() -> None:
               f"{'cgra s':>6} {'llvm s':>6} {'ratio':>5} {'error':>8}")
         for name in args.models or list(ARCHITECTURES):
             try:
-                row, names, kernels, units = figures(name, arch, args.tokens)
+                row, names, kernels, units = figures(name, arch, args.tokens, args.units)
             except Exception as err:  # noqa: BLE001  (a model that fails is a row, not the end of the table)
                 print(f"{name:<10} fails: {type(err).__name__}: {str(err).splitlines()[0][:120]}", flush=True)
                 continue
