@@ -28,6 +28,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the builders are test-s
 
 #: The decoders tests/test_symbolic_exports.py exports with input_ids alone.
 FAMILIES = ("llama", "gpt2", "qwen2", "mistral", "gemma", "phi3", "gpt_neox", "gptj", "falcon", "bloom")
+#: The encoders exported the same way (their position ids sliced to the length: the bound must not
+#: pass their position table, which _positions_for widens to the bound).
+ENCODERS = ("distilbert", "albert", "bert", "roberta")
 WIDTH = 10  # the model column, with --models
 
 
@@ -64,7 +67,7 @@ def _model_rows(name, args, named: bool) -> None:
     import npu_backend
     from test_symbolic_exports import _export
 
-    _positions_for(name, max(args.lengths))
+    _positions_for(name, max(args.lengths) if name in FAMILIES else max(args.bound, *args.lengths) + 2)
     model, mod = _export(name, args.bound)
     (length,) = relax.analysis.defined_symbolic_vars(mod["main"])
     symbolic = relax.VirtualMachine(npu_backend.compile(mod, args.arch), tvm.cpu())
@@ -92,7 +95,7 @@ def main(argv=None) -> None:
     parser.add_argument("--arch", default="cgra-8x8")
     parser.add_argument("--bound", type=int, default=2048)
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 128])
-    parser.add_argument("--models", nargs="+", default=["llama"], choices=FAMILIES)
+    parser.add_argument("--models", nargs="+", default=["llama"], choices=FAMILIES + ENCODERS)
     parser.add_argument("--kernels", action="store_true", help="print both runs' per-kernel tables")
     args = parser.parse_args(argv)
     named = args.models != ["llama"]

@@ -30,7 +30,7 @@ from tvm import relax, sym, tirx
 
 from ..relax_info import dtype_of, shape_dims
 from .chain_match import Chain
-from .rewrite import as_pass, rewrite_functions
+from .rewrite import as_pass, rewrite_calls, rewrite_functions
 
 _DEPTH = 48
 FLT_MIN = float(np.finfo(np.float32).min)
@@ -330,3 +330,39 @@ class _CausalRewriter(relax.PyExprMutator):
         causal = emit(relax.op.less_equal(columns, rows))
         additive = emit(relax.op.where(causal, relax.const(np.float32(kept)), relax.const(np.float32(-np.inf))))
         return emit(relax.op.reshape(additive, relax.ShapeExpr(list(dims))))
+
+
+def keeps_everything(chain: Chain, mask) -> bool:
+    """Whether the boolean `mask` (symbolic extents) is true at every index, for every length (an
+    encoder's padding mask given `input_ids` alone: arange(s) + 0 >= 0, broadcast to (s, s))."""
+    dims = shape_dims(mask)
+    if dims is None or dtype_of(mask) != "bool" or all(isinstance(d, int) for d in dims):
+        return False
+    index = [tirx.Var(f"i{a}", "int64") for a in range(len(dims))]
+    value = Elements(chain).element(mask, index)
+    return value is not None and _kind(value) == "bool" and prove(value, index, dims)
+
+
+def open_masks_dropped(mod: tvm.IRModule) -> tvm.IRModule:
+    """`mod` with every x + where(b, 0, m) whose b keeps everything (`keeps_everything`) and whose
+    sum has x's shape as x: the mask adds 0 to every score (x + 0 is x, a -0 read as +0, which
+    no softmax tells apart)."""
+    return relax.transform.DeadCodeElimination()(rewrite_calls(mod, "relax.add", _open_add))
+
+
+open_masks_pass = as_pass(open_masks_dropped, "cgra.OpenMasks", ops=("relax.where",))
+
+
+def _open_add(mutator, call):
+    """The operand of `call` (an add) that the other, an open mask, leaves as it is; else None."""
+    chain = Chain(mutator)
+    if dtype_of(call) != "float32":
+        return None
+    for kept, mask in ((call.args[0], call.args[1]), (call.args[1], call.args[0])):
+        where = chain.call(mask, "relax.where")
+        if where is None or dtype_of(where) != "float32" or chain.scalar(where.args[1]) != 0.0 or \
+                str(shape_dims(kept)) != str(shape_dims(call)) or dtype_of(kept) != "float32":
+            continue
+        if keeps_everything(chain, where.args[0]):
+            return kept
+    return None

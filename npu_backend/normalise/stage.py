@@ -47,7 +47,7 @@ from .half_casts import half_casts_pass, half_norm_ones_pass
 from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
 from .large_pools import split_large_pools_pass
-from .length_masks import causal_masks_pass
+from .length_masks import causal_masks_pass, open_masks_pass
 from .mask_positions import mask_positions_pass
 from .lookup_tables import lookup_tables_pass
 from .masks import masks_pass
@@ -226,6 +226,9 @@ def normalise_passes(arch=None) -> list:
         # A causal mask computed from a symbolic length (HF's, given input_ids alone) proven
         # causal for every length and computed from one arange, once for all layers (length_masks.py).
         causal_masks_pass,
+        # A mask computed from a symbolic length that keeps every key (an encoder's padding mask
+        # given input_ids alone) proven so and dropped: x + where(true, 0, -inf) is x (length_masks.py).
+        open_masks_pass,
         # An attention (SDPA's decomposition, HF's eager form, grouped- and multi-query K / V) as
         # one normal form the attention family takes whole (attentions.py), after the softmaxes;
         # only one whose K / V head and score rows fit the chip's scratchpad (the kernel's tile
