@@ -133,3 +133,78 @@ def test_an_open_prompt_costs_what_a_static_compile_does(n):
     symbolic = _run(f"bound {n}", n, lambda: npu_backend.compile(_attention(1024), ARCH))[2]
     static = _run(f"static {n}", n, lambda: npu_backend.compile(_attention(masked="", length=n), ARCH))[2]
     assert symbolic <= 1.02 * static, (symbolic, static)
+
+
+def _embeddings(ids_from_length: bool = True):
+    """ALBERT's word + token-type lookups given input_ids alone: the token types
+    `token_type_ids[:, :s]` (a zeros buffer) gathered at the position ids `position_ids[:, :s]`
+    (an arange buffer); `ids_from_length` False: the token types read from a second input."""
+    s = tirx.Var("s", "int64")
+    ids = relax.Var("ids", relax.TensorType([1, s], "int64"))
+    types = relax.Var("types", relax.TensorType([1, s], "int64"))
+    rng = np.random.default_rng(0)
+    words, kinds = (relax.const(rng.standard_normal((n, 8)).astype("float32")) for n in (50, 2))
+    bb = relax.BlockBuilder()
+    op = relax.op
+    params = [ids] if ids_from_length else [ids, types]
+    with bb.function("main", params, attrs={"tir_var_upper_bound": {"s": 64}, "tir_var_lower_bound": {"s": 1}}):
+        with bb.dataflow():
+            if ids_from_length:
+                positions = bb.emit(op.strided_slice(relax.const(np.arange(64, dtype="int64")[None]), [1], [0], [s],
+                                                     assume_inbound=True))
+                types = bb.emit(op.gather_elements(relax.const(np.zeros((1, 64), "int64")), positions, axis=1))
+            word = bb.emit(op.take(words, bb.emit(op.reshape(ids, relax.ShapeExpr([s]))), axis=0))
+            kind = bb.emit(op.take(kinds, bb.emit(op.reshape(types, relax.ShapeExpr([s]))), axis=0))
+            out = bb.emit_output(op.add(bb.emit(op.reshape(word, relax.ShapeExpr([1, s, 8]))),
+                                        bb.emit(op.reshape(kind, relax.ShapeExpr([1, s, 8])))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("ids_from_length", [True, False])
+def test_token_types_from_the_length_are_one_constant_row(ids_from_length):
+    from npu_backend.normalise.length_lookups import length_lookups_as_rows
+
+    text = length_lookups_as_rows(_embeddings(ids_from_length)).script()
+    assert text.count("R.take(") == (1 if ids_from_length else 2) and "gather_elements" not in text
+    mod = _embeddings(ids_from_length)
+    vm = relax.VirtualMachine(npu_backend.compile(mod, ARCH), tvm.cpu())
+    reference = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    for n in (1, 5, 33):
+        ids = np.random.default_rng(n).integers(0, 50, (1, n)).astype("int64")
+        args = [ids] if ids_from_length else [ids, np.ones((1, n), "int64")]
+        with npu_backend.profile() as prof:
+            out = vm["main"](*(tvm.runtime.tensor(a) for a in args)).numpy()
+        expected = reference["main"](*(tvm.runtime.tensor(a) for a in args)).numpy()
+        np.testing.assert_allclose(out, expected, rtol=1e-6, err_msg=f"s = {n}")
+        if ids_from_length:  # (the gather on the host before)
+            assert not [call.name for call in prof.host_calls if "gather" in call.name], n
+
+
+#: The encoders exported with input_ids alone and Dim("s", max=256) (tests/test_symbolic_exports.py).
+ENCODERS = ("distilbert", pytest.param("albert", marks=pytest.mark.slow))
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_an_encoder_of_symbolic_length_runs_its_attentions_as_one_kernel_each(name):
+    """Compiled once: equal to PyTorch within 1e-5 at 5, 16, 33 and 100 tokens, nothing on the
+    host (the padding mask dropped, the token types one row, the position embeddings a table's
+    first rows: frontend/position_tables.py) and per layer one attention kernel (before: Q Kᵀ, the
+    scale, the softmax and P V each a kernel, the mask, the position ids' slice and ALBERT's token
+    types' gather on the host)."""
+    torch = pytest.importorskip("torch")
+    exports = pytest.importorskip("test_symbolic_exports")
+
+    model, mod = exports._export(name)
+    vm = relax.VirtualMachine(npu_backend.compile(mod, ARCH), tvm.cpu())
+    for n in (5, 16, 33, 100):
+        ids = torch.randint(0, 100, (1, n), generator=torch.Generator().manual_seed(n))
+        with torch.no_grad():
+            expected = model(ids).numpy()
+        with npu_backend.profile() as prof:
+            out = vm["main"](tvm.runtime.tensor(ids.numpy()))
+        out = (out[0] if not hasattr(out, "numpy") else out).numpy()
+        assert np.abs(out - expected).max() / np.abs(expected).max() < 1e-5, n
+        assert not prof.host_calls, (n, [call.name for call in prof.host_calls])
+        attentions = [k.source_ops for k in prof.kernels if "nn.softmax" in k.source_ops]
+        assert len(attentions) == 2 and all(ops.count("matmul") == 2 for ops in attentions), (n, attentions)

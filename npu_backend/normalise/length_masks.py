@@ -80,8 +80,10 @@ class Elements:
             return None
         array = self.chain.array(expr)
         if array is not None:
-            if array.size == 0 or not np.all(array == array.reshape(-1)[0]):
+            if array.size == 0:
                 return None
+            if not np.all(array == array.reshape(-1)[0]):
+                return _progression(array, index)
             value = array.reshape(-1)[0]
             return tirx.const(bool(value), "bool") if array.dtype == bool else _i64(value)
         call = self.chain.value(expr)
@@ -96,6 +98,29 @@ class Elements:
     def operand(self, expr, index, out_rank: int, depth: int):
         dims = shape_dims(expr)
         return None if dims is None else self.element(expr, _operand_index(index, out_rank, dims), depth)
+
+
+def _progression(array: np.ndarray, index: list):
+    """An integer constant a + b j along its one axis longer than 1 (a table of positions,
+    arange(N) as a (1, N) buffer) at `index`, else None."""
+    long = [a for a, d in enumerate(array.shape) if d > 1]
+    if array.dtype.kind not in "iu" or len(long) != 1 or len(index) != array.ndim:
+        return None
+    row = array.reshape(-1).astype(np.int64)
+    start, step = int(row[0]), int(row[1] - row[0])
+    if not np.array_equal(row, start + step * np.arange(row.size, dtype=np.int64)):
+        return None
+    return _i64(start) + index[long[0]] * _i64(step)
+
+
+def _gather_elements(elements, call, index, dims, depth):
+    """out[.., i, ..] = data[.., indices[.., i, ..], ..] along the axis."""
+    at = elements.element(call.args[1], index, depth)
+    if at is None or _kind(at) != "int64":
+        return None
+    inner = list(index)
+    inner[int(call.attrs.axis) % len(dims)] = at
+    return elements.element(call.args[0], inner, depth)
 
 
 def _binary(elements, call, index, dims, depth):
@@ -234,7 +259,7 @@ _RULES = {**{name: _binary for name in (*_COMPARE, *_ARITHMETIC, *_LOGIC)},
           "relax.arange": _arange, "relax.astype": _astype, "relax.logical_not": _not, "relax.where": _where,
           "relax.expand_dims": _expand_dims, "relax.reshape": _reshape, "relax.broadcast_to": _broadcast,
           "relax.permute_dims": _permute, "relax.strided_slice": _strided_slice, "relax.concat": _concat,
-          "relax.index_tensor": _index_tensor, "relax.cumsum": _cumsum}
+          "relax.index_tensor": _index_tensor, "relax.cumsum": _cumsum, "relax.gather_elements": _gather_elements}
 
 
 def prove(claim, index: list, dims) -> bool:

@@ -47,6 +47,7 @@ from .half_casts import half_casts_pass, half_norm_ones_pass
 from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
 from .large_pools import split_large_pools_pass
+from .length_lookups import length_lookups_pass
 from .length_masks import causal_masks_pass, open_masks_pass
 from .mask_positions import mask_positions_pass
 from .lookup_tables import lookup_tables_pass
@@ -174,6 +175,10 @@ def normalise_passes(arch=None) -> list:
         # ONNX Sum imports as a stack and a reduction: as adds, a residual add the conv2d kernel
         # fuses or elementwise adds (sums.py).
         sums_as_adds_pass,
+        # An added lookup whose indices are one row for every length, from the length alone (an
+        # encoder's token types given input_ids alone), as that constant row: no host gather
+        # (length_lookups.py).
+        length_lookups_pass,
         # An index_tensor of constant indices (HF's padding mask: mask[b_arange, kv_arange]) as
         # the reshape or row gather it is (constant_indices.py).
         constant_indices_pass,
