@@ -135,10 +135,11 @@ def test_an_open_prompt_costs_what_a_static_compile_does(n):
     assert symbolic <= 1.02 * static, (symbolic, static)
 
 
-def _embeddings(ids_from_length: bool = True):
+def _embeddings(ids_from_length: bool = True, gathered_at_ids: bool = False):
     """ALBERT's word + token-type lookups given input_ids alone: the token types
     `token_type_ids[:, :s]` (a zeros buffer) gathered at the position ids `position_ids[:, :s]`
-    (an arange buffer); `ids_from_length` False: the token types read from a second input."""
+    (an arange buffer), or with `gathered_at_ids` at positions computed from the input (RoBERTa's);
+    `ids_from_length` False: the token types read from a second input."""
     s = tirx.Var("s", "int64")
     ids = relax.Var("ids", relax.TensorType([1, s], "int64"))
     types = relax.Var("types", relax.TensorType([1, s], "int64"))
@@ -152,6 +153,8 @@ def _embeddings(ids_from_length: bool = True):
             if ids_from_length:
                 positions = bb.emit(op.strided_slice(relax.const(np.arange(64, dtype="int64")[None]), [1], [0], [s],
                                                      assume_inbound=True))
+                if gathered_at_ids:  # (in range: ids < 50)
+                    positions = bb.emit(op.multiply(ids, relax.const(1, "int64")))
                 types = bb.emit(op.gather_elements(relax.const(np.zeros((1, 64), "int64")), positions, axis=1))
             word = bb.emit(op.take(words, bb.emit(op.reshape(ids, relax.ShapeExpr([s]))), axis=0))
             kind = bb.emit(op.take(kinds, bb.emit(op.reshape(types, relax.ShapeExpr([s]))), axis=0))
@@ -161,13 +164,13 @@ def _embeddings(ids_from_length: bool = True):
     return bb.get()
 
 
-@pytest.mark.parametrize("ids_from_length", [True, False])
-def test_token_types_from_the_length_are_one_constant_row(ids_from_length):
+@pytest.mark.parametrize("ids_from_length, gathered_at_ids", [(True, False), (True, True), (False, False)])
+def test_token_types_from_the_length_are_one_constant_row(ids_from_length, gathered_at_ids):
     from npu_backend.normalise.length_lookups import length_lookups_as_rows
 
-    text = length_lookups_as_rows(_embeddings(ids_from_length)).script()
+    text = length_lookups_as_rows(_embeddings(ids_from_length, gathered_at_ids)).script()
     assert text.count("R.take(") == (1 if ids_from_length else 2) and "gather_elements" not in text
-    mod = _embeddings(ids_from_length)
+    mod = _embeddings(ids_from_length, gathered_at_ids)
     vm = relax.VirtualMachine(npu_backend.compile(mod, ARCH), tvm.cpu())
     reference = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
     for n in (1, 5, 33):

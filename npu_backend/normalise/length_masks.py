@@ -114,7 +114,12 @@ def _progression(array: np.ndarray, index: list):
 
 
 def _gather_elements(elements, call, index, dims, depth):
-    """out[.., i, ..] = data[.., indices[.., i, ..], ..] along the axis."""
+    """out[.., i, ..] = data[.., indices[.., i, ..], ..] along the axis (data of one value: that
+    value, whatever the indices read, which a gather reads inside data: RoBERTa's token types,
+    zeros gathered at position ids computed from the input)."""
+    data = elements.chain.array(call.args[0])
+    if data is not None and data.size and np.all(data == data.reshape(-1)[0]):
+        return elements.element(call.args[0], [_i64(0)] * data.ndim, depth)
     at = elements.element(call.args[1], index, depth)
     if at is None or _kind(at) != "int64":
         return None
