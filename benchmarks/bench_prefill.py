@@ -3,7 +3,8 @@
 The decoder is tests/transformer_models.py's `llama` (Hugging Face's LlamaModel, hidden 64, 2
 layers, 4 heads, 2 KV heads, random weights), or with --models any of the families
 tests/test_symbolic_exports.py exports (gpt2, qwen2, mistral, gemma, phi3, gpt_neox, gptj,
-falcon, bloom), given `input_ids` alone and exported with `torch.export.Dim("s", min=2, max=BOUND)`. Per length: the NPU's share of the model's MACs
+falcon, bloom) or encoders (distilbert, albert, bert, roberta: their position tables widened
+to the bound), given `input_ids` alone and exported with `torch.export.Dim("s", min=2, max=BOUND)`. Per length: the NPU's share of the model's MACs
 (`explain` at that length), the cycles of the symbolic compile (NPU + the host operators'
 modelled cycles) over those of a compile for exactly that length, the NPU and host cycles of each,
 and the largest difference to PyTorch relative to PyTorch's largest output.

@@ -12,7 +12,10 @@ lengths that are prime and unlike any static extent of a head split, so no view 
 mixing s with a static axis. The one mask it takes is the causal one, proven for every length
 (length_masks.is_causal, normalise's Z3-backed prover, on the where(b, 0, -inf) it adds): the
 form then holds a causal mask the kernel's pattern matches whole, `length_causal`, and the
-attention kernel builds it in the scratchpad (kernels/attention/flash_length.py). Besides it a
+attention kernel builds it in the scratchpad (kernels/attention/flash_length.py). An attention
+with no mask at either length (an encoder's: its padding mask, computed from the length and
+proven to keep every key, dropped by length_masks.open_masks_dropped) is taken as `open`: the
+form has no mask and the kernel runs without its causal band. Besides the causal mask a
 bias row per head over the keys (Bloom's ALiBi) is taken where it is the prefix of a constant table
 at the bound (length_rows.py): the kernel reads that table's first s columns.
 

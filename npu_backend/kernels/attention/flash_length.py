@@ -1,4 +1,8 @@
 """Causal attention over a symbolic sequence length: flash.py's key-tile kernel for every length.
+(Without a mask, an encoder's, spec.causal None: every whole key tile, then one cut to the keys
+left, no band; the whole-row branches' items read keys 0 .. s - 1. DistilBERT at 16 tokens on
+cgra-8x8: 2,018 cycles a layer, as static; Q Kᵀ, softmax and P V as kernels of their own and the
+mask on the host took 8,693.)
 
 Stage: partition (`length_spec` reads the pattern normalise/attention_lengths.py writes: the
 attention with its causal mask built from arange, less_equal and where), tiling

@@ -9,8 +9,9 @@ the run-time length, with buffers sized for the limit:
 
     K and V of a head (keys 0 .. s - 1: the DMA box cut at s), per item: Q of the stack's heads,
     S = Q Kᵀ over the keys to the tile's last row's diagonal, min(s, row0 + tq), the triangle
-    added to its columns row0 + 1 .., the max, exp, row sums (a GEMM with ones), P V, and the
-    previous item normalised and stored (rows below s)
+    added to its columns row0 + 1 .. (without a mask, spec.causal None: every key, no triangle),
+    the max, exp, row sums (a GEMM with ones), P V, and the previous item normalised and stored
+    (rows below s)
 
 The item order and the pipelining are rows.py's (its module docstring), so at a length up to the
 limit the kernel's commands are those of a static compile for that length with the limit's
