@@ -51,6 +51,8 @@ def _positions_for(name: str, length: int) -> None:
     import transformer_models
 
     arguments = transformer_models.ARCHITECTURES[name][2]
+    if name in ENCODERS and length > 512:  # (their configs' default of 512 positions, not among the arguments)
+        arguments.setdefault("max_position_embeddings", length)
     for key in ("max_position_embeddings", "n_positions"):
         if key in arguments and arguments[key] < length:
             arguments[key] = length
