@@ -3,7 +3,8 @@
 The decoder is tests/transformer_models.py's `llama` (Hugging Face's LlamaModel, hidden 64, 2
 layers, 4 heads, 2 KV heads, random weights), or with --models any of the families
 tests/test_symbolic_exports.py exports (gpt2, qwen2, mistral, gemma, phi3, gpt_neox, gptj,
-falcon, bloom), given `input_ids` alone and exported with `torch.export.Dim("s", min=2, max=BOUND)`. Per length: the NPU's share of the model's MACs
+falcon, bloom) or encoders (distilbert, albert, bert, roberta: their position tables widened
+to the bound), given `input_ids` alone and exported with `torch.export.Dim("s", min=2, max=BOUND)`. Per length: the NPU's share of the model's MACs
 (`explain` at that length), the cycles of the symbolic compile (NPU + the host operators'
 modelled cycles) over those of a compile for exactly that length, the NPU and host cycles of each,
 and the largest difference to PyTorch relative to PyTorch's largest output.
@@ -28,6 +29,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the builders are test-s
 
 #: The decoders tests/test_symbolic_exports.py exports with input_ids alone.
 FAMILIES = ("llama", "gpt2", "qwen2", "mistral", "gemma", "phi3", "gpt_neox", "gptj", "falcon", "bloom")
+#: The encoders exported the same way (their position ids sliced to the length: the bound must not
+#: pass their position table, which _positions_for widens to the bound).
+ENCODERS = ("distilbert", "albert", "bert", "roberta")
 WIDTH = 10  # the model column, with --models
 
 
@@ -47,6 +51,8 @@ def _positions_for(name: str, length: int) -> None:
     import transformer_models
 
     arguments = transformer_models.ARCHITECTURES[name][2]
+    if name in ENCODERS and length > 512:  # (their configs' default of 512 positions, not among the arguments)
+        arguments.setdefault("max_position_embeddings", length)
     for key in ("max_position_embeddings", "n_positions"):
         if key in arguments and arguments[key] < length:
             arguments[key] = length
@@ -64,7 +70,7 @@ def _model_rows(name, args, named: bool) -> None:
     import npu_backend
     from test_symbolic_exports import _export
 
-    _positions_for(name, max(args.lengths))
+    _positions_for(name, max(args.lengths) if name in FAMILIES else max(args.bound, *args.lengths) + 2)
     model, mod = _export(name, args.bound)
     (length,) = relax.analysis.defined_symbolic_vars(mod["main"])
     symbolic = relax.VirtualMachine(npu_backend.compile(mod, args.arch), tvm.cpu())
@@ -92,7 +98,7 @@ def main(argv=None) -> None:
     parser.add_argument("--arch", default="cgra-8x8")
     parser.add_argument("--bound", type=int, default=2048)
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 128])
-    parser.add_argument("--models", nargs="+", default=["llama"], choices=FAMILIES)
+    parser.add_argument("--models", nargs="+", default=["llama"], choices=FAMILIES + ENCODERS)
     parser.add_argument("--kernels", action="store_true", help="print both runs' per-kernel tables")
     args = parser.parse_args(argv)
     named = args.models != ["llama"]

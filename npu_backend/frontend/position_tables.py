@@ -226,11 +226,14 @@ def _prefix_tables(mod, closure: dict, frontier: list, bounds: dict) -> dict:
 
     lengths = list({str(length.name): length for _, _, length in frontier}.values())
     params = [relax.Var(f"length_{n.name}", relax.TensorType([n], "int64")) for n in lengths]  # defines n
+    needed = _ancestors(closure, [var for var, _, _ in frontier])
     builder = relax.BlockBuilder()
     with builder.function("tables", params):
         with builder.dataflow():
             copies = {}
             for var, call in closure.items():
+                if var not in needed:  # (an encoder's bool padding mask: llvm need not build it)
+                    continue
                 if isinstance(call, relax.TupleGetItem):
                     copies[var] = builder.emit(relax.TupleGetItem(copies[call.tuple_value], call.index))
                     continue
@@ -254,6 +257,21 @@ def _prefix_tables(mod, closure: dict, frontier: list, bounds: dict) -> dict:
         if prefix.shape == short.shape and np.array_equal(prefix, short):
             tables[var] = (table, axis, length)
     return tables
+
+
+def _ancestors(closure: dict, roots: list) -> set:
+    """The closure's variables `roots` are computed from, the roots included."""
+    seen, stack = set(), list(roots)
+    while stack:
+        var = stack.pop()
+        if var in seen or var not in closure:
+            continue
+        seen.add(var)
+        call = closure[var]
+        args = [call.tuple_value] if isinstance(call, relax.TupleGetItem) else list(call.args)
+        for arg in args:
+            stack += list(arg.fields) if isinstance(arg, relax.Tuple) else [arg]
+    return seen
 
 
 @relax.expr_functor.mutator

@@ -12,7 +12,10 @@ lengths that are prime and unlike any static extent of a head split, so no view 
 mixing s with a static axis. The one mask it takes is the causal one, proven for every length
 (length_masks.is_causal, normalise's Z3-backed prover, on the where(b, 0, -inf) it adds): the
 form then holds a causal mask the kernel's pattern matches whole, `length_causal`, and the
-attention kernel builds it in the scratchpad (kernels/attention/flash_length.py). Besides it a
+attention kernel builds it in the scratchpad (kernels/attention/flash_length.py). An attention
+with no mask at either length (an encoder's: its padding mask, computed from the length and
+proven to keep every key, dropped by length_masks.open_masks_dropped) is taken as `open`: the
+form has no mask and the kernel runs without its causal band. Besides the causal mask a
 bias row per head over the keys (Bloom's ALiBi) is taken where it is the prefix of a constant table
 at the bound (length_rows.py): the kernel reads that table's first s columns.
 
@@ -37,6 +40,7 @@ from .length_rows import module_bounds, row_table
 TRIAL_LENGTHS = (7, 11)
 _LENGTHS: contextvars.ContextVar = contextvars.ContextVar("cgra_attention_lengths", default=None)
 _SAME = ("B", "Hk", "G", "D", "Dv", "scale", "safe")
+_OPEN = -1  # _causal_mask's reading of an attention with no mask: every key seen
 
 
 def dims(expr):
@@ -99,6 +103,10 @@ def read_at_lengths(chain, call, read):
             return None
         readings.append((parts, causal))
     (first, causal), (second, other) = readings
+    if causal == _OPEN or other == _OPEN:  # every key seen (an encoder's: length_masks.open_masks_dropped)
+        same = causal == other and all(first[role].same_as(second[role]) for role in ("q", "k", "v")) and \
+            all(first[key] == second[key] for key in _SAME)
+        return dict(first, masks=[], causal=None, length=sq, Sq=sq, Sk=sk, row=None, open=True) if same else None
     rows = [m for i, m in enumerate(first["masks"]) if i != causal]
     if any(not first[role].same_as(second[role]) for role in ("q", "k", "v")) or \
             any(first[key] != second[key] for key in _SAME) or causal != other or \
@@ -121,7 +129,9 @@ def read_at_lengths(chain, call, read):
 
 def _causal_mask(parts, length: int) -> int | None:
     """The index of the (1, 1, 1, s, s) mask of a reading at `length` with Sq = Sk = s and that
-    mask alone or with one row per head (1, Hk | 1, G | 1, 1, s); else None."""
+    mask alone or with one row per head (1, Hk | 1, G | 1, 1, s); _OPEN for no mask; else None."""
+    if parts is not None and parts["Sq"] == parts["Sk"] == length and not parts["masks"] and not parts["safe"]:
+        return _OPEN
     if parts is None or parts["Sq"] != length or parts["Sk"] != length or len(parts["masks"]) not in (1, 2):
         return None
     square = [i for i, (_, shape) in enumerate(parts["masks"]) if tuple(shape) == (1, 1, 1, length, length)]

@@ -92,7 +92,9 @@ class _AttentionRewriter(relax.PyExprMutator):
         s = emit(relax.op.matmul(q5, emit(relax.op.permute_dims(k5, [0, 1, 2, 4, 3]))))
         if a["scale"] != 1.0:
             s = emit(relax.op.multiply(s, relax.const(np.float32(a["scale"]))))
-        if a.get("length") is not None:  # causal at any length: a mask the kernel's pattern holds
+        if a.get("open"):  # every key at any length: no mask (flash_length.py, causal None)
+            pass
+        elif a.get("length") is not None:  # causal at any length: a mask the kernel's pattern holds
             s = emit(relax.op.add(s, length_causal(emit, sq)))
             if a.get("row") is not None:  # and a bias row per head (Bloom's ALiBi): a table's prefix
                 s = emit(relax.op.add(s, length_row(emit, a["row"], sq)))

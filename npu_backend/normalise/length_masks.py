@@ -30,7 +30,7 @@ from tvm import relax, sym, tirx
 
 from ..relax_info import dtype_of, shape_dims
 from .chain_match import Chain
-from .rewrite import as_pass, rewrite_functions
+from .rewrite import as_pass, rewrite_calls, rewrite_functions
 
 _DEPTH = 48
 FLT_MIN = float(np.finfo(np.float32).min)
@@ -80,8 +80,10 @@ class Elements:
             return None
         array = self.chain.array(expr)
         if array is not None:
-            if array.size == 0 or not np.all(array == array.reshape(-1)[0]):
+            if array.size == 0:
                 return None
+            if not np.all(array == array.reshape(-1)[0]):
+                return _progression(array, index)
             value = array.reshape(-1)[0]
             return tirx.const(bool(value), "bool") if array.dtype == bool else _i64(value)
         call = self.chain.value(expr)
@@ -96,6 +98,34 @@ class Elements:
     def operand(self, expr, index, out_rank: int, depth: int):
         dims = shape_dims(expr)
         return None if dims is None else self.element(expr, _operand_index(index, out_rank, dims), depth)
+
+
+def _progression(array: np.ndarray, index: list):
+    """An integer constant a + b j along its one axis longer than 1 (a table of positions,
+    arange(N) as a (1, N) buffer) at `index`, else None."""
+    long = [a for a, d in enumerate(array.shape) if d > 1]
+    if array.dtype.kind not in "iu" or len(long) != 1 or len(index) != array.ndim:
+        return None
+    row = array.reshape(-1).astype(np.int64)
+    start, step = int(row[0]), int(row[1] - row[0])
+    if not np.array_equal(row, start + step * np.arange(row.size, dtype=np.int64)):
+        return None
+    return _i64(start) + index[long[0]] * _i64(step)
+
+
+def _gather_elements(elements, call, index, dims, depth):
+    """out[.., i, ..] = data[.., indices[.., i, ..], ..] along the axis (data of one value: that
+    value, whatever the indices read, which a gather reads inside data: RoBERTa's token types,
+    zeros gathered at position ids computed from the input)."""
+    data = elements.chain.array(call.args[0])
+    if data is not None and data.size and np.all(data == data.reshape(-1)[0]):
+        return elements.element(call.args[0], [_i64(0)] * data.ndim, depth)
+    at = elements.element(call.args[1], index, depth)
+    if at is None or _kind(at) != "int64":
+        return None
+    inner = list(index)
+    inner[int(call.attrs.axis) % len(dims)] = at
+    return elements.element(call.args[0], inner, depth)
 
 
 def _binary(elements, call, index, dims, depth):
@@ -234,7 +264,7 @@ _RULES = {**{name: _binary for name in (*_COMPARE, *_ARITHMETIC, *_LOGIC)},
           "relax.arange": _arange, "relax.astype": _astype, "relax.logical_not": _not, "relax.where": _where,
           "relax.expand_dims": _expand_dims, "relax.reshape": _reshape, "relax.broadcast_to": _broadcast,
           "relax.permute_dims": _permute, "relax.strided_slice": _strided_slice, "relax.concat": _concat,
-          "relax.index_tensor": _index_tensor, "relax.cumsum": _cumsum}
+          "relax.index_tensor": _index_tensor, "relax.cumsum": _cumsum, "relax.gather_elements": _gather_elements}
 
 
 def prove(claim, index: list, dims) -> bool:
@@ -330,3 +360,39 @@ class _CausalRewriter(relax.PyExprMutator):
         causal = emit(relax.op.less_equal(columns, rows))
         additive = emit(relax.op.where(causal, relax.const(np.float32(kept)), relax.const(np.float32(-np.inf))))
         return emit(relax.op.reshape(additive, relax.ShapeExpr(list(dims))))
+
+
+def keeps_everything(chain: Chain, mask) -> bool:
+    """Whether the boolean `mask` (symbolic extents) is true at every index, for every length (an
+    encoder's padding mask given `input_ids` alone: arange(s) + 0 >= 0, broadcast to (s, s))."""
+    dims = shape_dims(mask)
+    if dims is None or dtype_of(mask) != "bool" or all(isinstance(d, int) for d in dims):
+        return False
+    index = [tirx.Var(f"i{a}", "int64") for a in range(len(dims))]
+    value = Elements(chain).element(mask, index)
+    return value is not None and _kind(value) == "bool" and prove(value, index, dims)
+
+
+def open_masks_dropped(mod: tvm.IRModule) -> tvm.IRModule:
+    """`mod` with every x + where(b, 0, m) whose b keeps everything (`keeps_everything`) and whose
+    sum has x's shape as x: the mask adds 0 to every score (x + 0 is x, a -0 read as +0, which
+    no softmax tells apart)."""
+    return relax.transform.DeadCodeElimination()(rewrite_calls(mod, "relax.add", _open_add))
+
+
+open_masks_pass = as_pass(open_masks_dropped, "cgra.OpenMasks", ops=("relax.where",))
+
+
+def _open_add(mutator, call):
+    """The operand of `call` (an add) that the other, an open mask, leaves as it is; else None."""
+    chain = Chain(mutator)
+    if dtype_of(call) != "float32":
+        return None
+    for kept, mask in ((call.args[0], call.args[1]), (call.args[1], call.args[0])):
+        where = chain.call(mask, "relax.where")
+        if where is None or dtype_of(where) != "float32" or chain.scalar(where.args[1]) != 0.0 or \
+                str(shape_dims(kept)) != str(shape_dims(call)) or dtype_of(kept) != "float32":
+            continue
+        if keeps_everything(chain, where.args[0]):
+            return kept
+    return None

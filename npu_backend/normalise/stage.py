@@ -49,7 +49,8 @@ from .half_attention_outputs import half_attention_outputs_pass
 from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
 from .large_pools import split_large_pools_pass
-from .length_masks import causal_masks_pass
+from .length_lookups import length_lookups_pass
+from .length_masks import causal_masks_pass, open_masks_pass
 from .mask_positions import mask_positions_pass
 from .lookup_tables import lookup_tables_pass
 from .masks import masks_pass
@@ -179,6 +180,10 @@ def normalise_passes(arch=None) -> list:
         # ONNX Sum imports as a stack and a reduction: as adds, a residual add the conv2d kernel
         # fuses or elementwise adds (sums.py).
         sums_as_adds_pass,
+        # An added lookup whose indices are one row for every length, from the length alone (an
+        # encoder's token types given input_ids alone), as that constant row: no host gather
+        # (length_lookups.py).
+        length_lookups_pass,
         # An index_tensor of constant indices (HF's padding mask: mask[b_arange, kv_arange]) as
         # the reshape or row gather it is (constant_indices.py).
         constant_indices_pass,
@@ -231,6 +236,9 @@ def normalise_passes(arch=None) -> list:
         # A causal mask computed from a symbolic length (HF's, given input_ids alone) proven
         # causal for every length and computed from one arange, once for all layers (length_masks.py).
         causal_masks_pass,
+        # A mask computed from a symbolic length that keeps every key (an encoder's padding mask
+        # given input_ids alone) proven so and dropped: x + where(true, 0, -inf) is x (length_masks.py).
+        open_masks_pass,
         # An attention (SDPA's decomposition, HF's eager form, grouped- and multi-query K / V) as
         # one normal form the attention family takes whole (attentions.py), after the softmaxes;
         # only one whose K / V head and score rows fit the chip's scratchpad (the kernel's tile

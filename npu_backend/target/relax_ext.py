@@ -135,7 +135,9 @@ def macs_per_output(spec) -> tuple[int, int]:
     it by each launch's output size): an integer for one operator, a fraction for a fused kernel
     (a depthwise conv2d + 1x1 conv2d: C (9 + F) / F); -1 for a user's own kernel, whose work only
     its commands tell."""
-    if symbolic_reduction(spec):  # MACs per output vary with the length: the cut commands count them
+    if symbolic_reduction(spec) or getattr(spec, "length", None) is not None:
+        # MACs per output vary with the length (a symbolic reduction, an attention's keys over
+        # a symbolic length: flash_length.py): the cut commands count them
         return -1, 1
     macs = spec.macs
     if not macs:  # None (unknown) or 0 (pools, elementwise)

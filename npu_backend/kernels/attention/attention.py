@@ -148,6 +148,10 @@ def attention_spec(name: str, annotated: dict) -> AttentionSpec:
         return length_spec(annotated, _scale(annotated), "where" in annotated)
     q, k, v = (head_layouts.operand_of(annotated, role) for role in head_layouts.ROLES)
     shapes = [shape_dims(x) for x in (q, k, v)]
+    if "mask" not in annotated and "causal" not in annotated and not unseen and \
+            all(s is not None and len(s) == 5 and not isinstance(s[3], int) for s in shapes):
+        # every key of a symbolic length (an encoder's: normalise/attention_lengths.py)
+        return length_spec(annotated, _scale(annotated), "where" in annotated, causal=False)
     if any(s is None or len(s) != 5 or not all(isinstance(d, int) for d in s) for s in shapes):
         raise UnsupportedOperator("attention of symbolic or unknown shapes: its NPU kernel takes static shapes "
                                   "(bind the sequence length)")

@@ -9,8 +9,9 @@ the run-time length, with buffers sized for the limit:
 
     K and V of a head (keys 0 .. s - 1: the DMA box cut at s), per item: Q of the stack's heads,
     S = Q Kᵀ over the keys to the tile's last row's diagonal, min(s, row0 + tq), the triangle
-    added to its columns row0 + 1 .., the max, exp, row sums (a GEMM with ones), P V, and the
-    previous item normalised and stored (rows below s)
+    added to its columns row0 + 1 .. (without a mask, spec.causal None: every key, no triangle),
+    the max, exp, row sums (a GEMM with ones), P V, and the previous item normalised and stored
+    (rows below s)
 
 The item order and the pipelining are rows.py's (its module docstring), so at a length up to the
 limit the kernel's commands are those of a static compile for that length with the limit's
@@ -69,7 +70,7 @@ def _static(spec, length: int):
     """The spec at a static length (the causal triangle of offset 0 the kernel builds; a bias
     row's table, length_rows.py, as a mask row of that length)."""
     mask = tuple(spec.mask_shape[:4]) + (length,) if spec.mask_shape else ()
-    return dataclasses.replace(spec, sq=length, sk=length, causal=0, length=None, mask_shape=mask)
+    return dataclasses.replace(spec, sq=length, sk=length, length=None, mask_shape=mask)
 
 
 def choose_row_limits(spec, arch, key_tiles=None) -> tuple:
@@ -135,7 +136,7 @@ class _Item:
         self.slot = f"({at}) % 2"
         self.kv_slot = f"({at}) // ({per_kv}) % 2" if t.kv_copies == 2 else "0"
         self.new_kv = f"({at}) % ({per_kv}) == 0"
-        self.keys = f"T.min({s}, {self.row0} + {t.tq})"
+        self.keys = f"T.min({s}, {self.row0} + {t.tq})" if spec.causal is not None else s  # (all without a mask)
         self.band_at = f"{self.row0} + 1"
         self.band = f"T.min({t.tq - 1}, {s} - 1 - {self.row0})"
 
@@ -200,7 +201,7 @@ def _allocate(w: Writer, spec, t: RowTiling, limit: int, s: str) -> None:
         w.alloc("w_row", (h, limit))
         load_row_chunks(w, "w_row", h, f"T.floordiv({s} + {_chunk(limit) - 1}, {_chunk(limit)})", _chunk(limit),
                         "mask[h, {}]", spec.mask_shape[4])
-    if t.tq > 1:  # band[y q + i, z] = -inf where z >= i, else 0
+    if t.tq > 1 and spec.causal is not None:  # band[y q + i, z] = -inf where z >= i, else 0
         q = t.tq
         w.alloc("w_band", (rows, q - 1))
         w.add(fill("w_band", rows, q - 1, q - 1, float("-inf")),
@@ -255,7 +256,7 @@ def _softmax(w: Writer, spec, t: RowTiling, item: _Item, items: str, limit: int)
     rows, sk, ps, dv = t.rows, item.keys, t.p_stride, spec.dv
     s = ("w_s", f"{item.slot} * {rows * ps}", ps)
     m = ("w_m", f"{item.slot} * {rows}", 1)
-    if t.tq > 1:  # the columns its first row does not see (none past the length)
+    if t.tq > 1 and spec.causal is not None:  # the columns its first row does not see (none past the length)
         at = ("w_s", f"{s[1]} + {item.band_at}", ps)
         w.add(f"if {item.row0} + 1 < {item.keys}:",
               "    " + eltwise("add", rows, item.band, at + (1,), ("w_band", 0, t.tq - 1, 1), at))
