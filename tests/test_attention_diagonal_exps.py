@@ -89,26 +89,30 @@ def _decoder(b, kv, group, sq, cache, d, seed, padding):
 @given(kv=st.integers(1, 2), group=st.sampled_from([1, 2]), sq=st.integers(4, 24), cache=st.sampled_from([0, 3]),
        tq=st.sampled_from([4, 8]), padding=st.booleans(), seed=st.integers(0, 2 ** 16))
 @example(kv=2, group=1, sq=13, cache=3, tq=4, padding=True, seed=1)  # a ragged last tile
-def test_diagonal_exps_give_the_single_exps_bits(monkeypatch, kv, group, sq, cache, tq, padding, seed):
-    _same_bits(monkeypatch, 1, kv, group, sq, cache, 16, tq, padding, seed)
+def test_diagonal_exps_give_the_single_exps_bits(kv, group, sq, cache, tq, padding, seed):
+    _same_bits(1, kv, group, sq, cache, 16, tq, padding, seed)
 
 
 @pytest.mark.parametrize("b, kv, group, sq, cache, tq, padding", [(1, 2, 1, 16, 0, 8, True), (2, 1, 2, 9, 2, 4, False)])
-def test_diagonal_exps_cases(monkeypatch, b, kv, group, sq, cache, tq, padding):
-    _same_bits(monkeypatch, b, kv, group, sq, cache, 16, tq, padding, 7)
+def test_diagonal_exps_cases(b, kv, group, sq, cache, tq, padding):
+    _same_bits(b, kv, group, sq, cache, 16, tq, padding, 7)
 
 
-def _same_bits(monkeypatch, b, kv, group, sq, cache, d, tq, padding, seed):
+def _same_bits(b, kv, group, sq, cache, d, tq, padding, seed):
     """The attention with the diagonal exps and with the single exp: the same bits, within BOUND
     of float64 (rows that see no key: HF's uniform 0.25 weights, or 0)."""
-    monkeypatch.setenv("CGRA_KERNEL_CACHE", "off")
     mod, arrays, causal, ids = _decoder(b, kv, group, sq, cache, d, seed, padding)
-    outs = []
+    outs, cycles = [], []
     for diagonal in (True, False):
         relax_ext.clear_kernel_cache()
-        _forced(monkeypatch, diagonal, tq)
-        outs.append(_run(mod, arrays, "cgra-8x8")[0])
+        with pytest.MonkeyPatch.context() as patch:  # not the fixture: Hypothesis runs examples in one test
+            patch.setenv("CGRA_KERNEL_CACHE", "off")
+            _forced(patch, diagonal, tq)
+            out, prof = _run(mod, arrays, "cgra-8x8")
+            outs.append(out)
+            cycles.append(prof.total_cycles)
     relax_ext.clear_kernel_cache()
+    assert cycles[0] != cycles[1]  # the forced tilings reached the kernels: different commands
     np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
     mask = np.where(causal & (ids != 0)[:, None, None, :], 0, -np.inf)
     expected = _reference(*arrays[:3], mask, float(d) ** -0.5, safe=True)
