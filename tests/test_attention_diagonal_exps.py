@@ -67,9 +67,9 @@ def _forced(monkeypatch, diagonal: bool, tq: int):
     found = attention_tiles.whole_row_tiling
 
     def forced(spec, arch):
-        t = found(spec, arch)
-        return dataclasses.replace(t, tq=tq, mp=-(-spec.sq // tq) * tq, diagonal=diagonal)
+        return dataclasses.replace(found(spec, arch), tq=tq, mp=-(-spec.sq // tq) * tq)
     monkeypatch.setattr(attention_tiles, "whole_row_tiling", forced)
+    monkeypatch.setattr(attention_tiles, "diagonal_tiling", lambda spec, arch, t: dataclasses.replace(t, diagonal=diagonal))
 
 
 def _decoder(b, kv, group, sq, cache, d, seed, padding):

@@ -244,7 +244,7 @@ def choose_attention_tiling(spec, arch: HardwareDescription):
     (flash) kernel's FlashTiling (flash_tiles.py), else that: a longer sequence, or a mask the
     whole-row kernel would read once per head."""
     try:
-        rows = whole_row_tiling(spec, arch)
+        rows = diagonal_tiling(spec, arch, whole_row_tiling(spec, arch))
     except ScratchpadTooSmall:
         rows = None
     flash = choose_flash_tiling(spec, arch) if not spec.unseen else None  # c 1ᵀ V: rows.py only
@@ -256,6 +256,19 @@ def choose_attention_tiling(spec, arch: HardwareDescription):
         f"attention over {spec.sk} keys of {spec.d} + {spec.dv} dims: the K and V tiles of the fewest keys and one "
         f"query row do not fit the scratchpad of '{arch.name}' ({arch.spad_bytes} bytes); the attention runs as "
         "separate matmul and softmax kernels")
+
+
+def diagonal_tiling(spec, arch: HardwareDescription, t: RowTiling) -> RowTiling:
+    """`t` with the diagonal exps (diagonal_exps.py) where they apply, fit and are estimated
+    cheaper, else `t`. Asked of the searched tiling, not inside the search: rows_length.py reads
+    whole_row_tiling for its own kernel, which has no diagonal exps."""
+    if not applies(spec, t.tq):
+        return t
+    diagonal = dataclasses.replace(t, diagonal=True)
+    if attention_footprint(spec, diagonal) > arch.spad_bytes or \
+            estimate_attention_cycles(spec, arch, diagonal) >= estimate_attention_cycles(spec, arch, t):
+        return t
+    return diagonal
 
 
 def whole_row_dma_bytes(spec, tiling: RowTiling) -> int:
@@ -290,9 +303,9 @@ def whole_row_tiling(spec, arch: HardwareDescription) -> RowTiling:
         rows = tq * stack
         q_stride, p_stride = a_row_stride(rows, spec.d, F32_BYTES, arch), a_row_stride(rows, spec.sk, F32_BYTES, arch)
         for mode in modes:
-            for copies, diagonal in ((c, dg) for c in (2, 1) for dg in (False, True)[:1 + applies(spec, tq)]):
+            for copies in (2, 1):
                 t = RowTiling(tq, round_up(spec.sq, tq), mode, q_stride, p_stride, copies, sums_on_pe(spec, arch, rows),
-                              stack, diagonal)
+                              stack)
                 if attention_footprint(spec, t) <= arch.spad_bytes:
                     choices.append(t)
     if choices:
