@@ -12,6 +12,7 @@ from npu_backend.kernels.attention.attention_tiles import LOWEST, TINY, RowTilin
     scale_at, score_copies
 from npu_backend.kernels.attention.script_text import F32, Writer, call, eltwise, element, fill, gemm, guarded, \
     kernel_writer, reduce, rounded, vfunc
+from npu_backend.kernels.attention.diagonal_exps import exp_groups, p_copies
 
 
 class _Item:
@@ -31,6 +32,7 @@ class _Item:
         self.row0 = f"({at}) % {tiles} * {t.tq}" if tiles > 1 else "0"
         self.kv = f"({at}) // {per_kv}"  # the flat (batch, K / V head)
         self.slot = f"({at}) % 2"
+        self.p_slot = (f"({at}) % {tiles}" if tiles > 1 else self.slot) if t.diagonal else None
         self.s_slot = f"({at}) % {score_copies(spec)}"
         self.kv_slot = f"({at}) // {per_kv} % 2" if t.kv_copies == 2 else "0"
         self.new_kv = f"({at}) % {per_kv} == 0"
@@ -164,6 +166,9 @@ def _allocate(w: Writer, spec, t: RowTiling) -> None:
         else:
             w.add(f"for y, z in T.grid({t.stack}, {q - 1}):",
                   "    " + fill("band", 1, "z + 1", q - 1, 0.0, offset=f"(y * {q} + z + 1) * {q - 1}"))
+    if t.diagonal:  # P per query tile, zero where no exp writes
+        w.alloc("p", (p_copies(t), tq, t.p_stride))
+        w.add(fill("p", p_copies(t) * tq, t.p_stride, t.p_stride, 0.0))
 
 
 def _load_kv(w: Writer, spec, item: _Item, which: str = "kv") -> None:
@@ -271,8 +276,8 @@ def _softmax(w: Writer, spec, t: RowTiling, item: _Item, items: int) -> None:
         _add_band(w, spec, t, item, s)
     w.add(fill("m", tq, 1, 1, LOWEST if spec.safe else float("-inf"), offset=m[1]),
           reduce("max", tq, sk, s, m[:2]),
-          eltwise("subtract", tq, sk, s + (1,), m + (0,), s),
-          vfunc("exp", tq, sk, s, s, scale=spec.scale if scale_at(spec) == "exp" else None))
+          eltwise("subtract", tq, sk, s + (1,), m + (0,), s))
+    s = _exps(w, spec, t, item, s)
     if spec.unseen:  # after the exp: the P V GEMM waits for nothing new
         _flag_unseen(w, spec, t, item, m)
     l = ("l", f"{item.slot} * {tq}")
@@ -287,6 +292,23 @@ def _softmax(w: Writer, spec, t: RowTiling, item: _Item, items: int) -> None:
     w.add(gemm(False, tq, dv, sk, s, ("v", f"{item.kv_slot} * {spec.sk * dv}", dv), ("o", f"{item.slot} * {tq * dv}", dv)))
     if spec.unseen:
         _give_unseen(w, spec, t, item, l)
+
+
+def _exps(w: Writer, spec, t: RowTiling, item: _Item, s: tuple) -> tuple:
+    """P = exp(S - m): in place, or over each row group's visible keys into the item's P."""
+    scale = spec.scale if scale_at(spec) == "exp" else None
+    if not t.diagonal:
+        w.add(vfunc("exp", t.rows, item.keys, s, s, scale=scale))
+        return s
+    ps, tiles = t.p_stride, t.mp // t.tq
+    p = ("p", f"{item.p_slot} * {t.rows * ps}", ps)
+    for first, rows, stride, last in exp_groups(t.tq, t.stack):
+        see = last + spec.causal + 1
+        keys = str(min(spec.sk, see)) if tiles == 1 else f"T.min({spec.sk}, {item.row0} + {see})"
+        at = first * ps
+        w.add(vfunc("exp", rows, keys, (s[0], f"{s[1]} + {at}" if at else s[1], stride * ps),
+                    (p[0], f"{p[1]} + {at}" if at else p[1], stride * ps), scale=scale))
+    return p
 
 
 def _flag_unseen(w: Writer, spec, t: RowTiling, item: _Item, m: tuple) -> None:

@@ -60,9 +60,11 @@ def kernels(draw):
     tq = draw(st.sampled_from([1, 4, 8, 16]))
     mp = -(-sq // tq) * tq
     stack = draw(st.sampled_from([s for s in (1, 2, 4) if g % s == 0]))
+    diagonal = draw(st.booleans()) and causal is not None and tq > 1
     return spec, RowTiling(tq=tq, mp=mp, mask=draw(st.sampled_from(["whole", "tile"])) if mask != "none" else "none",
                            q_stride=d + draw(st.sampled_from([0, 4])), p_stride=max(sk, tq) + draw(st.sampled_from([0, 4])),
-                           kv_copies=draw(st.sampled_from([1, 2])), sums_on_pe=draw(st.booleans()), stack=stack)
+                           kv_copies=draw(st.sampled_from([1, 2])), sums_on_pe=draw(st.booleans()), stack=stack,
+                           diagonal=diagonal)
 
 
 @given(kernels())
@@ -76,6 +78,12 @@ CASES = [
      RowTiling(tq=16, mp=32, q_stride=16, p_stride=32, sums_on_pe=True)),
     (AttentionSpec(b=1, hk=2, g=2, sq=32, sk=32, d=16, dv=16, scale=0.25, causal=0, safe=True),
      RowTiling(tq=32, mp=32, q_stride=16, p_stride=32, kv_copies=1, stack=2)),
+    # Bloom's with the diagonal exps (diagonal_exps.py): its ALiBi row per head, tq 8
+    (AttentionSpec(b=1, hk=4, g=1, sq=32, sk=32, d=16, dv=16, scale=0.25, mask_shape=(1, 4, 1, 1, 32), causal=0,
+                   safe=True, unseen=0.03125, param_roles=("lhs", "rhs", "value", "mask")),
+     RowTiling(tq=8, mp=32, mask="whole", q_stride=17, p_stride=33, sums_on_pe=True, diagonal=True)),
+    (AttentionSpec(b=1, hk=2, g=2, sq=32, sk=32, d=16, dv=16, scale=0.25, causal=0, safe=True),
+     RowTiling(tq=8, mp=32, q_stride=16, p_stride=32, kv_copies=1, stack=2, diagonal=True)),
     (AttentionSpec(b=2, hk=2, g=1, sq=20, sk=20, d=8, dv=8, scale=0.3, mask_shape=(2, 1, 1, 20, 20),
                    param_roles=("lhs", "rhs", "value", "mask")),
      RowTiling(tq=8, mp=24, mask="whole", q_stride=8, p_stride=20)),

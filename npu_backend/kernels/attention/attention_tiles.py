@@ -25,6 +25,7 @@ from ...errors import ScratchpadTooSmall
 from ..common.spad_layout import a_row_stride
 from ..common.spec import aligned, round_up
 from ..common.unary import halvings
+from .diagonal_exps import applies, diagonal_exp_cycles, p_copies
 from .flash_tiles import choose_flash_tiling
 from .spec import AttentionSpec
 
@@ -48,6 +49,7 @@ class RowTiling:
     kv_copies: int = 2
     sums_on_pe: bool = False
     stack: int = 1
+    diagonal: bool = False  # the exps over each row's visible keys, into P per query tile (diagonal_exps.py)
 
     @property
     def tm(self) -> int:
@@ -130,18 +132,22 @@ def attention_footprint(spec, t: RowTiling) -> int:
     mask = aligned(_mask_rows(spec, t) * spec.mask_shape[4] * F32_BYTES) if t.mask != "none" else 0
     if spec.causal is not None and t.tq > 1:  # the triangle (rows.py)
         mask += aligned(tq * (t.tq - 1) * F32_BYTES)
+    if t.diagonal:  # P per query tile
+        item += aligned(p_copies(t) * tq * t.p_stride * F32_BYTES)
     if spec.unseen:  # c 1ᵀ V per K / V head, the row of c and the unseen rows' flags (rows.py)
         item += aligned(t.kv_copies * dv * F32_BYTES) + aligned(sk * F32_BYTES) + aligned(2 * tq * F32_BYTES)
     return kv + item + mask
 
 
 def attention_item_cycles(spec, arch: HardwareDescription, tq: int, sums_on_pe: bool = False, tile: int = -1,
-                          stack: int = 1, per_kv: int = 0) -> tuple:
+                          stack: int = 1, per_kv: int = 0, diagonal: bool = False) -> tuple:
     """(vector unit, PE array) cycles of one item: its softmax and scale, its two GEMMs [and the
     row sums' GEMM P 1, else a REDUCE] [, the triangle]; over query tile `tile`'s keys (-1: all),
-    the tq rows of `stack` query heads; `per_kv` items of a K / V head share its scale (0: G)."""
+    the tq rows of `stack` query heads; `per_kv` items of a K / V head share its scale (0: G);
+    `diagonal`: the exps over the rows' visible keys alone (diagonal_exps.py)."""
     sk, d, dv = (spec.sk if tile < 0 else tile_keys(spec, tq, tile)), spec.d, spec.dv
     band = band_width(spec, tq, tile) if tile >= 0 else 0
+    exps = diagonal_exp_cycles(spec, arch, tq, stack, tile) if diagonal and tile >= 0 else None
     tq *= stack
     pe = cost.gemm_steady_cycles(arch, tq, sk, d, "float32") + cost.gemm_steady_cycles(arch, tq, dv, sk, "float32")
     if sums_on_pe:
@@ -164,7 +170,7 @@ def attention_item_cycles(spec, arch: HardwareDescription, tq: int, sums_on_pe: 
     # pipeline's fill delays the P V GEMM, not the next vector command): so counted under a causal
     # triangle, whose items are many and short (the other kernels' tilings keep the older count).
     exp = cost.vfunc_issue_cycles if spec.causal is not None else cost.vfunc_cycles
-    vector += cost.eltwise_cycles(arch, tq * sk, tq * sk + tq) + exp(arch, tq * sk, "exp")
+    vector += cost.eltwise_cycles(arch, tq * sk, tq * sk + tq) + (exp(arch, tq * sk, "exp") if exps is None else exps)
     vector += cost.vfunc_cycles(arch, tq, "reciprocal", offset=spec.safe) + cost.eltwise_cycles(arch, tq * dv, tq * dv + tq)
     return vector, pe
 
@@ -191,7 +197,7 @@ def estimate_attention_cycles(spec, arch: HardwareDescription, t: RowTiling) -> 
     for tile in range(tiles):  # under a causal triangle each query tile its own keys
         causal = spec.causal is not None
         vector, pe = attention_item_cycles(spec, arch, t.tq, t.sums_on_pe, tile if causal else -1, t.stack,
-                                           groups * tiles if causal else 0)
+                                           groups * tiles if causal else 0, t.diagonal)
         waits = (arch.dma_latency + kv + pe) // (groups * tiles) if t.kv_copies == 1 else 0  # a head's load
         steps.append(max(vector, pe, load + waits, store))  # after the last GEMM of the head before
     ends = 2 * arch.dma_latency + kv + pe + cost.eltwise_cycles(arch, t.rows * spec.dv, t.rows * spec.dv + t.rows) + store
@@ -238,7 +244,7 @@ def choose_attention_tiling(spec, arch: HardwareDescription):
     (flash) kernel's FlashTiling (flash_tiles.py), else that: a longer sequence, or a mask the
     whole-row kernel would read once per head."""
     try:
-        rows = whole_row_tiling(spec, arch)
+        rows = diagonal_tiling(spec, arch, whole_row_tiling(spec, arch))
     except ScratchpadTooSmall:
         rows = None
     flash = choose_flash_tiling(spec, arch) if not spec.unseen else None  # c 1ᵀ V: rows.py only
@@ -250,6 +256,19 @@ def choose_attention_tiling(spec, arch: HardwareDescription):
         f"attention over {spec.sk} keys of {spec.d} + {spec.dv} dims: the K and V tiles of the fewest keys and one "
         f"query row do not fit the scratchpad of '{arch.name}' ({arch.spad_bytes} bytes); the attention runs as "
         "separate matmul and softmax kernels")
+
+
+def diagonal_tiling(spec, arch: HardwareDescription, t: RowTiling) -> RowTiling:
+    """`t` with the diagonal exps (diagonal_exps.py) where they apply, fit and are estimated
+    cheaper, else `t`. Asked of the searched tiling, not inside the search: rows_length.py reads
+    whole_row_tiling for its own kernel, which has no diagonal exps."""
+    if not applies(spec, t.tq):
+        return t
+    diagonal = dataclasses.replace(t, diagonal=True)
+    if attention_footprint(spec, diagonal) > arch.spad_bytes or \
+            estimate_attention_cycles(spec, arch, diagonal) >= estimate_attention_cycles(spec, arch, t):
+        return t
+    return diagonal
 
 
 def whole_row_dma_bytes(spec, tiling: RowTiling) -> int:

@@ -44,6 +44,8 @@ what the mask's kernel gave: 0 under a safe softmax, NaN under a plain one. An i
 the same query tile of `RowTiling.stack` heads of a group (their K shared), their rows one under
 the other (y tq + i) in Q, S and O, the band built once per head of the stack: each command then
 covers the group's rows (its fixed costs once), and each row's arithmetic is what it was alone.
+With `RowTiling.diagonal` the exp skips most of the triangle: it runs over row groups up to
+their own diagonals and writes P per query tile, zero where it does not write (diagonal_exps.py).
 """
 
 from __future__ import annotations
@@ -55,13 +57,15 @@ from ..common.spec import SINGLE_BUFFERED
 from cgra_sim.isa import GEMM_ACCUMULATE, VFunc
 
 from .attention_tiles import LOWEST, TINY, RowTiling, mask_in_gemm, mask_on_pe, scale_at, score_copies
+from . import diagonal_exps
+from .diagonal_exps import p_copies
 from .prim_build import KernelBuilder, both, eq, guarded, lt, ne, plus
 from .script_text import F32, call, eltwise, fill, gemm, reduce, rounded, vfunc, with_arg_shapes
 
 #: Every buffer: the kernel keeps its own two copies where it needs them (lower/double_buffer.py
 #: must leave them alone; they are allocated outside the loop anyway).
 BUFFERS = ["kt", "v", "q", "s", "m", "l", "inv", "o", "res", "mask_all", "mask_tile", "ones", "band",
-           "weights", "cv", "u", "factor"]
+           "weights", "cv", "u", "factor", "p"]
 
 
 def rows_compute(spec, t: RowTiling):
@@ -87,6 +91,7 @@ class _Item:
         self.head = self.c * spec.g + j if spec.g > 1 else self.c  # the first of its stack
         self.row0 = at % tiles * t.tq if tiles > 1 else 0
         self.slot = at % 2
+        self.p_slot = (at % tiles if tiles > 1 else at % 2) if t.diagonal else None  # diagonal_exps.p_copies
         self.s_slot = at % score_copies(spec)
         self.kv_slot = at // per_kv % 2 if t.kv_copies == 2 else 0
         self.new_kv = eq(at % per_kv, 0)
@@ -213,6 +218,8 @@ def _allocate(w: KernelBuilder, spec, t: RowTiling) -> None:
         else:
             with w.grid("y, z", t.stack, q - 1) as (y, z):
                 w.add(fill(band, 1, z + 1, q - 1, 0.0, offset=(y * q + z + 1) * (q - 1)))
+    if t.diagonal:  # P per query tile, its entries no exp writes +0 for good (diagonal_exps.py)
+        w.add(fill(w.alloc("p", (p_copies(t), tq, t.p_stride)), p_copies(t) * tq, t.p_stride, t.p_stride, 0.0))
 
 
 def _load_kv(w: KernelBuilder, spec, item: _Item, which: str = "kv") -> None:
@@ -306,8 +313,8 @@ def _mask_operand(w: KernelBuilder, spec, t: RowTiling, item: _Item) -> tuple:
 
 
 def _softmax(w: KernelBuilder, spec, t: RowTiling, item: _Item, items: int) -> None:
-    """[S + a scalar mask], the row max m of S, P = exp(S - m) in place, its row sums l = P 1 and
-    O = P V. The sums are a GEMM on the PE array where the vector unit is the busier unit
+    """[S + a scalar mask], the row max m of S, P = exp(S - m) (in place, or into P per query tile:
+    diagonal_exps.py), its row sums l = P 1 and O = P V. The sums are a GEMM on the PE array where the vector unit is the busier unit
     (`RowTiling.sums_on_pe`: a REDUCE takes the vector unit a cycle a column), else a REDUCE.
     S - m stays an ELTWISE: a GEMM of k = 1 adding m times a row of -1 would round the same, but
     the PE array's in-order queue holds it behind the previous item's P V GEMM, and the exp would
@@ -322,8 +329,8 @@ def _softmax(w: KernelBuilder, spec, t: RowTiling, item: _Item, items: int) -> N
         _add_band(w, spec, t, item, s)
     w.add(fill(w["m"], tq, 1, 1, LOWEST if spec.safe else float("-inf"), offset=m[1]),
           reduce("max", tq, sk, s, m[:2]),
-          eltwise("subtract", tq, sk, s + (1,), m + (0,), s),
-          vfunc("exp", tq, sk, s, s, scale=spec.scale if scale_at(spec) == "exp" else None))
+          eltwise("subtract", tq, sk, s + (1,), m + (0,), s))
+    s = diagonal_exps.exps(w, spec, t, item, s, spec.scale if scale_at(spec) == "exp" else None)  # now P
     if spec.unseen:  # after the exp: the P V GEMM waits for nothing new
         _flag_unseen(w, spec, t, item, m)
     l = (w["l"], item.slot * tq)
