@@ -123,18 +123,18 @@ def half_projections_model(heads, dtype, s=8, k=16, d=4, seed=0):
     """projections_model's projections in a 16-bit float `dtype` as TVM's importer and
     half_casts.py write a bf16 / fp16 BERT's or ViT's: astype(astype(add(matmul(x_h, W_h^T,
     out_dtype=float32), astype(b_h, float32)), h), float32), then cut into heads."""
-    import ml_dtypes  # noqa: F401 (numpy's bfloat16)
+    import ml_dtypes
 
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((1, s, k)).astype(dtype)
+    rng, h_dtype = np.random.default_rng(seed), np.dtype(getattr(ml_dtypes, dtype, dtype))  # numpy's bfloat16
+    x = rng.standard_normal((1, s, k)).astype(h_dtype)
     param = relax.Var("x", relax.TensorType((1, s, k), dtype))
     bb = relax.BlockBuilder()
     with bb.function("main", [param]):
         with bb.dataflow():
             flat, parts = bb.emit(relax.op.reshape(param, (s, k))), []
             for h in heads:
-                w = (rng.standard_normal((h * d, k)) / np.sqrt(k)).astype(dtype)
-                b = bb.emit(relax.op.astype(relax.const(rng.standard_normal(h * d).astype(dtype), dtype), "float32"))
+                w = (rng.standard_normal((h * d, k)) / np.sqrt(k)).astype(h_dtype)
+                b = bb.emit(relax.op.astype(relax.const(rng.standard_normal(h * d).astype(h_dtype), dtype), "float32"))
                 y = bb.emit(relax.op.matmul(flat, bb.emit(relax.op.permute_dims(relax.const(w, dtype))),
                                             out_dtype="float32"))
                 y = bb.emit(relax.op.astype(bb.emit(relax.op.astype(bb.emit(relax.op.add(b, y)), dtype)), "float32"))
