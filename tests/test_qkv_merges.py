@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 from tvm import relax
 
 import npu_backend
@@ -117,3 +117,54 @@ def test_a_decoders_projections_of_one_input_are_one_linear(name):
         mod = from_exported_program(torch.export.export(model, inputs))
     mod = normalise(mod, npu_backend.load_arch("cgra-8x8"), CompileOptions())
     assert matmuls(mod) == 2 * 6
+
+
+def half_projections_model(heads, dtype, s=8, k=16, d=4, seed=0):
+    """projections_model's projections in a 16-bit float `dtype` as TVM's importer and
+    half_casts.py write a bf16 / fp16 BERT's or ViT's: astype(astype(add(matmul(x_h, W_h^T,
+    out_dtype=float32), astype(b_h, float32)), h), float32), then cut into heads."""
+    import ml_dtypes
+
+    rng, h_dtype = np.random.default_rng(seed), np.dtype(getattr(ml_dtypes, dtype, dtype))  # numpy's bfloat16
+    x = rng.standard_normal((1, s, k)).astype(h_dtype)
+    param = relax.Var("x", relax.TensorType((1, s, k), dtype))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [param]):
+        with bb.dataflow():
+            flat, parts = bb.emit(relax.op.reshape(param, (s, k))), []
+            for h in heads:
+                w = (rng.standard_normal((h * d, k)) / np.sqrt(k)).astype(h_dtype)
+                b = bb.emit(relax.op.astype(relax.const(rng.standard_normal(h * d).astype(h_dtype), dtype), "float32"))
+                y = bb.emit(relax.op.matmul(flat, bb.emit(relax.op.permute_dims(relax.const(w, dtype))),
+                                            out_dtype="float32"))
+                y = bb.emit(relax.op.astype(bb.emit(relax.op.astype(bb.emit(relax.op.add(b, y)), dtype)), "float32"))
+                y4 = bb.emit(relax.op.reshape(bb.emit(relax.op.reshape(y, (1, s, h * d))), (1, s, h, d)))
+                parts.append(bb.emit(relax.op.permute_dims(y4, [0, 2, 1, 3])))
+            out = bb.emit_output(bb.emit(relax.op.concat(parts, axis=1)))
+        bb.emit_func_output(out)
+    return bb.get(), [x]
+
+
+@settings(max_examples=10, deadline=None)  # two host compiles each
+@given(heads=st.lists(st.integers(1, 4), min_size=2, max_size=3), d=st.sampled_from([2, 4, 8]),
+       s=st.integers(1, 9), dtype=st.sampled_from(["bfloat16", "float16"]), seed=st.integers(0, 2 ** 16))
+def test_rounded_half_projections_merge_bit_for_bit(heads, d, s, dtype, seed):
+    """A 16-bit model's rounded and widened-back projections (qkv_merges.py's module doc): one
+    linear, each column rounded once as before, so the same bits on the host."""
+    mod, xs = half_projections_model(heads, dtype, s=s, d=d, seed=seed)
+    merged = qkv_merged(mod)
+    assert matmuls(mod) == len(heads) and matmuls(merged) == 1
+    np.testing.assert_array_equal(on_host(merged, xs), on_host(mod, xs))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_rounded_half_projections_run_as_one_gemm_kernel_on_the_npu(dtype):
+    """On cgra-8x8: one GEMM kernel (cgra.linear_bias_rounded_wide) for the three, within one
+    rounding of the 16-bit dtype of the host's run (the GEMM's summation order may differ)."""
+    mod, xs = half_projections_model([4, 2, 2], dtype, s=32, k=64, d=16)
+    ref = on_host(mod, xs)
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(mod, "cgra-8x8"), xs)
+    ulp = 2.0 ** -7 if dtype == "bfloat16" else 2.0 ** -10
+    np.testing.assert_allclose(out, ref, rtol=ulp, atol=ulp * np.abs(ref).max())
+    assert sum("matmul" in k.source_ops for k in prof.kernels) == 1

@@ -16,6 +16,15 @@ the form Phi-3's and GPT-NeoX's fused qkv projection already has after split_sli
 part is a slice of a view of y, which the transposing copy, the RoPE kernel (its box's origin,
 kernels/elementwise/rope.py) or the attention kernel reading it takes as a box.
 
+A bfloat16 / float16 model's projections (BERT's, ViT's: TVM's importer and half_casts.py write
+them so) round their biased float32 sum to h and widen it straight back,
+
+    astype(astype(add(matmul(x_h, permute_dims(W_i)), astype(b_i, float32)), h), float32)
+
+(b_i h values, W_i h); they merge the same way, the concatenated h bias widened and the merged
+sum rounded and widened back once: kernels/gemm/half_bias.py's `cgra.linear_bias_rounded_wide`,
+one GEMM kernel. Each column is rounded as before, so the parts hold the same bits.
+
 Exact: every output column is the same dot product over the same input row, the bias add the
 same float32 add; concatenating weights moves no value.
 Why: the three projections were three GEMM kernels of N = 64, 32, 32 (Llama at 32 tokens on
@@ -32,6 +41,9 @@ from tvm import relax
 from ..relax_info import dtype_of, shape_dims
 from .rewrite import as_pass, bound_values, op_name, rewrite_functions
 
+#: The 16-bit floats a projection's sum may be rounded to (module doc).
+HALF_FLOATS = ("bfloat16", "float16")
+
 
 def qkv_merged(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with every group of head projections of one input as one linear (module doc)."""
@@ -45,9 +57,10 @@ class _Member:
     """One projection of a group: its weights (n, K), bias or None, and the bound variable of
     its reshape into heads (the call the rewrite replaces)."""
 
-    def __init__(self, flat, weights, bias, heads_var, head_dim):
+    def __init__(self, flat, weights, bias, heads_var, head_dim, rounded=None):
         self.flat, self.weights, self.bias = flat, weights, bias
         self.heads_var, self.head_dim = heads_var, head_dim
+        self.rounded = rounded  # the 16-bit float the sum is rounded to and widened back from, or None
 
 
 @relax.expr_functor.mutator
@@ -98,21 +111,30 @@ class _MergeRewriter(relax.PyExprMutator):
         flat = self.visit_expr(members[0].flat)
         y = emit(relax.op.matmul(flat, emit(relax.op.permute_dims(relax.const(weights, str(weights.dtype)))),
                                  out_dtype="float32"))
+        rounded = members[0].rounded
         if members[0].bias is not None:
-            y = emit(relax.op.add(y, relax.const(np.concatenate([m.bias for m in members]))))
+            bias = relax.const(np.concatenate([m.bias for m in members]), rounded or "float32")
+            y = emit(relax.op.add(y, emit(relax.op.astype(bias, "float32")) if rounded else bias))
+        if rounded:  # the sum rounded once per column, as each projection did, and widened back
+            y = emit(relax.op.astype(emit(relax.op.astype(y, rounded)), "float32"))
         head_dim = members[0].head_dim
         return emit(relax.op.reshape(y, relax.ShapeExpr([*heads_shape[:-2], weights.shape[0] // head_dim, head_dim])))
 
 
 def _member(var, value, values, uses):
-    """The _Member of a float32 linear bound to `var` whose output only a reshape into heads
-    reads, else None."""
-    bias = None
+    """The _Member of a float32 linear (or a 16-bit one's rounded and widened back: module doc)
+    bound to `var` whose output only a reshape into heads reads, else None."""
+    bias, rounded = None, None
+    inner = _rounded_sum(value, values, uses)
+    if inner is not None:
+        rounded, value = dtype_of(values[value.args[0]]), values[inner]
     if op_name(value) == "relax.add":
         matmul_var, bias_expr = _split_bias(value, values)
         if matmul_var is None or len(uses.get(matmul_var, ())) != 1:
             return None
         bias, value = bias_expr, values[matmul_var]
+    if str(getattr(bias, "dtype", rounded or "float32")) != (rounded or "float32"):
+        return None  # (a rounded sum's bias: h values widened; a float32 one's: float32)
     if op_name(value) != "relax.matmul" or dtype_of(value) != "float32" or len(shape_dims(value) or ()) != 2:
         return None
     permute = values.get(value.args[1])
@@ -124,18 +146,35 @@ def _member(var, value, values, uses):
     if weights is None or weights.ndim != 2 or str(weights.dtype) not in ("float32", "bfloat16", "float16") \
             or str(weights.dtype) != dtype_of(value.args[0]):
         return None
-    if bias is not None and (bias.dtype != np.float32 or bias.shape != (weights.shape[0],)):
+    if bias is not None and bias.shape != (weights.shape[0],):
         return None
     heads = _heads_reshape(var, values, uses)
     if heads is None:
         return None
-    return _Member(value.args[0], weights, bias, heads[0], heads[1])
+    return _Member(value.args[0], weights, bias, heads[0], heads[1], rounded)
+
+
+def _rounded_sum(value, values, uses):
+    """The variable of the float32 sum in astype(astype(sum, h), float32) (h bfloat16 or float16),
+    each read only by the next, else None."""
+    if op_name(value) != "relax.astype" or dtype_of(value) != "float32" or not isinstance(value.args[0], relax.Var):
+        return None
+    half = values.get(value.args[0])
+    if op_name(half) != "relax.astype" or dtype_of(half) not in HALF_FLOATS or len(uses.get(value.args[0], ())) != 1:
+        return None
+    inner = half.args[0]
+    if not isinstance(inner, relax.Var) or dtype_of(inner) != "float32" or len(uses.get(inner, ())) != 1:
+        return None
+    return inner
 
 
 def _split_bias(add, values):
-    """(the matmul variable, the bias array) of add(matmul, const) in either order, else (None, None)."""
+    """(the matmul variable, the bias array) of add(matmul, const) in either order (the constant
+    also as astype(const, float32), a 16-bit bias widened: the array then in its own dtype),
+    else (None, None)."""
     for m, b in (add.args, reversed(add.args)):
-        array = _array(b)
+        widened = values.get(b) if isinstance(b, relax.Var) else None
+        array = _array(widened.args[0]) if op_name(widened) == "relax.astype" else _array(b)
         if isinstance(m, relax.Var) and op_name(values.get(m)) == "relax.matmul" and array is not None:
             return m, array
     return None, None
@@ -177,7 +216,7 @@ def _mergeable(members) -> bool:
         return False
     first = members[0]
     return all(_dims(m.flat) == _dims(first.flat) and m.head_dim == first.head_dim
-               and (m.bias is None) == (first.bias is None)
+               and (m.bias is None) == (first.bias is None) and m.rounded == first.rounded
                and m.weights.shape[1] == first.weights.shape[1] for m in members)
 
 
