@@ -20,6 +20,7 @@ from .lower.dma import lower_copies_to_dma
 from .lower.double_buffer import double_buffer
 from .lower.late_residual import late_residuals
 from .lower.operands_first import operands_first
+from .lower.held_halos import hold_halos
 from .lower.gemm_rows import split_gemm_rows
 from .lower.norm_rows import norm_in_rows
 from .lower.hoist_allocs import hoist_allocations
@@ -108,6 +109,8 @@ def lowering_passes() -> list:
         func_pass(late_residuals, "cgra.LateResiduals"),
         # The loads a tile's GEMM reads ahead of those only its epilogue reads (RoPE's tables).
         func_pass(operands_first, "cgra.OperandsFirst"),
+        # A padded window's halo loaded once per buffer copy; later tiles load only its inside.
+        func_pass(hold_halos, "cgra.HoldHalos"),
         s_tir.transform.StmtSimplify(),  # fold the index arithmetic of the remaining calls
         tirx.transform.FlattenBuffer(),  # N-d buffers -> 1-d, for the code generator
         tirx.transform.StmtSimplify(),

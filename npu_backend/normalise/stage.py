@@ -29,6 +29,7 @@ from .bool_scans import bool_scans_as_counts_pass
 from ..frontend.position_tables import scale_prefix_tables, tabulate_prefix
 from .bounded_shapes import resolve_bounded_shapes
 from .centred_streams import centred_streams_pass
+from .centred_patches import centred_patches_pass
 from .clips import canonicalize_clips_pass
 from .constant_adds import constant_adds_pass
 from .constant_indices import constant_indices_pass
@@ -265,6 +266,10 @@ def normalise_passes(arch=None) -> list:
         # A conv2d's taps that only ever read padding (ConvNeXt's 7 x 7 depthwise conv on a 2 x 2
         # map: all but the middle 3 x 3) cut from its weights and padding (padding_taps.py).
         padding_taps_pass,
+        # A conv read only by a layer norm over its channels (Swin's and ConvNeXt's patch
+        # embeddings) computes its output centred, with centred weights: the norm is an RMSNorm
+        # plus beta, half the vector work in the patch conv's epilogue (centred_patches.py).
+        centred_patches_pass(None if arch is None else arch.cols, PATCH_CHANNELS),
         # A mean over the tokens of a transposed activation (Swin's pooler, ConvNeXt's NCHW output)
         # as the NPU's mean over the channels-last map: no transposing copy (token_means.py).
         token_means_pass,

@@ -37,6 +37,7 @@ from ...relax_info import dtype_of, static_shape
 F32 = "float32"
 #: The pattern's name: post_norm.SUFFIX after the conv2d root (post_norm.is_post_norm_pattern).
 NAME = "cgra.conv2d_post_norm"
+RMS_BETA = "_rms_beta"  # post_norm.RMS_BETA: the pattern of an RMSNorm plus beta
 
 
 def patch_norm_graphs(roots) -> list[tuple]:
@@ -50,8 +51,13 @@ def patch_norm_graphs(roots) -> list[tuple]:
         value = with_bias | root.pattern
         reshape = is_op("relax.reshape")(value, wildcard())
         norm = is_op("relax.nn.layer_norm")(reshape | value, gamma, beta)
-        graphs.append((NAME, norm, {"root": root.pattern, **root.roles, "bias": bias, "reshape": reshape,
-                                    "post_norm": norm, "norm_gamma": gamma, "norm_beta": beta}, root.name))
+        roles = {"root": root.pattern, **root.roles, "bias": bias, "reshape": reshape, "norm_gamma": gamma,
+                 "norm_beta": beta}
+        graphs.append((NAME, norm, {**roles, "post_norm": norm}, root.name))
+        # The RMSNorm plus beta of a centred patch conv (normalise/centred_patches.py).
+        rms = is_op("relax.nn.rms_norm")(reshape | value, gamma)
+        with_beta = is_op("relax.add")(rms, beta) | is_op("relax.add")(beta, rms)
+        graphs.append((NAME + RMS_BETA, with_beta, {**roles, "post_norm": rms, "post_beta": with_beta}, root.name))
     return graphs
 
 
@@ -59,7 +65,8 @@ def with_patch_norm(spec, annotated: dict):
     """`spec` (the conv with its bias) with the layer norm of its output's channels; refuses
     what the kernel does not compute (the norm then runs on its own)."""
     norm = annotated["post_norm"]
-    what = f"layer_norm after the conv2d {spec.rhs_shape} on {spec.lhs_shape}"
+    kind = "rms_norm_beta" if "post_beta" in annotated else "layer_norm"
+    what = f"{kind} after the conv2d {spec.rhs_shape} on {spec.lhs_shape}"
     if not spec.patch_channels or spec.out_layout != "NHWC" or spec.lhs_shape[0] != 1 or spec.dtype != F32 or \
             spec.acc_dtype != F32 or spec.half_out or spec.half_via or spec.relu or spec.clip is not None or \
             spec.residual_shape or spec.scale_shape:
@@ -69,7 +76,9 @@ def with_patch_norm(spec, annotated: dict):
     dims = tuple(static_shape(norm) or ())
     axes = [int(a) % max(len(dims), 1) for a in norm.attrs.axes]
     if dtype_of(norm) != F32 or not dims or axes != [len(dims) - 1] or dims[-1] != filters or \
-            math.prod(dims) != math.prod(spec.output_shape) or not (bool(norm.attrs.center) and bool(norm.attrs.scale)):
+            math.prod(dims) != math.prod(spec.output_shape) or \
+            (kind == "layer_norm" and not (bool(norm.attrs.center) and bool(norm.attrs.scale))) or \
+            (kind != "layer_norm" and tuple(static_shape(annotated["post_beta"]) or ()) != dims):
         raise UnsupportedOperator(f"{what}: the epilogue normalises each patch's {filters} float32 channels, centred "
                                   "and scaled; the norm runs on its own")
     for role in ("norm_gamma", "norm_beta"):
@@ -79,5 +88,5 @@ def with_patch_norm(spec, annotated: dict):
     out = tuple(spec.output_shape["NCHW".index(axis)] for axis in spec.out_layout)  # as stored: NHWC
     callers = tuple((role, s) for role, s in spec.caller_shapes if role != "out")
     view = () if dims == out else (("out", dims),)  # the reshape: a view of the NHWC output
-    return dataclasses.replace(spec, post_norm=(float(norm.attrs.epsilon), True, "layer_norm"),
+    return dataclasses.replace(spec, post_norm=(float(norm.attrs.epsilon), True, kind),
                                caller_shapes=callers + view)
