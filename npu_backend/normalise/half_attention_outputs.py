@@ -22,10 +22,8 @@ import tvm
 from tvm import relax
 
 from ..relax_info import dtype_of, shape_dims
+from .half_casts import HALF_FLOATS, bound_through, is_op
 from .rewrite import as_pass, rewrite_functions
-
-HALF_FLOATS = ("bfloat16", "float16")
-_OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in ("astype", "matmul", "permute_dims", "reshape")}
 
 
 def half_attention_outputs_moved(mod: tvm.IRModule) -> tvm.IRModule:
@@ -37,19 +35,15 @@ half_attention_outputs_pass = as_pass(half_attention_outputs_moved, "cgra.HalfAt
                                       ops=("relax.astype",))
 
 
-def _is(expr, name: str) -> bool:
-    return isinstance(expr, relax.Call) and expr.op.same_as(_OPS[name])
-
-
 @relax.expr_functor.mutator
 class _CastMover(relax.PyExprMutator):
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
-        if not _is(call, "astype") or str(call.attrs.dtype) not in HALF_FLOATS \
+        if not is_op(call, "astype") or str(call.attrs.dtype) not in HALF_FLOATS \
                 or dtype_of(call.args[0]) != "float32":
             return call
         reshapes, value = [], self._bound(call.args[0])
-        while _is(value, "reshape"):
+        while is_op(value, "reshape"):
             reshapes.append(value)
             value = self._bound(value.args[0])
         if not reshapes or not self._batched_result(value):
@@ -62,20 +56,14 @@ class _CastMover(relax.PyExprMutator):
     def _batched_result(self, value) -> bool:
         """Whether `value` is an attention's P V (a batched matmul of a softmax, or of a safe
         softmax's where) or a permute_dims of one through reshapes (its heads merged)."""
-        if _is(value, "permute_dims"):
+        if is_op(value, "permute_dims"):
             value = self._bound(value.args[0])
-            while _is(value, "reshape"):
+            while is_op(value, "reshape"):
                 value = self._bound(value.args[0])
-        if not _is(value, "matmul") or len(shape_dims(value) or ()) < 3:
+        if not is_op(value, "matmul") or len(shape_dims(value) or ()) < 3:
             return False
         weights = self._bound(value.args[0])
         return isinstance(weights, relax.Call) and weights.op.name in ("relax.nn.softmax", "relax.where")
 
     def _bound(self, expr):
-        """The value a variable is bound to (through aliases), else the expression."""
-        while isinstance(expr, relax.Var):
-            bound = self.lookup_binding(expr)
-            if bound is None:
-                return expr
-            expr = bound
-        return expr
+        return bound_through(self, expr)

@@ -70,8 +70,19 @@ half_casts_pass = as_pass(half_casts_folded, "cgra.HalfCasts", ops=("relax.astyp
                                                                       "relax.nn.adaptive_avg_pool2d"))
 
 
-def _is(expr, name: str) -> bool:
+def is_op(expr, name: str) -> bool:
+    """Whether `expr` is a call of relax.`name` (a name of `_OPS`: the half-format passes' ops)."""
     return isinstance(expr, relax.Call) and expr.op.same_as(_OPS[name])
+
+
+def bound_through(mutator: relax.PyExprMutator, expr):
+    """The value `expr` is bound to in `mutator`'s function (through aliases), else `expr`."""
+    while isinstance(expr, relax.Var):
+        bound = mutator.lookup_binding(expr)
+        if bound is None:
+            return expr
+        expr = bound
+    return expr
 
 
 def _widened(expr):
@@ -118,18 +129,18 @@ class _CastRewriter(relax.PyExprMutator):
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
-        if _is(call, "permute_dims") or _is(call, "reshape"):
+        if is_op(call, "permute_dims") or is_op(call, "reshape"):
             return self._layout_before_cast(call)
-        if _is(call, "layer_norm"):
+        if is_op(call, "layer_norm"):
             return _float32_layer_norm(self.builder_, call)
-        if _is(call, "add"):
+        if is_op(call, "add"):
             return self._half_bias(call)
         if isinstance(call, relax.Call) and any(call.op.same_as(op) for op in _FLOAT32_UNARY) \
                 and dtype_of(call.args[0]) in HALF_FLOATS:  # PyTorch's CPU kernels: in float32, rounded once
             wide = self._cast(call.args[0], "float32")
             inner = self.builder_.emit(relax.Call(call.op, [wide, *call.args[1:]], call.attrs))
             return relax.op.astype(inner, dtype_of(call.args[0]))
-        if not _is(call, "astype"):
+        if not is_op(call, "astype"):
             return call
         source, target = call.args[0], str(call.attrs.dtype)
         if dtype_of(source) == target:
@@ -152,7 +163,7 @@ class _CastRewriter(relax.PyExprMutator):
         for index in (0, 1):
             matmul, constant = self._bound(call.args[1 - index]), call.args[index]
             if not isinstance(constant, tvm.ir.GenericConst) or dtype_of(constant) != "float32" \
-                    or not (_is(matmul, "matmul") or _is(matmul, "conv2d")) or str(matmul.attrs.out_dtype) != "float32":
+                    or not (is_op(matmul, "matmul") or is_op(matmul, "conv2d")) or str(matmul.attrs.out_dtype) != "float32":
                 continue
             half = {dtype_of(arg) for arg in matmul.args}
             if len(half) != 1 or not half <= set(HALF_FLOATS):
@@ -169,12 +180,12 @@ class _CastRewriter(relax.PyExprMutator):
         """`layout(astype(o, h))` as `astype(layout(o), h)` where o is a float32 batched matmul's
         result through layout ops (module doc), else the call."""
         cast = self._bound(call.args[0])
-        if not _is(cast, "astype") or str(cast.attrs.dtype) not in HALF_FLOATS or dtype_of(cast.args[0]) != "float32":
+        if not is_op(cast, "astype") or str(cast.attrs.dtype) not in HALF_FLOATS or dtype_of(cast.args[0]) != "float32":
             return call
         source = self._bound(cast.args[0])
-        while _is(source, "permute_dims") or _is(source, "reshape"):
+        while is_op(source, "permute_dims") or is_op(source, "reshape"):
             source = self._bound(source.args[0])
-        if not _is(source, "matmul") or len(shape_dims(source) or ()) < 3:
+        if not is_op(source, "matmul") or len(shape_dims(source) or ()) < 3:
             return call
         moved = self.builder_.emit(relax.Call(call.op, [cast.args[0], *call.args[1:]], call.attrs))
         return relax.op.astype(moved, str(cast.attrs.dtype))
@@ -183,10 +194,10 @@ class _CastRewriter(relax.PyExprMutator):
         """`layout(astype(z, h))` widened to float32, z float32, as `layout(astype(astype(z, h),
         float32))` (module doc), else None."""
         layouts = []
-        while _is(value, "permute_dims") or _is(value, "reshape"):
+        while is_op(value, "permute_dims") or is_op(value, "reshape"):
             layouts.append(value)
             value = self._bound(value.args[0])
-        if not layouts or not _is(value, "astype") or dtype_of(value.args[0]) != "float32":
+        if not layouts or not is_op(value, "astype") or dtype_of(value.args[0]) != "float32":
             return None
         moved = relax.op.astype(layouts[-1].args[0], "float32")
         for layout in reversed(layouts):
@@ -206,7 +217,7 @@ class _CastRewriter(relax.PyExprMutator):
         if dtype in HALF_FLOATS and target == "float32":
             widened = self._widen(value)
             return widened if widened is not None else self._widen_before_layout(value)
-        if dtype == "float32" and target in HALF_FLOATS and _is(value, "matmul") \
+        if dtype == "float32" and target in HALF_FLOATS and is_op(value, "matmul") \
                 and str(value.attrs.out_dtype) == "float32" \
                 and all(dtype_of(arg) == target for arg in value.args):
             return relax.op.matmul(*value.args, out_dtype=target)
@@ -215,14 +226,14 @@ class _CastRewriter(relax.PyExprMutator):
     def _widen(self, value):
         """`value` (a 16-bit float) computed in float32 from widened constants, or None: a take of
         a constant table under reshapes, or a where between two constants."""
-        if _is(value, "reshape"):
+        if is_op(value, "reshape"):
             inner = self._widen(self._bound(value.args[0]))
             return None if inner is None else relax.op.reshape(self.builder_.emit(inner), value.args[1])
-        if _is(value, "take"):
+        if is_op(value, "take"):
             table = _widened(value.args[0])
             return None if table is None else relax.op.take(table, value.args[1], axis=value.attrs.axis,
                                                               mode=value.attrs.mode)
-        if _is(value, "where"):
+        if is_op(value, "where"):
             high, low = _widened(value.args[1]), _widened(value.args[2])
             return None if high is None or low is None else relax.op.where(value.args[0], high, low)
         return None
@@ -243,7 +254,7 @@ half_norm_ones_pass = as_pass(half_norm_ones_marked, "cgra.HalfNormOnes", ops=("
 class _OnesMarker(relax.PyExprMutator):
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
-        if not _is(call, "astype") or str(call.attrs.dtype) not in HALF_FLOATS:
+        if not is_op(call, "astype") or str(call.attrs.dtype) not in HALF_FLOATS:
             return call
         norm = self.lookup_binding(call.args[0]) if isinstance(call.args[0], relax.Var) else call.args[0]
         if not (isinstance(norm, relax.Call) and norm.op.same_as(tvm.ir.Op.get("relax.nn.rms_norm"))):

@@ -29,10 +29,8 @@ import tvm
 from tvm import relax
 
 from ..relax_info import dtype_of
+from .half_casts import HALF_FLOATS, bound_through, is_op
 from .rewrite import rewrite_functions
-
-HALF_FLOATS = ("bfloat16", "float16")
-_OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in ("astype", "matmul", "permute_dims", "reshape")}
 
 
 def half_widened_linears(mod: tvm.IRModule) -> tvm.IRModule:
@@ -40,15 +38,11 @@ def half_widened_linears(mod: tvm.IRModule) -> tvm.IRModule:
     return rewrite_functions(mod, _LinearRewriter)
 
 
-def _is(expr, name: str) -> bool:
-    return isinstance(expr, relax.Call) and expr.op.same_as(_OPS[name])
-
-
 @relax.expr_functor.mutator
 class _LinearRewriter(relax.PyExprMutator):
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
-        if not _is(call, "matmul") or str(call.attrs.out_dtype) != "float32" or len(call.args) != 2:
+        if not is_op(call, "matmul") or str(call.attrs.out_dtype) != "float32" or len(call.args) != 2:
             return call
         x, widened = call.args
         weight = self._widened_constant(widened)
@@ -61,21 +55,15 @@ class _LinearRewriter(relax.PyExprMutator):
         """W_h's layout ops, where `expr` is astype(layout(W_h), float32) of a 16-bit constant
         W_h (through bindings), else None."""
         cast = self._bound(expr)
-        if not _is(cast, "astype") or str(cast.attrs.dtype) != "float32":
+        if not is_op(cast, "astype") or str(cast.attrs.dtype) != "float32":
             return None
         source = cast.args[0]
         value = self._bound(source)
-        while _is(value, "permute_dims") or _is(value, "reshape"):
+        while is_op(value, "permute_dims") or is_op(value, "reshape"):
             value = self._bound(value.args[0])
         if not isinstance(value, tvm.ir.GenericConst) or dtype_of(value) not in HALF_FLOATS:
             return None
         return source
 
     def _bound(self, expr):
-        """The value a variable is bound to (through aliases), else the expression."""
-        while isinstance(expr, relax.Var):
-            bound = self.lookup_binding(expr)
-            if bound is None:
-                return expr
-            expr = bound
-        return expr
+        return bound_through(self, expr)
