@@ -292,7 +292,7 @@ def spec_from_composite(func):
         param_roles.append(played[0])
     source_ops = tuple(call.op.name.replace("relax.", "") for _, call in composite_ops(func))
     spec = dataclasses.replace(spec, param_roles=tuple(param_roles), source_ops=source_ops)
-    spec = with_pass_columns(spec, func)  # RoPE's tables' constant columns (partition/rope_tables.py)
+    spec = with_pass_columns(spec, func)  # RoPE's tables' constant columns (kernels/gemm/rope_pass_columns.py)
     if shape_args:
         if "shape_args" not in {f.name for f in dataclasses.fields(spec)}:
             raise UnsupportedOperator(f"'{name}' is passed symbolic sizes beside its tensors (tir_vars); its NPU "

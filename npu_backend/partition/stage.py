@@ -35,7 +35,7 @@ from .call_tir import PREFIX, PRIM_FUNC_ATTR, offload_call_tir, remember_prim_fu
 from .composite import cache_read_elsewhere, operand_depends_on_match, reads_what_it_computes
 from .pattern_ops import ModuleCalls, can_match
 from .plans import fingerprint, grouped_patterns, plan_payload, read_plan
-from .rope_tables import mark_pass_columns
+from ..kernels.gemm.rope_pass_columns import mark_pass_columns
 from .scalar_args import bind_scalar_arguments
 from .source_nodes import record_source_nodes
 
@@ -74,7 +74,8 @@ def partition(mod, arch, options, kernel_stages: list):
     # Scalars (a requantisation's zero point, a fabric body's immediates) are bound inside the
     # kernel that needs them at compile time (scalar_args.py).
     partitioned = bind_scalar_arguments(partitioned, takes_immediates=reads_immediates, takes_constants=reads_constants)
-    # RoPE's table columns that rotate nothing, read from the constants the kernels are called with (rope_tables.py).
+    # RoPE's table columns that rotate nothing, read from the constants the kernels are called
+    # with (kernels/gemm/rope_pass_columns.py).
     return mark_pass_columns(partitioned)
 
 

@@ -22,7 +22,7 @@ period, their first W columns loaded once per row tile and held: tile c reads co
 (c mod W / tn) * tn .. + tn of them (`rope_tables`; NeoX's q / k / v kernel at 32 tokens on
 cgra-8x8 loaded 49,152 bytes of tables, now 12,288). A column tile whose tables are 1 and 0
 (GPT-NeoX's unrotated dims and v heads: four of a head's six 8-column tiles; Llama's v heads;
-partition/rope_tables.py reads the constants) runs no rotation and loads no tables: its store
+kernels/gemm/rope_pass_columns.py reads the constants) runs no rotation and loads no tables: its store
 reads x (`mark_rotating_tiles`, lower/rope_skips.py). The products and the sum are the
 RoPE kernel's (kernels/elementwise/rope.py) on the same values, in the same order: the same bits.
 Two RoPE kernels a layer (q's and k's: Llama at 32 tokens on cgra-8x8 2,240 + 1,456 cycles) are
@@ -53,7 +53,7 @@ from ..intrinsics.rope_epilogue import RotaryPattern
 from .roots import linear_roots
 
 #: The offloaded function's attribute [first, columns, ...]: its tables' pass-through column runs
-#: (partition/rope_tables.py)
+#: (kernels/gemm/rope_pass_columns.py)
 ROPE_PASS_COLUMNS = "cgra.rope_pass_columns"
 #: The pattern-name suffix: "cgra.linear_rope".
 SUFFIX = "_rope"
@@ -110,7 +110,7 @@ def with_rope(spec, annotated: dict):
 
 def with_pass_columns(spec, func):
     """`spec` with the pass-through table columns partitioning found at every call site of its
-    function (partition/rope_tables.py: attribute ROPE_PASS_COLUMNS), if it has RoPE."""
+    function (kernels/gemm/rope_pass_columns.py: attribute ROPE_PASS_COLUMNS), if it has RoPE."""
     flat = (func.attrs or {}).get(ROPE_PASS_COLUMNS) if getattr(spec, "rope_pattern", None) else None
     if not flat:
         return spec

@@ -1,6 +1,7 @@
 """Which columns of RoPE's tables rotate nothing, read where the tables are constants.
 
-Stage: partition (after scalar_args.py). In: a module whose offloaded functions include linears
+Stage: partition (after scalar_args.py; kept beside the kernel whose spec reads it: the kernels
+layer may read partition's helpers, not the other way). In: a module whose offloaded functions include linears
 with RoPE in their epilogue (patterns "cgra.*_rope": kernels/gemm/rope_epilogue.py), called with
 their cos / sin tables as arguments (constants of the caller, or views of them at a symbolic
 length: `bind_constants=False` leaves the kernel only their parameters). Out: each such function
@@ -17,11 +18,11 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from ..errors import UnsupportedOperator
-from ..kernels.gemm.rope_epilogue import ROPE_PASS_COLUMNS, is_rope_pattern, passing_columns, table_runs
-from ..kernels.registry import entries_named
-from .composite import composite_call, composite_name, matched_roles
-from .scalar_args import _calls_of
+from ...errors import UnsupportedOperator
+from ...partition.composite import composite_call, composite_name, matched_roles
+from ...partition.scalar_args import _calls_of
+from ..registry import entries_named
+from .rope_epilogue import ROPE_PASS_COLUMNS, is_rope_pattern, passing_columns, table_runs
 
 
 def mark_pass_columns(mod):
