@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("ci", max_examples=25, derandomize=True, deadline=None,
@@ -54,3 +55,16 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     for folder in _SESSION_KERNEL_CACHE:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# The length-attention tests' (test_length_attention, test_open_length_attention).
+@pytest.fixture
+def key_tiles_only(monkeypatch):
+    """The kernel over key tiles at every length (no whole-row branch), compiled afresh."""
+    from npu_backend.kernels.attention import flash_length
+
+    monkeypatch.setattr(flash_length, "choose_row_limits", lambda spec, arch, key_tiles: ())
+    monkeypatch.setenv("CGRA_KERNEL_CACHE", "off")
+    flash_length.choose_length_tiling.cache_clear()
+    yield
+    flash_length.choose_length_tiling.cache_clear()

@@ -262,18 +262,6 @@ def test_the_key_tiles_past_the_whole_rows_equal_numpy():
     np.testing.assert_allclose(out, _expected(q, k, v).transpose(0, 2, 1, 3), rtol=2e-5, atol=2e-6)
 
 
-@pytest.fixture
-def key_tiles_only(monkeypatch):
-    """The kernel over key tiles at every length (no whole-row branch), compiled afresh."""
-    from npu_backend.kernels.attention import flash_length
-
-    monkeypatch.setattr(flash_length, "choose_row_limits", lambda spec, arch, key_tiles: ())
-    monkeypatch.setenv("CGRA_KERNEL_CACHE", "off")
-    flash_length.choose_length_tiling.cache_clear()
-    yield
-    flash_length.choose_length_tiling.cache_clear()
-
-
 def test_a_prompt_of_one_query_tile_runs_its_heads_back_to_back(key_tiles_only):
     """Over key tiles at 16 tokens (one query tile; bound 2048, Llama's) 3,396 cycles, what
     flash.py's static kernel of these tiles took: the output buffers were allocated after the

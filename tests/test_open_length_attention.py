@@ -106,18 +106,6 @@ def test_every_branch_of_the_open_kernel_equals_numpy(n):
     np.testing.assert_allclose(out, _expected(q, k, v), rtol=2e-5, atol=2e-6, err_msg=f"s = {n}")
 
 
-@pytest.fixture
-def key_tiles_only(monkeypatch):
-    """The kernel over key tiles at every length (no whole-row branch), compiled afresh."""
-    from npu_backend.kernels.attention import flash_length
-
-    monkeypatch.setattr(flash_length, "choose_row_limits", lambda spec, arch, key_tiles: ())
-    monkeypatch.setenv("CGRA_KERNEL_CACHE", "off")
-    flash_length.choose_length_tiling.cache_clear()
-    yield
-    flash_length.choose_length_tiling.cache_clear()
-
-
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 33, 64, 100])
 def test_the_key_tiles_without_a_mask_equal_numpy(key_tiles_only, n):
     """Over key tiles: floor(s / tk) whole ones (pipelined), then one cut to the s mod tk keys left."""
