@@ -27,9 +27,10 @@ from npu_backend.kernels.attention.flash_tiles import FlashTiling
 BOUND = 4e-6
 
 
-def _graph(b, h, hk, sq, sk, d, scale, mask_shape=None, mask_const=None, safe=False):
+def _graph(b, h, hk, sq, sk, d, scale, mask_shape=None, mask_const=None, safe=False, tail=None):
     """HF's eager form (repeat_kv's expand + broadcast + reshape for grouped K / V), with the
-    scores' mask a constant or a run-time input; `safe` adds softmaxes.py's guard."""
+    scores' mask a constant or a run-time input; `safe` adds softmaxes.py's guard; `tail(bb, o)`
+    (if given) emits what follows the attention's output and returns the function's result."""
     bb = relax.BlockBuilder()
     q = relax.Var("q", relax.TensorType((b, h, sq, d), "float32"))
     k = relax.Var("k", relax.TensorType((b, hk, sk, d), "float32"))
@@ -57,7 +58,10 @@ def _graph(b, h, hk, sq, sk, d, scale, mask_shape=None, mask_const=None, safe=Fa
                 kept = bb.emit(relax.op.greater(bb.emit(relax.op.max(finite, axis=[-1], keepdims=True)),
                                                 relax.const(0.0, "float32")))
                 p = bb.emit(relax.op.where(kept, p, relax.const(0.0, "float32")))
-            o = bb.emit_output(relax.op.matmul(p, vv))
+            o = relax.op.matmul(p, vv)
+            if tail is not None:
+                o = tail(bb, bb.emit(o))
+            o = bb.emit_output(o)
         bb.emit_func_output(o)
     return bb.get()
 

@@ -23,45 +23,19 @@ import npu_backend
 from npu_backend.errors import ScratchpadTooSmall
 from npu_backend.kernels.attention import attention_tiles
 from npu_backend.normalise.half_attention_outputs import half_attention_outputs_moved
+from test_attention import _graph as _attention_graph
 from test_attention import _reference, _run
 
 NUMPY_HALF = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
 
 def _graph(h, hk, sq, sk, d, scale, mask_shape, mask_const, cast):
-    """tests/test_attention.py's graph (safe softmax, batch 1), its result [viewed as the output
+    """tests/test_attention.py's safe-softmax graph (batch 1), its result [viewed as the output
     projection's rows (HF's reshape before `.to(h)`) and] cast to `cast` (None: float32)."""
-    bb = relax.BlockBuilder()
-    q = relax.Var("q", relax.TensorType((1, h, sq, d), "float32"))
-    k = relax.Var("k", relax.TensorType((1, hk, sk, d), "float32"))
-    v = relax.Var("v", relax.TensorType((1, hk, sk, d), "float32"))
-    params = [q, k, v]
-    mask = relax.const(mask_const) if mask_const is not None else None
-    if mask_shape is not None:
-        mask = relax.Var("mask", relax.TensorType(mask_shape, "float32"))
-        params.append(mask)
-    g = h // hk
-    with bb.function("main", params):
-        with bb.dataflow():
-            kk, vv = k, v
-            if g > 1:
-                kk, vv = (bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(
-                    bb.emit(relax.op.expand_dims(x, [2])), (1, hk, g, sk, d))), (1, h, sk, d))) for x in (k, v))
-            s = bb.emit(relax.op.matmul(q, bb.emit(relax.op.permute_dims(kk, [0, 1, 3, 2]))))
-            s = bb.emit(relax.op.multiply(s, relax.const(np.float32(scale))))
-            if mask is not None:
-                s = bb.emit(relax.op.add(s, mask))
-            p = bb.emit(relax.op.nn.softmax(s, axis=-1))
-            finite = bb.emit(relax.op.astype(bb.emit(relax.op.not_equal(s, relax.const(-np.inf, "float32"))),
-                                             "float32"))
-            kept = bb.emit(relax.op.greater(bb.emit(relax.op.max(finite, axis=[-1], keepdims=True)),
-                                            relax.const(0.0, "float32")))
-            o = bb.emit(relax.op.matmul(bb.emit(relax.op.where(kept, p, relax.const(0.0, "float32"))), vv))
-            if cast is not None:
-                o = bb.emit(relax.op.astype(bb.emit(relax.op.reshape(o, (h * sq, d))), cast))
-            result = bb.emit_output(o)
-        bb.emit_func_output(result)
-    return bb.get()
+    def tail(bb, o):
+        return relax.op.astype(bb.emit(relax.op.reshape(o, (h * sq, d))), cast)
+    return _attention_graph(1, h, hk, sq, sk, d, scale, mask_shape, mask_const, safe=True,
+                            tail=tail if cast is not None else None)
 
 
 @pytest.fixture
