@@ -12,12 +12,11 @@ whose boolean `b` is built from constants and integer casts by the ops below is 
     b                                   B
     a constant                          the constant as float32
     astype(x, "bool"), x int32, int64   per 32-bit word w of x (an int64 viewed as pairs of words,
-                                        little-endian), s = max(min(w, 1), -1) in int32; as float32
-                                        s times 0x3F800000 (1.0f's bits) viewed as float32 (-4.0,
-                                        +0.0 or 1.0), min(f * f, 1), an int64's pair's maximum (a
-                                        row max): three kernels (two slices and six clamps,
-                                        magnitudes and maxima were eight); as int32 N, the maximum
-                                        over the words of max(s, -s)
+                                        little-endian), as float32 max(n, -1) * -0x3F800000
+                                        viewed as float32, n = min(max(w, 0) * -1, w) = -|w| (an
+                                        int32 chain, no overflow), an int64's pair's maximum (a row
+                                        max): two kernels; as int32 N, the maximum over the words
+                                        of max(s, -s), s = max(min(w, 1), -1)
     not_equal(x, c), c an int constant  N of the words of x - c (wrapping int32 subtracts)
     equal(x, c)                         1 - that
     bitwise_and / logical_and(a, c)     A * C
@@ -31,7 +30,9 @@ int8 x int8 -> int32 on the PE array; exact, as every product is 0 or 1 and inte
 round (n^2 MACs a row, counted as the model's). A scan on the vector unit would take n ELTWISE
 adds a row; the matmul is one GEMM kernel and sums in any order as exactly.
 
-And then where(b, 0, y) = (B - 1) * -y (B - 1 is -1 or +0), for y = -inf (B - 1) * 2 * FLT_MAX
+where(b, 0, -inf) of such a cast (HF's padding row) skips B: -2^127's bits where a word is zero,
+the pair's maximum times 4 (-inf where both are: two kernels, `padding_row`; an int32's -inf's
+bits, one). Else where(b, 0, y) = (B - 1) * -y (B - 1 is -1 or +0), for y = -inf (B - 1) * 2 * FLT_MAX
 (-2 * FLT_MAX overflows to -inf, 0 * FLT_MAX is 0); astype(b, "float32" or "int32") = B.
 where(c & r, 0, -inf) of a constant c and a run-time r is where(c, 0, -inf) (a constant) plus
 r's select on r's own shape: HF's causal triangle and padding row make the s x s mask in one add.
@@ -73,6 +74,8 @@ _NOT = ("relax.logical_not", "relax.bitwise_not")
 _LAYOUT = ("relax.reshape", "relax.expand_dims", "relax.broadcast_to", "relax.permute_dims", "relax.squeeze")
 _FLT_MAX = np.finfo(np.float32).max
 _ONE_BITS = int(np.float32(1).view(np.int32))  # 0x3F800000
+_INF_BITS = int(np.float32(-np.inf).view(np.int32))  # 0xFF800000, -8388608 as an int32
+_HUGE_BITS = int(np.float32(-2.0 ** 127).view(np.int32))  # 0xFF000000: times 4 it overflows to -inf
 
 
 def masks_as_float(mod: tvm.IRModule, causal_fits=None) -> tvm.IRModule:
@@ -198,10 +201,11 @@ class _MaskRewriter(relax.PyExprMutator):
         key = (chain.value(cond), float(y))
         if key not in self.selects:
             split = self._split_select(chain, cond, y)
-            twin = self.twin(chain, cond, 0) if split is None else None
-            if split is None and twin is None:
+            row = self.padding_row(chain, cond) if split is None and y == -np.inf else None
+            twin = self.twin(chain, cond, 0) if split is None and row is None else None
+            if split is None and row is None and twin is None:
                 return None
-            self.selects[key] = split if split is not None else self._additive(twin, y)
+            self.selects[key] = split if split is not None else row if row is not None else self._additive(twin, y)
         return self.selects[key]
 
     def _additive(self, twin, y: float):
@@ -229,10 +233,11 @@ class _MaskRewriter(relax.PyExprMutator):
         constant, other = (arrays[0], call.args[1]) if arrays[0] is not None else (arrays[1], call.args[0])
         if constant.dtype != np.bool_ or static_shape(other) is None:
             return None
-        twin = self.twin(chain, other, 0)
-        if twin is None:
+        row = self.padding_row(chain, other)
+        twin = self.twin(chain, other, 0) if row is None else None
+        if row is None and twin is None:
             return None
-        row = self._additive(twin, -np.inf)
+        row = row if row is not None else self._additive(twin, -np.inf)
         if constant.all():  # a bidirectional mask (BERT's): the row broadcast, which the attention reads as a row
             broadcast = relax.op.broadcast_to(row, np.broadcast_shapes(constant.shape, tuple(static_shape(other))))
             self.broadcasts.append(self.builder_.normalize(broadcast))
@@ -331,20 +336,60 @@ class _MaskRewriter(relax.PyExprMutator):
         return relax.op.memory.view(self.emit(relax.op.multiply(nonzero, _i32(_ONE_BITS))), dtype="float32")
 
     def _nonzero_float(self, source):
-        """1.0 where the int32 or int64 `source` is nonzero, else +0.0 (float32), in three
-        kernels where `_nonzero` took eight for an int64 (two slices, two clamps and two
-        magnitudes, a maximum, a multiply): its words as pairs (a view), s = max(min(w, 1), -1)
-        times 0x3F800000 viewed as float32 (-4.0, +0.0 or 1.0: an int32 chain), min(f * f, 1)
-        (a float32 chain: 1.0 or +0.0), the maximum of each pair (a row reduction)."""
+        """1.0 where the int32 or int64 `source` is nonzero, else +0.0 (float32): the words'
+        bits (_word_bits: +0.0 or 1.0 a word), an int64's pair's maximum (a
+        row max): two kernels (eight with clamps and magnitudes kernel by kernel, three with the
+        clamp's -4.0 / 1.0 squared in a float32 chain)."""
+        bits = self._word_bits(source, _ONE_BITS)
+        if bits is None or dtype_of(source) != "int64":
+            return bits
+        return relax.op.max(self.emit(bits), axis=[-1])
+
+    def _word_bits(self, source, bits: int, zero: bool = False):
+        """Per 32-bit word w of the int32 or int64 `source` (an int64 as pairs of words, a view),
+        the float32 of bits `bits` where w is nonzero, else +0.0 (`zero`: where w is zero), else
+        None. One int32 chain on the PE fabric: n = min(max(w, 0) * -1, w) is -|w| without an
+        overflow; max(n, -1) * -bits (nonzero), or max(n + 1, 0) * bits (zero), viewed as float32
+        (forms TVM's simplifier keeps, so the FABRIC body is the chain)."""
         shape = static_shape(source)
-        if not shape:
+        if not shape or dtype_of(source) not in ("int32", "int64"):
             return None
-        pairs = dtype_of(source) == "int64"
-        words = self.emit(relax.op.memory.view(source, shape=(*shape, 2), dtype="int32")) if pairs else source
-        sign = self.emit(relax.op.maximum(self.emit(relax.op.minimum(words, _i32(1))), _i32(-1)))
-        bits = self.emit(relax.op.memory.view(self.emit(relax.op.multiply(sign, _i32(_ONE_BITS))), dtype="float32"))
-        nonzero = relax.op.minimum(self.emit(relax.op.multiply(bits, bits)), _f32(1))
-        return relax.op.max(self.emit(nonzero), axis=[-1]) if pairs else nonzero
+        words = source
+        if dtype_of(source) == "int64":
+            words = self.emit(relax.op.memory.view(source, shape=(*shape, 2), dtype="int32"))
+        negated = self.emit(relax.op.multiply(self.emit(relax.op.maximum(words, _i32(0))), _i32(-1)))
+        magnitude = self.emit(relax.op.minimum(negated, words))
+        if zero:
+            flag, scale = relax.op.maximum(self.emit(relax.op.add(magnitude, _i32(1))), _i32(0)), bits
+        else:
+            flag, scale = relax.op.maximum(magnitude, _i32(-1)), -bits
+        return relax.op.memory.view(self.emit(relax.op.multiply(self.emit(flag), _i32(scale))), dtype="float32")
+
+    def padding_row(self, chain: Chain, expr, depth: int = 0):
+        """where(b, 0, -inf) for the boolean `expr` an int32 or int64 cast to bool under layout
+        ops (HF's padding row), straight from the words (_word_bits), else None: an int32's -inf
+        where it is zero, else +0.0 (one kernel); an int64's words -2^127 where zero, their pair's
+        maximum times 4 (one row kernel: a max, -2^127 where both words are zero, which 4 * -2^127
+        overflows to -inf): two kernels, where the twin B and (B - 1) * 2 * FLT_MAX took four
+        (the maximum of -inf words would not do: TVM's host max starts from -FLT_MAX)."""
+        call = chain.call(chain.value(expr), "relax.astype", *_LAYOUT) if depth < 16 else None
+        if call is None or static_shape(expr) is None:
+            return None
+        if call.op.name != "relax.astype":
+            inner = self.padding_row(chain, call.args[0], depth + 1)
+            return None if inner is None else self.emit(
+                relax.Call(call.op, [inner, *call.args[1:]], call.attrs, call.ty_args, call.span))
+        source = call.args[0]
+        key = (("padding", source) if isinstance(source, relax.Var) else chain.value(expr), "row")
+        if key not in self.twins:
+            pairs = dtype_of(source) == "int64"
+            bits = self._word_bits(source, _HUGE_BITS if pairs else _INF_BITS, zero=True)
+            if bits is None:
+                return None
+            bits = self.emit(bits)
+            self.twins[key] = self.emit(relax.op.multiply(self.emit(relax.op.max(bits, axis=[-1])), _f32(4))) \
+                if pairs else bits
+        return self.twins[key]
 
     def _differs(self, chain: Chain, call):
         """The words of x - c for not_equal / equal(x, c), c an integer constant of one value
