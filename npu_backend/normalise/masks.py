@@ -63,6 +63,7 @@ from ..relax_info import dtype_of, static_shape
 from .causal_rows import causal_row_add
 from .chain_match import Chain
 from .finite_masks import safe_softmax, splits_finite, unseen_rows
+from .mask_words import nonzero_float, padding_row_of_words
 from .rewrite import as_pass, rewrite_functions
 
 _WHERE, _ASTYPE = tvm.ir.Op.get("relax.where"), tvm.ir.Op.get("relax.astype")
@@ -74,8 +75,6 @@ _NOT = ("relax.logical_not", "relax.bitwise_not")
 _LAYOUT = ("relax.reshape", "relax.expand_dims", "relax.broadcast_to", "relax.permute_dims", "relax.squeeze")
 _FLT_MAX = np.finfo(np.float32).max
 _ONE_BITS = int(np.float32(1).view(np.int32))  # 0x3F800000
-_INF_BITS = int(np.float32(-np.inf).view(np.int32))  # 0xFF800000, -8388608 as an int32
-_HUGE_BITS = int(np.float32(-2.0 ** 127).view(np.int32))  # 0xFF000000: times 4 it overflows to -inf
 
 
 def masks_as_float(mod: tvm.IRModule, causal_fits=None) -> tvm.IRModule:
@@ -336,42 +335,13 @@ class _MaskRewriter(relax.PyExprMutator):
         return relax.op.memory.view(self.emit(relax.op.multiply(nonzero, _i32(_ONE_BITS))), dtype="float32")
 
     def _nonzero_float(self, source):
-        """1.0 where the int32 or int64 `source` is nonzero, else +0.0 (float32): the words'
-        bits (_word_bits: +0.0 or 1.0 a word), an int64's pair's maximum (a
-        row max): two kernels (eight with clamps and magnitudes kernel by kernel, three with the
-        clamp's -4.0 / 1.0 squared in a float32 chain)."""
-        bits = self._word_bits(source, _ONE_BITS)
-        if bits is None or dtype_of(source) != "int64":
-            return bits
-        return relax.op.max(self.emit(bits), axis=[-1])
-
-    def _word_bits(self, source, bits: int, zero: bool = False):
-        """Per 32-bit word w of the int32 or int64 `source` (an int64 as pairs of words, a view),
-        the float32 of bits `bits` where w is nonzero, else +0.0 (`zero`: where w is zero), else
-        None. One int32 chain on the PE fabric: n = min(max(w, 0) * -1, w) is -|w| without an
-        overflow; max(n, -1) * -bits (nonzero), or max(n + 1, 0) * bits (zero), viewed as float32
-        (forms TVM's simplifier keeps, so the FABRIC body is the chain)."""
-        shape = static_shape(source)
-        if not shape or dtype_of(source) not in ("int32", "int64"):
-            return None
-        words = source
-        if dtype_of(source) == "int64":
-            words = self.emit(relax.op.memory.view(source, shape=(*shape, 2), dtype="int32"))
-        negated = self.emit(relax.op.multiply(self.emit(relax.op.maximum(words, _i32(0))), _i32(-1)))
-        magnitude = self.emit(relax.op.minimum(negated, words))
-        if zero:
-            flag, scale = relax.op.maximum(self.emit(relax.op.add(magnitude, _i32(1))), _i32(0)), bits
-        else:
-            flag, scale = relax.op.maximum(magnitude, _i32(-1)), -bits
-        return relax.op.memory.view(self.emit(relax.op.multiply(self.emit(flag), _i32(scale))), dtype="float32")
+        """1.0 where the int32 or int64 `source` is nonzero, else +0.0 (float32): mask_words.py."""
+        return nonzero_float(self.emit, source)
 
     def padding_row(self, chain: Chain, expr, depth: int = 0):
         """where(b, 0, -inf) for the boolean `expr` an int32 or int64 cast to bool under layout
-        ops (HF's padding row), straight from the words (_word_bits), else None: an int32's -inf
-        where it is zero, else +0.0 (one kernel); an int64's words -2^127 where zero, their pair's
-        maximum times 4 (one row kernel: a max, -2^127 where both words are zero, which 4 * -2^127
-        overflows to -inf): two kernels, where the twin B and (B - 1) * 2 * FLT_MAX took four
-        (the maximum of -inf words would not do: TVM's host max starts from -FLT_MAX)."""
+        ops (HF's padding row), straight from the words (mask_words.py: two kernels, where the twin
+        B and (B - 1) * 2 * FLT_MAX took four), else None."""
         call = chain.call(chain.value(expr), "relax.astype", *_LAYOUT) if depth < 16 else None
         if call is None or static_shape(expr) is None:
             return None
@@ -382,13 +352,10 @@ class _MaskRewriter(relax.PyExprMutator):
         source = call.args[0]
         key = (("padding", source) if isinstance(source, relax.Var) else chain.value(expr), "row")
         if key not in self.twins:
-            pairs = dtype_of(source) == "int64"
-            bits = self._word_bits(source, _HUGE_BITS if pairs else _INF_BITS, zero=True)
-            if bits is None:
+            row = padding_row_of_words(self.emit, source)
+            if row is None:
                 return None
-            bits = self.emit(bits)
-            self.twins[key] = self.emit(relax.op.multiply(self.emit(relax.op.max(bits, axis=[-1])), _f32(4))) \
-                if pairs else bits
+            self.twins[key] = row
         return self.twins[key]
 
     def _differs(self, chain: Chain, call):

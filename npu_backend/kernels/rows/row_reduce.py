@@ -74,8 +74,8 @@ def reduce_spec(name: str, annotated: dict) -> RowSpec:
     if not out_shape:
         raise UnsupportedOperator(f"{kind} of a vector to a scalar: the NPU's DMA stores tensors of rank 1..4 "
                                   "(keepdims=True keeps it on the NPU)")
-    return RowSpec("row_reduce", kind, shape, out_shape, rows, cols, source_ops=(kind,) + ("multiply",) * (scale is not None),
-                   symbols=symbols, scale=scale)
+    ops = (kind,) + (("multiply",) if scale is not None else ())
+    return RowSpec("row_reduce", kind, shape, out_shape, rows, cols, source_ops=ops, symbols=symbols, scale=scale)
 
 
 def reduce_compute(spec: RowSpec, tiling):
