@@ -163,9 +163,10 @@ def test_the_mask_of_every_layer_is_built_once():
         return op.add(bb.emit(op.add(layers[0], layers[1])), layers[2])
 
     after = masks_as_float(_module(build, shapes=((1, 8),), dtypes=["int64"]))
-    # the row's twin: s * 0x3F800000, f * f; the select: where(causal, 0, -inf) + (twin - 1) * 2 * FLT_MAX
-    assert _ops(after)["subtract"] == 1 and _ops(after)["memory.view"] == 2 and _ops(after)["multiply"] == 4
-    assert _ops(after)["add"] == 1 + 2  # the select's one add, the layers' two
+    # the row from the words (masks.py's padding_row): their chain (* -1, + 1, * bits), the pair's max
+    # times 4; the select: where(causal, 0, -inf) + that row
+    assert "subtract" not in _ops(after) and _ops(after)["memory.view"] == 2 and _ops(after)["multiply"] == 3
+    assert _ops(after)["add"] == 1 + 1 + 2  # the chain's + 1, the select's one add, the layers' two
     assert _ops(after)["max"] == 1 and "strided_slice" not in _ops(after)  # an int64's words as pairs, not slices
 
 

@@ -12,12 +12,11 @@ whose boolean `b` is built from constants and integer casts by the ops below is 
     b                                   B
     a constant                          the constant as float32
     astype(x, "bool"), x int32, int64   per 32-bit word w of x (an int64 viewed as pairs of words,
-                                        little-endian), s = max(min(w, 1), -1) in int32; as float32
-                                        s times 0x3F800000 (1.0f's bits) viewed as float32 (-4.0,
-                                        +0.0 or 1.0), min(f * f, 1), an int64's pair's maximum (a
-                                        row max): three kernels (two slices and six clamps,
-                                        magnitudes and maxima were eight); as int32 N, the maximum
-                                        over the words of max(s, -s)
+                                        little-endian), as float32 max(n, -1) * -0x3F800000
+                                        viewed as float32, n = min(max(w, 0) * -1, w) = -|w| (an
+                                        int32 chain, no overflow), an int64's pair's maximum (a row
+                                        max): two kernels; as int32 N, the maximum over the words
+                                        of max(s, -s), s = max(min(w, 1), -1)
     not_equal(x, c), c an int constant  N of the words of x - c (wrapping int32 subtracts)
     equal(x, c)                         1 - that
     bitwise_and / logical_and(a, c)     A * C
@@ -31,7 +30,9 @@ int8 x int8 -> int32 on the PE array; exact, as every product is 0 or 1 and inte
 round (n^2 MACs a row, counted as the model's). A scan on the vector unit would take n ELTWISE
 adds a row; the matmul is one GEMM kernel and sums in any order as exactly.
 
-And then where(b, 0, y) = (B - 1) * -y (B - 1 is -1 or +0), for y = -inf (B - 1) * 2 * FLT_MAX
+where(b, 0, -inf) of such a cast (HF's padding row) skips B: -2^127's bits where a word is zero,
+the pair's maximum times 4 (-inf where both are: two kernels, `padding_row`; an int32's -inf's
+bits, one). Else where(b, 0, y) = (B - 1) * -y (B - 1 is -1 or +0), for y = -inf (B - 1) * 2 * FLT_MAX
 (-2 * FLT_MAX overflows to -inf, 0 * FLT_MAX is 0); astype(b, "float32" or "int32") = B.
 where(c & r, 0, -inf) of a constant c and a run-time r is where(c, 0, -inf) (a constant) plus
 r's select on r's own shape: HF's causal triangle and padding row make the s x s mask in one add.
@@ -62,6 +63,7 @@ from ..relax_info import dtype_of, static_shape
 from .causal_rows import causal_row_add
 from .chain_match import Chain
 from .finite_masks import safe_softmax, splits_finite, unseen_rows
+from .mask_words import nonzero_float, padding_row_of_words
 from .rewrite import as_pass, rewrite_functions
 
 _WHERE, _ASTYPE = tvm.ir.Op.get("relax.where"), tvm.ir.Op.get("relax.astype")
@@ -198,10 +200,11 @@ class _MaskRewriter(relax.PyExprMutator):
         key = (chain.value(cond), float(y))
         if key not in self.selects:
             split = self._split_select(chain, cond, y)
-            twin = self.twin(chain, cond, 0) if split is None else None
-            if split is None and twin is None:
+            row = self.padding_row(chain, cond) if split is None and y == -np.inf else None
+            twin = self.twin(chain, cond, 0) if split is None and row is None else None
+            if split is None and row is None and twin is None:
                 return None
-            self.selects[key] = split if split is not None else self._additive(twin, y)
+            self.selects[key] = split if split is not None else row if row is not None else self._additive(twin, y)
         return self.selects[key]
 
     def _additive(self, twin, y: float):
@@ -229,10 +232,11 @@ class _MaskRewriter(relax.PyExprMutator):
         constant, other = (arrays[0], call.args[1]) if arrays[0] is not None else (arrays[1], call.args[0])
         if constant.dtype != np.bool_ or static_shape(other) is None:
             return None
-        twin = self.twin(chain, other, 0)
-        if twin is None:
+        row = self.padding_row(chain, other)
+        twin = self.twin(chain, other, 0) if row is None else None
+        if row is None and twin is None:
             return None
-        row = self._additive(twin, -np.inf)
+        row = row if row is not None else self._additive(twin, -np.inf)
         if constant.all():  # a bidirectional mask (BERT's): the row broadcast, which the attention reads as a row
             broadcast = relax.op.broadcast_to(row, np.broadcast_shapes(constant.shape, tuple(static_shape(other))))
             self.broadcasts.append(self.builder_.normalize(broadcast))
@@ -331,20 +335,28 @@ class _MaskRewriter(relax.PyExprMutator):
         return relax.op.memory.view(self.emit(relax.op.multiply(nonzero, _i32(_ONE_BITS))), dtype="float32")
 
     def _nonzero_float(self, source):
-        """1.0 where the int32 or int64 `source` is nonzero, else +0.0 (float32), in three
-        kernels where `_nonzero` took eight for an int64 (two slices, two clamps and two
-        magnitudes, a maximum, a multiply): its words as pairs (a view), s = max(min(w, 1), -1)
-        times 0x3F800000 viewed as float32 (-4.0, +0.0 or 1.0: an int32 chain), min(f * f, 1)
-        (a float32 chain: 1.0 or +0.0), the maximum of each pair (a row reduction)."""
-        shape = static_shape(source)
-        if not shape:
+        """1.0 where the int32 or int64 `source` is nonzero, else +0.0 (float32): mask_words.py."""
+        return nonzero_float(self.emit, source)
+
+    def padding_row(self, chain: Chain, expr, depth: int = 0):
+        """where(b, 0, -inf) for the boolean `expr` an int32 or int64 cast to bool under layout
+        ops (HF's padding row), straight from the words (mask_words.py: two kernels, where the twin
+        B and (B - 1) * 2 * FLT_MAX took four), else None."""
+        call = chain.call(chain.value(expr), "relax.astype", *_LAYOUT) if depth < 16 else None
+        if call is None or static_shape(expr) is None:
             return None
-        pairs = dtype_of(source) == "int64"
-        words = self.emit(relax.op.memory.view(source, shape=(*shape, 2), dtype="int32")) if pairs else source
-        sign = self.emit(relax.op.maximum(self.emit(relax.op.minimum(words, _i32(1))), _i32(-1)))
-        bits = self.emit(relax.op.memory.view(self.emit(relax.op.multiply(sign, _i32(_ONE_BITS))), dtype="float32"))
-        nonzero = relax.op.minimum(self.emit(relax.op.multiply(bits, bits)), _f32(1))
-        return relax.op.max(self.emit(nonzero), axis=[-1]) if pairs else nonzero
+        if call.op.name != "relax.astype":
+            inner = self.padding_row(chain, call.args[0], depth + 1)
+            return None if inner is None else self.emit(
+                relax.Call(call.op, [inner, *call.args[1:]], call.attrs, call.ty_args, call.span))
+        source = call.args[0]
+        key = (("padding", source) if isinstance(source, relax.Var) else chain.value(expr), "row")
+        if key not in self.twins:
+            row = padding_row_of_words(self.emit, source)
+            if row is None:
+                return None
+            self.twins[key] = row
+        return self.twins[key]
 
     def _differs(self, chain: Chain, call):
         """The words of x - c for not_equal / equal(x, c), c an integer constant of one value

@@ -37,13 +37,17 @@ CHAIN_MARK = "_chain"
 QLINEAR_PREFIX = "cgra.qlinear"
 #: The attention kernel reads its scale and its guard's constants at compile time too.
 ATTENTION_PATTERN = "cgra.attention"
+#: So does a scaled row reduction (rows/row_reduce.py: "cgra.row_max_scaled"), its scale a VFUNC immediate.
+SCALED_MARK = "_scaled"
 
 
 def reads_immediates(composite: str) -> bool:
     """Whether the kernel of pattern `composite` reads its one-element constants at compile
     time, as a body's immediates (partition/scalar_args.py binds them inside it): a chain's, or
-    an integer QLinearAdd's (elementwise/qlinear.py), or an attention's scale and guard."""
-    return CHAIN_MARK in composite or composite.startswith((QLINEAR_PREFIX, ATTENTION_PATTERN))
+    an integer QLinearAdd's (elementwise/qlinear.py), an attention's scale and guard, or a scaled
+    row reduction's scale."""
+    return CHAIN_MARK in composite or composite.startswith((QLINEAR_PREFIX, ATTENTION_PATTERN)) \
+        or (composite.startswith("cgra.row_") and composite.endswith(SCALED_MARK))
 
 
 def reads_constants(composite: str) -> bool | str:

@@ -80,6 +80,7 @@ class RowSpec:
     out_dtype: str = F32
     role_dtypes: tuple = ()
     in_dtype: str = F32  # x's: float32, or a 16-bit float a first "cast" step widens (half_norms.py)
+    scale: float | None = None  # a scaled sum or max's constant (row_reduce.py)
     dtype = F32
     acc_dtype = F32
     macs = 0
