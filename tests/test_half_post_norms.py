@@ -10,7 +10,11 @@ times a power of two), so that the model's is the kernel's.
 
 from __future__ import annotations
 
+import pathlib
+import sys
+
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tvm import relax
@@ -129,3 +133,23 @@ def test_a_16_bit_llamas_final_norm_runs_in_its_down_projection_bit_for_bit(arch
     names = [k.name for k in prof.kernels]
     assert len(names) == 1 and "rms_norm" in names[0], names
     np.testing.assert_array_equal(out.reshape(rows, n).view(np.uint16), expected.view(np.uint16))
+
+
+@pytest.mark.slow  # about 60 s each: an export and a compile
+@pytest.mark.parametrize("name, fused", [("bert", 4), ("llama", 1)])
+def test_bf16_bert_and_llama_run_their_post_norms_in_their_gemms_within_the_formats_tolerance(name, fused):
+    """BERT's four post-norms (two layers: attention output, MLP) and Llama's final norm run in
+    the GEMM before them: the only norm kernel left on its own is BERT's embedding norm. Within
+    2 ** -5 of the output's scale of PyTorch's bf16 run, as bench_half.py's other bf16 runs."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_half import run as run_model
+
+    _, _, error, prof = run_model(name, "bfloat16", "cgra-8x8", 32)
+    assert error <= 2.0 ** -5
+    norm = "layer_norm" if name == "bert" else "rms_norm"
+    # (Llama's pre-norms run in the prologues of the GEMMs after them: the norm before the matmul)
+    assert sum(0 <= k.name.find("matmul") < k.name.find(norm) for k in prof.kernels) == fused
+    alone = [k.name for k in prof.kernels if norm in k.name and "matmul" not in k.name]
+    assert len(alone) == (1 if name == "bert" else 0), alone

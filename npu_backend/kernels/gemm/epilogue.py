@@ -211,7 +211,7 @@ def with_epilogue_tail(spec: KernelSpec, annotated: dict, name: str = "") -> Ker
     if is_rope_pattern(name):
         return with_rope(spec, annotated)
     if is_half_post_norm_pattern(name):  # half_post_norm.py: rounded, added in h, normed, rounded
-        return with_half_post_norm(spec, annotated, with_epilogue_tail)
+        return with_half_post_norm(spec, annotated, with_epilogue_tail, with_reshape)
     if is_post_norm_pattern(name):  # post_norm.py: this chain, then a layer norm of its rows
         return with_post_norm(spec, annotated, name, with_epilogue_tail)
     if "half_act_cast" in annotated:  # half_bias.py: a rounded linear's activation, rounded

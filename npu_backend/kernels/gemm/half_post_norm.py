@@ -112,12 +112,13 @@ def is_half_post_norm_pattern(name: str) -> bool:
     return SUFFIX in name
 
 
-def with_half_post_norm(spec, annotated: dict, tail):
-    """`spec` (epilogue.epilogue_fields': half_out the rounding cast's h) with the residual
-    (`tail`: epilogue.with_epilogue_tail) and the norm; refuses what the kernel does not compute
-    (the GEMM, the add and the norm then run as their own kernels)."""
+def with_half_post_norm(spec, annotated: dict, tail, with_reshape):
+    """`spec` (epilogue.epilogue_fields': half_out the rounding cast's h) with the reshape
+    (`with_reshape`: epilogue_tail's, which imports post_norm, which imports this) and the
+    residual (`tail`: epilogue.with_epilogue_tail) and the norm; refuses what the kernel does not
+    compute (the GEMM, the add and the norm then run as their own kernels)."""
     if "half_scaled" in annotated:
-        return _with_rms(spec, annotated, tail)
+        return _with_rms(spec, annotated, tail, with_reshape)
     what = f"a {spec.half_out} layer_norm after the {spec.op}'s rounded residual add"
     norm, h = annotated["post_norm"], spec.half_out
     if spec.op != "matmul" or spec.compute_name != "matmul" or spec.batch > 1 or not rows_only(spec) or \
@@ -125,8 +126,6 @@ def with_half_post_norm(spec, annotated: dict, tail):
             spec.fabric_body or spec.row_norm or spec.multiplier_shape:
         raise UnsupportedOperator(f"{what}: fused after a 16-bit 2-D matmul rounding its biased sum to the "
                                   "norm's format; the ops run as their own kernels")
-    from .epilogue_tail import with_reshape  # (here: epilogue_tail imports post_norm, which imports this)
-
     spec = with_reshape(spec, annotated)
     inner = {role: expr for role, expr in annotated.items() if role not in _OWN and role != "reshape"}
     spec = tail(spec, inner, f"cgra.{spec.op}_residual")
@@ -149,12 +148,10 @@ _OWN = ("bias_wide", "half_cast", "res_added", "norm_wide", "post_norm", "norm_g
         "half_scaled")
 
 
-def _with_rms(spec, annotated: dict, tail):
+def _with_rms(spec, annotated: dict, tail, with_reshape):
     """`spec` of the RMS form: a 16-bit GEMM storing its float32 sum (normalise/half_linears.py's),
     plus a float32 residual, the float32 RMSNorm of that without a weight, rounded to the GEMM's
     16-bit dtype h, times the weight g in h (kernels/rows/half_norms.py's program)."""
-    from .epilogue_tail import with_reshape  # (here: epilogue_tail imports post_norm, which imports this)
-
     norm, h = annotated["post_norm"], spec.dtype
     what = f"rms_norm after the {h} {spec.op}'s residual add, rounded to h and weighted"
     if spec.op != "matmul" or spec.compute_name != "matmul" or spec.batch > 1 or not rows_only(spec) or \
