@@ -49,11 +49,10 @@ from tvm.relax.dpl import is_op, wildcard
 
 from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of, shape_dims
-from ..rows.half_norms import HALF_FLOATS
 from ..common.operands import padded
 from ..intrinsics import get_intrin
+from ..rows.half_norms import HALF_FLOATS
 from ..rows.rows import Step, shapes_of
-from .post_norm_rows import rows_only
 
 F32 = "float32"
 #: The pattern-name suffix: "cgra.linear_half_post_norm" (post_norm.is_post_norm_pattern holds too).
@@ -121,11 +120,11 @@ def with_half_post_norm(spec, annotated: dict, tail, with_reshape):
         return _with_rms(spec, annotated, tail, with_reshape)
     what = f"a {spec.half_out} layer_norm after the {spec.op}'s rounded residual add"
     norm, h = annotated["post_norm"], spec.half_out
-    if spec.op != "matmul" or spec.compute_name != "matmul" or spec.batch > 1 or not rows_only(spec) or \
+    if spec.op != "matmul" or spec.compute_name != "matmul" or spec.batch > 1 or spec.symbols or \
             h is None or spec.half_via or spec.acc_dtype != F32 or spec.dtype != h or spec.act or \
             spec.fabric_body or spec.row_norm or spec.multiplier_shape:
-        raise UnsupportedOperator(f"{what}: fused after a 16-bit 2-D matmul rounding its biased sum to the "
-                                  "norm's format; the ops run as their own kernels")
+        raise UnsupportedOperator(f"{what}: fused after a static 16-bit 2-D matmul rounding its biased sum to "
+                                  "the norm's format; the ops run as their own kernels")
     spec = with_reshape(spec, annotated)
     inner = {role: expr for role, expr in annotated.items() if role not in _OWN and role != "reshape"}
     spec = tail(spec, inner, f"cgra.{spec.op}_residual")
@@ -154,11 +153,11 @@ def _with_rms(spec, annotated: dict, tail, with_reshape):
     16-bit dtype h, times the weight g in h (kernels/rows/half_norms.py's program)."""
     norm, h = annotated["post_norm"], spec.dtype
     what = f"rms_norm after the {h} {spec.op}'s residual add, rounded to h and weighted"
-    if spec.op != "matmul" or spec.compute_name != "matmul" or spec.batch > 1 or not rows_only(spec) or \
+    if spec.op != "matmul" or spec.compute_name != "matmul" or spec.batch > 1 or spec.symbols or \
             h not in HALF_FLOATS or spec.half_out or spec.half_via or spec.acc_dtype != F32 or spec.act or \
             spec.bias_shape or spec.fabric_body or spec.row_norm or spec.multiplier_shape:
-        raise UnsupportedOperator(f"{what}: fused after a 16-bit 2-D matmul storing its float32 sum; the norm runs "
-                                  "on its own")
+        raise UnsupportedOperator(f"{what}: fused after a static 16-bit 2-D matmul storing its float32 sum; the "
+                                  "norm runs on its own")
     spec = tail(with_reshape(spec, annotated), {role: expr for role, expr in annotated.items()
                                                  if role not in _OWN and role != "reshape"}, f"cgra.{spec.op}_residual")
     n = spec.gemm_extents[1]
