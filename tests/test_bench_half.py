@@ -52,5 +52,5 @@ def test_a_bfloat16_encoders_q_k_v_are_one_gemm_within_the_formats_tolerance(nam
     cycles, _, error, prof = run(name, "bfloat16", "cgra-8x8", 32)
     assert error <= 2.0 ** -5
     assert sum("matmul" in k.name for k in prof.kernels) == gemms
-    if name == "vit":  # the final norm alone keeps its kernel
-        assert sum("layer_norm" in k.name and "matmul" not in k.name for k in prof.kernels) == 1
+    if name == "vit":  # the final norm runs in the last fc2's epilogue, rounded (kernels/gemm/half_post_norm.py)
+        assert sum("layer_norm" in k.name and "matmul" not in k.name for k in prof.kernels) == 0

@@ -39,6 +39,7 @@ from .channel_rows import channel_row
 from .gated import is_gated_pattern, with_gated
 from .half_bias import half_bias_graphs, rounded_via, stored_dtype, with_rounded_act
 from .qadd_epilogue import qadd_body, qadd_tail, qadd_value, with_qadd
+from .half_post_norm import is_half_post_norm_pattern, with_half_post_norm
 from .post_norm import is_post_norm_pattern, post_norm_intrin, with_post_norm
 from .rope_epilogue import combine_intrin, is_rope_pattern, with_rope
 from .residual_lhs import reads_lhs_twice, with_lhs_residual
@@ -209,6 +210,8 @@ def with_epilogue_tail(spec: KernelSpec, annotated: dict, name: str = "") -> Ker
         return with_gated(spec, annotated)
     if is_rope_pattern(name):
         return with_rope(spec, annotated)
+    if is_half_post_norm_pattern(name):  # half_post_norm.py: rounded, added in h, normed, rounded
+        return with_half_post_norm(spec, annotated, with_epilogue_tail, with_reshape)
     if is_post_norm_pattern(name):  # post_norm.py: this chain, then a layer norm of its rows
         return with_post_norm(spec, annotated, name, with_epilogue_tail)
     if "half_act_cast" in annotated:  # half_bias.py: a rounded linear's activation, rounded

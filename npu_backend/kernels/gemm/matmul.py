@@ -22,6 +22,7 @@ from ...relax_info import shape_dims
 from ..common.dynamic import caller_dims, read_shape, symbols_of
 from ..family import OpFamily
 from .gated import gated_epilogue
+from .half_post_norm import half_summed_operands
 from .post_norm import post_norm_epilogue, single_buffered, summed_spec
 from .rope_epilogue import rope_epilogue, rope_operands
 from .gemm import choose_gemm_tiling
@@ -212,7 +213,8 @@ def matmul_compute(spec: KernelSpec, tiling: Tiling):
         operands = {role: value for role, value in operands.items() if value is not None}
     else:
         operands = lhs_as_residual(spec, epilogue_operands(spec, (m, n)), a)  # x @ W + x: residual_lhs.py
-        epi = epilogue_compute(summed_spec(spec) if spec.post_norm else spec, acc, tiling, operands,
+        epi = epilogue_compute(summed_spec(spec) if spec.post_norm else spec, acc, tiling,
+                               half_summed_operands(spec, operands),  # (a 16-bit post-norm's: half_post_norm.py)
                                out_index=lambda i, j: (i, j), name="post_summed" if spec.post_norm else "epi")
         if spec.post_norm:  # the layer norm of the sum's rows: post_norm.py
             epi = post_norm_epilogue(spec, epi, tiling, operands)

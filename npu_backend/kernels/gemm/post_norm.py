@@ -64,11 +64,12 @@ from ...relax_info import dtype_of, shape_dims, static_shape
 from ..common.spec import Tiling
 from ..intrinsics import SPAD, get_intrin
 from ..rows.norms import steps_of
+from .half_post_norm import cast_intrin, half_post_norm_graphs, half_program, program_kinds, residual_tile, role_dtype
 from .patch_norm import patch_norm_graphs, with_patch_norm
 from .post_norm_rows import regret_tiling, rows_only
 from .gemm_estimate import estimate_cycles, gemm_footprint, may_hold_a_panel
 from .row_norm import tensorize_row_reduce
-from ..rows.rows import RowSpec, Step, choose_row_tiling, estimate_row_cycles, shapes_of, stage_of, step_cycles
+from ..rows.rows import RowSpec, Step, choose_row_tiling, estimate_row_cycles, stage_of, step_cycles
 
 F32 = "float32"
 #: The pattern-name suffix: "cgra.linear_post_norm", "cgra.linear_post_norm_plain".
@@ -115,7 +116,7 @@ def post_norm_graphs(roots) -> list[tuple]:
                 if top is rms:
                     del roles["norm_beta"]
                 graphs.append((f"cgra.{root.name}{SUFFIX}{suffix}", top, roles, root.name))
-    return graphs + patch_norm_graphs(roots)  # a patch conv's norm, without a residual: patch_norm.py
+    return graphs + patch_norm_graphs(roots) + half_post_norm_graphs(roots)  # (patch_norm.py, half_post_norm.py)
 
 
 def is_post_norm_pattern(name: str) -> bool:
@@ -192,9 +193,9 @@ def _steps(spec) -> tuple:
     names = {step.name: PREFIX + step.name for step in plain}
     names[plain[-1].name] = "epi"
     names["x"] = x
-    return tuple(before) + tuple(dataclasses.replace(step, name=names[step.name],
-                                                     inputs=tuple(names.get(i, i) for i in step.inputs))
-                                 for step in plain)
+    steps = tuple(before) + tuple(dataclasses.replace(step, name=names[step.name],
+                                                      inputs=tuple(names.get(i, i) for i in step.inputs)) for step in plain)
+    return half_program(steps, spec)  # a 16-bit GEMM's: rounded as PyTorch does (half_post_norm.py)
 
 
 def _norm_steps(kind: str, n: int, eps: float, affine: bool) -> tuple:
@@ -219,7 +220,8 @@ def _rows(spec) -> dict:
 def summed_spec(spec):
     """The spec whose EPILOGUE computes the sum the program reads: no channel scale or shift
     (the program's ELTWISEs), no norm."""
-    return dataclasses.replace(spec, channel_scale_shape=None, channel_shift_shape=None, post_norm=None)
+    return dataclasses.replace(spec, channel_scale_shape=None, channel_shift_shape=None, post_norm=None,
+                               residual_shape=None if spec.half_out else spec.residual_shape)  # (added in h after)
 
 
 def _blocks(spec) -> list:
@@ -237,12 +239,12 @@ def post_norm_epilogue(spec, summed, tiling, operands: dict):
     gamma and beta, (N,) parameters (read as rows when the norm applies them), join `operands`."""
     n = spec.gemm_extents[1]
     for role, _ in ROLES:  # (an RMSNorm without beta has no norm_beta parameter: its placeholder goes unused)
-        operands[role] = te.placeholder((n,), F32, name=role)
-    tensors = {"x": summed}
+        operands[role] = te.placeholder((n,), role_dtype(spec, role), name=role)
+    tensors = {"x": summed, **residual_tile(spec, summed, operands)}
     for row, role in _rows(spec).items():
         tensors[row] = _row_load(operands[role], tiling.np, f"{PREFIX}{row}_row")
     steps = _steps(spec)
-    kinds = shapes_of(steps, tuple(_rows(spec)))
+    kinds = program_kinds(steps, tuple(_rows(spec)))
     for step in steps:
         tensors[step.name] = stage_of(step, tensors, kinds, summed.shape[0], tiling.np)
     return tensors["epi"]
@@ -277,7 +279,7 @@ def tensorize_post_norm(sch, spec, rows: int, piece_loop, epilogue) -> None:
             sch.compute_at(sch.get_sblock(name), piece_loop)
     sch.tensorize(sch.get_loops(sch.get_sblock(SUMMED))[-2], epilogue)
     steps = _steps(spec)
-    kinds, tm, width = shapes_of(steps, tuple(_rows(spec))), rows, spec.gemm_extents[1]
+    kinds, tm, width = program_kinds(steps, tuple(_rows(spec))), rows, spec.gemm_extents[1]
     for step in steps[:-1]:
         block = sch.get_sblock(step.name)
         if step.kind == "reduce":
@@ -291,16 +293,18 @@ def tensorize_post_norm(sch, spec, rows: int, piece_loop, epilogue) -> None:
 def _intrin(step, kinds: dict, rows: int, width: int) -> str:
     """A VFUNC or ELTWISE step's intrinsic over `rows` rows of the tile."""
     width = width if kinds[step.name] == "full" else 1
+    if step.kind == "cast":  # (the 16-bit form's, half_post_norm.py)
+        return cast_intrin(step, rows, width)
     if step.kind == "vfunc":
         return get_intrin("vfunc", rows, width, step.func, scale=step.scale, offset=step.offset)
     a_full, b_full = (_FULL[kinds[i]] for i in step.inputs)
-    return get_intrin("eltwise", rows, width, step.func, F32, a_full=a_full, b_full=b_full)
+    return get_intrin("eltwise", rows, width, step.func, step.dtype, a_full=a_full, b_full=b_full)
 
 
 def post_norm_intrin(spec, tiling, rows: int) -> str:
     """The intrinsic of the tile's `epi`: the program's last ELTWISE."""
     steps = _steps(spec)
-    return _intrin(steps[-1], shapes_of(steps, tuple(_rows(spec))), rows, tiling.np)
+    return _intrin(steps[-1], program_kinds(steps, tuple(_rows(spec))), rows, tiling.np)
 
 
 # ------------------------------------------------------------------ tiling and price
@@ -328,7 +332,7 @@ def post_norm_tiles(spec) -> tuple:
     if not spec.post_norm:
         return (0, 0)
     steps = _steps(spec)
-    kinds = shapes_of(steps, tuple(_rows(spec)))
+    kinds = program_kinds(steps, tuple(_rows(spec)))
     return (2 + sum(kinds[step.name] == "full" for step in steps[:-1]), 0)
 
 
@@ -336,7 +340,7 @@ def post_norm_tile_cycles(spec, arch):
     """cycles(elements) -> (PE array, vector unit) cycles of the program on an output tile of
     elements / N whole rows (rows.step_cycles, as the norm kernel prices it)."""
     steps = _steps(spec)
-    kinds, n = shapes_of(steps, tuple(_rows(spec))), spec.gemm_extents[1]
+    kinds, n = program_kinds(steps, tuple(_rows(spec))), spec.gemm_extents[1]
     return lambda elements: (0, step_cycles(arch, steps, kinds, max(elements // n, 1), n))
 
 
@@ -423,7 +427,7 @@ def check_post_norm(spec, tiling, arch, choose_gemm_tiling) -> None:
     pattern is then refused by the one with gamma and beta too, whatever the partition's plan
     tries, partition/plans.py): then the norm runs on its own. `choose_gemm_tiling`: gemm.py's,
     which calls this. A patch conv's norm is not priced (patch_norm.py: measured cheaper fused)."""
-    if not spec.post_norm or spec.patch_channels:
+    if not spec.post_norm or spec.patch_channels or spec.dtype != F32:  # (half_post_norm.py: measured)
         return
     apart_spec = dataclasses.replace(spec, post_norm=None)
     m, n, _ = spec.gemm_extents
