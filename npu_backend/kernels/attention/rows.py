@@ -57,7 +57,7 @@ from ..common.spec import SINGLE_BUFFERED
 from cgra_sim.isa import GEMM_ACCUMULATE, VFunc
 
 from .attention_tiles import LOWEST, TINY, RowTiling, mask_in_gemm, mask_on_pe, scale_at, score_copies
-from . import diagonal_exps, fabric_exps
+from . import diagonal_exps, fabric_exps, scores_mask
 from .diagonal_exps import p_copies
 from .prim_build import KernelBuilder, both, eq, guarded, lt, ne, plus
 from .script_text import F32, call, eltwise, fill, gemm, reduce, rounded, vfunc, with_arg_shapes
@@ -261,6 +261,8 @@ def _load_q(w: KernelBuilder, spec, t: RowTiling, item: _Item) -> None:
             w.store("q", (item.slot, y * t.tq + i, e), load)
     if t.mask == "tile":
         _load_mask_tile(w, spec, t, item)
+    elif t.mask == scores_mask.MODE:  # straight into its S: no copy (scores_mask.py)
+        scores_mask.load(w, spec, t, item)
 
 
 def _load_mask_tile(w: KernelBuilder, spec, t: RowTiling, item: _Item) -> None:
@@ -276,11 +278,12 @@ def _scores(w: KernelBuilder, spec, t: RowTiling, item: _Item, scale_k: bool = F
     """[Kᵀ * scale (`scale_k`), Q * scale (in place)] and S = Q Kᵀ of the item; with a mask of
     whole tiles, S = mask + Q Kᵀ: the mask copied into S (VFUNC identity: one read a score, where
     an ELTWISE add reads two) and the GEMM accumulating onto it, which rounds fl(Q Kᵀ) + mask as
-    the ELTWISE did. The copy comes first: the mask is the first load (rows_func)."""
+    the ELTWISE did. The copy comes first: the mask is the first load (rows_func). A mask loaded
+    into S with the item's Q (scores_mask.py) needs no copy."""
     tq, qs, ps = t.rows, t.q_stride, t.p_stride
     q = (w["q"], item.slot * (tq * qs), qs)
     s = (w["s"], item.s_slot * (tq * ps), ps)
-    if mask_in_gemm(spec):
+    if mask_in_gemm(spec) and t.mask != scores_mask.MODE:
         a = _mask_operand(w, spec, t, item)
         w.add(call("cgra_vfunc", flags=0, func=int(VFunc.IDENTITY), dtype=F32, rows=tq, cols=spec.sk,
                    a_addr=a[:2], a_row_stride=a[2], a_col_stride=a[3], out_addr=s[:2], out_stride=ps,
