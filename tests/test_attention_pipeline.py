@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import npu_backend
+from npu_backend.kernels import registry
 from npu_backend.kernels.attention import attention_tiles, rows
 from npu_backend.target import relax_ext
 from npu_backend.kernels.attention.flash_tiles import FlashTiling
@@ -32,10 +33,12 @@ def _inputs(b, h, hk, s, d, mask_shape, seed):
 
 
 def _plain(monkeypatch):
-    """The plain form: every Q tile scaled, the mask added by an ELTWISE."""
+    """The plain form: every Q tile scaled, the mask added by an ELTWISE (held whole: the tiling
+    searched again, a mask of the fast form's loaded into S, scores_mask.py, is not added so)."""
     monkeypatch.setattr(rows, "scale_at", lambda spec: None if spec.scale is None else "q")
     monkeypatch.setattr(rows, "mask_in_gemm", lambda spec: False)
     monkeypatch.setattr(attention_tiles, "mask_in_gemm", lambda spec: False)
+    monkeypatch.setattr(registry, "_TILINGS", {})
 
 
 @pytest.mark.parametrize("h, hk, mask, safe, d", [(4, 2, "tile", True, 16), (4, 4, "none", False, 16),

@@ -26,12 +26,18 @@ from ..common.spad_layout import a_row_stride
 from ..common.spec import aligned, round_up
 from ..common.unary import halvings
 from .diagonal_exps import applies, diagonal_exp_cycles, p_copies
+from . import fabric_exps, scores_mask
 from .flash_tiles import choose_flash_tiling
 from .spec import AttentionSpec
 
 LOWEST = float(np.finfo(np.float32).min)  # a safe softmax's max starts here, not at -inf
 TINY = float(np.finfo(np.float32).tiny)  # added to a safe softmax's sum before its reciprocal
 F32_BYTES = 4
+#: The fabric's share of the exps and the mask loaded into S are taken only where they are priced
+#: this much cheaper: ViT's four items of 17 x 17, priced 0.3% cheaper with 2 rows on the fabric,
+#: ran 7.5% dearer (4,752 -> 5,108 cycles: each item's exps wait for the fabric's latency, which the
+#: pipelined estimate does not see).
+MARGIN = 0.03
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +56,7 @@ class RowTiling:
     sums_on_pe: bool = False
     stack: int = 1
     diagonal: bool = False  # the exps over each row's visible keys, into P per query tile (diagonal_exps.py)
+    fabric_rows: int = 0  # rows of an item whose exps the fabric computes (fabric_exps.py)
 
     @property
     def tm(self) -> int:
@@ -129,22 +136,24 @@ def attention_footprint(spec, t: RowTiling) -> int:
     item = aligned(2 * tq * t.q_stride * F32_BYTES) + aligned(score_copies(spec) * tq * t.p_stride * F32_BYTES)
     item += 3 * aligned(2 * tq * F32_BYTES) + 2 * aligned(2 * tq * dv * F32_BYTES)
     item += aligned(max(sk, tq) * F32_BYTES) + aligned(F32_BYTES)  # the ones, the scale
-    mask = aligned(_mask_rows(spec, t) * spec.mask_shape[4] * F32_BYTES) if t.mask != "none" else 0
+    mask = aligned(_mask_rows(spec, t) * spec.mask_shape[4] * F32_BYTES) if t.mask in ("whole", "tile") else 0
     if spec.causal is not None and t.tq > 1:  # the triangle (rows.py)
         mask += aligned(tq * (t.tq - 1) * F32_BYTES)
     if t.diagonal:  # P per query tile
         item += aligned(p_copies(t) * tq * t.p_stride * F32_BYTES)
+    item += aligned(fabric_exps.footprint(t, sk) * F32_BYTES)
     if spec.unseen:  # c 1ᵀ V per K / V head, the row of c and the unseen rows' flags (rows.py)
         item += aligned(t.kv_copies * dv * F32_BYTES) + aligned(sk * F32_BYTES) + aligned(2 * tq * F32_BYTES)
     return kv + item + mask
 
 
 def attention_item_cycles(spec, arch: HardwareDescription, tq: int, sums_on_pe: bool = False, tile: int = -1,
-                          stack: int = 1, per_kv: int = 0, diagonal: bool = False) -> tuple:
+                          stack: int = 1, per_kv: int = 0, diagonal: bool = False, fabric_rows: int = 0) -> tuple:
     """(vector unit, PE array) cycles of one item: its softmax and scale, its two GEMMs [and the
     row sums' GEMM P 1, else a REDUCE] [, the triangle]; over query tile `tile`'s keys (-1: all),
     the tq rows of `stack` query heads; `per_kv` items of a K / V head share its scale (0: G);
-    `diagonal`: the exps over the rows' visible keys alone (diagonal_exps.py)."""
+    `diagonal`: the exps over the rows' visible keys alone (diagonal_exps.py); `fabric_rows` rows'
+    exps on the fabric (fabric_exps.py)."""
     sk, d, dv = (spec.sk if tile < 0 else tile_keys(spec, tq, tile)), spec.d, spec.dv
     band = band_width(spec, tq, tile) if tile >= 0 else 0
     exps = diagonal_exp_cycles(spec, arch, tq, stack, tile) if diagonal and tile >= 0 else None
@@ -172,7 +181,13 @@ def attention_item_cycles(spec, arch: HardwareDescription, tq: int, sums_on_pe: 
     exp = cost.vfunc_issue_cycles if spec.causal is not None else cost.vfunc_cycles
     vector += cost.eltwise_cycles(arch, tq * sk, tq * sk + tq) + (exp(arch, tq * sk, "exp") if exps is None else exps)
     vector += cost.vfunc_cycles(arch, tq, "reciprocal", offset=spec.safe) + cost.eltwise_cycles(arch, tq * dv, tq * dv + tq)
-    return vector, pe
+    saved, added = fabric_exps.fabric_share_cycles(spec, arch, tq, sk, fabric_rows, exp_scale(spec), sums_on_pe)
+    return vector - saved, pe + added
+
+
+def exp_scale(spec):
+    """The exp's scale (a power of two, rows.py), or None."""
+    return spec.scale if scale_at(spec) == "exp" else None
 
 
 def sums_on_pe(spec, arch: HardwareDescription, tq: int) -> bool:
@@ -192,15 +207,21 @@ def estimate_attention_cycles(spec, arch: HardwareDescription, t: RowTiling) -> 
     load = cost.dma_transfer_cycles(arch, t.rows * spec.d * F32_BYTES) + kv // (groups * tiles)
     if t.mask == "tile":
         load += cost.dma_transfer_cycles(arch, (_mask_rows(spec, t) // 2) * spec.mask_shape[4] * F32_BYTES)
+    copy = 0
+    if t.mask == scores_mask.MODE:  # the mask tile's load into S instead of its copy
+        copy, loaded = scores_mask.item_cycles(spec, arch, t.rows)
+        load += loaded
     store = cost.dma_transfer_cycles(arch, t.rows * spec.dv * F32_BYTES)
     steps = []
     for tile in range(tiles):  # under a causal triangle each query tile its own keys
         causal = spec.causal is not None
         vector, pe = attention_item_cycles(spec, arch, t.tq, t.sums_on_pe, tile if causal else -1, t.stack,
-                                           groups * tiles if causal else 0, t.diagonal)
+                                           groups * tiles if causal else 0, t.diagonal, t.fabric_rows)
+        vector -= copy
         waits = (arch.dma_latency + kv + pe) // (groups * tiles) if t.kv_copies == 1 else 0  # a head's load
         steps.append(max(vector, pe, load + waits, store))  # after the last GEMM of the head before
     ends = 2 * arch.dma_latency + kv + pe + cost.eltwise_cycles(arch, t.rows * spec.dv, t.rows * spec.dv + t.rows) + store
+    ends += fabric_exps.config_cycles(arch, t.fabric_rows, exp_scale(spec))
     return items // tiles * sum(steps) + ends
 
 
@@ -249,7 +270,7 @@ def choose_attention_tiling(spec, arch: HardwareDescription):
         rows = None
     flash = choose_flash_tiling(spec, arch) if not spec.unseen else None  # c 1ᵀ V: rows.py only
     if rows is not None and (flash is None or whole_row_dma_bytes(spec, rows) <= flash.dma_bytes):
-        return rows
+        return fabric_tiling(spec, arch, scores_mask_tiling(spec, arch, rows))  # neither compared with flash
     if flash is not None:
         return flash
     raise ScratchpadTooSmall(
@@ -274,6 +295,34 @@ def diagonal_tiling(spec, arch: HardwareDescription, t: RowTiling) -> RowTiling:
     return diagonal
 
 
+def fabric_tiling(spec, arch: HardwareDescription, t: RowTiling) -> RowTiling:
+    """`t` with the share of each item's exp rows on the fabric (fabric_exps.py) the estimate
+    prices cheapest, where it applies, fits and is estimated MARGIN cheaper than none, else `t`."""
+    if not fabric_exps.applies(spec, t.stack) or t.diagonal:
+        return t
+    vector, pe = attention_item_cycles(spec, arch, t.tq, t.sums_on_pe)
+    if vector <= pe:  # the PE array the busier unit already (nor the fabric's bodies mapped)
+        return t
+    best, cycles = t, estimate_attention_cycles(spec, arch, t)
+    for rows in range(1, t.rows + 1):
+        candidate = dataclasses.replace(t, fabric_rows=rows)
+        if attention_footprint(spec, candidate) <= arch.spad_bytes:
+            estimate = estimate_attention_cycles(spec, arch, candidate)
+            if estimate < cycles:
+                best, cycles = candidate, estimate
+    return best if cycles < (1 - MARGIN) * estimate_attention_cycles(spec, arch, t) else t
+
+
+def scores_mask_tiling(spec, arch: HardwareDescription, t: RowTiling) -> RowTiling:
+    """`t` with its mask of whole tiles loaded into S per item (scores_mask.py) instead of held
+    whole and copied, where that is estimated MARGIN cheaper, else `t`."""
+    if not scores_mask.applies(spec, t, mask_in_gemm(spec)):
+        return t
+    candidate = dataclasses.replace(t, mask=scores_mask.MODE)
+    cheaper = estimate_attention_cycles(spec, arch, candidate) < (1 - MARGIN) * estimate_attention_cycles(spec, arch, t)
+    return candidate if cheaper and attention_footprint(spec, candidate) <= arch.spad_bytes else t
+
+
 def whole_row_dma_bytes(spec, tiling: RowTiling) -> int:
     """DRAM bytes of the whole-row kernel: Q, K, V and O once, the mask once ("whole") or a
     tile per item."""
@@ -281,7 +330,7 @@ def whole_row_dma_bytes(spec, tiling: RowTiling) -> int:
     moved = (heads * spec.sq + spec.b * spec.hk * spec.sk) * (spec.d + spec.dv) * F32_BYTES
     if tiling.mask == "whole":
         moved += int(np.prod(spec.mask_shape)) * F32_BYTES
-    elif tiling.mask == "tile":
+    elif tiling.mask in ("tile", scores_mask.MODE):
         moved += heads // tiling.stack * (tiling.mp // tiling.tq) * (_mask_rows(spec, tiling) // 2) * spec.mask_shape[4] * F32_BYTES
     return moved
 

@@ -57,7 +57,7 @@ from ..common.spec import SINGLE_BUFFERED
 from cgra_sim.isa import GEMM_ACCUMULATE, VFunc
 
 from .attention_tiles import LOWEST, TINY, RowTiling, mask_in_gemm, mask_on_pe, scale_at, score_copies
-from . import diagonal_exps
+from . import diagonal_exps, fabric_exps, scores_mask
 from .diagonal_exps import p_copies
 from .prim_build import KernelBuilder, both, eq, guarded, lt, ne, plus
 from .script_text import F32, call, eltwise, fill, gemm, reduce, rounded, vfunc, with_arg_shapes
@@ -65,7 +65,7 @@ from .script_text import F32, call, eltwise, fill, gemm, reduce, rounded, vfunc,
 #: Every buffer: the kernel keeps its own two copies where it needs them (lower/double_buffer.py
 #: must leave them alone; they are allocated outside the loop anyway).
 BUFFERS = ["kt", "v", "q", "s", "m", "l", "inv", "o", "res", "mask_all", "mask_tile", "ones", "band",
-           "weights", "cv", "u", "factor", "p"]
+           "weights", "cv", "u", "factor", "p", fabric_exps.BUFFER]
 
 
 def rows_compute(spec, t: RowTiling):
@@ -218,6 +218,7 @@ def _allocate(w: KernelBuilder, spec, t: RowTiling) -> None:
         else:
             with w.grid("y, z", t.stack, q - 1) as (y, z):
                 w.add(fill(band, 1, z + 1, q - 1, 0.0, offset=(y * q + z + 1) * (q - 1)))
+    fabric_exps.allocate(w, t, sk)  # the fabric's share of the exps: its scratch tile
     if t.diagonal:  # P per query tile, its entries no exp writes +0 for good (diagonal_exps.py)
         w.add(fill(w.alloc("p", (p_copies(t), tq, t.p_stride)), p_copies(t) * tq, t.p_stride, t.p_stride, 0.0))
 
@@ -260,6 +261,8 @@ def _load_q(w: KernelBuilder, spec, t: RowTiling, item: _Item) -> None:
             w.store("q", (item.slot, y * t.tq + i, e), load)
     if t.mask == "tile":
         _load_mask_tile(w, spec, t, item)
+    elif t.mask == scores_mask.MODE:  # straight into its S: no copy (scores_mask.py)
+        scores_mask.load(w, spec, t, item)
 
 
 def _load_mask_tile(w: KernelBuilder, spec, t: RowTiling, item: _Item) -> None:
@@ -275,11 +278,12 @@ def _scores(w: KernelBuilder, spec, t: RowTiling, item: _Item, scale_k: bool = F
     """[Kᵀ * scale (`scale_k`), Q * scale (in place)] and S = Q Kᵀ of the item; with a mask of
     whole tiles, S = mask + Q Kᵀ: the mask copied into S (VFUNC identity: one read a score, where
     an ELTWISE add reads two) and the GEMM accumulating onto it, which rounds fl(Q Kᵀ) + mask as
-    the ELTWISE did. The copy comes first: the mask is the first load (rows_func)."""
+    the ELTWISE did. The copy comes first: the mask is the first load (rows_func). A mask loaded
+    into S with the item's Q (scores_mask.py) needs no copy."""
     tq, qs, ps = t.rows, t.q_stride, t.p_stride
     q = (w["q"], item.slot * (tq * qs), qs)
     s = (w["s"], item.s_slot * (tq * ps), ps)
-    if mask_in_gemm(spec):
+    if mask_in_gemm(spec) and t.mask != scores_mask.MODE:
         a = _mask_operand(w, spec, t, item)
         w.add(call("cgra_vfunc", flags=0, func=int(VFunc.IDENTITY), dtype=F32, rows=tq, cols=spec.sk,
                    a_addr=a[:2], a_row_stride=a[2], a_col_stride=a[3], out_addr=s[:2], out_stride=ps,
@@ -330,7 +334,8 @@ def _softmax(w: KernelBuilder, spec, t: RowTiling, item: _Item, items: int) -> N
     w.add(fill(w["m"], tq, 1, 1, LOWEST if spec.safe else float("-inf"), offset=m[1]),
           reduce("max", tq, sk, s, m[:2]),
           eltwise("subtract", tq, sk, s + (1,), m + (0,), s))
-    s = diagonal_exps.exps(w, spec, t, item, s, spec.scale if scale_at(spec) == "exp" else None)  # now P
+    exps = fabric_exps.exps if t.fabric_rows else diagonal_exps.exps  # [a share on the fabric]
+    s = exps(w, spec, t, item, s, spec.scale if scale_at(spec) == "exp" else None)  # now P
     if spec.unseen:  # after the exp: the P V GEMM waits for nothing new
         _flag_unseen(w, spec, t, item, m)
     l = (w["l"], item.slot * tq)
