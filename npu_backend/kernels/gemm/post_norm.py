@@ -44,7 +44,7 @@ A patch embedding's norm after its patch conv, without a residual, is patch_norm
 this program). Refused (the norm keeps its own kernel; explain gives the reason, tools/post_norm_reasons.py):
 N not a whole number of the PE array's columns (a padded column would join the row's variance),
 a row too wide for a tile of the array's rows with the program's intermediates, and a fold whose
-estimate is no cheaper than the GEMM's best tiling and the plain norm kernel apart (`check_post_norm`).
+estimate is no cheaper than the GEMM's best tiling and the norm kernel apart (`check_post_norm`).
 """
 
 from __future__ import annotations
@@ -164,6 +164,10 @@ def with_post_norm(spec, annotated: dict, name: str, tail):
         if plain and isinstance(operand, tvm.ir.GenericConst) and not np.all(operand.value.numpy() == value):
             raise UnsupportedOperator(f"{what}: its {role.removeprefix('norm_')} is not all {value:g} (the plain "
                                       "form applies none)")
+    if not plain and kind == "layer_norm" and all(isinstance(annotated[r], tvm.ir.GenericConst) and
+                                                  np.all(annotated[r].value.numpy() == v) for r, v in ROLES):
+        raise UnsupportedOperator(f"{what}: gamma ones and beta zeros, the plain pattern's (priced against the "
+                                  "plain norm kernel, check_post_norm); the norm runs on its own")
     return dataclasses.replace(spec, post_norm=(float(norm.attrs.epsilon), not plain, kind))
 
 
@@ -423,16 +427,18 @@ def _held_b_cycles(spec, t, arch) -> int:
 
 def check_post_norm(spec, tiling, arch, choose_gemm_tiling) -> None:
     """Refuse a fold whose estimate is no cheaper than the GEMM's best tiling without it plus
-    the plain norm kernel's estimate (the cheaper norm kernel: a plain norm refused by its own
-    pattern is then refused by the one with gamma and beta too, whatever the partition's plan
-    tries, partition/plans.py): then the norm runs on its own. `choose_gemm_tiling`: gemm.py's,
-    which calls this. A patch conv's norm is not priced (patch_norm.py: measured cheaper fused)."""
-    if not spec.post_norm or spec.patch_channels or spec.dtype != F32:  # (half_post_norm.py: measured)
+    the norm kernel it would run as (gamma and beta applied unless plain; until 2026-11 priced
+    plain: Bloom's ln_f, 2,717 cycles alone, priced 2,128, kept its kernel, the fold 677 faster;
+    with_post_norm refuses ones and zeros in the weighted pattern): then the norm runs on its own.
+    `choose_gemm_tiling`: gemm.py's. A patch conv's norm is not priced (patch_norm.py: measured
+    cheaper fused), nor a 16-bit GEMM's (half_post_norm.py: measured)."""
+    if not spec.post_norm or spec.patch_channels or spec.dtype != F32:
         return
     apart_spec = dataclasses.replace(spec, post_norm=None)
     m, n, _ = spec.gemm_extents
     kind = "layer_norm" if spec.post_norm[2] == "layer_norm" else "rms_norm"
-    norm = RowSpec(kind, kind, (m, n), (m, n), m, n, spec.post_norm[0], ("weight",) if kind == "rms_norm" else ())
+    roles = ("weight",) if kind == "rms_norm" else ("gamma", "beta") if spec.post_norm[1] else ()
+    norm = RowSpec(kind, kind, (m, n), (m, n), m, n, spec.post_norm[0], roles)
     steps = steps_of(norm)
     norm_tiling = choose_row_tiling(norm, arch, steps)
     alone = post_norm_cycles(apart_spec, choose_gemm_tiling(apart_spec, arch), arch) + \
