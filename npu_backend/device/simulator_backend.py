@@ -84,7 +84,7 @@ def _submit(kernel_name, source_ops, arch_json, slots, commands, macs_per_output
     if inputs is not None:
         launch = Launch.from_tensors(str(kernel_name), ops, str(arch_json), stream, inputs,
                                      [t.copy() for t in tensors], result.stats.to_dict(), int(macs_per_output),
-                                     int(macs_divisor))
+                                     int(macs_divisor), constants)
     device_seconds = time.perf_counter() - started - sum(result.host_seconds.values())
     deliver(result, arch, stream, launch, device_seconds)
 
