@@ -60,11 +60,12 @@ def test_prefetch_is_never_slower_and_never_overwrites_a_buffer_in_use(first, se
     load_busy = [(s, s + o) for s, o, u in zip(previous.starts, previous.occupancy, previous.units)
                  if u == Unit.LOAD]
     decoded = validate_stream(arch, second[0], second[1])
-    for index, (start, end, free) in prefetched.prefetch.loads.items():
+    for index, (start, end, free) in sorted(prefetched.prefetch.loads.items()):
         cmd = decoded[index]
         assert cmd.op is Op.DMA_LOAD and cmd.slot in constants
         start, free = start + previous.cycles, free + previous.cycles  # the previous launch's frame
-        assert free <= previous.cycles  # only the previous launch's time
+        head = all(i in prefetched.prefetch.loads for i in range(index) if decoded[i].op is Op.DMA_LOAD)
+        assert start < previous.cycles and (head or free <= previous.cycles)  # the previous launch's time
         assert all(free <= lo or start >= hi for lo, hi in load_busy)  # only idle load-engine time
         for lo, hi in (iv for region in cmd.writes for iv in region.intervals):
             for a_lo, a_hi, a_end in tail_board_copy:
@@ -116,6 +117,7 @@ def test_prefetch_hides_a_weight_load_in_the_previous_launchs_idle_time():
     prefetched, _ = _run(arch, second, before.tail, (1,))
     assert list(prefetched.prefetch.loads) == [0]
     assert prefetched.prefetch.transfer_cycles == 64 * 64 * 4 // arch.dma_bytes_per_cycle
+    assert prefetched.prefetch.load_free == 0
     assert prefetched.timeline.cycles < alone.timeline.cycles
     stats = prefetched.stats
     for unit in ("load", "compute", "vector", "store"):  # the units' split still adds up

@@ -23,13 +23,15 @@ The rules (docs/simulator.md, Weight prefetch), each honest about the hardware:
   loads (`DeviceTail.load_free`): the previous launch's commands keep their cycles exactly;
 - it starts only when the previous launch's last access to its bytes has ended (the scoreboard's
   write-after-read and write-after-write: it never overwrites a buffer in use);
-- its transfer must end by the previous launch's end, so the next launch finds its load engine
-  free at cycle 0 as before; the first load that does not fit, and every later one, loads in its
-  own launch as before. (A transfer running on into the next launch would hold back the loads
-  that launch issues first: two of ConvNeXt's kernels ran 3.3% and 1.4% slower that way.)
-So a moved load only ends earlier (by at least its transfer, within the dma_latency after the
-boundary at worst) and leaves its queue: the timing is a max-plus system, so no command of the
-next launch starts or ends later (tests/test_prefetch.py checks it on random streams).
+- it must start before the previous launch ends, and its transfer must end by then too unless
+  it heads the next launch's load queue (every load before it in the stream moved as well): a
+  head transfer running on into the next launch keeps the engine busy there, which delays only
+  loads the engine would have taken after it anyway. A later load running on would hold back
+  loads its launch issues before it (two of ConvNeXt's kernels ran 3.3% and 1.4% slower that
+  way). The first load that does not fit, and every later one, loads in its own launch as before.
+So the moved loads start and end earlier in the same queue order, or leave the queue: the timing
+is a max-plus system, so no command of the next launch starts or ends later
+(tests/test_prefetch.py checks it on random streams).
 The store engine and host memory are as in a launch (each engine the full bandwidth): the
 prefetch takes no bandwidth the previous launch's loads use, since they have all been issued.
 Results never change: the same bytes arrive in the scratchpad, only earlier.
@@ -60,14 +62,16 @@ class DeviceTail:
 @dataclasses.dataclass(frozen=True)
 class Prefetch:
     """Loads of a launch that ran during the previous one: command index -> (start, end, free),
-    cycles from this launch's start (start and free <= 0: before it; free = start + transfer)."""
+    cycles from this launch's start (start < 0: before it; free = start + transfer, > 0 only for
+    the head of the load queue). `load_free`: when the load engine takes this launch's own loads."""
 
     loads: dict
+    load_free: int = 0
 
     @property
     def transfer_cycles(self) -> int:
         """Load-engine cycles moved into the previous launch."""
-        return sum(free - start for start, _, free in self.loads.values())
+        return sum(min(free, 0) - start for start, _, free in self.loads.values())
 
 
 NO_PREFETCH = Prefetch({})
@@ -83,20 +87,23 @@ def plan_prefetch(arch: HardwareDescription, tail: DeviceTail | None, commands: 
     constant_slots = frozenset(constant_slots)
     touched = Scoreboard(arch.spad_bytes)  # accesses of this launch's earlier commands (end 1)
     engine, loads = tail.load_free, {}
+    head = True  # every load of this launch so far has moved: the next is its queue's first
     for cmd in commands:
         intervals = [(lo, hi) for region in cmd.writes for lo, hi in region.intervals]
         if _movable(cmd, constant_slots, touched, intervals):
             start = max([engine] + [tail.board.write_ready(lo, hi) for lo, hi in intervals])
             transfer = dma_transfer_cycles(arch, cmd)
-            if start + transfer > tail.cycles:
+            if start >= tail.cycles or (not head and start + transfer > tail.cycles):
                 break  # not enough idle load-engine time left in the previous launch
             end, engine = start + arch.dma_latency + transfer, start + transfer
             for lo, hi in intervals:
                 tail.board.record_write(lo, hi, end, -1)
             loads[cmd.index] = (start - tail.cycles, end - tail.cycles, engine - tail.cycles)
+        elif cmd.op is Op.DMA_LOAD:
+            head = False
         for lo, hi in intervals + [(lo, hi) for region in cmd.reads for lo, hi in region.intervals]:
             touched.record_write(lo, hi, 1, cmd.index)
-    return Prefetch(loads) if loads else NO_PREFETCH
+    return Prefetch(loads, max(0, engine - tail.cycles)) if loads else NO_PREFETCH
 
 
 def _movable(cmd: Command, constant_slots: frozenset, touched: Scoreboard, intervals) -> bool:

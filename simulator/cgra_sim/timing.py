@@ -360,12 +360,15 @@ def time_launch(arch: HardwareDescription, commands: list[Command], max_cycles: 
                 prefetch=None) -> tuple[Timeline, Scoreboard, int]:
     """`time_commands`, with the loads `prefetch` (prefetch.Prefetch) ran during the previous launch
     taken as done when it says (clamped to this launch's cycle 0: their start and transfer were the
-    previous launch's) and out of the load queue; also returns the final scoreboard and when the load engine
+    previous launch's, but for a head's transfer running on: the queue's first free cycle) and out
+    of the load queue; also returns the final scoreboard and when the load engine
     finished its last transfer (what prefetch.DeviceTail keeps for the next launch)."""
     board = Scoreboard(arch.spad_bytes)
     queue_free = [0] * len(Unit)
     early = prefetch.loads if prefetch is not None else {}
-    load_free = 0
+    if early:
+        queue_free[Unit.LOAD] = prefetch.load_free  # the head's transfer running on into this launch
+    load_free = queue_free[Unit.LOAD]
     compute = _ComputeQueue()
     starts, ends, busy, waits_for = [], [], [], []
     accesses_of = {}  # index of a record's first command -> its accesses (repeats share them)
