@@ -316,7 +316,7 @@ def test_records_match_isa_encode(lib, on_device, submitted):
         "fused_matmul", "matmul,add", ARCH.to_json(), 7, 3)
     assert sent.commands == expected
     assert sent.slots == [
-        [x.ctypes.data, int(DType.from_name(x.dtype.name)), x.ndim, *x.shape, *[0] * (4 - x.ndim)]
+        [x.ctypes.data, int(DType.from_name(x.dtype.name)), x.ndim, *x.shape, *[0] * (4 - x.ndim), 0]
         for x in (a, b, bias, out, q)]
 
 
@@ -360,7 +360,7 @@ def test_bind_records_byte_offset_and_accepts_size_one_strides(lib, on_device, s
     tensor = dltensor(x, strides=(8, 12345, 1))  # a size-1 dim's stride is never used
     tensor.byte_offset = 16
     on_device(lambda: launch(lib, [], [tensor], num_slots=2))
-    assert submitted[0].slots == [[x.ctypes.data + 16, I32, 3, 4, 1, 8, 0], [0] * isa.SLOT_WORDS]
+    assert submitted[0].slots == [[x.ctypes.data + 16, I32, 3, 4, 1, 8, 0, 0], [0] * isa.SLOT_WORDS]
     assert submitted[0].commands == []
 
 

@@ -359,10 +359,13 @@ def test_run_records_every_launch_for_replay(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert len(report["recorded"]) == len(report["kernels"]) == 4  # the global average pool's too
     assert sorted(os.listdir(tmp_path / "rec")) == sorted(os.path.basename(p) for p in report["recorded"])
+    tail = None  # replayed in order, each after the last: the weight prefetch the run had
     for index, (path, kernel) in enumerate(zip(report["recorded"], report["kernels"])):
         assert os.path.basename(path).startswith(f"{index:04d}_")
-        result = replay(load_launch(path))
+        result = replay(load_launch(path), previous=tail)
+        tail = result.tail
         assert result.stats.cycles == kernel["cycles"] and result.verdict == "match"
+        assert replay(load_launch(path)).stats.cycles >= kernel["cycles"]  # alone: on an idle chip
 
 
 def test_verify_record_dir_then_cgra_sim_replay(tmp_path, capsys):

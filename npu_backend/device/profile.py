@@ -31,7 +31,8 @@ from cgra_sim.trace import TracedLaunch, chrome_trace
 
 _active_profiles: list[tuple["Profile", int]] = []  # (profile, the thread that opened it)
 _lock = threading.Lock()
-_launches = threading.local()  # .count: kernel launches delivered in this thread (host_calls.py reads it)
+# .count: kernel launches delivered in this thread (host_calls.py reads it); .profiles_opened
+_launches = threading.local()
 
 
 class Profile:
@@ -206,6 +207,7 @@ def profile(record_dir=None, keep_timelines: bool = False, on_launch=None, *,
         keep_timelines = keep_timelines or keep_schedules
     if record_dir is not None:
         os.makedirs(record_dir, exist_ok=True)
+    _launches.profiles_opened = profiles_opened() + 1  # the device forgets its last launch
     prof = Profile(record_dir, keep_timelines, on_launch)
     entry = (prof, threading.get_ident())
     with _lock:
@@ -220,6 +222,12 @@ def profile(record_dir=None, keep_timelines: bool = False, on_launch=None, *,
 def any_open() -> bool:
     """Whether any thread has a profile open (read without the lock: a hint, for a fast no)."""
     return bool(_active_profiles)
+
+
+def profiles_opened() -> int:
+    """Profiles this thread has opened so far: the simulator backend lets a launch prefetch from
+    the one before only when no profile opened in between (a profile starts on an idle device)."""
+    return getattr(_launches, "profiles_opened", 0)
 
 
 def launches_in_this_thread() -> int:

@@ -37,6 +37,7 @@ struct Slot {
   int32_t dtype = 0;      // isa DType code
   int32_t ndim = 0;
   int64_t shape[CGRA_BOX_DIMS] = {0, 0, 0, 0};  // dims >= ndim stay 0
+  int64_t flags = 0;  // CGRA_SLOT_FLAG_* (kernel_recorder.cc sets them)
 };
 
 /*! \brief The isa name of an opcode ("DMA_LOAD"), for messages; "UNKNOWN" for other codes. */

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <string>
 
+#include "held_constants.h"
+
 namespace cgra {
 
 KernelRecorder::KernelRecorder(const char* kernel_name, const char* source_ops,
@@ -63,6 +65,11 @@ void KernelRecorder::Bind(int32_t slot, const DLTensor* tensor) {
   } catch (const CheckFailure& failure) {
     Raise(where, failure.what());
   }
+  // A weight the runtime holds (held_constants.h): the device may load it before the launch.
+  uint64_t bytes = (tensor->dtype.bits * tensor->dtype.lanes + 7) / 8;
+  for (int d = 0; d < tensor->ndim; ++d) bytes *= static_cast<uint64_t>(tensor->shape[d]);
+  uintptr_t start = static_cast<uintptr_t>(slots_[slot].data_addr);
+  if (IsHeldConstant(start, start + bytes)) slots_[slot].flags |= CGRA_SLOT_FLAG_CONSTANT;
 }
 
 KernelLaunch KernelRecorder::Launch() const {
@@ -77,6 +84,7 @@ KernelLaunch KernelRecorder::Launch() const {
     w[CGRA_SLOT_DTYPE] = slot.dtype;
     w[CGRA_SLOT_NDIM] = slot.ndim;
     std::copy(slot.shape, slot.shape + CGRA_BOX_DIMS, w + CGRA_SLOT_SHAPE0);
+    w[CGRA_SLOT_FLAGS] = slot.flags;
   }
   return launch;
 }

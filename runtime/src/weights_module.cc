@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "held_constants.h"
+
 namespace cgra {
 namespace {
 
@@ -100,7 +102,10 @@ class Reader {
 
 class WeightsModuleObj : public ffi::ModuleObj {
  public:
-  explicit WeightsModuleObj(std::map<std::string, Binding> bindings) : bindings_(std::move(bindings)) {}
+  explicit WeightsModuleObj(std::map<std::string, Binding> bindings) : bindings_(std::move(bindings)) {
+    ForEachRange(RegisterHeldConstant);  // the weights' bytes are fixed while this module lives
+  }
+  ~WeightsModuleObj() { ForEachRange(UnregisterHeldConstant); }
 
   const char* kind() const final { return kKind; }
 
@@ -170,6 +175,17 @@ class WeightsModuleObj : public ffi::ModuleObj {
   }
 
  private:
+  template <typename F>
+  void ForEachRange(F f) const {
+    for (const auto& [name, binding] : bindings_) {
+      for (const ffi::Tensor& tensor : binding.tensors) {
+        const DLTensor* view = tensor.GetDLTensorPtr();
+        uintptr_t start = reinterpret_cast<uintptr_t>(view->data) + view->byte_offset;
+        f(start, start + ffi::GetDataSize(*view));
+      }
+    }
+  }
+
   ffi::Optional<ffi::Function> FromImports(const ffi::String& name) {
     for (const ffi::Any& imported : imports_) {
       ffi::Optional<ffi::Function> function = imported.cast<ffi::Module>()->GetFunction(name, true);

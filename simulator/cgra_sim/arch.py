@@ -87,6 +87,11 @@ FIELD_DOCS = {
                           "a function's float32 sequence, the same bits as the lanes compute (cgra_sim/function_unit.py). "
                           "Optional: without it (or null) every VFUNC runs on the lanes one operation a cycle, "
                           "and the description keeps its fingerprint"),
+    "dma_prefetch": ("", "whether the load engine may run the next kernel launch's loads of constant operands (the "
+                         "weights the runtime holds, flagged in the slot table) in its idle time at the end of the "
+                         "launch running, each once nothing of that launch uses its scratchpad bytes any more "
+                         "(cgra_sim/prefetch.py; docs/simulator.md, Weight prefetch). Only cycles change. Optional: "
+                         "false when absent, which keeps a description's JSON and fingerprint"),
 }
 
 
@@ -117,6 +122,8 @@ class HardwareDescription:
     host: Mapping | None = dataclasses.field(default=None, hash=False)
     # None: no function unit (VFUNC on the lanes), kept out of the JSON like `host`.
     function_unit: Mapping | None = dataclasses.field(default=None, hash=False)
+    # False: kept out of the JSON, like `host`, so descriptions without it keep their fingerprint.
+    dma_prefetch: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -137,6 +144,8 @@ class HardwareDescription:
                 and 0 < self.clock_mhz < CLOCK_MHZ_BELOW):
             raise ArchError(f"{self.name}: 'clock_mhz' must be a positive number below {CLOCK_MHZ_BELOW:.0f}, "
                             f"got {self.clock_mhz!r}")
+        if not isinstance(self.dma_prefetch, bool):
+            raise ArchError(f"{self.name}: 'dma_prefetch' must be true or false, got {self.dma_prefetch!r}")
         if not self.macs_per_pe:
             raise ArchError(f"{self.name}: 'macs_per_pe' must name at least one dtype")
         for dtype, macs in self.macs_per_pe.items():
@@ -203,10 +212,11 @@ class HardwareDescription:
 
     # Serialisation.
     def to_dict(self) -> dict:
-        """Every field; `host` and `function_unit` only when the description sets them (see the fields)."""
+        """Every field; `host`, `function_unit` and `dma_prefetch` only when the description sets them
+        (see the fields)."""
         data = dataclasses.asdict(self)
-        for field in ("host", "function_unit"):
-            if data[field] is None:
+        for field in ("host", "function_unit", "dma_prefetch"):
+            if data[field] in (None, False):
                 del data[field]
         return data
 
@@ -231,7 +241,7 @@ class HardwareDescription:
         data = {key: value for key, value in data.items() if key != "$schema"}
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - fields)
-        missing = sorted(fields - set(data) - {"energy", "area", "fabric", "host", "function_unit"})  # the defaults
+        missing = sorted(fields - set(data) - {"energy", "area", "fabric", "host", "function_unit", "dma_prefetch"})  # the defaults
         if unknown:
             raise ArchError(f"hardware description has unknown keys {unknown} (known: {sorted(fields)})")
         if missing:

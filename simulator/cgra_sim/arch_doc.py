@@ -124,6 +124,8 @@ def _field_schema(name: str) -> dict:
                                     "items": {"enum": sorted(VFUNC_OPS)}}}
         return {"type": ["object", "null"], "additionalProperties": False,
                 "required": list(function_unit_table.KEYS), "properties": properties, "description": description}
+    if name == "dma_prefetch":
+        return {"type": "boolean", "description": description}
     minimum = 1 if name in POSITIVE else 0
     assert name in POSITIVE or name in NON_NEGATIVE, name
     return {"type": "integer", "minimum": minimum, "maximum": MAXIMUM[name], "description": description}
@@ -140,7 +142,7 @@ def json_schema() -> dict:
                        "must price every dtype of macs_per_pe, and function_unit.lanes is at most vector_lanes.",
         "type": "object",
         "properties": {"$schema": {"type": "string"}, **{name: _field_schema(name) for name in names}},
-        "required": [name for name in names if name not in OPTIONAL],
+        "required": [name for name in names if name not in OPTIONAL + ("dma_prefetch",)],
         "additionalProperties": False,
     }
 
@@ -154,10 +156,14 @@ def _allowed(name: str) -> str:
         return f"{{dtype: 1..{MAXIMUM['macs_per_pe']}}}, dtypes {', '.join(PE_DTYPES)}"
     if name in OPTIONAL:
         return "optional; see below"
+    if name == "dma_prefetch":
+        return "optional: true or false (false)"
     return f"{1 if name in POSITIVE else 0}..{MAXIMUM[name]}"
 
 
 def _value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, dict):
         return ", ".join(f"{k} {_value(v)}" for k, v in value.items())
     if isinstance(value, (list, tuple)):
@@ -194,8 +200,8 @@ def markdown() -> str:
         "",
         "Across fields: `spad_bytes` must be a multiple of `spad_banks * bank_width_bytes`; `energy.mac`",
         "and `area.mac_unit` must price every dtype of `macs_per_pe`; `function_unit.lanes` is at most",
-        "`vector_lanes`. Every key is required except `energy`, `area`, `fabric`, `host` and",
-        "`function_unit`; an unknown key is an error naming it.",
+        "`vector_lanes`. Every key is required except `energy`, `area`, `fabric`, `host`,",
+        "`function_unit` and `dma_prefetch`; an unknown key is an error naming it.",
         "",
         "## The energy table",
         "",

@@ -17,7 +17,7 @@ import textwrap
 from .isa import (BODY_FIRST_NODE, BODY_IMMEDIATE, BODY_INPUT_A, BODY_INPUT_B, BODY_MAX_NODES, BOX_DIMS,
                   BOX_WORDS, COMMAND_FUNCTIONS, DMA_FILL_LOWEST, EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_RELU,
                   EPILOGUE_DEQUANTISE, EPILOGUE_REQUANTISE, EPILOGUE_RESIDUAL, FABRIC_INPUT_B, FABRIC_INT8, FIELDS, GEMM_ACCUMULATE, POOL_AVERAGE,
-                  RECORD_WORDS, SLOT_FIELDS, SLOT_WORDS, STREAM_VERSION, BodyOp, CommandFunction, DType,
+                  RECORD_WORDS, SLOT_FIELDS, SLOT_FLAG_CONSTANT, SLOT_WORDS, STREAM_VERSION, BodyOp, CommandFunction, DType,
                   EltwiseFunc, Op, ParamKind, ReduceFunc, VFunc, VFUNC_OFFSET, VFUNC_SCALE,
                   UNPACK4_INT8, UNPACK4_ZERO_POINTS)
 
@@ -65,6 +65,7 @@ def c_header() -> str:
     for op, fields in FIELDS.items():
         lines += [f"#define CGRA_{op.name}_{name.upper()} {i}" for i, name in enumerate(fields)]
     lines += [f"#define CGRA_SLOT_{name.upper()} {i}" for i, name in enumerate(SLOT_FIELDS)]
+    lines.append(f"#define CGRA_SLOT_FLAG_CONSTANT {SLOT_FLAG_CONSTANT}")
     lines.append("#endif  /* CGRA_ISA_H_ */")
     return "\n".join(lines) + "\n"
 

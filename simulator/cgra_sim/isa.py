@@ -301,8 +301,12 @@ ACC_DTYPE = {DType.INT8: DType.INT32, DType.INT16: DType.INT64, DType.FLOAT32: D
              DType.FLOAT16: DType.FLOAT32}
 
 # Layout of one host tensor slot in a launch's slot table (int64 words).
-SLOT_FIELDS = ("data_addr", "dtype", "ndim") + tuple(f"shape{d}" for d in range(BOX_DIMS))
+SLOT_FIELDS = ("data_addr", "dtype", "ndim") + tuple(f"shape{d}" for d in range(BOX_DIMS)) + ("flags",)
 SLOT_WORDS = len(SLOT_FIELDS)
+#: A slot's `flags`: the tensor is a constant the runtime holds (a weight of its weights module),
+#: its address and contents fixed while the module lives; the device may load it before the
+#: launch starts (prefetch.py). Set by the runtime at bind (runtime/src/held_constants.h).
+SLOT_FLAG_CONSTANT = 1
 
 
 def word(op: Op, field: str) -> int:

@@ -51,6 +51,7 @@ class ReplayResult:
     timeline: Timeline
     outputs: tuple[np.ndarray, ...] | None  # tensors after the replay; None without recorded inputs
     mismatches: tuple[str, ...]  # slots whose results differ from the recorded outputs
+    tail: object = None  # prefetch.DeviceTail: what the next replay may prefetch from (`previous=`)
 
     schedule = renamed_property("schedule", "timeline")
 
@@ -96,19 +97,24 @@ class ReplayResult:
             f"  outputs      {outputs}"])
 
 
-def replay(launch: Launch, arch=None, max_cycles: int = DEFAULT_MAX_CYCLES) -> ReplayResult:
+def replay(launch: Launch, arch=None, max_cycles: int = DEFAULT_MAX_CYCLES, previous=None) -> ReplayResult:
     """Simulates `launch` again on `arch` (default: the recorded description; or a preset name,
     JSON path or HardwareDescription). With recorded inputs it also runs functionally and compares
     every tensor with the recorded outputs, bit for bit: timing never changes results, so any
     difference is a simulator bug (or a damaged recording). Raises the simulator's errors when the
-    stream does not run on `arch` (e.g. a smaller scratchpad: CommandError)."""
+    stream does not run on `arch` (e.g. a smaller scratchpad: CommandError). `previous`: the `tail`
+    of the replay of the launch recorded just before, whose idle load engine may have prefetched
+    this launch's constant loads (docs/simulator.md, Weight prefetch across launches): replaying a
+    profile's files in order, each with the last one's tail, gives the recorded cycles; alone, a
+    launch runs on an idle chip."""
     arch = launch.arch if arch is None else load_arch(arch)
     tensors = launch.fresh_tensors()
     result = simulate_detailed(arch, launch.commands, tensors, name=launch.kernel,
                                source_ops=launch.source_ops, max_cycles=max_cycles,
-                               macs_per_output=launch.macs_per_output, macs_divisor=launch.macs_divisor)
+                               macs_per_output=launch.macs_per_output, macs_divisor=launch.macs_divisor,
+                               previous=previous, constant_slots=launch.constant_slots)
     outputs = tuple(tensors) if launch.inputs is not None else None
     mismatches = ()
     if outputs is not None and launch.outputs is not None:
         mismatches = tuple(compare_outputs(launch.outputs, outputs))
-    return ReplayResult(launch, arch, result.stats, result.timeline, outputs, mismatches)
+    return ReplayResult(launch, arch, result.stats, result.timeline, outputs, mismatches, result.tail)

@@ -23,7 +23,8 @@ from .arch import HardwareDescription, load_arch
 from .functional import execute
 from .stats import KernelStats, collect_stats
 from .renamed import renamed_property
-from .timing import DEFAULT_MAX_CYCLES, Timeline, time_commands
+from .prefetch import NO_PREFETCH, DeviceTail, Prefetch, plan_prefetch
+from .timing import DEFAULT_MAX_CYCLES, Timeline, time_launch
 from .validate import validate_stream
 
 
@@ -39,6 +40,10 @@ class SimulationResult:
     stats: KernelStats
     timeline: Timeline
     host_seconds: dict = dataclasses.field(default_factory=dict)  # step name (STEPS) -> seconds
+    # The loads that ran during the previous launch (prefetch.py), and what the device keeps of
+    # this launch for the next one's (None unless the chip has `dma_prefetch`).
+    prefetch: Prefetch = NO_PREFETCH
+    tail: DeviceTail | None = None
 
     schedule = renamed_property("schedule", "timeline")
 
@@ -59,7 +64,8 @@ def split_source_ops(source_ops) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def simulate_detailed(arch: "HardwareDescription | str", commands, tensors, name: str = "kernel",
                       source_ops=(), max_cycles: int = DEFAULT_MAX_CYCLES,
-                      macs_per_output: int | None = None, macs_divisor: int = 1) -> SimulationResult:
+                      macs_per_output: int | None = None, macs_divisor: int = 1, *,
+                      previous: DeviceTail | None = None, constant_slots=()) -> SimulationResult:
     """Runs one kernel launch; returns its statistics and timeline.
 
     `arch`: a HardwareDescription (or a preset name / JSON path, see load_arch). `commands`: int64
@@ -67,14 +73,18 @@ def simulate_detailed(arch: "HardwareDescription | str", commands, tensors, name
     (C-contiguous, int8/int32/float32, rank 1..4); DMA_STORE writes into them in place.
     `macs_per_output` / `macs_divisor`: the model operator's MACs per element of the last tensor
     (the kernel's `cgra.macs_per_output` and `cgra.macs_divisor`), which `KernelStats.macs`
-    counts; None or -1: the PE array's own.
+    counts; None or -1: the PE array's own. `previous`: the `tail` of the launch the device ran
+    just before (same thread), whose idle load engine may have run this launch's loads of the
+    `constant_slots` when the chip has `dma_prefetch` (prefetch.py); only cycles change.
     Raises LaunchError / CommandError (invalid input, nothing run) or CycleLimitExceeded.
     """
     arch = load_arch(arch)
     clock = [time.perf_counter()]
     decoded = validate_stream(arch, commands, tensors)
     clock.append(time.perf_counter())
-    timeline = time_commands(arch, decoded, max_cycles)
+    early = plan_prefetch(arch, previous, decoded, constant_slots)
+    timeline, board, load_free = time_launch(arch, decoded, max_cycles, early)
+    tail = DeviceTail(arch, board, load_free, timeline.cycles) if arch.dma_prefetch else None
     clock.append(time.perf_counter())
     execute(decoded, np.zeros(arch.spad_bytes, dtype=np.uint8))
     clock.append(time.perf_counter())
@@ -83,7 +93,7 @@ def simulate_detailed(arch: "HardwareDescription | str", commands, tensors, name
                           macs_per_output=macs_per_output, macs_divisor=macs_divisor)
     clock.append(time.perf_counter())
     seconds = {step: clock[i + 1] - clock[i] for i, step in enumerate(STEPS)}
-    return SimulationResult(stats=stats, timeline=timeline, host_seconds=seconds)
+    return SimulationResult(stats=stats, timeline=timeline, host_seconds=seconds, prefetch=early, tail=tail)
 
 
 def simulate(arch: "HardwareDescription | str", commands, tensors, name: str = "kernel",

@@ -91,6 +91,9 @@ class Launch:
     recorded_stats: dict | None = None
     macs_per_output: int | None = None  # the kernel's model MACs per output element (runtime ABI)
     macs_divisor: int = 1  # ... over this divisor
+    # Slots the runtime flagged constant (isa.SLOT_FLAG_CONSTANT): what a replay after the launch
+    # recorded before it may prefetch (prefetch.py, `replay(previous=)`).
+    constant_slots: tuple[int, ...] = ()
 
     def __post_init__(self):
         commands = np.ascontiguousarray(self.commands, dtype=np.int64)
@@ -118,11 +121,12 @@ class Launch:
     @classmethod
     def from_tensors(cls, kernel: str, source_ops, arch_json: str, commands, inputs,
                      outputs=None, recorded_stats: dict | None = None,
-                     macs_per_output: int | None = None, macs_divisor: int = 1) -> "Launch":
+                     macs_per_output: int | None = None, macs_divisor: int = 1, constant_slots=()) -> "Launch":
         """A launch whose tensor specs are those of `inputs` (contents before the kernel ran)."""
         return cls(kernel, tuple(source_ops), arch_json, commands,
                    tuple(TensorSpec.of(a) for a in inputs), tuple(inputs),
-                   None if outputs is None else tuple(outputs), recorded_stats, macs_per_output, macs_divisor)
+                   None if outputs is None else tuple(outputs), recorded_stats, macs_per_output, macs_divisor,
+                   tuple(int(slot) for slot in constant_slots))
 
     @property
     def arch(self) -> HardwareDescription:
@@ -163,6 +167,7 @@ def _header(launch: Launch) -> dict:
         "recorded_stats": launch.recorded_stats,
         "macs_per_output": launch.macs_per_output,
         "macs_divisor": launch.macs_divisor,
+        "constant_slots": list(launch.constant_slots),
     }
 
 
@@ -309,9 +314,13 @@ def _read_launch(archive: zipfile.ZipFile, header: dict) -> Launch:
     macs_divisor = header.get("macs_divisor", 1)  # absent in files written before it existed
     if not isinstance(macs_divisor, int) or macs_divisor < 1:
         raise ValueError(f"macs_divisor is {macs_divisor!r}, not a positive integer")
+    constant_slots = header.get("constant_slots", [])  # absent in files written before it existed
+    if not isinstance(constant_slots, list) or not all(isinstance(s, int) and 0 <= s < len(tensors)
+                                                       for s in constant_slots):
+        raise ValueError(f"constant_slots is {constant_slots!r}, not a list of slots")
     return Launch(header["kernel"], tuple(header["source_ops"]),
                   json.dumps(header["arch"], sort_keys=True, separators=(",", ":")), commands, tensors,
-                  inputs, outputs, stats, macs_per_output, macs_divisor)
+                  inputs, outputs, stats, macs_per_output, macs_divisor, tuple(constant_slots))
 
 
 # Replay.

@@ -105,8 +105,11 @@ class Timeline:
         previous_free = np.zeros_like(self.starts)  # the kernel's start, for a unit's first command
         for unit in Unit:
             at = np.flatnonzero(self.units == int(unit))
-            previous_free[at[1:]] = frees[at[:-1]]
-        return self.starts - previous_free
+            # A queue runs in stream order, so its starts and frees never decrease, except for a
+            # load prefetched during the previous launch (times clamped to 0): taken in start order.
+            at = at[np.argsort(self.starts[at], kind="stable")]
+            previous_free[at[1:]] = np.maximum.accumulate(frees[at[:-1]])
+        return np.maximum(self.starts - previous_free, 0)
 
     def stall_cycles(self, unit: Unit, stalls: np.ndarray | None = None) -> int:
         """Cycles `unit` was free while its next command waited for a dependency.
@@ -117,7 +120,7 @@ class Timeline:
     def idle_cycles(self, unit: Unit) -> int:
         """Cycles after `unit`'s last command left it (all of them if it had none)."""
         at = np.flatnonzero(self.units == int(unit))
-        return self.cycles - (int(self.starts[at[-1]] + self.occupancy[at[-1]]) if len(at) else 0)
+        return self.cycles - (int((self.starts[at] + self.occupancy[at]).max()) if len(at) else 0)
 
     def to_records(self) -> list[dict]:
         """One dict per command (index, op, unit, start, end), e.g. for a trace viewer."""
@@ -350,8 +353,22 @@ def _blocker(board: Scoreboard, accesses, forwarding, ready: int) -> int:
 def time_commands(arch: HardwareDescription, commands: list[Command],
                   max_cycles: int = DEFAULT_MAX_CYCLES) -> Timeline:
     """Times `commands` (decoded and validated); raises `CycleLimitExceeded` past `max_cycles`."""
+    return time_launch(arch, commands, max_cycles)[0]
+
+
+def time_launch(arch: HardwareDescription, commands: list[Command], max_cycles: int = DEFAULT_MAX_CYCLES,
+                prefetch=None) -> tuple[Timeline, Scoreboard, int]:
+    """`time_commands`, with the loads `prefetch` (prefetch.Prefetch) ran during the previous launch
+    taken as done when it says (clamped to this launch's cycle 0: their start and transfer were the
+    previous launch's, but for a head's transfer running on: the queue's first free cycle) and out
+    of the load queue; also returns the final scoreboard and when the load engine
+    finished its last transfer (what prefetch.DeviceTail keeps for the next launch)."""
     board = Scoreboard(arch.spad_bytes)
     queue_free = [0] * len(Unit)
+    early = prefetch.loads if prefetch is not None else {}
+    if early:
+        queue_free[Unit.LOAD] = prefetch.load_free  # the head's transfer running on into this launch
+    load_free = queue_free[Unit.LOAD]
     compute = _ComputeQueue()
     starts, ends, busy, waits_for = [], [], [], []
     accesses_of = {}  # index of a record's first command -> its accesses (repeats share them)
@@ -360,6 +377,15 @@ def time_commands(arch: HardwareDescription, commands: list[Command],
         accesses = accesses_of.get(first)
         if accesses is None:
             accesses = accesses_of[first] = _accesses(cmd)
+        if cmd.index in early:
+            start, end, free = (max(0, cycle) for cycle in early[cmd.index])
+            for lo, hi, _, _ in accesses:  # a load only writes
+                board.record_write(lo, hi, end, cmd.index)
+            starts.append(start)
+            ends.append(end)
+            busy.append(free - start)
+            waits_for.append(-1)
+            continue
         forwarding = compute.forwarding(cmd)
         ready = _ready(board, accesses, forwarding)
         start, end, free = _TIMERS[cmd.op](arch, cmd, ready, queue_free[cmd.unit], compute)
@@ -372,12 +398,15 @@ def time_commands(arch: HardwareDescription, commands: list[Command],
         for lo, hi, _, write in accesses:
             (board.record_write if write else board.record_read)(lo, hi, end, cmd.index)
         queue_free[cmd.unit] = free
+        if cmd.unit is Unit.LOAD:
+            load_free = free
         starts.append(start)
         ends.append(end)
         busy.append(free - start)
-    return Timeline(ops=np.array([int(c.op) for c in commands], dtype=np.int8),
-                    units=np.array([int(c.unit) for c in commands], dtype=np.int8),
-                    starts=np.array(starts, dtype=np.int64), ends=np.array(ends, dtype=np.int64),
-                    occupancy=np.array(busy, dtype=np.int64), config_loads=compute.config_loads,
-                    waits_for=np.array(waits_for, dtype=np.int32), config_slots=compute.config_slots)
+    timeline = Timeline(ops=np.array([int(c.op) for c in commands], dtype=np.int8),
+                        units=np.array([int(c.unit) for c in commands], dtype=np.int8),
+                        starts=np.array(starts, dtype=np.int64), ends=np.array(ends, dtype=np.int64),
+                        occupancy=np.array(busy, dtype=np.int64), config_loads=compute.config_loads,
+                        waits_for=np.array(waits_for, dtype=np.int32), config_slots=compute.config_slots)
+    return timeline, board, load_free
 
