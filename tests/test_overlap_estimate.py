@@ -9,6 +9,7 @@ simulator's timeline, and why where it is deliberately coarse.
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import sys
 
@@ -245,3 +246,21 @@ def test_the_coarser_forms_and_work_outside_the_steps():
 def test_an_unknown_round_trip_is_refused():
     with pytest.raises(ValueError, match="round trips among"):
         cost.BufferedLoop(1, 1, (1,), 1, round_trips=("reload",))
+
+
+def test_held_loads_price_the_steps_after_the_copies():
+    """cost.BufferedLoop.held_load (lower/held_halos.py: a window's halo loaded by each buffer
+    copy's first step only): the first `copies` steps load the whole box, the others (and a whole
+    last step, the last one's) the inside."""
+    arch = load_arch("cgra-8x8")
+    latency = arch.dma_latency
+    plain = cost.double_buffered_cycles(arch, cost.BufferedLoop(6, 500, (300,), 7, round_trips=()))
+    held = cost.double_buffered_cycles(arch, cost.BufferedLoop(6, 500, (300,), 7, round_trips=(), held_load=100))
+    assert plain.total == latency + 500 + 5 * 500 + 300 + latency + 7
+    assert held.total == latency + 500 + 500 + 4 * 300 + 300 + latency + 7
+    whole = cost.double_buffered_cycles(arch, cost.BufferedLoop(6, 500, (300,), 7, round_trips=(), held_load=100,
+                                                                last_work=0, whole_last_step=True))
+    assert whole.total == latency + 500 + 500 + 5 * 300 + latency + 7
+    few = cost.BufferedLoop(2, 500, (300,), 7, round_trips=())  # no step past the copies
+    assert cost.double_buffered_cycles(arch, dataclasses.replace(few, held_load=100)) == \
+        cost.double_buffered_cycles(arch, few)
