@@ -27,6 +27,7 @@ from cgra_codegen import SPAD_SCOPE as SPAD
 from cgra_codegen import device_call_positions
 from cgra_sim.isa import BOX_DIMS
 
+from ..kernels.common.spec import HELD_HALO_TRIPS  # iterations the offsets are checked over
 from .calls import any_leaf, buffer_of, extern_call, with_body
 from .dma import _as_i64
 
@@ -34,7 +35,6 @@ _LOAD = device_call_positions("cgra_dma_load")
 _BOX = _LOAD["box"][0]  # origins, pad_lo, pad_hi (BOX_DIMS each), then (extent, tdim, tstep, sstride) a loop
 _READS = {"a_addr", "b_addr"}  # operand positions that only read (any command); a DMA store's spad_addr too
 _COPIES = re.compile(r"_x(\d+)$")
-_MAX_TRIPS = 4096  # iterations the offsets are checked over; a longer nest keeps its loads
 
 
 def hold_halos(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -150,7 +150,7 @@ def _same_bytes(offset, loops, count: int) -> bool:
     iterations' (so the halo there was written by one of them)."""
     extents = _ints([loop.extent for loop in loops])
     mins = _ints([loop.min for loop in loops])
-    if extents is None or mins is None or not 0 < count < _trips(extents) <= _MAX_TRIPS:
+    if extents is None or mins is None or not 0 < count < _trips(extents) <= HELD_HALO_TRIPS:
         return False
     seen = []
     for t, point in enumerate(itertools.product(*(range(e) for e in extents))):

@@ -286,6 +286,8 @@ class BufferedLoop:
     round_trips: the buffer round trips (ROUND_TRIPS) that bound a step beside the busiest unit.
     copies: the buffers each step's data rotates through (2: double buffered); a round trip bounds
         `copies` steps, so a third copy shortens the bound on a step to a third of it.
+    held_load: the load of every step after the first `copies` when it is smaller (a padded
+        window whose halo stays in its buffer copy: lower/held_halos.py loads the inside alone).
     whole_last_step: price the last step as a whole steady step (then last_work follows it)
         rather than as its work: the coarser form the GEMM, pool, global pool, depthwise,
         separable and inverted residual searches were tuned with (the plain tail picks slower
@@ -306,6 +308,7 @@ class BufferedLoop:
     round_trips: tuple = ("load", "store")
     whole_last_step: bool = False
     copies: int = 2
+    held_load: int | None = None
 
     def __post_init__(self):
         unknown = set(self.round_trips) - set(ROUND_TRIPS)
@@ -338,7 +341,8 @@ def double_buffered_cycles(arch: HardwareDescription, loop: BufferedLoop) -> Loo
     with its DMA latency, then a steady step per further step (`buffered_step_cycles`), then the
     last step's work and its store with the latency:
         total = prologue + max(steady steps * step, others) + stalls + tail
-    (steady steps: steps - 1, or steps with `whole_last_step`)."""
+    (steady steps: steps - 1, or steps with `whole_last_step`; those after the first `copies`
+    steps priced with `held_load` when it is given)."""
     step = buffered_step_cycles(arch, loop)
     first = loop.load if loop.first_load is None else loop.first_load
     last = loop.store if loop.last_store is None else loop.last_store
@@ -347,5 +351,9 @@ def double_buffered_cycles(arch: HardwareDescription, loop: BufferedLoop) -> Loo
     steady = loop.steady
     if steady is None:
         steady = (loop.steps if loop.whole_last_step else max(loop.steps - 1, 0)) * step
+        if loop.held_load is not None and loop.steps > loop.copies:  # steps `copies`.. load the inside
+            held = buffered_step_cycles(arch, dataclasses.replace(loop, load=loop.held_load, held_load=None))
+            # (the whole last step is the last step's, held too)
+            steady -= (loop.steps - loop.copies + loop.whole_last_step) * (step - held)
     total = prologue + max(steady, loop.others) + loop.stalls + tail
     return LoopCycles(prologue, step, tail, total)

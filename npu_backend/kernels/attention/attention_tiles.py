@@ -25,7 +25,7 @@ from ...errors import ScratchpadTooSmall
 from ..common.spad_layout import a_row_stride
 from ..common.spec import aligned, round_up
 from ..common.unary import halvings
-from .diagonal_exps import applies, diagonal_exp_cycles, p_copies
+from .diagonal_exps import applies, diagonal_exp_cycles, p_copies, p_fill_cycles
 from . import fabric_exps, scores_mask
 from .flash_tiles import choose_flash_tiling
 from .spec import AttentionSpec
@@ -222,6 +222,8 @@ def estimate_attention_cycles(spec, arch: HardwareDescription, t: RowTiling) -> 
         steps.append(max(vector, pe, load + waits, store))  # after the last GEMM of the head before
     ends = 2 * arch.dma_latency + kv + pe + cost.eltwise_cycles(arch, t.rows * spec.dv, t.rows * spec.dv + t.rows) + store
     ends += fabric_exps.config_cycles(arch, t.fabric_rows, exp_scale(spec))
+    if t.diagonal:  # the P buffers' fill, before the first item's softmax, under its loads
+        ends += max(0, p_fill_cycles(arch, t) - arch.dma_latency - kv - load)
     return items // tiles * sum(steps) + ends
 
 
@@ -283,10 +285,7 @@ def diagonal_tiling(spec, arch: HardwareDescription, t: RowTiling) -> RowTiling:
     """`t` with the diagonal exps (diagonal_exps.py) where they apply, fit and are estimated
     cheaper, else `t`. Asked of the searched tiling, not inside the search: rows_length.py reads
     whole_row_tiling for its own kernel, which has no diagonal exps."""
-    if not applies(spec, t.tq) or t.stack > 1:
-        # Stacked heads: the estimate called the diagonal exps 0.5% cheaper for a grouped-query
-        # attention of 128 tokens (tq 4, stack 2) that they made 6% dearer (46,784 -> 49,609
-        # cycles: test_length_attention); unstacked (Bloom's, GPT-2's) they are cheaper as priced.
+    if not applies(spec, t.tq):
         return t
     diagonal = dataclasses.replace(t, diagonal=True)
     if attention_footprint(spec, diagonal) > arch.spad_bytes or \

@@ -48,6 +48,10 @@ BUFFER_COPIES = "cgra.buffer_copies"
 #: A loop annotation: the GEMMs inside run in pieces of that many rows (lower/gemm_rows.py; a
 #: matmul's output tiles finished in pieces, Tiling.epilogue_rows)
 GEMM_ROWS = "cgra.gemm_rows"
+#: The loop iterations up to which lowering holds a padded window's halo in its buffer copies
+#: (lower/held_halos.py checks the offsets at each; a longer loop nest loads every halo), and
+#: the estimates that price it (kernels/gemm/depthwise.py, kernels/pool/pool_tiles.py)
+HELD_HALO_TRIPS = 4096
 #: PrimFunc attribute [valid rows, tile rows, piece rows]: a static matmul of one row tile padded
 #: past its rows (17 tokens in a tile of 24); its epilogue's vector commands run on the valid rows
 #: only (lower/padded_rows.py)

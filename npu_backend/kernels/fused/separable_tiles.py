@@ -97,12 +97,12 @@ def _separate_cycles(spec, arch: HardwareDescription) -> float:
     """The estimates of the depthwise's and the pointwise's own kernels (their tile searches'),
     infinite if either does not fit alone."""
     try:  # once per pair: _search's cache holds the decision
-        dw_tiling = choose_depthwise_tiling(spec.depthwise, arch)
+        dw_tiling = choose_depthwise_tiling(spec.depthwise, arch, held=False)
         pw_tiling = choose_gemm_tiling(spec.pointwise, arch)
     except ScratchpadTooSmall:
         return float("inf")
     pw = spec.pointwise
-    return estimate_depthwise_cycles(spec.depthwise, dw_tiling, arch) + gemm_estimate_cycles(
+    return estimate_depthwise_cycles(spec.depthwise, dw_tiling, arch, held=False) + gemm_estimate_cycles(
         pw_tiling, pw.dtype, DType.from_name(pw.dtype).itemsize, DType.from_name(pw.acc_dtype).itemsize, arch,
         bool(pw.residual_shape))
 

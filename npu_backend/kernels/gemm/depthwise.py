@@ -12,6 +12,8 @@ residual, relu and clip. Data, weights and output may be stored in any layout.
 
 from __future__ import annotations
 
+import dataclasses
+
 from tvm import sym, te, tirx
 
 from cgra_sim import cost
@@ -28,7 +30,7 @@ from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.pe_array import window_extent, window_sum
 from ..common.operands import kernel_prim_func, padded, stored
 from ..common.spad_layout import align_output_rows, align_rows, out_row_stride, store_walks_rows, window_pixel_stride
-from ..common.spec import KernelSpec, Tiling, aligned, round_up
+from ..common.spec import HELD_HALO_TRIPS, KernelSpec, Tiling, aligned, round_up
 
 
 def padded_width(spec: KernelSpec) -> int:
@@ -113,12 +115,13 @@ def _whole(extent, tile: int):
     return sym.Analyzer().simplify(tirx.ceildiv(tirx.max(extent, 1), tile) * tile)
 
 
-def choose_depthwise_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
+def choose_depthwise_tiling(spec: KernelSpec, arch: HardwareDescription, held: bool = True) -> Tiling:
     """`tm` whole output rows (>= 2) by `tn` channels (a multiple of the PE array's columns,
     >= 2), all taps at once (tk = kp = kh * kw): among the tiles whose double-buffered input
     window, weights, accumulator, output, bias and residual fit the scratchpad, the one with the
     fewest estimated cycles. mp and np: output rows and channels padded to whole tiles. A
-    symbolic image: `_choose_symbolic_tiling`."""
+    symbolic image: `_choose_symbolic_tiling`. `held`: False for the estimate's older form
+    (`estimate_depthwise_cycles`)."""
     if spec.symbolic_image:
         return _choose_symbolic_tiling(spec, arch)
     _, channels, _, _ = spec.lhs_shape
@@ -131,7 +134,7 @@ def choose_depthwise_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tili
             if loaded is None:
                 continue
             tiling = Tiling(tm, tn, kh * kw, round_up(rows, tm), round_up(channels, tn), kh * kw)
-            key = (_estimate_cycles(tiling, spec, width, cost.dma_transfer_cycles(arch, loaded), arch), -tm * tn)
+            key = (_static_cycles(tiling, spec, width, cost.dma_transfer_cycles(arch, loaded), arch, held), -tm * tn)
             if best is None or key < best[0]:
                 best = (key, tiling)
     if best is None:
@@ -210,7 +213,7 @@ def _choose_symbolic_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tili
             load = cost.dma_transfer_cycles(arch, _fitting_load(spec, arch, tm, tw, tn))
         width = round_up(side, tw) if symbolic[1] else static[1]
         tiling = Tiling(tm, tn, kh * kw, rows, round_up(channels, tn), kh * kw, tw=tw)
-        return _estimate_cycles(tiling, spec, width, load, arch, latency_bound=True, window_bytes=window)
+        return _estimate_cycles(tiling, spec, width, load, arch, trips=("load", "store"), window_bytes=window)
 
     sides = sorted({min(bound, 8 << k) for k in range(bound.bit_length())} | {bound})
     fastest = {side: min(cycles(c, side) for c in candidates) for side in sides}
@@ -219,16 +222,59 @@ def _choose_symbolic_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tili
     return Tiling(tm, tn, kh * kw, rows, round_up(channels, tn), kh * kw, tw=tw if symbolic[1] else 0)
 
 
-def estimate_depthwise_cycles(spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> int:
-    """The tile search's estimate of a static-shape depthwise kernel on `tiling` (separable.py
-    weighs a fused pair against it)."""
+def estimate_depthwise_cycles(spec: KernelSpec, tiling: Tiling, arch: HardwareDescription, held: bool = True) -> int:
+    """The tile search's estimate of a static-shape depthwise kernel on `tiling`. `held` False:
+    its older form, no halo held and no buffer round trip, which separable_tiles.py weighs a
+    fused pair against (priced, ShuffleNet's pairs on cgra-16x16 ran as two kernels, 0.3%
+    faster but not the same output bits)."""
     width = padded_width(spec)
     load = cost.dma_transfer_cycles(arch, _fitting_load(spec, arch, tiling.tm, width, tiling.tn) or 0)
-    return _estimate_cycles(tiling, spec, width, load, arch)
+    return _static_cycles(tiling, spec, width, load, arch, held)
+
+
+def _static_cycles(t: Tiling, spec: KernelSpec, width: int, load: int, arch: HardwareDescription,
+                   held: bool = True) -> int:
+    """`_estimate_cycles` of a static image: the input buffer's round trip, the held halos
+    (`_held_load`), the DEPTHWISE's window streaming and the last tile's work past its step
+    priced (with the halos loaded every tile they hid one another: 20% over to 6% under), or
+    with `held` False none of them (the older form)."""
+    if not held:
+        return _estimate_cycles(t, spec, width, load, arch, trips=())
+    _, _, kh, kw = spec.rhs_shape
+    in_bytes = DType.from_name(spec.dtype).itemsize
+    window = window_extent(t.tm, kh, spec.strides[0], spec.dilation[0]) * \
+        window_extent(width, kw, spec.strides[1], spec.dilation[1]) * in_bytes * \
+        window_pixel_stride(t.tn, in_bytes, spec.strides[1], width, arch)
+    return _estimate_cycles(t, spec, width, load, arch, trips=("load",), window_bytes=window,
+                            held_load=_held_load(spec, arch, t, width), last_beyond_step=True)
+
+
+def _held_load(spec: KernelSpec, arch: HardwareDescription, t: Tiling, width: int) -> int | None:
+    """Cycles of a static tile's loads once its window's halo is held in its buffer copy (the
+    tiles after the first two load the window's inside alone, lower/held_halos.py), or None when
+    the halo is not held: the window has none, or its origin moves (row tiles; symbolic images),
+    or the tiles' boxes differ (a last channel tile cut to the channels), or the two buffer
+    copies are all the tiles."""
+    tiles = spec.lhs_shape[0] * (t.np // t.tn)
+    if spec.symbolic_image or t.tw or t.mp != t.tm or t.np != spec.lhs_shape[1] or \
+            not 2 < tiles <= HELD_HALO_TRIPS:
+        return None
+    _, _, h, w = spec.lhs_shape
+    _, _, kh, kw = spec.rhs_shape
+    top, left = spec.padding[:2]
+    in_h = window_extent(t.tm, kh, spec.strides[0], spec.dilation[0])
+    in_w = window_extent(width, kw, spec.strides[1], spec.dilation[1])
+    inside = min(in_h - top, h) * min(in_w - left, w)  # the window's rows and columns in the image
+    if inside >= in_h * in_w:
+        return None
+    in_bytes, acc_bytes = DType.from_name(spec.dtype).itemsize, DType.from_name(spec.acc_dtype).itemsize
+    loaded = (inside + kh * kw) * t.tn * in_bytes + (t.tm * width * t.tn * acc_bytes if spec.residual_shape else 0)
+    return cost.dma_transfer_cycles(arch, loaded)
 
 
 def _estimate_cycles(t: Tiling, spec: KernelSpec, width: int, load: int, arch: HardwareDescription,
-                     latency_bound: bool = False, window_bytes: int = 0) -> int:
+                     trips: tuple = ("load", "store"), window_bytes: int = 0, held_load: int | None = None,
+                     last_beyond_step: bool = False) -> int:
     """First-order cycles of a tiled depthwise kernel, each command priced by the simulator's
     cost model (cgra_sim.cost), the tiles a double-buffered loop (cost.double_buffered_cycles):
     the busiest unit per tile sets the pace (its DEPTHWISE, its loads (`load`), one EPILOGUE per
@@ -246,14 +292,18 @@ def _estimate_cycles(t: Tiling, spec: KernelSpec, width: int, load: int, arch: H
     vector = t.tm * cost.vector_cycles(arch, width, t.tn)
     # With two buffers a window is loaded (latency, transfer) and computed on before it is
     # loaded again, and an output is made and stored before it is written again: small tiles
-    # wait for the DMA. The symbolic search prices these round trips; the static search leaves
-    # them out (with them it picks a slower tile for 32 channels at 16 x 16 on cgra-4x4: 6852 ->
-    # 6900 cycles). Both price the last tile as a whole step (the plain tail picks slower tiles:
-    # 16 channels at 56 x 56, stride 2, on cgra-16x16 8311 -> 8466; the symbolic 9 x 9 and 14 x
-    # 14 images on cgra-4x4).
-    trips = ("load", "store") if latency_bound else ()
-    return cost.double_buffered_cycles(arch, cost.BufferedLoop(tiles, load, (compute, vector), store, last_work=0,
-                                                               round_trips=trips, whole_last_step=True)).total
+    # wait for the DMA (`trips`). The symbolic search prices both round trips; the static search
+    # the input's alone (with the output's it picks a slower tile for 32 channels at 16 x 16 on
+    # cgra-4x4: 6356 -> 6896 cycles; without the input's, whose held halos made it the bound,
+    # that kernel's estimate is 4.1% under). Both price the last tile as a whole step (the plain
+    # tail picks slower tiles: 16 channels at 56 x 56, stride 2, on cgra-16x16 8311 -> 8466; the
+    # symbolic 9 x 9 and 14 x 14 images on cgra-4x4).
+    loop = cost.BufferedLoop(tiles, load, (compute, vector), store, last_work=0, round_trips=trips,
+                             whole_last_step=True, held_load=held_load)
+    if last_beyond_step:  # the last tile's DEPTHWISE and EPILOGUEs past its step, which nothing overlaps
+        last = cost.buffered_step_cycles(arch, dataclasses.replace(loop, load=held_load or load))
+        loop = dataclasses.replace(loop, last_work=max(0, compute + vector - last))
+    return cost.double_buffered_cycles(arch, loop).total
 
 
 def schedule_depthwise(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescription) -> None:

@@ -23,7 +23,7 @@ from cgra_sim.isa import DType
 from ...errors import ScratchpadTooSmall
 from ..common.dynamic import dim_var
 from ..intrinsics.vector_unit import PoolWindow
-from ..common.spec import KernelSpec, Tiling, aligned, round_up
+from ..common.spec import HELD_HALO_TRIPS, KernelSpec, Tiling, aligned, round_up
 
 
 def pool_window(spec: KernelSpec) -> PoolWindow:
@@ -284,27 +284,37 @@ def _static_cycles(spec: KernelSpec, tm: int, tn: int, arch: HardwareDescription
     taps = spec.pool.size[0] * spec.pool.size[1]
     rows, cols = window_extents(spec)
     if tm == oh:
-        return _estimate_cycles(n * -(-channels // tn), rows * cols * tn * size, oh * ow * tn * size,
-                                oh * ow * tn * taps, arch)
+        tiles = n * -(-channels // tn)
+        top, left = spec.padding[:2]
+        inside = min(rows - top, spec.lhs_shape[2]) * min(cols - left, spec.lhs_shape[3])
+        # The tiles after the two buffer copies' first load the window's inside alone, its halo
+        # (padding, ceil mode's overhang) held in the copy (lower/held_halos.py), when every
+        # tile's box is alike (a cut last channel tile's is not: no halo is held).
+        held = cost.dma_transfer_cycles(arch, inside * tn * size) \
+            if inside < rows * cols and channels % tn == 0 and 2 < tiles <= HELD_HALO_TRIPS else None
+        return _estimate_cycles(tiles, rows * cols * tn * size, oh * ow * tn * size, oh * ow * tn * taps, arch,
+                                held_load=held)
     rows = (tm - 1) * spec.strides[0] + (spec.pool.size[0] - 1) * spec.dilation[0] + 1
     return _estimate_cycles(n * -(-channels // tn) * -(-oh // tm), rows * cols * tn * size, tm * ow * tn * size,
                             tm * ow * tn * taps, arch, _banks(spec, arch, rows, cols, tn), _banks(spec, arch, tm, ow, tn))
 
 
 def _estimate_cycles(tiles: int, load_bytes: int, store_bytes: int, taps: int, arch: HardwareDescription,
-                     load_slowdown=1, store_slowdown=1) -> int:
+                     load_slowdown=1, store_slowdown=1, held_load: int | None = None) -> int:
     """First-order cycles of a tiled pooling kernel, each command priced by the simulator's cost
     model (cgra_sim.cost), the tiles a double-buffered loop of window load, POOL and store
-    (`_loop`)."""
+    (`_loop`); `held_load`: the load of the tiles after the first two (cost.BufferedLoop)."""
     commands = _commands(load_bytes, store_bytes, taps, arch, load_slowdown, store_slowdown)
-    return cost.double_buffered_cycles(arch, _loop(tiles, *commands)).total
+    return cost.double_buffered_cycles(arch, _loop(tiles, *commands, held_load=held_load)).total
 
 
-def _loop(tiles: int, load: int, vector: int, store: int, steady: int | None = None) -> cost.BufferedLoop:
+def _loop(tiles: int, load: int, vector: int, store: int, steady: int | None = None,
+          held_load: int | None = None) -> cost.BufferedLoop:
     """The pool's loop of tiles: each a window load, a POOL and a store; the last tile priced as a
     whole step, its POOL not again (the form the searches were tuned with: the plain tail picks
     slower tiles for SqueezeNet's pools, a 3 x 3 / 2 max on cgra-4x4 15924 -> 16140 cycles)."""
-    return cost.BufferedLoop(tiles, load, (vector,), store, last_work=0, steady=steady, whole_last_step=True)
+    return cost.BufferedLoop(tiles, load, (vector,), store, last_work=0, steady=steady, whole_last_step=True,
+                             held_load=held_load)
 
 
 def _commands(load_bytes: int, store_bytes: int, taps: int, arch: HardwareDescription, load_slowdown=1,
