@@ -62,7 +62,7 @@ def half_bias_graphs(roots) -> list[tuple]:
             back = is_op("relax.astype")(cast)
             graphs.append((5, f"cgra.{root.name}{WIDE_SUFFIX}", back, {**annotations, "half_back": back},
                            root.name))
-            if root.name in ("matmul", "linear"):  # (with_rounded_act: a 2-D linear's)
+            if root.name in ("matmul", "linear") or "_norm_half" in root.name:  # (with_rounded_act: a 2-D linear's)
                 graphs += _rounded_act_graphs(root, annotations, back)
     return graphs
 
