@@ -35,6 +35,7 @@ from tvm.relax.dpl import is_op, wildcard
 
 from ...errors import UnsupportedOperator
 from .epilogue_tail import with_reshape
+from .half_residual import rounded_residual_graphs
 
 #: The patterns' suffix: "cgra.linear_bias_rounded".
 SUFFIX = "_bias_rounded"
@@ -64,6 +65,8 @@ def half_bias_graphs(roots) -> list[tuple]:
                            root.name))
             if root.name in ("matmul", "linear") or "_norm_half" in root.name:  # (with_rounded_act: a 2-D linear's)
                 graphs += _rounded_act_graphs(root, annotations, back)
+            if root.name in ("matmul", "linear"):  # its residual add, rounded (half_residual.py)
+                graphs += rounded_residual_graphs(root, annotations, cast)
     return graphs
 
 
