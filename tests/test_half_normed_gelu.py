@@ -7,7 +7,7 @@ float32 on that value widened, rounded to h. Hypothesis holds the fused kernel, 
 bit for bit to numpy's model of that sequence (ml_dtypes' roundings of the float32 layer norm
 kernel's result, of the biased sum, of the simulator's GELU) through a signed permutation W (each
 sum one panel value, exact in any order); the GPT-2 (matmul of W) and ViT (linear: W transposed)
-forms, GELU's erf and tanh forms.
+forms, GELU's erf and tanh forms; and a linear's tanh (ViT's pooler) the same way, without a norm.
 """
 
 from __future__ import annotations
@@ -91,3 +91,34 @@ def test_a_16_bit_fc1_and_gelu_after_a_half_norm_prologue_are_the_models_roundin
     if arch != "cgra-4x4" and rows >= 17:
         fused = [name for name in names if "layer_norm" in name and "gelu" in name]
         assert len(fused) == 1 and all(name == "fused_relax_astype_cgra" for name in names if name not in fused), names
+
+
+def _pooler_module(dtype: str, w, bias, rows: int):
+    """main(x_h) = astype(tanh(astype(astype(x W^T + b, h), float32)), h): ViT's pooler as the
+    importer and half_casts.py write a 16-bit one."""
+    def body(bb, x):
+        product = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(relax.const(w, dtype))), out_dtype="float32"))
+        summed = bb.emit(relax.op.add(product, relax.const(bias.astype(np.float32))))
+        back = bb.emit(relax.op.astype(bb.emit(relax.op.astype(summed, dtype)), "float32"))
+        return bb.emit(relax.op.astype(bb.emit(relax.op.tanh(back)), dtype))
+    return relax_module([("x", (rows, w.shape[1]), dtype)], body)
+
+
+@settings(max_examples=4, deadline=None)  # a compile each: about 3 s
+@given(arch=st.sampled_from(PRESETS), dtype=st.sampled_from(HALVES), rows=st.integers(1, 20),
+       seed=st.integers(0, 2**16))
+@example(arch="cgra-8x8", dtype="bfloat16", rows=1, seed=0)  # ViT's pooler: the CLS row
+@example(arch="cgra-4x4", dtype="float16", rows=17, seed=1)
+def test_a_16_bit_linear_and_its_tanh_are_one_kernel_bit_for_bit(arch, dtype, rows, seed):
+    """The biased sum rounded, widened, tanh (the VFUNC), rounded: one kernel, the model's
+    values (inputs whose sums are exact in float32)."""
+    rng = np.random.default_rng(seed)
+    half = numpy_dtype(dtype)
+    x = (rng.integers(-16, 17, (rows, 64)) / 16).astype(half)
+    w = (rng.integers(-16, 17, (32, 64)) / 64).astype(half)
+    bias = (rng.integers(-16, 17, 32) / 8 + rng.uniform(-1, 1, 32) / 64).astype(half)
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(_pooler_module(dtype, w, bias, rows), arch), [x])
+    summed = _rounded(x.astype(np.float32) @ w.astype(np.float32).T + bias.astype(np.float32), dtype)
+    np.testing.assert_array_equal(out.astype(np.float32), _rounded(special.tanh(summed), dtype))
+    assert len(prof.kernels) == 1, [k.name for k in prof.kernels]

@@ -44,8 +44,8 @@ WIDE_SUFFIX = "_bias_rounded_wide"
 #: The suffix of that chain's activation, rounded to h.
 ACT_SUFFIX = "_bias_rounded_act"
 #: Relax op -> the activation (kernels/intrinsics/epilogue_tail.py's) a rounded linear's epilogue runs:
-#: GELU's two forms (GPT-2's tanh, ViT's erf).
-ROUNDED_ACTS = {"relax.nn.gelu_tanh": "gelu_tanh", "relax.nn.gelu": "gelu"}
+#: GELU's two forms (GPT-2's tanh, ViT's erf), and tanh (ViT's pooler).
+ROUNDED_ACTS = {"relax.nn.gelu_tanh": "gelu_tanh", "relax.nn.gelu": "gelu", "relax.tanh": "tanh"}
 
 
 def half_bias_graphs(roots) -> list[tuple]:
