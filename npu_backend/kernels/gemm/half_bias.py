@@ -24,7 +24,10 @@ float32))), h)): cgra.<root>_bias_rounded_act is one kernel storing h, its epilo
 biased sum to h, widening it back over the accumulator tile, the activation as one VFUNC there
 in place, and the rounding store (epilogue_tail.rounded_act_intrin): where the function unit has
 the activation (gemm.py refuses it elsewhere: those chips keep the GEMM, an activation kernel and
-a cast), instead of the three. The same values the three kernels compute, bit for bit.
+a cast), instead of the three. The same values the three kernels compute, bit for bit. The
+same over a half-normed root (half_row_norm.py: GPT-2's ln_2 and ViT's pre-MLP norm in fc1's
+prologue: norm, fc1 and GELU one kernel) and for tanh (ViT's pooler). A rounded linear's residual
+add, rounded again, is half_residual.py's.
 """
 
 from __future__ import annotations
