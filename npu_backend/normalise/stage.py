@@ -82,6 +82,7 @@ from .pool1ds import pool1ds_as_pool2ds_pass
 from .pool_taps import pool_taps_pass
 from .shared_sums import shared_sums_pass
 from .split_slices import split_slices_pass
+from .half_split_widens import half_split_widens_pass
 from .qdq import canonicalize_qdq
 from .qdq16 import canonicalize_qdq16
 from .qlayouts import quantized_layouts_pass
@@ -292,6 +293,9 @@ def normalise_passes(arch=None) -> list:
         # A fused q / k / v projection's split as slices, each cut into heads after the slice:
         # the transposing copy or RoPE kernel after it reads its part (split_slices.py).
         split_slices_pass,
+        # A 16-bit model's widening of each sliced part of a rounded projection (GPT-2's q / k / v)
+        # moved before the slices: the GEMM rounds and widens on store (half_split_widens.py).
+        half_split_widens_pass,
         # Swin's patch merging, a concat of every phase of a stride-2 slice (its slices merged
         # just above), as one transpose of a view: one layout kernel instead of four slices and a
         # concat (patch_merges.py).

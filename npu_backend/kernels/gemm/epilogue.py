@@ -38,6 +38,7 @@ from .epilogue_tail import caller_out_shape, is_tail_pattern, with_float_tail, w
 from .channel_rows import channel_row
 from .gated import is_gated_pattern, with_gated
 from .half_bias import half_bias_graphs, rounded_via, stored_dtype, with_rounded_act
+from .half_residual import with_rounded_residual
 from .qadd_epilogue import qadd_body, qadd_tail, qadd_value, with_qadd
 from .half_post_norm import is_half_post_norm_pattern, with_half_post_norm
 from .post_norm import is_post_norm_pattern, post_norm_intrin, with_post_norm
@@ -214,6 +215,8 @@ def with_epilogue_tail(spec: KernelSpec, annotated: dict, name: str = "") -> Ker
         return with_half_post_norm(spec, annotated, with_epilogue_tail, with_reshape)
     if is_post_norm_pattern(name):  # post_norm.py: this chain, then a layer norm of its rows
         return with_post_norm(spec, annotated, name, with_epilogue_tail)
+    if "half_residual" in annotated:  # half_residual.py: a rounded linear's residual add, rounded
+        return _with_residual(with_rounded_residual(spec, annotated), annotated)
     if "half_act_cast" in annotated:  # half_bias.py: a rounded linear's activation, rounded
         return with_rounded_act(spec, annotated)
     tail = is_tail_pattern(name)
@@ -375,7 +378,8 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
     def epi_value(*idx):
         value = acc(*idx)
         value = value + widened(row(bias_pad, idx)) if bias_pad is not None else value
-        value = value + widened(res_pad(*idx)) if res_pad is not None and not spec.qadd_body else value
+        late = res_pad is not None and spec.half_via and spec.half_out  # added after the rounding (half_residual.py)
+        value = value + widened(res_pad(*idx)) if res_pad is not None and not spec.qadd_body and not late else value
         value = value * row(cscale_pad, idx) if cscale_pad is not None else value
         value = value + row(cshift_pad, idx) if cshift_pad is not None else value
         value = activation(value, spec.acc_dtype, spec.relu, spec.clip)
@@ -383,6 +387,7 @@ def epilogue_compute(spec: KernelSpec, acc, tiling, operands: dict, out_index=No
             value = body_value(FabricBody(spec.fabric_body, spec.acc_dtype), value)
         if spec.half_via and spec.half_out:  # the linear's value rounded before its activation (half_bias.py)
             value = value.astype(spec.half_via).astype(spec.acc_dtype)
+            value = value + widened(res_pad(*idx)) if late else value
         value = act_value(spec.act, value, tiling.act_on_vector) if spec.act else value
         value = value * mul_pad(*idx) if mul_pad is not None else value
         if spec.half_out:

@@ -52,7 +52,7 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     if spec.gated and spec.act != "gelu" and not act_on_vector(spec, arch):
         raise UnsupportedOperator(f"a gated linear unit's {spec.act} runs through a function unit that has it; "
                                   f"'{arch.name}' has none: its parts run as their own kernels")
-    if spec.half_via and spec.half_out and spec.act not in VFUNC_ACTS and not act_on_vector(spec, arch):
+    if spec.half_via and spec.half_out and spec.act and spec.act not in VFUNC_ACTS and not act_on_vector(spec, arch):
         raise UnsupportedOperator(f"a rounded linear's {spec.act} runs as a VFUNC of a function unit that has it; "
                                   f"'{arch.name}' has none: the activation and its cast run as their own kernels")
     require_whole_rows(spec, arch)  # a post-norm's tiles hold whole rows (post_norm.py)

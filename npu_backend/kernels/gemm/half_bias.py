@@ -24,7 +24,10 @@ float32))), h)): cgra.<root>_bias_rounded_act is one kernel storing h, its epilo
 biased sum to h, widening it back over the accumulator tile, the activation as one VFUNC there
 in place, and the rounding store (epilogue_tail.rounded_act_intrin): where the function unit has
 the activation (gemm.py refuses it elsewhere: those chips keep the GEMM, an activation kernel and
-a cast), instead of the three. The same values the three kernels compute, bit for bit.
+a cast), instead of the three. The same values the three kernels compute, bit for bit. The
+same over a half-normed root (half_row_norm.py: GPT-2's ln_2 and ViT's pre-MLP norm in fc1's
+prologue: norm, fc1 and GELU one kernel) and for tanh (ViT's pooler). A rounded linear's residual
+add, rounded again, is half_residual.py's.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from tvm.relax.dpl import is_op, wildcard
 
 from ...errors import UnsupportedOperator
 from .epilogue_tail import with_reshape
+from .half_residual import rounded_residual_graphs
 
 #: The patterns' suffix: "cgra.linear_bias_rounded".
 SUFFIX = "_bias_rounded"
@@ -43,8 +47,8 @@ WIDE_SUFFIX = "_bias_rounded_wide"
 #: The suffix of that chain's activation, rounded to h.
 ACT_SUFFIX = "_bias_rounded_act"
 #: Relax op -> the activation (kernels/intrinsics/epilogue_tail.py's) a rounded linear's epilogue runs:
-#: GELU's two forms (GPT-2's tanh, ViT's erf).
-ROUNDED_ACTS = {"relax.nn.gelu_tanh": "gelu_tanh", "relax.nn.gelu": "gelu"}
+#: GELU's two forms (GPT-2's tanh, ViT's erf), and tanh (ViT's pooler).
+ROUNDED_ACTS = {"relax.nn.gelu_tanh": "gelu_tanh", "relax.nn.gelu": "gelu", "relax.tanh": "tanh"}
 
 
 def half_bias_graphs(roots) -> list[tuple]:
@@ -62,8 +66,10 @@ def half_bias_graphs(roots) -> list[tuple]:
             back = is_op("relax.astype")(cast)
             graphs.append((5, f"cgra.{root.name}{WIDE_SUFFIX}", back, {**annotations, "half_back": back},
                            root.name))
-            if root.name in ("matmul", "linear"):  # (with_rounded_act: a 2-D linear's)
+            if root.name in ("matmul", "linear") or "_norm_half" in root.name:  # (with_rounded_act: a 2-D linear's)
                 graphs += _rounded_act_graphs(root, annotations, back)
+            if root.name in ("matmul", "linear"):  # its residual add, rounded (half_residual.py)
+                graphs += rounded_residual_graphs(root, annotations, cast)
     return graphs
 
 

@@ -25,6 +25,7 @@ from cgra_sim.mapping.sigmoid import passes
 from .builder import SPAD, Tile, intrinsic
 from .fabric import body_value, fabric_call
 from .pe_array import dtype_code
+from .rounded_residual import rounded_residual_intrin
 from .row_ops import VFUNCS, vfunc_call, vfunc_value
 from .smooth import smooth_calls, smooth_value
 from .vector_unit import activation, eltwise_call, epilogue_call, epilogue_value
@@ -71,6 +72,10 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     if gated:
         return gated_intrin(rows, cols, act, gated_via, scope=scope)
     plain = dict(bias=bias, relu=relu, residual=residual, clip=clip, zero_point=zero_point, body=body)
+    if round_via is not None and residual and out_dtype == round_via:  # rounded, then + residual, rounded
+        if act is not None or multiplier or channel_scale or dequantise or relu or clip is not None or body is not None:
+            raise ValueError("a rounded epilogue's residual add fuses [+ bias] before it only")
+        return rounded_residual_intrin(rows, cols, round_via, bias=bias, scope=scope)
     if round_via is not None and act is not None and out_dtype == round_via:
         if multiplier or channel_scale or dequantise or residual or body is not None:
             raise ValueError("a rounded epilogue's activation fuses [+ bias] [relu | clip] before it only")
