@@ -28,6 +28,7 @@ from .. import load_arch, preset_names
 from ..fabric import Fabric
 from . import body as bodies
 from . import mapper, pe_array, solver, store
+from .exp import passes as exp_passes
 from .sigmoid import exp_base, gelu_argument, logistic, square
 
 #: (name, body, dtype) of every FABRIC body a compile may ask for on a preset, beyond the cell.
@@ -48,7 +49,13 @@ BODIES = (
     ("leaky-relu-0.1", (("mul", "a", 0.10000000149011612), ("max", "a", "n0")), "float32"),
     ("leaky-relu-0.01", (("mul", "a", 0.009999999776482582), ("max", "a", "n0")), "float32"),
     ("leaky-relu-0.2", (("mul", "a", 0.20000000298023224), ("max", "a", "n0")), "float32"),
-)
+) + tuple(
+    # the attention's exps on the fabric (exp.py; kernels/attention/fabric_exps.py): unscaled, and
+    # with the softmax scale 1 / sqrt(d) folded in where it is a power of two (d = 4, 16, 64, 256)
+    (f"exp-{step}-{scale or 1}", nodes, dtype)
+    for scale in (None, 0.5, 0.25, 0.125, 0.0625)
+    for step, (nodes, dtype) in zip(("round", "polynomial"), exp_passes(scale))) + (
+    ("exp-scale", exp_passes()[2][0], "int32"),)
 #: The PE array's cell dtypes (pe_array.program: float32, and int8 accumulating in int32).
 CELL_DTYPES = ("float32", "int8")
 HERE = Path(__file__).parent
