@@ -26,6 +26,7 @@ from .lower.norm_rows import norm_in_rows
 from .lower.hoist_allocs import hoist_allocations
 from .lower.held_tables import hold_tables
 from .lower.stream_panel import stream_panels
+from .lower.piece_major import piece_major_tails
 from .lower.fold_init import fold_accumulator_init
 from .lower.bias_accumulator import accumulate_bias
 from .lower.padded_rows import cut_padded_rows
@@ -105,6 +106,8 @@ def lowering_passes() -> list:
         func_pass(split_gemm_rows, "cgra.SplitGemmRows"),
         # Two copies of each scratchpad tile reused by a loop (three where a loop asks), so DMA overlaps compute.
         func_pass(double_buffer, "cgra.DoubleBuffer"),
+        # A post-norm tile's last reduction steps piece by piece, so each piece's norm starts early.
+        func_pass(piece_major_tails, "cgra.PieceMajorTails"),
         # A tile's residual loads, and its epilogue runs, in the next tile, where the load engine has room.
         func_pass(late_residuals, "cgra.LateResiduals"),
         # The loads a tile's GEMM reads ahead of those only its epilogue reads (RoPE's tables).

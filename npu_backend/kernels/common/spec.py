@@ -36,6 +36,9 @@ HOIST_ALLOCS = "cgra.hoist_allocs"
 #: A loop annotation: the reduction-step loop of a tile whose A panel is loaded a step at a time in
 #: the first column tile and held for the others (lower/stream_panel.py; Tiling.stream_panel)
 STREAM_PANEL = "cgra.stream_panel"
+#: A loop annotation: the reduction-step loop of a post-norm tile finished in pieces whose last that
+#: many steps run piece by piece (lower/piece_major.py; kernels/gemm/post_norm_tail.py)
+PIECE_MAJOR = "cgra.piece_major"
 #: A column tile loop whose RoPE tables repeat every that many tiles (lower/held_tables.py)
 HOLD_TABLES = "cgra.hold_tables"
 #: A column tile loop of RoPE in a GEMM's epilogue whose tables pass some tiles through:

@@ -25,7 +25,7 @@ from cgra_sim.isa import DType
 
 from ..common.dynamic import TILE_OF
 from ..common.spad_layout import a_row_stride, align_output_rows, align_rows
-from ..common.spec import GEMM_ROWS, HOIST_ALLOCS, STREAM_PANEL, KernelSpec, Tiling
+from ..common.spec import GEMM_ROWS, HOIST_ALLOCS, PIECE_MAJOR, STREAM_PANEL, KernelSpec, Tiling
 from ..intrinsics import SPAD, get_intrin
 from .bias_acc import annotate_tile
 from .channel_rows import channel_rows
@@ -34,6 +34,7 @@ from .gemm_copies import annotate_copies
 from .gemm_estimate import holds_a_panel
 from .gemm_pieces import epilogue_piece_rows
 from .post_norm import holds_b, stage_post_norm, summed_spec, tensorize_post_norm
+from .post_norm_tail import tail_steps
 from .rope_epilogue import hold_rope_tables, mark_rotating_tiles, stage_rope_blocks, tensorize_rope_blocks
 from .half_row_norm import lhs_dtype
 from .row_norm import place_row_norm, tensorize_row_norm
@@ -194,6 +195,8 @@ def tensorize_tile(sch, spec: KernelSpec, tiling: Tiling, arch: HardwareDescript
         piece_loop, epi_row = sch.split(epi_row, [None, piece])
         sch.annotate(piece_loop, HOIST_ALLOCS, 1)
         sch.annotate(col_tile, GEMM_ROWS, piece)  # its GEMMs in the same pieces (lower/gemm_rows.py)
+        if tail_steps(spec, tiling, arch):  # a post-norm's last steps piece by piece (lower/piece_major.py)
+            sch.annotate(depth_outer, PIECE_MAJOR, tail_steps(spec, tiling, arch))
         sch.reverse_compute_at(sch.get_sblock("out"), piece_loop)
     if spec.post_norm:  # the sum and the norm a piece at a time (post_norm.py)
         tensorize_post_norm(sch, spec, piece, piece_loop if piece < tiling.tm else None,
