@@ -9,7 +9,6 @@ bound of float64 (4e-6 of the largest |O|), a -inf score's weight exactly 0, a r
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import numpy as np
@@ -21,12 +20,10 @@ import npu_backend
 from cgra_sim.fabric import Fabric
 from cgra_sim.mapping import body as bodies
 from cgra_sim.mapping import exp as fabric_exp
-from npu_backend.kernels import registry
-from npu_backend.kernels.attention import attention_tiles
 from npu_backend.kernels.attention.attention_tiles import (RowTiling, choose_attention_tiling,
                                                            estimate_attention_cycles)
 from npu_backend.kernels.attention.spec import AttentionSpec
-from npu_backend.target import relax_ext
+from attention_tilings import compiled_afresh
 from test_attention import BOUND, _graph, _reference, _run
 
 SCALES = [None, 0.125, 0.25, 0.5, 2.0]
@@ -91,22 +88,12 @@ def test_a_nan_argument_gives_nan_or_zero_never_a_number():
     assert np.all(np.isnan(got) | (got == 0))
 
 
-@contextlib.contextmanager
 def _forced(fabric_rows: int | None):
     """The search's tiling with `fabric_rows` rows of each item on the fabric (at most its rows;
-    None: as the search chooses), compiled afresh: the kernel caches' and the process's tilings'
-    keys are the spec, not the tiling."""
-    with pytest.MonkeyPatch.context() as patch:  # Hypothesis runs its examples in one test call
-        if fabric_rows is not None:
-            patch.setattr(attention_tiles, "fabric_tiling",
-                          lambda spec, arch, t: dataclasses.replace(t, fabric_rows=min(fabric_rows, t.rows)))
-        patch.setenv("CGRA_KERNEL_CACHE", "off")
-        patch.setattr(registry, "_TILINGS", {})
-        relax_ext.clear_kernel_cache()
-        try:
-            yield
-        finally:
-            relax_ext.clear_kernel_cache()
+    None: as the search chooses), compiled afresh."""
+    if fabric_rows is None:
+        return compiled_afresh()
+    return compiled_afresh(fabric_tiling=lambda spec, arch, t: dataclasses.replace(t, fabric_rows=min(fabric_rows, t.rows)))
 
 
 @settings(max_examples=6, deadline=None)

@@ -13,11 +13,9 @@ import tvm
 from tvm import relax, tirx
 
 import npu_backend
-from npu_backend.kernels import registry
-from npu_backend.kernels.attention import attention_tiles
 from npu_backend.normalise.length_masks import open_masks_dropped
-from npu_backend.target import relax_ext
 from npu_backend.tools.explain import explain, npu_mac_fraction
+from attention_tilings import compiled_afresh
 
 ARCH = "cgra-8x8"
 HEADS, DEPTH = 4, 16
@@ -117,7 +115,7 @@ def test_the_key_tiles_without_a_mask_equal_numpy(key_tiles_only, n):
 
 
 @pytest.mark.parametrize("n", [16, 128])
-def test_an_open_prompt_costs_what_a_static_compile_does(n, monkeypatch):
+def test_an_open_prompt_costs_what_a_static_compile_does(n):
     """At 16 and 128 tokens (bound 1024) the whole-row branch runs a static compile's commands
     for that length (DistilBERT's attention: 2,018 cycles a layer at 16 tokens as static; it was
     8,693 as nine kernels, its mask on the host). The static kernel compared runs its exps on the
@@ -125,14 +123,9 @@ def test_an_open_prompt_costs_what_a_static_compile_does(n, monkeypatch):
     (kernels/attention/fabric_exps.py: 85,596 -> 67,054 cycles at 128 tokens), the length kernel
     not yet."""
     symbolic = _run(f"bound {n}", n, lambda: npu_backend.compile(_attention(1024), ARCH))[2]
-    monkeypatch.setattr(attention_tiles, "fabric_tiling", lambda spec, arch, t: t)
-    monkeypatch.setenv("CGRA_KERNEL_CACHE", "off")
-    registry._TILINGS.clear()
-    relax_ext.clear_kernel_cache()
-    static = _run(f"static, function unit {n}", n,
-                  lambda: npu_backend.compile(_attention(masked="", length=n), ARCH))[2]
-    registry._TILINGS.clear()
-    relax_ext.clear_kernel_cache()
+    with compiled_afresh(fabric_tiling=lambda spec, arch, t: t):
+        static = _run(f"static, function unit {n}", n,
+                      lambda: npu_backend.compile(_attention(masked="", length=n), ARCH))[2]
     assert symbolic <= 1.02 * static, (symbolic, static)
 
 

@@ -11,16 +11,14 @@ import contextlib
 import dataclasses
 
 import numpy as np
-import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import npu_backend
-from npu_backend.kernels import registry
 from npu_backend.kernels.attention import attention_tiles, scores_mask
 from npu_backend.kernels.attention.attention_tiles import choose_attention_tiling, estimate_attention_cycles
 from npu_backend.kernels.attention.spec import AttentionSpec
-from npu_backend.target import relax_ext
+from attention_tilings import compiled_afresh
 from test_attention import BOUND, _graph, _reference, _run
 
 
@@ -37,18 +35,9 @@ def _forced(in_scores: bool, tq: int, fabric_rows: int):
     def mask(spec, arch, t):
         return dataclasses.replace(t, mask=scores_mask.MODE) if in_scores and scores_mask.applies(spec, t, True) else t
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(attention_tiles, "whole_row_tiling", rows)
-        patch.setattr(attention_tiles, "scores_mask_tiling", mask)
-        patch.setattr(attention_tiles, "fabric_tiling",
-                      lambda spec, arch, t: dataclasses.replace(t, fabric_rows=min(fabric_rows, t.rows)))
-        patch.setenv("CGRA_KERNEL_CACHE", "off")
-        patch.setattr(registry, "_TILINGS", {})
-        relax_ext.clear_kernel_cache()
-        try:
-            yield
-        finally:
-            relax_ext.clear_kernel_cache()
+    with compiled_afresh(whole_row_tiling=rows, scores_mask_tiling=mask,
+                         fabric_tiling=lambda spec, arch, t: dataclasses.replace(t, fabric_rows=min(fabric_rows, t.rows))):
+        yield
 
 
 @settings(max_examples=5, deadline=None)
