@@ -144,7 +144,9 @@ def test_the_tile_search_takes_the_kernel_moving_fewer_bytes():
     t16 = choose_attention_tiling(spec(512, True), arch16)
     rows = attention_tiles.whole_row_tiling(spec(512, True), arch16)
     whole_row = attention_tiles.whole_row_dma_bytes(spec(512, True), rows)
-    assert (t16.dma_bytes < whole_row) if isinstance(t16, FlashTiling) else t16 == rows
+    # (the whole-row kernel may put a share of its exps on the fabric: the same bytes)
+    assert (t16.dma_bytes < whole_row) if isinstance(t16, FlashTiling) else \
+        t16 == dataclasses.replace(rows, fabric_rows=t16.fabric_rows)
     assert not isinstance(choose_attention_tiling(spec(512, False), npu_backend.load_arch("cgra-16x16")), FlashTiling)
 
 
