@@ -59,10 +59,12 @@ import tvm
 from tvm import relax
 
 from ..frontend.provenance import with_span
-from ..relax_info import dtype_of, static_shape
+from ..relax_info import dtype_of, shape_dims, static_shape
 from .causal_rows import causal_row_add
 from .chain_match import Chain
 from .finite_masks import safe_softmax, splits_finite, unseen_rows
+from .length_rows import module_bounds
+from .length_scans import length_bound, length_dims, length_scan, length_words
 from .mask_words import nonzero_float, padding_row_of_words
 from .rewrite import as_pass, rewrite_functions
 
@@ -134,6 +136,7 @@ class _MaskRewriter(relax.PyExprMutator):
     def __init__(self, mod=None, causal_fits=None, finite=True):
         super().__init__(mod)
         self.causal_fits, self.finite = causal_fits, finite
+        self.bounds = module_bounds(mod) if mod is not None else {}  # a symbolic length's (length_scans.py)
         self.twins, self.selects, self.binary, self.broadcasts = {}, {}, set(), []
         self.splits = {}  # a split select's add(causal constant, row) -> (the constant, the row)
         self.seen = {}  # a finite split (finite_masks.py) -> c, fl(1 / Sk): the weights of a row that sees no key
@@ -280,9 +283,12 @@ class _MaskRewriter(relax.PyExprMutator):
                 break
             source = bound
         axis = call.attrs.axis
-        if source not in self.binary or shape is None or len(shape) < 1 or bool(call.attrs.exclusive) \
-                or axis is None or int(axis) % len(shape) != len(shape) - 1 or dtype_of(call) != "int32":
+        dims = shape_dims(call)
+        if source not in self.binary or not dims or bool(call.attrs.exclusive) \
+                or axis is None or int(axis) % len(dims) != len(dims) - 1 or dtype_of(call) != "int32":
             return None
+        if shape is None:  # a symbolic length: the triangle at its bound (length_scans.py)
+            return length_scan(self.emit, source, length_bound(self.bounds, length_dims(call)))
         n = shape[-1]
         rows = (int(np.prod(shape[:-1])), n)
         flat = self.emit(relax.op.reshape(source, rows)) if tuple(shape) != rows else source
@@ -301,7 +307,9 @@ class _MaskRewriter(relax.PyExprMutator):
         key = (("nonzero", cast.args[0]) if cast is not None and isinstance(cast.args[0], relax.Var) else value, dtype)
         if key in self.twins:
             return self.twins[key]
-        twin = self._make_twin(chain, expr, depth, dtype) if depth < 16 and static_shape(expr) is not None else None
+        # an int32 twin of a symbolic length too (length_scans.py: RoBERTa's position ids' mask)
+        shaped = static_shape(expr) is not None or (dtype == "int32" and length_dims(expr) is not None)
+        twin = self._make_twin(chain, expr, depth, dtype) if depth < 16 and shaped else None
         if twin is not None:
             twin = self.emit(twin) if isinstance(twin, relax.Call) else twin
             self.twins[key] = twin
@@ -313,6 +321,8 @@ class _MaskRewriter(relax.PyExprMutator):
         """The int32 words of an int32 or int64 tensor (an int64 read as its two words, low
         first: a view and two strided slices), else None."""
         dtype, shape = dtype_of(source), static_shape(source)
+        if shape is None:
+            return length_words(self.emit, source)
         if dtype not in ("int32", "int64") or not shape:
             return None
         if dtype == "int32":
