@@ -377,7 +377,9 @@ class _MaskRewriter(relax.PyExprMutator):
             return None
         constant = np.array(value.reshape(()), dtype_of(call.args[0]))
         parts = constant.reshape(1).view(np.int32) if len(words) == 2 else constant.reshape(1).astype(np.int32)
-        return [self.emit(relax.op.subtract(word, _i32(part))) for word, part in zip(words, parts)]
+        # a word of c that is 0 subtracts nothing: over a symbolic length, one kernel fewer (length_scans.py)
+        return [word if part == 0 and static_shape(word) is None else self.emit(relax.op.subtract(word, _i32(part)))
+                for word, part in zip(words, parts)]
 
     def _make_twin(self, chain: Chain, expr, depth: int, dtype: str):
         array = chain.array(expr)
