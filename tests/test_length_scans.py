@@ -24,12 +24,12 @@ BOUND = 64
 PAD = 1
 
 
-def _positions_module(rows: int, dtype: str):
-    """main(x: (rows, s) dtype) = cumsum(x != PAD, -1) * (x != PAD) + PAD in int32, s in [2, BOUND]."""
+def _positions_module(rows: int, dtype: str, bound: int = BOUND):
+    """main(x: (rows, s) dtype) = cumsum(x != PAD, -1) * (x != PAD) + PAD in int32, s in [2, bound]."""
     s = tirx.Var("s", "int64")
     x = relax.Var("x", relax.TensorType((rows, s), dtype))
     bb = relax.BlockBuilder()
-    with bb.function("main", [x], attrs={"tir_var_lower_bound": {"s": 2}, "tir_var_upper_bound": {"s": BOUND}}):
+    with bb.function("main", [x], attrs={"tir_var_lower_bound": {"s": 2}, "tir_var_upper_bound": {"s": bound}}):
         with bb.dataflow():
             mask = bb.emit(relax.op.astype(relax.op.not_equal(x, relax.const(PAD, dtype)), "int32"))
             counts = bb.emit(relax.op.cumsum(mask, axis=-1, dtype="int32"))
@@ -84,6 +84,15 @@ def test_the_position_ids_equal_numpy_at_every_length(dtype, data):
     x = data.draw(_ids(dtype))
     out = _compiled(x.shape[0], dtype)["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_array_equal(out, _expected(x))
+
+
+def test_a_bound_past_the_triangle_s_limit_leaves_the_position_ids_as_they_were():
+    """Past MAX_BOUND the scan's GEMM (about s * bound / 8 cycles a row) would cost more than the
+    host's: the mask's twin is not made either, the three ops stay together on the host."""
+    from npu_backend.normalise.length_scans import MAX_BOUND
+
+    placements = npu_backend.explain(_positions_module(1, "int64", MAX_BOUND + 1), ARCH, dims={"s": 16})
+    assert [p.op.split(".")[-1] for p in placements if p.where == "host"][:3] == ["not_equal", "astype", "cumsum"]
 
 
 def test_a_length_past_the_triangle_s_limit_keeps_the_scan_on_the_host():

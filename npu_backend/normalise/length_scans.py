@@ -36,9 +36,11 @@ from tvm import relax, tirx
 
 from ..relax_info import dtype_of, shape_dims
 
-#: The largest bound whose triangle is built: (bound, bound) int8 bytes in the executable
-#: (2048: 4 MiB); above it the cumsum stays on the host.
-MAX_BOUND = 4096
+#: The largest bound whose triangle is built ((bound, bound) int8 bytes in the executable). One
+#: row fills one of the PE array's rows: the GEMM costs about s * bound / 8 cycles on cgra-8x8
+#: (RoBERTa at bound 256: 1,434 cycles at 20 tokens, about 4,000 at 128), against a host scan of
+#: about 2,500 modelled cycles; above 512 the cumsum stays on the host.
+MAX_BOUND = 512
 
 
 def length_dims(expr) -> list | None:
@@ -86,3 +88,12 @@ def length_scan(emit, twin, bound: int | None):
 def length_bound(bounds: dict, dims) -> int | None:
     """The upper bound of the symbolic last axis of `dims` from `bounds` (name -> bound), else None."""
     return bounds.get(str(dims[-1].name)) if dims and isinstance(dims[-1], tirx.Var) else None
+
+
+def scannable(bounds: dict, expr) -> bool:
+    """Whether `expr`'s last axis is a symbolic length whose bound length_scan takes: masks.py
+    makes an int32 twin over a symbolic length only then (a twin whose scan stayed on the host
+    would add NPU kernels and a crossing to the host's ops)."""
+    dims = length_dims(expr)
+    bound = length_bound(bounds, dims) if dims is not None else None
+    return bound is not None and 1 <= bound <= MAX_BOUND

@@ -64,7 +64,7 @@ from .causal_rows import causal_row_add
 from .chain_match import Chain
 from .finite_masks import safe_softmax, splits_finite, unseen_rows
 from .length_rows import module_bounds
-from .length_scans import length_bound, length_dims, length_scan, length_words
+from .length_scans import length_bound, length_dims, length_scan, length_words, scannable
 from .mask_words import nonzero_float, padding_row_of_words
 from .rewrite import as_pass, rewrite_functions
 
@@ -308,7 +308,7 @@ class _MaskRewriter(relax.PyExprMutator):
         if key in self.twins:
             return self.twins[key]
         # an int32 twin of a symbolic length too (length_scans.py: RoBERTa's position ids' mask)
-        shaped = static_shape(expr) is not None or (dtype == "int32" and length_dims(expr) is not None)
+        shaped = static_shape(expr) is not None or (dtype == "int32" and scannable(self.bounds, expr))
         twin = self._make_twin(chain, expr, depth, dtype) if depth < 16 and shaped else None
         if twin is not None:
             twin = self.emit(twin) if isinstance(twin, relax.Call) else twin
