@@ -97,13 +97,17 @@ UNITS = (("load", "load"), ("compute", "PE"), ("store", "store"), ("vector", "ve
 
 
 def unit_line(kernels, ideal: float) -> str:
-    """Each unit's busy cycles over all launches as x ideal, and the floor (each launch's busiest
-    unit summed) as x ideal: what perfect overlap inside every kernel would leave."""
+    """Each unit's busy cycles over all launches as x ideal, the floor (each launch's busiest
+    unit summed) as x ideal: what perfect overlap inside every kernel would leave, and the
+    roofline as x ideal (with the launches' bounds summed alone beside it: without prefetch)."""
+    from cgra_sim.roofline import run_roofline
     busy = {unit: sum(k.busy_cycles.get(unit, 0) for k in kernels) for unit, _ in UNITS}
     floor = sum(max(k.busy_cycles.values(), default=0) for k in kernels)
     ideal = max(ideal, 1)
     return ("units busy x ideal: " + ", ".join(f"{label} {busy[unit] / ideal:.2f}" for unit, label in UNITS)
-            + f"; floor (busiest unit a launch) {floor / ideal:.2f}")
+            + f"; floor (busiest unit a launch) {floor / ideal:.2f}"
+            + f"; roofline {run_roofline(kernels) / ideal:.2f} (each launch alone"
+            f" {sum(k.roofline_cycles for k in kernels) / ideal:.2f})")
 
 
 def kernel_lines(prof, pes: int = 0) -> list[str]:

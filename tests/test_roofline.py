@@ -89,7 +89,7 @@ def test_an_elementwise_kernel_is_bound_by_its_bytes_and_the_profile_reports_it(
     assert '"roofline_cycles": %d' % prof.roofline_cycles in prof.to_json()
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(st.data())
 def test_the_bound_is_never_above_the_cycles_even_with_prefetch(data):
     arch = load_arch("cgra-8x8")
