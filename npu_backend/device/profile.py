@@ -24,6 +24,7 @@ import threading
 import numpy as np
 
 from cgra_sim.arch import HardwareDescription
+from cgra_sim.roofline import run_roofline
 from cgra_sim.renamed import renamed_property, warn_renamed
 from cgra_sim.simulate import STEPS
 from cgra_sim.stream_file import SUFFIX, Launch, save_launch
@@ -75,6 +76,14 @@ class Profile:
         return sum(k.padded_macs for k in self.kernels)
 
     @property
+    def roofline_cycles(self) -> int:
+        """The cycles no schedule of these launches can beat (cgra_sim/roofline.py): each launch's
+        MACs on the PE array at peak or its compulsory DRAM bytes at the DMA bandwidth (+ latency
+        once), whichever is larger, summed over the launches; on a chip with `dma_prefetch`, a
+        launch's constant bytes may load during the launch before it (the load engine serial)."""
+        return run_roofline(self.kernels)
+
+    @property
     def total_energy_pj(self) -> float:
         """The kernels' energy in pJ (KernelStats.energy_pj; cgra_sim/energy.py)."""
         return sum(k.energy_pj for k in self.kernels)
@@ -108,7 +117,8 @@ class Profile:
 
     def to_dict(self) -> dict:
         return {"total_cycles": self.total_cycles, "total_macs": self.total_macs,
-                "total_padded_macs": self.total_padded_macs, "total_energy_pj": self.total_energy_pj,
+                "total_padded_macs": self.total_padded_macs, "roofline_cycles": self.roofline_cycles,
+                "total_energy_pj": self.total_energy_pj,
                 "kernels": [k.to_dict() for k in self.kernels], **self.host_side()}
 
     def host_side(self) -> dict:

@@ -13,6 +13,10 @@ but reads no padding). A pre-norm's program on the A panel (kernels/gemm/row_nor
 are cut when every GEMM reading the panel reads a constant range of its rows (the pieces
 lower/gemm_rows.py made: 8, 8, 1 of them cut then), so that no command reads a panel row
 nothing wrote (the simulator refuses that). A GEMM piece of a DMA-loaded tile is left as it is.
+So are the DMA loads of the A tile and the residual tile when every command reading them is a
+whole tile's GEMM (as its A) or EPILOGUE (as its residual), all cut to the valid rows: their zero
+halo is read by nothing (ConvNeXt's last-stage fc2 at 4 tokens in a tile of 8 streamed 512 + 128
+cycles of zeros on its load engine, the unit that bounds it).
 
 Why: a tile's padded rows are computed and never stored (the store's box already stops at the
 valid rows, lower/dma.py), and the vector unit pays for them per element: a GELU or SiLU VFUNC
@@ -40,6 +44,8 @@ _LOAD = device_call_positions("cgra_dma_load")
 _LOAD_SPAD, _BOX = _LOAD["spad_addr"][0], _LOAD["box"]
 _GEMM = device_call_positions("cgra_gemm")
 (_GEMM_M,), (_GEMM_A, _), (_GEMM_A_STRIDE,) = _GEMM["m"], _GEMM["a_addr"], _GEMM["a_stride"]
+_EPILOGUE = device_call_positions("cgra_epilogue")
+(_EPILOGUE_M,), (_EPILOGUE_RESIDUAL, _) = _EPILOGUE["m"], _EPILOGUE["residual_addr"]
 _ROWS = {name: device_call_positions(name)[param][0] for name, param in (
     ("cgra_epilogue", "m"), ("cgra_vfunc", "rows"), ("cgra_eltwise", "rows"), ("cgra_fabric", "rows"),
     ("cgra_reduce", "rows"), ("cgra_fill", "rows"))}
@@ -62,7 +68,28 @@ def cut_padded_rows(func: tirx.PrimFunc) -> tirx.PrimFunc:
         b.name for b in buffer_args(call) if not b.name.startswith(_PANEL_PREFIX))
         if str(call.args[0].value) != "cgra_gemm" and any(b.name.startswith(_PANEL_PREFIX) for b in buffer_args(call))
         else None)
-    return func.with_body(_Cut(valid, tile, piece, cut_panel, sources if cut_panel else set()).stmt(func.body, None))
+    sources = (sources if cut_panel else set()) | _whole_tile_operands(func.body, tile)
+    return func.with_body(_Cut(valid, tile, piece, cut_panel, sources).stmt(func.body, None))
+
+
+def _whole_tile_operands(body, tile: int) -> set:
+    """The buffers that only whole-tile GEMMs read as A, or whole-tile EPILOGUEs as the residual
+    (rows == `tile`, both cut to the valid rows): their loads' zero halo is read by nothing."""
+    only_rows: dict = {}
+    def visit(call):
+        name = str(call.args[0].value)
+        if name == "cgra_dma_load":
+            return
+        rows_at, operand_at = {"cgra_gemm": (_GEMM_M, _GEMM_A),
+                               "cgra_epilogue": (_EPILOGUE_M, _EPILOGUE_RESIDUAL)}.get(name, (None, None))
+        rows = call.args[rows_at] if rows_at is not None else None
+        whole = isinstance(rows, tirx.IntImm) and int(rows.value) == tile
+        for position, arg in enumerate(call.args):
+            buffer = buffer_of(arg)
+            if buffer is not None:
+                only_rows[buffer.name] = only_rows.get(buffer.name, True) and whole and position == operand_at
+    _visit_calls(body, visit)
+    return {name for name, only in only_rows.items() if only}
 
 
 def _visit_calls(stmt, visit) -> None:
@@ -153,14 +180,18 @@ class _Cut:
         for loop in range(BOX_DIMS):
             extent_at, dim_at, step_at, _ = (_BOX[3 * BOX_DIMS + 4 * loop + k] for k in range(4))
             extent, dim, step = call.args[extent_at], call.args[dim_at], call.args[step_at]
-            if not all(isinstance(v, tirx.IntImm) for v in (extent, dim, step)) or int(step.value) != 1 or \
-                    int(extent.value) != self.tile or int(dim.value) >= BOX_DIMS:
+            if not all(isinstance(v, tirx.IntImm) for v in (extent, dim, step)):
+                return call
+            if int(extent.value) == 1:
                 continue
+            if int(step.value) != 1 or int(extent.value) != self.tile or int(dim.value) >= BOX_DIMS:
+                return call  # the rows are the outermost loop walked; a column loop is never cut
             pad_at = _BOX[2 * BOX_DIMS + int(dim.value)]
             pad = call.args[pad_at]
             if isinstance(pad, tirx.IntImm) and int(pad.value) == self.tile - self.valid:
                 call = _with_arg(call, extent_at, tirx.IntImm(str(extent.ty), self.valid))
                 return _with_arg(call, pad_at, tirx.IntImm(str(pad.ty), 0))
+            return call
         return call
 
 

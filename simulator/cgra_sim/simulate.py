@@ -90,7 +90,8 @@ def simulate_detailed(arch: "HardwareDescription | str", commands, tensors, name
     clock.append(time.perf_counter())
     stats = collect_stats(arch, decoded, timeline, name, *split_source_ops(source_ops),
                           tensor_shapes=tuple(np.shape(tensor) for tensor in tensors),
-                          macs_per_output=macs_per_output, macs_divisor=macs_divisor)
+                          macs_per_output=macs_per_output, macs_divisor=macs_divisor,
+                          constant_slots=constant_slots)
     clock.append(time.perf_counter())
     seconds = {step: clock[i + 1] - clock[i] for i, step in enumerate(STEPS)}
     return SimulationResult(stats=stats, timeline=timeline, host_seconds=seconds, prefetch=early, tail=tail)

@@ -17,6 +17,7 @@ from .arch import HardwareDescription
 from .commands import Command, DmaCommand
 from .energy import launch_energy
 from .isa import Op, Unit
+from .roofline import launch_roofline
 from .timing import Timeline
 
 
@@ -58,6 +59,16 @@ class KernelStats:
     # config, leakage), priced by the description's energy table (energy.py).
     energy_pj: float = 0.0
     energy_breakdown: dict = dataclasses.field(default_factory=dict)
+    # The roofline (roofline.py): DRAM bytes the launch cannot avoid (each host element it reads
+    # loaded once, each it writes stored once; constant slots' part), and three bounds in cycles:
+    # on an idle chip; on its own window when its constants may load during the launch before
+    # (dma_prefetch); the load engine's compulsory work. Profile.roofline_cycles chains them.
+    compulsory_load_bytes: int = 0
+    compulsory_store_bytes: int = 0
+    compulsory_constant_bytes: int = 0
+    roofline_cycles: int = 0
+    roofline_own_cycles: int = 0
+    roofline_load_cycles: int = 0
 
     @property
     def model_nodes(self) -> tuple[str, ...]:
@@ -89,8 +100,9 @@ def ideal_cycles(arch: HardwareDescription, pe_work: Fraction, load_bytes: int, 
 def collect_stats(arch: HardwareDescription, commands: list[Command], timeline: Timeline,
                   name: str, source_ops: tuple[str, ...], source_nodes: tuple[str, ...] = (),
                   tensor_shapes: tuple = (), macs_per_output: int | None = None,
-                  macs_divisor: int = 1) -> KernelStats:
-    """Sums the work, traffic and occupancy of a timed stream. `macs_per_output` / `macs_divisor`
+                  macs_divisor: int = 1, constant_slots=()) -> KernelStats:
+    """Sums the work, traffic and occupancy of a timed stream (`constant_slots`: the slots the
+    runtime flags constant, for the roofline). `macs_per_output` / `macs_divisor`
     (the model operator's MACs per element of the last tensor; None or -1: unknown) gives `macs`,
     rounded down where the fraction times the size is not whole (a size the compiler did not see)."""
     gemms = [c for c in commands if c.op in (Op.GEMM, Op.DEPTHWISE)]  # the MACs (not a FABRIC body)
@@ -113,6 +125,7 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], timeline: 
     counts = Counter(c.op.name for c in commands)
     stalls = timeline.stalls()
     energy = launch_energy(arch, commands, cycles, timeline.config_slots)
+    roof = launch_roofline(arch, commands, model_work, constant_slots)
     return KernelStats(
         name=name,
         source_ops=tuple(source_ops),
@@ -138,4 +151,10 @@ def collect_stats(arch: HardwareDescription, commands: list[Command], timeline: 
         array_utilisation=float(pe_work / (cycles * arch.num_pes)) if gemms else 0.0,
         energy_pj=sum(energy.values()),
         energy_breakdown=energy,
+        compulsory_load_bytes=roof.load_bytes,
+        compulsory_store_bytes=roof.store_bytes,
+        compulsory_constant_bytes=roof.constant_bytes,
+        roofline_cycles=roof.alone,
+        roofline_own_cycles=roof.own,
+        roofline_load_cycles=roof.load,
     )
