@@ -20,13 +20,14 @@ ARCH = "cgra-8x8"
 HEADS, DEPTH = 4, 16
 
 
-def _attention(bound: int = 256, masked: str = "open", length: int | None = None):
+def _attention(bound: int = 256, masked: str = "open", length: int | None = None, heads: int = HEADS,
+               depth: int = DEPTH):
     """DistilBERT's attention over (1, H, s, d): the scale on Q, Q Kᵀ, the padding mask as HF
     computes it from the length (arange(s) + 0 >= first, per query row, broadcast over the keys,
     where(., 0, -inf)); `masked` "open" (first 0: every row kept), "first" (first 1: row 0
-    masked whole, not open) or "" (no mask); `length` s static instead."""
+    masked whole, not open) or "" (no mask); `length` s static instead; `heads` x `depth`."""
     s = tirx.Var("s", "int64") if length is None else length
-    q, k, v = (relax.Var(name, relax.TensorType([1, HEADS, s, DEPTH], "float32")) for name in "qkv")
+    q, k, v = (relax.Var(name, relax.TensorType([1, heads, s, depth], "float32")) for name in "qkv")
     bb = relax.BlockBuilder()
     op = relax.op
     attrs = {"tir_var_upper_bound": {"s": bound}, "tir_var_lower_bound": {"s": 1}} if length is None else {}
@@ -54,9 +55,9 @@ def _expected(q, k, v):
     return (p / p.sum(-1, keepdims=True)) @ v
 
 
-def _inputs(n: int):
+def _inputs(n: int, heads: int = HEADS, depth: int = DEPTH):
     rng = np.random.default_rng(n)
-    return [rng.standard_normal((1, HEADS, n, DEPTH)).astype("float32") for _ in range(3)]
+    return [rng.standard_normal((1, heads, n, depth)).astype("float32") for _ in range(3)]
 
 
 def _wheres(mod) -> int:

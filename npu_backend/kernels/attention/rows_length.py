@@ -157,7 +157,11 @@ def rows_branch(w: Writer, spec, t: RowTiling, limit: int, s: str) -> None:
     _load_q(w, spec, t, _Item(spec, t, s, "1"), s, indent="    ")
     _load_kv(w, spec, first, s, limit, "v")
     _scores(w, spec, t, first, limit)
-    w.add(f"for it in range({items}):")
+    # One item a query tile (one batch, K / V head and group): the loop's extent would read as
+    # lower/ragged.py's tile loop over the length, which cut every command in it to the rows of
+    # tile `it`, the next item's scores and the previous one's normalising too (one head at 25
+    # tokens: rows 17 .. 23 from the stale copy of item 0). T.max(., 1) (s >= 1) keeps it whole.
+    w.add(f"for it in range({items if spec.b * spec.hk * groups > 1 else f'T.max({items}, 1)'}):")
     w.depth += 1
     one_copy = t.kv_copies == 1 and spec.b * spec.hk > 1
     _next_items(w, spec, t, s, limit, items, "same head" if one_copy else "")
