@@ -95,4 +95,5 @@ def exps(t, s: tuple, keys: str, length: str, scale) -> list:
         lines.append(vfunc("exp", t.rows - f, keys, rest, rest, scale=scale))
     if not t.fabric_from:
         return lines
-    return [f"if {length} >= {t.fabric_from}:", *("    " + line for line in lines), "else:", *("    " + line for line in alone)]
+    return [f"if {length} >= {t.fabric_from}:", *("    " + line for line in lines),
+            "else:", *("    " + line for line in alone)]

@@ -272,7 +272,7 @@ def _softmax(w: Writer, spec, t: RowTiling, item: _Item, items: str, limit: int)
     w.add(fill("w_m", rows, 1, 1, LOWEST if spec.safe else float("-inf"), offset=m[1]),
           reduce("max", rows, sk, s, m[:2]),
           eltwise("subtract", rows, sk, s + (1,), m + (0,), s),
-          *length_exps.exps(t, s, sk, item.length, spec.scale if scale_at(spec) == "exp" else None))  # [a share on the fabric]
+          *length_exps.exps(t, s, sk, item.length, spec.scale if scale_at(spec) == "exp" else None))  # [fabric's share]
     l = ("w_l", f"{item.slot} * {rows}")
     on_vector = [fill("w_l", rows, 1, 1, 0.0, offset=l[1]), reduce("sum", rows, sk, s, l)]
     if t.sums_on_pe:  # the last item's on the vector unit, beside its P V GEMM

@@ -107,7 +107,8 @@ def fabric_operands(body: FabricBody, rows, cols, a, a_row_stride, out, out_stri
     b_addr, b_row_stride, b_col_stride = b if b is not None else (0, 0, 0)
     flags = (FABRIC_INPUT_B if b is not None else 0) | (FABRIC_INT8 if body.int8 else 0)
     return dict(
-        flags=flags, dtype=dtype_code(body.dtype), rows=rows, cols=cols, a_addr=a, a_row_stride=a_row_stride, a_col_stride=1, b_addr=b_addr, b_row_stride=b_row_stride,
-        b_col_stride=b_col_stride, out_addr=out, out_stride=out_stride, nodes=len(words),
+        flags=flags, dtype=dtype_code(body.dtype), rows=rows, cols=cols, a_addr=a, a_row_stride=a_row_stride,
+        a_col_stride=1, b_addr=b_addr, b_row_stride=b_row_stride, b_col_stride=b_col_stride, out_addr=out,
+        out_stride=out_stride, nodes=len(words),
         **{f"node{i}": words[i] if i < len(words) else 0 for i in range(BODY_MAX_NODES)})
 
