@@ -57,6 +57,7 @@ class RowTiling:
     stack: int = 1
     diagonal: bool = False  # the exps over each row's visible keys, into P per query tile (diagonal_exps.py)
     fabric_rows: int = 0  # rows of an item whose exps the fabric computes (fabric_exps.py)
+    fabric_from: int = 0  # over a symbolic length: the share from this run length on (length_exps.py)
 
     @property
     def tm(self) -> int:

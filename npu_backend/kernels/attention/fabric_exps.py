@@ -24,6 +24,8 @@ softmax would turn a NaN row's fabric exps (+0 where its sign bit is set) into z
 
 from __future__ import annotations
 
+import functools
+
 from cgra_sim import cost
 from cgra_sim.mapping import exp as fabric_exp
 from cgra_sim.mapping.body import reads_b
@@ -48,11 +50,17 @@ def fabric_exp_cycles(arch, elements: int, scale) -> int:
     lanes, II; each input read and the output written), configurations resident."""
     if elements <= 0:
         return 0
-    total = 0
-    for nodes, dtype in fabric_exp.passes(scale):
-        program = require_program(nodes, dtype, arch, "the fabric's exp")
-        total += cost.fabric_run_cycles(arch, program, elements, (12 if reads_b(nodes) else 8) * elements)
-    return total
+    return sum(cost.fabric_run_cycles(arch, program, elements, (12 if two else 8) * elements)
+               for program, two in _programs(arch, scale))
+
+
+@functools.lru_cache(maxsize=64)
+def _programs(arch, scale) -> tuple:
+    """((the mapped program, whether it reads B) of each pass): looked up once per preset and
+    scale (a look-up asks the mapping cache's solver version: ~2 ms, and the tile searches price
+    thousands of shares: rows_length.py's branches 1.6 -> 25 s under a profiler before)."""
+    return tuple((require_program(nodes, dtype, arch, "the fabric's exp"), reads_b(nodes))
+                 for nodes, dtype in fabric_exp.passes(scale))
 
 
 def fabric_share_cycles(spec, arch, rows: int, keys: int, fabric_rows: int, scale, sums_on_pe: bool) -> tuple:
@@ -75,8 +83,7 @@ def config_cycles(arch, fabric_rows: int, scale) -> int:
     the GEMM's: 2 x 3 context slots of cgra-8x8's 32)."""
     if not fabric_rows:
         return 0
-    return sum(cost.fabric_config_cycles(arch, require_program(nodes, dtype, arch, "the fabric's exp").config_bytes)
-               for nodes, dtype in fabric_exp.passes(scale))
+    return sum(cost.fabric_config_cycles(arch, program.config_bytes) for program, _ in _programs(arch, scale))
 
 
 def footprint(t, keys: int) -> int:
@@ -93,16 +100,23 @@ def allocate(w, t, keys: int) -> None:
 def exps(w, spec, t, item, s: tuple, scale) -> tuple:
     """rows.py's P = exp(S - m) of `item` in place (S - m: (buffer, offset, row stride) `s`;
     `scale` the exp's power of two, or None): its first `t.fabric_rows` rows as the fabric's three
-    passes (z -> T, (z, T) -> S, bits (T, S) -> S), the others as one VFUNC. Returns P (= s)."""
+    passes (`passes_over`), the others as one VFUNC. Returns P (= s)."""
     f, keys = t.fabric_rows, item.keys
     z = (s[0].data, s[1])
-    tile = (w[BUFFER].data, 0)
-    (first, dtype), (second, _), (third, int32) = fabric_exp.passes(scale)
-    w.add(fabric_call(FabricBody(first, dtype), f, keys, z, s[2], tile, keys),
-          fabric_call(FabricBody(second, dtype), f, keys, z, s[2], z, s[2], b=(tile, keys, 1)),
-          fabric_call(FabricBody(third, int32), f, keys, tile, keys, z, s[2], b=(z, s[2], 1)))
+    w.add(*(fabric_call(*operands) for operands in passes_over(f, keys, z, s[2], (w[BUFFER].data, 0), scale)))
     if f < t.rows:
         at = f * s[2]
         rest = (s[0], plus(s[1], at), s[2])
         w.add(vfunc("exp", t.rows - f, keys, rest, rest, scale=scale))
     return s
+
+
+def passes_over(rows, keys, z: tuple, stride, tile: tuple, scale) -> list:
+    """fabric_call's arguments of the three passes over `rows` x `keys` of S - m (z: (data,
+    offset), rows `stride` apart; T: `tile` (data, offset), rows `keys` apart): z -> T,
+    (z, T) -> S, bits (T, S) -> S. Buffers and sizes as the caller writes them (rows.py's
+    PrimExprs, rows_length.py's text)."""
+    (first, dtype), (second, _), (third, int32) = fabric_exp.passes(scale)
+    return [(FabricBody(first, dtype), rows, keys, z, stride, tile, keys),
+            (FabricBody(second, dtype), rows, keys, z, stride, z, stride, (tile, keys, 1)),
+            (FabricBody(third, int32), rows, keys, tile, keys, z, stride, (z, stride, 1))]

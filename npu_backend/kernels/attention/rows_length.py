@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from . import length_exps
 from .attention_tiles import LOWEST, TINY, RowTiling, estimate_attention_cycles, scale_at, whole_row_tiling
 from .script_text import F32, Writer, call, eltwise, element, fill, gemm, reduce, vfunc
 
@@ -58,7 +59,8 @@ def row_gemm(rows, cols, ones: tuple, row: tuple, scores: tuple) -> str:
 from ...errors import ScratchpadTooSmall
 
 #: The kernel's buffers (rows.py keeps its own two copies: the double-buffering pass leaves them).
-BUFFERS = ["w_kt", "w_v", "w_q", "w_s", "w_m", "w_l", "w_inv", "w_o", "w_res", "w_ones", "w_band", "w_row"]
+BUFFERS = ["w_kt", "w_v", "w_q", "w_s", "w_m", "w_l", "w_inv", "w_o", "w_res", "w_ones", "w_band", "w_row",
+           length_exps.BUFFER]
 #: Past the last power of two whose K and V fit whole, the whole-row limits are tried at each
 #: 1 / STEPS of it more (cgra-8x8 at bound 2048: 1,152, 1,280, ... while they fit).
 STEPS = 8
@@ -77,7 +79,8 @@ def choose_row_limits(spec, arch, key_tiles=None) -> tuple:
     """((limit, RowTiling), ...) by growing limit: the whole-row tilings of 16 times the powers of
     two below the bound and of the bound, then past the last that fits of its STEPS-ths up to
     twice it, those that fit, each run of lengths of one tiling (tq, stack, K / V copies,
-    the sums' unit) taken at its longest length; () if none fits. With `key_tiles` (length ->
+    the sums' unit) taken at its longest length, with the fabric's share of the exps there from
+    the run length it pays at on (length_exps.py); () if none fits. With `key_tiles` (length ->
     the key-tile kernel's estimated cycles) a branch is kept only while its estimate at its limit
     is no more than the key tiles' (cgra-8x8 at bound 2048: one query head a tile past 1,500
     keys, 11 M cycles at 1,600 where the key tiles take about 9 M). (One branch at the longest
@@ -99,7 +102,8 @@ def choose_row_limits(spec, arch, key_tiles=None) -> tuple:
             runs.pop()
         runs.append((kind, length, tiling))
     kept = []
-    for _, length, tiling in runs:
+    for _, length, tiling in runs:  # the fabric's share from the run length it pays at (length_exps.py)
+        tiling = length_exps.with_share(lambda n: _static(spec, n), arch, tiling, kept[-1][0] if kept else 0, length)
         if key_tiles is not None and estimate_attention_cycles(_static(spec, length), arch, tiling) > key_tiles(length):
             break
         kept.append((length, tiling))
@@ -125,7 +129,7 @@ class _Item:
         groups = spec.g // t.stack
         tiles = f"T.floordiv({s} + {t.tq - 1}, {t.tq})"
         per_kv = f"{tiles} * {groups}" if groups > 1 else tiles
-        self.at = at
+        self.at, self.length = at, s
         # (clamped: lower/dma.py cannot bound a quotient by the length's expression)
         self.n = f"T.max(T.min(({at}) // ({per_kv} * {spec.hk}), {spec.b - 1}), 0)" if spec.b > 1 else "0"
         self.c = f"({at}) // ({per_kv}) % {spec.hk}" if spec.hk > 1 else "0"
@@ -153,7 +157,11 @@ def rows_branch(w: Writer, spec, t: RowTiling, limit: int, s: str) -> None:
     _load_q(w, spec, t, _Item(spec, t, s, "1"), s, indent="    ")
     _load_kv(w, spec, first, s, limit, "v")
     _scores(w, spec, t, first, limit)
-    w.add(f"for it in range({items}):")
+    # One item a query tile (one batch, K / V head and group): the loop's extent would read as
+    # lower/ragged.py's tile loop over the length, which cut every command in it to the rows of
+    # tile `it`, the next item's scores and the previous one's normalising too (one head at 25
+    # tokens: rows 17 .. 23 from the stale copy of item 0). T.max(., 1) (s >= 1) keeps it whole.
+    w.add(f"for it in range({items if spec.b * spec.hk * groups > 1 else f'T.max({items}, 1)'}):")
     w.depth += 1
     one_copy = t.kv_copies == 1 and spec.b * spec.hk > 1
     _next_items(w, spec, t, s, limit, items, "same head" if one_copy else "")
@@ -195,6 +203,7 @@ def _allocate(w: Writer, spec, t: RowTiling, limit: int, s: str) -> None:
         w.alloc(name, shape)
     ones = max(limit, rows)  # (filled to the length: a FILL of the limit's cost Llama 42 cycles at 16 tokens)
     w.alloc("w_ones", (ones,))
+    length_exps.allocate(w, t, limit)
     w.add(fill("w_ones", 1, f"T.max({s}, {rows})", ones, 1.0))
     if spec.mask_shape:  # every head's bias row (length_rows.py), keys 0 .. s - 1
         h = spec.hk * spec.g
@@ -263,7 +272,7 @@ def _softmax(w: Writer, spec, t: RowTiling, item: _Item, items: str, limit: int)
     w.add(fill("w_m", rows, 1, 1, LOWEST if spec.safe else float("-inf"), offset=m[1]),
           reduce("max", rows, sk, s, m[:2]),
           eltwise("subtract", rows, sk, s + (1,), m + (0,), s),
-          vfunc("exp", rows, sk, s, s, scale=spec.scale if scale_at(spec) == "exp" else None))
+          *length_exps.exps(t, s, sk, item.length, spec.scale if scale_at(spec) == "exp" else None))  # [fabric's share]
     l = ("w_l", f"{item.slot} * {rows}")
     on_vector = [fill("w_l", rows, 1, 1, 0.0, offset=l[1]), reduce("sum", rows, sk, s, l)]
     if t.sums_on_pe:  # the last item's on the vector unit, beside its P V GEMM

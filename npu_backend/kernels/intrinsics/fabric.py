@@ -97,11 +97,18 @@ def fabric_intrin(rows: int, cols: int, body: FabricBody, *, b_full: tuple | Non
 def fabric_call(body: FabricBody, rows: int, cols: int, a, a_row_stride, out, out_stride, b=None):
     """The device call of one FABRIC over a rows x cols tile (`b`: None, or (B, its row stride,
     its column stride) for input B)."""
+    return device_call("cgra_fabric", **fabric_operands(body, rows, cols, a, a_row_stride, out, out_stride, b))
+
+
+def fabric_operands(body: FabricBody, rows, cols, a, a_row_stride, out, out_stride, b=None) -> dict:
+    """fabric_call's operands by parameter name (a kernel written as text renders them itself:
+    kernels/attention/length_exps.py)."""
     words = bodies.encode(body.nodes, body.dtype)
     b_addr, b_row_stride, b_col_stride = b if b is not None else (0, 0, 0)
-    return device_call(
-        "cgra_fabric", flags=(FABRIC_INPUT_B if b is not None else 0) | (FABRIC_INT8 if body.int8 else 0), dtype=dtype_code(body.dtype), rows=rows,
-        cols=cols, a_addr=a, a_row_stride=a_row_stride, a_col_stride=1, b_addr=b_addr, b_row_stride=b_row_stride,
-        b_col_stride=b_col_stride, out_addr=out, out_stride=out_stride, nodes=len(words),
+    flags = (FABRIC_INPUT_B if b is not None else 0) | (FABRIC_INT8 if body.int8 else 0)
+    return dict(
+        flags=flags, dtype=dtype_code(body.dtype), rows=rows, cols=cols, a_addr=a, a_row_stride=a_row_stride,
+        a_col_stride=1, b_addr=b_addr, b_row_stride=b_row_stride, b_col_stride=b_col_stride, out_addr=out,
+        out_stride=out_stride, nodes=len(words),
         **{f"node{i}": words[i] if i < len(words) else 0 for i in range(BODY_MAX_NODES)})
 
