@@ -100,11 +100,13 @@ def test_a_biased_activation_matches_float64(rows, cols, n, act, norm, seed, sca
     assert np.abs(got - ref).max() <= 1e-5 * max(np.abs(ref).max(), 1e-30)
 
 
-@pytest.mark.parametrize("act, norm, n, saved", [("gelu_tanh", "layer_norm", 256, 1000), ("gelu", "rms_norm", 128, 500)])
+@pytest.mark.parametrize("act, norm, n, saved", [("gelu_tanh", "layer_norm", 256, 30), ("gelu", "rms_norm", 128, 200)])
 def test_the_bias_in_the_accumulator_is_bit_exact_and_faster(uncached, monkeypatch, act, norm, n, saved):
     """Bloom's and GPT-NeoX's up-projection shapes (32 tokens, hidden 64): the same bits as the
-    kernel with its EPILOGUE, which the rewrite leaves out, in fewer cycles (Bloom's 12,024 ->
-    10,936). (The kernel without the rewrite is compiled from the reshaped form: the runtime keeps
+    kernel with its EPILOGUE, which the rewrite leaves out, in fewer cycles (Bloom's 10,558 ->
+    10,524, GPT-NeoX's 5,615 -> 5,371; 12,024 -> 10,936 for Bloom's before the lanes took a share
+    of the VFUNC beside the function unit: the vector unit's bound, which the EPILOGUE's pass was
+    on, fell below the load engine's). (The kernel without the rewrite is compiled from the reshaped form: the runtime keeps
     the first kernel of a symbol a process loads.)"""
     mod, _ = _linear(32, 64, n, act, norm, 7)
     x = (np.random.default_rng(7).standard_normal((32, 64)) * 2 + 0.5).astype(np.float32)

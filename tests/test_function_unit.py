@@ -77,15 +77,18 @@ def test_the_unit_pipelines_its_functions_and_is_never_slower_than_the_lanes(ele
     on_lanes = cost.vfunc_cycles(plain, elements, func, scale, offset)
     cycles = cost.vfunc_cycles(arch, elements, func, scale, offset)
     if func in ("exp", "gelu", "tanh"):
+        # the lanes take a share beside the pipelines (test_function_unit_split.py): never later
         piped = -(-elements // lanes) + depth(func, scale, offset) - 1 + cost.VECTOR_OVERHEAD_CYCLES
-        assert cycles == min(on_lanes, piped)
+        assert cycles <= min(on_lanes, piped)
     else:
         assert cycles == on_lanes
 
 
-def test_a_presets_gelu_over_a_long_tile_takes_a_cycle_an_element():
+def test_a_presets_gelu_over_a_long_tile_takes_a_cycle_an_element_less_the_lanes_share():
+    """The pipeline's element a cycle, with 8 / 85 of an element a cycle more on the lanes."""
     arch = load_arch("cgra-8x8")
-    assert cost.vfunc_cycles(arch, 98304, "gelu") == 98304 + 84 + 2
+    cycles = cost.vfunc_cycles(arch, 98304, "gelu") - 2
+    assert 98304 / (1 + 8 / 85) <= cycles <= 98304 / (1 + 8 / 85) + 85
 
 
 def test_the_unit_changes_time_not_bits():
@@ -154,16 +157,16 @@ def _vfuncs(arch, chained: bool):
 
 def test_the_units_fill_delays_results_not_the_next_vfunc():
     """A pipelined unit takes the next VFUNC's elements while the last one's are still in its
-    stages: the vector unit is busy for the issue (256 + 2 cycles), the results come depth - 1
+    stages: the vector unit is busy for the issue (the lanes' share of the 256 elements beside
+    the pipeline's, no longer than the pipeline's 256 alone), the results come up to depth - 1
     later; a VFUNC reading them waits for them."""
     arch = load_arch("cgra-8x8")
-    issue, fill = 256 + cost.VECTOR_OVERHEAD_CYCLES, depth("gelu") - 1
-    assert cost.vfunc_issue_cycles(arch, 256, "gelu") == issue
-    assert cost.vfunc_cycles(arch, 256, "gelu") == issue + fill
+    issue, cycles = cost.vfunc_issue_cycles(arch, 256, "gelu"), cost.vfunc_cycles(arch, 256, "gelu")
+    assert issue <= 256 + cost.VECTOR_OVERHEAD_CYCLES < cycles <= issue + depth("gelu") - 1
     independent, chained = _vfuncs(arch, chained=False), _vfuncs(arch, chained=True)
     assert independent.starts[2] - independent.starts[1] == issue  # back to back
-    assert independent.ends[2] - independent.starts[1] == 2 * issue + fill
-    assert chained.starts[2] - chained.starts[1] == issue + fill  # waits for the results
+    assert independent.ends[2] - independent.starts[1] == issue + cycles
+    assert chained.starts[2] - chained.starts[1] == cycles  # waits for the results
     assert independent.busy_cycles(Unit.VECTOR) == chained.busy_cycles(Unit.VECTOR) == 2 * issue
     # without the unit (cgra-4x4's case) a VFUNC keeps the lanes for its whole sequence
     plain = HardwareDescription.from_dict(_without_unit())

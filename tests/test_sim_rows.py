@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cgra_sim import CommandError, load_arch, preset_names, simulate, simulate_detailed, special
+from cgra_sim import CommandError, function_unit, load_arch, preset_names, simulate, simulate_detailed, special
 from cgra_sim.isa import VFUNC_OFFSET, VFUNC_SCALE, DType, Op, ReduceFunc, VFunc, encode
 from test_sim_functional import dma_record
 
@@ -133,7 +133,8 @@ WITHOUT_UNIT = [dataclasses.replace(arch, function_unit=None) for arch in PRESET
        cols=st.integers(1, 40), scaled=st.booleans())
 def test_vfunc_takes_its_sequence_on_the_lanes_or_through_the_function_unit(arch, func, rows, cols, scaled):
     """On the lanes a sequence's operation a cycle; through a function unit that has the
-    function an element a pipeline a cycle, plus the fill of its depth - 1; whichever is sooner."""
+    function an element a pipeline a cycle, plus the fill of its depth - 1, with the lanes'
+    share beside it (function_unit.split: never later than either alone); whichever is sooner."""
     record = encode(Op.VFUNC, flags=VFUNC_SCALE if scaled else 0, func=func, dtype=DType.FLOAT32, rows=rows,
                     cols=cols, a_addr=0, a_row_stride=cols, a_col_stride=1, out_addr=32768, out_stride=cols,
                     scale_bits=_bits(0.5) if scaled else 0)
@@ -141,5 +142,7 @@ def test_vfunc_takes_its_sequence_on_the_lanes_or_through_the_function_unit(arch
     lanes = -(-rows * cols * ops // arch.vector_lanes)
     unit = arch.function_unit
     if unit is not None and func.name.lower() in unit["functions"]:
-        lanes = min(lanes, -(-rows * cols // unit["lanes"]) + ops - 1)
+        shared = function_unit.split(unit, arch.vector_lanes, rows * cols, ops)[1]
+        assert shared <= min(lanes, -(-rows * cols // unit["lanes"]) + ops - 1)
+        lanes = shared
     assert _cycles(arch, record) == lanes + 2

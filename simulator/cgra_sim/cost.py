@@ -22,17 +22,20 @@ estimates cannot drift from what the simulator charges.
     REDUCE       ceil(rows / vector_lanes) * cols + VECTOR_OVERHEAD_CYCLES
                  a lane folds one row, a column a cycle (the order the ISA specifies)
     VFUNC        lanes:  ceil(rows * cols * depth / vector_lanes) + VECTOR_OVERHEAD_CYCLES
-                 unit:   ceil(rows * cols / function_unit.lanes) + depth - 1 + VECTOR_OVERHEAD_CYCLES
+                 unit:   max(k depth, ceil((rows * cols - k vector_lanes) / function_unit.lanes)
+                             + depth - 1) + VECTOR_OVERHEAD_CYCLES
                  depth: the lane operations of the function's specified sequence (special.OPS,
                  a divide or square root counting 4), + 1 for each of the scale and offset. On
                  the lanes an element takes its sequence one operation a cycle; a chip whose
                  `function_unit` has the function pipelines it (function_unit.py): an element
-                 a pipeline a cycle, plus the fill. The command runs where it ends first.
-                 On the unit the vector unit is busy only while it issues the elements,
-                 ceil(rows * cols / function_unit.lanes) + VECTOR_OVERHEAD_CYCLES
-                 (`vfunc_issue_cycles`); the fill delays the end (its results), as a DMA's
-                 latency does: the next command, a VFUNC into the same pipelines too, starts
-                 while the last elements are still in the stages.
+                 a pipeline a cycle, plus the fill, while the lanes run k rounds of an element
+                 a lane beside it (k balancing the two: function_unit.split; 0 for a short
+                 VFUNC). The command runs where it ends first. On the unit the vector unit is
+                 busy only while it issues the elements and runs its rounds,
+                 max(k depth, ceil((rows * cols - k vector_lanes) / function_unit.lanes))
+                 + VECTOR_OVERHEAD_CYCLES (`vfunc_issue_cycles`); the fill delays the end (its
+                 results), as a DMA's latency does: the next command, a VFUNC into the same
+                 pipelines too, starts while the last elements are still in the stages.
     UNPACK4      ceil(rows * cols / vector_lanes) + VECTOR_OVERHEAD_CYCLES
                  a nibble a lane a cycle: select, subtract the zero point, convert, scale
     LOOKUP       ceil(rows * cols / vector_lanes) + VECTOR_OVERHEAD_CYCLES
@@ -129,27 +132,27 @@ def reduce_cycles(arch: HardwareDescription, rows: int, cols: int) -> int:
 def vfunc_cycles(arch: HardwareDescription, elements: int, func: str, scale: bool = False,
                  offset: bool = False) -> int:
     """Cycles of a VFUNC computing `func` ("exp", ...: special.OPS) over `elements` elements: on
-    the lanes, a sequence's operation a cycle each, or through the function unit's pipelines
-    when the chip has one with `func` and that ends sooner (function_unit.py)."""
-    depth = function_unit.depth(func, scale, offset)
-    cycles = _ceil(elements * depth, arch.vector_lanes)
-    if function_unit.runs(arch.function_unit, func):
-        cycles = min(cycles, _ceil(elements, arch.function_unit["lanes"]) + depth - 1)
-    return cycles + VECTOR_OVERHEAD_CYCLES
+    the lanes, a sequence's operation a cycle each, or, when the chip has a function unit with
+    `func`, through its pipelines with rounds of the lanes beside them where that ends sooner
+    (function_unit.split)."""
+    return _vfunc_split(arch, elements, func, scale, offset)[1] + VECTOR_OVERHEAD_CYCLES
 
 
 def vfunc_issue_cycles(arch: HardwareDescription, elements: int, func: str, scale: bool = False,
                        offset: bool = False) -> int:
-    """Cycles a VFUNC keeps the vector unit busy: `vfunc_cycles` on the lanes; on the function
-    unit (where it ends first) only the issue of its elements, its pipelines' fill after that
-    delaying its end, not the next command."""
+    """Cycles a VFUNC keeps the vector unit busy: `vfunc_cycles` on the lanes alone; with the
+    function unit the issue of its elements and the lanes' rounds beside it, its pipelines' fill
+    after that delaying its end, not the next command."""
+    return _vfunc_split(arch, elements, func, scale, offset)[0] + VECTOR_OVERHEAD_CYCLES
+
+
+def _vfunc_split(arch: HardwareDescription, elements: int, func: str, scale: bool, offset: bool) -> tuple[int, int]:
+    """(issue, end) of a VFUNC without the overhead (function_unit.split)."""
     depth = function_unit.depth(func, scale, offset)
-    lanes = _ceil(elements * depth, arch.vector_lanes)
     if function_unit.runs(arch.function_unit, func):
-        issue = _ceil(elements, arch.function_unit["lanes"])
-        if issue + depth - 1 < lanes:
-            return issue + VECTOR_OVERHEAD_CYCLES
-    return lanes + VECTOR_OVERHEAD_CYCLES
+        return function_unit.split(arch.function_unit, arch.vector_lanes, elements, depth)
+    lanes = _ceil(elements * depth, arch.vector_lanes)
+    return lanes, lanes
 
 
 def unpack4_cycles(arch: HardwareDescription, elements: int) -> int:
