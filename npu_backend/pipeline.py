@@ -32,6 +32,7 @@ from .lower.bias_accumulator import accumulate_bias
 from .lower.padded_rows import cut_padded_rows
 from .lower.ragged import cut_ragged_tiles
 from .lower.rope_skips import skip_pass_through
+from .lower.skew_panels import skew_panels
 from .lower.stage import func_pass, lower
 from .lower.trim_fills import trim_overwritten_fills
 from .normalise.stage import normalise
@@ -126,4 +127,6 @@ def lowering_passes() -> list:
         func_pass(skip_pass_through, "cgra.SkipPassThrough"),
         # A pre-norm's A panel loaded and normalised a few rows at a time, the first GEMM earlier.
         func_pass(norm_in_rows, "cgra.NormInRows"),
+        # With several row tiles, tile t + 1's panel program issued before tile t's GEMMs.
+        func_pass(skew_panels, "cgra.SkewPanels"),
     ]
