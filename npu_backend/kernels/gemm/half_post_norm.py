@@ -34,7 +34,7 @@ a weight, then kernels/rows/half_norms.py's end: rounded to h (an EPILOGUE), tim
 ELTWISE in h: PyTorch's `weight * x.to(h)`). Before, the norm ran as its own kernel (1,501 cycles
 on cgra-8x8).
 
-Not priced against the kernels apart (post_norm.check_post_norm prices float32 GEMMs only): the
+Not priced against the kernels apart (post_norm_cost.check_post_norm prices float32 GEMMs only): the
 fused kernel is the one with fewer launches and DRAM round trips, measured cheaper on cgra-4x4,
 8x8 and 16x16 for BERT's and Llama's shapes (benchmarks/bench_half.py), and for bf16 ViT's final
 norm (its last fc2's residual sum) on cgra-8x8 and 16x16 (50,557 -> 50,491, 31,800 -> 31,683), but
