@@ -111,6 +111,7 @@ def _held_b_cycles(spec, t, arch) -> int:
 #: estimates' error (tests/test_post_norm_estimates.py: 8%). ViT bf16's final norm on cgra-8x8 is
 #: estimated 6% dearer fused (4,608 against 4,348 at 17 x 128 x 64 alone) but runs 467 cycles
 #: cheaper in the model (3,700 against 2,109 + 2,058); refused, the model ran 45,775 -> 46,242.
+#: On cgra-16x16 (12% dearer estimated) it is refused: 2,470 -> 1,062 + 1,272, ViT 27,974 -> 27,838.
 HALF_MARGIN = 0.08
 
 
