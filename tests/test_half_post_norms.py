@@ -10,6 +10,7 @@ times a power of two), so that the model's is the kernel's.
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import sys
 
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import npu_backend
+from npu_backend.kernels.gemm import gemm
 from npu_backend.tools.workloads import numpy_dtype, relax_module, run
 
 PRESETS = ["cgra-4x4", "cgra-8x8"]
@@ -41,6 +43,15 @@ def _module(dtype: str, rows: int, depth: int, n: int, eps: float, w, b, gamma, 
         normed = bb.emit(relax.op.nn.layer_norm(wide, relax.const(gamma), relax.const(beta), axes=[-1], epsilon=eps))
         return bb.emit(relax.op.astype(normed, dtype))
     return relax_module([("x", (rows, depth), dtype), ("r", out_shape, dtype)], body)
+
+
+@contextlib.contextmanager
+def _fold_taken():
+    """The fold taken whatever its price (post_norm_cost.check_post_norm refuses the shapes where
+    the kernels apart are estimated cheaper, e.g. one row): its bits are what is tested here."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gemm, "check_post_norm", lambda *args: None)
+        yield
 
 
 def _model(x, w, b, r, dtype: str, norm):
@@ -86,7 +97,7 @@ def test_a_16_bit_post_norm_runs_in_its_gemm_bit_for_bit(arch, dtype, rows, dept
     norm_ex = npu_backend.compile(norm_mod, arch)
     expected = _model(x, w, b, r, dtype, lambda v: run(norm_ex, [v]))
     residual = r.reshape((1, rows, n)) if lead else r
-    with npu_backend.profile() as prof:
+    with _fold_taken(), npu_backend.profile() as prof:
         out = run(npu_backend.compile(_module(dtype, rows, depth, n, eps, w, b, gamma, beta, lead, swapped), arch),
                   [x, residual])
     names = [k.name for k in prof.kernels]
@@ -128,7 +139,7 @@ def test_a_16_bit_llamas_final_norm_runs_in_its_down_projection_bit_for_bit(arch
     summed = (x.astype(np.float32) @ w.astype(np.float32).T + r.reshape(rows, n)).astype(np.float32)
     normed = run(npu_backend.compile(norm_mod, arch), [summed]).astype(half)
     expected = (normed.astype(np.float32) * g.astype(np.float32)).astype(half)
-    with npu_backend.profile() as prof:
+    with _fold_taken(), npu_backend.profile() as prof:
         out = run(npu_backend.compile(_rms_module(dtype, rows, depth, n, eps, w, g, weight_first), arch), [x, r])
     names = [k.name for k in prof.kernels]
     assert len(names) == 1 and "rms_norm" in names[0], names

@@ -30,8 +30,8 @@ from .bias_acc import accumulates_bias
 from .gemm_copies import may_take_copies, operand_copies
 from .gemm_estimate import estimate_cycles, gemm_footprint, may_hold_a_panel
 from .post_norm_rows import rows_only
-from .post_norm import (check_post_norm, post_norm_col_step, post_norm_pieces, post_norm_tiles, post_norm_tiling,
-                        require_whole_rows)
+from .post_norm import post_norm_col_step, post_norm_pieces, post_norm_tiles, require_whole_rows
+from .post_norm_cost import check_post_norm, post_norm_tiling
 from .row_norm import check_row_norm, panel_bytes
 from .gemm_pieces import finishes_in_pieces, in_pieces, patch_pieces, streamed_candidates
 from .rope_epilogue import EXTRA_TILES, col_step, rope_tables

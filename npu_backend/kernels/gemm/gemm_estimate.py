@@ -37,7 +37,8 @@ def _panel_tiling(t: Tiling) -> bool:
 
 def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: HardwareDescription,
                     has_residual: bool = False, taps: int = 1, init_folded: bool = False, extra_tiles: int = 0,
-                    tail_cycles=None, a_panel: bool = False, piece_rows: int = 0, as_lowered: bool = False) -> int:
+                    tail_cycles=None, a_panel: bool = False, piece_rows: int = 0, as_lowered: bool = False,
+                    piece_major: int = 0) -> int:
     """A first-order estimate of a tiled GEMM's cycles, each unit's work priced by the simulator's
     cost model (cgra_sim.cost).
 
@@ -61,6 +62,9 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     tiling with `stream_panel` loads A's panel a step at a time in each row tile's first column
     tile (lower/stream_panel.py): its first load is one step's A and B, later ones B's. A tiling's
     `operand_copies` (gemm_copies.py) spread the loads' round trip over that many steps.
+    `piece_major`: a tile in pieces runs its last that many steps piece by piece (a post-norm's
+    tail, lower/piece_major.py), so its pieces complete that many steps' GEMMs apart; with as
+    many steps as operand copies the tail's last load waits for the step before the tail.
     """
     tiles, steps = (t.mp // t.tm) * (t.np // t.tn), t.kp // t.tk * taps
     array_fill = cost.gemm_fill_cycles(arch, t.tm, t.tn)
@@ -115,7 +119,10 @@ def estimate_cycles(t: Tiling, dtype: str, in_bytes: int, acc_bytes: int, arch: 
     last_store, last_work = cost.dma_transfer_cycles(arch, out_bytes), cost.vector_cycles(arch, t.tm, t.tn) + tail_array + tail_vector
     if 0 < piece_rows < t.tm:
         last_store, last_work, piece_vector = _pieces_tail(arch, t, piece_rows, acc_bytes, has_residual, tail_cycles,
-                                                           gemm)
+                                                           gemm * max(piece_major, 1))
+        if piece_major >= t.operand_copies:  # (its copy frees when the step before the tail is done)
+            last_work += max(0, arch.dma_latency + cost.dma_transfer_cycles(arch, tile_load)
+                             - (piece_major - 1) * gemm // (t.tm // piece_rows))
         whole = cost.vector_stream_cycles(arch, (1 + int(has_residual)) * t.tm * t.tn) + tail_vector
         vector += tiles * ((t.tm // piece_rows) * piece_vector - whole)
     if init_folded and t.tk < t.kp and not pieces_lowered:
@@ -136,8 +143,8 @@ def _pieces_tail(arch: HardwareDescription, t: Tiling, piece_rows: int, acc_byte
     """(the last piece's store transfer, the last tile's epilogue work after its last GEMM until
     that store starts, the vector unit's cycles on one piece) of a tile finished in pieces of
     `piece_rows` rows: its GEMMs in the same pieces (lower/gemm_rows.py; a step's `gemm` cycles
-    split evenly), piece i's EPILOGUE (and activation) when its GEMM ends and the one before it is
-    done, its store after it, the stores one after another on the store engine: after the last
+    split evenly; `gemm` the last steps' when they run piece by piece), piece i's EPILOGUE (and
+    activation) when its GEMM ends and the one before it is done, its store after it, the stores one after another on the store engine: after the last
     GEMM, one piece's EPILOGUE and store, plus what the vector unit or the store engine fell
     behind the GEMMs over the pieces before."""
     pieces, elements = t.tm // piece_rows, piece_rows * t.tn

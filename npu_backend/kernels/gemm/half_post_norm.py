@@ -34,13 +34,12 @@ a weight, then kernels/rows/half_norms.py's end: rounded to h (an EPILOGUE), tim
 ELTWISE in h: PyTorch's `weight * x.to(h)`). Before, the norm ran as its own kernel (1,501 cycles
 on cgra-8x8).
 
-Not priced against the kernels apart (post_norm.check_post_norm prices float32 GEMMs only): the
-fused kernel is the one with fewer launches and DRAM round trips, measured cheaper on cgra-4x4,
-8x8 and 16x16 for BERT's and Llama's shapes (benchmarks/bench_half.py), and for bf16 ViT's final
-norm (its last fc2's residual sum) on cgra-8x8 and 16x16 (50,557 -> 50,491, 31,800 -> 31,683), but
-not on cgra-4x4 (210,926 -> 211,554: 17 rows). To do: an estimate of the fold close enough to
-price it (at BERT's 32 x 64 x 64 on cgra-8x8 it says 5,766 cycles, measured 4,686, against
-5,420 for the three kernels).
+Priced against the kernels apart as the float32 form is (post_norm_cost.check_post_norm): the
+fold's estimate with its operands' sizes (h operands, output and, with half_out, residual; the
+residual's ELTWISE in the program, not the EPILOGUE: BERT's 32 x 64 x 64 on cgra-8x8 5,766 cycles
+estimated before, 4,806 now, 4,686 run) against the GEMM rounding its sum and adding the residual
+(half_residual.py) plus the 16-bit norm kernel, or for the RMS form the GEMM storing its float32
+sum plus the RMSNorm kernel rounding to h; refused where no cheaper, the reason in explain.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Taken only for a patch conv (KernelSpec.patch_channels) of one image with an NHW
 float32 norm over its channels, centred and scaled, and, as for every post-norm, F whole columns
 of the PE array and whole-row tiles that fit the scratchpad (post_norm.require_whole_rows);
 otherwise the reason (explain: tools/post_norm_reasons.py), and the conv and the norm run as
-their own kernels. Not priced against the two kernels (post_norm.check_post_norm): the GEMM
+their own kernels. Not priced against the two kernels (post_norm_cost.check_post_norm): the GEMM
 estimate sees one kernel row's depth of a patch conv's kh, so it called the fold dearer where
 it was measured cheaper on every preset (3 x 64 x 64 px, 4 x 4 patches, 16 channels: cgra-4x4
 23,486 -> 14,316 cycles, cgra-8x8 10,324 -> 6,540; 3 x 16 x 24, 32 channels, cgra-8x8 2,683 ->

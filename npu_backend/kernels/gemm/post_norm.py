@@ -1,7 +1,7 @@
 """A post-norm in the epilogue of the GEMM that produces its input: LayerNorm(x + proj(h)) as one kernel.
 
 Stage: partition (the patterns `cgra.<matmul | linear>_post_norm[_plain]` and the spec field they
-set), tiling (whole rows a tile, and the fold's price), kernel definition (the epilogue's TE
+set), tiling (whole rows a tile; the fold's price: post_norm_cost.py), kernel definition (the epilogue's TE
 blocks) and schedule (their commands). A post-norm encoder (BERT, RoBERTa, ALBERT, DistilBERT)
 ends its attention and its MLP with
 
@@ -35,7 +35,7 @@ program on the vector unit after each tile's (or piece's) EPILOGUE, hidden only 
 tile's or piece's GEMMs. So the tiles are finished in pieces of the PE array's rows
 (gemm_pieces.py; pieces complete as the last depth step's GEMMs do), or, with the whole
 reduction in one step, are row tiles that all read one B, which the kernel loads once and holds
-(`holds_b`): tile i's norm runs while tile i + 1's GEMM does (`_held_b_cycles` prices that
+(`holds_b`): tile i's norm runs while tile i + 1's GEMM does (post_norm_cost.py prices that
 pipeline). At 32 x 64 x 64 (BERT's out-projection plus its residual and folded gamma) on
 cgra-8x8: 4,510 cycles against 3,061 + 2,125 apart.
 
@@ -44,7 +44,7 @@ A patch embedding's norm after its patch conv, without a residual, is patch_norm
 this program). Refused (the norm keeps its own kernel; explain gives the reason, tools/post_norm_reasons.py):
 N not a whole number of the PE array's columns (a padded column would join the row's variance),
 a row too wide for a tile of the array's rows with the program's intermediates, and a fold whose
-estimate is no cheaper than the GEMM's best tiling and the norm kernel apart (`check_post_norm`).
+estimate is no cheaper than the GEMM's best tiling and the norm kernel apart (post_norm_cost.check_post_norm).
 """
 
 from __future__ import annotations
@@ -57,19 +57,16 @@ import tvm
 from tvm import te
 from tvm.relax.dpl import is_op, wildcard
 
-from cgra_sim import cost
-
 from ...errors import UnsupportedOperator
 from ...relax_info import dtype_of, shape_dims, static_shape
-from ..common.spec import Tiling
 from ..intrinsics import SPAD, get_intrin
 from ..rows.norms import steps_of
 from .half_post_norm import cast_intrin, half_post_norm_graphs, half_program, program_kinds, residual_tile, role_dtype
 from .patch_norm import patch_norm_graphs, with_patch_norm
-from .post_norm_rows import regret_tiling, rows_only
-from .gemm_estimate import estimate_cycles, gemm_footprint, may_hold_a_panel
+from .post_norm_rows import rows_only
+from .gemm_estimate import gemm_footprint
 from .row_norm import tensorize_row_reduce
-from ..rows.rows import RowSpec, Step, choose_row_tiling, estimate_row_cycles, stage_of, step_cycles
+from ..rows.rows import RowSpec, Step, stage_of, step_cycles
 
 F32 = "float32"
 #: The pattern-name suffix: "cgra.linear_post_norm", "cgra.linear_post_norm_plain".
@@ -311,7 +308,7 @@ def post_norm_intrin(spec, tiling, rows: int) -> str:
     return _intrin(steps[-1], program_kinds(steps, tuple(_rows(spec))), rows, tiling.np)
 
 
-# ------------------------------------------------------------------ tiling and price
+# ------------------------------------------------------------------ tiling (the price: post_norm_cost.py)
 
 def post_norm_col_step(spec) -> int:
     """A column tile holds whole rows: the output's N columns (1 without a post-norm)."""
@@ -348,7 +345,7 @@ def post_norm_tile_cycles(spec, arch):
     return lambda elements: (0, step_cycles(arch, steps, kinds, max(elements // n, 1), n))
 
 
-def _footprint(spec, tm: int, depth: int) -> int:
+def post_norm_footprint(spec, tm: int, depth: int) -> int:
     """gemm_footprint of a tile of tm whole rows, `depth` deep, with the program's tiles."""
     return gemm_footprint(tm, spec.gemm_extents[1], depth, 4, 4, True, True, extra_tiles=post_norm_tiles(spec)[0])
 
@@ -364,7 +361,7 @@ def require_whole_rows(spec, arch) -> None:
         raise UnsupportedOperator(f"layer_norm after the {spec.op}: its {n} columns pad to whole columns of the "
                                   f"{arch.rows}x{arch.cols} PE array, and a padded column would join the row's "
                                   "variance; the norm runs as its own kernel")
-    if _footprint(spec, arch.rows, min(depth, 8)) > arch.spad_bytes:
+    if post_norm_footprint(spec, arch.rows, min(depth, 8)) > arch.spad_bytes:
         raise UnsupportedOperator(f"layer_norm after the {spec.op}: a tile of whole rows of {n} columns, with the "
                                   f"norm's intermediates, does not fit the {arch.spad_bytes}-byte scratchpad of "
                                   f"'{arch.name}'; the norm runs as its own kernel")
@@ -378,73 +375,3 @@ def holds_b(spec, tiling) -> bool:
     if spec.patch_channels:  # (a patch conv reduces over kh kernel rows too: its B is loaded per step)
         return False
     return bool(spec.post_norm) and tiling.tk == tiling.kp and tiling.tn == tiling.np and tiling.mp > tiling.tm
-
-
-def post_norm_tiling(spec, tiling, arch) -> Tiling:
-    """The tile search's choice `tiling` (its estimate: the GEMM's, with the program on every
-    tile), or a tiling of whole-depth row tiles holding B (`holds_b`, priced by
-    `_held_b_cycles`) when one that fits is estimated faster."""
-    if not spec.post_norm or spec.patch_channels:  # (a patch conv's tiles are whole output rows)
-        return tiling
-    held = [Tiling(tm, tiling.np, tiling.kp, tiling.mp, tiling.np, tiling.kp, operand_copies=2)
-            for tm in range(arch.rows, tiling.mp, arch.rows)
-            if not tiling.mp % tm and _footprint(spec, tm, tiling.kp) <= arch.spad_bytes]
-    if spec.symbols:  # symbolic rows: the closest to the fastest at every length (post_norm_rows.py)
-        return regret_tiling([tiling] + held, tiling.mp, arch.rows, lambda t: post_norm_cycles(spec, t, arch))
-    return min([tiling] + held, key=lambda t: post_norm_cycles(spec, t, arch))
-
-
-def post_norm_cycles(spec, tiling, arch) -> int:
-    """The estimate of a post-norm kernel with `tiling` (or of its GEMM alone, without the
-    norm: spec.post_norm None)."""
-    if holds_b(spec, tiling):
-        return _held_b_cycles(spec, tiling, arch)
-    tail = post_norm_tile_cycles(spec, arch) if spec.post_norm else None
-    return estimate_cycles(tiling, spec.dtype, 4, 4, arch, bool(spec.residual_shape), init_folded=True,
-                           tail_cycles=tail, a_panel=may_hold_a_panel(spec), piece_rows=tiling.epilogue_rows)
-
-
-def _held_b_cycles(spec, t, arch) -> int:
-    """Row tiles holding B (holds_b), as a pipeline: B and the first A tile loaded, then per row
-    tile its GEMM (after its loads), its EPILOGUE and program on the vector unit (after its GEMM
-    and the tile before's), its store (after both); the load engine a tile ahead."""
-    elements = t.tm * t.np
-    gemm = cost.gemm_steady_cycles(arch, t.tm, t.np, t.kp, spec.dtype) + cost.gemm_fill_cycles(arch, t.tm, t.np)
-    vector = cost.vector_stream_cycles(arch, (1 + bool(spec.residual_shape)) * elements) + \
-        post_norm_tile_cycles(spec, arch)(elements)[1]
-    loads = cost.dma_transfer_cycles(arch, 4 * (t.tm * t.kp + bool(spec.residual_shape) * elements))
-    store = cost.dma_transfer_cycles(arch, 4 * elements)
-    loaded = cost.dma_cycles(arch, 4 * t.kp * t.np) + loads
-    array = loaded + cost.pe_array_config_cycles(arch, spec.dtype)
-    done = stored = 0
-    for _ in range(t.mp // t.tm):
-        array = max(array, loaded) + gemm
-        done = max(done, array) + vector
-        stored = max(stored, done) + store
-        loaded += loads + store
-    return stored + arch.dma_latency
-
-
-def check_post_norm(spec, tiling, arch, choose_gemm_tiling) -> None:
-    """Refuse a fold whose estimate is no cheaper than the GEMM's best tiling without it plus
-    the norm kernel it would run as (gamma and beta applied unless plain; until 2026-11 priced
-    plain: Bloom's ln_f, 2,717 cycles alone, priced 2,128, kept its kernel, the fold 677 faster;
-    with_post_norm refuses ones and zeros in the weighted pattern): then the norm runs on its own.
-    `choose_gemm_tiling`: gemm.py's. A patch conv's norm is not priced (patch_norm.py: measured
-    cheaper fused), nor a 16-bit GEMM's (half_post_norm.py: measured)."""
-    if not spec.post_norm or spec.patch_channels or spec.dtype != F32:
-        return
-    apart_spec = dataclasses.replace(spec, post_norm=None)
-    m, n, _ = spec.gemm_extents
-    kind = "layer_norm" if spec.post_norm[2] == "layer_norm" else "rms_norm"
-    roles = ("weight",) if kind == "rms_norm" else ("gamma", "beta") if spec.post_norm[1] else ()
-    norm = RowSpec(kind, kind, (m, n), (m, n), m, n, spec.post_norm[0], roles)
-    steps = steps_of(norm)
-    norm_tiling = choose_row_tiling(norm, arch, steps)
-    alone = post_norm_cycles(apart_spec, choose_gemm_tiling(apart_spec, arch), arch) + \
-        estimate_row_cycles(norm, arch, steps, norm_tiling.tm, norm_tiling.tn)
-    fused = post_norm_cycles(spec, tiling, arch)
-    if fused >= alone:
-        raise UnsupportedOperator(f"layer_norm after the {spec.op}: in its epilogue ({fused} cycles estimated) it "
-                                  f"costs as much as the GEMM and the norm's own kernel ({alone}); the norm runs on "
-                                  "its own")

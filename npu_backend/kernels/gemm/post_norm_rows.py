@@ -1,7 +1,7 @@
 """A post-norm after a GEMM whose rows are symbolic (a prefill's length): which specs, which tiling.
 
 Stage: partition (`rows_only`: post_norm.with_post_norm asks whether a spec's symbolic axes
-leave the norm's rows whole) and tiling (`regret_tiling`: post_norm.post_norm_tiling's choice
+leave the norm's rows whole) and tiling (`regret_tiling`: post_norm_cost.post_norm_tiling's choice
 between the tile search's tiling and row tiles holding B, at every length up to the bound).
 
 A decoder's final norm after its last down projection (GPT-NeoX's and GPT-J's RMSNorm and

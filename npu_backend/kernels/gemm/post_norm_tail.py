@@ -12,6 +12,8 @@ the tail the loads cannot get ahead, and its later steps wait for B as a held B 
 128 in 2 steps, all piece by piece: 6,838 -> 7,280 cycles; 32 x 64 x 256, L = 3 of 4: 11,888).
 Measured on cgra-8x8 (32 tokens, the last GEMM's final norm): Bloom 10,080 -> 9,498 cycles,
 GPT-NeoX 5,398 -> 5,080, Llama 5,102 -> 4,814, GPT-J / GPT-2 / Falcon 9,494 -> 8,984.
+The fold's estimate counts L for a float32 GEMM (post_norm_cost.py; a 16-bit GEMM's tail
+measured no gain).
 """
 
 from __future__ import annotations
