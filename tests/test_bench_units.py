@@ -19,8 +19,12 @@ from bench_transformers import UNITS, kernel_lines, unit_line  # noqa: E402
 UNIT_NAMES = [unit for unit, _ in UNITS]
 
 
-def _kernel(busy: dict, name: str = "k", cycles: int = 0, macs: int = 0) -> types.SimpleNamespace:
-    return types.SimpleNamespace(busy_cycles=busy, name=name, cycles=cycles, macs=macs)
+def _kernel(busy: dict, name: str = "k", cycles: int = 0, macs: int = 0, roofline: int = 0,
+            load: int = 0) -> types.SimpleNamespace:
+    """A launch's statistics; `roofline` its bound alone, `load` its load engine's share of it
+    (KernelStats.roofline_cycles / roofline_load_cycles; no prefetched constants)."""
+    return types.SimpleNamespace(busy_cycles=busy, name=name, cycles=cycles, macs=macs, roofline_cycles=roofline,
+                                 roofline_own_cycles=roofline, roofline_load_cycles=load)
 
 
 def _kernel_units(line: str) -> tuple[int, dict]:
@@ -33,16 +37,19 @@ def _kernel_units(line: str) -> tuple[int, dict]:
 
 def _parse(line: str) -> dict:
     """{label: value} of a units line."""
-    head, floor = line.removeprefix("units busy x ideal: ").split("; floor (busiest unit a launch) ")
+    head, rest = line.removeprefix("units busy x ideal: ").split("; floor (busiest unit a launch) ")
+    floor, roofline = rest.split("; roofline ")
+    chained, alone = roofline.removesuffix(")").split(" (each launch alone ")
     values = {label: float(value) for label, value in (part.rsplit(" ", 1) for part in head.split(", "))}
-    return {**values, "floor": float(floor)}
+    return {**values, "floor": float(floor), "roofline": float(chained), "roofline alone": float(alone)}
 
 
 def test_hand_count():
-    kernels = [_kernel({"load": 100, "compute": 300, "store": 50, "vector": 200}),
-               _kernel({"load": 400, "compute": 0, "store": 100, "vector": 0})]
+    kernels = [_kernel({"load": 100, "compute": 300, "store": 50, "vector": 200}, roofline=250, load=80),
+               _kernel({"load": 400, "compute": 0, "store": 100, "vector": 0}, roofline=300, load=300)]
     got = _parse(unit_line(kernels, 100))
-    assert got == {"load": 5.0, "PE": 3.0, "store": 1.5, "vector": 2.0, "floor": 7.0}
+    assert got == {"load": 5.0, "PE": 3.0, "store": 1.5, "vector": 2.0, "floor": 7.0,
+                   "roofline": 5.5, "roofline alone": 5.5}
 
 
 @settings(max_examples=50, deadline=None)
@@ -104,7 +111,7 @@ def test_kernel_lines_sum_launches(launches):
     """Every kernel's line sums its launches' cycles, MACs and busy cycles, most cycles first."""
     kernels = [_kernel(busy, name, cycles, macs) for name, cycles, macs, busy in launches]
     lines = kernel_lines(types.SimpleNamespace(kernels=kernels, total_cycles=1), 64)
-    got = {line.split()[3]: _kernel_units(line) for line in lines}
+    got = {line.split("\n")[0].split()[-1]: _kernel_units(line) for line in lines}
     assert len(got) == len({name for name, *_ in launches})
     for name, (cycles, values) in got.items():
         mine = [k for k in kernels if k.name == name]
