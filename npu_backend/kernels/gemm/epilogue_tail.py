@@ -253,17 +253,23 @@ def check_tail_padding(spec, tiling, arch) -> None:
     elements, whose extra cost is the round trip of the tensor through DRAM; unless the whole
     padded tail, with the epilogue's own streams, fits beside the kernel's weight load
     (`hidden_by_weights`: ConvNeXt's 4-row fc1 + GELU reads 256 KB of weights)."""
+    if tail_padding_refused(spec, tiling, arch):
+        rows, cols, _ = spec.gemm_extents
+        raise UnsupportedOperator(f"{spec.act} after the {spec.op}: its tiles pad {rows} x {cols} to {tiling.mp} x "
+                                  f"{tiling.np}, and the activation over the padding costs more than its own kernel")
+
+
+def tail_padding_refused(spec, tiling, arch) -> bool:
+    """Whether check_tail_padding refuses `tiling`."""
     tail = tail_tile_cycles(spec, arch) if spec.act else None
     if tail is None:
-        return
+        return False
     rows, cols, _ = spec.gemm_extents
     real, padded = rows * cols * max(spec.batch, 1), tiling.mp * tiling.np * max(spec.batch, 1)
     if spec.op == "matmul" and spec.batch <= 1 and isinstance(rows, int) and rows < tiling.tm == tiling.mp:
         padded = rows * tiling.np  # one padded row tile: its commands run on the valid rows (lower/padded_rows.py)
-    if sum(tail(padded)) > sum(tail(real)) + _apart_round_trip(spec, arch, real) and \
-            not hidden_by_weights(spec, arch, sum(tail(padded)) + cost.vector_stream_cycles(arch, 2 * padded)):
-        raise UnsupportedOperator(f"{spec.act} after the {spec.op}: its tiles pad {rows} x {cols} to {tiling.mp} x "
-                                  f"{tiling.np}, and the activation over the padding costs more than its own kernel")
+    return sum(tail(padded)) > sum(tail(real)) + _apart_round_trip(spec, arch, real) and \
+        not hidden_by_weights(spec, arch, sum(tail(padded)) + cost.vector_stream_cycles(arch, 2 * padded))
 
 
 def _apart_round_trip(spec, arch, elements: int) -> int:
