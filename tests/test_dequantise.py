@@ -86,7 +86,7 @@ def test_dequantise_needs_a_requantised_int32(flags, acc_dtype, out_dtype, messa
 
 
 def test_the_stream_version_names_the_flag():
-    assert STREAM_VERSION == 13 and EPILOGUE_DEQUANTISE == 32
+    assert STREAM_VERSION >= 13 and EPILOGUE_DEQUANTISE == 32  # (v14: VFUNC's 16-bit dtypes)
 
 
 def test_the_intrinsic_refuses_a_dequantise_without_requantisation():

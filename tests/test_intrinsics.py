@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from cgra_codegen import DEVICE_CALLS
 from cgra_sim import load_arch, simulate
 from cgra_sim import special
-from cgra_sim.isa import VFUNC_OFFSET, VFUNC_SCALE, DType, EltwiseFunc, Op, ReduceFunc, VFunc, encode
+from cgra_sim.isa import VFUNC_FLOAT32_IN, VFUNC_FLOAT32_OUT, VFUNC_OFFSET, VFUNC_SCALE, DType, EltwiseFunc, Op, ReduceFunc, VFunc, encode
 from cgra_sim.mapping import body as bodies
 from cgra_sim.mapping import sigmoid as smooth
 from npu_backend.kernels.common.chains import folded
@@ -563,6 +563,68 @@ def test_vfunc_three_ways(rows, cols, func, scale, offset, seed):
     np.testing.assert_allclose(sim_out, tir_out, rtol=1e-5 if func == "tanh" else 2e-6,
                                atol=1e-6 if func == "gelu" else 1e-37)
     assert _extern_name(impl) == "cgra_" + Op.VFUNC.name.lower()
+
+
+@given(rows=st.integers(1, 9), cols=st.integers(1, 9), func=st.sampled_from([f.name.lower() for f in VFunc]),
+       half=st.sampled_from(["bfloat16", "float16"]), float32_in=st.booleans(), float32_out=st.booleans(),
+       scale=st.sampled_from([None, 0.5, -1.75]), seed=st.integers(0, 2**16))
+def test_half_vfunc_three_ways(rows, cols, func, half, float32_in, float32_out, scale, seed):
+    """A VFUNC of a 16-bit dtype (stream v14): A widened exactly (float32 with VFUNC_FLOAT32_IN),
+    special.py's float32 sequence, the result rounded to nearest even (widened back with
+    VFUNC_FLOAT32_OUT). The simulator is ml_dtypes' rounding of that float32 sequence bit for bit;
+    the TIR description (TVM's casts, the host's C library functions) within one of the format's
+    ulps; the device call is cgra_vfunc."""
+    import ml_dtypes
+
+    fmt = ml_dtypes.bfloat16 if half == "bfloat16" else np.float16
+    rng = np.random.default_rng(seed)
+    a = _random(rng, (rows, cols), "float32") * 2
+    if func == "rsqrt":
+        a = np.abs(a) + np.float32(0.5)
+    a = a if float32_in else a.astype(fmt)
+    out = np.zeros((rows, cols), np.float32 if float32_out else fmt)
+    desc, impl = INTRINSICS["vfunc"].factory(rows, cols, func, scale=scale, half=half, float32_in=float32_in,
+                                             float32_out=float32_out, scope="global")
+    tir_out = _tir_reference(desc, [a, out])[1]
+    stream = _Stream([a, out])
+    stream.load(0)
+    flags = (VFUNC_SCALE if scale is not None else 0) | (VFUNC_FLOAT32_IN if float32_in else 0) \
+        | (VFUNC_FLOAT32_OUT if float32_out else 0)
+    stream.commands.append(encode(
+        Op.VFUNC, flags=flags, func=VFunc[func.upper()], dtype=int(DType.from_name(half)), rows=rows, cols=cols,
+        a_addr=stream.addr[0], a_row_stride=cols, a_col_stride=1, out_addr=stream.addr[1], out_stride=cols,
+        scale_bits=_bits(scale, "float32") if scale is not None else 0))
+    stream.store(1)
+    sim_out = stream.run()[1]
+    t = a.astype(np.float32)
+    t = t * np.float32(scale) if scale is not None else t
+    expected = special.FUNCTIONS[func](t).astype(fmt)  # ml_dtypes' / numpy's round to nearest even
+    expected = expected.astype(np.float32) if float32_out else expected
+    assert sim_out.dtype == expected.dtype
+    np.testing.assert_array_equal(np.isnan(sim_out.astype(np.float32)), np.isnan(expected.astype(np.float32)))
+    keep = ~np.isnan(expected.astype(np.float32))
+    np.testing.assert_array_equal(sim_out.view(np.uint32 if float32_out else np.uint16)[keep],
+                                  expected.view(np.uint32 if float32_out else np.uint16)[keep])
+    ulp = 2.0 ** (1 - {"bfloat16": 8, "float16": 11}[half])
+    np.testing.assert_allclose(np.asarray(tir_out, np.float64), np.asarray(sim_out, np.float64), rtol=ulp,
+                               atol=1e-6 if func == "gelu" else 2.0 ** -24)
+    assert _extern_name(impl) == "cgra_" + Op.VFUNC.name.lower()
+
+
+def test_a_float32_vfunc_refuses_the_half_flags():
+    """VFUNC_FLOAT32_IN / _OUT keep an operand float32 beside a 16-bit dtype: a float32 VFUNC
+    naming them, or a VFUNC of an integer dtype, is refused before anything runs."""
+    from cgra_sim.errors import CommandError
+
+    a = np.ones((2, 2), np.float32)
+    for dtype, flags in ((DType.FLOAT32, VFUNC_FLOAT32_IN), (DType.FLOAT32, VFUNC_FLOAT32_OUT), (DType.INT8, 0)):
+        stream = _Stream([a, a.copy()])
+        stream.load(0)
+        stream.commands.append(encode(Op.VFUNC, flags=flags, func=VFunc.EXP, dtype=int(dtype), rows=2, cols=2,
+                                      a_addr=stream.addr[0], a_row_stride=2, a_col_stride=1,
+                                      out_addr=stream.addr[1], out_stride=2))
+        with pytest.raises(CommandError, match="VFUNC_FLOAT32|dtype"):
+            stream.run()
 
 
 @given(rows=st.integers(1, 9), cols=st.integers(1, 9), seed=st.integers(0, 2**16))

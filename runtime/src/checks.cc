@@ -402,14 +402,20 @@ void CheckReduce(const int64_t* w, const CheckContext& context) {
 
 void CheckVfunc(const int64_t* w, const CheckContext& context) {
   int32_t flags = Code(w[CGRA_VFUNC_FLAGS]);
-  CheckFlags(flags, CGRA_VFUNC_SCALE | CGRA_VFUNC_OFFSET);
+  CheckFlags(flags, CGRA_VFUNC_SCALE | CGRA_VFUNC_OFFSET | CGRA_VFUNC_FLOAT32_IN | CGRA_VFUNC_FLOAT32_OUT);
   int32_t func = Code(w[CGRA_VFUNC_FUNC]);
   if (func < CGRA_VFUNC_IDENTITY || func > CGRA_VFUNC_GELU_TANH) {
     Fail("func ", func, " is not a special function (", CGRA_VFUNC_IDENTITY, " identity .. ", CGRA_VFUNC_GELU_TANH,
          " gelu_tanh)");
   }
-  if (Code(w[CGRA_VFUNC_DTYPE]) != CGRA_DTYPE_FLOAT32) {
-    Fail("dtype code ", w[CGRA_VFUNC_DTYPE], " is not float32 (", CGRA_DTYPE_FLOAT32, "): VFUNC computes float32");
+  int32_t dtype = Code(w[CGRA_VFUNC_DTYPE]);
+  if (dtype != CGRA_DTYPE_FLOAT32 && !IsHalfFloat(dtype)) {
+    Fail("dtype code ", w[CGRA_VFUNC_DTYPE], " is not float32 (", CGRA_DTYPE_FLOAT32, "), bfloat16 (",
+         CGRA_DTYPE_BFLOAT16, ") or float16 (", CGRA_DTYPE_FLOAT16, "): VFUNC computes float32");
+  }
+  if (dtype == CGRA_DTYPE_FLOAT32 && (flags & (CGRA_VFUNC_FLOAT32_IN | CGRA_VFUNC_FLOAT32_OUT))) {
+    Fail("CGRA_VFUNC_FLOAT32_IN / CGRA_VFUNC_FLOAT32_OUT keep an operand float32 beside a 16-bit float dtype: "
+         "dtype float32 takes neither");
   }
   if (!(flags & CGRA_VFUNC_SCALE) && w[CGRA_VFUNC_SCALE_BITS] != 0) {
     Fail("scale_bits are set but CGRA_VFUNC_SCALE is off: a disabled operand's arguments must be 0");
@@ -417,12 +423,13 @@ void CheckVfunc(const int64_t* w, const CheckContext& context) {
   if (!(flags & CGRA_VFUNC_OFFSET) && w[CGRA_VFUNC_OFFSET_BITS] != 0) {
     Fail("offset_bits are set but CGRA_VFUNC_OFFSET is off: a disabled operand's arguments must be 0");
   }
+  int64_t a_size = (flags & CGRA_VFUNC_FLOAT32_IN) ? CGRA_DTYPE_FLOAT32_BYTES : ItemSize(dtype);
+  int64_t out_size = (flags & CGRA_VFUNC_FLOAT32_OUT) ? CGRA_DTYPE_FLOAT32_BYTES : ItemSize(dtype);
   int64_t rows = w[CGRA_VFUNC_ROWS], cols = w[CGRA_VFUNC_COLS];
   CheckWindow("A", w[CGRA_VFUNC_A_ADDR], {rows, cols, 1, 1, 1},
-              {w[CGRA_VFUNC_A_ROW_STRIDE], w[CGRA_VFUNC_A_COL_STRIDE], 0, 0, 0}, CGRA_DTYPE_FLOAT32_BYTES,
+              {w[CGRA_VFUNC_A_ROW_STRIDE], w[CGRA_VFUNC_A_COL_STRIDE], 0, 0, 0}, a_size, context.spad_bytes);
+  CheckRegion("out", Access::kWrite, w[CGRA_VFUNC_OUT_ADDR], rows, cols, w[CGRA_VFUNC_OUT_STRIDE], out_size,
               context.spad_bytes);
-  CheckRegion("out", Access::kWrite, w[CGRA_VFUNC_OUT_ADDR], rows, cols, w[CGRA_VFUNC_OUT_STRIDE],
-              CGRA_DTYPE_FLOAT32_BYTES, context.spad_bytes);
 }
 
 void CheckUnpack4(const int64_t* w, const CheckContext& context) {

@@ -193,7 +193,10 @@ COMMAND_FUNCTIONS = {command.op: command for command in (
         "(scale_bits, offset_bits: float32 bits, 0 without their flag), for i < rows, j < cols "
         "(out's element at i*out_stride + j). f a CGRA_VFUNC_* code: IDENTITY, EXP, TANH, ERF, "
         "GELU (erf form), RSQRT, RECIPROCAL, SIGMOID, SILU, GELU_TANH, each a specified sequence of rounded float32 "
-        "operations (docs/transformer-ops.md). dtype float32.",
+        "operations (docs/transformer-ops.md). dtype float32, or (stream v14) bfloat16 / float16: A "
+        "widened exactly, f computed in float32, the result rounded to nearest even into out, A float32 "
+        "(not rounded) with CGRA_VFUNC_FLOAT32_IN, out float32 holding the rounded result with "
+        "CGRA_VFUNC_FLOAT32_OUT (both flags 16-bit dtypes only).",
         ("flags", _I32), ("func", _I32), ("dtype", _I32), "rows", "cols", ("a_addr", _ADDR),
         "a_row_stride", "a_col_stride", ("out_addr", _ADDR), "out_stride",
         ("scale_bits", _BITS, VFUNC_SCALE), ("offset_bits", _BITS, VFUNC_OFFSET)),

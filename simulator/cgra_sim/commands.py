@@ -166,10 +166,12 @@ class ReduceCommand(Command):
 
 
 class VfuncCommand(Command):
-    """out = f(a * scale + offset) elementwise over a (rows, cols) tile, float32; `scale` and
-    `offset` numpy float32 scalars or None without their flag."""
+    """out = f(a * scale + offset) elementwise over a (rows, cols) tile, computed in float32;
+    `scale` and `offset` numpy float32 scalars or None without their flag. `dtype` float32, or a
+    16-bit float: `a` and `out` are each in it or float32 (their regions' dtypes: VFUNC_FLOAT32_IN,
+    VFUNC_FLOAT32_OUT), the result rounded to it either way."""
 
-    __slots__ = ("func", "a", "out", "scale", "offset")
+    __slots__ = ("func", "dtype", "a", "out", "scale", "offset")
 
     @property
     def elements(self) -> int:

@@ -12,7 +12,8 @@ import numpy as np
 from .commands import (NUMPY_DTYPE, Checker, EltwiseCommand, EpilogueCommand, FillCommand, PoolCommand,
                        ReduceCommand, VfuncCommand)
 from .isa import (EPILOGUE_BIAS, EPILOGUE_CLIP, EPILOGUE_DEQUANTISE, EPILOGUE_RELU, EPILOGUE_REQUANTISE, EPILOGUE_RESIDUAL,
-                  FIELDS, HALF_FLOATS, POOL_AVERAGE, VECTOR_DTYPES, VFUNC_OFFSET, VFUNC_SCALE, DType, EltwiseFunc, Op, ReduceFunc, VFunc)
+                  FIELDS, HALF_FLOATS, POOL_AVERAGE, VECTOR_DTYPES, VFUNC_FLOAT32_IN, VFUNC_FLOAT32_OUT, VFUNC_OFFSET,
+                  VFUNC_SCALE, DType, EltwiseFunc, Op, ReduceFunc, VFunc)
 from .regions import Region
 
 
@@ -215,13 +216,13 @@ def _epilogue_requantise(check: Checker, flags: int, record: list[int], n: int, 
     return check.matrix("scale", addr, 1, width, width, DType.FLOAT32, written=False), zero_point
 
 
-def _strided_input(check: Checker, fields: dict, rows: int, cols: int) -> Region:
-    """The (rows, cols) float32 window A of a REDUCE or VFUNC (strides >= 0, 0 broadcasts)."""
+def _strided_input(check: Checker, fields: dict, rows: int, cols: int, dtype: DType = DType.FLOAT32) -> Region:
+    """The (rows, cols) window A of a REDUCE or VFUNC in `dtype` (strides >= 0, 0 broadcasts)."""
     a_row, a_col = fields["a_row_stride"], fields["a_col_stride"]
     if a_row < 0 or a_col < 0:
         check.fail(f"A's strides must be >= 0, got ({a_row}, {a_col})")
-    size = DType.FLOAT32.itemsize
-    return check.region(Region("A", fields["a_addr"], (rows, cols), (a_row * size, a_col * size), np.dtype(np.float32)))
+    size = dtype.itemsize
+    return check.region(Region("A", fields["a_addr"], (rows, cols), (a_row * size, a_col * size), NUMPY_DTYPE[dtype]))
 
 
 def _func(check: Checker, code: int, enum) -> object:
@@ -246,17 +247,24 @@ def decode_reduce(check: Checker, index: int, op: Op, record: list[int], tensors
 
 
 def decode_vfunc(check: Checker, index: int, op: Op, record: list[int], tensors) -> VfuncCommand:
-    """VFUNC: its flags (scale and offset words 0 without them), a known func, float32, A and out inside the scratchpad."""
+    """VFUNC: its flags (scale and offset words 0 without them; FLOAT32_IN / FLOAT32_OUT with a
+    16-bit dtype only), a known func, float32 or a 16-bit float (stream v14), A and out inside the
+    scratchpad in their formats."""
     fields = dict(zip(FIELDS[op], record))
     flags = fields["flags"]
-    check.flags(flags, VFUNC_SCALE | VFUNC_OFFSET)
+    check.flags(flags, VFUNC_SCALE | VFUNC_OFFSET | VFUNC_FLOAT32_IN | VFUNC_FLOAT32_OUT)
     cmd = VfuncCommand(index, op)
     cmd.func = _func(check, fields["func"], VFunc)
-    check.dtype("dtype", fields["dtype"], (DType.FLOAT32,))
+    cmd.dtype = check.dtype("dtype", fields["dtype"], (DType.FLOAT32,) + HALF_FLOATS)
+    if cmd.dtype is DType.FLOAT32 and flags & (VFUNC_FLOAT32_IN | VFUNC_FLOAT32_OUT):
+        check.fail(f"VFUNC_FLOAT32_IN ({VFUNC_FLOAT32_IN:#x}) and VFUNC_FLOAT32_OUT ({VFUNC_FLOAT32_OUT:#x}) "
+                   f"keep an operand float32 beside a 16-bit float dtype: dtype float32 takes neither (flags {flags:#x})")
+    a_dtype = DType.FLOAT32 if flags & VFUNC_FLOAT32_IN else cmd.dtype
+    out_dtype = DType.FLOAT32 if flags & VFUNC_FLOAT32_OUT else cmd.dtype
     rows, cols = fields["rows"], fields["cols"]
     check.positive(rows=rows, cols=cols)
-    cmd.a = _strided_input(check, fields, rows, cols)
-    cmd.out = check.matrix("out", fields["out_addr"], rows, cols, fields["out_stride"], DType.FLOAT32, written=True)
+    cmd.a = _strided_input(check, fields, rows, cols, a_dtype)
+    cmd.out = check.matrix("out", fields["out_addr"], rows, cols, fields["out_stride"], out_dtype, written=True)
     values = []
     for flag, name in ((VFUNC_SCALE, "scale_bits"), (VFUNC_OFFSET, "offset_bits")):
         if flags & flag:

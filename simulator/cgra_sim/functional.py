@@ -30,7 +30,9 @@ dtype: integer results wrap (int8 modulo 2**8, int32 modulo 2**32), float32 ones
 maximum and minimum propagate NaN. REDUCE folds each row into its output element column by
 column, left to right, rounding every step to float32 (SUM_SQUARES rounds the square, then the
 sum); MAX propagates NaN. VFUNC computes t = a (* scale) (+ offset), each rounded, then the
-function's specified float32 sequence (special.py). UNPACK4 writes float32(q - z) * s per
+function's specified float32 sequence (special.py); with a 16-bit dtype A is widened exactly
+(unless VFUNC_FLOAT32_IN) and the result rounded to nearest even (held widened back with
+VFUNC_FLOAT32_OUT). UNPACK4 writes float32(q - z) * s per
 nibble (unpack4.py). LOOKUP writes table[a + 128] per int8 element (lookup.py). FABRIC evaluates its body node by node over the whole tile
 (mapping/body.evaluate) with the same arithmetic.
 bfloat16 and float16 (GEMM and DEPTHWISE inputs) are widened exactly to float32 and computed as
@@ -223,12 +225,19 @@ def _reduce(cmd: ReduceCommand, spad: np.ndarray) -> None:
 
 def _vfunc(cmd: VfuncCommand, spad: np.ndarray) -> None:
     t = cmd.a.view(spad)
+    if cmd.dtype in HALF_FLOATS and t.dtype != np.float32:  # a 16-bit A, widened exactly
+        t = half_floats.widen(t, cmd.dtype.numpy_name)
     with np.errstate(all="ignore"):
         if cmd.scale is not None:
             t = t * cmd.scale
         if cmd.offset is not None:
             t = t + cmd.offset
-    cmd.out.view(spad)[...] = special.FUNCTIONS[cmd.func.name.lower()](t)
+    value = special.FUNCTIONS[cmd.func.name.lower()](t)
+    if cmd.dtype in HALF_FLOATS:  # rounded to nearest even; a float32 out holds it widened back
+        value = half_floats.narrow(value, cmd.dtype.numpy_name)
+        if cmd.out.dtype == np.float32:
+            value = half_floats.widen(value, cmd.dtype.numpy_name)
+    cmd.out.view(spad)[...] = value
 
 
 def _fabric(cmd: FabricCommand, spad: np.ndarray) -> None:

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import enum
 
-STREAM_VERSION = 13
+STREAM_VERSION = 14
 #: The oldest stream version this simulator still runs: v3 only added a flag (DMA_FILL_LOWEST)
 #: that v2 streams never set, v4 an opcode (FABRIC), v5 two (REDUCE, VFUNC), v6 one (UNPACK4) and
 #: v7 two dtype codes (BFLOAT16, FLOAT16) that earlier streams never use, v8 three VFUNC functions
 #: (SIGMOID, SILU, GELU_TANH), v9 two dtype codes (INT16, INT64),
 #: v10 an opcode (LOOKUP), v11 a flag (UNPACK4_INT8) and a max POOL's int16 dtype, v12 a requantising
 #: EPILOGUE from a float32 accumulator (a QuantizeLinear) and an EPILOGUE's 16-bit float accumulator
-#: (widened to float32: a cast), v13 a flag (EPILOGUE_DEQUANTISE), that earlier streams never use.
+#: (widened to float32: a cast), v13 a flag (EPILOGUE_DEQUANTISE), v14 a VFUNC's 16-bit float dtype and
+#: its flags VFUNC_FLOAT32_IN / VFUNC_FLOAT32_OUT, that earlier streams never use.
 OLDEST_STREAM_VERSION = 2
 RECORD_WORDS = 32
 #: Number of loop dimensions (and tensor dimensions) a DMA box can have.
@@ -56,7 +57,8 @@ class DType(enum.IntEnum):
     """Element types a command can name. The value is the code stored in records.
 
     BFLOAT16 and FLOAT16 are PE-array input dtypes only (GEMM, DEPTHWISE accumulate them in
-    float32) and an EPILOGUE's output (its float32 result rounded to nearest even); the
+    float32), an EPILOGUE's output (its float32 result rounded to nearest even), an ELTWISE's
+    and a VFUNC's operand format (widened, computed in float32, rounded on store); the
     scratchpad holds bfloat16 as its 16 bits (numpy uint16: `storage`), float16 as numpy's.
     INT16 is the PE array's 16x8 input (GEMM: int16 A times int8 B, Arm Ethos-U's 16x8 mode)
     accumulating in INT64, and a requantising EPILOGUE's output (int16.py)."""
@@ -102,7 +104,8 @@ class DType(enum.IntEnum):
 
 
 #: The dtypes the vector unit and the PE fabric compute in (FILL, ELTWISE, POOL, FABRIC, ...):
-#: the 16-bit floats are not among them, but for ELTWISE (widened, computed in float32, rounded).
+#: the 16-bit floats are not among them, but for ELTWISE and VFUNC (widened, computed in float32,
+#: rounded).
 VECTOR_DTYPES = (DType.INT8, DType.INT32, DType.FLOAT32)
 #: 16-bit float inputs of the PE array: products accumulated in float32, rounded to nearest
 #: even when an EPILOGUE stores them.
@@ -232,6 +235,13 @@ FABRIC_INPUT_B = 1  # FABRIC: the body reads a second input, B (its words are 0 
 FABRIC_INT8 = 2
 VFUNC_SCALE = 1  # VFUNC: t = a * scale (scale_bits: float32 bits) before the function
 VFUNC_OFFSET = 2  # VFUNC: t = t + offset (offset_bits) after the scale, before the function
+# A VFUNC whose dtype is bfloat16 or float16 (stream v14) reads A in that format (widened exactly to
+# float32), computes in float32 and rounds its result to nearest even in that format: out holds it.
+# These two flags (16-bit dtype only) keep an operand float32 instead: with FLOAT32_IN, A is float32,
+# read as it is (not rounded); with FLOAT32_OUT, out is float32 and holds the rounded result widened
+# back (exact): PyTorch's astype(act(x), h) followed by a float32 op, in one pass (docs/transformer-ops.md).
+VFUNC_FLOAT32_IN = 4
+VFUNC_FLOAT32_OUT = 8
 # UNPACK4: the zero points are 4-bit values packed like the weights at zero_addr; without it every
 # zero point is 8 (onnxruntime's MatMulNBits default for 4 bits).
 UNPACK4_ZERO_POINTS = 1

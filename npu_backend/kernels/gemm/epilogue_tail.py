@@ -228,13 +228,10 @@ def tail_tile_cycles(spec, arch):
         return post_norm_tile_cycles(spec, arch)
     if not spec.act and not spec.multiplier_shape:
         return None
-    if spec.gated:  # gated.py: the VFUNC and the multiply over the tile's half of outputs
+    if spec.gated:  # gated.py: the VFUNC (rounding to gated_via itself: isa.VFUNC_FLOAT32_OUT) and the multiply
         return lambda elements: (0, cost.vfunc_cycles(arch, elements // 2, spec.act)
-                                 + cost.eltwise_cycles(arch, elements // 2, elements)
-                                 + 2 * bool(spec.gated_via) * cost.vector_cycles(arch, 1, elements // 2))
+                                 + cost.eltwise_cycles(arch, elements // 2, elements))
     vfunc = spec.act in VFUNC_ACTS or act_on_vector(spec, arch)
-    # A 16-bit linear's value rounded and widened back before its activation (half_bias.py): two passes.
-    rounding = 2 * bool(spec.half_via and spec.half_out and spec.act)
     programs = [(require_program(nodes, "float32", arch, spec.act), nodes) for nodes in act_passes(spec.act)] \
         if spec.act and not vfunc else []
 
@@ -243,8 +240,9 @@ def tail_tile_cycles(spec, arch):
                     for program, nodes in programs)
         vector = cost.vfunc_issue_cycles(arch, elements, spec.act) if vfunc else 0
         multiplies = (not vfunc and spec.act not in (None, "sigmoid")) + bool(spec.multiplier_shape)
-        return array, vector + multiplies * cost.eltwise_cycles(arch, elements, 2 * elements) \
-            + rounding * cost.vector_cycles(arch, 1, elements)
+        # (A 16-bit linear's value rounded before its activation and after, half_bias.py: the
+        # EPILOGUE's store and the VFUNC's own rounding, no pass more.)
+        return array, vector + multiplies * cost.eltwise_cycles(arch, elements, 2 * elements)
 
     return cycles
 
@@ -255,17 +253,34 @@ def check_tail_padding(spec, tiling, arch) -> None:
     elements, whose extra cost is the round trip of the tensor through DRAM; unless the whole
     padded tail, with the epilogue's own streams, fits beside the kernel's weight load
     (`hidden_by_weights`: ConvNeXt's 4-row fc1 + GELU reads 256 KB of weights)."""
+    if tail_padding_refused(spec, tiling, arch):
+        rows, cols, _ = spec.gemm_extents
+        raise UnsupportedOperator(f"{spec.act} after the {spec.op}: its tiles pad {rows} x {cols} to {tiling.mp} x "
+                                  f"{tiling.np}, and the activation over the padding costs more than its own kernel")
+
+
+def tail_padding_refused(spec, tiling, arch) -> bool:
+    """Whether check_tail_padding refuses `tiling`."""
     tail = tail_tile_cycles(spec, arch) if spec.act else None
     if tail is None:
-        return
+        return False
     rows, cols, _ = spec.gemm_extents
     real, padded = rows * cols * max(spec.batch, 1), tiling.mp * tiling.np * max(spec.batch, 1)
     if spec.op == "matmul" and spec.batch <= 1 and isinstance(rows, int) and rows < tiling.tm == tiling.mp:
         padded = rows * tiling.np  # one padded row tile: its commands run on the valid rows (lower/padded_rows.py)
-    if sum(tail(padded)) > sum(tail(real)) + cost.dma_transfer_cycles(arch, 8 * real) and \
-            not hidden_by_weights(spec, arch, sum(tail(padded)) + cost.vector_stream_cycles(arch, 2 * padded)):
-        raise UnsupportedOperator(f"{spec.act} after the {spec.op}: its tiles pad {rows} x {cols} to {tiling.mp} x "
-                                  f"{tiling.np}, and the activation over the padding costs more than its own kernel")
+    return sum(tail(padded)) > sum(tail(real)) + _apart_round_trip(spec, arch, real) and \
+        not hidden_by_weights(spec, arch, sum(tail(padded)) + cost.vector_stream_cycles(arch, 2 * padded))
+
+
+def _apart_round_trip(spec, arch, elements: int) -> int:
+    """The DMA cycles at least that the activation's own kernel adds over `elements`: a float32
+    round trip (8 bytes an element); a 16-bit linear's rounded activation (half_bias.py) runs as
+    the linear storing its widened float32 value, the activation and the cast kernel, 16 bytes
+    an element more than the one kernel storing h, and two kernels more, each paying its load's
+    and its store's latency."""
+    if spec.half_via and spec.half_out and spec.act:
+        return cost.dma_transfer_cycles(arch, 16 * elements) + 4 * arch.dma_latency
+    return cost.dma_transfer_cycles(arch, 8 * elements)
 
 
 def hidden_by_weights(spec, arch, work: int) -> bool:

@@ -17,11 +17,12 @@ scratchpad, and the input is read once for both projections.
 
 A bfloat16 / float16 model's unit rounds the activation to its format and widens it back before
 the multiply (normalise/gated_linears.py: `astype(astype(act(.), h), float32) * up`): the
-epilogue then runs an EPILOGUE rounding the activations to h, into the upper half of each output
-row (a row of h is half a float32 row: the widening that follows writes element j over bytes its
-reads have passed), and one widening them back in place, before the multiply: the model's one
-rounding, where the unit fused without it (or the model's round trip as a cast kernel between
-two GEMMs) would drop it or cost a kernel.
+epilogue's VFUNC then rounds its result to h and holds it widened back in the float32 output
+tile (a VFUNC of dtype h, float32 in and out: isa.VFUNC_FLOAT32_OUT, stream v14), before the
+multiply: the model's one rounding at no pass more, where the unit fused without it (or the
+model's round trip as a cast kernel between two GEMMs) would drop it or cost a kernel. (Before
+stream v14 two EPILOGUEs rounded the float32 VFUNC's output into the upper half of each output
+row and widened it back: two passes of the vector unit a tile.)
 """
 
 from __future__ import annotations

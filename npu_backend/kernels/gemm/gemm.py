@@ -22,7 +22,7 @@ from cgra_sim.arch import HardwareDescription
 from cgra_sim.isa import DType
 
 from ...errors import ScratchpadTooSmall, UnsupportedOperator
-from .epilogue_tail import act_on_vector, check_tail_padding, tail_tile_cycles
+from .epilogue_tail import act_on_vector, check_tail_padding, tail_padding_refused, tail_tile_cycles
 from ..intrinsics.epilogue_tail import VFUNC_ACTS
 from ..common.spad_layout import a_row_stride, out_row_stride, store_walks_rows
 from ..common.spec import KernelSpec, Tiling, aligned, round_up
@@ -76,7 +76,10 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
                                       else post_norm_tiles(spec),  # a post-norm's program: post_norm.py
                                       col_step=col_step(spec) * post_norm_col_step(spec),
                                       col_divides=spec.rope_table_period,
-                                      normed_panel=functools.partial(panel_bytes, spec) if spec.row_norm else None)
+                                      normed_panel=functools.partial(panel_bytes, spec) if spec.row_norm else None,
+                                      # a rounded linear's activation: tilings its padding check passes first
+                                      allowed=(lambda t: not tail_padding_refused(spec, t, arch))
+                                      if spec.half_via and spec.half_out and spec.act else None)
         if act_on_vector(spec, arch):
             _TILINGS[key] = dataclasses.replace(_TILINGS[key], act_on_vector=True)
         _TILINGS[key] = post_norm_tiling(spec, _TILINGS[key], arch)  # or row tiles holding B (post_norm.py)
@@ -140,7 +143,7 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                   any_rows: bool = False, rows_folded: bool = False, taps: int = 1, ragged: bool = True, has_multiplier: bool = False,
                   tail_cycles=None, extra_rows: int = 0, a_panel: bool = False, depth_step: int = 1,
                   pieces: bool = False, more_copies: bool = False, extra_tiles: tuple = (0, 0),
-                  col_step: int = 1, normed_panel=None, col_divides: int = 0) -> Tiling:
+                  col_step: int = 1, normed_panel=None, col_divides: int = 0, allowed=None) -> Tiling:
     """The tiling with the fewest estimated cycles among those that fit the scratchpad.
 
     With `any_rows` (symbolic rows, `rows` their bound) one tiling serves every size up to
@@ -162,7 +165,8 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
     schedule adds against bank conflicts (A's rows; the output's when its store walks
     `store_rows` rows, see spad_layout.py). A multiplier (`has_multiplier`) is one more such tile;
     `tail_cycles(elements)`: the (PE array, vector unit) work of an epilogue's activation and
-    multiply on a tile (epilogue_tail.py). `a_panel`: the kernel holds A's row
+    multiply on a tile (epilogue_tail.py); `allowed(tiling)`: a later check's verdict, the
+    tilings it passes preferred where any does (fixed rows only). `a_panel`: the kernel holds A's row
     panel across column tiles where the tiling lets it (holds_a_panel). `depth_step`: a depth
     chunk divides the depth and is a multiple of it (a patch's channels, patchify.py). `pieces`:
     the kernel may finish an output tile in pieces of the PE array's rows (epilogue_rows), and
@@ -254,7 +258,9 @@ def choose_tiling(rows: int, cols: int, depth: int, dtype: str, acc_dtype: str,
                              lambda t: estimate_cycles(t, dtype, in_bytes, acc_bytes, arch, has_residual, taps=taps,
                                                        extra_tiles=loaded, tail_cycles=tail_cycles))
     if not any_rows:
-        best = min(candidates, key=lambda c: (cycles(c, rows), -c[0] * c[1]))
+        # `allowed(tiling)`: the tilings preferred where any is (a later check refuses the others)
+        kept = [c for c in candidates if allowed(tiling_for(c, rows))] if allowed is not None else []
+        best = min(kept or candidates, key=lambda c: (cycles(c, rows), -c[0] * c[1]))
         if pieces:
             return in_pieces(best, candidates + streamed, rows, row_step, arch, tiling_for, cycles, a_panel)
         return tiling_for(best, rows)

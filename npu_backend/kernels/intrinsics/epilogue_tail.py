@@ -19,14 +19,12 @@ left out: the first piece reads the accumulator tile and writes the output tile.
 
 from __future__ import annotations
 
-from cgra_codegen import device_call
 from cgra_sim.mapping.sigmoid import passes
 
 from .builder import SPAD, Tile, intrinsic
 from .fabric import body_value, fabric_call
-from .pe_array import dtype_code
 from .rounded_residual import rounded_residual_intrin
-from .row_ops import VFUNCS, vfunc_call, vfunc_value
+from .row_ops import vfunc_call, vfunc_value
 from .smooth import smooth_calls, smooth_value
 from .vector_unit import activation, eltwise_call, epilogue_call, epilogue_value
 from .vector_unit import epilogue_intrin as plain_epilogue_intrin
@@ -152,14 +150,11 @@ def gated_intrin(rows: int, cols: int, act: str, via: str | None = None, scope: 
     Acc[i, 2j + 1] from a rows x 2 cols accumulator tile, float32: one VFUNC of the even columns
     (column stride 2) into the output tile, one ELTWISE multiplying it by the odd columns. With
     `via` (a 16-bit float) the activation is rounded to it and widened back before the multiply:
-    an EPILOGUE writes it rounded into the upper half of each output row (cols even: a row of
-    cols 16-bit values is the second half of a float32 row), one widens it back over the row (its
-    writes of element j end before the bytes of elements it has not read yet)."""
+    the VFUNC's own rounding (dtype via, float32 in and out: isa.VFUNC_FLOAT32_OUT), no pass more."""
     if act not in TAIL_ACTS:
         raise ValueError(f"a gated unit's activation is one of {TAIL_ACTS}, not {act}")
-    if via is not None and (via not in ("bfloat16", "float16") or cols % 2):
-        raise ValueError(f"a gated unit rounds its activation to bfloat16 or float16 over an even number of "
-                         f"columns, not {via} over {cols}")
+    if via is not None and via not in ("bfloat16", "float16"):
+        raise ValueError(f"a gated unit rounds its activation to bfloat16 or float16, not {via}")
 
     def value(buffers, i, j):
         activated = act_value(act, buffers["Acc"][i, 2 * j], True)
@@ -170,16 +165,11 @@ def gated_intrin(rows: int, cols: int, act: str, via: str | None = None, scope: 
     def call(buffers, strides):
         acc, out = buffers["Acc"], buffers["Out"]
         odd = (acc.data, acc.elem_offset + 1)
-        calls = [device_call("cgra_vfunc", flags=0, func=int(VFUNCS[act][0]), dtype=dtype_code("float32"), rows=rows,
-                             cols=cols, a_addr=acc, a_row_stride=strides["Acc"][0], a_col_stride=2, out_addr=out,
-                             out_stride=strides["Out"][0], scale_bits=0, offset_bits=0)]
-        if via is not None:
-            stride = strides["Out"][0]
-            upper = ((out.data, out.elem_offset + cols // 2), 2 * stride)  # in via's elements
-            calls += [epilogue_call({"Acc": out}, {"Acc": (stride,)}, rows, cols, "float32", via, bias=False,
-                                    relu=False, residual=False, clip=None, out=upper),
-                      epilogue_call({"Acc": upper[0]}, {"Acc": (2 * stride,)}, rows, cols, via, "float32",
-                                    bias=False, relu=False, residual=False, clip=None, out=(out, stride))]
+        # With `via` the VFUNC itself rounds (stream v14): float32 in and out, the result rounded
+        # to via and held widened back, where two EPILOGUEs rounded and widened it after a float32 VFUNC.
+        rounding = dict(half=via, float32_in=True, float32_out=True) if via is not None else {}
+        calls = [vfunc_call(act, rows, cols, (acc, strides["Acc"][0]), (out, strides["Out"][0]), a_col_stride=2,
+                            **rounding)]
         return calls + [eltwise_call("multiply", "float32", rows, cols, (out, strides["Out"][0], 1),
                                      (odd, strides["Acc"][0], 2), (out, strides["Out"][0]))]
 
@@ -220,10 +210,11 @@ def rounded_act_intrin(rows: int, cols: int, via: str, act: str, *, bias: bool, 
                        act_vfunc: bool = False, scope: str = SPAD):
     """A float32 EPILOGUE rounded to `via` (a 16-bit float), widened back, its activation, rounded
     to `via` on store (kernels/gemm/half_bias.py: a bfloat16 GPT-2's GELU after its up projection):
-    an EPILOGUE rounds acc + bias? (bias in `via`) into the output tile, a second widens it back
-    over the accumulator tile (dead after the first), the activation runs as one VFUNC there in
-    place (a smooth one through the function unit: `act_vfunc`), a third EPILOGUE rounds it into
-    the output tile. The values the GEMM, the activation and the cast kernels compute apart."""
+    an EPILOGUE rounds acc + bias? (bias in `via`) into the output tile, and the activation runs
+    over it in place as one VFUNC of dtype `via` (stream v14: widening its input, rounding its
+    result; a smooth one through the function unit: `act_vfunc`), where a float32 VFUNC needed
+    an EPILOGUE widening before it and one rounding after it. The values the GEMM, the
+    activation and the cast kernels compute apart."""
     if via not in ("bfloat16", "float16") or act not in TAIL_ACTS or not (act in VFUNC_ACTS or act_vfunc):
         raise ValueError(f"a rounded epilogue's activation runs as a VFUNC, rounded to bfloat16 or float16, "
                          f"not {act} to {via}")
@@ -234,12 +225,9 @@ def rounded_act_intrin(rows: int, cols: int, via: str, act: str, *, bias: bool, 
         return act_value(act, total.astype(via).astype("float32"), act_vfunc).astype(via)
 
     def call(buffers, strides):
-        acc, out = (buffers["Acc"], strides["Acc"][0]), (buffers["Out"], strides["Out"][0])
-        plain = dict(bias=False, relu=False, residual=False, clip=None)
+        out = (buffers["Out"], strides["Out"][0])
         return [epilogue_call(buffers, strides, rows, cols, "float32", via, bias=bias, relu=relu, residual=False,
                               clip=clip, out=out),
-                epilogue_call({"Acc": out[0]}, {"Acc": (out[1],)}, rows, cols, via, "float32", **plain, out=acc),
-                vfunc_call(act, rows, cols, acc, acc),
-                epilogue_call({"Acc": acc[0]}, {"Acc": (acc[1],)}, rows, cols, "float32", via, **plain, out=out)]
+                vfunc_call(act, rows, cols, out, out, half=via)]
 
     return intrinsic(inputs, Tile("Out", (rows, cols), via), "epi", value, call, scope=scope)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from tvm import te, tirx
 
 from cgra_codegen import device_call
-from cgra_sim.isa import VFUNC_OFFSET, VFUNC_SCALE, ReduceFunc, VFunc
+from cgra_sim.isa import VFUNC_FLOAT32_IN, VFUNC_FLOAT32_OUT, VFUNC_OFFSET, VFUNC_SCALE, ReduceFunc, VFunc
 from cgra_sim.special import GELU_CUBIC, GELU_LINEAR
 
 from .builder import SPAD, Tile, intrinsic
@@ -108,25 +108,57 @@ def reduce_intrin(rows: int, cols: int, func: str, scope: str = SPAD):
 
 
 def vfunc_intrin(rows: int, cols: int, func: str, *, scale: float | None = None, offset: float | None = None,
-                 scope: str = SPAD):
-    """VFUNC: Out[rows, cols] = f(A * scale + offset) over a float32 tile (a column: cols 1)."""
+                 half: str | None = None, float32_in: bool = False, float32_out: bool = False, scope: str = SPAD):
+    """VFUNC: Out[rows, cols] = f(A * scale + offset) over a float32 tile (a column: cols 1). With
+    `half` (bfloat16 / float16, stream v14) A and Out are in that format (A widened, the result
+    rounded to nearest even), or float32 with `float32_in` (A read as it is) / `float32_out` (the
+    rounded result widened back)."""
+    a_dtype, out_dtype = vfunc_dtypes(half, float32_in, float32_out)
+
     def value(buffers, i, j):
-        return vfunc_value(func, buffers["A"][i, j], scale, offset)
+        return vfunc_rounded(func, buffers["A"][i, j], half, a_dtype, out_dtype, scale, offset)
 
     def call(buffers, strides):
         return vfunc_call(func, rows, cols, (buffers["A"], strides["A"][0]), (buffers["Out"], strides["Out"][0]),
-                          scale=scale, offset=offset)
+                          scale=scale, offset=offset, half=half, float32_in=float32_in, float32_out=float32_out)
 
-    return intrinsic([Tile("A", (rows, cols), F32)], Tile("Out", (rows, cols), F32), "vfn", value, call,
+    return intrinsic([Tile("A", (rows, cols), a_dtype)], Tile("Out", (rows, cols), out_dtype), "vfn", value, call,
                      scope=scope)
 
 
+def vfunc_dtypes(half: str | None, float32_in: bool, float32_out: bool) -> tuple[str, str]:
+    """(A's dtype, Out's dtype) of a VFUNC computing in float32, rounding to `half` if given."""
+    if half is None:
+        if float32_in or float32_out:
+            raise ValueError("a float32 VFUNC's operands are float32: float32_in / float32_out go with a 16-bit `half`")
+        return F32, F32
+    if half not in ("bfloat16", "float16"):
+        raise ValueError(f"a VFUNC rounds to bfloat16 or float16, not {half}")
+    return (F32 if float32_in else half), (F32 if float32_out else half)
+
+
+def vfunc_rounded(func: str, a, half: str | None, a_dtype: str, out_dtype: str, scale: float | None = None,
+                  offset: float | None = None):
+    """The TIR of a VFUNC's element (vfunc_value) with its 16-bit format (vfunc_dtypes): `a`, of
+    `a_dtype`, widened to float32, the result rounded to `half` (and widened back for a float32
+    `out_dtype`)."""
+    value = vfunc_value(func, a.astype(F32) if a_dtype != F32 else a, scale, offset)
+    if half is None:
+        return value
+    value = value.astype(half)
+    return value.astype(F32) if out_dtype == F32 else value
+
+
 def vfunc_call(func: str, rows: int, cols: int, a: tuple, out: tuple, *, scale: float | None = None,
-               offset: float | None = None):
-    """The device call of one VFUNC from tile `a` to tile `out` (each (address, row stride))."""
-    flags = (VFUNC_SCALE if scale is not None else 0) | (VFUNC_OFFSET if offset is not None else 0)
+               offset: float | None = None, half: str | None = None, float32_in: bool = False,
+               float32_out: bool = False, a_col_stride: int = 1):
+    """The device call of one VFUNC from tile `a` to tile `out` (each (address, row stride)), in
+    float32 or, with `half`, reading / rounding to that 16-bit format (vfunc_intrin)."""
+    vfunc_dtypes(half, float32_in, float32_out)
+    flags = (VFUNC_SCALE if scale is not None else 0) | (VFUNC_OFFSET if offset is not None else 0) \
+        | (VFUNC_FLOAT32_IN if float32_in else 0) | (VFUNC_FLOAT32_OUT if float32_out else 0)
     return device_call(
-        "cgra_vfunc", flags=flags, func=int(VFUNCS[func][0]), dtype=dtype_code(F32), rows=rows, cols=cols,
-        a_addr=a[0], a_row_stride=a[1], a_col_stride=1, out_addr=out[0], out_stride=out[1],
+        "cgra_vfunc", flags=flags, func=int(VFUNCS[func][0]), dtype=dtype_code(half or F32), rows=rows, cols=cols,
+        a_addr=a[0], a_row_stride=a[1], a_col_stride=a_col_stride, out_addr=out[0], out_stride=out[1],
         scale_bits=tirx.const(scale, F32) if scale is not None else 0,
         offset_bits=tirx.const(offset, F32) if offset is not None else 0)
