@@ -140,7 +140,10 @@ def _steps(spec: KernelSpec) -> tuple:
     """The panel's row program: the plain norm kernel's (norms.steps_of), its blocks prefixed."""
     kind, eps = spec.row_norm[:2]
     depth = spec.gemm_extents[2]
-    plain = round_steps(spec.row_norm[2]) if kind == ROUND else steps_of(RowSpec(kind, kind, (depth,), (depth,), 1, depth, eps, **half_row_roles(spec)))
+    if kind == ROUND:  # a float32 panel rounded to h (half_rounded_lhs.py)
+        plain = round_steps(spec.row_norm[2])
+    else:
+        plain = steps_of(RowSpec(kind, kind, (depth,), (depth,), 1, depth, eps, **half_row_roles(spec)))
     names = {step.name: PREFIX + step.name for step in plain}
     return tuple(dataclasses.replace(step, name=names[step.name], inputs=tuple(names.get(i, i) for i in step.inputs))
                  for step in plain)
