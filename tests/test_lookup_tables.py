@@ -108,3 +108,29 @@ def test_a_scale_over_a_symbolic_length_joins_the_table_too():
         bb.emit_func_output(out)
     folded = str(fold_lookup_tables(bb.get())["main"])
     assert folded.count("R.take(") == 1 and "R.multiply(" not in folded
+
+
+@settings(max_examples=4, deadline=None)
+@given(tokens=st.integers(1, 40), hidden=st.sampled_from([16, 64]), dtype=st.sampled_from(["bfloat16", "float16"]),
+       positions=st.booleans(), seed=st.integers(0, 99))
+def test_a_16_bit_token_type_joins_the_word_table_rounded_as_pytorch_adds(tokens, hidden, dtype, positions, seed):
+    """A bf16 / fp16 BERT's embeddings: the token-type row added to the table as PyTorch's add in
+    h (widened, added in float32, rounded to h), bit for bit; the position embedding's add after
+    it (a constant differing per row) stays a kernel, rounding the same way."""
+    import ml_dtypes
+
+    half = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype]
+    rng = np.random.default_rng(seed)
+    table, types = (rng.standard_normal((n, hidden)).astype(half) for n in (50, 2))
+    position = (rng.standard_normal((1, tokens, hidden)) * 4).astype(half) if positions else None
+    ids = rng.integers(0, 50, (1, tokens))
+    mod = _embeddings(table, types, np.zeros((1, tokens), "int64"), tokens, position)
+    assert str(fold_lookup_tables(mod)["main"]).count("R.add(") == int(positions)
+    with npu_backend.profile() as prof:
+        got = relax.VirtualMachine(npu_backend.compile(mod, "cgra-8x8"), tvm.cpu())["main"](
+            tvm.runtime.tensor(ids)).numpy()
+    expected = (table[ids[0]].astype(np.float32) + types[0].astype(np.float32)).astype(half)
+    if positions:
+        expected = (expected.astype(np.float32) + position[0].astype(np.float32)).astype(half)
+    assert got[0].view(np.uint16).tolist() == expected.view(np.uint16).tolist()
+    assert len(prof.kernels) == 1 + int(positions), [k.name for k in prof.kernels]

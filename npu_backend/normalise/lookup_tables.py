@@ -16,7 +16,11 @@ Stage: normalise (after constant_indices.py and index_casts.py). In: a Relax IRM
    32 tokens on cgra-8x8).
 
 Exact: the same float32 additions and multiplications (numpy's, rounded as the kernel's), only done when compiling;
-a lookup of an index outside the table stays (numpy_ops._take refuses it).
+a lookup of an index outside the table stays (numpy_ops._take refuses it). A bfloat16 / float16
+model's (2. and 3. with a table and row in h) likewise: PyTorch's CPU op in h widens both, computes
+in float32 and rounds to h, as the kernel's ELTWISE in h does, and so does the fold (ml_dtypes'
+rounding of numpy's float32 result): BERT's token-type embedding in bf16 (an add kernel, 588 cycles
+at 32 tokens on cgra-16x16).
 """
 
 from __future__ import annotations
@@ -62,12 +66,15 @@ def _folded(value, constants: dict):
 def _uniform_row(array: np.ndarray, width: int):
     """The row r when `array` holds r wherever it broadcasts (every row along its other axes
     equal), else None."""
-    if array.dtype != np.float32 or array.shape[-1:] != (width,) or not np.isfinite(array).all():
+    if array.dtype.name not in _FLOATS or array.shape[-1:] != (width,) or \
+            not np.isfinite(array.astype(np.float32)).all():
         return None
     rows = array.reshape(-1, width)
     return rows[0] if np.all(rows == rows[0]) else None
 
 
+#: The tables' dtypes: a 16-bit float's op computes in float32, rounded to it (PyTorch's CPU op).
+_FLOATS = ("float32", "bfloat16", "float16")
 #: The elementwise ops whose uniform constant row joins the table, with numpy's form of them.
 _TABLE_OPS = {"relax.add": np.add, "relax.multiply": np.multiply}
 
@@ -86,7 +93,7 @@ def _table_op(uses: _Uses, value, constants: dict):
     """(the op's lookup operand, the take's var, the take, the row) when `value` adds a uniform
     constant row to (or multiplies by one) a lookup of a constant table (through a reshape), each
     read by the next alone; else None."""
-    if op_name(value) not in _TABLE_OPS or dtype_of(value) != "float32":
+    if op_name(value) not in _TABLE_OPS or dtype_of(value) not in _FLOATS:
         return None
     for operand, constant in (value.args, value.args[::-1]):
         array = constants.get(constant, _const(constant))
@@ -99,13 +106,20 @@ def _table_op(uses: _Uses, value, constants: dict):
                 len(uses.only(bound.args[0]) or ()) == 1:
             lookup, bound = bound.args[0], uses.values.get(bound.args[0])
         table = _const(bound.args[0]) if op_name(bound) == "relax.take" else None
-        if table is None or table.ndim != 2 or table.dtype != np.float32 or bound.attrs.axis is None or \
+        if table is None or table.ndim != 2 or table.dtype.name != dtype_of(value) or bound.attrs.axis is None or \
                 int(bound.attrs.axis) != 0:
             continue
         row = _broadcast_row(array, value, table.shape[1])
-        if row is not None:
+        if row is not None and row.dtype == table.dtype:
             return operand, lookup, bound, row
     return None
+
+
+def _table_with_row(op, table: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """op(table, row) as the kernel computes it: in float32, a 16-bit float's rounded to it."""
+    if table.dtype == np.float32:
+        return op(table, row)
+    return op(table.astype(np.float32), row.astype(np.float32)).astype(table.dtype)
 
 
 def _rewrite_function(func: relax.Function):
@@ -125,7 +139,7 @@ def _rewrite_function(func: relax.Function):
         if found is None or found[0] in replace or found[1] in replace:
             continue
         operand, lookup, take, row = found
-        table = _TABLE_OPS[op_name(value)](_const(take.args[0]), row)
+        table = _table_with_row(_TABLE_OPS[op_name(value)], _const(take.args[0]), row)
         replace[lookup] = relax.op.take(relax.const(table), take.args[1], axis=0, mode=take.attrs.mode)
         replace[var] = operand  # an alias CanonicalizeBindings removes
     return _rebuilt(func, replace, {}) if replace else None

@@ -110,7 +110,7 @@ def panel_rows(spec: KernelSpec) -> tuple:
     if len(spec.row_norm) == 2:
         return ()
     kind, half = spec.row_norm[0], spec.row_norm[2]
-    return tuple((name, role, half if kind == "rms_norm" else F32) for name, role in _ROWS[kind])
+    return tuple((name, role, half if kind == "rms_norm" else F32) for name, role in _ROWS.get(kind, ()))
 
 
 def half_row_roles(spec: KernelSpec) -> dict:

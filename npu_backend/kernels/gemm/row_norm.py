@@ -48,6 +48,7 @@ from ..intrinsics.row_ops import reduce_start
 from ..rows.norms import steps_of
 from ..rows.rows import RowSpec, choose_row_tiling, estimate_row_cycles, shapes_of, stage_of, step_cycles
 from .half_row_norm import SCALED, half_normed_roots, half_row_roles, lhs_dtype, panel_input_bytes, panel_rows, with_half_row_norm
+from .half_rounded_lhs import ROUND, is_rounded_lhs, round_steps, rounded_lhs_roots, with_rounded_lhs
 from .roots import Root
 
 F32 = "float32"
@@ -73,12 +74,16 @@ def normed_roots() -> list[Root]:
                      **({"norm_bias": bias} if kind == "layer_norm" else {}),
                      **({"permute": operand} if permuted else {})}
             roots.append(Root(f"{name}_{kind}", is_op("relax.matmul")(norm, operand), roles))
-    return roots + half_normed_roots()
+    # a rounded operand's first: a later root of as many calls is tried first (epilogue.py), and a
+    # 16-bit norm's astype(norm(x)) is the norm's root's, not a rounded operand's
+    return rounded_lhs_roots() + roots + half_normed_roots()
 
 
 def with_row_norm(spec: KernelSpec, annotated: dict) -> KernelSpec:
     """`spec` normalising its left operand's rows when the match has a norm; raises
     UnsupportedOperator when the kernel cannot (the norm then runs on its own)."""
+    if is_rounded_lhs(annotated):  # float32 rows rounded to a 16-bit float (half_rounded_lhs.py)
+        return with_rounded_lhs(spec, annotated)
     norm = annotated.get("row_norm")
     if norm is None:
         return spec
@@ -112,10 +117,13 @@ def check_row_norm(spec: KernelSpec, tiling: Tiling, arch) -> None:
     if spec.row_norm is None:
         return
     kind, depth = spec.row_norm[0], spec.gemm_extents[2]
-    if tiling.tk != tiling.kp or tiling.kp != depth or tiling.stream_panel:
+    # a rounding (half_rounded_lhs.py) needs the panel whole, not the row: padding rounds to 0
+    if tiling.tk != tiling.kp or tiling.kp != depth and kind != ROUND or tiling.stream_panel:
         raise UnsupportedOperator(f"{kind} folded into a matmul of depth {depth}: the tiling steps through it "
-                                  f"{tiling.tk} at a time, and the row's statistics need the row whole; the norm "
-                                  "runs on its own")
+                                  f"{tiling.tk} at a time, and the panel program needs the row whole; the "
+                                  f"{'cast' if kind == ROUND else 'norm'} runs on its own")
+    if kind == ROUND:  # one EPILOGUE a panel: always cheaper than a cast kernel's launch and DMA round trip
+        return
     steps = _steps(spec)
     program = tiling.mp // tiling.tm * step_cycles(arch, steps, _kinds(spec, steps), tiling.tm, depth)
     alone_spec = RowSpec(kind, kind, (spec.gemm_extents[0], depth), (spec.gemm_extents[0], depth),
@@ -132,7 +140,10 @@ def _steps(spec: KernelSpec) -> tuple:
     """The panel's row program: the plain norm kernel's (norms.steps_of), its blocks prefixed."""
     kind, eps = spec.row_norm[:2]
     depth = spec.gemm_extents[2]
-    plain = steps_of(RowSpec(kind, kind, (depth,), (depth,), 1, depth, eps, **half_row_roles(spec)))
+    if kind == ROUND:  # a float32 panel rounded to h (half_rounded_lhs.py)
+        plain = round_steps(spec.row_norm[2])
+    else:
+        plain = steps_of(RowSpec(kind, kind, (depth,), (depth,), 1, depth, eps, **half_row_roles(spec)))
     names = {step.name: PREFIX + step.name for step in plain}
     return tuple(dataclasses.replace(step, name=names[step.name], inputs=tuple(names.get(i, i) for i in step.inputs))
                  for step in plain)
