@@ -19,18 +19,25 @@ import npu_backend
 from cgra_sim.isa import FIELDS, Op
 from npu_backend import pipeline
 from npu_backend.lower.norm_rows import norm_in_rows
+from npu_backend.lower.skew_panels import skew_panels
 from npu_backend.target import relax_ext
 from test_normed_linears import _normed_linear, _reference
 
 _ROWS = FIELDS[Op.REDUCE].index("rows")
 
 
-def _compiled(mod, x, arch: str, mp, pieces: bool):
-    """(output, the launch's timeline and commands), the kernel compiled afresh with or without
-    the pass."""
+PASSES = {"norm_in_rows": norm_in_rows, "skew_panels": skew_panels}
+
+
+def compiled_norm(mod, x, arch: str, mp, **passes: bool):
+    """(output, the norm kernel's launch timeline and commands), the kernel compiled afresh with
+    each of pipeline's PASSES named in `passes` kept (True) or replaced by the identity (False);
+    test_skew_panels uses it too. Each is set either way: an earlier call in the same MonkeyPatch
+    context may have replaced it."""
     mp.setenv("CGRA_KERNEL_CACHE", "off")
     mp.setattr(relax_ext, "_KERNEL_CACHE", collections.OrderedDict())
-    mp.setattr(pipeline, "norm_in_rows", norm_in_rows if pieces else (lambda func: func))
+    for name, keep in passes.items():
+        mp.setattr(pipeline, name, PASSES[name] if keep else (lambda func: func))
     vm = relax.VirtualMachine(npu_backend.compile(mod, arch), tvm.cpu())
     with npu_backend.profile(keep_timelines=True) as prof:
         out = vm["main"](tvm.runtime.tensor(x)).numpy()
@@ -62,8 +69,8 @@ def test_the_panel_in_pieces_is_the_same_bits_in_no_more_cycles(arch, kind, rows
     mod, (g, beta, w, b) = _normed_linear(rows, cols, n, 1e-5, True, seed, kind=kind)
     x = ((np.random.default_rng(seed).standard_normal((1, rows, cols)) + 3.0) * 2.0).astype(np.float32)
     with pytest.MonkeyPatch.context() as mp:
-        whole, before = _compiled(mod, x, arch, mp, pieces=False)
-        out, after = _compiled(mod, x, arch, mp, pieces=True)
+        whole, before = compiled_norm(mod, x, arch, mp, norm_in_rows=False)
+        out, after = compiled_norm(mod, x, arch, mp, norm_in_rows=True)
     np.testing.assert_array_equal(out.view(np.uint32), whole.view(np.uint32))
     ref = _reference(x, 1e-5, g, beta, w, b, kind)
     assert np.abs(out.reshape(ref.shape) - ref).max() <= 1e-5 * np.abs(ref).max()
@@ -84,8 +91,8 @@ def test_the_first_rows_are_normalised_while_the_rest_load():
     mod, _ = _normed_linear(32, 64, 192, 1e-5, True, 0)
     x = np.random.default_rng(0).standard_normal((1, 32, 64)).astype(np.float32)
     with pytest.MonkeyPatch.context() as mp:
-        _, before = _compiled(mod, x, "cgra-8x8", mp, pieces=False)
-        _, after = _compiled(mod, x, "cgra-8x8", mp, pieces=True)
+        _, before = compiled_norm(mod, x, "cgra-8x8", mp, norm_in_rows=False)
+        _, after = compiled_norm(mod, x, "cgra-8x8", mp, norm_in_rows=True)
     reduces, loads = _panel(after)
     assert reduces == [8, 8, 8, 8]
     ops = [Op(int(record[0])) for record in after.commands]

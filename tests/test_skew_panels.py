@@ -20,19 +20,8 @@ from cgra_sim.isa import Op
 from npu_backend import pipeline
 from npu_backend.lower.skew_panels import skew_panels
 from npu_backend.target import relax_ext
+from test_norm_rows import compiled_norm
 from test_normed_linears import _normed_linear, _reference
-
-
-def _compiled(mod, x, arch: str, mp, skew: bool):
-    """(output, the norm's launch), the kernel compiled afresh with or without the pass."""
-    mp.setenv("CGRA_KERNEL_CACHE", "off")
-    mp.setattr(relax_ext, "_KERNEL_CACHE", collections.OrderedDict())
-    mp.setattr(pipeline, "skew_panels", skew_panels if skew else (lambda func: func))
-    vm = relax.VirtualMachine(npu_backend.compile(mod, arch), tvm.cpu())
-    with npu_backend.profile(keep_timelines=True) as prof:
-        out = vm["main"](tvm.runtime.tensor(x)).numpy()
-    (launch,) = [t for t in prof.timelines if "norm" in t.name]
-    return out, launch
 
 
 def _order(launch) -> list:
@@ -51,8 +40,8 @@ def test_the_next_panel_ahead_is_the_same_bits(arch, kind, rows, cols, n, seed):
     mod, (g, beta, w, b) = _normed_linear(rows, cols, n, 1e-5, True, seed, kind=kind)
     x = ((np.random.default_rng(seed).standard_normal((1, rows, cols)) + 3.0) * 2.0).astype(np.float32)
     with pytest.MonkeyPatch.context() as mp:
-        plain, before = _compiled(mod, x, arch, mp, skew=False)
-        out, after = _compiled(mod, x, arch, mp, skew=True)
+        plain, before = compiled_norm(mod, x, arch, mp, skew_panels=False)
+        out, after = compiled_norm(mod, x, arch, mp, skew_panels=True)
     np.testing.assert_array_equal(out.view(np.uint32), plain.view(np.uint32))
     ref = _reference(x, 1e-5, g, beta, w, b, kind)
     assert np.abs(out.reshape(ref.shape) - ref).max() <= 1e-5 * np.abs(ref).max()
@@ -66,8 +55,8 @@ def test_swins_q_k_v_runs_the_next_panel_under_the_gemms():
     mod, _ = _normed_linear(256, 16, 48, 1e-5, True, 0, kind="layer_norm")
     x = np.random.default_rng(0).standard_normal((1, 256, 16)).astype(np.float32)
     with pytest.MonkeyPatch.context() as mp:
-        _, before = _compiled(mod, x, "cgra-8x8", mp, skew=False)
-        _, after = _compiled(mod, x, "cgra-8x8", mp, skew=True)
+        _, before = compiled_norm(mod, x, "cgra-8x8", mp, skew_panels=False)
+        _, after = compiled_norm(mod, x, "cgra-8x8", mp, skew_panels=True)
     ops = _order(after)
     first_epilogue = ops.index(Op.EPILOGUE)
     assert ops[:first_epilogue].count(Op.REDUCE) > _order(before)[:_order(before).index(Op.EPILOGUE)].count(Op.REDUCE)
