@@ -247,3 +247,27 @@ def test_a_program_over_several_row_tiles_fits_the_scratchpad_it_was_priced_in()
     out, prof = _npu(_layer_module("float16", rows, cols, n, eps, gamma, beta, picks.T.copy(), True), x_in, "cgra-4x4")
     assert len(prof.kernels) == 1, [k.name for k in prof.kernels]
     np.testing.assert_array_equal(out, panel.astype(np.float32)[:, :n])
+
+
+@pytest.mark.parametrize("in_dtype", ["float32", "bfloat16"])
+def test_the_16_bit_layer_norm_panel_centres_once_and_other_programs_stay(in_dtype):
+    """The panel's 16-bit layer norm program drops the mean-rounding correction (drift, shift,
+    centred) and reads the rows centred once; the norm kernel's own program, a 16-bit RMSNorm's
+    and float32's panels keep theirs."""
+    from types import SimpleNamespace
+
+    from npu_backend.kernels.gemm.half_row_norm import centred_once
+    from npu_backend.kernels.rows.norms import steps_of
+    from npu_backend.kernels.rows.rows import RowSpec
+
+    roles = dict(row_roles=("gamma", "beta"), out_dtype="bfloat16", in_dtype=in_dtype)
+    plain = steps_of(RowSpec("layer_norm", "layer_norm", (64,), (64,), 1, 64, 1e-5, **roles))
+    panel = centred_once(SimpleNamespace(row_norm=("layer_norm", 1e-5, "bfloat16", in_dtype)), plain)
+    wide = ("wide",) if in_dtype != "float32" else ()
+    assert [s.name for s in panel] == [*wide, "total", "mean", "centred0", "squares", "scale", "normed", "scaled",
+                                       "layer_norm", "rounded"]
+    assert {s.name for s in plain} - {s.name for s in panel} == {"drift", "shift", "centred"}
+    assert all("centred" not in s.inputs for s in panel)
+    assert [s.inputs for s in panel if s.name in ("squares", "normed")] == [("centred0",), ("centred0", "scale")]
+    for row_norm in (None, ("layer_norm", 1e-5), ("rms_norm", 1e-6, "bfloat16", "float32")):
+        assert centred_once(SimpleNamespace(row_norm=row_norm), plain) == plain

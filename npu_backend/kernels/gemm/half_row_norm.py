@@ -28,10 +28,14 @@ The panel's layer norm centres its rows once (`centred_once`): the mean (REDUCE,
 0: normalise/centred_streams.py's shortcut for float32 streams, taken inside the panel. What it
 skips is the same: the correction of the mean's own rounding (a REDUCE of the centred rows, a VFUNC,
 an ELTWISE: two of the program's ten passes over the panel; GPT-2 bfloat16 on cgra-16x16: c_attn
-and c_fc about 280 cycles a layer each). The error it adds is the same promise: the mean off by
-its float32 sum's rounding, a few float32 units of the row's magnitude, so the float32 values
-before the one rounding to h within 1e-5 of the layer norm's (far below h's unit, 2^-9 or 2^-12);
-the roundings to h are PyTorch's (one, of the float32 result). tests/test_half_normed_linears.py
+and c_fc about 280 cycles a layer each). The error it adds is of the same kind: the mean off by
+its float32 sum's rounding (at most n u mean|x|, typically sqrt(n) u |mean|, u = 2^-24), the
+float32 values before the one rounding to h off by that over the row's standard deviation: under
+1e-5 up to a mean of about 20 standard deviations at n = 64 (GPT-2's stream: under one), far below
+h's unit (2^-9, 2^-12), so at most one unit of h in an element whose float32 value lies that
+close to a rounding boundary. The roundings to h are PyTorch's (one, of the float32 result). Only
+the fold takes it: the norm's own kernel (kernels/rows/half_norms.py, which post_norm.py's
+programs share) keeps the correction. tests/test_half_normed_linears.py
 holds the panel bit for bit to numpy's centring and the float32 RMSNorm kernel (plus beta) on it,
 rounded by ml_dtypes, and within h's unit plus 1e-5 of float64's layer norm.
 """
