@@ -8,7 +8,8 @@ it, on every preset, bit for bit to numpy's model of that arithmetic (ml_dtypes'
 float32 norm kernel's result) through a signed permutation, float32's summation bound through a
 random W; and the model to float64 within the format's bound. A layer norm
 (astype(layer_norm(astype(x_h, float32) or x, gamma, beta), h), PyTorch's CPU arithmetic: in
-float32, gamma and beta applied, rounded once) likewise.
+float32, gamma and beta applied, rounded once) likewise, its panel centring the rows once
+(half_row_norm.centred_once): numpy's centring, then the float32 RMSNorm kernel plus beta.
 """
 
 from __future__ import annotations
@@ -138,14 +139,12 @@ def test_a_16_bit_layer_norm_before_a_linear_is_the_gemms_panel_bit_for_bit(arch
     gamma, beta = rng.uniform(-2, 2, cols).astype(np.float32), rng.standard_normal(cols).astype(np.float32)
     x_in = (rng.standard_normal((1, rows, cols)) * 3 + offset).astype(half if widened else np.float32)
     x = x_in.astype(np.float32).reshape(rows, cols)
-    norm = relax_module([("x", (rows, cols), "float32")], lambda bb, v: bb.emit(relax.op.nn.layer_norm(
-        v, relax.const(gamma), relax.const(beta), axes=[-1], epsilon=eps)))
-    panel = run(npu_backend.compile(norm, arch), [x]).astype(half)
     perm, signs = rng.permutation(cols), rng.choice([-1.0, 1.0], cols)
     picks = np.zeros((cols, cols), np.float32)
     picks[np.arange(cols), perm] = signs
     out, prof = _npu(_layer_module(dtype, rows, cols, cols, eps, gamma, beta, picks.astype(half), widened), x_in, arch)
     _folded(prof, rows, arch)  # no norm kernel, no cast kernel
+    panel = _layer_panel_model(x, gamma, beta, eps, arch, len(prof.kernels) == 1).astype(half)
     np.testing.assert_array_equal(out, panel.astype(np.float32)[:, perm] * signs.astype(np.float32))
     w = (rng.standard_normal((n, cols)) / np.sqrt(cols)).astype(half)
     out, prof = _npu(_layer_module(dtype, rows, cols, n, eps, gamma, beta, w, widened), x_in, arch)
@@ -156,6 +155,30 @@ def test_a_16_bit_layer_norm_before_a_linear_is_the_gemms_panel_bit_for_bit(arch
     normed = centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + eps) * gamma + beta
     scale = np.abs(gamma).max() + np.abs(beta).max()
     assert np.all(np.abs(panel.astype(np.float64) - normed) <= UNIT[dtype] * np.abs(normed) + 1e-5 * scale)
+
+
+def _centred_rows(x):
+    """numpy's model of the panel's centring (half_row_norm.centred_once): the REDUCE's sum left
+    to right in float32 (cumsum's order), the VFUNC's product by float32 1 / n, the ELTWISE x - mean."""
+    mean = np.cumsum(x, axis=-1, dtype=np.float32)[:, -1:] * np.float32(1.0 / x.shape[-1])
+    return (x - mean).astype(np.float32)
+
+
+def _layer_panel_model(x, gamma, beta, eps: float, arch: str, folded: bool):
+    """The float32 values the 16-bit layer norm rounds to h: folded into the GEMM, numpy's centring
+    then the float32 RMSNorm kernel times gamma plus beta (the panel's program, centred once);
+    where the fold was refused, the float32 layer norm kernel's (the norm's own kernel's program)."""
+    rows, cols = x.shape
+    if not folded:
+        norm = relax_module([("x", (rows, cols), "float32")], lambda bb, v: bb.emit(relax.op.nn.layer_norm(
+            v, relax.const(gamma), relax.const(beta), axes=[-1], epsilon=eps)))
+        return run(npu_backend.compile(norm, arch), [x])
+    rms = relax_module([("x", (rows, cols), "float32")], lambda bb, v: bb.emit(relax.op.add(bb.emit(
+        relax.op.nn.rms_norm(v, relax.const(gamma), axes=[-1], epsilon=eps)), relax.const(beta))))
+    with npu_backend.profile() as prof:
+        out = run(npu_backend.compile(rms, arch), [_centred_rows(x)])
+    assert len(prof.kernels) == 1, [k.name for k in prof.kernels]  # one RMSNorm kernel adding beta
+    return out
 
 
 @pytest.mark.parametrize("readers", [1, 2])
@@ -213,15 +236,38 @@ def test_a_program_over_several_row_tiles_fits_the_scratchpad_it_was_priced_in()
     tiles of 20): every buffer of the panel program was double buffered while the search counted
     one copy (78,464 bytes of 65,536: the codegen refused the kernel, then a guard ran the norm on
     its own). The program's intermediates are one copy now, the panel the GEMMs read two, priced
-    so (row_norm.panel_bytes): one kernel, bit for bit the layer norm kernel's panel times W."""
+    so (row_norm.panel_bytes): one kernel, bit for bit the model of its panel (centred once) times W."""
     rows, cols, n, eps = 36, 64, 16, 1e-5
     rng = np.random.default_rng(0)
     gamma, beta = rng.uniform(-2, 2, cols).astype(np.float32), rng.standard_normal(cols).astype(np.float32)
     x_in = (rng.standard_normal((1, rows, cols)) * 3 + 20.0).astype(np.float16)
-    norm = relax_module([("x", (rows, cols), "float32")], lambda bb, v: bb.emit(relax.op.nn.layer_norm(
-        v, relax.const(gamma), relax.const(beta), axes=[-1], epsilon=eps)))
-    panel = run(npu_backend.compile(norm, "cgra-4x4"), [x_in.astype(np.float32).reshape(rows, cols)]).astype(np.float16)
+    x = x_in.astype(np.float32).reshape(rows, cols)
+    panel = _layer_panel_model(x, gamma, beta, eps, "cgra-4x4", True).astype(np.float16)
     picks = np.eye(cols, n, dtype=np.float16)  # the panel's first n columns
     out, prof = _npu(_layer_module("float16", rows, cols, n, eps, gamma, beta, picks.T.copy(), True), x_in, "cgra-4x4")
     assert len(prof.kernels) == 1, [k.name for k in prof.kernels]
     np.testing.assert_array_equal(out, panel.astype(np.float32)[:, :n])
+
+
+@pytest.mark.parametrize("in_dtype", ["float32", "bfloat16"])
+def test_the_16_bit_layer_norm_panel_centres_once_and_other_programs_stay(in_dtype):
+    """The panel's 16-bit layer norm program drops the mean-rounding correction (drift, shift,
+    centred) and reads the rows centred once; the norm kernel's own program, a 16-bit RMSNorm's
+    and float32's panels keep theirs."""
+    from types import SimpleNamespace
+
+    from npu_backend.kernels.gemm.half_row_norm import centred_once
+    from npu_backend.kernels.rows.norms import steps_of
+    from npu_backend.kernels.rows.rows import RowSpec
+
+    roles = dict(row_roles=("gamma", "beta"), out_dtype="bfloat16", in_dtype=in_dtype)
+    plain = steps_of(RowSpec("layer_norm", "layer_norm", (64,), (64,), 1, 64, 1e-5, **roles))
+    panel = centred_once(SimpleNamespace(row_norm=("layer_norm", 1e-5, "bfloat16", in_dtype)), plain)
+    wide = ("wide",) if in_dtype != "float32" else ()
+    assert [s.name for s in panel] == [*wide, "total", "mean", "centred0", "squares", "scale", "normed", "scaled",
+                                       "layer_norm", "rounded"]
+    assert {s.name for s in plain} - {s.name for s in panel} == {"drift", "shift", "centred"}
+    assert all("centred" not in s.inputs for s in panel)
+    assert [s.inputs for s in panel if s.name in ("squares", "normed")] == [("centred0",), ("centred0", "scale")]
+    for row_norm in (None, ("layer_norm", 1e-5), ("rms_norm", 1e-6, "bfloat16", "float32")):
+        assert centred_once(SimpleNamespace(row_norm=row_norm), plain) == plain

@@ -21,7 +21,23 @@ A 16-bit layer norm (PyTorch's CPU kernel: in float32, gamma and beta applied, r
 half_casts.py writes `astype(layer_norm(astype(x_h, float32), gamma, beta), h)`) likewise: the
 panel x_h (or float32 x), widened by an EPILOGUE, the float32 layer norm kernel's program with
 gamma's and beta's rows (read: they cannot go into W either), an EPILOGUE rounding to h
-(kernels/rows/half_norms.py's steps): ViT's pre-MLP norms.
+(kernels/rows/half_norms.py's steps): ViT's pre-MLP norms, GPT-2's ln_1 / ln_2.
+
+The panel's layer norm centres its rows once (`centred_once`): the mean (REDUCE, VFUNC), x - mean
+(ELTWISE), then the RMSNorm program of those rows, which is the layer norm of a row whose mean is
+0: normalise/centred_streams.py's shortcut for float32 streams, taken inside the panel. What it
+skips is the same: the correction of the mean's own rounding (a REDUCE of the centred rows, a VFUNC,
+an ELTWISE: two of the program's ten passes over the panel; GPT-2 bfloat16 on cgra-16x16: c_attn
+and c_fc about 280 cycles a layer each). The error it adds is of the same kind: the mean off by
+its float32 sum's rounding (at most n u mean|x|, typically sqrt(n) u |mean|, u = 2^-24), the
+float32 values before the one rounding to h off by that over the row's standard deviation: under
+1e-5 up to a mean of about 20 standard deviations at n = 64 (GPT-2's stream: under one), far below
+h's unit (2^-9, 2^-12), so at most one unit of h in an element whose float32 value lies that
+close to a rounding boundary. The roundings to h are PyTorch's (one, of the float32 result). Only
+the fold takes it: the norm's own kernel (kernels/rows/half_norms.py, which post_norm.py's
+programs share) keeps the correction. tests/test_half_normed_linears.py
+holds the panel bit for bit to numpy's centring and the float32 RMSNorm kernel (plus beta) on it,
+rounded by ml_dtypes, and within h's unit plus 1e-5 of float64's layer norm.
 """
 
 from __future__ import annotations
@@ -103,6 +119,21 @@ def with_half_row_norm(spec: KernelSpec, annotated: dict) -> KernelSpec:
     if axes not in ([-1], [len(spec.lhs_shape) - 1]):
         raise UnsupportedOperator(f"a {kind} folded into a matmul normalises the last axis")
     return dataclasses.replace(spec, row_norm=(kind, float(norm.attrs.epsilon), half, in_dtype))
+
+
+#: The steps of the layer norm program correcting its mean's rounding, which `centred_once` drops.
+_CORRECTION = ("drift", "shift", "centred")
+
+
+def centred_once(spec: KernelSpec, steps: tuple) -> tuple:
+    """The panel program of `steps` (the norm kernel's, norms.steps_of): a 16-bit layer norm's
+    without the correction of its mean's rounding, its variance and scale read from the rows
+    centred once (module doc); any other program as it is."""
+    if spec.row_norm is None or len(spec.row_norm) == 2 or spec.row_norm[0] != "layer_norm":
+        return steps
+    return tuple(dataclasses.replace(step, inputs=tuple("centred0" if name == "centred" else name
+                                                         for name in step.inputs))
+                 for step in steps if step.name not in _CORRECTION)
 
 
 def panel_rows(spec: KernelSpec) -> tuple:

@@ -47,7 +47,8 @@ from ..intrinsics import SPAD, get_intrin
 from ..intrinsics.row_ops import reduce_start
 from ..rows.norms import steps_of
 from ..rows.rows import RowSpec, choose_row_tiling, estimate_row_cycles, shapes_of, stage_of, step_cycles
-from .half_row_norm import SCALED, half_normed_roots, half_row_roles, lhs_dtype, panel_input_bytes, panel_rows, with_half_row_norm
+from .half_row_norm import (SCALED, centred_once, half_normed_roots, half_row_roles, lhs_dtype, panel_input_bytes,
+                            panel_rows, with_half_row_norm)
 from .half_rounded_lhs import ROUND, is_rounded_lhs, round_steps, rounded_lhs_roots, with_rounded_lhs
 from .roots import Root
 
@@ -143,7 +144,8 @@ def _steps(spec: KernelSpec) -> tuple:
     if kind == ROUND:  # a float32 panel rounded to h (half_rounded_lhs.py)
         plain = round_steps(spec.row_norm[2])
     else:
-        plain = steps_of(RowSpec(kind, kind, (depth,), (depth,), 1, depth, eps, **half_row_roles(spec)))
+        plain = centred_once(spec, steps_of(RowSpec(kind, kind, (depth,), (depth,), 1, depth, eps,
+                                                    **half_row_roles(spec))))
     names = {step.name: PREFIX + step.name for step in plain}
     return tuple(dataclasses.replace(step, name=names[step.name], inputs=tuple(names.get(i, i) for i in step.inputs))
                  for step in plain)
