@@ -66,6 +66,9 @@ RES = "res"
 RMS = "_rms"
 #: The roots a post-norm follows: a 2-D matmul or a linear.
 _ROOTS = ("matmul", "linear")
+#: The roots of a float32 operand rounded to h on the A panel (half_rounded_lhs.py), which the RMS
+#: form follows too: a bf16 Llama's last down projection reads `act(gate) * up` rounded to h.
+_ROUNDED_ROOTS = ("matmul_rounded_lhs", "linear_rounded_lhs")
 
 
 def half_post_norm_graphs(roots) -> list[tuple]:
@@ -73,6 +76,8 @@ def half_post_norm_graphs(roots) -> list[tuple]:
     the residual add either way round."""
     graphs = []
     for root in sorted(roots, key=lambda root: -len(root.roles)):  # a linear before a bare matmul
+        if root.name in _ROUNDED_ROOTS:  # a rounded operand (half_rounded_lhs.py): the RMS form only
+            graphs += _rms_graphs(root)
         if root.name not in _ROOTS:
             continue
         bias, residual, gamma, beta = (wildcard() for _ in range(4))
