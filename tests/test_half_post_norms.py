@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import npu_backend
+from npu_backend.kernels import registry
 from npu_backend.kernels.gemm import gemm
 from npu_backend.tools.workloads import numpy_dtype, relax_module, run
 
@@ -51,6 +52,8 @@ def _fold_taken():
     the kernels apart are estimated cheaper, e.g. one row): its bits are what is tested here."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gemm, "check_post_norm", lambda *args: None)
+        # (and its tilings kept apart: registry.tiling_of would hand them to a later priced compile)
+        patch.setattr(registry, "_TILINGS", {})
         yield
 
 
@@ -147,11 +150,14 @@ def test_a_16_bit_llamas_final_norm_runs_in_its_down_projection_bit_for_bit(arch
 
 
 @pytest.mark.slow  # about 60 s each: an export and a compile
-@pytest.mark.parametrize("name, fused", [("bert", 4), ("llama", 1)])
+@pytest.mark.parametrize("name, fused", [("bert", 4), ("llama", 0)])
 def test_bf16_bert_and_llama_run_their_post_norms_in_their_gemms_within_the_formats_tolerance(name, fused):
-    """BERT's four post-norms (two layers: attention output, MLP) and Llama's final norm run in
-    the GEMM before them: the only norm kernel left on its own is BERT's embedding norm. Within
-    2 ** -5 of the output's scale of PyTorch's bf16 run, as bench_half.py's other bf16 runs."""
+    """BERT's four post-norms (two layers: attention output, MLP) run in the GEMM before them:
+    the only norm kernel left on its own is BERT's embedding norm. Llama's final norm on
+    cgra-8x8 runs on its own after a down projection rounding its own A panel (the fold with the
+    panel's rounding priced dearer: test_a_rounded_operands_fold_is_priced_with_its_panel): no
+    cast kernel. Within 2 ** -5 of the output's scale of PyTorch's bf16 run, as bench_half.py's
+    other bf16 runs."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -163,7 +169,8 @@ def test_bf16_bert_and_llama_run_their_post_norms_in_their_gemms_within_the_form
     # (Llama's pre-norms run in the prologues of the GEMMs after them: the norm before the matmul)
     assert sum(0 <= k.name.find("matmul") < k.name.find(norm) for k in prof.kernels) == fused
     alone = [k.name for k in prof.kernels if norm in k.name and "matmul" not in k.name]
-    assert len(alone) == (1 if name == "bert" else 0), alone
+    assert len(alone) == 1, alone
+    assert not [k.name for k in prof.kernels if k.name == "fused_relax_astype_cgra"], prof.kernels
 
 
 def _rounded_rms_module(dtype: str, rows: int, depth: int, n: int, eps: float, w, g):
@@ -219,3 +226,22 @@ def test_a_rounded_operands_final_norm_runs_in_its_down_projection_bit_for_bit(a
     names = [k.name for k in prof.kernels]
     assert len(names) == 1 and names[0].startswith("fused_relax_astype") and "rms_norm" in names[0], names
     np.testing.assert_array_equal(out.reshape(rows, n).view(np.uint16), expected.view(np.uint16))
+
+
+@pytest.mark.parametrize("arch, kernels", [("cgra-16x16", 1), ("cgra-8x8", 2)])
+def test_a_rounded_operands_fold_is_priced_with_its_panel(arch, kernels):
+    """Llama bf16's last down projection and final norm (32 x 128 x 64): the panel's rounding
+    runs in order with the norm's program, so the fold is dearer than it was priced without it
+    (cgra-8x8: 5,800 cycles run, against 3,408 + 1,501 apart) and refused there; taken on
+    cgra-16x16 (2,692 against 2,599: within HALF_MARGIN). Refused, the GEMM still rounds its
+    panel and the norm runs on its own: never a cast kernel."""
+    rows, depth, n = 32, 128, 64
+    rng = np.random.default_rng(0)
+    w, g = rng.standard_normal((n, depth)).astype(numpy_dtype("bfloat16")), np.ones(n, numpy_dtype("bfloat16"))
+    x = rng.standard_normal((rows, depth)).astype(np.float32)
+    r = rng.standard_normal((1, rows, n)).astype(np.float32)
+    with npu_backend.profile() as prof:
+        run(npu_backend.compile(_rounded_rms_module("bfloat16", rows, depth, n, 1e-6, w, g), arch), [x, r])
+    names = [k.name for k in prof.kernels]
+    assert len(names) == kernels and names[0].startswith("fused_relax_astype_relax_permute_dims_relax_matmul"), names
+    assert ("rms_norm" in names[0]) == (kernels == 1), names
