@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import npu_backend
+from npu_backend.kernels import registry
 from npu_backend.kernels.gemm import gemm
 from npu_backend.tools.workloads import numpy_dtype, relax_module, run
 
@@ -51,6 +52,8 @@ def _fold_taken():
     the kernels apart are estimated cheaper, e.g. one row): its bits are what is tested here."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gemm, "check_post_norm", lambda *args: None)
+        # (and its tilings kept apart: registry.tiling_of would hand them to a later priced compile)
+        patch.setattr(registry, "_TILINGS", {})
         yield
 
 
@@ -147,11 +150,14 @@ def test_a_16_bit_llamas_final_norm_runs_in_its_down_projection_bit_for_bit(arch
 
 
 @pytest.mark.slow  # about 60 s each: an export and a compile
-@pytest.mark.parametrize("name, fused", [("bert", 4), ("llama", 1)])
+@pytest.mark.parametrize("name, fused", [("bert", 4), ("llama", 0)])
 def test_bf16_bert_and_llama_run_their_post_norms_in_their_gemms_within_the_formats_tolerance(name, fused):
-    """BERT's four post-norms (two layers: attention output, MLP) and Llama's final norm run in
-    the GEMM before them: the only norm kernel left on its own is BERT's embedding norm. Within
-    2 ** -5 of the output's scale of PyTorch's bf16 run, as bench_half.py's other bf16 runs."""
+    """BERT's four post-norms (two layers: attention output, MLP) run in the GEMM before them:
+    the only norm kernel left on its own is BERT's embedding norm. Llama's final norm on
+    cgra-8x8 runs on its own after a down projection rounding its own A panel (the fold with the
+    panel's rounding priced dearer: test_a_rounded_operands_fold_is_priced_with_its_panel): no
+    cast kernel. Within 2 ** -5 of the output's scale of PyTorch's bf16 run, as bench_half.py's
+    other bf16 runs."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -163,4 +169,79 @@ def test_bf16_bert_and_llama_run_their_post_norms_in_their_gemms_within_the_form
     # (Llama's pre-norms run in the prologues of the GEMMs after them: the norm before the matmul)
     assert sum(0 <= k.name.find("matmul") < k.name.find(norm) for k in prof.kernels) == fused
     alone = [k.name for k in prof.kernels if norm in k.name and "matmul" not in k.name]
-    assert len(alone) == (1 if name == "bert" else 0), alone
+    assert len(alone) == 1, alone
+    assert not [k.name for k in prof.kernels if k.name == "fused_relax_astype_cgra"], prof.kernels
+
+
+def _rounded_rms_module(dtype: str, rows: int, depth: int, n: int, eps: float, w, g):
+    """main(x, r) = g * astype(rms_norm(reshape(astype(x, h) W^T) + r, R.ones), h), x and r float32:
+    a bf16 Llama's last down projection of `act(gate) * up` rounded to h (half_linears.py)."""
+    def body(bb, x, r):
+        narrow = bb.emit(relax.op.astype(x, dtype))
+        product = bb.emit(relax.op.matmul(narrow, bb.emit(relax.op.permute_dims(relax.const(w, dtype))),
+                                          out_dtype="float32"))
+        added = bb.emit(relax.op.add(r, bb.emit(relax.op.reshape(product, (1, rows, n)))))
+        ones = bb.emit(relax.op.ones(relax.ShapeExpr([n]), "float32"))
+        rounded = bb.emit(relax.op.astype(bb.emit(relax.op.nn.rms_norm(added, ones, axes=[-1], epsilon=eps)), dtype))
+        return bb.emit(relax.op.multiply(relax.const(g, dtype), rounded))
+    return relax_module([("x", (rows, depth), "float32"), ("r", (1, rows, n), "float32")], body)
+
+
+def _rounding_inputs(rng, dtype: str, rows: int, depth: int):
+    """float32 x of random low bits over 2^-10 .. 2^10 (many round up, down, to even), a tenth
+    exact ties of h: its panel's rounding is what the test holds to numpy's."""
+    x = (rng.standard_normal((rows, depth)) * 2.0 ** rng.integers(-10, 10, (rows, depth))).astype(np.float32)
+    keep, tie = (0xFFFF0000, 0x8000) if dtype == "bfloat16" else (0xFFFFE000, 0x1000)
+    ties = ((x.view(np.uint32) & np.uint32(keep)) | np.uint32(tie)).view(np.float32)
+    return np.where(rng.random((rows, depth)) < 0.1, ties, x)
+
+
+@settings(max_examples=6, deadline=None)
+@given(arch=st.sampled_from(PRESETS), dtype=st.sampled_from(HALVES), rows=st.integers(1, 40),
+       depth=st.sampled_from([16, 48, 128]), n=st.sampled_from([16, 64]), eps=st.sampled_from([1e-6, 1e-5]),
+       seed=st.integers(0, 2**16))
+@example(arch="cgra-8x8", dtype="bfloat16", rows=32, depth=128, n=64, eps=1e-6, seed=0)  # Llama's last layer
+@example(arch="cgra-4x4", dtype="float16", rows=3, depth=16, n=16, eps=1e-5, seed=1)
+def test_a_rounded_operands_final_norm_runs_in_its_down_projection_bit_for_bit(arch, dtype, rows, depth, n, eps,
+                                                                               seed):
+    """astype(x, h) rounded on the A panel (half_rounded_lhs.py) before the RMS form: no cast
+    kernel. W has two entries a row, ± powers of two, so that each float32 sum is the rounded
+    inputs' (exact products) rounded once in any order: numpy's; then as the test above."""
+    rng = np.random.default_rng(seed)
+    half = numpy_dtype(dtype)
+    x = _rounding_inputs(rng, dtype, rows, depth)
+    w = np.zeros((n, depth), np.float32)
+    for col in range(2):
+        w[np.arange(n), rng.integers(0, depth, n)] += rng.choice([-1, 1], n) * 2.0 ** rng.integers(-3, 2, n)
+    w = w.astype(half)
+    r = (rng.standard_normal((1, rows, n)) * 4).astype(np.float32)
+    g = rng.uniform(-2, 2, n).astype(half)
+    norm_mod = relax_module([("v", (rows, n), "float32")], lambda bb, v: bb.emit(relax.op.nn.rms_norm(
+        v, relax.const(np.ones(n, np.float32)), axes=[-1], epsilon=eps)))
+    summed = (x.astype(half).astype(np.float32) @ w.astype(np.float32).T + r.reshape(rows, n)).astype(np.float32)
+    normed = run(npu_backend.compile(norm_mod, arch), [summed]).astype(half)
+    expected = (normed.astype(np.float32) * g.astype(np.float32)).astype(half)
+    with _fold_taken(), npu_backend.profile() as prof:
+        out = run(npu_backend.compile(_rounded_rms_module(dtype, rows, depth, n, eps, w, g), arch), [x, r])
+    names = [k.name for k in prof.kernels]
+    assert len(names) == 1 and names[0].startswith("fused_relax_astype") and "rms_norm" in names[0], names
+    np.testing.assert_array_equal(out.reshape(rows, n).view(np.uint16), expected.view(np.uint16))
+
+
+@pytest.mark.parametrize("arch, kernels", [("cgra-16x16", 1), ("cgra-8x8", 2)])
+def test_a_rounded_operands_fold_is_priced_with_its_panel(arch, kernels):
+    """Llama bf16's last down projection and final norm (32 x 128 x 64): the panel's rounding
+    runs in order with the norm's program, so the fold is dearer than it was priced without it
+    (cgra-8x8: 5,800 cycles run, against 3,408 + 1,501 apart) and refused there; taken on
+    cgra-16x16 (2,692 against 2,599: within HALF_MARGIN). Refused, the GEMM still rounds its
+    panel and the norm runs on its own: never a cast kernel."""
+    rows, depth, n = 32, 128, 64
+    rng = np.random.default_rng(0)
+    w, g = rng.standard_normal((n, depth)).astype(numpy_dtype("bfloat16")), np.ones(n, numpy_dtype("bfloat16"))
+    x = rng.standard_normal((rows, depth)).astype(np.float32)
+    r = rng.standard_normal((1, rows, n)).astype(np.float32)
+    with npu_backend.profile() as prof:
+        run(npu_backend.compile(_rounded_rms_module("bfloat16", rows, depth, n, 1e-6, w, g), arch), [x, r])
+    names = [k.name for k in prof.kernels]
+    assert len(names) == kernels and names[0].startswith("fused_relax_astype_relax_permute_dims_relax_matmul"), names
+    assert ("rms_norm" in names[0]) == (kernels == 1), names

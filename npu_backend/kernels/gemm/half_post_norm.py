@@ -32,7 +32,12 @@ GEMM storing its float32 sum; HF's residual stream stays float32 in TVM's import
 EPILOGUE adds the residual as post_norm.py's does, the RMSNorm kernel's float32 program without
 a weight, then kernels/rows/half_norms.py's end: rounded to h (an EPILOGUE), times g in h (an
 ELTWISE in h: PyTorch's `weight * x.to(h)`). Before, the norm ran as its own kernel (1,501 cycles
-on cgra-8x8).
+on cgra-8x8). Its GEMM may read `astype(x, h)` of a float32 x (the last layer's `act(gate) * up`):
+the RMS form follows the rounded operand's roots too (half_rounded_lhs.py: the panel's EPILOGUE
+rounding), so that no cast kernel is left; where that fold is refused as dearer (its rounding
+runs in order with the norm's program: post_norm_cost.py), the plain form refuses the cast too,
+and the GEMM rounds its panel with the norm apart (bf16 Llama at 32 tokens, bench_half.py:
+cgra-16x16 24,134 -> 23,416 cycles, 8x8 43,249 -> 42,934, 4x4 181,440 -> 179,001).
 
 Priced against the kernels apart as the float32 form is (post_norm_cost.check_post_norm): the
 fold's estimate with its operands' sizes (h operands, output and, with half_out, residual; the
@@ -47,7 +52,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from tvm import te
+from tvm import relax, te
 from tvm.relax.dpl import is_op, wildcard
 
 from ...errors import UnsupportedOperator
@@ -56,6 +61,7 @@ from ..common.operands import padded
 from ..intrinsics import get_intrin
 from ..rows.half_norms import HALF_FLOATS
 from ..rows.rows import Step, shapes_of
+from .half_rounded_lhs import SCALED
 
 F32 = "float32"
 #: The pattern-name suffix: "cgra.linear_half_post_norm" (post_norm.is_post_norm_pattern holds too).
@@ -66,6 +72,9 @@ RES = "res"
 RMS = "_rms"
 #: The roots a post-norm follows: a 2-D matmul or a linear.
 _ROOTS = ("matmul", "linear")
+#: The roots of a float32 operand rounded to h on the A panel (half_rounded_lhs.py), which the RMS
+#: form follows too: a bf16 Llama's last down projection reads `act(gate) * up` rounded to h.
+_ROUNDED_ROOTS = ("matmul_rounded_lhs", "linear_rounded_lhs")
 
 
 def half_post_norm_graphs(roots) -> list[tuple]:
@@ -73,6 +82,8 @@ def half_post_norm_graphs(roots) -> list[tuple]:
     the residual add either way round."""
     graphs = []
     for root in sorted(roots, key=lambda root: -len(root.roles)):  # a linear before a bare matmul
+        if root.name in _ROUNDED_ROOTS:  # a rounded operand (half_rounded_lhs.py): the RMS form only
+            graphs += _rms_graphs(root)
         if root.name not in _ROOTS:
             continue
         bias, residual, gamma, beta = (wildcard() for _ in range(4))
@@ -161,6 +172,14 @@ def _with_rms(spec, annotated: dict, tail, with_reshape):
             spec.bias_shape or spec.fabric_body or spec.row_norm or spec.multiplier_shape:
         raise UnsupportedOperator(f"{what}: fused after a static 16-bit 2-D matmul storing its float32 sum; the "
                                   "norm runs on its own")
+    lhs = annotated["lhs"]
+    if SCALED not in annotated and isinstance(lhs, relax.Call) and getattr(lhs.op, "name", "") == "relax.astype" \
+            and dtype_of(lhs.args[0]) == F32:
+        # the rounded operand's fold (tried first) was refused: its GEMM rounding the panel and
+        # the norm kernel apart beat a cast kernel and this fold (cgra-8x8, Llama's 32 x 128 x 64:
+        # 3,408 + 1,501 cycles run, against 1,368 + 3,856)
+        raise UnsupportedOperator(f"{what}: its float32 operand rounded to {h} is rounded on the GEMM's A panel "
+                                  "(half_rounded_lhs.py); the norm runs on its own")
     spec = tail(with_reshape(spec, annotated), {role: expr for role, expr in annotated.items()
                                                  if role not in _OWN and role != "reshape"}, f"cgra.{spec.op}_residual")
     n = spec.gemm_extents[1]

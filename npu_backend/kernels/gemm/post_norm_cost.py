@@ -27,6 +27,8 @@ from .gemm_estimate import estimate_cycles, may_hold_a_panel
 from .post_norm import F32, holds_b, post_norm_footprint, post_norm_tile_cycles
 from .post_norm_rows import regret_tiling
 from .post_norm_tail import tail_steps
+from .half_rounded_lhs import ROUND
+from .row_norm import panel_program_cycles
 
 
 def post_norm_tiling(spec, tiling, arch) -> Tiling:
@@ -45,9 +47,28 @@ def post_norm_tiling(spec, tiling, arch) -> Tiling:
 
 def post_norm_cycles(spec, tiling, arch) -> int:
     """The estimate of a post-norm kernel with `tiling` (or of its GEMM alone, without the
-    norm: spec.post_norm None)."""
+    norm: spec.post_norm None). A rounded operand's panel (half_rounded_lhs.py): in the row
+    tiles' pipeline where they hold B (`_held_b_cycles`), else its program added."""
     if holds_b(spec, tiling):
         return _held_b_cycles(spec, tiling, arch)
+    return _fold_cycles(spec, tiling, arch) + (tiling.mp // tiling.tm * _rounding_cycles(spec, tiling, arch)
+                                              if spec.post_norm else 0)
+
+
+def _rounding_cycles(spec, t, arch) -> int:
+    """A row tile's EPILOGUE rounding its float32 A panel to h (half_rounded_lhs.py), on the
+    vector unit; 0 for any other kernel. A GEMM without a post-norm hides it (its vector unit
+    idle meanwhile: Llama bf16's last down projection, 32 x 128 x 64 on cgra-16x16, estimated
+    2,638 cycles with the norm kernel apart, run 2,599); a post-norm's program runs in order
+    with it, so the next tile's GEMMs wait for this tile's norm (before counted, the fold was
+    estimated 2,014 and ran 2,692: dearer than the kernels apart on cgra-4x4, 8x8 and 16x16)."""
+    if not spec.row_norm or spec.row_norm[0] != ROUND:
+        return 0
+    return panel_program_cycles(spec, t, arch) // (t.mp // t.tm)
+
+
+def _fold_cycles(spec, tiling, arch) -> int:
+    """post_norm_cycles of a tiling that does not hold B, without a rounded panel's program."""
     tail = post_norm_tile_cycles(spec, arch) if spec.post_norm else None
     in_bytes, res_bytes, _, summed_residual = _sizes(spec)
     return estimate_cycles(tiling, spec.dtype, in_bytes, res_bytes, arch, summed_residual, init_folded=True,
@@ -88,10 +109,12 @@ def _held_b_cycles(spec, t, arch) -> int:
     GEMM does not wait for it: 16x16 BERT bf16 2,722 cycles estimated without that, 2,534 run)."""
     elements = t.tm * t.np
     in_bytes, res_bytes, out_bytes, summed_residual = _sizes(spec)
+    rounding = _rounding_cycles(spec, t, arch)  # in order with the tile before's program
+    a_bytes = DType.from_name(spec.row_norm[3]).itemsize if rounding else in_bytes  # (a float32 panel)
     gemm = cost.gemm_steady_cycles(arch, t.tm, t.np, t.kp, spec.dtype) + cost.gemm_fill_cycles(arch, t.tm, t.np)
     vector = cost.vector_stream_cycles(arch, (1 + summed_residual) * elements) + \
         post_norm_tile_cycles(spec, arch)(elements)[1]
-    a_load = cost.dma_transfer_cycles(arch, in_bytes * t.tm * t.kp)
+    a_load = cost.dma_transfer_cycles(arch, a_bytes * t.tm * t.kp)
     residual = cost.dma_transfer_cycles(arch, res_bytes * bool(spec.residual_shape) * elements)
     store = cost.dma_transfer_cycles(arch, out_bytes * elements)
     first = in_bytes * t.kp * (t.np + t.tm)
@@ -100,7 +123,7 @@ def _held_b_cycles(spec, t, arch) -> int:
                          cost.dma_transfer_cycles(arch, first))
     done = stored = 0
     for _ in range(t.mp // t.tm):
-        array = max(array, loaded) + gemm
+        array = max(array, max(loaded, done) + rounding if rounding else loaded) + gemm
         done = max(done, array, loaded + residual) + vector
         stored = max(stored, done) + store
         loaded += residual + a_load + store

@@ -125,8 +125,7 @@ def check_row_norm(spec: KernelSpec, tiling: Tiling, arch) -> None:
                                   f"{'cast' if kind == ROUND else 'norm'} runs on its own")
     if kind == ROUND:  # one EPILOGUE a panel: always cheaper than a cast kernel's launch and DMA round trip
         return
-    steps = _steps(spec)
-    program = tiling.mp // tiling.tm * step_cycles(arch, steps, _kinds(spec, steps), tiling.tm, depth)
+    program = panel_program_cycles(spec, tiling, arch)
     alone_spec = RowSpec(kind, kind, (spec.gemm_extents[0], depth), (spec.gemm_extents[0], depth),
                          spec.gemm_extents[0], depth, spec.row_norm[1], **half_row_roles(spec))
     plain = steps_of(alone_spec)
@@ -135,6 +134,16 @@ def check_row_norm(spec: KernelSpec, tiling: Tiling, arch) -> None:
     if program >= alone_cycles:
         raise UnsupportedOperator(f"{kind} folded into a matmul: its program on the A panels ({program} cycles) "
                                   f"costs as much as the norm's own kernel ({alone_cycles}); the norm runs on its own")
+
+
+def panel_program_cycles(spec: KernelSpec, tiling: Tiling, arch) -> int:
+    """The vector unit's cycles of the panel programs of all the row tiles, as if none
+    overlapped (check_row_norm; post_norm_cost.py prices a rounded operand's with them); 0
+    without a norm."""
+    if spec.row_norm is None:
+        return 0
+    steps = _steps(spec)
+    return tiling.mp // tiling.tm * step_cycles(arch, steps, _kinds(spec, steps), tiling.tm, spec.gemm_extents[2])
 
 
 def _steps(spec: KernelSpec) -> tuple:
