@@ -25,6 +25,7 @@ ideal is bound by its bytes (ConvNeXt's last stage: float32 weights for 4 tokens
 schedule; docs/transformer-ops.md, "Where Swin's and ConvNeXt's cycles go".
 
     python benchmarks/bench_transformers.py [--arch cgra-8x8 ...] [--models llama vit ...] [--tokens 32] [--why] [--kernels 10] [--units]
+    python benchmarks/bench_transformers.py --published --arch cgra-8x8 [--units]   # Swin-T, ConvNeXt-T widths at 224 px
 
 Needs torch and transformers (`pip install -e ".[hf]"`).
 """
@@ -144,6 +145,10 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", action="append", help="presets or chip files (default: every preset)")
     parser.add_argument("--models", nargs="*", help="default: every architecture of tests/transformer_models.py")
+    parser.add_argument("--published", action="store_true",
+                        help="measure Swin-T and ConvNeXt-T at their published widths, heads and window, one block "
+                             "a stage, 224 x 224 px (transformer_models.PUBLISHED; ~4 min each on cgra-8x8) instead "
+                             "of the small configs")
     parser.add_argument("--tokens", type=int, default=32, help="tokens of text per prompt (default 32)")
     parser.add_argument("--why", action="store_true", help="also list the compute ops left on the host")
     parser.add_argument("--units", action="store_true",
@@ -154,13 +159,13 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("CGRA_KERNEL_CACHE", "off")
     import npu_backend
-    from transformer_models import ARCHITECTURES
+    from transformer_models import ARCHITECTURES, PUBLISHED
 
     for arch in args.arch or npu_backend.preset_names():
         print(f"\n{arch}, random weights, float32, {args.tokens} tokens of text")
         print(f"{'model':<10} {'host':>5} {'layout':>6} {'x ideal':>9} {'x roofline':>10} {'NPU':>7} {'DRAM MB':>8} {'uJ':>8} "
               f"{'cgra s':>6} {'llvm s':>6} {'ratio':>5} {'error':>8}")
-        for name in args.models or list(ARCHITECTURES):
+        for name in args.models or list(PUBLISHED if args.published else ARCHITECTURES):
             try:
                 row, names, kernels, units = figures(name, arch, args.tokens, args.units)
             except Exception as err:  # noqa: BLE001  (a model that fails is a row, not the end of the table)

@@ -73,3 +73,18 @@ def test_a_transformer_matches_pytorch_with_its_compute_on_the_npu(name):
     assert prof.kernels, "nothing ran on the NPU"
     error = np.abs(out.astype(np.float64) - expected).max() / np.abs(expected).max()
     assert error < 1e-5, error
+
+
+@pytest.mark.parametrize("name", ["swin-t", "convnext-t"])
+def test_published_widths_leave_no_compute_on_the_host(name):
+    """bench_transformers --published measures Swin-T and ConvNeXt-T at their released widths:
+    every op that computes must land on the NPU there too (explain only: their simulation takes
+    minutes, the benchmark's job)."""
+    from transformer_models import PUBLISHED
+
+    model, inputs = build(name)
+    assert name in PUBLISHED and inputs[0].shape[-1] == 224
+    with torch.no_grad():
+        mod = from_exported_program(torch.export.export(model, inputs))
+    host_compute, _, names = host_op_counts(npu_backend.explain(mod, "cgra-8x8"))
+    assert host_compute == 0, sorted(names)
