@@ -25,6 +25,11 @@ A run's bound (`run_roofline`): with prefetch, the sum of `alone` can exceed wha
 smallest prefix sums that give each launch its `own` cycles and the load engine, serial across
 launches, all the loads of the launches so far: R_i = max(R_(i-1) + own_i, sum_(j<=i) load_j).
 Without prefetch, own == alone and it is their sum.
+
+Beside the roofline, `ideal_cycles` bounds the stream as issued (KernelStats.ideal_cycles): the
+same compute term, but the bytes its DMA commands move (a tiling's reloads counted, the halo not)
+and no latency. It bounds this schedule, not every schedule: a tiling's reloads can lift it
+above the roofline; without them it lies at most the DMA latency below.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ def launch_roofline(arch: HardwareDescription, commands: list[Command], pe_work:
     load_bytes = sum(loaded.values())
     store_bytes = sum(stored.values())
     constant_bytes = sum(nbytes for slot, nbytes in loaded.items() if slot in set(constant_slots))
-    compute = math.ceil(pe_work / arch.num_pes)
+    compute = compute_cycles(arch, pe_work)
     store = dma_cycles(arch, store_bytes)
     load = dma_cycles(arch, load_bytes)
     own_load = dma_cycles(arch, load_bytes - constant_bytes) if arch.dma_prefetch else load
@@ -68,9 +73,26 @@ def launch_roofline(arch: HardwareDescription, commands: list[Command], pe_work:
                     own=max(compute, own_load, store), load=load)
 
 
+def ideal_cycles(arch: HardwareDescription, pe_work: Fraction, load_bytes: int, store_bytes: int) -> int:
+    """The bound on the stream as issued (module docstring): the busiest of the PE array at peak
+    (`pe_work` in PE-cycles) and the two DMA engines moving `load_bytes` and `store_bytes` (the
+    bytes the commands move) at full bandwidth each, as in timing.py; no latency."""
+    return max(compute_cycles(arch, pe_work), transfer_cycles(arch, load_bytes), transfer_cycles(arch, store_bytes))
+
+
+def compute_cycles(arch: HardwareDescription, pe_work: Fraction) -> int:
+    """The fewest cycles the PE array needs for `pe_work` PE-cycles (MACs / MACs per PE per cycle)."""
+    return math.ceil(pe_work / arch.num_pes)
+
+
+def transfer_cycles(arch: HardwareDescription, nbytes: int) -> int:
+    """The cycles one DMA engine streams `nbytes` at its bandwidth (no latency)."""
+    return -(-nbytes // arch.dma_bytes_per_cycle)
+
+
 def dma_cycles(arch: HardwareDescription, nbytes: int) -> int:
     """The fewest cycles one DMA engine needs for `nbytes`: the bandwidth, plus the latency once."""
-    return -(-nbytes // arch.dma_bytes_per_cycle) + arch.dma_latency if nbytes else 0
+    return transfer_cycles(arch, nbytes) + arch.dma_latency if nbytes else 0
 
 
 def run_roofline(launches) -> int:
