@@ -61,7 +61,7 @@ def launch_roofline(arch: HardwareDescription, commands: list[Command], pe_work:
                     constant_slots=()) -> Roofline:
     """The roofline of a validated launch on `arch`: `pe_work` the model's MACs in PE-cycles
     (MACs / MACs per PE per cycle), `constant_slots` the slots the runtime flags constant."""
-    loaded, stored = _footprints(commands, Op.DMA_LOAD), _footprints(commands, Op.DMA_STORE)
+    loaded, stored = _footprints(commands)
     load_bytes = sum(loaded.values())
     store_bytes = sum(stored.values())
     constant_bytes = sum(nbytes for slot, nbytes in loaded.items() if slot in set(constant_slots))
@@ -105,20 +105,22 @@ def run_roofline(launches) -> int:
     return bound
 
 
-def _footprints(commands: list[Command], op: Op) -> dict:
-    """Slot -> bytes of its host elements that the `op` commands (DMA_LOAD or DMA_STORE) move,
-    each element counted once however many boxes cover it."""
-    masks: dict = {}
+def _footprints(commands: list[Command]) -> tuple[dict, dict]:
+    """(loaded, stored): slot -> bytes of its host elements that the DMA_LOAD (DMA_STORE) commands
+    move, each element counted once however many boxes cover it (one pass over the commands)."""
+    masks = {Op.DMA_LOAD: {}, Op.DMA_STORE: {}}
+    itemsize = {}
     for cmd in commands:
-        if cmd.op is not op or cmd.repeat_of >= 0 or cmd.host_points == 0:
+        by_slot = masks.get(cmd.op)
+        if by_slot is None or cmd.repeat_of >= 0 or cmd.host_points == 0:
             continue  # a repeated record moves the same elements as its first
-        mask = masks.get(cmd.slot)
+        mask = by_slot.get(cmd.slot)
         if mask is None:
-            mask = masks[cmd.slot] = np.zeros(cmd.tensor.shape, dtype=bool)
+            mask = by_slot[cmd.slot] = np.zeros(cmd.tensor.shape, dtype=bool)
+            itemsize[cmd.slot] = cmd.tensor.dtype.itemsize
         _mark(mask, cmd)
-    itemsize = {cmd.slot: cmd.tensor.dtype.itemsize for cmd in commands
-                if isinstance(cmd, DmaCommand) and cmd.slot in masks}
-    return {slot: int(np.count_nonzero(mask)) * itemsize[slot] for slot, mask in masks.items()}
+    return tuple({slot: int(np.count_nonzero(mask)) * itemsize[slot] for slot, mask in masks[op].items()}
+                 for op in (Op.DMA_LOAD, Op.DMA_STORE))
 
 
 def _mark(mask: np.ndarray, cmd: DmaCommand) -> None:
