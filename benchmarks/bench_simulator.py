@@ -3,7 +3,9 @@
 Stage: tooling (not part of any pipeline). In: nothing (the streams are built here with
 cgra_sim.streams). Out: one line per stream on stdout: commands, wall time (best of --repeat),
 commands per host second, simulated cycles and MACs per host second, peak Python memory
-(tracemalloc, measured in a separate run) and the time split over validate / time / execute.
+(tracemalloc, measured in a separate run) and the time split over the simulator's steps
+(simulate.STEPS: validate / time / execute / stats, each the best of --repeat), with the part of
+stats the roofline's compulsory bytes take (roofline.launch_roofline on the same commands).
 
     python benchmarks/bench_simulator.py [--arch cgra-16x16] [--repeat 5]
 """
@@ -13,13 +15,14 @@ from __future__ import annotations
 import argparse
 import time
 import tracemalloc
+from fractions import Fraction
 
 import numpy as np
 
 from cgra_sim import load_arch, simulate, streams
-from cgra_sim.functional import execute
 from cgra_sim.isa import EPILOGUE_RELU
-from cgra_sim.timing import time_commands
+from cgra_sim.roofline import launch_roofline
+from cgra_sim.simulate import simulate_detailed
 from cgra_sim.validate import validate_stream
 
 
@@ -44,37 +47,41 @@ def conv_case(arch, height, width, channels, filters):
     return f"conv2d 3x3 {height}x{width}x{channels}->{filters} int8, halo loads", records, tensors
 
 
-def stage_times(arch, records, tensors) -> tuple[float, float, float]:
-    """Seconds spent validating, timing and executing (one run)."""
-    t0 = time.perf_counter()
+def roofline_seconds(arch, records, tensors, repeat: int) -> float:
+    """Seconds (best of `repeat`) the roofline takes inside the stats step: its cost is the
+    compulsory bytes (a mask over every DMA box), the same whatever the MACs, so none are given."""
     decoded = validate_stream(arch, records, tensors)
-    t1 = time.perf_counter()
-    time_commands(arch, decoded)
-    t2 = time.perf_counter()
-    execute(decoded, np.zeros(arch.spad_bytes, dtype=np.uint8))
-    return t1 - t0, t2 - t1, time.perf_counter() - t2
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        launch_roofline(arch, decoded, Fraction(0))
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def measure(arch, label, records, make_tensors, repeat: int) -> None:
-    best, stats = float("inf"), None
+    best, stats, steps = float("inf"), None, {}
     for _ in range(repeat):
         tensors = make_tensors()
         start = time.perf_counter()
-        stats = simulate(arch, records, tensors)
+        result = simulate_detailed(arch, records, tensors)
         best = min(best, time.perf_counter() - start)
+        stats = result.stats
+        for step, seconds in result.host_seconds.items():
+            steps[step] = min(steps.get(step, float("inf")), seconds)
     tensors = make_tensors()
     tracemalloc.start()
     simulate(arch, records, tensors)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    validate_s, time_s, execute_s = stage_times(arch, records, make_tensors())
+    roofline_s = roofline_seconds(arch, records, make_tensors(), repeat)
+    split = ", ".join(f"{step} {seconds * 1e3:.0f} ms" for step, seconds in steps.items())
     print(f"{label}\n  {len(records)} commands in {best * 1e3:.1f} ms: "
           f"{len(records) / best:,.0f} commands/s, {stats.cycles / best:,.0f} simulated cycles/s, "
           f"{stats.macs / best:,.0f} simulated MACs/s\n"
           f"  kernel: {stats.cycles:,} cycles, {stats.macs:,} MACs, utilisation {stats.utilisation:.2f}; "
           f"peak traced memory {peak / 2**20:.1f} MiB\n"
-          f"  split: validate {validate_s * 1e3:.0f} ms, time {time_s * 1e3:.0f} ms, "
-          f"execute {execute_s * 1e3:.0f} ms")
+          f"  split: {split} (roofline {roofline_s * 1e3:.1f} ms, {roofline_s / best:.1%} of the run)")
 
 
 def main() -> None:

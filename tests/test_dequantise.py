@@ -17,7 +17,7 @@ from cgra_sim import CommandError, functional
 from cgra_sim.isa import (EPILOGUE_BIAS, EPILOGUE_DEQUANTISE, EPILOGUE_RELU, EPILOGUE_REQUANTISE, STREAM_VERSION,
                           DType, Op, encode)
 from npu_backend.kernels.intrinsics import INTRINSICS
-from test_intrinsics import _Stream, _extern_name, _tir_reference
+from three_ways import extern_name, Stream, tir_reference
 
 
 def _operands(rng, rows, cols, ties, per_tensor):
@@ -48,8 +48,8 @@ def test_dequantising_epilogue_three_ways(rows, cols, zero_point, relu, ties, pe
     desc, impl = INTRINSICS["epilogue"].factory(rows, cols, "int32", bias=True, relu=relu, zero_point=zero_point,
                                                 dequantise=True, scope="global")
     operands = [acc, bias, scale, out]
-    tir_out = _tir_reference(desc, operands)[-1]
-    stream = _Stream(operands)
+    tir_out = tir_reference(desc, operands)[-1]
+    stream = Stream(operands)
     stream.load(0, 1, 2)
     flags = EPILOGUE_BIAS | EPILOGUE_REQUANTISE | EPILOGUE_DEQUANTISE | (EPILOGUE_RELU if relu else 0)
     stream.commands.append(encode(
@@ -61,12 +61,12 @@ def test_dequantising_epilogue_three_ways(rows, cols, zero_point, relu, ties, pe
     expected = _onnxruntime_model(acc, bias, multiplier, dscale, zero_point, relu)
     np.testing.assert_array_equal(sim_out.view(np.int32), expected.view(np.int32))
     np.testing.assert_array_equal(tir_out.view(np.int32), expected.view(np.int32))
-    assert _extern_name(impl) == "cgra_" + Op.EPILOGUE.name.lower()
+    assert extern_name(impl) == "cgra_" + Op.EPILOGUE.name.lower()
 
 
 def _stream_with(flags, acc_dtype, out_dtype):
     acc, scale, out = np.zeros((2, 4), np.int32), np.ones(8, np.float32), np.zeros((2, 4), np.float32)
-    stream = _Stream([acc, scale, out])
+    stream = Stream([acc, scale, out])
     stream.load(0, 1)
     stream.commands.append(encode(
         Op.EPILOGUE, flags=flags, acc_dtype=int(acc_dtype), out_dtype=int(out_dtype), m=2, n=4, acc_addr=0,

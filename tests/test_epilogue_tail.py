@@ -26,7 +26,7 @@ from cgra_sim.mapping import body as bodies
 from cgra_sim.mapping import sigmoid as smooth
 from models import conv2d_reference, run
 from npu_backend.kernels.intrinsics import INTRINSICS, get_intrin
-from test_intrinsics import _Stream, _tir_reference
+from three_ways import Stream, tir_reference
 
 PRESETS = npu_backend.preset_names()
 ACTS = ("none", "sigmoid", "silu", "silu_mul", "gelu", "gelu_tanh", "tanh")
@@ -309,8 +309,8 @@ def test_epilogue_tail_three_ways(rows, cols, act, bias, residual, multiplier, c
                                                 channel_shift=channel, act_vfunc=vfunc, scope="global")
     operands = [acc] + ([row] if bias else []) + ([res] if residual else []) + ([mul] if multiplier else []) + \
         ([scale, shift] if channel else []) + [out]
-    tir_out = _tir_reference(desc, operands)[-1]
-    stream = _Stream(operands)
+    tir_out = tir_reference(desc, operands)[-1]
+    stream = Stream(operands)
     stream.load(*range(len(operands) - 1))
     slot = {name: stream.addr[i] for i, name in enumerate(
         ["acc"] + (["bias"] if bias else []) + (["res"] if residual else []) + (["mul"] if multiplier else []) +

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from cgra_sim import cost, load_arch, simulate_detailed, special
 from cgra_sim.function_unit import depth, split
 from cgra_sim.isa import DType, Op, Unit, VFunc, encode
-from test_sim_functional import dma_record
+from sim_records import dma_record
 
 
 def _ceil(a: int, b: int) -> int:

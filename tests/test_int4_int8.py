@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from cgra_sim import CommandError, load_arch
 from cgra_sim.isa import UNPACK4_INT8, UNPACK4_ZERO_POINTS, DType, Op, encode
 from cgra_sim.unpack4 import pack_signed, signed_nibbles
-from test_intrinsics import _Stream
+from three_ways import Stream
 
 ARCH = load_arch("cgra-8x8")
 
@@ -45,7 +45,7 @@ def test_unpack4_int8_then_int8_gemm_equals_numpy(m, k, n, seed):
     w = rng.integers(-8, 8, (k, n))
     x = rng.integers(-128, 128, (m, k)).astype(np.int8)
     packed = pack_signed(w)
-    stream = _Stream([packed, x, np.zeros((k, n), np.int8), np.zeros((m, n), np.int32)])
+    stream = Stream([packed, x, np.zeros((k, n), np.int8), np.zeros((m, n), np.int32)])
     stream.load(0, 1)
     stream.commands.append(encode(Op.UNPACK4, flags=UNPACK4_INT8, rows=k, cols=n, group=1, a_addr=stream.addr[0],
                                   a_col_stride=packed.shape[1], out_addr=stream.addr[2], out_stride=n))
@@ -63,7 +63,7 @@ def test_unpack4_int8_then_int8_gemm_equals_numpy(m, k, n, seed):
     (dict(flags=4), "flag"),
 ])
 def test_unpack4_int8_refuses_zero_point_words(words, match):
-    stream = _Stream([np.zeros((4, 16), np.int8), np.zeros((32, 4), np.int8)])
+    stream = Stream([np.zeros((4, 16), np.int8), np.zeros((32, 4), np.int8)])
     stream.load(0)
     stream.commands.append(encode(Op.UNPACK4, rows=32, cols=4, group=32, a_addr=stream.addr[0], a_col_stride=16,
                                   out_addr=stream.addr[1], out_stride=4, **words))

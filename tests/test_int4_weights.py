@@ -13,9 +13,9 @@ import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cgra_sim import CommandError, load_arch, simulate
+from cgra_sim import CommandError, load_arch
 from cgra_sim.isa import UNPACK4_ZERO_POINTS, DType, Op, encode
-from test_intrinsics import _Stream
+from three_ways import Stream
 
 ARCH = load_arch("cgra-8x8")
 
@@ -51,7 +51,7 @@ def test_unpack4_then_gemm_equals_numpy(m, k, n, block, zero_points, seed):
     packed, zeros = _pack(q).view(np.int8), (_pack(z).view(np.int8) if zero_points else None)
     arrays = [packed, s, x, np.zeros((k, n), np.float32), np.zeros((m, n), np.float32)] + \
         ([zeros] if zero_points else [])
-    stream = _Stream(arrays)
+    stream = Stream(arrays)
     stream.load(0, 1, 2, *([5] if zero_points else []))
     flags = UNPACK4_ZERO_POINTS if zero_points else 0
     zero = dict(zero_addr=stream.addr[5], zero_col_stride=zeros.shape[1]) if zero_points else {}
@@ -69,7 +69,7 @@ def test_unpack4_then_gemm_equals_numpy(m, k, n, block, zero_points, seed):
 
 
 def test_unpack4_refuses_zero_point_words_without_the_flag():
-    stream = _Stream([np.zeros((4, 16), np.int8), np.ones((4, 1), np.float32), np.zeros((32, 4), np.float32)])
+    stream = Stream([np.zeros((4, 16), np.int8), np.ones((4, 1), np.float32), np.zeros((32, 4), np.float32)])
     stream.load(0, 1)
     stream.commands.append(encode(Op.UNPACK4, rows=32, cols=4, group=32, a_addr=stream.addr[0], a_col_stride=16,
                                   scale_addr=stream.addr[1], scale_col_stride=1, zero_addr=64, out_addr=stream.addr[2],

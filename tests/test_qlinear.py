@@ -23,13 +23,13 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import npu_backend
-from cgra_sim import CommandError, load_arch, simulate
+from cgra_sim import load_arch, simulate
 from cgra_sim.isa import FABRIC_INPUT_B, FABRIC_INT8, DType, Op, encode
 from cgra_sim.mapping import body as bodies
 from npu_backend.normalise.qlinear import integer_qlinear_adds, qlinear_add_parameters, qlinear_add_reference
 from qdq_models import QdqGraph
 from test_sim_fabric import random_bodies
-from test_sim_functional import dma_record
+from sim_records import dma_record
 
 ARCH = load_arch("cgra-4x4")
 

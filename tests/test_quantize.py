@@ -25,7 +25,7 @@ from cgra_sim.functional import quantise
 from cgra_sim.isa import EPILOGUE_REQUANTISE, DType, Op, encode
 from qdq_models import onnxruntime_quantized
 from test_requantise_sim import SCALES
-from test_sim_functional import dma_record, matrix_load, matrix_store
+from sim_records import dma_record, matrix_load, matrix_store
 
 ARCH = load_arch("cgra-8x8")
 

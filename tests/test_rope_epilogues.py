@@ -16,7 +16,7 @@ import npu_backend
 from cgra_sim.isa import DType, EltwiseFunc, Op, encode
 from npu_backend.kernels.intrinsics import INTRINSICS
 from npu_backend.normalise.rope_epilogues import rope_epilogues
-from test_intrinsics import _Stream, _tir_reference
+from three_ways import Stream, tir_reference
 from npu_backend.kernels.gemm.rope_epilogue import rotary_pattern
 
 
@@ -178,10 +178,10 @@ def test_rope_intrinsics_three_ways(rows, heads, d, fraction, seed):
     x, sin, cos = (rng.standard_normal((rows, cols)).astype(np.float32) for _ in range(3))
     rot = np.zeros((rows, cols), np.float32)
     desc, _ = INTRINSICS["rope_rotate"].factory(rows, cols, pattern, scope="global")
-    tir_rot = _tir_reference(desc, [x, sin, rot])[2]
+    tir_rot = tir_reference(desc, [x, sin, rot])[2]
     desc, _ = INTRINSICS["rope_combine"].factory(rows, cols, scope="global")
-    tir_out = _tir_reference(desc, [x, cos, tir_rot, np.zeros_like(x)])[3]
-    stream = _Stream([x, sin, cos, np.zeros_like(x), np.zeros_like(x)])
+    tir_out = tir_reference(desc, [x, cos, tir_rot, np.zeros_like(x)])[3]
+    stream = Stream([x, sin, cos, np.zeros_like(x), np.zeros_like(x)])
     stream.load(0, 1, 2)
 
     def eltwise(func, n, a, b, out):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from cgra_sim import CommandError, load_arch, preset_names, simulate, simulate_detailed
 from cgra_sim.isa import DType, EltwiseFunc, Op, encode
-from test_sim_functional import dma_record, random_array
+from sim_records import dma_record, random_array
 
 ARCH = load_arch("cgra-8x8")
 PRESETS = [load_arch(name) for name in preset_names()]

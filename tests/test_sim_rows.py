@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from cgra_sim import CommandError, function_unit, load_arch, preset_names, simulate, simulate_detailed, special
 from cgra_sim.isa import VFUNC_OFFSET, VFUNC_SCALE, DType, Op, ReduceFunc, VFunc, encode
-from test_sim_functional import dma_record
+from sim_records import dma_record
 
 ARCH = load_arch("cgra-8x8")
 PRESETS = [load_arch(name) for name in preset_names()]

@@ -27,7 +27,7 @@ from ..frontend.provenance import with_span
 from ..relax_info import dtype_of, static_shape
 from .arrays import aligned_empty, read_only_view, shared_const
 from .numpy_ops import FLOAT, NUMPY_OPS
-from .rewrite import with_updates
+from .rewrite import values_and_users, with_updates
 
 
 def fold_weights(mod: tvm.IRModule) -> tvm.IRModule:
@@ -61,11 +61,7 @@ class _WeightFolder(relax.PyExprMutator):
         self.constants = {}  # var -> relax constant it was folded to
         self.folded_norms = set()  # batch_norm vars whose conv2d took the scale and shift
         self.bias_of = {}  # var of batch_norm(...)[0] -> (conv2d var, bias constant, norm's span)
-        self.values, self.users = {}, {}
-        for block in func.body.blocks:
-            self.values.update({b.var: b.value for b in block.bindings})
-            if isinstance(block, relax.DataflowBlock):
-                self.users.update(relax.analysis.udchain(block))
+        self.values, self.users = values_and_users(func)
 
     def visit_var_(self, op):
         return folded_or(self.constants, op, super().visit_var_)

@@ -57,6 +57,7 @@ from ..frontend.provenance import with_span
 from .qdq_borders import border_correction
 from .int4_convs import emit_int4_conv
 from .qdq_int4 import added_functions, emit_int4_matmul
+from .rewrite import values_and_users
 
 _LAYOUTS = {"relax.nn.conv2d": ("NCHW", "OIHW", "NCHW"), "relax.nn.conv1d": ("NCW", "OIW", "NCW")}
 _QUANTIZED = ("int8", "uint8")
@@ -117,12 +118,8 @@ class _QdqRewriter(relax.PyExprMutator):
 
     def __init__(self, mod, func):
         super().__init__(mod)
-        self.values, self.users = {}, {}
+        self.values, self.users = values_and_users(func)
         self.twins = {}  # uint8 var of the graph -> its int8 twin (emitted)
-        for block in func.body.blocks:
-            self.values.update({b.var: b.value for b in block.bindings})
-            if isinstance(block, relax.DataflowBlock):
-                self.users.update(relax.analysis.udchain(block))
 
     def visit_var_binding_(self, binding):
         call = binding.value

@@ -39,6 +39,7 @@ from tvm import relax
 
 from ..frontend.provenance import with_span
 from .qdq_borders import border_correction
+from .rewrite import values_and_users
 
 
 def canonicalize_qdq16(mod: tvm.IRModule) -> tvm.IRModule:
@@ -86,11 +87,7 @@ class _Qdq16Rewriter(relax.PyExprMutator):
 
     def __init__(self, mod, func):
         super().__init__(mod)
-        self.values, self.users = {}, {}
-        for block in func.body.blocks:
-            self.values.update({b.var: b.value for b in block.bindings})
-            if isinstance(block, relax.DataflowBlock):
-                self.users.update(relax.analysis.udchain(block))
+        self.values, self.users = values_and_users(func)
 
     def visit_var_binding_(self, binding):
         layer = self._plan(binding.value)

@@ -30,7 +30,7 @@ from tvm import relax
 
 from ..frontend.provenance import with_span
 from ..relax_info import static_shape
-from .rewrite import as_pass, one_value, op_name, rewrite_each
+from .rewrite import as_pass, one_value, op_name, rewrite_each, values_and_users
 
 
 @relax.expr_functor.mutator
@@ -39,11 +39,7 @@ class _DequantizedOutputs(relax.PyExprMutator):
 
     def __init__(self, mod, func):
         super().__init__(mod)
-        self.values, self.users = {}, {}
-        for block in func.body.blocks:
-            self.values.update({b.var: b.value for b in block.bindings})
-            if isinstance(block, relax.DataflowBlock):
-                self.users.update(relax.analysis.udchain(block))
+        self.values, self.users = values_and_users(func)
 
     def visit_var_binding_(self, binding):
         plan = None if self._requantised(binding.var) else self._plan(binding.value)

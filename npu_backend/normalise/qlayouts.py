@@ -33,7 +33,7 @@ import tvm
 from tvm import relax
 
 from ..frontend.provenance import with_span
-from .rewrite import one_value, op_name, rewrite_each
+from .rewrite import one_value, op_name, rewrite_each, values_and_users
 
 #: The ops taken onto int8 (a concat's operands are a tuple, the others' its first argument).
 _MOVES = ("relax.reshape", "relax.strided_slice", "relax.nn.max_pool1d", "relax.nn.max_pool2d", "relax.concat")
@@ -53,12 +53,8 @@ class _QuantizedLayouts(relax.PyExprMutator):
     def __init__(self, mod, func, dtype: str = "int8"):
         super().__init__(mod)
         self.DTYPE = dtype
-        self.values, self.users = {}, {}
+        self.values, self.users = values_and_users(func)
         self.splits = {}  # float split var -> its int8 split (emitted)
-        for block in func.body.blocks:
-            self.values.update({b.var: b.value for b in block.bindings})
-            if isinstance(block, relax.DataflowBlock):
-                self.users.update(relax.analysis.udchain(block))
 
     def visit_var_binding_(self, binding):
         value = self._plan(binding.value)

@@ -34,7 +34,7 @@ import tvm
 from tvm import relax
 
 from ..frontend.provenance import with_span
-from .rewrite import one_value, op_name, rewrite_each
+from .rewrite import one_value, op_name, rewrite_each, values_and_users
 
 _MIN_RATIO, _MAX_RATIO = np.float32(2.0 ** -14), np.float32(256.0)
 
@@ -74,11 +74,7 @@ class _QlinearAdds(relax.PyExprMutator):
 
     def __init__(self, mod, func):
         super().__init__(mod)
-        self.values, self.users = {}, {}
-        for block in func.body.blocks:
-            self.values.update({b.var: b.value for b in block.bindings})
-            if isinstance(block, relax.DataflowBlock):
-                self.users.update(relax.analysis.udchain(block))
+        self.values, self.users = values_and_users(func)
 
     def _only(self, expr, op: str):
         """The call of `op` bound to `expr` when its value has that one use."""

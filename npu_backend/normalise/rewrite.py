@@ -94,6 +94,19 @@ def bound_values(func) -> tuple[dict, dict]:
     return values, uses
 
 
+def values_and_users(func) -> tuple[dict, dict]:
+    """(variable -> its bound value over every block of `func`'s body, variable -> the variables
+    that read it in its dataflow block, relax.analysis.udchain's): the scan the rewriters of
+    quantised chains (qdq.py, qdq16.py, qdq_outputs.py, qlinear.py, qlayouts.py) and of folded
+    weights (fold_weights.py) start from."""
+    values, users = {}, {}
+    for block in func.body.blocks:
+        values.update({b.var: b.value for b in block.bindings})
+        if isinstance(block, relax.DataflowBlock):
+            users.update(relax.analysis.udchain(block))
+    return values, users
+
+
 def op_name(expr) -> str:
     """The operator's name of a call of a Relax operator ("relax.concat"), else ""."""
     return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else ""

@@ -130,41 +130,55 @@ def launch_energy(arch, commands, cycles: int, config_slots: int) -> dict:
     table = arch.energy
     energy = dict.fromkeys(COMPONENTS, 0.0)
     spad_read = spad_write = 0
+    parts_of = {}  # a record's first index -> its parts: a repeated record costs what its first did
     for cmd in commands:
-        if cmd.op in (Op.DMA_LOAD, Op.DMA_STORE):
-            energy["dram"] += cmd.host_bytes * table["dram_byte"]
-        elif cmd.op is Op.GEMM:
-            energy["mac"] += cmd.macs * table["mac"][cmd.dtype.numpy_name]
-            column_folds, row_folds = -(-cmd.n // arch.cols), -(-cmd.m // arch.rows)
-            spad_read += _bytes(cmd.a) * column_folds + _bytes(cmd.b) * row_folds
-            spad_read += _bytes(cmd.acc) if cmd.accumulate else 0
-            spad_write += _bytes(cmd.acc)
-            continue
-        elif cmd.op is Op.DEPTHWISE:
-            energy["mac"] += cmd.macs * table["mac"][cmd.dtype.numpy_name]
-        elif cmd.op is Op.POOL:
-            # An int16 max pool's compare is charged as an int32 one (the table has no int16 column).
-            dtype = "int32" if cmd.dtype is DType.INT16 else cmd.dtype.numpy_name
-            energy["vector"] += cmd.taps * table["vector_op"][dtype]
-        elif cmd.op is Op.REDUCE:  # one lane operation per element folded (two for a sum of squares)
-            energy["vector"] += cmd.elements * (1 + (cmd.func.name == "SUM_SQUARES")) * table["vector_op"]["float32"]
-        elif cmd.op is Op.VFUNC:  # the lane operations of the function's sequence per element
-            ops = VFUNC_OPS[cmd.func.name.lower()] + (cmd.scale is not None) + (cmd.offset is not None)
-            energy["vector"] += cmd.elements * ops * table["vector_op"]["float32"]
-        elif cmd.op is Op.FABRIC:  # a PE's ALU operation costs what a vector lane's does
-            energy["vector"] += cmd.elements * len(cmd.body) * table["vector_op"][cmd.dtype.numpy_name]
-        elif cmd.writes:  # FILL, EPILOGUE, ELTWISE: one operation per element written
-            out = cmd.writes[0]
-            dtype = _vector_dtype(cmd, out)
-            lanes = 2 if dtype == "int64" else 1  # an int64 accumulator's element: two int32 lane operations
-            energy["vector"] += _elements(out) * lanes * table["vector_op"]["int32" if lanes == 2 else dtype]
-        spad_read += sum(_bytes(r) for r in cmd.reads)
-        spad_write += sum(_bytes(r) for r in cmd.writes)
+        parts = parts_of.get(cmd.repeat_of) if cmd.repeat_of >= 0 else None
+        if parts is None:
+            parts = parts_of[cmd.index] = _command_energy(arch, table, cmd)
+        component, picojoules, read, written = parts
+        if component is not None:  # added command by command, in order: the same float sum
+            energy[component] += picojoules
+        spad_read += read
+        spad_write += written
     energy["spad"] = spad_read * table["spad_read_byte"] + spad_write * table["spad_write_byte"]
     words = arch.fabric["config_word_bits"] / (8 * CONFIG_WORD_BYTES)  # per PE and slot, in 64-bit words
     energy["config"] = config_slots * words * table["config_load"]
     energy["leakage"] = cycles * table["leakage_per_cycle"]
     return energy
+
+
+def _command_energy(arch, table, cmd) -> tuple:
+    """(component or None, its pJ, scratchpad bytes read, bytes written) of one decoded command."""
+    component = picojoules = None
+    if cmd.op in (Op.DMA_LOAD, Op.DMA_STORE):
+        component, picojoules = "dram", cmd.host_bytes * table["dram_byte"]
+    elif cmd.op is Op.GEMM:
+        column_folds, row_folds = -(-cmd.n // arch.cols), -(-cmd.m // arch.rows)
+        read = _bytes(cmd.a) * column_folds + _bytes(cmd.b) * row_folds
+        read += _bytes(cmd.acc) if cmd.accumulate else 0
+        return "mac", cmd.macs * table["mac"][cmd.dtype.numpy_name], read, _bytes(cmd.acc)
+    elif cmd.op is Op.DEPTHWISE:
+        component, picojoules = "mac", cmd.macs * table["mac"][cmd.dtype.numpy_name]
+    elif cmd.op is Op.POOL:
+        # An int16 max pool's compare is charged as an int32 one (the table has no int16 column).
+        dtype = "int32" if cmd.dtype is DType.INT16 else cmd.dtype.numpy_name
+        component, picojoules = "vector", cmd.taps * table["vector_op"][dtype]
+    elif cmd.op is Op.REDUCE:  # one lane operation per element folded (two for a sum of squares)
+        component = "vector"
+        picojoules = cmd.elements * (1 + (cmd.func.name == "SUM_SQUARES")) * table["vector_op"]["float32"]
+    elif cmd.op is Op.VFUNC:  # the lane operations of the function's sequence per element
+        ops = VFUNC_OPS[cmd.func.name.lower()] + (cmd.scale is not None) + (cmd.offset is not None)
+        component, picojoules = "vector", cmd.elements * ops * table["vector_op"]["float32"]
+    elif cmd.op is Op.FABRIC:  # a PE's ALU operation costs what a vector lane's does
+        component = "vector"
+        picojoules = cmd.elements * len(cmd.body) * table["vector_op"][cmd.dtype.numpy_name]
+    elif cmd.writes:  # FILL, EPILOGUE, ELTWISE: one operation per element written
+        out = cmd.writes[0]
+        dtype = _vector_dtype(cmd, out)
+        lanes = 2 if dtype == "int64" else 1  # an int64 accumulator's element: two int32 lane operations
+        component = "vector"
+        picojoules = _elements(out) * lanes * table["vector_op"]["int32" if lanes == 2 else dtype]
+    return (component, picojoules, sum(_bytes(r) for r in cmd.reads), sum(_bytes(r) for r in cmd.writes))
 
 
 def _vector_dtype(cmd, out) -> str:

@@ -25,6 +25,11 @@ A run's bound (`run_roofline`): with prefetch, the sum of `alone` can exceed wha
 smallest prefix sums that give each launch its `own` cycles and the load engine, serial across
 launches, all the loads of the launches so far: R_i = max(R_(i-1) + own_i, sum_(j<=i) load_j).
 Without prefetch, own == alone and it is their sum.
+
+Beside the roofline, `ideal_cycles` bounds the stream as issued (KernelStats.ideal_cycles): the
+same compute term, but the bytes its DMA commands move (a tiling's reloads counted, the halo not)
+and no latency. It bounds this schedule, not every schedule: a tiling's reloads can lift it
+above the roofline; without them it lies at most the DMA latency below.
 """
 
 from __future__ import annotations
@@ -56,11 +61,11 @@ def launch_roofline(arch: HardwareDescription, commands: list[Command], pe_work:
                     constant_slots=()) -> Roofline:
     """The roofline of a validated launch on `arch`: `pe_work` the model's MACs in PE-cycles
     (MACs / MACs per PE per cycle), `constant_slots` the slots the runtime flags constant."""
-    loaded, stored = _footprints(commands, Op.DMA_LOAD), _footprints(commands, Op.DMA_STORE)
+    loaded, stored = _footprints(commands)
     load_bytes = sum(loaded.values())
     store_bytes = sum(stored.values())
     constant_bytes = sum(nbytes for slot, nbytes in loaded.items() if slot in set(constant_slots))
-    compute = math.ceil(pe_work / arch.num_pes)
+    compute = compute_cycles(arch, pe_work)
     store = dma_cycles(arch, store_bytes)
     load = dma_cycles(arch, load_bytes)
     own_load = dma_cycles(arch, load_bytes - constant_bytes) if arch.dma_prefetch else load
@@ -68,9 +73,26 @@ def launch_roofline(arch: HardwareDescription, commands: list[Command], pe_work:
                     own=max(compute, own_load, store), load=load)
 
 
+def ideal_cycles(arch: HardwareDescription, pe_work: Fraction, load_bytes: int, store_bytes: int) -> int:
+    """The bound on the stream as issued (module docstring): the busiest of the PE array at peak
+    (`pe_work` in PE-cycles) and the two DMA engines moving `load_bytes` and `store_bytes` (the
+    bytes the commands move) at full bandwidth each, as in timing.py; no latency."""
+    return max(compute_cycles(arch, pe_work), transfer_cycles(arch, load_bytes), transfer_cycles(arch, store_bytes))
+
+
+def compute_cycles(arch: HardwareDescription, pe_work: Fraction) -> int:
+    """The fewest cycles the PE array needs for `pe_work` PE-cycles (MACs / MACs per PE per cycle)."""
+    return math.ceil(pe_work / arch.num_pes)
+
+
+def transfer_cycles(arch: HardwareDescription, nbytes: int) -> int:
+    """The cycles one DMA engine streams `nbytes` at its bandwidth (no latency)."""
+    return -(-nbytes // arch.dma_bytes_per_cycle)
+
+
 def dma_cycles(arch: HardwareDescription, nbytes: int) -> int:
     """The fewest cycles one DMA engine needs for `nbytes`: the bandwidth, plus the latency once."""
-    return -(-nbytes // arch.dma_bytes_per_cycle) + arch.dma_latency if nbytes else 0
+    return transfer_cycles(arch, nbytes) + arch.dma_latency if nbytes else 0
 
 
 def run_roofline(launches) -> int:
@@ -83,20 +105,22 @@ def run_roofline(launches) -> int:
     return bound
 
 
-def _footprints(commands: list[Command], op: Op) -> dict:
-    """Slot -> bytes of its host elements that the `op` commands (DMA_LOAD or DMA_STORE) move,
-    each element counted once however many boxes cover it."""
-    masks: dict = {}
+def _footprints(commands: list[Command]) -> tuple[dict, dict]:
+    """(loaded, stored): slot -> bytes of its host elements that the DMA_LOAD (DMA_STORE) commands
+    move, each element counted once however many boxes cover it (one pass over the commands)."""
+    masks = {Op.DMA_LOAD: {}, Op.DMA_STORE: {}}
+    itemsize = {}
     for cmd in commands:
-        if cmd.op is not op or cmd.repeat_of >= 0 or cmd.host_points == 0:
+        by_slot = masks.get(cmd.op)
+        if by_slot is None or cmd.repeat_of >= 0 or cmd.host_points == 0:
             continue  # a repeated record moves the same elements as its first
-        mask = masks.get(cmd.slot)
+        mask = by_slot.get(cmd.slot)
         if mask is None:
-            mask = masks[cmd.slot] = np.zeros(cmd.tensor.shape, dtype=bool)
+            mask = by_slot[cmd.slot] = np.zeros(cmd.tensor.shape, dtype=bool)
+            itemsize[cmd.slot] = cmd.tensor.dtype.itemsize
         _mark(mask, cmd)
-    itemsize = {cmd.slot: cmd.tensor.dtype.itemsize for cmd in commands
-                if isinstance(cmd, DmaCommand) and cmd.slot in masks}
-    return {slot: int(np.count_nonzero(mask)) * itemsize[slot] for slot, mask in masks.items()}
+    return tuple({slot: int(np.count_nonzero(mask)) * itemsize[slot] for slot, mask in masks[op].items()}
+                 for op in (Op.DMA_LOAD, Op.DMA_STORE))
 
 
 def _mark(mask: np.ndarray, cmd: DmaCommand) -> None:

@@ -1,8 +1,9 @@
 """Statistics of one simulated kernel launch.
 
 Stage: simulator, step 5. In: the decoded commands, their `Timeline` and the hardware
-description. Out: a frozen `KernelStats` (cycles, work, traffic, unit occupancy) with `to_dict()`
-and `to_json()`. The per-command timeline stays in the `Timeline` (see simulate.simulate_detailed).
+description. Out: a frozen `KernelStats` (cycles, work, traffic, unit occupancy, the bounds of
+roofline.py) with `to_dict()` and `to_json()`. The per-command timeline stays in the `Timeline`
+(see simulate.simulate_detailed).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from .arch import HardwareDescription
 from .commands import Command, DmaCommand
 from .energy import launch_energy
 from .isa import Op, Unit
-from .roofline import launch_roofline
+from .roofline import ideal_cycles, launch_roofline
 from .timing import Timeline
 
 
@@ -33,7 +34,10 @@ class KernelStats:
     # The model operator's multiply-accumulates: the kernel's MACs per output element (from the
     # launch) times the output's size; without that, the PE array's own (padded_macs).
     macs: int
-    ideal_cycles: int  # roofline bound: max(`macs` on the PE array at peak, each DMA engine at full bandwidth)
+    # The bound on this stream as issued (roofline.ideal_cycles): max(`macs` on the PE array at
+    # peak, dma_load_bytes and dma_store_bytes each at the full DMA bandwidth), no latency. The
+    # bytes moved, a tiling's reloads included: not the roofline (roofline_cycles, below).
+    ideal_cycles: int
     utilisation: float  # `macs` / the PE array's MAC slots over `cycles` (0 without PE-array commands)
     dma_load_bytes: int  # bytes read from host memory (halo excluded)
     dma_store_bytes: int  # bytes written to host memory (halo excluded)
@@ -84,17 +88,6 @@ class KernelStats:
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, indent=indent)
-
-
-def ideal_cycles(arch: HardwareDescription, pe_work: Fraction, load_bytes: int, store_bytes: int) -> int:
-    """Roofline lower bound on cycles: the busiest of the PE array at peak and the DMA engines.
-
-    `pe_work` is the sum of MACs / macs_per_pe[dtype], in PE-cycles. The two DMA
-    engines have the full bandwidth each (as in timing.py), so each is bounded separately.
-    """
-    return max(math.ceil(pe_work / arch.num_pes),
-               -(-load_bytes // arch.dma_bytes_per_cycle),
-               -(-store_bytes // arch.dma_bytes_per_cycle))
 
 
 def collect_stats(arch: HardwareDescription, commands: list[Command], timeline: Timeline,

@@ -5,7 +5,7 @@ Stage: schedule and tensorize. Each entry of `INTRINSICS` ties an ISA opcode to 
 body on the PE fabric, smooth.py for sigmoid and its kin as several bodies) that returns the TVMScript
 description (what the hardware computes, in TIR) and implementation (the `call_extern` the code
 generator lowers into a runtime call that records that opcode), both built by builder.py. Their
-numpy semantics live in the simulator's functional core; `tests/test_intrinsics.py` runs every
+numpy semantics live in the simulator's functional core; `tests/test_intrinsics*.py` run every
 entry through all three.
 
 Intrinsics are sized per kernel (PE-array passes of `rows x cols x depth`, vector ops over a
