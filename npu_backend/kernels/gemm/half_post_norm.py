@@ -175,11 +175,9 @@ def _with_rms(spec, annotated: dict, tail, with_reshape):
     lhs = annotated["lhs"]
     if SCALED not in annotated and isinstance(lhs, relax.Call) and getattr(lhs.op, "name", "") == "relax.astype" \
             and dtype_of(lhs.args[0]) == F32:
-        # the rounded operand's fold (tried first) was refused: its GEMM rounding the panel and
-        # the norm kernel apart beat a cast kernel and this fold (cgra-8x8, Llama's 32 x 128 x 64:
-        # 3,408 + 1,501 cycles run, against 1,368 + 3,856)
-        raise UnsupportedOperator(f"{what}: its float32 operand rounded to {h} is rounded on the GEMM's A panel "
-                                  "(half_rounded_lhs.py); the norm runs on its own")
+        # the rounded operand's fold (tried first) was refused: this fold after a cast kernel is
+        # priced against the GEMM rounding its panel with the norm apart (check_post_norm)
+        spec = dataclasses.replace(spec, lhs_cast_from=F32)
     spec = tail(with_reshape(spec, annotated), {role: expr for role, expr in annotated.items()
                                                  if role not in _OWN and role != "reshape"}, f"cgra.{spec.op}_residual")
     n = spec.gemm_extents[1]
