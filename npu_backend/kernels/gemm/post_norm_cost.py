@@ -5,7 +5,8 @@ the tile search's tiling, the chip. Out: `post_norm_tiling`, that tiling or one 
 row tiles holding B (post_norm.holds_b) when estimated faster; `post_norm_cycles`, the estimate
 of the fused kernel (or of its GEMM alone); `check_post_norm`, which refuses a fold no cheaper
 than the GEMM's best tiling and the norm kernel apart, so that the norm keeps its own kernel
-(explain reports the refusal: tools/post_norm_reasons.py).
+(explain reports the refusal: tools/post_norm_reasons.py), and for a float32 operand rounded to h
+the cheapest of its three ways (rounded_lhs_cost.py prices the two without the panel's fold).
 
 Each unit's work is the simulator's cost model (cgra_sim.cost): the GEMM's loop as
 gemm_estimate.estimate_cycles prices it, the program on the vector unit after each tile's or
@@ -143,8 +144,11 @@ HALF_MARGIN = 0.08
 def check_post_norm(spec, tiling, arch, choose_gemm_tiling) -> None:
     """Refuse a fold whose estimate is no cheaper than the kernels it replaces, each at its best
     tiling (`apart_cycles`; a 16-bit fold dearer by more than HALF_MARGIN): then the norm runs
-    on its own. `choose_gemm_tiling`: gemm.py's. A patch conv's norm is not priced
-    (patch_norm.py: measured cheaper fused)."""
+    on its own. A 16-bit RMS form whose float32 operand is rounded to h: the fold rounding it on
+    the A panel weighed against the cheaper of the GEMM rounding its panel + the norm kernel and
+    a cast kernel + the plain fold; that plain fold (lhs_cast_from) refused unless cheaper than
+    the former (`check_cast_before_fold`). `choose_gemm_tiling`: gemm.py's. A patch conv's norm
+    is not priced (patch_norm.py: measured cheaper fused)."""
     if not spec.post_norm or spec.patch_channels:
         return
     alone = apart_cycles(spec, arch, choose_gemm_tiling)
