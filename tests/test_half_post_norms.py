@@ -150,14 +150,13 @@ def test_a_16_bit_llamas_final_norm_runs_in_its_down_projection_bit_for_bit(arch
 
 
 @pytest.mark.slow  # about 60 s each: an export and a compile
-@pytest.mark.parametrize("name, fused", [("bert", 4), ("llama", 0)])
+@pytest.mark.parametrize("name, fused", [("bert", 4), ("llama", 1)])
 def test_bf16_bert_and_llama_run_their_post_norms_in_their_gemms_within_the_formats_tolerance(name, fused):
-    """BERT's four post-norms (two layers: attention output, MLP) run in the GEMM before them:
-    the only norm kernel left on its own is BERT's embedding norm. Llama's final norm on
-    cgra-8x8 runs on its own after a down projection rounding its own A panel (the fold with the
-    panel's rounding priced dearer: test_a_rounded_operands_fold_is_priced_with_its_panel): no
-    cast kernel. Within 2 ** -5 of the output's scale of PyTorch's bf16 run, as bench_half.py's
-    other bf16 runs."""
+    """BERT's four post-norms (two layers: attention output, MLP) and Llama's final norm run in
+    the GEMM before them: the only norm kernel left on its own is BERT's embedding norm. Llama's
+    last down projection on cgra-8x8 rounds its own A panel and carries the final norm
+    (test_a_rounded_operands_fold_is_the_cheapest_way): no cast kernel. Within 2 ** -5 of the
+    output's scale of PyTorch's bf16 run, as bench_half.py's other bf16 runs."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -169,7 +168,7 @@ def test_bf16_bert_and_llama_run_their_post_norms_in_their_gemms_within_the_form
     # (Llama's pre-norms run in the prologues of the GEMMs after them: the norm before the matmul)
     assert sum(0 <= k.name.find("matmul") < k.name.find(norm) for k in prof.kernels) == fused
     alone = [k.name for k in prof.kernels if norm in k.name and "matmul" not in k.name]
-    assert len(alone) == 1, alone
+    assert len(alone) == (1 if name == "bert" else 0), alone
     assert not [k.name for k in prof.kernels if k.name == "fused_relax_astype_cgra"], prof.kernels
 
 
@@ -228,13 +227,24 @@ def test_a_rounded_operands_final_norm_runs_in_its_down_projection_bit_for_bit(a
     np.testing.assert_array_equal(out.reshape(rows, n).view(np.uint16), expected.view(np.uint16))
 
 
-@pytest.mark.parametrize("arch, kernels", [("cgra-16x16", 1), ("cgra-8x8", 2)])
-def test_a_rounded_operands_fold_is_priced_with_its_panel(arch, kernels):
-    """Llama bf16's last down projection and final norm (32 x 128 x 64): the panel's rounding
-    runs in order with the norm's program, so the fold is dearer than it was priced without it
-    (cgra-8x8: 5,800 cycles run, against 3,408 + 1,501 apart) and refused there; taken on
-    cgra-16x16 (2,692 against 2,599: within HALF_MARGIN). Refused, the GEMM still rounds its
-    panel and the norm runs on its own: never a cast kernel."""
+#: Llama bf16's last down projection and final norm (32 x 128 x 64), run (cycles) as the rounded
+#: operand's fold / the GEMM rounding its panel + the norm kernel / a cast kernel + the plain fold:
+#: cgra-4x4 15,184 / 10,760 + 2,685 / 2,320 + 9,642; cgra-8x8 4,752 / 3,408 + 1,501 / 1,368 + 3,856;
+#: cgra-16x16 2,692 / 1,642 + 964 (within HALF_MARGIN of the fold's estimate) / 880 + 2,018.
+#: The cheapest is taken (the fold within HALF_MARGIN): its kernels' names and cycles.
+CHEAPEST = {"cgra-4x4": (("fused_relax_astype_cgra", "fused_relax_permute_dims_relax_matmul"), 11_962),
+            "cgra-8x8": (("fused_relax_astype_relax_permute_dims_relax_matmul",), 4_752),
+            "cgra-16x16": (("fused_relax_astype_relax_permute_dims_relax_matmul",), 2_692)}
+
+
+@pytest.mark.parametrize("arch", list(CHEAPEST))
+def test_a_rounded_operands_fold_is_the_cheapest_way(arch):
+    """Llama bf16's last down projection and final norm (32 x 128 x 64) run the cheapest of the
+    three ways (CHEAPEST): the fold rounding the operand on its A panel where it pays (cgra-8x8,
+    16x16); else the cast kernel + the plain fold against the GEMM rounding its panel + the norm
+    kernel, each priced (rounded_lhs_cost.py): on cgra-4x4 the cast kernel and the fold (until
+    the GEMM's estimate counted its float32 panel, 9,262 cycles against 10,760 run, the GEMM
+    and the norm kernel apart ran: 13,445 cycles; on cgra-8x8 4,909)."""
     rows, depth, n = 32, 128, 64
     rng = np.random.default_rng(0)
     w, g = rng.standard_normal((n, depth)).astype(numpy_dtype("bfloat16")), np.ones(n, numpy_dtype("bfloat16"))
@@ -242,6 +252,7 @@ def test_a_rounded_operands_fold_is_priced_with_its_panel(arch, kernels):
     r = rng.standard_normal((1, rows, n)).astype(np.float32)
     with npu_backend.profile() as prof:
         run(npu_backend.compile(_rounded_rms_module("bfloat16", rows, depth, n, 1e-6, w, g), arch), [x, r])
-    names = [k.name for k in prof.kernels]
-    assert len(names) == kernels and names[0].startswith("fused_relax_astype_relax_permute_dims_relax_matmul"), names
-    assert ("rms_norm" in names[0]) == (kernels == 1), names
+    names, (starts, cycles) = [k.name for k in prof.kernels], CHEAPEST[arch]
+    assert len(names) == len(starts) and all(name.startswith(start) for name, start in zip(names, starts)), names
+    assert "rms_norm" in names[-1], names
+    assert sum(k.cycles for k in prof.kernels) == cycles, [(k.name, k.cycles) for k in prof.kernels]

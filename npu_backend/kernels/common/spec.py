@@ -191,6 +191,10 @@ class KernelSpec:
     # A float32 output rounded to this 16-bit float and widened straight back on store
     # (half_bias.py), the bias in that format (None: no rounding).
     half_via: str | None = None
+    # matmul, at partition only: the left operand is astype(x, dtype) of an x of this dtype left to a
+    # cast kernel (a 16-bit RMS post-norm's GEMM not rounding its panel: half_post_norm.py), priced
+    # with it (post_norm_cost.check_post_norm). None in the composite, whose operand is a parameter.
+    lhs_cast_from: str | None = None
 
     @property
     def image_fill(self) -> int:

@@ -34,10 +34,12 @@ a weight, then kernels/rows/half_norms.py's end: rounded to h (an EPILOGUE), tim
 ELTWISE in h: PyTorch's `weight * x.to(h)`). Before, the norm ran as its own kernel (1,501 cycles
 on cgra-8x8). Its GEMM may read `astype(x, h)` of a float32 x (the last layer's `act(gate) * up`):
 the RMS form follows the rounded operand's roots too (half_rounded_lhs.py: the panel's EPILOGUE
-rounding), so that no cast kernel is left; where that fold is refused as dearer (its rounding
-runs in order with the norm's program: post_norm_cost.py), the plain form refuses the cast too,
-and the GEMM rounds its panel with the norm apart (bf16 Llama at 32 tokens, bench_half.py:
-cgra-16x16 24,134 -> 23,416 cycles, 8x8 43,249 -> 42,934, 4x4 181,440 -> 179,001).
+rounding; its rounding runs in order with the norm's program: post_norm_cost.py). Where that fold
+is refused, the plain form after the cast (spec.lhs_cast_from) is taken only where the cast kernel
+and it are estimated cheaper than the GEMM rounding its panel with the norm apart
+(rounded_lhs_cost.py): the cheapest of the three runs (bf16 Llama at 32 tokens, bench_half.py:
+cgra-4x4 the cast kernel and the fold, 178,218 cycles; 8x8 the panel's fold, 42,777; 16x16 the
+panel's fold, 23,416; always the GEMM and norm apart, 179,001 and 42,934).
 
 Priced against the kernels apart as the float32 form is (post_norm_cost.check_post_norm): the
 fold's estimate with its operands' sizes (h operands, output and, with half_out, residual; the
@@ -175,11 +177,9 @@ def _with_rms(spec, annotated: dict, tail, with_reshape):
     lhs = annotated["lhs"]
     if SCALED not in annotated and isinstance(lhs, relax.Call) and getattr(lhs.op, "name", "") == "relax.astype" \
             and dtype_of(lhs.args[0]) == F32:
-        # the rounded operand's fold (tried first) was refused: its GEMM rounding the panel and
-        # the norm kernel apart beat a cast kernel and this fold (cgra-8x8, Llama's 32 x 128 x 64:
-        # 3,408 + 1,501 cycles run, against 1,368 + 3,856)
-        raise UnsupportedOperator(f"{what}: its float32 operand rounded to {h} is rounded on the GEMM's A panel "
-                                  "(half_rounded_lhs.py); the norm runs on its own")
+        # the rounded operand's fold (tried first) was refused: this fold after a cast kernel is
+        # priced against the GEMM rounding its panel with the norm apart (check_post_norm)
+        spec = dataclasses.replace(spec, lhs_cast_from=F32)
     spec = tail(with_reshape(spec, annotated), {role: expr for role, expr in annotated.items()
                                                  if role not in _OWN and role != "reshape"}, f"cgra.{spec.op}_residual")
     n = spec.gemm_extents[1]

@@ -5,7 +5,8 @@ the tile search's tiling, the chip. Out: `post_norm_tiling`, that tiling or one 
 row tiles holding B (post_norm.holds_b) when estimated faster; `post_norm_cycles`, the estimate
 of the fused kernel (or of its GEMM alone); `check_post_norm`, which refuses a fold no cheaper
 than the GEMM's best tiling and the norm kernel apart, so that the norm keeps its own kernel
-(explain reports the refusal: tools/post_norm_reasons.py).
+(explain reports the refusal: tools/post_norm_reasons.py), and for a float32 operand rounded to h
+the cheapest of its three ways (rounded_lhs_cost.py prices the two without the panel's fold).
 
 Each unit's work is the simulator's cost model (cgra_sim.cost): the GEMM's loop as
 gemm_estimate.estimate_cycles prices it, the program on the vector unit after each tile's or
@@ -19,7 +20,7 @@ import dataclasses
 from cgra_sim import cost
 from cgra_sim.isa import DType
 
-from ...errors import UnsupportedOperator
+from ...errors import CGRAError, UnsupportedOperator
 from ..common.spec import Tiling
 from ..rows.norms import steps_of
 from ..rows.rows import RowSpec, choose_row_tiling, estimate_row_cycles, shapes_of, step_cycles
@@ -29,6 +30,7 @@ from .post_norm_rows import regret_tiling
 from .post_norm_tail import tail_steps
 from .half_rounded_lhs import ROUND
 from .row_norm import panel_program_cycles
+from .rounded_lhs_cost import cast_cycles, rounded_gemm_cycles
 
 
 def post_norm_tiling(spec, tiling, arch) -> Tiling:
@@ -51,17 +53,18 @@ def post_norm_cycles(spec, tiling, arch) -> int:
     tiles' pipeline where they hold B (`_held_b_cycles`), else its program added."""
     if holds_b(spec, tiling):
         return _held_b_cycles(spec, tiling, arch)
+    if not spec.post_norm and spec.row_norm and spec.row_norm[0] == ROUND:  # (the kernels apart's GEMM)
+        return rounded_gemm_cycles(spec, tiling, arch)
     return _fold_cycles(spec, tiling, arch) + (tiling.mp // tiling.tm * _rounding_cycles(spec, tiling, arch)
                                               if spec.post_norm else 0)
 
 
 def _rounding_cycles(spec, t, arch) -> int:
     """A row tile's EPILOGUE rounding its float32 A panel to h (half_rounded_lhs.py), on the
-    vector unit; 0 for any other kernel. A GEMM without a post-norm hides it (its vector unit
-    idle meanwhile: Llama bf16's last down projection, 32 x 128 x 64 on cgra-16x16, estimated
-    2,638 cycles with the norm kernel apart, run 2,599); a post-norm's program runs in order
-    with it, so the next tile's GEMMs wait for this tile's norm (before counted, the fold was
-    estimated 2,014 and ran 2,692: dearer than the kernels apart on cgra-4x4, 8x8 and 16x16)."""
+    vector unit; 0 for any other kernel. A post-norm's program runs in order with it, so the
+    next tile's GEMMs wait for this tile's norm (before counted, the fold was estimated 2,014
+    and ran 2,692: dearer than the kernels apart on cgra-4x4, 8x8 and 16x16). A GEMM without a
+    post-norm is priced by rounded_lhs_cost.rounded_gemm_cycles."""
     if not spec.row_norm or spec.row_norm[0] != ROUND:
         return 0
     return panel_program_cycles(spec, t, arch) // (t.mp // t.tm)
@@ -141,12 +144,19 @@ HALF_MARGIN = 0.08
 def check_post_norm(spec, tiling, arch, choose_gemm_tiling) -> None:
     """Refuse a fold whose estimate is no cheaper than the kernels it replaces, each at its best
     tiling (`apart_cycles`; a 16-bit fold dearer by more than HALF_MARGIN): then the norm runs
-    on its own. `choose_gemm_tiling`: gemm.py's. A patch conv's norm is not priced
-    (patch_norm.py: measured cheaper fused)."""
+    on its own. A 16-bit RMS form whose float32 operand is rounded to h: the fold rounding it on
+    the A panel weighed against the cheaper of the GEMM rounding its panel + the norm kernel and
+    a cast kernel + the plain fold; that plain fold (lhs_cast_from) refused unless cheaper than
+    the former (`check_cast_before_fold`). `choose_gemm_tiling`: gemm.py's. A patch conv's norm
+    is not priced (patch_norm.py: measured cheaper fused)."""
     if not spec.post_norm or spec.patch_channels:
         return
     alone = apart_cycles(spec, arch, choose_gemm_tiling)
     fused = post_norm_cycles(spec, tiling, arch)
+    if spec.lhs_cast_from:  # after a cast kernel (half_post_norm.py's RMS form)
+        check_cast_before_fold(spec, fused, arch, choose_gemm_tiling)
+    elif spec.row_norm and spec.row_norm[0] == ROUND:  # or that cast kernel and the plain fold
+        alone = min(alone, _cast_and_fold_cycles(spec, arch, choose_gemm_tiling))
     if fused < alone or (spec.dtype != F32 and fused < (1 + HALF_MARGIN) * alone):
         return
     if spec.dtype == F32:
@@ -157,6 +167,36 @@ def check_post_norm(spec, tiling, arch, choose_gemm_tiling) -> None:
     raise UnsupportedOperator(f"a {spec.dtype} {spec.post_norm[2]} after the {spec.op}: in its epilogue ({fused} "
                               f"cycles estimated) it costs as much as {apart} as their own kernels ({alone}); "
                               "they run apart")
+
+
+def check_cast_before_fold(spec, fused: int, arch, choose_gemm_tiling) -> None:
+    """Refuse the fold of `spec` after a cast kernel rounding its float32 operand (lhs_cast_from)
+    unless the two are estimated cheaper than the GEMM rounding that operand on its A panel
+    (half_rounded_lhs.py) with the norm kernel apart, where that GEMM fits: the cheaper of the
+    two ways runs (bf16 Llama's 32 x 128 x 64: on cgra-4x4 the cast kernel + fold, 2,320 +
+    9,642 cycles run against 10,760 + 2,685; on cgra-8x8 the GEMM and norm apart, 3,408 + 1,501
+    against 1,368 + 3,856)."""
+    rounded = dataclasses.replace(spec, lhs_cast_from=None, row_norm=(ROUND, 0.0, spec.dtype, spec.lhs_cast_from))
+    try:
+        apart = apart_cycles(rounded, arch, choose_gemm_tiling)
+    except CGRAError:  # (no rounded panel fits: the cast kernel it is)
+        return
+    cast = cast_cycles(spec, arch)
+    if cast + fused >= apart:
+        raise UnsupportedOperator(f"a {spec.dtype} {spec.post_norm[2]} after the {spec.op} whose float32 operand a "
+                                  f"cast kernel rounds: the two ({cast} + {fused} cycles estimated) cost as much as "
+                                  f"the GEMM rounding its panel and the norm kernel ({apart}); they run so")
+
+
+def _cast_and_fold_cycles(spec, arch, choose_gemm_tiling) -> float:
+    """The estimate of a cast kernel rounding the rounded operand of `spec` (row_norm ROUND)
+    and the plain fold after it (check_cast_before_fold), inf where that fold is refused."""
+    plain = dataclasses.replace(spec, row_norm=None, lhs_cast_from=spec.row_norm[3])
+    try:
+        tiling = choose_gemm_tiling(plain, arch)
+    except CGRAError:
+        return float("inf")
+    return cast_cycles(spec, arch) + post_norm_cycles(plain, tiling, arch)
 
 
 def apart_cycles(spec, arch, choose_gemm_tiling) -> int:
