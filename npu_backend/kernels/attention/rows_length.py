@@ -68,9 +68,10 @@ def load_box(w: Writer, target: str, head: str, row0: str, rows: int, col0: str,
     u = f"kc * {chunk} + u"
     row, col = f"{row0} + i", (f"{col0} + {u}" if col0 != "0" else u)
     load = f"mask[{head}, {row}, {col}]"
+    low = f"0 <= {col} and " if col0 != "0" else ""  # (the analyzer cannot bound a tile's origin below)
     w.add(f"for kc in range({count}):", f"    if {col0} + kc * {chunk} < {bound}:",
           f"        for i, u in T.grid({rows}, {chunk}):",
-          f"            {target.format(i='i', u=u)} = T.if_then_else(0 <= {row} and {row} < {bound} and {col} < {bound}, {load}, "
+          f"            {target.format(i='i', u=u)} = T.if_then_else(0 <= {row} and {row} < {bound} and {low}{col} < {bound}, {load}, "
           "T.float32(0))")
 
 
