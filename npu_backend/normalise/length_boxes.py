@@ -44,9 +44,10 @@ from .rewrite import as_pass
 #: The largest box table taken, in bytes: 4 heads at a bound of 512 (4 MiB of DRAM); past it the
 #: tensor stays on the host.
 MAX_BYTES = 4 << 20
-#: Elements computed to check every length from the lower bound to T (H T^3 / 3 at most): T5's 4
-#: heads at T = 512 (1.8e8), past it a ladder of lengths.
-CHECKED = 1 << 28
+#: Elements computed to check every length from the lower bound to T (H T^3 / 3 at most): 4 heads
+#: up to T = 145; past it a ladder of lengths (every length took 6 / 23 s of T5's compile at T =
+#: 256 / 512 under load; the ladder 1 / 2 s).
+CHECKED = 1 << 22
 #: Operators whose value at a position reads the same position of their operands (or a lookup
 #: by it), the length's arange, and views: what a tensor of the length alone is computed by.
 _OPS = frozenset("relax." + name for name in (
