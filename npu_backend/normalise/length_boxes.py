@@ -10,7 +10,7 @@ else is
 
     strided_slice(B, axes [-2, -1], begin [0, 0], end [s, s])    B the (A.., T, T) float32 constant
 
-the box the kernels read (kernels/attention/length_rows.py, length_boxes.py: the symbolic
+the box the kernels read (kernels/attention/length_rows.py's box patterns: the symbolic
 attention adds it to its scores, a DMA box of B per query tile).
 
 Exact: B is the tensor at s = T, computed by the same TVM operators built for llvm as the host

@@ -10,6 +10,12 @@ for Bloom). Out: the attention family's kernel over the length with T as its `ma
 columns k0 .. k1 added as a GEMM of k = 1 onto S (a column of ones times the row): fl(S + r), as
 an ELTWISE add rounds, on the PE array; the causal triangle after, as HF adds the mask after ALiBi.
 
+The same family takes an open attention over the length (every key seen) whose scores get a bias
+box, `strided_slice(B, [3, 4], [0, 0], [s, s])` of a constant (1, Hk, G, T, T) table B
+(normalise/length_boxes.py: T5's relative-position bias): each item's (query rows, keys) box of
+B is loaded by DMA into its scores and the Q Kᵀ GEMM accumulates onto it (rows_length.load_box),
+fl(B + Q Kᵀ) in the GEMM's order, as the static kernel's mask in the GEMM.
+
 A family of its own (op "length_attention"), beside the attention family whose patterns and
 static kernels another module keeps; its spec is flash_length.length_spec's with the table.
 
