@@ -4,7 +4,7 @@ The decoder is tests/transformer_models.py's `llama` (Hugging Face's LlamaModel,
 layers, 4 heads, 2 KV heads, random weights), or with --models any of the families
 tests/test_symbolic_exports.py exports (gpt2, qwen2, mistral, gemma, phi3, gpt_neox, gptj,
 falcon, bloom) or encoders (distilbert, albert, bert, roberta: their position tables widened
-to the bound), given `input_ids` alone and exported with `torch.export.Dim("s", min=2, max=BOUND)`. Per length: the NPU's share of the model's MACs
+to the bound; t5: its relative-position bias a constant box at the bound), given `input_ids` alone and exported with `torch.export.Dim("s", min=2, max=BOUND)`. Per length: the NPU's share of the model's MACs
 (`explain` at that length), the cycles of the symbolic compile (NPU + the host operators'
 modelled cycles) over those of a compile for exactly that length, the NPU and host cycles of each,
 and the largest difference to PyTorch relative to PyTorch's largest output.
@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # the builders are test-s
 FAMILIES = ("llama", "gpt2", "qwen2", "mistral", "gemma", "phi3", "gpt_neox", "gptj", "falcon", "bloom")
 #: The encoders exported the same way (their position ids sliced to the length: the bound must not
 #: pass their position table, which _positions_for widens to the bound).
-ENCODERS = ("distilbert", "albert", "bert", "roberta")
+ENCODERS = ("distilbert", "albert", "bert", "roberta", "t5")
 WIDTH = 10  # the model column, with --models
 
 

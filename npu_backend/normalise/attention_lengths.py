@@ -32,6 +32,7 @@ import numpy as np
 from tvm import relax, sym, tirx
 
 from ..relax_info import dtype_of, shape_dims
+from .length_boxes import box_table
 from .length_masks import is_causal
 from .length_rows import module_bounds, row_table
 
@@ -91,13 +92,17 @@ def read_at_lengths(chain, call, read):
     if not isinstance(sq, tirx.Var) or not isinstance(sk, tirx.Var) or not sq.same_as(sk) or \
             any(not isinstance(d, int) for d in scores[:-2]):
         return None  # not a prefill's square of one length (a decode step's t + 1 keys)
-    readings = []
+    readings, parts_at = [], []
     for length in TRIAL_LENGTHS:
         token = _LENGTHS.set({sq.name: length})
         try:
-            parts = read(chain, call)
+            parts_at.append(read(chain, call))
         finally:
             _LENGTHS.reset(token)
+    boxed = _boxed(chain, parts_at, sq)
+    if boxed is not None:
+        return boxed
+    for length, parts in zip(TRIAL_LENGTHS, parts_at):
         causal = _causal_mask(parts, length)
         if causal is None:
             return None
@@ -125,6 +130,31 @@ def read_at_lengths(chain, call, read):
         if row.shape != full:
             return None
     return dict(first, masks=[], causal=None, length=sq, Sq=sq, Sk=sk, row=row)
+
+
+def _boxed(chain, readings: list, length) -> dict | None:
+    """The open form with a bias box (length_boxes.py: the scores plus the top-left s x s box of a
+    constant (A.., T, T) table B, T5's relative-position bias) for readings alike at each trial
+    length, `box` B as (1, Hk, G, T, T); else None. A safe softmax's guard is dropped: Q Kᵀ is
+    finite (softmaxes.py takes a matmul's result to be never -inf) and B is, so every row of the
+    scores holds finite entries, its max is finite and the guard picks the softmax in every row."""
+    if any(p is None or len(p["masks"]) != 1 for p in readings):
+        return None
+    first = readings[0]
+    (mask, shape), table = first["masks"][0], box_table(chain, first["masks"][0][0])
+    if table is None or not np.isfinite(table).all() or any(
+            p["Sq"] != n or p["Sk"] != n or not p["masks"][0][0].same_as(mask) or tuple(p["masks"][0][1][3:]) != (n, n)
+            or any(not first[r].same_as(p[r]) for r in ("q", "k", "v")) or any(first[k] != p[k] for k in _SAME)
+            for p, n in zip(readings, TRIAL_LENGTHS)):
+        return None
+    bound = _bound(chain, length.name)
+    full = (1, first["Hk"], first["G"]) + table.shape[-2:]
+    heads = tuple(shape[:3])
+    if bound is None or table.shape[-1] < bound or heads[0] != 1 or table.size != int(np.prod(heads)) * table.shape[-1] ** 2:
+        return None
+    box = np.ascontiguousarray(np.broadcast_to(table.reshape(heads + table.shape[-2:]), full))
+    return dict(first, masks=[], causal=None, length=length, Sq=length, Sk=length, row=None, open=True, box=box,
+                safe=False, unseen=0.0)
 
 
 def _causal_mask(parts, length: int) -> int | None:

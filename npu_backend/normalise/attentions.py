@@ -72,6 +72,7 @@ class _AttentionRewriter(relax.PyExprMutator):
     def __init__(self, mod, accepts):
         super().__init__(mod)
         self.accepts = accepts
+        self.boxes = {}  # a bias box's table -> its one constant (T5's layers add the same bias)
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
@@ -93,7 +94,10 @@ class _AttentionRewriter(relax.PyExprMutator):
         if a["scale"] != 1.0:
             s = emit(relax.op.multiply(s, relax.const(np.float32(a["scale"]))))
         if a.get("open"):  # every key at any length: no mask (flash_length.py, causal None)
-            pass
+            if a.get("box") is not None:  # but a bias box of a constant (length_boxes.py, kernels' length_rows.py)
+                table = self.boxes.setdefault((a["box"].shape, a["box"].tobytes()), relax.const(a["box"]))
+                box = relax.op.strided_slice(table, [3, 4], [0, 0], [sq, sq], assume_inbound=True)
+                s = emit(relax.op.add(s, emit(box)))
         elif a.get("length") is not None:  # causal at any length: a mask the kernel's pattern holds
             s = emit(relax.op.add(s, length_causal(emit, sq)))
             if a.get("row") is not None:  # and a bias row per head (Bloom's ALiBi): a table's prefix

@@ -51,6 +51,7 @@ from .int4_weights import int4_weight_kernels
 from .index_casts import index_casts_pass
 from .large_pools import split_large_pools_pass
 from .length_lookups import length_lookups_pass
+from .length_boxes import length_boxes_pass
 from .length_masks import causal_masks_pass, open_masks_pass
 from .mask_positions import mask_positions_pass
 from .lookup_tables import lookup_tables_pass
@@ -241,6 +242,10 @@ def normalise_passes(arch=None) -> list:
         # A mask computed from a symbolic length that keeps every key (an encoder's padding mask
         # given input_ids alone) proven so and dropped: x + where(true, 0, -inf) is x (length_masks.py).
         open_masks_pass,
+        # A tensor of the length alone (T5's relative-position bias: arange, int64 arithmetic, log,
+        # a lookup) as the top-left s x s box of its constant at the bound, which the symbolic
+        # attention reads by DMA (length_boxes.py); after the masks above took theirs.
+        length_boxes_pass,
         # An attention (SDPA's decomposition, HF's eager form, grouped- and multi-query K / V) as
         # one normal form the attention family takes whole (attentions.py), after the softmaxes;
         # only one whose K / V head and score rows fit the chip's scratchpad (the kernel's tile

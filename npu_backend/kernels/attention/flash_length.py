@@ -58,8 +58,8 @@ from .flash import SINGLE, _band
 from .head_layouts import ROLES, base_role, operand_of, param_name
 from .length_layouts import length_layouts, length_shapes, length_views
 from .length_pipeline import load_keys, online_step, pipelined_keys
-from .rows_length import BUFFERS as ROW_BUFFERS, NAMES as ROW_NAMES, choose_row_limits, load_row_chunks, row_gemm, \
-    rows_branch
+from .rows_length import BUFFERS as ROW_BUFFERS, NAMES as ROW_NAMES, choose_row_limits, is_box, load_box, \
+    load_row_chunks, row_gemm, rows_branch
 from .script_text import element as stored_at
 from .script_text import Writer, eltwise, fill, gemm, vfunc
 from .flash_tiles import F32_BYTES, FlashTiling, flash_cycles, flash_footprint
@@ -168,8 +168,9 @@ def _key_tiling(spec: AttentionSpec, arch, above: int = 0) -> FlashTiling | None
     bound = spec.sq
     lengths = sorted({n for n in _LENGTHS if above < n < bound} | {bound} | ({above + 1} if above else set()))
     # (two query tiles' keys: a pipelined tiling's footprint counts its copies of S, P, K and V)
-    fitting = [t for t in _candidates(spec, arch)
-               if flash_footprint(dataclasses.replace(spec, sq=t.tq, sk=2 * t.tq, mask_shape=()), t) +
+    # (a bias box is loaded into S, which the pipeline's copies of S would have to take too)
+    fitting = [t for t in _candidates(spec, arch) if not (t.pipeline and is_box(spec))
+               and flash_footprint(dataclasses.replace(spec, sq=t.tq, sk=2 * t.tq, mask_shape=()), t) +
                _row_bytes(spec, t) <= arch.spad_bytes]
     if not fitting:
         return None
@@ -183,7 +184,7 @@ def _key_tiling(spec: AttentionSpec, arch, above: int = 0) -> FlashTiling | None
 def _row_bytes(spec: AttentionSpec, t: FlashTiling) -> int:
     """The key tiles' buffers for a bias row (length_rows.py): a head's row to the bound, a
     column of ones."""
-    return (round_up(spec.sq, t.tq) + t.tq) * F32_BYTES if spec.mask_shape else 0
+    return (round_up(spec.sq, t.tq) + t.tq) * F32_BYTES if spec.mask_shape and not is_box(spec) else 0
 
 
 def _candidates(spec: AttentionSpec, arch) -> list:
@@ -283,12 +284,12 @@ def _head(w: Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, head: 
     else:
         w.add(f"for kt in range({keys}):")
         w.depth += 1
-        _key_tile(w, spec, t, n, c, rows, "kt", tk, "", None, row)
+        _key_tile(w, spec, t, n, c, rows, "kt", tk, "", None, row, head)
     w.depth = depth
     if spec.causal is None:  # the last keys, a tile cut to them: none past s is computed, none masked
         w.add(f"if {s} % {tk} > 0:")
         w.depth += 1
-        _key_tile(w, spec, t, n, c, rows, keys, f"{s} - {keys} * {tk}", "_diag", None, row)
+        _key_tile(w, spec, t, n, c, rows, keys, f"{s} - {keys} * {tk}", "_diag", None, row, head)
     else:
         w.add(f"for ks in range({r}):", f"    if (qt * {r} + ks) * {tk} < {s}:")
         w.depth += 2
@@ -305,7 +306,7 @@ def _head(w: Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, head: 
 def _bias_row(w: Writer, spec: AttentionSpec, t: FlashTiling, c: str, head: str) -> int | None:
     """With a bias row (length_rows.py): the head's keys 0 .. s - 1 into `rowb` and a column of
     ones, and the row's width; else None."""
-    if not spec.mask_shape:
+    if not spec.mask_shape or is_box(spec):
         return None
     width = round_up(spec.sq, t.tq)
     w.alloc("rowb", (width,))
@@ -316,17 +317,21 @@ def _bias_row(w: Writer, spec: AttentionSpec, t: FlashTiling, c: str, head: str)
 
 
 def _key_tile(w: Writer, spec: AttentionSpec, t: FlashTiling, n: str, c: str, rows: str, tile: str, cols,
-              suffix: str, mask, row: int | None = None) -> None:
+              suffix: str, mask, row: int | None = None, head: str = "") -> None:
     """Key tile `tile` (tk keys from tile * tk, `cols` of them computed): K and V in, the online
     step of flash.py, `mask` an ELTWISE operand added to the scores (the band) or None; `row`:
-    `rowb`'s width, its columns of the tile added to the scores first (a bias row), or None."""
+    `rowb`'s width, its columns of the tile added to the scores first (a bias row), or None; with
+    a bias box (length_boxes.py) its tq x tk tile of query head `head` loaded into S, the GEMM
+    accumulating onto it."""
     d, dv, tk = spec.d, spec.dv, t.tk
     k0 = f"{tile} * {tk}" if suffix == "" else f"({tile}) * {tk}"
     kb, vb = "k" + suffix, "v" + suffix
     w.alloc(kb, (d, tk))
     w.alloc(vb, (tk, dv))
     load_keys(w, spec, tk, n, c, k0, kb, vb, _variable(spec) if suffix else None)
-    w.add(gemm(False, rows, cols, d, ("q", 0, t.q_stride), (kb, 0, tk), ("s", 0, tk)))
+    if is_box(spec):
+        load_box(w, "s[{i}, {u}]", head, f"qt * {t.tq}", t.tq, f"({k0})", "1", tk, spec.mask_shape[4])
+    w.add(gemm(is_box(spec), rows, cols, d, ("q", 0, t.q_stride), (kb, 0, tk), ("s", 0, tk)))
     if row is not None:
         w.add(row_gemm(rows, cols, ("ones_c", 0), ("rowb", k0, row), ("s", 0, tk)))
     online_step(w, spec, t, rows, cols, ("s", 0), ("p", 0), (vb, 0), mask)

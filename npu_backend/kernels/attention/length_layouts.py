@@ -92,8 +92,10 @@ def length_shapes(spec, length: str) -> dict:
     """Kernel buffer name (a parameter's base role, and "out") -> its shape, the length as text."""
     shapes = {base_role(p): _stored(spec, _role_read(spec, p), length) for p in list(spec.param_roles) + ["out"]
               if p != "mask"}
-    # a bias row's table (1, Hk, G, 1, T) read as (Hk G, T): the DMA boxes take up to four dimensions
-    rows = (spec.mask_shape[1] * spec.mask_shape[2], spec.mask_shape[4]) if spec.mask_shape else ()
+    # a bias row's table (1, Hk, G, 1, T) read as (Hk G, T), a box's (1, Hk, G, T, T) as (Hk G, T, T):
+    # the DMA boxes take up to four dimensions
+    rows = (spec.mask_shape[1] * spec.mask_shape[2],) + tuple(d for d in spec.mask_shape[3:] if d > 1) \
+        if spec.mask_shape else ()
     return {**shapes, "mask": rows} if "mask" in spec.param_roles else shapes
 
 

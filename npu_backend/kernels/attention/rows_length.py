@@ -29,7 +29,7 @@ import dataclasses
 
 from . import length_exps
 from .attention_tiles import LOWEST, TINY, RowTiling, estimate_attention_cycles, scale_at, whole_row_tiling
-from .script_text import F32, Writer, call, eltwise, element, fill, gemm, reduce, vfunc
+from .script_text import F32, GEMM_ACCUMULATE, Writer, call, eltwise, element, fill, gemm, reduce, vfunc
 
 
 def _chunk(limit: int) -> int:
@@ -49,6 +49,30 @@ def load_row_chunks(w: Writer, buffer: str, heads: int, count: str, chunk: int, 
     # (the `if` keeps the chunk loop out of the box: the DMA lowering takes static extents)
     w.add(f"for kc in range({count}):", f"    if kc * {chunk} < {width}:", f"        for {index} in {loops}:",
           f"            {target} = T.if_then_else({at} < {width}, {element.format(at)}, T.float32(0))")
+
+
+def is_box(spec) -> bool:
+    """Whether the spec's bias is a box of a (1, Hk, G, T, T) table (normalise/length_boxes.py:
+    T5's relative-position bias), not a row per head (Bloom's ALiBi)."""
+    return bool(spec.mask_shape) and spec.mask_shape[3] > 1
+
+
+def load_box(w: Writer, target: str, head: str, row0: str, rows: int, col0: str, count: str, chunk: int,
+             bound: int) -> None:
+    """The bias box's rows row0 .. row0 + rows - 1 of query head `head` from column `col0`, in
+    `count` chunks of `chunk` columns, into `target` (text with {i} and {u}: the row and column
+    within the buffer): straight into the scores, which the Q Kᵀ GEMM then accumulates onto
+    (attention.py's mask in the GEMM). Each chunk is guarded inside the (T, T) table: the lowering
+    cuts no box of a static tensor at the length; rows and columns past s are loaded but never
+    computed on or stored."""
+    u = f"kc * {chunk} + u"
+    row, col = f"{row0} + i", (f"{col0} + {u}" if col0 != "0" else u)
+    load = f"mask[{head}, {row}, {col}]"
+    low = f"0 <= {col} and " if col0 != "0" else ""  # (the analyzer cannot bound a tile's origin below)
+    w.add(f"for kc in range({count}):", f"    if {col0} + kc * {chunk} < {bound}:",
+          f"        for i, u in T.grid({rows}, {chunk}):",
+          f"            {target.format(i='i', u=u)} = T.if_then_else(0 <= {row} and {row} < {bound} and {low}{col} < {bound}, {load}, "
+          "T.float32(0))")
 
 
 def row_gemm(rows, cols, ones: tuple, row: tuple, scores: tuple) -> str:
@@ -71,7 +95,7 @@ NAMES = {"it", "h", "kc"} | set(BUFFERS)
 def _static(spec, length: int):
     """The spec at a static length (the causal triangle of offset 0 the kernel builds; a bias
     row's table, length_rows.py, as a mask row of that length)."""
-    mask = tuple(spec.mask_shape[:4]) + (length,) if spec.mask_shape else ()
+    mask = tuple(spec.mask_shape[:4]) + (length,) if spec.mask_shape and not is_box(spec) else ()
     return dataclasses.replace(spec, sq=length, sk=length, length=None, mask_shape=mask)
 
 
@@ -116,7 +140,7 @@ def _fits(spec, arch, length: int, found: list) -> bool:
         tiling = whole_row_tiling(_static(spec, length), arch)
     except ScratchpadTooSmall:
         return False
-    if spec.mask_shape and tiling.mask != "whole":  # the kernel holds every head's bias row whole
+    if spec.mask_shape and not is_box(spec) and tiling.mask != "whole":  # it holds every head's bias row whole
         return False
     found.append((length, tiling))
     return True
@@ -205,7 +229,7 @@ def _allocate(w: Writer, spec, t: RowTiling, limit: int, s: str) -> None:
     w.alloc("w_ones", (ones,))
     length_exps.allocate(w, t, limit)
     w.add(fill("w_ones", 1, f"T.max({s}, {rows})", ones, 1.0))
-    if spec.mask_shape:  # every head's bias row (length_rows.py), keys 0 .. s - 1
+    if spec.mask_shape and not is_box(spec):  # every head's bias row (length_rows.py), keys 0 .. s - 1
         h = spec.hk * spec.g
         w.alloc("w_row", (h, limit))
         load_row_chunks(w, "w_row", h, f"T.floordiv({s} + {_chunk(limit) - 1}, {_chunk(limit)})", _chunk(limit),
@@ -251,10 +275,16 @@ def _scores(w: Writer, spec, t: RowTiling, item: _Item, limit: int) -> None:
     q = ("w_q", f"{item.slot} * {rows * qs}", qs)
     if scale_at(spec) in ("q", "k"):  # (a power of two with a bias row: on Q too, as exact)
         w.add(vfunc("identity", rows, spec.d, q, q, scale=spec.scale))
-    w.add(call("cgra_gemm", flags=0, dtype=F32, m=rows, n=item.keys, k=spec.d, a_addr=q[:2], a_stride=qs,
+    box = is_box(spec)
+    for y in range(t.stack if box else 0):  # each stacked head's bias box, loaded into its scores
+        head = f"{item.head} + {y}" if y else item.head
+        load_box(w, f"w_s[{item.slot}, {y * t.tq} + {{i}}, {{u}}]", head, item.row0, t.tq, "0",
+                 f"T.floordiv({item.length} + {_chunk(limit) - 1}, {_chunk(limit)})", _chunk(limit), spec.mask_shape[4])
+    w.add(call("cgra_gemm", flags=GEMM_ACCUMULATE if box else 0, dtype=F32, m=rows, n=item.keys, k=spec.d,
+               a_addr=q[:2], a_stride=qs,
                b_addr=("w_kt", f"{item.kv_slot} * {spec.d * limit}"), b_stride=limit,
                acc_addr=("w_s", f"{item.slot} * {rows * ps}"), acc_stride=ps))
-    for y in range(t.stack if spec.mask_shape else 0):  # each stacked head's bias row
+    for y in range(t.stack if spec.mask_shape and not box else 0):  # each stacked head's bias row
         head = f"{item.head} + {y}" if y else item.head
         w.add(row_gemm(t.tq, item.keys, ("w_ones", 0), ("w_row", f"({head}) * {limit}", limit),
                        ("w_s", f"{item.slot} * {rows * ps} + {y * t.tq * ps}", ps)))
