@@ -29,7 +29,9 @@ gamma's row, into an h panel (`row_norm` then names h too).
 Only where the kernel holds the whole reduction in one step (tk = K, unpadded: a padded column
 would be -mean once centred): the row's statistics need
 the row whole, so the tile search keeps whole-depth tiles with room for the program's panels
-(`panel_bytes`); where none fits the root is refused and the norm runs as its own kernel.
+(`panel_bytes`); where none fits the root is refused and the norm runs as its own kernel, and
+so it is where that tiling costs the GEMM more than the norm's kernel (few rows, large weights:
+row_norm_cost.py).
 """
 
 from __future__ import annotations
