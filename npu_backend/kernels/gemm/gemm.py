@@ -33,6 +33,7 @@ from .post_norm_rows import rows_only
 from .post_norm import post_norm_col_step, post_norm_pieces, post_norm_tiles, require_whole_rows
 from .post_norm_cost import check_post_norm, post_norm_tiling
 from .row_norm import check_row_norm, panel_bytes
+from .row_norm_cost import check_fold_pays
 from .gemm_pieces import finishes_in_pieces, in_pieces, patch_pieces, streamed_candidates
 from .rope_epilogue import EXTRA_TILES, col_step, rope_tables
 
@@ -88,6 +89,7 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     _TILINGS[key] = patch_pieces(spec, _TILINGS[key], arch)  # a patch conv storing tokens (gemm_pieces.py)
     check_tail_padding(spec, _TILINGS[key], arch)
     check_row_norm(spec, _TILINGS[key], arch)
+    check_fold_pays(spec, _TILINGS[key], arch, choose_gemm_tiling)  # (row_norm_cost.py)
     check_post_norm(spec, _TILINGS[key], arch, choose_gemm_tiling)
     # (decided per spec, not cached: the key leaves out epilogue pieces that forbid it)
     if accumulates_bias(spec, _TILINGS[key], arch):  # the VFUNC reads acc + bias (bias_acc.py)

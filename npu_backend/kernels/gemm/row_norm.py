@@ -29,7 +29,9 @@ gamma's row, into an h panel (`row_norm` then names h too).
 Only where the kernel holds the whole reduction in one step (tk = K, unpadded: a padded column
 would be -mean once centred): the row's statistics need
 the row whole, so the tile search keeps whole-depth tiles with room for the program's panels
-(`panel_bytes`); where none fits the root is refused and the norm runs as its own kernel.
+(`panel_bytes`); where none fits the root is refused and the norm runs as its own kernel, and
+so it is where that tiling costs the GEMM more than the norm's kernel (few rows, large weights:
+row_norm_cost.py).
 """
 
 from __future__ import annotations
@@ -126,14 +128,21 @@ def check_row_norm(spec: KernelSpec, tiling: Tiling, arch) -> None:
     if kind == ROUND:  # one EPILOGUE a panel: always cheaper than a cast kernel's launch and DMA round trip
         return
     program = panel_program_cycles(spec, tiling, arch)
-    alone_spec = RowSpec(kind, kind, (spec.gemm_extents[0], depth), (spec.gemm_extents[0], depth),
-                         spec.gemm_extents[0], depth, spec.row_norm[1], **half_row_roles(spec))
-    plain = steps_of(alone_spec)
-    alone = choose_row_tiling(alone_spec, arch, plain)
-    alone_cycles = estimate_row_cycles(alone_spec, arch, plain, alone.tm, alone.tn)
+    alone_cycles = norm_alone_cycles(spec, arch)
     if program >= alone_cycles:
         raise UnsupportedOperator(f"{kind} folded into a matmul: its program on the A panels ({program} cycles) "
                                   f"costs as much as the norm's own kernel ({alone_cycles}); the norm runs on its own")
+
+
+def norm_alone_cycles(spec: KernelSpec, arch) -> int:
+    """The estimate of the norm's own kernel (kernels/rows/norms.py) over the GEMM's rows: what
+    a fold saves (check_row_norm; row_norm_cost.check_fold_pays)."""
+    kind, depth, rows = spec.row_norm[0], spec.gemm_extents[2], spec.gemm_extents[0]
+    alone_spec = RowSpec(kind, kind, (rows, depth), (rows, depth), rows, depth, spec.row_norm[1],
+                         **half_row_roles(spec))
+    plain = steps_of(alone_spec)
+    alone = choose_row_tiling(alone_spec, arch, plain)
+    return estimate_row_cycles(alone_spec, arch, plain, alone.tm, alone.tn)
 
 
 def panel_program_cycles(spec: KernelSpec, tiling: Tiling, arch) -> int:
