@@ -193,3 +193,15 @@ def test_the_share_pays_on_cgra_4x4_and_is_refused_where_it_does_not():
     assert sum(k.cycles for k in prof.kernels) < sum(k.cycles for k in base.kernels)
     for got in (shared, alone):
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_a_normed_fc1_shares_on_cgra_4x4():
+    """Swin's layer norm + fc1 + GELU kernel (the norm on the A panel): the priced share is
+    taken, within 1e-5 of float64."""
+    mod, (w, b) = _linear(32, 32, 32, "gelu", "layer_norm", 6)
+    x = np.random.default_rng(7).standard_normal((32, 32)).astype(np.float32)
+    with _forced(None):
+        got, prof = _run(mod, x, "cgra-4x4")
+    assert _fabric_count(prof) > 0
+    want = _reference(x, w, b, "gelu", "layer_norm")
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()

@@ -48,14 +48,14 @@ from .gemm_estimate import gemm_footprint, holds_a_panel
 
 def applies(spec, tiling) -> bool:
     """Whether a GEMM kernel may share its GELU with the fabric: a static float32 2-D matmul
-    whose epilogue is [+ bias] then GELU's erf form, whole tiles of even columns finished at once
+    (a pre-norm on its A panel or not) whose epilogue is [+ bias] then GELU's erf form, whole tiles of even columns finished at once
     (no epilogue pieces, no padded row tile: lower/padded_rows.py cuts the VFUNC's rows)."""
     plain = spec.op == "matmul" and spec.compute_name == "matmul" and spec.dtype == "float32" and \
         spec.acc_dtype == "float32" and spec.out_dtype == "float32" and not spec.symbols and spec.batch <= 1
     epilogue = spec.act == "gelu" and not (
         spec.relu or spec.clip or spec.residual_shape or spec.multiplier_shape or spec.channel_scale_shape
         or spec.gated or spec.rope_pattern or spec.post_norm or spec.fabric_body or spec.scale_shape
-        or spec.half_out or spec.half_via or spec.requant_zero_point is not None or spec.row_norm)
+        or spec.half_out or spec.half_via or spec.requant_zero_point is not None)
     rows = spec.gemm_extents[0]
     tiles = tiling.tn % 2 == 0 and not tiling.stream_panel and not 0 < tiling.epilogue_rows < tiling.tm \
         and isinstance(rows, int) and rows % tiling.tm == 0
@@ -132,6 +132,8 @@ def _taller(spec, tiling, arch) -> list:
     """`tiling` and the tilings of 2, 4, ... times its rows (rows a whole number of tiles) whose
     buffers fit the scratchpad: taller tiles pay the passes' latencies over more rows."""
     found, rows = [tiling], spec.gemm_extents[0]
+    if spec.row_norm:  # (a pre-norm's panel program is sized for its tile: row_norm.py)
+        return found
     tm = 2 * tiling.tm
     while tm <= rows and rows % tm == 0:
         t = dataclasses.replace(tiling, tm=tm, mp=rows)
