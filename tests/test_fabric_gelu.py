@@ -98,12 +98,21 @@ def test_each_pass_in_the_simulator_is_its_numpy_model_bit_for_bit(rows, cols, d
 
 
 @contextlib.contextmanager
-def _forced(rows: int | None):
-    """Compiles afresh with the share forced to `rows` of each tile (0: none; None: the priced choice)."""
+def _forced(rows: int | None, taken: list | None = None):
+    """Compiles afresh with the share forced to `rows` of each tile where it applies (its
+    epilogue then in one piece; 0: none; None: the priced choice); `taken` gets the tilings."""
+    def force(spec, t, arch, bias):
+        whole = dataclasses.replace(t, epilogue_rows=0)
+        if not fabric_gelu.applies(spec, whole):
+            return t
+        t = dataclasses.replace(whole, fabric_gelu_rows=min(rows, t.tm), bias_in_acc=False)
+        if taken is not None:
+            taken.append(t)
+        return t
+
     with pytest.MonkeyPatch.context() as patch:
         if rows:
-            patch.setattr(gemm, "share_tiling", lambda spec, t, arch, bias: dataclasses.replace(
-                t, fabric_gelu_rows=min(rows, t.tm), bias_in_acc=False) if fabric_gelu.applies(spec, t) else t)
+            patch.setattr(gemm, "share_tiling", force)
         elif rows == 0:
             patch.setattr(gemm, "share_tiling", lambda spec, t, arch, bias: t)
         patch.setenv("CGRA_KERNEL_CACHE", "off")
@@ -125,12 +134,15 @@ def _fabric_count(prof) -> int:
        share=st.integers(1, 32), seed=st.integers(0, 2 ** 16))
 @example(rows=16, depth=16, n=16, share=3, seed=1)
 def test_any_share_matches_float64(rows, depth, n, share, seed):
-    """Any share of the rows on the fabric (forced), on cgra-8x8: within 1e-5 of the largest output."""
+    """Any share of the rows on the fabric (forced where it applies: whole row tiles), on
+    cgra-8x8: within 1e-5 of the largest output."""
     mod, (w, b) = _linear(rows, depth, n, "gelu", None, seed)
     x = np.random.default_rng(seed + 1).standard_normal((rows, depth)).astype(np.float32)
-    with _forced(share):
+    taken = []
+    with _forced(share, taken):
         got, prof = _run(mod, x, "cgra-8x8")
-    assert _fabric_count(prof) > 0
+    assert (_fabric_count(prof) > 0) == bool(taken)
+    assert taken or rows == 24
     want = _reference(x, w, b, "gelu", None)
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
@@ -160,14 +172,7 @@ def test_the_share_rows_are_the_model_bit_for_bit(share):
     mod, (w, b) = _grid_linear(rows, depth, n, 4)
     x = np.random.default_rng(5).integers(-8, 9, (rows, depth)).astype(np.float32) / 8
     tiles = []
-
-    def spy(spec, t, arch, bias):
-        t = dataclasses.replace(t, fabric_gelu_rows=min(share, t.tm), bias_in_acc=False)
-        tiles.append(t)
-        return t
-
-    with _forced(None), pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gemm, "share_tiling", spy)
+    with _forced(share, tiles):
         got, prof = _run(mod, x, "cgra-8x8")
     assert _fabric_count(prof) > 0 and tiles
     exact = x.astype(np.float64) @ w.T.astype(np.float64) + b
