@@ -386,6 +386,9 @@ class Tiling:
     #: (they repeat every that many), loaded once per row tile (lower/held_tables.py); 0: full
     #: tables, a tile of each per output tile
     table_cols: int = 0
+    #: GEMM-shaped kernels: rows of each output tile whose GELU (erf form) runs as FABRIC passes on
+    #: the PE array, the VFUNC taking the others (gemm/fabric_gelu.py); 0: the VFUNC takes them all
+    fabric_gelu_rows: int = 0
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -418,6 +418,8 @@ def epilogue_intrin(spec: KernelSpec, tiling, rows: int | None = None) -> str:
     tail = dict(act=spec.act, multiplier=bool(spec.multiplier_shape)) if spec.act or spec.multiplier_shape else {}
     if spec.act and tiling.act_on_vector:
         tail = dict(tail, act_vfunc=True)
+    if spec.act == "gelu" and tiling.fabric_gelu_rows:  # fabric_gelu.py
+        tail = dict(tail, fabric_rows=tiling.fabric_gelu_rows)
     if spec.channel_scale_shape:
         tail = dict(tail, channel_scale=True, channel_shift=bool(spec.channel_shift_shape))
     if spec.half_out:

@@ -27,6 +27,7 @@ from ..intrinsics.epilogue_tail import VFUNC_ACTS
 from ..common.spad_layout import a_row_stride, out_row_stride, store_walks_rows
 from ..common.spec import KernelSpec, Tiling, aligned, round_up
 from .bias_acc import accumulates_bias
+from .fabric_gelu import share_tiling
 from .gemm_copies import may_take_copies, operand_copies
 from .gemm_estimate import estimate_cycles, gemm_footprint, may_hold_a_panel
 from .post_norm_rows import rows_only
@@ -92,9 +93,9 @@ def choose_gemm_tiling(spec: KernelSpec, arch: HardwareDescription) -> Tiling:
     check_fold_pays(spec, _TILINGS[key], arch, choose_gemm_tiling)  # (row_norm_cost.py)
     check_post_norm(spec, _TILINGS[key], arch, choose_gemm_tiling)
     # (decided per spec, not cached: the key leaves out epilogue pieces that forbid it)
-    if accumulates_bias(spec, _TILINGS[key], arch):  # the VFUNC reads acc + bias (bias_acc.py)
-        return dataclasses.replace(_TILINGS[key], bias_in_acc=True)
-    return _TILINGS[key]
+    bias_in_acc = accumulates_bias(spec, _TILINGS[key], arch)  # the VFUNC reads acc + bias (bias_acc.py)
+    tiling = dataclasses.replace(_TILINGS[key], bias_in_acc=True) if bias_in_acc else _TILINGS[key]
+    return share_tiling(spec, tiling, arch, bias_in_acc)  # a share of GELU on the fabric (fabric_gelu.py)
 
 
 def _footprint(spec: KernelSpec, t: Tiling, arch: HardwareDescription) -> int:

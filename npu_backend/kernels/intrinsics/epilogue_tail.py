@@ -52,7 +52,7 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
                     multiplier: bool = False, channel_scale: bool = False, channel_shift: bool = False,
                     out_dtype: str | None = None, act_vfunc: bool = False, gated: bool = False,
                     gated_via: str | None = None, round_via: str | None = None, dequantise: bool = False,
-                    qadd=None, qadd_swapped: bool = False, scope: str = SPAD):
+                    qadd=None, qadd_swapped: bool = False, fabric_rows: int = 0, scope: str = SPAD):
     """EPILOGUE over a rows x cols tile of the accumulator (`dtype`): out = requantise?(clip?(relu?(acc +
     bias? + residual?)), scale, zero_point), then with `body` (a FabricBody) a FABRIC runs it over
     the output tile in place; float32: with `channel_scale` (and `channel_shift`) the sum is
@@ -66,7 +66,8 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     round_via: None, or a 16-bit float the float32 result is rounded to and widened straight back
     (round_trip_intrin); dequantise: the requantised int8 dequantised to float32
     (vector_unit.epilogue_intrin; no tail); qadd, qadd_swapped: the requantised int8 result's QLinearAdd
-    with an int8 tile (vector_unit.epilogue_intrin; no tail)."""
+    with an int8 tile (vector_unit.epilogue_intrin; no tail); fabric_rows: GELU's (erf) first rows as
+    FABRIC passes on the PE array (kernels/gemm/fabric_gelu.py), the VFUNC taking the others."""
     if gated:
         return gated_intrin(rows, cols, act, gated_via, scope=scope)
     plain = dict(bias=bias, relu=relu, residual=residual, clip=clip, zero_point=zero_point, body=body)
@@ -114,8 +115,15 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
     # same bits) and the vector unit, and the PE array waiting for it, skip a pass over the tile.
     identity = not (bias or residual or relu or clip is not None or body is not None or channel_scale)
     fabric = act in SMOOTH_ACTS and not act_vfunc  # else a VFUNC (GELU's, or a smooth one's)
+    shared = fabric_rows if act == "gelu" else 0  # the fabric's rows of GELU (fabric_gelu.py)
+    if not 0 <= shared <= rows or (shared and (relu or residual or clip is not None or body is not None
+                                               or channel_scale or multiplier)):
+        raise ValueError(f"the fabric's GELU takes 0 to {rows} rows of a tile whose epilogue is [+ bias], "
+                         f"not {fabric_rows}")
 
     def call(buffers, strides):
+        if shared:  # only [+ bias] before it (fabric_gelu.applies)
+            return _shared_gelu(buffers, strides, rows, cols, shared, bias)
         acc, out = (buffers["Acc"], strides["Acc"][0]), (buffers["Out"], strides["Out"][0])
         first = acc if fabric or identity else out  # where the EPILOGUE's value goes
         if identity:
@@ -143,6 +151,17 @@ def epilogue_intrin(rows: int, cols: int, dtype: str, *, bias: bool, relu: bool,
         return calls
 
     return intrinsic(inputs, Tile("Out", (rows, cols), dtype), "epi", value, call, scope=scope)
+
+
+def _shared_gelu(buffers, strides, rows: int, cols: int, shared: int, bias: bool) -> list:
+    """GELU(Acc [+ Bias]) into Out with the first `shared` rows on the fabric (fabric_gelu.share_calls)."""
+    from ..gemm.fabric_gelu import share_calls  # (kernels/gemm imports this module)
+
+    def tile(name: str) -> tuple:
+        return buffers[name].data, buffers[name].elem_offset, strides[name][0]
+
+    at = (buffers["Bias"].data, buffers["Bias"].elem_offset) if bias else None
+    return share_calls(rows, cols, shared, tile("Acc"), tile("Out"), at)
 
 
 def gated_intrin(rows: int, cols: int, act: str, via: str | None = None, scope: str = SPAD):

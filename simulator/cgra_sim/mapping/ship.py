@@ -28,6 +28,7 @@ from .. import load_arch, preset_names
 from ..fabric import Fabric
 from . import body as bodies
 from . import mapper, pe_array, solver, store
+from . import gelu_erf
 from .exp import passes as exp_passes
 from .sigmoid import exp_base, gelu_argument, logistic, square
 
@@ -55,7 +56,12 @@ BODIES = (
     (f"exp-{step}-{scale or 1}", nodes, dtype)
     for scale in (None, 0.5, 0.25, 0.125, 0.0625)
     for step, (nodes, dtype) in zip(("round", "polynomial"), exp_passes(scale))) + (
-    ("exp-scale", exp_passes()[2][0], "int32"),)
+    ("exp-scale", exp_passes()[2][0], "int32"),
+    # GELU's erf form on the fabric (gelu_erf.py; kernels/gemm/fabric_gelu.py), with the unscaled exp's passes
+    ("gelu-erf-high", gelu_erf.high(), "float32"),
+    ("gelu-erf-low", gelu_erf.low(), "float32"),
+    ("gelu-erf-logistic", gelu_erf.logistic(), "float32"),
+    ("bias-add", gelu_erf.bias_add(), "float32"))
 #: The PE array's cell dtypes (pe_array.program: float32, and int8 accumulating in int32).
 CELL_DTYPES = ("float32", "int8")
 HERE = Path(__file__).parent
