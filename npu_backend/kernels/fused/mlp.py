@@ -117,7 +117,7 @@ def _pairs() -> list:
     value2 = reshaped2 | summed2
     top = is_op("relax.add")(value2, residual) | is_op("relax.add")(residual, value2) | value2
     roles = {"lhs": x, "fc1_rhs": w1, "fc1_permute": permute1, "fc1_root": fc1, "fc1_bias": b1,
-             "fc1_reshape": reshaped1, "fc1_act": act, "fc1_relu": acts["relax.nn.relu"], "hidden": hidden,
+             "fc1_reshape": reshaped1, "fc1_act": act, "fc1_relu": acts["relax.nn.relu"],
              "rhs": w2, "permute": permute2, "root": fc2, "bias": b2, "reshape": reshaped2, "residual": residual}
     return [("cgra.mlp", top, roles)]
 
@@ -147,8 +147,9 @@ def mlp_spec(name: str, annotated: dict) -> MlpSpec:
         fc1_roles.pop("permute", None)
     fc1 = _linear_spec(fc1_roles)
     fc2_roles = {role: annotated[role] for role in _FC2_ROLES if role in annotated}
-    fc2 = _linear_spec({**fc2_roles, "lhs": annotated["hidden"]})
-    if "residual" in annotated and any(annotated["residual"].same_as(annotated[r]) for r in ("lhs", "hidden")):
+    hidden = annotated["root"].args[0]  # (no role of its own: it is fc1's act, reshape or sum too)
+    fc2 = _linear_spec({**fc2_roles, "lhs": hidden})
+    if "residual" in annotated and any(annotated["residual"].same_as(e) for e in (annotated["lhs"], hidden)):
         raise UnsupportedOperator("the residual is the MLP's input or hidden: one tensor in two roles")
     _check_pair(fc1, fc2)
     return MlpSpec(fc1, fc2)
@@ -240,14 +241,19 @@ def schedule_mlp(sch, spec: MlpSpec, tiling: MlpTiling, arch: HardwareDescriptio
     for name in (("bias_pad",) if fc2.bias_shape else ()) + (("res_pad",) if fc2.residual_shape else ()):
         _stage(sch, name, tile)
     sch.reverse_compute_at(sch.get_sblock("out"), tile)
-    i, j, block_outer, block_inner = loops_after(sch, acc, tile)
-    sch.reorder(block_outer, i, j, block_inner)
+    loops = loops_after(sch, acc, tile)
+    if len(loops) == 4:
+        i, j, block_outer, block_inner = loops
+        sch.reorder(block_outer, i, j, block_inner)
+    else:  # one hidden block: compute_at dropped its unit loop
+        (i, j, _), block_outer = loops, None
     for name in ("weight_pad", "fc1_weight_pad"):  # both weights held: loaded once, before the tiles
         sch.set_scope(sch.get_sblock(name), 0, SPAD)
     hid = sch.get_sblock("hid")
     sch.compute_at(hid, tile)
     sch.set_scope(hid, 0, SPAD)
-    hidden_block, hi, _ = loops_after(sch, hid, tile)
+    hidden_block, hi, _ = ([None] if len(loops) == 3 else []) + loops_after(sch, hid, tile)
+    hidden_block = hidden_block or tile
     for name in ("acc1",) + (("bias1_pad",) if fc1.bias_shape else ()):
         _stage(sch, name, hidden_block)
     if tiling.bias_in_acc:  # b1 loaded into fc1's accumulator, the VFUNC reads it (gemm/bias_acc.py)
@@ -258,12 +264,12 @@ def schedule_mlp(sch, spec: MlpSpec, tiling: MlpTiling, arch: HardwareDescriptio
         sch.set_scope(block, 0, SPAD)
     acc1 = sch.get_sblock("acc1")
     init1 = sch.decompose_reduction(acc1, loops_after(sch, acc1, hidden_block)[0])
-    init = sch.decompose_reduction(acc, block_outer)
+    init = sch.decompose_reduction(acc, block_outer or i)
     sch.tensorize(loops_after(sch, acc1, hidden_block)[0],
                   get_intrin("gemm", tiling.tm, tiling.tk, tiling.kp, fc1.dtype, fc1.acc_dtype))
     sch.tensorize(sch.get_loops(init1)[-2], get_intrin("fill", tiling.tm, tiling.tk, fc1.acc_dtype))
     sch.tensorize(hi, epilogue_intrin(fc1, hidden_tiling(spec, tiling), rows=tiling.tm))
-    sch.tensorize(loops_after(sch, acc, block_outer)[0],
+    sch.tensorize(loops_after(sch, acc, block_outer)[0] if block_outer is not None else i,
                   get_intrin("gemm", tiling.tm, tiling.np, tiling.tk, fc2.dtype, fc2.acc_dtype))
     sch.tensorize(sch.get_loops(init)[-2], get_intrin("fill", tiling.tm, tiling.np, fc2.acc_dtype))
     sch.tensorize(row_inner, epilogue_intrin(fc2, tiling, rows=tiling.tm))
