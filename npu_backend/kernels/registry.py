@@ -49,6 +49,7 @@ from .elementwise.qchain import QCHAIN
 from .elementwise.qlookup import QLOOKUP
 from .elementwise.quantize import QUANTIZE
 from .fused.inverted_residual import INVERTED_RESIDUAL
+from .fused.mlp import MLP
 from .family import OpFamily
 from .gemm.matmul import MATMUL
 from .pool.pool import POOL
@@ -61,7 +62,7 @@ from .rows.row_reduce import ROW_REDUCE
 from .rows.softmax import SOFTMAX
 from .elementwise.special import SPECIAL
 
-FAMILIES: tuple[OpFamily, ...] = (ATTENTION, LENGTH_ROWS, ROPE, INVERTED_RESIDUAL, SEPARABLE, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, SOFTMAX, NORMS, SPECIAL,
+FAMILIES: tuple[OpFamily, ...] = (ATTENTION, LENGTH_ROWS, ROPE, INVERTED_RESIDUAL, SEPARABLE, MLP, MATMUL, CONV2D, DEPTHWISE, POOL, SMOOTH, SOFTMAX, NORMS, SPECIAL,
                                   ROW_REDUCE, QLINEAR, QCHAIN, QLOOKUP, QUANTIZE, FABRIC, ELTWISE, TIR, ACTIVATION,
                                   CAST, LAYOUT)
 _PACKAGED = FAMILIES  # the package's own, not those of registered()
@@ -175,8 +176,9 @@ def pattern_table() -> tuple[PatternEntry, ...]:
 def pair_pattern_names() -> frozenset:
     """The names of the patterns that fuse several roots around a depthwise conv2d (OpFamily.pairs:
     separable.py, inverted_residual.py), which their checks require. (The attention's pairs,
-    matmul -> softmax -> matmul, are tried whenever their operators are called.)"""
-    return frozenset(name for family in FAMILIES if family not in (ATTENTION, LENGTH_ROWS)
+    matmul -> softmax -> matmul, and the MLP's, matmul -> matmul, are tried whenever their
+    operators are called.)"""
+    return frozenset(name for family in FAMILIES if family not in (ATTENTION, LENGTH_ROWS, MLP)
                      for name, _, _ in family.pairs())
 
 

@@ -101,6 +101,36 @@ def cache_read_elsewhere(context) -> bool:
     return any(user not in context.matched_bindings for user in context.var_usages.get(var, []))
 
 
+#: The norms a linear's own kernel takes with it: a pre-norm in its A panel (kernels/gemm/row_norm.py)
+#: and a post-norm after its epilogue (kernels/gemm/post_norm.py).
+_NORMS = ("relax.nn.layer_norm", "relax.nn.rms_norm")
+
+
+def mlp_norms(context) -> tuple:
+    """(pre-norm, post-norm) of a fused MLP's match (role "fc1_rhs": kernels/fused/mlp.py): the
+    layer norm or RMSNorm call its fc1 reads when nothing else reads it, and whether its result
+    feeds one alone; (None, False) for another match. The linears' own kernels may take those
+    norms (a pre-norm in fc1's A panel, a post-norm in fc2's epilogue); the MLP's kernel takes
+    neither, and a norm left alone runs as a kernel of its own."""
+    if "fc1_rhs" not in context.annotated_expr:
+        return None, False
+    values = {var: value for value, var in context.value_to_bound_var.items()}
+
+    def norm(expr):
+        expr = values.get(expr, expr)
+        return expr if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and \
+            expr.op.name in _NORMS else None
+
+    def only_user(var) -> list:
+        users = list(context.var_usages.get(var, []))
+        return users if len(users) == 1 else []
+
+    lhs = context.annotated_expr["lhs"]
+    top = context.value_to_bound_var.get(context.matched_expr, context.matched_expr)
+    pre = norm(lhs) if only_user(context.value_to_bound_var.get(lhs, lhs)) else None
+    return pre, any(norm(user) is not None for user in only_user(top))
+
+
 def operand_depends_on_match(context) -> bool:
     """Whether a residual or multiplier operand of the match is computed, outside it, from a
     value it computes: fusing would make the kernel read its own result (a cycle). Walks the

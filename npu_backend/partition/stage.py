@@ -32,7 +32,7 @@ from ..kernels.stage import Kernel, run_kernel_stages
 from ..kernels.tir.tir import KERNEL_ATTR, tir_spec
 from ..options import CompileOptions
 from .call_tir import PREFIX, PRIM_FUNC_ATTR, offload_call_tir, remember_prim_func
-from .composite import cache_read_elsewhere, operand_depends_on_match, reads_what_it_computes
+from .composite import cache_read_elsewhere, operand_depends_on_match, reads_what_it_computes, mlp_norms
 from .pattern_ops import ModuleCalls, can_match
 from .plans import fingerprint, grouped_patterns, plan_payload, read_plan
 from ..kernels.gemm.rope_pass_columns import mark_pass_columns
@@ -92,9 +92,30 @@ def fusion_patterns(arch: HardwareDescription, options: CompileOptions = Compile
             return not reads_what_it_computes(context, annotations) and \
                 not operand_depends_on_match(context) and not cache_read_elsewhere(context) and \
                 offload_reason(name, context.annotated_expr, arch) is None and \
-                not has_leaking_intermediate_variables(context)
+                not has_leaking_intermediate_variables(context) and not _keeps_a_norm(context, arch)
         patterns.append(FusionPattern(entry.name, entry.pattern, entry.annotations, check))
     return patterns
+
+
+def _keeps_a_norm(context, arch: HardwareDescription) -> bool:
+    """Whether a fused MLP's match must leave its linears to their own kernels because one of
+    them takes a norm with it (partition/composite.mlp_norms): a post-norm after fc2, or a
+    pre-norm fc1's normed linear kernel would take (its own pattern's check passes); Swin's
+    second stage on cgra-8x8 lost 1,400 cycles without this, its first MLP's pre-norm, which
+    its normed linear refuses, runs on its own either way."""
+    pre, post = mlp_norms(context)
+    if post or pre is None:
+        return post
+    ours = {"rhs": "fc1_rhs", "permute": "fc1_permute", "root": "fc1_root", "bias": "fc1_bias",
+            "reshape": "fc1_reshape", "act": "fc1_act", "relu": "fc1_relu"}
+    roles = {role: context.annotated_expr[theirs] for role, theirs in ours.items() if theirs in context.annotated_expr}
+    kind = str(pre.op.name).split(".")[-1]
+    roles.update({"lhs": pre.args[0], "row_norm": pre, "norm_weight": pre.args[1],
+                  **({"norm_bias": pre.args[2]} if kind == "layer_norm" else {})})
+    linear = "linear" if "permute" in roles else "matmul"
+    name = f"cgra.{linear}_{kind}_epilogue" if "act" in roles or "reshape" in roles else \
+        f"cgra.{linear}_{kind}" + ("_bias" if "bias" in roles else "") + ("_relu" if "relu" in roles else "")
+    return offload_reason(name, roles, arch) is None
 
 
 def bounds_of(mod, options: CompileOptions) -> dict:
