@@ -8,6 +8,7 @@ a linear's norm); and Swin through torch.export within 1e-5.
 from __future__ import annotations
 
 import dataclasses
+import os
 from unittest import mock
 
 import numpy as np
@@ -143,8 +144,11 @@ def _spec(mod):
     from npu_backend.options import CompileOptions
     from npu_backend.pipeline import STAGES
     from npu_backend.target.relax_pipeline import run_stages
+    # the kernel cache off: its partition plan of `mod` (device/kernel_cache.py PLAN_SUFFIX, stored by
+    # the caller's run with the estimate in place) would try only the patterns that run made
     with mock.patch.object(mlp_tiles, "separate_cycles", lambda spec, arch: float("inf")), \
-            mock.patch.object(mlp_tiles, "footprint", lambda spec, t: 0):
+            mock.patch.object(mlp_tiles, "footprint", lambda spec, t: 0), \
+            mock.patch.dict(os.environ, {"CGRA_KERNEL_CACHE": "off"}):
         mlp_tiles._search.cache_clear()
         mod = run_stages(mod, ARCH, CompileOptions(), [(n, s) for n, s in STAGES if n != "codegen"])
         mlp_tiles._search.cache_clear()
