@@ -55,18 +55,25 @@ def _patterns() -> list:
         [_box_pattern(form, scaled) for form in ("merged", "heads", "") for scaled in (True, False)]
 
 
-def _box_pattern(form: str, scaled: bool) -> tuple:
-    """Every key of a length seen, the scores plus `strided_slice(B, [3, 4], [0, 0], [s, s])`, the
-    top-left s x s box of a constant (1, Hk, G, T, T) table (normalise/length_boxes.py: T5's
-    relative-position bias; attention_lengths.py drops its safe guard: the box is finite)."""
+def _operands(form: str) -> tuple:
+    """(q, k, v, their roles): the head layouts' operand patterns of a `form` ("merged", "heads"),
+    or three wildcards."""
     if form:
         (q, q_roles), (k, k_roles), (v, v_roles) = (head_layouts.operand(role) for role in head_layouts.ROLES)
     else:
         q, k, v = wildcard(), wildcard(), wildcard()
         q_roles, k_roles, v_roles = {"lhs": q}, {"rhs": k}, {"value": v}
+    return q, k, v, {**q_roles, **k_roles, **v_roles}
+
+
+def _box_pattern(form: str, scaled: bool) -> tuple:
+    """Every key of a length seen, the scores plus `strided_slice(B, [3, 4], [0, 0], [s, s])`, the
+    top-left s x s box of a constant (1, Hk, G, T, T) table (normalise/length_boxes.py: T5's
+    relative-position bias; attention_lengths.py drops its safe guard: the box is finite)."""
+    q, k, v, operand_roles = _operands(form)
     kt = is_op("relax.permute_dims")(k)
     x = scores = is_op("relax.matmul")(q, kt)
-    roles = {**q_roles, **k_roles, **v_roles, "transpose": kt, "scores": scores}
+    roles = {**operand_roles, "transpose": kt, "scores": scores}
     if scaled:
         roles["scale"] = is_const()
         x = roles["scaled"] = is_op("relax.multiply")(x, roles["scale"])
@@ -79,14 +86,10 @@ def _box_pattern(form: str, scaled: bool) -> tuple:
 
 
 def _pattern(form: str, scaled: bool, safe: bool) -> tuple:
-    if form:
-        (q, q_roles), (k, k_roles), (v, v_roles) = (head_layouts.operand(role) for role in head_layouts.ROLES)
-    else:
-        q, k, v = wildcard(), wildcard(), wildcard()
-        q_roles, k_roles, v_roles = {"lhs": q}, {"rhs": k}, {"value": v}
+    q, k, v, operand_roles = _operands(form)
     kt = is_op("relax.permute_dims")(k)
     scores = is_op("relax.matmul")(q, kt)
-    roles = {**q_roles, **k_roles, **v_roles, "transpose": kt, "scores": scores}
+    roles = {**operand_roles, "transpose": kt, "scores": scores}
     x = scores
     if scaled:
         roles["scale"] = is_const()

@@ -43,7 +43,7 @@ import numpy as np
 
 from . import body as bodies
 from . import exp as fabric_exp
-from .sigmoid import RECIPROCAL_GUESS
+from .sigmoid import reciprocal_of_one_plus_b
 
 #: R(u) ~ sum(COEFFICIENTS[i] u^i), u = x^2 in [0, 25]
 COEFFICIENTS = (1.5957692861557007, 0.07267086207866669, -7.37793161533773e-05, -0.00010419807222206146,
@@ -76,12 +76,7 @@ def low() -> tuple:
 
 def logistic() -> tuple:
     """(x, e = exp(-|y|)) -> x Phi(x) = r max(x, min(x, 0) e), r = 1 / (1 + e) (16 nodes)."""
-    nodes = [("mul", "b", -1.0), ("add", "n0", -1.0)]  # n1 = -(1 + e)
-    nodes += [("mul", "b", RECIPROCAL_GUESS[2]), ("add", "n2", RECIPROCAL_GUESS[1]), ("mul", "n3", "b"),
-              ("add", "n4", RECIPROCAL_GUESS[0])]  # n5 = r0
-    for _ in range(2):  # r = r (2 - (1 + e) r)
-        r = f"n{len(nodes) - 1}"
-        nodes += [("mul", "n1", r), ("add", f"n{len(nodes)}", 2.0), ("mul", r, f"n{len(nodes) + 1}")]
+    nodes = reciprocal_of_one_plus_b()  # r = 1 / (1 + e), as sigmoid.py's logistic
     r = f"n{len(nodes) - 1}"
     nodes += [("min", "a", 0.0), ("mul", f"n{len(nodes)}", "b"), ("max", "a", f"n{len(nodes) + 1}")]
     return tuple(nodes + [("mul", r, f"n{len(nodes) - 1}")])

@@ -70,14 +70,21 @@ def square() -> tuple:
     return (("mul", "a", "a"),) + tuple(("mul", f"n{i}", f"n{i}") for i in range(SQUARINGS - 1))
 
 
-def logistic() -> tuple:
-    """(x, e = exp(-|x|)) -> sigmoid(x)."""
+def reciprocal_of_one_plus_b() -> list[tuple]:
+    """Nodes whose last is r = 1 / (1 + e) for the body's input b = e in [0, 1]: a quadratic guess
+    and two Newton steps r = r (2 - (1 + e) r) (n1 = -(1 + e)); the logistic passes' first 12."""
     nodes = [("mul", "b", -1.0), ("add", "n0", -1.0)]  # n1 = -(1 + e)
     nodes += [("mul", "b", RECIPROCAL_GUESS[2]), ("add", "n2", RECIPROCAL_GUESS[1]), ("mul", "n3", "b"),
               ("add", "n4", RECIPROCAL_GUESS[0])]  # n5 = r0
-    for _ in range(2):  # r = r (2 - (1 + e) r)
+    for _ in range(2):
         r = f"n{len(nodes) - 1}"
         nodes += [("mul", "n1", r), ("add", f"n{len(nodes)}", 2.0), ("mul", r, f"n{len(nodes) + 1}")]
+    return nodes
+
+
+def logistic() -> tuple:
+    """(x, e = exp(-|x|)) -> sigmoid(x)."""
+    nodes = reciprocal_of_one_plus_b()
     r = f"n{len(nodes) - 1}"
     nodes += [("mul", "a", SIGN_SCALE), ("max", f"n{len(nodes)}", "b"), ("min", f"n{len(nodes) + 1}", 1.0)]
     return tuple(nodes + [("mul", r, f"n{len(nodes) - 1}")])
