@@ -12,6 +12,8 @@ is one of those checks, on a match before it is fused.
 
 from __future__ import annotations
 
+import contextlib
+
 import tvm
 from tvm import relax
 from tvm.relax.dpl import WildcardPattern
@@ -109,7 +111,8 @@ _NORMS = ("relax.nn.layer_norm", "relax.nn.rms_norm")
 def mlp_norms(context) -> tuple:
     """(pre-norm, post-norm) of a fused MLP's match (role "fc1_rhs": kernels/fused/mlp.py): the
     layer norm or RMSNorm call its fc1 reads when nothing else reads it, and whether its result
-    feeds one alone; (None, False) for another match. The linears' own kernels may take those
+    feeds one alone, or an elementwise op fc2's own epilogue would take (`_TAILS`); (None, False)
+    for another match. The linears' own kernels may take those
     norms (a pre-norm in fc1's A panel, a post-norm in fc2's epilogue); the MLP's kernel takes
     neither, and a norm left alone runs as a kernel of its own."""
     if "fc1_rhs" not in context.annotated_expr:
@@ -128,7 +131,37 @@ def mlp_norms(context) -> tuple:
     lhs = context.annotated_expr["lhs"]
     top = context.value_to_bound_var.get(context.matched_expr, context.matched_expr)
     pre = norm(lhs) if only_user(context.value_to_bound_var.get(lhs, lhs)) else None
-    return pre, any(norm(user) is not None for user in only_user(top))
+    return pre, any(norm(user) is not None or _is_tail(values.get(user, _BINDINGS.get(user))) for user in only_user(top))
+
+
+#: Elementwise ops a linear's own kernel takes after its GEMM (its epilogue: a bias, a residual, an
+#: activation): a fused MLP whose fc2 feeds one alone would leave it to a kernel of its own
+#: (relu(relu(x W1 + b1) W2 + b2) became the MLP, then an add and a relu kernel).
+_TAILS = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.nn.relu", "relax.nn.gelu",
+          "relax.nn.gelu_tanh", "relax.nn.silu", "relax.sigmoid", "relax.tanh", "relax.clip", "relax.nn.leakyrelu")
+
+
+#: Var -> bound value of every binding of the module being partitioned (`module_bindings`): a check's
+#: context knows the bindings up to its match only, and fc2's reader comes after it.
+_BINDINGS: dict = {}
+
+
+@contextlib.contextmanager
+def module_bindings(mod):
+    """Within: `_BINDINGS` holds `mod`'s Relax functions' top-level bindings."""
+    _BINDINGS.clear()
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+            _BINDINGS.update((binding.var, binding.value) for block in func.body.blocks for binding in block.bindings
+                             if isinstance(binding, relax.VarBinding))
+    try:
+        yield
+    finally:
+        _BINDINGS.clear()
+
+
+def _is_tail(value) -> bool:
+    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in _TAILS
 
 
 def operand_depends_on_match(context) -> bool:

@@ -32,7 +32,7 @@ from ..kernels.stage import Kernel, run_kernel_stages
 from ..kernels.tir.tir import KERNEL_ATTR, tir_spec
 from ..options import CompileOptions
 from .call_tir import PREFIX, PRIM_FUNC_ATTR, offload_call_tir, remember_prim_func
-from .composite import cache_read_elsewhere, operand_depends_on_match, reads_what_it_computes, mlp_norms
+from .composite import cache_read_elsewhere, mlp_norms, module_bindings, operand_depends_on_match, reads_what_it_computes
 from .pattern_ops import ModuleCalls, can_match
 from .plans import fingerprint, grouped_patterns, plan_payload, read_plan
 from ..kernels.gemm.rope_pass_columns import mark_pass_columns
@@ -59,7 +59,7 @@ def partition(mod, arch, options, kernel_stages: list):
     plan = read_plan(cache.get(key, PLAN_SUFFIX)) if key is not None else None
     if plan is not None:
         patterns = [pattern for pattern in patterns if pattern.name in plan]
-    with shape_bounds(bounds_of(mod, options)):
+    with shape_bounds(bounds_of(mod, options)), module_bindings(mod):
         partitioned = relax.transform.FuseOpsByPattern(patterns, bind_constants=False, annotate_codegen=True)(mod)
     if key is not None and plan is None:
         cache.put(key, plan_payload(grouped_patterns(partitioned)), PLAN_SUFFIX)
