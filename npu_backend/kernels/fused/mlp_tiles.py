@@ -27,6 +27,7 @@ from ..intrinsics.epilogue_tail import VFUNC_ACTS
 from ..gemm.gemm import choose_gemm_tiling
 from ..gemm.gemm_estimate import estimate_cycles as gemm_estimate_cycles
 from ..gemm.gemm_estimate import may_hold_a_panel
+from .separable_tiles import searched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,11 +48,7 @@ def hidden_tiling(spec, tiling: MlpTiling) -> Tiling:
 def choose_mlp_tiling(spec, arch: HardwareDescription) -> MlpTiling:
     """The fitting tiling with the fewest estimated cycles; raises ScratchpadTooSmall or
     UnsupportedOperator (the pair stays two kernels), remembered per (spec, chip)."""
-    tiling, refusal = _search(spec, arch)
-    if refusal is not None:
-        error, message = refusal
-        raise error(message)
-    return tiling
+    return searched(_search, spec, arch)
 
 
 @functools.lru_cache(maxsize=1024)
